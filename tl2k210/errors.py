@@ -1,0 +1,39 @@
+"""One exception hierarchy. Every message names the file/layer/offset and what to do."""
+
+
+class Tl2k210Error(Exception):
+    """Base class of every error tl2k210 raises on purpose."""
+
+
+class KmodelFormatError(Tl2k210Error, ValueError):
+    """A kmodel file is truncated, corrupt, absurd or of an unsupported version."""
+
+    def __init__(self, message, offset=None, field=None):
+        self.offset = offset
+        self.field = field
+        where = []
+        if field is not None:
+            where.append(f"field {field}")
+        if offset is not None:
+            where.append(f"at byte offset {offset} (0x{offset:x})")
+        super().__init__(f"{message}" + (f" [{', '.join(where)}]" if where else ""))
+
+
+class EmulatorError(Tl2k210Error):
+    """The emulator cannot run a layer (bad input shape, memory out of range...)."""
+
+
+class UnsupportedOpError(Tl2k210Error):
+    """An operator the compiler cannot lower."""
+
+
+class KpuLimitError(Tl2k210Error):
+    """A layer exceeds a KPU hardware limit."""
+
+
+class FlashError(Tl2k210Error):
+    """Flashing failed; the message says why and what to try."""
+
+
+class KfpkgError(Tl2k210Error, ValueError):
+    """A .kfpkg package is malformed or unsafe."""

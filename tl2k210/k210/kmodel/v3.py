@@ -1,0 +1,278 @@
+"""kmodel v3 (nncase v0.1, every MaixPy build): reader and writer.
+
+Layout (spec §3): 28-byte header + outputs table + layer headers + bodies; each body padded so
+the next starts at an absolute multiple of 8. K210_CONV bodies carry absolute file offsets of
+their layer argument, weights, BN and activation blocks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tl2k210.errors import KmodelFormatError
+from tl2k210.k210 import hardware as hw
+from tl2k210.k210.kmodel import kpu
+from tl2k210.k210.kmodel.binio import Reader, Struct, align_up, check
+
+HEADER = Struct("version:u32 flags:u32 arch:u32 layers_length:u32 max_start_address:u32 "
+                "main_mem_usage:u32 output_count:u32")
+OUTPUT = Struct("address:u32 size:u32")
+LAYER_HEADER = Struct("type:u32 body_size:u32")
+
+_POOL = "flags:u32 main_mem_in_address:u32 main_mem_out_address:u32 in_shape:shape3 out_shape:shape3 " \
+        "kernel_width:u32 kernel_height:u32 stride_width:u32 stride_height:u32 " \
+        "padding_width:u32 padding_height:u32"
+_GPOOL = "flags:u32 main_mem_in_address:u32 main_mem_out_address:u32 kernel_size:u32 channels:u32"
+_UNARY = "flags:u32 main_mem_in_address:u32 main_mem_out_address:u32 channels:u32"
+_QUANT = "flags:u32 main_mem_in_address:u32 mem_out_address:u32 count:u32 scale:f32 bias:f32"
+_RESIZE = "flags:u32 main_mem_in_address:u32 main_mem_out_address:u32 in_shape:shape3 " \
+          "out_width:u32 out_height:u32 align_corners:i32"
+_FLATTEN = "flags:u32 main_mem_in_address:u32 main_mem_out_address:u32 shape:shape3"
+
+
+@dataclass(frozen=True)
+class LayerType:
+    id: int
+    name: str
+    struct: Struct
+    in_sdk: bool  # the standalone SDK v3 runner executes it (spec §3.2)
+    tail: str = ""  # variable part after the fixed struct
+
+
+LAYER_TYPES = {t.id: t for t in (
+    LayerType(1, "ADD", Struct("flags:u32 main_mem_in_a_address:u32 main_mem_in_b_address:u32 "
+                               "main_mem_out_address:u32 count:u32"), True),
+    LayerType(2, "QUANTIZED_ADD", Struct(
+        "flags:u32 main_mem_in_a_address:u32 main_mem_in_b_address:u32 main_mem_out_address:u32 "
+        "count:u32 in_a_offset:i32 in_a_mul:i32 in_a_shift:i32 in_b_offset:i32 in_b_mul:i32 "
+        "in_b_shift:i32 out_offset:i32 out_mul:i32 out_shift:i32"), True),
+    LayerType(3, "GLOBAL_MAX_POOL2D", Struct(_GPOOL), False),
+    LayerType(4, "QUANTIZED_GLOBAL_MAX_POOL2D", Struct(_GPOOL), False),
+    LayerType(5, "GLOBAL_AVERAGE_POOL2D", Struct(_GPOOL), True),
+    LayerType(6, "QUANTIZED_GLOBAL_AVERAGE_POOL2D", Struct(_GPOOL), False),
+    LayerType(7, "MAX_POOL2D", Struct(_POOL), False),
+    LayerType(8, "QUANTIZED_MAX_POOL2D", Struct(_POOL), True),
+    LayerType(9, "AVERAGE_POOL2D", Struct(_POOL + " act:u32"), True),
+    LayerType(10, "QUANTIZED_AVERAGE_POOL2D", Struct(_POOL), False),
+    LayerType(11, "QUANTIZE", Struct(_QUANT), True),
+    LayerType(12, "DEQUANTIZE", Struct(_QUANT), True),
+    LayerType(13, "REQUANTIZE", Struct("flags:u32 main_mem_in_address:u32 main_mem_out_address:u32 "
+                                       "count:u32"), True, "table"),
+    LayerType(14, "L2_NORMALIZATION", Struct(_UNARY), True),
+    LayerType(15, "SOFTMAX", Struct(_UNARY), True),
+    LayerType(16, "CONCAT", Struct("flags:u32 main_mem_out_address:u32 input_count:u32"), True,
+              "ranges"),
+    LayerType(17, "QUANTIZED_CONCAT", Struct("flags:u32 main_mem_out_address:u32 input_count:u32"),
+              True, "ranges"),
+    LayerType(18, "FULLY_CONNECTED", Struct(
+        "flags:u32 main_mem_in_address:u32 main_mem_out_address:u32 in_channels:u32 "
+        "out_channels:u32 act:u32"), True, "fc"),
+    LayerType(20, "TENSORFLOW_FLATTEN", Struct(_FLATTEN), True),
+    LayerType(21, "QUANTIZED_TENSORFLOW_FLATTEN", Struct(_FLATTEN), False),
+    LayerType(22, "RESIZE_NEAREST_NEIGHBOR", Struct(_RESIZE), True),
+    LayerType(23, "QUANTIZED_RESIZE_NEAREST_NEIGHBOR", Struct(_RESIZE), True),
+    LayerType(24, "CHANNELWISE_DEQUANTIZE", Struct(
+        "flags:u32 main_mem_in_address:u32 main_mem_out_address:u32 channels:u32 "
+        "channel_size:u32"), True, "chdq"),
+    LayerType(25, "LOGISTIC", Struct(_UNARY), True),
+    LayerType(10240, "K210_CONV", Struct("flags:u32 main_mem_out_address:u32 layer_offset:u32 "
+                                         "weights_offset:u32 bn_offset:u32 act_offset:u32"), True,
+              "conv"),
+    LayerType(10241, "K210_ADD_PADDING", Struct("flags:u32 main_mem_in_address:u32 "
+                                                "kpu_mem_out_address:u32 channels:u32"), True),
+    LayerType(10242, "K210_REMOVE_PADDING", Struct("flags:u32 main_mem_in_address:u32 "
+                                                   "main_mem_out_address:u32 channels:u32"), True),
+    LayerType(10243, "K210_UPLOAD", Struct("flags:u32 main_mem_in_address:u32 "
+                                           "kpu_mem_out_address:u32 width:u32 height:u32 "
+                                           "channels:u32"), True),
+)}
+TYPE_BY_NAME = {t.name: t for t in LAYER_TYPES.values()}
+KLF_MAIN_MEM_OUT = 1
+
+#: v3 conv block order and nncase v0.1's alignment of each (spec §3.4); new files use 256.
+CONV_BLOCKS = ("layer", "weights", "bn", "act")
+NN01_ALIGN = {"layer": 8, "weights": 128, "bn": 128, "act": 256}
+DEFAULT_ALIGN = {"layer": 8, "weights": 256, "bn": 256, "act": 256}
+
+
+@dataclass
+class Layer:
+    type: int
+    fields: dict                    # the fixed struct's values
+    conv: kpu.KpuConv | None = None  # K210_CONV
+    data: dict = field(default_factory=dict)  # variable tails: table / ranges / weights,bias / pairs
+    align: dict | None = None       # K210_CONV block alignments (None = DEFAULT_ALIGN)
+
+    @property
+    def name(self) -> str:
+        return LAYER_TYPES[self.type].name
+
+
+@dataclass
+class KModelV3:
+    layers: list
+    outputs: list                   # [(address, size)]
+    main_mem_usage: int
+    flags: int = 1                  # bit0: 8-bit weights
+    arch: int = 0
+    max_start_address: int = 0
+    omitted_tail: int = 0           # trailing padding bytes the source file lacked (nncase v0.1)
+    version: int = 3
+
+    @property
+    def eight_bit(self) -> bool:
+        return bool(self.flags & 1)
+
+
+# ---------------------------------------------------------------------------------------------
+def read(data: bytes) -> KModelV3:
+    r = Reader(data)
+    h = r.struct(HEADER, "v3 header")
+    check(h["version"] == 3, f"not a kmodel v3 (version {h['version']})", 0, "version")
+    check(h["arch"] == 0, f"kmodel v3 arch must be 0 (the SDK loader refuses {h['arch']})", 8, "arch")
+    n_out, n_layers = h["output_count"], h["layers_length"]
+    r.need(8 * n_out, "outputs table")  # before building lists from a claimed count
+    outputs = [tuple(r.struct(OUTPUT, f"output {i}").values()) for i in range(n_out)]
+    r.need(8 * n_layers, "layer headers")
+    headers = [r.struct(LAYER_HEADER, f"layer {i} header") for i in range(n_layers)]
+    eight_bit = bool(h["flags"] & 1)
+    layers, pos = [], r.pos
+    total = pos + sum(x["body_size"] for x in headers)
+    omitted = max(0, total - len(data))
+    check(omitted <= 7, f"bodies claim {total} bytes, file has {len(data)}", len(data), "layer bodies")
+    for i, lh in enumerate(headers):
+        where = f"layer {i}"
+        t = LAYER_TYPES.get(lh["type"])
+        check(t is not None, f"{where}: unknown v3 layer type {lh['type']}", 28 + 8 * n_out + 8 * i,
+              f"{where} type")
+        size = lh["body_size"]
+        check(size > 0, f"{where} ({t.name}): body_size {size} <= 0 (MaixPy: ERR_KMODEL_FORMAT)",
+              28 + 8 * n_out + 8 * i + 4, f"{where} body_size")
+        end = pos + size
+        last = i == n_layers - 1
+        r.need(t.struct.size, f"{where} ({t.name}) body", pos)
+        check(t.struct.size <= size, f"{where} ({t.name}): body_size {size} < {t.struct.size}", pos,
+              f"{where} body_size")
+        fields = t.struct.unpack(r.data, pos)
+        layer = Layer(lh["type"], fields)
+        tail_at = pos + t.struct.size
+        _read_tail(r, t, layer, tail_at, end, eight_bit, where)
+        # padding after the body content must be what the writer produces: zeros
+        layers.append(layer)
+        pos = end
+        if not last:
+            check(pos % 8 == 0, f"{where}: next body at offset {pos} is not 8-aligned", pos,
+                  f"{where} body_size")
+    return KModelV3(layers, outputs, h["main_mem_usage"], h["flags"], h["arch"],
+                    h["max_start_address"], omitted)
+
+
+def _read_tail(r: Reader, t: LayerType, layer: Layer, at: int, end: int, eight_bit: bool, where):
+    f = layer.fields
+    where = f"{where} ({t.name})"
+    if t.tail == "table":
+        layer.data["table"] = r.array("u1", 256, f"{where} table", at)
+    elif t.tail == "ranges":
+        n = f["input_count"]
+        check(at + 8 * n <= end, f"{where}: input_count {n} exceeds the body", at - 4, "input_count")
+        layer.data["ranges"] = [tuple(int(v) for v in r.array("<u4", 2, f"{where} input {j}", at + 8 * j))
+                                for j in range(n)]
+    elif t.tail == "fc":
+        ni, no = f["in_channels"], f["out_channels"]
+        check(at + 4 * (ni * no + no) <= end, f"{where}: {no}x{ni} weights exceed the body", at,
+              "in_channels/out_channels")
+        layer.data["weights"] = r.array("<f4", ni * no, f"{where} weights", at).reshape(no, ni)
+        layer.data["bias"] = r.array("<f4", no, f"{where} bias", at + 4 * ni * no)
+    elif t.tail == "chdq":
+        c = f["channels"]
+        check(at + 8 * c <= end, f"{where}: {c} channels exceed the body", at, "channels")
+        layer.data["params"] = r.array("<f4", 2 * c, f"{where} scale/bias", at).reshape(c, 2)
+    elif t.tail == "conv":
+        _read_conv(r, layer, at - t.struct.size, end, eight_bit, where)
+
+
+def _read_conv(r: Reader, layer: Layer, body: int, end: int, eight_bit: bool, where: str):
+    f = layer.fields
+    offs = {b: f[b + "_offset"] for b in CONV_BLOCKS}
+    args, reserved = kpu.read_layer_args(r, offs["layer"], where)
+    kpu.validate_geometry(args, where, offs["layer"])
+    conv = kpu.KpuConv(args, None, None, None, reserved)
+    wsize = 1 if eight_bit else 2
+    sizes = {"layer": hw.LAYER_ARG_BYTES, "weights": conv.weight_count() * wsize,
+             "bn": 8 * conv.out_shape[0], "act": hw.ACT_TABLE_BYTES}
+    prev, align = body + 24, {}
+    for b in CONV_BLOCKS:
+        align[b] = kpu.infer_align(prev, offs[b], where, b + "_offset")
+        prev = offs[b] + sizes[b]
+    check(prev <= end, f"{where}: parameter blocks end at {prev}, past the body end {end}", body,
+          "body_size")
+    conv.weights = r.array("u1" if eight_bit else "<u2", conv.weight_count(), f"{where} weights",
+                           offs["weights"])
+    conv.bn, conv.bn_reserved = kpu.read_bn(r, offs["bn"], conv.out_shape[0], where)
+    conv.act, conv.act_reserved = kpu.read_act(r, offs["act"], where)
+    layer.conv, layer.align = conv, align
+
+
+# ---------------------------------------------------------------------------------------------
+def write(model: KModelV3) -> bytes:
+    """Serialise; every body is padded so the next starts 8-aligned, trailing padding included."""
+    n = len(model.layers)
+    head_size = HEADER.size + OUTPUT.size * len(model.outputs) + LAYER_HEADER.size * n
+    bodies, pos = [], head_size
+    for i, layer in enumerate(model.layers):
+        body = _body_bytes(layer, pos, model.eight_bit, f"layer {i}")
+        body += bytes(align_up(pos + len(body), 8) - pos - len(body))
+        bodies.append(body)
+        pos += len(body)
+    out = bytearray(HEADER.pack(dict(
+        version=3, flags=model.flags, arch=model.arch, layers_length=n,
+        max_start_address=model.max_start_address, main_mem_usage=model.main_mem_usage,
+        output_count=len(model.outputs))))
+    for addr, size in model.outputs:
+        out += OUTPUT.pack(dict(address=addr, size=size))
+    for layer, body in zip(model.layers, bodies):
+        out += LAYER_HEADER.pack(dict(type=layer.type, body_size=len(body)))
+    for body in bodies:
+        out += body
+    return bytes(out)
+
+
+def _body_bytes(layer: Layer, pos: int, eight_bit: bool, where: str) -> bytes:
+    t = LAYER_TYPES[layer.type]
+    f = dict(layer.fields)
+    if t.tail == "conv":
+        return _conv_body(layer, f, pos, eight_bit, where)
+    tail = b""
+    if t.tail == "table":
+        tail = np.asarray(layer.data["table"], np.uint8).tobytes()
+    elif t.tail == "ranges":
+        f["input_count"] = len(layer.data["ranges"])
+        tail = np.asarray(layer.data["ranges"], "<u4").reshape(-1).tobytes()
+    elif t.tail == "fc":
+        w = np.asarray(layer.data["weights"], "<f4")
+        f["out_channels"], f["in_channels"] = w.shape
+        tail = w.tobytes() + np.asarray(layer.data["bias"], "<f4").tobytes()
+    elif t.tail == "chdq":
+        p = np.asarray(layer.data["params"], "<f4")
+        f["channels"] = p.shape[0]
+        tail = p.tobytes()
+    return t.struct.pack(f) + tail
+
+
+def _conv_body(layer: Layer, f: dict, pos: int, eight_bit: bool, where: str) -> bytes:
+    conv = layer.conv
+    if (conv.weights.dtype.itemsize == 1) != eight_bit:
+        raise KmodelFormatError(f"{where}: weights are {conv.weights.dtype} but the model flags "
+                                f"say {'8' if eight_bit else '16'}-bit weights")
+    align = layer.align or DEFAULT_ALIGN
+    blocks = {"layer": conv.layer_bytes(), "weights": conv.weight_bytes(), "bn": conv.bn_bytes(),
+              "act": conv.act_bytes()}
+    buf = bytearray(24)
+    for b in CONV_BLOCKS:
+        at = align_up(pos + len(buf), align[b])
+        buf += bytes(at - pos - len(buf))
+        f[b + "_offset"] = at
+        buf += blocks[b]
+    buf[:24] = LAYER_TYPES[layer.type].struct.pack(f)
+    return bytes(buf)
