@@ -1,0 +1,87 @@
+"""Front-ends: every model kind ends in an onnx.ModelProto (TF ones through tf2onnx).
+
+`load_model(src, **opts)` picks the front-end by object type, directory or file suffix;
+`load_graph(src, **opts)` also reads it into the IR (tl2k210.graph.Graph).
+TensorFlow is imported lazily inside the TF front-ends only.
+"""
+from pathlib import Path
+
+from tl2k210.errors import Tl2k210Error
+
+OPSET = 13
+
+
+class ModelLoadError(Tl2k210Error, ValueError):
+    """A model file is missing, corrupt or of a kind tl2k210 does not read."""
+
+
+def load_model(src, **opts):
+    """Model object or path -> onnx.ModelProto.
+
+    TensorLayer `tl.models.Model` (opts: weights=npz/h5 path, input_shape), Keras model or
+    `.keras`/`.h5` file, SavedModel directory, `.tflite`, `.onnx`. A TensorLayer weight file needs
+    its network: `load_model("w.npz", network=model)`."""
+    if not isinstance(src, (str, Path)):
+        mod = type(src).__module__
+        if mod.startswith("tensorlayer"):
+            from .tensorlayer import from_tensorlayer
+            return from_tensorlayer(src, **opts)
+        if mod.startswith(("keras", "tf_keras", "tensorflow")):
+            from .keras import from_keras
+            return from_keras(src, **opts)
+        if mod.startswith("onnx"):
+            return src
+        raise ModelLoadError(f"cannot convert a {type(src).__name__} ({mod}); give a TensorLayer/Keras model "
+                             "or a .keras/.h5/.tflite/.onnx file or a SavedModel directory")
+    path = Path(src)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file or directory")
+    suffix = path.suffix.lower()
+    if "network" in opts or suffix == ".npz":
+        if "network" not in opts:
+            raise ModelLoadError(f"{path}: a TensorLayer weight file needs its network (network=tl.models.Model)")
+        from .tensorlayer import from_tensorlayer
+        net = opts.pop("network")
+        return from_tensorlayer(net, weights=path, **opts)
+    if path.is_dir():
+        from .savedmodel import from_savedmodel
+        return from_savedmodel(path, **opts)
+    if suffix in (".keras", ".h5", ".hdf5"):
+        from .keras import from_keras
+        return from_keras(path, **opts)
+    if suffix == ".tflite":
+        from .tflite import from_tflite
+        return from_tflite(path, **opts)
+    if suffix == ".onnx":
+        from .onnx_file import from_onnx_file
+        return from_onnx_file(path)
+    raise ModelLoadError(f"{path}: unknown model kind {suffix!r}; expected .keras/.h5/.tflite/.onnx, "
+                         "a SavedModel directory or a TensorLayer weight file with network=")
+
+
+def load_graph(src, batch=1, **opts):
+    from tl2k210.graph import from_onnx
+    return from_onnx(load_model(src, **opts), batch=batch)
+
+
+def check_onnx(model, where):
+    """Validate a converted/loaded ModelProto; raise ModelLoadError naming `where`."""
+    import onnx
+    try:
+        onnx.checker.check_model(model)
+    except Exception as e:  # onnx raises several kinds
+        raise ModelLoadError(f"{where}: not a valid ONNX model: {str(e).splitlines()[0]}") from e
+    return model
+
+
+def tf_convert(where, fn, *args, **kwargs):
+    """Call a tf2onnx converter; turn its failures into ModelLoadError naming the model."""
+    try:
+        model, _ = fn(*args, opset=kwargs.pop("opset", OPSET), **kwargs)
+    except Tl2k210Error:
+        raise
+    except Exception as e:
+        msg = str(e).strip().splitlines()
+        raise ModelLoadError(f"{where}: tf2onnx could not convert it: {type(e).__name__}: "
+                             f"{msg[-1] if msg else ''}") from e
+    return check_onnx(model, where)

@@ -1,0 +1,14 @@
+"""An .onnx file (the common currency; PyTorch users export to it)."""
+from . import ModelLoadError, check_onnx
+
+
+def from_onnx_file(path):
+    import onnx
+    try:
+        model = onnx.load(str(path))
+    except Exception as e:
+        raise ModelLoadError(f"{path}: cannot parse as ONNX protobuf ({type(e).__name__}); "
+                             "is the file truncated or of another kind?") from e
+    if not model.graph.node:
+        raise ModelLoadError(f"{path}: ONNX model has no nodes (empty or not an ONNX file)")
+    return check_onnx(model, str(path))

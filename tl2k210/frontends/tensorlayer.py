@@ -1,0 +1,66 @@
+"""TensorLayer 2.x `tl.models.Model` (static) -> ONNX through tf.function + tf2onnx.
+
+Applies the BatchNorm graph-capture fix from docs/dependencies.md: after `model.eval()`, each
+BatchNorm layer's moving_mean/moving_var are pointed back at the real variables in its weights
+(TL 2.2.5 swaps them during build and capture then fails with "Can not convert a NoneType")."""
+from pathlib import Path
+
+from . import ModelLoadError, tf_convert
+
+
+def fix_batchnorm(model):
+    from tensorlayer.layers import BatchNorm
+    for layer in model.all_layers:
+        if isinstance(layer, BatchNorm):
+            ws = {w.name.split("/")[-1].split(":")[0]: w for w in layer.all_weights}
+            layer.moving_mean, layer.moving_var = ws["moving_mean"], ws["moving_var"]
+    return model
+
+
+def load_weights(model, path):
+    """TensorLayer weight file (npz with 'params' in layer order, or h5) into `model`."""
+    import numpy as np
+    import tensorlayer as tl
+    path = Path(path)
+    try:
+        if path.suffix.lower() == ".npz":
+            params = list(np.load(path, allow_pickle=True)["params"])
+            ws = model.all_weights
+            if len(params) != len(ws):
+                raise ModelLoadError(f"{path}: {len(params)} arrays but the network has {len(ws)} weights")
+            for i, (w, p) in enumerate(zip(ws, params)):
+                if tuple(w.shape) != np.shape(p):
+                    raise ModelLoadError(f"{path}: array {i} has shape {np.shape(p)}, weight {w.name} "
+                                         f"expects {tuple(w.shape)}")
+                w.assign(np.asarray(p, np.float32))
+        else:
+            tl.files.load_hdf5_to_weights_in_order(str(path), model)
+    except ModelLoadError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(f"{path}: cannot read TensorLayer weights: {type(e).__name__}: {e}") from e
+    return model
+
+
+def input_shape(model):
+    shapes = [tuple(t.shape) for t in model._inputs] if isinstance(model._inputs, list) else [tuple(model._inputs.shape)]
+    if len(shapes) != 1:
+        raise ModelLoadError("TensorLayer model with several inputs: pass input_shape=")
+    return shapes[0]
+
+
+def from_tensorlayer(model, weights=None, input_shape_=None, opset=None, batch=1):
+    import tensorflow as tf
+    import tf2onnx
+    if model._inputs is None and input_shape_ is None:
+        raise ModelLoadError("dynamic TensorLayer model: pass input_shape_=(1, H, W, C)")
+    if weights is not None:
+        load_weights(model, weights)
+    model.eval()
+    fix_batchnorm(model)
+    shape = (batch, *(input_shape_ or input_shape(model))[1:])
+    spec = [tf.TensorSpec(shape, tf.float32, name="input")]
+    fn = tf.function(lambda x: model(x), input_signature=spec)
+    kw = {"opset": opset} if opset else {}
+    return tf_convert(getattr(model, "name", "tensorlayer model"), tf2onnx.convert.from_function, fn,
+                      input_signature=spec, **kw)

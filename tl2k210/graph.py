@@ -1,0 +1,373 @@
+"""The float graph IR: small dataclasses, ONNX in and out, shapes inferred.
+
+Layout is NCHW (the ONNX convention), batch 1. Every tensor has a concrete shape after
+`infer_shapes`. Constants (weights, biases, shape operands) are `Tensor`s with a `value`.
+
+IR op vocabulary (what `passes.run_pipeline` leaves for the K210 lowering; attrs are plain Python):
+
+  Conv       inputs [X, W(Co,Ci/g,kh,kw), B(Co)] (B always present after the pipeline)
+             kernel (kh,kw), strides (sh,sw), pads [top,left,bottom,right], group, dilations
+             optional after fusion:
+               activation {"op": "Relu"} | {"op": "Clip", "min": a, "max": b}
+                          | {"op": "LeakyRelu", "alpha": a} | {"op": "Sigmoid"} | {"op": "Tanh"}
+                          | {"op": "HardSigmoid", "alpha": a, "beta": b} | {"op": "HardSwish"}
+                          | {"op": "Swish"}            (x * sigmoid(x))
+               pool {"kind": "max"|"avg", "size": 2|4, "stride": 2|4|1, "pads": [t,l,b,r]}
+             (ONNX semantics: conv -> +bias -> activation -> pool.)
+  Add, Mul, Sub, Div, Concat(axis), Resize(mode "nearest", scales (1,1,sh,sw)),
+  GlobalAveragePool, GlobalMaxPool, MaxPool/AveragePool (not fused: kernel, strides, pads),
+  Gemm/MatMul (only where not convertible), Softmax(axis), Sigmoid, Relu, ... (standalone
+  activations with the same attrs as `activation` above), Flatten(axis), Reshape(shape const),
+  Transpose(perm), Pad (pads [t,l,b,r] spatial, constant value), Slice (starts, ends, axes, steps).
+
+Nodes keep `fused`: the names/op types of the source ONNX nodes folded into them, for the
+per-layer receipt. A fused Conv exposes its internal stages when exported with `to_onnx`:
+`<out>:conv` (conv + bias, before activation) and `<out>:act` (after activation, before pool),
+see `stage_names`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, TensorProto
+
+OPSET = 13
+
+
+@dataclass
+class Tensor:
+    name: str
+    shape: tuple | None = None
+    dtype: np.dtype = np.dtype(np.float32)
+    value: np.ndarray | None = None
+
+    @property
+    def is_const(self):
+        return self.value is not None
+
+
+@dataclass
+class Node:
+    op: str
+    inputs: list
+    outputs: list
+    attrs: dict = field(default_factory=dict)
+    name: str = ""
+    fused: list = field(default_factory=list)
+
+    def __repr__(self):
+        extra = {k: v for k, v in self.attrs.items() if k in ("activation", "pool", "strides", "pads")}
+        return f"Node({self.op} {self.name} {self.inputs}->{self.outputs} {extra})"
+
+
+@dataclass
+class Graph:
+    inputs: list
+    outputs: list
+    nodes: list
+    tensors: dict  # name -> Tensor (activations and constants)
+    meta: dict = field(default_factory=dict)
+
+    # --- queries -----------------------------------------------------------------------
+    @property
+    def initializers(self):
+        return {n: t for n, t in self.tensors.items() if t.is_const}
+
+    def const(self, name):
+        t = self.tensors.get(name)
+        return None if t is None else t.value
+
+    def shape(self, name):
+        return self.tensors[name].shape
+
+    def producer(self, name):
+        for n in self.nodes:
+            if name in n.outputs:
+                return n
+        return None
+
+    def consumers(self, name):
+        return [n for n in self.nodes if name in n.inputs]
+
+    def single_consumer(self, name):
+        """The only consumer of `name`, or None if it has several or is a graph output."""
+        cs = self.consumers(name)
+        return cs[0] if len(cs) == 1 and name not in self.outputs else None
+
+    def copy(self):
+        return Graph(list(self.inputs), list(self.outputs),
+                     [dataclasses.replace(n, inputs=list(n.inputs), outputs=list(n.outputs),
+                                          attrs=dict(n.attrs), fused=list(n.fused)) for n in self.nodes],
+                     {k: dataclasses.replace(t) for k, t in self.tensors.items()}, dict(self.meta))
+
+    # --- edits -------------------------------------------------------------------------
+    def add_const(self, value, hint):
+        value = np.asarray(value)
+        name = self.unique(hint)
+        self.tensors[name] = Tensor(name, tuple(value.shape), value.dtype, value)
+        return name
+
+    def add_tensor(self, hint, shape=None, dtype=np.float32):
+        name = self.unique(hint)
+        self.tensors[name] = Tensor(name, None if shape is None else tuple(shape), np.dtype(dtype))
+        return name
+
+    def unique(self, hint):
+        name, i = hint, 0
+        while name in self.tensors:
+            i += 1
+            name = f"{hint}_{i}"
+        return name
+
+    def replace_uses(self, old, new):
+        """Consumers of `old` read `new`. Remove the node that produced `old` first. A graph
+        output keeps its public name: `new`'s producer is renamed to write it (or an Identity)."""
+        for n in self.nodes:
+            n.inputs = [new if i == old else i for i in n.inputs]
+        if old not in self.outputs:
+            return
+        p = self.producer(new)
+        if p is not None and new not in self.inputs and new not in self.outputs:
+            for n in self.nodes:
+                n.outputs = [old if o == new else o for o in n.outputs]
+                n.inputs = [old if i == new else i for i in n.inputs]
+            self.tensors[old] = dataclasses.replace(self.tensors[new], name=old)
+        else:
+            self.nodes.append(Node("Identity", [new], [old], {}, self.unique(old + "/identity")))
+
+    def prune(self):
+        """Drop nodes whose outputs are unused and tensors nobody references; topo-sort."""
+        live = set(self.outputs)
+        keep = []
+        for n in reversed(toposort(self)):
+            if any(o in live for o in n.outputs):
+                keep.append(n)
+                live.update(i for i in n.inputs if i)
+        self.nodes = keep[::-1]
+        used = live | set(self.inputs) | {o for n in self.nodes for o in n.outputs}
+        self.tensors = {k: t for k, t in self.tensors.items() if k in used}
+        return self
+
+    def op_counts(self):
+        c = {}
+        for n in self.nodes:
+            c[n.op] = c.get(n.op, 0) + 1
+        return c
+
+
+def toposort(g):
+    ready = set(g.inputs) | {k for k, t in g.tensors.items() if t.is_const} | {""}
+    pending, out = list(g.nodes), []
+    while pending:
+        rest = []
+        for n in pending:
+            if all(i in ready for i in n.inputs):
+                out.append(n)
+                ready.update(n.outputs)
+            else:
+                rest.append(n)
+        if len(rest) == len(pending):
+            missing = sorted({i for n in rest for i in n.inputs if i not in ready})
+            raise ValueError(f"graph has a cycle or undefined tensors: {missing[:5]}")
+        pending = rest
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# ONNX -> IR
+_DT = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32,
+       TensorProto.BOOL: np.bool_, TensorProto.DOUBLE: np.float64, TensorProto.UINT8: np.uint8,
+       TensorProto.INT8: np.int8, TensorProto.FLOAT16: np.float16}
+
+
+def _attr_value(a):
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    if isinstance(v, list):
+        return [x.decode() if isinstance(x, bytes) else x for x in v]
+    return v
+
+
+def from_onnx(model, batch=1):
+    """Read an onnx.ModelProto into a Graph; symbolic batch dims become `batch`; shapes inferred."""
+    gp = model.graph
+    tensors = {}
+    for init in gp.initializer:
+        v = numpy_helper.to_array(init)
+        tensors[init.name] = Tensor(init.name, tuple(v.shape), v.dtype, v)
+    nodes = []
+    for i, n in enumerate(gp.node):
+        if n.domain not in ("", "ai.onnx"):
+            from tl2k210.errors import UnsupportedOpError
+            raise UnsupportedOpError(f"node {n.name!r}: op {n.domain}.{n.op_type} is a custom-domain op; "
+                                     "only standard ONNX ops can be converted")
+        attrs = {a.name: _attr_value(a) for a in n.attribute}
+        if n.op_type == "Constant":
+            v = attrs.get("value")
+            if v is None:
+                for k in ("value_float", "value_floats", "value_int", "value_ints"):
+                    if k in attrs:
+                        v = np.asarray(attrs[k], np.float32 if "float" in k else np.int64)
+            tensors[n.output[0]] = Tensor(n.output[0], tuple(v.shape), v.dtype, v)
+            continue
+        nodes.append(Node(n.op_type, list(n.input), list(n.output), attrs, n.name or f"{n.op_type}_{i}",
+                          [n.name or n.op_type]))
+    inputs = []
+    for vi in gp.input:
+        if vi.name in tensors:
+            continue
+        tt = vi.type.tensor_type
+        shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else batch
+                      for d in tt.shape.dim)
+        tensors[vi.name] = Tensor(vi.name, shape, np.dtype(_DT.get(tt.elem_type, np.float32)))
+        inputs.append(vi.name)
+    for n in nodes:
+        for o in n.outputs:
+            tensors.setdefault(o, Tensor(o))
+    g = Graph(inputs, [o.name for o in gp.output], nodes, tensors,
+              {"opset": max([o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] or [OPSET])})
+    g.prune()
+    infer_shapes(g)
+    for n in g.nodes:
+        if n.op == "Conv":
+            _normalize_conv(g, n)
+    return g
+
+
+def _normalize_conv(g, n):
+    """ONNX Conv attrs -> IR Conv attrs (kernel, strides, pads, group, dilations; explicit bias)."""
+    a = n.attrs
+    w = g.tensors[n.inputs[1]]
+    k = tuple(a.pop("kernel_shape", w.shape[2:]))
+    if len(k) != 2:
+        return
+    strides, dil = tuple(a.pop("strides", (1, 1))), tuple(a.pop("dilations", (1, 1)))
+    pads = list(a.pop("pads", (0, 0, 0, 0)))
+    auto = a.pop("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        hw = g.tensors[n.inputs[0]].shape[2:]
+        tot = [max((-(-x // s) - 1) * s + (kk - 1) * d + 1 - x, 0) for x, s, kk, d in zip(hw, strides, k, dil)]
+        lo = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in tot]
+        pads = [lo[0], lo[1], tot[0] - lo[0], tot[1] - lo[1]]
+    a.update(kernel=k, strides=strides, pads=pads, group=int(a.pop("group", 1)), dilations=dil)
+    if len(n.inputs) < 3 or not n.inputs[2]:
+        n.inputs = n.inputs[:2] + [g.add_const(np.zeros(w.shape[0], np.float32), n.name + "/bias")]
+
+
+# ------------------------------------------------------------------------------------------
+# IR -> ONNX
+def stage_names(node):
+    """Names of a fused Conv's internal tensors as exported by to_onnx (conv, act, out)."""
+    out = node.outputs[0]
+    act, pool = node.attrs.get("activation"), node.attrs.get("pool")
+    conv = f"{out}:conv" if (act or pool) else out
+    a = (f"{out}:act" if pool else out) if act else conv
+    return {"conv": conv, "act": a, "out": out}
+
+
+def _activation_nodes(act, x, y, name):
+    op = act["op"]
+    if op == "Clip":
+        mn, mx = f"{name}:min", f"{name}:max"
+        return [helper.make_node("Clip", [x, mn, mx], [y], name=name)], [
+            numpy_helper.from_array(np.array(act.get("min", -np.inf), np.float32), mn),
+            numpy_helper.from_array(np.array(act.get("max", np.inf), np.float32), mx)]
+    if op == "Swish":
+        s = f"{name}:sigmoid"
+        return [helper.make_node("Sigmoid", [x], [s], name=name + "/sigmoid"),
+                helper.make_node("Mul", [x, s], [y], name=name)], []
+    params = {k: v for k, v in act.items() if k != "op"}
+    return [helper.make_node(op, [x], [y], name=name, **params)], []
+
+
+def _pool_node(pool, x, y, name):
+    op = "MaxPool" if pool["kind"] == "max" else "AveragePool"
+    k, s = pool["size"], pool["stride"]
+    return helper.make_node(op, [x], [y], name=name, kernel_shape=[k, k], strides=[s, s],
+                            pads=list(pool.get("pads", [0, 0, 0, 0])))
+
+
+_CONV_ATTRS = {"kernel": "kernel_shape", "strides": "strides", "pads": "pads", "group": "group",
+               "dilations": "dilations"}
+
+
+def _onnx_attrs(node):
+    if node.op == "Conv":
+        return {_CONV_ATTRS.get(k, k): v for k, v in node.attrs.items() if k not in ("activation", "pool")}
+    return {k: (numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v)
+            for k, v in node.attrs.items()}
+
+
+def to_onnx(g, expose_all=False, name="tl2k210"):
+    """Export a Graph (incl. fused Convs, expanded to standard ops) as an onnx.ModelProto.
+
+    expose_all: every intermediate float tensor (and fused-stage tensor) becomes a graph output,
+    which is how calibration and per-layer references read them from onnxruntime."""
+    nodes, inits = [], []
+    for n in toposort(g):
+        if n.op == "Conv" and (n.attrs.get("activation") or n.attrs.get("pool")):
+            st = stage_names(n)
+            nodes.append(helper.make_node("Conv", n.inputs, [st["conv"]], name=n.name, **_onnx_attrs(n)))
+            if n.attrs.get("activation"):
+                ns, its = _activation_nodes(n.attrs["activation"], st["conv"], st["act"], n.name + "/act")
+                nodes += ns
+                inits += its
+            if n.attrs.get("pool"):
+                nodes.append(_pool_node(n.attrs["pool"], st["act"], st["out"], n.name + "/pool"))
+        else:
+            nodes.append(helper.make_node(n.op, n.inputs, n.outputs, name=n.name, **_onnx_attrs(n)))
+    for k, t in g.tensors.items():
+        if t.is_const:
+            inits.append(numpy_helper.from_array(np.asarray(t.value), k))
+
+    def vi(nm, shape=True):
+        t = g.tensors.get(nm)
+        dt = helper.np_dtype_to_tensor_dtype(t.dtype if t is not None else np.dtype(np.float32))
+        return helper.make_tensor_value_info(nm, dt, list(t.shape) if (shape and t and t.shape is not None) else None)
+
+    outs = list(g.outputs)
+    if expose_all:
+        for nd in nodes:
+            for o in nd.output:
+                t = g.tensors.get(o)
+                if o not in outs and (t is None or t.dtype == np.float32):
+                    outs.append(o)
+    graph = helper.make_graph(nodes, name, [vi(i) for i in g.inputs],
+                              [vi(o, shape=o in g.outputs) for o in outs], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", g.meta.get("opset", OPSET))],
+                          producer_name="tl2k210")
+    m.ir_version = min(m.ir_version, 9)
+    return m
+
+
+def infer_shapes(g):
+    """Fill Tensor.shape/dtype for every activation via onnx.shape_inference on to_onnx(g)."""
+    m = onnx.shape_inference.infer_shapes(to_onnx(g), strict_mode=False, data_prop=True)
+    for vi in list(m.graph.value_info) + list(m.graph.output):
+        t = g.tensors.get(vi.name)
+        if t is None or t.is_const:
+            continue
+        tt = vi.type.tensor_type
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            t.shape = tuple(d.dim_value for d in tt.shape.dim)
+        t.dtype = np.dtype(_DT.get(tt.elem_type, np.float32))
+    return g
+
+
+def run(g, feeds, outputs=None, expose_all=False):
+    """Run a Graph in onnxruntime; returns {name: array} for `outputs` (default: graph outputs)."""
+    import onnxruntime as ort
+    m = to_onnx(g, expose_all=expose_all or outputs is not None)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = outputs or ([o.name for o in m.graph.output] if expose_all else g.outputs)
+    if isinstance(feeds, np.ndarray):
+        feeds = {g.inputs[0]: feeds}
+    return dict(zip(names, sess.run(names, feeds)))

@@ -1,0 +1,74 @@
+"""Graph rewrites, each `Graph -> Graph`, named and run in ONE ordered list.
+
+Every pass is `fn(graph, log) -> graph` where `log(node_name, message)` records what it changed;
+`run_pipeline` copies the graph before each pass, prunes dead tensors and re-infers shapes after.
+Passes marked `default=False` change the float math (or are lowering choices) and are opt-in:
+`run_pipeline(g, {"kpu_padding": True})`.
+"""
+from dataclasses import dataclass
+from typing import Callable
+
+from tl2k210.graph import infer_shapes
+
+from .input_nchw import input_nchw
+from .fold_constants import fold_constants
+from .layout import upsample_to_resize, normalize_flatten
+from .matmul_to_conv import matmul_to_conv
+from .fold_batchnorm import fold_batchnorm
+from .pad_into_conv import pad_into_conv
+from .fuse_activation import fuse_activation
+from .kpu_padding import kpu_padding
+from .split_stride2 import split_stride2
+from .fuse_pool import fuse_pool
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    fn: Callable
+    default: bool = True
+    exact: bool = True  # False: changes the float results (must be opt-in and reported)
+
+
+PIPELINE = [
+    Pass("input_nchw", input_nchw),
+    Pass("fold_constants", fold_constants),
+    Pass("upsample_to_resize", upsample_to_resize),
+    Pass("normalize_flatten", normalize_flatten),
+    Pass("matmul_to_conv", matmul_to_conv),
+    Pass("fold_batchnorm", fold_batchnorm),
+    Pass("pad_into_conv", pad_into_conv),
+    Pass("fuse_activation", fuse_activation),
+    Pass("kpu_padding", kpu_padding, default=False, exact=False),
+    Pass("split_stride2", split_stride2, default=False),
+    Pass("fuse_pool", fuse_pool),
+    Pass("cleanup_layout", upsample_to_resize),
+]
+PASSES = {p.name: p for p in PIPELINE}
+
+
+def run_pipeline(graph, options=None):
+    """Run the enabled passes in order. options: {pass_name: bool} overrides defaults.
+
+    Returns (graph, log); log is a list of {"pass", "changes": [(node, message)], "nodes": (before, after)}."""
+    options = dict(options or {})
+    unknown = set(options) - set(PASSES)
+    if unknown:
+        raise ValueError(f"unknown pass option(s) {sorted(unknown)}; passes: {[p.name for p in PIPELINE]}")
+    log = []
+    for p in PIPELINE:
+        if not options.get(p.name, p.default):
+            continue
+        changes = []
+        before = len(graph.nodes)
+        graph = p.fn(graph.copy(), lambda node, msg: changes.append((node, msg)))
+        graph = infer_shapes(graph.prune())
+        log.append({"pass": p.name, "exact": p.exact, "changes": changes, "nodes": (before, len(graph.nodes))})
+    return graph, log
+
+
+def run_pass(name, graph):
+    """Run one pass by name (for tests and tools); returns (graph, changes)."""
+    changes = []
+    g = PASSES[name].fn(graph.copy(), lambda node, msg: changes.append((node, msg)))
+    return infer_shapes(g.prune()), changes

@@ -1,0 +1,63 @@
+"""Fold BatchNormalization, and the per-channel constant Mul/Add/Sub that Keras 3 leaves after
+depthwise convs, into the preceding Conv's weights and bias (exact up to float rounding)."""
+import numpy as np
+
+
+def _per_channel(g, c_name, co, out_rank):
+    """A constant that broadcasts as a per-output-channel vector on an NCHW tensor -> (Co,) or None."""
+    c = g.const(c_name)
+    if c is None or not np.issubdtype(c.dtype, np.floating) or c.ndim > out_rank:
+        return None
+    shape = (1,) * (out_rank - c.ndim) + c.shape
+    if c.size == 1:
+        return np.full(co, c.reshape(()), np.float32)
+    if c.size == co and shape[1] == co:
+        return c.reshape(co).astype(np.float32)
+    return None
+
+
+def _bn(g, n):
+    s, b, m, v = (g.const(i) for i in n.inputs[1:5])
+    if any(t is None for t in (s, b, m, v)):
+        return None
+    scale = s / np.sqrt(v + n.attrs.get("epsilon", 1e-5))
+    return scale.astype(np.float32), (b - m * scale).astype(np.float32)
+
+
+def fold_batchnorm(g, log):
+    changed = True
+    while changed:
+        changed = False
+        for conv in [n for n in g.nodes if n.op == "Conv" and not n.attrs.get("activation") and not n.attrs.get("pool")]:
+            nxt = g.single_consumer(conv.outputs[0])
+            w, b = g.const(conv.inputs[1]), g.const(conv.inputs[2])
+            if nxt is None or w is None or b is None:
+                continue
+            co, rank = w.shape[0], len(g.shape(conv.outputs[0]))
+            mul, add = np.ones(co, np.float32), np.zeros(co, np.float32)
+            if nxt.op == "BatchNormalization" and nxt.inputs[0] == conv.outputs[0] and len(nxt.outputs) == 1:
+                r = _bn(g, nxt)
+                if r is None:
+                    continue
+                mul, add = r
+            elif nxt.op in ("Mul", "Add", "Sub", "Div"):
+                other = nxt.inputs[1] if nxt.inputs[0] == conv.outputs[0] else nxt.inputs[0]
+                v = _per_channel(g, other, co, rank)
+                if v is None or (nxt.op in ("Sub", "Div") and other == nxt.inputs[0]):
+                    continue
+                if nxt.op == "Mul":
+                    mul = v
+                elif nxt.op == "Div":
+                    mul = 1 / v
+                else:
+                    add = v if nxt.op == "Add" else -v
+            else:
+                continue
+            conv.inputs[1] = g.add_const((w * mul.reshape(-1, 1, 1, 1)).astype(np.float32), conv.name + "/W_bn")
+            conv.inputs[2] = g.add_const((b * mul + add).astype(np.float32), conv.name + "/B_bn")
+            g.nodes.remove(nxt)
+            g.replace_uses(nxt.outputs[0], conv.outputs[0])
+            conv.fused.append(nxt.name)
+            log(conv.name, f"folded {nxt.op} {nxt.name}")
+            changed = True
+    return g

@@ -1,0 +1,55 @@
+"""Fuse the activation that follows a Conv into its `activation` attr (KPU activation table)."""
+import numpy as np
+
+
+def activation_of(g, n):
+    """IR activation dict of a standalone activation node, or None."""
+    op, a = n.op, n.attrs
+    if op in ("Relu", "Sigmoid", "Tanh", "HardSwish"):
+        return {"op": op}
+    if op == "LeakyRelu":
+        return {"op": op, "alpha": float(a.get("alpha", 0.01))}
+    if op == "HardSigmoid":
+        return {"op": op, "alpha": float(a.get("alpha", 0.2)), "beta": float(a.get("beta", 0.5))}
+    if op == "Clip":
+        lo = g.const(n.inputs[1]) if len(n.inputs) > 1 and n.inputs[1] else a.get("min", -np.inf)
+        hi = g.const(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else a.get("max", np.inf)
+        if lo is None or hi is None:
+            return None
+        return {"op": "Clip", "min": float(lo), "max": float(hi)}
+    return None
+
+
+def _swish(g, conv):
+    """Conv -> Sigmoid(y), Mul(y, sigmoid): returns (sigmoid node, mul node) or None."""
+    y = conv.outputs[0]
+    cs = g.consumers(y)
+    if len(cs) != 2 or y in g.outputs:
+        return None
+    sig = next((c for c in cs if c.op == "Sigmoid"), None)
+    mul = next((c for c in cs if c.op == "Mul"), None)
+    if sig is None or mul is None or sorted(mul.inputs) != sorted([y, sig.outputs[0]]):
+        return None
+    return (sig, mul) if g.single_consumer(sig.outputs[0]) is mul else None
+
+
+def fuse_activation(g, log):
+    for conv in [n for n in g.nodes if n.op == "Conv"]:
+        if conv.attrs.get("activation") or conv.attrs.get("pool"):
+            continue
+        sw = _swish(g, conv)
+        if sw:
+            act, gone = {"op": "Swish"}, list(sw)
+        else:
+            nxt = g.single_consumer(conv.outputs[0])
+            act = activation_of(g, nxt) if nxt is not None else None
+            gone = [nxt]
+        if act is None:
+            continue
+        for n in gone:
+            g.nodes.remove(n)
+        g.replace_uses(gone[-1].outputs[0], conv.outputs[0])
+        conv.attrs["activation"] = act
+        conv.fused += [n.name for n in gone]
+        log(conv.name, f"fused activation {act}")
+    return g

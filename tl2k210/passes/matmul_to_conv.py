@@ -1,0 +1,61 @@
+"""MatMul/Gemm with constant weights on a (1, K) input (+ a constant bias Add) -> Reshape to
+(1, K, 1, 1), 1x1 Conv, Reshape back to (1, N). The backend pads the 1x1 map to 4x4 for the KPU.
+Only where the KPU limits allow it (K, N <= 1024); larger ones stay Gemm/MatMul for the CPU."""
+import numpy as np
+
+from tl2k210.graph import Node
+
+MAX_CHANNELS = 1024
+
+
+def _weights(g, n):
+    """(N, K) weight and (N,) bias of a MatMul/Gemm node, or None."""
+    w = g.const(n.inputs[1])
+    if w is None or w.ndim != 2 or w.dtype != np.float32:
+        return None
+    if n.op == "MatMul":
+        return w.T, np.zeros(w.shape[1], np.float32)
+    a = n.attrs
+    if a.get("transA"):
+        return None
+    w = (w if a.get("transB") else w.T) * a.get("alpha", 1.0)
+    b = g.const(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else np.zeros(w.shape[0], np.float32)
+    if b is None or b.size not in (1, w.shape[0]):
+        return None
+    return w, np.broadcast_to(b.reshape(-1) * a.get("beta", 1.0), (w.shape[0],)).astype(np.float32)
+
+
+def matmul_to_conv(g, log):
+    for n in [n for n in g.nodes if n.op in ("MatMul", "Gemm")]:
+        x = g.tensors[n.inputs[0]]
+        wb = _weights(g, n)
+        if wb is None or x.shape is None or len(x.shape) != 2 or x.shape[0] != 1:
+            continue
+        w, b = wb
+        (nout, k), fused, out = w.shape, [n.name], n.outputs[0]
+        if k > MAX_CHANNELS or nout > MAX_CHANNELS:
+            log(n.name, f"kept {n.op} {k}->{nout}: over the KPU's {MAX_CHANNELS} channels")
+            continue
+        add = g.single_consumer(out)
+        if add is not None and add.op == "Add" and n.op == "MatMul":
+            c = g.const(add.inputs[1] if add.inputs[0] == out else add.inputs[0])
+            if c is not None and c.size == nout and c.shape[-1] == nout:
+                b = b + c.reshape(-1).astype(np.float32)
+                g.nodes.remove(add)
+                g.replace_uses(add.outputs[0], out)
+                fused.append(add.name)
+        r4 = g.add_tensor(n.name + "/nchw", (1, k, 1, 1))
+        co = g.add_tensor(n.name + "/conv", (1, nout, 1, 1))
+        conv = Node("Conv", [r4, g.add_const(w.reshape(nout, k, 1, 1).astype(np.float32), n.name + "/W"),
+                             g.add_const(b.astype(np.float32), n.name + "/B")], [co],
+                    {"kernel": (1, 1), "strides": (1, 1), "pads": [0, 0, 0, 0], "group": 1, "dilations": (1, 1)},
+                    n.name, fused)
+        i = g.nodes.index(n)
+        g.nodes[i:i + 1] = [
+            Node("Reshape", [n.inputs[0], g.add_const(np.array([1, k, 1, 1], np.int64), n.name + "/shape4")], [r4],
+                 {}, n.name + "/to_nchw"),
+            conv,
+            Node("Reshape", [co, g.add_const(np.array([1, nout], np.int64), n.name + "/shape2")], [out], {},
+                 n.name + "/to_2d")]
+        log(n.name, f"{'+'.join(fused)} ({k}->{nout}) -> 1x1 Conv on a {k}x1x1 map")
+    return g
