@@ -1,0 +1,240 @@
+"""``.kfpkg`` packages and ``FILE@ADDR`` image arguments.
+
+A kfpkg is a ZIP with ``flash-list.json`` plus the referenced binaries (spec §4.3). The reader is
+tolerant of real manifests (hex literals such as ``"address": 0x300000,``, which kflash accepts)
+and safe: it rejects path traversal, duplicate or overlapping ranges, images beyond the flash
+and absurd sizes. The writer emits what kflash's line-based regex reader also accepts:
+pretty-printed JSON, one key per line, ``address`` first, decimal addresses.
+"""
+import json
+import os
+import posixpath
+import re
+import tempfile
+import zipfile
+from dataclasses import dataclass
+
+from tl2k210.flash import image as fw_image
+from tl2k210.flash.boards import FLASH_SIZE_16M
+from tl2k210.flash.errors import KfpkgError
+
+MANIFEST = "flash-list.json"
+MAX_MANIFEST_BYTES = 1024 * 1024
+MAX_ENTRIES = 64
+_HEX_VALUE_RE = re.compile(r'(:\s*)(0[xX][0-9a-fA-F]+)(\s*[,}\n])')
+
+
+@dataclass
+class FlashImage:
+    """One thing to write: ``data`` at flash ``address``; ``envelope`` wraps it for the ROM."""
+    address: int
+    data: bytes
+    envelope: bool
+    name: str = ""
+    source: str = ""
+
+    def flash_bytes(self) -> bytes:
+        return fw_image.wrap(self.data) if self.envelope else bytes(self.data)
+
+    @property
+    def flash_size(self) -> int:
+        return len(self.data) + (fw_image.ENVELOPE_OVERHEAD if self.envelope else 0)
+
+    @property
+    def end(self) -> int:
+        return self.address + self.flash_size
+
+
+def parse_address(text) -> int:
+    if isinstance(text, bool):
+        raise KfpkgError(f"address {text!r} is not a number")
+    if isinstance(text, int):
+        value = text
+    else:
+        try:
+            value = int(str(text).strip(), 0)
+        except ValueError:
+            raise KfpkgError(f"address {text!r} is not a number (use decimal or 0x-hex, "
+                             "e.g. 0x300000)") from None
+    if value < 0:
+        raise KfpkgError(f"address {text!r} is negative")
+    return value
+
+
+def check_layout(images, flash_size=FLASH_SIZE_16M, where="images"):
+    """Reject empty images, images beyond the flash and overlapping ranges."""
+    for img in images:
+        if img.flash_size == 0:
+            raise KfpkgError(f"{img.name or img.source}: empty image")
+        if img.end > flash_size:
+            raise KfpkgError(
+                f"{img.name or img.source}: 0x{img.address:x}..0x{img.end:x} ends beyond the "
+                f"{flash_size // (1024 * 1024)} MiB flash (0x{flash_size:x}); pick a lower address")
+    ordered = sorted(images, key=lambda i: i.address)
+    for a, b in zip(ordered, ordered[1:]):
+        if b.address < a.end:
+            raise KfpkgError(
+                f"{where}: {a.name or a.source} (0x{a.address:x}..0x{a.end:x}) overlaps "
+                f"{b.name or b.source} (0x{b.address:x}..0x{b.end:x}); move one of them")
+
+
+def parse_manifest(text: str):
+    """Parse flash-list.json text into a list of dicts with an int ``address``."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            doc = json.loads(_HEX_VALUE_RE.sub(lambda m: f'{m.group(1)}"{m.group(2)}"{m.group(3)}',
+                                               text))
+        except json.JSONDecodeError as exc:
+            raise KfpkgError(f"{MANIFEST} is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("files"), list):
+        raise KfpkgError(f'{MANIFEST} must be an object with a "files" list')
+    files = doc["files"]
+    if not files:
+        raise KfpkgError(f"{MANIFEST} lists no files")
+    if len(files) > MAX_ENTRIES:
+        raise KfpkgError(f"{MANIFEST} lists {len(files)} files; at most {MAX_ENTRIES} are accepted")
+    out = []
+    for i, f in enumerate(files):
+        if not isinstance(f, dict) or "bin" not in f or "address" not in f:
+            raise KfpkgError(f'{MANIFEST}: files[{i}] needs "address" and "bin"')
+        name = f["bin"]
+        if not isinstance(name, str) or not name:
+            raise KfpkgError(f"{MANIFEST}: files[{i}].bin must be a file name")
+        prefix = f.get("sha256Prefix", False)
+        if not isinstance(prefix, bool):
+            raise KfpkgError(f"{MANIFEST}: files[{i}].sha256Prefix must be true or false")
+        out.append({"address": parse_address(f["address"]), "bin": name, "sha256Prefix": prefix,
+                    "reverse4Bytes": bool(f.get("reverse4Bytes", False))})
+    return out
+
+
+def _safe_member(name: str) -> str:
+    norm = posixpath.normpath(name.replace("\\", "/"))
+    if (name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name) or norm.startswith("../")
+            or norm == ".." or "/../" in f"/{norm}/"):
+        raise KfpkgError(f"{MANIFEST} names {name!r}, which points outside the package "
+                         "(path traversal); refusing it")
+    return norm
+
+
+def _swap32(data: bytes) -> bytes:
+    data = bytes(data) + bytes(-len(data) % 4)
+    out = bytearray(len(data))
+    out[0::4], out[1::4], out[2::4], out[3::4] = data[3::4], data[2::4], data[1::4], data[0::4]
+    return bytes(out)
+
+
+def read_kfpkg(path, flash_size=FLASH_SIZE_16M):
+    """Read a package into a list of FlashImage, validated against ``flash_size``."""
+    try:
+        zf = zipfile.ZipFile(path)
+    except FileNotFoundError:
+        raise KfpkgError(f"{path}: no such file") from None
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise KfpkgError(f"{path}: not a readable kfpkg (ZIP) file: {exc}") from None
+    with zf:
+        infos = {}
+        for info in zf.infolist():
+            infos[posixpath.normpath(info.filename.replace("\\", "/"))] = info
+        if MANIFEST not in infos:
+            raise KfpkgError(f"{path}: no {MANIFEST} at the root of the package")
+        if infos[MANIFEST].file_size > MAX_MANIFEST_BYTES:
+            raise KfpkgError(f"{path}: {MANIFEST} is absurdly large")
+        entries = parse_manifest(zf.read(infos[MANIFEST]).decode("utf-8", "replace"))
+        seen = set()
+        images = []
+        for e in entries:
+            member = _safe_member(e["bin"])
+            if member in seen:
+                raise KfpkgError(f"{path}: {member} is listed twice in {MANIFEST}")
+            seen.add(member)
+            info = infos.get(member)
+            if info is None:
+                raise KfpkgError(f"{path}: {MANIFEST} lists {member}, which is not in the package")
+            if info.file_size > flash_size:
+                raise KfpkgError(f"{path}: {member} claims {info.file_size} bytes, more than the "
+                                 f"whole flash ({flash_size}); the package is corrupt")
+            with zf.open(info) as fh:
+                data = fh.read(flash_size + 1)
+            if len(data) > flash_size:
+                raise KfpkgError(f"{path}: {member} is larger than the flash")
+            if e["reverse4Bytes"]:
+                data = _swap32(data)
+            images.append(FlashImage(e["address"], data, e["sha256Prefix"], name=member,
+                                     source=f"{path}:{member}"))
+    if len({i.address for i in images}) != len(images):
+        raise KfpkgError(f"{path}: two files at the same address")
+    check_layout(images, flash_size, where=str(path))
+    return images
+
+
+def manifest_text(images) -> str:
+    """kflash-compatible manifest: pretty-printed, ``address`` first and decimal."""
+    files = [{"address": int(i.address), "bin": i.name, "sha256Prefix": bool(i.envelope)}
+             for i in images]
+    return json.dumps({"version": "0.1.0", "files": files}, indent=4) + "\n"
+
+
+def write_kfpkg(images, out_path, flash_size=FLASH_SIZE_16M):
+    """Write a package atomically (temp file + rename)."""
+    images = list(images)
+    names = set()
+    for img in images:
+        base = img.name or os.path.basename(img.source) or f"image_0x{img.address:x}.bin"
+        base = base.replace("\\", "/").split("/")[-1]
+        stem, ext = os.path.splitext(base)
+        cand, k = base, 1
+        while cand in names or cand == MANIFEST:
+            cand = f"{stem}_{k}{ext}"
+            k += 1
+        names.add(cand)
+        img.name = cand
+    check_layout(images, flash_size, where=str(out_path))
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    fd, tmp = tempfile.mkstemp(prefix=".kfpkg-", dir=out_dir)
+    try:
+        with os.fdopen(fd, "wb") as fh, zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr(MANIFEST, manifest_text(images))
+            for img in images:
+                zf.writestr(img.name, bytes(img.data))
+        os.replace(tmp, out_path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return out_path
+
+
+def parse_image_arg(arg: str, flash_size=FLASH_SIZE_16M):
+    """``FILE[@ADDR]`` -> list of FlashImage (a .kfpkg expands to its entries). Address 0 gets
+    the firmware envelope, other addresses raw bytes. A file without ``@`` goes to 0, except a
+    .kmodel, which needs an explicit address."""
+    if "@" in arg and not os.path.exists(arg):
+        path, addr_text = arg.rsplit("@", 1)
+        address = parse_address(addr_text)
+    else:
+        path, address = arg, None
+    if path.lower().endswith(".kfpkg") or _is_kfpkg(path):
+        if address is not None:
+            raise KfpkgError(f"{arg}: a .kfpkg carries its own addresses; drop the @ADDR")
+        return read_kfpkg(path, flash_size)
+    if address is None:
+        if path.lower().endswith(".kmodel"):
+            raise KfpkgError(f"{path}: say where the model goes, e.g. {path}@0x300000 "
+                             "(MaixPy's model area usually starts at 0x300000)")
+        address = 0
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(flash_size + 1)
+    except OSError as exc:
+        raise KfpkgError(f"cannot read {path}: {exc.strerror}") from None
+    if len(data) > flash_size:
+        raise KfpkgError(f"{path} is larger than the {flash_size // 2**20} MiB flash")
+    return [FlashImage(address, data, envelope=(address == 0), name=os.path.basename(path),
+                       source=path)]
+
+
+def _is_kfpkg(path):
+    return path.lower().endswith(".kfpkg")

@@ -1,0 +1,87 @@
+"""Opening ports with errors a user can act on, and the DTR/RTS line shim for emulated boards.
+
+Any pyserial URL works (``/dev/ttyUSB0``, ``COM3``, a pty path, ``socket://host:port``,
+``loop://``). A pty has no modem-control lines: setting DTR/RTS raises ``OSError(ENOTTY)``; the
+flasher then carries on without a reset sequence. :class:`LineShim` forwards the two setters of a
+port to an emulated board instead (for tests), and ``shim/sitecustomize.py`` does the same for
+unmodified subprocesses such as the kflash CLI.
+"""
+import errno
+import os
+
+from tl2k210.flash.errors import PortError
+
+LINES_ENV = "TL2K210_LINES_SOCKET"   # unix datagram socket of an emulated board
+SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim")
+
+
+def open_port(url: str, baudrate: int, timeout: float = 0.05, write_timeout: float = None):
+    import serial
+
+    try:
+        return serial.serial_for_url(url, baudrate=baudrate, timeout=timeout,
+                                     write_timeout=write_timeout, exclusive=True)
+    except TypeError:          # URL handlers that do not take `exclusive`
+        return serial.serial_for_url(url, baudrate=baudrate, timeout=timeout,
+                                     write_timeout=write_timeout)
+    except (serial.SerialException, OSError, ValueError) as exc:
+        raise port_error(url, exc) from None
+
+
+def port_error(url, exc) -> PortError:
+    code = getattr(exc, "errno", None)
+    text = str(exc)
+    if code == errno.ENOENT or "No such file" in text or "FileNotFoundError" in text:
+        return PortError(f"serial port {url} does not exist; is the board plugged in? List ports "
+                         "with `python -m serial.tools.list_ports` and pass --port")
+    if code == errno.EACCES or "Permission denied" in text:
+        return PortError(f"permission denied opening {url}; add yourself to the serial group "
+                         "(`sudo usermod -aG dialout $USER`, then log in again) or run with access "
+                         "to the device")
+    if code in (errno.EBUSY, errno.EAGAIN) or "busy" in text.lower() or "lock" in text.lower():
+        return PortError(f"serial port {url} is busy: close MaixPy IDE, a serial terminal or "
+                         "another flasher that has it open, then retry")
+    return PortError(f"cannot open serial port {url}: {text}")
+
+
+class LineShim:
+    """Wrap a serial port so that DTR/RTS changes go to ``sink(line, asserted)`` (an emulated
+    board) instead of the device, which a pty does not support. Everything else is delegated."""
+
+    def __init__(self, port, sink):
+        object.__setattr__(self, "_port", port)
+        object.__setattr__(self, "_sink", sink)
+        object.__setattr__(self, "_lines", {"dtr": True, "rts": True})
+
+    def __getattr__(self, name):
+        return getattr(self._port, name)
+
+    def __setattr__(self, name, value):
+        if name in ("dtr", "rts"):
+            self._lines[name] = bool(value)
+            self._sink(name, bool(value))
+        else:
+            setattr(self._port, name, value)
+
+    @property
+    def dtr(self):
+        return self._lines["dtr"]
+
+    @property
+    def rts(self):
+        return self._lines["rts"]
+
+    def setDTR(self, value=True):  # pyserial 2.x names, used by kflash
+        self.dtr = value
+
+    def setRTS(self, value=True):
+        self.rts = value
+
+
+def shim_env(socket_path: str, base_env=None) -> dict:
+    """Environment for a subprocess whose pyserial DTR/RTS changes must reach the emulated board
+    listening on ``socket_path``."""
+    env = dict(os.environ if base_env is None else base_env)
+    env[LINES_ENV] = socket_path
+    env["PYTHONPATH"] = SHIM_DIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
