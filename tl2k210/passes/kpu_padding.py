@@ -11,7 +11,9 @@ def kpu_padding(g, log):
         if tuple(a["strides"]) != (2, 2) or (t, l) == (b, r) or kh != kw or kh % 2 == 0:
             continue
         p = kh // 2
-        if t + b != 2 * p or l + r != 2 * p:
+        _, _, h, w = g.shape(conv.inputs[0])
+        same_shape = all((n + 2 * p - kh) // 2 == (n + lo + hi - kh) // 2 for n, lo, hi in ((h, t, b), (w, l, r)))
+        if not same_shape or max(t, l, b, r) > p:
             continue
         a["pads"] = [p, p, p, p]
         log(conv.name, f"CHANGES MATH: stride-2 pads {[t, l, b, r]} -> {a['pads']} (symmetric for the KPU)")

@@ -1,0 +1,150 @@
+"""Float reference and activation-range calibration through onnxruntime.
+
+Every intermediate float tensor of the IR graph (including a fused Conv's internal stages, see
+graph.stage_names) is exposed as an output, so one session run gives all per-layer values.
+
+  stats = collect(graph, batches)           # {tensor: TensorStats}, two passes over the data
+  rngs = ranges(stats, "kld")               # {tensor: (lo, hi)}; "minmax" | "percentile" | "kld"
+  ref = float_reference(graph, x)           # {tensor: ndarray} for one input
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from tl2k210.graph import to_onnx
+
+BINS = 2048
+METHODS = ("minmax", "percentile", "kld")
+
+
+class FloatRunner:
+    """An onnxruntime session over a Graph with all intermediate tensors exposed."""
+
+    def __init__(self, graph, expose_all=True):
+        import onnxruntime as ort
+        model = to_onnx(graph, expose_all=expose_all)
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every tensor
+        so.log_severity_level = 3
+        self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self.names = [o.name for o in self.sess.get_outputs()]
+        self.inputs = list(graph.inputs)
+
+    def __call__(self, x):
+        feeds = x if isinstance(x, dict) else {self.inputs[0]: np.asarray(x, np.float32)}
+        return dict(zip(self.names, self.sess.run(self.names, feeds)))
+
+
+def float_reference(graph, x):
+    """{tensor_name: float ndarray} of every tensor for one input (array or {input: array})."""
+    return FloatRunner(graph)(x)
+
+
+@dataclass
+class TensorStats:
+    lo: float
+    hi: float
+    count: int = 0
+    hist: np.ndarray = None       # BINS over [lo, hi]
+    abs_hist: np.ndarray = None   # BINS over [0, max(|lo|, |hi|)]
+
+    @property
+    def amax(self):
+        return max(abs(self.lo), abs(self.hi))
+
+
+def collect(graph, batches, histograms=True):
+    """Run the float graph over `batches` (iterable of inputs, re-iterable if histograms) and
+    return {tensor_name: TensorStats}. Pass 1: min/max; pass 2: value and |value| histograms."""
+    run = FloatRunner(graph)
+    stats = {}
+    for x in batches:
+        for k, v in run(x).items():
+            if v.dtype.kind != "f" or v.size == 0:
+                continue
+            s = stats.get(k)
+            lo, hi = float(v.min()), float(v.max())
+            if s is None:
+                stats[k] = TensorStats(lo, hi, v.size)
+            else:
+                s.lo, s.hi, s.count = min(s.lo, lo), max(s.hi, hi), s.count + v.size
+    if not stats:
+        raise ValueError("calibration dataset is empty")
+    if histograms:
+        for s in stats.values():
+            s.hist, s.abs_hist = np.zeros(BINS, np.int64), np.zeros(BINS, np.int64)
+        for x in batches:
+            for k, v in run(x).items():
+                s = stats.get(k)
+                if s is None:
+                    continue
+                v = v.ravel()
+                s.hist += np.histogram(v, BINS, (s.lo, s.hi if s.hi > s.lo else s.lo + 1e-12))[0]
+                s.abs_hist += np.histogram(np.abs(v), BINS, (0, s.amax if s.amax > 0 else 1e-12))[0]
+    return stats
+
+
+def _percentile(s, p):
+    edges = np.linspace(s.lo, s.hi, BINS + 1)
+    cdf = np.cumsum(s.hist) / max(1, s.hist.sum())
+    lo = edges[np.searchsorted(cdf, (100 - p) / 100, side="left")]
+    hi = edges[min(BINS, np.searchsorted(cdf, p / 100, side="left") + 1)]
+    return float(lo), float(hi)
+
+
+def kld_threshold(abs_hist, amax, levels=128):
+    """TensorRT-style entropy calibration: the |x| clipping threshold whose `levels`-bin
+    quantized distribution has the least KL divergence from the clipped reference."""
+    hist = abs_hist.astype(np.float64)
+    n = len(hist)
+    if hist.sum() == 0 or amax == 0:
+        return amax
+    best, best_i = np.inf, n
+    for i in range(levels, n + 1, max(1, n // 256)):
+        p = hist[:i].copy()
+        p[-1] += hist[i:].sum()
+        idx = np.arange(i) * levels // i  # bin -> quantization level
+        sums = np.bincount(idx, weights=hist[:i], minlength=levels)
+        nz = np.bincount(idx, weights=(hist[:i] > 0), minlength=levels)
+        q = np.where(hist[:i] > 0, sums[idx] / np.maximum(nz[idx], 1), 0.0)
+        ps, qs = p.sum(), q.sum()
+        if qs == 0:
+            continue
+        p, q = p / ps, q / qs
+        m = p > 0
+        kl = np.sum(p[m] * np.log(p[m] / np.maximum(q[m], 1e-12)))
+        if kl < best:
+            best, best_i = kl, i
+    return amax * best_i / n
+
+
+def ranges(stats, method="minmax", percentile=99.99):
+    """{tensor: (lo, hi)} from collected stats. minmax: the union range; percentile: the p / 100-p
+    percentiles of the values; kld: the minmax range clipped to the KL-optimal |x| threshold."""
+    if method not in METHODS:
+        raise ValueError(f"unknown calibration method {method!r}; choose from {METHODS}")
+    out = {}
+    for k, s in stats.items():
+        if method == "minmax" or s.hist is None or s.hi == s.lo:
+            out[k] = (s.lo, s.hi)
+        elif method == "percentile":
+            out[k] = _percentile(s, percentile)
+        else:
+            t = kld_threshold(s.abs_hist, s.amax, 255 if s.lo >= 0 else 128)
+            out[k] = (max(s.lo, -t), min(s.hi, t))
+    return out
+
+
+def compare_graphs(ref_graph, test_graph, batches):
+    """Per-output SQNR (dB) and cosine of `test_graph` vs `ref_graph` over `batches` (e.g. to
+    report what the opt-in kpu_padding rewrite cost)."""
+    from .metrics import cosine, sqnr_db
+    ref_run, test_run = FloatRunner(ref_graph, False), FloatRunner(test_graph, False)
+    refs, tests = {}, {}
+    for x in batches:
+        for k, v in ref_run(x).items():
+            refs.setdefault(k, []).append(v)
+        for k, v in test_run(x).items():
+            tests.setdefault(k, []).append(v)
+    return {k: {"sqnr_db": sqnr_db(np.stack(refs[k]), np.stack(tests[k])),
+                "cosine": cosine(np.stack(refs[k]), np.stack(tests[k]))} for k in refs}
