@@ -216,7 +216,7 @@ def parse_image_arg(arg: str, flash_size=FLASH_SIZE_16M):
         address = parse_address(addr_text)
     else:
         path, address = arg, None
-    if path.lower().endswith(".kfpkg") or _is_kfpkg(path):
+    if path.lower().endswith(".kfpkg"):
         if address is not None:
             raise KfpkgError(f"{arg}: a .kfpkg carries its own addresses; drop the @ADDR")
         return read_kfpkg(path, flash_size)
@@ -236,5 +236,3 @@ def parse_image_arg(arg: str, flash_size=FLASH_SIZE_16M):
                        source=path)]
 
 
-def _is_kfpkg(path):
-    return path.lower().endswith(".kfpkg")

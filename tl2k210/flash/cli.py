@@ -1,0 +1,262 @@
+"""CLI verbs ``flash``, ``package``, ``deploy`` and ``board`` (registered by tl2k210/cli.py).
+
+Imports stay light (no TensorFlow): the compiler is imported only when ``deploy`` converts.
+"""
+import os
+import sys
+import tempfile
+
+from tl2k210.errors import Tl2k210Error
+
+MAIXPY_MODEL_AREA = 0x300000      # MaixPy convention (spec §6.1)
+FIRMWARE_REGION_END = 0x200000    # the MaixPy firmware lives below this
+SPIFFS_START = 0xD00000           # /flash filesystem
+KFLASH_USB_VIDS = ("1A86", "0403", "067B", "10C4", "C251")
+
+
+def _int(text):
+    try:
+        return int(str(text), 0)
+    except ValueError:
+        raise Tl2k210Error(f"{text!r} is not a number (use decimal or 0x-hex)") from None
+
+
+def _common_port_args(p):
+    from tl2k210.flash.boards import board_names
+    from tl2k210.flash.flasher import DEFAULT_BAUD
+
+    p.add_argument("-p", "--port", help="serial port or pyserial URL (/dev/ttyUSB0, COM3, "
+                   "socket://host:port); default: the only K210-like USB serial port")
+    p.add_argument("-B", "--board", choices=board_names(), metavar="BOARD",
+                   help="board preset (reset wiring): " + ", ".join(board_names()) +
+                   "; default: auto-detect")
+    p.add_argument("-b", "--baud", type=int, default=DEFAULT_BAUD,
+                   help=f"baud rate for the flash transfer (default {DEFAULT_BAUD}; the ROM stage "
+                   "always runs at 115200)")
+    p.add_argument("--stub", metavar="FILE", help="stage-2 flash program to load instead of the "
+                   "one in the installed kflash package")
+    p.add_argument("--verify", dest="verify", action="store_true", default=True,
+                   help="verify every write (default)")
+    p.add_argument("--no-verify", dest="verify", action="store_false")
+    p.add_argument("--no-reboot", dest="reboot", action="store_false", default=True,
+                   help="leave the board in the flash program afterwards")
+    p.add_argument("--progress", action="store_true", default=None,
+                   help="show a progress bar even when stderr is not a terminal")
+    p.add_argument("-v", "--verbose", action="store_true", help="log protocol events")
+
+
+def add_flash_parser(sub):
+    p = sub.add_parser("flash", help="write images or a .kfpkg to a K210 board over serial",
+                       description="Write FILE[@ADDR] images (address 0 gets the bootable "
+                       "firmware envelope, other addresses raw bytes) or a .kfpkg package.")
+    p.add_argument("images", nargs="+", metavar="FILE[@ADDR]|PACKAGE.kfpkg")
+    _common_port_args(p)
+    p.set_defaults(func=cmd_flash)
+
+
+def add_package_parser(sub):
+    p = sub.add_parser("package", help="build a .kfpkg from images (kflash-compatible)")
+    p.add_argument("images", nargs="+", metavar="FILE[@ADDR]",
+                   help="e.g. model.kmodel@0x300000 firmware.bin@0")
+    p.add_argument("-o", "--output", required=True, help="output .kfpkg path")
+    p.set_defaults(func=cmd_package)
+
+
+def add_deploy_parser(sub):
+    p = sub.add_parser("deploy", help="convert (if needed), package and flash a model, then "
+                       "print the MaixPy lines that load it")
+    p.add_argument("model", help="a .kmodel, or a model the compiler can convert")
+    p.add_argument("-a", "--address", default=hex(MAIXPY_MODEL_AREA),
+                   help="flash address of the model (default 0x300000, MaixPy's model area)")
+    p.add_argument("--firmware", metavar="FW.bin", help="also write this MaixPy firmware at 0")
+    p.add_argument("-o", "--kfpkg", metavar="OUT.kfpkg", help="keep the package here")
+    p.add_argument("--force", action="store_true",
+                   help="allow an address inside the firmware region (< 0x200000) or SPIFFS")
+    _common_port_args(p)
+    p.set_defaults(func=cmd_deploy)
+
+
+def add_board_parser(sub):
+    p = sub.add_parser("board", help="run an emulated K210 board on a pseudo-terminal")
+    p.add_argument("--pty", action="store_true", required=True,
+                   help="serve the board on a new pty (the only transport so far)")
+    p.add_argument("--flash", metavar="FILE", help="16 MiB flash image file (created if "
+                   "missing; default: a temporary file)")
+    p.add_argument("--wiring", default="dan",
+                   help="reset wiring: dan, kd233, goE, bit_mic (DTR/RTS via the line shim) or "
+                   "isp_on_open (resets into ISP whenever the port is opened)")
+    p.add_argument("--throttle", action="store_true", help="simulate the line speed")
+    p.add_argument("--fault-rate", type=float, default=0.0, help="per-byte fault rate host->board")
+    p.add_argument("--fault-kinds", default="corrupt,drop", help="corrupt,drop,delay")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--for", dest="seconds", type=float, default=None,
+                   help="stop after this many seconds (default: until Ctrl-C)")
+    p.set_defaults(func=cmd_board)
+
+
+# ---- handlers ---------------------------------------------------------------------------
+def _collect_images(args_images, flash_size=None):
+    from tl2k210.flash.boards import FLASH_SIZE_16M
+    from tl2k210.flash.kfpkg import check_layout, parse_image_arg
+
+    size = flash_size or FLASH_SIZE_16M
+    images = []
+    for arg in args_images:
+        images.extend(parse_image_arg(arg, size))
+    check_layout(images, size)
+    return images
+
+
+def _auto_port(board):
+    try:
+        from serial.tools import list_ports
+    except ImportError:  # pragma: no cover
+        raise Tl2k210Error("pyserial is not installed; pip install pyserial") from None
+    ports = sorted(p for p in list_ports.comports()
+                   if any(v in (p.hwid or "").upper() for v in KFLASH_USB_VIDS))
+    if not ports:
+        raise Tl2k210Error("no K210-like USB serial port found (CH340/CH552/FTDI/CP210x); plug "
+                           "the board in or pass --port")
+    if board in ("goE", "maixduino") and len(ports) > 1:
+        return ports[1].device      # open-ec: the K210 UART is the second port
+    if len(ports) > 1:
+        names = ", ".join(p.device for p in ports)
+        print(f"tl2k210: several serial ports ({names}); using {ports[0].device}; pass --port "
+              "to choose", file=sys.stderr)
+    return ports[0].device
+
+
+def _do_flash(args, images):
+    from tl2k210.flash.flasher import Progress, flash_images
+
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    log = (lambda m: print(f"tl2k210: {m}", file=sys.stderr)) if args.verbose else None
+    port = args.port or _auto_port(args.board)
+    report = flash_images(images, url=port, board=args.board, baud=args.baud, stub=args.stub,
+                          verify=args.verify, reboot=args.reboot, progress=Progress(show),
+                          log=log)
+    for img in report.images:
+        kind = "firmware envelope" if img["envelope"] else "raw"
+        print(f"wrote {img['name']} at 0x{img['address']:06x}: {img['size']} bytes ({kind}), "
+              f"sha256 {img['sha256'][:16]}")
+    rate = report.data_bytes / report.data_seconds if report.data_seconds else 0
+    status = "verified" if report.verified else "NOT verified (--no-verify)"
+    print(f"done: {report.data_bytes} bytes in {report.seconds:.1f} s ({rate / 1024:.1f} KiB/s "
+          f"at {report.baud} baud, {report.retries} retries), {status}, board {report.board}")
+    for w in report.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return report
+
+
+def cmd_flash(args):
+    _do_flash(args, _collect_images(args.images))
+    return 0
+
+
+def cmd_package(args):
+    from tl2k210.flash.kfpkg import write_kfpkg
+
+    images = _collect_images(args.images)
+    write_kfpkg(images, args.output)
+    for i in images:
+        print(f"{i.name} at 0x{i.address:06x} ({len(i.data)} bytes"
+              f"{', firmware envelope' if i.envelope else ''})")
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _kmodel_for(model, workdir):
+    if model.lower().endswith(".kmodel"):
+        return model
+    try:
+        from tl2k210.compiler import convert_file
+    except ImportError:
+        raise Tl2k210Error(f"{model} is not a .kmodel and model conversion is not available in "
+                           "this install; convert it first (`tl2k210 convert`) and pass the "
+                           ".kmodel") from None
+    out = os.path.join(workdir, os.path.splitext(os.path.basename(model))[0] + ".kmodel")
+    result = convert_file(model, out)
+    return result if isinstance(result, (str, os.PathLike)) and os.path.exists(result) else out
+
+
+def check_model_address(address, size, force):
+    """Refuse addresses that would overwrite MaixPy's firmware or its /flash filesystem."""
+    if address < FIRMWARE_REGION_END and not force:
+        raise Tl2k210Error(f"address 0x{address:x} is inside the MaixPy firmware region "
+                           f"(0..0x{FIRMWARE_REGION_END:x}); use 0x300000 (MaixPy's model area) "
+                           "or pass --force if you really mean it")
+    if address + size > SPIFFS_START and address < SPIFFS_START + 0x300000 and not force:
+        raise Tl2k210Error(f"the model (0x{address:x}..0x{address + size:x}) runs into the SPIFFS "
+                           f"/flash filesystem at 0x{SPIFFS_START:x}; pick a lower address or "
+                           "pass --force")
+
+
+def maixpy_snippet(address):
+    return "\n".join([
+        "import KPU as kpu",
+        f"task = kpu.load(0x{address:x})",
+        "# fmap = kpu.forward(task, img)      # or kpu.run_yolo2(task, img) after init_yolo2",
+        "kpu.deinit(task)",
+    ])
+
+
+def cmd_deploy(args):
+    from tl2k210.flash.kfpkg import FlashImage, parse_address, read_kfpkg, write_kfpkg
+
+    address = parse_address(args.address)
+    with tempfile.TemporaryDirectory(prefix="tl2k210-deploy-") as tmp:
+        kmodel = _kmodel_for(args.model, tmp)
+        try:
+            with open(kmodel, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            raise Tl2k210Error(f"cannot read {kmodel}: {exc.strerror}") from None
+        if not data:
+            raise Tl2k210Error(f"{kmodel} is empty")
+        if data[:4] not in (b"\x03\x00\x00\x00", b"KMDL", b"\x04\x00\x00\x00"):
+            print(f"warning: {kmodel} does not start like a kmodel v3/v4; MaixPy's kpu.load "
+                  "may reject it", file=sys.stderr)
+        check_model_address(address, len(data), args.force)
+        images = [FlashImage(address, data, False, os.path.basename(kmodel), kmodel)]
+        if args.firmware:
+            with open(args.firmware, "rb") as fh:
+                images.insert(0, FlashImage(0, fh.read(), True, os.path.basename(args.firmware),
+                                            args.firmware))
+        pkg = args.kfpkg or os.path.join(tmp, "deploy.kfpkg")
+        write_kfpkg(images, pkg)
+        print(f"packaged {pkg}")
+        _do_flash(args, read_kfpkg(pkg))
+    print("\n# MaixPy: load the model from flash")
+    print(maixpy_snippet(address))
+    return 0
+
+
+def cmd_board(args):
+    import time
+
+    from tl2k210.flash.emulated_board import EmulatedBoard, FaultConfig
+    from tl2k210.flash.transport import LINES_ENV, SHIM_DIR
+
+    faults = FaultConfig(rate=args.fault_rate, kinds=tuple(args.fault_kinds.split(",")),
+                         seed=args.seed)
+    try:
+        board = EmulatedBoard(args.flash, wiring=args.wiring, throttle=args.throttle,
+                              faults=faults)
+    except ValueError as exc:
+        raise Tl2k210Error(str(exc)) from None
+    kflash_board = args.wiring if args.wiring in ("dan", "kd233", "goE", "bit_mic") else "dan"
+    with board:
+        print(f"emulated K210 on {board.port} (wiring {args.wiring}, flash {board.flash_path})")
+        print(f"DTR/RTS socket: {board.lines_socket}")
+        print("run stock kflash against it with:")
+        print(f"  {LINES_ENV}={board.lines_socket} PYTHONPATH={SHIM_DIR} "
+              f"kflash -p {board.port} -B {kflash_board} -b 1500000 firmware.bin")
+        sys.stdout.flush()
+        t0 = time.monotonic()
+        try:
+            while args.seconds is None or time.monotonic() - t0 < args.seconds:
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            pass
+        print(f"board state {board.state}; boot: {board.core.boot_message or 'not booted'}")
+    return 0
