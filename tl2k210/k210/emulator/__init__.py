@@ -1,0 +1,63 @@
+"""Bit-exact host emulator of K210 kmodels (v3 and v4).
+
+    emu = Emulator.load("face.kmodel")
+    outputs = emu.run(image_chw_uint8)                 # list of numpy arrays
+    outputs, layers = emu.run(x, trace=True)           # + every layer's output [(name, array)]
+
+Options (named rules, see ``kpu.py``): ``sum_rule`` "silicon" (default) | "simulator",
+``act_rule`` "nncase02" (default) | "nncase01".
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tl2k210.errors import EmulatorError
+from tl2k210.k210 import kmodel
+from tl2k210.k210.emulator import v3 as run_v3
+from tl2k210.k210.emulator import v4 as run_v4
+from tl2k210.k210.emulator.kpu import ACT_RULES, SUM_RULES, PreparedConv
+
+MAX_MAIN_MEM = 16 * 1024 * 1024  # the K210 has 8 MiB of SRAM; refuse absurd claims before allocating
+
+
+class Emulator:
+    def __init__(self, model, sum_rule: str = "silicon", act_rule: str = "nncase02"):
+        if sum_rule not in SUM_RULES:
+            raise ValueError(f"sum_rule must be one of {SUM_RULES}")
+        if act_rule not in ACT_RULES:
+            raise ValueError(f"act_rule must be one of {ACT_RULES}")
+        self.model = model
+        self.sum_rule, self.act_rule = sum_rule, act_rule
+        main = model.main_mem_usage if model.version == 3 else model.main_mem
+        if main > MAX_MAIN_MEM:
+            raise EmulatorError(f"model claims {main} bytes of main memory; a K210 has 8 MiB "
+                                "(corrupt header?)")
+        items = model.layers if model.version == 3 else model.nodes
+        kind = "layer" if model.version == 3 else "node"
+        self.prepared = {id(it): PreparedConv(it.conv, sum_rule, act_rule, f"{kind} {i}")
+                         for i, it in enumerate(items) if it.conv is not None}
+
+    @classmethod
+    def load(cls, path, **options) -> "Emulator":
+        return cls(kmodel.load(path), **options)
+
+    @property
+    def version(self) -> int:
+        return self.model.version
+
+    def input_spec(self):
+        """(shape, dtype) the model takes: CHW uint8 for image models, float32 vectors else."""
+        m = self.model
+        if m.version == 3:
+            first = m.layers[0]
+            if first.conv is not None:
+                return first.conv.in_shape, np.uint8
+            return (first.fields.get("in_channels", 0),), np.float32
+        rng, shape = m.inputs[0], m.input_shapes[0]
+        from tl2k210.k210.kmodel import v4 as fmt
+        return tuple(shape), (np.uint8 if rng[0] == fmt.MEM_KPU else fmt.DTYPES[rng[1]])
+
+    def run(self, x, trace: bool = False):
+        runner = run_v3 if self.model.version == 3 else run_v4
+        outs, inter = runner.run(self.model, self.prepared, x, trace)
+        return (outs, inter) if trace else outs

@@ -1,0 +1,348 @@
+"""Bit-exact KPU layer: convolution → batch-norm → 16-segment activation → uint8 → pooling.
+
+Semantics: ../shared/docs/k210-kmodel-and-kpu.md §2.5 and errata §10.1. Each stage is a small
+function over whole numpy arrays (testable on its own); ``PreparedConv`` precomputes what does
+not depend on the input and runs a layer with a handful of whole-array passes.
+
+Exactness: the convolution sum uses float32 BLAS on K-chunks of at most 256 taps (every partial
+sum of uint8 x uint8 products is then an integer < 2^24, exact in float32) or float64 for 16-bit
+weights (integers < 2^53); everything after it is int64.
+
+Named rules (defaults follow the spec):
+  sum_rule  "silicon"   Σx/Σw terms shifted per input channel, then summed (§10.1, board-backed)
+            "simulator" the vendor simulator: shift of the whole sum (§2.5.1)
+  act_rule  "nncase02"  segment = highest i with V > x_start; banker carry-shift with sign quirk
+            "nncase01"  segment = highest i with V >= x_start; round-half-up carry-shift
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from tl2k210.errors import EmulatorError
+from tl2k210.k210 import hardware as hw
+
+SUM_RULES = ("silicon", "simulator")
+ACT_RULES = ("nncase02", "nncase01")
+LUT_MAX = 1 << 22  # tabulate the activation when the reachable V range is at most this wide
+F32_CHUNK = 256    # taps per float32 matmul chunk: 256 * 255 * 255 < 2^24
+
+
+# ---------------------------------------------------------------------------------------------
+# Rounding shifts
+def carry_shift_nncase02(t: np.ndarray, s) -> np.ndarray:
+    """nncase v0.2 ``carry_shift<int64, Banker=true>``, literally (including its sign quirk)."""
+    t = np.asarray(t, np.int64)
+    s = np.asarray(s, np.int64)
+    q = t >> s
+    f = t & ((np.int64(1) << s) - 1)
+    h = np.where(s > 0, np.int64(1) << np.maximum(s - 1, 0), 0)
+    sign = np.where(t < 0, -1, 1)
+    up = (f > h) | ((f == h) & (q & 1 == 1))
+    return np.where(s == 0, t, np.where(up, q + sign, q))
+
+
+def carry_shift_nncase01(t: np.ndarray, s) -> np.ndarray:
+    """nncase v0.1 ``CarryShift`` = SDK ``kpu_carry_shift``, literally."""
+    t = np.asarray(t, np.int64)
+    s = np.asarray(s, np.int64)
+    v = t >> np.maximum(s - 1, 0)
+    odd = (v & 1) == 1
+    r = np.where(odd, np.where(v >= 0, (v >> 1) + 1, (v >> 1) - 1), v >> 1)
+    return np.where(s == 0, t, r)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages
+def batchnorm(acc: np.ndarray, bn: dict) -> np.ndarray:
+    """V = ((ACC * norm_mul) >> norm_shift) + norm_add, per output channel (axis 0)."""
+    shape = (-1,) + (1,) * (acc.ndim - 1)
+    m = np.asarray(bn["norm_mul"], np.int64).reshape(shape)
+    s = np.asarray(bn["norm_shift"], np.int64).reshape(shape)
+    a = np.asarray(bn["norm_add"], np.int64).reshape(shape)
+    return ((acc.astype(np.int64) * m) >> s) + a
+
+
+def activation(v: np.ndarray, act: dict, rule: str = "nncase02") -> np.ndarray:
+    """16-segment piecewise-linear activation, clamped to uint8."""
+    v = np.asarray(v, np.int64)
+    xs = np.asarray(act["x_start"], np.int64)
+    if np.all(np.diff(xs) >= 0):
+        seg = np.searchsorted(xs, v, side="left" if rule == "nncase02" else "right") - 1
+    else:  # unsorted table: highest index whose start is passed
+        seg = np.full(v.shape, -1, np.int64)
+        for i in range(hw.ACT_SEGMENTS):
+            seg[(v > xs[i]) if rule == "nncase02" else (v >= xs[i])] = i
+    seg = np.maximum(seg, 0)  # V below every start: segment 0 (vendor tables start at -2^35)
+    t = (v - xs[seg]) * np.asarray(act["y_mul"], np.int64)[seg]
+    shift = np.asarray(act["shift_number"], np.int64)[seg]
+    r = carry_shift_nncase02(t, shift) if rule == "nncase02" else carry_shift_nncase01(t, shift)
+    return np.clip(r + np.asarray(act["bias"], np.int64)[seg], 0, 255).astype(np.uint8)
+
+
+def pool(y: np.ndarray, code: int) -> np.ndarray:
+    """Pooling on the uint8 (C, H, W) activation output (spec §2.5.4)."""
+    p = hw.POOL[code]
+    c, h, w = y.shape
+    if p.kind == "bypass":
+        return y
+    if p.stride == 1:  # codes 8/9: 2x2 window at every position
+        if p.kind == "mean":
+            e = np.pad(y, ((0, 0), (0, 1), (0, 1)), mode="edge").astype(np.uint16)
+            return ((e[:, :-1, :-1] + e[:, 1:, :-1] + e[:, :-1, 1:] + e[:, 1:, 1:]) >> 2).astype(np.uint8)
+        z = np.pad(y, ((0, 0), (0, 1), (0, 1)))
+        return np.maximum(np.maximum(z[:, :-1, :-1], z[:, 1:, :-1]),
+                          np.maximum(z[:, :-1, 1:], z[:, 1:, 1:]))
+    k = p.size
+    oh, ow = h // k, w // k
+    if p.kind == "pick":
+        dy, dx = p.pick
+        return np.ascontiguousarray(y[:, dy:dy + k * oh:k, dx:dx + k * ow:k])
+    # k*k strided slices combined elementwise (much faster than a reduce over a 5-D view)
+    taps = [y[:, dy:k * oh:k, dx:k * ow:k] for dy in range(k) for dx in range(k)]
+    if p.kind == "max":
+        out = taps[0].copy()
+        for t in taps[1:]:
+            np.maximum(out, t, out=out)
+        return out
+    acc = taps[0].astype(np.uint16)
+    for t in taps[1:]:
+        acc += t
+    return (acc // (k * k)).astype(np.uint8)
+
+
+def conv_acc(x: np.ndarray, weights: np.ndarray, args: dict, sum_rule: str = "silicon") -> np.ndarray:
+    """Reference (unoptimised but vectorised) ACC of §2.5.1 for input x (C_in, H, W) uint8.
+
+    weights: (C_out, C_in, k, k) for normal, (C, k, k) for depthwise. Returns int64 (C_out, H, W).
+    """
+    k = hw.KERNEL_SIZES[args["kernel_type"]]
+    p = k // 2
+    xp = np.pad(x, ((0, 0), (p, p), (p, p)), constant_values=args["pad_value"]).astype(np.int64)
+    win = sliding_window_view(xp, (k, k), axis=(1, 2))  # (C, H, W, k, k)
+    w = np.asarray(weights, np.int64)
+    if args["depth_wise_layer"]:
+        s = np.einsum("chwyx,cyx->chw", win, w)
+        sx_i = win.sum(axis=(3, 4))[:, None]             # (C, 1, H, W): one input channel each
+        sw_i = w.sum(axis=(1, 2))[:, None, None, None]   # (C, 1, 1, 1)
+        n_ic = 1
+        sx_i = sx_i[:, 0]
+        sw_i = sw_i[:, 0]
+        tx = (args["arg_x"] * sx_i) >> args["shr_x"]
+        tw = (args["arg_w"] * sw_i) >> args["shr_w"]
+        return s + tx + tw + args["arg_add"] * n_ic
+    s = np.einsum("chwyx,ocyx->ohw", win, w)
+    sx_i = win.sum(axis=(3, 4))        # (C_in, H, W)
+    sw_i = w.sum(axis=(2, 3))          # (C_out, C_in)
+    n_ic = x.shape[0]
+    if sum_rule == "silicon":
+        tx = ((args["arg_x"] * sx_i) >> args["shr_x"]).sum(axis=0)[None]
+        tw = ((args["arg_w"] * sw_i) >> args["shr_w"]).sum(axis=1)[:, None, None]
+    else:
+        tx = ((args["arg_x"] * sx_i.sum(axis=0)) >> args["shr_x"])[None]
+        tw = ((args["arg_w"] * sw_i.sum(axis=1)) >> args["shr_w"])[:, None, None]
+    return s + tx + tw + args["arg_add"] * n_ic
+
+
+def reference_layer(x, weights, args, bn, act, sum_rule="silicon", act_rule="nncase02"):
+    """Whole layer, written stage by stage for clarity (tests compare PreparedConv to this)."""
+    acc = conv_acc(x, weights, args, sum_rule)
+    y = activation(batchnorm(acc, bn), act, act_rule)
+    return pool(y, args["pool_type"])
+
+
+# ---------------------------------------------------------------------------------------------
+class StepTable:
+    """The activation as an exact step function of V on [vmin, vmax]: a lookup table over the
+    span where it changes (values outside are clipped to its ends), or breakpoints otherwise."""
+
+    def __init__(self, starts: np.ndarray, values: np.ndarray):
+        self.starts, self.values = starts, values   # values[j] holds on [starts[j], starts[j+1])
+        lo, hi = int(starts[1]) - 1 if len(starts) > 1 else int(starts[0]), int(starts[-1])
+        self.lo, self.lut = lo, None
+        if hi - lo < LUT_MAX:
+            v = np.arange(lo, hi + 1, dtype=np.int64)
+            self.lut = values[np.searchsorted(starts, v, side="right") - 1]
+
+    def __call__(self, v: np.ndarray) -> np.ndarray:
+        if self.lut is None:
+            return self.values[np.searchsorted(self.starts, v, side="right") - 1]
+        np.clip(v, self.lo, self.lo + self.lut.size - 1, out=v)
+        v -= self.lo
+        return self.lut[v]
+
+
+def compile_activation(act: dict, rule: str, vmin: int, vmax: int) -> StepTable | None:
+    """Exact step function of ``activation`` for V in [vmin, vmax], or None when a reachable
+    segment is non-monotone over a wide range (negative y_mul: then the direct path is used)."""
+    xs = np.asarray(act["x_start"], np.int64)
+    if not np.all(np.diff(xs) >= 0) or vmin > vmax:
+        return None
+    # the V interval where each distinct start's segment is selected
+    bounds = sorted(set(int(b) + (1 if rule == "nncase02" else 0) for b in xs))
+    edges = [vmin] + [b for b in bounds if vmin < b <= vmax] + [vmax + 1]
+    starts, values = [], []
+    for a, b in zip(edges[:-1], edges[1:]):     # piece [a, b-1], one segment throughout
+        seg = int(np.searchsorted(xs, a, side="left" if rule == "nncase02" else "right") - 1)
+        ym = int(act["y_mul"][max(seg, 0)])
+        f = lambda v: activation(np.asarray(v, np.int64), act, rule).astype(np.int64)  # noqa: E731
+        if ym < 0:
+            if b - a > LUT_MAX:
+                return None
+            v = np.arange(a, b, dtype=np.int64)
+            out = f(v)
+            change = np.concatenate([[True], out[1:] != out[:-1]])
+            starts.extend(v[change].tolist())
+            values.extend(out[change].tolist())
+            continue
+        y0, y1 = int(f(a)), int(f(b - 1))
+        starts.append(a)
+        values.append(y0)
+        if y1 > y0:  # monotone non-decreasing: bisect the first V reaching each level
+            levels = np.arange(y0 + 1, y1 + 1, dtype=np.int64)
+            lo = np.full(levels.shape, a, np.int64)
+            hi = np.full(levels.shape, b - 1, np.int64)
+            while np.any(lo < hi):
+                mid = (lo + hi) >> 1
+                ok = f(mid) >= levels
+                hi = np.where(ok, mid, hi)
+                lo = np.where(ok, lo, mid + 1)
+            first = np.unique(lo)
+            starts.extend(first.tolist())
+            values.extend(f(first).tolist())
+    starts = np.asarray(starts, np.int64)
+    values = np.asarray(values, np.uint8)
+    keep = np.concatenate([[True], values[1:] != values[:-1]])  # merge equal neighbours
+    return StepTable(starts[keep], values[keep])
+
+
+class PreparedConv:
+    """One KPU layer with everything input-independent precomputed (weights as BLAS matrices,
+    Σw terms, per-channel constants, the activation as a lookup table when its reachable V range
+    is small). ``__call__(x)`` maps (C_in, H, W) uint8 → pooled (C_out, Ho, Wo) uint8."""
+
+    def __init__(self, conv, sum_rule: str = "silicon", act_rule: str = "nncase02", where: str = "layer"):
+        if sum_rule not in SUM_RULES or act_rule not in ACT_RULES:
+            raise ValueError(f"sum_rule must be one of {SUM_RULES}, act_rule one of {ACT_RULES}")
+        a = conv.args
+        self.where, self.args = where, a
+        self.sum_rule, self.act_rule = sum_rule, act_rule
+        self.in_shape, self.out_shape = conv.in_shape, conv.out_shape
+        self.k, self.depthwise = conv.k, conv.depthwise
+        ci, h, w = self.in_shape
+        co = self.out_shape[0]
+        kk = self.k * self.k
+        oh, ow = hw.POOL[a["pool_type"]].out_size(h, w)
+        if (oh, ow) != self.out_shape[1:]:
+            raise EmulatorError(f"{where}: pool {hw.POOL[a['pool_type']].name} of a {w}x{h} map "
+                                f"gives {ow}x{oh}, but the layer says output {self.out_shape[2]}x"
+                                f"{self.out_shape[1]}")
+        wt = np.asarray(conv.weights, np.int64)
+        self.wide = conv.weights.dtype.itemsize == 2
+        if self.depthwise:
+            wt = wt.reshape(ci, self.k, self.k)
+            self.w_dw = wt.astype(np.float64 if self.wide else np.float32)
+            sw_i = wt.sum(axis=(1, 2))[:, None]          # (C, 1)
+            n_ic = 1
+        else:
+            wt = wt.reshape(co, ci, self.k, self.k)
+            self.w_mat = wt.reshape(co, ci * kk).astype(np.float64 if self.wide else np.float32)
+            sw_i = wt.sum(axis=(2, 3))                   # (C_out, C_in)
+            n_ic = ci
+        if sum_rule == "silicon" or self.depthwise:
+            tw = ((a["arg_w"] * sw_i) >> a["shr_w"]).sum(axis=1)
+        else:
+            tw = (a["arg_w"] * sw_i.sum(axis=1)) >> a["shr_w"]
+        self.const = (tw + a["arg_add"] * n_ic).astype(np.int64)[:, None]  # (C_out, 1)
+        self.x_exact = a["arg_x"] % (1 << a["shr_x"]) == 0  # both Σx rules agree
+        self.bn_mul = np.asarray(conv.bn["norm_mul"], np.int64)[:, None]
+        self.bn_shift = np.asarray(conv.bn["norm_shift"], np.int64)[:, None]
+        self.bn_add = np.asarray(conv.bn["norm_add"], np.int64)[:, None]
+        self.act = conv.act
+        self._build_lut(wt, sw_i, n_ic, kk)
+
+    def _build_lut(self, wt, sw_i, n_ic, kk):
+        """Bound V over every possible uint8 input, then compile the activation over that range."""
+        a = self.args
+        wsum = wt.reshape(wt.shape[0], -1).sum(axis=1)           # Σ W over the window per o
+        x_terms = [0, (a["arg_x"] * 255 * kk) >> a["shr_x"]]
+        per_ch = 1 if self.depthwise else n_ic
+        margin = n_ic + 1  # the simulator rule floors the whole sum: within n_ic of per-channel
+        acc_lo = per_ch * min(x_terms) - margin + self.const[:, 0]
+        acc_hi = 255 * wsum + per_ch * max(x_terms) + margin + self.const[:, 0]
+        if max(abs(int(acc_lo.min())), abs(int(acc_hi.max()))) * max(1, int(np.abs(self.bn_mul).max())) >= 1 << 62:
+            raise EmulatorError(f"{self.where}: accumulator x norm_mul can exceed 64 bits; the KPU "
+                                "keeps 36-bit values (spec §2.5.1) - this layer's parameters are absurd")
+        ends = np.stack([(acc_lo * self.bn_mul[:, 0]) >> self.bn_shift[:, 0],
+                         (acc_hi * self.bn_mul[:, 0]) >> self.bn_shift[:, 0]]) + self.bn_add[:, 0]
+        self.table = compile_activation(self.act, self.act_rule, int(ends.min()), int(ends.max()))
+
+    # ----- run
+    def sums(self, x: np.ndarray) -> np.ndarray:
+        """ACC (C_out, H*W) int64 for input x (C_in, H, W) uint8."""
+        a = self.args
+        ci, h, w = x.shape
+        k = self.k
+        ftype = np.float64 if self.wide else np.float32
+        if k == 3:
+            xp = np.empty((ci, h + 2, w + 2), np.uint8)
+            xp[:, 1:-1, 1:-1] = x
+            xp[:, 0, :] = xp[:, -1, :] = a["pad_value"]
+            xp[:, :, 0] = xp[:, :, -1] = a["pad_value"]
+        else:
+            xp = x
+        if self.depthwise:
+            xf = xp.astype(ftype)
+            s = np.zeros((ci, h, w), ftype)
+            box = np.zeros((ci, h, w), np.int64)
+            for ky in range(k):
+                for kx in range(k):
+                    sl = xf[:, ky:ky + h, kx:kx + w]
+                    s += sl * self.w_dw[:, ky, kx][:, None, None]
+                    box += xp[:, ky:ky + h, kx:kx + w]
+            acc = s.reshape(ci, h * w).astype(np.int64)
+            acc += (a["arg_x"] * box.reshape(ci, h * w)) >> a["shr_x"]
+            acc += self.const
+            return acc
+        if k == 3:
+            cols = sliding_window_view(xp, (3, 3), axis=(1, 2)).transpose(0, 3, 4, 1, 2)
+            cols = cols.reshape(ci * 9, h * w)
+        else:
+            cols = xp.reshape(ci, h * w)
+        colsf = cols.astype(ftype)
+        K = colsf.shape[0]
+        if self.wide or K <= F32_CHUNK:
+            acc = (self.w_mat @ colsf).astype(np.int64)
+        else:
+            accf = np.zeros((self.w_mat.shape[0], h * w), np.float64)
+            for k0 in range(0, K, F32_CHUNK):
+                accf += self.w_mat[:, k0:k0 + F32_CHUNK] @ colsf[k0:k0 + F32_CHUNK]
+            acc = accf.astype(np.int64)
+        # Σx term over the window, per input channel (silicon) or summed first (simulator)
+        if k == 3:
+            bx = xp.astype(np.int32)
+            box = (bx[:, :-2, :-2] + bx[:, :-2, 1:-1] + bx[:, :-2, 2:] + bx[:, 1:-1, :-2]
+                   + bx[:, 1:-1, 1:-1] + bx[:, 1:-1, 2:] + bx[:, 2:, :-2] + bx[:, 2:, 1:-1]
+                   + bx[:, 2:, 2:]).reshape(ci, h * w).astype(np.int64)
+        else:
+            box = xp.reshape(ci, h * w).astype(np.int64)
+        if self.x_exact:
+            tx = (a["arg_x"] >> a["shr_x"]) * box.sum(axis=0)
+        elif self.sum_rule == "silicon":
+            tx = ((a["arg_x"] * box) >> a["shr_x"]).sum(axis=0)
+        else:
+            tx = (a["arg_x"] * box.sum(axis=0)) >> a["shr_x"]
+        acc += tx
+        acc += self.const
+        return acc
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        ci, h, w = self.in_shape
+        if x.shape != (ci, h, w):
+            raise EmulatorError(f"{self.where}: input is {x.shape}, layer expects {(ci, h, w)}")
+        acc = self.sums(x)
+        acc *= self.bn_mul
+        acc >>= self.bn_shift
+        acc += self.bn_add
+        y = self.table(acc) if self.table is not None else activation(acc, self.act, self.act_rule)
+        return pool(y.reshape(-1, h, w), self.args["pool_type"])

@@ -1,0 +1,67 @@
+"""Emulated memories: the 2 MiB KPU RAM (64-byte lines, §2.3 layout) and the main buffer.
+
+Feature maps in KPU RAM are accessed through strided numpy views, so upload/download is a plain
+array copy (no per-pixel index arithmetic).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from tl2k210.errors import EmulatorError
+from tl2k210.k210 import hardware as hw
+
+
+class KpuRam:
+    def __init__(self):
+        self.mem = np.zeros(hw.KPU_RAM_BYTES, np.uint8)
+
+    def _groups(self, base_line: int, c: int, h: int, w: int, where: str):
+        g, p, L = hw.row_layout(w)
+        lines = hw.map_lines(c, h, w)
+        if base_line < 0 or base_line + lines > hw.KPU_RAM_LINES:
+            raise EmulatorError(f"{where}: a {c}x{h}x{w} map at KPU line {base_line} needs {lines} "
+                                f"lines, past the end of KPU RAM ({hw.KPU_RAM_LINES} lines)")
+        g = min(g, c)
+        cg = -(-c // g)
+        view = as_strided(self.mem[base_line * hw.LINE_BYTES:], shape=(cg, g, h, w),
+                          strides=(L * h * hw.LINE_BYTES, p, L * hw.LINE_BYTES, 1))
+        return view, g, cg
+
+    def read(self, base_line: int, c: int, h: int, w: int, where: str = "KPU RAM") -> np.ndarray:
+        view, g, cg = self._groups(base_line, c, h, w, where)
+        return view.reshape(cg * g, h, w)[:c].copy() if g > 1 else view[:, 0].copy()
+
+    def write(self, base_line: int, x: np.ndarray, where: str = "KPU RAM"):
+        c, h, w = x.shape
+        view, g, cg = self._groups(base_line, c, h, w, where)
+        full = c // g
+        view[:full] = x[:full * g].reshape(full, g, h, w)
+        if full < cg:  # partial last group: write only the channels that exist
+            view[full, :c - full * g] = x[full * g:]
+
+
+class MainMemory:
+    """The model's main working buffer (malloc'ed by the loader; +8 for DMA round-up)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.mem = np.zeros(size + 8, np.uint8)
+
+    def _check(self, addr: int, nbytes: int, where: str):
+        if addr < 0 or nbytes < 0 or addr + nbytes > self.mem.size:
+            raise EmulatorError(f"{where}: main-memory access [{addr}, {addr + nbytes}) is outside "
+                                f"the {self.size}-byte main buffer (corrupt model?)")
+
+    def view(self, addr: int, count: int, dtype, where: str = "main memory") -> np.ndarray:
+        dt = np.dtype(dtype)
+        self._check(addr, count * dt.itemsize, where)
+        return self.mem[addr:addr + count * dt.itemsize].view(dt)
+
+    def read(self, addr, count, dtype, where="main memory") -> np.ndarray:
+        return self.view(addr, count, dtype, where).copy()
+
+    def write(self, addr: int, x: np.ndarray, where: str = "main memory"):
+        b = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+        self._check(addr, b.size, where)
+        self.mem[addr:addr + b.size] = b
