@@ -1,0 +1,220 @@
+"""tl2k210's flasher against the emulated K210 board: images land byte-exact in the flash file,
+the emulated bootrom accepts the firmware, and every failure is bounded and explained."""
+import threading
+import time
+
+import pytest
+import serial
+
+from flash_helpers import (FaultConfig, board, firmware_at_0, flash_ours, needs_kflash,
+                           open_shimmed, payload, run_tl2k210, sha)
+from tl2k210.flash import isp, slip
+from tl2k210.flash.emulated_board import EmulatedBoard, K210Core
+from tl2k210.flash.errors import BoardTimeoutError, GreetingError
+from tl2k210.flash.flasher import Flasher
+from tl2k210.flash.isp import Op, Reason
+from tl2k210.flash.kfpkg import FlashImage, write_kfpkg
+
+pytestmark = needs_kflash          # the emulated board runs kflash's stub only
+
+
+def test_raw_file_at_0x300000(tmp_path):
+    model = payload(200_000, 1)
+    with board(tmp_path) as b:
+        rep = flash_ours(b, [FlashImage(0x300000, model, False, "m.kmodel")], "dan")
+        assert b.flash_bytes(0x300000, len(model)) == model
+        assert b.flash_bytes(0x300000 + len(model), 16) == b"\xff" * 16   # nothing beyond
+        assert b.flash_bytes(0, 16) == b"\xff" * 16
+    assert rep.verified and rep.images[0]["sha256"] == sha(model)
+
+
+def test_firmware_at_0_boots(tmp_path):
+    fw = payload(150_000, 2)
+    with board(tmp_path, wiring="kd233") as b:
+        rep = flash_ours(b, [FlashImage(0, fw, True, "fw.bin")])     # auto-detects kd233
+        time.sleep(0.05)
+        assert firmware_at_0(b, fw) == fw
+        assert b.core.boot_ok is True and b.state == K210Core.APP
+        assert b"[MaixPy] init end" in bytes(b.output_log)
+    assert rep.board == "kd233" and rep.rebooted
+
+
+def test_kfpkg_with_both_via_cli(tmp_path):
+    fw, model = payload(120_000, 3), payload(90_000, 4)
+    pkg = write_kfpkg([FlashImage(0, fw, True, "fw.bin"),
+                       FlashImage(0x300000, model, False, "m.kmodel")], tmp_path / "both.kfpkg")
+    with board(tmp_path) as b:
+        rc, out = run_tl2k210(["flash", "-p", b.port, "-B", "dan", "-b", "1500000", str(pkg)], b)
+        time.sleep(0.05)
+        assert rc == 0, out
+        assert "verified" in out
+        assert b.flash_bytes(0x300000, len(model)) == model
+        assert firmware_at_0(b, fw) == fw and b.core.boot_ok
+
+
+def test_cli_file_at_address_and_progress(tmp_path):
+    model = payload(70_000, 5)
+    (tmp_path / "m.kmodel").write_bytes(model)
+    with board(tmp_path, wiring="goE") as b:
+        rc, out = run_tl2k210(["flash", "-p", b.port, "--board", "maixduino", "--progress",
+                               f"{tmp_path}/m.kmodel@0x300000"], b)
+        assert rc == 0, out
+        assert "KiB/s" in out and "100.0%" in out
+        assert b.flash_bytes(0x300000, len(model)) == model
+
+
+def test_board_that_resets_into_isp_on_open(tmp_path):
+    """A pty has no DTR/RTS: the flasher must not depend on a visible reset sequence."""
+    fw = payload(64_000, 6)
+    (tmp_path / "fw.bin").write_bytes(fw)
+    with board(tmp_path, wiring="isp_on_open") as b:
+        rc, out = run_tl2k210(["flash", "-p", b.port, str(tmp_path / "fw.bin")])   # no shim
+        time.sleep(0.05)
+        assert rc == 0, out
+        assert firmware_at_0(b, fw) == fw and b.core.boot_ok
+
+
+def test_wrong_board_fails_greeting_with_advice(tmp_path):
+    with board(tmp_path, wiring="kd233") as b:
+        port = open_shimmed(b)
+        with pytest.raises(GreetingError) as ei:
+            Flasher(port, board="dan").connect()
+        port.close()
+    msg = str(ei.value)
+    assert "greeting failed" in msg and "dan" in msg and "--board" in msg and "BOOT" in msg
+
+
+def test_board_that_stops_answering_fails_in_bounded_time(tmp_path):
+    result = {}
+    with board(tmp_path, faults=FaultConfig(stop_after_bytes=100_000)) as b:
+        def go():
+            try:
+                flash_ours(b, [FlashImage(0x300000, payload(300_000), False, "m")], "dan")
+                result["ok"] = True
+            except Exception as exc:       # noqa: BLE001 - the test inspects it
+                result["exc"] = exc
+        t = threading.Thread(target=go, daemon=True)
+        t.start()
+        t.join(60)                          # generous bound; the flasher gives up in seconds
+        assert not t.is_alive(), "flasher did not give up"
+    assert isinstance(result.get("exc"), BoardTimeoutError), result
+    assert "stopped answering" in str(result["exc"])
+
+
+def test_noisy_line_recovers_by_resending(tmp_path):
+    model = payload(256 * 1024, 7)
+    with board(tmp_path, faults=FaultConfig(rate=1e-4, seed=11)) as b:
+        rep = flash_ours(b, [FlashImage(0x300000, model, False, "m")], "dan")
+        assert b.flash_bytes(0x300000, len(model)) == model
+    assert rep.retries > 0 and sum(b.stats.faults.values()) > 0
+
+
+def test_port_errors_are_explained(tmp_path):
+    rc, out = run_tl2k210(["flash", "-p", str(tmp_path / "ttyNONE"), "x.bin@0x300000"])
+    assert rc == 2 and "cannot read" in out                    # the image is missing
+    (tmp_path / "x.bin").write_bytes(b"1234")
+    rc, out = run_tl2k210(["flash", "-p", str(tmp_path / "ttyNONE"), f"{tmp_path}/x.bin@0x300000"])
+    assert rc == 2 and "does not exist" in out and "--port" in out
+
+
+def test_deploy_kmodel_prints_maixpy_lines(tmp_path):
+    model = b"\x03\x00\x00\x00" + payload(50_000, 8)
+    (tmp_path / "net.kmodel").write_bytes(model)
+    with board(tmp_path) as b:
+        rc, out = run_tl2k210(["deploy", str(tmp_path / "net.kmodel"), "-p", b.port, "-B", "dan",
+                               "-o", str(tmp_path / "net.kfpkg")], b)
+        assert rc == 0, out
+        assert b.flash_bytes(0x300000, len(model)) == model
+    assert "import KPU as kpu" in out and "kpu.load(0x300000)" in out
+    assert (tmp_path / "net.kfpkg").exists()
+
+
+def test_deploy_guards(tmp_path):
+    (tmp_path / "net.kmodel").write_bytes(b"\x03\0\0\0" + bytes(100))
+    rc, out = run_tl2k210(["deploy", str(tmp_path / "net.kmodel"), "--address", "0x10000",
+                           "-p", "/dev/null"])
+    assert rc == 2 and "firmware region" in out and "--force" in out
+    (tmp_path / "net.h5").write_bytes(b"not a kmodel")
+    rc, out = run_tl2k210(["deploy", str(tmp_path / "net.h5"), "-p", "/dev/null"])
+    assert rc == 2 and ".kmodel" in out
+
+
+# ---- the emulated board is strict ------------------------------------------------------
+def _exchange(ser, payload_bytes, raw=None):
+    ser.reset_input_buffer()
+    ser.write(raw if raw is not None else slip.encode(payload_bytes))
+    d = slip.Decoder()
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        frames = d.feed(ser.read(64))
+        if frames:
+            return frames[0][0]
+    return None
+
+
+def test_emulated_rom_answers_like_the_chip(tmp_path):
+    with board(tmp_path, wiring="isp_on_open") as b:
+        ser = serial.Serial(b.port, 115200, timeout=0.05)
+        time.sleep(0.05)
+        assert _exchange(ser, isp.nop_request(Op.NOP)) == bytes([0xC2, 0xE0])
+        bad = bytearray(isp.request(Op.MEMORY_WRITE, 0x80000000, b"abcd"))
+        bad[-1] ^= 0xFF
+        assert _exchange(ser, bytes(bad)) == bytes([0xC3, Reason.BAD_DATA_CHECKSUM])
+        assert _exchange(ser, bytes(bad[:-2])) == bytes([0xC3, Reason.BAD_DATA_LEN])
+        assert _exchange(ser, isp.request(0xAB, 0)) == bytes([0xAB, Reason.INVALID_COMMAND])
+        # booting garbage instead of the stub: the board hangs, like a real chip
+        assert _exchange(ser, isp.request(Op.MEMORY_WRITE, 0x80000000, b"\x00" * 1024)) == \
+            bytes([0xC3, 0xE0])
+        ser.write(slip.encode(isp.request(Op.MEMORY_BOOT, 0x80000000)))
+        time.sleep(0.1)
+        assert _exchange(ser, isp.nop_request(Op.FLASH_NOP)) is None
+        assert b.state == K210Core.DEAD
+        ser.close()
+
+
+def test_emulated_stub_requires_init_and_checks_crc(tmp_path):
+    from tl2k210.flash.stub import kflash_stub
+
+    with board(tmp_path, wiring="isp_on_open") as b:
+        port = serial.Serial(b.port, 115200, timeout=0.02)
+        f = Flasher(port, baud=115200)
+        f.connect()
+        f.upload_stub()
+        f.boot_stub()
+        assert b.state == K210Core.STUB
+        w = isp.request(Op.FLASH_WRITE, 0x1000, b"data")
+        assert _exchange(port, w) == bytes([0xD4, Reason.INVALID_COMMAND])     # before D7
+        assert _exchange(port, isp.request(Op.FLASH_INIT, 1)) == bytes([0xD7, 0xE0])
+        bad = bytearray(w)
+        bad[-1] ^= 1
+        assert _exchange(port, bytes(bad)) == bytes([0xD4, Reason.BAD_DATA_CHECKSUM])
+        assert _exchange(port, isp.request(Op.FLASH_WRITE, 0x1000, bytes(65537))) == \
+            bytes([0xD4, Reason.BAD_DATA_LEN])
+        assert _exchange(port, w) == bytes([0xD4, 0xE0])
+        assert b.flash_bytes(0x1000, 4) == b"data"
+        port.close()
+    assert len(kflash_stub()) == 16512
+
+
+def test_baud_mismatch_loses_bytes(tmp_path):
+    with board(tmp_path, wiring="isp_on_open") as b:
+        ser = serial.Serial(b.port, 1_500_000, timeout=0.05)   # the ROM listens at 115200
+        time.sleep(0.05)
+        assert _exchange(ser, isp.nop_request(Op.NOP)) is None
+        assert b.stats.lost_bytes_baud_mismatch > 0
+        ser.baudrate = 115200
+        assert _exchange(ser, isp.nop_request(Op.NOP)) == bytes([0xC2, 0xE0])
+        ser.close()
+
+
+def test_flash_file_persists_between_boards(tmp_path):
+    model = payload(10_000, 9)
+    with board(tmp_path) as b:
+        flash_ours(b, [FlashImage(0x500000, model, False, "m")], "dan")
+    b2 = EmulatedBoard(str(tmp_path / "flash.bin"))
+    try:
+        assert b2.flash_bytes(0x500000, len(model)) == model
+    finally:
+        b2.close()
+    data = (tmp_path / "flash.bin").read_bytes()
+    assert len(data) == 16 * 1024 * 1024 and data[0x500000:0x500000 + len(model)] == model
