@@ -44,6 +44,7 @@ def matmul_to_conv(g, log):
                 g.nodes.remove(add)
                 g.replace_uses(add.outputs[0], out)
                 fused.append(add.name)
+                out = n.outputs[0]  # took over the Add's name if that was a graph output
         r4 = g.add_tensor(n.name + "/nchw", (1, k, 1, 1))
         co = g.add_tensor(n.name + "/conv", (1, nout, 1, 1))
         conv = Node("Conv", [r4, g.add_const(w.reshape(nout, k, 1, 1).astype(np.float32), n.name + "/W"),

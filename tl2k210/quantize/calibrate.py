@@ -32,11 +32,12 @@ class FloatRunner:
 
     def __call__(self, x):
         feeds = x if isinstance(x, dict) else {self.inputs[0]: np.asarray(x, np.float32)}
-        return dict(zip(self.names, self.sess.run(self.names, feeds)))
+        return {**feeds, **dict(zip(self.names, self.sess.run(self.names, feeds)))}
 
 
 def float_reference(graph, x):
-    """{tensor_name: float ndarray} of every tensor for one input (array or {input: array})."""
+    """{tensor_name: float ndarray} of every tensor (inputs included) for one input
+    (an array or {input_name: array})."""
     return FloatRunner(graph)(x)
 
 
@@ -142,9 +143,9 @@ def compare_graphs(ref_graph, test_graph, batches):
     ref_run, test_run = FloatRunner(ref_graph, False), FloatRunner(test_graph, False)
     refs, tests = {}, {}
     for x in batches:
-        for k, v in ref_run(x).items():
-            refs.setdefault(k, []).append(v)
-        for k, v in test_run(x).items():
-            tests.setdefault(k, []).append(v)
+        r, t = ref_run(x), test_run(x)
+        for k in ref_graph.outputs:
+            refs.setdefault(k, []).append(r[k])
+            tests.setdefault(k, []).append(t[k])
     return {k: {"sqnr_db": sqnr_db(np.stack(refs[k]), np.stack(tests[k])),
                 "cosine": cosine(np.stack(refs[k]), np.stack(tests[k]))} for k in refs}

@@ -1,0 +1,49 @@
+"""Shared helpers for the front-half tests (tiny ONNX graphs, cached TF conversions, testdata)."""
+import functools
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parents[1]
+TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
+RNG = np.random.default_rng(0)
+
+
+def need_testdata(rel):
+    p = TESTDATA / rel
+    if not p.exists():
+        pytest.skip(f"test data {p} not found (set TL2K210_TESTDATA)")
+    return p
+
+
+def make_model(nodes, inputs, outputs, inits=(), opset=13):
+    """inputs/outputs: [(name, shape)]; inits: {name: array}."""
+    g = helper.make_graph(
+        nodes, "t",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in dict(inits).items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+
+    return m
+
+
+def ort_run(model, x):
+    import onnxruntime as ort
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, {s.get_inputs()[0].name: x})
+
+
+def rand(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def tf():
+    import tensorflow
+    return tensorflow

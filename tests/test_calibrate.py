@@ -1,0 +1,131 @@
+"""Calibration data loading, range estimators vs numpy, float reference and metrics."""
+import numpy as np
+import pytest
+from onnx import helper
+from PIL import Image
+
+from front_helpers import make_model, need_testdata, rand
+from tl2k210.graph import from_onnx, stage_names
+from tl2k210.passes import run_pipeline
+from tl2k210.quantize.calibrate import collect, float_reference, kld_threshold, ranges
+from tl2k210.quantize.dataset import Preprocess, load_dataset, load_image, parse_range
+from tl2k210.quantize.metrics import cosine, sqnr_db, topk_agreement
+
+
+def conv_relu_graph():
+    n = helper.make_node
+    m = make_model([n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["r"]),
+                    n("GlobalAveragePool", ["r"], ["y"])], [("x", [1, 3, 8, 8])], [("y", None)],
+                   {"w": rand(4, 3, 3, 3), "b": rand(4)})
+    return run_pipeline(from_onnx(m))[0]
+
+
+def numpy_conv(x, w, b):
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((1, w.shape[0], 8, 8), np.float64)
+    for i in range(3):
+        for j in range(3):
+            out += np.einsum("nchw,oc->nohw", xp[:, :, i:i + 8, j:j + 8], w[:, :, i, j])
+    return out + b.reshape(1, -1, 1, 1)
+
+
+def test_collect_minmax_matches_numpy_including_fused_stages():
+    g = conv_relu_graph()
+    conv = g.nodes[0]
+    st = stage_names(conv)
+    xs = [rand(1, 3, 8, 8) for _ in range(5)]
+    stats = collect(g, xs)
+    w, b = g.const(conv.inputs[1]), g.const(conv.inputs[2])
+    pre = np.stack([numpy_conv(x, w, b) for x in xs])
+    lo, hi = ranges(stats, "minmax")[st["conv"]]
+    assert lo == pytest.approx(pre.min(), abs=1e-4) and hi == pytest.approx(pre.max(), abs=1e-4)
+    assert ranges(stats, "minmax")[st["out"]] == (pytest.approx(0.0), pytest.approx(max(pre.max(), 0), abs=1e-4))
+    assert stats[st["conv"]].hist.sum() == 5 * pre[0].size
+    assert ranges(stats, "minmax")["x"] == (min(x.min() for x in xs), max(x.max() for x in xs))
+
+
+def test_percentile_and_kld_clip_outliers():
+    n = helper.make_node
+    g = from_onnx(make_model([n("Relu", ["x"], ["y"])], [("x", [1, 1, 100, 100])], [("y", None)]))
+    x = np.abs(rand(1, 1, 100, 100))
+    x[0, 0, 0, :3] = [40, 50, 60]  # three outliers in 10000 values
+    stats = collect(g, [x])
+    mm = ranges(stats, "minmax")["y"]
+    pc = ranges(stats, "percentile", percentile=99.9)["y"]
+    kl = ranges(stats, "kld")["y"]
+    q999 = np.quantile(x, 0.999)
+    assert mm == (pytest.approx(0, abs=1e-3), 60.0)
+    assert pc[1] == pytest.approx(q999, abs=60 / 2048 * 2)
+    assert 2.0 < kl[1] < 20.0  # clipped well below the outliers, above the bulk
+    with pytest.raises(ValueError, match="unknown calibration method"):
+        ranges(stats, "mse")
+
+
+def test_kld_threshold_keeps_a_uniform_range():
+    hist = np.full(2048, 100)
+    assert kld_threshold(hist, 8.0) == pytest.approx(8.0, rel=0.02)
+
+
+def test_float_reference_has_every_tensor():
+    g = conv_relu_graph()
+    x = rand(1, 3, 8, 8)
+    ref = float_reference(g, x)
+    st = stage_names(g.nodes[0])
+    assert {st["conv"], st["out"], "y"} <= set(ref)
+    np.testing.assert_allclose(ref["y"], ref[st["out"]].mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_preprocess_ranges_order_mean_std():
+    px = np.array([[[0, 128, 255]]], np.uint8)
+    assert np.allclose(Preprocess((0, 1))(px), [[[0, 128 / 255, 1]]])
+    assert np.allclose(Preprocess((-1, 1))(px), [[[-1, 128 / 127.5 - 1, 1]]], atol=1e-6)
+    assert np.allclose(Preprocess((0, 255), channel_order="BGR")(px), [[[255, 128, 0]]])
+    assert np.allclose(Preprocess((0, 255), mean=(1, 2, 3), std=(2, 2, 2))(px), [[[-0.5, 63, 126]]])
+    assert parse_range("0,255") == (0.0, 255.0)
+    with pytest.raises(ValueError):
+        parse_range("1,0")
+
+
+def test_image_folder_is_resized_bilinear(tmp_path):
+    from skimage import data
+    img = data.astronaut()  # 512x512 RGB
+    Image.fromarray(img).save(tmp_path / "a.png")
+    Image.fromarray(img[:300, :400]).save(tmp_path / "b.bmp")
+    Image.fromarray(img).save(tmp_path / "c.jpg", quality=95)
+    (tmp_path / "notes.txt").write_text("ignored")
+    xs = load_dataset(tmp_path, (1, 3, 64, 32), Preprocess((0, 1)))
+    assert len(xs) == 3 and all(x.shape == (1, 3, 64, 32) and x.dtype == np.float32 for x in xs)
+    want = np.asarray(Image.fromarray(img).resize((32, 64), Image.BILINEAR), np.float32) / 255
+    np.testing.assert_allclose(xs[0][0].transpose(1, 2, 0), want, atol=1e-6)
+    gray = load_image(tmp_path / "a.png", (1, 1, 28, 28))
+    assert gray.shape == (1, 1, 28, 28)
+
+
+def test_npy_npz_arrays(tmp_path):
+    a = rand(4, 8, 8, 3)
+    np.save(tmp_path / "a.npy", a)
+    xs = load_dataset(tmp_path / "a.npy", (1, 3, 8, 8), layout="NHWC")
+    assert len(xs) == 4 and np.array_equal(xs[2][0], a[2].transpose(2, 0, 1))
+    np.savez(tmp_path / "b.npz", x=a.transpose(0, 3, 1, 2)[:2])
+    assert len(load_dataset(tmp_path / "b.npz", (1, 3, 8, 8))) == 2
+    with pytest.raises(ValueError, match="layout='NHWC'"):
+        load_dataset(tmp_path / "a.npy", (1, 3, 8, 8))
+
+
+def test_imagenet_folder_from_testdata():
+    folder = need_testdata("imagenet")
+    xs = load_dataset(folder, (1, 3, 224, 224), Preprocess((-1, 1)), limit=3)
+    assert len(xs) == 3 and -1 <= xs[0].min() < -0.5 and 0.5 < xs[0].max() <= 1
+
+
+def test_metrics():
+    ref = rand(1000)
+    noise = rand(1000)
+    noise *= 0.1 * np.linalg.norm(ref) / np.linalg.norm(noise)
+    assert sqnr_db(ref, ref + noise) == pytest.approx(20.0, abs=1e-6)
+    assert sqnr_db(ref, ref) == float("inf")
+    assert cosine(ref, 3 * ref) == pytest.approx(1.0) and cosine(ref, -ref) == pytest.approx(-1.0)
+    logits = np.eye(4)[[0, 1, 2, 3]]
+    test = logits.copy()
+    test[3] = [0, 0.5, 0, 0.4]
+    assert topk_agreement(logits, test, 1) == 0.75 and topk_agreement(logits, test, 2) == 1.0

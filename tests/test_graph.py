@@ -1,0 +1,72 @@
+"""The IR: ONNX in/out, Conv normalisation, shapes, topological order, fused-stage export."""
+import sys
+import subprocess
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from front_helpers import make_model, ort_run, rand
+from tl2k210.errors import UnsupportedOpError
+from tl2k210.graph import Node, from_onnx, run, stage_names, to_onnx, toposort
+from tl2k210.passes import run_pipeline
+
+
+def small_model():
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w"], ["c"], name="conv", auto_pad="SAME_UPPER", strides=[2, 2]),
+             n("Relu", ["c"], ["r"]), n("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             n("Flatten", ["p"], ["f"]), n("Gemm", ["f", "fw", "fb"], ["y"], transB=1)]
+    return make_model(nodes, [("x", ["N", 3, 16, 16])], [("y", None)],
+                      {"w": rand(8, 3, 3, 3), "fw": rand(5, 128), "fb": rand(5)})
+
+
+def test_from_onnx_normalises_conv_and_infers_shapes():
+    g = from_onnx(small_model())
+    c = g.nodes[0]
+    assert c.attrs == {"kernel": (3, 3), "strides": (2, 2), "pads": [0, 0, 1, 1], "group": 1, "dilations": (1, 1)}
+    assert len(c.inputs) == 3 and np.all(g.const(c.inputs[2]) == 0)  # explicit zero bias
+    assert g.shape("x") == (1, 3, 16, 16) and g.shape("c") == (1, 8, 8, 8) and g.shape("y") == (1, 5)
+    assert set(g.initializers) >= {"w", "fw", "fb"}
+
+
+def test_roundtrip_matches_onnxruntime():
+    m = small_model()
+    x = rand(1, 3, 16, 16)
+    np.testing.assert_allclose(run(from_onnx(m), x)["y"], ort_run(m, x)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_toposort_and_cycle_error():
+    g = from_onnx(small_model())
+    g.nodes.reverse()
+    assert [n.op for n in toposort(g)] == ["Conv", "Relu", "MaxPool", "Flatten", "Gemm"]
+    g.nodes.append(Node("Relu", ["loop"], ["loop2"]))
+    with pytest.raises(ValueError, match="loop"):
+        toposort(g)
+
+
+def test_fused_conv_exports_its_stages():
+    g, _ = run_pipeline(from_onnx(small_model()))
+    conv = next(n for n in g.nodes if n.op == "Conv" and n.attrs.get("activation"))
+    assert conv.attrs["activation"] == {"op": "Relu"}
+    # the stride-2 conv keeps its real pads; the pool is not fused into a stride-2 conv
+    assert conv.attrs["strides"] == (2, 2) and "pool" not in conv.attrs
+    st = stage_names(conv)
+    outs = run(g, rand(1, 3, 16, 16), expose_all=True)
+    assert st["conv"] in outs and st["out"] in outs
+    assert np.array_equal(np.maximum(outs[st["conv"]], 0), outs[st["out"]])
+    m = to_onnx(g)
+    assert [o.name for o in m.graph.output] == ["y"]
+
+
+def test_custom_domain_op_is_unsupported():
+    m = make_model([helper.make_node("Foo", ["x"], ["y"], domain="com.acme")], [("x", [1, 2])], [("y", None)])
+    with pytest.raises(UnsupportedOpError, match="com.acme.Foo"):
+        from_onnx(m)
+
+
+def test_ir_modules_do_not_import_tensorflow():
+    code = ("import sys, tl2k210.graph, tl2k210.passes, tl2k210.frontends, tl2k210.quantize.calibrate, "
+            "tl2k210.quantize.dataset; bad = [m for m in ('tensorflow', 'tf2onnx', 'keras', 'tensorlayer') "
+            "if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)

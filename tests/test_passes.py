@@ -1,0 +1,234 @@
+"""Each pass on tiny ONNX graphs: numerics vs onnxruntime before/after, and the structure."""
+import numpy as np
+import pytest
+from onnx import helper
+
+from front_helpers import make_model, ort_run, rand
+from tl2k210.graph import from_onnx, run
+from tl2k210.passes import PIPELINE, run_pass, run_pipeline
+
+X = ("x", [1, 4, 8, 8])
+
+
+def conv(name, x, w, b=None, **attrs):
+    return helper.make_node("Conv", [x, w] + ([b] if b else []), [name], name=name, **attrs)
+
+
+def check(model, passes, x=None, tol=1e-5, options=None):
+    """Run passes (a name or None for the full pipeline) and assert the float results did not change."""
+    g = from_onnx(model)
+    x = rand(*g.shape(g.inputs[0])) if x is None else x
+    ref = ort_run(model, x)[0]
+    if passes is None:
+        g2, log = run_pipeline(g, options)
+    else:
+        g2, log = run_pass(passes, g)
+    out = run(g2, x)[g2.outputs[0]]
+    np.testing.assert_allclose(out, ref, atol=tol, rtol=tol)
+    return g2, log
+
+
+def test_pipeline_is_ordered_and_named():
+    names = [p.name for p in PIPELINE]
+    assert names.index("fold_batchnorm") < names.index("fuse_activation") < names.index("fuse_pool")
+    assert names.index("upsample_to_resize") < names.index("matmul_to_conv")
+    off = {p.name for p in PIPELINE if not p.default}
+    assert off == {"kpu_padding", "split_stride2"}
+    assert not next(p for p in PIPELINE if p.name == "kpu_padding").exact
+    with pytest.raises(ValueError, match="unknown pass"):
+        run_pipeline(from_onnx(make_model([helper.make_node("Relu", ["x"], ["y"])], [X], [("y", None)])),
+                     {"kpu_paddin": True})
+
+
+def test_fold_constants():
+    nodes = [helper.make_node("Add", ["a", "b"], ["c"]), helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("Mul", ["r", "c"], ["y"]),
+             helper.make_node("Identity", ["y"], ["z"])]
+    m = make_model(nodes, [X], [("z", None)], {"a": rand(4, 1, 1), "b": rand(4, 1, 1)})
+    g, changes = check(m, "fold_constants")
+    assert [n.op for n in g.nodes] == ["Reshape", "Mul"]
+    assert g.outputs == ["z"] and g.nodes[-1].outputs == ["z"]
+    assert len(changes) == 3  # Add, Shape, Identity
+
+
+def test_fold_batchnorm_into_conv():
+    c = 6
+    nodes = [conv("c", "x", "w", "b", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "g", "be", "m", "v"], ["y"], epsilon=1e-3)]
+    inits = {"w": rand(c, 4, 3, 3), "b": rand(c), "g": rand(c), "be": rand(c), "m": rand(c),
+             "v": np.abs(rand(c)) + 0.1}
+    g, changes = check(make_model(nodes, [X], [("y", None)], inits), "fold_batchnorm")
+    assert g.op_counts() == {"Conv": 1} and len(g.nodes[0].fused) == 2 and len(changes) == 1
+
+
+def test_fold_keras3_mul_add_after_depthwise():
+    nodes = [conv("dw", "x", "w", group=4, pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["dw", "s"], ["m"]), helper.make_node("Add", ["m", "t"], ["y"])]
+    inits = {"w": rand(4, 1, 3, 3), "s": rand(4, 1, 1), "t": rand(1, 4, 1, 1)}
+    g, changes = check(make_model(nodes, [X], [("y", None)], inits), "fold_batchnorm")
+    assert g.op_counts() == {"Conv": 1} and len(changes) == 2
+
+
+def test_fold_batchnorm_leaves_shared_conv_output():
+    nodes = [conv("c", "x", "w"), helper.make_node("Mul", ["c", "s"], ["m"]), helper.make_node("Add", ["c", "m"], ["y"])]
+    g, changes = check(make_model(nodes, [X], [("y", None)], {"w": rand(4, 4, 1, 1), "s": rand(4, 1, 1)}),
+                       "fold_batchnorm")
+    assert not changes and g.op_counts() == {"Conv": 1, "Mul": 1, "Add": 1}
+
+
+def _act_nodes(kind):
+    if kind == "Clip":
+        return [helper.make_node("Clip", ["c", "lo", "hi"], ["y"])], {"lo": np.float32(0), "hi": np.float32(6)}
+    if kind == "Swish":
+        return [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])], {}
+    attrs = {"LeakyRelu": {"alpha": 0.1}, "HardSigmoid": {"alpha": 0.25, "beta": 0.4}}.get(kind, {})
+    return [helper.make_node(kind, ["c"], ["y"], **attrs)], {}
+
+
+@pytest.mark.parametrize("kind", ["Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Swish"])
+def test_fuse_activation(kind):
+    acts, inits = _act_nodes(kind)
+    m = make_model([conv("c", "x", "w", "b", pads=[1, 1, 1, 1])] + acts, [X], [("y", None)],
+                   {"w": rand(8, 4, 3, 3), "b": rand(8), **inits}, opset=14 if kind == "HardSwish" else 13)
+    g, changes = check(m, "fuse_activation", x=rand(1, 4, 8, 8, scale=3))
+    assert g.op_counts() == {"Conv": 1} and g.nodes[0].attrs["activation"]["op"] == kind
+    if kind == "Clip":
+        assert g.nodes[0].attrs["activation"] == {"op": "Clip", "min": 0.0, "max": 6.0}
+    if kind == "LeakyRelu":
+        assert g.nodes[0].attrs["activation"]["alpha"] == pytest.approx(0.1)
+
+
+def test_activation_not_fused_when_conv_output_is_shared():
+    nodes = [conv("c", "x", "w"), helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Add", ["c", "r"], ["y"])]
+    g, changes = check(make_model(nodes, [X], [("y", None)], {"w": rand(4, 4, 1, 1)}), "fuse_activation")
+    assert not changes and "Relu" in g.op_counts()
+
+
+def _keras_upsample_nodes(c, h, w):
+    """What tf2onnx emits for Keras 3 UpSampling2D(2) on an NCHW tensor x (repeat H, then W)."""
+    n = helper.make_node
+    return [n("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+            n("Unsqueeze", ["t", "ax2"], ["u1"]), n("Tile", ["u1", "rep2"], ["t1"]),
+            n("Reshape", ["t1", "s1"], ["r1"]),
+            n("Unsqueeze", ["r1", "ax3"], ["u2"]), n("Tile", ["u2", "rep3"], ["t2"]),
+            n("Reshape", ["t2", "s2"], ["r2"]), n("Transpose", ["r2"], ["y"], perm=[0, 3, 1, 2])], {
+        "ax2": np.array([2], np.int64), "rep2": np.array([1, 1, 2, 1, 1], np.int64),
+        "s1": np.array([1, 2 * h, w, c], np.int64), "ax3": np.array([3], np.int64),
+        "rep3": np.array([1, 1, 1, 2, 1], np.int64), "s2": np.array([1, 2 * h, 2 * w, c], np.int64)}
+
+
+def test_keras3_upsampling_becomes_resize():
+    nodes, inits = _keras_upsample_nodes(4, 8, 8)
+    g, changes = check(make_model(nodes, [X], [("y", [1, 4, 16, 16])], inits), "upsample_to_resize")
+    assert g.op_counts() == {"Resize": 1}
+    assert list(g.const(g.nodes[0].inputs[2])) == [1, 1, 2, 2] and g.nodes[0].attrs["mode"] == "nearest"
+    assert len(g.nodes[0].fused) == 8
+
+
+def test_identity_chain_removed_and_real_transpose_kept():
+    n = helper.make_node
+    nodes = [n("Transpose", ["x"], ["a"], perm=[0, 2, 3, 1]), n("Transpose", ["a"], ["b"], perm=[0, 3, 1, 2]),
+             n("Relu", ["b"], ["c"]), n("Transpose", ["c"], ["y"], perm=[0, 2, 3, 1])]
+    g, changes = check(make_model(nodes, [X], [("y", None)]), "upsample_to_resize")
+    assert [x.op for x in g.nodes] == ["Relu", "Transpose"]
+
+
+def test_nhwc_flatten_into_matmul_rows():
+    n = helper.make_node
+    nodes = [n("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]), n("Reshape", ["t", "s"], ["f"]),
+             n("MatMul", ["f", "w"], ["y"])]
+    m = make_model(nodes, [X], [("y", None)], {"s": np.array([1, -1], np.int64), "w": rand(256, 10)})
+    g, changes = check(m, "normalize_flatten")
+    assert [x.op for x in g.nodes] == ["Flatten", "MatMul"]
+
+
+def test_matmul_and_bias_to_1x1_conv():
+    n = helper.make_node
+    nodes = [n("GlobalAveragePool", ["x"], ["p"]), n("Flatten", ["p"], ["f"]), n("MatMul", ["f", "w"], ["mm"]),
+             n("Add", ["mm", "b"], ["y"])]
+    m = make_model(nodes, [X], [("y", None)], {"w": rand(4, 10), "b": rand(10)})
+    g, changes = check(m, None)
+    assert g.op_counts() == {"GlobalAveragePool": 1, "Conv": 1, "Reshape": 1}  # Flatten+Reshape cancelled
+    c = next(x for x in g.nodes if x.op == "Conv")
+    assert g.shape(c.inputs[0]) == (1, 4, 1, 1) and c.attrs["kernel"] == (1, 1) and len(c.fused) == 2
+
+
+def test_gemm_transb_and_too_wide_matmul():
+    n = helper.make_node
+    nodes = [n("Flatten", ["x"], ["f"]), n("Gemm", ["f", "w", "b"], ["y"], transB=1, alpha=0.5, beta=2.0)]
+    g, _ = check(make_model(nodes, [X], [("y", None)], {"w": rand(7, 256), "b": rand(7)}), "matmul_to_conv")
+    assert g.op_counts()["Conv"] == 1
+    nodes = [n("Flatten", ["x"], ["f"]), n("MatMul", ["f", "w"], ["y"])]
+    g, changes = check(make_model(nodes, [("x", [1, 4, 32, 32])], [("y", None)], {"w": rand(4096, 3)}),
+                       "matmul_to_conv")
+    assert "MatMul" in g.op_counts() and "over the KPU" in changes[0][1]
+
+
+def test_zero_pad_absorbed_into_conv():
+    n = helper.make_node
+    nodes = [n("Pad", ["x", "p"], ["xp"]), conv("y", "xp", "w", strides=[2, 2])]
+    m = make_model(nodes, [X], [("y", None)], {"p": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "w": rand(4, 4, 3, 3)})
+    g, _ = check(m, "pad_into_conv")
+    assert g.op_counts() == {"Conv": 1} and g.nodes[0].attrs["pads"] == [1, 1, 1, 1]
+    # a non-zero pad value must stay a Pad
+    nodes = [n("Pad", ["x", "p", "v"], ["xp"]), conv("y", "xp", "w")]
+    m = make_model(nodes, [X], [("y", None)], {"p": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+                                                "v": np.float32(1), "w": rand(4, 4, 3, 3)})
+    g, changes = check(m, "pad_into_conv")
+    assert not changes and "Pad" in g.op_counts()
+
+
+@pytest.mark.parametrize("pool,fused", [
+    (dict(op_type="MaxPool", kernel_shape=[2, 2], strides=[2, 2]), True),
+    (dict(op_type="AveragePool", kernel_shape=[4, 4], strides=[4, 4]), True),
+    (dict(op_type="MaxPool", kernel_shape=[2, 2], strides=[1, 1], pads=[0, 0, 1, 1]), True),
+    (dict(op_type="MaxPool", kernel_shape=[3, 3], strides=[2, 2]), False),
+    (dict(op_type="AveragePool", kernel_shape=[2, 2], strides=[1, 1], pads=[0, 0, 1, 1]), False)])
+def test_fuse_pool(pool, fused):
+    op = pool.pop("op_type")
+    nodes = [conv("c", "x", "w", pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node(op, ["r"], ["y"], **pool)]
+    g, log = check(make_model(nodes, [X], [("y", None)], {"w": rand(8, 4, 3, 3)}), None)
+    assert (g.op_counts() == {"Conv": 1}) == fused
+    if fused:
+        p = g.nodes[0].attrs["pool"]
+        assert p["size"] == pool["kernel_shape"][0] and p["stride"] == pool["strides"][0]
+        assert g.nodes[0].attrs["activation"] == {"op": "Relu"}
+
+
+def test_pool_not_fused_into_depthwise():
+    nodes = [conv("c", "x", "w", group=4, pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    g, _ = check(make_model(nodes, [X], [("y", None)], {"w": rand(4, 1, 3, 3)}), None)
+    assert g.op_counts() == {"Conv": 1, "MaxPool": 1}
+
+
+SAME_S2 = [  # (H, kernel, pads) -- TF 'SAME' stride 2 on even/odd sizes, Keras ZeroPad((0,1),(0,1))
+    (8, 3, [0, 0, 1, 1]), (9, 3, [1, 1, 1, 1]), (8, 1, [0, 0, 0, 0]), (8, 3, [0, 0, 1, 1]),
+    (7, 5, [2, 1, 2, 2]), (8, 3, [2, 0, 1, 2])]
+
+
+@pytest.mark.parametrize("h,k,pads", SAME_S2)
+@pytest.mark.parametrize("group", [1, 4])
+def test_split_stride2_exact(h, k, pads, group):
+    m = make_model([conv("y", "x", "w", "b", strides=[2, 2], pads=pads, group=group),
+                    helper.make_node("Relu", ["y"], ["z"])],
+                   [("x", [1, 4, h, h + 1])], [("z", None)], {"w": rand(4, 4 // group, k, k), "b": rand(4)})
+    g, log = check(m, None, options={"split_stride2": True})
+    convs = [n for n in g.nodes if n.op == "Conv"]
+    assert all(tuple(c.attrs["strides"]) == (1, 1) or len(set(c.attrs["pads"])) == 1 for c in convs)
+    sym = pads[0] == pads[2] and pads[1] == pads[3]
+    assert ("Slice" in g.op_counts()) != sym
+
+
+def test_kpu_padding_is_opt_in_and_changes_math():
+    m = make_model([conv("y", "x", "w", strides=[2, 2], pads=[0, 0, 1, 1])], [X], [("y", None)],
+                   {"w": rand(4, 4, 3, 3)})
+    g, _ = check(m, None)
+    assert g.nodes[0].attrs["pads"] == [0, 0, 1, 1]  # default keeps the real padding
+    g2, log = run_pipeline(from_onnx(m), {"kpu_padding": True})
+    assert g2.nodes[0].attrs["pads"] == [1, 1, 1, 1] and g2.shape("y") == g.shape("y")
+    entry = next(e for e in log if e["pass"] == "kpu_padding")
+    assert not entry["exact"] and "CHANGES MATH" in entry["changes"][0][1]
+    x = rand(1, 4, 8, 8)
+    assert not np.allclose(run(g, x)["y"], run(g2, x)["y"], atol=1e-3)
