@@ -1,0 +1,166 @@
+"""Front-ends (TensorLayer, Keras .keras/.h5, SavedModel, TFLite, ONNX) -> IR -> passes, checked
+against the source framework's own output; clear errors for corrupt files."""
+import functools
+
+import numpy as np
+import onnx
+import pytest
+
+from front_helpers import make_model, need_testdata, rand, tf
+from tl2k210.frontends import ModelLoadError, load_graph, load_model
+from tl2k210.graph import from_onnx, run
+from tl2k210.passes import run_pipeline
+
+TOL = 1e-4
+
+
+@functools.lru_cache(maxsize=None)
+def keras_residual():
+    """Residual Add, Concat, nearest UpSampling, Sigmoid, Dense head; TF 'SAME' stride-2 conv,
+    BatchNorm after conv and after depthwise (Keras 3 leaves Mul/Add), LeakyReLU, swish, max pool."""
+    tf()
+    import keras
+    from keras import layers as L
+    keras.utils.set_random_seed(1)
+    i = keras.Input((32, 32, 3), batch_size=1, name="img")
+    a = L.Conv2D(8, 3, strides=2, padding="same", use_bias=False)(i)
+    a = L.ReLU(6.0)(L.BatchNormalization()(a))
+    b = L.DepthwiseConv2D(3, padding="same", use_bias=False)(a)
+    b = L.LeakyReLU(0.1)(L.BatchNormalization()(b))
+    c = L.Add()([a, b])
+    d = L.MaxPooling2D(2)(L.Conv2D(8, 1, activation="sigmoid")(c))
+    e = L.Concatenate()([c, L.UpSampling2D(2)(d)])
+    e = L.Conv2D(4, 3, strides=2, padding="same", activation="swish")(e)
+    f = L.Dense(10, activation="softmax")(L.Flatten()(e))
+    m = keras.Model(i, f)
+    rng = np.random.default_rng(2)
+    for layer in m.layers:
+        if isinstance(layer, L.BatchNormalization):
+            for w in layer.weights:
+                w.assign(rng.uniform(0.5, 1.5, w.shape).astype(np.float32))
+    x = rng.uniform(0, 1, (1, 32, 32, 3)).astype(np.float32)
+    return m, x, m(x).numpy()
+
+
+@functools.lru_cache(maxsize=None)
+def keras_residual_onnx():
+    return load_model(keras_residual()[0])
+
+
+def nchw(x):
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+
+
+def test_keras_residual_model_end_to_end():
+    m, x, ref = keras_residual()
+    g0 = from_onnx(keras_residual_onnx())
+    g, log = run_pipeline(g0)
+    np.testing.assert_allclose(run(g, nchw(x))[g.outputs[0]], ref, atol=TOL)
+    assert g.op_counts() == {"Conv": 5, "Add": 1, "Concat": 1, "Resize": 1, "Flatten": 1, "Reshape": 2, "Softmax": 1}
+    acts = [n.attrs.get("activation", {}).get("op") for n in g.nodes if n.op == "Conv"]
+    assert acts == ["Clip", "LeakyRelu", "Sigmoid", "Swish", None]
+    pooled = [n for n in g.nodes if n.op == "Conv" and "pool" in n.attrs]
+    assert len(pooled) == 1 and pooled[0].attrs["pool"]["kind"] == "max"
+    first = g.nodes[0]
+    assert first.attrs["strides"] == (2, 2) and first.attrs["pads"] == [0, 0, 1, 1]  # TF SAME kept exact
+    assert g.shape(g.inputs[0]) == (1, 3, 32, 32)
+    dw = next(n for n in g.nodes if n.op == "Conv" and n.attrs["group"] > 1)
+    assert sum("batchnorm" in f for f in dw.fused) == 2  # the Keras 3 Mul/Add pair
+    passes = {e["pass"]: e for e in log}
+    assert passes["upsample_to_resize"]["changes"] and passes["normalize_flatten"]["changes"]
+
+
+def test_keras_same_stride2_split_is_exact():
+    m, x, ref = keras_residual()
+    g, _ = run_pipeline(from_onnx(keras_residual_onnx()), {"split_stride2": True})
+    np.testing.assert_allclose(run(g, nchw(x))[g.outputs[0]], ref, atol=TOL)
+    convs = [n for n in g.nodes if n.op == "Conv"]
+    assert all(n.attrs["strides"] == (1, 1) and len(set(n.attrs["pads"])) == 1 for n in convs)
+    assert g.op_counts()["Slice"] == 2
+
+
+@pytest.mark.parametrize("suffix", [".keras", ".h5"])
+def test_keras_files(tmp_path, suffix):
+    m, x, ref = keras_residual()
+    path = tmp_path / f"model{suffix}"
+    m.save(path)
+    g = load_graph(path)
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], ref, atol=TOL)  # raw graph input stays NHWC
+
+
+def test_savedmodel_directory(tmp_path):
+    m, x, ref = keras_residual()
+    m.export(tmp_path / "sm", verbose=False)
+    g, _ = run_pipeline(load_graph(tmp_path / "sm"))
+    np.testing.assert_allclose(run(g, nchw(x))[g.outputs[0]], ref, atol=TOL)
+
+
+def test_tflite_iris():
+    path = need_testdata("tflite/iris.tflite")
+    t = tf()
+    interp = t.lite.Interpreter(model_path=str(path))
+    interp.allocate_tensors()
+    inp, out = interp.get_input_details()[0], interp.get_output_details()[0]
+    g, log = run_pipeline(load_graph(path))
+    for x in rand(5, *inp["shape"][1:]):
+        interp.set_tensor(inp["index"], x[None])
+        interp.invoke()
+        np.testing.assert_allclose(run(g, x[None])[g.outputs[0]], interp.get_tensor(out["index"]), atol=TOL)
+    assert g.op_counts().get("Conv", 0) >= 1 and "MatMul" not in g.op_counts()
+
+
+def tl_small(name):
+    tf()
+    import tensorlayer as tl
+    from tensorlayer.layers import BatchNorm, Conv2d, Dense, DepthwiseConv2d, Flatten, Input, MaxPool2d, ZeroPad2d
+    x = Input([1, 16, 16, 3], name=f"{name}_in")
+    n = Conv2d(8, (3, 3), (1, 1), padding="SAME", b_init=None, name=f"{name}_c1")(x)
+    n = BatchNorm(act=tf().nn.relu6, name=f"{name}_bn1")(n)
+    n = MaxPool2d((2, 2), (2, 2), padding="VALID", name=f"{name}_mp")(n)
+    n = ZeroPad2d(((1, 1), (1, 1)), name=f"{name}_pad")(n)
+    n = DepthwiseConv2d((3, 3), (2, 2), padding="VALID", b_init=None, name=f"{name}_dw")(n)
+    n = BatchNorm(act=tf().nn.relu, name=f"{name}_bn2")(n)
+    n = Dense(5, name=f"{name}_fc")(Flatten(name=f"{name}_flat")(n))
+    return tl.models.Model(x, n, name=name)
+
+
+def test_tensorlayer_model_with_batchnorm_and_npz_weights(tmp_path):
+    import tensorlayer as tl
+    a = tl_small("tla")
+    rng = np.random.default_rng(3)
+    for w in a.all_weights:
+        w.assign(rng.uniform(0.5, 1.5, w.shape).astype(np.float32))
+    x = rng.uniform(0, 1, (1, 16, 16, 3)).astype(np.float32)
+    a.eval()
+    ref = a(x).numpy()
+    g, _ = run_pipeline(load_graph(a))
+    np.testing.assert_allclose(run(g, nchw(x))[g.outputs[0]], ref, rtol=1e-5, atol=TOL)
+    assert g.op_counts()["Conv"] == 3
+    assert "BatchNormalization" not in g.op_counts() and "Mul" not in g.op_counts()
+    first, dw = [n for n in g.nodes if n.op == "Conv"][:2]
+    assert first.attrs["pool"]["kind"] == "max" and first.attrs["activation"]["op"] == "Clip"
+    assert dw.attrs["pads"] == [1, 1, 1, 1] and dw.attrs["strides"] == (2, 2)  # ZeroPad2d + VALID
+    # the same weights through a TensorLayer npz file into a fresh network
+    params = np.empty(len(a.all_weights), object)  # TensorLayer's npz layout (tl.files.save_npz
+    params[:] = [w.numpy() for w in a.all_weights]  # itself breaks on numpy 2 for ragged lists)
+    np.savez(tmp_path / "w.npz", params=params)
+    g2 = load_graph(tmp_path / "w.npz", network=tl_small("tlb"))
+    np.testing.assert_allclose(run(g2, x)[g2.outputs[0]], ref, rtol=1e-5, atol=TOL)
+    with pytest.raises(ModelLoadError, match="needs its network"):
+        load_model(tmp_path / "w.npz")
+
+
+def test_onnx_file_and_corrupt_files(tmp_path):
+    from onnx import helper
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", [1, 2])], [("y", [1, 2])])
+    onnx.save(m, tmp_path / "ok.onnx")
+    assert load_graph(tmp_path / "ok.onnx").op_counts() == {"Relu": 1}
+    data = (tmp_path / "ok.onnx").read_bytes()
+    (tmp_path / "bad.onnx").write_bytes(data[: len(data) // 2] + b"\xff\xff\xff")
+    (tmp_path / "bad.tflite").write_bytes(b"\x00" * 64)
+    (tmp_path / "bad.keras").write_bytes(b"PK\x03\x04 not really a zip")
+    (tmp_path / "model.pt").write_bytes(b"x")
+    for name, msg in [("bad.onnx", "bad.onnx"), ("bad.tflite", "TFL3"), ("bad.keras", "bad.keras"),
+                      ("model.pt", "unknown model kind"), ("missing.onnx", "no such file"), (".", "saved_model.pb")]:
+        with pytest.raises(ModelLoadError, match=msg):
+            load_model(tmp_path / name)
