@@ -53,9 +53,9 @@ def test_percentile_and_kld_clip_outliers():
     mm = ranges(stats, "minmax")["y"]
     pc = ranges(stats, "percentile", percentile=99.9)["y"]
     kl = ranges(stats, "kld")["y"]
-    q999 = np.quantile(x, 0.999)
     assert mm == (pytest.approx(0, abs=1e-3), 60.0)
-    assert pc[1] == pytest.approx(q999, abs=60 / 2048 * 2)
+    assert np.mean(x <= pc[1]) >= 0.999 and pc[1] <= np.quantile(x, 0.9995) + 60 / 2048  # 99.9 % kept, not more
+    assert pc[1] < 6.0
     assert 2.0 < kl[1] < 20.0  # clipped well below the outliers, above the bulk
     with pytest.raises(ValueError, match="unknown calibration method"):
         ranges(stats, "mse")
