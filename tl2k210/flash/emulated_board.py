@@ -38,6 +38,7 @@ from tl2k210.flash.isp import Op, Reason
 
 TCGETS2 = 0x802C542A
 BAUD_TOLERANCE = 0.03
+RX_SLACK_S = 0.010        # see _read_host: emulator wake-up latency is not line idle time
 SAMPLE_DELAY_S = 0.02     # IO16 is sampled this long after RESET is released (or at first byte)
 STUB_START_S = 0.01       # C5 -> stub running
 MAIXPY_BANNER = ("\r\n __  __              _____  __   __  _____   __     __\r\n"
@@ -62,6 +63,16 @@ class BoardStats:
     errors_replied: dict = field(default_factory=dict)
     lost_bytes_baud_mismatch: int = 0
     boots: list = field(default_factory=list)
+    # data phase as seen by the board: first FLASH_WRITE byte on the wire .. last write acked
+    write_t0: float = None
+    write_t1: float = None
+    write_bytes: int = 0
+
+    def write_efficiency(self, baud):
+        """Acknowledged FLASH_WRITE payload / line capacity over the data phase."""
+        if self.write_t0 is None or self.write_t1 is None or self.write_t1 <= self.write_t0:
+            return 0.0
+        return self.write_bytes / (baud / 10.0 * (self.write_t1 - self.write_t0))
 
 
 class K210Core:
@@ -265,6 +276,8 @@ class K210Core:
             self.flash[req.address:req.address + n] = req.data
             if self.write_time_s:
                 time.sleep(self.write_time_s * n / isp.FLASH_CHUNK)
+            self.stats.write_bytes += n
+            self.stats.write_t1 = time.monotonic()
             return isp.response(op, Reason.OK)
         if op in (Op.FLASH_ERASE, Op.FLASH_ERASE_NONBLOCKING):
             start, length = req.address, req.data_len
@@ -370,6 +383,7 @@ class EmulatedBoard:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind(self.lines_socket)
         self._rx_line_free = 0.0
+        self._rx_streaming = False
         self._thread = None
 
     # ---- public API --------------------------------------------------------------------
@@ -431,6 +445,7 @@ class EmulatedBoard:
     def _emit(self, data):
         if not data:
             return
+        self._rx_streaming = False          # the host now has to react: its turnaround counts
         self.output_log += data
         if self.throttle:
             time.sleep(len(data) * 10.0 / max(self.core.baud, 1))
@@ -489,9 +504,21 @@ class EmulatedBoard:
             self.stats.lost_bytes_baud_mismatch += len(data)   # garbled at the wrong rate
             return
         data, delay = self.faults.apply(data)
+        # When did this chunk start on the wire? Mid-frame, the host's adapter had it queued
+        # (its TX buffer keeps the line busy across write calls), so it follows the previous
+        # chunk back to back; this thread's own wake-up latency (< RX_SLACK_S) is not line
+        # idle time. After the board has answered, the host's turnaround counts in full.
+        if self._rx_streaming and now - self._rx_line_free < RX_SLACK_S:
+            start = self._rx_line_free
+        else:
+            start = max(self._rx_line_free, now)
+        self._rx_streaming = True
+        if self.core.state == K210Core.STUB and self.core.flash_ready and \
+                self.stats.write_t0 is None:
+            self.stats.write_t0 = start
         if self.throttle or delay:
             wire = len(data) * 10.0 / max(self.core.baud, 1) if self.throttle else 0.0
-            self._rx_line_free = max(self._rx_line_free, now) + wire + delay
+            self._rx_line_free = start + wire + delay
             pause = self._rx_line_free - time.monotonic()
             if pause > 0:
                 self._lock.release()

@@ -20,28 +20,23 @@ def encode(payload: bytes) -> bytes:
 
 def decode_body(body: bytes):
     """Un-escape the bytes between two delimiters. Returns (payload, ok); ok is False when the
-    body holds an invalid escape sequence (the raw bytes are then kept as they are)."""
+    body holds an invalid escape sequence (those raw bytes are then kept as they are)."""
+    body = bytes(body)
     if b"\xdb" not in body:
-        return bytes(body), True
-    out = bytearray()
+        return body, True
+    parts = body.split(b"\xdb")
+    out = [parts[0]]
     ok = True
-    i, n = 0, len(body)
-    while i < n:
-        b = body[i]
-        if b == ESC:
-            nxt = body[i + 1] if i + 1 < n else None
-            if nxt == ESC_END:
-                out.append(END)
-                i += 2
-                continue
-            if nxt == ESC_ESC:
-                out.append(ESC)
-                i += 2
-                continue
+    for part in parts[1:]:
+        head = part[:1]
+        if head == b"\xdc":
+            out.append(b"\xc0" + part[1:])
+        elif head == b"\xdd":
+            out.append(b"\xdb" + part[1:])
+        else:
             ok = False
-        out.append(b)
-        i += 1
-    return bytes(out), ok
+            out.append(b"\xdb" + part)
+    return b"".join(out), ok
 
 
 class Decoder:
