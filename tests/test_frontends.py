@@ -106,7 +106,8 @@ def test_tflite_iris():
         interp.set_tensor(inp["index"], x[None])
         interp.invoke()
         np.testing.assert_allclose(run(g, x[None])[g.outputs[0]], interp.get_tensor(out["index"]), atol=TOL)
-    assert g.op_counts().get("Conv", 0) >= 1 and "MatMul" not in g.op_counts()
+    assert [n.op for n in g.nodes] == ["Reshape", "Conv", "Conv", "Reshape"]  # 4 -> 10 (relu) -> 3
+    assert g.nodes[1].attrs["activation"] == {"op": "Relu"} and "activation" not in g.nodes[2].attrs
 
 
 def tl_small(name):

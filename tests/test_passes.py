@@ -232,3 +232,26 @@ def test_kpu_padding_is_opt_in_and_changes_math():
     assert not entry["exact"] and "CHANGES MATH" in entry["changes"][0][1]
     x = rand(1, 4, 8, 8)
     assert not np.allclose(run(g, x)["y"], run(g2, x)["y"], atol=1e-3)
+
+
+def test_unsupported_op_names_node_and_nearest_form():
+    from tl2k210.errors import UnsupportedOpError
+    m = make_model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="deconv1", strides=[2, 2])],
+                   [X], [("y", None)], {"w": rand(4, 4, 2, 2)})
+    with pytest.raises(UnsupportedOpError, match=r"'deconv1'.*ConvTranspose.*strides.*UpSampling2D"):
+        run_pipeline(from_onnx(m))
+    m = make_model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear")], [X], [("y", None)],
+                   {"s": np.array([1, 1, 2, 2], np.float32)})
+    with pytest.raises(UnsupportedOpError, match="mode nearest"):
+        run_pipeline(from_onnx(m))
+
+
+def test_dense_relu_dense_chain_becomes_two_fused_convs():
+    n = helper.make_node
+    nodes = [n("Gemm", ["x", "w1", "b1"], ["h"], transB=1), n("Relu", ["h"], ["r"]),
+             n("Gemm", ["r", "w2", "b2"], ["y"], transB=1)]
+    m = make_model(nodes, [("x", [1, 4])], [("y", None)],
+                   {"w1": rand(10, 4), "b1": rand(10), "w2": rand(3, 10), "b2": rand(3)})
+    g, _ = check(m, None)
+    assert [x.op for x in g.nodes] == ["Reshape", "Conv", "Conv", "Reshape"]
+    assert g.nodes[1].attrs["activation"] == {"op": "Relu"}

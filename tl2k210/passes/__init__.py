@@ -20,6 +20,7 @@ from .fuse_activation import fuse_activation
 from .kpu_padding import kpu_padding
 from .split_stride2 import split_stride2
 from .fuse_pool import fuse_pool
+from .check_supported import check_supported
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ PIPELINE = [
     Pass("split_stride2", split_stride2, default=False),
     Pass("fuse_pool", fuse_pool),
     Pass("cleanup_layout", upsample_to_resize),
+    Pass("check_supported", check_supported),
 ]
 PASSES = {p.name: p for p in PIPELINE}
 

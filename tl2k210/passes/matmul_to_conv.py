@@ -5,6 +5,8 @@ import numpy as np
 
 from tl2k210.graph import Node
 
+from .fuse_activation import activation_of
+
 MAX_CHANNELS = 1024
 
 
@@ -51,6 +53,11 @@ def matmul_to_conv(g, log):
                              g.add_const(b.astype(np.float32), n.name + "/B")], [co],
                     {"kernel": (1, 1), "strides": (1, 1), "pads": [0, 0, 0, 0], "group": 1, "dilations": (1, 1)},
                     n.name, fused)
+        act = g.single_consumer(out)
+        if act is not None and activation_of(g, act) is not None:  # keep Dense+activation together
+            act_out, act.inputs[0] = act.outputs[0], co
+            co = act.outputs[0] = g.add_tensor(n.name + "/act", (1, nout, 1, 1))
+            out = act_out
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = [
             Node("Reshape", [n.inputs[0], g.add_const(np.array([1, k, 1, 1], np.int64), n.name + "/shape4")], [r4],
