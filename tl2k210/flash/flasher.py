@@ -322,8 +322,8 @@ class Flasher:
     def boot_stub(self):
         for _ in range(3):
             self._send(isp.request(Op.MEMORY_BOOT, isp.STUB_ADDRESS))
-            r = self._await(Op.MEMORY_BOOT, 0.1)
-            if r not in (NO_REPLY,):        # a damaged boot frame gets an error: resend it
+            r = self._await(Op.MEMORY_BOOT, 0.03 + wire_seconds(64, self.host_baud))
+            if r != NO_REPLY:               # a damaged boot frame gets an error: resend it
                 self.log(f"boot request answered with {r}; resending")
                 self._resync(Op.NOP, "booting the stage-2 program")
                 continue
@@ -424,7 +424,7 @@ class Flasher:
         self.report.data_seconds = time.monotonic() - data_t0
         self.report.data_bytes = data_bytes
         if verify:
-            self._resync(Op.FLASH_NOP, "final verification")   # no reply left unaccounted
+            self._final_sync()
         self.report.verified = bool(verify)
         if reboot:
             self.report.rebooted = self.reboot()
@@ -432,6 +432,14 @@ class Flasher:
                 self.report.warnings.append("the board did not confirm the reboot; press RESET")
         self.report.seconds = time.monotonic() - t0
         return self.report
+
+    def _final_sync(self):
+        """Every frame has been answered exactly once: the next reply must be our NOP's."""
+        self._send(isp.nop_request(Op.FLASH_NOP))
+        r = self._await(Op.FLASH_NOP, self.t.nop_s + wire_seconds(64, self.host_baud))
+        if r != Reason.OK:
+            self.log(f"final sync got {r}; resynchronising")
+            self._resync(Op.FLASH_NOP, "final verification")
 
     def _verify(self, img, blob, ledger):
         h = hashlib.sha256()
