@@ -134,9 +134,9 @@ def test_deploy_guards(tmp_path):
     rc, out = run_tl2k210(["deploy", str(tmp_path / "net.kmodel"), "--address", "0x10000",
                            "-p", "/dev/null"])
     assert rc == 2 and "firmware region" in out and "--force" in out
-    (tmp_path / "net.h5").write_bytes(b"not a kmodel")
-    rc, out = run_tl2k210(["deploy", str(tmp_path / "net.h5"), "-p", "/dev/null"])
-    assert rc == 2 and ".kmodel" in out
+    rc, out = run_tl2k210(["deploy", str(tmp_path / "net.kmodel"), "--address", "0xF00000",
+                           "-p", "/dev/null"])
+    assert rc == 2 and "SPIFFS" in out
 
 
 # ---- the emulated board is strict ------------------------------------------------------
@@ -218,3 +218,62 @@ def test_flash_file_persists_between_boards(tmp_path):
         b2.close()
     data = (tmp_path / "flash.bin").read_bytes()
     assert len(data) == 16 * 1024 * 1024 and data[0x500000:0x500000 + len(model)] == model
+
+
+# ---- transports and error paths --------------------------------------------------------
+def test_in_process_pipe_transport():
+    """No pty, no thread: the flasher only needs a byte stream (and pins for DTR/RTS)."""
+    from tl2k210.flash.emulated_board import LoopbackPort
+
+    flash = bytearray(b"\xff" * (16 * 1024 * 1024))
+    core = K210Core(flash, wiring="kd233")
+    model, fw = payload(100_000, 31), payload(40_000, 32)
+    rep = Flasher(LoopbackPort(core), board="kd233", baud=1_500_000).run(
+        [FlashImage(0x300000, model, False, "m"), FlashImage(0, fw, True, "fw")])
+    time.sleep(0.01)
+    LoopbackPort(core).read(0)                      # run pending events (the reboot)
+    assert bytes(flash[0x300000:0x300000 + len(model)]) == model
+    assert core.boot_ok and rep.verified and rep.board == "kd233"
+
+
+def test_unknown_stub_hangs_board_and_is_reported(tmp_path):
+    bogus = tmp_path / "stub.bin"
+    bogus.write_bytes(b"\x13\x00\x00\x00" * 256)
+    (tmp_path / "fw.bin").write_bytes(payload(1000))
+    with board(tmp_path) as b:
+        rc, out = run_tl2k210(["flash", "-p", b.port, "-B", "dan", "--stub", str(bogus),
+                               str(tmp_path / "fw.bin")], b)
+        assert b.state == K210Core.DEAD
+    assert rc == 2 and "stage-2 flash program did not start" in out and "--stub" in out
+
+
+def test_busy_port_is_explained(tmp_path):
+    (tmp_path / "fw.bin").write_bytes(payload(1000))
+    with board(tmp_path) as b:
+        holder = serial.Serial(b.port, 115200, exclusive=True)     # e.g. MaixPy IDE has it open
+        try:
+            rc, out = run_tl2k210(["flash", "-p", b.port, str(tmp_path / "fw.bin")], b)
+        finally:
+            holder.close()
+    assert rc == 2 and "busy" in out and "close" in out
+
+
+def test_permission_error_mentions_dialout():
+    import errno
+
+    from tl2k210.flash.transport import port_error
+
+    msg = str(port_error("/dev/ttyUSB0", OSError(errno.EACCES, "Permission denied")))
+    assert "permission denied" in msg and "dialout" in msg
+
+
+def test_deploy_without_compiler_asks_for_a_kmodel(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from tl2k210.cli import main
+
+    monkeypatch.setitem(sys.modules, "tl2k210.compiler", None)      # conversion unavailable
+    (tmp_path / "net.h5").write_bytes(b"HDF")
+    assert main(["deploy", str(tmp_path / "net.h5"), "-p", "/dev/null"]) == 2
+    err = capsys.readouterr().err
+    assert "conversion is not available" in err and ".kmodel" in err

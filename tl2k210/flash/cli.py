@@ -175,7 +175,13 @@ def _kmodel_for(model, workdir):
                            "this install; convert it first (`tl2k210 convert`) and pass the "
                            ".kmodel") from None
     out = os.path.join(workdir, os.path.splitext(os.path.basename(model))[0] + ".kmodel")
-    result = convert_file(model, out)
+    try:
+        result = convert_file(model, out)
+    except Tl2k210Error:
+        raise
+    except Exception as exc:     # the compiler's own failure, reported with the model's name
+        raise Tl2k210Error(f"converting {model} to a kmodel failed: {exc}; convert it with "
+                           "`tl2k210 convert` to see the details, then deploy the .kmodel") from exc
     return result if isinstance(result, (str, os.PathLike)) and os.path.exists(result) else out
 
 

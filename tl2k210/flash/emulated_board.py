@@ -343,6 +343,61 @@ class _Faults:
         return bytes(out), delay
 
 
+class LoopbackPort:
+    """An in-process byte pipe to a :class:`K210Core`: a pyserial-like port with no pty and no
+    thread (time-based events run when the port is read). Shows that the flasher only needs a
+    byte stream; DTR/RTS go straight to the emulated pins."""
+
+    def __init__(self, core: K210Core, baudrate=isp.ROM_BAUD, timeout=0.02):
+        self.core = core
+        self.baudrate = baudrate
+        self.timeout = timeout
+        self._rx = bytearray()
+        self._lines = {"dtr": False, "rts": False}
+        self.is_open = True
+
+    def _pump(self, out=b""):
+        self._rx += self.core.tick(time.monotonic()) + out
+
+    def write(self, data):
+        if abs(self.baudrate - self.core.baud) <= BAUD_TOLERANCE * self.core.baud:
+            self._pump(self.core.feed(bytes(data), time.monotonic()))
+        return len(data)
+
+    @property
+    def in_waiting(self):
+        self._pump()
+        return len(self._rx)
+
+    def read(self, n=1):
+        end = time.monotonic() + (self.timeout or 0)
+        while True:
+            self._pump()
+            if self._rx or time.monotonic() >= end:
+                break
+            time.sleep(0.001)
+        out = bytes(self._rx[:n])
+        del self._rx[:n]
+        return out
+
+    def reset_input_buffer(self):
+        self._pump()
+        self._rx.clear()
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.is_open = False
+
+    def __setattr__(self, name, value):
+        if name in ("dtr", "rts"):
+            self._lines[name] = bool(value)
+            self._pump(self.core.set_line(name, bool(value), time.monotonic()) or b"")
+        else:
+            object.__setattr__(self, name, value)
+
+
 class EmulatedBoard:
     """A K210 board behind a pty. Use as a context manager::
 
