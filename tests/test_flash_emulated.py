@@ -277,3 +277,11 @@ def test_deploy_without_compiler_asks_for_a_kmodel(tmp_path, monkeypatch, capsys
     assert main(["deploy", str(tmp_path / "net.h5"), "-p", "/dev/null"]) == 2
     err = capsys.readouterr().err
     assert "conversion is not available" in err and ".kmodel" in err
+
+
+def test_delayed_bytes_are_ridden_out(tmp_path):
+    model = payload(120_000, 33)
+    with board(tmp_path, faults=FaultConfig(rate=5e-5, seed=4, kinds=("delay",))) as b:
+        rep = flash_ours(b, [FlashImage(0x300000, model, False, "m")], "dan")
+        assert b.flash_bytes(0x300000, len(model)) == model
+    assert b.stats.faults.get("delay", 0) > 0 and rep.verified

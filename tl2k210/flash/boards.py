@@ -3,7 +3,7 @@
 pyserial's ``dtr=True`` / ``rts=True`` means *asserted*: the TTL pin is electrically low. Each
 sequence is a list of steps; a step sets lines in the listed order, then holds for ``STEP_S``.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 STEP_S = 0.1                 # kflash holds every state for 100 ms
 GREETING_TIMEOUT_S = 0.5     # ROM greeting reply timeout (kflash 1.1.6)
@@ -36,7 +36,6 @@ class Board:
     flash_size: int = FLASH_SIZE_16M
     max_baud: int = 2_000_000
     notes: str = ""
-    extra: dict = field(default_factory=dict)
 
 
 BOARDS = {b.name: b for b in [

@@ -522,7 +522,7 @@ class EmulatedBoard:
                 ev = events.get(self.master, 0)
                 if ev & select.POLLHUP:
                     self._port_open = False
-                    self._emit_nothing_sleep()
+                    time.sleep(0.002)           # nobody has the port open
                 elif not self._port_open:
                     self._port_open = True
                     if self.core.wiring == "isp_on_open":
@@ -530,9 +530,6 @@ class EmulatedBoard:
                 if ev & select.POLLIN and not ev & select.POLLHUP:
                     self._read_host(now)
                 self._emit(self.core.tick(time.monotonic()))
-
-    def _emit_nothing_sleep(self):
-        time.sleep(0.002)
 
     def _read_lines(self, now):
         while True:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from tl2k210.flash import isp, slip
-from tl2k210.flash.boards import AUTODETECT_ORDER, GREETING_TIMEOUT_S, STEP_S, Board, get_board
+from tl2k210.flash.boards import AUTODETECT_ORDER, GREETING_TIMEOUT_S, STEP_S, get_board
 from tl2k210.flash.errors import (BoardTimeoutError, FlashError, GreetingError, StubError,
                                   TransferError)
 from tl2k210.flash.isp import Op, Reason
@@ -115,6 +115,7 @@ class Flasher:
         self.decoder = slip.Decoder()
         self.frames = []
         self.failures = 0
+        self._chunk_fails = 0
         self.lines_ok = True
         self.host_baud = isp.ROM_BAUD
         self.board_used = None
@@ -374,8 +375,8 @@ class Flasher:
             ok, desc = self._try(req, Op.FLASH_WRITE, STUB_OK, self.t.write_s)
             if not ok:
                 clean = 0
-                fails = getattr(self, "_chunk_fails", 0) + 1
-                self._chunk_fails = fails
+                self._chunk_fails += 1
+                fails = self._chunk_fails
                 self._note_failure(what, desc, fails)
                 self._resync(Op.FLASH_NOP, what)
                 if fails >= 2 and size > MIN_CHUNK:
@@ -478,5 +479,5 @@ def flash_images(images, port=None, url=None, board=None, baud=DEFAULT_BAUD, stu
                 pass
 
 
-__all__ = ["Board", "Flasher", "FlashReport", "Progress", "Timeouts", "flash_images",
+__all__ = ["Flasher", "FlashReport", "Progress", "Timeouts", "flash_images",
            "DEFAULT_BAUD"]
