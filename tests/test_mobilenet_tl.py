@@ -112,3 +112,21 @@ def test_calibration_on_imagenet_jpegs():
             if c.attrs.get("activation"):
                 assert 0 <= r[st["out"]][0] <= r[st["out"]][1] <= 6.0 + 1e-6
         assert r[g.inputs[0]][0] >= -1 and r[g.inputs[0]][1] <= 1
+
+
+def test_keras_applications_mobilenet_converges_to_the_same_ir():
+    """keras.applications.MobileNet with the same npz (MANIFEST: Keras order) -> same IR, same numbers;
+    its ZeroPadding2D((0,1),(0,1)) + VALID depthwise becomes Conv pads [0,0,1,1]; 90 -> 31 nodes."""
+    weights = need_testdata("weights/mobilenetv1_0.25_tensorlayer.npz")
+    tf()
+    import keras
+    from tl2k210.frontends import load_model
+    km = keras.applications.MobileNet(alpha=0.25, weights=None, input_shape=(224, 224, 3))
+    km.set_weights(list(np.load(weights, allow_pickle=True)["params"]))
+    raw = from_onnx(load_model(km))
+    g, _ = run_pipeline(raw)
+    ours, _ = pipeline(False)
+    assert len(raw.nodes) == 90 and g.op_counts() == ours.op_counts()
+    assert [c.attrs["pads"] for c in g.nodes if c.op == "Conv"] == [c.attrs["pads"] for c in ours.nodes if c.op == "Conv"]
+    x = images()[0][3]
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], run(ours, x)[ours.outputs[0]], atol=1e-5)

@@ -14,6 +14,7 @@ import numpy as np
 
 BLOCKS = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2)] + [(512, 1)] * 5 + [(1024, 2), (1024, 1)]
 ALPHAS = (0.25, 0.5, 0.75, 1.0)
+EPS = 1e-3  # keras.applications BatchNormalization epsilon (TensorLayer defaults to 1e-5)
 
 
 def mobilenet_v1(alpha=0.25, kpu_friendly=False, size=224, classes=1000, softmax=True, name=None):
@@ -32,12 +33,12 @@ def mobilenet_v1(alpha=0.25, kpu_friendly=False, size=224, classes=1000, softmax
     relu6 = tf.nn.relu6
     x = Input([1, size, size, 3], name="input")
     n = strided(x, lambda p: Conv2d(int(32 * alpha), (3, 3), (2, 2), padding=p, b_init=None, name="conv1"), 2)
-    n = BatchNorm(act=relu6, name="conv1_bn")(n)
+    n = BatchNorm(epsilon=EPS, act=relu6, name="conv1_bn")(n)
     for i, (filters, s) in enumerate(BLOCKS, 1):
         n = strided(n, lambda p: DepthwiseConv2d((3, 3), (s, s), padding=p, b_init=None, name=f"conv_dw_{i}"), s)
-        n = BatchNorm(act=relu6, name=f"conv_dw_{i}_bn")(n)
+        n = BatchNorm(epsilon=EPS, act=relu6, name=f"conv_dw_{i}_bn")(n)
         n = Conv2d(int(filters * alpha), (1, 1), (1, 1), padding="SAME", b_init=None, name=f"conv_pw_{i}")(n)
-        n = BatchNorm(act=relu6, name=f"conv_pw_{i}_bn")(n)
+        n = BatchNorm(epsilon=EPS, act=relu6, name=f"conv_pw_{i}_bn")(n)
     n = GlobalMeanPool2d(name="global_pool")(n)
     n = Dense(classes, act=tf.nn.softmax if softmax else None, name="preds")(n)
     return tl.models.Model(inputs=x, outputs=n, name=name or f"mobilenet_v1_{alpha}")
