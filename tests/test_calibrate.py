@@ -129,3 +129,36 @@ def test_metrics():
     test = logits.copy()
     test[3] = [0, 0.5, 0, 0.4]
     assert topk_agreement(logits, test, 1) == 0.75 and topk_agreement(logits, test, 2) == 1.0
+
+
+def test_output_agreement_and_float_outputs():
+    from tl2k210.quantize.compare import float_outputs, output_agreement
+    n = helper.make_node
+    g = from_onnx(make_model([n("Flatten", ["x"], ["y"])], [("x", [1, 10, 1, 1])], [("y", None)]))
+    xs = [rand(1, 10, 1, 1) for _ in range(4)]
+    ref = float_outputs(g, xs)
+    assert ref["y"].shape == (4, 10)
+    test = {"y": ref["y"] + 0.01 * rand(4, 10)}
+    rep = output_agreement(ref, test)["y"]
+    assert rep["top1"] == 1.0 and rep["top5"] == 1.0 and rep["sqnr_db"] > 30 and rep["cosine"] > 0.999
+
+
+def test_yolo2_decode_and_detection_agreement():
+    from tl2k210.quantize.compare import detection_agreement, yolo2_decode
+    anchors, classes, h, w = [1.0, 1.0, 2.0, 3.0], 2, 7, 10
+    out = np.full((2 * (5 + classes), h, w), -8.0, np.float32)
+    # anchor 1 at cell (row 3, col 4): centred, size exp(0)*anchor, objectness ~1, class 1
+    base = 1 * (5 + classes)
+    out[base:base + 4, 3, 4] = 0
+    out[base + 4, 3, 4], out[base + 5 + 1, 3, 4] = 8, 8
+    dets = yolo2_decode(out, anchors, classes, threshold=0.5)
+    assert len(dets) == 1 and dets[0, 5] == 1
+    np.testing.assert_allclose(dets[0, :4], [4.5 / 10 - 0.1, 3.5 / 7 - 1.5 / 7, 4.5 / 10 + 0.1, 3.5 / 7 + 1.5 / 7], atol=1e-6)
+    shifted = dets.copy()
+    shifted[:, [0, 2]] += 0.02
+    wrong = dets.copy()
+    wrong[:, 5] = 0
+    assert detection_agreement([dets], [shifted])["recall"] == 1.0
+    assert detection_agreement([dets], [wrong])["matched"] == 0
+    with pytest.raises(ValueError, match="anchors"):
+        yolo2_decode(out[:-1], anchors, classes)
