@@ -70,3 +70,10 @@ def test_ir_modules_do_not_import_tensorflow():
             "tl2k210.quantize.dataset; bad = [m for m in ('tensorflow', 'tf2onnx', 'keras', 'tensorlayer') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_symbolic_spatial_dims_need_a_shape():
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", ["N", 3, "H", "W"])], [("y", None)])
+    with pytest.raises(ValueError, match="input_shapes"):
+        from_onnx(m)
+    assert from_onnx(m, input_shapes={"x": (1, 3, 8, 8)}).shape("y") == (1, 3, 8, 8)

@@ -194,8 +194,9 @@ def _attr_value(a):
     return v
 
 
-def from_onnx(model, batch=1):
-    """Read an onnx.ModelProto into a Graph; symbolic batch dims become `batch`; shapes inferred."""
+def from_onnx(model, batch=1, input_shapes=None):
+    """Read an onnx.ModelProto into a Graph; shapes inferred. A symbolic batch dim becomes `batch`;
+    other symbolic dims need `input_shapes` {input_name: shape}."""
     gp = model.graph
     tensors = {}
     for init in gp.initializer:
@@ -223,8 +224,12 @@ def from_onnx(model, batch=1):
         if vi.name in tensors:
             continue
         tt = vi.type.tensor_type
-        shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else batch
-                      for d in tt.shape.dim)
+        shape = tuple((input_shapes or {}).get(vi.name) or
+                      (d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else batch if i == 0 else None
+                       for i, d in enumerate(tt.shape.dim)))
+        if None in shape:
+            raise ValueError(f"input {vi.name!r} has symbolic dims {[d.dim_param for d in tt.shape.dim]}; "
+                             "give its shape: from_onnx(model, input_shapes={name: (1, C, H, W)})")
         tensors[vi.name] = Tensor(vi.name, shape, np.dtype(_DT.get(tt.elem_type, np.float32)))
         inputs.append(vi.name)
     for n in nodes:

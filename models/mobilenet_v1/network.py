@@ -52,8 +52,11 @@ def load_keras_order_npz(model, path):
     it = iter(params)
 
     def put(var, value):
-        value = np.asarray(value, np.float32).reshape(tuple(var.shape))
-        var.assign(value)
+        value = np.asarray(value, np.float32)
+        if value.size != int(np.prod(var.shape)):
+            raise ValueError(f"{path}: array of shape {value.shape} does not fit {var.name} {tuple(var.shape)} "
+                             "(wrong alpha or layer order?)")
+        var.assign(value.reshape(tuple(var.shape)))
 
     for layer in model.all_layers:
         if isinstance(layer, BatchNorm):
