@@ -182,12 +182,17 @@ def compile_activation(act: dict, rule: str, vmin: int, vmax: int) -> StepTable 
     bounds = sorted(set(int(b) + (1 if rule == "nncase02" else 0) for b in xs))
     edges = [vmin] + [b for b in bounds if vmin < b <= vmax] + [vmax + 1]
     starts, values = [], []
+    shift_fn = carry_shift_nncase02 if rule == "nncase02" else carry_shift_nncase01
     for a, b in zip(edges[:-1], edges[1:]):     # piece [a, b-1], one segment throughout
-        seg = int(np.searchsorted(xs, a, side="left" if rule == "nncase02" else "right") - 1)
-        ym = int(act["y_mul"][max(seg, 0)])
-        f = lambda v: activation(np.asarray(v, np.int64), act, rule).astype(np.int64)  # noqa: E731
-        if ym < 0:
-            if b - a > LUT_MAX:
+        seg = max(0, int(np.searchsorted(xs, a, side="left" if rule == "nncase02" else "right") - 1))
+        x0, ym = int(xs[seg]), int(act["y_mul"][seg])
+        sh, bias = int(act["shift_number"][seg]), int(act["bias"][seg])
+
+        def f(v):  # the activation inside this piece
+            return np.clip(shift_fn((np.asarray(v, np.int64) - x0) * ym, sh) + bias, 0, 255)
+
+        if ym < 0 or a < x0:  # negative products: the vendor rounding is not monotone there
+            if b - a > 1 << 16:
                 return None
             v = np.arange(a, b, dtype=np.int64)
             out = f(v)

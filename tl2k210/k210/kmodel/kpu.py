@@ -5,7 +5,7 @@ activation table. Bit positions come from ``tl2k210.k210.hardware`` only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -118,19 +118,10 @@ def _residue(words: np.ndarray, fields) -> np.ndarray | None:
     return res if res.any() else None
 
 
-@dataclass
-class Placement:
-    """Where the parameter blocks of a conv sit: each block's alignment (file offsets)."""
-    aligns: dict = field(default_factory=dict)
-
-
 def infer_align(prev_end: int, actual: int, where: str, field_name: str) -> int:
-    """Smallest power-of-two alignment that puts a block at ``actual`` after ``prev_end``."""
-    a = 8
-    while a <= 4096:
+    """Largest power-of-two alignment (<= 256) that puts a block at ``actual`` after ``prev_end``."""
+    for a in (256, 128, 64, 32, 16, 8, 4, 2, 1):
         if -(-prev_end // a) * a == actual:
             return a
-        a *= 2
-    raise_at = actual
     check(False, f"{where}: {field_name} at offset {actual} does not follow the previous block "
-          f"(ends at {prev_end}) at any power-of-two alignment", raise_at, field_name)
+          f"(ends at {prev_end}) at any power-of-two alignment", actual, field_name)

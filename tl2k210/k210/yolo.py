@@ -1,0 +1,85 @@
+"""YOLOv2 region-output decoding as MaixPy's ``kpu.run_yolo2`` does it (Kendryte region_layer.c):
+sigmoid x/y/objectness, exp w/h times the anchors, softmax over classes times objectness,
+per-class NMS, then one box per grid cell/anchor with its best class above the threshold."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Box:
+    x: float  # left, pixels
+    y: float  # top, pixels
+    w: float
+    h: float
+    value: float
+    classid: int
+    index: int
+
+    def rect(self):
+        return (self.x, self.y, self.w, self.h)
+
+
+def _sigmoid(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+def iou(a, b) -> float:
+    """IoU of two (x, y, w, h) rectangles."""
+    ax2, ay2, bx2, by2 = a[0] + a[2], a[1] + a[3], b[0] + b[2], b[1] + b[3]
+    iw = max(0.0, min(ax2, bx2) - max(a[0], b[0]))
+    ih = max(0.0, min(ay2, by2) - max(a[1], b[1]))
+    inter = iw * ih
+    union = a[2] * a[3] + b[2] * b[3] - inter
+    return inter / union if union > 0 else 0.0
+
+
+def decode(output: np.ndarray, anchors, grid_w: int, grid_h: int, image_w: int, image_h: int,
+           threshold: float = 0.5, nms: float = 0.3) -> list[Box]:
+    """output: the float region map, (n_anchors*(5+classes), grid_h, grid_w) CHW (any shape with
+    that many values)."""
+    anchors = np.asarray(anchors, np.float32).reshape(-1, 2)
+    na = len(anchors)
+    out = np.asarray(output, np.float32).reshape(na, -1, grid_h, grid_w)
+    classes = out.shape[1] - 5
+    if classes < 1:
+        raise ValueError(f"region output has {out.shape[1]} entries per anchor; need 5 + classes")
+    col = np.arange(grid_w)[None, None, :]
+    row = np.arange(grid_h)[None, :, None]
+    bx = (col + _sigmoid(out[:, 0])) / grid_w
+    by = (row + _sigmoid(out[:, 1])) / grid_h
+    bw = np.exp(out[:, 2]) * anchors[:, 0, None, None] / grid_w
+    bh = np.exp(out[:, 3]) * anchors[:, 1, None, None] / grid_h
+    obj = _sigmoid(out[:, 4])
+    logits = out[:, 5:]
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs = e / e.sum(axis=1, keepdims=True) * obj[:, None]          # (na, classes, gh, gw)
+    probs = np.where(probs > threshold, probs, 0.0)
+    # boxes indexed like region_layer.c: index = cell * na + anchor
+    P = probs.transpose(2, 3, 0, 1).reshape(-1, classes)              # (cells*na, classes)
+    geo = np.stack([bx, by, bw, bh], -1).transpose(1, 2, 0, 3).reshape(-1, 4)
+    for k in range(classes):  # do_nms_sort: per class, sorted by probability
+        order = np.argsort(-P[:, k], kind="stable")
+        order = order[P[order, k] > 0]
+        for ii, i in enumerate(order):
+            if P[i, k] == 0:
+                continue
+            for j in order[ii + 1:]:
+                if P[j, k] > 0 and _iou_center(geo[i], geo[j]) > nms:
+                    P[j, k] = 0
+    boxes = []
+    for i in range(P.shape[0]):
+        k = int(np.argmax(P[i]))
+        p = float(P[i, k])
+        if p > threshold:
+            x, y, w, h = geo[i]
+            boxes.append(Box(float((x - w / 2) * image_w), float((y - h / 2) * image_h),
+                             float(w * image_w), float(h * image_h), p, k, i))
+    boxes.sort(key=lambda b: -b.value)
+    return boxes
+
+
+def _iou_center(a, b) -> float:
+    return iou((a[0] - a[2] / 2, a[1] - a[3] / 2, a[2], a[3]), (b[0] - b[2] / 2, b[1] - b[3] / 2, b[2], b[3]))
