@@ -285,3 +285,44 @@ def test_delayed_bytes_are_ridden_out(tmp_path):
         rep = flash_ours(b, [FlashImage(0x300000, model, False, "m")], "dan")
         assert b.flash_bytes(0x300000, len(model)) == model
     assert b.stats.faults.get("delay", 0) > 0 and rep.verified
+
+
+def test_socket_url_transport(tmp_path):
+    """`-p socket://host:port` (pyserial URL): a TCP relay to the board's pty."""
+    import socket as _socket
+
+    fw = payload(60_000, 34)
+    (tmp_path / "fw.bin").write_bytes(fw)
+    with board(tmp_path, wiring="isp_on_open", check_baud=False) as b:
+        srv = _socket.create_server(("127.0.0.1", 0))
+        tcp_port = srv.getsockname()[1]
+        stop = threading.Event()
+
+        def relay():
+            conn, _ = srv.accept()
+            conn.settimeout(0.01)
+            pty = serial.Serial(b.port, 115200, timeout=0.01)
+            while not stop.is_set():
+                try:
+                    data = conn.recv(65536)
+                    if not data:
+                        break
+                    pty.write(data)
+                except TimeoutError:
+                    pass
+                back = pty.read(pty.in_waiting or 1)
+                if back:
+                    conn.sendall(back)
+            pty.close()
+            conn.close()
+
+        t = threading.Thread(target=relay, daemon=True)
+        t.start()
+        rc, out = run_tl2k210(["flash", "-p", f"socket://127.0.0.1:{tcp_port}",
+                               str(tmp_path / "fw.bin")])
+        stop.set()
+        t.join(5)
+        srv.close()
+        time.sleep(0.05)
+        assert rc == 0, out
+        assert firmware_at_0(b, fw) == fw and b.core.boot_ok

@@ -410,7 +410,8 @@ class EmulatedBoard:
     """
 
     def __init__(self, flash_path=None, wiring="dan", throttle=False, faults: FaultConfig = None,
-                 flash_size=FLASH_SIZE_16M, known_stubs=None, write_time_s=0.0, reset_flash=None):
+                 flash_size=FLASH_SIZE_16M, known_stubs=None, write_time_s=0.0, reset_flash=None,
+                 check_baud=True):
         self._tmpdir = tempfile.mkdtemp(prefix="tl2k210-board-")
         self.flash_path = flash_path or os.path.join(self._tmpdir, "flash.bin")
         if reset_flash or not os.path.exists(self.flash_path) or \
@@ -421,6 +422,7 @@ class EmulatedBoard:
         self.stats = BoardStats()
         self.core = K210Core(self.flash, wiring, known_stubs, self.stats, write_time_s)
         self.throttle = throttle
+        self.check_baud = check_baud        # off when a relay (e.g. socket://) owns the pty
         self.faults = _Faults(faults or FaultConfig(), self.stats)
         self.stop_after = (faults.stop_after_bytes if faults else None)
         self._stub_rx = 0
@@ -551,7 +553,7 @@ class EmulatedBoard:
         if not data:
             return
         self.stats.rx_bytes += len(data)
-        host_baud = self._host_baud()
+        host_baud = self._host_baud() if self.check_baud else None
         if host_baud and abs(host_baud - self.core.baud) > BAUD_TOLERANCE * self.core.baud:
             self.stats.lost_bytes_baud_mismatch += len(data)   # garbled at the wrong rate
             return

@@ -16,14 +16,15 @@ SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim")
 
 
 def open_port(url: str, baudrate: int, timeout: float = 0.05, write_timeout: float = None):
+    """Open ``url`` with an exclusive lock where the OS supports it (POSIX), so that a second
+    program on the same port is reported as "busy" instead of garbling the transfer."""
     import serial
 
+    kw = dict(baudrate=baudrate, timeout=timeout, write_timeout=write_timeout)
+    if os.name == "posix":
+        kw["exclusive"] = True
     try:
-        return serial.serial_for_url(url, baudrate=baudrate, timeout=timeout,
-                                     write_timeout=write_timeout, exclusive=True)
-    except TypeError:          # URL handlers that do not take `exclusive`
-        return serial.serial_for_url(url, baudrate=baudrate, timeout=timeout,
-                                     write_timeout=write_timeout)
+        return serial.serial_for_url(url, **kw)
     except (serial.SerialException, OSError, ValueError) as exc:
         raise port_error(url, exc) from None
 
