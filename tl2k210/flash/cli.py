@@ -21,13 +21,25 @@ def _int(text):
         raise Tl2k210Error(f"{text!r} is not a number (use decimal or 0x-hex)") from None
 
 
+def _board_arg(text):
+    import argparse
+
+    from tl2k210.flash.boards import get_board
+    from tl2k210.flash.errors import FlashError
+
+    try:
+        return get_board(text).name
+    except FlashError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _common_port_args(p):
     from tl2k210.flash.boards import board_names
     from tl2k210.flash.flasher import DEFAULT_BAUD
 
     p.add_argument("-p", "--port", help="serial port or pyserial URL (/dev/ttyUSB0, COM3, "
                    "socket://host:port); default: the only K210-like USB serial port")
-    p.add_argument("-B", "--board", choices=board_names(), metavar="BOARD",
+    p.add_argument("-B", "--board", type=_board_arg, metavar="BOARD",
                    help="board preset (reset wiring): " + ", ".join(board_names()) +
                    "; default: auto-detect")
     p.add_argument("-b", "--baud", type=int, default=DEFAULT_BAUD,
