@@ -91,8 +91,9 @@ def test_keras_files(tmp_path, suffix):
 def test_savedmodel_directory(tmp_path):
     m, x, ref = keras_residual()
     m.export(tmp_path / "sm", verbose=False)
-    g, _ = run_pipeline(load_graph(tmp_path / "sm"))
+    g, _ = run_pipeline(load_graph(tmp_path / "sm"))  # dynamic batch: shapes computed at run time
     np.testing.assert_allclose(run(g, nchw(x))[g.outputs[0]], ref, atol=TOL)
+    assert g.op_counts() == run_pipeline(from_onnx(keras_residual_onnx()))[0].op_counts()
 
 
 def test_tflite_iris():

@@ -3,7 +3,7 @@ import numpy as np
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from tl2k210.graph import _onnx_attrs
+from tl2k210.graph import _onnx_attrs, infer_shapes
 
 
 def _eval(g, n):
@@ -16,7 +16,20 @@ def _eval(g, n):
 
 
 def fold_constants(g, log):
+    """Repeat: fold everything foldable, re-infer shapes (a folded Reshape target makes the next
+    Shape foldable: TF graphs with a dynamic batch compute their shapes at run time)."""
     changed = True
+    while changed:
+        changed = _fold_round(g, log)
+        if changed:
+            g.prune()
+            infer_shapes(g)
+    return g
+
+
+def _fold_round(g, log):
+    changed = True
+    any_change = False
     while changed:
         changed = False
         for n in list(g.nodes):
@@ -26,7 +39,7 @@ def fold_constants(g, log):
                 g.nodes.remove(n)
                 g.replace_uses(n.outputs[0], n.inputs[0])
                 log(n.name, f"removed {n.op}")
-                changed = True
+                changed = any_change = True
                 continue
             if n.op == "Shape" and g.shape(n.inputs[0]) is not None and not n.attrs:
                 values = [np.array(g.shape(n.inputs[0]), np.int64)]
@@ -40,5 +53,5 @@ def fold_constants(g, log):
                 v = np.asarray(v)
                 g.tensors[o].value, g.tensors[o].shape, g.tensors[o].dtype = v, tuple(v.shape), v.dtype
             log(n.name, f"folded constant {n.op}")
-            changed = True
-    return g
+            changed = any_change = True
+    return any_change
