@@ -166,3 +166,12 @@ def test_onnx_file_and_corrupt_files(tmp_path):
                       ("model.pt", "unknown model kind"), ("missing.onnx", "no such file"), (".", "saved_model.pb")]:
         with pytest.raises(ModelLoadError, match=msg):
             load_model(tmp_path / name)
+
+
+def test_tflite_from_keras_residual(tmp_path):
+    m, x, ref = keras_residual()
+    path = tmp_path / "res.tflite"
+    path.write_bytes(tf().lite.TFLiteConverter.from_keras_model(m).convert())
+    g, _ = run_pipeline(load_graph(path))
+    np.testing.assert_allclose(run(g, nchw(x))[g.outputs[0]], ref, atol=TOL)
+    assert g.op_counts() == run_pipeline(from_onnx(keras_residual_onnx()))[0].op_counts()
