@@ -232,6 +232,8 @@ def test_prepared_conv_equals_reference(seed):
                                          sum_rule, act_rule)
                 got = K.PreparedConv(conv, sum_rule, act_rule)(x)
                 assert np.array_equal(got, want), (seed, i, sum_rule, act_rule)
+        banded = K.PreparedConv(conv, threads=3)(x)   # row bands on threads: same bytes
+        assert np.array_equal(banded, K.PreparedConv(conv)(x))
 
 
 # ---------------------------------------------------------------- KPU RAM layout

@@ -5,9 +5,12 @@
     outputs, layers = emu.run(x, trace=True)           # + every layer's output [(name, array)]
 
 Options (named rules, see ``kpu.py``): ``sum_rule`` "silicon" (default) | "simulator",
-``act_rule`` "nncase02" (default) | "nncase01".
+``act_rule`` "nncase02" (default) | "nncase01"; ``threads`` (default: up to 4 cores) only
+changes speed, never results.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -21,7 +24,8 @@ MAX_MAIN_MEM = 16 * 1024 * 1024  # the K210 has 8 MiB of SRAM; refuse absurd cla
 
 
 class Emulator:
-    def __init__(self, model, sum_rule: str = "silicon", act_rule: str = "nncase02"):
+    def __init__(self, model, sum_rule: str = "silicon", act_rule: str = "nncase02",
+                 threads: int | None = None):
         if sum_rule not in SUM_RULES:
             raise ValueError(f"sum_rule must be one of {SUM_RULES}")
         if act_rule not in ACT_RULES:
@@ -34,7 +38,8 @@ class Emulator:
                                 "(corrupt header?)")
         items = model.layers if model.version == 3 else model.nodes
         kind = "layer" if model.version == 3 else "node"
-        self.prepared = {id(it): PreparedConv(it.conv, sum_rule, act_rule, f"{kind} {i}")
+        threads = threads or min(4, os.cpu_count() or 1)
+        self.prepared = {id(it): PreparedConv(it.conv, sum_rule, act_rule, f"{kind} {i}", threads)
                          for i, it in enumerate(items) if it.conv is not None}
 
     @classmethod

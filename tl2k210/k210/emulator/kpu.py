@@ -4,9 +4,10 @@ Semantics: ../shared/docs/k210-kmodel-and-kpu.md §2.5 and errata §10.1. Each s
 function over whole numpy arrays (testable on its own); ``PreparedConv`` precomputes what does
 not depend on the input and runs a layer with a handful of whole-array passes.
 
-Exactness: the convolution sum uses float32 BLAS on K-chunks of at most 256 taps (every partial
-sum of uint8 x uint8 products is then an integer < 2^24, exact in float32) or float64 for 16-bit
-weights (integers < 2^53); everything after it is int64.
+Exactness: the convolution sum uses float32 BLAS on K-chunks short enough that every partial sum
+is an integer < 2^24 (exact in float32), or float64 (integers < 2^53) for 16-bit weights;
+everything after it is int64. Rows of the output are split into bands run on threads (numpy
+releases the GIL), so a layer uses every core while staying bit-exact.
 
 Named rules (defaults follow the spec):
   sum_rule  "silicon"   Σx/Σw terms shifted per input channel, then summed (§10.1, board-backed)
@@ -17,15 +18,24 @@ Named rules (defaults follow the spec):
 from __future__ import annotations
 
 import numpy as np
+from concurrent.futures import ThreadPoolExecutor
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tl2k210.errors import EmulatorError
 from tl2k210.k210 import hardware as hw
 
+_POOLS: dict = {}
+
+
+def _executor(n: int) -> ThreadPoolExecutor:
+    if n not in _POOLS:
+        _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix="kpu")
+    return _POOLS[n]
+
+
 SUM_RULES = ("silicon", "simulator")
 ACT_RULES = ("nncase02", "nncase01")
 LUT_MAX = 1 << 22  # tabulate the activation when the reachable V range is at most this wide
-F32_CHUNK = 256    # taps per float32 matmul chunk: 256 * 255 * 255 < 2^24
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,11 +236,12 @@ class PreparedConv:
     Σw terms, per-channel constants, the activation as a lookup table when its reachable V range
     is small). ``__call__(x)`` maps (C_in, H, W) uint8 → pooled (C_out, Ho, Wo) uint8."""
 
-    def __init__(self, conv, sum_rule: str = "silicon", act_rule: str = "nncase02", where: str = "layer"):
+    def __init__(self, conv, sum_rule: str = "silicon", act_rule: str = "nncase02", where: str = "layer",
+                 threads: int = 1):
         if sum_rule not in SUM_RULES or act_rule not in ACT_RULES:
             raise ValueError(f"sum_rule must be one of {SUM_RULES}, act_rule one of {ACT_RULES}")
         a = conv.args
-        self.where, self.args = where, a
+        self.where, self.args, self.threads = where, a, threads
         self.sum_rule, self.act_rule = sum_rule, act_rule
         self.in_shape, self.out_shape = conv.in_shape, conv.out_shape
         self.k, self.depthwise = conv.k, conv.depthwise
@@ -244,22 +255,41 @@ class PreparedConv:
                                 f"{self.out_shape[1]}")
         wt = np.asarray(conv.weights, np.int64)
         self.wide = conv.weights.dtype.itemsize == 2
+        # Σx term: when arg_x is a whole multiple of 2^shr_x (every nncase file) both rules equal
+        # (arg_x >> shr_x)·ΣX, which folds into the weights: Σ(W + k)·X. Otherwise extra matrix
+        # rows produce the per-channel (silicon) or total (simulator) window sums.
+        self.x_exact = a["arg_x"] % (1 << a["shr_x"]) == 0
+        fold = a["arg_x"] >> a["shr_x"] if self.x_exact else 0
         if self.depthwise:
             wt = wt.reshape(ci, self.k, self.k)
-            self.w_dw = wt.astype(np.float64 if self.wide else np.float32)
             sw_i = wt.sum(axis=(1, 2))[:, None]          # (C, 1)
             n_ic = 1
+            wmat = (wt + fold).reshape(ci, kk)
+            extra = 0
         else:
             wt = wt.reshape(co, ci, self.k, self.k)
-            self.w_mat = wt.reshape(co, ci * kk).astype(np.float64 if self.wide else np.float32)
             sw_i = wt.sum(axis=(2, 3))                   # (C_out, C_in)
             n_ic = ci
+            wmat = (wt + fold).reshape(co, ci * kk)
+            if not self.x_exact:
+                boxes = np.kron(np.eye(ci, dtype=np.int64), np.ones((1, kk), np.int64))
+                if sum_rule == "simulator":
+                    boxes = boxes.sum(axis=0, keepdims=True)
+                wmat = np.concatenate([wmat, boxes])
+            extra = wmat.shape[0] - co
+        self.extra = extra
+        # exact BLAS: float32 while every partial sum stays below 2^24, else float64 (< 2^53)
+        big = 255 * max(1, int(np.abs(wmat).max()))
+        self.chunk = (1 << 24) // big if not self.wide else 0
+        self.ftype = np.float32 if self.chunk >= min(wmat.shape[1], 16) else np.float64
+        if self.ftype == np.float64:
+            self.chunk = wmat.shape[1]
+        self.wmat = wmat.astype(self.ftype)
         if sum_rule == "silicon" or self.depthwise:
             tw = ((a["arg_w"] * sw_i) >> a["shr_w"]).sum(axis=1)
         else:
             tw = (a["arg_w"] * sw_i.sum(axis=1)) >> a["shr_w"]
         self.const = (tw + a["arg_add"] * n_ic).astype(np.int64)[:, None]  # (C_out, 1)
-        self.x_exact = a["arg_x"] % (1 << a["shr_x"]) == 0  # both Σx rules agree
         self.bn_mul = np.asarray(conv.bn["norm_mul"], np.int64)[:, None]
         self.bn_shift = np.asarray(conv.bn["norm_shift"], np.int64)[:, None]
         self.bn_add = np.asarray(conv.bn["norm_add"], np.int64)[:, None]
@@ -283,71 +313,85 @@ class PreparedConv:
         self.table = compile_activation(self.act, self.act_rule, int(ends.min()), int(ends.max()))
 
     # ----- run
+    def _matmul(self, cols: np.ndarray) -> np.ndarray:
+        K = cols.shape[0]
+        if K <= self.chunk:
+            return (self.wmat @ cols).astype(np.int64)
+        acc = np.zeros((self.wmat.shape[0], cols.shape[1]), np.float64)
+        for k0 in range(0, K, self.chunk):
+            acc += self.wmat[:, k0:k0 + self.chunk] @ cols[k0:k0 + self.chunk]
+        return acc.astype(np.int64)
+
+    def _pad(self, x: np.ndarray) -> np.ndarray:
+        if self.k == 1:
+            return x
+        ci, h, w = x.shape
+        pv = self.args["pad_value"]
+        xp = np.empty((ci, h + 2, w + 2), np.uint8)
+        xp[:, 1:-1, 1:-1] = x
+        xp[:, 0, :] = xp[:, -1, :] = pv
+        xp[:, :, 0] = xp[:, :, -1] = pv
+        return xp
+
     def sums(self, x: np.ndarray) -> np.ndarray:
         """ACC (C_out, H*W) int64 for input x (C_in, H, W) uint8."""
+        return self._sums(self._pad(x), *x.shape[1:])
+
+    def _sums(self, xp: np.ndarray, h: int, w: int) -> np.ndarray:
+        """ACC for the h x w outputs whose windows lie in the (already padded) xp."""
         a = self.args
-        ci, h, w = x.shape
-        k = self.k
-        ftype = np.float64 if self.wide else np.float32
-        if k == 3:
-            xp = np.empty((ci, h + 2, w + 2), np.uint8)
-            xp[:, 1:-1, 1:-1] = x
-            xp[:, 0, :] = xp[:, -1, :] = a["pad_value"]
-            xp[:, :, 0] = xp[:, :, -1] = a["pad_value"]
-        else:
-            xp = x
+        ci, k = xp.shape[0], self.k
         if self.depthwise:
-            xf = xp.astype(ftype)
-            s = np.zeros((ci, h, w), ftype)
-            box = np.zeros((ci, h, w), np.int64)
-            for ky in range(k):
-                for kx in range(k):
-                    sl = xf[:, ky:ky + h, kx:kx + w]
-                    s += sl * self.w_dw[:, ky, kx][:, None, None]
-                    box += xp[:, ky:ky + h, kx:kx + w]
+            xf = xp.astype(self.ftype)
+            s = np.multiply(xf[:, :h, :w], self.wmat[:, 0, None, None])
+            tmp = np.empty_like(s)
+            for t in range(1, k * k):
+                ky, kx = divmod(t, k)
+                np.multiply(xf[:, ky:ky + h, kx:kx + w], self.wmat[:, t, None, None], out=tmp)
+                s += tmp
             acc = s.reshape(ci, h * w).astype(np.int64)
-            acc += (a["arg_x"] * box.reshape(ci, h * w)) >> a["shr_x"]
+            if not self.x_exact:
+                box = sliding_window_view(xp, (k, k), axis=(1, 2)).sum(axis=(3, 4), dtype=np.int64)
+                acc += (a["arg_x"] * box.reshape(ci, h * w)) >> a["shr_x"]
             acc += self.const
             return acc
         if k == 3:
-            cols = sliding_window_view(xp, (3, 3), axis=(1, 2)).transpose(0, 3, 4, 1, 2)
+            cols = np.empty((ci, 3, 3, h, w), self.ftype)
+            for ky in range(3):
+                for kx in range(3):
+                    cols[:, ky, kx] = xp[:, ky:ky + h, kx:kx + w]
             cols = cols.reshape(ci * 9, h * w)
         else:
-            cols = xp.reshape(ci, h * w)
-        colsf = cols.astype(ftype)
-        K = colsf.shape[0]
-        if self.wide or K <= F32_CHUNK:
-            acc = (self.w_mat @ colsf).astype(np.int64)
+            cols = xp.reshape(ci, h * w).astype(self.ftype)
+        out = self._matmul(cols)
+        if self.extra:
+            acc, box = out[:-self.extra], out[-self.extra:]
+            acc += ((a["arg_x"] * box) >> a["shr_x"]).sum(axis=0)
         else:
-            accf = np.zeros((self.w_mat.shape[0], h * w), np.float64)
-            for k0 in range(0, K, F32_CHUNK):
-                accf += self.w_mat[:, k0:k0 + F32_CHUNK] @ colsf[k0:k0 + F32_CHUNK]
-            acc = accf.astype(np.int64)
-        # Σx term over the window, per input channel (silicon) or summed first (simulator)
-        if k == 3:
-            bx = xp.astype(np.int32)
-            box = (bx[:, :-2, :-2] + bx[:, :-2, 1:-1] + bx[:, :-2, 2:] + bx[:, 1:-1, :-2]
-                   + bx[:, 1:-1, 1:-1] + bx[:, 1:-1, 2:] + bx[:, 2:, :-2] + bx[:, 2:, 1:-1]
-                   + bx[:, 2:, 2:]).reshape(ci, h * w).astype(np.int64)
-        else:
-            box = xp.reshape(ci, h * w).astype(np.int64)
-        if self.x_exact:
-            tx = (a["arg_x"] >> a["shr_x"]) * box.sum(axis=0)
-        elif self.sum_rule == "silicon":
-            tx = ((a["arg_x"] * box) >> a["shr_x"]).sum(axis=0)
-        else:
-            tx = (a["arg_x"] * box.sum(axis=0)) >> a["shr_x"]
-        acc += tx
+            acc = out
         acc += self.const
         return acc
+
+    def _band(self, xp: np.ndarray, y: np.ndarray, r0: int, r1: int):
+        """Rows [r0, r1) of the activation output, written into y (C_out, H, W)."""
+        w = y.shape[2]
+        acc = self._sums(xp[:, r0:r1 + self.k - 1], r1 - r0, w)
+        acc *= self.bn_mul
+        acc >>= self.bn_shift
+        acc += self.bn_add
+        out = self.table(acc) if self.table is not None else activation(acc, self.act, self.act_rule)
+        y[:, r0:r1] = out.reshape(-1, r1 - r0, w)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         ci, h, w = self.in_shape
         if x.shape != (ci, h, w):
             raise EmulatorError(f"{self.where}: input is {x.shape}, layer expects {(ci, h, w)}")
-        acc = self.sums(x)
-        acc *= self.bn_mul
-        acc >>= self.bn_shift
-        acc += self.bn_add
-        y = self.table(acc) if self.table is not None else activation(acc, self.act, self.act_rule)
-        return pool(y.reshape(-1, h, w), self.args["pool_type"])
+        xp = self._pad(x)
+        y = np.empty((self.out_shape[0], h, w), np.uint8)
+        n = max(1, min(self.threads, h // 4, (h * w * self.out_shape[0]) // 20000))
+        if n == 1:
+            self._band(xp, y, 0, h)
+        else:
+            cuts = [h * i // n for i in range(n + 1)]
+            list(_executor(n).map(lambda i: self._band(xp, y, cuts[i], cuts[i + 1]), range(n)))
+        return pool(y, self.args["pool_type"])
