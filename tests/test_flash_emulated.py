@@ -48,6 +48,7 @@ def test_kfpkg_with_both_via_cli(tmp_path):
         time.sleep(0.05)
         assert rc == 0, out
         assert "verified" in out
+        assert "100.0%" not in out          # no progress bar when stderr is not a terminal
         assert b.flash_bytes(0x300000, len(model)) == model
         assert firmware_at_0(b, fw) == fw and b.core.boot_ok
 
