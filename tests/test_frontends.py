@@ -175,3 +175,26 @@ def test_tflite_from_keras_residual(tmp_path):
     g, _ = run_pipeline(load_graph(path))
     np.testing.assert_allclose(run(g, nchw(x))[g.outputs[0]], ref, atol=TOL)
     assert g.op_counts() == run_pipeline(from_onnx(keras_residual_onnx()))[0].op_counts()
+
+
+def test_keras_hard_activations_separable_and_gap():
+    """Keras 3 hard_sigmoid/hard_swish (tf2onnx's transpose optimiser gives up on them, leaving
+    NHWC transposes), SeparableConv2D, ZeroPadding2D, AveragePooling2D, GlobalAveragePooling2D."""
+    tf()
+    import keras
+    from keras import layers as L
+    keras.utils.set_random_seed(4)
+    i = keras.Input((28, 28, 1), batch_size=1)
+    a = L.Conv2D(8, 3, activation="hard_sigmoid")(L.ZeroPadding2D(1)(i))
+    a = L.Conv2D(8, 3, padding="same", activation="tanh")(L.AveragePooling2D(2)(a))
+    b = L.SeparableConv2D(8, 3, padding="same", activation="relu")(a)
+    b = L.Conv2D(8, 3, padding="same", activation="hard_swish")(b)
+    c = L.Dense(3)(L.Dense(16, activation="relu")(L.GlobalAveragePooling2D()(b)))
+    m = keras.Model(i, c)
+    x = np.random.default_rng(5).uniform(0, 1, (1, 28, 28, 1)).astype(np.float32)
+    g, _ = run_pipeline(load_graph(m))
+    np.testing.assert_allclose(run(g, nchw(x))[g.outputs[0]], m(x).numpy(), atol=TOL)
+    assert g.op_counts() == {"Conv": 7, "GlobalAveragePool": 1, "Reshape": 1}
+    acts = [n.attrs.get("activation", {}).get("op") for n in g.nodes if n.op == "Conv"]
+    assert acts == ["HardSigmoid", "Tanh", None, "Relu", "HardSwish", "Relu", None]
+    assert g.nodes[0].attrs["pool"]["kind"] == "avg" and g.nodes[0].attrs["pads"] == [1, 1, 1, 1]

@@ -255,3 +255,33 @@ def test_dense_relu_dense_chain_becomes_two_fused_convs():
     g, _ = check(m, None)
     assert [x.op for x in g.nodes] == ["Reshape", "Conv", "Conv", "Reshape"]
     assert g.nodes[1].attrs["activation"] == {"op": "Relu"}
+
+
+def test_push_transposes_cancels_nhwc_pairs():
+    n = helper.make_node
+    nodes = [n("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]), n("Add", ["t", "c"], ["a"]),  # per-channel NHWC const
+             n("Relu", ["a"], ["r"]), n("Mul", ["t", "r"], ["m"]),
+             n("Transpose", ["m"], ["y"], perm=[0, 3, 1, 2])]
+    g, _ = check(make_model(nodes, [X], [("y", None)], {"c": rand(4)}), None, options={"check_supported": False})
+    assert g.op_counts() == {"Add": 1, "Relu": 1, "Mul": 1}
+
+
+def test_reduce_mean_through_transpose_becomes_global_pool():
+    n = helper.make_node
+    nodes = [n("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]), n("ReduceMean", ["t"], ["y"], axes=[1, 2], keepdims=0)]
+    g, _ = check(make_model(nodes, [X], [("y", None)]), None)
+    assert [x.op for x in g.nodes] == ["GlobalAveragePool", "Flatten"]
+
+
+@pytest.mark.parametrize("swish", [False, True])
+def test_keras3_hard_sigmoid_and_hard_swish(swish):
+    n = helper.make_node
+    nodes = [conv("c", "x", "w", pads=[1, 1, 1, 1]), n("Add", ["c", "three"], ["a"]),
+             n("Clip", ["a", "lo", "hi"], ["cl"]), n("Div", ["cl", "six"], ["hs"])]
+    nodes += [n("Mul", ["c", "hs"], ["y"])] if swish else [n("Identity", ["hs"], ["y"])]
+    inits = {"w": rand(4, 4, 3, 3), "three": np.float32(3), "lo": np.float32(0), "hi": np.float32(6),
+             "six": np.float32(6)}
+    g, _ = check(make_model(nodes, [X], [("y", None)], inits), None, x=rand(1, 4, 8, 8, scale=3))
+    act = g.nodes[0].attrs["activation"]
+    assert g.op_counts() == {"Conv": 1}
+    assert act == {"op": "HardSwish"} if swish else (act["op"] == "HardSigmoid" and act["alpha"] == pytest.approx(1 / 6))

@@ -12,7 +12,10 @@ from tl2k210.graph import infer_shapes
 
 from .input_nchw import input_nchw
 from .fold_constants import fold_constants
+from .push_transposes import push_transposes
+from .global_pool import global_pool
 from .layout import upsample_to_resize, normalize_flatten
+from .hard_activations import hard_activations
 from .matmul_to_conv import matmul_to_conv
 from .fold_batchnorm import fold_batchnorm
 from .pad_into_conv import pad_into_conv
@@ -34,8 +37,11 @@ class Pass:
 PIPELINE = [
     Pass("input_nchw", input_nchw),
     Pass("fold_constants", fold_constants),
+    Pass("push_transposes", push_transposes),
     Pass("upsample_to_resize", upsample_to_resize),
+    Pass("global_pool", global_pool),
     Pass("normalize_flatten", normalize_flatten),
+    Pass("hard_activations", hard_activations),
     Pass("matmul_to_conv", matmul_to_conv),
     Pass("fold_batchnorm", fold_batchnorm),
     Pass("pad_into_conv", pad_into_conv),

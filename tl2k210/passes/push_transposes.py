@@ -1,0 +1,90 @@
+"""Move Transposes below elementwise ops and spatial reductions, so the NHWC<->NCHW pairs that
+tf2onnx leaves (its own transpose optimiser gives up on some graphs, e.g. Keras 3 hard_sigmoid)
+meet and cancel (upsample_to_resize removes identity chains).
+
+An elementwise op whose every non-constant input is Transpose(perm P) is rewritten on the
+untransposed tensors (constants permuted by P^-1) and followed by one Transpose(P).
+ReduceMean/ReduceMax over axes A of Transpose(P)(x) become reductions over P[A] of x."""
+import numpy as np
+
+from tl2k210.graph import Node
+
+UNARY = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Identity", "Neg", "Abs",
+         "Exp", "Softplus", "Elu"}
+BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min"}
+REDUCE = {"ReduceMean", "ReduceMax"}
+
+
+def _perm(g, name):
+    p = g.producer(name)
+    return tuple(p.attrs["perm"]) if p is not None and p.op == "Transpose" and "perm" in p.attrs else None
+
+
+def _const_for(g, c, inv, rank):
+    v = g.const(c)
+    if v.ndim > rank:
+        return None
+    return np.transpose(v.reshape((1,) * (rank - v.ndim) + v.shape), inv)
+
+
+def push_transposes(g, log):
+    changed = True
+    while changed:
+        changed = False
+        for n in list(g.nodes):
+            if n.op in UNARY:
+                data = [n.inputs[0]]
+            elif n.op in BINARY:
+                data = [i for i in n.inputs if g.const(i) is None]
+            elif n.op in REDUCE and "axes" in n.attrs:
+                data = [n.inputs[0]]
+            else:
+                continue
+            perms = {_perm(g, i) for i in data}
+            if len(perms) != 1 or None in perms or not data:
+                continue
+            p = next(iter(perms))
+            inv = tuple(np.argsort(p))
+            if n.op in REDUCE:
+                changed |= _reduce(g, n, p, log)
+                continue
+            new_inputs = []
+            for i in n.inputs:
+                if i in data:
+                    new_inputs.append(g.producer(i).inputs[0])
+                elif n.op in BINARY:
+                    c = _const_for(g, i, inv, len(p))
+                    if c is None:
+                        break
+                    new_inputs.append(g.add_const(c, i + "/untransposed"))
+                else:
+                    new_inputs.append(i)  # Clip bounds
+            else:
+                out = n.outputs[0]
+                mid = g.add_tensor(out + "/pre_transpose")
+                n.inputs, n.outputs = new_inputs, [mid]
+                g.nodes.append(Node("Transpose", [mid], [out], {"perm": list(p)}, g.unique(n.name + "/transpose")))
+                log(n.name, f"moved Transpose{list(p)} below {n.op}")
+                changed = True
+    return g
+
+
+def _reduce(g, n, p, log):
+    rank = len(p)
+    axes = [a % rank for a in n.attrs["axes"]]
+    keep = n.attrs.get("keepdims", 1)
+    new_axes = sorted(p[a] for a in axes)
+    if keep:
+        after = list(p)
+    else:
+        rest = [p[i] for i in range(rank) if i not in axes]
+        after = [sorted(rest).index(r) for r in rest]
+    out = n.outputs[0]
+    n.inputs = [g.producer(n.inputs[0]).inputs[0]] + n.inputs[1:]
+    n.attrs["axes"] = new_axes
+    if after != sorted(after):
+        mid = g.add_tensor(out + "/pre_transpose")
+        n.outputs = [mid]
+        g.nodes.append(Node("Transpose", [mid], [out], {"perm": after}, g.unique(n.name + "/transpose")))
+    log(n.name, f"{n.op} now reduces axes {new_axes} of the untransposed tensor")
+    return True
