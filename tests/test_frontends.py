@@ -126,6 +126,13 @@ def tl_small(name):
     return tl.models.Model(x, n, name=name)
 
 
+def mobile_stub():
+    import tensorlayer as tl
+    from tensorlayer.layers import Dense, Input
+    x = Input([1, 4], name="stub_in")
+    return tl.models.Model(x, Dense(2, name="stub_fc")(x), name="stub")
+
+
 def test_tensorlayer_model_with_batchnorm_and_npz_weights(tmp_path):
     import tensorlayer as tl
     a = tl_small("tla")
@@ -150,6 +157,11 @@ def test_tensorlayer_model_with_batchnorm_and_npz_weights(tmp_path):
     np.testing.assert_allclose(run(g2, x)[g2.outputs[0]], ref, rtol=1e-5, atol=TOL)
     with pytest.raises(ModelLoadError, match="needs its network"):
         load_model(tmp_path / "w.npz")
+    a.save_weights(str(tmp_path / "w.h5"), format="hdf5")  # TensorLayer hdf5 layout
+    g3 = load_graph(tmp_path / "w.h5", network=tl_small("tlc"))
+    np.testing.assert_allclose(run(g3, x)[g3.outputs[0]], ref, rtol=1e-5, atol=TOL)
+    with pytest.raises(ModelLoadError, match="arrays but the network has"):
+        load_model(tmp_path / "w.npz", network=mobile_stub())
 
 
 def test_onnx_file_and_corrupt_files(tmp_path):

@@ -17,24 +17,45 @@ def fix_batchnorm(model):
     return model
 
 
+def _name(n):
+    return n.decode("utf8") if isinstance(n, bytes) else str(n)
+
+
+def _h5_arrays(group):
+    """Weights of a TensorLayer hdf5 file in layer order (TL's own in-order loader breaks on
+    h5py 3: it calls .decode on str)."""
+    out = []
+    for layer in (_name(n) for n in group.attrs["layer_names"]):
+        g = group[layer]
+        if "layer_names" in g.attrs:
+            out += _h5_arrays(g)
+        else:
+            out += [g[_name(w)][()] for w in g.attrs.get("weight_names", [])]
+    return out
+
+
 def load_weights(model, path):
-    """TensorLayer weight file (npz with 'params' in layer order, or h5) into `model`."""
+    """TensorLayer weight file (npz with 'params' in layer order, or TL hdf5) into `model`."""
     import numpy as np
-    import tensorlayer as tl
     path = Path(path)
     try:
         if path.suffix.lower() == ".npz":
             params = list(np.load(path, allow_pickle=True)["params"])
-            ws = model.all_weights
-            if len(params) != len(ws):
-                raise ModelLoadError(f"{path}: {len(params)} arrays but the network has {len(ws)} weights")
-            for i, (w, p) in enumerate(zip(ws, params)):
-                if tuple(w.shape) != np.shape(p):
-                    raise ModelLoadError(f"{path}: array {i} has shape {np.shape(p)}, weight {w.name} "
-                                         f"expects {tuple(w.shape)}")
-                w.assign(np.asarray(p, np.float32))
         else:
-            tl.files.load_hdf5_to_weights_in_order(str(path), model)
+            import h5py
+            with h5py.File(path, "r") as f:
+                if "layer_names" not in f.attrs:
+                    raise ModelLoadError(f"{path}: not a TensorLayer hdf5 weight file (no 'layer_names'); "
+                                         "a Keras .h5 model loads without network=")
+                params = _h5_arrays(f)
+        ws = model.all_weights
+        if len(params) != len(ws):
+            raise ModelLoadError(f"{path}: {len(params)} arrays but the network has {len(ws)} weights")
+        for i, (w, p) in enumerate(zip(ws, params)):
+            if tuple(w.shape) != np.shape(p):
+                raise ModelLoadError(f"{path}: array {i} has shape {np.shape(p)}, weight {w.name} "
+                                     f"expects {tuple(w.shape)}")
+            w.assign(np.asarray(p, np.float32))
     except ModelLoadError:
         raise
     except Exception as e:
@@ -42,23 +63,24 @@ def load_weights(model, path):
     return model
 
 
-def input_shape(model):
+def _static_input_shape(model):
     shapes = [tuple(t.shape) for t in model._inputs] if isinstance(model._inputs, list) else [tuple(model._inputs.shape)]
     if len(shapes) != 1:
-        raise ModelLoadError("TensorLayer model with several inputs: pass input_shape=")
+        raise ModelLoadError("TensorLayer model with several inputs is not supported (one image input)")
     return shapes[0]
 
 
-def from_tensorlayer(model, weights=None, input_shape_=None, opset=None, batch=1):
+def from_tensorlayer(model, weights=None, input_shape=None, opset=None, batch=1):
+    """input_shape (NHWC) is needed only for a dynamic (subclassed) TensorLayer model."""
     import tensorflow as tf
     import tf2onnx
-    if model._inputs is None and input_shape_ is None:
-        raise ModelLoadError("dynamic TensorLayer model: pass input_shape_=(1, H, W, C)")
+    if getattr(model, "_inputs", None) is None and input_shape is None:
+        raise ModelLoadError("dynamic TensorLayer model: pass input_shape=(1, H, W, C)")
     if weights is not None:
         load_weights(model, weights)
     model.eval()
     fix_batchnorm(model)
-    shape = (batch, *(input_shape_ or input_shape(model))[1:])
+    shape = (batch, *(input_shape or _static_input_shape(model))[1:])
     spec = [tf.TensorSpec(shape, tf.float32, name="input")]
     fn = tf.function(lambda x: model(x), input_signature=spec)
     kw = {"opset": opset} if opset else {}
