@@ -210,3 +210,24 @@ def test_keras_hard_activations_separable_and_gap():
     acts = [n.attrs.get("activation", {}).get("op") for n in g.nodes if n.op == "Conv"]
     assert acts == ["HardSigmoid", "Tanh", None, "Relu", "HardSwish", "Relu", None]
     assert g.nodes[0].attrs["pool"]["kind"] == "avg" and g.nodes[0].attrs["pads"] == [1, 1, 1, 1]
+
+
+def test_keras_tiny_yolo_like_pools_fuse_and_output_is_nchw():
+    tf()
+    import keras
+    from keras import layers as L
+    keras.utils.set_random_seed(6)
+    i = keras.Input((64, 80, 3), batch_size=1)
+    a = i
+    for f in (8, 16):
+        a = L.LeakyReLU(0.1)(L.BatchNormalization()(L.Conv2D(f, 3, padding="same", use_bias=False)(a)))
+        a = L.MaxPooling2D(2)(a)
+    a = L.LeakyReLU(0.1)(L.BatchNormalization()(L.Conv2D(32, 3, padding="same", use_bias=False)(a)))
+    a = L.Conv2D(5 * 7, 1)(L.MaxPooling2D(2, strides=1, padding="same")(a))
+    m = keras.Model(i, a)
+    x = np.random.default_rng(7).uniform(0, 1, (1, 64, 80, 3)).astype(np.float32)
+    g, _ = run_pipeline(load_graph(m))
+    assert g.op_counts() == {"Conv": 4} and g.meta["output_layout"] == {g.outputs[0]: "NHWC->NCHW"}
+    np.testing.assert_allclose(run(g, nchw(x))[g.outputs[0]], nchw(m(x).numpy()), atol=TOL)
+    pools = [(n.attrs["pool"]["stride"], n.attrs["pool"]["pads"]) for n in g.nodes if "pool" in n.attrs]
+    assert pools == [(2, [0, 0, 0, 0]), (2, [0, 0, 0, 0]), (1, [0, 0, 1, 1])]

@@ -11,6 +11,7 @@ from typing import Callable
 from tl2k210.graph import infer_shapes
 
 from .input_nchw import input_nchw
+from .output_nchw import output_nchw
 from .fold_constants import fold_constants
 from .push_transposes import push_transposes
 from .global_pool import global_pool
@@ -50,6 +51,7 @@ PIPELINE = [
     Pass("split_stride2", split_stride2, default=False),
     Pass("fuse_pool", fuse_pool),
     Pass("cleanup_layout", upsample_to_resize),
+    Pass("output_nchw", output_nchw),
     Pass("check_supported", check_supported),
 ]
 PASSES = {p.name: p for p in PIPELINE}
