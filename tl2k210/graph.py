@@ -14,11 +14,17 @@ IR op vocabulary (what `passes.run_pipeline` leaves for the K210 lowering; attrs
                           | {"op": "Swish"}            (x * sigmoid(x))
                pool {"kind": "max"|"avg", "size": 2|4, "stride": 2|4|1, "pads": [t,l,b,r]}
              (ONNX semantics: conv -> +bias -> activation -> pool.)
-  Add, Mul, Sub, Div, Concat(axis), Resize(mode "nearest", scales (1,1,sh,sw)),
-  GlobalAveragePool, GlobalMaxPool, MaxPool/AveragePool (not fused: kernel, strides, pads),
-  Gemm/MatMul (only where not convertible), Softmax(axis), Sigmoid, Relu, ... (standalone
-  activations with the same attrs as `activation` above), Flatten(axis), Reshape(shape const),
-  Transpose(perm), Pad (pads [t,l,b,r] spatial, constant value), Slice (starts, ends, axes, steps).
+  Every other op keeps its ONNX form: attrs under their ONNX names, operands such as Pad pads,
+  Slice starts/ends/axes/steps, Resize scales, Reshape shape, Clip bounds as constant inputs
+  (read them with `graph.const(name)`). What the pipeline leaves (passes.check_supported):
+  Add, Sub, Mul, Div, Concat(axis), Resize (mode "nearest"; scales input, or sizes),
+  GlobalAveragePool, GlobalMaxPool, MaxPool/AveragePool (kernel_shape, strides, pads) when not
+  fused, Gemm/MatMul (only if wider than the KPU's 1024 channels), Softmax(axis), standalone
+  Relu/Clip/LeakyRelu/Sigmoid/Tanh/HardSigmoid/HardSwish, Flatten(axis), Reshape, Transpose(perm),
+  Squeeze/Unsqueeze, Pad, Slice, Identity, BatchNormalization (standalone, not after a Conv).
+
+graph.meta: "opset"; "input_layout"/"output_layout" {name: "NHWC->NCHW"} where a pass changed a
+TF model's NHWC input/output to NCHW (feed the IR NCHW data; transpose the source's output).
 
 Nodes keep `fused`: the names/op types of the source ONNX nodes folded into them, for the
 per-layer receipt. A fused Conv exposes its internal stages when exported with `to_onnx`:
