@@ -44,12 +44,15 @@ def main():
         g2, log = run_pipeline(g)
         t_pass = time.perf_counter() - t
         rows.append({"alpha": alpha, "tf2onnx_s": t_onnx, "from_onnx_s": t_ir, "passes_s": t_pass,
-                     "onnx_nodes": len(model.graph.node), "ir_nodes": len(g2.nodes)})
+                     "onnx_nodes": len(model.graph.node), "ir_nodes": len(g2.nodes),
+                     "per_pass_s": {e["pass"]: round(e["seconds"], 4) for e in log}})
     print(f"import tensorflow: {import_s:.2f} s")
     print(f"{'alpha':>6} {'tf2onnx s':>10} {'from_onnx s':>12} {'passes s':>9} {'ONNX nodes':>11} {'IR nodes':>9}")
     for r in rows:
         print(f"{r['alpha']:>6} {r['tf2onnx_s']:>10.2f} {r['from_onnx_s']:>12.3f} {r['passes_s']:>9.3f} "
               f"{r['onnx_nodes']:>11} {r['ir_nodes']:>9}")
+    slow = sorted(rows[-1]["per_pass_s"].items(), key=lambda kv: -kv[1])[:3]
+    print(f"slowest passes (alpha {rows[-1]['alpha']}): " + ", ".join(f"{k} {v:.3f} s" for k, v in slow))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"import_tensorflow_s": import_s, "rows": rows}, indent=2))
 

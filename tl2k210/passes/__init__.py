@@ -5,6 +5,7 @@ Every pass is `fn(graph, log) -> graph` where `log(node_name, message)` records 
 Passes marked `default=False` change the float math (or are lowering choices) and are opt-in:
 `run_pipeline(g, {"kpu_padding": True})`.
 """
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -60,7 +61,8 @@ PASSES = {p.name: p for p in PIPELINE}
 def run_pipeline(graph, options=None):
     """Run the enabled passes in order. options: {pass_name: bool} overrides defaults.
 
-    Returns (graph, log); log is a list of {"pass", "changes": [(node, message)], "nodes": (before, after)}."""
+    Returns (graph, log); log is a list of
+    {"pass", "exact", "changes": [(node, message)], "nodes": (before, after), "seconds"}."""
     options = dict(options or {})
     unknown = set(options) - set(PASSES)
     if unknown:
@@ -69,11 +71,11 @@ def run_pipeline(graph, options=None):
     for p in PIPELINE:
         if not options.get(p.name, p.default):
             continue
-        changes = []
-        before = len(graph.nodes)
+        changes, before, t = [], len(graph.nodes), time.perf_counter()
         graph = p.fn(graph.copy(), lambda node, msg: changes.append((node, msg)))
         graph = infer_shapes(graph.prune())
-        log.append({"pass": p.name, "exact": p.exact, "changes": changes, "nodes": (before, len(graph.nodes))})
+        log.append({"pass": p.name, "exact": p.exact, "changes": changes, "nodes": (before, len(graph.nodes)),
+                    "seconds": time.perf_counter() - t})
     return graph, log
 
 
