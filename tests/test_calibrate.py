@@ -143,22 +143,20 @@ def test_output_agreement_and_float_outputs():
     assert rep["top1"] == 1.0 and rep["top5"] == 1.0 and rep["sqnr_db"] > 30 and rep["cosine"] > 0.999
 
 
-def test_yolo2_decode_and_detection_agreement():
-    from tl2k210.quantize.compare import detection_agreement, yolo2_decode
+def test_yolo2_detection_agreement():
+    from tl2k210.quantize.compare import detection_agreement, yolo2_boxes
     anchors, classes, h, w = [1.0, 1.0, 2.0, 3.0], 2, 7, 10
     out = np.full((2 * (5 + classes), h, w), -8.0, np.float32)
-    # anchor 1 at cell (row 3, col 4): centred, size exp(0)*anchor, objectness ~1, class 1
-    base = 1 * (5 + classes)
+    base = 1 * (5 + classes)  # anchor 1 at cell (row 3, col 4): centred, objectness ~1, class 1
     out[base:base + 4, 3, 4] = 0
     out[base + 4, 3, 4], out[base + 5 + 1, 3, 4] = 8, 8
-    dets = yolo2_decode(out, anchors, classes, threshold=0.5)
-    assert len(dets) == 1 and dets[0, 5] == 1
-    np.testing.assert_allclose(dets[0, :4], [4.5 / 10 - 0.1, 3.5 / 7 - 1.5 / 7, 4.5 / 10 + 0.1, 3.5 / 7 + 1.5 / 7], atol=1e-6)
-    shifted = dets.copy()
-    shifted[:, [0, 2]] += 0.02
-    wrong = dets.copy()
-    wrong[:, 5] = 0
-    assert detection_agreement([dets], [shifted])["recall"] == 1.0
-    assert detection_agreement([dets], [wrong])["matched"] == 0
-    with pytest.raises(ValueError, match="anchors"):
-        yolo2_decode(out[:-1], anchors, classes)
+    ref = yolo2_boxes(out, anchors)
+    assert len(ref) == 1 and ref[0].classid == 1
+    np.testing.assert_allclose(ref[0].rect(), [0.35, 3.5 / 7 - 1.5 / 7, 0.2, 3 / 7], atol=1e-5)
+    moved = out.copy()
+    moved[base, 3, 4] = 0.1  # small shift: same detection
+    other = out.copy()
+    other[base + 5:base + 7, 3, 4] = [8, -8]  # class flips
+    assert detection_agreement([ref], [yolo2_boxes(moved, anchors)])["recall"] == 1.0
+    agree = detection_agreement([ref], [yolo2_boxes(other, anchors)])
+    assert agree["matched"] == 0 and agree["test"] == 1
