@@ -159,6 +159,8 @@ def test_tensorlayer_model_with_batchnorm_and_npz_weights(tmp_path):
         load_model(tmp_path / "w.npz")
     a.save_weights(str(tmp_path / "w.h5"), format="hdf5")  # TensorLayer hdf5 layout
     g3 = load_graph(tmp_path / "w.h5", network=tl_small("tlc"))
+    with pytest.raises(ModelLoadError, match="TensorLayer weights"):
+        load_model(tmp_path / "w.h5")
     np.testing.assert_allclose(run(g3, x)[g3.outputs[0]], ref, rtol=1e-5, atol=TOL)
     with pytest.raises(ModelLoadError, match="arrays but the network has"):
         load_model(tmp_path / "w.npz", network=mobile_stub())

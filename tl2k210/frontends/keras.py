@@ -8,7 +8,19 @@ def load_keras(path):
         return keras.models.load_model(str(path), compile=False)
     except Exception as e:
         msg = str(e).strip().splitlines()
-        raise ModelLoadError(f"{path}: Keras could not load it: {type(e).__name__}: {msg[0] if msg else ''}") from e
+        hint = ("; it holds TensorLayer weights: load_model(path, network=your_tl_model)"
+                if _is_tensorlayer_h5(path) else "")
+        raise ModelLoadError(f"{path}: Keras could not load it: {type(e).__name__}: {msg[0] if msg else ''}"
+                             f"{hint}") from e
+
+
+def _is_tensorlayer_h5(path):
+    try:
+        import h5py
+        with h5py.File(path, "r") as f:
+            return "layer_names" in f.attrs and "model_config" not in f.attrs
+    except Exception:
+        return False
 
 
 def from_keras(model, opset=None, batch=1):

@@ -55,9 +55,10 @@ class TensorStats:
 
 
 def collect(graph, batches, histograms=True):
-    """Run the float graph over `batches` (iterable of inputs, re-iterable if histograms) and
+    """Run the float graph over `batches` (iterable of inputs: arrays or {input: array}) and
     return {tensor_name: TensorStats}. Pass 1: min/max; pass 2: value and |value| histograms."""
     run = FloatRunner(graph)
+    batches = batches if isinstance(batches, (list, tuple)) else list(batches)  # read twice
     stats = {}
     for x in batches:
         for k, v in run(x).items():
