@@ -7,8 +7,8 @@ Robustness rules (each one fixes a failure seen in kflash 1.1.6, spec §3.4/§7.
   and discard everything up to the NOP's own reply, so a late reply to an earlier frame can
   never be taken as the acknowledgement of a later one;
 - every wait is bounded; a board that stops answering raises BoardTimeoutError;
-- repeated checksum errors on a noisy line shrink the frame (64 KiB -> 4 KiB) so retries can
-  succeed; clean frames grow it back;
+- each failed frame halves the frame size (64 KiB -> 4 KiB) so retries can succeed on a noisy
+  line; 8 clean frames in a row double it again; the total number of failures is bounded;
 - success is reported only after every byte was acknowledged in sync and the acknowledged
   ledger reproduces each image's SHA-256.
 """
@@ -379,10 +379,11 @@ class Flasher:
                 fails = self._chunk_fails
                 self._note_failure(what, desc, fails)
                 self._resync(Op.FLASH_NOP, what)
-                if fails >= 2 and size > MIN_CHUNK:
+                if size > MIN_CHUNK:          # a smaller frame is a fresh attempt at this address
                     size //= 2
+                    self._chunk_fails = 0
                     self.log(f"noisy line: frame size now {size} bytes")
-                continue                      # same chunk (or its first part), same address
+                continue                      # same data (or its first part), same address
             self._chunk_fails = 0
             ledger.append((addr, chunk))
             pos += n
