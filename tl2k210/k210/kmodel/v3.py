@@ -22,7 +22,7 @@ LAYER_HEADER = Struct("type:u32 body_size:u32")
 
 _POOL = "flags:u32 main_mem_in_address:u32 main_mem_out_address:u32 in_shape:shape3 out_shape:shape3 " \
         "kernel_width:u32 kernel_height:u32 stride_width:u32 stride_height:u32 " \
-        "padding_width:u32 padding_height:u32"
+        "padding_width:i32 padding_height:i32"   # int in the SDK's arithmetic: negative = crop
 _GPOOL = "flags:u32 main_mem_in_address:u32 main_mem_out_address:u32 kernel_size:u32 channels:u32"
 _UNARY = "flags:u32 main_mem_in_address:u32 main_mem_out_address:u32 channels:u32"
 _QUANT = "flags:u32 main_mem_in_address:u32 mem_out_address:u32 count:u32 scale:f32 bias:f32"

@@ -1,0 +1,254 @@
+"""`convert`: any supported model → quantized kmodel v3, with a per-layer receipt.
+
+    frontends → ONNX → graph IR → passes → calibration → k210.lower → kmodel v3
+                                                       ↘ emulator trace vs float → SQNR per layer
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tl2k210.errors import Tl2k210Error
+from tl2k210.k210 import cost, hardware as hw
+from tl2k210.k210.kmodel import atomic_write, dumps
+
+# what each firmware leaves for model file + main memory (spec §7 and MaixPy docs)
+RUNTIME_BUDGET = {
+    "maixpy": 2 * 1024 * 1024,            # full MaixPy firmware: ~2 MiB models
+    "maixpy-minimum": 4 * 1024 * 1024,    # *_minimum firmware: ~4 MiB
+    "sdk": 5 * 1024 * 1024,               # standalone SDK: 6 MiB SRAM less code/stack
+}
+
+
+class BudgetError(Tl2k210Error):
+    pass
+
+
+@dataclass
+class ConvertOptions:
+    dataset: str | None = None            # folder of images, or .npy/.npz
+    input_range: tuple = (0.0, 1.0)
+    mean: tuple = (0.0,)
+    std: tuple = (1.0,)
+    channel_order: str = "RGB"
+    method: str = "minmax"                # minmax | percentile | kld
+    weight_bits: int = 8
+    kpu_padding: bool = False
+    runtime: str = "maixpy"
+    calib_limit: int = 100
+    sqnr_samples: int = 8
+    input_shape: tuple | None = None      # NCHW, for models with symbolic dims
+    network: object = None                # TensorLayer network for weight files
+    progress: bool = True
+
+
+@dataclass
+class Receipt:
+    source: str
+    output: str
+    file_size: int
+    peak_kpu_ram: int
+    main_memory: int
+    latency_ms: float
+    layers: list
+    totals: dict = field(default_factory=dict)
+    passes: list = field(default_factory=list)
+
+    def table(self) -> str:
+        cols = ("node", "unit", "why", "in", "out", "MACs", "weights", "KPU lines", "cycles", "SQNR dB")
+        rows = []
+        for r in self.layers:
+            rows.append((r["node"][:28], r["unit"], r["why"][:44], "x".join(map(str, r["in_shape"])),
+                         "x".join(map(str, r["out_shape"])), f"{r['macs']:,}", f"{r['weight_bytes']:,}",
+                         str(r["kpu_lines"] or "-"), f"{r['cycles']:,}",
+                         "-" if r.get("sqnr_db") is None else f"{r['sqnr_db']:.1f}"))
+        widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
+        fmt = lambda row: "  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip()  # noqa: E731
+        lines = [fmt(cols), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+        for r in self.layers:
+            for note in r.get("notes", []):
+                lines.append(f"  note {r['node']}: {note}")
+        t = self.totals
+        lines += ["",
+                  f"file {self.output}: {self.file_size:,} bytes (kmodel v3, {t.get('weights', '8-bit')} weights)",
+                  f"KPU layers {t['kpu_layers']}, CPU layers {t['cpu_layers']}, MACs {t['macs']:,}",
+                  f"peak KPU RAM {self.peak_kpu_ram:,} B of {hw.KPU_RAM_BYTES:,}; main memory "
+                  f"{self.main_memory:,} B; runtime '{t['runtime']}' budget {t['budget']:,} B "
+                  f"(model + main memory {self.file_size + self.main_memory:,} B)",
+                  f"estimated latency {self.latency_ms:.2f} ms at 400 MHz (model in tl2k210/k210/cost.py)"]
+        if t.get("output_sqnr_db") is not None:
+            lines.append(f"output SQNR vs float {t['output_sqnr_db']:.1f} dB on {t['sqnr_samples']} "
+                         "calibration samples")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, default=_json_default)
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def _say(opts, msg):
+    if opts.progress:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def pixel_mapping(opts: ConvertOptions, channels: int):
+    """x_float = pixel * scale[c] + offset[c], the preprocessing as one affine map per channel."""
+    lo, hi = opts.input_range
+    mean = np.resize(np.asarray(opts.mean, np.float64), channels)
+    std = np.resize(np.asarray(opts.std, np.float64), channels)
+    scale = (hi - lo) / 255.0 / std
+    offset = (lo - mean) / std
+    if opts.channel_order.upper() == "BGR":
+        scale, offset = scale[::-1], offset[::-1]
+    return scale, offset
+
+
+def load_pixels(path: str, shape, limit: int, opts: ConvertOptions) -> np.ndarray:
+    """(N, C, H, W) uint8 pixels from a folder of images (resized like the runtime), or float arrays
+    from .npy/.npz (returned as float32, already preprocessed)."""
+    from PIL import Image
+
+    from tl2k210.quantize.dataset import image_files, load_arrays
+    p = Path(path)
+    if not p.exists():
+        raise Tl2k210Error(f"dataset {path}: no such file or folder")
+    if p.is_dir() and len(shape) == 4 and not any(p.glob("*.np[yz]")):
+        _, c, h, w = shape
+        out = []
+        for f in image_files(p)[:limit]:
+            img = Image.open(f).convert("L" if c == 1 else "RGB")
+            if img.size != (w, h):
+                img = img.resize((w, h), Image.BILINEAR)
+            a = np.asarray(img)
+            a = a[None] if c == 1 else a.transpose(2, 0, 1)
+            if opts.channel_order.upper() == "BGR" and c == 3:
+                a = a[::-1]
+            out.append(a)
+        return np.stack(out).astype(np.uint8)
+    return np.concatenate(load_arrays(p, shape))[:limit].astype(np.float32)
+
+
+def model_inputs(graph, dataset, limit, opts: ConvertOptions):
+    """(floats (N, *input_shape[1:]) float32, pixels (N, C, H, W) uint8 or None). Image models see
+    exactly the pixels the device gets: the float input is recomputed from them."""
+    shape = graph.tensors[graph.inputs[0]].shape
+    data = load_pixels(dataset, shape, limit, opts)
+    if len(shape) != 4:
+        return data, None
+    scale, offset = pixel_mapping(opts, shape[1])
+    s4, o4 = scale[None, :, None, None], offset[None, :, None, None]
+    pixels = data if data.dtype == np.uint8 else np.clip(np.rint((data - o4) / s4), 0, 255).astype(np.uint8)
+    return (pixels * s4 + o4).astype(np.float32), pixels
+
+
+def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
+    """Convert `source` (path or model object) to a kmodel v3 at `output`. Nothing is written
+    unless every step succeeds (atomic rename)."""
+    from tl2k210 import frontends
+    from tl2k210.graph import from_onnx
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.lower import Options, lower
+    from tl2k210.passes import run_pipeline
+    from tl2k210.quantize import calibrate
+    from tl2k210.quantize.metrics import sqnr_db
+
+    opts = opts or ConvertOptions()
+    if opts.runtime not in RUNTIME_BUDGET:
+        raise Tl2k210Error(f"--runtime {opts.runtime!r}: choose from {sorted(RUNTIME_BUDGET)}")
+    t0 = time.perf_counter()
+    _say(opts, f"[1/6] loading {getattr(source, 'name', source)} ...")
+    load_kw = {"network": opts.network} if opts.network is not None else {}
+    onnx_model = frontends.load_model(source, **load_kw)
+    shapes = None
+    if opts.input_shape:
+        shapes = {onnx_model.graph.input[0].name: tuple(opts.input_shape)}
+    graph = from_onnx(onnx_model, input_shapes=shapes)
+    t_front = time.perf_counter() - t0
+    _say(opts, f"[2/6] passes ({len(graph.nodes)} nodes) ...")
+    graph, plog = run_pipeline(graph, {"kpu_padding": opts.kpu_padding})
+    if opts.dataset is None:
+        raise Tl2k210Error("convert needs calibration data: --dataset DIR (images) or FILE.npy/.npz")
+    _say(opts, f"[3/6] calibration ({opts.method}) ...")
+    floats, pixels = model_inputs(graph, opts.dataset, opts.calib_limit, opts)
+    image = pixels is not None
+    channels = floats.shape[1] if image else 1
+    scale, offset = pixel_mapping(opts, channels) if image else ((1.0,), (0.0,))
+    batches = [f[None] for f in floats]
+    stats = calibrate.collect(graph, batches, histograms=opts.method != "minmax")
+    ranges = calibrate.ranges(stats, opts.method)
+    _say(opts, "[4/6] lowering to the KPU ...")
+    model, rows, trace_map, lw = lower(graph, ranges, Options(
+        weight_bits=opts.weight_bits, input_scale=tuple(scale), input_offset=tuple(offset)))
+    data_bytes = dumps(model)
+    budget = RUNTIME_BUDGET[opts.runtime]
+    need = len(data_bytes) + model.main_mem_usage
+    if need > budget:
+        raise BudgetError(f"model {len(data_bytes):,} B + main memory {model.main_mem_usage:,} B = "
+                          f"{need:,} B exceeds what '{opts.runtime}' firmware leaves ({budget:,} B); "
+                          "use a smaller network, --runtime maixpy-minimum, or kpu.load_flash")
+    _say(opts, f"[5/6] measuring per-layer SQNR on the emulator ({opts.sqnr_samples} samples) ...")
+    emu = Emulator(model)
+    runner = calibrate.FloatRunner(graph)
+    refs, tests = {}, {}
+    n = min(opts.sqnr_samples, len(floats))
+    for i in range(n):
+        ref = runner(floats[i][None])
+        outs, trace = emu.run(pixels[i] if image else floats[i].reshape(-1), trace=True)
+        for t, (idx, kind) in trace_map.items():
+            if t not in ref:
+                continue
+            val = trace[idx][1]
+            loc = lw.locs.get(t)
+            if kind in ("kpu", "u8") and loc is not None and loc.quant:
+                s, z = loc.quant
+                val = (val.astype(np.float64) - z) * s
+            r = np.asarray(ref[t], np.float64).reshape(-1)
+            v = np.asarray(val, np.float64).reshape(-1)
+            if r.size != v.size:
+                continue
+            refs.setdefault(t, []).append(r)
+            tests.setdefault(t, []).append(v)
+        for o, out in zip(graph.outputs, outs):
+            refs.setdefault("__out__" + o, []).append(np.asarray(ref[o], np.float64).reshape(-1))
+            tests.setdefault("__out__" + o, []).append(np.asarray(out, np.float64).reshape(-1))
+    sq = {t: sqnr_db(np.concatenate(refs[t]), np.concatenate(tests[t])) for t in refs}
+    layer_rows = []
+    for r in rows:
+        cyc = sum(cost.layer_cycles(model.layers[i]) for i in r.layers)
+        node = next((nd for nd in graph.nodes if nd.name == r.node), None)
+        out_t = r.tensor or (node.outputs[0] if node is not None else r.node)
+        d = asdict(r)
+        d.update(cycles=cyc, sqnr_db=sq.get(out_t), kmodel_layers=[model.layers[i].name for i in r.layers])
+        layer_rows.append(d)
+    total_cycles = sum(cost.layer_cycles(L) for L in model.layers)
+    out_sqnr = min((v for k, v in sq.items() if k.startswith("__out__")), default=None)
+    receipt = Receipt(
+        source=str(getattr(source, "name", source)), output=str(output), file_size=len(data_bytes),
+        peak_kpu_ram=64 * lw.kpu.peak, main_memory=model.main_mem_usage,
+        latency_ms=cost.ms(total_cycles), layers=layer_rows,
+        totals={"kpu_layers": sum(L.conv is not None for L in model.layers),
+                "cpu_layers": sum(L.conv is None for L in model.layers),
+                "macs": sum(r["macs"] for r in layer_rows), "runtime": opts.runtime, "budget": budget,
+                "weights": f"{opts.weight_bits}-bit", "output_sqnr_db": out_sqnr, "sqnr_samples": n,
+                "cycles": total_cycles, "frontend_s": round(t_front, 2),
+                "total_s": round(time.perf_counter() - t0, 2), "method": opts.method,
+                "kpu_padding": opts.kpu_padding},
+        passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
+                 "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in plog])
+    _say(opts, f"[6/6] writing {output}")
+    atomic_write(output, data_bytes)
+    return receipt

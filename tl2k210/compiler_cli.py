@@ -1,0 +1,160 @@
+"""`tl2k210 convert` and `tl2k210 compare` (flags in the spirit of nncase's `ncc`)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from tl2k210.errors import Tl2k210Error
+
+
+def _floats(text):
+    return tuple(float(v) for v in str(text).split(","))
+
+
+def _add_preprocess(p):
+    g = p.add_argument_group("input preprocessing (how 0..255 camera pixels become model input)")
+    g.add_argument("--input-range", default="0,1", help="pixels 0..255 map linearly onto MIN,MAX (0,1)")
+    g.add_argument("--mean", default="0", help="per-channel mean subtracted after the range (0)")
+    g.add_argument("--std", default="1", help="per-channel std divided after the mean (1)")
+    g.add_argument("--bgr", action="store_true", help="the model wants BGR channel order")
+    g.add_argument("--input-shape", help="N,C,H,W for models with symbolic input dims")
+
+
+def _pre_opts(args):
+    from tl2k210.quantize.dataset import parse_range
+    return dict(input_range=parse_range(args.input_range), mean=_floats(args.mean), std=_floats(args.std),
+                channel_order="BGR" if args.bgr else "RGB",
+                input_shape=tuple(int(v) for v in args.input_shape.split(",")) if args.input_shape else None)
+
+
+def add_convert_parser(sub):
+    p = sub.add_parser("convert", help="convert a model to a quantized kmodel v3 (with a receipt)",
+                       description="Convert a TensorLayer weight file (with --network), Keras "
+                       "(.keras/.h5), SavedModel directory, .tflite or .onnx model to a quantized "
+                       "kmodel v3 that every MaixPy build loads. Prints a per-layer receipt: where each "
+                       "layer runs and why, MACs, KPU RAM, cycles and SQNR vs float.")
+    p.add_argument("model", help="model file or SavedModel directory")
+    p.add_argument("output", help="kmodel to write (written atomically, only on success)")
+    p.add_argument("--dataset", required=True, help="calibration data: folder of jpg/png/bmp, or .npy/.npz")
+    p.add_argument("--calibrate-method", choices=["minmax", "percentile", "kld"], default="minmax")
+    p.add_argument("--calib-limit", type=int, default=100, help="calibration samples to use (100)")
+    p.add_argument("--weight-bits", type=int, choices=[8, 16], default=8)
+    p.add_argument("--kpu-padding", action="store_true",
+                   help="rewrite TF-SAME stride-2 convs to symmetric padding so they run fully on the "
+                   "KPU (changes the math; the receipt shows the measured effect)")
+    p.add_argument("--runtime", choices=["maixpy", "maixpy-minimum", "sdk"], default="maixpy",
+                   help="check model + main memory against what this firmware leaves (maixpy)")
+    p.add_argument("--report", help="also write the receipt as JSON")
+    p.add_argument("--network", help="python file defining build() -> TensorLayer model, for weight files")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    _add_preprocess(p)
+    p.set_defaults(func=cmd_convert)
+
+
+def _load_network(path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tl2k210_user_network", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not hasattr(mod, "build"):
+        raise Tl2k210Error(f"{path}: define build() returning the TensorLayer model")
+    return mod.build()
+
+
+def cmd_convert(args):
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.k210.kmodel import atomic_write
+    opts = ConvertOptions(dataset=args.dataset, method=args.calibrate_method, weight_bits=args.weight_bits,
+                          kpu_padding=args.kpu_padding, runtime=args.runtime, calib_limit=args.calib_limit,
+                          progress=not args.quiet, **_pre_opts(args))
+    if args.network:
+        opts.network = _load_network(args.network)
+    receipt = convert(args.model, args.output, opts)
+    print(receipt.table())
+    if args.report:
+        atomic_write(args.report, receipt.to_json().encode())
+        print(f"wrote {args.report}", file=sys.stderr)
+    return 0
+
+
+def add_compare_parser(sub):
+    p = sub.add_parser("compare", help="float model (onnxruntime) vs kmodel (emulator) on held-out data",
+                       description="Run the float model in onnxruntime and the kmodel on the bit-exact "
+                       "emulator over a dataset; report per-output SQNR and cosine, top-1/top-5 "
+                       "agreement for classifiers, detection agreement for YOLOv2 region outputs. "
+                       "Works on kmodels made by nncase too.")
+    p.add_argument("float_model")
+    p.add_argument("kmodel")
+    p.add_argument("--dataset", required=True, help="folder of images, or .npy/.npz")
+    p.add_argument("--labels", help="class names, one per line (prints the top classes)")
+    p.add_argument("--limit", type=int, default=200)
+    p.add_argument("--decode", choices=["yolo2"], help="also compare decoded detections")
+    p.add_argument("--anchors", help="anchor pairs for --decode yolo2")
+    p.add_argument("--threshold", type=float, default=0.5)
+    p.add_argument("--nms", type=float, default=0.3)
+    p.add_argument("--json", help="write the report as JSON")
+    _add_preprocess(p)
+    p.set_defaults(func=cmd_compare)
+
+
+def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=None, threshold=0.5,
+            nms=0.3, **pre):
+    """{"outputs": {name: {sqnr_db, cosine, top1, top5}}, "detections": {...}, "samples": n}."""
+    import numpy as np
+
+    from tl2k210 import frontends
+    from tl2k210.compiler import ConvertOptions, model_inputs
+    from tl2k210.graph import from_onnx
+    from tl2k210.k210 import yolo
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.passes import run_pipeline
+    from tl2k210.quantize.calibrate import FloatRunner
+    from tl2k210.quantize.compare import detection_agreement, output_agreement
+
+    opts = ConvertOptions(**pre)
+    model = frontends.load_model(float_model)
+    shapes = {model.graph.input[0].name: tuple(opts.input_shape)} if opts.input_shape else None
+    graph, _ = run_pipeline(from_onnx(model, input_shapes=shapes))  # exact passes: NCHW in and out
+    emu = Emulator.load(kmodel_path)
+    emu_shape, emu_dtype = emu.input_spec()
+    floats, pixels = model_inputs(graph, dataset, limit, opts)
+    runner = FloatRunner(graph, expose_all=False)
+    refs, tests = {o: [] for o in graph.outputs}, {o: [] for o in graph.outputs}
+    for i in range(len(floats)):
+        ref = runner(floats[i][None])
+        feed = pixels[i] if pixels is not None else floats[i]
+        outs = emu.run(np.asarray(feed).astype(emu_dtype).reshape(emu_shape))
+        for o, out in zip(graph.outputs, outs):
+            refs[o].append(np.asarray(ref[o], np.float64).reshape(-1))
+            tests[o].append(np.asarray(out, np.float64).reshape(-1))
+    ref = {k: np.stack(v) for k, v in refs.items()}
+    test = {k: np.stack(v) for k, v in tests.items()}
+    report = {"samples": len(floats), "outputs": output_agreement(ref, test)}
+    if decode == "yolo2":
+        from tl2k210.k210.cli import _grid
+        a = [float(v) for v in anchors.split(",")]
+        k = next(iter(test))
+        gw, gh = _grid(emu, test[k].shape[1], len(a) // 2)
+        rb = [yolo.decode(r, a, gw, gh, 1, 1, threshold, nms) for r in ref[k]]
+        tb = [yolo.decode(t, a, gw, gh, 1, 1, threshold, nms) for t in test[k]]
+        report["detections"] = detection_agreement(rb, tb)
+    return report
+
+
+def cmd_compare(args):
+    report = compare(args.float_model, args.kmodel, args.dataset, args.limit, args.decode, args.anchors,
+                     args.threshold, args.nms, **_pre_opts(args))
+    print(f"{report['samples']} samples: float ({args.float_model}) vs kmodel ({args.kmodel}, emulated)")
+    print(f"{'output':32} {'SQNR dB':>8} {'cosine':>8} {'top-1':>7} {'top-5':>7}")
+    for name, r in report["outputs"].items():
+        t1 = f"{r['top1']:.3f}" if "top1" in r else "-"
+        t5 = f"{r['top5']:.3f}" if "top5" in r else "-"
+        print(f"{name[:32]:32} {r['sqnr_db']:8.2f} {r['cosine']:8.4f} {t1:>7} {t5:>7}")
+    if "detections" in report:
+        d = report["detections"]
+        print(f"detections: float {d['ref']}, kmodel {d['test']}, matched {d['matched']} "
+              f"(recall {d['recall']:.3f}, precision {d['precision']:.3f})")
+    if args.json:
+        from tl2k210.k210.kmodel import atomic_write
+        atomic_write(args.json, json.dumps(report, indent=1, default=float).encode())
+    return 0

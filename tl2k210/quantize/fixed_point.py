@@ -1,0 +1,152 @@
+"""Fixed-point parameters of a KPU layer from float weights and calibrated ranges.
+
+Conventions (value = scale · (q − zero_point)):
+  input X  : (s_x, z_x), z_x an integer 0..255 (the pad value)
+  weights  : per output channel o, symmetric: W[o] ≈ sw[o] · (Wq[o] − zw), zw = 128 (2^(bits−1))
+  ACC      : Σ (Xq − z_x)(Wq − zw)  (KPU: arg_x = −zw, arg_w = −z_x, arg_add = k²·z_x·zw)
+  V        : ((ACC · norm_mul) >> norm_shift) + norm_add ≈ (conv + bias) · S_V, one S_V per layer
+  output   : the activation table maps V to uint8 (s_z, z_z) of f(conv + bias)
+
+S_V is as large as the registers allow (norm_mul 24-bit signed with shift ≤ 15, norm_add 32-bit,
+V inside 36 bits with margin), so rounding in V is far below one output step.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tl2k210.k210 import hardware as hw
+
+V_LIMIT = 2.0 ** 33          # |V| over the calibrated range (x2 margin, then x2 to the 36-bit limit)
+ACT_SHIFT_MAX = 40           # activation shift cap (nncase v1, which ran on silicon, used up to 43)
+SEGMENTS = hw.ACT_SEGMENTS - 1
+
+
+def qparams(lo: float, hi: float, bits: int = 8) -> tuple[float, int]:
+    """(scale, zero_point) for a range; the range is widened to contain 0 (exact zero padding)."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    if hi - lo < 1e-8:
+        hi = lo + 1e-8
+    levels = (1 << bits) - 1
+    scale = (hi - lo) / levels
+    zp = int(np.clip(round(-lo / scale), 0, levels))
+    return scale, zp
+
+
+def fixed_mul(value: float, bits: int, max_shift: int, min_shift: int = 0) -> tuple[int, int]:
+    """(mul, shift) with mul / 2^shift ≈ value, |mul| < 2^(bits-1) (signed), shift as large as fits."""
+    if value == 0 or not math.isfinite(value):
+        return 0, 0
+    limit = (1 << (bits - 1)) - 1
+    e = math.frexp(abs(value))[1]               # |value| = m·2^e, 0.5 <= m < 1
+    shift = int(min(max_shift, bits - 1 - e))
+    shift = max(shift, min_shift)
+    mul = int(round(value * 2.0 ** shift))
+    while abs(mul) > limit and shift > min_shift:
+        shift -= 1
+        mul = int(round(value * 2.0 ** shift))
+    return int(np.clip(mul, -limit, limit)), shift
+
+
+def quantize_weights(w: np.ndarray, bits: int = 8):
+    """Per-output-channel symmetric weights: (Wq uint8/uint16, zw, sw[o])."""
+    zw = 1 << (bits - 1)
+    qmax = zw - 1
+    flat = w.reshape(w.shape[0], -1).astype(np.float64)
+    amax = np.abs(flat).max(axis=1)
+    sw = np.where(amax > 0, amax / qmax, 1.0)
+    q = np.clip(np.rint(flat / sw[:, None]), -qmax, qmax) + zw
+    return q.astype(np.uint8 if bits == 8 else np.uint16).reshape(w.shape), zw, sw
+
+
+def choose_v_scale(s_x: float, sw: np.ndarray, bias: np.ndarray, y_amax: float) -> float:
+    """The largest S_V the BN registers can carry for this layer."""
+    base = float(s_x * np.max(sw))
+    cands = [V_LIMIT / max(y_amax, 1e-12),
+             ((1 << 23) - 1) / max(base, 1e-30),                         # norm_mul at shift 0
+             (2.0 ** 31 - 1) / max(float(np.max(np.abs(bias))) if bias.size else 0.0, 1e-30)]
+    return min(cands) * 0.999
+
+
+def bn_params(s_x: float, sw: np.ndarray, bias: np.ndarray, s_v: float) -> dict:
+    muls, shifts = zip(*(fixed_mul(float(s_x * s * s_v), 24, 15) for s in sw))
+    return {"norm_mul": np.array(muls, np.int64), "norm_shift": np.array(shifts, np.int64),
+            "norm_add": np.clip(np.rint(bias.astype(np.float64) * s_v), -(2 ** 31), 2 ** 31 - 1).astype(np.int64)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Activation functions (float reference) and their kinks
+def act_function(act: dict | None):
+    """(f, kinks) for an IR activation attr (None = identity)."""
+    if act is None:
+        return (lambda y: y), []
+    op = act["op"]
+    if op == "Relu":
+        return (lambda y: np.maximum(y, 0)), [0.0]
+    if op == "Clip":
+        lo, hi = act.get("min", -np.inf), act.get("max", np.inf)
+        return (lambda y: np.clip(y, lo, hi)), [v for v in (lo, hi) if np.isfinite(v)]
+    if op == "LeakyRelu":
+        a = act.get("alpha", 0.01)
+        return (lambda y: np.where(y >= 0, y, a * y)), [0.0]
+    if op == "Sigmoid":
+        return (lambda y: 1 / (1 + np.exp(-y))), []
+    if op == "Tanh":
+        return np.tanh, []
+    if op == "HardSigmoid":
+        a, b = act.get("alpha", 0.2), act.get("beta", 0.5)
+        return (lambda y: np.clip(a * y + b, 0, 1)), [(-b) / a, (1 - b) / a]
+    if op == "HardSwish":
+        return (lambda y: y * np.clip(y / 6 + 0.5, 0, 1)), [-3.0, 3.0]
+    if op == "Swish":
+        return (lambda y: y / (1 + np.exp(-y))), []
+    raise KeyError(op)
+
+
+def fit_knots(f, lo: float, hi: float, kinks=(), segments: int = SEGMENTS, samples: int = 4097):
+    """Knots of a piecewise-linear interpolation of f on [lo, hi] with at most `segments` pieces:
+    the ends and the kinks, then greedily the sample with the largest interpolation error."""
+    if hi <= lo:
+        hi = lo + 1e-6
+    xs = np.linspace(lo, hi, samples)
+    ys = f(xs)
+    knots = {0, samples - 1} | {int(np.argmin(np.abs(xs - k))) for k in kinks if lo < k < hi}
+    while len(knots) <= segments:
+        k = np.array(sorted(knots))
+        err = np.abs(np.interp(xs, xs[k], ys[k]) - ys)
+        i = int(np.argmax(err))
+        if err[i] < 1e-9 or i in knots:
+            break
+        knots.add(i)
+    k = np.array(sorted(knots))
+    return xs[k], ys[k]
+
+
+def activation_table(act: dict | None, y_lo: float, y_hi: float, s_v: float, s_z: float, z_z: int) -> dict:
+    """The 16-segment table mapping V ≈ y·S_V to uint8 round(f(y)/s_z + z_z)."""
+    f, kinks = act_function(act)
+    kx, ky = fit_knots(f, y_lo, y_hi, kinks)
+    q = ky / s_z + z_z                                   # target output (real) at each knot
+    starts, muls, shifts, biases = [hw.ACT_X_START_MIN], [0], [0], [int(np.clip(round(q[0]), 0, 255))]
+    prev = hw.ACT_X_START_MIN
+    for i in range(len(kx) - 1):
+        v0 = kx[i] * s_v
+        slope = (q[i + 1] - q[i]) / max((kx[i + 1] - kx[i]) * s_v, 1e-30)   # output units per V
+        bias = int(np.clip(round(q[i]), 0, 255))
+        # move the start so the rounded bias still lies on the exact line
+        start = v0 + (bias - q[i]) / slope if abs(slope) > 1e-30 else v0
+        start = int(max(prev, min(round(start), (1 << 35) - 2)))
+        mul, sh = fixed_mul(slope, 16, ACT_SHIFT_MAX)
+        starts.append(start)
+        muls.append(mul)
+        shifts.append(sh)
+        biases.append(bias)
+        prev = start
+    while len(starts) < hw.ACT_SEGMENTS:   # unused segments: unreachable starts at the top
+        starts.append((1 << 35) - 1)
+        muls.append(0)
+        shifts.append(0)
+        biases.append(biases[-1])
+    return {"x_start": np.array(starts, np.int64), "y_mul": np.array(muls, np.int64),
+            "shift_number": np.array(shifts, np.int64), "bias": np.array(biases, np.uint8)}
