@@ -155,6 +155,23 @@ def model_inputs(graph, dataset, limit, opts: ConvertOptions):
     return (pixels * s4 + o4).astype(np.float32), pixels
 
 
+def channel_means(graph, batches, limit: int = 32):
+    """Per-channel means of every Conv input over (up to `limit` of) the calibration batches:
+    what bias correction needs."""
+    from tl2k210.quantize.calibrate import FloatRunner
+    run = FloatRunner(graph)
+    inputs = {n.inputs[0] for n in graph.nodes if n.op == "Conv"}
+    sums, n = {}, 0
+    for x in batches[:limit]:
+        r = run(x)
+        n += 1
+        for t in inputs:
+            v = r.get(t)
+            if v is not None and v.ndim == 4:
+                sums[t] = sums.get(t, 0) + v.mean(axis=(0, 2, 3))
+    return {k: v / n for k, v in sums.items()}
+
+
 def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     """Convert `source` (path or model object) to a kmodel v3 at `output`. Nothing is written
     unless every step succeeds (atomic rename)."""
@@ -190,9 +207,11 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     batches = [f[None] for f in floats]
     stats = calibrate.collect(graph, batches, histograms=opts.method != "minmax")
     ranges = calibrate.ranges(stats, opts.method)
+    means = channel_means(graph, batches)
     _say(opts, "[4/6] lowering to the KPU ...")
     model, rows, trace_map, lw = lower(graph, ranges, Options(
-        weight_bits=opts.weight_bits, input_scale=tuple(scale), input_offset=tuple(offset)))
+        weight_bits=opts.weight_bits, input_scale=tuple(scale), input_offset=tuple(offset),
+        channel_means=means))
     data_bytes = dumps(model)
     budget = RUNTIME_BUDGET[opts.runtime]
     need = len(data_bytes) + model.main_mem_usage

@@ -60,6 +60,7 @@ class Options:
     # preprocessing of the first (image) input: x_float = pixel * scale[c] + offset[c]
     input_scale: tuple = (1 / 255,)
     input_offset: tuple = (0.0,)
+    channel_means: dict = field(default_factory=dict)   # tensor -> per-channel mean (bias correction)
 
 
 def _chw(shape):
@@ -273,24 +274,27 @@ class Lowering:
         self.rows.append(row)
         W = np.asarray(self.g.tensors[w_name].value, np.float64)
         B = np.asarray(self.g.tensors[b_name].value, np.float64)
-        # --- input quantisation (first layer: pixels with the preprocessing folded in)
+        # --- input: fold its scale(s) into the weights so the KPU sees W'·(q − z_x)
         xloc = self.locs[x]
+        mean = self.opts.channel_means.get(x)
+        ch = (slice(None), None, None, None) if depthwise else (None, slice(None), None, None)
         if x == self.pixel_input:
             sc = np.resize(np.asarray(self.opts.input_scale, np.float64), ci)
             of = np.resize(np.asarray(self.opts.input_offset, np.float64), ci)
             z_x = int(np.clip(round(float(np.mean(-of / sc))), 0, 255))
             resid = of + sc * z_x                       # x = sc·(q − z_x) + resid
-            cw = W if not depthwise else W.reshape(ci, 1, k, k)
-            B = B + (cw.sum(axis=(2, 3)) * (resid if not depthwise else resid[:, None])).sum(axis=1)
-            W = W * (sc[None, :, None, None] if not depthwise else sc[:, None, None, None])
-            s_x = 1.0
-            in_range = self.kpu.place_input(hw.map_lines(ci, h, w), node.name)
-            in_range = (in_range, in_range + hw.map_lines(ci, h, w))
+            B = B + (W.sum(axis=(2, 3)) * (resid[:, None] if depthwise else resid[None, :])).sum(axis=1)
+            W = W * sc[ch]
+            e = None if mean is None else (mean - resid) / sc     # E[q − z_x] per channel
+            start = self.kpu.place_input(hw.map_lines(ci, h, w), node.name)
+            in_range = (start, start + hw.map_lines(ci, h, w))
             xloc.kpu = in_range
             self.kpu_live = x
             row.notes.append(f"input: pixels, preprocessing folded into weights (pad value {z_x})")
         else:
-            s_x, z_x = xloc.quant
+            s_in, z_x = xloc.quant
+            W = W * s_in
+            e = None if mean is None else mean / s_in
             in_range = self.need_kpu(x, row)
         # --- pick pixels for stride 2 / unusual pads; pool codes
         dy, dx, s = self._pick(node)
@@ -321,12 +325,16 @@ class Lowering:
             if code or cpu_pick or cpu_pool:
                 raise AssertionError("pick moved onto a conv that already pools")
             code = 5
-        # --- weights, registers, BN, activation
+        # --- weights (per output channel), bias correction, output scale(s), BN, activation
         Wq, zw, sw = fx.quantize_weights(W, self.opts.weight_bits)
+        if e is not None:   # remove the mean shift the weight rounding causes (Nagel et al. 2019)
+            dW = ((Wq.astype(np.float64) - zw) * sw[:, None, None, None] - W).sum(axis=(2, 3))
+            B = B - (dW[:, 0] * e if depthwise else dW @ e)
+            row.notes.append("bias corrected for weight rounding")
         y_lo, y_hi = self.rng(st["conv"])
         s_z, z_z = fx.qparams(*self.rng(st["act"]))
-        s_v = fx.choose_v_scale(s_x, sw, B, max(abs(y_lo), abs(y_hi)) * 2)
-        bn = fx.bn_params(s_x, sw, B, s_v)
+        s_v = fx.choose_v_scale(1.0, sw, B, max(abs(y_lo), abs(y_hi)) * 2)
+        bn = fx.bn_params(1.0, sw, B, s_v)
         act = fx.activation_table(a.get("activation"), y_lo, y_hi, s_v, s_z, z_z)
         oh_full, ow_full = h, w
         ph, pw = hw.POOL[code].out_size(oh_full, ow_full)
@@ -383,10 +391,13 @@ class Lowering:
             row.notes.append(f"stride {s} with pads {a['pads']}: KPU at stride 1 ({s * s}x the MACs), "
                              f"CPU picks rows from {dy}, columns from {dx}")
             self._cpu_pick(tensor, out, cpu_pick, None if cpu_pool else out, row)
+            self.main.free(f"{tensor}:u8")          # the full-resolution map is consumed
             if cpu_pool:
                 self._cpu_pool(out + ":pick", out, cpu_pool, row)
+                self.main.free(f"{out}:pick:u8")
         elif cpu_pool:
             self._cpu_pool(tensor, out, cpu_pool, row)
+            self.main.free(f"{tensor}:u8")
 
     def _next_pw_takes_pick(self, node):
         cons = self.consumers(node.outputs[0])

@@ -132,7 +132,11 @@ def ranges(stats, method="minmax", percentile=99.99):
         elif method == "percentile":
             out[k] = _percentile(s, percentile)
         else:
-            t = kld_threshold(s.abs_hist, s.amax, 255 if s.lo >= 0 else 128)
+            h = s.abs_hist
+            if s.lo >= 0:  # ReLU-like: the spike of exact zeros says nothing about the clip point
+                h = h.copy()
+                h[0] = 0
+            t = kld_threshold(h, s.amax, 255 if s.lo >= 0 else 128)
             out[k] = (max(s.lo, -t), min(s.hi, t))
     return out
 

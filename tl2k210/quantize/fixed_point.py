@@ -109,9 +109,10 @@ def fit_knots(f, lo: float, hi: float, kinks=(), segments: int = SEGMENTS, sampl
     the ends and the kinks, then greedily the sample with the largest interpolation error."""
     if hi <= lo:
         hi = lo + 1e-6
-    xs = np.linspace(lo, hi, samples)
+    inner = [k for k in kinks if lo < k < hi]
+    xs = np.unique(np.concatenate([np.linspace(lo, hi, samples), inner]))   # kinks exactly
     ys = f(xs)
-    knots = {0, samples - 1} | {int(np.argmin(np.abs(xs - k))) for k in kinks if lo < k < hi}
+    knots = {0, len(xs) - 1} | {int(np.searchsorted(xs, k)) for k in inner}
     while len(knots) <= segments:
         k = np.array(sorted(knots))
         err = np.abs(np.interp(xs, xs[k], ys[k]) - ys)
