@@ -81,6 +81,10 @@ class Receipt:
                   f"{self.main_memory:,} B; runtime '{t['runtime']}' budget {t['budget']:,} B "
                   f"(model + main memory {self.file_size + self.main_memory:,} B)",
                   f"estimated latency {self.latency_ms:.2f} ms at 400 MHz (model in tl2k210/k210/cost.py)"]
+        if t.get("kpu_padding_effect"):
+            for name, e in t["kpu_padding_effect"].items():
+                lines.append(f"--kpu-padding changed the float model: output {name} SQNR "
+                             f"{e['sqnr_db']:.1f} dB, cosine {e['cosine']:.4f} vs the exact graph")
         if t.get("output_sqnr_db") is not None:
             lines.append(f"output SQNR vs float {t['output_sqnr_db']:.1f} dB on {t['sqnr_samples']} "
                          "calibration samples")
@@ -196,6 +200,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     graph = from_onnx(onnx_model, input_shapes=shapes)
     t_front = time.perf_counter() - t0
     _say(opts, f"[2/6] passes ({len(graph.nodes)} nodes) ...")
+    exact_graph = graph
     graph, plog = run_pipeline(graph, {"kpu_padding": opts.kpu_padding})
     if opts.dataset is None:
         raise Tl2k210Error("convert needs calibration data: --dataset DIR (images) or FILE.npy/.npz")
@@ -208,6 +213,11 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     stats = calibrate.collect(graph, batches, histograms=opts.method != "minmax")
     ranges = calibrate.ranges(stats, opts.method)
     means = channel_means(graph, batches)
+    padding_effect = None
+    if opts.kpu_padding and any(p["pass"] == "kpu_padding" and p["changes"] for p in plog):
+        # the opt-in rewrite changes the float math: measure it against the exact graph
+        exact, _ = run_pipeline(exact_graph)
+        padding_effect = calibrate.compare_graphs(exact, graph, batches[:opts.sqnr_samples * 4])
     _say(opts, "[4/6] lowering to the KPU ...")
     model, rows, trace_map, lw = lower(graph, ranges, Options(
         weight_bits=opts.weight_bits, input_scale=tuple(scale), input_offset=tuple(offset),
@@ -265,7 +275,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
                 "weights": f"{opts.weight_bits}-bit", "output_sqnr_db": out_sqnr, "sqnr_samples": n,
                 "cycles": total_cycles, "frontend_s": round(t_front, 2),
                 "total_s": round(time.perf_counter() - t0, 2), "method": opts.method,
-                "kpu_padding": opts.kpu_padding},
+                "kpu_padding": opts.kpu_padding, "kpu_padding_effect": padding_effect},
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
                  "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in plog])
     _say(opts, f"[6/6] writing {output}")

@@ -1,0 +1,236 @@
+"""`tl2k210 convert` end to end: real models in, kmodel v3 out, checked on the bit-exact emulator
+against the float model (onnxruntime)."""
+import json
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import REPO, data_path
+from tl2k210.errors import KpuLimitError, Tl2k210Error, UnsupportedOpError
+from tl2k210.k210 import kmodel
+from tl2k210.k210.emulator import Emulator
+
+tf = pytest.importorskip("tensorflow")
+pytest.importorskip("onnxruntime")
+from tl2k210.compiler import ConvertOptions, convert  # noqa: E402
+from tl2k210.compiler_cli import compare  # noqa: E402
+
+CALIB = ["astronaut", "coffee", "chelsea", "rocket", "camera", "brick", "grass", "gravel",
+         "immunohistochemistry", "retina", "hubble_deep_field", "coins"]
+
+
+def _save_images(folder, names):
+    from skimage import data
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        a = getattr(data, n)()
+        Image.fromarray(a).convert("RGB").save(folder / f"{n}.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def calib_dir(tmp_path_factory):
+    return _save_images(tmp_path_factory.mktemp("calib"), CALIB)
+
+
+@pytest.fixture(scope="module")
+def heldout_dir(tmp_path_factory):
+    """Structured images the calibration never saw: crops of scikit-learn's photos."""
+    from sklearn.datasets import load_sample_images
+    d = tmp_path_factory.mktemp("heldout")
+    for i, img in enumerate(load_sample_images().images):
+        for j, (y, x) in enumerate([(0, 0), (100, 200), (200, 300), (150, 50)]):
+            Image.fromarray(img[y:y + 200, x:x + 200]).save(d / f"s{i}_{j}.png")
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+def test_iris_tflite_matches_float_and_nncase(tmp_path):
+    from sklearn.datasets import load_iris
+    x, y = load_iris(return_X_y=True)
+    np.save(tmp_path / "iris.npy", x.astype(np.float32))
+    src = data_path("tflite", "iris.tflite")
+    out = tmp_path / "iris.kmodel"
+    receipt = convert(src, out, ConvertOptions(dataset=str(tmp_path / "iris.npy"), progress=False))
+    emu = Emulator.load(out)
+    pred = np.array([emu.run(r)[0] for r in x.astype(np.float32)]).argmax(1)
+    assert (pred == y).mean() == pytest.approx(0.98667, abs=1e-4)      # = float accuracy
+    ours = compare(src, out, str(tmp_path / "iris.npy"))["outputs"]
+    rows = {"tl2k210": list(ours.values())[0]["sqnr_db"]}
+    for v in ("v3", "v4"):   # measured the same way on nncase's files of the same model
+        rep = compare(src, data_path("kmodels", f"iris_{v}.kmodel"), str(tmp_path / "iris.npy"))
+        rows[f"nncase {v}"] = list(rep["outputs"].values())[0]["sqnr_db"]
+    print("iris SQNR vs float (dB):", {k: round(v, 1) for k, v in rows.items()})
+    assert rows["tl2k210"] >= min(rows["nncase v3"], rows["nncase v4"]) - 1
+    assert receipt.layers[0]["unit"] == "CPU" and "FULLY_CONNECTED" in receipt.layers[0]["kmodel_layers"]
+
+
+# ---------------------------------------------------------------------------------------------
+def _residual_model():
+    keras = tf.keras
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    x = keras.Input((64, 64, 3))
+    a = L.Conv2D(16, 3, padding="same", activation="relu")(x)
+    b = L.BatchNormalization()(L.Conv2D(16, 3, padding="same")(a))
+    r = L.ReLU()(L.Add()([a, b]))
+    p = L.MaxPooling2D(2)(r)
+    d = L.DepthwiseConv2D(3, padding="same", activation="relu6")(p)
+    e = L.Conv2D(32, 1, activation="relu")(d)
+    s = L.Conv2D(16, 3, strides=2, padding="same", activation="relu")(e)
+    u = L.UpSampling2D(2)(s)
+    c = L.Concatenate()([u, e])
+    g = L.Conv2D(8, 3, padding="same", activation="sigmoid")(c)
+    f = L.GlobalAveragePooling2D()(g)
+    return keras.Model(x, L.Dense(5)(f))
+
+
+@pytest.fixture(scope="module")
+def residual(tmp_path_factory, calib_dir):
+    d = tmp_path_factory.mktemp("residual")
+    src = d / "residual.keras"
+    _residual_model().save(src)
+    out = d / "residual.kmodel"
+    receipt = convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False))
+    return src, out, receipt
+
+
+def test_keras_residual_model_matches_float(residual, heldout_dir):
+    src, out, receipt = residual
+    rep = compare(str(src), str(out), str(heldout_dir))
+    sq = list(rep["outputs"].values())[0]["sqnr_db"]
+    print(f"residual Keras model, {rep['samples']} held-out images: SQNR {sq:.1f} dB")
+    assert sq >= 25
+    ops = {r["op"] for r in receipt.layers}
+    assert {"Add", "Concat", "Resize", "GlobalAveragePool", "Conv"} <= ops
+    kinds = {name for r in receipt.layers for name in r["kmodel_layers"]}
+    assert {"K210_CONV", "QUANTIZED_ADD", "QUANTIZED_CONCAT", "QUANTIZED_RESIZE_NEAREST_NEIGHBOR",
+            "GLOBAL_AVERAGE_POOL2D", "FULLY_CONNECTED", "QUANTIZED_MAX_POOL2D"} <= kinds
+    assert kmodel.load(out).layers[0].name == "K210_CONV"   # MaixPy needs a conv first
+
+
+def test_receipt_contents(residual, tmp_path):
+    _, out, receipt = residual
+    info = json.loads(receipt.to_json())
+    assert info["file_size"] == out.stat().st_size
+    assert 0 < info["peak_kpu_ram"] <= 2 * 1024 * 1024 and info["main_memory"] > 0
+    assert info["latency_ms"] > 0 and info["totals"]["cycles"] > 0
+    for r in info["layers"]:
+        assert r["unit"] in ("KPU", "CPU") and r["why"] and r["cycles"] >= 0
+    kpu = [r for r in info["layers"] if r["unit"] == "KPU"]
+    assert all(r["sqnr_db"] is not None and r["sqnr_db"] > 20 for r in kpu)
+    assert any("stride 2" in n for r in kpu for n in r["notes"])    # SAME stride 2: how, and cost
+    assert [p["pass"] for p in info["passes"]][:2] == ["input_nchw", "fold_constants"]
+    text = receipt.table()
+    assert "SQNR" in text and "estimated latency" in text and "peak KPU RAM" in text
+
+
+def test_same_stride2_is_exact_on_the_float_side(residual, heldout_dir):
+    """The default lowering keeps TF 'SAME' stride-2 semantics: the kmodel agrees with the float
+    model as well as a plain quantized conv does (no border error from re-padding)."""
+    _, _, receipt = residual
+    s2 = next(r for r in receipt.layers if any("stride 2" in n for n in r["notes"]))
+    assert s2["sqnr_db"] > 25 and "QUANTIZED_MAX_POOL2D" in s2["kmodel_layers"]
+
+
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mobilenet(tmp_path_factory):
+    sys.path.insert(0, str(REPO))
+    from models.mobilenet_v1.network import load_keras_order_npz, mobilenet_v1
+    net = mobilenet_v1(0.25)
+    load_keras_order_npz(net, data_path("weights", "mobilenetv1_0.25_tensorlayer.npz"))
+    net.eval()
+    out = tmp_path_factory.mktemp("mnv1") / "mobilenet_v1_0.25.kmodel"
+    receipt = convert(net, out, ConvertOptions(dataset=str(data_path("imagenet")), input_range=(-1, 1),
+                                               progress=False))
+    return net, out, receipt
+
+
+def test_mobilenet_v1_tensorlayer_agrees_with_float(mobilenet):
+    from tl2k210 import frontends
+    from tl2k210.compiler import model_inputs
+    from tl2k210.graph import from_onnx
+    from tl2k210.passes import run_pipeline
+    from tl2k210.quantize.calibrate import FloatRunner
+    net, out, receipt = mobilenet
+    g, _ = run_pipeline(from_onnx(frontends.load_model(net)))
+    opts = ConvertOptions(input_range=(-1, 1))
+    floats, pixels = model_inputs(g, str(data_path("imagenet")), 100, opts)
+    run, emu = FloatRunner(g, expose_all=False), Emulator.load(out)
+    top1 = in5 = 0
+    for f, p in zip(floats, pixels):
+        ref = run(f[None])[g.outputs[0]].reshape(-1)
+        got = emu.run(p)[0]
+        top1 += ref.argmax() == got.argmax()
+        in5 += ref.argmax() in np.argsort(-got)[:5]
+    n = len(floats)
+    print(f"MobileNetV1 0.25 on {n} images: top-1 agreement {top1 / n:.3f}, float top-1 in kmodel "
+          f"top-5 {in5 / n:.3f}; output SQNR {receipt.totals['output_sqnr_db']:.1f} dB")
+    assert n == 28 and top1 / n >= 0.9 and in5 / n >= 0.98
+    assert sum(r["unit"] == "KPU" for r in receipt.layers) == 27
+    notes = [nt for r in receipt.layers for nt in r["notes"]]
+    assert sum("stride 2 with pads [0, 0, 1, 1]" in nt for nt in notes) == 5   # TF 'SAME' stride 2
+    assert receipt.file_size + receipt.main_memory <= 2 * 1024 * 1024        # fits full MaixPy
+
+
+# ---------------------------------------------------------------------------------------------
+def test_unsupported_op_names_node_and_writes_nothing(tmp_path, calib_dir):
+    keras = tf.keras
+    x = keras.Input((32, 32, 3))
+    m = keras.Model(x, keras.layers.Conv2D(4, 5, padding="same", name="big_kernel")(x))
+    src = tmp_path / "k5.keras"
+    m.save(src)
+    out = tmp_path / "k5.kmodel"
+    out.write_bytes(b"previous")
+    with pytest.raises(UnsupportedOpError) as e:
+        convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False))
+    msg = str(e.value)
+    assert "big_kernel" in msg and "kernel (5, 5)" in msg and "3x3" in msg
+    assert out.read_bytes() == b"previous"
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_kpu_ram_limit_names_layer(tmp_path):
+    keras = tf.keras
+    x = keras.Input((240, 320, 3))
+    y = keras.layers.Conv2D(64, 3, padding="same", name="wide")(x)
+    y = keras.layers.Conv2D(64, 3, padding="same", name="wider")(y)
+    src = tmp_path / "big.keras"
+    keras.Model(x, y).save(src)
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).random((2, 3, 240, 320), np.float32))
+    with pytest.raises(KpuLimitError) as e:
+        convert(src, tmp_path / "big.kmodel", ConvertOptions(dataset=str(tmp_path / "x.npy"), progress=False))
+    assert "2 MiB KPU RAM" in str(e.value) and "wide_1" in str(e.value) and "4,915,200 B" in str(e.value)
+    assert not (tmp_path / "big.kmodel").exists()
+
+
+def test_budget_check_before_writing(tmp_path, calib_dir):
+    keras = tf.keras
+    x = keras.Input((8, 8, 3))
+    y = keras.layers.Dense(1000)(keras.layers.Flatten()(keras.layers.Conv2D(16, 3, padding="same")(x)))
+    src = tmp_path / "fat.keras"
+    keras.Model(x, y).save(src)
+    with pytest.raises(Tl2k210Error) as e:
+        convert(src, tmp_path / "fat.kmodel", ConvertOptions(dataset=str(calib_dir), progress=False))
+    assert "exceeds what 'maixpy' firmware leaves" in str(e.value)
+    assert not (tmp_path / "fat.kmodel").exists()
+
+
+def test_cli_convert_writes_report(tmp_path, calib_dir, capsys):
+    from tl2k210.cli import main
+    keras = tf.keras
+    x = keras.Input((32, 32, 3))
+    y = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(x)
+    y = keras.layers.Conv2D(4, 3, padding="same")(y)
+    src = tmp_path / "small.keras"
+    keras.Model(x, y).save(src)
+    rc = main(["convert", str(src), str(tmp_path / "small.kmodel"), "--dataset", str(calib_dir),
+               "--report", str(tmp_path / "r.json"), "-q", "--calibrate-method", "percentile"])
+    assert rc == 0
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert len(rep["layers"]) == 3 and rep["totals"]["method"] == "percentile"
+    assert "SQNR" in capsys.readouterr().out
+    assert main(["inspect", str(tmp_path / "small.kmodel")]) == 0
