@@ -53,7 +53,8 @@ def test_iris_tflite_matches_float_and_nncase(tmp_path):
     np.save(tmp_path / "iris.npy", x.astype(np.float32))
     src = data_path("tflite", "iris.tflite")
     out = tmp_path / "iris.kmodel"
-    receipt = convert(src, out, ConvertOptions(dataset=str(tmp_path / "iris.npy"), progress=False))
+    receipt = convert(src, out, ConvertOptions(dataset=str(tmp_path / "iris.npy"), progress=False,
+                                               float_fc=True))
     emu = Emulator.load(out)
     pred = np.array([emu.run(r)[0] for r in x.astype(np.float32)]).argmax(1)
     assert (pred == y).mean() == pytest.approx(0.98667, abs=1e-4)      # = float accuracy
@@ -107,7 +108,7 @@ def test_keras_residual_model_matches_float(residual, heldout_dir):
     assert {"Add", "Concat", "Resize", "GlobalAveragePool", "Conv"} <= ops
     kinds = {name for r in receipt.layers for name in r["kmodel_layers"]}
     assert {"K210_CONV", "QUANTIZED_ADD", "QUANTIZED_CONCAT", "QUANTIZED_RESIZE_NEAREST_NEIGHBOR",
-            "GLOBAL_AVERAGE_POOL2D", "FULLY_CONNECTED", "QUANTIZED_MAX_POOL2D"} <= kinds
+            "GLOBAL_AVERAGE_POOL2D", "K210_ADD_PADDING", "K210_REMOVE_PADDING", "QUANTIZED_MAX_POOL2D"} <= kinds
     assert kmodel.load(out).layers[0].name == "K210_CONV"   # MaixPy needs a conv first
 
 
@@ -170,7 +171,7 @@ def test_mobilenet_v1_tensorlayer_agrees_with_float(mobilenet):
     print(f"MobileNetV1 0.25 on {n} images: top-1 agreement {top1 / n:.3f}, float top-1 in kmodel "
           f"top-5 {in5 / n:.3f}; output SQNR {receipt.totals['output_sqnr_db']:.1f} dB")
     assert n == 28 and top1 / n >= 0.9 and in5 / n >= 0.98
-    assert sum(r["unit"] == "KPU" for r in receipt.layers) == 27
+    assert sum(r["unit"] == "KPU" for r in receipt.layers) == 28      # 27 convs + the dense head
     notes = [nt for r in receipt.layers for nt in r["notes"]]
     assert sum("stride 2 with pads [0, 0, 1, 1]" in nt for nt in notes) == 5   # TF 'SAME' stride 2
     assert receipt.file_size + receipt.main_memory <= 2 * 1024 * 1024        # fits full MaixPy
@@ -209,8 +210,8 @@ def test_kpu_ram_limit_names_layer(tmp_path):
 
 def test_budget_check_before_writing(tmp_path, calib_dir):
     keras = tf.keras
-    x = keras.Input((8, 8, 3))
-    y = keras.layers.Dense(1000)(keras.layers.Flatten()(keras.layers.Conv2D(16, 3, padding="same")(x)))
+    x = keras.Input((16, 16, 3))   # 2048 features: above the KPU's 1024, a float dense layer of 8 MB
+    y = keras.layers.Dense(1000)(keras.layers.Flatten()(keras.layers.Conv2D(8, 3, padding="same")(x)))
     src = tmp_path / "fat.keras"
     keras.Model(x, y).save(src)
     with pytest.raises(Tl2k210Error) as e:
@@ -234,3 +235,38 @@ def test_cli_convert_writes_report(tmp_path, calib_dir, capsys):
     assert len(rep["layers"]) == 3 and rep["totals"]["method"] == "percentile"
     assert "SQNR" in capsys.readouterr().out
     assert main(["inspect", str(tmp_path / "small.kmodel")]) == 0
+
+
+def _tiny_detector():
+    keras = tf.keras
+    keras.utils.set_random_seed(1)
+    L = keras.layers
+    x = keras.Input((64, 80, 3))
+    y = L.Conv2D(16, 3, padding="same", activation="relu")(x)
+    y = L.MaxPooling2D(2)(y)
+    y = L.Conv2D(32, 3, padding="same")(y)
+    y = L.LeakyReLU(0.1)(L.BatchNormalization()(y))
+    y = L.MaxPooling2D(2)(y)
+    y = L.Conv2D(30, 1)(y)   # 5 anchors x (4 box + 1 obj + 1 class), a 20x16 grid
+    return keras.Model(x, y)
+
+
+def test_16bit_weights_and_yolo_compare(tmp_path, calib_dir, heldout_dir):
+    src = tmp_path / "det.keras"
+    _tiny_detector().save(src)
+    reps = {}
+    for bits in (8, 16):
+        out = tmp_path / f"det{bits}.kmodel"
+        receipt = convert(src, out, ConvertOptions(dataset=str(calib_dir), weight_bits=bits, progress=False))
+        m = kmodel.load(out)
+        assert m.flags & 1 == (1 if bits == 8 else 0)
+        assert m.layers[0].conv.weights.dtype == (np.uint8 if bits == 8 else np.uint16)
+        anchors = ",".join(["1,1", "2,2", "3,3", "4,4", "5,5"])
+        reps[bits] = compare(str(src), str(out), str(heldout_dir), decode="yolo2", anchors=anchors,
+                             threshold=0.6)
+        assert "LeakyRelu" in " ".join(receipt.layers[1]["fused"]) or receipt.layers[1]["sqnr_db"] > 20
+    sq = {b: list(r["outputs"].values())[0]["sqnr_db"] for b, r in reps.items()}
+    print("tiny detector SQNR by weight bits:", sq, "detections:", reps[8]["detections"])
+    assert sq[8] > 25 and sq[16] >= sq[8] - 0.5
+    d = reps[8]["detections"]
+    assert d["ref"] > 0 and d["recall"] >= 0.8 and d["precision"] >= 0.8

@@ -38,6 +38,7 @@ class ConvertOptions:
     channel_order: str = "RGB"
     method: str = "minmax"                # minmax | percentile | kld
     weight_bits: int = 8
+    float_fc: bool = False                # dense layers as float CPU layers instead of KPU convs
     kpu_padding: bool = False
     runtime: str = "maixpy"
     calib_limit: int = 100
@@ -221,7 +222,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     _say(opts, "[4/6] lowering to the KPU ...")
     model, rows, trace_map, lw = lower(graph, ranges, Options(
         weight_bits=opts.weight_bits, input_scale=tuple(scale), input_offset=tuple(offset),
-        channel_means=means))
+        channel_means=means, float_fc=opts.float_fc))
     data_bytes = dumps(model)
     budget = RUNTIME_BUDGET[opts.runtime]
     need = len(data_bytes) + model.main_mem_usage

@@ -39,6 +39,9 @@ def add_convert_parser(sub):
     p.add_argument("--calibrate-method", choices=["minmax", "percentile", "kld"], default="minmax")
     p.add_argument("--calib-limit", type=int, default=100, help="calibration samples to use (100)")
     p.add_argument("--weight-bits", type=int, choices=[8, 16], default=8)
+    p.add_argument("--float-fc", action="store_true",
+                   help="run dense layers as float FULLY_CONNECTED on the CPU (exact, 4x the weight "
+                   "bytes) instead of a 1x1 KPU conv on a 4x4-padded map")
     p.add_argument("--kpu-padding", action="store_true",
                    help="rewrite TF-SAME stride-2 convs to symmetric padding so they run fully on the "
                    "KPU (changes the math; the receipt shows the measured effect)")
@@ -66,6 +69,7 @@ def cmd_convert(args):
     from tl2k210.k210.kmodel import atomic_write
     opts = ConvertOptions(dataset=args.dataset, method=args.calibrate_method, weight_bits=args.weight_bits,
                           kpu_padding=args.kpu_padding, runtime=args.runtime, calib_limit=args.calib_limit,
+                          float_fc=args.float_fc,
                           progress=not args.quiet, **_pre_opts(args))
     if args.network:
         opts.network = _load_network(args.network)

@@ -61,6 +61,7 @@ class Options:
     input_scale: tuple = (1 / 255,)
     input_offset: tuple = (0.0,)
     channel_means: dict = field(default_factory=dict)   # tensor -> per-channel mean (bias correction)
+    float_fc: bool = False      # dense layers as float FULLY_CONNECTED instead of the padded KPU conv
 
 
 def _chw(shape):
@@ -325,48 +326,10 @@ class Lowering:
             if code or cpu_pick or cpu_pool:
                 raise AssertionError("pick moved onto a conv that already pools")
             code = 5
-        # --- weights (per output channel), bias correction, output scale(s), BN, activation
-        Wq, zw, sw = fx.quantize_weights(W, self.opts.weight_bits)
-        if e is not None:   # remove the mean shift the weight rounding causes (Nagel et al. 2019)
-            dW = ((Wq.astype(np.float64) - zw) * sw[:, None, None, None] - W).sum(axis=(2, 3))
-            B = B - (dW[:, 0] * e if depthwise else dW @ e)
-            row.notes.append("bias corrected for weight rounding")
-        y_lo, y_hi = self.rng(st["conv"])
-        s_z, z_z = fx.qparams(*self.rng(st["act"]))
-        s_v = fx.choose_v_scale(1.0, sw, B, max(abs(y_lo), abs(y_hi)) * 2)
-        bn = fx.bn_params(1.0, sw, B, s_v)
-        act = fx.activation_table(a.get("activation"), y_lo, y_hi, s_v, s_z, z_z)
-        oh_full, ow_full = h, w
-        ph, pw = hw.POOL[code].out_size(oh_full, ow_full)
-        out_lines = hw.map_lines(co, ph, pw)
-        dst = self.kpu.place_output(in_range, out_lines, node.name)
-        n_ic = 1 if depthwise else ci
-        per_oc = k * k * n_ic
-        budget = hw.WEIGHT_LOAD_BUDGET[self.opts.weight_bits]
-        wbytes = self.opts.weight_bits // 8
-        if depthwise:
-            n_oc, load_time = co, 0
-        else:
-            n_oc = max(1, min(co, budget // (per_oc * wbytes)))
-            load_time = -(-co // n_oc) - 1
-        if load_time > hw.LIMITS["load_time_max"] or n_oc * per_oc * wbytes > hw.LIMITS["para_size_max"]:
-            raise KpuLimitError(f"node {node.name!r}: {co}x{per_oc} weights need {load_time + 1} "
-                                "weight loads; the KPU allows 64")
-        g_in, _, L_in = hw.row_layout(w)
-        g_out, _, L_out = hw.row_layout(pw)
-        args = dict(hw.LAYER_DEFAULTS)
-        args.update(
-            depth_wise_layer=int(depthwise), image_src_addr=in_range[0], image_dst_addr=dst,
-            i_ch_num=ci - 1, o_ch_num=co - 1, o_ch_num_coef=n_oc - 1,
-            i_row_wid=w - 1, i_col_high=h - 1, o_row_wid=pw - 1, o_col_high=ph - 1,
-            kernel_type=0 if k == 1 else 1, pool_type=code, pad_value=z_x,
-            load_time=load_time, para_size=n_oc * per_oc * wbytes,
-            channel_switch_addr=L_in * h, row_switch_addr=L_in, coef_group=g_in,
-            wb_channel_switch_addr=L_out * ph, wb_row_switch_addr=L_out, wb_group=g_out,
-            arg_x=-zw, shr_x=0, arg_w=-z_x, shr_w=0, arg_add=k * k * z_x * zw,
-            channel_byte_num=ph * pw - 1, dma_total_byte=co * ph * pw - 1,
-            bwsx_base_addr=0, para_start_addr=0, active_addr=0)
-        conv = KpuConv(args, Wq.reshape(-1), bn, act)
+        conv, (s_z, z_z), dst, out_lines = self._build_conv(
+            W, B, e, z_x, (ci, h, w), in_range, code, depthwise, self.rng(st["conv"]),
+            self.rng(st["act"]), a.get("activation"), node.name, row)
+        co, ph, pw = conv.out_shape
         loc = Loc((co, ph, pw), quant=(s_z, z_z), kpu=(dst, dst + out_lines))
         tensor = out if not (cpu_pick or cpu_pool) else out + ":kpu"
         self.locs[tensor] = loc
@@ -398,6 +361,51 @@ class Lowering:
         elif cpu_pool:
             self._cpu_pool(tensor, out, cpu_pool, row)
             self.main.free(f"{tensor}:u8")
+
+    def _build_conv(self, W, B, e, z_x, in_shape, in_range, code, depthwise, y_range, z_range, act_attr,
+                    name, row):
+        """One K210_CONV: per-channel weights (acting on q − z_x), bias correction, BN fixed
+        point, activation table, registers and its output map in KPU RAM."""
+        ci, h, w = in_shape
+        co, k = W.shape[0], W.shape[2]
+        Wq, zw, sw = fx.quantize_weights(W, self.opts.weight_bits)
+        if e is not None:   # remove the mean shift the weight rounding causes (Nagel et al. 2019)
+            dW = ((Wq.astype(np.float64) - zw) * sw[:, None, None, None] - W).sum(axis=(2, 3))
+            B = B - (dW[:, 0] * e if depthwise else dW @ e)
+            row.notes.append("bias corrected for weight rounding")
+        y_lo, y_hi = y_range
+        s_z, z_z = fx.qparams(*z_range)
+        s_v = fx.choose_v_scale(1.0, sw, B, max(abs(y_lo), abs(y_hi)) * 2)
+        bn = fx.bn_params(1.0, sw, B, s_v)
+        act = fx.activation_table(act_attr, y_lo, y_hi, s_v, s_z, z_z)
+        ph, pw = hw.POOL[code].out_size(h, w)
+        out_lines = hw.map_lines(co, ph, pw)
+        dst = self.kpu.place_output(in_range, out_lines, name)
+        per_oc = k * k * (1 if depthwise else ci)
+        wbytes = self.opts.weight_bits // 8
+        if depthwise:
+            n_oc, load_time = co, 0
+        else:
+            n_oc = max(1, min(co, hw.WEIGHT_LOAD_BUDGET[self.opts.weight_bits] // (per_oc * wbytes)))
+            load_time = -(-co // n_oc) - 1
+        if load_time > hw.LIMITS["load_time_max"] or n_oc * per_oc * wbytes > hw.LIMITS["para_size_max"]:
+            raise KpuLimitError(f"node {name!r}: {co}x{per_oc} weights need {load_time + 1} "
+                                "weight loads; the KPU allows 64")
+        g_in, _, L_in = hw.row_layout(w)
+        g_out, _, L_out = hw.row_layout(pw)
+        args = dict(hw.LAYER_DEFAULTS)
+        args.update(
+            depth_wise_layer=int(depthwise), image_src_addr=in_range[0], image_dst_addr=dst,
+            i_ch_num=ci - 1, o_ch_num=co - 1, o_ch_num_coef=n_oc - 1,
+            i_row_wid=w - 1, i_col_high=h - 1, o_row_wid=pw - 1, o_col_high=ph - 1,
+            kernel_type=0 if k == 1 else 1, pool_type=code, pad_value=z_x,
+            load_time=load_time, para_size=n_oc * per_oc * wbytes,
+            channel_switch_addr=L_in * h, row_switch_addr=L_in, coef_group=g_in,
+            wb_channel_switch_addr=L_out * ph, wb_row_switch_addr=L_out, wb_group=g_out,
+            arg_x=-zw, shr_x=0, arg_w=-z_x, shr_w=0, arg_add=k * k * z_x * zw,
+            channel_byte_num=ph * pw - 1, dma_total_byte=co * ph * pw - 1,
+            bwsx_base_addr=0, para_start_addr=0, active_addr=0)
+        return KpuConv(args, Wq.reshape(-1), bn, act), (s_z, z_z), dst, out_lines
 
     def _next_pw_takes_pick(self, node):
         cons = self.consumers(node.outputs[0])
@@ -458,10 +466,52 @@ class Lowering:
 
     # ------------------------------------------------------------------ float dense layers
     def lower_fc(self, node):
+        x = node.inputs[0]
+        co, ci = self.shape(node.outputs[0])[0], self.shape(x)[0]
+        if not self.opts.float_fc and max(ci, co) <= 1024 and x != self.pixel_input:
+            return self._kpu_fc(node)
+        return self._float_fc(node)
+
+    def _kpu_fc(self, node):
+        """Dense layer on the KPU as nncase v0.1 did: the vector is padded into pixel (0,0) of a
+        4x4 map per channel (K210_ADD_PADDING), a 1x1 conv runs, and K210_REMOVE_PADDING reads
+        pixel (0,0) of each output channel back."""
         x, w_name, b_name = node.inputs
         out = node.outputs[0]
-        W = np.asarray(self.g.tensors[w_name].value, np.float32)
-        B = np.asarray(self.g.tensors[b_name].value, np.float32)
+        st = self.stage_names(node)
+        W = np.asarray(self.g.tensors[w_name].value, np.float64)
+        B = np.asarray(self.g.tensors[b_name].value, np.float64)
+        co, ci = W.shape[0], W.shape[1]
+        row = Row(node.name, "Conv/Gemm", "KPU", "dense layer: 1x1 KPU conv on a 4x4-padded map "
+                  "(ADD_PADDING, conv, REMOVE_PADDING)", list(node.fused), in_shape=(ci,), out_shape=(co,))
+        self.rows.append(row)
+        src = self.need_u8(x, row)
+        s_x, z_x = self.locs[x].quant
+        mean = self.opts.channel_means.get(x)
+        lines = hw.map_lines(ci, 4, 4)
+        start = self.kpu.place_input(lines, node.name)
+        self.emit("K210_ADD_PADDING", dict(flags=0, main_mem_in_address=src, kpu_mem_out_address=start,
+                                           channels=ci), row)
+        conv, quant, dst, out_lines = self._build_conv(
+            W.reshape(co, ci, 1, 1) * s_x, B, None if mean is None else mean / s_x, z_x, (ci, 4, 4),
+            (start, start + lines), 0, False, self.rng(st["conv"]), self.rng(st["act"]),
+            node.attrs.get("activation"), node.name, row)
+        padded = self.alloc(out + ":pad", "u8", co * 16)
+        self.emit("K210_CONV", dict(flags=1, main_mem_out_address=padded), row, conv=conv)
+        self.kpu_live = None
+        loc = self._u8_out(out, quant)
+        self.emit("K210_REMOVE_PADDING", dict(flags=1, main_mem_in_address=padded,
+                                              main_mem_out_address=loc.u8, channels=co), row)
+        self.main.free(f"{out}:pad:u8")
+        self.trace_map[out] = (len(self.layers) - 1, "u8")
+        row.macs, row.kpu_lines = conv.macs, lines + out_lines
+        row.weight_bytes = len(conv.weight_bytes()) + 8 * co + hw.ACT_TABLE_BYTES
+
+    def _float_fc(self, node, W=None, B=None):
+        x, out = node.inputs[0], node.outputs[0]
+        if W is None:
+            W = np.asarray(self.g.tensors[node.inputs[1]].value, np.float32)
+            B = np.asarray(self.g.tensors[node.inputs[2]].value, np.float32)
         co = W.shape[0]
         W = W.reshape(co, -1)
         act = node.attrs.get("activation")
@@ -469,8 +519,9 @@ class Lowering:
         code = FC_ACTS.get(op)
         if op == "Clip" and act.get("min", None) == 0 and act.get("max") == 6:
             code = 2
-        row = Row(node.name, "Conv/Gemm", "CPU", "dense layer on a 1x1 map: float "
-                  "FULLY_CONNECTED (exact float; the KPU needs maps of at least 4x4)",
+        why = ("--float-fc: float FULLY_CONNECTED" if self.opts.float_fc and W.shape[1] <= 1024 and co <= 1024
+               else "dense layer: float FULLY_CONNECTED (vector input, or over the KPU's 1024 channels)")
+        row = Row(node.name, node.op, "CPU", why,
                   list(node.fused), in_shape=self.shape(x), out_shape=(co,),
                   macs=W.size, weight_bytes=4 * (W.size + co))
         self.rows.append(row)
@@ -488,6 +539,28 @@ class Lowering:
             else:
                 raise UnsupportedOpError(f"node {node.name!r}: activation {op} after a dense layer "
                                          "has no v3 CPU layer; use Relu, Relu6 or Sigmoid")
+
+    def lower_MatMul(self, node):
+        self.lower_Gemm(node)
+
+    def lower_Gemm(self, node):
+        """A dense layer the KPU cannot take (over 1024 features): float FULLY_CONNECTED."""
+        x, w = node.inputs[0], node.inputs[1]
+        W = self.g.tensors[w].value
+        if W is None or self.g.tensors[x].value is not None:
+            raise UnsupportedOpError(f"node {node.name!r}: {node.op} of two activations has no v3 layer")
+        a = node.attrs
+        W = np.asarray(W, np.float32)
+        if node.op == "Gemm":
+            if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+                raise UnsupportedOpError(f"node {node.name!r}: Gemm {a} (only transB and a bias)")
+            W = W if a.get("transB", 0) else W.T
+        else:
+            W = W.T
+        bias = np.zeros(W.shape[0], np.float32)
+        if len(node.inputs) > 2 and node.inputs[2]:
+            bias = np.broadcast_to(np.asarray(self.g.tensors[node.inputs[2]].value, np.float32), bias.shape)
+        self._float_fc(node, W, bias)
 
     def _logistic(self, src, dst, row, in_place=False):
         n = int(np.prod(self.locs[src].shape))
