@@ -60,15 +60,22 @@ def decode(output: np.ndarray, anchors, grid_w: int, grid_h: int, image_w: int, 
     # boxes indexed like region_layer.c: index = cell * na + anchor
     P = probs.transpose(2, 3, 0, 1).reshape(-1, classes)              # (cells*na, classes)
     geo = np.stack([bx, by, bw, bh], -1).transpose(1, 2, 0, 3).reshape(-1, 4)
+    x0, y0 = geo[:, 0] - geo[:, 2] / 2, geo[:, 1] - geo[:, 3] / 2
+    x1, y1 = x0 + geo[:, 2], y0 + geo[:, 3]
+    area = geo[:, 2] * geo[:, 3]
     for k in range(classes):  # do_nms_sort: per class, sorted by probability
         order = np.argsort(-P[:, k], kind="stable")
         order = order[P[order, k] > 0]
         for ii, i in enumerate(order):
             if P[i, k] == 0:
                 continue
-            for j in order[ii + 1:]:
-                if P[j, k] > 0 and _iou_center(geo[i], geo[j]) > nms:
-                    P[j, k] = 0
+            rest = order[ii + 1:]
+            iw = np.maximum(0.0, np.minimum(x1[i], x1[rest]) - np.maximum(x0[i], x0[rest]))
+            ih = np.maximum(0.0, np.minimum(y1[i], y1[rest]) - np.maximum(y0[i], y0[rest]))
+            inter = iw * ih
+            union = area[i] + area[rest] - inter
+            overlap = np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+            P[rest[overlap > nms], k] = 0
     boxes = []
     for i in range(P.shape[0]):
         k = int(np.argmax(P[i]))
@@ -80,6 +87,3 @@ def decode(output: np.ndarray, anchors, grid_w: int, grid_h: int, image_w: int, 
     boxes.sort(key=lambda b: -b.value)
     return boxes
 
-
-def _iou_center(a, b) -> float:
-    return iou((a[0] - a[2] / 2, a[1] - a[3] / 2, a[2], a[3]), (b[0] - b[2] / 2, b[1] - b[3] / 2, b[2], b[3]))
