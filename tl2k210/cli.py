@@ -20,6 +20,8 @@ VERBS = {
     "package": "tl2k210.flash.cli",
     "deploy": "tl2k210.flash.cli",
     "board": "tl2k210.flash.cli",
+    "zoo": "tl2k210.zoo",
+    "demo": "tl2k210.maixpy.demo",
 }
 
 
