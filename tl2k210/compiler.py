@@ -282,3 +282,12 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     _say(opts, f"[6/6] writing {output}")
     atomic_write(output, data_bytes)
     return receipt
+
+
+def convert_file(source, output, dataset=None, **options) -> str:
+    """Convert with default options (used by `tl2k210 deploy`); returns the output path."""
+    if dataset is None:
+        raise Tl2k210Error(f"converting {source} needs calibration data: pass --dataset DIR (images "
+                           "like the camera sees) or convert it first with `tl2k210 convert`")
+    convert(source, output, ConvertOptions(dataset=str(dataset), **options))
+    return str(output)

@@ -78,6 +78,7 @@ def add_deploy_parser(sub):
     p = sub.add_parser("deploy", help="convert (if needed), package and flash a model, then "
                        "print the MaixPy lines that load it")
     p.add_argument("model", help="a .kmodel, or a model the compiler can convert")
+    p.add_argument("--dataset", help="calibration images when MODEL still needs converting")
     p.add_argument("-a", "--address", default=hex(MAIXPY_MODEL_AREA),
                    help="flash address of the model (default 0x300000, MaixPy's model area)")
     p.add_argument("--firmware", metavar="FW.bin", help="also write this MaixPy firmware at 0")
@@ -177,7 +178,7 @@ def cmd_package(args):
     return 0
 
 
-def _kmodel_for(model, workdir):
+def _kmodel_for(model, workdir, dataset=None):
     if model.lower().endswith(".kmodel"):
         return model
     try:
@@ -188,7 +189,7 @@ def _kmodel_for(model, workdir):
                            ".kmodel") from None
     out = os.path.join(workdir, os.path.splitext(os.path.basename(model))[0] + ".kmodel")
     try:
-        result = convert_file(model, out)
+        result = convert_file(model, out, dataset=dataset)
     except Tl2k210Error:
         raise
     except Exception as exc:     # the compiler's own failure, reported with the model's name
@@ -223,7 +224,7 @@ def cmd_deploy(args):
 
     address = parse_address(args.address)
     with tempfile.TemporaryDirectory(prefix="tl2k210-deploy-") as tmp:
-        kmodel = _kmodel_for(args.model, tmp)
+        kmodel = _kmodel_for(args.model, tmp, getattr(args, "dataset", None))
         try:
             with open(kmodel, "rb") as fh:
                 data = fh.read()
