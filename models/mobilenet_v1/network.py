@@ -41,7 +41,16 @@ def mobilenet_v1(alpha=0.25, kpu_friendly=False, size=224, classes=1000, softmax
         n = BatchNorm(epsilon=EPS, act=relu6, name=f"conv_pw_{i}_bn")(n)
     n = GlobalMeanPool2d(name="global_pool")(n)
     n = Dense(classes, act=tf.nn.softmax if softmax else None, name="preds")(n)
-    return tl.models.Model(inputs=x, outputs=n, name=name or f"mobilenet_v1_{alpha}")
+    return tl.models.Model(inputs=x, outputs=n, name=name or _unique_name(f"mobilenet_v1_{alpha}"))
+
+
+_BUILT = {}
+
+
+def _unique_name(base):
+    """TensorLayer refuses a second model with the same name in one process."""
+    _BUILT[base] = _BUILT.get(base, 0) + 1
+    return base if _BUILT[base] == 1 else f"{base}_{_BUILT[base]}"
 
 
 def load_keras_order_npz(model, path):

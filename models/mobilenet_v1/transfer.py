@@ -104,7 +104,7 @@ def run(data_dir: Path, out: Path, holdout=0.3, seed=0, progress=True):
     feats = np.stack([runner(to_float(p)[None])[gap].reshape(-1) for p in xtr])
     # 2. new head
     W, b = train_head(feats, ytr, len(classes), seed=seed)
-    net = mobilenet_v1(0.25, classes=len(classes), name="mobilenet_v1_transfer")
+    net = mobilenet_v1(0.25, classes=len(classes))
     for dst, src in zip(net.all_weights[:-2], base.all_weights[:-2]):
         dst.assign(src.numpy())
     net.all_weights[-2].assign(W)
