@@ -16,7 +16,6 @@ from tl2k210.maixpy import board as _board
 from tl2k210.maixpy import image as _image
 
 MAX_MODELS = 5
-_HEADER_PROBE = 64 * 1024
 _MAX_MODEL = 12 * 1024 * 1024   # more than the K210's 8 MiB SRAM can ever hold
 
 ERRORS = {
@@ -53,20 +52,23 @@ def _load_error(code, detail=""):
 
 
 # ---------------------------------------------------------------------------------------------
-def model_size(head: bytes) -> int | None:
+def model_size(read) -> int | None:
     """Exact byte size of a v3/v4 kmodel from its headers (what the firmware reads from flash),
-    None when `head` is not a v3/v4 kmodel or too short to tell."""
+    None when it is not a v3/v4 kmodel. `read(offset, n)` returns model bytes (or bytes)."""
+    if isinstance(read, (bytes, bytearray)):
+        blob = bytes(read)
+        read = lambda off, n: blob[off:off + n]   # noqa: E731
     try:
-        first, second = struct.unpack_from("<II", head, 0)
+        first, second = struct.unpack("<II", read(0, 8))
         if first == 3:
-            n_layers, n_out = struct.unpack_from("<I", head, 12)[0], struct.unpack_from("<I", head, 24)[0]
+            n_layers, n_out = struct.unpack("<I", read(12, 4))[0], struct.unpack("<I", read(24, 4))[0]
             at = 28 + 8 * n_out
-            sizes = struct.unpack_from(f"<{2 * n_layers}I", head, at)[1::2]
+            sizes = struct.unpack(f"<{2 * n_layers}I", read(at, 8 * n_layers))[1::2]
             return at + 8 * n_layers + sum(sizes)
         if first == 0x4B4D444C and second == 4:
-            const, nodes, ni, no = (struct.unpack_from("<I", head, o)[0] for o in (16, 24, 28, 32))
+            const, nodes, ni, no = struct.unpack("<4I", read(16, 4) + read(24, 12))
             at = 40 + 32 * ni + 16 * no + const
-            sizes = struct.unpack_from(f"<{2 * nodes}I", head, at)[1::2]
+            sizes = struct.unpack(f"<{2 * nodes}I", read(at, 8 * nodes))[1::2]
             return at + 8 * nodes + sum(sizes)
     except struct.error:
         return None
@@ -130,8 +132,8 @@ def load(arg, *args):
     if isinstance(arg, int):
         if arg <= 0:
             raise ValueError("model_addr must > 0")
-        head = b.read_flash(arg, _HEADER_PROBE)
-        size = model_size(head)
+        head = b.read_flash(arg, 8)
+        size = model_size(lambda off, n: b.read_flash(arg + off, min(n, _MAX_MODEL)))
         if size is None:
             raise _load_error(2002, f"no v3/v4 kmodel at flash 0x{arg:x} (first bytes "
                                     f"{head[:8].hex()}; erased flash reads ff)")

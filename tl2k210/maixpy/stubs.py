@@ -79,7 +79,8 @@ def make_modules() -> dict:
                   remove=lambda p: _os.remove(_host(p)),
                   stat=lambda p: tuple(_os.stat(_host(p))),
                   getcwd=lambda: "/flash", chdir=lambda p: None, sep="/",
-                  uname=lambda: ("sipeed_m1", "sipeed_m1", "host", "tl2k210", "Sipeed_M1 with kendryte-k210 (emulated)"))
+                  uname=lambda: ("sipeed_m1", "sipeed_m1", "host", "tl2k210",
+                                 "Sipeed_M1 with kendryte-k210 (emulated)"))
     machine = _module("machine", "MaixPy machine on the host", reset=lambda: None,
                       freq=lambda *a: 400000000, UART=_Anything("UART"), I2C=_Anything("I2C"),
                       SPI=_Anything("SPI"), PWM=_Anything("PWM"), Timer=_Anything("Timer"),
