@@ -44,13 +44,14 @@ def mobilenet_v1(alpha=0.25, kpu_friendly=False, size=224, classes=1000, softmax
     return tl.models.Model(inputs=x, outputs=n, name=name or _unique_name(f"mobilenet_v1_{alpha}"))
 
 
-_BUILT = {}
-
-
 def _unique_name(base):
     """TensorLayer refuses a second model with the same name in one process."""
-    _BUILT[base] = _BUILT.get(base, 0) + 1
-    return base if _BUILT[base] == 1 else f"{base}_{_BUILT[base]}"
+    from tensorlayer.models import core
+    name, k = base, 1
+    while name in core._global_model_name_set:
+        k += 1
+        name = f"{base}_{k}"
+    return name
 
 
 def load_keras_order_npz(model, path):
