@@ -111,15 +111,11 @@ def cmd_run(args):
 
 
 def _grid(emu, size, n_anchors):
-    """Grid (w, h) of a region output: from the last KPU layer's output map."""
-    m = emu.model
-    items = m.layers if m.version == 3 else m.nodes
-    for it in reversed(items):
-        if it.conv is not None:
-            c, h, w = it.conv.out_shape
-            if c * h * w == size:
-                return w, h
-    raise Tl2k210Error(f"cannot tell the grid of a {size}-value output with {n_anchors} anchors")
+    from tl2k210.k210.yolo import region_grid
+    try:
+        return region_grid(emu.model, size)
+    except ValueError as exc:
+        raise Tl2k210Error(f"{exc} ({n_anchors} anchors)") from None
 
 
 def _write_result(args, outputs, result, image, boxes, chw_shape):

@@ -22,6 +22,18 @@ class Box:
         return (self.x, self.y, self.w, self.h)
 
 
+def region_grid(model, size: int) -> tuple[int, int]:
+    """Grid (w, h) of a `size`-value region output: the last KPU conv map with that many values
+    (v3 or v4 kmodel). Raises ValueError when none matches."""
+    items = model.layers if model.version == 3 else model.nodes
+    for it in reversed(items):
+        if it.conv is not None:
+            c, h, w = it.conv.out_shape
+            if c * h * w == size:
+                return w, h
+    raise ValueError(f"cannot tell the YOLO grid of a {size}-value output: no KPU layer has that size")
+
+
 def _sigmoid(v):
     return 1.0 / (1.0 + np.exp(-v))
 

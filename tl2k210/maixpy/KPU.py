@@ -372,14 +372,11 @@ def init_yolo2(task, threshold, nms_value, anchor_num, anchor, dma=1):
 
 
 def _grid(task, size):
-    m = task.model
-    items = m.layers if m.version == 3 else m.nodes
-    for it in reversed(items):
-        if it.conv is not None:
-            c, h, w = it.conv.out_shape
-            if c * h * w == size:
-                return w, h
-    raise Tl2k210Error(f"cannot tell the YOLO grid of a {size}-value output")
+    from tl2k210.k210.yolo import region_grid
+    try:
+        return region_grid(task.model, size)
+    except ValueError as exc:
+        raise Tl2k210Error(str(exc)) from None
 
 
 def run_yolo2(task, img):
