@@ -1,0 +1,34 @@
+"""Tiny-YOLOv2 face detector for the K210 KPU, in TensorLayer 2.x layers.
+
+320x240 RGB in [0, 1] -> 20x15 grid x 30 channels (5 anchors x (tx, ty, tw, th, obj, class)),
+anchor-major, the layout MaixPy's kpu.init_yolo2 / run_yolo2 decode.
+
+Every layer is KPU-friendly: 3x3 'SAME' stride-1 convs + BatchNorm + LeakyReLU(0.1), four 2x2/2
+max pools fused into the preceding conv (stride 16), one linear 1x1 conv head.
+"""
+import time
+
+ANCHORS = [1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025]
+N_ANCHORS = 5
+N_CLASSES = 1
+CHANNELS = (16, 32, 48, 64, 96, 96)  # conv1..conv4 are followed by a 2x2 max pool
+
+
+def build(width=320, height=240, batch=1, name=None):
+    import tensorflow as tf
+    import tensorlayer as tl
+    from tensorlayer.layers import BatchNorm, Conv2d, Input, MaxPool2d
+
+    def leaky(x):
+        return tf.nn.leaky_relu(x, 0.1)
+
+    x = Input([batch, height, width, 3], name="input")
+    n = x
+    for i, c in enumerate(CHANNELS, 1):
+        n = Conv2d(c, (3, 3), (1, 1), padding="SAME", b_init=None, name=f"conv{i}")(n)
+        n = BatchNorm(act=leaky, name=f"bn{i}")(n)
+        if i <= 4:
+            n = MaxPool2d((2, 2), (2, 2), padding="VALID", name=f"pool{i}")(n)
+    n = Conv2d(N_ANCHORS * (5 + N_CLASSES), (1, 1), (1, 1), padding="SAME", name="region")(n)
+    # TensorLayer wants a unique model name per process (zoo re-imports this module: no counter)
+    return tl.models.Model(inputs=x, outputs=n, name=name or f"face_detect_{time.monotonic_ns()}")
