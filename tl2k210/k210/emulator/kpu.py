@@ -177,9 +177,12 @@ class StepTable:
     def __call__(self, v: np.ndarray) -> np.ndarray:
         if self.lut is None:
             return self.values[np.searchsorted(self.starts, v, side="right") - 1]
-        np.clip(v, self.lo, self.lo + self.lut.size - 1, out=v)
-        v -= self.lo
-        return self.lut[v]
+        v = v - self.lo
+        return self.shifted(v)
+
+    def shifted(self, u: np.ndarray) -> np.ndarray:
+        """Lookup of u = V − lo, indices clipped to the table: the caller folded −lo into its add."""
+        return self.lut.take(u, mode="clip")
 
 
 def compile_activation(act: dict, rule: str, vmin: int, vmax: int) -> StepTable | None:
@@ -378,8 +381,12 @@ class PreparedConv:
         acc = self._sums(xp[:, r0:r1 + self.k - 1], r1 - r0, w)
         acc *= self.bn_mul
         acc >>= self.bn_shift
-        acc += self.bn_add
-        out = self.table(acc) if self.table is not None else activation(acc, self.act, self.act_rule)
+        if self.table is not None and self.table.lut is not None:
+            acc += self.bn_add - self.table.lo        # V − lo in one pass
+            out = self.table.shifted(acc)
+        else:
+            acc += self.bn_add
+            out = self.table(acc) if self.table is not None else activation(acc, self.act, self.act_rule)
         y[:, r0:r1] = out.reshape(-1, r1 - r0, w)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
