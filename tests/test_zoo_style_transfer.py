@@ -1,0 +1,89 @@
+"""Zoo: the style-transfer network (models/style_transfer) built from its recipe: every conv on the
+KPU, only the residual Adds / nearest upsamplings / output dequantize on the CPU; kmodel (bit-exact
+emulator) vs float PSNR/SSIM on the held-out photos; the output is stylised (far from the
+content); the unchanged MaixPy script (firmware/style_transfer.py) on the host shows exactly the
+emulator's image. Numbers measured with the committed weights are in models/style_transfer/README.md."""
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("tensorlayer")
+pytest.importorskip("skimage")
+pytest.importorskip("sklearn")
+
+sys.path.insert(0, str(REPO))
+from models.style_transfer import evaluate as ev  # noqa: E402
+
+# measured on the committed weights (README): PSNR min/mean __, SSIM min/mean __, MAD to content __
+PSNR_FLOOR = 28.0
+SSIM_FLOOR = 0.93
+MAD_FLOOR = 0.12
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from tl2k210 import zoo
+    out = tmp_path_factory.mktemp("style_transfer")
+    return zoo.build("style_transfer", out, progress=False)
+
+
+@pytest.fixture(scope="module")
+def report(built, tmp_path_factory):
+    return ev.evaluate(built["kmodel"], tmp_path_factory.mktemp("style_eval"))
+
+
+def test_convs_on_kpu_adds_and_upsamplings_on_cpu(built):
+    r = built["receipt"]
+    layers = r["layers"]
+    convs = [x for x in layers if x["op"] == "Conv"]
+    assert len(convs) == 12 and all(x["unit"] == "KPU" for x in convs)
+    cpu = [x for x in layers if x["unit"] == "CPU"]
+    assert [x["op"] for x in cpu] == ["Add"] * 3 + ["Resize"] * 2 + ["output"]
+    assert sorted({k for x in cpu for k in x["kmodel_layers"]}) == [
+        "DEQUANTIZE", "QUANTIZED_ADD", "QUANTIZED_RESIZE_NEAREST_NEIGHBOR"]
+    # the CPU share stays small: adds + resizes + dequantize < 20% of the estimated cycles
+    assert sum(x["cycles"] for x in cpu) < 0.2 * r["totals"]["cycles"]
+    assert r["peak_kpu_ram"] <= 2 * 1024 * 1024 and r["file_size"] < 200_000
+    assert r["latency_ms"] < 40
+
+
+def test_kmodel_matches_float(report):
+    for name, p in report["photos"].items():
+        assert p["psnr_db"] >= PSNR_FLOOR, (name, p)
+        assert p["ssim"] >= SSIM_FLOOR, (name, p)
+
+
+def test_output_is_stylised(report):
+    for name, p in report["photos"].items():
+        assert p["float_vs_content_mad"] >= MAD_FLOOR, (name, p)
+        assert p["kmodel_vs_content_mad"] >= MAD_FLOOR, (name, p)
+
+
+def test_maixpy_script_shows_the_emulator_output(built, tmp_path):
+    from PIL import Image
+    from skimage import data
+
+    from tl2k210.imaging import load_rgb, rgb565_roundtrip
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.maixpy import board, run_script
+    from tl2k210.maixpy import image as mimage
+    photo = tmp_path / "chelsea.png"
+    Image.fromarray(data.chelsea()).save(photo)
+    flash = board.flash_kfpkg(built["kfpkg"], tmp_path / "flash.bin")
+    res = run_script(REPO / "firmware" / "style_transfer.py", images=[photo], flash=flash,
+                     out=tmp_path / "lcd.png")
+    assert res.snapshots == 1 and len(res.frames) == 1 and res.pngs == [tmp_path / "lcd.png"]
+    shown = np.asarray(Image.open(tmp_path / "lcd.png").convert("RGB"))
+    assert shown.shape == (128, 128, 3)
+    # what the script feeds the KPU: QVGA frame, centre 240x240 window, resize to 128x128
+    qvga = np.asarray(load_rgb(photo).resize((320, 240), Image.BILINEAR).convert("RGB"), np.uint8)
+    small = mimage.Image.from_rgb(qvga[:, 40:280]).resize(128, 128)
+    small.pix_to_ai()
+    out = Emulator.load(built["kmodel"]).run(small.ai_buffer())[0].reshape(3, 128, 128)
+    want = rgb565_roundtrip((np.clip(out.astype(np.float64), 0, 1) * 255 + 0.5).astype(np.uint8).transpose(1, 2, 0))
+    assert np.abs(shown.astype(int) - want.astype(int)).max() <= 8
+    assert np.mean(shown == want) >= 0.999
