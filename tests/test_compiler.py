@@ -270,3 +270,27 @@ def test_16bit_weights_and_yolo_compare(tmp_path, calib_dir, heldout_dir):
     assert sq[8] > 25 and sq[16] >= sq[8] - 0.5
     d = reps[8]["detections"]
     assert d["ref"] > 0 and d["recall"] >= 0.8 and d["precision"] >= 0.8
+
+
+def test_symmetric_stride2_runs_fully_on_the_kpu(tmp_path, calib_dir, heldout_dir):
+    """KPU-friendly stride 2 (explicit ZeroPad + VALID): a normal conv gets the KPU's left-top
+    pick pool; a depthwise conv runs at stride 1 and its pick moves onto the next 1x1 conv
+    (exact: picking commutes with a pointwise conv). No CPU layer but the final dequantize."""
+    keras = tf.keras
+    keras.utils.set_random_seed(2)
+    L = keras.layers
+    x = keras.Input((64, 64, 3))
+    y = L.Conv2D(8, 3, strides=2, padding="valid", activation="relu")(L.ZeroPadding2D(1)(x))
+    y = L.DepthwiseConv2D(3, strides=2, padding="valid", activation="relu")(L.ZeroPadding2D(1)(y))
+    y = L.Conv2D(16, 1, activation="relu")(y)
+    y = L.Conv2D(8, 3, padding="same")(y)
+    src = tmp_path / "s2.keras"
+    keras.Model(x, y).save(src)
+    out = tmp_path / "s2.kmodel"
+    receipt = convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False))
+    kinds = [name for r in receipt.layers for name in r["kmodel_layers"]]
+    assert kinds == ["K210_CONV"] * 4 + ["DEQUANTIZE"]
+    pools = [L_.conv.args["pool_type"] for L_ in kmodel.load(out).layers if L_.conv is not None]
+    assert pools == [5, 0, 5, 0]
+    sq = list(compare(str(src), str(out), str(heldout_dir))["outputs"].values())[0]["sqnr_db"]
+    assert sq > 25

@@ -267,6 +267,8 @@ class Lowering:
         x, w_name, b_name = node.inputs
         out = node.outputs[0]
         ci, h, w = self.shape(x)
+        if getattr(self, "_pending_pick", {}).get(node.name) and x in self.locs:
+            ci, h, w = self.locs[x].shape   # the stride-1 map of the depthwise conv before
         co = self.shape(out)[0]
         depthwise = a.get("group", 1) == ci and ci > 1
         k = a["kernel"][0]
