@@ -1,0 +1,146 @@
+"""Train the face embedder (network.py) by metric learning on the seeded offline data (data.py).
+
+    .venv/bin/python models/face_recognition/train.py --steps 2500 --batch 96
+
+Loss: CosFace (large-margin cosine softmax, s=30, m=0.35) over the training identities (80
+lfw_subset faces + 100 non-face patches, each patch + its augmentations = one identity). The
+class-centre matrix is a training-only variable; the network output is the 128-d embedding.
+
+TensorFlow 2 eager + tf.function. The variables trained are the TensorLayer model's own
+(`net.all_weights`); the training forward walks network.LAYERS with tf.nn ops on them because
+TL 2.2.5's BatchNorm cannot be traced inside tf.function -- it computes exactly what the TL model
+computes in eval mode (checked at start-up) plus batch-stat BatchNorm with TL's moving-average
+rule (decay 0.9). Batch i comes from np.random.default_rng([TRAIN_SEED, i]); tf/np seeds fixed.
+Writes weights.npz (zoo.save_weights, atomic) every --save-every steps and at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from models.face_recognition import data  # noqa: E402
+from models.face_recognition.network import BN_EPS, LAYERS, build  # noqa: E402
+
+
+def producer(start, end, size, q):
+    for s in range(start, end):
+        q.put((s, data.train_batch(s, size)))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=2500)
+    ap.add_argument("--batch", type=int, default=96)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--scale", type=float, default=30.0, help="CosFace s")
+    ap.add_argument("--margin", type=float, default=0.35, help="CosFace m")
+    ap.add_argument("--weights", default=str(HERE / "weights.npz"))
+    ap.add_argument("--save-every", type=int, default=500)
+    ap.add_argument("--max-minutes", type=float, default=0, help="stop (after saving) when exceeded")
+    args = ap.parse_args(argv)
+
+    import tensorflow as tf
+    from tl2k210 import zoo
+    tf.random.set_seed(0)
+    np.random.seed(0)
+    net = build(batch=None)
+    ws = list(net.all_weights)
+    layers, k = [], 0
+    for kind, c, s in LAYERS:
+        layers.append((kind, s, ws[k], ws[k + 1:k + 5]))   # filters; beta, gamma, moving mean/var
+        k += 5
+    dense_w, dense_b = ws[k], ws[k + 1]
+    assert k + 2 == len(ws)
+    n_cls = len(data.train_identities())
+    centres = tf.Variable(tf.random.normal((dense_w.shape[1], n_cls), stddev=0.05, seed=1), name="centres")
+    train_vars = [w for w in ws if "moving" not in w.name] + [centres]
+
+    def forward(x, training):
+        n = x
+        for kind, s, w, (beta, gamma, mm, mv) in layers:
+            if s == 2:
+                n = tf.pad(n, [[0, 0], [1, 1], [1, 1], [0, 0]])
+            pad = "VALID" if s == 2 else "SAME"
+            if kind == "dw":
+                n = tf.nn.depthwise_conv2d(n, w, [1, s, s, 1], pad)
+            else:
+                n = tf.nn.conv2d(n, w, s, pad)
+            if training:
+                m, v = tf.nn.moments(n, [0, 1, 2])
+                mm.assign(0.9 * mm + 0.1 * m)
+                mv.assign(0.9 * mv + 0.1 * v)
+            else:
+                m, v = mm, mv
+            n = tf.nn.relu(tf.nn.batch_normalization(n, m, v, beta, gamma, BN_EPS))
+        n = tf.reduce_mean(n, [1, 2])
+        return tf.matmul(n, dense_w) + dense_b
+
+    net.eval()
+    probe = np.random.default_rng(0).random((2, data.SIZE, data.SIZE, 3), dtype=np.float32)
+    diff = float(np.abs(net(probe).numpy() - forward(probe, False).numpy()).max())
+    assert diff < 1e-4, f"training forward differs from the TL model by {diff}"
+
+    sched = tf.keras.optimizers.schedules.CosineDecay(args.lr * 0.05, args.steps, alpha=0.01,
+                                                      warmup_target=args.lr, warmup_steps=min(150, args.steps // 10))
+    opt = tf.keras.optimizers.Adam(sched)
+    decayed = [w for kind, s, w, _ in layers] + [dense_w]
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            e = tf.math.l2_normalize(forward(x, True), 1)
+            cos = tf.matmul(e, tf.math.l2_normalize(centres, 0))
+            onehot = tf.one_hot(y, n_cls)
+            logits = args.scale * (cos - args.margin * onehot)
+            l_cls = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(onehot, logits))
+            l_wd = 5e-5 * tf.add_n([tf.reduce_sum(tf.square(w)) for w in decayed])
+            loss = l_cls + l_wd
+        grads = tape.gradient(loss, train_vars)
+        grads, _ = tf.clip_by_global_norm(grads, 10.0)
+        opt.apply_gradients(zip(grads, train_vars))
+        acc = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(cos, 1, output_type=tf.int32), y), tf.float32))
+        return tf.stack([loss, acc])
+
+    def save(step):
+        net.eval()
+        zoo.save_weights(net, args.weights)
+        print(f"saved step {step}: {args.weights}", flush=True)
+
+    q = queue.Queue(maxsize=6)
+    threading.Thread(target=producer, args=(0, args.steps, args.batch, q), daemon=True).start()
+    t0 = time.time()
+    acc = np.zeros(2)
+    n_acc = 0
+    for step in range(args.steps):
+        s, (x, y) = q.get()
+        assert s == step
+        acc += train_step(tf.constant(x.astype(np.float32) / 255.0), tf.constant(y.astype(np.int32))).numpy()
+        n_acc += 1
+        if (step + 1) % 50 == 0:
+            el = time.time() - t0
+            print(f"step {step + 1}/{args.steps} loss {acc[0] / n_acc:.3f} train-acc {acc[1] / n_acc:.3f} "
+                  f"lr {float(sched(step)):.2e} {el / (step + 1):.3f} s/step, {el / 60:.1f} min", flush=True)
+            acc[:] = 0
+            n_acc = 0
+        if (step + 1) % args.save_every == 0:
+            save(step + 1)
+        if args.max_minutes and time.time() - t0 > 60 * args.max_minutes:
+            print(f"time limit: stopping at step {step + 1}", flush=True)
+            save(step + 1)
+            return 0
+    save(args.steps)
+    print(f"done in {(time.time() - t0) / 60:.1f} min", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
