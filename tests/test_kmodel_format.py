@@ -131,3 +131,17 @@ def test_fuzz_truncations_and_byte_flips():
         except KmodelFormatError:
             n_err += 1
     assert n_ok + n_err == 10_000 and n_err > 1000
+
+
+def test_undocumented_v3_layer_type_is_kept_raw_and_refused_by_the_emulator():
+    from tl2k210.errors import EmulatorError
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.kmodel import v3
+    m = kmodel.load(data_path("kmodels", "iris_v3.kmodel"))
+    m.layers.append(v3.Layer(19, {}, data={"raw": bytes(range(16))}))
+    back = kmodel.loads(kmodel.dumps(m))
+    assert back.layers[-1].name == "QUANTIZED_FULLY_CONNECTED" and back.layers[-1].data["raw"] == bytes(range(16))
+    assert kmodel.dumps(back) == kmodel.dumps(m)
+    render(describe(back))
+    with pytest.raises(EmulatorError, match="layer 2 \\(QUANTIZED_FULLY_CONNECTED\\).*no source documents"):
+        Emulator(back).run(np.zeros(4, np.float32))

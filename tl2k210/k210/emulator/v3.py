@@ -287,7 +287,9 @@ def run(model, prepared: dict, x: np.ndarray, trace: bool):
         where = f"layer {i} ({L.name})"
         fn = LAYERS.get(L.name)
         if fn is None:
-            raise EmulatorError(f"{where}: no emulation for this layer type")
+            raise EmulatorError(f"{where}: the SDK's v3 runner has no code for this layer type and "
+                                "no source documents its body, so it cannot be emulated; MaixPy "
+                                "firmware would stop here too")
         y = fn(L, L.fields, ctx, where)
         if trace:
             inter.append((where, np.array(y, copy=True)))

@@ -35,7 +35,7 @@ _FLATTEN = "flags:u32 main_mem_in_address:u32 main_mem_out_address:u32 shape:sha
 class LayerType:
     id: int
     name: str
-    struct: Struct
+    struct: Struct | None  # None: no source documents the body; it is kept as raw bytes
     in_sdk: bool  # the standalone SDK v3 runner executes it (spec §3.2)
     tail: str = ""  # variable part after the fixed struct
 
@@ -68,6 +68,7 @@ LAYER_TYPES = {t.id: t for t in (
     LayerType(18, "FULLY_CONNECTED", Struct(
         "flags:u32 main_mem_in_address:u32 main_mem_out_address:u32 in_channels:u32 "
         "out_channels:u32 act:u32"), True, "fc"),
+    LayerType(19, "QUANTIZED_FULLY_CONNECTED", None, False),
     LayerType(20, "TENSORFLOW_FLATTEN", Struct(_FLATTEN), True),
     LayerType(21, "QUANTIZED_TENSORFLOW_FLATTEN", Struct(_FLATTEN), False),
     LayerType(22, "RESIZE_NEAREST_NEIGHBOR", Struct(_RESIZE), True),
@@ -151,6 +152,11 @@ def read(data: bytes) -> KModelV3:
               28 + 8 * n_out + 8 * i + 4, f"{where} body_size")
         end = pos + size
         last = i == n_layers - 1
+        if t.struct is None:
+            layers.append(Layer(lh["type"], {}, data={"raw": r.bytes(min(size, len(data) - pos),
+                                                                       f"{where} ({t.name}) body", pos)}))
+            pos = end
+            continue
         r.need(t.struct.size, f"{where} ({t.name}) body", pos)
         check(t.struct.size <= size, f"{where} ({t.name}): body_size {size} < {t.struct.size}", pos,
               f"{where} body_size")
@@ -240,6 +246,8 @@ def write(model: KModelV3) -> bytes:
 
 def _body_bytes(layer: Layer, pos: int, eight_bit: bool, where: str) -> bytes:
     t = LAYER_TYPES[layer.type]
+    if t.struct is None:
+        return layer.data["raw"]
     f = dict(layer.fields)
     if t.tail == "conv":
         return _conv_body(layer, f, pos, eight_bit, where)
