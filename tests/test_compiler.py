@@ -294,3 +294,27 @@ def test_symmetric_stride2_runs_fully_on_the_kpu(tmp_path, calib_dir, heldout_di
     assert pools == [5, 0, 5, 0]
     sq = list(compare(str(src), str(out), str(heldout_dir))["outputs"].values())[0]["sqnr_db"]
     assert sq > 25
+
+
+def test_l2_normalised_embedding(tmp_path, calib_dir, heldout_dir):
+    """x / ||x|| (Keras UnitNormalization or tf.math.l2_normalize) becomes the SDK's
+    L2_NORMALIZATION layer: unit-length embeddings straight out of the kmodel."""
+    from tl2k210.passes import run_pipeline, PASSES
+    assert "l2_normalize" in PASSES
+    keras = tf.keras
+    keras.utils.set_random_seed(3)
+    L = keras.layers
+    x = keras.Input((32, 32, 3))
+    y = L.Conv2D(16, 3, padding="same", activation="relu")(x)
+    y = L.GlobalAveragePooling2D()(L.Conv2D(32, 3, padding="same", activation="relu")(y))
+    y = L.UnitNormalization()(L.Dense(16)(y))
+    src = tmp_path / "embed.keras"
+    keras.Model(x, y).save(src)
+    out = tmp_path / "embed.kmodel"
+    receipt = convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False))
+    assert receipt.layers[-1]["kmodel_layers"][-1] == "L2_NORMALIZATION"
+    emb = Emulator.load(out).run(np.zeros((3, 32, 32), np.uint8) + 100)[0]
+    assert emb.shape == (16,) and abs(float(np.linalg.norm(emb)) - 1) < 1e-5
+    rep = compare(str(src), str(out), str(heldout_dir))
+    r = list(rep["outputs"].values())[0]
+    assert r["cosine"] > 0.99 and r["sqnr_db"] > 20

@@ -733,6 +733,21 @@ class Lowering:
         self.locs[out] = loc
         self.trace_map[out] = (len(self.layers) - 1, "f32")
 
+    def lower_LpNormalization(self, node):
+        x, out = node.inputs[0], node.outputs[0]
+        n = int(np.prod(self.shape(x)))
+        if node.attrs.get("p", 2) != 2 or max(self.shape(x)) != n:
+            raise UnsupportedOpError(f"node {node.name!r}: only the L2 norm of a vector is lowered")
+        row = Row(node.name, "LpNormalization", "CPU", "float L2_NORMALIZATION", list(node.fused),
+                  in_shape=self.shape(x), out_shape=self.shape(out))
+        self.rows.append(row)
+        src = self.need_f32(x, row)
+        loc = Loc(self.shape(out), f32=self.alloc(out, "f32", 4 * n))
+        self.emit("L2_NORMALIZATION", dict(flags=1, main_mem_in_address=src, main_mem_out_address=loc.f32,
+                                           channels=n), row)
+        self.locs[out] = loc
+        self.trace_map[out] = (len(self.layers) - 1, "f32")
+
     def lower_Sigmoid(self, node):
         x, out = node.inputs[0], node.outputs[0]
         row = Row(node.name, "Sigmoid", "CPU", "float LOGISTIC", list(node.fused),

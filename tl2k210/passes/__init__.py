@@ -18,6 +18,7 @@ from .push_transposes import push_transposes
 from .global_pool import global_pool
 from .layout import upsample_to_resize, normalize_flatten
 from .hard_activations import hard_activations
+from .l2_normalize import l2_normalize
 from .matmul_to_conv import matmul_to_conv
 from .fold_batchnorm import fold_batchnorm
 from .pad_into_conv import pad_into_conv
@@ -44,6 +45,7 @@ PIPELINE = [
     Pass("global_pool", global_pool),
     Pass("normalize_flatten", normalize_flatten),
     Pass("hard_activations", hard_activations),
+    Pass("l2_normalize", l2_normalize),
     Pass("matmul_to_conv", matmul_to_conv),
     Pass("fold_batchnorm", fold_batchnorm),
     Pass("pad_into_conv", pad_into_conv),

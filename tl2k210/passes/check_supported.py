@@ -5,7 +5,7 @@ from tl2k210.errors import UnsupportedOpError
 SUPPORTED = {
     "Conv", "Add", "Sub", "Mul", "Div", "Concat", "Resize", "GlobalAveragePool", "GlobalMaxPool", "MaxPool",
     "AveragePool", "Gemm", "MatMul", "Softmax", "Sigmoid", "Relu", "Clip", "LeakyRelu", "Tanh", "HardSigmoid",
-    "HardSwish", "Flatten", "Reshape", "Transpose", "Pad", "Slice", "Identity", "Squeeze", "Unsqueeze",
+    "HardSwish", "LpNormalization", "Flatten", "Reshape", "Transpose", "Pad", "Slice", "Identity", "Squeeze", "Unsqueeze",
     "BatchNormalization",  # only a standalone one survives the passes; the backend runs it as a CPU op
 }
 
