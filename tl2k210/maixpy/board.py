@@ -24,7 +24,7 @@ class StopDemo(BaseException):
 
 
 class Board:
-    def __init__(self, flash=None, images=(), out=None, max_frames=None, sd=None, fs=None):
+    def __init__(self, flash=None, images=(), out=None, max_frames=None, sd=None, fs=None, button=()):
         self.flash_path = Path(flash) if flash else (Path(os.environ["TL2K210_FLASH"])
                                                      if os.environ.get("TL2K210_FLASH") else None)
         self.images = list(images)
@@ -36,6 +36,11 @@ class Board:
         self.mounts = {"/sd": Path(sd) if sd else None, "/flash": Path(fs) if fs else None}
         self.kpu_tasks = []       # loaded kpu_net objects (MaixPy allows 5)
         self.notes = []           # host-side hints (why a MaixPy error happened)
+        self.button = set(int(f) for f in button)   # camera frames (0-based) with BOOT held down
+
+    def button_down(self) -> bool:
+        """Is the scripted button (BOOT key) held down now, i.e. during the latest frame taken?"""
+        return self.frames_taken - 1 in self.button
 
     # -- flash ---------------------------------------------------------------------------------
     def read_flash(self, address: int, length: int) -> bytes:

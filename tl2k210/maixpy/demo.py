@@ -37,6 +37,9 @@ def add_demo_parser(sub):
     p.add_argument("--sd", metavar="DIR", help="host folder seen as /sd (default: a temporary one "
                    "holding the recipe's labels.txt)")
     p.add_argument("--frames", type=int, help="stop after this many camera frames")
+    p.add_argument("--press", type=int, action="append", default=[], metavar="FRAME",
+                   help="hold the BOOT key down during camera frame FRAME (0-based; repeat), "
+                        "e.g. to enroll a face in face-recognition")
     p.set_defaults(func=cmd_demo)
 
 
@@ -62,6 +65,30 @@ def resolve(name: str):
 
 
 def _flash_for(args, recipe, key, tmp: Path) -> Path:
+    flash = _main_flash(args, recipe, key, tmp)
+    if not args.flash:
+        _add_detector(recipe, flash)
+    return flash
+
+
+def _add_detector(recipe, flash: Path):
+    """A recipe whose [decode] names a `detector` (face_recognition: detect -> crop -> embed)
+    gets that model written too, at `detector_address`: out/zoo/NAME.kmodel if built, else for
+    face_detect the testdata face model."""
+    from tl2k210.maixpy import board
+    dec = (recipe.decode or {}) if recipe else {}
+    name, address = dec.get("detector"), dec.get("detector_address")
+    if not name or address is None:
+        return
+    km = Path("out/zoo") / f"{name}.kmodel"
+    if not km.is_file() and name == "face_detect":
+        km = TESTDATA / "kmodels" / "facedetect_320x240_v3.kmodel"
+    if not km.is_file():
+        raise Tl2k210Error(f"no {name} model for {recipe.name}: `tl2k210 zoo build {name}`")
+    board.flash_kmodel(km, flash, int(address), fresh=False)
+
+
+def _main_flash(args, recipe, key, tmp: Path) -> Path:
     from tl2k210.maixpy import board
     address = args.address or (recipe.flash_address if recipe else 0x300000)
     if args.flash:
@@ -113,7 +140,7 @@ def cmd_demo(args) -> int:
         sd = _sd_for(args, recipe, Path(tmp))
         print(f"[host] {script} | flash {flash} | {len(args.image)} camera frame(s)", flush=True)
         res = run_script(script, images=args.image, flash=flash, out=out, max_frames=args.frames,
-                         sd=sd, echo=True, raise_errors=False)
+                         sd=sd, echo=True, raise_errors=False, button=args.press)
     if res.error is not None:
         print(res.traceback, end="", file=sys.stderr)
     for note in res.notes:

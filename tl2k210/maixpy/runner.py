@@ -44,10 +44,12 @@ def _modules():
 
 
 def run_script(path, images=(), flash=None, out=None, max_frames=None, sd=None, fs=None,
-               echo=False, raise_errors=True) -> RunResult:
+               echo=False, raise_errors=True, button=()) -> RunResult:
     """Execute the MaixPy script at `path`: the camera yields `images` (paths or PIL images) in
     order, `kpu.load(ADDR)` reads the flash image file `flash` (default: env TL2K210_FLASH),
-    `lcd.display` frames go to `out` (folder or .png), `/sd` and `/flash` map to `sd`/`fs`."""
+    `lcd.display` frames go to `out` (folder or .png), `/sd` and `/flash` map to `sd`/`fs`,
+    the BOOT key (`Maix.GPIO` inputs) reads pressed (0) while the camera frames numbered in
+    `button` (0-based) are the latest taken."""
     path = Path(path)
     try:
         source = path.read_text()
@@ -57,7 +59,8 @@ def run_script(path, images=(), flash=None, out=None, max_frames=None, sd=None, 
     except SyntaxError as exc:
         raise ScriptError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
 
-    b = board.Board(flash=flash, images=images, out=out, max_frames=max_frames, sd=sd, fs=fs)
+    b = board.Board(flash=flash, images=images, out=out, max_frames=max_frames, sd=sd, fs=fs,
+                    button=button)
     captured = io.StringIO()
     mods = _modules()
     real_import, real_print, real_open = builtins.__import__, builtins.print, builtins.open

@@ -1,7 +1,9 @@
 """Minimal host stand-ins for the other MicroPython/MaixPy modules demo scripts import:
 `time`/`utime` (with `clock()` and `ticks_ms`), `gc` (`mem_free`), `os`/`uos`, `machine`,
 `Maix` (GPIO, FPIOA, freq, utils), `board` (`board_info`), `fpioa_manager` (`fm`).
-Pin/GPIO calls are accepted and do nothing."""
+Pin/FPIOA calls are accepted and do nothing. `Maix.GPIO` input pins read the board's scripted
+button (the BOOT key: `run_script(..., button=[frame, ...])` holds it down, value() == 0, while
+those camera frames (0-based) are the latest taken); output pins keep what was written."""
 from __future__ import annotations
 
 import gc as _gc
@@ -57,6 +59,42 @@ class _Anything:
         return f"<{self._name}>"
 
 
+class _GPIO:
+    """`Maix.GPIO(GPIO.GPIOHS0, GPIO.IN[, GPIO.PULL_UP])` with the scripted button behind it."""
+    IN, OUT = 0, 3
+    PULL_NONE, PULL_DOWN, PULL_UP = 0, 1, 2
+    IRQ_NONE, IRQ_RISING, IRQ_FALLING, IRQ_BOTH = 0, 1, 2, 3
+    WAKEUP_NOT_SUPPORT = 0
+
+    def __init__(self, gpio_id, mode=IN, pull=PULL_NONE, value=None):
+        self._id, self._mode, self._out = gpio_id, mode, 0 if value is None else int(bool(value))
+
+    def value(self, v=None):
+        if v is not None:
+            self._out = int(bool(v))
+            return None
+        if self._mode == self.OUT:
+            return self._out
+        return 0 if _board.current().button_down() else 1
+
+    def irq(self, *a, **k):
+        return None
+
+    def disirq(self):
+        return None
+
+    def mode(self, m=None):
+        if m is not None:
+            self._mode = m
+        return self._mode
+
+
+for _i in range(32):
+    setattr(_GPIO, f"GPIOHS{_i}", _i)
+for _i in range(8):
+    setattr(_GPIO, f"GPIO{_i}", 32 + _i)
+
+
 def _host(path):
     return str(_board.current().host_path(path))
 
@@ -85,7 +123,7 @@ def make_modules() -> dict:
                       freq=lambda *a: 400000000, UART=_Anything("UART"), I2C=_Anything("I2C"),
                       SPI=_Anything("SPI"), PWM=_Anything("PWM"), Timer=_Anything("Timer"),
                       unique_id=lambda: b"\x00" * 32)
-    maix = _module("Maix", "MaixPy Maix on the host", GPIO=_Anything("GPIO"), FPIOA=_Anything("FPIOA"),
+    maix = _module("Maix", "MaixPy Maix on the host", GPIO=_GPIO, FPIOA=_Anything("FPIOA"),
                    I2S=_Anything("I2S"), FFT=_Anything("FFT"), freq=_Anything("freq"),
                    utils=_module("Maix.utils", "", gc_heap_size=lambda *a: 0x80000))
     board = _module("board", "MaixPy board on the host", board_info=_Anything("board_info"))
