@@ -4,8 +4,10 @@
 #
 # The kmodel's output is the stylised image as 3 x 128 x 128 float32 values in [0, 1], planar
 # (all R, then all G, then all B). MaixPy has no call that turns such an fmap into an RGB image,
-# so the script builds one with image.Image(size=...) + set_pixel: 16384 pixels in MicroPython,
-# the slow part of a frame on the board (the KPU + CPU kernels of the model take ~25 ms).
+# so the script builds one with image.Image(size=...) + set_pixel, reading the fmap a row at a
+# time (the full fmap[:] list of 49152 boxed floats can exhaust MicroPython's GC heap): 16384
+# set_pixel calls in MicroPython are the slow part of a frame on the board (the model itself,
+# KPU + CPU kernels, is estimated at ~23 ms).
 import sensor, image, lcd, time
 import KPU as kpu
 
@@ -36,12 +38,11 @@ try:
         small = img.resize(S, S)        # ... scaled to the model's 128x128 input
         small.pix_to_ai()               # resize does not fill the KPU's planar RGB888 buffer
         fmap = kpu.forward(task, small)
-        v = fmap[:]                     # 49152 floats: R plane, G plane, B plane
-        for y in range(S):
-            row = y * S
+        for y in range(S):              # planar R, G, B: read one row of each plane at a time
+            i = y * S                   # (3 x 128 floats, not the whole 49152-float list)
+            r, g, b = fmap[i:i + S], fmap[N + i:N + i + S], fmap[2 * N + i:2 * N + i + S]
             for x in range(S):
-                i = row + x
-                out.set_pixel(x, y, (to8(v[i]), to8(v[N + i]), to8(v[2 * N + i])))
+                out.set_pixel(x, y, (to8(r[x]), to8(g[x]), to8(b[x])))
         lcd.display(out)
         print("%.2f fps" % clock.fps())
 finally:

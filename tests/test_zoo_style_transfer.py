@@ -18,10 +18,11 @@ pytest.importorskip("sklearn")
 sys.path.insert(0, str(REPO))
 from models.style_transfer import evaluate as ev  # noqa: E402
 
-# measured on the committed weights (README): PSNR min/mean __, SSIM min/mean __, MAD to content __
-PSNR_FLOOR = 28.0
-SSIM_FLOOR = 0.93
-MAD_FLOOR = 0.12
+# measured on the committed weights (README): PSNR min/mean 35.6/36.1 dB, SSIM min/mean 0.987/0.989,
+# mean abs difference stylised vs content 0.19..0.24 (float), 0.20..0.24 (kmodel)
+PSNR_FLOOR = 33.0
+SSIM_FLOOR = 0.97
+MAD_FLOOR = 0.15
 
 
 @pytest.fixture(scope="module")

@@ -94,7 +94,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kmodel", help="kmodel to evaluate (default: build it from the recipe)")
     ap.add_argument("--out", default=str(HERE.parents[1] / "out" / "style_transfer_eval"))
-    ap.add_argument("--sample", help="also write the rows of all photos stacked into this PNG")
+    ap.add_argument("--sample", help="also write the rows of all photos stacked into this PNG "
+                    "(256-colour palette; the README's sample.png)")
     a = ap.parse_args(argv)
     kmodel = a.kmodel
     if kmodel is None:
@@ -108,7 +109,8 @@ def main(argv=None):
         rows = [np.asarray(Image.open(r["png"])) for r in rep["photos"].values()]
         gap = np.full((4, rows[0].shape[1], 3), 255, np.uint8)
         stacked = [rows[0]] + [p for r in rows[1:] for p in (gap, r)]
-        Image.fromarray(np.concatenate(stacked, 0)).save(a.sample, optimize=True)
+        Image.fromarray(np.concatenate(stacked, 0)).quantize(   # 256-colour PNG: small to commit
+            colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(a.sample, optimize=True)
     print(json.dumps(rep, indent=1))
     return 0
 
