@@ -19,6 +19,7 @@ from tl2k210.k210 import kmodel
 from tl2k210.k210.emulator import v3 as run_v3
 from tl2k210.k210.emulator import v4 as run_v4
 from tl2k210.k210.emulator.kpu import ACT_RULES, SUM_RULES, PreparedConv
+from tl2k210.k210.emulator.memory import guarded
 
 MAX_MAIN_MEM = 16 * 1024 * 1024  # the K210 has 8 MiB of SRAM; refuse absurd claims before allocating
 
@@ -39,7 +40,8 @@ class Emulator:
         items = model.layers if model.version == 3 else model.nodes
         kind = "layer" if model.version == 3 else "node"
         threads = threads or min(4, os.cpu_count() or 1)
-        self.prepared = {id(it): PreparedConv(it.conv, sum_rule, act_rule, f"{kind} {i}", threads)
+        self.prepared = {id(it): guarded(PreparedConv, f"{kind} {i}", it.conv, sum_rule, act_rule,
+                                         f"{kind} {i}", threads)
                          for i, it in enumerate(items) if it.conv is not None}
 
     @classmethod
@@ -58,11 +60,17 @@ class Emulator:
             if first.conv is not None:
                 return first.conv.in_shape, np.uint8
             return (first.fields.get("in_channels", 0),), np.float32
-        rng, shape = m.inputs[0], m.input_shapes[0]
         from tl2k210.k210.kmodel import v4 as fmt
+        if not m.inputs:
+            raise EmulatorError("the model declares no input")
+        rng, shape = m.inputs[0], m.input_shapes[0]
+        if any(d <= 0 for d in shape):
+            raise EmulatorError(f"input shape {tuple(shape)} has a non-positive dimension")
+        if rng[0] != fmt.MEM_KPU and rng[1] not in fmt.DTYPES:
+            raise EmulatorError(f"input datatype {rng[1]} is neither float32 (0) nor uint8 (1)")
         return tuple(shape), (np.uint8 if rng[0] == fmt.MEM_KPU else fmt.DTYPES[rng[1]])
 
     def run(self, x, trace: bool = False):
         runner = run_v3 if self.model.version == 3 else run_v4
-        outs, inter = runner.run(self.model, self.prepared, x, trace)
+        outs, inter = guarded(runner.run, "model input/outputs", self.model, self.prepared, x, trace)
         return (outs, inter) if trace else outs

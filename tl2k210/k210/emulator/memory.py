@@ -65,3 +65,19 @@ class MainMemory:
         b = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
         self._check(addr, b.size, where)
         self.mem[addr:addr + b.size] = b
+
+
+# Errors numpy raises when a file's values make no sense for a layer (a corrupt or hand-edited
+# model that still parses): reported as EmulatorError naming the layer, never as a traceback.
+_DATA_ERRORS = (ValueError, IndexError, KeyError, TypeError, OverflowError, MemoryError, ZeroDivisionError)
+
+
+def guarded(fn, where, *args):
+    try:
+        return fn(*args)
+    except EmulatorError:
+        raise
+    except _DATA_ERRORS as exc:
+        raise EmulatorError(f"{where}: the values in this layer cannot be executed "
+                            f"({type(exc).__name__}: {exc}); the kmodel is corrupt or uses a "
+                            "variant the emulator does not know") from exc

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tl2k210.errors import EmulatorError
+from tl2k210.k210.emulator.memory import guarded
 from tl2k210.k210.emulator.kpu import PreparedConv, carry_shift_nncase01
 from tl2k210.k210.emulator.memory import KpuRam, MainMemory
 
@@ -290,7 +291,7 @@ def run(model, prepared: dict, x: np.ndarray, trace: bool):
             raise EmulatorError(f"{where}: the SDK's v3 runner has no code for this layer type and "
                                 "no source documents its body, so it cannot be emulated; MaixPy "
                                 "firmware would stop here too")
-        y = fn(L, L.fields, ctx, where)
+        y = guarded(fn, where, L, L.fields, ctx, where)
         if trace:
             inter.append((where, np.array(y, copy=True)))
     outs = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from tl2k210.errors import EmulatorError
+from tl2k210.k210.emulator.memory import guarded
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.emulator.memory import KpuRam, MainMemory
 from tl2k210.k210.kmodel import v4 as fmt
@@ -220,7 +221,7 @@ def run(model, prepared: dict, x: np.ndarray, trace: bool):
         fn = OPS.get(node.name)
         if fn is None:
             raise EmulatorError(f"{where}: opcode not emulated yet")
-        y = fn(node, node.fields, ctx, where)
+        y = guarded(fn, where, node, node.fields, ctx, where)
         if trace:
             inter.append((where, np.array(y, copy=True)))
     outs = [ctx.read(r, "output") for r in model.outputs]
