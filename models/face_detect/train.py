@@ -125,12 +125,17 @@ def main(argv=None):
 
     sched = tf.keras.optimizers.schedules.CosineDecay(args.lr * 0.05, args.steps, alpha=0.01,
                                                       warmup_target=args.lr, warmup_steps=min(200, args.steps // 10))
-    opt = tf.keras.optimizers.Adam(sched)
+    opt = tf.keras.optimizers.Adam(args.lr)  # LR set per step from `sched` (the step, not opt.iterations)
+    opt.build(train_vars)  # create the Adam slots now so that a checkpoint restores them
     step_var = tf.Variable(0, dtype=tf.int64)
     ckpt = tf.train.Checkpoint(vars=ws, opt=opt, step=step_var)
     mgr = tf.train.CheckpointManager(ckpt, args.ckpt, max_to_keep=2)
     if mgr.latest_checkpoint:
-        ckpt.restore(mgr.latest_checkpoint)
+        try:
+            ckpt.restore(mgr.latest_checkpoint).assert_existing_objects_matched()
+        except (ValueError, AssertionError) as exc:  # a checkpoint from an older optimizer setup
+            tf.train.Checkpoint(vars=ws, step=step_var).restore(mgr.latest_checkpoint).expect_partial()
+            print(f"optimizer state not restored ({str(exc).splitlines()[0][:80]}); weights and step are", flush=True)
         print(f"resumed from {mgr.latest_checkpoint} at step {int(step_var.numpy())}", flush=True)
     anchors = tf.constant(ANCH)
     col = tf.reshape(tf.range(GW, dtype=tf.float32), (1, 1, GW, 1))
@@ -189,6 +194,7 @@ def main(argv=None):
     for step in range(start, args.steps):
         s, b = q.get()
         assert s == step
+        opt.learning_rate = float(sched(step))
         acc += train_step(*[tf.constant(a) for a in b]).numpy()
         n_acc += 1
         if (step + 1) % 50 == 0:
