@@ -148,7 +148,7 @@ def _sprite(g, w, h, rng):
         tint = SKIN[rng.integers(len(SKIN))] * rng.uniform(0.9, 1.1, 3)
     else:
         tint = rng.uniform(0.3, 1.0, 3)
-    rgb = s[..., None] * tint.astype(np.float32)[None, None]
+    rgb = s * 1.0 if s.ndim == 3 else s[..., None] * tint.astype(np.float32)[None, None]
     if rng.random() < 0.3:
         rgb = cv2.GaussianBlur(rgb, (0, 0), rng.uniform(0.5, 1.2) * max(1.0, w / 40))
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
@@ -181,13 +181,26 @@ def _overlaps(r, rects, limit=0.05):
     return False
 
 
-def composite(rng):
-    """One 320x240 RGB uint8 composite and its face boxes (n, 4) float32 (x, y, w, h)."""
+def _photo_patch(rng):
+    """A random colour patch of a training background, 25x25: a hard negative (foliage, fur,
+    stars, texture) shaped and blended exactly like the faces."""
+    src = _backgrounds()[rng.integers(len(_backgrounds()))]
+    sh, sw = src.shape[:2]
+    side = int(rng.integers(12, max(13, min(sh, sw) // 2)))
+    y0, x0 = rng.integers(0, sh - side + 1), rng.integers(0, sw - side + 1)
+    p = _resize(np.ascontiguousarray(src[y0:y0 + side, x0:x0 + side]), 25, 25)
+    return p if p.ndim == 3 and rng.random() < 0.7 else (p.mean(axis=2) if p.ndim == 3 else p)
+
+
+def composite(rng, photo_negatives=False):
+    """One 320x240 RGB uint8 composite and its face boxes (n, 4) float32 (x, y, w, h).
+    photo_negatives: also paste 0-3 ellipse-masked patches of background photos as hard negatives
+    (train.py switches it on from --photo-negatives-from; the held-out set has none)."""
     cv2 = _cv2()
     faces, nonfaces = _lfw()
     img = background(rng)
     n_faces = int(rng.choice([0, 1, 1, 2, 2, 3, 4]))
-    n_neg = int(rng.integers(0, 4))
+    n_neg = int(rng.integers(0, 4)) + (int(rng.integers(0, 4)) if photo_negatives else 0)
     kinds = [True] * n_faces + [False] * n_neg
     rng.shuffle(kinds)
     rects, boxes = [], []
@@ -209,7 +222,12 @@ def composite(rng):
         rects.append(box)
         if rng.random() < (0.6 if is_face else 0.3):
             _context(img, x, y, w, hc, rng)
-        patch = faces[rng.integers(100)] if is_face else nonfaces[rng.integers(100)]
+        if is_face:
+            patch = faces[rng.integers(100)]
+        elif photo_negatives and rng.random() < 0.6:
+            patch = _photo_patch(rng)
+        else:
+            patch = nonfaces[rng.integers(100)]
         rgb, alpha = _sprite(patch, w, hc, rng)
         light = rng.uniform(0.5, 1.3)
         a = alpha[..., None]

@@ -63,15 +63,15 @@ def targets(boxes_list):
     return mask, txy, twh, scale, gt
 
 
-def batch(step, size):
+def batch(step, size, photo_negatives_from):
     rng = np.random.default_rng([data.TRAIN_SEED, step])
-    imgs, boxes = zip(*(data.composite(rng) for _ in range(size)))
+    imgs, boxes = zip(*(data.composite(rng, step >= photo_negatives_from) for _ in range(size)))
     return (np.stack(imgs).astype(np.float32) / 255.0,) + targets(boxes)
 
 
-def producer(start, end, size, q):
+def producer(start, end, size, photo_negatives_from, q):
     for s in range(start, end):
-        q.put((s, batch(s, size)))
+        q.put((s, batch(s, size, photo_negatives_from)))
 
 
 def main(argv=None):
@@ -82,6 +82,8 @@ def main(argv=None):
     ap.add_argument("--ckpt", default=str(HERE.parents[1] / "out" / "face_detect_train"))
     ap.add_argument("--weights", default=str(HERE / "weights.npz"))
     ap.add_argument("--save-every", type=int, default=250)
+    ap.add_argument("--photo-negatives-from", type=int, default=2500,
+                    help="from this step on, composites also get background-photo patches as hard negatives")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (after saving) when exceeded; 0 = no limit")
     args = ap.parse_args(argv)
 
@@ -178,7 +180,7 @@ def main(argv=None):
 
     start = int(step_var.numpy())
     q = queue.Queue(maxsize=4)
-    threading.Thread(target=producer, args=(start, args.steps, args.batch, q), daemon=True).start()
+    threading.Thread(target=producer, args=(start, args.steps, args.batch, args.photo_negatives_from, q), daemon=True).start()
     t0 = time.time()
     acc = np.zeros(5)
     n_acc = 0
