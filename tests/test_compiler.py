@@ -299,7 +299,7 @@ def test_symmetric_stride2_runs_fully_on_the_kpu(tmp_path, calib_dir, heldout_di
 def test_l2_normalised_embedding(tmp_path, calib_dir, heldout_dir):
     """x / ||x|| (Keras UnitNormalization or tf.math.l2_normalize) becomes the SDK's
     L2_NORMALIZATION layer: unit-length embeddings straight out of the kmodel."""
-    from tl2k210.passes import run_pipeline, PASSES
+    from tl2k210.passes import PASSES
     assert "l2_normalize" in PASSES
     keras = tf.keras
     keras.utils.set_random_seed(3)

@@ -1,7 +1,6 @@
 """Mutated real kmodels that still parse: the emulator either runs them or raises a
 Tl2k210Error naming the layer; never a bare numpy traceback."""
 import numpy as np
-import pytest
 
 from conftest import data_path
 from tl2k210.errors import Tl2k210Error

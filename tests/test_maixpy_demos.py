@@ -1,7 +1,6 @@
 """The firmware/ MaixPy scripts run unchanged on the host (tl2k210.maixpy): real photos through
 the emulated camera, models read from an emulated flash image, LCD frames as PNGs."""
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -5,7 +5,6 @@ import functools
 import sys
 
 import numpy as np
-import pytest
 
 from front_helpers import REPO, need_testdata, tf
 from tl2k210.graph import from_onnx, run

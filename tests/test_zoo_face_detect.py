@@ -5,7 +5,6 @@ float. Numbers measured with the committed weights are in models/face_detect/REA
 import functools
 import sys
 
-import numpy as np
 import pytest
 
 from conftest import REPO

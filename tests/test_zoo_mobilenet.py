@@ -2,7 +2,6 @@
 import json
 import sys
 
-import numpy as np
 import pytest
 
 from conftest import REPO, data_path

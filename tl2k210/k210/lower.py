@@ -83,6 +83,8 @@ class Lowering:
         self.kpu, self.main = KpuAllocator(), MainAllocator()
         self.kpu_live = None        # tensor whose map is valid in KPU RAM right now
         self.pixel_input = None     # the image input (uint8 pixels, preprocessing folded in)
+        self.pending_pick = set()   # 1x1 convs that take over a depthwise conv's stride-2 pick
+        self.folded = set()         # activation nodes already applied by their producer
         self.trace_map = {}         # tensor -> (layer index, kind) for SQNR from emulator traces
         self.uses = {}
         for n in self.order:
@@ -217,9 +219,7 @@ class Lowering:
 
     # ------------------------------------------------------------------ Conv
     def lower_Conv(self, node):
-        x, w_name, b_name = node.inputs
-        out = node.outputs[0]
-        cin_shape, oshape = self.shape(x), self.shape(out)
+        cin_shape = self.shape(node.inputs[0])
         a = node.attrs
         if len(cin_shape) == 3 and cin_shape[1:] == (1, 1) and tuple(a["kernel"]) == (1, 1):
             return self.lower_fc(node)
@@ -267,7 +267,7 @@ class Lowering:
         x, w_name, b_name = node.inputs
         out = node.outputs[0]
         ci, h, w = self.shape(x)
-        if getattr(self, "_pending_pick", {}).get(node.name) and x in self.locs:
+        if node.name in self.pending_pick and x in self.locs:
             ci, h, w = self.locs[x].shape   # the stride-1 map of the depthwise conv before
         co = self.shape(out)[0]
         depthwise = a.get("group", 1) == ci and ci > 1
@@ -323,8 +323,8 @@ class Lowering:
                 if c is None:
                     raise UnsupportedOpError(f"node {node.name!r}: pool {pool} has no KPU code")
                 code = c
-        incoming_pick = getattr(self, "_pending_pick", {}).pop(node.name, None)
-        if incoming_pick is not None:
+        if node.name in self.pending_pick:
+            self.pending_pick.discard(node.name)
             if code or cpu_pick or cpu_pool:
                 raise AssertionError("pick moved onto a conv that already pools")
             code = 5
@@ -349,8 +349,7 @@ class Lowering:
         kind = "depthwise " if depthwise else ""
         row.why = f"{kind}conv{k}x{k}" + (f" + {hw.POOL[code].name}" if code else "")
         if pick_next:
-            self._pending_pick = getattr(self, "_pending_pick", {})
-            self._pending_pick[self.consumers(out)[0].name] = True
+            self.pending_pick.add(self.consumers(out)[0].name)
             row.notes.append("stride 2 moved onto the next 1x1 conv (exact: pick commutes with it)")
         if cpu_pick:
             row.notes.append(f"stride {s} with pads {a['pads']}: KPU at stride 1 ({s * s}x the MACs), "
@@ -608,7 +607,7 @@ class Lowering:
             row.tensor = cons[0].outputs[0]
             self._alias(cons[0].outputs[0], out)
             row.notes.append(f"{cons[0].op} folded into the uint8 clamp")
-            self._skip = getattr(self, "_skip", set()) | {cons[0].name}
+            self.folded.add(cons[0].name)
 
     def _alias(self, new, old):
         self.locs[new] = self.locs[old]
@@ -616,18 +615,13 @@ class Lowering:
             self.trace_map[new] = self.trace_map[old]
         self.uses[old] = self.uses.get(old, 0) + self.uses.get(new, 0)
 
-    def _skipped(self, node):
-        if node.name in getattr(self, "_skip", set()):
-            return True
-        return False
-
     def lower_Relu(self, node):
-        if self._skipped(node):
+        if node.name in self.folded:
             return
         self._standalone_act(node, {"op": "Relu"})
 
     def lower_Clip(self, node):
-        if self._skipped(node):
+        if node.name in self.folded:
             return
         self._standalone_act(node, {"op": "Clip", **{k: v for k, v in node.attrs.items()}})
 

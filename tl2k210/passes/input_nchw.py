@@ -1,5 +1,4 @@
 """TF front-ends give NHWC inputs followed by Transpose(0,3,1,2): make the graph input NCHW."""
-import numpy as np
 
 
 def input_nchw(g, log):

@@ -6,7 +6,7 @@ import numpy as np
 
 from tl2k210.errors import EmulatorError
 from tl2k210.k210.emulator.memory import guarded
-from tl2k210.k210.emulator.kpu import PreparedConv, carry_shift_nncase01
+from tl2k210.k210.emulator.kpu import carry_shift_nncase01
 from tl2k210.k210.emulator.memory import KpuRam, MainMemory
 
 f32 = np.float32

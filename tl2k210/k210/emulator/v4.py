@@ -185,7 +185,7 @@ def unary(node, f, ctx, where):
 
 @op("concat")
 def concat(node, f, ctx, where):
-    outer, inner = f["outer_size"], f["inner_size"]  # inner_size counts bytes (errata 4)
+    outer = f["outer_size"]  # each input holds outer x (dims[i] * inner_size) bytes (errata 4)
     parts = [ctx._mem(r, where).view(np.uint8).reshape(outer, -1) for r in node.data["inputs"]]
     out = np.concatenate(parts, axis=1)
     ctx._mem(f["output"], where).view(np.uint8)[:] = out.reshape(-1)
