@@ -35,7 +35,8 @@ def _executor(n: int) -> ThreadPoolExecutor:
 
 SUM_RULES = ("silicon", "simulator")
 ACT_RULES = ("nncase02", "nncase01")
-LUT_MAX = 1 << 22  # tabulate the activation when the reachable V range is at most this wide
+LUT_MAX = 1 << 22      # tabulate the activation when the reachable V range is at most this wide
+BAND_ELEMS = 1 << 18   # output values per row band (int64 intermediates of ~2 MiB stay in cache)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,10 +396,14 @@ class PreparedConv:
             raise EmulatorError(f"{self.where}: input is {x.shape}, layer expects {(ci, h, w)}")
         xp = self._pad(x)
         y = np.empty((self.out_shape[0], h, w), np.uint8)
-        n = max(1, min(self.threads, h // 4, (h * w * self.out_shape[0]) // 20000))
-        if n == 1:
-            self._band(xp, y, 0, h)
+        # row bands: small enough that the int64 stages stay in cache (about 2.5x faster on a
+        # 320x240 layer), and at least one per thread on big layers
+        size = self.out_shape[0] * h * w
+        n = min(h, max(-(-size // BAND_ELEMS), self.threads if size > 20000 else 1))
+        cuts = [h * i // n for i in range(n + 1)]
+        if self.threads == 1 or n == 1:
+            for i in range(n):
+                self._band(xp, y, cuts[i], cuts[i + 1])
         else:
-            cuts = [h * i // n for i in range(n + 1)]
-            list(_executor(n).map(lambda i: self._band(xp, y, cuts[i], cuts[i + 1]), range(n)))
+            list(_executor(self.threads).map(lambda i: self._band(xp, y, cuts[i], cuts[i + 1]), range(n)))
         return pool(y, self.args["pool_type"])
