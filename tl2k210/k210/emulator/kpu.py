@@ -36,7 +36,7 @@ def _executor(n: int) -> ThreadPoolExecutor:
 SUM_RULES = ("silicon", "simulator")
 ACT_RULES = ("nncase02", "nncase01")
 LUT_MAX = 1 << 22      # tabulate the activation when the reachable V range is at most this wide
-BAND_ELEMS = 1 << 18   # output values per row band (int64 intermediates of ~2 MiB stay in cache)
+BAND_ELEMS = 1 << 17   # output values per row band (int64 intermediates of ~1 MiB stay in cache)
 
 
 # ---------------------------------------------------------------------------------------------
