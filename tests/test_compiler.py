@@ -318,3 +318,14 @@ def test_l2_normalised_embedding(tmp_path, calib_dir, heldout_dir):
     rep = compare(str(src), str(out), str(heldout_dir))
     r = list(rep["outputs"].values())[0]
     assert r["cosine"] > 0.99 and r["sqnr_db"] > 20
+
+
+def test_kpu_output_below_4x4_is_refused(tmp_path):
+    keras = tf.keras
+    x = keras.Input((6, 6, 3))
+    y = keras.layers.MaxPooling2D(2)(keras.layers.Conv2D(4, 3, padding="same", name="tiny")(x))
+    src = tmp_path / "tiny.keras"
+    keras.Model(x, y).save(src)
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).random((2, 3, 6, 6), np.float32))
+    with pytest.raises(KpuLimitError, match=r"tiny.*KPU output 3x3 after max_2_s2.*at least 4x4"):
+        convert(src, tmp_path / "tiny.kmodel", ConvertOptions(dataset=str(tmp_path / "x.npy"), progress=False))

@@ -380,6 +380,10 @@ class Lowering:
         bn = fx.bn_params(1.0, sw, B, s_v)
         act = fx.activation_table(act_attr, y_lo, y_hi, s_v, s_z, z_z)
         ph, pw = hw.POOL[code].out_size(h, w)
+        if min(ph, pw) < hw.LIMITS["out_min"]:
+            raise KpuLimitError(f"node {name!r}: KPU output {pw}x{ph} after {hw.POOL[code].name}; "
+                                f"the KPU writes maps of at least {hw.LIMITS['out_min']}x"
+                                f"{hw.LIMITS['out_min']} (spec §2.7): use a larger input or pool later")
         out_lines = hw.map_lines(co, ph, pw)
         dst = self.kpu.place_output(in_range, out_lines, name)
         per_oc = k * k * (1 if depthwise else ci)
