@@ -329,3 +329,30 @@ def test_kpu_output_below_4x4_is_refused(tmp_path):
     np.save(tmp_path / "x.npy", np.random.default_rng(0).random((2, 3, 6, 6), np.float32))
     with pytest.raises(KpuLimitError, match=r"tiny.*KPU output 3x3 after max_2_s2.*at least 4x4"):
         convert(src, tmp_path / "tiny.kmodel", ConvertOptions(dataset=str(tmp_path / "x.npy"), progress=False))
+
+
+def test_unfused_average_pool_runs_in_float(tmp_path, calib_dir, heldout_dir):
+    keras = tf.keras
+    keras.utils.set_random_seed(4)
+    L = keras.layers
+    x = keras.Input((32, 32, 3))
+    y = L.DepthwiseConv2D(3, padding="same", activation="relu")(L.Conv2D(8, 3, padding="same")(x))
+    y = L.Conv2D(8, 3, padding="same", activation="relu")(L.AveragePooling2D(3, strides=2, padding="same")(y))
+    src = tmp_path / "avg.keras"
+    keras.Model(x, y).save(src)
+    out = tmp_path / "avg.kmodel"
+    receipt = convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False))
+    assert any("AVERAGE_POOL2D" in r["kmodel_layers"] for r in receipt.layers)
+    sq = list(compare(str(src), str(out), str(heldout_dir))["outputs"].values())[0]["sqnr_db"]
+    assert sq > 25
+
+
+def test_image_input_feeding_two_convs_is_explained(tmp_path, calib_dir):
+    keras = tf.keras
+    x = keras.Input((16, 16, 3))
+    a = keras.layers.Conv2D(4, 3, padding="same", name="left")(x)
+    b = keras.layers.Conv2D(4, 1, name="right")(x)
+    src = tmp_path / "fork.keras"
+    keras.Model(x, keras.layers.Add()([a, b])).save(src)
+    with pytest.raises(UnsupportedOpError, match="feeds 2 convs.*branch after it"):
+        convert(src, tmp_path / "fork.kmodel", ConvertOptions(dataset=str(calib_dir), progress=False))

@@ -185,6 +185,11 @@ class Lowering:
         first = self.consumers(x)
         shape = self.shape(x)
         if len(shape) == 3 and first and all(n.op == "Conv" for n in first):
+            if len(first) > 1:
+                raise UnsupportedOpError(
+                    f"the image input {x} feeds {len(first)} convs ({', '.join(n.name for n in first)}); "
+                    "the runtime puts the image in KPU RAM once, for the first layer only: start the "
+                    "model with one conv and branch after it")
             self.locs[x] = Loc(shape)
             self.pixel_input = x
         elif len(shape) == 1 or (len(shape) == 3 and shape[1:] == (1, 1)):
@@ -196,10 +201,10 @@ class Lowering:
         for node in self.order:
             handler = getattr(self, "lower_" + node.op, None)
             if handler is None:
+                ops = sorted(n[6:] for n in dir(self) if n.startswith("lower_") and n != "lower_fc")
                 raise UnsupportedOpError(
                     f"node {node.name!r}: op {node.op} {dict(node.attrs)} has no K210 lowering; "
-                    "supported: Conv, Add, Concat, Resize(nearest), GlobalAveragePool, MaxPool, "
-                    "AveragePool, Softmax, Sigmoid, Flatten/Reshape, Transpose before Flatten")
+                    f"lowered ops: {', '.join(ops)}")
             handler(node)
             self.release(node)
         outs = []
@@ -295,10 +300,10 @@ class Lowering:
             self.kpu_live = x
             row.notes.append(f"input: pixels, preprocessing folded into weights (pad value {z_x})")
         else:
+            in_range = self.need_kpu(x, row)          # may quantize a float input first
             s_in, z_x = xloc.quant
             W = W * s_in
             e = None if mean is None else mean / s_in
-            in_range = self.need_kpu(x, row)
         # --- pick pixels for stride 2 / unusual pads; pool codes
         dy, dx, s = self._pick(node)
         pool = a.get("pool")
@@ -701,6 +706,30 @@ class Lowering:
         k, s = a["kernel_shape"], a.get("strides", [1, 1])
         self._cpu_pool(x, out, {"kind": "max", "size": k[0], "stride": s[0],
                                 "pads": list(a.get("pads", [0, 0, 0, 0]))}, row)
+
+    def lower_AveragePool(self, node):
+        """An average pool the KPU cannot take: float AVERAGE_POOL2D (in-range taps only, as
+        ONNX count_include_pad=0)."""
+        x, out = node.inputs[0], node.outputs[0]
+        a = node.attrs
+        if a.get("count_include_pad", 0):
+            raise UnsupportedOpError(f"node {node.name!r}: AveragePool with count_include_pad=1; the "
+                                     "SDK averages in-range taps only")
+        c, h, w = self.shape(x)
+        oc, oh, ow = self.shape(out)
+        k, st = a["kernel_shape"], a.get("strides", [1, 1])
+        pads = list(a.get("pads", [0, 0, 0, 0]))
+        row = Row(node.name, "AveragePool", "CPU", "average pool: float AVERAGE_POOL2D (no uint8 "
+                  "version in the SDK)", list(node.fused), in_shape=(c, h, w), out_shape=(oc, oh, ow))
+        self.rows.append(row)
+        src = self.need_f32(x, row)
+        loc = Loc((oc, oh, ow), f32=self.alloc(out, "f32", 4 * oc * oh * ow))
+        self.emit("AVERAGE_POOL2D", dict(
+            flags=1, main_mem_in_address=src, main_mem_out_address=loc.f32, in_shape=(w, h, c),
+            out_shape=(ow, oh, oc), kernel_width=k[1], kernel_height=k[0], stride_width=st[1],
+            stride_height=st[0], padding_width=pads[1], padding_height=pads[0], act=0), row)
+        self.locs[out] = loc
+        self.trace_map[out] = (len(self.layers) - 1, "f32")
 
     # ------------------------------------------------------------------ float CPU layers
     def lower_GlobalAveragePool(self, node):
