@@ -356,3 +356,21 @@ def test_image_input_feeding_two_convs_is_explained(tmp_path, calib_dir):
     keras.Model(x, keras.layers.Add()([a, b])).save(src)
     with pytest.raises(UnsupportedOpError, match="feeds 2 convs.*branch after it"):
         convert(src, tmp_path / "fork.kmodel", ConvertOptions(dataset=str(calib_dir), progress=False))
+
+
+def test_separable_tanh_global_max_pool(tmp_path, calib_dir, heldout_dir):
+    keras = tf.keras
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    x = keras.Input((48, 64, 3))
+    y = L.Conv2D(8, 3, strides=2, padding="same", activation="relu6")(x)
+    y = L.SeparableConv2D(16, 3, padding="same", activation="relu")(y)
+    y = L.GlobalMaxPooling2D()(L.Conv2D(16, 1, activation="tanh")(y))
+    src = tmp_path / "gmp.keras"
+    keras.Model(x, L.Dense(3)(y)).save(src)
+    out = tmp_path / "gmp.kmodel"
+    receipt = convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False))
+    gmp = next(r for r in receipt.layers if r["op"] == "GlobalMaxPool")
+    assert gmp["kmodel_layers"] == ["QUANTIZED_MAX_POOL2D"] and gmp["sqnr_db"] > 30
+    sq = list(compare(str(src), str(out), str(heldout_dir))["outputs"].values())[0]["sqnr_db"]
+    assert sq > 20

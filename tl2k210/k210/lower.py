@@ -707,6 +707,22 @@ class Lowering:
         self._cpu_pool(x, out, {"kind": "max", "size": k[0], "stride": s[0],
                                 "pads": list(a.get("pads", [0, 0, 0, 0]))}, row)
 
+    def lower_GlobalMaxPool(self, node):
+        """Global max pool: QUANTIZED_MAX_POOL2D with a whole-map window (the SDK runs no global
+        max pool; max commutes with the uint8 quantization, so this is exact)."""
+        x, out = node.inputs[0], node.outputs[0]
+        c, h, w = self.shape(x)
+        row = Row(node.name, "GlobalMaxPool", "CPU", "global max pool: QUANTIZED_MAX_POOL2D over "
+                  "the whole map", list(node.fused), in_shape=(c, h, w), out_shape=(c,))
+        self.rows.append(row)
+        src = self.need_u8(x, row)
+        loc = self._u8_out(out, self.locs[x].quant)
+        self.emit("QUANTIZED_MAX_POOL2D", dict(
+            flags=1, main_mem_in_address=src, main_mem_out_address=loc.u8, in_shape=(w, h, c),
+            out_shape=(1, 1, c), kernel_width=w, kernel_height=h, stride_width=1, stride_height=1,
+            padding_width=0, padding_height=0), row)
+        self.trace_map[out] = (len(self.layers) - 1, "u8")
+
     def lower_AveragePool(self, node):
         """An average pool the KPU cannot take: float AVERAGE_POOL2D (in-range taps only, as
         ONNX count_include_pad=0)."""
