@@ -230,10 +230,12 @@ def test_prepared_conv_equals_reference(seed):
             for act_rule in K.ACT_RULES:
                 want = K.reference_layer(x, conv.weights.reshape(wshape), conv.args, conv.bn, conv.act,
                                          sum_rule, act_rule)
-                got = K.PreparedConv(conv, sum_rule, act_rule)(x)
-                assert np.array_equal(got, want), (seed, i, sum_rule, act_rule)
-        banded = K.PreparedConv(conv, threads=3)(x)   # row bands on threads: same bytes
-        assert np.array_equal(banded, K.PreparedConv(conv)(x))
+                for use_fast in (True, False):   # numba-fused path and the numpy path
+                    got = K.PreparedConv(conv, sum_rule, act_rule, use_fast=use_fast)(x)
+                    assert np.array_equal(got, want), (seed, i, sum_rule, act_rule, use_fast)
+        for use_fast in (True, False):                # threads: same bytes
+            banded = K.PreparedConv(conv, threads=3, use_fast=use_fast)(x)
+            assert np.array_equal(banded, K.PreparedConv(conv, use_fast=False)(x))
 
 
 # ---------------------------------------------------------------- KPU RAM layout
@@ -248,3 +250,14 @@ def test_kpu_ram_layout_bytes(c, h, w):
     untouched[off.reshape(-1)] = False
     assert not ram.mem[untouched].any()                          # and nowhere else
     assert np.array_equal(ram.read(10, c, h, w), x)
+
+
+def test_fused_kernels_are_available_and_used():
+    from tl2k210.k210.emulator import fast
+    pytest.importorskip("numba")
+    assert fast.available()
+    rng = np.random.default_rng(9)
+    conv = _random_conv(rng, True, 3, 0)
+    conv.act = {"x_start": np.array([-(1 << 35)] + [0] + [(1 << 35) - 1] * 14), "y_mul": np.array([0, 1] + [0] * 14),
+                "shift_number": np.array([0, 10] + [0] * 14), "bias": np.zeros(16, np.uint8)}
+    assert K.PreparedConv(conv).use_fast

@@ -6,8 +6,9 @@ not depend on the input and runs a layer with a handful of whole-array passes.
 
 Exactness: the convolution sum uses float32 BLAS on K-chunks short enough that every partial sum
 is an integer < 2^24 (exact in float32), or float64 (integers < 2^53) for 16-bit weights;
-everything after it is int64. Rows of the output are split into bands run on threads (numpy
-releases the GIL), so a layer uses every core while staying bit-exact.
+everything after it is int64. With numba installed (`fast.py`), the batch-norm stage, the
+activation lookup and the depthwise taps run as one fused pass per value, parallel over channels
+(about 3x faster, same bytes); otherwise rows are split into cache-sized bands run on threads.
 
 Named rules (defaults follow the spec):
   sum_rule  "silicon"   Σx/Σw terms shifted per input channel, then summed (§10.1, board-backed)
@@ -23,6 +24,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from tl2k210.errors import EmulatorError
 from tl2k210.k210 import hardware as hw
+from tl2k210.k210.emulator import fast
 
 _POOLS: dict = {}
 
@@ -241,7 +243,7 @@ class PreparedConv:
     is small). ``__call__(x)`` maps (C_in, H, W) uint8 → pooled (C_out, Ho, Wo) uint8."""
 
     def __init__(self, conv, sum_rule: str = "silicon", act_rule: str = "nncase02", where: str = "layer",
-                 threads: int = 1):
+                 threads: int = 1, use_fast: bool = True):
         if sum_rule not in SUM_RULES or act_rule not in ACT_RULES:
             raise ValueError(f"sum_rule must be one of {SUM_RULES}, act_rule one of {ACT_RULES}")
         a = conv.args
@@ -289,6 +291,7 @@ class PreparedConv:
         if self.ftype == np.float64:
             self.chunk = wmat.shape[1]
         self.wmat = wmat.astype(self.ftype)
+        self.wint = np.ascontiguousarray(wmat, np.int64)
         if sum_rule == "silicon" or self.depthwise:
             tw = ((a["arg_w"] * sw_i) >> a["shr_w"]).sum(axis=1)
         else:
@@ -299,6 +302,8 @@ class PreparedConv:
         self.bn_add = np.asarray(conv.bn["norm_add"], np.int64)[:, None]
         self.act = conv.act
         self._build_lut(wt, sw_i, n_ic, kk)
+        # the fused numba kernels need the tabulated activation and no Σx extra rows
+        self.use_fast = use_fast and fast.available() and self.table is not None and not self.extra
 
     def _build_lut(self, wt, sw_i, n_ic, kk):
         """Bound V over every possible uint8 input, then compile the activation over that range."""
@@ -317,14 +322,28 @@ class PreparedConv:
         self.table = compile_activation(self.act, self.act_rule, int(ends.min()), int(ends.max()))
 
     # ----- run
-    def _matmul(self, cols: np.ndarray) -> np.ndarray:
+    def _matmul_exact(self, cols: np.ndarray) -> np.ndarray:
+        """W·cols as float32/float64 holding exact integers."""
         K = cols.shape[0]
         if K <= self.chunk:
-            return (self.wmat @ cols).astype(np.int64)
+            return self.wmat @ cols
         acc = np.zeros((self.wmat.shape[0], cols.shape[1]), np.float64)
         for k0 in range(0, K, self.chunk):
             acc += self.wmat[:, k0:k0 + self.chunk] @ cols[k0:k0 + self.chunk]
-        return acc.astype(np.int64)
+        return acc
+
+    def _matmul(self, cols: np.ndarray) -> np.ndarray:
+        return self._matmul_exact(cols).astype(np.int64)
+
+    def _cols(self, xp: np.ndarray, h: int, w: int) -> np.ndarray:
+        ci = xp.shape[0]
+        if self.k == 1:
+            return xp.reshape(ci, h * w).astype(self.ftype)
+        cols = np.empty((ci, 3, 3, h, w), self.ftype)
+        for ky in range(3):
+            for kx in range(3):
+                cols[:, ky, kx] = xp[:, ky:ky + h, kx:kx + w]
+        return cols.reshape(ci * 9, h * w)
 
     def _pad(self, x: np.ndarray) -> np.ndarray:
         if self.k == 1:
@@ -359,15 +378,7 @@ class PreparedConv:
                 acc += (a["arg_x"] * box.reshape(ci, h * w)) >> a["shr_x"]
             acc += self.const
             return acc
-        if k == 3:
-            cols = np.empty((ci, 3, 3, h, w), self.ftype)
-            for ky in range(3):
-                for kx in range(3):
-                    cols[:, ky, kx] = xp[:, ky:ky + h, kx:kx + w]
-            cols = cols.reshape(ci * 9, h * w)
-        else:
-            cols = xp.reshape(ci, h * w).astype(self.ftype)
-        out = self._matmul(cols)
+        out = self._matmul(self._cols(xp, h, w))
         if self.extra:
             acc, box = out[:-self.extra], out[-self.extra:]
             acc += ((a["arg_x"] * box) >> a["shr_x"]).sum(axis=0)
@@ -390,11 +401,32 @@ class PreparedConv:
             out = self.table(acc) if self.table is not None else activation(acc, self.act, self.act_rule)
         y[:, r0:r1] = out.reshape(-1, r1 - r0, w)
 
+    def _fused(self, xp: np.ndarray, h: int, w: int) -> np.ndarray:
+        """The numba path: BN + activation lookup (and the depthwise taps) in one pass."""
+        a, co, t = self.args, self.out_shape[0], self.table
+        out = np.empty((co, h, w), np.uint8)
+        fast.threads(self.threads)
+        if t.lut is not None and self.depthwise:
+            fast.dw_bn_lut(xp, self.wint, self.k, a["arg_x"], a["shr_x"], self.x_exact, self.const[:, 0],
+                           self.bn_mul[:, 0], self.bn_shift[:, 0], self.bn_add[:, 0] - t.lo, t.lut, out)
+            return out
+        acc = self._matmul_exact(self._cols(xp, h, w)) if not self.depthwise else \
+            (self._sums(xp, h, w) - self.const).astype(np.float64)
+        if t.lut is not None:
+            fast.bn_lut(acc, self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0],
+                        self.bn_add[:, 0] - t.lo, t.lut, out.reshape(co, h * w))
+        else:
+            fast.bn_steps(acc, self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0], self.bn_add[:, 0],
+                          t.starts, t.values, out.reshape(co, h * w))
+        return out
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
         ci, h, w = self.in_shape
         if x.shape != (ci, h, w):
             raise EmulatorError(f"{self.where}: input is {x.shape}, layer expects {(ci, h, w)}")
         xp = self._pad(x)
+        if self.use_fast:
+            return pool(self._fused(xp, h, w), self.args["pool_type"])
         y = np.empty((self.out_shape[0], h, w), np.uint8)
         # row bands: small enough that the int64 stages stay in cache (about 2.5x faster on a
         # 320x240 layer), and at least one per thread on big layers
