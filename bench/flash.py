@@ -26,9 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tl2k210.flash import image as fw_image  # noqa: E402
 from tl2k210.flash.emulated_board import EmulatedBoard  # noqa: E402
-from tl2k210.flash.trials import TOOLS, fault_trial, run_client, summarize  # noqa: E402
+from tl2k210.flash.trials import TOOLS, booted_image_is, fault_trial, run_client, summarize  # noqa: E402
 
 MiB = 1024 * 1024
 BAUDS = (115_200, 1_500_000, 2_000_000)
@@ -44,10 +43,7 @@ def one_run(tool, size, baud, workdir):
         with EmulatedBoard(os.path.join(tmp, "flash.bin"), wiring="dan", throttle=True) as b:
             ok, msg, secs, timed_out = run_client(tool, b, path, baud, limit)
             time.sleep(0.05)
-            try:
-                exact = fw_image.unwrap(b.flash_bytes(0, size + 64)) == fw
-            except fw_image.ImageError:
-                exact = False
+            exact = booted_image_is(b, fw, size)
             st = b.stats
             data_s = (st.write_t1 - st.write_t0) if st.write_t0 and st.write_t1 else 0.0
             return {"tool": tool, "size": size, "baud": baud, "ok": ok, "exact": exact,

@@ -16,6 +16,7 @@ import numpy as np
 from tl2k210.errors import Tl2k210Error
 from tl2k210.k210 import cost, hardware as hw
 from tl2k210.k210.kmodel import atomic_write, dumps
+from tl2k210.tables import text_table
 
 # what each firmware leaves for model file + main memory (spec §7 and MaixPy docs)
 RUNTIME_BUDGET = {
@@ -68,9 +69,7 @@ class Receipt:
                          "x".join(map(str, r["out_shape"])), f"{r['macs']:,}", f"{r['weight_bytes']:,}",
                          str(r["kpu_lines"] or "-"), f"{r['cycles']:,}",
                          "-" if r.get("sqnr_db") is None else f"{r['sqnr_db']:.1f}"))
-        widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
-        fmt = lambda row: "  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip()  # noqa: E731
-        lines = [fmt(cols), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+        lines = text_table(cols, rows)
         for r in self.layers:
             for note in r.get("notes", []):
                 lines.append(f"  note {r['node']}: {note}")

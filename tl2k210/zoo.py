@@ -214,9 +214,8 @@ def cmd_list(args):
         rows.append((name, r.task, f"{r.input['width']}x{r.input['height']}", f"0x{r.flash_address:x}",
                      "yes" if w.exists() else "no (run train.py)", r.summary))
     cols = ("name", "task", "input", "flash", "weights", "summary")
-    widths = [max(len(str(x)) for x in c) for c in zip(cols, *rows)]
-    for row in [cols] + rows:
-        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
+    from tl2k210.tables import text_table
+    print("\n".join(text_table(cols, rows, rule=False)))
     return 0
 
 

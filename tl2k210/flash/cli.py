@@ -232,9 +232,12 @@ def cmd_deploy(args):
             raise Tl2k210Error(f"cannot read {kmodel}: {exc.strerror}") from None
         if not data:
             raise Tl2k210Error(f"{kmodel} is empty")
-        if data[:4] not in (b"\x03\x00\x00\x00", b"KMDL", b"\x04\x00\x00\x00"):
-            print(f"warning: {kmodel} does not start like a kmodel v3/v4; MaixPy's kpu.load "
-                  "may reject it", file=sys.stderr)
+        from tl2k210.errors import KmodelFormatError
+        from tl2k210.k210.kmodel import detect_version
+        try:
+            detect_version(data)
+        except KmodelFormatError as exc:
+            print(f"warning: {kmodel}: {exc}; MaixPy's kpu.load may reject it", file=sys.stderr)
         check_model_address(address, len(data), args.force)
         images = [FlashImage(address, data, False, os.path.basename(kmodel), kmodel)]
         if args.firmware:

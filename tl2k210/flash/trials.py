@@ -64,6 +64,14 @@ def run_client(tool, board, file, baud, timeout, board_name="dan"):
         return False, f"no result after {timeout:.0f} s (killed)", time.monotonic() - t0, True
 
 
+def booted_image_is(board, fw, size) -> bool:
+    """Does the emulated board's flash at 0 hold exactly the firmware `fw` (its envelope unwraps)?"""
+    try:
+        return fw_image.unwrap(board.flash_bytes(0, size + 64)) == fw
+    except fw_image.ImageError:
+        return False
+
+
 def fault_trial(tool, rate, seed, size=256 * 1024, baud=1_500_000, kinds=("corrupt", "drop"),
                 timeout=None, workdir=None):
     """Flash a ``size``-byte firmware at 0 through a line that corrupts/drops host->board bytes
@@ -81,10 +89,7 @@ def fault_trial(tool, rate, seed, size=256 * 1024, baud=1_500_000, kinds=("corru
         with board:
             ok, msg, secs, timed_out = run_client(tool, board, path, baud, timeout)
             time.sleep(0.02)
-            try:
-                exact = fw_image.unwrap(board.flash_bytes(0, size + 64)) == fw
-            except fw_image.ImageError:
-                exact = False
+            exact = booted_image_is(board, fw, size)
             faults = dict(board.stats.faults)
     if ok:
         status = "exact" if exact else "silent_corruption"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from tl2k210.k210 import hardware as hw
+from tl2k210.tables import text_table
 from tl2k210.k210.kmodel import v3 as f3
 from tl2k210.k210.kmodel import v4 as f4
 
@@ -132,9 +133,7 @@ def render(info: dict) -> str:
         table.append((r["layer"], r["type"], r["unit"], r["op"], _fmt_shape(r["in"]),
                       _fmt_shape(r["out"]), f"{r['macs']:,}", f"{r['weight_bytes']:,}",
                       (f"{r['kpu_lines']} {kpu}" if r["kpu_lines"] else "-"), main or "-"))
-    widths = [max(len(str(x)) for x in col) for col in zip(cols, *table)]
-    line = lambda row: "  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip()  # noqa: E731
-    out = head + [line(cols), line(["-" * w for w in widths])] + [line(r) for r in table]
+    out = head + text_table(cols, table)
     out.append("")
     out.append(f"total MACs        {info['total_macs']:,}")
     out.append(f"parameter bytes   {info['weight_bytes']:,}")
