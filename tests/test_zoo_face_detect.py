@@ -59,12 +59,7 @@ def test_kmodel_finds_the_face(photo_outputs, name):
     assert r["best_iou"] >= 0.5
 
 
-CHINA_FP = pytest.mark.xfail(strict=True, reason=(
-    "known miss of the committed weights: one box on the foliage of china.jpg, (215, 169, 25, 24) "
-    "score 0.80 on the kmodel (0.83 float) at threshold 0.5; see models/face_detect/README.md"))
-
-
-@pytest.mark.parametrize("name", ["coffee", "rocket", pytest.param("china", marks=CHINA_FP)])
+@pytest.mark.parametrize("name", ["coffee", "rocket", "china"])
 def test_kmodel_fires_on_no_face_free_photo(photo_outputs, name):
     assert photo_outputs[name]["boxes"] == []
 

@@ -6,8 +6,9 @@ Sources (all shipped with the venv, nothing downloaded):
   hard negatives  its 100 non-face patches, pasted with exactly the same augmentation
   backgrounds     skimage photos/textures (chelsea, brick, grass, gravel, immunohistochemistry,
                   hubble_deep_field, retina, moon, page, text, clock, coins, colorwheel, cell,
-                  checkerboard, horse, logo, the lower part of camera), sklearn's flower.jpg,
-                  smooth random fields, shapes and noise
+                  checkerboard, horse, logo, the lower part of camera, the left stereo_motorcycle
+                  view), sklearn's flower.jpg, dead-leaves "foliage", smooth random fields,
+                  shapes and noise
   TEST ONLY       astronaut, grace_hopper.jpg (faces); coffee, rocket, sklearn's china.jpg
                   (face-free) -- never used for training or calibration.
 
@@ -66,6 +67,7 @@ def _backgrounds():
               "checkerboard", "horse", "logo"):
         add(getattr(data, n)())
     add(data.camera()[260:])  # below the cameraman's face
+    add(data.stereo_motorcycle()[0])  # a cluttered workshop
     imgs = load_sample_images()
     for fname, img in zip(imgs.filenames, imgs.images):
         if fname.endswith("flower.jpg"):  # china.jpg is a face-free TEST photo
@@ -95,10 +97,38 @@ def _smooth_field(rng, w=W, h=H):
     return _resize(small, w, h)
 
 
+# leaf/bark/earth colours (RGB) for the dead-leaves "foliage" backgrounds
+FOLIAGE = np.array([(0.18, 0.32, 0.10), (0.35, 0.50, 0.18), (0.55, 0.62, 0.30), (0.10, 0.16, 0.06),
+                    (0.42, 0.33, 0.20), (0.65, 0.55, 0.40), (0.80, 0.82, 0.75), (0.25, 0.22, 0.18)], np.float32)
+
+
+def dead_leaves(rng, w=W, h=H):
+    """A dead-leaves image: occluding ellipses with power-law sizes (the statistics of natural
+    scenes -- foliage, gravel, crowds of objects), coloured from the foliage palette or at random,
+    with per-leaf shading: hard negatives with dark/light blob layouts at every scale."""
+    cv2 = _cv2()
+    foliage = rng.random() < 0.6
+    img = np.empty((h, w, 3), np.float32)
+    img[:] = FOLIAGE[rng.integers(len(FOLIAGE))] if foliage else rng.random(3)
+    r_min, r_max = 2.0, float(rng.uniform(25, 90)) * w / W
+    n = int(rng.integers(600, 2500) * (w * h) / (W * H)) + 20
+    u = rng.random(n)
+    radii = 1.0 / np.sqrt(u / r_min ** 2 + (1 - u) / r_max ** 2)  # density ~ r^-3
+    for r in radii:
+        c = FOLIAGE[rng.integers(len(FOLIAGE))] * rng.uniform(0.5, 1.4) if foliage else rng.random(3)
+        c = tuple(float(v) for v in np.clip(c, 0, 1))
+        cv2.ellipse(img, (int(rng.integers(0, w)), int(rng.integers(0, h))),
+                    (max(1, int(r)), max(1, int(r * rng.uniform(0.3, 1.0)))), float(rng.uniform(0, 180)),
+                    0, 360, c, -1)
+    if rng.random() < 0.5:
+        img = cv2.GaussianBlur(img, (0, 0), rng.uniform(0.5, 1.5))
+    return img * (0.6 + 0.6 * _smooth_field(rng, w, h)[..., :1])
+
+
 def background(rng) -> np.ndarray:
     cv2 = _cv2()
     k = rng.random()
-    if k < 0.7:
+    if k < 0.6:
         src = _backgrounds()[rng.integers(len(_backgrounds()))]
         sh, sw = src.shape[:2]
         s = rng.uniform(0.35, 1.0)
@@ -112,9 +142,11 @@ def background(rng) -> np.ndarray:
         img = _rgb(np.ascontiguousarray(img), rng)
         if rng.random() < 0.3:
             img = 0.6 * img + 0.4 * _smooth_field(rng)
-    elif k < 0.82:
+    elif k < 0.75:
+        img = dead_leaves(rng)
+    elif k < 0.85:
         img = _smooth_field(rng) * rng.uniform(0.3, 1.0)
-    elif k < 0.94:
+    elif k < 0.95:
         img = _smooth_field(rng)
         for _ in range(rng.integers(3, 15)):
             color = tuple(float(c) for c in rng.random(3))
@@ -184,6 +216,8 @@ def _overlaps(r, rects, limit=0.05):
 def _photo_patch(rng):
     """A random colour patch of a training background, 25x25: a hard negative (foliage, fur,
     stars, texture) shaped and blended exactly like the faces."""
+    if rng.random() < 0.3:
+        return np.clip(dead_leaves(rng, 25, 25), 0, 1)
     src = _backgrounds()[rng.integers(len(_backgrounds()))]
     sh, sw = src.shape[:2]
     side = int(rng.integers(12, max(13, min(sh, sw) // 2)))
@@ -192,13 +226,15 @@ def _photo_patch(rng):
     return p if p.ndim == 3 and rng.random() < 0.7 else (p.mean(axis=2) if p.ndim == 3 else p)
 
 
-def composite(rng, photo_negatives=False):
+def composite(rng, photo_negatives=False, bg=None):
     """One 320x240 RGB uint8 composite and its face boxes (n, 4) float32 (x, y, w, h).
     photo_negatives: also paste 0-3 ellipse-masked patches of background photos as hard negatives
-    (train.py switches it on from --photo-negatives-from; the held-out set has none)."""
+    (train.py switches it on from --photo-negatives-from; the held-out set has none).
+    bg: a background (H, W, 3) float in [0, 1] to use instead of a random one (train.py's mined
+    hard backgrounds)."""
     cv2 = _cv2()
     faces, nonfaces = _lfw()
-    img = background(rng)
+    img = background(rng) if bg is None else np.array(bg, np.float32)
     n_faces = int(rng.choice([0, 1, 1, 2, 2, 3, 4]))
     n_neg = int(rng.integers(0, 4)) + (int(rng.integers(0, 4)) if photo_negatives else 0)
     kinds = [True] * n_faces + [False] * n_neg

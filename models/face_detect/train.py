@@ -21,6 +21,7 @@ run sees the same data as an uninterrupted one.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import queue
 import sys
@@ -63,15 +64,43 @@ def targets(boxes_list):
     return mask, txy, twh, scale, gt
 
 
-def batch(step, size, photo_negatives_from):
-    rng = np.random.default_rng([data.TRAIN_SEED, step])
-    imgs, boxes = zip(*(data.composite(rng, step >= photo_negatives_from) for _ in range(size)))
+def composites(step, size, photo_negatives_from, stream=0, backgrounds=None):
+    """`size` training composites for `step` from rng([TRAIN_SEED, step] (+ stream)); with
+    `backgrounds`, each is built on one of them (cycled)."""
+    rng = np.random.default_rng([data.TRAIN_SEED, step] + ([stream] if stream else []))
+    return [data.composite(rng, step >= photo_negatives_from,
+                           None if not backgrounds else backgrounds[(step * size + i) % len(backgrounds)])
+            for i in range(size)]
+
+
+def batch_arrays(pairs):
+    imgs, boxes = zip(*pairs)
     return (np.stack(imgs).astype(np.float32) / 255.0,) + targets(boxes)
 
 
-def producer(start, end, size, photo_negatives_from, q):
+def producer(start, end, size, photo_negatives_from, n_mined, mine_from, q):
     for s in range(start, end):
-        q.put((s, batch(s, size, photo_negatives_from)))
+        q.put((s, composites(s, size - (n_mined if s >= mine_from else 0), photo_negatives_from)))
+
+
+class HardBackgrounds:
+    """Bootstrapped hard-negative mining (as in Viola-Jones / Felzenszwalb's DPM training): every
+    `every` steps, score `candidates` fresh face-free backgrounds (data.background: photo crops,
+    dead leaves, fields, shapes) plus the current pool with the model in inference mode, and keep
+    the `keep` on which it is most sure of a face; `n` composites of every batch are built on them.
+    Deterministic: the candidates of mining step m come from rng([TRAIN_SEED, 1, m])."""
+
+    def __init__(self, score, every, candidates, keep):
+        self.score, self.every, self.candidates, self.keep = score, every, candidates, keep
+        self.pool, self.scores = [], []
+
+    def mine(self, step):
+        rng = np.random.default_rng([data.TRAIN_SEED, 1, step])
+        cands = self.pool + [data.background(rng) for _ in range(self.candidates)]
+        scores = np.concatenate([self.score(np.stack(cands[i:i + 16])) for i in range(0, len(cands), 16)])
+        top = np.argsort(-scores, kind="stable")[:self.keep]
+        self.pool, self.scores = [cands[i] for i in top], scores[top]
+        return float(self.scores.mean()), float(self.scores.max())
 
 
 def main(argv=None):
@@ -84,12 +113,27 @@ def main(argv=None):
     ap.add_argument("--save-every", type=int, default=250)
     ap.add_argument("--photo-negatives-from", type=int, default=2500,
                     help="from this step on, composites also get background-photo patches as hard negatives")
+    ap.add_argument("--mine-from", type=int, default=1000,
+                    help="from this step on, mine hard face-free backgrounds (0 = off, see HardBackgrounds)")
+    ap.add_argument("--mine-every", type=int, default=250)
+    ap.add_argument("--mine-candidates", type=int, default=96)
+    ap.add_argument("--mine-keep", type=int, default=16)
+    ap.add_argument("--mined-per-batch", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="TensorFlow threads; 1 (default) makes a run bit-reproducible, more may be faster")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (after saving) when exceeded; 0 = no limit")
     args = ap.parse_args(argv)
 
     import tensorflow as tf
     from tl2k210 import zoo
+    from tl2k210.k210.kmodel import atomic_write
     tf.random.set_seed(0)
+    # bit-reproducible: deterministic kernels, and one TF thread (with more, the reduction order
+    # of the gradient sums varies from run to run and Adam amplifies it); the data producer
+    # runs on the second core
+    tf.config.experimental.enable_op_determinism()
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     np.random.seed(0)
     net = build(batch=None)
     ws = net.all_weights
@@ -178,24 +222,50 @@ def main(argv=None):
         opt.apply_gradients(zip(grads, train_vars))
         return tf.stack([loss, l_xy, l_wh, l_obj, l_noobj])
 
+    @tf.function
+    def objectness(x):
+        p = tf.reshape(forward(x, False), (-1, GH * GW * N_ANCHORS, 6))
+        return tf.reduce_max(tf.sigmoid(p[..., 4]), axis=1)
+
+    mine_from = args.mine_from if args.mine_from > 0 else args.steps + 1
+    n_mined = args.mined_per_batch if args.mine_from > 0 else 0
+    miner = HardBackgrounds(lambda x: objectness(tf.constant(x)).numpy(), args.mine_every, args.mine_candidates,
+                            args.mine_keep)
     start = int(step_var.numpy())
     q = queue.Queue(maxsize=4)
-    threading.Thread(target=producer, args=(start, args.steps, args.batch, args.photo_negatives_from, q), daemon=True).start()
+    threading.Thread(target=producer, args=(start, args.steps, args.batch, args.photo_negatives_from, n_mined,
+                                            mine_from, q), daemon=True).start()
     t0 = time.time()
     acc = np.zeros(5)
     n_acc = 0
 
+    pool_file = Path(args.ckpt) / "hard_backgrounds.npz"
+    if start > mine_from and pool_file.exists():
+        with np.load(pool_file) as z:
+            miner.pool = [z[f"arr_{i}"] for i in range(len(z.files))]
+
     def save(step):
         step_var.assign(step)
         mgr.save()
+        if miner.pool:  # the mined backgrounds, so that a resumed run continues exactly
+            buf = io.BytesIO()
+            np.savez(buf, *miner.pool)
+            atomic_write(pool_file, buf.getvalue())
         net.eval()
         zoo.save_weights(net, args.weights)
         print(f"saved step {step}: {args.weights}", flush=True)
 
     step = start
     for step in range(start, args.steps):
-        s, b = q.get()
+        s, pairs = q.get()
         assert s == step
+        if step >= mine_from:
+            if (step - mine_from) % args.mine_every == 0 or not miner.pool:
+                mean, top = miner.mine(step)
+                print(f"step {step}: mined {len(miner.pool)} hard backgrounds, objectness mean {mean:.2f} max {top:.2f}",
+                      flush=True)
+            pairs = pairs + composites(step, n_mined, args.photo_negatives_from, stream=2, backgrounds=miner.pool)
+        b = batch_arrays(pairs)
         opt.learning_rate = float(sched(step))
         acc += train_step(*[tf.constant(a) for a in b]).numpy()
         n_acc += 1
