@@ -1,6 +1,8 @@
 """Train the face detector from scratch on the seeded offline composites (data.py).
 
-    .venv/bin/python models/face_detect/train.py --steps 4000 --batch 8
+    .venv/bin/python models/face_detect/train.py --steps 5000 --batch 8 --mine-from 0
+
+(the recipe of the committed weights, see README.md; 28-35 min on 2 cores).
 
 TensorFlow 2 eager + tf.function. The variables trained are the TensorLayer model's own
 (`net.all_weights`); the training forward is written with tf.nn ops on those variables because
@@ -16,7 +18,8 @@ others except those whose predicted box already overlaps a face by IoU > 0.6 (ig
 Resumable: a tf.train.Checkpoint (weights + Adam state + step) in --ckpt (default
 out/face_detect_train); every --save-every steps it also writes weights.npz (atomically, via
 zoo.save_weights). Batch i is generated from np.random.default_rng([TRAIN_SEED, i]) so a resumed
-run sees the same data as an uninterrupted one.
+run sees the same data as an uninterrupted one (the mined backgrounds are checkpointed too).
+With --threads 1 (the default) a run is bit-reproducible.
 """
 from __future__ import annotations
 
@@ -84,14 +87,15 @@ def producer(start, end, size, photo_negatives_from, n_mined, mine_from, q):
 
 
 class HardBackgrounds:
-    """Bootstrapped hard-negative mining (as in Viola-Jones / Felzenszwalb's DPM training): every
-    `every` steps, score `candidates` fresh face-free backgrounds (data.background: photo crops,
-    dead leaves, fields, shapes) plus the current pool with the model in inference mode, and keep
-    the `keep` on which it is most sure of a face; `n` composites of every batch are built on them.
-    Deterministic: the candidates of mining step m come from rng([TRAIN_SEED, 1, m])."""
+    """Bootstrapped hard-negative mining (as in Viola-Jones / Felzenszwalb's DPM training): at
+    each mining step, score `candidates` fresh face-free backgrounds (data.background: photo
+    crops, dead leaves, fields, shapes) plus the current pool with the model in inference mode,
+    and keep the `keep` on which it is most sure of a face; train.py builds --mined-per-batch
+    composites of every batch on them. Deterministic: the candidates of mining step m come from
+    rng([TRAIN_SEED, 1, m])."""
 
-    def __init__(self, score, every, candidates, keep):
-        self.score, self.every, self.candidates, self.keep = score, every, candidates, keep
+    def __init__(self, score, candidates, keep):
+        self.score, self.candidates, self.keep = score, candidates, keep
         self.pool, self.scores = [], []
 
     def mine(self, step):
@@ -105,7 +109,7 @@ class HardBackgrounds:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=4000, help="total steps (the LR schedule spans them)")
+    ap.add_argument("--steps", type=int, default=5000, help="total steps (the LR schedule spans them)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--ckpt", default=str(HERE.parents[1] / "out" / "face_detect_train"))
@@ -229,8 +233,7 @@ def main(argv=None):
 
     mine_from = args.mine_from if args.mine_from > 0 else args.steps + 1
     n_mined = args.mined_per_batch if args.mine_from > 0 else 0
-    miner = HardBackgrounds(lambda x: objectness(tf.constant(x)).numpy(), args.mine_every, args.mine_candidates,
-                            args.mine_keep)
+    miner = HardBackgrounds(lambda x: objectness(tf.constant(x)).numpy(), args.mine_candidates, args.mine_keep)
     start = int(step_var.numpy())
     q = queue.Queue(maxsize=4)
     threading.Thread(target=producer, args=(start, args.steps, args.batch, args.photo_negatives_from, n_mined,
