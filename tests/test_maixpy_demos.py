@@ -83,11 +83,14 @@ def test_face_demo_boxes_equal_the_emulator_pipeline(face_flash, astronaut_png):
 
 
 def test_face_demo_no_face_in_face_free_photos(face_flash, skdata, tmp_path):
-    photos = [Image.fromarray(skdata.coffee()), Image.fromarray(skdata.rocket())]
+    sklearn_datasets = pytest.importorskip("sklearn.datasets")
+    samples = sklearn_datasets.load_sample_images()
+    china = next(i for f, i in zip(samples.filenames, samples.images) if f.endswith("china.jpg"))
+    photos = [Image.fromarray(skdata.coffee()), Image.fromarray(skdata.rocket()), Image.fromarray(china)]
     res = run_script(FIRMWARE / "face_detect.py", images=photos, flash=face_flash, out=tmp_path)
-    assert res.snapshots == 2
-    assert _faces(res.stdout) == [] and res.lines.count("faces: 0") == 2
-    assert [p.name for p in res.pngs] == ["frame_0000.png", "frame_0001.png"]
+    assert res.snapshots == 3
+    assert _faces(res.stdout) == [] and res.lines.count("faces: 0") == 3
+    assert [p.name for p in res.pngs] == ["frame_0000.png", "frame_0001.png", "frame_0002.png"]
     for frame in res.frames:   # no rectangle drawn anywhere
         assert not np.all(frame == RED, axis=-1).any()
 

@@ -73,3 +73,31 @@ def test_heldout_ap_kmodel_close_to_float(built):
     ap_kmodel = ev.average_precision(ev.kmodel_outputs(built["kmodel"], imgs), gts)
     assert ap_kmodel >= AP_FLOOR, (ap_float, ap_kmodel)
     assert ap_kmodel >= ap_float - AP_MAX_DROP, (ap_float, ap_kmodel)
+
+
+def test_firmware_script_with_the_zoo_package_on_real_photos(built, tmp_path):
+    """The unchanged board script (firmware/face_detect.py) on the host MaixPy, with the zoo's own
+    .kfpkg flashed into an emulated board: each photo is one RGB565 camera frame."""
+    from PIL import Image
+
+    from tl2k210.k210 import yolo
+    from tl2k210.maixpy import board, run_script
+    flash = board.flash_kfpkg(built["kfpkg"], tmp_path / "flash.bin")
+    photos = _photos()
+    res = run_script(REPO / "firmware" / "face_detect.py", flash=flash,
+                     images=[Image.fromarray(img) for img, _ in photos.values()])
+    frames, faces = [], []
+    for line in res.stdout.splitlines():  # "face x=.. y=.. w=.. h=.. value=.." lines, then "faces: N"
+        if line.startswith("face x="):
+            kv = dict(item.split("=") for item in line.split()[1:])
+            faces.append(tuple(float(kv[k]) for k in "xywh"))
+        elif line.startswith("faces: "):
+            assert int(line.split()[1]) == len(faces)
+            frames.append(faces)
+            faces = []
+    assert len(frames) == len(photos)
+    for (name, (_, box)), found in zip(photos.items(), frames):
+        if box is None:
+            assert found == [], f"{name}: the script drew {found}"
+        else:
+            assert max((yolo.iou(f, box) for f in found), default=0.0) >= 0.5, (name, found, box)
