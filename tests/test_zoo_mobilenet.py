@@ -37,3 +37,27 @@ def test_transfer_learning_faces(tmp_path):
     assert rep["float_accuracy"] >= 0.95 and rep["kmodel_accuracy"] >= 0.95   # measured 1.000 / 0.983
     assert rep["agreement"] >= 0.95
     assert (tmp_path / "out" / "classifier.kmodel").exists()
+
+
+def test_larger_alphas_convert_and_which_firmware_they_need(tmp_path):
+    """α = 0.5 / 0.75 (untrained weights: only α = 0.25 ImageNet weights ship in the testdata):
+    with --kpu-padding α = 0.5 fits the full MaixPy firmware's ~2 MiB, α = 0.75 needs a *_minimum
+    build, and the compiler says so before writing anything (sizes: models/mobilenet_v1/README.md)."""
+    sys.path.insert(0, str(REPO))
+    from models.mobilenet_v1.network import mobilenet_v1
+    from tl2k210.compiler import BudgetError, ConvertOptions, convert
+    calib = data_path("imagenet")
+
+    def opts(runtime):
+        return ConvertOptions(dataset=str(calib), input_range=(-1, 1), progress=False, runtime=runtime)
+
+    half = convert(mobilenet_v1(0.5, kpu_friendly=True), tmp_path / "a050.kmodel", opts("maixpy"))
+    assert 1_300_000 < half.file_size < 1_450_000 and half.file_size + half.main_memory <= 2 * 1024 * 1024
+    assert half.peak_kpu_ram <= 2 * 1024 * 1024
+    net = mobilenet_v1(0.75, kpu_friendly=True)
+    with pytest.raises(BudgetError, match="maixpy-minimum"):
+        convert(net, tmp_path / "a075.kmodel", opts("maixpy"))
+    assert not (tmp_path / "a075.kmodel").exists()
+    big = convert(net, tmp_path / "a075.kmodel", opts("maixpy-minimum"))
+    assert 2_600_000 < big.file_size < 2_700_000 and big.file_size + big.main_memory <= 4 * 1024 * 1024
+    assert (tmp_path / "a075.kmodel").stat().st_size == big.file_size
