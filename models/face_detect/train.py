@@ -123,6 +123,8 @@ def main(argv=None):
     ap.add_argument("--mine-candidates", type=int, default=96)
     ap.add_argument("--mine-keep", type=int, default=16)
     ap.add_argument("--mined-per-batch", type=int, default=2)
+    ap.add_argument("--noobj-weight", type=float, default=1.0,
+                    help="weight of the no-object (background) objectness loss; higher = fewer false boxes")
     ap.add_argument("--threads", type=int, default=1,
                     help="TensorFlow threads; 1 (default) makes a run bit-reproducible, more may be faster")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (after saving) when exceeded; 0 = no limit")
@@ -217,7 +219,7 @@ def main(argv=None):
             l_xy = tf.reduce_sum(mask[..., None] * scale[..., None] * bce(p[..., 0:2], txy)) / nb
             l_wh = tf.reduce_sum(mask[..., None] * scale[..., None] * tf.square(p[..., 2:4] - twh)) / nb
             l_obj = 5.0 * tf.reduce_sum(mask * bce(p[..., 4], tf.ones_like(mask))) / nb
-            l_noobj = tf.reduce_sum(noobj * bce(p[..., 4], tf.zeros_like(mask))) / nb
+            l_noobj = args.noobj_weight * tf.reduce_sum(noobj * bce(p[..., 4], tf.zeros_like(mask))) / nb
             l_cls = 0.01 * tf.reduce_mean(tf.square(p[..., 5]))
             l_wd = 1e-4 * tf.add_n([tf.reduce_sum(tf.square(c)) for c in convs + [head_w]])
             loss = l_xy + l_wh + l_obj + l_noobj + l_cls + l_wd
