@@ -1,8 +1,9 @@
 """Train the face detector from scratch on the seeded offline composites (data.py).
 
-    .venv/bin/python models/face_detect/train.py --steps 5000 --batch 8 --mine-from 0
+    .venv/bin/python models/face_detect/train.py
 
-(the recipe of the committed weights, see README.md; 28-35 min on 2 cores).
+The defaults are the recipe of the committed weights (--steps 5000 --batch 8 --mine-from 0
+--noobj-weight 2 --threads 1; 31 min on 2 cores; see README.md).
 
 TensorFlow 2 eager + tf.function. The variables trained are the TensorLayer model's own
 (`net.all_weights`); the training forward is written with tf.nn ops on those variables because
@@ -117,13 +118,13 @@ def main(argv=None):
     ap.add_argument("--save-every", type=int, default=250)
     ap.add_argument("--photo-negatives-from", type=int, default=2500,
                     help="from this step on, composites also get background-photo patches as hard negatives")
-    ap.add_argument("--mine-from", type=int, default=1000,
+    ap.add_argument("--mine-from", type=int, default=0,
                     help="from this step on, mine hard face-free backgrounds (0 = off, see HardBackgrounds)")
     ap.add_argument("--mine-every", type=int, default=250)
     ap.add_argument("--mine-candidates", type=int, default=96)
     ap.add_argument("--mine-keep", type=int, default=16)
     ap.add_argument("--mined-per-batch", type=int, default=2)
-    ap.add_argument("--noobj-weight", type=float, default=1.0,
+    ap.add_argument("--noobj-weight", type=float, default=2.0,
                     help="weight of the no-object (background) objectness loss; higher = fewer false boxes")
     ap.add_argument("--threads", type=int, default=1,
                     help="TensorFlow threads; 1 (default) makes a run bit-reproducible, more may be faster")
