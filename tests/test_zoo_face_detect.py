@@ -1,7 +1,7 @@
 """Zoo: the face detector (models/face_detect) built from its recipe and checked on the bit-exact
 KPU emulator: KPU-only convs, the real-photo checks (astronaut and grace_hopper faces found with
-IoU >= 0.5, nothing on three face-free photos) and AP@0.5 on 50 held-out composites, kmodel vs
-float. Numbers measured with the committed weights are in models/face_detect/README.md."""
+IoU >= 0.5, nothing on three face-free photos; on the kmodel and through the unchanged firmware
+script on the host MaixPy) and AP@0.5 on 50 held-out composites, kmodel vs float. Numbers measured with the committed weights are in models/face_detect/README.md."""
 import functools
 import sys
 
