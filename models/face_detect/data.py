@@ -104,8 +104,9 @@ FOLIAGE = np.array([(0.18, 0.32, 0.10), (0.35, 0.50, 0.18), (0.55, 0.62, 0.30), 
 
 def dead_leaves(rng, w=W, h=H):
     """A dead-leaves image: occluding ellipses with power-law sizes (the statistics of natural
-    scenes -- foliage, gravel, crowds of objects), coloured from the foliage palette or at random,
-    with per-leaf shading: hard negatives with dark/light blob layouts at every scale."""
+    scenes -- foliage, gravel, crowds of objects), coloured from the foliage palette (each leaf
+    brightened or darkened) or at random, under a smooth shading field: hard negatives with
+    dark/light blob layouts at every scale."""
     cv2 = _cv2()
     foliage = rng.random() < 0.6
     img = np.empty((h, w, 3), np.float32)

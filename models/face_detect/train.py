@@ -97,15 +97,15 @@ class HardBackgrounds:
 
     def __init__(self, score, candidates, keep):
         self.score, self.candidates, self.keep = score, candidates, keep
-        self.pool, self.scores = [], []
+        self.pool = []
 
     def mine(self, step):
         rng = np.random.default_rng([data.TRAIN_SEED, 1, step])
         cands = self.pool + [data.background(rng) for _ in range(self.candidates)]
         scores = np.concatenate([self.score(np.stack(cands[i:i + 16])) for i in range(0, len(cands), 16)])
         top = np.argsort(-scores, kind="stable")[:self.keep]
-        self.pool, self.scores = [cands[i] for i in top], scores[top]
-        return float(self.scores.mean()), float(self.scores.max())
+        self.pool = [cands[i] for i in top]
+        return float(scores[top].mean()), float(scores[top].max())
 
 
 def main(argv=None):

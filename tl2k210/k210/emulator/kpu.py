@@ -291,7 +291,8 @@ class PreparedConv:
         if self.ftype == np.float64:
             self.chunk = wmat.shape[1]
         self.wmat = wmat.astype(self.ftype)
-        self.wint = np.ascontiguousarray(wmat, np.int64)
+        # integer taps for the fused depthwise kernel (fast.dw_bn_lut) only
+        self.wint = np.ascontiguousarray(wmat, np.int64) if self.depthwise else None
         if sum_rule == "silicon" or self.depthwise:
             tw = ((a["arg_w"] * sw_i) >> a["shr_w"]).sum(axis=1)
         else:
