@@ -53,8 +53,7 @@ def test_iris_tflite_matches_float_and_nncase(tmp_path):
     np.save(tmp_path / "iris.npy", x.astype(np.float32))
     src = data_path("tflite", "iris.tflite")
     out = tmp_path / "iris.kmodel"
-    receipt = convert(src, out, ConvertOptions(dataset=str(tmp_path / "iris.npy"), progress=False,
-                                               float_fc=True))
+    receipt = convert(src, out, ConvertOptions(dataset=str(tmp_path / "iris.npy"), progress=False))
     emu = Emulator.load(out)
     pred = np.array([emu.run(r)[0] for r in x.astype(np.float32)]).argmax(1)
     assert (pred == y).mean() == pytest.approx(0.98667, abs=1e-4)      # = float accuracy
@@ -65,7 +64,10 @@ def test_iris_tflite_matches_float_and_nncase(tmp_path):
         rows[f"nncase {v}"] = list(rep["outputs"].values())[0]["sqnr_db"]
     print("iris SQNR vs float (dB):", {k: round(v, 1) for k, v in rows.items()})
     assert rows["tl2k210"] >= min(rows["nncase v3"], rows["nncase v4"]) - 1
-    assert receipt.layers[0]["unit"] == "CPU" and "FULLY_CONNECTED" in receipt.layers[0]["kmodel_layers"]
+    # the plain command: the first dense layer reads the float input, so it is FULLY_CONNECTED
+    assert receipt.layers[0]["unit"] == "CPU" and receipt.layers[0]["kmodel_layers"] == ["FULLY_CONNECTED"]
+    assert "reads the model's float input" in receipt.layers[0]["notes"][0]
+    assert kmodel.load(out).layers[0].name == "FULLY_CONNECTED"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,7 +110,9 @@ def test_keras_residual_model_matches_float(residual, heldout_dir):
     assert {"Add", "Concat", "Resize", "GlobalAveragePool", "Conv"} <= ops
     kinds = {name for r in receipt.layers for name in r["kmodel_layers"]}
     assert {"K210_CONV", "QUANTIZED_ADD", "QUANTIZED_CONCAT", "QUANTIZED_RESIZE_NEAREST_NEIGHBOR",
-            "GLOBAL_AVERAGE_POOL2D", "K210_ADD_PADDING", "K210_REMOVE_PADDING", "QUANTIZED_MAX_POOL2D"} <= kinds
+            "GLOBAL_AVERAGE_POOL2D", "FULLY_CONNECTED", "QUANTIZED_MAX_POOL2D"} <= kinds
+    head = receipt.layers[-1]   # 8 -> 5 on the pooled float vector: the cost model keeps it float
+    assert head["kmodel_layers"] == ["FULLY_CONNECTED"] and "float layer is cheaper" in head["notes"][0]
     assert kmodel.load(out).layers[0].name == "K210_CONV"   # MaixPy needs a conv first
 
 
@@ -204,7 +208,7 @@ def test_kpu_ram_limit_names_layer(tmp_path):
     np.save(tmp_path / "x.npy", np.random.default_rng(0).random((2, 3, 240, 320), np.float32))
     with pytest.raises(KpuLimitError) as e:
         convert(src, tmp_path / "big.kmodel", ConvertOptions(dataset=str(tmp_path / "x.npy"), progress=False))
-    assert "2 MiB KPU RAM" in str(e.value) and "wide_1" in str(e.value) and "4,915,200 B" in str(e.value)
+    assert "2,097,152 B KPU RAM" in str(e.value) and "wide_1" in str(e.value) and "4,915,200 B" in str(e.value)
     assert not (tmp_path / "big.kmodel").exists()
 
 

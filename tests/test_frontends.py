@@ -70,15 +70,6 @@ def test_keras_residual_model_end_to_end():
     assert passes["upsample_to_resize"]["changes"] and passes["normalize_flatten"]["changes"]
 
 
-def test_keras_same_stride2_split_is_exact():
-    m, x, ref = keras_residual()
-    g, _ = run_pipeline(from_onnx(keras_residual_onnx()), {"split_stride2": True})
-    np.testing.assert_allclose(run(g, nchw(x))[g.outputs[0]], ref, atol=TOL)
-    convs = [n for n in g.nodes if n.op == "Conv"]
-    assert all(n.attrs["strides"] == (1, 1) and len(set(n.attrs["pads"])) == 1 for n in convs)
-    assert g.op_counts()["Slice"] == 2
-
-
 @pytest.mark.parametrize("suffix", [".keras", ".h5"])
 def test_keras_files(tmp_path, suffix):
     m, x, ref = keras_residual()

@@ -33,7 +33,7 @@ def test_pipeline_is_ordered_and_named():
     assert names.index("fold_batchnorm") < names.index("fuse_activation") < names.index("fuse_pool")
     assert names.index("upsample_to_resize") < names.index("matmul_to_conv")
     off = {p.name for p in PIPELINE if not p.default}
-    assert off == {"kpu_padding", "split_stride2"}
+    assert off == {"kpu_padding"}
     assert not next(p for p in PIPELINE if p.name == "kpu_padding").exact
     with pytest.raises(ValueError, match="unknown pass"):
         run_pipeline(from_onnx(make_model([helper.make_node("Relu", ["x"], ["y"])], [X], [("y", None)])),
@@ -201,24 +201,6 @@ def test_pool_not_fused_into_depthwise():
              helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
     g, _ = check(make_model(nodes, [X], [("y", None)], {"w": rand(4, 1, 3, 3)}), None)
     assert g.op_counts() == {"Conv": 1, "MaxPool": 1}
-
-
-SAME_S2 = [  # (H, kernel, pads) -- TF 'SAME' stride 2 on even/odd sizes, Keras ZeroPad((0,1),(0,1))
-    (8, 3, [0, 0, 1, 1]), (9, 3, [1, 1, 1, 1]), (8, 1, [0, 0, 0, 0]), (8, 3, [0, 0, 1, 1]),
-    (7, 5, [2, 1, 2, 2]), (8, 3, [2, 0, 1, 2])]
-
-
-@pytest.mark.parametrize("h,k,pads", SAME_S2)
-@pytest.mark.parametrize("group", [1, 4])
-def test_split_stride2_exact(h, k, pads, group):
-    m = make_model([conv("y", "x", "w", "b", strides=[2, 2], pads=pads, group=group),
-                    helper.make_node("Relu", ["y"], ["z"])],
-                   [("x", [1, 4, h, h + 1])], [("z", None)], {"w": rand(4, 4 // group, k, k), "b": rand(4)})
-    g, log = check(m, None, options={"split_stride2": True})
-    convs = [n for n in g.nodes if n.op == "Conv"]
-    assert all(tuple(c.attrs["strides"]) == (1, 1) or len(set(c.attrs["pads"])) == 1 for c in convs)
-    sym = pads[0] == pads[2] and pads[1] == pads[3]
-    assert ("Slice" in g.op_counts()) != sym
 
 
 def test_kpu_padding_is_opt_in_and_changes_math():

@@ -1,4 +1,4 @@
-"""KPU RAM (64-byte lines) and main-buffer allocation for the v3 lowering."""
+"""KPU RAM lines and main-buffer allocation for the lowering."""
 from __future__ import annotations
 
 from tl2k210.errors import KpuLimitError
@@ -6,29 +6,46 @@ from tl2k210.k210 import hardware as hw
 
 
 class KpuAllocator:
-    """Each KPU conv needs its input and output maps resident at once, disjoint. A map lives from
-    its producer to its one KPU consumer, so maps alternate between the two ends of the 2 MiB."""
+    """KPU RAM in 64-byte lines: named blocks, first fit, explicit free. A KPU conv needs its
+    input and output maps resident at once and disjoint (spec §2.5.5); several maps may stay
+    resident while their KPU consumers run (a map read by two convs, a concat's slots)."""
 
-    def __init__(self):
-        self.peak = 0
-        self.lowest = hw.KPU_RAM_LINES
+    def __init__(self, lines: int = hw.KPU_RAM_LINES):
+        self.lines = lines
+        self.blocks: dict[str, tuple[int, int]] = {}
+        self.peak = 0                   # most lines in use at once
+        self.lowest = hw.KPU_RAM_LINES  # the header's max_start_address (informational)
 
-    def place_output(self, in_range: tuple[int, int], out_lines: int, where: str) -> int:
-        a, b = in_range
-        in_lines = b - a
-        if in_lines + out_lines > hw.KPU_RAM_LINES:
+    def used(self) -> int:
+        return sum(e - s for s, e in self.blocks.values())
+
+    def _gap(self, n: int):
+        start = 0
+        for s, e in sorted(self.blocks.values()):
+            if start + n <= s:
+                return start
+            start = max(start, e)
+        return start if start + n <= self.lines else None
+
+    def fits(self, n: int) -> bool:
+        return self._gap(n) is not None
+
+    def alloc(self, name: str, n: int, where: str) -> int:
+        """First line of a new block of n lines; KpuLimitError naming `where` if none is free."""
+        start = self._gap(n)
+        if start is None:
+            live = ", ".join(f"{k} {e - s}" for k, (s, e) in self.blocks.items())
             raise KpuLimitError(
-                f"{where}: input map ({in_lines * 64:,} B) + output map ({out_lines * 64:,} B) exceed "
-                f"the 2 MiB KPU RAM; reduce the feature-map size or channels of this layer")
-        start = hw.KPU_RAM_LINES - out_lines if a == 0 else 0   # the end the input is not at
-        self.peak = max(self.peak, in_lines + out_lines)
-        self.lowest = min(self.lowest, start, a)
+                f"{where}: needs {n * hw.LINE_BYTES:,} B of KPU RAM ({n} lines) but only "
+                f"{(self.lines - self.used()) * hw.LINE_BYTES:,} B of the {self.lines * hw.LINE_BYTES:,} B "
+                f"KPU RAM are free (resident maps in lines: {live or 'none'})")
+        self.blocks[name] = (start, start + n)
+        self.peak = max(self.peak, self.used())
+        self.lowest = min(self.lowest, start)
         return start
 
-    def place_input(self, lines: int, where: str) -> int:
-        if lines > hw.KPU_RAM_LINES:
-            raise KpuLimitError(f"{where}: input map of {lines * 64:,} B exceeds the 2 MiB KPU RAM")
-        return 0
+    def free(self, name: str):
+        self.blocks.pop(name, None)
 
 
 class MainAllocator:

@@ -24,7 +24,6 @@ from .fold_batchnorm import fold_batchnorm
 from .pad_into_conv import pad_into_conv
 from .fuse_activation import fuse_activation
 from .kpu_padding import kpu_padding
-from .split_stride2 import split_stride2
 from .fuse_pool import fuse_pool
 from .check_supported import check_supported
 
@@ -51,7 +50,6 @@ PIPELINE = [
     Pass("pad_into_conv", pad_into_conv),
     Pass("fuse_activation", fuse_activation),
     Pass("kpu_padding", kpu_padding, default=False, exact=False),
-    Pass("split_stride2", split_stride2, default=False),
     Pass("fuse_pool", fuse_pool),
     Pass("cleanup_layout", upsample_to_resize),
     Pass("output_nchw", output_nchw),

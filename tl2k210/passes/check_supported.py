@@ -1,13 +1,7 @@
-"""Last step: every node left must be in the IR vocabulary (tl2k210.graph docstring); anything else
-raises UnsupportedOpError naming the node, op type, attributes and the nearest supported form."""
-from tl2k210.errors import UnsupportedOpError
-
-SUPPORTED = {
-    "Conv", "Add", "Sub", "Mul", "Div", "Concat", "Resize", "GlobalAveragePool", "GlobalMaxPool", "MaxPool",
-    "AveragePool", "Gemm", "MatMul", "Softmax", "Sigmoid", "Relu", "Clip", "LeakyRelu", "Tanh", "HardSigmoid",
-    "HardSwish", "LpNormalization", "Flatten", "Reshape", "Transpose", "Pad", "Slice", "Identity", "Squeeze", "Unsqueeze",
-    "BatchNormalization",  # only a standalone one survives the passes; the backend runs it as a CPU op
-}
+"""Last step: every node left must have a K210 lowering (tl2k210.k210.lower registry); anything
+else raises UnsupportedOpError naming the node, op type, attributes, why each way of lowering it
+does not apply, and the nearest supported form. Same question the lowering asks: "supported"
+means "lowered"."""
 
 NEAREST = {
     "ConvTranspose": "nearest UpSampling2D (Resize) followed by a 3x3 Conv",
@@ -22,13 +16,9 @@ NEAREST = {
 }
 
 
-def check_supported(g, log):
+def check_supported(g, log, opts=None):
+    from tl2k210.k210.lower import Options, select
+    opts = opts or Options()
     for n in g.nodes:
-        if n.op in SUPPORTED and not (n.op == "Resize" and n.attrs.get("mode", "nearest") != "nearest"):
-            continue
-        attrs = {k: v for k, v in n.attrs.items() if not hasattr(v, "shape") or v.size < 8}
-        hint = "Resize with mode nearest (UpSampling2D interpolation='nearest')" if n.op == "Resize" else \
-            NEAREST.get(n.op, f"one of {sorted(SUPPORTED - {'Identity', 'BatchNormalization'})}")
-        raise UnsupportedOpError(f"node {n.name!r}: op {n.op} {attrs} is not supported; nearest supported form: "
-                                 f"{hint}")
+        select(g, n, opts, opts.format)
     return g

@@ -1,0 +1,60 @@
+"""TF-free lowering tests: hand-made ONNX graphs compiled to kmodels, run on the bit-exact
+emulator and compared with onnxruntime on the same float input."""
+import numpy as np
+from onnx import helper
+
+from front_helpers import make_model, ort_run  # noqa: F401  (re-exported for the tests)
+from tl2k210.graph import from_onnx
+from tl2k210.k210.emulator import Emulator
+from tl2k210.k210.lower import Options, lower
+from tl2k210.passes import run_pipeline
+from tl2k210.quantize import calibrate
+from tl2k210.quantize.metrics import sqnr_db
+
+RNG = np.random.default_rng(7)
+
+
+def pixels(n, c, h, w, seed=0):
+    """Smooth random images (uint8 CHW): sums of a few 2-D sinusoids, like camera content."""
+    r = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    out = np.zeros((n, c, h, w))
+    for _ in range(4):
+        fy, fx, ph = r.uniform(0.02, 0.3, 2).tolist() + [r.uniform(0, 6.3)]
+        out += r.uniform(0.3, 1.0, (n, c, 1, 1)) * np.sin(fy * yy + fx * xx + ph + r.uniform(0, 6, (n, c, 1, 1)))
+    out += r.normal(0, 0.15, out.shape)
+    lo, hi = out.min(axis=(1, 2, 3), keepdims=True), out.max(axis=(1, 2, 3), keepdims=True)
+    return np.clip((out - lo) / (hi - lo) * 255, 0, 255).astype(np.uint8)
+
+
+def conv_node(name, x, w, b=None, **attrs):
+    return helper.make_node("Conv", [x, w] + ([b] if b else []), [name], name=name, **attrs)
+
+
+def compile_model(model, px, calib=None, **opts):
+    """(kmodel, rows, lowering, pipeline graph) for an ONNX image model; `px` (N, C, H, W) uint8
+    pixels calibrate it (float input = pixels / 255)."""
+    g, _ = run_pipeline(from_onnx(model))
+    batches = [(p[None] / 255.0).astype(np.float32) for p in (px if calib is None else calib)]
+    rng = calibrate.ranges(calibrate.collect(g, batches, histograms=False), "minmax")
+    kmodel, rows, _, lw = lower(g, rng, Options(**opts))
+    return kmodel, rows, lw, g
+
+
+def run_both(model, kmodel, px):
+    """(float reference outputs, emulator outputs) over pixel images, flattened per sample."""
+    emu = Emulator(kmodel)
+    ref = np.stack([ort_run(model, (p[None] / 255.0).astype(np.float32))[0].reshape(-1) for p in px])
+    got = np.stack([emu.run(p)[0].reshape(-1) for p in px])
+    return ref, got
+
+
+def sqnr(model, kmodel, px):
+    ref, got = run_both(model, kmodel, px)
+    return sqnr_db(ref.reshape(-1).astype(np.float64), got.reshape(-1).astype(np.float64))
+
+
+def kpu_outputs(kmodel, px):
+    """Every layer's output for each image (emulator traces): [[array per layer] per image]."""
+    emu = Emulator(kmodel)
+    return [[a for _, a in emu.run(p, trace=True)[1]] for p in px]

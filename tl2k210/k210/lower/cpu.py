@@ -1,0 +1,273 @@
+"""SDK CPU layers for what the KPU does not do: residual adds, concats, upsampling, pools,
+tables, softmax, L2 norm. uint8 layers where the SDK has them, float where it has only those."""
+from __future__ import annotations
+
+import numpy as np
+
+from tl2k210.quantize import fixed_point as fx
+
+from .fc import logistic, source_unit
+from .registry import CPU_F32, CPU_U8, lowering, needs_format
+
+
+U8 = np.arange(np.iinfo(np.uint8).max + 1)      # every uint8 value: the index of a REQUANTIZE table
+
+
+def table(f, s_in, z_in, so, zo):
+    """REQUANTIZE table of y = f(x) from uint8 (s_in, z_in) to uint8 (so, zo), rounded."""
+    return np.clip(np.rint(f(s_in * (U8 - z_in)) / so + zo), 0, U8[-1]).astype(np.uint8)
+
+
+def _act(g, node):
+    from tl2k210.passes.fuse_activation import activation_of
+    return activation_of(g, node)
+
+
+# ------------------------------------------------------------------ uint8 layers
+def add_refuses(g, node, opts):
+    if len(node.inputs) != 2 or any(g.const(i) is not None for i in node.inputs):
+        return "only the sum of two activations (a constant should have been folded)"
+    if g.shape(node.inputs[0]) != g.shape(node.inputs[1]):
+        return f"broadcast add {g.shape(node.inputs[0])} + {g.shape(node.inputs[1])}: only same shapes"
+    return None
+
+
+@lowering("Add", unit=CPU_U8, check=add_refuses)
+def quantized_add(lw, node):
+    """Residual add: QUANTIZED_ADD on uint8 (the KPU has no add); a ReLU after it is the clamp."""
+    a_name, b_name = node.inputs
+    out = node.outputs[0]
+    row = lw.row(node, "residual add: QUANTIZED_ADD on uint8 (no KPU add)",
+                 in_shape=lw.shape(a_name), out_shape=lw.shape(out))
+    pa, pb = lw.need_u8(a_name, row), lw.need_u8(b_name, row)
+    (sa, za), (sb, zb) = lw.locs[a_name].quant, lw.locs[b_name].quant
+    cons = lw.consumers(out)
+    relu = len(cons) == 1 and cons[0].op in ("Relu", "Clip") and out not in lw.g.outputs
+    rng_t = cons[0].outputs[0] if relu else out
+    so, zo = lw.quant_of(rng_t)
+    smax = max(sa, sb)
+    ma, mb = int(round(sa / smax * 4096)), int(round(sb / smax * 4096))
+    mul, sh = fx.fixed_mul(smax / 4096 / so, 10, 31)   # keeps every product inside int32
+    loc = lw.u8_out(out, (so, zo))
+    n = int(np.prod(loc.shape))
+    lw.emit("QUANTIZED_ADD", dict(
+        flags=1, main_mem_in_a_address=pa, main_mem_in_b_address=pb, main_mem_out_address=loc.u8,
+        count=n, in_a_offset=-za, in_a_mul=ma, in_a_shift=0, in_b_offset=-zb, in_b_mul=mb,
+        in_b_shift=0, out_offset=zo, out_mul=mul, out_shift=sh), row)
+    if relu:
+        lw.traced(cons[0].outputs[0], "u8")
+        row.tensor = cons[0].outputs[0]
+        lw.alias(cons[0].outputs[0], out)
+        row.notes.append(f"{cons[0].op} folded into the uint8 clamp")
+        lw.folded.add(cons[0].name)
+
+
+def table_refuses(g, node, opts):
+    act = _act(g, node)
+    if act is None:
+        return "its bounds are not constants"
+    if node.op == "Sigmoid" and (node.outputs[0] in g.outputs or source_unit(g, node.inputs[0], opts) in
+                                 ("input", CPU_F32)):
+        return "float input or model output: the float LOGISTIC keeps full precision"
+    return None
+
+
+@lowering("Relu", "Clip", "LeakyRelu", "Tanh", "HardSigmoid", "HardSwish", "Sigmoid", unit=CPU_U8,
+          check=table_refuses, name="activation_table")
+def activation_table(lw, node):
+    """An activation of one uint8 value is a table over the 256 values: REQUANTIZE, exact to the output step."""
+    x, out = node.inputs[0], node.outputs[0]
+    row = lw.row(node, "activation on uint8: REQUANTIZE table", in_shape=lw.shape(x), out_shape=lw.shape(out))
+    src = lw.need_u8(x, row)
+    s_in, z_in = lw.locs[x].quant
+    so, zo = lw.quant_of(out)
+    f, _ = fx.act_function(_act(lw.g, node))
+    loc = lw.u8_out(out, (so, zo))
+    lw.emit("REQUANTIZE", dict(flags=1, main_mem_in_address=src, main_mem_out_address=loc.u8,
+                               count=int(np.prod(loc.shape))), row, data={"table": table(f, s_in, z_in, so, zo)})
+    lw.traced(out, "u8")
+
+
+def concat_refuses(g, node, opts):
+    if node.attrs.get("axis", 1) not in (1, -3):
+        return f"Concat on axis {node.attrs.get('axis')}: only channel concat (axis 1) is lowered"
+    return None
+
+
+@lowering("Concat", unit=CPU_U8, check=concat_refuses)
+def quantized_concat(lw, node):
+    out = node.outputs[0]
+    row = lw.row(node, "channel concat: QUANTIZED_CONCAT (memcpy) after requantizing inputs to one scale",
+                 out_shape=lw.shape(out))
+    so, zo = lw.quant_of(out)
+    ranges = []
+    for t in node.inputs:
+        src = lw.need_u8(t, row)
+        s_in, z_in = lw.locs[t].quant
+        n = int(np.prod(lw.locs[t].shape))
+        if abs(s_in - so) > 1e-9 * so or z_in != zo:
+            dst = lw.alloc(t + ":rq", "u8", n)
+            lw.emit("REQUANTIZE", dict(flags=1, main_mem_in_address=src, main_mem_out_address=dst,
+                                       count=n), row, data={"table": table(lambda v: v, s_in, z_in, so, zo)})
+            src = dst
+        ranges.append((src, n))
+    loc = lw.u8_out(out, (so, zo))
+    lw.emit("QUANTIZED_CONCAT", dict(flags=1, main_mem_out_address=loc.u8, input_count=len(ranges)),
+            row, data={"ranges": ranges})
+    lw.traced(out, "u8")
+    for t in node.inputs:
+        lw.main.free(t + ":rq:u8")
+
+
+def _resize_sizes(g, node):
+    c, h, w = g.shape(node.inputs[0])[1:]
+    oc, oh, ow = g.shape(node.outputs[0])[1:]
+    return h, w, oh, ow
+
+
+def resize_refuses(g, node, opts):
+    mode = node.attrs.get("mode", "nearest")
+    if mode != "nearest":
+        return (f"Resize mode {mode}: the SDK has nearest-neighbour only; use Resize mode nearest "
+                "(UpSampling2D interpolation='nearest')")
+    h, w, oh, ow = _resize_sizes(g, node)
+    if oh % h or ow % w:
+        return f"{h}x{w} -> {oh}x{ow} is not an integer scale"
+    return None
+
+
+@lowering("Resize", unit=CPU_U8, check=resize_refuses)
+def resize_nearest(lw, node):
+    x, out = node.inputs[0], node.outputs[0]
+    c, h, w = lw.shape(x)
+    oc, oh, ow = lw.shape(out)
+    row = lw.row(node, "nearest upsampling: QUANTIZED_RESIZE_NEAREST_NEIGHBOR", in_shape=(c, h, w),
+                 out_shape=(oc, oh, ow))
+    src = lw.need_u8(x, row)
+    loc = lw.u8_out(out, lw.locs[x].quant)
+    lw.emit("QUANTIZED_RESIZE_NEAREST_NEIGHBOR", dict(
+        flags=1, main_mem_in_address=src, main_mem_out_address=loc.u8, in_shape=(w, h, c),
+        out_width=ow, out_height=oh, align_corners=0), row)
+    lw.traced(out, "u8")
+
+
+needs_format("Resize", "v4", "resize_image (bilinear)",
+             check=lambda g, n, o: None if n.attrs.get("mode", "nearest") == "linear" else "not bilinear")
+
+
+def pool_refuses(g, node, opts):
+    a = node.attrs
+    if a.get("ceil_mode") or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") or \
+            any(d != 1 for d in a.get("dilations", [1, 1])):
+        return "ceil_mode / auto_pad / dilations: only explicit pads are lowered"
+    if node.op == "AveragePool" and a.get("count_include_pad", 0):
+        return "AveragePool with count_include_pad=1; the SDK averages in-range taps only"
+    return None
+
+
+@lowering("MaxPool", unit=CPU_U8, check=pool_refuses)
+def max_pool(lw, node):
+    from .conv import cpu_pool_layer
+    x, out = node.inputs[0], node.outputs[0]
+    a = node.attrs
+    row = lw.row(node, "max pool not fusable into a KPU conv: QUANTIZED_MAX_POOL2D",
+                 in_shape=lw.shape(x), out_shape=lw.shape(out))
+    lw.need_u8(x, row)
+    k, s = a["kernel_shape"], a.get("strides", [1, 1])
+    cpu_pool_layer(lw, x, out, {"kind": "max", "size": k[0], "stride": s[0],
+                                "pads": list(a.get("pads", [0, 0, 0, 0]))}, row)
+
+
+@lowering("GlobalMaxPool", unit=CPU_U8)
+def global_max_pool(lw, node):
+    """QUANTIZED_MAX_POOL2D with a whole-map window (the SDK runs no global max pool; max commutes
+    with the uint8 quantization, so this is exact)."""
+    x, out = node.inputs[0], node.outputs[0]
+    c, h, w = lw.shape(x)
+    row = lw.row(node, "global max pool: QUANTIZED_MAX_POOL2D over the whole map", in_shape=(c, h, w),
+                 out_shape=(c,))
+    src = lw.need_u8(x, row)
+    loc = lw.u8_out(out, lw.locs[x].quant)
+    lw.emit("QUANTIZED_MAX_POOL2D", dict(
+        flags=1, main_mem_in_address=src, main_mem_out_address=loc.u8, in_shape=(w, h, c),
+        out_shape=(1, 1, c), kernel_width=w, kernel_height=h, stride_width=1, stride_height=1,
+        padding_width=0, padding_height=0), row)
+    lw.traced(out, "u8")
+
+
+# ------------------------------------------------------------------ float layers
+@lowering("AveragePool", unit=CPU_F32, check=pool_refuses)
+def average_pool(lw, node):
+    """An average pool the KPU cannot fuse: float AVERAGE_POOL2D (in-range taps only, as ONNX
+    count_include_pad=0)."""
+    x, out = node.inputs[0], node.outputs[0]
+    a = node.attrs
+    c, h, w = lw.shape(x)
+    oc, oh, ow = lw.shape(out)
+    k, st = a["kernel_shape"], a.get("strides", [1, 1])
+    pads = list(a.get("pads", [0, 0, 0, 0]))
+    row = lw.row(node, "average pool: float AVERAGE_POOL2D (no uint8 version in the SDK)",
+                 in_shape=(c, h, w), out_shape=(oc, oh, ow))
+    src = lw.need_f32(x, row)
+    loc = lw.f32_out(out, (oc, oh, ow))
+    lw.emit("AVERAGE_POOL2D", dict(
+        flags=1, main_mem_in_address=src, main_mem_out_address=loc.f32, in_shape=(w, h, c),
+        out_shape=(ow, oh, oc), kernel_width=k[1], kernel_height=k[0], stride_width=st[1],
+        stride_height=st[0], padding_width=pads[1], padding_height=pads[0], act=0), row)
+    lw.traced(out, "f32")
+
+
+@lowering("GlobalAveragePool", unit=CPU_F32)
+def global_average_pool(lw, node):
+    x, out = node.inputs[0], node.outputs[0]
+    c, h, w = lw.shape(x)
+    row = lw.row(node, "global average pool: float GLOBAL_AVERAGE_POOL2D (the SDK has no uint8 version)",
+                 in_shape=(c, h, w), out_shape=(c,))
+    src = lw.need_f32(x, row)
+    loc = lw.f32_out(out)
+    lw.emit("GLOBAL_AVERAGE_POOL2D", dict(flags=1, main_mem_in_address=src, main_mem_out_address=loc.f32,
+                                          kernel_size=h * w, channels=c), row)
+    lw.traced(out, "f32")
+
+
+def _vector_op(lw, node, kind, why):
+    x, out = node.inputs[0], node.outputs[0]
+    n = int(np.prod(lw.shape(x)))
+    row = lw.row(node, why, in_shape=lw.shape(x), out_shape=lw.shape(out))
+    src = lw.need_f32(x, row)
+    loc = lw.f32_out(out)
+    lw.emit(kind, dict(flags=1, main_mem_in_address=src, main_mem_out_address=loc.f32, channels=n), row)
+    lw.traced(out, "f32")
+
+
+def softmax_refuses(g, node, opts):
+    shape = g.shape(node.inputs[0])
+    axis = node.attrs.get("axis", -1) % len(shape)
+    if sum(d > 1 for i, d in enumerate(shape) if i != axis) > 0:
+        return f"softmax over axis {axis} of {shape}: the SDK's SOFTMAX normalises one vector"
+    return None
+
+
+@lowering("Softmax", unit=CPU_F32, check=softmax_refuses)
+def softmax(lw, node):
+    _vector_op(lw, node, "SOFTMAX", "float SOFTMAX")
+
+
+def l2_refuses(g, node, opts):
+    shape = g.shape(node.inputs[0])
+    if node.attrs.get("p", 2) != 2 or sum(d > 1 for d in shape) > 1:
+        return "only the L2 norm of a vector is lowered"
+    return None
+
+
+@lowering("LpNormalization", unit=CPU_F32, check=l2_refuses)
+def l2_normalization(lw, node):
+    _vector_op(lw, node, "L2_NORMALIZATION", "float L2_NORMALIZATION")
+
+
+@lowering("Sigmoid", unit=CPU_F32)
+def sigmoid(lw, node):
+    x, out = node.inputs[0], node.outputs[0]
+    row = lw.row(node, "float LOGISTIC", in_shape=lw.shape(x), out_shape=lw.shape(out))
+    lw.need_f32(x, row)
+    logistic(lw, x, out, row)

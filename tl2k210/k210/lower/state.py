@@ -1,0 +1,295 @@
+"""The lowering's state: where each tensor lives, the layers emitted so far, the receipt rows.
+
+A tensor lives in up to three places, materialised on demand: a uint8 map in KPU RAM (between
+KPU convs), a dense CHW uint8 copy in main memory (KPU output streaming, uint8 CPU layers) and a
+float32 copy (float CPU layers, model outputs). `need_u8`, `need_f32` and `need_kpu` emit the
+QUANTIZE / DEQUANTIZE / K210_UPLOAD layers that move a tensor between them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tl2k210.errors import UnsupportedOpError
+from tl2k210.k210 import hardware as hw
+from tl2k210.k210.kmodel import v3
+from tl2k210.k210.memory import KpuAllocator, MainAllocator
+from tl2k210.quantize import fixed_point as fx
+
+from . import registry
+
+T = v3.TYPE_BY_NAME
+
+
+@dataclass
+class Loc:
+    shape: tuple                       # (C, H, W) or (N,)
+    quant: tuple | None = None         # (scale, zero_point) of the uint8 forms
+    kpu: tuple | None = None           # (start_line, end_line) while resident in KPU RAM
+    u8: int | None = None
+    f32: int | None = None
+    block: str | None = None           # the KPU RAM block holding the map
+
+
+@dataclass
+class Row:
+    """One receipt line: an IR node and the kmodel layers it became."""
+    node: str
+    op: str
+    unit: str
+    why: str
+    fused: list = field(default_factory=list)
+    layers: list = field(default_factory=list)
+    in_shape: tuple = ()
+    out_shape: tuple = ()
+    macs: int = 0
+    weight_bytes: int = 0
+    kpu_lines: int = 0
+    notes: list = field(default_factory=list)
+    tensor: str = ""        # the tensor this row produces (default: the node's output)
+    lowering: str = ""      # the registered lowering that produced it
+
+
+@dataclass
+class Options:
+    weight_bits: int = 8
+    # preprocessing of the first (image) input: x_float = pixel * scale[c] + offset[c]
+    input_scale: tuple = (1 / 255,)
+    input_offset: tuple = (0.0,)
+    channel_means: dict = field(default_factory=dict)   # tensor -> per-channel mean (bias correction)
+    float_fc: bool = False      # dense layers as float FULLY_CONNECTED instead of the padded KPU conv
+    format: str = "v3"          # kmodel format the layers must fit
+    kpu_ram_lines: int = hw.KPU_RAM_LINES   # KPU RAM the plan may use (tests force tiling with less)
+
+
+def chw(shape):
+    """NCHW / NC / (N,) graph shape -> the per-sample shape the lowering uses."""
+    s = tuple(int(v) for v in shape)
+    if len(s) == 4:
+        return s[1:]
+    if len(s) == 2:
+        return (s[1],)
+    return s[1:] if len(s) > 1 else s
+
+
+class Lowering:
+    def __init__(self, graph, ranges: dict, opts: Options | None = None):
+        from tl2k210.graph import toposort
+        self.g, self.ranges, self.opts = graph, ranges, opts or Options()
+        self.order = toposort(graph)
+        self.layers, self.rows, self.locs = [], [], {}
+        self.kpu, self.main = KpuAllocator(self.opts.kpu_ram_lines), MainAllocator()
+        self.pixel_input = None     # the image input (uint8 pixels, preprocessing folded in)
+        self.pending_pick = set()   # 1x1 convs that take over a depthwise conv's stride-2 pick
+        self.folded = set()         # nodes already lowered by their producer (fused activations)
+        self.trace_map = {}         # tensor -> (layer index, kind) for SQNR from emulator traces
+        self.uses = {}
+        self.choice = {}            # node name -> (Alternative, passed-over reasons)
+        for n in self.order:
+            for i in n.inputs:
+                self.uses[i] = self.uses.get(i, 0) + 1
+        for o in graph.outputs:
+            self.uses[o] = self.uses.get(o, 0) + 1
+
+    # ------------------------------------------------------------------ queries
+    def shape(self, t):
+        return chw(self.g.tensors[t].shape)
+
+    def rng(self, t):
+        if t not in self.ranges:
+            raise KeyError(f"no calibration range for tensor {t}")
+        return self.ranges[t]
+
+    def quant_of(self, t):
+        return fx.qparams(*self.rng(t))
+
+    def consumers(self, t):
+        return [n for n in self.order if t in n.inputs]
+
+    def producer(self, t):
+        return next((n for n in self.order if t in n.outputs), None)
+
+    def lowered_by(self, node):
+        """Name of the registered lowering chosen for `node`."""
+        return self.choice[node.name][0].name
+
+    # ------------------------------------------------------------------ emitting
+    def emit(self, name, fields, row=None, **kw):
+        lt = T[name]
+        full = {k: 0 for k in lt.struct.names}
+        full.update(fields)
+        layer = v3.Layer(lt.id, full, **kw)
+        self.layers.append(layer)
+        if row is not None:
+            row.layers.append(len(self.layers) - 1)
+        return len(self.layers) - 1
+
+    def row(self, node, why, unit=None, **kw):
+        """Start the receipt row of `node`; notes say why preferred alternatives were passed over."""
+        alt, passed = self.choice.get(node.name, (None, []))
+        r = Row(node.name, node.op, unit or (alt.unit.split()[0] if alt else "CPU"), why, list(node.fused),
+                lowering=alt.name if alt else "", **kw)
+        skipped = registry.why_not(passed)
+        if skipped:
+            r.notes.append(skipped)
+        self.rows.append(r)
+        return r
+
+    def alloc(self, t, kind, nbytes):
+        return self.main.alloc(f"{t}:{kind}", nbytes)
+
+    def release(self, node):
+        """Free the buffers of tensors whose last consumer was `node`."""
+        for t in node.inputs:
+            if t in self.uses:
+                self.uses[t] -= 1
+                if self.uses[t] == 0:
+                    for kind in ("u8", "f32"):
+                        self.main.free(f"{t}:{kind}")
+                    loc = self.locs.get(t)
+                    if loc is not None and loc.block:
+                        self.kpu_free(loc)
+
+    # ------------------------------------------------------------------ KPU RAM
+    def kpu_resident(self, t):
+        loc = self.locs.get(t)
+        return loc is not None and loc.kpu is not None and self.kpu.blocks.get(loc.block) == loc.kpu
+
+    def kpu_alloc(self, loc, name, lines, where, keep=()):
+        """Put `loc` in a new KPU block, evicting maps that are no longer needed there (they have a
+        main-memory copy or no consumers left); `keep` names blocks that must stay."""
+        while not self.kpu.fits(lines):
+            victim = self._evictable(keep)
+            if victim is None:
+                break
+            self.kpu_free(victim)
+        start = self.kpu.alloc(name, lines, where)
+        loc.kpu, loc.block = (start, start + lines), name
+        return start
+
+    def _evictable(self, keep):
+        for t, loc in self.locs.items():
+            if loc.block and loc.block not in keep and self.kpu_resident(t) and \
+                    (loc.u8 is not None or self.uses.get(t, 0) == 0):
+                return loc
+        return None
+
+    def kpu_free(self, loc):
+        if loc.block and self.kpu.blocks.get(loc.block) == loc.kpu:
+            self.kpu.free(loc.block)
+        for other in self.locs.values():          # aliases of the same map
+            if other.block == loc.block:
+                other.kpu, other.block = None, None
+
+    # ------------------------------------------------------------------ materialisation
+    def need_u8(self, t, row):
+        loc = self.locs[t]
+        if loc.u8 is not None:
+            return loc.u8
+        if loc.f32 is not None:
+            if loc.quant is None:
+                loc.quant = self.quant_of(t)
+            s, z = loc.quant
+            n = int(np.prod(loc.shape))
+            loc.u8 = self.alloc(t, "u8", n)
+            self.emit("QUANTIZE", dict(flags=0, main_mem_in_address=loc.f32, mem_out_address=loc.u8,
+                                       count=n, scale=s, bias=-z * s), row)
+            row.notes.append("quantize to uint8")
+            return loc.u8
+        raise AssertionError(f"tensor {t} has no main-memory copy")
+
+    def need_f32(self, t, row):
+        loc = self.locs[t]
+        if loc.f32 is not None:
+            return loc.f32
+        src = self.need_u8(t, row)
+        s, z = loc.quant
+        n = int(np.prod(loc.shape))
+        loc.f32 = self.alloc(t, "f32", 4 * n)
+        self.emit("DEQUANTIZE", dict(flags=1, main_mem_in_address=src, mem_out_address=loc.f32,
+                                     count=n, scale=s, bias=-z * s), row)
+        self.trace_map[t] = (len(self.layers) - 1, "f32")
+        row.notes.append("dequantize to float")
+        return loc.f32
+
+    def need_kpu(self, t, row, keep=()):
+        """Line range of t's map in KPU RAM, uploading it from main memory if needed."""
+        if self.kpu_resident(t):
+            return self.locs[t].kpu
+        loc = self.locs[t]
+        c, h, w = loc.shape
+        src = self.need_u8(t, row)
+        lines = hw.map_lines(c, h, w)
+        start = self.kpu_alloc(loc, f"{t}:kpu", lines, f"node {row.node!r}: input map {t} {c}x{h}x{w}", keep)
+        self.emit("K210_UPLOAD", dict(flags=0, main_mem_in_address=src, kpu_mem_out_address=start,
+                                      width=w, height=h, channels=c), row)
+        row.notes.append("upload to KPU RAM")
+        return loc.kpu
+
+    def u8_out(self, t, quant=None, shape=None):
+        """A fresh uint8 main-memory home for t."""
+        loc = Loc(shape or self.shape(t), quant=quant or self.quant_of(t))
+        loc.u8 = self.alloc(t, "u8", int(np.prod(loc.shape)))
+        self.locs[t] = loc
+        return loc
+
+    def f32_out(self, t, shape=None):
+        loc = Loc(shape or self.shape(t))
+        loc.f32 = self.alloc(t, "f32", 4 * int(np.prod(loc.shape)))
+        self.locs[t] = loc
+        return loc
+
+    def alias(self, new, old, shape=None):
+        """`new` is `old` relabelled (same bytes): share every copy."""
+        src = self.locs[old]
+        self.locs[new] = Loc(shape or src.shape, src.quant, src.kpu, src.u8, src.f32, src.block)
+        if old in self.trace_map and new not in self.trace_map:
+            self.trace_map[new] = self.trace_map[old]
+        self.uses[old] = self.uses.get(old, 0) + self.uses.get(new, 0)
+
+    def traced(self, t, kind):
+        self.trace_map[t] = (len(self.layers) - 1, kind)
+
+    # ------------------------------------------------------------------ entry
+    def run(self):
+        g = self.g
+        if len(g.inputs) != 1:
+            raise UnsupportedOpError(f"the model has {len(g.inputs)} inputs; K210 runtimes feed one")
+        for node in self.order:
+            self.choice[node.name] = registry.select(g, node, self.opts, self.opts.format)
+        x = g.inputs[0]
+        first = self.consumers(x)
+        shape = self.shape(x)
+        if len(shape) == 3 and first and all(self.lowered_by(n).startswith("kpu_conv") for n in first):
+            if len(first) > 1:
+                raise UnsupportedOpError(
+                    f"the image input {x} feeds {len(first)} convs ({', '.join(n.name for n in first)}); "
+                    "the runtime puts the image in KPU RAM once, for the first layer only: start the "
+                    "model with one conv and branch after it")
+            self.locs[x] = Loc(shape)
+            self.pixel_input = x
+        elif len(shape) == 1 or (len(shape) == 3 and shape[1:] == (1, 1)):
+            self.locs[x] = Loc(shape, f32=self.alloc(x, "f32", 4 * int(np.prod(shape))))
+        else:
+            raise UnsupportedOpError(
+                f"input {x} {shape} feeds {[f'{n.name} ({n.op})' for n in first]}: MaixPy and the SDK "
+                "run a kmodel whose first layer is a KPU conv (image input) or a dense layer (vector "
+                "input); start the model with a Conv on the image")
+        for node in self.order:
+            if node.name not in self.folded:
+                self.choice[node.name][0].fn(self, node)
+            self.release(node)
+        outs = []
+        for o in g.outputs:
+            row = Row(o, "output", "CPU", "model outputs are float32 in main memory")
+            addr = self.need_f32(o, row)
+            if row.layers:
+                self.rows.append(row)
+            outs.append((addr, 4 * int(np.prod(self.locs[o].shape))))
+        first_layer = self.layers[0].name if self.layers else None
+        if first_layer not in ("K210_CONV", "FULLY_CONNECTED"):
+            raise UnsupportedOpError(f"the first kmodel layer would be {first_layer}; the SDK/MaixPy "
+                                     "need K210_CONV or FULLY_CONNECTED first")
+        return v3.KModelV3(self.layers, outs, self.main.high, flags=1 if self.opts.weight_bits == 8 else 0,
+                           max_start_address=self.kpu.lowest)
