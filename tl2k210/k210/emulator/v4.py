@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from tl2k210.errors import EmulatorError
+from tl2k210.k210.emulator import neutral as N
 from tl2k210.k210.emulator.memory import guarded
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.emulator.memory import KpuRam, MainMemory
@@ -56,9 +57,15 @@ class Ctx:
         view[:] = x.astype(view.dtype)
 
 
-def _clamp(x, vr):
-    lo, hi = vr
-    return np.minimum(np.maximum(x, f32(lo)), f32(hi))
+def _windows_ok(f, where):
+    for k in ("stride_h", "stride_w", "dilation_h", "dilation_w", "filter_h", "filter_w"):
+        if k in f and f[k] < 1:
+            raise EmulatorError(f"{where}: {k} = {f[k]} (must be at least 1)")
+
+
+def _io(ctx, f, where, shape=None):
+    x = ctx.read(f["input"], where)
+    return x.reshape(shape) if shape is not None else x
 
 
 @op("kpu_conv2d")
@@ -109,78 +116,78 @@ def quantize(node, f, ctx, where):
     return out
 
 
+def _put(ctx, f, out, where, key="output"):
+    ctx.write(f[key], out, where)
+    return out
+
+
 @op("transpose")
 def transpose(node, f, ctx, where):
-    x = ctx.read(f["input"], where).reshape(f["in_shape"])
-    out = np.ascontiguousarray(x.transpose(f["perm"]))
-    ctx.write(f["output"], out, where)
-    return out
-
-
-@op("matmul")
-def matmul(node, f, ctx, where):
-    r, k, n = f["a_rows"], f["a_cols"], f["b_cols"]
-    a = ctx.read(f["input_a"], where).reshape(r, k)
-    b = ctx.read(f["input_b"], where).reshape(k, n)
-    # nncase loops: for each (row, col): sum over k in order, then + bias, then clamp
-    prod = a[:, :, None].astype(f32) * b[None, :, :].astype(f32)
-    out = np.cumsum(prod, axis=1, dtype=f32)[:, -1, :] + node.data["bias"].astype(f32)
-    out = _clamp(out, f["fused_activation"])
-    ctx.write(f["output"], out, where)
-    return out
+    return _put(ctx, f, np.ascontiguousarray(_io(ctx, f, where, f["in_shape"]).transpose(f["perm"])), where)
 
 
 @op("pad")
 def pad(node, f, ctx, where):
-    shape = f["in_shape"]
-    x = ctx.read(f["input"], where).reshape(shape)
-    p = np.asarray(f["paddings"]).reshape(4, 2)
+    x = _io(ctx, f, where, f["in_shape"])
     value = np.frombuffer(f["pad_value"][1], "<f4")[0]  # stored as f32 even for u8 tensors
-    crop = tuple(slice(max(0, -b), s - max(0, -e)) for (b, e), s in zip(p, shape))
-    x = x[crop]
-    out = np.pad(x, [(max(0, b), max(0, e)) for b, e in p], constant_values=value)
-    ctx.write(f["output"], out, where)
-    return out
+    if x.dtype == np.uint8:
+        value = np.uint8(int(value) & 0xFF) if np.isfinite(value) else np.uint8(0)
+    return _put(ctx, f, N.pad(x, f["paddings"], value), where)
 
 
 @op("memory_copy")
 def memory_copy(node, f, ctx, where):
-    x = ctx.read(f["input"], where)
-    ctx.write(f["output"], x, where)
-    return x
+    return _put(ctx, f, ctx.read(f["input"], where), where)
 
 
 @op("softmax")
 def softmax(node, f, ctx, where):
     x = ctx.read(f["input"], where).reshape(f["outer_size"], f["inner_size"]).astype(f32)
-    e = np.exp((x - x.max(axis=1, keepdims=True)) * f32(f["beta"])).astype(f32)
-    out = e / np.cumsum(e, axis=1, dtype=f32)[:, -1:]
-    ctx.write(f["output"], out, where)
-    return out
+    d = ((x - x.max(axis=1, keepdims=True)) * f32(f["beta"])).astype(f32)
+    e = np.exp(d.astype(np.float64)).astype(f32)        # expf, correctly rounded
+    out = e / np.cumsum(e, axis=1, dtype=f32)[:, -1:]   # float sum in index order
+    return _put(ctx, f, out, where)
 
 
 @op("binary")
 def binary(node, f, ctx, where):
     a = ctx.read(f["input_a"], where).reshape(f["in_a_shape"])
     b = ctx.read(f["input_b"], where).reshape(f["in_b_shape"])
-    name = fmt.BINARY_OPS[f["binary_op"]]
-    fn = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-          "min": np.minimum, "max": np.maximum}[name]
-    out = _clamp(fn(a.astype(f32), b.astype(f32)), f["fused_activation"])
-    ctx.write(f["output"], np.broadcast_to(out, f["out_shape"]), where)
-    return out
+    out = N.binary(a, b, fmt.BINARY_OPS[f["binary_op"]], f["out_shape"], f["fused_activation"])
+    return _put(ctx, f, out, where)
+
+
+@op("quantized_binary")
+def quantized_binary(node, f, ctx, where):
+    a = ctx.read(f["input_a"], where).reshape(f["in_a_shape"])
+    b = ctx.read(f["input_b"], where).reshape(f["in_b_shape"])
+    out = N.quantized_binary(a, b, fmt.BINARY_OPS[f["binary_op"]], f["out_shape"], f)
+    return _put(ctx, f, out, where)
 
 
 @op("unary")
 def unary(node, f, ctx, where):
-    x = ctx.read(f["input"], where).astype(f32)
-    name = fmt.UNARY_OPS[f["unary_op"]]
-    fn = {"abs": np.abs, "ceil": np.ceil, "cos": np.cos, "exp": np.exp, "floor": np.floor,
-          "log": np.log, "neg": np.negative, "rsqrt": lambda v: f32(1) / np.sqrt(v),
-          "sin": np.sin, "square": np.square}[name]
-    out = fn(x).astype(f32)
-    ctx.write(f["output"], out, where)
-    return out
+    return _put(ctx, f, N.unary(ctx.read(f["input"], where), fmt.UNARY_OPS[f["unary_op"]]), where)
+
+
+@op("nnil_unary_method")
+def nnil_unary_method(node, f, ctx, where):
+    try:
+        out = N.nnil(node.data["code"], ctx.read(f["input"], where))
+    except N.NnilError as exc:
+        raise EmulatorError(f"{where}: {exc}") from None
+    if out is None:  # the code never reaches ret: the runtime writes nothing
+        return ctx.read(f["output"], where)
+    return _put(ctx, f, out, where)
+
+
+@op("table_lookup1d")
+def table_lookup1d(node, f, ctx, where):
+    table = ctx.read(f["table"], where).view(np.uint8)
+    x = ctx.read(f["input"], where)
+    if x.size and int(x.max()) >= table.size:
+        raise EmulatorError(f"{where}: a {table.size}-entry table indexed with {int(x.max())}")
+    return _put(ctx, f, table[x], where)
 
 
 @op("concat")
@@ -190,6 +197,92 @@ def concat(node, f, ctx, where):
     out = np.concatenate(parts, axis=1)
     ctx._mem(f["output"], where).view(np.uint8)[:] = out.reshape(-1)
     return out
+
+
+@op("strided_slice")
+def strided_slice(node, f, ctx, where):
+    x = _io(ctx, f, where, f["in_shape"])
+    return _put(ctx, f, N.strided_slice(x, f["begin"], f["end"], f["strides"]), where)
+
+
+@op("resize_image")
+def resize_image(node, f, ctx, where):
+    x = _io(ctx, f, where, f["in_shape"])
+    mode = ("bilinear", "nearest_neighbor")[f["mode"]] if f["mode"] in (0, 1) else None
+    if mode is None:
+        raise EmulatorError(f"{where}: unknown resize mode {f['mode']}")
+    return _put(ctx, f, N.resize(x, f["out_h"], f["out_w"], mode, f["align_corners"]), where)
+
+
+@op("reduce")
+def reduce(node, f, ctx, where):
+    x = _io(ctx, f, where, f["in_shape"]).astype(f32)
+    out_shape = tuple(f["out_shape"])
+    if any(o not in (1, i) for o, i in zip(out_shape, f["in_shape"])):
+        raise EmulatorError(f"{where}: out_shape {out_shape} is not a reduction of {f['in_shape']}")
+    return _put(ctx, f, N.reduce(x, fmt.REDUCE_OPS[f["reduce_op"]], out_shape, f["init_value"]), where)
+
+
+@op("reduce_window2d", "cpu_reduce_window2d")
+def reduce_window2d(node, f, ctx, where):
+    _windows_ok(f, where)
+    x = _io(ctx, f, where, f["in_shape"]).astype(f32)
+    out = N.reduce_window2d(x, fmt.REDUCE_OPS[f["reduce_op"]], f, f["init_value"],
+                            nhwc=node.name.startswith("cpu_"))
+    return _put(ctx, f, out, where)
+
+
+@op("conv2d")
+def conv2d(node, f, ctx, where):
+    _windows_ok(f, where)
+    x = _io(ctx, f, where, f["in_shape"]).astype(f32)
+    out = N.conv2d(x, node.data["weights"], node.data["bias"], f, f["out_channels"], f["fused_activation"])
+    return _put(ctx, f, out, where)
+
+
+@op("cpu_conv2d", "cpu_depthwise_conv2d")
+def cpu_conv2d(node, f, ctx, where):
+    _windows_ok(f, where)
+    x = _io(ctx, f, where, f["in_shape"]).astype(f32)
+    dw = node.name == "cpu_depthwise_conv2d"
+    out = N.conv2d_nhwc(x, node.data["weights"], node.data["bias"], f,
+                        f["in_shape"][3] if dw else f["out_channels"], f["fused_activation"], dw)
+    return _put(ctx, f, out, where)
+
+
+@op("quantized_conv2d", "cpu_quantized_conv2d", "cpu_quantized_depthwise_conv2d")
+def quantized_conv2d(node, f, ctx, where):
+    _windows_ok(f, where)
+    x = _io(ctx, f, where, f["in_shape"])
+    nhwc = node.name.startswith("cpu_")
+    dw = node.name == "cpu_quantized_depthwise_conv2d"
+    oc = f["in_shape"][3] if dw else f["out_channels"]
+    out = N.quantized_conv2d(x, node.data["weights"], node.data["bias"], f, oc, nhwc, dw)
+    return _put(ctx, f, out, where)
+
+
+@op("conv2d_transpose")
+def conv2d_transpose(node, f, ctx, where):
+    _windows_ok(f, where)
+    x = _io(ctx, f, where, f["in_shape"]).astype(f32)
+    out = N.conv2d_transpose(x, node.data["weights"], f, f["out_shape"], f["fused_activation"])
+    return _put(ctx, f, out, where)
+
+
+@op("matmul")
+def matmul(node, f, ctx, where):
+    r, k, n = f["a_rows"], f["a_cols"], f["b_cols"]
+    a = ctx.read(f["input_a"], where).reshape(r, k)
+    b = ctx.read(f["input_b"], where).reshape(k, n)
+    return _put(ctx, f, N.matmul(a, b, node.data["bias"], f["fused_activation"]), where)
+
+
+@op("quantized_matmul")
+def quantized_matmul(node, f, ctx, where):
+    r, k, n = f["a_rows"], f["a_cols"], f["b_cols"]
+    a = ctx.read(f["input_a"], where).reshape(r, k)
+    b = ctx.read(f["input_b"], where).reshape(k, n)
+    return _put(ctx, f, N.quantized_matmul(a, b, node.data["bias"], f), where)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -99,11 +99,19 @@ DEFAULT_ALIGN = {"layer": 8, "weights": 256, "bn": 256, "act": 256}
 
 @dataclass
 class Layer:
+    """One v3 layer: the fixed struct's values plus its variable tail.
+
+    To write a new layer, fill ``fields`` with every name of ``LAYER_TYPES[type].struct`` (the
+    tail counts - input_count, in/out_channels, channels - are recomputed from ``data``) and,
+    for K210_CONV, set ``conv``; the four *_offset fields are computed by the writer.
+    """
     type: int
     fields: dict                    # the fixed struct's values
     conv: kpu.KpuConv | None = None  # K210_CONV
     data: dict = field(default_factory=dict)  # variable tails: table / ranges / weights,bias / pairs
     align: dict | None = None       # K210_CONV block alignments (None = DEFAULT_ALIGN)
+    gaps: dict | None = None        # K210_CONV blocks placed at a byte gap, not an alignment
+    body_size: int | None = None    # as read: kept when it is not the 8-aligned size (Maix-EMC)
 
     @property
     def name(self) -> str:
@@ -120,6 +128,7 @@ class KModelV3:
     max_start_address: int = 0
     omitted_tail: int = 0           # trailing padding bytes the source file lacked (nncase v0.1)
     version: int = 3
+    notes: list = field(default_factory=list)  # deviations from nncase's writer habits (read only)
 
     @property
     def eight_bit(self) -> bool:
@@ -127,78 +136,128 @@ class KModelV3:
 
 
 # ---------------------------------------------------------------------------------------------
+MAX_MAIN_MEM = 8 * 1024 * 1024  # the loader mallocs main_mem_usage; a K210 has 8 MiB of SRAM
+
+
+def _check_headers(data: bytes, n_out: int, n_layers: int):
+    """Validate every count, size and offset the header claims against the file length, on
+    numpy views (no per-entry object), before anything is built."""
+    size = len(data)
+    table_end = HEADER.size + 8 * n_out + 8 * n_layers
+    check(HEADER.size + 8 * n_out <= size,
+          f"output_count {n_out} claims an outputs table of {8 * n_out:,} bytes at offset "
+          f"{HEADER.size}; the file has {size:,} bytes", 24, "output_count")
+    check(table_end <= size,
+          f"layers_length {n_layers} claims {8 * n_layers:,} bytes of layer headers at offset "
+          f"{HEADER.size + 8 * n_out}; the file has {size:,} bytes", 12, "layers_length")
+    check(n_layers > 0, "layers_length is 0: the SDK runner needs at least one layer", 12,
+          "layers_length")
+    hdr = np.frombuffer(data, "<u4", 2 * n_layers, HEADER.size + 8 * n_out).reshape(-1, 2)
+    types, sizes = hdr[:, 0], hdr[:, 1].astype(np.int64)
+    known = np.isin(types, np.array(list(LAYER_TYPES), np.uint32))
+    base = HEADER.size + 8 * n_out
+    if not known.all():
+        i = int(np.argmin(known))
+        check(False, f"layer {i}: unknown v3 layer type {int(types[i])}", base + 8 * i,
+              f"layer {i} type")
+    bad = (sizes <= 0) | (sizes >= 1 << 31)  # MaixPy reads body_size as int: <= 0 is refused
+    if bad.any():
+        i = int(np.argmax(bad))
+        check(False, f"layer {i} ({LAYER_TYPES[int(types[i])].name}): body_size {int(sizes[i])} "
+              "<= 0 as the loader's int (MaixPy: ERR_KMODEL_FORMAT)", base + 8 * i + 4,
+              f"layer {i} body_size")
+    ends = table_end + np.cumsum(sizes)
+    over = ends > size + 7
+    if over.any():
+        i = int(np.argmax(over))
+        check(False, f"layer {i}: bodies up to this one claim {int(ends[i]):,} bytes, the file has "
+              f"{size:,}", base + 8 * i + 4, f"layer {i} body_size")
+    return hdr, table_end
+
+
 def read(data: bytes) -> KModelV3:
     r = Reader(data)
     h = r.struct(HEADER, "v3 header")
     check(h["version"] == 3, f"not a kmodel v3 (version {h['version']})", 0, "version")
     check(h["arch"] == 0, f"kmodel v3 arch must be 0 (the SDK loader refuses {h['arch']})", 8, "arch")
+    check(h["main_mem_usage"] <= MAX_MAIN_MEM,
+          f"main_mem_usage {h['main_mem_usage']:,} bytes: the loader mallocs it and a K210 has "
+          f"{MAX_MAIN_MEM:,} bytes of SRAM", 20, "main_mem_usage")
     n_out, n_layers = h["output_count"], h["layers_length"]
-    r.need(8 * n_out, "outputs table")  # before building lists from a claimed count
-    outputs = [tuple(r.struct(OUTPUT, f"output {i}").values()) for i in range(n_out)]
-    r.need(8 * n_layers, "layer headers")
-    headers = [r.struct(LAYER_HEADER, f"layer {i} header") for i in range(n_layers)]
+    hdr, pos = _check_headers(data, n_out, n_layers)
+    outputs = [tuple(int(v) for v in pair) for pair in
+               np.frombuffer(data, "<u4", 2 * n_out, HEADER.size).reshape(-1, 2)]
     eight_bit = bool(h["flags"] & 1)
-    layers, pos = [], r.pos
-    total = pos + sum(x["body_size"] for x in headers)
-    omitted = max(0, total - len(data))
-    check(omitted <= 7, f"bodies claim {total} bytes, file has {len(data)}", len(data), "layer bodies")
-    for i, lh in enumerate(headers):
+    model = KModelV3([], outputs, h["main_mem_usage"], h["flags"], h["arch"],
+                     h["max_start_address"])
+    total = pos + int(hdr[:, 1].astype(np.int64).sum())
+    model.omitted_tail = max(0, total - len(data))
+    if model.omitted_tail:
+        model.notes.append(f"the file ends {model.omitted_tail} bytes before the last body's "
+                           "padding (nncase v0.1 habit; the SDK copies the full sum of body sizes)")
+    head_at = HEADER.size + 8 * n_out
+    unaligned = []
+    for i, (typ, size) in enumerate(hdr.tolist()):
         where = f"layer {i}"
-        t = LAYER_TYPES.get(lh["type"])
-        check(t is not None, f"{where}: unknown v3 layer type {lh['type']}", 28 + 8 * n_out + 8 * i,
-              f"{where} type")
-        size = lh["body_size"]
-        check(size > 0, f"{where} ({t.name}): body_size {size} <= 0 (MaixPy: ERR_KMODEL_FORMAT)",
-              28 + 8 * n_out + 8 * i + 4, f"{where} body_size")
+        t = LAYER_TYPES[typ]
         end = pos + size
-        last = i == n_layers - 1
+        if pos % 8 and i:  # the first body follows the 28+8k-byte header: 4 mod 8 is normal
+            unaligned.append((i, pos))
         if t.struct is None:
-            layers.append(Layer(lh["type"], {}, data={"raw": r.bytes(min(size, len(data) - pos),
-                                                                       f"{where} ({t.name}) body", pos)}))
+            model.layers.append(Layer(typ, {}, data={"raw": r.bytes(min(size, len(data) - pos),
+                                                                     f"{where} ({t.name}) body", pos)}))
             pos = end
             continue
         r.need(t.struct.size, f"{where} ({t.name}) body", pos)
-        check(t.struct.size <= size, f"{where} ({t.name}): body_size {size} < {t.struct.size}", pos,
-              f"{where} body_size")
-        fields = t.struct.unpack(r.data, pos)
-        layer = Layer(lh["type"], fields)
-        tail_at = pos + t.struct.size
-        _read_tail(r, t, layer, tail_at, end, eight_bit, where)
-        # padding after the body content must be what the writer produces: zeros
-        layers.append(layer)
+        check(t.struct.size <= size, f"{where} ({t.name}): body_size {size} < {t.struct.size}",
+              head_at + 8 * i + 4, f"{where} body_size")
+        layer = Layer(typ, t.struct.unpack(r.data, pos))
+        content = _read_tail(r, t, layer, pos + t.struct.size, end, eight_bit, f"{where} ({t.name})",
+                             model)
+        if size != align_up(content, 8) - pos:
+            layer.body_size = size  # not what the writer would produce: keep it (Maix-EMC)
+        model.layers.append(layer)
         pos = end
-        if not last:
-            check(pos % 8 == 0, f"{where}: next body at offset {pos} is not 8-aligned", pos,
-                  f"{where} body_size")
-    return KModelV3(layers, outputs, h["main_mem_usage"], h["flags"], h["arch"],
-                    h["max_start_address"], omitted)
+    if unaligned:
+        at = ", ".join(f"{i}@{p}" for i, p in unaligned[:6]) + (" ..." if len(unaligned) > 6 else "")
+        model.notes.append(f"{len(unaligned)} bodies start at an unaligned offset (layer@offset: {at}):"
+                           " Maix-EMC layout; the SDK loads it (nncase pads every body to 8 bytes)")
+    return model
 
 
-def _read_tail(r: Reader, t: LayerType, layer: Layer, at: int, end: int, eight_bit: bool, where):
+def _read_tail(r: Reader, t: LayerType, layer: Layer, at: int, end: int, eight_bit: bool, where,
+               model) -> int:
+    """Read the variable part after the fixed struct; returns where the body's content ends."""
     f = layer.fields
-    where = f"{where} ({t.name})"
     if t.tail == "table":
         layer.data["table"] = r.array("u1", 256, f"{where} table", at)
-    elif t.tail == "ranges":
+        return at + 256
+    if t.tail == "ranges":
         n = f["input_count"]
         check(at + 8 * n <= end, f"{where}: input_count {n} exceeds the body", at - 4, "input_count")
-        layer.data["ranges"] = [tuple(int(v) for v in r.array("<u4", 2, f"{where} input {j}", at + 8 * j))
-                                for j in range(n)]
-    elif t.tail == "fc":
+        layer.data["ranges"] = [tuple(int(v) for v in pair) for pair in
+                                r.array("<u4", 2 * n, f"{where} inputs", at).reshape(-1, 2)]
+        return at + 8 * n
+    if t.tail == "fc":
         ni, no = f["in_channels"], f["out_channels"]
         check(at + 4 * (ni * no + no) <= end, f"{where}: {no}x{ni} weights exceed the body", at,
               "in_channels/out_channels")
         layer.data["weights"] = r.array("<f4", ni * no, f"{where} weights", at).reshape(no, ni)
         layer.data["bias"] = r.array("<f4", no, f"{where} bias", at + 4 * ni * no)
-    elif t.tail == "chdq":
+        return at + 4 * (ni * no + no)
+    if t.tail == "chdq":
         c = f["channels"]
         check(at + 8 * c <= end, f"{where}: {c} channels exceed the body", at, "channels")
         layer.data["params"] = r.array("<f4", 2 * c, f"{where} scale/bias", at).reshape(c, 2)
-    elif t.tail == "conv":
-        _read_conv(r, layer, at - t.struct.size, end, eight_bit, where)
+        return at + 8 * c
+    if t.tail == "conv":
+        return _read_conv(r, layer, at - t.struct.size, end, eight_bit, where, model)
+    return at
 
 
-def _read_conv(r: Reader, layer: Layer, body: int, end: int, eight_bit: bool, where: str):
+def _read_conv(r: Reader, layer: Layer, body: int, end: int, eight_bit: bool, where: str, model):
+    """The four blocks sit at absolute file offsets. nncase puts them in order inside the body at
+    fixed alignments; any other placement inside the file is loaded by the SDK too (noted)."""
     f = layer.fields
     offs = {b: f[b + "_offset"] for b in CONV_BLOCKS}
     args, reserved = kpu.read_layer_args(r, offs["layer"], where)
@@ -207,28 +266,54 @@ def _read_conv(r: Reader, layer: Layer, body: int, end: int, eight_bit: bool, wh
     wsize = 1 if eight_bit else 2
     sizes = {"layer": hw.LAYER_ARG_BYTES, "weights": conv.weight_count() * wsize,
              "bn": 8 * conv.out_shape[0], "act": hw.ACT_TABLE_BYTES}
-    prev, align = body + 24, {}
     for b in CONV_BLOCKS:
-        align[b] = kpu.infer_align(prev, offs[b], where, b + "_offset")
-        prev = offs[b] + sizes[b]
-    check(prev <= end, f"{where}: parameter blocks end at {prev}, past the body end {end}", body,
-          "body_size")
+        r.need(sizes[b], f"{where} {b} block", offs[b])
     conv.weights = r.array("u1" if eight_bit else "<u2", conv.weight_count(), f"{where} weights",
                            offs["weights"])
     conv.bn, conv.bn_reserved = kpu.read_bn(r, offs["bn"], conv.out_shape[0], where)
     conv.act, conv.act_reserved = kpu.read_act(r, offs["act"], where)
-    layer.conv, layer.align = conv, align
+    layer.conv = conv
+    prev, align, gaps = body + 24, {}, {}
+    for b in CONV_BLOCKS:
+        a = kpu.infer_align(prev, offs[b])
+        if a is None:
+            gaps[b] = offs[b] - prev
+        else:
+            align[b] = a
+        prev = offs[b] + sizes[b]
+    in_body = all(g >= 0 for g in gaps.values()) and prev <= end
+    content = prev if in_body else body + 24
+    if not in_body:
+        model.notes.append(f"{where}: parameter blocks lie outside their body or out of order "
+                           f"(offsets {offs}); the SDK reads them anyway; a rewrite places them "
+                           "inside the body in nncase order")
+        align, gaps = None, None
+    else:
+        nn01 = all(align.get(b, 0) >= a for b, a in NN01_ALIGN.items())
+        if not nn01:
+            odd = [f"{b}@{offs[b]}" for b in CONV_BLOCKS if align.get(b, 0) < NN01_ALIGN[b]]
+            model.notes.append(f"{where}: parameter blocks below nncase's alignment "
+                               f"(layer 8, weights/bn 128, act 256): {', '.join(odd)}")
+    layer.align, layer.gaps = align, (gaps or None)
+    if args["arg_x"] % (1 << args["shr_x"]) or args["arg_w"] % (1 << args["shr_w"]):
+        model.notes.append(f"{where}: fractional zero point (arg_x {args['arg_x']} >> {args['shr_x']}, "
+                           f"arg_w {args['arg_w']} >> {args['shr_w']}; Maix-EMC): the silicon "
+                           "Σ rule applies (spec §10.1)")
+    return content
 
 
 # ---------------------------------------------------------------------------------------------
 def write(model: KModelV3) -> bytes:
-    """Serialise; every body is padded so the next starts 8-aligned, trailing padding included."""
+    """Serialise; every body is padded so the next starts 8-aligned, trailing padding included,
+    unless the layer keeps the ``body_size`` it was read with (Maix-EMC files)."""
     n = len(model.layers)
     head_size = HEADER.size + OUTPUT.size * len(model.outputs) + LAYER_HEADER.size * n
     bodies, pos = [], head_size
     for i, layer in enumerate(model.layers):
         body = _body_bytes(layer, pos, model.eight_bit, f"layer {i}")
-        body += bytes(align_up(pos + len(body), 8) - pos - len(body))
+        want = layer.body_size if layer.body_size and layer.body_size >= len(body) else \
+            align_up(pos + len(body), 8) - pos
+        body += bytes(want - len(body))
         bodies.append(body)
         pos += len(body)
     out = bytearray(HEADER.pack(dict(
@@ -273,12 +358,12 @@ def _conv_body(layer: Layer, f: dict, pos: int, eight_bit: bool, where: str) -> 
     if (conv.weights.dtype.itemsize == 1) != eight_bit:
         raise KmodelFormatError(f"{where}: weights are {conv.weights.dtype} but the model flags "
                                 f"say {'8' if eight_bit else '16'}-bit weights")
-    align = layer.align or DEFAULT_ALIGN
+    align, gaps = layer.align or DEFAULT_ALIGN, layer.gaps or {}
     blocks = {"layer": conv.layer_bytes(), "weights": conv.weight_bytes(), "bn": conv.bn_bytes(),
               "act": conv.act_bytes()}
     buf = bytearray(24)
     for b in CONV_BLOCKS:
-        at = align_up(pos + len(buf), align[b])
+        at = pos + len(buf) + gaps[b] if b in gaps else align_up(pos + len(buf), align.get(b, 8))
         buf += bytes(at - pos - len(buf))
         f[b + "_offset"] = at
         buf += blocks[b]

@@ -34,66 +34,100 @@ _WIN = "padding_h:padding padding_w:padding filter_h:i32 filter_w:i32 stride_h:i
        "dilation_h:i32 dilation_w:i32"
 
 
+def _nchw_weights(f: dict, oc: int) -> int:
+    """Weight count of an NCHW conv-like body: oc * (ic / groups) * fh * fw."""
+    ic, g = f["in_shape"][1], f["groups"]
+    check(g > 0 and ic % g == 0, f"groups {g} does not divide {ic} input channels")
+    return oc * (ic // g) * f["filter_h"] * f["filter_w"]
+
+
+# Variable tails: (data key, dtype, item count from the fixed fields). The reader reads and the
+# writer writes exactly these, in this order, right after the fixed struct.
+_OC = lambda f: f["out_channels"]  # noqa: E731
+_NHWC_C = lambda f: f["in_shape"][3]  # noqa: E731
+_TAILS = {
+    "conv2d": (("weights", "<f4", lambda f: _nchw_weights(f, f["out_channels"])), ("bias", "<f4", _OC)),
+    "conv2d_transpose": (("weights", "<f4", lambda f: _nchw_weights(f, f["out_shape"][1])),
+                         ("bias", "<f4", lambda f: f["out_shape"][1])),
+    "matmul": (("bias", "<f4", lambda f: f["b_cols"]),),
+    "quantized_matmul": (("bias", "<i4", lambda f: f["b_cols"]),),
+    "quantized_conv2d": (("bias", "<i4", _OC),
+                         ("weights", "u1", lambda f: _nchw_weights(f, f["out_channels"]))),
+    # NHWC variants (nncase v0.2 runtime/cpu/cpu_ops_body.h): OHWI weights, depthwise [C][fh][fw]
+    "cpu_conv2d": (("weights", "<f4", lambda f: f["out_channels"] * f["filter_h"] * f["filter_w"]
+                    * f["in_shape"][3]), ("bias", "<f4", _OC)),
+    "cpu_depthwise_conv2d": (("weights", "<f4", lambda f: _NHWC_C(f) * f["filter_h"] * f["filter_w"]),
+                             ("bias", "<f4", _NHWC_C)),
+    "cpu_quantized_conv2d": (("bias", "<i4", _OC),
+                             ("weights", "u1", lambda f: f["out_channels"] * f["filter_h"]
+                              * f["filter_w"] * f["in_shape"][3])),
+    "cpu_quantized_depthwise_conv2d": (("bias", "<i4", _NHWC_C),
+                                       ("weights", "u1", lambda f: _NHWC_C(f) * f["filter_h"]
+                                        * f["filter_w"])),
+}
+_QCONV = "input_offset:i32 filter_offset:i32 output_mul:i32 output_shift:i32 output_offset:i32"
+
+
 @dataclass(frozen=True)
 class Opcode:
     code: int
     name: str
-    struct: Struct | None  # None: body kept opaque (layout not in the spec; emulator refuses it)
-    tail: str = ""
+    struct: Struct | None  # None: body kept opaque
+    tail: str = ""         # "" | "arrays" (see _TAILS) | "concat" | "rest" | "kpu_conv"
+
+    @property
+    def arrays(self) -> tuple:
+        return _TAILS.get(self.name, ())
+
+
+def _op(code, name, spec, tail=""):
+    return Opcode(code, name, Struct(spec), tail or ("arrays" if name in _TAILS else ""))
 
 
 OPCODES = {o.code: o for o in (
-    Opcode(0x00, "binary", Struct("input_a:range input_b:range output:range binary_op:u32 "
-                                  "in_a_shape:shape4 in_b_shape:shape4 out_shape:shape4 "
-                                  "fused_activation:vrange")),
-    Opcode(0x01, "concat", Struct("output:range inner_size:u32 outer_size:u32 inputs_count:u32"),
-           "concat"),
-    Opcode(0x02, "conv2d", Struct(f"{_IO} in_shape:shape4 groups:i32 out_channels:i32 {_WIN} "
-                                  "fused_activation:vrange"), "conv2d"),
-    Opcode(0x03, "dequantize", Struct(f"{_IO} quant_param:qparam")),
-    Opcode(0x04, "matmul", Struct("input_a:range input_b:range output:range a_rows:i32 a_cols:i32 "
-                                  "b_cols:i32 fused_activation:vrange"), "matmul"),
-    Opcode(0x05, "pad", Struct(f"{_IO} in_shape:shape4 paddings:pad4 pad_value:scalar")),
-    Opcode(0x06, "quantize", Struct(f"{_IO} quant_param:qparam")),
-    Opcode(0x07, "reduce", Struct(f"{_IO} reduce_op:u32 in_shape:shape4 out_shape:shape4 "
-                                  "init_value:f32")),
-    Opcode(0x08, "reduce_window2d", Struct(f"{_IO} reduce_op:u32 in_shape:shape4 {_WIN} "
-                                           "init_value:f32 fused_activation:vrange")),
-    Opcode(0x09, "memory_copy", Struct(_IO)),
-    Opcode(0x0A, "resize_image", Struct(f"{_IO} in_shape:shape4 out_h:i32 out_w:i32 mode:u32 "
-                                        "align_corners:bool")),
-    Opcode(0x0B, "softmax", Struct(f"{_IO} inner_size:i32 outer_size:i32 beta:f32")),
-    Opcode(0x0C, "transpose", Struct(f"{_IO} in_shape:shape4 perm:shape4")),
-    Opcode(0x0D, "strided_slice", Struct(f"{_IO} in_shape:shape4 begin:shape4 end:shape4 "
-                                         "strides:shape4 begin_mask:i32 end_mask:i32 "
-                                         "ellipsis_mask:i32 new_axis_mask:i32 "
-                                         "shrink_axis_mask:i32")),
-    Opcode(0x0E, "unary", Struct(f"{_IO} unary_op:u32")),
-    Opcode(0x0F, "quantized_conv2d", Struct(
-        f"{_IO} in_shape:shape4 groups:i32 out_channels:i32 {_WIN} input_offset:i32 "
-        "filter_offset:i32 output_mul:i32 output_shift:i32 output_offset:i32"), "qconv2d"),
-    Opcode(0x10, "quantized_matmul", Struct(
-        "input_a:range input_b:range output:range a_rows:i32 a_cols:i32 b_cols:i32 "
-        "input_a_offset:i32 input_b_offset:i32 output_mul:i32 output_shift:i32 "
-        "output_offset:i32"), "qmatmul"),
-    Opcode(0x11, "quantized_binary", Struct(
-        "input_a:range input_b:range output:range binary_op:u32 in_a_shape:shape4 "
-        "in_b_shape:shape4 out_shape:shape4 input_a_offset:i32 input_a_mul:i32 "
-        "input_a_shift:i32 input_b_offset:i32 input_b_mul:i32 input_b_shift:i32 "
-        "output_offset:i32 output_mul:i32 output_shift:i32")),
-    Opcode(0x12, "table_lookup1d", Struct("input:range table:range output:range")),
-    Opcode(0x13, "conv2d_transpose", Struct(
-        f"{_IO} in_shape:shape4 out_shape:shape4 groups:i32 {_WIN} fused_activation:vrange"),
-        "conv2d_transpose"),
-    Opcode(0x14, "nnil_unary_method", Struct(_IO), "rest"),
-    Opcode(0x1001, "cpu_conv2d", None),
-    Opcode(0x1002, "cpu_depthwise_conv2d", None),
-    Opcode(0x1003, "cpu_reduce_window2d", None),
-    Opcode(0x1004, "cpu_quantized_conv2d", None),
-    Opcode(0x1005, "cpu_quantized_depthwise_conv2d", None),
-    Opcode(0x2001, "kpu_upload", Struct(f"{_IO} in_shape:shape4")),
-    Opcode(0x2002, "kpu_conv2d", Struct("main_mem_output:range batches:i32 reserved0:i32"),
-           "kpu_conv"),
+    _op(0x00, "binary", "input_a:range input_b:range output:range binary_op:u32 "
+        "in_a_shape:shape4 in_b_shape:shape4 out_shape:shape4 fused_activation:vrange"),
+    _op(0x01, "concat", "output:range inner_size:u32 outer_size:u32 inputs_count:u32", "concat"),
+    _op(0x02, "conv2d", f"{_IO} in_shape:shape4 groups:i32 out_channels:i32 {_WIN} "
+        "fused_activation:vrange"),
+    _op(0x03, "dequantize", f"{_IO} quant_param:qparam"),
+    _op(0x04, "matmul", "input_a:range input_b:range output:range a_rows:i32 a_cols:i32 "
+        "b_cols:i32 fused_activation:vrange"),
+    _op(0x05, "pad", f"{_IO} in_shape:shape4 paddings:pad4 pad_value:scalar"),
+    _op(0x06, "quantize", f"{_IO} quant_param:qparam"),
+    _op(0x07, "reduce", f"{_IO} reduce_op:u32 in_shape:shape4 out_shape:shape4 init_value:f32"),
+    _op(0x08, "reduce_window2d", f"{_IO} reduce_op:u32 in_shape:shape4 {_WIN} init_value:f32 "
+        "fused_activation:vrange"),
+    _op(0x09, "memory_copy", _IO),
+    _op(0x0A, "resize_image", f"{_IO} in_shape:shape4 out_h:i32 out_w:i32 mode:u32 "
+        "align_corners:bool"),
+    _op(0x0B, "softmax", f"{_IO} inner_size:i32 outer_size:i32 beta:f32"),
+    _op(0x0C, "transpose", f"{_IO} in_shape:shape4 perm:shape4"),
+    _op(0x0D, "strided_slice", f"{_IO} in_shape:shape4 begin:shape4 end:shape4 strides:shape4 "
+        "begin_mask:i32 end_mask:i32 ellipsis_mask:i32 new_axis_mask:i32 shrink_axis_mask:i32"),
+    _op(0x0E, "unary", f"{_IO} unary_op:u32"),
+    _op(0x0F, "quantized_conv2d", f"{_IO} in_shape:shape4 groups:i32 out_channels:i32 {_WIN} "
+        + _QCONV),
+    _op(0x10, "quantized_matmul", "input_a:range input_b:range output:range a_rows:i32 "
+        "a_cols:i32 b_cols:i32 input_a_offset:i32 input_b_offset:i32 output_mul:i32 "
+        "output_shift:i32 output_offset:i32"),
+    _op(0x11, "quantized_binary", "input_a:range input_b:range output:range binary_op:u32 "
+        "in_a_shape:shape4 in_b_shape:shape4 out_shape:shape4 input_a_offset:i32 "
+        "input_a_mul:i32 input_a_shift:i32 input_b_offset:i32 input_b_mul:i32 input_b_shift:i32 "
+        "output_offset:i32 output_mul:i32 output_shift:i32"),   # spec erratum 10.3: this order
+    _op(0x12, "table_lookup1d", "input:range table:range output:range"),
+    _op(0x13, "conv2d_transpose", f"{_IO} in_shape:shape4 out_shape:shape4 groups:i32 {_WIN} "
+        "fused_activation:vrange"),
+    _op(0x14, "nnil_unary_method", _IO, "rest"),
+    _op(0x1001, "cpu_conv2d", f"{_IO} in_shape:shape4 out_channels:i32 {_WIN} "
+        "fused_activation:vrange"),
+    _op(0x1002, "cpu_depthwise_conv2d", f"{_IO} in_shape:shape4 {_WIN} fused_activation:vrange"),
+    _op(0x1003, "cpu_reduce_window2d", f"{_IO} reduce_op:u32 in_shape:shape4 {_WIN} "
+        "init_value:f32 fused_activation:vrange"),
+    _op(0x1004, "cpu_quantized_conv2d", f"{_IO} in_shape:shape4 out_channels:i32 {_WIN} " + _QCONV),
+    _op(0x1005, "cpu_quantized_depthwise_conv2d", f"{_IO} in_shape:shape4 {_WIN} " + _QCONV),
+    _op(0x2001, "kpu_upload", f"{_IO} in_shape:shape4"),
+    _op(0x2002, "kpu_conv2d", "main_mem_output:range batches:i32 reserved0:i32", "kpu_conv"),
 )}
 OPCODE_BY_NAME = {o.name: o for o in OPCODES.values()}
 #: kpu_conv2d block order in the body and the layer-argument field holding each block's skip
@@ -102,11 +136,18 @@ KPU_BLOCKS = (("bn", "bwsx_base_addr"), ("act", "active_addr"), ("weights", "par
 
 @dataclass
 class Node:
+    """One v4 node. To write a new one: ``Node(OPCODE_BY_NAME[name].code, fields, data)`` with
+    every name of the opcode's struct in ``fields`` and, for opcodes with a tail, the arrays named
+    in ``Opcode.arrays`` in ``data`` (their lengths must match the counts the fields imply);
+    concat takes ``data["inputs"]`` (ranges) and ``data["dims"]``, nnil_unary_method
+    ``data["code"]`` (bytes), kpu_conv2d ``conv`` (its three skip fields are computed)."""
     opcode: int
     fields: dict
     data: dict = field(default_factory=dict)
     conv: kpu.KpuConv | None = None
-    raw: bytes | None = None  # opaque body (opcodes whose layout the spec does not give)
+    raw: bytes | None = None  # opaque body
+    body_size: int | None = None  # as read, when not the writer's 8-aligned size
+    skips: tuple | None = None    # kpu_conv2d block skips as read, when not the 256-aligned ones
 
     @property
     def name(self) -> str:
@@ -128,9 +169,49 @@ class KModelV4:
     omitted_tail: int = 0
     trailer: bytes = b""  # bytes after the last body (ignored by the runtime)
     version: int = 4
+    notes: list = field(default_factory=list)  # deviations from nncase's writer habits (read only)
 
 
 # ---------------------------------------------------------------------------------------------
+def _check_headers(data: bytes, h: dict):
+    """Every count and size of the header against the file length, on numpy views, before any
+    per-entry object is built."""
+    size = len(data)
+    ni, no, nn, nc = h["inputs"], h["outputs"], h["nodes"], h["constants"]
+    at = HEADER.size
+    for count, per, name, off in ((ni, 32, "inputs", 28), (no, 16, "outputs", 32)):
+        check(at + count * per <= size, f"{name} {count} claims {count * per:,} bytes of "
+              f"{name} tables at offset {at}; the file has {size:,} bytes", off, name)
+        at += count * per
+    check(at + nc <= size, f"constants {nc:,} claims a constants blob at offset {at}; the file has "
+          f"{size:,} bytes", 16, "constants")
+    at += nc
+    check(at + 8 * nn <= size, f"nodes {nn} claims {8 * nn:,} bytes of node headers at offset {at}; "
+          f"the file has {size:,} bytes", 24, "nodes")
+    hdr = np.frombuffer(data, "<u4", 2 * nn, at).reshape(-1, 2)
+    ops, sizes = hdr[:, 0], hdr[:, 1].astype(np.int64)
+    codes = np.array(sorted(OPCODES), np.uint32)
+    known = np.isin(ops, codes)
+    if not known.all():
+        i = int(np.argmin(known))
+        check(False, f"node {i}: unknown v4 opcode 0x{int(ops[i]):x} (the runtime fails with "
+              f"'Unknown opcode')", at + 8 * i, f"node {i} opcode")
+    mins = np.array([OPCODES[int(c)].struct.size for c in codes], np.int64)
+    short = sizes < mins[np.searchsorted(codes, ops)]
+    if short.any():
+        i = int(np.argmax(short))
+        check(False, f"node {i} ({OPCODES[int(ops[i])].name}): body_size {int(sizes[i])} is smaller "
+              f"than its fixed part", at + 8 * i + 4, f"node {i} body_size")
+    body0 = at + 8 * nn
+    ends = body0 + np.cumsum(sizes)
+    over = ends > size + 7
+    if over.any():
+        i = int(np.argmax(over))
+        check(False, f"node {i}: bodies up to this one claim {int(ends[i]):,} bytes, the file has "
+              f"{size:,}", at + 8 * i + 4, f"node {i} body_size")
+    return hdr, body0
+
+
 def read(data: bytes) -> KModelV4:
     r = Reader(data)
     h = r.struct(HEADER, "v4 header")
@@ -138,87 +219,72 @@ def read(data: bytes) -> KModelV4:
     check(h["version"] == 4, f"not a kmodel v4 (version {h['version']})", 4, "version")
     check(h["target"] in (0, 1), f"target {h['target']} is neither CPU (0) nor K210 (1) "
           "(the loader refuses it)", 12, "target")
-    ni, no, nn = h["inputs"], h["outputs"], h["nodes"]
-    r.need(32 * ni + 16 * no, "input/output tables")
+    hdr, pos = _check_headers(data, h)
+    ni, no = h["inputs"], h["outputs"]
     inputs = [r.struct(RANGE, f"input {i} range")["r"] for i in range(ni)]
     shapes = [r.struct(SHAPE, f"input {i} shape")["s"] for i in range(ni)]
     outputs = [r.struct(RANGE, f"output {i} range")["r"] for i in range(no)]
     constants = r.bytes(h["constants"], "constants blob")
-    r.need(8 * nn, "node headers")
-    headers = [r.struct(NODE_HEADER, f"node {i} header") for i in range(nn)]
-    pos = r.pos
-    end_all = pos + sum(x["body_size"] for x in headers)
-    omitted = max(0, end_all - len(data))
-    check(omitted <= 7, f"bodies claim {end_all} bytes, file has {len(data)}", len(data),
-          "node bodies")
-    nodes = []
-    for i, nh in enumerate(headers):
-        where = f"node {i}"
-        op = OPCODES.get(nh["opcode"])
-        hdr_at = pos - 8 * (nn - i)
-        check(op is not None, f"{where}: unknown v4 opcode 0x{nh['opcode']:x}", hdr_at, "opcode")
-        size = nh["body_size"]
+    model = KModelV4([], inputs, shapes, outputs, h["main_mem"], constants, h["target"],
+                     h["flags"], h["reserved0"])
+    end_all = pos + int(hdr[:, 1].astype(np.int64).sum())
+    model.omitted_tail = max(0, end_all - len(data))
+    if model.omitted_tail:
+        model.notes.append(f"the file ends {model.omitted_tail} bytes before the last body's "
+                           "padding (the runtime reads only the body contents)")
+    unaligned = []
+    for i, (code, size) in enumerate(hdr.tolist()):
+        op = OPCODES[code]
+        where = f"node {i} ({op.name})"
         end = pos + size
-        where = f"{where} ({op.name})"
-        if op.struct is None:
-            nodes.append(Node(op.code, {}, raw=r.bytes(min(size, len(data) - pos), where, pos)))
-        else:
-            r.need(op.struct.size, f"{where} body", pos)
-            check(op.struct.size <= size, f"{where}: body_size {size} < {op.struct.size}", hdr_at + 4,
-                  "body_size")
-            node = Node(op.code, op.struct.unpack(r.data, pos))
-            _read_tail(r, op, node, pos, pos + op.struct.size, min(end, len(data)), where)
-            nodes.append(node)
+        if pos % 8 and i:
+            unaligned.append(i)
+        node = Node(op.code, op.struct.unpack(r.data, pos))
+        content = _read_tail(r, op, node, pos + op.struct.size, min(end, len(data)), where, model)
+        if size != align_up(content, 8) - pos:
+            node.body_size = size
+        model.nodes.append(node)
         pos = end
-    trailer = bytes(r.data[pos:]) if pos < len(data) else b""
-    return KModelV4(nodes, inputs, shapes, outputs, h["main_mem"], constants, h["target"],
-                    h["flags"], h["reserved0"], omitted, trailer)
+    if unaligned:
+        model.notes.append(f"{len(unaligned)} bodies start at an offset that is not 8-aligned "
+                           f"(nodes {unaligned[:6]}{' ...' if len(unaligned) > 6 else ''}); "
+                           "nncase pads every body to 8 bytes")
+    model.trailer = bytes(r.data[pos:]) if pos < len(data) else b""
+    if model.trailer:
+        model.notes.append(f"{len(model.trailer)} bytes after the last body (ignored by the runtime)")
+    return model
 
 
-def _weights_count(f: dict, key_ic: int, oc: int) -> int:
-    g = f["groups"]
-    check(g > 0 and key_ic % g == 0 and oc >= 0, f"groups {g} does not divide {key_ic} channels")
-    return oc * (key_ic // g) * f["filter_h"] * f["filter_w"]
-
-
-def _read_tail(r: Reader, op: Opcode, node: Node, body: int, at: int, end: int, where: str):
+def _read_tail(r: Reader, op: Opcode, node: Node, at: int, end: int, where: str, model) -> int:
+    """The variable part after the fixed struct; returns where the content ends."""
     f, d = node.fields, node.data
-    room = end - at
 
     def arr(dtype, count, name, off):
         check(0 <= count and off + count * np.dtype(dtype).itemsize <= end,
               f"{where}: {name} ({count} items) exceeds the body", off, name)
         return r.array(dtype, count, f"{where} {name}", off)
 
-    if op.tail == "concat":
+    if op.tail == "arrays":
+        for name, dtype, count in op.arrays:
+            n = count(f)
+            d[name] = arr(dtype, n, name, at)
+            at += n * np.dtype(dtype).itemsize
+    elif op.tail == "concat":
         n = f["inputs_count"]
-        check(20 * n <= room, f"{where}: inputs_count {n} exceeds the body", at - 4, "inputs_count")
-        d["inputs"] = [tuple(int(v) for v in arr("<u4", 4, "input range", at + 16 * j))
-                       for j in range(n)]
+        check(20 * n <= end - at, f"{where}: inputs_count {n} exceeds the body", at - 4,
+              "inputs_count")
+        d["inputs"] = [tuple(int(v) for v in rng) for rng in arr("<u4", 4 * n, "inputs", at).reshape(-1, 4)]
         d["dims"] = [int(v) for v in arr("<i4", n, "dims", at + 16 * n)]
-    elif op.tail == "conv2d":
-        n = _weights_count(f, f["in_shape"][1], f["out_channels"])
-        d["weights"] = arr("<f4", n, "weights", at)
-        d["bias"] = arr("<f4", f["out_channels"], "bias", at + 4 * n)
-    elif op.tail == "conv2d_transpose":
-        n = _weights_count(f, f["in_shape"][1], f["out_shape"][1])
-        d["weights"] = arr("<f4", n, "weights", at)
-        d["bias"] = arr("<f4", f["out_shape"][1], "bias", at + 4 * n)
-    elif op.tail == "matmul":
-        d["bias"] = arr("<f4", f["b_cols"], "bias", at)
-    elif op.tail == "qmatmul":
-        d["bias"] = arr("<i4", f["b_cols"], "bias", at)
-    elif op.tail == "qconv2d":
-        oc = f["out_channels"]
-        d["bias"] = arr("<i4", oc, "bias", at)
-        d["weights"] = arr("u1", _weights_count(f, f["in_shape"][1], oc), "weights", at + 4 * oc)
+        at += 20 * n
     elif op.tail == "rest":
-        d["code"] = r.bytes(room, f"{where} NNIL code", at)
+        d["code"] = r.bytes(end - at, f"{where} NNIL code", at)
+        at = end
     elif op.tail == "kpu_conv":
-        _read_kpu_conv(r, node, at, end, where)
+        at = _read_kpu_conv(r, node, at, end, where, model)
+    return at
 
 
-def _read_kpu_conv(r: Reader, node: Node, at: int, end: int, where: str):
+def _read_kpu_conv(r: Reader, node: Node, at: int, end: int, where: str, model) -> int:
     args, reserved = kpu.read_layer_args(r, at, where)
     kpu.validate_geometry(args, where, at)
     conv = kpu.KpuConv(args, None, None, None, reserved)
@@ -234,6 +300,12 @@ def _read_kpu_conv(r: Reader, node: Node, at: int, end: int, where: str):
     conv.act, conv.act_reserved = kpu.read_act(r, offs["act"], where)
     conv.weights = r.array("u1", conv.weight_count(), f"{where} weights", offs["weights"])
     node.conv = conv
+    odd = [f"{b}@{o}" for b, o in offs.items() if o % 256]
+    if odd:
+        node.skips = tuple(args[k] for _, k in KPU_BLOCKS)
+        model.notes.append(f"{where}: parameter blocks not 256-aligned ({', '.join(odd)}); the "
+                           "nncase v0 runtime uses them as they are")
+    return pos
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,7 +325,9 @@ def write(model: KModelV4) -> bytes:
     bodies = []
     for node in model.nodes:
         body = _body_bytes(node, pos)
-        body += bytes(align_up(pos + len(body), 8) - pos - len(body))
+        want = node.body_size if node.body_size and node.body_size >= len(body) else \
+            align_up(pos + len(body), 8) - pos
+        body += bytes(want - len(body))
         bodies.append(body)
         pos += len(body)
     for node, body in zip(model.nodes, bodies):
@@ -268,18 +342,16 @@ def _body_bytes(node: Node, pos: int) -> bytes:
         return node.raw
     f, d = dict(node.fields), node.data
     tail = b""
-    if op.tail == "concat":
+    if op.tail == "arrays":
+        for name, dtype, count in op.arrays:
+            a = np.asarray(d[name]).reshape(-1)
+            check(a.size == count(f), f"{op.name}: data[{name!r}] has {a.size} items, the fields "
+                  f"imply {count(f)}", None, name)
+            tail += a.astype(dtype).tobytes()
+    elif op.tail == "concat":
         f["inputs_count"] = len(d["inputs"])
         tail = (np.asarray(d["inputs"], "<u4").reshape(-1).tobytes()
                 + np.asarray(d["dims"], "<i4").tobytes())
-    elif op.tail in ("conv2d", "conv2d_transpose"):
-        tail = np.asarray(d["weights"], "<f4").tobytes() + np.asarray(d["bias"], "<f4").tobytes()
-    elif op.tail == "matmul":
-        tail = np.asarray(d["bias"], "<f4").tobytes()
-    elif op.tail == "qmatmul":
-        tail = np.asarray(d["bias"], "<i4").tobytes()
-    elif op.tail == "qconv2d":
-        tail = np.asarray(d["bias"], "<i4").tobytes() + np.asarray(d["weights"], "u1").tobytes()
     elif op.tail == "rest":
         tail = d["code"]
     elif op.tail == "kpu_conv":
@@ -293,8 +365,8 @@ def _kpu_conv_body(node: Node, f: dict, pos: int) -> bytes:
     args = dict(conv.args)
     cur = pos + OPCODES[node.opcode].struct.size + hw.LAYER_ARG_BYTES
     payload = b""
-    for block, skip_field in KPU_BLOCKS:
-        skip = align_up(cur, 256) - cur
+    for i, (block, skip_field) in enumerate(KPU_BLOCKS):
+        skip = node.skips[i] if node.skips else align_up(cur, 256) - cur
         args[skip_field] = skip
         payload += bytes(skip) + blocks[block]
         cur += skip + len(blocks[block])
