@@ -59,6 +59,23 @@ def _cpu_row_v3(L, where):
             "runs_in_sdk": f3.LAYER_TYPES[L.type].in_sdk}
 
 
+def _register_notes(model) -> list:
+    """KPU register fields whose value differs from what nncase always writes (spec §2.6)."""
+    items = model.layers if model.version == 3 else model.nodes
+    kind = "layer" if model.version == 3 else "node"
+    odd = {}
+    for i, it in enumerate(items):
+        if it.conv is None:
+            continue
+        for name, want in hw.LAYER_DEFAULTS.items():
+            got = it.conv.args.get(name, want)
+            if got != want:
+                odd.setdefault(f"{name}={got}", []).append(i)
+    return [f"{kind}s {', '.join(map(str, ix[:8]))}{' ...' if len(ix) > 8 else ''}: register "
+            f"field {k} (nncase always writes {k.split('=')[0]}={hw.LAYER_DEFAULTS[k.split('=')[0]]})"
+            for k, ix in sorted(odd.items())]
+
+
 def describe(model, path: str = "", file_size: int | None = None) -> dict:
     rows = []
     if model.version == 3:
@@ -99,6 +116,7 @@ def describe(model, path: str = "", file_size: int | None = None) -> dict:
                 "outputs": [{"memory": r[0], "start": r[2], "size": r[3]} for r in model.outputs],
                 "trailing_bytes": len(model.trailer),
                 "omitted_trailing_padding": model.omitted_tail}
+    info["notes"] = list(getattr(model, "notes", [])) + _register_notes(model)
     kpu_rows = [r for r in rows if r["kpu_ranges"]]
     lines_used = set()
     for r in kpu_rows:
@@ -154,4 +172,7 @@ def render(info: dict) -> str:
     sdk_missing = [r["type"] for r in info["layers"] if r.get("runs_in_sdk") is False]
     if sdk_missing:
         out.append(f"warning: layer types the SDK v3 runner lacks: {', '.join(sorted(set(sdk_missing)))}")
+    if info.get("notes"):
+        out.append("notes (deviations from nncase's writer habits; the loaders accept them):")
+        out.extend(f"  - {n}" for n in info["notes"])
     return "\n".join(out)

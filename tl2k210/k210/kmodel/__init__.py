@@ -16,7 +16,8 @@ _SUPPORTED = "tl2k210 reads v3/v4 and writes v3"
 
 
 def detect_version(data: bytes) -> int:
-    """3 or 4; any other recognisable version raises a helpful KmodelFormatError."""
+    """3 or 4; any other recognisable file raises a KmodelFormatError saying what it is and
+    which tool or firmware reads it (spec §1, §10.x)."""
     if len(data) < 8:
         raise KmodelFormatError(f"file is {len(data)} bytes, too short for a kmodel header", 0,
                                 "version")
@@ -25,17 +26,29 @@ def detect_version(data: bytes) -> int:
         if second == 4:
             return 4
         if second == 5:
-            raise KmodelFormatError("kmodel v5 (nncase 1.x); MaixPy cannot load it; " + _SUPPORTED,
-                                    4, "version")
-        raise KmodelFormatError(f"kmodel v{second} ('KMDL' container, nncase >= 1.x or unknown); "
-                                "MaixPy loads only v3/v4; " + _SUPPORTED, 4, "version")
+            raise KmodelFormatError(
+                "kmodel v5 (nncase 1.x): only the Kendryte standalone SDK (develop since 2021-06) "
+                "and CanMV load it; MaixPy refuses it (load error 2015, ERR_UNKNOWN); "
+                + _SUPPORTED + ": compile the source model with `tl2k210 convert`", 4, "version")
+        if second in (6, 7):
+            raise KmodelFormatError(
+                f"kmodel v{second} (nncase 2.x, for the Kendryte K230/K510, not the K210): no K210 "
+                "firmware loads it; run it with nncase 2.x on a K230 (CanMV-K230); "
+                + _SUPPORTED, 4, "version")
+        raise KmodelFormatError(f"kmodel v{second} ('KMDL' container of an unknown nncase "
+                                "version); K210 firmware loads only v3/v4 (v5 in the SDK); "
+                                + _SUPPORTED, 4, "version")
     if first == 3:
         return 3
     if first == 1:
-        raise KmodelFormatError("legacy kmodel v1 (Kendryte 2018 model compiler); " + _SUPPORTED
-                                + "; recompile the source model with `tl2k210 convert`", 0, "version")
+        raise KmodelFormatError(
+            "legacy kmodel v1 (Kendryte's 2018 pre-nncase model compiler): only the old standalone "
+            "SDK's kpu_model_load_from_buffer reads it; no MaixPy build and no nncase runtime "
+            "loads it; " + _SUPPORTED + ": recompile the source model with `tl2k210 convert`",
+            0, "version")
     if first == 0x12345678:
-        raise KmodelFormatError("very old MaixPy model bin (magic 0x12345678); " + _SUPPORTED, 0,
+        raise KmodelFormatError("very old MaixPy model bin (magic 0x12345678, 2018 model "
+                                "compiler; only 2018 MaixPy builds load it); " + _SUPPORTED, 0,
                                 "version")
     if first in (0x78563412,) or second == 0x03000000 or first == 0x03000000:
         raise KmodelFormatError("this looks like a byte-swapped kmodel v3 (made for "

@@ -52,9 +52,16 @@ class Struct:
     def pack(self, values: dict) -> bytes:
         flat = []
         for name, typ, n in self.fields:
+            if name not in values:
+                raise KmodelFormatError(f"cannot write this body: field {name!r} ({typ}) is missing; "
+                                        f"a body needs {', '.join(self.names)}", None, name)
             v = values[name]
             flat.extend([v] if n == 1 else v)
-        return self._st.pack(*flat)
+        try:
+            return self._st.pack(*flat)
+        except (struct.error, TypeError) as exc:
+            raise KmodelFormatError(f"cannot write this body ({exc}); fields: "
+                                    f"{', '.join(self.names)}") from None
 
 
 class Reader:

@@ -136,6 +136,7 @@ class KModelV3:
 
 
 # ---------------------------------------------------------------------------------------------
+CHUNK = 1 << 16  # header entries validated per numpy pass
 MAX_MAIN_MEM = 8 * 1024 * 1024  # the loader mallocs main_mem_usage; a K210 has 8 MiB of SRAM
 
 
@@ -153,25 +154,29 @@ def _check_headers(data: bytes, n_out: int, n_layers: int):
     check(n_layers > 0, "layers_length is 0: the SDK runner needs at least one layer", 12,
           "layers_length")
     hdr = np.frombuffer(data, "<u4", 2 * n_layers, HEADER.size + 8 * n_out).reshape(-1, 2)
-    types, sizes = hdr[:, 0], hdr[:, 1].astype(np.int64)
-    known = np.isin(types, np.array(list(LAYER_TYPES), np.uint32))
     base = HEADER.size + 8 * n_out
-    if not known.all():
-        i = int(np.argmin(known))
-        check(False, f"layer {i}: unknown v3 layer type {int(types[i])}", base + 8 * i,
-              f"layer {i} type")
-    bad = (sizes <= 0) | (sizes >= 1 << 31)  # MaixPy reads body_size as int: <= 0 is refused
-    if bad.any():
-        i = int(np.argmax(bad))
-        check(False, f"layer {i} ({LAYER_TYPES[int(types[i])].name}): body_size {int(sizes[i])} "
-              "<= 0 as the loader's int (MaixPy: ERR_KMODEL_FORMAT)", base + 8 * i + 4,
-              f"layer {i} body_size")
-    ends = table_end + np.cumsum(sizes)
-    over = ends > size + 7
-    if over.any():
-        i = int(np.argmax(over))
-        check(False, f"layer {i}: bodies up to this one claim {int(ends[i]):,} bytes, the file has "
-              f"{size:,}", base + 8 * i + 4, f"layer {i} body_size")
+    known_types = np.array(list(LAYER_TYPES), np.uint32)
+    total = table_end
+    for c0 in range(0, n_layers, CHUNK):   # bounded temporaries however large the claim
+        types, sizes = hdr[c0:c0 + CHUNK, 0], hdr[c0:c0 + CHUNK, 1].astype(np.int64)
+        known = np.isin(types, known_types)
+        if not known.all():
+            i = c0 + int(np.argmin(known))
+            check(False, f"layer {i}: unknown v3 layer type {int(hdr[i, 0])}", base + 8 * i,
+                  f"layer {i} type")
+        bad = (sizes <= 0) | (sizes >= 1 << 31)  # MaixPy reads body_size as int: <= 0 is refused
+        if bad.any():
+            i = c0 + int(np.argmax(bad))
+            check(False, f"layer {i} ({LAYER_TYPES[int(hdr[i, 0])].name}): body_size "
+                  f"{int(hdr[i, 1])} <= 0 as the loader's int (MaixPy: ERR_KMODEL_FORMAT)",
+                  base + 8 * i + 4, f"layer {i} body_size")
+        ends = total + np.cumsum(sizes)
+        over = ends > size + 7
+        if over.any():
+            i = int(np.argmax(over))
+            check(False, f"layer {c0 + i}: bodies up to this one claim {int(ends[i]):,} bytes, the "
+                  f"file has {size:,}", base + 8 * (c0 + i) + 4, f"layer {c0 + i} body_size")
+        total = int(ends[-1])
     return hdr, table_end
 
 

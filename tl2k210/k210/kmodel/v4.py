@@ -23,6 +23,7 @@ SHAPE = Struct("s:shape4")
 NODE_HEADER = Struct("opcode:u32 body_size:u32")
 
 MEM_CONST, MEM_MAIN, MEM_KPU = 0, 1, 2
+CHUNK = 1 << 16  # header entries validated per numpy pass
 DT_FLOAT32, DT_UINT8 = 0, 1
 DTYPES = {DT_FLOAT32: np.float32, DT_UINT8: np.uint8}
 BINARY_OPS = ("add", "sub", "mul", "div", "min", "max")
@@ -189,26 +190,28 @@ def _check_headers(data: bytes, h: dict):
     check(at + 8 * nn <= size, f"nodes {nn} claims {8 * nn:,} bytes of node headers at offset {at}; "
           f"the file has {size:,} bytes", 24, "nodes")
     hdr = np.frombuffer(data, "<u4", 2 * nn, at).reshape(-1, 2)
-    ops, sizes = hdr[:, 0], hdr[:, 1].astype(np.int64)
     codes = np.array(sorted(OPCODES), np.uint32)
-    known = np.isin(ops, codes)
-    if not known.all():
-        i = int(np.argmin(known))
-        check(False, f"node {i}: unknown v4 opcode 0x{int(ops[i]):x} (the runtime fails with "
-              f"'Unknown opcode')", at + 8 * i, f"node {i} opcode")
     mins = np.array([OPCODES[int(c)].struct.size for c in codes], np.int64)
-    short = sizes < mins[np.searchsorted(codes, ops)]
-    if short.any():
-        i = int(np.argmax(short))
-        check(False, f"node {i} ({OPCODES[int(ops[i])].name}): body_size {int(sizes[i])} is smaller "
-              f"than its fixed part", at + 8 * i + 4, f"node {i} body_size")
-    body0 = at + 8 * nn
-    ends = body0 + np.cumsum(sizes)
-    over = ends > size + 7
-    if over.any():
-        i = int(np.argmax(over))
-        check(False, f"node {i}: bodies up to this one claim {int(ends[i]):,} bytes, the file has "
-              f"{size:,}", at + 8 * i + 4, f"node {i} body_size")
+    body0 = total = at + 8 * nn
+    for c0 in range(0, nn, CHUNK):   # bounded temporaries however large the claim
+        ops, sizes = hdr[c0:c0 + CHUNK, 0], hdr[c0:c0 + CHUNK, 1].astype(np.int64)
+        known = np.isin(ops, codes)
+        if not known.all():
+            i = c0 + int(np.argmin(known))
+            check(False, f"node {i}: unknown v4 opcode 0x{int(hdr[i, 0]):x} (the runtime fails with "
+                  "'Unknown opcode')", at + 8 * i, f"node {i} opcode")
+        short = sizes < mins[np.searchsorted(codes, ops)]
+        if short.any():
+            i = c0 + int(np.argmax(short))
+            check(False, f"node {i} ({OPCODES[int(hdr[i, 0])].name}): body_size {int(hdr[i, 1])} is "
+                  "smaller than its fixed part", at + 8 * i + 4, f"node {i} body_size")
+        ends = total + np.cumsum(sizes)
+        over = ends > size + 7
+        if over.any():
+            i = int(np.argmax(over))
+            check(False, f"node {c0 + i}: bodies up to this one claim {int(ends[i]):,} bytes, the "
+                  f"file has {size:,}", at + 8 * (c0 + i) + 4, f"node {c0 + i} body_size")
+        total = int(ends[-1])
     return hdr, body0
 
 
