@@ -19,6 +19,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+def peak_rss_mb() -> int:
+    """VmHWM of this process (ru_maxrss would include the forking parent's peak)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
 HUGE = [0xFFFFFFFF, 0x7FFFFFFF, 0x80000000, 26_000_000, 0x10000000, 1 << 20, 0]
 
 
@@ -124,7 +132,7 @@ def main():
             sys.exit(1)
         slowest = max(slowest, time.perf_counter() - t)
     counts.update(cases=a.cases, seconds=round(time.perf_counter() - t0, 1), slowest_case_s=round(slowest, 3),
-                  max_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+                  max_rss_mb=peak_rss_mb())
     print(json.dumps(counts))
 
 
