@@ -58,3 +58,46 @@ def kpu_outputs(kmodel, px):
     """Every layer's output for each image (emulator traces): [[array per layer] per image]."""
     emu = Emulator(kmodel)
     return [[a for _, a in emu.run(p, trace=True)[1]] for p in px]
+
+
+def light_zoo(name, seed=0):
+    """An architecture from the onnx wheel's backend test data (`light_<name>.onnx`), whose
+    weights are constant fills, with seeded He-initialised weights so outputs mean something."""
+    from pathlib import Path
+
+    import onnx
+    import pytest
+    from onnx import numpy_helper
+    path = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{name}.onnx"
+    if not path.exists():
+        pytest.skip(f"{path} not in this onnx wheel")
+    m = onnx.load(path)
+    rng = np.random.default_rng(seed)
+    shapes = {n.output[0]: n for n in m.graph.node if n.op_type == "ConstantOfShape"}
+    inits = {i.name: i for i in m.graph.initializer}
+    keep, weights = [], {}
+    for n in m.graph.node:
+        if n.op_type in ("Conv", "Gemm") and len(n.input) > 1:
+            for k, t in enumerate(n.input[1:3]):
+                src = shapes.get(t)
+                dims = None if src is None else numpy_helper.to_array(inits[src.input[0]]) \
+                    if src.input[0] in inits else None
+                if dims is None:
+                    continue
+                dims = tuple(int(d) for d in dims)
+                fan_in = int(np.prod(dims[1:])) if len(dims) > 1 else 1
+                v = rng.normal(0, np.sqrt(2.0 / fan_in), dims) if k == 0 else rng.normal(0, 0.05, dims)
+                weights[t] = numpy_helper.from_array(v.astype(np.float32), t)
+    for n in m.graph.node:
+        if not (n.op_type == "ConstantOfShape" and n.output[0] in weights):
+            keep.append(n)
+    del m.graph.node[:]
+    m.graph.node.extend(keep)
+    used = {i for n in keep for i in n.input}
+    live = [i for i in m.graph.initializer if i.name in used]
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(live + list(weights.values()))
+    ins = [i for i in m.graph.input if i.name in used or i.name not in inits]
+    del m.graph.input[:]
+    m.graph.input.extend(ins)
+    return m

@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 from lower_helpers import compile_model, conv_node, make_model, pixels, sqnr
-from tl2k210.errors import UnsupportedOpError
+from tl2k210.errors import KpuLimitError, UnsupportedOpError
 from tl2k210.graph import from_onnx
 from tl2k210.k210.lower import REGISTRY, Options, registry, select, supported_ops
 from tl2k210.passes import run_pipeline
@@ -93,3 +93,162 @@ def test_relabels_are_free():
     model, rows, _, _ = compile_model(m, px)
     assert [L.name for L in model.layers] == ["K210_CONV", "DEQUANTIZE", "GLOBAL_AVERAGE_POOL2D"]
     assert sqnr(m, model, px) > 30
+
+
+# ---------------------------------------------------------------------------------------------
+# tiling: maps larger than the KPU RAM
+def _chain(h, w, seed=0):
+    """conv3x3 -> conv3x3 + maxpool 2x2 -> conv3x3 stride 2 (TF 'SAME' pads) -> 1x1, ReLUs."""
+    rng = np.random.default_rng(seed)
+    r = lambda *s: (rng.normal(size=s) * 0.3).astype(np.float32)   # noqa: E731
+    n = helper.make_node
+    nodes = [conv_node("c1", "x", "w1", "b1", pads=[1, 1, 1, 1]), n("Relu", ["c1"], ["r1"]),
+             conv_node("c2", "r1", "w2", "b2", pads=[1, 1, 1, 1]), n("Relu", ["c2"], ["r2"]),
+             n("MaxPool", ["r2"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
+             conv_node("c3", "p2", "w3", "b3", pads=[0, 0, 1, 1], strides=[2, 2]), n("Relu", ["c3"], ["r3"]),
+             conv_node("y", "r3", "w4", "b4")]
+    return make_model(nodes, [("x", [1, 3, h, w])], [("y", None)],
+                      {"w1": r(16, 3, 3, 3), "b1": r(16), "w2": r(16, 16, 3, 3), "b2": r(16),
+                       "w3": r(12, 16, 3, 3), "b3": r(12), "w4": r(6, 12, 1, 1), "b4": r(6)})
+
+
+def test_row_bands_and_channel_chunks_give_the_same_bytes():
+    """With a KPU RAM too small for the maps, the first conv runs in output-channel chunks and
+    the second (its input does not fit) in row bands with halo rows: the kmodel's output is bit for
+    bit the one of the untiled model (same quantization), and close to the float model."""
+    from lower_helpers import run_both
+    m = _chain(40, 48)
+    px = pixels(4, 3, 40, 48)
+    whole, rows0, _, _ = compile_model(m, px)
+    tiled, rows, _, _ = compile_model(m, px, kpu_ram_lines=500)
+    notes = {r.node: " ".join(r.notes) for r in rows}
+    assert "output-channel chunks" in notes["c1"] and "row bands" in notes["c2"]
+    assert len(tiled.layers) > len(whole.layers) and all("band" not in " ".join(r.notes) for r in rows0)
+    ref, a = run_both(m, whole, px)
+    _, b = run_both(m, tiled, px)
+    assert np.array_equal(a, b)
+    from tl2k210.quantize.metrics import sqnr_db
+    assert sqnr_db(ref.reshape(-1).astype(float), a.reshape(-1).astype(float)) > 25
+
+
+def test_row_bands_keep_stride2_picks_and_pools_exact():
+    """Band starts follow the KPU pool's stride and the CPU picks' phase: random chains of
+    normal/depthwise/grouped/strided convs and pools, tiled vs untiled, bit for bit."""
+    from lower_helpers import run_both
+    n = helper.make_node
+    kinds = set()
+    for seed in range(6):
+        rng = np.random.default_rng(100 + seed)
+        r = lambda *s: (rng.normal(size=s) * 0.3).astype(np.float32)   # noqa: E731
+        h, w = int(rng.integers(24, 40)), int(rng.integers(24, 70))
+        nodes, inits, x, c = [], {}, "x", 3
+        for i, kind in enumerate(["conv", "s2", rng.choice(["dw", "grp"]), "pool", "conv"]):
+            co, attrs, k = c, dict(pads=[1, 1, 1, 1]), 3
+            if kind == "dw":
+                wt, attrs["group"] = r(c, 1, 3, 3), c
+            elif kind == "grp":
+                co = 2 * c
+                wt, attrs["group"] = r(co, c // 2, 3, 3), 2
+            else:
+                co = int(rng.integers(6, 16)) // 2 * 2
+                if kind == "s2":
+                    attrs.update(strides=[2, 2], pads=[0, 0, 1, 1] if seed % 2 else [1, 1, 1, 1])
+                wt = r(co, c, k, k)
+            nodes += [conv_node(f"c{i}", x, f"w{i}", f"b{i}", **attrs), n("Relu", [f"c{i}"], [f"r{i}"])]
+            inits.update({f"w{i}": wt, f"b{i}": r(co)})
+            x, c = f"r{i}", co
+            if kind == "pool":
+                nodes.append(n("MaxPool", [x], [f"p{i}"], kernel_shape=[2, 2], strides=[2, 2]))
+                x = f"p{i}"
+        nodes.append(n("Identity", [x], ["y"]))
+        m = make_model(nodes, [("x", [1, 3, h, w])], [("y", None)], inits)
+        px = pixels(2, 3, h, w, seed)
+        whole, *_ = compile_model(m, px)
+        for cap in (400, 120):
+            try:
+                tiled, rows, _, _ = compile_model(m, px, kpu_ram_lines=cap)
+            except KpuLimitError:    # a row of one group does not fit that little RAM
+                continue
+            kinds.update(k for r_ in rows for nt in r_.notes for k in ("row bands", "windows", "chunks") if k in nt)
+            assert np.array_equal(run_both(m, whole, px)[1], run_both(m, tiled, px)[1]), (seed, cap)
+    assert kinds == {"row bands", "windows", "chunks"}
+
+
+def _wide(h, w, stride):
+    """conv (stride) -> conv -> Add of both: the second conv's output goes to a CPU layer."""
+    rng = np.random.default_rng(3)
+    r = lambda *s: (rng.normal(size=s) * 0.3).astype(np.float32)   # noqa: E731
+    n = helper.make_node
+    nodes = [conv_node("c1", "x", "w1", "b1", pads=[1, 1, 1, 1], strides=[stride, stride]),
+             n("Relu", ["c1"], ["r1"]), conv_node("c2", "r1", "w2", "b2", pads=[1, 1, 1, 1]),
+             n("Relu", ["c2"], ["r2"]), n("Add", ["r1", "r2"], ["y"])]
+    return make_model(nodes, [("x", [1, 3, h, w])], [("y", None)],
+                      {"w1": r(4, 3, 3, 3), "b1": r(4), "w2": r(4, 4, 3, 3), "b2": r(4)})
+
+
+def test_wide_maps_stream_in_row_bands():
+    """A 320x240 map that must reach main memory: the KPU streams at most 65,536 pixels per
+    output channel (channel_byte_num, spec §2.5.5), so such a layer runs in row bands; the
+    first layer cannot (MaixPy feeds it the whole image) and is refused with the reason."""
+    with pytest.raises(KpuLimitError, match="65,536 pixels per channel.*first layer"):
+        compile_model(_wide(240, 320, 1), pixels(2, 3, 240, 320))
+    with pytest.raises(UnsupportedOpError, match="640x480"):   # wider than the KPU's 512 pixels
+        compile_model(_wide(480, 640, 2), pixels(2, 3, 480, 640))
+    m = _wide(480, 320, 2)       # 320x480 image, stride 2: the 240-row map after it is fine
+    px = pixels(2, 3, 480, 320)
+    with pytest.raises(UnsupportedOpError, match="H <= 256"):   # the image itself is too tall
+        compile_model(m, px)
+    model, rows, _, _ = compile_model(_wide(240, 320, 2), pixels(2, 3, 240, 320))  # 160x120 maps
+    assert not any("row bands" in nt for r in rows for nt in r.notes)
+    rng = np.random.default_rng(5)
+    n = helper.make_node
+    r = lambda *s: (rng.normal(size=s) * 0.3).astype(np.float32)   # noqa: E731
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1], strides=[2, 2]), n("Relu", ["c0"], ["r0"]),
+             n("Resize", ["r0", "", "sc"], ["u"], mode="nearest"),     # 320x240 in main memory
+             conv_node("c1", "u", "w1", "b1", pads=[1, 1, 1, 1]), n("Relu", ["c1"], ["r1"]),
+             n("Add", ["u", "r1"], ["y"])]                                # c1's output must stream
+    m = make_model(nodes, [("x", [1, 3, 240, 320])], [("y", None)],
+                   {"w0": r(4, 3, 3, 3), "b0": r(4), "w1": r(4, 4, 3, 3), "b1": r(4),
+                    "sc": np.array([1, 1, 2, 2], np.float32)})
+    px = pixels(2, 3, 240, 320)
+    model, rows, _, _ = compile_model(m, px)
+    notes = " ".join(nt for r_ in rows if r_.node == "c1" for nt in r_.notes)
+    assert "streams over 65,536 pixels per channel" in notes and "row bands" in notes
+    assert all(L.conv.out_shape[1] * L.conv.out_shape[2] <= 65536 for L in model.layers
+               if L.conv is not None and L.fields["flags"] & 1)
+    assert sqnr(m, model, px) > 25
+
+
+def test_odd_map_stride2_symmetric_pads():
+    """pads (1,1,1,1) stride 2 on an odd size wants ceil(H/2) rows; the KPU's pick pools give
+    floor(H/2), so the pick runs on the CPU (it used to drop the last row and column)."""
+    rng = np.random.default_rng(4)
+    m = make_model([conv_node("y", "x", "w", "b", pads=[1, 1, 1, 1], strides=[2, 2])], [("x", [1, 3, 23, 31])],
+                   [("y", None)], {"w": (rng.normal(size=(8, 3, 3, 3)) * 0.3).astype(np.float32),
+                                   "b": np.zeros(8, np.float32)})
+    px = pixels(3, 3, 23, 31)
+    model, rows, _, _ = compile_model(m, px)
+    assert [L.name for L in model.layers][:2] == ["K210_CONV", "QUANTIZED_MAX_POOL2D"]
+    assert sqnr(m, model, px) > 30
+
+
+@pytest.mark.slow
+def test_squeezenet_from_the_onnx_wheel_fits(tmp_path):
+    """SqueezeNet 1.1 (onnx/backend/test/data/light, seeded weights): its first layer's 64x224x224
+    stride-1 map does not fit the 2 MiB KPU RAM (it was refused): now output-channel chunks, each
+    streamed and picked to stride 2 on the CPU. Converted from real photos, compared with the float
+    model on them."""
+    from conftest import data_path
+    from lower_helpers import light_zoo
+    from tl2k210.compiler import ConvertOptions, convert
+    m = light_zoo("squeezenet")
+    out = tmp_path / "squeezenet.kmodel"
+    rep = convert(m, out, ConvertOptions(dataset=str(data_path("imagenet")), runtime="maixpy-minimum",
+                                         progress=False, sqnr_samples=4))
+    first = rep.layers[0]
+    assert "output-channel chunks" in " ".join(first["notes"]) and first["kmodel_layers"].count("K210_CONV") > 1
+    assert rep.peak_kpu_ram <= 2 * 1024 * 1024 and rep.file_size + rep.main_memory <= 4 * 1024 * 1024
+    print(f"SqueezeNet: {rep.file_size:,} B + {rep.main_memory:,} B main, {rep.latency_ms:.0f} ms, "
+          f"output SQNR {rep.totals['output_sqnr_db']:.1f} dB")
+    assert rep.totals["output_sqnr_db"] > 20
+    assert all(r["sqnr_db"] is None or r["sqnr_db"] > 20 for r in rep.layers)

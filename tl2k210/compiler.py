@@ -240,7 +240,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
         for t, (idx, kind) in trace_map.items():
             if t not in ref:
                 continue
-            val = trace[idx][1]
+            val = np.concatenate([np.asarray(trace[i][1]).reshape(-1) for i in np.atleast_1d(idx)])
             loc = lw.locs.get(t)
             if kind in ("kpu", "u8") and loc is not None and loc.quant:
                 s, z = loc.quant

@@ -19,26 +19,35 @@ class KpuAllocator:
     def used(self) -> int:
         return sum(e - s for s, e in self.blocks.values())
 
-    def _gap(self, n: int):
+    def _gaps(self):
         start = 0
         for s, e in sorted(self.blocks.values()):
-            if start + n <= s:
-                return start
+            if s > start:
+                yield start, s
             start = max(start, e)
-        return start if start + n <= self.lines else None
+        if start < self.lines:
+            yield start, self.lines
+
+    def _place(self, n: int, high: bool):
+        fit = [(s, e) for s, e in self._gaps() if e - s >= n]
+        if not fit:
+            return None
+        return fit[-1][1] - n if high else fit[0][0]
 
     def fits(self, n: int) -> bool:
-        return self._gap(n) is not None
+        return self._place(n, False) is not None
 
-    def alloc(self, name: str, n: int, where: str) -> int:
-        """First line of a new block of n lines; KpuLimitError naming `where` if none is free."""
-        start = self._gap(n)
+    def alloc(self, name: str, n: int, where: str, high: bool = False) -> int:
+        """First line of a new block of n lines (the lowest free one, or the highest with `high`:
+        a layer's output goes to the end of KPU RAM away from its input, so two maps that fit
+        together always find room); KpuLimitError naming `where` if none is free."""
+        start = self._place(n, high)
         if start is None:
             live = ", ".join(f"{k} {e - s}" for k, (s, e) in self.blocks.items())
             raise KpuLimitError(
                 f"{where}: needs {n * hw.LINE_BYTES:,} B of KPU RAM ({n} lines) but only "
                 f"{(self.lines - self.used()) * hw.LINE_BYTES:,} B of the {self.lines * hw.LINE_BYTES:,} B "
-                f"KPU RAM are free (resident maps in lines: {live or 'none'})")
+                f"KPU RAM are free in one piece (resident maps in lines: {live or 'none'})")
         self.blocks[name] = (start, start + n)
         self.peak = max(self.peak, self.used())
         self.lowest = min(self.lowest, start)

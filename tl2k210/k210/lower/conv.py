@@ -1,14 +1,27 @@
-"""Conv on the KPU: one K210_CONV per IR Conv, keeping the float semantics.
+"""Conv on the KPU, keeping the float semantics, in as many K210_CONVs as it takes.
 
 Stride 2 and unusual paddings run the KPU conv at stride 1 and pick the wanted pixels: the KPU's
 pick pools when the phase allows, the next 1x1 conv's pick for a depthwise conv, else a 1x1
-QUANTIZED_MAX_POOL2D on the CPU; the receipt says what that cost.
+QUANTIZED_MAX_POOL2D on the CPU ("post" stages, with any pool the KPU cannot fuse).
+
+A layer whose maps do not fit the KPU RAM is tiled, exactly (every tile uses the layer's one
+quantization, so the bytes are those one big layer would give):
+  * output-channel chunks: the input stays resident, each chunk streams to its slice of the
+    output in main memory (dense CHW: a channel range is contiguous);
+  * channel windows (depthwise and grouped convs): each tile uploads its input channels;
+  * row bands with halo rows (a dense conv whose input does not fit): each band's rows are
+    gathered (QUANTIZED_CONCAT), uploaded, convolved, post-processed, and the bands' valid rows
+    assembled. Bands start on the KPU pool's stride so pooling and picks keep their phase.
+Grouped convs (1 < group < channels) run as block-diagonal dense tiles of a few groups each,
+as many as the cost model finds cheapest.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
-from tl2k210.errors import UnsupportedOpError
+from tl2k210.errors import KpuLimitError
 from tl2k210.graph import stage_names
 from tl2k210.k210 import hardware as hw
 
@@ -17,11 +30,8 @@ from .registry import KPU, NA, lowering
 from .state import Loc
 
 
-def _dims(g, node):
-    _, ci, h, w = g.shape(node.inputs[0])
-    return ci, h, w, g.shape(node.outputs[0])[1]
-
-
+# ---------------------------------------------------------------------------------------------
+# static checks
 def is_dense(g, node):
     """A 1x1 conv on a 1x1 map: a dense layer."""
     s = g.shape(node.inputs[0])
@@ -29,37 +39,61 @@ def is_dense(g, node):
 
 
 def kpu_conv_refuses(g, node, opts):
-    """Why the KPU cannot run this Conv as one layer (None if it can)."""
+    """Why the KPU cannot run this Conv (None if it can)."""
     a = node.attrs
     if is_dense(g, node):
         return NA     # a dense layer (fc.py)
-    ci, h, w, co = _dims(g, node)
+    _, ci, h, w = g.shape(node.inputs[0])
+    co = g.shape(node.outputs[0])[1]
     k = tuple(a["kernel"])
     if k not in ((1, 1), (3, 3)):
         return f"kernel {k}: the KPU runs 1x1 and 3x3 only; split it into 3x3 convs"
     if tuple(a.get("dilations", (1, 1))) != (1, 1):
         return f"dilations {tuple(a['dilations'])}: the KPU has no dilated conv; use dilation 1"
     grp = a.get("group", 1)
-    if grp != 1 and not (grp == ci == co):
-        return f"group {grp}: the KPU runs normal (group 1) or depthwise (group = channels) convs"
+    if ci % grp or co % grp:
+        return f"group {grp} does not divide {ci} input / {co} output channels"
     if any(p > k[0] // 2 for p in a["pads"]) or any(p < 0 for p in a["pads"]):
         return f"pads {a['pads']} exceed the KPU's {k[0] // 2}-pixel border"
     (wlo, whi), (hlo, hhi) = hw.LIMITS["in_w"], hw.LIMITS["in_h"]
-    if not (wlo <= w <= whi and hlo <= h <= hhi):
-        return f"input {w}x{h}: the KPU runs {wlo} <= W <= {whi}, {hlo} <= H <= {hhi} (nncase limit)"
+    first = node.inputs[0] in g.inputs
+    if not (wlo <= w <= whi and hlo <= h and (h <= hhi or not first)):
+        return (f"input {w}x{h}: the KPU runs {wlo} <= W <= {whi}, {hlo} <= H <= {hhi} (nncase limit; "
+                "taller maps after the first layer run in row bands)")
     cmax = hw.LIMITS["channels"][1]
     if max(ci, co) > cmax:
         return f"{max(ci, co)} channels: the KPU allows {cmax}; split the layer"
     s = tuple(a["strides"])
     if any(v not in (1, 2) for v in s) or s[0] != s[1]:
         return f"strides {s}: only equal strides 1 and 2 are lowered"
-    if a.get("pool") and kpu.pool_code(a["pool"]) is None and not _cpu_pool_ok(a["pool"]):
+    if a.get("pool") and kpu.pool_code(a["pool"]) is None and a["pool"]["kind"] != "max":
         return f"pool {a['pool']} has no KPU code and no uint8 CPU layer"
     return None
 
 
-def _cpu_pool_ok(pool):
-    return pool["kind"] == "max"
+# ---------------------------------------------------------------------------------------------
+# geometry: what the KPU computes for a node, decided from the graph alone
+@dataclass
+class Stage:
+    """A row window: output row j reads input rows [s*j + lo, s*j + hi]."""
+    s: int
+    lo: int
+    hi: int
+
+
+@dataclass
+class Geometry:
+    in_shape: tuple            # (C, H, W) the KPU reads
+    co: int
+    k: int
+    groups: int
+    depthwise: bool
+    code: int                  # KPU pool code
+    kpu_out: tuple             # (C, H, W) after the KPU pool
+    post: list                 # CPU QUANTIZED_MAX_POOL2D stages [(k, s, pad_h, pad_w)] after the KPU
+    out_shape: tuple           # the node's output (C, H, W)
+    pick_next: bool = False    # a depthwise conv's stride-2 pick moves onto the next 1x1 conv
+    notes: list = field(default_factory=list)
 
 
 def _pick(node):
@@ -69,110 +103,56 @@ def _pick(node):
     return (k // 2 - a["pads"][0], k // 2 - a["pads"][1], a["strides"][0])
 
 
-@lowering("Conv", unit=KPU, check=kpu_conv_refuses, name="kpu_conv")
-def kpu_conv(lw, node):
+def geometry(lw, node) -> Geometry:
+    if node.name in lw.geo:
+        return lw.geo[node.name]
     a = node.attrs
-    x, w_name, b_name = node.inputs
-    out = node.outputs[0]
+    x = node.inputs[0]
     ci, h, w = lw.shape(x)
-    if node.name in lw.pending_pick and x in lw.locs:
-        ci, h, w = lw.locs[x].shape   # the stride-1 map of the depthwise conv before
-    co = lw.shape(out)[0]
-    depthwise = a.get("group", 1) == ci and ci > 1
+    p = lw.producer(x)
+    src = p if p is not None and p.op == "Conv" and lw.lowered_by(p) == "kpu_conv" and \
+        geometry(lw, p).pick_next else None
+    if src is not None:
+        ci, h, w = geometry(lw, src).kpu_out      # the depthwise conv's stride-1 map
+    co = lw.shape(node.outputs[0])[0]
+    groups = a.get("group", 1)
+    depthwise = groups == ci == co and ci > 1
     k = a["kernel"][0]
-    st = stage_names(node)
-    row = lw.row(node, "", in_shape=(ci, h, w))
-    W = np.asarray(lw.g.tensors[w_name].value, np.float64)
-    B = np.asarray(lw.g.tensors[b_name].value, np.float64)
-    # --- input: fold its scale(s) into the weights so the KPU sees W'·(q − z_x)
-    xloc = lw.locs[x]
-    mean = lw.opts.channel_means.get(x)
-    ch = (slice(None), None, None, None) if depthwise else (None, slice(None), None, None)
-    keep = ()
-    if x == lw.pixel_input:
-        sc = np.resize(np.asarray(lw.opts.input_scale, np.float64), ci)
-        of = np.resize(np.asarray(lw.opts.input_offset, np.float64), ci)
-        z_x = int(np.clip(round(float(np.mean(-of / sc))), 0, np.iinfo(np.uint8).max))
-        resid = of + sc * z_x                       # x = sc·(q − z_x) + resid
-        B = B + (W.sum(axis=(2, 3)) * (resid[:, None] if depthwise else resid[None, :])).sum(axis=1)
-        W = W * sc[ch]
-        e = None if mean is None else (mean - resid) / sc     # E[q − z_x] per channel
-        lines = hw.map_lines(ci, h, w)
-        lw.kpu_alloc(xloc, f"{x}:kpu", lines, f"node {node.name!r}: input image {ci}x{h}x{w}")
-        in_range = xloc.kpu
-        row.notes.append(f"input: pixels, preprocessing folded into weights (pad value {z_x})")
-    else:
-        in_range = lw.need_kpu(x, row)          # may quantize a float input first
-        s_in, z_x = xloc.quant
-        W = W * s_in
-        e = None if mean is None else mean / s_in
-    keep = (xloc.block,)
-    # --- pick pixels for stride 2 / unusual pads; pool codes
     dy, dx, s = _pick(node)
     pool = a.get("pool")
-    code, cpu_pick, cpu_pool, pick_next = 0, None, None, False
-    left_top, right_top = (next(p.code for p in hw.POOLS if p.kind == "pick" and p.stride == 2 and p.pick == d)
-                           for d in ((0, 0), (0, 1)))
-    if (dy, dx, s) != (0, 0, 1):
-        if s == 2 and dy == 0 and dx in (0, 1) and not depthwise:
-            code = left_top if dx == 0 else right_top
-        elif s == 2 and dy == 0 and dx == 0 and depthwise and _next_pw_takes_pick(lw, node):
+    code, post, pick_next, notes = 0, [], False, []
+    conv_hw = lw.shape(node.outputs[0])[1:] if not pool else None   # the wanted picks' count
+    kpu_picks = conv_hw is not None and tuple(conv_hw) == (h // 2, w // 2)   # the pick pools' floor
+    if src is not None:
+        code = kpu.pick_code(0)
+    elif (dy, dx, s) != (0, 0, 1):
+        if s == 2 and dy == 0 and dx in (0, 1) and not depthwise and kpu_picks:
+            code = kpu.pick_code(dx)
+        elif s == 2 and dy == 0 and dx == 0 and depthwise and kpu_picks and _next_pw_takes_pick(lw, node):
             pick_next = True
         else:
-            cpu_pick = (dy, dx, s)
-        if pool:
-            cpu_pool = pool
-    elif pool:
-        if depthwise:
-            cpu_pool = pool
-        else:
-            code = kpu.pool_code(pool)
-            if code is None:
-                raise UnsupportedOpError(f"node {node.name!r}: pool {pool} has no KPU code")
-    if node.name in lw.pending_pick:
-        lw.pending_pick.discard(node.name)
-        if code or cpu_pick or cpu_pool:
-            raise AssertionError("pick moved onto a conv that already pools")
-        code = left_top
-    conv, (s_z, z_z) = kpu.build_conv(
-        W, B, e, z_x, (ci, h, w), code, depthwise, lw.rng(st["conv"]), lw.rng(st["act"]),
-        a.get("activation"), lw.opts.weight_bits, node.name, row)
-    co, ph, pw = conv.out_shape
-    tensor = out if not (cpu_pick or cpu_pool) else out + ":kpu"
-    loc = Loc((co, ph, pw), quant=(s_z, z_z))
-    lw.locs[tensor] = loc
-    dst = lw.kpu_alloc(loc, f"{tensor}:kpu", kpu.out_lines(conv),
-                       f"node {node.name!r}: output map {co}x{ph}x{pw} (input {ci}x{h}x{w} resident)", keep)
-    kpu.place(conv, in_range[0], dst)
-    stream = cpu_pick or cpu_pool or _needs_main(lw, out)
-    if stream:
-        loc.u8 = lw.alloc(tensor, "u8", co * ph * pw)
-    idx = lw.emit("K210_CONV", dict(flags=1 if stream else 0, main_mem_out_address=loc.u8 or 0), row, conv=conv)
-    lw.trace_map[tensor] = (idx, "kpu")
-    row.macs = conv.macs
-    row.weight_bytes = len(conv.weight_bytes()) + 8 * co + hw.ACT_TABLE_BYTES
-    row.kpu_lines = (in_range[1] - in_range[0]) + kpu.out_lines(conv)
-    row.out_shape = lw.shape(out)
-    kind = "depthwise " if depthwise else ""
-    row.why = f"{kind}conv{k}x{k}" + (f" + {hw.POOL[code].name}" if code else "")
-    if x == lw.pixel_input:
-        lw.kpu_free(xloc)      # the image is read once
-    if pick_next:
-        lw.pending_pick.add(lw.consumers(out)[0].name)
-        row.notes.append("stride 2 moved onto the next 1x1 conv (exact: pick commutes with it)")
-    if cpu_pick:
-        row.notes.append(f"stride {s} with pads {a['pads']}: KPU at stride 1 ({s * s}x the MACs), "
+            post.append((1, s, -dy, -dx))
+            notes.append(f"stride {s} with pads {a['pads']}: KPU at stride 1 ({s * s}x the MACs), "
                          f"CPU picks rows from {dy}, columns from {dx}")
-        cpu_pick_layer(lw, tensor, out, cpu_pick, None if cpu_pool else out, row)
-        lw.main.free(f"{tensor}:u8")          # the full-resolution map is consumed
-        lw.kpu_free(loc)
-        if cpu_pool:
-            cpu_pool_layer(lw, out + ":pick", out, cpu_pool, row)
-            lw.main.free(f"{out}:pick:u8")
-    elif cpu_pool:
-        cpu_pool_layer(lw, tensor, out, cpu_pool, row)
-        lw.main.free(f"{tensor}:u8")
-        lw.kpu_free(loc)
+        if pool:
+            post.append(_cpu_pool(pool))
+    elif pool:
+        c = None if depthwise else kpu.pool_code(pool)
+        if c is None:
+            post.append(_cpu_pool(pool))
+            notes.append("max pool on the CPU (QUANTIZED_MAX_POOL2D)")
+        else:
+            code = c
+    ph, pw = hw.POOL[code].out_size(h, w)
+    geo = Geometry((ci, h, w), co, k, groups, depthwise, code, (co, ph, pw), post, lw.shape(node.outputs[0]),
+                   pick_next, notes)
+    lw.geo[node.name] = geo
+    return geo
+
+
+def _cpu_pool(pool):
+    pads = pool.get("pads", [0, 0, 0, 0])
+    return (pool["size"], pool["stride"], pads[0], pads[1])
 
 
 def _next_pw_takes_pick(lw, node):
@@ -185,46 +165,415 @@ def _next_pw_takes_pick(lw, node):
             and list(c.attrs["pads"]) == [0, 0, 0, 0])
 
 
-def _needs_main(lw, t):
+# ---------------------------------------------------------------------------------------------
+# the tiling plan
+@dataclass
+class Plan:
+    units: list                # [((c0, c1), (o0, o1))] input / output channel windows per tile
+    bands: list                # [((f0, f1), (a, b))] final rows a band yields, input rows it reads
+    in_resident: bool          # tiles read windows of the whole input map, resident in KPU RAM
+    out_resident: bool         # tiles write windows of one output map that stays in KPU RAM
+    why: str = ""
+
+    @property
+    def tiles(self):
+        return len(self.units) * len(self.bands)
+
+
+def _group(w):
+    return hw.row_layout(w)[0]
+
+
+def _split(n, size, align=1):
+    """[(a, b)] chunks of at most `size` (a multiple of `align` unless it is the whole)."""
+    if size >= n:
+        return [(0, n)]
+    size = max(align, size // align * align)
+    return [(i, min(n, i + size)) for i in range(0, n, size)]
+
+
+def _group_units(geo, q):
+    ci, co, G = geo.in_shape[0], geo.co, geo.groups
+    m, n = ci // G, co // G
+    return [((g0 * m, min(G, g0 + q) * m), (g0 * n, min(G, g0 + q) * n)) for g0 in range(0, G, q)]
+
+
+def _grouped_q(geo):
+    """Groups per tile for a grouped conv: the cheapest aligned choice by the cost model."""
+    ci, h, w = geo.in_shape
+    co, G, k = geo.co, geo.groups, geo.k
+    m, n = ci // G, co // G
+    gi, go = _group(w), _group(geo.kpu_out[2])
+    best = None
+    for q in range(1, G + 1):
+        if G % q or (q * m) % gi or (q * n) % go:
+            continue
+        macs = h * w * (q * n) * (q * m) * k * k
+        cyc = (G // q) * kpu.estimate_cycles(macs, (q * n) * (q * m) * k * k)
+        if best is None or cyc < best[0]:
+            best = (cyc, q)
+    return best[1] if best else G
+
+
+def plan_for(lw, node) -> Plan:
+    """How the layer's tiles cover it (memoized): one tile when input and output fit the KPU RAM,
+    else output-channel chunks, channel windows or row bands (module docstring)."""
+    if node.name in lw.plans:
+        return lw.plans[node.name]
+    geo = geometry(lw, node)
+    cap = lw.opts.kpu_ram_lines
+    ci, h, w = geo.in_shape
+    co, ph, pw = geo.kpu_out
+    whole = ((0, _final_h(geo)), (0, h))
+    if geo.groups == 1 or geo.depthwise:
+        units, why = [((0, ci), (0, co))], ""
+    else:
+        q = _grouped_q(geo)
+        units = _group_units(geo, q)
+        why = (f"group {geo.groups}: {len(units)} block-diagonal dense tiles of {q} group(s) "
+               f"({ci // geo.groups}->{co // geo.groups} channels each), the cheapest aligned split")
+    lines_in = hw.map_lines(ci, h, w)
+    first = node.inputs[0] == lw.g.inputs[0]
+    fits = lines_in + hw.map_lines(co, ph, pw) <= cap
+    wide = ph * pw > kpu.STREAM_PIXELS and (geo.post or not fits or needs_main(lw, node.outputs[0]))
+    if wide and first:
+        raise KpuLimitError(
+            f"node {node.name!r}: its {co}x{ph}x{pw} output ({co * ph * pw:,} B) must go to main memory "
+            f"({'it does not fit the KPU RAM' if not fits else 'a CPU layer reads it'}), but the KPU streams "
+            f"at most {kpu.STREAM_PIXELS:,} pixels per channel (spec §2.5.5) and the first layer cannot run "
+            "in row bands (MaixPy feeds it the whole image): use a smaller input or a stride-2 first layer")
+    tall = h > hw.LIMITS["in_h"][1] or wide
+    limit = f"the {cap * hw.LINE_BYTES:,} B KPU RAM"
+    if not tall and fits:
+        plan = Plan(units, [whole], True, True, why)
+    elif not tall and geo.groups == 1 and lines_in + hw.map_lines(1, ph, pw) <= cap:
+        n = next(n for n in range(co, 0, -1) if lines_in + hw.map_lines(n, ph, pw) <= cap)
+        if geo.post:   # each chunk's stride-1 map waits in main memory for its CPU pick/pool
+            n = min(n, max(1, int(np.prod(geo.out_shape)) // 2 // (ph * pw)))
+        units = [((0, ci), o) for o in _split(co, n)]
+        plan = Plan(units, [whole], True, False,
+                    f"the {ci}x{h}x{w} input and {co}x{ph}x{pw} output exceed {limit}: {len(units)} "
+                    f"output-channel chunks of <= {n}, each streamed to its slice of the output")
+    elif geo.groups != 1 and node.inputs[0] != lw.g.inputs[0] and not tall:
+        per_in, per_out = ci // geo.groups, co // geo.groups
+        fits = [q for q in range(1, geo.groups + 1)
+                if hw.map_lines(q * per_in, h, w) + hw.map_lines(q * per_out, ph, pw) <= cap]
+        if fits:
+            q = min(max(fits), (units[0][1][1] - units[0][1][0]) // per_out)
+            units = _group_units(geo, q)
+            plan = Plan(units, [whole], False, False,
+                        f"the {ci}x{h}x{w} input and {co}x{ph}x{pw} output exceed {limit}: {len(units)} "
+                        "channel windows, each uploaded and streamed to its slice of the output")
+        else:
+            plan = _band_plan(lw, node, geo, cap, _group_units(geo, 1),
+                              f"one group of the {ci}x{h}x{w} input does not fit {limit}")
+    else:
+        why = (f"the {co}x{ph}x{pw} output streams over {kpu.STREAM_PIXELS:,} pixels per channel" if wide
+               else f"the {ci}x{h}x{w} map is taller than {hw.LIMITS['in_h'][1]} rows" if tall
+               else f"the {ci}x{h}x{w} input does not fit {limit}")
+        plan = _band_plan(lw, node, geo, cap, units, why)
+    lw.plans[node.name] = plan
+    return plan
+
+
+def _final_h(geo):
+    return geo.out_shape[1] if geo.post else geo.kpu_out[1]
+
+
+def _stages(geo):
+    """Row windows from the input map to the node's output: KPU conv, KPU pool, CPU post stages."""
+    p = hw.POOL[geo.code]
+    r = geo.k // 2
+    if p.kind == "bypass":
+        pool = Stage(1, 0, 0)
+    elif p.kind == "pick":
+        pool = Stage(p.stride, p.pick[0], p.pick[0])
+    elif p.stride == 1:
+        pool = Stage(1, 0, 1)
+    else:
+        pool = Stage(p.stride, 0, p.size - 1)
+    return [Stage(1, -r, r), pool] + [Stage(s, -ph, -ph + k - 1) for k, s, ph, _ in geo.post]
+
+
+def band_rows(geo, f0, f1):
+    """Input rows [a, b) a band needs so that it yields final rows [f0, f1) exactly: back through
+    the CPU post stages, the KPU pool and the conv's halo; a on the pool stride (band-local pools
+    and picks keep the global phase), b covering whole pool windows."""
+    conv, pool, *post = _stages(geo)
+    lo, hi = f0, f1 - 1
+    for s in reversed(post):
+        lo, hi = s.s * lo + s.lo, s.s * hi + s.hi
+    plo, phi = max(0, lo), min(geo.kpu_out[1] - 1, hi)
+    ilo = pool.s * plo + pool.lo + conv.lo
+    ihi = pool.s * phi + pool.hi + conv.hi
+    a = max(0, ilo) // pool.s * pool.s
+    b = min(geo.in_shape[1], max(ihi + 1, pool.s * (phi + 1)))
+    return a, b
+
+
+def _band_plan(lw, node, geo, cap, units, reason):
+    ci, h, w = geo.in_shape
+    co, ph, pw = geo.kpu_out
+    F = _final_h(geo)
+    if node.inputs[0] == lw.g.inputs[0]:
+        raise KpuLimitError(f"node {node.name!r}: the {ci}x{h}x{w} input image and one output channel "
+                            f"do not fit the KPU RAM; the first layer cannot run in row bands (MaixPy "
+                            "feeds the whole image to it): use a smaller input")
+    (hmin, hmax), omin = hw.LIMITS["in_h"], hw.LIMITS["out_min"]
+    sp = hw.POOL[geo.code].stride
+    for nb in range(2, F + 1):
+        size = -(-F // nb)
+        bands = [(f, min(F, f + size)) for f in range(0, F, size)]
+        if len(bands) > 1 and bands[-1][1] - bands[-1][0] < omin:
+            bands[-2:] = [(bands[-2][0], F)]
+        rows = [band_rows(geo, f0, f1) for f0, f1 in bands]
+        if any(b - a > hmax for a, b in rows):
+            continue
+        if any(b - a < hmin or (b - a) // sp < omin for a, b in rows):
+            break
+        if any((b - a) // sp * pw > kpu.STREAM_PIXELS for a, b in rows):
+            continue
+        worst = max(b - a for a, b in rows)
+        if geo.groups == 1:
+            outs = [n for n in range(co, 0, -1)
+                    if hw.map_lines(ci, worst, w) + hw.map_lines(n, worst // sp, pw) <= cap]
+            if not outs:
+                continue
+            tile_units = [((0, ci), o) for o in _split(co, outs[0])]
+        else:
+            m, n = ci // geo.groups, co // geo.groups
+            qs = [q for q in range(geo.groups, 0, -1) if geo.groups % q == 0 and
+                  hw.map_lines(q * m, worst, w) + hw.map_lines(q * n, worst // sp, pw) <= cap]
+            if not qs:
+                continue
+            tile_units = _group_units(geo, min(qs[0], (units[0][1][1] - units[0][1][0]) // n))
+        return Plan(tile_units, list(zip(bands, rows)), False, False,
+                    f"{reason}: {len(bands)} row bands of <= {worst} input rows (halo {geo.k // 2}) x "
+                    f"{len(tile_units)} channel tile(s); the valid rows assembled in main memory")
+    raise KpuLimitError(f"node {node.name!r}: no row band of the {ci}x{h}x{w} input fits the KPU RAM "
+                        f"({cap * hw.LINE_BYTES:,} B) with the {co}x{ph}x{pw} output: use fewer channels")
+
+
+# ---------------------------------------------------------------------------------------------
+@lowering("Conv", unit=KPU, check=kpu_conv_refuses, name="kpu_conv")
+def kpu_conv(lw, node):
+    a = node.attrs
+    x, w_name, b_name = node.inputs
+    out = node.outputs[0]
+    geo = geometry(lw, node)
+    plan = plan_for(lw, node)
+    ci, h, w = geo.in_shape
+    st = stage_names(node)
+    row = lw.row(node, "", in_shape=geo.in_shape, out_shape=geo.out_shape)
+    W = np.asarray(lw.g.tensors[w_name].value, np.float64)
+    B = np.asarray(lw.g.tensors[b_name].value, np.float64)
+    xloc = lw.locs[x]
+    mean = lw.opts.channel_means.get(x)
+    m = W.shape[1]                                   # input channels per group
+    src_of = (np.arange(geo.co) // (geo.co // geo.groups))[:, None] * m + np.arange(m)[None, :]
+    if x == lw.pixel_input:
+        sc = np.resize(np.asarray(lw.opts.input_scale, np.float64), ci)
+        of = np.resize(np.asarray(lw.opts.input_offset, np.float64), ci)
+        z_x = int(np.clip(round(float(np.mean(-of / sc))), 0, kpu.U8_MAX))
+        resid = of + sc * z_x                       # x = sc·(q − z_x) + resid
+        B = B + (W.sum(axis=(2, 3)) * resid[src_of]).sum(axis=1)
+        W = W * sc[src_of][:, :, None, None]
+        e = None if mean is None else (mean - resid) / sc     # E[q − z_x] per channel
+        row.notes.append(f"input: pixels, preprocessing folded into weights (pad value {z_x})")
+    else:
+        if xloc.quant is None:
+            xloc.quant = lw.quant_of(x)
+        s_in, z_x = xloc.quant
+        W = W * s_in
+        e = None if mean is None else mean / s_in
+    lq = kpu.quantize_layer(W, B, e, z_x, geo.groups, lw.rng(st["conv"]), lw.rng(st["act"]),
+                            a.get("activation"), lw.opts.weight_bits, row)
+    emit_layer(lw, node, geo, plan, lq, row)
+    kind = "depthwise " if geo.depthwise else "" if geo.groups == 1 else f"group-{geo.groups} "
+    row.why = f"{kind}conv{geo.k}x{geo.k}" + (f" + {hw.POOL[geo.code].name}" if geo.code else "")
+    row.notes += geo.notes
+    if plan.why:
+        row.notes.append(plan.why)
+    if geo.pick_next:
+        row.notes.append("stride 2 moved onto the next 1x1 conv (exact: pick commutes with it)")
+
+
+def emit_layer(lw, node, geo, plan, lq, row):
+    """Emit every tile of a planned KPU layer and leave the output where its consumers need it."""
+    x, out = node.inputs[0], node.outputs[0]
+    xloc = lw.locs[x]
+    ci, h, w = geo.in_shape
+    co, ph, pw = geo.kpu_out
+    fc, fh, fw = geo.out_shape if geo.post else geo.kpu_out
+    name = node.name
+    single = len(plan.bands) == 1
+    post = bool(geo.post)
+    stream = post or not plan.out_resident or needs_main(lw, out)
+    out_loc = Loc((co, ph, pw), quant=lq.out_quant)
+    final = Loc((fc, fh, fw), quant=lq.out_quant)
+    lw.locs[out] = final if post else out_loc
+    keep = []
+    # --- the input, when tiles read windows of it in KPU RAM
+    if plan.in_resident:
+        if x == lw.pixel_input:
+            lw.kpu_alloc(xloc, f"{x}:kpu", hw.map_lines(ci, h, w), f"node {name!r}: input image {ci}x{h}x{w}")
+        else:
+            lw.need_kpu(x, row)
+        keep.append(xloc.block)
+        in_base = xloc.kpu[0]
+    else:
+        src_u8 = lw.need_u8(x, row)
+    # --- where the KPU output goes
+    if plan.out_resident:
+        lw.kpu_alloc(out_loc, f"{out}:kpu", hw.map_lines(co, ph, pw),
+                     f"node {name!r}: output map {co}x{ph}x{pw} (input {ci}x{h}x{w} resident)", keep,
+                     away=xloc.kpu if plan.in_resident else None)
+        keep.append(out_loc.block)
+    whole = None            # one streamed buffer of the whole KPU output
+    if stream and single and (plan.out_resident or not post):
+        whole = lw.alloc(out + ":s1" if post else out, "u8", co * ph * pw)
+        if not post:
+            out_loc.u8 = whole
+    if post or not single:
+        final.u8 = lw.alloc(out, "u8", fc * fh * fw)
+        if not post:
+            out_loc.u8 = final.u8
+    macs = lines = 0
+    traces, band_finals = [], []
+    for bi, ((f0, f1), (ra, rb)) in enumerate(plan.bands):
+        rows = rb - ra
+        band_in = None
+        if not plan.in_resident:
+            if single:
+                band_in = src_u8
+            else:                       # gather rows [ra, rb) of every channel: dense (ci, rows, w)
+                band_in = lw.alloc(f"{out}:band{bi}:in", "u8", ci * rows * w)
+                ranges = [(src_u8 + (c * h + ra) * w, rows * w) for c in range(ci)]
+                lw.emit("QUANTIZED_CONCAT", dict(flags=1, main_mem_out_address=band_in, input_count=ci),
+                        row, data={"ranges": ranges})
+        prow = rows // hw.POOL[geo.code].stride
+        band_out = None
+        if not single:
+            band_out = lw.alloc(f"{out}:band{bi}:out", "u8", co * prow * pw)
+        for (c0, c1), (o0, o1) in plan.units:
+            cin = (c0, c1)
+            nin = c1 - c0
+            tmp_in = tmp_out = None
+            if plan.in_resident:
+                src_line = in_base + kpu.window_line(c0, h, w)
+            else:
+                tmp_in = Loc((nin, rows, w))
+                src_line = lw.kpu_alloc(tmp_in, f"{out}:tile_in", hw.map_lines(nin, rows, w),
+                                        f"node {name!r}: tile input {nin}x{rows}x{w}", keep)
+                lw.emit("K210_UPLOAD", dict(flags=0, main_mem_in_address=band_in + c0 * rows * w,
+                                            kpu_mem_out_address=src_line, width=w, height=rows, channels=nin), row)
+            conv = kpu.tile_conv(lq, cin, (o0, o1), (nin, rows, w), geo.code, geo.depthwise, name)
+            if plan.out_resident:
+                dst_line = out_loc.kpu[0] + kpu.window_line(o0, ph, pw)
+            else:
+                tmp_out = Loc(conv.out_shape)
+                dst_line = lw.kpu_alloc(tmp_out, f"{out}:tile_out", kpu.out_lines(conv),
+                                        f"node {name!r}: tile output {conv.out_shape}",
+                                        keep + ([tmp_in.block] if tmp_in else []),
+                                        away=tmp_in.kpu if tmp_in else xloc.kpu)
+            kpu.place(conv, src_line, dst_line)
+            n_o = o1 - o0
+            if not stream:
+                target = 0
+            elif not single:
+                target = band_out + o0 * prow * pw
+            elif whole is not None:
+                target = whole + o0 * ph * pw
+            else:                                   # per-tile post: the tile's own stride-1 buffer
+                target = lw.alloc(f"{out}:tile", "u8", n_o * ph * pw)
+            idx = lw.emit("K210_CONV", dict(flags=int(stream), main_mem_out_address=target), row, conv=conv)
+            macs += conv.macs
+            lines = max(lines, (hw.map_lines(ci, h, w) if plan.in_resident else hw.map_lines(nin, rows, w))
+                        + (hw.map_lines(co, ph, pw) if plan.out_resident else kpu.out_lines(conv)))
+            row.weight_bytes += len(conv.weight_bytes()) + 8 * n_o + hw.ACT_TABLE_BYTES
+            for t in (tmp_in, tmp_out):
+                if t is not None:
+                    lw.kpu_free(t)
+            if single and whole is None and post:
+                traces.append(_post(lw, geo, target, (n_o, ph, pw), final.u8 + o0 * fh * fw, (0, fh), 0, row))
+                lw.main.free(f"{out}:tile:u8")
+            elif single and not post:
+                traces.append(idx)
+        if not single:
+            if post:
+                fin = lw.alloc(f"{out}:band{bi}:fin", "u8", co * (f1 - f0) * fw)
+                _post(lw, geo, band_out, (co, prow, pw), fin, (f0, f1), ra // hw.POOL[geo.code].stride, row)
+                lw.main.free(f"{out}:band{bi}:out:u8")
+                band_finals.append((fin, f1 - f0, 0))
+            else:
+                band_finals.append((band_out, prow, f0 - ra // hw.POOL[geo.code].stride))
+            lw.main.free(f"{out}:band{bi}:in:u8")
+    if whole is not None and post:
+        traces = [_post(lw, geo, whole, (co, ph, pw), final.u8, (0, fh), 0, row)]
+        lw.main.free(f"{out}:s1:u8")
+    if not single:                               # assemble the bands' valid rows, channel by channel
+        ranges = []
+        for c in range(fc):
+            for (buf, nrows, off), (f0, f1) in zip(band_finals, (b[0] for b in plan.bands)):
+                ranges.append((buf + (c * nrows + off) * fw, (f1 - f0) * fw))
+        traces = [lw.emit("QUANTIZED_CONCAT", dict(flags=1, main_mem_out_address=final.u8,
+                                                    input_count=len(ranges)), row, data={"ranges": ranges})]
+        for bi in range(len(plan.bands)):
+            lw.main.free(f"{out}:band{bi}:out:u8")
+            lw.main.free(f"{out}:band{bi}:fin:u8")
+    kind = "kpu" if traces and lw.layers[traces[0]].name == "K210_CONV" else "u8"
+    lw.trace_map[out] = (traces[0] if len(traces) == 1 else tuple(traces), kind)
+    if x == lw.pixel_input:
+        lw.kpu_free(xloc)      # the image is read once
+    if post:
+        lw.kpu_free(out_loc)
+    row.macs, row.kpu_lines = macs, lines
+
+
+def _post(lw, geo, src, shape, dst, frows, pooled0, row):
+    """The CPU stages after the KPU (a pick and/or a pool: QUANTIZED_MAX_POOL2D) on a buffer of
+    `shape` holding the KPU's pooled rows [pooled0, pooled0 + H); writes final rows `frows` to
+    `dst`. Taps outside the buffer are skipped, which is right: a band holds every in-image row
+    its outputs read. Returns the last layer's index."""
+    c, h, w = shape
+    heights, widths = [geo.kpu_out[1]], [geo.kpu_out[2]]
+    for i, (k, s, pad_h, pad_w) in enumerate(geo.post):
+        last = i == len(geo.post) - 1
+        heights.append(geo.out_shape[1] if last else (heights[-1] + pad_h + s - 1) // s)
+        widths.append(geo.out_shape[2] if last else (widths[-1] + pad_w + s - 1) // s)
+    need = [tuple(frows)]
+    for i in range(len(geo.post) - 1, 0, -1):    # rows stage i-1 must give stage i
+        k, s, pad_h, _ = geo.post[i]
+        lo, hi = need[0]
+        need.insert(0, (max(0, s * lo - pad_h), min(heights[i], s * (hi - 1) - pad_h + k)))
+    g0, buf, idx = pooled0, src, None
+    for i, (k, s, pad_h, pad_w) in enumerate(geo.post):
+        lo, hi = need[i]
+        last = i == len(geo.post) - 1
+        out = dst if last else lw.alloc(f"{row.node}:post{i}", "u8", c * (hi - lo) * widths[i + 1])
+        idx = lw.emit("QUANTIZED_MAX_POOL2D", dict(
+            flags=1, main_mem_in_address=buf, main_mem_out_address=out, in_shape=(w, h, c),
+            out_shape=(widths[i + 1], hi - lo, c), kernel_width=k, kernel_height=k, stride_width=s,
+            stride_height=s, padding_width=pad_w, padding_height=pad_h + g0 - s * lo), row)
+        if i:
+            lw.main.free(f"{row.node}:post{i - 1}:u8")
+        buf, g0, h, w = out, lo, hi - lo, widths[i + 1]
+    return idx
+
+
+def needs_main(lw, t):
     """Must this conv output also stream to main memory? Yes unless its only consumer is a KPU
-    conv emitted right after it (any conv in between could overwrite the map)."""
+    conv reading the whole map from KPU RAM, emitted right after it (any conv in between could
+    overwrite the map)."""
     cons = lw.consumers(t)
     if t in lw.g.outputs or len(cons) != 1:
         return True
     c = cons[0]
     if lw.lowered_by(c) != "kpu_conv":
         return True
+    p = plan_for(lw, c)
+    if not p.in_resident or len(p.bands) != 1:
+        return True
     i = lw.order.index(lw.producer(t))
     nxt = next((n for n in lw.order[i + 1:] if n.op == "Conv"), None)
     return nxt is not c
-
-
-def cpu_pick_layer(lw, src, dst, pick, final, row):
-    """Every s-th pixel from (dy, dx): a 1x1 QUANTIZED_MAX_POOL2D with negative padding."""
-    dy, dx, s = pick
-    c, h, w = lw.locs[src].shape
-    oc, oh, ow = lw.shape(dst) if final else (c, (h - dy + s - 1) // s, (w - dx + s - 1) // s)
-    name = dst if final else dst + ":pick"
-    loc = lw.u8_out(name, lw.locs[src].quant, (c, oh, ow))
-    lw.emit("QUANTIZED_MAX_POOL2D", dict(
-        flags=1, main_mem_in_address=lw.locs[src].u8, main_mem_out_address=loc.u8,
-        in_shape=(w, h, c), out_shape=(ow, oh, c), kernel_width=1, kernel_height=1,
-        stride_width=s, stride_height=s, padding_width=-dx, padding_height=-dy), row)
-    lw.traced(name, "u8")
-
-
-def cpu_pool_layer(lw, src, dst, pool, row):
-    if pool["kind"] != "max":
-        raise UnsupportedOpError(f"node {row.node!r}: average pooling after this conv would run "
-                                 "in float on the CPU; not lowered yet")
-    c, h, w = lw.locs[src].shape
-    oc, oh, ow = lw.shape(dst)
-    pads = pool.get("pads", [0, 0, 0, 0])
-    loc = lw.u8_out(dst, lw.locs[src].quant, (c, oh, ow))
-    lw.emit("QUANTIZED_MAX_POOL2D", dict(
-        flags=1, main_mem_in_address=lw.locs[src].u8, main_mem_out_address=loc.u8,
-        in_shape=(w, h, c), out_shape=(ow, oh, c), kernel_width=pool["size"],
-        kernel_height=pool["size"], stride_width=pool["stride"], stride_height=pool["stride"],
-        padding_width=pads[1], padding_height=pads[0]), row)
-    lw.traced(dst, "u8")
-    row.notes.append("max pool on the CPU (QUANTIZED_MAX_POOL2D)")

@@ -167,15 +167,23 @@ def pool_refuses(g, node, opts):
 
 @lowering("MaxPool", unit=CPU_U8, check=pool_refuses)
 def max_pool(lw, node):
-    from .conv import cpu_pool_layer
+    """Max commutes with the uint8 quantization: QUANTIZED_MAX_POOL2D is exact (out-of-map taps
+    are skipped, as ONNX's -inf padding)."""
     x, out = node.inputs[0], node.outputs[0]
     a = node.attrs
+    c, h, w = lw.shape(x)
+    oc, oh, ow = lw.shape(out)
     row = lw.row(node, "max pool not fusable into a KPU conv: QUANTIZED_MAX_POOL2D",
-                 in_shape=lw.shape(x), out_shape=lw.shape(out))
-    lw.need_u8(x, row)
+                 in_shape=(c, h, w), out_shape=(oc, oh, ow))
+    src = lw.need_u8(x, row)
     k, s = a["kernel_shape"], a.get("strides", [1, 1])
-    cpu_pool_layer(lw, x, out, {"kind": "max", "size": k[0], "stride": s[0],
-                                "pads": list(a.get("pads", [0, 0, 0, 0]))}, row)
+    pads = list(a.get("pads", [0, 0, 0, 0]))
+    loc = lw.u8_out(out, lw.locs[x].quant)
+    lw.emit("QUANTIZED_MAX_POOL2D", dict(
+        flags=1, main_mem_in_address=src, main_mem_out_address=loc.u8, in_shape=(w, h, c),
+        out_shape=(ow, oh, oc), kernel_width=k[1], kernel_height=k[0], stride_width=s[1],
+        stride_height=s[0], padding_width=pads[1], padding_height=pads[0]), row)
+    lw.traced(out, "u8")
 
 
 @lowering("GlobalMaxPool", unit=CPU_U8)
@@ -241,9 +249,13 @@ def _vector_op(lw, node, kind, why):
 
 
 def softmax_refuses(g, node, opts):
+    """The SDK's SOFTMAX normalises the whole tensor as one vector: fine when the softmax axis
+    (opset >= 13), or the flattened axes from `axis` on (opset < 13), hold every element."""
     shape = g.shape(node.inputs[0])
-    axis = node.attrs.get("axis", -1) % len(shape)
-    if sum(d > 1 for i, d in enumerate(shape) if i != axis) > 0:
+    old = g.meta.get("opset", 13) < 13
+    axis = node.attrs.get("axis", 1 if old else -1) % len(shape)
+    rest = shape[1:axis] if old else [d for i, d in enumerate(shape) if i != axis]
+    if any(d > 1 for d in rest):
         return f"softmax over axis {axis} of {shape}: the SDK's SOFTMAX normalises one vector"
     return None
 

@@ -108,10 +108,10 @@ def kpu_dense(lw, node):
     start = lw.kpu_alloc(pad, f"{out}:padded", lines, f"node {node.name!r}: padded input")
     lw.emit("K210_ADD_PADDING", dict(flags=0, main_mem_in_address=src, kpu_mem_out_address=start,
                                      channels=ci), row)
-    conv, quant = kpu.build_conv(
-        W.reshape(co, ci, 1, 1) * s_x, B, None if mean is None else mean / s_x, z_x, pad_map, 0, False,
-        lw.rng(st["conv"]), lw.rng(st["act"]), node.attrs.get("activation"), lw.opts.weight_bits,
-        node.name, row)
+    lq = kpu.quantize_layer(W.reshape(co, ci, 1, 1) * s_x, B, None if mean is None else mean / s_x, z_x, 1,
+                            lw.rng(st["conv"]), lw.rng(st["act"]), node.attrs.get("activation"),
+                            lw.opts.weight_bits, row)
+    conv, quant = kpu.tile_conv(lq, (0, ci), (0, co), pad_map, 0, False, node.name), lq.out_quant
     res = Loc(conv.out_shape)
     dst = lw.kpu_alloc(res, f"{out}:padded_out", kpu.out_lines(conv), f"node {node.name!r}: output",
                        keep=(pad.block,))

@@ -1,6 +1,14 @@
-"""One K210_CONV from float weights and calibrated ranges: weights, batch-norm fixed point,
-activation table and the 12 register words (spec §2.4-§2.6, §5). Every number from hardware.py."""
+"""K210_CONV layers from float weights and calibrated ranges: weights, batch-norm fixed point,
+activation table and the 12 register words (spec §2.4-§2.6, §5). Every number from hardware.py.
+
+A layer is quantized once (`quantize_layer`, all output channels) and then emitted as one or
+more tiles (`tile_conv`): a tile reads a window of input channels (and rows) and writes a window
+of output channels. Tiles of one layer share its weights, BN table and activation table, so a
+tiled layer computes the same bytes as the whole layer would.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -10,6 +18,10 @@ from tl2k210.k210.kmodel.kpu import KpuConv
 from tl2k210.quantize import fixed_point as fx
 
 IR_POOL_KIND = {"max": "max", "avg": "mean"}
+# a streamed output channel holds at most this many pixels (channel_byte_num, spec §2.5.5); the
+# field is clamped for outputs that stay in KPU RAM (only the output FIFO reads it)
+STREAM_PIXELS = 1 << hw.LAYER_FIELD["channel_byte_num"].width
+U8_MAX = int(np.iinfo(np.uint8).max)
 
 
 def pool_code(pool: dict | None) -> int | None:
@@ -25,6 +37,11 @@ def pool_code(pool: dict | None) -> int | None:
                     p.stride == 1 and p.kind == "mean"):   # mean_2_s1 replicates edges: not ONNX
                 return p.code
     return None
+
+
+def pick_code(dx: int) -> int:
+    """The stride-2 pick pool taking row phase 0 and column phase dx."""
+    return next(p.code for p in hw.POOLS if p.kind == "pick" and p.stride == 2 and p.pick == (0, dx))
 
 
 def weight_loads(co: int, per_oc: int, weight_bits: int, depthwise: bool):
@@ -46,52 +63,119 @@ def layout_args(in_shape, out_shape) -> dict:
                 o_row_wid=pw - 1, o_col_high=ph - 1,
                 channel_switch_addr=L_in * h, row_switch_addr=L_in, coef_group=g_in,
                 wb_channel_switch_addr=L_out * ph, wb_row_switch_addr=L_out, wb_group=g_out,
-                channel_byte_num=ph * pw - 1, dma_total_byte=co * ph * pw - 1)
+                channel_byte_num=min(ph * pw, STREAM_PIXELS) - 1, dma_total_byte=co * ph * pw - 1)
 
 
-def check_geometry(name, in_shape, out_shape, code):
-    ci, h, w = in_shape
-    lo = hw.LIMITS["out_min"]
-    if min(out_shape[1:]) < lo:
-        raise KpuLimitError(f"node {name!r}: KPU output {out_shape[2]}x{out_shape[1]} after "
-                            f"{hw.POOL[code].name}; the KPU writes maps of at least {lo}x{lo} "
-                            "(spec §2.7): use a larger input or pool later")
+def window_line(c0: int, h: int, w: int) -> int:
+    """Line offset of channel c0 inside a (C, h, w) map (c0 a multiple of the map's group)."""
+    g, _, L = hw.row_layout(w)
+    assert c0 % g == 0, (c0, g)
+    return (c0 // g) * L * h
 
 
-def build_conv(W, B, e, z_x, in_shape, code, depthwise, y_range, z_range, act_attr, weight_bits,
-               name, row):
-    """One K210_CONV (addresses 0, see `place`): per-channel weights acting on q − z_x, bias
-    correction, BN fixed point, activation table; returns (KpuConv, (s_z, z_z))."""
-    ci, h, w = in_shape
-    co, k = W.shape[0], W.shape[2]
-    Wq, zw, sw = fx.quantize_weights(W, weight_bits)
+@dataclass
+class LayerQuant:
+    """A KPU layer's integer parameters over all its output channels; tiles take slices."""
+    Wq: np.ndarray        # (Co, Ci/groups, k, k) uint8/uint16
+    zw: int               # weight zero point (arg_x = -zw)
+    z_x: int              # input zero point = pad value (arg_w = -z_x)
+    bn: dict              # norm_mul, norm_shift, norm_add: (Co,)
+    act: dict             # activation table
+    out_quant: tuple      # (s_z, z_z) of the uint8 output
+    groups: int
+    bits: int
+    exact_copy: bool = False   # one-hot weights, ACC = the picked input byte (no zero points)
+
+    @property
+    def k(self):
+        return self.Wq.shape[2]
+
+    @property
+    def co(self):
+        return self.Wq.shape[0]
+
+
+def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row) -> LayerQuant:
+    """Per-channel weights acting on q − z_x (W already carries the input scale), bias correction
+    for the weight rounding (e = E[q − z_x] per input channel), BN fixed point, activation table."""
+    co, m = W.shape[0], W.shape[1]
+    Wq, zw, sw = fx.quantize_weights(W, bits)
     if e is not None:   # remove the mean shift the weight rounding causes (Nagel et al. 2019)
-        dW = ((Wq.astype(np.float64) - zw) * sw[:, None, None, None] - W).sum(axis=(2, 3))
-        B = B - (dW[:, 0] * e if depthwise else dW @ e)
+        dW = ((Wq.astype(np.float64) - zw) * sw[:, None, None, None] - W).sum(axis=(2, 3))   # (co, m)
+        n = co // groups
+        src = (np.arange(co) // n)[:, None] * m + np.arange(m)[None, :]                     # input index
+        B = B - (dW * np.asarray(e, np.float64)[src]).sum(axis=1)
         row.notes.append("bias corrected for weight rounding")
     y_lo, y_hi = y_range
     s_z, z_z = fx.qparams(*z_range)
     s_v = fx.choose_v_scale(1.0, sw, B, max(abs(y_lo), abs(y_hi)) * 2)
     bn = fx.bn_params(1.0, sw, B, s_v)
     act = fx.activation_table(act_attr, y_lo, y_hi, s_v, s_z, z_z)
+    return LayerQuant(Wq, zw, z_x, bn, act, (s_z, z_z), groups, bits)
+
+
+def copy_layer(onehot: np.ndarray, quant: tuple, bits: int) -> LayerQuant:
+    """A layer whose output channel o is input channel src[o] at tap t[o], byte for byte:
+    weights 1 at that tap and 0 elsewhere, no zero-point terms, BN x1, identity activation.
+    Out-of-map taps read the pad value = the input's zero point = the quantized 0.0."""
+    co = onehot.shape[0]
+    act = {"x_start": np.array([hw.ACT_X_START_MIN, 0] + [(1 << 35) - 1] * (hw.ACT_SEGMENTS - 2), np.int64),
+           "y_mul": np.array([0, 1] + [0] * (hw.ACT_SEGMENTS - 2), np.int64),
+           "shift_number": np.zeros(hw.ACT_SEGMENTS, np.int64),
+           "bias": np.array([0, 0] + [U8_MAX] * (hw.ACT_SEGMENTS - 2), np.uint8)}
+    bn = {"norm_mul": np.ones(co, np.int64), "norm_shift": np.zeros(co, np.int64),
+          "norm_add": np.zeros(co, np.int64)}
+    wq = onehot.astype(np.uint8 if bits == 8 else np.uint16)
+    return LayerQuant(wq, 0, int(quant[1]), bn, act, tuple(quant), 1, bits, exact_copy=True)
+
+
+def dense_weights(lq: LayerQuant, cin, cout) -> np.ndarray:
+    """(len(cout), len(cin), k, k) weights of a tile; a grouped layer becomes block-diagonal
+    (zero weights = zw contribute nothing to ACC)."""
+    (c0, c1), (o0, o1) = cin, cout
+    co, m, k = lq.co, lq.Wq.shape[1], lq.k
+    n = co // lq.groups
+    if lq.groups == 1:
+        assert m == c1 - c0, "a dense tile reads every input channel"
+        return lq.Wq[o0:o1]
+    out = np.full((o1 - o0, c1 - c0, k, k), lq.zw, lq.Wq.dtype)
+    for o in range(o0, o1):
+        s = (o // n) * m - c0
+        assert 0 <= s and s + m <= c1 - c0, f"output {o} reads inputs outside the tile's window {cin}"
+        out[o - o0, s:s + m] = lq.Wq[o]
+    return out
+
+
+def tile_conv(lq: LayerQuant, cin, cout, in_shape, code, depthwise, name) -> KpuConv:
+    """One K210_CONV computing output channels `cout` from the (C, H, W) input window `in_shape`
+    holding channels `cin` (addresses 0, see `place`)."""
+    ci, h, w = in_shape
+    (o0, o1) = cout
+    co, k = o1 - o0, lq.k
+    wq = lq.Wq[o0:o1] if depthwise else dense_weights(lq, cin, cout)
     ph, pw = hw.POOL[code].out_size(h, w)
-    check_geometry(name, in_shape, (co, ph, pw), code)
+    lo = hw.LIMITS["out_min"]
+    if min(ph, pw) < lo:
+        raise KpuLimitError(f"node {name!r}: KPU output {pw}x{ph} after {hw.POOL[code].name}; the KPU "
+                            f"writes maps of at least {lo}x{lo} (spec §2.7): use a larger input or pool later")
     per_oc = k * k * (1 if depthwise else ci)
-    n_oc, load_time = weight_loads(co, per_oc, weight_bits, depthwise)
-    para = n_oc * per_oc * weight_bits // 8
+    n_oc, load_time = weight_loads(co, per_oc, lq.bits, depthwise)
+    para = n_oc * per_oc * lq.bits // 8
     if load_time > hw.LIMITS["load_time_max"] or para > hw.LIMITS["para_size_max"]:
         raise KpuLimitError(f"node {name!r}: {co}x{per_oc} weights need {load_time + 1} weight loads "
                             f"of {para:,} B; the KPU allows {hw.LIMITS['load_time_max'] + 1} loads of "
                             f"at most {hw.LIMITS['para_size_max']:,} B: use fewer input channels")
+    zp = (0, 0, 0) if lq.exact_copy else (-lq.zw, -lq.z_x, k * k * lq.z_x * lq.zw)
     args = dict(hw.LAYER_DEFAULTS)
     args.update(layout_args(in_shape, (co, ph, pw)))
     args.update(
         depth_wise_layer=int(depthwise), image_src_addr=0, image_dst_addr=0, o_ch_num_coef=n_oc - 1,
         kernel_type=next(t for t, kk in hw.KERNEL_SIZES.items() if kk == k), pool_type=code,
-        pad_value=z_x, load_time=load_time, para_size=para,
-        arg_x=-zw, shr_x=0, arg_w=-z_x, shr_w=0, arg_add=k * k * z_x * zw,
+        pad_value=lq.z_x, load_time=load_time, para_size=para,
+        arg_x=zp[0], shr_x=0, arg_w=zp[1], shr_w=0, arg_add=zp[2],
         bwsx_base_addr=0, para_start_addr=0, active_addr=0)
-    return KpuConv(args, Wq.reshape(-1), bn, act), (s_z, z_z)
+    bn = {f: np.asarray(v)[o0:o1] for f, v in lq.bn.items()}
+    return KpuConv(args, wq.reshape(-1), bn, lq.act)
 
 
 def place(conv: KpuConv, src_line: int, dst_line: int) -> KpuConv:
@@ -101,3 +185,10 @@ def place(conv: KpuConv, src_line: int, dst_line: int) -> KpuConv:
 
 def out_lines(conv: KpuConv) -> int:
     return hw.map_lines(*conv.out_shape)
+
+
+def estimate_cycles(macs: int, weight_bytes: int, streamed_bytes: int = 0) -> int:
+    """Cost-model cycles of one K210_CONV before it is built (k210/cost.py constants)."""
+    from tl2k210.k210 import cost
+    return int(macs / cost.KPU_MACS_PER_CYCLE + cost.KPU_LAYER_OVERHEAD
+               + (weight_bytes + streamed_bytes) / cost.DMA_BYTES_PER_CYCLE)

@@ -81,9 +81,9 @@ class Lowering:
         self.layers, self.rows, self.locs = [], [], {}
         self.kpu, self.main = KpuAllocator(self.opts.kpu_ram_lines), MainAllocator()
         self.pixel_input = None     # the image input (uint8 pixels, preprocessing folded in)
-        self.pending_pick = set()   # 1x1 convs that take over a depthwise conv's stride-2 pick
+        self.geo, self.plans = {}, {}   # per KPU conv node: its geometry and tiling plan (conv.py)
         self.folded = set()         # nodes already lowered by their producer (fused activations)
-        self.trace_map = {}         # tensor -> (layer index, kind) for SQNR from emulator traces
+        self.trace_map = {}         # tensor -> (layer index or indices, kind): SQNR from emulator traces
         self.uses = {}
         self.choice = {}            # node name -> (Alternative, passed-over reasons)
         for n in self.order:
@@ -156,15 +156,17 @@ class Lowering:
         loc = self.locs.get(t)
         return loc is not None and loc.kpu is not None and self.kpu.blocks.get(loc.block) == loc.kpu
 
-    def kpu_alloc(self, loc, name, lines, where, keep=()):
+    def kpu_alloc(self, loc, name, lines, where, keep=(), away=None):
         """Put `loc` in a new KPU block, evicting maps that are no longer needed there (they have a
-        main-memory copy or no consumers left); `keep` names blocks that must stay."""
+        main-memory copy or no consumers left); `keep` names blocks that must stay. `away`: a
+        (start, end) block to keep clear of (the block goes to the far end of KPU RAM)."""
         while not self.kpu.fits(lines):
             victim = self._evictable(keep)
             if victim is None:
                 break
             self.kpu_free(victim)
-        start = self.kpu.alloc(name, lines, where)
+        high = away is not None and away[0] < self.kpu.lines - away[1]
+        start = self.kpu.alloc(name, lines, where, high)
         loc.kpu, loc.block = (start, start + lines), name
         return start
 
