@@ -108,8 +108,10 @@ def test_npy_npz_arrays(tmp_path):
     assert len(xs) == 4 and np.array_equal(xs[2][0], a[2].transpose(2, 0, 1))
     np.savez(tmp_path / "b.npz", x=a.transpose(0, 3, 1, 2)[:2])
     assert len(load_dataset(tmp_path / "b.npz", (1, 3, 8, 8))) == 2
-    with pytest.raises(ValueError, match="layout='NHWC'"):
-        load_dataset(tmp_path / "a.npy", (1, 3, 8, 8))
+    # channels-last data is recognised without layout= (a CLI user cannot pass it)
+    assert all(np.array_equal(x, y) for x, y in zip(load_dataset(tmp_path / "a.npy", (1, 3, 8, 8)), xs))
+    with pytest.raises(ValueError, match=r"channels-last"):
+        load_dataset(tmp_path / "a.npy", (1, 3, 4, 4))
 
 
 def test_imagenet_folder_from_testdata():

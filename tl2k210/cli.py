@@ -5,6 +5,8 @@ modules are imported lazily so `inspect` and `run` never pull in TensorFlow.
 """
 import argparse
 import importlib
+import os
+import signal
 import sys
 
 from tl2k210 import __version__
@@ -46,19 +48,69 @@ def build_parser(only=None):
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every `with`/`finally` cleans up (temporary flash
+    images, half-written outputs) before the process ends."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     verb = argv[0] if argv and not argv[0].startswith("-") else None
     parser = build_parser(only=verb if verb in VERBS else None)
     args = parser.parse_args(argv)
     try:
-        return args.func(args) or 0
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:          # not the main thread: leave signals alone
+        previous = None
+    try:
+        rc = args.func(args) or 0
+        sys.stdout.flush()          # a closed pipe shows here, not at interpreter exit
+        return rc
     except Tl2k210Error as exc:
-        print(f"tl2k210 {args.verb}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"tl2k210 {args.verb}: interrupted", file=sys.stderr)
-        return 130
+        return _fail(args, str(exc))
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        _say(f"tl2k210 {args.verb}: {'terminated' if terminated else 'interrupted'}")
+        return 143 if terminated else 130
+    except BrokenPipeError:
+        # the reader went away (`tl2k210 inspect M | head -1`): stop quietly, as Unix tools do
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141
+    except MemoryError:
+        return _fail(args, "out of memory: the input is larger than this computer can process; "
+                     "use a smaller input")
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(args, f"{where}{exc.strerror or exc}; check the path and its permissions")
+    except Exception as exc:
+        if os.environ.get("TL2K210_TRACEBACK"):
+            raise
+        return _fail(args, f"internal error ({type(exc).__name__}: {exc}); this is a bug in "
+                     "tl2k210: please report it with the command line (TL2K210_TRACEBACK=1 shows "
+                     "the traceback)", code=3)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _say(text):
+    try:
+        print(text, file=sys.stderr)
+    except (OSError, ValueError):
+        pass
+
+
+def _fail(args, message, code=2):
+    _say(f"tl2k210 {args.verb}: error: {message}")
+    return code
 
 
 if __name__ == "__main__":

@@ -112,6 +112,10 @@ def _say(opts, msg):
 def pixel_mapping(opts: ConvertOptions, channels: int):
     """x_float = pixel * scale[c] + offset[c], the preprocessing as one affine map per channel."""
     lo, hi = opts.input_range
+    for flag, v in (("--mean", opts.mean), ("--std", opts.std)):
+        if len(v) not in (1, channels):
+            raise Tl2k210Error(f"{flag} has {len(v)} values; the model input has {channels} "
+                               f"channel(s): give 1 value or {channels}")
     mean = np.resize(np.asarray(opts.mean, np.float64), channels)
     std = np.resize(np.asarray(opts.std, np.float64), channels)
     scale = (hi - lo) / 255.0 / std
@@ -126,6 +130,7 @@ def load_pixels(path: str, shape, limit: int, opts: ConvertOptions) -> np.ndarra
     from .npy/.npz (returned as float32, already preprocessed)."""
     from PIL import Image
 
+    from tl2k210.imaging import open_image
     from tl2k210.quantize.dataset import image_files, load_arrays
     p = Path(path)
     if not p.exists():
@@ -134,7 +139,7 @@ def load_pixels(path: str, shape, limit: int, opts: ConvertOptions) -> np.ndarra
         _, c, h, w = shape
         out = []
         for f in image_files(p)[:limit]:
-            img = Image.open(f).convert("L" if c == 1 else "RGB")
+            img = open_image(f, "L" if c == 1 else "RGB")
             if img.size != (w, h):
                 img = img.resize((w, h), Image.BILINEAR)
             a = np.asarray(img)

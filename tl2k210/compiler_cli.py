@@ -1,30 +1,37 @@
 """`tl2k210 convert` and `tl2k210 compare` (flags in the spirit of nncase's `ncc`)."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
+from tl2k210 import cliargs
 from tl2k210.errors import Tl2k210Error
 
 
-def _floats(text):
-    return tuple(float(v) for v in str(text).split(","))
+def _range_arg(text):
+    from tl2k210.quantize.dataset import parse_range
+    try:
+        return parse_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_preprocess(p):
     g = p.add_argument_group("input preprocessing (how 0..255 camera pixels become model input)")
-    g.add_argument("--input-range", default="0,1", help="pixels 0..255 map linearly onto MIN,MAX (0,1)")
-    g.add_argument("--mean", default="0", help="per-channel mean subtracted after the range (0)")
-    g.add_argument("--std", default="1", help="per-channel std divided after the mean (1)")
+    g.add_argument("--input-range", type=_range_arg, default=(0.0, 1.0),
+                   help="pixels 0..255 map linearly onto MIN,MAX (0,1)")
+    g.add_argument("--mean", type=cliargs.floats(example="0.485,0.456,0.406"), default=(0.0,),
+                   help="per-channel mean subtracted after the range (0): 1 value or one per channel")
+    g.add_argument("--std", type=cliargs.floats(positive=True, example="0.229,0.224,0.225"),
+                   default=(1.0,), help="per-channel std divided after the mean (1), > 0")
     g.add_argument("--bgr", action="store_true", help="the model wants BGR channel order")
-    g.add_argument("--input-shape", help="N,C,H,W for models with symbolic input dims")
+    g.add_argument("--input-shape", type=cliargs.shape, help="N,C,H,W for models with symbolic input dims")
 
 
 def _pre_opts(args):
-    from tl2k210.quantize.dataset import parse_range
-    return dict(input_range=parse_range(args.input_range), mean=_floats(args.mean), std=_floats(args.std),
-                channel_order="BGR" if args.bgr else "RGB",
-                input_shape=tuple(int(v) for v in args.input_shape.split(",")) if args.input_shape else None)
+    return dict(input_range=tuple(args.input_range), mean=tuple(args.mean), std=tuple(args.std),
+                channel_order="BGR" if args.bgr else "RGB", input_shape=args.input_shape)
 
 
 def add_convert_parser(sub):
@@ -37,7 +44,8 @@ def add_convert_parser(sub):
     p.add_argument("output", help="kmodel to write (written atomically, only on success)")
     p.add_argument("--dataset", required=True, help="calibration data: folder of jpg/png/bmp, or .npy/.npz")
     p.add_argument("--calibrate-method", choices=["minmax", "percentile", "kld"], default="minmax")
-    p.add_argument("--calib-limit", type=int, default=100, help="calibration samples to use (100)")
+    p.add_argument("--calib-limit", type=cliargs.int_range(1, example=100), default=100,
+                   help="calibration samples to use (100)")
     p.add_argument("--weight-bits", type=int, choices=[8, 16], default=8)
     p.add_argument("--float-fc", action="store_true",
                    help="run dense layers as float FULLY_CONNECTED on the CPU (exact, 4x the weight "
@@ -48,7 +56,8 @@ def add_convert_parser(sub):
     p.add_argument("--runtime", choices=["maixpy", "maixpy-minimum", "sdk"], default="maixpy",
                    help="check model + main memory against what this firmware leaves (maixpy)")
     p.add_argument("--report", help="also write the receipt as JSON")
-    p.add_argument("--network", help="python file defining build() -> TensorLayer model, for weight files")
+    p.add_argument("--network", help="python file defining build() -> TensorLayer model, for weight "
+                   "files (it is run as Python: use files you trust)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     _add_preprocess(p)
     p.set_defaults(func=cmd_convert)
@@ -57,16 +66,29 @@ def add_convert_parser(sub):
 def _load_network(path):
     import importlib.util
     spec = importlib.util.spec_from_file_location("tl2k210_user_network", path)
+    if spec is None or spec.loader is None:
+        raise Tl2k210Error(f"--network {path}: not a Python file (it must define build())")
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    if not hasattr(mod, "build"):
-        raise Tl2k210Error(f"{path}: define build() returning the TensorLayer model")
-    return mod.build()
+    try:
+        spec.loader.exec_module(mod)
+        if not hasattr(mod, "build"):
+            raise Tl2k210Error(f"{path}: define build() returning the TensorLayer model")
+        return mod.build()
+    except Tl2k210Error:
+        raise
+    except Exception as exc:     # the user's code failed: say where, not our traceback
+        raise Tl2k210Error(f"--network {path} failed: {type(exc).__name__}: {exc}") from None
 
 
 def cmd_convert(args):
     from tl2k210.compiler import ConvertOptions, convert
-    from tl2k210.k210.kmodel import atomic_write
+    from tl2k210.fileio import atomic_write, check_outputs, check_readable
+    check_readable(args.model, "model", folder=None)
+    check_readable(args.dataset, "dataset", folder=None)
+    if args.network:
+        check_readable(args.network, "Python file")
+    check_outputs([("output", args.output), ("--report", args.report)],
+                  [args.model, args.dataset, args.network])
     opts = ConvertOptions(dataset=args.dataset, method=args.calibrate_method, weight_bits=args.weight_bits,
                           kpu_padding=args.kpu_padding, runtime=args.runtime, calib_limit=args.calib_limit,
                           float_fc=args.float_fc,
@@ -76,7 +98,7 @@ def cmd_convert(args):
     receipt = convert(args.model, args.output, opts)
     print(receipt.table())
     if args.report:
-        atomic_write(args.report, receipt.to_json().encode())
+        atomic_write(args.report, receipt.to_json().encode(), "--report")
         print(f"wrote {args.report}", file=sys.stderr)
     return 0
 
@@ -91,11 +113,12 @@ def add_compare_parser(sub):
     p.add_argument("kmodel")
     p.add_argument("--dataset", required=True, help="folder of images, or .npy/.npz")
     p.add_argument("--labels", help="class names, one per line (prints the top classes)")
-    p.add_argument("--limit", type=int, default=200)
+    p.add_argument("--limit", type=cliargs.int_range(1, example=200), default=200,
+                   help="samples to compare (200)")
     p.add_argument("--decode", choices=["yolo2"], help="also compare decoded detections")
     p.add_argument("--anchors", help="anchor pairs for --decode yolo2")
-    p.add_argument("--threshold", type=float, default=0.5)
-    p.add_argument("--nms", type=float, default=0.3)
+    p.add_argument("--threshold", type=cliargs.probability, default=0.5)
+    p.add_argument("--nms", type=cliargs.probability, default=0.3)
     p.add_argument("--json", help="write the report as JSON")
     _add_preprocess(p)
     p.set_defaults(func=cmd_compare)
@@ -135,10 +158,9 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
     test = {k: np.stack(v) for k, v in tests.items()}
     report = {"samples": len(floats), "outputs": output_agreement(ref, test)}
     if decode == "yolo2":
-        from tl2k210.k210.cli import _grid
-        a = [float(v) for v in anchors.split(",")]
+        a = yolo.parse_anchors(anchors)
         k = next(iter(test))
-        gw, gh = _grid(emu, test[k].shape[1], len(a) // 2)
+        gw, gh, _ = yolo.region_layout(emu.model, test[k].shape[1], len(a) // 2)
         rb = [yolo.decode(r, a, gw, gh, 1, 1, threshold, nms) for r in ref[k]]
         tb = [yolo.decode(t, a, gw, gh, 1, 1, threshold, nms) for t in test[k]]
         report["detections"] = detection_agreement(rb, tb)
@@ -146,6 +168,17 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
 
 
 def cmd_compare(args):
+    from tl2k210.fileio import check_outputs, check_readable
+    from tl2k210.k210 import yolo
+    from tl2k210.k210.cli import _labels, labels_file
+    check_readable(args.float_model, "model", folder=None)
+    check_readable(args.kmodel, "kmodel")
+    check_readable(args.dataset, "dataset", folder=None)
+    if args.decode == "yolo2":
+        yolo.parse_anchors(args.anchors)
+    _labels(args.labels)
+    check_outputs([("--json", args.json)], [args.float_model, args.kmodel, args.dataset,
+                                             labels_file(args.labels)])
     report = compare(args.float_model, args.kmodel, args.dataset, args.limit, args.decode, args.anchors,
                      args.threshold, args.nms, **_pre_opts(args))
     print(f"{report['samples']} samples: float ({args.float_model}) vs kmodel ({args.kmodel}, emulated)")
@@ -159,6 +192,6 @@ def cmd_compare(args):
         print(f"detections: float {d['ref']}, kmodel {d['test']}, matched {d['matched']} "
               f"(recall {d['recall']:.3f}, precision {d['precision']:.3f})")
     if args.json:
-        from tl2k210.k210.kmodel import atomic_write
-        atomic_write(args.json, json.dumps(report, indent=1, default=float).encode())
+        from tl2k210.fileio import atomic_write
+        atomic_write(args.json, json.dumps(report, indent=1, default=float).encode(), "--json")
     return 0

@@ -37,3 +37,11 @@ class FlashError(Tl2k210Error):
 
 class KfpkgError(Tl2k210Error, ValueError):
     """A .kfpkg package is malformed or unsafe."""
+
+
+class InputFileError(Tl2k210Error, ValueError):
+    """An input file (image, array, dataset, labels...) is missing, unreadable or unusable."""
+
+
+class OutputPathError(Tl2k210Error):
+    """An output path cannot be written, or would overwrite an input."""

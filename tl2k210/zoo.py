@@ -104,7 +104,7 @@ def _resolve(ref: str, folder: Path) -> Path:
 # ---------------------------------------------------------------------------------------------
 def save_weights(net, path):
     """TensorLayer model weights as arrays in `all_weights` order (np.savez, atomic)."""
-    from tl2k210.k210.kmodel import atomic_write
+    from tl2k210.fileio import atomic_write
     buf = io.BytesIO()
     np.savez_compressed(buf, *[np.asarray(w.numpy()) for w in net.all_weights])
     atomic_write(path, buf.getvalue())
@@ -146,23 +146,44 @@ def calibration_images(r: Recipe) -> list[np.ndarray]:
     if kind == "data":
         return list(getattr(_module(r.folder, "data"), ref)())
     if kind == "testdata":
-        from PIL import Image
+        from tl2k210.imaging import open_image
         folder = _resolve(r.calibration, r.folder)
-        return [np.asarray(Image.open(p).convert("RGB")) for p in sorted(folder.iterdir())
+        return [np.asarray(open_image(p)) for p in sorted(folder.iterdir())
                 if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp")]
     raise Tl2k210Error(f"{r.name}: calibration {r.calibration!r} is neither data:FN nor testdata:DIR")
 
 
 def build(name: str, out_dir, progress: bool = True) -> dict:
-    """kmodel + kfpkg + MaixPy script + report for one zoo network; returns the report."""
+    """kmodel + kfpkg + MaixPy script + report for one zoo network; returns the report. The
+    output folder is created first (and removed again if the build fails)."""
+    from tl2k210.fileio import make_folder, remove_folders
+    r = get(name)
+    out = Path(out_dir)
+    created = make_folder(out, "--out")
+    try:
+        return _build(r, out, progress)
+    except BaseException:
+        remove_folders(created)
+        raise
+
+
+def _build(r: Recipe, out: Path, progress: bool) -> dict:
     from PIL import Image
 
     from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.fileio import atomic_write, check_outputs
     from tl2k210.flash.kfpkg import FlashImage, write_kfpkg
-    from tl2k210.k210.kmodel import atomic_write
-    r = get(name)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    products = [out / f"{r.name}{ext}" for ext in (".kmodel", ".kfpkg", "_main.py", ".report.json",
+                                                    ".report.txt")]
+    sources = [r.folder, FIRMWARE / r.firmware]
+    if r.calibration.startswith("testdata:"):
+        sources.append(_resolve(r.calibration, r.folder))
+    check_outputs([("--out", p) for p in products], sources)
+    script = FIRMWARE / r.firmware
+    text = script.read_text() if script.exists() else None
+    if text is not None and f"0x{r.flash_address:x}" not in text.lower():
+        raise Tl2k210Error(f"{script} does not load the model from 0x{r.flash_address:x} "
+                           "(the recipe's flash_address)")
     net = build_network(r)
     with tempfile.TemporaryDirectory(prefix="tl2k210-calib-") as calib:
         for i, img in enumerate(calibration_images(r)):
@@ -176,12 +197,7 @@ def build(name: str, out_dir, progress: bool = True) -> dict:
     kbytes = kpath.read_bytes()
     write_kfpkg([FlashImage(r.flash_address, kbytes, envelope=False, name=f"{r.name}.kmodel")],
                 out / f"{r.name}.kfpkg")
-    script = FIRMWARE / r.firmware
-    if script.exists():
-        text = script.read_text()
-        if f"0x{r.flash_address:x}" not in text.lower():
-            raise Tl2k210Error(f"{script} does not load the model from 0x{r.flash_address:x} "
-                               "(the recipe's flash_address)")
+    if text is not None:
         atomic_write(out / f"{r.name}_main.py", text.encode())
     report = {"name": r.name, "summary": r.summary, "kmodel": str(kpath), "kfpkg": str(out / f"{r.name}.kfpkg"),
               "flash_address": f"0x{r.flash_address:x}", "firmware": str(script) if script.exists() else None,

@@ -56,6 +56,14 @@ BOARDS = {b.name: b for b in [
           [], []),
 ]}
 
+# Baud rates of the stage-2 transfer (-b). The ROM ISP always runs at 115200 8N1 (spec §2.1, §2.5):
+# no K210 tool goes below it. Each board's `max_baud` is what its USB-serial bridge is rated for:
+# the WCH CH340 does 50 bps..2 Mbps (CH340 datasheet), the CH552 bridge firmware of the Maix Bit
+# with mic is reported unreliable above 1.5 Mbaud (spec §7.2), and the FT2232 boards are driven
+# like the others (kflash's open-ec "super baudrate" mapping, spec §3.3, is not implemented).
+MIN_BAUD = 115200
+MAX_BAUD = max(b.max_baud for b in BOARDS.values())
+
 # kflash 1.1.6 auto-detection order (dan -> kd233 -> goD -> kd233)
 AUTODETECT_ORDER = ("dan", "kd233", "goD", "kd233")
 

@@ -6,19 +6,69 @@ import os
 import sys
 import tempfile
 
+from tl2k210 import cliargs
 from tl2k210.errors import Tl2k210Error
 
 MAIXPY_MODEL_AREA = 0x300000      # MaixPy convention (spec §6.1)
 FIRMWARE_REGION_END = 0x200000    # the MaixPy firmware lives below this
-SPIFFS_START = 0xD00000           # /flash filesystem
+SPIFFS_START = 0xD00000           # /flash filesystem (CONFIG_SPIFFS_START_ADDR, spec §6.1)
+SPIFFS_SIZE = 0x300000
+FLASH_SECTOR = 4096               # SPI flash erase unit
 KFLASH_USB_VIDS = ("1A86", "0403", "067B", "10C4", "C251")
+FAULT_KINDS = ("corrupt", "drop", "delay")
 
 
-def _int(text):
+def _baud_arg(text):
+    """-b: what the ROM/stub and the boards' USB-serial bridges can do (see boards.py)."""
+    import argparse
+
+    from tl2k210.flash.boards import MAX_BAUD, MIN_BAUD
     try:
-        return int(str(text), 0)
+        baud = int(str(text).strip(), 0)
     except ValueError:
-        raise Tl2k210Error(f"{text!r} is not a number (use decimal or 0x-hex)") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; use e.g. 115200 or 1500000") from None
+    if not MIN_BAUD <= baud <= MAX_BAUD:
+        raise argparse.ArgumentTypeError(
+            f"{baud} is out of range: use {MIN_BAUD}..{MAX_BAUD} (the ROM stage runs at {MIN_BAUD}, "
+            f"the slowest rate; the boards' CH340/CH552/FT2232 bridges are driven up to {MAX_BAUD}); "
+            "e.g. 1500000, or 115200 on a bad cable")
+    return baud
+
+
+def check_baud(baud, board):
+    """Refuse a rate above what the chosen board's USB-serial bridge is rated for."""
+    from tl2k210.flash.boards import get_board
+    if board is None:
+        return
+    b = get_board(board)
+    if baud > b.max_baud:
+        raise Tl2k210Error(f"--baud {baud} is above what the {b.name} board's USB-serial bridge is "
+                           f"rated for ({b.max_baud}{': ' + b.notes if b.notes else ''}); use "
+                           f"-b {b.max_baud} or lower")
+
+
+def address_warnings(images):
+    """Warnings for raw images where MaixPy users lose data: inside the firmware region, in the
+    SPIFFS /flash filesystem, or not 4 KiB aligned (the erase unit; kflash's erase and Sipeed's
+    kflash fork require it, spec §3.4, §4.2)."""
+    out = []
+    for i in images:
+        if i.envelope and i.address == 0:
+            continue                        # the firmware itself
+        if i.address < FIRMWARE_REGION_END:
+            out.append(f"{i.name} at 0x{i.address:x} is inside the MaixPy firmware region "
+                       f"(0..0x{FIRMWARE_REGION_END:x}) and will overwrite the firmware; models "
+                       f"usually go at 0x{MAIXPY_MODEL_AREA:x}")
+        elif i.end > SPIFFS_START and i.address < SPIFFS_START + SPIFFS_SIZE:
+            out.append(f"{i.name} (0x{i.address:x}..0x{i.end:x}) overlaps the SPIFFS /flash "
+                       f"filesystem at 0x{SPIFFS_START:x}; MaixPy may reformat it (and lose the "
+                       "image) or the image destroys /flash")
+        if i.address % FLASH_SECTOR:
+            out.append(f"{i.name} at 0x{i.address:x} is not 4 KiB aligned: the flash erases whole "
+                       f"4 KiB sectors, so the bytes from 0x{i.address - i.address % FLASH_SECTOR:x} "
+                       "before it are erased too, and kflash's erase / Sipeed's kflash need aligned "
+                       "addresses")
+    return out
 
 
 def _board_arg(text):
@@ -33,6 +83,16 @@ def _board_arg(text):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _wiring_arg(text):
+    import argparse
+
+    from tl2k210.flash.boards import BOARDS
+    names = [b.name for b in BOARDS.values() if b.reset_line] + ["isp_on_open"]
+    if text not in names:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(names)}")
+    return text
+
+
 def _common_port_args(p):
     from tl2k210.flash.boards import board_names
     from tl2k210.flash.flasher import DEFAULT_BAUD
@@ -42,9 +102,10 @@ def _common_port_args(p):
     p.add_argument("-B", "--board", type=_board_arg, metavar="BOARD",
                    help="board preset (reset wiring): " + ", ".join(board_names()) +
                    "; default: auto-detect")
-    p.add_argument("-b", "--baud", type=int, default=DEFAULT_BAUD,
-                   help=f"baud rate for the flash transfer (default {DEFAULT_BAUD}; the ROM stage "
-                   "always runs at 115200)")
+    p.add_argument("-b", "--baud", type=_baud_arg, default=DEFAULT_BAUD,
+                   help=f"baud rate for the flash transfer, 115200..2000000 (default "
+                   f"{DEFAULT_BAUD}; the ROM stage always runs at 115200; bit_mic boards "
+                   "(CH552) up to 1500000)")
     p.add_argument("--stub", metavar="FILE", help="stage-2 flash program to load instead of the "
                    "one in the installed kflash package")
     p.add_argument("--verify", dest="verify", action="store_true", default=True,
@@ -79,7 +140,7 @@ def add_deploy_parser(sub):
                        "print the MaixPy lines that load it")
     p.add_argument("model", help="a .kmodel, or a model the compiler can convert")
     p.add_argument("--dataset", help="calibration images when MODEL still needs converting")
-    p.add_argument("-a", "--address", default=hex(MAIXPY_MODEL_AREA),
+    p.add_argument("-a", "--address", type=cliargs.address, default=MAIXPY_MODEL_AREA,
                    help="flash address of the model (default 0x300000, MaixPy's model area)")
     p.add_argument("--firmware", metavar="FW.bin", help="also write this MaixPy firmware at 0")
     p.add_argument("-o", "--kfpkg", metavar="OUT.kfpkg", help="keep the package here")
@@ -95,15 +156,17 @@ def add_board_parser(sub):
                    help="serve the board on a new pty (the only transport so far)")
     p.add_argument("--flash", metavar="FILE", help="16 MiB flash image file (created if "
                    "missing; default: a temporary file)")
-    p.add_argument("--wiring", default="dan",
+    p.add_argument("--wiring", default="dan", type=_wiring_arg,
                    help="reset wiring: dan, kd233, goE, bit_mic (DTR/RTS via the line shim) or "
                    "isp_on_open (resets into ISP whenever the port is opened)")
     p.add_argument("--throttle", action="store_true", help="simulate the line speed")
-    p.add_argument("--fault-rate", type=float, default=0.0, help="per-byte fault rate host->board")
-    p.add_argument("--fault-kinds", default="corrupt,drop", help="corrupt,drop,delay")
+    p.add_argument("--fault-rate", type=cliargs.probability, default=0.0,
+                   help="per-byte fault rate host->board, 0..1")
+    p.add_argument("--fault-kinds", type=cliargs.choices_list(FAULT_KINDS, "corrupt,drop"),
+                   default=("corrupt", "drop"), help="corrupt,drop,delay")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--for", dest="seconds", type=float, default=None,
-                   help="stop after this many seconds (default: until Ctrl-C)")
+    p.add_argument("--for", dest="seconds", type=cliargs.float_range(0.0, example=10), default=None,
+                   help="stop after this many seconds (default: until Ctrl-C or SIGTERM)")
     p.set_defaults(func=cmd_board)
 
 
@@ -142,6 +205,10 @@ def _auto_port(board):
 def _do_flash(args, images):
     from tl2k210.flash.flasher import Progress, flash_images
 
+    check_baud(args.baud, args.board)
+    if args.stub:
+        from tl2k210.fileio import check_readable
+        check_readable(args.stub, "stage-2 flash program")
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     log = (lambda m: print(f"tl2k210: {m}", file=sys.stderr)) if args.verbose else None
     port = args.port or _auto_port(args.board)
@@ -161,15 +228,26 @@ def _do_flash(args, images):
     return report
 
 
+def _warn(lines):
+    for w in lines:
+        print(f"warning: {w}", file=sys.stderr)
+
+
 def cmd_flash(args):
-    _do_flash(args, _collect_images(args.images))
+    check_baud(args.baud, args.board)
+    images = _collect_images(args.images)
+    _warn(address_warnings(images))
+    _do_flash(args, images)
     return 0
 
 
 def cmd_package(args):
-    from tl2k210.flash.kfpkg import write_kfpkg
+    from tl2k210.fileio import check_outputs
+    from tl2k210.flash.kfpkg import image_arg_path, write_kfpkg
 
+    check_outputs([("-o", args.output)], [image_arg_path(a) for a in args.images])
     images = _collect_images(args.images)
+    _warn(address_warnings(images))
     write_kfpkg(images, args.output)
     for i in images:
         print(f"{i.name} at 0x{i.address:06x} ({len(i.data)} bytes"
@@ -220,16 +298,18 @@ def maixpy_snippet(address):
 
 
 def cmd_deploy(args):
-    from tl2k210.flash.kfpkg import FlashImage, parse_address, read_kfpkg, write_kfpkg
+    from tl2k210.fileio import check_outputs, check_readable, read_bytes
+    from tl2k210.flash.boards import FLASH_SIZE_16M
+    from tl2k210.flash.kfpkg import FlashImage, read_kfpkg, write_kfpkg
 
-    address = parse_address(args.address)
+    address = args.address
+    check_readable(args.model, "model")
+    check_baud(args.baud, args.board)
+    check_outputs([("-o", args.kfpkg)], [args.model, args.firmware, args.dataset, args.stub])
+    firmware = read_bytes(args.firmware, FLASH_SIZE_16M, "firmware image") if args.firmware else None
     with tempfile.TemporaryDirectory(prefix="tl2k210-deploy-") as tmp:
         kmodel = _kmodel_for(args.model, tmp, getattr(args, "dataset", None))
-        try:
-            with open(kmodel, "rb") as fh:
-                data = fh.read()
-        except OSError as exc:
-            raise Tl2k210Error(f"cannot read {kmodel}: {exc.strerror}") from None
+        data = read_bytes(kmodel, FLASH_SIZE_16M, "kmodel")
         if not data:
             raise Tl2k210Error(f"{kmodel} is empty")
         from tl2k210.errors import KmodelFormatError
@@ -240,10 +320,9 @@ def cmd_deploy(args):
             print(f"warning: {kmodel}: {exc}; MaixPy's kpu.load may reject it", file=sys.stderr)
         check_model_address(address, len(data), args.force)
         images = [FlashImage(address, data, False, os.path.basename(kmodel), kmodel)]
-        if args.firmware:
-            with open(args.firmware, "rb") as fh:
-                images.insert(0, FlashImage(0, fh.read(), True, os.path.basename(args.firmware),
-                                            args.firmware))
+        if firmware is not None:
+            images.insert(0, FlashImage(0, firmware, True, os.path.basename(args.firmware),
+                                        args.firmware))
         pkg = args.kfpkg or os.path.join(tmp, "deploy.kfpkg")
         write_kfpkg(images, pkg)
         print(f"packaged {pkg}")
@@ -253,14 +332,32 @@ def cmd_deploy(args):
     return 0
 
 
+def _check_flash_file(path):
+    """--flash: a 16 MiB flash image (kept) or a new path (created); never another file, which
+    the board would silently replace with an erased flash."""
+    from tl2k210.fileio import check_writable
+    from tl2k210.flash.boards import FLASH_SIZE_16M
+    if os.path.isdir(path):
+        raise Tl2k210Error(f"--flash {path} is a folder; give a flash image file (created if missing)")
+    if os.path.exists(path):
+        size = os.path.getsize(path)
+        if size != FLASH_SIZE_16M:
+            raise Tl2k210Error(f"--flash {path} is {size} bytes, not a 16 MiB flash image; the board "
+                               "would erase it: pass a new file name (it is created) or a 16 MiB "
+                               "image written by an earlier board")
+    else:
+        check_writable(path, "--flash")
+
+
 def cmd_board(args):
     import time
 
     from tl2k210.flash.emulated_board import EmulatedBoard, FaultConfig
     from tl2k210.flash.transport import LINES_ENV, SHIM_DIR
 
-    faults = FaultConfig(rate=args.fault_rate, kinds=tuple(args.fault_kinds.split(",")),
-                         seed=args.seed)
+    faults = FaultConfig(rate=args.fault_rate, kinds=tuple(args.fault_kinds), seed=args.seed)
+    if args.flash:
+        _check_flash_file(args.flash)
     try:
         board = EmulatedBoard(args.flash, wiring=args.wiring, throttle=args.throttle,
                               faults=faults)

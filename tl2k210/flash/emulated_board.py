@@ -412,6 +412,8 @@ class EmulatedBoard:
     def __init__(self, flash_path=None, wiring="dan", throttle=False, faults: FaultConfig = None,
                  flash_size=FLASH_SIZE_16M, known_stubs=None, write_time_s=0.0, reset_flash=None,
                  check_baud=True):
+        if wiring not in ("isp_on_open", "manual"):
+            K210Core(bytearray(0), wiring)              # unknown wiring: refuse before any file
         self._tmpdir = tempfile.mkdtemp(prefix="tl2k210-board-")
         self.flash_path = flash_path or os.path.join(self._tmpdir, "flash.bin")
         if reset_flash or not os.path.exists(self.flash_path) or \

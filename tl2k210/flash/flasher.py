@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass, field
 
 from tl2k210.flash import isp, slip
-from tl2k210.flash.boards import AUTODETECT_ORDER, GREETING_TIMEOUT_S, STEP_S, get_board
+from tl2k210.flash.boards import (AUTODETECT_ORDER, GREETING_TIMEOUT_S, MAX_BAUD, MIN_BAUD, STEP_S,
+                                  get_board)
 from tl2k210.flash.errors import (BoardTimeoutError, FlashError, GreetingError, StubError,
                                   TransferError)
 from tl2k210.flash.isp import Op, Reason
@@ -105,6 +106,9 @@ class Flasher:
         self.port = port
         self.board = get_board(board) if isinstance(board, str) else board
         self.baud = int(baud)
+        if not MIN_BAUD <= self.baud <= MAX_BAUD:
+            raise FlashError(f"baud {baud} is out of range: use {MIN_BAUD}..{MAX_BAUD} "
+                             "(see tl2k210.flash.boards)")
         self.stub = stub
         self.log = log or (lambda msg: None)
         self.progress = progress or Progress(False)

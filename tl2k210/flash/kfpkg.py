@@ -6,16 +6,17 @@ and safe: it rejects path traversal, duplicate or overlapping ranges, images bey
 and absurd sizes. The writer emits what kflash's line-based regex reader also accepts:
 pretty-printed JSON, one key per line, ``address`` first, decimal addresses.
 """
+import io
 import json
 import os
 import posixpath
 import re
-import tempfile
 import zipfile
 from dataclasses import dataclass
 
 from tl2k210.flash import image as fw_image
 from tl2k210.flash.boards import FLASH_SIZE_16M
+from tl2k210.fileio import atomic_write
 from tl2k210.flash.errors import KfpkgError
 
 MANIFEST = "flash-list.json"
@@ -81,13 +82,17 @@ def check_layout(images, flash_size=FLASH_SIZE_16M, where="images"):
 def parse_manifest(text: str):
     """Parse flash-list.json text into a list of dicts with an int ``address``."""
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError:
         try:
-            doc = json.loads(_HEX_VALUE_RE.sub(lambda m: f'{m.group(1)}"{m.group(2)}"{m.group(3)}',
-                                               text))
-        except json.JSONDecodeError as exc:
-            raise KfpkgError(f"{MANIFEST} is not valid JSON: {exc}") from None
+            doc = json.loads(text)
+        except json.JSONDecodeError:
+            try:
+                doc = json.loads(_HEX_VALUE_RE.sub(
+                    lambda m: f'{m.group(1)}"{m.group(2)}"{m.group(3)}', text))
+            except json.JSONDecodeError as exc:
+                raise KfpkgError(f"{MANIFEST} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise KfpkgError(f"{MANIFEST} is nested too deeply to be a kfpkg manifest (a list of "
+                         '{"address", "bin"} objects); the package is corrupt') from None
     if not isinstance(doc, dict) or not isinstance(doc.get("files"), list):
         raise KfpkgError(f'{MANIFEST} must be an object with a "files" list')
     files = doc["files"]
@@ -126,13 +131,33 @@ def _swap32(data: bytes) -> bytes:
     return bytes(out)
 
 
+def _read_member(zf, info, limit, path):
+    """At most `limit` + 1 bytes of a member; zip-level damage becomes a KfpkgError naming it."""
+    name = info.filename
+    try:
+        with zf.open(info) as fh:
+            return fh.read(limit + 1)
+    except NotImplementedError:
+        raise KfpkgError(f"{path}: {name} uses ZIP compression method {info.compress_type}, which "
+                         "kflash (Python's zipfile) cannot read; repack it with deflate or stored "
+                         "(tl2k210 package)") from None
+    except RuntimeError as exc:           # zipfile: "File ... is encrypted, password required"
+        raise KfpkgError(f"{path}: {name} is encrypted ({exc}); kflash cannot read encrypted "
+                         "packages either: repack it without a password (tl2k210 package)") from None
+    except Exception as exc:  # BadZipFile (bad CRC), zlib.error, EOFError, OSError, ValueError...
+        raise KfpkgError(f"{path}: {name} is corrupt inside the package ({exc}); download or "
+                         "rebuild the package (tl2k210 package)") from None
+
+
 def read_kfpkg(path, flash_size=FLASH_SIZE_16M):
     """Read a package into a list of FlashImage, validated against ``flash_size``."""
     try:
         zf = zipfile.ZipFile(path)
     except FileNotFoundError:
         raise KfpkgError(f"{path}: no such file") from None
-    except (zipfile.BadZipFile, OSError) as exc:
+    except IsADirectoryError:
+        raise KfpkgError(f"{path} is a folder, not a .kfpkg file") from None
+    except Exception as exc:  # BadZipFile, OSError, ValueError, EOFError from a damaged archive
         raise KfpkgError(f"{path}: not a readable kfpkg (ZIP) file: {exc}") from None
     with zf:
         infos = {}
@@ -140,9 +165,14 @@ def read_kfpkg(path, flash_size=FLASH_SIZE_16M):
             infos[posixpath.normpath(info.filename.replace("\\", "/"))] = info
         if MANIFEST not in infos:
             raise KfpkgError(f"{path}: no {MANIFEST} at the root of the package")
-        if infos[MANIFEST].file_size > MAX_MANIFEST_BYTES:
-            raise KfpkgError(f"{path}: {MANIFEST} is absurdly large")
-        entries = parse_manifest(zf.read(infos[MANIFEST]).decode("utf-8", "replace"))
+        raw = _read_member(zf, infos[MANIFEST], MAX_MANIFEST_BYTES, path)
+        if infos[MANIFEST].file_size > MAX_MANIFEST_BYTES or len(raw) > MAX_MANIFEST_BYTES:
+            raise KfpkgError(f"{path}: {MANIFEST} is absurdly large (over "
+                             f"{MAX_MANIFEST_BYTES // 1024} KiB); the package is corrupt")
+        try:
+            entries = parse_manifest(raw.decode("utf-8", "replace"))
+        except KfpkgError as exc:
+            raise KfpkgError(f"{path}: {exc}") from None
         seen = set()
         images = []
         for e in entries:
@@ -156,10 +186,12 @@ def read_kfpkg(path, flash_size=FLASH_SIZE_16M):
             if info.file_size > flash_size:
                 raise KfpkgError(f"{path}: {member} claims {info.file_size} bytes, more than the "
                                  f"whole flash ({flash_size}); the package is corrupt")
-            with zf.open(info) as fh:
-                data = fh.read(flash_size + 1)
+            data = _read_member(zf, info, flash_size, path)
             if len(data) > flash_size:
                 raise KfpkgError(f"{path}: {member} is larger than the flash")
+            if len(data) != info.file_size:
+                raise KfpkgError(f"{path}: {member} holds {len(data)} bytes but the package says "
+                                 f"{info.file_size}: it is corrupt; download or rebuild it")
             if e["reverse4Bytes"]:
                 data = _swap32(data)
             images.append(FlashImage(e["address"], data, e["sha256Prefix"], name=member,
@@ -178,7 +210,7 @@ def manifest_text(images) -> str:
 
 
 def write_kfpkg(images, out_path, flash_size=FLASH_SIZE_16M):
-    """Write a package atomically (temp file + rename)."""
+    """Write a package atomically (temp file + rename, see tl2k210.fileio)."""
     images = list(images)
     names = set()
     for img in images:
@@ -192,19 +224,18 @@ def write_kfpkg(images, out_path, flash_size=FLASH_SIZE_16M):
         names.add(cand)
         img.name = cand
     check_layout(images, flash_size, where=str(out_path))
-    out_dir = os.path.dirname(os.path.abspath(out_path))
-    fd, tmp = tempfile.mkstemp(prefix=".kfpkg-", dir=out_dir)
-    try:
-        with os.fdopen(fd, "wb") as fh, zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED) as zf:
-            zf.writestr(MANIFEST, manifest_text(images))
-            for img in images:
-                zf.writestr(img.name, bytes(img.data))
-        os.replace(tmp, out_path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(MANIFEST, manifest_text(images))
+        for img in images:
+            zf.writestr(img.name, bytes(img.data))
+    atomic_write(out_path, buf.getvalue(), "package")
     return out_path
+
+
+def image_arg_path(arg: str) -> str:
+    """The file of a ``FILE[@ADDR]`` argument."""
+    return arg.rsplit("@", 1)[0] if "@" in arg and not os.path.exists(arg) else arg
 
 
 def parse_image_arg(arg: str, flash_size=FLASH_SIZE_16M):
@@ -228,6 +259,10 @@ def parse_image_arg(arg: str, flash_size=FLASH_SIZE_16M):
     try:
         with open(path, "rb") as fh:
             data = fh.read(flash_size + 1)
+    except FileNotFoundError:
+        raise KfpkgError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise KfpkgError(f"{path} is a folder, not an image file") from None
     except OSError as exc:
         raise KfpkgError(f"cannot read {path}: {exc.strerror}") from None
     if len(data) > flash_size:

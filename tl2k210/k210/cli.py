@@ -5,7 +5,11 @@ import json
 import os
 import sys
 
-from tl2k210.errors import Tl2k210Error
+from tl2k210.cliargs import probability
+from tl2k210.errors import InputFileError, Tl2k210Error
+
+OUT_FORMATS = (".png", ".npy", ".npz", ".json")
+MAX_LABELS_BYTES = 1 << 20
 
 
 def add_inspect_parser(sub):
@@ -40,8 +44,9 @@ def add_run_parser(sub):
                    help="reproduce the camera path: RGB888 -> RGB565 -> RGB888 before the KPU")
     p.add_argument("--decode", choices=["yolo2"], help="decode region outputs like kpu.run_yolo2")
     p.add_argument("--anchors", help="comma-separated anchor pairs (w,h,w,h,...) for --decode yolo2")
-    p.add_argument("--threshold", type=float, default=0.5, help="yolo2 probability threshold (0.5)")
-    p.add_argument("--nms", type=float, default=0.3, help="yolo2 NMS IoU threshold (0.3)")
+    p.add_argument("--threshold", type=probability, default=0.5,
+                   help="yolo2 probability threshold, 0..1 (0.5)")
+    p.add_argument("--nms", type=probability, default=0.3, help="yolo2 NMS IoU threshold, 0..1 (0.3)")
     p.add_argument("--labels", help="comma-separated class names or a file with one per line")
     p.add_argument("--sum-rule", choices=["silicon", "simulator"], default="silicon",
                    help="Σx/Σw term rule: per input channel as silicon does (default) or the "
@@ -51,28 +56,119 @@ def add_run_parser(sub):
     p.set_defaults(func=cmd_run)
 
 
+def _looks_like_path(spec: str) -> bool:
+    return "," not in spec and ("/" in spec or os.sep in spec or
+                                os.path.splitext(spec)[1].lower() in (".txt", ".names", ".csv",
+                                                                      ".labels", ".lst"))
+
+
+def labels_file(spec):
+    """The file --labels names, or None when it is a list of names."""
+    if spec and (os.path.exists(spec) or _looks_like_path(spec)):
+        return spec
+    return None
+
+
 def _labels(spec):
+    """--labels: an existing file (one name per line) or comma-separated names. Something that
+    looks like a path but does not exist is an error, not a label called '/missing/file'."""
     if not spec:
         return None
-    if os.path.exists(spec):
-        with open(spec) as fh:
-            return [ln.strip() for ln in fh if ln.strip()]
-    return [s.strip() for s in spec.split(",")]
+    path = labels_file(spec)
+    if path is not None:
+        if os.path.isdir(path):
+            raise InputFileError(f"--labels {path} is a folder; give a file with one class name "
+                                 "per line, or comma-separated names")
+        if not os.path.exists(path):
+            raise InputFileError(f"no labels file {path}; give an existing file (one class name per "
+                                 "line) or comma-separated names, e.g. --labels face or cat,dog")
+        from tl2k210.fileio import read_bytes
+        text = read_bytes(path, MAX_LABELS_BYTES, "labels file").decode("utf-8", "replace")
+        names = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        if not names:
+            raise InputFileError(f"labels file {path} has no class names (one per line)")
+        return names
+    names = [s.strip() for s in spec.split(",")]
+    if not all(names):
+        raise InputFileError(f"--labels {spec!r} has an empty name; give comma-separated names, "
+                             "e.g. cat,dog")
+    return names
+
+
+def _output_size(model) -> int:
+    """Values in output 0, known from the model before running it."""
+    import numpy as np
+    if model.version == 3:
+        from tl2k210.k210.emulator.v3 import output_specs
+        if not model.outputs:
+            raise Tl2k210Error("the model declares no output")
+        return int(np.prod(output_specs(model)[0][1]))
+    from tl2k210.k210.kmodel import v4 as fmt
+    if not model.outputs:
+        raise Tl2k210Error("the model declares no output")
+    rng = model.outputs[0]
+    return rng[3] // np.dtype(fmt.DTYPES.get(rng[1], np.uint8)).itemsize
+
+
+def _array_input(path, shape, dtype):
+    """A .npy/.npz model input, checked before running: numbers, finite, the model's size, and
+    for uint8 (pixel) models whole values 0..255."""
+    import numpy as np
+
+    from tl2k210.arrays import load_npy, load_npz
+    want = int(np.prod(shape))
+    text = f"the model takes {np.dtype(dtype).name} {tuple(shape)} ({want} values)"
+    if path.lower().endswith(".npz"):
+        arrays = load_npz(path)
+        if len(arrays) != 1:
+            raise InputFileError(f"{path} holds {len(arrays)} arrays "
+                                 f"({', '.join(n for n, _ in arrays[:5])}); save the input as one .npy")
+        x = arrays[0][1]
+        if x.size != want:
+            raise InputFileError(f"{path} declares shape {x.shape} ({x.size} values); {text}")
+    else:
+        x = load_npy(path, expect_size=want, expect_text=text)
+    if dtype == np.uint8 and x.dtype != np.uint8:
+        lo, hi = (x.min(), x.max()) if x.size else (0, 0)
+        if lo < 0 or hi > 255 or (x.dtype.kind == "f" and not np.array_equal(x, np.round(x))):
+            raise InputFileError(f"{path} holds {x.dtype} values {lo:.6g}..{hi:.6g}; the model takes "
+                                 "uint8 pixels 0..255 (planar RGB, CHW): scale and round them "
+                                 "(e.g. x*255 for 0..1 data) or pass the image file")
+    return x
 
 
 def cmd_run(args):
     import numpy as np
 
     from tl2k210 import imaging
+    from tl2k210.fileio import check_outputs, check_readable
     from tl2k210.k210 import yolo
     from tl2k210.k210.emulator import Emulator
+
+    # everything that can be checked before loading or running the model
+    check_readable(args.input, "input")
+    is_array = args.input.lower().endswith((".npy", ".npz"))
+    if args.out:
+        ext = os.path.splitext(args.out)[1].lower()
+        if ext not in OUT_FORMATS and not _is_stream(args.out):
+            raise Tl2k210Error(f"--out {args.out}: use .png, .npy, .npz or .json")
+        if ext == ".png" and is_array:
+            raise Tl2k210Error("--out .png needs an image input (-i photo.jpg), not an array")
+    if args.rgb565 and is_array:
+        raise Tl2k210Error("--rgb565 applies to image inputs; a .npy input is fed as it is")
+    anchors = yolo.parse_anchors(args.anchors) if args.decode == "yolo2" else None
+    labels = _labels(args.labels)
+    check_outputs([("--out", args.out)], [args.file, args.input, labels_file(args.labels)])
 
     emu = Emulator.load(args.file, sum_rule=args.sum_rule, act_rule=args.act_rule)
     shape, dtype = emu.input_spec()
     chw_shape = tuple(shape[-3:]) if len(shape) >= 3 else tuple(shape)
+    grid = None
+    if anchors is not None:
+        grid = yolo.region_layout(emu.model, _output_size(emu.model), len(anchors) // 2, labels)
     image = None
-    if args.input.lower().endswith(".npy"):
-        x = np.load(args.input)
+    if is_array:
+        x = _array_input(args.input, shape, dtype)
     else:
         if len(chw_shape) != 3:
             raise Tl2k210Error(f"this model takes a {dtype.__name__} vector of shape {shape}, not an "
@@ -83,22 +179,18 @@ def cmd_run(args):
     for i, o in enumerate(outputs):
         flat = np.asarray(o, np.float64).reshape(-1)
         head = ", ".join(f"{v:.6g}" for v in flat[:8]) + (" ..." if flat.size > 8 else "")
-        print(f"output {i}: {o.dtype} {tuple(o.shape)}  min {flat.min():.6g}  max {flat.max():.6g}  "
-              f"[{head}]")
+        lo, hi = (f"{flat.min():.6g}", f"{flat.max():.6g}") if flat.size else ("-", "-")
+        print(f"output {i}: {o.dtype} {tuple(o.shape)}  min {lo}  max {hi}  [{head}]")
     result = {"outputs": [np.asarray(o).tolist() for o in outputs]}
     boxes = None
-    if args.decode == "yolo2":
-        if not args.anchors:
-            raise Tl2k210Error("--decode yolo2 needs --anchors w,h,w,h,... (e.g. the anchors the "
-                               "model was trained with)")
-        anchors = [float(v) for v in args.anchors.split(",")]
-        if len(anchors) % 2:
-            raise Tl2k210Error(f"--anchors has {len(anchors)} numbers; give (w,h) pairs")
+    if anchors is not None:
+        gw, gh, classes = grid
+        na = len(anchors) // 2
+        print(f"decoding {na} anchors x (5 + {classes} classes) on a {gw}x{gh} grid"
+              + ("" if labels else " (pass --labels to check the class count)"))
         out = np.asarray(outputs[0], np.float32)
-        gw, gh = _grid(emu, out.size, len(anchors) // 2)
         _, h, w = chw_shape
         boxes = yolo.decode(out, anchors, gw, gh, w, h, args.threshold, args.nms)
-        labels = _labels(args.labels)
         print(f"{len(boxes)} box(es) (threshold {args.threshold}, NMS {args.nms}):")
         for b in boxes:
             name = labels[b.classid] if labels and b.classid < len(labels) else b.classid
@@ -106,8 +198,17 @@ def cmd_run(args):
         result["boxes"] = [dict(x=b.x, y=b.y, w=b.w, h=b.h, value=b.value, classid=b.classid)
                            for b in boxes]
     if args.out:
-        _write_result(args, outputs, result, image, boxes, chw_shape)
+        _write_result(args, outputs, result, image, boxes, chw_shape, labels)
     return 0
+
+
+def _is_stream(path) -> bool:
+    import stat
+    try:
+        m = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(m) or stat.S_ISFIFO(m)
 
 
 def _grid(emu, size, n_anchors):
@@ -118,35 +219,26 @@ def _grid(emu, size, n_anchors):
         raise Tl2k210Error(f"{exc} ({n_anchors} anchors)") from None
 
 
-def _write_result(args, outputs, result, image, boxes, chw_shape):
+def _write_result(args, outputs, result, image, boxes, chw_shape, labels=None):
+    import io
+
     import numpy as np
 
     from tl2k210 import imaging
-    from tl2k210.k210.kmodel import atomic_write
+    from tl2k210.fileio import atomic_write
     ext = os.path.splitext(args.out)[1].lower()
+    buf = io.BytesIO()
     if ext == ".png":
-        if image is None:
-            raise Tl2k210Error("--out .png needs an image input")
         _, h, w = chw_shape
         shown = image.resize((w, h))
         if boxes is not None:
-            shown = imaging.draw_boxes(shown, boxes, _labels(args.labels))
-        import io
-        buf = io.BytesIO()
+            shown = imaging.draw_boxes(shown, boxes, labels)
         shown.save(buf, format="PNG")
-        atomic_write(args.out, buf.getvalue())
     elif ext == ".npy":
-        import io
-        buf = io.BytesIO()
         np.save(buf, outputs[0])
-        atomic_write(args.out, buf.getvalue())
     elif ext == ".npz":
-        import io
-        buf = io.BytesIO()
         np.savez(buf, *outputs)
-        atomic_write(args.out, buf.getvalue())
-    elif ext == ".json":
-        atomic_write(args.out, json.dumps(result, indent=1).encode())
     else:
-        raise Tl2k210Error(f"--out {args.out}: use .png, .npy, .npz or .json")
+        buf.write(json.dumps(result, indent=1).encode())
+    atomic_write(args.out, buf.getvalue(), "--out")
     print(f"wrote {args.out}", file=sys.stderr)

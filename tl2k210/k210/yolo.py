@@ -22,6 +22,50 @@ class Box:
         return (self.x, self.y, self.w, self.h)
 
 
+def parse_anchors(text) -> list[float]:
+    """--anchors 'w,h,w,h,...' -> floats; refuses non-numbers, odd counts, sizes <= 0 or NaN."""
+    from tl2k210.errors import Tl2k210Error
+    if not text:
+        raise Tl2k210Error("--decode yolo2 needs --anchors w,h,w,h,... (the anchors the model was "
+                           "trained with, as in its MaixPy script's kpu.init_yolo2)")
+    try:
+        anchors = [float(v) for v in str(text).split(",")]
+    except ValueError:
+        raise Tl2k210Error(f"--anchors {text!r}: give comma-separated numbers w,h,w,h,... "
+                           "(e.g. 1.889,2.5245,2.9465,3.94056)") from None
+    if len(anchors) % 2:
+        raise Tl2k210Error(f"--anchors has {len(anchors)} numbers; give (w,h) pairs")
+    bad = [v for v in anchors if not (np.isfinite(v) and v > 0)]
+    if bad:
+        raise Tl2k210Error(f"--anchors: anchor sizes must be positive finite numbers (grid cells), "
+                           f"got {bad[0]}")
+    return anchors
+
+
+def region_layout(model, size: int, n_anchors: int, labels=None) -> tuple[int, int, int]:
+    """(grid_w, grid_h, classes) of a `size`-value region output decoded with `n_anchors`
+    anchors, checked before running: channels = anchors x (5 + classes), and classes = the
+    number of labels when labels are given. Raises Tl2k210Error naming the numbers."""
+    from tl2k210.errors import Tl2k210Error
+    try:
+        gw, gh = region_grid(model, size)
+    except ValueError as exc:
+        raise Tl2k210Error(f"{exc} ({n_anchors} anchors)") from None
+    channels = size // (gw * gh)
+    if channels % n_anchors or channels // n_anchors < 6:
+        raise Tl2k210Error(f"{n_anchors} anchors do not fit the {channels}-channel region output "
+                           f"({gw}x{gh} grid): channels = anchors x (5 + classes); check --anchors "
+                           "(MaixPy's face and VOC models use 5 anchors)")
+    classes = channels // n_anchors - 5
+    if labels is not None and len(labels) != classes:
+        fits = [a for a in range(1, channels + 1) if channels % a == 0 and channels // a - 5 == len(labels)]
+        hint = f"{len(labels)} class(es) fit {channels} channels with {fits[0]} anchors" if fits else \
+            f"no anchor count fits {len(labels)} class(es) in {channels} channels"
+        raise Tl2k210Error(f"{n_anchors} anchors x (5 + {classes} classes) = {channels} channels, but "
+                           f"--labels names {len(labels)} label(s); {hint}: check --anchors and --labels")
+    return gw, gh, classes
+
+
 def region_grid(model, size: int) -> tuple[int, int]:
     """Grid (w, h) of a `size`-value region output: the last KPU conv map with that many values
     (v3 or v4 kmodel). Raises ValueError when none matches."""

@@ -21,9 +21,15 @@ FIRMWARE = REPO / "firmware"
 TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
 
 
+TRUST = ("It runs the script as Python on this computer (host emulation, not a sandbox: the "
+         "script can read, write and run anything you can), so only run scripts you trust.")
+
+
 def add_demo_parser(sub):
-    p = sub.add_parser("demo", help="run a MaixPy demo script (firmware/) on the host emulator",
-                       description=__doc__.split("\n\n")[0])
+    from tl2k210 import cliargs
+    p = sub.add_parser("demo", help="run a MaixPy demo script (firmware/) on the host emulator "
+                       "(runs it as Python: trusted scripts only)",
+                       description=__doc__.split("\n\n")[0] + " " + TRUST)
     p.add_argument("name", help="zoo name (face-detect, mobilenet-v1, ...) or a MaixPy script path")
     p.add_argument("--image", action="append", required=True, metavar="IMG",
                    help="photo the camera sees (repeat for more frames)")
@@ -32,12 +38,14 @@ def add_demo_parser(sub):
     src.add_argument("--flash", metavar="IMAGE", help="flash image file (16 MiB) to read models from")
     src.add_argument("--kfpkg", metavar="PKG", help="package to flash into a fresh emulated flash")
     src.add_argument("--kmodel", metavar="FILE", help="kmodel to write at --address in a fresh flash")
-    p.add_argument("--address", type=lambda s: int(s, 0), help="flash address for --kmodel "
+    p.add_argument("--address", type=cliargs.address, help="flash address for --kmodel "
                    "(default: the recipe's, else 0x300000)")
     p.add_argument("--sd", metavar="DIR", help="host folder seen as /sd (default: a temporary one "
                    "holding the recipe's labels.txt)")
-    p.add_argument("--frames", type=int, help="stop after this many camera frames")
-    p.add_argument("--press", type=int, action="append", default=[], metavar="FRAME",
+    p.add_argument("--frames", type=cliargs.int_range(1, example=10),
+                   help="stop after this many camera frames")
+    p.add_argument("--press", type=cliargs.int_range(0, example=3), action="append", default=[],
+                   metavar="FRAME",
                    help="hold the BOOT key down during camera frame FRAME (0-based; repeat), "
                         "e.g. to enroll a face in face-recognition")
     p.set_defaults(func=cmd_demo)
@@ -128,13 +136,39 @@ def _sd_for(args, recipe, tmp: Path):
     return None
 
 
-def cmd_demo(args) -> int:
-    from tl2k210.maixpy.runner import run_script
-    script, recipe, key = resolve(args.name)
+def _check_paths(args, script, out: Path):
+    """Before any work: inputs exist, the photos decode, the LCD output (OUT.png, OUT-1.png, ... or
+    a folder) is writable and none of it is an input."""
+    from tl2k210.fileio import check_outputs, check_readable, check_writable
+    from tl2k210.imaging import open_image
     for img in args.image:
         if not Path(img).is_file():
             raise Tl2k210Error(f"no image {img}")
+        open_image(img)
+    for flag in ("flash", "kfpkg", "kmodel"):
+        if getattr(args, flag):
+            check_readable(getattr(args, flag), f"--{flag}")
+    if args.sd:
+        check_readable(args.sd, "--sd", folder=True)
+    inputs = [script, *args.image, args.flash, args.kfpkg, args.kmodel]
+    if out.suffix.lower() == ".png":
+        check_outputs([("--out", out)], inputs)
+        for i in inputs:       # the later frames go to OUT-1.png, OUT-2.png ...
+            p = Path(i) if i else None
+            if p is not None and p.parent.resolve() == out.parent.resolve() and \
+                    p.name.startswith(out.stem + "-") and p.suffix.lower() == ".png":
+                raise Tl2k210Error(f"--out {out}: later LCD frames are written as {out.stem}-N.png, "
+                                   f"which would replace the input {p}; choose another --out")
+        check_writable(out, "--out", make_parents=True)
+    else:
+        check_writable(out / "frame_0000.png", "--out", make_parents=True)
+
+
+def cmd_demo(args) -> int:
+    from tl2k210.maixpy.runner import run_script
+    script, recipe, key = resolve(args.name)
     out = Path(args.out) if args.out else Path("out/demo") / f"{key}.png"
+    _check_paths(args, script, out)
     with tempfile.TemporaryDirectory(prefix="tl2k210-demo-") as tmp:
         flash = _flash_for(args, recipe, key, Path(tmp))
         sd = _sd_for(args, recipe, Path(tmp))

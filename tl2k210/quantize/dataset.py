@@ -3,10 +3,13 @@
 Images are resized with PIL bilinear to the model's input size (what MaixPy's image.resize does),
 converted to RGB (or BGR), scaled from 0..255 to `input_range`, then (x - mean) / std.
 """
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from tl2k210.errors import InputFileError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 
@@ -29,24 +32,31 @@ class Preprocess:
 
 def parse_range(text):
     """'0,1' / '-1,1' / '0,255' -> (lo, hi)."""
-    lo, hi = (float(v) for v in str(text).split(","))
-    if hi <= lo:
-        raise ValueError(f"input range {text!r}: max must exceed min")
+    try:
+        lo, hi = (float(v) for v in str(text).split(","))
+    except ValueError:
+        raise ValueError(f"input range {text!r}: give MIN,MAX, e.g. 0,1 or -1,1") from None
+    if not (np.isfinite(lo) and np.isfinite(hi)) or hi <= lo:
+        raise ValueError(f"input range {text!r}: MAX must exceed MIN (both finite)")
     return lo, hi
 
 
 def image_files(folder):
     files = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
-        raise FileNotFoundError(f"{folder}: no {'/'.join(IMAGE_SUFFIXES)} images")
+        raise InputFileError(f"dataset {folder}: no images ({'/'.join(IMAGE_SUFFIXES)}) and no "
+                             ".npy/.npz arrays in this folder; put calibration images like the "
+                             "camera sees there, or pass a .npy/.npz file")
     return files
 
 
 def load_image(path, shape, pre=Preprocess()):
     """One image -> (1, C, H, W) float32 for an NCHW model input of `shape` (C = 1 or 3)."""
     from PIL import Image
+
+    from tl2k210.imaging import open_image
     _, c, h, w = shape
-    img = Image.open(path).convert("L" if c == 1 else "RGB")
+    img = open_image(path, "L" if c == 1 else "RGB")
     if img.size != (w, h):
         img = img.resize((w, h), Image.BILINEAR)
     x = np.asarray(img)
@@ -54,35 +64,47 @@ def load_image(path, shape, pre=Preprocess()):
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
 
 
-def _arrays(path):
-    if path.suffix == ".npz":
-        with np.load(path) as z:
-            return [z[k] for k in z.files]
-    return [np.load(path)]
+def _samples(a, shape, where):
+    """(N, *shape[1:]) float32 from one stored array: NCHW (or channels-last NHWC, transposed
+    and said), with or without the batch dimension."""
+    want = tuple(shape[1:])
+    a = np.asarray(a, np.float32)
+    if a.ndim == len(shape) - 1:
+        a = a[None]
+    if tuple(a.shape[1:]) == want:
+        return a
+    if a.ndim == 4 and len(want) == 3 and tuple(a.shape[1:]) == (want[1], want[2], want[0]):
+        print(f"note: {where}: channels-last samples {a.shape[1:]}, transposed to the model's "
+              f"{want} (NCHW)", file=sys.stderr)
+        return np.ascontiguousarray(a.transpose(0, 3, 1, 2))
+    last = f" or {(want[1], want[2], want[0])} channels-last" if len(want) == 3 else ""
+    raise InputFileError(f"dataset {where}: samples of shape {tuple(a.shape[1:])}; the model input "
+                         f"is {want}{last}, with or without a leading batch dimension: resize or "
+                         "reshape the arrays")
 
 
-def load_arrays(path, shape, layout="NCHW"):
-    """.npy/.npz (or a folder of them) -> list of (1, C, H, W) float32; `layout` of the stored data
-    is "NCHW" or "NHWC" (a single sample without batch dim is accepted too)."""
+def load_arrays(path, shape, layout=None):
+    """.npy/.npz (or a folder of them) -> list of (1, C, H, W) float32. Stored data may be NCHW
+    or NHWC (`layout` forces one), with or without the batch dimension; numbers only, finite."""
+    from tl2k210.arrays import load_any
     path = Path(path)
     files = sorted(path.glob("*.np[yz]")) if path.is_dir() else [path]
     out = []
-    for a in (a for f in files for a in _arrays(f)):
-        a = np.asarray(a, np.float32)
-        if a.ndim == len(shape) - 1:
-            a = a[None]
-        if layout == "NHWC" and a.ndim == 4:
-            a = a.transpose(0, 3, 1, 2)
-        if tuple(a.shape[1:]) != tuple(shape[1:]):
-            raise ValueError(f"{path}: samples of shape {a.shape[1:]}, model input is {tuple(shape[1:])} "
-                             f"({'NCHW' if len(shape) == 4 else ''}; use layout='NHWC' for channels-last data)")
-        out += [s[None] for s in a]
+    for f in files:
+        for name, a in load_any(f):
+            if layout == "NHWC" and a.ndim == 4:
+                a = a.transpose(0, 3, 1, 2)
+            out += [s[None] for s in _samples(a, shape, name)]
+    if not out:
+        raise InputFileError(f"dataset {path}: no samples (the arrays are empty)")
     return out
 
 
-def load_dataset(path, shape, pre=Preprocess(), layout="NCHW", limit=None):
+def load_dataset(path, shape, pre=Preprocess(), layout=None, limit=None):
     """Folder of images, folder of arrays, or one .npy/.npz -> list of (1, C, H, W) float32."""
     path = Path(path)
+    if not path.exists():
+        raise InputFileError(f"dataset {path}: no such file or folder")
     if path.is_dir() and not any(path.glob("*.np[yz]")):
         files = image_files(path)[:limit]
         return [load_image(f, shape, pre) for f in files]

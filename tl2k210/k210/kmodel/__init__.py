@@ -5,11 +5,10 @@
 """
 from __future__ import annotations
 
-import os
 import struct
-import tempfile
 
 from tl2k210.errors import KmodelFormatError
+from tl2k210.fileio import atomic_write  # noqa: F401  (re-exported: kmodel.atomic_write)
 from tl2k210.k210.kmodel import v3, v4
 
 _SUPPORTED = "tl2k210 reads v3/v4 and writes v3"
@@ -61,13 +60,27 @@ def loads(data: bytes):
     return v3.read(data) if detect_version(data) == 3 else v4.read(data)
 
 
+MAX_KMODEL_BYTES = 64 << 20   # 4x the 16 MiB flash of every K210 board; corpus max is 4 MB
+
+
 def load(path):
+    from tl2k210.errors import InputFileError
+    from tl2k210.fileio import read_bytes
     try:
+        data = read_bytes(path, MAX_KMODEL_BYTES, "kmodel")
+    except InputFileError as exc:
+        if "larger than" not in str(exc):
+            raise KmodelFormatError(str(exc)) from None
         with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as exc:
-        raise KmodelFormatError(f"cannot read {path}: {exc.strerror}") from None
+            data = fh.read(64)                      # say what it is, if it is no kmodel at all
+        message = (f"larger than {MAX_KMODEL_BYTES >> 20} MiB; no K210 kmodel is (the flash of a "
+                   "K210 board holds 16 MiB)")
+    else:
+        message = None
     try:
+        if message:
+            detect_version(data)
+            raise KmodelFormatError(message)
         return loads(data)
     except KmodelFormatError as exc:
         raise KmodelFormatError(f"{path}: {exc}") from None
@@ -75,23 +88,6 @@ def load(path):
 
 def dumps(model) -> bytes:
     return v3.write(model) if model.version == 3 else v4.write(model)
-
-
-def atomic_write(path, data: bytes):
-    """Write via a temporary file in the same folder, then rename: never a half-written file."""
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=d)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def save(model, path):

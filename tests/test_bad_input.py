@@ -1,0 +1,1175 @@
+"""Hostile-but-realistic input to every verb (issue 15).
+
+Every refusal here is checked the same way (`refused`): exit code 2, one line naming the cause
+and the fix, no traceback; and where a file is involved, the input is unchanged (`Frozen`) and
+nothing is left at the output path (`nothing_at`), not even a temporary file.
+"""
+import io
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import FACE_ANCHORS, REPO, TESTDATA, data_path
+from tl2k210.cli import main
+
+PY = sys.executable
+TEMP_PREFIXES = (".tmp-", ".kfpkg-", ".tl2k210-")
+
+
+# ---- helpers ------------------------------------------------------------------------------
+def cli(capsys, *argv):
+    """tl2k210 in-process: (exit code, stdout, stderr). An exception escaping main() fails the
+    test: that is a traceback a user would see."""
+    rc = main([str(a) for a in argv])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def sh(*argv, env=None, **kw):
+    e = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.run([PY, "-m", "tl2k210.cli", *map(str, argv)], capture_output=True,
+                          text=True, env=e, timeout=kw.pop("timeout", 300), **kw)
+
+
+def refused(rc, err, *needles):
+    """Exit 2, no traceback, the last line is the one-line error, and it says every needle
+    (cause and fix)."""
+    assert rc == 2, f"exit {rc}: {err}"
+    assert "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("tl2k210 ") and ": error: " in last, err
+    for n in needles:
+        assert n.lower() in last.lower(), f"{n!r} not in: {last}"
+    return last
+
+
+class Frozen:
+    """Bytes and mode of input files before a command; `.check()` asserts they did not change."""
+
+    def __init__(self, *paths):
+        self.paths = [Path(p) for p in paths]
+        self.state = {p: (p.read_bytes(), p.stat().st_mode, os.path.islink(p)) for p in self.paths}
+
+    def check(self):
+        for p, (data, mode, link) in self.state.items():
+            assert os.path.islink(p) == link, f"{p} was replaced"
+            assert p.read_bytes() == data, f"{p} changed"
+            assert p.stat().st_mode == mode, f"{p} changed mode"
+
+
+def nothing_at(path):
+    path = Path(path)
+    assert not path.exists() or path.is_dir(), f"{path} was written"
+    folder = path if path.is_dir() else path.parent
+    if folder.is_dir():
+        left = [p.name for p in folder.iterdir() if p.name.startswith(TEMP_PREFIXES)]
+        assert not left, f"temporary files left in {folder}: {left}"
+
+
+def tiny_onnx(path):
+    """A 1x3x16x16 -> 8x16x16 conv + relu ONNX model (converts in a second)."""
+    from onnx import helper, save
+
+    from front_helpers import make_model, rand
+    m = make_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                    helper.make_node("Relu", ["c"], ["y"])],
+                   [("x", [1, 3, 16, 16])], [("y", [1, 8, 16, 16])], {"w": rand(8, 3, 3, 3, scale=0.3)})
+    save(m, str(path))
+    return path
+
+
+def photos(folder, n=3, size=(16, 16)):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    tiny_onnx(d / "tiny.onnx")
+    photos(d / "ds")
+    return d
+
+
+@pytest.fixture
+def model(work, tmp_path):
+    """A private copy of the tiny ONNX model and its calibration folder."""
+    m = tmp_path / "m.onnx"
+    m.write_bytes((work / "tiny.onnx").read_bytes())
+    ds = photos(tmp_path / "ds")
+    return m, ds
+
+
+def kmodel(name):
+    return data_path("kmodels", name)
+
+
+def png16(path, array):
+    """Write a 16-bit grayscale (H, W) or RGB (H, W, 3) PNG by hand (PIL writes only gray)."""
+    import zlib
+    a = np.asarray(array, ">u2")
+    h, w = a.shape[:2]
+    ctype = 2 if a.ndim == 3 else 0
+
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+    raw = b"".join(b"\x00" + row.tobytes() for row in a.reshape(h, -1))
+    Path(path).write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, ctype, 0, 0, 0))
+                           + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return path
+
+
+def bomb_png(path, w=30000, h=30000):
+    """A valid-looking PNG header declaring w x h RGB (the data is a few bytes)."""
+    import zlib
+
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+    Path(path).write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+                           + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+    return path
+
+
+# =============================================================================================
+# 1. Data loss: an output that resolves to an input is refused before any work
+# =============================================================================================
+def _alias(kind, target, tmp_path):
+    """The same file as `target` under another name: itself, a hard link or a symlink."""
+    if kind == "same":
+        return target
+    alias = tmp_path / f"alias_{kind}{target.suffix}"
+    (os.link if kind == "hardlink" else os.symlink)(target, alias)
+    return alias
+
+
+ALIASES = ["same", "hardlink", "symlink"]
+
+
+@pytest.mark.parametrize("kind", ALIASES)
+def test_convert_never_overwrites_the_source_model(kind, model, tmp_path, capsys):
+    m, ds = model
+    keep = Frozen(m, *ds.iterdir())
+    out = _alias(kind, m, tmp_path)
+    rc, _, err = cli(capsys, "convert", m, out, "--dataset", ds)
+    refused(rc, err, "same file", "choose another")
+    assert "[1/6]" not in err          # refused before loading the model
+    keep.check()
+
+
+def test_convert_never_overwrites_the_dataset_or_its_own_output(model, tmp_path, capsys):
+    m, ds = model
+    keep = Frozen(m, *ds.iterdir())
+    rc, _, err = cli(capsys, "convert", m, ds / "0.png", "--dataset", ds)
+    refused(rc, err, "0.png", "choose another")
+    out = tmp_path / "out.kmodel"
+    rc, _, err = cli(capsys, "convert", m, out, "--dataset", ds, "--report", out)
+    refused(rc, err, "--report", "same file")
+    rc, _, err = cli(capsys, "convert", m, out, "--dataset", ds, "--report", m)
+    refused(rc, err, "same file")
+    keep.check()
+    nothing_at(out)
+
+
+@pytest.mark.parametrize("kind", ALIASES)
+def test_package_never_overwrites_an_image(kind, tmp_path, capsys):
+    km = tmp_path / "fd.kmodel"
+    km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
+    keep = Frozen(km)
+    out = _alias(kind, km, tmp_path)
+    rc, _, err = cli(capsys, "package", "-o", out, f"{km}@0x300000")
+    refused(rc, err, "same file", "choose another")
+    keep.check()
+
+
+def test_package_never_overwrites_an_input_package(tmp_path, capsys):
+    pkg = data_path("kfpkg", "face_model_at_0x300000.kfpkg")
+    mine = tmp_path / "face.kfpkg"
+    mine.write_bytes(pkg.read_bytes())
+    keep = Frozen(mine)
+    rc, _, err = cli(capsys, "package", "-o", mine, mine)
+    refused(rc, err, "same file")
+    keep.check()
+
+
+@pytest.mark.parametrize("kind", ALIASES)
+def test_run_out_never_overwrites_its_input(kind, tmp_path, capsys):
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 28, 28), np.uint8))
+    keep = Frozen(x)
+    rc, out, err = cli(capsys, "run", kmodel("mnist_v3.kmodel"), "-i", x, "-o", _alias(kind, x, tmp_path))
+    refused(rc, err, "same file")
+    assert "output 0" not in out       # refused before running
+    keep.check()
+
+
+def test_run_png_out_never_overwrites_the_photo(tmp_path, capsys):
+    img = tmp_path / "photo.png"
+    Image.fromarray(np.full((240, 320, 3), 128, np.uint8)).save(img)
+    keep = Frozen(img)
+    rc, out, err = cli(capsys, "run", kmodel("facedetect_320x240_v3.kmodel"), "-i", img, "-o", img,
+                       "--decode", "yolo2", "--anchors", ",".join(map(str, FACE_ANCHORS)))
+    refused(rc, err, "same file")
+    keep.check()
+
+
+def test_deploy_package_never_overwrites_the_model_or_firmware(tmp_path, capsys):
+    km = tmp_path / "m.kmodel"
+    km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
+    fw = tmp_path / "fw.bin"
+    fw.write_bytes(b"\x13" * 4096)
+    keep = Frozen(km, fw)
+    for out in (km, fw):
+        rc, _, err = cli(capsys, "deploy", km, "--firmware", fw, "-o", out, "-p", tmp_path / "noport")
+        refused(rc, err, "same file")
+    keep.check()
+
+
+def test_compare_json_never_overwrites_an_input(model, tmp_path, capsys):
+    m, ds = model
+    km = tmp_path / "m.kmodel"
+    km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
+    keep = Frozen(m, km)
+    for out in (m, km):
+        rc, _, err = cli(capsys, "compare", m, km, "--dataset", ds, "--json", out)
+        refused(rc, err, "same file")
+    keep.check()
+
+
+def test_demo_never_overwrites_the_photo(tmp_path, capsys):
+    img = tmp_path / "photo.png"
+    Image.fromarray(np.full((240, 320, 3), 128, np.uint8)).save(img)
+    keep = Frozen(img)
+    rc, _, err = cli(capsys, "demo", "face-detect", "--image", img, "--out", img,
+                     "--kmodel", kmodel("facedetect_320x240_v3.kmodel"))
+    refused(rc, err, "same file")
+    keep.check()
+
+
+def test_board_never_wipes_a_file_that_is_not_a_flash_image(tmp_path, capsys):
+    fw = tmp_path / "firmware.bin"
+    fw.write_bytes(b"\x5a" * 100_000)
+    keep = Frozen(fw)
+    rc, _, err = cli(capsys, "board", "--pty", "--flash", fw, "--for", "0")
+    refused(rc, err, "16 MiB", "firmware.bin")
+    keep.check()
+
+
+# =============================================================================================
+# 2. Memory is bounded by the file's size, not by what its header claims (CLI level)
+# =============================================================================================
+CLAIM_FILE_MB = 48
+
+
+def _claiming(tmp_path, name, offset):
+    """A real kmodel followed by 48 MiB of zeros, its header claiming one entry per 8 bytes."""
+    data = bytearray(kmodel(name).read_bytes()) + bytes(CLAIM_FILE_MB << 20)
+    struct.pack_into("<I", data, offset, (CLAIM_FILE_MB << 20) // 8)
+    p = tmp_path / f"claims_{offset}_{name}"
+    p.write_bytes(data)
+    return p
+
+
+def _limited(limit):
+    import resource
+
+    def set_limit():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return set_limit
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verb,name,offset", [
+    ("inspect", "mnist_v3.kmodel", 12),     # v3 layers_length
+    ("inspect", "mnist_v3.kmodel", 24),     # v3 output_count
+    ("inspect", "iris_v4.kmodel", 24),      # v4 nodes
+    ("run", "mnist_v3.kmodel", 12),
+], ids=["inspect-v3-layers", "inspect-v3-outputs", "inspect-v4-nodes", "run-v3-layers"])
+def test_header_claims_cost_no_memory(verb, name, offset, tmp_path):
+    f = _claiming(tmp_path, name, offset)
+    limit = (256 << 20) + 3 * f.stat().st_size     # interpreter + numpy, plus 3x the file
+    extra = ["-i", tmp_path / "x.npy"] if verb == "run" else []
+    if verb == "run":
+        np.save(tmp_path / "x.npy", np.zeros((1, 28, 28), np.uint8))
+    t0 = time.monotonic()
+    res = sh(verb, f, *extra, preexec_fn=_limited(limit),
+             env={"TL2K210_NO_NUMBA": "1", "OPENBLAS_NUM_THREADS": "1"})
+    refused(res.returncode, res.stderr)
+    assert "MemoryError" not in res.stderr
+    assert time.monotonic() - t0 < 60
+
+
+# =============================================================================================
+# 3. Messages, not tracebacks
+# =============================================================================================
+# ---- calibration data --------------------------------------------------------------------
+def _npy(path, a):
+    np.save(path, a, allow_pickle=True)
+    return path
+
+
+CALIBRATION_CASES = {
+    "empty-folder": (lambda d: d, ("no images", ".npy")),
+    "non-images": (lambda d: ((d / "a.txt").write_text("x"), (d / "b.csv").write_text("1,2"), d)[-1],
+                   ("no images", ".png")),
+    "fake-jpg": (lambda d: ((d / "a.jpg").write_text("not a jpeg"), d)[-1], ("a.jpg", "image")),
+    "wrong-shape-npy": (lambda d: _npy(d / "x.npy", np.zeros((4, 3, 5, 5), np.float32)),
+                        ("(3, 5, 5)", "(3, 16, 16)")),
+    "object-npy": (lambda d: _npy(d / "x.npy", np.array([1, "a"], object)), ("object", "numbers")),
+    "string-npy": (lambda d: _npy(d / "x.npy", np.array(["ab", "cd"])), ("str", "numbers")),
+    "structured-npy": (lambda d: _npy(d / "x.npy", np.zeros(3, [("a", "f4"), ("b", "i4")])), ("numbers",)),
+    "nan-npy": (lambda d: _npy(d / "x.npy", np.full((2, 3, 16, 16), np.nan, np.float32)), ("nan",)),
+    "inf-npz": (lambda d: (np.savez(d / "x.npz", a=np.full((2, 3, 16, 16), np.inf, np.float32)),
+                           d / "x.npz")[-1], ("inf",)),
+    "not-npy": (lambda d: ((d / "x.npy").write_bytes(b"hello, not numpy"), d / "x.npy")[-1],
+                ("x.npy", "not a .npy")),
+    "empty-npz": (lambda d: (np.savez(d / "x.npz"), d / "x.npz")[-1], ("no arrays",)),
+    "huge-claim-npy": (lambda d: _huge_npy(d / "x.npy"), ("declares",)),
+}
+
+
+def _huge_npy(path):
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False,
+                                               "shape": (10 ** 9, 3, 16, 16)})
+    path.write_bytes(buf.getvalue() + bytes(800))
+    return path
+
+
+@pytest.mark.parametrize("case", list(CALIBRATION_CASES))
+def test_bad_calibration_data(case, model, tmp_path, capsys):
+    m, _ = model
+    make, needles = CALIBRATION_CASES[case]
+    d = tmp_path / "calib"
+    d.mkdir()
+    ds = make(d)
+    out = tmp_path / "out.kmodel"
+    keep = Frozen(m, *[p for p in d.iterdir()])
+    rc, _, err = cli(capsys, "convert", m, out, "--dataset", ds, "-q")
+    last = refused(rc, err, *needles)
+    assert "layout=" not in last                    # no Python keyword a CLI user cannot pass
+    keep.check()
+    nothing_at(out)
+
+
+def test_channels_last_npy_calibrates(model, tmp_path, capsys):
+    """The wrong-shape message used to suggest layout='NHWC'; NHWC arrays now just work."""
+    m, ds = model
+    x = tmp_path / "nhwc.npy"
+    np.save(x, np.random.default_rng(0).random((3, 16, 16, 3), np.float32))
+    rc, out, err = cli(capsys, "convert", m, tmp_path / "o.kmodel", "--dataset", x, "-q")
+    assert rc == 0, err
+    assert "channels-last" in err
+
+
+# ---- unwritable or impossible output paths ------------------------------------------------
+def _impossible(kind, tmp_path):
+    if kind == "missing-folder":
+        return tmp_path / "no" / "such" / "folder" / "out.ext", ("does not exist", "mkdir")
+    if kind == "directory":
+        d = tmp_path / "adir.ext"
+        d.mkdir()
+        return d, ("folder", "file name")
+    if kind == "proc":
+        return Path("/proc/tl2k210-out.ext"), ("/proc", "writable")
+    if kind == "sys":
+        return Path("/sys/tl2k210-out.ext"), ("/sys", "writable")
+    if kind == "file-as-folder":
+        f = tmp_path / "plain"
+        f.write_text("x")
+        return f / "out.ext", ("not a folder",)
+    raise AssertionError(kind)
+
+
+OUT_KINDS = ["missing-folder", "directory", "proc", "sys", "file-as-folder"]
+
+
+def _out(p, ext):
+    return Path(str(p).replace(".ext", ext))
+
+
+@pytest.mark.parametrize("kind", OUT_KINDS)
+def test_run_out_unwritable(kind, tmp_path, capsys):
+    out, needles = _impossible(kind, tmp_path)
+    if kind == "directory":
+        out = out.rename(out.parent / "adir.json")
+    out = _out(out, ".json")
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 28, 28), np.uint8))
+    rc, stdout, err = cli(capsys, "run", kmodel("mnist_v3.kmodel"), "-i", x, "-o", out)
+    refused(rc, err, *needles)
+    assert "output 0" not in stdout              # found out before running the model
+    if kind != "directory":
+        nothing_at(out)
+
+
+@pytest.mark.parametrize("kind", OUT_KINDS)
+def test_package_out_unwritable(kind, tmp_path, capsys):
+    out, needles = _impossible(kind, tmp_path)
+    out = out if kind == "directory" else _out(out, ".kfpkg")
+    km = tmp_path / "m.kmodel"
+    km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
+    rc, _, err = cli(capsys, "package", "-o", out, f"{km}@0x300000")
+    refused(rc, err, *needles)
+    if kind != "directory":
+        nothing_at(out)
+
+
+@pytest.mark.parametrize("kind", OUT_KINDS)
+def test_convert_out_unwritable_is_found_before_the_work(kind, model, tmp_path, capsys):
+    m, ds = model
+    out, needles = _impossible(kind, tmp_path)
+    out = out if kind == "directory" else _out(out, ".kmodel")
+    rc, _, err = cli(capsys, "convert", m, out, "--dataset", ds)
+    refused(rc, err, *needles)
+    assert "[1/6]" not in err
+    rc, _, err = cli(capsys, "convert", m, tmp_path / "ok.kmodel", "--dataset", ds, "--report",
+                     out if kind == "directory" else _out(out, ".json"))
+    refused(rc, err, *needles)
+    assert "[1/6]" not in err
+    nothing_at(tmp_path / "ok.kmodel")
+
+
+@pytest.mark.parametrize("kind", ["proc", "sys", "a-file", "under-a-file"])
+def test_zoo_build_out_unwritable(kind, tmp_path, capsys):
+    f = tmp_path / "plain"
+    f.write_text("x")
+    out, needle = {"proc": (Path("/proc/tl2k210-zoo"), "writable"),
+                   "sys": (Path("/sys/tl2k210-zoo"), "writable"),
+                   "a-file": (f, "not a folder"), "under-a-file": (f / "zoo", "not a folder")}[kind]
+    rc, _, err = cli(capsys, "zoo", "build", "face_detect", "--out", out, "-q")
+    refused(rc, err, needle)
+    assert f.read_text() == "x"
+
+
+def test_read_only_filesystem(tmp_path):
+    """A real read-only mount (private mount namespace; skipped where unshare is not allowed)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 28, 28), np.uint8))
+    km = kmodel("mnist_v3.kmodel")
+    cmd = (f"mount -t tmpfs -o ro,size=64k tmpfs {ro} && PYTHONPATH={REPO} {PY} -m tl2k210.cli "
+           f"run {km} -i {x} -o {ro}/out.json")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro tmpfs {ro}"],
+                           capture_output=True)
+    if probe.returncode:
+        pytest.skip("cannot mount a read-only filesystem here (needs unshare -m)")
+    res = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True)
+    refused(res.returncode, res.stderr, "read-only", "writable")
+    assert "output 0" not in res.stdout
+
+
+def test_read_only_filesystem_message(tmp_path, capsys, monkeypatch):
+    """The EROFS branch, without needing a mount."""
+    import errno
+    import tempfile
+
+    real = tempfile.mkstemp
+
+    def erofs(*a, **kw):
+        if str(kw.get("dir", "")).startswith(str(tmp_path)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real(*a, **kw)
+    monkeypatch.setattr(tempfile, "mkstemp", erofs)
+    km = tmp_path / "m.kmodel"
+    km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
+    rc, _, err = cli(capsys, "package", "-o", tmp_path / "o.kfpkg", f"{km}@0x300000")
+    refused(rc, err, "read-only", "writable")
+
+
+# ---- broken .kfpkg packages -------------------------------------------------------------
+def _pkg(tmp_path, method=zipfile.ZIP_STORED):
+    data = kmodel("mnist_v3.kmodel").read_bytes()[:20000]
+    p = tmp_path / "bad.kfpkg"
+    with zipfile.ZipFile(p, "w", method) as z:
+        z.writestr("flash-list.json", json.dumps(
+            {"version": "0.1.0", "files": [{"address": 0x300000, "bin": "m.kmodel", "sha256Prefix": False}]},
+            indent=4))
+        z.writestr("m.kmodel", data)
+    return p
+
+
+def _patch_member(p, name, **fields):
+    """Patch the local and central headers of member `name` (flags, method, crc, csize, usize)."""
+    b = bytearray(p.read_bytes())
+    nb = name.encode()
+    offs = {"local": {"flags": 6, "method": 8, "crc": 14, "csize": 18, "usize": 22, "name": 30},
+            "central": {"flags": 8, "method": 10, "crc": 16, "csize": 20, "usize": 24, "name": 46}}
+    for sig, kind in ((b"PK\x03\x04", "local"), (b"PK\x01\x02", "central")):
+        i = 0
+        while (i := b.find(sig, i)) >= 0:
+            o = offs[kind]
+            if b[i + o["name"]:i + o["name"] + len(nb)] == nb:
+                for k, v in fields.items():
+                    fmt = "<H" if k in ("flags", "method") else "<I"
+                    struct.pack_into(fmt, b, i + o[k], v)
+            i += 4
+    p.write_bytes(b)
+    return p
+
+
+def _data_offset(p, name):
+    b = p.read_bytes()
+    i = b.find(b"PK\x03\x04" + b"\x00" * 0)
+    while True:
+        n, e = struct.unpack_from("<HH", b, i + 26)
+        if b[i + 30:i + 30 + n] == name.encode():
+            return i + 30 + n + e
+        i = b.find(b"PK\x03\x04", i + 4)
+
+
+def _bad_crc(tmp_path):
+    p = _pkg(tmp_path)
+    b = bytearray(p.read_bytes())
+    b[_data_offset(p, "m.kmodel") + 100] ^= 0xFF
+    p.write_bytes(b)
+    return p
+
+
+def _lying_size(tmp_path):
+    p = _pkg(tmp_path, zipfile.ZIP_DEFLATED)
+    return _patch_member(p, "m.kmodel", usize=40000)
+
+
+def _corrupt_deflate(tmp_path):
+    p = _pkg(tmp_path, zipfile.ZIP_DEFLATED)
+    b = bytearray(p.read_bytes())
+    o = _data_offset(p, "m.kmodel")
+    b[o:o + 64] = bytes(range(64))
+    p.write_bytes(b)
+    return p
+
+
+def _nested(tmp_path):
+    p = tmp_path / "bad.kfpkg"
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("flash-list.json", '{"files": ' + "[" * 100000 + "]" * 100000 + "}")
+    return p
+
+
+KFPKG_CASES = {
+    "bad-crc": (_bad_crc, ("m.kmodel", "corrupt")),
+    "lying-size": (_lying_size, ("m.kmodel", "corrupt")),
+    "lying-size-small": (lambda t: _patch_member(_pkg(t, zipfile.ZIP_DEFLATED), "m.kmodel", usize=1000),
+                         ("m.kmodel", "corrupt")),
+    "lying-size-stored": (lambda t: _patch_member(_pkg(t), "m.kmodel", usize=30000, csize=30000),
+                          ("m.kmodel", "corrupt")),
+    "corrupt-deflate": (_corrupt_deflate, ("m.kmodel", "corrupt")),
+    "encrypted": (lambda t: _patch_member(_pkg(t), "m.kmodel", flags=1), ("encrypted", "without")),
+    "unknown-method": (lambda t: _patch_member(_pkg(t), "m.kmodel", method=99), ("compression", "99")),
+    "nested-manifest": (_nested, ("flash-list.json", "nested")),
+    "manifest-lies-about-size": (lambda t: _manifest_bomb(t), ("flash-list.json", "corrupt")),
+}
+
+
+def _manifest_bomb(tmp_path):
+    p = tmp_path / "bad.kfpkg"
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("flash-list.json", " " * (64 << 20))
+    return _patch_member(p, "flash-list.json", usize=100)
+
+
+@pytest.mark.parametrize("case", list(KFPKG_CASES))
+def test_broken_kfpkg(case, tmp_path, capsys):
+    make, needles = KFPKG_CASES[case]
+    pkg = make(tmp_path)
+    keep = Frozen(pkg)
+    out = tmp_path / "out.kfpkg"
+    rc, _, err = cli(capsys, "package", "-o", out, pkg)
+    refused(rc, err, "bad.kfpkg", *needles)
+    nothing_at(out)
+    rc, _, err = cli(capsys, "flash", "-p", tmp_path / "no-port", pkg)
+    refused(rc, err, "bad.kfpkg", *needles)
+    keep.check()
+
+
+# ---- run -i ---------------------------------------------------------------------------------
+RUN_INPUTS = {
+    "not-npy": (lambda d: ((d / "x.npy").write_bytes(b"\x93NUMPY garbage"), d / "x.npy")[-1], ("x.npy", "not a .npy")),
+    "object": (lambda d: _npy(d / "x.npy", np.array([None] * 784, object)), ("object", "numbers")),
+    "string": (lambda d: _npy(d / "x.npy", np.array(["a"] * 784)), ("str", "numbers")),
+    "structured": (lambda d: _npy(d / "x.npy", np.zeros(784, [("a", "u1"), ("b", "u1")])), ("numbers",)),
+    "complex": (lambda d: _npy(d / "x.npy", np.zeros(784, np.complex64)), ("complex",)),
+    "nan": (lambda d: _npy(d / "x.npy", np.full((1, 28, 28), np.nan, np.float32)), ("nan",)),
+    "inf": (lambda d: _npy(d / "x.npy", np.full((1, 28, 28), np.inf, np.float32)), ("inf",)),
+    "fractions": (lambda d: _npy(d / "x.npy", np.full((1, 28, 28), 0.5, np.float32)), ("0..255", "uint8")),
+    "huge-claim": (lambda d: _huge_npy(d / "x.npy"), ("declares",)),
+    "wrong-size": (lambda d: _npy(d / "x.npy", np.zeros((3, 28, 28), np.uint8)), ("(1, 28, 28)",)),
+    "bomb-png": (lambda d: bomb_png(d / "x.png"), ("30000x30000", "downscale")),
+    "truncated-png": (lambda d: _truncated(d / "x.png"), ("x.png",)),
+    "float-tiff": (lambda d: (Image.fromarray(np.full((8, 8), 0.5, np.float32)).save(d / "x.tiff"),
+                              d / "x.tiff")[-1], ("floating-point",)),
+    "directory": (lambda d: ((d / "x.png").mkdir(), d / "x.png")[-1], ("folder",)),
+    "missing": (lambda d: d / "missing.png", ("no such file",)),
+}
+
+
+def _truncated(path):
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), np.uint8)).save(path)
+    path.write_bytes(path.read_bytes()[:300])
+    return path
+
+
+@pytest.mark.parametrize("case", list(RUN_INPUTS))
+def test_run_bad_input(case, tmp_path, capsys):
+    make, needles = RUN_INPUTS[case]
+    x = make(tmp_path)
+    rc, out, err = cli(capsys, "run", kmodel("mnist_v3.kmodel"), "-i", x)
+    last = refused(rc, err, *needles)
+    assert "output 0" not in out
+    assert "kmodel is corrupt" not in last      # the array is blamed, not the model
+
+
+@pytest.mark.parametrize("anchors,needles", [
+    ("a,b,c,d", ("--anchors", "number")),
+    ("1,2,3", ("pairs",)),
+    (",".join(["1"] * 14), ("7 anchors", "30")),           # 7 pairs for a 5-anchor output
+    ("-1,2," + ",".join(map(str, FACE_ANCHORS[2:])), ("positive",)),
+    ("0,2," + ",".join(map(str, FACE_ANCHORS[2:])), ("positive",)),
+    ("nan,2," + ",".join(map(str, FACE_ANCHORS[2:])), ("positive",)),
+], ids=["not-numbers", "odd", "7-pairs-for-5", "negative", "zero", "nan"])
+def test_yolo_anchors_checked_before_running(anchors, needles, tmp_path, capsys):
+    img = tmp_path / "p.png"
+    Image.fromarray(np.full((240, 320, 3), 100, np.uint8)).save(img)
+    rc, out, err = cli(capsys, "run", kmodel("facedetect_320x240_v3.kmodel"), "-i", img,
+                       "--decode", "yolo2", f"--anchors={anchors}")
+    refused(rc, err, *needles)
+    assert "output 0" not in out                # checked against the output shape before running
+
+
+@pytest.mark.parametrize("flag,value", [("--threshold", "1.5"), ("--threshold", "nan"),
+                                        ("--nms", "-0.1")])
+def test_yolo_thresholds_are_probabilities(flag, value, tmp_path, capsys):
+    img = tmp_path / "p.png"
+    Image.fromarray(np.full((240, 320, 3), 100, np.uint8)).save(img)
+    with pytest.raises(SystemExit) as e:
+        main(["run", str(kmodel("facedetect_320x240_v3.kmodel")), "-i", str(img), "--decode", "yolo2",
+              "--anchors", ",".join(map(str, FACE_ANCHORS)), flag, value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err and "0" in err and "1" in err and "Traceback" not in err
+
+
+# ---- flash -b ----------------------------------------------------------------------------
+@pytest.mark.parametrize("baud", ["0", "-5", str(10 ** 12), "7", "abc", "2500000"])
+def test_flash_baud_rates_are_validated(baud, tmp_path, capsys):
+    fw = tmp_path / "fw.bin"
+    fw.write_bytes(b"\x11" * 1000)
+    with pytest.raises(SystemExit) as e:
+        main(["flash", "-p", str(tmp_path / "no-port"), "-b", baud, str(fw)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--baud" in err and "115200" in err and "Traceback" not in err
+
+
+def test_flash_baud_above_the_boards_bridge(tmp_path, capsys):
+    """The CH552 bridge of the Maix Bit with mic is reported unreliable above 1.5 Mbaud (spec §7.2)."""
+    fw = tmp_path / "fw.bin"
+    fw.write_bytes(b"\x11" * 1000)
+    rc, _, err = cli(capsys, "flash", "-p", tmp_path / "no-port", "-B", "bit_mic", "-b", "2000000", fw)
+    refused(rc, err, "1500000", "bit_mic", "-b")
+
+
+def test_flash_sane_baud_gets_to_the_port(tmp_path, capsys):
+    fw = tmp_path / "fw.bin"
+    fw.write_bytes(b"\x11" * 1000)
+    rc, _, err = cli(capsys, "flash", "-p", tmp_path / "no-port", "-b", "115200", fw)
+    refused(rc, err, "no-port")
+
+
+# ---- output into a closed pipe -------------------------------------------------------------
+@pytest.mark.parametrize("verb", ["inspect", "inspect-json"])
+def test_output_into_a_closed_pipe_exits_quietly(verb):
+    """`tl2k210 inspect M | head -1`: the reader is gone; exit quietly like Unix tools do."""
+    r, w = os.pipe()
+    os.close(r)
+    args = ["inspect", kmodel("facedetect_320x240_v3.kmodel")] + (["--json"] if verb.endswith("json") else [])
+    try:
+        res = subprocess.run([PY, "-m", "tl2k210.cli", *map(str, args)], stdout=w, stderr=subprocess.PIPE,
+                             text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    finally:
+        os.close(w)
+    assert res.stderr == "", res.stderr
+    assert res.returncode == 141
+
+
+def test_head_minus_one():
+    res = subprocess.run(f"{PY} -m tl2k210.cli inspect {kmodel('facedetect_320x240_v3.kmodel')} | head -1",
+                         shell=True, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert res.stdout.count("\n") == 1 and "kmodel v3" in res.stdout
+    assert res.stderr == ""
+
+
+# =============================================================================================
+# 4. No silent wrong results
+# =============================================================================================
+def test_16bit_png_is_scaled_not_clipped(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    img8 = rng.integers(0, 256, (28, 28), dtype=np.uint16)
+    png16(tmp_path / "g16.png", img8 * 257)                 # the same picture, 16 bits deep
+    Image.fromarray(img8.astype(np.uint8)).save(tmp_path / "g8.png")
+    rgb8 = rng.integers(0, 256, (28, 28, 3), dtype=np.uint16)
+    png16(tmp_path / "rgb16.png", rgb8 * 257)
+    Image.fromarray(rgb8.astype(np.uint8)).save(tmp_path / "rgb8.png")
+    from tl2k210 import imaging
+    for a, b in (("g16", "g8"), ("rgb16", "rgb8")):
+        x16 = imaging.to_model_input(imaging.load_rgb(tmp_path / f"{a}.png"), (3, 28, 28))
+        x8 = imaging.to_model_input(imaging.load_rgb(tmp_path / f"{b}.png"), (3, 28, 28))
+        assert np.array_equal(x16, x8) and x8.std() > 50
+    outs = []
+    for n in ("g16", "g8"):
+        rc, out, err = cli(capsys, "run", kmodel("mnist_v3.kmodel"), "-i", tmp_path / f"{n}.png",
+                           "-o", tmp_path / f"{n}.npy")
+        assert rc == 0, err
+        outs.append(np.load(tmp_path / f"{n}.npy"))
+    assert np.array_equal(outs[0], outs[1])
+    # calibration sees the same pixels too
+    from tl2k210.quantize.dataset import load_image
+    assert np.array_equal(load_image(tmp_path / "g16.png", (1, 1, 28, 28)),
+                          load_image(tmp_path / "g8.png", (1, 1, 28, 28)))
+
+
+@pytest.mark.parametrize("mode", ["P", "PA", "CMYK", "LA", "RGBA", "1", "I"])
+def test_other_image_modes_load_as_rgb(mode, tmp_path):
+    from tl2k210 import imaging
+    base = Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), np.uint8))
+    im = base.convert(mode) if mode not in ("I",) else base.convert("L").convert("I")
+    p = tmp_path / ("x.tiff" if mode in ("CMYK", "I", "PA") else "x.png")
+    im.save(p)
+    rgb = imaging.load_rgb(p)
+    assert rgb.mode == "RGB" and rgb.size == (16, 16)
+    if mode == "I":       # 32-bit integer image with 8-bit values: not clipped, not scaled
+        assert np.array_equal(np.asarray(rgb)[..., 0], np.asarray(base.convert("L")))
+
+
+def test_animated_gif_uses_the_first_frame_and_says_so(tmp_path, capsys):
+    frames = [Image.new("L", (28, 28), v) for v in (10, 200, 90)]
+    frames[0].save(tmp_path / "a.gif", save_all=True, append_images=frames[1:])
+    rc, out, err = cli(capsys, "run", kmodel("mnist_v3.kmodel"), "-i", tmp_path / "a.gif")
+    assert rc == 0 and "3 frames" in err and "first" in err
+
+
+def test_exif_rotated_photo_is_upright(tmp_path):
+    """A phone photo stored sideways with EXIF orientation 6 is what the user sees upright."""
+    from tl2k210 import imaging
+    up = np.zeros((20, 10, 3), np.uint8)
+    up[:5] = 255                                    # white band at the top
+    stored = Image.fromarray(up).transpose(Image.Transpose.ROTATE_90)   # as the sensor wrote it
+    exif = Image.Exif()
+    exif[0x0112] = 6                                # rotate 90 CW to display
+    stored.save(tmp_path / "p.jpg", exif=exif, quality=100)
+    a = np.asarray(imaging.load_rgb(tmp_path / "p.jpg"))
+    assert a.shape == (20, 10, 3) and a[:5].mean() > 200 and a[-5:].mean() < 50
+
+
+def test_anchor_count_that_divides_the_channels_is_checked_against_labels(tmp_path, capsys):
+    """facedetect: 30 channels = 5 anchors x (5 + 1 class). 3 anchors divide 30 too (5 classes)."""
+    img = tmp_path / "p.png"
+    Image.fromarray(np.full((240, 320, 3), 100, np.uint8)).save(img)
+    three = ",".join(map(str, FACE_ANCHORS[:6]))
+    rc, out, err = cli(capsys, "run", kmodel("facedetect_320x240_v3.kmodel"), "-i", img,
+                       "--decode", "yolo2", "--anchors", three, "--labels", "face")
+    refused(rc, err, "3 anchors", "1 label", "30")
+    assert "output 0" not in out
+    # without labels the interpretation is stated, never silent
+    rc, out, err = cli(capsys, "run", kmodel("facedetect_320x240_v3.kmodel"), "-i", img,
+                       "--decode", "yolo2", "--anchors", three)
+    assert rc == 0 and "3 anchors x (5 + 5 classes)" in out + err
+    rc, out, err = cli(capsys, "run", kmodel("facedetect_320x240_v3.kmodel"), "-i", img,
+                       "--decode", "yolo2", "--anchors", ",".join(map(str, FACE_ANCHORS)), "--labels", "face")
+    assert rc == 0 and "5 anchors x (5 + 1 classes)" in out + err
+
+
+@pytest.mark.parametrize("labels,needles", [("/missing/labels.txt", ("no labels file", "/missing/labels.txt")),
+                                            ("labels.txt", ("no labels file",)),
+                                            ("DIR", ("folder",))])
+def test_labels_that_name_a_missing_file_are_an_error(labels, needles, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    if labels == "DIR":
+        (tmp_path / "lab").mkdir()
+        labels = str(tmp_path / "lab")
+    img = tmp_path / "p.png"
+    Image.fromarray(np.full((240, 320, 3), 100, np.uint8)).save(img)
+    rc, out, err = cli(capsys, "run", kmodel("facedetect_320x240_v3.kmodel"), "-i", img, "--decode", "yolo2",
+                       "--anchors", ",".join(map(str, FACE_ANCHORS)), "--labels", labels)
+    refused(rc, err, *needles)
+    assert "output 0" not in out
+
+
+def test_float_input_model_refuses_non_finite(tmp_path, capsys):
+    x = tmp_path / "x.npy"
+    np.save(x, np.array([1.0, np.nan, 2.0, 3.0], np.float32))
+    rc, out, err = cli(capsys, "run", kmodel("iris_v3.kmodel"), "-i", x)
+    refused(rc, err, "nan")
+    np.save(x, np.array([5.1, 3.5, 1.4, 0.2], np.float64))      # float64 is fine
+    rc, out, err = cli(capsys, "run", kmodel("iris_v3.kmodel"), "-i", x)
+    assert rc == 0, err
+
+
+# =============================================================================================
+# 5. Clean-up: SIGTERM, umask, flash addresses
+# =============================================================================================
+def _wait_for(proc, needle, timeout=60):
+    t0 = time.monotonic()
+    seen = ""
+    while time.monotonic() - t0 < timeout:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen += line
+        if needle in line:
+            return seen
+    proc.kill()
+    raise AssertionError(f"never saw {needle!r}: {seen}")
+
+
+def _sigterm_leaves_nothing(argv, ready, tmp_path):
+    tmp = tmp_path / "TMP"
+    tmp.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([PY, "-m", "tl2k210.cli", *map(str, argv)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    _wait_for(proc, ready)
+    assert list(tmp.iterdir()), "expected a temporary flash image while running"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert proc.returncode in (0, 143), (proc.returncode, err)
+    assert not list(tmp.iterdir()), f"left behind: {list(tmp.rglob('*'))}"
+
+
+def test_sigterm_board_removes_its_flash_image(tmp_path):
+    _sigterm_leaves_nothing(["board", "--pty"], "DTR/RTS socket", tmp_path)
+
+
+def test_sigterm_demo_removes_its_flash_image(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text("import time\nprint('ready')\nwhile True:\n    time.sleep(0.05)\n")
+    img = tmp_path / "p.png"
+    Image.fromarray(np.full((240, 320, 3), 100, np.uint8)).save(img)
+    _sigterm_leaves_nothing(["demo", script, "--image", img, "--kmodel", kmodel("mnist_v3.kmodel"),
+                             "--out", tmp_path / "lcd.png"], "ready", tmp_path)
+
+
+@pytest.fixture
+def umask022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _mode(p):
+    return Path(p).stat().st_mode & 0o777
+
+
+def test_outputs_follow_the_umask(umask022, model, tmp_path, capsys):
+    km = tmp_path / "m.kmodel"
+    km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
+    assert cli(capsys, "package", "-o", tmp_path / "p.kfpkg", f"{km}@0x300000")[0] == 0
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 28, 28), np.uint8))
+    assert cli(capsys, "run", km, "-i", x, "-o", tmp_path / "r.json")[0] == 0
+    m, ds = model
+    assert cli(capsys, "convert", m, tmp_path / "c.kmodel", "--dataset", ds, "-q",
+               "--report", tmp_path / "c.json")[0] == 0
+    for f in ("p.kfpkg", "r.json", "c.kmodel", "c.json"):
+        assert _mode(tmp_path / f) == 0o644, f
+    os.umask(0o077)
+    assert cli(capsys, "run", km, "-i", x, "-o", tmp_path / "private.json")[0] == 0
+    assert _mode(tmp_path / "private.json") == 0o600
+    # replacing an existing file keeps its mode
+    os.chmod(tmp_path / "r.json", 0o664)
+    assert cli(capsys, "run", km, "-i", x, "-o", tmp_path / "r.json")[0] == 0
+    assert _mode(tmp_path / "r.json") == 0o664
+
+
+@pytest.mark.parametrize("address,needles", [
+    ("0x100000", ("firmware region", "0x300000")),
+    ("0x300100", ("4 KiB",)),
+    ("0xD00000", ("SPIFFS",)),
+])
+def test_package_warns_for_risky_addresses(address, needles, tmp_path, capsys):
+    km = tmp_path / "m.kmodel"
+    km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
+    rc, out, err = cli(capsys, "package", "-o", tmp_path / "p.kfpkg", f"{km}@{address}")
+    assert rc == 0 and (tmp_path / "p.kfpkg").exists()      # a warning, not a refusal
+    assert "warning:" in err
+    for n in needles:
+        assert n in err
+    rc, out, err = cli(capsys, "package", "-o", tmp_path / "q.kfpkg", f"{km}@0x300000")
+    assert rc == 0 and "warning" not in err
+
+
+def test_firmware_at_zero_is_not_warned_about(tmp_path, capsys):
+    fw = tmp_path / "maixpy.bin"
+    fw.write_bytes(b"\x11" * 5000)
+    rc, out, err = cli(capsys, "package", "-o", tmp_path / "p.kfpkg", f"{fw}@0")
+    assert rc == 0 and "warning" not in err
+
+
+# =============================================================================================
+# 6. demo runs arbitrary Python: say so
+# =============================================================================================
+def test_demo_help_says_it_runs_python(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split()).lower()
+    assert "runs the script as python on this computer" in text and "trust" in text
+    readme = " ".join((REPO / "README.md").read_text().split()).lower()
+    assert "runs the script as python on this computer" in readme
+
+
+# =============================================================================================
+# more of the same classes: numeric flags, other paths, other files
+# =============================================================================================
+@pytest.mark.parametrize("argv,needle", [
+    (["convert", "M", "o.kmodel", "--dataset", "D", "--calib-limit", "0"], "--calib-limit"),
+    (["convert", "M", "o.kmodel", "--dataset", "D", "--input-range", "1,0"], "--input-range"),
+    (["convert", "M", "o.kmodel", "--dataset", "D", "--input-range", "a"], "--input-range"),
+    (["convert", "M", "o.kmodel", "--dataset", "D", "--std", "0"], "--std"),
+    (["convert", "M", "o.kmodel", "--dataset", "D", "--mean", "nan"], "--mean"),
+    (["convert", "M", "o.kmodel", "--dataset", "D", "--input-shape", "1,3,a,8"], "--input-shape"),
+    (["convert", "M", "o.kmodel", "--dataset", "D", "--input-shape", "1,3,0,8"], "--input-shape"),
+    (["compare", "M", "K", "--dataset", "D", "--limit", "-1"], "--limit"),
+    (["board", "--pty", "--fault-rate", "2", "--for", "1"], "--fault-rate"),
+    (["board", "--pty", "--for", "-1"], "--for"),
+    (["board", "--pty", "--fault-kinds", "melt", "--for", "1"], "--fault-kinds"),
+    (["board", "--pty", "--wiring", "nope", "--for", "1"], "--wiring"),
+    (["demo", "face-detect", "--image", "I", "--frames", "0"], "--frames"),
+    (["demo", "face-detect", "--image", "I", "--press", "-1"], "--press"),
+    (["demo", "face-detect", "--image", "I", "--address", "zz"], "--address"),
+    (["deploy", "K", "-a", "zz"], "--address"),
+])
+def test_numeric_flags_are_range_checked(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_convert_mean_std_count_must_match_channels(model, tmp_path, capsys):
+    m, ds = model
+    rc, _, err = cli(capsys, "convert", m, tmp_path / "o.kmodel", "--dataset", ds, "--mean", "1,2", "-q")
+    refused(rc, err, "--mean", "3")
+    nothing_at(tmp_path / "o.kmodel")
+
+
+@pytest.mark.parametrize("case", ["missing-model", "model-is-a-folder", "missing-network",
+                                  "dataset-missing", "zero-byte-model"])
+def test_convert_bad_paths(case, model, tmp_path, capsys):
+    m, ds = model
+    argv = ["convert", m, tmp_path / "o.kmodel", "--dataset", ds, "-q"]
+    if case == "missing-model":
+        argv[1] = tmp_path / "nope.onnx"
+    elif case == "model-is-a-folder":
+        argv[1] = ds
+    elif case == "missing-network":
+        argv += ["--network", tmp_path / "nope.py"]
+    elif case == "dataset-missing":
+        argv[4] = tmp_path / "nope"
+    else:
+        (tmp_path / "z.onnx").write_bytes(b"")
+        argv[1] = tmp_path / "z.onnx"
+    rc, _, err = cli(capsys, *argv)
+    refused(rc, err)
+    nothing_at(tmp_path / "o.kmodel")
+
+
+@pytest.mark.parametrize("what", ["folder", "dev-zero", "missing", "empty"])
+def test_inspect_bad_paths(what, tmp_path, capsys):
+    p = {"folder": tmp_path, "dev-zero": Path("/dev/zero"), "missing": tmp_path / "no.kmodel",
+         "empty": tmp_path / "e.kmodel"}[what]
+    if what == "empty":
+        p.write_bytes(b"")
+    rc, _, err = cli(capsys, "inspect", p)
+    refused(rc, err)
+
+
+def test_deploy_missing_firmware(tmp_path, capsys):
+    km = tmp_path / "m.kmodel"
+    km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
+    rc, _, err = cli(capsys, "deploy", km, "--firmware", tmp_path / "nope.bin", "-p", tmp_path / "np")
+    refused(rc, err, "nope.bin")
+
+
+def test_compare_yolo_without_anchors(model, tmp_path, capsys):
+    m, ds = model
+    rc, _, err = cli(capsys, "compare", m, kmodel("facedetect_320x240_v3.kmodel"), "--dataset", ds,
+                     "--decode", "yolo2")
+    refused(rc, err, "--anchors")
+
+
+def test_demo_bad_images_are_refused_cleanly(tmp_path, capsys):
+    bomb = bomb_png(tmp_path / "bomb.png")
+    rc, _, err = cli(capsys, "demo", "face-detect", "--image", bomb, "--kmodel",
+                     kmodel("facedetect_320x240_v3.kmodel"), "--out", tmp_path / "o.png")
+    refused(rc, err, "30000x30000")
+    nothing_at(tmp_path / "o.png")
+
+
+@pytest.fixture
+def char_device(tmp_path):
+    """A private twin of /dev/null (same device numbers) in tmp_path: if a regression replaced it
+    with a file, only this copy is lost."""
+    import stat
+    p = tmp_path / "null"
+    try:
+        os.mknod(p, stat.S_IFCHR | 0o666, os.stat("/dev/null").st_rdev)
+    except (PermissionError, OSError):
+        pytest.skip("cannot create a device node here")
+    return p
+
+
+def test_device_outputs_are_streamed_not_replaced(char_device, tmp_path, capsys):
+    """`-o /dev/null` must not rename a file over the device (as root that replaces it)."""
+    import stat
+    km = tmp_path / "m.kmodel"
+    km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
+    before = os.stat(char_device)
+    rc, _, err = cli(capsys, "package", "-o", char_device, f"{km}@0x300000")
+    assert rc == 0, err
+    after = os.stat(char_device)
+    assert stat.S_ISCHR(after.st_mode) and (before.st_ino, before.st_rdev) == (after.st_ino, after.st_rdev)
+
+
+def test_fifo_output_is_streamed(tmp_path, capsys):
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)       # a reader is there: writing never blocks
+    try:
+        x = tmp_path / "x.npy"
+        np.save(x, np.zeros((1, 28, 28), np.uint8))
+        rc, _, err = cli(capsys, "run", kmodel("mnist_v3.kmodel"), "-i", x, "-o", fifo)
+        assert rc == 0, err
+        try:
+            got = os.read(rfd, 1 << 20)
+        except BlockingIOError:
+            got = b""
+    finally:
+        os.close(rfd)
+    assert fifo.is_fifo() and got and json.loads(got)["outputs"]
+
+
+def test_block_device_output_is_refused(tmp_path, capsys):
+    import stat
+    p = tmp_path / "disk"
+    try:
+        os.mknod(p, stat.S_IFBLK | 0o600, os.makedev(7, 200))
+    except (PermissionError, OSError):
+        pytest.skip("cannot create a device node here")
+    km = tmp_path / "m.kmodel"
+    km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
+    rc, _, err = cli(capsys, "package", "-o", p, f"{km}@0x300000")
+    refused(rc, err, "device")
+    assert stat.S_ISBLK(os.stat(p).st_mode)
+
+
+# =============================================================================================
+# fuzz: mutated files through the CLI paths above
+# =============================================================================================
+def _mutate(data, rng, n=None):
+    d = bytearray(data)
+    for _ in range(n or int(rng.integers(1, 6))):
+        kind = rng.integers(4)
+        if kind == 0 and d:
+            d[int(rng.integers(len(d)))] = int(rng.integers(256))
+        elif kind == 1 and len(d) > 8:
+            del d[int(rng.integers(len(d) // 2, len(d))):]
+        elif kind == 2 and len(d) > 16:
+            at = int(rng.integers(0, len(d) - 4))
+            struct.pack_into("<I", d, at, int(rng.choice([0, 1, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF])))
+        else:
+            at = int(rng.integers(len(d) + 1))
+            d[at:at] = bytes(rng.integers(0, 256, int(rng.integers(1, 64)), dtype=np.uint8))
+    return bytes(d)
+
+
+def _fuzz(capsys, argv_for, base, tmp_path, n, seed, suffix, out=None):
+    rng = np.random.default_rng(seed)
+    rcs = {}
+    for i in range(n):
+        if out is not None and Path(out).exists():
+            Path(out).unlink()
+        f = tmp_path / f"f{i % 4}{suffix}"
+        f.write_bytes(_mutate(base, rng))
+        rc, _, err = cli(capsys, *argv_for(f))
+        assert rc in (0, 2), (i, rc, err)
+        assert "Traceback" not in err
+        if rc == 2:
+            assert err.strip().splitlines()[-1].startswith("tl2k210 "), err
+            if out is not None:
+                nothing_at(out)
+        rcs[rc] = rcs.get(rc, 0) + 1
+    return rcs
+
+
+def test_fuzz_kfpkg_through_package_and_flash(tmp_path, capsys):
+    base = data_path("kfpkg", "face_model_at_0x300000.kfpkg").read_bytes()
+    out = tmp_path / "out" / "o.kfpkg"
+    out.parent.mkdir()
+    rcs = _fuzz(capsys, lambda f: ["package", "-o", out, f], base, tmp_path, 150, 1, ".kfpkg", out)
+    assert rcs.get(2, 0) > 50
+    for p in out.parent.iterdir():
+        assert p.name == "o.kfpkg"
+
+
+def test_fuzz_kmodels_through_inspect_and_run(tmp_path, capsys):
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 28, 28), np.uint8))
+    base = kmodel("mnist_v3.kmodel").read_bytes()
+    rcs = _fuzz(capsys, lambda f: ["inspect", f], base, tmp_path, 150, 2, ".kmodel")
+    assert rcs.get(2, 0) > 30 and rcs.get(0, 0) > 10
+    out = tmp_path / "o.json"
+    with np.errstate(all="ignore"):
+        rcs = _fuzz(capsys, lambda f: ["run", f, "-i", x, "-o", out], base, tmp_path, 80, 3, ".kmodel", out)
+    assert rcs.get(2, 0) > 10
+
+
+def test_fuzz_images_through_run(tmp_path, capsys):
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), np.uint8)).save(buf, "PNG")
+    png = buf.getvalue()
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), np.uint8)).save(buf, "JPEG")
+    rcs = _fuzz(capsys, lambda f: ["run", kmodel("mnist_v3.kmodel"), "-i", f], png, tmp_path, 120, 4, ".png")
+    rcs2 = _fuzz(capsys, lambda f: ["run", kmodel("mnist_v3.kmodel"), "-i", f], buf.getvalue(), tmp_path,
+                 120, 5, ".jpg")
+    assert rcs.get(2, 0) > 20 and rcs2.get(0, 0) + rcs2.get(2, 0) == 120
+
+
+def test_fuzz_arrays_through_run_and_calibration(tmp_path, capsys):
+    buf = io.BytesIO()
+    np.save(buf, np.zeros((1, 28, 28), np.uint8))
+    rcs = _fuzz(capsys, lambda f: ["run", kmodel("mnist_v3.kmodel"), "-i", f], buf.getvalue(), tmp_path,
+                150, 6, ".npy")
+    assert rcs.get(2, 0) > 50
+    from tl2k210.errors import Tl2k210Error
+    from tl2k210.quantize.dataset import load_dataset
+    buf = io.BytesIO()
+    np.savez(buf, a=np.zeros((2, 3, 16, 16), np.float32), b=np.ones((1, 3, 16, 16), np.float32))
+    rng = np.random.default_rng(7)
+    ok = bad = 0
+    for i in range(150):
+        f = tmp_path / f"d{i % 4}.npz"
+        f.write_bytes(_mutate(buf.getvalue(), rng))
+        try:
+            xs = load_dataset(f, (1, 3, 16, 16))
+            assert all(x.shape == (1, 3, 16, 16) and np.isfinite(x).all() for x in xs)
+            ok += 1
+        except Tl2k210Error:
+            bad += 1
+    assert ok + bad == 150 and bad > 50

@@ -1,0 +1,237 @@
+"""Files in and out, the one way every verb treats them.
+
+* ``check_outputs`` runs *before* any work: an output that resolves to an input (the same path,
+  a hard link or a symlink), or to another output, is refused; so is a folder, a missing or
+  unwritable folder, a read-only filesystem, a block device.
+* ``atomic_write`` writes a temporary file next to the target and renames it: never a half-written
+  file. New files follow the umask (as ``open()`` would), a replaced file keeps its mode.
+  Character devices and FIFOs (``-o /dev/stdout``, ``-o /dev/null``) are streamed to instead:
+  renaming a file over ``/dev/null`` would replace the device.
+* ``read_bytes`` reads at most ``limit`` bytes (``/dev/zero`` ends), with messages for folders and
+  missing files.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+
+from tl2k210.errors import InputFileError, OutputPathError
+
+TEMP_PREFIX = ".tl2k210-"
+
+
+def _stat(path):
+    try:
+        return os.stat(path)
+    except (OSError, ValueError):
+        return None
+
+
+def same_file(a, b) -> bool:
+    """True when `a` and `b` name the same file (same path, hard link or symlink)."""
+    sa, sb = _stat(a), _stat(b)
+    return sa is not None and sb is not None and (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _inside(path, folder) -> bool:
+    real, top = os.path.realpath(path), os.path.realpath(folder)
+    return real != top and real.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno == errno.EROFS:
+        return "read-only filesystem"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if exc.errno == errno.ENOSPC:
+        return "no space left on the device"
+    if exc.errno == errno.ENOENT:
+        return "this folder does not accept new files (a virtual filesystem?)"
+    return exc.strerror or str(exc)
+
+
+def check_writable(path, label: str = "output", make_parents: bool = False):
+    """Refuse an output path that cannot be written, before the work starts."""
+    p = os.fspath(path)
+    if not p:
+        raise OutputPathError(f"{label}: empty path; give a file name")
+    st = _stat(p)
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise OutputPathError(f"{label} {p} is a folder; give a file name, e.g. "
+                                  f"{os.path.join(p, 'out' + os.path.splitext(p)[1])}")
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode):
+            return                                  # streamed to (see atomic_write)
+        if not stat.S_ISREG(st.st_mode):
+            raise OutputPathError(f"{label} {p} is a device or socket, not a file; choose a file "
+                                  "name")
+    folder = os.path.dirname(os.path.realpath(p)) or "."
+    probe = folder
+    while make_parents and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    fst = _stat(probe)
+    if fst is None:
+        near = probe
+        while near and not os.path.exists(near):
+            near = os.path.dirname(near)
+        if near and os.path.exists(near) and not os.path.isdir(near):
+            raise OutputPathError(f"{label} {p}: {near} is not a folder")
+        raise OutputPathError(f"{label} {p}: the folder {folder} does not exist; create it "
+                              f"(mkdir -p {folder}) or choose another path")
+    if not stat.S_ISDIR(fst.st_mode):
+        raise OutputPathError(f"{label} {p}: {probe} is not a folder")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise OutputPathError(f"cannot write {label} {p}: {probe}: {_why(exc)}; choose a path in "
+                              "a writable folder") from None
+    if st is not None and not os.access(p, os.W_OK):
+        raise OutputPathError(f"{label} {p} is read-only; make it writable (chmod u+w) or choose "
+                              "another name")
+
+
+def check_outputs(outputs, inputs=()):
+    """`outputs`: [(label, path)] (None paths skipped); `inputs`: paths (files or folders) the
+    command reads. Refuses, before any work, an output that is an input or another output, an
+    existing output inside an input folder (it would replace a file the command reads), and
+    outputs that cannot be written."""
+    outs = [(label, os.fspath(p)) for label, p in outputs if p is not None]
+    ins = [os.fspath(p) for p in inputs if p is not None]
+    for i, (label, out) in enumerate(outs):
+        for src in ins:
+            if same_file(out, src):
+                raise OutputPathError(
+                    f"{label} {out} is the same file as the input {src}"
+                    f"{' (a link to it)' if os.path.realpath(out) != os.path.realpath(src) else ''}; "
+                    "refusing to overwrite it: choose another output path")
+            if os.path.isdir(src) and os.path.lexists(out) and _inside(out, src):
+                raise OutputPathError(
+                    f"{label} {out} is a file inside the input folder {src}; refusing to replace "
+                    "it: choose another output path")
+        for other_label, other in outs[:i]:
+            if os.path.realpath(out) == os.path.realpath(other) or same_file(out, other):
+                raise OutputPathError(f"{label} {out} is the same file as {other_label}; give "
+                                      "them different names")
+        check_writable(out, label)
+
+
+def make_folder(path, label: str = "output folder") -> list:
+    """An output folder, created with its parents if missing (before the work); refuses a file or
+    an unwritable place. Returns the folders it created, for `remove_folders` if the work fails."""
+    p = os.path.abspath(os.fspath(path))
+    missing, probe = [], p
+    while not os.path.exists(probe):
+        missing.append(probe)
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise OutputPathError(f"{label} {path}: {probe} is not a folder")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise OutputPathError(f"cannot write {label} {path}: {probe}: {_why(exc)}; choose a "
+                              "writable folder") from None
+    created = []
+    try:
+        for d in reversed(missing):
+            os.mkdir(d)
+            created.append(d)
+    except OSError as exc:
+        remove_folders(created)
+        raise OutputPathError(f"cannot create {label} {path}: {_why(exc)}") from None
+    return created
+
+
+def remove_folders(created):
+    """Undo `make_folder` (only folders still empty)."""
+    for d in reversed(created):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+
+
+def atomic_write(path, data: bytes, label: str = "output"):
+    """Write `data` to `path` atomically: temp file in the same folder, fsync, rename. The new
+    file gets 0666 & ~umask, a replaced one keeps its mode; devices/FIFOs are streamed to."""
+    path = os.fspath(path)
+    st = _stat(path)
+    if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+        try:
+            with open(path, "wb") as fh:
+                fh.write(data)
+        except OSError as exc:
+            raise OutputPathError(f"cannot write {label} {path}: {_why(exc)}") from None
+        return path
+    target = os.path.realpath(path)                 # write through a symlink, keep the link
+    folder = os.path.dirname(target)
+    mode = stat.S_IMODE(st.st_mode) if st is not None and stat.S_ISREG(st.st_mode) \
+        else 0o666 & ~_umask()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=os.path.basename(target), dir=folder)
+    except OSError as exc:
+        raise OutputPathError(f"cannot write {label} {path}: {folder}: {_why(exc)}; choose a path "
+                              "in a writable folder") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise OutputPathError(f"cannot write {label} {path}: {_why(exc)}") from None
+        raise
+    return path
+
+
+def read_bytes(path, limit: int, what: str = "file") -> bytes:
+    """The file's bytes; refuses folders, missing files and more than `limit` bytes."""
+    p = os.fspath(path)
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(limit + 1)
+    except FileNotFoundError:
+        raise InputFileError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise InputFileError(f"{p} is a folder, not a {what}") from None
+    except OSError as exc:
+        raise InputFileError(f"cannot read {p}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise InputFileError(f"{p} is larger than {limit // 2**20} MiB; that is not a {what}",)
+    return data
+
+
+def check_readable(path, what: str = "file", folder: bool | None = False):
+    """Refuse a missing input up front (and a folder where a file is needed, or a file where a
+    folder is; `folder=None` accepts either)."""
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise InputFileError(f"{what} {p}: no such {'folder' if folder else 'file'}")
+    if folder and not os.path.isdir(p):
+        raise InputFileError(f"{what} {p} is not a folder")
+    if folder is False and os.path.isdir(p):
+        raise InputFileError(f"{what} {p} is a folder, not a file")
