@@ -833,7 +833,8 @@ def _wait_for(proc, needle, timeout=60):
         if needle in line:
             return seen
     proc.kill()
-    raise AssertionError(f"never saw {needle!r}: {seen}")
+    _, err = proc.communicate()
+    raise AssertionError(f"never saw {needle!r}: {seen} (exit {proc.returncode}) {err}")
 
 
 def _sigterm_leaves_nothing(argv, ready, tmp_path):

@@ -438,7 +438,11 @@ class EmulatedBoard:
         self.port = os.ttyname(slave)
         os.close(slave)                     # so that the host closing the port is visible (HUP)
         self._port_open = False
+        self._sockdir = None
         self.lines_socket = os.path.join(self._tmpdir, "lines.sock")
+        if len(os.fsencode(self.lines_socket)) > 100:   # sun_path holds 108 bytes (long TMPDIR)
+            self._sockdir = tempfile.mkdtemp(prefix="tl2k210-", dir="/tmp")
+            self.lines_socket = os.path.join(self._sockdir, "lines.sock")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind(self.lines_socket)
         self._rx_line_free = 0.0
@@ -484,13 +488,14 @@ class EmulatedBoard:
                     closer()
                 except (OSError, ValueError):
                     pass
-            try:
-                os.unlink(self.lines_socket)
-                if self.flash_path.startswith(self._tmpdir):
-                    os.unlink(self.flash_path)
-                os.rmdir(self._tmpdir)
-            except OSError:
-                pass
+            for remove, path in ((os.unlink, self.lines_socket), (os.rmdir, self._sockdir),
+                                 (os.unlink, self.flash_path if self.flash_path.startswith(
+                                     self._tmpdir) else None), (os.rmdir, self._tmpdir)):
+                try:
+                    if path:
+                        remove(path)
+                except OSError:
+                    pass
 
     # ---- internals ---------------------------------------------------------------------
     def _host_baud(self):

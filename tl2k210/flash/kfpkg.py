@@ -259,8 +259,6 @@ def parse_image_arg(arg: str, flash_size=FLASH_SIZE_16M):
     try:
         with open(path, "rb") as fh:
             data = fh.read(flash_size + 1)
-    except FileNotFoundError:
-        raise KfpkgError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise KfpkgError(f"{path} is a folder, not an image file") from None
     except OSError as exc:

@@ -117,7 +117,7 @@ def _array_input(path, shape, dtype):
 
     from tl2k210.arrays import load_npy, load_npz
     want = int(np.prod(shape))
-    text = f"the model takes {np.dtype(dtype).name} {tuple(shape)} ({want} values)"
+    text = f"the model takes {tuple(shape)} {np.dtype(dtype).name} ({want} values)"
     if path.lower().endswith(".npz"):
         arrays = load_npz(path)
         if len(arrays) != 1:
