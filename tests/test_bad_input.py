@@ -374,6 +374,36 @@ def test_channels_last_npy_calibrates(model, tmp_path, capsys):
     assert "channels-last" in err
 
 
+def test_uint8_arrays_are_pixels_like_images(model, tmp_path, capsys):
+    """uint8 .npy calibration data is pixels: the device sees the same pixels as from the same
+    pictures as PNGs (it used to be taken as preprocessed floats: all white)."""
+    from tl2k210 import frontends
+    from tl2k210.compiler import ConvertOptions, model_inputs
+    from tl2k210.graph import from_onnx
+    m, ds = model
+    pix = np.stack([np.asarray(Image.open(ds / f"{i}.png")).transpose(2, 0, 1) for i in range(3)])
+    np.save(tmp_path / "pix.npy", pix)
+    g = from_onnx(frontends.load_model(str(m)))
+    f_img, p_img = model_inputs(g, ds, 10, ConvertOptions())
+    f_npy, p_npy = model_inputs(g, tmp_path / "pix.npy", 10, ConvertOptions())
+    assert np.array_equal(p_img, pix) and np.array_equal(p_npy, pix) and np.array_equal(f_img, f_npy)
+    rc, out_a, _ = cli(capsys, "convert", m, tmp_path / "a.kmodel", "--dataset", ds, "-q")
+    rc_b, out_b, err = cli(capsys, "convert", m, tmp_path / "b.kmodel", "--dataset", tmp_path / "pix.npy", "-q")
+    assert rc == rc_b == 0 and "warning" not in err, err
+    sqnr = [float(o.split("output SQNR vs float ")[1].split()[0]) for o in (out_a, out_b)]
+    assert abs(sqnr[0] - sqnr[1]) < 0.5 and sqnr[0] > 30
+    np.save(tmp_path / "f.npy", pix.astype(np.float32))          # 0..255 floats with --input-range 0,1
+    rc, _, err = cli(capsys, "convert", m, tmp_path / "c.kmodel", "--dataset", tmp_path / "f.npy", "-q")
+    assert rc == 0 and "warning:" in err and "uint8" in err
+
+
+def test_one_image_is_not_a_dataset(model, tmp_path, capsys):
+    m, ds = model
+    rc, _, err = cli(capsys, "convert", m, tmp_path / "o.kmodel", "--dataset", ds / "0.png", "-q")
+    refused(rc, err, "one image", "folder")
+    nothing_at(tmp_path / "o.kmodel")
+
+
 # ---- unwritable or impossible output paths ------------------------------------------------
 def _impossible(kind, tmp_path):
     if kind == "missing-folder":
@@ -946,6 +976,7 @@ def test_demo_help_says_it_runs_python(capsys):
     (["convert", "M", "o.kmodel", "--dataset", "D", "--input-shape", "1,3,0,8"], "--input-shape"),
     (["compare", "M", "K", "--dataset", "D", "--limit", "-1"], "--limit"),
     (["board", "--pty", "--fault-rate", "2", "--for", "1"], "--fault-rate"),
+    (["board", "--pty", "--fault-rate", "1", "--for", "1"], "--fault-rate"),    # log(0) in the board
     (["board", "--pty", "--for", "-1"], "--for"),
     (["board", "--pty", "--fault-kinds", "melt", "--for", "1"], "--fault-kinds"),
     (["board", "--pty", "--wiring", "nope", "--for", "1"], "--wiring"),
@@ -1020,6 +1051,15 @@ def test_demo_bad_images_are_refused_cleanly(tmp_path, capsys):
                      kmodel("facedetect_320x240_v3.kmodel"), "--out", tmp_path / "o.png")
     refused(rc, err, "30000x30000")
     nothing_at(tmp_path / "o.png")
+
+
+def test_demo_flash_image_must_be_a_flash_image(tmp_path, capsys):
+    img = tmp_path / "p.png"
+    Image.fromarray(np.full((240, 320, 3), 100, np.uint8)).save(img)
+    km = tmp_path / "m.kmodel"
+    km.write_bytes(kmodel("facedetect_320x240_v3.kmodel").read_bytes())
+    rc, _, err = cli(capsys, "demo", "face-detect", "--image", img, "--flash", km, "--out", tmp_path / "o.png")
+    refused(rc, err, "16 MiB", "--kmodel")
 
 
 @pytest.fixture
@@ -1126,6 +1166,9 @@ def test_fuzz_kfpkg_through_package_and_flash(tmp_path, capsys):
     assert rcs.get(2, 0) > 50
     for p in out.parent.iterdir():
         assert p.name == "o.kfpkg"
+    # flash reads the package before it opens the port: every case ends in one clean line
+    rcs = _fuzz(capsys, lambda f: ["flash", "-p", tmp_path / "no-port", f], base, tmp_path, 60, 9, ".kfpkg")
+    assert rcs == {2: 60}
 
 
 def test_fuzz_kmodels_through_inspect_and_run(tmp_path, capsys):
@@ -1174,3 +1217,13 @@ def test_fuzz_arrays_through_run_and_calibration(tmp_path, capsys):
         except Tl2k210Error:
             bad += 1
     assert ok + bad == 150 and bad > 50
+
+
+def test_fuzz_calibration_arrays_through_convert(model, tmp_path, capsys):
+    m, _ = model
+    buf = io.BytesIO()
+    np.savez(buf, a=np.random.default_rng(0).random((3, 3, 16, 16), np.float32))
+    out = tmp_path / "o.kmodel"
+    rcs = _fuzz(capsys, lambda f: ["convert", m, out, "--dataset", f, "-q"], buf.getvalue(), tmp_path,
+                12, 8, ".npz", out)
+    assert rcs.get(2, 0) >= 6

@@ -28,13 +28,17 @@ def int_range(lo=None, hi=None, example=None):
     return parse
 
 
-def float_range(lo=None, hi=None, example=None, lo_open=False):
+def float_range(lo=None, hi=None, example=None, lo_open=False, hi_open=False):
     example = example if example is not None else (lo if lo is not None else 0)
 
     def parse(text):
         v = _number(text, float, example)
-        if (lo is not None and (v < lo or (lo_open and v == lo))) or (hi is not None and v > hi):
-            span = _span(lo, hi) if not lo_open else f"> {lo}" + (f" and <= {hi}" if hi is not None else "")
+        low = lo is not None and (v < lo or (lo_open and v == lo))
+        high = hi is not None and (v > hi or (hi_open and v == hi))
+        if low or high:
+            parts = ([f"{'>' if lo_open else '>='} {lo}"] if lo is not None else []) + \
+                    ([f"{'<' if hi_open else '<='} {hi}"] if hi is not None else [])
+            span = _span(lo, hi) if not (lo_open or hi_open) else " and ".join(parts)
             raise argparse.ArgumentTypeError(f"{text} is out of range: use {span} (e.g. {example})")
         return v
     parse.__name__ = "number"

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -126,8 +127,9 @@ def pixel_mapping(opts: ConvertOptions, channels: int):
 
 
 def load_pixels(path: str, shape, limit: int, opts: ConvertOptions) -> np.ndarray:
-    """(N, C, H, W) uint8 pixels from a folder of images (resized like the runtime), or float arrays
-    from .npy/.npz (returned as float32, already preprocessed)."""
+    """(N, C, H, W) uint8 pixels from a folder of images (resized like the runtime), or arrays
+    from .npy/.npz: uint8 arrays are pixels (in the model's channel order), others float32 model
+    input (already preprocessed)."""
     from PIL import Image
 
     from tl2k210.imaging import open_image
@@ -148,7 +150,10 @@ def load_pixels(path: str, shape, limit: int, opts: ConvertOptions) -> np.ndarra
                 a = a[::-1]
             out.append(a)
         return np.stack(out).astype(np.uint8)
-    return np.concatenate(load_arrays(p, shape))[:limit].astype(np.float32)
+    arrays = load_arrays(p, shape, keep_dtype=True)[:limit]
+    if len(shape) == 4 and all(a.dtype == np.uint8 for a in arrays):
+        return np.concatenate(arrays)
+    return np.concatenate(arrays).astype(np.float32)
 
 
 def model_inputs(graph, dataset, limit, opts: ConvertOptions):
@@ -160,7 +165,17 @@ def model_inputs(graph, dataset, limit, opts: ConvertOptions):
         return data, None
     scale, offset = pixel_mapping(opts, shape[1])
     s4, o4 = scale[None, :, None, None], offset[None, :, None, None]
-    pixels = data if data.dtype == np.uint8 else np.clip(np.rint((data - o4) / s4), 0, 255).astype(np.uint8)
+    if data.dtype == np.uint8:
+        pixels = data
+    else:
+        raw = np.rint((data - o4) / s4)
+        clipped = float(np.mean((raw < 0) | (raw > 255)))
+        if clipped > 0.01:
+            print(f"warning: {clipped:.0%} of the dataset values lie outside what 0..255 pixels "
+                  f"become with --input-range {opts.input_range[0]:g},{opts.input_range[1]:g} "
+                  "--mean/--std; float arrays are taken as preprocessed model input: pass uint8 "
+                  "pixel arrays, or check those flags", file=sys.stderr)
+        pixels = np.clip(raw, 0, 255).astype(np.uint8)
     return (pixels * s4 + o4).astype(np.float32), pixels
 
 
@@ -193,6 +208,9 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     from tl2k210.quantize.metrics import sqnr_db
 
     opts = opts or ConvertOptions()
+    from tl2k210.fileio import check_outputs
+    check_outputs([("output", output)], [source if isinstance(source, (str, os.PathLike)) else None,
+                                         opts.dataset])
     if opts.runtime not in RUNTIME_BUDGET:
         raise Tl2k210Error(f"--runtime {opts.runtime!r}: choose from {sorted(RUNTIME_BUDGET)}")
     t0 = time.perf_counter()

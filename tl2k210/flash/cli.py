@@ -160,8 +160,8 @@ def add_board_parser(sub):
                    help="reset wiring: dan, kd233, goE, bit_mic (DTR/RTS via the line shim) or "
                    "isp_on_open (resets into ISP whenever the port is opened)")
     p.add_argument("--throttle", action="store_true", help="simulate the line speed")
-    p.add_argument("--fault-rate", type=cliargs.probability, default=0.0,
-                   help="per-byte fault rate host->board, 0..1")
+    p.add_argument("--fault-rate", type=cliargs.float_range(0.0, 1.0, example=0.001, hi_open=True),
+                   default=0.0, help="per-byte fault rate host->board, 0 <= rate < 1")
     p.add_argument("--fault-kinds", type=cliargs.choices_list(FAULT_KINDS, "corrupt,drop"),
                    default=("corrupt", "drop"), help="corrupt,drop,delay")
     p.add_argument("--seed", type=int, default=0)

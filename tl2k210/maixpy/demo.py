@@ -148,6 +148,9 @@ def _check_paths(args, script, out: Path):
     for flag in ("flash", "kfpkg", "kmodel"):
         if getattr(args, flag):
             check_readable(getattr(args, flag), f"--{flag}")
+    if args.flash and os.path.getsize(args.flash) != 16 << 20:
+        raise Tl2k210Error(f"--flash {args.flash} is {os.path.getsize(args.flash)} bytes, not a "
+                           "16 MiB flash image; pass --kfpkg or --kmodel to build one")
     if args.sd:
         check_readable(args.sd, "--sd", folder=True)
     inputs = [script, *args.image, args.flash, args.kfpkg, args.kmodel]

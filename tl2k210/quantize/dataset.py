@@ -64,11 +64,11 @@ def load_image(path, shape, pre=Preprocess()):
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
 
 
-def _samples(a, shape, where):
-    """(N, *shape[1:]) float32 from one stored array: NCHW (or channels-last NHWC, transposed
-    and said), with or without the batch dimension."""
+def _samples(a, shape, where, keep_dtype=False):
+    """(N, *shape[1:]) float32 (or the stored dtype) from one stored array: NCHW (or channels-last
+    NHWC, transposed and said), with or without the batch dimension."""
     want = tuple(shape[1:])
-    a = np.asarray(a, np.float32)
+    a = np.asarray(a) if keep_dtype else np.asarray(a, np.float32)
     if a.ndim == len(shape) - 1:
         a = a[None]
     if tuple(a.shape[1:]) == want:
@@ -83,18 +83,22 @@ def _samples(a, shape, where):
                          "reshape the arrays")
 
 
-def load_arrays(path, shape, layout=None):
-    """.npy/.npz (or a folder of them) -> list of (1, C, H, W) float32. Stored data may be NCHW
-    or NHWC (`layout` forces one), with or without the batch dimension; numbers only, finite."""
+def load_arrays(path, shape, layout=None, keep_dtype=False):
+    """.npy/.npz (or a folder of them) -> list of (1, C, H, W) float32 (the stored dtype with
+    `keep_dtype`). Stored data may be NCHW or NHWC (`layout` forces one), with or without the
+    batch dimension; numbers only, finite."""
     from tl2k210.arrays import load_any
     path = Path(path)
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        raise InputFileError(f"dataset {path} is one image; put the calibration images (tens to "
+                             "hundreds, like the camera sees) in a folder and pass the folder")
     files = sorted(path.glob("*.np[yz]")) if path.is_dir() else [path]
     out = []
     for f in files:
         for name, a in load_any(f):
             if layout == "NHWC" and a.ndim == 4:
                 a = a.transpose(0, 3, 1, 2)
-            out += [s[None] for s in _samples(a, shape, name)]
+            out += [s[None] for s in _samples(a, shape, name, keep_dtype)]
     if not out:
         raise InputFileError(f"dataset {path}: no samples (the arrays are empty)")
     return out
