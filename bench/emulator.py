@@ -1,11 +1,16 @@
-"""Emulator speed: frames/s on real kmodels, 1 and 2 threads, next to onnxruntime running a
-float graph of the same shape (same convs/pools, random weights).
+"""Emulator speed: frames/s on real kmodels with 1 and 2 threads (median of 5 timed runs),
+next to onnxruntime running a float graph of the same shape (same convs/pools, random weights).
 
-    python bench/emulator.py [--frames 30] [--json bench/results/emulator.json]
+    python bench/emulator.py [--frames 20] [--runs 5] [--json bench/results/emulator.json]
+
+Warm-up (numba JIT compile, or loading it from numba's cache) happens before the timed runs and
+is reported on its own; each row says whether the fused numba kernels ran and on how many KPU
+layers. The emulator is bit-exact either way (tests/test_kpu_stages.py, test_emulator_speedpaths).
 """
 import argparse
 import json
 import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -15,93 +20,133 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from tl2k210.k210 import kmodel  # noqa: E402
-from tl2k210.k210.emulator import Emulator  # noqa: E402
+from tl2k210.k210.emulator import Emulator, fast  # noqa: E402
 
 TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
-MODELS = ["facedetect_320x240_v3", "yolo20_v3", "yolo20_v4"]
+MODELS = [("facedetect_320x240_v3", TESTDATA / "kmodels"), ("yolo20_v3", TESTDATA / "kmodels"),
+          ("yolo20_v4", TESTDATA / "kmodels"),
+          # the largest corpus kmodel (3.9 MB, MobileNet-YOLOv3, 32 KPU layers)
+          ("kendryte_mobile_yolo__yolo", TESTDATA / "corpus" / "kmodels")]
 
 
 def float_twin(model):
-    """An ONNX float graph with the kmodel's KPU layers: conv (+relu) (+pool), random weights."""
+    """An ONNX float graph with the kmodel's KPU layers: conv (+relu) (+pool), random weights.
+    A conv whose input is not the previous conv's output (branches) reads a graph input."""
     import onnx
     from onnx import TensorProto, helper
     items = model.layers if model.version == 3 else model.nodes
     convs = [it.conv for it in items if it.conv is not None]
     rng = np.random.default_rng(0)
-    nodes, inits = [], []
-    name = "x"
+    nodes, inits, inputs, outputs = [], [], [], []
+    prev = None   # (tensor name, shape) of the previous conv's output
     for i, c in enumerate(convs):
         ci, co, k = c.in_shape[0], c.out_shape[0], c.k
+        shape = [1, *c.in_shape]
+        if prev is not None and prev[1] == shape:
+            src = prev[0]
+        else:
+            if prev is not None:
+                outputs.append(prev[0])
+            src = f"x{i}"
+            inputs.append(helper.make_tensor_value_info(src, TensorProto.FLOAT, shape))
         g = ci if c.depthwise else 1
         w = rng.normal(0, 0.1, (co, ci // g, k, k)).astype(np.float32)
         inits.append(helper.make_tensor(f"w{i}", TensorProto.FLOAT, w.shape, w.ravel()))
-        p = k // 2
-        nodes.append(helper.make_node("Conv", [name, f"w{i}"], [f"c{i}"], group=g, pads=[p] * 4))
+        nodes.append(helper.make_node("Conv", [src, f"w{i}"], [f"c{i}"], group=g, pads=[k // 2] * 4))
         nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
-        name = f"r{i}"
-        pool = c.pool
+        out, pool = f"r{i}", c.pool
         if pool.kind != "bypass":
             op = {"max": "MaxPool", "mean": "AveragePool"}.get(pool.kind, "MaxPool")
             pads = [0, 0, 1, 1] if pool.stride == 1 else [0] * 4
-            nodes.append(helper.make_node(op, [name], [f"p{i}"], kernel_shape=[pool.size] * 2,
+            nodes.append(helper.make_node(op, [out], [f"p{i}"], kernel_shape=[pool.size] * 2,
                                           strides=[pool.stride] * 2, pads=pads))
-            name = f"p{i}"
-    c0 = convs[0]
-    graph = helper.make_graph(nodes, "twin", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, [1, *c0.in_shape])], [helper.make_tensor_value_info(
-            name, TensorProto.FLOAT, None)], inits)
-    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), c0.in_shape
+            out = f"p{i}"
+        prev = (out, [1, *c.out_shape])
+    outputs.append(prev[0])
+    graph = helper.make_graph(nodes, "twin", inputs, [helper.make_tensor_value_info(
+        o, TensorProto.FLOAT, None) for o in outputs], inits)
+    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), inputs
 
 
-def timed(fn, frames):
-    fn()
-    fn()
-    t = time.perf_counter()
-    for _ in range(frames):
-        fn()
-    return frames / (time.perf_counter() - t)
+def timed_runs(fn, frames, runs):
+    """fps of `runs` timed runs of `frames` calls each (after the caller's warm-up)."""
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        for _ in range(frames):
+            fn()
+        out.append(frames / (time.perf_counter() - t))
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--frames", type=int, default=30)
+    ap.add_argument("--frames", type=int, default=20, help="frames per timed run")
+    ap.add_argument("--runs", type=int, default=5, help="timed runs (the median is reported)")
+    ap.add_argument("--models", nargs="*", help="subset of model names")
+    ap.add_argument("--no-ort", action="store_true", help="skip the onnxruntime float twins")
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "emulator.json"))
     args = ap.parse_args()
     from threadpoolctl import threadpool_limits
     rows = []
-    for name in MODELS:
-        path = TESTDATA / "kmodels" / f"{name}.kmodel"
+    for name, folder in MODELS:
+        if args.models and name not in args.models:
+            continue
+        path = folder / f"{name}.kmodel"
         if not path.exists():
             print(f"skip {name}: {path} missing")
             continue
         model = kmodel.load(path)
-        row = {"model": name}
+        row = {"model": name, "kmodel": f"v{model.version}", "bytes": path.stat().st_size}
         for threads in (1, 2):
             emu = Emulator(model, threads=threads)
-            shape, _ = emu.input_spec()
+            shape, dtype = emu.input_spec()
             x = np.random.default_rng(1).integers(0, 256, shape).astype(np.uint8)
-            with threadpool_limits(1):  # our threads are the only parallelism
-                row[f"emu_fps_{threads}t"] = timed(lambda: emu.run(x), args.frames)
-        try:
-            import onnxruntime as ort
-            twin, in_shape = float_twin(model)
-            xf = np.random.default_rng(1).random((1, *in_shape), dtype=np.float32)
-            for threads in (1, 2):
-                so = ort.SessionOptions()
-                so.intra_op_num_threads = threads
-                so.inter_op_num_threads = 1
-                sess = ort.InferenceSession(twin.SerializeToString(), so, providers=["CPUExecutionProvider"])
-                row[f"ort_fps_{threads}t"] = timed(lambda: sess.run(None, {"x": xf}), args.frames)
-        except ImportError:
-            pass
+            if dtype == np.float32:
+                x = x.astype(np.float32) / 255
+            with threadpool_limits(1):  # our band threads are the only parallelism
+                t = time.perf_counter()
+                emu.run(x)
+                row.setdefault("warmup_s", round(time.perf_counter() - t, 2))  # JIT / cache load
+                emu.run(x)
+                fps = timed_runs(lambda: emu.run(x), args.frames, args.runs)
+            row[f"emu_fps_{threads}t"] = float(np.median(fps))
+            row[f"emu_fps_{threads}t_runs"] = [round(v, 1) for v in fps]
+            fused = [p.use_fast for p in emu.prepared.values()]
+            row["fused_layers"] = f"{sum(fused)}/{len(fused)}"
+        if not args.no_ort:
+            try:
+                import onnxruntime as ort
+                twin, inputs = float_twin(model)
+                feeds = {i.name: np.random.default_rng(1).random(
+                    [d.dim_value for d in i.type.tensor_type.shape.dim], dtype=np.float32) for i in inputs}
+                for threads in (1, 2):
+                    so = ort.SessionOptions()
+                    so.intra_op_num_threads = threads
+                    so.inter_op_num_threads = 1
+                    sess = ort.InferenceSession(twin.SerializeToString(), so,
+                                                providers=["CPUExecutionProvider"])
+                    sess.run(None, feeds)
+                    row[f"ort_fps_{threads}t"] = float(np.median(timed_runs(
+                        lambda: sess.run(None, feeds), args.frames, args.runs)))
+            except ImportError:
+                pass
         rows.append(row)
-    cols = ["model", "emu_fps_1t", "emu_fps_2t", "ort_fps_1t", "ort_fps_2t"]
-    print(f"{'model':24} {'emulator 1t':>12} {'emulator 2t':>12} {'onnxruntime float 1t':>21} {'2t':>8}")
+        print(f"  {name}: {row['emu_fps_1t']:.1f} / {row['emu_fps_2t']:.1f} fps", flush=True)
+    nan = float("nan")
+    print(f"\n{'model':28} {'kmodel':>6} {'emulator 1t':>12} {'emulator 2t':>12} {'fused':>6} "
+          f"{'warm-up s':>9} {'onnxruntime float 1t':>21} {'2t':>7}")
     for r in rows:
-        vals = [f"{r.get(c, float('nan')):.1f}" for c in cols[1:]]
-        print(f"{r['model']:24} {vals[0]:>12} {vals[1]:>12} {vals[2]:>21} {vals[3]:>8}")
-    print("(frames/s; board: facedetect runs at ~50-70 fps on a K210; target >= 30 fps on 2 cores)")
-    meta = {"cpu_count": os.cpu_count(), "frames": args.frames, "numpy": np.__version__}
+        print(f"{r['model']:28} {r['kmodel']:>6} {r['emu_fps_1t']:12.1f} {r['emu_fps_2t']:12.1f} "
+              f"{r['fused_layers']:>6} {r['warmup_s']:9.2f} {r.get('ort_fps_1t', nan):21.1f} "
+              f"{r.get('ort_fps_2t', nan):7.1f}")
+    print(f"(frames/s, median of {args.runs} runs of {args.frames} frames; numba "
+          f"{'on' if fast.available() else 'OFF (pure numpy path, about 2x slower)'}; "
+          f"a K210 runs facedetect at about 50-70 fps)")
+    meta = {"cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
+            "cpu": platform.processor() or platform.machine(), "frames": args.frames,
+            "runs": args.runs, "numpy": np.__version__, "numba": fast.available(),
+            "load_avg": os.getloadavg()}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"wrote {args.json}")

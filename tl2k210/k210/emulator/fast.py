@@ -1,5 +1,6 @@
 """Optional fused kernels (numba) for the KPU layer: the batch-norm stage and the activation
-lookup in one pass (and the depthwise taps too), parallel over output channels.
+lookup in one pass (and the depthwise taps too), serial and GIL-free: the caller runs them on
+row bands in parallel.
 
 Same integer arithmetic as the numpy path in kpu.py (int64, arithmetic shifts, the same step
 table), so results are identical bit for bit; `tests/test_kpu_stages.py` compares both paths.
@@ -14,7 +15,7 @@ import numpy as np
 try:  # pragma: no cover - depends on the environment
     if os.environ.get("TL2K210_NO_NUMBA"):
         raise ImportError
-    from numba import config, njit, prange, set_num_threads
+    from numba import njit
 except ImportError:  # pragma: no cover
     njit = None
 
@@ -24,22 +25,27 @@ def available() -> bool:
 
 
 if njit is not None:
-    @njit(parallel=True, cache=True)
-    def bn_lut(acc, const, mul, shift, add_lo, lut, out):  # pragma: no cover (compiled)
-        """out[o, p] = lut[clip(((acc[o, p] + const[o]) * mul[o] >> shift[o]) + add_lo[o])];
-        acc holds exact integers (float32/float64 BLAS output)."""
-        n = lut.size
-        for o in prange(acc.shape[0]):
-            c, m, s, a = const[o], mul[o], shift[o], add_lo[o]
-            for p in range(acc.shape[1]):
-                v = (((np.int64(acc[o, p]) + c) * m) >> s) + a
-                if v < 0:
-                    v = 0
-                elif v >= n:
-                    v = n - 1
-                out[o, p] = lut[v]
+    # Serial kernels that release the GIL: PreparedConv runs them on row bands in its own
+    # thread pool (one level of parallelism, no nested numba/BLAS threads).
+    @njit(nogil=True, cache=True, inline="always")
+    def _look(u, pages, fine, q, top):  # pragma: no cover (compiled)
+        """kpu.StepTable.shifted for one u = V - lo (flat when q == 0, else paged)."""
+        u = min(max(u, 0), top)
+        if q == 0:
+            return fine[u]
+        return fine[(np.int64(pages[u >> q]) << q) + (u & ((1 << q) - 1))]
 
-    @njit(cache=True)
+    @njit(nogil=True, cache=True)
+    def bn_lut(acc, const, mul, shift, add_lo, pages, fine, q, top, out):  # pragma: no cover (compiled)
+        """out[o, p] = table(((acc[o, p] + const[o]) * mul[o] >> shift[o]) + add_lo[o]);
+        acc holds exact integers (float32/float64 BLAS output)."""
+        for o in range(acc.shape[0]):
+            c, m, s, a = const[o], mul[o], shift[o], add_lo[o]
+            row, orow = acc[o], out[o]   # 1-D row views: the loop below vectorises
+            for p in range(row.size):
+                orow[p] = _look((((np.int64(row[p]) + c) * m) >> s) + a, pages, fine, q, top)
+
+    @njit(nogil=True, cache=True)
     def _step(v, starts, values):  # pragma: no cover (compiled)
         """values[j] for the last j with starts[j] <= v (starts[0] <= every reachable v)."""
         lo, hi = 0, starts.size - 1
@@ -51,41 +57,42 @@ if njit is not None:
                 hi = mid - 1
         return values[lo]
 
-    @njit(parallel=True, cache=True)
+    @njit(nogil=True, cache=True)
     def bn_steps(acc, const, mul, shift, add, starts, values, out):  # pragma: no cover (compiled)
         """Like bn_lut for an activation kept as breakpoints (its V span is too wide to tabulate)."""
-        for o in prange(acc.shape[0]):
+        for o in range(acc.shape[0]):
             c, m, s, a = const[o], mul[o], shift[o], add[o]
-            for p in range(acc.shape[1]):
-                out[o, p] = _step((((np.int64(acc[o, p]) + c) * m) >> s) + a, starts, values)
+            row, orow = acc[o], out[o]
+            for p in range(row.size):
+                orow[p] = _step((((np.int64(row[p]) + c) * m) >> s) + a, starts, values)
 
-    @njit(parallel=True, cache=True)
-    def dw_bn_lut(xp, w, k, arg_x, shr_x, x_exact, const, mul, shift, add_lo, lut, out):  # pragma: no cover
-        """Depthwise k×k taps from the padded uint8 map (weights already hold the folded Σx
-        term when x_exact), then the same BN + lookup as bn_lut."""
-        n = lut.size
+    @njit(nogil=True, cache=True)
+    def dw_bn_lut(xp, w, k, arg_x, shr_x, x_exact, const, mul, shift, add_lo, pages, fine, q, top,
+                  out):  # pragma: no cover
+        """Depthwise k×k taps from the padded uint8 rows xp (rows + k - 1 of them; weights already
+        hold the folded Σx term when x_exact), then the same BN + lookup as bn_lut. The inner
+        loops run along a row (contiguous, vectorisable)."""
         h, wd = out.shape[1], out.shape[2]
-        for c in prange(out.shape[0]):
+        acc = np.empty(wd, np.int64)
+        box = np.empty(wd, np.int64)
+        for c in range(out.shape[0]):
             cc, m, s, a = const[c], mul[c], shift[c], add_lo[c]
+            wc = w[c]
             for y in range(h):
+                acc[:] = 0
+                box[:] = 0
+                for ky in range(k):
+                    row = xp[c, y + ky]
+                    for kx in range(k):
+                        wt = wc[ky * k + kx]
+                        for x in range(wd):
+                            acc[x] += np.int64(row[x + kx]) * wt
+                        if not x_exact:
+                            for x in range(wd):
+                                box[x] += np.int64(row[x + kx])
+                orow = out[c, y]
                 for x in range(wd):
-                    acc = np.int64(0)
-                    box = np.int64(0)
-                    for ky in range(k):
-                        for kx in range(k):
-                            px = np.int64(xp[c, y + ky, x + kx])
-                            acc += px * w[c, ky * k + kx]
-                            box += px
+                    t = acc[x]
                     if not x_exact:
-                        acc += (arg_x * box) >> shr_x
-                    v = (((acc + cc) * m) >> s) + a
-                    if v < 0:
-                        v = 0
-                    elif v >= n:
-                        v = n - 1
-                    out[c, y, x] = lut[v]
-
-
-def threads(n: int):
-    if njit is not None:
-        set_num_threads(max(1, min(n, config.NUMBA_NUM_THREADS)))
+                        t += (arg_x * box[x]) >> shr_x
+                    orow[x] = _look((((t + cc) * m) >> s) + a, pages, fine, q, top)

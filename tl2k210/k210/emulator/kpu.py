@@ -37,7 +37,9 @@ def _executor(n: int) -> ThreadPoolExecutor:
 
 SUM_RULES = ("silicon", "simulator")
 ACT_RULES = ("nncase02", "nncase01")
-LUT_MAX = 1 << 22      # tabulate the activation when the reachable V range is at most this wide
+FLAT_MAX = 1 << 20     # activation lookup: one flat table up to this span (1 MiB of uint8) ...
+PAGES_MAX = 1 << 16    # ... else paged: at most this many page entries ...
+FINE_MAX = 1 << 22     # ... and this many table bytes (else binary search)
 BAND_ELEMS = 1 << 17   # output values per row band (int64 intermediates of ~1 MiB stay in cache)
 
 
@@ -166,26 +168,58 @@ def reference_layer(x, weights, args, bn, act, sum_rule="silicon", act_rule="nnc
 
 # ---------------------------------------------------------------------------------------------
 class StepTable:
-    """The activation as an exact step function of V on [vmin, vmax]: a lookup table over the
-    span where it changes (values outside are clipped to its ends), or breakpoints otherwise."""
+    """The activation as an exact step function of V on [vmin, vmax], compiled into a lookup of
+    u = V - lo: ``values[j]`` holds on [starts[j], starts[j+1]); outside the span where it
+    changes it is constant (u is clipped). Spans up to FLAT_MAX are one flat table (``q == 0``,
+    ``fine[u]``); wider ones are paged, exactly: ``fine[(pages[u >> q] << q) + (u & (2^q - 1))]``
+    where a page of 2^q values is shared by every bucket holding one constant value, so the
+    table stays small however wide the span. ``fine is None``: binary search instead."""
 
     def __init__(self, starts: np.ndarray, values: np.ndarray):
-        self.starts, self.values = starts, values   # values[j] holds on [starts[j], starts[j+1])
-        lo, hi = int(starts[1]) - 1 if len(starts) > 1 else int(starts[0]), int(starts[-1])
-        self.lo, self.lut = lo, None
-        if hi - lo < LUT_MAX:
-            v = np.arange(lo, hi + 1, dtype=np.int64)
-            self.lut = values[np.searchsorted(starts, v, side="right") - 1]
+        self.starts, self.values = starts, values
+        lo = int(starts[1]) - 1 if len(starts) > 1 else int(starts[0])
+        self.lo, self.span = lo, int(starts[-1]) - lo + 1
+        self.q, self.pages, self.fine = 0, np.zeros(1, np.int32), None
+        if self.span <= FLAT_MAX:
+            self.fine = self._at(np.arange(self.span, dtype=np.int64))
+            return
+        q = int(np.ceil(np.log2(self.span / PAGES_MAX)))
+        nb = -(-self.span // (1 << q))
+        first = self._at(np.arange(nb, dtype=np.int64) << q)        # value at each bucket start
+        u_st = starts[1:] - lo
+        mixed = np.unique(u_st[u_st % (1 << q) != 0] >> q)          # buckets with a step inside
+        consts = np.unique(first)
+        if (len(consts) + len(mixed)) << q > FINE_MAX:
+            return
+        const_page = np.zeros(256, np.int32)
+        const_page[consts] = np.arange(len(consts))
+        pages = const_page[first]
+        pages[mixed] = len(consts) + np.arange(len(mixed))
+        body = [np.repeat(consts.astype(np.uint8), 1 << q)]
+        if len(mixed):
+            u = (mixed.astype(np.int64)[:, None] << q) + np.arange(1 << q)
+            body.append(self._at(u.reshape(-1)))
+        self.q, self.pages, self.fine = q, pages, np.concatenate(body)
+
+    def _at(self, u: np.ndarray) -> np.ndarray:
+        return self.values[np.searchsorted(self.starts, u + self.lo, side="right") - 1]
+
+    @property
+    def top(self) -> int:
+        return self.span - 1
 
     def __call__(self, v: np.ndarray) -> np.ndarray:
-        if self.lut is None:
+        if self.fine is None:
             return self.values[np.searchsorted(self.starts, v, side="right") - 1]
-        v = v - self.lo
-        return self.shifted(v)
+        return self.shifted(v - self.lo)
 
     def shifted(self, u: np.ndarray) -> np.ndarray:
-        """Lookup of u = V − lo, indices clipped to the table: the caller folded −lo into its add."""
-        return self.lut.take(u, mode="clip")
+        """Lookup of u = V − lo (the caller folded −lo into its add); clipped to the span."""
+        u = np.clip(u, 0, self.span - 1)
+        if self.q == 0:
+            return self.fine.take(u)
+        return self.fine.take((self.pages.take(u >> self.q).astype(np.int64) << self.q)
+                              + (u & ((1 << self.q) - 1)))
 
 
 def compile_activation(act: dict, rule: str, vmin: int, vmax: int) -> StepTable | None:
@@ -305,6 +339,7 @@ class PreparedConv:
         self._build_lut(wt, sw_i, n_ic, kk)
         # the fused numba kernels need the tabulated activation and no Σx extra rows
         self.use_fast = use_fast and fast.available() and self.table is not None and not self.extra
+        self._plan_bands()
 
     def _build_lut(self, wt, sw_i, n_ic, kk):
         """Bound V over every possible uint8 input, then compile the activation over that range."""
@@ -394,7 +429,7 @@ class PreparedConv:
         acc = self._sums(xp[:, r0:r1 + self.k - 1], r1 - r0, w)
         acc *= self.bn_mul
         acc >>= self.bn_shift
-        if self.table is not None and self.table.lut is not None:
+        if self.table is not None and self.table.fine is not None:
             acc += self.bn_add - self.table.lo        # V − lo in one pass
             out = self.table.shifted(acc)
         else:
@@ -402,41 +437,64 @@ class PreparedConv:
             out = self.table(acc) if self.table is not None else activation(acc, self.act, self.act_rule)
         y[:, r0:r1] = out.reshape(-1, r1 - r0, w)
 
-    def _fused(self, xp: np.ndarray, h: int, w: int) -> np.ndarray:
-        """The numba path: BN + activation lookup (and the depthwise taps) in one pass."""
-        a, co, t = self.args, self.out_shape[0], self.table
-        out = np.empty((co, h, w), np.uint8)
-        fast.threads(self.threads)
-        if t.lut is not None and self.depthwise:
-            fast.dw_bn_lut(xp, self.wint, self.k, a["arg_x"], a["shr_x"], self.x_exact, self.const[:, 0],
-                           self.bn_mul[:, 0], self.bn_shift[:, 0], self.bn_add[:, 0] - t.lo, t.lut, out)
-            return out
-        acc = self._matmul_exact(self._cols(xp, h, w)) if not self.depthwise else \
-            (self._sums(xp, h, w) - self.const).astype(np.float64)
-        if t.lut is not None:
+    def _fused_band(self, xp: np.ndarray, y: np.ndarray, r0: int, r1: int):
+        """The numba path for rows [r0, r1): BN + activation lookup (and the depthwise taps) in
+        one pass over the band, written into y (C_out, H, W)."""
+        a, co, t, w = self.args, self.out_shape[0], self.table, y.shape[2]
+        rows = xp[:, r0:r1 + self.k - 1]
+        out = y[:, r0:r1]
+        if t.fine is not None and self.depthwise:
+            fast.dw_bn_lut(rows, self.wint, self.k, a["arg_x"], a["shr_x"], self.x_exact,
+                           self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0],
+                           self.bn_add[:, 0] - t.lo, t.pages, t.fine, t.q, t.top, out)
+            return
+        n = r1 - r0
+        acc = self._matmul_exact(self._cols(rows, n, w)) if not self.depthwise else \
+            (self._sums(rows, n, w) - self.const).astype(np.float64)
+        flat = out.reshape(co, n * w)   # a view: rows of one channel are contiguous
+        if t.fine is not None:
             fast.bn_lut(acc, self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0],
-                        self.bn_add[:, 0] - t.lo, t.lut, out.reshape(co, h * w))
+                        self.bn_add[:, 0] - t.lo, t.pages, t.fine, t.q, t.top, flat)
         else:
-            fast.bn_steps(acc, self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0], self.bn_add[:, 0],
-                          t.starts, t.values, out.reshape(co, h * w))
-        return out
+            fast.bn_steps(acc, self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0],
+                          self.bn_add[:, 0], t.starts, t.values, flat)
+
+    def _plan_bands(self):
+        """Row bands of the conv output: at least one per thread on big layers, small enough
+        for the numpy path's int64 stages to stay in cache, and aligned to the pool stride so
+        each band pools on its own."""
+        co, (ci, h, w) = self.out_shape[0], self.in_shape
+        p = hw.POOL[self.args["pool_type"]]
+        step = p.stride if p.stride > 1 else 1
+        size = co * h * w
+        want = self.threads if size * max(1, ci // 8) > 40_000 else 1
+        if not self.use_fast:
+            want = max(want, -(-size // BAND_ELEMS))
+        units = h // step if step > 1 else h
+        n = max(1, min(units, want))
+        cuts = [units * i // n * step for i in range(n + 1)]
+        cuts[-1] = h
+        self.bands = [(r0, r1) for r0, r1 in zip(cuts[:-1], cuts[1:]) if r1 > r0]
+        self.band_pool = p.kind != "bypass" and p.stride > 1 and len(self.bands) > 1
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         ci, h, w = self.in_shape
         if x.shape != (ci, h, w):
             raise EmulatorError(f"{self.where}: input is {x.shape}, layer expects {(ci, h, w)}")
         xp = self._pad(x)
-        if self.use_fast:
-            return pool(self._fused(xp, h, w), self.args["pool_type"])
+        code = self.args["pool_type"]
         y = np.empty((self.out_shape[0], h, w), np.uint8)
-        # row bands: small enough that the int64 stages stay in cache (about 2.5x faster on a
-        # 320x240 layer), and at least one per thread on big layers
-        size = self.out_shape[0] * h * w
-        n = min(h, max(-(-size // BAND_ELEMS), self.threads if size > 20000 else 1))
-        cuts = [h * i // n for i in range(n + 1)]
-        if self.threads == 1 or n == 1:
-            for i in range(n):
-                self._band(xp, y, cuts[i], cuts[i + 1])
-        else:
-            list(_executor(self.threads).map(lambda i: self._band(xp, y, cuts[i], cuts[i + 1]), range(n)))
-        return pool(y, self.args["pool_type"])
+        run = self._fused_band if self.use_fast else self._band
+        if len(self.bands) == 1:
+            run(xp, y, 0, h)
+            return pool(y, code)
+        s = hw.POOL[code].stride
+        out = np.empty(self.out_shape, np.uint8) if self.band_pool else None
+
+        def band(rr):
+            run(xp, y, *rr)
+            if out is not None:
+                r0, r1 = rr
+                out[:, r0 // s:r1 // s] = pool(y[:, r0:r1], code)
+        list(_executor(self.threads).map(band, self.bands))
+        return out if out is not None else pool(y, code)

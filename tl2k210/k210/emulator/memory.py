@@ -13,8 +13,18 @@ from tl2k210.k210 import hardware as hw
 
 
 class KpuRam:
+    """KPU RAM. The map written last is also kept as an array: reading exactly that map back
+    (what the next KPU layer does) returns it without a copy. Any raw access through ``mem``
+    forgets it (the caller may change bytes)."""
+
     def __init__(self):
-        self.mem = np.zeros(hw.KPU_RAM_BYTES, np.uint8)
+        self._mem = np.zeros(hw.KPU_RAM_BYTES, np.uint8)
+        self._last = None   # (base_line, shape, array) of the latest write
+
+    @property
+    def mem(self) -> np.ndarray:
+        self._last = None
+        return self._mem
 
     def _groups(self, base_line: int, c: int, h: int, w: int, where: str):
         g, p, L = hw.row_layout(w)
@@ -24,11 +34,15 @@ class KpuRam:
                                 f"lines, past the end of KPU RAM ({hw.KPU_RAM_LINES} lines)")
         g = min(g, c)
         cg = -(-c // g)
-        view = as_strided(self.mem[base_line * hw.LINE_BYTES:], shape=(cg, g, h, w),
+        view = as_strided(self._mem[base_line * hw.LINE_BYTES:], shape=(cg, g, h, w),
                           strides=(L * h * hw.LINE_BYTES, p, L * hw.LINE_BYTES, 1))
         return view, g, cg
 
     def read(self, base_line: int, c: int, h: int, w: int, where: str = "KPU RAM") -> np.ndarray:
+        """The (C, H, W) map at base_line; treat the result as read-only."""
+        last = self._last
+        if last is not None and last[0] == base_line and last[1] == (c, h, w):
+            return last[2]
         view, g, cg = self._groups(base_line, c, h, w, where)
         return view.reshape(cg * g, h, w)[:c].copy() if g > 1 else view[:, 0].copy()
 
@@ -39,6 +53,7 @@ class KpuRam:
         view[:full] = x[:full * g].reshape(full, g, h, w)
         if full < cg:  # partial last group: write only the channels that exist
             view[full, :c - full * g] = x[full * g:]
+        self._last = (base_line, (c, h, w), x)
 
 
 class MainMemory:

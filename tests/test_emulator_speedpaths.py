@@ -1,0 +1,79 @@
+"""The speed paths change nothing: the fused numba kernels, the pure numpy path
+(TL2K210_NO_NUMBA=1, a fresh process), 1 or several band threads, and the paged activation
+tables all give the same bytes on real kmodels."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, TESTDATA, data_path
+from tl2k210.k210 import kmodel
+from tl2k210.k210.emulator import Emulator, fast
+from tl2k210.k210.emulator import kpu as K
+
+MODELS = [("kmodels", "facedetect_320x240_v3"), ("kmodels", "yolo20_v4"),
+          ("corpus/kmodels", "kendryte_mobile_yolo__yolo")]
+
+RUN = """
+import json, sys
+import numpy as np
+from tl2k210.k210.emulator import Emulator, fast
+out = {}
+for path in sys.argv[1:]:
+    e = Emulator.load(path, threads=2)
+    shape, dtype = e.input_spec()
+    x = np.random.default_rng(5).integers(0, 256, shape).astype(np.uint8)
+    out[path] = [o.tobytes().hex() for o in e.run(x)]
+print(json.dumps({"numba": fast.available(), "out": out}))
+"""
+
+
+@pytest.mark.slow
+def test_numba_and_numpy_paths_give_the_same_bytes():
+    pytest.importorskip("numba")
+    paths = [str(data_path(*d.split("/"), f"{n}.kmodel")) for d, n in MODELS]
+    env = dict(os.environ, PYTHONPATH=str(REPO), TL2K210_NO_NUMBA="1")
+    r = subprocess.run([sys.executable, "-c", RUN, *paths], capture_output=True, text=True,
+                       env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    plain = json.loads(r.stdout.strip().splitlines()[-1])
+    assert plain["numba"] is False and fast.available()
+    for p in paths:
+        e = Emulator.load(p, threads=1)
+        assert all(pr.use_fast for pr in e.prepared.values())   # the fused kernels did run
+        shape, _ = e.input_spec()
+        x = np.random.default_rng(5).integers(0, 256, shape).astype(np.uint8)
+        assert [o.tobytes().hex() for o in e.run(x)] == plain["out"][p], p
+
+
+def test_paged_activation_table_is_exact():
+    """Wide V spans use the paged table; every V in the span (and beyond) maps as the direct
+    activation does."""
+    rng = np.random.default_rng(1)
+    for span_bits in (18, 21, 24):
+        starts = np.sort(rng.integers(-(1 << span_bits), 1 << span_bits, 16))
+        starts[0] = -(1 << 35)
+        act = {"x_start": starts, "y_mul": rng.integers(1, 3000, 16),
+               "shift_number": rng.integers(8, 24, 16), "bias": rng.integers(0, 256, 16).astype(np.uint8)}
+        lo, hi = -(1 << span_bits) - 5, (1 << span_bits) + 5
+        t = K.compile_activation(act, "nncase02", lo, hi)
+        assert t is not None and t.fine is not None
+        assert (t.q > 0) == (t.span > K.FLAT_MAX) and t.fine.size <= K.FINE_MAX
+        v = np.concatenate([rng.integers(lo, hi + 1, 200_000), starts[1:], starts[1:] + 1,
+                            starts[1:] - 1, [lo, hi]]).astype(np.int64)
+        v = v[(v >= lo) & (v <= hi)]
+        assert np.array_equal(t(v), K.activation(v, act, "nncase02"))
+
+
+def test_kpu_ram_read_after_write_is_the_written_map_and_raw_access_forgets_it():
+    from tl2k210.k210.emulator.memory import KpuRam
+    ram = KpuRam()
+    x = np.arange(2 * 5 * 20, dtype=np.uint8).reshape(2, 5, 20)
+    ram.write(7, x)
+    assert ram.read(7, 2, 5, 20) is x
+    ram.mem[7 * 64] = 99                       # a raw write: the shortcut is dropped
+    y = ram.read(7, 2, 5, 20)
+    assert y is not x and y[0, 0, 0] == 99 and np.array_equal(y.reshape(-1)[1:], x.reshape(-1)[1:])
