@@ -73,8 +73,9 @@ if njit is not None:
         hold the folded Σx term when x_exact), then the same BN + lookup as bn_lut. The inner
         loops run along a row (contiguous, vectorisable)."""
         h, wd = out.shape[1], out.shape[2]
-        acc = np.empty(wd, np.int64)
-        box = np.empty(wd, np.int64)
+        # window sums in w's dtype: int32 when the caller proved it exact, else int64
+        acc = np.empty(wd, w.dtype)
+        box = np.empty(wd, w.dtype)
         for c in range(out.shape[0]):
             cc, m, s, a = const[c], mul[c], shift[c], add_lo[c]
             wc = w[c]
@@ -86,13 +87,13 @@ if njit is not None:
                     for kx in range(k):
                         wt = wc[ky * k + kx]
                         for x in range(wd):
-                            acc[x] += np.int64(row[x + kx]) * wt
+                            acc[x] += row[x + kx] * wt
                         if not x_exact:
                             for x in range(wd):
-                                box[x] += np.int64(row[x + kx])
+                                box[x] += row[x + kx]
                 orow = out[c, y]
                 for x in range(wd):
-                    t = acc[x]
+                    t = np.int64(acc[x])
                     if not x_exact:
                         t += (arg_x * box[x]) >> shr_x
                     orow[x] = _look((((t + cc) * m) >> s) + a, pages, fine, q, top)
