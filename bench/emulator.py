@@ -68,14 +68,17 @@ def float_twin(model):
     return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), inputs
 
 
-def timed_runs(fn, frames, runs):
-    """fps of `runs` timed runs of `frames` calls each (after the caller's warm-up)."""
+def timed_runs(fn, frames, runs, cpu=None):
+    """fps of `runs` timed runs of `frames` calls each (after the caller's warm-up); appends
+    the CPU milliseconds per frame (all threads of this process) of each run to `cpu`."""
     out = []
     for _ in range(runs):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for _ in range(frames):
             fn()
         out.append(frames / (time.perf_counter() - t))
+        if cpu is not None:
+            cpu.append(1000 * (time.process_time() - c) / frames)
     return out
 
 
@@ -109,8 +112,10 @@ def main():
                 emu.run(x)
                 row.setdefault("warmup_s", round(time.perf_counter() - t, 2))  # JIT / cache load
                 emu.run(x)
-                fps = timed_runs(lambda: emu.run(x), args.frames, args.runs)
+                cpu = []
+                fps = timed_runs(lambda: emu.run(x), args.frames, args.runs, cpu)
             row[f"emu_fps_{threads}t"] = float(np.median(fps))
+            row[f"emu_cpu_ms_{threads}t"] = round(float(np.median(cpu)), 2)
             row[f"emu_fps_{threads}t_runs"] = [round(v, 1) for v in fps]
             fused = [p.use_fast for p in emu.prepared.values()]
             row["fused_layers"] = f"{sum(fused)}/{len(fused)}"
@@ -134,15 +139,17 @@ def main():
         rows.append(row)
         print(f"  {name}: {row['emu_fps_1t']:.1f} / {row['emu_fps_2t']:.1f} fps", flush=True)
     nan = float("nan")
-    print(f"\n{'model':28} {'kmodel':>6} {'emulator 1t':>12} {'emulator 2t':>12} {'fused':>6} "
-          f"{'warm-up s':>9} {'onnxruntime float 1t':>21} {'2t':>7}")
+    print(f"\n{'model':28} {'kmodel':>6} {'emulator 1t':>12} {'emulator 2t':>12} {'CPU ms/frame':>12} "
+          f"{'fused':>6} {'warm-up s':>9} {'onnxruntime float 1t':>21} {'2t':>7}")
     for r in rows:
         print(f"{r['model']:28} {r['kmodel']:>6} {r['emu_fps_1t']:12.1f} {r['emu_fps_2t']:12.1f} "
-              f"{r['fused_layers']:>6} {r['warmup_s']:9.2f} {r.get('ort_fps_1t', nan):21.1f} "
-              f"{r.get('ort_fps_2t', nan):7.1f}")
+              f"{r['emu_cpu_ms_1t']:12.1f} {r['fused_layers']:>6} {r['warmup_s']:9.2f} "
+              f"{r.get('ort_fps_1t', nan):21.1f} {r.get('ort_fps_2t', nan):7.1f}")
     print(f"(frames/s, median of {args.runs} runs of {args.frames} frames; numba "
           f"{'on' if fast.available() else 'OFF (pure numpy path, about 2x slower)'}; "
-          f"a K210 runs facedetect at about 50-70 fps)")
+          f"a K210 runs facedetect at about 50-70 fps; load average now "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: on a busy machine CPU ms/frame "
+          "(1 thread) is the steadier figure)")
     meta = {"cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
             "cpu": platform.processor() or platform.machine(), "frames": args.frames,
             "runs": args.runs, "numpy": np.__version__, "numba": fast.available(),

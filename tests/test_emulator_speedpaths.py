@@ -77,3 +77,27 @@ def test_kpu_ram_read_after_write_is_the_written_map_and_raw_access_forgets_it()
     ram.mem[7 * 64] = 99                       # a raw write: the shortcut is dropped
     y = ram.read(7, 2, 5, 20)
     assert y is not x and y[0, 0, 0] == 99 and np.array_equal(y.reshape(-1)[1:], x.reshape(-1)[1:])
+
+
+@pytest.mark.parametrize("pool_code", [1, 3, 5, 6, 7])
+def test_pool_before_bn_is_exact(pool_code):
+    """Max pools (monotone layers) and pick pools run before the BN stage on the fused path."""
+    pytest.importorskip("numba")
+    import test_kpu_stages as S
+    rng = np.random.default_rng(pool_code)
+    for i in range(6):
+        conv = S._random_conv(rng, False, int(rng.choice([1, 3])), pool_code)
+        conv.bn["norm_mul"] = np.abs(conv.bn["norm_mul"])
+        a = conv.args
+        a["arg_x"] = (a["arg_x"] >> a["shr_x"]) << a["shr_x"]   # a whole zero point: fused path
+        conv.act = {"x_start": np.array([-(1 << 35)] + [(1 << 35) - 1] * 15),
+                    "y_mul": np.array([int(rng.integers(1, 2000))] + [0] * 15),
+                    "shift_number": np.array([int(rng.integers(8, 20))] + [0] * 15),
+                    "bias": np.zeros(16, np.uint8)}
+        x = rng.integers(0, 256, conv.in_shape).astype(np.uint8)
+        wshape = (conv.out_shape[0], conv.in_shape[0], conv.k, conv.k)
+        want = K.reference_layer(x, conv.weights.reshape(wshape), conv.args, conv.bn, conv.act)
+        for threads in (1, 3):
+            p = K.PreparedConv(conv, threads=threads)
+            assert p.pool_first
+            assert np.array_equal(p(x), want), (pool_code, i, threads)

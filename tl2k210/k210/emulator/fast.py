@@ -46,6 +46,30 @@ if njit is not None:
                 orow[p] = _look((((np.int64(row[p]) + c) * m) >> s) + a, pages, fine, q, top)
 
     @njit(nogil=True, cache=True)
+    def bn_lut_pool(acc, w, k, dy, dx, is_max, const, mul, shift, add_lo, pages, fine, q, top,
+                    out):  # pragma: no cover (compiled)
+        """Pool first, then BN + lookup, for k x k stride-k pools: a pick pool reads one ACC per
+        window; a max pool takes the window's largest ACC, which is exact when the whole map
+        ACC -> output is non-decreasing (the caller checks: norm_mul >= 0, monotone table).
+        acc: (C, rows * w) exact integers; out: (C, rows // k, w // k)."""
+        oh, ow = out.shape[1], out.shape[2]
+        for o in range(acc.shape[0]):
+            c, m, s, a = const[o], mul[o], shift[o], add_lo[o]
+            row = acc[o]
+            for i in range(oh):
+                orow = out[o, i]
+                for j in range(ow):
+                    if is_max:
+                        best = row[i * k * w + j * k]
+                        for yy in range(k):
+                            base = (i * k + yy) * w + j * k
+                            for xx in range(k):
+                                best = max(best, row[base + xx])
+                    else:
+                        best = row[(i * k + dy) * w + j * k + dx]
+                    orow[j] = _look((((np.int64(best) + c) * m) >> s) + a, pages, fine, q, top)
+
+    @njit(nogil=True, cache=True)
     def _step(v, starts, values):  # pragma: no cover (compiled)
         """values[j] for the last j with starts[j] <= v (starts[0] <= every reachable v)."""
         lo, hi = 0, starts.size - 1

@@ -341,6 +341,14 @@ class PreparedConv:
         self._build_lut(wt, sw_i, n_ic, kk)
         # the fused numba kernels need the tabulated activation and no Σx extra rows
         self.use_fast = use_fast and fast.available() and self.table is not None and not self.extra
+        # stride-k pools before the BN stage (fewer lookups): pick pools always, max pools when
+        # ACC -> output is non-decreasing in every channel (then max commutes with it)
+        p = hw.POOL[a["pool_type"]]
+        t = self.table
+        monotone = t is not None and bool(np.all(self.bn_mul >= 0)) and bool(np.all(np.diff(
+            t.values.astype(np.int64)) >= 0))
+        self.pool_first = (self.use_fast and not self.depthwise and t is not None and t.fine is not None
+                           and p.stride > 1 and (p.kind == "pick" or (p.kind == "max" and monotone)))
         self._plan_bands()
 
     def _build_lut(self, wt, sw_i, n_ic, kk):
@@ -461,6 +469,17 @@ class PreparedConv:
             fast.bn_steps(acc, self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0],
                           self.bn_add[:, 0], t.starts, t.values, flat)
 
+    def _pooled_band(self, xp: np.ndarray, out: np.ndarray, r0: int, r1: int):
+        """Rows [r0, r1) of the conv (r0 a multiple of the pool size) straight to pooled rows."""
+        a, co, t, w = self.args, self.out_shape[0], self.table, self.in_shape[2]
+        p = hw.POOL[a["pool_type"]]
+        n = r1 - r0
+        acc = self._matmul_exact(self._cols(xp[:, r0:r1 + self.k - 1], n, w))
+        k = p.size
+        fast.bn_lut_pool(acc, w, k, p.pick[0], p.pick[1], p.kind == "max", self.const[:, 0],
+                         self.bn_mul[:, 0], self.bn_shift[:, 0], self.bn_add[:, 0] - t.lo, t.pages,
+                         t.fine, t.q, t.top, out[:, r0 // k:r0 // k + n // k])
+
     def _plan_bands(self):
         """Row bands of the conv output: at least one per thread on big layers, small enough
         for the numpy path's int64 stages to stay in cache, and aligned to the pool stride so
@@ -485,6 +504,13 @@ class PreparedConv:
             raise EmulatorError(f"{self.where}: input is {x.shape}, layer expects {(ci, h, w)}")
         xp = self._pad(x)
         code = self.args["pool_type"]
+        if self.pool_first:
+            out = np.empty(self.out_shape, np.uint8)
+            if len(self.bands) == 1:
+                self._pooled_band(xp, out, 0, h)
+            else:
+                list(_executor(self.threads).map(lambda rr: self._pooled_band(xp, out, *rr), self.bands))
+            return out
         y = np.empty((self.out_shape[0], h, w), np.uint8)
         run = self._fused_band if self.use_fast else self._band
         if len(self.bands) == 1:
