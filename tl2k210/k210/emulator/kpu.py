@@ -38,7 +38,7 @@ def _executor(n: int) -> ThreadPoolExecutor:
 SUM_RULES = ("silicon", "simulator")
 ACT_RULES = ("nncase02", "nncase01")
 FLAT_MAX = 1 << 20     # activation lookup: one flat table up to this span (1 MiB of uint8) ...
-PAGES_MAX = 1 << 16    # ... else paged: at most this many page entries ...
+PAGES_MAX = 1 << 16    # ... else paged: at most this many u16 page entries ...
 FINE_MAX = 1 << 22     # ... and this many table bytes (else binary search)
 BAND_ELEMS = 1 << 17   # output values per row band (int64 intermediates of ~1 MiB stay in cache)
 
@@ -179,7 +179,7 @@ class StepTable:
         self.starts, self.values = starts, values
         lo = int(starts[1]) - 1 if len(starts) > 1 else int(starts[0])
         self.lo, self.span = lo, int(starts[-1]) - lo + 1
-        self.q, self.pages, self.fine = 0, np.zeros(1, np.int32), None
+        self.q, self.pages, self.fine = 0, np.zeros(1, np.uint16), None
         if self.span <= FLAT_MAX:
             self.fine = self._at(np.arange(self.span, dtype=np.int64))
             return
@@ -191,10 +191,10 @@ class StepTable:
         consts = np.unique(first)
         if (len(consts) + len(mixed)) << q > FINE_MAX:
             return
-        const_page = np.zeros(256, np.int32)
+        const_page = np.zeros(256, np.uint16)
         const_page[consts] = np.arange(len(consts))
         pages = const_page[first]
-        pages[mixed] = len(consts) + np.arange(len(mixed))
+        pages[mixed] = len(consts) + np.arange(len(mixed), dtype=np.uint16)
         body = [np.repeat(consts.astype(np.uint8), 1 << q)]
         if len(mixed):
             u = (mixed.astype(np.int64)[:, None] << q) + np.arange(1 << q)
