@@ -232,3 +232,73 @@ def test_digit_classifiers_on_sklearn_digits(name, prep, acc_min, emu):
     acc = (pred == d.target[idx]).mean()
     print(f"{name}: accuracy {acc:.3f} on {idx.size} digits")
     assert acc >= acc_min
+
+
+# ---------------------------------------------------------------------------------------------
+# kmodels whose float source (TF Lite) is in the corpus: the emulated kmodel against the float
+# model on the astronaut photo (the same preprocessing: pixels / 255, NHWC for TF Lite)
+@pytest.fixture(scope="module")
+def tflite():
+    tf = pytest.importorskip("tensorflow")
+
+    def run(name, x_nhwc):
+        it = tf.lite.Interpreter(model_path=str(CORPUS / "models" / f"{name}.tflite"))
+        it.allocate_tensors()
+        it.set_tensor(it.get_input_details()[0]["index"], x_nhwc)
+        it.invoke()
+        return [it.get_tensor(o["index"]) for o in it.get_output_details()]
+    return run
+
+
+def _both(name, src, emu, tflite, img):
+    e = emu(name)
+    (n, c, h, w), dtype = e.input_spec()
+    im = np.asarray(img.convert("L" if c == 1 else "RGB").resize((w, h), Image.BILINEAR), np.uint8)
+    im = im.reshape(h, w, c)
+    x = im.transpose(2, 0, 1)[None]
+    outs = e.run(x.astype(np.float32) / 255 if dtype == np.float32 else x)
+    refs = tflite(src, im[None].astype(np.float32) / 255)
+    refs = [r.transpose(0, 3, 1, 2) if r.ndim == 4 else r for r in refs]   # NHWC -> NCHW
+    if len({r.size for r in refs}) < len(refs):    # same sizes: same order
+        return [(o.reshape(-1), r.reshape(-1)) for o, r in zip(outs, refs)]
+    by_size = {r.size: r.reshape(-1) for r in refs}   # else the orders may differ (LFFD)
+    return [(o.reshape(-1), by_size[o.size]) for o in outs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,src,check", [
+    # float CPU ops only (conv2d, binary, reduce_window2d, transpose, matmul, unary): exact float
+    ("k210-dronet__model", "k210-dronet__model", "max_abs<1e-6"),
+    # quantized KPU layers: close to the float model
+    ("DonkeyCar_on_M5StickV__Model_Original", "DonkeyCar_on_M5StickV__Model_Original", "corr>0.99"),
+    ("K210_mnist__test1", "K210_mnist__mnist_lenet_K210_model", "corr>0.999"),
+    ("LFFD-LP-K210__LPbox_1_branch", "LFFD-LP-K210__LPbox_1_branch", "corr>0.98"),
+    ("DAE_for_M5StickV__Model", "DAE_for_M5StickV__Model", "corr>0.98"),
+    ("animal_classification_k210__Classifier_best_val_accuracy_animals",
+     "animal_classification_k210__Classifier_best_val_accuracy_animals", "argmax"),
+])
+def test_kmodel_matches_its_float_source(name, src, check, emu, tflite, astronaut):
+    for got, want in _both(name, src, emu, tflite, astronaut):
+        diff = float(np.abs(got - want).max())
+        corr = float(np.corrcoef(got, want)[0, 1]) if got.size > 1 else 1.0
+        print(f"{name}: {got.size} values, max |diff| {diff:.3g}, correlation {corr:.5f}")
+        if check == "max_abs<1e-6":
+            assert diff < 1e-6            # measured 6e-8
+        elif check == "argmax":
+            assert got.argmax() == want.argmax()
+        else:
+            assert corr > float(check.split(">")[1])   # measured 0.9990 / 0.99999 / 0.987 / 0.992
+
+
+@pytest.mark.slow
+def test_segmentation_map_agrees_with_the_float_model(emu, tflite):
+    """SemanticSegmentation4M5StickV (ENet-like, 5 classes, 32x32): per-pixel argmax of the
+    emulated kmodel vs the float model on three photos (measured 0.996 / 0.887 / 0.853)."""
+    name = "SemanticSegmentation4M5StickV__Model_V0_1"
+    agree = []
+    for photo in ("astronaut", "coffee", "chelsea"):
+        img = Image.fromarray(getattr(skimage_data, photo)()).convert("RGB")
+        (got, want), = _both(name, name, emu, tflite, img)
+        agree.append((got.reshape(5, -1).argmax(0) == want.reshape(5, -1).argmax(0)).mean())
+    print(f"{name}: argmax agreement {[round(a, 3) for a in agree]}")
+    assert min(agree) >= 0.8 and np.mean(agree) >= 0.85
