@@ -32,12 +32,37 @@ _FLATTEN = "flags:u32 main_mem_in_address:u32 main_mem_out_address:u32 shape:sha
 
 
 @dataclass(frozen=True)
+class Tail:
+    """One array after a body's fixed struct: ``data[key]``, ``count(fields)`` items of
+    ``dtype``, stored in ``data`` with ``shape(fields)``; ``sets(array)`` gives the fields the
+    writer derives from the array (so a new layer needs only its arrays)."""
+    key: str
+    dtype: str
+    count: object
+    shape: object = None
+    sets: object = None
+
+
+TAILS = {   # the variable part of each body kind, read and written from this one description
+    "table": (Tail("table", "u1", lambda f: 256),),
+    "ranges": (Tail("ranges", "<u4", lambda f: 2 * f["input_count"], lambda f: (-1, 2),
+                    lambda a: {"input_count": len(a)}),),
+    "fc": (Tail("weights", "<f4", lambda f: f["in_channels"] * f["out_channels"],
+                lambda f: (f["out_channels"], f["in_channels"]),
+                lambda a: {"out_channels": a.shape[0], "in_channels": a.shape[1]}),
+           Tail("bias", "<f4", lambda f: f["out_channels"])),
+    "chdq": (Tail("params", "<f4", lambda f: 2 * f["channels"], lambda f: (f["channels"], 2),
+                  lambda a: {"channels": a.shape[0]}),),
+}
+
+
+@dataclass(frozen=True)
 class LayerType:
     id: int
     name: str
     struct: Struct | None  # None: no source documents the body; it is kept as raw bytes
     in_sdk: bool  # the standalone SDK v3 runner executes it (spec §3.2)
-    tail: str = ""  # variable part after the fixed struct
+    tail: str = ""  # variable part after the fixed struct: a TAILS key or "conv"
 
 
 LAYER_TYPES = {t.id: t for t in (
@@ -233,30 +258,20 @@ def read(data: bytes) -> KModelV3:
 def _read_tail(r: Reader, t: LayerType, layer: Layer, at: int, end: int, eight_bit: bool, where,
                model) -> int:
     """Read the variable part after the fixed struct; returns where the body's content ends."""
-    f = layer.fields
-    if t.tail == "table":
-        layer.data["table"] = r.array("u1", 256, f"{where} table", at)
-        return at + 256
-    if t.tail == "ranges":
-        n = f["input_count"]
-        check(at + 8 * n <= end, f"{where}: input_count {n} exceeds the body", at - 4, "input_count")
-        layer.data["ranges"] = [tuple(int(v) for v in pair) for pair in
-                                r.array("<u4", 2 * n, f"{where} inputs", at).reshape(-1, 2)]
-        return at + 8 * n
-    if t.tail == "fc":
-        ni, no = f["in_channels"], f["out_channels"]
-        check(at + 4 * (ni * no + no) <= end, f"{where}: {no}x{ni} weights exceed the body", at,
-              "in_channels/out_channels")
-        layer.data["weights"] = r.array("<f4", ni * no, f"{where} weights", at).reshape(no, ni)
-        layer.data["bias"] = r.array("<f4", no, f"{where} bias", at + 4 * ni * no)
-        return at + 4 * (ni * no + no)
-    if t.tail == "chdq":
-        c = f["channels"]
-        check(at + 8 * c <= end, f"{where}: {c} channels exceed the body", at, "channels")
-        layer.data["params"] = r.array("<f4", 2 * c, f"{where} scale/bias", at).reshape(c, 2)
-        return at + 8 * c
     if t.tail == "conv":
         return _read_conv(r, layer, at - t.struct.size, end, eight_bit, where, model)
+    f = layer.fields
+    for tl in TAILS.get(t.tail, ()):
+        n = tl.count(f)
+        size = n * np.dtype(tl.dtype).itemsize
+        check(at + size <= end, f"{where}: {tl.key} ({n} x {tl.dtype}, from the fields "
+              f"{sorted(k for k in f if k in ('input_count', 'in_channels', 'out_channels', 'channels'))})"
+              " exceeds the body", at, tl.key)
+        a = r.array(tl.dtype, n, f"{where} {tl.key}", at)
+        if tl.shape is not None:
+            a = a.reshape(tl.shape(f))
+        layer.data[tl.key] = [tuple(int(v) for v in row) for row in a] if tl.key == "ranges" else a
+        at += size
     return at
 
 
@@ -342,19 +357,13 @@ def _body_bytes(layer: Layer, pos: int, eight_bit: bool, where: str) -> bytes:
     if t.tail == "conv":
         return _conv_body(layer, f, pos, eight_bit, where)
     tail = b""
-    if t.tail == "table":
-        tail = np.asarray(layer.data["table"], np.uint8).tobytes()
-    elif t.tail == "ranges":
-        f["input_count"] = len(layer.data["ranges"])
-        tail = np.asarray(layer.data["ranges"], "<u4").reshape(-1).tobytes()
-    elif t.tail == "fc":
-        w = np.asarray(layer.data["weights"], "<f4")
-        f["out_channels"], f["in_channels"] = w.shape
-        tail = w.tobytes() + np.asarray(layer.data["bias"], "<f4").tobytes()
-    elif t.tail == "chdq":
-        p = np.asarray(layer.data["params"], "<f4")
-        f["channels"] = p.shape[0]
-        tail = p.tobytes()
+    for tl in TAILS.get(t.tail, ()):
+        a = np.asarray(layer.data[tl.key], tl.dtype)
+        if tl.sets is not None:
+            f.update(tl.sets(a))   # counts follow the arrays (given in their natural shape)
+        check(a.size == tl.count(f), f"{where}: data[{tl.key!r}] has {a.size} items, the fields "
+              f"imply {tl.count(f)}", None, tl.key)
+        tail += a.tobytes()
     return t.struct.pack(f) + tail
 
 
