@@ -112,3 +112,24 @@ def align_up(x: int, a: int) -> int:
 def check(cond: bool, message: str, offset: int | None = None, field: str | None = None):
     if not cond:
         raise KmodelFormatError(message, offset, field)
+
+
+class Notes:
+    """Deviations from nncase's writer habits, one line per kind with the places it occurs."""
+
+    def __init__(self):
+        self.kinds = {}
+
+    def add(self, what: str, where: str | None = None):
+        self.kinds.setdefault(what, []).append(where)
+
+    def lines(self) -> list:
+        out = []
+        for what, places in self.kinds.items():
+            places = [p for p in places if p]
+            if not places:
+                out.append(what)
+                continue
+            more = f" and {len(places) - 6} more" if len(places) > 6 else ""
+            out.append(f"{what} ({len(places)}x: {'; '.join(places[:6])}{more})")
+        return out

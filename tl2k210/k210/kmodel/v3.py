@@ -13,7 +13,7 @@ import numpy as np
 from tl2k210.errors import KmodelFormatError
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import kpu
-from tl2k210.k210.kmodel.binio import Reader, Struct, align_up, check
+from tl2k210.k210.kmodel.binio import Notes, Reader, Struct, align_up, check
 
 HEADER = Struct("version:u32 flags:u32 arch:u32 layers_length:u32 max_start_address:u32 "
                 "main_mem_usage:u32 output_count:u32")
@@ -220,6 +220,7 @@ def read(data: bytes) -> KModelV3:
     eight_bit = bool(h["flags"] & 1)
     model = KModelV3([], outputs, h["main_mem_usage"], h["flags"], h["arch"],
                      h["max_start_address"])
+    model.pending = Notes()
     total = pos + int(hdr[:, 1].astype(np.int64).sum())
     model.omitted_tail = max(0, total - len(data))
     if model.omitted_tail:
@@ -248,6 +249,8 @@ def read(data: bytes) -> KModelV3:
             layer.body_size = size  # not what the writer would produce: keep it (Maix-EMC)
         model.layers.append(layer)
         pos = end
+    model.notes += model.pending.lines()
+    del model.pending
     if unaligned:
         at = ", ".join(f"{i}@{p}" for i, p in unaligned[:6]) + (" ..." if len(unaligned) > 6 else "")
         model.notes.append(f"{len(unaligned)} bodies start at an unaligned offset (layer@offset: {at}):"
@@ -304,21 +307,21 @@ def _read_conv(r: Reader, layer: Layer, body: int, end: int, eight_bit: bool, wh
     in_body = all(g >= 0 for g in gaps.values()) and prev <= end
     content = prev if in_body else body + 24
     if not in_body:
-        model.notes.append(f"{where}: parameter blocks lie outside their body or out of order "
-                           f"(offsets {offs}); the SDK reads them anyway; a rewrite places them "
-                           "inside the body in nncase order")
+        model.pending.add("K210_CONV parameter blocks outside their body or out of order: the SDK "
+                          "reads them anyway; a rewrite places them inside the body in nncase order",
+                          f"{where} {offs}")
         align, gaps = None, None
     else:
         nn01 = all(align.get(b, 0) >= a for b, a in NN01_ALIGN.items())
         if not nn01:
             odd = [f"{b}@{offs[b]}" for b in CONV_BLOCKS if align.get(b, 0) < NN01_ALIGN[b]]
-            model.notes.append(f"{where}: parameter blocks below nncase's alignment "
-                               f"(layer 8, weights/bn 128, act 256): {', '.join(odd)}")
+            model.pending.add("K210_CONV parameter blocks below nncase's alignment (layer 8, "
+                              "weights/bn 128, act 256); the SDK loads them", f"{where}: {', '.join(odd)}")
     layer.align, layer.gaps = align, (gaps or None)
     if args["arg_x"] % (1 << args["shr_x"]) or args["arg_w"] % (1 << args["shr_w"]):
-        model.notes.append(f"{where}: fractional zero point (arg_x {args['arg_x']} >> {args['shr_x']}, "
-                           f"arg_w {args['arg_w']} >> {args['shr_w']}; Maix-EMC): the silicon "
-                           "Σ rule applies (spec §10.1)")
+        model.pending.add("fractional zero points (Maix-EMC): the emulator's default silicon Σ rule "
+                          "applies (spec §10.1)", f"{where.split(' (')[0]} arg_x {args['arg_x']} >> "
+                          f"{args['shr_x']}, arg_w {args['arg_w']} >> {args['shr_w']}")
     return content
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import kpu
-from tl2k210.k210.kmodel.binio import Reader, Struct, align_up, check
+from tl2k210.k210.kmodel.binio import Notes, Reader, Struct, align_up, check
 
 IDENTIFIER = 0x4B4D444C  # 'KMDL'
 HEADER = Struct("identifier:u32 version:u32 flags:u32 target:u32 constants:u32 main_mem:u32 "
@@ -230,6 +230,7 @@ def read(data: bytes) -> KModelV4:
     constants = r.bytes(h["constants"], "constants blob")
     model = KModelV4([], inputs, shapes, outputs, h["main_mem"], constants, h["target"],
                      h["flags"], h["reserved0"])
+    model.pending = Notes()
     end_all = pos + int(hdr[:, 1].astype(np.int64).sum())
     model.omitted_tail = max(0, end_all - len(data))
     if model.omitted_tail:
@@ -248,6 +249,8 @@ def read(data: bytes) -> KModelV4:
             node.body_size = size
         model.nodes.append(node)
         pos = end
+    model.notes += model.pending.lines()
+    del model.pending
     if unaligned:
         model.notes.append(f"{len(unaligned)} bodies start at an offset that is not 8-aligned "
                            f"(nodes {unaligned[:6]}{' ...' if len(unaligned) > 6 else ''}); "
@@ -306,8 +309,8 @@ def _read_kpu_conv(r: Reader, node: Node, at: int, end: int, where: str, model) 
     odd = [f"{b}@{o}" for b, o in offs.items() if o % 256]
     if odd:
         node.skips = tuple(args[k] for _, k in KPU_BLOCKS)
-        model.notes.append(f"{where}: parameter blocks not 256-aligned ({', '.join(odd)}); the "
-                           "nncase v0 runtime uses them as they are")
+        model.pending.add("kpu_conv2d parameter blocks not 256-aligned in the file; the nncase v0 "
+                          "runtime uses them as they are", f"{where.split(' (')[0]} {', '.join(odd)}")
     return pos
 
 
