@@ -4,6 +4,22 @@ Layout (spec §4): 40-byte header, input ranges, input shapes, output ranges, co
 node headers, bodies (each padded to an absolute multiple of 8). kpu_conv2d bodies store, in
 the three address fields of the layer argument, the padding skipped before the BN table,
 the activation table and the weights (each block 256-aligned in the file).
+
+One description per body serves the reader and the writer: ``OPCODES[code].struct`` (the fixed
+fields, in file order) and ``OPCODES[code].arrays`` (the tail arrays and the fields their
+lengths come from). Writing a model, e.g. from a lowering::
+
+    add = Node(OPCODE_BY_NAME["quantized_binary"].code, {
+        "input_a": (MEM_MAIN, DT_UINT8, 0, 64), "input_b": (MEM_MAIN, DT_UINT8, 64, 64),
+        "output": (MEM_MAIN, DT_UINT8, 128, 64), "binary_op": BINARY_OPS.index("add"),
+        "in_a_shape": (1, 4, 4, 4), "in_b_shape": (1, 4, 4, 4), "out_shape": (1, 4, 4, 4),
+        "input_a_offset": -3, "input_a_mul": 1 << 20, "input_a_shift": 20, ...})
+    conv = Node(OPCODE_BY_NAME["conv2d"].code, fields, {"weights": w, "bias": b})
+    model = KModelV4([add, conv], inputs=[...], input_shapes=[(1, 3, 224, 224)], outputs=[...],
+                     main_mem=n_bytes, constants=blob)
+    tl2k210.k210.kmodel.save(model, "out.kmodel")      # atomic; bodies padded to 8 bytes
+
+A missing field or an array whose length disagrees with the fields raises KmodelFormatError.
 """
 from __future__ import annotations
 
