@@ -326,7 +326,7 @@ class PreparedConv:
             self.chunk = wmat.shape[1]
         self.wmat = wmat.astype(self.ftype)
         # integer taps for the fused depthwise kernel (fast.dw_bn_lut) only
-        # (int32 when every k x k window sum fits: 2.5x faster, the common case)
+        # (int32 when every k x k window sum provably fits, else int64)
         small = self.k * self.k * 255 * max(1, int(np.abs(wmat).max())) < 1 << 31
         self.wint = np.ascontiguousarray(wmat, np.int32 if small else np.int64) if self.depthwise else None
         if sum_rule == "silicon" or self.depthwise:
