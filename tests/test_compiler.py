@@ -185,15 +185,16 @@ def test_mobilenet_v1_tensorlayer_agrees_with_float(mobilenet):
 def test_unsupported_op_names_node_and_writes_nothing(tmp_path, calib_dir):
     keras = tf.keras
     x = keras.Input((32, 32, 3))
-    m = keras.Model(x, keras.layers.Conv2D(4, 5, padding="same", name="big_kernel")(x))
-    src = tmp_path / "k5.keras"
+    y = keras.layers.Conv2D(4, 5, padding="same", name="big_kernel")(x)      # 5x5: runs (kxk.py)
+    m = keras.Model(x, keras.layers.Conv2DTranspose(4, 3, strides=2, name="deconv")(y))
+    src = tmp_path / "deconv.keras"
     m.save(src)
-    out = tmp_path / "k5.kmodel"
+    out = tmp_path / "deconv.kmodel"
     out.write_bytes(b"previous")
     with pytest.raises(UnsupportedOpError) as e:
         convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False))
     msg = str(e.value)
-    assert "big_kernel" in msg and "kernel (5, 5)" in msg and "3x3" in msg
+    assert "deconv" in msg and "ConvTranspose" in msg and "UpSampling2D" in msg and "strides" in msg
     assert out.read_bytes() == b"previous"
     assert not list(tmp_path.glob(".tmp-*"))
 

@@ -48,10 +48,11 @@ def test_check_supported_asks_the_registry():
 
 
 def test_refusal_lists_every_alternative():
-    m = make_model([conv_node("c", "x", "w", dilations=[2, 2], pads=[2, 2, 2, 2])],
+    m = make_model([conv_node("c", "x", "w", dilations=[2, 1], pads=[2, 1, 2, 1])],
                    [("x", [1, 4, 8, 8])], [("c", None)], {"w": np.ones((4, 4, 3, 3), np.float32)})
     g = from_onnx(m)
-    with pytest.raises(UnsupportedOpError, match=r"(?s)'c'.*dilations=\(2, 2\).*kpu_conv \(KPU\): dilations"):
+    with pytest.raises(UnsupportedOpError, match=r"(?s)'c'.*dilations=\(2, 1\).*kpu_conv \(KPU\): dilations"
+                                                 r".*kpu_conv_kxk \(KPU\): kernel \(3, 3\) dilations \(2, 1\)"):
         select(g, g.nodes[0], Options())
 
 
@@ -252,3 +253,157 @@ def test_squeezenet_from_the_onnx_wheel_fits(tmp_path):
           f"output SQNR {rep.totals['output_sqnr_db']:.1f} dB")
     assert rep.totals["output_sqnr_db"] > 20
     assert all(r["sqnr_db"] is None or r["sqnr_db"] > 20 for r in rep.layers)
+
+
+# ---------------------------------------------------------------------------------------------
+# K x K kernels on the KPU's 3x3
+def _kxk_model(k, group, stride=1, pads=None, dilation=1, c_in=3, c_out=6, h=24, w=28, seed=0):
+    rng = np.random.default_rng(seed)
+    kk = (k - 1) // dilation + 1
+    g = c_in if group == "dw" else 1
+    c_out = c_in if group == "dw" else c_out
+    pads = [k // 2] * 4 if pads is None else pads
+    return make_model([conv_node("y", "x", "w", "b", pads=pads, strides=[stride, stride], group=g,
+                                 kernel_shape=[kk, kk], dilations=[dilation, dilation])],
+                      [("x", [1, c_in, h, w])], [("y", None)],
+                      {"w": (rng.normal(size=(c_out, c_in // g, kk, kk)) * 0.3).astype(np.float32),
+                       "b": (rng.normal(size=c_out) * 0.3).astype(np.float32)})
+
+
+@pytest.mark.parametrize("group", ["dense", "dw"])
+def test_5x5_decomposition_is_the_quantized_5x5_conv(group):
+    """The one-hot shift stage copies bytes and the 3x3 stage with re-indexed weights accumulates
+    exactly what a 5x5 KPU layer would: the output equals a direct integer 5x5 conv of the pixels
+    with the same quantized weights, BN and activation table, bit for bit."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from lower_helpers import kpu_outputs
+    from tl2k210.k210.emulator.kpu import activation, batchnorm
+    from tl2k210.quantize import fixed_point as fx
+    m = _kxk_model(5, group)
+    px = pixels(3, 3, 24, 28)
+    model, rows, lw, g = compile_model(m, px)
+    assert "as 2 KPU stages" in rows[0].why
+    idx = [i for i in rows[0].layers if model.layers[i].conv is not None and
+           model.layers[i].conv.args["arg_x"] != 0]          # the 3x3 stage (copies have no zero points)
+    convs = [model.layers[i].conv for i in idx]
+    assert all(L.conv.args["arg_x"] == 0 for L in model.layers[:idx[0]])   # the copy stage before
+    bn = {f: np.concatenate([c.bn[f] for c in convs]) for f in convs[0].bn}
+    W = np.asarray(g.tensors[g.nodes[0].inputs[1]].value, np.float64) / 255   # pixels / 255 is the input
+    Wq, zw, _ = fx.quantize_weights(W, 8)
+    for p, trace in zip(px, kpu_outputs(model, px)):
+        got = np.concatenate([trace[i] for i in idx])
+        xp = np.pad(p.astype(np.int64), ((0, 0), (2, 2), (2, 2)))             # pad value = z_x = 0
+        win = sliding_window_view(xp, (5, 5), axis=(1, 2))                     # (C, H, W, 5, 5)
+        wq = Wq.astype(np.int64) - zw
+        acc = np.einsum("chwyx,ocyx->ohw", win, wq) if group == "dense" else np.einsum("chwyx,cyx->chw", win, wq[:, 0])
+        ref = activation(batchnorm(acc, bn), convs[0].act)
+        assert np.array_equal(got, ref)
+
+
+@pytest.mark.parametrize("k,group,stride,pads,dilation", [
+    (5, "dense", 1, None, 1), (5, "dense", 2, None, 1), (5, "dense", 2, [1, 1, 2, 2], 1),
+    (5, "dw", 1, None, 1), (5, "dw", 2, None, 1), (5, "dw", 1, [0, 0, 0, 0], 1),
+    (7, "dense", 1, None, 1), (7, "dw", 2, None, 1), (5, "dw", 1, None, 2)])
+def test_kxk_kernels_match_float(k, group, stride, pads, dilation):
+    """5x5 and 7x7, normal and depthwise, stride 1 and 2 (symmetric and TF 'SAME' pads), VALID,
+    and a dilated 3x3 (a 5x5 with holes): on the KPU, close to the float model."""
+    c_in = 3 if group == "dense" else 8
+    if group == "dw":   # a conv before it, so the K x K conv reads a quantized map
+        rng = np.random.default_rng(1)
+        n = helper.make_node
+        inner = _kxk_model(k, group, stride, pads, dilation, c_in=8)
+        nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]), n("Relu", ["c0"], ["x1"])]
+        node = inner.graph.node[0]
+        node.input[0] = "x1"
+        inits = {i.name: __import__("onnx").numpy_helper.to_array(i) for i in inner.graph.initializer}
+        m = make_model(nodes + [node], [("x", [1, 3, 24, 28])], [("y", None)],
+                       {**inits, "w0": (rng.normal(size=(8, 3, 3, 3)) * 0.3).astype(np.float32),
+                        "b0": np.zeros(8, np.float32)})
+    else:
+        m = _kxk_model(k, group, stride, pads, dilation, c_in=c_in)
+    px = pixels(4, 3, 24, 28)
+    model, rows, _, _ = compile_model(m, px)
+    row = next(r for r in rows if r.node == "y")
+    assert f"conv{k}x{k}" in row.why and f"as {k // 2} KPU stages" in row.why
+    assert sqnr(m, model, px) > 30
+
+
+def test_kxk_first_layer_reads_the_whole_image():
+    """MaixPy checks the first layer reads the image's channels: the first shift stage is one
+    K210_CONV on all of them even when later tiles are per channel."""
+    model, *_ = compile_model(_kxk_model(5, "dw"), pixels(2, 3, 24, 28))
+    assert model.layers[0].conv.in_shape == (3, 24, 28)
+
+
+def test_big_dense_kxk_is_refused_with_the_limit():
+    m = _kxk_model(5, "dense", c_in=128, c_out=8)
+    g = from_onnx(m)
+    with pytest.raises(UnsupportedOpError, match=r"(?s)5x5 kernel on 128 channels.*at most 113"):
+        select(g, g.nodes[0], Options())
+
+
+# ---------------------------------------------------------------------------------------------
+# activations, PReLU, standalone affines
+@pytest.mark.parametrize("kind,attrs,opset", [
+    ("LeakyRelu", {"alpha": 0.1}, 13), ("Elu", {"alpha": 1.0}, 13), ("Selu", {}, 13), ("Tanh", {}, 13),
+    ("Sigmoid", {}, 13), ("HardSigmoid", {}, 13), ("HardSwish", {}, 14), ("Softplus", {}, 13),
+    ("Mish", {}, 18), ("Clip", {}, 13), ("Swish", {}, 13)])
+def test_fitted_activations_report_their_error(kind, attrs, opset):
+    """Every activation of one variable is a 16-segment KPU table; the receipt gives its max
+    error over the calibrated range in output LSB (the uint8 rounding alone is 0.5)."""
+    n = helper.make_node
+    rng = np.random.default_rng(0)
+    inits = {"w": rng.normal(size=(8, 3, 3, 3)).astype(np.float32), "b": rng.normal(size=8).astype(np.float32)}
+    if kind == "Clip":
+        acts = [n("Clip", ["c", "lo", "hi"], ["y"])]
+        inits.update(lo=np.float32(0), hi=np.float32(6))
+    elif kind == "Swish":
+        acts = [n("Sigmoid", ["c"], ["s"]), n("Mul", ["c", "s"], ["y"])]
+    else:
+        acts = [n(kind, ["c"], ["y"], **attrs)]
+    m = make_model([conv_node("c", "x", "w", "b", pads=[1, 1, 1, 1])] + acts, [("x", [1, 3, 16, 16])],
+                   [("y", None)], inits, opset=opset)
+    px = pixels(6, 3, 16, 16)
+    model, rows, _, g = compile_model(m, px)
+    assert [L.name for L in model.layers] == ["K210_CONV", "DEQUANTIZE"]
+    op = g.nodes[0].attrs["activation"]["op"]
+    assert any(f"activation {op}: 16-segment table" in nt for nt in rows[0].notes) != (
+        op in ("LeakyRelu", "HardSigmoid", "Clip"))
+    assert 0.45 < rows[0].act_fit_lsb < 1.6
+    assert sqnr(m, model, px) > 35
+
+
+def test_prelu_runs_on_the_kpu():
+    """conv -> PReLU -> depthwise -> PReLU -> 1x1 (a MobileFaceNet block): KPU layers only."""
+    n = helper.make_node
+    rng = np.random.default_rng(0)
+    r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1], strides=[2, 2]), n("PRelu", ["c0", "a0"], ["p0"]),
+             conv_node("d1", "p0", "wd", "bd", pads=[1, 1, 1, 1], group=8), n("PRelu", ["d1", "a1"], ["p1"]),
+             conv_node("y", "p1", "w2", "b2")]
+    m = make_model(nodes, [("x", [1, 3, 64, 64])], [("y", None)],
+                   {"w0": r(8, 3, 3, 3), "b0": r(8), "a0": (np.abs(r(8, 1, 1)) * 0.5), "wd": r(8, 1, 3, 3),
+                    "bd": r(8), "a1": r(8, 1, 1), "w2": r(16, 8, 1, 1), "b2": r(16)})
+    px = pixels(4, 3, 64, 64)
+    model, rows, _, _ = compile_model(m, px)
+    assert {L.name for L in model.layers} == {"K210_CONV", "DEQUANTIZE"}
+    assert sqnr(m, model, px) > 30
+
+
+def test_standalone_batchnorm_and_constant_arithmetic_run_on_the_kpu():
+    n = helper.make_node
+    rng = np.random.default_rng(0)
+    r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]), n("Relu", ["c0"], ["r0"]),
+             n("BatchNormalization", ["r0", "g", "be", "mu", "v"], ["bn"]), n("Sub", ["bn", "k"], ["s"]),
+             n("Pad", ["s", "p", "pv"], ["sp"]), conv_node("y", "sp", "w1", "b1")]
+    m = make_model(nodes, [("x", [1, 3, 16, 16])], [("y", None)],
+                   {"w0": r(8, 3, 3, 3), "b0": r(8), "g": r(8), "be": r(8), "mu": r(8), "v": np.abs(r(8)) + 0.5,
+                    "k": r(8, 1, 1), "p": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pv": np.float32(0.3),
+                    "w1": r(4, 8, 3, 3), "b1": r(4)})
+    px = pixels(4, 3, 16, 16)
+    model, rows, _, g = compile_model(m, px)
+    assert g.op_counts() == {"Conv": 3, "Relu": 0} or g.op_counts()["Conv"] == 3
+    assert {L.name for L in model.layers} == {"K210_CONV", "DEQUANTIZE"}
+    assert sqnr(m, model, px) > 30

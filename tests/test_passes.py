@@ -170,12 +170,12 @@ def test_zero_pad_absorbed_into_conv():
     m = make_model(nodes, [X], [("y", None)], {"p": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "w": rand(4, 4, 3, 3)})
     g, _ = check(m, "pad_into_conv")
     assert g.op_counts() == {"Conv": 1} and g.nodes[0].attrs["pads"] == [1, 1, 1, 1]
-    # a non-zero pad value must stay a Pad
+    # a non-zero pad value: Add(-v) before, v*sum(W) into the bias (exact)
     nodes = [n("Pad", ["x", "p", "v"], ["xp"]), conv("y", "xp", "w")]
     m = make_model(nodes, [X], [("y", None)], {"p": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
                                                 "v": np.float32(1), "w": rand(4, 4, 3, 3)})
     g, changes = check(m, "pad_into_conv")
-    assert not changes and "Pad" in g.op_counts()
+    assert g.op_counts() == {"Add": 1, "Conv": 1} and "value 1" in changes[0][1]
 
 
 @pytest.mark.parametrize("pool,fused", [
@@ -245,7 +245,7 @@ def test_push_transposes_cancels_nhwc_pairs():
              n("Relu", ["a"], ["r"]), n("Mul", ["t", "r"], ["m"]),
              n("Transpose", ["m"], ["y"], perm=[0, 3, 1, 2])]
     g, _ = check(make_model(nodes, [X], [("y", None)], {"c": rand(4)}), None, options={"check_supported": False})
-    assert g.op_counts() == {"Add": 1, "Relu": 1, "Mul": 1}
+    assert g.op_counts() == {"Conv": 1, "Mul": 1}   # the per-channel Add + ReLU: a 1x1 depthwise conv
 
 
 def test_reduce_mean_through_transpose_becomes_global_pool():
@@ -267,3 +267,110 @@ def test_keras3_hard_sigmoid_and_hard_swish(swish):
     act = g.nodes[0].attrs["activation"]
     assert g.op_counts() == {"Conv": 1}
     assert act == {"op": "HardSwish"} if swish else (act["op"] == "HardSigmoid" and act["alpha"] == pytest.approx(1 / 6))
+
+
+# ---------------------------------------------------------------------------------------------
+# standalone affines and pads
+def _aff_nodes(kind, x, y):
+    n = helper.make_node
+    if kind == "bn":
+        return [n("BatchNormalization", [x, "g", "be", "m", "v"], [y], epsilon=1e-3)]
+    if kind == "sub_from":
+        return [n("Sub", ["k", x], [y])]
+    return [n({"mul": "Mul", "add": "Add", "div": "Div", "sub": "Sub"}[kind], [x, "k"], [y])]
+
+
+AFF_INITS = {"g": rand(4), "be": rand(4), "m": rand(4), "v": np.abs(rand(4)) + 0.1, "k": rand(4, 1, 1) + 2}
+
+
+@pytest.mark.parametrize("kind", ["bn", "mul", "add", "sub", "div", "sub_from"])
+@pytest.mark.parametrize("pads", [0, 1])
+def test_affine_before_conv_folds_or_becomes_a_depthwise_conv(kind, pads):
+    """An affine between a ReLU and a Conv: into the conv's weights when exact (a scale, or a shift
+    before an unpadded conv), else a 1x1 depthwise conv of its own. Float results unchanged."""
+    n = helper.make_node
+    nodes = [n("Relu", ["x"], ["r"])] + _aff_nodes(kind, "r", "a") + [conv("y", "a", "w", "b", pads=[pads] * 4)]
+    m = make_model(nodes, [X], [("y", None)], {**AFF_INITS, "w": rand(6, 4, 3, 3), "b": rand(6)})
+    g, log = check(m, None, tol=1e-4)
+    convs = [c for c in g.nodes if c.op == "Conv"]
+    shift = kind not in ("mul", "div")
+    assert len(convs) == (2 if shift and pads else 1)
+    if len(convs) == 2:
+        assert convs[0].attrs["group"] == 4 and convs[0].attrs["kernel"] == (1, 1)
+
+
+def test_standalone_affines_chain_into_one_conv():
+    n = helper.make_node
+    nodes = [n("Relu", ["x"], ["r"]), n("Mul", ["r", "k"], ["a"]), n("Add", ["a", "k2"], ["y"])]
+    g, _ = check(make_model(nodes, [X], [("y", None)], {"k": rand(4, 1, 1), "k2": rand(1, 4, 1, 1)}), None)
+    assert g.op_counts() == {"Relu": 1, "Conv": 1} and g.nodes[1].attrs["group"] == 4
+
+
+def test_standalone_affine_on_a_vector_is_a_dense_layer():
+    n = helper.make_node
+    nodes = [n("Relu", ["x"], ["r"]), n("BatchNormalization", ["r", "g", "be", "m", "v"], ["y"])]
+    g, _ = check(make_model(nodes, [("x", [1, 4])], [("y", None)], AFF_INITS), None)
+    c = next(c for c in g.nodes if c.op == "Conv")
+    assert g.shape(c.inputs[0]) == (1, 4, 1, 1) and c.attrs["group"] == 1
+
+
+@pytest.mark.parametrize("value", [0.0, 0.7])
+def test_pad_value_into_conv(value):
+    """A constant Pad of any value before a conv: pads add up; a value v becomes Add(-v) before
+    (here folded into the conv before) and v*sum(W) in the bias."""
+    n = helper.make_node
+    nodes = [conv("c", "x", "w0", "b0"), n("Pad", ["c", "p", "pv"], ["cp"]), conv("y", "cp", "w", "b")]
+    m = make_model(nodes, [X], [("y", None)], {"w0": rand(4, 4, 1, 1), "b0": rand(4), "w": rand(6, 4, 3, 3),
+                                               "b": rand(6), "p": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+                                               "pv": np.float32(value)})
+    g, log = check(m, None, tol=1e-4)
+    assert g.op_counts() == {"Conv": 2} and g.nodes[-1].attrs["pads"] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("value,folded", [(0.0, True), (-np.inf, True), (0.5, False)])
+def test_pad_into_max_pool(value, folded):
+    n = helper.make_node
+    nodes = [n("Relu", ["x"], ["r"]), n("Pad", ["r", "p", "pv"], ["rp"]),
+             n("MaxPool", ["rp"], ["y"], kernel_shape=[3, 3], strides=[2, 2])]
+    m = make_model(nodes, [X], [("y", None)], {"p": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+                                               "pv": np.float32(value)})
+    g, _ = check(m, None, options={"check_supported": False})
+    assert ("Pad" not in g.op_counts()) == folded
+
+
+# ---------------------------------------------------------------------------------------------
+# PReLU on the KPU
+def _prelu_model(consumer, producer="conv", slopes=None):
+    n = helper.make_node
+    c = 4
+    a = rand(c, 1, 1) if slopes is None else np.asarray(slopes, np.float32).reshape(c, 1, 1)
+    inits = {"w0": rand(c, 4, 3, 3), "b0": rand(c), "a": a, "w1": rand(6, c, 3, 3), "b1": rand(6),
+             "wd": rand(c, 1, 3, 3), "bd": rand(c), "wg": rand(6, 2, 1, 1), "bg": rand(6)}
+    nodes = [conv("c0", "x", "w0", "b0", pads=[1, 1, 1, 1])] if producer == "conv" else \
+        [n("Relu", ["x"], ["c0"])]
+    nodes.append(n("PRelu", ["c0", "a"], ["p"]))
+    if consumer == "dense":
+        nodes.append(conv("y", "p", "w1", "b1", pads=[1, 1, 1, 1]))
+    elif consumer == "depthwise":
+        nodes.append(conv("y", "p", "wd", "bd", pads=[1, 1, 1, 1], group=c))
+    elif consumer == "grouped":
+        nodes.append(conv("y", "p", "wg", "bg", group=2))
+    elif consumer == "add":
+        nodes += [conv("d", "p", "wd", "bd", pads=[1, 1, 1, 1], group=c), n("Add", ["p", "d"], ["y"])]
+    else:
+        nodes.append(n("Identity", ["p"], ["y"]))
+    return make_model(nodes, [X], [("y", None)], inits)
+
+
+@pytest.mark.parametrize("consumer", ["dense", "depthwise", "grouped", "add", "output"])
+@pytest.mark.parametrize("producer", ["conv", "other"])
+def test_prelu_split(consumer, producer):
+    """PReLU becomes ReLU on a doubled layer and weights [W, -sign(a)W] after it: float-exact, no
+    PRelu left, negative and zero slopes included."""
+    m = _prelu_model(consumer, producer, slopes=[0.25, -0.5, 0.0, 1.5])
+    g, log = check(m, None, x=rand(1, 4, 8, 8, scale=2), tol=1e-4)
+    assert "PRelu" not in g.op_counts()
+    convs = [c for c in g.nodes if c.op == "Conv"]
+    assert any(c.attrs.get("activation") == {"op": "Relu"} and g.shape(c.outputs[0])[1] == 8 for c in convs)
+    joins = [c for c in convs if c.name.endswith("/join")]
+    assert bool(joins) == (consumer in ("add", "output"))

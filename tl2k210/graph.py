@@ -12,6 +12,8 @@ IR op vocabulary (what `passes.run_pipeline` leaves for the K210 lowering; attrs
                           | {"op": "LeakyRelu", "alpha": a} | {"op": "Sigmoid"} | {"op": "Tanh"}
                           | {"op": "HardSigmoid", "alpha": a, "beta": b} | {"op": "HardSwish"}
                           | {"op": "Swish"}            (x * sigmoid(x))
+                          | {"op": "Elu", "alpha": a} | {"op": "Selu", ...} | {"op": "Softplus"}
+                          | {"op": "Mish"}             (x * tanh(softplus(x)))
                pool {"kind": "max"|"avg", "size": 2|4, "stride": 2|4|1, "pads": [t,l,b,r]}
              (ONNX semantics: conv -> +bias -> activation -> pool.)
   Every other op keeps its ONNX form: attrs under their ONNX names, operands such as Pad pads,
@@ -293,6 +295,11 @@ def _activation_nodes(act, x, y, name):
         s = f"{name}:sigmoid"
         return [helper.make_node("Sigmoid", [x], [s], name=name + "/sigmoid"),
                 helper.make_node("Mul", [x, s], [y], name=name)], []
+    if op == "Mish":   # an opset-18 op: as Softplus, Tanh, Mul for any opset
+        sp, th = f"{name}:softplus", f"{name}:tanh"
+        return [helper.make_node("Softplus", [x], [sp], name=name + "/softplus"),
+                helper.make_node("Tanh", [sp], [th], name=name + "/tanh"),
+                helper.make_node("Mul", [x, th], [y], name=name)], []
     params = {k: v for k, v in act.items() if k != "op"}
     return [helper.make_node(op, [x], [y], name=name, **params)], []
 

@@ -21,6 +21,8 @@ from .hard_activations import hard_activations
 from .l2_normalize import l2_normalize
 from .matmul_to_conv import matmul_to_conv
 from .fold_batchnorm import fold_batchnorm
+from .fold_affine import affine_to_conv, fold_affine_into_conv
+from .prelu_split import prelu_split
 from .pad_into_conv import pad_into_conv
 from .fuse_activation import fuse_activation
 from .kpu_padding import kpu_padding
@@ -48,6 +50,9 @@ PIPELINE = [
     Pass("matmul_to_conv", matmul_to_conv),
     Pass("fold_batchnorm", fold_batchnorm),
     Pass("pad_into_conv", pad_into_conv),
+    Pass("fold_affine_into_conv", fold_affine_into_conv),
+    Pass("affine_to_conv", affine_to_conv),
+    Pass("prelu_split", prelu_split),
     Pass("fuse_activation", fuse_activation),
     Pass("kpu_padding", kpu_padding, default=False, exact=False),
     Pass("fuse_pool", fuse_pool),

@@ -5,8 +5,8 @@ means "lowered"."""
 
 NEAREST = {
     "ConvTranspose": "nearest UpSampling2D (Resize) followed by a 3x3 Conv",
-    "PRelu": "LeakyReLU with one fixed alpha (an activation of one variable)",
-    "Elu": "LeakyReLU or ReLU", "Selu": "LeakyReLU or ReLU", "Gelu": "Swish (x*sigmoid(x)) or ReLU",
+    "PRelu": "PReLU with constant slopes (the pass prelu_split runs it on the KPU)",
+    "Gelu": "Swish (x*sigmoid(x)) or ReLU",
     "ReduceMean": "GlobalAveragePooling2D", "ReduceMax": "GlobalMaxPooling2D",
     "LSTM": "a convolutional model (no recurrent ops on the K210)", "GRU": "a convolutional model",
     "RNN": "a convolutional model", "Upsample": "Resize with mode nearest",

@@ -1,14 +1,20 @@
-"""Fuse the activation that follows a Conv into its `activation` attr (KPU activation table)."""
+"""Fuse the activation that follows a Conv into its `activation` attr (KPU activation table):
+any function of one value (ReLU, ReLU6/Clip, LeakyReLU, ELU, SELU, Sigmoid, Tanh, HardSigmoid,
+HardSwish, Softplus, Swish x*sigmoid(x), Mish x*tanh(softplus(x))) becomes a fitted 16-segment table."""
 import numpy as np
 
 
 def activation_of(g, n):
     """IR activation dict of a standalone activation node, or None."""
     op, a = n.op, n.attrs
-    if op in ("Relu", "Sigmoid", "Tanh", "HardSwish"):
+    if op in ("Relu", "Sigmoid", "Tanh", "HardSwish", "Softplus", "Mish"):
         return {"op": op}
     if op == "LeakyRelu":
         return {"op": op, "alpha": float(a.get("alpha", 0.01))}
+    if op == "Elu":
+        return {"op": op, "alpha": float(a.get("alpha", 1.0))}
+    if op == "Selu":
+        return {"op": op, **{k: float(a[k]) for k in ("alpha", "gamma") if k in a}}
     if op == "HardSigmoid":
         return {"op": op, "alpha": float(a.get("alpha", 0.2)), "beta": float(a.get("beta", 0.5))}
     if op == "Clip":
@@ -33,13 +39,29 @@ def _swish(g, conv):
     return (sig, mul) if g.single_consumer(sig.outputs[0]) is mul else None
 
 
+def _mish(g, conv):
+    """Conv -> Softplus(y) -> Tanh -> Mul(y, tanh): returns the three nodes or None (tf2onnx's Mish)."""
+    y = conv.outputs[0]
+    cs = g.consumers(y)
+    if len(cs) != 2 or y in g.outputs:
+        return None
+    sp = next((c for c in cs if c.op == "Softplus"), None)
+    mul = next((c for c in cs if c.op == "Mul"), None)
+    th = g.single_consumer(sp.outputs[0]) if sp is not None else None
+    if mul is None or th is None or th.op != "Tanh" or sorted(mul.inputs) != sorted([y, th.outputs[0]]):
+        return None
+    return (sp, th, mul) if g.single_consumer(th.outputs[0]) is mul else None
+
+
 def fuse_activation(g, log):
     for conv in [n for n in g.nodes if n.op == "Conv"]:
         if conv.attrs.get("activation") or conv.attrs.get("pool"):
             continue
-        sw = _swish(g, conv)
+        sw, mi = _swish(g, conv), _mish(g, conv)
         if sw:
             act, gone = {"op": "Swish"}, list(sw)
+        elif mi:
+            act, gone = {"op": "Mish"}, list(mi)
         else:
             nxt = g.single_consumer(conv.outputs[0])
             act = activation_of(g, nxt) if nxt is not None else None

@@ -1,33 +1,86 @@
-"""Explicit zero Pad (spatial only) + Conv -> Conv with the pads added (ZeroPad2d + VALID)."""
+"""Constant spatial Pad before a Conv or MaxPool -> their own padding (ZeroPad2d + VALID).
+
+Conv: pads add to the conv's; a non-zero pad value v is exact too: conv(pad_v(x)) =
+  conv(pad_0(x - v)) + v·ΣW, so the Pad becomes an Add(-v) (folded into the layer before, or a
+  1x1 depthwise conv) and the conv's bias grows by v·ΣW.
+MaxPool: pads add to the pool's (its padding never wins a max) when the value is -inf, or 0 on an
+  input that cannot be negative (after ReLU, ReLU6, Sigmoid, HardSigmoid)."""
 import numpy as np
 
+from tl2k210.graph import Node
 
-def spatial_zero_pads(g, pad):
-    """[top, left, bottom, right] of a constant-zero NCHW Pad node, or None."""
+NONNEG = {"Relu", "Sigmoid", "HardSigmoid", "Softplus"}
+
+
+def constant_pads(g, pad):
+    """([top, left, bottom, right], value) of a constant NCHW Pad on H and W only, or None."""
     if pad.attrs.get("mode", "constant") != "constant":
         return None
     p = pad.attrs.get("pads") if len(pad.inputs) < 2 else g.const(pad.inputs[1])
     if p is None or len(p) != 8 or len(pad.inputs) > 3 and pad.inputs[3]:
         return None
-    value = g.const(pad.inputs[2]) if len(pad.inputs) > 2 and pad.inputs[2] else 0.0
-    if value is None or np.any(np.asarray(value) != 0):
+    value = g.const(pad.inputs[2]) if len(pad.inputs) > 2 and pad.inputs[2] else pad.attrs.get("value", 0.0)
+    if value is None or np.asarray(value).size != 1:
         return None
     p = [int(v) for v in p]
     if p[0] or p[1] or p[4] or p[5] or min(p) < 0:
         return None
-    return [p[2], p[3], p[6], p[7]]
+    return [p[2], p[3], p[6], p[7]], float(np.asarray(value).reshape(()))
+
+
+def spatial_zero_pads(g, pad):
+    """[top, left, bottom, right] of a constant-zero NCHW Pad node, or None."""
+    r = constant_pads(g, pad)
+    return r[0] if r is not None and r[1] == 0 else None
+
+
+def _nonneg(g, t):
+    p = g.producer(t)
+    if p is None:
+        return False
+    act = p.attrs.get("activation") if p.op == "Conv" else {"op": p.op, **p.attrs}
+    if p.op == "Clip" and len(p.inputs) > 1 and p.inputs[1]:
+        lo = g.const(p.inputs[1])
+        return lo is not None and float(lo) >= 0
+    if act and act["op"] == "Clip":
+        return act.get("min", -1) >= 0
+    return bool(act) and act["op"] in NONNEG
 
 
 def pad_into_conv(g, log):
     for pad in [n for n in g.nodes if n.op == "Pad"]:
-        pads = spatial_zero_pads(g, pad)
+        r = constant_pads(g, pad)
         users = g.consumers(pad.outputs[0])
-        if pads is None or not users or pad.outputs[0] in g.outputs or any(u.op != "Conv" for u in users):
+        if r is None or not users or pad.outputs[0] in g.outputs:
             continue
-        for conv in users:
-            conv.attrs["pads"] = [a + b for a, b in zip(conv.attrs["pads"], pads)]
-            conv.inputs[0] = pad.inputs[0]
-            conv.fused.append(pad.name)
-            log(conv.name, f"absorbed Pad {pad.name} {pads}; pads now {conv.attrs['pads']}")
-        g.nodes.remove(pad)
+        pads, value = r
+        if all(u.op == "Conv" and g.const(u.inputs[1]) is not None for u in users):
+            x = pad.inputs[0]
+            if value:
+                shifted = g.add_tensor(pad.name + "/shifted", g.shape(x))
+                g.nodes.insert(g.nodes.index(pad), Node(
+                    "Add", [x, g.add_const(np.array(-value, np.float32), pad.name + "/minus_value")], [shifted],
+                    {}, pad.name + "/shift", [pad.name]))
+                x = shifted
+            for conv in users:
+                conv.attrs["pads"] = [a + b for a, b in zip(conv.attrs["pads"], pads)]
+                conv.inputs[0] = x
+                if value:
+                    w = g.const(conv.inputs[1]).astype(np.float64)
+                    b = g.const(conv.inputs[2]).astype(np.float64) + value * w.sum(axis=(1, 2, 3))
+                    conv.inputs[2] = g.add_const(b.astype(np.float32), conv.name + "/B_pad")
+                conv.fused.append(pad.name)
+                log(conv.name, f"absorbed Pad {pad.name} {pads}" + (f" value {value:g} (as Add {-value:g} "
+                                                                    "before, bias + value*sum(W))" if value else "")
+                    + f"; pads now {conv.attrs['pads']}")
+            g.nodes.remove(pad)
+        elif all(u.op == "MaxPool" and u.inputs[0] == pad.outputs[0] for u in users) and \
+                (value == -np.inf or value == 0 and _nonneg(g, pad.inputs[0])):
+            for pool in users:
+                old = list(pool.attrs.get("pads", [0, 0, 0, 0]))
+                pool.attrs["pads"] = [a + b for a, b in zip(old, pads)]
+                pool.inputs[0] = pad.inputs[0]
+                pool.fused.append(pad.name)
+                log(pool.name, f"absorbed Pad {pad.name} {pads} value {value:g} (never the max)")
+            g.nodes.remove(pad)
     return g

@@ -10,8 +10,8 @@ import numpy as np
 from tl2k210.graph import Node
 
 UNARY = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Identity", "Neg", "Abs",
-         "Exp", "Softplus", "Elu"}
-BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min"}
+         "Exp", "Softplus", "Elu", "Selu", "Mish"}
+BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "PRelu"}
 REDUCE = {"ReduceMean", "ReduceMax"}
 
 

@@ -101,6 +101,14 @@ def act_function(act: dict | None):
         return (lambda y: y * np.clip(y / 6 + 0.5, 0, 1)), [-3.0, 3.0]
     if op == "Swish":
         return (lambda y: y / (1 + np.exp(-y))), []
+    if op in ("Elu", "Selu"):
+        a = act.get("alpha", 1.0 if op == "Elu" else 1.67326319217681884765625)
+        g = act.get("gamma", 1.0 if op == "Elu" else 1.05070102214813232421875)
+        return (lambda y: g * np.where(y > 0, y, a * np.expm1(np.minimum(y, 0)))), [0.0]
+    if op == "Softplus":
+        return (lambda y: np.logaddexp(0, y)), []
+    if op == "Mish":
+        return (lambda y: y * np.tanh(np.logaddexp(0, y))), []
     raise KeyError(op)
 
 
@@ -124,21 +132,64 @@ def fit_knots(f, lo: float, hi: float, kinks=(), segments: int = SEGMENTS, sampl
     return xs[k], ys[k]
 
 
+def _minimax(g, a, b, n=65):
+    """Error of the best line with the chord's slope for g on [a, b]: half the deviation range."""
+    xs = np.linspace(a, b, n)
+    ys = g(xs)
+    d = ys - (ys[0] + (xs - a) * (ys[-1] - ys[0]) / max(b - a, 1e-30))
+    return (d.max() - d.min()) / 2
+
+
+def balance_knots(g, kx, kinks=(), sweeps=6, steps=18):
+    """Move the inner knots (not the kinks) so neighbouring segments have equal minimax error:
+    coordinate descent with bisection; the ends and the kinks stay."""
+    kx = np.array(kx, np.float64)
+    fixed = {0, len(kx) - 1} | {i for i, x in enumerate(kx) if any(abs(x - k) < 1e-12 for k in kinks)}
+    if len(kx) < 3 or max(_minimax(g, kx[i], kx[i + 1]) for i in range(len(kx) - 1)) < 0.05:
+        return kx
+    for _ in range(sweeps):
+        for i in range(1, len(kx) - 1):
+            if i in fixed:
+                continue
+            lo, hi = kx[i - 1], kx[i + 1]
+            for _ in range(steps):
+                mid = (lo + hi) / 2
+                if _minimax(g, kx[i - 1], mid) > _minimax(g, mid, kx[i + 1]):
+                    hi = mid
+                else:
+                    lo = mid
+            kx[i] = (lo + hi) / 2
+    return kx
+
+
 def activation_table(act: dict | None, y_lo: float, y_hi: float, s_v: float, s_z: float, z_z: int) -> dict:
-    """The 16-segment table mapping V ≈ y·S_V to uint8 round(f(y)/s_z + z_z)."""
+    """The 16-segment table mapping V ≈ y·S_V to uint8 round(f(y)/s_z + z_z). Each segment is the
+    chord between two knots moved to its minimax position (half way between the largest deviations
+    of f above and below it): segments need not join, so this halves the error of interpolation."""
     f, kinks = act_function(act)
-    kx, ky = fit_knots(f, y_lo, y_hi, kinks)
-    q = ky / s_z + z_z                                   # target output (real) at each knot
+    kx, _ = fit_knots(f, y_lo, y_hi, kinks)
+    kx = balance_knots(lambda y: np.clip(f(y) / s_z + z_z, 0, 255), kx, kinks)
+    q = f(kx) / s_z + z_z                                # target output (real) at each knot
     starts, muls, shifts, biases = [hw.ACT_X_START_MIN], [0], [0], [int(np.clip(round(q[0]), 0, 255))]
     prev = hw.ACT_X_START_MIN
     for i in range(len(kx) - 1):
         v0 = kx[i] * s_v
         slope = (q[i + 1] - q[i]) / max((kx[i + 1] - kx[i]) * s_v, 1e-30)   # output units per V
-        bias = int(np.clip(round(q[i]), 0, 255))
-        # move the start so the rounded bias still lies on the exact line
-        start = v0 + (bias - q[i]) / slope if abs(slope) > 1e-30 else v0
+        xs = np.linspace(kx[i], kx[i + 1], 129)
+        dev = np.clip(f(xs) / s_z + z_z, 0, 255) - np.clip(q[i] + (xs - kx[i]) * s_v * slope, 0, 255)
+        qi = q[i] + (dev.max() + dev.min()) / 2
+        bias = int(np.clip(round(qi), 0, 255))
+        # move the start so the rounded bias still lies on the exact line, unless that moves the
+        # segment's boundary by more than a quarter of its length (a nearly flat segment: then the
+        # rounded bias costs at most half an output step)
+        move = (bias - qi) / slope if abs(slope) > 1e-30 else np.inf
+        start = v0 + move if abs(move) <= 0.25 * (kx[i + 1] - kx[i]) * s_v else v0
         start = int(max(prev, min(round(start), (1 << 35) - 2)))
         mul, sh = fixed_mul(slope, 16, ACT_SHIFT_MAX)
+        if mul < 0 and sh > 0:
+            # T = (V - start)·mul < 0 here, and the vendor carry-shift (spec §2.5.3, nncase v0.2)
+            # gives floor - 1 above a half: errors in (-2, 0]; one more in the bias centres them
+            bias = min(bias + 1, 255)
         starts.append(start)
         muls.append(mul)
         shifts.append(sh)

@@ -2,12 +2,12 @@
 
     model, rows, trace_map, lw = lower(graph, ranges, Options(...))
 
-One small function per op kind, in a registry (`registry.py`): `conv.py` (KPU convs), `fc.py`
-(dense layers), `cpu.py` (SDK CPU layers), `layout.py` (relabels). `state.py` holds where each
+One small function per op kind, in a registry (`registry.py`): `conv.py` (KPU convs), `kxk.py` (K x K kernels as 3x3
+stages), `fc.py` (dense layers), `cpu.py` (SDK CPU layers), `layout.py` (relabels). `state.py` holds where each
 tensor lives and emits the moves between KPU RAM, uint8 and float main memory. Every IR node
 becomes one or more kmodel layers and a receipt row saying where it runs and why.
 """
-from . import conv, cpu, fc, layout  # noqa: F401  (register the lowerings)
+from . import conv, cpu, fc, kxk, layout  # noqa: F401  (register the lowerings)
 from .registry import REGISTRY, select, supported_ops  # noqa: F401
 from .state import Loc, Lowering, Options, Row  # noqa: F401
 

@@ -99,6 +99,8 @@ class Geometry:
 def _pick(node):
     """(row_offset, col_offset, stride) of the wanted pixels in the KPU stride-1 output."""
     a = node.attrs
+    if "pick" in a:          # a stage of a decomposed conv: the whole conv's pick
+        return a["pick"]
     k = a["kernel"][0]
     return (k // 2 - a["pads"][0], k // 2 - a["pads"][1], a["strides"][0])
 
@@ -227,8 +229,8 @@ def plan_for(lw, node) -> Plan:
     whole = ((0, _final_h(geo)), (0, h))
     if geo.groups == 1 or geo.depthwise:
         units, why = [((0, ci), (0, co))], ""
-    else:
-        q = _grouped_q(geo)
+    else:   # MaixPy checks the first layer reads the image's channels: one tile for it
+        q = geo.groups if node.inputs[0] == lw.g.inputs[0] else _grouped_q(geo)
         units = _group_units(geo, q)
         why = (f"group {geo.groups}: {len(units)} block-diagonal dense tiles of {q} group(s) "
                f"({ci // geo.groups}->{co // geo.groups} channels each), the cheapest aligned split")
@@ -357,45 +359,62 @@ def _band_plan(lw, node, geo, cap, units, reason):
 # ---------------------------------------------------------------------------------------------
 @lowering("Conv", unit=KPU, check=kpu_conv_refuses, name="kpu_conv")
 def kpu_conv(lw, node):
-    a = node.attrs
-    x, w_name, b_name = node.inputs
-    out = node.outputs[0]
     geo = geometry(lw, node)
-    plan = plan_for(lw, node)
-    ci, h, w = geo.in_shape
-    st = stage_names(node)
     row = lw.row(node, "", in_shape=geo.in_shape, out_shape=geo.out_shape)
-    W = np.asarray(lw.g.tensors[w_name].value, np.float64)
-    B = np.asarray(lw.g.tensors[b_name].value, np.float64)
-    xloc = lw.locs[x]
-    mean = lw.opts.channel_means.get(x)
-    m = W.shape[1]                                   # input channels per group
-    src_of = (np.arange(geo.co) // (geo.co // geo.groups))[:, None] * m + np.arange(m)[None, :]
-    if x == lw.pixel_input:
-        sc = np.resize(np.asarray(lw.opts.input_scale, np.float64), ci)
-        of = np.resize(np.asarray(lw.opts.input_offset, np.float64), ci)
-        z_x = int(np.clip(round(float(np.mean(-of / sc))), 0, kpu.U8_MAX))
-        resid = of + sc * z_x                       # x = sc·(q − z_x) + resid
-        B = B + (W.sum(axis=(2, 3)) * resid[src_of]).sum(axis=1)
-        W = W * sc[src_of][:, :, None, None]
-        e = None if mean is None else (mean - resid) / sc     # E[q − z_x] per channel
-        row.notes.append(f"input: pixels, preprocessing folded into weights (pad value {z_x})")
-    else:
-        if xloc.quant is None:
-            xloc.quant = lw.quant_of(x)
-        s_in, z_x = xloc.quant
-        W = W * s_in
-        e = None if mean is None else mean / s_in
-    lq = kpu.quantize_layer(W, B, e, z_x, geo.groups, lw.rng(st["conv"]), lw.rng(st["act"]),
-                            a.get("activation"), lw.opts.weight_bits, row)
-    emit_layer(lw, node, geo, plan, lq, row)
+    W = np.asarray(lw.g.tensors[node.inputs[1]].value, np.float64)
+    B = np.asarray(lw.g.tensors[node.inputs[2]].value, np.float64)
+    lq = quantize_conv(lw, node, geo, W, B, row)
+    emit_layer(lw, node, geo, plan_for(lw, node), lq, row)
+    describe(row, geo, plan_for(lw, node))
+
+
+def describe(row, geo, plan, k=None):
     kind = "depthwise " if geo.depthwise else "" if geo.groups == 1 else f"group-{geo.groups} "
-    row.why = f"{kind}conv{geo.k}x{geo.k}" + (f" + {hw.POOL[geo.code].name}" if geo.code else "")
+    k = k or geo.k
+    row.why = f"{kind}conv{k}x{k}" + (f" + {hw.POOL[geo.code].name}" if geo.code else "") + row.why
     row.notes += geo.notes
     if plan.why:
         row.notes.append(plan.why)
     if geo.pick_next:
         row.notes.append("stride 2 moved onto the next 1x1 conv (exact: pick commutes with it)")
+
+
+def input_terms(lw, x, ci):
+    """How the KPU reads input x: (per-channel scale, per-channel residual, pad value z_x, mean
+    E[q - z_x] or None). Pixels: x = scale·(q - z_x) + residual (preprocessing folded into the
+    weights); a quantized map: x = s·(q - z_x). A copy of the pixels (lw.pixel_copy) reads like them."""
+    src = lw.pixel_copy.get(x, np.arange(ci) if x == lw.pixel_input else None)
+    if src is not None:
+        n_img = lw.shape(lw.pixel_input)[0]
+        sc = np.resize(np.asarray(lw.opts.input_scale, np.float64), n_img)
+        of = np.resize(np.asarray(lw.opts.input_offset, np.float64), n_img)
+        z_x = int(np.clip(round(float(np.mean(-of / sc))), 0, kpu.U8_MAX))
+        resid = of + sc * z_x                       # x = sc·(q − z_x) + resid
+        mean = lw.opts.channel_means.get(lw.pixel_input)
+        e = None if mean is None else ((mean - resid) / sc)[src]
+        return sc[src], resid[src], z_x, e
+    loc = lw.locs[x]
+    if loc.quant is None:
+        loc.quant = lw.quant_of(x)
+    s_in, z_x = loc.quant
+    mean = lw.opts.channel_means.get(x)
+    return np.full(ci, s_in), np.zeros(ci), z_x, None if mean is None else mean / s_in
+
+
+def quantize_conv(lw, node, geo, W, B, row):
+    """LayerQuant of a conv with float weights W (Co, Ci/groups, k, k) reading node.inputs[0]."""
+    x = node.inputs[0]
+    ci = geo.in_shape[0]
+    sc, resid, z_x, e = input_terms(lw, x, ci)
+    m = W.shape[1]                                   # input channels per group
+    src_of = (np.arange(geo.co) // (geo.co // geo.groups))[:, None] * m + np.arange(m)[None, :]
+    B = B + (W.sum(axis=(2, 3)) * resid[src_of]).sum(axis=1)
+    W = W * sc[src_of][:, :, None, None]
+    if x == lw.pixel_input or x in lw.pixel_copy:
+        row.notes.append(f"input: pixels, preprocessing folded into weights (pad value {z_x})")
+    st = stage_names(node)
+    return kpu.quantize_layer(W, B, e, z_x, geo.groups, lw.rng(st["conv"]), lw.rng(st["act"]),
+                              node.attrs.get("activation"), lw.opts.weight_bits, row)
 
 
 def emit_layer(lw, node, geo, plan, lq, row):
@@ -565,6 +584,9 @@ def needs_main(lw, t):
     """Must this conv output also stream to main memory? Yes unless its only consumer is a KPU
     conv reading the whole map from KPU RAM, emitted right after it (any conv in between could
     overwrite the map)."""
+    if t in lw.virtual_next:            # a stage of a decomposed conv feeding the next stage
+        p = plan_for(lw, lw.virtual_next[t])
+        return not p.in_resident or len(p.bands) != 1
     cons = lw.consumers(t)
     if t in lw.g.outputs or len(cons) != 1:
         return True

@@ -18,6 +18,7 @@ from tl2k210.k210.kmodel.kpu import KpuConv
 from tl2k210.quantize import fixed_point as fx
 
 IR_POOL_KIND = {"max": "max", "avg": "mean"}
+PIECEWISE_LINEAR = ("Relu", "Clip", "LeakyRelu", "HardSigmoid")   # tables exact up to rounding: no note
 # a streamed output channel holds at most this many pixels (channel_byte_num, spec §2.5.5); the
 # field is clamped for outputs that stay in KPU RAM (only the output FIFO reads it)
 STREAM_PIXELS = 1 << hw.LAYER_FIELD["channel_byte_num"].width
@@ -85,6 +86,7 @@ class LayerQuant:
     groups: int
     bits: int
     exact_copy: bool = False   # one-hot weights, ACC = the picked input byte (no zero points)
+    fit_lsb: float = 0.0       # the activation table's max error (output LSB) over the input range
 
     @property
     def k(self):
@@ -111,10 +113,27 @@ def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row) 
     s_v = fx.choose_v_scale(1.0, sw, B, max(abs(y_lo), abs(y_hi)) * 2)
     bn = fx.bn_params(1.0, sw, B, s_v)
     act = fx.activation_table(act_attr, y_lo, y_hi, s_v, s_z, z_z)
-    return LayerQuant(Wq, zw, z_x, bn, act, (s_z, z_z), groups, bits)
+    lq = LayerQuant(Wq, zw, z_x, bn, act, (s_z, z_z), groups, bits)
+    lq.fit_lsb = fit_error(act_attr, act, y_lo, y_hi, s_v, s_z, z_z)
+    if act_attr is not None and act_attr["op"] not in PIECEWISE_LINEAR:
+        row.notes.append(f"activation {act_attr['op']}: {hw.ACT_SEGMENTS}-segment table, max error "
+                         f"{lq.fit_lsb:.2f} output LSB (rounding alone: 0.50) over the calibrated input "
+                         f"[{y_lo:.3g}, {y_hi:.3g}]")
+    row.act_fit_lsb = lq.fit_lsb
+    return lq
 
 
-def copy_layer(onehot: np.ndarray, quant: tuple, bits: int) -> LayerQuant:
+def fit_error(act_attr, table, y_lo, y_hi, s_v, s_z, z_z, samples=4097) -> float:
+    """Max |table(V) - (f(y)/s_z + z_z)| in output LSB over the calibrated input range, with
+    V = y·S_V as the BN stage delivers it and the table run as the emulator runs it."""
+    from tl2k210.k210.emulator.kpu import activation
+    f, kinks = fx.act_function(act_attr)
+    y = np.unique(np.concatenate([np.linspace(y_lo, y_hi, samples), [k for k in kinks if y_lo < k < y_hi]]))
+    got = activation(np.rint(y * s_v).astype(np.int64), table).astype(np.float64)
+    return float(np.max(np.abs(got - np.clip(f(y) / s_z + z_z, 0, U8_MAX))))
+
+
+def copy_layer(onehot: np.ndarray, quant: tuple, bits: int, groups: int = 1) -> LayerQuant:
     """A layer whose output channel o is input channel src[o] at tap t[o], byte for byte:
     weights 1 at that tap and 0 elsewhere, no zero-point terms, BN x1, identity activation.
     Out-of-map taps read the pad value = the input's zero point = the quantized 0.0."""
@@ -126,7 +145,7 @@ def copy_layer(onehot: np.ndarray, quant: tuple, bits: int) -> LayerQuant:
     bn = {"norm_mul": np.ones(co, np.int64), "norm_shift": np.zeros(co, np.int64),
           "norm_add": np.zeros(co, np.int64)}
     wq = onehot.astype(np.uint8 if bits == 8 else np.uint16)
-    return LayerQuant(wq, 0, int(quant[1]), bn, act, tuple(quant), 1, bits, exact_copy=True)
+    return LayerQuant(wq, 0, int(quant[1]), bn, act, tuple(quant), groups, bits, exact_copy=True)
 
 
 def dense_weights(lq: LayerQuant, cin, cout) -> np.ndarray:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tl2k210.errors import UnsupportedOpError
+from tl2k210.errors import Tl2k210Error, UnsupportedOpError
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import v3
 from tl2k210.k210.memory import KpuAllocator, MainAllocator
@@ -49,6 +49,7 @@ class Row:
     notes: list = field(default_factory=list)
     tensor: str = ""        # the tensor this row produces (default: the node's output)
     lowering: str = ""      # the registered lowering that produced it
+    act_fit_lsb: float | None = None   # KPU activation table's max error (output LSB), see kpu.fit_error
 
 
 @dataclass
@@ -82,6 +83,9 @@ class Lowering:
         self.kpu, self.main = KpuAllocator(self.opts.kpu_ram_lines), MainAllocator()
         self.pixel_input = None     # the image input (uint8 pixels, preprocessing folded in)
         self.geo, self.plans = {}, {}   # per KPU conv node: its geometry and tiling plan (conv.py)
+        # stages of a conv lowered as several KPU layers (kxk.py): their tensors' shapes, the
+        # stage reading each, and which pixel channel each channel of a copied image holds
+        self.virtual_shapes, self.virtual_next, self.pixel_copy = {}, {}, {}
         self.folded = set()         # nodes already lowered by their producer (fused activations)
         self.trace_map = {}         # tensor -> (layer index or indices, kind): SQNR from emulator traces
         self.uses = {}
@@ -94,6 +98,8 @@ class Lowering:
 
     # ------------------------------------------------------------------ queries
     def shape(self, t):
+        if t in self.virtual_shapes:
+            return self.virtual_shapes[t]
         return chw(self.g.tensors[t].shape)
 
     def rng(self, t):
@@ -253,6 +259,18 @@ class Lowering:
     def traced(self, t, kind):
         self.trace_map[t] = (len(self.layers) - 1, kind)
 
+    def _lower_one(self, node):
+        alt = self.choice[node.name][0]
+        try:
+            alt.fn(self, node)
+        except Tl2k210Error:
+            raise
+        except (ValueError, AssertionError, KeyError, IndexError, ZeroDivisionError) as exc:
+            # a register value that does not fit or a case the lowering missed: name the node
+            raise Tl2k210Error(f"node {node.name!r} ({registry.describe(node)}): the {alt.name} lowering "
+                               f"failed ({type(exc).__name__}: {exc}); nothing was written. Please report "
+                               "this model; a smaller or differently shaped layer may convert") from exc
+
     # ------------------------------------------------------------------ entry
     def run(self):
         g = self.g
@@ -280,7 +298,7 @@ class Lowering:
                 "input); start the model with a Conv on the image")
         for node in self.order:
             if node.name not in self.folded:
-                self.choice[node.name][0].fn(self, node)
+                self._lower_one(node)
             self.release(node)
         outs = []
         for o in g.outputs:

@@ -1,0 +1,105 @@
+"""Per-channel PReLU exactly on the KPU, whose activation table is one function per layer:
+
+    PReLU(y) = relu(y) - sign(a)·relu(-|a|·y)        (per channel c, slope a = a_c)
+
+The layer before computes both y and -|a|·y (its weights and bias doubled, channels interleaved
+[y_c, -|a_c|·y_c], a plain ReLU table for all), and the convs after it read the pair with weights
+[W, -sign(a)·W]; a depthwise consumer becomes a group conv of two inputs per channel. When the PReLU
+is not after a conv, a 1x1 group conv (1 -> 2 per channel, ReLU) makes the pair; when something
+else than a conv reads it, a 1x1 group conv (2 -> 1, weights [1, -sign(a)]) joins it back.
+Exact in float; every layer then quantizes as any KPU conv."""
+import numpy as np
+
+from tl2k210.graph import Node
+
+CONV = {"kernel": (1, 1), "strides": (1, 1), "pads": [0, 0, 0, 0], "dilations": (1, 1)}
+
+
+def _slopes(g, n):
+    x, s = n.inputs
+    a = g.const(s)
+    shape = g.shape(x)
+    if a is None or shape is None or len(shape) != 4 or g.const(x) is not None:
+        return None
+    c = shape[1]
+    a = np.asarray(a, np.float64)
+    if a.size == 1:
+        return np.full(c, float(a.reshape(())))
+    full = (1,) * (4 - a.ndim) + a.shape
+    return a.reshape(c) if a.size == c and full[1] == c else None
+
+
+def _interleave(w_pos, w_neg):
+    out = np.empty((2 * w_pos.shape[0],) + w_pos.shape[1:], np.float64)
+    out[0::2], out[1::2] = w_pos, w_neg
+    return out
+
+
+def _const_conv(g, c):
+    return c.op == "Conv" and g.const(c.inputs[1]) is not None and g.const(c.inputs[2]) is not None \
+        and not c.attrs.get("activation") and not c.attrs.get("pool")
+
+
+def prelu_split(g, log):
+    for n in [n for n in g.nodes if n.op == "PRelu"]:
+        a = _slopes(g, n)
+        if a is None:
+            continue
+        x, out = n.inputs[0], n.outputs[0]
+        c = len(a)
+        neg = -np.sign(a)                 # the weight the consumers give the negative half
+        pair = g.add_tensor(out + "/pair")
+        p = g.producer(x)
+        if p is not None and _const_conv(g, p) and g.single_consumer(x) is n:
+            w, b = g.const(p.inputs[1]).astype(np.float64), g.const(p.inputs[2]).astype(np.float64)
+            s = np.abs(a).reshape(-1, *([1] * (w.ndim - 1)))
+            p.inputs[1] = g.add_const(_interleave(w, -s * w).astype(np.float32), p.name + "/W_prelu")
+            p.inputs[2] = g.add_const(_interleave(b, -np.abs(a) * b).astype(np.float32), p.name + "/B_prelu")
+            grp = p.attrs.get("group", 1)
+            p.attrs["activation"] = {"op": "Relu"}
+            p.outputs = [pair]
+            p.fused.append(n.name)
+            how = f"{p.name} computes y and -|a|·y ({2 * c} channels{', group ' + str(grp) if grp > 1 else ''})"
+        else:
+            w = _interleave(np.ones((c, 1, 1, 1)), -np.abs(a).reshape(c, 1, 1, 1))
+            g.nodes.insert(g.nodes.index(n), Node(
+                "Conv", [x, g.add_const(w.astype(np.float32), n.name + "/W_split"),
+                         g.add_const(np.zeros(2 * c, np.float32), n.name + "/B_split")], [pair],
+                {**CONV, "group": c, "activation": {"op": "Relu"}}, n.name + "/split", [n.name]))
+            how = f"a 1x1 group conv makes y and -|a|·y ({2 * c} channels)"
+        g.tensors[pair].shape = (1, 2 * c) + tuple(g.shape(x)[2:])
+        joined = None
+        for u in g.consumers(out):
+            if _const_conv(g, u) and u.inputs[0] == out:
+                w = g.const(u.inputs[1]).astype(np.float64)           # (Co, Ci/group, k, k)
+                grp = u.attrs.get("group", 1)
+                m = w.shape[1]
+                base = (np.arange(w.shape[0]) // (w.shape[0] // grp)) * m     # first input of the group
+                sign = neg[base[:, None] + np.arange(m)[None, :]][:, :, None, None]
+                w2 = np.empty((w.shape[0], 2 * m) + w.shape[2:])
+                w2[:, 0::2], w2[:, 1::2] = w, sign * w
+                u.inputs[0] = pair
+                u.inputs[1] = g.add_const(w2.astype(np.float32), u.name + "/W_prelu")
+                u.fused.append(n.name)
+            else:
+                if joined is None:
+                    w = np.stack([np.ones(c), neg], axis=1).reshape(c, 2, 1, 1)
+                    joined = g.add_tensor(out + "/joined", g.shape(out))
+                    g.nodes.insert(g.nodes.index(n), Node(
+                        "Conv", [pair, g.add_const(w.astype(np.float32), n.name + "/W_join"),
+                                 g.add_const(np.zeros(c, np.float32), n.name + "/B_join")], [joined],
+                        {**CONV, "group": c}, n.name + "/join", [n.name]))
+                u.inputs = [joined if i == out else i for i in u.inputs]
+        if out in g.outputs:
+            if joined is None:
+                w = np.stack([np.ones(c), neg], axis=1).reshape(c, 2, 1, 1)
+                g.nodes.insert(g.nodes.index(n), Node(
+                    "Conv", [pair, g.add_const(w.astype(np.float32), n.name + "/W_join"),
+                             g.add_const(np.zeros(c, np.float32), n.name + "/B_join")], [out],
+                    {**CONV, "group": c}, n.name + "/join", [n.name]))
+            else:
+                g.replace_uses(out, joined)
+        g.nodes.remove(n)
+        log(n.name, f"per-channel PReLU: {how}; the convs after it take [W, -sign(a)·W]"
+                    + ("; a 1x1 group conv joins the pair for the other readers" if joined else ""))
+    return g
