@@ -407,3 +407,23 @@ def test_standalone_batchnorm_and_constant_arithmetic_run_on_the_kpu():
     assert g.op_counts() == {"Conv": 3, "Relu": 0} or g.op_counts()["Conv"] == 3
     assert {L.name for L in model.layers} == {"K210_CONV", "DEQUANTIZE"}
     assert sqnr(m, model, px) > 30
+
+
+def test_difference_of_two_maps_and_v4_only_binary_ops():
+    """Sub of two maps is QUANTIZED_ADD with a negative multiplier; Mul of two maps is a v4 op."""
+    n = helper.make_node
+    rng = np.random.default_rng(0)
+    r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
+    inits = {"w0": r(4, 3, 3, 3), "b0": r(4), "w1": r(4, 4, 1, 1), "b1": r(4)}
+    for op in ("Sub", "Mul"):
+        nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]), n("Relu", ["c0"], ["r0"]),
+                 conv_node("c1", "r0", "w1", "b1"), n(op, ["r0", "c1"], ["y"], name="both")]
+        m = make_model(nodes, [("x", [1, 3, 16, 16])], [("y", None)], inits)
+        px = pixels(4, 3, 16, 16)
+        if op == "Mul":
+            with pytest.raises(UnsupportedOpError, match=r"(?s)'both'.*binary mul of two tensors: needs `--format v4`"):
+                compile_model(m, px)
+            continue
+        model, rows, _, _ = compile_model(m, px)
+        assert "QUANTIZED_ADD" in [L.name for L in model.layers]
+        assert sqnr(m, model, px) > 30

@@ -18,12 +18,13 @@ IR op vocabulary (what `passes.run_pipeline` leaves for the K210 lowering; attrs
              (ONNX semantics: conv -> +bias -> activation -> pool.)
   Every other op keeps its ONNX form: attrs under their ONNX names, operands such as Pad pads,
   Slice starts/ends/axes/steps, Resize scales, Reshape shape, Clip bounds as constant inputs
-  (read them with `graph.const(name)`). What the pipeline leaves (passes.check_supported):
-  Add, Sub, Mul, Div, Concat(axis), Resize (mode "nearest"; scales input, or sizes),
-  GlobalAveragePool, GlobalMaxPool, MaxPool/AveragePool (kernel_shape, strides, pads) when not
-  fused, Gemm/MatMul (only if wider than the KPU's 1024 channels), Softmax(axis), standalone
-  Relu/Clip/LeakyRelu/Sigmoid/Tanh/HardSigmoid/HardSwish, Flatten(axis), Reshape, Transpose(perm),
-  Squeeze/Unsqueeze, Pad, Slice, Identity, BatchNormalization (standalone, not after a Conv).
+  (read them with `graph.const(name)`). What the pipeline may leave is what the K210 back-end
+  lowers (`tl2k210.k210.lower.supported_ops()`, checked by passes.check_supported): Add/Sub of two
+  maps, Concat(axis), Resize (mode "nearest"; scales input, or sizes), GlobalAveragePool,
+  GlobalMaxPool, MaxPool/AveragePool (kernel_shape, strides, pads) when not fused, Gemm/MatMul
+  (only if wider than the KPU's 1024 channels), Softmax(axis), standalone activations,
+  LpNormalization, Flatten/Reshape/Squeeze/Unsqueeze/Identity, Transpose(perm). Constant
+  affines, Pads and PReLU are rewritten into Convs by the passes.
 
 graph.meta: "opset"; "input_layout"/"output_layout" {name: "NHWC->NCHW"} where a pass changed a
 TF model's NHWC input/output to NCHW (feed the IR NCHW data; transpose the source's output).

@@ -26,18 +26,21 @@ def _act(g, node):
 # ------------------------------------------------------------------ uint8 layers
 def add_refuses(g, node, opts):
     if len(node.inputs) != 2 or any(g.const(i) is not None for i in node.inputs):
-        return "only the sum of two activations (a constant should have been folded)"
+        return ("only the sum/difference of two activations (a per-channel constant folds into a "
+                "conv: fold_affine)")
     if g.shape(node.inputs[0]) != g.shape(node.inputs[1]):
         return f"broadcast add {g.shape(node.inputs[0])} + {g.shape(node.inputs[1])}: only same shapes"
     return None
 
 
-@lowering("Add", unit=CPU_U8, check=add_refuses)
+@lowering("Add", "Sub", unit=CPU_U8, check=add_refuses)
 def quantized_add(lw, node):
-    """Residual add: QUANTIZED_ADD on uint8 (the KPU has no add); a ReLU after it is the clamp."""
+    """Residual add (or difference: a negative multiplier for b): QUANTIZED_ADD on uint8 (the KPU
+    has no add); a ReLU after it is the clamp."""
     a_name, b_name = node.inputs
     out = node.outputs[0]
-    row = lw.row(node, "residual add: QUANTIZED_ADD on uint8 (no KPU add)",
+    sign = -1 if node.op == "Sub" else 1
+    row = lw.row(node, f"residual {'difference' if sign < 0 else 'add'}: QUANTIZED_ADD on uint8 (no KPU add)",
                  in_shape=lw.shape(a_name), out_shape=lw.shape(out))
     pa, pb = lw.need_u8(a_name, row), lw.need_u8(b_name, row)
     (sa, za), (sb, zb) = lw.locs[a_name].quant, lw.locs[b_name].quant
@@ -52,7 +55,7 @@ def quantized_add(lw, node):
     n = int(np.prod(loc.shape))
     lw.emit("QUANTIZED_ADD", dict(
         flags=1, main_mem_in_a_address=pa, main_mem_in_b_address=pb, main_mem_out_address=loc.u8,
-        count=n, in_a_offset=-za, in_a_mul=ma, in_a_shift=0, in_b_offset=-zb, in_b_mul=mb,
+        count=n, in_a_offset=-za, in_a_mul=ma, in_a_shift=0, in_b_offset=-zb, in_b_mul=sign * mb,
         in_b_shift=0, out_offset=zo, out_mul=mul, out_shift=sh), row)
     if relu:
         lw.traced(cons[0].outputs[0], "u8")
@@ -152,6 +155,8 @@ def resize_nearest(lw, node):
     lw.traced(out, "u8")
 
 
+for _op in ("Mul", "Div", "Max", "Min"):
+    needs_format(_op, "v4", f"binary {_op.lower()} of two tensors")
 needs_format("Resize", "v4", "resize_image (bilinear)",
              check=lambda g, n, o: None if n.attrs.get("mode", "nearest") == "linear" else "not bilinear")
 
