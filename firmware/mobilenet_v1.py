@@ -9,7 +9,7 @@ lcd.init()
 sensor.reset()
 sensor.set_pixformat(sensor.RGB565)
 sensor.set_framesize(sensor.QVGA)
-sensor.set_windowing((224, 224))    # centre 224x224 of the frame: the model's input size
+sensor.set_windowing((224, 224))    # 224x224 of the frame (top-left on an OV2640): the model input
 sensor.run(1)
 
 labels = None

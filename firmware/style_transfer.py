@@ -18,7 +18,7 @@ lcd.init()
 sensor.reset()
 sensor.set_pixformat(sensor.RGB565)
 sensor.set_framesize(sensor.QVGA)
-sensor.set_windowing((240, 240))    # centre square of the 320x240 frame ...
+sensor.set_windowing((240, 240))    # a 240x240 square of the frame (top-left on an OV2640) ...
 sensor.run(1)
 
 task = kpu.load(0x300000)           # or kpu.load("/sd/style_transfer.kmodel")

@@ -133,8 +133,11 @@ def test_mobilenet_demo_tiger(mobilenet_pkg, tmp_path):
     prob, idx = top5[0].split()[:2]
     assert idx == "292" and float(prob) > 0.3, top5
     lcd = np.asarray(Image.open(tmp_path / "lcd.png").convert("RGB"))
-    assert lcd.shape == (224, 224, 3)                              # sensor.set_windowing((224, 224))
-    assert np.all(lcd[:40, :] == RED, axis=-1).sum() > 50           # the label drawn in red
+    # sensor.set_windowing((224, 224)): lcd.display centres the 224x224 frame, black border
+    assert lcd.shape == (240, 320, 3)
+    assert not lcd[:8].any() and not lcd[232:].any() and not lcd[:, :48].any() and not lcd[:, 272:].any()
+    assert np.all(lcd[8:48, 48:272] == RED, axis=-1).sum() > 50     # the label drawn in red
+    assert any(t.startswith("0.") and "tiger" in t for _, _, t in res.texts[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,46 +162,64 @@ def test_load_from_erased_flash_fails_like_maixpy(tmp_path, astronaut_png):
 
 
 def test_kpu_argument_errors(tmp_path, face_flash):
+    """kpu.load's argument rules and error texts (maixpy-api.md §6.1, 6.2, 6.3)."""
     from tl2k210.maixpy import KPU
     prev = board.install(board.Board(flash=face_flash))
     try:
-        with pytest.raises(ValueError, match="^model_addr must > 0$"):
+        with pytest.raises(ValueError, match=r"^\[MAIXPY\]kpu: model_addr must > 0 $"):
             KPU.load(0)
-        with pytest.raises(ValueError, match="^model format don't match, only supply .kmodel$"):
+        with pytest.raises(ValueError, match=r"model format don't match, only supply .kmodel $"):
             KPU.load("/sd/face.bin")
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="only accept int or string"):
             KPU.load(1.5)
-        with pytest.raises(ValueError, match=r"load error:2005, ERR_READ_FILE"):
-            KPU.load(str(tmp_path / "missing.kmodel"))
-        v5 = tmp_path / "v5.kmodel"
-        v5.write_bytes(b"KMDL"[::-1] + (5).to_bytes(4, "little") + bytes(64))
-        with pytest.raises(ValueError, match=r"load error:2002, ERR_KMODEL_VERSION"):
-            KPU.load(str(v5))
+        with pytest.raises(ValueError, match=r"load error:2001, ERR_PARAM"):   # no such file
+            KPU.load("/flash/missing.kmodel")
+        board.current().vfs.mounts["flash"].host.joinpath("v5.kmodel").write_bytes(
+            b"KMDL"[::-1] + (5).to_bytes(4, "little") + bytes(64))
+        with pytest.raises(ValueError, match=r"load error:2015, ERR_UNKNOWN"):   # issue #423
+            KPU.load("/flash/v5.kmodel")
         task = KPU.load(ADDR)
         assert task.model_addr() == ADDR and task.model_size() == 388776
-        with pytest.raises(ValueError, match="anchor len"):
+        assert repr(task).startswith('{"model_addr": 3145728, "model_size": 388776, "model_path": "(null)"')
+        with pytest.raises(ValueError, match="^requested length 10 but object has length 8$"):
             KPU.init_yolo2(task, 0.5, 0.3, 5, FACE_ANCHORS[:8])
-        with pytest.raises(ValueError, match="threshold"):
+        with pytest.raises(ValueError, match="threshold only support 0 to 1"):
             KPU.init_yolo2(task, 1.5, 0.3, 5, FACE_ANCHORS)
-        tasks = [task] + [KPU.load(ADDR) for _ in range(4)]
-        with pytest.raises(ValueError, match=r"load error:2009, ERR_MODELS_FULL"):
+        with pytest.raises(TypeError, match="function missing 1 required positional arguments"):
+            KPU.init_yolo2(task, 0.5, 0.3, 5, anchor=FACE_ANCHORS)      # min 5 positionals
+        with pytest.raises(TypeError, match="extra keyword arguments given"):
+            KPU.init_yolo2(task, 0.5, 0.3, 5, FACE_ANCHORS, anchor_num=5)
+        with pytest.raises(TypeError, match="kpu_net type error"):
+            KPU.init_yolo2(None, 0.5, 0.3, 5, FACE_ANCHORS)
+        tasks = [task] + [KPU.load(ADDR) for _ in range(3)]      # 4 x 0.43 MB fit in 2 MiB
+        with pytest.raises(ValueError, match=r"load error:2006, ERR_NO_MEM"):   # a 5th does not
             KPU.load(ADDR)
+        assert any("model 0.39 MB + KPU buffers 0.04 MB" in n for n in board.current().notes)
+        for t in tasks:
+            assert KPU.deinit(t) is True
+        assert board.current().sys_used == 0
+        board.current().vfs.mounts["flash"].host.joinpath("mnist.kmodel").write_bytes(
+            data_path("kmodels", "mnist_v3.kmodel").read_bytes())
+        tasks = [KPU.load("/flash/mnist.kmodel") for _ in range(5)]
+        with pytest.raises(ValueError, match=r"load error:2009, ERR_MODELS_FULL"):
+            KPU.load("/flash/mnist.kmodel")
         for t in tasks:
             KPU.deinit(t)
     finally:
-        board.install(prev)
+        board.install(prev).close()
 
 
-@pytest.mark.parametrize("setup, message", [
-    ("sensor.set_framesize(sensor.QQVGA)", "img w=160, but model w=320"),
-    ("sensor.set_windowing((320, 200))", "img h=200, but model h=240"),
-    ("sensor.set_pixformat(sensor.GRAYSCALE)", "check img format err!"),
+@pytest.mark.parametrize("setup, printed", [
+    ("sensor.set_framesize(sensor.QQVGA)", "[MAIXPY]kpu: img w=160,h=120, but model w=320,h=240"),
+    ("sensor.set_windowing((320, 200))", "[MAIXPY]kpu: img w=320,h=200, but model w=320,h=240"),
+    ("sensor.set_pixformat(sensor.GRAYSCALE)", None),
 ])
-def test_forward_checks_the_image_like_maixpy(tmp_path, face_flash, astronaut_png, setup, message):
+def test_forward_checks_the_image_like_maixpy(tmp_path, face_flash, astronaut_png, setup, printed):
     p = _script(tmp_path, f"{setup}\ntask = kpu.load(0x300000)\nkpu.forward(task, sensor.snapshot())\n")
-    with pytest.raises(ValueError) as ei:
-        run_script(p, images=[astronaut_png], flash=face_flash)
-    assert str(ei.value) == message
+    res = run_script(p, images=[astronaut_png], flash=face_flash, raise_errors=False)
+    assert str(res.error) == "[MAIXPY]kpu: check img format err!\r\n"
+    assert res.lines == ([printed] if printed else [])
+    assert res.traceback.endswith("ValueError: [MAIXPY]kpu: check img format err!\r\n\n")
 
 
 def test_run_yolo2_none_forward_fmap_and_pix_to_ai(tmp_path, face_flash, skdata, astronaut_png):
@@ -208,17 +229,19 @@ kpu.init_yolo2(task, 0.5, 0.3, 5, (1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.36
 img = sensor.snapshot()
 print("yolo", kpu.run_yolo2(task, img))
 fm = kpu.forward(task, img)
-print("fmap", len(fm), type(fm[:]).__name__, fm[0] == fm[:][0])
+print("fmap", fm.size(), fm.w(), fm.h(), fm.ch(), type(fm[:]).__name__, len(fm[:]), fm[0] == fm[:][0])
 small = img.resize(160, 120).resize(320, 240)
 try:
     kpu.forward(task, small)
 except ValueError as e:
     print("no ai buffer")
 small.pix_to_ai()
-print("after pix_to_ai", len(kpu.forward(task, small)[:]))
+print("after pix_to_ai", kpu.forward(task, small).size())
 print("faces", len(kpu.run_yolo2(task, sensor.snapshot())))
 kpu.deinit(task)
 """)
     res = run_script(p, images=[Image.fromarray(skdata.coffee()), astronaut_png], flash=face_flash)
-    assert res.lines == ["yolo None", "fmap 9000 list True", "no ai buffer",
-                         "after pix_to_ai 9000", "faces 1"]
+    # a v3 model ending in DEQUANTIZE: typecode 'f', h = ch = 1 and w = the BYTE count (§6.4)
+    assert res.lines == ["yolo None", "fmap 36000 36000 1 1 tuple 9000 True",
+                         "[MAIXPY]kpu: pix_ai is NULL!", "no ai buffer",
+                         "after pix_to_ai 36000", "faces 1"]

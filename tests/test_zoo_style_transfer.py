@@ -68,7 +68,7 @@ def test_maixpy_script_shows_the_emulator_output(built, tmp_path):
     from PIL import Image
     from skimage import data
 
-    from tl2k210.imaging import load_rgb, rgb565_roundtrip
+    from tl2k210.imaging import load_rgb
     from tl2k210.k210.emulator import Emulator
     from tl2k210.maixpy import board, run_script
     from tl2k210.maixpy import image as mimage
@@ -78,13 +78,20 @@ def test_maixpy_script_shows_the_emulator_output(built, tmp_path):
     res = run_script(REPO / "firmware" / "style_transfer.py", images=[photo], flash=flash,
                      out=tmp_path / "lcd.png")
     assert res.snapshots == 1 and len(res.frames) == 1 and res.pngs == [tmp_path / "lcd.png"]
-    shown = np.asarray(Image.open(tmp_path / "lcd.png").convert("RGB"))
-    assert shown.shape == (128, 128, 3)
-    # what the script feeds the KPU: QVGA frame, centre 240x240 window, resize to 128x128
+    screen = np.asarray(Image.open(tmp_path / "lcd.png").convert("RGB"))
+    assert screen.shape == (240, 320, 3)             # lcd.display centres the 128x128 image
+    shown = screen[56:184, 96:224]
+    assert not screen[:56].any() and not screen[184:].any() and not screen[:, :96].any()
+    # what the script feeds the KPU: QVGA frame, 240x240 window (top-left on the OV2640: the
+    # DVP ignores the window's x, y), resized to 128x128
     qvga = np.asarray(load_rgb(photo).resize((320, 240), Image.BILINEAR).convert("RGB"), np.uint8)
-    small = mimage.Image.from_rgb(qvga[:, 40:280]).resize(128, 128)
+    small = mimage.Image.from_rgb(qvga[:, :240]).resize(128, 128)
     small.pix_to_ai()
     out = Emulator.load(built["kmodel"]).run(small.ai_buffer())[0].reshape(3, 128, 128)
-    want = rgb565_roundtrip((np.clip(out.astype(np.float64), 0, 1) * 255 + 0.5).astype(np.uint8).transpose(1, 2, 0))
+    rgb = (np.clip(out.astype(np.float64), 0, 1) * 255 + 0.5).astype(np.int64).transpose(1, 2, 0)
+    # set_pixel((r, g, b)) rounds to RGB565 (maixpy-api.md §3.2: round(v*31/255), round(v*63/255))
+    r5, g6, b5 = ((rgb[..., 0] * 31 + 127) // 255, (rgb[..., 1] * 63 + 127) // 255,
+                  (rgb[..., 2] * 31 + 127) // 255)
+    want = np.stack([(r5 * 255 + 15) // 31, (g6 * 255 + 31) // 63, (b5 * 255 + 15) // 31], -1)
     assert np.abs(shown.astype(int) - want.astype(int)).max() <= 8
     assert np.mean(shown == want) >= 0.999

@@ -15,16 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from tl2k210.errors import Tl2k210Error
-from tl2k210.k210 import cost, hardware as hw
+from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.kmodel import atomic_write, dumps
 from tl2k210.tables import text_table
 
-# what each firmware leaves for model file + main memory (spec §7 and MaixPy docs)
-RUNTIME_BUDGET = {
-    "maixpy": 2 * 1024 * 1024,            # full MaixPy firmware: ~2 MiB models
-    "maixpy-minimum": 4 * 1024 * 1024,    # *_minimum firmware: ~4 MiB
-    "sdk": 5 * 1024 * 1024,               # standalone SDK: 6 MiB SRAM less code/stack
-}
+# what each firmware leaves for model file + main memory: one table, tl2k210/k210/firmware.py
+RUNTIME_BUDGET = {name: r.model_budget for name, r in firmware.RUNTIMES.items()}
 
 
 class BudgetError(Tl2k210Error):

@@ -7,6 +7,7 @@ import sys
 
 from tl2k210 import cliargs
 from tl2k210.errors import Tl2k210Error
+from tl2k210.k210 import firmware
 
 
 def _range_arg(text):
@@ -53,7 +54,7 @@ def add_convert_parser(sub):
     p.add_argument("--kpu-padding", action="store_true",
                    help="rewrite TF-SAME stride-2 convs to symmetric padding so they run fully on the "
                    "KPU (changes the math; the receipt shows the measured effect)")
-    p.add_argument("--runtime", choices=["maixpy", "maixpy-minimum", "sdk"], default="maixpy",
+    p.add_argument("--runtime", choices=list(firmware.RUNTIMES), default="maixpy",
                    help="check model + main memory against what this firmware leaves (maixpy)")
     p.add_argument("--report", help="also write the receipt as JSON")
     p.add_argument("--network", help="python file defining build() -> TensorLayer model, for weight "

@@ -1,46 +1,106 @@
-"""The emulated board behind the host MaixPy modules: its 16 MiB flash (a file, as the emulated
-board of `tl2k210.flash` writes it), the camera's queue of input photos, the LCD's output, and
-the `/sd` and `/flash` file systems mapped to host folders.
+"""The emulated board behind the host MaixPy modules.
 
-One `Board` is current at a time (`current()`); `run_script` installs a fresh one per run.
+A `Board` holds what a Sipeed Maix board has: its 16 MiB SPI flash (a file, as `tl2k210.flash`'s
+emulated board writes it; `kpu.load(ADDR)` reads models from it), the `/flash` (SPIFFS) and `/sd`
+(FAT) file systems (host folders, see `vfs.py`), the camera's queue of photos, the LCD's output,
+the firmware build (`runtime`: heaps and kmodel versions, tl2k210/k210/firmware.py), the board's
+clock (virtual by default, see `timing.py`), GPIO/UART/PWM logs, and the host notes that explain
+board-side errors. One Board is current at a time (`current()`); a `Session` installs its own.
 
-    board.use_flash("flash.bin")                  # or env TL2K210_FLASH
     board.flash_kfpkg("face.kfpkg", "flash.bin")  # "flash" a package into an image file
+    board.flash_kmodel("m.kmodel", "flash.bin", 0x500000, fresh=False)
 """
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from tl2k210.errors import Tl2k210Error
+from tl2k210.k210 import firmware
 
 FLASH_SIZE = 16 * 1024 * 1024
 ERASED = 0xFF
+#: what a Maix Dock/Bit's board-config script writes under the "board_info" key of
+#: /flash/config.json (the same pin map MaixPy <= v0.5 had hard-coded; maixpy-api.md §2.6)
+MAIX_BOARD_INFO = dict({f"PIN{i}": i for i in range(48)}, BOOT_KEY=16, LED_R=14, LED_G=13,
+                       LED_B=12, LED_W=32, BACK=11, ENTER=10, NEXT=16, WIFI_TX=6, WIFI_RX=7,
+                       WIFI_EN=8, WIFI_SPI_CSXX=8, MIC0_WS=19, MIC0_DATA=20, MIC0_BCK=18,
+                       I2S0_WS=33, I2S0_OUT_D1=34, I2S0_SCLK=35, I2C_SCL=30, I2C_SDA=31,
+                       SPI0_MOSI=28, SPI0_MISO=26, SPI0_SCLK=27, SPI0_CS0=29, SPI0_CS1=25,
+                       ESP32_CS=25, ESP32_RST=8, ESP32_RDY=9, ESP32_MOSI=28, ESP32_MISO=26,
+                       ESP32_SCLK=27)
 
 
-class StopDemo(BaseException):
-    """Raised by `sensor.snapshot()` after the last input frame. A BaseException so that a
-    script's own `except Exception:` does not swallow it; `run_script` catches it."""
+class BoardStop(BaseException):
+    """Ends a run from the board side: the camera has no more photos, the watchdog fired, or
+    the host was asked to stop. A BaseException so a script's `except Exception:` does not
+    swallow it (a bare `except:` that does is handled: the board keeps raising it)."""
+
+    def __init__(self, reason: str, kind: str = "camera"):
+        super().__init__(reason)
+        self.reason, self.kind = reason, kind
+
+
+StopDemo = BoardStop   # the name earlier code used
 
 
 class Board:
-    def __init__(self, flash=None, images=(), out=None, max_frames=None, sd=None, fs=None, button=()):
+    def __init__(self, flash=None, images=(), out=None, max_frames=None, sd=None, fs=None,
+                 button=(), runtime="maixpy", wall_clock=False, timeout=60.0, camera="ov2640",
+                 lcd_out=True):
+        from tl2k210.maixpy import timing, vfs
         self.flash_path = Path(flash) if flash else (Path(os.environ["TL2K210_FLASH"])
                                                      if os.environ.get("TL2K210_FLASH") else None)
+        self.runtime = firmware.get(runtime)
+        if not self.runtime.maixpy:
+            raise Tl2k210Error(f"--runtime {runtime}: not a MaixPy firmware; choose from "
+                               f"{', '.join(firmware.MAIXPY_RUNTIMES)}")
         self.images = list(images)
         self.max_frames = len(self.images) if max_frames is None else min(max_frames, len(self.images))
         self.frames_taken = 0
+        self.camera = camera
         self.out = Path(out) if out else None
-        self.lcd_frames = []      # RGB888 HWC arrays, one per lcd.display()
+        self.lcd_frames = []      # RGB888 HWC arrays, one per lcd.display()/draw_string()
+        self.lcd_texts = []       # per frame: [(x, y, text)] drawn on what was shown
         self.lcd_pngs = []        # paths written
-        self.mounts = {"/sd": Path(sd) if sd else None, "/flash": Path(fs) if fs else None}
+        self.vfs = vfs.VFS(sd=sd, flash=fs, defaults={
+            "freq.conf": _freq_conf(self.runtime.gc_heap),
+            "config.json": ('{"type": "dock", "board_info": %s}' % _json(MAIX_BOARD_INFO)).encode()})
+        self.vfs.note = self.note
         self.kpu_tasks = []       # loaded kpu_net objects (MaixPy allows 5)
+        self.sys_used = 0         # system-heap bytes taken (models, dual_buff)
         self.notes = []           # host-side hints (why a MaixPy error happened)
+        self._noted = set()
         self.button = set(int(f) for f in button)   # camera frames (0-based) with BOOT held down
+        self.gpio_log = []        # (t_ms, gpio id, value) for every output write
+        self.uart_log = {}        # uart id -> bytearray written
+        self.clock = timing.Clock(wall=wall_clock, timeout=timeout)
+        self.sensor = None        # sensor state (sensor.py)
+        self.lcd = None           # lcd state (lcd.py)
+        self.gc = None            # GC heap model (heap.py), set by the session
+        self.stop_reason = None
+
+    # -- notes -------------------------------------------------------------------------------
+    def note(self, text: str, key=None):
+        """Record a host note once (per key)."""
+        key = text if key is None else key
+        if key not in self._noted:
+            self._noted.add(key)
+            self.notes.append(text)
 
     def button_down(self) -> bool:
         """Is the scripted button (BOOT key) held down now, i.e. during the latest frame taken?"""
         return self.frames_taken - 1 in self.button
+
+    def stop(self, reason: str, kind: str):
+        self.stop_reason = BoardStop(reason, kind)
+        raise self.stop_reason
+
+    # -- system heap (models, frame buffers) ---------------------------------------------------
+    @property
+    def sys_free(self) -> int:
+        return self.runtime.model_budget - self.sys_used
 
     # -- flash ---------------------------------------------------------------------------------
     def read_flash(self, address: int, length: int) -> bytes:
@@ -49,10 +109,8 @@ class Board:
             return b""
         length = max(0, min(length, FLASH_SIZE - address))
         if self.flash_path is None:
-            if not any("no flash image" in n for n in self.notes):
-                self.notes.append("no flash image is set (run_script(flash=...), "
-                                  "board.use_flash(), --flash/--kfpkg or TL2K210_FLASH): the "
-                                  "host flash reads as erased 0xFF")
+            self.note("no flash image is set (--flash/--kfpkg/--kmodel, run_script(flash=...) or "
+                      "TL2K210_FLASH): the host flash reads as erased 0xFF", "noflash")
             return bytes([ERASED]) * length
         try:
             with open(self.flash_path, "rb") as fh:
@@ -64,22 +122,34 @@ class Board:
 
     # -- file systems --------------------------------------------------------------------------
     def host_path(self, path) -> Path:
-        """Map a board path (/sd/x, /flash/x) to the host; other paths are host paths."""
-        p = os.fspath(path)
-        for mount, host in self.mounts.items():
-            if host is not None and (p == mount or p.startswith(mount + "/")):
-                return host / p[len(mount):].lstrip("/")
-        return Path(p)
+        """The host file behind a board path (relative paths follow the board's cwd)."""
+        return self.vfs.host_path(path)
+
+    def close(self):
+        self.vfs.close()
 
 
-_current = Board()
+def _json(d):
+    import json
+    return json.dumps(d)
+
+
+def _freq_conf(gc_heap):
+    import struct
+    return struct.pack("<III", 400_000_000, 400_000_000, gc_heap)   # cpu, pll1 (KPU), gc heap
+
+
+_current = None
 
 
 def current() -> Board:
+    global _current
+    if _current is None:
+        _current = Board()
     return _current
 
 
-def install(board: Board) -> Board:
+def install(board):
     """Make `board` current; returns the previous one (to restore)."""
     global _current
     prev, _current = _current, board
@@ -88,7 +158,7 @@ def install(board: Board) -> Board:
 
 def use_flash(path):
     """Point the current board (and later `Board()`s via TL2K210_FLASH) at a flash image file."""
-    _current.flash_path = Path(path) if path else None
+    current().flash_path = Path(path) if path else None
     if path:
         os.environ["TL2K210_FLASH"] = os.fspath(path)
     else:
@@ -120,3 +190,7 @@ def write_flash(flash_path, images, fresh: bool = True) -> Path:
             fh.seek(address)
             fh.write(data)
     return flash_path
+
+
+def host_seconds() -> float:
+    return time.perf_counter()

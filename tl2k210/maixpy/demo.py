@@ -1,15 +1,18 @@
-"""`tl2k210 demo NAME --image IMG ...`: run a board's MaixPy script (firmware/) unchanged on the
-host: the camera sees the photos, `kpu.load(0x300000)` reads an emulated flash image, the LCD
-writes PNGs.
+"""`tl2k210 demo NAME|SCRIPT.py|FOLDER`: run a MaixPy board script unchanged on the host.
 
-Model source (first that applies): --flash IMAGE (a flash image file, e.g. the one the emulated
-board wrote), --kfpkg PKG or --kmodel FILE (written into a fresh erased flash image at the
-package's / the recipe's address), out/zoo/NAME.kfpkg (`tl2k210 zoo build NAME`), and for
-face_detect the testdata face model (MaixPy's face_model_at_0x300000.kfpkg).
+NAME is a zoo demo (firmware/NAME.py), SCRIPT.py any board script (run as main.py), FOLDER an
+SD card's content (the firmware boots it: _boot.py -> cwd /sd, then its boot.py and main.py).
+The camera sees the --image photos in order; kpu.load(ADDR) reads an emulated 16 MiB flash
+(--flash IMAGE, or --kfpkg / --kmodel FILE[@ADDR] written into a fresh erased one); the LCD
+writes PNGs (--out); `print` goes to the terminal. The board's time is virtual (what a board
+would spend: camera frames, model latency, LCD), --wall-clock gives host time; --runtime picks
+the firmware build (heap and model budget, kmodel versions); --timeout stops a script that takes
+no camera frame for that long. Temporary flash images are removed on exit, SIGTERM included.
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -25,35 +28,57 @@ TRUST = ("It runs the script as Python on this computer (host emulation, not a s
          "script can read, write and run anything you can), so only run scripts you trust.")
 
 
+def _kmodel_arg(text: str):
+    from tl2k210 import cliargs
+    path, _, addr = text.partition("@")
+    return path, (cliargs.address(addr) if addr else None)
+
+
 def add_demo_parser(sub):
     from tl2k210 import cliargs
-    p = sub.add_parser("demo", help="run a MaixPy demo script (firmware/) on the host emulator "
+    from tl2k210.k210 import firmware
+    p = sub.add_parser("demo", help="run a MaixPy script / SD folder unchanged on the host emulator "
                        "(runs it as Python: trusted scripts only)",
                        description=__doc__.split("\n\n")[0] + " " + TRUST)
-    p.add_argument("name", help="zoo name (face-detect, mobilenet-v1, ...) or a MaixPy script path")
-    p.add_argument("--image", action="append", required=True, metavar="IMG",
+    p.add_argument("name", help="zoo demo (face-detect, mobilenet-v1, ...), a MaixPy script, or a "
+                                "folder = the SD card (boot.py, main.py, models, labels)")
+    p.add_argument("--image", action="append", default=[], metavar="IMG",
                    help="photo the camera sees (repeat for more frames)")
     p.add_argument("--out", help="LCD output: a .png file or a folder (default out/demo/NAME.png)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--flash", metavar="IMAGE", help="flash image file (16 MiB) to read models from")
-    src.add_argument("--kfpkg", metavar="PKG", help="package to flash into a fresh emulated flash")
-    src.add_argument("--kmodel", metavar="FILE", help="kmodel to write at --address in a fresh flash")
+    src.add_argument("--kfpkg", metavar="PKG", action="append",
+                     help="package to flash into a fresh emulated flash (repeatable)")
+    p.add_argument("--kmodel", metavar="FILE[@ADDR]", action="append", default=[],
+                   help="kmodel to write at ADDR (default --address) in the emulated flash")
     p.add_argument("--address", type=cliargs.address, help="flash address for --kmodel "
                    "(default: the recipe's, else 0x300000)")
-    p.add_argument("--sd", metavar="DIR", help="host folder seen as /sd (default: a temporary one "
-                   "holding the recipe's labels.txt)")
+    p.add_argument("--sd", metavar="DIR", help="host folder seen as /sd (for a script; default: "
+                   "a temporary one holding the recipe's labels.txt)")
+    p.add_argument("--flash-fs", metavar="DIR", help="host folder seen as /flash (SPIFFS)")
+    p.add_argument("--on-flash", action="store_true",
+                   help="FOLDER is the board's /flash (no SD card: cwd /flash)")
     p.add_argument("--frames", type=cliargs.int_range(1, example=10),
                    help="stop after this many camera frames")
     p.add_argument("--press", type=cliargs.int_range(0, example=3), action="append", default=[],
                    metavar="FRAME",
-                   help="hold the BOOT key down during camera frame FRAME (0-based; repeat), "
-                        "e.g. to enroll a face in face-recognition")
+                   help="hold the BOOT key down during camera frame FRAME (0-based; repeat)")
+    p.add_argument("--runtime", choices=list(firmware.MAIXPY_RUNTIMES), default="maixpy",
+                   help="firmware build: heap, model budget, kmodel versions (default maixpy)")
+    p.add_argument("--camera", choices=["ov2640", "ov7740", "gc0328"], default="ov2640",
+                   help="sensor (windowing is top-left on OV2640/OV7740, centred on GC0328)")
+    p.add_argument("--wall-clock", action="store_true",
+                   help="time.ticks_ms() & co. give host time instead of board time")
+    p.add_argument("--timeout", type=cliargs.float_range(0, example=60), default=60.0, metavar="S",
+                   help="stop after S seconds without a camera frame (default 60; 0 = never)")
     p.set_defaults(func=cmd_demo)
 
 
 def resolve(name: str):
-    """(script path, recipe or None, key)."""
+    """(script path or folder, recipe or None, key)."""
     p = Path(name)
+    if p.is_dir():
+        return p, None, p.resolve().name
     if p.suffix == ".py" or p.is_file():
         if not p.is_file():
             raise Tl2k210Error(f"no MaixPy script {p}")
@@ -67,22 +92,55 @@ def resolve(name: str):
     script = FIRMWARE / (r.firmware if r else f"{key}.py")
     if not script.is_file():
         have = sorted(s.stem for s in FIRMWARE.glob("*.py"))
-        raise Tl2k210Error(f"no demo {name!r}: no zoo recipe with a firmware script and no "
-                           f"{script}; demos: {', '.join(have) or 'none'}")
+        raise Tl2k210Error(f"no demo {name!r}: not a folder, a script or a zoo recipe with a "
+                           f"firmware script; demos: {', '.join(have) or 'none'}")
     return script, r, key
 
 
-def _flash_for(args, recipe, key, tmp: Path) -> Path:
-    flash = _main_flash(args, recipe, key, tmp)
-    if not args.flash:
+def _flash_for(args, recipe, key, tmp: Path, folder: bool) -> Path | None:
+    from tl2k210.maixpy import board
+    if args.flash:
+        if not Path(args.flash).is_file():
+            raise Tl2k210Error(f"no flash image {args.flash}")
+        return Path(args.flash)
+    flash = None
+    address = args.address or (recipe.flash_address if recipe else 0x300000)
+    for pkg in args.kfpkg or []:
+        if not Path(pkg).is_file():
+            raise Tl2k210Error(f"no package {pkg}")
+        flash = board.flash_kfpkg(pkg, tmp / "flash.bin", fresh=flash is None)
+    for spec in args.kmodel:
+        path, addr = _kmodel_arg(spec)
+        if not Path(path).is_file():
+            raise Tl2k210Error(f"no kmodel {path}")
+        flash = board.flash_kmodel(path, tmp / "flash.bin", address if addr is None else addr,
+                                   fresh=flash is None)
+    if flash is None and not folder and (recipe is not None or key == "face_detect"):
+        flash = _zoo_flash(recipe, key, tmp)
+    if flash is not None and not args.flash:
         _add_detector(recipe, flash)
     return flash
 
 
+def _zoo_flash(recipe, key, tmp: Path):
+    from tl2k210.maixpy import board
+    pkg = Path("out/zoo") / f"{key}.kfpkg"
+    if pkg.is_file():
+        return board.flash_kfpkg(pkg, tmp / "flash.bin")
+    if key == "face_detect":
+        fallback = TESTDATA / "kfpkg" / "face_model_at_0x300000.kfpkg"
+        if fallback.is_file():
+            return board.flash_kfpkg(fallback, tmp / "flash.bin")
+        km = TESTDATA / "kmodels" / "facedetect_320x240_v3.kmodel"
+        if km.is_file():
+            return board.flash_kmodel(km, tmp / "flash.bin", 0x300000)
+    raise Tl2k210Error(f"no model for {key}: build it (`tl2k210 zoo build {key}`) or pass "
+                       "--kfpkg/--kmodel/--flash")
+
+
 def _add_detector(recipe, flash: Path):
     """A recipe whose [decode] names a `detector` (face_recognition: detect -> crop -> embed)
-    gets that model written too, at `detector_address`: out/zoo/NAME.kmodel if built, else for
-    face_detect the testdata face model."""
+    gets that model written too, at `detector_address`."""
     from tl2k210.maixpy import board
     dec = (recipe.decode or {}) if recipe else {}
     name, address = dec.get("detector"), dec.get("detector_address")
@@ -96,33 +154,10 @@ def _add_detector(recipe, flash: Path):
     board.flash_kmodel(km, flash, int(address), fresh=False)
 
 
-def _main_flash(args, recipe, key, tmp: Path) -> Path:
-    from tl2k210.maixpy import board
-    address = args.address or (recipe.flash_address if recipe else 0x300000)
-    if args.flash:
-        if not Path(args.flash).is_file():
-            raise Tl2k210Error(f"no flash image {args.flash}")
-        return Path(args.flash)
-    if args.kmodel:
-        return board.flash_kmodel(args.kmodel, tmp / "flash.bin", address)
-    pkg = Path(args.kfpkg) if args.kfpkg else Path("out/zoo") / f"{key}.kfpkg"
-    if pkg.is_file():
-        return board.flash_kfpkg(pkg, tmp / "flash.bin")
-    if args.kfpkg:
-        raise Tl2k210Error(f"no package {pkg}")
-    if key == "face_detect":
-        fallback = TESTDATA / "kfpkg" / "face_model_at_0x300000.kfpkg"
-        if fallback.is_file():
-            return board.flash_kfpkg(fallback, tmp / "flash.bin")
-        km = TESTDATA / "kmodels" / "facedetect_320x240_v3.kmodel"
-        if km.is_file():
-            return board.flash_kmodel(km, tmp / "flash.bin", address)
-    raise Tl2k210Error(f"no model for {key}: build it (`tl2k210 zoo build {key}`) or pass "
-                       "--kfpkg/--kmodel/--flash")
-
-
 def _sd_for(args, recipe, tmp: Path):
     if args.sd:
+        if not Path(args.sd).is_dir():
+            raise Tl2k210Error(f"no SD folder {args.sd}")
         return Path(args.sd)
     labels = (recipe.decode or {}).get("labels") if recipe else None
     if isinstance(labels, str):
@@ -145,15 +180,19 @@ def _check_paths(args, script, out: Path):
         if not Path(img).is_file():
             raise Tl2k210Error(f"no image {img}")
         open_image(img)
-    for flag in ("flash", "kfpkg", "kmodel"):
-        if getattr(args, flag):
-            check_readable(getattr(args, flag), f"--{flag}")
+    kmodels = [_kmodel_arg(k)[0] for k in args.kmodel]
+    for flag, paths in (("flash", [args.flash] if args.flash else []), ("kfpkg", args.kfpkg or []),
+                        ("kmodel", kmodels)):
+        for path in paths:
+            check_readable(path, f"--{flag}")
     if args.flash and os.path.getsize(args.flash) != 16 << 20:
         raise Tl2k210Error(f"--flash {args.flash} is {os.path.getsize(args.flash)} bytes, not a "
                            "16 MiB flash image; pass --kfpkg or --kmodel to build one")
-    if args.sd:
-        check_readable(args.sd, "--sd", folder=True)
-    inputs = [script, *args.image, args.flash, args.kfpkg, args.kmodel]
+    for flag in ("sd", "flash_fs"):
+        if getattr(args, flag):
+            check_readable(getattr(args, flag), "--" + flag.replace("_", "-"), folder=True)
+    inputs = [script if script.is_file() else None, *args.image, args.flash, *(args.kfpkg or []),
+              *kmodels]
     if out.suffix.lower() == ".png":
         check_outputs([("--out", out)], inputs)
         for i in inputs:       # the later frames go to OUT-1.png, OUT-2.png ...
@@ -168,20 +207,52 @@ def _check_paths(args, script, out: Path):
 
 
 def cmd_demo(args) -> int:
-    from tl2k210.maixpy.runner import run_script
-    script, recipe, key = resolve(args.name)
+    from tl2k210.maixpy import board as _board
+    from tl2k210.maixpy.runner import run_folder, run_script
+    target, recipe, key = resolve(args.name)
     out = Path(args.out) if args.out else Path("out/demo") / f"{key}.png"
-    _check_paths(args, script, out)
-    with tempfile.TemporaryDirectory(prefix="tl2k210-demo-") as tmp:
-        flash = _flash_for(args, recipe, key, Path(tmp))
-        sd = _sd_for(args, recipe, Path(tmp))
-        print(f"[host] {script} | flash {flash} | {len(args.image)} camera frame(s)", flush=True)
-        res = run_script(script, images=args.image, flash=flash, out=out, max_frames=args.frames,
-                         sd=sd, echo=True, raise_errors=False, button=args.press)
-    if res.error is not None:
+    _check_paths(args, target, out)
+
+    def _term(signum, frame):
+        stop = _board.BoardStop("stopped by SIGTERM", "signal")
+        try:
+            _board.current().stop_reason = stop
+        except Exception:
+            pass
+        raise stop
+
+    old = signal.signal(signal.SIGTERM, _term)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tl2k210-demo-") as tmp:
+            folder = target.is_dir()
+            flash = _flash_for(args, recipe, key, Path(tmp), folder)
+            common = dict(images=args.image, flash=flash, out=out, max_frames=args.frames,
+                          echo=True, raise_errors=False, button=args.press, runtime=args.runtime,
+                          wall_clock=args.wall_clock, timeout=args.timeout or None,
+                          camera=args.camera)
+            print(f"[host] {target} | flash {flash or 'erased'} | {args.runtime} firmware | "
+                  f"{len(args.image)} camera frame(s) | board time "
+                  f"{'host' if args.wall_clock else 'virtual'}", flush=True)
+            if folder:
+                res = run_folder(target, fs=args.flash_fs, on="flash" if args.on_flash else "sd",
+                                 **common)
+            else:
+                res = run_script(target, sd=_sd_for(args, recipe, Path(tmp)), fs=args.flash_fs,
+                                 **common)
+    except _board.BoardStop:
+        print("[host] stopped by SIGTERM; temporary files removed", file=sys.stderr)
+        return 143
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    if res.error is not None and not res.printed:
         print(res.traceback, end="", file=sys.stderr)
     for note in res.notes:
         print(f"[host] note: {note}", file=sys.stderr)
-    if res.pngs:
-        print(f"[host] LCD: {', '.join(str(p) for p in res.pngs)}")
-    return 1 if res.error is not None else 0
+    if res.stop in ("timeout", "reset", "signal", "host"):
+        print(f"[host] {res.stop_reason}", file=sys.stderr)
+    print(f"[host] {res.snapshots} camera frame(s), {len(res.frames)} LCD frame(s), board time "
+          f"{res.board_ms / 1000:.2f} s" + (f"; LCD: {', '.join(str(p) for p in res.pngs)}"
+                                           if res.pngs else ""))
+    if res.stop == "signal":
+        return 143
+    return 1 if res.error is not None or res.stop in ("timeout", "host") else 0

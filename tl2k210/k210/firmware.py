@@ -1,0 +1,57 @@
+"""THE table of K210 runtimes (firmware builds) a kmodel is deployed under: what each leaves for
+models, which kmodel versions it loads, its MicroPython heap. The compiler's `--runtime` check
+and the host MaixPy (`tl2k210 demo --runtime`, `kpu.load`, `gc.mem_free`) both read it.
+
+Sources: ../shared/docs/k210-flashing-and-maixpy.md §6.2 ("minimum firmware can hold a model of
+about 4 MB, full firmware about 2 MiB"), k210-kmodel-and-kpu.md §7, maixpy-api.md §2.3 (GC heap
+0x80000 -> 518 144-byte pool), §6.1 (V4 only in *_kmodel_v4* / full builds; minimum builds are
+V3-only, which the text of error 2002 tells). `model_budget` is what the system heap has free for
+kpu.load after boot: the kmodel file (copied to RAM) plus its main-memory buffers. Board reports
+vary with the build (maixpy-api.md §2.3: 1.3-2 MB on full builds); the figures are the docs'.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    model_budget: int          # bytes of system heap free for model file + main memory
+    kmodel_versions: tuple     # versions kpu.load accepts
+    gc_heap: int = 0x80000     # MicroPython GC heap (freq.conf default), 0 = not MicroPython
+    release: str = ""          # what a user flashes
+    maixpy: bool = True
+
+    @property
+    def gc_pool(self) -> int:
+        """Bytes gc.mem_free() + gc.mem_alloc() add up to: MicroPython 1.11 gc_init splits the
+        heap into the allocation table (2 bits a block), the finaliser table (1 bit a block) and
+        32-byte blocks: 0x80000 -> 4048 table bytes -> 16192 blocks = 518 144 bytes."""
+        atb = self.gc_heap * 8 // (8 + 8 * 4 // 8 + 8 * 4 * 32)
+        return atb * 4 * 32
+
+    def version_text(self) -> str:
+        """The 2002 message of this build."""
+        v = "V3/V4" if 4 in self.kmodel_versions else "V3"
+        return f"ERR_KMODEL_VERSION: only support kmodel {v} now"
+
+
+RUNTIMES = {r.name: r for r in (
+    Runtime("maixpy", 2 * MiB, (3, 4), release="maixpy_v0.6.2_*.bin (full build, kmodel V3 + V4)"),
+    Runtime("maixpy-minimum", 4 * MiB, (3,), release="maixpy_v0.6.2_*_minimum.bin (no V4 support)"),
+    Runtime("maixpy-minimum-v4", 4 * MiB, (3, 4),
+            release="maixpy_v0.6.2_*_minimum_with_kmodel_v4_support.bin"),
+    Runtime("sdk", 5 * MiB, (3, 4), gc_heap=0, maixpy=False,
+            release="kendryte-standalone-sdk application (6 MiB SRAM less code and stack)"),
+)}
+MAIXPY_RUNTIMES = tuple(n for n, r in RUNTIMES.items() if r.maixpy)
+
+
+def get(name: str) -> Runtime:
+    try:
+        return RUNTIMES[name]
+    except KeyError:
+        raise KeyError(f"unknown runtime {name!r}: choose from {', '.join(RUNTIMES)}") from None

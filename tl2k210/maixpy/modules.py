@@ -1,0 +1,533 @@
+"""The modules a MaixPy v1 board has (maixpy-api.md §2.2), built per Session.
+
+`BUILTIN` maps every importable name to a factory `f(session) -> module`. Names without the `u`
+prefix exist only where the port defines a weak link (binascii, collections, errno, heapq, json,
+os, random, re, struct, zlib, hashlib, time); `import io` fails as it does on a board (use
+`uio`). The core modules follow MicroPython 1.11's subset and differences:
+
+* sys: platform 'MaixPy', implementation (name='micropython', version=(0, 6, 2)), version
+  '3.4.0', print_exception(exc[, file]), exit, path, argv, modules, stdin/stdout/stderr; no
+  exc_info, no getsizeof;
+* time/utime: the board clock (timing.py): ticks_ms/us/cpu/diff/add, sleep (float seconds),
+  sleep_ms/us (ints only), time() = seconds since the RTC's 2000-01-01 at power-on, localtime,
+  mktime, clock() objects with tick/fps/avg/reset;
+* os/uos: the board's /flash and /sd (vfs.py); no os.sep, os.path, os.environ;
+* gc: mem_free/mem_alloc from the board heap (heap.py), collect() returns None;
+* uhashlib: sha256 only (update, digest; no hexdigest); ujson floats at single precision.
+"""
+from __future__ import annotations
+
+import array as _array
+import binascii as _binascii
+import cmath as _cmath
+import collections as _collections
+import errno as _errno
+import hashlib as _hashlib
+import heapq as _heapq
+import io as _io
+import json as _json
+import math as _math
+import random as _random
+import re as _re
+import struct as _struct
+import sys as _sys
+import threading as _threading
+import types
+import zlib as _zlib
+
+from tl2k210.maixpy import timing
+from tl2k210.maixpy.runtime import exc_line, mp_float, mp_str
+from tl2k210.maixpy.vfs import oserror
+
+BUILTIN = {}
+IMPORT_HINTS = {
+    "io": "MicroPython 1.11 on MaixPy has no weak link for io: `import uio` (this fails on a "
+          "board too)",
+    "select": "MaixPy is built without uselect", "uselect": "MaixPy is built without uselect",
+    "numpy": "numpy does not exist on MaixPy; the `ulab` module (a small numpy subset) does",
+    "os.path": "MicroPython's os has no os.path", "pathlib": "not a MicroPython module",
+    "typing": "not a MicroPython module", "datetime": "not a MicroPython module (use utime)",
+    "cv2": "OpenCV does not exist on MaixPy; the `image` module has the OpenMV filters",
+    "PIL": "PIL does not exist on MaixPy; use the `image` module",
+    "maix": "the CanMV `maix` module is a Canaan fork's API (kendryte/canmv), emulated here",
+}
+
+
+def builtin(*names):
+    def deco(fn):
+        for n in names:
+            BUILTIN[n] = fn
+        return fn
+    return deco
+
+
+def module(name, doc="", **attrs):
+    m = types.ModuleType(name, doc)
+    m.__dict__.update(attrs)
+    return m
+
+
+def _pick(src, names):
+    return {n: getattr(src, n) for n in names if hasattr(src, n)}
+
+
+def _board(s):
+    return s.board
+
+
+# ---------------------------------------------------------------------------------------------
+# builtins
+def make_builtins(s):
+    import builtins as py
+    b = dict(vars(py))
+    for gone in ("exit", "quit", "copyright", "credits", "license", "breakpoint", "memoryview2"):
+        b.pop(gone, None)
+    out = s.out
+
+    def _print(*args, sep=" ", end="\n", file=None, flush=False):
+        text = (" " if sep is None else str(sep)).join(mp_str(a) for a in args) + \
+               ("\n" if end is None else str(end))
+        (file or out).write(text)
+
+    def _open(file, mode="r", *args, **kw):
+        if isinstance(file, int):
+            raise oserror(_errno.EBADF)
+        return s.board.vfs.open(file, mode)
+
+    def _input(prompt=""):
+        out.write(str(prompt))
+        raise EOFError("the emulated board has no serial input (host)")
+
+    def _exec(source, globals=None, locals=None):
+        code = source if isinstance(source, types.CodeType) else s.compile(str(source), "<string>")
+        g = globals if globals is not None else _sys._getframe(1).f_globals
+        loc = locals if locals is not None else (_sys._getframe(1).f_locals if globals is None else g)
+        return py.exec(code, g, loc)
+
+    def _eval(source, globals=None, locals=None):
+        code = source if isinstance(source, types.CodeType) else s.compile(str(source), "<string>", "eval")
+        g = globals if globals is not None else _sys._getframe(1).f_globals
+        loc = locals if locals is not None else (_sys._getframe(1).f_locals if globals is None else g)
+        return py.eval(code, g, loc)
+
+    def _compile(source, filename, mode, *a, **k):
+        return s.compile(source if isinstance(source, str) else source.decode(), filename, mode)
+
+    def _help(obj=None):
+        out.write("Welcome to MicroPython on the Sipeed Maix (tl2k210 host emulation)!\n"
+                  if obj is None else f"object {obj!r} is of type {type(obj).__name__}\n")
+
+    b.update(print=_print, open=_open, input=_input, exec=_exec, eval=_eval, compile=_compile,
+             help=_help, __import__=s._import)
+    return b
+
+
+# ---------------------------------------------------------------------------------------------
+class _Implementation(tuple):
+    def __new__(cls):
+        return super().__new__(cls, ("micropython", (0, 6, 2)))
+
+    name = property(lambda self: self[0])
+    version = property(lambda self: self[1])
+
+    def __repr__(self):
+        return "(name='micropython', version=(0, 6, 2))"
+
+
+def make_sys(s):
+    def print_exception(exc, file=None):
+        if file is not None and not hasattr(file, "write"):
+            raise TypeError("stream operation not supported")
+        (file or s.out).write(s.format_exception(exc))
+
+    def _exit(code=0):
+        raise SystemExit(code)
+
+    return module("sys", "MicroPython sys (MaixPy)", path=[], argv=[], modules=s.modules,
+                  platform="MaixPy", implementation=_Implementation(), version="3.4.0",
+                  version_info=(3, 4, 0), byteorder="little", maxsize=2 ** 63 - 1,
+                  stdin=_io.StringIO(""), stdout=s.out, stderr=s.out,
+                  print_exception=print_exception, exit=_exit)
+
+
+@builtin("sys")
+def _sys_mod(s):
+    return s.sys
+
+
+@builtin("builtins")
+def _builtins_mod(s):
+    return module("builtins", "", **s.builtins)
+
+
+# ---------------------------------------------------------------------------------------------
+# time
+class clock:
+    """time.clock(): tick() / fps() / avg() with the firmware's rules (maixpy-api.md §2.4)."""
+
+    def __init__(self, board):
+        self._b = board
+        self.reset()
+
+    def _ms(self):
+        return self._b.clock.now_us() // 1000
+
+    def reset(self):
+        self.t_start, self.t_ticks, self.t_frame = 0, 0, 0
+        self._avg_ticks, self._avg_frames = 0, 0
+
+    def tick(self):
+        self.t_start = self._ms()
+
+    def fps(self):
+        self.t_frame += 1
+        dt = self._ms() - self.t_start
+        self.t_ticks += dt
+        self._avg_ticks += dt
+        self._avg_frames += 1
+        fps = float("inf") if self.t_ticks == 0 else 1000.0 / (self.t_ticks / self.t_frame)
+        if self.t_ticks >= 2000:
+            self.t_ticks, self.t_frame = 0, 0
+        return fps
+
+    def avg(self):
+        return float(self._avg_ticks) / max(1, self._avg_frames)
+
+    def __repr__(self):
+        return f"t_start:{self.t_start}, t_ticks:{self.t_ticks}, t_frame:{self.t_frame}\n"
+
+
+@builtin("utime", "time")
+def _time(s):
+    from tl2k210.maixpy.args import get_float, get_int
+    b = s.board
+    c = b.clock
+
+    def ticks_ms():
+        c.check()
+        return c.now_us() // 1000
+
+    def ticks_us():
+        c.check()
+        return c.now_us()
+
+    def ticks_cpu():
+        return c.now_us() * 400
+
+    def sleep(sec):
+        c.sleep(get_float(sec) * 1e6)
+
+    def sleep_ms(ms):
+        c.sleep(get_int(ms) * 1000)
+
+    def sleep_us(us):
+        c.sleep(get_int(us))
+
+    def _now():
+        return c.now_us() // 1_000_000
+
+    def localtime(secs=None):
+        import time as t
+        secs = _now() if secs is None else get_int(secs)
+        tm = t.gmtime(secs + 946684800)
+        return (tm.tm_year, tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                tm.tm_wday, tm.tm_yday)
+
+    def mktime(tup):
+        import calendar
+        if len(tup) not in (8, 9):
+            raise TypeError("mktime needs a tuple of length 8 or 9")
+        return calendar.timegm(tuple(tup[:6]) + (0, 0, 0)) - 946684800
+
+    def set_time(tup):
+        return True
+
+    return module("utime", "MicroPython utime on the board clock (tl2k210/maixpy/timing.py)",
+                  ticks_ms=ticks_ms, ticks_us=ticks_us, ticks_cpu=ticks_cpu, ticks=ticks_ms,
+                  ticks_diff=lambda a, b: get_int(a) - get_int(b),
+                  ticks_add=lambda a, b: get_int(a) + get_int(b),
+                  sleep=sleep, sleep_ms=sleep_ms, sleep_us=sleep_us, time=_now,
+                  localtime=localtime, mktime=mktime, set_time=set_time,
+                  clock=lambda: clock(b))
+
+
+# ---------------------------------------------------------------------------------------------
+@builtin("uos", "os")
+def _os(s):
+    v = s.board.vfs
+
+    def uname():
+        return _Uname()
+
+    def urandom(n):
+        import os
+        return os.urandom(n)
+
+    def ilistdir(path=None):
+        return v.ilistdir(path)
+
+    def mount(*a, **k):
+        raise oserror(_errno.EPERM)
+
+    def flash_format():
+        s.board.note("os.flash_format(): the host /flash folder is left as it is", "format")
+
+    return module("uos", "MicroPython uos over the board's /flash and /sd (vfs.py)",
+                  uname=uname, urandom=urandom, ilistdir=ilistdir, listdir=v.listdir,
+                  mkdir=v.mkdir, rmdir=v.rmdir, chdir=v.chdir, getcwd=v.getcwd, remove=v.remove,
+                  rename=v.rename, stat=v.stat, statvfs=v.statvfs, sync=lambda: None,
+                  mount=mount, umount=mount, set_REPLio=lambda *a: None, dupterm=lambda *a: None,
+                  flash_format=flash_format, VfsSpiffs=object, VfsFat=object)
+
+
+class _Uname(tuple):
+    _f = ("sysname", "nodename", "release", "version", "machine")
+
+    def __new__(cls):
+        return super().__new__(cls, ("MaixPy", "MaixPy", "0.6.2", "v0.6.2-0-tl2k210 on 2020-12-16",
+                                     "Sipeed_M1 with kendryte-k210"))
+
+    def __getattr__(self, k):
+        if k in self._f:
+            return self[self._f.index(k)]
+        raise AttributeError(k)
+
+    def __repr__(self):
+        return "(" + ", ".join(f"{k}='{v}'" for k, v in zip(self._f, self)) + ")"
+
+
+# ---------------------------------------------------------------------------------------------
+@builtin("gc")
+def _gc(s):
+    import gc as pygc
+    state = {"on": True, "threshold": -1}
+
+    def collect():
+        pygc.collect()
+        return None
+
+    def threshold(n=None):
+        if n is None:
+            return state["threshold"]
+        state["threshold"] = n
+
+    return module("gc", "MicroPython gc: the board's GC heap (heap.py)", collect=collect,
+                  mem_free=lambda: s.board.gc.free(),
+                  mem_alloc=lambda: s.board.gc.used,
+                  enable=lambda: state.update(on=True), disable=lambda: state.update(on=False),
+                  isenabled=lambda: state["on"], threshold=threshold)
+
+
+@builtin("micropython")
+def _micropython(s):
+    def mem_info(verbose=None):
+        h = s.board.gc
+        s.out.write(f"stack: 2048 out of 16384\nGC: total: {h.pool}, used: {h.used}, "
+                    f"free: {h.free()}\n")
+
+    ident = lambda f: f   # noqa: E731
+    return module("micropython", "", const=lambda x: x, opt_level=lambda *a: 0, mem_info=mem_info,
+                  qstr_info=lambda *a: None, stack_use=lambda: 2048, heap_lock=lambda: None,
+                  heap_unlock=lambda: None, kbd_intr=lambda c: None,
+                  schedule=lambda f, a: f(a), alloc_emergency_exception_buf=lambda n: None,
+                  native=ident, viper=ident, asm_thumb=ident)
+
+
+# ---------------------------------------------------------------------------------------------
+# io
+@builtin("uio")
+def _uio(s):
+    return module("uio", "MicroPython uio", StringIO=_io.StringIO, BytesIO=_io.BytesIO,
+                  open=s.builtins["open"], FileIO=_io.FileIO, TextIOWrapper=_io.TextIOWrapper,
+                  IOBase=_io.IOBase)
+
+
+@builtin("ujson", "json")
+def _ujson(s):
+    def _fix(o):
+        if isinstance(o, float):
+            return _F32(o)
+        if isinstance(o, list):
+            return [_fix(x) for x in o]
+        if isinstance(o, tuple):
+            return [_fix(x) for x in o]
+        if isinstance(o, dict):
+            return {k: _fix(v) for k, v in o.items()}
+        return o
+
+    def dumps(obj):
+        return _json.dumps(_fix(obj))
+
+    def dump(obj, stream):
+        stream.write(dumps(obj))
+
+    def loads(text):
+        if isinstance(text, (bytes, bytearray)):
+            text = text.decode()
+        try:
+            return _json.loads(text)
+        except ValueError:
+            raise ValueError("syntax error in JSON") from None
+
+    def load(stream):
+        return loads(stream.read())
+
+    return module("ujson", "", dumps=dumps, dump=dump, loads=loads, load=load)
+
+
+class _F32(float):
+    def __repr__(self):
+        return mp_float(self)
+
+
+@builtin("ustruct", "struct")
+def _ustruct(s):
+    return module("ustruct", "", **_pick(_struct, ("pack", "unpack", "calcsize", "pack_into",
+                                                   "unpack_from")))
+
+
+@builtin("ubinascii", "binascii")
+def _ubinascii(s):
+    def hexlify(data, sep=None):
+        h = _binascii.hexlify(bytes(data))
+        if sep:
+            sep = sep.encode() if isinstance(sep, str) else bytes(sep)
+            h = sep.join(h[i:i + 2] for i in range(0, len(h), 2))
+        return h
+
+    return module("ubinascii", "", hexlify=hexlify, unhexlify=_binascii.unhexlify,
+                  a2b_base64=_binascii.a2b_base64, b2a_base64=_binascii.b2a_base64,
+                  crc32=_binascii.crc32)
+
+
+class sha256:
+    """uhashlib.sha256 (MaixPy's build: sha256 only; update and digest, no hexdigest)."""
+
+    def __init__(self, data=b""):
+        self._h = _hashlib.sha256()
+        if data:
+            self.update(data)
+
+    def update(self, data):
+        self._h.update(data.encode() if isinstance(data, str) else bytes(data))
+
+    def digest(self):
+        return self._h.digest()
+
+
+@builtin("uhashlib", "hashlib")
+def _uhashlib(s):
+    return module("uhashlib", "MaixPy uhashlib: sha256 only", sha256=sha256)
+
+
+@builtin("ure", "re")
+def _ure(s):
+    return module("ure", "", **_pick(_re, ("compile", "match", "search", "sub", "split")),
+                  DEBUG=0)
+
+
+@builtin("ucollections", "collections")
+def _ucollections(s):
+    def deque(iterable, maxlen, flags=0):
+        return _collections.deque(iterable, maxlen)
+
+    return module("ucollections", "", namedtuple=_collections.namedtuple,
+                  OrderedDict=_collections.OrderedDict, deque=deque)
+
+
+@builtin("uerrno", "errno")
+def _uerrno(s):
+    names = ("EPERM", "ENOENT", "EIO", "EBADF", "EAGAIN", "ENOMEM", "EACCES", "EEXIST", "ENODEV",
+             "EISDIR", "EINVAL", "EOPNOTSUPP", "EADDRINUSE", "ECONNABORTED", "ECONNRESET",
+             "ENOBUFS", "ENOTCONN", "ETIMEDOUT", "ECONNREFUSED", "EHOSTUNREACH", "EALREADY",
+             "EINPROGRESS")
+    attrs = {n: getattr(_errno, n) for n in names if hasattr(_errno, n)}
+    return module("uerrno", "", errorcode={v: k for k, v in attrs.items()}, **attrs)
+
+
+@builtin("math")
+def _m(s):
+    return module("math", "", **{k: v for k, v in vars(_math).items() if not k.startswith("_")})
+
+
+@builtin("cmath")
+def _cm(s):
+    return module("cmath", "", **{k: v for k, v in vars(_cmath).items() if not k.startswith("_")})
+
+
+@builtin("urandom", "random")
+def _urandom(s):
+    r = _random.Random(0)
+    return module("urandom", "", getrandbits=r.getrandbits, seed=r.seed, randint=r.randint,
+                  randrange=r.randrange, choice=r.choice, random=r.random, uniform=r.uniform)
+
+
+@builtin("uheapq", "heapq")
+def _uheapq(s):
+    return module("uheapq", "", heappush=_heapq.heappush, heappop=_heapq.heappop,
+                  heapify=_heapq.heapify)
+
+
+@builtin("uzlib", "zlib")
+def _uzlib(s):
+    def decompress(data, wbits=15, bufsize=0):
+        return _zlib.decompress(bytes(data), wbits)
+
+    return module("uzlib", "", decompress=decompress)
+
+
+@builtin("array")
+def _arr(s):
+    return module("array", "", array=_array.array)
+
+
+@builtin("_thread")
+def _thread(s):
+    def start_new_thread(fn, args, kwargs=None):
+        b = s.board
+
+        def run():
+            from tl2k210.maixpy import board as _b
+            _b.install(b)
+            try:
+                fn(*args, **(kwargs or {}))
+            except SystemExit:
+                pass
+            except Exception as exc:
+                s.out.write("Unhandled exception in thread started by %r\n%s" %
+                            (fn, s.format_exception(exc)))
+        t = _threading.Thread(target=run, daemon=True)
+        t.start()
+        return t.ident
+
+    return module("_thread", "", start_new_thread=start_new_thread,
+                  allocate_lock=_threading.Lock, get_ident=_threading.get_ident,
+                  stack_size=lambda *a: 0)
+
+
+@builtin("ucryptolib")
+def _ucryptolib(s):
+    class aes:
+        def __init__(self, *a, **k):
+            s.board.note("ucryptolib.aes is not emulated on the host", "aes")
+            raise OSError(_errno.EOPNOTSUPP, "EOPNOTSUPP")
+    return module("ucryptolib", "", aes=aes)
+
+
+# the MaixPy modules proper (their factories live with their implementations)
+def _lazy(modname, attr="make_module"):
+    def factory(s):
+        import importlib
+        return getattr(importlib.import_module(modname), attr)(s)
+    return factory
+
+
+for _name, _mod in (("image", "tl2k210.maixpy.image"), ("sensor", "tl2k210.maixpy.sensor"),
+                    ("lcd", "tl2k210.maixpy.lcd"), ("KPU", "tl2k210.maixpy.KPU"),
+                    ("maix", "tl2k210.maixpy.canmv")):
+    BUILTIN[_name] = _lazy(_mod)
+for _name in ("machine", "Maix", "board", "fpioa_manager", "audio", "network", "usocket",
+              "socket", "ulab", "modules", "video", "touchscreen", "ide_debug"):
+    BUILTIN[_name] = _lazy("tl2k210.maixpy.periph", "make_" + _name)
+
+__all__ = ["BUILTIN", "make_builtins", "make_sys", "exc_line"]

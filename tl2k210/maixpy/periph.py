@@ -1,0 +1,590 @@
+"""Board peripherals and the frozen MaixPy modules: `machine`, `Maix`, `board`, `fpioa_manager`,
+`audio`, `network`/`usocket`, `ulab` (maixpy-api.md §2.6).
+
+What a script writes to the hardware is recorded on the board, so tests can assert on it:
+GPIO output writes (`board.gpio_log`: (ms, gpio, value)), UART bytes (`board.uart_log`), PWM
+duties. Inputs: a GPIO routed (fm.register) from pin 16 (the BOOT key) reads the scripted button
+(`button=[frames]`: pressed = 0 while those camera frames are the latest); other inputs read
+their pull level. Audio playback advances the board clock by the WAV's duration.
+Argument rules: GPIO, UART, Timer, PWM, I2C, SPI use mp_arg_parse_all (unknown keywords raise
+TypeError "extra keyword arguments given").
+"""
+from __future__ import annotations
+
+import json
+
+from tl2k210.maixpy.args import REQUIRED, get_float, get_int, parse_all
+from tl2k210.maixpy.modules import module
+from tl2k210.maixpy.vfs import oserror
+
+# K210 FPIOA function numbers (kendryte-standalone-sdk fpioa.h order)
+_FUNCS = (["JTAG_TCLK", "JTAG_TDI", "JTAG_TMS", "JTAG_TDO"] + [f"SPI0_D{i}" for i in range(8)]
+          + [f"SPI0_SS{i}" for i in range(4)] + ["SPI0_ARB", "SPI0_SCLK", "UARTHS_RX", "UARTHS_TX",
+                                                 "RESV6", "RESV7", "CLK_SPI1", "CLK_I2C1"]
+          + [f"GPIOHS{i}" for i in range(32)] + [f"GPIO{i}" for i in range(8)]
+          + ["UART1_RX", "UART1_TX", "UART2_RX", "UART2_TX", "UART3_RX", "UART3_TX"]
+          + [f"SPI1_D{i}" for i in range(8)] + [f"SPI1_SS{i}" for i in range(4)]
+          + ["SPI1_ARB", "SPI1_SCLK", "SPI_SLAVE_D0", "SPI_SLAVE_SS", "SPI_SLAVE_SCLK"]
+          + [f"I2S{k}_{n}" for k in range(3) for n in
+             ["MCLK", "SCLK", "WS"] + [f"IN_D{i}" for i in range(4)] + [f"OUT_D{i}" for i in range(4)]]
+          + [f"RESV{i}" for i in range(6)]
+          + ["I2C0_SCLK", "I2C0_SDA", "I2C1_SCLK", "I2C1_SDA", "I2C2_SCLK", "I2C2_SDA",
+             "CMOS_XCLK", "CMOS_RST", "CMOS_PWDN", "CMOS_VSYNC", "CMOS_HREF", "CMOS_PCLK"]
+          + [f"CMOS_D{i}" for i in range(8)] + ["SCCB_SCLK", "SCCB_SDA"]
+          + [f"UART{u}_{n}" for u in (1, 2, 3) for n in
+             ("CTS", "DSR", "DCD", "RI", "SIR_IN", "DTR", "RTS", "OUT2", "OUT1", "SIR_OUT", "BAUD",
+              "RE", "DE", "RS485_EN")]
+          + [f"TIMER{t}_TOGGLE{i}" for t in range(3) for i in range(1, 5)]
+          + ["CLK_SPI2", "CLK_I2C2"])
+FUNC = {n: i for i, n in enumerate(_FUNCS)}
+BOOT_PIN = 16
+
+
+def _fpioa_state(b):
+    if not hasattr(b, "fpioa"):
+        b.fpioa = {}          # function number -> pin
+    return b.fpioa
+
+
+class FPIOA:
+    locals().update(FUNC)
+
+    def __init__(self):
+        from tl2k210.maixpy import board as _b
+        self._b = _b.current()
+
+    def set_function(self, pin, func):
+        _fpioa_state(self._b)[get_int(func)] = get_int(pin)
+        return True
+
+    def get_Pin_num(self, func):
+        return _fpioa_state(self._b).get(get_int(func))
+
+    def help(self, *a):
+        return None
+
+
+class GPIO:
+    """Maix.GPIO(id, mode=IN, pull=PULL_NONE, *, value=)."""
+    IN, OUT = 0, 3
+    PULL_NONE, PULL_DOWN, PULL_UP = 0, 1, 2
+    IRQ_NONE, IRQ_RISING, IRQ_FALLING, IRQ_BOTH = 0, 1, 2, 3
+    WAKEUP_NOT_SUPPORT = 0
+    locals().update({f"GPIOHS{i}": i for i in range(32)})
+    locals().update({f"GPIO{i}": 32 + i for i in range(8)})
+
+    def __init__(self, *args, **kwargs):
+        from tl2k210.maixpy import board as _b
+        a = parse_all(args, kwargs, [("id", REQUIRED), ("mode", 0), ("pull", 0), ("*value", None)])
+        self._b = _b.current()
+        self._id, self._mode, self._pull = get_int(a["id"]), get_int(a["mode"]), get_int(a["pull"])
+        if not 0 <= self._id < 40:
+            raise ValueError("GPIO id error")
+        if self._mode == self.OUT and self._pull != self.PULL_NONE:
+            raise ValueError("When this pin is in output mode, it is not allowed to pull up and down.")
+        self._out = 0 if a["value"] is None else int(bool(a["value"]))
+        self._irq = None
+
+    def _pin(self):
+        func = FUNC[f"GPIOHS{self._id}"] if self._id < 32 else FUNC[f"GPIO{self._id - 32}"]
+        return _fpioa_state(self._b).get(func)
+
+    def value(self, *v):
+        if v:
+            self._out = int(bool(get_int(v[0])))
+            self._b.gpio_log.append((self._b.clock.now_us() // 1000, self._id, self._out))
+            return None
+        if self._mode == self.OUT:
+            return self._out
+        if self._pin() == BOOT_PIN:
+            return 0 if self._b.button_down() else 1
+        return 1 if self._pull == self.PULL_UP else 0
+
+    def irq(self, *args, **kwargs):
+        a = parse_all(args, kwargs, [("handler", None), ("trigger", self.IRQ_BOTH), ("wake", 0),
+                                     ("priority", 7)])
+        self._irq = a["handler"]
+        self._b.note("GPIO.irq: interrupt handlers are registered but never called on the host "
+                     "(no pin edges are emulated)", "gpio-irq")
+
+    def disirq(self):
+        self._irq = None
+
+    def mode(self, *m):
+        if m:
+            self._mode = get_int(m[0])
+        return self._mode
+
+
+class I2S:
+    DEVICE_0, DEVICE_1, DEVICE_2 = 0, 1, 2
+    CHANNEL_0, CHANNEL_1, CHANNEL_2, CHANNEL_3 = 0, 1, 2, 3
+    IGNORE_MODE, STANDARD_MODE, RIGHT_JUSTIFYING_MODE, LEFT_JUSTIFYING_MODE = 0, 1, 2, 4
+    RESOLUTION_12_BIT, RESOLUTION_16_BIT, RESOLUTION_20_BIT, RESOLUTION_24_BIT, \
+        RESOLUTION_32_BIT = 1, 2, 3, 4, 5
+    SCLK_CYCLES_16, SCLK_CYCLES_24, SCLK_CYCLES_32 = 0, 1, 2
+    TRANSMITTER, RECEIVER = 0, 1
+
+    def __init__(self, *args, **kwargs):
+        a = parse_all(args, kwargs, [("device_num", REQUIRED), ("pll2", 0), ("mclk", 0)])
+        self.device, self.rate = get_int(a["device_num"]), 16000
+
+    def channel_config(self, *args, **kwargs):
+        parse_all(args, kwargs, [("channel", REQUIRED), ("mode", REQUIRED), ("resolution", 2),
+                                 ("cycles", 2), ("align_mode", 1)])
+
+    def set_sample_rate(self, rate):
+        self.rate = get_int(rate)
+
+    def play(self, data):
+        from tl2k210.maixpy import board as _b
+        n = len(bytes(data)) // 2
+        _b.current().clock.advance(n * 1e6 / max(1, self.rate))
+
+    def record(self, points):
+        from tl2k210.maixpy import board as _b
+        _b.current().clock.advance(get_int(points) * 1e6 / max(1, self.rate))
+        return bytearray(2 * get_int(points))
+
+
+class _Anything:
+    """Accepts any attribute/call: peripherals the host does not model (FFT, MIC_ARRAY...)."""
+
+    def __init__(self, name="obj"):
+        self._name = name
+
+    def __getattr__(self, item):
+        if item.startswith("__"):
+            raise AttributeError(item)
+        return _Anything(f"{self._name}.{item}")
+
+    def __call__(self, *a, **k):
+        return _Anything(f"{self._name}()")
+
+    def __int__(self):
+        return 0
+
+    __index__ = __int__
+
+    def __repr__(self):
+        return f"<{self._name}>"
+
+
+def make_Maix(s):
+    b = s.board
+    state = {"cpu": 400_000_000, "pll1": 400_000_000}
+
+    def freq_get():
+        return (state["cpu"] // 1_000_000, state["pll1"] // 1_000_000)
+
+    def freq_set(*args, **kwargs):
+        a = parse_all(args, kwargs, [("cpu", 400), ("pll1", 400), ("kpu_div", 1)])
+        b.note("Maix.freq.set: the host keeps the latency model at 400 MHz (cost.py) and does "
+               "not reset the board", "freq")
+        state.update(cpu=get_int(a["cpu"]) * 1_000_000)
+
+    utils = module("Maix.utils", "", gc_heap_size=lambda *n: b.runtime.gc_heap,
+                   heap_free=lambda: b.sys_free,
+                   flash_read=lambda addr, n: b.read_flash(get_int(addr), get_int(n)))
+    m = module("machine", "MaixPy Maix (its __name__ is 'machine' on a board)", GPIO=GPIO,
+               FPIOA=FPIOA, I2S=I2S, Audio=make_audio(s).Audio, FFT=_Anything("FFT"),
+               MIC_ARRAY=_Anything("MIC_ARRAY"),
+               freq=module("freq", "", get=freq_get, set=freq_set,
+                           get_cpu=lambda: state["cpu"] // 1_000_000,
+                           get_kpu=lambda: state["pll1"] // 1_000_000),
+               utils=utils, config=module("config", "", get_value=lambda k, d=None: d))
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+class UART:
+    UART1, UART2, UART3, UARTHS = 0, 1, 2, 3
+
+    def __init__(self, *args, **kwargs):
+        from tl2k210.maixpy import board as _b
+        a = parse_all(args, kwargs, [("uart", REQUIRED), ("baudrate", 115200), ("bits", 8),
+                                     ("parity", None), ("stop", 1), ("*timeout", 1000),
+                                     ("*read_buf_len", 4096), ("*ide", False), ("*from_ide", True)])
+        self._b, self.id = _b.current(), get_int(a["uart"])
+        self.baud = get_int(a["baudrate"])
+
+    def init(self, *args, **kwargs):
+        a = parse_all(args, kwargs, [("baudrate", 115200), ("bits", 8), ("parity", None),
+                                     ("stop", 1), ("*timeout", 1000), ("*read_buf_len", 4096),
+                                     ("*ide", False), ("*from_ide", True)])
+        self.baud = get_int(a["baudrate"])
+
+    def write(self, data):
+        data = data.encode() if isinstance(data, str) else bytes(data)
+        self._b.uart_log.setdefault(self.id, bytearray()).extend(data)
+        self._b.clock.advance(len(data) * 10 * 1e6 / max(1, self.baud))
+        return len(data)
+
+    def read(self, n=None):
+        return None
+
+    readline = read
+
+    def readinto(self, buf, n=None):
+        return None
+
+    def any(self):
+        return 0
+
+    def deinit(self):
+        pass
+
+    @staticmethod
+    def repl_uart():
+        return UART(UART.UARTHS, 115200)
+
+
+class Timer:
+    TIMER0, TIMER1, TIMER2 = 0, 1, 2
+    CHANNEL0, CHANNEL1, CHANNEL2, CHANNEL3 = 0, 1, 2, 3
+    MODE_ONE_SHOT, MODE_PERIODIC, MODE_PWM = 0, 1, 2
+    UNIT_S, UNIT_MS, UNIT_US, UNIT_NS = 0, 1, 2, 3
+
+    def __init__(self, *args, **kwargs):
+        from tl2k210.maixpy import board as _b
+        a = parse_all(args, kwargs, [("id", REQUIRED), ("channel", REQUIRED), ("*mode", 0),
+                                     ("*period", 1000), ("*unit", 1), ("*callback", None),
+                                     ("*arg", None), ("*start", True), ("*priority", 1),
+                                     ("*div", 0)])
+        self.id, self.channel, self.mode = a["id"], a["channel"], a["mode"]
+        if a["callback"] is not None:
+            _b.current().note("machine.Timer: callbacks are never called on the host", "timer-cb")
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def restart(self):
+        pass
+
+    def deinit(self):
+        pass
+
+    def period(self, *p):
+        return 1000
+
+    def callback(self, *c):
+        return None
+
+
+class PWM:
+    def __init__(self, *args, **kwargs):
+        from tl2k210.maixpy import board as _b
+        a = parse_all(args, kwargs, [("timer", REQUIRED), ("freq", 1000), ("duty", 50),
+                                     ("pin", REQUIRED), ("enable", True)])
+        self._b = _b.current()
+        self.pin, self._freq = get_int(a["pin"]), get_float(a["freq"])
+        self.duty(a["duty"])
+
+    def duty(self, *d):
+        if d:
+            self._duty = get_float(d[0])
+            self._b.__dict__.setdefault("pwm_log", []).append(
+                (self._b.clock.now_us() // 1000, self.pin, self._duty))
+            return None
+        return self._duty
+
+    def freq(self, *f):
+        if f:
+            self._freq = get_float(f[0])
+        return self._freq
+
+    def enable(self):
+        pass
+
+    def disable(self):
+        pass
+
+    def deinit(self):
+        pass
+
+
+class I2C:
+    I2C0, I2C1, I2C2 = 0, 1, 2
+    MODE_MASTER, MODE_SLAVE = 0, 1
+
+    def __init__(self, *args, **kwargs):
+        a = parse_all(args, kwargs, [("id", REQUIRED), ("mode", 0), ("scl", None), ("sda", None),
+                                     ("freq", 400000), ("timeout", 1000), ("addr", 0),
+                                     ("addr_size", 7), ("on_receive", None),
+                                     ("on_transmit", None), ("on_event", None)])
+        self.id = a["id"]
+
+    def scan(self):
+        return []
+
+    def _nodev(self, *a, **k):
+        raise OSError(5, "EIO")       # no device answers on the emulated bus
+
+    readfrom = readfrom_into = writeto = readfrom_mem = readfrom_mem_into = writeto_mem = _nodev
+
+    def deinit(self):
+        pass
+
+
+class SPI:
+    SPI0, SPI1, SPI2, SPI_SOFT = 0, 1, 2, 3
+    MODE_MASTER, MODE_MASTER_2, MODE_MASTER_4, MODE_MASTER_8, MODE_SLAVE = 0, 1, 2, 3, 4
+    MSB, LSB = 0, 1
+
+    def __init__(self, *args, **kwargs):
+        self.args = args
+
+    def write(self, *a, **k):
+        return None
+
+    def read(self, n, *a, **k):
+        return bytes(get_int(n))
+
+    def readinto(self, buf, *a, **k):
+        return None
+
+    def write_readinto(self, w, r, *a, **k):
+        return None
+
+    def deinit(self):
+        pass
+
+
+class WDT:
+    def __init__(self, *args, **kwargs):
+        a = parse_all(args, kwargs, [("id", 0), ("timeout", 5000), ("callback", None),
+                                     ("context", None)])
+        from tl2k210.maixpy import board as _b
+        _b.current().note("machine.WDT: the host watchdog is --timeout; WDT.feed() is a no-op",
+                          "wdt")
+
+    def feed(self):
+        pass
+
+    def stop(self):
+        pass
+
+
+def make_machine(s):
+    b = s.board
+
+    def reset():
+        b.stop("machine.reset() called: the board would reboot", "reset")
+
+    return module("machine", "MaixPy machine (no Pin, RTC or freq: those are Maix.*)",
+                  UART=UART, Timer=Timer, PWM=PWM, I2C=I2C, SPI=SPI, WDT=WDT,
+                  SDCard=_Anything("SDCard"), reset=reset, reset_cause=lambda: 0,
+                  unique_id=lambda: bytes(32), PWRON_RESET=0, HARD_RESET=1, WDT_RESET=2,
+                  DEEPSLEEP_RESET=3, SOFT_RESET=4)
+
+
+# ---------------------------------------------------------------------------------------------
+def make_board(s):
+    """board.board_info from the "board_info" key of /flash/config.json (maixpy-api.md §2.6)."""
+    info = None
+    try:
+        with s.board.vfs.open("/flash/config.json", "r") as f:
+            info = json.loads(f.read()).get("board_info")
+    except (OSError, ValueError):
+        info = None
+
+    class board_info:
+        BOOT_KEY = 16
+
+        @classmethod
+        def set(cls, key, value=None):
+            setattr(cls, key, value)
+
+        @classmethod
+        def all(cls):
+            return [k for k in dir(cls) if not k.startswith("_")]
+
+        @classmethod
+        def load(cls, __map__={}):
+            for k, v in __map__.items():
+                setattr(cls, k, v)
+
+    if isinstance(info, dict):
+        board_info.load(info)
+    else:
+        s.out.write("[Warning] Not loaded from /flash/config.json to board_info.\n")
+    return module("board", "MaixPy frozen board.py", board_info=board_info)
+
+
+def make_fpioa_manager(s):
+    b = s.board
+    fpioa = FPIOA()
+
+    class fm:
+        pass
+
+    fm.fpioa = fpioa
+    fm.board_info = s.import_module("board").board_info
+
+    def register(pin, function, force=True):
+        pin, function = get_int(pin), get_int(function)
+        st = _fpioa_state(b)
+        if function in st and st[function] != pin:
+            s.out.write(f"[Warning] function is used by fm({function}, pin={st[function]})\n")
+            if not force:
+                raise ValueError(f"function {function} is already used by pin {st[function]}")
+        for f, p in list(st.items()):
+            if p == pin:
+                del st[f]
+        st[function] = pin
+
+    def unregister(pin):
+        st = _fpioa_state(b)
+        for f, p in list(st.items()):
+            if p == get_int(pin):
+                del st[f]
+
+    fm.register = staticmethod(register)
+    fm.unregister = staticmethod(unregister)
+    fm.get_pin_by_function = staticmethod(lambda f: _fpioa_state(b).get(get_int(f)))
+    fm.get_gpio_used = staticmethod(lambda: [(p, f) for f, p in _fpioa_state(b).items()])
+    fm.help = staticmethod(lambda *a: None)
+    return module("fpioa_manager", "MaixPy frozen fpioa_manager.py", fm=fm,
+                  board_info=fm.board_info, FPIOA=FPIOA)
+
+
+def make_ide_debug(s):
+    return module("ide_debug", "")
+
+
+# ---------------------------------------------------------------------------------------------
+def make_audio(s):
+    b = s.board
+
+    class Audio:
+        """audio.Audio(path=WAV): play_process(i2s) parses the WAV, play() plays one chunk
+        (board time advances by its duration), 0 at the end."""
+
+        def __init__(self, *args, **kwargs):
+            a = parse_all(args, kwargs, [("*path", None), ("*is_create", False), ("*samplerate", 16000),
+                                         ("*points", 1024), ("*array", None)])
+            self.path, self._wav, self._pos, self._vol = a["path"], None, 0, 100
+            if self.path is not None:
+                self._data = b.vfs.read_bytes(self.path)
+
+        def play_process(self, i2s):
+            import io
+            import wave
+            try:
+                w = wave.open(io.BytesIO(self._data))
+            except (wave.Error, EOFError):
+                return None
+            self._wav, self._i2s = w, i2s
+            return [w.getnchannels(), w.getframerate(), w.getframerate() * w.getsampwidth(),
+                    w.getsampwidth() * w.getnchannels(), 8 * w.getsampwidth(), w.getnframes()]
+
+        def play(self):
+            if self._wav is None:
+                return None
+            frames = self._wav.readframes(1024)
+            if not frames:
+                return 0
+            n = len(frames) // (self._wav.getsampwidth() * self._wav.getnchannels())
+            b.clock.advance(n * 1e6 / max(1, self._wav.getframerate()))
+            return 1
+
+        def volume(self, v=None):
+            if v is not None:
+                self._vol = v
+            return self._vol
+
+        def finish(self):
+            self._wav = None
+
+        def record(self, *a):
+            return None
+
+        def to_bytes(self):
+            return bytes(self._data) if self.path else b""
+
+    return module("audio", "MaixPy audio (WAV playback on the board clock)", Audio=Audio)
+
+
+def _no_network(s, what):
+    s.board.note(f"{what}: there is no network on the emulated board", ("net", what))
+    return oserror(113)     # EHOSTUNREACH
+
+
+def make_network(s):
+    class _Net:
+        def __init__(self, *a, **k):
+            raise _no_network(s, "network")
+
+    return module("network", "", ESP32_SPI=_Net, ESP8285=_Net, WLAN=_Net, STA_IF=0, AP_IF=1)
+
+
+def make_usocket(s):
+    class socket:
+        def __init__(self, *a, **k):
+            pass
+
+        def connect(self, *a):
+            raise _no_network(s, "socket.connect")
+
+        def _net(self, *a, **k):
+            raise _no_network(s, "socket")
+
+        send = sendall = recv = sendto = recvfrom = bind = listen = accept = _net
+
+        def settimeout(self, t):
+            pass
+
+        def close(self):
+            pass
+
+    def getaddrinfo(*a, **k):
+        raise _no_network(s, "socket.getaddrinfo")
+
+    return module("usocket", "", socket=socket, getaddrinfo=getaddrinfo, AF_INET=2, SOCK_STREAM=1,
+                  SOCK_DGRAM=2, SOL_SOCKET=1, SO_REUSEADDR=4)
+
+
+make_socket = make_usocket
+
+
+def make_modules(s):
+    return module("modules", "MaixPy modules (ws2812, ultrasonic, htpa ...)",
+                  ws2812=_Anything("ws2812"), ultrasonic=_Anything("ultrasonic"),
+                  htpa=_Anything("htpa"))
+
+
+def make_video(s):
+    return module("video", "", open=_Anything("video.open"))
+
+
+def make_touchscreen(s):
+    return module("touchscreen", "", init=lambda *a, **k: None, read=lambda: (0, 0, 0),
+                  STATUS_IDLE=0, STATUS_RELEASE=1, STATUS_PRESS=2, STATUS_MOVE=3)
+
+
+# ---------------------------------------------------------------------------------------------
+def make_ulab(s):
+    """ulab (the MaixPy build's small numpy): arrays are numpy float32 arrays on the host."""
+    import numpy as np
+
+    def array(v, dtype=None):
+        return np.array(v, dtype=dtype or np.float32)
+
+    def _i(f):
+        return lambda a, *x, **k: int(f(np.asarray(a), *x, **k))
+
+    funcs = dict(array=array, zeros=lambda n, dtype=None: np.zeros(n, dtype or np.float32),
+                 ones=lambda n, dtype=None: np.ones(n, dtype or np.float32),
+                 eye=lambda n, dtype=None: np.eye(n, dtype=dtype or np.float32),
+                 linspace=lambda a, b, n=50, **k: np.linspace(a, b, n, dtype=np.float32),
+                 arange=lambda *a, **k: np.arange(*a).astype(np.float32),
+                 argmax=_i(np.argmax), argmin=_i(np.argmin), max=np.max, min=np.min, sum=np.sum,
+                 mean=np.mean, std=np.std, sort=np.sort, argsort=np.argsort, dot=np.dot,
+                 float=np.float32, uint8=np.uint8, int8=np.int8, uint16=np.uint16,
+                 int16=np.int16, sqrt=np.sqrt, exp=np.exp, log=np.log, sin=np.sin, cos=np.cos)
+    sub = module("ulab.numerical", "", **funcs)
+    return module("ulab", "ulab on the host (numpy float32 arrays)", numerical=sub, linalg=sub,
+                  vector=sub, numpy=sub, **funcs)

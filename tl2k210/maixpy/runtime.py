@@ -1,0 +1,460 @@
+"""A persistent emulated MaixPy board running MicroPython 1.11 code: `Session`.
+
+    s = Session(sd="card/", flash="flash.bin", runtime="maixpy", images=["a.jpg"])
+    s.boot()                      # _boot.py: cwd /sd (or /flash), sys.path; then boot.py, main.py
+    s.exec("import KPU as kpu\\ntask = kpu.load(0x300000)")
+    s.eval("task.model_size()")   # -> 388776
+    s.soft_reset()                # Ctrl-D: models freed, namespace and modules cleared, boot again
+    s.output()                    # what was printed (also streamed to `on_output`)
+    s.close()
+
+One `__main__` namespace persists across `exec`/`eval` calls (what a REPL or the IDE sees).
+Scripts get MicroPython's world, not CPython's: `import sys/time/os/...` resolve to the board's
+modules (the session's own `sys.modules`; the host interpreter's are untouched), user modules are
+imported from the board's cwd, /sd and /flash along `sys.path`, `print` and `open` are the board's,
+f-strings and `:=` are SyntaxErrors, tracebacks and exception texts are MicroPython's
+(`name 'x' isn't defined`, `OSError: [Errno 2] ENOENT`), floats print at single precision.
+
+Each executed line of board code costs timing.LINE_US of board time (virtual clock) and is where
+the watchdog (`timeout`) and host stops (camera out of photos, SIGTERM) are raised.
+"""
+from __future__ import annotations
+
+import builtins as _py_builtins
+import io
+import re
+import sys
+import tokenize
+import traceback
+import types
+
+from tl2k210.maixpy import board as _board
+from tl2k210.maixpy import heap as _heap
+from tl2k210.maixpy import timing
+
+FROZEN = ("board", "fpioa_manager", "_boot", "ide_debug")
+
+
+class BoardSyntaxError(SyntaxError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# MicroPython text forms
+def mp_float(x: float) -> str:
+    """MicroPython's float repr at single precision (mp_format_float 'g', 7 digits)."""
+    if x != x:
+        return "nan"
+    if x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    s = "%.7g" % x
+    if "e" in s:
+        mant, _, exp = s.partition("e")
+        s = f"{mant}e{exp[0]}{exp[1:].lstrip('0').zfill(2)}"
+    elif "." not in s:
+        s += ".0"
+    return s
+
+
+def mp_repr(v) -> str:
+    if isinstance(v, bool) or v is None:
+        return repr(v)
+    if isinstance(v, float):
+        return mp_float(v)
+    if isinstance(v, BaseException):
+        return f"{exc_name(v)}({', '.join(mp_repr(a) for a in v.args)})"
+    if type(v) in (list,) or (isinstance(v, list) and type(v).__name__ == "list"):
+        return "[" + ", ".join(mp_repr(a) for a in v) + "]"
+    if isinstance(v, tuple) and type(v).__name__ == "tuple":
+        if len(v) == 1:
+            return "(" + mp_repr(v[0]) + ",)"
+        return "(" + ", ".join(mp_repr(a) for a in v) + ")"
+    if type(v) is dict:
+        return "{" + ", ".join(f"{mp_repr(k)}: {mp_repr(a)}" for k, a in v.items()) + "}"
+    return repr(v)
+
+
+def mp_str(v) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, BaseException):
+        return exc_message(v)
+    if isinstance(v, (float, list, tuple, dict)):
+        return mp_repr(v)
+    return str(v)
+
+
+_MSG_RULES = [
+    (re.compile(r"^name '(.+)' is not defined.*$"), r"name '\1' isn't defined"),
+    (re.compile(r"^No module named '(.+)'$"), r"no module named '\1'"),
+    (re.compile(r"^module '.+' has no attribute '(.+)'$"), r"'module' object has no attribute '\1'"),
+    (re.compile(r"^(.*) is not (subscriptable|iterable|callable)$"), r"\1 isn't \2"),
+    (re.compile(r"^(integer |float )?division( or modulo)? by zero$"), "divide by zero"),
+    (re.compile(r"^float (division|modulo|divmod\(\))( by zero)?$"), "divide by zero"),
+    (re.compile(r"^unsupported operand type\(s\) for (.+): '(.+)' and '(.+)'$"),
+     r"unsupported types for \1: '\2', '\3'"),
+    (re.compile(r"^can only concatenate str \(not \"(.+)\"\) to str$"),
+     r"can't convert '\1' object to str implicitly"),
+    (re.compile(r"^max\(\) (arg|iterable argument) is an empty sequence$"), "arg is an empty sequence"),
+    (re.compile(r"^min\(\) (arg|iterable argument) is an empty sequence$"), "arg is an empty sequence"),
+    (re.compile(r"^(.+)\(\) takes (\d+) positional arguments? but (\d+) were given$"),
+     r"function takes \2 positional arguments but \3 were given"),
+    (re.compile(r"^(.+)\(\) missing (\d+) required positional arguments?: .*$"),
+     r"function missing \2 required positional arguments"),
+    (re.compile(r"^(.+)\(\) got an unexpected keyword argument '(.+)'$"),
+     r"unexpected keyword argument '\2'"),
+    (re.compile(r"^'(.+)' object has no attribute '(.+)'$"), r"'\1' object has no attribute '\2'"),
+]
+_OP_NAMES = {"+": "__add__", "-": "__sub__", "*": "__mul__", "/": "__truediv__",
+             "//": "__floordiv__", "%": "__mod__", "**": "__pow__", "<": "__lt__", ">": "__gt__",
+             "<=": "__le__", ">=": "__ge__", "&": "__and__", "|": "__or__"}
+
+
+def exc_name(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        return "OSError"
+    if isinstance(exc, ModuleNotFoundError):
+        return "ImportError"
+    if isinstance(exc, RecursionError):
+        return "RuntimeError"
+    if isinstance(exc, BoardSyntaxError):
+        return "SyntaxError"
+    t = type(exc)
+    for k in t.__mro__:                   # host subclasses (KpuError...) show as the builtin
+        if k.__module__ == "builtins":
+            return k.__name__
+    return t.__name__
+
+
+def exc_message(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "maximum recursion depth exceeded"
+    if isinstance(exc, OSError) and exc.args and isinstance(exc.args[0], int) and len(exc.args) <= 2:
+        import errno
+        return f"[Errno {exc.args[0]}] {errno.errorcode.get(exc.args[0], exc.args[0])}"
+    if isinstance(exc, KeyError) and len(exc.args) == 1:
+        return mp_repr(exc.args[0])
+    if isinstance(exc, SyntaxError):
+        return exc.msg or "invalid syntax"
+    if len(exc.args) == 1:
+        msg = mp_str(exc.args[0])
+    elif not exc.args:
+        msg = ""
+    else:
+        msg = mp_repr(tuple(exc.args))
+    for rx, rep in _MSG_RULES:
+        m = rx.match(msg)
+        if m:
+            if "unsupported types" in rep:
+                return f"unsupported types for {_OP_NAMES.get(m.group(1), m.group(1))}: " \
+                       f"'{m.group(2)}', '{m.group(3)}'"
+            return rx.sub(rep, msg)
+    return msg
+
+
+def exc_line(exc: BaseException) -> str:
+    msg = exc_message(exc)
+    return f"{exc_name(exc)}: {msg}" if msg else exc_name(exc)
+
+
+# ---------------------------------------------------------------------------------------------
+def check_source(source: str, filename: str):
+    """Refuse what MicroPython 1.11 cannot parse: f-strings (added upstream in 2021), `:=`."""
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return
+    for t in toks:
+        bad = None
+        if t.type == tokenize.STRING:
+            prefix = re.match(r"^[A-Za-z]*", t.string).group(0).lower()
+            if "f" in prefix:
+                bad = "f-strings are not supported by MicroPython 1.11 (MaixPy): use '%' or .format()"
+        elif t.type == tokenize.OP and t.string == ":=":
+            bad = "':=' is not supported by MicroPython 1.11 (MaixPy)"
+        elif getattr(tokenize, "FSTRING_START", None) == t.type:
+            bad = "f-strings are not supported by MicroPython 1.11 (MaixPy): use '%' or .format()"
+        if bad:
+            err = BoardSyntaxError("invalid syntax")
+            err.filename, err.lineno, err.offset, err.text = filename, t.start[0], t.start[1], t.line
+            err.host_note = f"{filename}, line {t.start[0]}: {bad}"
+            raise err
+
+
+class _Out:
+    """The board's stdout: captured, optionally echoed, and streamed to a callback."""
+
+    def __init__(self, session):
+        self.s = session
+        self.buf = io.StringIO()
+
+    def write(self, text):
+        text = str(text)
+        self.buf.write(text)
+        if self.s.echo:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        if self.s.on_output:
+            self.s.on_output(text)
+        return len(text)
+
+    def flush(self):
+        pass
+
+    def getvalue(self):
+        return self.buf.getvalue()
+
+
+class Session:
+    """One emulated board (see the module docstring). Board options as for `board.Board`."""
+
+    def __init__(self, board=None, echo=False, on_output=None, **board_kw):
+        self.board = board if board is not None else _board.Board(**board_kw)
+        self.board.session = self
+        self.board.clock.board = self.board
+        self.echo, self.on_output = echo, on_output
+        self.out = _Out(self)
+        self.boot_out = io.StringIO()
+        self.board.vfs.say = lambda text: self._print(text)
+        self.code_files = set()
+        self._closed = False
+        self.exit_status = None
+        self._new_interpreter()
+
+    # -- interpreter state -------------------------------------------------------------------
+    def _new_interpreter(self):
+        from tl2k210.maixpy import modules
+        self.board.gc = _heap.Heap(self.board.runtime.gc_pool)
+        self.modules = {}
+        self.builtins = modules.make_builtins(self)
+        self.sys = modules.make_sys(self)
+        self.modules["sys"] = self.sys
+        self.globals = {"__name__": "__main__", "__builtins__": self.builtins}
+
+    def output(self) -> str:
+        return self.out.getvalue()
+
+    def _print(self, text, end="\n"):
+        self.out.write(text + end)
+
+    # -- running code --------------------------------------------------------------------------
+    def compile(self, source: str, filename: str, mode: str = "exec"):
+        check_source(source, filename)
+        try:
+            code = compile(source, filename, mode, dont_inherit=True)
+        except SyntaxError as exc:
+            err = BoardSyntaxError("invalid syntax")
+            err.filename, err.lineno, err.offset, err.text = filename, exc.lineno, exc.offset, exc.text
+            err.host_note = f"{filename}, line {exc.lineno}: {exc.msg}"
+            raise err from None
+        self.code_files.add(filename)
+        return code
+
+    def exec(self, source: str, filename: str = "<stdin>", globals=None):
+        """Run code in the persistent __main__ namespace (or `globals`). Exceptions propagate
+        (format them with `format_exception`); BoardStop ends the run from the board side."""
+        code = source if isinstance(source, types.CodeType) else self.compile(source, filename)
+        return self._run(lambda: exec(code, self.globals if globals is None else globals))
+
+    def eval(self, source: str, filename: str = "<stdin>"):
+        code = self.compile(source, filename, "eval")
+        return self._run(lambda: eval(code, self.globals))
+
+    def run_file(self, path: str, name: str | None = None):
+        """Execute a board file (path relative to the board's cwd) in __main__."""
+        data = self.board.vfs.read_bytes(path)
+        return self.exec(data.decode("utf-8", "replace"), name or path.rsplit("/", 1)[-1])
+
+    def _run(self, fn):
+        prev = _board.install(self.board)
+        tracer = self._tracer
+        old = sys.gettrace()
+        sys.settrace(tracer)
+        try:
+            return fn()
+        finally:
+            sys.settrace(old)
+            _board.install(prev)
+
+    def _tracer(self, frame, event, arg):
+        if frame.f_code.co_filename in self.code_files:
+            return self._line
+        return None
+
+    def _line(self, frame, event, arg):
+        if event == "line":
+            clock = self.board.clock
+            if not clock.wall:
+                clock._t += timing.LINE_US
+            if self.board.stop_reason is not None:
+                raise self.board.stop_reason
+            self._n = getattr(self, "_n", 0) + 1
+            if self._n & 1023 == 0:
+                clock.check()
+        return self._line
+
+    # -- boot ------------------------------------------------------------------------------------
+    def boot(self, run_boot: bool = True, run_main: bool = True):
+        """The firmware's start: _boot.py (cwd, sys.path, the names it leaves in __main__), then
+        boot.py and main.py from the cwd (maixpy-api.md §1.1). Returns the main.py outcome
+        (None, or the exception it raised)."""
+        vfs = self.board.vfs
+        self.sys.path[:] = ["", "."]
+        if vfs.has_sd:
+            vfs.chdir("/sd")
+            self.sys.path.append("/sd")
+        else:
+            vfs.chdir("/flash")
+        self.sys.path.append("/flash")
+        self.boot_out.write("[MaixPy] init end\n")
+        self.board.clock.advance(200_000 if self.board.clock.now_us() < timing.BOOT_US else 0)
+        # _boot.py runs in __main__ (pyexec_frozen_module): its `import os, sys, time` stay there
+        for name in ("os", "sys", "time"):
+            self.globals[name] = self.import_module(name)
+        self.boot_out.write(BANNER)
+        if run_main and not vfs.exists("main.py"):
+            self.board.note(f"no main.py in {vfs.getcwd()}: the board's _boot.py would write its "
+                            "'Welcome to MaixPy' main.py there (the host leaves the folder as it is)",
+                            "welcome")
+        result = None
+        for name, wanted in (("boot.py", run_boot), ("main.py", run_main)):
+            if wanted and vfs.exists(name):
+                result = self.run_main_file(name)
+        return result
+
+    def run_main_file(self, name):
+        """Run boot.py/main.py like pyexec_file: an exception is printed, not raised."""
+        try:
+            self.run_file(name)
+        except SystemExit:
+            return None
+        except Exception as exc:     # printed by the REPL, like the board
+            self._print(self.format_exception(exc), end="")
+            return exc
+        return None
+
+    def soft_reset(self, run_main: bool = True):
+        """Ctrl-D: `soft reboot`: loaded models are freed (finalisers), the heap, sys.modules and
+        __main__ start again, the hardware keeps its state, ticks keep counting; then _boot.py,
+        boot.py and main.py run again."""
+        from tl2k210.maixpy import KPU
+        for t in list(self.board.kpu_tasks):
+            KPU.release(self.board, t)
+        self._print("MPY: soft reboot")
+        self._new_interpreter()
+        return self.boot(run_main=run_main)
+
+    # -- imports -----------------------------------------------------------------------------------
+    def import_module(self, name: str):
+        from tl2k210.maixpy import modules
+        if name in self.modules:
+            return self.modules[name]
+        factory = modules.BUILTIN.get(name)
+        if factory is not None:
+            mod = factory(self)
+            self.modules[name] = mod
+            return mod
+        mod = self._import_file(name)
+        if mod is not None:
+            return mod
+        hint = modules.IMPORT_HINTS.get(name)
+        if hint:
+            self.board.note(f"import {name}: {hint}", ("import", name))
+        else:
+            self.board.note(f"import {name}: no board module of that name and no {name}.py on "
+                            f"sys.path {self.sys.path} (cwd {self.board.vfs.getcwd()})",
+                            ("import", name))
+        raise ImportError(f"no module named '{name}'")
+
+    def _import_file(self, name):
+        vfs = self.board.vfs
+        rel = name.replace(".", "/")
+        for entry in list(self.sys.path):
+            base = vfs.getcwd() if entry in ("", ".") else entry
+            for cand in (f"{base}/{rel}.py", f"{base}/{rel}/__init__.py"):
+                cand = cand.replace("//", "/")
+                try:
+                    st = vfs.stat(cand)
+                except OSError:
+                    continue
+                if st[0] & 0x4000:
+                    continue
+                src = vfs.read_bytes(cand).decode("utf-8", "replace")
+                mod = types.ModuleType(name)
+                mod.__file__ = cand
+                mod.__dict__["__builtins__"] = self.builtins
+                self.modules[name] = mod
+                try:
+                    code = self.compile(src, cand.rsplit("/", 1)[-1] if entry in ("", ".") else cand)
+                    exec(code, mod.__dict__)
+                except BaseException:
+                    self.modules.pop(name, None)
+                    raise
+                return mod
+        return None
+
+    def _import(self, name, globals=None, locals=None, fromlist=(), level=0):
+        if level:
+            raise ImportError("can't perform relative import")
+        parts = name.split(".")
+        top = self.import_module(parts[0])
+        mod = top
+        for i, part in enumerate(parts[1:], 1):
+            sub = getattr(mod, part, None)
+            if not isinstance(sub, types.ModuleType):
+                sub = self.import_module(".".join(parts[:i + 1]))
+                setattr(mod, part, sub)
+            mod = sub
+        if fromlist:
+            for item in fromlist:
+                if item != "*" and not hasattr(mod, item):
+                    try:
+                        setattr(mod, item, self.import_module(f"{name}.{item}"))
+                    except ImportError:
+                        raise ImportError(f"cannot import name {item}") from None
+            return mod
+        return top
+
+    # -- exceptions ----------------------------------------------------------------------------
+    def format_exception(self, exc: BaseException) -> str:
+        """The traceback as the MaixPy REPL prints it (board frames only)."""
+        lines = ["Traceback (most recent call last):\n"]
+        for f in traceback.extract_tb(exc.__traceback__):
+            if f.filename in self.code_files:
+                name = "<module>" if f.name == "<module>" else f.name
+                lines.append(f'  File "{f.filename}", line {f.lineno}, in {name}\n')
+        if isinstance(exc, SyntaxError) and exc.filename in self.code_files:
+            lines.append(f'  File "{exc.filename}", line {exc.lineno}\n')
+        lines.append(exc_line(exc) + "\n")
+        return "".join(lines)
+
+    def close(self):
+        if not self._closed:
+            self._closed = True
+            self.board.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+BANNER = r"""
+ __  __              _____  __   __  _____   __     __
+|  \/  |     /\     |_   _| \ \ / / |  __ \  \ \   / /
+| \  / |    /  \      | |    \ V /  | |__) |  \ \_/ /
+| |\/| |   / /\ \     | |     > <   |  ___/    \   /
+| |  | |  / ____ \   _| |_   / . \  | |         | |
+|_|  |_| /_/    \_\ |_____| /_/ \_\ |_|         |_|
+
+Official Site : https://www.sipeed.com
+Wiki          : https://maixpy.sipeed.com
+
+MicroPython v0.6.2 on 2020-12-16; Sipeed_M1 with kendryte-k210 (tl2k210 host emulation)
+Type "help()" for more information.
+"""
+
+
+def host_builtins():
+    return _py_builtins
