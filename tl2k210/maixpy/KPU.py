@@ -80,10 +80,9 @@ def _b():
 
 
 def _note_error(code, detail):
-    msg = f"kpu error {code}: {CAUSES.get(code, ERRORS[code])}"
-    if detail:
-        msg += f": {detail}"
-    _b().note(msg, ("kpu", code, detail))
+    """The host note mapping a firmware code to its cause here ("error 2006: not enough ...")."""
+    cause = CAUSES.get(code, ERRORS[code])
+    _b().note(f"error {code}: {detail}" if detail else f"error {code}: {cause}", ("kpu", code, detail))
 
 
 def _load_error(code, detail="", text=None):

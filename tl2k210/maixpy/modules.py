@@ -344,19 +344,20 @@ def _uio(s):
 
 @builtin("ujson", "json")
 def _ujson(s):
-    def _fix(o):
-        if isinstance(o, float):
-            return _F32(o)
-        if isinstance(o, list):
-            return [_fix(x) for x in o]
-        if isinstance(o, tuple):
-            return [_fix(x) for x in o]
-        if isinstance(o, dict):
-            return {k: _fix(v) for k, v in o.items()}
-        return o
-
     def dumps(obj):
-        return _json.dumps(_fix(obj))
+        if isinstance(obj, bool) or obj is None:
+            return {True: "true", False: "false", None: "null"}[obj]
+        if isinstance(obj, float):
+            return mp_float(obj)
+        if isinstance(obj, int):
+            return str(obj)
+        if isinstance(obj, str):
+            return _json.dumps(obj)
+        if isinstance(obj, (list, tuple)):
+            return "[" + ", ".join(dumps(v) for v in obj) + "]"
+        if isinstance(obj, dict):
+            return "{" + ", ".join(f"{_json.dumps(str(k))}: {dumps(v)}" for k, v in obj.items()) + "}"
+        raise TypeError(f"can't convert {type(obj).__name__} to json")
 
     def dump(obj, stream):
         stream.write(dumps(obj))
@@ -372,12 +373,8 @@ def _ujson(s):
     def load(stream):
         return loads(stream.read())
 
-    return module("ujson", "", dumps=dumps, dump=dump, loads=loads, load=load)
-
-
-class _F32(float):
-    def __repr__(self):
-        return mp_float(self)
+    return module("ujson", "MicroPython ujson (floats at single precision)", dumps=dumps,
+                  dump=dump, loads=loads, load=load)
 
 
 @builtin("ustruct", "struct")

@@ -239,6 +239,7 @@ class Session:
 
     # -- running code --------------------------------------------------------------------------
     def compile(self, source: str, filename: str, mode: str = "exec"):
+        self.code_files.add(filename)
         check_source(source, filename)
         try:
             code = compile(source, filename, mode, dont_inherit=True)
@@ -307,7 +308,7 @@ class Session:
             vfs.chdir("/flash")
         self.sys.path.append("/flash")
         self.boot_out.write("[MaixPy] init end\n")
-        self.board.clock.advance(200_000 if self.board.clock.now_us() < timing.BOOT_US else 0)
+        self.board.clock.advance(timing.BOOT_SLEEP_US)      # waiting 200 x 1 ms for Ctrl-C
         # _boot.py runs in __main__ (pyexec_frozen_module): its `import os, sys, time` stay there
         for name in ("os", "sys", "time"):
             self.globals[name] = self.import_module(name)

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import time
 
-BOOT_US = 520_000
+BOOT_US = 520_000            # ticks_ms() at main.py's first line
+BOOT_SLEEP_US = 200_000      # of which _boot.py's Ctrl-C window (again at each soft reboot)
 FRAME_US = 33_333
 SWAP_NS_PER_PIXEL = 22
 CALL_US = 8
@@ -62,7 +63,7 @@ class Clock:
     def __init__(self, wall: bool = False, timeout: float = 60.0):
         self.wall = wall
         self.timeout = timeout
-        self._t = BOOT_US if not wall else 0
+        self._t = BOOT_US - BOOT_SLEEP_US if not wall else 0
         self._host0 = time.perf_counter()
         self._last_frame_board = 0
         self._last_frame_host = self._host0
@@ -111,7 +112,7 @@ class Clock:
         board_idle = (self.now_us() - self._last_frame_board) / 1e6
         host_idle = time.perf_counter() - self._last_frame_host
         if board_idle > self.timeout or host_idle > self.timeout:
-            what = "board" if board_idle > self.timeout else "host"
+            what = "board" if (board_idle > self.timeout and not self.wall) else "host"
             self.board.stop(f"stopped after {self.timeout:g} s ({what} time) without a camera "
                             f"frame (--timeout {self.timeout:g}): the script loops without "
                             "sensor.snapshot()", "timeout")
