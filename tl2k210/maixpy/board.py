@@ -59,6 +59,7 @@ class Board:
         self.images = list(images)
         self.max_frames = len(self.images) if max_frames is None else min(max_frames, len(self.images))
         self.frames_taken = 0
+        self.frame_times = []     # board ms at each camera frame delivered
         self.camera = camera
         self.out = Path(out) if out else None
         self.lcd_frames = []      # RGB888 HWC arrays, one per lcd.display()/draw_string()

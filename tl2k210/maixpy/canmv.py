@@ -13,7 +13,8 @@ loader, emulator, memory budget and clock as `KPU`:
     KPU.Act.sigmoid(v); kpu.deinit()
 
 `Lpr` (the licence-plate post-processing over lp_weight.bin) is closed CPU code whose weight
-layout nobody documents: it raises OSError with a host note instead of inventing numbers.
+layout nobody documents: the run stops there (a host limit, BoardStop kind "host") instead of
+inventing numbers.
 """
 from __future__ import annotations
 
@@ -136,11 +137,10 @@ class _Lpr:
         self._kpu = kpu
 
     def load(self, *args, **kwargs):
-        _board.current().note(
-            "maix.KPU.Lpr (CanMV licence-plate post-processing): the closed CPU code behind "
-            "lpr.load(weights)/lpr.run() has no documented layout (lp_weight.bin is 374625 float32 "
-            "values); it is not emulated", "lpr")
-        raise OSError("[CANMV]kpu: Lpr is not emulated on the host")
+        _board.current().stop(
+            "host limit: maix.KPU.Lpr (CanMV licence-plate post-processing) is closed CPU code; "
+            "lpr.load(weights)/lpr.run() have no documented layout (lp_weight.bin is 374625 "
+            "float32 values), so the host cannot emulate it - a CanMV board would go on", "host")
 
     run = load
 

@@ -281,6 +281,7 @@ def snapshot(*args, **kwargs):
         b.stop(f"camera: all {b.frames_taken} photo(s) shown", "camera")
     src = b.images[b.frames_taken]
     b.frames_taken += 1
+    b.frame_times.append(b.clock.now_us() / 1000)
     b.clock.frame()
     _, fw, fh = FRAMESIZES[st.framesize]
     pil = src if isinstance(src, _PIL.Image) else _load(src)
