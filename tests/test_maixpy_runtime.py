@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from conftest import REPO, data_path
-from tl2k210.maixpy import board, run_folder, run_script, timing
+from tl2k210.maixpy import board, run_folder, run_script
 from tl2k210.maixpy.runtime import Session
 
 CAM = "import sensor, image, lcd\nsensor.reset()\nsensor.set_pixformat(sensor.RGB565)\n" \
@@ -495,3 +495,110 @@ def test_session_exec_eval_and_soft_reset(tmp_path, face_flash):
         assert s.format_exception(ei.value).endswith("NameError: name 'x' isn't defined\n")
         assert s.eval("time.ticks_ms()") >= t + 200         # ticks keep counting over a reset
         assert s.output().splitlines() == ["hello 0.3333333", "MPY: soft reboot"]
+
+
+def test_session_interrupt_and_input(tmp_path):
+    import threading
+    answers = iter(["maix"])
+    with Session(wall_clock=True, on_input=lambda prompt: next(answers)) as s:
+        s.boot()
+        threading.Timer(0.3, s.interrupt).start()
+        with pytest.raises(KeyboardInterrupt):
+            s.exec("while True:\n    time.sleep_ms(50)\n")
+        s.exec("name = input('who? ')\nprint('hi', name)")
+        assert s.output().splitlines() == ["who? hi maix"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the KPU API in detail (§6)
+def test_kpu_layers_fmaps_netinfo_and_yolo_objects(tmp_path, photo, face_flash):
+    from tl2k210.k210.emulator import Emulator
+    res = run(tmp_path, CAM + """
+import KPU as kpu
+task = kpu.load(0x300000)
+img = sensor.snapshot()
+info = kpu.netinfo(task)
+print(len(info), info[0].wi(), info[0].hi(), info[0].chi(), info[0].cho(), info[-1].type())
+print(kpu.set_layers(task, 3), kpu.set_layers(task, 99))
+fm = kpu.forward(task, img)
+print(fm.w(), fm.h(), fm.ch(), fm.size(), fm.index(), fm[0], fm[-1])
+ch0 = kpu.fmap(fm, 0)
+print(ch0.width(), ch0.height(), ch0.get_pixel(0, 0) == fm[0])
+first = fm[:4]
+kpu.set_layers(task, 0)
+kpu.forward(task, image.Image(size=(320, 240)).to_grayscale() if False else img)
+print(kpu.fmap_free(fm), kpu.get_output(task, 0).size())
+kpu.init_yolo2(task, 0.5, 0.3, 5, (1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025))
+f = kpu.run_yolo2(task, img, "ignored", dma=1)[0]
+print(f.rect() == (f.x(), f.y(), f.w(), f.h()), round(f.value(), 3), f.classid(), f.index(), f.objnum())
+print(f)
+kpu.memtest()
+print(kpu.deinit(task))
+try:
+    kpu.deinit(1)
+except TypeError as e:
+    print(e)
+try:
+    kpu.forward(task, img, 0, dam=1)
+except TypeError as e:
+    print(e)
+""", images=[photo], flash=face_flash)
+    assert res.error is None, res.traceback
+    lines = res.lines
+    assert lines[0] == "layer[0]: K210_CONV, wi=320, hi=240, wo=160, ho=120, chi=3, cho=16, dw=0, kernel_type=1, pool_type=1, para_size=432"
+    n = len([ln for ln in lines if ln.startswith("layer[")])
+    assert n == 24 and lines[n] == "24 320 240 3 16 12"
+    assert lines[n + 1:n + 3] == ["err: set layers_length to 99, but max 24", "True False"]
+    emu = Emulator.load(data_path("kmodels", "facedetect_320x240_v3.kmodel"))
+    from tl2k210.imaging import load_rgb, to_model_input
+    _, trace = emu.run(to_model_input(load_rgb(photo), (3, 240, 320), rgb565=True), trace=True)
+    layer2 = trace[2][1]                               # the 3rd layer's uint8 (C, H, W) map
+    c, h, w = layer2.shape
+    assert lines[n + 3] == f"{w} {h} {c} {layer2.size} 2 {layer2.reshape(-1)[0]} {layer2.reshape(-1)[-1]}"
+    assert lines[n + 4] == f"{w} {h} True"
+    assert lines[n + 5] == "None 36000"
+    assert lines[n + 6] == "True 0.935 0 0 1"
+    assert lines[n + 7].startswith('{"x":117, "y":23, "w":47, "h":63, "value":0.93')
+    assert lines[n + 8].startswith("###free gc heap memory : ") and lines[n + 9].startswith("###free sys heap memory: ")
+    assert lines[n + 10:] == ["True", "[MAIXPY]kpu: kpu_net type error", "extra keyword arguments given"]
+
+
+@pytest.mark.parametrize("blob, code", [
+    (b"\xff" * 64, 2002),                                       # erased flash
+    ((3).to_bytes(4, "little") + bytes(8) + (1).to_bytes(4, "little") + bytes(8) + (1).to_bytes(4, "little")
+     + bytes(8) + (10240).to_bytes(4, "little") + (10 ** 6).to_bytes(4, "little"), 2005),  # truncated
+    ((1).to_bytes(4, "little") + bytes(60), 2002),               # legacy kmodel v1
+])
+def test_kpu_load_error_codes(tmp_path, blob, code):
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    (fs / "m.kmodel").write_bytes(blob)
+    res = run(tmp_path, "import KPU as kpu\nkpu.load('/flash/m.kmodel')\n", fs=fs)
+    assert f"load error:{code}, " in res.traceback
+    assert any(n.startswith(f"error {code}: ") for n in res.notes)
+
+
+def test_openmv_analysis_methods(tmp_path):
+    res = run(tmp_path, """
+import image
+img = image.Image(size=(60, 40))
+img.draw_rectangle(10, 5, 12, 8, color=(255, 0, 0), fill=True)
+img.draw_line(0, 39, 59, 9, color=(0, 255, 0), thickness=1)
+b = img.find_blobs([(30, 100, 40, 127, 0, 127)], pixels_threshold=20)
+print(len(b), b[0].rect(), b[0].pixels(), b[0].cx(), b[0].cy(), b[0][0:4])
+line = img.get_regression([(30, 100, -128, -20, 0, 127)])
+print(abs(line.x1()) <= 1, abs(line.y1() - 39) <= 1, abs(line.x2() - 59) <= 1, abs(line.y2() - 9) <= 1)
+g = img.to_grayscale(copy=True)
+h = g.get_histogram()
+print(len(h.bins()), h.get_percentile(0.99).value() > 50, g.get_statistics().max())
+try:
+    img.find_edges(image.EDGE_CANNY)
+except AttributeError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines[0] == "1 (10, 5, 12, 8) 96 16 9 (10, 5, 12, 8)"
+    assert res.lines[1] == "True True True True"        # the green line's ends (x_stride 2)
+    assert res.lines[2].startswith("256 True ")
+    assert res.lines[3] == "'Image' object has no attribute 'find_edges'"
+    assert any("find_edges" in n for n in res.notes)

@@ -22,7 +22,7 @@ import struct
 
 import numpy as np
 
-from tl2k210.errors import EmulatorError, KmodelFormatError, Tl2k210Error
+from tl2k210.errors import EmulatorError, KmodelFormatError
 from tl2k210.maixpy import args as A
 from tl2k210.maixpy import board as _board
 from tl2k210.maixpy import image as _image
@@ -851,8 +851,6 @@ def make_module(s):
                   fmap=_fmap_image, fmap_free=fmap_free, netinfo=netinfo, memtest=memtest,
                   face_encode=face_encode, face_compare=face_compare, classifier=classifier)
 
-
-__all__ = ["Tl2k210Error"]
 
 
 _FloatTuple.__name__ = _FloatTuple.__qualname__ = "tuple"    # type(fmap[:]).__name__ == 'tuple'

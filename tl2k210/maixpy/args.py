@@ -56,10 +56,6 @@ def get_float(v, what=""):
     raise TypeError(f"can't convert {type_name(v)} to float")
 
 
-def get_bool(v):
-    return bool(v)
-
-
 def seq(v, n=None):
     """A tuple/list (mp_obj_get_array); `n` checks the length like the firmware."""
     if not isinstance(v, (tuple, list)):

@@ -100,6 +100,10 @@ def resolve(name: str):
 def _flash_for(args, recipe, key, tmp: Path, folder: bool) -> Path | None:
     from tl2k210.maixpy import board
     if args.flash:
+        if args.kmodel:
+            raise Tl2k210Error("--kmodel writes into a fresh emulated flash; with --flash IMAGE "
+                               "(yours, left untouched) flash the model into it with "
+                               "`tl2k210 board` or pass --kmodel/--kfpkg without --flash")
         if not Path(args.flash).is_file():
             raise Tl2k210Error(f"no flash image {args.flash}")
         return Path(args.flash)

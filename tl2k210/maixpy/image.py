@@ -853,8 +853,8 @@ class Image:
                 if len(xs) > 1:
                     cov = np.cov(np.stack([xs, ys]).astype(np.float64))
                     rot = (0.5 * math.atan2(2 * cov[0, 1], cov[0, 0] - cov[1, 1])) % math.pi
-                blobs.append(Blob(bx, by, bw, bh, len(xs), int(round(xs.mean())) + x,
-                                  int(round(ys.mean())) + y, rot, 1 << ti))
+                blobs.append(Blob(bx, by, bw, bh, len(xs), int(math.floor(xs.mean() + 0.5)) + x,
+                                  int(math.floor(ys.mean() + 0.5)) + y, rot, 1 << ti))
         if merge:
             blobs = _merge_blobs(blobs, margin)
         _cost(self.width() * self.height() * 2)
@@ -872,6 +872,92 @@ class Image:
             return Statistics([px.reshape(-1).astype(np.int32)])
         lab = rgb_to_lab_array(px).reshape(-1, 3)
         return Statistics([lab[:, 0], lab[:, 1], lab[:, 2]])
+
+    def get_histogram(self, *args, **kwargs):
+        """get_histogram([thresholds, invert, roi, bins, l_bins, a_bins, b_bins]): normalised
+        histograms (grayscale: 1 channel of `bins`; RGB565: L, A, B)."""
+        A.ignore_unknown("Image.get_histogram", kwargs, {"thresholds", "invert", "roi", "bins",
+                                                         "l_bins", "a_bins", "b_bins"})
+        roi = kwargs.get("roi", args[2] if len(args) > 2 else None)
+        x, y, w, h = self._roi(roi)
+        px = self._px[y:y + h, x:x + w]
+        bins = A.get_int(kwargs.get("bins", kwargs.get("l_bins", 256 if self._gray_img else 100)))
+        if self._gray_img:
+            chans = [(px.reshape(-1).astype(np.int64), 0, 255, bins)]
+        else:
+            lab = rgb_to_lab_array(px).reshape(-1, 3)
+            chans = [(lab[:, 0], 0, 100, bins),
+                     (lab[:, 1], -128, 127, A.get_int(kwargs.get("a_bins", 256))),
+                     (lab[:, 2], -128, 127, A.get_int(kwargs.get("b_bins", 256)))]
+        hists = []
+        for v, lo, hi, n in chans:
+            idx = np.clip((v - lo) * n // (hi - lo + 1), 0, n - 1)
+            c = np.bincount(idx, minlength=n).astype(np.float64)
+            hists.append((c / max(1.0, c.sum()), lo, hi))
+        _cost(w * h)
+        return Histogram(hists)
+
+    def get_regression(self, *args, **kwargs):
+        """get_regression(thresholds[, invert, roi, x_stride, y_stride, area_threshold,
+        pixels_threshold, robust]): the least-squares line through the pixels inside the
+        thresholds (robust=True: Theil-Sen), or None."""
+        A.ignore_unknown("Image.get_regression", kwargs, {"invert", "roi", "x_stride", "y_stride",
+                                                          "area_threshold", "pixels_threshold",
+                                                          "robust"})
+        if not args:
+            raise TypeError("function missing 1 required positional arguments")
+        th = A.seq(args[0])
+        invert = A.kw(args, kwargs, "invert", 1, False)
+        x, y, w, h = self._roi(A.kw(args, kwargs, "roi", 2, None))
+        xs_, ys_ = A.get_int(A.kw(args, kwargs, "x_stride", 3, 2)), A.get_int(A.kw(args, kwargs, "y_stride", 4, 1))
+        pix_t = A.get_int(A.kw(args, kwargs, "pixels_threshold", 6, 10))
+        robust = A.kw(args, kwargs, "robust", 7, False)
+        mask = self._in_thresholds(th)[y:y + h, x:x + w] ^ bool(invert)
+        sub = np.zeros_like(mask)
+        sub[::max(1, ys_), ::max(1, xs_)] = True
+        yy, xx = np.nonzero(mask & sub)
+        _cost(w * h)
+        if len(xx) < max(2, pix_t):
+            return None
+        xx, yy = xx + x, yy + y
+        vertical = np.ptp(yy) > np.ptp(xx)
+        u, v = (yy, xx) if vertical else (xx, yy)
+        if robust:
+            i, j = np.triu_indices(min(len(u), 200), 1)
+            du = u[i] - u[j]
+            ok = du != 0
+            m = float(np.median((v[i] - v[j])[ok] / du[ok])) if ok.any() else 0.0
+            b = float(np.median(v - m * u))
+        else:
+            m, b = np.polyfit(u.astype(float), v.astype(float), 1)
+        u0, u1 = int(u.min()), int(u.max())
+        p0, p1 = (u0, m * u0 + b), (u1, m * u1 + b)
+        if vertical:
+            p0, p1 = (p0[1], p0[0]), (p1[1], p1[0])
+        resid = np.abs(v - (m * u + b)).mean()
+        return Line(int(round(p0[0])), int(round(p0[1])), int(round(p1[0])), int(round(p1[1])),
+                    magnitude=int(max(0, 255 - 10 * resid)))
+
+    def draw_keypoints(self, *args, **kwargs):
+        A.ignore_unknown("Image.draw_keypoints", kwargs, {"color", "size", "thickness", "fill"})
+        kps = A.seq(args[0]) if args else []
+        c = A.kw(args, kwargs, "color", 1, -1)
+        size = A.get_int(A.kw(args, kwargs, "size", 2, 10))
+        t = A.get_int(A.kw(args, kwargs, "thickness", 3, 1))
+        for kp in kps:
+            kx, ky, rot = (list(A.seq(kp)) + [0])[:3]
+            kx, ky = A.get_int(kx), A.get_int(ky)
+            self.draw_circle(kx, ky, max(1, (size - 2) // 2), color=c, thickness=t)
+            a = math.radians(A.get_float(rot))
+            self.draw_line(kx, ky, int(round(kx + size * math.cos(a))),
+                           int(round(ky + size * math.sin(a))), color=c, thickness=t)
+        return self
+
+    def __getattr__(self, name):
+        if name in _OPENMV_NOT_EMULATED:
+            _board.current().note(f"Image.{name}: an OpenMV/MaixPy method the host does not "
+                                  "emulate", ("img", name))
+        raise AttributeError(f"'Image' object has no attribute '{name}'")
 
     def find_qrcodes(self, *args, **kwargs):
         return self._not_emulated("find_qrcodes")
@@ -1076,6 +1162,123 @@ class Blob:
         x, y, w, h, p, cx, cy, r, c, n = self._v
         return (f'{{"x":{x}, "y":{y}, "w":{w}, "h":{h}, "pixels":{p}, "cx":{cx}, "cy":{cy}, '
                 f'"rotation":{r:f}, "code":{c}, "count":{n}}}')
+
+
+_OPENMV_NOT_EMULATED = {
+    "find_edges", "find_hog", "find_features", "find_eye", "find_lbp", "find_keypoints",
+    "find_template", "find_line_segments", "find_displacement", "get_similarity",
+    "match_descriptor", "bilateral", "laplacian", "sharpen", "cartoon", "morph", "linpolar",
+    "logpolar", "chrominvar", "illuminvar", "remove_shadows", "mask_circle", "mask_ellipse",
+    "mask_rectangle", "flood_fill", "top_hat", "black_hat", "b_and", "b_or", "b_xor", "b_nand",
+    "b_nor", "b_xnor", "add", "sub", "mul", "div", "min", "max", "difference", "blend",
+    "replace_color", "draw_font", "conv3", "morph", "gamma_corr", "find_cirles",
+}
+
+
+class Line:
+    def __init__(self, x1, y1, x2, y2, magnitude=0):
+        self._v = (x1, y1, x2, y2)
+        self._mag = magnitude
+
+    def line(self):
+        return self._v
+
+    def x1(self):
+        return self._v[0]
+
+    def y1(self):
+        return self._v[1]
+
+    def x2(self):
+        return self._v[2]
+
+    def y2(self):
+        return self._v[3]
+
+    def length(self):
+        return int(round(math.hypot(self._v[2] - self._v[0], self._v[3] - self._v[1])))
+
+    def magnitude(self):
+        return self._mag
+
+    def theta(self):
+        x1, y1, x2, y2 = self._v
+        t = int(round(math.degrees(math.atan2(x2 - x1, -(y2 - y1))))) % 180
+        return t
+
+    def rho(self):
+        x1, y1, _, _ = self._v
+        t = math.radians(self.theta())
+        return int(round(x1 * math.cos(t) + y1 * math.sin(t)))
+
+    def __getitem__(self, i):
+        return (self._v + (self.length(), self._mag, self.theta(), self.rho()))[i]
+
+    def __repr__(self):
+        x1, y1, x2, y2 = self._v
+        return (f'{{"x1":{x1}, "y1":{y1}, "x2":{x2}, "y2":{y2}, "length":{self.length()}, '
+                f'"magnitude":{self._mag}, "theta":{self.theta()}, "rho":{self.rho()}}}')
+
+
+class Histogram:
+    def __init__(self, hists):
+        self._h = hists
+
+    def bins(self):
+        return self._h[0][0].tolist()
+
+    l_bins = bins
+
+    def a_bins(self):
+        return self._h[min(1, len(self._h) - 1)][0].tolist()
+
+    def b_bins(self):
+        return self._h[min(2, len(self._h) - 1)][0].tolist()
+
+    def get_percentile(self, p):
+        out = []
+        for h, lo, hi in self._h:
+            i = int(np.searchsorted(np.cumsum(h), A.get_float(p) - 1e-9))
+            out.append(lo + i * (hi - lo + 1) // len(h))
+        return _Percentile(out)
+
+    def get_threshold(self):
+        out = []
+        for h, lo, hi in self._h:                           # Otsu
+            n = len(h)
+            w = np.cumsum(h)
+            mu = np.cumsum(h * np.arange(n))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                between = (mu[-1] * w - mu) ** 2 / (w * (1 - w))
+            k = int(np.nanargmax(between[:-1])) if n > 1 else 0
+            out.append(lo + k * (hi - lo + 1) // n)
+        return _Percentile(out)
+
+    def get_statistics(self):
+        chans = []
+        for h, lo, hi in self._h:
+            vals = lo + np.arange(len(h)) * (hi - lo + 1) / len(h)
+            chans.append(np.repeat(vals, np.rint(h * 10000).astype(int)))
+        return Statistics(chans)
+
+
+class _Percentile:
+    def __init__(self, v):
+        self._v = v
+
+    def value(self):
+        return self._v[0]
+
+    l_value = value
+
+    def a_value(self):
+        return self._v[min(1, len(self._v) - 1)]
+
+    def b_value(self):
+        return self._v[min(2, len(self._v) - 1)]
+
+    def __getitem__(self, i):
+        return self._v[i]
 
 
 class Statistics:

@@ -35,8 +35,7 @@ import threading as _threading
 import types
 import zlib as _zlib
 
-from tl2k210.maixpy import timing
-from tl2k210.maixpy.runtime import exc_line, mp_float, mp_str
+from tl2k210.maixpy.runtime import mp_float, mp_str
 from tl2k210.maixpy.vfs import oserror
 
 BUILTIN = {}
@@ -49,8 +48,10 @@ IMPORT_HINTS = {
     "typing": "not a MicroPython module", "datetime": "not a MicroPython module (use utime)",
     "cv2": "OpenCV does not exist on MaixPy; the `image` module has the OpenMV filters",
     "PIL": "PIL does not exist on MaixPy; use the `image` module",
-    "maix": "the CanMV `maix` module is a Canaan fork's API (kendryte/canmv), emulated here",
 }
+for _m in ("nes", "lvgl", "speech_recognizer", "ucryptolib_hw", "mfrc522"):
+    IMPORT_HINTS[_m] = ("a MaixPy firmware module (optional builds) that the host does not "
+                        "emulate; a board with that build would import it")
 
 
 def builtin(*names):
@@ -96,7 +97,9 @@ def make_builtins(s):
 
     def _input(prompt=""):
         out.write(str(prompt))
-        raise EOFError("the emulated board has no serial input (host)")
+        if s.on_input is None:
+            raise EOFError("the emulated board has no serial input (host)")
+        return s.on_input(str(prompt))
 
     def _exec(source, globals=None, locals=None):
         code = source if isinstance(source, types.CodeType) else s.compile(str(source), "<string>")
@@ -526,5 +529,3 @@ for _name, _mod in (("image", "tl2k210.maixpy.image"), ("sensor", "tl2k210.maixp
 for _name in ("machine", "Maix", "board", "fpioa_manager", "audio", "network", "usocket",
               "socket", "ulab", "modules", "video", "touchscreen", "ide_debug"):
     BUILTIN[_name] = _lazy("tl2k210.maixpy.periph", "make_" + _name)
-
-__all__ = ["BUILTIN", "make_builtins", "make_sys", "exc_line"]

@@ -4,9 +4,10 @@
     s.boot()                      # _boot.py: cwd /sd (or /flash), sys.path; then boot.py, main.py
     s.exec("import KPU as kpu\\ntask = kpu.load(0x300000)")
     s.eval("task.model_size()")   # -> 388776
+    s.interrupt()                 # Ctrl-C: KeyboardInterrupt at the running code's next line
     s.soft_reset()                # Ctrl-D: models freed, namespace and modules cleared, boot again
-    s.output()                    # what was printed (also streamed to `on_output`)
-    s.close()
+    s.output()                    # what was printed (also streamed to `on_output(text)`)
+    s.close()                     # input() reads `on_input(prompt)` (EOFError without one)
 
 One `__main__` namespace persists across `exec`/`eval` calls (what a REPL or the IDE sees).
 Scripts get MicroPython's world, not CPython's: `import sys/time/os/...` resolve to the board's
@@ -20,7 +21,6 @@ the watchdog (`timeout`) and host stops (camera out of photos, SIGTERM) are rais
 """
 from __future__ import annotations
 
-import builtins as _py_builtins
 import io
 import re
 import sys
@@ -208,11 +208,12 @@ class _Out:
 class Session:
     """One emulated board (see the module docstring). Board options as for `board.Board`."""
 
-    def __init__(self, board=None, echo=False, on_output=None, **board_kw):
+    def __init__(self, board=None, echo=False, on_output=None, on_input=None, **board_kw):
         self.board = board if board is not None else _board.Board(**board_kw)
         self.board.session = self
         self.board.clock.board = self.board
-        self.echo, self.on_output = echo, on_output
+        self.echo, self.on_output, self.on_input = echo, on_output, on_input
+        self._interrupt = False
         self.out = _Out(self)
         self.boot_out = io.StringIO()
         self.board.vfs.say = lambda text: self._print(text)
@@ -233,6 +234,11 @@ class Session:
 
     def output(self) -> str:
         return self.out.getvalue()
+
+    def interrupt(self):
+        """Ctrl-C: raise KeyboardInterrupt in the running board code at its next line (safe
+        to call from another thread, e.g. a REPL's serial reader)."""
+        self._interrupt = True
 
     def _print(self, text, end="\n"):
         self.out.write(text + end)
@@ -289,6 +295,9 @@ class Session:
                 clock._t += timing.LINE_US
             if self.board.stop_reason is not None:
                 raise self.board.stop_reason
+            if self._interrupt:
+                self._interrupt = False
+                raise KeyboardInterrupt()
             self._n = getattr(self, "_n", 0) + 1
             if self._n & 1023 == 0:
                 clock.check()
@@ -456,6 +465,3 @@ MicroPython v0.6.2 on 2020-12-16; Sipeed_M1 with kendryte-k210 (tl2k210 host emu
 Type "help()" for more information.
 """
 
-
-def host_builtins():
-    return _py_builtins

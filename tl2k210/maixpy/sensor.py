@@ -199,7 +199,7 @@ def _none(*args, **kwargs):
 
 set_brightness = set_contrast = set_saturation = set_gainceiling = set_colorbar = _true
 set_auto_gain = set_auto_whitebal = set_auto_exposure = set_special_effect = _none
-set_lens_correction = set_jb_quality = set_framerate_ = _none
+set_lens_correction = set_jb_quality = _none
 
 
 def set_framerate(*args, **kwargs):

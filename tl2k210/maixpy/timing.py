@@ -109,6 +109,10 @@ class Clock:
             return
         if self.board.stop_reason is not None:
             raise self.board.stop_reason
+        s = getattr(self.board, "session", None)
+        if s is not None and s._interrupt:
+            s._interrupt = False
+            raise KeyboardInterrupt()
         board_idle = (self.now_us() - self._last_frame_board) / 1e6
         host_idle = time.perf_counter() - self._last_frame_host
         if board_idle > self.timeout or host_idle > self.timeout:
