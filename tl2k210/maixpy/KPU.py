@@ -185,7 +185,7 @@ _RESULTS = {}
 def _emulator(model, key):
     from tl2k210.k210.emulator import Emulator
     if key not in _EMUS:
-        if len(_EMUS) >= 6:
+        if len(_EMUS) >= 12:
             _EMUS.pop(next(iter(_EMUS)))
         _EMUS[key] = Emulator(model)
     return _EMUS[key]
