@@ -8,6 +8,8 @@ about 4 MB, full firmware about 2 MiB"), k210-kmodel-and-kpu.md §7, maixpy-api.
 V3-only, which the text of error 2002 tells). `model_budget` is what the system heap has free for
 kpu.load after boot: the kmodel file (copied to RAM) plus its main-memory buffers. Board reports
 vary with the build (maixpy-api.md §2.3: 1.3-2 MB on full builds); the figures are the docs'.
+The minimum build with V4 support is given the minimum build's budget (its V4 runtime code is
+not accounted: UNCERTAIN, probably a little less in practice).
 """
 from __future__ import annotations
 

@@ -46,9 +46,17 @@ StopDemo = BoardStop   # the name earlier code used
 
 
 class Board:
+    """flash: the 16 MiB flash image FILE kpu.load(ADDR) reads (None: erased, or env
+    TL2K210_FLASH); fs: host folder seen as /flash (None: a temporary one); sd: host folder seen
+    as /sd (None: no card); images: the camera's photos (paths or PIL images) in order;
+    max_frames: stop after that many; out: LCD PNG folder or .png; button: camera frames
+    (0-based) during which the BOOT key is held; runtime: a MaixPy build of
+    tl2k210/k210/firmware.py; wall_clock: host time instead of board time; timeout: seconds
+    without a camera frame before the watchdog stops the run (None: never); camera: ov2640 |
+    ov7740 | gc0328 (windowing)."""
+
     def __init__(self, flash=None, images=(), out=None, max_frames=None, sd=None, fs=None,
-                 button=(), runtime="maixpy", wall_clock=False, timeout=60.0, camera="ov2640",
-                 lcd_out=True):
+                 button=(), runtime="maixpy", wall_clock=False, timeout=60.0, camera="ov2640"):
         from tl2k210.maixpy import timing, vfs
         self.flash_path = Path(flash) if flash else (Path(os.environ["TL2K210_FLASH"])
                                                      if os.environ.get("TL2K210_FLASH") else None)

@@ -4,8 +4,10 @@
 What a script writes to the hardware is recorded on the board, so tests can assert on it:
 GPIO output writes (`board.gpio_log`: (ms, gpio, value)), UART bytes (`board.uart_log`), PWM
 duties. Inputs: a GPIO routed (fm.register) from pin 16 (the BOOT key) reads the scripted button
-(`button=[frames]`: pressed = 0 while those camera frames are the latest); other inputs read
-their pull level. Audio playback advances the board clock by the WAV's duration.
+(`button=[frames]`: pressed = 0 while those camera frames are the latest) and its `irq` handler
+runs on the key's edges; other inputs read their pull level. machine.Timer callbacks run on the
+board clock (between lines of the script, like MicroPython's scheduler). Audio playback advances
+the board clock by the WAV's duration.
 Argument rules: GPIO, UART, Timer, PWM, I2C, SPI use mp_arg_parse_all (unknown keywords raise
 TypeError "extra keyword arguments given").
 """
@@ -101,14 +103,30 @@ class GPIO:
         return 1 if self._pull == self.PULL_UP else 0
 
     def irq(self, *args, **kwargs):
+        """Edges of the BOOT key (the scripted button) call the handler between lines, as
+        MicroPython's scheduler does; other pins have no edges on the host."""
         a = parse_all(args, kwargs, [("handler", None), ("trigger", self.IRQ_BOTH), ("wake", 0),
                                      ("priority", 7)])
-        self._irq = a["handler"]
-        self._b.note("GPIO.irq: interrupt handlers are registered but never called on the host "
-                     "(no pin edges are emulated)", "gpio-irq")
+        self._irq = (a["handler"], get_int(a["trigger"]))
+        if not hasattr(self._b, "gpio_irqs"):
+            self._b.gpio_irqs = []
+        self._b.gpio_irqs.append(self)
+        if self._pin() != BOOT_PIN:
+            self._b.note("GPIO.irq on a pin other than the BOOT key (16): no edges are emulated "
+                         "there, the handler is never called", "gpio-irq")
 
     def disirq(self):
         self._irq = None
+
+    def _edge(self, pressed: bool):
+        """The BOOT key changed: falling edge when pressed (pull-up key), rising when released."""
+        if self._irq is None or self._pin() != BOOT_PIN or self._irq[0] is None:
+            return
+        want = self.IRQ_FALLING if pressed else self.IRQ_RISING
+        if self._irq[1] in (want, self.IRQ_BOTH):
+            s = getattr(self._b, "session", None)
+            if s is not None:
+                s.schedule(self._irq[0], self)
 
     def mode(self, *m):
         if m:
@@ -252,26 +270,41 @@ class Timer:
                                      ("*arg", None), ("*start", True), ("*priority", 1),
                                      ("*div", 0)])
         self.id, self.channel, self.mode = a["id"], a["channel"], a["mode"]
-        if a["callback"] is not None:
-            _b.current().note("machine.Timer: callbacks are never called on the host", "timer-cb")
+        self._b = _b.current()
+        self._callback, self._arg = a["callback"], a["arg"]
+        self._period, self._unit = get_float(a["period"]), get_int(a["unit"])
+        if a["start"]:
+            self.start()
+
+    def _period_us(self):
+        return self._period * {0: 1e6, 1: 1e3, 2: 1.0, 3: 1e-3}.get(self._unit, 1e3)
 
     def start(self):
-        pass
+        s = getattr(self._b, "session", None)
+        if s is not None and self.mode != self.MODE_PWM:
+            s.add_timer(self, self._period_us(), self.mode == self.MODE_PERIODIC)
 
     def stop(self):
-        pass
+        s = getattr(self._b, "session", None)
+        if s is not None:
+            s.remove_timer(self)
 
     def restart(self):
-        pass
+        self.start()
 
     def deinit(self):
-        pass
+        self.stop()
 
     def period(self, *p):
-        return 1000
+        if p:
+            self._period = get_float(p[0])
+            self.start()
+        return self._period
 
     def callback(self, *c):
-        return None
+        if c:
+            self._callback = c[0]
+        return self._callback
 
 
 class PWM:

@@ -214,6 +214,7 @@ class Session:
         self.board.clock.board = self.board
         self.echo, self.on_output, self.on_input = echo, on_output, on_input
         self._interrupt = False
+        self.pending, self.timers, self._in_callback = [], [], False
         self.out = _Out(self)
         self.boot_out = io.StringIO()
         self.board.vfs.say = lambda text: self._print(text)
@@ -301,7 +302,34 @@ class Session:
             self._n = getattr(self, "_n", 0) + 1
             if self._n & 1023 == 0:
                 clock.check()
+            if (self.pending or self.timers) and not self._in_callback:
+                self._run_callbacks(clock.now_us())
         return self._line
+
+    # -- callbacks (MicroPython's scheduler: between lines of the main program) ------------------
+    def schedule(self, fn, arg):
+        """Run fn(arg) before the next line of board code (GPIO IRQs, micropython.schedule)."""
+        self.pending.append((fn, arg))
+
+    def add_timer(self, timer, period_us: float, periodic: bool):
+        self.timers = [t for t in self.timers if t[2] is not timer]
+        self.timers.append([self.board.clock.now_us() + period_us, period_us, timer, periodic])
+
+    def remove_timer(self, timer):
+        self.timers = [t for t in self.timers if t[2] is not timer]
+
+    def _run_callbacks(self, now):
+        self._in_callback = True
+        try:
+            while self.pending:
+                fn, arg = self.pending.pop(0)
+                fn(arg)
+            for t in list(self.timers):
+                if now >= t[0] and t[2]._callback is not None:
+                    t[0] = t[0] + t[1] if t[3] else float("inf")
+                    t[2]._callback(t[2] if t[2]._arg is None else t[2]._arg)
+        finally:
+            self._in_callback = False
 
     # -- boot ------------------------------------------------------------------------------------
     def boot(self, run_boot: bool = True, run_main: bool = True):
@@ -351,6 +379,7 @@ class Session:
         for t in list(self.board.kpu_tasks):
             KPU.release(self.board, t)
         self._print("MPY: soft reboot")
+        self.pending, self.timers = [], []
         self._new_interpreter()
         return self.boot(run_main=run_main)
 

@@ -280,7 +280,11 @@ def snapshot(*args, **kwargs):
     if b.frames_taken >= b.max_frames:
         b.stop(f"camera: all {b.frames_taken} photo(s) shown", "camera")
     src = b.images[b.frames_taken]
+    was = b.button_down()
     b.frames_taken += 1
+    if b.button_down() != was:
+        for g in getattr(b, "gpio_irqs", []):
+            g._edge(b.button_down())
     b.frame_times.append(b.clock.now_us() / 1000)
     b.clock.frame()
     _, fw, fh = FRAMESIZES[st.framesize]

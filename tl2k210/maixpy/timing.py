@@ -91,7 +91,15 @@ class Clock:
                     break
                 time.sleep(min(left, 0.2))
         else:
-            self.advance(us)
+            end = self._t + us
+            s = getattr(self.board, "session", None)
+            while s is not None and not s._in_callback:     # timers fire during a sleep
+                due = [t[0] for t in s.timers if t[2]._callback is not None]
+                if not due or min(due) > end:
+                    break
+                self._t = max(self._t, min(due))
+                s._run_callbacks(self._t)
+            self.advance(end - self._t)
 
     def until(self, t_us: float):
         """Wait until board time `t_us` (camera frame ends)."""
