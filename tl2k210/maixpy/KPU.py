@@ -205,6 +205,7 @@ def _task(t):
 def load(*args, **kwargs):
     b = _b()
     A.check_arity(args, 1)
+    A.ignore_unknown("kpu.load", kwargs, set())          # only args[0] is read
     arg = args[0]
     if isinstance(arg, bool) or not isinstance(arg, (int, str)):
         raise TypeError(f"{_KPU_MSG}only accept int or string")
@@ -754,6 +755,7 @@ def _region_shape(task, out):
 def run_yolo2(*args, **kwargs):
     from tl2k210.k210 import yolo
     A.check_arity(args, 2)
+    A.ignore_unknown("kpu.run_yolo2", kwargs, set())     # extra arguments are not read
     task = _task(args[0])
     if task._yolo is None:
         raise OSError(f"{_KPU_MSG}run_yolo2 before init_yolo2 (undefined on a board)")
