@@ -351,7 +351,7 @@ def test_cli_demo_folder(tmp_path, capsys):
     card.mkdir()
     (card / "main.py").write_text("import os\nprint('cwd', os.getcwd(), open('n.txt').read())\n")
     (card / "n.txt").write_text("7")
-    rc = main(["demo", str(card)])
+    rc = main(["demo", str(card), "--out", str(tmp_path / "lcd")])
     out = capsys.readouterr().out
     assert rc == 0 and "cwd /sd 7" in out and "board time" in out
 
@@ -464,7 +464,8 @@ def test_sigterm_cleans_the_temporary_flash_image(tmp_path):
                       "while True:\n    time.sleep_ms(1)\n")
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     p = subprocess.Popen([sys.executable, "-m", "tl2k210.cli", "demo", str(script), "--kmodel",
-                          f"{km}@0x300000", "--wall-clock", "--timeout", "120"],
+                          f"{km}@0x300000", "--wall-clock", "--timeout", "120",
+                          "--out", str(tmp_path / "lcd")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     first = p.stdout.readline()
     flash = first.split("| flash ")[1].split(" |")[0]

@@ -198,7 +198,8 @@ def _check_paths(args, script, out: Path):
     inputs = [script if script.is_file() else None, *args.image, args.flash, *(args.kfpkg or []),
               *kmodels]
     if out.suffix.lower() == ".png":
-        check_outputs([("--out", out)], inputs)
+        if out.parent.is_dir():          # else the folder is made: it cannot hold an input
+            check_outputs([("--out", out)], inputs)
         for i in inputs:       # the later frames go to OUT-1.png, OUT-2.png ...
             p = Path(i) if i else None
             if p is not None and p.parent.resolve() == out.parent.resolve() and \
@@ -259,4 +260,5 @@ def cmd_demo(args) -> int:
                                            if res.pngs else ""))
     if res.stop == "signal":
         return 143
-    return 1 if res.error is not None or res.stop in ("timeout", "host") else 0
+    # an endless script stopped by the camera running out or by the watchdog ended normally
+    return 1 if res.error is not None or res.stop == "host" else 0
