@@ -337,7 +337,16 @@ CALIBRATION_CASES = {
                 ("x.npy", "not a .npy")),
     "empty-npz": (lambda d: (np.savez(d / "x.npz"), d / "x.npz")[-1], ("no arrays",)),
     "huge-claim-npy": (lambda d: _huge_npy(d / "x.npy"), ("declares",)),
+    "bomb-png": (lambda d: (bomb_png(d / "big.png"), d)[-1], ("big.png", "30000x30000")),
+    "truncated-jpg": (lambda d: (_truncated_jpg(d / "t.jpg"), d)[-1], ("t.jpg", "truncated")),
+    "beyond-float32": (lambda d: _npy(d / "x.npy", np.full((2, 3, 16, 16), 1e300)), ("inf", "float32")),
 }
+
+
+def _truncated_jpg(path):
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), np.uint8)).save(path)
+    path.write_bytes(path.read_bytes()[:400])
+    return path
 
 
 def _huge_npy(path):
@@ -362,6 +371,15 @@ def test_bad_calibration_data(case, model, tmp_path, capsys):
     assert "layout=" not in last                    # no Python keyword a CLI user cannot pass
     keep.check()
     nothing_at(out)
+
+
+def test_rerunning_into_an_input_folder_is_fine_for_files_nobody_reads(model, tmp_path, capsys):
+    """The kmodel (and its report) may live in the dataset folder; a second run replaces them."""
+    m, ds = model
+    for _ in range(2):
+        rc, _, err = cli(capsys, "convert", m, ds / "m.kmodel", "--dataset", ds, "-q", "--report", ds / "r.json")
+        assert rc == 0, err
+    assert (ds / "m.kmodel").stat().st_size > 0
 
 
 def test_channels_last_npy_calibrates(model, tmp_path, capsys):
@@ -844,6 +862,9 @@ def test_float_input_model_refuses_non_finite(tmp_path, capsys):
     np.save(x, np.array([1.0, np.nan, 2.0, 3.0], np.float32))
     rc, out, err = cli(capsys, "run", kmodel("iris_v3.kmodel"), "-i", x)
     refused(rc, err, "nan")
+    np.save(x, np.array([1e300, 3.5, 1.4, 0.2], np.float64))    # Inf once cast to float32
+    rc, out, err = cli(capsys, "run", kmodel("iris_v3.kmodel"), "-i", x)
+    refused(rc, err, "float32", "inf")
     np.save(x, np.array([5.1, 3.5, 1.4, 0.2], np.float64))      # float64 is fine
     rc, out, err = cli(capsys, "run", kmodel("iris_v3.kmodel"), "-i", x)
     assert rc == 0, err
@@ -867,7 +888,7 @@ def _wait_for(proc, needle, timeout=60):
     raise AssertionError(f"never saw {needle!r}: {seen} (exit {proc.returncode}) {err}")
 
 
-def _sigterm_leaves_nothing(argv, ready, tmp_path):
+def _sigterm_leaves_nothing(argv, ready, tmp_path, sig=signal.SIGTERM):
     tmp = tmp_path / "TMP"
     tmp.mkdir()
     env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp), PYTHONUNBUFFERED="1")
@@ -875,15 +896,20 @@ def _sigterm_leaves_nothing(argv, ready, tmp_path):
                             stderr=subprocess.PIPE, text=True, env=env)
     _wait_for(proc, ready)
     assert list(tmp.iterdir()), "expected a temporary flash image while running"
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err, err
-    assert proc.returncode in (0, 143), (proc.returncode, err)
+    assert proc.returncode in (0, 128 + sig), (proc.returncode, err)
     assert not list(tmp.iterdir()), f"left behind: {list(tmp.rglob('*'))}"
 
 
 def test_sigterm_board_removes_its_flash_image(tmp_path):
     _sigterm_leaves_nothing(["board", "--pty"], "DTR/RTS socket", tmp_path)
+
+
+def test_sighup_board_removes_its_flash_image(tmp_path):
+    """The terminal that ran `tl2k210 board --pty` was closed."""
+    _sigterm_leaves_nothing(["board", "--pty"], "DTR/RTS socket", tmp_path, signal.SIGHUP)
 
 
 def test_sigterm_demo_removes_its_flash_image(tmp_path):

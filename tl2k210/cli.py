@@ -49,12 +49,19 @@ def build_parser(only=None):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so that every `with`/`finally` cleans up (temporary flash
-    images, half-written outputs) before the process ends."""
+    """SIGTERM or SIGHUP, raised like Ctrl-C so that every `with`/`finally` cleans up (temporary
+    flash images, half-written outputs) before the process ends."""
+
+    def __init__(self, signum=signal.SIGTERM):
+        super().__init__(signum)
+        self.signum = signum
 
 
-def _on_sigterm(signum, frame):
-    raise Terminated()
+def _on_signal(signum, frame):
+    raise Terminated(signum)
+
+
+CLEANUP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def main(argv=None):
@@ -62,10 +69,12 @@ def main(argv=None):
     verb = argv[0] if argv and not argv[0].startswith("-") else None
     parser = build_parser(only=verb if verb in VERBS else None)
     args = parser.parse_args(argv)
+    previous = {}
     try:
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        for sig in CLEANUP_SIGNALS:
+            previous[sig] = signal.signal(sig, _on_signal)
     except ValueError:          # not the main thread: leave signals alone
-        previous = None
+        pass
     try:
         rc = args.func(args) or 0
         sys.stdout.flush()          # a closed pipe shows here, not at interpreter exit
@@ -75,7 +84,7 @@ def main(argv=None):
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, Terminated)
         _say(f"tl2k210 {args.verb}: {'terminated' if terminated else 'interrupted'}")
-        return 143 if terminated else 130
+        return 128 + int(exc.signum) if terminated else 130
     except BrokenPipeError:
         # the reader went away (`tl2k210 inspect M | head -1`): stop quietly, as Unix tools do
         try:
@@ -97,8 +106,8 @@ def main(argv=None):
                      "tl2k210: please report it with the command line (TL2K210_TRACEBACK=1 shows "
                      "the traceback)", code=3)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _say(text):

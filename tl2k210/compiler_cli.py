@@ -72,9 +72,12 @@ def _load_network(path):
     mod = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(mod)
-        if not hasattr(mod, "build"):
+        if not callable(getattr(mod, "build", None)):
             raise Tl2k210Error(f"{path}: define build() returning the TensorLayer model")
-        return mod.build()
+        net = mod.build()
+        if net is None:
+            raise Tl2k210Error(f"--network {path}: build() returned None; return the TensorLayer model")
+        return net
     except Tl2k210Error:
         raise
     except Exception as exc:     # the user's code failed: say where, not our traceback

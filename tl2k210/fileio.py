@@ -20,6 +20,9 @@ import tempfile
 from tl2k210.errors import InputFileError, OutputPathError
 
 TEMP_PREFIX = ".tl2k210-"
+# files a verb reads from an input folder (dataset, SavedModel, zoo recipe): never replaced
+READ_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".npy", ".npz", ".pb", ".onnx", ".tflite", ".h5",
+                 ".keras", ".py", ".toml", ".index", ".txt")
 
 
 def _stat(path):
@@ -111,7 +114,8 @@ def check_outputs(outputs, inputs=()):
     """`outputs`: [(label, path)] (None paths skipped); `inputs`: paths (files or folders) the
     command reads. Refuses, before any work, an output that is an input or another output, an
     existing output inside an input folder (it would replace a file the command reads), and
-    outputs that cannot be written."""
+    outputs that cannot be written. (A .kmodel/.json/.kfpkg written again into a SavedModel
+    folder is fine: nothing reads it.)"""
     outs = [(label, os.fspath(p)) for label, p in outputs if p is not None]
     ins = [os.fspath(p) for p in inputs if p is not None]
     for i, (label, out) in enumerate(outs):
@@ -121,7 +125,8 @@ def check_outputs(outputs, inputs=()):
                     f"{label} {out} is the same file as the input {src}"
                     f"{' (a link to it)' if os.path.realpath(out) != os.path.realpath(src) else ''}; "
                     "refusing to overwrite it: choose another output path")
-            if os.path.isdir(src) and os.path.lexists(out) and _inside(out, src):
+            if os.path.isdir(src) and os.path.lexists(out) and _inside(out, src) and \
+                    (os.path.splitext(out)[1].lower() in READ_SUFFIXES or ".data-" in out):
                 raise OutputPathError(
                     f"{label} {out} is a file inside the input folder {src}; refusing to replace "
                     "it: choose another output path")

@@ -236,6 +236,8 @@ def cmd_list(args):
 
 
 def cmd_build(args):
+    if not str(args.out).strip():
+        raise Tl2k210Error("--out: empty path; give an output folder (default out/zoo)")
     rep = build(args.name, args.out, progress=not args.quiet)
     print(Path(rep["kmodel"]).with_suffix(".report.txt").read_text())
     print(f"\nwrote {rep['kmodel']}, {rep['kfpkg']} (model at {rep['flash_address']})"

@@ -128,6 +128,13 @@ def _array_input(path, shape, dtype):
             raise InputFileError(f"{path} declares shape {x.shape} ({x.size} values); {text}")
     else:
         x = load_npy(path, expect_size=want, expect_text=text)
+    if np.dtype(dtype).kind == "f":
+        with np.errstate(over="ignore"):
+            cast = x.astype(dtype)
+        if not np.isfinite(cast).all():
+            raise InputFileError(f"{path} holds values beyond the {np.dtype(dtype).name} range the "
+                                 f"model takes (up to {np.finfo(dtype).max:.3g}): they would become "
+                                 "Inf; scale the input")
     if dtype == np.uint8 and x.dtype != np.uint8:
         lo, hi = (x.min(), x.max()) if x.size else (0, 0)
         if lo < 0 or hi > 255 or (x.dtype.kind == "f" and not np.array_equal(x, np.round(x))):

@@ -180,6 +180,7 @@ def _check_paths(args, script, out: Path):
     a folder) is writable and none of it is an input."""
     from tl2k210.fileio import check_outputs, check_readable, check_writable
     from tl2k210.imaging import open_image
+    from tl2k210.k210 import kmodel
     for img in args.image:
         if not Path(img).is_file():
             raise Tl2k210Error(f"no image {img}")
@@ -189,6 +190,8 @@ def _check_paths(args, script, out: Path):
                         ("kmodel", kmodels)):
         for path in paths:
             check_readable(path, f"--{flag}")
+    for path in kmodels:
+        kmodel.load(path)                 # a clean error now, not a failing kpu.load in the script
     if args.flash and os.path.getsize(args.flash) != 16 << 20:
         raise Tl2k210Error(f"--flash {args.flash} is {os.path.getsize(args.flash)} bytes, not a "
                            "16 MiB flash image; pass --kfpkg or --kmodel to build one")
