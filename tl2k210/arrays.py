@@ -21,11 +21,12 @@ _KINDS = {"U": "str", "S": "bytes", "O": "Python object", "V": "record (structur
 
 
 def _size(n: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+    if n < 1024:
+        return f"{n} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
         n /= 1024
-    return f"{n} bytes"
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}"
 
 
 def _header(fh, where):

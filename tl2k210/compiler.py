@@ -196,6 +196,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     """Convert `source` (path or model object) to a kmodel v3 at `output`. Nothing is written
     unless every step succeeds (atomic rename)."""
     from tl2k210 import frontends
+    from tl2k210.fileio import check_outputs
     from tl2k210.graph import from_onnx
     from tl2k210.k210.emulator import Emulator
     from tl2k210.k210.lower import Options, lower
@@ -204,7 +205,6 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     from tl2k210.quantize.metrics import sqnr_db
 
     opts = opts or ConvertOptions()
-    from tl2k210.fileio import check_outputs
     check_outputs([("output", output)], [source if isinstance(source, (str, os.PathLike)) else None,
                                          opts.dataset])
     if opts.runtime not in RUNTIME_BUDGET:

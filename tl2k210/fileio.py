@@ -68,8 +68,30 @@ def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def _nearest_folder(path, label, shown):
+    """The nearest existing ancestor folder of `path` (refusing a file on the way)."""
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise OutputPathError(f"{label} {shown}: {probe} is not a folder")
+    return probe
+
+
+def _probe(folder, label, shown):
+    """Create and remove a temporary file in `folder`: what the write will need."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise OutputPathError(f"cannot write {label} {shown}: {folder}: {_why(exc)}; choose a path "
+                              "in a writable folder") from None
+
+
 def check_writable(path, label: str = "output", make_parents: bool = False):
-    """Refuse an output path that cannot be written, before the work starts."""
+    """Refuse an output path that cannot be written, before the work starts (`make_parents`:
+    its missing folders will be created)."""
     p = os.fspath(path)
     if not p:
         raise OutputPathError(f"{label}: empty path; give a file name")
@@ -83,28 +105,12 @@ def check_writable(path, label: str = "output", make_parents: bool = False):
         if not stat.S_ISREG(st.st_mode):
             raise OutputPathError(f"{label} {p} is a device or socket, not a file; choose a file "
                                   "name")
-    folder = os.path.dirname(os.path.realpath(p)) or "."
-    probe = folder
-    while make_parents and not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    fst = _stat(probe)
-    if fst is None:
-        near = probe
-        while near and not os.path.exists(near):
-            near = os.path.dirname(near)
-        if near and os.path.exists(near) and not os.path.isdir(near):
-            raise OutputPathError(f"{label} {p}: {near} is not a folder")
+    folder = os.path.dirname(os.path.realpath(p))
+    near = _nearest_folder(folder, label, p)
+    if near != folder and not make_parents:
         raise OutputPathError(f"{label} {p}: the folder {folder} does not exist; create it "
                               f"(mkdir -p {folder}) or choose another path")
-    if not stat.S_ISDIR(fst.st_mode):
-        raise OutputPathError(f"{label} {p}: {probe} is not a folder")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=probe)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as exc:
-        raise OutputPathError(f"cannot write {label} {p}: {probe}: {_why(exc)}; choose a path in "
-                              "a writable folder") from None
+    _probe(near, label, p)
     if st is not None and not os.access(p, os.W_OK):
         raise OutputPathError(f"{label} {p} is read-only; make it writable (chmod u+w) or choose "
                               "another name")
@@ -141,19 +147,12 @@ def make_folder(path, label: str = "output folder") -> list:
     """An output folder, created with its parents if missing (before the work); refuses a file or
     an unwritable place. Returns the folders it created, for `remove_folders` if the work fails."""
     p = os.path.abspath(os.fspath(path))
-    missing, probe = [], p
-    while not os.path.exists(probe):
-        missing.append(probe)
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise OutputPathError(f"{label} {path}: {probe} is not a folder")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=probe)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as exc:
-        raise OutputPathError(f"cannot write {label} {path}: {probe}: {_why(exc)}; choose a "
-                              "writable folder") from None
+    near = _nearest_folder(p, label, path)
+    _probe(near, label, path)
+    missing = []
+    while p != near:
+        missing.append(p)
+        p = os.path.dirname(p)
     created = []
     try:
         for d in reversed(missing):
@@ -226,7 +225,7 @@ def read_bytes(path, limit: int, what: str = "file") -> bytes:
     except OSError as exc:
         raise InputFileError(f"cannot read {p}: {exc.strerror or exc}") from None
     if len(data) > limit:
-        raise InputFileError(f"{p} is larger than {limit // 2**20} MiB; that is not a {what}",)
+        raise InputFileError(f"{p} is larger than {limit // 2**20} MiB; that is not a {what}")
     return data
 
 

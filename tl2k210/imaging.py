@@ -15,30 +15,26 @@ MAX_PIXELS = 89_478_485
 
 def open_image(path, mode: str = "RGB") -> Image.Image:
     """An image file as a PIL image in `mode` ("RGB" or "L"), refusing what would give wrong
-    pixels or exhaust memory: decompression bombs (by the size the header declares), float
-    images; 16-bit images are scaled to 8 bits (not clipped to white), palette/CMYK/alpha modes
-    converted, EXIF orientation applied (a phone photo is upright as the user sees it), the first
-    frame of an animation taken (and said)."""
+    pixels or exhaust memory: decompression bombs (by the size the header declares, before
+    decoding), float images; 16-bit images are scaled to 8 bits (not clipped to white),
+    palette/CMYK/alpha modes converted, EXIF orientation applied (a phone photo is upright as the
+    user sees it), the first frame of an animation taken (and said)."""
     import sys
 
-    import warnings
-
     from PIL import ImageOps
+    limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None    # we check the size ourselves
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            im = Image.open(path)
+        im = Image.open(path)                    # lazy: reads the header only
     except FileNotFoundError:
         raise InputFileError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise InputFileError(f"{path} is a folder, not an image") from None
-    except Image.DecompressionBombError:
-        im = None
     except Exception as exc:  # PIL raises many types (OSError, SyntaxError, ValueError...)
         raise InputFileError(f"cannot read image {path}: {exc}; is it a jpg/png/bmp file?") from None
-    if im is None or im.width * im.height > MAX_PIXELS:
-        size = f"{im.width}x{im.height}" if im is not None else _declared_size(path)
-        raise InputFileError(f"image {path} declares {size} pixels, more than the "
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+    if im.width * im.height > MAX_PIXELS:
+        raise InputFileError(f"image {path} declares {im.width}x{im.height} pixels, more than the "
                              f"{MAX_PIXELS // 10**6} Mpx tl2k210 decodes (a decompression bomb?); "
                              "downscale it first (the model input is at most 512x256)")
     try:
@@ -50,49 +46,24 @@ def open_image(path, mode: str = "RGB") -> Image.Image:
         if im.mode == "F":
             raise InputFileError(f"{path} is a floating-point image: its pixel range is unknown; "
                                  "save it as 8-bit (or pass the values as a .npy array)")
-        if im.mode.startswith("I;16") or im.mode == "I":
+        if im.mode.startswith("I"):              # I;16* (16-bit), I (32-bit int; 16-bit PNG in old PIL)
             a = np.asarray(im)
-            if im.mode == "I" and a.max(initial=0) <= 255 and a.min(initial=0) >= 0:
+            lo, hi = int(a.min(initial=0)), int(a.max(initial=0))
+            if im.mode == "I" and im.format != "PNG" and 0 <= lo and hi <= 255:
                 im = Image.fromarray(a.astype(np.uint8), "L")
-            elif a.min(initial=0) >= 0 and a.max(initial=0) <= 65535:
+            elif 0 <= lo and hi <= 65535:
                 im = Image.fromarray((a.astype(np.uint32) >> 8).astype(np.uint8), "L")
             else:
-                raise InputFileError(f"{path}: 32-bit integer pixels {a.min()}..{a.max()} are no "
-                                     "image range; save it as 8- or 16-bit")
+                raise InputFileError(f"{path}: 32-bit integer pixels {lo}..{hi} are no image range; "
+                                     "save it as 8- or 16-bit")
         if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
             im = im.convert("RGBA" if mode == "RGB" else "LA")
         return im.convert(mode)
     except InputFileError:
         raise
     except Exception as exc:
-        raise InputFileError(f"cannot decode image {path}: {exc}; the file is truncated or "
-                             "corrupt") from None
-
-
-def _declared_size(path) -> str:
-    """WxH from a PNG/GIF/BMP/JPEG header PIL refused to open (decompression bomb)."""
-    import struct
-    with open(path, "rb") as fh:
-        head = fh.read(64 * 1024)
-    if head.startswith(b"\x89PNG") and len(head) >= 24:
-        w, h = struct.unpack(">II", head[16:24])
-        return f"{w}x{h}"
-    if head[:3] == b"GIF" and len(head) >= 10:
-        w, h = struct.unpack("<HH", head[6:10])
-        return f"{w}x{h}"
-    if head[:2] == b"BM" and len(head) >= 26:
-        w, h = struct.unpack("<ii", head[18:26])
-        return f"{w}x{abs(h)}"
-    i = 2
-    while head[:2] == b"\xff\xd8" and i + 9 < len(head):
-        if head[i] != 0xFF:
-            break
-        marker, n = head[i + 1], struct.unpack(">H", head[i + 2:i + 4])[0]
-        if marker in (0xC0, 0xC1, 0xC2):
-            h, w = struct.unpack(">HH", head[i + 5:i + 9])
-            return f"{w}x{h}"
-        i += 2 + n
-    return "too many"
+        raise InputFileError(f"cannot decode image {path}: {exc}; the file is truncated, corrupt or "
+                             "in a pixel format tl2k210 does not convert") from None
 
 
 def load_rgb(path) -> Image.Image:

@@ -35,12 +35,15 @@ def _baud_arg(text):
     return baud
 
 
-def check_baud(baud, board):
-    """Refuse a rate above what the chosen board's USB-serial bridge is rated for."""
+def check_link_args(args):
+    """Before any work: the baud rate fits the chosen board's USB-serial bridge, --stub exists."""
+    from tl2k210.fileio import check_readable
     from tl2k210.flash.boards import get_board
-    if board is None:
+    if args.stub:
+        check_readable(args.stub, "--stub")
+    if args.board is None:
         return
-    b = get_board(board)
+    b, baud = get_board(args.board), args.baud
     if baud > b.max_baud:
         raise Tl2k210Error(f"--baud {baud} is above what the {b.name} board's USB-serial bridge is "
                            f"rated for ({b.max_baud}{': ' + b.notes if b.notes else ''}); use "
@@ -205,10 +208,6 @@ def _auto_port(board):
 def _do_flash(args, images):
     from tl2k210.flash.flasher import Progress, flash_images
 
-    check_baud(args.baud, args.board)
-    if args.stub:
-        from tl2k210.fileio import check_readable
-        check_readable(args.stub, "stage-2 flash program")
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     log = (lambda m: print(f"tl2k210: {m}", file=sys.stderr)) if args.verbose else None
     port = args.port or _auto_port(args.board)
@@ -234,7 +233,7 @@ def _warn(lines):
 
 
 def cmd_flash(args):
-    check_baud(args.baud, args.board)
+    check_link_args(args)
     images = _collect_images(args.images)
     _warn(address_warnings(images))
     _do_flash(args, images)
@@ -304,7 +303,7 @@ def cmd_deploy(args):
 
     address = args.address
     check_readable(args.model, "model")
-    check_baud(args.baud, args.board)
+    check_link_args(args)
     check_outputs([("-o", args.kfpkg)], [args.model, args.firmware, args.dataset, args.stub])
     firmware = read_bytes(args.firmware, FLASH_SIZE_16M, "firmware image") if args.firmware else None
     with tempfile.TemporaryDirectory(prefix="tl2k210-deploy-") as tmp:

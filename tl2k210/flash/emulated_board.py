@@ -75,6 +75,16 @@ class BoardStats:
         return self.write_bytes / (baud / 10.0 * (self.write_t1 - self.write_t0))
 
 
+def wiring_lines(wiring):
+    """(RESET line, IO16 line) of a board preset; (None, None) for isp_on_open / manual."""
+    if wiring in ("isp_on_open", "manual"):
+        return None, None
+    b = get_board(wiring)
+    if not b.reset_line:
+        raise ValueError(f"the emulator has no wiring model for board {wiring!r}")
+    return b.reset_line, b.boot_line
+
+
 class K210Core:
     """The transport-independent chip: ``feed(bytes, now)`` and ``tick(now)`` return bytes to send
     back; ``set_line`` models RESET/IO16."""
@@ -98,13 +108,7 @@ class K210Core:
         self._release_at = None
         self.lines = {"dtr": False, "rts": False}
         self.wiring = wiring
-        if wiring in ("isp_on_open", "manual"):
-            self.reset_line = self.boot_line = None
-        else:
-            b = get_board(wiring)
-            if not b.reset_line:
-                raise ValueError(f"the emulator has no wiring model for board {wiring!r}")
-            self.reset_line, self.boot_line = b.reset_line, b.boot_line
+        self.reset_line, self.boot_line = wiring_lines(wiring)
         self.state = initial_state or (self.ROM if wiring in ("isp_on_open", "manual")
                                        else self.APP)
         self.boot_ok = None
@@ -412,8 +416,7 @@ class EmulatedBoard:
     def __init__(self, flash_path=None, wiring="dan", throttle=False, faults: FaultConfig = None,
                  flash_size=FLASH_SIZE_16M, known_stubs=None, write_time_s=0.0, reset_flash=None,
                  check_baud=True):
-        if wiring not in ("isp_on_open", "manual"):
-            K210Core(bytearray(0), wiring)              # unknown wiring: refuse before any file
+        wiring_lines(wiring)                # an unknown wiring is refused before any file exists
         self._tmpdir = tempfile.mkdtemp(prefix="tl2k210-board-")
         self.flash_path = flash_path or os.path.join(self._tmpdir, "flash.bin")
         if reset_flash or not os.path.exists(self.flash_path) or \

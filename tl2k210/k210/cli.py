@@ -218,14 +218,6 @@ def _is_stream(path) -> bool:
     return stat.S_ISCHR(m) or stat.S_ISFIFO(m)
 
 
-def _grid(emu, size, n_anchors):
-    from tl2k210.k210.yolo import region_grid
-    try:
-        return region_grid(emu.model, size)
-    except ValueError as exc:
-        raise Tl2k210Error(f"{exc} ({n_anchors} anchors)") from None
-
-
 def _write_result(args, outputs, result, image, boxes, chw_shape, labels=None):
     import io
 
