@@ -189,11 +189,8 @@ def _group(w):
     return hw.row_layout(w)[0]
 
 
-def _split(n, size, align=1):
-    """[(a, b)] chunks of at most `size` (a multiple of `align` unless it is the whole)."""
-    if size >= n:
-        return [(0, n)]
-    size = max(align, size // align * align)
+def _split(n, size):
+    """[(a, b)] chunks of at most `size` covering range(n)."""
     return [(i, min(n, i + size)) for i in range(0, n, size)]
 
 
@@ -204,20 +201,16 @@ def _group_units(geo, q):
 
 
 def _grouped_q(geo):
-    """Groups per tile for a grouped conv: the cheapest aligned choice by the cost model."""
+    """(groups per tile, its cost, the cost of one dense tile) for a grouped conv: the cheapest
+    aligned split by the cost model (KPU cycles of all its tiles)."""
     ci, h, w = geo.in_shape
     co, G, k = geo.co, geo.groups, geo.k
     m, n = ci // G, co // G
     gi, go = _group(w), _group(geo.kpu_out[2])
-    best = None
-    for q in range(1, G + 1):
-        if G % q or (q * m) % gi or (q * n) % go:
-            continue
-        macs = h * w * (q * n) * (q * m) * k * k
-        cyc = (G // q) * kpu.estimate_cycles(macs, (q * n) * (q * m) * k * k)
-        if best is None or cyc < best[0]:
-            best = (cyc, q)
-    return best[1] if best else G
+    cost = {q: (G // q) * kpu.estimate_cycles(h * w * (q * n) * (q * m) * k * k, (q * n) * (q * m) * k * k)
+            for q in range(1, G + 1) if q == G or not (G % q or (q * m) % gi or (q * n) % go)}
+    q = min(cost, key=cost.get)
+    return q, cost[q], cost[G]
 
 
 def plan_for(lw, node) -> Plan:
@@ -233,10 +226,13 @@ def plan_for(lw, node) -> Plan:
     if geo.groups == 1 or geo.depthwise:
         units, why = [((0, ci), (0, co))], ""
     else:   # MaixPy checks the first layer reads the image's channels: one tile for it
-        q = geo.groups if node.inputs[0] == lw.g.inputs[0] else _grouped_q(geo)
+        q, cyc, dense = _grouped_q(geo)
+        if node.inputs[0] == lw.g.inputs[0]:
+            q, cyc = geo.groups, dense
         units = _group_units(geo, q)
-        why = (f"group {geo.groups}: {len(units)} block-diagonal dense tiles of {q} group(s) "
-               f"({ci // geo.groups}->{co // geo.groups} channels each), the cheapest aligned split")
+        why = (f"group {geo.groups}: {len(units)} block-diagonal dense tile(s) of {q} group(s) "
+               f"({ci // geo.groups}->{co // geo.groups} channels each), est. {cyc:,} cycles"
+               + ("" if q == geo.groups else f" (the cheapest aligned split; one dense layer: {dense:,})"))
     lines_in = hw.map_lines(ci, h, w)
     first = node.inputs[0] == lw.g.inputs[0]
     fits = lines_in + hw.map_lines(co, ph, pw) <= cap
@@ -261,10 +257,10 @@ def plan_for(lw, node) -> Plan:
                     f"output-channel chunks of <= {n}, each streamed to its slice of the output")
     elif geo.groups != 1 and node.inputs[0] != lw.g.inputs[0] and not tall:
         per_in, per_out = ci // geo.groups, co // geo.groups
-        fits = [q for q in range(1, geo.groups + 1)
-                if hw.map_lines(q * per_in, h, w) + hw.map_lines(q * per_out, ph, pw) <= cap]
-        if fits:
-            q = min(max(fits), (units[0][1][1] - units[0][1][0]) // per_out)
+        qs = [q for q in range(1, geo.groups + 1)
+              if hw.map_lines(q * per_in, h, w) + hw.map_lines(q * per_out, ph, pw) <= cap]
+        if qs:
+            q = min(max(qs), (units[0][1][1] - units[0][1][0]) // per_out)
             units = _group_units(geo, q)
             plan = Plan(units, [whole], False, False,
                         f"the {ci}x{h}x{w} input and {co}x{ph}x{pw} output exceed {limit}: {len(units)} "
