@@ -1,12 +1,13 @@
 # Two entry points, each bootstraps .venv idempotently:
 #   make demo   convert/emulate a model on a real image, write the annotated PNG and the report
-#   make test   run the test suite
+#   make test        run the whole test suite (slow tests included)
+#   make test-fast   the suite without the tests marked slow (< 2 minutes)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test test-fast bench venv clean
 
 venv: $(STAMP)
 
@@ -20,8 +21,14 @@ $(STAMP): pyproject.toml requirements.lock
 demo: $(STAMP)
 	$(PY) -m tl2k210.demo --out out/demo
 
+# --dist loadgroup: tests sharing a module fixture run on one worker (tests/conftest.py)
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup
+
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 tests
+	$(PYTEST) tests
+
+test-fast: $(STAMP)
+	$(PYTEST) -m "not slow" tests
 
 bench: $(STAMP)
 	$(PY) bench/emulator.py

@@ -17,7 +17,8 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
+from tl2k210 import paths  # noqa: E402
+TESTDATA = paths.testdata_dir()
 
 
 def calibration_folder(n=100):

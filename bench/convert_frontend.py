@@ -6,14 +6,14 @@ Prints a table and writes bench/results/convert_frontend.json.
 """
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
+from tl2k210 import paths  # noqa: E402
+TESTDATA = paths.testdata_dir()
 
 
 def main():

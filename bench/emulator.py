@@ -22,7 +22,8 @@ sys.path.insert(0, str(REPO))
 from tl2k210.k210 import kmodel  # noqa: E402
 from tl2k210.k210.emulator import Emulator, fast  # noqa: E402
 
-TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
+from tl2k210 import paths  # noqa: E402
+TESTDATA = paths.testdata_dir()
 MODELS = [("facedetect_320x240_v3", TESTDATA / "kmodels"), ("yolo20_v3", TESTDATA / "kmodels"),
           ("yolo20_v4", TESTDATA / "kmodels"),
           # the largest corpus kmodel (3.9 MB, MobileNet-YOLOv3, 32 KPU layers)

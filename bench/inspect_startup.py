@@ -4,14 +4,15 @@
 """
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
+sys.path.insert(0, str(REPO))
+from tl2k210 import paths  # noqa: E402
+TESTDATA = paths.testdata_dir()
 
 
 def main():

@@ -1,11 +1,28 @@
-"""Shared fixtures: the real files in ../shared/testdata (override: TL2K210_TESTDATA)."""
+"""Shared fixtures and suite-speed rules.
+
+* Real files come from ../shared/testdata (override: TL2K210_TESTDATA): `data_path(...)` skips
+  with a reason when one is missing.
+* `zoo_build(name)` (session fixture) builds a zoo model ONCE per test run, shared by the xdist
+  workers (file lock; the second worker waits and reuses the files): never call `zoo.build` in
+  a test for a model the fixture gives you.
+* Tests that take seconds are marked `slow` (`make test-fast` skips them, `make test` runs them):
+  anything using `zoo_build` is marked automatically; mark the rest yourself with
+  `@pytest.mark.slow` (conversions of real-size networks, fault trials, fuzzing, training).
+  Slow tests are scheduled first so that no long test starts last on one worker.
+"""
+import contextlib
+import fcntl
+import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
+from tl2k210 import paths
+
 REPO = Path(__file__).resolve().parents[1]
-TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
+TESTDATA = paths.testdata_dir()
 KMODELS = TESTDATA / "kmodels"
 KMODEL_FILES = sorted(KMODELS.glob("*.kmodel")) if KMODELS.is_dir() else []
 
@@ -27,3 +44,92 @@ def data_path(*parts) -> Path:
 @pytest.fixture
 def kmodel_path():
     return lambda name: data_path("kmodels", name)
+
+
+# ---------------------------------------------------------------------------------------------
+# one build per zoo model per test run, shared across xdist workers
+def _shared_dir(tmp_path_factory) -> Path:
+    """A folder every worker of this run sees (pytest-xdist: the parent of the workers' basetemp)
+    and no other run does."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory):
+    """tl2k210's user cache (built zoo models, ~/.cache/tl2k210) is a folder of this run:
+    tests neither read a model the user built nor leave files in their home."""
+    old = os.environ.get("TL2K210_CACHE")
+    os.environ["TL2K210_CACHE"] = str(_shared_dir(tmp_path_factory) / "user-cache")
+    yield
+    if old is None:
+        os.environ.pop("TL2K210_CACHE", None)
+    else:
+        os.environ["TL2K210_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def zoo_build(tmp_path_factory):
+    """zoo_build(NAME) -> the report dict of `tl2k210.zoo.build(NAME, folder)` (kmodel, kfpkg,
+    receipt, ...), built once per run. Treat the files as read-only."""
+    root = _shared_dir(tmp_path_factory) / "zoo-builds"
+    root.mkdir(exist_ok=True)
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            pytest.importorskip("tensorflow", reason="zoo builds need TensorFlow")
+            pytest.importorskip("tensorlayer", reason="zoo builds need TensorLayer")
+            out = root / name
+            report = out / f"{name}.report.json"
+            with _locked(root / f"{name}.lock"):
+                if not report.is_file():
+                    from tl2k210 import zoo
+                    zoo.build(name, out, progress=False)
+            cache[name] = json.loads(report.read_text())
+        return cache[name]
+    return get
+
+
+# ---------------------------------------------------------------------------------------------
+def _uses_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = getattr(info, "name2fixturedefs", {}) or {}
+    return any(d and d[-1].scope in ("module", "class") for d in defs.values())
+
+
+@pytest.hookimpl(tryfirst=True)      # before xdist turns xdist_group marks into scopes
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "zoo_build" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+        # with `--dist loadgroup` (make test) the tests sharing a module-scoped fixture run on
+        # one worker, so that fixture is built once; the other tests spread one by one
+        if _uses_module_fixture(item) and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    # modules holding slow tests first, each module kept contiguous (module fixtures are set up
+    # once): long tests start while the other worker still has many short ones to take
+    first = {}
+    for i, item in enumerate(items):
+        mod = item.nodeid.split("::")[0]
+        slow = item.get_closest_marker("slow") is not None
+        first[mod] = min(first.get(mod, (1, i)), (0 if slow else 1, i))
+    items.sort(key=lambda it: first[it.nodeid.split("::")[0]])
+
+
+def pytest_runtest_setup(item):
+    # TensorLayer layers cost seconds each to construct under pytest (inspect.stack); once a test
+    # module has imported tensorlayer, make construction cheap (same layers, see fast_layer_init)
+    if "tensorlayer.layers.core" in sys.modules:
+        from tl2k210.frontends.tensorlayer import fast_layer_init
+        fast_layer_init()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tl2k210 import paths
 from tl2k210.flash import image as fw_image
 from tl2k210.flash.emulated_board import EmulatedBoard, FaultConfig
 from tl2k210.flash.flasher import Flasher
@@ -19,8 +20,8 @@ PY = sys.executable
 
 
 def shared_testdata():
-    d = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
-    if not d.is_dir():
+    d = paths.testdata_dir()
+    if d is None or not d.is_dir():
         pytest.skip(f"test data not found at {d} (set TL2K210_TESTDATA)")
     return d
 

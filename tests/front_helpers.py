@@ -1,14 +1,15 @@
 """Shared helpers for the front-half tests (tiny ONNX graphs, cached TF conversions, testdata)."""
 import functools
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tl2k210 import paths
+
 REPO = Path(__file__).resolve().parents[1]
-TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
+TESTDATA = paths.testdata_dir()
 RNG = np.random.default_rng(0)
 
 

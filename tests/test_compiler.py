@@ -154,6 +154,7 @@ def mobilenet(tmp_path_factory):
     return net, out, receipt
 
 
+@pytest.mark.slow
 def test_mobilenet_v1_tensorlayer_agrees_with_float(mobilenet):
     from tl2k210 import frontends
     from tl2k210.compiler import model_inputs

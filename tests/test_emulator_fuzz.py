@@ -1,6 +1,7 @@
 """Mutated real kmodels that still parse: the emulator either runs them or raises a
 Tl2k210Error naming the layer; never a bare numpy traceback."""
 import numpy as np
+import pytest
 
 from conftest import data_path
 from tl2k210.errors import Tl2k210Error
@@ -8,6 +9,7 @@ from tl2k210.k210 import kmodel
 from tl2k210.k210.emulator import Emulator
 
 
+@pytest.mark.slow
 def test_emulator_on_mutated_models():
     files = [data_path("kmodels", f"{n}.kmodel").read_bytes() for n in ("mnist_v3", "iris_v3", "iris_v4")]
     rng = np.random.default_rng(7)

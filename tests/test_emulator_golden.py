@@ -117,6 +117,7 @@ def draw_digit(img8: np.ndarray) -> np.ndarray:
     return np.clip(ndimage.shift(frame, (14 - cy, 14 - cx), order=0), 0, 255).astype(np.uint8)
 
 
+@pytest.mark.slow
 def test_mnist_on_sklearn_digits():
     from sklearn.datasets import load_digits
     d = load_digits()

@@ -12,7 +12,7 @@ import pytest
 from flash_helpers import needs_kflash
 from tl2k210.flash.trials import fault_trial, summarize
 
-pytestmark = needs_kflash
+pytestmark = [needs_kflash, pytest.mark.slow]
 SEEDS = range(20)
 SIZE = 256 * 1024
 PARALLEL = 4        # trials mostly wait (subprocesses, line timing), so run a few at once

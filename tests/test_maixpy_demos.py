@@ -1,6 +1,7 @@
 """The firmware/ MaixPy scripts run unchanged on the host (tl2k210.maixpy): real photos through
 the emulated camera, models read from an emulated flash image, LCD frames as PNGs."""
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -109,15 +110,13 @@ def test_face_demo_from_the_real_kfpkg_via_cli(astronaut_png, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def mobilenet_pkg(tmp_path_factory):
-    pytest.importorskip("tensorflow", reason="zoo build needs TensorFlow")
+@pytest.fixture
+def mobilenet_pkg(zoo_build):
     data_path("weights", "mobilenetv1_0.25_tensorlayer.npz")
-    from tl2k210 import zoo
-    out = tmp_path_factory.mktemp("zoo")
-    zoo.build("mobilenet_v1", out, progress=False)
+    built = zoo_build("mobilenet_v1")
+    out = Path(built["kfpkg"]).parent
     assert (out / "mobilenet_v1_main.py").read_text() == (FIRMWARE / "mobilenet_v1.py").read_text()
-    return out / "mobilenet_v1.kfpkg"
+    return Path(built["kfpkg"])
 
 
 def test_mobilenet_demo_tiger(mobilenet_pkg, tmp_path):

@@ -5,6 +5,7 @@ import functools
 import sys
 
 import numpy as np
+import pytest
 
 from front_helpers import REPO, need_testdata, tf
 from tl2k210.graph import from_onnx, run
@@ -15,6 +16,8 @@ from tl2k210.quantize.dataset import Preprocess, image_files, load_image
 sys.path.insert(0, str(REPO))
 from models.mobilenet_v1.network import load_keras_order_npz, mobilenet_v1  # noqa: E402
 
+# the cached networks below are per process: keep this module's tests on one xdist worker
+pytestmark = pytest.mark.xdist_group("mobilenet_tl")
 LABELS = {"n01440764": 0, "n01742172": 61}  # tench, boa constrictor
 PRE = Preprocess((-1.0, 1.0))  # x / 127.5 - 1
 
@@ -82,6 +85,7 @@ def test_tensorlayer_eager_matches_onnx():
     assert ref.argmax() == 292  # tiger
 
 
+@pytest.mark.slow
 def test_kpu_padding_equals_kpu_friendly_network_and_is_measured():
     g, _ = pipeline(False)
     gk, log = pipeline(False, kpu_padding=True)

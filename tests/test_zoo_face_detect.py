@@ -26,10 +26,8 @@ AP_MAX_DROP = 0.03
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    from tl2k210 import zoo
-    out = tmp_path_factory.mktemp("face_detect")
-    return zoo.build("face_detect", out, progress=False)
+def built(zoo_build):
+    return zoo_build("face_detect")
 
 
 @functools.lru_cache(maxsize=None)

@@ -30,10 +30,8 @@ VARIANTS = ("shifted", "brighter", "darker", "flipped", "rescaled", "noisy")
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    from tl2k210 import zoo
-    out = tmp_path_factory.mktemp("face_recognition")
-    return zoo.build("face_recognition", out, progress=False)
+def built(zoo_build):
+    return zoo_build("face_recognition")
 
 
 @pytest.fixture(scope="module")
@@ -145,15 +143,12 @@ def test_demo_cli_face_recognition(built, tmp_path, capsys):
     assert text.count("name=person1") == 2, text
 
 
-def test_pipeline_with_part1_zoo_detector(built):
+def test_pipeline_with_part1_zoo_detector(built, zoo_build):
     """The board pipeline with part 1's own detector (models/face_detect) at 0x300000 instead of
     MaixPy's face model. Measured: astronaut recognised in all 7 frames, Grace Hopper in 5 of 7
     (the zoo detector misses her face in the shifted and rescaled frames), the cameraman is never
     detected (grayscale photo) so never named; no enrolled name goes to the other person."""
-    import tempfile
-
-    from tl2k210 import zoo
-    det = zoo.build("face_detect", tempfile.mkdtemp(prefix="fd-"), progress=False)["kmodel"]
+    det = zoo_build("face_detect")["kmodel"]
     rec = rz.Recognizer(built["kmodel"], det)
     photos = data.real_photos()
     for name in ENROLLED:

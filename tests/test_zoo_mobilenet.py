@@ -1,6 +1,7 @@
 """Zoo: MobileNetV1 recipe build and the transfer-learning recipe (folder of images per class)."""
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,22 +11,23 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("tensorlayer")
 
 
-def test_zoo_list_and_build_mobilenet(tmp_path, capsys):
-    from tl2k210 import zoo
+def test_zoo_list_and_build_mobilenet(zoo_build, capsys):
     from tl2k210.cli import main
     from tl2k210.flash.kfpkg import read_kfpkg
     data_path("weights", "mobilenetv1_0.25_tensorlayer.npz")
     assert main(["zoo", "list"]) == 0
     assert "mobilenet_v1" in capsys.readouterr().out
-    rep = zoo.build("mobilenet_v1", tmp_path, progress=False)
-    kbytes = (tmp_path / "mobilenet_v1.kmodel").read_bytes()
-    images = read_kfpkg(tmp_path / "mobilenet_v1.kfpkg")
+    rep = zoo_build("mobilenet_v1")
+    out = Path(rep["kmodel"]).parent
+    kbytes = (out / "mobilenet_v1.kmodel").read_bytes()
+    images = read_kfpkg(out / "mobilenet_v1.kfpkg")
     assert [(i.address, i.data) for i in images] == [(0x300000, kbytes)]
     r = rep["receipt"]
     assert r["file_size"] + r["main_memory"] <= 2 * 1024 * 1024
-    assert json.loads((tmp_path / "mobilenet_v1.report.json").read_text())["flash_address"] == "0x300000"
+    assert json.loads((out / "mobilenet_v1.report.json").read_text())["flash_address"] == "0x300000"
 
 
+@pytest.mark.slow
 def test_transfer_learning_faces(tmp_path):
     sys.path.insert(0, str(REPO))
     from models.mobilenet_v1 import transfer
@@ -39,6 +41,7 @@ def test_transfer_learning_faces(tmp_path):
     assert (tmp_path / "out" / "classifier.kmodel").exists()
 
 
+@pytest.mark.slow
 def test_larger_alphas_convert_and_which_firmware_they_need(tmp_path):
     """α = 0.5 / 0.75 (untrained weights: only α = 0.25 ImageNet weights ship in the testdata):
     with --kpu-padding α = 0.5 fits the full MaixPy firmware's ~2 MiB, α = 0.75 needs a *_minimum
@@ -48,8 +51,9 @@ def test_larger_alphas_convert_and_which_firmware_they_need(tmp_path):
     from tl2k210.compiler import BudgetError, ConvertOptions, convert
     calib = data_path("imagenet")
 
-    def opts(runtime):
-        return ConvertOptions(dataset=str(calib), input_range=(-1, 1), progress=False, runtime=runtime)
+    def opts(runtime):     # sizes and budgets do not depend on the calibration set: 4 images will do
+        return ConvertOptions(dataset=str(calib), input_range=(-1, 1), progress=False, runtime=runtime,
+                              calib_limit=4, sqnr_samples=1)
 
     half = convert(mobilenet_v1(0.5, kpu_friendly=True), tmp_path / "a050.kmodel", opts("maixpy"))
     assert 1_300_000 < half.file_size < 1_450_000 and half.file_size + half.main_memory <= 2 * 1024 * 1024

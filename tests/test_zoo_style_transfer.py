@@ -26,10 +26,8 @@ MAD_FLOOR = 0.15
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    from tl2k210 import zoo
-    out = tmp_path_factory.mktemp("style_transfer")
-    return zoo.build("style_transfer", out, progress=False)
+def built(zoo_build):
+    return zoo_build("style_transfer")
 
 
 @pytest.fixture(scope="module")

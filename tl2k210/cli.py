@@ -6,6 +6,7 @@ modules are imported lazily so `inspect` and `run` never pull in TensorFlow.
 import argparse
 import importlib
 import os
+import re
 import signal
 import sys
 
@@ -64,12 +65,33 @@ def _on_signal(signum, frame):
 CLEANUP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
+# flags whose value is a comma-separated number list that may start with a minus sign
+# (`--input-range -1,1`): argparse would take "-1,1" for an option
+NUMBER_LIST_FLAGS = ("--input-range", "--mean", "--std", "--anchors")
+
+
+def _join_negative_lists(argv):
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in NUMBER_LIST_FLAGS and i + 1 < len(argv) and re.match(r"^-[\d.]", argv[i + 1]):
+            out.append(f"{a}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+    argv = _join_negative_lists(sys.argv[1:] if argv is None else list(argv))
     verb = argv[0] if argv and not argv[0].startswith("-") else None
     parser = build_parser(only=verb if verb in VERBS else None)
     args = parser.parse_args(argv)
     previous = {}
+    if getattr(args, "verbose", False):
+        from tl2k210 import quiet
+        quiet.set_verbose(True)
     try:
         for sig in CLEANUP_SIGNALS:
             previous[sig] = signal.signal(sig, _on_signal)

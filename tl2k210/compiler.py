@@ -44,6 +44,8 @@ class ConvertOptions:
     input_shape: tuple | None = None      # NCHW, for models with symbolic dims
     network: object = None                # TensorLayer network for weight files
     progress: bool = True
+    metadata: dict | None = None          # task, anchors, labels, decode, script, flash_address
+                                          # for MODEL.kmodel.json (tl2k210/metadata.py)
 
 
 @dataclass
@@ -297,8 +299,11 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
                 "kpu_padding": opts.kpu_padding, "kpu_padding_effect": padding_effect},
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
                  "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in plog])
-    _say(opts, f"[6/6] writing {output}")
+    from tl2k210 import metadata
+    meta = metadata.for_conversion(data_bytes, output, graph, opts, image, budget, need, receipt.source)
+    _say(opts, f"[6/6] writing {output} and {metadata.path_for(output).name}")
     atomic_write(output, data_bytes)
+    metadata.write_for(output, meta)
     return receipt
 
 

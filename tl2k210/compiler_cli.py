@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from tl2k210 import cliargs
@@ -18,21 +19,35 @@ def _range_arg(text):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _add_preprocess(p):
-    g = p.add_argument_group("input preprocessing (how 0..255 camera pixels become model input)")
-    g.add_argument("--input-range", type=_range_arg, default=(0.0, 1.0),
-                   help="pixels 0..255 map linearly onto MIN,MAX (0,1)")
-    g.add_argument("--mean", type=cliargs.floats(example="0.485,0.456,0.406"), default=(0.0,),
+PRE_DEFAULTS = {"input_range": (0.0, 1.0), "mean": (0.0,), "std": (1.0,)}
+
+
+def _add_preprocess(p, from_metadata=False):
+    """from_metadata (compare): a flag left out comes from the kmodel's MODEL.kmodel.json."""
+    g = p.add_argument_group("input preprocessing (how 0..255 camera pixels become model input)"
+                             + ("; default: the kmodel's metadata, else" if from_metadata else ""))
+    g.add_argument("--input-range", type=_range_arg, help="pixels 0..255 map linearly onto MIN,MAX (0,1)")
+    g.add_argument("--mean", type=cliargs.floats(example="0.485,0.456,0.406"),
                    help="per-channel mean subtracted after the range (0): 1 value or one per channel")
     g.add_argument("--std", type=cliargs.floats(positive=True, example="0.229,0.224,0.225"),
-                   default=(1.0,), help="per-channel std divided after the mean (1), > 0")
-    g.add_argument("--bgr", action="store_true", help="the model wants BGR channel order")
+                   help="per-channel std divided after the mean (1), > 0")
+    g.add_argument("--bgr", action="store_true", default=None, help="the model wants BGR channel order")
     g.add_argument("--input-shape", type=cliargs.shape, help="N,C,H,W for models with symbolic input dims")
 
 
-def _pre_opts(args):
-    return dict(input_range=tuple(args.input_range), mean=tuple(args.mean), std=tuple(args.std),
-                channel_order="BGR" if args.bgr else "RGB", input_shape=args.input_shape)
+def _pre_opts(args, meta=None):
+    """Preprocessing from the flags; a flag left out comes from `meta` (ModelMetadata of an image
+    model), else the default."""
+    m = meta.input if meta is not None else {}
+
+    def pick(flag, key):
+        v = getattr(args, flag)
+        if v is not None:
+            return tuple(v)
+        return tuple(m[key]) if m.get(key) is not None else PRE_DEFAULTS[flag]
+    bgr = args.bgr if args.bgr is not None else bool(m.get("bgr", False))
+    return dict(input_range=pick("input_range", "range"), mean=pick("mean", "mean"), std=pick("std", "std"),
+                channel_order="BGR" if bgr else "RGB", input_shape=args.input_shape)
 
 
 def add_convert_parser(sub):
@@ -60,12 +75,23 @@ def add_convert_parser(sub):
     p.add_argument("--network", help="python file defining build() -> TensorLayer model, for weight "
                    "files (it is run as Python: use files you trust)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument("-v", "--verbose", action="store_true", help="show TensorFlow's own log output")
+    m = p.add_argument_group("metadata (written to OUTPUT.json beside the kmodel; read by run, "
+                             "compare, demo, deploy)")
+    m.add_argument("--task", choices=["yolo2", "classify", "embed", "image"], help="what the model does")
+    m.add_argument("--anchors", help="YOLOv2 anchor pairs w,h,w,h,... (grid cells)")
+    m.add_argument("--labels", help="class names: comma-separated, or a file with one per line")
+    m.add_argument("--threshold", type=cliargs.probability, help="detection threshold to record (yolo2)")
+    m.add_argument("--nms", type=cliargs.probability, help="NMS IoU to record (yolo2)")
     _add_preprocess(p)
     p.set_defaults(func=cmd_convert)
 
 
 def _load_network(path):
     import importlib.util
+
+    from tl2k210 import quiet
+    quiet.tensorflow()          # the network file imports TensorLayer, which imports TensorFlow
     spec = importlib.util.spec_from_file_location("tl2k210_user_network", path)
     if spec is None or spec.loader is None:
         raise Tl2k210Error(f"--network {path}: not a Python file (it must define build())")
@@ -84,6 +110,16 @@ def _load_network(path):
         raise Tl2k210Error(f"--network {path} failed: {type(exc).__name__}: {exc}") from None
 
 
+def _metadata_args(args):
+    """What MODEL.kmodel.json gets from the convert flags."""
+    from tl2k210.k210 import yolo
+    from tl2k210.k210.cli import _labels
+    anchors = yolo.parse_anchors(args.anchors) if args.anchors else None
+    decode = {k: getattr(args, k) for k in ("threshold", "nms") if getattr(args, k) is not None}
+    return {"task": args.task or ("yolo2" if anchors else None), "anchors": anchors,
+            "labels": _labels(args.labels), "decode": decode, "source": str(args.model)}
+
+
 def cmd_convert(args):
     from tl2k210.compiler import ConvertOptions, convert
     from tl2k210.fileio import atomic_write, check_outputs, check_readable
@@ -91,14 +127,18 @@ def cmd_convert(args):
     check_readable(args.dataset, "dataset", folder=None)
     if args.network:
         check_readable(args.network, "Python file")
-    check_outputs([("output", args.output), ("--report", args.report)],
+    stream = os.path.exists(args.output) and not os.path.isfile(args.output)    # /dev/stdout
+    check_outputs([("output", args.output), ("--report", args.report),
+                   ("metadata", None if stream else f"{args.output}.json")],
                   [args.model, args.dataset, args.network])
+    meta = _metadata_args(args)
     opts = ConvertOptions(dataset=args.dataset, method=args.calibrate_method, weight_bits=args.weight_bits,
                           kpu_padding=args.kpu_padding, runtime=args.runtime, calib_limit=args.calib_limit,
                           float_fc=args.float_fc,
                           progress=not args.quiet, **_pre_opts(args))
     if args.network:
         opts.network = _load_network(args.network)
+    opts.metadata = meta
     receipt = convert(args.model, args.output, opts)
     print(receipt.table())
     if args.report:
@@ -119,12 +159,14 @@ def add_compare_parser(sub):
     p.add_argument("--labels", help="class names, one per line (prints the top classes)")
     p.add_argument("--limit", type=cliargs.int_range(1, example=200), default=200,
                    help="samples to compare (200)")
-    p.add_argument("--decode", choices=["yolo2"], help="also compare decoded detections")
-    p.add_argument("--anchors", help="anchor pairs for --decode yolo2")
-    p.add_argument("--threshold", type=cliargs.probability, default=0.5)
-    p.add_argument("--nms", type=cliargs.probability, default=0.3)
+    p.add_argument("--decode", choices=["yolo2", "none"],
+                   help="also compare decoded detections (default: the metadata's task)")
+    p.add_argument("--anchors", help="anchor pairs for --decode yolo2 (default: the metadata's)")
+    p.add_argument("--threshold", type=cliargs.probability, help="yolo2 threshold (metadata, else 0.5)")
+    p.add_argument("--nms", type=cliargs.probability, help="yolo2 NMS IoU (metadata, else 0.3)")
     p.add_argument("--json", help="write the report as JSON")
-    _add_preprocess(p)
+    p.add_argument("-v", "--verbose", action="store_true", help="show TensorFlow's own log output")
+    _add_preprocess(p, from_metadata=True)
     p.set_defaults(func=cmd_compare)
 
 
@@ -172,19 +214,25 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
 
 
 def cmd_compare(args):
+    from tl2k210 import metadata
     from tl2k210.fileio import check_outputs, check_readable
     from tl2k210.k210 import yolo
-    from tl2k210.k210.cli import _labels, labels_file
+    from tl2k210.k210.cli import _labels, apply_metadata, labels_file
     check_readable(args.float_model, "model", folder=None)
     check_readable(args.kmodel, "kmodel")
     check_readable(args.dataset, "dataset", folder=None)
-    if args.decode == "yolo2":
-        yolo.parse_anchors(args.anchors)
     _labels(args.labels)
     check_outputs([("--json", args.json)], [args.float_model, args.kmodel, args.dataset,
                                              labels_file(args.labels)])
-    report = compare(args.float_model, args.kmodel, args.dataset, args.limit, args.decode, args.anchors,
-                     args.threshold, args.nms, **_pre_opts(args))
+    meta = metadata.load_for(args.kmodel)
+    if meta is not None:
+        print(f"using {metadata.path_for(args.kmodel).name} for what the flags leave out", file=sys.stderr)
+    apply_metadata(args, meta)
+    if args.decode == "yolo2":
+        yolo.parse_anchors(args.anchors)
+    report = compare(args.float_model, args.kmodel, args.dataset, args.limit,
+                     args.decode if args.decode != "none" else None, args.anchors,
+                     args.threshold, args.nms, **_pre_opts(args, meta))
     print(f"{report['samples']} samples: float ({args.float_model}) vs kmodel ({args.kmodel}, emulated)")
     print(f"{'output':32} {'SQNR dB':>8} {'cosine':>8} {'top-1':>7} {'top-5':>7}")
     for name, r in report["outputs"].items():

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
+from tl2k210 import paths
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="out/demo")
     ap.add_argument("--image", help="photo (default: scikit-image's astronaut)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="show TensorFlow's own log output")
     args = ap.parse_args(argv)
+    from tl2k210 import quiet
+    quiet.set_verbose(args.verbose)
     from tl2k210 import zoo
     from tl2k210.k210 import kmodel
     from tl2k210.k210.inspect import describe, render
@@ -38,22 +39,23 @@ def main(argv=None):
         from skimage import data
         image = str(out / "astronaut.png")
         Image.fromarray(data.astronaut()).save(image)
-    recipe = zoo.get("face_detect") if (zoo.MODELS / "face_detect" / "recipe.toml").exists() else None
+    recipe = zoo.get("face_detect") if (paths.models_dir() / "face_detect" / "recipe.toml").exists() else None
     if recipe is not None and (recipe.folder / "weights.npz").exists():
         print("building the face_detect zoo model from its committed weights ...", file=sys.stderr)
         built = zoo.build("face_detect", out / "zoo", progress=True)
         kfpkg, source = Path(built["kfpkg"]), "zoo face_detect (TensorLayer, trained by models/face_detect/train.py)"
         receipt_text = (out / "zoo" / "face_detect.report.txt").read_text()
     else:
-        kfpkg = TESTDATA / "kfpkg" / "face_model_at_0x300000.kfpkg"
-        if not kfpkg.exists():
-            print(f"demo needs models/face_detect/weights.npz or {kfpkg}", file=sys.stderr)
+        kfpkg = paths.testdata("kfpkg", "face_model_at_0x300000.kfpkg")
+        if kfpkg is None:
+            print(f"demo needs {paths.models_dir() / 'face_detect' / 'weights.npz'} or the test "
+                  "data's kfpkg/face_model_at_0x300000.kfpkg", file=sys.stderr)
             return 2
         source = "MaixPy's face_model_at_0x300000.kfpkg (testdata; the zoo model is not trained yet)"
         receipt_text = ""
     with tempfile.TemporaryDirectory(prefix="tl2k210-flash-") as tmp:
         flash = board.flash_kfpkg(kfpkg, Path(tmp) / "flash.bin")
-        result = run_script(REPO / "firmware" / "face_detect.py", images=[image], flash=flash,
+        result = run_script(paths.firmware_dir() / "face_detect.py", images=[image], flash=flash,
                             out=out, max_frames=1)
     if result.error is not None:
         print(result.traceback, file=sys.stderr)

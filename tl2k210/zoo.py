@@ -19,8 +19,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
-import os
-import sys
 import tempfile
 import tomllib
 from dataclasses import dataclass, field
@@ -28,12 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tl2k210 import metadata, paths
 from tl2k210.errors import Tl2k210Error
-
-REPO = Path(__file__).resolve().parents[1]
-MODELS = REPO / "models"
-FIRMWARE = REPO / "firmware"
-TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
 
 
 @dataclass
@@ -60,7 +54,7 @@ class Recipe:
 
 def recipes() -> dict[str, Recipe]:
     out = {}
-    for f in sorted(MODELS.glob("*/recipe.toml")):
+    for f in sorted(paths.models_dir().glob("*/recipe.toml")):
         out[f.parent.name] = load_recipe(f.parent)
     return out
 
@@ -86,17 +80,18 @@ def _module(folder: Path, stem: str):
     path = folder / f"{stem}.py"
     spec = importlib.util.spec_from_file_location(f"tl2k210_zoo_{folder.name}_{stem}", path)
     mod = importlib.util.module_from_spec(spec)
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     spec.loader.exec_module(mod)
     return mod
 
 
 def _resolve(ref: str, folder: Path) -> Path:
     if ref.startswith("testdata:"):
-        p = TESTDATA / ref.split(":", 1)[1]
-        if not p.exists():
-            raise Tl2k210Error(f"{p} missing (set TL2K210_TESTDATA)")
+        rel = ref.split(":", 1)[1]
+        p = paths.testdata(rel)
+        if p is None:
+            where = paths.testdata_dir()
+            raise Tl2k210Error(f"{where / rel if where else rel} missing: this recipe reads the "
+                               "tl2k210 test data; set TL2K210_TESTDATA to its folder")
         return p
     return folder / ref
 
@@ -122,6 +117,10 @@ def load_weights(net, path):
 
 
 def build_network(r: Recipe, with_weights: bool = True):
+    from tl2k210 import quiet
+    from tl2k210.frontends.tensorlayer import fast_layer_init
+    quiet.tensorflow()          # network.py imports TensorLayer, which imports TensorFlow
+    fast_layer_init()
     mod = _module(r.folder, "network")
     fn, _, kw = r.network.partition(":")
     kwargs = {}
@@ -153,6 +152,23 @@ def calibration_images(r: Recipe) -> list[np.ndarray]:
     raise Tl2k210Error(f"{r.name}: calibration {r.calibration!r} is neither data:FN nor testdata:DIR")
 
 
+def labels(r: Recipe) -> list[str] | None:
+    """The recipe's class names: [decode] labels as a list, or "testdata:FILE" (one per line)."""
+    spec = r.decode.get("labels")
+    if isinstance(spec, str):
+        path = _resolve(spec, r.folder)
+        return [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+    return list(spec) if spec else None
+
+
+def _metadata(r: Recipe) -> dict:
+    """What MODEL.kmodel.json gets from the recipe (tl2k210/metadata.py)."""
+    decode = {k: v for k, v in r.decode.items() if k not in ("anchors", "labels")}
+    return {"task": r.task, "anchors": r.decode.get("anchors"), "labels": labels(r),
+            "decode": decode, "script": r.firmware, "flash_address": r.flash_address,
+            "source": f"zoo:{r.name} ({r.network}, {r.weights})"}
+
+
 def build(name: str, out_dir, progress: bool = True) -> dict:
     """kmodel + kfpkg + MaixPy script + report for one zoo network; returns the report. The
     output folder is created first (and removed again if the build fails)."""
@@ -173,13 +189,13 @@ def _build(r: Recipe, out: Path, progress: bool) -> dict:
     from tl2k210.compiler import ConvertOptions, convert
     from tl2k210.fileio import atomic_write, check_outputs
     from tl2k210.flash.kfpkg import FlashImage, write_kfpkg
-    products = [out / f"{r.name}{ext}" for ext in (".kmodel", ".kfpkg", "_main.py", ".report.json",
-                                                    ".report.txt")]
-    sources = [r.folder, FIRMWARE / r.firmware]
+    products = [out / f"{r.name}{ext}" for ext in (".kmodel", ".kmodel.json", ".kfpkg", "_main.py",
+                                                    ".report.json", ".report.txt")]
+    script = paths.firmware_dir() / r.firmware
+    sources = [r.folder, script]
     if r.calibration.startswith("testdata:"):
         sources.append(_resolve(r.calibration, r.folder))
     check_outputs([("--out", p) for p in products], sources)
-    script = FIRMWARE / r.firmware
     text = script.read_text() if script.exists() else None
     if text is not None and f"0x{r.flash_address:x}" not in text.lower():
         raise Tl2k210Error(f"{script} does not load the model from 0x{r.flash_address:x} "
@@ -191,15 +207,17 @@ def _build(r: Recipe, out: Path, progress: bool) -> dict:
         i = r.input
         opts = ConvertOptions(dataset=calib, input_range=tuple(i.get("range", (0.0, 1.0))),
                               mean=tuple(i.get("mean", (0.0,))), std=tuple(i.get("std", (1.0,))),
-                              progress=progress, **r.convert)
+                              progress=progress, metadata=_metadata(r), **r.convert)
         kpath = out / f"{r.name}.kmodel"
         receipt = convert(net, kpath, opts)
     kbytes = kpath.read_bytes()
-    write_kfpkg([FlashImage(r.flash_address, kbytes, envelope=False, name=f"{r.name}.kmodel")],
-                out / f"{r.name}.kfpkg")
+    meta = metadata.path_for(kpath)
+    write_kfpkg([FlashImage(r.flash_address, kbytes, envelope=False, name=kpath.name)],
+                out / f"{r.name}.kfpkg", extras={meta.name: meta.read_bytes()})
     if text is not None:
         atomic_write(out / f"{r.name}_main.py", text.encode())
     report = {"name": r.name, "summary": r.summary, "kmodel": str(kpath), "kfpkg": str(out / f"{r.name}.kfpkg"),
+              "metadata": str(meta),
               "flash_address": f"0x{r.flash_address:x}", "firmware": str(script) if script.exists() else None,
               "receipt": json.loads(receipt.to_json())}
     atomic_write(out / f"{r.name}.report.json", json.dumps(report, indent=1).encode())
@@ -218,17 +236,22 @@ def add_zoo_parser(sub):
     lp.set_defaults(func=cmd_list)
     bp = zs.add_parser("build", help="build NAME into kmodel + kfpkg + MaixPy script + report")
     bp.add_argument("name")
-    bp.add_argument("--out", default="out/zoo", help="output folder (out/zoo)")
-    bp.add_argument("-q", "--quiet", action="store_true")
+    bp.add_argument("--out", help=f"output folder (default {paths.zoo_dir()}, where "
+                    "`tl2k210 demo NAME` finds it; $XDG_CACHE_HOME or $TL2K210_CACHE move it)")
+    bp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    bp.add_argument("-v", "--verbose", action="store_true", help="show TensorFlow's own log output")
     bp.set_defaults(func=cmd_build)
 
 
 def cmd_list(args):
     rows = []
     for name, r in recipes().items():
-        w = _resolve(r.weights, r.folder)
+        try:
+            weights = "yes" if _resolve(r.weights, r.folder).exists() else "no (run train.py)"
+        except Tl2k210Error:
+            weights = "no (in the test data)"
         rows.append((name, r.task, f"{r.input['width']}x{r.input['height']}", f"0x{r.flash_address:x}",
-                     "yes" if w.exists() else "no (run train.py)", r.summary))
+                     weights, r.summary))
     cols = ("name", "task", "input", "flash", "weights", "summary")
     from tl2k210.tables import text_table
     print("\n".join(text_table(cols, rows, rule=False)))
@@ -236,10 +259,11 @@ def cmd_list(args):
 
 
 def cmd_build(args):
-    if not str(args.out).strip():
-        raise Tl2k210Error("--out: empty path; give an output folder (default out/zoo)")
-    rep = build(args.name, args.out, progress=not args.quiet)
+    if args.out is not None and not str(args.out).strip():
+        raise Tl2k210Error(f"--out: empty path; give an output folder (default {paths.zoo_dir()})")
+    out = Path(args.out) if args.out else paths.zoo_dir()
+    rep = build(args.name, out, progress=not args.quiet)
     print(Path(rep["kmodel"]).with_suffix(".report.txt").read_text())
     print(f"\nwrote {rep['kmodel']}, {rep['kfpkg']} (model at {rep['flash_address']})"
-          + (f", {Path(args.out) / (rep['name'] + '_main.py')}" if rep["firmware"] else ""))
+          + (f", {out / (rep['name'] + '_main.py')}" if rep["firmware"] else ""))
     return 0

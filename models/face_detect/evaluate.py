@@ -17,8 +17,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE.parents[1]))
 
 from models.face_detect import data  # noqa: E402
 from models.face_detect.network import ANCHORS  # noqa: E402
@@ -99,7 +98,7 @@ def photo_results(outputs: dict, photos: dict):
 
 def evaluate(n=200, out_dir=None, progress=False):
     from tl2k210 import zoo
-    out_dir = Path(out_dir or REPO / "out" / "face_detect")
+    out_dir = Path(out_dir or "out/face_detect")
     t = time.time()
     report = zoo.build("face_detect", out_dir, progress=progress)
     build_s = time.time() - t
@@ -146,7 +145,7 @@ def table(res) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200, help="held-out composites")
-    ap.add_argument("--out", default=str(REPO / "out" / "face_detect"))
+    ap.add_argument("--out", default="out/face_detect")
     ap.add_argument("--json", default=str(HERE / "results.json"))
     args = ap.parse_args(argv)
     res = evaluate(args.n, args.out, progress=False)

@@ -113,7 +113,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=5000, help="total steps (the LR schedule spans them)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--ckpt", default=str(HERE.parents[1] / "out" / "face_detect_train"))
+    ap.add_argument("--ckpt", default="out/face_detect_train")
     ap.add_argument("--weights", default=str(HERE / "weights.npz"))
     ap.add_argument("--save-every", type=int, default=250)
     ap.add_argument("--photo-negatives-from", type=int, default=2500,

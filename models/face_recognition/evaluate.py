@@ -24,9 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from models.face_recognition import data  # noqa: E402
 
@@ -114,21 +112,22 @@ def table(res, receipt=None) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(REPO / "out" / "zoo"))
+    ap.add_argument("--out", help="zoo build folder (default: the zoo folder, ~/.cache/tl2k210/zoo)")
     ap.add_argument("--kmodel", help="evaluate this kmodel instead of building one")
     ap.add_argument("--json", help="write the results here (default OUT/face_recognition.eval.json)")
     args = ap.parse_args(argv)
-    from tl2k210 import zoo
+    from tl2k210 import paths, zoo
     t0 = time.time()
+    out_dir = Path(args.out) if args.out else paths.zoo_dir()
     receipt = None
     if args.kmodel:
         kpath = args.kmodel
     else:
-        rep = zoo.build("face_recognition", args.out, progress=False)
+        rep = zoo.build("face_recognition", out_dir, progress=False)
         kpath, receipt = rep["kmodel"], rep["receipt"]
     res = evaluate(kpath)
     print(table(res, receipt))
-    out = Path(args.json or Path(args.out) / "face_recognition.eval.json")
+    out = Path(args.json or out_dir / "face_recognition.eval.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"kmodel": str(kpath), "results": res}, indent=1))
     print(f"\nwrote {out} ({time.time() - t0:.0f} s)")

@@ -14,33 +14,36 @@ image operations as firmware/face_recognition.py on a board (tl2k210.maixpy's im
         --enroll astronaut=astronaut.png --enroll grace=grace_hopper.jpg \\
         --image group.png [--image ...] --out out/face_recognition/ [--embedder K] [--detector K]
 
-The embedder defaults to out/zoo/face_recognition.kmodel (built if missing), the detector to
-out/zoo/face_detect.kmodel if built, else the testdata facedetect_320x240_v3.kmodel.
+The embedder defaults to face_recognition.kmodel in the zoo folder (~/.cache/tl2k210/zoo, where
+`tl2k210 zoo build` writes; built if missing), the detector to face_detect.kmodel there if
+built, else the testdata facedetect_320x240_v3.kmodel.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tl2k210 import paths  # noqa: E402
 
 FRAME_W, FRAME_H = 320, 240
 SIZE = 64
 DETECT_ANCHORS = [1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025]
 DETECT_THRESHOLD, DETECT_NMS = 0.5, 0.3
-TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
 
 
 def default_detector() -> Path:
-    built = REPO / "out" / "zoo" / "face_detect.kmodel"
-    return built if built.is_file() else TESTDATA / "kmodels" / "facedetect_320x240_v3.kmodel"
+    built = paths.zoo_dir() / "face_detect.kmodel"
+    if built.is_file():
+        return built
+    testdata = paths.testdata("kmodels", "facedetect_320x240_v3.kmodel")
+    if testdata is None:
+        raise SystemExit("no face detector: `tl2k210 zoo build face_detect` or pass --detector")
+    return testdata
 
 
 def default_threshold() -> float:
@@ -146,7 +149,7 @@ class Recognizer:
 def _embedder_path(arg):
     if arg:
         return Path(arg)
-    k = REPO / "out" / "zoo" / "face_recognition.kmodel"
+    k = paths.zoo_dir() / "face_recognition.kmodel"
     if not k.is_file():
         from tl2k210 import zoo
         zoo.build("face_recognition", k.parent, progress=False)
@@ -159,10 +162,10 @@ def main(argv=None):
     ap.add_argument("--enroll", action="append", required=True, metavar="NAME=IMG",
                     help="enroll the largest face of IMG as NAME (repeat)")
     ap.add_argument("--image", action="append", required=True, metavar="IMG", help="photo to recognise (repeat)")
-    ap.add_argument("--out", default=str(REPO / "out" / "face_recognition"),
+    ap.add_argument("--out", default="out/face_recognition",
                     help="a .png (one image) or a folder for the labelled frames")
-    ap.add_argument("--embedder", help="embedder kmodel (default out/zoo/face_recognition.kmodel)")
-    ap.add_argument("--detector", help="detector kmodel (default out/zoo/face_detect.kmodel or testdata)")
+    ap.add_argument("--embedder", help="embedder kmodel (default: the zoo folder's face_recognition.kmodel)")
+    ap.add_argument("--detector", help="detector kmodel (default: the zoo folder's face_detect.kmodel or testdata)")
     ap.add_argument("--threshold", type=float, help="cosine threshold (default: the recipe's)")
     args = ap.parse_args(argv)
     from tl2k210.imaging import load_rgb

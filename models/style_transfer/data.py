@@ -13,14 +13,13 @@ batches); calibration from CALIB_SEED.
 from __future__ import annotations
 
 import functools
-import os
-from pathlib import Path
 
 import numpy as np
 
+from tl2k210 import paths
+
 SIZE = 128
 TRAIN_SEED, CALIB_SEED = 5, 4242
-TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", Path(__file__).resolve().parents[3] / "shared" / "testdata"))
 
 
 def style_image() -> np.ndarray:
@@ -44,7 +43,8 @@ def content_photos() -> tuple:
     out = [data.coffee(), data.rocket()] + list(load_sample_images().images)
     with cbook.get_sample_data("grace_hopper.jpg") as fh:
         out.append(np.asarray(Image.open(fh).convert("RGB")))
-    for p in sorted((TESTDATA / "imagenet").glob("*.JPEG")):
+    imagenet = paths.testdata("imagenet")
+    for p in sorted(imagenet.glob("*.JPEG")) if imagenet else []:
         out.append(np.asarray(Image.open(p).convert("RGB")))
     return tuple(_rgb(a) for a in out)
 
@@ -54,8 +54,8 @@ def heldout_photos() -> dict:
     from PIL import Image
     from skimage import data
     out = {"astronaut": data.astronaut(), "chelsea": data.chelsea()}
-    tiger = TESTDATA / "imagenet" / "tiger.jpg"
-    if tiger.exists():
+    tiger = paths.testdata("imagenet", "tiger.jpg")
+    if tiger is not None:
         out["tiger"] = np.asarray(Image.open(tiger).convert("RGB"))
     return {k: _rgb(v) for k, v in out.items()}
 

@@ -1,6 +1,6 @@
 """Evaluate the style-transfer kmodel against the float TensorLayer network on the held-out photos.
 
-    .venv/bin/python models/style_transfer/evaluate.py [--kmodel out/zoo/style_transfer.kmodel] [--out DIR]
+    .venv/bin/python models/style_transfer/evaluate.py [--kmodel ~/.cache/tl2k210/zoo/style_transfer.kmodel] [--out DIR]
 
 Builds the kmodel from the recipe when --kmodel is not given (zoo.build into --out). For each
 held-out photo (data.heldout_photos(): astronaut, chelsea, tiger; centre square -> 128x128):
@@ -93,7 +93,7 @@ def evaluate(kmodel_path, out_dir) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kmodel", help="kmodel to evaluate (default: build it from the recipe)")
-    ap.add_argument("--out", default=str(HERE.parents[1] / "out" / "style_transfer_eval"))
+    ap.add_argument("--out", default="out/style_transfer_eval")
     ap.add_argument("--sample", help="also write the rows of all photos stacked into this PNG "
                     "(256-colour palette; the README's sample.png)")
     a = ap.parse_args(argv)

@@ -29,9 +29,10 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from models.style_transfer import data  # noqa: E402
 from models.style_transfer.network import build, layer_specs  # noqa: E402
+from tl2k210 import paths  # noqa: E402
 
 INIT_SEED = 11
-MOBILENET = data.TESTDATA / "weights" / "mobilenetv1_0.25_tensorlayer.npz"
+MOBILENET = "weights/mobilenetv1_0.25_tensorlayer.npz"      # in the test data (TL2K210_TESTDATA)
 STYLE_LAYERS = (1, 2, 3, 4, 5)
 CONTENT_LAYER = 3
 BLOCK_STRIDES = (1, 2, 1, 2, 1)
@@ -40,7 +41,10 @@ BLOCK_STRIDES = (1, 2, 1, 2, 1)
 def loss_net():
     """tf function: NHWC [0,1] -> {pw_i: features}, MobileNetV1 0.25 blocks 1..5, BN folded."""
     import tensorflow as tf
-    p = list(np.load(MOBILENET, allow_pickle=True)["params"])
+    weights = paths.testdata(MOBILENET)
+    if weights is None:
+        raise SystemExit(f"the loss network needs the test data's {MOBILENET} (set TL2K210_TESTDATA)")
+    p = list(np.load(weights, allow_pickle=True)["params"])
     it = iter(p)
 
     def folded(depthwise=False):
@@ -112,7 +116,7 @@ def main(argv=None):
     ap.add_argument("--content-weight", type=float, default=8.0)
     ap.add_argument("--tv-weight", type=float, default=1.0)
     ap.add_argument("--style-size", type=int, default=256, help="style image side for its Grams")
-    ap.add_argument("--ckpt", default=str(HERE.parents[1] / "out" / "style_transfer_train"))
+    ap.add_argument("--ckpt", default="out/style_transfer_train")
     ap.add_argument("--out", default=str(HERE / "weights.npz"))
     ap.add_argument("--save-every", type=int, default=250)
     ap.add_argument("--max-minutes", type=float, default=15.0, help="stop (and save) after this long")

@@ -131,7 +131,9 @@ def add_flash_parser(sub):
 
 
 def add_package_parser(sub):
-    p = sub.add_parser("package", help="build a .kfpkg from images (kflash-compatible)")
+    p = sub.add_parser("package", help="build a .kfpkg from images (kflash-compatible)",
+                       description="Build a .kfpkg from FILE@ADDR images. A kmodel's metadata "
+                       "(MODEL.kmodel.json beside it) travels in the package, unflashed.")
     p.add_argument("images", nargs="+", metavar="FILE[@ADDR]",
                    help="e.g. model.kmodel@0x300000 firmware.bin@0")
     p.add_argument("-o", "--output", required=True, help="output .kfpkg path")
@@ -143,8 +145,9 @@ def add_deploy_parser(sub):
                        "print the MaixPy lines that load it")
     p.add_argument("model", help="a .kmodel, or a model the compiler can convert")
     p.add_argument("--dataset", help="calibration images when MODEL still needs converting")
-    p.add_argument("-a", "--address", type=cliargs.address, default=MAIXPY_MODEL_AREA,
-                   help="flash address of the model (default 0x300000, MaixPy's model area)")
+    p.add_argument("-a", "--address", type=cliargs.address,
+                   help="flash address of the model (default: the model's metadata, else "
+                   "0x300000, MaixPy's model area)")
     p.add_argument("--firmware", metavar="FW.bin", help="also write this MaixPy firmware at 0")
     p.add_argument("-o", "--kfpkg", metavar="OUT.kfpkg", help="keep the package here")
     p.add_argument("--force", action="store_true",
@@ -247,7 +250,7 @@ def cmd_package(args):
     check_outputs([("-o", args.output)], [image_arg_path(a) for a in args.images])
     images = _collect_images(args.images)
     _warn(address_warnings(images))
-    write_kfpkg(images, args.output)
+    write_kfpkg(images, args.output, extras=_metadata_members(images))
     for i in images:
         print(f"{i.name} at 0x{i.address:06x} ({len(i.data)} bytes"
               f"{', firmware envelope' if i.envelope else ''})")
@@ -287,21 +290,46 @@ def check_model_address(address, size, force):
                            "pass --force")
 
 
-def maixpy_snippet(address):
-    return "\n".join([
-        "import KPU as kpu",
-        f"task = kpu.load(0x{address:x})",
-        "# fmap = kpu.forward(task, img)      # or kpu.run_yolo2(task, img) after init_yolo2",
-        "kpu.deinit(task)",
-    ])
+def _metadata_members(images):
+    """{NAME.kmodel.json: bytes} for the kmodel images that have metadata beside them."""
+    from tl2k210 import metadata
+    out = {}
+    for img in images:
+        if img.source.lower().endswith(".kmodel") and os.path.isfile(img.source):
+            meta = metadata.load_for(img.source, img.data)
+            if meta is not None:
+                out[os.path.basename(img.source) + metadata.SUFFIX] = meta.to_json().encode()
+    return out
+
+
+def maixpy_snippet(address, meta=None):
+    """The MaixPy lines that load the model; with its metadata, also the task's setup (the
+    anchors and labels copied by hand are a top cause of region_layer_init errors)."""
+    lines = ["import KPU as kpu", f"task = kpu.load(0x{address:x})"]
+    task = meta.task if meta is not None else None
+    if meta is not None and meta.labels and len(meta.labels) <= 100:
+        lines.append(f"labels = {meta.labels!r}")
+    if task == "yolo2" and meta.anchors:
+        d = meta.decode
+        lines += [f"anchor = ({', '.join(str(v) for v in meta.anchors)})",
+                  f"kpu.init_yolo2(task, {d.get('threshold', 0.5)}, {d.get('nms', 0.3)}, "
+                  f"{len(meta.anchors) // 2}, anchor)",
+                  "# objects = kpu.run_yolo2(task, img)    # img: sensor.snapshot(), "
+                  f"{meta.input['shape'][-1]}x{meta.input['shape'][-2]}"]
+    elif task == "classify":
+        lines.append("# plist = kpu.forward(task, img)[:]; best = plist.index(max(plist))")
+    else:
+        lines.append("# fmap = kpu.forward(task, img)      # or kpu.run_yolo2(task, img) after init_yolo2")
+    lines.append("kpu.deinit(task)")
+    return "\n".join(lines)
 
 
 def cmd_deploy(args):
+    from tl2k210 import metadata
     from tl2k210.fileio import check_outputs, check_readable, read_bytes
     from tl2k210.flash.boards import FLASH_SIZE_16M
     from tl2k210.flash.kfpkg import FlashImage, read_kfpkg, write_kfpkg
 
-    address = args.address
     check_readable(args.model, "model")
     check_link_args(args)
     check_outputs([("-o", args.kfpkg)], [args.model, args.firmware, args.dataset, args.stub])
@@ -317,17 +345,25 @@ def cmd_deploy(args):
             detect_version(data)
         except KmodelFormatError as exc:
             print(f"warning: {kmodel}: {exc}; MaixPy's kpu.load may reject it", file=sys.stderr)
+        meta = metadata.load_for(kmodel, data)
+        if args.address is not None:
+            address = args.address
+        elif meta is not None and meta.flash_address is not None:
+            address = meta.flash_address
+            print(f"model address 0x{address:x} from {metadata.path_for(kmodel).name}")
+        else:
+            address = MAIXPY_MODEL_AREA
         check_model_address(address, len(data), args.force)
         images = [FlashImage(address, data, False, os.path.basename(kmodel), kmodel)]
         if firmware is not None:
             images.insert(0, FlashImage(0, firmware, True, os.path.basename(args.firmware),
                                         args.firmware))
         pkg = args.kfpkg or os.path.join(tmp, "deploy.kfpkg")
-        write_kfpkg(images, pkg)
+        write_kfpkg(images, pkg, extras=_metadata_members(images[-1:]))
         print(f"packaged {pkg}")
         _do_flash(args, read_kfpkg(pkg))
     print("\n# MaixPy: load the model from flash")
-    print(maixpy_snippet(address))
+    print(maixpy_snippet(address, meta))
     return 0
 
 

@@ -209,10 +209,13 @@ def manifest_text(images) -> str:
     return json.dumps({"version": "0.1.0", "files": files}, indent=4) + "\n"
 
 
-def write_kfpkg(images, out_path, flash_size=FLASH_SIZE_16M):
-    """Write a package atomically (temp file + rename, see tl2k210.fileio)."""
+def write_kfpkg(images, out_path, flash_size=FLASH_SIZE_16M, extras=None):
+    """Write a package atomically (temp file + rename, see tl2k210.fileio). `extras` ({name:
+    bytes}) are carried in the ZIP but not flashed (not in the manifest; kflash ignores them),
+    e.g. the kmodel's MODEL.kmodel.json metadata."""
     images = list(images)
-    names = set()
+    extras = dict(extras or {})
+    names = set(extras)
     for img in images:
         base = img.name or os.path.basename(img.source) or f"image_0x{img.address:x}.bin"
         base = base.replace("\\", "/").split("/")[-1]
@@ -229,6 +232,8 @@ def write_kfpkg(images, out_path, flash_size=FLASH_SIZE_16M):
         zf.writestr(MANIFEST, manifest_text(images))
         for img in images:
             zf.writestr(img.name, bytes(img.data))
+        for name, data in extras.items():
+            zf.writestr(name, bytes(data))
     atomic_write(out_path, buf.getvalue(), "package")
     return out_path
 

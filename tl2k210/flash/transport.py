@@ -9,10 +9,11 @@ unmodified subprocesses such as the kflash CLI.
 import errno
 import os
 
+from tl2k210 import paths
 from tl2k210.flash.errors import PortError
 
 LINES_ENV = "TL2K210_LINES_SOCKET"   # unix datagram socket of an emulated board
-SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim")
+SHIM_DIR = str(paths.PACKAGE / "flash" / "shim")
 
 
 def open_port(url: str, baudrate: int, timeout: float = 0.05, write_timeout: float = None):

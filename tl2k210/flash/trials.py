@@ -12,11 +12,11 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
+from tl2k210 import paths
 from tl2k210.flash import image as fw_image
 from tl2k210.flash.emulated_board import EmulatedBoard, FaultConfig
 from tl2k210.flash.transport import shim_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS = ("tl2k210", "kflash")
 
 
@@ -38,7 +38,7 @@ class Outcome:
 
 def _env(board):
     env = shim_env(board.lines_socket)
-    env["PYTHONPATH"] = env["PYTHONPATH"] + os.pathsep + REPO
+    env["PYTHONPATH"] = env["PYTHONPATH"] + os.pathsep + str(paths.import_root())
     return env
 
 

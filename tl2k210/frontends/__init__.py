@@ -6,6 +6,7 @@ TensorFlow is imported lazily inside the TF front-ends only.
 """
 from pathlib import Path
 
+from tl2k210 import quiet
 from tl2k210.errors import Tl2k210Error
 
 OPSET = 13
@@ -24,9 +25,11 @@ def load_model(src, **opts):
     if not isinstance(src, (str, Path)):
         mod = type(src).__module__
         if mod.startswith("tensorlayer"):
+            quiet.tensorflow()
             from .tensorlayer import from_tensorlayer
             return from_tensorlayer(src, **opts)
         if mod.startswith(("keras", "tf_keras", "tensorflow")):
+            quiet.tensorflow()
             from .keras import from_keras
             return from_keras(src, **opts)
         if mod.startswith("onnx"):
@@ -40,16 +43,20 @@ def load_model(src, **opts):
     if "network" in opts or suffix == ".npz":
         if "network" not in opts:
             raise ModelLoadError(f"{path}: a TensorLayer weight file needs its network (network=tl.models.Model)")
+        quiet.tensorflow()
         from .tensorlayer import from_tensorlayer
         net = opts.pop("network")
         return from_tensorlayer(net, weights=path, **opts)
     if path.is_dir():
+        quiet.tensorflow()
         from .savedmodel import from_savedmodel
         return from_savedmodel(path, **opts)
     if suffix in (".keras", ".h5", ".hdf5"):
+        quiet.tensorflow()
         from .keras import from_keras
         return from_keras(path, **opts)
     if suffix == ".tflite":
+        quiet.tensorflow()
         from .tflite import from_tflite
         return from_tflite(path, **opts)
     if suffix == ".onnx":
@@ -77,7 +84,8 @@ def check_onnx(model, where):
 def tf_convert(where, fn, *args, **kwargs):
     """Call a tf2onnx converter; turn its failures into ModelLoadError naming the model."""
     try:
-        model, _ = fn(*args, opset=kwargs.pop("opset", OPSET), **kwargs)
+        with quiet.native_stderr():     # TF / TF Lite C++ chatter (tl2k210/quiet.py)
+            model, _ = fn(*args, opset=kwargs.pop("opset", OPSET), **kwargs)
     except Tl2k210Error:
         raise
     except Exception as e:

@@ -16,18 +16,30 @@ def add_inspect_parser(sub):
     p = sub.add_parser("inspect", help="describe a kmodel: layers, KPU/CPU, MACs, memory",
                        description="Describe a kmodel (v3 or v4): version, flags, each layer "
                        "(type, shapes, KPU or CPU, MACs, weight bytes, KPU RAM lines, "
-                       "main-memory ranges), peak KPU RAM, main memory and outputs.")
+                       "main-memory ranges), peak KPU RAM, main memory and outputs; and the "
+                       "model's metadata (MODEL.kmodel.json beside it) when there is one.")
     p.add_argument("file", help="kmodel file")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_inspect)
 
 
 def cmd_inspect(args):
+    from dataclasses import asdict
+
+    from tl2k210 import metadata
     from tl2k210.k210 import kmodel
     from tl2k210.k210.inspect import describe, render
     model = kmodel.load(args.file)
     info = describe(model, args.file, os.path.getsize(args.file))
-    print(json.dumps(info, indent=1, default=int) if args.json else render(info))
+    meta = metadata.load_for(args.file)
+    if args.json:
+        info["metadata"] = asdict(meta) if meta else None
+        print(json.dumps(info, indent=1, default=int))
+        return 0
+    print(render(info))
+    if meta is not None:
+        print(f"\nmetadata ({metadata.path_for(args.file).name}, sha256 matches)")
+        print("\n".join("  " + ln for ln in meta.summary_lines()))
     return 0
 
 
@@ -42,12 +54,15 @@ def add_run_parser(sub):
                    ".npy (first output; .npz for all), or .json")
     p.add_argument("--rgb565", action="store_true",
                    help="reproduce the camera path: RGB888 -> RGB565 -> RGB888 before the KPU")
-    p.add_argument("--decode", choices=["yolo2"], help="decode region outputs like kpu.run_yolo2")
-    p.add_argument("--anchors", help="comma-separated anchor pairs (w,h,w,h,...) for --decode yolo2")
-    p.add_argument("--threshold", type=probability, default=0.5,
-                   help="yolo2 probability threshold, 0..1 (0.5)")
-    p.add_argument("--nms", type=probability, default=0.3, help="yolo2 NMS IoU threshold, 0..1 (0.3)")
-    p.add_argument("--labels", help="comma-separated class names or a file with one per line")
+    p.add_argument("--decode", choices=["yolo2", "none"],
+                   help="decode region outputs like kpu.run_yolo2 (default: the metadata's task)")
+    p.add_argument("--anchors", help="comma-separated anchor pairs (w,h,w,h,...) for --decode yolo2 "
+                   "(default: the metadata's)")
+    p.add_argument("--threshold", type=probability,
+                   help="yolo2 probability threshold, 0..1 (the metadata's, else 0.5)")
+    p.add_argument("--nms", type=probability, help="yolo2 NMS IoU threshold, 0..1 (the metadata's, else 0.3)")
+    p.add_argument("--labels", help="comma-separated class names or a file with one per line "
+                   "(default: the metadata's)")
     p.add_argument("--sum-rule", choices=["silicon", "simulator"], default="silicon",
                    help="Σx/Σw term rule: per input channel as silicon does (default) or the "
                    "vendor simulator's")
@@ -70,10 +85,13 @@ def labels_file(spec):
 
 
 def _labels(spec):
-    """--labels: an existing file (one name per line) or comma-separated names. Something that
-    looks like a path but does not exist is an error, not a label called '/missing/file'."""
+    """--labels: an existing file (one name per line) or comma-separated names (or the list of
+    names the metadata gives). Something that looks like a path but does not exist is an error,
+    not a label called '/missing/file'."""
     if not spec:
         return None
+    if isinstance(spec, list):
+        return spec
     path = labels_file(spec)
     if path is not None:
         if os.path.isdir(path):
@@ -144,16 +162,32 @@ def _array_input(path, shape, dtype):
     return x
 
 
+def apply_metadata(args, meta):
+    """Fill the decode flags the user left out from the kmodel's metadata (flags win)."""
+    if args.decode is None:
+        args.decode = "yolo2" if meta is not None and meta.task == "yolo2" else "none"
+    if meta is not None:
+        if args.anchors is None and meta.anchors:
+            args.anchors = ",".join(str(v) for v in meta.anchors)
+        if args.labels is None and meta.labels:
+            args.labels = meta.labels
+    dec = meta.decode if meta is not None else {}
+    args.threshold = args.threshold if args.threshold is not None else dec.get("threshold", 0.5)
+    args.nms = args.nms if args.nms is not None else dec.get("nms", 0.3)
+
+
 def cmd_run(args):
     import numpy as np
 
-    from tl2k210 import imaging
+    from tl2k210 import imaging, metadata
     from tl2k210.fileio import check_outputs, check_readable
     from tl2k210.k210 import yolo
     from tl2k210.k210.emulator import Emulator
 
     # everything that can be checked before loading or running the model
     check_readable(args.input, "input")
+    meta = metadata.load_for(args.file)
+    apply_metadata(args, meta)
     is_array = args.input.lower().endswith((".npy", ".npz"))
     if args.out:
         ext = os.path.splitext(args.out)[1].lower()
@@ -182,6 +216,8 @@ def cmd_run(args):
                                "image: pass a .npy file")
         image = imaging.load_rgb(args.input)
         x = imaging.to_model_input(image, chw_shape, rgb565=args.rgb565)
+        if meta is not None and meta.input.get("bgr") and chw_shape[0] == 3:
+            x = np.ascontiguousarray(x[::-1])        # the model was converted with --bgr
     outputs = emu.run(x)
     for i, o in enumerate(outputs):
         flat = np.asarray(o, np.float64).reshape(-1)

@@ -8,6 +8,10 @@ writes PNGs (--out); `print` goes to the terminal. The board's time is virtual (
 would spend: camera frames, model latency, LCD), --wall-clock gives host time; --runtime picks
 the firmware build (heap and model budget, kmodel versions); --timeout stops a script that takes
 no camera frame for that long. Temporary flash images are removed on exit, SIGTERM included.
+Without --flash/--kfpkg/--kmodel a zoo demo reads NAME.kfpkg of `tl2k210 zoo build NAME` (in
+~/.cache/tl2k210/zoo), and face_detect falls back to the testdata face model. The model's
+metadata (MODEL.kmodel.json, in the package or beside the kmodel) gives --kmodel's address and
+the labels.txt of /sd.
 """
 from __future__ import annotations
 
@@ -17,11 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tl2k210 import paths
 from tl2k210.errors import Tl2k210Error
-
-REPO = Path(__file__).resolve().parents[2]
-FIRMWARE = REPO / "firmware"
-TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
 
 
 TRUST = ("It runs the script as Python on this computer (host emulation, not a sandbox: the "
@@ -52,7 +53,7 @@ def add_demo_parser(sub):
     p.add_argument("--kmodel", metavar="FILE[@ADDR]", action="append", default=[],
                    help="kmodel to write at ADDR (default --address) in the emulated flash")
     p.add_argument("--address", type=cliargs.address, help="flash address for --kmodel "
-                   "(default: the recipe's, else 0x300000)")
+                   "(default: the kmodel metadata's, else the recipe's, else 0x300000)")
     p.add_argument("--sd", metavar="DIR", help="host folder seen as /sd (for a script; default: "
                    "a temporary one holding the recipe's labels.txt)")
     p.add_argument("--flash-fs", metavar="DIR", help="host folder seen as /flash (SPIFFS)")
@@ -71,6 +72,7 @@ def add_demo_parser(sub):
                    help="time.ticks_ms() & co. give host time instead of board time")
     p.add_argument("--timeout", type=cliargs.float_range(0, example=60), default=60.0, metavar="S",
                    help="stop after S seconds without a camera frame (default 60; 0 = never)")
+    p.add_argument("-v", "--verbose", action="store_true", help="show TensorFlow's own log output")
     p.set_defaults(func=cmd_demo)
 
 
@@ -89,15 +91,18 @@ def resolve(name: str):
         r = zoo.get(key)
     except Tl2k210Error:
         r = None
-    script = FIRMWARE / (r.firmware if r else f"{key}.py")
+    firmware = paths.firmware_dir()
+    script = firmware / (r.firmware if r else f"{key}.py")
     if not script.is_file():
-        have = sorted(s.stem for s in FIRMWARE.glob("*.py"))
+        have = sorted(s.stem for s in firmware.glob("*.py"))
         raise Tl2k210Error(f"no demo {name!r}: not a folder, a script or a zoo recipe with a "
                            f"firmware script; demos: {', '.join(have) or 'none'}")
     return script, r, key
 
 
-def _flash_for(args, recipe, key, tmp: Path, folder: bool) -> Path | None:
+def _flash_for(args, recipe, key, tmp: Path, folder: bool):
+    """(flash image or None, the main model's metadata or None)."""
+    from tl2k210 import metadata
     from tl2k210.maixpy import board
     if args.flash:
         if args.kmodel:
@@ -106,73 +111,82 @@ def _flash_for(args, recipe, key, tmp: Path, folder: bool) -> Path | None:
                                "`tl2k210 board` or pass --kmodel/--kfpkg without --flash")
         if not Path(args.flash).is_file():
             raise Tl2k210Error(f"no flash image {args.flash}")
-        return Path(args.flash)
-    flash = None
-    address = args.address or (recipe.flash_address if recipe else 0x300000)
+        return Path(args.flash), None
+    flash = meta = None
+    default = args.address or (recipe.flash_address if recipe else 0x300000)
     for pkg in args.kfpkg or []:
         if not Path(pkg).is_file():
             raise Tl2k210Error(f"no package {pkg}")
         flash = board.flash_kfpkg(pkg, tmp / "flash.bin", fresh=flash is None)
+        meta = meta or metadata.from_kfpkg(pkg)
     for spec in args.kmodel:
         path, addr = _kmodel_arg(spec)
         if not Path(path).is_file():
             raise Tl2k210Error(f"no kmodel {path}")
-        flash = board.flash_kmodel(path, tmp / "flash.bin", address if addr is None else addr,
-                                   fresh=flash is None)
+        m = metadata.load_for(path)
+        if addr is None:      # --address, else where the model's metadata says, else the recipe's
+            addr = args.address or (m.flash_address if m is not None else None) or default
+        flash = board.flash_kmodel(path, tmp / "flash.bin", addr, fresh=flash is None)
+        meta = meta or m
     if flash is None and not folder and (recipe is not None or key == "face_detect"):
-        flash = _zoo_flash(recipe, key, tmp)
+        flash, meta = _zoo_flash(recipe, key, tmp)
     if flash is not None and not args.flash:
         _add_detector(recipe, flash)
-    return flash
+    return flash, meta
 
 
 def _zoo_flash(recipe, key, tmp: Path):
+    from tl2k210 import metadata
     from tl2k210.maixpy import board
-    pkg = Path("out/zoo") / f"{key}.kfpkg"
+    pkg = paths.zoo_dir() / f"{key}.kfpkg"
     if pkg.is_file():
-        return board.flash_kfpkg(pkg, tmp / "flash.bin")
+        return board.flash_kfpkg(pkg, tmp / "flash.bin"), metadata.from_kfpkg(pkg)
     if key == "face_detect":
-        fallback = TESTDATA / "kfpkg" / "face_model_at_0x300000.kfpkg"
-        if fallback.is_file():
-            return board.flash_kfpkg(fallback, tmp / "flash.bin")
-        km = TESTDATA / "kmodels" / "facedetect_320x240_v3.kmodel"
-        if km.is_file():
-            return board.flash_kmodel(km, tmp / "flash.bin", 0x300000)
+        fallback = paths.testdata("kfpkg", "face_model_at_0x300000.kfpkg")
+        if fallback is not None:
+            return board.flash_kfpkg(fallback, tmp / "flash.bin"), None
+        km = paths.testdata("kmodels", "facedetect_320x240_v3.kmodel")
+        if km is not None:
+            return board.flash_kmodel(km, tmp / "flash.bin", 0x300000), None
     raise Tl2k210Error(f"no model for {key}: build it (`tl2k210 zoo build {key}`) or pass "
                        "--kfpkg/--kmodel/--flash")
 
 
 def _add_detector(recipe, flash: Path):
     """A recipe whose [decode] names a `detector` (face_recognition: detect -> crop -> embed)
-    gets that model written too, at `detector_address`."""
+    gets that model written too, at `detector_address`: the zoo folder's NAME.kmodel if built,
+    else for face_detect the testdata face model."""
     from tl2k210.maixpy import board
     dec = (recipe.decode or {}) if recipe else {}
     name, address = dec.get("detector"), dec.get("detector_address")
     if not name or address is None:
         return
-    km = Path("out/zoo") / f"{name}.kmodel"
+    km = paths.zoo_dir() / f"{name}.kmodel"
     if not km.is_file() and name == "face_detect":
-        km = TESTDATA / "kmodels" / "facedetect_320x240_v3.kmodel"
-    if not km.is_file():
+        km = paths.testdata("kmodels", "facedetect_320x240_v3.kmodel")
+    if km is None or not km.is_file():
         raise Tl2k210Error(f"no {name} model for {recipe.name}: `tl2k210 zoo build {name}`")
     board.flash_kmodel(km, flash, int(address), fresh=False)
 
 
-def _sd_for(args, recipe, tmp: Path):
+def _sd_for(args, recipe, meta, tmp: Path):
+    """--sd, else a temporary /sd holding labels.txt when the script reads its labels from
+    there (the recipe's labels are a file): from the model's metadata, else the recipe."""
     if args.sd:
         if not Path(args.sd).is_dir():
             raise Tl2k210Error(f"no SD folder {args.sd}")
         return Path(args.sd)
-    labels = (recipe.decode or {}).get("labels") if recipe else None
-    if isinstance(labels, str):
+    if not (recipe and isinstance(recipe.decode.get("labels"), str)):
+        return None
+    if meta is not None and meta.labels:
+        labels = meta.labels
+    else:
         from tl2k210 import zoo
-        src = zoo._resolve(labels, recipe.folder)
-        if src.is_file():
-            sd = tmp / "sd"
-            sd.mkdir()
-            (sd / "labels.txt").write_bytes(src.read_bytes())
-            return sd
-    return None
+        labels = zoo.labels(recipe)
+    sd = tmp / "sd"
+    sd.mkdir()
+    (sd / "labels.txt").write_text("\n".join(labels) + "\n")
+    return sd
 
 
 def _check_paths(args, script, out: Path):
@@ -186,9 +200,9 @@ def _check_paths(args, script, out: Path):
             raise Tl2k210Error(f"no image {img}")
         open_image(img)
     kmodels = [_kmodel_arg(k)[0] for k in args.kmodel]
-    for flag, paths in (("flash", [args.flash] if args.flash else []), ("kfpkg", args.kfpkg or []),
+    for flag, files in (("flash", [args.flash] if args.flash else []), ("kfpkg", args.kfpkg or []),
                         ("kmodel", kmodels)):
-        for path in paths:
+        for path in files:
             check_readable(path, f"--{flag}")
     for path in kmodels:
         kmodel.load(path)                 # a clean error now, not a failing kpu.load in the script
@@ -233,7 +247,7 @@ def cmd_demo(args) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="tl2k210-demo-") as tmp:
             folder = target.is_dir()
-            flash = _flash_for(args, recipe, key, Path(tmp), folder)
+            flash, meta = _flash_for(args, recipe, key, Path(tmp), folder)
             common = dict(images=args.image, flash=flash, out=out, max_frames=args.frames,
                           echo=True, raise_errors=False, button=args.press, runtime=args.runtime,
                           wall_clock=args.wall_clock, timeout=args.timeout or None,
@@ -241,11 +255,15 @@ def cmd_demo(args) -> int:
             print(f"[host] {target} | flash {flash or 'erased'} | {args.runtime} firmware | "
                   f"{len(args.image)} camera frame(s) | board time "
                   f"{'host' if args.wall_clock else 'virtual'}", flush=True)
+            if meta is not None:
+                print(f"[host] model: {meta.kmodel['file']} ({meta.task or 'task not recorded'}, "
+                      f"{'x'.join(map(str, meta.input['shape'][-2:][::-1]))} input, made by tl2k210 "
+                      f"{meta.tl2k210_version})", flush=True)
             if folder:
                 res = run_folder(target, fs=args.flash_fs, on="flash" if args.on_flash else "sd",
                                  **common)
             else:
-                res = run_script(target, sd=_sd_for(args, recipe, Path(tmp)), fs=args.flash_fs,
+                res = run_script(target, sd=_sd_for(args, recipe, meta, Path(tmp)), fs=args.flash_fs,
                                  **common)
     except _board.BoardStop:
         print("[host] stopped by SIGTERM; temporary files removed", file=sys.stderr)

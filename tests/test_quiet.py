@@ -1,0 +1,92 @@
+"""A real `tl2k210 convert` prints our progress lines and nothing else on stderr: TensorFlow's
+start-up chatter (absl, oneDNN, cpu_feature_guard), TF Lite's XNNPACK note and the Python
+warnings of TF/tf2onnx/TensorLayer are kept off (tl2k210/quiet.py) unless --verbose."""
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, data_path
+from tl2k210 import quiet
+
+PROGRESS = re.compile(r"^\[[1-6]/6\] ")
+
+
+def _convert(tmp_path, *args):
+    env = {k: v for k, v in __import__("os").environ.items()
+           if not k.startswith(("TF_", "TL2K210_VERBOSE"))}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run([sys.executable, "-m", "tl2k210.cli", "convert", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def iris(tmp_path_factory):
+    pytest.importorskip("tensorflow")
+    d = tmp_path_factory.mktemp("iris")
+    np.save(d / "x.npy", np.random.default_rng(0).random((16, 4)).astype(np.float32) * 6)
+    return d, data_path("tflite", "iris.tflite")
+
+
+def test_convert_stderr_is_only_our_progress(iris):
+    d, src = iris
+    p = _convert(d, str(src), "iris.kmodel", "--dataset", "x.npy", "--float-fc")
+    lines = p.stderr.splitlines()
+    assert p.returncode == 0, p.stderr
+    assert [ln for ln in lines if not PROGRESS.match(ln)] == [], p.stderr
+    assert len(lines) == 6 and lines[-1] == "[6/6] writing iris.kmodel and iris.kmodel.json"
+    assert "file iris.kmodel: " in p.stdout and (d / "iris.kmodel.json").is_file()
+    # an error is still shown (and nothing else)
+    p = _convert(d, str(src), "bad.kmodel", "--dataset", "x.npy")
+    extra = [ln for ln in p.stderr.splitlines() if not PROGRESS.match(ln)]
+    assert p.returncode == 2 and len(extra) == 1 and extra[0].startswith("tl2k210 convert: error: ")
+
+
+@pytest.mark.slow
+def test_verbose_lets_tensorflow_talk(iris):
+    d, src = iris
+    p = _convert(d, str(src), "v.kmodel", "--dataset", "x.npy", "--float-fc", "--verbose")
+    assert p.returncode == 0, p.stderr
+    assert [ln for ln in p.stderr.splitlines() if not PROGRESS.match(ln)], p.stderr
+
+
+@pytest.mark.slow
+def test_tensorlayer_convert_is_quiet_too(tmp_path):
+    """The TensorLayer path (the zoo's, `make demo`'s): TF is imported by TensorLayer."""
+    pytest.importorskip("tensorlayer")
+    (tmp_path / "net.py").write_text(
+        "def build():\n"
+        "    from tensorlayer.layers import Conv2d, Input\n"
+        "    from tensorlayer.models import Model\n"
+        "    x = Input((1, 16, 16, 3))\n"
+        "    y = Conv2d(4, (3, 3), act='relu', in_channels=3)(x)\n"
+        "    return Model(x, y)\n")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tl_quiet_net", tmp_path / "net.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    net = mod.build()
+    np.savez(tmp_path / "w.npz", params=np.array([w.numpy() for w in net.all_weights], dtype=object))
+    (tmp_path / "calib").mkdir()
+    from PIL import Image
+    rng = np.random.default_rng(1)
+    for i in range(4):
+        Image.fromarray((rng.random((16, 16, 3)) * 255).astype(np.uint8)).save(tmp_path / "calib" / f"{i}.png")
+    p = _convert(tmp_path, "w.npz", "net.kmodel", "--network", "net.py", "--dataset", "calib")
+    assert p.returncode == 0, p.stderr
+    assert [ln for ln in p.stderr.splitlines() if not PROGRESS.match(ln)] == [], p.stderr
+
+
+def test_native_stderr_filter_keeps_what_is_not_noise(capfd, monkeypatch):
+    import os
+    monkeypatch.setitem(quiet._state, "verbose", False)
+    with quiet.native_stderr():
+        os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n")
+        os.write(2, b"I0000 00:00:1796107782.887281   26080 port.cc:153] oneDNN custom operations are on.\n")
+        os.write(2, b"E0000 00:00:1796107782.887281   26080 foo.cc:1] a real error\n")
+        os.write(2, b"Segmentation fault (core dumped)\n")
+    err = capfd.readouterr().err
+    assert err == ("E0000 00:00:1796107782.887281   26080 foo.cc:1] a real error\n"
+                   "Segmentation fault (core dumped)\n")
