@@ -9,6 +9,7 @@
   anything using `zoo_build` is marked automatically; mark the rest yourself with
   `@pytest.mark.slow` (conversions of real-size networks, fault trials, fuzzing, training).
   Slow tests are scheduled first so that no long test starts last on one worker.
+* One BLAS thread per test process (see below).
 """
 import contextlib
 import fcntl
@@ -17,9 +18,17 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
+# Before numpy/numba are imported: the xdist workers already share the cores, so threads
+# inside a test process only oversubscribe them, and waiting OpenBLAS / OpenMP threads spin.
+# One BLAS thread per process, sleeping OpenMP (numba) waits: the same results, and on this
+# 2-core machine under load an emulated facedetect frame took 73 ms instead of 506 ms.
+# Subprocesses of the tests inherit it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tl2k210 import paths
+import pytest  # noqa: E402
+
+from tl2k210 import paths  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TESTDATA = paths.testdata_dir()

@@ -5,17 +5,16 @@ import os
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from tl2k210 import paths
 from tl2k210.flash import image as fw_image
 from tl2k210.flash.emulated_board import EmulatedBoard, FaultConfig
 from tl2k210.flash.flasher import Flasher
 from tl2k210.flash.transport import LineShim, shim_env
 
-REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 

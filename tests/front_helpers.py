@@ -1,14 +1,13 @@
 """Shared helpers for the front-half tests (tiny ONNX graphs, cached TF conversions, testdata)."""
 import functools
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from conftest import REPO  # noqa: F401  (re-exported)
 from tl2k210 import paths
 
-REPO = Path(__file__).resolve().parents[1]
 TESTDATA = paths.testdata_dir()
 RNG = np.random.default_rng(0)
 

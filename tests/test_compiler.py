@@ -1,13 +1,12 @@
 """`tl2k210 convert` end to end: real models in, kmodel v3 out, checked on the bit-exact emulator
 against the float model (onnxruntime)."""
 import json
-import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import REPO, data_path
+from conftest import data_path
 from tl2k210.errors import KpuLimitError, Tl2k210Error, UnsupportedOpError
 from tl2k210.k210 import kmodel
 from tl2k210.k210.emulator import Emulator
@@ -141,20 +140,16 @@ def test_same_stride2_is_exact_on_the_float_side(residual, heldout_dir):
 
 
 # ---------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def mobilenet(tmp_path_factory):
-    sys.path.insert(0, str(REPO))
-    from models.mobilenet_v1.network import load_keras_order_npz, mobilenet_v1
-    net = mobilenet_v1(0.25)
-    load_keras_order_npz(net, data_path("weights", "mobilenetv1_0.25_tensorlayer.npz"))
-    net.eval()
-    out = tmp_path_factory.mktemp("mnv1") / "mobilenet_v1_0.25.kmodel"
-    receipt = convert(net, out, ConvertOptions(dataset=str(data_path("imagenet")), input_range=(-1, 1),
-                                               progress=False))
-    return net, out, receipt
+@pytest.fixture
+def mobilenet(zoo_build):
+    """The zoo's mobilenet_v1 (alpha 0.25, testdata ImageNet weights, calibrated on testdata/imagenet
+    with input range -1..1: the conversion this test checks), built once per run."""
+    from tl2k210 import zoo
+    data_path("weights", "mobilenetv1_0.25_tensorlayer.npz")
+    built = zoo_build("mobilenet_v1")
+    return zoo.build_network(zoo.get("mobilenet_v1")), built["kmodel"], built["receipt"]
 
 
-@pytest.mark.slow
 def test_mobilenet_v1_tensorlayer_agrees_with_float(mobilenet):
     from tl2k210 import frontends
     from tl2k210.compiler import model_inputs
@@ -174,12 +169,12 @@ def test_mobilenet_v1_tensorlayer_agrees_with_float(mobilenet):
         in5 += ref.argmax() in np.argsort(-got)[:5]
     n = len(floats)
     print(f"MobileNetV1 0.25 on {n} images: top-1 agreement {top1 / n:.3f}, float top-1 in kmodel "
-          f"top-5 {in5 / n:.3f}; output SQNR {receipt.totals['output_sqnr_db']:.1f} dB")
+          f"top-5 {in5 / n:.3f}; output SQNR {receipt['totals']['output_sqnr_db']:.1f} dB")
     assert n == 28 and top1 / n >= 0.9 and in5 / n >= 0.98
-    assert sum(r["unit"] == "KPU" for r in receipt.layers) == 28      # 27 convs + the dense head
-    notes = [nt for r in receipt.layers for nt in r["notes"]]
+    assert sum(r["unit"] == "KPU" for r in receipt["layers"]) == 28      # 27 convs + the dense head
+    notes = [nt for r in receipt["layers"] for nt in r["notes"]]
     assert sum("stride 2 with pads [0, 0, 1, 1]" in nt for nt in notes) == 5   # TF 'SAME' stride 2
-    assert receipt.file_size + receipt.main_memory <= 2 * 1024 * 1024        # fits full MaixPy
+    assert receipt["file_size"] + receipt["main_memory"] <= 2 * 1024 * 1024   # fits full MaixPy
 
 
 # ---------------------------------------------------------------------------------------------

@@ -116,15 +116,21 @@ def test_inspect_shows_the_metadata(face, capsys):
 
 def test_metadata_round_trip_and_schema():
     meta = metadata.build(b"\x03\0\0\0" + bytes(60), "x.kmodel", input={"shape": [1, 4]},
-                          outputs=[{"name": "y", "shape": [1, 3]}], task="classify", labels=["a", "b", "c"])
+                          outputs=[{"name": "y", "shape": [1, 3]}], task="classify",
+                          labels=["a", "[1,  2]", "c"], anchors=[1.5, -2e-3])
     text = meta.to_json()
     d = json.loads(text)
     assert list(d)[:2] == ["schema", "version"] and d["kmodel"]["version"] == 3
-    assert metadata.ModelMetadata.from_dict(d) == meta
+    assert metadata.ModelMetadata.from_dict(d) == meta and d["labels"][1] == "[1,  2]"
+    assert '"anchors": [1.5, -0.002],' in text           # short number lists on one line
     assert metadata.parse(text, b"\x03\0\0\0" + bytes(60), "x") == meta
     from tl2k210.errors import Tl2k210Error
     with pytest.raises(Tl2k210Error, match="task 'detect'"):
         metadata.build(b"\x03\0\0\0" + bytes(60), "x.kmodel", input={}, outputs=[], task="detect")
+    for bad in ({"anchors": "1,2"}, {"labels": [1, 2]}, {"decode": {"threshold": "high"}},
+                {"firmware": {"flash_address": "here"}}, {"outputs": None}):
+        with pytest.raises((TypeError, ValueError)):
+            metadata.ModelMetadata.from_dict({**d, **bad})
 
 
 def test_deploy_takes_address_and_decode_lines_from_the_metadata(face, tmp_path):

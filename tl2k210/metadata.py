@@ -20,7 +20,8 @@ SCHEMA = "tl2k210-kmodel-metadata"
 VERSION = 1
 SUFFIX = ".json"            # face_detect.kmodel -> face_detect.kmodel.json
 TASKS = ("yolo2", "classify", "embed", "image")
-_NUMBERS = re.compile(r"\[\s*((?:-?[0-9][0-9.eE+-]*,?\s*)+)\]")
+# an indented JSON array of numbers (raw newlines never occur inside JSON strings)
+_NUMBERS = re.compile(r"\[\n\s*((?:-?[0-9][0-9.eE+-]*,?\n\s*)+)\]")
 
 
 @dataclass
