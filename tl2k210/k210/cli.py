@@ -79,7 +79,7 @@ def _looks_like_path(spec: str) -> bool:
 
 def labels_file(spec):
     """The file --labels names, or None when it is a list of names."""
-    if spec and (os.path.exists(spec) or _looks_like_path(spec)):
+    if spec and not isinstance(spec, list) and (os.path.exists(spec) or _looks_like_path(spec)):
         return spec
     return None
 
