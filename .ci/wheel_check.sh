@@ -5,6 +5,8 @@
 # then run `zoo list`, `zoo build face_detect` and `demo face-detect` from an unrelated folder
 # and check what they print. Usage: .ci/wheel_check.sh [PYTHON of the locked venv]
 set -euo pipefail
+unset PYTHONPATH TL2K210_CACHE        # nothing of the checkout may leak into the installed one
+export PYTHONNOUSERSITE=1
 cd "$(dirname "$0")/.."
 REPO=$PWD
 PY=${1:-$REPO/.venv/bin/python}
@@ -31,8 +33,7 @@ NEW_SITE=$("$WORK/venv/bin/python" -c "import sysconfig; print(sysconfig.get_pat
 echo "$LOCK_SITE" > "$NEW_SITE/_tl2k210_locked_deps.pth"    # appended after the venv's own
 "$PY" -m pip --python "$WORK/venv/bin/python" install -q --no-deps --no-index "$WHEEL"
 mkdir "$WORK/user" && cd "$WORK/user"
-export XDG_CACHE_HOME="$WORK/cache" PYTHONPATH= PYTHONNOUSERSITE=1
-unset TL2K210_CACHE
+export XDG_CACHE_HOME="$WORK/cache"
 [ -n "${TL2K210_TESTDATA:-}" ] || export TL2K210_TESTDATA="$REPO/../shared/testdata"
 TL="$WORK/venv/bin/tl2k210"
 where=$("$WORK/venv/bin/python" -c "import tl2k210; print(tl2k210.__file__)")

@@ -3,7 +3,7 @@ for Keras) through `tl2k210.compiler.convert`, the kmodel on the bit-exact emula
 onnxruntime on held-out images. Mirrors the lowering coverage of the Keras models in
 test_compiler.py (residual Add, Concat, nearest upsampling, sigmoid, dense head, TF-SAME and
 symmetric stride 2, 16-bit weights with a YOLO compare, L2 normalisation, unfused average pool,
-separable conv + tanh + global max pool) and its refusals (kernel 5x5, KPU RAM, 4x4 minimum,
+separable conv + tanh + global max pool) and its refusals (ConvTranspose, KPU RAM, 4x4 minimum,
 firmware budget, an image input feeding two convs), so the lowering is tested where TensorFlow
 is not installed."""
 import numpy as np
@@ -235,16 +235,18 @@ def test_separable_tanh_global_max_pool(tmp_path, images):
 
 
 # ---------------------------------------------------------------------------------------------
-def test_unsupported_kernel_names_node_and_writes_nothing(tmp_path, images):
+def test_unsupported_op_names_node_and_writes_nothing(tmp_path, images):
     calib, _ = images(32, 32)
     n = Net(3, 32, 32)
-    y = n.conv("x", 3, 4, k=5, name="big_kernel")
-    (tmp_path / "k5.kmodel").write_bytes(b"previous")
+    y = n.conv("x", 3, 4, k=5, name="big_kernel")                    # 5x5: runs (kxk.py)
+    w = n.const(n.rng.normal(0, 0.3, (4, 4, 3, 3)).astype(np.float32))
+    n.nodes.append(N("ConvTranspose", [y, w], ["deconv"], name="deconv", kernel_shape=[3, 3], strides=[2, 2]))
+    (tmp_path / "deconv.kmodel").write_bytes(b"previous")
     with pytest.raises(UnsupportedOpError) as e:
-        _convert(n, y, tmp_path, calib, name="k5")
+        _convert(n, "deconv", tmp_path, calib, name="deconv")
     msg = str(e.value)
-    assert "big_kernel" in msg and "kernel (5, 5)" in msg and "3x3" in msg
-    assert (tmp_path / "k5.kmodel").read_bytes() == b"previous" and not list(tmp_path.glob(".tmp-*"))
+    assert "deconv" in msg and "ConvTranspose" in msg and "UpSampling2D" in msg and "strides" in msg
+    assert (tmp_path / "deconv.kmodel").read_bytes() == b"previous" and not list(tmp_path.glob(".tmp-*"))
 
 
 def test_kpu_ram_limit_names_layer(tmp_path):
