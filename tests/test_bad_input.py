@@ -258,6 +258,20 @@ def test_demo_never_overwrites_the_photo(tmp_path, capsys):
     keep.check()
 
 
+@pytest.mark.parametrize("layout", ["later-frame", "folder"])
+def test_demo_never_overwrites_a_photo_with_a_later_frame(layout, tmp_path, capsys):
+    """--out lcd.png writes lcd-1.png, lcd-2.png... for later frames; --out DIR frame_0000.png..."""
+    name, out = ("lcd-1.png", tmp_path / "lcd.png") if layout == "later-frame" else \
+        ("frame_0001.png", tmp_path)
+    img = tmp_path / name
+    Image.fromarray(np.full((240, 320, 3), 128, np.uint8)).save(img)
+    keep = Frozen(img)
+    rc, _, err = cli(capsys, "demo", "face-detect", "--image", img, "--image", img, "--out", out,
+                     "--kmodel", kmodel("facedetect_320x240_v3.kmodel"))
+    refused(rc, err, name, "choose another --out")
+    keep.check()
+
+
 def test_board_never_wipes_a_file_that_is_not_a_flash_image(tmp_path, capsys):
     fw = tmp_path / "firmware.bin"
     fw.write_bytes(b"\x5a" * 100_000)
@@ -309,6 +323,21 @@ def test_header_claims_cost_no_memory(verb, name, offset, tmp_path):
     refused(res.returncode, res.stderr)
     assert "MemoryError" not in res.stderr
     assert time.monotonic() - t0 < 60
+
+
+def test_input_shape_claim_costs_no_memory(tmp_path, capsys):
+    """A v4 header claiming a 60000x60000 input: refused, not an image resized to 10 GB."""
+    d = bytearray(kmodel("yolo20_v4.kmodel").read_bytes())
+    n_inputs = struct.unpack_from("<I", d, 28)[0]
+    struct.pack_into("<4i", d, 40 + 16 * n_inputs, 1, 3, 60000, 60000)
+    f = tmp_path / "big_input.kmodel"
+    f.write_bytes(d)
+    img = tmp_path / "p.png"
+    Image.fromarray(np.full((240, 320, 3), 100, np.uint8)).save(img)
+    t0 = time.monotonic()
+    rc, _, err = cli(capsys, "run", f, "-i", img)
+    refused(rc, err, "60000", "8 MiB")
+    assert time.monotonic() - t0 < 30
 
 
 # =============================================================================================
@@ -619,8 +648,21 @@ KFPKG_CASES = {
     "encrypted": (lambda t: _patch_member(_pkg(t), "m.kmodel", flags=1), ("encrypted", "without")),
     "unknown-method": (lambda t: _patch_member(_pkg(t), "m.kmodel", method=99), ("compression", "99")),
     "nested-manifest": (_nested, ("flash-list.json", "nested")),
+    "members-exceed-flash": (lambda t: _zeros_bomb(t), ("add up", "flash")),
     "manifest-lies-about-size": (lambda t: _manifest_bomb(t), ("flash-list.json", "corrupt")),
 }
+
+
+def _zeros_bomb(tmp_path):
+    """Three 6 MiB members (a few KB deflated): more than the 16 MiB flash together."""
+    p = tmp_path / "bad.kfpkg"
+    files = [{"address": a, "bin": f"z{i}.bin", "sha256Prefix": False}
+             for i, a in enumerate((0x200000, 0x800000, 0xE00000))]
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("flash-list.json", json.dumps({"version": "0.1.0", "files": files}, indent=4))
+        for f in files:
+            z.writestr(f["bin"], bytes(6 << 20))
+    return p
 
 
 def _manifest_bomb(tmp_path):

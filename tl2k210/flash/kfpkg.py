@@ -175,6 +175,7 @@ def read_kfpkg(path, flash_size=FLASH_SIZE_16M):
             raise KfpkgError(f"{path}: {exc}") from None
         seen = set()
         images = []
+        total = 0
         for e in entries:
             member = _safe_member(e["bin"])
             if member in seen:
@@ -183,9 +184,11 @@ def read_kfpkg(path, flash_size=FLASH_SIZE_16M):
             info = infos.get(member)
             if info is None:
                 raise KfpkgError(f"{path}: {MANIFEST} lists {member}, which is not in the package")
-            if info.file_size > flash_size:
-                raise KfpkgError(f"{path}: {member} claims {info.file_size} bytes, more than the "
-                                 f"whole flash ({flash_size}); the package is corrupt")
+            total += info.file_size
+            if info.file_size > flash_size or total > flash_size:
+                raise KfpkgError(f"{path}: {member} claims {info.file_size} bytes; the images add "
+                                 f"up to more than the whole flash ({flash_size}): the package is "
+                                 "corrupt")
             data = _read_member(zf, info, flash_size, path)
             if len(data) > flash_size:
                 raise KfpkgError(f"{path}: {member} is larger than the flash")

@@ -203,6 +203,11 @@ def cmd_run(args):
 
     emu = Emulator.load(args.file, sum_rule=args.sum_rule, act_rule=args.act_rule)
     shape, dtype = emu.input_spec()
+    from tl2k210.k210 import hardware as hw
+    nbytes = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
+    if nbytes > hw.MAIN_SRAM_BYTES + hw.KPU_RAM_BYTES:
+        raise Tl2k210Error(f"{args.file} claims an input of shape {tuple(shape)} ({nbytes:,} bytes), "
+                           "more than a K210's 8 MiB of memory: the kmodel is corrupt")
     chw_shape = tuple(shape[-3:]) if len(shape) >= 3 else tuple(shape)
     grid = None
     if anchors is not None:

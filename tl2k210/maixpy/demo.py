@@ -225,6 +225,13 @@ def _check_paths(args, script, out: Path):
                                    f"which would replace the input {p}; choose another --out")
         check_writable(out, "--out", make_parents=True)
     else:
+        import re
+        for i in inputs:       # a folder gets frame_0000.png, frame_0001.png ...
+            p = Path(i) if i else None
+            if p is not None and p.parent.resolve() == out.resolve() and \
+                    re.fullmatch(r"frame_\d{4}\.png", p.name):
+                raise Tl2k210Error(f"--out {out}: the LCD frames are written as frame_NNNN.png, "
+                                   f"which would replace the input {p}; choose another --out")
         check_writable(out / "frame_0000.png", "--out", make_parents=True)
 
 
