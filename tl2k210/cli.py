@@ -23,6 +23,8 @@ VERBS = {
     "package": "tl2k210.flash.cli",
     "deploy": "tl2k210.flash.cli",
     "board": "tl2k210.flash.cli",
+    "repl": "tl2k210.maixpy.repl_cli",
+    "validate": "tl2k210.maixpy.validate",
     "zoo": "tl2k210.zoo",
     "demo": "tl2k210.maixpy.demo",
 }

@@ -153,7 +153,9 @@ def add_deploy_parser(sub):
     p.add_argument("--force", action="store_true",
                    help="allow an address inside the firmware region (< 0x200000) or SPIFFS")
     _common_port_args(p)
-    p.set_defaults(func=cmd_deploy)
+    from tl2k210.maixpy.repl_cli import add_deploy_repl_args
+    add_deploy_repl_args(p)
+    p.set_defaults(func=cmd_deploy, baud=None)     # -b: 1500000 for isp, the REPL's rate for repl
 
 
 def add_board_parser(sub):
@@ -173,6 +175,8 @@ def add_board_parser(sub):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--for", dest="seconds", type=cliargs.float_range(0.0, example=10), default=None,
                    help="stop after this many seconds (default: until Ctrl-C or SIGTERM)")
+    from tl2k210.maixpy.repl_cli import add_board_maixpy_args
+    add_board_maixpy_args(p)
     p.set_defaults(func=cmd_board)
 
 
@@ -328,8 +332,15 @@ def cmd_deploy(args):
     from tl2k210 import metadata
     from tl2k210.fileio import check_outputs, check_readable, read_bytes
     from tl2k210.flash.boards import FLASH_SIZE_16M
+    from tl2k210.flash.flasher import DEFAULT_BAUD
     from tl2k210.flash.kfpkg import FlashImage, read_kfpkg, write_kfpkg
 
+    if args.via == "repl":
+        from tl2k210.maixpy.repl_cli import deploy_via_repl
+        check_readable(args.model, "model")
+        args.baud = args.baud or args.initial_baud
+        return deploy_via_repl(args)
+    args.baud = args.baud or DEFAULT_BAUD
     check_readable(args.model, "model")
     check_link_args(args)
     check_outputs([("-o", args.kfpkg)], [args.model, args.firmware, args.dataset, args.stub])
@@ -393,6 +404,9 @@ def cmd_board(args):
     faults = FaultConfig(rate=args.fault_rate, kinds=tuple(args.fault_kinds), seed=args.seed)
     if args.flash:
         _check_flash_file(args.flash)
+    if args.maixpy:
+        from tl2k210.maixpy.repl_cli import serve_board
+        return serve_board(args)
     try:
         board = EmulatedBoard(args.flash, wiring=args.wiring, throttle=args.throttle,
                               faults=faults)

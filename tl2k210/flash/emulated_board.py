@@ -296,6 +296,17 @@ class K210Core:
         return self._error(op, Reason.INVALID_COMMAND)
 
 
+def pty_baud(master_fd):
+    """The baud rate the host program set on the slave side of a pty, read from its master
+    (TCGETS2: c_ospeed, exact also for non-standard rates; spec §8.1), or None."""
+    buf = array.array("i", [0] * 64)
+    try:
+        fcntl.ioctl(master_fd, TCGETS2, buf)
+        return buf[10] or None
+    except OSError:
+        return None
+
+
 def new_flash_file(path, size=FLASH_SIZE_16M):
     """Create (or reset) a flash file full of 0xFF (erased NOR flash)."""
     with open(path, "wb") as f:
@@ -307,8 +318,12 @@ def new_flash_file(path, size=FLASH_SIZE_16M):
     return path
 
 
-class _Faults:
-    def __init__(self, cfg: FaultConfig, stats: BoardStats):
+class LineFaults:
+    """Seeded host->board line faults (FaultConfig): `apply(data)` returns the bytes the board
+    receives and the extra line delay; counts go to `stats.faults` (any object with that dict).
+    Shared by the ISP board and the MaixPy REPL board (tl2k210.maixpy.repl_board)."""
+
+    def __init__(self, cfg: FaultConfig, stats):
         self.cfg = cfg
         self.stats = stats
         self.rng = random.Random(cfg.seed)
@@ -428,7 +443,7 @@ class EmulatedBoard:
         self.core = K210Core(self.flash, wiring, known_stubs, self.stats, write_time_s)
         self.throttle = throttle
         self.check_baud = check_baud        # off when a relay (e.g. socket://) owns the pty
-        self.faults = _Faults(faults or FaultConfig(), self.stats)
+        self.faults = LineFaults(faults or FaultConfig(), self.stats)
         self.stop_after = (faults.stop_after_bytes if faults else None)
         self._stub_rx = 0
         self.output_log = bytearray()       # everything the board sent (banner, replies)
@@ -502,12 +517,7 @@ class EmulatedBoard:
 
     # ---- internals ---------------------------------------------------------------------
     def _host_baud(self):
-        buf = array.array("i", [0] * 64)
-        try:
-            fcntl.ioctl(self.master, TCGETS2, buf)
-            return buf[10] or None
-        except OSError:
-            return None
+        return pty_baud(self.master)
 
     def _emit(self, data):
         if not data:

@@ -231,6 +231,9 @@ class UART:
                                      ("stop", 1), ("*timeout", 1000), ("*read_buf_len", 4096),
                                      ("*ide", False), ("*from_ide", True)])
         self.baud = get_int(a["baudrate"])
+        hook = getattr(self._b, "on_repl_baud", None) if getattr(self, "_repl", False) else None
+        if hook is not None:       # the REPL board's line follows (repl_board.py)
+            hook(self.baud)
 
     def write(self, data):
         data = data.encode() if isinstance(data, str) else bytes(data)
@@ -254,7 +257,12 @@ class UART:
 
     @staticmethod
     def repl_uart():
-        return UART(UART.UARTHS, 115200)
+        """The REPL's UART (UARTHS); `init(baudrate, ...)` changes the rate the REPL talks at, as
+        _boot.py does for MaixPy IDE mode (1.5 Mbaud, maixpy-api.md §1.1)."""
+        from tl2k210.maixpy import board as _b
+        u = UART(UART.UARTHS, getattr(_b.current(), "repl_baud", 115200))
+        u._repl = True
+        return u
 
 
 class Timer:
