@@ -331,7 +331,7 @@ def _micropython(s):
     ident = lambda f: f   # noqa: E731
     return module("micropython", "", const=lambda x: x, opt_level=lambda *a: 0, mem_info=mem_info,
                   qstr_info=lambda *a: None, stack_use=lambda: 2048, heap_lock=lambda: None,
-                  heap_unlock=lambda: None, kbd_intr=lambda c: None,
+                  heap_unlock=lambda: None, kbd_intr=lambda c: setattr(s, "kbd_intr", c),
                   schedule=lambda f, a: f(a), alloc_emergency_exception_buf=lambda n: None,
                   native=ident, viper=ident, asm_thumb=ident)
 

@@ -273,7 +273,7 @@ class Repl:
             now = time.monotonic()
             if self._fill(True):
                 last = now
-            elif (idle is not None and now - last > idle) or (total is not None and now - t0 > total):
+            if (idle is not None and now - last > idle) or (total is not None and now - t0 > total):
                 got = bytes(streamed + self._buf)
                 raise LineError(f"{self.name} did not send {marker!r} (got {len(got)} bytes: "
                                 f"{got[-80:]!r})")
@@ -305,10 +305,10 @@ class Repl:
         seen = bytearray()
         for attempt in range(tries):
             self._write(b"\r\x03\x03")
-            seen += self.drain(quiet=0.1 + 0.1 * attempt, limit=1.5)
+            seen += self.drain(quiet=0.1 + 0.1 * attempt, limit=1.0)
             self._write(b"\r\x01")
             try:
-                seen += self.read_until(RAW_BANNER + b">", idle=1.0 + attempt, total=6.0)
+                seen += self.read_until(RAW_BANNER + b">", idle=1.0 + attempt, total=2.5)
                 self.in_raw = True
                 break
             except LineError:
@@ -326,7 +326,8 @@ class Repl:
                 f"no answer from {where}: is this the board's port and is the board powered? A "
                 "board in kflash's ISP mode or without MaixPy firmware does not answer "
                 "(`tl2k210 flash` the firmware, then press RESET). The REPL runs at 115200; if an "
-                "earlier `tl2k210 repl -b` was interrupted, press RESET or pass --initial-baud")
+                "earlier `tl2k210 repl -b` was interrupted, press RESET or pass --initial-baud. "
+                "A main.py that ignores Ctrl-C and prints nothing looks the same: press RESET")
         printable = sum(32 <= c < 127 or c in (9, 10, 13) for c in seen) / len(seen)
         if printable < 0.7:
             return NoAnswerError(
@@ -336,7 +337,8 @@ class Repl:
         tail = seen.decode("utf-8", "replace").strip().splitlines()[-3:]
         return BoardBusyError(
             f"{where} keeps running code that does not stop on Ctrl-C (a main.py loop with a bare "
-            "`except:` or `except KeyboardInterrupt`?) and never entered the raw REPL; its last "
+            "`except:`, `except KeyboardInterrupt` or micropython.kbd_intr(-1)?) and never entered "
+            "the raw REPL; its last "
             f"output: {' | '.join(tail)!r}. Press RESET and connect within _boot.py's 200 ms "
             "Ctrl-C window, or remove main.py (SD card in a PC)")
 

@@ -20,7 +20,8 @@ k210-flashing-and-maixpy.md §6.3, maixpy-api.md §1.1):
   MicroPython >= 1.14) is absent from this core (spec §6.3): those bytes become code and the
   Ctrl-A restarts the raw REPL, which clients read as "not supported". `raw_paste=True` emulates
   a firmware that has it (256-byte window, as MicroPython's);
-* Ctrl-C while code runs raises KeyboardInterrupt at its next line;
+* Ctrl-C while code runs raises KeyboardInterrupt at its next line (unless the code called
+  `micropython.kbd_intr(-1)`; a soft reboot restores it);
 * `machine.UART.repl_uart().init(baud, ...)` changes the REPL's baud rate (what _boot.py does for
   the IDE's 1.5 Mbaud); the board waits up to BAUD_SWITCH_WAIT_S of host time for the host to
   follow, as the host would within the board's `time.sleep_ms` after the call.
@@ -90,6 +91,7 @@ class _Input:
         self.cv = threading.Condition()
         self.wire_us = 0.0
         self.closed = False
+        self.waiting = False           # the REPL waits for input (the board is idle)
 
     def put(self, data, wire_us):
         with self.cv:
@@ -110,7 +112,9 @@ class _Input:
         while not self.buf:
             if self.closed:
                 raise _Closed()
+            self.waiting = True
             self.cv.wait(0.2)
+        self.waiting = False
 
     def take(self, pattern=None, n=None):
         """Block for data; return (bytes before the first `pattern` match, the matched byte or
@@ -251,6 +255,16 @@ class ReplBoard:
             pass
         self.session.close()
 
+    def wait_idle(self, timeout=30.0) -> bool:
+        """Wait until the board waits for input with nothing left to read (boot done)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self._in.cv:
+                if self._in.waiting and not self._in.buf:
+                    return True
+            time.sleep(0.01)
+        return False
+
     def line_seconds(self) -> float:
         """The board clock (virtual) in seconds: line time plus board time (see the docstring)."""
         return self.board.clock.now_us() / 1e6
@@ -294,7 +308,7 @@ class ReplBoard:
         pause = (wire_us / 1e6 if self.throttle else 0.0) + delay
         if pause:
             time.sleep(pause)
-        if self._executing and b"\x03" in data:
+        if self._executing and b"\x03" in data and getattr(self.session, "kbd_intr", 3) == 3:
             self.session.interrupt()         # the UART IRQ's interrupt character
             self.stats.interrupts += 1
             data = data.replace(b"\x03", b"")
@@ -425,6 +439,7 @@ class ReplBoard:
                 step = self._raw_repl() if self.mode == RAW else self._friendly_repl()
                 if step == "soft_reset":
                     self.stats.soft_resets += 1
+                    self.session.kbd_intr = 3        # micropython.kbd_intr(-1) ends here
                     self._run_board(lambda: self.session.soft_reset(run_main=self.mode == FRIENDLY))
                     self._helpers()
         except _Closed:
