@@ -131,9 +131,10 @@ def _tl_info(p, m):
     return (_tl_size(p + '.part'), _tl_size(p), s[1] * s[3])
 def _tl_open(p, n):
     global _tlf, _tln
+    _tl_close()
     _tlf = open(p, 'ab' if n else 'wb')
     _tln = n
-    print('=%d' % n)
+    return n
 def _tl_w(o, c, d):
     global _tln
     if o != _tln:
@@ -153,12 +154,17 @@ def _tl_reopen(p):
         pass
     _tln = max(0, _tl_size(p))
     _tlf = open(p, 'ab')
-    print('=%d' % _tln)
+    return _tln
 def _tl_close():
     global _tlf
     if _tlf:
         _tlf.close()
     _tlf = None
+def _tl_rm(p):
+    if _tl_size(p) >= 0:
+        _tlo.remove(p)
+        return True
+    return False
 def _tl_commit(t, p):
     if _tl_size(t) >= 0:
         if _tl_size(p) >= 0:
@@ -170,7 +176,7 @@ def _tl_get(p, o, n):
     f.seek(o)
     b = f.read(n)
     f.close()
-    print('%d %d %s' % (len(b), _tlb.crc32(b) & 0xffffffff, _tlb.b2a_base64(b).decode().strip()))
+    return (len(b), _tlb.crc32(b) & 0xffffffff, _tlb.b2a_base64(b).decode().strip())
 def _tl_ls(d):
     r = []
     for n in _tlo.listdir(d):
@@ -181,7 +187,27 @@ def _tl_ls(d):
         except OSError:
             r.append((n, False, -1))
     return r
+def _tl_x(c, s):
+    if _tlb.crc32(s.encode()) & 0xffffffff != c:
+        raise ValueError('damaged on the line')
+    print(repr(eval(s)))
 """
+# defines the helpers from CRC-checked pieces: a damaged piece is dropped and resent
+BOOTSTRAP = """\
+import ubinascii as _tlb
+_tls = b''
+def _tla(d, c):
+    global _tls
+    try:
+        d = _tlb.a2b_base64(d)
+    except Exception:
+        d = None
+    if d and _tlb.crc32(d) & 0xffffffff == c:
+        _tls += d
+    print(len(_tls))
+print(len(_tls))
+"""
+
 
 
 def board_error(err: bytes | str, what: str) -> ReplError:
@@ -359,17 +385,24 @@ class Repl:
         self._helpers = False
         self._cwd = None
 
-    def resync(self):
+    def resync(self, tries=4):
         """After a lost or garbled reply: cancel, clear, and come back to a fresh raw prompt."""
-        self._write(b"\x03\x03")
-        seen = self.drain(quiet=0.15, limit=3.0)
-        if b"soft reboot" in seen:
-            self._helpers = False
-        self._write(b"\r\x01")
-        out = self.read_until(RAW_BANNER + b">", idle=2.0, total=10.0)
-        if b"soft reboot" in out:
-            self._helpers = False
-        self.in_raw = True
+        for attempt in range(tries):
+            self._write(b"\x03\x03")
+            seen = self.drain(quiet=0.15, limit=3.0)
+            if b"soft reboot" in seen:
+                self._helpers = False
+            self._write(b"\r\x01")
+            try:
+                out = self.read_until(RAW_BANNER + b">", idle=2.0, total=10.0)
+            except LineError:
+                if attempt == tries - 1:
+                    raise
+                continue
+            if b"soft reboot" in out:
+                self._helpers = False
+            self.in_raw = True
+            return
 
     def _send(self, data: bytes):
         if self.raw_paste is not False:
@@ -435,14 +468,77 @@ class Repl:
             raise LineError(f"{what}: could not parse the board's answer {out[:80]!r}") from None
 
     # ---- helpers on the board --------------------------------------------------------------
-    def helpers(self):
-        if not self._helpers:
-            self.exec_ok(HELPERS, "defining tl2k210's helpers on the board")
-            self._helpers = True
+    def helpers(self, tries=8, piece=256):
+        """Define the board-side helpers from CRC-checked pieces (BOOTSTRAP), then run them only
+        if their CRC-32 matches: a damaged definition is resent, never executed."""
+        if self._helpers:
+            return
+        src = HELPERS.encode()
+        for attempt in range(tries):
+            try:
+                if self.exec_ok(BOOTSTRAP, "starting tl2k210's helpers").strip() != b"0":
+                    raise LineError("the helper bootstrap was damaged")
+                have, bad = 0, 0
+                while have < len(src):
+                    blob = src[have:have + piece]
+                    try:
+                        out = self.exec_ok(f"_tla('{base64.b64encode(blob).decode()}',"
+                                           f"{zlib.crc32(blob)})", "sending tl2k210's helpers")
+                        n = int(out.strip())
+                    except (LineError, BoardExecError, ValueError):
+                        n = None
+                    if n == have + len(blob):
+                        have = n
+                        continue
+                    bad += 1                    # a damaged piece (the board dropped it)
+                    if n is None:
+                        self.resync()
+                    elif n != have or bad > 20:
+                        raise LineError(f"the board holds {n} helper bytes, expected {have}")
+                out = self.exec_ok(f"if _tlb.crc32(_tls) & 0xffffffff == {zlib.crc32(src)}:\n"
+                                   "    exec(_tls.decode())\n    _tls = b''\n    print('ok')\n",
+                                   "defining tl2k210's helpers")
+                if out.strip() == b"ok":
+                    self._helpers = True
+                    return
+                raise LineError("the helpers arrived damaged")
+            except (LineError, BoardExecError, ValueError) as exc:
+                if attempt == tries - 1:
+                    raise ReplError(f"could not define tl2k210's helpers on the board ({exc}); "
+                                    "the line loses bytes: check the cable or use a lower -b") from None
+                self.resync()
+
+    def call(self, expr, what, idle=10.0, tries=6):
+        """Evaluate `expr` (a call of the helpers) on the board and return its value. The board
+        runs it only if its CRC-32 matches (`_tl_x`), so a reply is either the real result, a
+        real error (raised, as ReplError), or line damage (resynchronise and ask again)."""
+        cmd = f"_tl_x({zlib.crc32(expr.encode())},{expr!r})"
+        for attempt in range(tries):
+            try:
+                self.helpers()
+                out, err = self.exec(cmd, idle=idle)
+                if err:
+                    text = err.decode("utf-8", "replace")
+                    if "name '_tl_x' isn't defined" in text:
+                        self._helpers = False           # the board rebooted under us
+                        continue
+                    if "in _tl_x" in text and "damaged on the line" not in text:
+                        raise board_error(err, what)    # the expression itself raised
+                    raise LineError(text.strip().splitlines()[-1])   # the command was damaged
+                try:
+                    return ast.literal_eval(out.decode("utf-8", "replace").strip())
+                except (ValueError, SyntaxError):
+                    raise LineError(f"could not parse the board's answer {out[:80]!r}") from None
+            except LineError as exc:
+                if attempt == tries - 1:
+                    raise ReplError(f"{what}: {exc}; the line to the board loses bytes: check "
+                                    "the cable, or use a lower -b") from None
+                self.log(f"{what}: {exc}; resynchronising")
+                self.resync()
 
     def cwd(self):
         if self._cwd is None:
-            self._cwd = self.eval("__import__('uos').getcwd()", "asking the board's folder")
+            self._cwd = self.call("_tlo.getcwd()", "asking the board's folder")
         return self._cwd
 
     def abspath(self, path):
@@ -453,42 +549,24 @@ class Repl:
             path = path[2:]
         return (base.rstrip("/") + "/" + path) if path else base
 
-    def _retrying(self, fn, what, tries=4):
-        """Run a request, resynchronising after line errors (not after board tracebacks)."""
-        for attempt in range(tries):
-            try:
-                self.helpers()
-                return fn()
-            except LineError as exc:
-                if attempt == tries - 1:
-                    raise ReplError(f"{what}: {exc}; the line to the board loses bytes: check "
-                                    "the cable, or use a lower -b") from None
-                self.log(f"{what}: {exc}; resynchronising")
-                self.resync()
-            except BoardExecError as exc:
-                if "_tl_" in exc.traceback and "isn't defined" in exc.traceback:
-                    self._helpers = False   # the board rebooted under us
-                    continue
-                raise
-
     # ---- files ------------------------------------------------------------------------------
     def ls(self, path=None):
         """[(name, is_dir, size)] of a board folder (default: the board's cwd)."""
         d = self.abspath(path) if path else self.cwd()
-        return self._retrying(lambda: self.eval(f"_tl_ls({d!r})", f"listing {d}"), f"listing {d}")
+        return self.call(f"_tl_ls({d!r})", f"listing {d}")
 
     def rm(self, path):
         p = self.abspath(path)
-        self._retrying(lambda: self.exec_ok(f"_tlo.remove({p!r})", f"removing {p}"), f"removing {p}")
+        if not self.call(f"_tl_rm({p!r})", f"removing {p}"):
+            raise BoardExecError(f"no file {p} on the board (`tl2k210 repl ls` shows what is there)")
 
     def size(self, path):
         p = self.abspath(path)
-        return self._retrying(lambda: self.eval(f"_tl_size({p!r})"), f"stat {p}")
+        return self.call(f"_tl_size({p!r})", f"stat {p}")
 
     def sha256(self, path):
         p = self.abspath(path)
-        return self._retrying(lambda: self.eval(f"_tl_sha({p!r})", f"hashing {p}", idle=120),
-                              f"hashing {p}")
+        return self.call(f"_tl_sha({p!r})", f"hashing {p}", idle=300)
 
     def get(self, path, progress=None, chunk=3072) -> bytes:
         """Download a board file; each piece is checked against the board's CRC-32."""
@@ -503,13 +581,11 @@ class Repl:
         bad = 0
         while len(out) < total:
             n = min(chunk, total - len(out))
-            line = self._retrying(lambda: self.exec_ok(f"_tl_get({p!r},{len(out)},{n})",
-                                                       f"reading {p}"), f"reading {p}")
+            k, crc, b64 = self.call(f"_tl_get({p!r},{len(out)},{n})", f"reading {p}")
             try:
-                k, crc, b64 = line.decode().split()
                 data = base64.b64decode(b64, validate=True)
-                ok = len(data) == int(k) and zlib.crc32(data) == int(crc) and data
-            except (ValueError, UnicodeDecodeError):
+                ok = len(data) == k == n and zlib.crc32(data) == crc
+            except ValueError:
                 ok = False
             if not ok:
                 bad += 1
@@ -533,7 +609,7 @@ class Repl:
         part = p + ".part"
         sha = hashlib.sha256(data).hexdigest()
         res = PutResult(p, len(data), sha)
-        info = self._retrying(lambda: self.eval(f"_tl_info({p!r},{mount!r})"), f"checking {p}")
+        info = self.call(f"_tl_info({p!r},{mount!r})", f"checking {p}")
         if info is None:
             raise NoSdCardError(f"{p}: the board has no SD card (no /sd): MaixPy mounts a "
                                 "FAT-formatted card at boot, so insert one and press RESET, or "
@@ -557,9 +633,8 @@ class Repl:
                 f"or put it on the {'SD card (--to /sd)' if mount == '/flash' else 'flash'}")
         for attempt in range(2):
             self._upload(data, part, start, res, progress)
-            got = self._retrying(lambda: (self.exec_ok("_tl_close()", "closing the file"),
-                                          self.eval(f"_tl_sha({part!r})", "hashing", idle=300))[1],
-                                 f"verifying {part}")
+            self.call("_tl_close()", "closing the file")
+            got = self.sha256(part)
             if got == sha:
                 break
             res.notes.append(f"the board's SHA-256 of {part} was {got[:16]}..., not "
@@ -570,8 +645,7 @@ class Repl:
             raise TransferError(f"{p}: the board's copy kept differing from the file (SHA-256 "
                                 f"{got[:16]}... != {sha[:16]}...); nothing was renamed, "
                                 f"{part} is left on the board; check the cable or use a lower -b")
-        size = self._retrying(lambda: self.eval(f"_tl_commit({part!r},{p!r})", f"renaming to {p}"),
-                              f"renaming {part}")
+        size = self.call(f"_tl_commit({part!r},{p!r})", f"renaming {part} to {p}")
         if size != len(data):
             raise TransferError(f"{p}: after the rename the board reports {size} bytes, not "
                                 f"{len(data)}")
@@ -585,8 +659,7 @@ class Repl:
         label = part.rsplit("/", 1)[-1][:-5]
         if progress:
             progress.start(label, total)
-        self._retrying(lambda: self.exec_ok(f"_tl_open({part!r},{start})", f"opening {part}"),
-                       f"opening {part}")
+        self.call(f"_tl_open({part!r},{start})", f"opening {part}")
         off, size, clean = start, CHUNK_MAX, 0
         budget = 30 + 2 * (total - start) // 1024
         while off < total:
@@ -619,16 +692,13 @@ class Repl:
                 off = int(m.group(2))           # the board says where its file ends
                 continue
             self.resync()
-            self.helpers()
             off = self._reopen(part, total)
 
     def _reopen(self, part, total):
-        out = self._retrying(lambda: self.exec_ok(f"_tl_reopen({part!r})", f"reopening {part}"),
-                             f"reopening {part}")
-        m = re.fullmatch(r"=(\d+)", out.decode("ascii", "replace").strip())
-        if not m or int(m.group(1)) > total:
-            raise TransferError(f"{part}: the board reports an unexpected size ({out!r})")
-        return int(m.group(1))
+        n = self.call(f"_tl_reopen({part!r})", f"reopening {part}")
+        if not isinstance(n, int) or not 0 <= n <= total:
+            raise TransferError(f"{part}: the board reports an unexpected size ({n!r})")
+        return n
 
     # ---- baud -----------------------------------------------------------------------------------
     def set_baud(self, baud):

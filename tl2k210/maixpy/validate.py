@@ -85,8 +85,9 @@ def metrics(ref, test):
     if r.size != t.size:
         return {"max_abs_diff": None, "cosine": None, "sqnr_db": None,
                 "note": f"sizes differ ({r.size} vs {t.size})"}
+    same = np.array_equal(r, t)
     return {"max_abs_diff": float(np.max(np.abs(r - t))) if r.size else 0.0,
-            "cosine": cosine(r, t), "sqnr_db": sqnr_db(r, t)}
+            "cosine": 1.0 if same else cosine(r, t), "sqnr_db": sqnr_db(r, t)}
 
 
 # ---- inputs ---------------------------------------------------------------------------------
@@ -451,6 +452,7 @@ def plot(rep, path):
     ax.set_xticks(np.arange(len(outs)) + width)
     ax.set_xticklabels([r["name"] for r in outs])
     ax.set_ylabel(f"SQNR dB (>= {cap:g} = identical)")
+    ax.set_ylim(0, cap * 1.05)
     ax.set_title("outputs")
     ax.legend(fontsize=8)
     if layers:
@@ -459,7 +461,9 @@ def plot(rep, path):
                 [db(r["pairs"]["board_vs_emulator"]["sqnr_db"]) for r in layers], "o-",
                 label="SQNR board vs emulator")
         ax.set_xlabel("layer")
-        ax.set_ylabel("SQNR dB")
+        ax.set_ylabel(f"SQNR dB (>= {cap:g} = identical)")
+        ax.set_ylim(0, cap * 1.05)
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax2 = ax.twinx()
         ax2.bar([r["index"] for r in layers],
                 [r["pairs"]["board_vs_emulator"]["max_abs_diff"] or 0 for r in layers],

@@ -1,0 +1,217 @@
+"""Hardware-in-the-loop `validate` against the emulated MaixPy board: board = emulator bit for
+bit (0 difference, every layer), the real quantization error against the float model (recomputed
+here independently), the RGB565 input path as a preprocessing gap, a runtime gap found at the
+layer where it starts, a model read from flash, and the CLI's table, JSON and PNG."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import data_path
+from repl_helpers import board, client_env
+from tl2k210.errors import Tl2k210Error
+from tl2k210.maixpy import validate as V
+from tl2k210.maixpy.repl import Repl
+
+
+def _tiny_onnx(path, channels):
+    from onnx import helper, save
+
+    from front_helpers import make_model
+    rng = np.random.default_rng(channels)
+    w1 = (rng.standard_normal((8, channels, 3, 3)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32)
+    w3 = (rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32)
+    b = [(rng.standard_normal(8) * 0.1).astype(np.float32) for _ in range(2)]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Conv", ["r2", "w3", "b3"], ["y"])]
+    m = make_model(nodes, [("x", [1, channels, 32, 32])], [("y", [1, 4, 32, 32])],
+                   {"w1": w1, "b1": b[0], "w2": w2, "b2": b[1], "w3": w3,
+                    "b3": np.zeros(4, np.float32)})
+    save(m, str(path))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Two small conv nets (RGB and grayscale) in ONNX, converted by tl2k210 on real photos."""
+    pytest.importorskip("onnxruntime")
+    skd = pytest.importorskip("skimage.data")
+    from tl2k210.compiler import ConvertOptions, convert
+    d = tmp_path_factory.mktemp("tiny")
+    (d / "calib").mkdir()
+    photos = ["astronaut", "coffee", "chelsea", "rocket", "camera"]
+    for i, name in enumerate(photos):
+        Image.fromarray(getattr(skd, name)()).convert("RGB").resize((32, 32)).save(d / "calib" / f"{i}.png")
+    out = {}
+    for c, tag in ((3, "rgb"), (1, "gray")):
+        _tiny_onnx(d / f"{tag}.onnx", c)
+        convert(str(d / f"{tag}.onnx"), str(d / f"{tag}.kmodel"),
+                ConvertOptions(dataset=str(d / "calib"), progress=False))
+        out[tag] = (d / f"{tag}.onnx", d / f"{tag}.kmodel")
+    out["photos"] = [d / "calib" / "0.png", d / "calib" / "2.png"]
+    return out
+
+
+@pytest.fixture
+def b(tmp_path):
+    bd = board(tmp_path)
+    assert bd.wait_idle()
+    yield bd
+    bd.close()
+
+
+@pytest.fixture
+def r(b):
+    with Repl.open(b.port) as rr:
+        rr.enter_raw()
+        yield rr
+
+
+def _row(rep, name):
+    return next(x for x in rep["rows"] if x["name"].startswith(name))
+
+
+def _independent(onnx_path, kmodel_path, photo, channels):
+    """SQNR emulator vs float on the board's input, and float on RGB565 vs exact pixels,
+    computed without tl2k210.maixpy.validate."""
+    import onnxruntime as ort
+
+    from tl2k210.imaging import rgb565_roundtrip
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.quantize.metrics import sqnr_db
+    img = Image.open(photo).convert("L" if channels == 1 else "RGB").resize((32, 32))
+    px = np.asarray(img)
+    exact = px[None] if channels == 1 else px.transpose(2, 0, 1)
+    board = exact if channels == 1 else rgb565_roundtrip(px).transpose(2, 0, 1)
+    s = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+
+    def f(x):
+        return s.run(None, {"x": (x[None] / 255.0).astype(np.float32)})[0].ravel()
+    emu = Emulator.load(kmodel_path).run(np.ascontiguousarray(board, np.uint8))[0].ravel()
+    return sqnr_db(f(board), emu), sqnr_db(f(exact), f(board))
+
+
+def test_quantization_error_vs_float_and_zero_board_difference(tiny, r):
+    onnx_path, kpath = tiny["gray"]
+    rep = V.validate(r, str(kpath), [str(tiny["photos"][0])], per_layer=True,
+                     float_src=str(onnx_path), pre={"input_range": (0.0, 1.0)}, log=lambda m: None)
+    out = _row(rep, "output 0")
+    assert out["pairs"]["board_vs_emulator"] == {"max_abs_diff": 0.0, "cosine": 1.0, "sqnr_db": "inf"}
+    q = out["pairs"]["emulator_vs_float"]["sqnr_db"]
+    want_q, want_p = _independent(onnx_path, kpath, tiny["photos"][0], 1)
+    assert abs(q - want_q) < 1e-3 and 15 < q < 60, (q, want_q)   # a real quantization error
+    assert out["pairs"]["float_rgb565_vs_exact"]["sqnr_db"] == "inf"  # grayscale BMP: exact
+    assert out["verdict"].startswith("quantization")
+    layers = [x for x in rep["rows"] if x["kind"] == "layer"]
+    assert len(layers) >= 4 and all(x["pairs"]["board_vs_emulator"]["max_abs_diff"] == 0
+                                    for x in layers)
+    assert rep["first_differing_layer"] is None
+
+
+def test_rgb565_input_path_is_a_preprocessing_gap(tiny, r):
+    onnx_path, kpath = tiny["rgb"]
+    rep = V.validate(r, str(kpath), [str(p) for p in tiny["photos"]][:1], float_src=str(onnx_path),
+                     pre={"input_range": (0.0, 1.0)}, log=lambda m: None)
+    out = _row(rep, "output 0")
+    want_q, want_p = _independent(onnx_path, kpath, tiny["photos"][0], 3)
+    assert out["pairs"]["board_vs_emulator"]["max_abs_diff"] == 0.0
+    assert abs(out["pairs"]["emulator_vs_float"]["sqnr_db"] - want_q) < 1e-3
+    assert abs(out["pairs"]["float_rgb565_vs_exact"]["sqnr_db"] - want_p) < 1e-3
+    expect = "preprocessing" if want_p < want_q else "quantization"
+    assert out["verdict"].startswith(expect)
+
+
+def test_a_runtime_gap_is_found_where_it_starts(tiny, r, monkeypatch):
+    """A board whose runtime adds 1 LSB to one pixel of layer 2 (and what follows)."""
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.maixpy import KPU
+
+    class Drifting:
+        def __init__(self, emu):
+            self.emu = emu
+
+        def __getattr__(self, k):
+            return getattr(self.emu, k)
+
+        def run(self, x, trace=False):
+            outs, tr = self.emu.run(x, trace=True)
+            for i in range(1, len(tr)):
+                a = np.array(tr[i][1], copy=True)
+                a.reshape(-1)[5] = a.reshape(-1)[5] + (1 if a.dtype == np.uint8 else 0.01)
+                tr[i] = (tr[i][0], a)
+            outs = [tr[-1][1].reshape(np.asarray(outs[0]).shape)]
+            return (outs, tr) if trace else outs
+    monkeypatch.setattr(KPU, "_emulator", lambda model, key: Drifting(Emulator(model)))
+    monkeypatch.setattr(KPU, "_RESULTS", {})
+    rep = V.validate(r, str(tiny["gray"][1]), [str(tiny["photos"][0])], per_layer=True,
+                     log=lambda m: None)
+    assert rep["first_differing_layer"].startswith("layer 2 ")
+    assert _row(rep, "layer 1 ")["pairs"]["board_vs_emulator"]["max_abs_diff"] == 0
+    lay2 = _row(rep, "layer 2 ")
+    assert lay2["pairs"]["board_vs_emulator"]["max_abs_diff"] == 1.0 and \
+        lay2["verdict"].startswith("runtime")
+    assert _row(rep, "output 0")["verdict"].startswith("runtime")
+
+
+def test_model_at_a_flash_address(tiny, tmp_path):
+    from tl2k210.maixpy.board import flash_kmodel
+    flash = flash_kmodel(tiny["gray"][1], tmp_path / "flash.bin", 0x300000)
+    bd = board(tmp_path, flash=str(flash))
+    try:
+        with Repl.open(bd.port) as r:
+            r.enter_raw()
+            rep = V.validate(r, str(tiny["gray"][1]), [str(tiny["photos"][0])], address=0x300000,
+                             log=lambda m: None)
+            assert _row(rep, "output 0")["pairs"]["board_vs_emulator"]["max_abs_diff"] == 0
+            assert not list(bd.sd.glob("*.kmodel"))           # nothing was uploaded
+            with pytest.raises(Tl2k210Error, match="are not this kmodel"):
+                V.validate(r, str(tiny["gray"][1]), [], address=0x400000, log=lambda m: None)
+    finally:
+        bd.close()
+
+
+def test_cli_table_json_png_on_a_real_kmodel(b, tmp_path):
+    """mnist_v3.kmodel (MaixPy_scripts) per layer through the CLI: exit 0, every map equal."""
+    k = data_path("kmodels", "mnist_v3.kmodel")
+    pytest.importorskip("matplotlib")
+    p = subprocess.run([sys.executable, "-m", "tl2k210.cli", "validate", str(k), "-p", b.port,
+                        "--per-layer", "--json", str(tmp_path / "v.json"), "--plot",
+                        str(tmp_path / "v.png")], capture_output=True, text=True, timeout=600,
+                       env=client_env())
+    assert p.returncode == 0, p.stderr
+    assert "first layer where the board differs: none" in p.stdout
+    assert "output 0: board = emulator (bit-exact)" in p.stdout
+    rep = json.loads((tmp_path / "v.json").read_text())
+    assert len([x for x in rep["rows"] if x["kind"] == "layer"]) == 11
+    assert all(x["pairs"]["board_vs_emulator"]["max_abs_diff"] == 0 for x in rep["rows"])
+    png = Image.open(tmp_path / "v.png")
+    assert png.size[0] > 600 and png.format == "PNG"
+
+
+@pytest.mark.slow
+def test_vector_model_with_its_tflite_source(tmp_path, b, r):
+    """iris_v3.kmodel (nncase v0.1) and iris.tflite, the iris flowers as float32 vectors
+    sent to kpu.forward(task, [floats]): board = emulator, float layers agree to ~140 dB."""
+    k = data_path("kmodels", "iris_v3.kmodel")
+    src = data_path("tflite", "iris.tflite")
+    datasets = pytest.importorskip("sklearn.datasets")
+    np.save(tmp_path / "iris.npy", datasets.load_iris().data.astype(np.float32)[::15])
+    rep = V.validate(r, str(k), [str(tmp_path / "iris.npy")], per_layer=True, float_src=str(src),
+                     log=lambda m: None)
+    out = _row(rep, "output 0")
+    assert out["pairs"]["board_vs_emulator"]["max_abs_diff"] == 0
+    assert out["pairs"]["emulator_vs_float"]["sqnr_db"] > 100
+    assert len(rep["samples"]) == 10
+
+
+@pytest.mark.slow
+def test_face_detector_every_layer(r):
+    k = data_path("kmodels", "facedetect_320x240_v3.kmodel")
+    rep = V.validate(r, str(k), [], per_layer=True, log=lambda m: None)
+    assert len(rep["rows"]) == 25 and rep["first_differing_layer"] is None
