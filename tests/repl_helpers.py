@@ -71,3 +71,36 @@ def client_env():
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def calib_photos(folder, size=32):
+    """Five scikit-image photos at size x size (calibration images / test inputs)."""
+    from PIL import Image
+    from skimage import data
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(["astronaut", "coffee", "chelsea", "rocket", "camera"]):
+        Image.fromarray(getattr(data, name)()).convert("RGB").resize((size, size)).save(
+            folder / f"{i}.png")
+    return folder
+
+
+def tiny_onnx(path, channels):
+    """A 3-conv net (channels -> 8 -> 8 -> 4, 32x32) in ONNX with seeded weights."""
+    import numpy as np
+    from onnx import helper, save
+
+    from front_helpers import make_model
+    rng = np.random.default_rng(channels)
+    w1 = (rng.standard_normal((8, channels, 3, 3)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32)
+    w3 = (rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32)
+    b = [(rng.standard_normal(8) * 0.1).astype(np.float32) for _ in range(2)]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Conv", ["r2", "w3", "b3"], ["y"])]
+    m = make_model(nodes, [("x", [1, channels, 32, 32])], [("y", [1, 4, 32, 32])],
+                   {"w1": w1, "b1": b[0], "w2": w2, "b2": b[1], "w3": w3,
+                    "b3": np.zeros(4, np.float32)})
+    save(m, str(path))

@@ -11,46 +11,23 @@ import pytest
 from PIL import Image
 
 from conftest import data_path
-from repl_helpers import board, client_env
+from repl_helpers import board, calib_photos, client_env, tiny_onnx
 from tl2k210.errors import Tl2k210Error
 from tl2k210.maixpy import validate as V
 from tl2k210.maixpy.repl import Repl
-
-
-def _tiny_onnx(path, channels):
-    from onnx import helper, save
-
-    from front_helpers import make_model
-    rng = np.random.default_rng(channels)
-    w1 = (rng.standard_normal((8, channels, 3, 3)) * 0.3).astype(np.float32)
-    w2 = (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32)
-    w3 = (rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32)
-    b = [(rng.standard_normal(8) * 0.1).astype(np.float32) for _ in range(2)]
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c2"], ["r2"]),
-             helper.make_node("Conv", ["r2", "w3", "b3"], ["y"])]
-    m = make_model(nodes, [("x", [1, channels, 32, 32])], [("y", [1, 4, 32, 32])],
-                   {"w1": w1, "b1": b[0], "w2": w2, "b2": b[1], "w3": w3,
-                    "b3": np.zeros(4, np.float32)})
-    save(m, str(path))
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """Two small conv nets (RGB and grayscale) in ONNX, converted by tl2k210 on real photos."""
     pytest.importorskip("onnxruntime")
-    skd = pytest.importorskip("skimage.data")
+    pytest.importorskip("skimage.data")
     from tl2k210.compiler import ConvertOptions, convert
     d = tmp_path_factory.mktemp("tiny")
-    (d / "calib").mkdir()
-    photos = ["astronaut", "coffee", "chelsea", "rocket", "camera"]
-    for i, name in enumerate(photos):
-        Image.fromarray(getattr(skd, name)()).convert("RGB").resize((32, 32)).save(d / "calib" / f"{i}.png")
+    calib_photos(d / "calib")
     out = {}
     for c, tag in ((3, "rgb"), (1, "gray")):
-        _tiny_onnx(d / f"{tag}.onnx", c)
+        tiny_onnx(d / f"{tag}.onnx", c)
         convert(str(d / f"{tag}.onnx"), str(d / f"{tag}.kmodel"),
                 ConvertOptions(dataset=str(d / "calib"), progress=False))
         out[tag] = (d / f"{tag}.onnx", d / f"{tag}.kmodel")
