@@ -89,6 +89,12 @@ def test_quantization_error_vs_float_and_zero_board_difference(tiny, r):
     assert len(layers) >= 4 and all(x["pairs"]["board_vs_emulator"]["max_abs_diff"] == 0
                                     for x in layers)
     assert rep["first_differing_layer"] is None
+    # per layer against the float tensor it stands for (uint8 maps: affine dequantization fit)
+    assert all(x["verdict"].startswith("quantization") for x in layers)
+    convs = [x["pairs"]["emulator_vs_float"] for x in layers if "K210_CONV" in x["name"]]
+    assert [c["fit"] for c in convs] == ["affine"] * 3 and all(15 < c["sqnr_db"] < 80 for c in convs)
+    last = layers[-1]["pairs"]["emulator_vs_float"]         # DEQUANTIZE: the output itself
+    assert last["fit"] == "none" and abs(last["sqnr_db"] - q) < 1e-9
 
 
 def test_rgb565_input_path_is_a_preprocessing_gap(tiny, r):

@@ -200,21 +200,53 @@ class FloatModel:
             if self.opts.input_shape else None
         self.graph, _ = run_pipeline(from_onnx(model, input_shapes=shapes))
         self.run = FloatRunner(self.graph, expose_all=False)
+        self._all = None
 
-    def __call__(self, sample_values, kind):
+    def tensors(self, sample_values, kind):
+        """Every tensor of the float graph on this input: {name: array}."""
+        from tl2k210.quantize.calibrate import FloatRunner
+        if self._all is None:
+            self._all = FloatRunner(self.graph, expose_all=True)
+        return {k: np.asarray(v, np.float64) for k, v in
+                self._all(self._input(sample_values, kind)).items()}
+
+    def _input(self, sample_values, kind):
         from tl2k210.compiler import pixel_mapping
         shape = self.graph.tensors[self.graph.inputs[0]].shape
+        x = np.asarray(sample_values, np.float64)
         if kind == "image":
-            x = np.asarray(sample_values, np.float64)
             if self.opts.channel_order.upper() == "BGR" and x.shape[0] == 3:
                 x = x[::-1]
             scale, offset = pixel_mapping(self.opts, x.shape[0])
             x = x * scale[:, None, None] + offset[:, None, None]
-        else:
-            x = np.asarray(sample_values, np.float64)
-        x = x.astype(np.float32).reshape(shape)
-        ref = self.run(x)
+        return x.astype(np.float32).reshape(shape)
+
+    def __call__(self, sample_values, kind):
+        ref = self.run(self._input(sample_values, kind))
         return [np.asarray(ref[o], np.float32) for o in self.graph.outputs]
+
+
+def match_tensor(emu_map, tensors):
+    """The float tensor a kmodel layer's map stands for: same shape (C, H, W) or, for flat maps,
+    the same size; uint8 maps are dequantized by the least-squares affine fit (the kmodel does
+    not store the scale of inner layers), float maps compared as they are. Returns
+    (name, fitted emulator values) or (None, None)."""
+    e = np.asarray(emu_map, np.float64)
+    best = (None, None, -np.inf)
+    for name, t in tensors.items():
+        t = np.squeeze(t, 0) if t.ndim == 4 and t.shape[0] == 1 else t
+        if t.size != e.size or (e.ndim == 3 and t.shape != e.shape):
+            continue
+        r, q = t.ravel(), e.ravel()
+        if emu_map.dtype == np.uint8:
+            a = np.vstack([q, np.ones_like(q)]).T
+            coef = np.linalg.lstsq(a, r, rcond=None)[0]
+            q = a @ coef
+        from tl2k210.quantize.metrics import sqnr_db
+        sq = sqnr_db(r, q)
+        if sq > best[2]:
+            best = (name, q, sq)
+    return best[0], best[1]
 
 
 # ---- the board ---------------------------------------------------------------------------------
@@ -323,16 +355,26 @@ def validate(repl: Repl, kmodel_path, inputs=(), per_layer=False, float_src=None
             exact = emulator_maps(emu, s.exact, False) if s.kind == "image" else None
             f_board = fl(s.board, s.kind) if fl else None
             f_exact = fl(s.exact, s.kind) if fl else None
+            f_all = fl.tensors(s.board, s.kind) if fl and per_layer else None
             for key in sorted(ref, key=lambda t: (t[0] != "output", t[1])):
                 e = ref[key]
                 data, shp = board.fmap(key, e)
                 b = e if data is None else np.frombuffer(data, e.dtype if len(data) == e.nbytes
                                                          else np.uint8)
                 a = acc.setdefault(key, {"board": [], "emu": [], "emu_exact": [], "float": [],
-                                         "float_exact": [], "max": 0.0})
+                                         "float_exact": [], "layer_float": [], "layer_fit": [],
+                                         "tensor": None})
                 info[key] = shp
+                a["emu_dtype"] = e.dtype
                 a["board"].append(np.asarray(b, np.float64).ravel())
                 a["emu"].append(np.asarray(e, np.float64).ravel())
+                if key[0] == "layer" and f_all is not None:
+                    name, fit = match_tensor(e, f_all if a["tensor"] is None else
+                                             {a["tensor"]: f_all[a["tensor"]]})
+                    if name is not None:
+                        a["tensor"] = name
+                        a["layer_float"].append(f_all[name].ravel())
+                        a["layer_fit"].append(fit)
                 if key[0] == "output":
                     i = key[1]
                     if exact is not None:
@@ -347,7 +389,8 @@ def validate(repl: Repl, kmodel_path, inputs=(), per_layer=False, float_src=None
     first_bad = None
     for key in sorted(acc, key=lambda t: (t[0] != "output", t[1])):
         a = acc[key]
-        cat = {n: np.concatenate(v) if v else None for n, v in a.items() if n != "max"}
+        cat = {n: np.concatenate(v) if v else None for n, v in a.items()
+               if n not in ("tensor", "emu_dtype")}
         kind, i = key
         name = f"output {i}" if kind == "output" else f"layer {i} ({names[i - 1]})"
         row = Row(kind, i, name, tuple(info[key][1:]))
@@ -357,13 +400,26 @@ def validate(repl: Repl, kmodel_path, inputs=(), per_layer=False, float_src=None
         if floats_ok:
             row.pairs["emulator_vs_float"] = metrics(cat["float"], cat["emu"])
             row.pairs["float_rgb565_vs_exact"] = metrics(cat["float_exact"], cat["float"])
+        if kind == "layer" and cat["layer_float"] is not None:
+            row.pairs["emulator_vs_float"] = dict(metrics(cat["layer_float"], cat["layer_fit"]),
+                                                  tensor=a["tensor"],
+                                                  fit="affine" if ref_is_u8(acc, key) else "none")
         row.verdict = verdict(row, fl is not None and kind == "output", floats_ok)
+        if kind == "layer" and "emulator_vs_float" in row.pairs and \
+                row.verdict.startswith("board = emulator"):
+            ef = row.pairs["emulator_vs_float"]
+            row.verdict = (f"quantization: board = emulator; {ef['sqnr_db']:.1f} dB vs the float "
+                           f"tensor {ef['tensor']}")
         if kind == "layer" and first_bad is None and row.pairs["board_vs_emulator"]["max_abs_diff"] != 0:
             first_bad = name
         rows.append(row)
     return {"kmodel": str(kmodel_path), "version": model.version, "samples": [s.name for s in samples],
             "float_model": str(float_src) if float_src else None, "per_layer": per_layer,
             "first_differing_layer": first_bad, "rows": [row_dict(r) for r in rows]}
+
+
+def ref_is_u8(acc, key):
+    return acc[key]["emu_dtype"] == np.uint8
 
 
 def _out_dtype(emu, i):
@@ -413,8 +469,9 @@ def _fmt(v, spec):
 
 def report_table(rep) -> list[str]:
     from tl2k210.tables import text_table
-    cols = ["map", "board vs emulator: max|d|", "cos", "SQNR dB", "emulator vs float: max|d|",
-            "cos", "SQNR dB", "RGB565 input vs exact (float): SQNR dB", "verdict"]
+    tensors = any("tensor" in r["pairs"].get("emulator_vs_float", {}) for r in rep["rows"])
+    cols = ["map", "board-emu max|d|", "cos", "SQNR dB", "emu-float max|d|", "cos", "SQNR dB"] + \
+        (["float tensor"] if tensors else []) + ["RGB565-exact SQNR dB", "gap"]
     rows = []
     for r in rep["rows"]:
         be = r["pairs"]["board_vs_emulator"]
@@ -422,8 +479,9 @@ def report_table(rep) -> list[str]:
         pp = r["pairs"].get("float_rgb565_vs_exact", {})
         rows.append([r["name"], _fmt(be.get("max_abs_diff"), ".4g"), _fmt(be.get("cosine"), ".6f"),
                      _fmt(be.get("sqnr_db"), ".1f"), _fmt(ef.get("max_abs_diff"), ".4g"),
-                     _fmt(ef.get("cosine"), ".6f"), _fmt(ef.get("sqnr_db"), ".1f"),
-                     _fmt(pp.get("sqnr_db"), ".1f"), r["verdict"].split(":")[0]])
+                     _fmt(ef.get("cosine"), ".6f"), _fmt(ef.get("sqnr_db"), ".1f")] +
+                    ([ef.get("tensor", "-")] if tensors else []) +
+                    [_fmt(pp.get("sqnr_db"), ".1f"), r["verdict"].split(":")[0]])
     return text_table(cols, rows)
 
 
