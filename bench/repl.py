@@ -19,7 +19,8 @@ extra `tl2k210 -b` row starts at 115200 and switches with UART.repl_uart().init.
 
     python bench/repl.py                  # the face-detection kmodel (388 KB) if testdata is there
     python bench/repl.py --quick          # 64 KiB
-    python bench/repl.py --json out.json --no-throttle
+    python bench/repl.py --faults 20 [--rate 1e-3]   # seeded line-fault trials, both clients
+    python bench/repl.py --json out.json --no-throttle   # default JSON: bench/results/repl.json
 """
 import argparse
 import json
@@ -47,7 +48,7 @@ SCENARIOS = [  # (name, tool, line baud, client args)
 def command(tool, port, path, extra):
     if tool.startswith("tl2k210"):
         return [sys.executable, "-m", "tl2k210.cli", "repl", "put", path, "--to", "/sd",
-                "-p", port] + extra
+                "--no-resume", "-p", port] + extra
     if tool == "mpremote":
         return [sys.executable, "-m", "mpremote", "connect", port, "fs", "cp", "-f", path,
                 ":/sd/" + os.path.basename(path)]
@@ -90,6 +91,51 @@ def one(name, tool, baud, extra, payload, throttle, workdir):
             "error": "" if p.returncode == 0 else (p.stdout + p.stderr).decode()[-300:]}
 
 
+def fault_trial(tool, rate, seed, size, workdir, timeout=300):
+    """One upload of `size` seeded bytes through a line that corrupts/drops host->board bytes at
+    `rate`: exact | silent_corruption (reported success, wrong file) | failed | timeout."""
+    from tl2k210.flash.emulated_board import FaultConfig
+    payload = random.Random(500 + seed).randbytes(size)
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        src = os.path.join(tmp, "payload.bin")
+        with open(src, "wb") as fh:
+            fh.write(payload)
+        sd = os.path.join(tmp, "sd")
+        os.mkdir(sd)
+        with ReplBoard(sd=sd, faults=FaultConfig(rate=rate, seed=seed)) as b:
+            b.wait_idle()
+            env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            try:
+                p = subprocess.run(command(tool, b.port, src, []), capture_output=True, env=env,
+                                   timeout=timeout)
+                ok, timed_out = p.returncode == 0, False
+            except subprocess.TimeoutExpired:
+                ok, timed_out = False, True
+            faults = sum(b.stats.faults.values())
+        dest = os.path.join(sd, "payload.bin")
+        exact = os.path.exists(dest) and open(dest, "rb").read() == payload
+    status = ("exact" if exact else "silent_corruption") if ok else \
+        ("timeout" if timed_out else "failed")
+    return {"client": tool, "rate": rate, "seed": seed, "status": status, "faults": faults}
+
+
+def faults_table(n, rate, size, tools):
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-repl-faults-") as work:
+        for tool in tools:
+            for seed in range(n):
+                rows.append(fault_trial(tool, rate, seed, size, work))
+                print(f"  {tool} seed {seed}: {rows[-1]['status']}", file=sys.stderr, flush=True)
+    print(f"{n} seeded uploads of {size} bytes per client, {rate:g} host->board faults per byte "
+          "(corrupt/drop)")
+    for tool in tools:
+        mine = [r for r in rows if r["client"] == tool]
+        counts = {k: sum(r["status"] == k for r in mine)
+                  for k in ("exact", "silent_corruption", "failed", "timeout")}
+        print(f"  {tool:10} {counts}  ({sum(r['faults'] for r in mine)} faults)")
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a 64 KiB payload")
@@ -97,10 +143,23 @@ def main(argv=None):
     ap.add_argument("--no-throttle", dest="throttle", action="store_false", default=True,
                     help="do not pace the line in real time (wall_s then means little)")
     ap.add_argument("--ampy", action="store_true", help="also ampy put at 115200 (very slow)")
-    ap.add_argument("--json", help="write the rows as JSON")
+    ap.add_argument("--json", default=os.path.join(REPO, "bench", "results", "repl.json"),
+                    help="write the rows as JSON (bench/results/repl.json)")
+    ap.add_argument("--faults", type=int, metavar="N", help="instead: N seeded uploads per "
+                    "client through a faulty line (--rate), counting silent corruptions")
+    ap.add_argument("--rate", type=float, default=1e-4, help="faults per byte for --faults (1e-4)")
     args = ap.parse_args(argv)
-    face = os.path.join(REPO, "..", "shared", "testdata", "kmodels", "facedetect_320x240_v3.kmodel")
-    if args.quick or args.size or not os.path.exists(face):
+    if args.faults:
+        rows = faults_table(args.faults, args.rate, args.size or 64 * 1024,
+                            ["tl2k210", "mpremote"])
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as fh:
+                json.dump({"faults": rows}, fh, indent=1)
+        return
+    from tl2k210 import paths
+    face = paths.testdata("kmodels", "facedetect_320x240_v3.kmodel")
+    if args.quick or args.size or face is None or not face.is_file():
         size = args.size or 64 * 1024
         payload, what = random.Random(14).randbytes(size), f"{size} random bytes"
     else:
@@ -126,6 +185,7 @@ def main(argv=None):
         print("  ".join(f"{str(v):>14}" if i == 1 else f"{str(v):>10}" if i else f"{str(v):38}"
                         for i, v in enumerate(vals)))
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as fh:
             json.dump({"payload": what, "bytes": len(payload), "throttle": args.throttle,
                        "load_average": load, "rows": rows}, fh, indent=1)

@@ -23,6 +23,7 @@ def astronaut(tmp_path):
     return p
 
 
+@pytest.mark.slow                      # uploads 389 KB and runs the detector on the camera
 def test_deploy_face_detector_runs_on_the_board(tmp_path, astronaut):
     k = data_path("kmodels", "facedetect_320x240_v3.kmodel")
     (tmp_path / "labels.txt").write_text("face\n")

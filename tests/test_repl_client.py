@@ -111,6 +111,7 @@ def test_busy_main_py_is_interrupted(tmp_path):
         bd.close()
 
 
+@pytest.mark.slow                      # three Ctrl-C rounds of a few seconds
 def test_main_py_that_ignores_ctrl_c_is_reported_busy(tmp_path):
     (tmp_path / "sd").mkdir()
     (tmp_path / "sd" / "main.py").write_text(          # Ctrl-C is a plain character now

@@ -89,6 +89,7 @@ def test_mpremote_uses_raw_paste_where_the_board_has_it(tmp_path, files):
 
 
 @needs_ampy
+@pytest.mark.slow                      # ampy writes 32 bytes per command: ~15 s
 def test_ampy_put_ls_run(b, files):
     ampy = [sys.executable, "-m", "ampy.cli", "-p", b.port]
     rc, out, err = run(ampy + ["put", str(files / "blob.bin")])
@@ -129,6 +130,9 @@ def test_tl2k210_repl_verbs(b, files):
     assert b.stats.bauds == [1500000, 115200] and b.baud == 115200
     rc, out, err = run(tl + ["rm", "/flash/fast.bin", "-p", b.port])
     assert rc == 0 and not (b.fs / "fast.bin").exists()
+    rc, out, err = run(tl + ["put", str(files / "blob.bin"), "--as", "p.bin", "--progress",
+                             "-p", b.port])
+    assert rc == 0 and re.search(r"p\.bin +\[=+\] +100\.0% .* KiB/s", err), err  # TTY-only bar
 
 
 def test_tl2k210_repl_errors_say_why(tmp_path, files):

@@ -243,6 +243,15 @@ def deploy_via_repl(args):
             model = kfmt.loads(blob)
         except Tl2k210Error as exc:
             raise Tl2k210Error(f"{kpath}: {exc}; MaixPy's kpu.load would reject it too") from None
+        from tl2k210 import metadata              # labels / anchors the flags leave out
+        meta = metadata.load_for(kpath, blob)
+        decode = meta.decode if meta is not None else {}
+        if labels is None and meta is not None and meta.labels:
+            labels = ("\n".join(meta.labels) + "\n").encode()
+        if anchors is None and meta is not None and meta.task == "yolo2" and meta.anchors:
+            anchors = list(meta.anchors)
+        threshold = args.threshold if args.threshold is not None else decode.get("threshold", 0.5)
+        nms = args.nms if args.nms is not None else decode.get("nms", 0.3)
         with connect(args) as r:
             to = r.abspath(args.to) if args.to else r.cwd()
             boot_dir = r.cwd()
@@ -250,7 +259,7 @@ def deploy_via_repl(args):
             mfile = to.rstrip("/") + "/" + name
             lfile = to.rstrip("/") + "/labels.txt" if labels is not None else None
             if main is None:
-                main = main_py(mfile, model, lfile, anchors, args.threshold, args.nms).encode()
+                main = main_py(mfile, model, lfile, anchors, threshold, nms).encode()
             prog = _progress(args)
             for data, dest in ((blob, mfile), (labels, lfile), (main, boot_dir + "/main.py")):
                 if data is None:
@@ -292,19 +301,26 @@ def show_first_lines(r: Repl, n, seconds):
 
 
 def add_deploy_repl_args(p):
+    from tl2k210 import cliargs
     g = p.add_argument_group("--via repl: upload over the MaixPy REPL instead of flashing")
     g.add_argument("--via", choices=("isp", "repl"), default="isp",
                    help="isp: flash the model at --address (default); repl: copy it to the "
                    "board's /sd or /flash with a generated main.py, run it, show its output")
     g.add_argument("--to", metavar="DIR", help="board folder for the model (default: /sd with a "
                    "card, else /flash)")
-    g.add_argument("--labels", metavar="FILE", help="class names, one per line (uploaded)")
-    g.add_argument("--anchors", help="YOLOv2 anchors w,h,... (main.py uses run_yolo2)")
-    g.add_argument("--threshold", type=float, default=0.5)
-    g.add_argument("--nms", type=float, default=0.3)
+    g.add_argument("--labels", metavar="FILE", help="class names, one per line (uploaded; "
+                   "default: the model's metadata)")
+    g.add_argument("--anchors", help="YOLOv2 anchors w,h,... (main.py uses run_yolo2; default: "
+                   "the model's metadata)")
+    g.add_argument("--threshold", type=cliargs.probability, default=None,
+                   help="run_yolo2 threshold (metadata, else 0.5)")
+    g.add_argument("--nms", type=cliargs.probability, default=None,
+                   help="run_yolo2 NMS (metadata, else 0.3)")
     g.add_argument("--main", metavar="MAIN.py", help="upload this main.py instead of a generated one")
-    g.add_argument("--lines", type=int, default=8, help="output lines to show (8)")
-    g.add_argument("--seconds", type=float, default=30.0, help="wait at most this long (30)")
+    g.add_argument("--lines", type=cliargs.int_range(1, example=8), default=8,
+                   help="output lines to show (8)")
+    g.add_argument("--seconds", type=cliargs.float_range(0.0, example=30, lo_open=True),
+                   default=30.0, help="wait at most this long for them (30)")
     g.add_argument("--initial-baud", type=_baud, default=REPL_BAUD)
     g.add_argument("--no-raw-paste", dest="raw_paste", action="store_false", default=True)
 
