@@ -21,6 +21,9 @@ Protocol (MicroPython tools/pyboard.py semantics; spec k210-flashing-and-maixpy.
   `PATH.part` to `PATH` and reports success. A later `put` of the same file resumes from a
   `.part` whose SHA-256 matches the local prefix, and skips a file already there with the same
   digest. Chunks shrink (4 KiB -> 256 B) on errors and grow back after 8 clean ones.
+* every other request is `_tl_x(crc32, 'expr')`: the board evaluates `expr` only if its CRC-32
+  matches, so a reply is the real result, a real error (its traceback passes through `_tl_x`),
+  or line damage (resent); the helpers themselves arrive in CRC-checked pieces (BOOTSTRAP).
 * `set_baud`: `machine.UART.repl_uart().init(B, 8, None, 1, read_buf_len=2048)`, the call
   MaixPy's `_boot.py` makes to switch the REPL UART to 1.5 Mbaud for MaixPy IDE
   (maixpy-api.md §1.1, spec §6.3), without `ide=True`, so the REPL stays a plain REPL. The
@@ -47,7 +50,6 @@ from tl2k210.errors import Tl2k210Error
 
 REPL_BAUD = 115200
 RAW_BANNER = b"raw REPL; CTRL-B to exit\r\n"
-SPIFFS_BYTES = 3 * 1024 * 1024          # /flash: CONFIG_SPIFFS_SIZE 0x300000 (spec §6.1)
 CHUNK_MAX, CHUNK_MIN = 4096, 256
 
 
@@ -207,7 +209,6 @@ def _tla(d, c):
     print(len(_tls))
 print(len(_tls))
 """
-
 
 
 def board_error(err: bytes | str, what: str) -> ReplError:
