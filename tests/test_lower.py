@@ -38,13 +38,21 @@ def test_no_hardware_numbers_in_the_lowering():
 
 
 def test_check_supported_asks_the_registry():
-    """'Supported' means 'lowered': the pass refuses what the lowering refuses, before calibration."""
-    m = make_model([helper.make_node("Resize", ["x", "", "s"], ["y"], name="up", mode="linear")],
-                   [("x", [1, 4, 8, 8])], [("y", None)], {"s": np.array([1, 1, 2, 2], np.float32)})
+    """'Supported' means 'lowered' (in some kmodel format): the pass refuses what no format's
+    lowering takes, before calibration; v3 alone refuses what needs v4 and says so."""
+    from tl2k210.k210.lower import plan_format
+    def resize(mode):
+        return make_model([helper.make_node("Resize", ["x", "", "s"], ["y"], name="up", mode=mode)],
+                          [("x", [1, 4, 8, 8])], [("y", None)], {"s": np.array([1, 1, 2, 2], np.float32)})
     with pytest.raises(UnsupportedOpError) as e:
-        run_pipeline(from_onnx(m))
+        run_pipeline(from_onnx(resize("cubic")))
     msg = str(e.value)
-    assert "'up'" in msg and "mode=linear" in msg and "mode nearest" in msg and "needs `--format v4`" in msg
+    assert "'up'" in msg and "mode=cubic" in msg and "bilinear and nearest only" in msg and "kmodel v4" in msg
+    g, _ = run_pipeline(from_onnx(resize("linear")))           # bilinear: a v4 form exists
+    assert plan_format(g, Options(format="auto")) == ("v4", ("up", plan_format.__globals__["_first_reason"](
+        pytest.raises(UnsupportedOpError, select, g, g.nodes[0], Options(), "v3").value)))
+    with pytest.raises(UnsupportedOpError, match=r"(?s)'up'.*mode nearest.*needs kmodel v4: use `--format v4`"):
+        plan_format(g, Options(format="v3"))
 
 
 def test_refusal_lists_every_alternative():

@@ -218,14 +218,23 @@ def test_kpu_padding_is_opt_in_and_changes_math():
 
 def test_unsupported_op_names_node_and_nearest_form():
     from tl2k210.errors import UnsupportedOpError
-    m = make_model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="deconv1", strides=[2, 2])],
-                   [X], [("y", None)], {"w": rand(4, 4, 2, 2)})
-    with pytest.raises(UnsupportedOpError, match=r"'deconv1'.*ConvTranspose.*strides.*UpSampling2D"):
+    from tl2k210.k210.lower import Options, plan_format
+    m = make_model([helper.make_node("Einsum", ["x", "w"], ["y"], name="ein1", equation="nchw,hk->nchk")],
+                   [X], [("y", None)], {"w": rand(8, 8)})
+    with pytest.raises(UnsupportedOpError, match=r"'ein1'.*Einsum.*Dense \(MatMul\)"):
         run_pipeline(from_onnx(m))
-    m = make_model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear")], [X], [("y", None)],
+    m = make_model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode="cubic")], [X], [("y", None)],
                    {"s": np.array([1, 1, 2, 2], np.float32)})
     with pytest.raises(UnsupportedOpError, match="mode nearest"):
         run_pipeline(from_onnx(m))
+    # what kmodel v3 lacks but v4 has passes the pipeline and plans as v4
+    for node in (helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="deconv1", strides=[2, 2]),
+                 helper.make_node("Resize", ["x", "", "s"], ["y"], name="up", mode="linear")):
+        m = make_model([node], [X], [("y", None)], {"w": rand(4, 4, 2, 2), "s": np.array([1, 1, 2, 2], np.float32)})
+        g, _ = run_pipeline(from_onnx(m))
+        assert plan_format(g, Options())[0] == "v4"
+        with pytest.raises(UnsupportedOpError, match="needs kmodel v4"):
+            plan_format(g, Options(format="v3"))
 
 
 def test_dense_relu_dense_chain_becomes_two_fused_convs():

@@ -1,6 +1,6 @@
-"""`convert`: any supported model → quantized kmodel v3, with a per-layer receipt.
+"""`convert`: any supported model → quantized kmodel v3 (or v4), with a per-layer receipt.
 
-    frontends → ONNX → graph IR → passes → calibration → k210.lower → kmodel v3
+    frontends → ONNX → graph IR → passes → calibration → k210.lower → kmodel v3 / v4
                                                        ↘ emulator trace vs float → SQNR per layer
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 
 from tl2k210.errors import Tl2k210Error
 from tl2k210.k210 import cost, firmware, hardware as hw
+from tl2k210.k210.fit import BudgetError, FormatError  # noqa: F401  (raised by convert)
 from tl2k210.k210.kmodel import atomic_write, dumps
 from tl2k210.tables import text_table
 
@@ -23,8 +24,6 @@ from tl2k210.tables import text_table
 RUNTIME_BUDGET = {name: r.model_budget for name, r in firmware.RUNTIMES.items()}
 
 
-class BudgetError(Tl2k210Error):
-    pass
 
 
 @dataclass
@@ -43,6 +42,7 @@ class ConvertOptions:
     sqnr_samples: int = 8
     input_shape: tuple | None = None      # NCHW, for models with symbolic dims
     network: object = None                # TensorLayer network for weight files
+    format: str = "auto"                  # kmodel v3 | v4 | auto (v3 when every layer has a v3 form)
     progress: bool = True
     metadata: dict | None = None          # task, anchors, labels, decode, script, flash_address
                                           # for MODEL.kmodel.json (tl2k210/metadata.py)
@@ -74,12 +74,15 @@ class Receipt:
                 lines.append(f"  note {r['node']}: {note}")
         t = self.totals
         lines += ["",
-                  f"file {self.output}: {self.file_size:,} bytes (kmodel v3, {t.get('weights', '8-bit')} weights)",
+                  f"file {self.output}: {self.file_size:,} bytes (kmodel {t.get('format', 'v3')}, "
+                  f"{t.get('weights', '8-bit')} weights)",
                   f"KPU layers {t['kpu_layers']}, CPU layers {t['cpu_layers']}, MACs {t['macs']:,}",
                   f"peak KPU RAM {self.peak_kpu_ram:,} B of {hw.KPU_RAM_BYTES:,}; main memory "
                   f"{self.main_memory:,} B; runtime '{t['runtime']}' budget {t['budget']:,} B "
                   f"(model + main memory {self.file_size + self.main_memory:,} B)",
                   f"estimated latency {self.latency_ms:.2f} ms at 400 MHz (model in tl2k210/k210/cost.py)"]
+        if t.get("format_why"):
+            lines.append(t["format_why"])
         if t.get("kpu_padding_effect"):
             for name, e in t["kpu_padding_effect"].items():
                 lines.append(f"--kpu-padding changed the float model: output {name} SQNR "
@@ -101,6 +104,16 @@ def _json_default(o):
     if isinstance(o, np.ndarray):
         return o.tolist()
     return str(o)
+
+
+def _format_why(lw, opts) -> str:
+    if lw.format == "v3":
+        return ("kmodel v3: every layer has a v3 form (loads on every MaixPy build)" if opts.format == "auto"
+                else "")
+    from tl2k210.k210.fit import forced_text
+    if opts.format == "auto" and lw.forced_by:
+        return f"kmodel v4 (--format auto): v3 cannot express {forced_text(lw.forced_by)}"
+    return "kmodel v4 (--format v4)"
 
 
 def _say(opts, msg):
@@ -195,13 +208,15 @@ def channel_means(graph, batches, limit: int = 32):
 
 
 def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
-    """Convert `source` (path or model object) to a kmodel v3 at `output`. Nothing is written
-    unless every step succeeds (atomic rename)."""
+    """Convert `source` (path or model object) to a kmodel at `output`: v3 when every layer has a
+    v3 form (--format auto), else v4 if the --runtime loads it. Nothing is written unless every
+    step succeeds (atomic rename)."""
     from tl2k210 import frontends
     from tl2k210.fileio import check_outputs
     from tl2k210.graph import from_onnx
     from tl2k210.k210.emulator import Emulator
-    from tl2k210.k210.lower import Options, lower
+    from tl2k210.k210 import fit
+    from tl2k210.k210.lower import Options, lower, plan_format
     from tl2k210.passes import run_pipeline
     from tl2k210.quantize import calibrate
     from tl2k210.quantize.metrics import sqnr_db
@@ -225,6 +240,9 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     graph, plog = run_pipeline(graph, {"kpu_padding": opts.kpu_padding})
     if opts.dataset is None:
         raise Tl2k210Error("convert needs calibration data: --dataset DIR (images) or FILE.npy/.npz")
+    fmt, forced = plan_format(graph, Options(format=opts.format, weight_bits=opts.weight_bits,
+                                             float_fc=opts.float_fc))
+    fit.check_format(fmt, forced, opts.runtime)
     _say(opts, f"[3/6] calibration ({opts.method}) ...")
     floats, pixels = model_inputs(graph, opts.dataset, opts.calib_limit, opts)
     image = pixels is not None
@@ -242,14 +260,14 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     _say(opts, "[4/6] lowering to the KPU ...")
     model, rows, trace_map, lw = lower(graph, ranges, Options(
         weight_bits=opts.weight_bits, input_scale=tuple(scale), input_offset=tuple(offset),
-        channel_means=means, float_fc=opts.float_fc))
+        channel_means=means, float_fc=opts.float_fc, format=opts.format))
+    fit.check_format(lw.format, lw.forced_by, opts.runtime)
     data_bytes = dumps(model)
     budget = RUNTIME_BUDGET[opts.runtime]
-    need = len(data_bytes) + model.main_mem_usage
-    if need > budget:
-        raise BudgetError(f"model {len(data_bytes):,} B + main memory {model.main_mem_usage:,} B = "
-                          f"{need:,} B exceeds what '{opts.runtime}' firmware leaves ({budget:,} B); "
-                          "use a smaller network, --runtime maixpy-minimum, or kpu.load_flash")
+    fit.check_budget(model, len(data_bytes), opts.runtime, lw, rows)
+    items = model.layers if model.version == 3 else model.nodes
+    est = cost.estimate(model)
+    main_mem = model.main_mem_usage if model.version == 3 else model.main_mem
     _say(opts, f"[5/6] measuring per-layer SQNR on the emulator ({opts.sqnr_samples} samples) ...")
     emu = Emulator(model)
     runner = calibrate.FloatRunner(graph)
@@ -278,20 +296,21 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     sq = {t: sqnr_db(np.concatenate(refs[t]), np.concatenate(tests[t])) for t in refs}
     layer_rows = []
     for r in rows:
-        cyc = sum(cost.layer_cycles(model.layers[i]) for i in r.layers)
+        cyc = sum(est.rows[i][3] for i in r.layers)
         node = next((nd for nd in graph.nodes if nd.name == r.node), None)
         out_t = r.tensor or (node.outputs[0] if node is not None else r.node)
         d = asdict(r)
-        d.update(cycles=cyc, sqnr_db=sq.get(out_t), kmodel_layers=[model.layers[i].name for i in r.layers])
+        d.update(cycles=cyc, sqnr_db=sq.get(out_t), kmodel_layers=[items[i].name for i in r.layers])
         layer_rows.append(d)
-    total_cycles = sum(cost.layer_cycles(L) for L in model.layers)
+    total_cycles = est.cycles
     out_sqnr = min((v for k, v in sq.items() if k.startswith("__out__")), default=None)
     receipt = Receipt(
         source=str(getattr(source, "name", source)), output=str(output), file_size=len(data_bytes),
-        peak_kpu_ram=64 * lw.kpu.peak, main_memory=model.main_mem_usage,
+        peak_kpu_ram=64 * lw.kpu.peak, main_memory=main_mem,
         latency_ms=cost.ms(total_cycles), layers=layer_rows,
-        totals={"kpu_layers": sum(L.conv is not None for L in model.layers),
-                "cpu_layers": sum(L.conv is None for L in model.layers),
+        totals={"kpu_layers": sum(L.conv is not None for L in items),
+                "cpu_layers": sum(L.conv is None for L in items),
+                "format": f"v{model.version}", "format_why": _format_why(lw, opts),
                 "macs": sum(r["macs"] for r in layer_rows), "runtime": opts.runtime, "budget": budget,
                 "weights": f"{opts.weight_bits}-bit", "output_sqnr_db": out_sqnr, "sqnr_samples": n,
                 "cycles": total_cycles, "frontend_s": round(t_front, 2),

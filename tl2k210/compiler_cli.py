@@ -51,10 +51,10 @@ def _pre_opts(args, meta=None):
 
 
 def add_convert_parser(sub):
-    p = sub.add_parser("convert", help="convert a model to a quantized kmodel v3 (with a receipt)",
+    p = sub.add_parser("convert", help="convert a model to a quantized kmodel v3/v4 (with a receipt)",
                        description="Convert a TensorLayer weight file (with --network), Keras "
                        "(.keras/.h5), SavedModel directory, .tflite or .onnx model to a quantized "
-                       "kmodel v3 that every MaixPy build loads. Prints a per-layer receipt: where each "
+                       "kmodel: v3 (every MaixPy build loads it) when every layer has a v3 form, else v4. Prints a per-layer receipt: where each "
                        "layer runs and why, MACs, KPU RAM, cycles and SQNR vs float.")
     p.add_argument("model", help="model file or SavedModel directory")
     p.add_argument("output", help="kmodel to write (written atomically, only on success)")
@@ -71,6 +71,10 @@ def add_convert_parser(sub):
                    "KPU (changes the math; the receipt shows the measured effect)")
     p.add_argument("--runtime", choices=list(firmware.RUNTIMES), default="maixpy",
                    help="check model + main memory against what this firmware leaves (maixpy)")
+    p.add_argument("--format", choices=["auto", "v3", "v4"], default="auto",
+                   help="kmodel version: v3 (loads on every MaixPy build), v4 (nncase v0.2's format: "
+                   "CPU convs, bilinear resize, elementwise/reduce/slice ops; needs a V4 firmware) or "
+                   "auto: v3 when every layer has a v3 form, else v4 (the receipt names the layer)")
     p.add_argument("--report", help="also write the receipt as JSON")
     p.add_argument("--network", help="python file defining build() -> TensorLayer model, for weight "
                    "files (it is run as Python: use files you trust)")
@@ -134,7 +138,7 @@ def cmd_convert(args):
     meta = _metadata_args(args)
     opts = ConvertOptions(dataset=args.dataset, method=args.calibrate_method, weight_bits=args.weight_bits,
                           kpu_padding=args.kpu_padding, runtime=args.runtime, calib_limit=args.calib_limit,
-                          float_fc=args.float_fc,
+                          float_fc=args.float_fc, format=args.format,
                           progress=not args.quiet, **_pre_opts(args))
     if args.network:
         opts.network = _load_network(args.network)

@@ -63,6 +63,7 @@ class MainAllocator:
     def __init__(self):
         self.blocks = {}   # name -> (start, size)
         self.high = 0
+        self.at_high = {}  # the blocks live when the high-water mark was last raised
 
     def alloc(self, name: str, size: int) -> int:
         size = max(8, -(-size // 8) * 8)
@@ -73,7 +74,9 @@ class MainAllocator:
                 break
             start = max(start, s + n)
         self.blocks[name] = (start, size)
-        self.high = max(self.high, start + size)
+        if start + size > self.high:
+            self.high = start + size
+            self.at_high = dict(self.blocks)
         return start
 
     def free(self, name: str):

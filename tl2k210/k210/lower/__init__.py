@@ -1,19 +1,76 @@
-"""IR -> kmodel: KPU convs where the hardware can run them exactly, SDK CPU layers for the rest.
+"""IR -> kmodel: KPU convs where the hardware can run them exactly, CPU layers for the rest.
 
     model, rows, trace_map, lw = lower(graph, ranges, Options(...))
 
-One small function per op kind, in a registry (`registry.py`): `conv.py` (KPU convs), `kxk.py` (K x K kernels as 3x3
-stages), `fc.py` (dense layers), `cpu.py` (SDK CPU layers), `layout.py` (relabels). `state.py` holds where each
-tensor lives and emits the moves between KPU RAM, uint8 and float main memory. Every IR node
-becomes one or more kmodel layers and a receipt row saying where it runs and why.
+One small function per op kind, in a registry (`registry.py`): `conv.py` (KPU convs), `kxk.py`
+(K x K kernels as 3x3 stages), `fc.py` (dense layers), `cpu.py` (SDK CPU layers), `layout.py`
+(relabels), and the kmodel v4 ops (`v4conv.py`, `v4elementwise.py`, `v4ops.py`, `v4resize.py`).
+`state.py` holds where each tensor lives and emits the moves between KPU RAM, uint8 and float main
+memory; `v4emit.py` writes a plan as kmodel v4. Every IR node becomes one or more kmodel layers and
+a receipt row saying where it runs and why.
+
+`Options.format`: "v3" (every MaixPy build loads it), "v4" (nncase v0.2's format: CPU convs,
+bilinear resize, elementwise and reduce ops...) or "auto": v3 when every layer has a v3 form,
+else v4, and `lw.forced_by` names the node (and the reason) that needed v4.
 """
+import dataclasses
+
+from tl2k210.errors import KpuLimitError, UnsupportedOpError
+
 from . import conv, cpu, fc, kxk, layout  # noqa: F401  (register the lowerings)
-from .registry import REGISTRY, select, supported_ops  # noqa: F401
+from . import v4ops, v4resize, v4elementwise, v4conv  # noqa: F401  (the kmodel v4 lowerings)
+from .registry import FORMATS, REGISTRY, select, supported_ops  # noqa: F401
 from .state import Loc, Lowering, Options, Row  # noqa: F401
 
 
+def plan_format(graph, opts: Options | None = None):
+    """(format, forced_by) before calibration: "v3" or "v4" for `opts.format`, with "auto"
+    resolved by the per-node checks; forced_by = (node name, why v3 cannot) or None. Raises the
+    refusal of the first node the chosen format cannot lower."""
+    from tl2k210.graph import toposort
+    opts = opts or Options()
+    fmt = opts.format
+    if fmt not in FORMATS + ("auto",):
+        raise UnsupportedOpError(f"--format {fmt!r}: choose from {', '.join(FORMATS + ('auto',))}")
+    if opts.weight_bits != 8 and fmt == "v4":
+        raise UnsupportedOpError("kmodel v4 has 8-bit KPU weights only (the nncase v0 runtime sets "
+                                 "eight_bit_mode unconditionally): drop --weight-bits 16 or use --format v3")
+    order = toposort(graph)
+    if fmt != "auto":
+        for n in order:
+            select(graph, n, opts, fmt)
+        return fmt, None
+    for n in order:
+        try:
+            select(graph, n, opts, "v3")
+        except UnsupportedOpError as e3:
+            select(graph, n, opts, "v4")      # raises what neither format can do
+            if opts.weight_bits != 8:
+                raise UnsupportedOpError(f"{e3}\n  (kmodel v4 would lower it, but v4 has 8-bit KPU "
+                                         "weights only: drop --weight-bits 16)") from None
+            return "v4", (n.name, _first_reason(e3))
+    return "v3", None
+
+
+def _first_reason(err) -> str:
+    lines = [ln.strip()[2:] for ln in str(err).splitlines()[1:] if ln.strip().startswith("- ")]
+    return "; ".join(ln for ln in lines if "needs kmodel" not in ln) or str(err).splitlines()[0]
+
+
 def lower(graph, ranges, opts: Options | None = None):
-    """Returns (KModelV3, receipt rows, trace map {tensor: (layer index, kind)}, lowering)."""
-    lw = Lowering(graph, ranges, opts)
-    model = lw.run()
+    """Returns (KModelV3 or KModelV4, receipt rows, trace map {tensor: (layer/node index, kind)},
+    lowering). With format "auto", a v3 plan that fails on a whole-model rule (what the v3
+    runtimes need of the first layer) is redone as v4."""
+    opts = opts or Options()
+    fmt, forced = plan_format(graph, opts)
+    lw = Lowering(graph, ranges, dataclasses.replace(opts, format=fmt))
+    try:
+        model = lw.run()
+    except UnsupportedOpError as e:
+        if opts.format != "auto" or fmt != "v3" or opts.weight_bits != 8:
+            raise
+        lw = Lowering(graph, ranges, dataclasses.replace(opts, format="v4"))
+        model = lw.run()
+        forced = (None, str(e).splitlines()[0])
+    lw.forced_by = forced
     return model, lw.rows, lw.trace_map, lw

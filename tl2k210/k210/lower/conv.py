@@ -26,7 +26,7 @@ from tl2k210.graph import stage_names
 from tl2k210.k210 import hardware as hw
 
 from . import kpu
-from .registry import KPU, NA, lowering, needs_format
+from .registry import KPU, NA, lowering
 from .state import Loc
 
 
@@ -69,9 +69,6 @@ def kpu_conv_refuses(g, node, opts):
     if a.get("pool") and kpu.pool_code(a["pool"]) is None and a["pool"]["kind"] != "max":
         return f"pool {a['pool']} has no KPU code and no uint8 CPU layer"
     return None
-
-
-needs_format("Conv", "v4", "conv2d on the CPU (float)")
 
 
 # ---------------------------------------------------------------------------------------------

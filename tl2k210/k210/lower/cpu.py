@@ -7,7 +7,7 @@ import numpy as np
 from tl2k210.quantize import fixed_point as fx
 
 from .fc import logistic, source_unit
-from .registry import CPU_F32, CPU_U8, lowering, needs_format
+from .registry import CPU_F32, CPU_U8, lowering
 
 
 U8 = np.arange(np.iinfo(np.uint8).max + 1)      # every uint8 value: the index of a REQUANTIZE table
@@ -137,6 +137,12 @@ def resize_refuses(g, node, opts):
     h, w, oh, ow = _resize_sizes(g, node)
     if oh % h or ow % w:
         return f"{h}x{w} -> {oh}x{ow} is not an integer scale"
+    from .v4resize import nearest_is_floor
+    if not nearest_is_floor(g, node):
+        a = node.attrs
+        return (f"coordinate_transformation_mode {a.get('coordinate_transformation_mode', 'half_pixel')} / "
+                f"nearest_mode {a.get('nearest_mode', 'round_prefer_floor')} picks other pixels than the "
+                "SDK's floor(o * in / out)")
     return None
 
 
@@ -153,12 +159,6 @@ def resize_nearest(lw, node):
         flags=1, main_mem_in_address=src, main_mem_out_address=loc.u8, in_shape=(w, h, c),
         out_width=ow, out_height=oh, align_corners=0), row)
     lw.traced(out, "u8")
-
-
-for _op in ("Mul", "Div", "Max", "Min"):
-    needs_format(_op, "v4", f"binary {_op.lower()} of two tensors")
-needs_format("Resize", "v4", "resize_image (bilinear)",
-             check=lambda g, n, o: None if n.attrs.get("mode", "nearest") == "linear" else "not bilinear")
 
 
 def pool_refuses(g, node, opts):

@@ -29,7 +29,7 @@ def source_unit(g, t, opts):
         p = g.producer(t)
         if p is None:
             return None
-        unit = registry.select(g, p, opts)[0].unit
+        unit = registry.select(g, p, opts, getattr(opts, "format", "v3"))[0].unit
         if unit != registry.RELABEL:
             return unit
         t = p.inputs[0]

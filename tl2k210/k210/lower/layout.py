@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import CPU_F32, RELABEL, lowering, needs_format
+from .registry import CPU_F32, RELABEL, lowering
 
 
 def _moves_data(perm, shape):
@@ -57,7 +57,3 @@ def tensorflow_flatten(lw, node):
     lw.traced(out, "f32")
     assert int(np.prod(loc.shape)) == c * h * w
 
-
-needs_format("Transpose", "v4", "transpose")
-needs_format("Pad", "v4", "pad (a Pad not folded into a conv's padding)")
-needs_format("Slice", "v4", "strided_slice")

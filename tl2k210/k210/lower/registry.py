@@ -12,12 +12,15 @@ attributes, constants), so the pass `check_supported` asks the same question bef
 "supported" means "lowered". The reasons of the alternatives passed over become the receipt's
 "why" for the chosen one, and the refusal when none applies.
 
-`needs_format(op, fmt, why)` records what only another kmodel format can express (bilinear
-resize, general pad/slice, convs on the CPU): the refusal then says "needs `--format v4`". A v4
-back-end registers real alternatives with `formats=("v4",)` and the same checks decide.
+Formats: a lowering that emits SDK v3 layers serves both kmodel formats (the v4 emission,
+`v4emit.py`, translates every v3 layer into v4 nodes); one that emits v4-only nodes registers
+`formats=("v4",)`. `select(..., "v3")` passes over v4-only alternatives and its refusal then says
+"needs kmodel v4"; `"auto"` takes the first format that lowers the node. `needs_format(op, fmt,
+why)` records what only a format this release does not write could express.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,7 +31,7 @@ from tl2k210.errors import UnsupportedOpError
 KPU, CPU_U8, CPU_F32 = "KPU", "CPU uint8", "CPU float"
 RELABEL = "no-op"          # the same bytes under another name/shape: no layer at all
 UNIT_RANK = {RELABEL: 0, KPU: 1, CPU_U8: 2, CPU_F32: 3}
-FORMATS = ("v3",)          # kmodel formats this release writes
+FORMATS = ("v3", "v4")    # kmodel formats this release writes (--format auto picks one)
 NA = ""                    # a check's answer for "this alternative is not about this node": no note
 
 
@@ -54,7 +57,7 @@ def _add(alt: Alternative):
     alts.sort(key=lambda a: UNIT_RANK[a.unit])     # stable: registration order within a unit
 
 
-def lowering(*ops, unit, check=None, formats=("v3",), name=None):
+def lowering(*ops, unit, check=None, formats=FORMATS, name=None):
     """Register `fn(lowering, node)` as a way to lower `ops` on `unit`."""
     def deco(fn):
         for op in ops:
@@ -69,7 +72,8 @@ def needs_format(op, fmt, why, check=None, unit=CPU_F32):
 
 
 def supported_ops(fmt="v3"):
-    return sorted(op for op, alts in REGISTRY.items() if any(fmt in a.formats and a.fn for a in alts))
+    fmts = FORMATS if fmt == "auto" else (fmt,)
+    return sorted(op for op, alts in REGISTRY.items() if any(f in a.formats and a.fn for a in alts for f in fmts))
 
 
 def describe(node) -> str:
@@ -85,13 +89,21 @@ def describe(node) -> str:
 
 
 def select(g, node, opts, fmt="v3"):
-    """(chosen Alternative, [(passed-over Alternative, reason)]) or UnsupportedOpError."""
+    """(chosen Alternative, [(passed-over Alternative, reason)]) or UnsupportedOpError. `fmt`
+    "auto": the v3 choice when there is one (widest firmware support), else the v4 one."""
     from tl2k210.passes.check_supported import NEAREST
+    if fmt == "auto":
+        try:
+            return select(g, node, opts, "v3")
+        except UnsupportedOpError:
+            return select(g, node, opts, "v4")
     alts = REGISTRY.get(node.op)
     if not alts:
         hint = NEAREST.get(node.op, f"one of {', '.join(supported_ops(fmt))}")
         raise UnsupportedOpError(f"node {node.name!r}: op {describe(node)} has no K210 lowering; "
                                  f"nearest supported form: {hint}")
+    if getattr(opts, "format", fmt) != fmt:      # checks may ask which format is being planned
+        opts = dataclasses.replace(opts, format=fmt)
     passed = []
     for alt in alts:
         reason = alt.refuses(g, node, opts)
@@ -105,8 +117,12 @@ def select(g, node, opts, fmt="v3"):
     lines = [f"{a.name} ({a.unit}): {r}" for a, r in passed if r]
     if other:
         fmts = sorted({f for a in other for f in a.formats})
-        lines.append(f"{other[0].name.split(': ', 1)[-1]}: needs `--format {fmts[0]}` "
-                     f"(kmodel {fmts[0]}; this release writes {', '.join(FORMATS)})")
+        if fmts[0] in FORMATS:
+            lines.append(f"{other[0].name} ({other[0].unit}): needs kmodel {fmts[0]}: use `--format "
+                         f"{fmts[0]}` or `--format auto` (a firmware that loads {fmts[0]}: see --runtime)")
+        else:
+            lines.append(f"{other[0].name.split(': ', 1)[-1]}: needs kmodel {fmts[0]}, which this release "
+                         f"does not write (it writes {', '.join(FORMATS)})")
     raise UnsupportedOpError(f"node {node.name!r}: {describe(node)} cannot be lowered to kmodel "
                              f"{fmt}:\n  - " + "\n  - ".join(lines))
 

@@ -4,6 +4,9 @@ A tensor lives in up to three places, materialised on demand: a uint8 map in KPU
 KPU convs), a dense CHW uint8 copy in main memory (KPU output streaming, uint8 CPU layers) and a
 float32 copy (float CPU layers, model outputs). `need_u8`, `need_f32` and `need_kpu` emit the
 QUANTIZE / DEQUANTIZE / K210_UPLOAD layers that move a tensor between them.
+
+The layers are SDK v3 layers (`v3.Layer`) and, in a kmodel v4 plan, v4-only nodes (`V4Op`,
+emitted by `emit_v4`); `v4emit.assemble` turns the whole list into a KModelV4.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ class Loc:
     u8: int | None = None
     f32: int | None = None
     block: str | None = None           # the KPU RAM block holding the map
+    pixels: int | None = None          # v4 image input in main memory: raw uint8 pixels here
 
 
 @dataclass
@@ -60,7 +64,7 @@ class Options:
     input_offset: tuple = (0.0,)
     channel_means: dict = field(default_factory=dict)   # tensor -> per-channel mean (bias correction)
     float_fc: bool = False      # dense layers as float FULLY_CONNECTED instead of the padded KPU conv
-    format: str = "v3"          # kmodel format the layers must fit
+    format: str = "auto"        # kmodel format: "v3", "v4" or "auto" (v3 when every layer has a v3 form)
     kpu_ram_lines: int = hw.KPU_RAM_LINES   # KPU RAM the plan may use (tests force tiling with less)
 
 
@@ -81,7 +85,9 @@ class Lowering:
         self.order = toposort(graph)
         self.layers, self.rows, self.locs = [], [], {}
         self.kpu, self.main = KpuAllocator(self.opts.kpu_ram_lines), MainAllocator()
-        self.pixel_input = None     # the image input (uint8 pixels, preprocessing folded in)
+        self.pixel_input = None     # the image input in KPU RAM (uint8 pixels, preprocessing folded in)
+        self.pixel_main = None      # kmodel v4: the image input in main memory (uint8 pixels)
+        self.format = self.opts.format if self.opts.format != "auto" else "v3"
         self.geo, self.plans = {}, {}   # per KPU conv node: its geometry and tiling plan (conv.py)
         # stages of a conv lowered as several KPU layers (kxk.py): their tensors' shapes, the
         # stage reading each, and which pixel channel each channel of a copied image holds
@@ -131,6 +137,17 @@ class Lowering:
             row.layers.append(len(self.layers) - 1)
         return len(self.layers) - 1
 
+    def emit_v4(self, name, fields, row=None, data=None):
+        """Append a v4-only node (kmodel v4 plans only); `fields` hold every struct field of the
+        opcode, ranges as `main(...)` tuples or `Const` blocks (v4emit.py)."""
+        from .v4emit import V4Op
+        if self.format != "v4":
+            raise AssertionError(f"v4 node {name} in a kmodel {self.format} plan")
+        self.layers.append(V4Op(name, dict(fields), dict(data or {})))
+        if row is not None:
+            row.layers.append(len(self.layers) - 1)
+        return len(self.layers) - 1
+
     def row(self, node, why, unit=None, **kw):
         """Start the receipt row of `node`; notes say why preferred alternatives were passed over."""
         alt, passed = self.choice.get(node.name, (None, []))
@@ -151,7 +168,7 @@ class Lowering:
             if t in self.uses:
                 self.uses[t] -= 1
                 if self.uses[t] == 0:
-                    for kind in ("u8", "f32"):
+                    for kind in ("u8", "f32", "pixels"):
                         self.main.free(f"{t}:{kind}")
                     loc = self.locs.get(t)
                     if loc is not None and loc.block:
@@ -195,6 +212,13 @@ class Lowering:
         loc = self.locs[t]
         if loc.u8 is not None:
             return loc.u8
+        if loc.pixels is not None and loc.f32 is None:
+            from .v4emit import pixel_quant
+            q = pixel_quant(self.opts, loc.shape[0])
+            if q is not None:                 # the pixels are already this tensor's uint8 form
+                loc.u8, loc.quant = loc.pixels, q
+                return loc.u8
+            self.need_f32(t, row)
         if loc.f32 is not None:
             if loc.quant is None:
                 loc.quant = self.quant_of(t)
@@ -211,6 +235,9 @@ class Lowering:
         loc = self.locs[t]
         if loc.f32 is not None:
             return loc.f32
+        if loc.pixels is not None:
+            from .v4emit import dequantize_pixels
+            return dequantize_pixels(self, t, row)
         src = self.need_u8(t, row)
         s, z = loc.quant
         n = int(np.prod(loc.shape))
@@ -251,7 +278,7 @@ class Lowering:
     def alias(self, new, old, shape=None):
         """`new` is `old` relabelled (same bytes): share every copy."""
         src = self.locs[old]
-        self.locs[new] = Loc(shape or src.shape, src.quant, src.kpu, src.u8, src.f32, src.block)
+        self.locs[new] = Loc(shape or src.shape, src.quant, src.kpu, src.u8, src.f32, src.block, src.pixels)
         if old in self.trace_map and new not in self.trace_map:
             self.trace_map[new] = self.trace_map[old]
         self.uses[old] = self.uses.get(old, 0) + self.uses.get(new, 0)
@@ -277,7 +304,7 @@ class Lowering:
         if len(g.inputs) != 1:
             raise UnsupportedOpError(f"the model has {len(g.inputs)} inputs; K210 runtimes feed one")
         for node in self.order:
-            self.choice[node.name] = registry.select(g, node, self.opts, self.opts.format)
+            self.choice[node.name] = registry.select(g, node, self.opts, self.format)
         x = g.inputs[0]
         first = self.consumers(x)
         shape = self.shape(x)
@@ -289,7 +316,11 @@ class Lowering:
                     "model with one conv and branch after it")
             self.locs[x] = Loc(shape)
             self.pixel_input = x
-        elif len(shape) == 1 or (len(shape) == 3 and shape[1:] == (1, 1)):
+        elif len(shape) == 3 and self.format == "v4":
+            # kmodel v4 runs a CPU op first: the camera image in main memory, as uint8 pixels
+            self.locs[x] = Loc(shape, pixels=self.alloc(x, "pixels", int(np.prod(shape))))
+            self.pixel_main = x
+        elif len(shape) == 1 or (len(shape) == 3 and shape[1:] == (1, 1)) or self.format == "v4":
             self.locs[x] = Loc(shape, f32=self.alloc(x, "f32", 4 * int(np.prod(shape))))
         else:
             raise UnsupportedOpError(
@@ -307,6 +338,9 @@ class Lowering:
             if row.layers:
                 self.rows.append(row)
             outs.append((addr, 4 * int(np.prod(self.locs[o].shape))))
+        if self.format == "v4":
+            from .v4emit import assemble
+            return assemble(self, outs)
         first_layer = self.layers[0].name if self.layers else None
         if first_layer not in ("K210_CONV", "FULLY_CONNECTED"):
             raise UnsupportedOpError(f"the first kmodel layer would be {first_layer}; the SDK/MaixPy "

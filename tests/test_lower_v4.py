@@ -1,0 +1,275 @@
+"""kmodel v4 from the lowering, TF-free: hand-made ONNX graphs -> v4 file -> read back (same bytes)
+-> the emulator, checked node by node against an independent runner written from each opcode's
+definition (tests/v4_reference.py), and end to end against onnxruntime on the float graph."""
+import numpy as np
+import pytest
+from onnx import helper
+
+from lower_helpers import compile_model, conv_node, make_model, pixels, run_both
+import v4_reference as ref
+from tl2k210.errors import UnsupportedOpError
+from tl2k210.k210 import kmodel
+from tl2k210.k210.emulator import Emulator
+from tl2k210.k210.lower import Options, plan_format
+from tl2k210.quantize.metrics import sqnr_db
+
+pytest.importorskip("onnxruntime")
+RNG = np.random.default_rng(11)
+N = helper.make_node
+PX = pixels(5, 3, 12, 12, seed=3)
+
+
+def W(*s, scale=0.3):
+    return (RNG.normal(size=s) * scale).astype(np.float32)
+
+
+def i64(*v):
+    return np.array(v, np.int64)
+
+
+def head(c=8):
+    """A KPU conv + ReLU on the 3x12x12 image: the op under test reads a uint8 map in main memory."""
+    return [conv_node("c", "x", "w0", "b0", pads=[1, 1, 1, 1]), N("Relu", ["c"], ["r"])], \
+        {"w0": W(c, 3, 3, 3), "b0": W(c)}
+
+
+def build(nodes, inits, out="y", first=True, c=8):
+    hn, hi = head(c) if first else ([], {})
+    inits = dict(hi, **inits)
+    return make_model(hn + nodes, [("x", [1, 3, 12, 12])], [(out, None)], inits)
+
+
+def check_v4(m, px=PX, opcodes=(), min_sqnr=30.0, **opts):
+    """Compile as v4, round-trip the bytes, compare every node with the reference runner and the
+    outputs with onnxruntime; returns (model, sqnr)."""
+    model, rows, lw, g = compile_model(m, px, format="v4", **opts)
+    assert model.version == 4
+    data = kmodel.dumps(model)
+    back = kmodel.loads(data)
+    assert kmodel.dumps(back) == data                       # the shared layout, both ways
+    assert len(data) % 8 == 0 and model.main_mem % 8 == 0
+    names = [nd.name for nd in back.nodes]
+    for op in opcodes:
+        assert op in names, (op, names)
+    emu = Emulator(back)
+    for p in px[:2]:
+        outs, trace = emu.run(p, trace=True)
+        r_outs, per_node = ref.run(back, p, emu.prepared)
+        for i, (nd, got) in enumerate(zip(back.nodes, trace)):
+            if per_node[i] is None:
+                continue
+            rng, want = per_node[i]
+            got = np.ascontiguousarray(got[1]).reshape(-1)
+            want = np.asarray(want).reshape(-1)
+            if rng[1] == 0 and got.dtype == np.uint8:      # the emulator's concat returns the bytes
+                got = got.view(np.float32)
+            if rng[1] == 1:             # uint8: bit for bit
+                np.testing.assert_array_equal(got.astype(np.uint8), want.astype(np.uint8), err_msg=f"node {i} {nd.name}")
+            else:
+                np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * max(1.0, float(np.abs(want).max())),
+                                           err_msg=f"node {i} {nd.name}")
+        for o, r_o in zip(outs, r_outs):
+            np.testing.assert_allclose(o, r_o, rtol=2e-5, atol=1e-5)
+    refs, got = run_both(m, back, px)
+    q = sqnr_db(refs.reshape(-1).astype(np.float64), got.reshape(-1).astype(np.float64))
+    assert q > min_sqnr, (q, names)
+    return back, q, rows
+
+
+# ---------------------------------------------------------------------------------------------
+CONVS = {
+    "5x5": (dict(pads=[2, 2, 2, 2]), (4, 8, 5, 5)),
+    "dilated": (dict(pads=[2, 2, 2, 2], dilations=[2, 2]), (4, 8, 3, 3)),
+    "grouped": (dict(pads=[1, 1, 1, 1], group=2), (4, 4, 3, 3)),
+    "stride3_asym": (dict(pads=[0, 1, 2, 0], strides=[3, 3]), (6, 8, 3, 3)),
+    "7x1": (dict(pads=[3, 0, 3, 0]), (4, 8, 7, 1)),
+}
+
+
+@pytest.mark.parametrize("name", CONVS)
+def test_quantized_conv2d(name):
+    attrs, wshape = CONVS[name]
+    m = build([conv_node("y", "r", "w1", "b1", **attrs)], {"w1": W(*wshape), "b1": W(wshape[0])})
+    model, q, rows = check_v4(m, opcodes=("kpu_conv2d", "quantized_conv2d"))
+    assert [r.lowering for r in rows if r.node == "y"][0] == "quantized_conv2d"
+
+
+def test_quantized_conv2d_first_layer_reads_the_pixels_and_leaky_relu_is_a_table():
+    """DonkeyCar-style: a 5x5 stride-2 conv on the image (the KPU has no 5x5): the model input is
+    the uint8 image in main memory, the preprocessing folded into the weights."""
+    m = build([conv_node("c5", "x", "w1", "b1", strides=[2, 2]), N("LeakyRelu", ["c5"], ["y"], alpha=0.1)],
+              {"w1": W(6, 3, 5, 5), "b1": W(6)}, first=False)
+    model, q, rows = check_v4(m, opcodes=("quantized_conv2d", "table_lookup1d"))
+    assert model.inputs[0][:2] == (1, 1) and model.input_shapes[0] == (1, 3, 12, 12)   # main memory, uint8
+    assert model.nodes[0].name == "quantized_conv2d"
+
+
+def test_float_conv2d_when_uint8_weights_lose_too_much():
+    w = W(4, 8, 5, 5)
+    w[0, 0, 2, 2] = 60.0          # one huge tap: per-layer uint8 weights would flatten the rest
+    m = build([conv_node("c5", "r", "w1", "b1", pads=[2, 2, 2, 2]), N("Sigmoid", ["c5"], ["y"])],
+              {"w1": w, "b1": W(4)})
+    model, q, rows = check_v4(m, opcodes=("conv2d", "nnil_unary_method"))
+    r = next(r for r in rows if r.node == "c5")
+    assert r.lowering == "conv2d" and "dB of the weights" in " ".join(r.notes)
+
+
+def test_conv2d_transpose_adds_its_bias():
+    m = build([N("ConvTranspose", ["r", "wt", "bt"], ["y"], strides=[2, 2], kernel_shape=[4, 4], pads=[1, 1, 1, 1])],
+              {"wt": W(8, 4, 4, 4), "bt": W(4)})
+    check_v4(m, opcodes=("conv2d_transpose", "binary"))
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Min", "Max"])
+def test_quantized_binary_of_two_maps_and_broadcast(op):
+    nodes = [conv_node("c2", "r", "w1", "b1", pads=[1, 1, 1, 1]), N(op, ["r", "c2"], ["t"]),
+             N(op, ["t", "k"], ["y"])]
+    model, q, _ = check_v4(build(nodes, {"w1": W(8, 8, 3, 3), "b1": W(8), "k": W(1, 8, 1, 1)}),
+                           opcodes=("quantized_binary",), min_sqnr=25 if op == "Mul" else 30)   # a product of two roundings
+    kinds = [nd.fields.get("binary_op") for nd in model.nodes if nd.name == "quantized_binary"]
+    assert kinds == [["Add", "Sub", "Mul", "Div", "Min", "Max"].index(op)] * 2   # QUANTIZED_ADD translates too
+
+
+def test_squeeze_excitation_mul():
+    """GlobalAveragePool -> dense -> Sigmoid -> Mul: the attention scale broadcast over the map."""
+    nodes = [N("GlobalAveragePool", ["r"], ["p"]), conv_node("s0", "p", "ws", "bs"), N("Sigmoid", ["s0"], ["s"]),
+             N("Mul", ["r", "s"], ["y"])]
+    check_v4(build(nodes, {"ws": W(8, 8, 1, 1), "bs": W(8)}), opcodes=("reduce", "quantized_binary"))
+
+
+def test_float_binary_div():
+    check_v4(build([N("Div", ["r", "k"], ["y"])], {"k": (np.abs(W(1, 8, 1, 1)) + 0.5)}), opcodes=("binary",))
+
+
+@pytest.mark.parametrize("op,axes", [("ReduceMean", [1]), ("ReduceMax", [1]), ("ReduceSum", [2]), ("ReduceMin", [3])])
+def test_reduce(op, axes):
+    node = N(op, ["r", "ax"], ["y"], keepdims=1) if op == "ReduceSum" else N(op, ["r"], ["y"], axes=axes, keepdims=1)
+    model, q, _ = check_v4(build([node], {"ax": i64(*axes)}), opcodes=("reduce",))
+
+
+def test_slices_split_transpose_concat_pad():
+    nodes = [N("Slice", ["r", "st", "en", "ax", "sp"], ["s1"]),               # channels 1, 3, 5; rows reversed
+             N("Split", ["r", "spl"], ["a", "b"], axis=1),
+             N("Transpose", ["a", ], ["ta"], perm=[0, 1, 3, 2]),
+             N("Concat", ["ta", "b"], ["cc"], axis=1),
+             N("Concat", ["cc", "cc"], ["c2"], axis=3),                        # width concat
+             N("Pad", ["c2", "pp"], ["pd"]),
+             N("Pad", ["s1", "pe"], ["pe2"], mode="edge"),
+             N("Slice", ["pd", "st2", "en2", "ax2"], ["y0"]),
+             N("Add", ["y0", "pe2s"], ["y"])]
+    inits = {"st": i64(1, 11), "en": i64(6, -100), "ax": i64(1, 2), "sp": i64(2, -1), "spl": i64(3, 5),
+             "pp": i64(0, 0, 1, 0, 0, 0, 0, 2), "pe": i64(0, 0, 1, 2, 0, 0, 0, 1),
+             "st2": i64(0, 0), "en2": i64(3, 13), "ax2": i64(1, 2)}
+    # y0: 3 x 13 x 24 ... make the edge-padded branch the same shape for the Add
+    m = build(nodes[:-1], inits, out="y0")
+    check_v4(m, opcodes=("strided_slice", "transpose", "concat", "pad"))
+    m2 = build([nodes[0], nodes[6]], inits, out="pe2")
+    check_v4(m2, opcodes=("strided_slice", "concat"))
+
+
+def test_memory_copy_for_a_whole_slice():
+    m = build([N("Slice", ["r", "st", "en"], ["y"])], {"st": i64(0), "en": i64(100)})
+    check_v4(m, opcodes=("memory_copy",))
+
+
+RESIZES = {
+    "bilinear_half_pixel": (dict(mode="linear"), [1, 1, 2, 2]),
+    "bilinear_align_corners": (dict(mode="linear", coordinate_transformation_mode="align_corners"), [1, 1, 2, 2]),
+    "bilinear_asymmetric_x3": (dict(mode="linear", coordinate_transformation_mode="asymmetric"), [1, 1, 3, 3]),
+    "bilinear_half_pixel_down": (dict(mode="linear"), [1, 1, 0.5, 0.5]),
+    "nearest_round_prefer_ceil": (dict(mode="nearest", coordinate_transformation_mode="asymmetric",
+                                       nearest_mode="round_prefer_ceil"), [1, 1, 2, 2]),
+    "nearest_half_pixel_down": (dict(mode="nearest"), [1, 1, 0.5, 0.5]),
+}
+
+
+@pytest.mark.parametrize("name", RESIZES)
+def test_resize(name):
+    attrs, scales = RESIZES[name]
+    m = build([N("Resize", ["r", "", "s"], ["y"], **attrs)], {"s": np.array(scales, np.float32)})
+    model, q, rows = check_v4(m)
+    names = [nd.name for nd in model.nodes]
+    assert "resize_image" in names or "strided_slice" in names
+
+
+def test_resize_refusals_name_the_mode():
+    for attrs in (dict(mode="cubic"), dict(mode="linear", coordinate_transformation_mode="tf_crop_and_resize")):
+        m = build([N("Resize", ["r", "", "s"], ["y"], name="up", **attrs)], {"s": np.array([1, 1, 2, 2], np.float32)})
+        with pytest.raises(UnsupportedOpError, match=r"'up'"):
+            compile_model(m, PX, format="v4")
+
+
+@pytest.mark.parametrize("pool", [
+    N("MaxPool", ["r"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+    N("AveragePool", ["r"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+    N("AveragePool", ["r"], ["y"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=1),
+    N("MaxPool", ["r"], ["y"], kernel_shape=[2, 2], strides=[1, 1], dilations=[2, 2])])
+def test_reduce_window2d(pool):
+    check_v4(build([pool], {}), opcodes=("reduce_window2d",))
+
+
+def test_unary_float_chain_is_one_nnil_method_and_uint8_is_a_table():
+    nodes = [N("GlobalAveragePool", ["r"], ["p"]), N("Flatten", ["p"], ["f"]), N("Softmax", ["f"], ["sm"]),
+             N("Log", ["sm"], ["l"]), N("Neg", ["l"], ["n"]), N("Mul", ["n", "two"], ["t"]), N("Exp", ["t"], ["y"])]
+    model, q, rows = check_v4(build(nodes, {"two": np.float32(0.5)}), opcodes=("nnil_unary_method", "softmax"))
+    r = next(r for r in rows if r.node.startswith("Log"))
+    assert r.lowering == "float_elementwise" and "one NNIL method" in r.why and len(r.fused) >= 4
+    m = build([N("Exp", ["r"], ["e"]), N("Softsign", ["e"], ["y"])], {})
+    model, q, rows = check_v4(m, opcodes=("table_lookup1d",))
+    assert all(r.lowering == "unary_table" for r in rows if r.op in ("Exp", "Softsign"))
+
+
+def test_float_unary_opcode():
+    nodes = [N("GlobalAveragePool", ["r"], ["p"]), N("Flatten", ["p"], ["f"]), N("Exp", ["f"], ["y"])]
+    check_v4(build(nodes, {}), opcodes=("unary",))
+
+
+def test_softmax_over_channels():
+    check_v4(build([N("Softmax", ["r"], ["y"], axis=1)], {}), opcodes=("softmax", "transpose"))
+
+
+def test_matmul_of_two_activations_and_wide_dense_quantized_matmul():
+    nodes = [N("GlobalAveragePool", ["r"], ["p"]), N("Reshape", ["p", "s1"], ["a"]), N("Reshape", ["p", "s2"], ["b"]),
+             N("MatMul", ["a", "b"], ["y"])]
+    check_v4(build(nodes, {"s1": i64(1, 8, 1), "s2": i64(1, 1, 8)}), opcodes=("matmul",))
+    nodes = [N("Flatten", ["r"], ["f"]), N("Gemm", ["f", "wg", "bg"], ["y"], transB=1)]     # 1152 features > 1024
+    model, q, rows = check_v4(build(nodes, {"wg": W(10, 8 * 12 * 12, scale=0.05), "bg": W(10)}),
+                              opcodes=("quantized_matmul",))
+
+
+def test_dense_translation_pads_uploads_and_slices():
+    """A KPU dense layer (v3: ADD_PADDING, conv, REMOVE_PADDING) as v4 nodes: pad, kpu_upload,
+    kpu_conv2d, strided_slice."""
+    nodes = [N("GlobalMaxPool", ["r"], ["p"]), N("Flatten", ["p"], ["f"]), N("Gemm", ["f", "wg", "bg"], ["y"], transB=1)]
+    model, q, rows = check_v4(build(nodes, {"wg": W(10, 8), "bg": W(10)}),
+                              opcodes=("pad", "kpu_upload", "kpu_conv2d", "strided_slice"))
+
+
+# ---------------------------------------------------------------------------------------------
+def test_auto_picks_v3_when_every_layer_has_a_v3_form():
+    m = build([N("Resize", ["r", "", "s"], ["y"], mode="nearest")], {"s": np.array([1, 1, 2, 2], np.float32)})
+    model, rows, lw, g = compile_model(m, PX)                # Options default: auto
+    assert model.version == 3 and lw.format == "v3" and lw.forced_by is None
+
+
+def test_auto_names_the_node_that_needs_v4():
+    m = build([N("Resize", ["r", "", "s"], ["y"], mode="linear", name="upsample")], {"s": np.array([1, 1, 2, 2], np.float32)})
+    model, rows, lw, g = compile_model(m, PX)
+    assert model.version == 4 and lw.forced_by[0] == "upsample" and "nearest" in lw.forced_by[1]
+
+
+def test_no_form_anywhere_lists_what_each_lowering_needs():
+    m = build([N("Resize", ["r", "", "s"], ["y"], mode="cubic", name="cub")], {"s": np.array([1, 1, 2, 2], np.float32)})
+    with pytest.raises(UnsupportedOpError) as e:
+        compile_model(m, PX)
+    msg = str(e.value)
+    assert "'cub'" in msg and "kmodel v4" in msg and "resize_bilinear" in msg and "resize_nearest" in msg
+
+
+def test_sixteen_bit_weights_stay_v3():
+    m = build([N("Resize", ["r", "", "s"], ["y"], mode="linear")], {"s": np.array([1, 1, 2, 2], np.float32)})
+    from tl2k210.graph import from_onnx
+    from tl2k210.passes import run_pipeline
+    g, _ = run_pipeline(from_onnx(m))
+    with pytest.raises(UnsupportedOpError, match="8-bit KPU weights only"):
+        plan_format(g, Options(weight_bits=16))

@@ -1,0 +1,396 @@
+"""Convolutions and matrix products the KPU cannot run, on the K210's CPU (kmodel v4).
+
+* `quantized_conv2d` (uint8, any kernel / stride / dilation / groups / padding): per-layer uint8
+  weights w = s_w (q - z_w), int32 bias in accumulator units, acc = bias + sum (x - z_x)(w - z_w),
+  output = mul_and_carry_shift(acc, m, k) + z_y with m / 2^k = s_x s_w / s_y (31-bit multiplier; the
+  product stays inside int64). A ReLU / Clip(0, b) is the uint8 clamp of the activation's range;
+  any other activation is a 256-entry table after it; a fused pool runs after that.
+  Refused (float conv2d instead) when per-layer uint8 weights lose too much: an SQNR of the
+  weights below WEIGHT_SQNR_MIN dB (nncase v0.2 falls back to float on a weight range > 32).
+* `conv2d` (float32, the same op set) with the ReLU/Clip as its fused clamp and other activations
+  as an NNIL method after it.
+* `conv2d_transpose` (float; the v0.2 kernel ignores its bias: a broadcast add follows).
+* `matmul` of two activations (attention-style products) and `quantized_matmul` for dense layers
+  wider than the KPU's 1024 channels.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tl2k210.graph import Node, stage_names
+from tl2k210.quantize import fixed_point as fx
+from tl2k210.quantize.metrics import sqnr_db
+
+from .conv import is_dense
+from .fc import source_unit
+from .registry import CPU_F32, CPU_U8, NA, lowering
+from .v4elementwise import g4, nnil_ops, unary_function
+from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, nnil_code, pixel_affine
+from .v4ops import window_pool
+
+WEIGHT_SQNR_MIN = 30.0          # dB of per-layer uint8 weights below which the float conv is chosen
+ACC_TAPS_MAX = (2 ** 31 - 1) // (255 * 255)   # taps per output that keep the int32 accumulator exact
+
+
+def _conv_refuses_common(g, node):
+    if len(g.shape(node.inputs[0])) != 4 or len(tuple(node.attrs.get("kernel", ()))) != 2:
+        return "only 2-D convolutions"
+    return None
+
+
+def weight_sqnr(W) -> float:
+    W = np.asarray(W, np.float64)
+    s, z = fx.qparams(W.min(), W.max())
+    q = np.clip(np.rint(W / s + z), 0, 255)
+    return sqnr_db(W.reshape(-1), ((q - z) * s).reshape(-1))
+
+
+def qconv_refuses(g, node, opts):
+    if node.op != "Conv" or is_dense(g, node):
+        return NA
+    why = _conv_refuses_common(g, node)
+    if why:
+        return why
+    W = g.const(node.inputs[1])
+    taps = int(np.prod(W.shape[1:]))
+    if taps > ACC_TAPS_MAX:
+        return f"{taps} taps per output overflow the int32 accumulator (at most {ACC_TAPS_MAX:,})"
+    q = weight_sqnr(W)
+    if q < WEIGHT_SQNR_MIN:
+        return (f"per-layer uint8 weights keep only {q:.1f} dB of the weights (spread "
+                f"{float(np.max(np.abs(W))):.3g} / {float(np.std(W)):.3g}): the float conv2d keeps them")
+    return None
+
+
+def fconv_refuses(g, node, opts):
+    if node.op != "Conv" or is_dense(g, node):
+        return NA
+    why = _conv_refuses_common(g, node)
+    if why:
+        return why
+    act = node.attrs.get("activation")
+    if act and not _float_clamp(act) and _act_nnil(g, act) is None:
+        return f"activation {act['op']} has no float form on the CPU"
+    return None
+
+
+def _float_clamp(act):
+    """fused_activation (min, max) of a ReLU / Clip, else None."""
+    if act is None:
+        return NO_CLAMP
+    if act["op"] == "Relu":
+        return (0.0, FLT_MAX)
+    if act["op"] == "Clip":
+        return (max(float(act.get("min", -FLT_MAX)), -FLT_MAX), min(float(act.get("max", FLT_MAX)), FLT_MAX))
+    return None
+
+
+def _act_node(act):
+    params = {k: v for k, v in act.items() if k != "op"}
+    return Node(act["op"], ["x"], ["y"], params, "act")
+
+
+def _act_nnil(g, act):
+    return nnil_ops(g, _act_node(act), True)
+
+
+def _act_fn(g, act):
+    return unary_function(g, _act_node(act)) if act else (lambda v: v)
+
+
+def _relu_like(act):
+    """The activation is the uint8 clamp of a range that starts at 0 (ReLU, Clip(0, b))."""
+    if act is None:
+        return True
+    return act["op"] == "Relu" or (act["op"] == "Clip" and float(act.get("min", -np.inf)) == 0.0)
+
+
+def _conv_fields(node, shape_in, co):
+    a = node.attrs
+    kh, kw = a["kernel"]
+    t, l, b, r = a["pads"]
+    sh, sw = a["strides"]
+    dh, dw = a.get("dilations", (1, 1))
+    return dict(in_shape=shape_in, groups=int(a.get("group", 1)), out_channels=co, padding_h=(t, b),
+                padding_w=(l, r), filter_h=kh, filter_w=kw, stride_h=sh, stride_w=sw, dilation_h=dh,
+                dilation_w=dw)
+
+
+def _pixel_fold(lw, x, W, B, groups, pads):
+    """(W, B, z_x, raw pixel address) with the image preprocessing folded in, or None when the
+    conv pads (a padded tap must be float 0, which a non-integer zero point cannot give)."""
+    loc = lw.locs[x]
+    if x != lw.pixel_main or loc.pixels is None:
+        return None
+    c = loc.shape[0]
+    sc, of = pixel_affine(lw.opts, c)
+    z = int(np.clip(round(float(np.mean(-of / sc))), 0, 255))
+    resid = of + sc * z                          # x = sc (q - z) + resid
+    co, cig = W.shape[:2]
+    ch = (np.arange(co)[:, None] // (co // groups)) * cig + np.arange(cig)[None, :]   # input channel of W[o, i]
+    if np.any(np.abs(resid) > 1e-9 * np.maximum(1, np.abs(of))) and any(pads):
+        return None
+    B = B + (W.sum(axis=(2, 3)) * resid[ch]).sum(axis=1)
+    W = W * sc[ch][:, :, None, None]
+    return W, B, z, loc.pixels
+
+
+@lowering("Conv", unit=CPU_U8, check=qconv_refuses, formats=("v4",), name="quantized_conv2d")
+def quantized_conv(lw, node):
+    x, w_name, b_name = node.inputs
+    out = node.outputs[0]
+    a = node.attrs
+    st = stage_names(node)
+    act, pool = a.get("activation"), a.get("pool")
+    ci, h, w = lw.shape(x)
+    W = np.asarray(lw.g.tensors[w_name].value, np.float64)
+    B = np.asarray(lw.g.tensors[b_name].value, np.float64)
+    co = W.shape[0]
+    groups = int(a.get("group", 1))
+    row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} the KPU cannot run: quantized_conv2d on uint8",
+                 in_shape=(ci, h, w), out_shape=lw.shape(out))
+    fold = _pixel_fold(lw, x, W, B, groups, a["pads"])
+    if fold is not None:
+        W, B, z_x, src = fold
+        s_x = 1.0
+        row.notes.append(f"input: pixels, preprocessing folded into weights (zero point {z_x})")
+    else:
+        src = lw.need_u8(x, row)
+        s_x, z_x = lw.locs[x].quant
+    s_w, z_w = fx.qparams(W.min(), W.max())
+    Wq = np.clip(np.rint(W / s_w + z_w), 0, 255).astype(np.uint8)
+    direct = _relu_like(act)
+    y_t = st["act"] if direct else st["conv"]
+    s_y, z_y = lw.quant_of(y_t)
+    bq = np.clip(np.rint(B / (s_x * s_w)), -(2 ** 31), 2 ** 31 - 1).astype(np.int64)
+    om, osh = fx.fixed_mul(s_x * s_w / s_y, 32, 62)
+    final = not pool and direct
+    name = out if final else y_t
+    loc = lw.u8_out(name, (s_y, z_y), (co,) + _out_hw(lw, node, st, pool))
+    n_in = ci * h * w
+    f = _conv_fields(node, (1, ci, h, w), co)
+    f.update(input=main(U8, src, n_in), output=main(U8, loc.u8, int(np.prod(loc.shape))), input_offset=-z_x,
+             filter_offset=-z_w, output_mul=om, output_shift=osh, output_offset=z_y)
+    lw.emit_v4("quantized_conv2d", f, row, data={"bias": bq, "weights": Wq.reshape(-1)})
+    lw.traced(name, "u8")
+    row.macs = int(np.prod(loc.shape)) * int(np.prod(W.shape[1:]))
+    row.weight_bytes = Wq.size + 4 * co
+    row.notes.append(f"weights uint8 per layer ({weight_sqnr(W):.1f} dB)")
+    cur = name
+    if not direct:
+        from .cpu import table
+        act_t = out if not pool else st["act"]
+        so, zo = lw.quant_of(act_t)
+        nxt = lw.u8_out(act_t, (so, zo), loc.shape)
+        f_act = _act_fn(lw.g, act)
+        lw.emit("REQUANTIZE", dict(flags=1, main_mem_in_address=loc.u8, main_mem_out_address=nxt.u8,
+                                   count=int(np.prod(loc.shape))), row,
+                data={"table": table(f_act, s_y, z_y, so, zo)})
+        lw.traced(act_t, "u8")
+        row.notes.append(f"{act['op']} as a 256-entry table")
+        lw.main.free(f"{cur}:u8")
+        cur = act_t
+    if pool:
+        window_pool(lw, cur, out, pool["kind"], (pool["size"],) * 2, (pool["stride"],) * 2,
+                    list(pool.get("pads", [0, 0, 0, 0])), row)
+        lw.main.free(f"{cur}:u8")
+
+
+def _out_hw(lw, node, st, pool):
+    """H, W of the conv before its fused pool (the pre-pool stage tensor's shape)."""
+    if not pool:
+        return tuple(lw.shape(node.outputs[0])[1:])
+    a = node.attrs
+    _, h, w = lw.shape(node.inputs[0])
+    kh, kw = a["kernel"]
+    t, l, b, r = a["pads"]
+    sh, sw = a["strides"]
+    dh, dw = a.get("dilations", (1, 1))
+    return ((h + t + b - (kh - 1) * dh - 1) // sh + 1, (w + l + r - (kw - 1) * dw - 1) // sw + 1)
+
+
+@lowering("Conv", unit=CPU_F32, check=fconv_refuses, formats=("v4",), name="conv2d")
+def float_conv(lw, node):
+    x, w_name, b_name = node.inputs
+    out = node.outputs[0]
+    a = node.attrs
+    st = stage_names(node)
+    act, pool = a.get("activation"), a.get("pool")
+    ci, h, w = lw.shape(x)
+    W = np.asarray(lw.g.tensors[w_name].value, np.float32)
+    B = np.asarray(lw.g.tensors[b_name].value, np.float32)
+    co = W.shape[0]
+    row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} the KPU cannot run: float conv2d",
+                 in_shape=(ci, h, w), out_shape=lw.shape(out))
+    src = lw.need_f32(x, row)
+    clamp = _float_clamp(act)
+    hw_ = _out_hw(lw, node, st, pool)
+    name = out if not pool else st["act"]
+    loc = lw.f32_out(name, (co,) + hw_)
+    n = int(np.prod(loc.shape))
+    f = _conv_fields(node, (1, ci, h, w), co)
+    f.update(input=main(F32, src, ci * h * w), output=main(F32, loc.f32, n),
+             fused_activation=clamp if clamp is not None else NO_CLAMP)
+    lw.emit_v4("conv2d", f, row, data={"weights": W.reshape(-1), "bias": B})
+    row.macs = n * int(np.prod(W.shape[1:]))
+    row.weight_bytes = 4 * (W.size + co)
+    if clamp is None:
+        code = _act_nnil(lw.g, act)
+        lw.emit_v4("nnil_unary_method", dict(input=main(F32, loc.f32, n), output=main(F32, loc.f32, n)), row,
+                   data={"code": nnil_code(*(code if "lda_0" in code else ["lda_0"] + code), "ret")})
+        row.notes.append(f"{act['op']} as an NNIL method")
+    lw.traced(name, "f32")
+    if pool:
+        window_pool(lw, name, out, pool["kind"], (pool["size"],) * 2, (pool["stride"],) * 2,
+                    list(pool.get("pads", [0, 0, 0, 0])), row, dtype=F32)
+        lw.main.free(f"{name}:f32")
+
+
+# ---------------------------------------------------------------------------------------------
+def convt_refuses(g, node, opts):
+    a = node.attrs
+    if len(g.shape(node.inputs[0])) != 4 or g.const(node.inputs[1]) is None:
+        return "only 2-D ConvTranspose with constant weights"
+    if a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") and "output_shape" not in a:
+        pass
+    return None
+
+
+@lowering("ConvTranspose", unit=CPU_F32, check=convt_refuses, formats=("v4",), name="conv2d_transpose")
+def conv_transpose(lw, node):
+    x, w_name = node.inputs[:2]
+    out = node.outputs[0]
+    a = node.attrs
+    W = np.asarray(lw.g.const(w_name), np.float32)            # (Ci, Co/g, kh, kw)
+    groups = int(a.get("group", 1))
+    ci, cog, kh, kw = W.shape
+    co = cog * groups
+    B = np.asarray(lw.g.const(node.inputs[2]), np.float32) if len(node.inputs) > 2 and node.inputs[2] \
+        else np.zeros(co, np.float32)
+    _, h, w = lw.shape(x)
+    oc, oh, ow = lw.shape(out)
+    sh, sw = a.get("strides", (1, 1))
+    dh, dw = a.get("dilations", (1, 1))
+    pads = list(a.get("pads", (0, 0, 0, 0)))
+    if a.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
+        tot = [max(0, (i - 1) * s + (k - 1) * d + 1 - o) for i, s, k, d, o in
+               ((h, sh, kh, dh, oh), (w, sw, kw, dw, ow))]
+        lo = [t - t // 2 if a["auto_pad"] == "SAME_UPPER" else t // 2 for t in tot]
+        pads = [lo[0], lo[1], tot[0] - lo[0], tot[1] - lo[1]]
+    row = lw.row(node, "transposed conv: float conv2d_transpose", in_shape=(ci, h, w), out_shape=(oc, oh, ow))
+    src = lw.need_f32(x, row)
+    loc = lw.f32_out(out)
+    n = oc * oh * ow
+    gic = ci // groups
+    wt = W.reshape(groups, gic, cog, kh, kw).transpose(0, 2, 1, 3, 4).reshape(-1)   # [g][o][i][kh][kw]
+    lw.emit_v4("conv2d_transpose", dict(
+        input=main(F32, src, ci * h * w), output=main(F32, loc.f32, n), in_shape=(1, ci, h, w),
+        out_shape=(1, oc, oh, ow), groups=groups, padding_h=(pads[0], pads[2]), padding_w=(pads[1], pads[3]),
+        filter_h=kh, filter_w=kw, stride_h=sh, stride_w=sw, dilation_h=dh, dilation_w=dw,
+        fused_activation=NO_CLAMP), row, data={"weights": wt, "bias": B})
+    if np.any(B):
+        shp = (1, oc, oh, ow)
+        lw.emit_v4("binary", dict(input_a=main(F32, loc.f32, n), input_b=Const(B), output=main(F32, loc.f32, n),
+                                  binary_op=0, in_a_shape=shp, in_b_shape=(1, oc, 1, 1), out_shape=shp,
+                                  fused_activation=NO_CLAMP), row)
+        row.notes.append("bias as a broadcast add (the v0.2 conv2d_transpose kernel does not add it)")
+    row.macs = ci * h * w * cog * kh * kw
+    row.weight_bytes = 4 * (W.size + co)
+    lw.traced(out, "f32")
+
+
+# ---------------------------------------------------------------------------------------------
+def _mm_dims(g, node):
+    """(M, K, N) of a MatMul whose leading dims are 1, or None."""
+    a, b, y = (tuple(g.shape(t)) if g.tensors[t].shape is not None else np.shape(g.const(t))
+               for t in (*node.inputs[:2], node.outputs[0]))
+    if len(a) < 2 or len(b) < 2 or any(d != 1 for d in a[:-2] + b[:-2]):
+        return None
+    return a[-2], a[-1], b[-1]
+
+
+def matmul_refuses(g, node, opts):
+    if node.op != "MatMul":
+        return NA
+    if g.const(node.inputs[1]) is not None or g.const(node.inputs[0]) is not None:
+        return NA       # constant weights: a dense layer
+    if _mm_dims(g, node) is None:
+        return f"batched MatMul {g.shape(node.inputs[0])} x {g.shape(node.inputs[1])}: only 2-D products"
+    return None
+
+
+@lowering("MatMul", unit=CPU_F32, check=matmul_refuses, formats=("v4",), name="matmul")
+def matmul(lw, node):
+    a_t, b_t = node.inputs
+    out = node.outputs[0]
+    m, k, n = _mm_dims(lw.g, node)
+    row = lw.row(node, "product of two activations: float matmul", out_shape=lw.shape(out), macs=m * k * n)
+    ra, rb = lw.need_f32(a_t, row), lw.need_f32(b_t, row)
+    loc = lw.f32_out(out)
+    lw.emit_v4("matmul", dict(input_a=main(F32, ra, m * k), input_b=main(F32, rb, k * n),
+                              output=main(F32, loc.f32, m * n), a_rows=m, a_cols=k, b_cols=n,
+                              fused_activation=NO_CLAMP), row, data={"bias": np.zeros(n, np.float32)})
+    lw.traced(out, "f32")
+
+
+def _dense_weights(g, node):
+    """(W (N, K), bias (N,)) of a dense layer with constant weights, or None."""
+    if node.op == "Conv":
+        if not is_dense(g, node):
+            return None
+        W = np.asarray(g.const(node.inputs[1]), np.float64)
+        return W.reshape(W.shape[0], -1), np.asarray(g.const(node.inputs[2]), np.float64)
+    W = g.const(node.inputs[1]) if len(node.inputs) > 1 else None
+    if W is None or g.const(node.inputs[0]) is not None or np.ndim(W) != 2:
+        return None
+    W = np.asarray(W, np.float64)
+    a = node.attrs
+    if node.op == "Gemm":
+        if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+            return None
+        W = W if a.get("transB", 0) else W.T
+    else:
+        W = W.T
+    bias = np.zeros(W.shape[0])
+    if node.op == "Gemm" and len(node.inputs) > 2 and node.inputs[2]:
+        bias = np.broadcast_to(np.asarray(g.const(node.inputs[2]), np.float64), bias.shape)
+    return W, bias
+
+
+def qmatmul_refuses(g, node, opts):
+    wb = _dense_weights(g, node)
+    if wb is None:
+        return NA
+    if node.attrs.get("activation") and not _relu_like(node.attrs["activation"]):
+        return f"activation {node.attrs['activation']['op']} after a uint8 matmul"
+    if source_unit(g, node.inputs[0], opts) in ("input", CPU_F32):
+        return "its input is float: the float layer avoids a quantize"
+    if weight_sqnr(wb[0]) < WEIGHT_SQNR_MIN:
+        return f"per-layer uint8 weights keep only {weight_sqnr(wb[0]):.1f} dB of the weights"
+    return None
+
+
+@lowering("Gemm", "MatMul", "Conv", unit=CPU_U8, check=qmatmul_refuses, formats=("v4",), name="quantized_matmul")
+def quantized_matmul(lw, node):
+    """A dense layer wider than the KPU takes: uint8 x uint8 -> int32 -> uint8 (4x less weight memory
+    than the float layer)."""
+    x, out = node.inputs[0], node.outputs[0]
+    W, B = _dense_weights(lw.g, node)
+    n_out, k = W.shape
+    act = node.attrs.get("activation")
+    row = lw.row(node, "dense layer over the KPU's channels: quantized_matmul on uint8", in_shape=(k,),
+                 out_shape=(n_out,), macs=W.size, weight_bytes=W.size + 4 * n_out)
+    src = lw.need_u8(x, row)
+    s_x, z_x = lw.locs[x].quant
+    s_w, z_w = fx.qparams(W.min(), W.max())
+    Wq = np.clip(np.rint(W.T / s_w + z_w), 0, 255).astype(np.uint8)      # (K, N) row-major
+    y_t = stage_names(node)["act"] if node.op == "Conv" and act else out
+    s_y, z_y = lw.quant_of(y_t)
+    bq = np.clip(np.rint(B / (s_x * s_w)), -(2 ** 31), 2 ** 31 - 1).astype(np.int64)
+    om, osh = fx.fixed_mul(s_x * s_w / s_y, 32, 62)
+    loc = lw.u8_out(out, (s_y, z_y), lw.shape(out) or (n_out,))
+    lw.emit_v4("quantized_matmul", dict(
+        input_a=main(U8, src, k), input_b=Const(Wq.reshape(-1), U8), output=main(U8, loc.u8, n_out), a_rows=1,
+        a_cols=k, b_cols=n_out, input_a_offset=-z_x, input_b_offset=-z_w, output_mul=om, output_shift=osh,
+        output_offset=z_y), row, data={"bias": bq})
+    lw.traced(out, "u8")

@@ -1,0 +1,397 @@
+"""Elementwise ops: binary (Add/Sub/Mul/Div/Min/Max with broadcasting) and unary functions.
+
+* uint8 first (the map stays quantized): `quantized_binary` rescales both inputs into one integer
+  domain with `mul_and_carry_shift`, applies the op and rescales to the output (Mul multiplies the
+  offset values and rescales the product); a function of one uint8 value is a 256-entry table
+  (`table_lookup1d` in v4, REQUANTIZE in v3: exact to the output step, both formats).
+* float32 where the input already is float (a float CPU op before it): `binary`, `unary`, and
+  `nnil_unary_method` for everything else, with chains of elementwise float ops (a function of one
+  tensor and constant scalars) fused into one NNIL program (one pass over memory instead of one
+  per op).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tl2k210.quantize import fixed_point as fx
+
+from .fc import source_unit
+from .registry import CPU_F32, CPU_U8, NA, lowering
+from .v4emit import F32, NO_CLAMP, U8, Const, main, nnil_code
+
+BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Min": 4, "Max": 5}
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def g4(g, t):
+    """A graph tensor's shape right-aligned to the runtime's 4-D NCHW shape."""
+    s = tuple(int(v) for v in (g.shape(t) if g.tensors[t].shape is not None else np.shape(g.const(t))))
+    return (1,) * (4 - len(s)) + s
+
+
+def _const_or_none(g, t):
+    v = g.const(t)
+    return None if v is None else np.asarray(v, np.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# unary functions: float reference (for tables) and NNIL programs (stack top -> f(top))
+def _elu(a):
+    return lambda x: np.where(x > 0, x, a * (np.exp(np.minimum(x, 0)) - 1))
+
+
+def _erf(x):
+    from math import erf
+    return np.vectorize(erf, otypes=[np.float64])(x)
+
+
+def _attr(node, k, d):
+    return float(node.attrs.get(k, d))
+
+
+def unary_function(g, node):
+    """The float function of one variable a node computes, or None."""
+    op = node.op
+    a = node.attrs
+    c = {i: _const_or_none(g, t) for i, t in enumerate(node.inputs) if i and t}
+    if op == "Pow":
+        p = c.get(1)
+        return None if p is None or p.size != 1 else (lambda x, p=float(p.reshape(-1)[0]): np.power(x, p))
+    if op in BINARY:
+        k = next((i for i in (0, 1) if g.const(node.inputs[i]) is not None), None)
+        if k is None or len(node.inputs) != 2:
+            return None
+        v = np.asarray(g.const(node.inputs[k]), np.float64)
+        if v.size != 1:
+            return None
+        v = float(v.reshape(-1)[0])
+        f = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
+             "Min": np.minimum, "Max": np.maximum}[op]
+        return (lambda x: f(x, v)) if k == 1 else (lambda x: f(v, x))
+    table = {
+        "Exp": np.exp, "Log": np.log, "Abs": np.abs, "Neg": np.negative, "Sqrt": np.sqrt,
+        "Reciprocal": lambda x: 1 / x, "Sin": np.sin, "Cos": np.cos, "Floor": np.floor, "Ceil": np.ceil,
+        "Round": np.round, "Sign": np.sign, "Erf": _erf,
+        "Softplus": lambda x: np.logaddexp(0, x), "Softsign": lambda x: x / (1 + np.abs(x)),
+        "Elu": _elu(_attr(node, "alpha", 1.0)),
+        "Selu": lambda x: _attr(node, "gamma", 1.0507009873554805) * _elu(_attr(node, "alpha", 1.6732632423543772))(x),
+        "Celu": lambda x: np.maximum(x, 0) + np.minimum(0, _attr(node, "alpha", 1.0) * (np.exp(x / _attr(node, "alpha", 1.0)) - 1)),
+        "ThresholdedRelu": lambda x: np.where(x > _attr(node, "alpha", 1.0), x, 0),
+        "Mish": lambda x: x * np.tanh(np.logaddexp(0, x)),
+        "Gelu": (lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2)))) if a.get("approximate", "none") == "none" else
+                (lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))),
+        "Relu": lambda x: np.maximum(x, 0), "Sigmoid": lambda x: 1 / (1 + np.exp(-x)), "Tanh": np.tanh,
+        "LeakyRelu": lambda x: np.where(x >= 0, x, _attr(node, "alpha", 0.01) * x),
+        "HardSigmoid": lambda x: np.clip(_attr(node, "alpha", 0.2) * x + _attr(node, "beta", 0.5), 0, 1),
+        "HardSwish": lambda x: x * np.clip(x / 6 + 0.5, 0, 1),
+    }
+    if op == "Clip":
+        lo, hi = c.get(1), c.get(2)
+        lo = float(lo) if lo is not None else float(a.get("min", -np.inf))
+        hi = float(hi) if hi is not None else float(a.get("max", np.inf))
+        if (len(node.inputs) > 1 and node.inputs[1] and c.get(1) is None) or \
+                (len(node.inputs) > 2 and node.inputs[2] and c.get(2) is None):
+            return None
+        return lambda x: np.clip(x, lo, hi)
+    return table.get(op)
+
+
+def _sigmoid_tail():
+    """sigmoid of the stack top anywhere in a program (no operand below it is needed):
+    exp(-log(1 + exp(-v)))."""
+    return ["neg", "exp", "ldc_r4_1", "add", "log", "neg", "exp"]
+
+
+def nnil_ops(g, node, head: bool):
+    """NNIL instructions replacing the stack top v by f(v), or None. `head`: the op reads the
+    method's input (lda_0 is v), so forms that need v below a constant are allowed."""
+    op, a = node.op, node.attrs
+    direct = {"Abs": "abs", "Ceil": "ceil", "Cos": "cos", "Exp": "exp", "Floor": "floor", "Log": "log",
+              "Neg": "neg", "Sin": "sin"}
+    if op in direct:
+        return [direct[op]]
+    if op == "Sqrt":
+        return ["dup", 1e-30, "max", "rsqrt", "mul"]           # v * rsqrt(v), 0 at 0
+    if op == "Reciprocal":
+        return [1.0, "lda_0", "div"] if head else None
+    if op == "Relu":
+        return ["ldc_r4_0", "max"]
+    if op == "Clip":
+        f = unary_function(g, node)
+        if f is None:
+            return None
+        lo, hi = float(f(np.array(-np.inf))), float(f(np.array(np.inf)))
+        return [max(lo, -FLT_MAX), min(hi, FLT_MAX), "clamp"]
+    if op == "LeakyRelu":
+        al = _attr(node, "alpha", 0.01)
+        return ["dup", al, "mul", "max" if al <= 1 else "min"]
+    if op == "Sigmoid":
+        return [1.0, "lda_0", "neg", "exp", 1.0, "add", "div"] if head else _sigmoid_tail()
+    if op == "Tanh":           # 2 sigmoid(2v) - 1
+        s = [1.0, "lda_0", -2.0, "mul", "exp", 1.0, "add", "div"] if head else \
+            [2.0, "mul"] + _sigmoid_tail()
+        return s + [2.0, "mul", 1.0, "sub"]
+    if op == "HardSigmoid":
+        return [_attr(node, "alpha", 0.2), "mul", _attr(node, "beta", 0.5), "add", 0.0, 1.0, "clamp"]
+    if op == "HardSwish":
+        return ["dup", 1 / 6, "mul", 0.5, "add", 0.0, 1.0, "clamp", "mul"]
+    if op == "Softplus":
+        return ["exp", 1.0, "add", "log"]
+    if op == "Softsign":
+        return ["dup", "abs", 1.0, "add", "div"]
+    if op in ("Elu", "Selu"):
+        al = _attr(node, "alpha", 1.0 if op == "Elu" else 1.6732632423543772)
+        code = ["dup", "ldc_r4_0", "min", "dup", "exp", 1.0, "sub", al, "mul", "sub", "sub"]
+        return code + ([_attr(node, "gamma", 1.0507009873554805), "mul"] if op == "Selu" else [])
+    if op == "Mish":          # v * tanh(softplus(v))
+        return ["dup", "exp", 1.0, "add", "log", 2.0, "mul"] + _sigmoid_tail() + [2.0, "mul", 1.0, "sub", "mul"]
+    if op == "Pow":
+        p = _const_or_none(g, node.inputs[1])
+        if p is None or p.size != 1:
+            return None
+        p = float(p.reshape(-1)[0])
+        if p == 2:
+            return ["dup", "mul"]
+        if p == 3:
+            return ["dup", "dup", "mul", "mul"]
+        if p == 0.5:
+            return ["dup", 1e-30, "max", "rsqrt", "mul"]
+        if p == -0.5:
+            return ["rsqrt"]
+        if p == 1:
+            return []
+        return ["log", p, "mul", "exp"]
+    if op in BINARY:
+        k = next((i for i in (0, 1) if g.const(node.inputs[i]) is not None), None)
+        if k is None or len(node.inputs) != 2:
+            return None
+        v = np.asarray(g.const(node.inputs[k]), np.float64)
+        if v.size != 1:
+            return None
+        v = float(v.reshape(-1)[0])
+        name = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Min": "min", "Max": "max"}[op]
+        if k == 1 or op in ("Add", "Mul", "Min", "Max"):
+            return [v, name]
+        if op == "Sub":                                   # c - v
+            return ["neg", v, "add"]
+        return [v, "lda_0", "div"] if head else None      # c / v
+    return None
+
+
+UNARY_OPS = ("Exp", "Log", "Abs", "Neg", "Sqrt", "Reciprocal", "Sin", "Cos", "Floor", "Ceil", "Round",
+             "Sign", "Erf", "Softplus", "Softsign", "Elu", "Selu", "Celu", "ThresholdedRelu", "Mish",
+             "Gelu", "Pow")
+ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Tanh", "HardSigmoid", "HardSwish", "Sigmoid")
+
+
+def _float_source(g, t, opts):
+    return source_unit(g, t, opts) in ("input", CPU_F32)
+
+
+# ---------------------------------------------------------------------------------------------
+def _scalar_binary(g, node):
+    """A binary op of one tensor and one constant scalar (a function of one variable)."""
+    if len(node.inputs) != 2:
+        return False
+    consts = [g.const(i) for i in node.inputs]
+    return sum(c is not None for c in consts) == 1 and next(np.asarray(c).size for c in consts if c is not None) == 1
+
+
+def table_refuses(g, node, opts):
+    if node.op in BINARY and not _scalar_binary(g, node):
+        return NA
+    f = unary_function(g, node)
+    if f is None:
+        return f"{node.op} is not a function of one tensor with constant parameters"
+    if opts.format == "v4" and _float_source(g, node.inputs[0] if g.const(node.inputs[0]) is None
+                                             else node.inputs[1], opts) and nnil_ops(g, node, True) is not None:
+        return "its input is float: the float NNIL method keeps full precision"
+    return None
+
+
+@lowering(*UNARY_OPS, unit=CPU_U8, check=table_refuses, name="unary_table")
+@lowering(*BINARY, unit=CPU_U8, check=table_refuses, name="scalar_table")
+def unary_table(lw, node):
+    """f(x) of one uint8 value: a 256-entry table from the input's quantization to the output's."""
+    from .cpu import table
+    x = next(i for i in node.inputs if lw.g.const(i) is None)
+    out = node.outputs[0]
+    row = lw.row(node, f"{node.op} on uint8: 256-entry table", in_shape=lw.shape(x), out_shape=lw.shape(out))
+    src = lw.need_u8(x, row)
+    s_in, z_in = lw.locs[x].quant
+    so, zo = lw.quant_of(out)
+    f = unary_function(lw.g, node)
+    loc = lw.u8_out(out, (so, zo))
+    with np.errstate(all="ignore"):
+        tab = table(lambda v: np.nan_to_num(f(v), nan=0.0, posinf=1e30, neginf=-1e30), s_in, z_in, so, zo)
+    lw.emit("REQUANTIZE", dict(flags=1, main_mem_in_address=src, main_mem_out_address=loc.u8,
+                               count=int(np.prod(loc.shape))), row, data={"table": tab})
+    lw.traced(out, "u8")
+
+
+def nnil_refuses(g, node, opts):
+    if node.op in BINARY and not _scalar_binary(g, node):
+        return NA
+    if nnil_ops(g, node, True) is None:
+        return f"{node.op} has no NNIL form (unary ops and constant scalars only)"
+    return None
+
+
+def _chain(lw, node):
+    """`node` and the single-consumer float elementwise ops after it that fuse into its method."""
+    chain = [node]
+    while True:
+        t = chain[-1].outputs[0]
+        cons = lw.consumers(t)
+        if len(cons) != 1 or t in lw.g.outputs:
+            return chain
+        c = cons[0]
+        if c.name in lw.folded or lw.lowered_by(c) != "float_elementwise" or nnil_ops(lw.g, c, False) is None:
+            return chain
+        chain.append(c)
+
+
+@lowering(*UNARY_OPS, *ACTIVATIONS, *BINARY, unit=CPU_F32, check=nnil_refuses, formats=("v4",),
+          name="float_elementwise")
+def float_elementwise(lw, node):
+    """One float pass: `unary` for a single op the runtime has, else an NNIL method fusing the
+    chain of elementwise ops that follows."""
+    chain = _chain(lw, node)
+    x = next(i for i in node.inputs if lw.g.const(i) is None)
+    out = chain[-1].outputs[0]
+    ops = " -> ".join(n.op for n in chain)
+    row = lw.row(node, f"float {ops}" + (": one NNIL method" if len(chain) > 1 else ""),
+                 in_shape=lw.shape(x), out_shape=lw.shape(out))
+    src = lw.need_f32(x, row)
+    n = int(np.prod(lw.shape(x)))
+    loc = lw.f32_out(out, lw.shape(x))
+    unary = {"Abs": 0, "Ceil": 1, "Cos": 2, "Exp": 3, "Floor": 4, "Log": 5, "Neg": 6, "Sin": 8}
+    if len(chain) == 1 and node.op in unary:
+        lw.emit_v4("unary", dict(input=main(F32, src, n), output=main(F32, loc.f32, n), unary_op=unary[node.op]),
+                   row)
+    else:
+        first = nnil_ops(lw.g, node, True)
+        code = (first if "lda_0" in first else ["lda_0"] + first)   # a head form reads the input itself
+        for c in chain[1:]:
+            code += nnil_ops(lw.g, c, False)
+        lw.emit_v4("nnil_unary_method", dict(input=main(F32, src, n), output=main(F32, loc.f32, n)), row,
+                   data={"code": nnil_code(*code, "ret")})
+    for c in chain[1:]:
+        lw.folded.add(c.name)
+        row.fused.append(c.name)
+    lw.traced(out, "f32")
+    if len(chain) > 1:
+        row.tensor = out
+
+
+# ---------------------------------------------------------------------------------------------
+# binary ops of two tensors (or a tensor and a non-scalar constant)
+def _binary_kind(g, node):
+    if node.op not in BINARY or len(node.inputs) != 2:
+        return None
+    consts = [g.const(i) is not None for i in node.inputs]
+    if all(consts):
+        return None
+    if any(consts) and np.asarray(g.const(node.inputs[consts.index(True)])).size == 1:
+        return None     # a scalar: unary_table / float_elementwise
+    return "tensor"
+
+
+def _broadcastable(g, node):
+    a, b, y = (g4(g, t) for t in (*node.inputs, node.outputs[0]))
+    return all(da in (1, dy) and db in (1, dy) for da, db, dy in zip(a, b, y))
+
+
+def qbinary_refuses(g, node, opts):
+    if _binary_kind(g, node) is None:
+        return NA
+    if node.op == "Div":
+        return "Div on uint8 truncates the integer quotient: the float binary keeps it"
+    if not _broadcastable(g, node):
+        return f"shapes {g4(g, node.inputs[0])} and {g4(g, node.inputs[1])} do not broadcast in 4-D"
+    return None
+
+
+def _operand(lw, t, row):
+    """(uint8 range, (scale, zero point)) of an activation or a constant tensor (quantized into the
+    constants blob with its own range)."""
+    v = lw.g.const(t)
+    if v is None:
+        addr = lw.need_u8(t, row)
+        return main(U8, addr, int(np.prod(lw.locs[t].shape))), lw.locs[t].quant
+    v = np.asarray(v, np.float64)
+    s, z = fx.qparams(v.min(), v.max())
+    q = np.clip(np.rint(v / s + z), 0, 255).astype(np.uint8)
+    return Const(q.reshape(-1), U8), (s, z)
+
+
+def _fold_relu(lw, node):
+    """A following Relu / Clip(0, ...) folds into the uint8 clamp: (tensor whose range to use, node)."""
+    out = node.outputs[0]
+    cons = lw.consumers(out)
+    if len(cons) == 1 and out not in lw.g.outputs and cons[0].op in ("Relu", "Clip"):
+        f = unary_function(lw.g, cons[0])
+        if f is not None and float(f(np.array(-1e30))) == 0.0:
+            return cons[0]
+    return None
+
+
+@lowering(*BINARY, unit=CPU_U8, check=qbinary_refuses, formats=("v4",), name="quantized_binary")
+def quantized_binary(lw, node):
+    a_t, b_t = node.inputs
+    out = node.outputs[0]
+    row = lw.row(node, f"{node.op} with broadcasting: quantized_binary on uint8", in_shape=lw.shape(a_t)
+                 if lw.g.const(a_t) is None else lw.shape(b_t), out_shape=lw.shape(out))
+    ra, (sa, za) = _operand(lw, a_t, row)
+    rb, (sb, zb) = _operand(lw, b_t, row)
+    relu = _fold_relu(lw, node)
+    so, zo = lw.quant_of(relu.outputs[0] if relu else out)
+    if node.op == "Mul":
+        ma, sha, mb, shb = 1, 0, 1, 0
+        om, osh = fx.fixed_mul(sa * sb / so, 32, 62)
+    else:                      # one integer domain: 2^20 steps of the coarser input
+        sc = max(sa, sb) / (1 << 20)
+        ma, sha = fx.fixed_mul(sa / sc, 32, 62)
+        mb, shb = fx.fixed_mul(sb / sc, 32, 62)
+        om, osh = fx.fixed_mul(sc / so, 32, 62)
+    loc = lw.u8_out(out, (so, zo))
+    n = int(np.prod(loc.shape))
+    lw.emit_v4("quantized_binary", dict(
+        input_a=ra, input_b=rb, output=main(U8, loc.u8, n), binary_op=BINARY[node.op],
+        in_a_shape=g4(lw.g, a_t), in_b_shape=g4(lw.g, b_t), out_shape=g4(lw.g, out),
+        input_a_offset=-za, input_a_mul=ma, input_a_shift=sha, input_b_offset=-zb, input_b_mul=mb,
+        input_b_shift=shb, output_offset=zo, output_mul=om, output_shift=osh), row)
+    lw.traced(out, "u8")
+    if relu is not None:
+        lw.alias(relu.outputs[0], out)
+        lw.traced(relu.outputs[0], "u8")
+        row.tensor = relu.outputs[0]
+        lw.folded.add(relu.name)
+        row.notes.append(f"{relu.op} folded into the uint8 clamp")
+
+
+def fbinary_refuses(g, node, opts):
+    if _binary_kind(g, node) is None:
+        return NA
+    if not _broadcastable(g, node):
+        return f"shapes {g4(g, node.inputs[0])} and {g4(g, node.inputs[1])} do not broadcast in 4-D"
+    return None
+
+
+@lowering(*BINARY, unit=CPU_F32, check=fbinary_refuses, formats=("v4",), name="float_binary")
+def float_binary(lw, node):
+    a_t, b_t = node.inputs
+    out = node.outputs[0]
+    row = lw.row(node, f"{node.op} with broadcasting: float binary", out_shape=lw.shape(out))
+    rngs = []
+    for t in (a_t, b_t):
+        v = lw.g.const(t)
+        if v is None:
+            rngs.append(main(F32, lw.need_f32(t, row), int(np.prod(lw.locs[t].shape))))
+        else:
+            rngs.append(Const(np.asarray(v, np.float32).reshape(-1)))
+    loc = lw.f32_out(out)
+    lw.emit_v4("binary", dict(input_a=rngs[0], input_b=rngs[1], output=main(F32, loc.f32, int(np.prod(loc.shape))),
+                              binary_op=BINARY[node.op], in_a_shape=g4(lw.g, a_t), in_b_shape=g4(lw.g, b_t),
+                              out_shape=g4(lw.g, out), fused_activation=NO_CLAMP), row)
+    lw.traced(out, "f32")

@@ -1,0 +1,503 @@
+"""kmodel v4 lowerings of data movement, reductions, pools and softmax (formats=("v4",)).
+
+Data movement (transpose, strided_slice, pad, concat, memory_copy) is byte-exact and runs on the
+form the tensor already has: uint8 (quantization unchanged) when it has one, else float32.
+Reductions, pools and softmax run on float32 like the v0.2 runtime's kernels; a max / min of a
+uint8 map goes through dequantize(scale 1, zero point 0) -> float op -> quantize(1, 0), which
+gives back the same uint8 values (max commutes with the monotone dequantization), so the map
+keeps its quantization.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import CPU_F32, CPU_U8, NA, lowering
+from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, pad_scalar, slice_op
+
+REDUCE = {"ReduceMean": 0, "ReduceMin": 1, "ReduceMax": 2, "ReduceSum": 3}
+INIT = {0: 0.0, 1: FLT_MAX, 2: -FLT_MAX, 3: 0.0}
+
+
+def g4(g, t):
+    s = tuple(int(v) for v in g.shape(t))
+    return (1,) * (4 - len(s)) + s
+
+
+def nbytes(dt, n):
+    return n * (4 if dt == F32 else 1)
+
+
+def _form(lw, t):
+    """U8 when the tensor has (or can cheaply get) a uint8 form, F32 when it is float only."""
+    loc = lw.locs[t]
+    if loc.u8 is not None or loc.kpu is not None or loc.pixels is not None:
+        return U8
+    return F32 if loc.f32 is not None else U8
+
+
+def _src(lw, t, dt, row):
+    return lw.need_u8(t, row) if dt == U8 else lw.need_f32(t, row)
+
+
+def _out(lw, t, dt, like=None, shape=None):
+    if dt == U8:
+        return lw.u8_out(t, lw.locs[like].quant if like else None, shape).u8
+    return lw.f32_out(t, shape).f32
+
+
+def _count(lw, t):
+    return int(np.prod(lw.shape(t)))
+
+
+def _mark(lw, t, dt):
+    lw.traced(t, "u8" if dt == U8 else "f32")
+
+
+def axes_of(g, n):
+    """A Reduce*/Squeeze node's axes (attribute or constant input), or None (all axes)."""
+    if "axes" in n.attrs:
+        return [int(a) for a in n.attrs["axes"]]
+    if len(n.inputs) > 1 and n.inputs[1]:
+        v = g.const(n.inputs[1])
+        return None if v is None else [int(a) for a in np.asarray(v).reshape(-1)]
+    return None
+
+
+def _rank_ok(g, node):
+    if any(len(g.shape(t)) > 4 for t in node.inputs[:1] + node.outputs if g.tensors[t].shape is not None):
+        return "more than 4 dimensions (the v4 runtime's shapes are 4-D)"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# data movement
+def transpose_refuses(g, node, opts):
+    return _rank_ok(g, node)
+
+
+@lowering("Transpose", unit=CPU_U8, check=transpose_refuses, formats=("v4",), name="transpose")
+def transpose(lw, node):
+    x, out = node.inputs[0], node.outputs[0]
+    rank = len(lw.g.shape(x))
+    perm = list(node.attrs.get("perm", range(rank)[::-1]))
+    k = 4 - rank
+    perm4 = list(range(k)) + [p + k for p in perm]
+    dt = _form(lw, x)
+    row = lw.row(node, f"transpose {perm} on {'uint8' if dt == U8 else 'float32'}", out_shape=lw.shape(out))
+    src = _src(lw, x, dt, row)
+    dst = _out(lw, out, dt, x)
+    n = _count(lw, x)
+    lw.emit_v4("transpose", dict(input=main(dt, src, n), output=main(dt, dst, n), in_shape=g4(lw.g, x),
+                                 perm=tuple(perm4)), row)
+    _mark(lw, out, dt)
+
+
+def slice_params(g, node):
+    """(begin, end, strides) in 4-D for an ONNX Slice, or a reason."""
+    shape = g4(g, node.inputs[0])
+    rank = len(g.shape(node.inputs[0]))
+    k = 4 - rank
+    ins = [g.const(t) if t else None for t in node.inputs[1:]]
+    if any(t and v is None for t, v in zip(node.inputs[1:], ins)):
+        return "starts/ends/axes/steps are not constants"
+    starts, ends = (np.asarray(v, np.int64).reshape(-1) for v in ins[:2])
+    axes = np.asarray(ins[2], np.int64).reshape(-1) if len(ins) > 2 and ins[2] is not None else np.arange(len(starts))
+    steps = np.asarray(ins[3], np.int64).reshape(-1) if len(ins) > 3 and ins[3] is not None else np.ones(len(starts), np.int64)
+    begin, end, strides = [0, 0, 0, 0], list(shape), [1, 1, 1, 1]
+    for s, e, ax, st in zip(starts, ends, axes, steps):
+        ax = int(ax) % rank + k
+        d = shape[ax]
+        if st == 0:
+            return "step 0"
+        s, e = int(s), int(e)
+        s = s + d if s < 0 else s
+        e = e + d if e < 0 else e
+        if st > 0:
+            s, e = min(max(s, 0), d), min(max(e, 0), d)
+        else:
+            s, e = min(max(s, 0), d - 1), min(max(e, -1), d - 1)
+        begin[ax], end[ax], strides[ax] = s, e, int(st)
+    return begin, end, strides
+
+
+def slice_refuses(g, node, opts):
+    why = _rank_ok(g, node)
+    if why:
+        return why
+    p = slice_params(g, node)
+    return p if isinstance(p, str) else None
+
+
+def _copy_or_slice(lw, x, out, dt, begin, end, strides, row):
+    src = _src(lw, x, dt, row)
+    dst = _out(lw, out, dt, x)
+    n_in, n_out = _count(lw, x), _count(lw, out)
+    if n_in == n_out and tuple(strides) == (1, 1, 1, 1):
+        lw.emit_v4("memory_copy", dict(input=main(dt, src, n_in), output=main(dt, dst, n_out)), row)
+    else:
+        lw.emit_v4(*_op(slice_op(main(dt, src, n_in), main(dt, dst, n_out), g4(lw.g, x), begin, end, strides)), row)
+    _mark(lw, out, dt)
+
+
+def _op(v):
+    return v.name, v.fields
+
+
+@lowering("Slice", unit=CPU_U8, check=slice_refuses, formats=("v4",), name="strided_slice")
+def strided_slice(lw, node):
+    x, out = node.inputs[0], node.outputs[0]
+    begin, end, strides = slice_params(lw.g, node)
+    dt = _form(lw, x)
+    row = lw.row(node, f"slice on {'uint8' if dt == U8 else 'float32'}: strided_slice", in_shape=lw.shape(x),
+                 out_shape=lw.shape(out))
+    _copy_or_slice(lw, x, out, dt, begin, end, strides, row)
+
+
+def split_sizes(g, node):
+    shape = g.shape(node.inputs[0])
+    axis = int(node.attrs.get("axis", 0)) % len(shape)
+    if len(node.inputs) > 1 and node.inputs[1]:
+        v = g.const(node.inputs[1])
+        if v is None:
+            return None, axis
+        return [int(s) for s in np.asarray(v).reshape(-1)], axis
+    if "split" in node.attrs:
+        return [int(s) for s in node.attrs["split"]], axis
+    n = len(node.outputs)
+    d = shape[axis]
+    step = -(-d // n)
+    return [min(step, d - i * step) for i in range(n)], axis
+
+
+def split_refuses(g, node, opts):
+    why = _rank_ok(g, node)
+    if why:
+        return why
+    sizes, _ = split_sizes(g, node)
+    return "split sizes are not constants" if sizes is None else None
+
+
+@lowering("Split", unit=CPU_U8, check=split_refuses, formats=("v4",), name="split")
+def split(lw, node):
+    x = node.inputs[0]
+    sizes, axis = split_sizes(lw.g, node)
+    rank = len(lw.g.shape(x))
+    ax = axis + 4 - rank
+    dt = _form(lw, x)
+    row = lw.row(node, f"split into {len(sizes)} on axis {axis}: strided_slice each", in_shape=lw.shape(x))
+    shape = g4(lw.g, x)
+    at = 0
+    for out, size in zip(node.outputs, sizes):
+        begin, end = [0, 0, 0, 0], list(shape)
+        begin[ax], end[ax] = at, at + size
+        at += size
+        if out:
+            _copy_or_slice(lw, x, out, dt, begin, end, (1, 1, 1, 1), row)
+
+
+def _pads4(g, node):
+    """((before, after) x 4) of an ONNX Pad, the constant value and the mode, or a reason."""
+    rank = len(g.shape(node.inputs[0]))
+    if "pads" in node.attrs:
+        pads = list(node.attrs["pads"])
+        value = float(node.attrs.get("value", 0.0))
+    else:
+        p = g.const(node.inputs[1]) if len(node.inputs) > 1 else None
+        if p is None:
+            return "pads are not a constant"
+        pads = [int(v) for v in np.asarray(p).reshape(-1)]
+        value = 0.0
+        if len(node.inputs) > 2 and node.inputs[2]:
+            v = g.const(node.inputs[2])
+            if v is None:
+                return "the pad value is not a constant"
+            value = float(np.asarray(v).reshape(-1)[0])
+        if len(node.inputs) > 3 and node.inputs[3]:
+            ax = g.const(node.inputs[3])
+            if ax is None:
+                return "the pad axes are not a constant"
+            full = [0] * (2 * rank)
+            ax = [int(a) % rank for a in np.asarray(ax).reshape(-1)]
+            for i, a in enumerate(ax):
+                full[a], full[a + rank] = pads[i], pads[i + len(ax)]
+            pads = full
+    k = 4 - rank
+    pairs = [(0, 0)] * k + [(pads[i], pads[i + rank]) for i in range(rank)]
+    return pairs, value, node.attrs.get("mode", "constant")
+
+
+def pad_refuses(g, node, opts):
+    why = _rank_ok(g, node)
+    if why:
+        return why
+    p = _pads4(g, node)
+    if isinstance(p, str):
+        return p
+    pairs, value, mode = p
+    if mode == "edge":
+        if any(a or b for a, b in pairs[:2]) or any(min(a, b) < 0 for a, b in pairs):
+            return "edge padding of N or C, or edge crop: only H / W edges are copied"
+        return None
+    if mode != "constant":
+        return f"Pad mode {mode}: the v4 pad is constant (edge padding is built from slices)"
+    return None
+
+
+@lowering("Pad", unit=CPU_U8, check=pad_refuses, formats=("v4",), name="pad")
+def pad(lw, node):
+    from .v4resize import edge_pad
+    x, out = node.inputs[0], node.outputs[0]
+    pairs, value, mode = _pads4(lw.g, node)
+    dt = _form(lw, x)
+    row = lw.row(node, f"{mode} pad", in_shape=lw.shape(x), out_shape=lw.shape(out))
+    if mode == "edge":
+        src = _src(lw, x, dt, row)
+        dst = _out(lw, out, dt, x)
+        cur, shape = edge_pad(lw, src, g4(lw.g, x), dt, pairs[2], pairs[3], row, out + ":edge")
+        n = _count(lw, out)
+        lw.emit_v4("memory_copy", dict(input=main(dt, cur, n), output=main(dt, dst, n)), row)
+        for k in ("pad2", "pad3"):
+            lw.main.free(f"{out}:edge:{k}")
+        _mark(lw, out, dt)
+        return
+    q = None
+    if dt == U8:
+        src = lw.need_u8(x, row)
+        s, z = lw.locs[x].quant
+        qv = value / s + z
+        if abs(qv - round(qv)) < 1e-6 and 0 <= round(qv) <= 255:
+            q = int(round(qv))
+        else:
+            dt = F32
+            row.notes.append(f"pad value {value} is not on the uint8 grid: float pad")
+    src = _src(lw, x, dt, row)
+    dst = _out(lw, out, dt, x)
+    flat = tuple(v for pr in pairs for v in pr)
+    lw.emit_v4("pad", dict(input=main(dt, src, _count(lw, x)), output=main(dt, dst, _count(lw, out)),
+                           in_shape=g4(lw.g, x), paddings=flat,
+                           pad_value=pad_scalar(q if dt == U8 else value, dt)), row)
+    _mark(lw, out, dt)
+
+
+def concat_refuses(g, node, opts):
+    why = _rank_ok(g, node)
+    if why:
+        return why
+    if any(g.const(t) is not None for t in node.inputs):
+        return "a constant input"
+    return None
+
+
+@lowering("Concat", unit=CPU_U8, check=concat_refuses, formats=("v4",), name="concat")
+def concat(lw, node):
+    """Concat on any axis: inputs requantized to the output's scale (tables), then one concat node
+    copying, for each outer index, dims[i] x inner bytes of every input in turn."""
+    from .cpu import table
+    out = node.outputs[0]
+    rank = len(lw.g.shape(out))
+    axis = int(node.attrs.get("axis", 1)) % rank
+    ax = axis + 4 - rank
+    shape = g4(lw.g, out)
+    f32_only = all(_form(lw, t) == F32 for t in node.inputs)
+    dt = F32 if f32_only else U8
+    row = lw.row(node, f"concat on axis {axis} ({'float32' if dt == F32 else 'uint8'})", out_shape=lw.shape(out))
+    so, zo = (None, None) if dt == F32 else lw.quant_of(out)
+    ranges, dims, tmp = [], [], []
+    for t in node.inputs:
+        n = _count(lw, t)
+        if dt == F32:
+            src = lw.need_f32(t, row)
+        else:
+            src = lw.need_u8(t, row)
+            s_in, z_in = lw.locs[t].quant
+            if abs(s_in - so) > 1e-9 * so or z_in != zo:
+                name = f"{out}:rq{len(tmp)}"
+                dst = lw.main.alloc(name, n)
+                tmp.append(name)
+                lw.emit("REQUANTIZE", dict(flags=1, main_mem_in_address=src, main_mem_out_address=dst, count=n),
+                        row, data={"table": table(lambda v: v, s_in, z_in, so, zo)})
+                src = dst
+        ranges.append(main(dt, src, n))
+        dims.append(g4(lw.g, t)[ax])
+    dst = lw.f32_out(out).f32 if dt == F32 else lw.u8_out(out, (so, zo)).u8
+    inner = int(np.prod(shape[ax + 1:])) * (4 if dt == F32 else 1)
+    lw.emit_v4("concat", dict(output=main(dt, dst, _count(lw, out)), inner_size=inner,
+                              outer_size=int(np.prod(shape[:ax])), inputs_count=len(ranges)), row,
+               data={"inputs": ranges, "dims": dims})
+    for name in tmp:
+        lw.main.free(name)
+    _mark(lw, out, dt)
+
+
+# ---------------------------------------------------------------------------------------------
+# reductions and pools (float kernels)
+def reduce_refuses(g, node, opts):
+    why = _rank_ok(g, node)
+    if why:
+        return why
+    if len(node.inputs) > 1 and node.inputs[1] and axes_of(g, node) is None:
+        return "axes are not a constant"
+    return None
+
+
+@lowering(*REDUCE, unit=CPU_F32, check=reduce_refuses, formats=("v4",), name="reduce")
+def reduce(lw, node):
+    x, out = node.inputs[0], node.outputs[0]
+    rank = len(lw.g.shape(x))
+    axes = axes_of(lw.g, node)
+    if axes is None:
+        axes = [] if node.attrs.get("noop_with_empty_axes", 0) else list(range(rank))
+    axes = sorted(a % rank + 4 - rank for a in axes)
+    in4 = g4(lw.g, x)
+    out4 = tuple(1 if i in axes else d for i, d in enumerate(in4))
+    op = REDUCE[node.op]
+    exact_u8 = op in (1, 2) and _form(lw, x) == U8
+    row = lw.row(node, f"{node.op} over axes {axes}: float reduce", in_shape=lw.shape(x), out_shape=lw.shape(out))
+    n_in, n_out = int(np.prod(in4)), int(np.prod(out4))
+    if exact_u8:           # min / max of uint8 values: the same uint8 values, the same quantization
+        src = lw.need_u8(x, row)
+        a, b = lw.main.alloc(out + ":dq", 4 * n_in), lw.main.alloc(out + ":red", 4 * n_out)
+        dst = _out(lw, out, U8, x)
+        lw.emit_v4("dequantize", dict(input=main(U8, src, n_in), output=main(F32, a, n_in), quant_param=(0, 1.0)), row)
+        lw.emit_v4("reduce", dict(input=main(F32, a, n_in), output=main(F32, b, n_out), reduce_op=op, in_shape=in4,
+                                  out_shape=out4, init_value=INIT[op]), row)
+        lw.emit_v4("quantize", dict(input=main(F32, b, n_out), output=main(U8, dst, n_out), quant_param=(0, 1.0)), row)
+        lw.main.free(out + ":dq")
+        lw.main.free(out + ":red")
+        _mark(lw, out, U8)
+        row.notes.append("on the uint8 values (exact; quantization unchanged)")
+        return
+    src = lw.need_f32(x, row)
+    dst = lw.f32_out(out).f32
+    lw.emit_v4("reduce", dict(input=main(F32, src, n_in), output=main(F32, dst, n_out), reduce_op=op, in_shape=in4,
+                              out_shape=out4, init_value=INIT[op]), row)
+    _mark(lw, out, F32)
+
+
+def window_pool(lw, x, out, kind, kernel, strides, pads, row, dtype=None, dilations=(1, 1), count_pads=False):
+    """A pooling window on the CPU: reduce_window2d (float). A uint8 max pool keeps its values and
+    quantization (dequantize 1/0, pool, quantize 1/0); a uint8 mean pool is dequantized and the
+    result quantized to `out`'s range."""
+    c, h, w = lw.locs[x].shape if x in lw.locs else lw.shape(x)
+    oc, oh, ow = lw.shape(out)
+    kh, kw = kernel
+    sh, sw = strides
+    dh, dw = dilations
+    t, l, b, r = pads
+    eff_h, eff_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    pb, pr = (oh - 1) * sh + eff_h - h - t, (ow - 1) * sw + eff_w - w - l   # the runtime's floor size = oh, ow
+    dt = dtype if dtype is not None else _form(lw, x)
+    n_in, n_out = c * h * w, c * oh * ow
+    win = dict(padding_h=(t, pb), padding_w=(l, pr), filter_h=kh, filter_w=kw, stride_h=sh, stride_w=sw,
+               dilation_h=dh, dilation_w=dw)
+    op = 2 if kind == "max" else (3 if count_pads else 0)
+    init = -FLT_MAX if kind == "max" else 0.0
+    shape = (1, c, h, w)
+    if dt == F32:
+        src = lw.need_f32(x, row)
+        dst = lw.f32_out(out).f32
+        lw.emit_v4("reduce_window2d", dict(input=main(F32, src, n_in), output=main(F32, dst, n_out), reduce_op=op,
+                                           in_shape=shape, init_value=init, fused_activation=NO_CLAMP, **win), row)
+        if count_pads:
+            _scale(lw, dst, n_out, 1.0 / (kh * kw), row)
+        _mark(lw, out, F32)
+        return
+    src = lw.need_u8(x, row)
+    s_in, z_in = lw.locs[x].quant
+    if kind == "max":
+        qin = qout = (0, 1.0)
+        so = (s_in, z_in)
+    else:
+        so = lw.quant_of(out)
+        qin, qout = (z_in, 1.0 / s_in), (so[1], 1.0 / so[0])
+    a, bb = lw.main.alloc(out + ":dq", 4 * n_in), lw.main.alloc(out + ":pool", 4 * n_out)
+    dst = lw.u8_out(out, so).u8
+    lw.emit_v4("dequantize", dict(input=main(U8, src, n_in), output=main(F32, a, n_in), quant_param=qin), row)
+    lw.emit_v4("reduce_window2d", dict(input=main(F32, a, n_in), output=main(F32, bb, n_out), reduce_op=op,
+                                       in_shape=shape, init_value=init, fused_activation=NO_CLAMP, **win), row)
+    if count_pads:
+        _scale(lw, bb, n_out, 1.0 / (kh * kw), row)
+    lw.emit_v4("quantize", dict(input=main(F32, bb, n_out), output=main(U8, dst, n_out), quant_param=qout), row)
+    lw.main.free(out + ":dq")
+    lw.main.free(out + ":pool")
+    _mark(lw, out, U8)
+
+
+def _scale(lw, addr, n, k, row):
+    one = (1, 1, 1, 1)
+    lw.emit_v4("binary", dict(input_a=main(F32, addr, n), input_b=Const(np.float32([k])), output=main(F32, addr, n),
+                              binary_op=2, in_a_shape=(1, 1, 1, n), in_b_shape=one, out_shape=(1, 1, 1, n),
+                              fused_activation=NO_CLAMP), row)
+
+
+def _pool_pads(g, node):
+    a = node.attrs
+    k = list(a["kernel_shape"])
+    s = list(a.get("strides", [1, 1]))
+    d = list(a.get("dilations", [1, 1]))
+    auto = a.get("auto_pad", "NOTSET")
+    _, _, h, w = g.shape(node.inputs[0])
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        tot = [max((-(-x // st) - 1) * st + (kk - 1) * dd + 1 - x, 0) for x, st, kk, dd in zip((h, w), s, k, d)]
+        lo = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in tot]
+        return [lo[0], lo[1], tot[0] - lo[0], tot[1] - lo[1]]
+    return list(a.get("pads", [0, 0, 0, 0]))
+
+
+def pool_refuses(g, node, opts):
+    a = node.attrs
+    if len(a.get("kernel_shape", ())) != 2:
+        return "only 2-D pools"
+    if node.op == "AveragePool" and a.get("count_include_pad", 0) and a.get("ceil_mode", 0):
+        return "count_include_pad with ceil_mode"
+    return None
+
+
+@lowering("MaxPool", unit=CPU_U8, check=pool_refuses, formats=("v4",), name="reduce_window2d_max")
+@lowering("AveragePool", unit=CPU_F32, check=pool_refuses, formats=("v4",), name="reduce_window2d_mean")
+def pool(lw, node):
+    x, out = node.inputs[0], node.outputs[0]
+    a = node.attrs
+    kind = "max" if node.op == "MaxPool" else "mean"
+    row = lw.row(node, f"{node.op} {tuple(a['kernel_shape'])}: reduce_window2d", in_shape=lw.shape(x),
+                 out_shape=lw.shape(out))
+    window_pool(lw, x, out, kind, tuple(a["kernel_shape"]), tuple(a.get("strides", (1, 1))), _pool_pads(lw.g, node),
+                row, dtype=None if kind == "max" else F32, dilations=tuple(a.get("dilations", (1, 1))),
+                count_pads=bool(a.get("count_include_pad", 0)))
+
+
+# ---------------------------------------------------------------------------------------------
+def softmax_refuses(g, node, opts):
+    return _rank_ok(g, node)
+
+
+@lowering("Softmax", unit=CPU_F32, check=softmax_refuses, formats=("v4",), name="softmax_axis")
+def softmax(lw, node):
+    """Softmax over any axis: the runtime normalises contiguous runs of inner_size values, so an axis
+    with data after it is moved last (transpose), normalised, and moved back."""
+    x, out = node.inputs[0], node.outputs[0]
+    rank = len(lw.g.shape(x))
+    axis = int(node.attrs.get("axis", -1 if lw.g.meta.get("opset", 13) >= 13 else 1)) % rank + 4 - rank
+    shape = g4(lw.g, x)
+    n = int(np.prod(shape))
+    row = lw.row(node, f"softmax over axis {axis - 4 + rank}", in_shape=lw.shape(x), out_shape=lw.shape(out))
+    src = lw.need_f32(x, row)
+    dst = lw.f32_out(out).f32
+    if int(np.prod(shape[axis + 1:])) == 1:
+        lw.emit_v4("softmax", dict(input=main(F32, src, n), output=main(F32, dst, n), inner_size=shape[axis],
+                                   outer_size=n // shape[axis], beta=1.0), row)
+    else:
+        perm = [i for i in range(4) if i != axis] + [axis]
+        back = [perm.index(i) for i in range(4)]
+        moved = tuple(shape[p] for p in perm)
+        a, b = lw.main.alloc(out + ":t", 4 * n), lw.main.alloc(out + ":s", 4 * n)
+        lw.emit_v4("transpose", dict(input=main(F32, src, n), output=main(F32, a, n), in_shape=shape,
+                                     perm=tuple(perm)), row)
+        lw.emit_v4("softmax", dict(input=main(F32, a, n), output=main(F32, b, n), inner_size=shape[axis],
+                                   outer_size=n // shape[axis], beta=1.0), row)
+        lw.emit_v4("transpose", dict(input=main(F32, b, n), output=main(F32, dst, n), in_shape=moved,
+                                     perm=tuple(back)), row)
+        lw.main.free(out + ":t")
+        lw.main.free(out + ":s")
+        row.notes.append("axis moved last and back (transpose)")
+    _mark(lw, out, F32)

@@ -1,0 +1,325 @@
+"""ONNX Resize on kmodel v4: `resize_image` (bilinear, nearest), computing exactly what ONNX defines.
+
+The v4 runtime (nncase v0.2 `resize_image`, spec §4.3) samples input coordinate c = o * in/out
+(align_corners: o * (in-1)/(out-1)); bilinear reads y0 = floor(c), y1 = min(y0 + 1, in - 1);
+nearest reads min(floor(c), in - 1). ONNX Resize maps output o to a coordinate by its
+`coordinate_transformation_mode` (half_pixel by default: (o + 0.5)/scale - 0.5; what Keras
+UpSampling2D(interpolation="bilinear") and TF2 `tf.image.resize` write), clamps it to the input
+(linear: edge values) and, for nearest, rounds it by `nearest_mode`.
+
+Per axis the lowering finds a v4 plan that samples the same coordinates:
+* direct: one resize_image (asymmetric or align_corners; nearest when the index maps agree);
+* otherwise the input is edge-padded by one pixel (strided_slice + concat: the v4 pad is
+  constant-only), resized to t x the target density and every t-th output from k is kept
+  (strided_slice): coordinate (t*o + k) * (in + 2p) / size'' = c(o) + p for every o. half_pixel
+  upsampling by an integer factor s takes t = 2, p = 1: 4x the bilinear evaluations of the direct
+  form (the receipt shows the cost);
+* nearest downscales whose index map is a progression are a strided_slice alone.
+The plan is checked numerically on every output coordinate (float32, as the runtime computes);
+modes no plan matches (cubic, tf_crop_and_resize, antialias, ...) are refused with the reason.
+Bilinear runs on float32 (the runtime's bilinear kernel is float; nncase's own files only use
+nearest on uint8); nearest runs on uint8 (an index copy is exact on the quantized map).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .registry import CPU_F32, CPU_U8, NA, lowering
+from .v4emit import F32, U8, V4Op, main, slice_op
+
+f32 = np.float32
+
+
+@dataclass(frozen=True)
+class AxisPlan:
+    pad: int          # edge pixels added on each side first
+    size: int         # resize_image output size on this axis
+    start: int        # keep outputs start, start + step, ...
+    step: int
+    align: bool = False
+
+    @property
+    def direct(self):
+        return self.pad == 0 and self.start == 0 and self.step == 1
+
+
+def _attrs(g, node):
+    a = node.attrs
+    return (a.get("mode", "nearest"), a.get("coordinate_transformation_mode", "half_pixel"),
+            a.get("nearest_mode", "round_prefer_floor"))
+
+
+def _scales(g, node):
+    """Per-axis ONNX scale (as the operator uses it) of H and W, or None."""
+    x, y = g.shape(node.inputs[0]), g.shape(node.outputs[0])
+    sc = g.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    if sc is not None and np.asarray(sc).size == 4:
+        return [float(v) for v in np.asarray(sc, np.float64)[2:]]
+    return [y[2] / x[2], y[3] / x[3]]
+
+
+def onnx_coords(mode, n, m, scale):
+    """ONNX input coordinate of each output (float64), before clamping."""
+    o = np.arange(m, dtype=np.float64)
+    if mode == "half_pixel":
+        return (o + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (o + 0.5) / scale - 0.5 if m > 1 else np.zeros(m)
+    if mode == "asymmetric":
+        return o / scale
+    if mode == "align_corners":
+        return o * (n - 1) / (m - 1) if m > 1 else np.zeros(m)
+    if mode == "tf_half_pixel_for_nn":
+        return (o + 0.5) / scale
+    if mode == "half_pixel_symmetric":          # opset 19
+        adj = m / (n * scale)
+        return n / 2 * (1 - adj) + (o + 0.5) / scale - 0.5
+    return None
+
+
+def onnx_nearest(mode, nearest, n, m, scale):
+    c = onnx_coords(mode, n, m, scale)
+    if c is None:
+        return None
+    fl = np.floor(c)
+    frac = c - fl
+    if nearest == "floor":
+        idx = fl
+    elif nearest == "ceil":
+        idx = np.ceil(c)
+    elif nearest == "round_prefer_ceil":
+        idx = np.where(frac >= 0.5, fl + 1, fl)
+    else:   # round_prefer_floor
+        idx = np.where(frac > 0.5, fl + 1, fl)
+    return np.clip(idx, 0, n - 1).astype(np.int64)
+
+
+def v4_coords(n, m, align):
+    """What resize_image computes (float32): the sample coordinate of each output."""
+    r = f32(n - 1) / f32(m - 1) if align and m > 1 else f32(n) / f32(m)
+    return np.arange(m, dtype=f32) * r
+
+
+def v4_nearest(n, m):
+    return np.minimum(np.floor(v4_coords(n, m, False)).astype(np.int64), n - 1)
+
+
+def _bilinear_axis(cmode, n, m, scale):
+    """AxisPlan sampling ONNX's clamped coordinates on one axis, or None."""
+    raw = onnx_coords(cmode, n, m, scale)
+    if raw is None:
+        return None
+    want = np.clip(raw, 0, n - 1)
+    tol = 1e-5 * max(n, 1)
+
+    def same(plan):
+        got = v4_coords(n + 2 * plan.pad, plan.size, plan.align)[plan.start::plan.step][:m]
+        got = np.clip(got.astype(np.float64) - plan.pad, 0, n - 1)
+        return got.size == m and np.max(np.abs(got - want)) <= tol
+
+    cands = [AxisPlan(0, m, 0, 1, align) for align in (False, True)]
+    for t in (1, 2, 3, 4):
+        for p in (0, 1):
+            npad = n + 2 * p
+            # solve (t*o + k) * npad / size = a*o + b + p for the affine ONNX map a*o + b
+            a = (raw[-1] - raw[0]) / (m - 1) if m > 1 else 1.0
+            if a <= 0:
+                continue
+            size = t * npad / a
+            if abs(size - round(size)) > 1e-6 or round(size) < 1:
+                continue
+            size = int(round(size))
+            k = (raw[0] + p) * size / npad
+            for kk in {int(np.floor(k)), int(np.ceil(k))}:
+                if kk >= 0 and kk + t * (m - 1) < size:
+                    cands.append(AxisPlan(p, size, kk, t))
+    for plan in cands:
+        if same(plan):
+            return plan
+    return None
+
+
+#: nearest_mode as floor(c + beta) of the ONNX coordinate c (ceil-like modes just below the tie)
+NEAREST_BETA = {"floor": 0.0, "round_prefer_ceil": 0.5, "round_prefer_floor": 0.5 - 1e-7, "ceil": 1 - 1e-7}
+
+
+def _nearest_axis(cmode, nmode, n, m, scale):
+    want = onnx_nearest(cmode, nmode, n, m, scale)
+    raw = onnx_coords(cmode, n, m, scale)
+    if want is None or nmode not in NEAREST_BETA:
+        return None
+    if np.array_equal(v4_nearest(n, m), want):
+        return AxisPlan(0, m, 0, 1)
+    d = np.diff(want)
+    if m > 1 and d[0] >= 1 and np.all(d == d[0]):         # a progression: a strided slice alone
+        return AxisPlan(0, 0, int(want[0]), int(d[0]))
+    a = (raw[-1] - raw[0]) / (m - 1) if m > 1 else 1.0
+    for t in (1, 2, 3, 4):
+        for p in (0, 1):
+            npad = n + 2 * p
+            size = t * npad / a
+            if a <= 0 or abs(size - round(size)) > 1e-6:
+                continue
+            size = int(round(size))
+            k0 = (raw[0] + NEAREST_BETA[nmode] + p) * size / npad
+            for k in sorted({int(np.floor(k0)), int(np.ceil(k0)), int(np.floor(k0)) - 1}):
+                if k < 0 or k + t * (m - 1) >= size:
+                    continue
+                got = np.clip(v4_nearest(npad, size)[k::t][:m] - p, 0, n - 1)
+                if np.array_equal(got, want):
+                    return AxisPlan(p, size, k, t)
+    return None
+
+
+def plan(g, node):
+    """(kind, (AxisPlan h, AxisPlan w)) or the reason there is none."""
+    mode, cmode, nmode = _attrs(g, node)
+    x, y = g.shape(node.inputs[0]), g.shape(node.outputs[0])
+    if len(x) != 4 or tuple(x[:2]) != tuple(y[:2]):
+        return f"Resize of {tuple(x)} -> {tuple(y)}: only the H and W axes of an NCHW map are resized"
+    if node.attrs.get("antialias", 0):
+        return "antialias=1: resize_image has no antialiasing filter"
+    if mode not in ("linear", "nearest"):
+        return f"mode {mode}: resize_image has bilinear and nearest only"
+    if cmode == "tf_crop_and_resize":
+        return "coordinate_transformation_mode tf_crop_and_resize: not expressible with resize_image"
+    sc = _scales(g, node)
+    axes = []
+    for n, m, s in zip(x[2:], y[2:], sc):
+        p = _bilinear_axis(cmode, n, m, s) if mode == "linear" else _nearest_axis(cmode, nmode, n, m, s)
+        if p is None:
+            return (f"{mode} resize {n} -> {m} with coordinate_transformation_mode {cmode}"
+                    + (f", nearest_mode {nmode}" if mode == "nearest" else "")
+                    + ": no resize_image + slice plan samples the ONNX coordinates")
+        axes.append(p)
+    return mode, tuple(axes)
+
+
+def nearest_is_floor(g, node) -> bool:
+    """Does this nearest Resize pick input min(floor(o * in/out), in - 1), what the SDK's v3
+    RESIZE_NEAREST_NEIGHBOR (and v4's nearest resize_image) computes, on both axes?"""
+    mode, cmode, nmode = _attrs(g, node)
+    x, y = g.shape(node.inputs[0]), g.shape(node.outputs[0])
+    for n, m, s in zip(x[2:], y[2:], _scales(g, node)):
+        want = onnx_nearest(cmode, nmode, n, m, s)
+        if want is None or not np.array_equal(v4_nearest(n, m), want):
+            return False
+    return True
+
+
+def bilinear_refuses(g, node, opts):
+    if node.attrs.get("mode", "nearest") == "nearest":
+        return NA
+    p = plan(g, node)
+    return p if isinstance(p, str) else None
+
+
+def nearest_refuses(g, node, opts):
+    if node.attrs.get("mode", "nearest") != "nearest":
+        return NA
+    p = plan(g, node)
+    return p if isinstance(p, str) else None
+
+
+# ---------------------------------------------------------------------------------------------
+def edge_pad(lw, src, shape, dt, ph, pw, row, tag):
+    """(address, shape) of `src` (N, C, H, W) with its edge rows / columns repeated: ph, pw are a
+    count for both sides or (before, after). strided_slices of the border and one concat per padded
+    axis (the concat repeats the border's range; the v4 pad is constant-only)."""
+    cur, cur_shape = src, tuple(shape)
+    esz = 4 if dt == F32 else 1
+    for axis, p in ((2, ph), (3, pw)):
+        before, after = (p, p) if isinstance(p, int) else p
+        if not (before or after):
+            continue
+        size = int(np.prod(cur_shape))
+        edge_shape = list(cur_shape)
+        edge_shape[axis] = 1
+        esize = int(np.prod(edge_shape))
+        ends = {}
+        for side, count in (("first", before), ("last", after)):
+            if not count:
+                continue
+            addr = lw.main.alloc(f"{tag}:edge{axis}{side}", esize * esz)
+            begin, end = [0, 0, 0, 0], list(cur_shape)
+            if side == "first":
+                end[axis] = 1
+            else:
+                begin[axis] = cur_shape[axis] - 1
+            lw.emit_v4(*_op(slice_op(main(dt, cur, size), main(dt, addr, esize), cur_shape, begin, end,
+                                     (1, 1, 1, 1))), row)
+            ends[side] = addr
+        out_shape = list(cur_shape)
+        out_shape[axis] += before + after
+        osize = int(np.prod(out_shape))
+        out = lw.main.alloc(f"{tag}:pad{axis}", osize * esz)
+        outer = int(np.prod(cur_shape[:axis]))
+        inner = int(np.prod(cur_shape[axis + 1:])) * esz
+        ranges = ([main(dt, ends["first"], esize)] * before if before else []) + [main(dt, cur, size)] + \
+            ([main(dt, ends["last"], esize)] * after if after else [])
+        dims = [1] * before + [cur_shape[axis]] + [1] * after
+        lw.emit_v4("concat", dict(output=main(dt, out, osize), inner_size=inner, outer_size=outer,
+                                  inputs_count=len(ranges)), row, data={"inputs": ranges, "dims": dims})
+        for side in ("first", "last"):
+            lw.main.free(f"{tag}:edge{axis}{side}")
+        if cur != src:
+            lw.main.free(f"{tag}:pad2")
+        cur, cur_shape = out, tuple(out_shape)
+    return cur, cur_shape
+
+
+def _op(v: V4Op):
+    return v.name, v.fields
+
+
+def _resize(lw, node, kind):
+    x, out = node.inputs[0], node.outputs[0]
+    mode, (ph, pw) = plan(lw.g, node)
+    c, h, w = lw.shape(x)
+    oc, oh, ow = lw.shape(out)
+    dt = F32 if kind == "bilinear" else U8
+    what = {"bilinear": "bilinear resize_image on float32", "nearest": "nearest resize_image on uint8"}[kind]
+    row = lw.row(node, what, in_shape=(c, h, w), out_shape=(oc, oh, ow))
+    src = lw.need_f32(x, row) if dt == F32 else lw.need_u8(x, row)
+    loc = lw.f32_out(out) if dt == F32 else lw.u8_out(out, lw.locs[x].quant)
+    dst = loc.f32 if dt == F32 else loc.u8
+    tag = out + ":resize"
+    cur, shape = edge_pad(lw, src, (1, c, h, w), dt, ph.pad, pw.pad, row, tag)
+    if ph.pad or pw.pad:
+        row.notes.append(f"input edge-padded by ({ph.pad}, {pw.pad}) (strided_slice + concat)")
+    sizes = (ph.size or shape[2], pw.size or shape[3])     # size 0: no resize on this axis (a slice)
+    direct = ph.direct and pw.direct
+    if sizes == tuple(shape[2:]) and not ph.align and not pw.align:
+        mid, mid_shape = cur, shape
+    else:
+        nmid = c * sizes[0] * sizes[1]
+        mid = dst if direct else lw.main.alloc(tag + ":mid", nmid * (4 if dt == F32 else 1))
+        align = ph.align or pw.align
+        lw.emit_v4("resize_image", dict(input=main(dt, cur, int(np.prod(shape))), output=main(dt, mid, nmid),
+                                        in_shape=shape, out_h=sizes[0], out_w=sizes[1],
+                                        mode=0 if kind == "bilinear" else 1, align_corners=bool(align)), row)
+        mid_shape = (1, c, sizes[0], sizes[1])
+        if not direct:
+            row.notes.append(f"resize_image to {sizes[0]}x{sizes[1]}, then every ({ph.step}, {pw.step})-th "
+                             f"sample from ({ph.start}, {pw.start}): "
+                             f"{sizes[0] * sizes[1] / max(oh * ow, 1):.1f}x the samples of the output")
+    if not direct or mid is not dst:
+        begin = (0, 0, ph.start, pw.start)
+        end = (1, c, ph.start + (oh - 1) * ph.step + 1, pw.start + (ow - 1) * pw.step + 1)
+        lw.emit_v4(*_op(slice_op(main(dt, mid, int(np.prod(mid_shape))), main(dt, dst, c * oh * ow), mid_shape,
+                                 begin, end, (1, 1, ph.step, pw.step))), row)
+    for k in ("mid", "pad2", "pad3"):
+        lw.main.free(f"{tag}:{k}")
+    lw.traced(out, "f32" if dt == F32 else "u8")
+
+
+@lowering("Resize", unit=CPU_F32, check=bilinear_refuses, formats=("v4",), name="resize_bilinear")
+def resize_bilinear(lw, node):
+    _resize(lw, node, "bilinear")
+
+
+@lowering("Resize", unit=CPU_U8, check=nearest_refuses, formats=("v4",), name="resize_nearest_v4")
+def resize_nearest_v4(lw, node):
+    _resize(lw, node, "nearest")
