@@ -188,11 +188,16 @@ def test_unsupported_op_names_node_and_writes_nothing(tmp_path, calib_dir):
     out = tmp_path / "deconv.kmodel"
     out.write_bytes(b"previous")
     with pytest.raises(UnsupportedOpError) as e:
-        convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False))
+        convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False, format="v3"))
     msg = str(e.value)
-    assert "deconv" in msg and "ConvTranspose" in msg and "UpSampling2D" in msg and "strides" in msg
+    assert "deconv" in msg and "ConvTranspose" in msg and "strides" in msg and "needs kmodel v4" in msg
     assert out.read_bytes() == b"previous"
     assert not list(tmp_path.glob(".tmp-*"))
+    with pytest.raises(Tl2k210Error, match=r"kmodel v4 \(needed by node .*deconv.*does not load on 'maixpy-minimum'"):
+        convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False, runtime="maixpy-minimum"))
+    assert out.read_bytes() == b"previous"
+    receipt = convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False))    # --format auto
+    assert kmodel.load(out).version == 4 and "deconv" in receipt.totals["format_why"]
 
 
 def test_kpu_ram_limit_names_layer(tmp_path):
@@ -357,7 +362,10 @@ def test_image_input_feeding_two_convs_is_explained(tmp_path, calib_dir):
     src = tmp_path / "fork.keras"
     keras.Model(x, keras.layers.Add()([a, b])).save(src)
     with pytest.raises(UnsupportedOpError, match="feeds 2 convs.*branch after it"):
-        convert(src, tmp_path / "fork.kmodel", ConvertOptions(dataset=str(calib_dir), progress=False))
+        convert(src, tmp_path / "fork.kmodel", ConvertOptions(dataset=str(calib_dir), progress=False, format="v3"))
+    receipt = convert(src, tmp_path / "fork.kmodel", ConvertOptions(dataset=str(calib_dir), progress=False))
+    assert receipt.totals["format"] == "v4" and "feeds 2 convs" in receipt.totals["format_why"]
+    assert receipt.totals["output_sqnr_db"] > 30
 
 
 def test_separable_tanh_global_max_pool(tmp_path, calib_dir, heldout_dir):

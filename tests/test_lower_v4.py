@@ -192,6 +192,16 @@ def test_resize(name):
     assert "resize_image" in names or "strided_slice" in names
 
 
+def test_resize_in_channel_groups(monkeypatch):
+    """The oversampled temporary of a half_pixel resize is made a few channels at a time."""
+    from tl2k210.k210.lower import v4resize
+    monkeypatch.setattr(v4resize, "MID_BYTES", 3 * 4 * 56 * 56)    # 3 of the 8 channels (14 -> 56 per axis)
+    m = build([N("Resize", ["r", "", "s"], ["y"], mode="linear")], {"s": np.array([1, 1, 2, 2], np.float32)})
+    model, q, rows = check_v4(m)
+    assert [nd.name for nd in model.nodes].count("resize_image") == 3
+    assert "3 channels at a time" in " ".join(next(r for r in rows if r.op == "Resize").notes)
+
+
 def test_resize_refusals_name_the_mode():
     for attrs in (dict(mode="cubic"), dict(mode="linear", coordinate_transformation_mode="tf_crop_and_resize")):
         m = build([N("Resize", ["r", "", "s"], ["y"], name="up", **attrs)], {"s": np.array([1, 1, 2, 2], np.float32)})
@@ -232,7 +242,8 @@ def test_matmul_of_two_activations_and_wide_dense_quantized_matmul():
     nodes = [N("GlobalAveragePool", ["r"], ["p"]), N("Reshape", ["p", "s1"], ["a"]), N("Reshape", ["p", "s2"], ["b"]),
              N("MatMul", ["a", "b"], ["y"])]
     check_v4(build(nodes, {"s1": i64(1, 8, 1), "s2": i64(1, 1, 8)}), opcodes=("matmul",))
-    nodes = [N("Flatten", ["r"], ["f"]), N("Gemm", ["f", "wg", "bg"], ["y"], transB=1)]     # 1152 features > 1024
+    nodes = [N("Flatten", ["r"], ["f"]), N("Gemm", ["f", "wg", "bg"], ["g"], transB=1),    # 1152 features > 1024
+             N("Relu", ["g"], ["y"])]
     model, q, rows = check_v4(build(nodes, {"wg": W(10, 8 * 12 * 12, scale=0.05), "bg": W(10)}),
                               opcodes=("quantized_matmul",))
 
@@ -273,3 +284,114 @@ def test_sixteen_bit_weights_stay_v3():
     g, _ = run_pipeline(from_onnx(m))
     with pytest.raises(UnsupportedOpError, match="8-bit KPU weights only"):
         plan_format(g, Options(weight_bits=16))
+
+
+# ---------------------------------------------------------------------------------------------
+def yolo20_onnx(seed=0):
+    """The network of nncase's 20classes_yolo example, as read from yolo20_v4.kmodel: a 3x3 conv +
+    max pool, then depthwise 3x3 / pointwise 1x1 pairs (5 with a 2x2/2 max pool, one with the
+    2x2/1 pool), 1024 -> 512 -> 125 head; LeakyReLU(0.1) after every conv but the last. Seeded
+    weights (the example's trained ones are not published)."""
+    r = np.random.default_rng(seed)
+    nodes, inits = [], {}
+    x, c = "x", 3
+
+    def conv(out_c, k, dw=False, act=True, pool=None):
+        nonlocal x, c
+        i = len(nodes)
+        w = r.normal(size=(out_c, 1 if dw else c, k, k)) * np.sqrt(2.0 / (k * k * (1 if dw else c)))
+        inits[f"w{i}"], inits[f"b{i}"] = w.astype(np.float32), (r.normal(size=out_c) * 0.1).astype(np.float32)
+        y = f"conv{i}"
+        nodes.append(conv_node(y, x, f"w{i}", f"b{i}", pads=[k // 2] * 4, group=out_c if dw else 1))
+        if act:
+            nodes.append(N("LeakyRelu", [y], [y + "a"], alpha=0.1))
+            y += "a"
+        if pool:
+            nodes.append(N("MaxPool", [y], [y + "p"], kernel_shape=[2, 2], strides=[pool, pool],
+                           pads=[0, 0, 0, 0] if pool == 2 else [0, 0, 1, 1]))
+            y += "p"
+        x, c = y, out_c
+
+    conv(16, 3, pool=2)
+    for oc, pool in ((32, 2), (64, 2), (128, 2), (256, 2), (512, 1)):
+        conv(c, 3, dw=True)
+        conv(oc, 1, pool=pool)
+    conv(512, 3, dw=True)
+    conv(1024, 1)
+    conv(1024, 3, dw=True)
+    conv(512, 1)
+    conv(125, 1, act=False)
+    nodes.append(N("Identity", [x], ["y"]))
+    return make_model(nodes, [("x", [1, 3, 240, 320])], [("y", None)], inits)
+
+
+@pytest.mark.slow
+def test_yolo20_side_by_side_with_nncase(capsys):
+    """Our v4 build of the yolo20 network next to nncase v0.2's yolo20_v4.kmodel: the same layer
+    kinds and shapes, KPU RAM and main memory of the same size."""
+    from front_helpers import need_testdata
+    from tl2k210.k210.inspect import describe, render
+    theirs = kmodel.load(need_testdata("kmodels/yolo20_v4.kmodel"))
+    m = yolo20_onnx()
+    px = pixels(3, 3, 240, 320, seed=5)
+    ours, rows, lw, g = compile_model(m, px, format="v4")
+    data = kmodel.dumps(ours)
+    a, b = describe(theirs, "nncase v0.2 yolo20_v4.kmodel"), describe(ours, "tl2k210 --format v4", len(data))
+    with capsys.disabled():
+        print("\n" + render(a) + "\n\n" + render(b))
+    kinds = lambda info: [(r["type"], r["op"], r["in"], r["out"]) for r in info["layers"]]   # noqa: E731
+    assert kinds(a) == kinds(b)
+    assert b["total_macs"] == a["total_macs"]
+    assert b["peak_kpu_ram"] <= a["peak_kpu_ram"]
+    assert abs(b["main_memory"] - a["main_memory"]) <= 64          # both: uint8 + float32 output
+    assert ours.inputs[0][0] == theirs.inputs[0][0] == 2 and ours.input_shapes == theirs.input_shapes
+    refs, got = run_both(m, ours, px[:1])
+    assert sqnr_db(refs.reshape(-1), got.reshape(-1)) > 20
+
+
+# ---------------------------------------------------------------------------------------------
+# `tl2k210 convert` with --format / --runtime (TF-free: ONNX files, PNG calibration images)
+@pytest.fixture(scope="module")
+def png_dir(tmp_path_factory):
+    from PIL import Image
+    d = tmp_path_factory.mktemp("png")
+    for i, p in enumerate(pixels(6, 3, 48, 64, seed=9)):
+        Image.fromarray(p.transpose(1, 2, 0)).save(d / f"{i}.png")
+    return d
+
+
+def _bilinear_file(tmp_path, h, w, c=8):
+    import onnx
+    m = make_model([conv_node("c", "x", "w0", "b0", pads=[1, 1, 1, 1]), N("Relu", ["c"], ["r"]),
+                    N("Resize", ["r", "", "s"], ["y"], mode="linear", name="upsample")],
+                   [("x", [1, 3, h, w])], [("y", [1, c, 2 * h, 2 * w])],
+                   {"w0": W(c, 3, 3, 3), "b0": W(c), "s": np.array([1, 1, 2, 2], np.float32)})
+    src = tmp_path / "bilinear.onnx"
+    onnx.save(m, src)
+    return src
+
+
+def test_convert_format_flag_and_firmware_table(tmp_path, png_dir, capsys):
+    from tl2k210.cli import main
+    src, out = _bilinear_file(tmp_path, 48, 64), tmp_path / "b.kmodel"
+    assert main(["convert", str(src), str(out), "--dataset", str(png_dir), "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "kmodel v4" in text and "v3 cannot express node 'upsample'" in text and "resize_image" not in text[:0]
+    assert kmodel.load(out).version == 4
+    for fmt, rt, needle in (("v3", "maixpy", "needs kmodel v4"),
+                            ("auto", "maixpy-minimum", "does not load on 'maixpy-minimum'")):
+        dst = tmp_path / f"{fmt}-{rt}.kmodel"
+        assert main(["convert", str(src), str(dst), "--dataset", str(png_dir), "-q", "--format", fmt,
+                     "--runtime", rt]) != 0
+        err = capsys.readouterr().err
+        assert needle in err and "upsample" in err and not dst.exists()
+
+
+def test_v4_over_the_firmware_budget_is_refused_with_its_biggest_buffers(tmp_path, png_dir):
+    from tl2k210.compiler import BudgetError, ConvertOptions, convert
+    src, out = _bilinear_file(tmp_path, 96, 128, c=16), tmp_path / "big.kmodel"
+    with pytest.raises(BudgetError) as e:
+        convert(src, out, ConvertOptions(dataset=str(png_dir), progress=False, runtime="maixpy"))
+    msg = str(e.value)
+    assert "kmodel v4" in msg and "2,097,152 B" in msg and "biggest buffers" in msg and "KiB" in msg
+    assert "Nothing was written" in msg and not out.exists()

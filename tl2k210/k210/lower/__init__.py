@@ -48,13 +48,16 @@ def plan_format(graph, opts: Options | None = None):
             if opts.weight_bits != 8:
                 raise UnsupportedOpError(f"{e3}\n  (kmodel v4 would lower it, but v4 has 8-bit KPU "
                                          "weights only: drop --weight-bits 16)") from None
-            return "v4", (n.name, _first_reason(e3))
+            return "v4", (n.name, _first_reason(n, e3))
     return "v3", None
 
 
-def _first_reason(err) -> str:
+def _first_reason(node, err) -> str:
+    """"<op attrs>: why each v3 alternative does not apply" (or "has no kmodel v3 layer")."""
+    from .registry import describe
     lines = [ln.strip()[2:] for ln in str(err).splitlines()[1:] if ln.strip().startswith("- ")]
-    return "; ".join(ln for ln in lines if "needs kmodel" not in ln) or str(err).splitlines()[0]
+    why = "; ".join(ln for ln in lines if "needs kmodel" not in ln)
+    return f"{describe(node)}: " + (why or "no kmodel v3 layer does this")
 
 
 def lower(graph, ranges, opts: Options | None = None):

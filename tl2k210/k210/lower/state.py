@@ -308,16 +308,19 @@ class Lowering:
         x = g.inputs[0]
         first = self.consumers(x)
         shape = self.shape(x)
-        if len(shape) == 3 and first and all(self.lowered_by(n).startswith("kpu_conv") for n in first):
+        kpu_first = len(shape) == 3 and first and all(self.lowered_by(n).startswith("kpu_conv") for n in first)
+        if kpu_first and not (len(first) > 1 and self.format == "v4"):
             if len(first) > 1:
                 raise UnsupportedOpError(
                     f"the image input {x} feeds {len(first)} convs ({', '.join(n.name for n in first)}); "
                     "the runtime puts the image in KPU RAM once, for the first layer only: start the "
-                    "model with one conv and branch after it")
+                    "model with one conv and branch after it (or use kmodel v4, which can keep the image "
+                    "in main memory and upload it for each conv)")
             self.locs[x] = Loc(shape)
             self.pixel_input = x
         elif len(shape) == 3 and self.format == "v4":
-            # kmodel v4 runs a CPU op first: the camera image in main memory, as uint8 pixels
+            # kmodel v4 runs a CPU op first, or several convs read the image: the camera image in
+            # main memory, as uint8 pixels (uploaded to KPU RAM for each conv that reads it)
             self.locs[x] = Loc(shape, pixels=self.alloc(x, "pixels", int(np.prod(shape))))
             self.pixel_main = x
         elif len(shape) == 1 or (len(shape) == 3 and shape[1:] == (1, 1)) or self.format == "v4":

@@ -357,6 +357,17 @@ def _dense_weights(g, node):
     return W, bias
 
 
+def _feeds_output(g, t):
+    """Is t a model output, or relabelled into one (Flatten/Reshape/Squeeze/Identity)?"""
+    while True:
+        if t in g.outputs:
+            return True
+        cons = g.consumers(t)
+        if len(cons) != 1 or cons[0].op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity"):
+            return False
+        t = cons[0].outputs[0]
+
+
 def qmatmul_refuses(g, node, opts):
     wb = _dense_weights(g, node)
     if wb is None:
@@ -365,6 +376,8 @@ def qmatmul_refuses(g, node, opts):
         return f"activation {node.attrs['activation']['op']} after a uint8 matmul"
     if source_unit(g, node.inputs[0], opts) in ("input", CPU_F32):
         return "its input is float: the float layer avoids a quantize"
+    if _feeds_output(g, node.outputs[0]):
+        return "it computes a model output: the float layer keeps it unclipped and exact"
     if weight_sqnr(wb[0]) < WEIGHT_SQNR_MIN:
         return f"per-layer uint8 weights keep only {weight_sqnr(wb[0]):.1f} dB of the weights"
     return None

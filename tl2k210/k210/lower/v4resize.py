@@ -30,6 +30,7 @@ from .registry import CPU_F32, CPU_U8, NA, lowering
 from .v4emit import F32, U8, V4Op, main, slice_op
 
 f32 = np.float32
+MID_BYTES = 65_536         # the oversampled temporary is made for this many bytes of channels at a time
 
 
 @dataclass(frozen=True)
@@ -291,25 +292,35 @@ def _resize(lw, node, kind):
         row.notes.append(f"input edge-padded by ({ph.pad}, {pw.pad}) (strided_slice + concat)")
     sizes = (ph.size or shape[2], pw.size or shape[3])     # size 0: no resize on this axis (a slice)
     direct = ph.direct and pw.direct
-    if sizes == tuple(shape[2:]) and not ph.align and not pw.align:
-        mid, mid_shape = cur, shape
+    align = ph.align or pw.align
+    esz = 4 if dt == F32 else 1
+    hw_in = shape[2] * shape[3]
+    begin, strides = (0, 0, ph.start, pw.start), (1, 1, ph.step, pw.step)
+
+    def pick(src_addr, g, mid_shape, at):
+        end = (1, g, ph.start + (oh - 1) * ph.step + 1, pw.start + (ow - 1) * pw.step + 1)
+        lw.emit_v4(*_op(slice_op(main(dt, src_addr, int(np.prod(mid_shape))), main(dt, dst + at * esz, g * oh * ow),
+                                 mid_shape, begin, end, strides)), row)
+
+    if sizes == tuple(shape[2:]) and not align:               # slices only
+        pick(cur, c, shape, 0)
     else:
-        nmid = c * sizes[0] * sizes[1]
-        mid = dst if direct else lw.main.alloc(tag + ":mid", nmid * (4 if dt == F32 else 1))
-        align = ph.align or pw.align
-        lw.emit_v4("resize_image", dict(input=main(dt, cur, int(np.prod(shape))), output=main(dt, mid, nmid),
-                                        in_shape=shape, out_h=sizes[0], out_w=sizes[1],
-                                        mode=0 if kind == "bilinear" else 1, align_corners=bool(align)), row)
-        mid_shape = (1, c, sizes[0], sizes[1])
+        per_c = sizes[0] * sizes[1] * esz
+        group = c if direct else max(1, min(c, MID_BYTES // per_c))   # channel groups bound the temporary
+        mid = None if direct else lw.main.alloc(tag + ":mid", group * per_c)
+        for c0 in range(0, c, group):
+            g = min(group, c - c0)
+            out_addr = dst + c0 * oh * ow * esz if direct else mid
+            lw.emit_v4("resize_image", dict(input=main(dt, cur + c0 * hw_in * esz, g * hw_in),
+                                            output=main(dt, out_addr, g * sizes[0] * sizes[1]),
+                                            in_shape=(1, g) + tuple(shape[2:]), out_h=sizes[0], out_w=sizes[1],
+                                            mode=0 if kind == "bilinear" else 1, align_corners=bool(align)), row)
+            if not direct:
+                pick(mid, g, (1, g, sizes[0], sizes[1]), c0 * oh * ow)
         if not direct:
             row.notes.append(f"resize_image to {sizes[0]}x{sizes[1]}, then every ({ph.step}, {pw.step})-th "
-                             f"sample from ({ph.start}, {pw.start}): "
-                             f"{sizes[0] * sizes[1] / max(oh * ow, 1):.1f}x the samples of the output")
-    if not direct or mid is not dst:
-        begin = (0, 0, ph.start, pw.start)
-        end = (1, c, ph.start + (oh - 1) * ph.step + 1, pw.start + (ow - 1) * pw.step + 1)
-        lw.emit_v4(*_op(slice_op(main(dt, mid, int(np.prod(mid_shape))), main(dt, dst, c * oh * ow), mid_shape,
-                                 begin, end, (1, 1, ph.step, pw.step))), row)
+                             f"sample from ({ph.start}, {pw.start}): {sizes[0] * sizes[1] / max(oh * ow, 1):.1f}x "
+                             "the samples of the output" + (f", {group} channels at a time" if group < c else ""))
     for k in ("mid", "pad2", "pad3"):
         lw.main.free(f"{tag}:{k}")
     lw.traced(out, "f32" if dt == F32 else "u8")

@@ -1,0 +1,95 @@
+"""Keras models kmodel v3 cannot express, converted with the default `--format auto` (-> v4) and
+compared with the float model on held-out photo crops (the README table's rows)."""
+import numpy as np
+import pytest
+
+from tl2k210.k210 import kmodel
+
+tf = pytest.importorskip("tensorflow")
+pytest.importorskip("onnxruntime")
+from test_compiler import calib_dir, heldout_dir  # noqa: E402,F401  (shared fixtures)
+from tl2k210.compiler import ConvertOptions, convert  # noqa: E402
+from tl2k210.compiler_cli import compare  # noqa: E402
+
+
+def _bilinear():
+    """Segmentation-style decoder: bilinear UpSampling2D (TF2: half_pixel)."""
+    L = tf.keras.layers
+    x = tf.keras.Input((32, 32, 3))
+    a = L.Conv2D(16, 3, padding="same", activation="relu")(x)
+    b = L.Conv2D(32, 3, strides=2, padding="same", activation="relu")(a)
+    u = L.UpSampling2D(2, interpolation="bilinear")(b)
+    return x, L.Conv2D(4, 3, padding="same")(L.Concatenate()([u, a]))
+
+
+def _cpu_convs():
+    """Kernels the KPU has not: 5x5 on the image (DonkeyCar, LeNet), a dilated 3x3, a 7x1."""
+    L = tf.keras.layers
+    x = tf.keras.Input((32, 32, 3))
+    a = L.Conv2D(12, 5, strides=2, activation="relu")(x)
+    b = L.Conv2D(16, 3, dilation_rate=2, padding="same", activation="relu")(a)
+    c = L.Conv2D(8, (7, 1), padding="same")(b)
+    return x, L.Dense(10)(L.Flatten()(c))
+
+
+def _se_block():
+    """Squeeze-and-excitation: a per-channel attention scale multiplied into the map."""
+    L = tf.keras.layers
+    x = tf.keras.Input((32, 32, 3))
+    a = L.Conv2D(32, 3, padding="same", activation="relu")(x)
+    s = L.GlobalAveragePooling2D()(a)
+    s = L.Dense(8, activation="relu")(s)
+    s = L.Dense(32, activation="sigmoid")(s)
+    y = L.Multiply()([a, L.Reshape((1, 1, 32))(s)])
+    return x, L.Conv2D(8, 3, padding="same")(y)
+
+
+def _mean_max():
+    """CBAM spatial attention: mean and max over the channels, a 7x7 conv, a sigmoid gate."""
+    L = tf.keras.layers
+    x = tf.keras.Input((32, 32, 3))
+    a = L.Conv2D(16, 3, padding="same", activation="relu")(x)
+    mean = L.Lambda(lambda t: tf.reduce_mean(t, axis=-1, keepdims=True))(a)
+    mx = L.Lambda(lambda t: tf.reduce_max(t, axis=-1, keepdims=True))(a)
+    g = L.Conv2D(1, 7, padding="same", activation="sigmoid")(L.Concatenate()([mean, mx]))
+    return x, L.Conv2D(8, 3, padding="same")(L.Multiply()([a, g]))
+
+
+def _channel_split():
+    """ShuffleNet-v2-style unit: the channels split in two, one half convolved, concatenated back."""
+    L = tf.keras.layers
+    x = tf.keras.Input((32, 32, 3))
+    a = L.Conv2D(16, 3, padding="same", activation="relu")(x)
+    left, right = L.Lambda(lambda t: tf.split(t, 2, axis=-1))(a)
+    r = L.Conv2D(8, 3, padding="same", activation="relu")(right)
+    return x, L.Conv2D(8, 1)(L.Concatenate()([left, r]))
+
+
+MODELS = {"bilinear upsampling": (_bilinear, "resize_image"),
+          "CPU convs (5x5, dilated, 7x1)": (_cpu_convs, "quantized_conv2d"),
+          "SE block (Mul)": (_se_block, "quantized_binary"),
+          "Mean/ReduceMax over channels": (_mean_max, "reduce"),
+          "channel Split": (_channel_split, "strided_slice")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
+def test_model_needing_v4_converts_with_format_auto(name, tmp_path, calib_dir, heldout_dir):  # noqa: F811
+    build, opcode = MODELS[name]
+    tf.keras.utils.set_random_seed(3)
+    x, y = build()
+    import onnx
+    from tl2k210.frontends import load_model
+    src = tmp_path / "m.onnx"            # through ONNX: a .keras file cannot hold the Lambda layers
+    onnx.save(load_model(tf.keras.Model(x, y)), src)
+    out = tmp_path / "m.kmodel"
+    receipt = convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False))
+    m = kmodel.load(out)
+    assert m.version == 4 and receipt.totals["format"] == "v4"
+    assert "v3 cannot express" in receipt.totals["format_why"]
+    assert opcode in [n.name for n in m.nodes]
+    rep = compare(str(src), str(out), str(heldout_dir))
+    sq = list(rep["outputs"].values())[0]["sqnr_db"]
+    print(f"| {name} | {len(m.nodes)} nodes ({sum(n.conv is not None for n in m.nodes)} KPU) | "
+          f"{receipt.file_size:,} B | {receipt.main_memory:,} B | {receipt.latency_ms:.2f} ms | {sq:.1f} dB |")
+    assert sq > 25
