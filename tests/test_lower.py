@@ -200,13 +200,20 @@ def test_wide_maps_stream_in_row_bands():
     output channel (channel_byte_num, spec §2.5.5), so such a layer runs in row bands; the
     first layer cannot (MaixPy feeds it the whole image) and is refused with the reason."""
     with pytest.raises(KpuLimitError, match="65,536 pixels per channel.*first layer"):
-        compile_model(_wide(240, 320, 1), pixels(2, 3, 240, 320))
+        compile_model(_wide(240, 320, 1), pixels(2, 3, 240, 320), format="v3")
     with pytest.raises(UnsupportedOpError, match="640x480"):   # wider than the KPU's 512 pixels
-        compile_model(_wide(480, 640, 2), pixels(2, 3, 480, 640))
+        compile_model(_wide(480, 640, 2), pixels(2, 3, 480, 640), format="v3")
     m = _wide(480, 320, 2)       # 320x480 image, stride 2: the 240-row map after it is fine
     px = pixels(2, 3, 480, 320)
     with pytest.raises(UnsupportedOpError, match="H <= 256"):   # the image itself is too tall
-        compile_model(m, px)
+        compile_model(m, px, format="v3")
+    # kmodel v4 (--format auto) keeps the image in main memory: the first layer runs in uploaded
+    # row bands; an image the KPU cannot read at all is convolved on the CPU
+    model, rows, lw, _ = compile_model(_wide(240, 320, 1), pixels(2, 3, 240, 320))
+    assert model.version == 4 and model.inputs[0][0] == 1 and "first layer" in lw.forced_by[1]
+    assert sqnr(_wide(240, 320, 1), model, pixels(2, 3, 240, 320)) > 30
+    model, rows, lw, _ = compile_model(m, px)
+    assert model.version == 4 and rows[0].lowering == "quantized_conv2d"
     model, rows, _, _ = compile_model(_wide(240, 320, 2), pixels(2, 3, 240, 320))  # 160x120 maps
     assert not any("row bands" in nt for r in rows for nt in r.notes)
     rng = np.random.default_rng(5)

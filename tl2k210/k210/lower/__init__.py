@@ -63,17 +63,20 @@ def _first_reason(node, err) -> str:
 def lower(graph, ranges, opts: Options | None = None):
     """Returns (KModelV3 or KModelV4, receipt rows, trace map {tensor: (layer/node index, kind)},
     lowering). With format "auto", a v3 plan that fails on a whole-model rule (what the v3
-    runtimes need of the first layer) is redone as v4."""
+    runtimes need of the first layer: a KPU conv reading the whole image) is redone as v4."""
     opts = opts or Options()
     fmt, forced = plan_format(graph, opts)
     lw = Lowering(graph, ranges, dataclasses.replace(opts, format=fmt))
     try:
         model = lw.run()
-    except UnsupportedOpError as e:
+    except (UnsupportedOpError, KpuLimitError) as e:
         if opts.format != "auto" or fmt != "v3" or opts.weight_bits != 8:
             raise
-        lw = Lowering(graph, ranges, dataclasses.replace(opts, format="v4"))
-        model = lw.run()
+        try:         # what only v3's whole-model rules refuse (the first layer reads the whole image)
+            lw = Lowering(graph, ranges, dataclasses.replace(opts, format="v4"))
+            model = lw.run()
+        except (UnsupportedOpError, KpuLimitError):
+            raise e from None
         forced = (None, str(e).splitlines()[0])
     lw.forced_by = forced
     return model, lw.rows, lw.trace_map, lw

@@ -231,7 +231,7 @@ def plan_for(lw, node) -> Plan:
                f"({ci // geo.groups}->{co // geo.groups} channels each), est. {cyc:,} cycles"
                + ("" if q == geo.groups else f" (the cheapest aligned split; one dense layer: {dense:,})"))
     lines_in = hw.map_lines(ci, h, w)
-    first = node.inputs[0] == lw.g.inputs[0]
+    first = node.inputs[0] == lw.g.inputs[0] and lw.format != "v4"   # v4 can keep the image in main memory
     fits = lines_in + hw.map_lines(co, ph, pw) <= cap
     wide = ph * pw > kpu.STREAM_PIXELS and (geo.post or not fits or needs_main(lw, node.outputs[0]))
     if wide and first:
@@ -313,7 +313,7 @@ def _band_plan(lw, node, geo, cap, units, reason):
     ci, h, w = geo.in_shape
     co, ph, pw = geo.kpu_out
     F = _final_h(geo)
-    if node.inputs[0] == lw.g.inputs[0]:
+    if node.inputs[0] == lw.g.inputs[0] and lw.format != "v4":
         raise KpuLimitError(f"node {node.name!r}: the {ci}x{h}x{w} input image and one output channel "
                             f"do not fit the KPU RAM; the first layer cannot run in row bands (MaixPy "
                             "feeds the whole image to it): use a smaller input")

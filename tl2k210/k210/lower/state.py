@@ -213,12 +213,7 @@ class Lowering:
         if loc.u8 is not None:
             return loc.u8
         if loc.pixels is not None and loc.f32 is None:
-            from .v4emit import pixel_quant
-            q = pixel_quant(self.opts, loc.shape[0])
-            if q is not None:                 # the pixels are already this tensor's uint8 form
-                loc.u8, loc.quant = loc.pixels, q
-                return loc.u8
-            self.need_f32(t, row)
+            self.need_f32(t, row)          # per-channel preprocessing: float, then this tensor's range
         if loc.f32 is not None:
             if loc.quant is None:
                 loc.quant = self.quant_of(t)
@@ -298,6 +293,11 @@ class Lowering:
                                f"failed ({type(exc).__name__}: {exc}); nothing was written. Please report "
                                "this model; a smaller or differently shaped layer may convert") from exc
 
+    def _image_fits(self, node):
+        """Does the first KPU conv read the whole image from KPU RAM (one band)?"""
+        from .conv import plan_for
+        return self.lowered_by(node) != "kpu_conv" or plan_for(self, node).in_resident
+
     # ------------------------------------------------------------------ entry
     def run(self):
         g = self.g
@@ -309,7 +309,9 @@ class Lowering:
         first = self.consumers(x)
         shape = self.shape(x)
         kpu_first = len(shape) == 3 and first and all(self.lowered_by(n).startswith("kpu_conv") for n in first)
-        if kpu_first and not (len(first) > 1 and self.format == "v4"):
+        if kpu_first and self.format == "v4" and (len(first) > 1 or not self._image_fits(first[0])):
+            kpu_first = False      # v4: the image stays in main memory, uploaded where convs read it
+        if kpu_first:
             if len(first) > 1:
                 raise UnsupportedOpError(
                     f"the image input {x} feeds {len(first)} convs ({', '.join(n.name for n in first)}); "
@@ -321,7 +323,11 @@ class Lowering:
         elif len(shape) == 3 and self.format == "v4":
             # kmodel v4 runs a CPU op first, or several convs read the image: the camera image in
             # main memory, as uint8 pixels (uploaded to KPU RAM for each conv that reads it)
-            self.locs[x] = Loc(shape, pixels=self.alloc(x, "pixels", int(np.prod(shape))))
+            from .v4emit import pixel_quant
+            loc = self.locs[x] = Loc(shape, pixels=self.alloc(x, "pixels", int(np.prod(shape))))
+            q = pixel_quant(self.opts, shape[0])
+            if q is not None:          # the pixels are the input's uint8 form (one affine map, integer zp)
+                loc.u8, loc.quant = loc.pixels, q
             self.pixel_main = x
         elif len(shape) == 1 or (len(shape) == 3 and shape[1:] == (1, 1)) or self.format == "v4":
             self.locs[x] = Loc(shape, f32=self.alloc(x, "f32", 4 * int(np.prod(shape))))

@@ -488,8 +488,8 @@ def assemble(lw, outs):
         last.append(len(nodes) - 1)
     for r in lw.rows:
         r.layers = [j for i in r.layers for j in spans[i]]
-    for t, (i, kind) in list(lw.trace_map.items()):
-        lw.trace_map[t] = (last[i], kind)
+    for t, (i, kind) in list(lw.trace_map.items()):     # an index, or a tuple of them (tiles)
+        lw.trace_map[t] = (tuple(last[j] for j in i) if isinstance(i, (tuple, list)) else last[i], kind)
     rng, shape = _input(lw, nodes)
     outputs = [main(F32, addr, size // 4) for addr, size in outs]
     model = KModelV4(nodes, [rng], [shape], outputs, base + scratch.high, bytes(consts.blob), target=1)
