@@ -395,3 +395,17 @@ def test_v4_over_the_firmware_budget_is_refused_with_its_biggest_buffers(tmp_pat
     msg = str(e.value)
     assert "kmodel v4" in msg and "2,097,152 B" in msg and "biggest buffers" in msg and "KiB" in msg
     assert "Nothing was written" in msg and not out.exists()
+
+
+def test_every_v4_opcode_has_a_cost_with_its_basis():
+    """cost.py prices every opcode of spec §4.3 (one table, shared with the host MaixPy's clock)."""
+    from tl2k210.k210 import cost
+    from tl2k210.k210.kmodel.v4 import OPCODES
+    assert {o.name for o in OPCODES.values()} - {"kpu_conv2d"} <= set(cost._V4)
+    m = build([conv_node("c5", "r", "w1", "b1", pads=[2, 2, 2, 2]), N("Resize", ["c5", "", "s"], ["y"], mode="linear")],
+              {"w1": W(4, 8, 5, 5), "b1": W(4), "s": np.array([1, 1, 2, 2], np.float32)})
+    model, rows, lw, g = compile_model(m, PX, format="v4")
+    est = cost.estimate(model)
+    assert not est.unknown and all(r[3] > 0 and r[4] for r in est.rows)
+    qconv = next(r for r in est.rows if r[1] == "quantized_conv2d")
+    assert qconv[3] == cost.CPU_CYCLES["qmac"] * 4 * 12 * 12 * 8 * 25 and "uint8 MACs" in qconv[4]

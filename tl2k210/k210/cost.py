@@ -20,8 +20,9 @@ by us on silicon):
   CPU_CYCLES below (loads + FPU latency of an in-order core, no SIMD). Not calibrated against a
   board: the known error is about a factor of 2 (nncase #148's 30 ms -> 200 ms when MobileNetV2's
   residual adds leave the KPU shows how much CPU layers can cost).
-* Unknown opaque opcodes (v4 cpu_* bodies the spec does not describe) count 0 with basis
-  "unknown" - the estimate is then a lower bound and says so.
+* The NHWC cpu_* opcodes (nncase v0.2 runtime/cpu) cost what their NCHW neutral twins cost
+  (the same loops over another memory order). An opcode without a cost function counts 0 with
+  basis "unknown" - the estimate is then a lower bound and says so.
 """
 from __future__ import annotations
 
@@ -186,6 +187,33 @@ def _v4_qconv(f, d):
     return CPU_CYCLES["qmac"] * _conv_macs(f, f["out_channels"]), "uint8 MACs on the CPU"
 
 
+def _nhwc_conv_macs(f, oc, per_group_ic):
+    n, h, w, _ = f["in_shape"]
+    oh = (h + sum(f["padding_h"]) - f["dilation_h"] * (f["filter_h"] - 1) - 1) // max(1, f["stride_h"]) + 1
+    ow = (w + sum(f["padding_w"]) - f["dilation_w"] * (f["filter_w"] - 1) - 1) // max(1, f["stride_w"]) + 1
+    return max(0, n * oh * ow * oc * per_group_ic * f["filter_h"] * f["filter_w"])
+
+
+@_v4("cpu_conv2d")
+def _v4_cpu_conv(f, d):
+    return CPU_CYCLES["fmac"] * _nhwc_conv_macs(f, f["out_channels"], f["in_shape"][3]), "float MACs on the CPU"
+
+
+@_v4("cpu_depthwise_conv2d")
+def _v4_cpu_dwconv(f, d):
+    return CPU_CYCLES["fmac"] * _nhwc_conv_macs(f, f["in_shape"][3], 1), "float MACs on the CPU"
+
+
+@_v4("cpu_quantized_conv2d")
+def _v4_cpu_qconv(f, d):
+    return CPU_CYCLES["qmac"] * _nhwc_conv_macs(f, f["out_channels"], f["in_shape"][3]), "uint8 MACs on the CPU"
+
+
+@_v4("cpu_quantized_depthwise_conv2d")
+def _v4_cpu_qdwconv(f, d):
+    return CPU_CYCLES["qmac"] * _nhwc_conv_macs(f, f["in_shape"][3], 1), "uint8 MACs on the CPU"
+
+
 @_v4("conv2d_transpose")
 def _v4_convt(f, d):
     n, ic, h, w = f["in_shape"]
@@ -219,7 +247,7 @@ def _v4_reduce(f, d):
     return CPU_CYCLES["window"] * _prod(f["in_shape"]), "input elements"
 
 
-@_v4("reduce_window2d")
+@_v4("reduce_window2d", "cpu_reduce_window2d")
 def _v4_reduce_window(f, d):
     return (CPU_CYCLES["window"] * _elems(f["output"]) * f["filter_h"] * f["filter_w"],
             "output elements x window")
