@@ -436,8 +436,11 @@ def test_difference_of_two_maps_and_v4_only_binary_ops():
         m = make_model(nodes, [("x", [1, 3, 16, 16])], [("y", None)], inits)
         px = pixels(4, 3, 16, 16)
         if op == "Mul":
-            with pytest.raises(UnsupportedOpError, match=r"(?s)'both'.*binary mul of two tensors: needs `--format v4`"):
-                compile_model(m, px)
+            with pytest.raises(UnsupportedOpError, match=r"(?s)'both'.*quantized_binary.*needs kmodel v4"):
+                compile_model(m, px, format="v3")
+            model, rows, _, _ = compile_model(m, px)         # --format auto: kmodel v4
+            assert model.version == 4 and "quantized_binary" in [nd.name for nd in model.nodes]
+            assert sqnr(m, model, px) > 25
             continue
         model, rows, _, _ = compile_model(m, px)
         assert "QUANTIZED_ADD" in [L.name for L in model.layers]

@@ -39,10 +39,13 @@ def _conv_refuses_common(g, node):
 
 
 def weight_sqnr(W) -> float:
+    """SQNR (dB) of per-layer uint8 weights, for the output channel they serve worst (one large
+    channel must not hide the ones rounded to nothing)."""
     W = np.asarray(W, np.float64)
     s, z = fx.qparams(W.min(), W.max())
-    q = np.clip(np.rint(W / s + z), 0, 255)
-    return sqnr_db(W.reshape(-1), ((q - z) * s).reshape(-1))
+    q = (np.clip(np.rint(W / s + z), 0, 255) - z) * s
+    per = [sqnr_db(W[o].reshape(-1), q[o].reshape(-1)) for o in range(W.shape[0]) if np.any(W[o])]
+    return float(min(per)) if per else float("inf")
 
 
 def qconv_refuses(g, node, opts):

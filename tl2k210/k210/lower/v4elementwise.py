@@ -179,9 +179,10 @@ def nnil_ops(g, node, head: bool):
 
 
 UNARY_OPS = ("Exp", "Log", "Abs", "Neg", "Sqrt", "Reciprocal", "Sin", "Cos", "Floor", "Ceil", "Round",
-             "Sign", "Erf", "Softplus", "Softsign", "Elu", "Selu", "Celu", "ThresholdedRelu", "Mish",
-             "Gelu", "Pow")
-ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Tanh", "HardSigmoid", "HardSwish", "Sigmoid")
+             "Sign", "Erf", "Softsign", "Celu", "ThresholdedRelu", "Gelu", "Pow")
+#: activations cpu.py tables (both formats): here only their float form
+ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Tanh", "HardSigmoid", "HardSwish", "Sigmoid", "Elu", "Selu",
+               "Softplus", "Mish")
 
 
 def _float_source(g, t, opts):
