@@ -13,7 +13,7 @@ from tl2k210.k210.emulator import Emulator
 
 tf = pytest.importorskip("tensorflow")
 pytest.importorskip("onnxruntime")
-from tl2k210.compiler import ConvertOptions, convert  # noqa: E402
+from tl2k210.compiler import BudgetError, ConvertOptions, convert  # noqa: E402
 from tl2k210.compiler_cli import compare  # noqa: E402
 
 CALIB = ["astronaut", "coffee", "chelsea", "rocket", "camera", "brick", "grass", "gravel",
@@ -209,9 +209,15 @@ def test_kpu_ram_limit_names_layer(tmp_path):
     keras.Model(x, y).save(src)
     np.save(tmp_path / "x.npy", np.random.default_rng(0).random((2, 3, 240, 320), np.float32))
     with pytest.raises(KpuLimitError) as e:
-        convert(src, tmp_path / "big.kmodel", ConvertOptions(dataset=str(tmp_path / "x.npy"), progress=False))
+        convert(src, tmp_path / "big.kmodel", ConvertOptions(dataset=str(tmp_path / "x.npy"), progress=False,
+                                                             format="v3"))
     msg = str(e.value)   # the first layer cannot be banded, and a streamed channel holds <= 65,536 pixels
     assert "wide_1" in msg and "4,915,200 B" in msg and "65,536 pixels" in msg and "first layer" in msg
+    # --format auto: kmodel v4 could band it from main memory, but the maps need ~30 MB of it
+    with pytest.raises(BudgetError) as e:
+        convert(src, tmp_path / "big.kmodel", ConvertOptions(dataset=str(tmp_path / "x.npy"), progress=False))
+    msg = str(e.value)
+    assert "kmodel v3:" in msg and "first layer" in msg and "kmodel v4 would run it" in msg and "main memory" in msg
     assert not (tmp_path / "big.kmodel").exists()
 
 

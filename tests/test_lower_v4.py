@@ -412,3 +412,41 @@ def test_every_v4_opcode_has_a_cost_with_its_basis():
     assert not est.unknown and all(r[3] > 0 and r[4] for r in est.rows)
     qconv = next(r for r in est.rows if r[1] == "quantized_conv2d")
     assert qconv[3] == cost.CPU_CYCLES["qmac"] * 4 * 12 * 12 * 8 * 7 and "uint8 MACs" in qconv[4]
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("Exp", {}), ("Log", {}), ("Abs", {}), ("Neg", {}), ("Sqrt", {}), ("Reciprocal", {}), ("Sin", {}),
+    ("Cos", {}), ("Floor", {}), ("Ceil", {}), ("Relu", {}), ("LeakyRelu", {"alpha": 0.1}), ("Sigmoid", {}),
+    ("Tanh", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("HardSwish", {}), ("Softplus", {}),
+    ("Softsign", {}), ("Elu", {"alpha": 0.7}), ("Selu", {}), ("Mish", {}), ("Swish", {})])
+def test_nnil_programs_compute_the_op(op, attrs):
+    """Each op's NNIL program (the chain head form and the in-chain form) against the op's float
+    function, run by the reference stack machine."""
+    from tl2k210.graph import Graph, Node, Tensor
+    from tl2k210.k210.lower.v4elementwise import nnil_ops, unary_function
+    from tl2k210.k210.lower.v4emit import nnil_code
+    g = Graph(["x"], ["y"], [], {"x": Tensor("x", (1, 64))})
+    node = Node(op, ["x"], ["y"], attrs, "n")
+    x = np.linspace(0.05 if op in ("Log", "Sqrt", "Reciprocal") else -6, 6, 64)
+    want = unary_function(g, node)(x)
+    for head in (True, False):
+        code = nnil_ops(g, node, head)
+        if code is None:
+            assert not head and op == "Reciprocal"
+            continue
+        if "lda_0" not in code:
+            code = ["lda_0"] + code
+        got = ref.nnil(nnil_code(*code, "ret"), x.astype(np.float32))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{op} head={head}")
+
+
+def test_main_memory_reuses_dead_buffers():
+    """First-fit with lifetimes: a chain of CPU ops needs far less main memory than its buffers."""
+    nodes, prev = [], "r"
+    for i in range(8):
+        nodes.append(N(("Exp", "Softsign")[i % 2], [prev], [f"t{i}"]))
+        prev = f"t{i}"
+    nodes.append(N("Pad", [prev, "pp"], ["y"]))
+    model, q, rows = check_v4(build(nodes, {"pp": i64(0, 0, 1, 0, 0, 0, 0, 1)}), min_sqnr=20)
+    written = sum(nd.fields["output"][3] for nd in model.nodes if "output" in nd.fields and nd.fields["output"][0] == 1)
+    assert model.main_mem <= written / 2, (model.main_mem, written)

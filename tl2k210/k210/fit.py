@@ -64,7 +64,9 @@ def check_budget(model, nbytes: int, runtime: str, lw=None, rows=()):
             bufs = sorted(bufs + [(lw.v4_scratch, "v4 layer temporaries")], reverse=True)[:3]
     bigger = [n for n, r in firmware.RUNTIMES.items() if r.model_budget >= need
               and model.version in r.kmodel_versions]
+    v3 = getattr(lw, "v3_error", None)       # auto fell back to v4 after v3's whole-model refusal
     raise BudgetError(
+        (f"kmodel v3: {v3}\nkmodel v4 would run it, but: " if v3 is not None else "") +
         f"kmodel v{model.version} {nbytes:,} B + main memory {main:,} B = {need:,} B exceeds what "
         f"'{runtime}' firmware leaves for model + main memory ({rt.model_budget:,} B)"
         + (f"; biggest weights: {', '.join(f'{n} {_kb(b)}' for b, n in weights)}" if weights else "")

@@ -78,5 +78,6 @@ def lower(graph, ranges, opts: Options | None = None):
         except (UnsupportedOpError, KpuLimitError):
             raise e from None
         forced = (None, str(e).splitlines()[0])
+        lw.v3_error = e
     lw.forced_by = forced
     return model, lw.rows, lw.trace_map, lw

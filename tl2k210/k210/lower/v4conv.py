@@ -251,11 +251,8 @@ def float_conv(lw, node):
 
 # ---------------------------------------------------------------------------------------------
 def convt_refuses(g, node, opts):
-    a = node.attrs
     if len(g.shape(node.inputs[0])) != 4 or g.const(node.inputs[1]) is None:
         return "only 2-D ConvTranspose with constant weights"
-    if a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") and "output_shape" not in a:
-        pass
     return None
 
 

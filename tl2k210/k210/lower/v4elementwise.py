@@ -84,6 +84,7 @@ def unary_function(g, node):
         "LeakyRelu": lambda x: np.where(x >= 0, x, _attr(node, "alpha", 0.01) * x),
         "HardSigmoid": lambda x: np.clip(_attr(node, "alpha", 0.2) * x + _attr(node, "beta", 0.5), 0, 1),
         "HardSwish": lambda x: x * np.clip(x / 6 + 0.5, 0, 1),
+        "Swish": lambda x: x / (1 + np.exp(-x)),          # an IR activation (x * sigmoid(x))
     }
     if op == "Clip":
         lo, hi = c.get(1), c.get(2)
@@ -135,6 +136,9 @@ def nnil_ops(g, node, head: bool):
         return [_attr(node, "alpha", 0.2), "mul", _attr(node, "beta", 0.5), "add", 0.0, 1.0, "clamp"]
     if op == "HardSwish":
         return ["dup", 1 / 6, "mul", 0.5, "add", 0.0, 1.0, "clamp", "mul"]
+    if op == "Swish":
+        return (["lda_0", 1.0, "lda_0", "neg", "exp", 1.0, "add", "div", "mul"] if head else
+                ["dup"] + _sigmoid_tail() + ["mul"])
     if op == "Softplus":
         return ["exp", 1.0, "add", "log"]
     if op == "Softsign":

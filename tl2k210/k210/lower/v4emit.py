@@ -208,8 +208,8 @@ def _qadd(layer, ctx):
     f = layer.fields
     n = _count(f)
     s = (1, 1, 1, n)
-    if f["in_a_shift"] != f["in_b_shift"] and 0 in (f["in_a_shift"], f["in_b_shift"]):
-        pass   # v4 shifts each input on its own: the same for the shifts the lowering writes (0)
+    # v3 shifts the sum when both shifts are equal, v4 each input: the same for the 0 shifts cpu.py writes
+    assert f["in_a_shift"] == f["in_b_shift"] == 0, "QUANTIZED_ADD with input shifts"
     return [V4Op("quantized_binary", dict(
         input_a=main(U8, f["main_mem_in_a_address"], n), input_b=main(U8, f["main_mem_in_b_address"], n),
         output=main(U8, f["main_mem_out_address"], n), binary_op=0, in_a_shape=s, in_b_shape=s,
