@@ -3,9 +3,9 @@ for Keras) through `tl2k210.compiler.convert`, the kmodel on the bit-exact emula
 onnxruntime on held-out images. Mirrors the lowering coverage of the Keras models in
 test_compiler.py (residual Add, Concat, nearest upsampling, sigmoid, dense head, TF-SAME and
 symmetric stride 2, 16-bit weights with a YOLO compare, L2 normalisation, unfused average pool,
-separable conv + tanh + global max pool) and its refusals (ConvTranspose, KPU RAM, 4x4 minimum,
-firmware budget, an image input feeding two convs), so the lowering is tested where TensorFlow
-is not installed."""
+separable conv + tanh + global max pool) and its refusals (ConvTranspose and an image input
+feeding two convs in kmodel v3 - v4 takes them -, KPU RAM, 4x4 minimum, firmware budget), so the
+lowering is tested where TensorFlow is not installed."""
 import numpy as np
 import onnx
 import pytest
@@ -243,10 +243,12 @@ def test_unsupported_op_names_node_and_writes_nothing(tmp_path, images):
     n.nodes.append(N("ConvTranspose", [y, w], ["deconv"], name="deconv", kernel_shape=[3, 3], strides=[2, 2]))
     (tmp_path / "deconv.kmodel").write_bytes(b"previous")
     with pytest.raises(UnsupportedOpError) as e:
-        _convert(n, "deconv", tmp_path, calib, name="deconv")
+        _convert(n, "deconv", tmp_path, calib, name="deconv", format="v3")
     msg = str(e.value)
-    assert "deconv" in msg and "ConvTranspose" in msg and "UpSampling2D" in msg and "strides" in msg
+    assert "deconv" in msg and "ConvTranspose" in msg and "strides" in msg and "needs kmodel v4" in msg
     assert (tmp_path / "deconv.kmodel").read_bytes() == b"previous" and not list(tmp_path.glob(".tmp-*"))
+    src, out, receipt = _convert(n, "deconv", tmp_path, calib, name="deconv")      # --format auto: v4
+    assert kmodel.load(out).version == 4 and "'deconv'" in receipt.totals["format_why"]
 
 
 def test_kpu_ram_limit_names_layer(tmp_path):
@@ -256,9 +258,14 @@ def test_kpu_ram_limit_names_layer(tmp_path):
     src = tmp_path / "big.onnx"
     n.model(y, src)
     with pytest.raises(KpuLimitError) as e:
-        convert(src, tmp_path / "big.kmodel", ConvertOptions(dataset=str(tmp_path / "x.npy"), progress=False))
+        convert(src, tmp_path / "big.kmodel", ConvertOptions(dataset=str(tmp_path / "x.npy"), progress=False,
+                                                             format="v3"))
     msg = str(e.value)   # the first layer cannot be banded, and a streamed channel holds <= 65,536 pixels
     assert "'wide'" in msg and "4,915,200 B" in msg and "65,536 pixels" in msg and "first layer" in msg
+    assert not (tmp_path / "big.kmodel").exists()
+    # --format auto: kmodel v4 could band the first layer from main memory, but needs ~30 MB of it
+    with pytest.raises(Tl2k210Error, match=r"(?s)kmodel v3:.*first layer.*kmodel v4 would run it.*main memory"):
+        convert(src, tmp_path / "big.kmodel", ConvertOptions(dataset=str(tmp_path / "x.npy"), progress=False))
     assert not (tmp_path / "big.kmodel").exists()
 
 
@@ -287,7 +294,10 @@ def test_image_input_feeding_two_convs_is_explained(tmp_path, images):
     n = Net(3, 16, 16)
     y = n.op("Add", n.conv("x", 3, 4, name="left"), n.conv("x", 3, 4, k=1, name="right"))
     with pytest.raises(UnsupportedOpError, match="feeds 2 convs.*branch after it"):
-        _convert(n, y, tmp_path, calib, name="fork")
+        _convert(n, y, tmp_path, calib, name="fork", format="v3")
+    src, out, receipt = _convert(n, y, tmp_path, calib, name="fork")         # --format auto: v4
+    assert receipt.totals["format"] == "v4" and "feeds 2 convs" in receipt.totals["format_why"]
+    assert receipt.totals["output_sqnr_db"] > 30
 
 
 def test_these_conversions_run_without_tensorflow(tmp_path):

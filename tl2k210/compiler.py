@@ -24,8 +24,6 @@ from tl2k210.tables import text_table
 RUNTIME_BUDGET = {name: r.model_budget for name, r in firmware.RUNTIMES.items()}
 
 
-
-
 @dataclass
 class ConvertOptions:
     dataset: str | None = None            # folder of images, or .npy/.npz
@@ -268,6 +266,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     items = model.layers if model.version == 3 else model.nodes
     est = cost.estimate(model)
     main_mem = model.main_mem_usage if model.version == 3 else model.main_mem
+    need = len(data_bytes) + main_mem
     _say(opts, f"[5/6] measuring per-layer SQNR on the emulator ({opts.sqnr_samples} samples) ...")
     emu = Emulator(model)
     runner = calibrate.FloatRunner(graph)
