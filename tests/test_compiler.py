@@ -390,3 +390,26 @@ def test_separable_tanh_global_max_pool(tmp_path, calib_dir, heldout_dir):
     assert gmp["kmodel_layers"] == ["QUANTIZED_MAX_POOL2D"] and gmp["sqnr_db"] > 30
     sq = list(compare(str(src), str(out), str(heldout_dir))["outputs"].values())[0]["sqnr_db"]
     assert sq > 20
+
+
+def test_keras_prelu_5x5_depthwise_hard_swish_all_on_the_kpu(tmp_path, calib_dir, heldout_dir):
+    """What BlazeFace/MobileFaceNet-style nets are made of, through tf2onnx: per-channel PReLU
+    (Relu/Neg/Relu/Mul/Add), 5x5 depthwise convs at stride 1 and 2, hard_swish, sigmoid head —
+    every layer on the KPU (the rewrites of tl2k210/k210/lower and passes/)."""
+    keras = tf.keras
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    x = keras.Input((64, 64, 3))
+    y = L.PReLU(shared_axes=[1, 2])(L.BatchNormalization()(L.Conv2D(16, 3, strides=2, padding="same")(x)))
+    y = L.PReLU(shared_axes=[1, 2])(L.DepthwiseConv2D(5, padding="same")(y))
+    y = L.Activation("hard_swish")(L.Conv2D(24, 1)(y))
+    y = L.Conv2D(8, 1, activation="sigmoid")(L.DepthwiseConv2D(5, strides=2, padding="same")(y))
+    src = tmp_path / "blaze.keras"
+    keras.Model(x, y).save(src)
+    out = tmp_path / "blaze.kmodel"
+    receipt = convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False))
+    assert {r["unit"] for r in receipt.layers if r["op"] != "output"} == {"KPU"}
+    assert sum("conv5x5 as 2 KPU stages" in r["why"] for r in receipt.layers) == 2
+    sq = list(compare(str(src), str(out), str(heldout_dir))["outputs"].values())[0]["sqnr_db"]
+    print(f"PReLU/5x5/hard_swish model: {len(kmodel.load(out).layers)} kmodel layers, SQNR {sq:.1f} dB held out")
+    assert sq > 30

@@ -383,3 +383,19 @@ def test_prelu_split(consumer, producer):
     assert any(c.attrs.get("activation") == {"op": "Relu"} and g.shape(c.outputs[0])[1] == 8 for c in convs)
     joins = [c for c in convs if c.name.endswith("/join")]
     assert bool(joins) == (consumer in ("add", "output"))
+
+
+@pytest.mark.parametrize("form", ["add", "sub"])
+def test_prelu_pattern_from_keras(form):
+    """Keras 3 PReLU through tf2onnx: relu(y) + (-a)·relu(-y) (Relu, Neg, Relu, Mul, Add) -> PRelu,
+    then prelu_split: no Neg/Mul left, float-exact."""
+    n = helper.make_node
+    c = -rand(1, 4, 1, 1) if form == "add" else rand(1, 4, 1, 1)
+    nodes = [conv("c", "x", "w", "b", pads=[1, 1, 1, 1]), n("Relu", ["c"], ["pos"]), n("Neg", ["c"], ["nc"]),
+             n("Relu", ["nc"], ["rn"]), n("Mul", ["rn", "k"], ["neg"]),
+             n("Add" if form == "add" else "Sub", ["pos", "neg"], ["p"]), conv("y", "p", "w2", "b2")]
+    m = make_model(nodes, [X], [("y", None)], {"w": rand(4, 4, 3, 3), "b": rand(4), "k": c,
+                                               "w2": rand(6, 4, 1, 1), "b2": rand(6)})
+    g, log = check(m, None, x=rand(1, 4, 8, 8, scale=2), tol=1e-4)
+    assert g.op_counts() == {"Conv": 2}
+    assert any(e["pass"] == "prelu_pattern" and e["changes"] for e in log)

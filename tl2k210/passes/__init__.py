@@ -22,7 +22,7 @@ from .l2_normalize import l2_normalize
 from .matmul_to_conv import matmul_to_conv
 from .fold_batchnorm import fold_batchnorm
 from .fold_affine import affine_to_conv, fold_affine_into_conv
-from .prelu_split import prelu_split
+from .prelu_split import prelu_pattern, prelu_split
 from .pad_into_conv import pad_into_conv
 from .fuse_activation import fuse_activation
 from .kpu_padding import kpu_padding
@@ -46,6 +46,7 @@ PIPELINE = [
     Pass("global_pool", global_pool),
     Pass("normalize_flatten", normalize_flatten),
     Pass("hard_activations", hard_activations),
+    Pass("prelu_pattern", prelu_pattern),
     Pass("l2_normalize", l2_normalize),
     Pass("matmul_to_conv", matmul_to_conv),
     Pass("fold_batchnorm", fold_batchnorm),

@@ -38,8 +38,11 @@ def affine_of(g, n):
     if v is None or (n.op == "Div" and (const_first or np.any(v == 0))):
         return None
     one, zero = np.ones_like(v), np.zeros_like(v)
-    return x, *{"Mul": (v, zero), "Div": (1 / v, zero), "Add": (one, v),
-                "Sub": (-one, v) if const_first else (one, -v)}[n.op]
+    if n.op == "Mul":
+        return x, v, zero
+    if n.op == "Div":
+        return x, 1 / v, zero
+    return (x, one, v) if n.op == "Add" else (x, -one, v) if const_first else (x, one, -v)
 
 
 def _channel_vector(k, shape):

@@ -40,6 +40,36 @@ def _const_conv(g, c):
         and not c.attrs.get("activation") and not c.attrs.get("pool")
 
 
+def prelu_pattern(g, log):
+    """relu(y) + c·relu(-y) (Keras 3 PReLU through tf2onnx: Relu, Neg, Relu, Mul, Add; or with Sub
+    and c = a) -> PRelu(y, -c)."""
+    for top in [n for n in g.nodes if n.op in ("Add", "Sub") and len(n.inputs) == 2]:
+        for pos_t, neg_t in ((0, 1), (1, 0)) if top.op == "Add" else ((0, 1),):
+            pos, mul = g.producer(top.inputs[pos_t]), g.producer(top.inputs[neg_t])
+            if pos is None or mul is None or pos.op != "Relu" or mul.op != "Mul":
+                continue
+            y = pos.inputs[0]
+            c_name = next((i for i in mul.inputs if g.const(i) is not None), None)
+            r_name = next((i for i in mul.inputs if g.const(i) is None), None)
+            r = g.producer(r_name) if r_name else None
+            neg = g.producer(r.inputs[0]) if r is not None and r.op == "Relu" else None
+            if c_name is None or neg is None or neg.op != "Neg" or neg.inputs[0] != y:
+                continue
+            chain = [pos, neg, r, mul]
+            if any(len(g.consumers(n.outputs[0])) != 1 or n.outputs[0] in g.outputs for n in chain):
+                continue
+            c = np.asarray(g.const(c_name), np.float32)
+            slope = -c if top.op == "Add" else c
+            node = Node("PRelu", [y, g.add_const(slope, top.name + "/slope")], [top.outputs[0]], {}, top.name,
+                        [n.name for n in chain + [top]])
+            for n in chain + [top]:
+                g.nodes.remove(n)
+            g.nodes.append(node)
+            log(node.name, f"relu(y) {'+' if top.op == 'Add' else '-'} c*relu(-y) -> PRelu")
+            break
+    return g
+
+
 def prelu_split(g, log):
     for n in [n for n in g.nodes if n.op == "PRelu"]:
         a = _slopes(g, n)

@@ -45,11 +45,13 @@ def kpu_conv_refuses(g, node, opts):
         return NA     # a dense layer (fc.py)
     _, ci, h, w = g.shape(node.inputs[0])
     co = g.shape(node.outputs[0])[1]
-    k = tuple(a["kernel"])
+    k, dil = tuple(a["kernel"]), tuple(a.get("dilations", (1, 1)))
+    if (k not in ((1, 1), (3, 3)) or dil != (1, 1)) and k[0] == k[1] and dil[0] == dil[1]:
+        return NA     # a K x K or dilated kernel: kxk.py's (which says why if it cannot)
     if k not in ((1, 1), (3, 3)):
-        return f"kernel {k}: the KPU runs 1x1 and 3x3 only; split it into 3x3 convs"
-    if tuple(a.get("dilations", (1, 1))) != (1, 1):
-        return f"dilations {tuple(a['dilations'])}: the KPU has no dilated conv; use dilation 1"
+        return f"kernel {k}: the KPU runs 1x1 and 3x3 only; use square kernels"
+    if dil != (1, 1):
+        return f"dilations {dil}: the KPU has no dilated conv; use equal dilations"
     grp = a.get("group", 1)
     if ci % grp or co % grp:
         return f"group {grp} does not divide {ci} input / {co} output channels"
