@@ -178,3 +178,50 @@ def test_raw_paste_board(tmp_path):
         assert (bd.sd / "p.bin").read_bytes() == DATA
     finally:
         bd.close()
+
+
+def test_soft_reset_clears_the_board_and_the_helpers_come_back(b, r):
+    r.exec_ok("x = 41")
+    assert r.put(b"before\n", "/sd/a.txt").status == "written"      # helpers defined
+    r.soft_reset()                                     # Ctrl-D at the raw prompt
+    assert b.stats.soft_resets == 1 and r.in_raw
+    out, err = r.exec("print(x)")
+    assert out == b"" and b"NameError: name 'x' isn't defined" in err
+    assert r.put(b"after\n", "/sd/b.txt").status == "written"       # redefined after the reboot
+    assert (b.sd / "b.txt").read_bytes() == b"after\n"
+
+
+class _StopAt:
+    """A progress bar (tl2k210.flash.flasher.Progress) that is interrupted at `at` bytes."""
+
+    def __init__(self, at=None):
+        import io
+        from tl2k210.flash.flasher import Progress
+        self.bar = Progress(True, stream=io.StringIO())
+        self.at = at
+
+    def start(self, label, total, done=0):
+        self.bar.start(label, total, done)
+
+    def update(self, done, force=False):
+        self.bar.update(done, force=True)
+        if self.at is not None and done >= self.at:
+            raise KeyboardInterrupt()
+
+
+def test_an_interrupted_put_resumes_where_the_board_file_ends(b):
+    with Repl.open(b.port) as r:
+        r.enter_raw()
+        with pytest.raises(KeyboardInterrupt):
+            r.put(DATA, "/sd/big.bin", progress=_StopAt(20_000))
+    assert not (b.sd / "big.bin").exists()              # never renamed into place
+    with Repl.open(b.port) as r:                         # a new connection, the board as it was
+        r.enter_raw()
+        bar = _StopAt()
+        res = r.put(DATA, "/sd/big.bin", progress=bar)
+    assert res.status == "resumed" and 20_000 <= res.resumed_from < len(DATA)
+    assert res.sent_bytes == len(DATA) - res.resumed_from
+    assert (b.sd / "big.bin").read_bytes() == DATA and not (b.sd / "big.bin.part").exists()
+    shown = bar.bar.stream.getvalue()
+    first = shown.split("\r")[1]                         # the bar starts where the file ended
+    assert f" {res.resumed_from}/{len(DATA)} B " in first and "100.0%" in shown

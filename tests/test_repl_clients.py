@@ -167,3 +167,97 @@ def test_board_maixpy_pty_program(tmp_path, files):
     finally:
         p.terminate()
         p.wait(timeout=30)
+
+
+def _wait_for(pred, timeout=60.0, what="condition"):
+    import time
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _readline(stream, timeout=60.0):
+    import select
+    r, _, _ = select.select([stream], [], [], timeout)
+    assert r, "no output from the client"
+    return stream.readline().decode("utf-8", "replace")
+
+
+def test_ctrl_c_in_repl_exec_interrupts_the_board_code(b):
+    """Ctrl-C on the host sends Ctrl-C to the board: the loop stops with KeyboardInterrupt, the
+    command exits 130 and the board is back at its raw prompt for the next command."""
+    import signal
+    code = "print('started')\nn = 0\nwhile True:\n    n += 1\n"
+    p = subprocess.Popen([sys.executable, "-m", "tl2k210.cli", "repl", "exec", code, "-p", b.port],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=client_env())
+    try:
+        assert _readline(p.stdout) == "started\n"
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130 and "KeyboardInterrupt" in err.decode(), err
+    assert b.stats.interrupts == 1
+    rc, out, err = run([sys.executable, "-m", "tl2k210.cli", "repl", "exec", "print(n > 0)",
+                        "-p", b.port])
+    assert rc == 0 and out == "True\n", (out, err)     # same board session: n survived
+
+
+def test_ctrl_c_during_put_then_the_same_put_resumes(b, files):
+    import signal
+    b.throttle = True                                  # real-time line: the put takes seconds
+    tl = [sys.executable, "-m", "tl2k210.cli", "repl", "put", str(files / "blob.bin"), "-p",
+          b.port]
+    p = subprocess.Popen(tl, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=client_env())
+    try:
+        _wait_for(lambda: b.stats.rx_bytes > 16_000, what="the upload to start")
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    err = err.decode()
+    assert p.returncode == 130 and "blob.bin.part" in err and "resumes from it" in err, err
+    assert not (b.sd / "blob.bin").exists()
+    b.throttle = False
+    rc, out, err = run(tl)
+    assert rc == 0, err
+    start = int(re.search(r"resumed from byte (\d+), verified", out).group(1))
+    assert 0 < start < len(BLOB) and (b.sd / "blob.bin").read_bytes() == BLOB
+
+
+def test_repl_reset_soft_reboots_into_main_py(tmp_path):
+    (tmp_path / "sd").mkdir()
+    (tmp_path / "sd" / "main.py").write_text("print('hello from main.py')\n")
+    bd = board(tmp_path)
+    try:
+        assert bd.wait_idle()
+        rc, out, err = run([sys.executable, "-m", "tl2k210.cli", "repl", "reset", "-p", bd.port])
+        assert rc == 0, err
+        assert "soft reboot" in out and "hello from main.py" in out, out
+        assert bd.stats.soft_resets == 1
+    finally:
+        bd.close()
+
+
+def test_board_maixpy_pty_line_faults(tmp_path, files):
+    """`board --maixpy --pty --fault-rate R --seed S`: the line damages bytes, the verified put
+    still lands byte-exact, and the board reports the faults it injected when it stops."""
+    import signal
+    sd = tmp_path / "card"
+    sd.mkdir()
+    p = subprocess.Popen([sys.executable, "-m", "tl2k210.cli", "board", "--maixpy", "--pty",
+                          "--sd", str(sd), "--fault-rate", "0.002", "--seed", "5", "--for", "120"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=client_env())
+    try:
+        port = re.search(r"on (\S+) \(REPL 115200", _readline(p.stdout)).group(1)
+        rc, out, err = run([sys.executable, "-m", "tl2k210.cli", "repl", "put",
+                            str(files / "blob.bin"), "-p", port])
+        assert rc == 0 and (sd / "blob.bin").read_bytes() == BLOB, err
+        retries = int(re.search(r"(\d+) retries", out).group(1))
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    faults = eval(re.search(rb"line faults (\{.*?\})", out).group(1))
+    assert sum(faults.values()) >= 20 and retries >= 1, (faults, retries)

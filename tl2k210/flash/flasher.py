@@ -70,11 +70,13 @@ class Progress:
         self.enabled = enabled
         self.stream = stream or sys.stderr
         self.width = width
-        self.label, self.total, self.t0, self._last = "", 0, 0.0, 0.0
+        self.label, self.total, self.t0, self._last, self.base = "", 0, 0.0, 0.0, 0
 
-    def start(self, label, total):
+    def start(self, label, total, done=0):
+        """A new bar; `done`: bytes already there (a resumed upload), not counted in bytes/s."""
         self.label, self.total, self.t0, self._last = label, total, time.monotonic(), 0.0
-        self.update(0)
+        self.base = done
+        self.update(done)
 
     def update(self, done, force=False):
         if not self.enabled:
@@ -84,7 +86,7 @@ class Progress:
             return
         self._last = now
         frac = done / self.total if self.total else 1.0
-        rate = done / (now - self.t0) if now > self.t0 else 0.0
+        rate = (done - self.base) / (now - self.t0) if now > self.t0 else 0.0
         bar = "=" * int(frac * self.width)
         self.stream.write(f"\r{self.label:<18} [{bar:<{self.width}}] {frac * 100:5.1f}% "
                           f"{done}/{self.total} B {rate / 1024:7.1f} KiB/s")

@@ -109,6 +109,10 @@ def _wire(nbytes, baud):
 # Board-side helpers (MicroPython 1.11: no f-strings), sent once per connection / soft reboot.
 HELPERS = """\
 import uos as _tlo, ubinascii as _tlb, uhashlib as _tlh
+try:
+    _tlf.close()
+except Exception:
+    pass
 _tlf = None
 _tln = 0
 def _tl_size(p):
@@ -659,7 +663,7 @@ class Repl:
         total = len(data)
         label = part.rsplit("/", 1)[-1][:-5]
         if progress:
-            progress.start(label, total)
+            progress.start(label, total, done=start)
         self.call(f"_tl_open({part!r},{start})", f"opening {part}")
         off, size, clean = start, CHUNK_MAX, 0
         budget = 30 + 2 * (total - start) // 1024

@@ -130,7 +130,12 @@ def put_files(r: Repl, files, to=None, name=None, resume=True, progress=None):
     for f in files:
         data = _read_local(f)
         dest = base.rstrip("/") + "/" + (name or os.path.basename(f))
-        res = r.put(data, dest, progress=progress, resume=resume)
+        try:
+            res = r.put(data, dest, progress=progress, resume=resume)
+        except KeyboardInterrupt:
+            print(f"\n{f}: interrupted; what reached the board stays in {dest}.part and the same "
+                  "`tl2k210 repl put` resumes from it", file=sys.stderr)
+            raise
         rate = (res.size - res.resumed_from) / res.seconds / 1024 if res.seconds else 0
         how = {"up to date": "up to date (same SHA-256 on the board), skipped",
                "resumed": f"resumed from byte {res.resumed_from}, verified",
