@@ -179,6 +179,9 @@ def test_convert_never_overwrites_the_dataset_or_its_own_output(model, tmp_path,
     refused(rc, err, "--report", "same file")
     rc, _, err = cli(capsys, "convert", m, out, "--dataset", ds, "--report", m)
     refused(rc, err, "same file")
+    os.link(ds / "1.png", tmp_path / "linked.kmodel")        # another name of a dataset image
+    rc, _, err = cli(capsys, "convert", m, tmp_path / "linked.kmodel", "--dataset", ds)
+    refused(rc, err, "hard link", "1.png", "choose another")
     keep.check()
     nothing_at(out)
 
@@ -225,36 +228,99 @@ def test_run_png_out_never_overwrites_the_photo(tmp_path, capsys):
     keep.check()
 
 
-def test_deploy_package_never_overwrites_the_model_or_firmware(tmp_path, capsys):
+@pytest.mark.parametrize("kind", ALIASES)
+def test_deploy_package_never_overwrites_the_model_or_firmware(kind, tmp_path, capsys):
     km = tmp_path / "m.kmodel"
     km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
     fw = tmp_path / "fw.bin"
     fw.write_bytes(b"\x13" * 4096)
     keep = Frozen(km, fw)
-    for out in (km, fw):
-        rc, _, err = cli(capsys, "deploy", km, "--firmware", fw, "-o", out, "-p", tmp_path / "noport")
-        refused(rc, err, "same file")
+    for target in (km, fw):
+        rc, out, err = cli(capsys, "deploy", km, "--firmware", fw, "-o", _alias(kind, target, tmp_path),
+                           "-p", tmp_path / "noport")
+        refused(rc, err, "same file", "choose another")
+        assert "packaged" not in out
     keep.check()
 
 
-def test_compare_json_never_overwrites_an_input(model, tmp_path, capsys):
+@pytest.mark.parametrize("kind", ALIASES)
+def test_compare_json_never_overwrites_an_input(kind, model, tmp_path, capsys):
     m, ds = model
     km = tmp_path / "m.kmodel"
     km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
-    keep = Frozen(m, km)
-    for out in (m, km):
-        rc, _, err = cli(capsys, "compare", m, km, "--dataset", ds, "--json", out)
-        refused(rc, err, "same file")
+    keep = Frozen(m, km, *ds.iterdir())
+    for target in (m, km, ds / "0.png"):
+        rc, _, err = cli(capsys, "compare", m, km, "--dataset", ds, "--json", _alias(kind, target, tmp_path))
+        refused(rc, err, "choose another")
     keep.check()
 
 
-def test_demo_never_overwrites_the_photo(tmp_path, capsys):
+@pytest.mark.parametrize("kind", ALIASES)
+def test_demo_never_overwrites_the_photo(kind, tmp_path, capsys):
     img = tmp_path / "photo.png"
     Image.fromarray(np.full((240, 320, 3), 128, np.uint8)).save(img)
     keep = Frozen(img)
-    rc, _, err = cli(capsys, "demo", "face-detect", "--image", img, "--out", img,
-                     "--kmodel", kmodel("facedetect_320x240_v3.kmodel"))
-    refused(rc, err, "same file")
+    rc, out, err = cli(capsys, "demo", "face-detect", "--image", img, "--out", _alias(kind, img, tmp_path),
+                       "--kmodel", kmodel("facedetect_320x240_v3.kmodel"))
+    refused(rc, err, "same file", "choose another")
+    assert "[host]" not in out              # refused before the board starts
+    keep.check()
+
+
+@pytest.mark.parametrize("kind", ["hardlink", "symlink"])
+def test_zoo_build_never_overwrites_its_firmware_script(kind, tmp_path, capsys, monkeypatch):
+    """zoo build writes OUT/NAME_main.py from firmware/NAME.py: a link between them is refused
+    before the network is built (the firmware folder is a private copy here)."""
+    from tl2k210 import paths, zoo
+    fwdir = tmp_path / "firmware"
+    fwdir.mkdir()
+    script = fwdir / "face_detect.py"
+    script.write_bytes((paths.firmware_dir() / "face_detect.py").read_bytes())
+    monkeypatch.setattr(zoo.paths, "firmware_dir", lambda: fwdir)
+    out = tmp_path / "zoo"
+    out.mkdir()
+    (os.link if kind == "hardlink" else os.symlink)(script, out / "face_detect_main.py")
+    keep = Frozen(script)
+    t0 = time.monotonic()
+    rc, _, err = cli(capsys, "zoo", "build", "face_detect", "--out", out, "-q")
+    refused(rc, err, "face_detect_main.py", "same file", "choose another")
+    assert time.monotonic() - t0 < 20
+    keep.check()
+    assert sorted(p.name for p in out.iterdir()) == ["face_detect_main.py"]
+
+
+@pytest.fixture(scope="module")
+def converted(work):
+    """tiny.onnx converted once, with labels: c.kmodel and its metadata c.kmodel.json."""
+    assert main(["convert", str(work / "tiny.onnx"), str(work / "c.kmodel"), "--dataset",
+                 str(work / "ds"), "-q", "--labels", "a,b"]) == 0
+    return work / "c.kmodel"
+
+
+@pytest.fixture
+def with_metadata(converted, tmp_path):
+    km, meta = tmp_path / "c.kmodel", tmp_path / "c.kmodel.json"
+    km.write_bytes(converted.read_bytes())
+    meta.write_bytes(Path(f"{converted}.json").read_bytes())
+    return km, meta
+
+
+@pytest.mark.parametrize("verb,kind", [("run", "same"), ("run", "hardlink"), ("run", "symlink"),
+                                       ("package", "same"), ("compare", "same"), ("deploy", "same")])
+def test_outputs_never_overwrite_a_kmodels_metadata(verb, kind, with_metadata, work, tmp_path, capsys):
+    """MODEL.kmodel.json is read with the kmodel (decode, labels, preprocessing): it is an input."""
+    km, meta = with_metadata
+    keep = Frozen(km, meta)
+    out = _alias(kind, meta, tmp_path)
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 3, 16, 16), np.uint8))
+    argv = {"run": ["run", km, "-i", x, "-o", out],
+            "package": ["package", "-o", out, f"{km}@0x300000"],
+            "compare": ["compare", work / "tiny.onnx", km, "--dataset", work / "ds", "--json", out],
+            "deploy": ["deploy", km, "-o", out, "-p", tmp_path / "noport"]}[verb]
+    rc, stdout, err = cli(capsys, *argv)
+    refused(rc, err, "metadata of the input", "c.kmodel", "choose another")
+    assert "output 0" not in stdout and "packaged" not in stdout
     keep.check()
 
 
@@ -1104,6 +1170,13 @@ def test_deploy_missing_firmware(tmp_path, capsys):
     km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
     rc, _, err = cli(capsys, "deploy", km, "--firmware", tmp_path / "nope.bin", "-p", tmp_path / "np")
     refused(rc, err, "nope.bin")
+
+
+def test_compare_a_kmodel_of_another_model(model, tmp_path, capsys):
+    """compare M K where K was not converted from M: a message, not a reshape error (exit 3)."""
+    m, ds = model
+    rc, _, err = cli(capsys, "compare", m, kmodel("mnist_v3.kmodel"), "--dataset", ds)
+    refused(rc, err, "not a conversion", "(3, 16, 16)", "(1, 28, 28)", "converted from")
 
 
 def test_compare_yolo_without_anchors(model, tmp_path, capsys):

@@ -37,8 +37,11 @@ def _header(fh, where):
             shape, fortran, dtype = fmt.read_array_header_1_0(fh)
         elif version == (2, 0):
             shape, fortran, dtype = fmt.read_array_header_2_0(fh)
+        elif version == (3, 0):         # utf-8 header (numpy >= 1.17); read like 2.0 is
+            from numpy.lib import _format_impl
+            shape, fortran, dtype = _format_impl._read_array_header(fh, version)
         else:
-            shape, fortran, dtype = fmt._read_array_header(fh, version)
+            raise ValueError(f"unknown .npy format version {version[0]}.{version[1]}")
     except Exception as exc:  # ValueError, SyntaxError, EOFError... from a garbled header
         raise InputFileError(f"{where} is not a .npy array file ({exc}); save it with "
                              "numpy.save") from None

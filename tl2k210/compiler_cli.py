@@ -195,12 +195,21 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
     emu = Emulator.load(kmodel_path)
     emu_shape, emu_dtype = emu.input_spec()
     floats, pixels = model_inputs(graph, dataset, limit, opts)
+    mismatch = (f"{kmodel_path} is not a conversion of {float_model}: compare a kmodel with the "
+                "model it was converted from (and the same --input-shape)")
+    if int(np.prod(floats.shape[1:])) != int(np.prod(emu_shape)):
+        raise Tl2k210Error(f"{mismatch}; the model takes {tuple(floats.shape[1:])}, the kmodel "
+                           f"{tuple(emu_shape)}")
     runner = FloatRunner(graph, expose_all=False)
     refs, tests = {o: [] for o in graph.outputs}, {o: [] for o in graph.outputs}
     for i in range(len(floats)):
         ref = runner(floats[i][None])
         feed = pixels[i] if pixels is not None else floats[i]
         outs = emu.run(np.asarray(feed).astype(emu_dtype).reshape(emu_shape))
+        sizes = [np.size(ref[o]) for o in graph.outputs], [np.size(out) for out in outs]
+        if sizes[0] != sizes[1]:
+            raise Tl2k210Error(f"{mismatch}; its outputs have {sizes[0]} values, the kmodel's "
+                               f"{sizes[1]}")
         for o, out in zip(graph.outputs, outs):
             refs[o].append(np.asarray(ref[o], np.float64).reshape(-1))
             tests[o].append(np.asarray(out, np.float64).reshape(-1))

@@ -43,6 +43,25 @@ def _inside(path, folder) -> bool:
     return real != top and real.startswith(top.rstrip(os.sep) + os.sep)
 
 
+def _hard_link_in(path, folder, limit=100_000):
+    """Another name of file `path` inside `folder` (searched to `limit` entries), if any."""
+    st = _stat(path)
+    if st is None or st.st_nlink < 2 or not stat.S_ISREG(st.st_mode):
+        return None
+    seen, real = 0, os.path.realpath(path)
+    for top, _, files in os.walk(folder):
+        for name in files:
+            p = os.path.join(top, name)
+            f = _stat(p)
+            if f is not None and (f.st_dev, f.st_ino) == (st.st_dev, st.st_ino) and \
+                    os.path.realpath(p) != real:
+                return p
+            seen += 1
+            if seen >= limit:
+                return None
+    return None
+
+
 def _umask() -> int:
     try:
         with open("/proc/self/status") as fh:
@@ -120,15 +139,20 @@ def check_outputs(outputs, inputs=()):
     """`outputs`: [(label, path)] (None paths skipped); `inputs`: paths (files or folders) the
     command reads. Refuses, before any work, an output that is an input or another output, an
     existing output inside an input folder (it would replace a file the command reads), and
-    outputs that cannot be written. (A .kmodel/.json/.kfpkg written again into a SavedModel
-    folder is fine: nothing reads it.)"""
+    outputs that cannot be written. An input kmodel's metadata (MODEL.kmodel.json, read with
+    it) is an input too. (A .kmodel/.json/.kfpkg written again into a SavedModel folder is fine:
+    nothing reads it.)"""
+    from tl2k210.metadata import path_for
     outs = [(label, os.fspath(p)) for label, p in outputs if p is not None]
     ins = [os.fspath(p) for p in inputs if p is not None]
+    shown = {os.fspath(path_for(p)): f"metadata of the input {p}" for p in ins
+             if p.lower().endswith(".kmodel")}
+    ins += list(shown)
     for i, (label, out) in enumerate(outs):
         for src in ins:
             if same_file(out, src):
                 raise OutputPathError(
-                    f"{label} {out} is the same file as the input {src}"
+                    f"{label} {out} is the same file as the {shown.get(src, 'input ' + src)}"
                     f"{' (a link to it)' if os.path.realpath(out) != os.path.realpath(src) else ''}; "
                     "refusing to overwrite it: choose another output path")
             if os.path.isdir(src) and os.path.lexists(out) and _inside(out, src) and \
@@ -136,6 +160,11 @@ def check_outputs(outputs, inputs=()):
                 raise OutputPathError(
                     f"{label} {out} is a file inside the input folder {src}; refusing to replace "
                     "it: choose another output path")
+            linked = _hard_link_in(out, src) if os.path.isdir(src) else None
+            if linked is not None:
+                raise OutputPathError(
+                    f"{label} {out} is a hard link of {linked} in the input folder {src}; "
+                    "refusing to overwrite it: choose another output path")
         for other_label, other in outs[:i]:
             if os.path.realpath(out) == os.path.realpath(other) or same_file(out, other):
                 raise OutputPathError(f"{label} {out} is the same file as {other_label}; give "
