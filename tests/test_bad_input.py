@@ -7,6 +7,7 @@ nothing is left at the output path (`nothing_at`), not even a temporary file.
 import io
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -41,15 +42,22 @@ def sh(*argv, env=None, **kw):
                           text=True, env=e, timeout=kw.pop("timeout", 300), **kw)
 
 
+# what a message says to do: every refusal names a fix, not only the cause
+FIX = re.compile(r"\b(give|use|choose|pass|save|check|create|mkdir|fix|rebuild|re-?download|download|"
+                 r"repack|downscale|resize|reshape|scale|make|put|pick|install|convert|chmod|"
+                 r"define|plug|list|must|needs?|export)\b", re.I)
+
+
 def refused(rc, err, *needles):
     """Exit 2, no traceback, the last line is the one-line error, and it says every needle
-    (cause and fix)."""
+    and what to do (`FIX`)."""
     assert rc == 2, f"exit {rc}: {err}"
     assert "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("tl2k210 ") and ": error: " in last, err
     for n in needles:
         assert n.lower() in last.lower(), f"{n!r} not in: {last}"
+    assert FIX.search(last.split(": error: ", 1)[1]), f"no fix named in: {last}"
     return last
 
 
@@ -1292,7 +1300,9 @@ def _fuzz(capsys, argv_for, base, tmp_path, n, seed, suffix, out=None):
         assert rc in (0, 2), (i, rc, err)
         assert "Traceback" not in err
         if rc == 2:
-            assert err.strip().splitlines()[-1].startswith("tl2k210 "), err
+            last = err.strip().splitlines()[-1]
+            assert last.startswith("tl2k210 ") and ": error: " in last, err
+            assert FIX.search(last.split(": error: ", 1)[1]), f"no fix named in: {last}"
             if out is not None:
                 nothing_at(out)
         rcs[rc] = rcs.get(rc, 0) + 1
@@ -1368,3 +1378,4 @@ def test_fuzz_calibration_arrays_through_convert(model, tmp_path, capsys):
     rcs = _fuzz(capsys, lambda f: ["convert", m, out, "--dataset", f, "-q"], buf.getvalue(), tmp_path,
                 12, 8, ".npz", out)
     assert rcs.get(2, 0) >= 6
+

@@ -81,11 +81,12 @@ def _read(fh, available, where, max_bytes, expect_size=None, expect_text=""):
                              f"than the {_size(max_bytes)} tl2k210 loads; pass fewer samples")
     if available is not None and nbytes > available:
         raise InputFileError(f"{where} declares a {shape} {dtype} array ({_size(nbytes)}) but "
-                             f"holds {_size(available)} of data: the file is truncated or corrupt")
+                             f"holds {_size(available)} of data: the file is truncated or corrupt: "
+                             "save it again (numpy.save)")
     data = fh.read(nbytes)
     if len(data) < nbytes:
         raise InputFileError(f"{where} declares {_size(nbytes)} of data but holds {len(data)} "
-                             "bytes: the file is truncated or corrupt")
+                             "bytes: the file is truncated or corrupt: save it again (numpy.save)")
     a = np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C")
     a = a.astype(a.dtype.newbyteorder("="), copy=True)
     check_finite(a, where)
@@ -103,10 +104,10 @@ def load_npy(path, max_bytes=MAX_ARRAY_BYTES, expect_size=None, expect_text=""):
             a = _read(fh, None if not reg else size, p, max_bytes, expect_size, expect_text)
             if reg and fh.tell() != size:
                 raise InputFileError(f"{p}: {size - fh.tell()} bytes after the array; the file is "
-                                     "corrupt (or not one .npy array)")
+                                     "corrupt (or not one .npy array): save it again (numpy.save)")
             return a
     except FileNotFoundError:
-        raise InputFileError(f"{p}: no such file") from None
+        raise InputFileError(f"{p}: no such file; check the path") from None
     except IsADirectoryError:
         raise InputFileError(f"{p} is a folder, not a .npy file") from None
     except OSError as exc:
@@ -120,7 +121,7 @@ def load_npz(path, max_bytes=MAX_ARRAY_BYTES):
     try:
         zf = zipfile.ZipFile(p)
     except FileNotFoundError:
-        raise InputFileError(f"{p}: no such file") from None
+        raise InputFileError(f"{p}: no such file; check the path") from None
     except IsADirectoryError:
         raise InputFileError(f"{p} is a folder, not a .npz file") from None
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:

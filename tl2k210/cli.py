@@ -11,7 +11,7 @@ import signal
 import sys
 
 from tl2k210 import __version__
-from tl2k210.errors import Tl2k210Error
+from tl2k210.errors import KmodelFormatError, Tl2k210Error
 
 # verb -> module that defines add_parser(subparsers) for it. Order = order in --help.
 VERBS = {
@@ -103,6 +103,11 @@ def main(argv=None):
         rc = args.func(args) or 0
         sys.stdout.flush()          # a closed pipe shows here, not at interpreter exit
         return rc
+    except KmodelFormatError as exc:
+        text = str(exc)
+        fix = "" if "tl2k210 convert" in text else \
+            "; check that this is the kmodel file, or rebuild it (tl2k210 convert)"
+        return _fail(args, text + fix)
     except Tl2k210Error as exc:
         return _fail(args, str(exc))
     except KeyboardInterrupt as exc:

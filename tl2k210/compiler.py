@@ -145,7 +145,7 @@ def load_pixels(path: str, shape, limit: int, opts: ConvertOptions) -> np.ndarra
     from tl2k210.quantize.dataset import image_files, load_arrays
     p = Path(path)
     if not p.exists():
-        raise Tl2k210Error(f"dataset {path}: no such file or folder")
+        raise Tl2k210Error(f"dataset {path}: no such file or folder; check the path")
     if p.is_dir() and len(shape) == 4 and not any(p.glob("*.np[yz]")):
         _, c, h, w = shape
         out = []

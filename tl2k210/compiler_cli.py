@@ -195,8 +195,8 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
     emu = Emulator.load(kmodel_path)
     emu_shape, emu_dtype = emu.input_spec()
     floats, pixels = model_inputs(graph, dataset, limit, opts)
-    mismatch = (f"{kmodel_path} is not a conversion of {float_model}: compare a kmodel with the "
-                "model it was converted from (and the same --input-shape)")
+    mismatch = (f"{kmodel_path} is not a conversion of {float_model}: pass the kmodel converted "
+                "from it (and the same --input-shape)")
     if int(np.prod(floats.shape[1:])) != int(np.prod(emu_shape)):
         raise Tl2k210Error(f"{mismatch}; the model takes {tuple(floats.shape[1:])}, the kmodel "
                            f"{tuple(emu_shape)}")

@@ -93,7 +93,8 @@ def _nearest_folder(path, label, shown):
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
-        raise OutputPathError(f"{label} {shown}: {probe} is not a folder")
+        raise OutputPathError(f"{label} {shown}: {probe} is not a folder; choose a path in an "
+                              "existing folder")
     return probe
 
 
@@ -248,13 +249,14 @@ def read_bytes(path, limit: int, what: str = "file") -> bytes:
         with open(p, "rb") as fh:
             data = fh.read(limit + 1)
     except FileNotFoundError:
-        raise InputFileError(f"{p}: no such file") from None
+        raise InputFileError(f"{p}: no such file; check the path") from None
     except IsADirectoryError:
-        raise InputFileError(f"{p} is a folder, not a {what}") from None
+        raise InputFileError(f"{p} is a folder, not a {what}; give the {what} itself") from None
     except OSError as exc:
         raise InputFileError(f"cannot read {p}: {exc.strerror or exc}") from None
     if len(data) > limit:
-        raise InputFileError(f"{p} is larger than {limit // 2**20} MiB; that is not a {what}")
+        raise InputFileError(f"{p} is larger than {limit // 2**20} MiB; that is not a {what}: check "
+                             "the path")
     return data
 
 
@@ -263,8 +265,8 @@ def check_readable(path, what: str = "file", folder: bool | None = False):
     folder is; `folder=None` accepts either)."""
     p = os.fspath(path)
     if not os.path.exists(p):
-        raise InputFileError(f"{what} {p}: no such {'folder' if folder else 'file'}")
+        raise InputFileError(f"{what} {p}: no such {'folder' if folder else 'file'}; check the path")
     if folder and not os.path.isdir(p):
-        raise InputFileError(f"{what} {p} is not a folder")
+        raise InputFileError(f"{what} {p} is not a folder; give a folder")
     if folder is False and os.path.isdir(p):
-        raise InputFileError(f"{what} {p} is a folder, not a file")
+        raise InputFileError(f"{what} {p} is a folder, not a file; give a file")

@@ -26,11 +26,11 @@ def open_image(path, mode: str = "RGB") -> Image.Image:
     try:
         im = Image.open(path)                    # lazy: reads the header only
     except FileNotFoundError:
-        raise InputFileError(f"{path}: no such file") from None
+        raise InputFileError(f"{path}: no such file; check the path") from None
     except IsADirectoryError:
-        raise InputFileError(f"{path} is a folder, not an image") from None
+        raise InputFileError(f"{path} is a folder, not an image; give an image file") from None
     except Exception as exc:  # PIL raises many types (OSError, SyntaxError, ValueError...)
-        raise InputFileError(f"cannot read image {path}: {exc}; is it a jpg/png/bmp file?") from None
+        raise InputFileError(f"cannot read image {path}: {exc}; give a jpg/png/bmp file, or remove this one") from None
     finally:
         Image.MAX_IMAGE_PIXELS = limit
     if im.width * im.height > MAX_PIXELS:

@@ -92,7 +92,7 @@ def parse_manifest(text: str):
                 raise KfpkgError(f"{MANIFEST} is not valid JSON: {exc}") from None
     except RecursionError:
         raise KfpkgError(f"{MANIFEST} is nested too deeply to be a kfpkg manifest (a list of "
-                         '{"address", "bin"} objects); the package is corrupt') from None
+                         '{"address", "bin"} objects); the package is corrupt: download or rebuild it') from None
     if not isinstance(doc, dict) or not isinstance(doc.get("files"), list):
         raise KfpkgError(f'{MANIFEST} must be an object with a "files" list')
     files = doc["files"]
@@ -154,11 +154,12 @@ def read_kfpkg(path, flash_size=FLASH_SIZE_16M):
     try:
         zf = zipfile.ZipFile(path)
     except FileNotFoundError:
-        raise KfpkgError(f"{path}: no such file") from None
+        raise KfpkgError(f"{path}: no such file; check the path") from None
     except IsADirectoryError:
         raise KfpkgError(f"{path} is a folder, not a .kfpkg file") from None
     except Exception as exc:  # BadZipFile, OSError, ValueError, EOFError from a damaged archive
-        raise KfpkgError(f"{path}: not a readable kfpkg (ZIP) file: {exc}") from None
+        raise KfpkgError(f"{path}: not a readable kfpkg (ZIP) file: {exc}; check the path, or "
+                         "rebuild it (tl2k210 package)") from None
     with zf:
         infos = {}
         for info in zf.infolist():
@@ -168,7 +169,7 @@ def read_kfpkg(path, flash_size=FLASH_SIZE_16M):
         raw = _read_member(zf, infos[MANIFEST], MAX_MANIFEST_BYTES, path)
         if infos[MANIFEST].file_size > MAX_MANIFEST_BYTES or len(raw) > MAX_MANIFEST_BYTES:
             raise KfpkgError(f"{path}: {MANIFEST} is absurdly large (over "
-                             f"{MAX_MANIFEST_BYTES // 1024} KiB); the package is corrupt")
+                             f"{MAX_MANIFEST_BYTES // 1024} KiB); the package is corrupt: download or rebuild it")
         try:
             entries = parse_manifest(raw.decode("utf-8", "replace"))
         except KfpkgError as exc:
@@ -188,7 +189,7 @@ def read_kfpkg(path, flash_size=FLASH_SIZE_16M):
             if info.file_size > flash_size or total > flash_size:
                 raise KfpkgError(f"{path}: {member} claims {info.file_size} bytes; the images add "
                                  f"up to more than the whole flash ({flash_size}): the package is "
-                                 "corrupt")
+                                 "corrupt: download or rebuild it")
             data = _read_member(zf, info, flash_size, path)
             if len(data) > flash_size:
                 raise KfpkgError(f"{path}: {member} is larger than the flash")

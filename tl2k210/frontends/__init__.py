@@ -38,7 +38,7 @@ def load_model(src, **opts):
                              "or a .keras/.h5/.tflite/.onnx file or a SavedModel directory")
     path = Path(src)
     if not path.exists():
-        raise ModelLoadError(f"{path}: no such file or directory")
+        raise ModelLoadError(f"{path}: no such file or directory; check the path")
     suffix = path.suffix.lower()
     if "network" in opts or suffix == ".npz":
         if "network" not in opts:

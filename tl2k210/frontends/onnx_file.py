@@ -10,5 +10,5 @@ def from_onnx_file(path):
         raise ModelLoadError(f"{path}: cannot parse as ONNX protobuf ({type(e).__name__}); "
                              "is the file truncated or of another kind?") from e
     if not model.graph.node:
-        raise ModelLoadError(f"{path}: ONNX model has no nodes (empty or not an ONNX file)")
+        raise ModelLoadError(f"{path}: ONNX model has no nodes (empty or not an ONNX file); export the model to ONNX again")
     return check_onnx(model, str(path))

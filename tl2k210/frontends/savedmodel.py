@@ -6,7 +6,8 @@ from . import ModelLoadError, tf_convert
 
 def from_savedmodel(path, signature="serving_default", opset=None, batch=1):
     if not (Path(path) / "saved_model.pb").exists():
-        raise ModelLoadError(f"{path}: directory has no saved_model.pb (not a SavedModel)")
+        raise ModelLoadError(f"{path}: directory has no saved_model.pb (not a SavedModel); pass a SavedModel folder or a "
+                             "model file (.onnx, .tflite, .h5, .pb)")
     import tensorflow as tf
     import tf2onnx
     try:

@@ -135,7 +135,8 @@ def _array_input(path, shape, dtype):
 
     from tl2k210.arrays import load_npy, load_npz
     want = int(np.prod(shape))
-    text = f"the model takes {tuple(shape)} {np.dtype(dtype).name} ({want} values)"
+    text = (f"the model takes {tuple(shape)} {np.dtype(dtype).name} ({want} values): reshape the "
+            "array to that, or pass an image")
     if path.lower().endswith(".npz"):
         arrays = load_npz(path)
         if len(arrays) != 1:
@@ -207,7 +208,8 @@ def cmd_run(args):
     nbytes = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
     if nbytes > hw.MAIN_SRAM_BYTES + hw.KPU_RAM_BYTES:
         raise Tl2k210Error(f"{args.file} claims an input of shape {tuple(shape)} ({nbytes:,} bytes), "
-                           "more than a K210's 8 MiB of memory: the kmodel is corrupt")
+                           "more than a K210's 8 MiB of memory: the kmodel is corrupt; rebuild it "
+                           "(tl2k210 convert) or use an intact copy")
     chw_shape = tuple(shape[-3:]) if len(shape) >= 3 else tuple(shape)
     grid = None
     if anchors is not None:

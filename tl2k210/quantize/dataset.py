@@ -112,7 +112,7 @@ def load_dataset(path, shape, pre=Preprocess(), layout=None, limit=None):
     """Folder of images, folder of arrays, or one .npy/.npz -> list of (1, C, H, W) float32."""
     path = Path(path)
     if not path.exists():
-        raise InputFileError(f"dataset {path}: no such file or folder")
+        raise InputFileError(f"dataset {path}: no such file or folder; check the path")
     if path.is_dir() and not any(path.glob("*.np[yz]")):
         files = image_files(path)[:limit]
         return [load_image(f, shape, pre) for f in files]
