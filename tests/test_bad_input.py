@@ -623,22 +623,34 @@ def test_read_only_filesystem(tmp_path):
     assert "output 0" not in res.stdout
 
 
-def test_read_only_filesystem_message(tmp_path, capsys, monkeypatch):
-    """The EROFS branch, without needing a mount."""
+@pytest.mark.parametrize("verb", ["package", "run", "convert", "zoo"])
+def test_read_only_filesystem_message(verb, model, tmp_path, capsys, monkeypatch):
+    """The EROFS branch for every verb that writes, without needing a mount: found before the work."""
     import errno
     import tempfile
 
     real = tempfile.mkstemp
+    ro = tmp_path / "ro"
+    ro.mkdir()
 
     def erofs(*a, **kw):
-        if str(kw.get("dir", "")).startswith(str(tmp_path)):
+        if str(kw.get("dir", "")).startswith(str(ro)):
             raise OSError(errno.EROFS, os.strerror(errno.EROFS))
         return real(*a, **kw)
     monkeypatch.setattr(tempfile, "mkstemp", erofs)
     km = tmp_path / "m.kmodel"
     km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
-    rc, _, err = cli(capsys, "package", "-o", tmp_path / "o.kfpkg", f"{km}@0x300000")
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 28, 28), np.uint8))
+    m, ds = model
+    argv = {"package": ["package", "-o", ro / "o.kfpkg", f"{km}@0x300000"],
+            "run": ["run", km, "-i", x, "-o", ro / "o.json"],
+            "convert": ["convert", m, ro / "o.kmodel", "--dataset", ds],
+            "zoo": ["zoo", "build", "face_detect", "--out", ro / "zoo", "-q"]}[verb]
+    rc, out, err = cli(capsys, *argv)
     refused(rc, err, "read-only", "writable")
+    assert "[1/6]" not in err and "output 0" not in out
+    assert list(ro.iterdir()) == []
 
 
 # ---- broken .kfpkg packages -------------------------------------------------------------
@@ -760,6 +772,18 @@ def test_broken_kfpkg(case, tmp_path, capsys):
     keep.check()
 
 
+def test_kfpkg_manifest_with_a_bom_reads_like_kflash(tmp_path, capsys):
+    """Windows editors save flash-list.json with a UTF-8 BOM; kflash's json.loads(bytes) takes it."""
+    data = kmodel("mnist_v3.kmodel").read_bytes()
+    p = tmp_path / "bom.kfpkg"
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("flash-list.json", b"\xef\xbb\xbf" + json.dumps(
+            {"version": "0.1.0", "files": [{"address": 0x300000, "bin": "m.kmodel", "sha256Prefix": False}]}).encode())
+        z.writestr("m.kmodel", data)
+    from tl2k210.flash.kfpkg import read_kfpkg
+    assert [(i.address, i.data) for i in read_kfpkg(p)] == [(0x300000, data)]
+
+
 # ---- run -i ---------------------------------------------------------------------------------
 RUN_INPUTS = {
     "not-npy": (lambda d: ((d / "x.npy").write_bytes(b"\x93NUMPY garbage"), d / "x.npy")[-1], ("x.npy", "not a .npy")),
@@ -791,10 +815,14 @@ def _truncated(path):
 def test_run_bad_input(case, tmp_path, capsys):
     make, needles = RUN_INPUTS[case]
     x = make(tmp_path)
-    rc, out, err = cli(capsys, "run", kmodel("mnist_v3.kmodel"), "-i", x)
+    keep = Frozen(*[x] if x.is_file() else [])
+    result = tmp_path / "result.json"
+    rc, out, err = cli(capsys, "run", kmodel("mnist_v3.kmodel"), "-i", x, "-o", result)
     last = refused(rc, err, *needles)
     assert "output 0" not in out
     assert "kmodel is corrupt" not in last      # the array is blamed, not the model
+    keep.check()
+    nothing_at(result)
 
 
 @pytest.mark.parametrize("anchors,needles", [
@@ -808,10 +836,13 @@ def test_run_bad_input(case, tmp_path, capsys):
 def test_yolo_anchors_checked_before_running(anchors, needles, tmp_path, capsys):
     img = tmp_path / "p.png"
     Image.fromarray(np.full((240, 320, 3), 100, np.uint8)).save(img)
+    keep = Frozen(img)
     rc, out, err = cli(capsys, "run", kmodel("facedetect_320x240_v3.kmodel"), "-i", img,
-                       "--decode", "yolo2", f"--anchors={anchors}")
+                       "--decode", "yolo2", f"--anchors={anchors}", "-o", tmp_path / "boxes.png")
     refused(rc, err, *needles)
     assert "output 0" not in out                # checked against the output shape before running
+    keep.check()
+    nothing_at(tmp_path / "boxes.png")
 
 
 @pytest.mark.parametrize("flag,value", [("--threshold", "1.5"), ("--threshold", "nan"),
@@ -968,19 +999,22 @@ def test_labels_that_name_a_missing_file_are_an_error(labels, needles, tmp_path,
     img = tmp_path / "p.png"
     Image.fromarray(np.full((240, 320, 3), 100, np.uint8)).save(img)
     rc, out, err = cli(capsys, "run", kmodel("facedetect_320x240_v3.kmodel"), "-i", img, "--decode", "yolo2",
-                       "--anchors", ",".join(map(str, FACE_ANCHORS)), "--labels", labels)
+                       "--anchors", ",".join(map(str, FACE_ANCHORS)), "--labels", labels,
+                       "-o", tmp_path / "boxes.png")
     refused(rc, err, *needles)
     assert "output 0" not in out
+    nothing_at(tmp_path / "boxes.png")
 
 
 def test_float_input_model_refuses_non_finite(tmp_path, capsys):
     x = tmp_path / "x.npy"
     np.save(x, np.array([1.0, np.nan, 2.0, 3.0], np.float32))
-    rc, out, err = cli(capsys, "run", kmodel("iris_v3.kmodel"), "-i", x)
+    rc, out, err = cli(capsys, "run", kmodel("iris_v3.kmodel"), "-i", x, "-o", tmp_path / "r.npy")
     refused(rc, err, "nan")
     np.save(x, np.array([1e300, 3.5, 1.4, 0.2], np.float64))    # Inf once cast to float32
-    rc, out, err = cli(capsys, "run", kmodel("iris_v3.kmodel"), "-i", x)
+    rc, out, err = cli(capsys, "run", kmodel("iris_v3.kmodel"), "-i", x, "-o", tmp_path / "r.npy")
     refused(rc, err, "float32", "inf")
+    nothing_at(tmp_path / "r.npy")
     np.save(x, np.array([5.1, 3.5, 1.4, 0.2], np.float64))      # float64 is fine
     rc, out, err = cli(capsys, "run", kmodel("iris_v3.kmodel"), "-i", x)
     assert rc == 0, err
@@ -1028,13 +1062,14 @@ def test_sighup_board_removes_its_flash_image(tmp_path):
     _sigterm_leaves_nothing(["board", "--pty"], "DTR/RTS socket", tmp_path, signal.SIGHUP)
 
 
-def test_sigterm_demo_removes_its_flash_image(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_demo_removes_its_flash_image(sig, tmp_path):
     script = tmp_path / "loop.py"
     script.write_text("import time\nprint('ready')\nwhile True:\n    time.sleep(0.05)\n")
     img = tmp_path / "p.png"
     Image.fromarray(np.full((240, 320, 3), 100, np.uint8)).save(img)
     _sigterm_leaves_nothing(["demo", script, "--image", img, "--kmodel", kmodel("mnist_v3.kmodel"),
-                             "--out", tmp_path / "lcd.png"], "ready", tmp_path)
+                             "--out", tmp_path / "lcd.png"], "ready", tmp_path, sig)
 
 
 @pytest.fixture
@@ -1058,7 +1093,15 @@ def test_outputs_follow_the_umask(umask022, model, tmp_path, capsys):
     m, ds = model
     assert cli(capsys, "convert", m, tmp_path / "c.kmodel", "--dataset", ds, "-q",
                "--report", tmp_path / "c.json")[0] == 0
-    for f in ("p.kfpkg", "r.json", "c.kmodel", "c.json"):
+    assert cli(capsys, "compare", m, tmp_path / "c.kmodel", "--dataset", ds,
+               "--json", tmp_path / "cmp.json")[0] == 0
+    # deploy keeps its package (-o) even when no board answers
+    assert cli(capsys, "deploy", km, "-o", tmp_path / "d.kfpkg", "-p", tmp_path / "noport")[0] == 2
+    script = tmp_path / "show.py"
+    script.write_text("import lcd, image\nlcd.init()\nlcd.display(image.Image())\n")
+    rc, _, err = cli(capsys, "demo", script, "--image", ds / "0.png", "--out", tmp_path / "lcd.png")
+    assert rc == 0, err
+    for f in ("p.kfpkg", "r.json", "c.kmodel", "c.kmodel.json", "c.json", "cmp.json", "d.kfpkg", "lcd.png"):
         assert _mode(tmp_path / f) == 0o644, f
     os.umask(0o077)
     assert cli(capsys, "run", km, "-i", x, "-o", tmp_path / "private.json")[0] == 0
@@ -1379,3 +1422,52 @@ def test_fuzz_calibration_arrays_through_convert(model, tmp_path, capsys):
                 12, 8, ".npz", out)
     assert rcs.get(2, 0) >= 6
 
+
+
+_PIECES = ["1", "2.5", "-1", "0", "-0", "nan", "inf", "-inf", "1e309", "0x10", "", " ", "a", "1e-300",
+           "\u0663", "1_0", "--", "9" * 30, "115200", "2000000", "1500000"]
+
+
+def _junk(rng, sep=","):
+    return sep.join(str(rng.choice(_PIECES)) for _ in range(int(rng.integers(0, 14))))
+
+
+def _cli_or_usage(capsys, *argv):
+    """Like cli(), an argparse usage error (SystemExit 2) counts as exit 2."""
+    try:
+        return cli(capsys, *argv)
+    except SystemExit as e:
+        cap = capsys.readouterr()
+        return e.code, cap.out, cap.err
+
+
+def test_fuzz_flag_values(model, tmp_path, capsys):
+    """Junk number lists for --anchors, --mean/--std/--input-range and -b: a usage error or one
+    clean line, never a traceback, and nothing written."""
+    m, ds = model
+    img = tmp_path / "p.png"
+    Image.fromarray(np.full((240, 320, 3), 100, np.uint8)).save(img)
+    fw = tmp_path / "fw.bin"
+    fw.write_bytes(b"\x11" * 1000)
+    rng = np.random.default_rng(11)
+    refusals = [0, 0, 0]
+    for i in range(150):
+        j = _junk(rng)
+        argv = [["run", kmodel("facedetect_320x240_v3.kmodel"), "-i", img, "--decode", "yolo2",
+                 f"--anchors={j}", "-o", tmp_path / "o.png"],
+                ["convert", m, tmp_path / "o.kmodel", "--dataset", ds, "-q",
+                 rng.choice(["--mean", "--std", "--input-range"]) + f"={j}"],
+                ["flash", "-p", tmp_path / "no-port", "-b", j.replace(",", ""), fw]][i % 3]
+        rc, out, err = _cli_or_usage(capsys, *argv)
+        assert rc in (0, 2), (argv, rc, err)
+        assert "Traceback" not in err and "internal error" not in err, (argv, err)
+        refusals[i % 3] += rc == 2
+        if rc == 2 and ": error: " in err.strip().splitlines()[-1]:
+            assert FIX.search(err.strip().splitlines()[-1].split(": error: ", 1)[1]) or \
+                "argument" in err, err
+        for p in (tmp_path / "o.png", tmp_path / "o.kmodel"):
+            if rc == 2:
+                nothing_at(p)
+            elif p.exists():
+                p.unlink()
+    assert min(refusals) > 30, refusals

@@ -169,9 +169,10 @@ def read_kfpkg(path, flash_size=FLASH_SIZE_16M):
         raw = _read_member(zf, infos[MANIFEST], MAX_MANIFEST_BYTES, path)
         if infos[MANIFEST].file_size > MAX_MANIFEST_BYTES or len(raw) > MAX_MANIFEST_BYTES:
             raise KfpkgError(f"{path}: {MANIFEST} is absurdly large (over "
-                             f"{MAX_MANIFEST_BYTES // 1024} KiB); the package is corrupt: download or rebuild it")
+                             f"{MAX_MANIFEST_BYTES // 1024} KiB); the package is corrupt: download "
+                             "or rebuild it")
         try:
-            entries = parse_manifest(raw.decode("utf-8", "replace"))
+            entries = parse_manifest(raw.decode("utf-8-sig", "replace"))   # a BOM, as kflash reads it
         except KfpkgError as exc:
             raise KfpkgError(f"{path}: {exc}") from None
         seen = set()
