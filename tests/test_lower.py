@@ -285,35 +285,125 @@ def _kxk_model(k, group, stride=1, pads=None, dilation=1, c_in=3, c_out=6, h=24,
                        "b": (rng.normal(size=c_out) * 0.3).astype(np.float32)})
 
 
-@pytest.mark.parametrize("group", ["dense", "dw"])
-def test_5x5_decomposition_is_the_quantized_5x5_conv(group):
-    """The one-hot shift stage copies bytes and the 3x3 stage with re-indexed weights accumulates
-    exactly what a 5x5 KPU layer would: the output equals a direct integer 5x5 conv of the pixels
-    with the same quantized weights, BN and activation table, bit for bit."""
-    from numpy.lib.stride_tricks import sliding_window_view
+def _kxk_after_conv(k, group, stride=1, pads=None, dilation=1, c_in=8, h=24, w=28, seed=0):
+    """conv3x3 + ReLU -> the K x K conv: the K x K conv reads a quantized map (pad value = its
+    zero point), not the pixels."""
+    rng = np.random.default_rng(seed + 1)
+    inner = _kxk_model(k, group, stride, pads, dilation, c_in=c_in, h=h, w=w, seed=seed)
+    node = inner.graph.node[0]
+    node.input[0] = "x1"
+    inits = {i.name: __import__("onnx").numpy_helper.to_array(i) for i in inner.graph.initializer}
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["x1"])]
+    return make_model(nodes + [node], [("x", [1, 3, h, w])], [("y", None)],
+                      {**inits, "w0": (rng.normal(size=(c_in, 3, 3, 3)) * 0.3).astype(np.float32),
+                       "b0": (rng.normal(size=c_in) * 0.2).astype(np.float32)})
 
+
+def _direct_kxk(q, z_x, Wq, zw, group, stride, pads, dilation):
+    """The K x K conv's KPU accumulator computed directly: sum over taps of (q - z_x)(Wq - zw),
+    off-map taps reading the pad value z_x."""
+    from numpy.lib.stride_tricks import sliding_window_view
+    co, m, kk, _ = Wq.shape
+    K = (kk - 1) * dilation + 1
+    c, h, w = q.shape
+    oh = (h + pads[0] + pads[2] - K) // stride + 1
+    ow = (w + pads[1] + pads[3] - K) // stride + 1
+    xp = np.pad(q.astype(np.int64) - z_x, ((0, 0), (pads[0], K), (pads[1], K)))
+    win = sliding_window_view(xp, (K, K), axis=(1, 2))[:, :oh * stride:stride, :ow * stride:stride]
+    win = win[..., ::dilation, ::dilation]                                       # (C, oh, ow, kk, kk)
+    wq = Wq.astype(np.int64) - zw
+    if group == 1:
+        return np.einsum("chwyx,ocyx->ohw", win, wq)
+    return np.einsum("chwyx,cyx->chw", win, wq[:, 0])
+
+
+KXK_EXACT = [   # k, group, stride, pads, dilation, reads pixels, (h, w), form the cost model picks, stages
+    (5, "dense", 1, None, 1, True, (24, 28), "shift grid", 2),
+    (5, "dw", 1, None, 1, True, (24, 28), "shift grid", 2),
+    (5, "dense", 2, None, 1, False, (24, 28), "stride-2 phases", 2),
+    (5, "dense", 2, [1, 1, 2, 2], 1, True, (24, 28), "stride-2 phases", 2),     # first layer
+    (5, "dw", 2, [1, 1, 2, 2], 1, False, (24, 28), "stride-2 phases", 2),      # TF 'SAME'
+    (5, "dw", 2, None, 1, False, (23, 31), "shift grid", 2),                    # odd map: CPU pick
+    (5, "dw", 1, [0, 0, 0, 0], 1, False, (24, 28), "shift grid", 2),            # VALID
+    (7, "dense", 1, None, 1, True, (24, 28), "sparse shifts", 3),
+    (7, "dw", 1, None, 1, False, (24, 28), "sparse shifts", 3),
+    (7, "dense", 2, None, 1, False, (24, 28), "stride-2 phases", 2),
+    (7, "dw", 2, [2, 2, 3, 3], 1, False, (24, 28), "stride-2 phases", 3),      # TF 'SAME': 2 copy stages
+    (5, "dw", 1, None, 2, False, (24, 28), "shift grid", 2),                    # dilated 3x3
+]
+
+
+@pytest.mark.parametrize("k,group,stride,pads,dilation,first,hw_,form,stages", KXK_EXACT)
+def test_kxk_is_the_quantized_kxk_conv_bit_for_bit(k, group, stride, pads, dilation, first, hw_, form, stages):
+    """The one-hot shift stages copy bytes and the 3x3 stage with re-indexed weights accumulates
+    exactly what one K x K KPU layer would: the output bytes equal a direct integer K x K conv of
+    the input bytes (the pixels, or the previous layer's traced map) with the same quantized
+    weights, BN and activation table, bit for bit. The receipt names the form the cost model chose."""
     from lower_helpers import kpu_outputs
+    from tl2k210.k210.emulator import Emulator
     from tl2k210.k210.emulator.kpu import activation, batchnorm
     from tl2k210.quantize import fixed_point as fx
-    m = _kxk_model(5, group)
-    px = pixels(3, 3, 24, 28)
+    h, w = hw_
+    pads = [k // 2] * 4 if pads is None else pads
+    c_in = 3 if first else 8
+    m = _kxk_model(k, group, stride, pads, dilation, c_in=3, h=h, w=w) if first else \
+        _kxk_after_conv(k, group, stride, pads, dilation, c_in=c_in, h=h, w=w)
+    px = pixels(3, 3, h, w)
     model, rows, lw, g = compile_model(m, px)
-    assert "as 2 KPU stages" in rows[0].why
-    idx = [i for i in rows[0].layers if model.layers[i].conv is not None and
-           model.layers[i].conv.args["arg_x"] != 0]          # the 3x3 stage (copies have no zero points)
-    convs = [model.layers[i].conv for i in idx]
-    assert all(L.conv.args["arg_x"] == 0 for L in model.layers[:idx[0]])   # the copy stage before
-    bn = {f: np.concatenate([c.bn[f] for c in convs]) for f in convs[0].bn}
-    W = np.asarray(g.tensors[g.nodes[0].inputs[1]].value, np.float64) / 255   # pixels / 255 is the input
-    Wq, zw, _ = fx.quantize_weights(W, 8)
-    for p, trace in zip(px, kpu_outputs(model, px)):
-        got = np.concatenate([trace[i] for i in idx])
-        xp = np.pad(p.astype(np.int64), ((0, 0), (2, 2), (2, 2)))             # pad value = z_x = 0
-        win = sliding_window_view(xp, (5, 5), axis=(1, 2))                     # (C, H, W, 5, 5)
-        wq = Wq.astype(np.int64) - zw
-        acc = np.einsum("chwyx,ocyx->ohw", win, wq) if group == "dense" else np.einsum("chwyx,cyx->chw", win, wq[:, 0])
-        ref = activation(batchnorm(acc, bn), convs[0].act)
+    row = next(r for r in rows if r.node == "y")
+    assert f"'{form}'" in row.why and "est." in row.why and f"as {stages} KPU stages" in row.why, row.why
+    node = next(n for n in g.nodes if n.outputs[0] == "y")
+    k = (k - 1) // dilation + 1 if dilation > 1 else k
+    W = np.asarray(g.tensors[node.inputs[1]].value, np.float64)
+    if first:
+        scale, z_x = 1 / 255, 0
+    else:
+        scale, z_x = lw.locs[node.inputs[0]].quant
+    Wq, zw, _ = fx.quantize_weights(W * scale, 8)
+    convs = [model.layers[i].conv for i in row.layers if model.layers[i].conv is not None]
+    copies = [c for c in convs if c.args["arg_x"] == 0]          # the copies have no zero points
+    final = [c for c in convs if c.args["arg_x"] != 0]
+    assert copies and final and all(c.args["pad_value"] == z_x for c in convs)
+    bn = {f: np.concatenate([c.bn[f] for c in final]) for f in final[0].bn}
+    s_y, z_y = lw.locs["y"].quant
+    emu = Emulator(model)
+    traces = kpu_outputs(model, px)
+    src_layer = None if first else next(r for r in rows if r.node == "c0").layers[0]
+    for p, trace in zip(px, traces):
+        q = p if first else trace[src_layer]
+        acc = _direct_kxk(q, z_x, Wq, zw, 1 if group == "dense" else c_in, stride, pads, dilation)
+        ref = activation(batchnorm(acc, bn), final[0].act)
+        got = np.rint(emu.run(p)[0].reshape(ref.shape) / s_y + z_y).astype(np.int64)
         assert np.array_equal(got, ref)
+
+
+@pytest.mark.parametrize("k,stride", [(7, 1), (5, 2)])
+def test_kxk_forms_agree_and_the_cost_model_picks_the_cheapest(k, stride, monkeypatch):
+    """Every form is exact, so every form gives the same bytes; the chosen one is the cheapest
+    by the cost model, also when measured on the emitted layers (cost.layer_cycles)."""
+    from lower_helpers import run_both
+    from tl2k210.k210 import cost
+    from tl2k210.k210.lower import kxk
+    m = _kxk_after_conv(k, "dense", stride)
+    px = pixels(2, 3, 24, 28)
+    orig = kxk.forms
+    results = {}
+    g = from_onnx(m)
+    names = [f.name for f in orig(g, g.nodes[-1])]
+    for name in names:
+        monkeypatch.setattr(kxk, "forms", lambda g, n, name=name: [f for f in orig(g, n) if f.name == name])
+        model, rows, _, _ = compile_model(m, px, format="v3")
+        row = next(r for r in rows if r.node == "y")
+        assert f"'{name}'" in row.why
+        results[name] = (run_both(m, model, px)[1], sum(cost.layer_cycles(model.layers[i]) for i in row.layers))
+    monkeypatch.setattr(kxk, "forms", orig)
+    model, rows, _, _ = compile_model(m, px)
+    chosen = next(r for r in rows if r.node == "y").why.split("'")[1]
+    assert len(results) >= 2, names
+    outs = [v[0] for v in results.values()]
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    assert chosen == min(results, key=lambda n: results[n][1])
+    assert chosen == {7: "sparse shifts", 5: "stride-2 phases"}[k]
 
 
 @pytest.mark.parametrize("k,group,stride,pads,dilation", [
@@ -340,7 +430,7 @@ def test_kxk_kernels_match_float(k, group, stride, pads, dilation):
     px = pixels(4, 3, 24, 28)
     model, rows, _, _ = compile_model(m, px)
     row = next(r for r in rows if r.node == "y")
-    assert f"conv{k}x{k}" in row.why and f"as {k // 2} KPU stages" in row.why
+    assert f"conv{k}x{k}" in row.why and "KPU stages" in row.why
     assert sqnr(m, model, px) > 30
 
 

@@ -199,17 +199,25 @@ def _group_units(geo, q):
     return [((g0 * m, min(G, g0 + q) * m), (g0 * n, min(G, g0 + q) * n)) for g0 in range(0, G, q)]
 
 
-def _grouped_q(geo):
-    """(groups per tile, its cost, the cost of one dense tile) for a grouped conv: the cheapest
-    aligned split by the cost model (KPU cycles of all its tiles)."""
-    ci, h, w = geo.in_shape
-    co, G, k = geo.co, geo.groups, geo.k
-    m, n = ci // G, co // G
-    gi, go = _group(w), _group(geo.kpu_out[2])
+def conv_cycles(ci, co, groups, k, h, w, w_out, dense=False):
+    """(groups per tile, est. cycles, one dense tile's cycles) of a conv: a grouped conv runs as
+    block-diagonal dense tiles, the cheapest aligned split by the cost model (KPU cycles of all its
+    tiles); `dense` forces one tile. A depthwise conv is one native layer."""
+    if groups == ci == co:
+        c = kpu.estimate_cycles(h * w * co * k * k, co * k * k)
+        return groups, c, c
+    G, m, n = groups, ci // groups, co // groups
+    gi, go, cmax = _group(w), _group(w_out), hw.LIMITS["channels"][1]
     cost = {q: (G // q) * kpu.estimate_cycles(h * w * (q * n) * (q * m) * k * k, (q * n) * (q * m) * k * k)
-            for q in range(1, G + 1) if q == G or not (G % q or (q * m) % gi or (q * n) % go)}
-    q = min(cost, key=cost.get)
+            for q in range(1, G + 1)
+            if q == G or not (G % q or (q * m) % gi or (q * n) % go or max(q * m, q * n) > cmax)}
+    q = G if dense else min(cost, key=cost.get)
     return q, cost[q], cost[G]
+
+
+def _grouped_q(geo):
+    ci, h, w = geo.in_shape
+    return conv_cycles(ci, geo.co, geo.groups, geo.k, h, w, geo.kpu_out[2])
 
 
 def plan_for(lw, node) -> Plan:

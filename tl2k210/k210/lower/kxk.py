@@ -1,17 +1,31 @@
 """K x K convs (5x5, 7x7, ..., and dilated 3x3) exactly on the KPU's 3x3 kernel.
 
-A conv with K = 2R+1 reads input offsets u in [-R, R]^2. R-1 one-hot 3x3 "copy" stages build a
-map holding every input channel shifted by each offset d in [-(R-1), R-1]^2 (stage r adds one
-step t in {-1, 0, 1}^2 per axis: t = sign(d) where |d| = r, else 0), then one 3x3 conv reads
-that map with the re-indexed weights: tap u is offset d = u - t at step t (t = sign(u) where
-|u| = R). Off-map taps read the pad value, and a step leaves the map only when the whole offset
-does, so this is exact: the copies are byte for byte (ACC = the picked byte, BN x1, identity
-table, the input's quantization) and the last stage computes the K x K conv's accumulator with
-its per-channel weights. Channels are grouped per input channel, so every stage is a group conv
-(depthwise K x K stays grouped: 9 or 25 inputs per output); conv.py tiles each stage, choosing
-the tile size by the cost model, and keeps the intermediate maps in KPU RAM when they fit.
+A conv with K = 2R+1 reads input offsets u in [-R, R]^2. One-hot 3x3 "copy" stages build a map
+holding every input channel shifted by each offset d of a set D (a stage moves each copy by one
+step t in {-1, 0, 1}^2 per axis), then one 3x3 conv reads that map with the re-indexed weights:
+tap u is copy d read at step t, u = d + t. The copies are byte for byte (ACC = the picked byte,
+BN x1, identity table, the input's quantization) and the last stage computes the K x K conv's
+accumulator with its per-channel weights, so the result is the quantized K x K conv exactly -
+provided an off-map read (the pad value) happens only where the K x K conv reads off the map
+too. That holds when every step keeps its copy's direction (t = 0, d = 0 or sign(d) = t): a
+read then leaves the map only when the whole offset does.
+
+Forms (`forms`), all exact, the cheapest by the cost model chosen and named in the receipt:
+  * "shift grid": D_r = [-r, r]^2 after stage r (R-1 stages; 9 copies per channel for 5x5, 25
+    for 7x7);
+  * "sparse shifts": the fewest copies per stage that still reach every tap monotonically
+    (7x7: 9 copies in both stages, {-2, 0, 2}^2 last);
+  * "stride-2 phases" (stride 2, even maps): the last copy stage also picks every second pixel
+    (KPU pick pool), so the 3x3 stage runs on the quarter-size map: input row 2j + v = 2(j + t)
+    + a with copies a (5x5: a in {0, 1}^2, 4 copies) - a quarter of the MACs of the others.
+Channels are grouped per input channel, so every stage is a group conv (depthwise K x K stays
+grouped: |D| inputs per output); conv.py tiles each stage, choosing the tile size by the cost
+model, and keeps the intermediate maps in KPU RAM when they fit.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
 
 import numpy as np
 
@@ -19,13 +33,175 @@ from tl2k210.graph import Node
 from tl2k210.k210 import hardware as hw
 
 from . import kpu
-from .conv import describe, emit_layer, geometry, input_terms, is_dense, kpu_conv_refuses, plan_for, quantize_conv
+from .conv import (conv_cycles, describe, emit_layer, geometry, input_terms, is_dense, kpu_conv_refuses,
+                   plan_for, quantize_conv)
 from .registry import KPU, NA, lowering
+
+STEPS = (-1, 0, 1)          # a 3x3 kernel's tap offsets per axis
 
 
 def _effective_kernel(a):
     k, d = tuple(a["kernel"]), tuple(a.get("dilations", (1, 1)))
     return (k[0] - 1) * d[0] + 1, k, d
+
+
+def _keeps_direction(d, t):
+    """Reading copy d at step t leaves the map only when the whole offset d + t does."""
+    return t == 0 or d == 0 or np.sign(d) == t
+
+
+# ---------------------------------------------------------------------------------------------
+# one axis: copy sets per stage and how the final 3x3 reaches each tap
+@dataclass(frozen=True)
+class Axis:
+    sets: tuple        # copy offsets after each copy stage: (S_1, ..., S_n), S_0 = (0,)
+    parents: tuple     # per stage: {offset: (parent offset, step)}
+    taps: dict         # needed tap -> (copy offset in S_n, final step)
+
+
+def _cover(need, cands, reach):
+    """The smallest subset S of `cands` (then the most central) with reach(v, S) for every v in need."""
+    cands = sorted(cands, key=lambda v: (abs(v), v))
+    for n in range(1, len(cands) + 1):
+        for s in combinations(cands, n):
+            if all(reach(v, s) is not None for v in need):
+                return tuple(sorted(s))
+    return None
+
+
+def _back(final, n):
+    """Copy sets S_1..S_n ending in `final`, each the smallest reaching the next monotonically."""
+    sets, parents, cur = [final], [], final
+    for i in range(n, 0, -1):
+        prev = _cover(cur, range(-(i - 1), i), _parent) if i > 1 else (0,)
+        if prev is None or any(_parent(v, prev) is None for v in cur):
+            return None
+        parents.insert(0, {v: _parent(v, prev) for v in cur})
+        sets.insert(0, prev)
+        cur = prev
+    return tuple(sets[1:]), tuple(parents)
+
+
+def _parent(v, s):
+    for t in (0, 1, -1):
+        if v - t in s and _keeps_direction(v - t, t):
+            return (v - t, t)
+    return None
+
+
+def _axis_stride1(need, R, sparse):
+    n = R - 1
+    if sparse:
+        final = _cover(need, range(-n, n + 1), _parent)
+        chain = _back(final, n) if final else None
+        if chain is None:
+            return None
+        sets, parents = chain
+    else:            # the grid: [-r, r] after stage r, steps t = sign(d) where |d| = r
+        final = tuple(range(-n, n + 1))
+        sets = tuple(tuple(range(-r, r + 1)) for r in range(1, n + 1))
+        parents = tuple({d: (d - _edge(d, r), _edge(d, r)) for d in range(-r, r + 1)} for r in range(1, n + 1))
+    return Axis(sets, parents, {u: _parent(u, final) for u in need})
+
+
+def _edge(d, r):
+    return int(np.sign(d)) if abs(d) == r else 0
+
+
+def _phase_reach(v, s):
+    """Input offset v = 2t + a from copy a at half-resolution step t. Off the half-size map
+    (t = -1 at the first row, t = +1 past the last of an even map) the true row is -2 + a or
+    H + a: off the map too only if a <= 1, resp. a >= 0."""
+    for t in (0, -1, 1):
+        a = v - 2 * t
+        if a in s and (t != -1 or a <= 1) and (t != 1 or a >= 0):
+            return (a, t)
+    return None
+
+
+def _axis_phase(need):
+    for n in (1, 2):
+        final = _cover(need, range(-n, n + 1), _phase_reach)
+        if final is None or max(abs(a) for a in final) != n:
+            continue
+        chain = _back(final, n)
+        if chain is not None:
+            return Axis(chain[0], chain[1], {v: _phase_reach(v, final) for v in need})
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# forms: both axes, the stages' channel counts and the cost model's cycles
+@dataclass(frozen=True)
+class Form:
+    name: str
+    ay: Axis
+    ax: Axis
+    phase: bool           # the last copy stage picks stride 2; the 3x3 stage runs on the small map
+    cycles: int
+    channels: int         # input channels of the 3x3 stage
+
+    def copies(self, i):
+        """2-D copy offsets after copy stage i (1-based; 0: the input itself)."""
+        if i == 0:
+            return [(0, 0)]
+        return [(y, x) for y in self.ay.sets[i - 1] for x in self.ax.sets[i - 1]]
+
+    @property
+    def n(self):
+        return len(self.ay.sets)
+
+
+def _needs(K, d, R, dy0, phase):
+    taps = [u * d - R for u in range((K - 1) // d + 1)]
+    return [dy0 + u for u in taps] if phase else taps
+
+
+def forms(g, node):
+    """Every exact form of this K x K conv (an empty list if none has a 3x3 stage the KPU takes)."""
+    a = node.attrs
+    K, _, (dil, _) = _effective_kernel(a)
+    R = K // 2
+    _, ci, h, w = g.shape(node.inputs[0])
+    _, co, oh, ow = g.shape(node.outputs[0])
+    grp, s = a.get("group", 1), a["strides"][0]
+    dy0, dx0 = R - a["pads"][0], R - a["pads"][1]
+    first = node.inputs[0] in g.inputs
+    cand = []
+    for name, sparse in (("shift grid", False), ("sparse shifts", True)):
+        ay, ax = _axis_stride1(_needs(K, dil, R, 0, False), R, sparse), \
+            _axis_stride1(_needs(K, dil, R, 0, False), R, sparse)
+        if ay is not None and ax is not None:
+            cand.append((name, ay, ax, False))
+    if s == 2 and h % 2 == 0 and w % 2 == 0 and (oh, ow) == (h // 2, w // 2):
+        ay, ax = _axis_phase(_needs(K, dil, R, dy0, True)), _axis_phase(_needs(K, dil, R, dx0, True))
+        if ay is not None and ax is not None and len(ay.sets) == len(ax.sets):
+            cand.append(("stride-2 phases", ay, ax, True))
+    out, seen = [], set()
+    cmax = hw.LIMITS["channels"][1]
+    for name, ay, ax, phase in cand:
+        if len(ay.sets) != len(ax.sets):
+            continue
+        key = (ay.sets, ax.sets, phase)
+        if key in seen:
+            continue
+        seen.add(key)
+        f = Form(name, ay, ax, phase, 0, 0)
+        cyc, prev = 0, 1
+        for i in range(1, f.n + 1):
+            nd = len(f.copies(i))
+            if ci * nd > cmax:
+                break
+            wo = w // 2 if phase and i == f.n else w
+            cyc += conv_cycles(ci, ci * nd, ci, 3, h, w, wo, dense=first and i == 1)[1]
+            prev = nd
+        else:
+            hh, ww = (h // 2, w // 2) if phase else (h, w)
+            if grp == 1 and ci * prev > cmax:
+                continue
+            cyc += conv_cycles(ci * prev, co, grp, 3, hh, ww, ww)[1]
+            out.append(Form(name, ay, ax, phase, cyc, ci * prev))
+    return sorted(out, key=lambda f: f.cycles)
 
 
 def kxk_refuses(g, node, opts):
@@ -40,26 +216,17 @@ def kxk_refuses(g, node, opts):
     if K % 2 == 0:
         return f"kernel {k}: an even kernel has no centre tap; the KPU runs odd kernels (pad the weights)"
     R = K // 2
-    _, ci, h, w = g.shape(node.inputs[0])
-    grp = a.get("group", 1)
-    per = (2 * R - 1) ** 2
-    cmax = hw.LIMITS["channels"][1]
-    if grp == 1 and ci * per > cmax:
-        return (f"a {K}x{K} kernel on {ci} channels reads {ci * per} shifted channels; the KPU reads "
-                f"{cmax}: at most {cmax // per} input channels (or a depthwise/group conv)")
     if any(p > R or p < 0 for p in a["pads"]):
         return f"pads {a['pads']} exceed the kernel's {R}-pixel border"
+    _, ci, h, w = g.shape(node.inputs[0])
+    if not forms(g, node):
+        cmax = hw.LIMITS["channels"][1]
+        per = len(_axis_stride1(_needs(K, d[0], R, 0, False), R, True).sets[-1]) ** 2   # the fewest copies
+        return (f"a {K}x{K} kernel on {ci} channels reads {ci * per} shifted channels; the KPU reads "
+                f"{cmax}: at most {cmax // per} input channels (or a depthwise/group conv)")
     shadow = Node("Conv", node.inputs, node.outputs, {**a, "kernel": (3, 3), "dilations": (1, 1),
                                                      "pads": [1, 1, 1, 1]}, node.name)
     return kpu_conv_refuses(g, shadow, opts)
-
-
-def _offsets(r):
-    return [(dy, dx) for dy in range(-r, r + 1) for dx in range(-r, r + 1)]
-
-
-def _step(v, r):
-    return int(np.sign(v)) if abs(v) == r else 0
 
 
 @lowering("Conv", unit=KPU, check=kxk_refuses, name="kpu_conv_kxk")
@@ -77,35 +244,42 @@ def kpu_conv_kxk(lw, node):
         We[:, :, ::d[0], ::d[1]] = W
         W = We
     B = np.asarray(lw.g.tensors[node.inputs[2]].value, np.float64)
+    alts = forms(lw.g, node)
+    form = alts[0]
     row = lw.row(node, "", in_shape=(ci, h, w), out_shape=lw.shape(out))
     sc, _, z_x, _ = input_terms(lw, x, ci)
     quant = (float(sc[0]), z_x) if x != lw.pixel_input and x not in lw.pixel_copy else (None, z_x)
     pixels = lw.pixel_copy.get(x, np.arange(ci) if x == lw.pixel_input else None)
     base = dict(kernel=(3, 3), strides=(1, 1), pads=[1, 1, 1, 1], dilations=(1, 1))
-    stages, src, prev = [], x, [(0, 0)]
-    for r in range(1, R):                   # copy stages: offsets grow by one pixel each
-        offs = _offsets(r)
+    stages, src = [], x
+    for i in range(1, form.n + 1):          # copy stages: each copy moves one step
+        prev, offs = form.copies(i - 1), form.copies(i)
+        py, px = form.ay.parents[i - 1], form.ax.parents[i - 1]
         onehot = np.zeros((ci * len(offs), len(prev), 3, 3), np.uint8)
-        for j, (dy, dx) in enumerate(offs):
-            ty, tx = _step(dy, r), _step(dx, r)
-            onehot[j::len(offs), prev.index((dy - ty, dx - tx)), ty + 1, tx + 1] = 1
-        z = f"{out}:shift{r}"
-        lw.virtual_shapes[z] = (ci * len(offs), h, w)
+        for j, (oy, ox) in enumerate(offs):
+            (ppy, ty), (ppx, tx) = py[oy], px[ox]
+            onehot[j::len(offs), prev.index((ppy, ppx)), ty + 1, tx + 1] = 1
+        z = f"{out}:shift{i}"
+        pick = form.phase and i == form.n
+        lw.virtual_shapes[z] = (ci * len(offs), h // 2, w // 2) if pick else (ci * len(offs), h, w)
         if pixels is not None:
             lw.pixel_copy[z] = np.repeat(pixels, len(offs))
-        stages.append((Node("Conv", [src], [z], {**base, "group": ci}, f"{node.name}/shift{r}"),
+        attrs = {**base, "group": ci, **({"pick": (0, 0, 2)} if pick else {})}
+        stages.append((Node("Conv", [src], [z], attrs, f"{node.name}/shift{i}"),
                        kpu.copy_layer(onehot, quant, lw.opts.weight_bits, ci)))
-        src, prev = z, offs
-    per = len(prev)
+        src = z
+    last = form.copies(form.n)
+    per = len(last)
     W2 = np.zeros((co, m * per, 3, 3))
-    for uy in range(-R, R + 1):
-        for ux in range(-R, R + 1):
-            ty, tx = _step(uy, R), _step(ux, R)
-            j = prev.index((uy - ty, ux - tx))
-            W2[:, j::per, ty + 1, tx + 1] = W[:, :, uy + R, ux + R]
+    dy0, dx0 = R - a["pads"][0], R - a["pads"][1]
+    for ky in range(0, K, d[0]):
+        for kx in range(0, K, d[1]):
+            uy, ux = ky - R + (dy0 if form.phase else 0), kx - R + (dx0 if form.phase else 0)
+            (cy, ty), (cx, tx) = form.ay.taps[uy], form.ax.taps[ux]
+            W2[:, last.index((cy, cx))::per, ty + 1, tx + 1] = W[:, :, ky, kx]
+    pick = (0, 0, 1) if form.phase else (dy0, dx0, a["strides"][0])
     final = Node("Conv", [src, node.inputs[1], node.inputs[2]], [out],
-                 {**a, **base, "group": grp, "pick": (R - a["pads"][0], R - a["pads"][1], a["strides"][0])},
-                 node.name, list(node.fused))
+                 {**a, **base, "group": grp, "pick": pick}, node.name, list(node.fused))
     for (prev_node, _), (nxt, _) in zip(stages, stages[1:] + [(final, None)]):
         lw.virtual_next[prev_node.outputs[0]] = nxt
     for stage, lq in stages:
@@ -115,8 +289,11 @@ def kpu_conv_kxk(lw, node):
     lq = quantize_conv(lw, final, geo, W2, B, row)
     emit_layer(lw, final, geo, plan_for(lw, final), lq, row)
     _drop(lw, src)
-    row.why = (f" as {R} KPU stages ({R - 1} exact one-hot 3x3 shift stage{'s' if R > 2 else ''} to "
-               f"{ci * per} channels, then a 3x3 conv with re-indexed weights)")
+    n = form.n
+    row.why = (f" as {n + 1} KPU stages ('{form.name}': {n} exact one-hot 3x3 shift stage{'s' if n > 1 else ''} "
+               f"to {form.channels} channels{', picking stride 2' if form.phase else ''}, then a 3x3 conv "
+               f"with re-indexed weights; est. {form.cycles:,} cycles"
+               + "".join(f"; '{f.name}': {f.cycles:,}" for f in alts[1:]) + ")")
     describe(row, geo, plan_for(lw, final), k=K)
     for stage, _ in stages:
         p = plan_for(lw, stage)
