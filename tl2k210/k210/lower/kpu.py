@@ -18,7 +18,6 @@ from tl2k210.k210.kmodel.kpu import KpuConv
 from tl2k210.quantize import fixed_point as fx
 
 IR_POOL_KIND = {"max": "max", "avg": "mean"}
-PIECEWISE_LINEAR = ("Relu", "Clip", "LeakyRelu", "HardSigmoid")   # tables exact up to rounding: no note
 # a streamed output channel holds at most this many pixels (channel_byte_num, spec §2.5.5); the
 # field is clamped for outputs that stay in KPU RAM (only the output FIFO reads it)
 STREAM_PIXELS = 1 << hw.LAYER_FIELD["channel_byte_num"].width
@@ -115,8 +114,10 @@ def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row) 
     act = fx.activation_table(act_attr, y_lo, y_hi, s_v, s_z, z_z)
     lq = LayerQuant(Wq, zw, z_x, bn, act, (s_z, z_z), groups, bits)
     lq.fit_lsb = fit_error(act_attr, act, y_lo, y_hi, s_v, s_z, z_z)
-    if act_attr is not None and act_attr["op"] not in PIECEWISE_LINEAR:
-        row.notes.append(f"activation {act_attr['op']}: {hw.ACT_SEGMENTS}-segment table, max error "
+    if act_attr is not None and act_attr["op"] != "Relu":   # ReLU: the table is exact by construction
+        name = "Relu6 (Clip 0..6)" if act_attr["op"] == "Clip" and (act_attr.get("min"), act_attr.get("max")) == (0, 6) \
+            else act_attr["op"]
+        row.notes.append(f"activation {name}: {hw.ACT_SEGMENTS}-segment table, max error "
                          f"{lq.fit_lsb:.2f} output LSB (rounding alone: 0.50) over the calibrated input "
                          f"[{y_lo:.3g}, {y_hi:.3g}]")
     row.act_fit_lsb = lq.fit_lsb
