@@ -100,6 +100,7 @@ LAYER_DEFAULTS = {
 #: One u64 per output channel (spec §2.5.2).
 BN_FIELDS = (_F("norm_mul", 0, 0, 24, True), _F("norm_add", 0, 24, 32, True),
              _F("norm_shift", 0, 56, 4))
+BN_ENTRY_BYTES = 8
 
 #: Activation table: 16 segment words, then 16 result_bias bytes (spec §2.5.3).
 ACT_SEGMENTS = 16
@@ -107,6 +108,7 @@ ACT_SEGMENT_FIELDS = (_F("shift_number", 0, 0, 8), _F("y_mul", 0, 8, 16, True),
                       _F("x_start", 0, 24, 36, True))
 ACT_TABLE_BYTES = 8 * ACT_SEGMENTS + ACT_SEGMENTS  # 144
 ACT_X_START_MIN = -(1 << 35)  # 0x8_0000_0000 as signed 36-bit
+ACT_X_START_MAX = (1 << 35) - 1
 
 KERNEL_SIZES = {0: 1, 1: 3}  # kernel_type -> k
 

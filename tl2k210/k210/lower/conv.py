@@ -515,7 +515,7 @@ def emit_layer(lw, node, geo, plan, lq, row):
             macs += conv.macs
             lines = max(lines, (hw.map_lines(ci, h, w) if plan.in_resident else hw.map_lines(nin, rows, w))
                         + (hw.map_lines(co, ph, pw) if plan.out_resident else kpu.out_lines(conv)))
-            row.weight_bytes += len(conv.weight_bytes()) + 8 * n_o + hw.ACT_TABLE_BYTES
+            row.weight_bytes += len(conv.weight_bytes()) + hw.BN_ENTRY_BYTES * n_o + hw.ACT_TABLE_BYTES
             for t in (tmp_in, tmp_out):
                 if t is not None:
                     lw.kpu_free(t)

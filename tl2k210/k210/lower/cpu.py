@@ -11,6 +11,7 @@ from .registry import CPU_F32, CPU_U8, lowering
 
 
 U8 = np.arange(np.iinfo(np.uint8).max + 1)      # every uint8 value: the index of a REQUANTIZE table
+ADD_ONE = 1 << 12       # QUANTIZED_ADD's input multiplier for 1.0 (12 fraction bits; SDK int32 arithmetic)
 
 
 def table(f, s_in, z_in, so, zo):
@@ -49,8 +50,8 @@ def quantized_add(lw, node):
     rng_t = cons[0].outputs[0] if relu else out
     so, zo = lw.quant_of(rng_t)
     smax = max(sa, sb)
-    ma, mb = int(round(sa / smax * 4096)), int(round(sb / smax * 4096))
-    mul, sh = fx.fixed_mul(smax / 4096 / so, 10, 31)   # keeps every product inside int32
+    ma, mb = int(round(sa / smax * ADD_ONE)), int(round(sb / smax * ADD_ONE))
+    mul, sh = fx.fixed_mul(smax / ADD_ONE / so, 10, 31)   # keeps every product inside int32
     loc = lw.u8_out(out, (so, zo))
     n = int(np.prod(loc.shape))
     lw.emit("QUANTIZED_ADD", dict(

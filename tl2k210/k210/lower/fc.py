@@ -126,7 +126,7 @@ def kpu_dense(lw, node):
     lw.main.free(f"{out}:pad:u8")
     lw.traced(out, "u8")
     row.macs, row.kpu_lines = conv.macs, lines + kpu.out_lines(conv)
-    row.weight_bytes = len(conv.weight_bytes()) + 8 * co + hw.ACT_TABLE_BYTES
+    row.weight_bytes = len(conv.weight_bytes()) + hw.BN_ENTRY_BYTES * co + hw.ACT_TABLE_BYTES
 
 
 @lowering("Conv", unit=CPU_F32, check=float_fc_refuses, name="float_dense")

@@ -139,7 +139,7 @@ def copy_layer(onehot: np.ndarray, quant: tuple, bits: int, groups: int = 1) -> 
     weights 1 at that tap and 0 elsewhere, no zero-point terms, BN x1, identity activation.
     Out-of-map taps read the pad value = the input's zero point = the quantized 0.0."""
     co = onehot.shape[0]
-    act = {"x_start": np.array([hw.ACT_X_START_MIN, 0] + [(1 << 35) - 1] * (hw.ACT_SEGMENTS - 2), np.int64),
+    act = {"x_start": np.array([hw.ACT_X_START_MIN, 0] + [hw.ACT_X_START_MAX] * (hw.ACT_SEGMENTS - 2), np.int64),
            "y_mul": np.array([0, 1] + [0] * (hw.ACT_SEGMENTS - 2), np.int64),
            "shift_number": np.zeros(hw.ACT_SEGMENTS, np.int64),
            "bias": np.array([0, 0] + [U8_MAX] * (hw.ACT_SEGMENTS - 2), np.uint8)}
