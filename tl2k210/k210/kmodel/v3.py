@@ -13,7 +13,7 @@ import numpy as np
 from tl2k210.errors import KmodelFormatError
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import kpu
-from tl2k210.k210.kmodel.binio import Notes, Reader, Struct, align_up, check
+from tl2k210.k210.kmodel.binio import Notes, Reader, Struct, align_up, check, drop_tail
 
 HEADER = Struct("version:u32 flags:u32 arch:u32 layers_length:u32 max_start_address:u32 "
                 "main_mem_usage:u32 output_count:u32")
@@ -328,15 +328,17 @@ def _read_conv(r: Reader, layer: Layer, body: int, end: int, eight_bit: bool, wh
 # ---------------------------------------------------------------------------------------------
 def write(model: KModelV3) -> bytes:
     """Serialise; every body is padded so the next starts 8-aligned, trailing padding included,
-    unless the layer keeps the ``body_size`` it was read with (Maix-EMC files)."""
+    unless the layer keeps the ``body_size`` it was read with (Maix-EMC files) or the model was
+    read from a file that lacked its final padding (``omitted_tail``, nncase v0.1)."""
     n = len(model.layers)
     head_size = HEADER.size + OUTPUT.size * len(model.outputs) + LAYER_HEADER.size * n
-    bodies, pos = [], head_size
+    bodies, pos, pad = [], head_size, 0
     for i, layer in enumerate(model.layers):
         body = _body_bytes(layer, pos, model.eight_bit, f"layer {i}")
         want = layer.body_size if layer.body_size and layer.body_size >= len(body) else \
             align_up(pos + len(body), 8) - pos
-        body += bytes(want - len(body))
+        pad = want - len(body)
+        body += bytes(pad)
         bodies.append(body)
         pos += len(body)
     out = bytearray(HEADER.pack(dict(
@@ -349,7 +351,7 @@ def write(model: KModelV3) -> bytes:
         out += LAYER_HEADER.pack(dict(type=layer.type, body_size=len(body)))
     for body in bodies:
         out += body
-    return bytes(out)
+    return drop_tail(bytes(out), model.omitted_tail, pad)
 
 
 def _body_bytes(layer: Layer, pos: int, eight_bit: bool, where: str) -> bytes:

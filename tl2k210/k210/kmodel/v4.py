@@ -29,7 +29,7 @@ import numpy as np
 
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import kpu
-from tl2k210.k210.kmodel.binio import Notes, Reader, Struct, align_up, check
+from tl2k210.k210.kmodel.binio import Notes, Reader, Struct, align_up, check, drop_tail
 
 IDENTIFIER = 0x4B4D444C  # 'KMDL'
 HEADER = Struct("identifier:u32 version:u32 flags:u32 target:u32 constants:u32 main_mem:u32 "
@@ -344,18 +344,19 @@ def write(model: KModelV4) -> bytes:
         head += RANGE.pack({"r": rng})
     head += model.constants
     pos = len(head) + NODE_HEADER.size * len(model.nodes)
-    bodies = []
+    bodies, pad = [], 0
     for node in model.nodes:
         body = _body_bytes(node, pos)
         want = node.body_size if node.body_size and node.body_size >= len(body) else \
             align_up(pos + len(body), 8) - pos
-        body += bytes(want - len(body))
+        pad = want - len(body)
+        body += bytes(pad)
         bodies.append(body)
         pos += len(body)
     for node, body in zip(model.nodes, bodies):
         head += NODE_HEADER.pack(dict(opcode=node.opcode, body_size=len(body)))
     out = bytes(head) + b"".join(bodies)
-    return out + model.trailer
+    return out + model.trailer if model.trailer else drop_tail(out, model.omitted_tail, pad)
 
 
 def _body_bytes(node: Node, pos: int) -> bytes:
