@@ -70,7 +70,8 @@ def add_convert_parser(sub):
                    help="rewrite TF-SAME stride-2 convs to symmetric padding so they run fully on the "
                    "KPU (changes the math; the receipt shows the measured effect)")
     p.add_argument("--runtime", choices=list(firmware.RUNTIMES), default="maixpy",
-                   help="check model + main memory against what this firmware leaves (maixpy)")
+                   help="the firmware the model is for (maixpy): model + main memory must fit what "
+                   "it leaves, and a kmodel v4 needs a build that loads v4. " + firmware.summary())
     p.add_argument("--format", choices=["auto", "v3", "v4"], default="auto",
                    help="kmodel version: v3 (loads on every MaixPy build), v4 (nncase v0.2's format: "
                    "CPU convs, bilinear resize, elementwise/reduce/slice ops; needs a V4 firmware) or "

@@ -52,6 +52,13 @@ RUNTIMES = {r.name: r for r in (
 MAIXPY_RUNTIMES = tuple(n for n, r in RUNTIMES.items() if r.maixpy)
 
 
+def summary() -> str:
+    """One line per build for --runtime's help: what it leaves for a model, which kmodels it loads."""
+    return "; ".join(f"{r.name}: {r.model_budget / MiB:g} MiB, kmodel "
+                     f"{'/'.join(f'v{v}' for v in r.kmodel_versions)}{'' if 4 in r.kmodel_versions else ' only'}"
+                     for r in RUNTIMES.values())
+
+
 def get(name: str) -> Runtime:
     try:
         return RUNTIMES[name]

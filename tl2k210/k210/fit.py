@@ -41,8 +41,9 @@ def check_format(fmt: str, forced, runtime: str):
     need = f" (needed by {forced_text(forced)})" if forced else ""
     raise FormatError(f"kmodel {fmt}{need} does not load on '{runtime}' ({rt.release}: it loads kmodel "
                       f"{'/'.join(f'v{v}' for v in rt.kmodel_versions)} only; MaixPy says "
-                      f"'{rt.version_text()}'). Use --runtime {' or '.join(v4_builds())}, or change that "
-                      "layer to one kmodel v3 has. Nothing was written.")
+                      f"'{rt.version_text()}'). Use --runtime {' or '.join(v4_builds())}, or "
+                      + ("change that layer to one kmodel v3 has" if forced else "--format auto (v3 when every "
+                         "layer has a v3 form)") + ". Nothing was written.")
 
 
 def _kb(n):
