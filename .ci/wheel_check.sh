@@ -5,11 +5,14 @@
 # then run `zoo list`, `zoo build face_detect` and `demo face-detect` from an unrelated folder
 # and check what they print. Usage: .ci/wheel_check.sh [PYTHON of the locked venv]
 set -euo pipefail
-unset PYTHONPATH TL2K210_CACHE        # nothing of the checkout may leak into the installed one
-export PYTHONNOUSERSITE=1
 cd "$(dirname "$0")/.."
 REPO=$PWD
 PY=${1:-$REPO/.venv/bin/python}
+# the installed zoo reads recipes' testdata: files (mobilenet's weights) from the checkout's test data
+TL2K210_TESTDATA=$(PYTHONPATH=$REPO "$PY" -c "from tl2k210 import paths; print(paths.testdata_dir() or '')")
+export TL2K210_TESTDATA
+unset PYTHONPATH TL2K210_CACHE        # nothing of the checkout may leak into the installed one
+export PYTHONNOUSERSITE=1
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tl2k210-wheel-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 fail() { echo "wheel check FAILED: $*" >&2; exit 1; }
@@ -34,7 +37,6 @@ echo "$LOCK_SITE" > "$NEW_SITE/_tl2k210_locked_deps.pth"    # appended after the
 "$PY" -m pip --python "$WORK/venv/bin/python" install -q --no-deps --no-index "$WHEEL"
 mkdir "$WORK/user" && cd "$WORK/user"
 export XDG_CACHE_HOME="$WORK/cache"
-[ -n "${TL2K210_TESTDATA:-}" ] || export TL2K210_TESTDATA="$REPO/../shared/testdata"
 TL="$WORK/venv/bin/tl2k210"
 where=$("$WORK/venv/bin/python" -c "import tl2k210; print(tl2k210.__file__)")
 [[ $where == "$NEW_SITE"/* ]] || fail "tl2k210 imported from $where, not the installed wheel"

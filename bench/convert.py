@@ -9,15 +9,14 @@ The 100 calibration images are the 28 testdata ImageNet photos plus crops/flips 
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from tl2k210 import paths  # noqa: E402
+from tl2k210 import paths
+
+REPO = paths.checkout()
 TESTDATA = paths.testdata_dir()
 
 

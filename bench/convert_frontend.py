@@ -6,13 +6,12 @@ Prints a table and writes bench/results/convert_frontend.json.
 """
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from tl2k210 import paths  # noqa: E402
+from tl2k210 import paths
+
+REPO = paths.checkout()
 TESTDATA = paths.testdata_dir()
 
 

@@ -11,18 +11,16 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from tl2k210.k210 import kmodel  # noqa: E402
-from tl2k210.k210.emulator import Emulator, fast  # noqa: E402
+from tl2k210 import paths
+from tl2k210.k210 import kmodel
+from tl2k210.k210.emulator import Emulator, fast
 
-from tl2k210 import paths  # noqa: E402
+REPO = paths.checkout()
 TESTDATA = paths.testdata_dir()
 MODELS = [("facedetect_320x240_v3", TESTDATA / "kmodels"), ("yolo20_v3", TESTDATA / "kmodels"),
           ("yolo20_v4", TESTDATA / "kmodels"),

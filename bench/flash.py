@@ -24,10 +24,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tl2k210.flash.emulated_board import EmulatedBoard  # noqa: E402
-from tl2k210.flash.trials import TOOLS, booted_image_is, fault_trial, run_client, summarize  # noqa: E402
+from tl2k210.flash.emulated_board import EmulatedBoard
+from tl2k210.flash.trials import TOOLS, booted_image_is, fault_trial, run_client, summarize
 
 MiB = 1024 * 1024
 BAUDS = (115_200, 1_500_000, 2_000_000)

@@ -15,9 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 def peak_rss_mb() -> int:
     """VmHWM of this process (ru_maxrss would include the forking parent's peak)."""

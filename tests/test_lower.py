@@ -1,20 +1,20 @@
 """The lowering registry and its functions, TF-free: hand-made ONNX graphs, onnxruntime as the
 float reference, the bit-exact emulator for the kmodel."""
 import ast
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import helper
 
 from lower_helpers import compile_model, conv_node, make_model, pixels, sqnr
+from tl2k210 import paths
 from tl2k210.errors import KpuLimitError, UnsupportedOpError
 from tl2k210.graph import from_onnx
 from tl2k210.k210.lower import REGISTRY, Options, registry, select, supported_ops
 from tl2k210.passes import run_pipeline
 
 pytest.importorskip("onnxruntime")
-LOWER = Path(__file__).resolve().parents[1] / "tl2k210" / "k210" / "lower"
+LOWER = paths.PACKAGE / "k210" / "lower"
 
 
 def test_every_registered_op_has_a_lowering_or_names_its_format():

@@ -1,14 +1,20 @@
 """tl2k210/paths.py: one place for every location, the same answers from a checkout and from an
 installed wheel (whose build hook, setup.py, bundles models/ and firmware/). The wheel itself is
 built, installed outside the checkout and used by .ci/wheel_check.sh (run by .ci/run)."""
+import ast
 import importlib.util
+import io
+import re
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
-from conftest import REPO
 from tl2k210 import paths
+
+# the one independent answer (everything else, conftest's REPO included, asks paths.py)
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_checkout_locations():
@@ -77,15 +83,48 @@ def test_the_build_hook_bundles_recipes_weights_and_scripts():
     assert tracked and set(tracked) <= rel, set(tracked) - rel
 
 
-def test_no_module_guesses_locations_from_its_own_file():
-    """Every location is paths.py's: no other module of the package derives the checkout, the
-    models/firmware folders or the test data from __file__."""
-    offenders = []
-    for f in sorted((REPO / "tl2k210").rglob("*.py")):
-        if f.name == "paths.py" or "__pycache__" in f.parts:
-            continue
-        text = f.read_text()
-        if "Path(__file__)" in text or "os.path.abspath(__file__)" in text or "shared\" / \"testdata" in text:
-            offenders.append(str(f.relative_to(REPO)))
-    assert offenders == []
-    assert Path(paths.__file__).name == "paths.py"
+# code that derives a location from its own file's place, and string literals that spell out a
+# path component of the test data or the user cache
+CODE_GUESS = re.compile(r"(Path|abspath|dirname|realpath)\(__file__\)|\.parents\[\d\]")
+STRING_GUESS = {"shared", "../shared", "../shared/testdata", ".cache", "~/.cache"}
+SHELL_GUESS = re.compile(r"\.\./shared|\.cache")
+ALLOWED = {"tl2k210/paths.py",      # the one place
+           "setup.py",              # the build hook: runs before any tl2k210 is importable
+           "tests/test_paths.py"}   # the independent check of paths.py (above)
+
+
+def guesses(rel: str, text: str) -> list[str]:
+    """Lines of a .py/.sh file that guess a location (docstrings, help texts and comments may
+    still name the defaults)."""
+    if not rel.endswith(".py"):
+        return [ln for ln in text.splitlines() if SHELL_GUESS.search(ln.split(" #", 1)[0])
+                and not ln.lstrip().startswith("#")]
+    found, code = set(), {}
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.STRING and tok.string[:1] not in "fFrRbB" \
+                and ast.literal_eval(tok.string) in STRING_GUESS:
+            found.add(tok.start[0])
+        elif tok.type not in (tokenize.STRING, tokenize.COMMENT):
+            code[tok.start[0]] = code.get(tok.start[0], "") + tok.string     # strings left out
+    found |= {n for n, c in code.items() if CODE_GUESS.search(c)}
+    lines = text.splitlines()
+    return [lines[n - 1].strip() for n in sorted(found)]
+
+
+def test_no_file_guesses_locations_itself():
+    """Every location is paths.py's: no other Python or shell file of the tree (package, tests,
+    bench, zoo scripts, CI) derives the checkout, models/, firmware/, the test data or the cache
+    from its own place."""
+    files = subprocess.run(["git", "ls-files", "*.py", "*.sh", ".ci/*"], cwd=REPO, capture_output=True,
+                           text=True, check=True).stdout.split()
+    assert "tl2k210/cli.py" in files and "bench/emulator.py" in files and ".ci/wheel_check.sh" in files
+    offenders = [f"{rel}: {ln}" for rel in sorted(set(files) - ALLOWED)
+                 for ln in guesses(rel, (REPO / rel).read_text())]
+    assert offenders == [], "\n".join(offenders)
+    # the check finds what it is for
+    assert guesses("x.py", 'HERE = Path(__file__).resolve().parent\ny = HERE.parents[1]\n') == [
+        "HERE = Path(__file__).resolve().parent", "y = HERE.parents[1]"]
+    assert guesses("x.py", 'p = ROOT / ".." / "shared" / "testdata"\nq = os.path.join(h, ".cache")\n') == [
+        'p = ROOT / ".." / "shared" / "testdata"', 'q = os.path.join(h, ".cache")']
+    assert guesses("x.py", '"""Data in ../shared/testdata."""\nhelp="default ~/.cache/tl2k210"\n') == []
+    assert guesses("x.sh", 'D="$REPO/../shared/testdata"\n# ../shared beside it\n') == ['D="$REPO/../shared/testdata"']

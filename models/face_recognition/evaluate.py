@@ -24,7 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tl2k210 import paths
+
+sys.path.insert(0, str(paths.models_dir().parent))   # `models.<name>` imports (checkout or wheel)
 
 from models.face_recognition import data  # noqa: E402
 

@@ -27,8 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tl2k210 import paths  # noqa: E402
+from tl2k210 import paths
 
 FRAME_W, FRAME_H = 320, 240
 SIZE = 64

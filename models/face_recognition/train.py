@@ -20,12 +20,13 @@ import queue
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))
+from tl2k210 import paths
+
+sys.path.insert(0, str(paths.models_dir().parent))   # `models.<name>` imports (checkout or wheel)
+HERE = paths.models_dir() / "face_recognition"
 
 from models.face_recognition import data  # noqa: E402
 from models.face_recognition.network import BN_EPS, LAYERS, build  # noqa: E402

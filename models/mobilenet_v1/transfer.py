@@ -18,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tl2k210 import paths
+
+sys.path.insert(0, str(paths.models_dir().parent))   # `models.<name>` imports (checkout or wheel)
 WEIGHTS = "weights/mobilenetv1_0.25_tensorlayer.npz"     # in the test data (TL2K210_TESTDATA)
 SIZE = 224
 

@@ -20,16 +20,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))
+from tl2k210 import paths
+
+sys.path.insert(0, str(paths.models_dir().parent))   # `models.<name>` imports (checkout or wheel)
+HERE = paths.models_dir() / "style_transfer"
 
 from models.style_transfer import data  # noqa: E402
 from models.style_transfer.network import build, layer_specs  # noqa: E402
-from tl2k210 import paths  # noqa: E402
 
 INIT_SEED = 11
 MOBILENET = "weights/mobilenetv1_0.25_tensorlayer.npz"      # in the test data (TL2K210_TESTDATA)
