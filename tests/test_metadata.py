@@ -211,3 +211,54 @@ def test_convert_records_preprocessing_and_compare_uses_it(bgr_keras, capsys):
     # the same comparison with the defaults (0..1, RGB): the float side is fed something else
     wrong = list(compare(str(src), str(km), str(calib))["outputs"].values())[0]["sqnr_db"]
     assert sq > 25 and sq > wrong + 10, (sq, wrong)
+
+
+# ---------------------------------------------------------------------------------------------
+def test_decode_parameters_must_fit_the_region_output(kmodel_path):
+    """Anchors/labels written into the metadata must fit the model's output (channels = anchors
+    x (5 + classes)), else MaixPy's kpu.init_yolo2 fails on the board: refused with the numbers."""
+    from conftest import FACE_ANCHORS
+    from tl2k210.errors import Tl2k210Error
+    from tl2k210.k210.kmodel import load
+    model = load(kmodel_path("facedetect_320x240_v3.kmodel"))      # 30 channels: 5 x (5 + 1)
+    metadata.check_decode(model, {"task": "yolo2", "anchors": FACE_ANCHORS, "labels": ["face"]})
+    metadata.check_decode(model, {"anchors": FACE_ANCHORS})          # task yolo2 implied
+    metadata.check_decode(model, {"task": "classify", "labels": ["a", "b"]})      # not a region
+    with pytest.raises(Tl2k210Error, match="4 anchors do not fit the 30-channel region output"):
+        metadata.check_decode(model, {"anchors": FACE_ANCHORS[:8]})
+    with pytest.raises(Tl2k210Error, match="names 2 label"):
+        metadata.check_decode(model, {"anchors": FACE_ANCHORS, "labels": ["face", "cat"]})
+    with pytest.raises(Tl2k210Error, match="task yolo2 needs its anchors"):
+        metadata.check_decode(model, {"task": "yolo2"})
+
+
+def test_convert_refuses_anchors_its_output_cannot_carry(tmp_path, capsys):
+    """`convert --anchors` with one anchor too many for a 2 x (5 + 1)-channel head: refused after
+    lowering, and neither the kmodel nor its metadata is written; the right count converts."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(5)
+    w = rng.normal(0, 0.3, (12, 3, 3, 3)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])], "head",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 12, 16, 16])],
+        [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "head.onnx")
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i in range(4):
+        Image.fromarray((rng.random((16, 16, 3)) * 255).astype(np.uint8)).save(calib / f"{i}.png")
+    km = tmp_path / "head.kmodel"
+    rc, _, err = _run(["convert", str(tmp_path / "head.onnx"), str(km), "--dataset", str(calib), "-q",
+                       "--anchors", "1,1,2,2,3,3", "--labels", "thing"], capsys)
+    assert rc == 2 and "3 anchors do not fit the 12-channel region output (16x16 grid)" in err, err
+    assert not km.exists() and not metadata.path_for(km).exists()
+    rc, _, err = _run(["convert", str(tmp_path / "head.onnx"), str(km), "--dataset", str(calib), "-q",
+                       "--anchors", "1,1,2,2", "--labels", "thing", "--threshold", "0.6"], capsys)
+    assert rc == 0, err
+    meta = metadata.load_for(km)
+    assert (meta.task, meta.anchors, meta.labels, meta.decode) == ("yolo2", [1, 1, 2, 2], ["thing"],
+                                                                     {"threshold": 0.6})

@@ -260,6 +260,8 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
         weight_bits=opts.weight_bits, input_scale=tuple(scale), input_offset=tuple(offset),
         channel_means=means, float_fc=opts.float_fc, format=opts.format))
     fit.check_format(lw.format, lw.forced_by, opts.runtime)
+    from tl2k210 import metadata
+    metadata.check_decode(model, opts.metadata)
     data_bytes = dumps(model)
     budget = RUNTIME_BUDGET[opts.runtime]
     fit.check_budget(model, len(data_bytes), opts.runtime, lw, rows)
@@ -317,7 +319,6 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
                 "kpu_padding": opts.kpu_padding, "kpu_padding_effect": padding_effect},
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
                  "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in plog])
-    from tl2k210 import metadata
     meta = metadata.for_conversion(data_bytes, output, graph, opts, image, budget, need, receipt.source)
     _say(opts, f"[6/6] writing {output} and {metadata.path_for(output).name}")
     atomic_write(output, data_bytes)

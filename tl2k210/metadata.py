@@ -208,6 +208,25 @@ def build(data: bytes, name: str, *, input: dict, outputs: list, task=None, anch
         firmware=dict(firmware or {}), source=source, tl2k210_version=__version__)
 
 
+def check_decode(model, extra: dict | None) -> None:
+    """Refuse YOLOv2 anchors/labels that the model's region output cannot carry (channels =
+    anchors x (5 + classes)), before they are written into its metadata: on the board such a
+    pair fails in kpu.init_yolo2 / region_layer_init. `model` is the KModelV3 just lowered."""
+    extra = extra or {}
+    anchors, labels = extra.get("anchors"), extra.get("labels")
+    if (extra.get("task") or ("yolo2" if anchors else None)) != "yolo2":
+        return
+    from tl2k210.errors import Tl2k210Error
+    from tl2k210.k210 import yolo
+    from tl2k210.k210.cli import _output_size
+    if not anchors:
+        raise Tl2k210Error("task yolo2 needs its anchors: give --anchors w,h,w,h,... (grid cells, as in "
+                           "the MaixPy script's kpu.init_yolo2)")
+    if len(anchors) % 2:
+        raise Tl2k210Error(f"--anchors has {len(anchors)} numbers; give (w,h) pairs")
+    yolo.region_layout(model, _output_size(model), len(anchors) // 2, labels)
+
+
 def for_conversion(data: bytes, output, graph, opts, image: bool, budget: int, need: int,
                    source: str) -> ModelMetadata:
     """The metadata of a kmodel `tl2k210.compiler.convert` just made; `opts.metadata` adds what
