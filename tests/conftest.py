@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,7 +31,7 @@ import pytest  # noqa: E402
 
 from tl2k210 import paths  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.checkout()            # tests run from a checkout
 TESTDATA = paths.testdata_dir()
 KMODELS = TESTDATA / "kmodels"
 KMODEL_FILES = sorted(KMODELS.glob("*.kmodel")) if KMODELS.is_dir() else []
@@ -87,11 +88,30 @@ def _private_cache(tmp_path_factory):
         os.environ["TL2K210_CACHE"] = old
 
 
+BUILD_LOG = "zoo-builds.log"       # one line per zoo model built in this run: NAME WHERE
+
+
+def _log_build(shared: Path, name: str, where: str):
+    with _locked(shared / f"{BUILD_LOG}.lock"), open(shared / BUILD_LOG, "a") as fh:
+        fh.write(f"{name} {where}\n")
+
+
+def built_twice(log_text: str) -> dict[str, list[str]]:
+    """{model: [where, ...]} for the zoo models the log shows built more than once."""
+    seen: dict[str, list[str]] = {}
+    for line in log_text.splitlines():
+        name, _, where = line.partition(" ")
+        seen.setdefault(name, []).append(where)
+    return {k: v for k, v in seen.items() if len(v) > 1}
+
+
 @pytest.fixture(scope="session")
 def zoo_build(tmp_path_factory):
-    """zoo_build(NAME) -> the report dict of `tl2k210.zoo.build(NAME, folder)` (kmodel, kfpkg,
-    receipt, ...), built once per run. Treat the files as read-only."""
-    root = _shared_dir(tmp_path_factory) / "zoo-builds"
+    """zoo_build(NAME) -> the report dict of `tl2k210 zoo build NAME --out FOLDER` (kmodel,
+    kfpkg, receipt, ...; "stdout"/"stderr": what the command printed), built once per run by the
+    real CLI in a subprocess. Treat the files as read-only."""
+    shared = _shared_dir(tmp_path_factory)
+    root = shared / "zoo-builds"
     root.mkdir(exist_ok=True)
     cache = {}
 
@@ -103,11 +123,53 @@ def zoo_build(tmp_path_factory):
             report = out / f"{name}.report.json"
             with _locked(root / f"{name}.lock"):
                 if not report.is_file():
-                    from tl2k210 import zoo
-                    zoo.build(name, out, progress=False)
-            cache[name] = json.loads(report.read_text())
+                    env = {**os.environ, "PYTHONPATH": str(paths.import_root())}
+                    env = {k: v for k, v in env.items() if not k.startswith(("TF_", "TL2K210_VERBOSE"))}
+                    p = subprocess.run([sys.executable, "-m", "tl2k210.cli", "zoo", "build", name,
+                                        "--out", str(out)], env=env, capture_output=True, text=True)
+                    assert p.returncode == 0, p.stderr
+                    _log_build(shared, name, "the zoo_build fixture")
+                    (root / f"{name}.stdout").write_text(p.stdout)
+                    (root / f"{name}.stderr").write_text(p.stderr)
+            cache[name] = {**json.loads(report.read_text()), "stdout": (root / f"{name}.stdout").read_text(),
+                           "stderr": (root / f"{name}.stderr").read_text()}
         return cache[name]
     return get
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _count_other_zoo_builds(tmp_path_factory):
+    """A test that builds a zoo model itself (tl2k210.zoo.build, in-process) is logged too; the
+    run fails at its end when any model was built twice (pytest_sessionfinish)."""
+    from tl2k210 import zoo
+    shared = _shared_dir(tmp_path_factory)
+    real = zoo.build
+
+    def build(name, *args, **kwargs):
+        report = real(name, *args, **kwargs)
+        _log_build(shared, name, os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0])
+        return report
+    zoo.build = build
+    yield
+    zoo.build = real
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return                        # the controller (or a run without xdist) checks the log
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    log = factory.getbasetemp() / BUILD_LOG if factory is not None else None
+    if log is None or not log.is_file():
+        return
+    twice = built_twice(log.read_text())
+    if twice:
+        rep = session.config.pluginmanager.get_plugin("terminalreporter")
+        if rep:
+            rep.ensure_newline()
+        for name, where in twice.items():
+            msg = f"zoo model {name} was built {len(where)} times: {'; '.join(where)} (use the zoo_build fixture)"
+            rep.write_line(f"ERROR: {msg}", red=True) if rep else print(msg, file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 # ---------------------------------------------------------------------------------------------

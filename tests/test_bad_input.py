@@ -1352,6 +1352,7 @@ def _fuzz(capsys, argv_for, base, tmp_path, n, seed, suffix, out=None):
     return rcs
 
 
+@pytest.mark.slow
 def test_fuzz_kfpkg_through_package_and_flash(tmp_path, capsys):
     base = data_path("kfpkg", "face_model_at_0x300000.kfpkg").read_bytes()
     out = tmp_path / "out" / "o.kfpkg"
@@ -1365,6 +1366,7 @@ def test_fuzz_kfpkg_through_package_and_flash(tmp_path, capsys):
     assert rcs == {2: 60}
 
 
+@pytest.mark.slow
 def test_fuzz_kmodels_through_inspect_and_run(tmp_path, capsys):
     x = tmp_path / "x.npy"
     np.save(x, np.zeros((1, 28, 28), np.uint8))
@@ -1377,6 +1379,7 @@ def test_fuzz_kmodels_through_inspect_and_run(tmp_path, capsys):
     assert rcs.get(2, 0) > 10
 
 
+@pytest.mark.slow
 def test_fuzz_images_through_run(tmp_path, capsys):
     buf = io.BytesIO()
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), np.uint8)).save(buf, "PNG")
@@ -1389,6 +1392,7 @@ def test_fuzz_images_through_run(tmp_path, capsys):
     assert rcs.get(2, 0) > 20 and rcs2.get(0, 0) + rcs2.get(2, 0) == 120
 
 
+@pytest.mark.slow
 def test_fuzz_arrays_through_run_and_calibration(tmp_path, capsys):
     buf = io.BytesIO()
     np.save(buf, np.zeros((1, 28, 28), np.uint8))
@@ -1413,6 +1417,7 @@ def test_fuzz_arrays_through_run_and_calibration(tmp_path, capsys):
     assert ok + bad == 150 and bad > 50
 
 
+@pytest.mark.slow
 def test_fuzz_calibration_arrays_through_convert(model, tmp_path, capsys):
     m, _ = model
     buf = io.BytesIO()

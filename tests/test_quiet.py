@@ -1,9 +1,10 @@
-"""A real `tl2k210 convert` prints our progress lines and nothing else on stderr: TensorFlow's
-start-up chatter (absl, oneDNN, cpu_feature_guard), TF Lite's XNNPACK note and the Python
-warnings of TF/tf2onnx/TensorLayer are kept off (tl2k210/quiet.py) unless --verbose."""
+"""A real `tl2k210 convert` and `tl2k210 zoo build` print our progress lines and report and nothing
+else: TensorFlow's start-up chatter (absl, oneDNN, cpu_feature_guard), TF Lite's XNNPACK note and
+the Python warnings of TF/tf2onnx/TensorLayer are kept off (tl2k210/quiet.py) unless --verbose."""
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,9 @@ from conftest import REPO, data_path
 from tl2k210 import quiet
 
 PROGRESS = re.compile(r"^\[[1-6]/6\] ")
+# what TensorFlow, absl, oneDNN and Python's warnings print when they are let through
+NOISE = re.compile(r"absl|cpu_feature_guard|oneDNN|TF_ENABLE|tensorflow|XNNPACK|^[IWE]\d{4} |Warning|"
+                   r"WARNING|Starting new session", re.I)
 
 
 def _convert(tmp_path, *args):
@@ -52,7 +56,8 @@ def test_verbose_lets_tensorflow_talk(iris):
     d, src = iris
     p = _convert(d, str(src), "v.kmodel", "--dataset", "x.npy", "--float-fc", "--verbose")
     assert p.returncode == 0, p.stderr
-    assert [ln for ln in p.stderr.splitlines() if not PROGRESS.match(ln)], p.stderr
+    talk = [ln for ln in p.stderr.splitlines() if not PROGRESS.match(ln)]
+    assert any("cpu_feature_guard" in ln for ln in talk) and all(NOISE.search(ln) for ln in talk[:3]), talk
 
 
 @pytest.mark.slow
@@ -80,6 +85,21 @@ def test_tensorlayer_convert_is_quiet_too(tmp_path):
     p = _convert(tmp_path, "w.npz", "net.kmodel", "--network", "net.py", "--dataset", "calib")
     assert p.returncode == 0, p.stderr
     assert [ln for ln in p.stderr.splitlines() if not PROGRESS.match(ln)] == [], p.stderr
+
+
+@pytest.mark.parametrize("name", ["face_detect", "face_recognition", "mobilenet_v1", "style_transfer"])
+def test_zoo_build_prints_only_our_lines(zoo_build, name):
+    """`tl2k210 zoo build` (the TensorLayer conversion `make demo` starts with), run by the
+    zoo_build fixture as a real subprocess: stderr is our six progress lines, stdout the receipt
+    table and the 'wrote' line, nothing else."""
+    built = zoo_build(name)
+    err = built["stderr"].splitlines()
+    assert [ln for ln in err if not PROGRESS.match(ln)] == [] and len(err) == 6, built["stderr"]
+    table = Path(built["kmodel"]).with_suffix(".report.txt").read_text()
+    assert built["stdout"].startswith(table + "\n"), built["stdout"]
+    rest = built["stdout"][len(table) + 1:].splitlines()
+    assert rest[0] == "" and rest[1].startswith(f"wrote {built['kmodel']}, ") and len(rest) == 2, rest
+    assert not [ln for ln in table.splitlines() if NOISE.search(ln)]
 
 
 def test_native_stderr_filter_keeps_what_is_not_noise(capfd, monkeypatch):

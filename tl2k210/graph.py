@@ -381,7 +381,8 @@ def infer_shapes(g):
 
 def run(g, feeds, outputs=None, expose_all=False):
     """Run a Graph in onnxruntime; returns {name: array} for `outputs` (default: graph outputs)."""
-    import onnxruntime as ort
+    from tl2k210 import quiet
+    ort = quiet.onnxruntime()
     m = to_onnx(g, expose_all=expose_all or outputs is not None)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

@@ -3,10 +3,11 @@
 Our progress lines and errors are the only output of `convert`, `zoo build` and `make demo`
 unless `--verbose` (or TL2K210_VERBOSE=1). TensorFlow logs from C++ (absl: the oneDNN and CPU
 feature notes, "All log messages before absl::InitializeLog()"), TF Lite prints "Created
-TensorFlow Lite XNNPACK delegate", and TensorFlow, tf2onnx and TensorLayer log and warn through
-Python. `tensorflow()` quiets all of them before TensorFlow is imported; `native_stderr()`
-filters what C++ writes to fd 2 while TF works: the known noise lines go, everything else
-(errors, crashes' last words) is passed on.
+TensorFlow Lite XNNPACK delegate", TensorFlow, tf2onnx and TensorLayer log and warn through
+Python, and onnxruntime warns about tf2onnx's graphs through its own logger. `tensorflow()`
+quiets TensorFlow before it is imported, `onnxruntime()` onnxruntime; `native_stderr()` filters
+what C++ writes to fd 2 while TF works: the known noise lines go, everything else (errors,
+crashes' last words) is passed on.
 """
 from __future__ import annotations
 
@@ -64,6 +65,16 @@ def tensorflow():
         absl_logging.set_verbosity(absl_logging.ERROR)
     except ImportError:      # pragma: no cover (absl comes with TensorFlow)
         pass
+
+
+def onnxruntime():
+    """onnxruntime, its default logger at ERROR unless --verbose: its warnings on the graphs
+    tf2onnx writes ("`tf_half_pixel_for_nn` is deprecated", from a Keras UpSampling2D) are
+    about the exporter, not something the user can change."""
+    import onnxruntime as ort
+    if not _state["verbose"]:
+        ort.set_default_logger_severity(3)
+    return ort
 
 
 @contextlib.contextmanager

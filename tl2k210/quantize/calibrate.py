@@ -21,7 +21,8 @@ class FloatRunner:
     """An onnxruntime session over a Graph with all intermediate tensors exposed."""
 
     def __init__(self, graph, expose_all=True):
-        import onnxruntime as ort
+        from tl2k210 import quiet
+        ort = quiet.onnxruntime()
         model = to_onnx(graph, expose_all=expose_all)
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every tensor
