@@ -31,10 +31,10 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from tl2k210 import paths
+from tl2k210.maixpy.repl_board import ReplBoard
 
-from tl2k210.maixpy.repl_board import ReplBoard  # noqa: E402
+REPO = str(paths.checkout())
 
 SCENARIOS = [  # (name, tool, line baud, client args)
     ("tl2k210 repl put", "tl2k210", 115200, []),
@@ -71,7 +71,7 @@ def one(name, tool, baud, extra, payload, throttle, workdir):
         with b:
             b.wait_idle()
             t_line, rx0, tx0 = b.line_seconds(), b.stats.rx_bytes, b.stats.tx_bytes
-            env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            env = dict(os.environ, PYTHONPATH=str(paths.import_root()) + os.pathsep + os.environ.get("PYTHONPATH", ""))
             t0 = time.monotonic()
             p = subprocess.run(command(tool, b.port, src, extra), capture_output=True, env=env,
                                timeout=3600)
@@ -104,7 +104,7 @@ def fault_trial(tool, rate, seed, size, workdir, timeout=300):
         os.mkdir(sd)
         with ReplBoard(sd=sd, faults=FaultConfig(rate=rate, seed=seed)) as b:
             b.wait_idle()
-            env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            env = dict(os.environ, PYTHONPATH=str(paths.import_root()) + os.pathsep + os.environ.get("PYTHONPATH", ""))
             try:
                 p = subprocess.run(command(tool, b.port, src, []), capture_output=True, env=env,
                                    timeout=timeout)
