@@ -18,8 +18,9 @@ trap 'rm -rf "$WORK"' EXIT
 fail() { echo "wheel check FAILED: $*" >&2; exit 1; }
 
 echo "== wheel: build"
-"$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/dist" . 2>&1 | grep -v "BetaConfiguration\|warnings.warn\|BuildBackendWarning" || true
-WHEEL=$(ls "$WORK"/dist/tl2k210-*.whl)
+"$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/dist" . >"$WORK/wheel.log" 2>&1 \
+    || { cat "$WORK/wheel.log"; fail "pip wheel"; }
+WHEEL=$(ls "$WORK"/dist/tl2k210-*.whl) || fail "pip wheel wrote no wheel"
 LIST=$("$PY" -m zipfile -l "$WHEEL")
 for f in tl2k210/data/models/face_detect/recipe.toml tl2k210/data/models/face_detect/weights.npz \
          tl2k210/data/models/face_detect/network.py tl2k210/data/firmware/face_detect.py \
