@@ -2,6 +2,7 @@
 `models/` (zoo recipes, networks, weights) and `firmware/` (MaixPy scripts) folders inside the
 package as `tl2k210/data/models` and `tl2k210/data/firmware`, so `pip install tl2k210` gets the
 zoo and the demos. The checkout keeps one copy of each; `tl2k210/paths.py` finds either."""
+import shutil
 from pathlib import Path
 
 from setuptools import setup
@@ -24,8 +25,10 @@ class build_py_with_bundled_data(build_py):
         super().run()
         if getattr(self, "editable_mode", False):
             return          # an editable install reads models/ and firmware/ from the checkout
+        data = Path(self.build_lib) / "tl2k210" / "data"
+        shutil.rmtree(data, ignore_errors=True)     # a stale build/ must not ship deleted files
         for src, rel in bundled_files():
-            dst = Path(self.build_lib) / "tl2k210" / "data" / rel
+            dst = data / rel
             self.mkpath(str(dst.parent))
             self.copy_file(str(src), str(dst))
 

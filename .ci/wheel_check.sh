@@ -17,8 +17,15 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/tl2k210-wheel-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 fail() { echo "wheel check FAILED: $*" >&2; exit 1; }
 
-echo "== wheel: build"
-"$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/dist" . >"$WORK/wheel.log" 2>&1 \
+echo "== wheel: build (from a copy of the tracked and unignored files: no stale build/ folder)"
+"$PY" -c '
+import os, shutil, subprocess, sys
+files = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], capture_output=True,
+                       check=True).stdout.decode().split("\0")
+for rel in filter(os.path.isfile, filter(None, files)):
+    os.makedirs(os.path.join(sys.argv[1], os.path.dirname(rel)), exist_ok=True)
+    shutil.copy2(rel, os.path.join(sys.argv[1], rel))' "$WORK/src"
+(cd "$WORK/src" && "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/dist" .) >"$WORK/wheel.log" 2>&1 \
     || { cat "$WORK/wheel.log"; fail "pip wheel"; }
 WHEEL=$(ls "$WORK"/dist/tl2k210-*.whl) || fail "pip wheel wrote no wheel"
 LIST=$("$PY" -m zipfile -l "$WHEEL")
@@ -66,7 +73,10 @@ echo "== wheel: tl2k210 demo face-detect --image astronaut.png"
 "$WORK/venv/bin/python" -c "from skimage import data; from PIL import Image; Image.fromarray(data.astronaut()).save('astronaut.png')"
 out=$("$TL" demo face-detect --image astronaut.png --out lcd.png)
 echo "$out"
-grep -q "^\[host\] model: face_detect.kmodel (yolo2" <<<"$out" || fail "demo did not use the built zoo model"
+grep -q "^\[host\] $NEW_SITE/tl2k210/data/firmware/face_detect.py " <<<"$out" \
+    || fail "demo did not run the wheel's firmware/face_detect.py"
+grep -q "^\[host\] model: face_detect.kmodel (yolo2, 320x240 input, made by tl2k210" <<<"$out" \
+    || fail "demo did not use the built zoo model"
 grep -q "^faces: 1$" <<<"$out" || fail "demo did not find exactly one face"
 python_box=$(grep "^face x=" <<<"$out") || fail "no face line"
 [ -s lcd.png ] || fail "no LCD png"
