@@ -1446,6 +1446,7 @@ def _cli_or_usage(capsys, *argv):
         return e.code, cap.out, cap.err
 
 
+@pytest.mark.slow
 def test_fuzz_flag_values(model, tmp_path, capsys):
     """Junk number lists for --anchors, --mean/--std/--input-range and -b: a usage error or one
     clean line, never a traceback, and nothing written."""
