@@ -485,16 +485,18 @@ def test_fitted_activations_report_their_error(kind, attrs, opset):
     assert sqnr(m, model, px) > 35
 
 
-def test_prelu_runs_on_the_kpu():
-    """conv -> PReLU -> depthwise -> PReLU -> 1x1 (a MobileFaceNet block): KPU layers only."""
+@pytest.mark.parametrize("k,stride", [(3, 1), (5, 2), (7, 1)])
+def test_prelu_runs_on_the_kpu(k, stride):
+    """conv -> PReLU -> depthwise KxK -> PReLU -> 1x1 (MobileFaceNet / BlazeFace blocks): KPU
+    layers only, also when the PReLU pair feeds a decomposed K x K depthwise conv."""
     n = helper.make_node
     rng = np.random.default_rng(0)
     r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
     nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1], strides=[2, 2]), n("PRelu", ["c0", "a0"], ["p0"]),
-             conv_node("d1", "p0", "wd", "bd", pads=[1, 1, 1, 1], group=8), n("PRelu", ["d1", "a1"], ["p1"]),
-             conv_node("y", "p1", "w2", "b2")]
+             conv_node("d1", "p0", "wd", "bd", pads=[k // 2] * 4, group=8, strides=[stride, stride]),
+             n("PRelu", ["d1", "a1"], ["p1"]), conv_node("y", "p1", "w2", "b2")]
     m = make_model(nodes, [("x", [1, 3, 64, 64])], [("y", None)],
-                   {"w0": r(8, 3, 3, 3), "b0": r(8), "a0": (np.abs(r(8, 1, 1)) * 0.5), "wd": r(8, 1, 3, 3),
+                   {"w0": r(8, 3, 3, 3), "b0": r(8), "a0": (np.abs(r(8, 1, 1)) * 0.5), "wd": r(8, 1, k, k),
                     "bd": r(8), "a1": r(8, 1, 1), "w2": r(16, 8, 1, 1), "b2": r(16)})
     px = pixels(4, 3, 64, 64)
     model, rows, _, _ = compile_model(m, px)
