@@ -336,6 +336,8 @@ KXK_EXACT = [   # k, group, stride, pads, dilation, reads pixels, (h, w), form t
     (7, "dense", 2, None, 1, False, (24, 28), "stride-2 phases", 2),
     (7, "dw", 2, [2, 2, 3, 3], 1, False, (24, 28), "stride-2 phases", 3),      # TF 'SAME': 2 copy stages
     (5, "dw", 1, None, 2, False, (24, 28), "shift grid", 2),                    # dilated 3x3
+    (5, "dense", 1, [2, 2, 2, 0], 1, True, (24, 28), "shift grid", 2),          # fewer pads right: cropped
+    (7, "dw", 2, [3, 1, 0, 2], 1, False, (25, 30), "sparse shifts", 3),         # asymmetric, odd map
 ]
 
 
@@ -345,6 +347,22 @@ def test_kxk_is_the_quantized_kxk_conv_bit_for_bit(k, group, stride, pads, dilat
     exactly what one K x K KPU layer would: the output bytes equal a direct integer K x K conv of
     the input bytes (the pixels, or the previous layer's traced map) with the same quantized
     weights, BN and activation table, bit for bit. The receipt names the form the cost model chose."""
+    row = _check_kxk_bytes(k, group, stride, pads, dilation, first, hw_)
+    assert f"'{form}'" in row.why and "est." in row.why and f"as {stages} KPU stages" in row.why, row.why
+
+
+def test_kxk_random_shapes_bit_for_bit():
+    """Seeded random K x K convs (kernel, depthwise or not, stride, every pad per side, map size,
+    pixels or a quantized map): every one the integer K x K conv, byte for byte."""
+    rs = np.random.default_rng(11)
+    for _ in range(12):
+        k, dil = (5, 2) if rs.random() < 0.15 else (int(rs.choice([5, 7])), 1)
+        pads = [int(v) for v in rs.integers(0, k // 2 + 1, 4)]        # k: the effective kernel
+        _check_kxk_bytes(k, str(rs.choice(["dense", "dw"])), int(rs.choice([1, 2])), pads, dil,
+                         bool(rs.random() < 0.3), (int(rs.integers(12, 36)), int(rs.integers(12, 36))))
+
+
+def _check_kxk_bytes(k, group, stride, pads, dilation, first, hw_):
     from lower_helpers import kpu_outputs
     from tl2k210.k210.emulator import Emulator
     from tl2k210.k210.emulator.kpu import activation, batchnorm
@@ -355,9 +373,8 @@ def test_kxk_is_the_quantized_kxk_conv_bit_for_bit(k, group, stride, pads, dilat
     m = _kxk_model(k, group, stride, pads, dilation, c_in=3, h=h, w=w) if first else \
         _kxk_after_conv(k, group, stride, pads, dilation, c_in=c_in, h=h, w=w)
     px = pixels(3, 3, h, w)
-    model, rows, lw, g = compile_model(m, px)
+    model, rows, lw, g = compile_model(m, px, format="v3")
     row = next(r for r in rows if r.node == "y")
-    assert f"'{form}'" in row.why and "est." in row.why and f"as {stages} KPU stages" in row.why, row.why
     node = next(n for n in g.nodes if n.outputs[0] == "y")
     k = (k - 1) // dilation + 1 if dilation > 1 else k
     W = np.asarray(g.tensors[node.inputs[1]].value, np.float64)
@@ -380,7 +397,8 @@ def test_kxk_is_the_quantized_kxk_conv_bit_for_bit(k, group, stride, pads, dilat
         acc = _direct_kxk(q, z_x, Wq, zw, 1 if group == "dense" else c_in, stride, pads, dilation)
         ref = activation(batchnorm(acc, bn), final[0].act)
         got = np.rint(emu.run(p)[0].reshape(ref.shape) / s_y + z_y).astype(np.int64)
-        assert np.array_equal(got, ref)
+        assert np.array_equal(got, ref), (k, group, stride, pads, dilation, first, hw_)
+    return row
 
 
 @pytest.mark.parametrize("k,stride", [(7, 1), (5, 2)])

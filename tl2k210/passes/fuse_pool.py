@@ -1,5 +1,5 @@
 """MaxPool/AveragePool 2x2 s2, 4x4 s4 (no padding) and MaxPool 2x2 s1 padded (0,0,1,1) right
-after a stride-1, non-depthwise Conv -> the Conv's `pool` attr (KPU pool codes 1-4, 9).
+after a stride-1, non-depthwise, 'same'-size Conv -> the Conv's `pool` attr (KPU pool codes 1-4, 9).
 Semantics stay ONNX's (the pool follows the activation); the backend checks exactness."""
 
 ALLOWED = {("max", 2, 2, (0, 0, 0, 0)), ("avg", 2, 2, (0, 0, 0, 0)), ("max", 4, 4, (0, 0, 0, 0)),
@@ -25,6 +25,10 @@ def fuse_pool(g, log):
     for conv in [n for n in g.nodes if n.op == "Conv"]:
         if conv.attrs.get("pool") or conv.attrs["group"] != 1 or tuple(conv.attrs["strides"]) != (1, 1):
             continue
+        (kh, kw), (dh, dw) = conv.attrs["kernel"], conv.attrs.get("dilations", (1, 1))
+        rh, rw = (kh - 1) * dh // 2, (kw - 1) * dw // 2
+        if list(conv.attrs["pads"]) != [rh, rw, rh, rw]:
+            continue     # the KPU pools its padded-every-side map: only 'same'-size convs
         p = g.single_consumer(conv.outputs[0])
         pool = pool_of(p) if p is not None else None
         if pool is None:

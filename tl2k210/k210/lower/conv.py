@@ -129,11 +129,15 @@ def geometry(lw, node) -> Geometry:
     kpu_picks = conv_hw is not None and tuple(conv_hw) == (h // 2, w // 2)   # the pick pools' floor
     if src is not None:
         code = kpu.pick_code(0)
-    elif (dy, dx, s) != (0, 0, 1):
+    elif (dy, dx, s) != (0, 0, 1) or (conv_hw is not None and tuple(conv_hw) != (h, w)):
         if s == 2 and dy == 0 and dx in (0, 1) and not depthwise and kpu_picks:
             code = kpu.pick_code(dx)
         elif s == 2 and dy == 0 and dx == 0 and depthwise and kpu_picks and _next_pw_takes_pick(lw, node):
             pick_next = True
+        elif s == 1:     # the KPU pads every side by k // 2: fewer pads on a side crop the map
+            post.append((1, 1, -dy, -dx))
+            notes.append(f"pads {a['pads']}: the KPU pads every side; CPU crops the map to rows from {dy}, "
+                         f"columns from {dx}")
         else:
             post.append((1, s, -dy, -dx))
             notes.append(f"stride {s} with pads {a['pads']}: KPU at stride 1 ({s * s}x the MACs), "
