@@ -251,6 +251,30 @@ def test_odd_map_stride2_symmetric_pads():
     assert sqnr(m, model, px) > 30
 
 
+@pytest.mark.parametrize("pads", [[1, 1, 1, 0], [1, 1, 0, 1], [1, 0, 0, 1]])
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("pool", [False, True])
+def test_fewer_pads_on_one_side_crop_the_map(pads, first, pool):
+    """A 3x3 conv with pads (1, 1, 1, 0) wants W-1 columns; the KPU pads every side, so the map is
+    cropped on the CPU (it used to come out whole: the kmodel's output had the wrong size). A pool
+    after it is not fused into the KPU (it would pool the uncropped map)."""
+    from lower_helpers import run_both
+    n = helper.make_node
+    rng = np.random.default_rng(0)
+    r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
+    nodes = [] if first else [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]), n("Relu", ["c0"], ["r0"])]
+    nodes += [conv_node("c1", "x" if first else "r0", "w1", "b1", pads=pads)]
+    nodes += [n("MaxPool", ["c1"], ["y"], kernel_shape=[2, 2], strides=[2, 2])] if pool else [n("Identity", ["c1"], ["y"])]
+    m = make_model(nodes, [("x", [1, 3, 16, 16])], [("y", None)],
+                   {"w0": r(4, 3, 3, 3), "b0": r(4), "w1": r(5, 3 if first else 4, 3, 3), "b1": r(5)})
+    px = pixels(3, 3, 16, 16)
+    model, rows, lw, g = compile_model(m, px, format="v3")
+    assert lw.shape("y") == tuple(g.shape("y")[1:])
+    assert any("crops the map" in nt for r_ in rows for nt in r_.notes)
+    ref, got = run_both(m, model, px)
+    assert ref.shape == got.shape and sqnr(m, model, px) > 30
+
+
 @pytest.mark.slow
 def test_squeezenet_from_the_onnx_wheel_fits(tmp_path):
     """SqueezeNet 1.1 (onnx/backend/test/data/light, seeded weights): its first layer's 64x224x224
