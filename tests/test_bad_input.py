@@ -275,6 +275,21 @@ def test_demo_never_overwrites_the_photo(kind, tmp_path, capsys):
     keep.check()
 
 
+@pytest.mark.parametrize("kind", ALIASES)
+def test_validate_outputs_never_overwrite_an_input(kind, tmp_path, capsys):
+    """validate --json/--plot: refused before the board is opened."""
+    km = tmp_path / "m.kmodel"
+    km.write_bytes(kmodel("mnist_v3.kmodel").read_bytes())
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 28, 28), np.uint8))
+    keep = Frozen(km, x)
+    for flag, target in (("--json", x), ("--plot", km)):
+        rc, _, err = cli(capsys, "validate", km, "-i", x, flag, _alias(kind, target, tmp_path),
+                         "-p", tmp_path / "noport")
+        refused(rc, err, "same file", "choose another")
+    keep.check()
+
+
 @pytest.mark.parametrize("kind", ["hardlink", "symlink"])
 def test_zoo_build_never_overwrites_its_firmware_script(kind, tmp_path, capsys, monkeypatch):
     """zoo build writes OUT/NAME_main.py from firmware/NAME.py: a link between them is refused
@@ -295,6 +310,18 @@ def test_zoo_build_never_overwrites_its_firmware_script(kind, tmp_path, capsys, 
     assert time.monotonic() - t0 < 20
     keep.check()
     assert sorted(p.name for p in out.iterdir()) == ["face_detect_main.py"]
+
+
+def test_zoo_build_failing_removes_the_folders_it_made(tmp_path, capsys, monkeypatch):
+    """--out new/sub is created before the work; a build refused after that leaves no folder."""
+    from tl2k210 import paths, zoo
+    fwdir = tmp_path / "firmware"
+    fwdir.mkdir()
+    (fwdir / "face_detect.py").write_text("import KPU as kpu\ntask = kpu.load(0x123000)\n")
+    monkeypatch.setattr(zoo.paths, "firmware_dir", lambda: fwdir)
+    rc, _, err = cli(capsys, "zoo", "build", "face_detect", "--out", tmp_path / "new" / "sub", "-q")
+    refused(rc, err, "face_detect.py", "0x")
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.fixture(scope="module")

@@ -199,7 +199,8 @@ def _build(r: Recipe, out: Path, progress: bool) -> dict:
     text = script.read_text() if script.exists() else None
     if text is not None and f"0x{r.flash_address:x}" not in text.lower():
         raise Tl2k210Error(f"{script} does not load the model from 0x{r.flash_address:x} "
-                           "(the recipe's flash_address)")
+                           "(the recipe's flash_address); make the script's kpu.load() address "
+                           "and the recipe's flash_address agree")
     net = build_network(r)
     with tempfile.TemporaryDirectory(prefix="tl2k210-calib-") as calib:
         for i, img in enumerate(calibration_images(r)):
