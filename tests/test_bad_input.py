@@ -997,6 +997,16 @@ def test_exif_rotated_photo_is_upright(tmp_path):
     assert a.shape == (20, 10, 3) and a[:5].mean() > 200 and a[-5:].mean() < 50
 
 
+def test_yolo_decode_of_a_model_without_a_region_output(tmp_path, capsys):
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 28, 28), np.uint8))
+    rc, out, err = cli(capsys, "run", kmodel("mnist_v3.kmodel"), "-i", x, "--decode", "yolo2",
+                       "--anchors", "1,2,3,4", "-o", tmp_path / "o.json")
+    refused(rc, err, "10-value output", "--decode none")
+    assert "output 0" not in out
+    nothing_at(tmp_path / "o.json")
+
+
 def test_anchor_count_that_divides_the_channels_is_checked_against_labels(tmp_path, capsys):
     """facedetect: 30 channels = 5 anchors x (5 + 1 class). 3 anchors divide 30 too (5 classes)."""
     img = tmp_path / "p.png"

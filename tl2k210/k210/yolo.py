@@ -50,7 +50,8 @@ def region_layout(model, size: int, n_anchors: int, labels=None) -> tuple[int, i
     try:
         gw, gh = region_grid(model, size)
     except ValueError as exc:
-        raise Tl2k210Error(f"{exc} ({n_anchors} anchors)") from None
+        raise Tl2k210Error(f"{exc} ({n_anchors} anchors); --decode yolo2 needs a YOLOv2 region "
+                           "output: use --decode none for this model") from None
     channels = size // (gw * gh)
     if channels % n_anchors or channels // n_anchors < 6:
         raise Tl2k210Error(f"{n_anchors} anchors do not fit the {channels}-channel region output "
