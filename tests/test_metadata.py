@@ -143,6 +143,10 @@ def test_deploy_takes_address_and_decode_lines_from_the_metadata(face, tmp_path)
         rc, out = run_tl2k210(["deploy", str(face), "-p", b.port, "-B", "dan", "-o", str(tmp_path / "d.kfpkg")], b)
         assert rc == 0, out
         assert b.flash_bytes(0x500000, len(data)) == data
+        # -a wins over the metadata
+        rc, over = run_tl2k210(["deploy", str(face), "-p", b.port, "-B", "dan", "-a", "0x600000"], b)
+        assert rc == 0 and b.flash_bytes(0x600000, len(data)) == data, over
+        assert "task = kpu.load(0x600000)" in over and "from face.kmodel.json" not in over
     assert "model address 0x500000 from face.kmodel.json" in out and "task = kpu.load(0x500000)" in out
     assert "anchor = (1.889, 2.5245, 2.9465, 3.94056" in out and "kpu.init_yolo2(task, 0.5, 0.3, 5, anchor)" in out
     assert "labels = ['face']" in out
@@ -211,6 +215,11 @@ def test_convert_records_preprocessing_and_compare_uses_it(bgr_keras, capsys):
     # the same comparison with the defaults (0..1, RGB): the float side is fed something else
     wrong = list(compare(str(src), str(km), str(calib))["outputs"].values())[0]["sqnr_db"]
     assert sq > 25 and sq > wrong + 10, (sq, wrong)
+    # the flags win: told 0..1 and RGB, compare feeds the float side what the defaults feed it
+    rc, out, err = _run(["compare", str(src), str(km), "--dataset", str(calib), "--input-range", "0,1", "--rgb",
+                         "--json", str(km) + ".cmp"], capsys)
+    flagged = list(json.loads(Path(str(km) + ".cmp").read_text())["outputs"].values())[0]["sqnr_db"]
+    assert rc == 0 and abs(flagged - wrong) < 1e-6, (flagged, wrong)
 
 
 # ---------------------------------------------------------------------------------------------

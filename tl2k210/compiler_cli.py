@@ -32,6 +32,8 @@ def _add_preprocess(p, from_metadata=False):
     g.add_argument("--std", type=cliargs.floats(positive=True, example="0.229,0.224,0.225"),
                    help="per-channel std divided after the mean (1), > 0")
     g.add_argument("--bgr", action="store_true", default=None, help="the model wants BGR channel order")
+    if from_metadata:
+        g.add_argument("--rgb", dest="bgr", action="store_false", help="RGB order, whatever the metadata says")
     g.add_argument("--input-shape", type=cliargs.shape, help="N,C,H,W for models with symbolic input dims")
 
 
