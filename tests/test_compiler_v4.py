@@ -65,7 +65,7 @@ def _channel_split():
     return x, L.Conv2D(8, 1)(L.Concatenate()([left, r]))
 
 
-MODELS = {"bilinear upsampling": (_bilinear, "resize_image"),
+MODELS = {"bilinear upsampling": (_bilinear, "conv2d_transpose"),     # half_pixel x2: a triangle kernel
           "CPU convs (4x4, 1x7, 7x1)": (_cpu_convs, "quantized_conv2d"),
           "SE block (Mul)": (_se_block, "quantized_binary"),
           "Mean/ReduceMax over channels": (_mean_max, "reduce"),

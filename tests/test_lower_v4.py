@@ -209,6 +209,10 @@ def test_memory_copy_for_a_whole_slice():
 
 RESIZES = {
     "bilinear_half_pixel": (dict(mode="linear"), [1, 1, 2, 2]),
+    "bilinear_half_pixel_x3": (dict(mode="linear"), [1, 1, 3, 3]),
+    "bilinear_pytorch_half_pixel_w_only": (dict(mode="linear", coordinate_transformation_mode="pytorch_half_pixel"),
+                                           [1, 1, 1, 2]),
+    "bilinear_half_pixel_x1_5": (dict(mode="linear"), [1, 1, 1.5, 1.5]),
     "bilinear_align_corners": (dict(mode="linear", coordinate_transformation_mode="align_corners"), [1, 1, 2, 2]),
     "bilinear_asymmetric_x3": (dict(mode="linear", coordinate_transformation_mode="asymmetric"), [1, 1, 3, 3]),
     "bilinear_half_pixel_down": (dict(mode="linear"), [1, 1, 0.5, 0.5]),
@@ -218,7 +222,8 @@ RESIZES = {
     "nearest_half_pixel_ceil_down": (dict(mode="nearest", nearest_mode="ceil"), [1, 1, 0.5, 0.5]),
 }
 # resize_image (mode, align_corners) per case; None: the index map is a progression, a slice alone
-RESIZE_NODES = {"bilinear_half_pixel": (0, False), "bilinear_align_corners": (0, True),
+RESIZE_NODES = {"bilinear_half_pixel": "conv2d_transpose", "bilinear_half_pixel_x3": "conv2d_transpose",
+                "bilinear_pytorch_half_pixel_w_only": "conv2d_transpose", "bilinear_half_pixel_x1_5": (0, False), "bilinear_align_corners": (0, True),
                 "bilinear_asymmetric_x3": (0, False), "bilinear_half_pixel_down": (0, False),
                 "nearest_round_prefer_ceil": (1, False), "nearest_half_pixel_down": (1, False),
                 "nearest_half_pixel_ceil_down": None}
@@ -231,16 +236,48 @@ def test_resize(name):
     model, q, rows = check_v4(m)
     got = {(nd.fields["mode"], nd.fields["align_corners"]) for nd in model.nodes if nd.name == "resize_image"}
     want = RESIZE_NODES[name]
+    if want == "conv2d_transpose":      # integer half_pixel upsampling: a triangle kernel per channel
+        ct = [nd for nd in model.nodes if nd.name == "conv2d_transpose"]
+        assert not got and len(ct) == 1 and ct[0].fields["groups"] == 8, [nd.name for nd in model.nodes]
+        assert "triangle kernel" in " ".join(next(r for r in rows if r.op == "Resize").notes)
+        return
     assert got == ({want} if want else set()), got
     if want is None:
         assert "strided_slice" in [nd.name for nd in model.nodes]
 
 
+@pytest.mark.parametrize("cmode", ["half_pixel", "pytorch_half_pixel"])
+@pytest.mark.parametrize("s", [2, 3, 4])
+def test_bilinear_upsampling_kernel_is_onnx_resize(cmode, s):
+    """The triangle-kernel plan (edge pad + conv2d_transpose, as v4_reference computes it) gives
+    onnxruntime's Resize to float32 precision, borders included."""
+    import onnxruntime as ort
+    from tl2k210.k210.lower.v4resize import _deconv_axis
+    h, w = 5, 7
+    m = make_model([N("Resize", ["x", "", "s"], ["y"], mode="linear", coordinate_transformation_mode=cmode)],
+                   [("x", [1, 2, h, w])], [("y", [1, 2, h * s, w * s])], {"s": np.array([1, 1, s, s], np.float32)})
+    x = RNG.normal(size=(1, 2, h, w)).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ah, aw = _deconv_axis(cmode, h, h * s, float(s)), _deconv_axis(cmode, w, w * s, float(s))
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="edge")
+    f = dict(groups=2, filter_h=2 * s, filter_w=2 * s, stride_h=s, stride_w=s, dilation_h=1, dilation_w=1,
+             padding_h=(ah.pad, 3 * s - ah.pad), padding_w=(aw.pad, 3 * s - aw.pad), in_shape=xp.shape,
+             out_shape=want.shape, fused_activation=(-1e30, 1e30))
+    kern = np.tile(np.outer(ah.k, aw.k).reshape(-1), 2)
+    mem = type("M", (), {})()
+    node = type("Nd", (), dict(fields=dict(f, input=(1, 0, 0, xp.size * 4), output=(1, 0, 0, want.size * 4)),
+                               data={"weights": kern, "bias": np.zeros(2)}, name="conv2d_transpose"))()
+    mem.get = lambda rng: xp.reshape(-1)
+    mem.put = lambda rng, y: None
+    got = ref.run_node(node, mem, {})[1].reshape(want.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_resize_in_channel_groups(monkeypatch):
     """The oversampled temporary of a half_pixel resize is made a few channels at a time."""
     from tl2k210.k210.lower import v4resize
-    monkeypatch.setattr(v4resize, "MID_BYTES", 3 * 4 * 56 * 56)    # 3 of the 8 channels (14 -> 56 per axis)
-    m = build([N("Resize", ["r", "", "s"], ["y"], mode="linear")], {"s": np.array([1, 1, 2, 2], np.float32)})
+    monkeypatch.setattr(v4resize, "MID_BYTES", 3 * 4 * 84 * 84)    # 3 of the 8 channels (14 -> 84 per axis)
+    m = build([N("Resize", ["r", "", "s"], ["y"], mode="linear")], {"s": np.array([1, 1, 1.5, 1.5], np.float32)})
     model, q, rows = check_v4(m)
     assert [nd.name for nd in model.nodes].count("resize_image") == 3
     assert "3 channels at a time" in " ".join(next(r for r in rows if r.op == "Resize").notes)

@@ -14,7 +14,12 @@ Per axis the lowering finds a v4 plan that samples the same coordinates:
   (strided_slice): coordinate (t*o + k) * (in + 2p) / size'' = c(o) + p for every o. half_pixel
   upsampling by an integer factor s takes t = 2, p = 1: 4x the bilinear evaluations of the direct
   form (the receipt shows the cost);
-* nearest downscales whose index map is a progression are a strided_slice alone.
+* nearest downscales whose index map is a progression are a strided_slice alone;
+* bilinear upsampling by an integer factor s that the direct form cannot sample (half_pixel:
+  Keras UpSampling2D, TF2 resize) is, on the edge-padded input, a depthwise `conv2d_transpose`
+  with the separable triangle kernel (2s x 2s taps, stride s): the same weights ONNX gives each
+  input, about 4 MACs an output and no oversampled temporary (the resize_image + slice plan
+  evaluates 4x the outputs and keeps a 16x-per-channel temporary).
 The plan is checked numerically on every output coordinate (float32, as the runtime computes);
 modes no plan matches (cubic, tf_crop_and_resize, antialias, ...) are refused with the reason.
 Bilinear runs on float32 (the runtime's bilinear kernel is float; nncase's own files only use
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .registry import CPU_F32, CPU_U8, NA, lowering
-from .v4emit import F32, U8, V4Op, main, slice_op
+from .v4emit import F32, NO_CLAMP, U8, V4Op, main, slice_op
 
 f32 = np.float32
 MID_BYTES = 65_536         # the oversampled temporary is made for this many bytes of channels at a time
@@ -140,6 +145,63 @@ def _bilinear_axis(cmode, n, m, scale):
         if same(plan):
             return plan
     return None
+
+
+def onnx_linear_matrix(cmode, n, m, scale):
+    """ONNX linear Resize on one axis as an (m, n) matrix (coordinates clamped to the input)."""
+    c = np.clip(onnx_coords(cmode, n, m, scale), 0, n - 1)
+    i0 = np.floor(c).astype(int)
+    i1 = np.minimum(i0 + 1, n - 1)
+    A = np.zeros((m, n))
+    np.add.at(A, (np.arange(m), i0), 1 - (c - i0))
+    np.add.at(A, (np.arange(m), i1), c - i0)
+    return A
+
+
+@dataclass(frozen=True)
+class DeconvAxis:
+    """Upsampling by `s` as conv2d_transpose of the input edge-padded by one pixel: kernel `k`
+    (2s taps), padding (before, after) = (pad, 3s - pad)."""
+    s: int
+    pad: int
+    k: tuple
+
+    def matrix(self, n):
+        """What the plan computes, as an (n*s, n) matrix."""
+        E = np.zeros((n + 2, n))
+        E[np.arange(n + 2), np.clip(np.arange(n + 2) - 1, 0, n - 1)] = 1
+        D = np.zeros((n * self.s, n + 2))
+        for j in range(n + 2):
+            for t, kv in enumerate(self.k):
+                o = j * self.s + t - self.pad
+                if 0 <= o < n * self.s:
+                    D[o, j] += kv
+        return D @ E
+
+
+def _deconv_axis(cmode, n, m, scale):
+    """DeconvAxis computing ONNX's linear resize n -> m = n*s exactly, or None."""
+    if m % n or m // n < 1 or onnx_coords(cmode, n, m, scale) is None:
+        return None
+    s = m // n
+    pad = int(np.ceil(1.5 * s - 0.5))
+    k = tuple(float(f32(max(0.0, 1 - abs((t - pad + 0.5) / s + 0.5)))) for t in range(2 * s))
+    ax = DeconvAxis(s, pad, k)
+    return ax if np.max(np.abs(ax.matrix(n) - onnx_linear_matrix(cmode, n, m, scale))) <= 1e-6 else None
+
+
+def deconv_plan(g, node):
+    """(DeconvAxis h, DeconvAxis w) when a linear Resize is an integer upsampling whose direct
+    resize_image form does not sample ONNX's coordinates, else None."""
+    mode, cmode, _ = _attrs(g, node)
+    if mode != "linear" or node.attrs.get("antialias", 0):
+        return None
+    p = plan(g, node)
+    if isinstance(p, str) or all(a.direct for a in p[1]):
+        return None
+    x, y = g.shape(node.inputs[0]), g.shape(node.outputs[0])
+    axes = tuple(_deconv_axis(cmode, n, m, sc) for n, m, sc in zip(x[2:], y[2:], _scales(g, node)))
+    return axes if all(axes) and any(a.s > 1 for a in axes) else None
 
 
 #: nearest_mode as floor(c + beta) of the ONNX coordinate c (ceil-like modes just below the tie)
@@ -275,8 +337,38 @@ def _op(v: V4Op):
     return v.name, v.fields
 
 
+def _resize_deconv(lw, node, axes):
+    x, out = node.inputs[0], node.outputs[0]
+    c, h, w = lw.shape(x)
+    oc, oh, ow = lw.shape(out)
+    ah, aw = axes
+    row = lw.row(node, "bilinear upsampling: depthwise conv2d_transpose on float32", in_shape=(c, h, w),
+                 out_shape=(oc, oh, ow))
+    src = lw.need_f32(x, row)
+    loc = lw.f32_out(out)
+    tag = out + ":resize"
+    cur, shape = edge_pad(lw, src, (1, c, h, w), F32, 1, 1, row, tag)
+    kern = np.outer(np.float32(ah.k), np.float32(aw.k)).astype(np.float32)
+    lw.emit_v4("conv2d_transpose", dict(
+        input=main(F32, cur, int(np.prod(shape))), output=main(F32, loc.f32, oc * oh * ow), in_shape=shape,
+        out_shape=(1, oc, oh, ow), groups=c, padding_h=(ah.pad, 3 * ah.s - ah.pad),
+        padding_w=(aw.pad, 3 * aw.s - aw.pad), filter_h=2 * ah.s, filter_w=2 * aw.s, stride_h=ah.s,
+        stride_w=aw.s, dilation_h=1, dilation_w=1, fused_activation=NO_CLAMP), row,
+        data={"weights": np.tile(kern.reshape(-1), c), "bias": np.zeros(c, np.float32)})
+    row.notes.append(f"input edge-padded by (1, 1) (strided_slice + concat), then a {2 * ah.s}x{2 * aw.s} "
+                     f"stride ({ah.s}, {aw.s}) triangle kernel per channel: ONNX's interpolation weights")
+    row.macs = c * shape[2] * shape[3] * 4 * ah.s * aw.s
+    for k in ("pad2", "pad3"):
+        lw.main.free(f"{tag}:{k}")
+    lw.traced(out, "f32")
+
+
 def _resize(lw, node, kind):
     x, out = node.inputs[0], node.outputs[0]
+    if kind == "bilinear":
+        axes = deconv_plan(lw.g, node)
+        if axes is not None:
+            return _resize_deconv(lw, node, axes)
     mode, (ph, pw) = plan(lw.g, node)
     c, h, w = lw.shape(x)
     oc, oh, ow = lw.shape(out)
@@ -320,7 +412,7 @@ def _resize(lw, node, kind):
         if not direct:
             row.notes.append(f"resize_image to {sizes[0]}x{sizes[1]}, then every ({ph.step}, {pw.step})-th "
                              f"sample from ({ph.start}, {pw.start}): {sizes[0] * sizes[1] / max(oh * ow, 1):.1f}x "
-                             "the samples of the output" + (f", {group} channels at a time" if group < c else ""))
+                             "the samples of the output" + (f", {group} channel{'s' if group > 1 else ''} at a time" if group < c else ""))
     for k in ("mid", "pad2", "pad3"):
         lw.main.free(f"{tag}:{k}")
     lw.traced(out, "f32" if dt == F32 else "u8")
