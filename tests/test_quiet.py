@@ -1,6 +1,7 @@
-"""A real `tl2k210 convert` and `tl2k210 zoo build` print our progress lines and report and nothing
-else: TensorFlow's start-up chatter (absl, oneDNN, cpu_feature_guard), TF Lite's XNNPACK note and
-the Python warnings of TF/tf2onnx/TensorLayer are kept off (tl2k210/quiet.py) unless --verbose."""
+"""Our CLI verbs print our lines and nothing else: a real `tl2k210 convert`, `tl2k210 zoo build`
+and `tl2k210 demo` in subprocesses. TensorFlow's start-up chatter (absl, oneDNN, cpu_feature_guard),
+TF Lite's XNNPACK note, onnxruntime's warnings and the Python warnings of TF/tf2onnx/TensorLayer
+are kept off (tl2k210/quiet.py) unless --verbose."""
 import re
 import subprocess
 import sys
@@ -100,6 +101,25 @@ def test_zoo_build_prints_only_our_lines(zoo_build, name):
     rest = built["stdout"][len(table) + 1:].splitlines()
     assert rest[0] == "" and rest[1].startswith(f"wrote {built['kmodel']}, ") and len(rest) == 2, rest
     assert not [ln for ln in table.splitlines() if NOISE.search(ln)]
+
+
+def test_demo_prints_only_our_lines(zoo_build, tmp_path):
+    """`tl2k210 demo face-detect` on the zoo build (what `make demo` runs after the build above),
+    in a subprocess: stderr is empty, stdout is the host's [host] lines and what the unchanged
+    firmware script prints."""
+    skdata = pytest.importorskip("skimage.data")
+    from PIL import Image
+    Image.fromarray(skdata.astronaut()).save(tmp_path / "astronaut.png")
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("TF_", "TL2K210_VERBOSE"))}
+    env["PYTHONPATH"] = str(REPO)
+    p = subprocess.run([sys.executable, "-m", "tl2k210.cli", "demo", "face-detect", "--image", "astronaut.png",
+                        "--kfpkg", zoo_build("face_detect")["kfpkg"], "--out", "lcd.png"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    script = [ln for ln in p.stdout.splitlines() if not ln.startswith("[host] ")]
+    assert len(script) == 2 and re.fullmatch(r"face x=\d+ y=\d+ w=\d+ h=\d+ value=[01]\.\d{3}", script[0]) \
+        and script[1] == "faces: 1", p.stdout
+    assert "[host] model: face_detect.kmodel (yolo2, 320x240 input" in p.stdout and (tmp_path / "lcd.png").is_file()
 
 
 def test_native_stderr_filter_keeps_what_is_not_noise(capfd, monkeypatch):
