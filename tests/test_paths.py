@@ -83,6 +83,23 @@ def test_the_build_hook_bundles_recipes_weights_and_scripts():
     assert tracked and set(tracked) <= rel, set(tracked) - rel
 
 
+def test_the_build_hook_drops_stale_bundled_files(tmp_path):
+    """pip builds in the checkout's build/ folder: a model deleted from models/ must not ship
+    from an old build. The hook replaces tl2k210/data/ of the build folder as a whole."""
+    stale = tmp_path / "tl2k210" / "data" / "models" / "deleted_model" / "recipe.toml"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("name = 'deleted_model'\n")
+    p = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)], cwd=REPO,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    data = tmp_path / "tl2k210" / "data"
+    assert sorted(d.name for d in (data / "models").iterdir()) == [
+        "face_detect", "face_recognition", "mobilenet_v1", "style_transfer"]
+    assert (data / "models" / "face_detect" / "weights.npz").read_bytes() == \
+        (REPO / "models" / "face_detect" / "weights.npz").read_bytes()
+    assert (data / "firmware" / "face_detect.py").is_file() and (tmp_path / "tl2k210" / "paths.py").is_file()
+
+
 # code that derives a location from its own file's place, and string literals that spell out a
 # path component of the test data or the user cache
 CODE_GUESS = re.compile(r"(Path|abspath|dirname|realpath)\(__file__\)|\.parents\[\d\]")
