@@ -198,3 +198,36 @@ def test_face_detector_every_layer(r):
     k = data_path("kmodels", "facedetect_320x240_v3.kmodel")
     rep = V.validate(r, str(k), [], per_layer=True, log=lambda m: None)
     assert len(rep["rows"]) == 25 and rep["first_differing_layer"] is None
+
+
+def test_float_tensor_model_takes_flat_vectors(tmp_path, r):
+    """iris_v4.kmodel (nncase v0.2) takes a float32 (1, 1, 1, 4) tensor: --input with (N, 4)
+    float32 rows goes to kpu.forward(task, [floats]), and the board equals the emulator."""
+    from tl2k210.k210.emulator import Emulator
+    k = data_path("kmodels", "iris_v4.kmodel")
+    datasets = pytest.importorskip("sklearn.datasets")
+    x = datasets.load_iris().data.astype(np.float32)[::30]
+    np.save(tmp_path / "iris.npy", x)
+    np.save(tmp_path / "iris_u8.npy", (x * 10).astype(np.uint8))
+    rep = V.validate(r, str(k), [str(tmp_path / "iris.npy")], log=lambda m: None)
+    assert rep["samples"] == [f"iris.npy[{i}]" for i in range(len(x))]
+    assert _row(rep, "output 0")["pairs"]["board_vs_emulator"]["max_abs_diff"] == 0
+    emu = Emulator.load(str(k))                   # the board ran what the emulator runs on x
+    ref = [emu.run(v.reshape(1, 1, 1, 4))[0] for v in x]
+    samples = V.load_samples([str(tmp_path / "iris.npy")], emu)
+    assert all(s.kind == "vector" and np.array_equal(s.exact, v) for s, v in zip(samples, x))
+    assert not np.allclose(ref[0], ref[-1])       # different flowers, different scores
+    with pytest.raises(Tl2k210Error, match="takes float32 \\(1, 1, 4\\) \\(or 4 values"):
+        V.load_samples([str(tmp_path / "iris_u8.npy")], emu)
+
+
+def test_kpu_load_errors_name_cause_and_fix():
+    from tl2k210.maixpy.repl import board_error
+    tb = (b"Traceback (most recent call last):\r\n  File \"<stdin>\", line 1, in <module>\r\n"
+          b"ValueError: [MAIXPY]kpu: load error:2006, ERR_NO_MEM: memory not enough\r\n")
+    msg = str(board_error(tb, "kpu.load of the model"))
+    assert "error 2006: the model does not fit in the system heap" in msg
+    assert "minimum build" in msg and "smaller model" in msg
+    tb2 = tb.replace(b"2006, ERR_NO_MEM: memory not enough",
+                     b"2002, ERR_KMODEL_VERSION: only support kmodel V3/V4 now")
+    assert "erased flash reads 0xFF" in str(board_error(tb2, "kpu.load"))

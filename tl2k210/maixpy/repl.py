@@ -225,6 +225,16 @@ def board_error(err: bytes | str, what: str) -> ReplError:
     if "ENOENT" in text:
         return BoardExecError(f"{what}: no such file or folder on the board ({last}); "
                               "`tl2k210 repl ls` shows what is there", text)
+    kpu = re.search(r"\[MAIXPY\]kpu: \w+ error:(\d+)", text)
+    if kpu:
+        from tl2k210.maixpy.KPU import CAUSES
+        code = int(kpu.group(1))
+        cause = CAUSES.get(code, "see maixpy-api.md's KPU error table")
+        fix = {2006: ": a MaixPy minimum build leaves more heap for models (the emulated board: "
+                     "`tl2k210 board --maixpy --runtime maixpy-minimum`), or use a smaller model "
+                     "(lower MobileNet alpha or input size)",
+               2002: ": check the address or file, and that the model is kmodel v3/v4"}.get(code, "")
+        return BoardExecError(f"{what}: the board raised {last} (error {code}: {cause}{fix})", text)
     if "MemoryError" in text or "memory allocation failed" in text:
         return BoardExecError(f"{what}: the board ran out of GC heap ({last}); soft-reset it "
                               "(Ctrl-D) to free memory, or use smaller pieces", text)

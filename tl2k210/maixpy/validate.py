@@ -143,14 +143,31 @@ def load_samples(paths, emu, limit=16) -> list[Sample]:
             a = np.asarray(pil)
             add(os.path.basename(p), a[None] if c == 1 else a.transpose(2, 0, 1))
             continue
-        for k, a in enumerate(load_arrays(p, (1,) + shape, keep_dtype=True)):
+        flat = False
+        try:
+            arrays = load_arrays(p, (1,) + shape, keep_dtype=True)
+        except Tl2k210Error:
+            if not image or dtype != np.float32:
+                raise
+            try:           # a float32 tensor input given as flat vectors: (N, C*H*W)
+                arrays, flat = load_arrays(p, (1, int(np.prod(shape))), keep_dtype=True), True
+            except Tl2k210Error:
+                arrays = []
+            if not all(np.issubdtype(a.dtype, np.floating) for a in arrays) or not arrays:
+                raise Tl2k210Error(f"{p}: the model takes float32 {shape} (or "
+                                   f"{int(np.prod(shape))} values a sample); this file holds "
+                                   "neither") from None
+        for k, a in enumerate(arrays):
             a = a[0]
             name = f"{os.path.basename(p)}[{k}]"
-            if image:
-                if a.dtype != np.uint8:
-                    raise Tl2k210Error(f"{name}: image models take uint8 pixels (0..255) as "
-                                       f"{shape} or channels-last; this array is {a.dtype}")
+            if image and a.dtype == np.uint8 and not flat:
                 add(name, a)
+            elif image and not (np.issubdtype(a.dtype, np.floating) and dtype == np.float32):
+                raise Tl2k210Error(f"{name}: this model takes uint8 pixels (0..255) as {shape} "
+                                   f"or channels-last; this array is {a.dtype}")
+            elif image:                # a float32 input tensor (nncase v4): forward's float list
+                v = np.ascontiguousarray(a, np.float32).reshape(-1)
+                out.append(Sample(name, v, v, "vector"))
             else:
                 v = np.asarray(a, np.float32).reshape(-1)
                 out.append(Sample(name, v, v, "vector"))
