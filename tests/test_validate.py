@@ -190,6 +190,8 @@ def test_vector_model_with_its_tflite_source(tmp_path, b, r):
     out = _row(rep, "output 0")
     assert out["pairs"]["board_vs_emulator"]["max_abs_diff"] == 0
     assert out["pairs"]["emulator_vs_float"]["sqnr_db"] > 100
+    assert "float_rgb565_vs_exact" not in out["pairs"]          # vectors: no RGB565 input path
+    assert out["verdict"].startswith("float: board = emulator = float model")   # float layers
     assert len(rep["samples"]) == 10
 
 

@@ -4,7 +4,8 @@ float model in onnxruntime) on the same inputs; per output and per layer the rep
 max |diff|, cosine and SQNR, and says where a gap comes from:
 
 * runtime: the board's numbers differ from the emulator's on the very input the KPU read;
-* quantization: board = emulator, but both differ from the float model on that input;
+* quantization: board = emulator, but both differ from the float model on that input (above
+  80 dB SQNR the verdict is "float": float32 rounding of layers that run in float);
 * preprocessing: what the board's input path does to the pixels (MaixPy images are RGB565: a
   24-bit photo loses its low bits before `pix_to_ai`) moves the float model's output more than
   quantization does.
@@ -416,7 +417,8 @@ def validate(repl: Repl, kmodel_path, inputs=(), per_layer=False, float_src=None
             cat["float"].size == cat["emu"].size and _out_dtype(emu, i) == np.float32
         if floats_ok:
             row.pairs["emulator_vs_float"] = metrics(cat["float"], cat["emu"])
-            row.pairs["float_rgb565_vs_exact"] = metrics(cat["float_exact"], cat["float"])
+            if any(s.kind == "image" for s in samples):     # vectors have no RGB565 path
+                row.pairs["float_rgb565_vs_exact"] = metrics(cat["float_exact"], cat["float"])
         if kind == "layer" and cat["layer_float"] is not None:
             row.pairs["emulator_vs_float"] = dict(metrics(cat["layer_float"], cat["layer_fit"]),
                                                   tensor=a["tensor"],
@@ -425,8 +427,8 @@ def validate(repl: Repl, kmodel_path, inputs=(), per_layer=False, float_src=None
         if kind == "layer" and "emulator_vs_float" in row.pairs and \
                 row.verdict.startswith("board = emulator"):
             ef = row.pairs["emulator_vs_float"]
-            row.verdict = (f"quantization: board = emulator; {ef['sqnr_db']:.1f} dB vs the float "
-                           f"tensor {ef['tensor']}")
+            row.verdict = (f"{'float' if ef['sqnr_db'] >= FLOAT_DB else 'quantization'}: board = "
+                           f"emulator; {ef['sqnr_db']:.1f} dB vs the float tensor {ef['tensor']}")
         if kind == "layer" and first_bad is None and row.pairs["board_vs_emulator"]["max_abs_diff"] != 0:
             first_bad = name
         rows.append(row)
@@ -447,6 +449,11 @@ def _out_dtype(emu, i):
     return run_v3.output_specs(emu.model)[i][0]
 
 
+# above this SQNR a gap is float32 rounding (layers computed in float), not quantization: uint8
+# quantization of a full-range signal is at best 6.02 * 8 + 1.76 = 49.9 dB
+FLOAT_DB = 80.0
+
+
 def verdict(row: Row, has_float, floats_ok):
     be = row.pairs["board_vs_emulator"]
     if be.get("max_abs_diff") is None:
@@ -458,7 +465,9 @@ def verdict(row: Row, has_float, floats_ok):
     if not floats_ok:
         return "board = emulator; no float comparison (uint8 map or the float model's output has another size)"
     q = row.pairs["emulator_vs_float"]["sqnr_db"]
-    p = row.pairs["float_rgb565_vs_exact"]["sqnr_db"]
+    if q >= FLOAT_DB:
+        return f"float: board = emulator = float model up to float rounding ({q:.0f} dB)"
+    p = row.pairs.get("float_rgb565_vs_exact", {}).get("sqnr_db", math.inf)
     if p < q:
         return "preprocessing: board = emulator; the RGB565 input path moves the float output more than quantization"
     return "quantization: board = emulator, both differ from the float model"
@@ -519,12 +528,13 @@ def plot(rep, path):
     ax = axes[0][0]
     pairs = [("board_vs_emulator", "board vs emulator"), ("emulator_vs_float", "emulator vs float"),
              ("float_rgb565_vs_exact", "float: RGB565 input vs exact")]
+    pairs = [(k, lab) for k, lab in pairs if any(k in r["pairs"] for r in outs)]
     width = 0.8 / len(pairs)
     for j, (key, label) in enumerate(pairs):
         vals = [db(r["pairs"].get(key, {}).get("sqnr_db", None)) if key in r["pairs"] else 0
                 for r in outs]
         ax.bar(np.arange(len(outs)) + j * width, vals, width, label=label)
-    ax.set_xticks(np.arange(len(outs)) + width)
+    ax.set_xticks(np.arange(len(outs)) + width * (len(pairs) - 1) / 2)
     ax.set_xticklabels([r["name"] for r in outs])
     ax.set_ylabel(f"SQNR dB (>= {cap:g} = identical)")
     ax.set_ylim(0, cap * 1.05)
@@ -534,7 +544,12 @@ def plot(rep, path):
         ax = axes[0][1]
         ax.plot([r["index"] for r in layers],
                 [db(r["pairs"]["board_vs_emulator"]["sqnr_db"]) for r in layers], "o-",
-                label="SQNR board vs emulator")
+                label="board vs emulator")
+        fl = [r for r in layers if "emulator_vs_float" in r["pairs"]]
+        if fl:
+            ax.plot([r["index"] for r in fl], [db(r["pairs"]["emulator_vs_float"]["sqnr_db"])
+                                               for r in fl], "s--", label="emulator vs float")
+        ax.legend(fontsize=8, loc="lower left")
         ax.set_xlabel("layer")
         ax.set_ylabel(f"SQNR dB (>= {cap:g} = identical)")
         ax.set_ylim(0, cap * 1.05)
@@ -544,7 +559,7 @@ def plot(rep, path):
                 [r["pairs"]["board_vs_emulator"]["max_abs_diff"] or 0 for r in layers],
                 alpha=0.3, color="red", label="max |diff|")
         ax2.set_ylabel("max |diff| (LSB for uint8 maps)")
-        ax.set_title("per layer: board vs emulator")
+        ax.set_title("per layer: board vs emulator" + (" vs float" if fl else ""))
     fig.suptitle(os.path.basename(rep["kmodel"]))
     fig.tight_layout()
     import io
