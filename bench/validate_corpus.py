@@ -21,11 +21,8 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-from tl2k210 import paths  # noqa: E402
-from tl2k210.maixpy.repl_board import ReplBoard  # noqa: E402
+from tl2k210 import paths
+from tl2k210.maixpy.repl_board import ReplBoard
 
 RUNTIMES = ("maixpy", "maixpy-minimum-v4")
 
@@ -51,7 +48,8 @@ def vectors(kmodel, folder):
 
 
 def one(kmodel, runtime):
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(paths.import_root()) + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
     with tempfile.TemporaryDirectory(prefix="bench-validate-") as tmp:
         os.mkdir(os.path.join(tmp, "sd"))
         npy = vectors(kmodel, tmp)
@@ -86,8 +84,9 @@ def one(kmodel, runtime):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("kmodels", nargs="*", help="default: every kmodel of the testdata")
-    ap.add_argument("--json", default=os.path.join(REPO, "bench", "results",
-                                                   "validate_corpus.json"))
+    ap.add_argument("--json", default=str(paths.checkout() / "bench" / "results" /
+                                          "validate_corpus.json") if paths.checkout() else None,
+                    help="write the rows as JSON (default: bench/results/validate_corpus.json)")
     args = ap.parse_args(argv)
     files = args.kmodels
     if not files:
