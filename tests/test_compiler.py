@@ -126,7 +126,7 @@ def test_receipt_contents(residual, tmp_path):
     kpu = [r for r in info["layers"] if r["unit"] == "KPU"]
     assert all(r["sqnr_db"] is not None and r["sqnr_db"] > 20 for r in kpu)
     assert any("stride 2" in n for r in kpu for n in r["notes"])    # SAME stride 2: how, and cost
-    assert [p["pass"] for p in info["passes"]][:2] == ["input_nchw", "fold_constants"]
+    assert [p["pass"] for p in info["passes"]][:3] == ["dequantize", "input_nchw", "fold_constants"]
     text = receipt.table()
     assert "SQNR" in text and "estimated latency" in text and "peak KPU RAM" in text
 
@@ -360,18 +360,23 @@ def test_unfused_average_pool_runs_in_float(tmp_path, calib_dir, heldout_dir):
     assert sq > 25
 
 
-def test_image_input_feeding_two_convs_is_explained(tmp_path, calib_dir):
+def test_image_input_feeding_two_convs_gets_an_entry_conv(tmp_path, calib_dir, heldout_dir):
+    """The runtimes put the image in KPU RAM for the first conv only: a model whose input feeds
+    two convs gets an identity 1x1 depthwise conv in front (passes.entry_conv) and converts."""
     keras = tf.keras
+    keras.utils.set_random_seed(3)
     x = keras.Input((16, 16, 3))
     a = keras.layers.Conv2D(4, 3, padding="same", name="left")(x)
     b = keras.layers.Conv2D(4, 1, name="right")(x)
     src = tmp_path / "fork.keras"
     keras.Model(x, keras.layers.Add()([a, b])).save(src)
-    with pytest.raises(UnsupportedOpError, match="feeds 2 convs.*branch after it"):
-        convert(src, tmp_path / "fork.kmodel", ConvertOptions(dataset=str(calib_dir), progress=False, format="v3"))
-    receipt = convert(src, tmp_path / "fork.kmodel", ConvertOptions(dataset=str(calib_dir), progress=False))
-    assert receipt.totals["format"] == "v4" and "feeds 2 convs" in receipt.totals["format_why"]
-    assert receipt.totals["output_sqnr_db"] > 30
+    out = tmp_path / "fork.kmodel"
+    receipt = convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False))
+    assert receipt.totals["format"] == "v3"     # auto: every layer has a v3 form now
+    assert receipt.layers[0]["node"] == "entry_conv" and receipt.layers[0]["sqnr_db"] > 40
+    assert kmodel.load(out).layers[0].name == "K210_CONV"
+    sq = list(compare(str(src), str(out), str(heldout_dir))["outputs"].values())[0]["sqnr_db"]
+    assert sq > 25
 
 
 def test_separable_tanh_global_max_pool(tmp_path, calib_dir, heldout_dir):

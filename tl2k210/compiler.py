@@ -27,7 +27,7 @@ RUNTIME_BUDGET = {name: r.model_budget for name, r in firmware.RUNTIMES.items()}
 @dataclass
 class ConvertOptions:
     dataset: str | None = None            # folder of images, or .npy/.npz
-    input_range: tuple = (0.0, 1.0)
+    input_range: tuple | None = None      # None: a quantized model's own input scale, else (0, 1)
     mean: tuple = (0.0,)
     std: tuple = (1.0,)
     channel_order: str = "RGB"
@@ -41,6 +41,7 @@ class ConvertOptions:
     input_shape: tuple | None = None      # NCHW, for models with symbolic dims
     network: object = None                # TensorLayer network for weight files
     format: str = "auto"                  # kmodel v3 | v4 | auto (v3 when every layer has a v3 form)
+    weights: str | None = None            # weights .h5 of a Keras architecture .json
     progress: bool = True
     metadata: dict | None = None          # task, anchors, labels, decode, script, flash_address
                                           # for MODEL.kmodel.json (tl2k210/metadata.py)
@@ -85,6 +86,8 @@ class Receipt:
             for name, e in t["kpu_padding_effect"].items():
                 lines.append(f"--kpu-padding changed the float model: output {name} SQNR "
                              f"{e['sqnr_db']:.1f} dB, cosine {e['cosine']:.4f} vs the exact graph")
+        if t.get("input_range_note"):
+            lines.append(t["input_range_note"])
         if t.get("output_sqnr_db") is not None:
             lines.append(f"output SQNR vs float {t['output_sqnr_db']:.1f} dB on {t['sqnr_samples']} "
                          "calibration samples")
@@ -92,6 +95,55 @@ class Receipt:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, default=_json_default)
+
+
+WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+_SAME_SIZE = ("Transpose", "Reshape", "Cast", "Identity", "DequantizeLinear", "Squeeze", "Unsqueeze", "Flatten")
+
+
+def weight_census(onnx_model):
+    """[(node name, op, parameters)] of every Conv/ConvTranspose/Gemm/MatMul weight, counted from
+    initializer dims and ConstantOfShape shapes without materialising a single weight (the ONNX
+    zoo's files build their weights with ConstantOfShape: VGG-19 would be 548 MB of floats)."""
+    from onnx import numpy_helper
+    gp = onnx_model.graph
+    size, value = {}, {}
+    for t in gp.initializer:
+        size[t.name] = int(np.prod(t.dims))
+        if t.data_type == 7 and size[t.name] <= 8:       # small int64 shape operands
+            value[t.name] = numpy_helper.to_array(t)
+    for n in gp.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    size[n.output[0]] = int(np.prod(a.t.dims))
+                    if a.t.data_type == 7 and size[n.output[0]] <= 8:
+                        value[n.output[0]] = numpy_helper.to_array(a.t)
+        elif n.op_type == "ConstantOfShape" and n.input and n.input[0] in value:
+            size[n.output[0]] = int(np.prod(value[n.input[0]]))
+        elif n.op_type in _SAME_SIZE and n.input and n.input[0] in size:
+            size[n.output[0]] = size[n.input[0]]
+    return [(n.name or n.output[0], n.op_type, size[n.input[1]]) for n in gp.node
+            if n.op_type in WEIGHT_OPS and len(n.input) > 1 and n.input[1] in size]
+
+
+def check_weight_budget(onnx_model, opts, where):
+    """Refuse at once (before shape inference, folding or calibration) a model whose weights
+    alone, at the chosen bits, exceed what the runtime leaves for model + main memory."""
+    census = weight_census(onnx_model)
+    params = sum(c for _, _, c in census)
+    need = params * opts.weight_bits // 8
+    budget = RUNTIME_BUDGET[opts.runtime]
+    if need <= budget:
+        return params
+    top = sorted(census, key=lambda r: -r[2])[:3]
+    bigger = [k for k, v in RUNTIME_BUDGET.items() if v >= need]
+    raise BudgetError(
+        f"{where}: {params:,} weights = {need:,} B at {opts.weight_bits} bits, more than the "
+        f"{budget:,} B '{opts.runtime}' firmware leaves for model + main memory (largest: "
+        + ", ".join(f"{name} {op} {c:,}" for name, op, c in top) + "); "
+        + (f"use --runtime {bigger[0]}" if bigger else "no K210 runtime holds it: use a smaller network "
+           "(fewer channels, no big dense layers) or prune it") + ". Nothing was written.")
 
 
 def _json_default(o):
@@ -119,9 +171,11 @@ def _say(opts, msg):
         print(msg, file=sys.stderr, flush=True)
 
 
-def pixel_mapping(opts: ConvertOptions, channels: int):
-    """x_float = pixel * scale[c] + offset[c], the preprocessing as one affine map per channel."""
-    lo, hi = opts.input_range
+def pixel_mapping(opts: ConvertOptions, channels: int, graph=None):
+    """x_float = pixel * scale[c] + offset[c], the preprocessing as one affine map per channel:
+    the user's (--input-range, --mean, --std) followed by the model's own in-graph preprocessing
+    that passes.input_affine took out of `graph`."""
+    lo, hi = opts.input_range or (0.0, 1.0)
     for flag, v in (("--mean", opts.mean), ("--std", opts.std)):
         if len(v) not in (1, channels):
             raise Tl2k210Error(f"{flag} has {len(v)} values; the model input has {channels} "
@@ -132,13 +186,16 @@ def pixel_mapping(opts: ConvertOptions, channels: int):
     offset = (lo - mean) / std
     if opts.channel_order.upper() == "BGR":
         scale, offset = scale[::-1], offset[::-1]
+    if graph is not None:
+        a, b = input_affine(graph, channels)
+        scale, offset = scale * a, offset * a + b
     return scale, offset
 
 
-def load_pixels(path: str, shape, limit: int, opts: ConvertOptions) -> np.ndarray:
+def load_pixels(path: str, chw, limit: int, opts: ConvertOptions) -> np.ndarray:
     """(N, C, H, W) uint8 pixels from a folder of images (resized like the runtime), or arrays
-    from .npy/.npz: uint8 arrays are pixels (in the model's channel order), others float32 model
-    input (already preprocessed)."""
+    from .npy/.npz (NCHW or NHWC): uint8 arrays are pixels (in the model's channel order), others
+    float32 model input (already preprocessed)."""
     from PIL import Image
 
     from tl2k210.imaging import open_image
@@ -146,8 +203,8 @@ def load_pixels(path: str, shape, limit: int, opts: ConvertOptions) -> np.ndarra
     p = Path(path)
     if not p.exists():
         raise Tl2k210Error(f"dataset {path}: no such file or folder; check the path")
-    if p.is_dir() and len(shape) == 4 and not any(p.glob("*.np[yz]")):
-        _, c, h, w = shape
+    c, h, w = chw
+    if p.is_dir() and not any(p.glob("*.np[yz]")):
         out = []
         for f in image_files(p)[:limit]:
             img = open_image(f, "L" if c == 1 else "RGB")
@@ -159,33 +216,71 @@ def load_pixels(path: str, shape, limit: int, opts: ConvertOptions) -> np.ndarra
                 a = a[::-1]
             out.append(a)
         return np.stack(out).astype(np.uint8)
-    arrays = load_arrays(p, shape, keep_dtype=True)[:limit]
-    if len(shape) == 4 and all(a.dtype == np.uint8 for a in arrays):
+    arrays = load_arrays(p, (1, c, h, w), keep_dtype=True)[:limit]
+    if all(a.dtype == np.uint8 for a in arrays):
         return np.concatenate(arrays)
     return np.concatenate(arrays).astype(np.float32)
 
 
+def input_affine(graph, channels):
+    """(a[C], b[C]) of the model's in-graph preprocessing taken out by passes.input_affine: the
+    IR's input is (model input) * a + b. Identity when there was none."""
+    if "input_affine" not in graph.meta:
+        return np.ones(channels), np.zeros(channels)
+    return tuple(np.resize(np.asarray(v, np.float64), channels) for v in graph.meta["input_affine"])
+
+
+def model_input_range(graph, opts: ConvertOptions):
+    """opts with input_range resolved: the user's, else what a quantized model's integer input
+    stands for (uint8 q -> (q - zp) * scale: pixels 0..255 -> [-zp*s, (255-zp)*s]), else (0, 1).
+    Returns (opts, note or None)."""
+    import dataclasses
+    if opts.input_range is not None:
+        return opts, None
+    q = graph.meta.get("input_quant", {}).get(graph.inputs[0])
+    if q is None:
+        return dataclasses.replace(opts, input_range=(0.0, 1.0)), None
+    scale, zp, dtype = q
+    zp_u8 = zp + 128 if dtype == "int8" else zp
+    rng = (-zp_u8 * scale, (255 - zp_u8) * scale)
+    return dataclasses.replace(opts, input_range=rng), (
+        f"input range {rng[0]:.6g},{rng[1]:.6g} taken from the model's {dtype} input quantization "
+        f"(scale {scale:.6g}, zero point {zp}); override with --input-range")
+
+
 def model_inputs(graph, dataset, limit, opts: ConvertOptions):
-    """(floats (N, *input_shape[1:]) float32, pixels (N, C, H, W) uint8 or None). Image models see
-    exactly the pixels the device gets: the float input is recomputed from them."""
-    shape = graph.tensors[graph.inputs[0]].shape
-    data = load_pixels(dataset, shape, limit, opts)
-    if len(shape) != 4:
-        return data, None
-    scale, offset = pixel_mapping(opts, shape[1])
+    """(floats (N, *input_shape[1:]) float32 in the graph's input layout, pixels (N, C, H, W)
+    uint8 or None). Image models see exactly the pixels the device gets: the float input is
+    recomputed from them. The layout (NCHW/NHWC) and the size (H may differ from W) are read
+    from the graph's input."""
+    from tl2k210.passes.input_nchw import input_layout
+    from tl2k210.quantize.dataset import load_arrays
+    shape = tuple(graph.tensors[graph.inputs[0]].shape)
+    p = Path(dataset)
+    if not p.exists():
+        raise Tl2k210Error(f"dataset {dataset}: no such file or folder; check the path")
+    layout = input_layout(graph)
+    if layout is None:
+        return np.concatenate(load_arrays(p, shape))[:limit].astype(np.float32), None
+    chw = shape[1:] if layout == "NCHW" else (shape[3], shape[1], shape[2])
+    data = load_pixels(dataset, chw, limit, opts)
+    scale, offset = pixel_mapping(opts, chw[0], graph)
     s4, o4 = scale[None, :, None, None], offset[None, :, None, None]
     if data.dtype == np.uint8:
         pixels = data
-    else:
-        raw = np.rint((data - o4) / s4)
+    else:    # float arrays are model inputs: apply the model's own preprocessing, then invert ours
+        a, b = input_affine(graph, chw[0])
+        raw = np.rint((data * a[None, :, None, None] + b[None, :, None, None] - o4) / s4)
         clipped = float(np.mean((raw < 0) | (raw > 255)))
         if clipped > 0.01:
+            lo, hi = opts.input_range or (0.0, 1.0)
             print(f"warning: {clipped:.0%} of the dataset values lie outside what 0..255 pixels "
-                  f"become with --input-range {opts.input_range[0]:g},{opts.input_range[1]:g} "
+                  f"become with --input-range {lo:g},{hi:g} "
                   "--mean/--std; float arrays are taken as preprocessed model input: pass uint8 "
                   "pixel arrays, or check those flags", file=sys.stderr)
         pixels = np.clip(raw, 0, 255).astype(np.uint8)
-    return (pixels * s4 + o4).astype(np.float32), pixels
+    floats = (pixels * s4 + o4).astype(np.float32)
+    return (floats if layout == "NCHW" else np.ascontiguousarray(floats.transpose(0, 2, 3, 1))), pixels
 
 
 def channel_means(graph, batches, limit: int = 32):
@@ -224,10 +319,15 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
                                          opts.dataset])
     if opts.runtime not in RUNTIME_BUDGET:
         raise Tl2k210Error(f"--runtime {opts.runtime!r}: choose from {sorted(RUNTIME_BUDGET)}")
+    if opts.dataset is None:
+        raise Tl2k210Error("convert needs calibration data: --dataset DIR (images) or FILE.npy/.npz")
     t0 = time.perf_counter()
     _say(opts, f"[1/6] loading {getattr(source, 'name', source)} ...")
     load_kw = {"network": opts.network} if opts.network is not None else {}
+    if opts.weights is not None:
+        load_kw["weights"] = opts.weights
     onnx_model = frontends.load_model(source, **load_kw)
+    check_weight_budget(onnx_model, opts, getattr(source, "name", source))
     shapes = None
     if opts.input_shape:
         shapes = {onnx_model.graph.input[0].name: tuple(opts.input_shape)}
@@ -236,19 +336,24 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     _say(opts, f"[2/6] passes ({len(graph.nodes)} nodes) ...")
     exact_graph = graph
     graph, plog = run_pipeline(graph, {"kpu_padding": opts.kpu_padding})
-    if opts.dataset is None:
-        raise Tl2k210Error("convert needs calibration data: --dataset DIR (images) or FILE.npy/.npz")
     fmt, forced = plan_format(graph, Options(format=opts.format, weight_bits=opts.weight_bits,
                                              float_fc=opts.float_fc))
     fit.check_format(fmt, forced, opts.runtime)
     _say(opts, f"[3/6] calibration ({opts.method}) ...")
+    opts, range_note = model_input_range(graph, opts)
+    if range_note:
+        _say(opts, "      " + range_note)
     floats, pixels = model_inputs(graph, opts.dataset, opts.calib_limit, opts)
     image = pixels is not None
-    channels = floats.shape[1] if image else 1
-    scale, offset = pixel_mapping(opts, channels) if image else ((1.0,), (0.0,))
+    channels = pixels.shape[1] if image else 1
+    scale, offset = pixel_mapping(opts, channels, graph) if image else ((1.0,), (0.0,))
     batches = [f[None] for f in floats]
     stats = calibrate.collect(graph, batches, histograms=opts.method != "minmax")
     ranges = calibrate.ranges(stats, opts.method)
+    entry = graph.meta.get("entry_conv")
+    if image and entry in ranges:   # the identity entry conv carries the whole pixel range
+        ends = np.concatenate([np.asarray(offset, np.float64), 255 * np.asarray(scale) + np.asarray(offset)])
+        ranges[entry] = (float(ends.min()), float(ends.max()))
     means = channel_means(graph, batches)
     padding_effect = None
     if opts.kpu_padding and any(p["pass"] == "kpu_padding" and p["changes"] for p in plog):
@@ -316,7 +421,8 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
                 "weights": f"{opts.weight_bits}-bit", "output_sqnr_db": out_sqnr, "sqnr_samples": n,
                 "cycles": total_cycles, "frontend_s": round(t_front, 2),
                 "total_s": round(time.perf_counter() - t0, 2), "method": opts.method,
-                "kpu_padding": opts.kpu_padding, "kpu_padding_effect": padding_effect},
+                "kpu_padding": opts.kpu_padding, "kpu_padding_effect": padding_effect,
+                "input_range": list(opts.input_range), "input_range_note": range_note},
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
                  "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in plog])
     meta = metadata.for_conversion(data_bytes, output, graph, opts, image, budget, need, receipt.source)

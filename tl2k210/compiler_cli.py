@@ -19,14 +19,21 @@ def _range_arg(text):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-PRE_DEFAULTS = {"input_range": (0.0, 1.0), "mean": (0.0,), "std": (1.0,)}
+# input_range None: a quantized model's own input scale, else (0, 1) -- ConvertOptions decides
+PRE_DEFAULTS = {"input_range": None, "mean": (0.0,), "std": (1.0,)}
 
 
 def _add_preprocess(p, from_metadata=False):
     """from_metadata (compare): a flag left out comes from the kmodel's MODEL.kmodel.json."""
     g = p.add_argument_group("input preprocessing (how 0..255 camera pixels become model input)"
                              + ("; default: the kmodel's metadata, else" if from_metadata else ""))
-    g.add_argument("--input-range", type=_range_arg, help="pixels 0..255 map linearly onto MIN,MAX (0,1)")
+    # `--input-range -1,1` / `--mean -0.5,...`: let argparse read a comma list of numbers that starts
+    # with a minus sign as a value, not as an unknown option (it only knows plain negative numbers)
+    import re
+    p._negative_number_matcher = re.compile(r"^-\d*\.?\d+(,-?\d*\.?\d+)*$")
+    g.add_argument("--input-range", type=_range_arg,
+                   help="pixels 0..255 map linearly onto MIN,MAX (default 0,1; for a quantized TFLite "
+                   "model, the range its integer input stands for)")
     g.add_argument("--mean", type=cliargs.floats(example="0.485,0.456,0.406"),
                    help="per-channel mean subtracted after the range (0): 1 value or one per channel")
     g.add_argument("--std", type=cliargs.floats(positive=True, example="0.229,0.224,0.225"),
@@ -35,6 +42,7 @@ def _add_preprocess(p, from_metadata=False):
     if from_metadata:
         g.add_argument("--rgb", dest="bgr", action="store_false", help="RGB order, whatever the metadata says")
     g.add_argument("--input-shape", type=cliargs.shape, help="N,C,H,W for models with symbolic input dims")
+    p.add_argument("--weights", help="weights .h5 for a Keras architecture .json (model.to_json())")
 
 
 def _pre_opts(args, meta=None):
@@ -46,7 +54,9 @@ def _pre_opts(args, meta=None):
         v = getattr(args, flag)
         if v is not None:
             return tuple(v)
-        return tuple(m[key]) if m.get(key) is not None else PRE_DEFAULTS[flag]
+        if m.get(key) is not None:
+            return tuple(m[key])
+        return PRE_DEFAULTS[flag]
     bgr = args.bgr if args.bgr is not None else bool(m.get("bgr", False))
     return dict(input_range=pick("input_range", "range"), mean=pick("mean", "mean"), std=pick("std", "std"),
                 channel_order="BGR" if bgr else "RGB", input_shape=args.input_shape)
@@ -141,7 +151,7 @@ def cmd_convert(args):
     meta = _metadata_args(args)
     opts = ConvertOptions(dataset=args.dataset, method=args.calibrate_method, weight_bits=args.weight_bits,
                           kpu_padding=args.kpu_padding, runtime=args.runtime, calib_limit=args.calib_limit,
-                          float_fc=args.float_fc, format=args.format,
+                          float_fc=args.float_fc, format=args.format, weights=args.weights,
                           progress=not args.quiet, **_pre_opts(args))
     if args.network:
         opts.network = _load_network(args.network)
@@ -183,31 +193,39 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
     import numpy as np
 
     from tl2k210 import frontends
-    from tl2k210.compiler import ConvertOptions, model_inputs
+    from tl2k210.compiler import ConvertOptions, input_affine, model_input_range, model_inputs
     from tl2k210.graph import from_onnx
     from tl2k210.k210 import yolo
     from tl2k210.k210.emulator import Emulator
     from tl2k210.passes import run_pipeline
+    from tl2k210.passes.input_nchw import input_layout
     from tl2k210.quantize.calibrate import FloatRunner
     from tl2k210.quantize.compare import detection_agreement, output_agreement
 
     opts = ConvertOptions(**pre)
-    model = frontends.load_model(float_model)
+    model = frontends.load_model(float_model, **({"weights": opts.weights} if opts.weights else {}))
     shapes = {model.graph.input[0].name: tuple(opts.input_shape)} if opts.input_shape else None
     graph, _ = run_pipeline(from_onnx(model, input_shapes=shapes))  # exact passes: NCHW in and out
     emu = Emulator.load(kmodel_path)
     emu_shape, emu_dtype = emu.input_spec()
+    opts, _ = model_input_range(graph, opts)
     floats, pixels = model_inputs(graph, dataset, limit, opts)
     mismatch = (f"{kmodel_path} is not a conversion of {float_model}: pass the kmodel converted "
                 "from it (and the same --input-shape)")
     if int(np.prod(floats.shape[1:])) != int(np.prod(emu_shape)):
         raise Tl2k210Error(f"{mismatch}; the model takes {tuple(floats.shape[1:])}, the kmodel "
                            f"{tuple(emu_shape)}")
+    chw = floats if input_layout(graph) != "NHWC" else floats.transpose(0, 3, 1, 2)
+    if chw.ndim == 4:   # a float-input kmodel (nncase) takes the model's input, before in-graph preprocessing
+        a, b = input_affine(graph, chw.shape[1])
+        chw = (chw - b[None, :, None, None]) / a[None, :, None, None]
     runner = FloatRunner(graph, expose_all=False)
     refs, tests = {o: [] for o in graph.outputs}, {o: [] for o in graph.outputs}
     for i in range(len(floats)):
         ref = runner(floats[i][None])
-        feed = pixels[i] if pixels is not None else floats[i]
+        # uint8 pixels for a kmodel that takes the camera image, the preprocessed floats (CHW)
+        # for one with a float input (nncase v0.2 without --input-type uint8)
+        feed = pixels[i] if pixels is not None and emu_dtype == np.uint8 else chw[i]
         outs = emu.run(np.asarray(feed).astype(emu_dtype).reshape(emu_shape))
         sizes = [np.size(ref[o]) for o in graph.outputs], [np.size(out) for out in outs]
         if sizes[0] != sizes[1]:
@@ -248,7 +266,7 @@ def cmd_compare(args):
         yolo.parse_anchors(args.anchors)
     report = compare(args.float_model, args.kmodel, args.dataset, args.limit,
                      args.decode if args.decode != "none" else None, args.anchors,
-                     args.threshold, args.nms, **_pre_opts(args, meta))
+                     args.threshold, args.nms, weights=args.weights, **_pre_opts(args, meta))
     print(f"{report['samples']} samples: float ({args.float_model}) vs kmodel ({args.kmodel}, emulated)")
     print(f"{'output':32} {'SQNR dB':>8} {'cosine':>8} {'top-1':>7} {'top-5':>7}")
     for name, r in report["outputs"].items():

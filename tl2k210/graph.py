@@ -43,7 +43,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, TensorProto
 
-OPSET = 13
+OPSET = 18   # the IR's opset: what tf2onnx 1.17 writes at most (onnxruntime 1.32 runs up to 23)
+MIN_OPSET = 13   # older ONNX files are upgraded to OPSET first (onnx.version_converter)
 
 
 @dataclass
@@ -203,9 +204,49 @@ def _attr_value(a):
     return v
 
 
+def default_opset(model):
+    return max([o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] or [OPSET])
+
+
+def upgrade_opset(model):
+    """A model older than MIN_OPSET (e.g. the opset-9 files of the ONNX model zoo) rewritten to
+    OPSET, so the passes see one set of op forms (Clip bounds, Squeeze axes, Resize as inputs)."""
+    if default_opset(model) >= MIN_OPSET:
+        return model
+    from onnx import version_converter
+    try:
+        return version_converter.convert_version(model, OPSET)
+    except Exception as e:  # the converter raises several kinds
+        from tl2k210.errors import UnsupportedOpError
+        raise UnsupportedOpError(f"ONNX opset {default_opset(model)} model: onnx.version_converter could not "
+                                 f"upgrade it to opset {OPSET} ({type(e).__name__}: "
+                                 f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); re-export it "
+                                 f"with opset_version={OPSET}") from e
+
+
+def axes_of(g, n):
+    """The `axes` of a Reduce*/Squeeze/Unsqueeze node, attribute (old opsets) or constant input
+    (newer ones), as a list of ints; None when absent (all axes) or not constant."""
+    if "axes" in n.attrs:
+        return [int(a) for a in n.attrs["axes"]]
+    if len(n.inputs) > 1 and n.inputs[1]:
+        v = g.const(n.inputs[1])
+        return None if v is None else [int(a) for a in np.asarray(v).reshape(-1)]
+    return None
+
+
+def set_axes(g, n, axes):
+    """Write `axes` in the form the node already uses (attribute or constant input)."""
+    if "axes" in n.attrs or len(n.inputs) < 2 or not n.inputs[1]:
+        n.attrs["axes"] = list(axes)
+    else:
+        n.inputs[1] = g.add_const(np.array(axes, np.int64), n.name + "/axes")
+
+
 def from_onnx(model, batch=1, input_shapes=None):
     """Read an onnx.ModelProto into a Graph; shapes inferred. A symbolic batch dim becomes `batch`;
     other symbolic dims need `input_shapes` {input_name: shape}."""
+    model = upgrade_opset(model)
     gp = model.graph
     tensors = {}
     for init in gp.initializer:
@@ -245,7 +286,7 @@ def from_onnx(model, batch=1, input_shapes=None):
         for o in n.outputs:
             tensors.setdefault(o, Tensor(o))
     g = Graph(inputs, [o.name for o in gp.output], nodes, tensors,
-              {"opset": max([o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] or [OPSET])})
+              {"opset": default_opset(model)})
     g.prune()
     infer_shapes(g)
     for n in g.nodes:

@@ -9,7 +9,7 @@ from pathlib import Path
 from tl2k210 import quiet
 from tl2k210.errors import Tl2k210Error
 
-OPSET = 13
+OPSET = 18
 
 
 class ModelLoadError(Tl2k210Error, ValueError):
@@ -20,8 +20,9 @@ def load_model(src, **opts):
     """Model object or path -> onnx.ModelProto.
 
     TensorLayer `tl.models.Model` (opts: weights=npz/h5 path, input_shape), Keras model or
-    `.keras`/`.h5` file, SavedModel directory, `.tflite`, `.onnx`. A TensorLayer weight file needs
-    its network: `load_model("w.npz", network=model)`."""
+    `.keras`/`.h5` file (or an architecture `.json` with weights=`.h5`), SavedModel directory,
+    `.tflite`, `.onnx`. A TensorLayer weight file needs its network: `load_model("w.npz",
+    network=model)`."""
     if not isinstance(src, (str, Path)):
         mod = type(src).__module__
         if mod.startswith("tensorlayer"):
@@ -51,7 +52,7 @@ def load_model(src, **opts):
         quiet.tensorflow()
         from .savedmodel import from_savedmodel
         return from_savedmodel(path, **opts)
-    if suffix in (".keras", ".h5", ".hdf5"):
+    if suffix in (".keras", ".h5", ".hdf5", ".json"):
         quiet.tensorflow()
         from .keras import from_keras
         return from_keras(path, **opts)
@@ -62,7 +63,7 @@ def load_model(src, **opts):
     if suffix == ".onnx":
         from .onnx_file import from_onnx_file
         return from_onnx_file(path)
-    raise ModelLoadError(f"{path}: unknown model kind {suffix!r}; expected .keras/.h5/.tflite/.onnx, "
+    raise ModelLoadError(f"{path}: unknown model kind {suffix!r}; expected .keras/.h5/.json/.tflite/.onnx, "
                          "a SavedModel directory or a TensorLayer weight file with network=")
 
 

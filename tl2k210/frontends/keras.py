@@ -1,35 +1,153 @@
-"""Keras models (objects, `.keras`, `.h5`) through tf2onnx.from_keras, batch fixed to 1."""
+"""Keras models (objects, `.keras`, `.h5`, or an architecture `.json` with a weights `.h5`) through
+tf2onnx.from_keras, batch fixed to 1.
+
+Files written by Keras 2 (most K210 projects: Keras 2.2-2.4, tf.keras 1.x/2.x) do not all load in
+Keras 3. When `keras.models.load_model` refuses an .h5, its model config is patched for the known
+differences and rebuilt with Keras' own legacy loader:
+  * `SpatialDropout*D` with Keras 2 arguments (noise_shape, trainable) Keras 3 refuses: read as
+    a plain `Dropout` (the same at inference: the identity);
+  * a Sequential whose first layer carries `batch_input_shape`: Keras 3 adds a second batch dim
+    ("kernel of shape (3, 3, 1, 6) and input of shape (None, None, 32, 32, 1)"); an explicit
+    InputLayer is put in front instead.
+"""
+import json
+from pathlib import Path
+
 from . import ModelLoadError, tf_convert
 
 
-def load_keras(path):
-    import keras
+def _first_line(e):
+    msg = str(e).strip().splitlines()
+    return msg[0] if msg else ""
+
+
+def _patch_config(cfg):
+    """Keras 2 model config -> one Keras 3's legacy loader builds (see the module docstring)."""
+    def walk(c):
+        if isinstance(c, dict):
+            if str(c.get("class_name", "")).startswith("SpatialDropout") and isinstance(c.get("config"), dict):
+                c["class_name"] = "Dropout"
+                c["config"].pop("noise_shape", None)
+                c["config"].pop("data_format", None)
+            for v in c.values():
+                walk(v)
+        elif isinstance(c, list):
+            for v in c:
+                walk(v)
+    walk(cfg)
+    if cfg.get("class_name") == "Sequential":
+        conf = cfg["config"]
+        layers = conf["layers"] if isinstance(conf, dict) else conf
+        first = layers[0].get("config", {}) if layers else {}
+        if layers and layers[0].get("class_name") != "InputLayer" and "batch_input_shape" in first:
+            layers.insert(0, {"class_name": "InputLayer",
+                              "config": {"batch_input_shape": first.pop("batch_input_shape"),
+                                         "dtype": first.get("dtype", "float32"), "name": "input"}})
+    return cfg
+
+
+def _from_config(cfg, where):
+    from keras.src.legacy.saving import saving_utils
     try:
-        return keras.models.load_model(str(path), compile=False)
+        return saving_utils.model_from_config(_patch_config(cfg))
     except Exception as e:
-        msg = str(e).strip().splitlines()
-        hint = ("; it holds TensorLayer weights: load_model(path, network=your_tl_model)"
-                if _is_tensorlayer_h5(path) else "")
-        raise ModelLoadError(f"{path}: Keras could not load it: {type(e).__name__}: {msg[0] if msg else ''}"
-                             f"{hint}") from e
+        raise ModelLoadError(f"{where}: Keras could not build the model from its config: "
+                             f"{type(e).__name__}: {_first_line(e)}") from e
 
 
-def _is_tensorlayer_h5(path):
+def _load_weights_h5(model, group, where):
+    from keras.src.legacy.saving import legacy_h5_format
+    try:
+        legacy_h5_format.load_weights_from_hdf5_group_by_name(group, model)
+    except Exception as e:
+        raise ModelLoadError(f"{where}: its weights do not fit the architecture: {type(e).__name__}: "
+                             f"{_first_line(e)}") from e
+
+
+def _h5_kind(path):
+    """'model' (Keras model file), 'keras-weights', 'tensorlayer-weights' or None."""
     try:
         import h5py
         with h5py.File(path, "r") as f:
-            return "layer_names" in f.attrs and "model_config" not in f.attrs
+            if "model_config" in f.attrs:
+                return "model"
+            if "layer_names" in f.attrs:
+                return "keras-weights" if "keras_version" in f.attrs or "backend" in f.attrs else "tensorlayer-weights"
     except Exception:
-        return False
+        return None
+    return None
 
 
-def from_keras(model, opset=None, batch=1):
+def load_keras(path, weights=None):
+    """A Keras model from a .keras/.h5 file, or from an architecture .json (+ weights .h5)."""
+    import keras
+    path = Path(path)
+    if path.suffix.lower() == ".json":
+        return _load_json(path, weights)
+    try:
+        return keras.models.load_model(str(path), compile=False)
+    except Exception as e:
+        first = e
+    kind = _h5_kind(path) if path.suffix.lower() in (".h5", ".hdf5") else None
+    if kind == "model":
+        import h5py
+        with h5py.File(path, "r") as f:
+            cfg = json.loads(f.attrs["model_config"])
+            model = _from_config(cfg, path)
+            _load_weights_h5(model, f["model_weights"] if "model_weights" in f else f, path)
+        return model
+    if kind == "keras-weights":
+        jsons = sorted(p.name for p in path.parent.glob("*.json"))
+        hint = (f" (in this folder: {', '.join(jsons[:3])})" if jsons else "")
+        raise ModelLoadError(f"{path}: a Keras weights-only file (no model config inside); give the "
+                             f"architecture too: tl2k210 convert ARCHITECTURE.json OUT.kmodel --weights {path.name}"
+                             f"{hint}") from first
+    hint = ("; it holds TensorLayer weights: load_model(path, network=your_tl_model) or "
+            "`tl2k210 convert --network net.py`" if kind == "tensorlayer-weights" else "")
+    raise ModelLoadError(f"{path}: Keras could not load it: {type(first).__name__}: {_first_line(first)}"
+                         f"{hint}") from first
+
+
+def _load_json(path, weights):
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path}: not a Keras architecture JSON ({type(e).__name__}: {_first_line(e)})") from e
+    if not isinstance(cfg, dict) or "class_name" not in cfg or "config" not in cfg:
+        raise ModelLoadError(f"{path}: not a Keras architecture JSON (no class_name/config; write one "
+                             "with model.to_json())")
+    if weights is None:
+        raise ModelLoadError(f"{path}: a Keras architecture without weights; add --weights WEIGHTS.h5 "
+                             "(from model.save_weights)")
+    model = _from_config(cfg, path)
+    import h5py
+    try:
+        f = h5py.File(weights, "r")
+    except Exception as e:
+        raise ModelLoadError(f"{weights}: cannot open as HDF5 weights ({type(e).__name__})") from e
+    with f:
+        _load_weights_h5(model, f["model_weights"] if "model_weights" in f else f, weights)
+    return model
+
+
+def from_keras(model, opset=None, batch=1, weights=None):
     import tensorflow as tf
     where = getattr(model, "name", "keras model")
     if not hasattr(model, "inputs"):
         where = str(model)
-        model = load_keras(model)
+        model = load_keras(model, weights)
     spec = tuple(tf.TensorSpec((batch, *t.shape[1:]), t.dtype, name=t.name.split(":")[0]) for t in model.inputs)
     import tf2onnx
     kw = {"opset": opset} if opset else {}
-    return tf_convert(where, tf2onnx.convert.from_keras, model, input_signature=spec, **kw)
+    try:
+        return tf_convert(where, tf2onnx.convert.from_keras, model, input_signature=spec, **kw)
+    except ModelLoadError as e:
+        # tf2onnx's Keras path trips over some rebuilt Keras 2 models (KeyError on a keras_tensor
+        # name); tracing the model as a plain function gives the same graph
+        spec = [tf.TensorSpec(s.shape, s.dtype, name=f"input_{i}") for i, s in enumerate(spec)]
+        fn = tf.function(lambda *xs: model(list(xs) if len(xs) > 1 else xs[0], training=False),
+                         input_signature=spec)
+        try:
+            return tf_convert(where, tf2onnx.convert.from_function, fn, input_signature=spec, **kw)
+        except ModelLoadError:
+            raise e from None

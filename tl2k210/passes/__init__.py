@@ -12,6 +12,9 @@ from typing import Callable
 from tl2k210.graph import infer_shapes
 
 from .input_nchw import input_nchw
+from .nary_ops import nary_ops
+from .input_affine import input_affine
+from .dequantize import dequantize
 from .output_nchw import output_nchw
 from .fold_constants import fold_constants
 from .push_transposes import push_transposes
@@ -25,6 +28,10 @@ from .fold_affine import affine_to_conv, fold_affine_into_conv
 from .prelu_split import prelu_pattern, prelu_split
 from .pad_into_conv import pad_into_conv
 from .fuse_activation import fuse_activation
+from .group_conv import group_conv
+from .channel_shuffle import channel_shuffle
+from .entry_conv import entry_conv
+from .channel_softmax import channel_softmax
 from .kpu_padding import kpu_padding
 from .fuse_pool import fuse_pool
 from .check_supported import check_supported
@@ -39,8 +46,11 @@ class Pass:
 
 
 PIPELINE = [
+    Pass("dequantize", dequantize),
     Pass("input_nchw", input_nchw),
     Pass("fold_constants", fold_constants),
+    Pass("nary_ops", nary_ops),
+    Pass("input_affine", input_affine),
     Pass("push_transposes", push_transposes),
     Pass("upsample_to_resize", upsample_to_resize),
     Pass("global_pool", global_pool),
@@ -55,6 +65,10 @@ PIPELINE = [
     Pass("affine_to_conv", affine_to_conv),
     Pass("prelu_split", prelu_split),
     Pass("fuse_activation", fuse_activation),
+    Pass("channel_softmax", channel_softmax),
+    Pass("group_conv", group_conv),
+    Pass("channel_shuffle", channel_shuffle),
+    Pass("entry_conv", entry_conv),
     Pass("kpu_padding", kpu_padding, default=False, exact=False),
     Pass("fuse_pool", fuse_pool),
     Pass("cleanup_layout", upsample_to_resize),

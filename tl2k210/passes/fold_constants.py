@@ -1,5 +1,8 @@
-"""Evaluate nodes whose inputs are all constants (and Shape of known shapes); drop Identity/Dropout."""
+"""Evaluate nodes whose inputs are all constants (and Shape/Size of known shapes, so the shape
+arithmetic TF graphs do at run time -- Shape, Gather, Concat, Slice... -- becomes constants); drop
+Identity, inference-mode Dropout and Cast/CastLike to the type the tensor already has."""
 import numpy as np
+import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
@@ -10,9 +13,43 @@ def _eval(g, n):
     inits = [numpy_helper.from_array(np.asarray(g.const(i)), i) for i in n.inputs if i]
     node = helper.make_node(n.op, n.inputs, n.outputs, **_onnx_attrs(n))
     outs = [helper.make_tensor_value_info(o, 0, None) for o in n.outputs]
-    model = helper.make_model(helper.make_graph([node], "fold", [], outs, inits),
-                              opset_imports=[helper.make_opsetid("", g.meta.get("opset", 13))])
-    return ReferenceEvaluator(model).run(None, {})
+    opset = g.meta.get("opset", 13)
+    while True:
+        model = helper.make_model(helper.make_graph([node], "fold", [], outs, inits),
+                                  opset_imports=[helper.make_opsetid("", opset)])
+        try:
+            return ReferenceEvaluator(model).run(None, {})
+        except RuntimeError as e:
+            # the reference evaluator lacks some (op, version) pairs (e.g. DequantizeLinear-18);
+            # the next version of such an op computes the same for these inputs
+            if "No implementation" not in str(e) or opset >= onnx.defs.onnx_opset_version():
+                raise
+            opset += 1
+
+
+def _shape_value(g, n):
+    """Shape (opset-15 start/end included) or Size of a tensor whose shape is known, else None."""
+    shape = g.shape(n.inputs[0])
+    if shape is None or None in shape:
+        return None
+    if n.op == "Size":
+        return np.array(int(np.prod(shape)), np.int64)
+    r = len(shape)
+    start, end = n.attrs.get("start", 0), n.attrs.get("end", r)
+    return np.array(shape[max(-r, min(start, r)) if start >= 0 else max(0, r + start):
+                          min(end, r) if end >= 0 else max(0, r + end)], np.int64)
+
+
+def _same_type_cast(g, n):
+    if n.op not in ("Cast", "CastLike") or not n.inputs or g.tensors.get(n.inputs[0]) is None:
+        return False
+    src = g.tensors[n.inputs[0]].dtype
+    if n.op == "Cast":
+        from tl2k210.graph import _DT
+        to = _DT.get(n.attrs.get("to"))
+        return to is not None and np.dtype(to) == src and g.tensors[n.inputs[0]].shape is not None
+    other = g.tensors.get(n.inputs[1])
+    return other is not None and other.dtype == src and g.tensors[n.inputs[0]].shape is not None
 
 
 def fold_constants(g, log):
@@ -35,14 +72,16 @@ def _fold_round(g, log):
         for n in list(g.nodes):
             src = n.inputs[0] if n.inputs else ""
             keeps_name = n.outputs[0] in g.outputs and (src in g.inputs or src in g.outputs or g.const(src) is not None)
-            if n.op in ("Identity", "Dropout") and not keeps_name and not any(g.consumers(o) for o in n.outputs[1:]):
+            passthrough = n.op in ("Identity", "Dropout") or _same_type_cast(g, n)
+            if passthrough and not keeps_name and \
+                    not any(g.consumers(o) for o in n.outputs[1:]):
                 g.nodes.remove(n)
                 g.replace_uses(n.outputs[0], n.inputs[0])
-                log(n.name, f"removed {n.op}")
+                log(n.name, f"removed {n.op}" + (" to the same type" if n.op.startswith("Cast") else ""))
                 changed = any_change = True
                 continue
-            if n.op == "Shape" and g.shape(n.inputs[0]) is not None and not n.attrs:
-                values = [np.array(g.shape(n.inputs[0]), np.int64)]
+            if n.op in ("Shape", "Size") and _shape_value(g, n) is not None:
+                values = [_shape_value(g, n)]
             elif n.inputs and all(i == "" or g.const(i) is not None for i in n.inputs) and n.op not in (
                     "RandomNormal", "RandomUniform"):
                 values = _eval(g, n)

@@ -1,6 +1,6 @@
 """ReduceMean/ReduceMax over the spatial axes of an NCHW tensor -> GlobalAveragePool/GlobalMaxPool
 (+ Flatten when keepdims=0): Keras GlobalAveragePooling2D through tf2onnx."""
-from tl2k210.graph import Node
+from tl2k210.graph import Node, axes_of
 
 OPS = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPool"}
 
@@ -8,7 +8,7 @@ OPS = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPool"}
 def global_pool(g, log):
     for n in [n for n in g.nodes if n.op in OPS]:
         shape = g.shape(n.inputs[0])
-        if shape is None or len(shape) != 4 or sorted(a % 4 for a in n.attrs.get("axes", [])) != [2, 3]:
+        if shape is None or len(shape) != 4 or sorted(a % 4 for a in axes_of(g, n) or []) != [2, 3]:
             continue
         out, i = n.outputs[0], g.nodes.index(n)
         new = [Node(OPS[n.op], [n.inputs[0]], [out], {}, n.name, [n.name])]

@@ -1,13 +1,102 @@
-"""TF front-ends give NHWC inputs followed by Transpose(0,3,1,2): make the graph input NCHW."""
+"""TF front-ends give NHWC inputs that reach the NCHW graph through Transpose(0,3,1,2), a Reshape
+doing the same (one-channel inputs: tf2onnx writes (1,H,W,1) -> (1,1,H,W)), or only after
+layout-agnostic ops (a ZeroPadding2D `Pad`, a Rescaling `Mul`/`Add`, an activation): make the
+graph input NCHW. Those ops are moved below the layout change (their pads / constants permuted),
+so the input is recorded in graph.meta["input_layout"] = {name: "NHWC->NCHW"}.
+"""
+import numpy as np
+
+from tl2k210.graph import Node
+
+TO_NCHW = (0, 3, 1, 2)
+UNARY = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Identity", "Neg", "Abs"}
+BINARY = {"Add", "Sub", "Mul", "Div"}
+
+
+def to_nchw(g, node, shape):
+    """Is `node` a layout change NHWC `shape` -> NCHW (Transpose, or a Reshape that moves the
+    elements the same way)?"""
+    if node.op == "Transpose":
+        return tuple(node.attrs.get("perm", ())) == TO_NCHW
+    if node.op == "Reshape" and len(node.inputs) > 1 and g.const(node.inputs[1]) is not None:
+        new = [int(v) for v in g.const(node.inputs[1])]
+        x = np.arange(int(np.prod(shape))).reshape(shape)
+        try:
+            y = x.reshape([x.shape[i] if v == 0 else v for i, v in enumerate(new)])
+        except ValueError:
+            return False
+        return y.shape == x.transpose(TO_NCHW).shape and np.array_equal(y, x.transpose(TO_NCHW))
+    return False
+
+
+def _nhwc_const(g, name):
+    """A constant operand broadcast against an NHWC tensor, re-laid for the NCHW one (or None)."""
+    v = g.const(name)
+    if v is None or v.ndim > 4:
+        return None
+    return np.transpose(v.reshape((1,) * (4 - v.ndim) + v.shape), TO_NCHW)
+
+
+def _pull_up(g, x, log):
+    """Move one layout-agnostic consumer of the NHWC tensor `x` below the layout change that all
+    its own consumers do. Returns True if the graph changed."""
+    shape = g.shape(x)
+    for n in g.consumers(x):
+        if n.inputs[0] != x or x in g.outputs or n.outputs[0] in g.outputs:
+            continue
+        users = g.consumers(n.outputs[0])
+        if not users or not all(to_nchw(g, u, g.shape(n.outputs[0]) or shape) for u in users):
+            continue
+        if n.op in UNARY:
+            inputs = list(n.inputs)
+        elif n.op in BINARY and g.const(n.inputs[1]) is not None and _nhwc_const(g, n.inputs[1]) is not None:
+            inputs = [n.inputs[0], g.add_const(_nhwc_const(g, n.inputs[1]), n.inputs[1] + "/nchw")]
+        elif n.op == "Pad" and len(n.inputs) > 1 and g.const(n.inputs[1]) is not None and \
+                not (len(n.inputs) > 3 and n.inputs[3]) and len(g.const(n.inputs[1])) == 8:
+            p = [int(v) for v in g.const(n.inputs[1])]
+            p = [p[i] for i in (0, 3, 1, 2, 4, 7, 5, 6)]
+            inputs = [n.inputs[0], g.add_const(np.array(p, np.int64), n.inputs[1] + "/nchw")] + n.inputs[2:]
+        else:
+            continue
+        nchw = g.add_tensor(x + "/nchw", tuple(shape[i] for i in TO_NCHW), g.tensors[x].dtype)
+        g.nodes.insert(g.nodes.index(n), Node("Transpose", [x], [nchw], {"perm": list(TO_NCHW)},
+                                              g.unique(n.name + "/to_nchw")))
+        n.inputs = [nchw] + inputs[1:]
+        out = n.outputs[0]
+        t = g.tensors[out]
+        if t.shape is not None and len(t.shape) == 4:
+            t.shape = tuple(t.shape[i] for i in TO_NCHW)
+        for u in users:
+            g.nodes.remove(u)
+            g.replace_uses(u.outputs[0], out)
+        log(n.name, f"{n.op} moved below the NHWC->NCHW layout change of input {x}")
+        return True
+    return False
+
+
+def _pull_region(g, x, log):
+    """One _pull_up anywhere in the layout-agnostic region below `x` (deepest ops move first)."""
+    frontier, seen = [x], set()
+    while frontier:
+        t = frontier.pop()
+        if t in seen or len(g.shape(t) or ()) != 4:
+            continue
+        seen.add(t)
+        if _pull_up(g, t, log):
+            return True
+        frontier += [c.outputs[0] for c in g.consumers(t) if c.inputs[0] == t and c.op in UNARY | BINARY | {"Pad"}]
+    return False
 
 
 def input_nchw(g, log):
     for x in g.inputs:
         t = g.tensors[x]
-        cs = g.consumers(x)
-        if len(t.shape or ()) != 4 or not cs or x in g.outputs:
+        if len(t.shape or ()) != 4 or x in g.outputs:
             continue
-        if not all(c.op == "Transpose" and list(c.attrs.get("perm", [])) == [0, 3, 1, 2] for c in cs):
+        while _pull_region(g, x, log):
+            pass
+        cs = g.consumers(x)
+        if not cs or not all(to_nchw(g, c, t.shape) for c in cs):
             continue
         n, h, w, c = t.shape
         t.shape = (n, c, h, w)
@@ -15,5 +104,31 @@ def input_nchw(g, log):
             g.nodes.remove(tr)
             g.replace_uses(tr.outputs[0], x)
         g.meta.setdefault("input_layout", {})[x] = "NHWC->NCHW"
-        log(x, f"input {x} is now NCHW {t.shape} (was NHWC; removed {len(cs)} Transpose)")
+        log(x, f"input {x} is now NCHW {t.shape} (was NHWC; removed {len(cs)} {'/'.join({c.op for c in cs})})")
     return g
+
+
+def input_layout(g, x=None):
+    """"NCHW" or "NHWC": how the graph reads its 4-D input `x` (default: the first), decided from
+    the graph -- a layout change to NCHW below it means NHWC, a Conv reading it (through
+    layout-agnostic ops) means NCHW; only a graph with neither falls back to where a 1/3/4-sized
+    channel axis sits. None for inputs that are not 4-D."""
+    x = x or g.inputs[0]
+    shape = g.shape(x)
+    if len(shape or ()) != 4:
+        return None
+    frontier, seen = [x], set()
+    while frontier:
+        t = frontier.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        for c in g.consumers(t):
+            if to_nchw(g, c, g.shape(t) or shape):
+                return "NHWC"
+            if c.op in ("Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization") \
+                    and c.inputs[0] == t:
+                return "NCHW"
+            if c.op in UNARY | BINARY | {"Pad"} and c.inputs[0] == t:
+                frontier.append(c.outputs[0])
+    return "NHWC" if shape[3] in (1, 3, 4) and shape[1] not in (1, 3, 4) else "NCHW"

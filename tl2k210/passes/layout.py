@@ -9,11 +9,9 @@ normalize_flatten: a chain X(1,C,H,W) -> Y(1,C*H*W) feeding MatMul/Gemm with con
 """
 import numpy as np
 
+from tl2k210.graph import axes_of
+
 MOVES = ("Transpose", "Reshape", "Unsqueeze", "Squeeze", "Tile", "Flatten", "Identity")
-
-
-def _axes(g, n):
-    return n.attrs.get("axes") if len(n.inputs) < 2 or not n.inputs[1] else [int(a) for a in g.const(n.inputs[1])]
 
 
 def _apply(g, n, x):
@@ -25,9 +23,9 @@ def _apply(g, n, x):
         shape = [x.shape[i] if s == 0 and not n.attrs.get("allowzero") else s for i, s in enumerate(shape)]
         return x.reshape(shape)
     if op == "Unsqueeze":
-        return np.expand_dims(x, tuple(a % (x.ndim + len(_axes(g, n))) for a in _axes(g, n)))
+        return np.expand_dims(x, tuple(a % (x.ndim + len(axes_of(g, n))) for a in axes_of(g, n)))
     if op == "Squeeze":
-        ax = _axes(g, n)
+        ax = axes_of(g, n)
         return np.squeeze(x, None if ax is None else tuple(ax))
     if op == "Tile":
         return np.tile(x, [int(r) for r in g.const(n.inputs[1])])

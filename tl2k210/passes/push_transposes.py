@@ -7,7 +7,7 @@ untransposed tensors (constants permuted by P^-1) and followed by one Transpose(
 ReduceMean/ReduceMax over axes A of Transpose(P)(x) become reductions over P[A] of x."""
 import numpy as np
 
-from tl2k210.graph import Node
+from tl2k210.graph import Node, axes_of, set_axes
 
 UNARY = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Identity", "Neg", "Abs",
          "Exp", "Softplus", "Elu", "Selu", "Mish"}
@@ -36,7 +36,7 @@ def push_transposes(g, log):
                 data = [n.inputs[0]]
             elif n.op in BINARY:
                 data = [i for i in n.inputs if g.const(i) is None]
-            elif n.op in REDUCE and "axes" in n.attrs:
+            elif n.op in REDUCE and axes_of(g, n) is not None:
                 data = [n.inputs[0]]
             else:
                 continue
@@ -71,7 +71,7 @@ def push_transposes(g, log):
 
 def _reduce(g, n, p, log):
     rank = len(p)
-    axes = [a % rank for a in n.attrs["axes"]]
+    axes = [a % rank for a in axes_of(g, n)]
     keep = n.attrs.get("keepdims", 1)
     new_axes = sorted(p[a] for a in axes)
     if keep:
@@ -81,7 +81,7 @@ def _reduce(g, n, p, log):
         after = [sorted(rest).index(r) for r in rest]
     out = n.outputs[0]
     n.inputs = [g.producer(n.inputs[0]).inputs[0]] + n.inputs[1:]
-    n.attrs["axes"] = new_axes
+    set_axes(g, n, new_axes)
     if after != sorted(after):
         mid = g.add_tensor(out + "/pre_transpose")
         n.outputs = [mid]

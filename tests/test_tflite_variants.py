@@ -1,0 +1,128 @@
+"""Production-style TFLite files built at test time with the TF converter (never downloaded):
+float16 weights, dynamic-range int8, full-integer int8 with uint8 I/O, and sparse (DENSIFY)
+weights. Each must load, match the TFLite interpreter on the same input, and convert."""
+import numpy as np
+import pytest
+
+from front_helpers import tf
+from tl2k210.frontends import load_graph
+from tl2k210.graph import run
+from tl2k210.passes import run_pipeline
+from tl2k210.quantize.metrics import sqnr_db
+
+pytestmark = pytest.mark.slow
+H, W = 48, 64   # non-square on purpose
+
+
+def _model():
+    import keras
+    from keras import layers as L
+    keras.utils.set_random_seed(0)
+    i = keras.Input((H, W, 3), batch_size=1)
+    a = L.Conv2D(16, 3, padding="same", activation="relu")(i)
+    a = L.DepthwiseConv2D(3, padding="same", activation="relu6")(a)
+    a = L.Conv2D(32, 3, strides=2, padding="same", activation="relu")(a)
+    a = L.Add()([a, L.Conv2D(32, 1)(a)])
+    return keras.Model(i, L.Dense(10)(L.GlobalAveragePooling2D()(a)))
+
+
+def _rep():
+    r = np.random.default_rng(1)
+    for _ in range(16):
+        yield [r.uniform(0, 1, (1, H, W, 3)).astype(np.float32)]
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory):
+    t = tf()
+    d = tmp_path_factory.mktemp("tflite")
+    m = _model()
+    out = {}
+
+    def save(name, **kw):
+        c = t.lite.TFLiteConverter.from_keras_model(m)
+        for k, v in kw.items():
+            if k == "types":
+                c.target_spec.supported_types = v
+            elif k == "ops":
+                c.target_spec.supported_ops = v
+            else:
+                setattr(c, k, v)
+        (d / f"{name}.tflite").write_bytes(c.convert())
+        out[name] = d / f"{name}.tflite"
+
+    save("float32")
+    save("float16", optimizations=[t.lite.Optimize.DEFAULT], types=[t.float16])
+    save("dynamic_int8", optimizations=[t.lite.Optimize.DEFAULT])
+    save("full_int8", optimizations=[t.lite.Optimize.DEFAULT], representative_dataset=_rep,
+         ops=[t.lite.OpsSet.TFLITE_BUILTINS_INT8], inference_input_type=t.uint8, inference_output_type=t.uint8)
+    for layer in m.layers:    # 90 % zeros: the converter stores these weights sparse
+        ws = layer.get_weights()
+        if ws:
+            ws[0] = np.where(np.random.default_rng(2).random(ws[0].shape) < 0.9, 0, ws[0])
+            layer.set_weights(ws)
+    save("sparse", optimizations=[t.lite.Optimize.EXPERIMENTAL_SPARSITY])
+    return out
+
+
+def _tflite_run(path, x):
+    t = tf()
+    it = t.lite.Interpreter(model_path=str(path))
+    it.allocate_tensors()
+    d, o = it.get_input_details()[0], it.get_output_details()[0]
+    if d["dtype"] != np.float32:
+        s, z = d["quantization"]
+        x = np.clip(np.round(x / s + z), 0, 255).astype(d["dtype"])
+    it.set_tensor(d["index"], x)
+    it.invoke()
+    y = it.get_tensor(o["index"])
+    ops = {op["op_name"] for op in it._get_ops_details()}
+    if o["dtype"] != np.float32:
+        s, z = o["quantization"]
+        y = (y.astype(np.float32) - z) * s
+    return y, ops
+
+
+@pytest.mark.parametrize("name,marker,min_db", [("float32", None, 100), ("float16", "DEQUANTIZE", 100),
+                                                 ("dynamic_int8", None, 35), ("full_int8", "QUANTIZE", 25),
+                                                 ("sparse", "DENSIFY", 100)])
+def test_variant_matches_tflite(variants, name, marker, min_db):
+    x = np.random.default_rng(5).uniform(0, 1, (4, 1, H, W, 3)).astype(np.float32)
+    g, _ = run_pipeline(load_graph(variants[name]))
+    assert g.shape(g.inputs[0]) == (1, 3, H, W)                   # NHWC in the file, NCHW in the IR
+    assert set(g.op_counts()) <= {"Conv", "Add", "GlobalAveragePool", "Reshape"}
+    refs, gots = [], []
+    for xi in x:
+        ref, ops = _tflite_run(variants[name], xi)
+        refs.append(ref)
+        gots.append(run(g, xi.transpose(0, 3, 1, 2))[g.outputs[0]])
+    if marker:
+        assert marker in ops                                        # the file really is that variant
+    db = sqnr_db(np.stack(refs), np.stack(gots))
+    print(f"{name}: IR float graph vs TFLite interpreter SQNR {db:.1f} dB")
+    assert db >= min_db   # quantized variants: the float model their integers stand for
+
+
+def test_full_int8_input_scale_sets_the_input_range(variants, tmp_path):
+    """A full-integer model says which float range its uint8 input stands for: convert takes the
+    preprocessing from it (no --input-range) and the kmodel agrees with the TFLite model."""
+    from PIL import Image
+
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.k210.emulator import Emulator
+    rng = np.random.default_rng(3)
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    for i in range(12):
+        Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8)).save(imgs / f"{i}.png")
+    out = tmp_path / "int8.kmodel"
+    r = convert(variants["full_int8"], out, ConvertOptions(dataset=str(imgs), progress=False))
+    assert r.totals["input_range"] == pytest.approx([0.0, 1.0], abs=0.01)
+    assert "input quantization" in r.totals["input_range_note"]
+    emu = Emulator.load(out)
+    px = np.stack([np.asarray(Image.open(imgs / f"{i}.png")) for i in range(12)])
+    ref = np.concatenate([_tflite_run(variants["full_int8"], p[None].astype(np.float32) / 255)[0] for p in px])
+    got = np.stack([emu.run(np.ascontiguousarray(p.transpose(2, 0, 1)))[0] for p in px]).reshape(ref.shape)
+    db = sqnr_db(ref, got)
+    print(f"full int8 TFLite vs kmodel (emulated): SQNR {db:.1f} dB")
+    assert db >= 15

@@ -1,0 +1,105 @@
+"""A two-class softmax over the channels of a conv's output map (detector score heads: LFFD,
+ULFFD, RetinaFace...), as TF writes it -- exp(x - max(x)) / sum(exp(x - max(x))), ReduceMax / Sub /
+Exp / ReduceSum / Div, with tf2onnx's transposes before the Div -- or as one Softmax node, becomes
+the conv itself with a sigmoid: softmax(a, b) = (sigmoid(a - b), sigmoid(b - a)), so the conv gets
+weights (W0 - W1, W1 - W0), bias (b0 - b1, b1 - b0) and a Sigmoid activation. Exact in float; one
+KPU layer instead of five CPU ops the v3 format does not have."""
+import numpy as np
+
+from tl2k210.graph import axes_of
+
+from .layout import MOVES, _apply
+
+
+def _axis(g, n):
+    ax = axes_of(g, n)
+    return None if ax is None or len(ax) != 1 else ax[0] % len(g.shape(n.inputs[0]))
+
+
+def _moved(g, t):
+    """(source tensor, movement nodes) following `t` back through data movement with constant operands."""
+    chain = []
+    while True:
+        p = g.producer(t)
+        if p is None or p.op not in MOVES or any(g.const(i) is None for i in p.inputs[1:] if i):
+            return t, chain[::-1]
+        chain.append(p)
+        t = p.inputs[0]
+
+
+def _decomposed(g, div):
+    """Match Div(T(exp), R(sum)) of the TF softmax; returns (x, axis, exp node, T nodes) or None."""
+    if div.op != "Div":
+        return None
+    e_t, t_chain = _moved(g, div.inputs[0])
+    s_t, r_chain = _moved(g, div.inputs[1])
+    e, s = g.producer(e_t), g.producer(s_t)
+    if e is None or s is None or e.op != "Exp" or s.op != "ReduceSum" or s.inputs[0] != e_t:
+        return None
+    axis = _axis(g, s)
+    if axis is None or not s.attrs.get("keepdims", 1):
+        return None
+    sub = g.producer(e.inputs[0])
+    x, pattern = e.inputs[0], [e]
+    if sub is not None and sub.op == "Sub":
+        mx = g.producer(sub.inputs[1])
+        if mx is not None and mx.op == "ReduceMax" and mx.inputs[0] == sub.inputs[0] and _axis(g, mx) == axis:
+            x, pattern = sub.inputs[0], [sub, mx]
+    # the two movements must lay out the sum as the numerator's broadcast partner
+    ss = g.shape(s_t)
+    probe = np.arange(int(np.prod(ss))).reshape(ss)
+    r, t = probe, np.broadcast_to(probe, g.shape(e_t))
+    for n in r_chain:
+        r = _apply(g, n, r)
+    for n in t_chain:
+        t = _apply(g, n, t)
+    if r.ndim != t.ndim or not np.array_equal(np.broadcast_to(r, t.shape), t):
+        return None
+    return x, axis, pattern, t_chain
+
+
+def _fold_into_conv(g, x, axis, readers, log, name):
+    """Give the conv producing `x` the softmax (if `readers` are x's only consumers)."""
+    conv = g.producer(x)
+    shape = g.shape(x)
+    if conv is None or conv.op != "Conv" or len(shape) != 4 or axis != 1 or shape[1] != 2 or \
+            conv.attrs.get("activation") or conv.attrs.get("pool") or x in g.outputs or \
+            any(c not in readers for c in g.consumers(x)):
+        return False
+    w, b = g.const(conv.inputs[1]), g.const(conv.inputs[2])
+    if w is None or b is None:
+        return False
+    d = np.array([[1, -1], [-1, 1]], np.float32)
+    conv.inputs[1] = g.add_const(np.tensordot(d, w, 1).astype(np.float32), conv.inputs[1] + "/softmax2")
+    conv.inputs[2] = g.add_const((d @ b).astype(np.float32), conv.inputs[2] + "/softmax2")
+    conv.attrs["activation"] = {"op": "Sigmoid"}
+    conv.fused.append(name)
+    log(conv.name, f"2-class channel softmax {name} -> sigmoid of the class differences, in the conv")
+    return True
+
+
+def channel_softmax(g, log):
+    for n in list(g.nodes):
+        if n not in g.nodes:
+            continue
+        if n.op == "Softmax":
+            x, axis = n.inputs[0], n.attrs.get("axis", -1) % len(g.shape(n.inputs[0]))
+            if _fold_into_conv(g, x, axis, [n], log, n.name):
+                g.nodes.remove(n)
+                g.replace_uses(n.outputs[0], x)
+            continue
+        m = _decomposed(g, n)
+        if m is None:
+            continue
+        x, axis, pattern, t_chain = m
+        if not _fold_into_conv(g, x, axis, pattern, log, n.name):
+            continue
+        out = n.outputs[0]
+        g.nodes.remove(n)
+        if t_chain:   # the numerator's movement now carries the probabilities
+            t_chain[0].inputs[0] = x
+            g.replace_uses(out, t_chain[-1].outputs[0])
+        else:
+            g.replace_uses(out, x)
+    return g
+
