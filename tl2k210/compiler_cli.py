@@ -190,22 +190,57 @@ def add_compare_parser(sub):
 def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=None, threshold=0.5,
             nms=0.3, **pre):
     """{"outputs": {name: {sqnr_db, cosine, top1, top5}}, "detections": {...}, "samples": n}."""
-    import numpy as np
-
     from tl2k210 import frontends
-    from tl2k210.compiler import ConvertOptions, input_affine, model_input_range, model_inputs
+    from tl2k210.compiler import ConvertOptions
     from tl2k210.graph import from_onnx
-    from tl2k210.k210 import yolo
-    from tl2k210.k210.emulator import Emulator
     from tl2k210.passes import run_pipeline
-    from tl2k210.passes.input_nchw import input_layout
-    from tl2k210.quantize.calibrate import FloatRunner
-    from tl2k210.quantize.compare import detection_agreement, output_agreement
 
     opts = ConvertOptions(**pre)
     model = frontends.load_model(float_model, **({"weights": opts.weights} if opts.weights else {}))
     shapes = {model.graph.input[0].name: tuple(opts.input_shape)} if opts.input_shape else None
     graph, _ = run_pipeline(from_onnx(model, input_shapes=shapes))  # exact passes: NCHW in and out
+    return compare_graph(graph, kmodel_path, dataset, limit, decode, anchors, threshold, nms, opts, float_model)
+
+
+def _match_outputs(graph, ref, outs):
+    """Pair each float output with the kmodel output of the same size (in order), and read a 4-D map
+    the way the kmodel lays it out: channel-major (what tl2k210 writes) or channels-last (nncase
+    v0.2 keeps a TFLite model's NHWC outputs) -- whichever agrees better. Returns
+    {name: (ref flat, test flat, layout)}."""
+    import numpy as np
+
+    from tl2k210.quantize.metrics import cosine
+    free = list(range(len(outs)))
+    pairs = {}
+    for o in graph.outputs:
+        r = np.asarray(ref[o], np.float64)
+        k = next((i for i in free if np.asarray(outs[i]).size == r.size), None)
+        if k is None:
+            continue
+        free.remove(k)
+        t = np.asarray(outs[k], np.float64).reshape(-1)
+        layout = "NCHW"
+        if r.ndim == 4 and r.shape[1] > 1 and r.shape[2] * r.shape[3] > 1:
+            nhwc = r.transpose(0, 2, 3, 1).reshape(-1)
+            if cosine(nhwc, t) > cosine(r.reshape(-1), t):
+                layout = "NHWC"
+        pairs[o] = (r.transpose(0, 2, 3, 1).reshape(-1) if layout == "NHWC" else r.reshape(-1), t, layout)
+    return pairs
+
+
+def compare_graph(graph, kmodel_path, dataset, limit=200, decode=None, anchors=None, threshold=0.5, nms=0.3,
+                  opts=None, float_model="the float model"):
+    """compare() on an IR graph already through the passes (no second front-end run)."""
+    import numpy as np
+
+    from tl2k210.compiler import ConvertOptions, input_affine, model_input_range, model_inputs
+    from tl2k210.k210 import yolo
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.passes.input_nchw import input_layout
+    from tl2k210.quantize.calibrate import FloatRunner
+    from tl2k210.quantize.compare import detection_agreement, output_agreement
+
+    opts = opts or ConvertOptions()
     emu = Emulator.load(kmodel_path)
     emu_shape, emu_dtype = emu.input_spec()
     opts, _ = model_input_range(graph, opts)
@@ -220,23 +255,25 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
         a, b = input_affine(graph, chw.shape[1])
         chw = (chw - b[None, :, None, None]) / a[None, :, None, None]
     runner = FloatRunner(graph, expose_all=False)
-    refs, tests = {o: [] for o in graph.outputs}, {o: [] for o in graph.outputs}
+    refs, tests, layouts = {}, {}, {}
     for i in range(len(floats)):
         ref = runner(floats[i][None])
         # uint8 pixels for a kmodel that takes the camera image, the preprocessed floats (CHW)
         # for one with a float input (nncase v0.2 without --input-type uint8)
         feed = pixels[i] if pixels is not None and emu_dtype == np.uint8 else chw[i]
         outs = emu.run(np.asarray(feed).astype(emu_dtype).reshape(emu_shape))
-        sizes = [np.size(ref[o]) for o in graph.outputs], [np.size(out) for out in outs]
-        if sizes[0] != sizes[1]:
-            raise Tl2k210Error(f"{mismatch}; its outputs have {sizes[0]} values, the kmodel's "
-                               f"{sizes[1]}")
-        for o, out in zip(graph.outputs, outs):
-            refs[o].append(np.asarray(ref[o], np.float64).reshape(-1))
-            tests[o].append(np.asarray(out, np.float64).reshape(-1))
+        for o, (r, t, layout) in _match_outputs(graph, ref, outs).items():
+            refs.setdefault(o, []).append(r)
+            tests.setdefault(o, []).append(t)
+            layouts[o] = layout
+    if not refs:
+        raise Tl2k210Error(f"{mismatch}; no kmodel output has the size of a float output "
+                           f"{[tuple(graph.shape(o)) for o in graph.outputs]}")
     ref = {k: np.stack(v) for k, v in refs.items()}
     test = {k: np.stack(v) for k, v in tests.items()}
     report = {"samples": len(floats), "outputs": output_agreement(ref, test)}
+    for k, layout in layouts.items():
+        report["outputs"][k]["kmodel_layout"] = layout
     if decode == "yolo2":
         a = yolo.parse_anchors(anchors)
         k = next(iter(test))

@@ -45,3 +45,7 @@ class InputFileError(Tl2k210Error, ValueError):
 
 class OutputPathError(Tl2k210Error):
     """An output path cannot be written, or would overwrite an input."""
+
+
+class ModelLoadError(Tl2k210Error, ValueError):
+    """A model file is missing, corrupt, malformed or of a kind tl2k210 does not read."""

@@ -181,7 +181,9 @@ def toposort(g):
                 rest.append(n)
         if len(rest) == len(pending):
             missing = sorted({i for n in rest for i in n.inputs if i not in ready})
-            raise ValueError(f"graph has a cycle or undefined tensors: {missing[:5]}")
+            from tl2k210.errors import ModelLoadError
+            raise ModelLoadError(f"graph has a cycle or reads undefined tensors: {missing[:5]} (read by "
+                                 f"{', '.join(repr(n.name) for n in rest[:3])}); is the model file complete?")
         pending = rest
     return out
 
@@ -278,8 +280,10 @@ def from_onnx(model, batch=1, input_shapes=None):
                       (d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else batch if i == 0 else None
                        for i, d in enumerate(tt.shape.dim)))
         if None in shape:
-            raise ValueError(f"input {vi.name!r} has symbolic dims {[d.dim_param for d in tt.shape.dim]}; "
-                             "give its shape: from_onnx(model, input_shapes={name: (1, C, H, W)})")
+            from tl2k210.errors import ModelLoadError
+            raise ModelLoadError(f"input {vi.name!r} has symbolic dims {[d.dim_param or '?' for d in tt.shape.dim]}; "
+                                 "give its shape: --input-shape N,C,H,W (from_onnx(model, input_shapes={name: "
+                                 "(1, C, H, W)}))")
         tensors[vi.name] = Tensor(vi.name, shape, np.dtype(_DT.get(tt.elem_type, np.float32)))
         inputs.append(vi.name)
     for n in nodes:

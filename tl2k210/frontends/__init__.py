@@ -7,17 +7,28 @@ TensorFlow is imported lazily inside the TF front-ends only.
 from pathlib import Path
 
 from tl2k210 import quiet
-from tl2k210.errors import Tl2k210Error
+from tl2k210.errors import ModelLoadError, Tl2k210Error
 
 OPSET = 18
 
 
-class ModelLoadError(Tl2k210Error, ValueError):
-    """A model file is missing, corrupt or of a kind tl2k210 does not read."""
+_CACHE = {}        # (path, size, mtime, opts) -> ModelProto: convert + compare in one process
+_CACHE_SIZE = 16   # convert a file once (tf2onnx takes seconds)
+
+
+def _cache_key(path, opts):
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    if Path(path).is_dir() or any(not isinstance(v, (str, int, float, Path, type(None))) for v in opts.values()):
+        return None
+    return (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, tuple(sorted((k, str(v)) for k, v in opts.items())))
 
 
 def load_model(src, **opts):
-    """Model object or path -> onnx.ModelProto.
+    """Model object or path -> onnx.ModelProto (a file is converted once per process: a cache
+    keyed by path, size and modification time).
 
     TensorLayer `tl.models.Model` (opts: weights=npz/h5 path, input_shape), Keras model or
     `.keras`/`.h5` file (or an architecture `.json` with weights=`.h5`), SavedModel directory,
@@ -37,7 +48,22 @@ def load_model(src, **opts):
             return src
         raise ModelLoadError(f"cannot convert a {type(src).__name__} ({mod}); give a TensorLayer/Keras model "
                              "or a .keras/.h5/.tflite/.onnx file or a SavedModel directory")
-    path = Path(src)
+    import onnx
+    key = _cache_key(src, opts)
+    if key is not None and key in _CACHE:
+        m = onnx.ModelProto()
+        m.CopyFrom(_CACHE[key])
+        return m
+    model = _load_path(Path(src), **opts)
+    if key is not None:
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = onnx.ModelProto()
+        _CACHE[key].CopyFrom(model)
+    return model
+
+
+def _load_path(path, **opts):
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or directory; check the path")
     suffix = path.suffix.lower()

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from tl2k210.errors import Tl2k210Error
 from tl2k210.graph import infer_shapes
 
 from .input_nchw import input_nchw
@@ -92,8 +93,16 @@ def run_pipeline(graph, options=None):
         if not options.get(p.name, p.default):
             continue
         changes, before, t = [], len(graph.nodes), time.perf_counter()
-        graph = p.fn(graph.copy(), lambda node, msg: changes.append((node, msg)))
-        graph = infer_shapes(graph.prune())
+        try:
+            graph = p.fn(graph.copy(), lambda node, msg: changes.append((node, msg)))
+            graph = infer_shapes(graph.prune())
+        except Tl2k210Error:
+            raise
+        except Exception as e:   # a bug or an input no pass foresaw: say where, not a traceback
+            last = f" (after {changes[-1][0]!r})" if changes else ""
+            raise Tl2k210Error(f"pass {p.name}{last} failed on this model: {type(e).__name__}: "
+                               f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}; please report it "
+                               "with the model") from e
         log.append({"pass": p.name, "exact": p.exact, "changes": changes, "nodes": (before, len(graph.nodes)),
                     "seconds": time.perf_counter() - t})
     return graph, log

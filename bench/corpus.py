@@ -1,0 +1,211 @@
+"""Proof table: `tl2k210 convert` on models this project did not write.
+
+Two corpora:
+  * real third-party source models (../shared/testdata/corpus/models: .tflite, .h5, .json), each
+    converted the way a new user would type it; where the same project published a kmodel made by
+    nncase (corpus/kmodels), both kmodels are compared with the float model on the same inputs;
+  * the developer corpus (tests/devcorpus.py): keras.applications and hand-written nets after
+    published designs, seeded weights, and the ONNX model zoo architectures in the onnx wheel.
+
+Calibration: 12 scikit-image photos; evaluation (SQNR vs float, top-1 agreement): the 28 testdata
+ImageNet photos, which calibration never sees. A refusal is a result too: its message is printed.
+
+    python bench/corpus.py [--only SUBSTRING] [--json bench/results/corpus.json] [--markdown]
+"""
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
+CORPUS = TESTDATA / "corpus"
+CALIB = ["astronaut", "coffee", "chelsea", "rocket", "camera", "brick", "grass", "gravel",
+         "immunohistochemistry", "retina", "hubble_deep_field", "coins"]
+
+# corpus source model -> (extra CLI arguments a user would give, nncase kmodel of the same model)
+REAL = {
+    "DAE_for_M5StickV__Model.tflite": ([], "DAE_for_M5StickV__Model.kmodel"),
+    "DAE_for_M5StickV__Model.h5": ([], "DAE_for_M5StickV__Model.kmodel"),
+    "DonkeyCar_on_M5StickV__Model_Original.tflite": ([], "DonkeyCar_on_M5StickV__Model_Original.kmodel"),
+    "DonkeyCar_on_M5StickV__Model_Original.h5": ([], "DonkeyCar_on_M5StickV__Model_Original.kmodel"),
+    "K210_mnist__mnist_lenet_K210_model.tflite": ([], "K210_mnist__test1.kmodel"),
+    "K210_mnist__mnist_lenet_K210_model.h5": ([], "K210_mnist__test1.kmodel"),
+    "LFFD-LP-K210__LPbox_1_branch.tflite": ([], "LFFD-LP-K210__LPbox_1_branch.kmodel"),
+    "SemanticSegmentation4M5StickV__Model_V0_1.tflite": ([], "SemanticSegmentation4M5StickV__Model_V0_1.kmodel"),
+    "SemanticSegmentation4M5StickV__Model_V0_1.h5": ([], "SemanticSegmentation4M5StickV__Model_V0_1.kmodel"),
+    "animal_classification_k210__Classifier_best_val_accuracy_animals.tflite":
+        (["--input-range", "-1,1"], "animal_classification_k210__Classifier_best_val_accuracy_animals.kmodel"),
+    "k210-dronet__model.tflite": ([], "k210-dronet__model.kmodel"),
+    "k210-dronet__model_struct.json": (["--weights", "{models}/k210-dronet__best_weights.h5"], None),
+}
+
+
+def photo_folder():
+    from PIL import Image
+    from skimage import data
+    d = Path(tempfile.mkdtemp(prefix="tl2k210-calib-"))
+    for n in CALIB:
+        Image.fromarray(getattr(data, n)()).convert("RGB").save(d / f"{n}.png")
+    return d
+
+
+def _options_args(opts):
+    args = []
+    if "input_range" in opts:
+        args += ["--input-range", ",".join(str(v) for v in opts["input_range"])]
+    if "runtime" in opts:
+        args += ["--runtime", opts["runtime"]]
+    return args
+
+
+def run_cli(argv):
+    """tl2k210 CLI in-process: (return code, stderr text)."""
+    from tl2k210.cli import main
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(argv)
+    return rc, err.getvalue()
+
+
+def measure(src, extra, calib, photos, nncase=None, weights=None, logits=None):
+    """Convert `src` as the CLI does; on success compare the kmodel (and nncase's, if given) with
+    the float model on the held-out photos."""
+    from tl2k210.compiler_cli import compare
+    out = Path(tempfile.mkdtemp()) / "model.kmodel"
+    rep = out.with_suffix(".json")
+    cmd = ["convert", str(src), str(out), "--dataset", str(calib), "--report", str(rep), "-q"] + extra
+    t = time.perf_counter()
+    rc, err = run_cli(cmd)
+    row = {"command": "tl2k210 " + " ".join(Path(c).name if "/" in c else c for c in cmd[:3] + cmd[3:]),
+           "seconds": round(time.perf_counter() - t, 1)}
+    if rc != 0:
+        row["result"] = "refused"
+        row["reason"] = err.strip().splitlines()[-1].replace("tl2k210 convert: error: ", "") if err.strip() else "?"
+        return row
+    r = json.loads(rep.read_text())
+    pre = {}
+    for k, v in zip(extra[::2], extra[1::2]):
+        if k == "--input-range":
+            pre["input_range"] = tuple(float(x) for x in v.split(","))
+        if k == "--weights":
+            pre["weights"] = v
+    row.update(result="converted", kmodel_bytes=r["file_size"], kpu_layers=r["totals"]["kpu_layers"],
+               cpu_layers=r["totals"]["cpu_layers"], latency_ms=round(r["latency_ms"], 1),
+               calib_sqnr_db=r["totals"]["output_sqnr_db"])
+    ours = compare(str(src), str(out), str(photos), **pre)
+    row["sqnr_db"] = min(o["sqnr_db"] for o in ours["outputs"].values())
+    top1 = [o["top1"] for o in ours["outputs"].values() if "top1" in o]
+    if top1 and logits is not False:
+        row["top1_agreement"] = top1[0]
+    if nncase is not None:
+        try:
+            theirs = compare(str(src), str(nncase), str(photos), **pre)
+            row["nncase_sqnr_db"] = min(o["sqnr_db"] for o in theirs["outputs"].values())
+            t1 = [o["top1"] for o in theirs["outputs"].values() if "top1" in o]
+            if t1 and "top1_agreement" in row:
+                row["nncase_top1_agreement"] = t1[0]
+        except Exception as e:   # report, never hide
+            row["nncase_error"] = f"{type(e).__name__}: {e}"
+    return row
+
+
+def real_rows(calib, photos, only):
+    rows = []
+    for name, (extra, km) in REAL.items():
+        if only and only not in name:
+            continue
+        src = CORPUS / "models" / name
+        if not src.exists():
+            continue
+        extra = [a.replace("{models}", str(CORPUS / "models")) for a in extra]
+        nncase = CORPUS / "kmodels" / km if km else None
+        row = measure(src, extra, calib, photos, nncase)
+        row["model"] = name
+        row["corpus"] = "real"
+        rows.append(row)
+        print(_line(row), flush=True)
+    return rows
+
+
+def dev_rows(calib, photos, only):
+    import devcorpus
+    rows = []
+    tmp = Path(tempfile.mkdtemp(prefix="tl2k210-dev-"))
+    for name, e in devcorpus.entries().items():
+        if only and only not in name:
+            continue
+        t = time.perf_counter()
+        m = e.build()
+        if hasattr(m, "save"):
+            src = tmp / (name.replace(" ", "_") + ".keras")
+            m.save(src)
+        else:
+            import onnx
+            src = tmp / (name.replace(" ", "_") + ".onnx")
+            onnx.save(m, src)
+        build_s = time.perf_counter() - t
+        row = measure(src, _options_args(e.options), calib, photos, logits=e.logits)
+        row.update(model=name, corpus="developer", about=e.about, build_s=round(build_s, 1))
+        rows.append(row)
+        print(_line(row), flush=True)
+    return rows
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def _line(r):
+    if r["result"] == "refused":
+        return f"{r['model'][:44]:44} refused ({r['seconds']} s): {r['reason'][:160]}"
+    return (f"{r['model'][:44]:44} ok {r['seconds']:6.1f} s  {r['kmodel_bytes']:>9,} B  KPU {r['kpu_layers']:>3} CPU "
+            f"{r['cpu_layers']:>3}  SQNR {_fmt(r.get('sqnr_db'), '.1f'):>5} dB  nncase {_fmt(r.get('nncase_sqnr_db'), '.1f')}"
+            f"  top-1 {_fmt(r.get('top1_agreement'), '.3f')}")
+
+
+def markdown(rows):
+    out = ["| model | corpus | result | SQNR vs float (dB) | nncase kmodel SQNR (dB) | top-1 agreement | kmodel | "
+           "KPU / CPU layers | time (s) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["result"] == "refused":
+            out.append(f"| {r['model']} | {r['corpus']} | refused: {r['reason']} | | | | | | {r['seconds']} |")
+            continue
+        t1 = _fmt(r.get("top1_agreement"), ".3f")
+        if r.get("nncase_top1_agreement") is not None:
+            t1 += f" (nncase {r['nncase_top1_agreement']:.3f})"
+        out.append(f"| {r['model']} | {r['corpus']} | converted | {_fmt(r.get('sqnr_db'), '.1f')} | "
+                   f"{_fmt(r.get('nncase_sqnr_db'), '.1f')} | {t1} | {r['kmodel_bytes']:,} B | "
+                   f"{r['kpu_layers']} / {r['cpu_layers']} | {r['seconds']} |")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", help="run the models whose name contains this")
+    ap.add_argument("--corpus", choices=["real", "developer", "all"], default="all")
+    ap.add_argument("--json", default=str(REPO / "bench" / "results" / "corpus.json"))
+    ap.add_argument("--markdown", action="store_true", help="also print the README table")
+    args = ap.parse_args()
+    calib, photos = photo_folder(), TESTDATA / "imagenet"
+    rows = []
+    if args.corpus in ("real", "all"):
+        rows += real_rows(calib, photos, args.only)
+    if args.corpus in ("developer", "all"):
+        rows += dev_rows(calib, photos, args.only)
+    if args.markdown:
+        print(markdown(rows))
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(rows, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()

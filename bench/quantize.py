@@ -1,0 +1,131 @@
+"""Quantization quality per model and calibration method: output SQNR vs the float model and top-1
+agreement (classifiers) on held-out data, for minmax / percentile / kld. A table (and JSON) that
+later work can only move up.
+
+Models: real weights where we have them (MobileNetV1-0.25 ImageNet from testdata, the corpus
+animal classifier and LFFD licence-plate detector, iris), seeded keras.applications MobileNetV2
+for architecture coverage. Images: calibration on 12 scikit-image photos, evaluation on the 28
+testdata ImageNet photos. iris: calibration and evaluation on the 150 rows, with nncase v0.1 /
+v0.2's kmodels of the same file measured the same way.
+
+    python bench/quantize.py [--methods minmax,percentile,kld] [--only NAME] [--json FILE]
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
+TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
+
+
+def _mobilenet_v1():
+    from models.mobilenet_v1.network import load_keras_order_npz, mobilenet_v1
+    net = mobilenet_v1(0.25, name="bench_q_mnv1")
+    load_keras_order_npz(net, TESTDATA / "weights" / "mobilenetv1_0.25_tensorlayer.npz")
+    net.eval()
+    return net
+
+
+def _keras_file(build, name):
+    d = Path(tempfile.mkdtemp())
+    m = build()
+    m.save(d / f"{name}.keras")
+    return d / f"{name}.keras"
+
+
+def models():
+    import devcorpus
+    corpus = TESTDATA / "corpus" / "models"
+    return {
+        "MobileNetV1 a0.25 (ImageNet weights)": (_mobilenet_v1, {"input_range": (-1, 1)}, None),
+        "animal classifier (corpus .tflite)": (
+            lambda: corpus / "animal_classification_k210__Classifier_best_val_accuracy_animals.tflite",
+            {"input_range": (-1, 1)}, None),
+        "LFFD licence plates (corpus .tflite)": (lambda: corpus / "LFFD-LP-K210__LPbox_1_branch.tflite", {}, None),
+        "MobileNetV2 a0.35 160 (seeded)": (lambda: _keras_file(devcorpus.mobilenet_v2(0.35, 160), "mnv2"),
+                                            {"input_range": (-1, 1)}, None),
+        "iris (testdata .tflite)": (lambda: TESTDATA / "tflite" / "iris.tflite", {"float_fc": True}, "iris"),
+    }
+
+
+def iris_data():
+    import numpy as np
+    from sklearn.datasets import load_iris
+    x, y = load_iris(return_X_y=True)
+    d = Path(tempfile.mkdtemp())
+    np.save(d / "iris.npy", x.astype(np.float32))
+    return d / "iris.npy", y
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--methods", default="minmax,percentile,kld")
+    ap.add_argument("--only")
+    ap.add_argument("--json", default=str(REPO / "bench" / "results" / "quantize.json"))
+    args = ap.parse_args()
+    from corpus import photo_folder
+
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.compiler_cli import compare
+    calib, photos = photo_folder(), TESTDATA / "imagenet"
+    rows = []
+    for name, (make, opts, kind) in models().items():
+        if args.only and args.only not in name:
+            continue
+        src = make()
+        data, labels = (iris_data() if kind == "iris" else (calib, None))
+        held = data if kind == "iris" else photos
+        pre = {k: v for k, v in opts.items() if k == "input_range"}
+        for method in args.methods.split(","):
+            out = Path(tempfile.mkdtemp()) / "m.kmodel"
+            t = time.perf_counter()
+            try:
+                convert(src, out, ConvertOptions(dataset=str(data), method=method, progress=False, runtime="sdk",
+                                                 **opts))
+            except Exception as e:
+                rows.append({"model": name, "method": method, "error": f"{type(e).__name__}: {e}"})
+                print(f"{name[:40]:40} {method:10} refused: {e}", flush=True)
+                continue
+            rep = compare(src, str(out), str(held), **pre)
+            o = list(rep["outputs"].values())
+            row = {"model": name, "method": method, "sqnr_db": min(v["sqnr_db"] for v in o),
+                   "top1": o[0].get("top1"), "samples": rep["samples"], "seconds": round(time.perf_counter() - t, 1)}
+            if kind == "iris":
+                import numpy as np
+
+                from tl2k210.k210.emulator import Emulator
+                x = np.load(data)
+                emu = Emulator.load(out)
+                row["accuracy"] = float((np.array([emu.run(r)[0] for r in x]).argmax(1) == labels).mean())
+                if method == "minmax":
+                    for v in ("v3", "v4"):
+                        rr = compare(src, str(TESTDATA / "kmodels" / f"iris_{v}.kmodel"), str(held))
+                        rows.append({"model": f"iris: nncase {'v0.1' if v == 'v3' else 'v0.2'} kmodel_{v}",
+                                     "method": "nncase", "sqnr_db": list(rr["outputs"].values())[0]["sqnr_db"],
+                                     "top1": list(rr["outputs"].values())[0].get("top1"), "samples": rr["samples"]})
+            rows.append(row)
+            print(f"{name[:40]:40} {method:10} SQNR {row['sqnr_db']:6.1f} dB  top-1 "
+                  f"{'-' if row['top1'] is None else format(row['top1'], '.3f')}", flush=True)
+    print()
+    print(f"{'model':44} {'method':10} {'SQNR dB':>8} {'top-1':>6} {'acc':>6} {'n':>4}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model'][:44]:44} {r['method']:10} refused: {r['error'][:80]}")
+            continue
+        t1 = "-" if r.get("top1") is None else f"{r['top1']:.3f}"
+        acc = "-" if r.get("accuracy") is None else f"{r['accuracy']:.3f}"
+        print(f"{r['model'][:44]:44} {r['method']:10} {r['sqnr_db']:8.1f} {t1:>6} {acc:>6} {r['samples']:>4}")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(rows, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()
