@@ -1,10 +1,11 @@
-"""Time to convert MobileNetV1 (alpha 0.25 / 0.5 / 0.75, 224x224) with 100 calibration images;
-tf2onnx's share shown separately. Target: < 60 s for alpha 0.75 on this machine.
+"""Time to convert MobileNetV1 (TensorLayer, alpha 0.25 / 0.5 / 0.75, 224x224) and MobileNetV2
+(keras.applications, alpha 0.5, 224x224) with 100 calibration images; the front-end's (tf2onnx)
+share shown separately. Target: < 60 s for MobileNetV1-0.75 on this machine.
 
-alpha 0.25 loads the real ImageNet weights (testdata); 0.5 / 0.75 use random weights.
-The 100 calibration images are the 28 testdata ImageNet photos plus crops/flips of them.
+MobileNetV1 alpha 0.25 loads the real ImageNet weights (testdata); the others use seeded random
+weights. The 100 calibration images are the 28 testdata ImageNet photos plus crops/flips of them.
 
-    python bench/convert.py [--alphas 0.25,0.5,0.75] [--json bench/results/convert.json]
+    python bench/convert.py [--models v1-0.25,v1-0.5,v1-0.75,v2-0.5] [--json bench/results/convert.json]
 """
 import argparse
 import json
@@ -43,7 +44,7 @@ def calibration_folder(n=100):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--alphas", default="0.25,0.5,0.75")
+    ap.add_argument("--models", default="v1-0.25,v1-0.5,v1-0.75,v2-0.5")
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "convert.json"))
     args = ap.parse_args()
     import tl2k210.frontends as fe
@@ -55,11 +56,19 @@ def main():
     t_tf = time.perf_counter() - t_tf
     rows = []
     real_load = fe.load_model
-    for alpha in [float(a) for a in args.alphas.split(",")]:
-        net = mobilenet_v1(alpha)
-        if alpha == 0.25 and (TESTDATA / "weights" / "mobilenetv1_0.25_tensorlayer.npz").exists():
-            load_keras_order_npz(net, TESTDATA / "weights" / "mobilenetv1_0.25_tensorlayer.npz")
-        net.eval()
+    for spec in args.models.split(","):
+        version, alpha = spec.split("-")
+        alpha = float(alpha)
+        if version == "v1":
+            net = mobilenet_v1(alpha, name=f"bench_mnv1_{alpha}")
+            if alpha == 0.25 and (TESTDATA / "weights" / "mobilenetv1_0.25_tensorlayer.npz").exists():
+                load_keras_order_npz(net, TESTDATA / "weights" / "mobilenetv1_0.25_tensorlayer.npz")
+            net.eval()
+        else:
+            import keras
+            keras.utils.set_random_seed(0)
+            net = keras.applications.MobileNetV2((224, 224, 3), alpha=alpha, weights=None,
+                                                 classifier_activation=None)
         spent = {}
 
         def timed_load(*a, **k):
@@ -69,21 +78,22 @@ def main():
             finally:
                 spent["tf2onnx"] = time.perf_counter() - t
         fe.load_model = timed_load
-        out = Path(tempfile.mkdtemp()) / f"mobilenet_{alpha}.kmodel"
+        out = Path(tempfile.mkdtemp()) / f"mobilenet_{spec}.kmodel"
         t = time.perf_counter()
         r = convert(net, out, ConvertOptions(dataset=str(calib), input_range=(-1, 1), runtime="sdk",
                                              progress=False))
         total = time.perf_counter() - t
         fe.load_model = real_load
-        rows.append({"alpha": alpha, "total_s": total, "tf2onnx_s": spent.get("tf2onnx", 0.0),
+        rows.append({"model": f"MobileNet{version.upper()} {alpha}", "alpha": alpha, "total_s": total,
+                     "tf2onnx_s": spent.get("tf2onnx", 0.0),
                      "rest_s": total - spent.get("tf2onnx", 0.0), "kmodel_bytes": r.file_size,
                      "macs": r.totals["macs"], "latency_ms": r.latency_ms,
                      "output_sqnr_db": r.totals["output_sqnr_db"]})
-    print(f"{'alpha':>6} {'total s':>8} {'tf2onnx s':>10} {'rest s':>7} {'kmodel B':>10} {'est. ms':>8} {'SQNR dB':>8}")
+    print(f"{'model':>16} {'total s':>8} {'tf2onnx s':>10} {'rest s':>7} {'kmodel B':>10} {'est. ms':>8} {'SQNR dB':>8}")
     for r in rows:
-        print(f"{r['alpha']:6.2f} {r['total_s']:8.1f} {r['tf2onnx_s']:10.1f} {r['rest_s']:7.1f} "
+        print(f"{r['model']:>16} {r['total_s']:8.1f} {r['tf2onnx_s']:10.1f} {r['rest_s']:7.1f} "
               f"{r['kmodel_bytes']:10,} {r['latency_ms']:8.1f} {r['output_sqnr_db']:8.1f}")
-    print(f"(100 calibration images, 224x224; `import tensorflow` {t_tf:.1f} s not included; target < 60 s for 0.75)")
+    print(f"(100 calibration images, 224x224; `import tensorflow` {t_tf:.1f} s not included; target < 60 s for MobileNetV1 0.75)")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"import_tensorflow_s": t_tf, "rows": rows}, indent=1))
 

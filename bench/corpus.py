@@ -72,11 +72,37 @@ def run_cli(argv):
     from tl2k210.cli import main
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        rc = main(argv)
+        try:
+            rc = main(argv)
+        except SystemExit as e:      # argparse
+            rc = e.code
     return rc, err.getvalue()
 
 
-def measure(src, extra, calib, photos, nncase=None, weights=None, logits=None):
+def ideal_sqnr(src, pre, calib, photos):
+    """Output SQNR of the float model with ideal 8-bit quantization simulated (quantize.fake_quant)
+    on the held-out photos: what per-tensor uint8 activations and 8-bit per-channel weights
+    cost this network, before any KPU mapping."""
+    import numpy as np
+
+    from tl2k210.compiler import ConvertOptions, model_inputs
+    from tl2k210.frontends import load_model
+    from tl2k210.graph import from_onnx
+    from tl2k210.passes import run_pipeline
+    from tl2k210.quantize import calibrate
+    from tl2k210.quantize.fake_quant import fake_quant_graph
+    from tl2k210.quantize.metrics import sqnr_db
+    g, _ = run_pipeline(from_onnx(load_model(str(src), **({"weights": pre["weights"]} if "weights" in pre else {}))))
+    opts = ConvertOptions(input_range=pre.get("input_range"))
+    cal, _ = model_inputs(g, str(calib), 100, opts)
+    ev, _ = model_inputs(g, str(photos), 200, opts)
+    rng = calibrate.ranges(calibrate.collect(g, [c[None] for c in cal], histograms=False), "minmax")
+    fr, qr = calibrate.FloatRunner(g, False), calibrate.FloatRunner(fake_quant_graph(g, rng), False)
+    outs = [fr(x[None]) for x in ev], [qr(x[None]) for x in ev]
+    return min(sqnr_db(np.stack([r[o] for r in outs[0]]), np.stack([r[o] for r in outs[1]])) for o in g.outputs)
+
+
+def measure(src, extra, calib, photos, nncase=None, weights=None, logits=None, ideal=False):
     """Convert `src` as the CLI does; on success compare the kmodel (and nncase's, if given) with
     the float model on the held-out photos."""
     from tl2k210.compiler_cli import compare
@@ -103,6 +129,8 @@ def measure(src, extra, calib, photos, nncase=None, weights=None, logits=None):
                calib_sqnr_db=r["totals"]["output_sqnr_db"])
     ours = compare(str(src), str(out), str(photos), **pre)
     row["sqnr_db"] = min(o["sqnr_db"] for o in ours["outputs"].values())
+    if ideal:
+        row["ideal_sqnr_db"] = ideal_sqnr(src, pre, calib, photos)
     top1 = [o["top1"] for o in ours["outputs"].values() if "top1" in o]
     if top1 and logits is not False:
         row["top1_agreement"] = top1[0]
@@ -153,7 +181,7 @@ def dev_rows(calib, photos, only):
             src = tmp / (name.replace(" ", "_") + ".onnx")
             onnx.save(m, src)
         build_s = time.perf_counter() - t
-        row = measure(src, _options_args(e.options), calib, photos, logits=e.logits)
+        row = measure(src, _options_args(e.options), calib, photos, logits=e.logits, ideal=True)
         row.update(model=name, corpus="developer", about=e.about, build_s=round(build_s, 1))
         rows.append(row)
         print(_line(row), flush=True)
@@ -168,22 +196,24 @@ def _line(r):
     if r["result"] == "refused":
         return f"{r['model'][:44]:44} refused ({r['seconds']} s): {r['reason'][:160]}"
     return (f"{r['model'][:44]:44} ok {r['seconds']:6.1f} s  {r['kmodel_bytes']:>9,} B  KPU {r['kpu_layers']:>3} CPU "
-            f"{r['cpu_layers']:>3}  SQNR {_fmt(r.get('sqnr_db'), '.1f'):>5} dB  nncase {_fmt(r.get('nncase_sqnr_db'), '.1f')}"
+            f"{r['cpu_layers']:>3}  SQNR {_fmt(r.get('sqnr_db'), '.1f'):>5} dB  ideal 8-bit {_fmt(r.get('ideal_sqnr_db'), '.1f')}"
+            f"  nncase {_fmt(r.get('nncase_sqnr_db'), '.1f')}"
             f"  top-1 {_fmt(r.get('top1_agreement'), '.3f')}")
 
 
 def markdown(rows):
-    out = ["| model | corpus | result | SQNR vs float (dB) | nncase kmodel SQNR (dB) | top-1 agreement | kmodel | "
-           "KPU / CPU layers | time (s) |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| model | corpus | result | SQNR vs float (dB) | ideal 8-bit (dB) | nncase kmodel SQNR (dB) | top-1 agreement | "
+           "kmodel | KPU / CPU layers | time (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["result"] == "refused":
-            out.append(f"| {r['model']} | {r['corpus']} | refused: {r['reason']} | | | | | | {r['seconds']} |")
+            out.append(f"| {r['model']} | {r['corpus']} | refused: {r['reason']} | | | | | | | {r['seconds']} |")
             continue
         t1 = _fmt(r.get("top1_agreement"), ".3f")
         if r.get("nncase_top1_agreement") is not None:
             t1 += f" (nncase {r['nncase_top1_agreement']:.3f})"
         out.append(f"| {r['model']} | {r['corpus']} | converted | {_fmt(r.get('sqnr_db'), '.1f')} | "
-                   f"{_fmt(r.get('nncase_sqnr_db'), '.1f')} | {t1} | {r['kmodel_bytes']:,} B | "
+                   f"{_fmt(r.get('ideal_sqnr_db'), '.1f')} | {_fmt(r.get('nncase_sqnr_db'), '.1f')} | {t1} | "
+                   f"{r['kmodel_bytes']:,} B | "
                    f"{r['kpu_layers']} / {r['cpu_layers']} | {r['seconds']} |")
     return "\n".join(out)
 

@@ -159,10 +159,11 @@ def test_cast_to_another_type_stays():
 
 
 # ----------------------------------------------------------------------------------- ShuffleNet-style
-def test_group_conv_and_channel_shuffle_fold_exactly():
+def test_channel_shuffle_folds_into_the_grouped_conv_before_it():
     """Group-4 1x1 conv -> Relu -> ShuffleNet channel shuffle (Reshape/Transpose/Reshape) -> depthwise
-    3x3 -> group-4 1x1: dense block-diagonal convs, the shuffle folded into the first conv's output
-    channels; same numbers as onnxruntime on the original graph."""
+    3x3 -> group-4 1x1: the shuffle becomes a reordering of the first conv's output channels (which
+    turns block-diagonal dense: the shuffle mixes its groups); the second grouped conv stays grouped
+    for the lowering. Same numbers as onnxruntime on the original graph."""
     rng = np.random.default_rng(3)
     c, g = 16, 4
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], group=g),
@@ -179,9 +180,10 @@ def test_group_conv_and_channel_shuffle_fold_exactly():
     m = make_model(nodes, [("x", [1, 8, 6, 6])], [("y", [1, c, 6, 6])], inits)
     gr, log = run_pipeline(from_onnx(m))
     assert gr.op_counts() == {"Conv": 3}
-    assert [n.attrs["group"] for n in gr.nodes] == [1, c, 1]
+    assert [n.attrs["group"] for n in gr.nodes] == [1, c, g]
     changes = {e["pass"]: e["changes"] for e in log}
-    assert len(changes["group_conv"]) == 2 and "output channels of" in changes["channel_shuffle"][0][1]
+    assert [m_ for _, m_ in changes["channel_shuffle"]][0].startswith("group 4 conv -> normal conv")
+    assert "output channels of" in changes["channel_shuffle"][1][1]
     _check(m, rand(1, 8, 6, 6), gr)
 
 
@@ -247,3 +249,31 @@ def test_two_class_channel_softmax_becomes_a_sigmoid_conv(form):
     got = run(g, x)[g.outputs[0]]
     ref = ort_run(m, x)[0]
     np.testing.assert_allclose(got.transpose(0, 2, 3, 1) if form == "tf" else got, ref, atol=1e-6)
+
+
+def test_cli_reads_negative_ranges_as_values():
+    """`tl2k210 convert m.tflite m.kmodel --dataset d --input-range -1,1` as the README writes it
+    (argparse alone takes "-1,1" for an unknown option)."""
+    from tl2k210.cli import build_parser
+    for verb in ("convert", "compare"):
+        a = build_parser(only=verb).parse_args([verb, "m.tflite", "m.kmodel", "--dataset", "d",
+                                                "--input-range", "-1,1", "--mean", "-0.5,-.25,0.5"])
+        assert a.input_range == "-1,1" and a.mean == "-0.5,-.25,0.5"
+
+
+def test_layers_wider_than_the_kpu_split_exactly():
+    """MobileNetV2's tail: a 1x1 conv to 1280 channels, global average pool, dense 1280 -> 1000.
+    The KPU takes 1024 channels: two convs of 640, pooled per slice, the dense layer as two 1x1
+    convs summed."""
+    rng = np.random.default_rng(6)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("MatMul", ["f", "fc"], ["y"])]
+    inits = {"w": rng.standard_normal((1280, 16, 1, 1)).astype(np.float32),
+             "fc": rng.standard_normal((1280, 1000)).astype(np.float32) * 0.05}
+    m = make_model(nodes, [("x", [1, 16, 5, 5])], [("y", [1, 1000])], inits)
+    g, log = run_pipeline(from_onnx(m))
+    widths = sorted(g.const(n.inputs[1]).shape[:2] for n in g.nodes if n.op == "Conv")
+    assert widths == [(640, 16), (640, 16), (1000, 640), (1000, 640)]
+    assert g.op_counts() == {"Conv": 4, "GlobalAveragePool": 2, "Add": 1, "Flatten": 1}
+    _check(m, rand(1, 16, 5, 5), g)

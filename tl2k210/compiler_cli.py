@@ -71,7 +71,9 @@ def add_convert_parser(sub):
     p.add_argument("model", help="model file or SavedModel directory")
     p.add_argument("output", help="kmodel to write (written atomically, only on success)")
     p.add_argument("--dataset", required=True, help="calibration data: folder of jpg/png/bmp, or .npy/.npz")
-    p.add_argument("--calibrate-method", choices=["minmax", "percentile", "kld"], default="minmax")
+    p.add_argument("--calibrate-method", choices=["minmax", "percentile", "kld", "mse"], default="minmax",
+                   help="activation ranges: minmax (default), percentile (99.99), kld (entropy), mse (least "
+                   "squared quantization error, like nncase's l2)")
     p.add_argument("--calib-limit", type=cliargs.int_range(1, example=100), default=100,
                    help="calibration samples to use (100)")
     p.add_argument("--weight-bits", type=int, choices=[8, 16], default=8)

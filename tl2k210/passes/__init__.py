@@ -29,9 +29,9 @@ from .fold_affine import affine_to_conv, fold_affine_into_conv
 from .prelu_split import prelu_pattern, prelu_split
 from .pad_into_conv import pad_into_conv
 from .fuse_activation import fuse_activation
-from .group_conv import group_conv
 from .channel_shuffle import channel_shuffle
 from .entry_conv import entry_conv
+from .wide_channels import wide_channels
 from .channel_softmax import channel_softmax
 from .kpu_padding import kpu_padding
 from .fuse_pool import fuse_pool
@@ -67,9 +67,9 @@ PIPELINE = [
     Pass("prelu_split", prelu_split),
     Pass("fuse_activation", fuse_activation),
     Pass("channel_softmax", channel_softmax),
-    Pass("group_conv", group_conv),
     Pass("channel_shuffle", channel_shuffle),
     Pass("entry_conv", entry_conv),
+    Pass("wide_channels", wide_channels),
     Pass("kpu_padding", kpu_padding, default=False, exact=False),
     Pass("fuse_pool", fuse_pool),
     Pass("cleanup_layout", upsample_to_resize),

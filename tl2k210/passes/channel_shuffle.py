@@ -1,9 +1,11 @@
 """A channel shuffle (ShuffleNet's Reshape(1,g,C/g,H,W) -> Transpose(0,2,1,3,4) -> Reshape(1,C,H,W),
 or any data-movement chain that only permutes the channels of a (1,C,H,W) map) folded into the
-conv that produces the map (its output channels reordered) or, failing that, into the normal
-convs that read it (their input channels reordered). Exact: no data moves at run time."""
+conv that produces the map (its output channels reordered; a grouped producer first becomes
+block-diagonal dense, since the shuffle mixes its groups) or, failing that, into the normal convs
+that read it (their input channels reordered). Exact: no data moves at run time."""
 import numpy as np
 
+from .group_conv import to_dense
 from .layout import chains
 
 
@@ -31,7 +33,10 @@ def channel_shuffle(g, log):
         prod, users = g.producer(src), g.consumers(out)
         names = [n.name for n in chain]
         if prod is not None and prod.op == "Conv" and g.single_consumer(src) is chain[0] and \
-                g.const(prod.inputs[1]) is not None and prod.attrs.get("group", 1) == 1:
+                g.const(prod.inputs[1]) is not None and (prod.attrs.get("group", 1) == 1 or
+                                                         g.const(prod.inputs[1]).shape[1] > 1):
+            if prod.attrs.get("group", 1) != 1:
+                to_dense(g, prod, log)
             w, b = g.const(prod.inputs[1]), g.const(prod.inputs[2])
             prod.inputs[1] = g.add_const(w[perm], prod.inputs[1] + "/shuffled")
             prod.inputs[2] = g.add_const(b[perm], prod.inputs[2] + "/shuffled")

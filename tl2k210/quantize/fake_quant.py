@@ -1,0 +1,37 @@
+"""The float graph with ideal 8-bit quantization simulated (fake quantization): per-channel
+symmetric weights rounded as the K210 back-end rounds them, and every tensor the back-end keeps as
+uint8 (conv, add, concat, max-pool and resize outputs) quantized with its calibrated range.
+
+It answers "how much of the error is the quantization itself, and how much the way we map it
+onto the KPU": on seeded (untrained) deep networks the first part is most of it -- compare the
+kmodel's SQNR against this graph's.
+"""
+import numpy as np
+
+from . import fixed_point as fx
+
+U8_OPS = ("Conv", "Add", "Concat", "MaxPool", "Resize")
+
+
+def fake_quant_graph(graph, ranges, weight_bits=8):
+    from tl2k210.graph import Node, stage_names
+    g = graph.copy()
+    for n in g.nodes:
+        if n.op == "Conv" and g.const(n.inputs[1]) is not None:
+            w = g.const(n.inputs[1])
+            wq, zw, sw = fx.quantize_weights(w, weight_bits)
+            deq = (wq.astype(np.float64) - zw) * sw.reshape(-1, *[1] * (w.ndim - 1))
+            n.inputs[1] = g.add_const(deq.astype(np.float32), n.inputs[1] + "/fq")
+    for n in [n for n in g.nodes if n.op in U8_OPS]:
+        out = stage_names(n)["out"] if n.op == "Conv" else n.outputs[0]
+        if out not in ranges or g.shape(out) is None:
+            continue
+        s, z = fx.qparams(*ranges[out])
+        raw = g.add_tensor(out + "/float", g.shape(out))
+        n.outputs = [raw if o == out else o for o in n.outputs]
+        sc, zp = g.add_const(np.array(s, np.float32), out + "/s"), g.add_const(np.array(z, np.uint8), out + "/z")
+        q = g.add_tensor(out + "/q", g.shape(out), np.uint8)
+        g.nodes += [Node("QuantizeLinear", [raw, sc, zp], [q], {}, out + "/quantize"),
+                    Node("DequantizeLinear", [q, sc, zp], [out], {}, out + "/dequantize")]
+    return g
+
