@@ -57,8 +57,10 @@ def test_percentile_and_kld_clip_outliers():
     assert np.mean(x <= pc[1]) >= 0.999 and pc[1] <= np.quantile(x, 0.9995) + 60 / 2048  # 99.9 % kept, not more
     assert pc[1] < 6.0
     assert 2.0 < kl[1] < 20.0  # clipped well below the outliers, above the bulk
+    ms = ranges(stats, "mse")["y"]
+    assert ms[0] == mm[0] and 6.0 < ms[1] < 60.0   # rounding vs clipping error traded: the outliers go
     with pytest.raises(ValueError, match="unknown calibration method"):
-        ranges(stats, "mse")
+        ranges(stats, "l2")
 
 
 def test_kld_threshold_keeps_a_uniform_range():

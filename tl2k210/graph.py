@@ -216,6 +216,14 @@ def upgrade_opset(model):
     if default_opset(model) >= MIN_OPSET:
         return model
     from onnx import version_converter
+    names = {i.name for i in model.graph.input}
+    if model.ir_version < 4 and any(t.name not in names for t in model.graph.initializer):
+        # IR < 4 wants every initializer listed as an input too; files (and tools) that skip that
+        # are IR-4 files in practice, and the converter reads them as such
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        copy.ir_version = 4
+        model = copy
     try:
         return version_converter.convert_version(model, OPSET)
     except Exception as e:  # the converter raises several kinds
