@@ -258,7 +258,7 @@ def test_cli_reads_negative_ranges_as_values():
     for verb in ("convert", "compare"):
         a = build_parser(only=verb).parse_args([verb, "m.tflite", "m.kmodel", "--dataset", "d",
                                                 "--input-range", "-1,1", "--mean", "-0.5,-.25,0.5"])
-        assert a.input_range == "-1,1" and a.mean == "-0.5,-.25,0.5"
+        assert tuple(a.input_range) == (-1.0, 1.0) and tuple(a.mean) == (-0.5, -0.25, 0.5)
 
 
 def test_layers_wider_than_the_kpu_split_exactly():
