@@ -182,18 +182,22 @@ def blazeface():
 
 def ulffd_slim():
     """Ultra-Light-Fast face detector, version-slim (Linzaer 2019) at 320x240, NHWC: conv_bn /
-    conv_dw blocks, four detection scales (40x30, 20x15, 10x8, 5x4) each with a 2-class softmax
-    score head and a box head."""
+    conv_dw blocks padded 1 on every side like the PyTorch original, four detection scales (40x30,
+    20x15, 10x8, 5x4) each with a score head (a 2-class softmax where it has one anchor) and a box
+    head."""
     _seed()
     keras = _keras()
     L = keras.layers
     b = 16
 
+    def pad(x, s):   # the PyTorch original pads 1 on every side (TF 'same' would pad 0/1 at stride 2)
+        return L.ZeroPadding2D(1)(x)
+
     def conv_bn(x, c, s):
-        return L.ReLU()(L.BatchNormalization()(L.Conv2D(c, 3, strides=s, padding="same", use_bias=False)(x)))
+        return L.ReLU()(L.BatchNormalization()(L.Conv2D(c, 3, strides=s, use_bias=False)(pad(x, s))))
 
     def conv_dw(x, c, s):
-        x = L.ReLU()(L.BatchNormalization()(L.DepthwiseConv2D(3, strides=s, padding="same", use_bias=False)(x)))
+        x = L.ReLU()(L.BatchNormalization()(L.DepthwiseConv2D(3, strides=s, use_bias=False)(pad(x, s))))
         return L.ReLU()(L.BatchNormalization()(L.Conv2D(c, 1, use_bias=False)(x)))
 
     def head(x, anchors, name):
@@ -213,7 +217,7 @@ def ulffd_slim():
     for c, s in ((b * 16, 2), (b * 16, 1)):
         x = conv_dw(x, c, s)
     outs += head(x, 2, "s10")
-    x = L.ReLU()(L.Conv2D(b * 16, 3, strides=2, padding="same")(L.ReLU()(L.Conv2D(b * 4, 1)(x))))
+    x = L.ReLU()(L.Conv2D(b * 16, 3, strides=2)(pad(L.ReLU()(L.Conv2D(b * 4, 1)(x)), 2)))
     outs += head(x, 3, "s5")
     return recalibrate_bn(keras.Model(i, outs, name="ulffd_slim"))
 
@@ -249,6 +253,24 @@ def zoo_seeded(name, seed=0):
     del m.graph.node[:]
     m.graph.node.extend(keep)
     return m
+
+
+def ideal_sqnr(graph, calib, photos, input_range=None, limit=100):
+    """Output SQNR on `photos` of the float IR graph with ideal 8-bit quantization simulated
+    (tl2k210.quantize.fake_quant, ranges calibrated on `calib` by minmax): what per-tensor uint8
+    activations and 8-bit per-channel weights cost this network before any KPU mapping."""
+    from tl2k210.compiler import ConvertOptions, model_inputs
+    from tl2k210.quantize import calibrate
+    from tl2k210.quantize.fake_quant import fake_quant_graph
+    from tl2k210.quantize.metrics import sqnr_db
+    opts = ConvertOptions(input_range=input_range)
+    cal, _ = model_inputs(graph, str(calib), limit, opts)
+    ev, _ = model_inputs(graph, str(photos), limit, opts)
+    rng = calibrate.ranges(calibrate.collect(graph, [c[None] for c in cal], histograms=False), "minmax")
+    fr = calibrate.FloatRunner(graph, False)
+    qr = calibrate.FloatRunner(fake_quant_graph(graph, rng), False)
+    ref, got = [fr(x[None]) for x in ev], [qr(x[None]) for x in ev]
+    return min(sqnr_db(np.stack([r[o] for r in ref]), np.stack([q[o] for q in got])) for o in graph.outputs)
 
 
 @dataclass

@@ -146,6 +146,15 @@ def check_weight_budget(onnx_model, opts, where):
            "(fewer channels, no big dense layers) or prune it") + ". Nothing was written.")
 
 
+def source_name(source):
+    """What to call a model in messages: its path, or the name of a model object."""
+    if isinstance(source, (str, os.PathLike)):
+        return str(source)
+    if hasattr(source, "graph") and hasattr(source.graph, "name"):       # onnx.ModelProto
+        return f"ONNX model {source.graph.name or '(unnamed)'}"
+    return str(getattr(source, "name", type(source).__name__))
+
+
 def _json_default(o):
     if isinstance(o, (np.integer,)):
         return int(o)
@@ -322,12 +331,13 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     if opts.dataset is None:
         raise Tl2k210Error("convert needs calibration data: --dataset DIR (images) or FILE.npy/.npz")
     t0 = time.perf_counter()
-    _say(opts, f"[1/6] loading {getattr(source, 'name', source)} ...")
+    where = source_name(source)
+    _say(opts, f"[1/6] loading {where} ...")
     load_kw = {"network": opts.network} if opts.network is not None else {}
     if opts.weights is not None:
         load_kw["weights"] = opts.weights
     onnx_model = frontends.load_model(source, **load_kw)
-    check_weight_budget(onnx_model, opts, getattr(source, "name", source))
+    check_weight_budget(onnx_model, opts, where)
     shapes = None
     if opts.input_shape:
         shapes = {onnx_model.graph.input[0].name: tuple(opts.input_shape)}
@@ -397,6 +407,12 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
             refs.setdefault(t, []).append(r)
             tests.setdefault(t, []).append(v)
         for o, out in zip(graph.outputs, outs):
+            if np.size(out) != np.size(ref[o]):   # a lowering bug: refuse rather than write it
+                from tl2k210.errors import UnsupportedOpError
+                raise UnsupportedOpError(
+                    f"internal error: the kmodel's output {o} has {np.size(out):,} values, the float "
+                    f"model's {np.size(ref[o]):,} {tuple(np.shape(ref[o]))}; nothing was written -- please "
+                    "report it with the model")
             refs.setdefault("__out__" + o, []).append(np.asarray(ref[o], np.float64).reshape(-1))
             tests.setdefault("__out__" + o, []).append(np.asarray(out, np.float64).reshape(-1))
     sq = {t: sqnr_db(np.concatenate(refs[t]), np.concatenate(tests[t])) for t in refs}
@@ -411,7 +427,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     total_cycles = est.cycles
     out_sqnr = min((v for k, v in sq.items() if k.startswith("__out__")), default=None)
     receipt = Receipt(
-        source=str(getattr(source, "name", source)), output=str(output), file_size=len(data_bytes),
+        source=where, output=str(output), file_size=len(data_bytes),
         peak_kpu_ram=64 * lw.kpu.peak, main_memory=main_mem,
         latency_ms=cost.ms(total_cycles), layers=layer_rows,
         totals={"kpu_layers": sum(L.conv is not None for L in items),
