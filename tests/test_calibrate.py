@@ -139,10 +139,12 @@ def test_output_agreement_and_float_outputs():
     from tl2k210.quantize.compare import float_outputs, output_agreement
     n = helper.make_node
     g = from_onnx(make_model([n("Flatten", ["x"], ["y"])], [("x", [1, 10, 1, 1])], [("y", None)]))
-    xs = [rand(1, 10, 1, 1) for _ in range(4)]
+    rng = np.random.default_rng(3)   # its own seed: the shared RNG's draw depends on test order
+    xs = [rng.standard_normal((1, 10, 1, 1)).astype(np.float32) for _ in range(4)]
     ref = float_outputs(g, xs)
     assert ref["y"].shape == (4, 10)
-    test = {"y": ref["y"] + 0.01 * rand(4, 10)}
+    gaps = np.diff(np.sort(ref["y"], axis=1), axis=1)
+    test = {"y": ref["y"] + 0.2 * gaps.min() * rng.uniform(-1, 1, (4, 10))}   # no rank can change
     rep = output_agreement(ref, test)["y"]
     assert rep["top1"] == 1.0 and rep["top5"] == 1.0 and rep["sqnr_db"] > 30 and rep["cosine"] > 0.999
 

@@ -289,15 +289,16 @@ def test_budget_check_before_writing(tmp_path, images):
     assert not (tmp_path / "fat.kmodel").exists()
 
 
-def test_image_input_feeding_two_convs_is_explained(tmp_path, images):
-    calib, _ = images(16, 16)
+def test_image_input_feeding_two_convs_gets_an_entry_conv(tmp_path, images):
+    """The runtimes put the image in KPU RAM for the first conv only: an input that feeds two
+    convs gets an identity 1x1 depthwise conv in front (passes.entry_conv) and converts."""
+    calib, heldout = images(16, 16)
     n = Net(3, 16, 16)
     y = n.op("Add", n.conv("x", 3, 4, name="left"), n.conv("x", 3, 4, k=1, name="right"))
-    with pytest.raises(UnsupportedOpError, match="feeds 2 convs.*branch after it"):
-        _convert(n, y, tmp_path, calib, name="fork", format="v3")
-    src, out, receipt = _convert(n, y, tmp_path, calib, name="fork")         # --format auto: v4
-    assert receipt.totals["format"] == "v4" and "feeds 2 convs" in receipt.totals["format_why"]
-    assert receipt.totals["output_sqnr_db"] > 30
+    src, out, receipt = _convert(n, y, tmp_path, calib, name="fork")
+    assert receipt.totals["format"] == "v3"     # --format auto: every layer has a v3 form
+    assert receipt.layers[0]["node"] == "entry_conv" and receipt.layers[0]["sqnr_db"] > 40
+    assert _sqnr(src, out, heldout)[0]["sqnr_db"] > 25
 
 
 def test_these_conversions_run_without_tensorflow(tmp_path):
