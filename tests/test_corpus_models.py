@@ -46,7 +46,7 @@ def folders(tmp_path_factory):
 
 def _convert(src, out, calib, extra, capsys):
     from tl2k210.cli import main
-    rc = main(["convert", str(src), str(out), "--dataset", str(calib), "-q", "--report", str(out) + ".json"] + extra)
+    rc = main(["convert", str(src), str(out), "--dataset", str(calib), "-q", "--report", str(out) + ".receipt.json"] + extra)
     return rc, capsys.readouterr().err
 
 
