@@ -19,11 +19,12 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from tl2k210 import paths  # noqa: E402
+
+REPO = paths.checkout()
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
-TESTDATA = Path(os.environ.get("TL2K210_TESTDATA", REPO.parent / "shared" / "testdata"))
+TESTDATA = paths.testdata_dir()
 
 
 def _mobilenet_v1():
