@@ -4,10 +4,11 @@ Only where the KPU limits allow it (K, N <= 1024); larger ones stay Gemm/MatMul 
 import numpy as np
 
 from tl2k210.graph import Node
+from tl2k210.k210 import hardware as hw
 
 from .fuse_activation import activation_of
 
-MAX_CHANNELS = 1024
+MAX_CHANNELS = hw.LIMITS["channels"][1]
 
 
 def _weights(g, n):
