@@ -77,3 +77,25 @@ def test_symbolic_spatial_dims_need_a_shape():
     with pytest.raises(ValueError, match="input_shapes"):
         from_onnx(m)
     assert from_onnx(m, input_shapes={"x": (1, 3, 8, 8)}).shape("y") == (1, 3, 8, 8)
+
+
+def test_shape_inference_leaves_big_weights_out():
+    """infer_shapes sends weights over SHAPE_ONLY_ELEMENTS as typed inputs without values (the
+    passes re-infer shapes after every pass; serialising a 240 MB AlexNet each time took ~5 s per
+    pass): the shapes are those of full inference, small constants (Reshape shapes) still fold."""
+    from tl2k210.graph import SHAPE_ONLY_ELEMENTS, infer_shapes
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["r"]),
+             n("Reshape", ["r", "sh"], ["rs"]), n("MatMul", ["rs", "wm"], ["y"])]
+    m = make_model(nodes, [("x", [1, 8, 16, 16])], [("y", None)],
+                   {"w": rand(64, 8, 3, 3), "b": rand(64), "sh": np.array([1, -1], np.int64),
+                    "wm": rand(64 * 16 * 16, 10)})
+    light = to_onnx(from_onnx(m), shapes_only=True)
+    assert {i.name for i in light.graph.initializer} == {"b", "sh"}
+    assert all(np.prod([d.dim_value for d in i.type.tensor_type.shape.dim]) > SHAPE_ONLY_ELEMENTS
+               for i in light.graph.input if i.name in ("w", "wm"))
+    g = from_onnx(m)
+    for t in ("c", "rs", "y"):
+        g.tensors[t].shape = None
+    infer_shapes(g)
+    assert (g.shape("c"), g.shape("rs"), g.shape("y")) == ((1, 64, 16, 16), (1, 16384), (1, 10))

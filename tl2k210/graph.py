@@ -376,11 +376,16 @@ def _onnx_attrs(node):
             for k, v in node.attrs.items()}
 
 
-def to_onnx(g, expose_all=False, name="tl2k210"):
+SHAPE_ONLY_ELEMENTS = 4096   # for shape inference, bigger float constants go without their values
+
+
+def to_onnx(g, expose_all=False, name="tl2k210", shapes_only=False):
     """Export a Graph (incl. fused Convs, expanded to standard ops) as an onnx.ModelProto.
 
     expose_all: every intermediate float tensor (and fused-stage tensor) becomes a graph output,
-    which is how calibration and per-layer references read them from onnxruntime."""
+    which is how calibration and per-layer references read them from onnxruntime.
+    shapes_only: float constants over SHAPE_ONLY_ELEMENTS become typed inputs without values
+    (weights: only their shapes matter to shape inference; serialising them per pass is slow)."""
     nodes, inits = [], []
     for n in toposort(g):
         if n.op == "Conv" and (n.attrs.get("activation") or n.attrs.get("pool")):
@@ -394,9 +399,14 @@ def to_onnx(g, expose_all=False, name="tl2k210"):
                 nodes.append(_pool_node(n.attrs["pool"], st["act"], st["out"], n.name + "/pool"))
         else:
             nodes.append(helper.make_node(n.op, n.inputs, n.outputs, name=n.name, **_onnx_attrs(n)))
+    light = []
     for k, t in g.tensors.items():
         if t.is_const:
-            inits.append(numpy_helper.from_array(np.asarray(t.value), k))
+            v = np.asarray(t.value)
+            if shapes_only and v.size > SHAPE_ONLY_ELEMENTS and v.dtype.kind == "f":
+                light.append(helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape)))
+            else:
+                inits.append(numpy_helper.from_array(v, k))
 
     def vi(nm, shape=True):
         t = g.tensors.get(nm)
@@ -410,7 +420,7 @@ def to_onnx(g, expose_all=False, name="tl2k210"):
                 t = g.tensors.get(o)
                 if o not in outs and (t is None or t.dtype == np.float32):
                     outs.append(o)
-    graph = helper.make_graph(nodes, name, [vi(i) for i in g.inputs],
+    graph = helper.make_graph(nodes, name, [vi(i) for i in g.inputs] + light,
                               [vi(o, shape=o in g.outputs) for o in outs], inits)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", g.meta.get("opset", OPSET))],
                           producer_name="tl2k210")
@@ -420,7 +430,7 @@ def to_onnx(g, expose_all=False, name="tl2k210"):
 
 def infer_shapes(g):
     """Fill Tensor.shape/dtype for every activation via onnx.shape_inference on to_onnx(g)."""
-    m = onnx.shape_inference.infer_shapes(to_onnx(g), strict_mode=False, data_prop=True)
+    m = onnx.shape_inference.infer_shapes(to_onnx(g, shapes_only=True), strict_mode=False, data_prop=True)
     for vi in list(m.graph.value_info) + list(m.graph.output):
         t = g.tensors.get(vi.name)
         if t is None or t.is_const:
