@@ -9,8 +9,9 @@ classifier 1280 inputs), split so every part fits -- exact in float:
 import numpy as np
 
 from tl2k210.graph import Node
+from tl2k210.k210 import hardware as hw
 
-MAX = 1024
+MAX = hw.LIMITS["channels"][1]
 
 
 def _chunks(n):
