@@ -157,18 +157,20 @@ def _count_other_zoo_builds(tmp_path_factory):
 def pytest_sessionfinish(session, exitstatus):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return                        # the controller (or a run without xdist) checks the log
-    factory = getattr(session.config, "_tmp_path_factory", None)
-    log = factory.getbasetemp() / BUILD_LOG if factory is not None else None
-    if log is None or not log.is_file():
+    # the run's base temp folder, if it made one (asking getbasetemp() would make one now)
+    base = getattr(getattr(session.config, "_tmp_path_factory", None), "_basetemp", None)
+    if base is None or not (base / BUILD_LOG).is_file():
         return
-    twice = built_twice(log.read_text())
+    twice = built_twice((base / BUILD_LOG).read_text())
     if twice:
         rep = session.config.pluginmanager.get_plugin("terminalreporter")
-        if rep:
-            rep.ensure_newline()
         for name, where in twice.items():
-            msg = f"zoo model {name} was built {len(where)} times: {'; '.join(where)} (use the zoo_build fixture)"
-            rep.write_line(f"ERROR: {msg}", red=True) if rep else print(msg, file=sys.stderr)
+            msg = f"ERROR: zoo model {name} was built {len(where)} times: {'; '.join(where)} (use the zoo_build fixture)"
+            if rep is not None:
+                rep.write("\n")
+                rep.write_line(msg, red=True)
+            else:
+                print(msg, file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
