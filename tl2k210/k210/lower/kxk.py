@@ -17,7 +17,7 @@ Forms (`forms`), all exact, the cheapest by the cost model chosen and named in t
     (7x7: 9 copies in both stages, {-2, 0, 2}^2 last);
   * "stride-2 phases" (stride 2, even maps): the last copy stage also picks every second pixel
     (KPU pick pool), so the 3x3 stage runs on the quarter-size map: input row 2j + v = 2(j + t)
-    + a with copies a (5x5: a in {0, 1}^2, 4 copies) - a quarter of the MACs of the others.
+    + a with copies a (5x5: a in {0, 1}^2, 4 copies): a quarter of the 3x3 stage's MACs.
 Channels are grouped per input channel, so every stage is a group conv (depthwise K x K stays
 grouped: |D| inputs per output); conv.py tiles each stage, choosing the tile size by the cost
 model, and keeps the intermediate maps in KPU RAM when they fit.
@@ -36,8 +36,6 @@ from . import kpu
 from .conv import (conv_cycles, describe, emit_layer, geometry, input_terms, is_dense, kpu_conv_refuses,
                    plan_for, quantize_conv)
 from .registry import KPU, NA, lowering
-
-STEPS = (-1, 0, 1)          # a 3x3 kernel's tap offsets per axis
 
 
 def _effective_kernel(a):
@@ -175,7 +173,7 @@ def forms(g, node):
             cand.append((name, ay, ax, False))
     if s == 2 and h % 2 == 0 and w % 2 == 0 and (oh, ow) == (h // 2, w // 2):
         ay, ax = _axis_phase(_needs(K, dil, R, dy0, True)), _axis_phase(_needs(K, dil, R, dx0, True))
-        if ay is not None and ax is not None and len(ay.sets) == len(ax.sets):
+        if ay is not None and ax is not None:
             cand.append(("stride-2 phases", ay, ax, True))
     out, seen = [], set()
     cmax = hw.LIMITS["channels"][1]
