@@ -188,7 +188,7 @@ def test_ctrl_c_in_repl_exec_interrupts_the_board_code(b):
     """Ctrl-C on the host sends Ctrl-C to the board: the loop stops with KeyboardInterrupt, the
     command exits 130 and the board is back at its raw prompt for the next command."""
     import signal
-    code = "print('started')\nn = 0\nwhile True:\n    n += 1\n"
+    code = "n = 0\nwhile True:\n    n += 1\n    if n == 1000:\n        print('started')\n"
     p = subprocess.Popen([sys.executable, "-m", "tl2k210.cli", "repl", "exec", code, "-p", b.port],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=client_env())
     try:
@@ -199,7 +199,7 @@ def test_ctrl_c_in_repl_exec_interrupts_the_board_code(b):
         p.kill()
     assert p.returncode == 130 and "KeyboardInterrupt" in err.decode(), err
     assert b.stats.interrupts == 1
-    rc, out, err = run([sys.executable, "-m", "tl2k210.cli", "repl", "exec", "print(n > 0)",
+    rc, out, err = run([sys.executable, "-m", "tl2k210.cli", "repl", "exec", "print(n >= 1000)",
                         "-p", b.port])
     assert rc == 0 and out == "True\n", (out, err)     # same board session: n survived
 
