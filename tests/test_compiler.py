@@ -62,7 +62,7 @@ def test_iris_tflite_matches_float_and_nncase(tmp_path):
         rep = compare(src, data_path("kmodels", f"iris_{v}.kmodel"), str(tmp_path / "iris.npy"))
         rows[f"nncase {v}"] = list(rep["outputs"].values())[0]["sqnr_db"]
     print("iris SQNR vs float (dB):", {k: round(v, 1) for k, v in rows.items()})
-    assert rows["tl2k210"] >= min(rows["nncase v3"], rows["nncase v4"]) - 1
+    assert rows["tl2k210"] >= rows["nncase v4"] - 0.05   # nncase v0.2 (v4): at least as good
     # the plain command: the first dense layer reads the float input, so it is FULLY_CONNECTED
     assert receipt.layers[0]["unit"] == "CPU" and receipt.layers[0]["kmodel_layers"] == ["FULLY_CONNECTED"]
     assert "reads the model's float input" in receipt.layers[0]["notes"][0]
