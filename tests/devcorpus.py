@@ -96,32 +96,39 @@ def _bn_act(x, act):
     return L.ReLU()(x)
 
 
-def tiny_yolo_v3():
+def tiny_yolo_v3(width=1.0):
     """Darknet tiny-YOLOv3 at 224x224 (K210-sized): 3x3 conv + BN + LeakyReLU, max pools (the last
     one stride 1 'same'), two heads at 7x7 and 14x14, the second fed by a nearest 2x upsample
-    concatenated with the 14x14 route (3 anchors x (5 + 20 classes) per cell)."""
-    _seed()
-    keras = _keras()
-    L = keras.layers
-    i = keras.Input((224, 224, 3))
-    x = i
-    route = None
-    for k, f in enumerate((16, 32, 64, 128, 256)):
-        x = _bn_act(L.Conv2D(f, 3, padding="same", use_bias=False)(x), "leaky")
-        if k == 4:
-            route = x                                   # 14x14x256
-        x = L.MaxPooling2D(2)(x)
-    x = _bn_act(L.Conv2D(512, 3, padding="same", use_bias=False)(x), "leaky")
-    x = L.MaxPooling2D(2, strides=1, padding="same")(x)
-    x = _bn_act(L.Conv2D(1024, 3, padding="same", use_bias=False)(x), "leaky")
-    x = _bn_act(L.Conv2D(256, 1, use_bias=False)(x), "leaky")
-    h1 = _bn_act(L.Conv2D(512, 3, padding="same", use_bias=False)(x), "leaky")
-    h1 = L.Conv2D(75, 1, name="yolo_7x7")(h1)
-    y = _bn_act(L.Conv2D(128, 1, use_bias=False)(x), "leaky")
-    y = L.Concatenate()([L.UpSampling2D(2)(y), route])
-    h2 = _bn_act(L.Conv2D(256, 3, padding="same", use_bias=False)(y), "leaky")
-    h2 = L.Conv2D(75, 1, name="yolo_14x14")(h2)
-    return recalibrate_bn(keras.Model(i, [h1, h2], name="tiny_yolo_v3"), 0, 1)
+    concatenated with the 14x14 route (3 anchors x (5 + 20 classes) per cell). `width` scales
+    every conv but the heads (1.0: Darknet's 8.7 M weights, more than any K210 firmware holds;
+    0.5: 2.2 M)."""
+    def f(n):
+        return max(8, int(n * width))
+
+    def build():
+        _seed()
+        keras = _keras()
+        L = keras.layers
+        i = keras.Input((224, 224, 3))
+        x = i
+        route = None
+        for k, c in enumerate((16, 32, 64, 128, 256)):
+            x = _bn_act(L.Conv2D(f(c), 3, padding="same", use_bias=False)(x), "leaky")
+            if k == 4:
+                route = x                                   # 14x14x256
+            x = L.MaxPooling2D(2)(x)
+        x = _bn_act(L.Conv2D(f(512), 3, padding="same", use_bias=False)(x), "leaky")
+        x = L.MaxPooling2D(2, strides=1, padding="same")(x)
+        x = _bn_act(L.Conv2D(f(1024), 3, padding="same", use_bias=False)(x), "leaky")
+        x = _bn_act(L.Conv2D(f(256), 1, use_bias=False)(x), "leaky")
+        h1 = _bn_act(L.Conv2D(f(512), 3, padding="same", use_bias=False)(x), "leaky")
+        h1 = L.Conv2D(75, 1, name="yolo_7x7")(h1)
+        y = _bn_act(L.Conv2D(f(128), 1, use_bias=False)(x), "leaky")
+        y = L.Concatenate()([L.UpSampling2D(2)(y), route])
+        h2 = _bn_act(L.Conv2D(f(256), 3, padding="same", use_bias=False)(y), "leaky")
+        h2 = L.Conv2D(75, 1, name="yolo_14x14")(h2)
+        return recalibrate_bn(keras.Model(i, [h1, h2], name="tiny_yolo_v3"), 0, 1)
+    return build
 
 
 def mobilefacenet():
@@ -293,14 +300,18 @@ def entries():
         "MobileNetV2 a0.5 160": Entry(mobilenet_v2(0.5, 160), (160, 160), "keras.applications, weights=None",
                                       {"input_range": (-1, 1), "runtime": "maixpy-minimum"}),
         "MobileNetV3Small": Entry(mobilenet_v3_small(False), (224, 224), "keras.applications, hard-swish, SE",
-                                  {"input_range": (0, 255)}),
+                                  {"input_range": (0, 255), "runtime": "sdk"}),
         "MobileNetV3Small minimalistic": Entry(mobilenet_v3_small(True), (224, 224),
-                                               "keras.applications, ReLU, no SE", {"input_range": (0, 255)}),
+                                               "keras.applications, ReLU, no SE",
+                                               {"input_range": (0, 255), "runtime": "maixpy-minimum"}),
         "EfficientNetB0": Entry(efficientnet_b0, (224, 224), "keras.applications (5.3 M weights)",
-                                {"input_range": (0, 255)}),
+                                {"input_range": (0, 255), "runtime": "sdk"}),
         "NASNetMobile": Entry(nasnet_mobile, (224, 224), "keras.applications (5.3 M weights)",
                               {"input_range": (-1, 1), "runtime": "maixpy-minimum"}),
-        "tiny-YOLOv3": Entry(tiny_yolo_v3, (224, 224), "two heads, upsample, concat", logits=False),
+        "tiny-YOLOv3": Entry(tiny_yolo_v3(), (224, 224), "two heads, upsample, concat (8.7 M weights)",
+                             {"runtime": "sdk"}, logits=False),
+        "tiny-YOLOv3 x0.5": Entry(tiny_yolo_v3(0.5), (224, 224), "half width (2.2 M weights)",
+                                  {"runtime": "maixpy-minimum"}, logits=False),
         "MobileFaceNet": Entry(mobilefacenet, (112, 112), "PReLU, GDConv 7x7", {"input_range": (-1, 1)},
                                logits=False),
         "BlazeFace": Entry(blazeface, (128, 128), "5x5 depthwise, BlazeBlocks", {"input_range": (-1, 1)},

@@ -210,20 +210,25 @@ def default_opset(model):
     return max([o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] or [OPSET])
 
 
+def ir4_if_initializers_unlisted(model):
+    """IR < 4 wants every initializer listed as an input too; files (and tools) that skip that
+    are IR-4 files in practice: read them as such (a copy; the model is not changed)."""
+    names = {i.name for i in model.graph.input}
+    if model.ir_version < 4 and any(t.name not in names for t in model.graph.initializer):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        copy.ir_version = 4
+        return copy
+    return model
+
+
 def upgrade_opset(model):
     """A model older than MIN_OPSET (e.g. the opset-9 files of the ONNX model zoo) rewritten to
     OPSET, so the passes see one set of op forms (Clip bounds, Squeeze axes, Resize as inputs)."""
     if default_opset(model) >= MIN_OPSET:
         return model
     from onnx import version_converter
-    names = {i.name for i in model.graph.input}
-    if model.ir_version < 4 and any(t.name not in names for t in model.graph.initializer):
-        # IR < 4 wants every initializer listed as an input too; files (and tools) that skip that
-        # are IR-4 files in practice, and the converter reads them as such
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        copy.ir_version = 4
-        model = copy
+    model = ir4_if_initializers_unlisted(model)
     try:
         return version_converter.convert_version(model, OPSET)
     except Exception as e:  # the converter raises several kinds

@@ -101,6 +101,9 @@ def load_graph(src, batch=1, **opts):
 def check_onnx(model, where):
     """Validate a converted/loaded ModelProto; raise ModelLoadError naming `where`."""
     import onnx
+
+    from tl2k210.graph import ir4_if_initializers_unlisted
+    model = ir4_if_initializers_unlisted(model)
     try:
         onnx.checker.check_model(model)
     except Exception as e:  # onnx raises several kinds
