@@ -170,7 +170,7 @@ def test_mobilenet_v1_tensorlayer_agrees_with_float(mobilenet):
     n = len(floats)
     print(f"MobileNetV1 0.25 on {n} images: top-1 agreement {top1 / n:.3f}, float top-1 in kmodel "
           f"top-5 {in5 / n:.3f}; output SQNR {receipt['totals']['output_sqnr_db']:.1f} dB")
-    assert n == 28 and top1 / n >= 0.9 and in5 / n >= 0.98
+    assert n == 28 and top1 / n >= 0.95 and in5 / n >= 0.98     # issue 10: >= 95 % on real weights
     assert sum(r["unit"] == "KPU" for r in receipt["layers"]) == 28      # 27 convs + the dense head
     notes = [nt for r in receipt["layers"] for nt in r["notes"]]
     assert sum("stride 2 with pads [0, 0, 1, 1]" in nt for nt in notes) == 5   # TF 'SAME' stride 2
