@@ -44,6 +44,7 @@ REAL = {
                                                  "DonkeyCar_on_M5StickV__Model_Original.kmodel"),
     "K210_mnist__mnist_lenet_K210_model.tflite": ([], "K210_mnist__test1.kmodel"),
     "K210_mnist__mnist_lenet_K210_model.h5": ([], "K210_mnist__test1.kmodel"),
+    "K210_mnist__mnist_lenet_K210_model.pb": ([], "K210_mnist__test1.kmodel"),
     "LFFD-LP-K210__LPbox_1_branch.tflite": ([], "LFFD-LP-K210__LPbox_1_branch.kmodel"),
     "SemanticSegmentation4M5StickV__Model_V0_1.tflite": ([], "SemanticSegmentation4M5StickV__Model_V0_1.kmodel"),
     "SemanticSegmentation4M5StickV__Model_V0_1.h5": ([], "SemanticSegmentation4M5StickV__Model_V0_1.kmodel"),

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
 CASES = {
     "DAE_for_M5StickV__Model.tflite": ([], 18),
     "K210_mnist__mnist_lenet_K210_model.tflite": ([], 25),          # LeNet: VALID convs + pools
+    "K210_mnist__mnist_lenet_K210_model.pb": ([], 25),              # the same, frozen TF1 graph
     "DonkeyCar_on_M5StickV__Model_Original.tflite": ([], None),     # 3.6 MB: maixpy-minimum, see below
     "LFFD-LP-K210__LPbox_1_branch.tflite": ([], None),              # 64x240x320 first map: 5.2 MB main memory
     "SemanticSegmentation4M5StickV__Model_V0_1.tflite": ([], 25),    # v4 (--format auto): its Pad; 28.3 dB

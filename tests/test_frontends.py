@@ -224,3 +224,29 @@ def test_keras_tiny_yolo_like_pools_fuse_and_output_is_nchw():
     np.testing.assert_allclose(run(g, nchw(x))[g.outputs[0]], nchw(m(x).numpy()), atol=TOL)
     pools = [(n.attrs["pool"]["stride"], n.attrs["pool"]["pads"]) for n in g.nodes if "pool" in n.attrs]
     assert pools == [(2, [0, 0, 0, 0]), (2, [0, 0, 0, 0]), (1, [0, 0, 1, 1])]
+
+
+def test_frozen_tf1_graph_pb(tmp_path):
+    """A frozen GraphDef (.pb: weights as constants, Placeholder input; what freeze_graph and
+    Maix_Toolbox wrote): inputs and outputs found by themselves, same numbers as TensorFlow."""
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+    tfm = tf()
+    rng = np.random.default_rng(4)
+    w = tfm.Variable(rng.standard_normal((3, 3, 3, 4)).astype(np.float32))
+    b = tfm.Variable(rng.standard_normal(4).astype(np.float32))
+
+    @tfm.function(input_signature=[tfm.TensorSpec((1, 8, 8, 3), tfm.float32, name="image")])
+    def f(x):
+        return tfm.nn.relu(tfm.nn.conv2d(x, w, 1, "SAME") + b)
+    frozen = convert_variables_to_constants_v2(f.get_concrete_function())
+    gd = frozen.graph.as_graph_def()
+    for n in gd.node:     # a TF1 freeze has Placeholder inputs and no function-call wrappers
+        assert n.op != "VarHandleOp"
+    (tmp_path / "m.pb").write_bytes(gd.SerializeToString())
+    g = load_graph(tmp_path / "m.pb")
+    x = rng.standard_normal((1, 8, 8, 3)).astype(np.float32)
+    got = run(g, {g.inputs[0]: x})[g.outputs[0]]
+    np.testing.assert_allclose(got, frozen(tfm.constant(x))[0].numpy(), rtol=1e-4, atol=1e-4)
+    (tmp_path / "junk.pb").write_bytes(b"\x00not a graph" * 10)
+    with pytest.raises(ModelLoadError, match="junk.pb"):
+        load_model(tmp_path / "junk.pb")

@@ -65,7 +65,8 @@ def _pre_opts(args, meta=None):
 def add_convert_parser(sub):
     p = sub.add_parser("convert", help="convert a model to a quantized kmodel v3/v4 (with a receipt)",
                        description="Convert a TensorLayer weight file (with --network), Keras "
-                       "(.keras/.h5), SavedModel directory, .tflite or .onnx model to a quantized "
+                       "(.keras/.h5, or .json with --weights), SavedModel directory, frozen TF1 .pb, .tflite or .onnx "
+                       "model to a quantized "
                        "kmodel: v3 (every MaixPy build loads it) when every layer has a v3 form, else v4. Prints a per-layer receipt: where each "
                        "layer runs and why, MACs, KPU RAM, cycles and SQNR vs float.")
     p.add_argument("model", help="model file or SavedModel directory")

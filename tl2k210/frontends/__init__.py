@@ -86,10 +86,14 @@ def _load_path(path, **opts):
         quiet.tensorflow()
         from .tflite import from_tflite
         return from_tflite(path, **opts)
+    if suffix == ".pb":
+        quiet.tensorflow()
+        from .frozen_pb import from_frozen_pb
+        return from_frozen_pb(path, **opts)
     if suffix == ".onnx":
         from .onnx_file import from_onnx_file
         return from_onnx_file(path)
-    raise ModelLoadError(f"{path}: unknown model kind {suffix!r}; expected .keras/.h5/.json/.tflite/.onnx, "
+    raise ModelLoadError(f"{path}: unknown model kind {suffix!r}; expected .keras/.h5/.json/.tflite/.onnx/.pb (frozen graph), "
                          "a SavedModel directory or a TensorLayer weight file with network=")
 
 
