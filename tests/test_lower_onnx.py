@@ -325,3 +325,17 @@ print(receipt.layers[-1]["unit"], sorted(m for m, v in sys.modules.items() if v 
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "CPU []", p.stdout
+
+
+def test_dense_on_a_float_vector_with_an_activation_float_cannot_take(tmp_path, images):
+    """A squeeze-and-excite gate (MobileNetV3's): global pool -> dense -> ReLU -> dense ->
+    HardSigmoid. The float dense layer has no HardSigmoid, so the KPU takes the second dense even
+    where float would be cheaper (MobileNetV3Small and EfficientNetB0 were refused on it)."""
+    calib, heldout = images(16, 16)
+    n = Net(3, 16, 16)
+    v = n.op("Flatten", n.op("GlobalAveragePool", n.op("Relu", n.conv("x", 3, 8))), axis=1)
+    y = n.op("HardSigmoid", n.dense(n.op("Relu", n.dense(v, 8, 4)), 4, 8), alpha=1 / 6, beta=0.5)
+    src, out, receipt = _convert(n, y, tmp_path, calib, name="se")
+    gate = [r for r in receipt.layers if r["unit"] == "KPU" and "ADD_PADDING" in " ".join(r["kmodel_layers"])]
+    assert gate, [(r["node"], r["unit"], r["kmodel_layers"]) for r in receipt.layers]
+    assert _sqnr(src, out, heldout)[0]["sqnr_db"] > 25

@@ -57,7 +57,7 @@ def kpu_fc_refuses(g, node, opts):
     if src == "input":
         return ("it reads the model's float input: a KPU dense layer would start the kmodel with "
                 "QUANTIZE, and MaixPy and the SDK need K210_CONV or FULLY_CONNECTED first")
-    if src == CPU_F32:
+    if src == CPU_F32 and float_fc_refuses(g, node, opts) is None:   # only when float can take it
         k, f = dense_cycles(ci, co, opts.weight_bits)
         if f <= k:
             return (f"its input is float and the float layer is cheaper ({f:,} vs {k:,} cycles "
