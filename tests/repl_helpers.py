@@ -2,8 +2,10 @@
 import os
 import time
 
+import pytest
 import serial
 
+from tl2k210.maixpy.repl import Repl
 from tl2k210.maixpy.repl_board import ReplBoard
 
 RAW = b"raw REPL; CTRL-B to exit\r\n"
@@ -21,6 +23,23 @@ def board(tmp_path, sd=True, **kw):
     b.fs, b.sd = fs, sdir
     return b
 
+
+
+@pytest.fixture
+def b(tmp_path):
+    """A started emulated REPL board (closed after the test); import it as a fixture."""
+    bd = board(tmp_path)
+    assert bd.wait_idle()
+    yield bd
+    bd.close()
+
+
+@pytest.fixture
+def r(b):
+    """Our raw-REPL client on `b`, in raw mode."""
+    with Repl.open(b.port) as rr:
+        rr.enter_raw()
+        yield rr
 
 class Wire:
     """A plain serial client: write bytes, read until a marker (for protocol-level tests)."""

@@ -8,26 +8,11 @@ import random
 
 import pytest
 
-from repl_helpers import board
+from repl_helpers import b, board, r  # noqa: F401 (b, r: fixtures)
 from tl2k210.maixpy.repl import (BoardBusyError, BoardExecError, NoAnswerError, NoSdCardError,
                                  OutOfSpaceError, Repl)
 
 DATA = random.Random(14).randbytes(50_000) + bytes(range(256)) * 4   # every byte value
-
-
-@pytest.fixture
-def b(tmp_path):
-    bd = board(tmp_path)
-    assert bd.wait_idle()
-    yield bd
-    bd.close()
-
-
-@pytest.fixture
-def r(b):
-    with Repl.open(b.port) as rr:
-        rr.enter_raw()
-        yield rr
 
 
 def test_exec_streams_output_and_reports_tracebacks(r):

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from repl_helpers import board, client_env
+from repl_helpers import b, board, client_env  # noqa: F401 (b: a fixture)
 
 BLOB = random.Random(7).randbytes(20_000) + bytes(range(256)) * 8      # every byte value
 SCRIPT = b"import uos\nprint('cwd', uos.getcwd())\nfor i in range(3):\n    print('sq', i * i)\n"
@@ -33,14 +33,6 @@ needs_ampy = pytest.mark.skipif(not _have("ampy"), reason="pip install adafruit-
 def run(args, timeout=120, **kw):
     p = subprocess.run(args, capture_output=True, timeout=timeout, env=client_env(), **kw)
     return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
-
-
-@pytest.fixture
-def b(tmp_path):
-    bd = board(tmp_path)
-    assert bd.wait_idle()
-    yield bd
-    bd.close()
 
 
 @pytest.fixture

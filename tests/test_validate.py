@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from conftest import data_path
-from repl_helpers import board, calib_photos, client_env, tiny_onnx
+from repl_helpers import b, board, calib_photos, client_env, r, tiny_onnx  # noqa: F401 (b, r: fixtures)
 from tl2k210.errors import Tl2k210Error
 from tl2k210.maixpy import validate as V
 from tl2k210.maixpy.repl import Repl
@@ -33,21 +33,6 @@ def tiny(tmp_path_factory):
         out[tag] = (d / f"{tag}.onnx", d / f"{tag}.kmodel")
     out["photos"] = [d / "calib" / "0.png", d / "calib" / "2.png"]
     return out
-
-
-@pytest.fixture
-def b(tmp_path):
-    bd = board(tmp_path)
-    assert bd.wait_idle()
-    yield bd
-    bd.close()
-
-
-@pytest.fixture
-def r(b):
-    with Repl.open(b.port) as rr:
-        rr.enter_raw()
-        yield rr
 
 
 def _row(rep, name):
