@@ -83,14 +83,15 @@ def test_ulffd_slim_320x240_nhwc(tmp_path, calib):
 
 def test_mobilenet_v2_near_ideal_quantization(tmp_path, calib):
     """keras.applications MobileNetV2 a0.35 160 (weights=None, BN statistics from photos): all on
-    the KPU but the residual adds and the pool; the kmodel is within 5 dB of ideal 8-bit
-    quantization of the same float model, which is what such a deep seeded network allows."""
+    the KPU but the residual adds and the pool; the kmodel is within 1 dB of ideal 8-bit
+    quantization of the same float model (it was 4 dB below while QUANTIZED_ADD's rounding was
+    biased: test_lower.py::test_quantized_add_rounds_to_nearest)."""
     m = devcorpus.mobilenet_v2(0.35, 160)()
     receipt, rep, g = _convert_and_compare(m, tmp_path, calib, input_range=(-1, 1), runtime="maixpy-minimum")
     ours = min(o["sqnr_db"] for o in rep["outputs"].values())
     ideal = devcorpus.ideal_sqnr(g, calib, data_path("imagenet"), (-1, 1), limit=12)
     print(f"MobileNetV2 a0.35 160: kmodel {ours:.1f} dB, ideal 8-bit {ideal:.1f} dB")
-    assert ours >= ideal - 5 and receipt.totals["kpu_layers"] >= 55
+    assert ours >= ideal - 1 and receipt.totals["kpu_layers"] >= 55
 
 
 @pytest.mark.parametrize("name,floor", [("BlazeFace", 20), ("tiny-YOLOv3 x0.5", 18), ("MobileFaceNet", None)])
