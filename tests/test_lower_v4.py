@@ -106,6 +106,14 @@ def test_quantized_conv2d(name):
     m = build([conv_node("y", "r", "w1", "b1", **attrs)], {"w1": W(*wshape), "b1": W(wshape[0])})
     model, q, rows = check_v4(m, opcodes=("kpu_conv2d", "quantized_conv2d"))
     assert [r.lowering for r in rows if r.node == "y"][0] == "quantized_conv2d"
+    # inspect shows the CPU conv's output shape and MACs (onnx's shape inference: the reference)
+    import onnx
+    from tl2k210.k210.inspect import describe
+    y = next(v for v in onnx.shape_inference.infer_shapes(m).graph.output if v.name == "y")
+    y_shape = [d.dim_value for d in y.type.tensor_type.shape.dim]
+    row = next(r for r in describe(model)["layers"] if r["op"] == "quantized_conv2d")
+    assert row["out"] == y_shape
+    assert row["macs"] == int(np.prod(y_shape)) * int(np.prod(wshape[1:]))
 
 
 def test_quantized_conv2d_first_layer_reads_the_pixels_and_leaky_relu_is_a_table():

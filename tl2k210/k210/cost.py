@@ -168,13 +168,19 @@ def _v4_unary(f, d):
     return per * _elems(f["output"]), f"elements x {op}"
 
 
-def _conv_macs(f, oc):
+def conv_out_shape(f, oc):
+    """(n, oc, oh, ow) of an NCHW conv2d/quantized_conv2d node's fields."""
     n, ic, h, w = f["in_shape"]
     oh = (h + f["padding_h"][0] + f["padding_h"][1]
           - f["dilation_h"] * (f["filter_h"] - 1) - 1) // max(1, f["stride_h"]) + 1
     ow = (w + f["padding_w"][0] + f["padding_w"][1]
           - f["dilation_w"] * (f["filter_w"] - 1) - 1) // max(1, f["stride_w"]) + 1
-    return max(0, n * oh * ow * oc * (ic // max(1, f["groups"])) * f["filter_h"] * f["filter_w"])
+    return n, oc, oh, ow
+
+
+def _conv_macs(f, oc):
+    ic = f["in_shape"][1]
+    return max(0, _prod(conv_out_shape(f, oc)) * (ic // max(1, f["groups"])) * f["filter_h"] * f["filter_w"])
 
 
 @_v4("conv2d")
@@ -214,11 +220,14 @@ def _v4_cpu_qdwconv(f, d):
     return CPU_CYCLES["qmac"] * _nhwc_conv_macs(f, f["in_shape"][3], 1), "uint8 MACs on the CPU"
 
 
+def _convt_macs(f):
+    n, ic, h, w = f["in_shape"]
+    return n * h * w * f["out_shape"][1] * (ic // max(1, f["groups"])) * f["filter_h"] * f["filter_w"]
+
+
 @_v4("conv2d_transpose")
 def _v4_convt(f, d):
-    n, ic, h, w = f["in_shape"]
-    macs = n * h * w * f["out_shape"][1] * (ic // max(1, f["groups"])) * f["filter_h"] * f["filter_w"]
-    return CPU_CYCLES["fmac"] * macs, "float MACs on the CPU"
+    return CPU_CYCLES["fmac"] * _convt_macs(f), "float MACs on the CPU"
 
 
 @_v4("matmul")
@@ -268,6 +277,27 @@ def _v4_lut(f, d):
 @_v4("nnil_unary_method")
 def _v4_nnil(f, d):
     return CPU_CYCLES["transc"] * _elems(f["output"]), "elements x interpreted method"
+
+
+_MACS = {
+    "conv2d": lambda f: _conv_macs(f, f["out_channels"]),
+    "quantized_conv2d": lambda f: _conv_macs(f, f["out_channels"]),
+    "cpu_conv2d": lambda f: _nhwc_conv_macs(f, f["out_channels"], f["in_shape"][3]),
+    "cpu_quantized_conv2d": lambda f: _nhwc_conv_macs(f, f["out_channels"], f["in_shape"][3]),
+    "cpu_depthwise_conv2d": lambda f: _nhwc_conv_macs(f, f["in_shape"][3], 1),
+    "cpu_quantized_depthwise_conv2d": lambda f: _nhwc_conv_macs(f, f["in_shape"][3], 1),
+    "conv2d_transpose": _convt_macs,
+    "matmul": lambda f: f["a_rows"] * f["a_cols"] * f["b_cols"],
+    "quantized_matmul": lambda f: f["a_rows"] * f["a_cols"] * f["b_cols"],
+}
+
+
+def node_macs(node) -> int:
+    """Multiply-accumulates of one v4 node (its KPU conv, or a CPU conv/matmul; 0 for the rest)."""
+    if node.conv is not None:
+        return node.conv.macs
+    fn = _MACS.get(node.name)
+    return int(fn(node.fields)) if fn is not None and node.fields else 0
 
 
 def node_row(node):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tl2k210.k210 import cost
 from tl2k210.k210 import hardware as hw
 from tl2k210.tables import text_table
 from tl2k210.k210.kmodel import v3 as f3
@@ -101,11 +102,17 @@ def describe(model, path: str = "", file_size: int | None = None) -> dict:
             f = n.fields
             ranges = [[k, v[2], v[3], _mem_name(v[0])]
                       for k, v in f.items() if k in ("input", "input_a", "input_b", "output", "table")]
-            macs = f["a_rows"] * f["a_cols"] * f["b_cols"] if "a_cols" in f else 0
+            macs = cost.node_macs(n)
+            if "out_shape" in f:
+                out = list(f["out_shape"])
+            elif n.name in ("conv2d", "quantized_conv2d") and f:
+                out = list(cost.conv_out_shape(f, f["out_channels"]))
+            else:
+                out = None
             wbytes = sum(int(np.asarray(v).nbytes) for v in n.data.values() if isinstance(v, np.ndarray))
             rows.append({"layer": where, "type": n.name, "unit": "KPU" if n.name == "kpu_upload" else "CPU",
                          "op": n.name, "in": list(f["in_shape"]) if "in_shape" in f else None,
-                         "out": None, "macs": macs, "weight_bytes": wbytes, "kpu_lines": 0,
+                         "out": out, "macs": macs, "weight_bytes": wbytes, "kpu_lines": 0,
                          "kpu_ranges": [], "main": ranges,
                          "known_layout": f4.OPCODES[n.opcode].struct is not None})
         info = {"version": 4, "flags": model.flags, "target": ("cpu", "k210")[model.target] if model.target in (0, 1) else model.target,
