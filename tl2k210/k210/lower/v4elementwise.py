@@ -49,6 +49,15 @@ def _attr(node, k, d):
     return float(node.attrs.get(k, d))
 
 
+def _scalar_operand(g, node):
+    """(index, value) of a two-input op's first constant input when it is a scalar, else None."""
+    k = next((i for i in (0, 1) if g.const(node.inputs[i]) is not None), None)
+    if k is None or len(node.inputs) != 2:
+        return None
+    v = np.asarray(g.const(node.inputs[k]), np.float64)
+    return (k, float(v.reshape(-1)[0])) if v.size == 1 else None
+
+
 def unary_function(g, node):
     """The float function of one variable a node computes, or None."""
     op = node.op
@@ -58,13 +67,10 @@ def unary_function(g, node):
         p = c.get(1)
         return None if p is None or p.size != 1 else (lambda x, p=float(p.reshape(-1)[0]): np.power(x, p))
     if op in BINARY:
-        k = next((i for i in (0, 1) if g.const(node.inputs[i]) is not None), None)
-        if k is None or len(node.inputs) != 2:
+        kv = _scalar_operand(g, node)
+        if kv is None:
             return None
-        v = np.asarray(g.const(node.inputs[k]), np.float64)
-        if v.size != 1:
-            return None
-        v = float(v.reshape(-1)[0])
+        k, v = kv
         f = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
              "Min": np.minimum, "Max": np.maximum}[op]
         return (lambda x: f(x, v)) if k == 1 else (lambda x: f(v, x))
@@ -166,13 +172,10 @@ def nnil_ops(g, node, head: bool):
             return []
         return ["log", p, "mul", "exp"]
     if op in BINARY:
-        k = next((i for i in (0, 1) if g.const(node.inputs[i]) is not None), None)
-        if k is None or len(node.inputs) != 2:
+        kv = _scalar_operand(g, node)
+        if kv is None:
             return None
-        v = np.asarray(g.const(node.inputs[k]), np.float64)
-        if v.size != 1:
-            return None
-        v = float(v.reshape(-1)[0])
+        k, v = kv
         name = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Min": "min", "Max": "max"}[op]
         if k == 1 or op in ("Add", "Mul", "Min", "Max"):
             return [v, name]

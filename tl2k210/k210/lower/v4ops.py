@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tl2k210.graph import axes_of
+
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, pad_scalar, slice_op
 
@@ -51,16 +53,6 @@ def _count(lw, t):
 
 def _mark(lw, t, dt):
     lw.traced(t, "u8" if dt == U8 else "f32")
-
-
-def axes_of(g, n):
-    """A Reduce*/Squeeze node's axes (attribute or constant input), or None (all axes)."""
-    if "axes" in n.attrs:
-        return [int(a) for a in n.attrs["axes"]]
-    if len(n.inputs) > 1 and n.inputs[1]:
-        v = g.const(n.inputs[1])
-        return None if v is None else [int(a) for a in np.asarray(v).reshape(-1)]
-    return None
 
 
 def _rank_ok(g, node):
