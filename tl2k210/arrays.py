@@ -69,12 +69,14 @@ def check_finite(a: np.ndarray, where):
                                  "be finite numbers: fix or drop those samples")
 
 
-def _read(fh, available, where, max_bytes, expect_size=None, expect_text=""):
+def _read(fh, available, where, max_bytes, expect_size=None, expect_text="", accept=None):
     shape, fortran, dtype = _header(fh, where)
     check_numbers(dtype, where)
     count = math.prod(shape)
     if expect_size is not None and count != expect_size:
         raise InputFileError(f"{where} declares shape {shape} ({count} values); {expect_text}")
+    if accept is not None:
+        accept(shape)
     nbytes = count * dtype.itemsize
     if nbytes > max_bytes:
         raise InputFileError(f"{where} declares a {shape} {dtype} array ({_size(nbytes)}), more "
@@ -93,15 +95,16 @@ def _read(fh, available, where, max_bytes, expect_size=None, expect_text=""):
     return a
 
 
-def load_npy(path, max_bytes=MAX_ARRAY_BYTES, expect_size=None, expect_text=""):
+def load_npy(path, max_bytes=MAX_ARRAY_BYTES, expect_size=None, expect_text="", accept=None):
     """One .npy file -> numeric, finite array, memory bounded by the file size and `max_bytes`.
-    With `expect_size`, a declared value count other than that is refused before reading."""
+    With `expect_size`, a declared value count other than that is refused before reading;
+    `accept(shape)` sees the declared shape before reading too (it raises to refuse it)."""
     p = os.fspath(path)
     try:
         with open(p, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             reg = os.path.isfile(p)
-            a = _read(fh, None if not reg else size, p, max_bytes, expect_size, expect_text)
+            a = _read(fh, None if not reg else size, p, max_bytes, expect_size, expect_text, accept)
             if reg and fh.tell() != size:
                 raise InputFileError(f"{p}: {size - fh.tell()} bytes after the array; the file is "
                                      "corrupt (or not one .npy array): save it again (numpy.save)")

@@ -170,6 +170,13 @@ def load_for(kmodel_path, data: bytes | None = None) -> ModelMetadata | None:
 def from_kfpkg(path, images=None) -> ModelMetadata | None:
     """The metadata a .kfpkg carries (member NAME.kmodel.json) for one of its flashed images
     (`images`: FlashImage list, read from the package when None), if any."""
+    found = kfpkg_metadata(path, images)
+    return next(iter(found.values()), None)
+
+
+def kfpkg_metadata(path, images=None) -> dict:
+    """{sha256 of an image's data: ModelMetadata} for every NAME.kmodel.json the package
+    carries that describes one of its images (the others are warned about and ignored)."""
     import zipfile
 
     from tl2k210.flash.kfpkg import read_kfpkg
@@ -178,20 +185,25 @@ def from_kfpkg(path, images=None) -> ModelMetadata | None:
             texts = {i.filename: zf.read(i).decode("utf-8", "replace") for i in zf.infolist()
                      if i.filename.endswith(".kmodel" + SUFFIX) and i.file_size < 1 << 24}
     except (OSError, zipfile.BadZipFile):
-        return None
+        return {}
     if not texts:
-        return None
+        return {}
     by_sha = {sha256(img.data): img.data for img in (images if images is not None else read_kfpkg(path))}
+    found, strays = {}, []
     for name, text in texts.items():
         try:
             want = json.loads(text).get("kmodel", {}).get("sha256")
         except (ValueError, AttributeError):
             want = None
-        if want in by_sha:
-            return parse(text, by_sha[want], f"{path}:{name}")
-    _warn(f"{path}: {', '.join(texts)} describe{'s' if len(texts) == 1 else ''} no image of the "
-          "package (sha256 differs); ignoring it")
-    return None
+        meta = parse(text, by_sha[want], f"{path}:{name}") if want in by_sha else None
+        if meta is not None:
+            found.setdefault(want, meta)
+        elif want not in by_sha:
+            strays.append(name)
+    if strays and not found:
+        _warn(f"{path}: {', '.join(strays)} describe{'s' if len(strays) == 1 else ''} no image of "
+              "the package (sha256 differs); ignoring it")
+    return found
 
 
 def build(data: bytes, name: str, *, input: dict, outputs: list, task=None, anchors=None,

@@ -24,6 +24,7 @@ from tl2k210.flash.errors import (BoardTimeoutError, FlashError, GreetingError, 
                                   TransferError)
 from tl2k210.flash.isp import Op, Reason
 from tl2k210.flash.stub import load_stub
+from tl2k210.progress import Progress  # noqa: F401  (re-exported)
 
 DEFAULT_BAUD = 1_500_000
 MIN_CHUNK = isp.FLASH_SECTOR
@@ -61,38 +62,6 @@ class FlashReport:
         if not self.data_seconds or not self.baud:
             return 0.0
         return self.data_bytes / (self.baud / 10.0 * self.data_seconds)
-
-
-class Progress:
-    """A one-line progress bar with bytes/s on a stream (stderr by default)."""
-
-    def __init__(self, enabled, stream=None, width=30):
-        self.enabled = enabled
-        self.stream = stream or sys.stderr
-        self.width = width
-        self.label, self.total, self.t0, self._last, self.base = "", 0, 0.0, 0.0, 0
-
-    def start(self, label, total, done=0):
-        """A new bar; `done`: bytes already there (a resumed upload), not counted in bytes/s."""
-        self.label, self.total, self.t0, self._last = label, total, time.monotonic(), 0.0
-        self.base = done
-        self.update(done)
-
-    def update(self, done, force=False):
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not force and now - self._last < 0.1 and done < self.total:
-            return
-        self._last = now
-        frac = done / self.total if self.total else 1.0
-        rate = (done - self.base) / (now - self.t0) if now > self.t0 else 0.0
-        bar = "=" * int(frac * self.width)
-        self.stream.write(f"\r{self.label:<18} [{bar:<{self.width}}] {frac * 100:5.1f}% "
-                          f"{done}/{self.total} B {rate / 1024:7.1f} KiB/s")
-        if done >= self.total:
-            self.stream.write("\n")
-        self.stream.flush()
 
 
 def wire_seconds(nbytes, baud):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -13,12 +14,15 @@ MAX_LABELS_BYTES = 1 << 20
 
 
 def add_inspect_parser(sub):
-    p = sub.add_parser("inspect", help="describe a kmodel: layers, KPU/CPU, MACs, memory",
-                       description="Describe a kmodel (v3 or v4): version, flags, each layer "
-                       "(type, shapes, KPU or CPU, MACs, weight bytes, KPU RAM lines, "
-                       "main-memory ranges), peak KPU RAM, main memory and outputs; and the "
-                       "model's metadata (MODEL.kmodel.json beside it) when there is one.")
-    p.add_argument("file", help="kmodel file")
+    p = sub.add_parser("inspect", help="describe a kmodel (layers, KPU/CPU, MACs, memory) or "
+                       "a .kfpkg package", description="Describe a kmodel (v3 or v4): version, "
+                       "flags, each layer (type, shapes, KPU or CPU, MACs, weight bytes, KPU RAM "
+                       "lines, main-memory ranges), peak KPU RAM, main memory and outputs; and "
+                       "the model's metadata (MODEL.kmodel.json beside it) when there is one. "
+                       "For a .kfpkg: each image's file, flash address, size, sha256 and kind "
+                       "(firmware, kmodel, unknown), the address warnings of `package`, and "
+                       "every kmodel inside described as above.")
+    p.add_argument("file", help="kmodel or .kfpkg file")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_inspect)
 
@@ -27,8 +31,11 @@ def cmd_inspect(args):
     from dataclasses import asdict
 
     from tl2k210 import metadata
+    from tl2k210.flash.pkginfo import is_package
     from tl2k210.k210 import kmodel
     from tl2k210.k210.inspect import describe, render
+    if is_package(args.file):
+        return _inspect_package(args)
     model = kmodel.load(args.file)
     info = describe(model, args.file, os.path.getsize(args.file))
     meta = metadata.load_for(args.file)
@@ -43,15 +50,32 @@ def cmd_inspect(args):
     return 0
 
 
+def _inspect_package(args):
+    """The listing of a .kfpkg; a kmodel inside that does not parse fails the command (exit 2)
+    after the listing, as `inspect` of that kmodel file would."""
+    from tl2k210.errors import KmodelFormatError
+    from tl2k210.flash.pkginfo import describe_package, render_package
+    info = describe_package(args.file, os.path.getsize(args.file))
+    print(json.dumps(info, indent=1, default=int) if args.json else render_package(info))
+    if info["errors"]:
+        sys.stdout.flush()
+        raise KmodelFormatError("; ".join(info["errors"]))
+    return 0
+
+
 def add_run_parser(sub):
     p = sub.add_parser("run", help="run a kmodel on the bit-exact emulator",
                        description="Run a kmodel on an image or a .npy array with the bit-exact "
                        "K210 emulator. Images are resized to the model input and fed as RGB888 "
-                       "planar uint8, like MaixPy's img.pix_to_ai().")
+                       "planar uint8, like MaixPy's img.pix_to_ai(). An array is one input of the "
+                       "model's shape (channels-last H,W,C taken too) or a batch of N of them "
+                       "(N, ...): every item runs alone and the outputs are stacked.")
     p.add_argument("file", help="kmodel file")
-    p.add_argument("-i", "--input", required=True, help="image (jpg/png/bmp...) or .npy array")
+    p.add_argument("-i", "--input", required=True, help="image (jpg/png/bmp...), or .npy array: "
+                   "one input or a batch (N, ...) of inputs")
     p.add_argument("-o", "--out", help="write result: .png (annotated image, with --decode), "
-                   ".npy (first output; .npz for all), or .json")
+                   ".npy (first output; (N, ...) for a batch), .npz (all outputs), or .json (per "
+                   "item for a batch)")
     p.add_argument("--rgb565", action="store_true",
                    help="reproduce the camera path: RGB888 -> RGB565 -> RGB888 before the KPU")
     p.add_argument("--decode", choices=["yolo2", "none"],
@@ -68,6 +92,8 @@ def add_run_parser(sub):
                    "vendor simulator's")
     p.add_argument("--act-rule", choices=["nncase02", "nncase01"], default="nncase02",
                    help="activation boundary/rounding rule (default nncase v0.2 simulator)")
+    p.add_argument("--progress", action="store_true", default=None,
+                   help="show the progress bar of a batch even when stderr is not a terminal")
     p.set_defaults(func=cmd_run)
 
 
@@ -128,25 +154,79 @@ def _output_size(model) -> int:
     return rng[3] // np.dtype(fmt.DTYPES.get(rng[1], np.uint8)).itemsize
 
 
+def input_forms(shape) -> dict:
+    """{array shape: "chw" | "hwc"}: the shapes taken as ONE input of a model whose input is
+    `shape`: that shape, without the leading N=1 of an NCHW shape, channels-last (H, W, C), and
+    (n,) for a vector model. A batch is any of them behind a leading N."""
+    full = tuple(int(d) for d in shape)
+    forms = {full: "chw"}
+    if len(full) >= 4 and full[0] == 1:
+        forms.setdefault(full[1:], "chw")
+    big = [d for d in full if d != 1]
+    if len(full) >= 3 and len(big) >= 2:
+        c, h, w = full[-3:]
+        forms.setdefault((h, w, c), "hwc")
+    if len(big) <= 1:
+        forms.setdefault((math.prod(full),), "chw")
+    return forms
+
+
+def _dtype_name(dtype) -> str:
+    import numpy as np
+    return np.dtype(dtype).name
+
+
+def _fmt(shape) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _input_plan(where, got, shape, dtype):
+    """(layout, N) for an array of shape `got`: N is None for one input, else the batch size.
+    An array of exactly the model's size is one input (as before batches existed); anything
+    else that is no batch form is refused, naming both accepted forms."""
+    forms = input_forms(shape)
+    want = math.prod(shape)
+    got = tuple(int(d) for d in got)
+    if got in forms:
+        return forms[got], None
+    if len(got) >= 2 and got[1:] in forms:
+        if got[0] == 0:
+            raise InputFileError(f"{where} holds an empty batch (shape {_fmt(got)}); give at least "
+                                 "one input")
+        return forms[got[1:]], (None if got[0] == 1 else got[0])
+    if math.prod(got) == want:
+        return "chw", None
+    batch = " or ".join(_fmt(("N",) + f) for f in forms)
+    raise InputFileError(f"{where} declares shape {_fmt(got)} ({math.prod(got)} values); the model "
+                         f"takes {_fmt(shape)} {_dtype_name(dtype)} ({want} values): give one input "
+                         f"of that shape, or a batch of N inputs shaped {batch}; reshape the array, "
+                         "or pass an image")
+
+
 def _array_input(path, shape, dtype):
-    """A .npy/.npz model input, checked before running: numbers, finite, the model's size, and
-    for uint8 (pixel) models whole values 0..255."""
+    """A .npy/.npz model input, checked before running: numbers, finite, one input of the
+    model's shape or a batch of them (memory bounded by the file's size), and for uint8 (pixel)
+    models whole values 0..255. Returns (x, n): x in the model's layout, (n, *shape) for a batch
+    of n, n None for one input."""
     import numpy as np
 
     from tl2k210.arrays import load_npy, load_npz
-    want = int(np.prod(shape))
-    text = (f"the model takes {tuple(shape)} {np.dtype(dtype).name} ({want} values): reshape the "
-            "array to that, or pass an image")
+    plan = []
     if path.lower().endswith(".npz"):
         arrays = load_npz(path)
         if len(arrays) != 1:
             raise InputFileError(f"{path} holds {len(arrays)} arrays "
                                  f"({', '.join(n for n, _ in arrays[:5])}); save the input as one .npy")
         x = arrays[0][1]
-        if x.size != want:
-            raise InputFileError(f"{path} declares shape {x.shape} ({x.size} values); {text}")
+        plan.append(_input_plan(path, x.shape, shape, dtype))
     else:
-        x = load_npy(path, expect_size=want, expect_text=text)
+        x = load_npy(path, accept=lambda got: plan.append(_input_plan(path, got, shape, dtype)))
+    layout, n = plan[0]
+    item = tuple(int(d) for d in shape)
+    if layout == "hwc":                 # channels-last -> the model's CHW
+        c, h, w = item[-3:]
+        x = np.moveaxis(x.reshape(-1, h, w, c), -1, -3)
+    x = np.ascontiguousarray(x).reshape(item if n is None else (n,) + item)
     if np.dtype(dtype).kind == "f":
         with np.errstate(over="ignore"):
             cast = x.astype(dtype)
@@ -160,7 +240,14 @@ def _array_input(path, shape, dtype):
             raise InputFileError(f"{path} holds {x.dtype} values {lo:.6g}..{hi:.6g}; the model takes "
                                  "uint8 pixels 0..255 (planar RGB, CHW): scale and round them "
                                  "(e.g. x*255 for 0..1 data) or pass the image file")
-    return x
+    return x, n
+
+
+def _output_bytes(model) -> int:
+    """Bytes of all outputs of one run, known from the header before running."""
+    if model.version == 3:
+        return sum(int(size) for _, size in model.outputs)
+    return sum(int(r[3]) for r in model.outputs)
 
 
 def apply_metadata(args, meta):
@@ -214,9 +301,9 @@ def cmd_run(args):
     grid = None
     if anchors is not None:
         grid = yolo.region_layout(emu.model, _output_size(emu.model), len(anchors) // 2, labels)
-    image = None
+    image, n = None, None
     if is_array:
-        x = _array_input(args.input, shape, dtype)
+        x, n = _array_input(args.input, shape, dtype)
     else:
         if len(chw_shape) != 3:
             raise Tl2k210Error(f"this model takes a {dtype.__name__} vector of shape {shape}, not an "
@@ -225,31 +312,62 @@ def cmd_run(args):
         x = imaging.to_model_input(image, chw_shape, rgb565=args.rgb565)
         if meta is not None and meta.input.get("bgr") and chw_shape[0] == 3:
             x = np.ascontiguousarray(x[::-1])        # the model was converted with --bgr
-    outputs = emu.run(x)
+    if n is not None:
+        from tl2k210.arrays import MAX_ARRAY_BYTES
+        per = max(1, _output_bytes(emu.model))
+        if n * per > MAX_ARRAY_BYTES:
+            raise InputFileError(f"{args.input}: a batch of {n:,} inputs gives {n * per:,} bytes of "
+                                 f"outputs, more than the {MAX_ARRAY_BYTES >> 20} MiB tl2k210 holds at "
+                                 f"once; pass at most {MAX_ARRAY_BYTES // per:,} inputs per file")
+        print(f"batch: {n} items of {_fmt(shape)} from {args.input}")
+    runs = _run_items(emu, x, n, args)
+    outputs = runs[0] if n is None else [np.stack(o) for o in zip(*runs)]
     for i, o in enumerate(outputs):
         flat = np.asarray(o, np.float64).reshape(-1)
         head = ", ".join(f"{v:.6g}" for v in flat[:8]) + (" ..." if flat.size > 8 else "")
         lo, hi = (f"{flat.min():.6g}", f"{flat.max():.6g}") if flat.size else ("-", "-")
         print(f"output {i}: {o.dtype} {tuple(o.shape)}  min {lo}  max {hi}  [{head}]")
-    result = {"outputs": [np.asarray(o).tolist() for o in outputs]}
+    items = [{"outputs": [np.asarray(o).tolist() for o in r]} for r in runs]
     boxes = None
     if anchors is not None:
         gw, gh, classes = grid
         na = len(anchors) // 2
         print(f"decoding {na} anchors x (5 + {classes} classes) on a {gw}x{gh} grid"
               + ("" if labels else " (pass --labels to check the class count)"))
-        out = np.asarray(outputs[0], np.float32)
         _, h, w = chw_shape
-        boxes = yolo.decode(out, anchors, gw, gh, w, h, args.threshold, args.nms)
-        print(f"{len(boxes)} box(es) (threshold {args.threshold}, NMS {args.nms}):")
-        for b in boxes:
-            name = labels[b.classid] if labels and b.classid < len(labels) else b.classid
-            print(f"  {name}  {b.value:.3f}  x={b.x:.0f} y={b.y:.0f} w={b.w:.0f} h={b.h:.0f}")
-        result["boxes"] = [dict(x=b.x, y=b.y, w=b.w, h=b.h, value=b.value, classid=b.classid)
-                           for b in boxes]
+        for k, (r, item) in enumerate(zip(runs, items)):
+            boxes = yolo.decode(np.asarray(r[0], np.float32), anchors, gw, gh, w, h,
+                                args.threshold, args.nms)
+            print(f"{'' if n is None else f'item {k}: '}{len(boxes)} box(es) (threshold "
+                  f"{args.threshold}, NMS {args.nms}):")
+            for b in boxes:
+                name = labels[b.classid] if labels and b.classid < len(labels) else b.classid
+                print(f"  {name}  {b.value:.3f}  x={b.x:.0f} y={b.y:.0f} w={b.w:.0f} h={b.h:.0f}")
+            item["boxes"] = [dict(x=b.x, y=b.y, w=b.w, h=b.h, value=b.value, classid=b.classid)
+                             for b in boxes]
+    result = items[0] if n is None else {"batch": n, "items": items}
     if args.out:
         _write_result(args, outputs, result, image, boxes, chw_shape, labels)
     return 0
+
+
+def _run_items(emu, x, n, args):
+    """[outputs of each item]: one run for one input, n runs (with a progress bar) for a batch."""
+    from tl2k210.errors import EmulatorError
+    if n is None:
+        return [emu.run(x)]
+    from tl2k210.progress import Progress
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    bar = Progress(show, unit="items")
+    bar.start("running", n)
+    runs = []
+    for i in range(n):
+        try:
+            runs.append(emu.run(x[i]))
+        except EmulatorError as exc:
+            raise EmulatorError(f"{args.input}, batch item {i}: {exc}") from None
+        bar.update(i + 1)
+    return runs
 
 
 def _is_stream(path) -> bool:

@@ -146,10 +146,15 @@ def _fmt_shape(s):
     return "x".join(map(str, s)) if s else "-"
 
 
+def summary(info: dict) -> str:
+    """The one-line summary of a describe() result: version, weights, layer counts."""
+    return (f"kmodel v{info['version']}, {info['weights']} weights, {info['layer_count']} layers "
+            f"({info['kpu_layers']} KPU conv, {info['cpu_layers']} CPU)")
+
+
 def render(info: dict) -> str:
     """Human-readable table."""
-    head = [f"{info['file']}: kmodel v{info['version']}, {info['weights']} weights, "
-            f"{info['layer_count']} layers ({info['kpu_layers']} KPU conv, {info['cpu_layers']} CPU)"]
+    head = [f"{info['file']}: {summary(info)}"]
     cols = ("#", "type", "unit", "op", "in", "out", "MACs", "weights", "KPU lines", "main memory")
     table = []
     for r in info["layers"]:
