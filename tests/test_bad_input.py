@@ -763,7 +763,19 @@ KFPKG_CASES = {
     "nested-manifest": (_nested, ("flash-list.json", "nested")),
     "members-exceed-flash": (lambda t: _zeros_bomb(t), ("add up", "flash")),
     "manifest-lies-about-size": (lambda t: _manifest_bomb(t), ("flash-list.json", "corrupt")),
+    "overlapping-images": (lambda t: _overlapping(t), ("a.bin (0x300000..0x301000) overlaps b.bin",
+                                                       "from 0x301000")),
 }
+
+
+def _overlapping(tmp_path):
+    p = tmp_path / "bad.kfpkg"
+    files = [{"address": a, "bin": n, "sha256Prefix": False} for a, n in ((0x300000, "a.bin"), (0x300800, "b.bin"))]
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("flash-list.json", json.dumps({"version": "0.1.0", "files": files}, indent=4))
+        z.writestr("a.bin", bytes(4096))
+        z.writestr("b.bin", bytes(4096))
+    return p
 
 
 def _zeros_bomb(tmp_path):
@@ -796,6 +808,9 @@ def test_broken_kfpkg(case, tmp_path, capsys):
     nothing_at(out)
     rc, _, err = cli(capsys, "flash", "-p", tmp_path / "no-port", pkg)
     refused(rc, err, "bad.kfpkg", *needles)
+    rc, out, err = cli(capsys, "inspect", pkg)          # the same reader, the same error
+    refused(rc, err, "bad.kfpkg", *needles)
+    assert out == ""
     keep.check()
 
 
@@ -1401,6 +1416,25 @@ def test_fuzz_kfpkg_through_package_and_flash(tmp_path, capsys):
     # flash reads the package before it opens the port: every case ends in one clean line
     rcs = _fuzz(capsys, lambda f: ["flash", "-p", tmp_path / "no-port", f], base, tmp_path, 60, 9, ".kfpkg")
     assert rcs == {2: 60}
+    # inspect lists what survives the reader and describes the kmodel inside; the rest is refused
+    rcs = _fuzz(capsys, lambda f: ["inspect", f], base, tmp_path, 100, 11, ".kfpkg")
+    assert rcs.get(2, 0) > 30
+    # ... and a damaged kmodel in an intact package (valid CRCs) gets the kmodel's clean error
+    with zipfile.ZipFile(io.BytesIO(base)) as z:
+        manifest, km = z.read("flash-list.json"), z.read("facedetect.kmodel")
+    rng, rcs = np.random.default_rng(12), {}
+    for i in range(40):
+        p = tmp_path / "m.kfpkg"
+        with zipfile.ZipFile(p, "w") as z:
+            z.writestr("flash-list.json", manifest)
+            z.writestr("facedetect.kmodel", _mutate(km, rng))
+        rc, out, err = cli(capsys, "inspect", p)
+        assert rc in (0, 2) and "Traceback" not in err, (i, err)
+        assert "facedetect.kmodel  0x300000" in out           # listed either way
+        if rc == 2:
+            assert f"{p}:facedetect.kmodel (at 0x300000)" in err.strip().splitlines()[-1], err
+        rcs[rc] = rcs.get(rc, 0) + 1
+    assert rcs.get(2, 0) > 5, rcs
 
 
 @pytest.mark.slow

@@ -76,7 +76,8 @@ def check_layout(images, flash_size=FLASH_SIZE_16M, where="images"):
         if b.address < a.end:
             raise KfpkgError(
                 f"{where}: {a.name or a.source} (0x{a.address:x}..0x{a.end:x}) overlaps "
-                f"{b.name or b.source} (0x{b.address:x}..0x{b.end:x}); move one of them")
+                f"{b.name or b.source} (0x{b.address:x}..0x{b.end:x}); move one of them (pick "
+                f"an address from 0x{-(-a.end // 4096) * 4096:x} for {b.name or b.source})")
 
 
 def parse_manifest(text: str):

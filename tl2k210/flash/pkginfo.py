@@ -21,9 +21,13 @@ FIRMWARE_MARK = b"MaixPy"       # in the banner and the module names of every Ma
 
 
 def is_package(path) -> bool:
-    """A .kfpkg by name, or any ZIP archive (a package saved under another name)."""
+    """A .kfpkg by name, or any ZIP archive file (a package saved under another name; a pipe
+    is not sniffed: its first bytes would be lost to the kmodel reader)."""
+    import os
     if str(path).lower().endswith(".kfpkg"):
         return True
+    if not os.path.isfile(path):
+        return False
     try:
         with open(path, "rb") as fh:
             return fh.read(4) == ZIP_MAGIC

@@ -320,14 +320,15 @@ def cmd_run(args):
                                  f"outputs, more than the {MAX_ARRAY_BYTES >> 20} MiB tl2k210 holds at "
                                  f"once; pass at most {MAX_ARRAY_BYTES // per:,} inputs per file")
         print(f"batch: {n} items of {_fmt(shape)} from {args.input}")
-    runs = _run_items(emu, x, n, args)
-    outputs = runs[0] if n is None else [np.stack(o) for o in zip(*runs)]
+    outputs = _run_items(emu, x, n, args)
     for i, o in enumerate(outputs):
         flat = np.asarray(o, np.float64).reshape(-1)
         head = ", ".join(f"{v:.6g}" for v in flat[:8]) + (" ..." if flat.size > 8 else "")
         lo, hi = (f"{flat.min():.6g}", f"{flat.max():.6g}") if flat.size else ("-", "-")
         print(f"output {i}: {o.dtype} {tuple(o.shape)}  min {lo}  max {hi}  [{head}]")
-    items = [{"outputs": [np.asarray(o).tolist() for o in r]} for r in runs]
+    per_item = [outputs] if n is None else [[o[k] for o in outputs] for k in range(n)]
+    to_json = bool(args.out) and os.path.splitext(args.out)[1].lower() not in (".png", ".npy", ".npz")
+    items = [{"outputs": [np.asarray(o).tolist() for o in r]} if to_json else {} for r in per_item]
     boxes = None
     if anchors is not None:
         gw, gh, classes = grid
@@ -335,7 +336,7 @@ def cmd_run(args):
         print(f"decoding {na} anchors x (5 + {classes} classes) on a {gw}x{gh} grid"
               + ("" if labels else " (pass --labels to check the class count)"))
         _, h, w = chw_shape
-        for k, (r, item) in enumerate(zip(runs, items)):
+        for k, (r, item) in enumerate(zip(per_item, items)):
             boxes = yolo.decode(np.asarray(r[0], np.float32), anchors, gw, gh, w, h,
                                 args.threshold, args.nms)
             print(f"{'' if n is None else f'item {k}: '}{len(boxes)} box(es) (threshold "
@@ -352,22 +353,29 @@ def cmd_run(args):
 
 
 def _run_items(emu, x, n, args):
-    """[outputs of each item]: one run for one input, n runs (with a progress bar) for a batch."""
+    """The outputs of one input, or of each item of a batch stacked (N, ...) as they come
+    (with a progress bar): every item runs alone, exactly as it would by itself."""
+    import numpy as np
+
     from tl2k210.errors import EmulatorError
     if n is None:
-        return [emu.run(x)]
+        return emu.run(x)
     from tl2k210.progress import Progress
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     bar = Progress(show, unit="items")
     bar.start("running", n)
-    runs = []
+    stacked = None
     for i in range(n):
         try:
-            runs.append(emu.run(x[i]))
+            outs = emu.run(x[i])
         except EmulatorError as exc:
             raise EmulatorError(f"{args.input}, batch item {i}: {exc}") from None
+        if stacked is None:
+            stacked = [np.empty((n,) + np.shape(o), np.asarray(o).dtype) for o in outs]
+        for dst, o in zip(stacked, outs):
+            dst[i] = o
         bar.update(i + 1)
-    return runs
+    return stacked
 
 
 def _is_stream(path) -> bool:
