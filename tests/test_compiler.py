@@ -173,7 +173,10 @@ def test_mobilenet_v1_tensorlayer_agrees_with_float(mobilenet):
     assert n == 28 and top1 / n >= 0.95 and in5 / n >= 0.98     # issue 10: >= 95 % on real weights
     assert sum(r["unit"] == "KPU" for r in receipt["layers"]) == 28      # 27 convs + the dense head
     notes = [nt for r in receipt["layers"] for nt in r["notes"]]
-    assert sum("stride 2 with pads [0, 0, 1, 1]" in nt for nt in notes) == 5   # TF 'SAME' stride 2
+    # the 5 TF 'SAME' stride-2 convs (pads [0, 0, 1, 1]: no KPU pick pool), the cost model's choice
+    # of exact forms: 'stride-2 phases' or the stride-1 map + CPU pick
+    phases = sum("'stride-2 phases'" in r["why"] for r in receipt["layers"])
+    assert phases >= 1 and sum("stride 2 with pads [0, 0, 1, 1]" in nt for nt in notes) + phases == 5
     assert receipt["file_size"] + receipt["main_memory"] <= 2 * 1024 * 1024   # fits full MaixPy
 
 

@@ -278,8 +278,9 @@ def test_fewer_pads_on_one_side_crop_the_map(pads, first, pool):
 @pytest.mark.slow
 def test_squeezenet_from_the_onnx_wheel_fits(tmp_path):
     """SqueezeNet 1.1 (onnx/backend/test/data/light, seeded weights): its first layer's 64x224x224
-    stride-1 map does not fit the 2 MiB KPU RAM (it was refused): now output-channel chunks, each
-    streamed and picked to stride 2 on the CPU. Converted from real photos, compared with the float
+    stride-1 map does not fit the 2 MiB KPU RAM (it was refused; then output-channel chunks, each
+    streamed and picked to stride 2 on the CPU): its VALID stride-2 conv now runs as 'stride-2
+    phases', which never computes that map. Converted from real photos, compared with the float
     model on them."""
     from conftest import data_path
     from lower_helpers import light_zoo
@@ -289,7 +290,7 @@ def test_squeezenet_from_the_onnx_wheel_fits(tmp_path):
     rep = convert(m, out, ConvertOptions(dataset=str(data_path("imagenet")), runtime="maixpy-minimum",
                                          progress=False, sqnr_samples=4))
     first = rep.layers[0]
-    assert "output-channel chunks" in " ".join(first["notes"]) and first["kmodel_layers"].count("K210_CONV") > 1
+    assert "'stride-2 phases'" in first["why"] and first["kmodel_layers"].count("K210_CONV") == 2
     assert rep.peak_kpu_ram <= 2 * 1024 * 1024 and rep.file_size + rep.main_memory <= 4 * 1024 * 1024
     print(f"SqueezeNet: {rep.file_size:,} B + {rep.main_memory:,} B main, {rep.latency_ms:.0f} ms, "
           f"output SQNR {rep.totals['output_sqnr_db']:.1f} dB")
@@ -384,6 +385,60 @@ def test_kxk_random_shapes_bit_for_bit():
         pads = [int(v) for v in rs.integers(0, k // 2 + 1, 4)]        # k: the effective kernel
         _check_kxk_bytes(k, str(rs.choice(["dense", "dw"])), int(rs.choice([1, 2])), pads, dil,
                          bool(rs.random() < 0.3), (int(rs.integers(12, 36)), int(rs.integers(12, 36))))
+
+
+STRIDE2_3X3 = [   # group, pads, reads pixels, (h, w), copy stages: no KPU pick pool takes these pixels
+    ("dense", [0, 0, 0, 0], True, (24, 28), 1),      # VALID, even map: the first layer
+    ("dense", [0, 0, 0, 0], False, (23, 31), 2),     # VALID, odd map: the last row needs copy 2
+    ("dense", [0, 0, 1, 1], False, (24, 28), 1),     # TF 'SAME' on an even map
+    ("dense", [0, 0, 1, 1], True, (24, 28), 1),
+    ("dense", [0, 1, 1, 0], False, (24, 31), 1),     # asymmetric, odd width
+    ("dw", [0, 0, 0, 0], False, (24, 28), 1),
+    ("dw", [0, 0, 0, 0], False, (23, 31), 2),
+    ("dw", [1, 0, 0, 1], False, (24, 28), 1),        # right_top's phase: no pick pool on depthwise
+    ("dw", [0, 0, 1, 1], False, (24, 28), 1),
+]
+
+
+@pytest.mark.parametrize("group,pads,first,hw_,stages", STRIDE2_3X3)
+def test_stride2_3x3_phases_are_the_direct_conv_bit_for_bit(group, pads, first, hw_, stages, monkeypatch):
+    """A 3x3 stride-2 conv with VALID or asymmetric pads (an odd row or column phase, or fewer
+    outputs than the pick pools give): 'stride-2 phases' (one-hot copies of the phases, picked
+    to half size by the KPU, then the 3x3 conv on the half-size map; the extra rows of VALID
+    cropped) gives the bytes of the direct integer conv, on even and odd maps. Forced here (the
+    cost model may prefer the stride-1 map + CPU pick on maps this small)."""
+    from tl2k210.k210.lower import kxk
+    monkeypatch.setattr(kxk, "stride1_cycles", lambda g, n: 1 << 60)
+    row = _check_kxk_bytes(3, group, 2, pads, 1, first, hw_)
+    assert "'stride-2 phases'" in row.why and f"as {stages + 1} KPU stages" in row.why, row.why
+    assert "stride 1 + CPU pick: 1,152,921,504,606,846,976" in row.why
+
+
+def test_stride2_valid_first_layer_fits_as_phases(monkeypatch):
+    """LFFD's first layer: a VALID 3x3 stride-2 conv on a 320x240 image. At stride 1 its
+    64x240x320 map cannot stream (65,536 pixels per channel) nor run in row bands (MaixPy feeds
+    the first layer the whole image): v3 refused it and v4 held the full map in main memory. As
+    'stride-2 phases' (chosen by the cost model) the KPU never computes it: v3 converts, with a
+    fraction of the main memory, and the same bytes as the direct conv (the test above)."""
+    from tl2k210.k210.lower import kxk
+    rng = np.random.default_rng(9)
+    m = make_model([conv_node("c1", "x", "w1", "b1", strides=[2, 2]), helper.make_node("Relu", ["c1"], ["r1"]),
+                    conv_node("y", "r1", "w2", "b2", pads=[1, 1, 1, 1])], [("x", [1, 3, 240, 320])], [("y", None)],
+                   {"w1": (rng.normal(size=(16, 3, 3, 3)) * 0.3).astype(np.float32), "b1": np.zeros(16, np.float32),
+                    "w2": (rng.normal(size=(4, 16, 3, 3)) * 0.2).astype(np.float32), "b2": np.zeros(4, np.float32)})
+    px = pixels(2, 3, 240, 320)
+    new, rows, lw_new, _ = compile_model(m, px, format="auto")
+    assert new.version == 3 and "'stride-2 phases'" in rows[0].why and "stride 1 + CPU pick" in rows[0].why
+    assert [new.layers[i].name for i in rows[0].layers] == ["K210_CONV", "K210_CONV", "QUANTIZED_MAX_POOL2D"]
+    monkeypatch.setattr(kxk, "phases_preferred", lambda g, n: False)
+    with pytest.raises(KpuLimitError, match="65,536 pixels per channel"):
+        compile_model(m, px, format="v3")
+    old, _, lw_old, _ = compile_model(m, px, format="auto")
+    assert old.version == 4
+    print(f"main memory: stride-1 + CPU pick {lw_old.main.high:,} B (v4), phases {lw_new.main.high:,} B (v3)")
+    assert lw_new.main.high * 2.5 < lw_old.main.high
+    from lower_helpers import run_both
+    assert np.array_equal(run_both(m, new, px)[1], run_both(m, old, px)[1])
 
 
 def _check_kxk_bytes(k, group, stride, pads, dilation, first, hw_):

@@ -48,6 +48,9 @@ def kpu_conv_refuses(g, node, opts):
     k, dil = tuple(a["kernel"]), tuple(a.get("dilations", (1, 1)))
     if (k not in ((1, 1), (3, 3)) or dil != (1, 1)) and k[0] == k[1] and dil[0] == dil[1]:
         return NA     # a K x K or dilated kernel: kxk.py's (which says why if it cannot)
+    from .kxk import phases_preferred
+    if phases_preferred(g, node):
+        return NA     # a stride-2 3x3 no KPU pick pool takes: kxk.py's 'stride-2 phases'
     if k not in ((1, 1), (3, 3)):
         return f"kernel {k}: the KPU runs 1x1 and 3x3 only; use square kernels"
     if dil != (1, 1):
@@ -137,7 +140,8 @@ def geometry(lw, node) -> Geometry:
         elif s == 1:     # the KPU pads every side by k // 2: fewer pads on a side crop the map
             post.append((1, 1, -dy, -dx))
             notes.append(f"pads {a['pads']}: the KPU pads every side; CPU crops the map to rows from {dy}, "
-                         f"columns from {dx}")
+                         f"columns from {dx}" if "pick" not in a else
+                         f"CPU crops the {h}x{w} map to its first {conv_hw[0]} rows, {conv_hw[1]} columns")
         else:
             post.append((1, s, -dy, -dx))
             notes.append(f"stride {s} with pads {a['pads']}: KPU at stride 1 ({s * s}x the MACs), "

@@ -106,25 +106,34 @@ def _edge(d, r):
     return int(np.sign(d)) if abs(d) == r else 0
 
 
-def _phase_reach(v, s):
-    """Input offset v = 2t + a from copy a at half-resolution step t. Off the half-size map
-    (t = -1 at the first row, t = +1 past the last of an even map) the true row is -2 + a or
-    H + a: off the map too only if a <= 1, resp. a >= 0."""
-    for t in (0, -1, 1):
-        a = v - 2 * t
-        if a in s and (t != -1 or a <= 1) and (t != 1 or a >= 0):
-            return (a, t)
-    return None
+def _phase_reach(size, out):
+    """reach(v, S) on an axis of `size` pixels giving `out` outputs: input offset v = 2t + a from
+    copy a at half-resolution step t. Off the half-size map (size // 2 rows) the true row is
+    -2 + a (t = -1 at the first output): off the map too only if a <= 1; or 2 (size // 2) + a
+    (t = +1 at the last output, reached only when out = size // 2): off the map too only if
+    a >= 0 (even size), a >= 1 (odd size). Fewer outputs than size // 2 (VALID pads) never
+    step past the half map: the stage's extra rows are cropped."""
+    last = out == size // 2
+    amin = size % 2
+
+    def reach(v, s):
+        for t in (0, -1, 1):
+            a = v - 2 * t
+            if a in s and (t != -1 or a <= 1) and (t != 1 or not last or a >= amin):
+                return (a, t)
+        return None
+    return reach
 
 
-def _axis_phase(need):
+def _axis_phase(need, size, out):
+    reach = _phase_reach(size, out)
     for n in (1, 2):
-        final = _cover(need, range(-n, n + 1), _phase_reach)
+        final = _cover(need, range(-n, n + 1), reach)
         if final is None or max(abs(a) for a in final) != n:
             continue
         chain = _back(final, n)
         if chain is not None:
-            return Axis(chain[0], chain[1], {v: _phase_reach(v, final) for v in need})
+            return Axis(chain[0], chain[1], {v: reach(v, final) for v in need})
     return None
 
 
@@ -166,13 +175,14 @@ def forms(g, node):
     dy0, dx0 = R - a["pads"][0], R - a["pads"][1]
     first = node.inputs[0] in g.inputs
     cand = []
-    for name, sparse in (("shift grid", False), ("sparse shifts", True)):
+    for name, sparse in (("shift grid", False), ("sparse shifts", True)) if R > 1 else ():
         ay, ax = _axis_stride1(_needs(K, dil, R, 0, False), R, sparse), \
             _axis_stride1(_needs(K, dil, R, 0, False), R, sparse)
         if ay is not None and ax is not None:
             cand.append((name, ay, ax, False))
-    if s == 2 and h % 2 == 0 and w % 2 == 0 and (oh, ow) == (h // 2, w // 2):
-        ay, ax = _axis_phase(_needs(K, dil, R, dy0, True)), _axis_phase(_needs(K, dil, R, dx0, True))
+    if s == 2 and oh <= h // 2 and ow <= w // 2 and min(oh, ow) >= 1:
+        ay = _axis_phase(_needs(K, dil, R, dy0, True), h, oh)
+        ax = _axis_phase(_needs(K, dil, R, dx0, True), w, ow)
         if ay is not None and ax is not None:
             cand.append(("stride-2 phases", ay, ax, True))
     out, seen = [], set()
@@ -198,8 +208,44 @@ def forms(g, node):
             if grp == 1 and ci * prev > cmax:
                 continue
             cyc += conv_cycles(ci * prev, co, grp, 3, hh, ww, ww)[1]
+            if (oh, ow) != (hh, ww) or not phase and s != 1:      # the CPU picks or crops
+                cyc += post_cycles(co * hh * ww)
             out.append(Form(name, ay, ax, phase, cyc, ci * prev))
     return sorted(out, key=lambda f: f.cycles)
+
+
+def post_cycles(n):
+    """Cost-model cycles of streaming an n-byte KPU map to main memory and one CPU pass over it
+    (QUANTIZED_MAX_POOL2D: the pick or crop of conv.py's post stages)."""
+    from tl2k210.k210 import cost
+    return int(n / cost.DMA_BYTES_PER_CYCLE + cost.CPU_CYCLES["elem"] * n)
+
+
+def stride1_cycles(g, node):
+    """Cost-model cycles of kpu_conv's form of a stride-2 3x3 conv whose pixels no KPU pick pool
+    takes: the conv at stride 1 (4x the output), streamed, every second pixel picked on the CPU."""
+    _, ci, h, w = g.shape(node.inputs[0])
+    co = g.shape(node.outputs[0])[1]
+    return conv_cycles(ci, co, node.attrs.get("group", 1), 3, h, w, w)[1] + post_cycles(co * h * w)
+
+
+def phases_preferred(g, node):
+    """Does this 3x3 stride-2 conv run as 'stride-2 phases' (kpu_conv_kxk) rather than kpu_conv?
+    Yes when no KPU pick pool takes its pixels (VALID or asymmetric pads: an odd row phase, an
+    output smaller than the pool's) and the cost model finds the phases cheaper than the
+    stride-1 map + CPU pick. Both are exact; the phases never hold the full-resolution map."""
+    a = node.attrs
+    if (tuple(a["kernel"]), tuple(a.get("dilations", (1, 1))), tuple(a["strides"])) != ((3, 3), (1, 1), (2, 2)) \
+            or a.get("pool") or any(p not in (0, 1) for p in a["pads"]) or is_dense(g, node):
+        return False
+    _, ci, h, w = g.shape(node.inputs[0])
+    _, co, oh, ow = g.shape(node.outputs[0])
+    grp = a.get("group", 1)
+    dy, dx = 1 - a["pads"][0], 1 - a["pads"][1]
+    if ci % grp or co % grp or (oh, ow) == (h // 2, w // 2) and dy == 0 and dx in ((0,) if grp == ci == co else (0, 1)):
+        return False             # a KPU pick pool takes it (a depthwise conv's: the next 1x1 conv's)
+    alts = forms(g, node)
+    return bool(alts) and alts[0].cycles < stride1_cycles(g, node)
 
 
 def kxk_refuses(g, node, opts):
@@ -207,7 +253,7 @@ def kxk_refuses(g, node, opts):
         return NA
     a = node.attrs
     K, k, d = _effective_kernel(a)
-    if k in ((1, 1), (3, 3)) and d == (1, 1):
+    if k in ((1, 1), (3, 3)) and d == (1, 1) and not (k == (3, 3) and phases_preferred(g, node)):
         return NA                            # kpu_conv's
     if k[0] != k[1] or d[0] != d[1]:
         return f"kernel {k} dilations {d}: only square kernels and equal dilations are decomposed"
@@ -224,6 +270,8 @@ def kxk_refuses(g, node, opts):
                 f"{cmax}: at most {cmax // per} input channels (or a depthwise/group conv)")
     shadow = Node("Conv", node.inputs, node.outputs, {**a, "kernel": (3, 3), "dilations": (1, 1),
                                                      "pads": [1, 1, 1, 1]}, node.name)
+    if K == 3:           # the KPU's limits on the map; the stride is the phases' pick
+        shadow.attrs["strides"] = (1, 1)
     return kpu_conv_refuses(g, shadow, opts)
 
 
@@ -291,7 +339,8 @@ def kpu_conv_kxk(lw, node):
     row.why = (f" as {n + 1} KPU stages ('{form.name}': {n} exact one-hot 3x3 shift stage{'s' if n > 1 else ''} "
                f"to {form.channels} channels{', picking stride 2' if form.phase else ''}, then a 3x3 conv "
                f"with re-indexed weights; est. {form.cycles:,} cycles"
-               + "".join(f"; '{f.name}': {f.cycles:,}" for f in alts[1:]) + ")")
+               + "".join(f"; '{f.name}': {f.cycles:,}" for f in alts[1:])
+               + (f"; stride 1 + CPU pick: {stride1_cycles(lw.g, node):,}" if K == 3 else "") + ")")
     describe(row, geo, plan_for(lw, final), k=K)
     for stage, _ in stages:
         p = plan_for(lw, stage)
