@@ -430,7 +430,7 @@ def test_stride2_valid_first_layer_fits_as_phases(monkeypatch):
     new, rows, lw_new, _ = compile_model(m, px, format="auto")
     assert new.version == 3 and "'stride-2 phases'" in rows[0].why and "stride 1 + CPU pick" in rows[0].why
     assert [new.layers[i].name for i in rows[0].layers] == ["K210_CONV", "K210_CONV", "QUANTIZED_MAX_POOL2D"]
-    monkeypatch.setattr(kxk, "phases_preferred", lambda g, n: False)
+    monkeypatch.setattr(kxk, "phases_preferred", lambda g, n, opts=None: False)
     with pytest.raises(KpuLimitError, match="65,536 pixels per channel"):
         compile_model(m, px, format="v3")
     old, _, lw_old, _ = compile_model(m, px, format="auto")

@@ -399,3 +399,26 @@ def test_prelu_pattern_from_keras(form):
     g, log = check(m, None, x=rand(1, 4, 8, 8, scale=2), tol=1e-4)
     assert g.op_counts() == {"Conv": 2}
     assert any(e["pass"] == "prelu_pattern" and e["changes"] for e in log)
+
+
+def test_stride2_even_maps():
+    """A VALID stride-2 conv whose only consumer (a stride-2 conv or pool, no padding on that
+    side) never reads one more row pads that side by one: the float outputs are the same and
+    its map is half its input (even, for the next stride-2 conv); per axis. Not when the
+    consumer pads that side, reads the map twice, or the map is a graph output."""
+    n = helper.make_node
+    nodes = [conv("a", "x", "wa", "ba", kernel_shape=[3, 3], strides=[2, 2]),         # 47x40 -> 23x19 (23x20)
+             conv("b", "a", "wb", "bb", kernel_shape=[3, 3], strides=[2, 2]),         # -> 11x9 (11x10)
+             n("MaxPool", ["b"], ["p"], kernel_shape=[3, 3], strides=[2, 2]),         # -> 5x4
+             conv("c", "p", "wc", "bc", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             conv("d", "x", "wd", "bd", kernel_shape=[3, 3], strides=[2, 2]),         # read twice
+             conv("e", "d", "we", "be", kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 0]),
+             n("Relu", ["d"], ["r"]), n("Add", ["c", "c"], ["y"])]
+    inits = {f"w{k}": rand(4, 4 if k not in "ad" else 3, 3, 3, scale=0.3) for k in "abcde"}
+    inits.update({f"b{k}": rand(4) for k in "abcde"})
+    m = make_model(nodes, [("x", [1, 3, 47, 40])], [("y", None), ("e", None), ("r", None)], inits)
+    g, changes = check(m, "stride2_even_maps", tol=1e-4)
+    pads = {nd.name: nd.attrs["pads"] for nd in g.nodes if nd.op == "Conv"}
+    assert pads == {"a": [0, 0, 0, 1], "b": [0, 0, 0, 1], "c": [1, 1, 1, 1], "d": [0, 0, 0, 0], "e": [0, 0, 1, 0]}
+    assert g.shape("a")[2:] == (23, 20) and g.shape("b")[2:] == (11, 10) and g.shape("p")[2:] == (5, 4)
+    assert [c for c, _ in changes] == ["a", "b"]

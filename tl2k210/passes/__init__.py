@@ -34,6 +34,7 @@ from .entry_conv import entry_conv
 from .wide_channels import wide_channels
 from .channel_softmax import channel_softmax
 from .kpu_padding import kpu_padding
+from .stride2_even_maps import stride2_even_maps
 from .fuse_pool import fuse_pool
 from .check_supported import check_supported
 
@@ -70,6 +71,7 @@ PIPELINE = [
     Pass("channel_shuffle", channel_shuffle),
     Pass("entry_conv", entry_conv),
     Pass("wide_channels", wide_channels),
+    Pass("stride2_even_maps", stride2_even_maps),
     Pass("kpu_padding", kpu_padding, default=False, exact=False),
     Pass("fuse_pool", fuse_pool),
     Pass("cleanup_layout", upsample_to_resize),

@@ -49,7 +49,7 @@ def kpu_conv_refuses(g, node, opts):
     if (k not in ((1, 1), (3, 3)) or dil != (1, 1)) and k[0] == k[1] and dil[0] == dil[1]:
         return NA     # a K x K or dilated kernel: kxk.py's (which says why if it cannot)
     from .kxk import phases_preferred
-    if phases_preferred(g, node):
+    if phases_preferred(g, node, opts):
         return NA     # a stride-2 3x3 no KPU pick pool takes: kxk.py's 'stride-2 phases'
     if k not in ((1, 1), (3, 3)):
         return f"kernel {k}: the KPU runs 1x1 and 3x3 only; use square kernels"

@@ -229,11 +229,26 @@ def stride1_cycles(g, node):
     return conv_cycles(ci, co, node.attrs.get("group", 1), 3, h, w, w)[1] + post_cycles(co * h * w)
 
 
-def phases_preferred(g, node):
+def phase_lines(g, node, form):
+    """KPU RAM lines the phases' largest stage needs with its input and output resident."""
+    _, ci, h, w = g.shape(node.inputs[0])
+    co = g.shape(node.outputs[0])[1]
+    prev, need = hw.map_lines(ci, h, w), 0
+    for i in range(1, form.n + 1):
+        c = ci * len(form.copies(i))
+        out = hw.map_lines(c, h // 2, w // 2) if i == form.n else hw.map_lines(c, h, w)
+        need, prev = max(need, prev + out), out
+    return max(need, prev + hw.map_lines(co, h // 2, w // 2))
+
+
+def phases_preferred(g, node, opts=None):
     """Does this 3x3 stride-2 conv run as 'stride-2 phases' (kpu_conv_kxk) rather than kpu_conv?
-    Yes when no KPU pick pool takes its pixels (VALID or asymmetric pads: an odd row phase, an
-    output smaller than the pool's) and the cost model finds the phases cheaper than the
-    stride-1 map + CPU pick. Both are exact; the phases never hold the full-resolution map."""
+    Both are exact. Yes when no KPU pick pool takes its pixels (VALID or asymmetric pads: an odd
+    row phase, an output smaller than the pool's), the cost model finds the phases cheaper than
+    the stride-1 map + CPU pick, and the phases' maps fit the KPU RAM (else their copies would
+    wait in main memory, 4x the input where the stride-1 form streams chunks of its output) - or
+    the stride-1 form cannot run at all: a first layer whose stride-1 map is too wide to stream
+    and cannot run in row bands."""
     a = node.attrs
     if (tuple(a["kernel"]), tuple(a.get("dilations", (1, 1))), tuple(a["strides"])) != ((3, 3), (1, 1), (2, 2)) \
             or a.get("pool") or any(p not in (0, 1) for p in a["pads"]) or is_dense(g, node):
@@ -245,7 +260,10 @@ def phases_preferred(g, node):
     if ci % grp or co % grp or (oh, ow) == (h // 2, w // 2) and dy == 0 and dx in ((0,) if grp == ci == co else (0, 1)):
         return False             # a KPU pick pool takes it (a depthwise conv's: the next 1x1 conv's)
     alts = forms(g, node)
-    return bool(alts) and alts[0].cycles < stride1_cycles(g, node)
+    if not alts or alts[0].cycles >= stride1_cycles(g, node):
+        return False
+    cap = getattr(opts, "kpu_ram_lines", hw.KPU_RAM_LINES)
+    return phase_lines(g, node, alts[0]) <= cap or node.inputs[0] in g.inputs and h * w > kpu.STREAM_PIXELS
 
 
 def kxk_refuses(g, node, opts):
@@ -253,7 +271,7 @@ def kxk_refuses(g, node, opts):
         return NA
     a = node.attrs
     K, k, d = _effective_kernel(a)
-    if k in ((1, 1), (3, 3)) and d == (1, 1) and not (k == (3, 3) and phases_preferred(g, node)):
+    if k in ((1, 1), (3, 3)) and d == (1, 1) and not (k == (3, 3) and phases_preferred(g, node, opts)):
         return NA                            # kpu_conv's
     if k[0] != k[1] or d[0] != d[1]:
         return f"kernel {k} dilations {d}: only square kernels and equal dilations are decomposed"
@@ -310,6 +328,8 @@ def kpu_conv_kxk(lw, node):
         lw.virtual_shapes[z] = (ci * len(offs), h // 2, w // 2) if pick else (ci * len(offs), h, w)
         if pixels is not None:
             lw.pixel_copy[z] = np.repeat(pixels, len(offs))
+        elif src in lw.opts.channel_means:    # the copies' means: their source channel's (bias correction)
+            lw.opts.channel_means[z] = np.repeat(lw.opts.channel_means[src], len(offs))
         attrs = {**base, "group": ci, **({"pick": (0, 0, 2)} if pick else {})}
         stages.append((Node("Conv", [src], [z], attrs, f"{node.name}/shift{i}"),
                        kpu.copy_layer(onehot, quant, lw.opts.weight_bits, ci)))
