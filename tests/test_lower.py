@@ -363,6 +363,9 @@ KXK_EXACT = [   # k, group, stride, pads, dilation, reads pixels, (h, w), form t
     (5, "dw", 1, None, 2, False, (24, 28), "shift grid", 2),                    # dilated 3x3
     (5, "dense", 1, [2, 2, 2, 0], 1, True, (24, 28), "shift grid", 2),          # fewer pads right: cropped
     (7, "dw", 2, [3, 1, 0, 2], 1, False, (25, 30), "sparse shifts", 3),         # asymmetric, odd map
+    (5, "dense", 2, [0, 0, 0, 0], 1, True, (24, 28), "stride-2 phases", 3),     # VALID (DonkeyCar): cropped
+    (5, "dw", 2, [0, 0, 0, 0], 1, False, (23, 31), "stride-2 phases", 3),      # VALID, odd map
+    (3, "dense", 2, [0, 0, 0, 0], 1, True, (48, 64), "stride-2 phases", 2),     # VALID 3x3 (LFFD), by cost
 ]
 
 
@@ -412,6 +415,19 @@ def test_stride2_3x3_phases_are_the_direct_conv_bit_for_bit(group, pads, first, 
     row = _check_kxk_bytes(3, group, 2, pads, 1, first, hw_)
     assert "'stride-2 phases'" in row.why and f"as {stages + 1} KPU stages" in row.why, row.why
     assert "stride 1 + CPU pick: 1,152,921,504,606,846,976" in row.why
+
+
+def test_stride2_3x3_receipt_names_the_form_passed_over():
+    """On a small map the stride-1 map + CPU pick is cheaper by the cost model; with little KPU
+    RAM the phases' copies would not fit it: the receipt gives both estimates and the reason."""
+    m = _kxk_after_conv(3, "dense", 2, [0, 0, 0, 0], c_in=8, h=24, w=28)
+    px = pixels(2, 3, 24, 28)
+    for cap, why in ((None, "not cheaper"), (100, "its copies need")):
+        _, rows, _, _ = compile_model(m, px, format="v3", **({"kpu_ram_lines": cap} if cap else {}))
+        row = next(r for r in rows if r.node == "y")
+        note = next(nt for nt in row.notes if "'stride-2 phases'" in nt)
+        assert "stride 2 with pads [0, 0, 0, 0]" in " ".join(row.notes) and "stride 1 + CPU pick: est." in note
+        assert f"not chosen: {why}" in note, note
 
 
 def test_stride2_valid_first_layer_fits_as_phases(monkeypatch):

@@ -44,7 +44,7 @@ def stride2_even_maps(g, log):
             hi = pads[2 + ax] + 1
             ke = (uk[ax] - 1) * udil[ax] + 1
             if (n_out + 1 == n_in // 2 and hi <= k[ax] // 2 and _outputs(n_in, k[ax], 2, pads[ax], hi) == n_out + 1
-                    and us[ax] >= 2 and upads[2 + ax] == 0
+                    and upads[2 + ax] == 0
                     and _outputs(n_out + 1, ke, us[ax], upads[ax], 0) == _outputs(n_out, ke, us[ax], upads[ax], 0)):
                 pads[2 + ax] = hi
                 grown[2 + ax] += 1

@@ -380,6 +380,11 @@ def kpu_conv(lw, node):
     lq = quantize_conv(lw, node, geo, W, B, row)
     emit_layer(lw, node, geo, plan_for(lw, node), lq, row)
     describe(row, geo, plan_for(lw, node))
+    if geo.post and geo.post[0][1] == 2:
+        from .kxk import phases_passed_over
+        note = phases_passed_over(lw.g, node, lw.opts)
+        if note:
+            row.notes.append(note)
 
 
 def describe(row, geo, plan, k=None):

@@ -251,8 +251,8 @@ def phases_preferred(g, node, opts=None):
     and cannot run in row bands."""
     a = node.attrs
     if (tuple(a["kernel"]), tuple(a.get("dilations", (1, 1))), tuple(a["strides"])) != ((3, 3), (1, 1), (2, 2)) \
-            or a.get("pool") or any(p not in (0, 1) for p in a["pads"]) or is_dense(g, node):
-        return False
+            or a.get("pool") or "pick" in a or any(p not in (0, 1) for p in a["pads"]) or is_dense(g, node):
+        return False             # ("pick": a stage of a decomposed conv, or kxk_refuses' shadow)
     _, ci, h, w = g.shape(node.inputs[0])
     _, co, oh, ow = g.shape(node.outputs[0])
     grp = a.get("group", 1)
@@ -264,6 +264,22 @@ def phases_preferred(g, node, opts=None):
         return False
     cap = getattr(opts, "kpu_ram_lines", hw.KPU_RAM_LINES)
     return phase_lines(g, node, alts[0]) <= cap or node.inputs[0] in g.inputs and h * w > kpu.STREAM_PIXELS
+
+
+def phases_passed_over(g, node, opts):
+    """Why a 3x3 stride-2 conv with a phases form runs as the stride-1 map + CPU pick (the
+    receipt's note), or None."""
+    a = node.attrs
+    if tuple(a["kernel"]) != (3, 3) or tuple(a["strides"]) != (2, 2) or is_dense(g, node):
+        return None
+    alts = forms(g, node)
+    if not alts:
+        return None
+    f, s1 = alts[0], stride1_cycles(g, node)
+    lines, cap = phase_lines(g, node, f), getattr(opts, "kpu_ram_lines", hw.KPU_RAM_LINES)
+    why = (f"its copies need {lines * hw.LINE_BYTES:,} B of KPU RAM (> {cap * hw.LINE_BYTES:,} B)" if lines > cap
+           else "not cheaper")
+    return f"stride 1 + CPU pick: est. {s1:,} cycles; 'stride-2 phases' {f.cycles:,}, not chosen: {why}"
 
 
 def kxk_refuses(g, node, opts):
@@ -287,9 +303,7 @@ def kxk_refuses(g, node, opts):
         return (f"a {K}x{K} kernel on {ci} channels reads {ci * per} shifted channels; the KPU reads "
                 f"{cmax}: at most {cmax // per} input channels (or a depthwise/group conv)")
     shadow = Node("Conv", node.inputs, node.outputs, {**a, "kernel": (3, 3), "dilations": (1, 1),
-                                                     "pads": [1, 1, 1, 1]}, node.name)
-    if K == 3:           # the KPU's limits on the map; the stride is the phases' pick
-        shadow.attrs["strides"] = (1, 1)
+                                                     "pads": [1, 1, 1, 1], "pick": None}, node.name)
     return kpu_conv_refuses(g, shadow, opts)
 
 
