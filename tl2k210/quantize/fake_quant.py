@@ -1,6 +1,7 @@
 """The float graph with ideal 8-bit quantization simulated (fake quantization): per-channel
 symmetric weights rounded as the K210 back-end rounds them, and every tensor the back-end keeps as
-uint8 (conv, add, concat, max-pool and resize outputs) quantized with its calibrated range.
+uint8 (conv, add, concat, max-pool and resize outputs, and a pooled vector that a KPU conv or
+dense layer reads) quantized with its calibrated range.
 
 It answers "how much of the error is the quantization itself, and how much the way we map it
 onto the KPU": on seeded (untrained) deep networks the first part is most of it -- compare the
@@ -11,6 +12,7 @@ import numpy as np
 from . import fixed_point as fx
 
 U8_OPS = ("Conv", "Add", "Concat", "MaxPool", "Resize")
+POOLS = ("GlobalAveragePool", "AveragePool")   # CPU float ops: uint8 (QUANTIZE) only before the KPU
 
 
 def fake_quant_graph(graph, ranges, weight_bits=8):
@@ -22,7 +24,8 @@ def fake_quant_graph(graph, ranges, weight_bits=8):
             wq, zw, sw = fx.quantize_weights(w, weight_bits)
             deq = (wq.astype(np.float64) - zw) * sw.reshape(-1, *[1] * (w.ndim - 1))
             n.inputs[1] = g.add_const(deq.astype(np.float32), n.inputs[1] + "/fq")
-    for n in [n for n in g.nodes if n.op in U8_OPS]:
+    kpu_fed = [n for n in g.nodes if n.op in POOLS and any(c.op == "Conv" for c in g.consumers(n.outputs[0]))]
+    for n in [n for n in g.nodes if n.op in U8_OPS] + kpu_fed:
         out = stage_names(n)["out"] if n.op == "Conv" else n.outputs[0]
         if out not in ranges or g.shape(out) is None:
             continue

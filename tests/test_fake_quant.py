@@ -1,0 +1,33 @@
+"""Ideal 8-bit quantization (tl2k210/quantize/fake_quant.py) puts its rounding where the back-end
+keeps uint8 tensors -- a pooled vector only where a KPU conv or dense layer reads it."""
+import numpy as np
+from onnx import helper
+
+from front_helpers import make_model, rand
+from tl2k210.graph import from_onnx
+from tl2k210.passes import run_pipeline
+from tl2k210.quantize import calibrate, fixed_point as fx
+from tl2k210.quantize.fake_quant import fake_quant_graph
+
+
+def test_pooled_vector_is_rounded_only_before_a_conv():
+    rng = np.random.default_rng(1)
+    w1, w2 = rng.standard_normal((8, 4, 3, 3)).astype(np.float32), rng.standard_normal((5, 8, 1, 1)).astype(np.float32)
+    m = make_model([helper.make_node("Conv", ["x", "w1"], ["c"], name="c", pads=[1] * 4),
+                    helper.make_node("Relu", ["c"], ["r"], name="r"),
+                    helper.make_node("GlobalAveragePool", ["r"], ["p"], name="p"),
+                    helper.make_node("Conv", ["p", "w2"], ["fc"], name="fc"),
+                    helper.make_node("GlobalAveragePool", ["fc"], ["y"], name="y")],
+                   [("x", [1, 4, 8, 8])], [("y", [1, 5, 1, 1])], {"w1": w1, "w2": w2})
+    g, _ = run_pipeline(from_onnx(m))
+    xs = [rand(1, 4, 8, 8) for _ in range(4)]
+    rngs = calibrate.ranges(calibrate.collect(g, xs, histograms=False), "minmax")
+    fq = fake_quant_graph(g, rngs)
+    rounded = {n.inputs[0].removesuffix("/float") for n in fq.nodes if n.op == "QuantizeLinear"}
+    pooled = [n.outputs[0] for n in g.nodes if n.op == "GlobalAveragePool"]
+    assert pooled[0] in rounded and pooled[1] not in rounded   # the KPU dense layer's input; the output
+    got = calibrate.FloatRunner(fq)(xs[0])
+    raw, s, z = got[pooled[0] + "/float"], *fx.qparams(*rngs[pooled[0]])   # pooled before the rounding
+    want = (np.clip(np.round(raw / np.float32(s)) + z, 0, 255) - z) * np.float32(s)
+    np.testing.assert_allclose(got[pooled[0]], want, atol=1e-6)
+    assert not np.allclose(got[pooled[0]], raw)
