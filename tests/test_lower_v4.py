@@ -547,3 +547,64 @@ def test_main_memory_reuses_dead_buffers():
     model, q, rows = check_v4(build(nodes, {"pp": i64(0, 0, 1, 0, 0, 0, 0, 1)}), min_sqnr=20)
     written = sum(nd.fields["output"][3] for nd in model.nodes if "output" in nd.fields and nd.fields["output"][0] == 1)
     assert model.main_mem <= written / 2, (model.main_mem, written)
+
+
+# ---------------------------------------------------------------------------------------------
+# dense layers over the KPU's 1024 channels followed by any activation: quantized_matmul, then the
+# activation as a 256-entry table of the uint8 result (exact to the output's rounding)
+def _act_nodes(act, x, y):
+    if act == "Swish":
+        return [N("Sigmoid", [x], [x + "_s"]), N("Mul", [x, x + "_s"], [y])]
+    if act == "HardSwish":
+        return [N("HardSwish", [x], [y])]
+    return [N(act, [x], [y])]
+
+
+@pytest.mark.parametrize("act", ["Swish", "Sigmoid", "HardSwish", "Tanh"])
+def test_wide_dense_then_activation_is_quantized_matmul_and_a_table(act):
+    """A 1x1 conv on a 1x1 map (how Keras / tf2onnx write a squeeze-and-excite dense layer) with
+    1152 inputs -- over the KPU's 1024 -- and a fused activation: quantized_matmul writes the
+    pre-activation uint8, one table_lookup1d maps it to the activation's uint8 (checked bit for
+    bit against the reference runner), the 48 -> 10 dense layer after it runs on the KPU."""
+    nodes = [N("Reshape", ["r", "s"], ["f"])] + [conv_node("d", "f", "wd", "bd")] + _act_nodes(act, "d", "a") + \
+        [conv_node("y", "a", "wo", "bo")]
+    m = build(nodes, {"s": i64(1, 8 * 12 * 12, 1, 1), "wd": W(48, 8 * 12 * 12, 1, 1, scale=0.05), "bd": W(48),
+                      "wo": W(10, 48, 1, 1), "bo": W(10)})
+    m.opset_import[0].version = max(m.opset_import[0].version, 14)
+    model, q, rows = check_v4(m, opcodes=("quantized_matmul", "table_lookup1d", "kpu_conv2d"), min_sqnr=24)
+    r = next(r for r in rows if r.node == "d")
+    assert r.lowering == "quantized_matmul" and any("256-entry table" in n for n in r.notes), (r.lowering, r.notes)
+    names = [nd.name for nd in model.nodes]
+    i = names.index("quantized_matmul")
+    assert names[i + 1] == "table_lookup1d"          # the activation is the table right after it
+    print(f"{act}: SQNR {q:.1f} dB vs onnxruntime")
+
+
+@pytest.mark.parametrize("act", ["Swish", "HardSwish"])
+def test_wide_gemm_then_activation(act):
+    """The same on a Gemm (Flatten -> Gemm 1152 -> 48 -> activation): the Gemm stays a CPU
+    quantized_matmul, its activation a uint8 table (Swish: Sigmoid table + quantized Mul)."""
+    nodes = [N("Flatten", ["r"], ["f"]), N("Gemm", ["f", "wg", "bg"], ["g"], transB=1)] + _act_nodes(act, "g", "a") + \
+        [N("Gemm", ["a", "wo", "bo"], ["y"], transB=1)]
+    m = build(nodes, {"wg": W(48, 8 * 12 * 12, scale=0.05), "bg": W(48), "wo": W(10, 48), "bo": W(10)})
+    m.opset_import[0].version = max(m.opset_import[0].version, 14)
+    model, q, rows = check_v4(m, opcodes=("quantized_matmul", "table_lookup1d"), min_sqnr=24)
+    print([(r.op, r.lowering) for r in rows])
+    assert next(r for r in rows if r.op == "Gemm").lowering == "quantized_matmul"
+
+
+def test_efficientnet_squeeze_excite_block():
+    """EfficientNet's block6b in miniature: a 1x1 expansion to 1152 channels (split in two KPU
+    convs), a depthwise 3x3 + Swish over all 1152, the global average pool (float), the 1152 -> 48
+    squeeze + Swish (over the KPU's channels: quantized_matmul + table), the 48 -> 1152 excite +
+    Sigmoid (two KPU dense halves) and the broadcast Mul."""
+    c = 1152
+    nodes = [conv_node("e", "r", "we", "be")] + _act_nodes("Swish", "e", "ea") + \
+        [conv_node("dw", "ea", "wdw", "bdw", group=c, pads=[1, 1, 1, 1])] + _act_nodes("Swish", "dw", "da") + \
+        [N("GlobalAveragePool", ["da"], ["p"]), conv_node("sq", "p", "wsq", "bsq")] + _act_nodes("Swish", "sq", "sa") + \
+        [conv_node("ex", "sa", "wex", "bex"), N("Sigmoid", ["ex"], ["es"]), N("Mul", ["da", "es"], ["y"])]
+    m = build(nodes, {"we": W(c, 8, 1, 1), "be": W(c), "wdw": W(c, 1, 3, 3), "bdw": W(c),
+                      "wsq": W(48, c, 1, 1, scale=0.05), "bsq": W(48), "wex": W(c, 48, 1, 1), "bex": W(c)})
+    model, q, rows = check_v4(m, opcodes=("quantized_matmul", "table_lookup1d", "kpu_conv2d"), min_sqnr=20)
+    assert next(r for r in rows if r.node == "sq").lowering == "quantized_matmul"
+    print(f"SE block: SQNR {q:.1f} dB vs onnxruntime")

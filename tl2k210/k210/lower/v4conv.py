@@ -22,9 +22,9 @@ from tl2k210.quantize import fixed_point as fx
 from tl2k210.quantize.metrics import sqnr_db
 
 from .conv import is_dense
-from .fc import source_unit
+from .fc import float_fc_refuses, source_unit
 from .registry import CPU_F32, CPU_U8, NA, lowering
-from .v4elementwise import g4, nnil_ops, unary_function
+from .v4elementwise import g4, nnil_ops
 from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, nnil_code, pixel_affine
 from .v4ops import window_pool
 
@@ -95,10 +95,6 @@ def _act_node(act):
 
 def _act_nnil(g, act):
     return nnil_ops(g, _act_node(act), True)
-
-
-def _act_fn(g, act):
-    return unary_function(g, _act_node(act)) if act else (lambda v: v)
 
 
 def _relu_like(act):
@@ -181,22 +177,31 @@ def quantized_conv(lw, node):
     row.notes.append(f"weights uint8 per layer ({weight_sqnr(W):.1f} dB)")
     cur = name
     if not direct:
-        from .cpu import table
-        act_t = out if not pool else st["act"]
-        so, zo = lw.quant_of(act_t)
-        nxt = lw.u8_out(act_t, (so, zo), loc.shape)
-        f_act = _act_fn(lw.g, act)
-        lw.emit("REQUANTIZE", dict(flags=1, main_mem_in_address=loc.u8, main_mem_out_address=nxt.u8,
-                                   count=int(np.prod(loc.shape))), row,
-                data={"table": table(f_act, s_y, z_y, so, zo)})
-        lw.traced(act_t, "u8")
-        row.notes.append(f"{act['op']} as a 256-entry table")
-        lw.main.free(f"{cur}:u8")
-        cur = act_t
+        cur = activation_after(lw, name, out if not pool else st["act"], act, row)
     if pool:
         window_pool(lw, cur, out, pool["kind"], (pool["size"],) * 2, (pool["stride"],) * 2,
                     list(pool.get("pads", [0, 0, 0, 0])), row)
         lw.main.free(f"{cur}:u8")
+
+
+def activation_after(lw, src, dst, act, row):
+    """`dst` = act(`src`) for a uint8 `src` just written by a CPU layer: one REQUANTIZE whose
+    256-entry table maps each uint8 value of src's quantization to the nearest of dst's -- exact
+    (to dst's rounding) for any function of one value, whatever the channel count. Frees src."""
+    from .cpu import table
+    s_in, z_in = lw.locs[src].quant
+    so, zo = lw.quant_of(dst)
+    shape = lw.locs[src].shape
+    nxt = lw.u8_out(dst, (so, zo), shape)
+    f, _ = fx.act_function(act)
+    with np.errstate(over="ignore"):
+        tab = table(f, s_in, z_in, so, zo)
+    lw.emit("REQUANTIZE", dict(flags=1, main_mem_in_address=lw.locs[src].u8, main_mem_out_address=nxt.u8,
+                               count=int(np.prod(shape))), row, data={"table": tab})
+    lw.traced(dst, "u8")
+    row.notes.append(f"{act['op']} as a 256-entry table (exact on the uint8 grid)")
+    lw.main.free(f"{src}:u8")
+    return dst
 
 
 def _out_hw(lw, node, st, pool):
@@ -372,9 +377,12 @@ def qmatmul_refuses(g, node, opts):
     wb = _dense_weights(g, node)
     if wb is None:
         return NA
-    if node.attrs.get("activation") and not _relu_like(node.attrs["activation"]):
-        return f"activation {node.attrs['activation']['op']} after a uint8 matmul"
-    if source_unit(g, node.inputs[0], opts) in ("input", CPU_F32):
+    act = node.attrs.get("activation")
+    if act and not _relu_like(act) and not _has_table(act):
+        return f"activation {act['op']} has no function of one value to tabulate"
+    if wb[0].shape[1] > ACC_TAPS_MAX:
+        return f"{wb[0].shape[1]} inputs per output overflow the int32 accumulator (at most {ACC_TAPS_MAX:,})"
+    if source_unit(g, node.inputs[0], opts) in ("input", CPU_F32) and float_fc_refuses(g, node, opts) is None:
         return "its input is float: the float layer avoids a quantize"
     if _feeds_output(g, node.outputs[0]):
         return "it computes a model output: the float layer keeps it unclipped and exact"
@@ -397,13 +405,24 @@ def quantized_matmul(lw, node):
     s_x, z_x = lw.locs[x].quant
     s_w, z_w = fx.qparams(W.min(), W.max())
     Wq = np.clip(np.rint(W.T / s_w + z_w), 0, 255).astype(np.uint8)      # (K, N) row-major
-    y_t = stage_names(node)["act"] if node.op == "Conv" and act else out
+    direct = _relu_like(act)     # ReLU / Clip(0, b): the uint8 clamp of the output's range
+    y_t = out if direct else stage_names(node)["conv"]
     s_y, z_y = lw.quant_of(y_t)
     bq = np.clip(np.rint(B / (s_x * s_w)), -(2 ** 31), 2 ** 31 - 1).astype(np.int64)
     om, osh = fx.fixed_mul(s_x * s_w / s_y, 32, 62)
-    loc = lw.u8_out(out, (s_y, z_y), lw.shape(out) or (n_out,))
+    loc = lw.u8_out(y_t, (s_y, z_y), lw.shape(out) or (n_out,))
     lw.emit_v4("quantized_matmul", dict(
         input_a=main(U8, src, k), input_b=Const(Wq.reshape(-1), U8), output=main(U8, loc.u8, n_out), a_rows=1,
         a_cols=k, b_cols=n_out, input_a_offset=-z_x, input_b_offset=-z_w, output_mul=om, output_shift=osh,
         output_offset=z_y), row, data={"bias": bq})
-    lw.traced(out, "u8")
+    lw.traced(y_t, "u8")
+    if not direct:
+        activation_after(lw, y_t, out, act, row)
+
+
+def _has_table(act):
+    try:
+        fx.act_function(act)
+        return True
+    except KeyError:
+        return False
