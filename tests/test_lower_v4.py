@@ -608,3 +608,25 @@ def test_efficientnet_squeeze_excite_block():
     model, q, rows = check_v4(m, opcodes=("quantized_matmul", "table_lookup1d", "kpu_conv2d"), min_sqnr=20)
     assert next(r for r in rows if r.node == "sq").lowering == "quantized_matmul"
     print(f"SE block: SQNR {q:.1f} dB vs onnxruntime")
+
+
+def test_global_average_pool_of_a_big_uint8_map_is_pooled_a_slice_at_a_time(monkeypatch):
+    """A 128x12x12 uint8 map (a 72 KiB float copy): dequantized and pooled in two channel slices
+    with one float scratch, never a whole float copy; in v3 and v4 the same output bytes as the
+    unsliced layers, within rounding of onnxruntime (check_v4)."""
+    from tl2k210.k210.lower import cpu
+    nodes = [N("GlobalAveragePool", ["r"], ["p"]), N("Flatten", ["p"], ["y"])]
+    m = build(nodes, {}, c=128)
+    model, q, rows = check_v4(m, opcodes=("dequantize", "reduce"), min_sqnr=40)
+    r = next(r for r in rows if r.op == "GlobalAveragePool")
+    assert any("113 channels at a time" in n for n in r.notes), r.notes
+    assert [nd.name for nd in model.nodes].count("reduce") == 2
+    v3, _, lw, _ = compile_model(m, PX, format="v3")
+    assert [ly.name for ly in v3.layers].count("GLOBAL_AVERAGE_POOL2D") == 2
+    assert lw.main.high < 128 * 144 * 5          # uint8 map + float scratch, never the whole float copy
+    monkeypatch.setattr(cpu, "SLICE_MIN_BYTES", 1 << 30)
+    whole4, whole3 = (compile_model(m, PX, format=f)[0] for f in ("v4", "v3"))
+    assert [ly.name for ly in whole3.layers].count("GLOBAL_AVERAGE_POOL2D") == 1
+    for p in PX[:2]:
+        np.testing.assert_array_equal(Emulator(model).run(p)[0], Emulator(whole4).run(p)[0])
+        np.testing.assert_array_equal(Emulator(v3).run(p)[0], Emulator(whole3).run(p)[0])

@@ -256,16 +256,40 @@ def average_pool(lw, node):
     lw.traced(out, "f32")
 
 
+SLICE_MIN_BYTES = 65536          # float scratch below which a uint8 map is dequantized whole (64 KiB)
+
+
 @lowering("GlobalAveragePool", unit=CPU_F32)
 def global_average_pool(lw, node):
+    """A uint8 map with no float copy yet is dequantized and pooled a slice of channels at a time
+    (channels are contiguous, and each one's mean is its own): the float scratch is no bigger
+    than the uint8 map instead of four times it (EfficientNetB0's first squeeze-and-excite pool
+    needed a 1.7 MiB float copy of a 441 KiB map). The same values as one big layer."""
     x, out = node.inputs[0], node.outputs[0]
     c, h, w = lw.shape(x)
     row = lw.row(node, "global average pool: float GLOBAL_AVERAGE_POOL2D (the SDK has no uint8 version)",
                  in_shape=(c, h, w), out_shape=(c,))
-    src = lw.need_f32(x, row)
+    xl, hw_ = lw.locs[x], h * w
+    per = max(1, max(SLICE_MIN_BYTES, c * hw_) // (4 * hw_))     # channels per float slice
+    if xl.f32 is not None or xl.pixels is not None or per >= c:
+        src = lw.need_f32(x, row)
+        loc = lw.f32_out(out)
+        lw.emit("GLOBAL_AVERAGE_POOL2D", dict(flags=1, main_mem_in_address=src, main_mem_out_address=loc.f32,
+                                              kernel_size=hw_, channels=c), row)
+        lw.traced(out, "f32")
+        return
+    src = lw.need_u8(x, row)
+    s, z = xl.quant
     loc = lw.f32_out(out)
-    lw.emit("GLOBAL_AVERAGE_POOL2D", dict(flags=1, main_mem_in_address=src, main_mem_out_address=loc.f32,
-                                          kernel_size=h * w, channels=c), row)
+    scratch = lw.main.alloc(f"{out}:slice", 4 * per * hw_)
+    for c0 in range(0, c, per):
+        n = min(per, c - c0)
+        lw.emit("DEQUANTIZE", dict(flags=1, main_mem_in_address=src + c0 * hw_, mem_out_address=scratch,
+                                   count=n * hw_, scale=s, bias=-z * s), row)
+        lw.emit("GLOBAL_AVERAGE_POOL2D", dict(flags=1, main_mem_in_address=scratch,
+                                              main_mem_out_address=loc.f32 + 4 * c0, kernel_size=hw_, channels=n), row)
+    lw.main.free(f"{out}:slice")
+    row.notes.append(f"dequantized and pooled {per} channels at a time ({4 * per * hw_:,} B of float scratch)")
     lw.traced(out, "f32")
 
 
