@@ -73,10 +73,15 @@ def mobilenet_v3_small(minimalistic):
     return build
 
 
-def efficientnet_b0():
-    _seed()
-    return recalibrate_bn(_keras().applications.EfficientNetB0((224, 224, 3), weights=None,
-                                                               classifier_activation=None), 0, 255)
+def efficientnet_b0(size=224, classes=1000):
+    """EfficientNetB0 (Swish, squeeze-and-excite, 5x5 depthwise; 1152-channel stages). With its
+    1000-class head the 5,236,192 kernel weights alone leave 6,688 B of the 'sdk' firmware's
+    5 MiB: a 10-class head at 128x128 (3,968,992 weights) is what a K210 holds."""
+    def build():
+        _seed()
+        return recalibrate_bn(_keras().applications.EfficientNetB0(
+            input_shape=(size, size, 3), weights=None, classes=classes, classifier_activation=None), 0, 255)
+    return build
 
 
 def nasnet_mobile():
@@ -304,8 +309,11 @@ def entries():
         "MobileNetV3Small minimalistic": Entry(mobilenet_v3_small(True), (224, 224),
                                                "keras.applications, ReLU, no SE",
                                                {"input_range": (0, 255), "runtime": "maixpy-minimum"}),
-        "EfficientNetB0": Entry(efficientnet_b0, (224, 224), "keras.applications (5.3 M weights)",
+        "EfficientNetB0": Entry(efficientnet_b0(), (224, 224), "keras.applications (5.3 M weights)",
                                 {"input_range": (0, 255), "runtime": "sdk"}),
+        "EfficientNetB0 128 10-class": Entry(efficientnet_b0(128, 10), (128, 128),
+                                             "keras.applications, 10-class head (4.0 M weights)",
+                                             {"input_range": (0, 255), "runtime": "sdk"}),
         "NASNetMobile": Entry(nasnet_mobile, (224, 224), "keras.applications (5.3 M weights)",
                               {"input_range": (-1, 1), "runtime": "maixpy-minimum"}),
         "tiny-YOLOv3": Entry(tiny_yolo_v3(), (224, 224), "two heads, upsample, concat (8.7 M weights)",

@@ -11,7 +11,8 @@
   as an NNIL method after it.
 * `conv2d_transpose` (float; the v0.2 kernel ignores its bias: a broadcast add follows).
 * `matmul` of two activations (attention-style products) and `quantized_matmul` for dense layers
-  wider than the KPU's 1024 channels.
+  wider than the KPU's 1024 channels, its activation (Swish, HardSwish, Sigmoid, ...: any function
+  of one value) a 256-entry table after it like the uint8 conv's (`activation_after`).
 """
 from __future__ import annotations
 
