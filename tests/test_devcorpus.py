@@ -119,7 +119,7 @@ def test_efficientnet_b0_fits_the_sdk_at_128_with_10_classes_near_ideal_quantiza
     with a 10-class head, `--runtime sdk`: kmodel v4 (5x5 depthwise convs over 240+ channels run
     on the CPU); its squeeze-and-excite dense layers over 1024 inputs (1152 -> 48 + Swish) are
     uint8 quantized_matmul + a Swish table; file + main memory fit the 5 MiB; within 1 dB of ideal
-    8-bit quantization of the same float graph (28 photos in bench/corpus.py: 0.3 vs 0.3 dB --
+    8-bit quantization of the same float graph (28 photos in bench/corpus.py: 0.27 vs 0.28 dB --
     the seeded net keeps almost nothing under ideal 8-bit: ~1 dB lost per block). The 1000-class
     head does not fit any K210 firmware: 5,236,192 kernel weights alone (bench/corpus.py row)."""
     e = devcorpus.entries()["EfficientNetB0 128 10-class"]
