@@ -210,6 +210,13 @@ def test_slices_split_transpose_concat_pad():
     check_v4(m2, opcodes=("strided_slice", "concat"))
 
 
+def test_reflect_pad_from_slices():
+    """PyTorch ReflectionPad2d (ONNX Pad mode reflect) on H and W, asymmetric: the mirrored rows
+    and columns as 1-row strided_slices concatenated around the map."""
+    m = build([N("Pad", ["r", "pr"], ["y"], mode="reflect")], {"pr": i64(0, 0, 3, 1, 0, 0, 2, 4)})
+    check_v4(m, opcodes=("strided_slice", "concat"))
+
+
 def test_memory_copy_for_a_whole_slice():
     m = build([N("Slice", ["r", "st", "en"], ["y"])], {"st": i64(0), "en": i64(100)})
     check_v4(m, opcodes=("memory_copy",))

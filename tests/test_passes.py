@@ -422,3 +422,60 @@ def test_stride2_even_maps():
     assert pads == {"a": [0, 0, 0, 1], "b": [0, 0, 0, 1], "c": [1, 1, 1, 1], "d": [0, 0, 0, 0], "e": [0, 0, 1, 0]}
     assert g.shape("a")[2:] == (23, 20) and g.shape("b")[2:] == (11, 10) and g.shape("p")[2:] == (5, 4)
     assert [c for c, _ in changes] == ["a", "b"]
+
+
+@pytest.mark.parametrize("op,attrs,inits", [
+    ("Conv", dict(kernel_shape=[3], pads=[2, 1], strides=[2], dilations=[2], group=2),
+     {"w": rand(6, 2, 3), "b": rand(6)}),
+    ("MaxPool", dict(kernel_shape=[3], pads=[1, 1], strides=[2]), {}),
+    ("AveragePool", dict(kernel_shape=[2], strides=[2]), {}),
+    ("BatchNormalization", {}, {"s": rand(4), "b": rand(4), "m": rand(4), "v": np.abs(rand(4)) + 0.5}),
+    ("PRelu", {}, {"a": rand(4, 1)}),
+])
+def test_spatial_1d_ops_become_2d(op, attrs, inits):
+    """Conv1d/MaxPool1d/AvgPool1d/BatchNorm1d/PReLU on (N, C, L) as their 2-D forms on (N, C, 1, L):
+    float-exact, two 1-D layers in a row share one Unsqueeze/Squeeze."""
+    names = list(inits)
+    first = helper.make_node(op, ["x"] + names, ["h"], **attrs)
+    second = helper.make_node("Relu", ["h"], ["r"])
+    third = helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[2], strides=[1])
+    m = make_model([first, second, third], [("x", [1, 4, 12])], [("y", None)], inits)
+    g, changes = check(m, "spatial_1d")
+    assert all(len(g.shape(n.outputs[0])) == 4 for n in g.nodes if n.op in (op, "MaxPool"))
+    assert [n.op for n in g.nodes].count("Unsqueeze") == 1 and [n.op for n in g.nodes].count("Squeeze") == 1
+    assert len(changes) == 3
+
+
+def test_volumetric_ops_are_refused_with_what_to_change():
+    from tl2k210.errors import UnsupportedOpError
+    m = make_model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2, 2], name="pool3d")],
+                   [("x", [1, 2, 4, 4, 4])], [("y", None)])
+    with pytest.raises(UnsupportedOpError, match=r"'pool3d'.*MaxPool kernel_shape=\[2, 2, 2\].*fold the depth"):
+        run_pipeline(from_onnx(m))
+
+
+def test_fixed_batch_runs_one_sample_and_refuses_a_graph_across_it():
+    """An export with batch 4 (PyTorch's example input) reads as one sample, view(4, -1)
+    included; a graph that mixes the samples (a split over the batch axis) is refused."""
+    from tl2k210.errors import ModelLoadError
+    shape = helper.make_node("Reshape", ["x", "s"], ["y"])
+    m = make_model([shape], [("x", [4, 2, 3])], [("y", [4, 6])], {"s": np.array([4, -1], np.int64)})
+    g = from_onnx(m)
+    assert g.shape("x") == (1, 2, 3) and g.shape("y") == (1, 6) and g.meta["rebatched"] == {"x": 4}
+    split = helper.make_node("Split", ["x"], ["a", "b"], axis=0, num_outputs=2, name="halves")
+    m = make_model([split], [("x", [4, 2, 3])], [("a", None), ("b", None)], opset=18)
+    with pytest.raises(ModelLoadError, match="'halves'.*export the model with batch 1"):
+        from_onnx(m)
+
+
+def test_opset6_prelu_slope_is_per_channel():
+    """Before opset 7 a (C,) PRelu slope meant per channel (PyTorch nn.PReLU(C) exports so);
+    the opset upgrade keeps that meaning."""
+    x = rand(1, 3, 4, 5)
+    a = np.array([0.1, -0.5, 2.0], np.float32)
+    m = make_model([helper.make_node("PRelu", ["x", "a"], ["y"])], [("x", [1, 3, 4, 5])], [("y", None)],
+                   {"a": a}, opset=6)
+    m.ir_version = 3
+    g = from_onnx(m)
+    want = np.where(x > 0, x, x * a[None, :, None, None])
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], want, rtol=1e-6)

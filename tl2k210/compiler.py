@@ -258,8 +258,8 @@ def model_input_range(graph, opts: ConvertOptions):
 
 
 def model_inputs(graph, dataset, limit, opts: ConvertOptions):
-    """(floats (N, *input_shape[1:]) float32 in the graph's input layout, pixels (N, C, H, W)
-    uint8 or None). Image models see exactly the pixels the device gets: the float input is
+    """(floats (N, *input_shape[1:]) float32 in the graph's input layout, pixels uint8 in the
+    same order -- what the kmodel reads, (N, C, H, W) once passes.input_nchw ran -- or None). Image models see exactly the pixels the device gets: the float input is
     recomputed from them. The layout (NCHW/NHWC) and the size (H may differ from W) are read
     from the graph's input."""
     from tl2k210.passes.input_nchw import input_layout
@@ -289,7 +289,12 @@ def model_inputs(graph, dataset, limit, opts: ConvertOptions):
                   "pixel arrays, or check those flags", file=sys.stderr)
         pixels = np.clip(raw, 0, 255).astype(np.uint8)
     floats = (pixels * s4 + o4).astype(np.float32)
-    return (floats if layout == "NCHW" else np.ascontiguousarray(floats.transpose(0, 2, 3, 1))), pixels
+    if layout == "NCHW":
+        return floats, pixels
+    # an input the passes left channels-last (no layout change below it): the kmodel reads it in
+    # the graph's order, so the device gets the pixels in that order too
+    return (np.ascontiguousarray(floats.transpose(0, 2, 3, 1)),
+            np.ascontiguousarray(pixels.transpose(0, 2, 3, 1)))
 
 
 def channel_means(graph, batches, limit: int = 32):
@@ -307,6 +312,22 @@ def channel_means(graph, batches, limit: int = 32):
             if v is not None and v.ndim == 4:
                 sums[t] = sums.get(t, 0) + v.mean(axis=(0, 2, 3))
     return {k: v / n for k, v in sums.items()}
+
+
+def _check_unbatched_vector(graph):
+    """A 1-D input of n > 1 values has no batch axis: the calibration data's first axis would be
+    read as samples of it. Refuse, naming the node that reads it."""
+    from tl2k210.errors import UnsupportedOpError
+    from tl2k210.k210.lower.registry import describe
+    x = graph.inputs[0]
+    shape = graph.shape(x) or ()
+    if len(shape) == 1 and shape[0] > 1:
+        n = (graph.consumers(x) or [None])[0]
+        at = f"node {n.name!r} ({describe(n)}) reads " if n is not None else ""
+        raise UnsupportedOpError(
+            f"{at}input {x!r} of shape {tuple(shape)}: a vector without a batch axis, so its first "
+            f"axis cannot be told from the samples; export the model with a (1, {shape[0]}) input "
+            "(a batch of one)")
 
 
 def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
@@ -342,6 +363,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     if opts.input_shape:
         shapes = {onnx_model.graph.input[0].name: tuple(opts.input_shape)}
     graph = from_onnx(onnx_model, input_shapes=shapes)
+    _check_unbatched_vector(graph)
     t_front = time.perf_counter() - t0
     _say(opts, f"[2/6] passes ({len(graph.nodes)} nodes) ...")
     exact_graph = graph

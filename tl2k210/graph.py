@@ -229,6 +229,8 @@ def upgrade_opset(model):
         return model
     from onnx import version_converter
     model = ir4_if_initializers_unlisted(model)
+    if default_opset(model) < 7:
+        model = _legacy_prelu_slopes(model)
     try:
         return version_converter.convert_version(model, OPSET)
     except Exception as e:  # the converter raises several kinds
@@ -237,6 +239,33 @@ def upgrade_opset(model):
                                  f"upgrade it to opset {OPSET} ({type(e).__name__}: "
                                  f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); re-export it "
                                  f"with opset_version={OPSET}") from e
+
+
+def _legacy_prelu_slopes(model):
+    """Before opset 7 a PRelu slope of shape (C,) is per channel (axis 1, Caffe's PReLU: PyTorch's
+    nn.PReLU(C) exports so); from opset 7 on it broadcasts from the last axis. Reshape such slopes
+    to (C, 1, ..., 1) so the upgraded model means what the exporter meant."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False)
+    except Exception:   # rank unknown: 4-D maps assumed below
+        inferred = m
+    rank = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in
+            list(inferred.graph.value_info) + list(inferred.graph.input) if vi.type.tensor_type.HasField("shape")}
+    inits = {t.name: t for t in m.graph.initializer}
+    for n in m.graph.node:
+        if n.op_type != "PRelu" or len(n.input) < 2 or n.input[1] not in inits:
+            continue
+        t = inits[n.input[1]]
+        r = rank.get(n.input[0], 4)
+        if len(t.dims) == 1 and t.dims[0] > 1 and r >= 3:
+            v = numpy_helper.to_array(t).reshape((t.dims[0],) + (1,) * (r - 2))
+            t.CopyFrom(numpy_helper.from_array(v, t.name))
+            for vi in m.graph.input:        # an IR-3 file lists its initializers as inputs too
+                if vi.name == t.name:
+                    vi.CopyFrom(helper.make_tensor_value_info(t.name, t.data_type, v.shape))
+    return m
 
 
 def axes_of(g, n):
@@ -284,7 +313,7 @@ def from_onnx(model, batch=1, input_shapes=None):
             continue
         nodes.append(Node(n.op_type, list(n.input), list(n.output), attrs, n.name or f"{n.op_type}_{i}",
                           [n.name or n.op_type]))
-    inputs = []
+    inputs, rebatched = [], {}
     for vi in gp.input:
         if vi.name in tensors:
             continue
@@ -297,6 +326,9 @@ def from_onnx(model, batch=1, input_shapes=None):
             raise ModelLoadError(f"input {vi.name!r} has symbolic dims {[d.dim_param or '?' for d in tt.shape.dim]}; "
                                  "give its shape: --input-shape N,C,H,W (from_onnx(model, input_shapes={name: "
                                  "(1, C, H, W)}))")
+        if batch == 1 and not (input_shapes or {}).get(vi.name) and len(shape) >= 2 and shape[0] > 1:
+            rebatched[vi.name] = shape[0]        # a K210 runs one sample at a time
+            shape = (1,) + shape[1:]
         tensors[vi.name] = Tensor(vi.name, shape, np.dtype(_DT.get(tt.elem_type, np.float32)))
         inputs.append(vi.name)
     for n in nodes:
@@ -305,11 +337,48 @@ def from_onnx(model, batch=1, input_shapes=None):
     g = Graph(inputs, [o.name for o in gp.output], nodes, tensors,
               {"opset": default_opset(model)})
     g.prune()
+    if rebatched:
+        _single_sample(g, rebatched)
     infer_shapes(g)
+    if rebatched:
+        _check_single_sample(g, rebatched)
     for n in g.nodes:
         if n.op == "Conv":
             _normalize_conv(g, n)
     return g
+
+
+def _single_sample(g, rebatched):
+    """The graph of a model exported with a fixed batch N > 1, run on one sample: Reshape targets
+    that spell the batch (PyTorch's `x.view(N, -1)`) get 1 instead."""
+    n_batch = set(rebatched.values())
+    for n in g.nodes:
+        if n.op == "Reshape" and len(n.inputs) > 1 and g.const(n.inputs[1]) is not None:
+            target = np.asarray(g.const(n.inputs[1])).copy()
+            if target.size and int(target[0]) in n_batch:
+                target[0] = 1
+                n.inputs[1] = g.add_const(target.astype(np.int64), n.name + "/single_sample_shape")
+    g.meta["rebatched"] = dict(rebatched)
+
+
+def _check_single_sample(g, rebatched):
+    """Refuse a rebatched graph whose nodes work across the samples of its batch (a split, concat
+    or reduction over axis 0, a constant the size of the batch): one sample cannot be its input."""
+    from tl2k210.errors import ModelLoadError
+    from tl2k210.k210.lower.registry import describe
+    x, n_batch = next(iter(rebatched.items()))
+    for n in toposort(g):
+        axes = [n.attrs["axis"]] if "axis" in n.attrs else list(n.attrs.get("axes", ()))
+        ins = [g.tensors[i].shape for i in n.inputs if i in g.tensors and g.const(i) is None]
+        rank = len(ins[0]) if ins and ins[0] is not None else 0
+        across = rank >= 2 and n.op != "Flatten" and any(int(a) % rank == 0 for a in axes)
+        outs = [g.tensors[o].shape for o in n.outputs]
+        if across or any(s is None or (len(s) > 1 and s[0] != 1) for s in outs):
+            raise ModelLoadError(
+                f"node {n.name!r} ({describe(n)}): input {x!r} has a fixed batch of {n_batch} and this "
+                f"node works across the samples of the batch (outputs {outs} for one sample); a K210 "
+                "runs one sample at a time: export the model with batch 1 (torch.onnx.export with a "
+                "(1, ...) example input), or give --input-shape")
 
 
 def _normalize_conv(g, n):

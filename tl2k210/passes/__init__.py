@@ -14,6 +14,7 @@ from tl2k210.graph import infer_shapes
 
 from .input_nchw import input_nchw
 from .nary_ops import nary_ops
+from .spatial_1d import spatial_1d
 from .input_affine import input_affine
 from .dequantize import dequantize
 from .output_nchw import output_nchw
@@ -51,6 +52,7 @@ PIPELINE = [
     Pass("dequantize", dequantize),
     Pass("input_nchw", input_nchw),
     Pass("fold_constants", fold_constants),
+    Pass("spatial_1d", spatial_1d),
     Pass("nary_ops", nary_ops),
     Pass("input_affine", input_affine),
     Pass("push_transposes", push_transposes),

@@ -67,6 +67,8 @@ def collect(graph, batches, histograms=True):
                 continue
             s = stats.get(k)
             lo, hi = float(v.min()), float(v.max())
+            if not (np.isfinite(lo) and np.isfinite(hi)):
+                _non_finite(graph, k, v, run(x))
             if s is None:
                 stats[k] = TensorStats(lo, hi, v.size)
             else:
@@ -85,6 +87,21 @@ def collect(graph, batches, histograms=True):
                 s.hist += np.histogram(v, BINS, (s.lo, s.hi if s.hi > s.lo else s.lo + 1e-12))[0]
                 s.abs_hist += np.histogram(np.abs(v), BINS, (0, s.amax if s.amax > 0 else 1e-12))[0]
     return stats
+
+
+def _non_finite(graph, name, v, values):
+    """Refuse a calibration sample that drives a tensor to NaN/inf (sqrt or log of negatives,
+    a division by zero): no 8-bit range holds it. Names the node, its op and its input range."""
+    from tl2k210.errors import Tl2k210Error
+    from tl2k210.k210.lower.registry import describe
+    node = graph.producer(name)
+    where = f"input {name!r}" if node is None else f"node {node.name!r} ({describe(node)})"
+    ins = [] if node is None else [values[i] for i in node.inputs if i in values and graph.const(i) is None]
+    rng = "".join(f"; its input spans {float(np.nanmin(a)):.4g}..{float(np.nanmax(a)):.4g}" for a in ins[:1])
+    bad = "NaN" if np.isnan(v).any() else "inf"
+    raise Tl2k210Error(f"{where} gives {bad} on the calibration data{rng}: no 8-bit range holds "
+                       "it. Calibrate with data inside the op's domain, or clamp its input in the model "
+                       "(e.g. Relu/Clip before Sqrt or Log, an epsilon before a division)")
 
 
 def _percentile(s, p):

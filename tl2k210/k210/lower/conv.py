@@ -71,6 +71,11 @@ def kpu_conv_refuses(g, node, opts):
     s = tuple(a["strides"])
     if any(v not in (1, 2) for v in s) or s[0] != s[1]:
         return f"strides {s}: only equal strides 1 and 2 are lowered"
+    oh, ow = (g.shape(node.outputs[0]) or (0, 0, 4, 4))[2:]
+    if s == (2, 2) and not a.get("pool") and min(oh, ow) < hw.LIMITS["out_min"] and "pick" not in a:
+        lo = hw.LIMITS["out_min"]
+        return (f"output {ow}x{oh}: the KPU's stride-2 pick writes maps of at least {lo}x{lo} "
+                "(spec §2.7); use a larger input")
     if a.get("pool") and kpu.pool_code(a["pool"]) is None and a["pool"]["kind"] != "max":
         return f"pool {a['pool']} has no KPU code and no uint8 CPU layer"
     return None

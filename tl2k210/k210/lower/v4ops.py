@@ -57,7 +57,8 @@ def _mark(lw, t, dt):
 
 def _rank_ok(g, node):
     if any(len(g.shape(t)) > 4 for t in node.inputs[:1] + node.outputs if g.tensors[t].shape is not None):
-        return "more than 4 dimensions (the v4 runtime's shapes are 4-D)"
+        return ("more than 4 dimensions (the v4 runtime's shapes are 4-D): reshape to at most 4 "
+                "dims in the model (merge adjacent axes)")
     return None
 
 
@@ -226,12 +227,18 @@ def pad_refuses(g, node, opts):
     if isinstance(p, str):
         return p
     pairs, value, mode = p
-    if mode == "edge":
+    if mode in ("edge", "reflect"):
         if any(a or b for a, b in pairs[:2]) or any(min(a, b) < 0 for a, b in pairs):
-            return "edge padding of N or C, or edge crop: only H / W edges are copied"
+            return (f"{mode} padding of N or C, or a crop: only H / W borders are copied; pad "
+                    "H and W only (ZeroPad2d/ReflectionPad2d/ReplicationPad2d do)")
+        shape = g4(g, node.inputs[0])
+        if mode == "reflect" and any(max(p) >= n for p, n in zip(pairs[2:], shape[2:])):
+            return (f"reflect pads {pairs[2:]} reach past the {shape[2]}x{shape[3]} map (ONNX needs "
+                    "pad < size); use a smaller pad or mode edge")
         return None
     if mode != "constant":
-        return f"Pad mode {mode}: the v4 pad is constant (edge padding is built from slices)"
+        return (f"Pad mode {mode}: the v4 pad is constant (edge and reflect padding are built from "
+                "slices); use mode constant, edge or reflect")
     return None
 
 
@@ -242,10 +249,10 @@ def pad(lw, node):
     pairs, value, mode = _pads4(lw.g, node)
     dt = _form(lw, x)
     row = lw.row(node, f"{mode} pad", in_shape=lw.shape(x), out_shape=lw.shape(out))
-    if mode == "edge":
+    if mode in ("edge", "reflect"):
         src = _src(lw, x, dt, row)
         dst = _out(lw, out, dt, x)
-        cur, shape = edge_pad(lw, src, g4(lw.g, x), dt, pairs[2], pairs[3], row, out + ":edge")
+        cur, shape = edge_pad(lw, src, g4(lw.g, x), dt, pairs[2], pairs[3], row, out + ":edge", mode)
         n = _count(lw, out)
         lw.emit_v4("memory_copy", dict(input=main(dt, cur, n), output=main(dt, dst, n)), row)
         for k in ("pad2", "pad3"):

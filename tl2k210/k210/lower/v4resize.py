@@ -287,10 +287,20 @@ def nearest_refuses(g, node, opts):
 
 
 # ---------------------------------------------------------------------------------------------
-def edge_pad(lw, src, shape, dt, ph, pw, row, tag):
-    """(address, shape) of `src` (N, C, H, W) with its edge rows / columns repeated: ph, pw are a
-    count for both sides or (before, after). strided_slices of the border and one concat per padded
-    axis (the concat repeats the border's range; the v4 pad is constant-only)."""
+def border_rows(n, before, after, mode="edge"):
+    """The source index of every padded row along an axis of `n`: edge repeats the border
+    (ONNX 'edge', PyTorch ReplicationPad), reflect mirrors without it (ONNX 'reflect',
+    PyTorch ReflectionPad: x[2] x[1] | x[0] ... x[n-1] | x[n-2] x[n-3])."""
+    if mode == "reflect":
+        return list(range(before, 0, -1)), list(range(n - 2, n - 2 - after, -1))
+    return [0] * before, [n - 1] * after
+
+
+def edge_pad(lw, src, shape, dt, ph, pw, row, tag, mode="edge"):
+    """(address, shape) of `src` (N, C, H, W) with its border rows / columns repeated (`mode`
+    edge) or mirrored (reflect): ph, pw are a count for both sides or (before, after).
+    strided_slices of the border rows and one concat per padded axis (the concat repeats a row's
+    range where it recurs; the v4 pad is constant-only)."""
     cur, cur_shape = src, tuple(shape)
     esz = 4 if dt == F32 else 1
     for axis, p in ((2, ph), (3, pw)):
@@ -301,32 +311,30 @@ def edge_pad(lw, src, shape, dt, ph, pw, row, tag):
         edge_shape = list(cur_shape)
         edge_shape[axis] = 1
         esize = int(np.prod(edge_shape))
-        ends = {}
-        for side, count in (("first", before), ("last", after)):
-            if not count:
+        first, last = border_rows(cur_shape[axis], before, after, mode)
+        rows = {}
+        for r in first + last:
+            if r in rows:
                 continue
-            addr = lw.main.alloc(f"{tag}:edge{axis}{side}", esize * esz)
+            addr = lw.main.alloc(f"{tag}:edge{axis}:{r}", esize * esz)
             begin, end = [0, 0, 0, 0], list(cur_shape)
-            if side == "first":
-                end[axis] = 1
-            else:
-                begin[axis] = cur_shape[axis] - 1
+            begin[axis], end[axis] = r, r + 1
             lw.emit_v4(*_op(slice_op(main(dt, cur, size), main(dt, addr, esize), cur_shape, begin, end,
                                      (1, 1, 1, 1))), row)
-            ends[side] = addr
+            rows[r] = addr
         out_shape = list(cur_shape)
         out_shape[axis] += before + after
         osize = int(np.prod(out_shape))
         out = lw.main.alloc(f"{tag}:pad{axis}", osize * esz)
         outer = int(np.prod(cur_shape[:axis]))
         inner = int(np.prod(cur_shape[axis + 1:])) * esz
-        ranges = ([main(dt, ends["first"], esize)] * before if before else []) + [main(dt, cur, size)] + \
-            ([main(dt, ends["last"], esize)] * after if after else [])
+        ranges = [main(dt, rows[r], esize) for r in first] + [main(dt, cur, size)] + \
+            [main(dt, rows[r], esize) for r in last]
         dims = [1] * before + [cur_shape[axis]] + [1] * after
         lw.emit_v4("concat", dict(output=main(dt, out, osize), inner_size=inner, outer_size=outer,
                                   inputs_count=len(ranges)), row, data={"inputs": ranges, "dims": dims})
-        for side in ("first", "last"):
-            lw.main.free(f"{tag}:edge{axis}{side}")
+        for r in rows:
+            lw.main.free(f"{tag}:edge{axis}:{r}")
         if cur != src:
             lw.main.free(f"{tag}:pad2")
         cur, cur_shape = out, tuple(out_shape)
