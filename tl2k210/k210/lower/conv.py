@@ -71,8 +71,11 @@ def kpu_conv_refuses(g, node, opts):
     s = tuple(a["strides"])
     if any(v not in (1, 2) for v in s) or s[0] != s[1]:
         return f"strides {s}: only equal strides 1 and 2 are lowered"
-    oh, ow = (g.shape(node.outputs[0]) or (0, 0, 4, 4))[2:]
-    if s == (2, 2) and not a.get("pool") and min(oh, ow) < hw.LIMITS["out_min"] and "pick" not in a:
+    oh, ow = (g.shape(node.outputs[0]) or (0, 0, h, w))[2:]
+    dy, dx, _ = _pick(node) or (None, None, None)
+    kpu_pick = s == (2, 2) and dy == 0 and dx in (0, 1) and (oh, ow) == (h // 2, w // 2) \
+        and not (grp == ci == co) and not a.get("pool")
+    if kpu_pick and min(oh, ow) < hw.LIMITS["out_min"]:
         lo = hw.LIMITS["out_min"]
         return (f"output {ow}x{oh}: the KPU's stride-2 pick writes maps of at least {lo}x{lo} "
                 "(spec §2.7); use a larger input")
