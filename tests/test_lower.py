@@ -411,7 +411,7 @@ def test_stride2_3x3_phases_are_the_direct_conv_bit_for_bit(group, pads, first, 
     cropped) gives the bytes of the direct integer conv, on even and odd maps. Forced here (the
     cost model may prefer the stride-1 map + CPU pick on maps this small)."""
     from tl2k210.k210.lower import kxk
-    monkeypatch.setattr(kxk, "stride1_cycles", lambda g, n: 1 << 60)
+    monkeypatch.setattr(kxk, "stride1_cycles", lambda g, n, fmt="v3": 1 << 60)
     row = _check_kxk_bytes(3, group, 2, pads, 1, first, hw_)
     assert "'stride-2 phases'" in row.why and f"as {stages + 1} KPU stages" in row.why, row.why
     assert "stride 1 + CPU pick: 1,152,921,504,606,846,976" in row.why
@@ -510,7 +510,7 @@ def test_kxk_forms_agree_and_the_cost_model_picks_the_cheapest(k, stride, monkey
     g = from_onnx(m)
     names = [f.name for f in orig(g, g.nodes[-1])]
     for name in names:
-        monkeypatch.setattr(kxk, "forms", lambda g, n, name=name: [f for f in orig(g, n) if f.name == name])
+        monkeypatch.setattr(kxk, "forms", lambda g, n, fmt="v3", name=name: [f for f in orig(g, n, fmt) if f.name == name])
         model, rows, _, _ = compile_model(m, px, format="v3")
         row = next(r for r in rows if r.node == "y")
         assert f"'{name}'" in row.why

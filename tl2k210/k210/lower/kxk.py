@@ -164,8 +164,9 @@ def _needs(K, d, R, dy0, phase):
     return [dy0 + u for u in taps] if phase else taps
 
 
-def forms(g, node):
-    """Every exact form of this K x K conv (an empty list if none has a 3x3 stage the KPU takes)."""
+def forms(g, node, fmt="v3"):
+    """Every exact form of this K x K conv (an empty list if none has a 3x3 stage the KPU takes),
+    cheapest first by the cost model (kmodel `fmt`: its CPU pick/crop layer)."""
     a = node.attrs
     K, _, (dil, _) = _effective_kernel(a)
     R = K // 2
@@ -209,24 +210,26 @@ def forms(g, node):
                 continue
             cyc += conv_cycles(ci * prev, co, grp, 3, hh, ww, ww)[1]
             if (oh, ow) != (hh, ww) or not phase and s != 1:      # the CPU picks or crops
-                cyc += post_cycles(co * hh * ww)
+                cyc += post_cycles(co * hh * ww, co * oh * ow, fmt)
             out.append(Form(name, ay, ax, phase, cyc, ci * prev))
     return sorted(out, key=lambda f: f.cycles)
 
 
-def post_cycles(n):
-    """Cost-model cycles of streaming an n-byte KPU map to main memory and one CPU pass over it
-    (QUANTIZED_MAX_POOL2D: the pick or crop of conv.py's post stages)."""
+def post_cycles(n_in, n_out, fmt="v3"):
+    """Cost-model cycles of streaming an n_in-byte KPU map to main memory and picking or cropping
+    n_out bytes of it on the CPU (conv.py's post stage: v3 QUANTIZED_MAX_POOL2D, a pass over its
+    input; v4 strided_slice, a copy of its output)."""
     from tl2k210.k210 import cost
-    return int(n / cost.DMA_BYTES_PER_CYCLE + cost.CPU_CYCLES["elem"] * n)
+    cpu = cost.CPU_CYCLES["copy"] * n_out if fmt == "v4" else cost.CPU_CYCLES["elem"] * n_in
+    return int(n_in / cost.DMA_BYTES_PER_CYCLE + cpu)
 
 
-def stride1_cycles(g, node):
+def stride1_cycles(g, node, fmt="v3"):
     """Cost-model cycles of kpu_conv's form of a stride-2 3x3 conv whose pixels no KPU pick pool
     takes: the conv at stride 1 (4x the output), streamed, every second pixel picked on the CPU."""
     _, ci, h, w = g.shape(node.inputs[0])
-    co = g.shape(node.outputs[0])[1]
-    return conv_cycles(ci, co, node.attrs.get("group", 1), 3, h, w, w)[1] + post_cycles(co * h * w)
+    _, co, oh, ow = g.shape(node.outputs[0])
+    return conv_cycles(ci, co, node.attrs.get("group", 1), 3, h, w, w)[1] + post_cycles(co * h * w, co * oh * ow, fmt)
 
 
 def phase_lines(g, node, form):
@@ -259,11 +262,16 @@ def phases_preferred(g, node, opts=None):
     dy, dx = 1 - a["pads"][0], 1 - a["pads"][1]
     if ci % grp or co % grp or (oh, ow) == (h // 2, w // 2) and dy == 0 and dx in ((0,) if grp == ci == co else (0, 1)):
         return False             # a KPU pick pool takes it (a depthwise conv's: the next 1x1 conv's)
-    alts = forms(g, node)
-    if not alts or alts[0].cycles >= stride1_cycles(g, node):
+    fmt = _fmt(opts)
+    alts = forms(g, node, fmt)
+    if not alts or alts[0].cycles >= stride1_cycles(g, node, fmt):
         return False
     cap = getattr(opts, "kpu_ram_lines", hw.KPU_RAM_LINES)
     return phase_lines(g, node, alts[0]) <= cap or node.inputs[0] in g.inputs and h * w > kpu.STREAM_PIXELS
+
+
+def _fmt(opts):
+    return "v4" if getattr(opts, "format", "v3") == "v4" else "v3"
 
 
 def phases_passed_over(g, node, opts):
@@ -272,10 +280,11 @@ def phases_passed_over(g, node, opts):
     a = node.attrs
     if tuple(a["kernel"]) != (3, 3) or tuple(a["strides"]) != (2, 2) or is_dense(g, node):
         return None
-    alts = forms(g, node)
+    fmt = _fmt(opts)
+    alts = forms(g, node, fmt)
     if not alts:
         return None
-    f, s1 = alts[0], stride1_cycles(g, node)
+    f, s1 = alts[0], stride1_cycles(g, node, fmt)
     lines, cap = phase_lines(g, node, f), getattr(opts, "kpu_ram_lines", hw.KPU_RAM_LINES)
     why = (f"its copies need {lines * hw.LINE_BYTES:,} B of KPU RAM (> {cap * hw.LINE_BYTES:,} B)" if lines > cap
            else "not cheaper")
@@ -322,7 +331,7 @@ def kpu_conv_kxk(lw, node):
         We[:, :, ::d[0], ::d[1]] = W
         W = We
     B = np.asarray(lw.g.tensors[node.inputs[2]].value, np.float64)
-    alts = forms(lw.g, node)
+    alts = forms(lw.g, node, lw.format)
     form = alts[0]
     row = lw.row(node, "", in_shape=(ci, h, w), out_shape=lw.shape(out))
     sc, _, z_x, _ = input_terms(lw, x, ci)
@@ -374,7 +383,7 @@ def kpu_conv_kxk(lw, node):
                f"to {form.channels} channels{', picking stride 2' if form.phase else ''}, then a 3x3 conv "
                f"with re-indexed weights; est. {form.cycles:,} cycles"
                + "".join(f"; '{f.name}': {f.cycles:,}" for f in alts[1:])
-               + (f"; stride 1 + CPU pick: {stride1_cycles(lw.g, node):,}" if K == 3 else "") + ")")
+               + (f"; stride 1 + CPU pick: {stride1_cycles(lw.g, node, lw.format):,}" if K == 3 else "") + ")")
     describe(row, geo, plan_for(lw, final), k=K)
     for stage, _ in stages:
         p = plan_for(lw, stage)
