@@ -251,7 +251,7 @@ def phases_preferred(g, node, opts=None):
     the stride-1 map + CPU pick, and the phases' maps fit the KPU RAM (else their copies would
     wait in main memory, 4x the input where the stride-1 form streams chunks of its output) - or
     the stride-1 form cannot run at all: a first layer whose stride-1 map is too wide to stream
-    and cannot run in row bands."""
+    (and a first layer cannot run in row bands)."""
     a = node.attrs
     if (tuple(a["kernel"]), tuple(a.get("dilations", (1, 1))), tuple(a["strides"])) != ((3, 3), (1, 1), (2, 2)) \
             or a.get("pool") or "pick" in a or any(p not in (0, 1) for p in a["pads"]) or is_dense(g, node):
@@ -264,10 +264,12 @@ def phases_preferred(g, node, opts=None):
         return False             # a KPU pick pool takes it (a depthwise conv's: the next 1x1 conv's)
     fmt = _fmt(opts)
     alts = forms(g, node, fmt)
-    if not alts or alts[0].cycles >= stride1_cycles(g, node, fmt):
+    if not alts:
         return False
+    if node.inputs[0] in g.inputs and h * w > kpu.STREAM_PIXELS:
+        return True              # v3 cannot run the stride-1 form, v4 only with the image in main memory
     cap = getattr(opts, "kpu_ram_lines", hw.KPU_RAM_LINES)
-    return phase_lines(g, node, alts[0]) <= cap or node.inputs[0] in g.inputs and h * w > kpu.STREAM_PIXELS
+    return alts[0].cycles < stride1_cycles(g, node, fmt) and phase_lines(g, node, alts[0]) <= cap
 
 
 def _fmt(opts):
