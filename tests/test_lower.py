@@ -417,6 +417,17 @@ def test_stride2_3x3_phases_are_the_direct_conv_bit_for_bit(group, pads, first, 
     assert "stride 1 + CPU pick: 1,152,921,504,606,846,976" in row.why
 
 
+def test_stride2_phases_keep_the_kpu_output_minimum():
+    """The phases' half-size maps are KPU outputs: at least 4x4 (spec §2.7). A 7x9 map (half:
+    3x4) has no phases form; its stride-2 conv stays at stride 1 + CPU pick."""
+    from tl2k210.k210.lower import kxk
+    m = _kxk_after_conv(3, "dense", 2, [0, 0, 1, 1], c_in=8, h=7, w=9)
+    g = from_onnx(m)
+    assert kxk.forms(g, g.nodes[-1]) == []
+    model, rows, _, _ = compile_model(m, pixels(2, 3, 7, 9), format="v3")
+    assert "stride 2 with pads [0, 0, 1, 1]" in " ".join(next(r for r in rows if r.node == "y").notes)
+
+
 def test_stride2_3x3_receipt_names_the_form_passed_over():
     """On a small map the stride-1 map + CPU pick is cheaper by the cost model; with little KPU
     RAM the phases' copies would not fit it: the receipt gives both estimates and the reason."""
