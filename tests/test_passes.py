@@ -479,3 +479,32 @@ def test_opset6_prelu_slope_is_per_channel():
     g = from_onnx(m)
     want = np.where(x > 0, x, x * a[None, :, None, None])
     np.testing.assert_allclose(run(g, x)[g.outputs[0]], want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["pytorch", "DepthToSpace-CRD", "DepthToSpace-DCR"])
+def test_pixel_shuffle_is_a_one_hot_conv_transpose(form):
+    """PyTorch PixelShuffle(2) (Reshape 6-D, Transpose, Reshape) and ONNX DepthToSpace in both
+    modes become one 4-D ConvTranspose, bit for bit in float."""
+    c, r = 3, 2
+    if form == "pytorch":
+        nodes = [helper.make_node("Reshape", ["x", "s6"], ["a"]),
+                 helper.make_node("Transpose", ["a"], ["b"], perm=[0, 1, 4, 2, 5, 3]),
+                 helper.make_node("Reshape", ["b", "s4"], ["y"])]
+        inits = {"s6": np.array([1, c, r, r, 5, 6], np.int64), "s4": np.array([1, c, 10, 12], np.int64)}
+    else:
+        nodes = [helper.make_node("DepthToSpace", ["x"], ["y"], blocksize=r, mode=form[-3:])]
+        inits = {}
+    m = make_model(nodes, [("x", [1, c * r * r, 5, 6])], [("y", None)], inits)
+    g, changes = check(m, "pixel_shuffle", tol=0)
+    assert [n.op for n in g.nodes] == ["ConvTranspose"] and g.shape(g.outputs[0]) == (1, c, 10, 12)
+    assert changes and "one-hot ConvTranspose" in changes[0][1]
+
+
+def test_log_softmax_and_instance_norm_decompose():
+    m = make_model([helper.make_node("LogSoftmax", ["x"], ["y"], axis=1)], [X], [("y", None)])
+    g, _ = check(m, "log_softmax")
+    assert [n.op for n in g.nodes] == ["Softmax", "Log"]
+    m = make_model([helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], epsilon=1e-3)], [X],
+                   [("y", None)], {"s": rand(4), "b": rand(4)})
+    g, _ = check(m, "instance_norm", tol=1e-4)
+    assert "InstanceNormalization" not in [n.op for n in g.nodes]

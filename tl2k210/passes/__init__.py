@@ -15,6 +15,8 @@ from tl2k210.graph import infer_shapes
 from .input_nchw import input_nchw
 from .nary_ops import nary_ops
 from .spatial_1d import spatial_1d
+from .pixel_shuffle import pixel_shuffle
+from .decompose import instance_norm, log_softmax
 from .input_affine import input_affine
 from .dequantize import dequantize
 from .output_nchw import output_nchw
@@ -53,6 +55,9 @@ PIPELINE = [
     Pass("input_nchw", input_nchw),
     Pass("fold_constants", fold_constants),
     Pass("spatial_1d", spatial_1d),
+    Pass("pixel_shuffle", pixel_shuffle),
+    Pass("log_softmax", log_softmax),
+    Pass("instance_norm", instance_norm),
     Pass("nary_ops", nary_ops),
     Pass("input_affine", input_affine),
     Pass("push_transposes", push_transposes),

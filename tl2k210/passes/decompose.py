@@ -1,0 +1,52 @@
+"""Ops with no kmodel layer of their own, as the ops they are made of (equal in float):
+LogSoftmax -> Softmax + Log; InstanceNormalization -> reduce and broadcast binary ops."""
+import numpy as np
+
+from tl2k210.graph import Node
+
+
+def log_softmax(g, log):
+    """LogSoftmax (PyTorch classifiers' last layer, F.log_softmax) -> Softmax then Log on the same
+    axis; the back-end has a softmax on any axis and Log as a float op or a table."""
+    for n in [n for n in g.nodes if n.op == "LogSoftmax"]:
+        y = n.outputs[0]
+        p = g.add_tensor(y + "/softmax", g.shape(y))
+        i = g.nodes.index(n)
+        g.nodes[i:i + 1] = [Node("Softmax", [n.inputs[0]], [p], {"axis": n.attrs.get("axis", -1)}, n.name + "/softmax",
+                                 [n.name]),
+                            Node("Log", [p], [y], {}, n.name, [n.name])]
+        log(n.name, f"LogSoftmax axis {n.attrs.get('axis', -1)} -> Softmax + Log")
+    return g
+
+
+def instance_norm(g, log):
+    """InstanceNormalization (style-transfer and GAN generators) as the ops it is made of, per
+    sample and channel over H, W: d = x - mean(x); y = d / sqrt(mean(d*d) + eps) * scale + bias
+    (ReduceMean, Sub, Mul, Add, Sqrt, Div: v4 reduce and broadcast binary ops)."""
+    for n in [n for n in g.nodes if n.op == "InstanceNormalization"]:
+        x, sc, b = n.inputs
+        shape = g.shape(x)
+        if shape is None or len(shape) != 4 or g.const(sc) is None or g.const(b) is None:
+            continue
+        c, y, nm = shape[1], n.outputs[0], n.name
+        t = {k: g.add_tensor(f"{y}/{k}") for k in ("mean", "d", "d2", "var", "var_eps", "std", "norm", "scaled")}
+        if g.meta.get("opset", 18) >= 18:       # axes an input from opset 18, an attribute before
+            axes, red = [g.add_const(np.array([2, 3], np.int64), nm + "/axes")], {"keepdims": 1}
+        else:
+            axes, red = [], {"keepdims": 1, "axes": [2, 3]}
+        new = [Node("ReduceMean", [x] + axes, [t["mean"]], dict(red), nm + "/mean", [nm]),
+               Node("Sub", [x, t["mean"]], [t["d"]], {}, nm + "/center", [nm]),
+               Node("Mul", [t["d"], t["d"]], [t["d2"]], {}, nm + "/square", [nm]),
+               Node("ReduceMean", [t["d2"]] + axes, [t["var"]], dict(red), nm + "/var", [nm]),
+               Node("Add", [t["var"], g.add_const(np.array(n.attrs.get("epsilon", 1e-5), np.float32), nm + "/eps")],
+                    [t["var_eps"]], {}, nm + "/eps", [nm]),
+               Node("Sqrt", [t["var_eps"]], [t["std"]], {}, nm + "/std", [nm]),
+               Node("Div", [t["d"], t["std"]], [t["norm"]], {}, nm + "/normalize", [nm]),
+               Node("Mul", [t["norm"], g.add_const(np.asarray(g.const(sc), np.float32).reshape(1, c, 1, 1), nm + "/scale")],
+                    [t["scaled"]], {}, nm + "/scale", [nm]),
+               Node("Add", [t["scaled"], g.add_const(np.asarray(g.const(b), np.float32).reshape(1, c, 1, 1), nm + "/bias")],
+                    [y], {}, nm, [nm])]
+        i = g.nodes.index(n)
+        g.nodes[i:i + 1] = new
+        log(nm, "InstanceNormalization -> ReduceMean, Sub, Mul, ReduceMean, Add, Sqrt, Div, Mul, Add")
+    return g
