@@ -508,3 +508,12 @@ def test_log_softmax_and_instance_norm_decompose():
                    [("y", None)], {"s": rand(4), "b": rand(4)})
     g, _ = check(m, "instance_norm", tol=1e-4)
     assert "InstanceNormalization" not in [n.op for n in g.nodes]
+
+
+def test_tile_is_concat_of_copies():
+    """torch's x.repeat(1, 2, 3, 1) (ONNX Tile, constant repeats) -> a Concat per repeated axis."""
+    m = make_model([helper.make_node("Tile", ["x", "r"], ["y"])], [X], [("y", None)],
+                   {"r": np.array([1, 2, 3, 1], np.int64)})
+    g, changes = check(m, "tile", tol=0)
+    assert [(n.op, n.attrs["axis"], len(n.inputs)) for n in g.nodes] == [("Concat", 1, 2), ("Concat", 2, 3)]
+    assert g.shape(g.outputs[0]) == (1, 8, 24, 8)

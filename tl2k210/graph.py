@@ -367,9 +367,13 @@ def _check_single_sample(g, rebatched):
     from tl2k210.errors import ModelLoadError
     from tl2k210.k210.lower.registry import describe
     x, n_batch = next(iter(rebatched.items()))
+    live = set(rebatched)                  # tensors computed from the rebatched inputs
     for n in toposort(g):
+        if not live.intersection(n.inputs):
+            continue                        # constants only: folded, whatever their shape
+        live.update(n.outputs)
         axes = [n.attrs["axis"]] if "axis" in n.attrs else list(n.attrs.get("axes", ()))
-        ins = [g.tensors[i].shape for i in n.inputs if i in g.tensors and g.const(i) is None]
+        ins = [g.tensors[i].shape for i in n.inputs if i in live]
         rank = len(ins[0]) if ins and ins[0] is not None else 0
         across = rank >= 2 and n.op != "Flatten" and any(int(a) % rank == 0 for a in axes)
         outs = [g.tensors[o].shape for o in n.outputs]

@@ -16,7 +16,7 @@ from .input_nchw import input_nchw
 from .nary_ops import nary_ops
 from .spatial_1d import spatial_1d
 from .pixel_shuffle import pixel_shuffle
-from .decompose import instance_norm, log_softmax
+from .decompose import instance_norm, log_softmax, tile
 from .input_affine import input_affine
 from .dequantize import dequantize
 from .output_nchw import output_nchw
@@ -58,6 +58,7 @@ PIPELINE = [
     Pass("pixel_shuffle", pixel_shuffle),
     Pass("log_softmax", log_softmax),
     Pass("instance_norm", instance_norm),
+    Pass("tile", tile),
     Pass("nary_ops", nary_ops),
     Pass("input_affine", input_affine),
     Pass("push_transposes", push_transposes),

@@ -1,5 +1,6 @@
 """Ops with no kmodel layer of their own, as the ops they are made of (equal in float):
-LogSoftmax -> Softmax + Log; InstanceNormalization -> reduce and broadcast binary ops."""
+LogSoftmax -> Softmax + Log; InstanceNormalization -> reduce and broadcast binary ops; Tile
+(torch's repeat) -> Concat of copies."""
 import numpy as np
 
 from tl2k210.graph import Node
@@ -49,4 +50,27 @@ def instance_norm(g, log):
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new
         log(nm, "InstanceNormalization -> ReduceMean, Sub, Mul, ReduceMean, Add, Sqrt, Div, Mul, Add")
+    return g
+
+
+def tile(g, log):
+    """Tile with constant repeats (PyTorch `x.repeat(...)`) -> one Concat of r copies per repeated
+    axis (the v4 concat takes a range more than once)."""
+    for n in [n for n in g.nodes if n.op == "Tile"]:
+        reps = g.const(n.inputs[1])
+        shape = g.shape(n.inputs[0])
+        if reps is None or shape is None or len(reps) != len(shape):
+            continue
+        cur, new, y = n.inputs[0], [], n.outputs[0]
+        todo = [(a, int(r)) for a, r in enumerate(np.asarray(reps).reshape(-1)) if int(r) > 1]
+        for k, (axis, r) in enumerate(todo):
+            out = y if k == len(todo) - 1 else g.add_tensor(f"{y}/tile{axis}")
+            new.append(Node("Concat", [cur] * r, [out], {"axis": axis}, f"{n.name}/axis{axis}" if out != y else n.name,
+                            [n.name]))
+            cur = out
+        if not new:
+            new = [Node("Identity", [cur], [y], {}, n.name, [n.name])]
+        i = g.nodes.index(n)
+        g.nodes[i:i + 1] = new
+        log(n.name, f"Tile {np.asarray(reps).tolist()} -> {len(todo)} Concat(s)")
     return g

@@ -99,9 +99,10 @@ def select(g, node, opts, fmt="v3"):
             return select(g, node, opts, "v4")
     alts = REGISTRY.get(node.op)
     if not alts:
-        hint = NEAREST.get(node.op, f"one of {', '.join(supported_ops(fmt))}")
-        raise UnsupportedOpError(f"node {node.name!r}: op {describe(node)} has no K210 lowering; "
-                                 f"nearest supported form: {hint}")
+        hint = NEAREST.get(node.op)
+        hint = (f"nearest supported form: {hint}" if hint else
+                f"replace it in the model with supported ops: {', '.join(supported_ops(fmt))}")
+        raise UnsupportedOpError(f"node {node.name!r}: op {describe(node)} has no K210 lowering; {hint}")
     if getattr(opts, "format", fmt) != fmt:      # checks may ask which format is being planned
         opts = dataclasses.replace(opts, format=fmt)
     passed = []
