@@ -58,7 +58,6 @@ PIPELINE = [
     Pass("pixel_shuffle", pixel_shuffle),
     Pass("log_softmax", log_softmax),
     Pass("instance_norm", instance_norm),
-    Pass("tile", tile),
     Pass("nary_ops", nary_ops),
     Pass("input_affine", input_affine),
     Pass("push_transposes", push_transposes),
@@ -84,6 +83,7 @@ PIPELINE = [
     Pass("fuse_pool", fuse_pool),
     Pass("cleanup_layout", upsample_to_resize),
     Pass("output_nchw", output_nchw),
+    Pass("tile", tile),            # what upsample_to_resize left (Keras UpSampling2D is a Tile too)
     Pass("check_supported", check_supported),
 ]
 PASSES = {p.name: p for p in PIPELINE}

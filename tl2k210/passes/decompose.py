@@ -59,7 +59,7 @@ def tile(g, log):
     for n in [n for n in g.nodes if n.op == "Tile"]:
         reps = g.const(n.inputs[1])
         shape = g.shape(n.inputs[0])
-        if reps is None or shape is None or len(reps) != len(shape):
+        if reps is None or shape is None or len(reps) != len(shape) or len(shape) > 4:
             continue
         cur, new, y = n.inputs[0], [], n.outputs[0]
         todo = [(a, int(r)) for a, r in enumerate(np.asarray(reps).reshape(-1)) if int(r) > 1]
