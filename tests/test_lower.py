@@ -709,6 +709,8 @@ def _registry_case(op):
         if op in ("Add", "Sub"):      # and the difference/sum of two maps
             body = [conv_node("c1", "r", "w1", "b1"), n(op, ["r", "c1"], ["y"], name="op")]
             inits.update(w1=r(4, 4, 1, 1), b1=r(4))
+    elif op == "Swish":           # x * Sigmoid(x) not after a conv: one IR Swish node (fuse_activation)
+        body = [n("Sigmoid", ["r"], ["s"], name="sig"), n("Mul", ["r", "s"], ["y"], name="op")]
     elif op == "Conv":
         head, body, outs = [], [conv_node("y", "x", "w0", "b0", pads=[1, 1, 1, 1])], [("y", None)]
         body[0].name = "op"

@@ -590,14 +590,15 @@ def test_wide_dense_then_activation_is_quantized_matmul_and_a_table(act):
 @pytest.mark.parametrize("act", ["Swish", "HardSwish"])
 def test_wide_gemm_then_activation(act):
     """The same on a Gemm (Flatten -> Gemm 1152 -> 48 -> activation): the Gemm stays a CPU
-    quantized_matmul, its activation a uint8 table (Swish: Sigmoid table + quantized Mul)."""
+    quantized_matmul, its activation one uint8 table (x * Sigmoid(x) becomes one Swish node:
+    fuse_activation), not a Sigmoid table and a Mul of two maps."""
     nodes = [N("Flatten", ["r"], ["f"]), N("Gemm", ["f", "wg", "bg"], ["g"], transB=1)] + _act_nodes(act, "g", "a") + \
         [N("Gemm", ["a", "wo", "bo"], ["y"], transB=1)]
     m = build(nodes, {"wg": W(48, 8 * 12 * 12, scale=0.05), "bg": W(48), "wo": W(10, 48), "bo": W(10)})
     m.opset_import[0].version = max(m.opset_import[0].version, 14)
     model, q, rows = check_v4(m, opcodes=("quantized_matmul", "table_lookup1d"), min_sqnr=24)
-    print([(r.op, r.lowering) for r in rows])
     assert next(r for r in rows if r.op == "Gemm").lowering == "quantized_matmul"
+    assert [(r.op, r.lowering) for r in rows if r.op not in ("Conv", "Gemm", "output")] == [(act, "activation_table")]
 
 
 def test_efficientnet_squeeze_excite_block():

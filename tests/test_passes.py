@@ -98,6 +98,21 @@ def test_fuse_activation(kind):
         assert g.nodes[0].attrs["activation"]["alpha"] == pytest.approx(0.1)
 
 
+def test_swish_after_any_op_is_one_swish_node():
+    """x * Sigmoid(x) after a conv whose output is shared (not fusable) and after a Gemm: each
+    becomes one IR Swish node (exported back as Sigmoid + Mul: the float results are the same);
+    a Sigmoid whose Mul multiplies another tensor stays (a squeeze-and-excite gate)."""
+    n = helper.make_node
+    nodes = [conv("c", "x", "w"), n("Relu", ["c"], ["r"]), n("Sigmoid", ["c"], ["s"]), n("Mul", ["c", "s"], ["sw"]),
+             n("Add", ["sw", "r"], ["a"]), n("Flatten", ["a"], ["f"]), n("Gemm", ["f", "wg"], ["g"], transB=1),
+             n("Sigmoid", ["g"], ["gs"]), n("Mul", ["g", "gs"], ["gw"]), n("Sigmoid", ["gw"], ["e"]),
+             n("Mul", ["g", "e"], ["y"])]
+    m = make_model(nodes, [X], [("y", None)], {"w": rand(4, 4, 1, 1), "wg": rand(6, 4 * 8 * 8)})
+    g, changes = check(m, "fuse_activation", x=rand(1, 4, 8, 8, scale=3))
+    counts = g.op_counts()
+    assert counts["Swish"] == 2 and counts["Sigmoid"] == 1 and counts["Mul"] == 1, counts
+
+
 def test_activation_not_fused_when_conv_output_is_shared():
     nodes = [conv("c", "x", "w"), helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Add", ["c", "r"], ["y"])]
     g, changes = check(make_model(nodes, [X], [("y", None)], {"w": rand(4, 4, 1, 1)}), "fuse_activation")

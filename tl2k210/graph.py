@@ -475,6 +475,8 @@ def to_onnx(g, expose_all=False, name="tl2k210", shapes_only=False):
                 inits += its
             if n.attrs.get("pool"):
                 nodes.append(_pool_node(n.attrs["pool"], st["act"], st["out"], n.name + "/pool"))
+        elif n.op == "Swish":          # an IR op (fuse_activation): x * sigmoid(x) in standard ops
+            nodes += _activation_nodes({"op": "Swish"}, n.inputs[0], n.outputs[0], n.name)[0]
         else:
             nodes.append(helper.make_node(n.op, n.inputs, n.outputs, name=n.name, **_onnx_attrs(n)))
     light = []

@@ -1,13 +1,18 @@
 """Fuse the activation that follows a Conv into its `activation` attr (KPU activation table):
 any function of one value (ReLU, ReLU6/Clip, LeakyReLU, ELU, SELU, Sigmoid, Tanh, HardSigmoid,
-HardSwish, Softplus, Swish x*sigmoid(x), Mish x*tanh(softplus(x))) becomes a fitted 16-segment table."""
+HardSwish, Softplus, Swish x*sigmoid(x), Mish x*tanh(softplus(x))) becomes a fitted 16-segment table.
+An x*sigmoid(x) left after any other op (a Gemm over the KPU's channels, an add) becomes one
+`Swish` node: a function of one value too (one uint8 table, or one float NNIL method), where the
+Sigmoid and the Mul of two maps would round twice."""
 import numpy as np
+
+from tl2k210.graph import Node
 
 
 def activation_of(g, n):
     """IR activation dict of a standalone activation node, or None."""
     op, a = n.op, n.attrs
-    if op in ("Relu", "Sigmoid", "Tanh", "HardSwish", "Softplus", "Mish"):
+    if op in ("Relu", "Sigmoid", "Tanh", "HardSwish", "Softplus", "Mish", "Swish"):
         return {"op": op}
     if op == "LeakyRelu":
         return {"op": op, "alpha": float(a.get("alpha", 0.01))}
@@ -74,4 +79,14 @@ def fuse_activation(g, log):
         conv.attrs["activation"] = act
         conv.fused += [n.name for n in gone]
         log(conv.name, f"fused activation {act}")
+    for sig in [n for n in g.nodes if n.op == "Sigmoid"]:
+        x = sig.inputs[0]
+        mul = g.single_consumer(sig.outputs[0])
+        if mul is None or mul.op != "Mul" or sorted(mul.inputs) != sorted([x, sig.outputs[0]]) or \
+                sig.outputs[0] in g.outputs:
+            continue
+        g.nodes.remove(sig)
+        g.nodes.remove(mul)
+        g.nodes.append(Node("Swish", [x], [mul.outputs[0]], {}, mul.name, [sig.name, mul.name]))
+        log(mul.name, "x * Sigmoid(x) -> Swish")
     return g

@@ -101,7 +101,7 @@ def table_refuses(g, node, opts):
 
 
 @lowering("Relu", "Clip", "LeakyRelu", "Tanh", "HardSigmoid", "HardSwish", "Sigmoid", "Elu", "Selu",
-          "Softplus", "Mish", unit=CPU_U8,
+          "Softplus", "Mish", "Swish", unit=CPU_U8,
           check=table_refuses, name="activation_table")
 def activation_table(lw, node):
     """An activation of one uint8 value is a table over the 256 values: REQUANTIZE, exact to the output step."""

@@ -189,7 +189,7 @@ UNARY_OPS = ("Exp", "Log", "Abs", "Neg", "Sqrt", "Reciprocal", "Sin", "Cos", "Fl
              "Sign", "Erf", "Softsign", "Celu", "ThresholdedRelu", "Gelu", "Pow")
 #: activations cpu.py tables (both formats): here only their float form
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Tanh", "HardSigmoid", "HardSwish", "Sigmoid", "Elu", "Selu",
-               "Softplus", "Mish")
+               "Softplus", "Mish", "Swish")
 
 
 def _float_source(g, t, opts):
