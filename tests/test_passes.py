@@ -532,3 +532,13 @@ def test_tile_is_concat_of_copies():
     g, changes = check(m, "tile", tol=0)
     assert [(n.op, n.attrs["axis"], len(n.inputs)) for n in g.nodes] == [("Concat", 1, 2), ("Concat", 2, 3)]
     assert g.shape(g.outputs[0]) == (1, 8, 24, 8)
+
+
+def test_input_layout_without_evidence_is_nchw_for_pytorch():
+    """A map read by no conv or layout change: PyTorch exports are NCHW by convention; for other
+    producers the fallback still looks for a 1/3/4-sized channel axis."""
+    from tl2k210.passes.input_nchw import input_layout
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", [1, 2, 3, 4])], [("y", None)])
+    assert input_layout(from_onnx(m)) == "NHWC"
+    m.producer_name = "pytorch"
+    assert input_layout(from_onnx(m)) == "NCHW"

@@ -26,8 +26,10 @@ IR op vocabulary (what `passes.run_pipeline` leaves for the K210 lowering; attrs
   LpNormalization, Flatten/Reshape/Squeeze/Unsqueeze/Identity, Transpose(perm). Constant
   affines, Pads and PReLU are rewritten into Convs by the passes.
 
-graph.meta: "opset"; "input_layout"/"output_layout" {name: "NHWC->NCHW"} where a pass changed a
-TF model's NHWC input/output to NCHW (feed the IR NCHW data; transpose the source's output).
+graph.meta: "opset"; "producer" (the ONNX producer_name: "pytorch", "tf2onnx", ...);
+"input_layout"/"output_layout" {name: "NHWC->NCHW"} where a pass changed a TF model's NHWC
+input/output to NCHW (feed the IR NCHW data; transpose the source's output); "rebatched"
+{input: N} where a fixed batch N > 1 was read as one sample.
 
 Nodes keep `fused`: the names/op types of the source ONNX nodes folded into them, for the
 per-layer receipt. A fused Conv exposes its internal stages when exported with `to_onnx`:
@@ -335,7 +337,7 @@ def from_onnx(model, batch=1, input_shapes=None):
         for o in n.outputs:
             tensors.setdefault(o, Tensor(o))
     g = Graph(inputs, [o.name for o in gp.output], nodes, tensors,
-              {"opset": default_opset(model)})
+              {"opset": default_opset(model), "producer": model.producer_name})
     g.prune()
     if rebatched:
         _single_sample(g, rebatched)

@@ -111,8 +111,8 @@ def input_nchw(g, log):
 def input_layout(g, x=None):
     """"NCHW" or "NHWC": how the graph reads its 4-D input `x` (default: the first), decided from
     the graph -- a layout change to NCHW below it means NHWC, a Conv reading it (through
-    layout-agnostic ops) means NCHW; only a graph with neither falls back to where a 1/3/4-sized
-    channel axis sits. None for inputs that are not 4-D."""
+    layout-agnostic ops) means NCHW; only a graph with neither falls back to NCHW for PyTorch
+    exports, else to where a 1/3/4-sized channel axis sits. None for inputs that are not 4-D."""
     x = x or g.inputs[0]
     shape = g.shape(x)
     if len(shape or ()) != 4:
@@ -131,4 +131,6 @@ def input_layout(g, x=None):
                 return "NCHW"
             if c.op in UNARY | BINARY | {"Pad"} and c.inputs[0] == t:
                 frontier.append(c.outputs[0])
+    if g.meta.get("producer") == "pytorch":     # torch.onnx.export: NCHW by convention
+        return "NCHW"
     return "NHWC" if shape[3] in (1, 3, 4) and shape[1] not in (1, 3, 4) else "NCHW"
