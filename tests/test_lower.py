@@ -830,3 +830,22 @@ def test_quantized_add_rounds_to_nearest(op):
     inside = (want > 0) & (want < 255)
     err = got[inside] - np.rint(want[inside])
     assert np.abs(err).max() <= 1 and abs(err.mean()) < 0.05 and np.mean(err != 0) < 0.05   # 10-bit out_mul
+
+
+def test_factorised_1x3_3x1_convs_run_on_the_kpu():
+    """PyTorch/Inception-style 1x3 then 3x1 convs (and a 2x2 stride-2 downsample) as KPU 3x3
+    layers with zero taps (pass square_kernels): kmodel v3, every conv on the KPU."""
+    r = np.random.default_rng(3)
+    nodes = [conv_node("a", "x", "wa", "ba", kernel_shape=[1, 3], pads=[0, 1, 0, 1]),
+             helper.make_node("Relu", ["a"], ["ar"]),
+             conv_node("b", "ar", "wb", "bb", kernel_shape=[3, 1], pads=[1, 0, 1, 0]),
+             helper.make_node("Relu", ["b"], ["br"]),
+             conv_node("y", "br", "wc", "bc", kernel_shape=[2, 2], strides=[2, 2])]
+    inits = {"wa": r.normal(0, 0.3, (8, 3, 1, 3)), "ba": r.normal(0, 0.1, 8),
+             "wb": r.normal(0, 0.3, (8, 8, 3, 1)), "bb": r.normal(0, 0.1, 8),
+             "wc": r.normal(0, 0.3, (8, 8, 2, 2)), "bc": r.normal(0, 0.1, 8)}
+    m = make_model(nodes, [("x", [1, 3, 16, 16])], [("y", None)], {k: v.astype(np.float32) for k, v in inits.items()})
+    px = pixels(6, 3, 16, 16)
+    model, rows, _, g = compile_model(m, px, format="v3")
+    assert {r.node for r in rows if r.unit == "KPU"} >= {"a", "b", "y"} and model.version == 3
+    assert sqnr(m, model, px) > 30

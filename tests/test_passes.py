@@ -542,3 +542,21 @@ def test_input_layout_without_evidence_is_nchw_for_pytorch():
     assert input_layout(from_onnx(m)) == "NHWC"
     m.producer_name = "pytorch"
     assert input_layout(from_onnx(m)) == "NCHW"
+
+
+@pytest.mark.parametrize("k,pads,strides", [((1, 3), [0, 1, 0, 1], [1, 1]), ((3, 1), [1, 0, 1, 0], [1, 1]),
+                                            ((3, 2), [0, 0, 0, 0], [1, 1]), ((2, 2), [0, 0, 0, 0], [2, 2]),
+                                            ((1, 2), [0, 0, 0, 0], [1, 1])])
+def test_square_kernels_pad_small_kernels_to_3x3(k, pads, strides):
+    m = make_model([conv("y", "x", "w", "b", kernel_shape=list(k), pads=pads, strides=strides)], [X], [("y", None)],
+                   {"w": rand(6, 4, *k), "b": rand(6)})
+    g, changes = check(m, "square_kernels")
+    (c,) = g.nodes
+    assert c.attrs["kernel"] == (3, 3) and max(c.attrs["pads"]) <= 1 and len(changes) == 1
+
+
+def test_square_kernels_leave_what_the_kpu_border_cannot_pad():
+    m = make_model([conv("y", "x", "w", "b", kernel_shape=[1, 3], pads=[1, 1, 1, 1])], [X], [("y", None)],
+                   {"w": rand(6, 4, 1, 3), "b": rand(6)})
+    g, changes = check(m, "square_kernels")
+    assert g.nodes[0].attrs["kernel"] == (1, 3) and not changes

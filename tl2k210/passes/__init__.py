@@ -31,6 +31,7 @@ from .fold_batchnorm import fold_batchnorm
 from .fold_affine import affine_to_conv, fold_affine_into_conv
 from .prelu_split import prelu_pattern, prelu_split
 from .pad_into_conv import pad_into_conv
+from .square_kernels import square_kernels
 from .fuse_activation import fuse_activation
 from .channel_shuffle import channel_shuffle
 from .entry_conv import entry_conv
@@ -70,6 +71,7 @@ PIPELINE = [
     Pass("matmul_to_conv", matmul_to_conv),
     Pass("fold_batchnorm", fold_batchnorm),
     Pass("pad_into_conv", pad_into_conv),
+    Pass("square_kernels", square_kernels),
     Pass("fold_affine_into_conv", fold_affine_into_conv),
     Pass("affine_to_conv", affine_to_conv),
     Pass("prelu_split", prelu_split),

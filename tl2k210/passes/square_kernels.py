@@ -1,0 +1,31 @@
+"""Non-square kernels up to 3 (1x3, 3x1, 2x3, 3x2, 1x2, 2x1, 2x2: factorised and PyTorch
+downsampling convs) -> 3x3 kernels with zero taps, the padding moved so every output reads the
+same inputs: a 1-tap axis gets its tap in the middle and one more pixel of padding on both sides,
+a 2-tap axis its taps first and one more pixel at the end. Exact in float (the zero taps read the
+padding); the KPU runs 3x3 kernels only. Where the padding would then exceed the KPU's 1-pixel
+border the conv is left as it is (a CPU conv in kmodel v4)."""
+import numpy as np
+
+TAPS = {1: (1, 1, 1), 2: (0, 0, 1), 3: (0, 0, 0)}     # kernel size: (offset, pad before +, pad after +)
+
+
+def square_kernels(g, log):
+    for n in g.nodes:
+        if n.op != "Conv" or g.const(n.inputs[1]) is None:
+            continue
+        a = n.attrs
+        k = tuple(a.get("kernel", ()))
+        if len(k) != 2 or k in ((1, 1), (3, 3)) or max(k) > 3 or tuple(a.get("dilations", (1, 1))) != (1, 1):
+            continue
+        (oh, bh, ah), (ow, bw, aw) = TAPS[k[0]], TAPS[k[1]]
+        t, lft, b, r = a["pads"]
+        pads = [t + bh, lft + bw, b + ah, r + aw]
+        if max(pads) > 1:
+            continue
+        w = np.asarray(g.const(n.inputs[1]))
+        w3 = np.zeros(w.shape[:2] + (3, 3), w.dtype)
+        w3[:, :, oh:oh + k[0], ow:ow + k[1]] = w
+        n.inputs[1] = g.add_const(w3, n.name + "/weight_3x3")
+        a["kernel"], a["pads"] = (3, 3), pads
+        log(n.name, f"kernel {k[0]}x{k[1]} -> 3x3 with zero taps, pads {[t, lft, b, r]} -> {pads}")
+    return g
