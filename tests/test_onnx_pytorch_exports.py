@@ -195,3 +195,27 @@ def test_batch_of_pytorch_exports_runs_one_sample():
     with pytest.raises(ModelLoadError, match="export the model with batch 1"):
         from_onnx(onnx.load(str(DATA / "pytorch-operator" / "test_operator_params" / "model.onnx")))
 
+
+
+def test_cli_refusal_is_one_line_and_writes_nothing(tmp_path):
+    """`tl2k210 convert` on a refused export: exit code 2, one line naming the node, the op and
+    the fix on stderr, no traceback, no kmodel or metadata."""
+    import subprocess
+    import sys
+    np.save(tmp_path / "x.npy", _tensor(DATA / "pytorch-converted" / "test_Conv3d" / "test_data_set_0" / "input_0.pb"))
+    out = tmp_path / "m.kmodel"
+    p = subprocess.run([sys.executable, "-m", "tl2k210.cli", "convert",
+                        str(DATA / "pytorch-converted" / "test_Conv3d" / "model.onnx"), str(out),
+                        "--dataset", str(tmp_path / "x.npy")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and "'Conv_0'" in p.stderr and "kernel_shape=[2, 3, 4]" in p.stderr
+    assert "fold the depth into the channels" in p.stderr
+    assert not out.exists() and not metadata.path_for(out).exists()
+
+
+def test_receipt_says_the_batch_was_one_sample(workdir):
+    x = _tensor(DATA / "pytorch-converted" / "test_Conv2d" / "test_data_set_0" / "input_0.pb")
+    np.save(workdir / "c2d.npy", x)
+    rec = convert(str(DATA / "pytorch-converted" / "test_Conv2d" / "model.onnx"), str(workdir / "c2d.kmodel"),
+                  ConvertOptions(dataset=str(workdir / "c2d.npy"), input_range=(-4, 4), progress=False))
+    assert "fixed batch of 2: the kmodel takes one sample" in rec.table()

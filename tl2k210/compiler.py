@@ -88,6 +88,8 @@ class Receipt:
                              f"{e['sqnr_db']:.1f} dB, cosine {e['cosine']:.4f} vs the exact graph")
         if t.get("input_range_note"):
             lines.append(t["input_range_note"])
+        if t.get("batch_note"):
+            lines.append(t["batch_note"])
         if t.get("output_sqnr_db") is not None:
             lines.append(f"output SQNR vs float {t['output_sqnr_db']:.1f} dB on {t['sqnr_samples']} "
                          "calibration samples")
@@ -364,6 +366,10 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
         shapes = {onnx_model.graph.input[0].name: tuple(opts.input_shape)}
     graph = from_onnx(onnx_model, input_shapes=shapes)
     _check_unbatched_vector(graph)
+    batch_note = "; ".join(f"input {x!r} was exported with a fixed batch of {n}: the kmodel takes one "
+                           "sample (the K210 runs one at a time)" for x, n in graph.meta.get("rebatched", {}).items())
+    if batch_note:
+        _say(opts, "      " + batch_note)
     t_front = time.perf_counter() - t0
     _say(opts, f"[2/6] passes ({len(graph.nodes)} nodes) ...")
     exact_graph = graph
@@ -460,7 +466,8 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
                 "cycles": total_cycles, "frontend_s": round(t_front, 2),
                 "total_s": round(time.perf_counter() - t0, 2), "method": opts.method,
                 "kpu_padding": opts.kpu_padding, "kpu_padding_effect": padding_effect,
-                "input_range": list(opts.input_range), "input_range_note": range_note},
+                "input_range": list(opts.input_range), "input_range_note": range_note,
+                "batch_note": batch_note or None},
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
                  "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in plog])
     meta = metadata.for_conversion(data_bytes, output, graph, opts, image, budget, need, receipt.source)

@@ -391,9 +391,10 @@ def _normalize_conv(g, n):
     """ONNX Conv attrs -> IR Conv attrs (kernel, strides, pads, group, dilations; explicit bias)."""
     a = n.attrs
     w = g.tensors[n.inputs[1]]
-    k = tuple(a.pop("kernel_shape", w.shape[2:]))
+    k = tuple(a.get("kernel_shape", w.shape[2:]))
     if len(k) != 2:
-        return
+        return          # 1-D (passes.spatial_1d makes it 2-D) or volumetric: the ONNX attributes stay
+    a.pop("kernel_shape", None)
     strides, dil = tuple(a.pop("strides", (1, 1))), tuple(a.pop("dilations", (1, 1)))
     pads = list(a.pop("pads", (0, 0, 0, 0)))
     auto = a.pop("auto_pad", "NOTSET")
