@@ -183,16 +183,6 @@ def _conv_macs(f, oc):
     return max(0, _prod(conv_out_shape(f, oc)) * (ic // max(1, f["groups"])) * f["filter_h"] * f["filter_w"])
 
 
-@_v4("conv2d")
-def _v4_conv(f, d):
-    return CPU_CYCLES["fmac"] * _conv_macs(f, f["out_channels"]), "float MACs on the CPU"
-
-
-@_v4("quantized_conv2d")
-def _v4_qconv(f, d):
-    return CPU_CYCLES["qmac"] * _conv_macs(f, f["out_channels"]), "uint8 MACs on the CPU"
-
-
 def _nhwc_conv_macs(f, oc, per_group_ic):
     n, h, w, _ = f["in_shape"]
     oh = (h + sum(f["padding_h"]) - f["dilation_h"] * (f["filter_h"] - 1) - 1) // max(1, f["stride_h"]) + 1
@@ -200,44 +190,33 @@ def _nhwc_conv_macs(f, oc, per_group_ic):
     return max(0, n * oh * ow * oc * per_group_ic * f["filter_h"] * f["filter_w"])
 
 
-@_v4("cpu_conv2d")
-def _v4_cpu_conv(f, d):
-    return CPU_CYCLES["fmac"] * _nhwc_conv_macs(f, f["out_channels"], f["in_shape"][3]), "float MACs on the CPU"
-
-
-@_v4("cpu_depthwise_conv2d")
-def _v4_cpu_dwconv(f, d):
-    return CPU_CYCLES["fmac"] * _nhwc_conv_macs(f, f["in_shape"][3], 1), "float MACs on the CPU"
-
-
-@_v4("cpu_quantized_conv2d")
-def _v4_cpu_qconv(f, d):
-    return CPU_CYCLES["qmac"] * _nhwc_conv_macs(f, f["out_channels"], f["in_shape"][3]), "uint8 MACs on the CPU"
-
-
-@_v4("cpu_quantized_depthwise_conv2d")
-def _v4_cpu_qdwconv(f, d):
-    return CPU_CYCLES["qmac"] * _nhwc_conv_macs(f, f["in_shape"][3], 1), "uint8 MACs on the CPU"
-
-
 def _convt_macs(f):
     n, ic, h, w = f["in_shape"]
     return n * h * w * f["out_shape"][1] * (ic // max(1, f["groups"])) * f["filter_h"] * f["filter_w"]
 
 
-@_v4("conv2d_transpose")
-def _v4_convt(f, d):
-    return CPU_CYCLES["fmac"] * _convt_macs(f), "float MACs on the CPU"
+#: The v4 ops that multiply-accumulate on the CPU: their MACs from the node's fields. Their cost is
+#: the MACs x CPU_CYCLES["qmac"] (the quantized ones) or ["fmac"]; node_macs counts them for inspect.
+_MACS = {
+    "conv2d": lambda f: _conv_macs(f, f["out_channels"]),
+    "quantized_conv2d": lambda f: _conv_macs(f, f["out_channels"]),
+    "cpu_conv2d": lambda f: _nhwc_conv_macs(f, f["out_channels"], f["in_shape"][3]),
+    "cpu_quantized_conv2d": lambda f: _nhwc_conv_macs(f, f["out_channels"], f["in_shape"][3]),
+    "cpu_depthwise_conv2d": lambda f: _nhwc_conv_macs(f, f["in_shape"][3], 1),
+    "cpu_quantized_depthwise_conv2d": lambda f: _nhwc_conv_macs(f, f["in_shape"][3], 1),
+    "conv2d_transpose": _convt_macs,
+    "matmul": lambda f: f["a_rows"] * f["a_cols"] * f["b_cols"],
+    "quantized_matmul": lambda f: f["a_rows"] * f["a_cols"] * f["b_cols"],
+}
 
 
-@_v4("matmul")
-def _v4_matmul(f, d):
-    return CPU_CYCLES["fmac"] * f["a_rows"] * f["a_cols"] * f["b_cols"], "float MACs on the CPU"
+def _mac_cost(macs, quantized):
+    unit, basis = ("qmac", "uint8 MACs on the CPU") if quantized else ("fmac", "float MACs on the CPU")
+    return lambda f, d: (CPU_CYCLES[unit] * macs(f), basis)
 
 
-@_v4("quantized_matmul")
-def _v4_qmatmul(f, d):
-    return CPU_CYCLES["qmac"] * f["a_rows"] * f["a_cols"] * f["b_cols"], "uint8 MACs on the CPU"
+for _name, _macs in _MACS.items():
+    _v4(_name)(_mac_cost(_macs, "quantized" in _name))
 
 
 @_v4("pad", "transpose", "memory_copy", "concat", "strided_slice")
@@ -277,19 +256,6 @@ def _v4_lut(f, d):
 @_v4("nnil_unary_method")
 def _v4_nnil(f, d):
     return CPU_CYCLES["transc"] * _elems(f["output"]), "elements x interpreted method"
-
-
-_MACS = {
-    "conv2d": lambda f: _conv_macs(f, f["out_channels"]),
-    "quantized_conv2d": lambda f: _conv_macs(f, f["out_channels"]),
-    "cpu_conv2d": lambda f: _nhwc_conv_macs(f, f["out_channels"], f["in_shape"][3]),
-    "cpu_quantized_conv2d": lambda f: _nhwc_conv_macs(f, f["out_channels"], f["in_shape"][3]),
-    "cpu_depthwise_conv2d": lambda f: _nhwc_conv_macs(f, f["in_shape"][3], 1),
-    "cpu_quantized_depthwise_conv2d": lambda f: _nhwc_conv_macs(f, f["in_shape"][3], 1),
-    "conv2d_transpose": _convt_macs,
-    "matmul": lambda f: f["a_rows"] * f["a_cols"] * f["b_cols"],
-    "quantized_matmul": lambda f: f["a_rows"] * f["a_cols"] * f["b_cols"],
-}
 
 
 def node_macs(node) -> int:
