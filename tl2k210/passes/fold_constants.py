@@ -80,8 +80,8 @@ def _fold_round(g, log):
                 log(n.name, f"removed {n.op}" + (" to the same type" if n.op.startswith("Cast") else ""))
                 changed = any_change = True
                 continue
-            if n.op in ("Shape", "Size") and _shape_value(g, n) is not None:
-                values = [_shape_value(g, n)]
+            if n.op in ("Shape", "Size") and (value := _shape_value(g, n)) is not None:
+                values = [value]
             elif n.inputs and all(i == "" or g.const(i) is not None for i in n.inputs) and n.op not in (
                     "RandomNormal", "RandomUniform"):
                 values = _eval(g, n)
