@@ -33,8 +33,6 @@ REPO = paths.checkout()
 sys.path.insert(0, str(REPO / "tests"))
 TESTDATA = paths.testdata_dir()
 CORPUS = TESTDATA / "corpus"
-CALIB = ["astronaut", "coffee", "chelsea", "rocket", "camera", "brick", "grass", "gravel",
-         "immunohistochemistry", "retina", "hubble_deep_field", "coins"]
 
 # corpus source model -> (extra CLI arguments a user would give, nncase kmodel of the same model)
 REAL = {
@@ -60,12 +58,8 @@ REAL = {
 
 
 def photo_folder():
-    from PIL import Image
-    from skimage import data
-    d = Path(tempfile.mkdtemp(prefix="tl2k210-calib-"))
-    for n in CALIB:
-        Image.fromarray(getattr(data, n)()).convert("RGB").save(d / f"{n}.png")
-    return d
+    import devcorpus
+    return devcorpus.photo_folder(Path(tempfile.mkdtemp(prefix="tl2k210-calib-")))
 
 
 def _options_args(opts):

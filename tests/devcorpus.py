@@ -26,6 +26,15 @@ PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera", "brick", "grass"
           "immunohistochemistry", "retina", "hubble_deep_field", "coins"]
 
 
+def photo_folder(d: Path) -> Path:
+    """The 12 scikit-image photos saved as RGB PNGs in folder `d` (a calibration --dataset)."""
+    from PIL import Image
+    from skimage import data
+    for n in PHOTOS:
+        Image.fromarray(getattr(data, n)()).convert("RGB").save(d / f"{n}.png")
+    return d
+
+
 def photos(h, w, c=3, lo=-1.0, hi=1.0):
     """The 12 scikit-image photos (calibration's), resized, as an (N, H, W, C) float batch."""
     from PIL import Image

@@ -41,14 +41,8 @@ PRECISE = re.compile(r"node '[^']+'.*(KPU|kmodel v3|--format|supported|kernel|ch
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    from PIL import Image
-    from skimage import data
-
-    from devcorpus import PHOTOS
-    d = tmp_path_factory.mktemp("calib")
-    for n in PHOTOS:
-        Image.fromarray(getattr(data, n)()).convert("RGB").save(d / f"{n}.png")
-    return d, data_path("imagenet")
+    from devcorpus import photo_folder
+    return photo_folder(tmp_path_factory.mktemp("calib")), data_path("imagenet")
 
 
 def _convert(src, out, calib, extra, capsys):

@@ -17,12 +17,7 @@ BIG = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50"
 
 @pytest.fixture(scope="module")
 def calib(tmp_path_factory):
-    from PIL import Image
-    from skimage import data
-    d = tmp_path_factory.mktemp("photos")
-    for n in devcorpus.PHOTOS:
-        Image.fromarray(getattr(data, n)()).convert("RGB").save(d / f"{n}.png")
-    return d
+    return devcorpus.photo_folder(tmp_path_factory.mktemp("photos"))
 
 
 @pytest.mark.parametrize("name", BIG)
