@@ -44,6 +44,14 @@ VOC_CLASSES = ["aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "
                "sofa", "train", "tvmonitor"]
 
 
+def cli_env() -> dict:
+    """Environment for a `python -m tl2k210.cli` subprocess as a user starts it: this tree
+    importable, none of the run's TF_* / TL2K210_VERBOSE settings (they would let TF talk)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TL2K210_VERBOSE"))}
+    env["PYTHONPATH"] = str(paths.import_root())
+    return env
+
+
 def data_path(*parts) -> Path:
     p = TESTDATA.joinpath(*parts)
     if not p.exists():
@@ -123,10 +131,8 @@ def zoo_build(tmp_path_factory):
             report = out / f"{name}.report.json"
             with _locked(root / f"{name}.lock"):
                 if not report.is_file():
-                    env = {**os.environ, "PYTHONPATH": str(paths.import_root())}
-                    env = {k: v for k, v in env.items() if not k.startswith(("TF_", "TL2K210_VERBOSE"))}
                     p = subprocess.run([sys.executable, "-m", "tl2k210.cli", "zoo", "build", name,
-                                        "--out", str(out)], env=env, capture_output=True, text=True)
+                                        "--out", str(out)], env=cli_env(), capture_output=True, text=True)
                     assert p.returncode == 0, p.stderr
                     _log_build(shared, name, "the zoo_build fixture")
                     (root / f"{name}.stdout").write_text(p.stdout)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, data_path
+from conftest import cli_env, data_path
 from tl2k210 import quiet
 
 PROGRESS = re.compile(r"^\[[1-6]/6\] ")
@@ -19,11 +19,9 @@ NOISE = re.compile(r"absl|cpu_feature_guard|oneDNN|TF_ENABLE|tensorflow|XNNPACK|
                    r"WARNING|Starting new session", re.I)
 
 
-def _convert(tmp_path, *args):
-    env = {k: v for k, v in __import__("os").environ.items()
-           if not k.startswith(("TF_", "TL2K210_VERBOSE"))}
-    env["PYTHONPATH"] = str(REPO)
-    return subprocess.run([sys.executable, "-m", "tl2k210.cli", "convert", *args], cwd=tmp_path, env=env,
+def _cli(cwd, *args):
+    """`tl2k210 ARGS...` in a subprocess, run in `cwd` as a user would."""
+    return subprocess.run([sys.executable, "-m", "tl2k210.cli", *args], cwd=cwd, env=cli_env(),
                           capture_output=True, text=True, timeout=600)
 
 
@@ -37,7 +35,7 @@ def iris(tmp_path_factory):
 
 def test_convert_stderr_is_only_our_progress(iris):
     d, src = iris
-    p = _convert(d, str(src), "iris.kmodel", "--dataset", "x.npy", "--float-fc")
+    p = _cli(d, "convert", str(src), "iris.kmodel", "--dataset", "x.npy", "--float-fc")
     lines = p.stderr.splitlines()
     assert p.returncode == 0, p.stderr
     assert [ln for ln in lines if not PROGRESS.match(ln)] == [], p.stderr
@@ -45,7 +43,7 @@ def test_convert_stderr_is_only_our_progress(iris):
     assert "file iris.kmodel: " in p.stdout and (d / "iris.kmodel.json").is_file()
     # an error after TensorFlow did its work is still shown (and nothing else)
     np.save(d / "five.npy", np.zeros((4, 5), np.float32))       # iris takes 4 features
-    p = _convert(d, str(src), "bad.kmodel", "--dataset", "five.npy")
+    p = _cli(d, "convert", str(src), "bad.kmodel", "--dataset", "five.npy")
     extra = [ln for ln in p.stderr.splitlines() if not PROGRESS.match(ln)]
     assert p.returncode == 2 and len(extra) == 1, p.stderr
     assert extra[0].startswith("tl2k210 convert: error: dataset five.npy: samples of shape (5,)"), p.stderr
@@ -55,7 +53,7 @@ def test_convert_stderr_is_only_our_progress(iris):
 @pytest.mark.slow
 def test_verbose_lets_tensorflow_talk(iris):
     d, src = iris
-    p = _convert(d, str(src), "v.kmodel", "--dataset", "x.npy", "--float-fc", "--verbose")
+    p = _cli(d, "convert", str(src), "v.kmodel", "--dataset", "x.npy", "--float-fc", "--verbose")
     assert p.returncode == 0, p.stderr
     talk = [ln for ln in p.stderr.splitlines() if not PROGRESS.match(ln)]
     assert any("cpu_feature_guard" in ln for ln in talk) and all(NOISE.search(ln) for ln in talk[:3]), talk
@@ -83,7 +81,7 @@ def test_tensorlayer_convert_is_quiet_too(tmp_path):
     rng = np.random.default_rng(1)
     for i in range(4):
         Image.fromarray((rng.random((16, 16, 3)) * 255).astype(np.uint8)).save(tmp_path / "calib" / f"{i}.png")
-    p = _convert(tmp_path, "w.npz", "net.kmodel", "--network", "net.py", "--dataset", "calib")
+    p = _cli(tmp_path, "convert", "w.npz", "net.kmodel", "--network", "net.py", "--dataset", "calib")
     assert p.returncode == 0, p.stderr
     assert [ln for ln in p.stderr.splitlines() if not PROGRESS.match(ln)] == [], p.stderr
 
@@ -110,11 +108,8 @@ def test_demo_prints_only_our_lines(zoo_build, tmp_path):
     skdata = pytest.importorskip("skimage.data")
     from PIL import Image
     Image.fromarray(skdata.astronaut()).save(tmp_path / "astronaut.png")
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("TF_", "TL2K210_VERBOSE"))}
-    env["PYTHONPATH"] = str(REPO)
-    p = subprocess.run([sys.executable, "-m", "tl2k210.cli", "demo", "face-detect", "--image", "astronaut.png",
-                        "--kfpkg", zoo_build("face_detect")["kfpkg"], "--out", "lcd.png"], cwd=tmp_path,
-                       env=env, capture_output=True, text=True, timeout=600)
+    p = _cli(tmp_path, "demo", "face-detect", "--image", "astronaut.png",
+             "--kfpkg", zoo_build("face_detect")["kfpkg"], "--out", "lcd.png")
     assert p.returncode == 0 and p.stderr == "", p.stderr
     script = [ln for ln in p.stdout.splitlines() if not ln.startswith("[host] ")]
     assert len(script) == 2 and re.fullmatch(r"face x=\d+ y=\d+ w=\d+ h=\d+ value=[01]\.\d{3}", script[0]) \
