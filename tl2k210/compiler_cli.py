@@ -222,12 +222,12 @@ def _match_outputs(graph, ref, outs):
             continue
         free.remove(k)
         t = np.asarray(outs[k], np.float64).reshape(-1)
-        layout = "NCHW"
+        flat, layout = r.reshape(-1), "NCHW"
         if r.ndim == 4 and r.shape[1] > 1 and r.shape[2] * r.shape[3] > 1:
             nhwc = r.transpose(0, 2, 3, 1).reshape(-1)
-            if cosine(nhwc, t) > cosine(r.reshape(-1), t):
-                layout = "NHWC"
-        pairs[o] = (r.transpose(0, 2, 3, 1).reshape(-1) if layout == "NHWC" else r.reshape(-1), t, layout)
+            if cosine(nhwc, t) > cosine(flat, t):
+                flat, layout = nhwc, "NHWC"
+        pairs[o] = (flat, t, layout)
     return pairs
 
 
