@@ -13,7 +13,6 @@ Robustness rules (each one fixes a failure seen in kflash 1.1.6, spec §3.4/§7.
   ledger reproduces each image's SHA-256.
 """
 import hashlib
-import sys
 import time
 from dataclasses import dataclass, field
 
