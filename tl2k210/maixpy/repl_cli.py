@@ -69,7 +69,7 @@ def add_repl_parser(sub):
 
 # ---------------------------------------------------------------------------------------------
 def _progress(args):
-    from tl2k210.flash.flasher import Progress
+    from tl2k210.progress import Progress
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     return Progress(show)
 
