@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from tl2k210.errors import Tl2k210Error
+from tl2k210.graph import describe
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.fit import BudgetError, FormatError  # noqa: F401  (raised by convert)
 from tl2k210.k210.kmodel import atomic_write, dumps
@@ -320,7 +321,6 @@ def _check_unbatched_vector(graph):
     """A 1-D input of n > 1 values has no batch axis: the calibration data's first axis would be
     read as samples of it. Refuse, naming the node that reads it."""
     from tl2k210.errors import UnsupportedOpError
-    from tl2k210.k210.lower.registry import describe
     x = graph.inputs[0]
     shape = graph.shape(x) or ()
     if len(shape) == 1 and shape[0] > 1:

@@ -367,7 +367,6 @@ def _check_single_sample(g, rebatched):
     """Refuse a rebatched graph whose nodes work across the samples of its batch (a split, concat
     or reduction over axis 0, a constant the size of the batch): one sample cannot be its input."""
     from tl2k210.errors import ModelLoadError
-    from tl2k210.k210.lower.registry import describe
     x, n_batch = next(iter(rebatched.items()))
     live = set(rebatched)                  # tensors computed from the rebatched inputs
     for n in toposort(g):
@@ -537,3 +536,15 @@ def run(g, feeds, outputs=None, expose_all=False):
     if isinstance(feeds, np.ndarray):
         feeds = {g.inputs[0]: feeds}
     return dict(zip(names, sess.run(names, feeds)))
+
+
+def describe(node) -> str:
+    """'Conv kernel=(5, 5) strides=(1, 1) ...': the op and its small attributes, for messages."""
+    parts = []
+    for k, v in node.attrs.items():
+        if isinstance(v, np.ndarray):
+            if v.size > 8:
+                continue
+            v = v.tolist()
+        parts.append(f"{k}={v}")
+    return f"{node.op} {' '.join(parts)}".strip()

@@ -10,7 +10,7 @@ with the node and what to change, before any lowering sees a 5-D map."""
 import numpy as np
 
 from tl2k210.errors import UnsupportedOpError
-from tl2k210.graph import Node, _normalize_conv
+from tl2k210.graph import Node, _normalize_conv, describe
 
 OPS = ("Conv", "MaxPool", "AveragePool", "BatchNormalization", "PRelu", "LpPool")
 VOLUMETRIC = ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "BatchNormalization", "PRelu", "LpPool")
@@ -27,7 +27,6 @@ def _as_2d(n):
 
 
 def spatial_1d(g, log):
-    from tl2k210.k210.lower.registry import describe
     for x in g.inputs + g.outputs:
         shape = g.shape(x)
         if shape is not None and len(shape) > 5:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tl2k210.graph import to_onnx
+from tl2k210.graph import describe, to_onnx
 
 BINS = 2048
 METHODS = ("minmax", "percentile", "kld", "mse")
@@ -93,7 +93,6 @@ def _non_finite(graph, name, v, values):
     """Refuse a calibration sample that drives a tensor to NaN/inf (sqrt or log of negatives,
     a division by zero): no 8-bit range holds it. Names the node, its op and its input range."""
     from tl2k210.errors import Tl2k210Error
-    from tl2k210.k210.lower.registry import describe
     node = graph.producer(name)
     where = f"input {name!r}" if node is None else f"node {node.name!r} ({describe(node)})"
     ins = [] if node is None else [values[i] for i in node.inputs if i in values and graph.const(i) is None]

@@ -16,6 +16,7 @@ else v4, and `lw.forced_by` names the node (and the reason) that needed v4.
 import dataclasses
 
 from tl2k210.errors import KpuLimitError, UnsupportedOpError
+from tl2k210.graph import describe
 
 from . import conv, cpu, fc, kxk, layout  # noqa: F401  (register the lowerings)
 from . import v4ops, v4resize, v4elementwise, v4conv  # noqa: F401  (the kmodel v4 lowerings)
@@ -54,7 +55,6 @@ def plan_format(graph, opts: Options | None = None):
 
 def _first_reason(node, err) -> str:
     """"<op attrs>: why each v3 alternative does not apply" (or "has no kmodel v3 layer")."""
-    from .registry import describe
     lines = [ln.strip()[2:] for ln in str(err).splitlines()[1:] if ln.strip().startswith("- ")]
     why = "; ".join(ln for ln in lines if "needs kmodel" not in ln)
     return f"{describe(node)}: " + (why or "no kmodel v3 layer does this")

@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 
 from tl2k210.errors import UnsupportedOpError
+from tl2k210.graph import describe
 
 KPU, CPU_U8, CPU_F32 = "KPU", "CPU uint8", "CPU float"
 RELABEL = "no-op"          # the same bytes under another name/shape: no layer at all
@@ -74,18 +75,6 @@ def needs_format(op, fmt, why, check=None, unit=CPU_F32):
 def supported_ops(fmt="v3"):
     fmts = FORMATS if fmt == "auto" else (fmt,)
     return sorted(op for op, alts in REGISTRY.items() if any(f in a.formats and a.fn for a in alts for f in fmts))
-
-
-def describe(node) -> str:
-    """'Conv kernel=(5, 5) strides=(1, 1) ...': the op and its small attributes, for messages."""
-    parts = []
-    for k, v in node.attrs.items():
-        if isinstance(v, np.ndarray):
-            if v.size > 8:
-                continue
-            v = v.tolist()
-        parts.append(f"{k}={v}")
-    return f"{node.op} {' '.join(parts)}".strip()
 
 
 def select(g, node, opts, fmt="v3"):

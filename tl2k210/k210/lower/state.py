@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tl2k210.errors import Tl2k210Error, UnsupportedOpError
+from tl2k210.graph import describe
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import v3
 from tl2k210.k210.memory import KpuAllocator, MainAllocator
@@ -289,7 +290,7 @@ class Lowering:
             raise
         except (ValueError, AssertionError, KeyError, IndexError, ZeroDivisionError) as exc:
             # a register value that does not fit or a case the lowering missed: name the node
-            raise Tl2k210Error(f"node {node.name!r} ({registry.describe(node)}): the {alt.name} lowering "
+            raise Tl2k210Error(f"node {node.name!r} ({describe(node)}): the {alt.name} lowering "
                                f"failed ({type(exc).__name__}: {exc}); nothing was written. Please report "
                                "this model; a smaller or differently shaped layer may convert") from exc
 
