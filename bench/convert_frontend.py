@@ -26,7 +26,7 @@ def main():
     from models.mobilenet_v1.network import load_keras_order_npz, mobilenet_v1
     from tl2k210.frontends import load_model
     from tl2k210.graph import from_onnx
-    from tl2k210.passes import run_pipeline
+    from tl2k210.k210.flow import run_pipeline
     rows = []
     for alpha in (float(a) for a in args.alphas.split(",")):
         net = mobilenet_v1(alpha, name=f"bench_{alpha}")

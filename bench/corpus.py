@@ -89,7 +89,7 @@ def ideal_sqnr(src, pre, calib, photos):
 
     from tl2k210.frontends import load_model
     from tl2k210.graph import from_onnx
-    from tl2k210.passes import run_pipeline
+    from tl2k210.k210.flow import run_pipeline
     g, _ = run_pipeline(from_onnx(load_model(str(src), **({"weights": pre["weights"]} if "weights" in pre else {}))))
     return devcorpus.ideal_sqnr(g, calib, photos, pre.get("input_range"))
 

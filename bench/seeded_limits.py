@@ -67,7 +67,7 @@ def main():
     from tl2k210.errors import Tl2k210Error
     from tl2k210.frontends import load_model
     from tl2k210.graph import from_onnx
-    from tl2k210.passes import run_pipeline
+    from tl2k210.k210.flow import run_pipeline
     calib, photos = photo_folder(), paths.testdata_dir() / "imagenet"
     rows = []
     for name, e in devcorpus.entries().items():

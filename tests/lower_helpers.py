@@ -7,7 +7,7 @@ from front_helpers import make_model, ort_run  # noqa: F401  (re-exported for th
 from tl2k210.graph import from_onnx
 from tl2k210.k210.emulator import Emulator
 from tl2k210.k210.lower import Options, lower
-from tl2k210.passes import run_pipeline
+from tl2k210.k210.flow import run_pipeline
 from tl2k210.quantize import calibrate
 from tl2k210.quantize.metrics import sqnr_db
 

@@ -6,7 +6,7 @@ from PIL import Image
 
 from front_helpers import make_model, need_testdata, rand
 from tl2k210.graph import from_onnx, stage_names
-from tl2k210.passes import run_pipeline
+from tl2k210.k210.flow import run_pipeline
 from tl2k210.quantize.calibrate import collect, float_reference, kld_threshold, ranges
 from tl2k210.quantize.dataset import Preprocess, load_dataset, load_image, parse_range
 from tl2k210.quantize.metrics import cosine, sqnr_db, topk_agreement

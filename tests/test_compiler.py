@@ -154,7 +154,7 @@ def test_mobilenet_v1_tensorlayer_agrees_with_float(mobilenet):
     from tl2k210 import frontends
     from tl2k210.compiler import model_inputs
     from tl2k210.graph import from_onnx
-    from tl2k210.passes import run_pipeline
+    from tl2k210.k210.flow import run_pipeline
     from tl2k210.quantize.calibrate import FloatRunner
     net, out, receipt = mobilenet
     g, _ = run_pipeline(from_onnx(frontends.load_model(net)))
@@ -315,7 +315,7 @@ def test_symmetric_stride2_runs_fully_on_the_kpu(tmp_path, calib_dir, heldout_di
 def test_l2_normalised_embedding(tmp_path, calib_dir, heldout_dir):
     """x / ||x|| (Keras UnitNormalization or tf.math.l2_normalize) becomes the SDK's
     L2_NORMALIZATION layer: unit-length embeddings straight out of the kmodel."""
-    from tl2k210.passes import PASSES
+    from tl2k210.k210.flow import PASSES
     assert "l2_normalize" in PASSES
     keras = tf.keras
     keras.utils.set_random_seed(3)

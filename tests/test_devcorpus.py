@@ -40,7 +40,7 @@ def _convert_and_compare(model, tmp_path, calib, **opts):
     from tl2k210.compiler_cli import compare_graph
     from tl2k210.frontends import load_model
     from tl2k210.graph import from_onnx
-    from tl2k210.passes import run_pipeline
+    from tl2k210.k210.flow import run_pipeline
     onnx_model = load_model(model)
     out = tmp_path / "m.kmodel"
     receipt = convert(onnx_model, out, ConvertOptions(dataset=str(calib), progress=False, **opts))

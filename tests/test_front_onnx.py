@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 from front_helpers import make_model, ort_run, rand
 from tl2k210 import frontends
 from tl2k210.graph import OPSET, from_onnx, run
-from tl2k210.passes import run_pass, run_pipeline
+from tl2k210.k210.flow import run_pass, run_pipeline
 
 pytest.importorskip("onnxruntime")
 

@@ -9,7 +9,7 @@ import pytest
 from front_helpers import make_model, need_testdata, rand, tf
 from tl2k210.frontends import ModelLoadError, load_graph, load_model
 from tl2k210.graph import from_onnx, run
-from tl2k210.passes import run_pipeline
+from tl2k210.k210.flow import run_pipeline
 
 TOL = 1e-4
 

@@ -9,7 +9,7 @@ from onnx import helper
 from front_helpers import make_model, ort_run, rand
 from tl2k210.errors import UnsupportedOpError
 from tl2k210.graph import Node, from_onnx, run, stage_names, to_onnx, toposort
-from tl2k210.passes import run_pipeline
+from tl2k210.k210.flow import run_pipeline
 
 
 def small_model():

@@ -11,7 +11,7 @@ from tl2k210 import paths
 from tl2k210.errors import KpuLimitError, UnsupportedOpError
 from tl2k210.graph import from_onnx
 from tl2k210.k210.lower import REGISTRY, Options, registry, select, supported_ops
-from tl2k210.passes import run_pipeline
+from tl2k210.k210.flow import run_pipeline
 
 pytest.importorskip("onnxruntime")
 LOWER = paths.PACKAGE / "k210" / "lower"

@@ -376,7 +376,7 @@ def test_no_form_anywhere_lists_what_each_lowering_needs():
 def test_sixteen_bit_weights_stay_v3():
     m = build([N("Resize", ["r", "", "s"], ["y"], mode="linear")], {"s": np.array([1, 1, 2, 2], np.float32)})
     from tl2k210.graph import from_onnx
-    from tl2k210.passes import run_pipeline
+    from tl2k210.k210.flow import run_pipeline
     g, _ = run_pipeline(from_onnx(m))
     with pytest.raises(UnsupportedOpError, match="8-bit KPU weights only"):
         plan_format(g, Options(weight_bits=16))

@@ -9,7 +9,7 @@ import pytest
 
 from front_helpers import REPO, need_testdata, tf
 from tl2k210.graph import from_onnx, run
-from tl2k210.passes import run_pipeline
+from tl2k210.k210.flow import run_pipeline
 from tl2k210.quantize.calibrate import FloatRunner, collect, compare_graphs, ranges
 from tl2k210.quantize.dataset import Preprocess, image_files, load_image
 

@@ -5,7 +5,7 @@ from onnx import helper
 
 from front_helpers import make_model, ort_run, rand
 from tl2k210.graph import from_onnx, run
-from tl2k210.passes import PIPELINE, run_pass, run_pipeline
+from tl2k210.k210.flow import PIPELINE, run_pass, run_pipeline
 
 X = ("x", [1, 4, 8, 8])
 

@@ -7,7 +7,7 @@ import pytest
 from front_helpers import tf
 from tl2k210.frontends import load_graph
 from tl2k210.graph import run
-from tl2k210.passes import run_pipeline
+from tl2k210.k210.flow import run_pipeline
 from tl2k210.quantize.metrics import sqnr_db
 
 pytestmark = pytest.mark.slow

@@ -342,7 +342,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     from tl2k210.k210.emulator import Emulator
     from tl2k210.k210 import fit
     from tl2k210.k210.lower import Options, lower, plan_format
-    from tl2k210.passes import run_pipeline
+    from tl2k210.k210.flow import run_pipeline
     from tl2k210.quantize import calibrate
     from tl2k210.quantize.metrics import sqnr_db
 

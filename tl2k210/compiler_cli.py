@@ -196,7 +196,7 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
     from tl2k210 import frontends
     from tl2k210.compiler import ConvertOptions
     from tl2k210.graph import from_onnx
-    from tl2k210.passes import run_pipeline
+    from tl2k210.k210.flow import run_pipeline
 
     opts = ConvertOptions(**pre)
     model = frontends.load_model(float_model, **({"weights": opts.weights} if opts.weights else {}))

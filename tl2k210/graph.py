@@ -3,7 +3,7 @@
 Layout is NCHW (the ONNX convention), batch 1. Every tensor has a concrete shape after
 `infer_shapes`. Constants (weights, biases, shape operands) are `Tensor`s with a `value`.
 
-IR op vocabulary (what `passes.run_pipeline` leaves for the K210 lowering; attrs are plain Python):
+IR op vocabulary (what `k210.flow.run_pipeline` leaves for the K210 lowering; attrs are plain Python):
 
   Conv       inputs [X, W(Co,Ci/g,kh,kw), B(Co)] (B always present after the pipeline)
              kernel (kh,kw), strides (sh,sw), pads [top,left,bottom,right], group, dilations
@@ -19,7 +19,7 @@ IR op vocabulary (what `passes.run_pipeline` leaves for the K210 lowering; attrs
   Every other op keeps its ONNX form: attrs under their ONNX names, operands such as Pad pads,
   Slice starts/ends/axes/steps, Resize scales, Reshape shape, Clip bounds as constant inputs
   (read them with `graph.const(name)`). What the pipeline may leave is what the K210 back-end
-  lowers (`tl2k210.k210.lower.supported_ops()`, checked by passes.check_supported): Add/Sub of two
+  lowers (`tl2k210.k210.lower.supported_ops()`, checked by the flow's check_supported): Add/Sub of two
   maps, Concat(axis), Resize (mode "nearest"; scales input, or sizes), GlobalAveragePool,
   GlobalMaxPool, MaxPool/AveragePool (kernel_shape, strides, pads) when not fused, Gemm/MatMul
   (only if wider than the KPU's 1024 channels), Softmax(axis), standalone activations,

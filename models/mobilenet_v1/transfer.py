@@ -86,7 +86,7 @@ def run(data_dir: Path, out: Path, holdout=0.3, seed=0, progress=True):
     from tl2k210.graph import from_onnx
     from tl2k210.k210.emulator import Emulator
     from tl2k210.k210.kmodel import atomic_write
-    from tl2k210.passes import run_pipeline
+    from tl2k210.k210.flow import run_pipeline
     from tl2k210.frontends.tensorlayer import fast_layer_init
     from tl2k210.quantize.calibrate import FloatRunner
 

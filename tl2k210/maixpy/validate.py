@@ -210,7 +210,7 @@ class FloatModel:
         from tl2k210 import frontends
         from tl2k210.compiler import ConvertOptions
         from tl2k210.graph import from_onnx
-        from tl2k210.passes import run_pipeline
+        from tl2k210.k210.flow import run_pipeline
         from tl2k210.quantize.calibrate import FloatRunner
         self.opts = ConvertOptions(**pre)
         model = frontends.load_model(src)

@@ -1,9 +1,10 @@
-"""Graph rewrites, each `Graph -> Graph`, named and run in ONE ordered list.
+"""Generic graph rewrites, each `Graph -> Graph`, named; a back-end orders them with its own
+passes in ONE list, its flow (the K210's: `tl2k210.k210.flow`), and runs it with `run_pipeline`.
 
 Every pass is `fn(graph, log) -> graph` where `log(node_name, message)` records what it changed;
 `run_pipeline` copies the graph before each pass, prunes dead tensors and re-infers shapes after.
 Passes marked `default=False` change the float math (or are lowering choices) and are opt-in:
-`run_pipeline(g, {"kpu_padding": True})`.
+`flow.run_pipeline(g, {"kpu_padding": True})`.
 """
 import time
 from dataclasses import dataclass
@@ -26,7 +27,6 @@ from .global_pool import global_pool
 from .layout import upsample_to_resize, normalize_flatten
 from .hard_activations import hard_activations
 from .l2_normalize import l2_normalize
-from .matmul_to_conv import matmul_to_conv
 from .fold_batchnorm import fold_batchnorm
 from .fold_affine import affine_to_conv, fold_affine_into_conv
 from .prelu_split import prelu_pattern, prelu_split
@@ -34,13 +34,8 @@ from .pad_into_conv import pad_into_conv
 from .square_kernels import square_kernels
 from .fuse_activation import fuse_activation
 from .channel_shuffle import channel_shuffle
-from .entry_conv import entry_conv
-from .wide_channels import wide_channels
 from .channel_softmax import channel_softmax
-from .kpu_padding import kpu_padding
-from .stride2_even_maps import stride2_even_maps
 from .fuse_pool import fuse_pool
-from .check_supported import check_supported
 
 
 @dataclass(frozen=True)
@@ -51,57 +46,18 @@ class Pass:
     exact: bool = True  # False: changes the float results (must be opt-in and reported)
 
 
-PIPELINE = [
-    Pass("dequantize", dequantize),
-    Pass("input_nchw", input_nchw),
-    Pass("fold_constants", fold_constants),
-    Pass("spatial_1d", spatial_1d),
-    Pass("pixel_shuffle", pixel_shuffle),
-    Pass("log_softmax", log_softmax),
-    Pass("instance_norm", instance_norm),
-    Pass("nary_ops", nary_ops),
-    Pass("input_affine", input_affine),
-    Pass("push_transposes", push_transposes),
-    Pass("upsample_to_resize", upsample_to_resize),
-    Pass("global_pool", global_pool),
-    Pass("normalize_flatten", normalize_flatten),
-    Pass("hard_activations", hard_activations),
-    Pass("prelu_pattern", prelu_pattern),
-    Pass("l2_normalize", l2_normalize),
-    Pass("matmul_to_conv", matmul_to_conv),
-    Pass("fold_batchnorm", fold_batchnorm),
-    Pass("pad_into_conv", pad_into_conv),
-    Pass("square_kernels", square_kernels),
-    Pass("fold_affine_into_conv", fold_affine_into_conv),
-    Pass("affine_to_conv", affine_to_conv),
-    Pass("prelu_split", prelu_split),
-    Pass("fuse_activation", fuse_activation),
-    Pass("channel_softmax", channel_softmax),
-    Pass("channel_shuffle", channel_shuffle),
-    Pass("entry_conv", entry_conv),
-    Pass("wide_channels", wide_channels),
-    Pass("stride2_even_maps", stride2_even_maps),
-    Pass("kpu_padding", kpu_padding, default=False, exact=False),
-    Pass("fuse_pool", fuse_pool),
-    Pass("cleanup_layout", upsample_to_resize),
-    Pass("output_nchw", output_nchw),
-    Pass("tile", tile),            # what upsample_to_resize left (Keras UpSampling2D is a Tile too)
-    Pass("check_supported", check_supported),
-]
-PASSES = {p.name: p for p in PIPELINE}
-
-
-def run_pipeline(graph, options=None):
-    """Run the enabled passes in order. options: {pass_name: bool} overrides defaults.
+def run_pipeline(pipeline, graph, options=None):
+    """Run the enabled passes of `pipeline` (a list of Pass) in order. options: {pass_name: bool}
+    overrides defaults.
 
     Returns (graph, log); log is a list of
     {"pass", "exact", "changes": [(node, message)], "nodes": (before, after), "seconds"}."""
     options = dict(options or {})
-    unknown = set(options) - set(PASSES)
+    unknown = set(options) - {p.name for p in pipeline}
     if unknown:
-        raise ValueError(f"unknown pass option(s) {sorted(unknown)}; passes: {[p.name for p in PIPELINE]}")
+        raise ValueError(f"unknown pass option(s) {sorted(unknown)}; passes: {[p.name for p in pipeline]}")
     log = []
-    for p in PIPELINE:
+    for p in pipeline:
         if not options.get(p.name, p.default):
             continue
         changes, before, t = [], len(graph.nodes), time.perf_counter()
@@ -120,8 +76,8 @@ def run_pipeline(graph, options=None):
     return graph, log
 
 
-def run_pass(name, graph):
-    """Run one pass by name (for tests and tools); returns (graph, changes)."""
+def run_pass(p, graph):
+    """Run one Pass (for tests and tools); returns (graph, changes)."""
     changes = []
-    g = PASSES[name].fn(graph.copy(), lambda node, msg: changes.append((node, msg)))
+    g = p.fn(graph.copy(), lambda node, msg: changes.append((node, msg)))
     return infer_shapes(g.prune()), changes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tl2k210.passes.fuse_activation import activation_of
 from tl2k210.quantize import fixed_point as fx
 
 from .fc import logistic, source_unit
@@ -20,7 +21,6 @@ def table(f, s_in, z_in, so, zo):
 
 
 def _act(g, node):
-    from tl2k210.passes.fuse_activation import activation_of
     return activation_of(g, node)
 
 

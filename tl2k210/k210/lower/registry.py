@@ -8,7 +8,7 @@ a quantized (uint8) CPU layer, then a float CPU layer; registration order breaks
 alternative whose `check(graph, node, opts)` returns None lowers the node; a check returns the
 reason it cannot, phrased so a user knows what to change (or `NA`: "not about this node",
 which no message mentions). Checks read only the graph (shapes,
-attributes, constants), so the pass `check_supported` asks the same question before calibration:
+attributes, constants), so the flow's last pass `check_supported` (`tl2k210.k210.flow`) asks the same question before calibration:
 "supported" means "lowered". The reasons of the alternatives passed over become the receipt's
 "why" for the chosen one, and the refusal when none applies.
 
@@ -34,6 +34,19 @@ RELABEL = "no-op"          # the same bytes under another name/shape: no layer a
 UNIT_RANK = {RELABEL: 0, KPU: 1, CPU_U8: 2, CPU_F32: 3}
 FORMATS = ("v3", "v4")    # kmodel formats this release writes (--format auto picks one)
 NA = ""                    # a check's answer for "this alternative is not about this node": no note
+
+# op -> the nearest form that has a lowering, for the refusal of an op with none
+NEAREST = {
+    "ConvTranspose": "nearest UpSampling2D (Resize) followed by a 3x3 Conv",
+    "PRelu": "PReLU with constant slopes (the pass prelu_split runs it on the KPU)",
+    "Gelu": "Swish (x*sigmoid(x)) or ReLU",
+    "ReduceMean": "GlobalAveragePooling2D", "ReduceMax": "GlobalMaxPooling2D",
+    "LSTM": "a convolutional model (no recurrent ops on the K210)", "GRU": "a convolutional model",
+    "RNN": "a convolutional model", "Upsample": "Resize with mode nearest",
+    "InstanceNormalization": "BatchNormalization after a Conv (folded into it)",
+    "LRN": "BatchNormalization", "DepthToSpace": "nearest UpSampling2D + Conv",
+    "Einsum": "Dense (MatMul) layers",
+}
 
 
 @dataclass(frozen=True)
@@ -80,7 +93,6 @@ def supported_ops(fmt="v3"):
 def select(g, node, opts, fmt="v3"):
     """(chosen Alternative, [(passed-over Alternative, reason)]) or UnsupportedOpError. `fmt`
     "auto": the v3 choice when there is one (widest firmware support), else the v4 one."""
-    from tl2k210.passes.check_supported import NEAREST
     if fmt == "auto":
         try:
             return select(g, node, opts, "v3")

@@ -11,6 +11,8 @@ import numpy as np
 from tl2k210.graph import Node
 from tl2k210.k210 import hardware as hw
 
+from .matmul_to_conv import _weights
+
 MAX = hw.LIMITS["channels"][1]
 
 
@@ -68,7 +70,6 @@ def _dense_weights(g, n):
                 shape is None or tuple(shape[2:]) != (1, 1) or n.attrs.get("activation") or n.attrs.get("pool"):
             return None
         return w[:, :, 0, 0], g.const(n.inputs[2])
-    from .matmul_to_conv import _weights
     return _weights(g, n)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 from tl2k210.graph import Node
 from tl2k210.k210 import hardware as hw
 
-from .fuse_activation import activation_of
+from tl2k210.passes.fuse_activation import activation_of
 
 MAX_CHANNELS = hw.LIMITS["channels"][1]
 

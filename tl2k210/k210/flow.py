@@ -1,0 +1,81 @@
+"""The K210 back-end's flow: the generic passes (`tl2k210.passes`) and the K210's own
+(`tl2k210.k210.passes`) in the ONE order the compiler runs them, ending with the question only
+the back-end can answer: does every node left have a K210 lowering?
+
+    graph, log = run_pipeline(graph)                  # the flow with its defaults
+    graph, log = run_pipeline(graph, {"kpu_padding": True})
+"""
+from tl2k210 import passes as generic
+from tl2k210.passes import (Pass, affine_to_conv, channel_shuffle, channel_softmax, dequantize,
+                            fold_affine_into_conv, fold_batchnorm, fold_constants, fuse_activation,
+                            fuse_pool, global_pool, hard_activations, input_affine, input_nchw,
+                            instance_norm, l2_normalize, log_softmax, nary_ops, normalize_flatten,
+                            output_nchw, pad_into_conv, pixel_shuffle, prelu_pattern, prelu_split,
+                            push_transposes, spatial_1d, square_kernels, tile, upsample_to_resize)
+
+from .lower import Options, select
+from .passes.entry_conv import entry_conv
+from .passes.kpu_padding import kpu_padding
+from .passes.matmul_to_conv import matmul_to_conv
+from .passes.stride2_even_maps import stride2_even_maps
+from .passes.wide_channels import wide_channels
+
+
+def check_supported(g, log, opts=None):
+    """Every node left must have a K210 lowering (the registry's `select`): anything else raises
+    UnsupportedOpError naming the node, op type, attributes, why each way of lowering it does not
+    apply, and the nearest supported form. "Supported" means "lowered"."""
+    opts = opts or Options()
+    for n in g.nodes:
+        select(g, n, opts, opts.format)
+    return g
+
+
+PIPELINE = [
+    Pass("dequantize", dequantize),
+    Pass("input_nchw", input_nchw),
+    Pass("fold_constants", fold_constants),
+    Pass("spatial_1d", spatial_1d),
+    Pass("pixel_shuffle", pixel_shuffle),
+    Pass("log_softmax", log_softmax),
+    Pass("instance_norm", instance_norm),
+    Pass("nary_ops", nary_ops),
+    Pass("input_affine", input_affine),
+    Pass("push_transposes", push_transposes),
+    Pass("upsample_to_resize", upsample_to_resize),
+    Pass("global_pool", global_pool),
+    Pass("normalize_flatten", normalize_flatten),
+    Pass("hard_activations", hard_activations),
+    Pass("prelu_pattern", prelu_pattern),
+    Pass("l2_normalize", l2_normalize),
+    Pass("matmul_to_conv", matmul_to_conv),
+    Pass("fold_batchnorm", fold_batchnorm),
+    Pass("pad_into_conv", pad_into_conv),
+    Pass("square_kernels", square_kernels),
+    Pass("fold_affine_into_conv", fold_affine_into_conv),
+    Pass("affine_to_conv", affine_to_conv),
+    Pass("prelu_split", prelu_split),
+    Pass("fuse_activation", fuse_activation),
+    Pass("channel_softmax", channel_softmax),
+    Pass("channel_shuffle", channel_shuffle),
+    Pass("entry_conv", entry_conv),
+    Pass("wide_channels", wide_channels),
+    Pass("stride2_even_maps", stride2_even_maps),
+    Pass("kpu_padding", kpu_padding, default=False, exact=False),
+    Pass("fuse_pool", fuse_pool),
+    Pass("cleanup_layout", upsample_to_resize),
+    Pass("output_nchw", output_nchw),
+    Pass("tile", tile),            # what upsample_to_resize left (Keras UpSampling2D is a Tile too)
+    Pass("check_supported", check_supported),
+]
+PASSES = {p.name: p for p in PIPELINE}
+
+
+def run_pipeline(graph, options=None):
+    """The flow's enabled passes in order (options: {pass_name: bool}); returns (graph, log)."""
+    return generic.run_pipeline(PIPELINE, graph, options)
+
+
+def run_pass(name, graph):
+    """One pass of the flow by name (for tests and tools); returns (graph, changes)."""
+    return generic.run_pass(PASSES[name], graph)
