@@ -6,7 +6,8 @@ from onnx import helper
 from front_helpers import make_model, rand
 from tl2k210.graph import from_onnx
 from tl2k210.k210.flow import run_pipeline
-from tl2k210.quantize import calibrate, fixed_point as fx
+from tl2k210.k210 import fixed_point as fx
+from tl2k210.quantize import calibrate
 from tl2k210.quantize.fake_quant import fake_quant_graph
 
 

@@ -472,7 +472,7 @@ def _check_kxk_bytes(k, group, stride, pads, dilation, first, hw_):
     from lower_helpers import kpu_outputs
     from tl2k210.k210.emulator import Emulator
     from tl2k210.k210.emulator.kpu import activation, batchnorm
-    from tl2k210.quantize import fixed_point as fx
+    from tl2k210.k210 import fixed_point as fx
     h, w = hw_
     pads = [k // 2] * 4 if pads is None else pads
     c_in = 3 if first else 8

@@ -9,7 +9,7 @@ kmodel's SQNR against this graph's.
 """
 import numpy as np
 
-from . import fixed_point as fx
+from . import uniform as fx
 
 U8_OPS = ("Conv", "Add", "Concat", "MaxPool", "Resize")
 POOLS = ("GlobalAveragePool", "AveragePool")   # CPU float ops: uint8 (QUANTIZE) only before the KPU

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tl2k210.passes.fuse_activation import activation_of
-from tl2k210.quantize import fixed_point as fx
+from tl2k210.k210 import fixed_point as fx
 
 from .fc import logistic, source_unit
 from .registry import CPU_F32, CPU_U8, lowering

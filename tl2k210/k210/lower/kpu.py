@@ -15,7 +15,7 @@ import numpy as np
 from tl2k210.errors import KpuLimitError
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel.kpu import KpuConv
-from tl2k210.quantize import fixed_point as fx
+from tl2k210.k210 import fixed_point as fx
 
 IR_POOL_KIND = {"max": "max", "avg": "mean"}
 # a streamed output channel holds at most this many pixels (channel_byte_num, spec §2.5.5); the

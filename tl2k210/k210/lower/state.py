@@ -19,7 +19,7 @@ from tl2k210.graph import describe
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import v3
 from tl2k210.k210.memory import KpuAllocator, MainAllocator
-from tl2k210.quantize import fixed_point as fx
+from tl2k210.k210 import fixed_point as fx
 
 from . import registry
 

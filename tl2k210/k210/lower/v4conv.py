@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from tl2k210.graph import Node, stage_names
-from tl2k210.quantize import fixed_point as fx
+from tl2k210.k210 import fixed_point as fx
 from tl2k210.quantize.metrics import sqnr_db
 
 from .conv import is_dense

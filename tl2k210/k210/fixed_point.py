@@ -17,21 +17,11 @@ import math
 import numpy as np
 
 from tl2k210.k210 import hardware as hw
+from tl2k210.quantize.uniform import qparams, quantize_weights  # noqa: F401  (fx.qparams in the lowering)
 
 V_LIMIT = 2.0 ** 33          # |V| over the calibrated range (x2 margin, then x2 to the 36-bit limit)
 ACT_SHIFT_MAX = 40           # activation shift cap (nncase v1, which ran on silicon, used up to 43)
 SEGMENTS = hw.ACT_SEGMENTS - 1
-
-
-def qparams(lo: float, hi: float, bits: int = 8) -> tuple[float, int]:
-    """(scale, zero_point) for a range; the range is widened to contain 0 (exact zero padding)."""
-    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
-    if hi - lo < 1e-8:
-        hi = lo + 1e-8
-    levels = (1 << bits) - 1
-    scale = (hi - lo) / levels
-    zp = int(np.clip(round(-lo / scale), 0, levels))
-    return scale, zp
 
 
 def fixed_mul(value: float, bits: int, max_shift: int, min_shift: int = 0) -> tuple[int, int]:
@@ -47,17 +37,6 @@ def fixed_mul(value: float, bits: int, max_shift: int, min_shift: int = 0) -> tu
         shift -= 1
         mul = int(round(value * 2.0 ** shift))
     return int(np.clip(mul, -limit, limit)), shift
-
-
-def quantize_weights(w: np.ndarray, bits: int = 8):
-    """Per-output-channel symmetric weights: (Wq uint8/uint16, zw, sw[o])."""
-    zw = 1 << (bits - 1)
-    qmax = zw - 1
-    flat = w.reshape(w.shape[0], -1).astype(np.float64)
-    amax = np.abs(flat).max(axis=1)
-    sw = np.where(amax > 0, amax / qmax, 1.0)
-    q = np.clip(np.rint(flat / sw[:, None]), -qmax, qmax) + zw
-    return q.astype(np.uint8 if bits == 8 else np.uint16).reshape(w.shape), zw, sw
 
 
 def choose_v_scale(s_x: float, sw: np.ndarray, bias: np.ndarray, y_amax: float) -> float:

@@ -1,0 +1,29 @@
+"""Uniform 8/16-bit quantization: the affine (scale, zero point) of a calibrated range and
+per-output-channel symmetric weights -- the scheme the K210's fixed-point parameters
+(`tl2k210.k210.fixed_point`) and the 8-bit fake-quant ideal (`fake_quant`) share."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def qparams(lo: float, hi: float, bits: int = 8) -> tuple[float, int]:
+    """(scale, zero_point) for a range; the range is widened to contain 0 (exact zero padding)."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    if hi - lo < 1e-8:
+        hi = lo + 1e-8
+    levels = (1 << bits) - 1
+    scale = (hi - lo) / levels
+    zp = int(np.clip(round(-lo / scale), 0, levels))
+    return scale, zp
+
+
+
+def quantize_weights(w: np.ndarray, bits: int = 8):
+    """Per-output-channel symmetric weights: (Wq uint8/uint16, zw, sw[o])."""
+    zw = 1 << (bits - 1)
+    qmax = zw - 1
+    flat = w.reshape(w.shape[0], -1).astype(np.float64)
+    amax = np.abs(flat).max(axis=1)
+    sw = np.where(amax > 0, amax / qmax, 1.0)
+    q = np.clip(np.rint(flat / sw[:, None]), -qmax, qmax) + zw
+    return q.astype(np.uint8 if bits == 8 else np.uint16).reshape(w.shape), zw, sw
