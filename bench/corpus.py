@@ -101,7 +101,7 @@ def _reason(err):
 def measure(src, extra, calib, photos, nncase=None, weights=None, logits=None, ideal=False, over_budget=False):
     """Convert `src` as the CLI does; on success compare the kmodel (and nncase's, if given) with
     the float model on the held-out photos."""
-    from tl2k210.compiler_cli import compare
+    from tl2k210.compare import compare
     out = Path(tempfile.mkdtemp()) / "model.kmodel"
     rep = out.with_suffix(".json")
     cmd = ["convert", str(src), str(out), "--dataset", str(calib), "--report", str(rep), "-q"] + extra

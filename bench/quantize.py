@@ -75,7 +75,7 @@ def main():
     from corpus import photo_folder
 
     from tl2k210.compiler import ConvertOptions, convert
-    from tl2k210.compiler_cli import compare
+    from tl2k210.compare import compare
     calib, photos = photo_folder(), TESTDATA / "imagenet"
     rows = []
     for name, (make, opts, kind) in models().items():

@@ -136,7 +136,7 @@ def test_metrics():
 
 
 def test_output_agreement_and_float_outputs():
-    from tl2k210.quantize.compare import float_outputs, output_agreement
+    from tl2k210.compare import float_outputs, output_agreement
     n = helper.make_node
     g = from_onnx(make_model([n("Flatten", ["x"], ["y"])], [("x", [1, 10, 1, 1])], [("y", None)]))
     rng = np.random.default_rng(3)   # its own seed: the shared RNG's draw depends on test order
@@ -150,7 +150,7 @@ def test_output_agreement_and_float_outputs():
 
 
 def test_yolo2_detection_agreement():
-    from tl2k210.quantize.compare import detection_agreement, yolo2_boxes
+    from tl2k210.compare import detection_agreement, yolo2_boxes
     anchors, classes, h, w = [1.0, 1.0, 2.0, 3.0], 2, 7, 10
     out = np.full((2 * (5 + classes), h, w), -8.0, np.float32)
     base = 1 * (5 + classes)  # anchor 1 at cell (row 3, col 4): centred, objectness ~1, class 1

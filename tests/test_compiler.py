@@ -14,7 +14,7 @@ from tl2k210.k210.emulator import Emulator
 tf = pytest.importorskip("tensorflow")
 pytest.importorskip("onnxruntime")
 from tl2k210.compiler import BudgetError, ConvertOptions, convert  # noqa: E402
-from tl2k210.compiler_cli import compare  # noqa: E402
+from tl2k210.compare import compare  # noqa: E402
 
 CALIB = ["astronaut", "coffee", "chelsea", "rocket", "camera", "brick", "grass", "gravel",
          "immunohistochemistry", "retina", "hubble_deep_field", "coins"]

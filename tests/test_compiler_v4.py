@@ -9,7 +9,7 @@ tf = pytest.importorskip("tensorflow")
 pytest.importorskip("onnxruntime")
 from test_compiler import calib_dir, heldout_dir  # noqa: E402,F401  (shared fixtures)
 from tl2k210.compiler import ConvertOptions, convert  # noqa: E402
-from tl2k210.compiler_cli import compare  # noqa: E402
+from tl2k210.compare import compare  # noqa: E402
 
 
 def _bilinear():

@@ -53,7 +53,7 @@ def _convert(src, out, calib, extra, capsys):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_corpus_model_converts_or_is_refused_precisely(name, folders, tmp_path, capsys):
-    from tl2k210.compiler_cli import compare
+    from tl2k210.compare import compare
     src = data_path("corpus", "models", name)
     extra, min_db = CASES[name]
     calib, photos = folders

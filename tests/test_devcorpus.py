@@ -37,7 +37,7 @@ def test_zoo_models_over_the_budget_are_refused_at_once(name, tmp_path, capsys):
 
 def _convert_and_compare(model, tmp_path, calib, **opts):
     from tl2k210.compiler import ConvertOptions, convert
-    from tl2k210.compiler_cli import compare_graph
+    from tl2k210.compare import compare_graph
     from tl2k210.frontends import load_model
     from tl2k210.graph import from_onnx
     from tl2k210.k210.flow import run_pipeline

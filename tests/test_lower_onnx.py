@@ -14,7 +14,7 @@ from PIL import Image
 
 from front_helpers import make_model
 from tl2k210.compiler import ConvertOptions, convert
-from tl2k210.compiler_cli import compare
+from tl2k210.compare import compare
 from tl2k210.errors import KpuLimitError, Tl2k210Error, UnsupportedOpError
 from tl2k210.graph import from_onnx
 from tl2k210.k210 import kmodel

@@ -201,7 +201,7 @@ def bgr_keras(tmp_path_factory):
 
 
 def test_convert_records_preprocessing_and_compare_uses_it(bgr_keras, capsys):
-    from tl2k210.compiler_cli import compare
+    from tl2k210.compare import compare
     src, km, calib = bgr_keras
     capsys.readouterr()
     meta = metadata.load_for(km)

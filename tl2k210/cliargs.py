@@ -1,9 +1,14 @@
-"""argparse types for numeric and list flags: a bad value is an argparse error (usage line,
+"""argparse types and flag groups the verbs share: a bad value is an argparse error (usage line,
 exit 2) that names the flag, the accepted range and an example; never a traceback later."""
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import re
+
+from tl2k210.errors import InputFileError
+from tl2k210.quantize.dataset import parse_range
 
 
 def _number(text, kind, example):
@@ -104,3 +109,111 @@ def choices_list(allowed, example):
         return names
     parse.__name__ = "list"
     return parse
+
+
+def range_arg(text):
+    try:
+        return parse_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# input_range None: a quantized model's own input scale, else (0, 1) -- ConvertOptions decides
+PRE_DEFAULTS = {"input_range": None, "mean": (0.0,), "std": (1.0,)}
+
+
+def add_preprocess(p, from_metadata=False):
+    """from_metadata (compare): a flag left out comes from the kmodel's MODEL.kmodel.json."""
+    g = p.add_argument_group("input preprocessing (how 0..255 camera pixels become model input)"
+                             + ("; default: the kmodel's metadata, else" if from_metadata else ""))
+    # `--input-range -1,1` / `--mean -0.5,...`: let argparse read a comma list of numbers that starts
+    # with a minus sign as a value, not as an unknown option (it only knows plain negative numbers)
+    p._negative_number_matcher = re.compile(r"^-\d*\.?\d+(,-?\d*\.?\d+)*$")
+    g.add_argument("--input-range", type=range_arg,
+                   help="pixels 0..255 map linearly onto MIN,MAX (default 0,1; for a quantized TFLite "
+                   "model, the range its integer input stands for)")
+    g.add_argument("--mean", type=floats(example="0.485,0.456,0.406"),
+                   help="per-channel mean subtracted after the range (0): 1 value or one per channel")
+    g.add_argument("--std", type=floats(positive=True, example="0.229,0.224,0.225"),
+                   help="per-channel std divided after the mean (1), > 0")
+    g.add_argument("--bgr", action="store_true", default=None, help="the model wants BGR channel order")
+    if from_metadata:
+        g.add_argument("--rgb", dest="bgr", action="store_false", help="RGB order, whatever the metadata says")
+    g.add_argument("--input-shape", type=shape, help="N,C,H,W for models with symbolic input dims")
+    p.add_argument("--weights", help="weights .h5 for a Keras architecture .json (model.to_json())")
+
+
+def pre_opts(args, meta=None):
+    """Preprocessing from the flags; a flag left out comes from `meta` (ModelMetadata of an image
+    model), else the default."""
+    m = meta.input if meta is not None else {}
+
+    def pick(flag, key):
+        v = getattr(args, flag)
+        if v is not None:
+            return tuple(v)
+        if m.get(key) is not None:
+            return tuple(m[key])
+        return PRE_DEFAULTS[flag]
+    bgr = args.bgr if args.bgr is not None else bool(m.get("bgr", False))
+    return dict(input_range=pick("input_range", "range"), mean=pick("mean", "mean"), std=pick("std", "std"),
+                channel_order="BGR" if bgr else "RGB", input_shape=args.input_shape)
+
+
+MAX_LABELS_BYTES = 1 << 20
+
+
+def _looks_like_path(spec: str) -> bool:
+    return "," not in spec and ("/" in spec or os.sep in spec or
+                                os.path.splitext(spec)[1].lower() in (".txt", ".names", ".csv",
+                                                                      ".labels", ".lst"))
+
+
+def labels_file(spec):
+    """The file --labels names, or None when it is a list of names."""
+    if spec and not isinstance(spec, list) and (os.path.exists(spec) or _looks_like_path(spec)):
+        return spec
+    return None
+
+
+def parse_labels(spec):
+    """--labels: an existing file (one name per line) or comma-separated names (or the list of
+    names the metadata gives). Something that looks like a path but does not exist is an error,
+    not a label called '/missing/file'."""
+    if not spec:
+        return None
+    if isinstance(spec, list):
+        return spec
+    path = labels_file(spec)
+    if path is not None:
+        if os.path.isdir(path):
+            raise InputFileError(f"--labels {path} is a folder; give a file with one class name "
+                                 "per line, or comma-separated names")
+        if not os.path.exists(path):
+            raise InputFileError(f"no labels file {path}; give an existing file (one class name per "
+                                 "line) or comma-separated names, e.g. --labels face or cat,dog")
+        from tl2k210.fileio import read_bytes
+        text = read_bytes(path, MAX_LABELS_BYTES, "labels file").decode("utf-8", "replace")
+        names = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        if not names:
+            raise InputFileError(f"labels file {path} has no class names (one per line)")
+        return names
+    names = [s.strip() for s in spec.split(",")]
+    if not all(names):
+        raise InputFileError(f"--labels {spec!r} has an empty name; give comma-separated names, "
+                             "e.g. cat,dog")
+    return names
+
+
+def apply_metadata(args, meta):
+    """Fill the decode flags the user left out from the kmodel's metadata (flags win)."""
+    if args.decode is None:
+        args.decode = "yolo2" if meta is not None and meta.task == "yolo2" else "none"
+    if meta is not None:
+        if args.anchors is None and meta.anchors:
+            args.anchors = ",".join(str(v) for v in meta.anchors)
+        if args.labels is None and meta.labels:
+            args.labels = meta.labels
+    dec = meta.decode if meta is not None else {}
+    args.threshold = args.threshold if args.threshold is not None else dec.get("threshold", 0.5)
+    args.nms = args.nms if args.nms is not None else dec.get("nms", 0.3)

@@ -230,13 +230,12 @@ def check_decode(model, extra: dict | None) -> None:
         return
     from tl2k210.errors import Tl2k210Error
     from tl2k210.k210 import yolo
-    from tl2k210.k210.cli import _output_size
     if not anchors:
         raise Tl2k210Error("task yolo2 needs its anchors: give --anchors w,h,w,h,... (grid cells, as in "
                            "the MaixPy script's kpu.init_yolo2)")
     if len(anchors) % 2:
         raise Tl2k210Error(f"--anchors has {len(anchors)} numbers; give (w,h) pairs")
-    yolo.region_layout(model, _output_size(model), len(anchors) // 2, labels)
+    yolo.region_layout(model, model.output_size(), len(anchors) // 2, labels)
 
 
 def for_conversion(data: bytes, output, graph, opts, image: bool, budget: int, need: int,

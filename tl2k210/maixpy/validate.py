@@ -443,10 +443,9 @@ def ref_is_u8(acc, key):
 
 def _out_dtype(emu, i):
     """Float outputs only compare with the float model (a uint8 KPU map has no scale here)."""
-    from tl2k210.k210.emulator import v3 as run_v3
     if emu.model.version == 4:
         return np.float32
-    return run_v3.output_specs(emu.model)[i][0]
+    return emu.model.output_specs()[i][0]
 
 
 # above this SQNR a gap is float32 rounding (layers computed in float), not quantization: uint8
@@ -573,7 +572,7 @@ def plot(rep, path):
 # ---- CLI -------------------------------------------------------------------------------------------
 def add_validate_parser(sub):
     from tl2k210 import cliargs
-    from tl2k210.compiler_cli import _add_preprocess
+    from tl2k210.cliargs import add_preprocess
     from tl2k210.maixpy.repl_cli import add_port_args
     p = sub.add_parser("validate", help="run a kmodel on a MaixPy board and compare it with the "
                        "emulator and the float model (hardware in the loop)",
@@ -599,13 +598,13 @@ def add_validate_parser(sub):
                    "card, else /flash)")
     p.add_argument("--json", metavar="OUT.json", help="write the report as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="write a PNG plot")
-    _add_preprocess(p)
+    add_preprocess(p)
     add_port_args(p)
     p.set_defaults(func=cmd_validate)
 
 
 def cmd_validate(args):
-    from tl2k210.compiler_cli import _pre_opts
+    from tl2k210.cliargs import pre_opts
     from tl2k210.fileio import atomic_write, check_outputs, check_readable
     from tl2k210.maixpy.repl_cli import _progress, connect
     check_readable(args.kmodel, "kmodel")
@@ -619,7 +618,7 @@ def cmd_validate(args):
     with connect(args) as r:
         try:
             rep = validate(r, args.kmodel, args.input, args.per_layer, args.float_model,
-                           _pre_opts(args), args.address, args.to, _progress(args), log, args.limit)
+                           pre_opts(args), args.address, args.to, _progress(args), log, args.limit)
         except BoardExecError as exc:
             raise Tl2k210Error(f"{exc}\n{exc.traceback.strip()}") from None
     print(f"{rep['kmodel']} (kmodel v{rep['version']}) on the board vs the emulator"

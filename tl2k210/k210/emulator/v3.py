@@ -250,24 +250,6 @@ def k210_remove_padding(L, f, ctx, where):
 
 
 # ---------------------------------------------------------------------------------------------
-def output_specs(model):
-    """(dtype, shape) of each model output: uint8 map if a K210_CONV streams it, else float32."""
-    specs = []
-    for addr, size in model.outputs:
-        spec = (np.float32, (size // 4,))
-        for L in model.layers:
-            if L.name == "K210_CONV" and L.fields["flags"] & 1 and L.fields["main_mem_out_address"] == addr:
-                spec = (np.uint8, L.conv.out_shape)
-            elif L.name in ("QUANTIZE", "QUANTIZED_ADD", "REQUANTIZE", "K210_REMOVE_PADDING",
-                            "QUANTIZED_CONCAT", "QUANTIZED_MAX_POOL2D") and \
-                    L.fields.get("main_mem_out_address", L.fields.get("mem_out_address")) == addr:
-                spec = (np.uint8, (size,))
-            elif L.fields.get("main_mem_out_address", L.fields.get("mem_out_address")) == addr:
-                spec = (np.float32, (size // 4,))
-        specs.append(spec)
-    return specs
-
-
 def run(model, prepared: dict, x: np.ndarray, trace: bool):
     main, kpu = MainMemory(model.main_mem_usage), KpuRam()
     ctx = Ctx(model, main, kpu, prepared)
@@ -295,7 +277,7 @@ def run(model, prepared: dict, x: np.ndarray, trace: bool):
         if trace:
             inter.append((where, np.array(y, copy=True)))
     outs = []
-    for (addr, size), (dt, shape) in zip(model.outputs, output_specs(model)):
+    for (addr, size), (dt, shape) in zip(model.outputs, model.output_specs()):
         count = int(np.prod(shape))
         outs.append(main.read(addr, count, dt, "output").reshape(shape))
     return outs, inter

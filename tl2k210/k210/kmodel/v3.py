@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tl2k210.errors import KmodelFormatError
+from tl2k210.errors import KmodelFormatError, Tl2k210Error
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import kpu
 from tl2k210.k210.kmodel.binio import Notes, Reader, Struct, align_up, check, drop_tail
@@ -158,6 +158,33 @@ class KModelV3:
     @property
     def eight_bit(self) -> bool:
         return bool(self.flags & 1)
+
+    def output_specs(self) -> list:
+        """(dtype, shape) of each model output: uint8 map if a K210_CONV streams it, else float32."""
+        specs = []
+        for addr, size in self.outputs:
+            spec = (np.float32, (size // 4,))
+            for L in self.layers:
+                if L.name == "K210_CONV" and L.fields["flags"] & 1 and L.fields["main_mem_out_address"] == addr:
+                    spec = (np.uint8, L.conv.out_shape)
+                elif L.name in ("QUANTIZE", "QUANTIZED_ADD", "REQUANTIZE", "K210_REMOVE_PADDING",
+                                "QUANTIZED_CONCAT", "QUANTIZED_MAX_POOL2D") and \
+                        L.fields.get("main_mem_out_address", L.fields.get("mem_out_address")) == addr:
+                    spec = (np.uint8, (size,))
+                elif L.fields.get("main_mem_out_address", L.fields.get("mem_out_address")) == addr:
+                    spec = (np.float32, (size // 4,))
+            specs.append(spec)
+        return specs
+
+    def output_size(self) -> int:
+        """Values in output 0, known from the model before running it."""
+        if not self.outputs:
+            raise Tl2k210Error("the model declares no output")
+        return int(np.prod(self.output_specs()[0][1]))
+
+    def output_bytes(self) -> int:
+        """Bytes of all outputs of one run, known from the header before running."""
+        return sum(int(size) for _, size in self.outputs)
 
 
 # ---------------------------------------------------------------------------------------------

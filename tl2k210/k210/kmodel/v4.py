@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tl2k210.errors import Tl2k210Error
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import kpu
 from tl2k210.k210.kmodel.binio import Notes, Reader, Struct, align_up, check, drop_tail
@@ -187,6 +188,17 @@ class KModelV4:
     trailer: bytes = b""  # bytes after the last body (ignored by the runtime)
     version: int = 4
     notes: list = field(default_factory=list)  # deviations from nncase's writer habits (read only)
+
+    def output_size(self) -> int:
+        """Values in output 0, known from the model before running it."""
+        if not self.outputs:
+            raise Tl2k210Error("the model declares no output")
+        rng = self.outputs[0]
+        return rng[3] // np.dtype(DTYPES.get(rng[1], np.uint8)).itemsize
+
+    def output_bytes(self) -> int:
+        """Bytes of all outputs of one run, known from the header before running."""
+        return sum(int(r[3]) for r in self.outputs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,10 +15,10 @@ from tl2k210.errors import KmodelFormatError, Tl2k210Error
 
 # verb -> module that defines add_parser(subparsers) for it. Order = order in --help.
 VERBS = {
-    "inspect": "tl2k210.k210.cli",
-    "run": "tl2k210.k210.cli",
-    "convert": "tl2k210.compiler_cli",
-    "compare": "tl2k210.compiler_cli",
+    "inspect": "tl2k210.cli.inspect",
+    "run": "tl2k210.cli.run",
+    "convert": "tl2k210.cli.convert",
+    "compare": "tl2k210.cli.compare",
     "flash": "tl2k210.flash.cli",
     "package": "tl2k210.flash.cli",
     "deploy": "tl2k210.flash.cli",

@@ -1,4 +1,4 @@
-"""`tl2k210 inspect` and `tl2k210 run` (never imports TensorFlow)."""
+"""`tl2k210 run`: a kmodel on the bit-exact emulator (never imports TensorFlow)."""
 from __future__ import annotations
 
 import json
@@ -6,61 +6,10 @@ import math
 import os
 import sys
 
-from tl2k210.cliargs import probability
+from tl2k210.cliargs import apply_metadata, labels_file, parse_labels, probability
 from tl2k210.errors import InputFileError, Tl2k210Error
 
 OUT_FORMATS = (".png", ".npy", ".npz", ".json")
-MAX_LABELS_BYTES = 1 << 20
-
-
-def add_inspect_parser(sub):
-    p = sub.add_parser("inspect", help="describe a kmodel (layers, KPU/CPU, MACs, memory) or "
-                       "a .kfpkg package", description="Describe a kmodel (v3 or v4): version, "
-                       "flags, each layer (type, shapes, KPU or CPU, MACs, weight bytes, KPU RAM "
-                       "lines, main-memory ranges), peak KPU RAM, main memory and outputs; and "
-                       "the model's metadata (MODEL.kmodel.json beside it) when there is one. "
-                       "For a .kfpkg: each image's file, flash address, size, sha256 and kind "
-                       "(firmware, kmodel, unknown), the address warnings of `package`, and "
-                       "every kmodel inside described as above.")
-    p.add_argument("file", help="kmodel or .kfpkg file")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=cmd_inspect)
-
-
-def cmd_inspect(args):
-    from dataclasses import asdict
-
-    from tl2k210 import metadata
-    from tl2k210.flash.pkginfo import is_package
-    from tl2k210.k210 import kmodel
-    from tl2k210.k210.inspect import describe, render
-    if is_package(args.file):
-        return _inspect_package(args)
-    model = kmodel.load(args.file)
-    info = describe(model, args.file, os.path.getsize(args.file))
-    meta = metadata.load_for(args.file)
-    if args.json:
-        info["metadata"] = asdict(meta) if meta else None
-        print(json.dumps(info, indent=1, default=int))
-        return 0
-    print(render(info))
-    if meta is not None:
-        print(f"\nmetadata ({metadata.path_for(args.file).name}, sha256 matches)")
-        print("\n".join("  " + ln for ln in meta.summary_lines()))
-    return 0
-
-
-def _inspect_package(args):
-    """The listing of a .kfpkg; a kmodel inside that does not parse fails the command (exit 2)
-    after the listing, as `inspect` of that kmodel file would."""
-    from tl2k210.errors import KmodelFormatError
-    from tl2k210.flash.pkginfo import describe_package, render_package
-    info = describe_package(args.file, os.path.getsize(args.file))
-    print(json.dumps(info, indent=1, default=int) if args.json else render_package(info))
-    if info["errors"]:
-        sys.stdout.flush()
-        raise KmodelFormatError("; ".join(info["errors"]))
-    return 0
 
 
 def add_run_parser(sub):
@@ -95,63 +44,6 @@ def add_run_parser(sub):
     p.add_argument("--progress", action="store_true", default=None,
                    help="show the progress bar of a batch even when stderr is not a terminal")
     p.set_defaults(func=cmd_run)
-
-
-def _looks_like_path(spec: str) -> bool:
-    return "," not in spec and ("/" in spec or os.sep in spec or
-                                os.path.splitext(spec)[1].lower() in (".txt", ".names", ".csv",
-                                                                      ".labels", ".lst"))
-
-
-def labels_file(spec):
-    """The file --labels names, or None when it is a list of names."""
-    if spec and not isinstance(spec, list) and (os.path.exists(spec) or _looks_like_path(spec)):
-        return spec
-    return None
-
-
-def _labels(spec):
-    """--labels: an existing file (one name per line) or comma-separated names (or the list of
-    names the metadata gives). Something that looks like a path but does not exist is an error,
-    not a label called '/missing/file'."""
-    if not spec:
-        return None
-    if isinstance(spec, list):
-        return spec
-    path = labels_file(spec)
-    if path is not None:
-        if os.path.isdir(path):
-            raise InputFileError(f"--labels {path} is a folder; give a file with one class name "
-                                 "per line, or comma-separated names")
-        if not os.path.exists(path):
-            raise InputFileError(f"no labels file {path}; give an existing file (one class name per "
-                                 "line) or comma-separated names, e.g. --labels face or cat,dog")
-        from tl2k210.fileio import read_bytes
-        text = read_bytes(path, MAX_LABELS_BYTES, "labels file").decode("utf-8", "replace")
-        names = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        if not names:
-            raise InputFileError(f"labels file {path} has no class names (one per line)")
-        return names
-    names = [s.strip() for s in spec.split(",")]
-    if not all(names):
-        raise InputFileError(f"--labels {spec!r} has an empty name; give comma-separated names, "
-                             "e.g. cat,dog")
-    return names
-
-
-def _output_size(model) -> int:
-    """Values in output 0, known from the model before running it."""
-    import numpy as np
-    if model.version == 3:
-        from tl2k210.k210.emulator.v3 import output_specs
-        if not model.outputs:
-            raise Tl2k210Error("the model declares no output")
-        return int(np.prod(output_specs(model)[0][1]))
-    from tl2k210.k210.kmodel import v4 as fmt
-    if not model.outputs:
-        raise Tl2k210Error("the model declares no output")
-    rng = model.outputs[0]
-    return rng[3] // np.dtype(fmt.DTYPES.get(rng[1], np.uint8)).itemsize
 
 
 def input_forms(shape) -> dict:
@@ -243,27 +135,6 @@ def _array_input(path, shape, dtype):
     return x, n
 
 
-def _output_bytes(model) -> int:
-    """Bytes of all outputs of one run, known from the header before running."""
-    if model.version == 3:
-        return sum(int(size) for _, size in model.outputs)
-    return sum(int(r[3]) for r in model.outputs)
-
-
-def apply_metadata(args, meta):
-    """Fill the decode flags the user left out from the kmodel's metadata (flags win)."""
-    if args.decode is None:
-        args.decode = "yolo2" if meta is not None and meta.task == "yolo2" else "none"
-    if meta is not None:
-        if args.anchors is None and meta.anchors:
-            args.anchors = ",".join(str(v) for v in meta.anchors)
-        if args.labels is None and meta.labels:
-            args.labels = meta.labels
-    dec = meta.decode if meta is not None else {}
-    args.threshold = args.threshold if args.threshold is not None else dec.get("threshold", 0.5)
-    args.nms = args.nms if args.nms is not None else dec.get("nms", 0.3)
-
-
 def cmd_run(args):
     import numpy as np
 
@@ -286,7 +157,7 @@ def cmd_run(args):
     if args.rgb565 and is_array:
         raise Tl2k210Error("--rgb565 applies to image inputs; a .npy input is fed as it is")
     anchors = yolo.parse_anchors(args.anchors) if args.decode == "yolo2" else None
-    labels = _labels(args.labels)
+    labels = parse_labels(args.labels)
     check_outputs([("--out", args.out)], [args.file, args.input, labels_file(args.labels)])
 
     emu = Emulator.load(args.file, sum_rule=args.sum_rule, act_rule=args.act_rule)
@@ -300,7 +171,7 @@ def cmd_run(args):
     chw_shape = tuple(shape[-3:]) if len(shape) >= 3 else tuple(shape)
     grid = None
     if anchors is not None:
-        grid = yolo.region_layout(emu.model, _output_size(emu.model), len(anchors) // 2, labels)
+        grid = yolo.region_layout(emu.model, emu.model.output_size(), len(anchors) // 2, labels)
     image, n = None, None
     if is_array:
         x, n = _array_input(args.input, shape, dtype)
@@ -314,7 +185,7 @@ def cmd_run(args):
             x = np.ascontiguousarray(x[::-1])        # the model was converted with --bgr
     if n is not None:
         from tl2k210.arrays import MAX_ARRAY_BYTES
-        per = max(1, _output_bytes(emu.model))
+        per = max(1, emu.model.output_bytes())
         if n * per > MAX_ARRAY_BYTES:
             raise InputFileError(f"{args.input}: a batch of {n:,} inputs gives {n * per:,} bytes of "
                                  f"outputs, more than the {MAX_ARRAY_BYTES >> 20} MiB tl2k210 holds at "

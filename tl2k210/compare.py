@@ -1,0 +1,149 @@
+"""A float model (onnxruntime) against a kmodel (the bit-exact emulator) on the same inputs:
+per output SQNR and cosine, top-1/top-5 agreement for classifiers, and detection agreement for
+YOLOv2 region outputs (decoded by tl2k210.k210.yolo, MaixPy's region layer). `compare` is what
+`tl2k210 compare` prints; it works on kmodels made by nncase too."""
+import numpy as np
+
+from tl2k210 import frontends
+from tl2k210.compiler import ConvertOptions, input_affine, model_input_range, model_inputs
+from tl2k210.errors import Tl2k210Error
+from tl2k210.graph import from_onnx
+from tl2k210.k210 import yolo
+from tl2k210.k210.emulator import Emulator
+from tl2k210.k210.flow import run_pipeline
+from tl2k210.passes.input_nchw import input_layout
+from tl2k210.quantize.calibrate import FloatRunner
+from tl2k210.quantize.metrics import cosine, sqnr_db, topk_agreement
+
+
+def float_outputs(graph, xs):
+    """{output_name: (N, ...) array} of the float graph over the inputs `xs` (onnxruntime)."""
+    run = FloatRunner(graph, expose_all=False)
+    outs = [run(x) for x in xs]
+    return {k: np.concatenate([o[k] for o in outs]) for k in graph.outputs}
+
+
+def output_agreement(ref, test, ks=(1, 5)):
+    """ref/test: {name: (N, ...) arrays}. Per output: sqnr_db, cosine, and top-k agreement when
+    the output is a class vector (N, classes) with more classes than k."""
+    report = {}
+    for k, r in ref.items():
+        t = np.asarray(test[k]).reshape(r.shape)
+        row = {"sqnr_db": sqnr_db(r, t), "cosine": cosine(r, t)}
+        flat = r.reshape(len(r), -1)
+        if flat.shape[1] > 1 and flat.shape[1] == int(np.prod(r.shape[1:])) and r.ndim == 2:
+            for kk in ks:
+                if flat.shape[1] > kk:
+                    row[f"top{kk}"] = topk_agreement(r, t, kk)
+        report[k] = row
+    return report
+
+
+def yolo2_boxes(region, anchors, threshold=0.5, nms=0.3):
+    """Decode one (A*(5+C), H, W) region map with MaixPy's rules (tl2k210.k210.yolo.decode),
+    boxes in 0..1 image units."""
+    _, h, w = region.shape
+    return yolo.decode(region, anchors, w, h, 1, 1, threshold, nms)
+
+
+def detection_agreement(ref_boxes, test_boxes, iou_thresh=0.5):
+    """Greedy one-to-one matching (same class, IoU >= iou_thresh) of test boxes to the float ones
+    (per image lists of tl2k210.k210.yolo.Box), summed over images:
+    {"ref", "test", "matched", "recall", "precision"}."""
+    n_ref = n_test = matched = 0
+    for r, t in zip(ref_boxes, test_boxes):
+        n_ref, n_test = n_ref + len(r), n_test + len(t)
+        free = list(t)
+        for d in r:
+            cands = [(yolo.iou(d.rect(), b.rect()), i) for i, b in enumerate(free) if b.classid == d.classid]
+            best = max(cands, default=(0.0, None))
+            if best[1] is not None and best[0] >= iou_thresh:
+                free.pop(best[1])
+                matched += 1
+    return {"ref": n_ref, "test": n_test, "matched": matched,
+            "recall": matched / n_ref if n_ref else 1.0, "precision": matched / n_test if n_test else 1.0}
+
+
+
+
+def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=None, threshold=0.5,
+            nms=0.3, **pre):
+    """{"outputs": {name: {sqnr_db, cosine, top1, top5}}, "detections": {...}, "samples": n}."""
+    opts = ConvertOptions(**pre)
+    model = frontends.load_model(float_model, **({"weights": opts.weights} if opts.weights else {}))
+    shapes = {model.graph.input[0].name: tuple(opts.input_shape)} if opts.input_shape else None
+    graph, _ = run_pipeline(from_onnx(model, input_shapes=shapes))  # exact passes: NCHW in and out
+    return compare_graph(graph, kmodel_path, dataset, limit, decode, anchors, threshold, nms, opts, float_model)
+
+
+def _match_outputs(graph, ref, outs):
+    """Pair each float output with the kmodel output of the same size (in order), and read a 4-D map
+    the way the kmodel lays it out: channel-major (what tl2k210 writes) or channels-last (nncase
+    v0.2 keeps a TFLite model's NHWC outputs) -- whichever agrees better. Returns
+    {name: (ref flat, test flat, layout)}."""
+    free = list(range(len(outs)))
+    pairs = {}
+    for o in graph.outputs:
+        r = np.asarray(ref[o], np.float64)
+        k = next((i for i in free if np.asarray(outs[i]).size == r.size), None)
+        if k is None:
+            continue
+        free.remove(k)
+        t = np.asarray(outs[k], np.float64).reshape(-1)
+        flat, layout = r.reshape(-1), "NCHW"
+        if r.ndim == 4 and r.shape[1] > 1 and r.shape[2] * r.shape[3] > 1:
+            nhwc = r.transpose(0, 2, 3, 1).reshape(-1)
+            if cosine(nhwc, t) > cosine(flat, t):
+                flat, layout = nhwc, "NHWC"
+        pairs[o] = (flat, t, layout)
+    return pairs
+
+
+def compare_graph(graph, kmodel_path, dataset, limit=200, decode=None, anchors=None, threshold=0.5, nms=0.3,
+                  opts=None, float_model="the float model"):
+    """compare() on an IR graph already through the passes (no second front-end run)."""
+    opts = opts or ConvertOptions()
+    emu = Emulator.load(kmodel_path)
+    emu_shape, emu_dtype = emu.input_spec()
+    opts, _ = model_input_range(graph, opts)
+    floats, pixels = model_inputs(graph, dataset, limit, opts)
+    mismatch = (f"{kmodel_path} is not a conversion of {float_model}: pass the kmodel converted "
+                "from it (and the same --input-shape)")
+    if int(np.prod(floats.shape[1:])) != int(np.prod(emu_shape)):
+        raise Tl2k210Error(f"{mismatch}; the model takes {tuple(floats.shape[1:])}, the kmodel "
+                           f"{tuple(emu_shape)}")
+    chw = floats if input_layout(graph) != "NHWC" else floats.transpose(0, 3, 1, 2)
+    if chw.ndim == 4:   # a float-input kmodel (nncase) takes the model's input, before in-graph preprocessing
+        a, b = input_affine(graph, chw.shape[1])
+        chw = (chw - b[None, :, None, None]) / a[None, :, None, None]
+    runner = FloatRunner(graph, expose_all=False)
+    refs, tests, layouts = {}, {}, {}
+    for i in range(len(floats)):
+        ref = runner(floats[i][None])
+        # uint8 pixels for a kmodel that takes the camera image, the preprocessed floats (CHW)
+        # for one with a float input (nncase v0.2 without --input-type uint8)
+        feed = pixels[i] if pixels is not None and emu_dtype == np.uint8 else chw[i]
+        outs = emu.run(np.asarray(feed).astype(emu_dtype).reshape(emu_shape))
+        for o, (r, t, layout) in _match_outputs(graph, ref, outs).items():
+            refs.setdefault(o, []).append(r)
+            tests.setdefault(o, []).append(t)
+            layouts[o] = layout
+    if not refs:
+        raise Tl2k210Error(f"{mismatch}; no kmodel output has the size of a float output "
+                           f"{[tuple(graph.shape(o)) for o in graph.outputs]}")
+    ref = {k: np.stack(v) for k, v in refs.items()}
+    test = {k: np.stack(v) for k, v in tests.items()}
+    report = {"samples": len(floats), "outputs": output_agreement(ref, test)}
+    for k, layout in layouts.items():
+        report["outputs"][k]["kmodel_layout"] = layout
+        if sum(d > 1 for d in graph.shape(k) or ()) > 1:   # top-k agreement for class vectors, not maps
+            report["outputs"][k].pop("top1", None)
+            report["outputs"][k].pop("top5", None)
+    if decode == "yolo2":
+        a = yolo.parse_anchors(anchors)
+        k = next(iter(test))
+        gw, gh, _ = yolo.region_layout(emu.model, test[k].shape[1], len(a) // 2)
+        rb = [yolo.decode(r, a, gw, gh, 1, 1, threshold, nms) for r in ref[k]]
+        tb = [yolo.decode(t, a, gw, gh, 1, 1, threshold, nms) for t in test[k]]
+        report["detections"] = detection_agreement(rb, tb)
+    return report
