@@ -177,7 +177,7 @@ def test_inspect_kfpkg_kinds_and_package_warnings(tmp_path, capsys):
     """Every kind of image and every warning `package` gives, from one package."""
     import zipfile
 
-    from tl2k210.flash.cli import address_warnings
+    from tl2k210.flash.layout import address_warnings
     from tl2k210.flash.kfpkg import read_kfpkg
     iris = data_path("kmodels", "iris_v3.kmodel").read_bytes()
     swapped = np.frombuffer(iris + bytes(-len(iris) % 4), "<u4").byteswap().tobytes()[:len(iris)]

@@ -71,3 +71,48 @@ def test_map_lines_and_offsets():
 def test_pool_table():
     assert [p.code for p in hw.POOLS] == list(range(10))
     assert hw.POOL[6].pick == (0, 1) and hw.POOL[8].stride == 1 and hw.POOL[4].size == 4
+
+
+# board facts (tl2k210/k210/board_facts.py) and the literals that would be a second copy of one
+BOARD_FACTS = {0x300000: "MAIXPY_MODEL_AREA or SPIFFS_SIZE", 0x200000: "FIRMWARE_REGION_END",
+               0xD00000: "SPIFFS_START", 115200: "ROM_BAUD, REPL_BAUD or UART_DEFAULT_BAUD",
+               16 << 20: "FLASH_BYTES", 8 << 20: "SRAM_BYTES", 6 << 20: "GENERAL_SRAM_BYTES"}
+# the same numbers meaning something else
+OTHER_MEANING = {("k210/emulator/kpu.py", 1 << 24),       # float32 integers are exact below 2^24
+                 ("k210/hardware.py", 2 << 20),           # KPU_RAM_BYTES, the KPU's 2 MiB
+                 ("k210/fixed_point.py", 1 << 23)}        # norm_mul, a 24-bit signed register
+
+
+def _int_value(node):
+    """An int literal, or a constant expression of them (16 * 1024 * 1024, 16 << 20)."""
+    import ast
+    import operator
+    ops = {ast.Mult: operator.mul, ast.LShift: operator.lshift, ast.Add: operator.add}
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in ops:
+        a, b = _int_value(node.left), _int_value(node.right)
+        return None if a is None or b is None else ops[type(node.op)](a, b)
+    return None
+
+
+def test_board_facts_are_written_once():
+    """The flash map, flash size, SRAM sizes and serial rates are written in board_facts.py only:
+    nowhere else in the package as a literal (help texts and docstrings may still name them)."""
+    import ast
+
+    from tl2k210 import paths
+    from tl2k210.k210 import board_facts as bf
+    assert (bf.MAIXPY_MODEL_AREA, bf.FLASH_BYTES, bf.SRAM_BYTES, bf.REPL_BAUD) == (0x300000, 16 << 20, 8 << 20, 115200)
+    found = []
+    for f in sorted(paths.PACKAGE.rglob("*.py")):
+        rel = f.relative_to(paths.PACKAGE).as_posix()
+        if rel == "k210/board_facts.py":
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            v = _int_value(node)
+            if v in BOARD_FACTS and (rel, v) not in OTHER_MEANING:
+                found.append(f"{rel}:{node.lineno}: {v:#x} is {BOARD_FACTS[v]}")
+    assert found == [], "\n".join(found)
+    # the check finds what it is for
+    assert _int_value(ast.parse("16 * 1024 * 1024", mode="eval").body) == bf.FLASH_BYTES

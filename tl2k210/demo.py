@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from tl2k210 import paths
+from tl2k210.k210.board_facts import MAIXPY_MODEL_AREA
 
 
 def main(argv=None):
@@ -65,7 +66,7 @@ def main(argv=None):
         png.replace(out / "facedetect.png")
         png = out / "facedetect.png"
     from tl2k210.flash.kfpkg import read_kfpkg
-    model = kmodel.loads(next(i.data for i in read_kfpkg(kfpkg) if i.address == 0x300000))
+    model = kmodel.loads(next(i.data for i in read_kfpkg(kfpkg) if i.address == MAIXPY_MODEL_AREA))
     info = describe(model, "flash@0x300000")
     report = {"model": source, "image": image, "script": "firmware/face_detect.py",
               "printed": result.lines, "png": str(png) if png else None,

@@ -16,6 +16,8 @@ import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from tl2k210.k210.board_facts import FLASH_BYTES
+
 SCHEMA = "tl2k210-kmodel-metadata"
 VERSION = 1
 SUFFIX = ".json"            # face_detect.kmodel -> face_detect.kmodel.json
@@ -183,7 +185,7 @@ def kfpkg_metadata(path, images=None) -> dict:
     try:
         with zipfile.ZipFile(path) as zf:
             texts = {i.filename: zf.read(i).decode("utf-8", "replace") for i in zf.infolist()
-                     if i.filename.endswith(".kmodel" + SUFFIX) and i.file_size < 1 << 24}
+                     if i.filename.endswith(".kmodel" + SUFFIX) and i.file_size < FLASH_BYTES}
     except (OSError, zipfile.BadZipFile):
         return {}
     if not texts:

@@ -5,9 +5,11 @@ sequence is a list of steps; a step sets lines in the listed order, then holds f
 """
 from dataclasses import dataclass
 
+from tl2k210.k210.board_facts import FLASH_BYTES, ROM_BAUD
+
 STEP_S = 0.1                 # kflash holds every state for 100 ms
 GREETING_TIMEOUT_S = 0.5     # ROM greeting reply timeout (kflash 1.1.6)
-FLASH_SIZE_16M = 16 * 1024 * 1024
+FLASH_SIZE_16M = FLASH_BYTES
 
 # (line, asserted) pairs per step
 _DAN_ISP = [[("dtr", False), ("rts", False)], [("dtr", False), ("rts", True)],
@@ -61,7 +63,7 @@ BOARDS = {b.name: b for b in [
 # the WCH CH340 does 50 bps..2 Mbps (CH340 datasheet), the CH552 bridge firmware of the Maix Bit
 # with mic is reported unreliable above 1.5 Mbaud (spec §7.2), and the FT2232 boards are driven
 # like the others (kflash's open-ec "super baudrate" mapping, spec §3.3, is not implemented).
-MIN_BAUD = 115200
+MIN_BAUD = ROM_BAUD
 MAX_BAUD = max(b.max_baud for b in BOARDS.values())
 
 # kflash 1.1.6 auto-detection order (dan -> kd233 -> goD -> kd233)

@@ -8,12 +8,9 @@ import tempfile
 
 from tl2k210 import cliargs
 from tl2k210.errors import Tl2k210Error
+from tl2k210.flash.layout import address_warnings, check_model_address
+from tl2k210.k210.board_facts import MAIXPY_MODEL_AREA
 
-MAIXPY_MODEL_AREA = 0x300000      # MaixPy convention (spec §6.1)
-FIRMWARE_REGION_END = 0x200000    # the MaixPy firmware lives below this
-SPIFFS_START = 0xD00000           # /flash filesystem (CONFIG_SPIFFS_START_ADDR, spec §6.1)
-SPIFFS_SIZE = 0x300000
-FLASH_SECTOR = 4096               # SPI flash erase unit
 KFLASH_USB_VIDS = ("1A86", "0403", "067B", "10C4", "C251")
 FAULT_KINDS = ("corrupt", "drop", "delay")
 
@@ -48,30 +45,6 @@ def check_link_args(args):
         raise Tl2k210Error(f"--baud {baud} is above what the {b.name} board's USB-serial bridge is "
                            f"rated for ({b.max_baud}{': ' + b.notes if b.notes else ''}); use "
                            f"-b {b.max_baud} or lower")
-
-
-def address_warnings(images):
-    """Warnings for raw images where MaixPy users lose data: inside the firmware region, in the
-    SPIFFS /flash filesystem, or not 4 KiB aligned (the erase unit; kflash's erase and Sipeed's
-    kflash fork require it, spec §3.4, §4.2)."""
-    out = []
-    for i in images:
-        if i.envelope and i.address == 0:
-            continue                        # the firmware itself
-        if i.address < FIRMWARE_REGION_END:
-            out.append(f"{i.name} at 0x{i.address:x} is inside the MaixPy firmware region "
-                       f"(0..0x{FIRMWARE_REGION_END:x}) and will overwrite the firmware; models "
-                       f"usually go at 0x{MAIXPY_MODEL_AREA:x}")
-        elif i.end > SPIFFS_START and i.address < SPIFFS_START + SPIFFS_SIZE:
-            out.append(f"{i.name} (0x{i.address:x}..0x{i.end:x}) overlaps the SPIFFS /flash "
-                       f"filesystem at 0x{SPIFFS_START:x}; MaixPy may reformat it (and lose the "
-                       "image) or the image destroys /flash")
-        if i.address % FLASH_SECTOR:
-            out.append(f"{i.name} at 0x{i.address:x} is not 4 KiB aligned: the flash erases whole "
-                       f"4 KiB sectors, so the bytes from 0x{i.address - i.address % FLASH_SECTOR:x} "
-                       "before it are erased too, and kflash's erase / Sipeed's kflash need aligned "
-                       "addresses")
-    return out
 
 
 def _board_arg(text):
@@ -280,18 +253,6 @@ def _kmodel_for(model, workdir, dataset=None):
         raise Tl2k210Error(f"converting {model} to a kmodel failed: {exc}; convert it with "
                            "`tl2k210 convert` to see the details, then deploy the .kmodel") from exc
     return result if isinstance(result, (str, os.PathLike)) and os.path.exists(result) else out
-
-
-def check_model_address(address, size, force):
-    """Refuse addresses that would overwrite MaixPy's firmware or its /flash filesystem."""
-    if address < FIRMWARE_REGION_END and not force:
-        raise Tl2k210Error(f"address 0x{address:x} is inside the MaixPy firmware region "
-                           f"(0..0x{FIRMWARE_REGION_END:x}); use 0x300000 (MaixPy's model area) "
-                           "or pass --force if you really mean it")
-    if address + size > SPIFFS_START and address < SPIFFS_START + 0x300000 and not force:
-        raise Tl2k210Error(f"the model (0x{address:x}..0x{address + size:x}) runs into the SPIFFS "
-                           f"/flash filesystem at 0x{SPIFFS_START:x}; pick a lower address or "
-                           "pass --force")
 
 
 def _metadata_members(images):

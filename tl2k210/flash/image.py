@@ -7,11 +7,12 @@ import hashlib
 import struct
 
 from tl2k210.flash.isp import SRAM_SIZE
+from tl2k210.k210.board_facts import GENERAL_SRAM_BYTES
 
 FLAG_AES = 0x01
 FLAG_DIO = 0x02
 ENVELOPE_OVERHEAD = 1 + 4 + 32
-MAX_PAYLOAD = 6 * 1024 * 1024     # the ROM copies the payload to general SRAM (6 MiB)
+MAX_PAYLOAD = GENERAL_SRAM_BYTES   # the ROM copies the payload to general SRAM
 assert MAX_PAYLOAD <= SRAM_SIZE
 BOOT_FAIL_MESSAGE = ("interesting, something's wrong, boot failed with exit code 233, "
                      "go to find your vendor.")

@@ -11,14 +11,13 @@ import zlib
 from dataclasses import dataclass
 from enum import IntEnum
 
-ROM_BAUD = 115200                 # the ROM ISP always starts at 115200 8N1
+from tl2k210.k210.board_facts import FLASH_SECTOR, ROM_BAUD, SRAM_START  # noqa: F401  (isp.*)
+from tl2k210.k210.board_facts import SRAM_BYTES as SRAM_SIZE  # noqa: F401
+
 STUB_ADDRESS = 0x80000000         # where kflash loads the stage-2 program and boots it
-SRAM_START = 0x80000000
-SRAM_SIZE = 8 * 1024 * 1024       # 6 MiB general SRAM + 2 MiB AI SRAM
 SRAM_UNCACHED_ALIAS = 0x40000000
 ROM_CHUNK = 1024                  # stage-1 MEMORY_WRITE payload used by every tool
 FLASH_CHUNK = 65536               # stage-2 FLASH_WRITE maximum payload
-FLASH_SECTOR = 4096
 HEADER = struct.Struct("<HHIII")  # op, reserved, crc, address, data_len
 HEADER_SIZE = HEADER.size         # 16
 

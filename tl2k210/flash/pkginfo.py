@@ -14,6 +14,7 @@ from dataclasses import asdict
 from tl2k210.errors import KmodelFormatError
 from tl2k210.flash import image as fw_image
 from tl2k210.flash.kfpkg import MANIFEST, _swap32, read_kfpkg
+from tl2k210.flash.layout import address_warnings
 from tl2k210.tables import text_table
 
 ZIP_MAGIC = b"PK\x03\x04"
@@ -76,7 +77,6 @@ def describe_package(path, file_size=None) -> dict:
     kmodel the same dict `inspect --json` gives a kmodel file, under "kmodel"), the members that
     are not flashed, the warnings. A kmodel image that does not parse is reported in "errors"."""
     from tl2k210 import metadata
-    from tl2k210.flash.cli import address_warnings
     from tl2k210.k210.inspect import describe
 
     images = read_kfpkg(path)

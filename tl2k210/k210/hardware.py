@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tl2k210.k210.board_facts import GENERAL_SRAM_BYTES
+
 # ---------------------------------------------------------------------------------------------
 # Clocks and memories
 KPU_FREQ_HZ = 400_000_000
@@ -20,7 +22,7 @@ KPU_RAM_BYTES = 2 * 1024 * 1024
 LINE_BYTES = 64
 KPU_RAM_LINES = KPU_RAM_BYTES // LINE_BYTES  # 32768
 UNCACHED_OFFSET = 0x4000_0000  # drivers pass (cached address - this) to the KPU
-MAIN_SRAM_BYTES = 6 * 1024 * 1024
+MAIN_SRAM_BYTES = GENERAL_SRAM_BYTES
 
 # Parameter block alignment in a file (spec §2.8, §3.4): nncase v0.1 used 128 for weights/BN,
 # 256 for the activation table; new files use 256 for all three.

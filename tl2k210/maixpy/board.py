@@ -18,8 +18,9 @@ from pathlib import Path
 
 from tl2k210.errors import Tl2k210Error
 from tl2k210.k210 import firmware
+from tl2k210.k210.board_facts import FLASH_BYTES, MAIXPY_MODEL_AREA
 
-FLASH_SIZE = 16 * 1024 * 1024
+FLASH_SIZE = FLASH_BYTES
 ERASED = 0xFF
 #: what a Maix Dock/Bit's board-config script writes under the "board_info" key of
 #: /flash/config.json (the same pin map MaixPy <= v0.5 had hard-coded; maixpy-api.md §2.6)
@@ -181,7 +182,7 @@ def flash_kfpkg(kfpkg, flash_path, fresh: bool = True) -> Path:
     return write_flash(flash_path, [(i.address, i.flash_bytes()) for i in read_kfpkg(kfpkg)], fresh)
 
 
-def flash_kmodel(kmodel_path, flash_path, address=0x300000, fresh: bool = True) -> Path:
+def flash_kmodel(kmodel_path, flash_path, address=MAIXPY_MODEL_AREA, fresh: bool = True) -> Path:
     """Write a raw kmodel at `address` (what a kfpkg with sha256Prefix false does)."""
     return write_flash(flash_path, [(address, Path(kmodel_path).read_bytes())], fresh)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tl2k210 import paths
 from tl2k210.errors import Tl2k210Error
+from tl2k210.k210.board_facts import FLASH_BYTES, MAIXPY_MODEL_AREA
 
 
 TRUST = ("It runs the script as Python on this computer (host emulation, not a sandbox: the "
@@ -113,7 +114,7 @@ def _flash_for(args, recipe, key, tmp: Path, folder: bool):
             raise Tl2k210Error(f"no flash image {args.flash}")
         return Path(args.flash), None
     flash = meta = None
-    default = args.address or (recipe.flash_address if recipe else 0x300000)
+    default = args.address or (recipe.flash_address if recipe else MAIXPY_MODEL_AREA)
     for pkg in args.kfpkg or []:
         if not Path(pkg).is_file():
             raise Tl2k210Error(f"no package {pkg}")
@@ -147,7 +148,7 @@ def _zoo_flash(recipe, key, tmp: Path):
             return board.flash_kfpkg(fallback, tmp / "flash.bin"), None
         km = paths.testdata("kmodels", "facedetect_320x240_v3.kmodel")
         if km is not None:
-            return board.flash_kmodel(km, tmp / "flash.bin", 0x300000), None
+            return board.flash_kmodel(km, tmp / "flash.bin", MAIXPY_MODEL_AREA), None
     raise Tl2k210Error(f"no model for {key}: build it (`tl2k210 zoo build {key}`) or pass "
                        "--kfpkg/--kmodel/--flash")
 
@@ -206,7 +207,7 @@ def _check_paths(args, script, out: Path):
             check_readable(path, f"--{flag}")
     for path in kmodels:
         kmodel.load(path)                 # a clean error now, not a failing kpu.load in the script
-    if args.flash and os.path.getsize(args.flash) != 16 << 20:
+    if args.flash and os.path.getsize(args.flash) != FLASH_BYTES:
         raise Tl2k210Error(f"--flash {args.flash} is {os.path.getsize(args.flash)} bytes, not a "
                            "16 MiB flash image; pass --kfpkg or --kmodel to build one")
     for flag in ("sd", "flash_fs"):

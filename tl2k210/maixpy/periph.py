@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 
+from tl2k210.k210.board_facts import REPL_BAUD, UART_DEFAULT_BAUD
 from tl2k210.maixpy.args import REQUIRED, get_float, get_int, parse_all
 from tl2k210.maixpy.modules import module
 from tl2k210.maixpy.vfs import oserror
@@ -220,14 +221,14 @@ class UART:
 
     def __init__(self, *args, **kwargs):
         from tl2k210.maixpy import board as _b
-        a = parse_all(args, kwargs, [("uart", REQUIRED), ("baudrate", 115200), ("bits", 8),
+        a = parse_all(args, kwargs, [("uart", REQUIRED), ("baudrate", UART_DEFAULT_BAUD), ("bits", 8),
                                      ("parity", None), ("stop", 1), ("*timeout", 1000),
                                      ("*read_buf_len", 4096), ("*ide", False), ("*from_ide", True)])
         self._b, self.id = _b.current(), get_int(a["uart"])
         self.baud = get_int(a["baudrate"])
 
     def init(self, *args, **kwargs):
-        a = parse_all(args, kwargs, [("baudrate", 115200), ("bits", 8), ("parity", None),
+        a = parse_all(args, kwargs, [("baudrate", UART_DEFAULT_BAUD), ("bits", 8), ("parity", None),
                                      ("stop", 1), ("*timeout", 1000), ("*read_buf_len", 4096),
                                      ("*ide", False), ("*from_ide", True)])
         self.baud = get_int(a["baudrate"])
@@ -260,7 +261,7 @@ class UART:
         """The REPL's UART (UARTHS); `init(baudrate, ...)` changes the rate the REPL talks at, as
         _boot.py does for MaixPy IDE mode (1.5 Mbaud, maixpy-api.md §1.1)."""
         from tl2k210.maixpy import board as _b
-        u = UART(UART.UARTHS, getattr(_b.current(), "repl_baud", 115200))
+        u = UART(UART.UARTHS, getattr(_b.current(), "repl_baud", REPL_BAUD))
         u._repl = True
         return u
 

@@ -47,8 +47,8 @@ import zlib
 from dataclasses import dataclass, field
 
 from tl2k210.errors import Tl2k210Error
+from tl2k210.k210.board_facts import REPL_BAUD
 
-REPL_BAUD = 115200
 RAW_BANNER = b"raw REPL; CTRL-B to exit\r\n"
 CHUNK_MAX, CHUNK_MIN = 4096, 256
 

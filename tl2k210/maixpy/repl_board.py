@@ -50,8 +50,8 @@ import tty
 from dataclasses import dataclass, field
 
 from tl2k210.flash.emulated_board import BAUD_TOLERANCE, FaultConfig, LineFaults, pty_baud
+from tl2k210.k210.board_facts import REPL_BAUD
 
-REPL_BAUD = 115200              # UARTHS at power-on (spec §6.3)
 BAUD_SWITCH_WAIT_S = 1.0
 RAW_PASTE_WINDOW = 256          # MICROPY_REPL_STDIN_BUFFER_MAX of the cores that have raw paste
 RAW_BANNER = b"raw REPL; CTRL-B to exit\r\n"

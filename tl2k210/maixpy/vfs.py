@@ -22,6 +22,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tl2k210.k210.board_facts import FLASH_SECTOR, SPIFFS_SIZE
+
 
 def oserror(code: int) -> OSError:
     """OSError as MicroPython raises it: args[0] is the errno, str() '[Errno 2] ENOENT'."""
@@ -304,10 +306,10 @@ class VFS:
         m, _ = self.split(path)
         if m is None:
             raise oserror(errno.ENOENT)
-        if m.flat:      # 3 MiB SPIFFS at 0xD00000, 4 KiB pages
+        if m.flat:      # the SPIFFS at SPIFFS_START, 4 KiB pages
             used = sum((m.host / f).stat().st_size for f in m.files() if (m.host / f).is_file())
-            free = max(0, 3 * 1024 * 1024 - used) // 4096
-            return (4096, 4096, 768, free, free, 0, 0, 0, 0, 255)
+            free = max(0, SPIFFS_SIZE - used) // FLASH_SECTOR
+            return (FLASH_SECTOR, FLASH_SECTOR, SPIFFS_SIZE // FLASH_SECTOR, free, free, 0, 0, 0, 0, 255)
         st = os.statvfs(m.host)
         return (st.f_bsize, st.f_frsize, st.f_blocks, st.f_bfree, st.f_bavail, 0, 0, 0, 0, 255)
 

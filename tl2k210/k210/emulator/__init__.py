@@ -16,12 +16,13 @@ import numpy as np
 
 from tl2k210.errors import EmulatorError
 from tl2k210.k210 import kmodel
+from tl2k210.k210.board_facts import SRAM_BYTES
 from tl2k210.k210.emulator import v3 as run_v3
 from tl2k210.k210.emulator import v4 as run_v4
 from tl2k210.k210.emulator.kpu import ACT_RULES, SUM_RULES, PreparedConv
 from tl2k210.k210.emulator.memory import guarded
 
-MAX_MAIN_MEM = 16 * 1024 * 1024  # the K210 has 8 MiB of SRAM; refuse absurd claims before allocating
+MAX_MAIN_MEM = 2 * SRAM_BYTES  # twice the K210's SRAM: refuse absurd claims before allocating
 
 
 class Emulator:

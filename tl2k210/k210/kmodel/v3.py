@@ -12,6 +12,7 @@ import numpy as np
 
 from tl2k210.errors import KmodelFormatError, Tl2k210Error
 from tl2k210.k210 import hardware as hw
+from tl2k210.k210.board_facts import SRAM_BYTES
 from tl2k210.k210.kmodel import kpu
 from tl2k210.k210.kmodel.binio import Notes, Reader, Struct, align_up, check, drop_tail
 
@@ -189,7 +190,7 @@ class KModelV3:
 
 # ---------------------------------------------------------------------------------------------
 CHUNK = 1 << 16  # header entries validated per numpy pass
-MAX_MAIN_MEM = 8 * 1024 * 1024  # the loader mallocs main_mem_usage; a K210 has 8 MiB of SRAM
+MAX_MAIN_MEM = SRAM_BYTES  # the loader mallocs main_mem_usage: no K210 has more SRAM
 
 
 def _check_headers(data: bytes, n_out: int, n_layers: int):
