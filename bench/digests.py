@@ -17,7 +17,9 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tl2k210 import paths  # noqa: E402
+
+sys.path.insert(0, str(paths.checkout() / "bench"))
 import corpus  # noqa: E402  (bench/corpus.py: REAL, run_cli, photo_folder, the devcorpus builders)
 
 

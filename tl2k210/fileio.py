@@ -16,6 +16,7 @@ import errno
 import os
 import stat
 import tempfile
+from pathlib import Path
 
 from tl2k210.errors import InputFileError, OutputPathError
 
@@ -136,6 +137,14 @@ def check_writable(path, label: str = "output", make_parents: bool = False):
                               "another name")
 
 
+SIDECAR_SUFFIX = ".json"      # a kmodel's metadata: face_detect.kmodel -> face_detect.kmodel.json
+
+
+def sidecar_path(kmodel_path) -> Path:
+    """Where a kmodel's metadata lives (tl2k210.metadata reads and writes it)."""
+    return Path(str(kmodel_path) + SIDECAR_SUFFIX)
+
+
 def check_outputs(outputs, inputs=()):
     """`outputs`: [(label, path)] (None paths skipped); `inputs`: paths (files or folders) the
     command reads. Refuses, before any work, an output that is an input or another output, an
@@ -143,10 +152,9 @@ def check_outputs(outputs, inputs=()):
     outputs that cannot be written. An input kmodel's metadata (MODEL.kmodel.json, read with
     it) is an input too. (A .kmodel/.json/.kfpkg written again into a SavedModel folder is fine:
     nothing reads it.)"""
-    from tl2k210.metadata import path_for
     outs = [(label, os.fspath(p)) for label, p in outputs if p is not None]
     ins = [os.fspath(p) for p in inputs if p is not None]
-    shown = {os.fspath(path_for(p)): f"metadata of the input {p}" for p in ins
+    shown = {os.fspath(sidecar_path(p)): f"metadata of the input {p}" for p in ins
              if p.lower().endswith(".kmodel")}
     ins += list(shown)
     for i, (label, out) in enumerate(outs):

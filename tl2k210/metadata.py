@@ -16,11 +16,16 @@ import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from tl2k210.errors import Tl2k210Error
+from tl2k210.fileio import SIDECAR_SUFFIX, atomic_write, sidecar_path
+from tl2k210.flash.kfpkg import read_kfpkg
+from tl2k210.k210 import yolo
 from tl2k210.k210.board_facts import FLASH_BYTES
+from tl2k210.k210.kmodel import detect_version
 
 SCHEMA = "tl2k210-kmodel-metadata"
 VERSION = 1
-SUFFIX = ".json"            # face_detect.kmodel -> face_detect.kmodel.json
+SUFFIX = SIDECAR_SUFFIX
 TASKS = ("yolo2", "classify", "embed", "image")
 # an indented JSON array of numbers (raw newlines never occur inside JSON strings)
 _NUMBERS = re.compile(r"\[\n\s*((?:-?[0-9][0-9.eE+-]*,?\n\s*)+)\]")
@@ -116,13 +121,12 @@ def sha256(data: bytes) -> str:
 
 
 def path_for(kmodel_path) -> Path:
-    return Path(str(kmodel_path) + SUFFIX)
+    return sidecar_path(kmodel_path)
 
 
 def write_for(kmodel_path, meta: ModelMetadata) -> Path | None:
     """Write MODEL.kmodel.json beside the kmodel, atomically (not for a kmodel written to a
     device or pipe: there is no "beside")."""
-    from tl2k210.fileio import atomic_write
     if not Path(kmodel_path).is_file():
         return None
     p = path_for(kmodel_path)
@@ -181,7 +185,6 @@ def kfpkg_metadata(path, images=None) -> dict:
     carries that describes one of its images (the others are warned about and ignored)."""
     import zipfile
 
-    from tl2k210.flash.kfpkg import read_kfpkg
     try:
         with zipfile.ZipFile(path) as zf:
             texts = {i.filename: zf.read(i).decode("utf-8", "replace") for i in zf.infolist()
@@ -211,10 +214,8 @@ def kfpkg_metadata(path, images=None) -> dict:
 def build(data: bytes, name: str, *, input: dict, outputs: list, task=None, anchors=None,
           labels=None, decode=None, firmware=None, source=None) -> ModelMetadata:
     from tl2k210 import __version__
-    from tl2k210.k210.kmodel import detect_version
     if task is not None and task not in TASKS:
-        from tl2k210.errors import Tl2k210Error
-        raise Tl2k210Error(f"task {task!r}: choose from {', '.join(TASKS)}")
+            raise Tl2k210Error(f"task {task!r}: choose from {', '.join(TASKS)}")
     return ModelMetadata(
         kmodel={"file": name, "sha256": sha256(data), "bytes": len(data), "version": detect_version(data)},
         input=input, outputs=outputs, task=task, anchors=list(anchors) if anchors else None,
@@ -230,8 +231,6 @@ def check_decode(model, extra: dict | None) -> None:
     anchors, labels = extra.get("anchors"), extra.get("labels")
     if (extra.get("task") or ("yolo2" if anchors else None)) != "yolo2":
         return
-    from tl2k210.errors import Tl2k210Error
-    from tl2k210.k210 import yolo
     if not anchors:
         raise Tl2k210Error("task yolo2 needs its anchors: give --anchors w,h,w,h,... (grid cells, as in "
                            "the MaixPy script's kpu.init_yolo2)")

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from tl2k210 import metadata
 from tl2k210.errors import KmodelFormatError
-from tl2k210.flash.pkginfo import describe_package, is_package, render_package
+from tl2k210.pkginfo import describe_package, is_package, render_package
 from tl2k210.k210 import kmodel
 from tl2k210.k210.inspect import describe, render
 
