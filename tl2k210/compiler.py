@@ -408,9 +408,9 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     data_bytes = dumps(model)
     budget = RUNTIME_BUDGET[opts.runtime]
     fit.check_budget(model, len(data_bytes), opts.runtime, lw, rows)
-    items = model.layers if model.version == 3 else model.nodes
+    items = model.items
     est = cost.estimate(model)
-    main_mem = model.main_mem_usage if model.version == 3 else model.main_mem
+    main_mem = model.main_memory
     need = len(data_bytes) + main_mem
     _say(opts, f"[5/6] measuring per-layer SQNR on the emulator ({opts.sqnr_samples} samples) ...")
     emu = Emulator(model)

@@ -53,7 +53,7 @@ def _kb(n):
 def check_budget(model, nbytes: int, runtime: str, lw=None, rows=()):
     """BudgetError when file + main memory exceed what `runtime` leaves."""
     rt = firmware.get(runtime)
-    main = model.main_mem_usage if model.version == 3 else model.main_mem
+    main = model.main_memory
     need = nbytes + main
     if need <= rt.model_budget:
         return

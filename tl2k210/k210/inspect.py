@@ -62,8 +62,8 @@ def _cpu_row_v3(L, where):
 
 def _register_notes(model) -> list:
     """KPU register fields whose value differs from what nncase always writes (spec §2.6)."""
-    items = model.layers if model.version == 3 else model.nodes
-    kind = "layer" if model.version == 3 else "node"
+    items = model.items
+    kind = model.item_kind
     odd = {}
     for i, it in enumerate(items):
         if it.conv is None:

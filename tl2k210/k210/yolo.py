@@ -70,7 +70,7 @@ def region_layout(model, size: int, n_anchors: int, labels=None) -> tuple[int, i
 def region_grid(model, size: int) -> tuple[int, int]:
     """Grid (w, h) of a `size`-value region output: the last KPU conv map with that many values
     (v3 or v4 kmodel). Raises ValueError when none matches."""
-    items = model.layers if model.version == 3 else model.nodes
+    items = model.items
     for it in reversed(items):
         if it.conv is not None:
             c, h, w = it.conv.out_shape

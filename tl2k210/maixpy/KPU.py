@@ -235,7 +235,7 @@ def load(*args, **kwargs):
     if len(b.kpu_tasks) >= MAX_MODELS:
         raise _load_error(2009)
     model = _parse(data, path or f"flash 0x{arg:x}")
-    main = model.main_mem_usage if model.version == 3 else model.main_mem
+    main = model.main_memory
     need = len(data) + main
     if need > b.sys_free:
         raise _load_error(2006, _no_mem_text(len(data), main, b))
@@ -547,7 +547,7 @@ def forward(*args, **kwargs):
         _note_error(2011, f"out_index {idx}: the model has {n_out} output(s)")
         raise KpuRunError(f"{_KPU_MSG}forward error:2011, {ERRORS[2011]}")
     out = outs[idx]
-    last = (len(m.layers) if m.version == 3 else len(m.nodes)) - 1
+    last = (len(m.items)) - 1
     if m.version == 4:
         if idx not in task._outputs:
             _note_error(2013, f"output {idx} holds {np.asarray(out).size} values")
@@ -609,7 +609,7 @@ def set_layers(*args, **kwargs):
     A.check_arity(args, 2, 2)
     task = _task(args[0])
     n = A.get_int(args[1])
-    total = len(task.model.layers) if task.model.version == 3 else len(task.model.nodes)
+    total = len(task.model.items)
     if n <= 0:
         task._layers = 0
         return True
@@ -652,7 +652,7 @@ def netinfo(*args, **kwargs):
     A.check_arity(args, 1, 1)
     task = _task(args[0])
     m = task.model
-    items = m.layers if m.version == 3 else m.nodes
+    items = m.items
     out = []
     for i, it in enumerate(items):
         if it.conv is not None:

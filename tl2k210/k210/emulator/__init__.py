@@ -34,12 +34,12 @@ class Emulator:
             raise ValueError(f"act_rule must be one of {ACT_RULES}")
         self.model = model
         self.sum_rule, self.act_rule = sum_rule, act_rule
-        main = model.main_mem_usage if model.version == 3 else model.main_mem
+        main = model.main_memory
         if main > MAX_MAIN_MEM:
             raise EmulatorError(f"model claims {main} bytes of main memory; a K210 has 8 MiB "
                                 "(corrupt header?)")
-        items = model.layers if model.version == 3 else model.nodes
-        kind = "layer" if model.version == 3 else "node"
+        items = model.items
+        kind = model.item_kind
         threads = threads or min(4, os.cpu_count() or 1)
         self.prepared = {id(it): guarded(PreparedConv, f"{kind} {i}", it.conv, sum_rule, act_rule,
                                          f"{kind} {i}", threads)

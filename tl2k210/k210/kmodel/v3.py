@@ -156,6 +156,19 @@ class KModelV3:
     version: int = 3
     notes: list = field(default_factory=list)  # deviations from nncase's writer habits (read only)
 
+    # the interface both kmodel versions answer (KModelV4 has the same names)
+    item_kind = "layer"
+
+    @property
+    def items(self) -> list:
+        """The layers, in run order."""
+        return self.layers
+
+    @property
+    def main_memory(self) -> int:
+        """Bytes of main memory the runtime allocates for the model's buffers."""
+        return self.main_mem_usage
+
     @property
     def eight_bit(self) -> bool:
         return bool(self.flags & 1)

@@ -189,6 +189,19 @@ class KModelV4:
     version: int = 4
     notes: list = field(default_factory=list)  # deviations from nncase's writer habits (read only)
 
+    # the interface both kmodel versions answer (KModelV3 has the same names)
+    item_kind = "node"
+
+    @property
+    def items(self) -> list:
+        """The nodes, in run order."""
+        return self.nodes
+
+    @property
+    def main_memory(self) -> int:
+        """Bytes of main memory the runtime allocates for the model's buffers."""
+        return self.main_mem
+
     def output_size(self) -> int:
         """Values in output 0, known from the model before running it."""
         if not self.outputs:
