@@ -7,7 +7,12 @@ import math
 import os
 import re
 
-from tl2k210.errors import InputFileError
+from tl2k210.errors import InputFileError, Tl2k210Error
+from tl2k210.fileio import check_readable, read_bytes
+from tl2k210.flash.boards import BOARDS, MAX_BAUD, MIN_BAUD, board_names, get_board
+from tl2k210.flash.errors import FlashError
+from tl2k210.flash.flasher import DEFAULT_BAUD
+from tl2k210.k210.board_facts import REPL_BAUD
 from tl2k210.quantize.dataset import parse_range
 
 
@@ -192,7 +197,6 @@ def parse_labels(spec):
         if not os.path.exists(path):
             raise InputFileError(f"no labels file {path}; give an existing file (one class name per "
                                  "line) or comma-separated names, e.g. --labels face or cat,dog")
-        from tl2k210.fileio import read_bytes
         text = read_bytes(path, MAX_LABELS_BYTES, "labels file").decode("utf-8", "replace")
         names = [ln.strip() for ln in text.splitlines() if ln.strip()]
         if not names:
@@ -217,3 +221,85 @@ def apply_metadata(args, meta):
     dec = meta.decode if meta is not None else {}
     args.threshold = args.threshold if args.threshold is not None else dec.get("threshold", 0.5)
     args.nms = args.nms if args.nms is not None else dec.get("nms", 0.3)
+
+
+FAULT_KINDS = ("corrupt", "drop", "delay")
+
+
+def baud(text):
+    """-b: what the ROM/stub and the boards' USB-serial bridges can do (see boards.py)."""
+    try:
+        baud = int(str(text).strip(), 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; use e.g. 115200 or 1500000") from None
+    if not MIN_BAUD <= baud <= MAX_BAUD:
+        raise argparse.ArgumentTypeError(
+            f"{baud} is out of range: use {MIN_BAUD}..{MAX_BAUD} (the ROM stage runs at {MIN_BAUD}, "
+            f"the slowest rate; the boards' CH340/CH552/FT2232 bridges are driven up to {MAX_BAUD}); "
+            "e.g. 1500000, or 115200 on a bad cable")
+    return baud
+
+
+def check_link_args(args):
+    """Before any work: the baud rate fits the chosen board's USB-serial bridge, --stub exists."""
+    if args.stub:
+        check_readable(args.stub, "--stub")
+    if args.board is None:
+        return
+    b, baud = get_board(args.board), args.baud
+    if baud > b.max_baud:
+        raise Tl2k210Error(f"--baud {baud} is above what the {b.name} board's USB-serial bridge is "
+                           f"rated for ({b.max_baud}{': ' + b.notes if b.notes else ''}); use "
+                           f"-b {b.max_baud} or lower")
+
+
+def board_arg(text):
+    try:
+        return get_board(text).name
+    except FlashError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def wiring(text):
+    names = [b.name for b in BOARDS.values() if b.reset_line] + ["isp_on_open"]
+    if text not in names:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(names)}")
+    return text
+
+
+def add_flash_port_args(p):
+    p.add_argument("-p", "--port", help="serial port or pyserial URL (/dev/ttyUSB0, COM3, "
+                   "socket://host:port); default: the only K210-like USB serial port")
+    p.add_argument("-B", "--board", type=board_arg, metavar="BOARD",
+                   help="board preset (reset wiring): " + ", ".join(board_names()) +
+                   "; default: auto-detect")
+    p.add_argument("-b", "--baud", type=baud, default=DEFAULT_BAUD,
+                   help=f"baud rate for the flash transfer, 115200..2000000 (default "
+                   f"{DEFAULT_BAUD}; the ROM stage always runs at 115200; bit_mic boards "
+                   "(CH552) up to 1500000)")
+    p.add_argument("--stub", metavar="FILE", help="stage-2 flash program to load instead of the "
+                   "one in the installed kflash package")
+    p.add_argument("--verify", dest="verify", action="store_true", default=True,
+                   help="verify every write (default)")
+    p.add_argument("--no-verify", dest="verify", action="store_false")
+    p.add_argument("--no-reboot", dest="reboot", action="store_false", default=True,
+                   help="leave the board in the flash program afterwards")
+    p.add_argument("--progress", action="store_true", default=None,
+                   help="show a progress bar even when stderr is not a terminal")
+    p.add_argument("-v", "--verbose", action="store_true", help="log protocol events")
+
+
+def add_repl_port_args(p):
+    p.add_argument("-p", "--port", help="serial port or pyserial URL of the board (/dev/ttyUSB0, "
+                   "COM3, a pty); default: the only K210-like USB serial port")
+    p.add_argument("-b", "--baud", type=baud, default=REPL_BAUD,
+                   help="baud rate to talk at (default 115200, MaixPy's REPL); a higher rate "
+                   "(e.g. 1500000) is switched to with machine.UART.repl_uart().init and back at "
+                   "the end")
+    p.add_argument("--initial-baud", type=baud, default=REPL_BAUD,
+                   help="the rate the board's REPL runs at now (default 115200)")
+    p.add_argument("--no-raw-paste", dest="raw_paste", action="store_false", default=True,
+                   help="do not probe raw-paste mode (MaixPy's MicroPython 1.11 has none)")
+    p.add_argument("--progress", action="store_true", default=None,
+                   help="show progress bars even when stderr is not a terminal")
+    p.add_argument("-v", "--verbose", action="store_true", help="log protocol events")

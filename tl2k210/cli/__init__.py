@@ -1,7 +1,8 @@
 """`tl2k210` command line: thin argument parsing; the work happens in the library.
 
-Each verb lives in the module that owns it and registers itself through ``register(subparsers)``;
-modules are imported lazily so `inspect` and `run` never pull in TensorFlow.
+One module per verb in this package (tl2k210/cli/VERB.py) defines ``add_VERB_parser(subparsers)``
+over library functions; library code never imports these modules. Only the verb being run is
+imported, so `inspect` and `run` never pull in TensorFlow.
 """
 import argparse
 import importlib
@@ -19,14 +20,14 @@ VERBS = {
     "run": "tl2k210.cli.run",
     "convert": "tl2k210.cli.convert",
     "compare": "tl2k210.cli.compare",
-    "flash": "tl2k210.flash.cli",
-    "package": "tl2k210.flash.cli",
-    "deploy": "tl2k210.flash.cli",
-    "board": "tl2k210.flash.cli",
-    "repl": "tl2k210.maixpy.repl_cli",
-    "validate": "tl2k210.maixpy.validate",
-    "zoo": "tl2k210.zoo",
-    "demo": "tl2k210.maixpy.demo",
+    "flash": "tl2k210.cli.flash",
+    "package": "tl2k210.cli.package",
+    "deploy": "tl2k210.cli.deploy",
+    "board": "tl2k210.cli.board",
+    "repl": "tl2k210.cli.repl",
+    "validate": "tl2k210.cli.validate",
+    "zoo": "tl2k210.cli.zoo",
+    "demo": "tl2k210.cli.demo",
 }
 
 
@@ -43,10 +44,7 @@ def build_parser(only=None):
             # still list it in --help, cheaply
             sub.add_parser(verb, help=f"(see `tl2k210 {verb} --help`)", add_help=False)
             continue
-        try:
-            mod = importlib.import_module(modname)
-        except ImportError:
-            continue
+        mod = importlib.import_module(modname)     # a broken verb fails loudly, never vanishes
         getattr(mod, "add_" + verb + "_parser")(sub)
     return parser
 

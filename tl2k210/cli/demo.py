@@ -21,23 +21,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tl2k210 import paths
+from tl2k210 import cliargs, paths
 from tl2k210.errors import Tl2k210Error
 from tl2k210.k210.board_facts import FLASH_BYTES, MAIXPY_MODEL_AREA
-
 
 TRUST = ("It runs the script as Python on this computer (host emulation, not a sandbox: the "
          "script can read, write and run anything you can), so only run scripts you trust.")
 
 
 def _kmodel_arg(text: str):
-    from tl2k210 import cliargs
     path, _, addr = text.partition("@")
     return path, (cliargs.address(addr) if addr else None)
 
 
 def add_demo_parser(sub):
-    from tl2k210 import cliargs
     from tl2k210.k210 import firmware
     p = sub.add_parser("demo", help="run a MaixPy script / SD folder unchanged on the host emulator "
                        "(runs it as Python: trusted scripts only)",

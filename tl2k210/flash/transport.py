@@ -8,8 +8,10 @@ unmodified subprocesses such as the kflash CLI.
 """
 import errno
 import os
+import sys
 
 from tl2k210 import paths
+from tl2k210.errors import Tl2k210Error
 from tl2k210.flash.errors import PortError
 
 LINES_ENV = "TL2K210_LINES_SOCKET"   # unix datagram socket of an emulated board
@@ -87,3 +89,28 @@ def shim_env(socket_path: str, base_env=None) -> dict:
     env[LINES_ENV] = socket_path
     env["PYTHONPATH"] = SHIM_DIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+# USB vendor ids of the boards' serial bridges: WCH (CH340/CH552), FTDI, Prolific, Silicon Labs, Sipeed
+KFLASH_USB_VIDS = ("1A86", "0403", "067B", "10C4", "C251")
+
+
+def auto_port(board):
+    """The serial port of the one K210-like USB bridge plugged in (the second port of an FT2232
+    board: its K210 UART), or an error saying what to plug in or pass."""
+    try:
+        from serial.tools import list_ports
+    except ImportError:  # pragma: no cover
+        raise Tl2k210Error("pyserial is not installed; pip install pyserial") from None
+    ports = sorted(p for p in list_ports.comports()
+                   if any(v in (p.hwid or "").upper() for v in KFLASH_USB_VIDS))
+    if not ports:
+        raise Tl2k210Error("no K210-like USB serial port found (CH340/CH552/FTDI/CP210x); plug "
+                           "the board in or pass --port")
+    if board in ("goE", "maixduino") and len(ports) > 1:
+        return ports[1].device      # open-ec: the K210 UART is the second port
+    if len(ports) > 1:
+        names = ", ".join(p.device for p in ports)
+        print(f"tl2k210: several serial ports ({names}); using {ports[0].device}; pass --port "
+              "to choose", file=sys.stderr)
+    return ports[0].device

@@ -6,12 +6,30 @@ the back-end can answer: does every node left have a K210 lowering?
     graph, log = run_pipeline(graph, {"kpu_padding": True})
 """
 from tl2k210 import passes as generic
-from tl2k210.passes import (Pass, affine_to_conv, channel_shuffle, channel_softmax, dequantize,
-                            fold_affine_into_conv, fold_batchnorm, fold_constants, fuse_activation,
-                            fuse_pool, global_pool, hard_activations, input_affine, input_nchw,
-                            instance_norm, l2_normalize, log_softmax, nary_ops, normalize_flatten,
-                            output_nchw, pad_into_conv, pixel_shuffle, prelu_pattern, prelu_split,
-                            push_transposes, spatial_1d, square_kernels, tile, upsample_to_resize)
+from tl2k210.passes import Pass
+from tl2k210.passes.channel_shuffle import channel_shuffle
+from tl2k210.passes.channel_softmax import channel_softmax
+from tl2k210.passes.decompose import instance_norm, log_softmax, tile
+from tl2k210.passes.dequantize import dequantize
+from tl2k210.passes.fold_affine import affine_to_conv, fold_affine_into_conv
+from tl2k210.passes.fold_batchnorm import fold_batchnorm
+from tl2k210.passes.fold_constants import fold_constants
+from tl2k210.passes.fuse_activation import fuse_activation
+from tl2k210.passes.fuse_pool import fuse_pool
+from tl2k210.passes.global_pool import global_pool
+from tl2k210.passes.hard_activations import hard_activations
+from tl2k210.passes.input_affine import input_affine
+from tl2k210.passes.input_nchw import input_nchw
+from tl2k210.passes.l2_normalize import l2_normalize
+from tl2k210.passes.layout import upsample_to_resize, normalize_flatten
+from tl2k210.passes.nary_ops import nary_ops
+from tl2k210.passes.output_nchw import output_nchw
+from tl2k210.passes.pad_into_conv import pad_into_conv
+from tl2k210.passes.pixel_shuffle import pixel_shuffle
+from tl2k210.passes.prelu_split import prelu_pattern, prelu_split
+from tl2k210.passes.push_transposes import push_transposes
+from tl2k210.passes.spatial_1d import spatial_1d
+from tl2k210.passes.square_kernels import square_kernels
 
 from .lower import Options, select
 from .passes.entry_conv import entry_conv

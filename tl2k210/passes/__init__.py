@@ -13,29 +13,6 @@ from typing import Callable
 from tl2k210.errors import Tl2k210Error
 from tl2k210.graph import infer_shapes
 
-from .input_nchw import input_nchw
-from .nary_ops import nary_ops
-from .spatial_1d import spatial_1d
-from .pixel_shuffle import pixel_shuffle
-from .decompose import instance_norm, log_softmax, tile
-from .input_affine import input_affine
-from .dequantize import dequantize
-from .output_nchw import output_nchw
-from .fold_constants import fold_constants
-from .push_transposes import push_transposes
-from .global_pool import global_pool
-from .layout import upsample_to_resize, normalize_flatten
-from .hard_activations import hard_activations
-from .l2_normalize import l2_normalize
-from .fold_batchnorm import fold_batchnorm
-from .fold_affine import affine_to_conv, fold_affine_into_conv
-from .prelu_split import prelu_pattern, prelu_split
-from .pad_into_conv import pad_into_conv
-from .square_kernels import square_kernels
-from .fuse_activation import fuse_activation
-from .channel_shuffle import channel_shuffle
-from .channel_softmax import channel_softmax
-from .fuse_pool import fuse_pool
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
-
 from tl2k210.errors import UnsupportedOpError
 from tl2k210.graph import describe
 
