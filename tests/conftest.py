@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,13 @@ from pathlib import Path
 # Subprocesses of the tests inherit it.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# A suite started with SIGINT ignored (`make test &` from a script, `nohup` under some shells)
+# would hand SIG_IGN to every subprocess through exec, and the tests that send Ctrl-C to a CLI
+# would wait for an interrupt that never comes. A handled signal is reset to the default at
+# exec: restore Python's handler here, in every test process (xdist workers import this too).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 
