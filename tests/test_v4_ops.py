@@ -55,7 +55,7 @@ def test_binary_broadcasts_and_clamps():
     assert np.allclose(run_node("binary", f, x, F, 6), [0.1, 0.05, 1 / 30, 0.2, 0.1, 2 / 30])
 
 
-def test_quantized_binary_field_order_and_div_truncation():
+def test_quantized_binary_field_order_and_div_rounds():
     # a = [10, 200], b = [3] at main[2]; a' = mcs(a + 5, 3, 1) = (15*3+1)>>1 = 23, (205*3+1)>>1 = 308
     # b' = mcs(3 - 1, 1, 0) = 2.  add: mcs(25, 2, 2) = (50+2)>>2 = 13 + 100 = 113;
     # 310 -> (620+2)>>2 = 155 + 100 = 255 (clamped from 255).
@@ -68,17 +68,56 @@ def test_quantized_binary_field_order_and_div_truncation():
     # the body stores output_offset, output_mul, output_shift in that order (erratum 10.3)
     body = kmodel.dumps(v4.KModelV4([v4.Node(0x11, dict(f, output=rng_(U8, 9, 2)))], [], [], [], 0))
     assert struct.unpack_from("<3i", body, len(body) - 12) == (100, 2, 2)
-    # sub then div by a negative: a' - b' = 23 - (-7) ... use div: 23 / -7 -> -3 (C truncation)
+    # div is binary_div of neutral_ops.cpp: (a + b / 2) / b in C int32 (spec §10.y), both
+    # divisions truncating toward zero. b' = 3 - 10 = -7, b'/2 = -3:
+    # (23 - 3) / -7 = 20 / -7 = -2 -> +10 = 8 (plain 23 / -7 would be -3 -> 7);
+    # (308 - 3) / -7 = 305 / -7 = -43 -> clamp 0
     f.update(binary_op=3, input_b_offset=-10, output_mul=1, output_shift=0, output_offset=10)
-    # b' = 3 - 10 = -7: 23 / -7 = -3 -> 7; 308 / -7 = -44 -> clamp 0
-    assert run_node("quantized_binary", f, x, U8, 2).tolist() == [7, 0]
-    assert N._int_op("div", np.array([-7, 7, -7]), np.array([2, -2, -2])).tolist() == [-3, -3, 3]
+    assert run_node("quantized_binary", f, x, U8, 2).tolist() == [8, 0]
+    # b' = 3 + 1 = 4, b'/2 = 2: 23 -> (23 + 2) / 4 = 6 (25/4 = 6.25; plain 23/4 = 5);
+    # 308 -> 310 / 4 = 77 (77.5 truncated: ties are not rounded up by the sum, they fall to zero)
+    f.update(input_b_offset=1, output_offset=0)
+    assert run_node("quantized_binary", f, x, U8, 2).tolist() == [6, 77]
+
+
+@pytest.mark.parametrize("a,b,want", [
+    (7, 2, 4),      # (7 + 1) / 2 = 4: 3.5 rounds up
+    (5, 2, 3),      # (5 + 1) / 2 = 3: 2.5 rounds up (not to even)
+    (6, 4, 2),      # (6 + 2) / 4 = 2: a tie 1.5 -> 2
+    (2, 4, 1),      # (2 + 2) / 4 = 1: 0.5 -> 1
+    (1, 4, 0),      # (1 + 2) / 4 = 0
+    (-7, 2, -3),    # (-7 + 1) / 2 = -3: -3.5 goes to -3 (the sum moves it toward +inf)
+    (-5, 2, -2),    # (-4) / 2 = -2: -2.5 -> -2
+    (-6, 4, -1),    # (-6 + 2) / 4 = -1: -1.5 -> -1
+    (-7, 4, -1),    # (-7 + 2) / 4 = -5 / 4 = -1 (truncation; -1.75 would round to -2)
+    (7, -2, -3),    # -2 / 2 = -1: (7 - 1) / -2 = -3: -3.5 -> -3
+    (-7, -2, 4),    # (-7 - 1) / -2 = 4: 3.5 -> 4
+    (7, -4, -1),    # -4 / 2 = -2: (7 - 2) / -4 = -1 (-1.75 -> -1)
+    (3, -3, 0),     # -3 / 2 = -1 (truncated): (3 - 1) / -3 = 0
+    (0, 5, 0), (4, 1, 4), (-4, 1, -4),
+    (5, 0, -1),     # division by zero: RV64 divw gives -1 (C leaves it undefined)
+    (-2147483648, -1, -2147483648),   # (INT32_MIN + 0) / -1: divw gives INT32_MIN
+    (2147483647, 2, -1073741824),     # 2147483647 + 1 wraps to INT32_MIN; / 2
+])
+def test_quantized_div_is_nncase_binary_div(a, b, want):
+    assert N._int_op("div", np.array([a]), np.array([b])).tolist() == [want]
 
 
 def test_mul_and_carry_shift():
     assert N.mul_and_carry_shift(np.array([5, -5, 7]), 1, 1).tolist() == [3, -2, 4]  # +1, >>1
-    assert N.mul_and_carry_shift(np.array([3]), 2, -2).tolist() == [24]              # left shift
+    assert N.mul_and_carry_shift(np.array([-6, -7]), 1, 2).tolist() == [-1, -2]      # (-6+2)>>2, (-7+2)>>2
     assert N.mul_and_carry_shift(np.array([1 << 30]), 4, 0).tolist() == [0]          # int32 wrap
+    # the shift is a uint8_t (runtime_op_utility.h:115; spec §4.5, §10.y): a stored -2 is 254,
+    # a right shift; the 64-bit shifter takes 254 & 63 = 62 with rounding bit 1 << (253 & 63 = 61):
+    # (3*2 + 2^61) >> 62 = 0, never the left shift 3*2 << 2 = 24
+    assert N.mul_and_carry_shift(np.array([3]), 2, -2).tolist() == [0]
+    # stored -32 = 224: shift 224 & 63 = 32, rounding 1 << 31: (v + 2^31) >> 32
+    v = np.array([3 << 28, (5 << 28) + (1 << 27), -(1 << 27)])     # x 16: 3.0, 5.5, -0.5 x 2^32
+    assert N.mul_and_carry_shift(v, 16, -32).tolist() == [3, 6, 0]
+    # 256 + 1 is 1: the body's upper bits are dropped
+    assert N.mul_and_carry_shift(np.array([5]), 1, 257).tolist() == [3]
+    # 64 (or -192): shift 0 with rounding bit 1 << 63 (INT64_MIN): the low 32 bits are unchanged
+    assert N.mul_and_carry_shift(np.array([12345, -7]), 3, 64).tolist() == [37035, -21]
 
 
 def test_reduce_ops():
@@ -188,6 +227,75 @@ def test_softmax():
     out = run_node("softmax", dict(inner_size=3, outer_size=2, beta=1.0), x, F, 6)
     e = np.exp([-2.0, -1.0, 0.0])
     assert np.allclose(out[:3], e / e.sum(), rtol=1e-6) and np.allclose(out[3:], 1 / 3)
+
+
+def _softmax_at(x, src, dst, outer, inner, beta=1.0):
+    """One softmax node reading main[src:] and writing main[dst:] (ranges may overlap); the
+    model's output is the whole 64-byte main memory as floats."""
+    f = dict(input=rng_(F, src, outer * inner), output=rng_(F, dst, outer * inner),
+             inner_size=inner, outer_size=outer, beta=beta)
+    m = v4.KModelV4([v4.Node(v4.OPCODE_BY_NAME["softmax"].code, f, {})], [rng_(F, src, len(x))],
+                    [(1, 1, 1, len(x))], [rng_(F, 0, 16)], 64, b"")
+    return Emulator(kmodel.loads(kmodel.dumps(m))).run(np.asarray(x, f32))[0]
+
+
+def test_softmax_whose_output_overlaps_its_input_is_the_c_loop():
+    """neutral_kernels.h softmax on live memory (spec §10.y): per row, max, then
+    dest[i] = expf((src[i] - max) * beta) before src[i + 1] is read, sum in order, dest /= sum."""
+    # rows [0, 0] and [10, 0] at main[0:16]; output at main[8:24]: row 0's result overwrites
+    # row 1's input before row 1 runs, so row 1 is softmax([0.5, 0.5]) = [0.5, 0.5]
+    out = _softmax_at([0, 0, 10, 0], 0, 8, 2, 2)
+    assert out[:6].tolist() == [0, 0, 0.5, 0.5, 0.5, 0.5]
+    # one row of 3 at main[0:12], output one float later: v0 = expf(0) = 1 lands on src[1],
+    # v1 = expf(1 - 0) = e on src[2], v2 = expf(e - 0); then each / (1 + e + e^e) in float32
+    out = _softmax_at([0, 0, 0], 0, 4, 1, 3)
+    v = [f32(1)]
+    for _ in range(2):
+        v.append(f32(np.exp(np.float64(v[-1]))))
+    total = f32(f32(v[0] + v[1]) + v[2])
+    assert out[0] == 0 and out[1:4].tolist() == [f32(t / total) for t in v]
+    # output one float before the input: every value is read before anything lands on it,
+    # so the result is the plain softmax, shifted
+    x = np.array([0, 1, 2, 3, -1, 0.5], f32)
+    plain = _softmax_at(x, 0, 32, 2, 3)[8:14]
+    assert np.array_equal(_softmax_at(x, 4, 0, 2, 3)[:6], plain)
+    # in place (same range): the same as the plain softmax, bit for bit
+    assert np.array_equal(_softmax_at(x, 0, 0, 2, 3)[:6], plain)
+    # max_element keeps a leading NaN and skips later ones
+    assert N.row_max(np.array([[np.nan, 1], [1, np.nan], [2, 3]], f32)).ravel()[1:].tolist() == [1, 3]
+    assert np.isnan(N.row_max(np.array([[np.nan, 1]], f32))).all()
+
+
+def test_dequantize_is_the_device_kernel():
+    """riscv_dequantize (kernels/riscv/neutral_kernels.h; spec §4.5, §10.y): inv = 1.f / scale,
+    zero = -zp * inv, out = (float)q * inv + zero, each step rounded to float32."""
+    # scale 3 (q = 3x + 7), q = 1: inv = f32(1/3) = 0x1.555556p-2; -7 * inv = -2.33333340...
+    # -> 0x1.2aaaabp+1; 0.33333334 - 2.33333349 = -2.000000149 -> -0x1.000002p+1.
+    # (-7 / 3 = -0x1.2aaaaap+1 would give -0x1.fffffep+0; the host's (1 - 7) * inv gives -2.0)
+    x = np.array([1, 7, 255], np.uint8)
+    out = run_node("dequantize", dict(quant_param=(7, 3.0)), x, F, 3)
+    assert float(out[0]).hex() == "-0x1.0000020000000p+1"
+    assert out[1] == 0 and out[2] == f32(f32(255 * f32(1 / 3)) + f32(-7 * f32(1 / 3)))
+    # every q for a zero point far from 0 and an awkward scale, against the scalar C statements
+    q = np.arange(256, dtype=np.uint8)
+    out = run_node("dequantize", dict(quant_param=(-37, 12.345)), q, F, 256)
+    inv = f32(1) / f32(12.345)
+    zero = f32(f32(37) * inv)
+    assert out.tolist() == [f32(f32(f32(v) * inv) + zero) for v in range(256)]
+
+
+def test_quantize_pairs_round_to_even_and_an_odd_last_value_away_from_zero():
+    """riscv_quantize (spec §4.5): fcvt.w.s rne for each pair, roundf for an odd last value."""
+    f = dict(quant_param=(0, 1.0))
+    assert run_node("quantize", f, np.array([0.5, 2.5, 0.5], f32), U8, 3).tolist() == [0, 2, 1]
+    assert run_node("quantize", f, np.array([1.5, 2.5, 3.5, 2.5], f32), U8, 4).tolist() == [2, 2, 4, 2]
+    assert run_node("quantize", f, np.array([0.49999997], f32), U8, 1).tolist() == [0]
+    # zero point 3, scale 2: 0.25*2 + 3 = 3.5 -> 4 (even) in a pair, 4 alone; 1.25 -> 5.5 -> 6 / 6
+    f = dict(quant_param=(3, 2.0))
+    assert run_node("quantize", f, np.array([0.25, 1.25, 0.75], f32), U8, 3).tolist() == [4, 6, 5]
+    # NaN: fcvt.w.s gives INT32_MAX -> 255; +-inf saturate
+    x = np.array([np.nan, np.inf, -np.inf, 300, -5], f32)
+    assert run_node("quantize", dict(quant_param=(0, 1.0)), x, U8, 5).tolist() == [255, 255, 0, 255, 0]
 
 
 # ---------------------------------------------------------------------------------------------

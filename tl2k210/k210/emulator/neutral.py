@@ -5,7 +5,8 @@ Exactness rules (spec §4.5, errata §10):
 * float kernels accumulate in float32 in the C loop order (``value = bias; value += x * w`` per
   tap, taps outside the input skipped, no fused multiply-add); each tap is one whole-array step;
 * quantized kernels are integer (int64, exact), rounded by ``mul_and_carry_shift`` (add 2^(s-1),
-  arithmetic shift; negative shift = left shift) and cast to int32 like the C code;
+  arithmetic shift; the shift is a ``uint8_t``, spec §4.5 and §10.y) and cast to int32 like the C
+  code; quantized_binary div is ``(a + b / 2) / b`` in C int32 arithmetic (spec §10.y);
 * transcendental unary ops are evaluated in float64 and rounded to float32 (the correctly
   rounded value, which is what glibc's float functions return in all but rare cases).
 
@@ -27,12 +28,19 @@ def wrap_i32(v: np.ndarray) -> np.ndarray:
 
 
 def mul_and_carry_shift(value, mul: int, shift: int) -> np.ndarray:
-    """nncase ``mul_and_carry_shift``: carry_shift<int64, false>((int64)value * mul, shift) -> int32."""
+    """nncase ``mul_and_carry_shift(int32 value, int32 mul, uint8_t shift)`` =
+    (int32) carry_shift<int64, false>((int64)value * mul, shift) (runtime_op_utility.h).
+
+    The shift arrives as ``uint8_t`` (spec §4.5, §10.y): a stored shift is taken modulo 256, so a
+    "negative" shift is a large right shift, never a left shift. Shifts 1..63 are plain C; from 64
+    on the C shift is undefined and the 64-bit shifters of both the K210 (RV64 sll/sra) and an
+    x86-64 host use the count modulo 64: ``(v + (1 << ((s-1) & 63))) >> (s & 63)`` in wrapping
+    int64 arithmetic, which is what is computed here."""
     v = np.asarray(value, np.int64) * np.int64(mul)
-    if shift > 0:
-        v = (v + (np.int64(1) << np.int64(shift - 1))) >> np.int64(shift)
-    elif shift < 0:
-        v = v << np.int64(-shift)
+    s = int(shift) & 0xFF
+    if s > 0:
+        with np.errstate(over="ignore"):
+            v = (v + (np.int64(1) << np.int64((s - 1) & 63))) >> np.int64(s & 63)
     return wrap_i32(v)
 
 
@@ -85,21 +93,57 @@ def binary(a, b, op: str, out_shape, vr) -> np.ndarray:
     return activation(np.broadcast_to(y, tuple(out_shape)), vr)
 
 
+def c_div(a, b) -> np.ndarray:
+    """C int32 ``a / b`` as the K210 computes it (RV64 ``divw``): the quotient truncated toward
+    zero; division by zero gives -1 (all bits set) and INT32_MIN / -1 gives INT32_MIN, where the
+    C standard leaves both undefined (a host x86 build would trap instead)."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    safe = np.where(b == 0, 1, b)
+    q = np.abs(a) // np.abs(safe)
+    q = np.where((a < 0) != (safe < 0), -q, q)
+    return wrap_i32(np.where(b == 0, -1, q))
+
+
 def _int_op(op: str, a, b):
-    if op == "div":  # C int32 division truncates toward zero (spec erratum 10.3)
-        q = np.where(b == 0, 0, np.abs(a) // np.where(b == 0, 1, np.abs(b)))
-        return np.where((a < 0) != (b < 0), -q, q)
+    if op == "div":  # binary_div: (a + b / 2) / b, int32 (spec §10.y; b / 2 truncates too)
+        return c_div(wrap_i32(a + c_div(b, 2)), b)
     return {"add": np.add, "sub": np.subtract, "mul": np.multiply, "min": np.minimum,
             "max": np.maximum}[op](a, b)
 
 
 def quantized_binary(a, b, op: str, out_shape, f) -> np.ndarray:
     """uint8 binary: each input rescaled by mul_and_carry_shift, integer op, rescaled, clamped."""
-    a = mul_and_carry_shift(a.astype(np.int64) + f["input_a_offset"], f["input_a_mul"], f["input_a_shift"])
-    b = mul_and_carry_shift(b.astype(np.int64) + f["input_b_offset"], f["input_b_mul"], f["input_b_shift"])
+    a = mul_and_carry_shift(wrap_i32(a.astype(np.int64) + f["input_a_offset"]), f["input_a_mul"], f["input_a_shift"])
+    b = mul_and_carry_shift(wrap_i32(b.astype(np.int64) + f["input_b_offset"]), f["input_b_mul"], f["input_b_shift"])
+    a, b = np.broadcast_arrays(a, b)
     v = wrap_i32(_int_op(op, a, b))
-    v = mul_and_carry_shift(v, f["output_mul"], f["output_shift"]) + f["output_offset"]
+    v = wrap_i32(mul_and_carry_shift(v, f["output_mul"], f["output_shift"]) + f["output_offset"])
     return clamp_u8(np.broadcast_to(v, tuple(out_shape)))
+
+
+def row_max(x: np.ndarray) -> np.ndarray:
+    """``*std::max_element(row)`` per row of x (outer, inner): a running ``if (m < v) m = v`` from
+    the first element, so a leading NaN stays and any later NaN is passed over."""
+    with np.errstate(all="ignore"):
+        return np.where(np.isnan(x[:, :1]), x[:, :1], np.fmax.reduce(x, axis=1, keepdims=True))
+
+
+def softmax(x: np.ndarray, beta) -> np.ndarray:
+    """softmax over the rows of x (outer, inner) when the output does not overlap the input:
+    value = expf((x - max) * beta), sum += value in index order (float32), then value / sum."""
+    x = x.astype(f32)
+    if x.shape[1] == 0:
+        return x
+    with np.errstate(all="ignore"):
+        e = softmax_exp(x, row_max(x), beta)
+        return (e / np.cumsum(e, axis=1, dtype=f32)[:, -1:]).astype(f32)
+
+
+def softmax_exp(x, m, beta) -> np.ndarray:
+    """expf((x - max) * beta) in float32 (expf correctly rounded)."""
+    with np.errstate(all="ignore"):
+        d = ((x.astype(f32) - m) * f32(beta)).astype(f32)
+        return np.exp(d.astype(np.float64)).astype(f32)
 
 
 def _f64(fn):

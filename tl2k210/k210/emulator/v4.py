@@ -29,7 +29,8 @@ class Ctx:
         self.kpu = KpuRam()
         self.const = np.frombuffer(model.constants, np.uint8)
 
-    def _mem(self, rng, where):
+    def span(self, rng, where):
+        """(byte buffer, start, size) of a memory range, checked against its memory."""
         mtype, dtype, start, size = rng
         if mtype == fmt.MEM_CONST:
             buf = self.const
@@ -44,7 +45,11 @@ class Ctx:
         if start + size > buf.size:
             raise EmulatorError(f"{where}: range [{start}, {start + size}) outside its memory "
                                 f"({buf.size} bytes)")
-        return buf[start:start + size].view(fmt.DTYPES[dtype])
+        return buf, start, size
+
+    def _mem(self, rng, where):
+        buf, start, size = self.span(rng, where)
+        return buf[start:start + size].view(fmt.DTYPES[rng[1]])
 
     def read(self, rng, where) -> np.ndarray:
         return self._mem(rng, where).copy()
@@ -100,18 +105,33 @@ def kpu_upload(node, f, ctx, where):
 def dequantize(node, f, ctx, where):
     zp, scale = f["quant_param"]
     q = ctx.read(f["input"], where)
-    # device kernel (riscv neutral_kernels.h): q * (1/scale) + (-zp/scale)
-    out = q.astype(f32) * (f32(1) / f32(scale)) + (f32(-zp) / f32(scale))
+    # device kernel (kernels/riscv/neutral_kernels.h, spec §4.5, §10.y): inv = 1.f / scale,
+    # zero = -zp * inv, out = (float)q * inv + zero, every step in float32
+    inv = f32(1) / f32(scale)
+    with np.errstate(all="ignore"):
+        out = q.astype(f32) * inv + f32(-zp) * inv
     ctx.write(f["output"], out, where)
     return out
+
+
+def _to_u8(v):
+    """std::clamp of the int32 result to 0..255; NaN (fcvt.w.s gives INT32_MAX) -> 255."""
+    return np.where(np.isnan(v), 255, np.clip(np.nan_to_num(v), 0, 255)).astype(np.uint8)
 
 
 @op("quantize")
 def quantize(node, f, ctx, where):
     zp, scale = f["quant_param"]
     x = ctx.read(f["input"], where)
-    q = np.rint(x * f32(scale) + f32(zp))  # device: fcvt.w.s rne (round half to even)
-    out = np.clip(q, 0, 255).astype(np.uint8)
+    with np.errstate(all="ignore"):
+        v = x.astype(f32) * f32(scale) + f32(zp)
+    # device kernel (spec §4.5): pairs by fcvt.w.s rne (half to even), an odd last value by
+    # roundf (half away from zero)
+    q = np.rint(v)
+    if v.size % 2:
+        last = float(v[-1])
+        q[-1] = np.copysign(np.floor(abs(last) + 0.5), last)   # exact in float64
+    out = _to_u8(q)
     ctx.write(f["output"], out, where)
     return out
 
@@ -140,13 +160,43 @@ def memory_copy(node, f, ctx, where):
     return _put(ctx, f, ctx.read(f["input"], where), where)
 
 
+def _overlap(a, b) -> bool:
+    """Two ranges share bytes of the same (writable) memory."""
+    return a[0] == b[0] and a[0] != fmt.MEM_CONST and a[2] < b[2] + b[3] and b[2] < a[2] + a[3]
+
+
 @op("softmax")
 def softmax(node, f, ctx, where):
-    x = ctx.read(f["input"], where).reshape(f["outer_size"], f["inner_size"]).astype(f32)
-    d = ((x - x.max(axis=1, keepdims=True)) * f32(f["beta"])).astype(f32)
-    e = np.exp(d.astype(np.float64)).astype(f32)        # expf, correctly rounded
-    out = e / np.cumsum(e, axis=1, dtype=f32)[:, -1:]   # float sum in index order
-    return _put(ctx, f, out, where)
+    outer, inner, beta = f["outer_size"], f["inner_size"], f["beta"]
+    if not _overlap(f["input"], f["output"]):
+        x = ctx.read(f["input"], where).reshape(outer, inner)
+        return _put(ctx, f, N.softmax(x, beta), where)
+    return _softmax_aliased(ctx, f, outer, inner, beta, where)
+
+
+def _softmax_aliased(ctx, f, outer, inner, beta, where):
+    """The kernel's loop on live memory when the output overlaps the input (spec §10.y): row by
+    row, max of the row as it is now, then value i = expf((src[i] - max) * beta) written to
+    dest[i] before src[i + 1] is read, then dest /= sum. Values are computed `step` at a time:
+    as many as can be read before the first write lands on a value still to be read."""
+    (buf, src, n_in), (_, dst, n_out) = ctx.span(f["input"], where), ctx.span(f["output"], where)
+    if min(n_in, n_out) < 4 * outer * inner:
+        raise EmulatorError(f"{where}: a {outer}x{inner} softmax on ranges smaller than its values")
+    delta = dst - src
+    step = inner if delta <= 0 or delta >= 4 * inner else max(1, delta // 4)
+    view = lambda a, n: buf[a:a + 4 * n].view(f32)  # noqa: E731  (unaligned views are fine)
+    for r in range(outer if inner else 0):
+        s, d = src + 4 * r * inner, dst + 4 * r * inner
+        m = N.row_max(view(s, inner).copy()[None])[0, 0]
+        total = f32(0)
+        for i in range(0, inner, step):
+            n = min(step, inner - i)
+            e = N.softmax_exp(view(s + 4 * i, n).copy(), m, beta)
+            total = np.cumsum(np.concatenate([[total], e]).astype(f32), dtype=f32)[-1]
+            view(d + 4 * i, n)[:] = e
+        with np.errstate(all="ignore"):
+            view(d, inner)[:] = view(d, inner) / total
+    return ctx.read(f["output"], where)
 
 
 @op("binary")
