@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import TESTDATA
+from conftest import KMODELS, TESTDATA
 from test_emulator_golden import ASTRONAUT_FACE, draw_digit
 from tl2k210 import imaging
 from tl2k210.k210 import kmodel, yolo
 from tl2k210.k210.emulator import Emulator
+import v4_reference
 
 CORPUS = TESTDATA / "corpus"
 KM = CORPUS / "kmodels"
@@ -81,6 +82,44 @@ def test_corpus_file_runs(path, emu):
     a, b = e.run(x), e.run(x)
     assert a and all(np.isfinite(np.asarray(o, np.float64)).all() for o in a)
     assert all(np.array_equal(u, v) for u, v in zip(a, b))
+
+
+# ---------------------------------------------------------------------------------------------
+# Every kmodel v4 made by nncase v0.2 (corpus + testdata/kmodels), bit for bit: each node's output
+# from the emulator against tests/v4_reference.py, the C loops of nncase v0.2.0-beta4 written out
+# statement by statement (spec §4.5 and §10.y). Before the §10.y corrections, LFFD-LP and
+# kendryte_mobile_yolo differed in their dequantize nodes (up to 3.8e-6).
+NNCASE_V4 = [
+    "Corgidude_detechface__YOLO_best_mAP", "DAE_for_M5StickV__Model", "DonkeyCar_on_M5StickV__Model_Original",
+    "K210_mnist__test1", "K210_yolo_20classes__YOLO_best_mAP", "LFFD-LP-K210__LPbox_1_branch",
+    "SemanticSegmentation4M5StickV__Model_V0_1",
+    "animal_classification_k210__Classifier_best_val_accuracy_animals",
+    "canmv_examples__face_detect_320x240", "canmv_examples__feature_extraction", "canmv_examples__mb-0.25",
+    "canmv_examples__uint8_mnist_cnn_model", "k210-dronet__model", "kendryte_mobile_yolo__yolo",
+    "iris_v4", "maix_asr_v4", "yolo20_v4",
+]
+
+
+def _v4_path(stem):
+    return KM / f"{stem}.kmodel" if (KM / f"{stem}.kmodel").exists() else KMODELS / f"{stem}.kmodel"
+
+
+def test_the_bit_exact_list_names_every_v4_file():
+    found = {p.stem for p in K210_FILES + list(KMODELS.glob("*.kmodel")) if p.read_bytes()[4:8] == b"\x04\0\0\0"}
+    assert found == set(NNCASE_V4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", NNCASE_V4)
+def test_nncase_v4_file_is_bit_exact(stem, astronaut):
+    e = Emulator.load(_v4_path(stem))
+    shape, dtype = e.input_spec()
+    x = np.random.default_rng(0).integers(0, 256, shape).astype(np.uint8)
+    if len(shape) == 4 and shape[1] == 3:        # an image model also sees a photo
+        x = imaging.to_model_input(astronaut, shape[1:])
+    if dtype == np.float32:
+        x = x.astype(np.float32) / 255
+    assert v4_reference.mismatches(e, x) == []
 
 
 # ---------------------------------------------------------------------------------------------

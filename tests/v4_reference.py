@@ -1,8 +1,10 @@
-"""A second, independent runner of kmodel v4 files for the writer's tests: every CPU opcode written
-out from its definition (spec §4.3-4.5, nncase v0.2 runtime kernels) with plain numpy, its own
-memories (main, constants, KPU RAM in the §2.3 layout) and its own NNIL stack machine. Only the
-KPU conv itself is the emulator's (the bit-exact KPU, tested against the vendor simulator
-elsewhere).
+"""A second, independent runner of kmodel v4 files: every CPU opcode written out from the C loops
+of nncase v0.2.0-beta4 (runtime/neutral/neutral_ops.cpp, kernels/neutral/neutral_kernels.h, the
+device kernels of kernels/riscv/neutral_kernels.h; spec §4.3-4.5 and the corrections of §10.y),
+scalar statement by scalar statement in float32 (no float64 shortcuts: the loops' own order of
+additions), vectorised only across the outputs one statement updates. It has its own memories
+(main, constants, KPU RAM in the §2.3 layout) and its own NNIL stack machine. Only the KPU conv
+itself is the emulator's (the bit-exact KPU, tested against the vendor simulator elsewhere).
 
     outs, per_node = run(model, x)     # per_node[i] = what node i wrote (its output range)
 """
@@ -45,14 +47,20 @@ class Mem:
         self.buf(mtype)[start:start + size] = b
 
 
+def i32(v):
+    return ((np.asarray(v, np.int64) + 2 ** 31) % 2 ** 32) - 2 ** 31
+
+
 def mcs(v, mul, shift):
-    """mul_and_carry_shift: (int64)v * mul, + 2^(shift-1), >> shift (negative shift: <<), to int32."""
-    v = np.asarray(v, np.int64) * int(mul)
-    if shift > 0:
-        v = (v + (1 << (shift - 1))) >> shift
-    elif shift < 0:
-        v = v << -shift
-    return ((v + 2 ** 31) % 2 ** 32) - 2 ** 31
+    """mul_and_carry_shift(int32 v, int32 mul, uint8_t shift): carry_shift<int64>((int64)v * mul):
+    shift = stored value mod 256; if nonzero, + 2^(shift-1), >> shift on a 64-bit shifter (count
+    mod 64, as RV64 sll/sra and x86-64 do); then (int32)."""
+    v = np.asarray(v, np.int64) * np.int64(mul)
+    s = int(shift) % 256
+    if s:
+        with np.errstate(over="ignore"):
+            v = (v + (np.int64(1) << np.int64((s - 1) % 64))) >> np.int64(s % 64)
+    return i32(v)
 
 
 def out_size(n, k, s, d, pad):
@@ -67,111 +75,141 @@ def _window_taps(h, w, f):
 
 
 def conv2d_q(x, f, bias, weights, oc):
+    """quantized_conv2d: value = bias + Σ (in + input_offset)(w + filter_offset) over in-range
+    taps (exact integers, int32 wrap), mul_and_carry_shift, + output_offset, clamp."""
     n, ci, h, w = x.shape
     g = f["groups"]
+    gic, goc = ci // g, oc // g
     fh, fw = f["filter_h"], f["filter_w"]
     oh, ow = _window_taps(h, w, f)
-    wt = weights.astype(np.int64).reshape(oc, ci // g, fh, fw) + f["filter_offset"]
-    xo = x.astype(np.int64) + f["input_offset"]
-    out = np.zeros((n, oc, oh, ow), np.int64)
-    for o in range(oc):
-        gi = o // (oc // g)
-        for oy in range(oh):
-            for ox in range(ow):
-                acc = int(bias[o])
-                for ky in range(fh):
-                    iy = oy * f["stride_h"] - f["padding_h"][0] + ky * f["dilation_h"]
-                    if not 0 <= iy < h:
-                        continue
-                    for kx in range(fw):
-                        ix = ox * f["stride_w"] - f["padding_w"][0] + kx * f["dilation_w"]
-                        if not 0 <= ix < w:
-                            continue
-                        acc += int(np.dot(xo[0, gi * (ci // g):(gi + 1) * (ci // g), iy, ix], wt[o, :, ky, kx]))
-                out[0, o, oy, ox] = acc
-    v = mcs(((out + 2 ** 31) % 2 ** 32) - 2 ** 31, f["output_mul"], f["output_shift"]) + f["output_offset"]
-    return np.clip(v, 0, 255).astype(np.uint8)
+    wt = weights.astype(np.int64).reshape(g, goc, gic, fh, fw) + f["filter_offset"]
+    xo = x.astype(np.int64).reshape(n, g, gic, h, w) + f["input_offset"]
+    out = np.zeros((n, g, goc, oh, ow), np.int64) + bias.astype(np.int64).reshape(1, g, goc, 1, 1)
+    for ky in range(fh):
+        oy, iy = _taps(h, oh, ky, f["stride_h"], f["dilation_h"], f["padding_h"][0])
+        for kx in range(fw):
+            ox, ix = _taps(w, ow, kx, f["stride_w"], f["dilation_w"], f["padding_w"][0])
+            for gg in range(g):
+                tap = xo[:, gg][:, :, iy][:, :, :, ix]                    # (n, gic, oy, ox)
+                out[:, gg][np.ix_(range(n), range(goc), oy, ox)] += np.einsum("nihw,oi->nohw", tap, wt[gg, :, :, ky, kx])
+    v = i32(mcs(i32(out), f["output_mul"], f["output_shift"]) + f["output_offset"])
+    return np.clip(v, 0, 255).astype(np.uint8).reshape(n, oc, oh, ow)
+
+
+def _taps(n_in, n_out, k, s, d, before):
+    """Per tap index: the output positions whose input position is inside [0, n_in), and those
+    input positions (the C loops skip the others)."""
+    o = np.arange(n_out)
+    pos = o * s - before + k * d
+    ok = (pos >= 0) & (pos < n_in)
+    return o[ok], pos[ok]
 
 
 def conv2d_f(x, f, weights, bias, oc):
+    """conv2d: value = bias[oc]; for ic, ky, kx (in range): value += in * w; clamp (float32).
+    One statement per (ic, ky, kx) updates every output of a group at once."""
     n, ci, h, w = x.shape
     g = f["groups"]
+    gic, goc = ci // g, oc // g
     fh, fw = f["filter_h"], f["filter_w"]
     oh, ow = _window_taps(h, w, f)
-    wt = weights.astype(np.float64).reshape(oc, ci // g, fh, fw)
-    xp = np.zeros((n, ci, h + 2 * 64, w + 2 * 64))      # zero outside: taps outside add nothing
-    xp[:, :, 64:64 + h, 64:64 + w] = x
-    out = np.zeros((n, oc, oh, ow))
-    for o in range(oc):
-        gi = o // (oc // g)
-        for ky in range(fh):
-            for kx in range(fw):
-                ys = 64 + np.arange(oh) * f["stride_h"] - f["padding_h"][0] + ky * f["dilation_h"]
-                xs = 64 + np.arange(ow) * f["stride_w"] - f["padding_w"][0] + kx * f["dilation_w"]
-                tap = xp[0, gi * (ci // g):(gi + 1) * (ci // g)][:, ys][:, :, xs]
-                out[0, o] += np.tensordot(wt[o, :, ky, kx], tap, axes=(0, 0))
-        out[0, o] += bias[o]
-    lo, hi = f["fused_activation"]
-    return np.clip(out, lo, hi)
+    wt = weights.astype(f32).reshape(g, goc, gic, fh, fw)
+    x = x.astype(f32).reshape(n, g, gic, h, w)
+    out = np.empty((n, g, goc, oh, ow), f32)
+    out[:] = bias.astype(f32).reshape(1, g, goc, 1, 1)
+    for gg in range(g):
+        acc = out[:, gg]
+        for i in range(gic):
+            for ky in range(fh):
+                oy, iy = _taps(h, oh, ky, f["stride_h"], f["dilation_h"], f["padding_h"][0])
+                for kx in range(fw):
+                    ox, ix = _taps(w, ow, kx, f["stride_w"], f["dilation_w"], f["padding_w"][0])
+                    sel = np.ix_(range(n), range(goc), oy, ox)
+                    tap = x[:, gg, i][np.ix_(range(n), iy, ix)][:, None]
+                    acc[sel] = acc[sel] + tap * wt[gg, :, i, ky, kx][None, :, None, None]
+    return clamp(out.reshape(n, oc, oh, ow), f["fused_activation"])
+
+
+def clamp(v, act):
+    """apply_activation: std::clamp(value, min, max) in float32 (NaN passes through)."""
+    lo, hi = f32(act[0]), f32(act[1])
+    v = np.asarray(v, f32)
+    return np.where(v < lo, lo, np.where(hi < v, hi, v)).astype(f32)
 
 
 def reduce_window(x, f, op):
+    """value = init; value = op(value, in) per in-range tap (ky, kx order); mean: value / count."""
     n, c, h, w = x.shape
     oh, ow = _window_taps(h, w, f)
-    out = np.zeros((n, c, oh, ow))
-    for oy in range(oh):
-        for ox in range(ow):
-            taps = []
-            for ky in range(f["filter_h"]):
-                iy = oy * f["stride_h"] - f["padding_h"][0] + ky * f["dilation_h"]
-                for kx in range(f["filter_w"]):
-                    ix = ox * f["stride_w"] - f["padding_w"][0] + kx * f["dilation_w"]
-                    if 0 <= iy < h and 0 <= ix < w:
-                        taps.append(x[:, :, iy, ix].astype(np.float64))
-            t = np.stack(taps) if taps else np.zeros((0, n, c))
-            init = f["init_value"]
-            if op == 0:
-                out[:, :, oy, ox] = (init + t.sum(0)) / max(len(taps), 1)
-            elif op == 3:
-                out[:, :, oy, ox] = init + t.sum(0)
-            elif op == 2:
-                out[:, :, oy, ox] = np.maximum(init, t.max(0)) if taps else init
+    x = x.astype(f32)
+    val = np.full((n, c, oh, ow), f32(f["init_value"]), f32)
+    cnt = np.zeros((oh, ow), np.int64)
+    fn = {0: np.add, 3: np.add, 1: np.minimum, 2: np.maximum}[op]
+    for ky in range(f["filter_h"]):
+        oy, iy = _taps(h, oh, ky, f["stride_h"], f["dilation_h"], f["padding_h"][0])
+        for kx in range(f["filter_w"]):
+            ox, ix = _taps(w, ow, kx, f["stride_w"], f["dilation_w"], f["padding_w"][0])
+            o_sel, i_sel = np.ix_(range(n), range(c), oy, ox), np.ix_(range(n), range(c), iy, ix)
+            if op in (1, 2):   # std::min / std::max(a, b): a unless b is the smaller / larger one
+                a, b = val[o_sel], x[i_sel]
+                val[o_sel] = np.where((b < a) if op == 1 else (a < b), b, a)
             else:
-                out[:, :, oy, ox] = np.minimum(init, t.min(0)) if taps else init
-    lo, hi = f["fused_activation"]
-    return np.clip(out, lo, hi)
+                val[o_sel] = fn(val[o_sel], x[i_sel])
+            cnt[np.ix_(oy, ox)] += 1
+    if op == 0:
+        with np.errstate(all="ignore"):
+            val = (val / cnt.astype(f32)).astype(f32)
+    return clamp(val, f["fused_activation"])
 
 
 def resize(x, f):
+    """resize_nearest_neighbor / resize_bilinear, float32 statements; T(...) truncates for uint8."""
     n, c, h, w = x.shape
     oh, ow = f["out_h"], f["out_w"]
-    if f["mode"] == 1:            # nearest: min(floor(o * in / out), in - 1), scale in float32
-        ys = np.minimum(np.floor(np.arange(oh, dtype=f32) * (f32(h) / f32(oh))).astype(int), h - 1)
-        xs = np.minimum(np.floor(np.arange(ow, dtype=f32) * (f32(w) / f32(ow))).astype(int), w - 1)
+    ys_f, xs_f = f32(h) / f32(oh), f32(w) / f32(ow)
+    if f["mode"] == 1:            # nearest: min(floor(o * in / out), in - 1)
+        ys = np.minimum(np.floor(np.arange(oh).astype(f32) * ys_f).astype(int), h - 1)
+        xs = np.minimum(np.floor(np.arange(ow).astype(f32) * xs_f).astype(int), w - 1)
         return x[:, :, ys][:, :, :, xs]
-    ac = f["align_corners"]
-    ry = f32(h - 1) / f32(oh - 1) if ac and oh > 1 else f32(h) / f32(oh)
-    rx = f32(w - 1) / f32(ow - 1) if ac and ow > 1 else f32(w) / f32(ow)
-    out = np.zeros((n, c, oh, ow))
+    if f["align_corners"] and oh > 1:
+        ys_f = f32(h - 1) / f32(oh - 1)
+    if f["align_corners"] and ow > 1:
+        xs_f = f32(w - 1) / f32(ow - 1)
+    one = f32(1)
+    out = np.zeros((n, c, oh, ow), f32)
+    xf = x.astype(f32)
     for oy in range(oh):
-        cy = float(f32(oy) * ry)
-        y0 = int(np.floor(cy))
-        y1, dy = min(y0 + 1, h - 1), cy - y0
+        in_y = f32(oy) * ys_f
+        y0 = int(np.floor(in_y))
+        y1, dy = min(y0 + 1, h - 1), f32(in_y - f32(y0))
         for ox in range(ow):
-            cx = float(f32(ox) * rx)
-            x0 = int(np.floor(cx))
-            x1, dx = min(x0 + 1, w - 1), cx - x0
-            out[:, :, oy, ox] = ((1 - dy) * (1 - dx) * x[:, :, y0, x0] + dy * (1 - dx) * x[:, :, y1, x0]
-                                 + (1 - dy) * dx * x[:, :, y0, x1] + dy * dx * x[:, :, y1, x1])
+            in_x = f32(ox) * xs_f
+            x0 = int(np.floor(in_x))
+            x1, dx = min(x0 + 1, w - 1), f32(in_x - f32(x0))
+            a0, a1 = f32((one - dy) * (one - dx)), f32(dy * (one - dx))
+            a2, a3 = f32((one - dy) * dx), f32(dy * dx)
+            v = xf[:, :, y0, x0] * a0 + xf[:, :, y1, x0] * a1
+            v = v + xf[:, :, y0, x1] * a2
+            out[:, :, oy, ox] = v + xf[:, :, y1, x1] * a3
     return np.trunc(out).astype(np.uint8) if x.dtype == np.uint8 else out
 
 
+def _rounded(fn):
+    """A libm float function: the float64 value rounded once to float32 (correctly rounded)."""
+    return lambda v: fn(v.astype(np.float64)).astype(f32)
+
+
+UNARY = {0x20: np.abs, 0x21: np.ceil, 0x22: _rounded(np.cos), 0x23: _rounded(np.exp), 0x24: np.floor,
+         0x25: _rounded(np.log), 0x26: np.negative, 0x27: lambda v: f32(1) / np.sqrt(v),
+         0x28: _rounded(np.sin), 0x29: lambda v: v * v}
+
+
 def nnil(code, x):
-    x = x.astype(np.float64)
+    """The NNIL stack machine over float32 values (runtime/nnil.h)."""
+    x = x.astype(f32)
     st, pc = [], 0
-    un = {0x20: np.abs, 0x21: np.ceil, 0x22: np.cos, 0x23: np.exp, 0x24: np.floor, 0x25: np.log,
-          0x26: np.negative, 0x27: lambda v: 1 / np.sqrt(v), 0x28: np.sin, 0x29: np.square}
-    bi = {0x40: np.add, 0x41: np.subtract, 0x42: np.multiply, 0x43: np.divide, 0x44: np.minimum, 0x45: np.maximum}
+    bi = {0x40: np.add, 0x41: np.subtract, 0x42: np.multiply, 0x43: np.divide,
+          0x44: lambda a, b: np.where(b < a, b, a), 0x45: lambda a, b: np.where(a < b, b, a)}
     with np.errstate(all="ignore"):
         while pc < len(code):
             op = code[pc]
@@ -183,27 +221,140 @@ def nnil(code, x):
             elif op == 0x03:
                 st.append(x)
             elif op in (0x04, 0x05):
-                st.append(np.full(x.shape, float(op - 4)))
+                st.append(np.full(x.shape, op - 4, f32))
             elif op == 0x06:
-                st.append(np.full(x.shape, struct.unpack_from("<f", code, pc)[0]))
+                st.append(np.full(x.shape, struct.unpack_from("<f", code, pc)[0], f32))
                 pc += 4
-            elif op in un:
-                st.append(un[op](st.pop()))
+            elif op in UNARY:
+                st.append(UNARY[op](st.pop()).astype(f32))
             elif op in bi:
                 b, a = st.pop(), st.pop()
-                st.append(bi[op](a, b))
-            elif op == 0x80:
+                st.append(bi[op](a, b).astype(f32))
+            elif op == 0x80:      # std::clamp(v, low, high)
                 hi, lo, v = st.pop(), st.pop(), st.pop()
-                st.append(np.minimum(np.maximum(v, lo), hi))
+                st.append(np.where(v < lo, lo, np.where(hi < v, hi, v)).astype(f32))
             elif op == 0xA0:
                 return st.pop()
     raise AssertionError("NNIL code without ret")
 
 
+def c_div(a, b):
+    """C int32 a / b on the K210 (RV64 divw): truncation; / 0 gives -1; INT32_MIN / -1 stays."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    q = np.trunc(a / np.where(b == 0, 1, b).astype(np.float64)).astype(np.int64)
+    return i32(np.where(b == 0, -1, q))
+
+
 def _int_op(op, a, b):
+    """neutral_ops.cpp quantized_binary lambdas on int32; div: (a + b / 2) / b (spec §10.y)."""
     if op == 3:
-        return np.where(b == 0, 0, np.trunc(a / np.where(b == 0, 1, b))).astype(np.int64)
+        return c_div(i32(a + c_div(b, 2)), b)
     return [np.add, np.subtract, np.multiply, None, np.minimum, np.maximum][op](a, b)
+
+
+def dequantize(q, zp, scale):
+    """riscv_dequantize: scale' = 1.f / scale; zero = -zp * scale'; (float)q * scale' + zero."""
+    inv = f32(1) / f32(scale)
+    zero = f32(f32(-zp) * inv)
+    return (q.astype(f32) * inv + zero).astype(f32)
+
+
+def quantize(x, zp, scale):
+    """riscv_quantize: v = x * scale + zp in float32; pairs by fcvt.w.s rne, an odd last value by
+    roundf (half away from zero); clamp to 0..255 (NaN converts to INT32_MAX)."""
+    with np.errstate(all="ignore"):
+        v = (x.astype(f32) * f32(scale) + f32(zp)).astype(np.float64)
+    r = np.rint(v)
+    if v.size % 2:
+        r[-1] = np.sign(v[-1]) * np.floor(abs(v[-1]) + 0.5)
+    return np.clip(np.where(np.isnan(r), 255, np.nan_to_num(r)), 0, 255).astype(np.uint8)
+
+
+def matmul(a, b, bias, act):
+    """value = bias[ox]; for i: value += a[oy][i] * b[i][ox] (float32); clamp."""
+    out = np.empty((a.shape[0], b.shape[1]), f32)
+    out[:] = bias.astype(f32)
+    for i in range(a.shape[1]):
+        out = out + a[:, i:i + 1].astype(f32) * b[i].astype(f32)
+    return clamp(out, act)
+
+
+def reduce(x, out_shape, op, init):
+    """output = init; for every input value in row-major order: out = reducer(out, value);
+    mean multiplies by (float)out_size / in_size."""
+    out_shape = tuple(out_shape)
+    red = [d for d in range(4) if out_shape[d] == 1 and x.shape[d] != 1]
+    keep = [d for d in range(4) if d not in red]
+    xt = x.astype(f32).transpose(keep + red).reshape(int(np.prod([x.shape[d] for d in keep])), -1)
+    acc = np.full(xt.shape[0], f32(init), f32)
+    for k in range(xt.shape[1]):
+        v = xt[:, k]
+        acc = {0: lambda: acc + v, 3: lambda: acc + v, 1: lambda: np.where(v < acc, v, acc),
+               2: lambda: np.where(acc < v, v, acc)}[op]().astype(f32)
+    if op == 0:
+        acc = acc * (f32(int(np.prod(out_shape))) / f32(x.size))
+    return acc.astype(f32).reshape(out_shape)
+
+
+def conv2d_transpose(x, f, weights, out_shape):
+    """output = 0; for ic, iy, ix: in = *input++; for oc, ky, kx in range: out += in * w (the
+    bias is read, never added: neutral_kernels.h conv2d_transpose, spec §10.y); then the clamp
+    unless fused_activation is value_range::full() (lowest, max)."""
+    n, ci, h, w = x.shape
+    _, oc, oh, ow = out_shape
+    g = f["groups"]
+    gic, goc = ci // g, oc // g
+    fh, fw, sh, sw = f["filter_h"], f["filter_w"], f["stride_h"], f["stride_w"]
+    dh, dw = f["dilation_h"], f["dilation_w"]
+    wt = weights.astype(f32).reshape(g, goc, gic, fh, fw)
+    out = np.zeros((n, g, goc, oh, ow), f32)
+    x = x.astype(f32).reshape(n, g, gic, h, w)
+    for b in range(n):
+        for gg in range(g):
+            for ic in range(gic):
+                for iy in range(h):
+                    y0 = iy * sh - f["padding_h"][0]
+                    ky0, ky1 = max(0, -(y0 // dh)), min(fh, -((y0 - oh) // dh))
+                    for ix in range(w):
+                        x0 = ix * sw - f["padding_w"][0]
+                        kx0, kx1 = max(0, -(x0 // dw)), min(fw, -((x0 - ow) // dw))
+                        if ky0 >= ky1 or kx0 >= kx1:
+                            continue
+                        ys = slice(y0 + dh * ky0, y0 + dh * (ky1 - 1) + 1, dh)
+                        xs = slice(x0 + dw * kx0, x0 + dw * (kx1 - 1) + 1, dw)
+                        out[b, gg, :, ys, xs] += x[b, gg, ic, iy, ix] * wt[gg, :, ic, ky0:ky1, kx0:kx1]
+    out = out.reshape(n, oc, oh, ow)
+    full = (f32(-3.4028234663852886e38), f32(3.4028234663852886e38))
+    act = tuple(f32(v) for v in f["fused_activation"])
+    return out if act == full else clamp(out, act)
+
+
+def softmax(mem, f):
+    """neutral_kernels.h softmax on the live main memory, scalar by scalar: a row's values are
+    read after the writes before them (an output range overlapping the input, spec §10.y)."""
+    buf = mem.buf(f["input"][0])
+    src, dst, inner, beta = f["input"][2], f["output"][2], f["inner_size"], f32(f["beta"])
+    get = lambda a: f32(struct.unpack_from("<f", buf, a)[0])   # noqa: E731
+    put = lambda a, v: struct.pack_into("<f", buf, a, v)        # noqa: E731
+    for r in range(f["outer_size"]):
+        s, d = src + 4 * r * inner, dst + 4 * r * inner
+        if inner == 0:
+            continue
+        m = get(s)
+        for i in range(1, inner):          # *std::max_element: if (m < v) m = v
+            v = get(s + 4 * i)
+            if m < v:
+                m = v
+        total = f32(0)
+        for i in range(inner):
+            with np.errstate(all="ignore"):
+                v = f32(np.exp(np.float64(f32((get(s + 4 * i) - m) * beta))))
+                total = f32(total + v)
+            put(d + 4 * i, v)
+        for i in range(inner):
+            with np.errstate(all="ignore"):
+                put(d + 4 * i, f32(get(d + 4 * i) / total))
+    return mem.get(f["output"])
 
 
 def run_node(node, mem, prepared):
@@ -236,53 +387,37 @@ def run_node(node, mem, prepared):
         a, b = mem.get(f["input_a"]), mem.get(f["input_b"])
     else:
         x = mem.get(f["input"])
+    if name == "softmax":
+        return f["output"], softmax(mem, f)
     if name == "quantize":
-        zp, scale = f["quant_param"]
-        y = np.clip(np.rint(x.astype(f32) * f32(scale) + f32(zp)), 0, 255)
+        y = quantize(x, *f["quant_param"])
     elif name == "dequantize":
-        zp, scale = f["quant_param"]
-        y = (x.astype(np.float64) - zp) / scale
+        y = dequantize(x, *f["quant_param"])
     elif name == "quantized_conv2d":
         y = conv2d_q(x.reshape(f["in_shape"]), f, d["bias"], d["weights"], f["out_channels"])
     elif name == "conv2d":
         y = conv2d_f(x.reshape(f["in_shape"]), f, d["weights"], d["bias"], f["out_channels"])
     elif name == "conv2d_transpose":
-        n, ci, h, w = f["in_shape"]
-        _, oc, oh, ow = f["out_shape"]
-        g = f["groups"]
-        wt = d["weights"].astype(np.float64).reshape(oc, ci // g, f["filter_h"], f["filter_w"])
-        y = np.zeros((oc, oh, ow))
-        xi = x.reshape(ci, h, w).astype(np.float64)
-        for o in range(oc):
-            gi = o // (oc // g)
-            for i in range(ci // g):
-                for ky in range(f["filter_h"]):
-                    for kx in range(f["filter_w"]):
-                        for iy in range(h):
-                            oy = iy * f["stride_h"] - f["padding_h"][0] + ky * f["dilation_h"]
-                            if not 0 <= oy < oh:
-                                continue
-                            for ix in range(w):
-                                ox = ix * f["stride_w"] - f["padding_w"][0] + kx * f["dilation_w"]
-                                if 0 <= ox < ow:
-                                    y[o, oy, ox] += xi[gi * (ci // g) + i, iy, ix] * wt[o, i, ky, kx]
+        y = conv2d_transpose(x.reshape(f["in_shape"]), f, d["weights"], f["out_shape"])
     elif name == "quantized_binary":
-        av = mcs(a.astype(np.int64).reshape(f["in_a_shape"]) + f["input_a_offset"], f["input_a_mul"], f["input_a_shift"])
-        bv = mcs(b.astype(np.int64).reshape(f["in_b_shape"]) + f["input_b_offset"], f["input_b_mul"], f["input_b_shift"])
-        v = _int_op(f["binary_op"], np.broadcast_to(av, f["out_shape"]), np.broadcast_to(bv, f["out_shape"]))
-        y = np.clip(mcs(((v + 2 ** 31) % 2 ** 32) - 2 ** 31, f["output_mul"], f["output_shift"]) + f["output_offset"], 0, 255)
+        av = mcs(i32(a.astype(np.int64).reshape(f["in_a_shape"]) + f["input_a_offset"]), f["input_a_mul"], f["input_a_shift"])
+        bv = mcs(i32(b.astype(np.int64).reshape(f["in_b_shape"]) + f["input_b_offset"]), f["input_b_mul"], f["input_b_shift"])
+        v = i32(_int_op(f["binary_op"], np.broadcast_to(av, f["out_shape"]), np.broadcast_to(bv, f["out_shape"])))
+        y = np.clip(i32(mcs(v, f["output_mul"], f["output_shift"]) + f["output_offset"]), 0, 255)
     elif name == "binary":
-        av, bv = a.astype(np.float64).reshape(f["in_a_shape"]), b.astype(np.float64).reshape(f["in_b_shape"])
+        av, bv = a.astype(f32).reshape(f["in_a_shape"]), b.astype(f32).reshape(f["in_b_shape"])
+        ops = [np.add, np.subtract, np.multiply, np.divide, lambda p, q: np.where(q < p, q, p),
+               lambda p, q: np.where(p < q, q, p)]
         with np.errstate(all="ignore"):
-            v = [np.add, np.subtract, np.multiply, np.divide, np.minimum, np.maximum][f["binary_op"]](av, bv)
-        y = np.clip(np.broadcast_to(v, f["out_shape"]), *f["fused_activation"])
+            v = ops[f["binary_op"]](*np.broadcast_arrays(av, bv)).astype(f32)
+        y = clamp(np.broadcast_to(v, f["out_shape"]), f["fused_activation"])
     elif name == "matmul":
-        v = a.astype(np.float64).reshape(f["a_rows"], f["a_cols"]) @ b.astype(np.float64).reshape(f["a_cols"], f["b_cols"])
-        y = np.clip(v + d["bias"], *f["fused_activation"])
+        y = matmul(a.reshape(f["a_rows"], f["a_cols"]), b.reshape(f["a_cols"], f["b_cols"]), d["bias"],
+                   f["fused_activation"])
     elif name == "quantized_matmul":
         v = (a.astype(np.int64).reshape(f["a_rows"], f["a_cols"]) + f["input_a_offset"]) @ \
             (b.astype(np.int64).reshape(f["a_cols"], f["b_cols"]) + f["input_b_offset"]) + d["bias"].astype(np.int64)
-        y = np.clip(mcs(v, f["output_mul"], f["output_shift"]) + f["output_offset"], 0, 255)
+        y = np.clip(i32(mcs(i32(v), f["output_mul"], f["output_shift"]) + f["output_offset"]), 0, 255)
     elif name == "pad":
         p = np.asarray(f["paddings"]).reshape(4, 2)
         xs = x.reshape(f["in_shape"])
@@ -303,31 +438,16 @@ def run_node(node, mem, prepared):
     elif name == "resize_image":
         y = resize(x.reshape(f["in_shape"]), f)
     elif name == "reduce":
-        xs = x.reshape(f["in_shape"]).astype(np.float64)
-        axes = tuple(i for i in range(4) if f["out_shape"][i] == 1 and f["in_shape"][i] != 1)
-        op = f["reduce_op"]
-        if op in (0, 3):
-            y = f["init_value"] + xs.sum(axis=axes, keepdims=True)
-            if op == 0:
-                y = y / (xs.size / np.prod(f["out_shape"]))
-        elif op == 2:
-            y = np.maximum(f["init_value"], xs.max(axis=axes, keepdims=True))
-        else:
-            y = np.minimum(f["init_value"], xs.min(axis=axes, keepdims=True))
+        y = reduce(x.reshape(f["in_shape"]), f["out_shape"], f["reduce_op"], f["init_value"])
     elif name == "reduce_window2d":
         y = reduce_window(x.reshape(f["in_shape"]), f, f["reduce_op"])
     elif name == "unary":
-        un = [np.abs, np.ceil, np.cos, np.exp, np.floor, np.log, np.negative, lambda v: 1 / np.sqrt(v), np.sin, np.square]
         with np.errstate(all="ignore"):
-            y = un[f["unary_op"]](x.astype(np.float64))
+            y = UNARY[0x20 + f["unary_op"]](x.astype(f32)).astype(f32)
     elif name == "nnil_unary_method":
         y = nnil(d["code"], x)
     elif name == "table_lookup1d":
         y = mem.get(f["table"])[x]
-    elif name == "softmax":
-        xs = x.reshape(f["outer_size"], f["inner_size"]).astype(np.float64) * f["beta"]
-        e = np.exp(xs - xs.max(axis=1, keepdims=True))
-        y = e / e.sum(axis=1, keepdims=True)
     else:
         raise AssertionError(f"no reference for {name}")
     mem.put(f["output"], y)
@@ -345,3 +465,35 @@ def run(model, x, prepared):
         mem.put(rng, x)
     per_node = [run_node(nd, mem, prepared) for nd in model.nodes]
     return [mem.get(r) for r in model.outputs], per_node
+
+
+def mismatches(emu, x):
+    """Run the emulator (`emu`, an Emulator of a v4 model) and this runner on x; returns
+    [(node index, node name, max |diff|)] for every node whose written output differs in any bit
+    (NaNs equal when in the same places), with the model outputs as node -1."""
+    model = emu.model
+    outs, trace = emu.run(x, trace=True)
+    r_outs, per_node = run(model, x, emu.prepared)
+    bad = []
+
+    def differ(got, want, dt):
+        got = np.ascontiguousarray(got).reshape(-1)
+        if dt == v4.DT_FLOAT32 and got.dtype == np.uint8:      # the emulator's concat returns bytes
+            got = got.view(f32)
+        want = np.asarray(want).reshape(-1).astype(got.dtype)
+        if got.shape == want.shape and np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+            return None
+        if got.shape != want.shape:
+            return float("inf")
+        return float(np.nanmax(np.abs(got.astype(np.float64) - want.astype(np.float64)), initial=0.0))
+
+    for i, (nd, (_, got)) in enumerate(zip(model.nodes, trace)):
+        if per_node[i] is not None:
+            d = differ(got, per_node[i][1], per_node[i][0][1])
+            if d is not None:
+                bad.append((i, nd.name, d))
+    for rng, o, r in zip(model.outputs, outs, r_outs):
+        d = differ(o, r, rng[1])
+        if d is not None:
+            bad.append((-1, "output", d))
+    return bad

@@ -48,6 +48,9 @@ def clamp_u8(v) -> np.ndarray:
     return np.clip(v, 0, 255).astype(np.uint8)
 
 
+FULL_RANGE = (f32(-3.4028234663852886e38), f32(3.4028234663852886e38))   # value_range<float>::full()
+
+
 def activation(x: np.ndarray, vr) -> np.ndarray:
     """``apply_activation``: std::clamp(value, min, max) in float32."""
     lo, hi = f32(vr[0]), f32(vr[1])
@@ -463,7 +466,7 @@ def conv2d_transpose(x, weights, f, out_shape, vr) -> np.ndarray:
                 sel = (slice(None), slice(None), slice(None), oy[vy][:, None], ox[vx][None, :])
                 out[sel] = out[sel] + tap * wk
     y = out.reshape(n, oc, oh, ow)
-    if tuple(np.asarray(vr, f32)) != (f32(-np.inf), f32(np.inf)):
+    if tuple(np.asarray(vr, f32)) != FULL_RANGE:   # the kernel skips the clamp for full() only
         y = activation(y, vr)
     return y
 
