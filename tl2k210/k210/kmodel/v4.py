@@ -215,6 +215,35 @@ class KModelV4:
 
 
 # ---------------------------------------------------------------------------------------------
+INPUT_FIELDS = ("input", "input_a", "input_b", "table")
+OUTPUT_FIELDS = ("output", "main_mem_output")
+
+
+def node_ranges(node: Node) -> tuple[list, list]:
+    """(inputs, outputs) of a node: [(name, memory_range)], concat's inputs named inputs[i]."""
+    f = node.fields
+    ins = [(k, f[k]) for k in INPUT_FIELDS if k in f]
+    ins += [(f"inputs[{i}]", r) for i, r in enumerate(node.data.get("inputs", ()))]
+    return ins, [(k, f[k]) for k in OUTPUT_FIELDS if k in f]
+
+
+def overlapping_io(model: KModelV4) -> list[str]:
+    """One line per node whose output range shares bytes of main memory with one of its input
+    ranges (in place included). nncase's kernels then read inputs they already overwrote (a
+    softmax reads its own results, spec §10.y): a writer must never produce this; files from
+    elsewhere may have it. A cheap check on any parsed v4 model."""
+    lines = []
+    for i, node in enumerate(model.nodes):
+        ins, outs = node_ranges(node)
+        for on, o in outs:
+            for iname, r in ins:
+                if o[0] == r[0] == MEM_MAIN and o[3] and r[3] and o[2] < r[2] + r[3] and r[2] < o[2] + o[3]:
+                    lines.append(f"node {i} ({node.name}): {on} [{o[2]}, {o[2] + o[3]}) overlaps "
+                                 f"{iname} [{r[2]}, {r[2] + r[3]}) in main memory")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
 def _check_headers(data: bytes, h: dict):
     """Every count and size of the header against the file length, on numpy views, before any
     per-entry object is built."""

@@ -161,18 +161,23 @@ def _float_fc(lw, node, W=None, B=None):
     row = lw.row(node, "float FULLY_CONNECTED", in_shape=lw.shape(x), out_shape=(co,),
                  macs=W.size, weight_bytes=4 * (W.size + co))
     src = lw.need_f32(x, row)
+    # v3's LOGISTIC may run in place; a v4 op never writes over its input (spec §10.y)
+    pre = lw.alloc(out, "pre", 4 * co) if code is None and lw.format == "v4" else None
     loc = lw.f32_out(out, lw.shape(out) if len(lw.shape(out)) else (co,))
-    lw.emit("FULLY_CONNECTED", dict(flags=0, main_mem_in_address=src, main_mem_out_address=loc.f32,
-                                    in_channels=W.shape[1], out_channels=co, act=code or 0),
+    lw.emit("FULLY_CONNECTED", dict(flags=0, main_mem_in_address=src, main_mem_out_address=loc.f32 if pre is None
+                                    else pre, in_channels=W.shape[1], out_channels=co, act=code or 0),
             row, data={"weights": W, "bias": B})
     lw.traced(out, "f32")
     if code is None:   # Sigmoid (float_fc_refuses let nothing else through)
-        logistic(lw, out, out, row, in_place=True)
+        lw.emit("LOGISTIC", dict(flags=0, main_mem_in_address=loc.f32 if pre is None else pre,
+                                 main_mem_out_address=loc.f32, channels=co), row)
+        lw.traced(out, "f32")
+        lw.main.free(f"{out}:pre")
 
 
-def logistic(lw, src, dst, row, in_place=False):
+def logistic(lw, src, dst, row):
     n = int(np.prod(lw.locs[src].shape))
     a = lw.locs[src].f32
-    out = a if in_place else lw.f32_out(dst, lw.locs[src].shape).f32
+    out = lw.f32_out(dst, lw.locs[src].shape).f32
     lw.emit("LOGISTIC", dict(flags=0, main_mem_in_address=a, main_mem_out_address=out, channels=n), row)
     lw.traced(dst, "f32")

@@ -235,18 +235,20 @@ def float_conv(lw, node):
     clamp = _float_clamp(act)
     hw_ = _out_hw(lw, node, st, pool)
     name = out if not pool else st["act"]
+    n = co * hw_[0] * hw_[1]
+    pre = lw.alloc(name, "pre", 4 * n) if clamp is None else None   # the activation reads it
     loc = lw.f32_out(name, (co,) + hw_)
-    n = int(np.prod(loc.shape))
     f = _conv_fields(node, (1, ci, h, w), co)
-    f.update(input=main(F32, src, ci * h * w), output=main(F32, loc.f32, n),
+    f.update(input=main(F32, src, ci * h * w), output=main(F32, loc.f32 if pre is None else pre, n),
              fused_activation=clamp if clamp is not None else NO_CLAMP)
     lw.emit_v4("conv2d", f, row, data={"weights": W.reshape(-1), "bias": B})
     row.macs = n * int(np.prod(W.shape[1:]))
     row.weight_bytes = 4 * (W.size + co)
     if clamp is None:
         code = _act_nnil(lw.g, act)
-        lw.emit_v4("nnil_unary_method", dict(input=main(F32, loc.f32, n), output=main(F32, loc.f32, n)), row,
+        lw.emit_v4("nnil_unary_method", dict(input=main(F32, pre, n), output=main(F32, loc.f32, n)), row,
                    data={"code": nnil_code(*(code if "lda_0" in code else ["lda_0"] + code), "ret")})
+        lw.main.free(f"{name}:pre")
         row.notes.append(f"{act['op']} as an NNIL method")
     lw.traced(name, "f32")
     if pool:
@@ -285,20 +287,25 @@ def conv_transpose(lw, node):
         pads = [lo[0], lo[1], tot[0] - lo[0], tot[1] - lo[1]]
     row = lw.row(node, "transposed conv: float conv2d_transpose", in_shape=(ci, h, w), out_shape=(oc, oh, ow))
     src = lw.need_f32(x, row)
-    loc = lw.f32_out(out)
     n = oc * oh * ow
+    biased = bool(np.any(B))
+    pre = lw.alloc(out, "pre", 4 * n) if biased else None      # the bias add reads it
+    loc = lw.f32_out(out)
     gic = ci // groups
     wt = W.reshape(groups, gic, cog, kh, kw).transpose(0, 2, 1, 3, 4).reshape(-1)   # [g][o][i][kh][kw]
+    # the body's bias is zero: v0.2.0-beta4 reads it but never adds it (spec §10.y), and a runtime
+    # that did add it would then add it twice
     lw.emit_v4("conv2d_transpose", dict(
-        input=main(F32, src, ci * h * w), output=main(F32, loc.f32, n), in_shape=(1, ci, h, w),
-        out_shape=(1, oc, oh, ow), groups=groups, padding_h=(pads[0], pads[2]), padding_w=(pads[1], pads[3]),
-        filter_h=kh, filter_w=kw, stride_h=sh, stride_w=sw, dilation_h=dh, dilation_w=dw,
-        fused_activation=NO_CLAMP), row, data={"weights": wt, "bias": B})
-    if np.any(B):
+        input=main(F32, src, ci * h * w), output=main(F32, loc.f32 if pre is None else pre, n),
+        in_shape=(1, ci, h, w), out_shape=(1, oc, oh, ow), groups=groups, padding_h=(pads[0], pads[2]),
+        padding_w=(pads[1], pads[3]), filter_h=kh, filter_w=kw, stride_h=sh, stride_w=sw, dilation_h=dh,
+        dilation_w=dw, fused_activation=NO_CLAMP), row, data={"weights": wt, "bias": np.zeros(co, np.float32)})
+    if biased:
         shp = (1, oc, oh, ow)
-        lw.emit_v4("binary", dict(input_a=main(F32, loc.f32, n), input_b=Const(B), output=main(F32, loc.f32, n),
+        lw.emit_v4("binary", dict(input_a=main(F32, pre, n), input_b=Const(B), output=main(F32, loc.f32, n),
                                   binary_op=0, in_a_shape=shp, in_b_shape=(1, oc, 1, 1), out_shape=shp,
                                   fused_activation=NO_CLAMP), row)
+        lw.main.free(f"{out}:pre")
         row.notes.append("bias as a broadcast add (the v0.2 conv2d_transpose kernel does not add it)")
     row.macs = ci * h * w * cog * kh * kw
     row.weight_bytes = 4 * (W.size + co)

@@ -24,7 +24,7 @@ from tl2k210.errors import UnsupportedOpError
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import kpu as kpu_fmt, v3
 from tl2k210.k210.kmodel.v4 import (DT_FLOAT32, DT_UINT8, MEM_CONST, MEM_KPU, MEM_MAIN, OPCODE_BY_NAME,
-                                    KModelV4, Node)
+                                    KModelV4, Node, overlapping_io)
 
 F32, U8 = DT_FLOAT32, DT_UINT8
 BYTES = {F32: 4, U8: 1}
@@ -141,21 +141,25 @@ def dequantize_pixels(lw, t, row):
         zp, add = 0, o
     else:
         zp, add = int(round(zp)), 0.0
-    lw.emit_v4("dequantize", dict(input=main(U8, loc.pixels, n), output=main(F32, loc.f32, n),
-                                  quant_param=(zp, 1.0 / s)), row)
     shp = shape4(loc.shape)
-    bshape = (1, c, 1, 1)
+    steps = [("dequantize", dict(quant_param=(zp, 1.0 / s)))]
     if not uniform:
-        lw.emit_v4("binary", dict(input_a=main(F32, loc.f32, n), input_b=Const(sc.astype(np.float32)),
-                                  output=main(F32, loc.f32, n), binary_op=2, in_a_shape=shp,
-                                  in_b_shape=bshape, out_shape=shp, fused_activation=NO_CLAMP), row)
-        lw.emit_v4("binary", dict(input_a=main(F32, loc.f32, n), input_b=Const(of.astype(np.float32)),
-                                  output=main(F32, loc.f32, n), binary_op=0, in_a_shape=shp,
-                                  in_b_shape=bshape, out_shape=shp, fused_activation=NO_CLAMP), row)
+        steps += [("binary", dict(input_b=Const(sc.astype(np.float32)), binary_op=2, in_b_shape=(1, c, 1, 1))),
+                  ("binary", dict(input_b=Const(of.astype(np.float32)), binary_op=0, in_b_shape=(1, c, 1, 1)))]
     elif add:
-        lw.emit_v4("binary", dict(input_a=main(F32, loc.f32, n), input_b=Const(np.float32([add])),
-                                  output=main(F32, loc.f32, n), binary_op=0, in_a_shape=shp,
-                                  in_b_shape=(1, 1, 1, 1), out_shape=shp, fused_activation=NO_CLAMP), row)
+        steps += [("binary", dict(input_b=Const(np.float32([add])), binary_op=0, in_b_shape=(1, 1, 1, 1)))]
+    # each step to its own buffer (no op writes over its input, spec §10.y): the last to loc.f32
+    bufs = [lw.alloc(t, f"step{i}", 4 * n) for i in range(len(steps) - 1)] + [loc.f32]
+    src = main(U8, loc.pixels, n)
+    for (name, f), dst in zip(steps, bufs):
+        if name == "binary":
+            f = dict(f, input_a=src, in_a_shape=shp, out_shape=shp, fused_activation=NO_CLAMP)
+        else:
+            f = dict(f, input=src)
+        lw.emit_v4(name, dict(f, output=main(F32, dst, n)), row)
+        src = main(F32, dst, n)
+    for i in range(len(steps) - 1):
+        lw.main.free(f"{t}:step{i}")
     lw.traced(t, "f32")
     row.notes.append("image pixels dequantized to the float input")
     return loc.f32
@@ -493,5 +497,9 @@ def assemble(lw, outs):
     rng, shape = _input(lw, nodes)
     outputs = [main(F32, addr, size // 4) for addr, size in outs]
     model = KModelV4(nodes, [rng], [shape], outputs, base + scratch.high, bytes(consts.blob), target=1)
+    clash = overlapping_io(model)
+    if clash:   # nncase's kernels would read what they already wrote (spec §10.y)
+        raise AssertionError("internal error: the main-memory plan gives an op an output range over "
+                             "one of its inputs: " + "; ".join(clash))
     lw.v4_scratch = scratch.high
     return model

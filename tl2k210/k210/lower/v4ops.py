@@ -394,11 +394,14 @@ def window_pool(lw, x, out, kind, kernel, strides, pads, row, dtype=None, dilati
     shape = (1, c, h, w)
     if dt == F32:
         src = lw.need_f32(x, row)
+        pre = lw.main.alloc(out + ":sum", 4 * n_out) if count_pads else None
         dst = lw.f32_out(out).f32
-        lw.emit_v4("reduce_window2d", dict(input=main(F32, src, n_in), output=main(F32, dst, n_out), reduce_op=op,
-                                           in_shape=shape, init_value=init, fused_activation=NO_CLAMP, **win), row)
+        lw.emit_v4("reduce_window2d", dict(input=main(F32, src, n_in), output=main(F32, pre if count_pads else dst, n_out),
+                                           reduce_op=op, in_shape=shape, init_value=init, fused_activation=NO_CLAMP,
+                                           **win), row)
         if count_pads:
-            _scale(lw, dst, n_out, 1.0 / (kh * kw), row)
+            _scale(lw, pre, dst, n_out, 1.0 / (kh * kw), row)
+            lw.main.free(out + ":sum")
         _mark(lw, out, F32)
         return
     src = lw.need_u8(x, row)
@@ -415,16 +418,18 @@ def window_pool(lw, x, out, kind, kernel, strides, pads, row, dtype=None, dilati
     lw.emit_v4("reduce_window2d", dict(input=main(F32, a, n_in), output=main(F32, bb, n_out), reduce_op=op,
                                        in_shape=shape, init_value=init, fused_activation=NO_CLAMP, **win), row)
     if count_pads:
-        _scale(lw, bb, n_out, 1.0 / (kh * kw), row)
+        scaled = lw.main.alloc(out + ":scaled", 4 * n_out)
+        _scale(lw, bb, scaled, n_out, 1.0 / (kh * kw), row)
+        bb = scaled
     lw.emit_v4("quantize", dict(input=main(F32, bb, n_out), output=main(U8, dst, n_out), quant_param=qout), row)
-    lw.main.free(out + ":dq")
-    lw.main.free(out + ":pool")
+    for k in (":dq", ":pool", ":scaled"):
+        lw.main.free(out + k)
     _mark(lw, out, U8)
 
 
-def _scale(lw, addr, n, k, row):
+def _scale(lw, src, dst, n, k, row):
     one = (1, 1, 1, 1)
-    lw.emit_v4("binary", dict(input_a=main(F32, addr, n), input_b=Const(np.float32([k])), output=main(F32, addr, n),
+    lw.emit_v4("binary", dict(input_a=main(F32, src, n), input_b=Const(np.float32([k])), output=main(F32, dst, n),
                               binary_op=2, in_a_shape=(1, 1, 1, n), in_b_shape=one, out_shape=(1, 1, 1, n),
                               fused_activation=NO_CLAMP), row)
 
