@@ -6,6 +6,7 @@ from onnx import helper
 from front_helpers import make_model, ort_run  # noqa: F401  (re-exported for the tests)
 from tl2k210.graph import from_onnx
 from tl2k210.k210.emulator import Emulator
+from tl2k210.k210.kmodel import v4
 from tl2k210.k210.lower import Options, lower
 from tl2k210.k210.flow import run_pipeline
 from tl2k210.quantize import calibrate
@@ -38,6 +39,7 @@ def compile_model(model, px, calib=None, **opts):
     batches = [(p[None] / 255.0).astype(np.float32) for p in (px if calib is None else calib)]
     rng = calibrate.ranges(calibrate.collect(g, batches, histograms=False), "minmax")
     kmodel, rows, _, lw = lower(g, rng, Options(**opts))
+    assert kmodel.version == 3 or v4.overlapping_io(kmodel) == []     # spec §10.y
     return kmodel, rows, lw, g
 
 

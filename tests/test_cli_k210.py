@@ -43,6 +43,29 @@ def test_inspect_lists_all_asr_ops(capsys):
     assert info["trailing_bytes"] == 997632
 
 
+def test_inspect_warns_when_an_op_writes_over_its_input(tmp_path, capsys):
+    """A softmax whose output range starts inside its input (nncase's kernel then reads rows it
+    already overwrote, spec §10.y): inspect names the node and both ranges; nncase's own v4
+    files and ours have none."""
+    from tl2k210.k210 import kmodel
+    from tl2k210.k210.kmodel import v4
+    f = dict(input=(1, 0, 0, 16), output=(1, 0, 8, 16), inner_size=2, outer_size=2, beta=1.0)
+    m = v4.KModelV4([v4.Node(v4.OPCODE_BY_NAME["softmax"].code, f, {})], [(1, 0, 0, 16)], [(1, 1, 2, 2)],
+                    [(1, 0, 8, 16)], 24)
+    path = tmp_path / "overlap.kmodel"
+    kmodel.save(m, path)
+    assert main(["inspect", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert ("warning: node 0 (softmax): output [8, 24) overlaps input [0, 16) in main memory: nncase's kernel "
+            "reads input it has already overwritten") in text
+    assert main(["inspect", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["overlapping_io"] == [
+        "node 0 (softmax): output [8, 24) overlaps input [0, 16) in main memory"]
+    for name in ("yolo20_v4.kmodel", "maix_asr_v4.kmodel", "iris_v4.kmodel"):
+        assert main(["inspect", str(data_path("kmodels", name))]) == 0
+        assert "overlaps" not in capsys.readouterr().out
+
+
 def test_inspect_does_not_import_tensorflow():
     f = data_path("kmodels", "yolo20_v4.kmodel")
     code = ("import sys; from tl2k210.cli import main; main(['inspect', %r]); "

@@ -48,7 +48,17 @@ def folders(tmp_path_factory):
 def _convert(src, out, calib, extra, capsys):
     from tl2k210.cli import main
     rc = main(["convert", str(src), str(out), "--dataset", str(calib), "-q", "--report", str(out) + ".receipt.json"] + extra)
+    if rc == 0:
+        _no_op_writes_over_its_input(out)
     return rc, capsys.readouterr().err
+
+
+def _no_op_writes_over_its_input(path):
+    """Every kmodel we write: no v4 op's output range overlaps one of its inputs (spec §10.y)."""
+    from tl2k210.k210 import kmodel
+    from tl2k210.k210.kmodel import v4
+    m = kmodel.load(path)
+    assert m.version == 3 or v4.overlapping_io(m) == []
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

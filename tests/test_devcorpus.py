@@ -40,10 +40,14 @@ def _convert_and_compare(model, tmp_path, calib, **opts):
     from tl2k210.compare import compare_graph
     from tl2k210.frontends import load_model
     from tl2k210.graph import from_onnx
+    from tl2k210.k210 import kmodel
     from tl2k210.k210.flow import run_pipeline
+    from tl2k210.k210.kmodel import v4
     onnx_model = load_model(model)
     out = tmp_path / "m.kmodel"
     receipt = convert(onnx_model, out, ConvertOptions(dataset=str(calib), progress=False, **opts))
+    km = kmodel.load(out)
+    assert km.version == 3 or v4.overlapping_io(km) == []     # spec §10.y
     g, _ = run_pipeline(from_onnx(onnx_model))
     pre = {k: v for k, v in opts.items() if k == "input_range"}
     rep = compare_graph(g, out, str(data_path("imagenet")), limit=12, opts=ConvertOptions(**pre))

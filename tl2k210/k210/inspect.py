@@ -122,7 +122,8 @@ def describe(model, path: str = "", file_size: int | None = None) -> dict:
                            for r, s in zip(model.inputs, model.input_shapes)],
                 "outputs": [{"memory": r[0], "start": r[2], "size": r[3]} for r in model.outputs],
                 "trailing_bytes": len(model.trailer),
-                "omitted_trailing_padding": model.omitted_tail}
+                "omitted_trailing_padding": model.omitted_tail,
+                "overlapping_io": f4.overlapping_io(model)}
     info["notes"] = list(getattr(model, "notes", [])) + _register_notes(model)
     kpu_rows = [r for r in rows if r["kpu_ranges"]]
     lines_used = set()
@@ -184,6 +185,9 @@ def render(info: dict) -> str:
     sdk_missing = [r["type"] for r in info["layers"] if r.get("runs_in_sdk") is False]
     if sdk_missing:
         out.append(f"warning: layer types the SDK v3 runner lacks: {', '.join(sorted(set(sdk_missing)))}")
+    for line in info.get("overlapping_io", []):
+        out.append(f"warning: {line}: nncase's kernel reads input it has already overwritten "
+                   "(spec §10.y); the emulator computes what that loop does")
     if info.get("notes"):
         out.append("notes (deviations from nncase's writer habits; the loaders accept them):")
         out.extend(f"  - {n}" for n in info["notes"])
