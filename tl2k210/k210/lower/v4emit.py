@@ -134,8 +134,9 @@ def dequantize_pixels(lw, t, row):
     loc.f32 = lw.alloc(t, "f32", 4 * n)
     uniform = np.allclose(sc, sc[0], rtol=1e-7, atol=0) and np.allclose(of, of[0], rtol=1e-7, atol=1e-12)
     s, o = (float(sc[0]), float(of[0])) if uniform else (1.0, 0.0)
-    # dequantize computes q * (1/scale) + (-zp/scale): scale = 1/s, and the offset through zp
-    # only when it is an integer number of steps (else an add follows)
+    # dequantize computes q * inv + (-zp * inv) with inv = 1.f / scale (spec §4.5, §10.y):
+    # scale = 1/s, and the offset through zp only when it is an integer number of steps (else an
+    # add follows)
     zp = -o / s
     if abs(zp - round(zp)) > 1e-6:
         zp, add = 0, o
