@@ -362,7 +362,8 @@ def test_quantized_conv2d_by_hand():
 
 
 def test_conv2d_transpose_by_hand_and_c_order():
-    # 1x1x2x2 input [1,2,3,4], 2x2 kernel [1,10,100,1000], stride 2 -> 4x4 tiles; bias ignored
+    # 1x1x2x2 input [1,2,3,4], 2x2 kernel [1,10,100,1000], stride 2 -> 4x4 tiles; the bias (5) is
+    # read but never added: neutral_kernels.h sets `value = bias[...]` and never uses it (spec §10.y)
     x = np.array([1, 2, 3, 4], f32)
     f = dict(in_shape=(1, 1, 2, 2), out_shape=(1, 1, 4, 4), groups=1, fused_activation=FULL,
              **win(2, 2, 2, 2))
