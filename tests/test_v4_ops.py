@@ -12,6 +12,7 @@ from tl2k210.k210 import kmodel
 from tl2k210.k210.emulator import Emulator
 from tl2k210.k210.emulator import neutral as N
 from tl2k210.k210.kmodel import v4
+import v4_reference
 
 f32 = np.float32
 F, U8 = v4.DT_FLOAT32, v4.DT_UINT8
@@ -261,6 +262,14 @@ def test_softmax_whose_output_overlaps_its_input_is_the_c_loop():
     assert np.array_equal(_softmax_at(x, 4, 0, 2, 3)[:6], plain)
     # in place (same range): the same as the plain softmax, bit for bit
     assert np.array_equal(_softmax_at(x, 0, 0, 2, 3)[:6], plain)
+    # any shift, byte-misaligned ones too (one float straddling two): the same as the scalar C
+    # loop of the independent runner (tests/v4_reference.py), node by node
+    x = np.random.default_rng(5).normal(scale=4, size=12).astype(f32)
+    for src, dst in ((0, 2), (0, 6), (0, 9), (3, 0), (8, 20), (0, 40)):
+        f = dict(input=rng_(F, src, 12), output=rng_(F, dst, 12), inner_size=4, outer_size=3, beta=0.5)
+        m = v4.KModelV4([v4.Node(v4.OPCODE_BY_NAME["softmax"].code, f, {})], [rng_(F, src, 12)],
+                        [(1, 1, 1, 12)], [rng_(U8, 0, 96)], 96, b"")
+        assert v4_reference.mismatches(Emulator(kmodel.loads(kmodel.dumps(m))), x) == [], (src, dst)
     # max_element keeps a leading NaN and skips later ones
     assert N.row_max(np.array([[np.nan, 1], [1, np.nan], [2, 3]], f32)).ravel()[1:].tolist() == [1, 3]
     assert np.isnan(N.row_max(np.array([[np.nan, 1]], f32))).all()

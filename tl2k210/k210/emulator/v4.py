@@ -160,15 +160,10 @@ def memory_copy(node, f, ctx, where):
     return _put(ctx, f, ctx.read(f["input"], where), where)
 
 
-def _overlap(a, b) -> bool:
-    """Two ranges share bytes of the same (writable) memory."""
-    return a[0] == b[0] and a[0] != fmt.MEM_CONST and a[2] < b[2] + b[3] and b[2] < a[2] + a[3]
-
-
 @op("softmax")
 def softmax(node, f, ctx, where):
     outer, inner, beta = f["outer_size"], f["inner_size"], f["beta"]
-    if not _overlap(f["input"], f["output"]):
+    if not fmt.overlap(f["input"], f["output"]):
         x = ctx.read(f["input"], where).reshape(outer, inner)
         return _put(ctx, f, N.softmax(x, beta), where)
     return _softmax_aliased(ctx, f, outer, inner, beta, where)

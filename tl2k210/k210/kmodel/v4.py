@@ -227,6 +227,11 @@ def node_ranges(node: Node) -> tuple[list, list]:
     return ins, [(k, f[k]) for k in OUTPUT_FIELDS if k in f]
 
 
+def overlap(a, b) -> bool:
+    """Two memory ranges share bytes (same memory, both non-empty)."""
+    return a[0] == b[0] and a[3] > 0 and b[3] > 0 and a[2] < b[2] + b[3] and b[2] < a[2] + a[3]
+
+
 def overlapping_io(model: KModelV4) -> list[str]:
     """One line per node whose output range shares bytes of main memory with one of its input
     ranges (in place included). nncase's kernels then read inputs they already overwrote (a
@@ -237,7 +242,7 @@ def overlapping_io(model: KModelV4) -> list[str]:
         ins, outs = node_ranges(node)
         for on, o in outs:
             for iname, r in ins:
-                if o[0] == r[0] == MEM_MAIN and o[3] and r[3] and o[2] < r[2] + r[3] and r[2] < o[2] + o[3]:
+                if o[0] == MEM_MAIN and overlap(o, r):
                     lines.append(f"node {i} ({node.name}): {on} [{o[2]}, {o[2] + o[3]}) overlaps "
                                  f"{iname} [{r[2]}, {r[2] + r[3]}) in main memory")
     return lines
