@@ -67,8 +67,8 @@ def out_size(n, k, s, d, pad):
     return (n + pad[0] + pad[1] - ((k - 1) * d + 1) + s) // s
 
 
-def _window_taps(h, w, f):
-    """For each output (oy, ox) and tap (ky, kx): the input (iy, ix) or None."""
+def _out_hw(h, w, f):
+    """(out_h, out_w) of a window op: get_windowed_output_size."""
     oh = out_size(h, f["filter_h"], f["stride_h"], f["dilation_h"], f["padding_h"])
     ow = out_size(w, f["filter_w"], f["stride_w"], f["dilation_w"], f["padding_w"])
     return oh, ow
@@ -81,7 +81,7 @@ def conv2d_q(x, f, bias, weights, oc):
     g = f["groups"]
     gic, goc = ci // g, oc // g
     fh, fw = f["filter_h"], f["filter_w"]
-    oh, ow = _window_taps(h, w, f)
+    oh, ow = _out_hw(h, w, f)
     wt = weights.astype(np.int64).reshape(g, goc, gic, fh, fw) + f["filter_offset"]
     xo = x.astype(np.int64).reshape(n, g, gic, h, w) + f["input_offset"]
     out = np.zeros((n, g, goc, oh, ow), np.int64) + bias.astype(np.int64).reshape(1, g, goc, 1, 1)
@@ -112,7 +112,7 @@ def conv2d_f(x, f, weights, bias, oc):
     g = f["groups"]
     gic, goc = ci // g, oc // g
     fh, fw = f["filter_h"], f["filter_w"]
-    oh, ow = _window_taps(h, w, f)
+    oh, ow = _out_hw(h, w, f)
     wt = weights.astype(f32).reshape(g, goc, gic, fh, fw)
     x = x.astype(f32).reshape(n, g, gic, h, w)
     out = np.empty((n, g, goc, oh, ow), f32)
@@ -140,7 +140,7 @@ def clamp(v, act):
 def reduce_window(x, f, op):
     """value = init; value = op(value, in) per in-range tap (ky, kx order); mean: value / count."""
     n, c, h, w = x.shape
-    oh, ow = _window_taps(h, w, f)
+    oh, ow = _out_hw(h, w, f)
     x = x.astype(f32)
     val = np.full((n, c, oh, ow), f32(f["init_value"]), f32)
     cnt = np.zeros((oh, ow), np.int64)
