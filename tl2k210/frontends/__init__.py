@@ -30,7 +30,8 @@ def load_model(src, **opts):
     """Model object or path -> onnx.ModelProto (a file is converted once per process: a cache
     keyed by path, size and modification time).
 
-    TensorLayer `tl.models.Model` (opts: weights=npz/h5 path, input_shape), Keras model or
+    TensorLayer `tl.models.Model` (opts: weights=npz/h5 path, input_shape), TensorLayer
+    `Model.save` .h5 (architecture and weights: no network needed), Keras model or
     `.keras`/`.h5` file (or an architecture `.json` with weights=`.h5`), SavedModel directory,
     `.tflite`, `.onnx`. A TensorLayer weight file needs its network: `load_model("w.npz",
     network=model)`."""
@@ -74,6 +75,13 @@ def _load_path(path, **opts):
         from .tensorlayer import from_tensorlayer
         net = opts.pop("network")
         return from_tensorlayer(net, weights=path, **opts)
+    if suffix in (".h5", ".hdf5"):
+        from .tl_config import model_file_config
+        text = model_file_config(path)
+        if text is not None:       # TensorLayer's Model.save: architecture and weights
+            quiet.tensorflow()
+            from .tensorlayer_h5 import from_tensorlayer_h5
+            return from_tensorlayer_h5(path, text, **opts)
     if path.is_dir():
         quiet.tensorflow()
         from .savedmodel import from_savedmodel
