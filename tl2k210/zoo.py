@@ -183,10 +183,20 @@ def build(name: str, out_dir, progress: bool = True) -> dict:
         raise
 
 
-def _build(r: Recipe, out: Path, progress: bool) -> dict:
+def convert_options(r: Recipe, calib_dir, **kw):
+    """The recipe's ConvertOptions, its calibration images written into `calib_dir` as PNGs."""
     from PIL import Image
 
-    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.compiler import ConvertOptions
+    for k, img in enumerate(calibration_images(r)):
+        Image.fromarray(np.asarray(img, np.uint8)).save(Path(calib_dir) / f"{k:04d}.png")
+    i = r.input
+    return ConvertOptions(dataset=calib_dir, input_range=tuple(i.get("range", (0.0, 1.0))),
+                          mean=tuple(i.get("mean", (0.0,))), std=tuple(i.get("std", (1.0,))), **kw, **r.convert)
+
+
+def _build(r: Recipe, out: Path, progress: bool) -> dict:
+    from tl2k210.compiler import convert
     from tl2k210.fileio import atomic_write, check_outputs
     from tl2k210.flash.kfpkg import FlashImage, write_kfpkg
     products = [out / f"{r.name}{ext}" for ext in (".kmodel", ".kmodel.json", ".kfpkg", "_main.py",
@@ -203,14 +213,8 @@ def _build(r: Recipe, out: Path, progress: bool) -> dict:
                            "and the recipe's flash_address agree")
     net = build_network(r)
     with tempfile.TemporaryDirectory(prefix="tl2k210-calib-") as calib:
-        for i, img in enumerate(calibration_images(r)):
-            Image.fromarray(np.asarray(img, np.uint8)).save(Path(calib) / f"{i:04d}.png")
-        i = r.input
-        opts = ConvertOptions(dataset=calib, input_range=tuple(i.get("range", (0.0, 1.0))),
-                              mean=tuple(i.get("mean", (0.0,))), std=tuple(i.get("std", (1.0,))),
-                              progress=progress, metadata=_metadata(r), **r.convert)
         kpath = out / f"{r.name}.kmodel"
-        receipt = convert(net, kpath, opts)
+        receipt = convert(net, kpath, convert_options(r, calib, progress=progress, metadata=_metadata(r)))
     kbytes = kpath.read_bytes()
     meta = metadata.path_for(kpath)
     write_kfpkg([FlashImage(r.flash_address, kbytes, envelope=False, name=kpath.name)],

@@ -15,18 +15,16 @@ CHANNELS = (16, 32, 48, 64, 96, 96)  # conv1..conv4 are followed by a 2x2 max po
 
 
 def build(width=320, height=240, batch=1, name=None):
-    import tensorflow as tf
     import tensorlayer as tl
     from tensorlayer.layers import BatchNorm, Conv2d, Input, MaxPool2d
-
-    def leaky(x):
-        return tf.nn.leaky_relu(x, 0.1)
 
     x = Input([batch, height, width, 3], name="input")
     n = x
     for i, c in enumerate(CHANNELS, 1):
         n = Conv2d(c, (3, 3), (1, 1), padding="SAME", b_init=None, name=f"conv{i}")(n)
-        n = BatchNorm(act=leaky, name=f"bn{i}")(n)
+        # TensorLayer's own name for LeakyReLU(0.1): Model.save stores it as text (a local function
+        # would be pickled by value, which tl2k210 does not load)
+        n = BatchNorm(act="lrelu0.1", name=f"bn{i}")(n)
         if i <= 4:
             n = MaxPool2d((2, 2), (2, 2), padding="VALID", name=f"pool{i}")(n)
     n = Conv2d(N_ANCHORS * (5 + N_CLASSES), (1, 1), (1, 1), padding="SAME", name="region")(n)

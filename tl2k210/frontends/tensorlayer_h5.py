@@ -66,7 +66,8 @@ def _layer(tl, entry, weight_names, where):
     if kind != "normal" or cls not in LAYERS:
         raise ModelLoadError(f"{where}: {_call(cls, args)} is a layer tl2k210 does not rebuild"
                              + (f" (layer_type {kind!r}: nested models and layer lists)" if cls in LAYERS else "")
-                             + f"; it rebuilds Input, {', '.join(sorted(LAYERS))}")
+                             + f"; it rebuilds Input, {', '.join(sorted(LAYERS))}. For other layers give the "
+                             "network in Python: tl2k210 convert FILE.h5 OUT.kmodel --network net.py")
     for k in ("act", "combine_fn"):
         if args.get(k) is not None:
             args[k] = _function(args[k])
@@ -113,9 +114,9 @@ def _assign(layers, group, where):
 
 def build(path, text):
     """A TensorLayer `Model.save` file and its model_config text -> the TensorLayer model."""
+    cfg = read_config(text, f"{path}: model_config")       # refusals before TensorFlow loads
     import h5py
     import tensorlayer as tl
-    cfg = read_config(text, f"{path}: model_config")
     fast_layer_init()
     with h5py.File(path, "r") as f:
         if "layer_names" not in f.attrs:

@@ -49,8 +49,8 @@ def _short(s, n=80):
     return s if len(s) <= n else s[:n - 3] + "..."
 
 
-def _refuse(where, what, why="tl2k210 reads only literals and the known tf.* names; nothing in the file "
-            "is run"):
+def _refuse(where, what, why="tl2k210 reads only literals and the known tf.* names and runs nothing from "
+            "the file; save the model again built from TensorLayer layers and tf.nn activations"):
     raise ModelLoadError(f"{where}: {what}: {why}")
 
 
@@ -158,8 +158,9 @@ def function_name(value, arg, where):
             _refuse(where, f"activation {value!r}", "the leaky ReLU slope after 'lrelu' is not a number")
     if module.split(".")[0] != "tensorflow" or FUNCTIONS.get(value) not in allowed:
         full = value if module == "tensorflow" else f"{module}.{value}"
-        _refuse(where, f"unknown function {full!r} for {arg}", f"tl2k210 knows the TensorFlow functions "
-                f"{', '.join(sorted(allowed))}" + (" (and TensorLayer's 'lreluALPHA')" if arg == "act" else ""))
+        _refuse(where, f"unknown function {full!r} for {arg}", f"use one of the TensorFlow functions "
+                f"{', '.join(sorted(allowed))}" + (" (or TensorLayer's 'lreluALPHA')" if arg == "act" else "")
+                + " and save the model again")
     return FUNCTIONS[value], None
 
 
