@@ -950,6 +950,46 @@ def test_head_minus_one():
     assert res.stderr == ""
 
 
+def tensorlayer_file(path, act="'relu'", layer="'class': 'Conv2d', 'args': {'n_filter': 4, 'act': ACT, "
+                     "'name': 'c1', 'layer_type': 'normal'}"):
+    """A TensorLayer `Model.save` .h5 as TensorLayer 2.x lays it out (model_config text, layer_names,
+    one weight group per layer), with `act` / `layer` put into its model_config text."""
+    import h5py
+    text = ("{'name': 'm', 'version_info': {'tensorlayer_version': '2.1.0'}, 'model_architecture': ["
+            "{'class': '_InputLayer', 'args': {'shape': [None, 16, 16, 3], 'dtype': tf.float32, 'name': 'input', "
+            "'layer_type': 'normal'}, 'prev_layer': None}, {" + layer.replace("ACT", act)
+            + ", 'prev_layer': ['input_node_0']}], 'inputs': 'input_node_0', 'outputs': 'c1_node_0'}")
+    with h5py.File(path, "w") as f:
+        f.attrs["model_config"] = np.bytes_(text.encode())
+        f.attrs["layer_names"] = np.array([b"input", b"c1"], "S")
+        for name in ("input", "c1"):
+            f.create_group(name).attrs["weight_names"] = np.array([], "S1")
+    return path
+
+
+@pytest.mark.parametrize("act, layer, needles", [
+    ("__import__('os').system('touch {marker}')", None,
+     ["a call", "__import__('os').system", "model_architecture[1].args.act"]),
+    ("lambda x: open('{marker}', 'w')", None, ["a lambda", "model_architecture[1].args.act"]),
+    ("tf.io.write_file", None, ["unknown name", "tf.io.write_file"]),
+    ("'relu'", "'class': 'SubpixelConv2d', 'args': {'scale': 2, 'n_out_channels': None, 'act': ACT, 'name': 'c1', "
+     "'layer_type': 'normal'}", ["SubpixelConv2d(scale=2, n_out_channels=None, act=", "--network"]),
+])
+def test_tensorlayer_model_file_with_code_is_refused_unrun(act, layer, needles, model, tmp_path, capsys):
+    """A TensorLayer Model.save file whose model_config holds more than literals and the known tf.*
+    names (TensorLayer itself would eval it): refused by name and place, never run (issue 28)."""
+    _, ds = model
+    marker = tmp_path / "ran"
+    h5 = tensorlayer_file(tmp_path / "m.h5", act.format(marker=marker), *([layer] if layer else []))
+    keep = Frozen(h5)
+    out = tmp_path / "out.kmodel"
+    rc, _, err = cli(capsys, "convert", h5, out, "--dataset", ds)
+    refused(rc, err, "m.h5", *needles)
+    assert not marker.exists()
+    nothing_at(out)
+    keep.check()
+
+
 # =============================================================================================
 # 4. No silent wrong results
 # =============================================================================================

@@ -77,8 +77,7 @@ def as_tl21(src, dst):
     import h5py
     from tensorlayer.files.utils import func2str
     t = tf()
-    fns = {("relu", None): t.nn.relu, ("relu6", None): t.nn.relu6, ("softmax", None): t.nn.softmax,
-           ("add", None): t.add}
+    fns = {"relu": t.nn.relu, "relu6": t.nn.relu6, "sigmoid": t.nn.sigmoid, "softmax": t.nn.softmax, "add": t.add}
     with h5py.File(src, "r") as f:
         cfg = read_config(f.attrs["model_config"])
     for layer in cfg["model_architecture"]:
@@ -86,8 +85,9 @@ def as_tl21(src, dst):
         if "dtype" in a:
             a["dtype"] = t.float32                    # str() writes it bare: tf.float32
         for k in ("act", "combine_fn"):
-            if k in a:
-                a[k] = ("is_Func", func2str(fns[a[k]]))
+            if k in a:      # read_config made it (name, leaky slope); TL 2.1 had no 'lrelu0.2'
+                name, alpha = a[k]
+                a[k] = ("is_Func", func2str(fns[name])) if alpha is None else f"lrelu{alpha}"
     shutil.copy(src, dst)
     with h5py.File(dst, "r+") as f:
         f.attrs["model_config"] = np.bytes_(str(cfg).encode("utf8"))
@@ -132,3 +132,136 @@ def test_cifar_cnn_model_save_both_layouts(calib, tmp_path):
     x = photos(32, 32, lo=0.0, hi=1.0)[:3]
     onnx_out = np.concatenate([ort_run(load_model(tmp_path / "cnn21.h5"), xi[None])[0] for xi in x])
     np.testing.assert_allclose(onnx_out, m(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def many_layers():
+    """The other layers TensorLayer saves (one shared by two calls, a list input, two outputs)."""
+    tl = _tl()
+    t = tf()
+    from tensorlayer.layers import (BatchNorm, Concat, Conv2d, Dense, DepthwiseConv2d, Dropout, Elementwise,
+                                    Flatten, GlobalMeanPool2d, Input, MaxPool2d, MeanPool2d, PRelu, Reshape,
+                                    UpSampling2d, ZeroPad2d)
+    x = Input([1, 16, 16, 3], name="in")
+    a = Conv2d(8, (3, 3), act="lrelu0.2", name="c1")(x)
+    d = ZeroPad2d(((1, 1), (1, 1)), name="zp")(a)
+    d = DepthwiseConv2d((3, 3), (2, 2), padding="VALID", depth_multiplier=2, b_init=None, name="dw")(d)
+    d = BatchNorm(act=t.nn.relu6, name="bn")(d)
+    shared = Conv2d(16, (1, 1), act=t.nn.sigmoid, name="shared")
+    e = Elementwise(t.add, act=t.nn.relu, name="add")([shared(d), d])
+    b = shared(MeanPool2d((3, 3), (1, 1), padding="SAME", name="mean")(d))
+    n = Concat(-1, name="cat")([e, b])
+    n = UpSampling2d((2, 2), method="nearest", name="up")(n)
+    n = MaxPool2d((2, 2), (2, 2), name="max")(n)
+    n = Dropout(0.5, name="drop")(PRelu(in_channels=32, name="prelu")(n))
+    g = GlobalMeanPool2d(name="gap")(n)
+    out = Dense(5, act=t.nn.softmax, name="fc")(Flatten(name="flat")(Reshape([1, 4, 8], name="rs")(g)))
+    return _seeded(tl.models.Model(x, [out, g], name="many_layers"), photos(16, 16, lo=0.0, hi=1.0)[:1])
+
+
+def test_every_layer_rebuilt_exactly(tmp_path):
+    m = many_layers()
+    m.save(str(tmp_path / "many.h5"), save_weights=True)
+    as_tl21(tmp_path / "many.h5", tmp_path / "many21.h5")
+    x = photos(16, 16, lo=0.0, hi=1.0)[3:4]
+    ref = [r.numpy() for r in m(x)]
+    for f in ("many.h5", "many21.h5"):
+        got = ort_run(load_model(tmp_path / f), x)
+        for r, g in zip(ref, got):
+            np.testing.assert_allclose(g.reshape(r.shape), r, rtol=1e-5, atol=1e-6)
+
+
+def test_separable_conv2d_as_tensorlayer_21_saved_it(tmp_path):
+    """SeparableConv2d (the installed TensorLayer cannot build it on numpy >= 1.24): a file with one,
+    laid out as TensorLayer 2.1 saved it (a Keras SeparableConv2D inside: depthwise_kernel,
+    pointwise_kernel, bias), equals tf.nn.separable_conv2d."""
+    import h5py
+    tl = _tl()
+    t = tf()
+    from tensorlayer.layers import Conv2d, Input
+    x = Input([1, 16, 16, 3], name="in")
+    m = _seeded(tl.models.Model(x, Conv2d(8, (3, 3), name="c1")(x), name="sep_base"), photos(16, 16)[:1])
+    m.save(str(tmp_path / "sep.h5"), save_weights=True)
+    rng = np.random.default_rng(1)
+    dk, pk, bias = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((3, 3, 8, 2), (1, 1, 16, 6), (6,)))
+    with h5py.File(tmp_path / "sep.h5", "r+") as f:
+        cfg = read_config(f.attrs["model_config"])
+        cfg["model_architecture"].append({"class": "SeparableConv2d", "args": {
+            "n_filter": 6, "filter_size": (3, 3), "strides": (2, 2), "act": "relu", "padding": "same",
+            "data_format": "channels_last", "dilation_rate": (1, 1), "depth_multiplier": 2, "name": "sep",
+            "layer_type": "normal"}, "prev_layer": ["c1_node_0"]})
+        cfg["outputs"] = "sep_node_0"
+        cfg["model_architecture"][2]["args"]["act"] = "relu"
+        f.attrs["model_config"] = str(cfg)
+        f.attrs["layer_names"] = list(f.attrs["layer_names"]) + ["sep"]
+        g = f.create_group("sep")
+        g.attrs["weight_names"] = ["sep/depthwise_kernel:0", "sep/pointwise_kernel:0", "sep/bias:0"]
+        for n, a in zip(g.attrs["weight_names"], (dk, pk, bias)):
+            g[n] = a
+    xs = photos(16, 16, lo=0.0, hi=1.0)[5:6]
+    ref = t.nn.relu(t.nn.separable_conv2d(m(xs), dk, pk, (1, 2, 2, 1), "SAME") + bias).numpy()
+    np.testing.assert_allclose(ort_run(load_model(tmp_path / "sep.h5"), xs)[0], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_local_response_norm_rebuilt_then_refused_by_the_compiler(tmp_path, calib):
+    tl = _tl()
+    from tensorlayer.layers import Conv2d, Input, LocalResponseNorm
+    from tl2k210.errors import UnsupportedOpError
+    x = Input([1, 16, 16, 3], name="in")
+    n = LocalResponseNorm(depth_radius=2, bias=1.0, alpha=1e-3, beta=0.75, name="lrn")(Conv2d(8, name="c")(x))
+    m = _seeded(tl.models.Model(x, n, name="lrn_net"), photos(16, 16)[:1])
+    m.save(str(tmp_path / "lrn.h5"), save_weights=True)
+    xs = photos(16, 16, lo=0.0, hi=1.0)[:1]
+    np.testing.assert_allclose(ort_run(load_model(tmp_path / "lrn.h5"), xs)[0], m(xs).numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(UnsupportedOpError, match="LRN"):
+        convert(tmp_path / "lrn.h5", tmp_path / "lrn.kmodel", ConvertOptions(dataset=calib, progress=False))
+    assert not (tmp_path / "lrn.kmodel").exists()
+
+
+def test_partial_and_damaged_weight_groups(tmp_path):
+    import h5py
+    m = cifar_cnn()
+    m.save(str(tmp_path / "a.h5"), save_weights=True)
+    shutil.copy(tmp_path / "a.h5", tmp_path / "b.h5")
+
+    def drop(path, layer, weight):
+        with h5py.File(path, "r+") as f:
+            del f[layer][layer][f"{weight}:0"]
+            f[layer].attrs["weight_names"] = [n for n in f[layer].attrs["weight_names"] if weight not in n]
+    drop(tmp_path / "a.h5", "bn1", "beta")      # BatchNorm(beta_init=None): no offset
+    bn1 = next(layer for layer in m.all_layers if layer.name == "bn1")
+    beta = next(w for w in bn1.all_weights if "beta" in w.name)
+    keep = beta.numpy()
+    x = photos(32, 32, lo=0.0, hi=1.0)[:2]
+    try:
+        beta.assign(np.zeros_like(keep))
+        ref = m(x).numpy()
+    finally:
+        beta.assign(keep)
+    got = np.concatenate([ort_run(load_model(tmp_path / "a.h5"), xi[None])[0] for xi in x])
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    drop(tmp_path / "b.h5", "bn2", "moving_var")
+    with pytest.raises(ModelLoadError, match=r"model_architecture\[5\] \(layer 'bn2', BatchNorm\): its weight "
+                       r"group holds 3 arrays .*the layer has 4 weights"):
+        load_model(tmp_path / "b.h5")
+    m.save(str(tmp_path / "c.h5"), save_weights=False)
+    with pytest.raises(ModelLoadError, match="save_weights=True"):
+        load_model(tmp_path / "c.h5")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["face_detect", "face_recognition", "mobilenet_v1", "style_transfer"])
+def test_zoo_network_saved_by_tensorlayer_converts_to_the_recipes_kmodel(name, tmp_path):
+    """models/NAME through Model.save and back: the same kmodel bytes as its recipe's network."""
+    from tl2k210 import zoo
+    from tl2k210.errors import Tl2k210Error
+    r = zoo.get(name)
+    try:
+        net = zoo.build_network(r)
+    except Tl2k210Error as e:
+        pytest.skip(str(e))
+    (tmp_path / "calib").mkdir()
+    opts = zoo.convert_options(r, tmp_path / "calib", progress=False)
+    convert(net, tmp_path / "recipe.kmodel", opts)
+    net.save(str(tmp_path / f"{name}.h5"), save_weights=True)
+    convert(tmp_path / f"{name}.h5", tmp_path / "h5.kmodel", opts)
+    assert (tmp_path / "h5.kmodel").read_bytes() == (tmp_path / "recipe.kmodel").read_bytes()

@@ -6,7 +6,7 @@ from those literals, wired as `prev_layer` says (TensorLayer's own static_graph2
 eval), given the arrays of its weight group in TensorLayer's save order, and converted as any
 TensorLayer model (tensorlayer.from_tensorlayer). Constructor arguments TensorLayer does not save
 (initializers, and None values) are taken from the weights present: a Conv2d/Dense group without
-`biases` was built with b_init=None, a BatchNorm without `beta`/`gamma` with beta_init/gamma_init=None.
+`biases` was built with b_init=None; a BatchNorm without `beta`/`gamma` gets a zero offset / unit scale.
 SeparableConv2d (which the installed TensorLayer cannot build on numpy >= 1.24) is rebuilt as what
 it computes: DepthwiseConv2d (no bias) then a 1x1 Conv2d with its bias and activation.
 """
@@ -19,10 +19,13 @@ from .tl_config import read_config
 # the layers rebuilt (besides the input) -> {weight short name: the constructor argument that is
 # None when the layer's group lacks that weight}
 LAYERS = {"Conv2d": {"biases": "b_init"}, "DepthwiseConv2d": {"biases": "b_init"}, "Dense": {"biases": "b_init"},
-          "SeparableConv2d": {"bias": "b_init"}, "BatchNorm": {"beta": "beta_init", "gamma": "gamma_init"},
+          "SeparableConv2d": {"bias": "b_init"}, "BatchNorm": {},
           "MaxPool2d": {}, "MeanPool2d": {}, "Flatten": {}, "Reshape": {}, "Dropout": {}, "Concat": {},
           "Elementwise": {}, "UpSampling2d": {}, "ZeroPad2d": {}, "GlobalMeanPool2d": {}, "PRelu": {},
           "LocalResponseNorm": {}}
+# a BatchNorm saved without beta / gamma (beta_init/gamma_init=None, which the installed TensorLayer
+# cannot build): the same layer with a zero offset / unit scale
+NEUTRAL = {"beta": 0.0, "gamma": 1.0}
 
 
 def _function(value):
@@ -97,19 +100,52 @@ def _input(tl, entry, where):
 
 
 def _assign(layers, group, where):
+    """The group's arrays into the layers' weights: by name (filling NEUTRAL ones the group lacks)
+    when the names match, else in order (SeparableConv2d: Keras names)."""
     weights = [w for layer in layers for w in layer.all_weights]
     names = [n.decode("utf8") if isinstance(n, bytes) else str(n) for n in group.attrs.get("weight_names", [])]
-    if len(names) != len(weights):
+    by_name = {_short_name(n): n for n in names}
+    shorts = [_short_name(w.name) for w in weights]
+    if set(by_name) <= set(shorts) and all(s in by_name or s in NEUTRAL for s in shorts):
+        arrays = [(by_name[s], group[by_name[s]][()]) if s in by_name else (s, np.full(w.shape, NEUTRAL[s]))
+                  for s, w in zip(shorts, weights)]
+    elif len(names) == len(weights):
+        arrays = [(n, group[n][()]) for n in names]
+    else:
         raise ModelLoadError(f"{where}: its weight group holds {len(names)} arrays ({', '.join(names) or 'none'}), "
-                             f"the layer has {len(weights)} weights")
-    for w, n in zip(weights, names):
-        a = np.asarray(group[n][()], np.float32)
+                             f"the layer has {len(weights)} weights ({', '.join(shorts)}); the file is damaged "
+                             "or from another network: save it again")
+    for w, (n, a) in zip(weights, arrays):
+        a = np.asarray(a, np.float32)
         if a.shape != tuple(w.shape):
             if a.squeeze().shape != tuple(s for s in w.shape if s != 1):    # TL 2.0/2.1 BatchNorm (1,1,1,C)
                 raise ModelLoadError(f"{where}: array {n!r} has shape {a.shape}, weight {w.name} expects "
-                                     f"{tuple(w.shape)}")
+                                     f"{tuple(w.shape)}; the file is damaged or from another network")
             a = a.reshape(tuple(w.shape))
         w.assign(a)
+
+
+def _wire(calls, tensors):
+    """Call each layer on its inputs, node after node (`prev_layer`: one entry per call), as soon as
+    they exist: a layer shared by two calls is listed once, before what its second call reads."""
+    while calls:
+        progress = False
+        for call in calls:
+            fn, prevs, where = call
+            while prevs and all(p in tensors for p in (prevs[0] if isinstance(prevs[0], list) else [prevs[0]])):
+                prev = prevs.pop(0)
+                try:
+                    out = fn([tensors[p] for p in prev] if isinstance(prev, list) else tensors[prev])
+                except Exception as e:
+                    raise ModelLoadError(f"{where}: does not fit its inputs: {type(e).__name__}: "
+                                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+                tensors[out._info[0].name] = out
+                progress = True
+        if not progress:
+            fn, prevs, where = calls[0]
+            missing = [p for p in (prevs[0] if isinstance(prevs[0], list) else [prevs[0]]) if p not in tensors]
+            raise ModelLoadError(f"{where}: reads {missing[0]!r}, which no layer makes")
+        calls = [c for c in calls if c[1]]
 
 
 def build(path, text):
@@ -122,7 +158,7 @@ def build(path, text):
         if "layer_names" not in f.attrs:
             raise ModelLoadError(f"{path}: a TensorLayer architecture without weights (saved with "
                                  "save_weights=False); save it with Model.save(path, save_weights=True)")
-        tensors = {}
+        tensors, calls, weighted = {}, [], []
         for i, entry in enumerate(cfg["model_architecture"]):
             name = entry["args"].get("name")
             where = f"{path}: model_architecture[{i}] (layer {name!r}, {entry['class']})"
@@ -133,18 +169,11 @@ def build(path, text):
             if name not in f:
                 raise ModelLoadError(f"{where}: no weight group {name!r} in the file")
             fn, layers = _layer(tl, entry, f[name].attrs.get("weight_names", []), where)
-            for prev in entry.get("prev_layer") or []:
-                ins = [prev] if not isinstance(prev, list) else prev
-                missing = [p for p in ins if p not in tensors]
-                if missing:
-                    raise ModelLoadError(f"{where}: reads {missing[0]!r}, which no earlier layer makes")
-                try:
-                    out = fn(tensors[ins[0]] if not isinstance(prev, list) else [tensors[p] for p in ins])
-                except Exception as e:
-                    raise ModelLoadError(f"{where}: does not fit its inputs: {type(e).__name__}: "
-                                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
-                tensors[out._info[0].name] = out
-            _assign(layers, f[name], where)
+            calls.append((fn, list(entry.get("prev_layer") or []), where))
+            weighted.append((layers, f[name], where))
+        _wire(calls, tensors)
+        for layers, group, where in weighted:
+            _assign(layers, group, where)
     ends = []
     for key in ("inputs", "outputs"):
         names = cfg.get(key)
