@@ -67,7 +67,7 @@ def test_literals_and_json():
         == {"a": (1, -2.5, 3, float("inf"), None, True), "b": ["float32", "x"]}
     assert parse_literal('{"model_architecture": [], "n": null, "t": true}') == \
         {"model_architecture": [], "n": None, "t": True}
-    cfg = read_config('{"name": "m", "model_architecture": [{"class": "Dense", "args": {"act": "relu6"}, '
+    cfg = read_config('{"name": "m", "model_architecture": [{"class": "Dense", "args": {"act": "relu6", "name": "d"}, '
                       '"prev_layer": ["x"]}]}')
     assert layers(cfg) == [("Dense", ("relu6", None))]
 
@@ -113,8 +113,16 @@ def test_parser_is_tensorflow_free():
     subprocess.run([sys.executable, "-c", code], check=True, env=cli_env())
 
 
-def test_not_a_model_architecture():
-    with pytest.raises(ModelLoadError, match="no model_architecture"):
-        read_config("{'name': 'x'}")
-    with pytest.raises(ModelLoadError, match=r"model_architecture\[0\] is not"):
-        read_config("{'model_architecture': [1]}")
+@pytest.mark.parametrize("text, needle", [
+    ("{'name': 'x'}", "no model_architecture"),
+    ("{'model_architecture': [1]}", r"model_architecture\[0\] is not a layer entry"),
+    ("{'model_architecture': [{'class': 'Dense', 'args': {'name': 'd'}, 'prev_layer': [{'a': 1}]}]}",
+     r"model_architecture\[0\] is not a layer entry"),
+    ("{'model_architecture': [{'class': 'Dense', 'args': {'name': 3}, 'prev_layer': None}]}", "is not a layer"),
+    ("[" * 5000 + "]" * 5000, "nested too deeply|not a Python literal"),
+    ("{'a': " + "-" * 100000 + "1}", "nested too deeply|not a Python literal"),
+    ("('is_Func', 'no base64!')", "not a base64 pickle"),
+])
+def test_not_a_model_architecture(text, needle):
+    with pytest.raises(ModelLoadError, match=needle):
+        read_config(text if "is_Func" not in text else TL22.replace("'lrelu0.1'", text))

@@ -41,6 +41,16 @@ def _function(value):
             "subtract": tf.subtract}[name]
 
 
+def _why(e):
+    msg = str(e).strip()
+    return f"{type(e).__name__}: {msg.splitlines()[0] if msg else ''}"
+
+
+def _inputs(prev):
+    """A `prev_layer` entry: one tensor name, or a list of them (a layer reading several)."""
+    return prev if isinstance(prev, list) else [prev]
+
+
 def _call(cls, args):
     return f"{cls}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
 
@@ -83,8 +93,8 @@ def _layer(tl, entry, weight_names, where):
             return _separable(tl, args)
         layer = getattr(tl.layers, cls)(**args)
     except Exception as e:
-        raise ModelLoadError(f"{where}: TensorLayer cannot build {_call(cls, args)}: {type(e).__name__}: "
-                             f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+        raise ModelLoadError(f"{where}: TensorLayer cannot build {_call(cls, args)}: {_why(e)}; the file is "
+                             "damaged or from another TensorLayer: save it again") from e
     return layer, [layer]
 
 
@@ -132,19 +142,20 @@ def _wire(calls, tensors):
         progress = False
         for call in calls:
             fn, prevs, where = call
-            while prevs and all(p in tensors for p in (prevs[0] if isinstance(prevs[0], list) else [prevs[0]])):
+            while prevs and all(p in tensors for p in _inputs(prevs[0])):
                 prev = prevs.pop(0)
                 try:
                     out = fn([tensors[p] for p in prev] if isinstance(prev, list) else tensors[prev])
                 except Exception as e:
-                    raise ModelLoadError(f"{where}: does not fit its inputs: {type(e).__name__}: "
-                                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+                    raise ModelLoadError(f"{where}: does not fit its inputs: {_why(e)}; the file is damaged or "
+                                         "from another TensorLayer: save it again") from e
                 tensors[out._info[0].name] = out
                 progress = True
         if not progress:
             fn, prevs, where = calls[0]
-            missing = [p for p in (prevs[0] if isinstance(prevs[0], list) else [prevs[0]]) if p not in tensors]
-            raise ModelLoadError(f"{where}: reads {missing[0]!r}, which no layer makes")
+            missing = [p for p in _inputs(prevs[0]) if p not in tensors]
+            raise ModelLoadError(f"{where}: reads {missing[0]!r}, which no layer makes; the file is damaged: "
+                                 "save it again")
         calls = [c for c in calls if c[1]]
 
 
@@ -167,7 +178,8 @@ def build(path, text):
                 tensors[t._info[0].name] = t
                 continue
             if name not in f:
-                raise ModelLoadError(f"{where}: no weight group {name!r} in the file")
+                raise ModelLoadError(f"{where}: no weight group {name!r} in the file; save it again with "
+                                     "Model.save(path, save_weights=True)")
             fn, layers = _layer(tl, entry, f[name].attrs.get("weight_names", []), where)
             calls.append((fn, list(entry.get("prev_layer") or []), where))
             weighted.append((layers, f[name], where))
@@ -180,7 +192,8 @@ def build(path, text):
         names = names if isinstance(names, list) else [names]
         bad = [n for n in names if n not in tensors]
         if bad:
-            raise ModelLoadError(f"{path}: model_config {key} names {bad[0]!r}, which no layer makes")
+            raise ModelLoadError(f"{path}: model_config {key} names {bad[0]!r}, which no layer makes; the file "
+                                 "is damaged: save it again")
         ends.append([tensors[n] for n in names] if len(names) > 1 else tensors[names[0]])
     return tl.models.Model(inputs=ends[0], outputs=ends[1])
 

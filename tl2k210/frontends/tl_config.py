@@ -68,10 +68,12 @@ def parse_literal(text, where="model_config"):
     """The Python literal (or JSON) `text` -> Python data; known bare `tf.*` names become TfName."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     try:
         tree = ast.parse(text.strip(), mode="eval")
+    except (RecursionError, MemoryError):
+        _refuse(where, "nested too deeply to be a model config", "the file is damaged or not TensorLayer's: save the model again")
     except SyntaxError as e:
         near = (e.text or "")[max(0, (e.offset or 1) - 30):(e.offset or 1) + 30].strip()
         _refuse(where, f"not a Python literal (SyntaxError at column {e.offset}: ...{near}...)",
@@ -109,7 +111,10 @@ def parse_literal(text, where="model_config"):
         kind = {ast.Call: "a call", ast.Lambda: "a lambda", ast.Name: "the unknown name", ast.Attribute: "the unknown name"}.get(
             type(node), f"a {type(node).__name__} expression")
         _refuse(f"{where} at {path or 'top level'}", f"{kind} `{seg(node)}`")
-    return walk(tree.body, "")
+    try:
+        return walk(tree.body, "")
+    except RecursionError:
+        _refuse(where, "nested too deeply to be a model config", "the file is damaged or not TensorLayer's: save the model again")
 
 
 def _pickled_reference(b64, where):
@@ -119,7 +124,7 @@ def _pickled_reference(b64, where):
         data = base64.b64decode(b64, validate=True)
         ops = list(pickletools.genops(data))
     except (binascii.Error, ValueError, TypeError) as e:
-        _refuse(where, f"('is_Func', ...) is not a base64 pickle ({e})", "the file is damaged")
+        _refuse(where, f"('is_Func', ...) is not a base64 pickle ({e})", "the file is damaged: save the model again")
     strings, ref = [], None
     for op, arg, _ in ops:
         if op.name in ("PROTO", "FRAME", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT", "STOP"):
@@ -135,7 +140,7 @@ def _pickled_reference(b64, where):
                     "a function defined in a script)", "tl2k210 never unpickles code; rebuild the model "
                     "with act='lrelu0.1' or a tf.nn function and save it again")
     if ref is None or len(ref) != 2:
-        _refuse(where, "('is_Func', ...) names no function", "the file is damaged")
+        _refuse(where, "('is_Func', ...) names no function", "the file is damaged: save the model again")
     return ref
 
 
@@ -164,6 +169,13 @@ def function_name(value, arg, where):
     return FUNCTIONS[value], None
 
 
+def _prev_ok(prev):
+    """None (an input) or one entry per call: a tensor name or a list of them."""
+    def names(v):
+        return isinstance(v, str) or isinstance(v, list) and all(isinstance(x, str) for x in v)
+    return prev is None or isinstance(prev, list) and all(names(v) for v in prev)
+
+
 def read_config(text, where="model_config"):
     """`model_config` text -> the config dict, its `model_architecture` checked to be a list of
     {'class', 'args', 'prev_layer'} with the function arguments read into (name, alpha)."""
@@ -173,9 +185,11 @@ def read_config(text, where="model_config"):
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model_architecture"), list):
         raise ModelLoadError(f"{where}: no model_architecture list: not a TensorLayer Model.save file")
     for i, layer in enumerate(cfg["model_architecture"]):
-        if not isinstance(layer, dict) or not isinstance(layer.get("args"), dict) or "class" not in layer:
-            raise ModelLoadError(f"{where}: model_architecture[{i}] is not a {{'class', 'args', 'prev_layer'}} "
-                                 "layer entry")
+        if not (isinstance(layer, dict) and isinstance(layer.get("class"), str) and isinstance(layer.get("args"), dict)
+                and isinstance(layer["args"].get("name"), str) and _prev_ok(layer.get("prev_layer"))):
+            raise ModelLoadError(f"{where}: model_architecture[{i}] is not a layer entry ({{'class': str, 'args': "
+                                 "{'name': str, ...}, 'prev_layer': None or [names]}); the file is damaged: save "
+                                 "the model again")
         args = layer["args"]
         for k in FUNCTION_ARGS:
             if k in args and args[k] is not None:
