@@ -11,7 +11,7 @@ from tl2k210.k210 import firmware
 
 def add_convert_parser(sub):
     p = sub.add_parser("convert", help="convert a model to a quantized kmodel v3/v4 (with a receipt)",
-                       description="Convert a TensorLayer weight file (with --network), Keras "
+                       description="Convert a TensorLayer Model.save .h5 or weight file (with --network), Keras "
                        "(.keras/.h5, or .json with --weights), SavedModel directory, frozen TF1 .pb, .tflite or .onnx "
                        "model to a quantized "
                        "kmodel: v3 (every MaixPy build loads it) when every layer has a v3 form, else v4. Prints a per-layer receipt: where each "
