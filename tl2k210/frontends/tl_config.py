@@ -38,6 +38,7 @@ FUNCTIONS = {"relu": "relu", "relu6": "relu6", "leaky_relu": "leaky_relu", "lrel
 # the layer arguments that hold a function -> the functions each may name
 FUNCTION_ARGS = {"act": {"relu", "relu6", "leaky_relu", "identity", "sigmoid", "tanh", "softmax", "softplus"},
                  "combine_fn": {"add", "multiply", "maximum", "minimum", "subtract"}}
+_TOO_DEEP = ("nested too deeply to be a model config", "the file is damaged or not TensorLayer's: save the model again")
 _LITERAL_NAMES = {"inf": math.inf, "nan": math.nan, "null": None, "true": True, "false": False}
 
 
@@ -73,7 +74,7 @@ def parse_literal(text, where="model_config"):
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except (RecursionError, MemoryError):
-        _refuse(where, "nested too deeply to be a model config", "the file is damaged or not TensorLayer's: save the model again")
+        _refuse(where, *_TOO_DEEP)
     except SyntaxError as e:
         near = (e.text or "")[max(0, (e.offset or 1) - 30):(e.offset or 1) + 30].strip()
         _refuse(where, f"not a Python literal (SyntaxError at column {e.offset}: ...{near}...)",
@@ -108,13 +109,13 @@ def parse_literal(text, where="model_config"):
             return _LITERAL_NAMES[node.id]
         elif isinstance(node, ast.Attribute) and _dotted(node) in TF_NAMES:
             return TfName(TF_NAMES[_dotted(node)])
-        kind = {ast.Call: "a call", ast.Lambda: "a lambda", ast.Name: "the unknown name", ast.Attribute: "the unknown name"}.get(
-            type(node), f"a {type(node).__name__} expression")
+        kind = {ast.Call: "a call", ast.Lambda: "a lambda", ast.Name: "the unknown name",
+                ast.Attribute: "the unknown name"}.get(type(node), f"a {type(node).__name__} expression")
         _refuse(f"{where} at {path or 'top level'}", f"{kind} `{seg(node)}`")
     try:
         return walk(tree.body, "")
     except RecursionError:
-        _refuse(where, "nested too deeply to be a model config", "the file is damaged or not TensorLayer's: save the model again")
+        _refuse(where, *_TOO_DEEP)
 
 
 def _pickled_reference(b64, where):
