@@ -46,6 +46,8 @@ class ConvertOptions:
     progress: bool = True
     metadata: dict | None = None          # task, anchors, labels, decode, script, flash_address
                                           # for MODEL.kmodel.json (tl2k210/metadata.py)
+    min_sqnr: float = 15.0                # refuse outputs below this SQNR vs float, or not finite;
+                                          # 0 accepts anything
 
 
 @dataclass
@@ -67,7 +69,7 @@ class Receipt:
             rows.append((r["node"][:28], r["unit"], r["why"][:44], "x".join(map(str, r["in_shape"])),
                          "x".join(map(str, r["out_shape"])), f"{r['macs']:,}", f"{r['weight_bytes']:,}",
                          str(r["kpu_lines"] or "-"), f"{r['cycles']:,}",
-                         "-" if r.get("sqnr_db") is None else f"{r['sqnr_db']:.1f}"))
+                         sqnr_text(r.get("sqnr_db"), r.get("sqnr_note"))))
         lines = text_table(cols, rows)
         for r in self.layers:
             for note in r.get("notes", []):
@@ -91,13 +93,70 @@ class Receipt:
             lines.append(t["input_range_note"])
         if t.get("batch_note"):
             lines.append(t["batch_note"])
+        outs = t.get("outputs", {})
+        for name, o in outs.items() if len(outs) > 1 or t.get("output_sqnr_db") is None else ():
+            v = o["sqnr_db"]
+            lines.append(f"output {name}: SQNR vs float " + (f"{v:.1f} dB" if v is not None else o["sqnr_note"]))
         if t.get("output_sqnr_db") is not None:
             lines.append(f"output SQNR vs float {t['output_sqnr_db']:.1f} dB on {t['sqnr_samples']} "
-                         "calibration samples")
+                         "calibration samples" + (" (the lowest)" if len(outs) > 1 else ""))
         return "\n".join(lines)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, default=_json_default)
+
+
+def finite_sqnr(v):
+    """(dB or None, why not) of a measured SQNR: inf is an exact match, -inf a float tensor of
+    zeros, NaN a value that is not finite."""
+    if v is None or np.isfinite(v):
+        return v, None
+    if np.isnan(v):
+        return None, "NaN: the kmodel's or the float model's values are not finite"
+    return None, "exact: no error at all" if v > 0 else "no signal: the float values are all zero"
+
+
+def sqnr_text(v, note=None):
+    if v is not None:
+        return f"{v:.1f}"
+    return note.split(":")[0] if note else "-"
+
+
+def quality_gate(receipt, nonfinite, min_sqnr):
+    """Refuse (QualityError) a kmodel whose outputs are NaN/Inf on the calibration data or below
+    `min_sqnr` dB vs the float model, naming the first layer whose SQNR collapses. 0 accepts all."""
+    from tl2k210.errors import QualityError
+    if min_sqnr <= 0:
+        return
+    t = receipt.totals
+    bad = {o: k for o, k in nonfinite.items() if k}
+    low = {o: r for o, r in t["outputs"].items() if r["sqnr_db"] is None and r.get("sqnr_note", "").startswith("NaN")
+           or r["sqnr_db"] is not None and r["sqnr_db"] < min_sqnr}
+    if not bad and not low:
+        return
+    rows = [r for r in receipt.layers if r.get("sqnr_db") is not None or r.get("sqnr_note")]
+    first = next((r for r in rows if (r.get("sqnr_note") or "").startswith("NaN")
+                  or r.get("sqnr_db") is not None and r["sqnr_db"] < min_sqnr),
+                 min((r for r in rows if r.get("sqnr_db") is not None), key=lambda r: r["sqnr_db"], default=None))
+    where = ("" if first is None else
+             f"; the per-layer SQNR first collapses at layer {first['node']!r} ({first['unit']}: {first['why']}, "
+             f"{sqnr_text(first.get('sqnr_db'), first.get('sqnr_note'))} dB)")
+    n = t["sqnr_samples"]
+    if bad:
+        what = ", ".join(f"{o} ({k:,} values)" for o, k in bad.items())
+        raise QualityError(
+            f"{receipt.source}: the kmodel's output {what} is NaN/Inf on {n} calibration samples{where}: "
+            "it would hand out garbage. This is a tl2k210 bug: please report it with the model; --format v4 "
+            "or --float-fc may route around the layer. Nothing was written (--min-sqnr 0 writes it anyway).",
+            receipt)
+    what = ", ".join(f"{o} {sqnr_text(r['sqnr_db'], r.get('sqnr_note'))} dB" for o, r in low.items())
+    raise QualityError(
+        f"{receipt.source}: output SQNR vs the float model {what} on {n} calibration samples, below "
+        f"--min-sqnr {min_sqnr:g} dB{where}. Try: --calibrate-method mse or percentile (ranges less "
+        "stretched by rare values), calibration images like the camera sees (--dataset, --calib-limit), "
+        "--input-range/--mean/--std as the model was trained, --weight-bits 16"
+        + (", --float-fc (dense layers in float)" if first is not None and "Gemm" in str(first.get("fused")) + first["node"]
+           else "") + ". Nothing was written; --min-sqnr 0 accepts it.", receipt)
 
 
 WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -415,7 +474,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     _say(opts, f"[5/6] measuring per-layer SQNR on the emulator ({opts.sqnr_samples} samples) ...")
     emu = Emulator(model)
     runner = calibrate.FloatRunner(graph)
-    refs, tests = {}, {}
+    refs, tests, nonfinite = {}, {}, {o: 0 for o in graph.outputs}
     n = min(opts.sqnr_samples, len(floats))
     for i in range(n):
         ref = runner(floats[i][None])
@@ -441,6 +500,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
                     f"internal error: the kmodel's output {o} has {np.size(out):,} values, the float "
                     f"model's {np.size(ref[o]):,} {tuple(np.shape(ref[o]))}; nothing was written -- please "
                     "report it with the model")
+            nonfinite[o] += int(np.size(out) - np.isfinite(out).sum())
             refs.setdefault("__out__" + o, []).append(np.asarray(ref[o], np.float64).reshape(-1))
             tests.setdefault("__out__" + o, []).append(np.asarray(out, np.float64).reshape(-1))
     sq = {t: sqnr_db(np.concatenate(refs[t]), np.concatenate(tests[t])) for t in refs}
@@ -450,10 +510,17 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
         node = next((nd for nd in graph.nodes if nd.name == r.node), None)
         out_t = r.tensor or (node.outputs[0] if node is not None else r.node)
         d = asdict(r)
-        d.update(cycles=cyc, sqnr_db=sq.get(out_t), kmodel_layers=[items[i].name for i in r.layers])
+        v, note = finite_sqnr(sq.get(out_t))
+        d.update(cycles=cyc, sqnr_db=v, kmodel_layers=[items[i].name for i in r.layers])
+        if note:
+            d["sqnr_note"] = note
         layer_rows.append(d)
     total_cycles = est.cycles
-    out_sqnr = min((v for k, v in sq.items() if k.startswith("__out__")), default=None)
+    outputs = {}
+    for o in graph.outputs:
+        v, note = finite_sqnr(sq["__out__" + o])
+        outputs[o] = {"sqnr_db": v, **({"sqnr_note": note} if note else {})}
+    out_sqnr = min((o["sqnr_db"] for o in outputs.values() if o["sqnr_db"] is not None), default=None)
     receipt = Receipt(
         source=where, output=str(output), file_size=len(data_bytes),
         peak_kpu_ram=64 * lw.kpu.peak, main_memory=main_mem,
@@ -463,6 +530,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
                 "format": f"v{model.version}", "format_why": _format_why(lw, opts),
                 "macs": sum(r["macs"] for r in layer_rows), "runtime": opts.runtime, "budget": budget,
                 "weights": f"{opts.weight_bits}-bit", "output_sqnr_db": out_sqnr, "sqnr_samples": n,
+                "outputs": outputs, "min_sqnr": opts.min_sqnr,
                 "cycles": total_cycles, "frontend_s": round(t_front, 2),
                 "total_s": round(time.perf_counter() - t0, 2), "method": opts.method,
                 "kpu_padding": opts.kpu_padding, "kpu_padding_effect": padding_effect,
@@ -470,6 +538,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
                 "batch_note": batch_note or None},
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
                  "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in plog])
+    quality_gate(receipt, nonfinite, opts.min_sqnr)
     meta = metadata.for_conversion(data_bytes, output, graph, opts, image, budget, need, receipt.source)
     _say(opts, f"[6/6] writing {output} and {metadata.path_for(output).name}")
     atomic_write(output, data_bytes)

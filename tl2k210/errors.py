@@ -27,6 +27,15 @@ class UnsupportedOpError(Tl2k210Error):
     """An operator the compiler cannot lower."""
 
 
+class QualityError(Tl2k210Error):
+    """A converted model's outputs are NaN/Inf or too far from the float model (`--min-sqnr`);
+    `receipt` holds the per-layer measurements (nothing was written)."""
+
+    def __init__(self, message, receipt=None):
+        super().__init__(message)
+        self.receipt = receipt
+
+
 class KpuLimitError(Tl2k210Error):
     """A layer exceeds a KPU hardware limit."""
 

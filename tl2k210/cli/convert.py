@@ -5,7 +5,7 @@ import os
 import sys
 
 from tl2k210 import cliargs
-from tl2k210.errors import Tl2k210Error
+from tl2k210.errors import QualityError, Tl2k210Error
 from tl2k210.k210 import firmware
 
 
@@ -38,6 +38,9 @@ def add_convert_parser(sub):
                    help="kmodel version: v3 (loads on every MaixPy build), v4 (nncase v0.2's format: "
                    "CPU convs, bilinear resize, elementwise/reduce/slice ops; needs a V4 firmware) or "
                    "auto: v3 when every layer has a v3 form, else v4 (the receipt names the layer)")
+    p.add_argument("--min-sqnr", type=cliargs.float_range(0, example=15), default=15.0, metavar="DB",
+                   help="refuse (exit 2, nothing written) a kmodel whose outputs are NaN/Inf on the "
+                   "calibration data or below DB dB SQNR vs the float model (15); 0 accepts anything")
     p.add_argument("--report", help="also write the receipt as JSON")
     p.add_argument("--network", help="python file defining build() -> TensorLayer model, for weight "
                    "files (it is run as Python: use files you trust)")
@@ -101,11 +104,15 @@ def cmd_convert(args):
     opts = ConvertOptions(dataset=args.dataset, method=args.calibrate_method, weight_bits=args.weight_bits,
                           kpu_padding=args.kpu_padding, runtime=args.runtime, calib_limit=args.calib_limit,
                           float_fc=args.float_fc, format=args.format, weights=args.weights,
-                          progress=not args.quiet, **cliargs.pre_opts(args))
+                          progress=not args.quiet, min_sqnr=args.min_sqnr, **cliargs.pre_opts(args))
     if args.network:
         opts.network = _load_network(args.network)
     opts.metadata = meta
-    receipt = convert(args.model, args.output, opts)
+    try:
+        receipt = convert(args.model, args.output, opts)
+    except QualityError as exc:       # the receipt says where the SQNR went; then the error
+        print(exc.receipt.table(), file=sys.stderr)
+        raise
     print(receipt.table())
     if args.report:
         atomic_write(args.report, receipt.to_json().encode(), "--report")

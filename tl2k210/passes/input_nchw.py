@@ -3,6 +3,10 @@ doing the same (one-channel inputs: tf2onnx writes (1,H,W,1) -> (1,1,H,W)), or o
 layout-agnostic ops (a ZeroPadding2D `Pad`, a Rescaling `Mul`/`Add`, an activation): make the
 graph input NCHW. Those ops are moved below the layout change (their pads / constants permuted),
 so the input is recorded in graph.meta["input_layout"] = {name: "NHWC->NCHW"}.
+
+An NHWC input that no layout change reads (a Flatten + Dense first layer) still becomes the
+planar (1, C, H, W) image the camera gives, followed by a Transpose back to NHWC that later
+passes fold (into the Dense weights) or lower as a relabel (one channel).
 """
 import numpy as np
 
@@ -96,27 +100,37 @@ def input_nchw(g, log):
         while _pull_region(g, x, log):
             pass
         cs = g.consumers(x)
-        if not cs or not all(to_nchw(g, c, t.shape) for c in cs):
-            continue
         n, h, w, c = t.shape
+        if cs and all(to_nchw(g, u, t.shape) for u in cs):
+            for tr in cs:
+                g.nodes.remove(tr)
+                g.replace_uses(tr.outputs[0], x)
+            what = f"removed {len(cs)} {'/'.join({u.op for u in cs})}"
+        elif cs and input_layout(g, x) == "NHWC":
+            nhwc = g.add_tensor(x + "/nhwc", t.shape, t.dtype)
+            g.replace_uses(x, nhwc)
+            g.nodes.insert(0, Node("Transpose", [x], [nhwc], {"perm": [0, 2, 3, 1]}, g.unique(x + "/to_nhwc")))
+            what = "a Transpose to NHWC below it for the layers that read NHWC"
+        else:
+            continue
         t.shape = (n, c, h, w)
-        for tr in cs:
-            g.nodes.remove(tr)
-            g.replace_uses(tr.outputs[0], x)
         g.meta.setdefault("input_layout", {})[x] = "NHWC->NCHW"
-        log(x, f"input {x} is now NCHW {t.shape} (was NHWC; removed {len(cs)} {'/'.join({c.op for c in cs})})")
+        log(x, f"input {x} is now NCHW {t.shape} (was NHWC; {what})")
     return g
 
 
 def input_layout(g, x=None):
     """"NCHW" or "NHWC": how the graph reads its 4-D input `x` (default: the first), decided from
-    the graph -- a layout change to NCHW below it means NHWC, a Conv reading it (through
-    layout-agnostic ops) means NCHW; only a graph with neither falls back to NCHW for PyTorch
-    exports, else to where a 1/3/4-sized channel axis sits. None for inputs that are not 4-D."""
+    the graph -- an input input_nchw made NCHW is NCHW, a layout change to NCHW below it means
+    NHWC, a Conv reading it (through layout-agnostic ops) means NCHW; a graph with neither
+    follows its producer's convention (PyTorch NCHW, TensorFlow/TFLite through tf2onnx NHWC),
+    else where a 1/3/4-sized channel axis sits. None for inputs that are not 4-D."""
     x = x or g.inputs[0]
     shape = g.shape(x)
     if len(shape or ()) != 4:
         return None
+    if x in g.meta.get("input_layout", {}):
+        return "NCHW"
     frontier, seen = [x], set()
     while frontier:
         t = frontier.pop()
@@ -133,4 +147,6 @@ def input_layout(g, x=None):
                 frontier.append(c.outputs[0])
     if g.meta.get("producer") == "pytorch":     # torch.onnx.export: NCHW by convention
         return "NCHW"
+    if g.meta.get("producer") == "tf2onnx":     # TensorFlow, Keras, TFLite: channels-last
+        return "NHWC"
     return "NHWC" if shape[3] in (1, 3, 4) and shape[1] not in (1, 3, 4) else "NCHW"

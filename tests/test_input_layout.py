@@ -1,0 +1,111 @@
+"""The kmodel's input layout and channel count come from the graph, never from an index into a
+shape: 1-, 3- and 4-channel inputs, NHWC (TF) and NCHW (ONNX), square and not, all become planar
+(1, C, H, W) uint8 kmodels (1 channel: a grayscale image) that agree with the source model fed
+the same pixels in its own layout. Hand-made ONNX graphs here (no TensorFlow); the Keras/TFLite
+front-ends at the end."""
+import json
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from front_helpers import make_model, ort_run
+from tl2k210.compiler import ConvertOptions, convert
+from tl2k210.k210.emulator import Emulator
+from tl2k210.quantize.metrics import sqnr_db
+
+pytest.importorskip("onnxruntime")
+RNG = np.random.default_rng(7)
+SHAPES = [(1, 12, 8), (3, 10, 10), (4, 8, 12), (1, 9, 9), (3, 8, 14)]     # (C, H, W)
+
+
+def _w(*shape):
+    return (RNG.standard_normal(shape) * 0.3).astype(np.float32)
+
+
+def nhwc_conv(c, h, w):
+    """tf2onnx's form of a Keras Conv2D first layer: NHWC input, Transpose (a Reshape for one
+    channel), conv, back to NHWC, Flatten + Dense."""
+    to_nchw = (helper.make_node("Reshape", ["x", "s"], ["t"]) if c == 1 else
+               helper.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2]))
+    nodes = [to_nchw, helper.make_node("Conv", ["t", "k", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["rt"], perm=[0, 2, 3, 1]),
+             helper.make_node("Flatten", ["rt"], ["f"]), helper.make_node("Gemm", ["f", "d"], ["y"])]
+    m = make_model(nodes, [("x", [1, h, w, c])], [("y", [1, 5])],
+                   {"s": np.array([1, 1, h, w], np.int64), "k": _w(6, c, 3, 3), "b": _w(6), "d": _w(6 * h * w, 5)})
+    m.producer_name = "tf2onnx"
+    return m, "NHWC"
+
+
+def nhwc_dense(c, h, w):
+    """A Keras Flatten + Dense first layer: no layout change below the NHWC input at all."""
+    m = make_model([helper.make_node("Flatten", ["x"], ["f"]), helper.make_node("Gemm", ["f", "d"], ["y"])],
+                   [("x", [1, h, w, c])], [("y", [1, 5])], {"d": _w(c * h * w, 5)})
+    m.producer_name = "tf2onnx"
+    return m, "NHWC"
+
+
+def nchw_conv(c, h, w):
+    """ONNX's own convention (PyTorch export): NCHW straight into a conv."""
+    nodes = [helper.make_node("Conv", ["x", "k", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Flatten", ["r"], ["f"]),
+             helper.make_node("Gemm", ["f", "d"], ["y"])]
+    m = make_model(nodes, [("x", [1, c, h, w])], [("y", [1, 5])],
+                   {"k": _w(6, c, 3, 3), "b": _w(6), "d": _w(6 * h * w, 5)})
+    m.producer_name = "pytorch"
+    return m, "NCHW"
+
+
+def check_planar(src, layout, chw, tmp_path, dataset_layout=None):
+    """Convert `src` on pixels stored in `dataset_layout` (default: the model's own) and check the
+    kmodel takes planar (1, C, H, W) pixels that give the source model's outputs."""
+    c, h, w = chw
+    pix = RNG.integers(0, 256, (12, c, h, w)).astype(np.uint8)
+    stored = pix.transpose(0, 2, 3, 1) if (dataset_layout or layout) == "NHWC" else pix
+    np.save(tmp_path / "d.npy", stored)
+    out = tmp_path / "m.kmodel"
+    convert(src, out, ConvertOptions(dataset=str(tmp_path / "d.npy"), progress=False))
+    meta = json.loads((tmp_path / "m.kmodel.json").read_text())
+    assert meta["input"]["layout"] == "NCHW" and meta["input"]["shape"] == [1, c, h, w]
+    emu = Emulator.load(out)
+    ref, got = [], []
+    for p in pix:
+        fed = p[None] / np.float32(255)
+        ref.append(ort_run(src, (fed.transpose(0, 2, 3, 1) if layout == "NHWC" else fed).astype(np.float32))[0])
+        got.append(emu.run(p)[0])            # the planar camera image, as MaixPy hands it over
+    return sqnr_db(np.ravel(ref), np.ravel(got))
+
+
+@pytest.mark.parametrize("chw", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("build", [nhwc_conv, nhwc_dense, nchw_conv], ids=lambda f: f.__name__)
+def test_onnx_inputs_become_planar_kmodels(build, chw, tmp_path):
+    m, layout = build(*chw)
+    assert check_planar(m, layout, chw, tmp_path) > 30
+
+
+def test_nhwc_dataset_for_an_nchw_model_is_transposed(tmp_path):
+    """Calibration arrays stored channels-last for an NCHW model read the same pixels."""
+    m, _ = nchw_conv(3, 8, 14)
+    assert check_planar(m, "NCHW", (3, 8, 14), tmp_path, dataset_layout="NHWC") > 30
+
+
+# --------------------------------------------------------------------------- TF front-ends
+@pytest.mark.slow
+@pytest.mark.parametrize("chw", [(1, 12, 8), (3, 10, 10), (4, 8, 12)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("first", ["conv", "dense"])
+def test_keras_and_tflite_inputs_become_planar_kmodels(first, chw, tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    from tl2k210 import frontends
+    K = tf.keras
+    c, h, w = chw
+    tf.random.set_seed(0)
+    x = K.Input((h, w, c))
+    y = K.layers.Conv2D(4, 3, activation="relu")(x) if first == "conv" else x
+    model = K.Model(x, K.layers.Dense(5)(K.layers.Flatten()(y)))
+    keras_path, tflite_path = tmp_path / "m.keras", tmp_path / "m.tflite"
+    model.save(keras_path)
+    tflite_path.write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+    for src in (keras_path, tflite_path):
+        onnx_model = frontends.load_model(str(src))
+        assert check_planar(onnx_model, "NHWC", chw, tmp_path) > 30, src.name
