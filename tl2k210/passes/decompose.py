@@ -7,16 +7,34 @@ from tl2k210.graph import Node
 
 
 def log_softmax(g, log):
-    """LogSoftmax (PyTorch classifiers' last layer, F.log_softmax) -> Softmax then Log on the same
-    axis; the back-end has a softmax on any axis and Log as a float op or a table."""
+    """LogSoftmax (PyTorch classifiers' last layer, F.log_softmax) -> d = x - max(x); d - log(sum(exp(d)))
+    on the same axis (ReduceMax, Sub, Exp, ReduceSum, Log, Sub): finite for any range, where
+    Log(Softmax(x)) gives -inf once a probability underflows float32."""
     for n in [n for n in g.nodes if n.op == "LogSoftmax"]:
-        y = n.outputs[0]
-        p = g.add_tensor(y + "/softmax", g.shape(y))
+        x, y, nm = n.inputs[0], n.outputs[0], n.name
+        shape = g.shape(x)
+        if shape is None:
+            continue
+        axis = n.attrs.get("axis", -1 if g.meta.get("opset", 13) >= 13 else 1) % len(shape)
+        if g.meta.get("opset", 13) < 13 and any(d > 1 for d in shape[axis + 1:]):
+            continue          # opset < 13 normalises the flattened axes from `axis` on
+        red = g.shape(x)[:axis] + (1,) + g.shape(x)[axis + 1:]
+        t = {k: g.add_tensor(f"{y}/{k}", red if k in ("max", "sum", "logsum") else shape)
+             for k in ("max", "d", "exp", "sum", "logsum")}
+        ax = g.add_const(np.array([axis], np.int64), nm + "/axes")
+
+        def reduce(op, src, dst):
+            new_style = g.meta.get("opset", 18) >= (18 if op == "ReduceMax" else 13)
+            return Node(op, [src] + ([ax] if new_style else []), [dst],
+                        {"keepdims": 1, **({} if new_style else {"axes": [axis]})}, f"{nm}/{op[6:].lower()}", [nm])
         i = g.nodes.index(n)
-        g.nodes[i:i + 1] = [Node("Softmax", [n.inputs[0]], [p], {"axis": n.attrs.get("axis", -1)}, n.name + "/softmax",
-                                 [n.name]),
-                            Node("Log", [p], [y], {}, n.name, [n.name])]
-        log(n.name, f"LogSoftmax axis {n.attrs.get('axis', -1)} -> Softmax + Log")
+        g.nodes[i:i + 1] = [reduce("ReduceMax", x, t["max"]),
+                            Node("Sub", [x, t["max"]], [t["d"]], {}, nm + "/shift", [nm]),
+                            Node("Exp", [t["d"]], [t["exp"]], {}, nm + "/exp", [nm]),
+                            reduce("ReduceSum", t["exp"], t["sum"]),
+                            Node("Log", [t["sum"]], [t["logsum"]], {}, nm + "/log", [nm]),
+                            Node("Sub", [t["d"], t["logsum"]], [y], {}, nm, [nm])]
+        log(nm, f"LogSoftmax axis {axis} -> x - max - log(sum(exp(x - max)))")
     return g
 
 

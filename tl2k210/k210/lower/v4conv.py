@@ -25,7 +25,7 @@ from tl2k210.quantize.metrics import sqnr_db
 from .conv import is_dense
 from .fc import float_fc_refuses, source_unit
 from .registry import CPU_F32, CPU_U8, NA, lowering
-from .v4elementwise import g4, nnil_ops
+from .v4elementwise import feeds_output, g4, nnil_ops
 from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, nnil_code, pixel_affine
 from .v4ops import window_pool
 
@@ -370,17 +370,6 @@ def _dense_weights(g, node):
     return W, bias
 
 
-def _feeds_output(g, t):
-    """Is t a model output, or relabelled into one (Flatten/Reshape/Squeeze/Identity)?"""
-    while True:
-        if t in g.outputs:
-            return True
-        cons = g.consumers(t)
-        if len(cons) != 1 or cons[0].op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity"):
-            return False
-        t = cons[0].outputs[0]
-
-
 def qmatmul_refuses(g, node, opts):
     wb = _dense_weights(g, node)
     if wb is None:
@@ -392,7 +381,7 @@ def qmatmul_refuses(g, node, opts):
         return f"{wb[0].shape[1]} inputs per output overflow the int32 accumulator (at most {ACC_TAPS_MAX:,})"
     if source_unit(g, node.inputs[0], opts) in ("input", CPU_F32) and float_fc_refuses(g, node, opts) is None:
         return "its input is float: the float layer avoids a quantize"
-    if _feeds_output(g, node.outputs[0]):
+    if feeds_output(g, node.outputs[0]):
         return "it computes a model output: the float layer keeps it unclipped and exact"
     if weight_sqnr(wb[0]) < WEIGHT_SQNR_MIN:
         return f"per-layer uint8 weights keep only {weight_sqnr(wb[0]):.1f} dB of the weights"

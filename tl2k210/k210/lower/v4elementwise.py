@@ -196,6 +196,17 @@ def _float_source(g, t, opts):
     return source_unit(g, t, opts) in ("input", CPU_F32)
 
 
+def feeds_output(g, t):
+    """Is t a model output, or relabelled into one (Flatten/Reshape/Squeeze/Identity)?"""
+    while True:
+        if t in g.outputs:
+            return True
+        cons = g.consumers(t)
+        if len(cons) != 1 or cons[0].op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity"):
+            return False
+        t = cons[0].outputs[0]
+
+
 # ---------------------------------------------------------------------------------------------
 def _scalar_binary(g, node):
     """A binary op of one tensor and one constant scalar (a function of one variable)."""
@@ -317,6 +328,10 @@ def qbinary_refuses(g, node, opts):
         return "Div on uint8 truncates the integer quotient: the float binary keeps it"
     if not _broadcastable(g, node):
         return f"shapes {g4(g, node.inputs[0])} and {g4(g, node.inputs[1])} do not broadcast in 4-D"
+    if any(_float_source(g, t, opts) for t in node.inputs if g.const(t) is None):
+        return "an input is float: the float binary keeps it exact and avoids a quantize"
+    if feeds_output(g, node.outputs[0]):
+        return "it computes a model output: the float binary keeps it unclipped and exact"
     return None
 
 
