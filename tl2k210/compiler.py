@@ -96,14 +96,21 @@ class Receipt:
         outs = t.get("outputs", {})
         for name, o in outs.items() if len(outs) > 1 or t.get("output_sqnr_db") is None else ():
             v = o["sqnr_db"]
-            lines.append(f"output {name}: SQNR vs float " + (f"{v:.1f} dB" if v is not None else o["sqnr_note"]))
+            lines.append(f"output {name}: SQNR vs float " + (f"{v:.1f} dB" if v is not None else o["sqnr_note"])
+                         + _ideal_text(o))
         if t.get("output_sqnr_db") is not None:
             lines.append(f"output SQNR vs float {t['output_sqnr_db']:.1f} dB on {t['sqnr_samples']} "
-                         "calibration samples" + (" (the lowest)" if len(outs) > 1 else ""))
+                         "calibration samples" + (" (the lowest)" if len(outs) > 1 else
+                                                  "".join(_ideal_text(o) for o in outs.values())))
         return "\n".join(lines)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, default=_json_default)
+
+
+def _ideal_text(o):
+    v = o.get("ideal_db")
+    return f" (8-bit ideal {v:.1f} dB)" if v is not None else ""
 
 
 def finite_sqnr(v):
@@ -359,6 +366,19 @@ def model_inputs(graph, dataset, limit, opts: ConvertOptions):
             np.ascontiguousarray(pixels.transpose(0, 2, 3, 1)))
 
 
+def calibrated_ranges(graph, batches, method, pixel_map=None):
+    """{tensor: (lo, hi)} by `method` over the calibration batches; with an image input's
+    pixel_map (scale, offset), the identity entry conv carries the whole pixel range."""
+    from tl2k210.quantize import calibrate
+    ranges = calibrate.ranges(calibrate.collect(graph, batches, histograms=method != "minmax"), method)
+    entry = graph.meta.get("entry_conv")
+    if pixel_map is not None and entry in ranges:
+        scale, offset = (np.asarray(v, np.float64) for v in pixel_map)
+        ends = np.concatenate([offset, 255 * scale + offset])
+        ranges[entry] = (float(ends.min()), float(ends.max()))
+    return ranges
+
+
 def channel_means(graph, batches, limit: int = 32):
     """Per-channel means of every Conv input over (up to `limit` of) the calibration batches:
     what bias correction needs."""
@@ -403,6 +423,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     from tl2k210.k210.lower import Options, lower, plan_format
     from tl2k210.k210.flow import run_pipeline
     from tl2k210.quantize import calibrate
+    from tl2k210.quantize.fake_quant import ideal_sqnr
     from tl2k210.quantize.metrics import sqnr_db
 
     opts = opts or ConvertOptions()
@@ -445,12 +466,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     channels = pixels.shape[1] if image else 1
     scale, offset = pixel_mapping(opts, channels, graph) if image else ((1.0,), (0.0,))
     batches = [f[None] for f in floats]
-    stats = calibrate.collect(graph, batches, histograms=opts.method != "minmax")
-    ranges = calibrate.ranges(stats, opts.method)
-    entry = graph.meta.get("entry_conv")
-    if image and entry in ranges:   # the identity entry conv carries the whole pixel range
-        ends = np.concatenate([np.asarray(offset, np.float64), 255 * np.asarray(scale) + np.asarray(offset)])
-        ranges[entry] = (float(ends.min()), float(ends.max()))
+    ranges = calibrated_ranges(graph, batches, opts.method, (scale, offset) if image else None)
     means = channel_means(graph, batches)
     padding_effect = None
     if opts.kpu_padding and any(p["pass"] == "kpu_padding" and p["changes"] for p in plog):
@@ -516,10 +532,11 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
             d["sqnr_note"] = note
         layer_rows.append(d)
     total_cycles = est.cycles
+    ideal = ideal_sqnr(graph, ranges, floats[:n], opts.weight_bits)
     outputs = {}
     for o in graph.outputs:
         v, note = finite_sqnr(sq["__out__" + o])
-        outputs[o] = {"sqnr_db": v, **({"sqnr_note": note} if note else {})}
+        outputs[o] = {"sqnr_db": v, **({"sqnr_note": note} if note else {}), "ideal_db": finite_sqnr(ideal[o])[0]}
     out_sqnr = min((o["sqnr_db"] for o in outputs.values() if o["sqnr_db"] is not None), default=None)
     receipt = Receipt(
         source=where, output=str(output), file_size=len(data_bytes),

@@ -147,8 +147,9 @@ def test_conv2d_transpose_bias_is_a_separate_add_matching_onnxruntime():
 @pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Min", "Max"])
 def test_quantized_binary_of_two_maps_and_broadcast(op):
     nodes = [conv_node("c2", "r", "w1", "b1", pads=[1, 1, 1, 1]), N(op, ["r", "c2"], ["t"]),
-             N("GlobalMaxPool", ["c2"], ["k"]), N(op, ["t", "k"], ["y"])]      # (1, 8, 1, 1) broadcast
-    model, q, _ = check_v4(build(nodes, {"w1": W(8, 8, 3, 3), "b1": W(8)}),
+             N("GlobalMaxPool", ["c2"], ["k"]), N(op, ["t", "k"], ["u"]),      # (1, 8, 1, 1) broadcast
+             conv_node("y", "u", "w2")]    # a KPU conv reads it (a model output stays float: below)
+    model, q, _ = check_v4(build(nodes, {"w1": W(8, 8, 3, 3), "b1": W(8), "w2": W(4, 8, 1, 1)}),
                            opcodes=("quantized_binary", "quantize", "dequantize"), min_sqnr=25 if op == "Mul" else 30)   # a product of two roundings
     kinds = [nd.fields.get("binary_op") for nd in model.nodes if nd.name == "quantized_binary"]
     code = ["Add", "Sub", "Mul", "Div", "Min", "Max"].index(op)
@@ -177,8 +178,11 @@ def test_float_binary_every_op_with_broadcasting(op, monkeypatch):
 def test_squeeze_excitation_mul():
     """GlobalAveragePool -> dense -> Sigmoid -> Mul: the attention scale broadcast over the map."""
     nodes = [N("GlobalAveragePool", ["r"], ["p"]), conv_node("s0", "p", "ws", "bs"), N("Sigmoid", ["s0"], ["s"]),
-             N("Mul", ["r", "s"], ["y"])]
-    check_v4(build(nodes, {"ws": W(8, 8, 1, 1), "bs": W(8)}), opcodes=("reduce", "quantized_binary"))
+             N("Mul", ["r", "s"], ["m"]), conv_node("y", "m", "w2")]
+    check_v4(build(nodes, {"ws": W(8, 8, 1, 1), "bs": W(8), "w2": W(4, 8, 1, 1)}), opcodes=("reduce", "quantized_binary"))
+    # as a model output the product stays float: no uint8 rounding of what the user reads
+    _, _, rows = check_v4(build(nodes[:4], {"ws": W(8, 8, 1, 1), "bs": W(8)}, out="m"), opcodes=("reduce", "binary"))
+    assert next(r.lowering for r in rows if r.op == "Mul") == "float_binary"
 
 
 def test_float_binary_div():

@@ -38,3 +38,15 @@ def fake_quant_graph(graph, ranges, weight_bits=8):
                     Node("DequantizeLinear", [q, sc, zp], [out], {}, out + "/dequantize")]
     return g
 
+
+
+def ideal_sqnr(graph, ranges, floats, weight_bits=8):
+    """{output: dB} of the 8-bit ideal on `floats` (model inputs, one per sample): the float graph
+    against itself with fake quantization at `ranges` -- what no kmodel keeping those tensors
+    in uint8 can beat, and what ours should come within a dB of."""
+    from . import calibrate
+    from .metrics import sqnr_db
+    ref = calibrate.FloatRunner(graph, False)
+    fq = calibrate.FloatRunner(fake_quant_graph(graph, ranges, weight_bits), False)
+    r, q = [ref(x[None]) for x in floats], [fq(x[None]) for x in floats]
+    return {o: sqnr_db(np.stack([a[o] for a in r]), np.stack([b[o] for b in q])) for o in graph.outputs}

@@ -328,8 +328,8 @@ def qbinary_refuses(g, node, opts):
         return "Div on uint8 truncates the integer quotient: the float binary keeps it"
     if not _broadcastable(g, node):
         return f"shapes {g4(g, node.inputs[0])} and {g4(g, node.inputs[1])} do not broadcast in 4-D"
-    if any(_float_source(g, t, opts) for t in node.inputs if g.const(t) is None):
-        return "an input is float: the float binary keeps it exact and avoids a quantize"
+    if all(_float_source(g, t, opts) for t in node.inputs if g.const(t) is None):
+        return "its inputs are float: the float binary keeps them exact and avoids a quantize"
     if feeds_output(g, node.outputs[0]):
         return "it computes a model output: the float binary keeps it unclipped and exact"
     return None

@@ -1,0 +1,92 @@
+"""The receipt is a gate: `convert` refuses (exit 2, nothing written) a kmodel whose outputs are
+NaN/Inf on the calibration data or below --min-sqnr dB vs the float model, naming the first layer
+whose SQNR collapses; --min-sqnr 0 accepts anything. Every number in the JSON receipt is finite
+or says why not."""
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from front_helpers import make_model
+
+pytest.importorskip("onnxruntime")
+RNG = np.random.default_rng(5)
+
+
+def _cli(*args):
+    from tl2k210.cli import main
+    return main(["convert", *map(str, args), "-q"])
+
+
+def _conv_net(tmp_path):
+    """Two 3x3 convs on a 16x16 RGB image, and 12 calibration images as uint8 pixels."""
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], pads=[1, 1, 1, 1])]
+    m = make_model(nodes, [("x", [1, 3, 16, 16])], [("y", [1, 4, 16, 16])],
+                   {"w1": RNG.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3,
+                    "b1": RNG.standard_normal(8).astype(np.float32) * 0.1,
+                    "w2": RNG.standard_normal((4, 8, 3, 3)).astype(np.float32) * 0.3,
+                    "b2": RNG.standard_normal(4).astype(np.float32) * 0.1})
+    onnx.save(m, tmp_path / "net.onnx")
+    np.save(tmp_path / "px.npy", RNG.integers(0, 256, (12, 3, 16, 16)).astype(np.uint8))
+    return tmp_path / "net.onnx", tmp_path / "px.npy"
+
+
+def test_low_sqnr_is_refused_and_nothing_written(tmp_path, capsys):
+    src, data = _conv_net(tmp_path)
+    out, report = tmp_path / "m.kmodel", tmp_path / "r.json"
+    assert _cli(src, out, "--dataset", data, "--report", report) == 0
+    r = json.loads(report.read_text())
+    achieved = r["totals"]["outputs"]["y"]["sqnr_db"]
+    assert 25 < achieved < 60 and r["totals"]["min_sqnr"] == 15
+    assert "8-bit ideal" in capsys.readouterr().out
+    for f in (out, report, tmp_path / "m.kmodel.json"):
+        f.unlink()
+    assert _cli(src, out, "--dataset", data, "--report", report, "--min-sqnr", achieved + 5) == 2
+    err = capsys.readouterr().err
+    assert f"output SQNR vs the float model y {achieved:.1f} dB" in err and f"below --min-sqnr {achieved + 5:g} dB" in err
+    assert "first collapses at layer" in err and "--calibrate-method" in err and "--min-sqnr 0 accepts it" in err
+    assert "Traceback" not in err and "SQNR dB" in err          # the per-layer receipt, then the error
+    assert not out.exists() and not report.exists() and not (tmp_path / "m.kmodel.json").exists()
+    assert _cli(src, out, "--dataset", data, "--min-sqnr", "0") == 0 and out.exists()
+
+
+def _softmax_of_very_negative_logits(tmp_path):
+    """Logits all near -200: the SDK's v3 SOFTMAX starts its max at FLT_MIN, so exp underflows to
+    0 everywhere and 0 / 0 is NaN on the board (the emulator does what the firmware does)."""
+    m = make_model([helper.make_node("Gemm", ["x", "w", "b"], ["g"]), helper.make_node("Softmax", ["g"], ["y"], axis=1)],
+                   [("x", [1, 4])], [("y", [1, 6])], {"w": RNG.standard_normal((4, 6)).astype(np.float32),
+                                                       "b": np.full(6, -200, np.float32)})
+    onnx.save(m, tmp_path / "sm.onnx")
+    np.save(tmp_path / "v.npy", RNG.standard_normal((16, 4)).astype(np.float32))
+    return tmp_path / "sm.onnx", tmp_path / "v.npy"
+
+
+def test_nan_outputs_are_refused(tmp_path, capsys):
+    src, data = _softmax_of_very_negative_logits(tmp_path)
+    out = tmp_path / "m.kmodel"
+    with np.errstate(all="ignore"):
+        assert _cli(src, out, "--dataset", data, "--format", "v3") == 2
+    err = capsys.readouterr().err
+    assert "output y (48 values) is NaN/Inf on 8 calibration samples" in err
+    assert "first collapses at layer 'Softmax_1' (CPU: float SOFTMAX, NaN dB)" in err and not out.exists()
+    assert _cli(src, out, "--dataset", data, "--format", "v4", "--report", tmp_path / "r.json") == 0   # max-subtracted
+
+
+def test_receipt_numbers_are_finite_or_say_why(tmp_path):
+    """The max of a float vector is exact: no finite SQNR, the JSON says why (strict JSON)."""
+    m = make_model([helper.make_node("LogSoftmax", ["x"], ["y"], axis=1)], [("x", [1, 10])], [("y", [1, 10])])
+    onnx.save(m, tmp_path / "ls.onnx")
+    np.save(tmp_path / "v.npy", RNG.standard_normal((16, 10)).astype(np.float32) * 50)
+    assert _cli(tmp_path / "ls.onnx", tmp_path / "m.kmodel", "--dataset", tmp_path / "v.npy",
+                "--report", tmp_path / "r.json") == 0
+
+    def refuse(c):
+        raise AssertionError(f"{c} in the JSON receipt")
+    r = json.loads((tmp_path / "r.json").read_text(), parse_constant=refuse)
+    rows = r["layers"] + list(r["totals"]["outputs"].values())
+    assert all(row["sqnr_db"] is not None or row["sqnr_note"] for row in rows)
+    assert r["layers"][0]["sqnr_note"] == "exact: no error at all"
