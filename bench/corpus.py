@@ -104,7 +104,9 @@ def measure(src, extra, calib, photos, nncase=None, weights=None, logits=None, i
     from tl2k210.compare import compare
     out = Path(tempfile.mkdtemp()) / "model.kmodel"
     rep = out.with_suffix(".json")
-    cmd = ["convert", str(src), str(out), "--dataset", str(calib), "--report", str(rep), "-q"] + extra
+    # the developer corpus (ideal=True) is seeded: below the 15 dB gate by nature, measured anyway
+    cmd = ["convert", str(src), str(out), "--dataset", str(calib), "--report", str(rep), "-q"] + extra + \
+        (["--min-sqnr", "0"] if ideal else [])
     t = time.perf_counter()
     rc, err = run_cli(cmd)
     row = {"command": "tl2k210 " + " ".join(Path(c).name if "/" in c else c for c in cmd[:3] + cmd[3:]),

@@ -88,12 +88,13 @@ def ideal(src, calib, photos, opts, method):
     from tl2k210.frontends import load_model
     from tl2k210.graph import from_onnx
     from tl2k210.passes import run_pipeline
+    from tl2k210.passes.input_nchw import input_chw
     from tl2k210.quantize.fake_quant import ideal_sqnr
     graph, _ = run_pipeline(from_onnx(load_model(src)))
     o, _ = model_input_range(graph, ConvertOptions(**{k: v for k, v in opts.items() if k == "input_range"}))
     cal, px = model_inputs(graph, str(calib), 100, o)
     ev, _ = model_inputs(graph, str(photos), 100, o)
-    pm = pixel_mapping(o, px.shape[1], graph) if px is not None else None
+    pm = pixel_mapping(o, input_chw(graph)[0], graph) if px is not None else None
     rng = calibrated_ranges(graph, [c[None] for c in cal], method, pm)
     return ideal_sqnr(graph, rng, ev, o.weight_bits)
 

@@ -11,7 +11,7 @@ from tl2k210.graph import from_onnx
 from tl2k210.k210 import yolo
 from tl2k210.k210.emulator import Emulator
 from tl2k210.k210.flow import run_pipeline
-from tl2k210.passes.input_nchw import input_layout
+from tl2k210.passes.input_nchw import input_chw, input_layout
 from tl2k210.quantize.calibrate import FloatRunner
 from tl2k210.quantize.metrics import cosine, sqnr_db, topk_agreement
 
@@ -114,7 +114,7 @@ def compare_graph(graph, kmodel_path, dataset, limit=200, decode=None, anchors=N
                            f"{tuple(emu_shape)}")
     chw = floats if input_layout(graph) != "NHWC" else floats.transpose(0, 3, 1, 2)
     if chw.ndim == 4:   # a float-input kmodel (nncase) takes the model's input, before in-graph preprocessing
-        a, b = input_affine(graph, chw.shape[1])
+        a, b = input_affine(graph, input_chw(graph)[0])
         chw = (chw - b[None, :, None, None]) / a[None, :, None, None]
     runner = FloatRunner(graph, expose_all=False)
     refs, tests, layouts = {}, {}, {}

@@ -331,16 +331,15 @@ def model_inputs(graph, dataset, limit, opts: ConvertOptions):
     same order -- what the kmodel reads, (N, C, H, W) once passes.input_nchw ran -- or None). Image models see exactly the pixels the device gets: the float input is
     recomputed from them. The layout (NCHW/NHWC) and the size (H may differ from W) are read
     from the graph's input."""
-    from tl2k210.passes.input_nchw import input_layout
+    from tl2k210.passes.input_nchw import input_chw, input_layout
     from tl2k210.quantize.dataset import load_arrays
     shape = tuple(graph.tensors[graph.inputs[0]].shape)
     p = Path(dataset)
     if not p.exists():
         raise Tl2k210Error(f"dataset {dataset}: no such file or folder; check the path")
-    layout = input_layout(graph)
+    layout, chw = input_layout(graph), input_chw(graph)
     if layout is None:
         return np.concatenate(load_arrays(p, shape))[:limit].astype(np.float32), None
-    chw = shape[1:] if layout == "NCHW" else (shape[3], shape[1], shape[2])
     data = load_pixels(dataset, chw, limit, opts)
     scale, offset = pixel_mapping(opts, chw[0], graph)
     s4, o4 = scale[None, :, None, None], offset[None, :, None, None]
@@ -422,6 +421,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     from tl2k210.k210 import fit
     from tl2k210.k210.lower import Options, lower, plan_format
     from tl2k210.k210.flow import run_pipeline
+    from tl2k210.passes.input_nchw import input_chw
     from tl2k210.quantize import calibrate
     from tl2k210.quantize.fake_quant import ideal_sqnr
     from tl2k210.quantize.metrics import sqnr_db
@@ -463,8 +463,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
         _say(opts, "      " + range_note)
     floats, pixels = model_inputs(graph, opts.dataset, opts.calib_limit, opts)
     image = pixels is not None
-    channels = pixels.shape[1] if image else 1
-    scale, offset = pixel_mapping(opts, channels, graph) if image else ((1.0,), (0.0,))
+    scale, offset = pixel_mapping(opts, input_chw(graph)[0], graph) if image else ((1.0,), (0.0,))
     batches = [f[None] for f in floats]
     ranges = calibrated_ranges(graph, batches, opts.method, (scale, offset) if image else None)
     means = channel_means(graph, batches)

@@ -45,7 +45,9 @@ def _convert_and_compare(model, tmp_path, calib, **opts):
     from tl2k210.k210.kmodel import v4
     onnx_model = load_model(model)
     out = tmp_path / "m.kmodel"
-    receipt = convert(onnx_model, out, ConvertOptions(dataset=str(calib), progress=False, **opts))
+    # seeded (untrained) weights leave some of these below the 15 dB gate whatever the compiler does
+    # (bench/seeded_limits.py): the tests hold them to the 8-bit ideal instead
+    receipt = convert(onnx_model, out, ConvertOptions(dataset=str(calib), progress=False, min_sqnr=0, **opts))
     km = kmodel.load(out)
     assert km.version == 3 or v4.overlapping_io(km) == []     # spec §10.y
     g, _ = run_pipeline(from_onnx(onnx_model))

@@ -119,6 +119,15 @@ def input_nchw(g, log):
     return g
 
 
+def input_chw(g):
+    """(C, H, W) of the graph's first input read as an image, in the layout the graph gives it
+    (input_layout); None for an input that is not 4-D."""
+    layout, shape = input_layout(g), g.shape(g.inputs[0])
+    if layout is None:
+        return None
+    return tuple(shape[1:]) if layout == "NCHW" else (shape[3], shape[1], shape[2])
+
+
 def input_layout(g, x=None):
     """"NCHW" or "NHWC": how the graph reads its 4-D input `x` (default: the first), decided from
     the graph -- an input input_nchw made NCHW is NCHW, a layout change to NCHW below it means
