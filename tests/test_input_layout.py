@@ -109,3 +109,28 @@ def test_keras_and_tflite_inputs_become_planar_kmodels(first, chw, tmp_path):
     for src in (keras_path, tflite_path):
         onnx_model = frontends.load_model(str(src))
         assert check_planar(onnx_model, "NHWC", chw, tmp_path) > 30, src.name
+
+
+def test_grayscale_kmodel_is_fed_grayscale_by_compare_and_run(tmp_path, capsys):
+    """A one-channel NHWC model (Flatten + Dense on 12x8x1) calibrated on colour photos: compare
+    and `tl2k210 run` both hand the kmodel the photo's grayscale pixels."""
+    from PIL import Image
+
+    from tl2k210.cli import main
+    from tl2k210.compiler_cli import compare
+    from tl2k210.imaging import load_rgb, to_model_input
+    m, _ = nhwc_dense(1, 12, 8)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(8):
+        Image.fromarray(RNG.integers(0, 256, (30, 20, 3), dtype=np.uint8)).save(photos / f"p{i}.png")
+    out = tmp_path / "g.kmodel"
+    convert(m, out, ConvertOptions(dataset=str(photos), progress=False))
+    rep = compare(m, str(out), str(photos))
+    assert rep["samples"] == 8 and rep["outputs"]["y"]["sqnr_db"] > 30
+    photo = photos / "p0.png"
+    gray = to_model_input(load_rgb(photo), (1, 12, 8))
+    assert gray.shape == (1, 12, 8)
+    assert main(["run", str(out), "-i", str(photo)]) == 0
+    want = Emulator.load(out).run(gray)[0].reshape(-1)
+    assert f"[{', '.join(f'{v:.6g}' for v in want[:5])}]" in capsys.readouterr().out
