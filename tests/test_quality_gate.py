@@ -90,3 +90,29 @@ def test_receipt_numbers_are_finite_or_say_why(tmp_path):
     rows = r["layers"] + list(r["totals"]["outputs"].values())
     assert all(row["sqnr_db"] is not None or row["sqnr_note"] for row in rows)
     assert r["layers"][0]["sqnr_note"] == "exact: no error at all"
+
+
+@pytest.mark.parametrize("fmt", ["v3", "v4"])
+def test_scores_concatenated_with_boxes_keep_their_precision(fmt, tmp_path):
+    """A detector head's sigmoid scores (0..1) concatenated with boxes (0..300) as the model output:
+    one uint8 grid over both rounded every score to 0; a float concat keeps each input's own steps."""
+    from front_helpers import ort_run
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.quantize.metrics import sqnr_db
+    w = {"w1": RNG.standard_normal((8, 3, 3, 3)) * 0.3, "b1": RNG.standard_normal(8) * 0.3,
+         "ws": RNG.standard_normal((2, 8, 1, 1)) * 0.3, "bs": RNG.standard_normal(2) * 0.3 - 2,
+         "wb": RNG.standard_normal((4, 8, 1, 1)) * 0.3, "bb": RNG.standard_normal(4) * 0.3}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["f"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["f"], ["r"]),
+             helper.make_node("Conv", ["r", "ws", "bs"], ["s"]), helper.make_node("Sigmoid", ["s"], ["p"]),
+             helper.make_node("Conv", ["r", "wb", "bb"], ["b"]), helper.make_node("Mul", ["b", "k"], ["bk"]),
+             helper.make_node("Concat", ["p", "bk"], ["y"], axis=1)]
+    m = make_model(nodes, [("x", [1, 3, 16, 16])], [("y", [1, 6, 16, 16])],
+                   {**{k: v.astype(np.float32) for k, v in w.items()}, "k": np.array(100, np.float32)})
+    px = RNG.integers(0, 256, (12, 3, 16, 16)).astype(np.uint8)
+    np.save(tmp_path / "px.npy", px)
+    convert(m, tmp_path / "m.kmodel", ConvertOptions(dataset=str(tmp_path / "px.npy"), format=fmt, progress=False))
+    emu = Emulator.load(tmp_path / "m.kmodel")
+    ref = np.stack([ort_run(m, (p[None] / np.float32(255)).astype(np.float32))[0][0] for p in px])
+    got = np.stack([np.asarray(emu.run(p)[0]).reshape(6, 16, 16) for p in px])
+    assert sqnr_db(ref[:, :2], got[:, :2]) > 30 and sqnr_db(ref[:, 2:], got[:, 2:]) > 30

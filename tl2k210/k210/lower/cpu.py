@@ -7,7 +7,7 @@ import numpy as np
 from tl2k210.passes.fuse_activation import activation_of
 from tl2k210.k210 import fixed_point as fx
 
-from .fc import logistic, source_unit
+from .fc import feeds_output, logistic, source_unit
 from .registry import CPU_F32, CPU_U8, lowering
 
 
@@ -126,6 +126,8 @@ def concat_refuses(g, node, opts):
 @lowering("Concat", unit=CPU_U8, check=concat_refuses)
 def quantized_concat(lw, node):
     out = node.outputs[0]
+    if feeds_output(lw.g, out):
+        return float_concat(lw, node)
     row = lw.row(node, "channel concat: QUANTIZED_CONCAT (memcpy) after requantizing inputs to one scale",
                  out_shape=lw.shape(out))
     so, zo = lw.quant_of(out)
@@ -146,6 +148,17 @@ def quantized_concat(lw, node):
     lw.traced(out, "u8")
     for t in node.inputs:
         lw.main.free(t + ":rq:u8")
+
+
+def float_concat(lw, node):
+    """A model output: CONCAT of the float inputs (uint8 ones dequantized exactly), so scores next
+    to boxes keep their own steps instead of one uint8 grid over both."""
+    out = node.outputs[0]
+    row = lw.row(node, "channel concat of a model output: float CONCAT (memcpy)", out_shape=lw.shape(out))
+    ranges = [(lw.need_f32(t, row), 4 * int(np.prod(lw.locs[t].shape))) for t in node.inputs]
+    loc = lw.f32_out(out)
+    lw.emit("CONCAT", dict(flags=1, main_mem_out_address=loc.f32, input_count=len(ranges)), row, data={"ranges": ranges})
+    lw.traced(out, "f32")
 
 
 def _resize_sizes(g, node):

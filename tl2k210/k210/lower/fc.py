@@ -35,6 +35,17 @@ def source_unit(g, t, opts):
         t = p.inputs[0]
 
 
+def feeds_output(g, t):
+    """Is t a model output, or relabelled into one (Flatten/Reshape/Squeeze/Identity)?"""
+    while True:
+        if t in g.outputs:
+            return True
+        cons = g.consumers(t)
+        if len(cons) != 1 or cons[0].op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity"):
+            return False
+        t = cons[0].outputs[0]
+
+
 def dense_cycles(ci, co, weight_bits):
     """(KPU path, float path) cycle estimates of a dense layer (cost model constants)."""
     c = cost.CPU_CYCLES

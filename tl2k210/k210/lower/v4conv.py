@@ -23,9 +23,9 @@ from tl2k210.k210 import fixed_point as fx
 from tl2k210.quantize.metrics import sqnr_db
 
 from .conv import is_dense
-from .fc import float_fc_refuses, source_unit
+from .fc import feeds_output, float_fc_refuses, source_unit
 from .registry import CPU_F32, CPU_U8, NA, lowering
-from .v4elementwise import feeds_output, g4, nnil_ops
+from .v4elementwise import g4, nnil_ops
 from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, nnil_code, pixel_affine
 from .v4ops import window_pool
 

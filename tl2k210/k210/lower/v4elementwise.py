@@ -15,7 +15,7 @@ import numpy as np
 
 from tl2k210.k210 import fixed_point as fx
 
-from .fc import source_unit
+from .fc import feeds_output, source_unit
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .v4emit import F32, NO_CLAMP, U8, Const, main, nnil_code
 
@@ -195,16 +195,6 @@ ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Tanh", "HardSigmoid", "HardSwish", 
 def _float_source(g, t, opts):
     return source_unit(g, t, opts) in ("input", CPU_F32)
 
-
-def feeds_output(g, t):
-    """Is t a model output, or relabelled into one (Flatten/Reshape/Squeeze/Identity)?"""
-    while True:
-        if t in g.outputs:
-            return True
-        cons = g.consumers(t)
-        if len(cons) != 1 or cons[0].op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity"):
-            return False
-        t = cons[0].outputs[0]
 
 
 # ---------------------------------------------------------------------------------------------

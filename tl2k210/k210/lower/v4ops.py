@@ -13,6 +13,7 @@ import numpy as np
 
 from tl2k210.graph import axes_of
 
+from .fc import feeds_output
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, pad_scalar, slice_op
 
@@ -297,8 +298,9 @@ def concat(lw, node):
     axis = int(node.attrs.get("axis", 1)) % rank
     ax = axis + 4 - rank
     shape = g4(lw.g, out)
-    f32_only = all(_form(lw, t) == F32 for t in node.inputs)
-    dt = F32 if f32_only else U8
+    # float when every input is, or when it is a model output (scores next to boxes keep their
+    # own steps instead of one uint8 grid over both)
+    dt = F32 if feeds_output(lw.g, out) or all(_form(lw, t) == F32 for t in node.inputs) else U8
     row = lw.row(node, f"concat on axis {axis} ({'float32' if dt == F32 else 'uint8'})", out_shape=lw.shape(out))
     so, zo = (None, None) if dt == F32 else lw.quant_of(out)
     ranges, dims, tmp = [], [], []
