@@ -19,6 +19,7 @@ from tl2k210.graph import describe
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.fit import BudgetError, FormatError  # noqa: F401  (raised by convert)
 from tl2k210.k210.kmodel import atomic_write, dumps
+from tl2k210.quality import finite_sqnr, ideal_text, quality_gate, sqnr_text
 from tl2k210.tables import text_table
 
 # what each firmware leaves for model file + main memory: one table, tl2k210/k210/firmware.py
@@ -97,73 +98,15 @@ class Receipt:
         for name, o in outs.items() if len(outs) > 1 or t.get("output_sqnr_db") is None else ():
             v = o["sqnr_db"]
             lines.append(f"output {name}: SQNR vs float " + (f"{v:.1f} dB" if v is not None else o["sqnr_note"])
-                         + _ideal_text(o))
+                         + ideal_text(o))
         if t.get("output_sqnr_db") is not None:
             lines.append(f"output SQNR vs float {t['output_sqnr_db']:.1f} dB on {t['sqnr_samples']} "
                          "calibration samples" + (" (the lowest)" if len(outs) > 1 else
-                                                  "".join(_ideal_text(o) for o in outs.values())))
+                                                  "".join(ideal_text(o) for o in outs.values())))
         return "\n".join(lines)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, default=_json_default)
-
-
-def _ideal_text(o):
-    v = o.get("ideal_db")
-    return f" (8-bit ideal {v:.1f} dB)" if v is not None else ""
-
-
-def finite_sqnr(v):
-    """(dB or None, why not) of a measured SQNR: inf is an exact match, -inf a float tensor of
-    zeros, NaN a value that is not finite."""
-    if v is None or np.isfinite(v):
-        return v, None
-    if np.isnan(v):
-        return None, "NaN: the kmodel's or the float model's values are not finite"
-    return None, "exact: no error at all" if v > 0 else "no signal: the float values are all zero"
-
-
-def sqnr_text(v, note=None):
-    if v is not None:
-        return f"{v:.1f}"
-    return note.split(":")[0] if note else "-"
-
-
-def quality_gate(receipt, nonfinite, min_sqnr):
-    """Refuse (QualityError) a kmodel whose outputs are NaN/Inf on the calibration data or below
-    `min_sqnr` dB vs the float model, naming the first layer whose SQNR collapses. 0 accepts all."""
-    from tl2k210.errors import QualityError
-    if min_sqnr <= 0:
-        return
-    t = receipt.totals
-    bad = {o: k for o, k in nonfinite.items() if k}
-    low = {o: r for o, r in t["outputs"].items() if r["sqnr_db"] is None and r.get("sqnr_note", "").startswith("NaN")
-           or r["sqnr_db"] is not None and r["sqnr_db"] < min_sqnr}
-    if not bad and not low:
-        return
-    rows = [r for r in receipt.layers if r.get("sqnr_db") is not None or r.get("sqnr_note")]
-    first = next((r for r in rows if (r.get("sqnr_note") or "").startswith("NaN")
-                  or r.get("sqnr_db") is not None and r["sqnr_db"] < min_sqnr),
-                 min((r for r in rows if r.get("sqnr_db") is not None), key=lambda r: r["sqnr_db"], default=None))
-    where = ("" if first is None else
-             f"; the per-layer SQNR first collapses at layer {first['node']!r} ({first['unit']}: {first['why']}, "
-             f"{sqnr_text(first.get('sqnr_db'), first.get('sqnr_note'))} dB)")
-    n = t["sqnr_samples"]
-    if bad:
-        what = ", ".join(f"{o} ({k:,} values)" for o, k in bad.items())
-        raise QualityError(
-            f"{receipt.source}: the kmodel's output {what} is NaN/Inf on {n} calibration samples{where}: "
-            "it would hand out garbage. This is a tl2k210 bug: please report it with the model; --format v4 "
-            "or --float-fc may route around the layer. Nothing was written (--min-sqnr 0 writes it anyway).",
-            receipt)
-    what = ", ".join(f"{o} {sqnr_text(r['sqnr_db'], r.get('sqnr_note'))} dB" for o, r in low.items())
-    raise QualityError(
-        f"{receipt.source}: output SQNR vs the float model {what} on {n} calibration samples, below "
-        f"--min-sqnr {min_sqnr:g} dB{where}. Try: --calibrate-method mse or percentile (ranges less "
-        "stretched by rare values), calibration images like the camera sees (--dataset, --calib-limit), "
-        "--input-range/--mean/--std as the model was trained, --weight-bits 16"
-        + (", --float-fc (dense layers in float)" if first is not None and "Gemm" in str(first.get("fused")) + first["node"]
-           else "") + ". Nothing was written; --min-sqnr 0 accepts it.", receipt)
 
 
 WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")

@@ -1,0 +1,68 @@
+"""The receipt's quality numbers and its gate: every SQNR a finite number or the reason there is
+none, and the refusal of a kmodel whose outputs are NaN/Inf or below --min-sqnr dB."""
+from __future__ import annotations
+
+import numpy as np
+
+from tl2k210.errors import QualityError
+
+
+def finite_sqnr(v):
+    """(dB or None, why not) of a measured SQNR: inf is an exact match, -inf a float tensor of
+    zeros, NaN a value that is not finite."""
+    if v is None or np.isfinite(v):
+        return v, None
+    if np.isnan(v):
+        return None, "NaN: the kmodel's or the float model's values are not finite"
+    return None, "exact: no error at all" if v > 0 else "no signal: the float values are all zero"
+
+
+def sqnr_text(v, note=None):
+    if v is not None:
+        return f"{v:.1f}"
+    return note.split(":")[0] if note else "-"
+
+
+def ideal_text(o):
+    v = o.get("ideal_db")
+    return f" (8-bit ideal {v:.1f} dB)" if v is not None else ""
+
+
+def _collapsed(r, min_sqnr):
+    return (r.get("sqnr_note") or "").startswith("NaN") or r.get("sqnr_db") is not None and r["sqnr_db"] < min_sqnr
+
+
+def quality_gate(receipt, nonfinite, min_sqnr):
+    """Refuse (QualityError, with the receipt) a kmodel whose outputs are NaN/Inf on the
+    calibration samples (`nonfinite`: {output: count}) or below `min_sqnr` dB vs the float model,
+    naming the first layer whose SQNR collapses. `min_sqnr` 0 accepts anything."""
+    if min_sqnr <= 0:
+        return
+    t = receipt.totals
+    bad = {o: k for o, k in nonfinite.items() if k}
+    low = {o: r for o, r in t["outputs"].items() if _collapsed(r, min_sqnr)}
+    if not bad and not low:
+        return
+    measured = [r for r in receipt.layers if r.get("sqnr_db") is not None]
+    first = next((r for r in receipt.layers if _collapsed(r, min_sqnr)),
+                 min(measured, key=lambda r: r["sqnr_db"], default=None))
+    where = ("" if first is None else
+             f"; the per-layer SQNR first collapses at layer {first['node']!r} ({first['unit']}: {first['why']}, "
+             f"{sqnr_text(first.get('sqnr_db'), first.get('sqnr_note'))} dB)")
+    n = t["sqnr_samples"]
+    if bad:
+        what = ", ".join(f"{o} ({k:,} values)" for o, k in bad.items())
+        raise QualityError(
+            f"{receipt.source}: the kmodel's output {what} is NaN/Inf on {n} calibration samples{where}: "
+            "it would hand out garbage. This is a tl2k210 bug: please report it with the model; --format v4 "
+            "or --float-fc may route around the layer. Nothing was written (--min-sqnr 0 writes it anyway).",
+            receipt)
+    what = ", ".join(f"{o} {sqnr_text(r['sqnr_db'], r.get('sqnr_note'))} dB" for o, r in low.items())
+    dense = first is not None and "Gemm" in " ".join(first.get("fused") or []) + first["node"]
+    raise QualityError(
+        f"{receipt.source}: output SQNR vs the float model {what} on {n} calibration samples, below "
+        f"--min-sqnr {min_sqnr:g} dB{where}. Try: --calibrate-method mse or percentile (ranges less "
+        "stretched by rare values), calibration images like the camera sees (--dataset, --calib-limit), "
+        "--input-range/--mean/--std as the model was trained, --weight-bits 16"
+        + (", --float-fc (dense layers in float)" if dense else "") + ". Nothing was written; --min-sqnr 0 "
+        "accepts it.", receipt)
