@@ -468,7 +468,8 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
         node = next((nd for nd in graph.nodes if nd.name == r.node), None)
         out_t = r.tensor or (node.outputs[0] if node is not None else r.node)
         d = asdict(r)
-        v, note = finite_sqnr(sq.get(out_t))
+        v, note = finite_sqnr(sq.get(out_t)) if out_t in sq else (None, "not measured: the emulator "
+                                                                   "trace has no copy of this tensor alone")
         d.update(cycles=cyc, sqnr_db=v, kmodel_layers=[items[i].name for i in r.layers])
         if note:
             d["sqnr_note"] = note
