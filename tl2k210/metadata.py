@@ -243,11 +243,13 @@ def for_conversion(data: bytes, output, graph, opts, image: bool, budget: int, n
                    source: str) -> ModelMetadata:
     """The metadata of a kmodel `tl2k210.compiler.convert` just made; `opts.metadata` adds what
     the compiler cannot know (task, anchors, labels, decode, script, flash_address)."""
+    from tl2k210.passes.input_nchw import input_layout
     extra = dict(opts.metadata or {})
+
     def dims(t):
         return [int(d) for d in (graph.tensors[t].shape or ())]
     shape = dims(graph.inputs[0])
-    inp = {"layout": "NCHW" if len(shape) == 4 else "flat", "shape": shape,
+    inp = {"layout": input_layout(graph) or "flat", "shape": shape,
            "dtype": "uint8" if image else "float32", "range": None, "mean": None, "std": None,
            "bgr": False}
     if image:       # the kmodel takes 0..255 pixels; this is what the float model wanted

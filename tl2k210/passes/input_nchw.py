@@ -4,8 +4,8 @@ layout-agnostic ops (a ZeroPadding2D `Pad`, a Rescaling `Mul`/`Add`, an activati
 graph input NCHW. Those ops are moved below the layout change (their pads / constants permuted),
 so the input is recorded in graph.meta["input_layout"] = {name: "NHWC->NCHW"}.
 
-An NHWC input that no layout change reads (a Flatten + Dense first layer) still becomes the
-planar (1, C, H, W) image the camera gives, followed by a Transpose back to NHWC that later
+A TF model's NHWC input that no layout change reads (a Flatten + Dense first layer) still becomes
+the planar (1, C, H, W) image the camera gives, followed by a Transpose back to NHWC that later
 passes fold (into the Dense weights) or lower as a relabel (one channel).
 """
 import numpy as np
@@ -106,7 +106,7 @@ def input_nchw(g, log):
                 g.nodes.remove(tr)
                 g.replace_uses(tr.outputs[0], x)
             what = f"removed {len(cs)} {'/'.join({u.op for u in cs})}"
-        elif cs and input_layout(g, x) == "NHWC":
+        elif cs and g.meta.get("producer") == "tf2onnx" and input_layout(g, x) == "NHWC":
             nhwc = g.add_tensor(x + "/nhwc", t.shape, t.dtype)
             g.replace_uses(x, nhwc)
             g.nodes.insert(0, Node("Transpose", [x], [nhwc], {"perm": [0, 2, 3, 1]}, g.unique(x + "/to_nhwc")))
