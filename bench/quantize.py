@@ -87,7 +87,7 @@ def ideal(src, calib, photos, opts, method):
     from tl2k210.compiler import ConvertOptions, calibrated_ranges, model_input_range, model_inputs, pixel_mapping
     from tl2k210.frontends import load_model
     from tl2k210.graph import from_onnx
-    from tl2k210.passes import run_pipeline
+    from tl2k210.k210.flow import run_pipeline
     from tl2k210.passes.input_nchw import input_chw
     from tl2k210.quantize.fake_quant import ideal_sqnr
     graph, _ = run_pipeline(from_onnx(load_model(src)))

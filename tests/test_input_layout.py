@@ -117,7 +117,7 @@ def test_grayscale_kmodel_is_fed_grayscale_by_compare_and_run(tmp_path, capsys):
     from PIL import Image
 
     from tl2k210.cli import main
-    from tl2k210.compiler_cli import compare
+    from tl2k210.compare import compare
     from tl2k210.imaging import load_rgb, to_model_input
     m, _ = nhwc_dense(1, 12, 8)
     photos = tmp_path / "photos"
