@@ -913,7 +913,8 @@ def test_flash_baud_rates_are_validated(baud, tmp_path, capsys):
 
 
 def test_flash_baud_above_the_boards_bridge(tmp_path, capsys):
-    """The CH552 bridge of the Maix Bit with mic is reported unreliable above 1.5 Mbaud (spec §7.2)."""
+    """The CH552 bridge of the Maix Bit with mic is reported unreliable above 1.5 Mbaud
+    (docs/flash-protocol.md#baud-rates)."""
     fw = tmp_path / "fw.bin"
     fw.write_bytes(b"\x11" * 1000)
     rc, _, err = cli(capsys, "flash", "-p", tmp_path / "no-port", "-B", "bit_mic", "-b", "2000000", fw)

@@ -1,10 +1,11 @@
 """A second, independent runner of kmodel v4 files: every CPU opcode written out from the C loops
 of nncase v0.2.0-beta4 (runtime/neutral/neutral_ops.cpp, kernels/neutral/neutral_kernels.h, the
-device kernels of kernels/riscv/neutral_kernels.h; spec §4.3-4.5 and the corrections of §10.y),
+device kernels of kernels/riscv/neutral_kernels.h; docs/kmodel-format.md#v4-opcodes, #v4-interpreter),
 scalar statement by scalar statement in float32 (no float64 shortcuts: the loops' own order of
 additions), vectorised only across the outputs one statement updates. It has its own memories
-(main, constants, KPU RAM in the §2.3 layout) and its own NNIL stack machine. Only the KPU conv
-itself is the emulator's (the bit-exact KPU, tested against the vendor simulator elsewhere).
+(main, constants, KPU RAM in the docs/kpu.md#kpu-ram-layout layout) and its own NNIL stack machine.
+Only the KPU conv itself is the emulator's (the bit-exact KPU, tested against the vendor simulator
+elsewhere).
 
     outs, per_node = run(model, x)     # per_node[i] = what node i wrote (its output range)
 """
@@ -21,7 +22,7 @@ LINE = 64
 
 
 def _kpu_addr(base, c, h, w):
-    """Byte addresses of every (c, y, x) of a map at KPU line `base` (spec §2.3)."""
+    """Byte addresses of every (c, y, x) of a map at KPU line `base` (docs/kpu.md#kpu-ram-layout)."""
     g, p, L = (4, 16, 1) if w <= 16 else (2, 32, 1) if w <= 32 else (1, 64, -(-w // 64))
     cc, yy, xx = np.meshgrid(np.arange(c), np.arange(h), np.arange(w), indexing="ij")
     return LINE * (base + (cc // g) * L * h + yy * L) + (cc % g) * p + xx

@@ -12,7 +12,7 @@ from tl2k210.flash.kfpkg import (FlashImage, manifest_text, parse_image_arg, par
 
 
 def kflash_reads(text):
-    """kflash 1.1.6's own manifest parsing (spec §4.3), reproduced for the check."""
+    """kflash 1.1.6's own manifest parsing (docs/flash-protocol.md#kfpkg), reproduced for the check."""
     doc = json.loads(re.sub(r'"address": (.*),', r'"address": "\1",', text))
     return [(int(f["address"], 0), f["bin"], f["sha256Prefix"]) for f in doc["files"]]
 

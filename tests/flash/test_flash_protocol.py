@@ -1,5 +1,5 @@
 """SLIP, ISP packets, the firmware envelope, board presets and the stub loader, against the
-test vectors of k210-flashing-and-maixpy.md §4.1 and §8.3."""
+test vectors of docs/flash-protocol.md#test-vectors."""
 import pytest
 
 from flash_helpers import needs_kflash

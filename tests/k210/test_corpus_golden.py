@@ -26,8 +26,9 @@ OTHER_VERSIONS = {"PaddlePi__facerec_detect_v1", "PaddlePi__facerec_key_point_v1
                   "riscVaudioDenoising__weights_test_v5", "riscVaudioDenoising__MachineLearning_test_v5",
                   "canmv_examples__face_detection_320_K230_v6"}
 K210_FILES = [p for p in K210_FILES if p.stem not in OTHER_VERSIONS]
-# These nncase v0.2 files end 4 bytes before the padding of their last body (spec erratum
-# 10.5); the parsed form remembers it (omitted_tail), so they too are rewritten byte for byte.
+# These nncase v0.2 files end 4 bytes before the padding of their last body
+# (docs/kmodel-format.md#reader-rules); the parsed form remembers it (omitted_tail), so they too
+# are rewritten byte for byte.
 SHORT_TAIL = {"K210_mnist__test1": 4, "animal_classification_k210__Classifier_best_val_accuracy_animals": 4,
               "canmv_examples__uint8_mnist_cnn_model": 4}
 

@@ -100,7 +100,7 @@ def test_yolo20_v3_and_v4_both_see_the_person(yolo20_outputs):
 
 
 def test_v4_person_score_matches_spec_errata(yolo20_outputs):
-    # spec §10.2: the v0.1 and v0.2 activation rules give 0.886 vs 0.873 on the same v4 file
+    # docs/kpu.md#activation-rules: the v0.1 and v0.2 activation rules give 0.886 vs 0.873 on the same v4 file
     b = yolo.decode(yolo20_outputs["v4"], VOC_ANCHORS, 10, 7, 320, 240, 0.5, 0.2)[0]
     assert round(b.value, 3) == 0.886
 

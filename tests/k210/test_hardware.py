@@ -16,7 +16,7 @@ def test_fields_do_not_overlap_and_fit(fields, n_words):
 
 
 def test_spec_positions():
-    F = hw.LAYER_FIELD  # a few fields checked against spec §2.4
+    F = hw.LAYER_FIELD  # a few fields checked against docs/kpu.md#layer-argument
     assert (F["image_dst_addr"].word, F["image_dst_addr"].lo, F["image_dst_addr"].width) == (1, 32, 15)
     assert (F["arg_x"].word, F["arg_x"].lo, F["arg_x"].signed) == (9, 32, True)
     assert (F["arg_add"].width, F["pad_value"].lo, F["para_size"].lo) == (40, 24, 15)

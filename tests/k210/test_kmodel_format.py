@@ -23,7 +23,8 @@ def test_round_trip_is_byte_exact(path):
     out = kmodel.dumps(model)
     assert out == data
     # nncase v0.1 (and some v4 writers) moved the stream position instead of writing the final
-    # body padding (spec §3.1): the parsed form remembers it; a model made here pads every body.
+    # body padding (docs/kmodel-format.md#reader-rules): the parsed form remembers it; a model made
+    # here pads every body.
     tail, model.omitted_tail = model.omitted_tail, 0
     padded = kmodel.dumps(model)
     assert padded == data + bytes(tail) and len(padded) % 8 == 0
@@ -38,7 +39,8 @@ def test_nncase01_files_are_the_ones_missing_padding():
 
 def test_v3_conv_block_alignment_matches_spec_example():
     m = kmodel.load(data_path("kmodels", "facedetect_320x240_v3.kmodel"))
-    f = m.layers[0].fields   # spec §3.4: body@228, layer@256, weights@384, bn@896, act@1024
+    # docs/kmodel-format.md#v3-conv-parameter-placement: body@228, layer@256, weights@384, bn@896, act@1024
+    f = m.layers[0].fields
     assert (f["layer_offset"], f["weights_offset"], f["bn_offset"], f["act_offset"]) == (256, 384, 896, 1024)
     align = m.layers[0].align
     assert (align["weights"], align["bn"], align["act"]) == (128, 128, 256)
@@ -57,7 +59,7 @@ def test_v3_appendix_b_worked_example():
 
 def test_v4_kpu_conv_skips_put_blocks_on_256():
     m = kmodel.load(data_path("kmodels", "yolo20_v4.kmodel"))
-    a = m.nodes[0].conv.args  # spec §4.4 example: skips 168/128/112
+    a = m.nodes[0].conv.args  # docs/kmodel-format.md#v4-kpu-conv-body example: skips 168/128/112
     assert (a["bwsx_base_addr"], a["active_addr"], a["para_start_addr"]) == (168, 128, 112)
 
 

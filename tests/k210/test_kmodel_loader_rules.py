@@ -1,4 +1,4 @@
-"""The reader accepts what the SDK/MaixPy loaders accept (spec §10.x): v3 bodies at unaligned
+"""The reader accepts what the SDK/MaixPy loaders accept (docs/kmodel-format.md#reader-rules): v3 bodies at unaligned
 offsets (Maix-EMC), conv blocks at any gap, fractional zero points, layer type 21; it notes every
 deviation from nncase's writer habits; header claims are checked against the file length first."""
 import struct
@@ -85,7 +85,7 @@ def test_conv_blocks_at_arbitrary_gaps_and_alignment_one():
 
 
 def test_fractional_zero_point_runs_with_the_silicon_rule():
-    """Maix-EMC uses arg_x that is not a multiple of 2^shr_x (spec §10.1): both Σ rules run and
+    """Maix-EMC uses arg_x that is not a multiple of 2^shr_x (docs/kpu.md#sum-rule): both Σ rules run and
     the default is the silicon rule, layer output = the stage-by-stage reference."""
     m = kmodel.load(data_path("kmodels", "mnist_v3.kmodel"))
     conv = m.layers[1].conv     # 16 input channels: the two rules can differ
@@ -103,7 +103,7 @@ def test_fractional_zero_point_runs_with_the_silicon_rule():
         assert np.array_equal(trace[1][1], want), rule
     a = Emulator(back, sum_rule="silicon").run(x, trace=True)[1][1][1]
     b = Emulator(back, sum_rule="simulator").run(x, trace=True)[1][1][1]
-    assert not np.array_equal(a, b)   # the rules differ here, as §10.1 says they can
+    assert not np.array_equal(a, b)   # the rules differ here, as docs/kpu.md#sum-rule says they can
 
 
 def test_quantized_tensorflow_flatten_type_21_runs():

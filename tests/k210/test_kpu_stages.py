@@ -1,4 +1,4 @@
-"""Each KPU stage against hand-computed values (spec §2.5, errata §10.1)."""
+"""Each KPU stage against hand-computed values (docs/kpu.md#pipeline, #sum-rule)."""
 import numpy as np
 import pytest
 
@@ -93,7 +93,7 @@ def test_compiled_activation_equals_direct(rule):
 
 # ---------------------------------------------------------------- pooling, every code at odd sizes
 def _pool_loops(y, code):
-    """Spec §2.5.4 written as plain loops."""
+    """docs/kpu.md#pooling written as plain loops."""
     p = hw.POOL[code]
     c, h, w = y.shape
     if p.kind == "bypass":
@@ -207,7 +207,7 @@ def _random_conv(rng, depthwise, k, pool, wide=False):
               arg_add=int(rng.integers(-(1 << 24), 1 << 24)))
     n = ci * k * k if depthwise else co * ci * k * k
     weights = rng.integers(0, 65536 if wide else 256, n).astype(np.uint16 if wide else np.uint8)
-    # parameters keep V within the KPU's 36 bits (spec §2.5.2), as real files do
+    # parameters keep V within the KPU's 36 bits (docs/kpu.md#batch-norm-stage), as real files do
     bn = {"norm_mul": rng.integers(-(1 << 10), 1 << 10, co), "norm_shift": rng.integers(8, 16, co),
           "norm_add": rng.integers(-(1 << 20), 1 << 20, co)}
     starts = np.sort(rng.integers(-(1 << 24), 1 << 24, 16))
@@ -245,7 +245,7 @@ def test_kpu_ram_layout_bytes(c, h, w):
     x = np.random.default_rng(c).integers(0, 256, (c, h, w)).astype(np.uint8)
     ram.write(10, x)
     off = hw.map_offsets(c, h, w, base_line=10)
-    assert np.array_equal(ram.mem[off], x)                      # every byte where §2.3 says
+    assert np.array_equal(ram.mem[off], x)                      # every byte where docs/kpu.md#kpu-ram-layout says
     untouched = np.ones(ram.mem.size, bool)
     untouched[off.reshape(-1)] = False
     assert not ram.mem[untouched].any()                          # and nowhere else

@@ -201,7 +201,7 @@ def _wide(h, w, stride):
 
 def test_wide_maps_stream_in_row_bands():
     """A 320x240 map that must reach main memory: the KPU streams at most 65,536 pixels per
-    output channel (channel_byte_num, spec §2.5.5), so such a layer runs in row bands; the
+    output channel (channel_byte_num, docs/kpu.md#write-back-and-streaming), so such a layer runs in row bands; the
     first layer cannot (MaixPy feeds it the whole image) and is refused with the reason."""
     with pytest.raises(KpuLimitError, match="65,536 pixels per channel.*first layer"):
         compile_model(_wide(240, 320, 1), pixels(2, 3, 240, 320), format="v3")
@@ -419,7 +419,7 @@ def test_stride2_3x3_phases_are_the_direct_conv_bit_for_bit(group, pads, first, 
 
 
 def test_stride2_phases_keep_the_kpu_output_minimum():
-    """The phases' half-size maps are KPU outputs: at least 4x4 (spec §2.7). A 7x9 map (half:
+    """The phases' half-size maps are KPU outputs: at least 4x4 (docs/kpu.md#limits). A 7x9 map (half:
     3x4) has no phases form; its stride-2 conv stays at stride 1 + CPU pick."""
     from tl2k210.k210.lower import kxk
     m = _kxk_after_conv(3, "dense", 2, [0, 0, 1, 1], c_in=8, h=7, w=9)

@@ -58,7 +58,8 @@ def check_v4(m, px=PX, opcodes=(), min_sqnr=30.0, **opts):
     assert kmodel.dumps(back) == data                       # the shared layout, both ways
     assert len(data) % 8 == 0 and model.main_mem % 8 == 0
     # nncase's habits, which the reader notes when a file deviates: 8-aligned bodies, kpu_conv2d
-    # BN / activation / weight blocks at 256-aligned file offsets (spec §4.4 skips), no tail
+    # BN / activation / weight blocks at 256-aligned file offsets (docs/kmodel-format.md#v4-kpu-conv-body
+    # skips), no tail
     assert not back.notes, back.notes
     assert all(nd.skips is None for nd in back.nodes if nd.name == "kpu_conv2d")
     names = [nd.name for nd in back.nodes]
@@ -511,7 +512,8 @@ def test_v4_over_the_firmware_budget_is_refused_with_its_biggest_buffers(tmp_pat
 
 
 def test_every_v4_opcode_has_a_cost_with_its_basis():
-    """cost.py prices every opcode of spec §4.3 (one table, shared with the host MaixPy's clock)."""
+    """cost.py prices every opcode of docs/kmodel-format.md#v4-opcodes (one table, shared with the host
+    MaixPy's clock)."""
     from tl2k210.k210 import cost
     from tl2k210.k210.kmodel.v4 import OPCODES
     assert {o.name for o in OPCODES.values()} - {"kpu_conv2d"} <= set(cost._V4)

@@ -1,4 +1,4 @@
-"""Every v4 opcode of spec §4.3 against values computed by hand from its definition (nncase v0.2
+"""Every v4 opcode of docs/kmodel-format.md#v4-opcodes against values computed by hand from its definition (nncase v0.2
 runtime kernels), each run as a one-node kmodel written by our writer, read back and emulated.
 
 Float kernels are also compared bit for bit with the C loops written out literally in float32."""
@@ -66,7 +66,7 @@ def test_quantized_binary_field_order_and_div_rounds():
              input_a_shift=1, input_b_offset=-1, input_b_mul=1, input_b_shift=0,
              output_offset=100, output_mul=2, output_shift=2)
     assert run_node("quantized_binary", f, x, U8, 2).tolist() == [113, 255]
-    # the body stores output_offset, output_mul, output_shift in that order (erratum 10.3)
+    # the body stores output_offset, output_mul, output_shift in that order (docs/kmodel-format.md#v4-opcodes)
     body = kmodel.dumps(v4.KModelV4([v4.Node(0x11, dict(f, output=rng_(U8, 9, 2)))], [], [], [], 0))
     assert struct.unpack_from("<3i", body, len(body) - 12) == (100, 2, 2)
     # div is binary_div of neutral_ops.cpp: (a + b / 2) / b in C int32 (spec §10.y), both

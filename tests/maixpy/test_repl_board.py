@@ -1,5 +1,5 @@
 """The emulated MaixPy REPL board byte for byte (MicroPython @ced340d's pyexec/readline, spec
-k210-flashing-and-maixpy.md §6.3): friendly REPL, raw REPL and its sections, soft reboot,
+docs/flash-protocol.md#maixpy-repl): friendly REPL, raw REPL and its sections, soft reboot,
 raw paste absent (the 1.11 fallback) or offered, Ctrl-C, the baud rate on the line, the seeded
 line faults and the line clock."""
 import re

@@ -1,4 +1,4 @@
-"""Board presets: how DTR/RTS reach RESET and IO16 (BOOT), as data (spec §1.2).
+"""Board presets: how DTR/RTS reach RESET and IO16 (BOOT), as data (docs/flash-protocol.md#board-reset-wiring).
 
 pyserial's ``dtr=True`` / ``rts=True`` means *asserted*: the TTL pin is electrically low. Each
 sequence is a list of steps; a step sets lines in the listed order, then holds for ``STEP_S``.
@@ -58,11 +58,11 @@ BOARDS = {b.name: b for b in [
           [], []),
 ]}
 
-# Baud rates of the stage-2 transfer (-b). The ROM ISP always runs at 115200 8N1 (spec §2.1, §2.5):
+# Baud rates of the stage-2 transfer (-b). The ROM ISP always runs at 115200 8N1 (docs/flash-protocol.md#baud-rates):
 # no K210 tool goes below it. Each board's `max_baud` is what its USB-serial bridge is rated for:
 # the WCH CH340 does 50 bps..2 Mbps (CH340 datasheet), the CH552 bridge firmware of the Maix Bit
-# with mic is reported unreliable above 1.5 Mbaud (spec §7.2), and the FT2232 boards are driven
-# like the others (kflash's open-ec "super baudrate" mapping, spec §3.3, is not implemented).
+# with mic is reported unreliable above 1.5 Mbaud (docs/flash-protocol.md#baud-rates), and the FT2232 boards are driven
+# like the others (kflash's open-ec "super baudrate" mapping, docs/flash-protocol.md#baud-rates, is not implemented).
 MIN_BAUD = ROM_BAUD
 MAX_BAUD = max(b.max_baud for b in BOARDS.values())
 

@@ -125,7 +125,7 @@ class K210Core:
                 self._release_at = None
                 self._pending.clear()
             elif self.state == self.RESET:
-                self._release_at = now        # sample IO16 a little later (spec §1.2)
+                self._release_at = now        # sample IO16 a little later (docs/flash-protocol.md#board-reset-wiring)
 
     def _sample_boot_pin(self):
         self._release_at = None
@@ -298,7 +298,7 @@ class K210Core:
 
 def pty_baud(master_fd):
     """The baud rate the host program set on the slave side of a pty, read from its master
-    (TCGETS2: c_ospeed, exact also for non-standard rates; spec §8.1), or None."""
+    (TCGETS2: c_ospeed, exact also for non-standard rates; docs/flash-protocol.md#emulated-board-on-a-pty), or None."""
     buf = array.array("i", [0] * 64)
     try:
         fcntl.ioctl(master_fd, TCGETS2, buf)

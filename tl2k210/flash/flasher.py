@@ -1,7 +1,7 @@
 """The flasher: ROM greeting (with board auto-detection), stub upload, stub boot, baud change,
 chunked flash writes with bounded retries, verification and reboot.
 
-Robustness rules (each one fixes a failure seen in kflash 1.1.6, spec §3.4/§7.2):
+Robustness rules (each one fixes a failure seen in kflash 1.1.6, docs/flash-protocol.md#known-failures-of-kflash):
 - a rejected or unanswered frame is resent *unchanged, at the same address*;
 - before a resend the link is resynchronised: wait for the line to go quiet, flush, send a NOP
   and discard everything up to the NOP's own reply, so a late reply to an earlier frame can

@@ -1,6 +1,6 @@
 """``.kfpkg`` packages and ``FILE@ADDR`` image arguments.
 
-A kfpkg is a ZIP with ``flash-list.json`` plus the referenced binaries (spec §4.3). The reader is
+A kfpkg is a ZIP with ``flash-list.json`` plus the referenced binaries (docs/flash-protocol.md#kfpkg). The reader is
 tolerant of real manifests (hex literals such as ``"address": 0x300000,``, which kflash accepts)
 and safe: it rejects path traversal, duplicate or overlapping ranges, images beyond the flash
 and absurd sizes. The writer emits what kflash's line-based regex reader also accepts:

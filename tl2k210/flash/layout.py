@@ -16,7 +16,7 @@ def overlaps_spiffs(address, end) -> bool:
 def address_warnings(images):
     """Warnings for raw images where MaixPy users lose data: inside the firmware region, in the
     SPIFFS /flash filesystem, or not 4 KiB aligned (the erase unit; kflash's erase and Sipeed's
-    kflash fork require it, spec §3.4, §4.2)."""
+    kflash fork require it, docs/flash-protocol.md#flash-write-chunking)."""
     out = []
     for i in images:
         if i.envelope and i.address == 0:

@@ -1,6 +1,6 @@
 """TensorLayer 2.x `tl.models.Model` (static) -> ONNX through tf.function + tf2onnx.
 
-Applies the BatchNorm graph-capture fix from docs/dependencies.md: after `model.eval()`, each
+Applies the BatchNorm graph-capture fix TensorLayer 2.2.5 needs: after `model.eval()`, each
 BatchNorm layer's moving_mean/moving_var are pointed back at the real variables in its weights
 (TL 2.2.5 swaps them during build and capture then fails with "Can not convert a NoneType")."""
 from pathlib import Path

@@ -3,7 +3,7 @@ SRAM, the boards' SPI flash and the map MaixPy lays on it, and the serial rates 
 REPL start at. The flasher, the package writer, the emulated boards, the host MaixPy and the
 compiler's budgets read them here; no second copy of these numbers anywhere.
 
-Sources: docs/k210-flashing-and-maixpy.md (flash map §6.1, ROM ISP §2.1, REPL §6.3).
+Described in docs/flash-protocol.md#maixpy-flash-map, #baud-rates, #maixpy-repl and docs/kpu.md#memories.
 """
 MIB = 1024 * 1024
 

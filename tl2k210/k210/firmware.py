@@ -2,8 +2,8 @@
 models, which kmodel versions it loads, its MicroPython heap. The compiler's `--runtime` check
 and the host MaixPy (`tl2k210 demo --runtime`, `kpu.load`, `gc.mem_free`) both read it.
 
-Sources: ../shared/docs/k210-flashing-and-maixpy.md §6.2 ("minimum firmware can hold a model of
-about 4 MB, full firmware about 2 MiB"), k210-kmodel-and-kpu.md §7, maixpy-api.md §2.3 (GC heap
+Sources: docs/kmodel-format.md#loading-on-maixpy ("minimum firmware can hold a model of
+about 4 MB, full firmware about 2 MiB"), maixpy-api.md §2.3 (GC heap
 0x80000 -> 518 144-byte pool), §6.1 (V4 only in *_kmodel_v4* / full builds; minimum builds are
 V3-only, which the text of error 2002 tells). `model_budget` is what the system heap has free for
 kpu.load after boot: the kmodel file (copied to RAM) plus its main-memory buffers. Board reports

@@ -1,8 +1,8 @@
 """Does a kmodel fit the firmware it is made for? Checked before anything is written.
 
-* format: kmodel v4 only on builds that load it (firmware.RUNTIMES[...].kmodel_versions; spec
-  §1.2: MaixPy builds with KMODEL_V4_SUPPORT and the SDK since V0.5.7 do, `maixpy-minimum`
-  does not); the refusal names the layer that needs v4.
+* format: kmodel v4 only on builds that load it (firmware.RUNTIMES[...].kmodel_versions;
+  docs/kmodel-format.md#versions-and-loaders: MaixPy builds with KMODEL_V4_SUPPORT and the SDK
+  since V0.5.7 do, `maixpy-minimum` does not); the refusal names the layer that needs v4.
 * memory: model file + main memory within what the build leaves (`model_budget`); the refusal
   gives the budget, the biggest weight blocks and the buffers live at the main-memory peak.
 """

@@ -166,7 +166,7 @@ def activation_table(act: dict | None, y_lo: float, y_hi: float, s_v: float, s_z
         start = int(max(prev, min(round(start), (1 << 35) - 2)))
         mul, sh = fixed_mul(slope, 16, ACT_SHIFT_MAX)
         if mul < 0 and sh > 0:
-            # T = (V - start)·mul < 0 here, and the vendor carry-shift (spec §2.5.3, nncase v0.2)
+            # T = (V - start)·mul < 0 here, and the vendor carry-shift (docs/kpu.md#activation-rules, nncase v0.2)
             # gives floor - 1 above a half: errors in (-2, 0]; one more in the bias centres them
             bias = min(bias + 1, 255)
         starts.append(start)

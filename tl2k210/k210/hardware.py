@@ -4,7 +4,7 @@ Register field table (word, bit, width, signedness), batch-norm and activation-t
 KPU RAM geometry, limits and pool codes. The kmodel reader/writer, the inspector and the
 emulator all read these tables; no bit position is written anywhere else.
 
-Source: ../shared/docs/k210-kmodel-and-kpu.md §2 (SDK kpu.h, nncase v0.1/v0.2).
+Described in docs/kpu.md (from the SDK's kpu.h, nncase v0.1/v0.2).
 """
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ KPU_RAM_LINES = KPU_RAM_BYTES // LINE_BYTES  # 32768
 UNCACHED_OFFSET = 0x4000_0000  # drivers pass (cached address - this) to the KPU
 MAIN_SRAM_BYTES = GENERAL_SRAM_BYTES
 
-# Parameter block alignment in a file (spec §2.8, §3.4): nncase v0.1 used 128 for weights/BN,
+# Parameter block alignment in a file (docs/kpu.md#parameter-alignment): nncase v0.1 used 128 for weights/BN,
 # 256 for the activation table; new files use 256 for all three.
 ACT_TABLE_ALIGN = 256
 PARAM_ALIGN = 256
-WEIGHT_LOAD_BUDGET = {8: 30 * 1024, 16: 60 * 1024}  # bytes per weight load (spec §2.5.6)
+WEIGHT_LOAD_BUDGET = {8: 30 * 1024, 16: 60 * 1024}  # bytes per weight load (docs/kpu.md#weight-loading)
 
-# Safe envelope (spec §2.7)
+# Safe envelope (docs/kpu.md#limits)
 LIMITS = {
     "in_w": (4, 512),
     "in_h": (4, 256),
@@ -56,7 +56,7 @@ class Field:
         return ((1 << self.width) - 1) << self.lo
 
 
-#: The 12 u64 words of a KPU layer argument, in push order (spec §2.4).
+#: The 12 u64 words of a KPU layer argument, in push order (docs/kpu.md#layer-argument).
 LAYER_WORDS = (
     "interrupt_enabe", "image_addr", "image_channel_num", "image_size", "kernel_pool_type_cfg",
     "kernel_load_cfg", "kernel_offset", "kernel_calc_type_cfg", "write_back_cfg", "conv_value",
@@ -91,7 +91,7 @@ LAYER_FIELDS = (
 )
 LAYER_FIELD = {f.name: f for f in LAYER_FIELDS}
 
-#: Values nncase always writes (spec §2.6); the writer starts from these.
+#: Values nncase always writes (docs/kpu.md#nncase-register-values); the writer starts from these.
 LAYER_DEFAULTS = {
     "int_en": 0, "ram_flag": 0, "full_add": 0, "pad_type": 0, "first_stride": 0,
     "bypass_conv": 0, "load_para": 1, "dma_burst_size": 15, "load_coor": 1,
@@ -99,12 +99,12 @@ LAYER_DEFAULTS = {
     "send_data_out": 0,
 }
 
-#: One u64 per output channel (spec §2.5.2).
+#: One u64 per output channel (docs/kpu.md#batch-norm-stage).
 BN_FIELDS = (_F("norm_mul", 0, 0, 24, True), _F("norm_add", 0, 24, 32, True),
              _F("norm_shift", 0, 56, 4))
 BN_ENTRY_BYTES = 8
 
-#: Activation table: 16 segment words, then 16 result_bias bytes (spec §2.5.3).
+#: Activation table: 16 segment words, then 16 result_bias bytes (docs/kpu.md#activation).
 ACT_SEGMENTS = 16
 ACT_SEGMENT_FIELDS = (_F("shift_number", 0, 0, 8), _F("y_mul", 0, 8, 16, True),
                       _F("x_start", 0, 24, 36, True))
@@ -116,7 +116,7 @@ KERNEL_SIZES = {0: 1, 1: 3}  # kernel_type -> k
 
 
 # ---------------------------------------------------------------------------------------------
-# Pool codes (spec §2.5.4): code -> (name, kind, window, stride)
+# Pool codes (docs/kpu.md#pooling): code -> (name, kind, window, stride)
 @dataclass(frozen=True)
 class Pool:
     code: int
@@ -146,7 +146,7 @@ POOL = {p.code: p for p in POOLS}
 
 
 # ---------------------------------------------------------------------------------------------
-# KPU RAM layout (spec §2.3)
+# KPU RAM layout (docs/kpu.md#kpu-ram-layout)
 def row_layout(width: int) -> tuple[int, int, int]:
     """(groups g, row pitch p in bytes, row_len L in lines) for a map of this width."""
     if width <= 16:

@@ -61,7 +61,8 @@ def _cpu_row_v3(L, where):
 
 
 def _register_notes(model) -> list:
-    """KPU register fields whose value differs from what nncase always writes (spec §2.6)."""
+    """KPU register fields whose value differs from what nncase always writes
+    (docs/kpu.md#nncase-register-values)."""
     items = model.items
     kind = model.item_kind
     odd = {}

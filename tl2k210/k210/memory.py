@@ -7,7 +7,7 @@ from tl2k210.k210 import hardware as hw
 
 class KpuAllocator:
     """KPU RAM in 64-byte lines: named blocks, first fit, explicit free. A KPU conv needs its
-    input and output maps resident at once and disjoint (spec §2.5.5); several maps may stay
+    input and output maps resident at once and disjoint (docs/kpu.md#write-back-and-streaming); several maps may stay
     resident while their KPU consumers run (a map read by two convs, a concat's slots)."""
 
     def __init__(self, lines: int = hw.KPU_RAM_LINES):

@@ -3,12 +3,12 @@ pyserial URL: `tl2k210.flash.transport.open_port`), and what tl2k210 does with i
 its output streamed, list, upload and download files with checksums the board computes, raise
 the baud rate.
 
-    with Repl.open("/dev/ttyUSB0") as r:           # 115200 8N1: MaixPy's REPL (spec §6.3)
+    with Repl.open("/dev/ttyUSB0") as r:           # 115200 8N1: MaixPy's REPL (docs/flash-protocol.md#maixpy-repl)
         r.enter_raw()                              # Ctrl-C, Ctrl-A: "raw REPL; CTRL-B to exit"
         r.exec_ok("print(1 + 1)")                  # b'2\\r\\n'
         r.put(open("m.kmodel", "rb").read(), "/sd/m.kmodel", progress=Progress(True))
 
-Protocol (MicroPython tools/pyboard.py semantics; spec k210-flashing-and-maixpy.md §6.3):
+Protocol (MicroPython tools/pyboard.py semantics; docs/flash-protocol.md#maixpy-repl):
 * `exec`: the code, Ctrl-D; the board answers `OK`, stdout, `\\x04`, stderr (the traceback),
   `\\x04`, `>`. Raw-paste mode (Ctrl-E A Ctrl-A -> `R\\x01` + window, flow control by `\\x01`)
   is used when the board offers it; MaixPy's MicroPython 1.11 core does not (it restarts the raw
@@ -26,7 +26,7 @@ Protocol (MicroPython tools/pyboard.py semantics; spec k210-flashing-and-maixpy.
   or line damage (resent); the helpers themselves arrive in CRC-checked pieces (BOOTSTRAP).
 * `set_baud`: `machine.UART.repl_uart().init(B, 8, None, 1, read_buf_len=2048)`, the call
   MaixPy's `_boot.py` makes to switch the REPL UART to 1.5 Mbaud for MaixPy IDE
-  (maixpy-api.md §1.1, spec §6.3), without `ide=True`, so the REPL stays a plain REPL. The
+  (maixpy-api.md §1.1, docs/flash-protocol.md#maixpy-repl), without `ide=True`, so the REPL stays a plain REPL. The
   host follows after `OK`; the board sleeps before and after the switch. `close()` switches
   back to the initial rate (a board left at another rate answers garbage until RESET). Verified
   against the emulated board only. IDE mode itself (`/flash/ide_mode.conf` + reset) switches to

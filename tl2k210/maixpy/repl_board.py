@@ -7,8 +7,8 @@ unchanged:
         subprocess.run(["mpremote", "connect", b.port, "fs", "ls"])
         b.stats.rx_bytes, b.line_seconds()
 
-The REPL is MicroPython @ced340d's (lib/utils/pyexec.c, lib/mp-readline; spec
-k210-flashing-and-maixpy.md §6.3, maixpy-api.md §1.1):
+The REPL is MicroPython @ced340d's (lib/utils/pyexec.c, lib/mp-readline;
+docs/flash-protocol.md#maixpy-repl, maixpy-api.md §1.1):
 
 * power-on: _boot.py's output, boot.py, main.py, then the friendly REPL `>>> ` (echo, backspace,
   `... ` continuation lines, Ctrl-A raw REPL, Ctrl-B banner, Ctrl-C new line, Ctrl-D soft
@@ -17,7 +17,7 @@ k210-flashing-and-maixpy.md §6.3, maixpy-api.md §1.1):
   the traceback, `\\x04`, `>`; Ctrl-D on an empty line soft-reboots (`OK\\r\\n`, `MPY: soft
   reboot`; main.py does not run in raw mode); Ctrl-B back to friendly, Ctrl-A restarts, Ctrl-C
   clears the line, every other byte belongs to the code. Raw-paste mode (Ctrl-E A Ctrl-A,
-  MicroPython >= 1.14) is absent from this core (spec §6.3): those bytes become code and the
+  MicroPython >= 1.14) is absent from this core (docs/flash-protocol.md#maixpy-repl): those bytes become code and the
   Ctrl-A restarts the raw REPL, which clients read as "not supported". `raw_paste=True` emulates
   a firmware that has it (256-byte window, as MicroPython's);
 * Ctrl-C while code runs raises KeyboardInterrupt at its next line (unless the code called

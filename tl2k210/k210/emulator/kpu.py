@@ -1,6 +1,6 @@
 """Bit-exact KPU layer: convolution → batch-norm → 16-segment activation → uint8 → pooling.
 
-Semantics: ../shared/docs/k210-kmodel-and-kpu.md §2.5 and errata §10.1. Each stage is a small
+Semantics: docs/kpu.md#pipeline and #sum-rule. Each stage is a small
 function over whole numpy arrays (testable on its own); ``PreparedConv`` precomputes what does
 not depend on the input and runs a layer with a handful of whole-array passes.
 
@@ -11,8 +11,8 @@ activation lookup and the depthwise taps run as one fused pass per value, parall
 (about 3x faster, same bytes); otherwise rows are split into cache-sized bands run on threads.
 
 Named rules (defaults follow the spec):
-  sum_rule  "silicon"   Σx/Σw terms shifted per input channel, then summed (§10.1, board-backed)
-            "simulator" the vendor simulator: shift of the whole sum (§2.5.1)
+  sum_rule  "silicon"   Σx/Σw terms shifted per input channel, then summed (docs/kpu.md#sum-rule)
+            "simulator" the vendor simulator: shift of the whole sum (docs/kpu.md#convolution)
   act_rule  "nncase02"  segment = highest i with V > x_start; banker carry-shift with sign quirk
             "nncase01"  segment = highest i with V >= x_start; round-half-up carry-shift
 """
@@ -96,7 +96,7 @@ def activation(v: np.ndarray, act: dict, rule: str = "nncase02") -> np.ndarray:
 
 
 def pool(y: np.ndarray, code: int) -> np.ndarray:
-    """Pooling on the uint8 (C, H, W) activation output (spec §2.5.4)."""
+    """Pooling on the uint8 (C, H, W) activation output (docs/kpu.md#pooling)."""
     p = hw.POOL[code]
     c, h, w = y.shape
     if p.kind == "bypass":
@@ -127,7 +127,7 @@ def pool(y: np.ndarray, code: int) -> np.ndarray:
 
 
 def conv_acc(x: np.ndarray, weights: np.ndarray, args: dict, sum_rule: str = "silicon") -> np.ndarray:
-    """Reference (unoptimised but vectorised) ACC of §2.5.1 for input x (C_in, H, W) uint8.
+    """Reference (unoptimised but vectorised) ACC (docs/kpu.md#convolution) for input x (C_in, H, W) uint8.
 
     weights: (C_out, C_in, k, k) for normal, (C, k, k) for depthwise. Returns int64 (C_out, H, W).
     """

@@ -1,4 +1,4 @@
-"""Emulated memories: the 2 MiB KPU RAM (64-byte lines, §2.3 layout) and the main buffer.
+"""Emulated memories: the 2 MiB KPU RAM (64-byte lines, docs/kpu.md#kpu-ram-layout) and the main buffer.
 
 Feature maps in KPU RAM are accessed through strided numpy views, so upload/download is a plain
 array copy (no per-pixel index arithmetic).

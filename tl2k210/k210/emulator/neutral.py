@@ -1,7 +1,7 @@
 """The CPU kernels of the nncase v0.2 runtime (``kernels/neutral/neutral_kernels.h``,
 ``kernels/cpu/cpu_kernels.h``) as whole-array numpy functions, computing what the C loops compute.
 
-Exactness rules (spec §4.5, errata §10):
+Exactness rules (docs/kmodel-format.md#v4-interpreter):
 * float kernels accumulate in float32 in the C loop order (``value = bias; value += x * w`` per
   tap, taps outside the input skipped, no fused multiply-add); each tap is one whole-array step;
 * quantized kernels are integer (int64, exact), rounded by ``mul_and_carry_shift`` (add 2^(s-1),
@@ -108,7 +108,7 @@ def c_div(a, b) -> np.ndarray:
 
 
 def _int_op(op: str, a, b):
-    if op == "div":  # binary_div: (a + b / 2) / b, int32 (spec §10.y; b / 2 truncates too)
+    if op == "div":  # binary_div: (a + b / 2) / b, int32 (docs/kmodel-format.md#v4-interpreter; b / 2 truncates too)
         return c_div(wrap_i32(a + c_div(b, 2)), b)
     return {"add": np.add, "sub": np.subtract, "mul": np.multiply, "min": np.minimum,
             "max": np.maximum}[op](a, b)
@@ -229,7 +229,7 @@ def nnil(code: bytes, x: np.ndarray):
 
 
 def pad(x: np.ndarray, paddings, value) -> np.ndarray:
-    """4-D pad; negative padding crops (spec erratum 10.6)."""
+    """4-D pad; negative padding crops (docs/kmodel-format.md#v4-interpreter)."""
     p = np.asarray(paddings, np.int64).reshape(4, 2)
     crop = tuple(slice(max(0, -b), s - max(0, -e)) for (b, e), s in zip(p, x.shape))
     return np.pad(x[crop], [(max(0, b), max(0, e)) for b, e in p], constant_values=value)

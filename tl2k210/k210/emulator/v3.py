@@ -1,4 +1,4 @@
-"""kmodel v3 runner: the SDK's ``kpu_run_kmodel`` / ``ai_step`` (spec §3.6), one small function
+"""kmodel v3 runner: the SDK's ``kpu_run_kmodel`` / ``ai_step`` (docs/kmodel-format.md#v3-runner), one small function
 per layer type in a registry. Float CPU layers compute in float32 like the RISC-V code."""
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def pool2d(L, f, ctx, where):
         if quant:  # not run by the SDK; rounded average (UNCERTAIN on device)
             s = np.where(valid, win, 0).reshape(c, oh, ow, -1).astype(np.int64).sum(axis=-1)
             out = ((s + cnt // 2) // cnt).astype(np.uint8)
-        else:  # the SDK ignores `act` here (spec §3.6)
+        else:  # the SDK ignores `act` here (docs/kmodel-format.md#v3-runner)
             out = _seqsum(np.where(valid, win, 0).reshape(c, oh, ow, -1), -1) / cnt.astype(f32)
     ctx.main.write(f["main_mem_out_address"], out, where)
     return out

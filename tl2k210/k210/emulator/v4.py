@@ -1,4 +1,4 @@
-"""kmodel v4 interpreter (nncase v0.2 runtime, spec §4.4-4.5): one function per opcode."""
+"""kmodel v4 interpreter (nncase v0.2 runtime, docs/kmodel-format.md#v4-interpreter): one function per opcode."""
 from __future__ import annotations
 
 import numpy as np
@@ -237,7 +237,8 @@ def table_lookup1d(node, f, ctx, where):
 
 @op("concat")
 def concat(node, f, ctx, where):
-    outer = f["outer_size"]  # each input holds outer x (dims[i] * inner_size) bytes (errata 4)
+    # each input holds outer x (dims[i] * inner_size) bytes (docs/kmodel-format.md#v4-opcodes: concat)
+    outer = f["outer_size"]
     parts = [ctx._mem(r, where).view(np.uint8).reshape(outer, -1) for r in node.data["inputs"]]
     out = np.concatenate(parts, axis=1)
     ctx._mem(f["output"], where).view(np.uint8)[:] = out.reshape(-1)

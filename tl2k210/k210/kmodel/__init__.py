@@ -16,7 +16,7 @@ _SUPPORTED = "tl2k210 reads v3/v4 and writes v3"
 
 def detect_version(data: bytes) -> int:
     """3 or 4; any other recognisable file raises a KmodelFormatError saying what it is and
-    which tool or firmware reads it (spec §1, §10.x)."""
+    which tool or firmware reads it (docs/kmodel-format.md#versions-and-loaders, #reader-rules)."""
     if len(data) < 8:
         raise KmodelFormatError(f"file is {len(data)} bytes, too short for a kmodel header", 0,
                                 "version")

@@ -111,8 +111,9 @@ def align_up(x: int, a: int) -> int:
 
 def drop_tail(out: bytes, omitted: int, pad: int) -> bytes:
     """`out` without the last `omitted` bytes when they are the last body's zero padding: a model
-    read from a file that ended before that padding (nncase v0.1, some v4 writers; spec §10.5) is
-    written back byte for byte. A model made here has omitted = 0 and keeps its padding."""
+    read from a file that ended before that padding (nncase v0.1, some v4 writers;
+    docs/kmodel-format.md#reader-rules) is written back byte for byte. A model made here has
+    omitted = 0 and keeps its padding."""
     if 0 < omitted <= pad:
         return out[:-omitted]
     return out

@@ -1,6 +1,6 @@
 """kmodel v3 (nncase v0.1, every MaixPy build): reader and writer.
 
-Layout (spec §3): 28-byte header + outputs table + layer headers + bodies; each body padded so
+Layout (docs/kmodel-format.md#kmodel-v3): 28-byte header + outputs table + layer headers + bodies; each body padded so
 the next starts at an absolute multiple of 8. K210_CONV bodies carry absolute file offsets of
 their layer argument, weights, BN and activation blocks.
 """
@@ -62,7 +62,7 @@ class LayerType:
     id: int
     name: str
     struct: Struct | None  # None: no source documents the body; it is kept as raw bytes
-    in_sdk: bool  # the standalone SDK v3 runner executes it (spec §3.2)
+    in_sdk: bool  # the standalone SDK v3 runner executes it (docs/kmodel-format.md#v3-layer-types)
     tail: str = ""  # variable part after the fixed struct: a TAILS key or "conv"
 
 
@@ -117,7 +117,8 @@ LAYER_TYPES = {t.id: t for t in (
 TYPE_BY_NAME = {t.name: t for t in LAYER_TYPES.values()}
 KLF_MAIN_MEM_OUT = 1
 
-#: v3 conv block order and nncase v0.1's alignment of each (spec §3.4); new files use 256.
+#: v3 conv block order and nncase v0.1's alignment of each
+#: (docs/kmodel-format.md#v3-conv-parameter-placement); new files use 256.
 CONV_BLOCKS = ("layer", "weights", "bn", "act")
 NN01_ALIGN = {"layer": 8, "weights": 128, "bn": 128, "act": 256}
 DEFAULT_ALIGN = {"layer": 8, "weights": 256, "bn": 256, "act": 256}

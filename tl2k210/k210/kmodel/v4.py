@@ -1,6 +1,6 @@
 """kmodel v4 (nncase v0.2, 'KMDL' version 4): reader and writer.
 
-Layout (spec §4): 40-byte header, input ranges, input shapes, output ranges, constants blob,
+Layout (docs/kmodel-format.md#kmodel-v4): 40-byte header, input ranges, input shapes, output ranges, constants blob,
 node headers, bodies (each padded to an absolute multiple of 8). kpu_conv2d bodies store, in
 the three address fields of the layer argument, the padding skipped before the BN table,
 the activation table and the weights (each block 256-aligned in the file).
@@ -132,7 +132,7 @@ OPCODES = {o.code: o for o in (
     _op(0x11, "quantized_binary", "input_a:range input_b:range output:range binary_op:u32 "
         "in_a_shape:shape4 in_b_shape:shape4 out_shape:shape4 input_a_offset:i32 "
         "input_a_mul:i32 input_a_shift:i32 input_b_offset:i32 input_b_mul:i32 input_b_shift:i32 "
-        "output_offset:i32 output_mul:i32 output_shift:i32"),   # spec erratum 10.3: this order
+        "output_offset:i32 output_mul:i32 output_shift:i32"),   # docs/kmodel-format.md#v4-opcodes: this order
     _op(0x12, "table_lookup1d", "input:range table:range output:range"),
     _op(0x13, "conv2d_transpose", f"{_IO} in_shape:shape4 out_shape:shape4 groups:i32 {_WIN} "
         "fused_activation:vrange"),

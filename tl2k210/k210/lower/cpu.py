@@ -37,9 +37,9 @@ def add_refuses(g, node, opts):
 def add_offsets(za, zb, zo, ma, mb, mul, sh, search=32):
     """QUANTIZED_ADD's (in_a_offset, in_b_offset, out_offset) for zero points za, zb, zo.
 
-    kpu_carry_shift rounds a negative value wrongly (an odd v >> (s-1) lands 2 LSB low; spec
-    §3.6), so offsets of -za, -zb (a signed sum) bias every output by -0.5 LSB on average, and
-    up to -2 LSB: 2.1 dB lost at MobileNetV2's first residual add. Instead the inputs are offset
+    kpu_carry_shift rounds a negative value wrongly (an odd v >> (s-1) lands 2 LSB low;
+    docs/kmodel-format.md#v3-runner), so offsets of -za, -zb (a signed sum) bias every output by
+    -0.5 LSB on average, and up to -2 LSB: 2.1 dB lost at MobileNetV2's first residual add. Instead the inputs are offset
     so that the sum is never negative (a + off_a >= 0, (b + off_b)·mb >= 0 for every uint8), and
     out_offset takes the added constant K back: off_o = zo - K·mul/2^sh. Of the offsets tried,
     the one whose K·mul/2^sh is nearest an integer wins (its fraction is the only bias left)."""

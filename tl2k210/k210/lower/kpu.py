@@ -1,5 +1,6 @@
 """K210_CONV layers from float weights and calibrated ranges: weights, batch-norm fixed point,
-activation table and the 12 register words (spec §2.4-§2.6, §5). Every number from hardware.py.
+activation table and the 12 register words (docs/kpu.md#layer-argument, #pipeline,
+#from-float-to-registers). Every number from hardware.py.
 
 A layer is quantized once (`quantize_layer`, all output channels) and then emitted as one or
 more tiles (`tile_conv`): a tile reads a window of input channels (and rows) and writes a window
@@ -18,7 +19,7 @@ from tl2k210.k210.kmodel.kpu import KpuConv
 from tl2k210.k210 import fixed_point as fx
 
 IR_POOL_KIND = {"max": "max", "avg": "mean"}
-# a streamed output channel holds at most this many pixels (channel_byte_num, spec §2.5.5); the
+# a streamed output channel holds at most this many pixels (channel_byte_num, docs/kpu.md#write-back-and-streaming); the
 # field is clamped for outputs that stay in KPU RAM (only the output FIFO reads it)
 STREAM_PIXELS = 1 << hw.LAYER_FIELD["channel_byte_num"].width
 U8_MAX = int(np.iinfo(np.uint8).max)
@@ -45,7 +46,7 @@ def pick_code(dx: int) -> int:
 
 
 def weight_loads(co: int, per_oc: int, weight_bits: int, depthwise: bool):
-    """(output channels per weight load, load_time) of spec §2.5.6."""
+    """(output channels per weight load, load_time) of docs/kpu.md#weight-loading."""
     if depthwise:
         return co, 0
     wbytes = weight_bits // 8
@@ -54,7 +55,8 @@ def weight_loads(co: int, per_oc: int, weight_bits: int, depthwise: bool):
 
 
 def layout_args(in_shape, out_shape) -> dict:
-    """The register fields that follow from the input and output map shapes (§2.3, §2.4)."""
+    """The register fields that follow from the input and output map shapes
+    (docs/kpu.md#kpu-ram-layout, #layer-argument)."""
     ci, h, w = in_shape
     co, ph, pw = out_shape
     g_in, _, L_in = hw.row_layout(w)

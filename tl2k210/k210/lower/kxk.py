@@ -181,7 +181,7 @@ def forms(g, node, fmt="v3"):
             _axis_stride1(_needs(K, dil, R, 0, False), R, sparse)
         if ay is not None and ax is not None:
             cand.append((name, ay, ax, False))
-    if s == 2 and oh <= h // 2 and ow <= w // 2 and min(h // 2, w // 2) >= hw.LIMITS["out_min"]:   # spec §2.7
+    if s == 2 and oh <= h // 2 and ow <= w // 2 and min(h // 2, w // 2) >= hw.LIMITS["out_min"]:   # docs/kpu.md#limits
         ay = _axis_phase(_needs(K, dil, R, dy0, True), h, oh)
         ax = _axis_phase(_needs(K, dil, R, dx0, True), w, ow)
         if ay is not None and ax is not None:

@@ -1,11 +1,12 @@
-"""A lowering plan written as kmodel v4 (nncase v0.2's format, spec §4).
+"""A lowering plan written as kmodel v4 (nncase v0.2's format, docs/kmodel-format.md#kmodel-v4).
 
 The plan is the lowering's list of layers: SDK v3 layers (what `conv.py`, `cpu.py`, `fc.py` emit,
 both formats share them) and v4-only nodes (`V4Op`, from the v4 lowerings). `assemble` turns each
 v3 layer into the v4 node(s) that compute the same thing (one small function per layer type,
 `@v3_layer`), places constants in the model's constants blob, and builds the header: a uint8
-KPU-memory input when the model starts with a KPU conv on the image (§10.2), else the image as
-uint8 pixels or a float vector in main memory; float32 outputs in main memory.
+KPU-memory input when the model starts with a KPU conv on the image
+(docs/kmodel-format.md#v4-inputs-and-outputs), else the image as uint8 pixels or a float vector
+in main memory; float32 outputs in main memory.
 
 Main memory is the lowering's first-fit allocation with lifetimes (buffers are reused once their
 last reader ran); a v3 layer that needs more than one v4 node gets its temporaries in a scratch
@@ -31,7 +32,7 @@ BYTES = {F32: 4, U8: 1}
 FLT_MAX = float(np.finfo(np.float32).max)
 NO_CLAMP = (-FLT_MAX, FLT_MAX)           # fused_activation of an unclamped float op
 NO_RANGE = (0, 0, 0, 0)                  # kpu_conv2d without a main-memory output
-ALIGN = 8                                # main-memory and constant allocations (spec §4.1)
+ALIGN = 8                                # main-memory and constant allocations (docs/kmodel-format.md)
 
 
 @dataclass
@@ -73,7 +74,7 @@ def shape4(shape) -> tuple:
 
 def pad_scalar(value, dt: int) -> tuple:
     """The `scalar` of a pad node. The value is stored as float32 (what nncase writes, also for
-    uint8 tensors; erratum 10.6). For uint8 a zero point z is stored as the float whose value
+    uint8 tensors; docs/kmodel-format.md#v4-opcodes). For uint8 a zero point z is stored as the float whose value
     truncates to z *and* whose first byte is z, so the runtime pads with z whether it converts
     the float or reads the storage's first byte."""
     if dt == U8 and int(value):
@@ -84,7 +85,7 @@ def pad_scalar(value, dt: int) -> tuple:
 
 
 def nnil_code(*ops) -> bytes:
-    """NNIL byte code (spec §4.3; the opcode table the emulator runs) from mnemonics; numbers
+    """NNIL byte code (docs/kmodel-format.md#v4-opcodes; the opcode table the emulator runs) from mnemonics; numbers
     become ldc_r4 immediates."""
     from tl2k210.k210.emulator.neutral import NNIL_BINARY, NNIL_UNARY
     table = {"nop": 0x00, "dup": 0x01, "pop": 0x02, "lda_0": 0x03, "ldc_r4_0": 0x04, "ldc_r4_1": 0x05,
@@ -458,7 +459,7 @@ def _node(op: V4Op, consts: _Consts) -> Node:
 
 
 def _input(lw, nodes):
-    """(input range, input shape) of the model (spec §4.5, §10.2)."""
+    """(input range, input shape) of the model (docs/kmodel-format.md#v4-inputs-and-outputs)."""
     x = lw.g.inputs[0]
     loc = lw.locs[x]
     shape = shape4(loc.shape)

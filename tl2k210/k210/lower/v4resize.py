@@ -1,6 +1,6 @@
 """ONNX Resize on kmodel v4: `resize_image` (bilinear, nearest), computing exactly what ONNX defines.
 
-The v4 runtime (nncase v0.2 `resize_image`, spec §4.3) samples input coordinate c = o * in/out
+The v4 runtime (nncase v0.2 `resize_image`, docs/kmodel-format.md#v4-opcodes) samples input coordinate c = o * in/out
 (align_corners: o * (in-1)/(out-1)); bilinear reads y0 = floor(c), y1 = min(y0 + 1, in - 1);
 nearest reads min(floor(c), in - 1). ONNX Resize maps output o to a coordinate by its
 `coordinate_transformation_mode` (half_pixel by default: (o + 0.5)/scale - 0.5; what Keras
