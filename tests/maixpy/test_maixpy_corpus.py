@@ -309,7 +309,7 @@ def test_dronet_in_a_repl_that_imported_image(tmp_path):
 
 
 def _set_pixel_colours(rgb):
-    """(r, g, b) tuples through set_pixel: rounded to RGB565 (maixpy-api.md §3.2)."""
+    """(r, g, b) tuples through set_pixel: rounded to RGB565 (docs/maixpy-firmware.md#colours)."""
     rgb = np.asarray(rgb, np.int64)
     r5, g6, b5 = (rgb[..., 0] * 31 + 127) // 255, (rgb[..., 1] * 63 + 127) // 255, (rgb[..., 2] * 31 + 127) // 255
     return np.stack([(r5 * 255 + 15) // 31, (g6 * 255 + 31) // 63, (b5 * 255 + 15) // 31], -1).astype(np.uint8)

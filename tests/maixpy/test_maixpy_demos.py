@@ -161,7 +161,7 @@ def test_load_from_erased_flash_fails_like_maixpy(tmp_path, astronaut_png):
 
 
 def test_kpu_argument_errors(tmp_path, face_flash):
-    """kpu.load's argument rules and error texts (maixpy-api.md §6.1, 6.2, 6.3)."""
+    """kpu.load's argument rules and error texts (docs/maixpy-firmware.md#kpuload, #error-codes, #yolov2)."""
     from tl2k210.maixpy import KPU
     prev = board.install(board.Board(flash=face_flash))
     try:
@@ -240,7 +240,8 @@ print("faces", len(kpu.run_yolo2(task, sensor.snapshot())))
 kpu.deinit(task)
 """)
     res = run_script(p, images=[Image.fromarray(skdata.coffee()), astronaut_png], flash=face_flash)
-    # a v3 model ending in DEQUANTIZE: typecode 'f', h = ch = 1 and w = the BYTE count (§6.4)
+    # a v3 model ending in DEQUANTIZE: typecode 'f', h = ch = 1 and w = the BYTE count
+    # (docs/maixpy-firmware.md#forward-and-feature-maps)
     assert res.lines == ["yolo None", "fmap 36000 36000 1 1 tuple 9000 True",
                          "[MAIXPY]kpu: pix_ai is NULL!", "no ai buffer",
                          "after pix_to_ai 36000", "faces 1"]

@@ -1,6 +1,6 @@
 """The host MaixPy's MicroPython world, argument rules, boot, clock, memory and watchdog, each
-against what maixpy-api.md says a MaixPy v1 board does (section numbers in the test names'
-docstrings). Small board scripts; the KPU parts use the testdata face detector."""
+against what docs/maixpy-firmware.md says a MaixPy v1 board does (its section anchors in the
+comments and docstrings). Small board scripts; the KPU parts use the testdata face detector."""
 import os
 import signal
 import subprocess
@@ -41,7 +41,7 @@ def face_flash(tmp_path_factory):
 
 
 # ---------------------------------------------------------------------------------------------
-# 1. the MicroPython surface (§2)
+# 1. the MicroPython surface (#micropython-surface)
 def test_sys_is_micropythons(tmp_path):
     res = run(tmp_path, """
 import sys, uio
@@ -62,7 +62,7 @@ print(hasattr(sys, 'exc_info'), hasattr(sys, 'getsizeof'), 'sys' in sys.modules)
 
 
 def test_module_names_like_the_port(tmp_path):
-    """u-modules and the weak links; `import io` fails on a board (no weak link, §2.2)."""
+    """u-modules and the weak links; `import io` fails on a board (no weak link, #micropython-surface)."""
     res = run(tmp_path, """
 import ujson, json, ustruct, struct, ubinascii, binascii, uhashlib, hashlib, ure, re
 import ucollections, collections, uerrno, errno, math, utime, time, uos, os, gc, machine, Maix
@@ -105,7 +105,7 @@ def test_micropython_syntax_and_error_texts(tmp_path):
 
 
 def test_os_follows_the_emulated_flash_and_sd(tmp_path):
-    """uos on SPIFFS (flat, no mkdir) and FAT (directories), relative paths from the cwd (§1.3)."""
+    """uos on SPIFFS (flat, no mkdir) and FAT (directories), relative paths from the cwd (#filesystems)."""
     sd, fs = tmp_path / "sd", tmp_path / "fs"
     sd.mkdir()
     fs.mkdir()
@@ -152,7 +152,7 @@ print('dir/flat.txt' in os.listdir('/flash'))
 
 
 def test_gc_heap_counts_images_and_raises_memoryerror(tmp_path):
-    """518 144-byte pool; a 320x240 RGB565 image is 153 600 bytes, three fit, not four (§2.3, §8)."""
+    """518 144-byte pool; a 320x240 RGB565 image is 153 600 bytes, three fit, not four (#gc-heap, #checklist)."""
     res = run(tmp_path, """
 import gc, image
 gc.collect()
@@ -211,7 +211,7 @@ except TypeError as e:
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. argument rules (§3.1, §3.2, §5, §8)
+# 2. argument rules (#argument-rules, #colours, #lcd, #checklist)
 def test_openmv_keywords_ignored_with_one_note(tmp_path):
     res = run(tmp_path, """
 import image
@@ -252,7 +252,7 @@ def test_firmware_argument_errors(tmp_path, call, error):
 
 
 def test_colours_raw_rgb565_and_tuples(tmp_path):
-    """Ints are byte-swapped RGB565 (lcd.RED = 0x00F8), tuples are clamped and rounded (§3.2)."""
+    """Ints are byte-swapped RGB565 (lcd.RED = 0x00F8), tuples are clamped and rounded (#colours)."""
     res = run(tmp_path, """
 import image, lcd
 img = image.Image(size=(8, 2))
@@ -272,7 +272,7 @@ print(g.format(), img.format(), g.get_pixel(0, 0), g.get_pixel(0, 1))
 
 def test_draw_string_geometry(tmp_path):
     """8x12 glyphs scaled by a float: 16x24 cells at scale 2, a newline goes back to x and down
-    24 + y_spacing 2 (§3.4)."""
+    24 + y_spacing 2 (#methods)."""
     res = run(tmp_path, """
 import image, lcd
 lcd.init()
@@ -328,7 +328,7 @@ sensor.reset(foo=1)
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. boot rules (§1)
+# 3. boot rules (#boot)
 def test_boot_folder_runs_boot_then_main_in_one_namespace(tmp_path):
     card = tmp_path / "card"
     card.mkdir()
@@ -357,7 +357,7 @@ def test_cli_demo_folder(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. board time (§2.4, §7)
+# 4. board time (#time, #timing)
 def test_clock_fps_follows_frames_and_model_latency(tmp_path, photo, face_flash):
     from tl2k210.k210 import cost, kmodel
     est = cost.estimate(kmodel.load(data_path("kmodels", "facedetect_320x240_v3.kmodel"))).ms
@@ -415,7 +415,7 @@ def test_wall_clock_option(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. board memory (§2.3, §6.1)
+# 5. board memory (#gc-heap, #kpuload)
 def test_runtime_budgets_decide_what_loads(tmp_path):
     mb = data_path("corpus", "kmodels", "onlab__mbnet75.kmodel")
     flash = board.flash_kmodel(mb, tmp_path / "flash.bin", 0x200000)
@@ -512,7 +512,7 @@ def test_session_interrupt_and_input(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# the KPU API in detail (§6)
+# the KPU API in detail (#kpu)
 def test_kpu_layers_fmaps_netinfo_and_yolo_objects(tmp_path, photo, face_flash):
     from tl2k210.k210.emulator import Emulator
     res = run(tmp_path, CAM + """

@@ -87,7 +87,7 @@ def test_maixpy_script_shows_the_emulator_output(built, tmp_path):
     small.pix_to_ai()
     out = Emulator.load(built["kmodel"]).run(small.ai_buffer())[0].reshape(3, 128, 128)
     rgb = (np.clip(out.astype(np.float64), 0, 1) * 255 + 0.5).astype(np.int64).transpose(1, 2, 0)
-    # set_pixel((r, g, b)) rounds to RGB565 (maixpy-api.md §3.2: round(v*31/255), round(v*63/255))
+    # set_pixel((r, g, b)) rounds to RGB565 (docs/maixpy-firmware.md#colours: round(v*31/255), round(v*63/255))
     r5, g6, b5 = ((rgb[..., 0] * 31 + 127) // 255, (rgb[..., 1] * 63 + 127) // 255,
                   (rgb[..., 2] * 31 + 127) // 255)
     want = np.stack([(r5 * 255 + 15) // 31, (g6 * 255 + 31) // 63, (b5 * 255 + 15) // 31], -1)

@@ -3,11 +3,11 @@ models, which kmodel versions it loads, its MicroPython heap. The compiler's `--
 and the host MaixPy (`tl2k210 demo --runtime`, `kpu.load`, `gc.mem_free`) both read it.
 
 Sources: docs/kmodel-format.md#loading-on-maixpy ("minimum firmware can hold a model of
-about 4 MB, full firmware about 2 MiB"), maixpy-api.md §2.3 (GC heap
-0x80000 -> 518 144-byte pool), §6.1 (V4 only in *_kmodel_v4* / full builds; minimum builds are
+about 4 MB, full firmware about 2 MiB"), docs/maixpy-firmware.md#gc-heap (GC heap
+0x80000 -> 518 144-byte pool), #kpuload (V4 only in *_kmodel_v4* / full builds; minimum builds are
 V3-only, which the text of error 2002 tells). `model_budget` is what the system heap has free for
 kpu.load after boot: the kmodel file (copied to RAM) plus its main-memory buffers. Board reports
-vary with the build (maixpy-api.md §2.3: 1.3-2 MB on full builds); the figures are the docs'.
+vary with the build (docs/maixpy-firmware.md#gc-heap: 1.3-2 MB on full builds); the figures are the docs'.
 The minimum build with V4 support is given the minimum build's budget (its V4 runtime code is
 not accounted: UNCERTAIN, probably a little less in practice).
 """

@@ -1,5 +1,5 @@
 """MaixPy `KPU` module (`import KPU as kpu`) on the host, backed by the bit-exact emulator
-(maixpy-api.md §6; MaixPy-v1 Maix_kpu.c, sipeed_kpu.h, sipeed_yolo2.c).
+(docs/maixpy-firmware.md#kpu; MaixPy-v1 Maix_kpu.c, sipeed_kpu.h, sipeed_yolo2.c).
 
 * `load(addr | path)`: an int reads the model from the board's flash image (size from the v3/v4
   header: raw flash has no file length), a str from /sd or /flash (must contain .kmodel,

@@ -1,4 +1,5 @@
-"""Argument rules of the MaixPy firmware (maixpy-api.md §2.1, §3.1, §3.2, §8).
+"""Argument rules of the MaixPy firmware (docs/maixpy-firmware.md#micropython-surface,
+#argument-rules, #colours, #checklist).
 
 Two parsers exist in the firmware and both are reproduced here:
 

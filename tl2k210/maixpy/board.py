@@ -23,7 +23,7 @@ from tl2k210.k210.board_facts import FLASH_BYTES, MAIXPY_MODEL_AREA
 FLASH_SIZE = FLASH_BYTES
 ERASED = 0xFF
 #: what a Maix Dock/Bit's board-config script writes under the "board_info" key of
-#: /flash/config.json (the same pin map MaixPy <= v0.5 had hard-coded; maixpy-api.md §2.6)
+#: /flash/config.json (the same pin map MaixPy <= v0.5 had hard-coded; docs/maixpy-firmware.md#machine-maix-and-board)
 MAIX_BOARD_INFO = dict({f"PIN{i}": i for i in range(48)}, BOOT_KEY=16, LED_R=14, LED_G=13,
                        LED_B=12, LED_W=32, BACK=11, ENTER=10, NEXT=16, WIFI_TX=6, WIFI_RX=7,
                        WIFI_EN=8, WIFI_SPI_CSXX=8, MIC0_WS=19, MIC0_DATA=20, MIC0_BCK=18,

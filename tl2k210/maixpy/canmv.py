@@ -1,7 +1,7 @@
 """The CanMV `maix` module's object KPU API (Canaan's kendryte/canmv fork of MaixPy), which
 two corpus scripts use: `from maix import KPU, utils`.
 
-This is NOT MaixPy v1's API (maixpy-api.md §6) and no source of it is in our references; it is
+This is NOT MaixPy v1's API (docs/maixpy-firmware.md#kpu) and no source of it is in our references; it is
 reconstructed from the scripts that use it (canmv_examples 98-KPU_NEW), on top of the same
 loader, emulator, memory budget and clock as `KPU`:
 

@@ -2,7 +2,7 @@
 
 The firmware's glyph bitmaps are not in our sources, so the glyph shapes come from Pillow's
 built-in bitmap font, each placed in an 8x12 cell; sizes, advances, line spacing, scaling and the
-box drawn for characters outside ' '..'~' follow the firmware (maixpy-api.md §3.4), so text lands
+box drawn for characters outside ' '..'~' follow the firmware (docs/maixpy-firmware.md#methods), so text lands
 where it would on a board, in a different typeface.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The MicroPython GC heap of the emulated board (maixpy-api.md §2.3, §8 item 8).
+"""The MicroPython GC heap of the emulated board (docs/maixpy-firmware.md#gc-heap, #checklist).
 
 The pool is the firmware's (518 144 bytes for the default 512 KiB heap, tl2k210/k210/firmware.py).
 What the host can see of it is what takes most of it on a board: image pixel buffers

@@ -1,4 +1,4 @@
-"""MaixPy `image` module on the host (OpenMV-derived; maixpy-api.md §3).
+"""MaixPy `image` module on the host (OpenMV-derived; docs/maixpy-firmware.md#image).
 
 Pixels: an RGB565 image keeps them on the RGB565 lattice as (H, W, 3) uint8 (each value what
 COLOR_R5_TO_R8 expands to), a grayscale image as (H, W) uint8, so `get_pixel`, drawing and
@@ -1440,7 +1440,7 @@ def _load_file(data: bytes, path: str):
 
 def new_image(*args, **kwargs):
     """image.Image([path | bytes][, copy_to_fb][, size=(w, h)][, from_bytes]): copy_to_fb,
-    from_bytes and size all read positional slot 1 (maixpy-api.md §3.3)."""
+    from_bytes and size all read positional slot 1 (docs/maixpy-firmware.md#image-constructor)."""
     A.ignore_unknown("image.Image", kwargs, {"copy_to_fb", "size", "from_bytes"})
     b = _board.current()
     src = args[0] if args else None

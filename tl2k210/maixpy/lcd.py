@@ -1,4 +1,4 @@
-"""MaixPy `lcd` module on the host (maixpy-api.md §5): the screen is an RGB888 buffer; what it
+"""MaixPy `lcd` module on the host (docs/maixpy-firmware.md#lcd): the screen is an RGB888 buffer; what it
 shows becomes frames (`board.lcd_frames`, PNGs when the board has an output path).
 
 A frame is the screen from one `lcd.display()` to the next: `lcd.draw_string`/`clear` after a

@@ -1,4 +1,4 @@
-"""The modules a MaixPy v1 board has (maixpy-api.md §2.2), built per Session.
+"""The modules a MaixPy v1 board has (docs/maixpy-firmware.md#micropython-surface), built per Session.
 
 `BUILTIN` maps every importable name to a factory `f(session) -> module`. Names without the `u`
 prefix exist only where the port defines a weak link (binascii, collections, errno, heapq, json,
@@ -166,7 +166,7 @@ def _builtins_mod(s):
 # ---------------------------------------------------------------------------------------------
 # time
 class clock:
-    """time.clock(): tick() / fps() / avg() with the firmware's rules (maixpy-api.md §2.4)."""
+    """time.clock(): tick() / fps() / avg() with the firmware's rules (docs/maixpy-firmware.md#time)."""
 
     def __init__(self, board):
         self._b = board

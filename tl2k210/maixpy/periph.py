@@ -1,5 +1,5 @@
 """Board peripherals and the frozen MaixPy modules: `machine`, `Maix`, `board`, `fpioa_manager`,
-`audio`, `network`/`usocket`, `ulab` (maixpy-api.md §2.6).
+`audio`, `network`/`usocket`, `ulab` (docs/maixpy-firmware.md#machine-maix-and-board).
 
 What a script writes to the hardware is recorded on the board, so tests can assert on it:
 GPIO output writes (`board.gpio_log`: (ms, gpio, value)), UART bytes (`board.uart_log`), PWM
@@ -259,7 +259,7 @@ class UART:
     @staticmethod
     def repl_uart():
         """The REPL's UART (UARTHS); `init(baudrate, ...)` changes the rate the REPL talks at, as
-        _boot.py does for MaixPy IDE mode (1.5 Mbaud, maixpy-api.md §1.1)."""
+        _boot.py does for MaixPy IDE mode (1.5 Mbaud, docs/maixpy-firmware.md#boot)."""
         from tl2k210.maixpy import board as _b
         u = UART(UART.UARTHS, getattr(_b.current(), "repl_baud", REPL_BAUD))
         u._repl = True
@@ -425,7 +425,8 @@ def make_machine(s):
 
 # ---------------------------------------------------------------------------------------------
 def make_board(s):
-    """board.board_info from the "board_info" key of /flash/config.json (maixpy-api.md §2.6)."""
+    """board.board_info from the "board_info" key of /flash/config.json
+    (docs/maixpy-firmware.md#machine-maix-and-board)."""
     info = None
     try:
         with s.board.vfs.open("/flash/config.json", "r") as f:

@@ -26,11 +26,12 @@ Protocol (MicroPython tools/pyboard.py semantics; docs/flash-protocol.md#maixpy-
   or line damage (resent); the helpers themselves arrive in CRC-checked pieces (BOOTSTRAP).
 * `set_baud`: `machine.UART.repl_uart().init(B, 8, None, 1, read_buf_len=2048)`, the call
   MaixPy's `_boot.py` makes to switch the REPL UART to 1.5 Mbaud for MaixPy IDE
-  (maixpy-api.md §1.1, docs/flash-protocol.md#maixpy-repl), without `ide=True`, so the REPL stays a plain REPL. The
-  host follows after `OK`; the board sleeps before and after the switch. `close()` switches
-  back to the initial rate (a board left at another rate answers garbage until RESET). Verified
-  against the emulated board only. IDE mode itself (`/flash/ide_mode.conf` + reset) switches to
-  the IDE's binary protocol, which this client does not speak, so it is not used.
+  (docs/maixpy-firmware.md#boot, docs/flash-protocol.md#maixpy-repl), without `ide=True`, so the
+  REPL stays a plain REPL. The host follows after `OK`; the board sleeps before and after the
+  switch. `close()` switches back to the initial rate (a board left at another rate answers
+  garbage until RESET). Verified against the emulated board only. IDE mode itself
+  (`/flash/ide_mode.conf` + reset) switches to the IDE's binary protocol, which this client does
+  not speak, so it is not used.
 
 Errors name the cause: no answer (port, power, firmware, baud), a busy board (main.py that
 ignores Ctrl-C), no SD card, out of space (SPIFFS /flash is 3 MiB), tracebacks from the board.

@@ -8,7 +8,7 @@ unchanged:
         b.stats.rx_bytes, b.line_seconds()
 
 The REPL is MicroPython @ced340d's (lib/utils/pyexec.c, lib/mp-readline;
-docs/flash-protocol.md#maixpy-repl, maixpy-api.md §1.1):
+docs/flash-protocol.md#maixpy-repl, docs/maixpy-firmware.md#boot):
 
 * power-on: _boot.py's output, boot.py, main.py, then the friendly REPL `>>> ` (echo, backspace,
   `... ` continuation lines, Ctrl-A raw REPL, Ctrl-B banner, Ctrl-C new line, Ctrl-D soft

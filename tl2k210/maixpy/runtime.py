@@ -334,7 +334,7 @@ class Session:
     # -- boot ------------------------------------------------------------------------------------
     def boot(self, run_boot: bool = True, run_main: bool = True):
         """The firmware's start: _boot.py (cwd, sys.path, the names it leaves in __main__), then
-        boot.py and main.py from the cwd (maixpy-api.md §1.1). Returns the main.py outcome
+        boot.py and main.py from the cwd (docs/maixpy-firmware.md#boot). Returns the main.py outcome
         (None, or the exception it raised)."""
         vfs = self.board.vfs
         self.sys.path[:] = ["", "."]

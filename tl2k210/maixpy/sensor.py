@@ -1,5 +1,5 @@
 """MaixPy `sensor` module on the host: the camera sees the board's queue of photos
-(maixpy-api.md §4, §7).
+(docs/maixpy-firmware.md#sensor, #timing).
 
 `snapshot()` takes the next photo, resizes it to the frame size (bilinear), applies the window
 (`set_windowing`: on the OV2640/OV7740 the DVP captures the TOP-LEFT w x h - issue #191 - only

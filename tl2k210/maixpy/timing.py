@@ -7,7 +7,7 @@ drawing and image calls, sleeps, and a per-line cost of the script's own MicroPy
 script prints the fps and `t:%dms` a board would print, however slow the host is.
 `--wall-clock` (Clock(wall=True)) gives host time instead (time.sleep really sleeps).
 
-Basis of each cost (estimates, not measured by us on a board; maixpy-api.md §7):
+Basis of each cost (estimates, not measured by us on a board; docs/maixpy-firmware.md#timing):
 * BOOT_US: _boot.py sleeps 200 x 1 ms waiting for Ctrl-C, after the firmware's init (heap,
   SPIFFS mount, SD probe, LCD/sensor off): ticks_ms() at main.py's first line is ~0.5 s.
 * FRAME_US: OV2640/OV7740/GC0328 at XCLK 24 MHz in the SVGA-mode register set, scaled: ~30 fps.
@@ -17,7 +17,7 @@ Basis of each cost (estimates, not measured by us on a board; maixpy-api.md §7)
   gives 1.7 ms for half a QVGA frame per core -> 1.7 ms per QVGA frame = 22 ns/pixel.
 * lcd.display: 2 bytes/pixel over the 8-line SPI bus at lcd.init(freq=) (15 MHz default) = one
   byte per clock, plus the byte-swap copy (22 ns/pixel): 320x240 -> 10.2 + 1.7 = 11.9 ms
-  (maixpy-api.md §7: 11-15 ms). Border fills cost the same per pixel as the transfer.
+  (docs/maixpy-firmware.md#timing: 11-15 ms). Border fills cost the same per pixel as the transfer.
 * Drawing/image calls: CALL_US for the MicroPython call and OpenMV argument parsing, plus
   PIXEL_NS per pixel written (~4 cycles of the 400 MHz CPU).
 * LINE_US: one executed line of the script's own Python code on MicroPython 1.11 at 400 MHz

@@ -10,16 +10,16 @@ max |diff|, cosine and SQNR, and says where a gap comes from:
   24-bit photo loses its low bits before `pix_to_ai`) moves the float model's output more than
   quantization does.
 
-On the board (MaixPy v1 API, maixpy-api.md §6): the model is uploaded (`tl2k210 repl put`,
+On the board (MaixPy v1 API, docs/maixpy-firmware.md#kpu): the model is uploaded (`tl2k210 repl put`,
 skipped when the same SHA-256 is there) or read from flash (`--address`, checked against the
 local file with `Maix.utils.flash_read` + uhashlib); each input is uploaded as a BMP at the
 model's input size and loaded with `image.Image(path)` + `pix_to_ai()` (grayscale models get an
 8-bit grayscale BMP, exact), vector inputs go as float32 bytes to `kpu.forward(task, [floats])`.
 Outputs are `kpu.forward(task, img, i)` (v4: after `set_outputs`); layer n is
 `kpu.set_layers(task, n)` + `forward` (the third argument of forward is the output index, not a
-layer: maixpy-api.md §6.4). The board sends each map's CRC-32 first and its bytes (base64, 1024
-values a line) only when the CRC differs from the emulator's, so a matching model costs a few
-bytes per layer at 115200.
+layer: docs/maixpy-firmware.md#forward-and-feature-maps). The board sends each map's CRC-32
+first and its bytes (base64, 1024 values a line) only when the CRC differs from the emulator's, so
+a matching model costs a few bytes per layer at 115200.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The board's file systems on host folders: `/flash` (SPIFFS: flat, no directories) and `/sd`
-(FAT), with MicroPython 1.11's path rules (maixpy-api.md §1.3):
+(FAT), with MicroPython 1.11's path rules (docs/maixpy-firmware.md#filesystems):
 
 * a path without a leading `/` follows the current directory (`os.chdir`): on `/sd` it is joined
   like FAT does; on `/flash` SPIFFS turns `x` and `./x` into the flat name `x`;
