@@ -3,11 +3,10 @@
 link of README.md and docs/*.md, point at a file that exists and a heading it has (GitHub's
 anchor rules). A clone is self-contained: nothing cites the specification outside the repository."""
 import re
-from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 CODE = sorted(p for d in ("tl2k210", "tests", "bench") for p in (REPO / d).rglob("*.py")
               if p.name != "test_docs.py")
