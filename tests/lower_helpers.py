@@ -39,7 +39,7 @@ def compile_model(model, px, calib=None, **opts):
     batches = [(p[None] / 255.0).astype(np.float32) for p in (px if calib is None else calib)]
     rng = calibrate.ranges(calibrate.collect(g, batches, histograms=False), "minmax")
     kmodel, rows, _, lw = lower(g, rng, Options(**opts))
-    assert kmodel.version == 3 or v4.overlapping_io(kmodel) == []     # spec §10.y
+    assert kmodel.version == 3 or v4.overlapping_io(kmodel) == []     # docs/kmodel-format.md#v4-interpreter
     return kmodel, rows, lw, g
 
 

@@ -45,7 +45,7 @@ def test_inspect_lists_all_asr_ops(capsys):
 
 def test_inspect_warns_when_an_op_writes_over_its_input(tmp_path, capsys):
     """A softmax whose output range starts inside its input (nncase's kernel then reads rows it
-    already overwrote, spec §10.y): inspect names the node and both ranges; nncase's own v4
+    already overwrote, docs/kmodel-format.md#v4-interpreter): inspect names the node and both ranges; nncase's own v4
     files and ours have none."""
     from tl2k210.k210 import kmodel
     from tl2k210.k210.kmodel import v4

@@ -247,7 +247,8 @@ def c_div(a, b):
 
 
 def _int_op(op, a, b):
-    """neutral_ops.cpp quantized_binary lambdas on int32; div: (a + b / 2) / b (spec §10.y)."""
+    """neutral_ops.cpp quantized_binary lambdas on int32; div: (a + b / 2) / b
+    (docs/kmodel-format.md#v4-interpreter)."""
     if op == 3:
         return c_div(i32(a + c_div(b, 2)), b)
     return [np.add, np.subtract, np.multiply, None, np.minimum, np.maximum][op](a, b)
@@ -299,7 +300,7 @@ def reduce(x, out_shape, op, init):
 
 def conv2d_transpose(x, f, weights, out_shape):
     """output = 0; for ic, iy, ix: in = *input++; for oc, ky, kx in range: out += in * w (the
-    bias is read, never added: neutral_kernels.h conv2d_transpose, spec §10.y); then the clamp
+    bias is read, never added: neutral_kernels.h conv2d_transpose, docs/kmodel-format.md#v4-interpreter); then the clamp
     unless fused_activation is value_range::full() (lowest, max)."""
     n, ci, h, w = x.shape
     _, oc, oh, ow = out_shape
@@ -332,7 +333,7 @@ def conv2d_transpose(x, f, weights, out_shape):
 
 def softmax(mem, f):
     """neutral_kernels.h softmax on the live main memory, scalar by scalar: a row's values are
-    read after the writes before them (an output range overlapping the input, spec §10.y)."""
+    read after the writes before them (an output range overlapping the input, docs/kmodel-format.md#v4-interpreter)."""
     buf = mem.buf(f["input"][0])
     src, dst, inner, beta = f["input"][2], f["output"][2], f["inner_size"], f32(f["beta"])
     get = lambda a: f32(struct.unpack_from("<f", buf, a)[0])   # noqa: E731

@@ -54,7 +54,8 @@ def _convert(src, out, calib, extra, capsys):
 
 
 def _no_op_writes_over_its_input(path):
-    """Every kmodel we write: no v4 op's output range overlaps one of its inputs (spec §10.y)."""
+    """Every kmodel we write: no v4 op's output range overlaps one of its inputs
+    (docs/kmodel-format.md#v4-interpreter)."""
     from tl2k210.k210 import kmodel
     from tl2k210.k210.kmodel import v4
     m = kmodel.load(path)

@@ -49,7 +49,7 @@ def _convert_and_compare(model, tmp_path, calib, **opts):
     # (bench/seeded_limits.py): the tests hold them to the 8-bit ideal instead
     receipt = convert(onnx_model, out, ConvertOptions(dataset=str(calib), progress=False, min_sqnr=0, **opts))
     km = kmodel.load(out)
-    assert km.version == 3 or v4.overlapping_io(km) == []     # spec §10.y
+    assert km.version == 3 or v4.overlapping_io(km) == []     # docs/kmodel-format.md#v4-interpreter
     g, _ = run_pipeline(from_onnx(onnx_model))
     pre = {k: v for k, v in opts.items() if k == "input_range"}
     rep = compare_graph(g, out, str(data_path("imagenet")), limit=12, opts=ConvertOptions(**pre))

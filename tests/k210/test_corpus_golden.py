@@ -89,7 +89,7 @@ def test_corpus_file_runs(path, emu):
 # ---------------------------------------------------------------------------------------------
 # Every kmodel v4 made by nncase v0.2 (corpus + testdata/kmodels), bit for bit: each node's output
 # from the emulator against tests/v4_reference.py, the C loops of nncase v0.2.0-beta4 written out
-# statement by statement (spec §4.5 and §10.y). Before the §10.y corrections, LFFD-LP and
+# statement by statement (docs/kmodel-format.md#v4-interpreter). Before those corrections, LFFD-LP and
 # kendryte_mobile_yolo differed in their dequantize nodes (up to 3.8e-6).
 NNCASE_V4 = [
     "Corgidude_detechface__YOLO_best_mAP", "DAE_for_M5StickV__Model", "DonkeyCar_on_M5StickV__Model_Original",

@@ -128,9 +128,10 @@ def test_conv2d_transpose_adds_its_bias():
 
 
 def test_conv2d_transpose_bias_is_a_separate_add_matching_onnxruntime():
-    """nncase v0.2.0-beta4's conv2d_transpose reads its bias and never adds it (spec §10.y): the
-    body carries zeros (a runtime that did add it gets the same result) and a broadcast add into a
-    buffer of its own follows; float all the way, the output is onnxruntime's to float32 rounding."""
+    """nncase v0.2.0-beta4's conv2d_transpose reads its bias and never adds it
+    (docs/kmodel-format.md#v4-interpreter): the body carries zeros (a runtime that did add it gets
+    the same result) and a broadcast add into a buffer of its own follows; float all the way, the
+    output is onnxruntime's to float32 rounding."""
     b = W(4) + 1.0
     m = build([N("ConvTranspose", ["x", "wt", "bt"], ["y"], strides=[2, 2], kernel_shape=[3, 3], pads=[1, 1, 0, 0],
                  group=1)], {"wt": W(3, 4, 3, 3), "bt": b}, first=False)

@@ -69,7 +69,7 @@ def test_quantized_binary_field_order_and_div_rounds():
     # the body stores output_offset, output_mul, output_shift in that order (docs/kmodel-format.md#v4-opcodes)
     body = kmodel.dumps(v4.KModelV4([v4.Node(0x11, dict(f, output=rng_(U8, 9, 2)))], [], [], [], 0))
     assert struct.unpack_from("<3i", body, len(body) - 12) == (100, 2, 2)
-    # div is binary_div of neutral_ops.cpp: (a + b / 2) / b in C int32 (spec §10.y), both
+    # div is binary_div of neutral_ops.cpp: (a + b / 2) / b in C int32 (docs/kmodel-format.md#v4-interpreter), both
     # divisions truncating toward zero. b' = 3 - 10 = -7, b'/2 = -3:
     # (23 - 3) / -7 = 20 / -7 = -2 -> +10 = 8 (plain 23 / -7 would be -3 -> 7);
     # (308 - 3) / -7 = 305 / -7 = -43 -> clamp 0
@@ -108,7 +108,7 @@ def test_mul_and_carry_shift():
     assert N.mul_and_carry_shift(np.array([5, -5, 7]), 1, 1).tolist() == [3, -2, 4]  # +1, >>1
     assert N.mul_and_carry_shift(np.array([-6, -7]), 1, 2).tolist() == [-1, -2]      # (-6+2)>>2, (-7+2)>>2
     assert N.mul_and_carry_shift(np.array([1 << 30]), 4, 0).tolist() == [0]          # int32 wrap
-    # the shift is a uint8_t (runtime_op_utility.h:115; spec §4.5, §10.y): a stored -2 is 254,
+    # the shift is a uint8_t (runtime_op_utility.h:115; docs/kmodel-format.md#v4-interpreter): a stored -2 is 254,
     # a right shift; the 64-bit shifter takes 254 & 63 = 62 with rounding bit 1 << (253 & 63 = 61):
     # (3*2 + 2^61) >> 62 = 0, never the left shift 3*2 << 2 = 24
     assert N.mul_and_carry_shift(np.array([3]), 2, -2).tolist() == [0]
@@ -241,7 +241,7 @@ def _softmax_at(x, src, dst, outer, inner, beta=1.0):
 
 
 def test_softmax_whose_output_overlaps_its_input_is_the_c_loop():
-    """neutral_kernels.h softmax on live memory (spec §10.y): per row, max, then
+    """neutral_kernels.h softmax on live memory (docs/kmodel-format.md#v4-interpreter): per row, max, then
     dest[i] = expf((src[i] - max) * beta) before src[i + 1] is read, sum in order, dest /= sum."""
     # rows [0, 0] and [10, 0] at main[0:16]; output at main[8:24]: row 0's result overwrites
     # row 1's input before row 1 runs, so row 1 is softmax([0.5, 0.5]) = [0.5, 0.5]
@@ -276,7 +276,7 @@ def test_softmax_whose_output_overlaps_its_input_is_the_c_loop():
 
 
 def test_dequantize_is_the_device_kernel():
-    """riscv_dequantize (kernels/riscv/neutral_kernels.h; spec §4.5, §10.y): inv = 1.f / scale,
+    """riscv_dequantize (kernels/riscv/neutral_kernels.h; docs/kmodel-format.md#v4-interpreter): inv = 1.f / scale,
     zero = -zp * inv, out = (float)q * inv + zero, each step rounded to float32."""
     # scale 3 (q = 3x + 7), q = 1: inv = f32(1/3) = 0x1.555556p-2; -7 * inv = -2.33333340...
     # -> 0x1.2aaaabp+1; 0.33333334 - 2.33333349 = -2.000000149 -> -0x1.000002p+1.
@@ -294,7 +294,8 @@ def test_dequantize_is_the_device_kernel():
 
 
 def test_quantize_pairs_round_to_even_and_an_odd_last_value_away_from_zero():
-    """riscv_quantize (spec §4.5): fcvt.w.s rne for each pair, roundf for an odd last value."""
+    """riscv_quantize (docs/kmodel-format.md#v4-interpreter): fcvt.w.s rne for each pair, roundf for an odd last
+    value."""
     f = dict(quant_param=(0, 1.0))
     assert run_node("quantize", f, np.array([0.5, 2.5, 0.5], f32), U8, 3).tolist() == [0, 2, 1]
     assert run_node("quantize", f, np.array([1.5, 2.5, 3.5, 2.5], f32), U8, 4).tolist() == [2, 2, 4, 2]
@@ -372,7 +373,8 @@ def test_quantized_conv2d_by_hand():
 
 def test_conv2d_transpose_by_hand_and_c_order():
     # 1x1x2x2 input [1,2,3,4], 2x2 kernel [1,10,100,1000], stride 2 -> 4x4 tiles; the bias (5) is
-    # read but never added: neutral_kernels.h sets `value = bias[...]` and never uses it (spec §10.y)
+    # read but never added: neutral_kernels.h sets `value = bias[...]` and never uses it
+    # (docs/kmodel-format.md#v4-interpreter)
     x = np.array([1, 2, 3, 4], f32)
     f = dict(in_shape=(1, 1, 2, 2), out_shape=(1, 1, 4, 4), groups=1, fused_activation=FULL,
              **win(2, 2, 2, 2))

@@ -5,8 +5,8 @@ Exactness rules (docs/kmodel-format.md#v4-interpreter):
 * float kernels accumulate in float32 in the C loop order (``value = bias; value += x * w`` per
   tap, taps outside the input skipped, no fused multiply-add); each tap is one whole-array step;
 * quantized kernels are integer (int64, exact), rounded by ``mul_and_carry_shift`` (add 2^(s-1),
-  arithmetic shift; the shift is a ``uint8_t``, spec §4.5 and §10.y) and cast to int32 like the C
-  code; quantized_binary div is ``(a + b / 2) / b`` in C int32 arithmetic (spec §10.y);
+  arithmetic shift; the shift is a ``uint8_t``, docs/kmodel-format.md#v4-interpreter) and cast to int32 like the C
+  code; quantized_binary div is ``(a + b / 2) / b`` in C int32 arithmetic (docs/kmodel-format.md#v4-interpreter);
 * transcendental unary ops are evaluated in float64 and rounded to float32 (the correctly
   rounded value, which is what glibc's float functions return in all but rare cases).
 
@@ -31,7 +31,7 @@ def mul_and_carry_shift(value, mul: int, shift: int) -> np.ndarray:
     """nncase ``mul_and_carry_shift(int32 value, int32 mul, uint8_t shift)`` =
     (int32) carry_shift<int64, false>((int64)value * mul, shift) (runtime_op_utility.h).
 
-    The shift arrives as ``uint8_t`` (spec §4.5, §10.y): a stored shift is taken modulo 256, so a
+    The shift arrives as ``uint8_t`` (docs/kmodel-format.md#v4-interpreter): a stored shift is taken modulo 256, so a
     "negative" shift is a large right shift, never a left shift. Shifts 1..63 are plain C; from 64
     on the C shift is undefined and the 64-bit shifters of both the K210 (RV64 sll/sra) and an
     x86-64 host use the count modulo 64: ``(v + (1 << ((s-1) & 63))) >> (s & 63)`` in wrapping

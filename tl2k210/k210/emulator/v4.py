@@ -105,7 +105,7 @@ def kpu_upload(node, f, ctx, where):
 def dequantize(node, f, ctx, where):
     zp, scale = f["quant_param"]
     q = ctx.read(f["input"], where)
-    # device kernel (kernels/riscv/neutral_kernels.h, spec §4.5, §10.y): inv = 1.f / scale,
+    # device kernel (kernels/riscv/neutral_kernels.h, docs/kmodel-format.md#v4-interpreter): inv = 1.f / scale,
     # zero = -zp * inv, out = (float)q * inv + zero, every step in float32
     inv = f32(1) / f32(scale)
     with np.errstate(all="ignore"):
@@ -125,7 +125,7 @@ def quantize(node, f, ctx, where):
     x = ctx.read(f["input"], where)
     with np.errstate(all="ignore"):
         v = x.astype(f32) * f32(scale) + f32(zp)
-    # device kernel (spec §4.5): pairs by fcvt.w.s rne (half to even), an odd last value by
+    # device kernel (docs/kmodel-format.md#v4-interpreter): pairs by fcvt.w.s rne (half to even), an odd last value by
     # roundf (half away from zero)
     q = np.rint(v)
     if v.size % 2:
@@ -170,10 +170,10 @@ def softmax(node, f, ctx, where):
 
 
 def _softmax_aliased(ctx, f, outer, inner, beta, where):
-    """The kernel's loop on live memory when the output overlaps the input (spec §10.y): row by
-    row, max of the row as it is now, then value i = expf((src[i] - max) * beta) written to
-    dest[i] before src[i + 1] is read, then dest /= sum. Values are computed `step` at a time:
-    as many as can be read before the first write lands on a value still to be read."""
+    """The kernel's loop on live memory when the output overlaps the input
+    (docs/kmodel-format.md#v4-interpreter): row by row, max of the row as it is now, then value
+    i = expf((src[i] - max) * beta) written to dest[i] before src[i + 1] is read, then dest /= sum.
+    Values are computed `step` at a time: as many as can be read before the first write lands on a value still to be read."""
     (buf, src, n_in), (_, dst, n_out) = ctx.span(f["input"], where), ctx.span(f["output"], where)
     if min(n_in, n_out) < 4 * outer * inner:
         raise EmulatorError(f"{where}: a {outer}x{inner} softmax on ranges smaller than its values")

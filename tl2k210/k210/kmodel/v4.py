@@ -235,7 +235,7 @@ def overlap(a, b) -> bool:
 def overlapping_io(model: KModelV4) -> list[str]:
     """One line per node whose output range shares bytes of main memory with one of its input
     ranges (in place included). nncase's kernels then read inputs they already overwrote (a
-    softmax reads its own results, spec §10.y): a writer must never produce this; files from
+    softmax reads its own results, docs/kmodel-format.md#v4-interpreter): a writer must never produce this; files from
     elsewhere may have it. A cheap check on any parsed v4 model."""
     lines = []
     for i, node in enumerate(model.nodes):

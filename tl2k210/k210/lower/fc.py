@@ -172,7 +172,7 @@ def _float_fc(lw, node, W=None, B=None):
     row = lw.row(node, "float FULLY_CONNECTED", in_shape=lw.shape(x), out_shape=(co,),
                  macs=W.size, weight_bytes=4 * (W.size + co))
     src = lw.need_f32(x, row)
-    # v3's LOGISTIC may run in place; a v4 op never writes over its input (spec §10.y)
+    # v3's LOGISTIC may run in place; a v4 op never writes over its input (docs/kmodel-format.md#v4-interpreter)
     pre = lw.alloc(out, "pre", 4 * co) if code is None and lw.format == "v4" else None
     loc = lw.f32_out(out, lw.shape(out) if len(lw.shape(out)) else (co,))
     lw.emit("FULLY_CONNECTED", dict(flags=0, main_mem_in_address=src, main_mem_out_address=loc.f32 if pre is None

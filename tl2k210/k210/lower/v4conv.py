@@ -293,8 +293,8 @@ def conv_transpose(lw, node):
     loc = lw.f32_out(out)
     gic = ci // groups
     wt = W.reshape(groups, gic, cog, kh, kw).transpose(0, 2, 1, 3, 4).reshape(-1)   # [g][o][i][kh][kw]
-    # the body's bias is zero: v0.2.0-beta4 reads it but never adds it (spec §10.y), and a runtime
-    # that did add it would then add it twice
+    # the body's bias is zero: v0.2.0-beta4 reads it but never adds it
+    # (docs/kmodel-format.md#v4-interpreter), and a runtime that did add it would then add it twice
     lw.emit_v4("conv2d_transpose", dict(
         input=main(F32, src, ci * h * w), output=main(F32, loc.f32 if pre is None else pre, n),
         in_shape=(1, ci, h, w), out_shape=(1, oc, oh, ow), groups=groups, padding_h=(pads[0], pads[2]),

@@ -135,7 +135,7 @@ def dequantize_pixels(lw, t, row):
     loc.f32 = lw.alloc(t, "f32", 4 * n)
     uniform = np.allclose(sc, sc[0], rtol=1e-7, atol=0) and np.allclose(of, of[0], rtol=1e-7, atol=1e-12)
     s, o = (float(sc[0]), float(of[0])) if uniform else (1.0, 0.0)
-    # dequantize computes q * inv + (-zp * inv) with inv = 1.f / scale (spec §4.5, §10.y):
+    # dequantize computes q * inv + (-zp * inv) with inv = 1.f / scale (docs/kmodel-format.md#v4-interpreter):
     # scale = 1/s, and the offset through zp only when it is an integer number of steps (else an
     # add follows)
     zp = -o / s
@@ -150,7 +150,8 @@ def dequantize_pixels(lw, t, row):
                   ("binary", dict(input_b=Const(of.astype(np.float32)), binary_op=0, in_b_shape=(1, c, 1, 1)))]
     elif add:
         steps += [("binary", dict(input_b=Const(np.float32([add])), binary_op=0, in_b_shape=(1, 1, 1, 1)))]
-    # each step to its own buffer (no op writes over its input, spec §10.y): the last to loc.f32
+    # each step to its own buffer (no op writes over its input, docs/kmodel-format.md#v4-interpreter):
+    # the last to loc.f32
     bufs = [lw.alloc(t, f"step{i}", 4 * n) for i in range(len(steps) - 1)] + [loc.f32]
     src = main(U8, loc.pixels, n)
     for (name, f), dst in zip(steps, bufs):
@@ -500,7 +501,7 @@ def assemble(lw, outs):
     outputs = [main(F32, addr, size // 4) for addr, size in outs]
     model = KModelV4(nodes, [rng], [shape], outputs, base + scratch.high, bytes(consts.blob), target=1)
     clash = overlapping_io(model)
-    if clash:   # nncase's kernels would read what they already wrote (spec §10.y)
+    if clash:   # nncase's kernels would read what they already wrote (docs/kmodel-format.md#v4-interpreter)
         raise AssertionError("internal error: the main-memory plan gives an op an output range over "
                              "one of its inputs: " + "; ".join(clash))
     lw.v4_scratch = scratch.high
