@@ -147,7 +147,7 @@ def many_layers():
     d = ZeroPad2d(((1, 1), (1, 1)), name="zp")(a)
     d = DepthwiseConv2d((3, 3), (2, 2), padding="VALID", depth_multiplier=2, b_init=None, name="dw")(d)
     d = BatchNorm(act=t.nn.relu6, name="bn")(d)
-    shared = Conv2d(16, (1, 1), act=t.nn.sigmoid, name="shared")
+    shared = Conv2d(16, (1, 1), act=t.nn.sigmoid, name="reused")
     e = Elementwise(t.add, act=t.nn.relu, name="add")([shared(d), d])
     b = shared(MeanPool2d((3, 3), (1, 1), padding="SAME", name="mean")(d))
     n = Concat(-1, name="cat")([e, b])
