@@ -188,7 +188,7 @@ def render(info: dict) -> str:
         out.append(f"warning: layer types the SDK v3 runner lacks: {', '.join(sorted(set(sdk_missing)))}")
     for line in info.get("overlapping_io", []):
         out.append(f"warning: {line}: nncase's kernel reads input it has already overwritten "
-                   "(spec §10.y); the emulator computes what that loop does")
+                   "(docs/kmodel-format.md#v4-interpreter); the emulator computes what that loop does")
     if info.get("notes"):
         out.append("notes (deviations from nncase's writer habits; the loaders accept them):")
         out.extend(f"  - {n}" for n in info["notes"])

@@ -230,7 +230,7 @@ def board_error(err: bytes | str, what: str) -> ReplError:
     if kpu:
         from tl2k210.maixpy.KPU import CAUSES
         code = int(kpu.group(1))
-        cause = CAUSES.get(code, "see maixpy-api.md's KPU error table")
+        cause = CAUSES.get(code, "see docs/maixpy-firmware.md#error-codes")
         fix = {2006: ": a MaixPy minimum build leaves more heap for models (the emulated board: "
                      "`tl2k210 board --maixpy --runtime maixpy-minimum`), or use a smaller model "
                      "(lower MobileNet alpha or input size)",

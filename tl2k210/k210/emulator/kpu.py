@@ -362,7 +362,7 @@ class PreparedConv:
         acc_hi = 255 * wsum + per_ch * max(x_terms) + margin + self.const[:, 0]
         if max(abs(int(acc_lo.min())), abs(int(acc_hi.max()))) * max(1, int(np.abs(self.bn_mul).max())) >= 1 << 62:
             raise EmulatorError(f"{self.where}: accumulator x norm_mul can exceed 64 bits; the KPU "
-                                "keeps 36-bit values (spec §2.5.1) - this layer's parameters are absurd")
+                                "keeps 36-bit values (docs/kpu.md#convolution) - this layer's parameters are absurd")
         ends = np.stack([(acc_lo * self.bn_mul[:, 0]) >> self.bn_shift[:, 0],
                          (acc_hi * self.bn_mul[:, 0]) >> self.bn_shift[:, 0]]) + self.bn_add[:, 0]
         self.table = compile_activation(self.act, self.act_rule, int(ends.min()), int(ends.max()))

@@ -362,7 +362,7 @@ def _read_conv(r: Reader, layer: Layer, body: int, end: int, eight_bit: bool, wh
     layer.align, layer.gaps = align, (gaps or None)
     if args["arg_x"] % (1 << args["shr_x"]) or args["arg_w"] % (1 << args["shr_w"]):
         model.pending.add("fractional zero points (Maix-EMC): the emulator's default silicon Σ rule "
-                          "applies (spec §10.1)", f"{where.split(' (')[0]} arg_x {args['arg_x']} >> "
+                          "applies (docs/kpu.md#sum-rule)", f"{where.split(' (')[0]} arg_x {args['arg_x']} >> "
                           f"{args['shr_x']}, arg_w {args['arg_w']} >> {args['shr_w']}")
     return content
 

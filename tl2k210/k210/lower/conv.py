@@ -78,7 +78,7 @@ def kpu_conv_refuses(g, node, opts):
     if kpu_pick and min(oh, ow) < hw.LIMITS["out_min"]:
         lo = hw.LIMITS["out_min"]
         return (f"output {ow}x{oh}: the KPU's stride-2 pick writes maps of at least {lo}x{lo} "
-                "(spec §2.7); use a larger input")
+                "(docs/kpu.md#limits); use a larger input")
     if a.get("pool") and kpu.pool_code(a["pool"]) is None and a["pool"]["kind"] != "max":
         return f"pool {a['pool']} has no KPU code and no uint8 CPU layer"
     return None
@@ -264,7 +264,7 @@ def plan_for(lw, node) -> Plan:
         raise KpuLimitError(
             f"node {node.name!r}: its {co}x{ph}x{pw} output ({co * ph * pw:,} B) must go to main memory "
             f"({'it does not fit the KPU RAM' if not fits else 'a CPU layer reads it'}), but the KPU streams "
-            f"at most {kpu.STREAM_PIXELS:,} pixels per channel (spec §2.5.5) and the first layer cannot run "
+            f"at most {kpu.STREAM_PIXELS:,} pixels per channel (docs/kpu.md#write-back-and-streaming) and the first layer cannot run "
             "in row bands (MaixPy feeds it the whole image): use a smaller input or a stride-2 first layer")
     tall = h > hw.LIMITS["in_h"][1] or wide
     limit = f"the {cap * hw.LINE_BYTES:,} B KPU RAM"

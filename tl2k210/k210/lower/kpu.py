@@ -179,7 +179,7 @@ def tile_conv(lq: LayerQuant, cin, cout, in_shape, code, depthwise, name) -> Kpu
     lo = hw.LIMITS["out_min"]
     if min(ph, pw) < lo:
         raise KpuLimitError(f"node {name!r}: KPU output {pw}x{ph} after {hw.POOL[code].name}; the KPU "
-                            f"writes maps of at least {lo}x{lo} (spec §2.7): use a larger input or pool later")
+                            f"writes maps of at least {lo}x{lo} (docs/kpu.md#limits): use a larger input or pool later")
     per_oc = k * k * (1 if depthwise else ci)
     n_oc, load_time = weight_loads(co, per_oc, lq.bits, depthwise)
     para = n_oc * per_oc * lq.bits // 8
