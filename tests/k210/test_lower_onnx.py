@@ -312,7 +312,7 @@ def test_these_conversions_run_without_tensorflow(tmp_path):
 import sys
 for m in ("tensorflow", "tf2onnx", "keras", "tensorlayer"):
     sys.modules[m] = None          # import raises ImportError
-sys.path[:0] = [{str(REPO / "tests")!r}, {str(REPO)!r}]
+sys.path[:0] = [{str(REPO / "tests" / "k210")!r}, {str(REPO / "tests")!r}, {str(REPO)!r}]
 from pathlib import Path
 import test_lower_onnx as t
 d = Path({str(tmp_path)!r})
