@@ -496,23 +496,21 @@ def test_opset6_prelu_slope_is_per_channel():
     np.testing.assert_allclose(run(g, x)[g.outputs[0]], want, rtol=1e-6)
 
 
-@pytest.mark.parametrize("form", ["pytorch", "DepthToSpace-CRD", "DepthToSpace-DCR"])
-def test_pixel_shuffle_is_a_one_hot_conv_transpose(form):
-    """PyTorch PixelShuffle(2) (Reshape 6-D, Transpose, Reshape) and ONNX DepthToSpace in both
-    modes become one 4-D ConvTranspose, bit for bit in float."""
+@pytest.mark.parametrize("mode", ["CRD", "DCR"])
+def test_pixel_shuffle_chain_is_one_depth_to_space(mode):
+    """PyTorch's PixelShuffle(2) (Reshape 6-D, Transpose, Reshape; and the DCR order TF exports)
+    becomes one 4-D DepthToSpace node, bit for bit in float; a DepthToSpace node stays as it is."""
     c, r = 3, 2
-    if form == "pytorch":
-        nodes = [helper.make_node("Reshape", ["x", "s6"], ["a"]),
-                 helper.make_node("Transpose", ["a"], ["b"], perm=[0, 1, 4, 2, 5, 3]),
-                 helper.make_node("Reshape", ["b", "s4"], ["y"])]
-        inits = {"s6": np.array([1, c, r, r, 5, 6], np.int64), "s4": np.array([1, c, 10, 12], np.int64)}
-    else:
-        nodes = [helper.make_node("DepthToSpace", ["x"], ["y"], blocksize=r, mode=form[-3:])]
-        inits = {}
+    perm, mid = ([0, 1, 4, 2, 5, 3], [1, c, r, r, 5, 6]) if mode == "CRD" else ([0, 3, 4, 1, 5, 2], [1, r, r, c, 5, 6])
+    nodes = [helper.make_node("Reshape", ["x", "s6"], ["a"]),
+             helper.make_node("Transpose", ["a"], ["b"], perm=perm),
+             helper.make_node("Reshape", ["b", "s4"], ["y"])]
+    inits = {"s6": np.array(mid, np.int64), "s4": np.array([1, c, 10, 12], np.int64)}
     m = make_model(nodes, [("x", [1, c * r * r, 5, 6])], [("y", None)], inits)
     g, changes = check(m, "pixel_shuffle", tol=0)
-    assert [n.op for n in g.nodes] == ["ConvTranspose"] and g.shape(g.outputs[0]) == (1, c, 10, 12)
-    assert changes and "one-hot ConvTranspose" in changes[0][1]
+    assert [(n.op, n.attrs["mode"], n.attrs["blocksize"]) for n in g.nodes] == [("DepthToSpace", mode, r)]
+    assert g.shape(g.outputs[0]) == (1, c, 10, 12)
+    assert changes and "DepthToSpace" in changes[0][1]
 
 
 def test_log_softmax_and_instance_norm_decompose():

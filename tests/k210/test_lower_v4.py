@@ -218,6 +218,42 @@ def test_slices_split_transpose_concat_pad():
     check_v4(m2, opcodes=("strided_slice", "concat"))
 
 
+def _d2s(x, r, mode):
+    """numpy DepthToSpace / SpaceToDepth of a (C, H, W) array (the ONNX definitions)."""
+    c, h, w = x.shape
+    if mode == "S2D":
+        return x.reshape(c, h // r, r, w // r, r).transpose(2, 4, 0, 1, 3).reshape(c * r * r, h // r, w // r)
+    if mode == "CRD":
+        return x.reshape(c // (r * r), r, r, h, w).transpose(0, 3, 1, 4, 2).reshape(-1, h * r, w * r)
+    return x.reshape(r, r, c // (r * r), h, w).transpose(2, 3, 0, 4, 1).reshape(-1, h * r, w * r)
+
+
+@pytest.mark.parametrize("form", ["DCR", "CRD", "pytorch", "S2D"])
+def test_depth_to_space_is_two_transposes_without_weights(form):
+    """DepthToSpace (both modes, and PyTorch's 6-D PixelShuffle chain) and SpaceToDepth are data
+    movement: two uint8 transposes, no weights, the output map exactly the permuted input map."""
+    r = 2
+    if form == "pytorch":
+        nodes = [N("Reshape", ["r", "s6"], ["a"]), N("Transpose", ["a"], ["b"], perm=[0, 1, 4, 2, 5, 3]),
+                 N("Reshape", ["b", "s4"], ["y"])]
+        inits = {"s6": i64(1, 2, r, r, 12, 12), "s4": i64(1, 2, 24, 24)}
+    elif form == "S2D":
+        nodes, inits = [N("SpaceToDepth", ["r"], ["y"], blocksize=r)], {}
+    else:
+        nodes, inits = [N("DepthToSpace", ["r"], ["y"], blocksize=r, mode=form)], {}
+    model, _, rows = check_v4(build(nodes, inits), opcodes=("transpose",))
+    names = [nd.name for nd in model.nodes]
+    assert names.count("transpose") == 2 and "conv2d_transpose" not in names
+    row = next(r_ for r_ in rows if r_.lowering == "space_depth_transposes")
+    assert row.weight_bytes == 0
+    emu = Emulator(model)
+    _, trace = emu.run(PX[0], trace=True)
+    first = names.index("transpose")
+    x_u8 = np.asarray(trace[first - 1][1]).reshape(8, 12, 12)       # the uint8 map it reads
+    y_u8 = np.asarray(trace[first + 1][1]).reshape(-1)
+    np.testing.assert_array_equal(y_u8, _d2s(x_u8, r, "CRD" if form == "pytorch" else form).reshape(-1))
+
+
 def test_reflect_pad_from_slices():
     """PyTorch ReflectionPad2d (ONNX Pad mode reflect) on H and W, asymmetric: the mirrored rows
     and columns as 1-row strided_slices concatenated around the map."""

@@ -1,30 +1,15 @@
-"""PixelShuffle / DepthToSpace (sub-pixel upsampling of super-resolution and segmentation heads) as
-a one-hot grouped ConvTranspose, kernel r x r, stride r:
+"""PixelShuffle (sub-pixel upsampling of super-resolution and segmentation heads) as one ONNX
+DepthToSpace node, which the lowering runs as data movement (two 4-D transposes, no weights):
 
     out[c, h*r + i, w*r + j] = in[c*r*r + i*r + j, h, w]        (PyTorch PixelShuffle, ONNX CRD)
     out[c, h*r + i, w*r + j] = in[(i*r + j)*C + c, h, w]        (ONNX DCR, TF depth_to_space)
 
 PyTorch exports PixelShuffle as Reshape (1, C, r, r, H, W) -> Transpose [0, 1, 4, 2, 5, 3] ->
-Reshape (1, C, H*r, W*r): 6-D tensors no kmodel holds. The ConvTranspose with 0/1 weights is the
-same permutation exactly (each output takes one input times 1), on 4-D maps."""
-import numpy as np
-
+Reshape (1, C, H*r, W*r): 6-D tensors no kmodel holds; the DepthToSpace node is the same
+permutation on 4-D maps."""
 from tl2k210.graph import Node
 
 PERMS = {(0, 1, 4, 2, 5, 3): "CRD", (0, 3, 4, 1, 5, 2): "DCR"}
-
-
-def _weights(c, r, mode):
-    """(C*r*r, 1, r, r) for group = C (CRD) or (C*r*r, C, r, r) dense (DCR)."""
-    if mode == "CRD":
-        w = np.zeros((c * r * r, 1, r, r), np.float32)
-        for k in range(c * r * r):
-            w[k, 0, (k % (r * r)) // r, k % r] = 1.0
-        return w, c
-    w = np.zeros((c * r * r, c, r, r), np.float32)
-    for k in range(c * r * r):
-        w[k, k % c, (k // c) // r, (k // c) % r] = 1.0
-    return w, 1
 
 
 def _shuffle_chain(g, first):
@@ -53,24 +38,15 @@ def pixel_shuffle(g, log):
     for n in list(g.nodes):
         if n not in g.nodes:
             continue
-        if n.op == "DepthToSpace" and len(g.shape(n.inputs[0]) or ()) == 4:
-            x, y, r = n.inputs[0], n.outputs[0], int(n.attrs["blocksize"])
-            mode, old = n.attrs.get("mode", "DCR"), [n]
-        else:
-            found = _shuffle_chain(g, n)
-            if found is None:
-                continue
-            x, y, r, mode, old = found
-        c = g.shape(x)[1] // (r * r)
-        w, groups = _weights(c, r, mode)
-        conv = Node("ConvTranspose", [x, g.add_const(w, old[0].name + "/one_hot"),
-                                      g.add_const(np.zeros(c, np.float32), old[0].name + "/bias")], [y],
-                    {"kernel_shape": [r, r], "strides": [r, r], "group": groups}, old[-1].name,
-                    [o.name for o in old])
+        found = _shuffle_chain(g, n)
+        if found is None:
+            continue
+        x, y, r, mode, old = found
+        d2s = Node("DepthToSpace", [x], [y], {"blocksize": r, "mode": mode}, old[-1].name, [o.name for o in old])
         i = g.nodes.index(old[0])
         for o in old:
             g.nodes.remove(o)
-        g.nodes.insert(i, conv)
-        log(conv.name, f"pixel shuffle ({mode}, x{r}) of {g.shape(x)} -> one-hot ConvTranspose "
-                       f"{r}x{r} stride {r}, group {groups}")
+        g.nodes.insert(i, d2s)
+        log(d2s.name, f"pixel shuffle ({mode}, x{r}) of {g.shape(x)}: Reshape 6-D, Transpose, Reshape -> "
+                      "DepthToSpace")
     return g

@@ -42,7 +42,7 @@ NEAREST = {
     "LSTM": "a convolutional model (no recurrent ops on the K210)", "GRU": "a convolutional model",
     "RNN": "a convolutional model", "Upsample": "Resize with mode nearest",
     "InstanceNormalization": "BatchNormalization after a Conv (folded into it)",
-    "LRN": "BatchNormalization", "DepthToSpace": "nearest UpSampling2D + Conv",
+    "LRN": "BatchNormalization",
     "Einsum": "Dense (MatMul) layers",
 }
 

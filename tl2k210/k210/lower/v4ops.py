@@ -86,6 +86,50 @@ def transpose(lw, node):
     _mark(lw, out, dt)
 
 
+def space_depth_steps(op, mode, shape, r):
+    """[(4-D in_shape, perm)]: the two transposes that are a DepthToSpace (mode "DCR" / "CRD") or
+    a SpaceToDepth of a (C, H, W) map with block r. DCR: in (i, j, c, h, w) -> (c, h, w, i, j) ->
+    out (c, h, i, w, j); CRD: in (c, i, j, h, w) -> (c, i, h, w, j) -> out; SpaceToDepth (ONNX's
+    only order, DCR's inverse): in (c, h, i, w, j) -> (c, h, w, i, j) -> out (i, j, c, h, w)."""
+    c, h, w = shape
+    if op == "SpaceToDepth":
+        h, w = h // r, w // r
+        return [((c * h, r, w, r), (0, 2, 1, 3)), ((c, h, w, r * r), (3, 0, 1, 2))]
+    c //= r * r
+    if mode == "CRD":
+        return [((c * r, r, h, w), (0, 2, 3, 1)), ((c, r, h, w * r), (0, 2, 1, 3))]
+    return [((r * r, c, h, w), (1, 2, 3, 0)), ((c * h, w, r, r), (0, 2, 1, 3))]
+
+
+def space_depth_refuses(g, node, opts):
+    if len(g.shape(node.inputs[0]) or ()) != 4:
+        return "only 4-D maps"
+    if node.op == "DepthToSpace" and node.attrs.get("mode", "DCR") not in ("DCR", "CRD"):
+        return f"mode {node.attrs['mode']!r}: DCR or CRD"
+    return None
+
+
+@lowering("DepthToSpace", "SpaceToDepth", unit=CPU_U8, check=space_depth_refuses, formats=("v4",),
+          name="space_depth_transposes")
+def space_depth(lw, node):
+    """Pixel shuffles as data movement: two transposes on the form the map has (no weights)."""
+    x, out = node.inputs[0], node.outputs[0]
+    r, mode = int(node.attrs["blocksize"]), node.attrs.get("mode", "DCR")
+    dt = _form(lw, x)
+    what = f"{node.op} x{r}" + (f" ({mode})" if node.op == "DepthToSpace" else "")
+    row = lw.row(node, f"{what}: two transposes on {'uint8' if dt == U8 else 'float32'}",
+                 in_shape=lw.shape(x), out_shape=lw.shape(out))
+    src = _src(lw, x, dt, row)
+    n = _count(lw, x)
+    tmp = f"{out}:shuffle"
+    mid = lw.main.alloc(tmp, nbytes(dt, n))
+    dst = _out(lw, out, dt, x)
+    for (shape, perm), (a, b) in zip(space_depth_steps(node.op, mode, lw.shape(x), r), ((src, mid), (mid, dst))):
+        lw.emit_v4("transpose", dict(input=main(dt, a, n), output=main(dt, b, n), in_shape=shape, perm=perm), row)
+    lw.main.free(tmp)
+    _mark(lw, out, dt)
+
+
 def slice_params(g, node):
     """(begin, end, strides) in 4-D for an ONNX Slice, or a reason."""
     shape = g4(g, node.inputs[0])
