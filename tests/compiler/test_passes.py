@@ -559,3 +559,22 @@ def test_square_kernels_leave_what_the_kpu_border_cannot_pad():
                    {"w": rand(6, 4, 1, 3), "b": rand(6)})
     g, changes = check(m, "square_kernels")
     assert g.nodes[0].attrs["kernel"] == (1, 3) and not changes
+
+
+@pytest.mark.parametrize("k,strides,dense", [((2, 2), [1, 1], True), ((2, 2), [2, 2], True), ((1, 2), [1, 1], True),
+                                             ((2, 2), [1, 1], False)])
+def test_conv_covering_its_map_is_a_dense_layer(k, strides, dense):
+    """A conv whose kernel covers the unpadded map (a landmark head's 2x2 VALID conv on a 2x2 map)
+    -> Reshape to (1, C*H*W, 1, 1) + 1x1 conv on the flattened weights, equal in float; a map
+    the kernel does not cover (3x3 here) stays a conv."""
+    h, w = k if dense else (3, 3)
+    m = make_model([conv("y", "x", "w", "b", kernel_shape=list(k), strides=strides)], [("x", [1, 5, h, w])],
+                   [("y", None)], {"w": rand(7, 5, *k), "b": rand(7)})
+    g, changes = check(m, "conv_as_dense", x=rand(1, 5, h, w))
+    if not dense:
+        assert [n.op for n in g.nodes] == ["Conv"] and not changes
+        return
+    assert [n.op for n in g.nodes] == ["Reshape", "Conv"] and len(changes) == 1
+    c = g.nodes[1]
+    assert c.attrs["kernel"] == (1, 1) and g.const(c.inputs[1]).shape == (7, 5 * h * w, 1, 1)
+    assert g.shape(c.inputs[0]) == (1, 5 * h * w, 1, 1)

@@ -108,6 +108,26 @@ def test_relabels_are_free():
     assert sqnr(m, model, px) > 30
 
 
+def test_conv_covering_its_map_stores_each_weight_once():
+    """A 2x2 VALID conv on a 2x2 map (a landmark head's last layer) is a KPU dense layer: its
+    weight bytes are the Co x C*2*2 uint8 taps plus the documented BN (8 B per output) and
+    activation (144 B) tables -- not a zero-padded 3x3 kernel -- and it matches the float model."""
+    n = helper.make_node
+    rng = np.random.default_rng(4)
+    r = lambda *s: (rng.normal(size=s) * 0.3).astype(np.float32)   # noqa: E731
+    nodes = [conv_node("c", "x", "w", "b", pads=[1, 1, 1, 1]), n("Relu", ["c"], ["r"]),
+             n("MaxPool", ["r"], ["p"], kernel_shape=[6, 6], strides=[6, 6]),
+             conv_node("y", "p", "w2", "b2", kernel_shape=[2, 2])]
+    m = make_model(nodes, [("x", [1, 3, 12, 12])], [("y", None)],
+                   {"w": r(16, 3, 3, 3), "b": r(16), "w2": r(24, 16, 2, 2), "b2": r(24)})
+    px = pixels(6, 3, 12, 12)
+    model, rows, _, _ = compile_model(m, px, format="v3")
+    row = next(r_ for r_ in rows if r_.node == "y")
+    assert row.lowering == "kpu_dense"
+    assert row.weight_bytes <= 24 * 16 * 2 * 2 + 8 * 24 + 144
+    assert sqnr(m, model, px) > 30
+
+
 # ---------------------------------------------------------------------------------------------
 # tiling: maps larger than the KPU RAM
 def _chain(h, w, seed=0):

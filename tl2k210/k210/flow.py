@@ -34,7 +34,7 @@ from tl2k210.passes.square_kernels import square_kernels
 from .lower import Options, select
 from .passes.entry_conv import entry_conv
 from .passes.kpu_padding import kpu_padding
-from .passes.matmul_to_conv import matmul_to_conv
+from .passes.matmul_to_conv import conv_as_dense, matmul_to_conv
 from .passes.stride2_even_maps import stride2_even_maps
 from .passes.wide_channels import wide_channels
 
@@ -69,6 +69,7 @@ PIPELINE = [
     Pass("matmul_to_conv", matmul_to_conv),
     Pass("fold_batchnorm", fold_batchnorm),
     Pass("pad_into_conv", pad_into_conv),
+    Pass("conv_as_dense", conv_as_dense),
     Pass("square_kernels", square_kernels),
     Pass("fold_affine_into_conv", fold_affine_into_conv),
     Pass("affine_to_conv", affine_to_conv),

@@ -68,3 +68,33 @@ def matmul_to_conv(g, log):
                  n.name + "/to_2d")]
         log(n.name, f"{'+'.join(fused)} ({k}->{nout}) -> 1x1 Conv on a {k}x1x1 map")
     return g
+
+
+def conv_as_dense(g, log):
+    """A Conv whose kernel covers its unpadded input exactly (a 2x2 VALID conv on a 2x2 map, a
+    7x7 on a 7x7 head) is a dense layer on the flattened map: NCHW flattening is (C, kh, kw)
+    order, the weights' own. -> Reshape to (1, C*H*W, 1, 1) + 1x1 Conv on the (Co, C*kh*kw)
+    weights: one uint8 weight per tap on the KPU, where the conv as it was becomes a padded 3x3
+    or K x K form storing the kernel several times. Only while C*H*W fits the KPU's channels."""
+    for n in list(g.nodes):
+        if n.op != "Conv" or g.const(n.inputs[1]) is None or len(n.inputs) < 2:
+            continue
+        a, xs = n.attrs, g.shape(n.inputs[0])
+        if xs is None or len(xs) != 4 or tuple(a.get("kernel", ())) != tuple(xs[2:]) or xs[2] * xs[3] == 1:
+            continue
+        if any(a.get("pads", (0,) * 4)) or a.get("group", 1) != 1 or tuple(a.get("dilations", (1, 1))) != (1, 1):
+            continue
+        k = xs[1] * xs[2] * xs[3]
+        if k > MAX_CHANNELS:
+            continue
+        w = np.asarray(g.const(n.inputs[1]))
+        flat = g.add_tensor(n.name + "/flat", (1, k, 1, 1))
+        i = g.nodes.index(n)
+        g.nodes.insert(i, Node("Reshape", [n.inputs[0], g.add_const(np.array([1, k, 1, 1], np.int64),
+                                                                     n.name + "/shape_flat")], [flat], {},
+                               n.name + "/flatten"))
+        n.inputs[0], n.inputs[1] = flat, g.add_const(w.reshape(w.shape[0], k, 1, 1), n.name + "/W_dense")
+        a["kernel"], a["strides"] = (1, 1), (1, 1)
+        log(n.name, f"{xs[2]}x{xs[3]} kernel on a {xs[1]}x{xs[2]}x{xs[3]} map -> dense ({k}->{w.shape[0]}): "
+                    "Reshape + 1x1 Conv")
+    return g
