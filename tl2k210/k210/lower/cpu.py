@@ -9,6 +9,7 @@ from tl2k210.k210 import fixed_point as fx
 
 from .fc import feeds_output, logistic, source_unit
 from .registry import CPU_F32, CPU_U8, lowering
+from .state import float_slices
 
 
 U8 = np.arange(np.iinfo(np.uint8).max + 1)      # every uint8 value: the index of a REQUANTIZE table
@@ -269,9 +270,6 @@ def average_pool(lw, node):
     lw.traced(out, "f32")
 
 
-SLICE_MIN_BYTES = 65536          # float scratch below which a uint8 map is dequantized whole (64 KiB)
-
-
 @lowering("GlobalAveragePool", unit=CPU_F32)
 def global_average_pool(lw, node):
     """A uint8 map with no float copy yet is dequantized and pooled a slice of channels at a time
@@ -283,8 +281,9 @@ def global_average_pool(lw, node):
     row = lw.row(node, "global average pool: float GLOBAL_AVERAGE_POOL2D (the SDK has no uint8 version)",
                  in_shape=(c, h, w), out_shape=(c,))
     xl, hw_ = lw.locs[x], h * w
-    per = max(1, max(SLICE_MIN_BYTES, c * hw_) // (4 * hw_))     # channels per float slice
-    if xl.f32 is not None or xl.pixels is not None or per >= c:
+    slices = float_slices(c, hw_, 4 * hw_)
+    per = slices[0][1]                                             # channels per float slice
+    if xl.f32 is not None or xl.pixels is not None or len(slices) == 1:
         src = lw.need_f32(x, row)
         loc = lw.f32_out(out)
         lw.emit("GLOBAL_AVERAGE_POOL2D", dict(flags=1, main_mem_in_address=src, main_mem_out_address=loc.f32,

@@ -27,6 +27,8 @@ from tl2k210.k210.kmodel import kpu as kpu_fmt, v3
 from tl2k210.k210.kmodel.v4 import (DT_FLOAT32, DT_UINT8, MEM_CONST, MEM_KPU, MEM_MAIN, OPCODE_BY_NAME,
                                     KModelV4, Node, overlapping_io)
 
+from .state import float_slices
+
 F32, U8 = DT_FLOAT32, DT_UINT8
 BYTES = {F32: 4, U8: 1}
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -53,6 +55,7 @@ class V4Op:
     fields: dict
     data: dict = field(default_factory=dict)
     conv: object = None
+    part: bool = False       # writes a slice of its v3 layer's output (the trace joins the parts)
 
 
 def main(dt: int, addr: int, count: int) -> tuple:
@@ -291,15 +294,22 @@ def _max_pool(layer, ctx):
         return [slice_op(main(U8, src, w * h * c), main(U8, dst, ow * oh * c), (1, c, h, w),
                          (0, 0, -ph, -pw), (1, c, -ph + (oh - 1) * sh + 1, -pw + (ow - 1) * sw + 1),
                          (1, 1, sh, sw))]
-    # the v4 runtime pools float only: max commutes with q -> q (dequantize scale 1, zero point 0)
-    a, b = ctx(4 * w * h * c), ctx(4 * ow * oh * c)
-    return [V4Op("dequantize", dict(input=main(U8, src, w * h * c), output=main(F32, a, w * h * c),
-                                    quant_param=(0, 1.0))),
-            V4Op("reduce_window2d", dict(input=main(F32, a, w * h * c), output=main(F32, b, ow * oh * c),
-                                         reduce_op=2, in_shape=(1, c, h, w), init_value=-FLT_MAX,
-                                         fused_activation=NO_CLAMP, **_window(f, w, h, ow, oh))),
-            V4Op("quantize", dict(input=main(F32, b, ow * oh * c), output=main(U8, dst, ow * oh * c),
-                                  quant_param=(0, 1.0)))]
+    # the v4 runtime pools float only: max commutes with q -> q (dequantize scale 1, zero point 0);
+    # the float copies are made a slice of channels at a time
+    slices = float_slices(c, w * h, 4 * (w * h + ow * oh))
+    k = max(c1 - c0 for c0, c1 in slices)
+    a, b = ctx(4 * w * h * k), ctx(4 * ow * oh * k)
+    ops = []
+    for c0, c1 in slices:
+        n, m = (c1 - c0) * w * h, (c1 - c0) * ow * oh
+        ops += [V4Op("dequantize", dict(input=main(U8, src + c0 * w * h, n), output=main(F32, a, n),
+                                        quant_param=(0, 1.0))),
+                V4Op("reduce_window2d", dict(input=main(F32, a, n), output=main(F32, b, m), reduce_op=2,
+                                             in_shape=(1, c1 - c0, h, w), init_value=-FLT_MAX,
+                                             fused_activation=NO_CLAMP, **_window(f, w, h, ow, oh))),
+                V4Op("quantize", dict(input=main(F32, b, m), output=main(U8, dst + c0 * ow * oh, m),
+                                      quant_param=(0, 1.0)), part=True)]
+    return ops
 
 
 @v3_layer("AVERAGE_POOL2D")
@@ -492,11 +502,13 @@ def assemble(lw, outs):
         first = len(nodes)
         nodes += [_node(op, consts) for op in ops]
         spans.append(list(range(first, len(nodes))))
-        last.append(len(nodes) - 1)
+        parts = tuple(first + k for k, op in enumerate(ops) if op.part)
+        last.append(parts if len(parts) > 1 else len(nodes) - 1)
     for r in lw.rows:
         r.layers = [j for i in r.layers for j in spans[i]]
-    for t, (i, kind) in list(lw.trace_map.items()):     # an index, or a tuple of them (tiles)
-        lw.trace_map[t] = (tuple(last[j] for j in i) if isinstance(i, (tuple, list)) else last[i], kind)
+    for t, (i, kind) in list(lw.trace_map.items()):     # an index, or a tuple of them (tiles, slices)
+        idx = tuple(np.hstack([last[j] for j in i])) if isinstance(i, (tuple, list)) else last[i]
+        lw.trace_map[t] = (tuple(int(j) for j in idx) if isinstance(idx, tuple) else idx, kind)
     rng, shape = _input(lw, nodes)
     outputs = [main(F32, addr, size // 4) for addr, size in outs]
     model = KModelV4(nodes, [rng], [shape], outputs, base + scratch.high, bytes(consts.blob), target=1)

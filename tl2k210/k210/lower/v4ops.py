@@ -15,6 +15,7 @@ from tl2k210.graph import axes_of
 
 from .fc import feeds_output
 from .registry import CPU_F32, CPU_U8, NA, lowering
+from .state import float_slices
 from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, pad_scalar, slice_op
 
 REDUCE = {"ReduceMean": 0, "ReduceMin": 1, "ReduceMax": 2, "ReduceSum": 3}
@@ -458,19 +459,30 @@ def window_pool(lw, x, out, kind, kernel, strides, pads, row, dtype=None, dilati
     else:
         so = lw.quant_of(out)
         qin, qout = (z_in, 1.0 / s_in), (so[1], 1.0 / so[0])
-    a, bb = lw.main.alloc(out + ":dq", 4 * n_in), lw.main.alloc(out + ":pool", 4 * n_out)
+    slices = float_slices(c, h * w, 4 * (h * w + (1 + count_pads) * oh * ow))   # float copies, a few channels at a time
+    k = max(c1 - c0 for c0, c1 in slices)
+    a, bb = lw.main.alloc(out + ":dq", 4 * k * h * w), lw.main.alloc(out + ":pool", 4 * k * oh * ow)
     dst = lw.u8_out(out, so).u8
-    lw.emit_v4("dequantize", dict(input=main(U8, src, n_in), output=main(F32, a, n_in), quant_param=qin), row)
-    lw.emit_v4("reduce_window2d", dict(input=main(F32, a, n_in), output=main(F32, bb, n_out), reduce_op=op,
-                                       in_shape=shape, init_value=init, fused_activation=NO_CLAMP, **win), row)
-    if count_pads:
-        scaled = lw.main.alloc(out + ":scaled", 4 * n_out)
-        _scale(lw, bb, scaled, n_out, 1.0 / (kh * kw), row)
-        bb = scaled
-    lw.emit_v4("quantize", dict(input=main(F32, bb, n_out), output=main(U8, dst, n_out), quant_param=qout), row)
-    for k in (":dq", ":pool", ":scaled"):
-        lw.main.free(out + k)
-    _mark(lw, out, U8)
+    scaled = lw.main.alloc(out + ":scaled", 4 * k * oh * ow) if count_pads else None
+    parts = []
+    for c0, c1 in slices:
+        ni, no = (c1 - c0) * h * w, (c1 - c0) * oh * ow
+        lw.emit_v4("dequantize", dict(input=main(U8, src + c0 * h * w, ni), output=main(F32, a, ni),
+                                      quant_param=qin), row)
+        lw.emit_v4("reduce_window2d", dict(input=main(F32, a, ni), output=main(F32, bb, no), reduce_op=op,
+                                           in_shape=(1, c1 - c0, h, w), init_value=init, fused_activation=NO_CLAMP,
+                                           **win), row)
+        pooled = bb
+        if count_pads:
+            _scale(lw, bb, scaled, no, 1.0 / (kh * kw), row)
+            pooled = scaled
+        parts.append(lw.emit_v4("quantize", dict(input=main(F32, pooled, no), output=main(U8, dst + c0 * oh * ow, no),
+                                                 quant_param=qout), row))
+    for tag in (":dq", ":pool", ":scaled"):
+        lw.main.free(out + tag)
+    lw.trace_map[out] = (parts[0] if len(parts) == 1 else tuple(parts), "u8")
+    if len(parts) > 1:
+        row.notes.append(f"the float pool in {len(parts)} channel slices (a slice of float at a time)")
 
 
 def _scale(lw, src, dst, n, k, row):
