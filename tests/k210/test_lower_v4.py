@@ -709,3 +709,12 @@ def test_float_pools_of_a_big_uint8_map_run_a_slice_at_a_time(pool, monkeypatch)
     assert model.main_mem < whole.main_mem
     for p in px[:2]:
         np.testing.assert_array_equal(Emulator(model).run(p)[0], Emulator(whole).run(p)[0])
+
+
+def test_transpose_into_the_batch_axis_is_refused_with_the_shapes():
+    """tf2onnx's SpaceToBatchND moves blocks into the batch axis; the kmodel's maps are batch 1:
+    a clear refusal naming the shapes, not a plan the emulator cannot run."""
+    m = build([N("Reshape", ["r", "s"], ["b2"]), N("Transpose", ["b2"], ["y"], perm=[1, 0, 2, 3], name="tb")],
+              {"s": i64(2, 4, 12, 12)})
+    with pytest.raises(UnsupportedOpError, match=r"(?s)'tb'.*batch 1"):
+        compile_model(m, PX, format="v4")

@@ -67,7 +67,13 @@ def _rank_ok(g, node):
 # ---------------------------------------------------------------------------------------------
 # data movement
 def transpose_refuses(g, node, opts):
-    return _rank_ok(g, node)
+    why = _rank_ok(g, node)
+    if why:
+        return why
+    if any(len(g.shape(t)) == 4 and g.shape(t)[0] != 1 for t in node.inputs[:1] + node.outputs):
+        return (f"{g.shape(node.inputs[0])} -> {g.shape(node.outputs[0])} moves data into the batch axis (a "
+                "SpaceToBatch form): the kmodel's maps are batch 1")
+    return None
 
 
 @lowering("Transpose", unit=CPU_U8, check=transpose_refuses, formats=("v4",), name="transpose")
