@@ -1,6 +1,8 @@
 """KPU RAM lines and main-buffer allocation for the lowering."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tl2k210.errors import KpuLimitError
 from tl2k210.k210 import hardware as hw
 
@@ -57,13 +59,32 @@ class KpuAllocator:
         self.blocks.pop(name, None)
 
 
-class MainAllocator:
-    """First-fit allocation with lifetimes; 8-byte aligned; high-water mark = main_mem_usage."""
+@dataclass
+class Block:
+    """One main-memory buffer of the lowering: bytes [start, start + size) from the layer index
+    t0 (the layers emitted when it was allocated) to t1 (when it was freed; None: to the end)."""
+    name: str
+    start: int
+    size: int
+    t0: int
+    t1: int | None = None
 
-    def __init__(self):
+    def live(self, t: int, end: int) -> bool:
+        return self.t0 <= t < (end if self.t1 is None else self.t1)
+
+
+class MainAllocator:
+    """First-fit allocation with lifetimes; 8-byte aligned; high-water mark = main_mem_usage.
+    Every buffer's lifetime (in layer indices, from `clock`) is kept in `history`: `plan`
+    re-places them offline once all layers are known."""
+
+    def __init__(self, clock=lambda: 0):
         self.blocks = {}   # name -> (start, size)
         self.high = 0
         self.at_high = {}  # the blocks live when the high-water mark was last raised
+        self.clock = clock
+        self.history: list[Block] = []
+        self._open = {}    # name -> index in history
 
     def alloc(self, name: str, size: int) -> int:
         size = max(8, -(-size // 8) * 8)
@@ -74,10 +95,66 @@ class MainAllocator:
                 break
             start = max(start, s + n)
         self.blocks[name] = (start, size)
+        self._open[name] = len(self.history)
+        self.history.append(Block(name, start, size, self.clock()))
         if start + size > self.high:
             self.high = start + size
             self.at_high = dict(self.blocks)
         return start
 
     def free(self, name: str):
-        self.blocks.pop(name, None)
+        if self.blocks.pop(name, None) is not None:
+            self.history[self._open.pop(name)].t1 = self.clock()
+
+
+def _overlap(a: Block, b: Block, end: int) -> bool:
+    a1 = end if a.t1 is None else a.t1
+    b1 = end if b.t1 is None else b.t1
+    return a.t0 < b1 and b.t0 < a1
+
+
+def _greedy(blocks: list, order: list, end: int) -> dict:
+    """TFLite Micro's greedy planner: in `order`, each buffer at the lowest offset clear of the
+    buffers already placed whose lifetimes overlap its own."""
+    placed, at = [], {}
+    for i in order:
+        b = blocks[i]
+        off = 0
+        for o, j in sorted((at[j], j) for j in placed if _overlap(blocks[j], b, end)):
+            if off + b.size <= o:
+                break
+            off = max(off, o + blocks[j].size)
+        at[i] = off
+        placed.append(i)
+    return at
+
+
+def plan(blocks: list, end: int) -> tuple[dict, int]:
+    """({block index: offset}, peak) for the buffers that hold data (t1 > t0): the best of greedy
+    by size, by size x lifetime, by first use, and the online first-fit offsets as allocated."""
+    idx = [i for i, b in enumerate(blocks) if (end if b.t1 is None else b.t1) > b.t0]
+    life = {i: (end if blocks[i].t1 is None else blocks[i].t1) - blocks[i].t0 for i in idx}
+    orders = [sorted(idx, key=lambda i: (-blocks[i].size, blocks[i].t0)),
+              sorted(idx, key=lambda i: (-blocks[i].size * life[i], blocks[i].t0)),
+              sorted(idx, key=lambda i: (blocks[i].t0, -blocks[i].size))]
+    best = {i: blocks[i].start for i in idx}
+    peak = lambda at: max((at[i] + blocks[i].size for i in at), default=0)   # noqa: E731
+    for order in orders:
+        at = _greedy(blocks, order, end)
+        if peak(at) < peak(best):
+            best = at
+    check(blocks, best, end)
+    return best, peak(best)
+
+
+def check(blocks: list, at: dict, end: int):
+    """An overlap of two buffers that are live at the same time is an error (AssertionError)."""
+    items = sorted(at.items(), key=lambda kv: kv[1])
+    for k, (i, o) in enumerate(items):
+        for j, p in items[k + 1:]:
+            if p >= o + blocks[i].size:
+                break
+            if _overlap(blocks[i], blocks[j], end):
+                raise AssertionError(f"main memory plan: {blocks[i].name} [{o}, {o + blocks[i].size}) and "
+                                     f"{blocks[j].name} [{p}, {p + blocks[j].size}) are live together "
+                                     f"(layers {blocks[i].t0}-{blocks[i].t1}, {blocks[j].t0}-{blocks[j].t1})")

@@ -18,7 +18,7 @@ from tl2k210.errors import Tl2k210Error, UnsupportedOpError
 from tl2k210.graph import describe
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import v3
-from tl2k210.k210.memory import KpuAllocator, MainAllocator
+from tl2k210.k210.memory import KpuAllocator, MainAllocator, plan
 from tl2k210.k210 import fixed_point as fx
 
 from . import registry
@@ -95,7 +95,7 @@ class Lowering:
         self.g, self.ranges, self.opts = graph, ranges, opts or Options()
         self.order = toposort(graph)
         self.layers, self.rows, self.locs = [], [], {}
-        self.kpu, self.main = KpuAllocator(self.opts.kpu_ram_lines), MainAllocator()
+        self.kpu, self.main = KpuAllocator(self.opts.kpu_ram_lines), MainAllocator(lambda: len(self.layers))
         self.pixel_input = None     # the image input in KPU RAM (uint8 pixels, preprocessing folded in)
         self.pixel_main = None      # kmodel v4: the image input in main memory (uint8 pixels)
         self.format = self.opts.format if self.opts.format != "auto" else "v3"
@@ -309,6 +309,43 @@ class Lowering:
         from .conv import plan_for
         return self.lowered_by(node) != "kpu_conv" or plan_for(self, node).in_resident
 
+    # ------------------------------------------------------------------ main-memory plan
+    def _plan_main(self, outs):
+        """Re-place every main-memory buffer once all layers are known (memory.plan: greedy by
+        size over the buffers' lifetimes, checked for overlaps) and move each address the layers,
+        the outputs and the input hold into its buffer's new place. An address that falls in no
+        buffer live at that layer is an error (a read after free). Returns the moved outputs."""
+        blocks, end = self.main.history, len(self.layers)
+        at, peak = plan(blocks, end)
+        if peak >= self.main.high:
+            return outs
+        live = [[] for _ in range(end + 1)]
+        for i in at:
+            b = blocks[i]
+            for t in range(b.t0, min(end, end if b.t1 is None else b.t1) + (b.t1 is None)):
+                live[t].append(i)
+
+        def move(addr, t, size=1):
+            for i in live[t]:
+                b = blocks[i]
+                if b.start <= addr and addr + size <= b.start + b.size:
+                    return at[i] + addr - b.start
+            raise AssertionError(f"layer {t}: main-memory bytes [{addr}, {addr + size}) are in no live buffer")
+
+        for t, layer in enumerate(self.layers):
+            _relocate(layer, lambda a, n=1, t=t: move(a, t, n))
+        loc = self.locs[self.g.inputs[0]]        # the input range of the v4 header
+        if loc.pixels is not None:
+            loc.u8 = move(loc.u8, 0) if loc.u8 == loc.pixels else loc.u8
+            loc.pixels = move(loc.pixels, 0)
+        elif loc.f32 is not None and self.pixel_input is None:
+            loc.f32 = move(loc.f32, 0)
+        top = max(at, key=lambda i: at[i] + blocks[i].size)
+        self.main.high = peak
+        self.main.at_high = {blocks[i].name: (at[i], blocks[i].size) for i in at
+                             if blocks[i].live(blocks[top].t0, end + 1)}
+        return [(move(a, end, n), n) for a, n in outs]
+
     # ------------------------------------------------------------------ entry
     def run(self):
         g = self.g
@@ -358,6 +395,7 @@ class Lowering:
             if row.layers:
                 self.rows.append(row)
             outs.append((addr, 4 * int(np.prod(self.locs[o].shape))))
+        outs = self._plan_main(outs)
         if self.format == "v4":
             from .v4emit import assemble
             return assemble(self, outs)
@@ -367,3 +405,30 @@ class Lowering:
                                      "need K210_CONV or FULLY_CONNECTED first")
         return v3.KModelV3(self.layers, outs, self.main.high, flags=1 if self.opts.weight_bits == 8 else 0,
                            max_start_address=self.kpu.lowest)
+
+
+MAIN_FIELDS = ("main_mem_in_address", "main_mem_in_a_address", "main_mem_in_b_address", "main_mem_out_address",
+               "mem_out_address")
+
+
+def _relocate(layer, move):
+    """Move the main-memory addresses of one plan item (a v3 layer or a v4 node) with `move(addr,
+    size)`."""
+    from tl2k210.k210.kmodel.v4 import MEM_MAIN, OPCODE_BY_NAME
+    if isinstance(layer, v3.Layer):
+        f = layer.fields
+        for k in MAIN_FIELDS:
+            if k in f and not (layer.name == "K210_CONV" and not f["flags"] & 1):
+                f[k] = move(f[k])
+        if "ranges" in layer.data:
+            layer.data["ranges"] = [(move(a, n), n) if n else (a, n) for a, n in layer.data["ranges"]]
+        return
+
+    def rng(r):
+        return (r[0], r[1], move(r[2], r[3]), r[3]) if isinstance(r, tuple) and r[0] == MEM_MAIN and r[3] else r
+
+    for name, typ, _ in OPCODE_BY_NAME[layer.name].struct.fields:
+        if typ == "range":
+            layer.fields[name] = rng(layer.fields[name])
+    if "inputs" in layer.data:
+        layer.data["inputs"] = [rng(r) for r in layer.data["inputs"]]
