@@ -164,6 +164,34 @@ def test_row_bands_and_channel_chunks_give_the_same_bytes():
     assert sqnr_db(ref.reshape(-1).astype(float), a.reshape(-1).astype(float)) > 25
 
 
+def test_row_bands_store_each_weight_once_in_kmodel_v3(monkeypatch):
+    """The row bands of a layer run the same weights: in kmodel v3 the later bands' K210_CONVs
+    point at the first band's weight, BN and activation blocks (absolute file offsets, spec §3.3),
+    so the layer's weight bytes are its weights once plus the documented BN (8 B per output) and
+    activation (144 B) tables per channel tile; the file reads back with no notes, writes back
+    byte for byte, and gives the outputs of the kmodel that stores every band's copy."""
+    from tl2k210.k210 import kmodel
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.lower import conv
+    m = _chain(40, 48)
+    px = pixels(2, 3, 40, 48)
+    shared, rows, lw, _ = compile_model(m, px, format="v3", kpu_ram_lines=500)
+    row = next(r for r in rows if r.node == "c2")
+    assert "row bands" in " ".join(row.notes)
+    tiles = len(lw.plans["c2"].units)
+    assert row.weight_bytes <= 16 * 16 * 9 + tiles * (8 * 16 + 144)
+    data = kmodel.dumps(shared)
+    back = kmodel.loads(data)
+    assert not back.notes and kmodel.dumps(back) == data
+    assert sum(1 for ly in back.layers if ly.shared) >= len(lw.plans["c2"].bands) - 1
+    monkeypatch.setattr(conv, "_share_blocks", lambda *a: ())
+    copies = compile_model(m, px, format="v3", kpu_ram_lines=500)[0]
+    assert len(kmodel.dumps(copies)) > len(data)
+    for p in px:
+        for a, b in zip(Emulator(back).run(p), Emulator(copies).run(p)):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_row_bands_keep_stride2_picks_and_pools_exact():
     """Band starts follow the KPU pool's stride and the CPU picks' phase: random chains of
     normal/depthwise/grouped/strided convs and pools, tiled vs untiled, bit for bit."""

@@ -138,6 +138,7 @@ class Layer:
     data: dict = field(default_factory=dict)  # variable tails: table / ranges / weights,bias / pairs
     align: dict | None = None       # K210_CONV block alignments (None = DEFAULT_ALIGN)
     gaps: dict | None = None        # K210_CONV blocks placed at a byte gap, not an alignment
+    shared: dict | None = None      # K210_CONV blocks stored once, by an earlier layer: {block: its index}
     body_size: int | None = None    # as read: kept when it is not the 8-aligned size (Maix-EMC)
 
     @property
@@ -338,8 +339,11 @@ def _read_conv(r: Reader, layer: Layer, body: int, end: int, eight_bit: bool, wh
     conv.bn, conv.bn_reserved = kpu.read_bn(r, offs["bn"], conv.out_shape[0], where)
     conv.act, conv.act_reserved = kpu.read_act(r, offs["act"], where)
     layer.conv = conv
+    layer.shared = _shared_blocks(model.layers, offs, body) or None
     prev, align, gaps = body + 24, {}, {}
     for b in CONV_BLOCKS:
+        if b in (layer.shared or ()):
+            continue
         a = kpu.infer_align(prev, offs[b])
         if a is None:
             gaps[b] = offs[b] - prev
@@ -354,9 +358,9 @@ def _read_conv(r: Reader, layer: Layer, body: int, end: int, eight_bit: bool, wh
                           f"{where} {offs}")
         align, gaps = None, None
     else:
-        nn01 = all(align.get(b, 0) >= a for b, a in NN01_ALIGN.items())
+        nn01 = all(align.get(b, 0) >= a for b, a in NN01_ALIGN.items() if b not in (layer.shared or ()))
         if not nn01:
-            odd = [f"{b}@{offs[b]}" for b in CONV_BLOCKS if align.get(b, 0) < NN01_ALIGN[b]]
+            odd = [f"{b}@{offs[b]}" for b in CONV_BLOCKS if align.get(b, 0) < NN01_ALIGN[b] and b in align]
             model.pending.add("K210_CONV parameter blocks below nncase's alignment (layer 8, "
                               "weights/bn 128, act 256); the SDK loads them", f"{where}: {', '.join(odd)}")
     layer.align, layer.gaps = align, (gaps or None)
@@ -367,6 +371,22 @@ def _read_conv(r: Reader, layer: Layer, body: int, end: int, eight_bit: bool, wh
     return content
 
 
+def _shared_blocks(layers, offs, body) -> dict:
+    """{block: index of the earlier K210_CONV that stores it} for the blocks of a conv that point
+    back into an earlier conv's own body (tl2k210 writes the row bands of one layer so: the same
+    weights, BN and activation tables stored once; the SDK reads blocks at any file offset)."""
+    shared = {}
+    for b in CONV_BLOCKS[1:]:
+        if offs[b] >= body:
+            continue
+        for j, other in enumerate(layers):
+            if other.conv is not None and not (other.shared and b in other.shared) and \
+                    other.fields.get(b + "_offset") == offs[b]:
+                shared[b] = j
+                break
+    return shared
+
+
 # ---------------------------------------------------------------------------------------------
 def write(model: KModelV3) -> bytes:
     """Serialise; every body is padded so the next starts 8-aligned, trailing padding included,
@@ -374,9 +394,9 @@ def write(model: KModelV3) -> bytes:
     read from a file that lacked its final padding (``omitted_tail``, nncase v0.1)."""
     n = len(model.layers)
     head_size = HEADER.size + OUTPUT.size * len(model.outputs) + LAYER_HEADER.size * n
-    bodies, pos, pad = [], head_size, 0
+    bodies, pos, pad, stored = [], head_size, 0, {}
     for i, layer in enumerate(model.layers):
-        body = _body_bytes(layer, pos, model.eight_bit, f"layer {i}")
+        body = _body_bytes(layer, pos, model.eight_bit, f"layer {i}", stored, i)
         want = layer.body_size if layer.body_size and layer.body_size >= len(body) else \
             align_up(pos + len(body), 8) - pos
         pad = want - len(body)
@@ -396,13 +416,15 @@ def write(model: KModelV3) -> bytes:
     return drop_tail(bytes(out), model.omitted_tail, pad)
 
 
-def _body_bytes(layer: Layer, pos: int, eight_bit: bool, where: str) -> bytes:
+def _body_bytes(layer: Layer, pos: int, eight_bit: bool, where: str, stored: dict, i: int) -> bytes:
     t = LAYER_TYPES[layer.type]
     if t.struct is None:
         return layer.data["raw"]
     f = dict(layer.fields)
     if t.tail == "conv":
-        return _conv_body(layer, f, pos, eight_bit, where)
+        body = _conv_body(layer, f, pos, eight_bit, where, stored)
+        stored[i] = (layer.conv, {b: f[b + "_offset"] for b in CONV_BLOCKS})
+        return body
     tail = b""
     for tl in TAILS.get(t.tail, ()):
         a = np.asarray(layer.data[tl.key], tl.dtype)
@@ -414,16 +436,28 @@ def _body_bytes(layer: Layer, pos: int, eight_bit: bool, where: str) -> bytes:
     return t.struct.pack(f) + tail
 
 
-def _conv_body(layer: Layer, f: dict, pos: int, eight_bit: bool, where: str) -> bytes:
+def _block_bytes(conv) -> dict:
+    return {"layer": conv.layer_bytes(), "weights": conv.weight_bytes(), "bn": conv.bn_bytes(),
+            "act": conv.act_bytes()}
+
+
+def _conv_body(layer: Layer, f: dict, pos: int, eight_bit: bool, where: str, stored: dict) -> bytes:
     conv = layer.conv
     if (conv.weights.dtype.itemsize == 1) != eight_bit:
         raise KmodelFormatError(f"{where}: weights are {conv.weights.dtype} but the model flags "
                                 f"say {'8' if eight_bit else '16'}-bit weights")
     align, gaps = layer.align or DEFAULT_ALIGN, layer.gaps or {}
-    blocks = {"layer": conv.layer_bytes(), "weights": conv.weight_bytes(), "bn": conv.bn_bytes(),
-              "act": conv.act_bytes()}
+    blocks = _block_bytes(conv)
     buf = bytearray(24)
     for b in CONV_BLOCKS:
+        j = (layer.shared or {}).get(b)
+        if j is not None:               # stored once by layer j (the same bytes)
+            conv_j, offs = stored.get(j, (None, None))
+            if conv_j is None or _block_bytes(conv_j)[b] != blocks[b]:
+                raise KmodelFormatError(f"{where}: its {b} block is shared with layer {j}, which does not "
+                                        "store the same bytes before it")
+            f[b + "_offset"] = offs[b]
+            continue
         at = pos + len(buf) + gaps[b] if b in gaps else align_up(pos + len(buf), align.get(b, 8))
         buf += bytes(at - pos - len(buf))
         f[b + "_offset"] = at
