@@ -18,7 +18,7 @@ from tl2k210.errors import Tl2k210Error, UnsupportedOpError
 from tl2k210.graph import describe
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import v3
-from tl2k210.k210.memory import KpuAllocator, MainAllocator, plan
+from tl2k210.k210.memory import Block, KpuAllocator, MainAllocator, plan
 from tl2k210.k210 import fixed_point as fx
 
 from . import registry
@@ -104,6 +104,7 @@ class Lowering:
         # stage reading each, and which pixel channel each channel of a copied image holds
         self.virtual_shapes, self.virtual_next, self.pixel_copy = {}, {}, {}
         self.folded = set()         # nodes already lowered by their producer (fused activations)
+        self.scratch_at = {}        # kmodel v4: layer index -> its planned temporaries (_plan_main)
         self.trace_map = {}         # tensor -> (layer index or indices, kind): SQNR from emulator traces
         self.uses = {}
         self.choice = {}            # node name -> (Alternative, passed-over reasons)
@@ -315,10 +316,12 @@ class Lowering:
         size over the buffers' lifetimes, checked for overlaps) and move each address the layers,
         the outputs and the input hold into its buffer's new place. An address that falls in no
         buffer live at that layer is an error (a read after free). Returns the moved outputs."""
-        blocks, end = self.main.history, len(self.layers)
+        blocks, end = list(self.main.history), len(self.layers)
+        scratch = self._scratch_blocks(blocks)
         at, peak = plan(blocks, end)
-        if peak >= self.main.high:
-            return outs
+        if peak >= max((blocks[i].start + blocks[i].size for i in at), default=0):
+            return outs                      # first fit is as good: the layout stays as allocated
+        self.scratch_at = {t: at[i] for t, i in scratch.items()}
         live = [[] for _ in range(end + 1)]
         for i in at:
             b = blocks[i]
@@ -345,6 +348,22 @@ class Lowering:
         self.main.at_high = {blocks[i].name: (at[i], blocks[i].size) for i in at
                              if blocks[i].live(blocks[top].t0, end + 1)}
         return [(move(a, end, n), n) for a, n in outs]
+
+    def _scratch_blocks(self, blocks):
+        """kmodel v4: the temporaries of each v3 layer written as several v4 nodes (v4emit.py),
+        as one buffer live during that layer, planned with the others (appended to `blocks`; at
+        first fit they sit above the lowering's allocation, where assemble would put them).
+        Returns {layer index: block index}."""
+        if self.format != "v4":
+            return {}
+        from .v4emit import scratch_need
+        out = {}
+        for t, layer in enumerate(self.layers):
+            n = scratch_need(layer)
+            if n:
+                out[t] = len(blocks)
+                blocks.append(Block(f"layer {t} ({layer.name}) temporaries", self.main.high, n, t, t + 1))
+        return out
 
     # ------------------------------------------------------------------ entry
     def run(self):

@@ -444,6 +444,16 @@ class _Scratch:
         self.used = 0
 
 
+def scratch_need(layer) -> int:
+    """Bytes of temporaries the v4 form of a v3 layer takes (0 for a v4 node)."""
+    fn = FROM_V3.get(getattr(layer, "name", None)) if isinstance(layer, v3.Layer) else None
+    if fn is None:
+        return 0
+    count = _Scratch(0)
+    fn(layer, count)
+    return count.high
+
+
 class _Consts:
     def __init__(self):
         self.blob, self.at = bytearray(), {}
@@ -496,7 +506,8 @@ def assemble(lw, outs):
             if fn is None:
                 raise UnsupportedOpError(f"v3 layer {item.name} has no kmodel v4 form")
             scratch.reset()
-            ops = fn(item, scratch)
+            own = lw.scratch_at.get(len(spans))
+            ops = fn(item, scratch if own is None else _Scratch(own))
         else:
             ops = [item]
         first = len(nodes)
