@@ -168,7 +168,8 @@ def test_row_bands_store_each_weight_once_in_kmodel_v3(monkeypatch):
     """The row bands of a layer run the same weights: in kmodel v3 the later bands' K210_CONVs
     point at the first band's weight, BN and activation blocks (absolute file offsets, spec §3.3),
     so the layer's weight bytes are its weights once plus the documented BN (8 B per output) and
-    activation (144 B) tables per channel tile; the file reads back with no notes, writes back
+    activation (144 B) tables per channel tile (output-channel chunks each store their own slice);
+    the file reads back with no notes, writes back
     byte for byte, and gives the outputs of the kmodel that stores every band's copy."""
     from tl2k210.k210 import kmodel
     from tl2k210.k210.emulator import Emulator
@@ -180,6 +181,9 @@ def test_row_bands_store_each_weight_once_in_kmodel_v3(monkeypatch):
     assert "row bands" in " ".join(row.notes)
     tiles = len(lw.plans["c2"].units)
     assert row.weight_bytes <= 16 * 16 * 9 + tiles * (8 * 16 + 144)
+    chunks = lw.plans["c1"].units                   # output-channel chunks: each its own slice
+    assert len(chunks) > 1
+    assert next(r for r in rows if r.node == "c1").weight_bytes == 16 * 3 * 9 + 8 * 16 + 144 * len(chunks)
     data = kmodel.dumps(shared)
     back = kmodel.loads(data)
     assert not back.notes and kmodel.dumps(back) == data
