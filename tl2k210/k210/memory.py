@@ -7,6 +7,18 @@ from tl2k210.errors import KpuLimitError
 from tl2k210.k210 import hardware as hw
 
 
+SLICE_MIN_BYTES = 65536          # float scratch below which a uint8 map is dequantized whole (64 KiB)
+
+
+def float_slices(c: int, u8_per_channel: int, f32_per_channel: int) -> list:
+    """[(c0, c1)] channel ranges for a per-channel float op on a uint8 map (a pool the runtime has
+    in float only): each slice's float temporaries (`f32_per_channel` bytes a channel) no bigger
+    than the uint8 map or SLICE_MIN_BYTES, one channel at least. Channels are contiguous in CHW,
+    so a slice is one range of the map, and the values are those of one big op."""
+    n = max(1, max(SLICE_MIN_BYTES, c * u8_per_channel) // max(1, f32_per_channel))
+    return [(c0, min(c, c0 + n)) for c0 in range(0, c, n)]
+
+
 class KpuAllocator:
     """KPU RAM in 64-byte lines: named blocks, first fit, explicit free. A KPU conv needs its
     input and output maps resident at once and disjoint (docs/kpu.md#write-back-and-streaming); several maps may stay

@@ -6,10 +6,10 @@ import numpy as np
 
 from tl2k210.passes.fuse_activation import activation_of
 from tl2k210.k210 import fixed_point as fx
+from tl2k210.k210.memory import float_slices
 
 from .fc import feeds_output, logistic, source_unit
 from .registry import CPU_F32, CPU_U8, lowering
-from .state import float_slices
 
 
 U8 = np.arange(np.iinfo(np.uint8).max + 1)      # every uint8 value: the index of a REQUANTIZE table

@@ -18,22 +18,13 @@ from tl2k210.errors import Tl2k210Error, UnsupportedOpError
 from tl2k210.graph import describe
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import v3
+from tl2k210.k210.kmodel.v4 import MEM_MAIN, OPCODE_BY_NAME
 from tl2k210.k210.memory import Block, KpuAllocator, MainAllocator, plan
 from tl2k210.k210 import fixed_point as fx
 
 from . import registry
 
 T = v3.TYPE_BY_NAME
-SLICE_MIN_BYTES = 65536          # float scratch below which a uint8 map is dequantized whole (64 KiB)
-
-
-def float_slices(c: int, u8_per_channel: int, f32_per_channel: int) -> list:
-    """[(c0, c1)] channel ranges for a per-channel float op on a uint8 map (a pool the runtime has
-    in float only): each slice's float temporaries (`f32_per_channel` bytes a channel) no bigger
-    than the uint8 map or SLICE_MIN_BYTES, one channel at least. Channels are contiguous in CHW,
-    so a slice is one range of the map, and the values are those of one big op."""
-    n = max(1, max(SLICE_MIN_BYTES, c * u8_per_channel) // max(1, f32_per_channel))
-    return [(c0, min(c, c0 + n)) for c0 in range(0, c, n)]
 
 
 @dataclass
@@ -433,7 +424,6 @@ MAIN_FIELDS = ("main_mem_in_address", "main_mem_in_a_address", "main_mem_in_b_ad
 def _relocate(layer, move):
     """Move the main-memory addresses of one plan item (a v3 layer or a v4 node) with `move(addr,
     size)`."""
-    from tl2k210.k210.kmodel.v4 import MEM_MAIN, OPCODE_BY_NAME
     if isinstance(layer, v3.Layer):
         f = layer.fields
         for k in MAIN_FIELDS:
