@@ -166,11 +166,11 @@ def test_row_bands_and_channel_chunks_give_the_same_bytes():
 
 def test_row_bands_store_each_weight_once_in_kmodel_v3(monkeypatch):
     """The row bands of a layer run the same weights: in kmodel v3 the later bands' K210_CONVs
-    point at the first band's weight, BN and activation blocks (absolute file offsets, spec §3.3),
-    so the layer's weight bytes are its weights once plus the documented BN (8 B per output) and
-    activation (144 B) tables per channel tile (output-channel chunks each store their own slice);
-    the file reads back with no notes, writes back
-    byte for byte, and gives the outputs of the kmodel that stores every band's copy."""
+    point at the first band's weight, BN and activation blocks (absolute file offsets,
+    docs/kmodel-format.md#v3-conv-parameter-placement), so the layer's weight bytes are its
+    weights once plus the documented BN (8 B per output) and activation (144 B) tables per
+    channel tile (output-channel chunks each store their own slice); the file reads back with no
+    notes, writes back byte for byte, and gives the outputs of the kmodel storing every copy."""
     from tl2k210.k210 import kmodel
     from tl2k210.k210.emulator import Emulator
     from tl2k210.k210.lower import conv
