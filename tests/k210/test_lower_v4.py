@@ -667,7 +667,7 @@ def test_global_average_pool_of_a_big_uint8_map_is_pooled_a_slice_at_a_time(monk
     """A 128x12x12 uint8 map (a 72 KiB float copy): dequantized and pooled in two channel slices
     with one float scratch, never a whole float copy; in v3 and v4 the same output bytes as the
     unsliced layers, within rounding of onnxruntime (check_v4)."""
-    from tl2k210.k210 import memory
+    from tl2k210.k210.lower import memory
     nodes = [N("GlobalAveragePool", ["r"], ["p"]), N("Flatten", ["p"], ["y"])]
     m = build(nodes, {}, c=128)
     model, q, rows = check_v4(m, opcodes=("dequantize", "reduce"), min_sqnr=40)
@@ -690,7 +690,7 @@ def test_float_pools_of_a_big_uint8_map_run_a_slice_at_a_time(pool, monkeypatch)
     """The v0.2 runtime pools float only: a 16x64x64 uint8 map (a 256 KiB float copy) is
     dequantized, pooled and quantized back a few channels at a time, the float temporaries no
     bigger than the uint8 map; the output bytes are those of the unsliced pool."""
-    from tl2k210.k210 import memory
+    from tl2k210.k210.lower import memory
     if pool == "max_v3_layer":
         nodes = [N("MaxPool", ["r"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])]
     elif pool == "max_fused":          # a CPU conv with a fused pool (window_pool)

@@ -1,10 +1,10 @@
-"""The main-memory planner (tl2k210/k210/memory.py): buffers re-placed offline from their
+"""The main-memory planner (tl2k210/k210/lower/memory.py): buffers re-placed offline from their
 lifetimes, greedy by size; the plan is checked (two live buffers never overlap) and the kmodel's
 outputs are bit for bit those of the online first-fit allocation."""
 import numpy as np
 import pytest
 
-from tl2k210.k210.memory import Block, MainAllocator, check, plan
+from tl2k210.k210.lower.memory import Block, MainAllocator, check, plan
 
 pytest.importorskip("onnxruntime")
 

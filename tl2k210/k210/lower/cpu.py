@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from tl2k210.passes.fuse_activation import activation_of
 from tl2k210.k210 import fixed_point as fx
-from tl2k210.k210.memory import float_slices
+from tl2k210.passes.fuse_activation import activation_of
 
 from .fc import feeds_output, logistic, source_unit
+from .memory import float_slices
 from .registry import CPU_F32, CPU_U8, lowering
 
 

@@ -18,11 +18,11 @@ from tl2k210.errors import Tl2k210Error, UnsupportedOpError
 from tl2k210.graph import describe
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import v3
-from tl2k210.k210.kmodel.v4 import MEM_MAIN, OPCODE_BY_NAME
-from tl2k210.k210.memory import Block, KpuAllocator, MainAllocator, plan
 from tl2k210.k210 import fixed_point as fx
+from tl2k210.k210.kmodel.v4 import MEM_MAIN, OPCODE_BY_NAME
 
 from . import registry
+from .memory import Block, KpuAllocator, MainAllocator, plan
 
 T = v3.TYPE_BY_NAME
 

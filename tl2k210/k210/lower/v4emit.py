@@ -26,7 +26,8 @@ from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import kpu as kpu_fmt, v3
 from tl2k210.k210.kmodel.v4 import (DT_FLOAT32, DT_UINT8, MEM_CONST, MEM_KPU, MEM_MAIN, OPCODE_BY_NAME,
                                     KModelV4, Node, overlapping_io)
-from tl2k210.k210.memory import float_slices
+
+from .memory import float_slices
 
 F32, U8 = DT_FLOAT32, DT_UINT8
 BYTES = {F32: 4, U8: 1}

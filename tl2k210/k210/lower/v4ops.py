@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from tl2k210.graph import axes_of
-from tl2k210.k210.memory import float_slices
 
 from .fc import feeds_output
+from .memory import float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, pad_scalar, slice_op
 
