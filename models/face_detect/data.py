@@ -1,34 +1,38 @@
-"""Seeded, offline training data for the face detector: composites of augmented face crops on
-varied backgrounds, 320x240 RGB uint8, boxes (x, y, w, h) in pixels.
+"""Real-face training and evaluation data for the face detector: 320x240 RGB uint8 frames,
+boxes (x, y, w, h) in pixels of the frame.
 
-Sources (all shipped with the venv, nothing downloaded):
-  faces           the 100 faces of skimage.data.lfw_subset() (25x25 grayscale), colorized
-  hard negatives  its 100 non-face patches, pasted with exactly the same augmentation
-  backgrounds     skimage photos/textures (chelsea, brick, grass, gravel, immunohistochemistry,
-                  hubble_deep_field, retina, moon, page, text, clock, coins, colorwheel, cell,
-                  checkerboard, horse, logo, the lower part of camera, the left stereo_motorcycle
-                  view), sklearn's flower.jpg, dead-leaves "foliage", smooth random fields,
-                  shapes and noise
-  TEST ONLY       astronaut, grace_hopper.jpg (faces); coffee, rocket, sklearn's china.jpg
-                  (face-free) -- never used for training or calibration.
+Training (fetched, never committed: `../shared/data/get-face-training.sh MIRROR OUT`; research
+use only, see the zoo README):
+  caltech_webfaces  7,092 web photos, 10,524 faces, boxes derived from 4 landmarks (a square of
+                    3x the landmark extent: the convention of the CMU+MIT ground truth)
+  face_mask_kaggle  853 photos, 4,072 VOC face boxes (most faces wear masks)
+  negatives         crops of skimage/sklearn sample photos and textures, dead-leaves clutter
+                    (`background`)
+Evaluation (`../shared/testdata/faces`, never trained on): cmu_mit_frontal, wider_val_subset200
+(faces >= 10 px at 416x416), nonface_scenes.
 
-Streams are seeded: training = TRAIN_SEED (+ a per-resume offset), held-out = HELDOUT_SEED,
-calibration = CALIB_SEED, so the held-out composites never coincide with training ones.
+Every image is stretched to 320x240, like a camera frame. Training frames are random crops
+(zoomed in and out, aspect jittered, padded where they leave the photo), flipped, colour/grey/
+blur/noise jittered; `sample(rng)` is deterministic in rng.
 """
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import numpy as np
 
 W, H = 320, 240
-TRAIN_SEED, HELDOUT_SEED, CALIB_SEED = 1, 20260, 777
-# Real photos: hand-annotated face boxes (x, y, w, h) on the original images.
-ASTRONAUT_BOX = (180, 68, 92, 112)     # on the 512x512 original
-GRACE_HOPPER_BOX = (170, 140, 180, 185)  # on the 512x600 original (forehead below the cap to chin)
-# A face box is the pasted 25x25 crop (brows..chin) extended upwards to take in the forehead,
-# the convention of the hand annotations above.
-FOREHEAD = 0.12
+TRAIN_SEED, CALIB_SEED = 1, 777
+MIN_TRAIN_FACE = 6      # px in the 320x240 frame: smaller boxes are dropped from the targets
+MIN_EVAL_FACE = 10      # px, WIDER protocol used here: faces narrower than this at 416 are ignored
+NEGATIVE_P = 0.1        # share of face-free frames
+# Box convention: the two evaluation sets disagree (CMU+MIT: loose landmark squares, 3x the
+# landmark extent, like Caltech's derived boxes; WIDER and the face-mask set: tight face boxes,
+# about 0.56 of that side). Training boxes sit in between (0.75 of the loose side), so that a
+# well-placed box has IoU >= 0.5 with either convention.
+CALTECH_SCALE, MASK_SCALE = 0.75, 1.33
 
 
 def _cv2():
@@ -36,13 +40,145 @@ def _cv2():
     return cv2
 
 
+# ------------------------------------------------------------------ training data
+def training_dir(path=None) -> Path:
+    """The get-face-training.sh output folder: --data, else $TL2K210_FACE_DATA."""
+    p = path or os.environ.get("TL2K210_FACE_DATA")
+    if not p or not (Path(p) / "caltech_webfaces").is_dir():
+        raise SystemExit(f"face training data not found at {p!r}: run ../shared/data/get-face-training.sh "
+                         "MIRROR OUT and pass --data OUT (or set TL2K210_FACE_DATA)")
+    return Path(p)
+
+
 @functools.lru_cache(maxsize=None)
-def _lfw():
-    from skimage import data
-    a = data.lfw_subset().astype(np.float32)
-    return a[:100], a[100:]
+def training_set(root) -> list:
+    """[(image path, float array (n, 4) of x1, y1, x2, y2)] of both training sets."""
+    root = Path(root)
+    boxes = {}
+    for line in open(root / "caltech_webfaces" / "boxes_derived.txt"):
+        p = line.split()
+        boxes.setdefault(root / "caltech_webfaces" / "images" / p[0], []).append([float(v) for v in p[1:5]])
+    for line in open(root / "face_mask_kaggle" / "boxes.txt"):
+        p = line.split()
+        boxes.setdefault(root / "face_mask_kaggle" / "images" / p[0], []).append([float(v) for v in p[2:6]])
+    return [(str(k), _rescale(np.asarray(v, np.float32), CALTECH_SCALE if "caltech" in str(k) else MASK_SCALE))
+            for k, v in sorted(boxes.items())]
 
 
+def _rescale(b, s):
+    """Boxes (x1, y1, x2, y2) scaled by s about their centres."""
+    c, half = (b[:, :2] + b[:, 2:]) / 2, (b[:, 2:] - b[:, :2]) * s / 2
+    return np.concatenate([c - half, c + half], 1)
+
+
+def _read_rgb(path) -> np.ndarray:
+    cv2 = _cv2()
+    img = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if img is None:
+        raise SystemExit(f"cannot read image {path}")
+    return img[..., ::-1]
+
+
+def _jitter(img, rng) -> np.ndarray:
+    """Colour, grey, blur and noise jitter of a float32 HWC image in [0, 1]."""
+    cv2 = _cv2()
+    if rng.random() < 0.25:
+        img = np.repeat(img.mean(2, keepdims=True), 3, 2)
+    else:
+        grey = img.mean(2, keepdims=True)
+        img = grey + (img - grey) * rng.uniform(0.5, 1.5)          # saturation
+        img = img * rng.uniform(0.85, 1.15, 3).astype(np.float32)  # white balance
+    img = (img - 0.5) * rng.uniform(0.6, 1.4) + 0.5 + rng.uniform(-0.2, 0.2)  # contrast, brightness
+    if rng.random() < 0.3:
+        img = np.clip(img, 0, 1) ** rng.uniform(0.6, 1.6)
+    if rng.random() < 0.25:
+        img = cv2.GaussianBlur(img, (0, 0), rng.uniform(0.5, 1.8))
+    if rng.random() < 0.2:
+        img = img + rng.normal(0, rng.uniform(0.01, 0.05), img.shape).astype(np.float32)
+    return np.clip(img, 0, 1)
+
+
+def _image_size(path) -> tuple[int, int]:
+    from PIL import Image
+    with Image.open(path) as im:
+        return im.size
+
+
+def place(rng, b, sw, sh):
+    """Where a sw x sh photo with face boxes b (x1, y1, x2, y2) lands in the frame: the affine
+    matrix (2x3), the x scale, and the visible boxes (x, y, w, h) in the frame.
+
+    Scaled so that one face (picked at random) is 7..200 px wide (log-uniform), or so that the
+    photo fills the frame (zoomed in up to 2x), aspect stretched like a camera frame, that face
+    anywhere inside the frame, flipped half of the time. A box less than 60 % inside the frame
+    or smaller than MIN_TRAIN_FACE is dropped."""
+    b = np.clip(b, 0, [sw, sh, sw, sh])  # derived boxes can run past the photo
+    x1, y1, x2, y2 = b[rng.integers(len(b))]
+    if rng.random() < 0.5:
+        sx = max(W / sw, H / sh) * np.exp(rng.uniform(0, 0.7))
+    else:
+        sx = np.exp(rng.uniform(np.log(7), np.log(200))) / max(x2 - x1, 1.0)
+    sy = sx * np.exp(rng.uniform(-0.3, 0.3))
+    x0 = x1 - rng.uniform(0, max(0.0, W - (x2 - x1) * sx)) / sx
+    y0 = y1 - rng.uniform(0, max(0.0, H - (y2 - y1) * sy)) / sy
+    m = np.float32([[sx, 0, -x0 * sx], [0, sy, -y0 * sy]])
+    flip = rng.random() < 0.5
+    if flip:
+        m = (np.float32([[-1, 0, W], [0, 1, 0]]) @ np.vstack([m, [0, 0, 1]])).astype(np.float32)
+    boxes = []
+    for x1, y1, x2, y2 in b:
+        x1, x2, y1, y2 = (x1 - x0) * sx, (x2 - x0) * sx, (y1 - y0) * sy, (y2 - y0) * sy
+        if flip:
+            x1, x2 = W - x2, W - x1
+        area = (x2 - x1) * (y2 - y1)
+        cx1, cy1, cx2, cy2 = max(x1, 0), max(y1, 0), min(x2, W), min(y2, H)
+        if cx2 <= cx1 or cy2 <= cy1 or (cx2 - cx1) * (cy2 - cy1) < 0.6 * area:
+            continue
+        if cx2 - cx1 >= MIN_TRAIN_FACE and cy2 - cy1 >= MIN_TRAIN_FACE:
+            boxes.append((cx1, cy1, cx2 - cx1, cy2 - cy1))
+    return m, sx, boxes
+
+
+def sample_boxes(rng, root) -> list:
+    """The boxes of a training frame without making its pixels (photo sizes from the headers;
+    for fitting the anchors)."""
+    if rng.random() < NEGATIVE_P:
+        return []
+    items = training_set(str(root))
+    path, b = items[rng.integers(len(items))]
+    return place(rng, b, *_image_size(path))[2]
+
+
+def sample(rng, root) -> tuple[np.ndarray, list]:
+    """One augmented training frame: (320x240x3 uint8, [(x, y, w, h), ...])."""
+    cv2 = _cv2()
+    if rng.random() < NEGATIVE_P:
+        return (background(rng) * 255 + 0.5).astype(np.uint8), []
+    items = training_set(str(root))
+    path, b = items[rng.integers(len(items))]
+    src = _read_rgb(path)
+    m, sx, boxes = place(rng, b, src.shape[1], src.shape[0])
+    # where the frame leaves the photo: a face-free background (70 %) or a flat colour
+    if rng.random() < 0.7:
+        img = (background(rng) * 255).astype(np.uint8)
+    else:
+        img = np.empty((H, W, 3), np.uint8)
+        img[:] = rng.integers(0, 256, 3)
+    cv2.warpAffine(np.ascontiguousarray(src), m[:2], (W, H), dst=img,
+                   flags=cv2.INTER_AREA if sx < 1 else cv2.INTER_LINEAR, borderMode=cv2.BORDER_TRANSPARENT)
+    img = _jitter(img.astype(np.float32) / 255.0, rng)
+    return (img * 255 + 0.5).astype(np.uint8), boxes
+
+
+def calibration_images(n=64, root=None):
+    """n 320x240 training frames for the KPU quantization (the recipe's calibration set);
+    without the training data, the first n frames of the evaluation sets are NOT used: it fails."""
+    rng = np.random.default_rng(CALIB_SEED)
+    root = training_dir(root)
+    return [sample(rng, root)[0] for _ in range(n)]
+
+
+# ------------------------------------------------------------------ negatives (face-free)
 @functools.lru_cache(maxsize=None)
 def _backgrounds():
     from skimage import data
@@ -60,18 +196,18 @@ def _backgrounds():
             a = (a - a.min()) / max(1e-6, float(a.max() - a.min()))
         if a.ndim == 3 and a.shape[2] == 4:
             a = a[..., :3]
+        if a.ndim == 2:
+            a = np.repeat(a[..., None], 3, 2)
         out.append(a)
 
-    for n in ("chelsea", "brick", "grass", "gravel", "immunohistochemistry", "hubble_deep_field",
-              "retina", "moon", "page", "text", "clock", "coins", "colorwheel", "cell",
-              "checkerboard", "horse", "logo"):
+    for n in ("brick", "grass", "gravel", "immunohistochemistry", "hubble_deep_field", "retina", "moon",
+              "page", "text", "clock", "coins", "colorwheel", "cell", "checkerboard", "horse", "logo",
+              "coffee", "rocket"):
         add(getattr(data, n)())
     add(data.camera()[260:])  # below the cameraman's face
     add(data.stereo_motorcycle()[0])  # a cluttered workshop
-    imgs = load_sample_images()
-    for fname, img in zip(imgs.filenames, imgs.images):
-        if fname.endswith("flower.jpg"):  # china.jpg is a face-free TEST photo
-            add(img)
+    for img in load_sample_images().images:  # china.jpg and flower.jpg
+        add(img)
     return out
 
 
@@ -81,20 +217,9 @@ def _resize(a, w, h):
     return cv2.resize(a, (int(w), int(h)), interpolation=interp)
 
 
-def _rgb(a, rng):
-    """Gray -> RGB with a random tint; RGB -> per-channel gain jitter."""
-    if a.ndim == 2:
-        tint = rng.uniform(0.5, 1.0, 3) if rng.random() < 0.7 else np.ones(3)
-        a = a[..., None] * tint[None, None].astype(np.float32)
-    else:
-        a = a * rng.uniform(0.75, 1.25, 3).astype(np.float32)
-    return a
-
-
 def _smooth_field(rng, w=W, h=H):
     gw, gh = rng.integers(2, 12), rng.integers(2, 9)
-    small = rng.random((gh, gw, 3)).astype(np.float32)
-    return _resize(small, w, h)
+    return _resize(rng.random((gh, gw, 3)).astype(np.float32), w, h)
 
 
 # leaf/bark/earth colours (RGB) for the dead-leaves "foliage" backgrounds
@@ -104,9 +229,7 @@ FOLIAGE = np.array([(0.18, 0.32, 0.10), (0.35, 0.50, 0.18), (0.55, 0.62, 0.30), 
 
 def dead_leaves(rng, w=W, h=H):
     """A dead-leaves image: occluding ellipses with power-law sizes (the statistics of natural
-    scenes -- foliage, gravel, crowds of objects), coloured from the foliage palette (each leaf
-    brightened or darkened) or at random, under a smooth shading field: hard negatives with
-    dark/light blob layouts at every scale."""
+    clutter), foliage-coloured or random, under a smooth shading field."""
     cv2 = _cv2()
     foliage = rng.random() < 0.6
     img = np.empty((h, w, 3), np.float32)
@@ -127,200 +250,90 @@ def dead_leaves(rng, w=W, h=H):
 
 
 def background(rng) -> np.ndarray:
-    cv2 = _cv2()
-    k = rng.random()
-    if k < 0.6:
-        src = _backgrounds()[rng.integers(len(_backgrounds()))]
-        sh, sw = src.shape[:2]
-        s = rng.uniform(0.35, 1.0)
-        cw = int(min(sw, sh * 4 / 3) * s * rng.uniform(0.85, 1.15))
-        cw = max(8, min(cw, sw))
-        ch = max(6, min(int(cw * 3 / 4 * rng.uniform(0.85, 1.15)), sh))
-        x0, y0 = rng.integers(0, sw - cw + 1), rng.integers(0, sh - ch + 1)
-        img = _resize(src[y0:y0 + ch, x0:x0 + cw], W, H)
-        if rng.random() < 0.5:
-            img = img[:, ::-1]
-        img = _rgb(np.ascontiguousarray(img), rng)
-        if rng.random() < 0.3:
-            img = 0.6 * img + 0.4 * _smooth_field(rng)
-    elif k < 0.75:
-        img = dead_leaves(rng)
-    elif k < 0.85:
-        img = _smooth_field(rng) * rng.uniform(0.3, 1.0)
-    elif k < 0.95:
-        img = _smooth_field(rng)
-        for _ in range(rng.integers(3, 15)):
-            color = tuple(float(c) for c in rng.random(3))
-            x, y = int(rng.integers(0, W)), int(rng.integers(0, H))
-            if rng.random() < 0.5:
-                cv2.rectangle(img, (x, y), (x + int(rng.integers(5, 150)), y + int(rng.integers(5, 120))), color, -1)
-            else:
-                cv2.ellipse(img, (x, y), (int(rng.integers(3, 80)), int(rng.integers(3, 80))),
-                            float(rng.uniform(0, 180)), 0, 360, color, -1)
-    else:
-        img = np.clip(rng.normal(rng.uniform(0.2, 0.8), rng.uniform(0.05, 0.3), (H, W, 3)), 0, 1).astype(np.float32)
-    return np.clip(img, 0, 1).astype(np.float32)
-
-
-SKIN = np.array([(1.0, 0.8, 0.66), (0.96, 0.72, 0.56), (0.82, 0.6, 0.45), (0.62, 0.44, 0.32),
-                 (0.45, 0.3, 0.22), (1.0, 0.88, 0.8), (1.0, 1.0, 1.0)], np.float32)
-
-
-def _sprite(g, w, h, rng):
-    """Augmented RGB sprite (h, w, 3) and soft alpha (h, w) from a 25x25 gray patch."""
-    cv2 = _cv2()
-    if rng.random() < 0.5:
-        g = g[:, ::-1]
-    g = np.clip((g - 0.5) * rng.uniform(0.6, 1.5) + 0.5 + rng.uniform(-0.2, 0.2), 0, 1)
-    g = g ** rng.uniform(0.6, 1.6)
-    s = _resize(np.ascontiguousarray(g, dtype=np.float32), w, h)
-    ang = rng.uniform(-12, 12)
-    m = cv2.getRotationMatrix2D((w / 2, h / 2), ang, 1.0)
-    s = cv2.warpAffine(s, m, (w, h), borderMode=cv2.BORDER_REFLECT)
-    if rng.random() < 0.8:
-        tint = SKIN[rng.integers(len(SKIN))] * rng.uniform(0.9, 1.1, 3)
-    else:
-        tint = rng.uniform(0.3, 1.0, 3)
-    rgb = s * 1.0 if s.ndim == 3 else s[..., None] * tint.astype(np.float32)[None, None]
-    if rng.random() < 0.3:
-        rgb = cv2.GaussianBlur(rgb, (0, 0), rng.uniform(0.5, 1.2) * max(1.0, w / 40))
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-    ax, ay = w / 2 * rng.uniform(0.95, 1.2), h / 2 * rng.uniform(1.0, 1.25)
-    r = np.sqrt(((xx - w / 2 + 0.5) / ax) ** 2 + ((yy - h / 2 + 0.5) / ay) ** 2)
-    feather = rng.uniform(0.1, 0.3)
-    alpha = np.clip((1.0 - r) / feather, 0, 1)
-    return rgb, alpha
-
-
-def _context(img, x, y, w, h, rng):
-    """Hair / head / shoulders blobs around a (face or non-face) patch."""
-    cv2 = _cv2()
-    if rng.random() < 0.6:
-        color = tuple(float(c) for c in rng.uniform(0.0, 0.7) * rng.uniform(0.5, 1.0, 3))
-        cv2.ellipse(img, (int(x + w / 2), int(y + h * 0.4)), (int(w * rng.uniform(0.55, 0.75)), int(h * rng.uniform(0.6, 0.8))),
-                    0, 0, 360, color, -1)
-    if rng.random() < 0.5:
-        color = tuple(float(c) for c in rng.random(3))
-        cv2.ellipse(img, (int(x + w / 2), int(y + h * rng.uniform(1.5, 1.9))), (int(w * rng.uniform(0.9, 1.6)), int(h * 0.7)),
-                    0, 0, 360, color, -1)
-
-
-def _overlaps(r, rects, limit=0.05):
-    for q in rects:
-        iw = min(r[0] + r[2], q[0] + q[2]) - max(r[0], q[0])
-        ih = min(r[1] + r[3], q[1] + q[3]) - max(r[1], q[1])
-        if iw > 0 and ih > 0 and iw * ih > limit * min(r[2] * r[3], q[2] * q[3]):
-            return True
-    return False
-
-
-def _photo_patch(rng):
-    """A random colour patch of a training background, 25x25: a hard negative (foliage, fur,
-    stars, texture) shaped and blended exactly like the faces."""
-    if rng.random() < 0.3:
-        return np.clip(dead_leaves(rng, 25, 25), 0, 1)
+    """A face-free 320x240 float frame: a photo/texture crop (75 %) or dead leaves."""
+    if rng.random() < 0.25:
+        return np.clip(dead_leaves(rng), 0, 1)
     src = _backgrounds()[rng.integers(len(_backgrounds()))]
     sh, sw = src.shape[:2]
-    side = int(rng.integers(12, max(13, min(sh, sw) // 2)))
-    y0, x0 = rng.integers(0, sh - side + 1), rng.integers(0, sw - side + 1)
-    p = _resize(np.ascontiguousarray(src[y0:y0 + side, x0:x0 + side]), 25, 25)
-    return p if p.ndim == 3 and rng.random() < 0.7 else (p.mean(axis=2) if p.ndim == 3 else p)
-
-
-def composite(rng, photo_negatives=False, bg=None):
-    """One 320x240 RGB uint8 composite and its face boxes (n, 4) float32 (x, y, w, h).
-    photo_negatives: also paste 0-3 ellipse-masked patches of background photos as hard negatives
-    (train.py switches it on from --photo-negatives-from; the held-out set has none).
-    bg: a background (H, W, 3) float in [0, 1] to use instead of a random one (train.py's mined
-    hard backgrounds)."""
-    cv2 = _cv2()
-    faces, nonfaces = _lfw()
-    img = background(rng) if bg is None else np.array(bg, np.float32)
-    n_faces = int(rng.choice([0, 1, 1, 2, 2, 3, 4]))
-    n_neg = int(rng.integers(0, 4)) + (int(rng.integers(0, 4)) if photo_negatives else 0)
-    kinds = [True] * n_faces + [False] * n_neg
-    rng.shuffle(kinds)
-    rects, boxes = [], []
-    for is_face in kinds:
-        for _ in range(20):
-            w = float(np.exp(rng.uniform(np.log(18), np.log(130))))
-            h = w / float(np.exp(rng.uniform(np.log(0.7), np.log(1.7))))  # w/h of the whole face box
-            w, hc = int(round(w)), int(round(h / (1 + FOREHEAD)))
-            if w + 2 > W or h + 2 > H or hc < 12:
-                continue
-            x = int(rng.integers(0, W - w + 1))
-            y = int(rng.integers(int(np.ceil(h - hc)), H - hc + 1))
-            box = (x, y - (h - hc), w, h)
-            if _overlaps(box, rects):
-                continue
-            break
-        else:
-            continue
-        rects.append(box)
-        if rng.random() < (0.6 if is_face else 0.3):
-            _context(img, x, y, w, hc, rng)
-        if is_face:
-            patch = faces[rng.integers(100)]
-        elif photo_negatives and rng.random() < 0.6:
-            patch = _photo_patch(rng)
-        else:
-            patch = nonfaces[rng.integers(100)]
-        rgb, alpha = _sprite(patch, w, hc, rng)
-        light = rng.uniform(0.5, 1.3)
-        a = alpha[..., None]
-        img[y:y + hc, x:x + w] = img[y:y + hc, x:x + w] * (1 - a) + np.clip(rgb * light, 0, 1) * a
-        if is_face:
-            boxes.append(box)
-    # global photometric jitter
-    img = img * rng.uniform(0.7, 1.3) + rng.uniform(-0.12, 0.12)
-    img = img * rng.uniform(0.85, 1.15, 3).astype(np.float32)
-    if rng.random() < 0.2:
-        img = cv2.GaussianBlur(img, (0, 0), rng.uniform(0.4, 1.2))
+    cw = max(8, min(sw, int(min(sw, sh * 4 / 3) * rng.uniform(0.35, 1.0))))
+    ch = max(6, min(int(cw * 3 / 4 * rng.uniform(0.8, 1.25)), sh))
+    x0, y0 = rng.integers(0, sw - cw + 1), rng.integers(0, sh - ch + 1)
+    img = _resize(np.ascontiguousarray(src[y0:y0 + ch, x0:x0 + cw]), W, H)
     if rng.random() < 0.5:
-        img = img + rng.normal(0, rng.uniform(0.005, 0.04), img.shape).astype(np.float32)
-    img = (np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8)
-    return img, np.array(boxes, np.float32).reshape(-1, 4)
+        img = img[:, ::-1]
+    return _jitter(np.ascontiguousarray(img), rng)
 
 
-def composites(n, seed):
-    rng = np.random.default_rng(seed)
-    return [composite(rng) for _ in range(n)]
+# ------------------------------------------------------------------ evaluation sets
+def faces_dir(path=None) -> Path | None:
+    """../shared/testdata/faces (or --faces / $TL2K210_TESTDATA/faces); None when absent."""
+    if path:
+        return Path(path)
+    from tl2k210 import paths
+    return paths.testdata("faces")
 
 
-def heldout(n=200, seed=HELDOUT_SEED):
-    """Held-out composites (a seed never used for training): list of (image, boxes)."""
-    return composites(n, seed)
+def to_frame(img) -> np.ndarray:
+    """Any HxW(x3) uint8 photo stretched to the 320x240 RGB camera frame."""
+    if img.ndim == 2:
+        img = np.repeat(img[..., None], 3, 2)
+    return np.ascontiguousarray(_resize(np.ascontiguousarray(img), W, H))
 
 
-def calibration_images(n=64):
-    """~64 HWC uint8 320x240 composites for the KPU quantization (the recipe's calibration set)."""
-    return [img for img, _ in composites(n, CALIB_SEED)]
-
-
-def _to_input(img, box=None):
-    """Stretch a photo to 320x240 (what the board's camera frame is) and scale its box."""
-    from PIL import Image
-    h0, w0 = img.shape[:2]
-    out = np.asarray(Image.fromarray(img).convert("RGB").resize((W, H), Image.BILINEAR))
-    if box is None:
-        return out, None
+def _scaled(boxes, w0, h0):
     sx, sy = W / w0, H / h0
-    return out, (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+    return [(x * sx, y * sy, w * sx, h * sy) for x, y, w, h in boxes]
 
 
-def real_photos():
-    """TEST ONLY photos at 320x240: {name: (image, face box or None)}."""
-    import matplotlib.cbook
-    from PIL import Image
-    from skimage import data
-    from sklearn.datasets import load_sample_images
-    out = {"astronaut": _to_input(data.astronaut(), ASTRONAUT_BOX)}
-    with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as fh:
-        gh = np.asarray(Image.open(fh).convert("RGB"))
-    out["grace_hopper"] = _to_input(gh, GRACE_HOPPER_BOX)
-    out["coffee"] = _to_input(data.coffee())
-    out["rocket"] = _to_input(data.rocket())
-    imgs = load_sample_images()
-    china = [i for f, i in zip(imgs.filenames, imgs.images) if f.endswith("china.jpg")][0]
-    out["china"] = _to_input(china)
+def cmu_mit(root, gt_file="ground_truth_bboxes.txt") -> list:
+    """[(name, frame, [gt boxes], [ignored boxes])]: CMU+MIT frontal, all 511 faces (boxes from
+    the landmarks at scale 3; the `_face_only` file: tight boxes)."""
+    d = Path(root) / "cmu_mit_frontal"
+    gt = {}
+    for line in open(d / gt_file):
+        p = line.split()
+        if len(p) == 5:
+            x1, y1, x2, y2 = map(float, p[1:])
+            gt.setdefault(p[0], []).append((x1, y1, x2 - x1, y2 - y1))
+    out = []
+    for f in sorted((d / "images").iterdir()):
+        img = _read_rgb(f)
+        h0, w0 = img.shape[:2]
+        out.append((f.name, to_frame(img), _scaled(gt.get(f.name, []), w0, h0), []))
     return out
+
+
+def wider_subset(root) -> list:
+    """[(name, frame, [gt boxes >= 10 px at 416], [smaller or invalid boxes: ignored])]."""
+    d = Path(root) / "wider_val_subset200"
+    lines = open(d / "gt_416.txt").read().split("\n")
+    gt, i = {}, 0
+    while i < len(lines):
+        name = lines[i].strip()
+        if not name:
+            i += 1
+            continue
+        n = int(lines[i + 1])
+        rows = [lines[i + 2 + k].split() for k in range(n)]
+        gt[os.path.basename(name)] = rows
+        i += 2 + max(n, 1)
+    out = []
+    img_dir = next(p for p in (d / "images", d) if p.is_dir() and any(p.glob("*.jpg")))
+    for f in sorted(img_dir.glob("*.jpg")):
+        img = _read_rgb(f)
+        h0, w0 = img.shape[:2]
+        keep, ignore = [], []
+        for r in gt.get(f.name, []):
+            x, y, w, h = map(float, r[:4])
+            (keep if w >= MIN_EVAL_FACE and int(r[7]) == 0 else ignore).append((x, y, w, h))
+        out.append((f.name, to_frame(img), _scaled(keep, w0, h0), _scaled(ignore, w0, h0)))
+    return out
+
+
+def nonface_scenes(root) -> list:
+    d = Path(root) / "nonface_scenes"
+    return [(f.name, to_frame(_read_rgb(f)), [], []) for f in sorted(d.glob("*.jpg"))]
+
+
+EVAL_SETS = {"cmu_mit_frontal": cmu_mit, "wider_val_subset200": wider_subset, "nonface_scenes": nonface_scenes,
+             "cmu_mit_frontal_face_only": lambda root: cmu_mit(root, "ground_truth_bboxes_face_only.txt")}

@@ -1,8 +1,17 @@
-"""Evaluate the face detector: AP@0.5 on held-out composites (float TensorLayer model vs the
-kmodel on the bit-exact KPU emulator) and the real-photo checks (faces found on astronaut and
-grace_hopper, nothing on coffee, rocket and china).
+"""Evaluate face detectors on real faces (../shared/testdata/faces; never trained on):
 
-    .venv/bin/python models/face_detect/evaluate.py [--n 200] [--out out/face_detect] [--json FILE]
+  cmu_mit_frontal      130 photos, 511 faces           AP@0.5, recall at 1 false positive / image
+  wider_val_subset200  200 photos, faces >= 10 px wide at 416x416 (smaller or `invalid` faces
+                       are ignored: a detection on one is neither right nor wrong)   same
+  nonface_scenes       274 face-free scenes             false positives / image at threshold 0.5
+
+for the zoo model (float TensorLayer model and its kmodel on the bit-exact KPU emulator) and the
+anchor, MaixPy's facedetect_320x240_v3.kmodel (testdata/kmodels), through the same decode
+(tl2k210.k210.yolo.decode = kpu.run_yolo2) and NMS 0.3. Every photo is stretched to 320x240 like
+a camera frame. AP: VOC all-point, detections decoded at threshold 0.05; a detection is right
+when its IoU with a not yet matched face is >= 0.5.
+
+    .venv/bin/python -m models.face_detect.evaluate [--faces DIR] [--out out/face_detect] [--json FILE]
 
 Builds the zoo model (kmodel + kfpkg + report) into --out first, exactly as `tl2k210 zoo build`.
 """
@@ -11,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +35,9 @@ from models.face_detect.network import ANCHORS  # noqa: E402
 GW, GH = 20, 15
 AP_THRESHOLD = 0.05  # decode threshold for the precision/recall sweep
 THRESHOLD, NMS = 0.5, 0.3
+ANCHOR_KMODEL = ("kmodels", "facedetect_320x240_v3.kmodel")
+# the anchor's anchors (testdata/kmodels/MANIFEST.md, MaixPy's face example)
+ANCHOR_ANCHORS = [1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025]
 
 
 def float_outputs(net, images, batch=8):
@@ -34,8 +45,7 @@ def float_outputs(net, images, batch=8):
     outs = []
     for i in range(0, len(images), batch):
         x = np.stack(images[i:i + batch]).astype(np.float32) / 255.0
-        y = np.asarray(net(x))
-        outs += [o.transpose(2, 0, 1) for o in y]
+        outs += [o.transpose(2, 0, 1) for o in np.asarray(net(x))]
     return outs
 
 
@@ -45,114 +55,112 @@ def kmodel_outputs(kmodel_path, images):
     return [np.asarray(emu.run(np.ascontiguousarray(img.transpose(2, 0, 1)))[0], np.float32) for img in images]
 
 
-def detect(out, threshold=THRESHOLD, nms=NMS):
+def detect(out, anchors=ANCHORS, threshold=THRESHOLD, nms=NMS):
     from tl2k210.k210 import yolo
-    return yolo.decode(out, ANCHORS, GW, GH, data.W, data.H, threshold=threshold, nms=nms)
+    return yolo.decode(out, anchors, GW, GH, data.W, data.H, threshold=threshold, nms=nms)
 
 
-def average_precision(outputs, gts, iou_thr=0.5):
-    """VOC all-point AP of the decoded detections (threshold AP_THRESHOLD, NMS 0.3)."""
+def match(boxes, gt, ignore, iou_thr=0.5):
+    """[(score, True = right / False = wrong)] for boxes sorted by score; boxes on ignored faces
+    are dropped."""
     from tl2k210.k210 import yolo
-    scored, n_gt = [], sum(len(g) for g in gts)
-    for out, gt in zip(outputs, gts):
-        boxes = sorted(detect(out, AP_THRESHOLD), key=lambda b: -b.value)
-        used = np.zeros(len(gt), bool)
-        for b in boxes:
-            ious = [yolo.iou(b.rect(), g) for g in gt]
-            j = int(np.argmax(ious)) if ious else -1
-            tp = j >= 0 and ious[j] >= iou_thr and not used[j]
-            if tp:
-                used[j] = True
-            scored.append((b.value, tp))
-    if not n_gt:
-        return float("nan")
+    used = np.zeros(len(gt), bool)
+    out = []
+    for b in sorted(boxes, key=lambda b: -b.value):
+        ious = np.array([yolo.iou(b.rect(), g) if not used[j] else 0.0 for j, g in enumerate(gt)])
+        if len(ious) and ious.max() >= iou_thr:
+            used[int(np.argmax(ious))] = True
+            out.append((b.value, True))
+        elif any(yolo.iou(b.rect(), g) >= iou_thr for g in ignore):
+            continue
+        else:
+            out.append((b.value, False))
+    return out
+
+
+def detection_metrics(outputs, gts, ignores, anchors) -> dict:
+    """AP@0.5 (VOC all-point), recall at 1 false positive per image, and recall / false
+    positives per image at the deployment threshold 0.5."""
+    scored = []
+    for out, gt, ig in zip(outputs, gts, ignores):
+        scored += match(detect(out, anchors, AP_THRESHOLD), gt, ig)
+    n_gt, n_img = sum(len(g) for g in gts), len(outputs)
     scored.sort(key=lambda s: -s[0])
-    tp = np.cumsum([s[1] for s in scored])
-    fp = np.cumsum([not s[1] for s in scored])
-    rec = tp / n_gt
-    prec = tp / np.maximum(tp + fp, 1e-9)
+    ok = np.array([s[1] for s in scored], bool)
+    tp, fp = np.cumsum(ok), np.cumsum(~ok)
+    at05 = np.array([s[0] > THRESHOLD for s in scored], bool)
+    res = {"images": n_img, "faces": n_gt,
+           "fp_per_image_at_0.5": round(float((~ok & at05).sum()) / n_img, 4)}
+    if not n_gt:
+        return res
+    rec, prec = tp / n_gt, tp / np.maximum(tp + fp, 1)
     mrec = np.concatenate([[0], rec, [1]])
     mpre = np.concatenate([[0], prec, [0]])
-    for i in range(len(mpre) - 2, -1, -1):
-        mpre[i] = max(mpre[i], mpre[i + 1])
+    mpre = np.maximum.accumulate(mpre[::-1])[::-1]
     idx = np.where(mrec[1:] != mrec[:-1])[0]
-    return float(np.sum((mrec[idx + 1] - mrec[idx]) * mpre[idx + 1]))
-
-
-def photo_results(outputs: dict, photos: dict):
-    """Per photo: boxes at threshold 0.5, best IoU with the annotated face (if any)."""
-    from tl2k210.k210 import yolo
-    res = {}
-    for name, (img, box) in photos.items():
-        boxes = detect(outputs[name])
-        r = {"boxes": [[round(float(v), 1) for v in b.rect()] + [round(float(b.value), 3)] for b in boxes]}
-        if box is not None:
-            ious = [yolo.iou(b.rect(), box) for b in boxes]
-            r["annotated"] = [round(float(v), 1) for v in box]
-            r["best_iou"] = round(float(max(ious)), 3) if ious else 0.0
-            r["found"] = bool(ious) and max(ious) >= 0.5
-            r["false_positives"] = int(sum(i < 0.5 for i in ious))
-        else:
-            r["false_positives"] = len(boxes)
-        res[name] = r
+    within = fp <= n_img
+    res.update(ap50=round(float(np.sum((mrec[idx + 1] - mrec[idx]) * mpre[idx + 1])), 4),
+               recall_at_1fp_per_image=round(float(rec[within].max()) if within.any() else 0.0, 4),
+               recall_at_0_5=round(float((ok & at05).sum()) / n_gt, 4))
     return res
 
 
-def evaluate(n=200, out_dir=None, progress=False):
+def evaluate(faces=None, out_dir="out/face_detect", progress=False) -> dict:
     from tl2k210 import zoo
-    out_dir = Path(out_dir or "out/face_detect")
-    t = time.time()
-    report = zoo.build("face_detect", out_dir, progress=progress)
-    build_s = time.time() - t
-    kpath = report["kmodel"]
-    net = zoo.build_network(zoo.get("face_detect"))
-    held = data.heldout(n)
-    imgs, gts = [i for i, _ in held], [list(map(tuple, b)) for _, b in held]
-    photos = data.real_photos()
-    t = time.time()
-    f_out = float_outputs(net, imgs + [p[0] for p in photos.values()])
-    k_out = kmodel_outputs(kpath, imgs + [p[0] for p in photos.values()])
-    run_s = time.time() - t
+    from tl2k210.k210 import cost
+    from tl2k210.k210.kmodel import load
+    faces = data.faces_dir(faces)
+    if faces is None or not faces.is_dir():
+        raise SystemExit("../shared/testdata/faces not found: pass --faces DIR (or set TL2K210_TESTDATA)")
+    report = zoo.build("face_detect", Path(out_dir), progress=progress)
     rc = report["receipt"]
-    res = {
-        "heldout_images": n, "heldout_faces": int(sum(len(g) for g in gts)),
-        "ap50_float": average_precision(f_out[:n], gts),
-        "ap50_kmodel": average_precision(k_out[:n], gts),
-        "photos_float": photo_results(dict(zip(photos, f_out[n:])), photos),
-        "photos_kmodel": photo_results(dict(zip(photos, k_out[n:])), photos),
-        "file_size": rc["file_size"], "peak_kpu_ram": rc["peak_kpu_ram"], "latency_ms": rc["latency_ms"],
+    net = zoo.build_network(zoo.get("face_detect"))
+    anchor_path = paths.testdata(*ANCHOR_KMODEL)
+    models = {"zoo_float": (lambda imgs: float_outputs(net, imgs), ANCHORS),
+              "zoo_kmodel": (lambda imgs: kmodel_outputs(report["kmodel"], imgs), ANCHORS),
+              "anchor_kmodel": (lambda imgs: kmodel_outputs(anchor_path, imgs), ANCHOR_ANCHORS)}
+    res = {"sets": {}, "zoo_kmodel": {
+        "file_size": rc["file_size"], "peak_kpu_ram": rc["peak_kpu_ram"], "latency_ms": round(rc["latency_ms"], 2),
         "cpu_layers": [r["node"] for r in rc["layers"] if r["unit"] != "KPU"],
-        "layers": [(r["node"], r["unit"], r.get("sqnr_db")) for r in rc["layers"]],
-        "output_sqnr_db": rc["totals"].get("output_sqnr_db"),
-        "build_s": round(build_s, 1), "run_s": round(run_s, 1), "kmodel": kpath,
-    }
+        "output_sqnr_db": rc["totals"].get("output_sqnr_db")}}
+    est = cost.estimate(load(anchor_path))
+    res["anchor_kmodel"] = {"path": str(anchor_path), "file_size": anchor_path.stat().st_size,
+                            "latency_ms": round(est.ms, 2)}
+    for set_name, loader in data.EVAL_SETS.items():
+        items = loader(faces)
+        imgs = [i[1] for i in items]
+        gts, ignores = [i[2] for i in items], [i[3] for i in items]
+        res["sets"][set_name] = {name: detection_metrics(run(imgs), gts, ignores, anchors)
+                                 for name, (run, anchors) in models.items()}
+        if progress:
+            print(set_name, json.dumps(res["sets"][set_name]), flush=True)
     return res
 
 
 def table(res) -> str:
-    lines = [f"held-out composites: {res['heldout_images']} images, {res['heldout_faces']} faces",
-             f"AP@0.5 float  {res['ap50_float']:.3f}",
-             f"AP@0.5 kmodel {res['ap50_kmodel']:.3f} (KPU emulator)",
-             f"kmodel {res['file_size']:,} B, peak KPU RAM {res['peak_kpu_ram']:,} B, "
-             f"est. latency {res['latency_ms']:.1f} ms, non-KPU layers: {', '.join(res['cpu_layers']) or 'none'}",
-             "", f"{'photo':14s} {'model':7s} {'boxes':>5s} {'best IoU':>8s} {'FP':>3s}  top box (x, y, w, h, score)"]
-    for kind in ("float", "kmodel"):
-        for name, r in res[f"photos_{kind}"].items():
-            top = max(r["boxes"], key=lambda b: b[4]) if r["boxes"] else "-"
-            lines.append(f"{name:14s} {kind:7s} {len(r['boxes']):5d} {r.get('best_iou', '-')!s:>8s} "
-                         f"{r['false_positives']:3d}  {top}")
+    lines = [f"{'set':22s} {'model':14s} {'AP@0.5':>7s} {'R@1FP/img':>9s} {'R@0.5':>6s} {'FP/img@0.5':>10s}"]
+    for set_name, by_model in res["sets"].items():
+        for name, m in by_model.items():
+            lines.append(f"{set_name:22s} {name:14s} {m.get('ap50', float('nan')):7.3f} "
+                         f"{m.get('recall_at_1fp_per_image', float('nan')):9.3f} "
+                         f"{m.get('recall_at_0_5', float('nan')):6.3f} {m['fp_per_image_at_0.5']:10.3f}")
+    z, a = res["zoo_kmodel"], res["anchor_kmodel"]
+    lines += ["", f"zoo kmodel: {z['file_size']:,} B, est. latency {z['latency_ms']:.1f} ms, peak KPU RAM "
+              f"{z['peak_kpu_ram']:,} B, non-KPU layers: {', '.join(z['cpu_layers']) or 'none'}",
+              f"anchor kmodel: {a['file_size']:,} B, est. latency {a['latency_ms']:.1f} ms"]
     return "\n".join(lines)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=200, help="held-out composites")
+    ap.add_argument("--faces", help="testdata/faces folder (default ../shared/testdata/faces)")
     ap.add_argument("--out", default="out/face_detect")
     ap.add_argument("--json", default=str(HERE / "results.json"))
     args = ap.parse_args(argv)
-    res = evaluate(args.n, args.out, progress=False)
+    res = evaluate(args.faces, args.out, progress=True)
     print(table(res))
-    Path(args.json).write_text(json.dumps(res, indent=1))
+    from tl2k210.fileio import atomic_write
+    atomic_write(Path(args.json), (json.dumps(res, indent=1) + "\n").encode())
     print(f"\nwrote {args.json}")
     return 0
 

@@ -1,9 +1,10 @@
-"""Train the face detector from scratch on the seeded offline composites (data.py).
+"""Train the face detector from scratch on real faces (data.py: Caltech WebFaces + the face-mask
+set, augmented; face-free frames from skimage/sklearn photos and dead leaves).
 
-    .venv/bin/python models/face_detect/train.py
+    .venv/bin/python models/face_detect/train.py --data TRAINING_DIR
 
-The defaults are the recipe of the committed weights (--steps 5000 --batch 8 --mine-from 0
---noobj-weight 2 --threads 1; 31 min on 2 cores; see README.md).
+TRAINING_DIR is what ../shared/data/get-face-training.sh fetched. The command of the committed
+weights is in README.md.
 
 TensorFlow 2 eager + tf.function. The variables trained are the TensorLayer model's own
 (`net.all_weights`); the training forward is written with tf.nn ops on those variables because
@@ -19,19 +20,17 @@ others except those whose predicted box already overlaps a face by IoU > 0.6 (ig
 Resumable: a tf.train.Checkpoint (weights + Adam state + step) in --ckpt (default
 out/face_detect_train); every --save-every steps it also writes weights.npz (atomically, via
 zoo.save_weights). Batch i is generated from np.random.default_rng([TRAIN_SEED, i]) so a resumed
-run sees the same data as an uninterrupted one (the mined backgrounds are checkpointed too).
+run sees the same data as an uninterrupted one.
 With --threads 1 (the default) a run is bit-reproducible.
 """
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import queue
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -44,7 +43,7 @@ from models.face_detect import data  # noqa: E402
 from models.face_detect.network import ANCHORS, N_ANCHORS, build  # noqa: E402
 
 GW, GH, CELL = 20, 15, 16
-MAX_BOXES = 8
+MAX_BOXES = 48
 ANCH = np.asarray(ANCHORS, np.float32).reshape(N_ANCHORS, 2)  # grid units
 
 
@@ -70,13 +69,10 @@ def targets(boxes_list):
     return mask, txy, twh, scale, gt
 
 
-def composites(step, size, photo_negatives_from, stream=0, backgrounds=None):
-    """`size` training composites for `step` from rng([TRAIN_SEED, step] (+ stream)); with
-    `backgrounds`, each is built on one of them (cycled)."""
-    rng = np.random.default_rng([data.TRAIN_SEED, step] + ([stream] if stream else []))
-    return [data.composite(rng, step >= photo_negatives_from,
-                           None if not backgrounds else backgrounds[(step * size + i) % len(backgrounds)])
-            for i in range(size)]
+def frames(step, size, root):
+    """The `size` augmented training frames of `step`, from rng([TRAIN_SEED, step])."""
+    rng = np.random.default_rng([data.TRAIN_SEED, step])
+    return [data.sample(rng, root) for _ in range(size)]
 
 
 def batch_arrays(pairs):
@@ -84,30 +80,9 @@ def batch_arrays(pairs):
     return (np.stack(imgs).astype(np.float32) / 255.0,) + targets(boxes)
 
 
-def producer(start, end, size, photo_negatives_from, n_mined, mine_from, q):
+def producer(start, end, size, root, q):
     for s in range(start, end):
-        q.put((s, composites(s, size - (n_mined if s >= mine_from else 0), photo_negatives_from)))
-
-
-class HardBackgrounds:
-    """Bootstrapped hard-negative mining (as in Viola-Jones / Felzenszwalb's DPM training): at
-    each mining step, score `candidates` fresh face-free backgrounds (data.background: photo
-    crops, dead leaves, fields, shapes) plus the current pool with the model in inference mode,
-    and keep the `keep` on which it is most sure of a face; train.py builds --mined-per-batch
-    composites of every batch on them. Deterministic: the candidates of mining step m come from
-    rng([TRAIN_SEED, 1, m])."""
-
-    def __init__(self, score, candidates, keep):
-        self.score, self.candidates, self.keep = score, candidates, keep
-        self.pool = []
-
-    def mine(self, step):
-        rng = np.random.default_rng([data.TRAIN_SEED, 1, step])
-        cands = self.pool + [data.background(rng) for _ in range(self.candidates)]
-        scores = np.concatenate([self.score(np.stack(cands[i:i + 16])) for i in range(0, len(cands), 16)])
-        top = np.argsort(-scores, kind="stable")[:self.keep]
-        self.pool = [cands[i] for i in top]
-        return float(scores[top].mean()), float(scores[top].max())
+        q.put((s, frames(s, size, root)))
 
 
 def main(argv=None):
@@ -118,24 +93,17 @@ def main(argv=None):
     ap.add_argument("--ckpt", default="out/face_detect_train")
     ap.add_argument("--weights", default=str(HERE / "weights.npz"))
     ap.add_argument("--save-every", type=int, default=250)
-    ap.add_argument("--photo-negatives-from", type=int, default=2500,
-                    help="from this step on, composites also get background-photo patches as hard negatives")
-    ap.add_argument("--mine-from", type=int, default=0,
-                    help="from this step on, mine hard face-free backgrounds (0 = off, see HardBackgrounds)")
-    ap.add_argument("--mine-every", type=int, default=250)
-    ap.add_argument("--mine-candidates", type=int, default=96)
-    ap.add_argument("--mine-keep", type=int, default=16)
-    ap.add_argument("--mined-per-batch", type=int, default=2)
+    ap.add_argument("--data", help="get-face-training.sh output folder (default $TL2K210_FACE_DATA)")
     ap.add_argument("--noobj-weight", type=float, default=2.0,
                     help="weight of the no-object (background) objectness loss; higher = fewer false boxes")
     ap.add_argument("--threads", type=int, default=1,
                     help="TensorFlow threads; 1 (default) makes a run bit-reproducible, more may be faster")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (after saving) when exceeded; 0 = no limit")
     args = ap.parse_args(argv)
+    root = data.training_dir(args.data)
 
     import tensorflow as tf
     from tl2k210 import zoo
-    from tl2k210.k210.kmodel import atomic_write
     tf.random.set_seed(0)
     # bit-reproducible: deterministic kernels, and one TF thread (with more, the reduction order
     # of the gradient sums varies from run to run and Adam amplifies it); the data producer
@@ -231,34 +199,16 @@ def main(argv=None):
         opt.apply_gradients(zip(grads, train_vars))
         return tf.stack([loss, l_xy, l_wh, l_obj, l_noobj])
 
-    @tf.function
-    def objectness(x):
-        p = tf.reshape(forward(x, False), (-1, GH * GW * N_ANCHORS, 6))
-        return tf.reduce_max(tf.sigmoid(p[..., 4]), axis=1)
-
-    mine_from = args.mine_from if args.mine_from > 0 else args.steps + 1
-    n_mined = args.mined_per_batch if args.mine_from > 0 else 0
-    miner = HardBackgrounds(lambda x: objectness(tf.constant(x)).numpy(), args.mine_candidates, args.mine_keep)
     start = int(step_var.numpy())
     q = queue.Queue(maxsize=4)
-    threading.Thread(target=producer, args=(start, args.steps, args.batch, args.photo_negatives_from, n_mined,
-                                            mine_from, q), daemon=True).start()
+    threading.Thread(target=producer, args=(start, args.steps, args.batch, root, q), daemon=True).start()
     t0 = time.time()
     acc = np.zeros(5)
     n_acc = 0
 
-    pool_file = Path(args.ckpt) / "hard_backgrounds.npz"
-    if start > mine_from and pool_file.exists():
-        with np.load(pool_file) as z:
-            miner.pool = [z[f"arr_{i}"] for i in range(len(z.files))]
-
     def save(step):
         step_var.assign(step)
         mgr.save()
-        if miner.pool:  # the mined backgrounds, so that a resumed run continues exactly
-            buf = io.BytesIO()
-            np.savez(buf, *miner.pool)
-            atomic_write(pool_file, buf.getvalue())
         net.eval()
         zoo.save_weights(net, args.weights)
         print(f"saved step {step}: {args.weights}", flush=True)
@@ -267,12 +217,6 @@ def main(argv=None):
     for step in range(start, args.steps):
         s, pairs = q.get()
         assert s == step
-        if step >= mine_from:
-            if (step - mine_from) % args.mine_every == 0 or not miner.pool:
-                mean, top = miner.mine(step)
-                print(f"step {step}: mined {len(miner.pool)} hard backgrounds, objectness mean {mean:.2f} max {top:.2f}",
-                      flush=True)
-            pairs = pairs + composites(step, n_mined, args.photo_negatives_from, stream=2, backgrounds=miner.pool)
         b = batch_arrays(pairs)
         opt.learning_rate = float(sched(step))
         acc += train_step(*[tf.constant(a) for a in b]).numpy()

@@ -1,30 +1,29 @@
-"""Seeded, offline data for the face embedder (nothing downloaded).
+"""Real-face data for the face embedder: 64x64 RGB uint8 crops.
 
-Identities (the issue's definition): each 25x25 grayscale patch of skimage.data.lfw_subset() and
-all its augmentations form one identity.
-  TRAIN_FACES   faces 0..79  -> training identities (plus the 100 non-face patches as extra
-                training identities, which only add negatives)
-  UNSEEN_FACES  faces 80..99 -> never trained on: verification on new people
-Augmentation (augment()): random crop/shift/scale/rotation, horizontal flip, brightness, contrast,
-gamma, colour tint, blur, Gaussian noise; output 64x64 RGB uint8 (the embedder input).
+Training (fetched, never committed: `../shared/data/get-face-training.sh MIRROR OUT`, research
+use only, see the zoo README): the LFW people of View-2 folds 2-10 (`pairs.txt`; the folds are
+identity-disjoint, fold 1 is the test) with 2 or more images, all their images.
+Evaluation (`../shared/testdata/faces`): lfw_fold1 (300 same + 300 different pairs) and
+orl_att (40 people x 10).
 
-Streams are seeded: training batch i = default_rng([TRAIN_SEED, i]); held-out = HELDOUT_SEED;
-calibration = CALIB_SEED, so held-out augmentations never coincide with training ones.
-
-Real photos for the host demo / tests (never trained on): astronaut (Eileen Collins),
-matplotlib's grace_hopper.jpg, camera (the cameraman), and their "camera" variants
-(photo_variants(): shifted, brighter, darker, flipped, rescaled, noisy).
+Crops are fixed, no alignment: the central CROP x CROP square of the 250x250 LFW image
+(the unaligned LFW images are centred on the face by the Viola-Jones detector that built LFW),
+and the upper 92x92 square of the 92x112 ORL images offset by ORL_TOP rows. Training jitters that
+crop (scale, shift, small rotation), flips, colour/grey/blur.
 """
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import numpy as np
 
 SIZE = 64
-TRAIN_SEED, HELDOUT_SEED, CALIB_SEED = 5, 31337, 778
-TRAIN_FACES = range(0, 80)
-UNSEEN_FACES = range(80, 100)
+CROP = 130            # px of the 250x250 LFW image, centred (the best of 90/110/130/150 for the anchor model on fold 2)
+ORL_TOP = 10          # rows skipped at the top of the 92x112 ORL image (hair), 92x92 square below
+TRAIN_SEED, CALIB_SEED = 1, 777
+PRELOAD = 96          # training crops are kept in memory at 96x96 for a 1.4*CROP square
 
 
 def _cv2():
@@ -32,132 +31,160 @@ def _cv2():
     return cv2
 
 
-@functools.lru_cache(maxsize=None)
-def lfw():
-    """(200, 25, 25) float32 in [0, 1]: 100 faces then 100 non-faces."""
-    from skimage import data
-    return data.lfw_subset().astype(np.float32)
-
-
-def train_identities():
-    """Patch indices into lfw() used as training classes (faces 0..79 + the 100 non-faces)."""
-    return np.array(list(TRAIN_FACES) + list(range(100, 200)))
-
-
-SKIN = np.array([(1.0, 0.8, 0.66), (0.96, 0.72, 0.56), (0.82, 0.6, 0.45), (0.62, 0.44, 0.32),
-                 (0.45, 0.3, 0.22), (1.0, 0.88, 0.8), (1.0, 1.0, 1.0)], np.float32)
-
-
-def augment(patch: np.ndarray, rng, size: int = SIZE) -> np.ndarray:
-    """One augmentation of a gray (h, w) or RGB (h, w, 3) float [0, 1] face crop -> size x size
-    x 3 uint8: crop/shift/scale/rotation, flip, brightness/contrast/gamma, tint, blur, noise."""
+def _read_rgb(path) -> np.ndarray:
     cv2 = _cv2()
-    p = np.asarray(patch, np.float32)
-    h, w = p.shape[:2]
-    # geometry: one affine warp from the patch to the output (scale, rotation, shift)
-    s = size / w * rng.uniform(0.88, 1.15)
+    img = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if img is None:
+        raise SystemExit(f"cannot read image {path}")
+    return np.ascontiguousarray(img[..., ::-1])
+
+
+def _resize(a, size):
+    cv2 = _cv2()
+    return cv2.resize(a, (size, size), interpolation=cv2.INTER_AREA if a.shape[0] > size else cv2.INTER_LINEAR)
+
+
+def lfw_crop(img, crop=CROP) -> np.ndarray:
+    """The fixed central crop of a 250x250 LFW image, at 64x64."""
+    h, w = img.shape[:2]
+    y0, x0 = (h - crop) // 2, (w - crop) // 2
+    return _resize(img[y0:y0 + crop, x0:x0 + crop], SIZE)
+
+
+def orl_crop(img) -> np.ndarray:
+    if img.ndim == 2:
+        img = np.repeat(img[..., None], 3, 2)
+    w = img.shape[1]
+    return _resize(np.ascontiguousarray(img[ORL_TOP:ORL_TOP + w]), SIZE)
+
+
+# ------------------------------------------------------------------ LFW folds
+def read_pairs(path) -> list:
+    """pairs.txt (or a fold of it) -> [(name1, n1, name2, n2)] in file order."""
+    out = []
+    for line in open(path):
+        p = line.split()
+        if len(p) == 3:
+            out.append((p[0], int(p[1]), p[0], int(p[2])))
+        elif len(p) == 4:
+            out.append((p[0], int(p[1]), p[2], int(p[3])))
+    return out
+
+
+def lfw_path(root, name, n) -> Path:
+    return Path(root) / name / f"{name}_{n:04d}.jpg"
+
+
+def training_dir(path=None) -> Path:
+    p = path or os.environ.get("TL2K210_FACE_DATA")
+    if not p or not (Path(p) / "lfw" / "pairs.txt").is_file():
+        raise SystemExit(f"face training data not found at {p!r}: run ../shared/data/get-face-training.sh "
+                         "MIRROR OUT and pass --data OUT (or set TL2K210_FACE_DATA)")
+    return Path(p)
+
+
+def folds(root) -> list:
+    """The 10 View-2 folds of pairs.txt: [[(name1, n1, name2, n2)] * 600] * 10."""
+    pairs = read_pairs(Path(root) / "lfw" / "pairs.txt")
+    return [pairs[i * 600:(i + 1) * 600] for i in range(10)]
+
+
+@functools.lru_cache(maxsize=None)
+def train_identities(root) -> list:
+    """[(name, [image paths])]: people of folds 2-10 (none of fold 1) with >= 2 images."""
+    fs = folds(root)
+    test = {n for p in fs[0] for n in (p[0], p[2])}
+    names = sorted({n for f in fs[1:] for p in f for n in (p[0], p[2])} - test)
+    img_root = Path(root) / "lfw" / "images"
+    out = []
+    for name in names:
+        files = sorted((img_root / name).glob("*.jpg"))
+        if len(files) >= 2:
+            out.append((name, files))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _train_images(root):
+    """(images uint8 (N, 96, 96, 3): the central 1.4*CROP square, labels int32 (N,))."""
+    big = int(CROP * 1.4)
+    imgs, labels = [], []
+    for k, (_, files) in enumerate(train_identities(root)):
+        for f in files:
+            a = _read_rgb(f)
+            y0, x0 = (a.shape[0] - big) // 2, (a.shape[1] - big) // 2
+            imgs.append(_resize(a[y0:y0 + big, x0:x0 + big], PRELOAD))
+            labels.append(k)
+    return np.stack(imgs), np.asarray(labels, np.int32)
+
+
+def augment(img96, rng) -> np.ndarray:
+    """A jittered CROP-equivalent 64x64 crop of a preloaded 96x96 (1.4*CROP) square."""
+    cv2 = _cv2()
+    c = PRELOAD / 1.4 * np.exp(rng.uniform(-0.12, 0.12))   # crop side in preload px
+    cx, cy = PRELOAD / 2 + rng.normal(0, 3, 2)
     ang = rng.uniform(-10, 10)
-    m = cv2.getRotationMatrix2D((w / 2, h / 2), ang, s)
-    m[0, 2] += size / 2 - w / 2 + rng.uniform(-0.08, 0.08) * size
-    m[1, 2] += size / 2 - h / 2 + rng.uniform(-0.08, 0.08) * size
-    out = cv2.warpAffine(p, m, (size, size), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+    m = cv2.getRotationMatrix2D((float(cx), float(cy)), float(ang), SIZE / c)
+    m[:, 2] += (SIZE / 2 - cx, SIZE / 2 - cy)
+    out = cv2.warpAffine(img96, m, (SIZE, SIZE), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT_101)
     if rng.random() < 0.5:
         out = out[:, ::-1]
-    if out.ndim == 2:   # colourise: skin tones, random tints, or plain gray
-        k = rng.random()
-        tint = (SKIN[rng.integers(len(SKIN))] if k < 0.5 else
-                rng.uniform(0.5, 1.0, 3) if k < 0.8 else np.ones(3))
-        out = out[..., None] * tint[None, None].astype(np.float32)
-    else:
-        if rng.random() < 0.2:
-            out = np.repeat(out.mean(-1, keepdims=True), 3, -1)
-    out = out * rng.uniform(0.85, 1.15, 3).astype(np.float32)
-    # photometric
-    out = (out - 0.5) * rng.uniform(0.7, 1.3) + 0.5 + rng.uniform(-0.2, 0.2)
-    out = np.clip(out, 0, 1) ** rng.uniform(0.7, 1.4)
-    if rng.random() < 0.5:
-        sig = rng.uniform(0.3, 1.5)
-        out = cv2.GaussianBlur(np.ascontiguousarray(out), (0, 0), sig)
-    if rng.random() < 0.5:
-        out = out + rng.normal(0, rng.uniform(0.005, 0.04), out.shape).astype(np.float32)
-    return (np.clip(out, 0, 1) * 255 + 0.5).astype(np.uint8)
+    x = out.astype(np.float32) / 255.0
+    if rng.random() < 0.2:
+        x = np.repeat(x.mean(2, keepdims=True), 3, 2)
+    x = (x - 0.5) * rng.uniform(0.7, 1.3) + 0.5 + rng.uniform(-0.15, 0.15)
+    x = x * rng.uniform(0.9, 1.1, 3).astype(np.float32)
+    if rng.random() < 0.2:
+        x = cv2.GaussianBlur(x, (0, 0), rng.uniform(0.4, 1.2))
+    return (np.clip(x, 0, 1) * 255 + 0.5).astype(np.uint8)
 
 
-def train_batch(step: int, size: int):
-    """(images (B, 64, 64, 3) uint8, labels (B,) int) for training step `step`."""
+def train_batch(step: int, size: int, root):
+    """(uint8 (size, 64, 64, 3), int32 labels) from rng([TRAIN_SEED, step])."""
+    imgs, labels = _train_images(str(root))
     rng = np.random.default_rng([TRAIN_SEED, step])
-    ids = train_identities()
-    n_faces = len(TRAIN_FACES)   # 70 % faces, 30 % non-face identities
-    labels = np.where(rng.random(size) < 0.7, rng.integers(0, n_faces, size),
-                      rng.integers(n_faces, len(ids), size))
-    a = lfw()
-    imgs = np.stack([augment(a[ids[k]], rng) for k in labels])
-    return imgs, labels
+    idx = rng.integers(0, len(imgs), size)
+    return np.stack([augment(imgs[i], rng) for i in idx]), labels[idx]
 
 
-def heldout(faces=TRAIN_FACES, per_identity: int = 4, seed: int = HELDOUT_SEED):
-    """(images (N, 64, 64, 3) uint8, identity (N,)): `per_identity` new augmentations of each
-    face in `faces` from the held-out seed."""
-    rng = np.random.default_rng([seed, faces.start if isinstance(faces, range) else 0])
-    a = lfw()
-    imgs, ids = [], []
-    for f in faces:
-        for _ in range(per_identity):
-            imgs.append(augment(a[f], rng))
-            ids.append(f)
-    return np.stack(imgs), np.array(ids)
-
-
-def pairs(ids: np.ndarray, seed: int = HELDOUT_SEED):
-    """All same-identity pairs and as many random different-identity pairs: (i, j, same)."""
-    rng = np.random.default_rng(seed + 1)
-    pos = [(i, j) for i in range(len(ids)) for j in range(i + 1, len(ids)) if ids[i] == ids[j]]
-    neg = set()
-    while len(neg) < len(pos):
-        i, j = sorted(int(v) for v in rng.integers(0, len(ids), 2))
-        if ids[i] != ids[j]:
-            neg.add((i, j))
-    p = np.array(pos + sorted(neg))
-    same = np.r_[np.ones(len(pos), bool), np.zeros(len(neg), bool)]
-    return p[:, 0], p[:, 1], same
-
-
-def calibration_images(n: int = 100):
-    """Calibration set for the recipe: augmented faces of all 100 identities + 20 non-faces
-    (64x64 RGB uint8, the embedder input)."""
+def calibration_images(n: int = 100, root=None):
+    """n un-augmented training crops (the recipe's calibration set for the KPU quantization)."""
+    items = [f for _, files in train_identities(str(training_dir(root))) for f in files]
     rng = np.random.default_rng(CALIB_SEED)
-    a = lfw()
-    idx = list(range(100)) + list(range(100, 200, 5))
-    return [augment(a[i], rng) for i in idx[:n]]
+    return [lfw_crop(_read_rgb(items[i])) for i in rng.choice(len(items), n, replace=False)]
 
 
-# ---------------------------------------------------------------------------------------------
-# Real photos (test only)
-@functools.lru_cache(maxsize=None)
-def real_photos():
-    """{name: HWC uint8 RGB}: astronaut, grace_hopper, camera (gray -> RGB)."""
-    import matplotlib.cbook
+# ------------------------------------------------------------------ evaluation sets
+def faces_dir(path=None) -> Path | None:
+    if path:
+        return Path(path)
+    from tl2k210 import paths
+    return paths.testdata("faces")
+
+
+def lfw_pairs(pairs, img_root, crop=CROP):
+    """Crops of the images the pairs name: (crops (N, 64, 64, 3), index pairs (P, 2), same (P,))."""
+    keys = sorted({(p[0], p[1]) for p in pairs} | {(p[2], p[3]) for p in pairs})
+    at = {k: i for i, k in enumerate(keys)}
+    crops = np.stack([lfw_crop(_read_rgb(lfw_path(img_root, *k)), crop) for k in keys])
+    idx = np.array([(at[(p[0], p[1])], at[(p[2], p[3])]) for p in pairs])
+    same = np.array([p[0] == p[2] for p in pairs])
+    return crops, idx, same
+
+
+def lfw_fold1(faces):
+    d = Path(faces) / "lfw_fold1"
+    return lfw_pairs(read_pairs(d / "pairs_fold1.txt"), d / "images")
+
+
+def orl(faces):
+    """(crops (400, 64, 64, 3), person ids (400,), image number 1..10 (400,))."""
     from PIL import Image
-    from skimage import data
-    gh = np.asarray(Image.open(matplotlib.cbook.get_sample_data("grace_hopper.jpg")).convert("RGB"))
-    cam = data.camera()
-    return {"astronaut": data.astronaut(), "grace_hopper": gh,
-            "camera": np.repeat(cam[..., None], 3, 2)}
-
-
-def photo_variants(rgb: np.ndarray, seed: int = 7):
-    """{kind: HWC uint8}: what another camera frame of the same scene could look like."""
-    cv2 = _cv2()
-    h, w = rgb.shape[:2]
-    f = rgb.astype(np.float32)
-    rng = np.random.default_rng(seed)
-    shift = np.float32([[1, 0, 0.06 * w], [0, 1, -0.04 * h]])
-    zoom = cv2.getRotationMatrix2D((w / 2, h / 2), 0, 1.12)
-    return {
-        "shifted": cv2.warpAffine(rgb, shift, (w, h), borderMode=cv2.BORDER_REPLICATE),
-        "brighter": np.clip(f * 1.25 + 20, 0, 255).astype(np.uint8),
-        "darker": np.clip(f * 0.7, 0, 255).astype(np.uint8),
-        "flipped": np.ascontiguousarray(rgb[:, ::-1]),
-        "rescaled": cv2.warpAffine(rgb, zoom, (w, h), borderMode=cv2.BORDER_REPLICATE),
-        "noisy": np.clip(f + rng.normal(0, 8, f.shape), 0, 255).astype(np.uint8),
-    }
+    d = Path(faces) / "orl_att"
+    crops, ids, nums = [], [], []
+    for s in range(1, 41):
+        for k in range(1, 11):
+            crops.append(orl_crop(np.asarray(Image.open(d / f"s{s}" / f"{k}.pgm"))))
+            ids.append(s)
+            nums.append(k)
+    return np.stack(crops), np.array(ids), np.array(nums)

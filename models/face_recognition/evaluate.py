@@ -1,25 +1,22 @@
-"""Evaluate the face embedder: face verification on held-out augmentations, float TensorLayer
-model vs the kmodel on the bit-exact KPU emulator.
+"""Evaluate face embedders on real faces (../shared/testdata/faces; never trained on):
 
-    .venv/bin/python models/face_recognition/evaluate.py [--out out/zoo] [--json FILE] [--kmodel K]
+  lfw_fold1  LFW View-2 fold 1, 300 same + 300 different pairs: verification accuracy at the
+             threshold chosen on the training folds' pairs (folds 2-10 of pairs.txt, needs
+             --data: the get-face-training.sh folder), ROC-AUC
+  orl_att    40 people x 10: rank-1 identification, image 1 of each person enrolled, the other
+             9 (360 probes) matched by cosine similarity
 
-Builds the zoo model (kmodel + kfpkg + report) into --out first, exactly as `tl2k210 zoo build`
-(unless --kmodel is given). Two sets, both from the held-out seed (data.HELDOUT_SEED):
-  seen     faces 0..79 (training identities), 4 new augmentations each: 480 same-identity pairs
-           + 480 different-identity pairs
-  unseen   faces 80..99 (never trained on), 8 augmentations each: 560 + 560 pairs
-Embeddings are L2-normalised; a pair's score is the cosine similarity. Reported: ROC-AUC,
-verification accuracy at the best threshold, that threshold, the threshold for a 1 % false
-accept rate (FAR) with the true accept rate (TAR) there, and the accuracy at the recipe's
-threshold ([decode] threshold, the one the MaixPy script and recognize.py use: the unseen set's
-FAR-1 % threshold of the kmodel, rounded).
+for the zoo model (float TensorLayer model and its kmodel on the bit-exact KPU emulator) and the
+anchor, canmv_examples' feature_extraction.kmodel (testdata/corpus/kmodels, 192-d), on the same
+fixed crops (data.lfw_crop / data.orl_crop, 64x64). Score = cosine of L2-normalised embeddings.
+
+    .venv/bin/python -m models.face_recognition.evaluate --data TRAINING_DIR [--json FILE]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +24,11 @@ import numpy as np
 from tl2k210 import paths
 
 sys.path.insert(0, str(paths.models_dir().parent))   # `models.<name>` imports (checkout or wheel)
+HERE = paths.models_dir() / "face_recognition"
 
 from models.face_recognition import data  # noqa: E402
 
-SETS = {"seen": (data.TRAIN_FACES, 4), "unseen": (data.UNSEEN_FACES, 8)}
+ANCHOR_KMODEL = ("corpus", "kmodels", "canmv_examples__feature_extraction.kmodel")
 
 
 def l2n(e):
@@ -39,100 +37,97 @@ def l2n(e):
 
 
 def float_embeddings(net, images, batch=64):
-    """(N, 128) raw embeddings of the float TensorLayer model for HWC uint8 64x64 images."""
-    outs = []
-    for i in range(0, len(images), batch):
-        x = np.stack(images[i:i + batch]).astype(np.float32) / 255.0
-        outs.append(np.asarray(net(x)))
-    return np.concatenate(outs)
+    """(N, D) raw embeddings of the float TensorLayer model for HWC uint8 64x64 images."""
+    return np.concatenate([np.asarray(net(np.stack(images[i:i + batch]).astype(np.float32) / 255.0))
+                           for i in range(0, len(images), batch)])
 
 
 def kmodel_embeddings(kmodel_path, images):
-    """(N, 128) raw embeddings of the kmodel on the emulator (planar uint8 input)."""
+    """(N, D) raw embeddings of a kmodel on the emulator (planar uint8 input)."""
     from tl2k210.k210.emulator import Emulator
     emu = Emulator.load(kmodel_path)
     return np.stack([np.asarray(emu.run(np.ascontiguousarray(img.transpose(2, 0, 1)))[0], np.float32).reshape(-1)
                      for img in images])
 
 
-def verification(emb, ids, threshold=None):
-    """ROC-AUC and accuracy of cosine-similarity verification on data.pairs(ids)."""
-    from sklearn.metrics import roc_auc_score
+def pair_scores(emb, idx):
     e = l2n(emb)
-    i, j, same = data.pairs(ids)
-    score = np.sum(e[i] * e[j], axis=1)
+    return np.sum(e[idx[:, 0]] * e[idx[:, 1]], axis=1)
+
+
+def best_threshold(score, same) -> float:
+    """The threshold (a midpoint between sorted scores) with the highest accuracy."""
     order = np.sort(np.unique(score))
     cands = np.r_[order[0] - 1e-6, (order[:-1] + order[1:]) / 2, order[-1] + 1e-6]
-    accs = np.array([np.mean((score >= t) == same) for t in cands])
-    k = int(np.argmax(accs))
-    out = {"pairs": int(len(same)), "auc": float(roc_auc_score(same, score)),
-           "best_acc": float(accs[k]), "best_threshold": float(cands[k]),
-           "pos_mean": float(score[same].mean()), "neg_mean": float(score[~same].mean())}
-    t1 = float(np.quantile(score[~same], 0.99))     # false accepts <= 1 % of different pairs
-    out.update(far1_threshold=t1, tar_at_far1=float(np.mean(score[same] > t1)))
-    if threshold is not None:
-        out["acc_at_threshold"] = float(np.mean((score >= threshold) == same))
-    return out
+    return float(cands[int(np.argmax([np.mean((score >= t) == same) for t in cands]))])
 
 
-def evaluate(kmodel_path, net=None, threshold=None, sets=("seen", "unseen")):
-    """{set: {"float": metrics, "kmodel": metrics, "cos_float_kmodel": mean cos}}."""
+def verification(score, same, threshold) -> dict:
+    from sklearn.metrics import roc_auc_score
+    return {"pairs": int(len(same)), "threshold": round(threshold, 4),
+            "accuracy": round(float(np.mean((score >= threshold) == same)), 4),
+            "auc": round(float(roc_auc_score(same, score)), 4),
+            "best_accuracy_on_fold1_itself": round(float(np.mean((score >= best_threshold(score, same)) == same)), 4)}
+
+
+def rank1(emb, ids, nums) -> float:
+    e = l2n(emb)
+    gallery, probe = nums == 1, nums != 1
+    best = np.argmax(e[probe] @ e[gallery].T, axis=1)
+    return round(float(np.mean(ids[gallery][best] == ids[probe])), 4)
+
+
+def evaluate(faces=None, root=None, out_dir="out/face_recognition", train_folds=range(1, 10), progress=False):
     from tl2k210 import zoo
-    r = zoo.get("face_recognition")
-    if threshold is None:
-        threshold = float(r.decode.get("threshold", 0.5))
-    net = net or zoo.build_network(r)
-    res = {}
-    for name in sets:
-        faces, per = SETS[name]
-        imgs, ids = data.heldout(faces, per)
-        ef, ek = float_embeddings(net, list(imgs)), kmodel_embeddings(kmodel_path, imgs)
-        res[name] = {"images": int(len(imgs)), "identities": len(faces),
-                     "float": verification(ef, ids, threshold), "kmodel": verification(ek, ids, threshold),
-                     "cos_float_kmodel": float(np.mean(np.sum(l2n(ef) * l2n(ek), axis=1)))}
+    faces = data.faces_dir(faces)
+    if faces is None or not faces.is_dir():
+        raise SystemExit("../shared/testdata/faces not found: pass --faces DIR (or set TL2K210_TESTDATA)")
+    root = data.training_dir(root)
+    report = zoo.build("face_recognition", Path(out_dir), progress=progress)
+    net = zoo.build_network(zoo.get("face_recognition"))
+    anchor = paths.testdata(*ANCHOR_KMODEL)
+    models = {"zoo_float": lambda x: float_embeddings(net, list(x)),
+              "zoo_kmodel": lambda x: kmodel_embeddings(report["kmodel"], x),
+              "anchor_kmodel": lambda x: kmodel_embeddings(anchor, x)}
+    fs = data.folds(root)
+    tr_pairs = [p for k in train_folds for p in fs[k]]
+    tr_crops, tr_idx, tr_same = data.lfw_pairs(tr_pairs, root / "lfw" / "images")
+    crops, idx, same = data.lfw_fold1(faces)
+    orl_crops, orl_ids, orl_nums = data.orl(faces)
+    rc = report["receipt"]
+    res = {"threshold_pairs": {"folds": [k + 1 for k in train_folds], "pairs": len(tr_pairs)},
+           "zoo_kmodel": {"file_size": rc["file_size"], "latency_ms": round(rc["latency_ms"], 2)}, "models": {}}
+    for name, run in models.items():
+        t = best_threshold(pair_scores(run(tr_crops), tr_idx), tr_same)
+        res["models"][name] = {"lfw_fold1": verification(pair_scores(run(crops), idx), same, t),
+                               "orl_rank1": rank1(run(orl_crops), orl_ids, orl_nums)}
+        if progress:
+            print(name, json.dumps(res["models"][name]), flush=True)
     return res
 
 
-def table(res, receipt=None) -> str:
-    lines = ["| set | pairs | ROC-AUC float | ROC-AUC kmodel | best acc float | best acc kmodel "
-             "(threshold) | TAR @ FAR 1 % kmodel (threshold) | acc kmodel @ recipe threshold | cos(float, kmodel) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, v in res.items():
-        f, k = v["float"], v["kmodel"]
-        lines.append(f"| {name} ({v['identities']} ids, {v['images']} imgs) | {f['pairs']} | {f['auc']:.4f} | "
-                     f"{k['auc']:.4f} | {f['best_acc']:.3f} | {k['best_acc']:.3f} ({k['best_threshold']:.2f}) | "
-                     f"{k['tar_at_far1']:.3f} ({k['far1_threshold']:.2f}) | "
-                     f"{k.get('acc_at_threshold', float('nan')):.3f} | {v['cos_float_kmodel']:.4f} |")
-    if receipt:
-        cpu = [r["node"] + " (" + r["why"].split(":")[0] + ")" for r in receipt["layers"] if r["unit"] == "CPU"]
-        lines.append("")
-        lines.append(f"kmodel {receipt['file_size']:,} B, peak KPU RAM {receipt['peak_kpu_ram']:,} B, "
-                     f"main memory {receipt['main_memory']:,} B, estimated latency "
-                     f"{receipt['latency_ms']:.2f} ms at 400 MHz; CPU layers: {', '.join(cpu)}")
+def table(res) -> str:
+    lines = [f"{'model':14s} {'LFW fold1 acc':>13s} {'(threshold)':>11s} {'ROC-AUC':>8s} {'ORL rank-1':>10s}"]
+    for name, m in res["models"].items():
+        v = m["lfw_fold1"]
+        lines.append(f"{name:14s} {v['accuracy']:13.4f} {v['threshold']:11.3f} {v['auc']:8.4f} {m['orl_rank1']:10.4f}")
+    tp = res["threshold_pairs"]
+    lines.append(f"\nthresholds chosen on {tp['pairs']} pairs of LFW folds {tp['folds']}")
     return "\n".join(lines)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", help="zoo build folder (default: the zoo folder, ~/.cache/tl2k210/zoo)")
-    ap.add_argument("--kmodel", help="evaluate this kmodel instead of building one")
-    ap.add_argument("--json", help="write the results here (default OUT/face_recognition.eval.json)")
+    ap.add_argument("--faces", help="testdata/faces folder (default ../shared/testdata/faces)")
+    ap.add_argument("--data", help="get-face-training.sh folder (default $TL2K210_FACE_DATA)")
+    ap.add_argument("--out", default="out/face_recognition")
+    ap.add_argument("--json", default=str(HERE / "results.json"))
     args = ap.parse_args(argv)
-    from tl2k210 import paths, zoo
-    t0 = time.time()
-    out_dir = Path(args.out) if args.out else paths.zoo_dir()
-    receipt = None
-    if args.kmodel:
-        kpath = args.kmodel
-    else:
-        rep = zoo.build("face_recognition", out_dir, progress=False)
-        kpath, receipt = rep["kmodel"], rep["receipt"]
-    res = evaluate(kpath)
-    print(table(res, receipt))
-    out = Path(args.json or out_dir / "face_recognition.eval.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"kmodel": str(kpath), "results": res}, indent=1))
-    print(f"\nwrote {out} ({time.time() - t0:.0f} s)")
+    res = evaluate(args.faces, args.data, args.out, progress=True)
+    print(table(res))
+    from tl2k210.fileio import atomic_write
+    atomic_write(Path(args.json), (json.dumps(res, indent=1) + "\n").encode())
+    print(f"\nwrote {args.json}")
     return 0
 
 

@@ -1,9 +1,11 @@
-"""Train the face embedder (network.py) by metric learning on the seeded offline data (data.py).
+"""Train the face embedder (network.py) on the LFW people of View-2 folds 2-10 (data.py).
 
-    .venv/bin/python models/face_recognition/train.py --steps 2500 --batch 96
+    .venv/bin/python -m models.face_recognition.train --data TRAINING_DIR
 
-Loss: CosFace (large-margin cosine softmax, s=30, m=0.35) over the training identities (80
-lfw_subset faces + 100 non-face patches, each patch + its augmentations = one identity). The
+TRAINING_DIR is what ../shared/data/get-face-training.sh fetched; the command of the committed
+weights is in README.md.
+
+Loss: CosFace (large-margin cosine softmax, s=30, m=0.35) over the training identities. The
 class-centre matrix is a training-only variable; the network output is the 128-d embedding.
 
 TensorFlow 2 eager + tf.function. The variables trained are the TensorLayer model's own
@@ -32,9 +34,9 @@ from models.face_recognition import data  # noqa: E402
 from models.face_recognition.network import BN_EPS, LAYERS, build  # noqa: E402
 
 
-def producer(start, end, size, q):
+def producer(start, end, size, root, q):
     for s in range(start, end):
-        q.put((s, data.train_batch(s, size)))
+        q.put((s, data.train_batch(s, size, root)))
 
 
 def main(argv=None):
@@ -46,12 +48,17 @@ def main(argv=None):
     ap.add_argument("--margin", type=float, default=0.35, help="CosFace m")
     ap.add_argument("--weights", default=str(HERE / "weights.npz"))
     ap.add_argument("--save-every", type=int, default=500)
+    ap.add_argument("--data", help="get-face-training.sh output folder (default $TL2K210_FACE_DATA)")
+    ap.add_argument("--threads", type=int, default=1, help="TensorFlow threads")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (after saving) when exceeded")
     args = ap.parse_args(argv)
+    root = str(data.training_dir(args.data))
 
     import tensorflow as tf
     from tl2k210 import zoo
     tf.random.set_seed(0)
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     np.random.seed(0)
     net = build(batch=None)
     ws = list(net.all_weights)
@@ -61,7 +68,7 @@ def main(argv=None):
         k += 5
     dense_w, dense_b = ws[k], ws[k + 1]
     assert k + 2 == len(ws)
-    n_cls = len(data.train_identities())
+    n_cls = len(data.train_identities(root))
     centres = tf.Variable(tf.random.normal((dense_w.shape[1], n_cls), stddev=0.05, seed=1), name="centres")
     train_vars = [w for w in ws if "moving" not in w.name] + [centres]
 
@@ -117,7 +124,7 @@ def main(argv=None):
         print(f"saved step {step}: {args.weights}", flush=True)
 
     q = queue.Queue(maxsize=6)
-    threading.Thread(target=producer, args=(0, args.steps, args.batch, q), daemon=True).start()
+    threading.Thread(target=producer, args=(0, args.steps, args.batch, root, q), daemon=True).start()
     t0 = time.time()
     acc = np.zeros(2)
     n_acc = 0
