@@ -170,12 +170,36 @@ def sample(rng, root) -> tuple[np.ndarray, list]:
     return (img * 255 + 0.5).astype(np.uint8), boxes
 
 
-def calibration_images(n=64, root=None):
-    """n 320x240 training frames for the KPU quantization (the recipe's calibration set);
-    without the training data, the first n frames of the evaluation sets are NOT used: it fails."""
+def calibration_images(n=32):
+    """n 320x240 frames for the KPU quantization (the recipe's calibration set), made only from
+    photos that ship with the venv (so that `tl2k210 zoo build` needs no training data): the
+    faces of skimage's astronaut and matplotlib's grace_hopper, other skimage/sklearn photos,
+    each whole and as crops, flipped every other time."""
+    photos = _calibration_photos()
     rng = np.random.default_rng(CALIB_SEED)
-    root = training_dir(root)
-    return [sample(rng, root)[0] for _ in range(n)]
+    out = []
+    for i in range(n):
+        src = photos[i % len(photos)]
+        sh, sw = src.shape[:2]
+        if i >= len(photos):  # a random crop of half to all of the photo
+            s = rng.uniform(0.5, 1.0)
+            cw, ch = int(sw * s), int(sh * s)
+            x0, y0 = rng.integers(0, sw - cw + 1), rng.integers(0, sh - ch + 1)
+            src = src[y0:y0 + ch, x0:x0 + cw]
+        img = to_frame(src)
+        out.append(np.ascontiguousarray(img[:, ::-1]) if i % 2 else img)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _calibration_photos():
+    import matplotlib.cbook
+    from PIL import Image
+    from skimage import data as sk
+    with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as fh:
+        grace = np.asarray(Image.open(fh).convert("RGB"))
+    return [sk.astronaut(), grace, sk.coffee(), sk.chelsea(), sk.rocket(), sk.camera(), sk.immunohistochemistry(),
+            sk.stereo_motorcycle()[0]]
 
 
 # ------------------------------------------------------------------ negatives (face-free)

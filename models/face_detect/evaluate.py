@@ -105,49 +105,56 @@ def detection_metrics(outputs, gts, ignores, anchors) -> dict:
     return res
 
 
-def evaluate(faces=None, out_dir="out/face_detect", progress=False) -> dict:
+MODELS = ("zoo_float", "zoo_kmodel", "anchor_kmodel")
+
+
+def evaluate(faces=None, out_dir="out/face_detect", models=MODELS, progress=False) -> dict:
     from tl2k210 import zoo
     from tl2k210.k210 import cost
     from tl2k210.k210.kmodel import load
     faces = data.faces_dir(faces)
     if faces is None or not faces.is_dir():
         raise SystemExit("../shared/testdata/faces not found: pass --faces DIR (or set TL2K210_TESTDATA)")
-    report = zoo.build("face_detect", Path(out_dir), progress=progress)
-    rc = report["receipt"]
-    net = zoo.build_network(zoo.get("face_detect"))
     anchor_path = paths.testdata(*ANCHOR_KMODEL)
-    models = {"zoo_float": (lambda imgs: float_outputs(net, imgs), ANCHORS),
-              "zoo_kmodel": (lambda imgs: kmodel_outputs(report["kmodel"], imgs), ANCHORS),
-              "anchor_kmodel": (lambda imgs: kmodel_outputs(anchor_path, imgs), ANCHOR_ANCHORS)}
-    res = {"sets": {}, "zoo_kmodel": {
-        "file_size": rc["file_size"], "peak_kpu_ram": rc["peak_kpu_ram"], "latency_ms": round(rc["latency_ms"], 2),
-        "cpu_layers": [r["node"] for r in rc["layers"] if r["unit"] != "KPU"],
-        "output_sqnr_db": rc["totals"].get("output_sqnr_db")}}
+    runs = {"anchor_kmodel": (lambda imgs: kmodel_outputs(anchor_path, imgs), ANCHOR_ANCHORS)}
     est = cost.estimate(load(anchor_path))
-    res["anchor_kmodel"] = {"path": str(anchor_path), "file_size": anchor_path.stat().st_size,
-                            "latency_ms": round(est.ms, 2)}
+    res = {"sets": {}, "anchor_kmodel": {"path": "testdata/" + "/".join(ANCHOR_KMODEL),
+                                         "file_size": anchor_path.stat().st_size, "latency_ms": round(est.ms, 2)}}
+    if {"zoo_float", "zoo_kmodel"} & set(models):
+        report = zoo.build("face_detect", Path(out_dir), progress=progress)
+        rc = report["receipt"]
+        net = zoo.build_network(zoo.get("face_detect"))
+        runs.update(zoo_float=(lambda imgs: float_outputs(net, imgs), ANCHORS),
+                    zoo_kmodel=(lambda imgs: kmodel_outputs(report["kmodel"], imgs), ANCHORS))
+        res["zoo_kmodel"] = {
+            "file_size": rc["file_size"], "peak_kpu_ram": rc["peak_kpu_ram"], "latency_ms": round(rc["latency_ms"], 2),
+            "cpu_layers": [r["node"] for r in rc["layers"] if r["unit"] != "KPU"],
+            "output_sqnr_db": rc["totals"].get("output_sqnr_db")}
     for set_name, loader in data.EVAL_SETS.items():
         items = loader(faces)
         imgs = [i[1] for i in items]
         gts, ignores = [i[2] for i in items], [i[3] for i in items]
-        res["sets"][set_name] = {name: detection_metrics(run(imgs), gts, ignores, anchors)
-                                 for name, (run, anchors) in models.items()}
+        res["sets"][set_name] = {name: detection_metrics(runs[name][0](imgs), gts, ignores, runs[name][1])
+                                 for name in models}
         if progress:
             print(set_name, json.dumps(res["sets"][set_name]), flush=True)
     return res
 
 
 def table(res) -> str:
-    lines = [f"{'set':22s} {'model':14s} {'AP@0.5':>7s} {'R@1FP/img':>9s} {'R@0.5':>6s} {'FP/img@0.5':>10s}"]
+    lines = [f"{'set':26s} {'model':14s} {'AP@0.5':>7s} {'R@1FP/img':>9s} {'R@0.5':>6s} {'FP/img@0.5':>10s}"]
     for set_name, by_model in res["sets"].items():
         for name, m in by_model.items():
-            lines.append(f"{set_name:22s} {name:14s} {m.get('ap50', float('nan')):7.3f} "
+            lines.append(f"{set_name:26s} {name:14s} {m.get('ap50', float('nan')):7.3f} "
                          f"{m.get('recall_at_1fp_per_image', float('nan')):9.3f} "
                          f"{m.get('recall_at_0_5', float('nan')):6.3f} {m['fp_per_image_at_0.5']:10.3f}")
-    z, a = res["zoo_kmodel"], res["anchor_kmodel"]
-    lines += ["", f"zoo kmodel: {z['file_size']:,} B, est. latency {z['latency_ms']:.1f} ms, peak KPU RAM "
-              f"{z['peak_kpu_ram']:,} B, non-KPU layers: {', '.join(z['cpu_layers']) or 'none'}",
-              f"anchor kmodel: {a['file_size']:,} B, est. latency {a['latency_ms']:.1f} ms"]
+    lines.append("")
+    if "zoo_kmodel" in res:
+        z = res["zoo_kmodel"]
+        lines.append(f"zoo kmodel: {z['file_size']:,} B, est. latency {z['latency_ms']:.1f} ms, peak KPU RAM "
+                     f"{z['peak_kpu_ram']:,} B, non-KPU layers: {', '.join(z['cpu_layers']) or 'none'}")
+    a = res["anchor_kmodel"]
+    lines.append(f"anchor kmodel: {a['file_size']:,} B, est. latency {a['latency_ms']:.1f} ms")
     return "\n".join(lines)
 
 
@@ -156,8 +163,18 @@ def main(argv=None):
     ap.add_argument("--faces", help="testdata/faces folder (default ../shared/testdata/faces)")
     ap.add_argument("--out", default="out/face_detect")
     ap.add_argument("--json", default=str(HERE / "results.json"))
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help="comma-separated subset of %(default)s; the others keep their entries in --json")
     args = ap.parse_args(argv)
-    res = evaluate(args.faces, args.out, progress=True)
+    models = [m for m in args.models.split(",") if m]
+    bad = sorted(set(models) - set(MODELS))
+    if bad:
+        print(f"error: --models {','.join(bad)}: choose from {','.join(MODELS)}", file=sys.stderr)
+        return 2
+    res = evaluate(args.faces, args.out, models, progress=True)
+    old = json.loads(Path(args.json).read_text()) if Path(args.json).is_file() else {}
+    res["sets"] = {k: {**old.get("sets", {}).get(k, {}), **v} for k, v in res["sets"].items()}
+    res = {**old, **res}
     print(table(res))
     from tl2k210.fileio import atomic_write
     atomic_write(Path(args.json), (json.dumps(res, indent=1) + "\n").encode())

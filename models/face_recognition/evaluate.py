@@ -77,27 +77,33 @@ def rank1(emb, ids, nums) -> float:
     return round(float(np.mean(ids[gallery][best] == ids[probe])), 4)
 
 
-def evaluate(faces=None, root=None, out_dir="out/face_recognition", train_folds=range(1, 10), progress=False):
+MODELS = ("zoo_float", "zoo_kmodel", "anchor_kmodel")
+
+
+def evaluate(faces=None, root=None, out_dir="out/face_recognition", train_folds=range(1, 10), models=MODELS,
+             progress=False):
     from tl2k210 import zoo
     faces = data.faces_dir(faces)
     if faces is None or not faces.is_dir():
         raise SystemExit("../shared/testdata/faces not found: pass --faces DIR (or set TL2K210_TESTDATA)")
     root = data.training_dir(root)
-    report = zoo.build("face_recognition", Path(out_dir), progress=progress)
-    net = zoo.build_network(zoo.get("face_recognition"))
-    anchor = paths.testdata(*ANCHOR_KMODEL)
-    models = {"zoo_float": lambda x: float_embeddings(net, list(x)),
-              "zoo_kmodel": lambda x: kmodel_embeddings(report["kmodel"], x),
-              "anchor_kmodel": lambda x: kmodel_embeddings(anchor, x)}
+    res = {"threshold_pairs": {"folds": [k + 1 for k in train_folds]}, "models": {}}
+    runs = {"anchor_kmodel": lambda x: kmodel_embeddings(paths.testdata(*ANCHOR_KMODEL), x)}
+    if {"zoo_float", "zoo_kmodel"} & set(models):
+        report = zoo.build("face_recognition", Path(out_dir), progress=progress)
+        net = zoo.build_network(zoo.get("face_recognition"))
+        runs.update(zoo_float=lambda x: float_embeddings(net, list(x)),
+                    zoo_kmodel=lambda x: kmodel_embeddings(report["kmodel"], x))
+        rc = report["receipt"]
+        res["zoo_kmodel"] = {"file_size": rc["file_size"], "latency_ms": round(rc["latency_ms"], 2)}
     fs = data.folds(root)
     tr_pairs = [p for k in train_folds for p in fs[k]]
     tr_crops, tr_idx, tr_same = data.lfw_pairs(tr_pairs, root / "lfw" / "images")
     crops, idx, same = data.lfw_fold1(faces)
     orl_crops, orl_ids, orl_nums = data.orl(faces)
-    rc = report["receipt"]
-    res = {"threshold_pairs": {"folds": [k + 1 for k in train_folds], "pairs": len(tr_pairs)},
-           "zoo_kmodel": {"file_size": rc["file_size"], "latency_ms": round(rc["latency_ms"], 2)}, "models": {}}
-    for name, run in models.items():
+    res["threshold_pairs"]["pairs"] = len(tr_pairs)
+    for name in models:
+        run = runs[name]
         t = best_threshold(pair_scores(run(tr_crops), tr_idx), tr_same)
         res["models"][name] = {"lfw_fold1": verification(pair_scores(run(crops), idx), same, t),
                                "orl_rank1": rank1(run(orl_crops), orl_ids, orl_nums)}
@@ -122,8 +128,18 @@ def main(argv=None):
     ap.add_argument("--data", help="get-face-training.sh folder (default $TL2K210_FACE_DATA)")
     ap.add_argument("--out", default="out/face_recognition")
     ap.add_argument("--json", default=str(HERE / "results.json"))
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help="comma-separated subset of %(default)s; the others keep their entries in --json")
     args = ap.parse_args(argv)
-    res = evaluate(args.faces, args.data, args.out, progress=True)
+    models = [m for m in args.models.split(",") if m]
+    bad = sorted(set(models) - set(MODELS))
+    if bad:
+        print(f"error: --models {','.join(bad)}: choose from {','.join(MODELS)}", file=sys.stderr)
+        return 2
+    res = evaluate(args.faces, args.data, args.out, models=models, progress=True)
+    old = json.loads(Path(args.json).read_text()) if Path(args.json).is_file() else {}
+    res["models"] = {**old.get("models", {}), **res["models"]}
+    res = {**old, **res}
     print(table(res))
     from tl2k210.fileio import atomic_write
     atomic_write(Path(args.json), (json.dumps(res, indent=1) + "\n").encode())
