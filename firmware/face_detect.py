@@ -1,8 +1,6 @@
 # MaixPy face detection (Sipeed Maix Bit/Dock/Go/Amigo...): copy to the board's /flash/main.py.
-# Needs the face-detection kmodel flashed at 0x300000 (face_detect.kfpkg, `tl2k210 zoo build
-# face_detect`; MaixPy's face_model_at_0x300000.kfpkg works too with its own anchors
-# (1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025)).
-# On a PC: `tl2k210 demo face-detect --image photo.jpg`.
+# Needs the face-detection kmodel flashed at 0x300000 (face_detect.kfpkg or MaixPy's
+# face_model_at_0x300000.kfpkg). On a PC: `tl2k210 demo face-detect --image photo.jpg`.
 import sensor, image, lcd, time
 import KPU as kpu
 
@@ -13,7 +11,7 @@ sensor.set_framesize(sensor.QVGA)   # 320x240: the model's input size
 sensor.run(1)
 
 task = kpu.load(0x300000)           # or kpu.load("/sd/face_detect.kmodel")
-anchor = (0.707, 0.724, 1.586, 1.599, 3.144, 3.206, 6.211, 6.295, 12.107, 12.506)  # the zoo model's (recipe.toml)
+anchor = (1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025)
 kpu.init_yolo2(task, 0.5, 0.3, 5, anchor)
 clock = time.clock()
 

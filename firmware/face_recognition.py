@@ -1,6 +1,5 @@
 # MaixPy face recognition (Sipeed Maix Bit/Dock/Go...): copy to the board's /flash/main.py.
-# Needs the face detector at 0x300000 (face_detect.kfpkg; MaixPy's face_model_at_0x300000.kfpkg works
-# too with its own anchors (1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025))
+# Needs the face detector at 0x300000 (face_detect.kfpkg or MaixPy's face_model_at_0x300000.kfpkg)
 # and the face embedder at 0x400000 (face_recognition.kfpkg, `tl2k210 zoo build face_recognition`).
 # Press the BOOT key while a face is in view to enroll it ("person1", "person2", ...); known faces
 # are then labelled with their name and cosine similarity, others "unknown".
@@ -25,7 +24,7 @@ key = GPIO(GPIO.GPIOHS0, GPIO.IN)
 
 task_fd = kpu.load(0x300000)        # face detector
 task_fe = kpu.load(0x400000)        # face embedder (128-d)
-anchor = (0.707, 0.724, 1.586, 1.599, 3.144, 3.206, 6.211, 6.295, 12.107, 12.506)  # the zoo model's (recipe.toml)
+anchor = (1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025)
 kpu.init_yolo2(task_fd, 0.5, 0.3, 5, anchor)
 
 names = []

@@ -8,10 +8,10 @@ max pools fused into the preceding conv (stride 16), one linear 1x1 conv head.
 """
 import time
 
-ANCHORS = [0.707, 0.724, 1.586, 1.599, 3.144, 3.206, 6.211, 6.295, 12.107, 12.506]  # models.face_detect.anchors
+ANCHORS = [1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025]  # MaixPy's face anchors (README: why not the k-means fit)
 N_ANCHORS = 5
 N_CLASSES = 1
-CHANNELS = (12, 24, 32, 64, 96, 128)  # conv1..conv4 are followed by a 2x2 max pool; 180 M MACs
+CHANNELS = (12, 24, 32, 64, 96, 96)  # conv1..conv4 are followed by a 2x2 max pool; 171 M MACs
 
 
 def build(width=320, height=240, batch=1, name=None):

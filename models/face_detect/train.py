@@ -69,6 +69,22 @@ def targets(boxes_list):
     return mask, txy, twh, scale, gt
 
 
+def slimmed(arrays, channels):
+    """Weights of a wider detector (zoo.save_weights order: per conv the kernel, BatchNorm beta,
+    gamma, moving mean, moving var; then the region head) cut to `channels`: each layer keeps
+    the output channels with the largest BatchNorm |gamma| (network slimming, Liu et al. 2017)
+    and the next layer the matching input channels."""
+    out, keep_in = [], np.arange(arrays[0].shape[2])
+    for i, c in enumerate(channels):
+        w, beta, gamma, mm, mv = arrays[i * 5:i * 5 + 5]
+        if c > w.shape[3]:
+            raise SystemExit(f"--init: conv{i + 1} has {w.shape[3]} channels, fewer than the {c} wanted")
+        keep = np.sort(np.argsort(-np.abs(gamma), kind="stable")[:c])
+        out += [w[:, :, keep_in][..., keep], beta[keep], gamma[keep], mm[keep], mv[keep]]
+        keep_in = keep
+    return out + [arrays[-2][:, :, keep_in], arrays[-1]]
+
+
 def frames(step, size, root):
     """The `size` augmented training frames of `step`, from rng([TRAIN_SEED, step])."""
     rng = np.random.default_rng([data.TRAIN_SEED, step])
@@ -93,6 +109,8 @@ def main(argv=None):
     ap.add_argument("--ckpt", default="out/face_detect_train")
     ap.add_argument("--weights", default=str(HERE / "weights.npz"))
     ap.add_argument("--save-every", type=int, default=250)
+    ap.add_argument("--init", help="start from these weights (a zoo.save_weights npz of this network or a "
+                    "wider one, cut down by `slimmed`; ignored when resuming a checkpoint)")
     ap.add_argument("--data", help="get-face-training.sh output folder (default $TL2K210_FACE_DATA)")
     ap.add_argument("--noobj-weight", type=float, default=2.0,
                     help="weight of the no-object (background) objectness loss; higher = fewer false boxes")
@@ -123,6 +141,12 @@ def main(argv=None):
     hb = np.zeros((N_ANCHORS, 6), np.float32)
     hb[:, 4] = -4.0  # objectness prior ~ 2 %
     head_b.assign(hb.reshape(-1))
+    if args.init:
+        with np.load(args.init) as z:
+            arrays = slimmed([z[f"arr_{i}"] for i in range(len(z.files))], [int(c.shape[-1]) for c in convs])
+        for w, a in zip(ws, arrays):
+            w.assign(a)
+        print(f"initialised from {args.init}", flush=True)
     train_vars = [w for w in ws if "moving" not in w.name]
 
     def forward(x, training):

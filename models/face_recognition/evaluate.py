@@ -80,14 +80,14 @@ def rank1(emb, ids, nums) -> float:
 MODELS = ("zoo_float", "zoo_kmodel", "anchor_kmodel")
 
 
-def evaluate(faces=None, root=None, out_dir="out/face_recognition", train_folds=range(1, 10), models=MODELS,
-             progress=False):
+def evaluate(faces=None, root=None, out_dir="out/face_recognition", train_folds=range(1, 10), per_fold=600,
+             models=MODELS, progress=False):
     from tl2k210 import zoo
     faces = data.faces_dir(faces)
     if faces is None or not faces.is_dir():
         raise SystemExit("../shared/testdata/faces not found: pass --faces DIR (or set TL2K210_TESTDATA)")
     root = data.training_dir(root)
-    res = {"threshold_pairs": {"folds": [k + 1 for k in train_folds]}, "models": {}}
+    res = {"threshold_pairs": {"folds": [k + 1 for k in train_folds], "per_fold": per_fold}, "models": {}}
     runs = {"anchor_kmodel": lambda x: kmodel_embeddings(paths.testdata(*ANCHOR_KMODEL), x)}
     if {"zoo_float", "zoo_kmodel"} & set(models):
         report = zoo.build("face_recognition", Path(out_dir), progress=progress)
@@ -97,7 +97,8 @@ def evaluate(faces=None, root=None, out_dir="out/face_recognition", train_folds=
         rc = report["receipt"]
         res["zoo_kmodel"] = {"file_size": rc["file_size"], "latency_ms": round(rc["latency_ms"], 2)}
     fs = data.folds(root)
-    tr_pairs = [p for k in train_folds for p in fs[k]]
+    half = per_fold // 2  # the first `half` same and `half` different pairs of each fold
+    tr_pairs = [p for k in train_folds for p in fs[k][:half] + fs[k][300:300 + half]]
     tr_crops, tr_idx, tr_same = data.lfw_pairs(tr_pairs, root / "lfw" / "images")
     crops, idx, same = data.lfw_fold1(faces)
     orl_crops, orl_ids, orl_nums = data.orl(faces)
@@ -128,6 +129,8 @@ def main(argv=None):
     ap.add_argument("--data", help="get-face-training.sh folder (default $TL2K210_FACE_DATA)")
     ap.add_argument("--out", default="out/face_recognition")
     ap.add_argument("--json", default=str(HERE / "results.json"))
+    ap.add_argument("--per-fold", type=int, default=600,
+                    help="threshold pairs per training fold, half same, half different (default all 600)")
     ap.add_argument("--models", default=",".join(MODELS),
                     help="comma-separated subset of %(default)s; the others keep their entries in --json")
     args = ap.parse_args(argv)
@@ -136,7 +139,7 @@ def main(argv=None):
     if bad:
         print(f"error: --models {','.join(bad)}: choose from {','.join(MODELS)}", file=sys.stderr)
         return 2
-    res = evaluate(args.faces, args.data, args.out, models=models, progress=True)
+    res = evaluate(args.faces, args.data, args.out, per_fold=args.per_fold, models=models, progress=True)
     old = json.loads(Path(args.json).read_text()) if Path(args.json).is_file() else {}
     res["models"] = {**old.get("models", {}), **res["models"]}
     res = {**old, **res}

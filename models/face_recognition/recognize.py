@@ -31,7 +31,7 @@ from tl2k210 import paths
 
 FRAME_W, FRAME_H = 320, 240
 SIZE = 64
-MAIXPY_FACE_ANCHORS = [1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025]
+DETECT_ANCHORS = [1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025]
 DETECT_THRESHOLD, DETECT_NMS = 0.5, 0.3
 
 
@@ -43,15 +43,6 @@ def default_detector() -> Path:
     if testdata is None:
         raise SystemExit("no face detector: `tl2k210 zoo build face_detect` or pass --detector")
     return testdata
-
-
-def detector_anchors(path) -> list:
-    """MaixPy's anchors for its face model (testdata facedetect_320x240*.kmodel), else the zoo
-    face_detect recipe's."""
-    if Path(path).name.startswith("facedetect_320x240"):
-        return MAIXPY_FACE_ANCHORS
-    from tl2k210 import zoo
-    return list(zoo.get("face_detect").decode["anchors"])
 
 
 def default_threshold() -> float:
@@ -80,9 +71,7 @@ class Recognizer:
     def __init__(self, embedder, detector=None, threshold=None):
         from tl2k210.k210.emulator import Emulator
         self.embedder = Emulator.load(embedder)
-        detector = detector or default_detector()
-        self.detector = Emulator.load(detector)
-        self.anchors = detector_anchors(detector)
+        self.detector = Emulator.load(detector or default_detector())
         self.threshold = default_threshold() if threshold is None else float(threshold)
         self.names, self.gallery = [], []
 
@@ -102,7 +91,7 @@ class Recognizer:
         from tl2k210.k210 import yolo
         out = np.asarray(self.detector.run(img.ai_buffer())[0], np.float32)
         boxes = []
-        for b in yolo.decode(out, self.anchors, 20, 15, FRAME_W, FRAME_H, DETECT_THRESHOLD, DETECT_NMS):
+        for b in yolo.decode(out, DETECT_ANCHORS, 20, 15, FRAME_W, FRAME_H, DETECT_THRESHOLD, DETECT_NMS):
             x0, y0 = max(0.0, b.x), max(0.0, b.y)          # region_layer.c clamp + truncation
             w, h = min(b.w - (x0 - b.x), FRAME_W - x0), min(b.h - (y0 - b.y), FRAME_H - y0)
             boxes.append((int(x0), int(y0), int(w), int(h)))

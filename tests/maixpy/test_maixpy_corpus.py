@@ -6,7 +6,7 @@ script/model mismatches are kept, not papered over).
 Flash-address loads get the MANIFEST's kmodel written at that address (a kfpkg's job); /sd paths
 get an SD folder holding the files the script opens. Expected values are computed independently
 where possible: the emulator on the same camera frame, the cost model's latency, the photos'
-hand-annotated face boxes (models/face_detect/data.py)."""
+hand-annotated face boxes (below)."""
 import io
 import math
 import shutil
@@ -23,7 +23,8 @@ from tl2k210.maixpy import image as mimage
 
 # v4 opcodes the emulator does not run yet (issue 12, engineer `emu`)
 NEEDS = "needs v4 opcode {} (issue 12)"
-# hand-annotated faces (models/face_detect/data.py), in the 320x240 camera frame
+# hand-annotated faces, forehead to chin, in the 320x240 camera frame: astronaut (180, 68, 92, 112) on
+# the 512x512 original, grace_hopper (170, 140, 180, 185) on the 512x600 original
 ASTRONAUT_FACE = (112.5, 31.9, 57.5, 52.5)
 GRACE_FACE = (106.25, 56.0, 112.5, 74.0)
 
