@@ -142,19 +142,25 @@ def evaluate(faces=None, out_dir="out/face_detect", models=MODELS, progress=Fals
 
 
 def table(res) -> str:
-    lines = [f"{'set':26s} {'model':14s} {'AP@0.5':>7s} {'R@1FP/img':>9s} {'R@0.5':>6s} {'FP/img@0.5':>10s}"]
+    """The results as a Markdown table (what the README shows)."""
+    nan = float("nan")
+    lines = ["| set | model | AP@0.5 | recall at 1 FP/image | recall at 0.5 | FP/image at 0.5 |",
+             "|---|---|---|---|---|---|"]
     for set_name, by_model in res["sets"].items():
-        for name, m in by_model.items():
-            lines.append(f"{set_name:26s} {name:14s} {m.get('ap50', float('nan')):7.3f} "
-                         f"{m.get('recall_at_1fp_per_image', float('nan')):9.3f} "
-                         f"{m.get('recall_at_0_5', float('nan')):6.3f} {m['fp_per_image_at_0.5']:10.3f}")
+        for name in MODELS:
+            if name in by_model:
+                m = by_model[name]
+                lines.append(f"| {set_name} ({m['images']} images, {m['faces']} faces) | {name} | "
+                             f"{m.get('ap50', nan):.3f} | {m.get('recall_at_1fp_per_image', nan):.3f} | "
+                             f"{m.get('recall_at_0_5', nan):.3f} | {m['fp_per_image_at_0.5']:.3f} |")
     lines.append("")
     if "zoo_kmodel" in res:
         z = res["zoo_kmodel"]
         lines.append(f"zoo kmodel: {z['file_size']:,} B, est. latency {z['latency_ms']:.1f} ms, peak KPU RAM "
-                     f"{z['peak_kpu_ram']:,} B, non-KPU layers: {', '.join(z['cpu_layers']) or 'none'}")
+                     f"{z['peak_kpu_ram']:,} B, non-KPU layers: {', '.join(z['cpu_layers']) or 'none'}, "
+                     f"output SQNR vs float {z['output_sqnr_db']:.1f} dB")
     a = res["anchor_kmodel"]
-    lines.append(f"anchor kmodel: {a['file_size']:,} B, est. latency {a['latency_ms']:.1f} ms")
+    lines.append(f"anchor kmodel ({a['path']}): {a['file_size']:,} B, est. latency {a['latency_ms']:.1f} ms")
     return "\n".join(lines)
 
 

@@ -10,9 +10,10 @@ image operations as firmware/face_recognition.py on a board (tl2k210.maixpy's im
   match    cosine similarity with every enrolled embedding; the best one if >= the recipe's
            [decode] threshold, else "unknown"
 
-    .venv/bin/python models/face_recognition/recognize.py \\
+    .venv/bin/python -m models.face_recognition.recognize \\
         --enroll astronaut=astronaut.png --enroll grace=grace_hopper.jpg \\
-        --image group.png [--image ...] --out out/face_recognition/ [--embedder K] [--detector K]
+        --image group.png [--image ...] --out out/face_recognition/ [--embedder K] [--detector K] \\
+        [--letterbox]
 
 The embedder defaults to face_recognition.kmodel in the zoo folder (~/.cache/tl2k210/zoo, where
 `tl2k210 zoo build` writes; built if missing), the detector to face_detect.kmodel there if
@@ -48,6 +49,20 @@ def default_detector() -> Path:
 def default_threshold() -> float:
     from tl2k210 import zoo
     return float(zoo.get("face_recognition").decode.get("threshold", 0.5))
+
+
+def letterbox(rgb, fill=0):
+    """A photo padded (centred, `fill` grey) to the camera's 4:3, so that the stretch to 320x240
+    keeps its aspect (ORL's 92x112 portraits would otherwise be widened 1.6x)."""
+    rgb = np.asarray(rgb, np.uint8)
+    if rgb.ndim == 2:
+        rgb = np.repeat(rgb[..., None], 3, 2)
+    h, w = rgb.shape[:2]
+    W, H = max(w, -(-h * 4 // 3)), max(h, -(-w * 3 // 4))
+    out = np.full((H, W, 3), fill, np.uint8)
+    y, x = (H - h) // 2, (W - w) // 2
+    out[y:y + h, x:x + w] = rgb
+    return out
 
 
 def face_box(x, y, w, h, fw=FRAME_W, fh=FRAME_H):
@@ -166,8 +181,14 @@ def main(argv=None):
     ap.add_argument("--embedder", help="embedder kmodel (default: the zoo folder's face_recognition.kmodel)")
     ap.add_argument("--detector", help="detector kmodel (default: the zoo folder's face_detect.kmodel or testdata)")
     ap.add_argument("--threshold", type=float, help="cosine threshold (default: the recipe's)")
+    ap.add_argument("--letterbox", action="store_true",
+                    help="pad every photo to 4:3 before the camera-frame stretch (portraits such as ORL's)")
     args = ap.parse_args(argv)
-    from tl2k210.imaging import load_rgb
+    from tl2k210.imaging import load_rgb as load
+
+    def load_rgb(path):
+        return letterbox(load(path)) if args.letterbox else load(path)
+
     rec = Recognizer(_embedder_path(args.embedder), args.detector, args.threshold)
     for item in args.enroll:
         name, _, path = item.partition("=")
