@@ -359,5 +359,31 @@ def nonface_scenes(root) -> list:
     return [(f.name, to_frame(_read_rgb(f)), [], []) for f in sorted(d.glob("*.jpg"))]
 
 
+# Hand-annotated faces (x, y, w, h), forehead to chin, on the originals: skimage's astronaut
+# (512x512) and matplotlib's grace_hopper.jpg (512x600); both photos are public domain.
+ASTRONAUT_BOX = (180, 68, 92, 112)
+GRACE_HOPPER_BOX = (170, 140, 180, 185)
+
+
+def demo_photo():
+    """(PIL image 960x720, [face boxes]): the astronaut and Grace Hopper side by side on grey, each
+    480 px tall -- the README's demo picture."""
+    import matplotlib.cbook
+    from PIL import Image
+    from skimage import data as sk
+    with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as fh:
+        grace = Image.open(fh).convert("RGB")
+    a = Image.fromarray(sk.astronaut()).resize((480, 480))
+    g = grace.resize((grace.width * 480 // grace.height, 480))
+    out = Image.new("RGB", (960, 720), (40, 40, 40))
+    out.paste(a, (0, 120))
+    out.paste(g, (960 - g.width, 120))
+    sa, sg = 480 / 512, 480 / grace.height
+    boxes = [(ASTRONAUT_BOX[0] * sa, 120 + ASTRONAUT_BOX[1] * sa, ASTRONAUT_BOX[2] * sa, ASTRONAUT_BOX[3] * sa),
+             (960 - g.width + GRACE_HOPPER_BOX[0] * sg, 120 + GRACE_HOPPER_BOX[1] * sg,
+              GRACE_HOPPER_BOX[2] * sg, GRACE_HOPPER_BOX[3] * sg)]
+    return out, boxes
+
+
 EVAL_SETS = {"cmu_mit_frontal": cmu_mit, "wider_val_subset200": wider_subset, "nonface_scenes": nonface_scenes,
              "cmu_mit_frontal_face_only": lambda root: cmu_mit(root, "ground_truth_bboxes_face_only.txt")}
