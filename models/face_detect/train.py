@@ -1,7 +1,8 @@
-"""Train the face detector from scratch on real faces (data.py: Caltech WebFaces + the face-mask
-set, augmented; face-free frames from skimage/sklearn photos and dead leaves).
+"""Train the face detector on real faces (data.py: Caltech WebFaces + the face-mask set,
+augmented; face-free frames from skimage/sklearn photos and dead leaves), from scratch or from
+--init weights (cut down to this network's channels by `slimmed`).
 
-    .venv/bin/python models/face_detect/train.py --data TRAINING_DIR
+    .venv/bin/python -m models.face_detect.train --data TRAINING_DIR [--init W.npz]
 
 TRAINING_DIR is what ../shared/data/get-face-training.sh fetched. The command of the committed
 weights is in README.md.
