@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -40,12 +41,18 @@ def _cv2():
     return cv2
 
 
+def fail(msg: str):
+    """Bad input (missing data, unreadable image): the message on stderr, exit status 2."""
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 # ------------------------------------------------------------------ training data
 def training_dir(path=None) -> Path:
     """The get-face-training.sh output folder: --data, else $TL2K210_FACE_DATA."""
     p = path or os.environ.get("TL2K210_FACE_DATA")
     if not p or not (Path(p) / "caltech_webfaces").is_dir():
-        raise SystemExit(f"face training data not found at {p!r}: run ../shared/data/get-face-training.sh "
+        fail(f"face training data not found at {p!r}: run ../shared/data/get-face-training.sh "
                          "MIRROR OUT and pass --data OUT (or set TL2K210_FACE_DATA)")
     return Path(p)
 
@@ -75,7 +82,7 @@ def _read_rgb(path) -> np.ndarray:
     cv2 = _cv2()
     img = cv2.imread(str(path), cv2.IMREAD_COLOR)
     if img is None:
-        raise SystemExit(f"cannot read image {path}")
+        fail(f"cannot read image {path}")
     return img[..., ::-1]
 
 

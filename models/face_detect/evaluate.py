@@ -114,7 +114,7 @@ def evaluate(faces=None, out_dir="out/face_detect", models=MODELS, progress=Fals
     from tl2k210.k210.kmodel import load
     faces = data.faces_dir(faces)
     if faces is None or not faces.is_dir():
-        raise SystemExit("../shared/testdata/faces not found: pass --faces DIR (or set TL2K210_TESTDATA)")
+        data.fail("../shared/testdata/faces not found: pass --faces DIR (or set TL2K210_TESTDATA)")
     anchor_path = paths.testdata(*ANCHOR_KMODEL)
     runs = {"anchor_kmodel": (lambda imgs: kmodel_outputs(anchor_path, imgs), ANCHOR_ANCHORS)}
     est = cost.estimate(load(anchor_path))

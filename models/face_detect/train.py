@@ -79,7 +79,7 @@ def slimmed(arrays, channels):
     for i, c in enumerate(channels):
         w, beta, gamma, mm, mv = arrays[i * 5:i * 5 + 5]
         if c > w.shape[3]:
-            raise SystemExit(f"--init: conv{i + 1} has {w.shape[3]} channels, fewer than the {c} wanted")
+            data.fail(f"--init: conv{i + 1} has {w.shape[3]} channels, fewer than the {c} wanted")
         keep = np.sort(np.argsort(-np.abs(gamma), kind="stable")[:c])
         out += [w[:, :, keep_in][..., keep], beta[keep], gamma[keep], mm[keep], mv[keep]]
         keep_in = keep

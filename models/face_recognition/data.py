@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +32,17 @@ def _cv2():
     return cv2
 
 
+def fail(msg: str):
+    """Bad input (missing data, unreadable image): the message on stderr, exit status 2."""
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _read_rgb(path) -> np.ndarray:
     cv2 = _cv2()
     img = cv2.imread(str(path), cv2.IMREAD_COLOR)
     if img is None:
-        raise SystemExit(f"cannot read image {path}")
+        fail(f"cannot read image {path}")
     return np.ascontiguousarray(img[..., ::-1])
 
 
@@ -78,7 +85,7 @@ def lfw_path(root, name, n) -> Path:
 def training_dir(path=None) -> Path:
     p = path or os.environ.get("TL2K210_FACE_DATA")
     if not p or not (Path(p) / "lfw" / "pairs.txt").is_file():
-        raise SystemExit(f"face training data not found at {p!r}: run ../shared/data/get-face-training.sh "
+        fail(f"face training data not found at {p!r}: run ../shared/data/get-face-training.sh "
                          "MIRROR OUT and pass --data OUT (or set TL2K210_FACE_DATA)")
     return Path(p)
 

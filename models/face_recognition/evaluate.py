@@ -85,7 +85,7 @@ def evaluate(faces=None, root=None, out_dir="out/face_recognition", train_folds=
     from tl2k210 import zoo
     faces = data.faces_dir(faces)
     if faces is None or not faces.is_dir():
-        raise SystemExit("../shared/testdata/faces not found: pass --faces DIR (or set TL2K210_TESTDATA)")
+        data.fail("../shared/testdata/faces not found: pass --faces DIR (or set TL2K210_TESTDATA)")
     root = data.training_dir(root)
     res = {"threshold_pairs": {"folds": [k + 1 for k in train_folds], "per_fold": per_fold}, "models": {}}
     runs = {"anchor_kmodel": lambda x: kmodel_embeddings(paths.testdata(*ANCHOR_KMODEL), x)}
