@@ -69,14 +69,23 @@ def cmd_board(args):
         print(f"  {LINES_ENV}={board.lines_socket} PYTHONPATH={SHIM_DIR} "
               f"kflash -p {board.port} -B {kflash_board} -b 1500000 firmware.bin")
         sys.stdout.flush()
-        t0 = time.monotonic()
-        try:
-            while args.seconds is None or time.monotonic() - t0 < args.seconds:
-                time.sleep(0.2)
-        except KeyboardInterrupt:
-            pass
+        stopped = _serve(args.seconds)
         print(f"board state {board.state}; boot: {board.core.boot_message or 'not booted'}")
+    if stopped is not None:
+        raise stopped
     return 0
+
+
+def _serve(seconds):
+    """Serve until `seconds` pass (None: for ever); Ctrl-C or SIGTERM is returned, for the
+    caller to report the board's state and then exit 130 / 143 with it."""
+    t0 = time.monotonic()
+    try:
+        while seconds is None or time.monotonic() - t0 < seconds:
+            time.sleep(0.2)
+    except KeyboardInterrupt as exc:
+        return exc
+    return None
 
 
 # ---- board --maixpy --pty ------------------------------------------------------------------------
@@ -111,13 +120,10 @@ def serve_board(args):
         print(f"  ampy -p {board.port} ls")
         print(f"  tl2k210 repl ls -p {board.port}")
         sys.stdout.flush()
-        t0 = time.monotonic()
-        try:
-            while args.seconds is None or time.monotonic() - t0 < args.seconds:
-                time.sleep(0.2)
-        except KeyboardInterrupt:
-            pass
+        stopped = _serve(args.seconds)
         s = board.stats
         print(f"board done: {s.rx_bytes} bytes in, {s.tx_bytes} out, {s.commands} commands, "
               f"{s.soft_resets} soft reboots, line faults {s.faults or 'none'}")
+    if stopped is not None:
+        raise stopped
     return 0

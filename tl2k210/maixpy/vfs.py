@@ -20,6 +20,7 @@ import os
 import posixpath
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 from tl2k210.k210.board_facts import FLASH_SECTOR, SPIFFS_SIZE
@@ -64,13 +65,15 @@ class Mount:
     def __init__(self, name: str, host, flat: bool, defaults=None):
         self.name, self.flat = name, flat
         self._host = host          # a Path, or a callable making one on first use
+        self._lock = threading.Lock()   # the board's threads (REPL, line) ask at once
         self.defaults = dict(defaults or {})
 
     @property
     def host(self) -> Path:
-        if callable(self._host):
-            self._host = Path(self._host())
-        return self._host
+        with self._lock:
+            if callable(self._host):
+                self._host = Path(self._host())
+            return self._host
 
     def files(self):
         """SPIFFS: every flat name (host files, recursively, plus the firmware's own files)."""
@@ -84,7 +87,7 @@ class Mount:
 
 class VFS:
     def __init__(self, sd=None, flash=None, defaults=None):
-        self._tmp = None
+        self._tmp, self._closed = None, False
         if flash is None:
             flash = self._make_tmp
         self.mounts = {"flash": Mount("flash", flash if callable(flash) else Path(flash), True,
@@ -112,13 +115,17 @@ class VFS:
         return oserror(errno.ENOENT)
 
     def _make_tmp(self):
+        if self._closed:            # nothing made after close() is ever removed
+            raise oserror(errno.EIO)
         self._tmp = tempfile.mkdtemp(prefix="tl2k210-flashfs-")
         return self._tmp
 
     def close(self):
-        if self._tmp:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
+        with self.mounts["flash"]._lock:
+            self._closed = True
+            if self._tmp:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+                self._tmp = None
 
     @property
     def has_sd(self) -> bool:
@@ -131,11 +138,8 @@ class VFS:
             p = p.decode()
         if p.startswith("/"):
             return "/" if p.strip("/") == "" else posixpath.normpath(p)
-        if self.cwd.startswith("/flash"):
-            while p.startswith("./"):
-                p = p[2:]
-            return "/flash/" + p if p not in ("", ".") else "/flash"
-        return posixpath.normpath(posixpath.join(self.cwd, p))
+        return posixpath.normpath(posixpath.join("/flash" if self.cwd.startswith("/flash")
+                                                 else self.cwd, p))
 
     def split(self, path):
         """(Mount or None for '/', relative name); ENOENT outside the mounts."""
@@ -148,13 +152,24 @@ class VFS:
             raise oserror(errno.ENOENT)
         return m, rest
 
+    @staticmethod
+    def _host(m: Mount, rel: str) -> Path:
+        """The host path of `rel` on mount `m`; EACCES when it resolves outside the mount's
+        folder (a symlink inside that points out): the board has nothing but /flash and /sd."""
+        host = m.host / rel if rel else m.host
+        top = os.path.realpath(m.host)
+        real = os.path.realpath(host)
+        if real != top and not real.startswith(top.rstrip(os.sep) + os.sep):
+            raise oserror(errno.EACCES)
+        return host
+
     def host_path(self, path) -> Path:
         m, rel = self.split(path)
         if m is None:
             raise oserror(errno.ENOENT)
         if m.flat and rel in m.defaults and not (m.host / rel).exists():
             self._materialise(m, rel)
-        return m.host / rel if rel else m.host
+        return self._host(m, rel)
 
     def _materialise(self, m: Mount, rel: str):
         """A firmware file (served from memory) is read through the host: write it to the
@@ -169,7 +184,7 @@ class VFS:
         if m is None or rel == "":
             raise oserror(errno.EISDIR if m is not None else errno.ENOENT)
         binary = "b" in mode
-        host = m.host / rel
+        host = self._host(m, rel)
         if m.flat and rel in m.defaults and not host.exists() and "r" in mode and "+" not in mode:
             import io
             data = m.defaults[rel]
@@ -202,7 +217,7 @@ class VFS:
             return sorted(self.mounts)
         if m.flat:
             return m.files()
-        d = m.host / rel
+        d = self._host(m, rel)
         if not d.is_dir():
             raise oserror(errno.ENOENT)
         return sorted(os.listdir(d))
@@ -212,14 +227,15 @@ class VFS:
         for name in self.listdir(path):
             m, rel = self.split(base)
             full = (m.host / rel / name) if m is not None else None
-            kind = 0x4000 if (m is None or (full is not None and full.is_dir())) else 0x8000
+            kind = 0x4000 if (m is None or (full is not None and full.is_dir()
+                                            and not full.is_symlink())) else 0x8000
             yield (name, kind, 0)
 
     def stat(self, path):
         m, rel = self.split(path)
         if m is None or rel == "":
             return (0x4000, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        host = m.host / rel
+        host = self._host(m, rel)
         if m.flat and rel in m.defaults and not host.exists():
             return (0x8000, 0, 0, 0, 0, 0, len(m.defaults[rel]), 0, 0, 0)
         try:
@@ -236,7 +252,7 @@ class VFS:
         m, rel = self.split(path)
         if m is None or rel == "":
             raise oserror(errno.EPERM)
-        host = m.host / rel
+        host = self._host(m, rel)
         if m.flat and rel in m.defaults and not host.exists():
             m.defaults.pop(rel)
             return
@@ -251,13 +267,13 @@ class VFS:
         m2, r2 = self.split(new)
         if m1 is None or m2 is None or m1 is not m2:
             raise oserror(errno.EXDEV if (m1 and m2) else errno.ENOENT)
-        src = m1.host / r1
+        src = self._host(m1, r1)
         if not src.exists():
             if m1.flat and r1 in m1.defaults:
                 m1.defaults[r2] = m1.defaults.pop(r1)
                 return
             raise oserror(errno.ENOENT)
-        dst = m2.host / r2
+        dst = self._host(m2, r2)
         if m2.flat:
             dst.parent.mkdir(parents=True, exist_ok=True)
         os.replace(src, dst)
@@ -268,7 +284,7 @@ class VFS:
             raise oserror(errno.EEXIST)
         if m.flat:
             raise NotImplementedError("SPIFFS not support")
-        d = m.host / rel
+        d = self._host(m, rel)
         if d.exists():
             raise oserror(errno.EEXIST)
         if not d.parent.is_dir():
@@ -279,7 +295,7 @@ class VFS:
         m, rel = self.split(path)
         if m is None or rel == "" or m.flat:
             raise oserror(errno.EIO if (m is not None and m.flat) else errno.EPERM)
-        d = m.host / rel
+        d = self._host(m, rel)
         if not d.is_dir():
             raise oserror(errno.ENOENT)
         try:
@@ -295,7 +311,7 @@ class VFS:
         elif m.flat:
             self.cwd = "/flash"
         else:
-            if not (m.host / rel).is_dir():
+            if not self._host(m, rel).is_dir():
                 raise oserror(errno.ENOENT)
             self.cwd = a
 
@@ -307,7 +323,8 @@ class VFS:
         if m is None:
             raise oserror(errno.ENOENT)
         if m.flat:      # the SPIFFS at SPIFFS_START, 4 KiB pages
-            used = sum((m.host / f).stat().st_size for f in m.files() if (m.host / f).is_file())
+            used = sum((m.host / f).lstat().st_size for f in m.files()   # a link: its own size
+                       if os.path.lexists(m.host / f))
             free = max(0, SPIFFS_SIZE - used) // FLASH_SECTOR
             return (FLASH_SECTOR, FLASH_SECTOR, SPIFFS_SIZE // FLASH_SECTOR, free, free, 0, 0, 0, 0, 255)
         st = os.statvfs(m.host)
