@@ -169,3 +169,61 @@ def _is_zip(p) -> bool:
             return fh.read(4) == b"PK\x03\x04"
     except OSError:
         return False
+
+
+# what numpy's pickle of an object array of numeric arrays (TensorLayer's `params` layout) uses;
+# nothing else is ever looked up, so a pickle that names os.system or any other callable fails
+_PICKLE_OK = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+              ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+
+def _arrays_only(data: bytes, where):
+    import io
+    import pickle
+
+    class Only(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) not in _PICKLE_OK:
+                raise InputFileError(f"{where} is a pickle that calls {module}.{name}: tl2k210 runs no "
+                                     "code from data files; save plain numeric arrays (numpy.savez)")
+            if name == "_reconstruct":
+                from numpy._core.multiarray import _reconstruct
+                return _reconstruct
+            return super().find_class(module, name)
+    try:
+        return Only(io.BytesIO(data)).load()
+    except InputFileError:
+        raise
+    except Exception as exc:
+        raise InputFileError(f"{where}: the pickled arrays are corrupt ({type(exc).__name__}); save "
+                             "them again") from None
+
+
+def load_params(path, key="params", max_bytes=MAX_ARRAY_BYTES) -> list:
+    """The arrays of a TensorLayer weight .npz (`key`: one object array of numeric arrays, in
+    layer order) -- numpy pickles that layout; only ndarrays of numbers are unpickled."""
+    p = os.fspath(path)
+    try:
+        with zipfile.ZipFile(p) as zf:
+            info = zf.getinfo(key + ".npy")
+            if info.file_size > max_bytes:
+                raise InputFileError(f"{p}[{key}] holds {_size(info.file_size)}, more than the "
+                                     f"{_size(max_bytes)} tl2k210 loads; check the file")
+            with zf.open(info) as fh:
+                shape, fortran, dtype = _header(fh, f"{p}[{key}]")
+                if dtype.kind != "O":
+                    fh.seek(0)
+                    return list(_read(fh, info.file_size, f"{p}[{key}]", max_bytes))
+                obj = _arrays_only(fh.read(), f"{p}[{key}]")
+    except KeyError:
+        raise InputFileError(f"{p} has no '{key}' array (a TensorLayer weight file holds one); "
+                             "save the weights with tl.files.save_npz") from None
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise InputFileError(f"{p} is not a .npz archive ({exc}); save it with numpy.savez") from None
+    items = list(obj.reshape(-1)) if isinstance(obj, np.ndarray) else []
+    for i, a in enumerate(items):
+        if not isinstance(a, np.ndarray):
+            raise InputFileError(f"{p}[{key}][{i}] is a {type(a).__name__}, not an array of numbers; "
+                                 "save numeric arrays only")
+        check_numbers(a.dtype, f"{p}[{key}][{i}]")
+    return items

@@ -106,8 +106,9 @@ def save_weights(net, path):
 
 
 def load_weights(net, path):
-    with np.load(path) as z:
-        arrays = [z[f"arr_{i}"] for i in range(len(z.files))]
+    from tl2k210.arrays import load_npz
+    found = dict(load_npz(path))          # numbers only: an object array is refused by its key
+    arrays = [found[f"arr_{i}"] for i in range(len(found)) if f"arr_{i}" in found]
     if len(arrays) != len(net.all_weights):
         raise Tl2k210Error(f"{path}: {len(arrays)} arrays for a network with {len(net.all_weights)} weights")
     for w, a in zip(net.all_weights, arrays):

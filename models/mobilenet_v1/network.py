@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tl2k210.arrays import load_params
+
 BLOCKS = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2)] + [(512, 1)] * 5 + [(1024, 2), (1024, 1)]
 ALPHAS = (0.25, 0.5, 0.75, 1.0)
 EPS = 1e-3  # keras.applications BatchNormalization epsilon (TensorLayer defaults to 1e-5)
@@ -58,7 +60,7 @@ def load_keras_order_npz(model, path):
     """Load the Maix-EMC npz (MANIFEST: one key `params`, arrays in layer order, BatchNorm vectors
     in Keras order gamma, beta, mean, variance; head = 1x1 conv kernel + bias) into `model`."""
     from tensorlayer.layers import BatchNorm, Conv2d, Dense, DepthwiseConv2d
-    params = list(np.load(Path(path), allow_pickle=True)["params"])
+    params = load_params(Path(path))
     it = iter(params)
 
     def put(var, value):

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from tl2k210 import paths
+from tl2k210.arrays import load_params
 
 sys.path.insert(0, str(paths.models_dir().parent))   # `models.<name>` imports (checkout or wheel)
 HERE = paths.models_dir() / "style_transfer"
@@ -44,7 +45,7 @@ def loss_net():
     weights = paths.testdata(MOBILENET)
     if weights is None:
         raise SystemExit(f"the loss network needs the test data's {MOBILENET} (set TL2K210_TESTDATA)")
-    p = list(np.load(weights, allow_pickle=True)["params"])
+    p = load_params(weights)
     it = iter(p)
 
     def folded(depthwise=False):

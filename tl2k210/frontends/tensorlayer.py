@@ -5,6 +5,8 @@ BatchNorm layer's moving_mean/moving_var are pointed back at the real variables 
 (TL 2.2.5 swaps them during build and capture then fails with "Can not convert a NoneType")."""
 from pathlib import Path
 
+from tl2k210.errors import Tl2k210Error
+
 from . import ModelLoadError, tf_convert
 
 
@@ -40,7 +42,8 @@ def load_weights(model, path):
     path = Path(path)
     try:
         if path.suffix.lower() == ".npz":
-            params = list(np.load(path, allow_pickle=True)["params"])
+            from tl2k210.arrays import load_params
+            params = load_params(path)
         else:
             import h5py
             with h5py.File(path, "r") as f:
@@ -56,7 +59,7 @@ def load_weights(model, path):
                 raise ModelLoadError(f"{path}: array {i} has shape {np.shape(p)}, weight {w.name} "
                                      f"expects {tuple(w.shape)}")
             w.assign(np.asarray(p, np.float32))
-    except ModelLoadError:
+    except Tl2k210Error:
         raise
     except Exception as e:
         raise ModelLoadError(f"{path}: cannot read TensorLayer weights: {type(e).__name__}: {e}") from e
