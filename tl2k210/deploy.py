@@ -9,6 +9,7 @@ import os
 from tl2k210 import metadata
 from tl2k210.errors import Tl2k210Error
 from tl2k210.k210.emulator import Emulator
+from tl2k210.tables import printable
 
 
 def kmodel_for(model, workdir, dataset=None):
@@ -78,7 +79,8 @@ def main_py(model_file, model, labels_file=None, anchors=None, threshold=0.5, nm
                            "main.py with `tl2k210 repl put`)")
     c, h, w = shape
     fs = "QVGA" if w <= 320 and h <= 240 else "VGA"
-    lines = [f"# main.py written by `tl2k210 deploy --via repl` for {model_file}",
+    # every name and value is embedded as a Python literal (repr): a file name is never code
+    lines = [f"# main.py written by `tl2k210 deploy --via repl` for {printable(model_file)}",
              "import sensor, lcd, time", "import KPU as kpu", "", "lcd.init()", "sensor.reset()",
              f"sensor.set_pixformat(sensor.{'GRAYSCALE' if c == 1 else 'RGB565'})",
              f"sensor.set_framesize(sensor.{fs})"]

@@ -33,6 +33,13 @@ def _stat(path):
         return None
 
 
+def _lstat(path):
+    try:
+        return os.lstat(path)
+    except (OSError, ValueError):
+        return None
+
+
 def same_file(a, b) -> bool:
     """True when `a` and `b` name the same file (same path, hard link or symlink)."""
     sa, sb = _stat(a), _stat(b)
@@ -211,19 +218,22 @@ def remove_folders(created):
             pass
 
 
-def atomic_write(path, data: bytes, label: str = "output"):
+def atomic_write(path, data: bytes, label: str = "output", follow: bool = True):
     """Write `data` to `path` atomically: temp file in the same folder, fsync, rename. The new
-    file gets 0666 & ~umask, a replaced one keeps its mode; devices/FIFOs are streamed to."""
+    file gets 0666 & ~umask, a replaced one keeps its mode; devices/FIFOs are streamed to.
+    `follow=False` (a file tl2k210 keeps beside another, MODEL.kmodel.json): whatever is at
+    `path` -- a symlink, a FIFO -- is replaced by the new file, never written through."""
     path = os.fspath(path)
-    st = _stat(path)
-    if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+    st = _stat(path) if follow else _lstat(path)
+    if follow and st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
         try:
             with open(path, "wb") as fh:
                 fh.write(data)
         except OSError as exc:
             raise OutputPathError(f"cannot write {label} {path}: {_why(exc)}") from None
         return path
-    target = os.path.realpath(path)                 # write through a symlink, keep the link
+    target = os.path.realpath(path) if follow else \
+        os.path.join(os.path.realpath(os.path.dirname(path) or "."), os.path.basename(path))
     folder = os.path.dirname(target)
     mode = stat.S_IMODE(st.st_mode) if st is not None and stat.S_ISREG(st.st_mode) \
         else 0o666 & ~_umask()

@@ -4,14 +4,20 @@ the preprocessing, the task and its decode parameters without flags (flags still
 
 The schema is the `ModelMetadata` dataclass (one place; README "Model metadata" documents it).
 A file whose `kmodel.sha256` is not the kmodel's belongs to another kmodel: readers warn and
-ignore it. A file of a newer schema version, or one that does not parse, is ignored with a
-warning too; a missing one is simply absent.
+ignore it. The file is untrusted input, checked once when it is read (`check`): a regular file of
+at most 1 MiB, UTF-8 JSON, the schema's types, finite numbers, the ranges the matching flags
+accept (`--threshold`, `--nms`, `--std`, `--anchors`, `-a`...). A file that fails any of that,
+or of a newer schema version, is ignored with a warning naming the key; a missing one is simply
+absent. It is written atomically, replacing a link planted in its place, never its target.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import re
+import stat
 import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -22,11 +28,14 @@ from tl2k210.flash.kfpkg import read_kfpkg
 from tl2k210.k210 import yolo
 from tl2k210.k210.board_facts import FLASH_BYTES
 from tl2k210.k210.kmodel import detect_version
+from tl2k210.tables import printable
 
 SCHEMA = "tl2k210-kmodel-metadata"
 VERSION = 1
 SUFFIX = SIDECAR_SUFFIX
 TASKS = ("yolo2", "classify", "embed", "image")
+MAX_BYTES = 1 << 20         # a sidecar is a few KiB: read no more (a .kfpkg member neither)
+MAX_DEPTH = 16              # the schema nests 3 deep
 # an indented JSON array of numbers (raw newlines never occur inside JSON strings)
 _NUMBERS = re.compile(r"\[\n\s*((?:-?[0-9][0-9.eE+-]*,?\n\s*)+)\]")
 
@@ -56,23 +65,10 @@ class ModelMetadata:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelMetadata":
-        """Raises TypeError/ValueError when a field has the wrong type."""
+        """Raises ValueError naming the key when `d` breaks the schema (`check`)."""
+        check(d)
         known = {f.name for f in fields(cls)}
-        meta = cls(**{k: v for k, v in d.items() if k in known})
-        for name, kind in _TYPES.items():
-            v = getattr(meta, name)
-            if not isinstance(v, kind) and not (v is None and name in _OPTIONAL):
-                raise TypeError(f"{name} is {type(v).__name__}, not {kind.__name__}")
-        if meta.anchors is not None and not all(isinstance(a, (int, float)) for a in meta.anchors):
-            raise TypeError("anchors must be numbers")
-        if meta.labels is not None and not all(isinstance(s, str) for s in meta.labels):
-            raise TypeError("labels must be strings")
-        if not all(isinstance(v, (int, float)) for k, v in meta.decode.items() if k in ("threshold", "nms")):
-            raise TypeError("decode threshold/nms must be numbers")
-        if not all(isinstance(v, int) for v in meta.input.get("shape", [])):
-            raise TypeError("input shape must be integers")
-        meta.flash_address      # noqa: B018  (parses, or raises ValueError)
-        return meta
+        return cls(**{k: v for k, v in d.items() if k in known})
 
     @property
     def flash_address(self) -> int | None:
@@ -82,7 +78,7 @@ class ModelMetadata:
         return int(str(a), 0)
 
     def summary_lines(self) -> list[str]:
-        """What `inspect` prints."""
+        """What `inspect` prints (control characters escaped: the text comes from a file)."""
         i = self.input
         pre = (f"pixels 0..255 -> range {i.get('range')}, mean {i.get('mean')}, std {i.get('std')}, "
                f"{'BGR' if i.get('bgr') else 'RGB'}" if i.get("range") else "values as the float model takes them")
@@ -108,12 +104,151 @@ class ModelMetadata:
                 parts.append(f"script {fw['script']}")
             lines.append("firmware          " + ", ".join(parts))
         lines.append(f"made by           tl2k210 {self.tl2k210_version} from {self.source or '?'}")
-        return lines
+        return [printable(ln) for ln in lines]
 
 
-_TYPES = {"kmodel": dict, "input": dict, "outputs": list, "task": str, "anchors": list, "labels": list,
-          "decode": dict, "firmware": dict, "source": str, "tl2k210_version": str}
-_OPTIONAL = {"task", "anchors", "labels", "source"}
+# ---- the schema, checked once when a file is read ----------------------------------------------
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _need(ok, key, why):
+    if not ok:
+        raise ValueError(f"{key} {why}")
+
+
+def _walk(v, key="", depth=0):
+    """No more nesting than the schema has, and every number finite (JSON has no NaN)."""
+    _need(depth <= MAX_DEPTH, key or "the document", f"is nested more than {MAX_DEPTH} deep")
+    if isinstance(v, float):
+        _need(math.isfinite(v), key, f"is {v}, not a finite number")
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _walk(x, f"{key}.{k}" if key else str(k), depth + 1)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            _walk(x, f"{key}[{i}]", depth + 1)
+
+
+def _ints(v, key, lo=0):
+    _need(isinstance(v, list) and 0 < len(v) <= 8 and all(_is_int(x) and x >= lo for x in v),
+          key, f"must be a list of integers >= {lo} (a shape), not {_short(v)}")
+
+
+def _numbers(v, key, positive=False):
+    _need(v is None or (isinstance(v, list) and v and all(_is_num(x) for x in v)), key,
+          f"must be a list of finite numbers, not {_short(v)}")
+    if v is not None and positive:
+        _need(all(x > 0 for x in v), key, f"values must be positive (as --std), not {_short(v)}")
+
+
+def _short(v) -> str:
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _dict(d, key):
+    v = d.get(key)
+    _need(isinstance(v, dict), key, f"must be an object, not {_short(v)}")
+    return v
+
+
+def _text(d, key, where, required=False):
+    v = d.get(key)
+    _need(isinstance(v, str) if required else v is None or isinstance(v, str), f"{where}.{key}",
+          f"must be a string, not {_short(v)}")
+
+
+def _check_kmodel(d):
+    k = _dict(d, "kmodel")
+    _need(isinstance(k.get("file"), str) and k["file"], "kmodel.file", "must name the kmodel file")
+    _need(isinstance(k.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", k["sha256"]),
+          "kmodel.sha256", f"must be 64 hex digits, not {_short(k.get('sha256'))}")
+    _need(k.get("bytes") is None or (_is_int(k["bytes"]) and k["bytes"] >= 0), "kmodel.bytes",
+          "must be a size in bytes")
+    _need(k.get("version") in (None, 3, 4) and not isinstance(k.get("version"), bool),
+          "kmodel.version", "must be 3 or 4")
+
+
+def _check_input(d):
+    i = _dict(d, "input")
+    _ints(i.get("shape"), "input.shape", lo=1)
+    _text(i, "layout", "input")
+    _need(i.get("dtype") in (None, "uint8", "float32"), "input.dtype", "must be uint8 or float32")
+    r = i.get("range")
+    _need(r is None or (isinstance(r, list) and len(r) == 2 and all(_is_num(x) for x in r)
+                        and r[0] < r[1]), "input.range",
+          f"must be [MIN, MAX] with MAX > MIN (as --input-range), not {_short(r)}")
+    _numbers(i.get("mean"), "input.mean")
+    _numbers(i.get("std"), "input.std", positive=True)
+    _need(i.get("bgr") in (None, True, False), "input.bgr", f"must be true or false, not {_short(i.get('bgr'))}")
+
+
+def _check_outputs(d):
+    outs = d.get("outputs")
+    _need(isinstance(outs, list), "outputs", f"must be a list, not {_short(outs)}")
+    for n, o in enumerate(outs):
+        _need(isinstance(o, dict), "outputs", f"must list objects {{name, shape}}, not {_short(o)}")
+        _text(o, "name", f"outputs[{n}]", required=True)
+        _ints(o.get("shape"), f"outputs[{n}].shape")
+
+
+def _check_task(d):
+    t, a = d.get("task"), d.get("anchors")
+    _need(t is None or t in TASKS, "task", f"must be one of {', '.join(TASKS)}, not {_short(t)}")
+    _numbers(a, "anchors")
+    if t == "yolo2" and a is not None:          # what --anchors accepts
+        _need(len(a) % 2 == 0 and all(x > 0 for x in a), "anchors",
+              "must be positive (w, h) pairs, as --anchors")
+    labels = d.get("labels")
+    _need(labels is None or (isinstance(labels, list) and all(isinstance(x, str) for x in labels)),
+          "labels", "must be a list of strings")
+
+
+def _check_decode(d):
+    dec = _dict(d, "decode") if "decode" in d else {}
+    for k in ("threshold", "nms"):                # what --threshold / --nms accept
+        v = dec.get(k)
+        _need(v is None or (_is_num(v) and 0 <= v <= 1), f"decode.{k}",
+              f"must be a number in 0..1 (as --{k}), not {_short(v)}")
+
+
+def _check_firmware(d):
+    fw = _dict(d, "firmware") if "firmware" in d else {}
+    _text(fw, "runtime", "firmware")
+    _text(fw, "script", "firmware")
+    for k in ("budget_bytes", "needs_bytes"):
+        _need(fw.get(k) is None or (_is_int(fw[k]) and fw[k] >= 0), f"firmware.{k}",
+              f"must be a size in bytes, not {_short(fw.get(k))}")
+    a = fw.get("flash_address")
+    if a is not None:
+        try:
+            n = a if _is_int(a) else int(a, 0)
+        except (TypeError, ValueError):
+            n = -1
+        _need(0 <= n < FLASH_BYTES, "firmware.flash_address",
+              f"must be an address in 0..0x{FLASH_BYTES - 1:x} (as -a), not {_short(a)}")
+
+
+def _check_strings(d):
+    _need(d.get("source") is None or isinstance(d["source"], str), "source", "must be a string")
+    _need(isinstance(d.get("tl2k210_version", ""), str), "tl2k210_version", "must be a string")
+
+
+CHECKS = (_check_kmodel, _check_input, _check_outputs, _check_task, _check_decode, _check_firmware,
+          _check_strings)
+
+
+def check(d) -> None:
+    """Raise ValueError("KEY why") for the first thing in the document `d` that breaks the schema."""
+    _walk(d)
+    for c in CHECKS:
+        c(d)
+
 
 
 def sha256(data: bytes) -> str:
@@ -125,12 +260,13 @@ def path_for(kmodel_path) -> Path:
 
 
 def write_for(kmodel_path, meta: ModelMetadata) -> Path | None:
-    """Write MODEL.kmodel.json beside the kmodel, atomically (not for a kmodel written to a
-    device or pipe: there is no "beside")."""
+    """Write MODEL.kmodel.json beside the kmodel, atomically, replacing whatever is at that
+    path (a link planted there is replaced, its target untouched); not for a kmodel written to a
+    device or pipe: there is no "beside"."""
     if not Path(kmodel_path).is_file():
         return None
     p = path_for(kmodel_path)
-    atomic_write(p, meta.to_json().encode(), "metadata")
+    atomic_write(p, meta.to_json().encode(), "metadata", follow=False)
     return p
 
 
@@ -138,39 +274,84 @@ def _warn(msg):
     print(f"warning: {msg}", file=sys.stderr)
 
 
-def parse(text, data: bytes, where: str) -> ModelMetadata | None:
-    """Metadata from JSON text if it describes `data` (the kmodel bytes), else None (warned)."""
+def _document(raw: bytes, where: str) -> ModelMetadata | None:
+    """The metadata in `raw` (a file's bytes), checked (`check`); None, warned, when it is not
+    usable."""
     try:
-        d = json.loads(text)
-        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-            _warn(f"{where} is not a tl2k210 model metadata file; ignoring it")
-            return None
-        if int(d.get("version", 0)) > VERSION:
-            _warn(f"{where} has metadata version {d.get('version')} (this tl2k210 reads up to "
-                  f"{VERSION}); ignoring it")
-            return None
-        meta = ModelMetadata.from_dict(d)
-        want = meta.kmodel.get("sha256")
-    except (ValueError, TypeError, AttributeError) as exc:
+        d = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        _warn(f"{where} is not UTF-8 text (byte {exc.start}); ignoring it: write it again or "
+              "delete it")
+        return None
+    except RecursionError:
+        _warn(f"{where} is nested too deep to be metadata; ignoring it: delete it")
+        return None
+    except ValueError as exc:
         _warn(f"{where} is not valid metadata ({exc}); ignoring it")
         return None
+    if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+        _warn(f"{where} is not a tl2k210 model metadata file; ignoring it")
+        return None
+    v = d.get("version", 0)
+    if not _is_int(v):
+        _warn(f"{where} is not valid metadata (version must be an integer, not {_short(v)}); "
+              "ignoring it")
+        return None
+    if v > VERSION:
+        _warn(f"{where} has metadata version {v} (this tl2k210 reads up to {VERSION}); ignoring it")
+        return None
+    try:
+        return ModelMetadata.from_dict(d)
+    except ValueError as exc:
+        _warn(f"{printable(where)} is not valid metadata (key {printable(exc)}); ignoring it: fix "
+              "that key or delete the file")
+        return None
+
+
+def parse(text, data: bytes, where: str) -> ModelMetadata | None:
+    """Metadata from JSON text if it describes `data` (the kmodel bytes), else None (warned)."""
+    meta = _document(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text, where)
+    if meta is None:
+        return None
+    want = meta.kmodel["sha256"]
     if want != sha256(data):
-        _warn(f"{where} describes another kmodel (sha256 {str(want)[:12]}..., this one is "
+        _warn(f"{where} describes another kmodel (sha256 {want[:12]}..., this one is "
               f"{sha256(data)[:12]}...); ignoring it")
         return None
     return meta
 
 
+def _read(p) -> bytes | None:
+    """The bytes of the file at `p` if it is a regular file of at most MAX_BYTES (a FIFO, a
+    device or a giant is never read; warned); None (silently) when there is none."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _warn(f"cannot read {p} ({exc.strerror}); ignoring it")
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            _warn(f"{p} is not a regular file; ignoring it: metadata is a small JSON file")
+            return None
+        if st.st_size > MAX_BYTES:
+            _warn(f"{p} is {st.st_size:,} bytes, more than the 1 MiB metadata can be; ignoring it")
+            return None
+        raw = fh.read(MAX_BYTES + 1)
+    return raw if len(raw) <= MAX_BYTES else None
+
+
 def load_for(kmodel_path, data: bytes | None = None) -> ModelMetadata | None:
     """The metadata beside a kmodel file, if any and if it is this kmodel's."""
     p = path_for(kmodel_path)
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError):
+    raw = _read(p)
+    if raw is None:
         return None
     if data is None:
         data = Path(kmodel_path).read_bytes()
-    return parse(text, data, str(p))
+    return parse(raw, data, str(p))
 
 
 def from_kfpkg(path, images=None) -> ModelMetadata | None:
@@ -187,24 +368,23 @@ def kfpkg_metadata(path, images=None) -> dict:
 
     try:
         with zipfile.ZipFile(path) as zf:
-            texts = {i.filename: zf.read(i).decode("utf-8", "replace") for i in zf.infolist()
-                     if i.filename.endswith(".kmodel" + SUFFIX) and i.file_size < FLASH_BYTES}
+            texts = {i.filename: zf.read(i) for i in zf.infolist()
+                     if i.filename.endswith(".kmodel" + SUFFIX) and i.file_size <= MAX_BYTES}
     except (OSError, zipfile.BadZipFile):
         return {}
     if not texts:
         return {}
-    by_sha = {sha256(img.data): img.data for img in (images if images is not None else read_kfpkg(path))}
+    by_sha = {sha256(img.data) for img in (images if images is not None else read_kfpkg(path))}
     found, strays = {}, []
-    for name, text in texts.items():
-        try:
-            want = json.loads(text).get("kmodel", {}).get("sha256")
-        except (ValueError, AttributeError):
-            want = None
-        meta = parse(text, by_sha[want], f"{path}:{name}") if want in by_sha else None
-        if meta is not None:
+    for name, raw in texts.items():
+        meta = _document(raw, f"{path}:{name}")
+        if meta is None:
+            continue
+        want = meta.kmodel["sha256"]
+        if want in by_sha:
             found.setdefault(want, meta)
-        elif want not in by_sha:
-            strays.append(name)
+        else:
+            strays.append(printable(name))
     if strays and not found:
         _warn(f"{path}: {', '.join(strays)} describe{'s' if len(strays) == 1 else ''} no image of "
               "the package (sha256 differs); ignoring it")

@@ -15,7 +15,7 @@ from tl2k210.errors import KmodelFormatError
 from tl2k210.flash import image as fw_image
 from tl2k210.flash.kfpkg import MANIFEST, _swap32, read_kfpkg
 from tl2k210.flash.layout import address_warnings
-from tl2k210.tables import text_table
+from tl2k210.tables import printable, text_table
 
 ZIP_MAGIC = b"PK\x03\x04"
 FIRMWARE_MARK = b"MaixPy"       # in the banner and the module names of every MaixPy build
@@ -94,9 +94,9 @@ def describe_package(path, file_size=None) -> dict:
             row["kind"], row["summary"], model = _classify(img)
         except KmodelFormatError as exc:
             row["kind"], row["summary"], model = "kmodel", f"unreadable kmodel: {exc}", None
-            errors.append(f"{path}:{img.name} (at 0x{img.address:x}): {exc}")
+            errors.append(f"{path}:{printable(img.name)} (at 0x{img.address:x}): {exc}")
         if model is not None:
-            info = describe(model, f"{path}:{img.name}", len(img.data))
+            info = describe(model, f"{path}:{printable(img.name)}", len(img.data))
             meta = metas.get(digest)
             info["metadata"] = asdict(meta) if meta else None
             row["kmodel"] = info
@@ -119,13 +119,13 @@ def render_package(info: dict) -> str:
     size = f" ({info['file_size']:,} bytes)" if info.get("file_size") is not None else ""
     out = [f"{info['file']}: kfpkg, {n} image{'s' if n != 1 else ''}{size}"]
     cols = ("#", "file", "address", "end", "bytes", "sha256Prefix", "sha256", "kind")
-    out += text_table(cols, [(i, r["name"], f"0x{r['address']:06x}", f"0x{r['end']:06x}",
+    out += text_table(cols, [(i, printable(r["name"]), f"0x{r['address']:06x}", f"0x{r['end']:06x}",
                               f"{r['size']:,}", "yes" if r["sha256Prefix"] else "no",
-                              r["sha256"][:16], r["summary"])
+                              r["sha256"][:16], printable(r["summary"]))
                              for i, r in enumerate(info["images"])])
     if info["extras"]:
-        out.append(f"also in the package, not flashed: {', '.join(info['extras'])}")
-    out += [f"warning: {w}" for w in info["warnings"]]
+        out.append(f"also in the package, not flashed: {', '.join(map(printable, info['extras']))}")
+    out += [f"warning: {printable(w)}" for w in info["warnings"]]
     for r in info["images"]:
         if r["kmodel"] is None:
             continue

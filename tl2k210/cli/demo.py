@@ -24,6 +24,7 @@ from pathlib import Path
 from tl2k210 import cliargs, paths
 from tl2k210.errors import Tl2k210Error
 from tl2k210.k210.board_facts import FLASH_BYTES, MAIXPY_MODEL_AREA
+from tl2k210.tables import printable
 
 TRUST = ("It runs the script as Python on this computer (host emulation, not a sandbox: the "
          "script can read, write and run anything you can), so only run scripts you trust.")
@@ -261,7 +262,7 @@ def cmd_demo(args) -> int:
                   f"{len(args.image)} camera frame(s) | board time "
                   f"{'host' if args.wall_clock else 'virtual'}", flush=True)
             if meta is not None:
-                print(f"[host] model: {meta.kmodel['file']} ({meta.task or 'task not recorded'}, "
+                print(f"[host] model: {printable(meta.kmodel['file'])} ({meta.task or 'task not recorded'}, "
                       f"{'x'.join(map(str, meta.input['shape'][-2:][::-1]))} input, made by tl2k210 "
                       f"{meta.tl2k210_version})", flush=True)
             if folder:

@@ -8,6 +8,7 @@ import sys
 
 from tl2k210.cliargs import apply_metadata, labels_file, parse_labels, probability
 from tl2k210.errors import InputFileError, Tl2k210Error
+from tl2k210.tables import printable
 
 OUT_FORMATS = (".png", ".npy", ".npz", ".json")
 
@@ -213,7 +214,7 @@ def cmd_run(args):
             print(f"{'' if n is None else f'item {k}: '}{len(boxes)} box(es) (threshold "
                   f"{args.threshold}, NMS {args.nms}):")
             for b in boxes:
-                name = labels[b.classid] if labels and b.classid < len(labels) else b.classid
+                name = printable(labels[b.classid]) if labels and b.classid < len(labels) else b.classid
                 print(f"  {name}  {b.value:.3f}  x={b.x:.0f} y={b.y:.0f} w={b.w:.0f} h={b.h:.0f}")
             item["boxes"] = [dict(x=b.x, y=b.y, w=b.w, h=b.h, value=b.value, classid=b.classid)
                              for b in boxes]

@@ -18,6 +18,7 @@ from tl2k210.flash import image as fw_image
 from tl2k210.flash.boards import FLASH_SIZE_16M
 from tl2k210.fileio import atomic_write
 from tl2k210.flash.errors import KfpkgError
+from tl2k210.tables import printable
 
 MANIFEST = "flash-list.json"
 MAX_MANIFEST_BYTES = 1024 * 1024
@@ -139,14 +140,14 @@ def _read_member(zf, info, limit, path):
         with zf.open(info) as fh:
             return fh.read(limit + 1)
     except NotImplementedError:
-        raise KfpkgError(f"{path}: {name} uses ZIP compression method {info.compress_type}, which "
+        raise KfpkgError(f"{path}: {printable(name)} uses ZIP compression method {info.compress_type}, which "
                          "kflash (Python's zipfile) cannot read; repack it with deflate or stored "
                          "(tl2k210 package)") from None
     except RuntimeError as exc:           # zipfile: "File ... is encrypted, password required"
-        raise KfpkgError(f"{path}: {name} is encrypted ({exc}); kflash cannot read encrypted "
+        raise KfpkgError(f"{path}: {printable(name)} is encrypted ({exc}); kflash cannot read encrypted "
                          "packages either: repack it without a password (tl2k210 package)") from None
     except Exception as exc:  # BadZipFile (bad CRC), zlib.error, EOFError, OSError, ValueError...
-        raise KfpkgError(f"{path}: {name} is corrupt inside the package ({exc}); download or "
+        raise KfpkgError(f"{path}: {printable(name)} is corrupt inside the package ({exc}); download or "
                          "rebuild the package (tl2k210 package)") from None
 
 
@@ -182,21 +183,21 @@ def read_kfpkg(path, flash_size=FLASH_SIZE_16M):
         for e in entries:
             member = _safe_member(e["bin"])
             if member in seen:
-                raise KfpkgError(f"{path}: {member} is listed twice in {MANIFEST}")
+                raise KfpkgError(f"{path}: {printable(member)} is listed twice in {MANIFEST}")
             seen.add(member)
             info = infos.get(member)
             if info is None:
-                raise KfpkgError(f"{path}: {MANIFEST} lists {member}, which is not in the package")
+                raise KfpkgError(f"{path}: {MANIFEST} lists {printable(member)}, which is not in the package")
             total += info.file_size
             if info.file_size > flash_size or total > flash_size:
-                raise KfpkgError(f"{path}: {member} claims {info.file_size} bytes; the images add "
+                raise KfpkgError(f"{path}: {printable(member)} claims {info.file_size} bytes; the images add "
                                  f"up to more than the whole flash ({flash_size}): the package is "
                                  "corrupt: download or rebuild it")
             data = _read_member(zf, info, flash_size, path)
             if len(data) > flash_size:
-                raise KfpkgError(f"{path}: {member} is larger than the flash")
+                raise KfpkgError(f"{path}: {printable(member)} is larger than the flash")
             if len(data) != info.file_size:
-                raise KfpkgError(f"{path}: {member} holds {len(data)} bytes but the package says "
+                raise KfpkgError(f"{path}: {printable(member)} holds {len(data)} bytes but the package says "
                                  f"{info.file_size}: it is corrupt; download or rebuild it")
             if e["reverse4Bytes"]:
                 data = _swap32(data)
