@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from test_bad_input import cli, refused, nothing_at, photos, tiny_onnx
+from test_bad_input import cli, nothing_at, photos, refused, sh, tiny_onnx
 
 MARKER_ENV = "TL2K210_PWNED"
 
@@ -98,3 +98,127 @@ def test_every_np_load_refuses_pickles():
                 if re.search(r"\bnp\.load\(", line) and "allow_pickle=False" not in line:
                     bad.append(f"{p.relative_to(REPO)}:{i}: {line.strip()}")
     assert not bad, "\n".join(bad)
+
+
+# ---- 9: ONNX models the converter cannot take, hostile datasets ------------------------------
+def _conv_model(path, *, opset=13, group=1, wshape=(8, 3, 3, 3), shape=(1, 3, 16, 16), extra=(),
+                out_shape=None):
+    from onnx import helper, save
+
+    from front_helpers import make_model, rand
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], group=group),
+             helper.make_node("Relu", ["c"], ["y"]), *extra]
+    out = extra[-1].output[0] if extra else "y"
+    out_shape = out_shape or [1, wshape[0], *shape[2:]]
+    m = make_model(nodes, [("x", list(shape))], [(out, out_shape)], {"w": rand(*wshape, scale=0.3)},
+                   opset=opset)
+    save(m, str(path))
+    return path
+
+
+def _convert(capsys, tmp_path, m, ds=None):
+    ds = ds or photos(tmp_path / "ds")
+    rc, out, err = cli(capsys, "convert", m, tmp_path / "o.kmodel", "--dataset", ds, "-q")
+    nothing_at(tmp_path / "o.kmodel")
+    return rc, out, err
+
+
+def test_convert_refuses_an_opset_onnxruntime_does_not_know(tmp_path, capsys):
+    m = _conv_model(tmp_path / "m.onnx", opset=99999)
+    rc, _, err = _convert(capsys, tmp_path, m)
+    refused(rc, err, "opset")
+    assert "\x1b[" not in err
+
+
+def test_convert_refuses_a_model_onnxruntime_rejects(tmp_path):
+    """A Conv with group=2 on 3 channels: onnxruntime refuses it (and logs in colour)."""
+    m = _conv_model(tmp_path / "m.onnx", group=2, wshape=(8, 1, 3, 3))
+    p = sh("convert", m, tmp_path / "o.kmodel", "--dataset", photos(tmp_path / "ds"), "-q",
+           env={"TERM": "xterm-256color"})
+    last = refused(p.returncode, p.stderr, "onnxruntime")
+    assert "group" in last.lower() or "channel" in last.lower(), last
+    assert "\x1b[" not in p.stderr, p.stderr
+    nothing_at(tmp_path / "o.kmodel")
+
+
+def test_convert_wrong_reshape_is_a_clear_error(tmp_path, capsys):
+    from onnx import helper, numpy_helper
+    shape = helper.make_node("Constant", [], ["s"],
+                             value=numpy_helper.from_array(np.array([1, 7, 100], np.int64)))
+    r = helper.make_node("Reshape", ["y", "s"], ["z"])
+    m = _conv_model(tmp_path / "m.onnx", extra=(shape, r), out_shape=[1, 7, 100])
+    rc, _, err = _convert(capsys, tmp_path, m)
+    last = refused(rc, err, "Reshape")
+    assert "report" not in last
+
+
+def _external(tmp_path, case):
+    """tiny model whose weights live in an external file named per `case`."""
+    import onnx
+    from onnx.external_data_helper import convert_model_to_external_data
+    d = tmp_path / "model"
+    d.mkdir()
+    m = onnx.load(str(tiny_onnx(tmp_path / "t.onnx")))
+    convert_model_to_external_data(m, all_tensors_to_one_file=True, location="w.bin",
+                                   size_threshold=0)
+    onnx.save(m, str(d / "m.onnx"))
+    if case == "missing":
+        (d / "w.bin").unlink()
+    else:
+        secret = tmp_path / "secret.bin"
+        os.replace(d / "w.bin", secret)
+        loc = {"absolute": str(secret), "dotdot": "../secret.bin", "symlink": "w.bin"}[case]
+        if case == "symlink":
+            (d / "w.bin").symlink_to(secret)
+        m2 = onnx.load(str(d / "m.onnx"), load_external_data=False)
+        for t in m2.graph.initializer:
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = loc
+        onnx.save(m2, str(d / "m.onnx"))
+    return d / "m.onnx"
+
+
+@pytest.mark.parametrize("case,needle", [("missing", "w.bin"), ("absolute", "absolute"),
+                                         ("dotdot", ".."), ("symlink", "link")])
+def test_convert_external_data_errors_name_the_cause(case, needle, tmp_path, capsys):
+    m = _external(tmp_path, case)
+    rc, _, err = _convert(capsys, tmp_path, m)
+    last = refused(rc, err, needle)
+    assert "truncated" not in last, last
+
+
+def test_dataset_folder_skips_fifos(tmp_path, capsys):
+    m = tiny_onnx(tmp_path / "m.onnx")
+    ds = photos(tmp_path / "ds")
+    os.mkfifo(ds / "zz.png")
+    import subprocess
+    from conftest import cli_env
+    p = subprocess.run([sys.executable, "-m", "tl2k210.cli", "convert", str(m),
+                        str(tmp_path / "o.kmodel"), "--dataset", str(ds), "-q"],
+                       capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "o.kmodel").exists()
+
+
+def test_huge_input_is_refused_before_allocating(tmp_path, capsys):
+    m = _conv_model(tmp_path / "m.onnx", shape=(1, 3, 100000, 100000))
+    np.save(tmp_path / "ds.npy", np.zeros((1, 3, 4, 4), np.float32))
+    import resource
+    import subprocess
+    from conftest import cli_env
+
+    def cap():
+        signal_default()
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    p = subprocess.run([sys.executable, "-m", "tl2k210.cli", "convert", str(m),
+                        str(tmp_path / "o.kmodel"), "--dataset", str(photos(tmp_path / "ds")),
+                        "-q"], capture_output=True, text=True, env=cli_env(), timeout=300,
+                       preexec_fn=cap)
+    refused(p.returncode, p.stderr, "100000")
+    nothing_at(tmp_path / "o.kmodel")
+
+
+def signal_default():
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -158,6 +159,25 @@ def check_weight_budget(onnx_model, opts, where):
            "(fewer channels, no big dense layers) or prune it") + ". Nothing was written.")
 
 
+def check_map_budget(graph, where):
+    """Refuse, before any calibration data is read or any tensor allocated, a model one of whose
+    feature maps alone (8-bit, as the K210 holds it) exceeds the chip's whole memory (main SRAM +
+    KPU RAM): a [1,3,100000,100000] input would otherwise fail only by running out of memory."""
+    from tl2k210.k210 import hardware as hw
+    budget = hw.MAIN_SRAM_BYTES + hw.KPU_RAM_BYTES
+    for name in list(graph.inputs) + [o for n in graph.nodes for o in n.outputs]:
+        t = graph.tensors.get(name)
+        shape = t.shape if t is not None and not t.is_const else None
+        if not shape or any(not isinstance(d, (int, np.integer)) for d in shape):
+            continue
+        size = math.prod(int(d) for d in shape)
+        if size > budget:
+            raise BudgetError(
+                f"{where}: tensor {name!r} of shape {'x'.join(map(str, shape))} is {size:,} B even "
+                f"at 8 bits, more than a K210's {budget >> 20} MiB of memory; use a smaller input "
+                "size (e.g. export the model at 224x224 or 320x240). Nothing was written.")
+
+
 def source_name(source):
     """What to call a model in messages: its path, or the name of a model object."""
     if isinstance(source, (str, os.PathLike)):
@@ -220,12 +240,12 @@ def load_pixels(path: str, chw, limit: int, opts: ConvertOptions) -> np.ndarray:
     from PIL import Image
 
     from tl2k210.imaging import open_image
-    from tl2k210.quantize.dataset import image_files, load_arrays
+    from tl2k210.quantize.dataset import array_files, image_files, load_arrays
     p = Path(path)
     if not p.exists():
         raise Tl2k210Error(f"dataset {path}: no such file or folder; check the path")
     c, h, w = chw
-    if p.is_dir() and not any(p.glob("*.np[yz]")):
+    if p.is_dir() and not array_files(p):
         out = []
         for f in image_files(p)[:limit]:
             img = open_image(f, "L" if c == 1 else "RGB")
@@ -389,6 +409,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
         shapes = {onnx_model.graph.input[0].name: tuple(opts.input_shape)}
     graph = from_onnx(onnx_model, input_shapes=shapes)
     _check_unbatched_vector(graph)
+    check_map_budget(graph, where)
     batch_note = "; ".join(f"input {x!r} was exported with a fixed batch of {n}: the kmodel takes one "
                            "sample (the K210 runs one at a time)" for x, n in graph.meta.get("rebatched", {}).items())
     if batch_note:

@@ -45,6 +45,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, TensorProto
 
+from tl2k210.errors import ModelLoadError
+
 OPSET = 18   # the IR's opset: what tf2onnx 1.17 writes at most (onnxruntime 1.32 runs up to 23)
 MIN_OPSET = 13   # older ONNX files are upgraded to OPSET first (onnx.version_converter)
 
@@ -521,17 +523,71 @@ def infer_shapes(g):
         if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
             t.shape = tuple(d.dim_value for d in tt.shape.dim)
         t.dtype = np.dtype(_DT.get(tt.elem_type, np.float32))
+    for n in g.nodes:
+        if n.op == "Reshape":
+            _check_reshape(g, n)
     return g
+
+
+def _check_reshape(g, n):
+    """A Reshape whose target cannot hold its input (onnx's lenient inference lets it pass)."""
+    src = g.tensors.get(n.inputs[0])
+    target = g.const(n.inputs[1]) if len(n.inputs) > 1 else None
+    if src is None or not src.shape or target is None:
+        return
+    size = int(np.prod(src.shape))
+    dims = [int(d) for d in np.asarray(target).reshape(-1)]
+    if not n.attrs.get("allowzero"):
+        dims = [src.shape[i] if d == 0 and i < len(src.shape) else d for i, d in enumerate(dims)]
+    known = int(np.prod([d for d in dims if d != -1]))
+    ok = size % known == 0 if -1 in dims and known > 0 else known == size
+    if not ok or dims.count(-1) > 1 or any(d < -1 for d in dims):
+        raise ModelLoadError(
+            f"Reshape node {n.name or n.outputs[0]!r}: cannot reshape {n.inputs[0]} "
+            f"{'x'.join(map(str, src.shape))} ({size:,} values) into {dims}: fix the target shape "
+            "in the model (export it again)")
+
+
+class FloatSession:
+    """An onnxruntime session over the ONNX model `m` (every optimisation off: each tensor stays
+    as the graph has it). What onnxruntime refuses -- an opset it does not know, a node whose
+    shapes do not fit -- is a ModelLoadError with its cause (exit 2), not a crash, and its
+    coloured log lines stay off the terminal unless --verbose."""
+
+    def __init__(self, m):
+        from tl2k210 import quiet
+        ort = quiet.onnxruntime()
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.log_severity_level = 3 if quiet.verbose() else 4
+        self.sess = self._ort(ort.InferenceSession, m.SerializeToString(), so,
+                              providers=["CPUExecutionProvider"])
+
+    def run(self, names, feeds):
+        return self._ort(self.sess.run, names, feeds)
+
+    def get_outputs(self):
+        return self.sess.get_outputs()
+
+    @staticmethod
+    def _ort(fn, *args, **kw):
+        try:
+            return fn(*args, **kw)
+        except Exception as exc:
+            if not type(exc).__module__.startswith("onnxruntime"):
+                raise
+            import re
+            why = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(exc).strip())
+            why = re.sub(r"^\S+\.(?:h|cc|cpp):\d+ [^(]*\([^)]*\) ", "", why)    # C++ source place
+            why = " ".join(why.split())
+            raise ModelLoadError(f"onnxruntime cannot run the model: {why[:400]}; fix the model "
+                                 "(export it again, with a released opset)") from None
 
 
 def run(g, feeds, outputs=None, expose_all=False):
     """Run a Graph in onnxruntime; returns {name: array} for `outputs` (default: graph outputs)."""
-    from tl2k210 import quiet
-    ort = quiet.onnxruntime()
     m = to_onnx(g, expose_all=expose_all or outputs is not None)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = FloatSession(m)
     names = outputs or ([o.name for o in m.graph.output] if expose_all else g.outputs)
     if isinstance(feeds, np.ndarray):
         feeds = {g.inputs[0]: feeds}

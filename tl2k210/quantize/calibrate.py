@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tl2k210.graph import describe, to_onnx
+from tl2k210.graph import FloatSession, describe, to_onnx
 
 BINS = 2048
 METHODS = ("minmax", "percentile", "kld", "mse")
@@ -21,13 +21,7 @@ class FloatRunner:
     """An onnxruntime session over a Graph with all intermediate tensors exposed."""
 
     def __init__(self, graph, expose_all=True):
-        from tl2k210 import quiet
-        ort = quiet.onnxruntime()
-        model = to_onnx(graph, expose_all=expose_all)
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every tensor
-        so.log_severity_level = 3
-        self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self.sess = FloatSession(to_onnx(graph, expose_all=expose_all))
         self.names = [o.name for o in self.sess.get_outputs()]
         self.inputs = list(graph.inputs)
 

@@ -41,8 +41,14 @@ def parse_range(text):
     return lo, hi
 
 
+def array_files(folder) -> list:
+    """The .npy/.npz files of a dataset folder: regular files only (a FIFO would hang the read)."""
+    return sorted(p for p in Path(folder).glob("*.np[yz]") if p.is_file())
+
+
 def image_files(folder):
-    files = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    files = sorted(p for p in Path(folder).iterdir()
+                   if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not files:
         raise InputFileError(f"dataset {folder}: no images ({'/'.join(IMAGE_SUFFIXES)}) and no "
                              ".npy/.npz arrays in this folder; put calibration images like the "
@@ -96,7 +102,7 @@ def load_arrays(path, shape, layout=None, keep_dtype=False):
     if path.suffix.lower() in IMAGE_SUFFIXES:
         raise InputFileError(f"dataset {path} is one image; put the calibration images (tens to "
                              "hundreds, like the camera sees) in a folder and pass the folder")
-    files = sorted(path.glob("*.np[yz]")) if path.is_dir() else [path]
+    files = array_files(path) if path.is_dir() else [path]
     out = []
     for f in files:
         for name, a in load_any(f):
@@ -113,7 +119,7 @@ def load_dataset(path, shape, pre=Preprocess(), layout=None, limit=None):
     path = Path(path)
     if not path.exists():
         raise InputFileError(f"dataset {path}: no such file or folder; check the path")
-    if path.is_dir() and not any(path.glob("*.np[yz]")):
+    if path.is_dir() and not array_files(path):
         files = image_files(path)[:limit]
         return [load_image(f, shape, pre) for f in files]
     return load_arrays(path, shape, layout)[:limit]
