@@ -13,6 +13,7 @@ from tl2k210.flash.boards import BOARDS, MAX_BAUD, MIN_BAUD, board_names, get_bo
 from tl2k210.flash.errors import FlashError
 from tl2k210.flash.flasher import DEFAULT_BAUD
 from tl2k210.k210.board_facts import REPL_BAUD
+from tl2k210.maixpy.repl import TIMEOUT
 from tl2k210.quantize.dataset import parse_range
 
 
@@ -302,4 +303,12 @@ def add_repl_port_args(p):
                    help="do not probe raw-paste mode (MaixPy's MicroPython 1.11 has none)")
     p.add_argument("--progress", action="store_true", default=None,
                    help="show progress bars even when stderr is not a terminal")
+    add_repl_timeout(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log protocol events")
+
+
+def add_repl_timeout(p):
+    p.add_argument("--timeout", type=float_range(0.0, example=60, lo_open=True), metavar="SECONDS",
+                   help=f"the longest one exchange with the board may go on beyond its idle "
+                   f"allowance (default {TIMEOUT:g}; `repl run`/`exec` follow the output without a "
+                   "limit unless given)")

@@ -174,3 +174,4 @@ def add_deploy_repl_args(p):
                    default=30.0, help="wait at most this long for them (30)")
     g.add_argument("--initial-baud", type=cliargs.baud, default=REPL_BAUD)
     g.add_argument("--no-raw-paste", dest="raw_paste", action="store_false", default=True)
+    cliargs.add_repl_timeout(g)

@@ -10,7 +10,7 @@ from tl2k210.cliargs import add_repl_port_args
 from tl2k210.errors import Tl2k210Error
 from tl2k210.fileio import atomic_write, check_outputs, check_readable, read_bytes
 from tl2k210.flash.transport import auto_port
-from tl2k210.maixpy.repl import Repl, ReplError
+from tl2k210.maixpy.repl import DEADLINE, Repl, ReplError
 from tl2k210.progress import Progress
 
 
@@ -58,7 +58,8 @@ def progress_for(args):
 def connect(args) -> Repl:
     log = (lambda m: print(f"tl2k210: {m}", file=sys.stderr)) if args.verbose else None
     port = args.port or auto_port(None)
-    r = Repl.open(port, args.initial_baud, raw_paste=args.raw_paste, log=log)
+    r = Repl.open(port, args.initial_baud, raw_paste=args.raw_paste, log=log,
+                  **({} if args.timeout is None else {"timeout": args.timeout}))
     try:
         r.enter_raw()
         if args.baud != args.initial_baud:
@@ -74,14 +75,16 @@ def _stdout(data: bytes):
     sys.stdout.flush()
 
 
-def run_code(r: Repl, code: bytes, follow=True) -> int:
-    """Run code on the board with its output streamed; Ctrl-C here interrupts it there.
-    Returns 1 when it raised (the traceback goes to stderr), 130 when interrupted."""
+def run_code(r: Repl, code: bytes, follow=True, timeout=None) -> int:
+    """Run code on the board with its output streamed (until it ends; with a `timeout`, the
+    Repl's deadline holds); Ctrl-C here interrupts it there. Returns 1 when it raised (the
+    traceback goes to stderr), 130 when interrupted."""
     if not follow:
         r._send(code)
         return 0
     try:
-        out, err = r.exec(code, on_output=_stdout, idle=None)
+        out, err = r.exec(code, on_output=_stdout, idle=None,
+                          total=None if timeout is None else DEADLINE)
     except KeyboardInterrupt:
         r.interrupt()
         try:
@@ -152,9 +155,9 @@ def cmd_repl(args):
                 r.rm(p)
                 print(f"removed {r.abspath(p)}")
         elif cmd == "run":
-            return run_code(r, data[args.script], args.follow)
+            return run_code(r, data[args.script], args.follow, args.timeout)
         elif cmd == "exec":
-            return run_code(r, args.code.encode("utf-8"), args.follow)
+            return run_code(r, args.code.encode("utf-8"), args.follow, args.timeout)
         elif cmd == "reset":
             r.exit_raw()
             r._write(b"\x04")

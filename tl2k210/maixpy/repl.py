@@ -51,6 +51,8 @@ from tl2k210.errors import Tl2k210Error
 from tl2k210.k210.board_facts import REPL_BAUD
 
 RAW_BANNER = b"raw REPL; CTRL-B to exit\r\n"
+TIMEOUT = 30.0          # seconds one exchange may take beyond its idle allowance (--timeout)
+DEADLINE = object()    # read_until's default `total`: the Repl's timeout
 CHUNK_MAX, CHUNK_MIN = 4096, 256
 
 
@@ -68,6 +70,10 @@ class BoardBusyError(ReplError):
 
 class LineError(ReplError):
     """A reply did not come or did not parse (line noise, a lost byte): retryable."""
+
+
+class DeadlineError(ReplError):
+    """A reply kept coming past the operation's deadline (`Repl.timeout`): not retried."""
 
 
 class BoardExecError(ReplError):
@@ -245,10 +251,12 @@ def board_error(err: bytes | str, what: str) -> ReplError:
 class Repl:
     """One board on one open port (any pyserial-like object with read/write/baudrate)."""
 
-    def __init__(self, port, raw_paste=True, reply_s=3.0, log=None, name="the board"):
+    def __init__(self, port, raw_paste=True, reply_s=3.0, log=None, name="the board",
+                 timeout=TIMEOUT):
         self.port = port
         self.name = name
         self.reply_s = reply_s
+        self.timeout = timeout
         self.raw_paste = None if raw_paste else False   # None: not probed yet
         self.log = log or (lambda msg: None)
         self.in_raw = False
@@ -294,10 +302,14 @@ class Repl:
             raise ReplError(f"writing to {self.name} failed: {exc}; is the board still plugged "
                             "in?") from None
 
-    def read_until(self, marker: bytes, idle=None, total=None, on_data=None) -> bytes:
+    def read_until(self, marker: bytes, idle=None, total=DEADLINE, on_data=None) -> bytes:
         """Bytes up to and including `marker`. `idle`: seconds without a byte before giving up;
-        `total`: overall limit (None: none). `on_data` streams what arrives before a one-byte
-        marker. Raises LineError with what came."""
+        `total`: overall limit (None: none; by default `timeout` plus `idle`: a line that keeps
+        sending without the marker raises DeadlineError). `on_data` streams what arrives before
+        a one-byte marker. Raises LineError with what came."""
+        deadline = total is DEADLINE
+        if deadline:
+            total = None if self.timeout is None else self.timeout + (idle or 0)
         t0 = last = time.monotonic()
         streamed = bytearray()
         while True:
@@ -315,6 +327,12 @@ class Repl:
             now = time.monotonic()
             if self._fill(True):
                 last = now
+            if deadline and total is not None and now - t0 > total:
+                got = bytes(streamed + self._buf)
+                raise DeadlineError(
+                    f"{self.name} kept sending for {total:g} s without ending its reply "
+                    f"({len(got):,} bytes, the last: {got[-60:]!r}): is a program printing on "
+                    "that port? Press RESET, check the port, or allow more time with --timeout")
             if (idle is not None and now - last > idle) or (total is not None and now - t0 > total):
                 got = bytes(streamed + self._buf)
                 raise LineError(f"{self.name} did not send {marker!r} (got {len(got)} bytes: "
@@ -458,15 +476,16 @@ class Repl:
         if ack.strip(b"\x01") != b"\x04":
             raise LineError(f"{self.name} answered {ack!r} to the end of the raw paste")
 
-    def exec(self, code, on_output=None, idle=10.0):
+    def exec(self, code, on_output=None, idle=10.0, total=DEADLINE):
         """Run `code` in the raw REPL: (stdout, stderr) bytes; stdout streams to `on_output`.
-        `idle`: seconds without output before giving up (None: wait for ever)."""
+        `idle`: seconds without output before giving up (None: wait for ever); `total`: the
+        overall limit (default: the Repl's timeout beyond `idle`; None: none)."""
         if not self.in_raw:
             self.enter_raw()
         data = code.encode("utf-8") if isinstance(code, str) else bytes(code)
         self._send(data)
-        out = self.read_until(b"\x04", idle=idle, on_data=on_output)[:-1]
-        err = self.read_until(b"\x04", idle=idle)[:-1]
+        out = self.read_until(b"\x04", idle=idle, total=total, on_data=on_output)[:-1]
+        err = self.read_until(b"\x04", idle=idle, total=total)[:-1]
         self.read_until(b">", idle=self.reply_s)
         return out, err
 
