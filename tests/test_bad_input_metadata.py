@@ -127,9 +127,11 @@ def test_malformed_sidecar_is_ignored_with_a_warning(case, tmp_path, capsys):
 def test_deep_nesting_is_ignored_with_a_warning(tmp_path, capsys):
     km = sidecar(tmp_path)
     p = metadata.path_for(km)
-    p.write_text(p.read_text()[:-2] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    text = p.read_text().rstrip()
+    assert text.endswith("}")
+    p.write_text(text[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     assert main(["inspect", str(km)]) == 0
-    ignored(capsys.readouterr().err, "nest")
+    ignored(capsys.readouterr().err, "nested too deep")
 
 
 def test_valid_sidecar_still_reads(tmp_path, capsys):
