@@ -33,6 +33,8 @@ def probe(name, fn):
         print(name, 'errno', e.args[0])
     except ImportError:
         print(name, 'ImportError')
+    except Exception as e:
+        print(name, 'refused', type(e).__name__)
 probe('read', lambda: open(UP + 'outside/secret.txt').read())
 probe('write', lambda: open(UP + 'outside/w.txt', 'w').write('pwned'))
 probe('append', lambda: open(UP + 'outside/secret.txt', 'a').write('pwned'))
@@ -45,6 +47,11 @@ probe('mkdir', lambda: os.mkdir(UP + 'outside/newdir'))
 probe('rmdir', lambda: os.rmdir(UP + 'outside/emptydir'))
 probe('chdir', lambda: (os.chdir(UP + 'outside'), os.listdir())[1])
 probe('abs-host', lambda: open(OUTSIDE + '/secret.txt').read())
+probe('ilistdir', lambda: list(os.ilistdir(UP + 'outside')))
+probe('statvfs', lambda: os.statvfs(UP + 'outside'))
+probe('uos-stat', lambda: __import__('uos').stat(UP + 'outside/secret.txt'))
+probe('image', lambda: __import__('image').Image(UP + 'outside/pic.png'))
+probe('kpu', lambda: __import__('KPU').load(UP + 'outside/secret.txt'))
 probe('link-read', lambda: open('link.txt').read())
 probe('link-write', lambda: open('link.txt', 'w').write('pwned'))
 probe('link-stat', lambda: os.stat('link.txt'))
@@ -60,6 +67,8 @@ EXPECT = {"read": errno.ENOENT, "write": errno.ENOENT, "append": errno.ENOENT,
           "remove": errno.ENOENT, "stat": errno.ENOENT, "listdir": errno.ENOENT,
           "rename": errno.ENOENT, "rename-out": errno.ENOENT, "mkdir": errno.ENOENT,
           "rmdir": errno.ENOENT, "chdir": errno.ENOENT, "abs-host": errno.ENOENT,
+          "ilistdir": errno.ENOENT, "statvfs": errno.ENOENT, "uos-stat": errno.ENOENT,
+          "image": errno.ENOENT, "kpu": "refused",
           "link-read": errno.EACCES, "link-write": errno.EACCES, "link-stat": errno.EACCES,
           "link-remove": errno.EACCES, "linkdir-list": errno.EACCES,
           "linkdir-read": errno.EACCES, "import": "ImportError", "import-abs": "ImportError"}
@@ -75,6 +84,8 @@ def _host(tmp_path, mount):
     (out / "emptydir").mkdir()
     (out / "evil.py").write_text("print('EVIL RAN')\n")
     (out / "evil2.py").write_text("print('EVIL2 RAN')\n")
+    from PIL import Image
+    Image.new("RGB", (8, 8)).save(out / "pic.png")
     mount.mkdir(exist_ok=True)
     (mount / "mine.txt").write_text("mine")
     (mount / "link.txt").symlink_to(out / "secret.txt")
@@ -89,7 +100,8 @@ def _script(tmp_path, out, up):
 
 
 def _outside_untouched(out):
-    assert sorted(os.listdir(out)) == ["emptydir", "evil.py", "evil2.py", "secret.txt", "victim.txt"]
+    assert sorted(os.listdir(out)) == ["emptydir", "evil.py", "evil2.py", "pic.png", "secret.txt",
+                                       "victim.txt"]
     assert (out / "secret.txt").read_text() == "SECRET"
     assert (out / "victim.txt").read_text() == "keep me"
 
