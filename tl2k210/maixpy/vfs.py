@@ -7,7 +7,10 @@
   `chdir('/flash/any')` is accepted and `getcwd()` stays `/flash`; a name may contain `/`;
   `listdir` of any flash path lists every file; `stat` times are 0;
 * `/` is virtual: `listdir('/')` = the mounts (`['flash', 'sd']` with a card), nothing else exists;
-* errors are MicroPython's: `OSError(2)` printed `[Errno 2] ENOENT`.
+* errors are MicroPython's: `OSError(2)` printed `[Errno 2] ENOENT`;
+* the board has nothing else: every path is normalised (`..` cannot climb out of a mount, on
+  /flash neither), absolute host paths are ENOENT, and a host link inside a folder that
+  resolves outside it is EACCES -- a script never reaches a host file beyond the two folders.
 
 Without a host folder for `/flash` a temporary one is used (removed by `close()`); files the
 firmware writes itself (`freq.conf`, `config.json`) are served from memory, so the host folders
@@ -227,8 +230,7 @@ class VFS:
         for name in self.listdir(path):
             m, rel = self.split(base)
             full = (m.host / rel / name) if m is not None else None
-            kind = 0x4000 if (m is None or (full is not None and full.is_dir()
-                                            and not full.is_symlink())) else 0x8000
+            kind = 0x4000 if (m is None or (full is not None and full.is_dir())) else 0x8000
             yield (name, kind, 0)
 
     def stat(self, path):
