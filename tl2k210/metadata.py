@@ -271,7 +271,7 @@ def write_for(kmodel_path, meta: ModelMetadata) -> Path | None:
 
 
 def _warn(msg):
-    print(f"warning: {msg}", file=sys.stderr)
+    print(f"warning: {printable(msg)}", file=sys.stderr)     # names and values from a file
 
 
 def _document(raw: bytes, where: str) -> ModelMetadata | None:
@@ -303,8 +303,8 @@ def _document(raw: bytes, where: str) -> ModelMetadata | None:
     try:
         return ModelMetadata.from_dict(d)
     except ValueError as exc:
-        _warn(f"{printable(where)} is not valid metadata (key {printable(exc)}); ignoring it: fix "
-              "that key or delete the file")
+        _warn(f"{where} is not valid metadata (key {exc}); ignoring it: fix that key or delete "
+              "the file")
         return None
 
 
@@ -384,7 +384,7 @@ def kfpkg_metadata(path, images=None) -> dict:
         if want in by_sha:
             found.setdefault(want, meta)
         else:
-            strays.append(printable(name))
+            strays.append(name)
     if strays and not found:
         _warn(f"{path}: {', '.join(strays)} describe{'s' if len(strays) == 1 else ''} no image of "
               "the package (sha256 differs); ignoring it")
