@@ -2,9 +2,7 @@
 model onnxruntime or the KPU cannot take is refused with its cause (exit 2), before any
 memory is spent on it."""
 import os
-import pickle
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -6,13 +6,11 @@ missing required key -- each is "ignored with a warning" naming the key, before 
 with it. Only a regular file of at most 1 MiB is read; it is written atomically and never
 through a link planted in its place.
 """
-import copy
 import json
 import math
 import os
 import shutil
 import threading
-import zipfile
 
 import pytest
 
