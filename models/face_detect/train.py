@@ -143,7 +143,7 @@ def main(argv=None):
     hb[:, 4] = -4.0  # objectness prior ~ 2 %
     head_b.assign(hb.reshape(-1))
     if args.init:
-        with np.load(args.init) as z:
+        with np.load(args.init, allow_pickle=False) as z:
             arrays = slimmed([z[f"arr_{i}"] for i in range(len(z.files))], [int(c.shape[-1]) for c in convs])
         for w, a in zip(ws, arrays):
             w.assign(a)
