@@ -45,7 +45,7 @@ def sh(*argv, env=None, **kw):
 # what a message says to do: every refusal names a fix, not only the cause
 FIX = re.compile(r"\b(give|use|choose|pass|save|check|create|mkdir|fix|rebuild|re-?download|download|"
                  r"repack|downscale|resize|reshape|scale|make|put|pick|install|convert|chmod|"
-                 r"define|plug|list|must|needs?|export)\b", re.I)
+                 r"define|plug|list|must|needs?|export|try)\b", re.I)
 
 
 def refused(rc, err, *needles):
