@@ -28,46 +28,58 @@ if njit is not None:
     # Serial kernels that release the GIL: PreparedConv runs them on row bands in its own
     # thread pool (one level of parallelism, no nested numba/BLAS threads).
     @njit(nogil=True, cache=True, inline="always")
-    def _look(u, pages, fine, q, top):  # pragma: no cover (compiled)
-        """kpu.StepTable.shifted for one u = V - lo (flat when q == 0, else paged)."""
-        u = min(max(u, 0), top)
+    def _look(u, pages, fine, q):  # pragma: no cover (compiled)
+        """kpu.StepTable.shifted for one clipped u = V - lo (flat when q == 0, else paged)."""
         if q == 0:
             return fine[u]
         return fine[(np.int64(pages[u >> q]) << q) + (u & ((1 << q) - 1))]
 
+    @njit(nogil=True, cache=True, inline="always")
+    def _bn_row(vals, c, m, s, a, pages, fine, q, top, buf, orow):  # pragma: no cover (compiled)
+        """orow[p] = table(((vals[p] + c) * m >> s) + a) for one row, in two passes: the
+        integer arithmetic (vectorises) into buf, then the table lookups (a gather). One
+        fused loop would not vectorise and runs about 4x slower."""
+        n = orow.size
+        for p in range(n):
+            buf[p] = min(max((((np.int64(vals[p]) + c) * m) >> s) + a, 0), top)
+        for p in range(n):
+            orow[p] = _look(buf[p], pages, fine, q)
+
     @njit(nogil=True, cache=True)
-    def bn_lut(acc, const, mul, shift, add_lo, pages, fine, q, top, out):  # pragma: no cover (compiled)
+    def bn_lut(acc, const, mul, shift, add_lo, pages, fine, q, top, buf, out):  # pragma: no cover (compiled)
         """out[o, p] = table(((acc[o, p] + const[o]) * mul[o] >> shift[o]) + add_lo[o]);
-        acc holds exact integers (float32/float64 BLAS output)."""
+        acc holds exact integers (float32/float64 BLAS output); buf: one row of scratch
+        (int32 when top < 2^31, else int64)."""
         for o in range(acc.shape[0]):
-            c, m, s, a = const[o], mul[o], shift[o], add_lo[o]
-            row, orow = acc[o], out[o]   # 1-D row views: the loop below vectorises
-            for p in range(row.size):
-                orow[p] = _look((((np.int64(row[p]) + c) * m) >> s) + a, pages, fine, q, top)
+            _bn_row(acc[o], const[o], mul[o], shift[o], add_lo[o], pages, fine, q, top, buf, out[o])
 
     @njit(nogil=True, cache=True)
     def bn_lut_pool(acc, w, k, dy, dx, is_max, const, mul, shift, add_lo, pages, fine, q, top,
-                    out):  # pragma: no cover (compiled)
+                    buf, out):  # pragma: no cover (compiled)
         """Pool first, then BN + lookup, for k x k stride-k pools: a pick pool reads one ACC per
         window; a max pool takes the window's largest ACC, which is exact when the whole map
         ACC -> output is non-decreasing (the caller checks: norm_mul >= 0, monotone table).
         acc: (C, rows * w) exact integers; out: (C, rows // k, w // k)."""
         oh, ow = out.shape[1], out.shape[2]
+        best = np.empty(ow, acc.dtype)
         for o in range(acc.shape[0]):
-            c, m, s, a = const[o], mul[o], shift[o], add_lo[o]
             row = acc[o]
             for i in range(oh):
-                orow = out[o, i]
-                for j in range(ow):
-                    if is_max:
-                        best = row[i * k * w + j * k]
-                        for yy in range(k):
-                            base = (i * k + yy) * w + j * k
-                            for xx in range(k):
-                                best = max(best, row[base + xx])
-                    else:
-                        best = row[(i * k + dy) * w + j * k + dx]
-                    orow[j] = _look((((np.int64(best) + c) * m) >> s) + a, pages, fine, q, top)
+                if is_max:
+                    base = i * k * w
+                    for j in range(ow):
+                        best[j] = row[base + j * k]
+                    for yy in range(k):
+                        for xx in range(k):
+                            base = (i * k + yy) * w + xx
+                            for j in range(ow):
+                                best[j] = max(best[j], row[base + j * k])
+                else:
+                    base = (i * k + dy) * w + dx
+                    for j in range(ow):
+                        best[j] = row[base + j * k]
+                _bn_row(best, const[o], mul[o], shift[o], add_lo[o], pages, fine, q, top, buf,
+                        out[o, i])
 
     @njit(nogil=True, cache=True)
     def _step(v, starts, values):  # pragma: no cover (compiled)
@@ -92,7 +104,7 @@ if njit is not None:
 
     @njit(nogil=True, cache=True)
     def dw_bn_lut(xp, w, k, arg_x, shr_x, x_exact, const, mul, shift, add_lo, pages, fine, q, top,
-                  out):  # pragma: no cover
+                  buf, out):  # pragma: no cover
         """Depthwise k×k taps from the padded uint8 rows xp (rows + k - 1 of them; weights already
         hold the folded Σx term when x_exact), then the same BN + lookup as bn_lut. The inner
         loops run along a row (contiguous, vectorisable)."""
@@ -100,8 +112,8 @@ if njit is not None:
         # window sums in w's dtype: int32 when the caller proved it exact, else int64
         acc = np.empty(wd, w.dtype)
         box = np.empty(wd, w.dtype)
+        t = np.empty(wd, np.int64)
         for c in range(out.shape[0]):
-            cc, m, s, a = const[c], mul[c], shift[c], add_lo[c]
             wc = w[c]
             for y in range(h):
                 acc[:] = 0
@@ -115,9 +127,11 @@ if njit is not None:
                         if not x_exact:
                             for x in range(wd):
                                 box[x] += row[x + kx]
-                orow = out[c, y]
-                for x in range(wd):
-                    t = np.int64(acc[x])
-                    if not x_exact:
-                        t += (arg_x * box[x]) >> shr_x
-                    orow[x] = _look((((t + cc) * m) >> s) + a, pages, fine, q, top)
+                if x_exact:
+                    _bn_row(acc, const[c], mul[c], shift[c], add_lo[c], pages, fine, q, top, buf,
+                            out[c, y])
+                else:
+                    for x in range(wd):
+                        t[x] = np.int64(acc[x]) + ((arg_x * np.int64(box[x])) >> shr_x)
+                    _bn_row(t, const[c], mul[c], shift[c], add_lo[c], pages, fine, q, top, buf,
+                            out[c, y])

@@ -447,6 +447,11 @@ class PreparedConv:
             out = self.table(acc) if self.table is not None else activation(acc, self.act, self.act_rule)
         y[:, r0:r1] = out.reshape(-1, r1 - r0, w)
 
+    def _buf(self, n: int) -> np.ndarray:
+        """Scratch row for the fused kernels' clipped table indices (one per band: bands run
+        on threads at once)."""
+        return np.empty(n, np.int32 if self.table.top < 1 << 31 else np.int64)
+
     def _fused_band(self, xp: np.ndarray, y: np.ndarray, r0: int, r1: int):
         """The numba path for rows [r0, r1): BN + activation lookup (and the depthwise taps) in
         one pass over the band, written into y (C_out, H, W)."""
@@ -456,7 +461,7 @@ class PreparedConv:
         if t.fine is not None and self.depthwise:
             fast.dw_bn_lut(rows, self.wint, self.k, a["arg_x"], a["shr_x"], self.x_exact,
                            self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0],
-                           self.bn_add[:, 0] - t.lo, t.pages, t.fine, t.q, t.top, out)
+                           self.bn_add[:, 0] - t.lo, t.pages, t.fine, t.q, t.top, self._buf(w), out)
             return
         n = r1 - r0
         acc = self._matmul_exact(self._cols(rows, n, w)) if not self.depthwise else \
@@ -464,7 +469,7 @@ class PreparedConv:
         flat = out.reshape(co, n * w)   # a view: rows of one channel are contiguous
         if t.fine is not None:
             fast.bn_lut(acc, self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0],
-                        self.bn_add[:, 0] - t.lo, t.pages, t.fine, t.q, t.top, flat)
+                        self.bn_add[:, 0] - t.lo, t.pages, t.fine, t.q, t.top, self._buf(n * w), flat)
         else:
             fast.bn_steps(acc, self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0],
                           self.bn_add[:, 0], t.starts, t.values, flat)
@@ -478,7 +483,7 @@ class PreparedConv:
         k = p.size
         fast.bn_lut_pool(acc, w, k, p.pick[0], p.pick[1], p.kind == "max", self.const[:, 0],
                          self.bn_mul[:, 0], self.bn_shift[:, 0], self.bn_add[:, 0] - t.lo, t.pages,
-                         t.fine, t.q, t.top, out[:, r0 // k:r0 // k + n // k])
+                         t.fine, t.q, t.top, self._buf(w // k), out[:, r0 // k:r0 // k + n // k])
 
     def _plan_bands(self):
         """Row bands of the conv output: at least one per thread on big layers, small enough
