@@ -14,24 +14,37 @@ from tl2k210.k210 import hardware as hw
 
 class KpuRam:
     """KPU RAM. The map written last is also kept as an array: reading exactly that map back
-    (what the next KPU layer does) returns it without a copy. Any raw access through ``mem``
-    forgets it (the caller may change bytes)."""
+    (what the next KPU layer does) returns it without a copy. Writes reach the bytes lazily:
+    they are laid out into lines, in order, only when something reads other bytes (a different
+    map, or raw access through ``mem``, which also forgets the last map: the caller may change
+    bytes). A chain of KPU layers thus never pays for the line layout."""
 
     def __init__(self):
         self._mem = np.zeros(hw.KPU_RAM_BYTES, np.uint8)
         self._last = None   # (base_line, shape, array) of the latest write
+        self._pending = []  # (base_line, array) written but not yet laid out, oldest first
 
     @property
     def mem(self) -> np.ndarray:
+        self._flush()
         self._last = None
         return self._mem
 
-    def _groups(self, base_line: int, c: int, h: int, w: int, where: str):
-        g, p, L = hw.row_layout(w)
+    def _flush(self):
+        for base_line, x in self._pending:
+            self._store(base_line, x)
+        self._pending.clear()
+
+    @staticmethod
+    def _check(base_line: int, c: int, h: int, w: int, where: str):
         lines = hw.map_lines(c, h, w)
         if base_line < 0 or base_line + lines > hw.KPU_RAM_LINES:
             raise EmulatorError(f"{where}: a {c}x{h}x{w} map at KPU line {base_line} needs {lines} "
                                 f"lines, past the end of KPU RAM ({hw.KPU_RAM_LINES} lines)")
+
+    def _groups(self, base_line: int, c: int, h: int, w: int, where: str):
+        self._check(base_line, c, h, w, where)
+        g, p, L = hw.row_layout(w)
         g = min(g, c)
         cg = -(-c // g)
         view = as_strided(self._mem[base_line * hw.LINE_BYTES:], shape=(cg, g, h, w),
@@ -43,17 +56,23 @@ class KpuRam:
         last = self._last
         if last is not None and last[0] == base_line and last[1] == (c, h, w):
             return last[2]
+        self._flush()
         view, g, cg = self._groups(base_line, c, h, w, where)
         return view.reshape(cg * g, h, w)[:c].copy() if g > 1 else view[:, 0].copy()
 
     def write(self, base_line: int, x: np.ndarray, where: str = "KPU RAM"):
+        """Store the (C, H, W) map at base_line; x must not change afterwards."""
+        self._check(base_line, *x.shape, where)
+        self._pending.append((base_line, x))
+        self._last = (base_line, x.shape, x)
+
+    def _store(self, base_line: int, x: np.ndarray):
         c, h, w = x.shape
-        view, g, cg = self._groups(base_line, c, h, w, where)
+        view, g, cg = self._groups(base_line, c, h, w, "KPU RAM")
         full = c // g
         view[:full] = x[:full * g].reshape(full, g, h, w)
         if full < cg:  # partial last group: write only the channels that exist
             view[full, :c - full * g] = x[full * g:]
-        self._last = (base_line, (c, h, w), x)
 
 
 class MainMemory:
