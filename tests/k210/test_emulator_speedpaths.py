@@ -101,3 +101,38 @@ def test_pool_before_bn_is_exact(pool_code):
             p = K.PreparedConv(conv, threads=threads)
             assert p.pool_first
             assert np.array_equal(p(x), want), (pool_code, i, threads)
+
+
+def test_kpu_ram_lays_out_queued_writes_in_order_before_other_reads():
+    """Writes reach the line layout lazily; a read of another map (or of raw bytes) sees every
+    earlier write, the later one winning where they overlap."""
+    from tl2k210.k210.emulator.memory import KpuRam
+    ram = KpuRam()
+    a = np.full((4, 3, 8), 1, np.uint8)
+    b = np.full((1, 3, 8), 2, np.uint8)
+    ram.write(0, a)
+    ram.write(0, b)                     # overwrites channel 0 of a (same lines)
+    got = ram.read(0, 4, 3, 8)          # a different shape: laid-out bytes
+    assert (got[0] == 2).all() and (got[1:] == 1).all()
+    ram.write(10, b)
+    assert ram.mem[10 * 64] == 2
+
+
+@pytest.mark.parametrize("use_fast", [True, False])
+def test_band_threads_are_kept_only_where_measured_to_pay(use_fast, monkeypatch):
+    """A multi-band layer alternates threads / one thread for its first 2 x TRIALS calls, then
+    keeps threads only if they were PAY_OFF times faster; every call gives the same bytes."""
+    import test_kpu_stages as S
+    rng = np.random.default_rng(3)
+    conv = S._random_conv(rng, False, 3, 0)
+    x = rng.integers(0, 256, conv.in_shape).astype(np.uint8)
+    wshape = (conv.out_shape[0], conv.in_shape[0], conv.k, conv.k)
+    want = K.reference_layer(x, conv.weights.reshape(wshape), conv.args, conv.bn, conv.act)
+    for pay_off, keeps in ((1e-9, True), (1e9, False)):
+        monkeypatch.setattr(K, "PAY_OFF", pay_off)
+        p = K.PreparedConv(conv, threads=3, use_fast=use_fast)
+        p.bands = [(0, 1), (1, conv.in_shape[1])]     # force two bands whatever the size
+        p.parallel, p._trials = True, ([], [])
+        for _ in range(2 * K.TRIALS + 2):
+            assert np.array_equal(p(x), want)
+        assert p._trials is None and p.parallel is keeps

@@ -18,6 +18,8 @@ Named rules (defaults follow the spec):
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from concurrent.futures import ThreadPoolExecutor
 from numpy.lib.stride_tricks import sliding_window_view
@@ -41,6 +43,8 @@ FLAT_MAX = 1 << 20     # activation lookup: one flat table up to this span (1 Mi
 PAGES_MAX = 1 << 16    # ... else paged: at most this many u16 page entries ...
 FINE_MAX = 1 << 22     # ... and this many table bytes (else binary search)
 BAND_ELEMS = 1 << 17   # output values per row band (int64 intermediates of ~1 MiB stay in cache)
+TRIALS = 3             # calls each way before a layer decides whether its band threads pay
+PAY_OFF = 1.15         # ... they must be this much faster than one thread (they cost 2 cores)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -488,46 +492,87 @@ class PreparedConv:
     def _plan_bands(self):
         """Row bands of the conv output: at least one per thread on big layers, small enough
         for the numpy path's int64 stages to stay in cache, and aligned to the pool stride so
-        each band pools on its own."""
+        each band pools on its own. ``serial_bands``: the same for one thread."""
+        self.bands = self._bands(self.threads)
+        self.serial_bands = self._bands(1)
+        # several threads only where measured to pay (see _parallel): the first TRIALS calls
+        # each way alternate, starting with the threads
+        self.parallel = self.threads > 1 and len(self.bands) > 1
+        self._trials = ([], []) if self.parallel else None
+
+    def _bands(self, threads: int):
         co, (ci, h, w) = self.out_shape[0], self.in_shape
         p = hw.POOL[self.args["pool_type"]]
         step = p.stride if p.stride > 1 else 1
         size = co * h * w
-        want = self.threads if size * max(1, ci // 8) > 40_000 else 1
+        want = threads if size * max(1, ci // 8) > 40_000 else 1
         if not self.use_fast:
             want = max(want, -(-size // BAND_ELEMS))
         units = h // step if step > 1 else h
         n = max(1, min(units, want))
         cuts = [units * i // n * step for i in range(n + 1)]
         cuts[-1] = h
-        self.bands = [(r0, r1) for r0, r1 in zip(cuts[:-1], cuts[1:]) if r1 > r0]
-        self.band_pool = p.kind != "bypass" and p.stride > 1 and len(self.bands) > 1
+        return [(r0, r1) for r0, r1 in zip(cuts[:-1], cuts[1:]) if r1 > r0]
+
+    def _parallel(self) -> bool:
+        """Whether this call runs its bands on threads. Threads cost a hand-off per band and
+        compete with whatever else the machine runs, so each layer measures: its first
+        2 x TRIALS calls alternate threads / one thread (wall time), then it keeps threads
+        only if their median is at least PAY_OFF times faster. Results are the same bytes
+        either way."""
+        if self._trials is None:
+            return self.parallel
+        par, ser = self._trials
+        if len(ser) < TRIALS:
+            return len(par) == len(ser)
+        self.parallel = float(np.median(par)) * PAY_OFF <= float(np.median(ser))
+        self._trials = None
+        return self.parallel
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         ci, h, w = self.in_shape
         if x.shape != (ci, h, w):
             raise EmulatorError(f"{self.where}: input is {x.shape}, layer expects {(ci, h, w)}")
+        par = self._parallel()
+        if self._trials is None:
+            return self._run(x, par)
+        t = time.perf_counter()
+        out = self._run(x, par)
+        self._trials[0 if par else 1].append(time.perf_counter() - t)
+        return out
+
+    def _run(self, x: np.ndarray, par: bool) -> np.ndarray:
+        h = self.in_shape[1]
+        bands = self.bands if par else self.serial_bands
+
+        def each(fn):
+            if par:
+                list(_executor(self.threads).map(fn, bands))
+            else:
+                for rr in bands:
+                    fn(rr)
         xp = self._pad(x)
         code = self.args["pool_type"]
         if self.pool_first:
             out = np.empty(self.out_shape, np.uint8)
-            if len(self.bands) == 1:
+            if len(bands) == 1:
                 self._pooled_band(xp, out, 0, h)
             else:
-                list(_executor(self.threads).map(lambda rr: self._pooled_band(xp, out, *rr), self.bands))
+                each(lambda rr: self._pooled_band(xp, out, *rr))
             return out
-        y = np.empty((self.out_shape[0], h, w), np.uint8)
+        y = np.empty((self.out_shape[0], h, self.in_shape[2]), np.uint8)
         run = self._fused_band if self.use_fast else self._band
-        if len(self.bands) == 1:
+        if len(bands) == 1:
             run(xp, y, 0, h)
             return pool(y, code)
-        s = hw.POOL[code].stride
-        out = np.empty(self.out_shape, np.uint8) if self.band_pool else None
+        p = hw.POOL[code]
+        s = p.stride
+        out = np.empty(self.out_shape, np.uint8) if p.kind != "bypass" and s > 1 else None
 
         def band(rr):
             run(xp, y, *rr)
             if out is not None:
                 r0, r1 = rr
                 out[:, r0 // s:r1 // s] = pool(y[:, r0:r1], code)
-        list(_executor(self.threads).map(band, self.bands))
+        each(band)
         return out if out is not None else pool(y, code)
