@@ -106,32 +106,41 @@ if njit is not None:
     def dw_bn_lut(xp, w, k, arg_x, shr_x, x_exact, const, mul, shift, add_lo, pages, fine, q, top,
                   buf, out):  # pragma: no cover
         """Depthwise k×k taps from the padded uint8 rows xp (rows + k - 1 of them; weights already
-        hold the folded Σx term when x_exact), then the same BN + lookup as bn_lut. The inner
-        loops run along a row (contiguous, vectorisable)."""
+        hold the folded Σx term when x_exact), then the same BN + lookup as bn_lut. The tap loops
+        run along a row (contiguous, vectorisable) into one channel's sums, then BN + lookup
+        runs over the whole channel at once (per-row passes cost more than they do on narrow
+        maps). buf: h * w of scratch."""
         h, wd = out.shape[1], out.shape[2]
+        n = h * wd
         # window sums in w's dtype: int32 when the caller proved it exact, else int64
-        acc = np.empty(wd, w.dtype)
+        acc = np.empty(n, w.dtype)
         box = np.empty(wd, w.dtype)
-        t = np.empty(wd, np.int64)
+        t = np.empty(n if not x_exact else 1, np.int64)
+        y8 = np.empty(n, np.uint8)
         for c in range(out.shape[0]):
             wc = w[c]
             for y in range(h):
-                acc[:] = 0
-                box[:] = 0
+                a = acc[y * wd:(y + 1) * wd]
+                a[:] = 0
+                if not x_exact:
+                    box[:] = 0
                 for ky in range(k):
                     row = xp[c, y + ky]
                     for kx in range(k):
                         wt = wc[ky * k + kx]
                         for x in range(wd):
-                            acc[x] += row[x + kx] * wt
+                            a[x] += row[x + kx] * wt
                         if not x_exact:
                             for x in range(wd):
                                 box[x] += row[x + kx]
-                if x_exact:
-                    _bn_row(acc, const[c], mul[c], shift[c], add_lo[c], pages, fine, q, top, buf,
-                            out[c, y])
-                else:
+                if not x_exact:
                     for x in range(wd):
-                        t[x] = np.int64(acc[x]) + ((arg_x * np.int64(box[x])) >> shr_x)
-                    _bn_row(t, const[c], mul[c], shift[c], add_lo[c], pages, fine, q, top, buf,
-                            out[c, y])
+                        t[y * wd + x] = np.int64(a[x]) + ((arg_x * np.int64(box[x])) >> shr_x)
+            if x_exact:
+                _bn_row(acc, const[c], mul[c], shift[c], add_lo[c], pages, fine, q, top, buf, y8)
+            else:
+                _bn_row(t, const[c], mul[c], shift[c], add_lo[c], pages, fine, q, top, buf, y8)
+            for y in range(h):
+                o = out[c, y]
+                for x in range(wd):
+                    o[x] = y8[y * wd + x]

@@ -465,7 +465,8 @@ class PreparedConv:
         if t.fine is not None and self.depthwise:
             fast.dw_bn_lut(rows, self.wint, self.k, a["arg_x"], a["shr_x"], self.x_exact,
                            self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0],
-                           self.bn_add[:, 0] - t.lo, t.pages, t.fine, t.q, t.top, self._buf(w), out)
+                           self.bn_add[:, 0] - t.lo, t.pages, t.fine, t.q, t.top, self._buf((r1 - r0) * w),
+                           out)
             return
         n = r1 - r0
         acc = self._matmul_exact(self._cols(rows, n, w)) if not self.depthwise else \
