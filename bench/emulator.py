@@ -1,11 +1,14 @@
-"""Emulator speed: frames/s on real kmodels with 1 and 2 threads (median of 5 timed runs),
-next to onnxruntime running a float graph of the same shape (same convs/pools, random weights).
+"""Emulator speed as ratios that hold from machine to machine: the emulator against onnxruntime
+running a float graph of the same shape (same convs/pools, random weights) on the same frames, and
+2 band threads against 1, each pair timed back to back (interleaved runs, median of the per-run
+ratios), so a machine's speed and load cancel out.
 
     python bench/emulator.py [--frames 20] [--runs 5] [--json bench/results/emulator.json]
 
-Warm-up (numba JIT compile, or loading it from numba's cache) happens before the timed runs and
-is reported on its own; each row says whether the fused numba kernels ran and on how many KPU
-layers. The emulator is bit-exact either way (tests/test_kpu_stages.py, test_emulator_speedpaths).
+It prints the CPU model and load average beside the figures; frames/s are only that machine's.
+Warm-up (numba JIT compile, or loading it from numba's cache, and each multi-band layer's
+threads-or-not trials, kpu.TRIALS) happens before the timed runs; warm-up s is reported on its
+own. The emulator is bit-exact either way (tests/test_kpu_stages.py, test_emulator_speedpaths).
 """
 import argparse
 import json
@@ -18,7 +21,7 @@ import numpy as np
 
 from tl2k210 import paths
 from tl2k210.k210 import kmodel
-from tl2k210.k210.emulator import Emulator, fast
+from tl2k210.k210.emulator import Emulator, fast, kpu
 
 REPO = paths.checkout()
 TESTDATA = paths.testdata_dir()
@@ -67,48 +70,104 @@ def float_twin(model):
     return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), inputs
 
 
-def timed_runs(fn, frames, runs, cpu=None):
-    """fps of `runs` timed runs of `frames` calls each (after the caller's warm-up); appends
-    the CPU milliseconds per frame (all threads of this process) of each run to `cpu`."""
-    out = []
-    for _ in range(runs):
-        t, c = time.perf_counter(), time.process_time()
-        for _ in range(frames):
-            fn()
-        out.append(frames / (time.perf_counter() - t))
-        if cpu is not None:
-            cpu.append(1000 * (time.process_time() - c) / frames)
-    return out
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
-def cpu_ms(fn, n=7):
-    fn()
-    ts = []
-    for _ in range(n):
-        c = time.process_time()
+def timed(fn, frames):
+    """(wall s, CPU s of this process's threads) per frame over `frames` calls."""
+    t, c = time.perf_counter(), time.process_time()
+    for _ in range(frames):
         fn()
-        ts.append(time.process_time() - c)
-    return 1000 * float(np.median(ts))
+    return (time.perf_counter() - t) / frames, (time.process_time() - c) / frames
 
 
-def idle_estimate(model, x):
-    """CPU ms/frame with 1 thread, the part of it inside multi-band layers (which the band
-    threads split), and the resulting frames/s on two idle cores: a load-independent figure."""
-    e1, e2 = Emulator(model, threads=1), Emulator(model, threads=2)
-    total = cpu_ms(lambda: e1.run(x))
-    items = model.layers if model.version == 3 else model.nodes
+def ort_session(model, threads):
+    """onnxruntime session and feeds for the model's float twin, or None without onnxruntime."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    twin, inputs = float_twin(model)
+    feeds = {i.name: np.random.default_rng(1).random(
+        [d.dim_value for d in i.type.tensor_type.shape.dim], dtype=np.float32) for i in inputs}
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(twin.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return lambda: sess.run(None, feeds)
+
+
+def banded_share(model, emu1, emu2, x):
+    """Share of the 1-thread CPU time spent in layers that have several row bands with 2
+    threads (what the band threads can split)."""
+    def cpu(fn, n=5):
+        fn()
+        return float(np.median([timed(fn, 1)[1] for _ in range(n)]))
+    total = cpu(lambda: emu1.run(x))
     banded = 0.0
-    for it in items:
-        if it.conv is not None and len(e2.prepared[id(it)].bands) > 1:
-            p = e1.prepared[id(it)]
+    for it in model.items:
+        if it.conv is not None and len(emu2.prepared[id(it)].bands) > 1:
             xi = np.random.default_rng(2).integers(0, 256, it.conv.in_shape).astype(np.uint8)
-            banded += cpu_ms(lambda: p(xi), 5)
-    banded = min(banded, total)
-    return {"cpu_ms_1t": round(total, 2), "banded_share": round(banded / total, 3),
-            "idle_2core_fps_estimate": round(1000 / (total - banded / 2), 1)}
+            banded += cpu(lambda: emu1.prepared[id(it)](xi))
+    return min(banded / total, 1.0)
+
+
+def bench_model(model, frames, runs, ort):
+    emus = {t: Emulator(model, threads=t) for t in (1, 2)}
+    shape, dtype = emus[1].input_spec()
+    x = np.random.default_rng(1).integers(0, 256, shape).astype(np.uint8)
+    if dtype == np.float32:
+        x = x.astype(np.float32) / 255
+    fns = {f"emu_{t}t": (lambda e=e: e.run(x)) for t, e in emus.items()}
+    row = {}
+    t = time.perf_counter()
+    emus[1].run(x)
+    row["warmup_s"] = round(time.perf_counter() - t, 2)       # JIT / cache load
+    for _ in range(2 * kpu.TRIALS + 1):                          # the thread trials
+        emus[2].run(x)
+    if ort:
+        for t in (1, 2):
+            f = ort_session(model, t)
+            if f is not None:
+                fns[f"ort_{t}t"] = f
+    for f in fns.values():
+        f()
+    wall = {k: [] for k in fns}
+    cpu = {k: [] for k in fns}
+    for _ in range(runs):           # interleaved: every variant once per run, back to back
+        for k, f in fns.items():
+            w, c = timed(f, frames)
+            wall[k].append(w)
+            cpu[k].append(c)
+    med = lambda v: float(np.median(v))   # noqa: E731
+    for k in fns:
+        row[f"{k}_fps"] = round(1 / med(wall[k]), 1)
+        row[f"{k}_cpu_ms"] = round(1000 * med(cpu[k]), 2)
+    ratio = lambda a, b, d=wall: round(med(np.divide(d[a], d[b])), 2)   # noqa: E731
+    if "ort_1t" in fns:
+        row["emu_over_ort_1t"] = ratio("emu_1t", "ort_1t")          # time ratio, same run
+        row["emu_over_ort_1t_cpu"] = ratio("emu_1t", "ort_1t", cpu)
+    row["speedup_2t_over_1t"] = ratio("emu_1t", "emu_2t")
+    if "ort_2t" in fns:
+        row["ort_speedup_2t_over_1t"] = ratio("ort_1t", "ort_2t")
+    multi = [p for p in emus[2].prepared.values() if len(p.bands) > 1]
+    row["threads_kept"] = f"{sum(p.parallel for p in multi)}/{len(multi)}"
+    row["banded_share"] = round(banded_share(model, emus[1], emus[2], x), 3)
+    fused = [p.use_fast for p in emus[1].prepared.values()]
+    row["fused_layers"] = f"{sum(fused)}/{len(fused)}"
+    return row
 
 
 def main():
+    nan = float("nan")
     ap = argparse.ArgumentParser()
     ap.add_argument("--frames", type=int, default=20, help="frames per timed run")
     ap.add_argument("--runs", type=int, default=5, help="timed runs (the median is reported)")
@@ -117,6 +176,9 @@ def main():
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "emulator.json"))
     args = ap.parse_args()
     from threadpoolctl import threadpool_limits
+    cpu, load = cpu_model(), os.getloadavg()
+    print(f"CPU: {cpu}, {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), load "
+          f"average {load[0]:.1f} at the start", flush=True)
     rows = []
     for name, folder in MODELS:
         if args.models and name not in args.models:
@@ -126,64 +188,34 @@ def main():
             print(f"skip {name}: {path} missing")
             continue
         model = kmodel.load(path)
-        row = {"model": name, "kmodel": f"v{model.version}", "bytes": path.stat().st_size}
-        for threads in (1, 2):
-            emu = Emulator(model, threads=threads)
-            shape, dtype = emu.input_spec()
-            x = np.random.default_rng(1).integers(0, 256, shape).astype(np.uint8)
-            if dtype == np.float32:
-                x = x.astype(np.float32) / 255
-            with threadpool_limits(1):  # our band threads are the only parallelism
-                t = time.perf_counter()
-                emu.run(x)
-                row.setdefault("warmup_s", round(time.perf_counter() - t, 2))  # JIT / cache load
-                emu.run(x)
-                cpu = []
-                fps = timed_runs(lambda: emu.run(x), args.frames, args.runs, cpu)
-            row[f"emu_fps_{threads}t"] = float(np.median(fps))
-            row[f"emu_cpu_ms_{threads}t"] = round(float(np.median(cpu)), 2)
-            row[f"emu_fps_{threads}t_runs"] = [round(v, 1) for v in fps]
-            fused = [p.use_fast for p in emu.prepared.values()]
-            row["fused_layers"] = f"{sum(fused)}/{len(fused)}"
-        with threadpool_limits(1):
-            row.update(idle_estimate(model, x))
-        if not args.no_ort:
-            try:
-                import onnxruntime as ort
-                twin, inputs = float_twin(model)
-                feeds = {i.name: np.random.default_rng(1).random(
-                    [d.dim_value for d in i.type.tensor_type.shape.dim], dtype=np.float32) for i in inputs}
-                for threads in (1, 2):
-                    so = ort.SessionOptions()
-                    so.intra_op_num_threads = threads
-                    so.inter_op_num_threads = 1
-                    sess = ort.InferenceSession(twin.SerializeToString(), so,
-                                                providers=["CPUExecutionProvider"])
-                    sess.run(None, feeds)
-                    row[f"ort_fps_{threads}t"] = float(np.median(timed_runs(
-                        lambda: sess.run(None, feeds), args.frames, args.runs)))
-            except ImportError:
-                pass
+        with threadpool_limits(1):  # our band threads are the only parallelism
+            row = {"model": name, "kmodel": f"v{model.version}", "bytes": path.stat().st_size,
+                   **bench_model(model, args.frames, args.runs, not args.no_ort)}
         rows.append(row)
-        print(f"  {name}: {row['emu_fps_1t']:.1f} / {row['emu_fps_2t']:.1f} fps", flush=True)
-    nan = float("nan")
-    print(f"\n{'model':28} {'kmodel':>6} {'emulator 1t':>12} {'emulator 2t':>12} {'CPU ms/frame':>12} "
-          f"{'banded':>7} {'2 idle cores':>12} {'fused':>6} {'warm-up s':>9} {'onnxruntime float 1t':>21} "
-          f"{'2t':>7}")
+        print(f"  {name}: emulator/onnxruntime {row.get('emu_over_ort_1t', nan)}x, 2t/1t "
+              f"{row['speedup_2t_over_1t']}x", flush=True)
+    load_end = os.getloadavg()
+    cols = [("model", "model", 28, "s"), ("kmodel", "kmodel", 6, "s"),
+            ("emu/ort 1t", "emu_over_ort_1t", 10, ".2f"), ("(CPU)", "emu_over_ort_1t_cpu", 6, ".2f"),
+            ("emu 2t/1t", "speedup_2t_over_1t", 9, ".2f"), ("threads kept", "threads_kept", 12, "s"),
+            ("banded", "banded_share", 7, ".0%"), ("emu fps 1t", "emu_1t_fps", 10, ".1f"),
+            ("2t", "emu_2t_fps", 6, ".1f"), ("ort fps 1t", "ort_1t_fps", 10, ".1f"),
+            ("ort 2t/1t", "ort_speedup_2t_over_1t", 9, ".2f"), ("emu CPU ms", "emu_1t_cpu_ms", 10, ".1f"),
+            ("fused", "fused_layers", 6, "s"), ("warm-up s", "warmup_s", 9, ".2f")]
+    print("\n" + " ".join(f"{h:>{w}}" if i else f"{h:{w}}" for i, (h, _, w, _) in enumerate(cols)))
     for r in rows:
-        print(f"{r['model']:28} {r['kmodel']:>6} {r['emu_fps_1t']:12.1f} {r['emu_fps_2t']:12.1f} "
-              f"{r['cpu_ms_1t']:12.1f} {r['banded_share']:7.0%} {r['idle_2core_fps_estimate']:12.1f} "
-              f"{r['fused_layers']:>6} {r['warmup_s']:9.2f} "
-              f"{r.get('ort_fps_1t', nan):21.1f} {r.get('ort_fps_2t', nan):7.1f}")
-    print(f"(frames/s, median of {args.runs} runs of {args.frames} frames; numba "
-          f"{'on' if fast.available() else 'OFF (pure numpy path, about 2x slower)'}; "
-          f"a K210 runs facedetect at about 50-70 fps; load average now "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: on a busy machine CPU ms/frame "
-          "(1 thread) is the steadier figure; '2 idle cores' = 1000 / (CPU ms - banded part / 2))")
-    meta = {"cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
-            "cpu": platform.processor() or platform.machine(), "frames": args.frames,
-            "runs": args.runs, "numpy": np.__version__, "numba": fast.available(),
-            "load_avg": os.getloadavg()}
+        print(" ".join(format(r.get(k, nan if f != "s" else "-"), (">" if i else "<") + f"{w}{f}")
+                       for i, (_, k, w, f) in enumerate(cols)))
+    print(f"(ratios: medians over {args.runs} runs of the per-run time ratio, each run {args.frames} "
+          f"frames of every variant back to back; emu/ort = emulator time / onnxruntime float "
+          f"twin time, 1 thread each (CPU: the same in CPU time); 2t/1t = speed-up of 2 band "
+          f"threads; threads kept = multi-band layers whose measured trials kept 2 threads; numba "
+          f"{'on' if fast.available() else 'OFF (pure numpy path, about 2x slower)'}; fps are this "
+          f"machine's only: {cpu}, {os.cpu_count()} CPUs, load average {load[0]:.1f} -> "
+          f"{load_end[0]:.1f})")
+    meta = {"cpu": cpu, "cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
+            "frames": args.frames, "runs": args.runs, "numpy": np.__version__,
+            "numba": fast.available(), "load_avg_start": load, "load_avg_end": load_end}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"wrote {args.json}")
