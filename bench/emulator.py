@@ -210,7 +210,7 @@ def main():
           f"frames of every variant back to back; emu/ort = emulator time / onnxruntime float "
           f"twin time, 1 thread each (CPU: the same in CPU time); 2t/1t = speed-up of 2 band "
           f"threads; threads kept = multi-band layers whose measured trials kept 2 threads; numba "
-          f"{'on' if fast.available() else 'OFF (pure numpy path, about 2x slower)'}; fps are this "
+          f"{'on' if fast.available() else 'OFF (the slower pure numpy path)'}; fps are this "
           f"machine's only: {cpu}, {os.cpu_count()} CPUs, load average {load[0]:.1f} -> "
           f"{load_end[0]:.1f})")
     meta = {"cpu": cpu, "cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),

@@ -6,7 +6,8 @@
 
 Options (named rules, see ``kpu.py``): ``sum_rule`` "silicon" (default) | "simulator",
 ``act_rule`` "nncase02" (default) | "nncase01"; ``threads`` (default: up to 4 cores) only
-changes speed, never results.
+changes speed, never results (each big layer keeps its threads only where its first calls
+measured them faster than one thread).
 """
 from __future__ import annotations
 

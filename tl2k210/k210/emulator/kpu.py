@@ -7,8 +7,9 @@ not depend on the input and runs a layer with a handful of whole-array passes.
 Exactness: the convolution sum uses float32 BLAS on K-chunks short enough that every partial sum
 is an integer < 2^24 (exact in float32), or float64 (integers < 2^53) for 16-bit weights;
 everything after it is int64. With numba installed (`fast.py`), the batch-norm stage, the
-activation lookup and the depthwise taps run as one fused pass per value, parallel over channels
-(about 3x faster, same bytes); otherwise rows are split into cache-sized bands run on threads.
+activation lookup and the depthwise taps run in fused kernels (same bytes); otherwise rows are
+split into cache-sized bands. Big layers run their row bands on threads where a measurement of
+their first calls shows the threads pay (``PreparedConv._parallel``).
 
 Named rules (defaults follow the spec):
   sum_rule  "silicon"   Σx/Σw terms shifted per input channel, then summed (docs/kpu.md#sum-rule)
