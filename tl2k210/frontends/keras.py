@@ -9,6 +9,9 @@ differences and rebuilt with Keras' own legacy loader:
   * a Sequential whose first layer carries `batch_input_shape`: Keras 3 adds a second batch dim
     ("kernel of shape (3, 3, 1, 6) and input of shape (None, None, 32, 32, 1)"); an explicit
     InputLayer is put in front instead.
+Files that even the patched config does not rebuild (Keras 2 layer arguments Keras 3 refuses, e.g.
+`DepthwiseConv2D(groups=...)` of TF 2.5+ tf.keras) are read by tf-keras, the Keras 2 package for
+TF 2.16+ (`pip install tf-keras`, in the [convert] extra), when it is installed.
 """
 import json
 from pathlib import Path
@@ -91,10 +94,13 @@ def load_keras(path, weights=None):
     kind = _h5_kind(path) if path.suffix.lower() in (".h5", ".hdf5") else None
     if kind == "model":
         import h5py
-        with h5py.File(path, "r") as f:
-            cfg = json.loads(f.attrs["model_config"])
-            model = _from_config(cfg, path)
-            _load_weights_h5(model, f["model_weights"] if "model_weights" in f else f, path)
+        try:
+            with h5py.File(path, "r") as f:
+                cfg = json.loads(f.attrs["model_config"])
+                model = _from_config(cfg, path)
+                _load_weights_h5(model, f["model_weights"] if "model_weights" in f else f, path)
+        except ModelLoadError as e:
+            return _tf_keras(e, lambda tk: tk.models.load_model(str(path), compile=False))
         return model
     if kind == "keras-weights":
         jsons = sorted(p.name for p in path.parent.glob("*.json"))
@@ -119,7 +125,14 @@ def _load_json(path, weights):
     if weights is None:
         raise ModelLoadError(f"{path}: a Keras architecture without weights; add --weights WEIGHTS.h5 "
                              "(from model.save_weights)")
-    model = _from_config(cfg, path)
+    try:
+        model = _from_config(cfg, path)
+    except ModelLoadError as e:
+        def build(tk):
+            m = tk.models.model_from_json(path.read_text())
+            m.load_weights(str(weights))
+            return m
+        return _tf_keras(e, build)
     import h5py
     try:
         f = h5py.File(weights, "r")
@@ -128,6 +141,21 @@ def _load_json(path, weights):
     with f:
         _load_weights_h5(model, f["model_weights"] if "model_weights" in f else f, weights)
     return model
+
+
+def _tf_keras(refusal, build):
+    """build(tf_keras) -> a model, for Keras 2 files Keras 3 refused with `refusal`; its failure
+    (or tf-keras missing) re-raises that refusal, with what tf-keras said."""
+    try:
+        import tf_keras
+    except ImportError:
+        raise ModelLoadError(f"{refusal}; tf-keras (the Keras 2 package) reads most Keras 2 files: "
+                             "pip install tf-keras") from None
+    try:
+        return build(tf_keras)
+    except Exception as e:
+        raise ModelLoadError(f"{refusal}; tf-keras could not either: {type(e).__name__}: "
+                             f"{_first_line(e)}") from e
 
 
 def from_keras(model, opset=None, batch=1, weights=None):
