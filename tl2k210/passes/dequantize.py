@@ -6,7 +6,9 @@ is fake quantization of activations:
   * QuantizeLinear -> DequantizeLinear pairs on a float tensor, also with data-movement ops
     between them (tf2onnx puts its NHWC<->NCHW Transposes there): removed (the identity they
     approximate);
-  * an integer graph input read through DequantizeLinear: the input becomes that float value;
+  * an integer graph input read through DequantizeLinear (also through data movement: tf2onnx
+    transposes an NHWC int8 input before dequantizing it; a per-tensor DequantizeLinear commutes
+    with movement and is moved up to the input): the input becomes that float value;
     its (scale, zero point) is kept in graph.meta["input_quant"] {input: (scale, zp, dtype)} --
     it says which float range the model's 0..255 (or -128..127) input stands for;
   * a graph output written by QuantizeLinear: the output becomes the float value
@@ -21,40 +23,105 @@ def _scalar(g, name):
 
 
 MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
 
 
-def _quantize_above(g, d):
-    """The QuantizeLinear feeding DequantizeLinear `d`, directly or through single-use data
-    movement, and the movement nodes between them (or None, [])."""
+def _params(g, n):
+    """(scale, zero point) of a per-tensor QuantizeLinear/DequantizeLinear, else None."""
+    scale = _scalar(g, n.inputs[1])
+    zp = _scalar(g, n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else 0
+    return None if scale is None or zp is None else (float(scale), int(zp))
+
+
+def _int_regions(g):
+    """The integer islands between QuantizeLinear and DequantizeLinear: [(qs, moves, dqs)], each
+    connected through integer tensors, where moves are data movement or Concat (exact on the
+    integers when every Q/DQ of the island shares one per-tensor (scale, zero point), as TFLite's
+    int8 spec requires of them). Islands touching a graph input/output, or with any other op,
+    are not returned."""
+    seen, out = set(), []
+    for q0 in [n for n in g.nodes if n.op == "QuantizeLinear"]:
+        if id(q0) in seen:
+            continue
+        nodes, stack, ok = {id(q0): q0}, [q0], True
+        while stack:
+            n = stack.pop()
+            ints = list(n.outputs) if n.op != "DequantizeLinear" else []
+            ints += [i for i in n.inputs[:None if n.op in MOVES + ("Concat",) else 1] if i] \
+                if n.op != "QuantizeLinear" else []
+            for t in ints:
+                if t in g.inputs or t in g.outputs:
+                    ok = False
+                    continue
+                if g.const(t) is not None:
+                    continue
+                for m in [g.producer(t)] + g.consumers(t):
+                    if m is None or id(m) in nodes:
+                        continue
+                    if m.op in ("QuantizeLinear", "DequantizeLinear") + MOVES + ("Concat",):
+                        nodes[id(m)] = m
+                        stack.append(m)
+                    else:
+                        ok = False
+        seen.update(nodes)
+        qs = [n for n in nodes.values() if n.op == "QuantizeLinear"]
+        dqs = [n for n in nodes.values() if n.op == "DequantizeLinear"]
+        params = {_params(g, n) for n in qs + dqs}
+        if ok and dqs and len(params) == 1 and None not in params:
+            out.append((qs, [n for n in nodes.values() if n.op not in ("QuantizeLinear", "DequantizeLinear")],
+                        dqs))
+    return out
+
+
+def _record_range(g, tensor, params, dtype):
+    lo, hi = INT_RANGE.get(str(dtype), (None, None))
+    if lo is not None:
+        s, z = params
+        g.meta.setdefault("quant_ranges", {})[tensor] = ((lo - z) * s, (hi - z) * s)
+
+
+def _hoist_to_input(g, d):
+    """Move per-tensor DequantizeLinear `d` above the single-use data movement between it and an
+    integer graph input (x -> Transpose -> DQ  =>  x -> DQ -> Transpose). True if moved."""
     chain, t = [], d.inputs[0]
-    while True:
+    while t not in g.inputs:
         p = g.producer(t)
-        if p is None or t in g.outputs or len(g.consumers(t)) != 1:
-            return None, []
-        if p.op == "QuantizeLinear":
-            return p, chain
-        if p.op not in MOVES:
-            return None, []
+        if p is None or p.op not in MOVES or len(g.consumers(t)) != 1:
+            return False
         chain.append(p)
         t = p.inputs[0]
+    if not chain or _scalar(g, d.inputs[1]) is None or len(g.consumers(t)) != 1:
+        return False
+    top, out = chain[-1], d.outputs[0]
+    mid = g.add_tensor(f"{t}_dequant", g.shape(t))
+    d.inputs[0], d.outputs = t, [mid]
+    top.inputs[0] = mid
+    chain[0].outputs = [out]
+    for n in chain[1:]:      # the tensors between the moves now carry floats
+        g.tensors[n.outputs[0]].dtype = np.dtype(np.float32)
+    g.nodes.remove(d)
+    g.nodes.insert(g.nodes.index(top), d)
+    return True
 
 
 def dequantize(g, log):
     for d in [n for n in g.nodes if n.op == "DequantizeLinear"]:
-        q, chain = _quantize_above(g, d)
-        if q is None:
-            continue
-        g.nodes.remove(d)
-        if chain:   # the movement now carries the float tensor; d's output is its result
-            chain[-1].inputs[0] = q.inputs[0]
+        if _hoist_to_input(g, d):
+            log(d.name, f"moved DequantizeLinear of input {d.inputs[0]} above its data movement")
+    for qs, moves, dqs in _int_regions(g):
+        params = _params(g, qs[0])
+        for q in qs:
+            _record_range(g, q.inputs[0], params, g.tensors[q.outputs[0]].dtype)
+        for n in moves:
+            for o in n.outputs:
+                g.tensors[o].dtype = np.dtype(np.float32)
+        for d in dqs:
+            g.nodes.remove(d)
             g.replace_uses(d.outputs[0], d.inputs[0])
-        else:
-            g.replace_uses(d.outputs[0], q.inputs[0])
-        if not g.consumers(q.outputs[0]) and q.outputs[0] not in g.outputs:
+        for q in qs:
             g.nodes.remove(q)
-        for n in chain:
-            g.tensors[n.outputs[0]].dtype = np.dtype(np.float32)
-        log(q.name, f"removed fake quantization QuantizeLinear/DequantizeLinear of {q.inputs[0]}")
+            g.replace_uses(q.outputs[0], q.inputs[0])
+            log(q.name, f"removed fake quantization QuantizeLinear/DequantizeLinear of {q.inputs[0]}")
     for x in list(g.inputs):
         t = g.tensors[x]
         users = g.consumers(x)
