@@ -93,6 +93,8 @@ class Receipt:
                              f"{e['sqnr_db']:.1f} dB, cosine {e['cosine']:.4f} vs the exact graph")
         if t.get("input_range_note"):
             lines.append(t["input_range_note"])
+        if t.get("calibration_note"):
+            lines.append(t["calibration_note"])
         if t.get("batch_note"):
             lines.append(t["batch_note"])
         outs = t.get("outputs", {})
@@ -289,6 +291,66 @@ def model_input_range(graph, opts: ConvertOptions):
         f"(scale {scale:.6g}, zero point {zp}); override with --input-range")
 
 
+class ModelRanges:
+    """The activation ranges a quantized model states itself (passes.dequantize kept them in
+    graph.meta["quant_ranges"]: what each int8/uint8 tensor stood for). Without --dataset they
+    are the calibration (`samples`: a few smooth synthetic images, only for the tensors the model
+    states no range for and for the receipt's SQNR); with one, a check against it."""
+
+    SYNTHETIC = 16
+
+    def __init__(self, graph, samples=None):
+        self.own = {t: r for t, r in graph.meta.get("quant_ranges", {}).items() if t in graph.tensors}
+        self.samples = samples
+
+    def apply(self, ranges, from_model):
+        """Use (from_model) or check the model's own ranges against `ranges` (calibrated); the
+        receipt's note, or None for a float model."""
+        both = [t for t in self.own if t in ranges]
+        if not both:
+            return None
+        if from_model:
+            ranges.update({t: self.own[t] for t in both})
+            return (f"calibration: the model's own int8 ranges for {len(both)} of {len(ranges)} tensors "
+                    f"(no --dataset); the other tensors and the SQNR below from {self.SYNTHETIC} "
+                    "synthetic images")
+        ratio = {t: (ranges[t][1] - ranges[t][0]) / max(self.own[t][1] - self.own[t][0], 1e-12) for t in both}
+        lo, hi = min(ratio, key=ratio.get), max(ratio, key=ratio.get)
+        return (f"the model's own int8 ranges vs --dataset's for {len(both)} tensors: calibrated width / "
+                f"the model's {np.median(list(ratio.values())):.2f} median, {ratio[lo]:.2f} at {lo[:40]}, "
+                f"{ratio[hi]:.2f} at {hi[:40]} (the calibrated ones are used)")
+
+
+def model_ranges(graph, opts: ConvertOptions, where):
+    """ModelRanges of `graph`; without --dataset, a fully quantized model gets synthetic samples
+    (written to a temporary .npy), any other model is refused."""
+    own = ModelRanges(graph)
+    if opts.dataset is not None:
+        return own
+    if not own.own or "input_quant" not in graph.meta:
+        raise Tl2k210Error(f"{where}: convert needs calibration data: --dataset DIR (images) or "
+                           "FILE.npy/.npz (only a fully quantized model, whose own scales give the "
+                           "ranges, converts without)")
+    import tempfile
+
+    from tl2k210.passes.input_nchw import input_layout
+    shape = graph.shape(graph.inputs[0])
+    c, h, w = shape[1:] if input_layout(graph) == "NCHW" else (shape[3], shape[1], shape[2])
+    rng = np.random.default_rng(0)
+    coarse = rng.uniform(0, 255, (ModelRanges.SYNTHETIC, c, 4, 4))
+    yy, xx = np.linspace(0, 3, h), np.linspace(0, 3, w)
+    y0, x0 = np.minimum(yy.astype(int), 2), np.minimum(xx.astype(int), 2)
+    fy, fx = (yy - y0)[:, None], (xx - x0)[None, :]
+    img = (coarse[:, :, y0][:, :, :, x0] * (1 - fy) * (1 - fx) + coarse[:, :, y0 + 1][:, :, :, x0] * fy * (1 - fx)
+           + coarse[:, :, y0][:, :, :, x0 + 1] * (1 - fy) * fx + coarse[:, :, y0 + 1][:, :, :, x0 + 1] * fy * fx)
+    img += rng.normal(0, 8, img.shape)
+    fd, path = tempfile.mkstemp(suffix=".npy", prefix="tl2k210-synthetic-")
+    os.close(fd)
+    np.save(path, np.clip(np.rint(img), 0, 255).astype(np.uint8))
+    own.samples = path
+    return own
+
+
 def model_inputs(graph, dataset, limit, opts: ConvertOptions):
     """(floats (N, *input_shape[1:]) float32 in the graph's input layout, pixels uint8 in the
     same order -- what the kmodel reads, (N, C, H, W) once passes.input_nchw ran -- or None). Image models see exactly the pixels the device gets: the float input is
@@ -394,8 +456,6 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
                                          opts.dataset])
     if opts.runtime not in RUNTIME_BUDGET:
         raise Tl2k210Error(f"--runtime {opts.runtime!r}: choose from {sorted(RUNTIME_BUDGET)}")
-    if opts.dataset is None:
-        raise Tl2k210Error("convert needs calibration data: --dataset DIR (images) or FILE.npy/.npz")
     t0 = time.perf_counter()
     where = source_name(source)
     _say(opts, f"[1/6] loading {where} ...")
@@ -425,11 +485,19 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     opts, range_note = model_input_range(graph, opts)
     if range_note:
         _say(opts, "      " + range_note)
-    floats, pixels = model_inputs(graph, opts.dataset, opts.calib_limit, opts)
+    own = model_ranges(graph, opts, where)
+    try:
+        floats, pixels = model_inputs(graph, opts.dataset or own.samples, opts.calib_limit, opts)
+    finally:
+        if own.samples:
+            Path(own.samples).unlink(missing_ok=True)
     image = pixels is not None
     scale, offset = pixel_mapping(opts, input_chw(graph)[0], graph) if image else ((1.0,), (0.0,))
     batches = [f[None] for f in floats]
     ranges = calibrated_ranges(graph, batches, opts.method, (scale, offset) if image else None)
+    calib_note = own.apply(ranges, opts.dataset is None)
+    if calib_note:
+        _say(opts, "      " + calib_note)
     means = channel_means(graph, batches)
     padding_effect = None
     if opts.kpu_padding and any(p["pass"] == "kpu_padding" and p["changes"] for p in plog):
@@ -516,6 +584,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
                 "total_s": round(time.perf_counter() - t0, 2), "method": opts.method,
                 "kpu_padding": opts.kpu_padding, "kpu_padding_effect": padding_effect,
                 "input_range": list(opts.input_range), "input_range_note": range_note,
+                "calibration_note": calib_note,
                 "batch_note": batch_note or None},
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
                  "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in plog])

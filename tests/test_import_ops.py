@@ -1,0 +1,100 @@
+"""What real exports bring (issue 23), each on a hand-made graph, TF-free, exact against
+onnxruntime: TF's dilated conv as SpaceToDepth/DepthToSpace with any block, and the integer
+islands of fully quantized TFLite files (Q -> Transpose/Concat -> DQ, an int8 input transposed
+before it is dequantized)."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from front_helpers import make_model, ort_run, rand
+from tl2k210.graph import from_onnx, run
+from tl2k210.k210.flow import run_pass, run_pipeline
+
+
+@pytest.mark.parametrize("b,k,hw", [(5, 3, 40), (2, 3, 12), (3, 1, 9)])
+def test_space_to_batch_dilated_conv_is_one_dilated_conv(b, k, hw):
+    """TFLite's Conv2D(dilation_rate=b): Pad -> SpaceToBatchND -> Conv -> BatchToSpaceND -> crop,
+    as tf2onnx writes it (Transpose(1,0,2,3) around SpaceToDepth/DepthToSpace) -> one Conv with
+    dilations b, bit for bit the same floats as onnxruntime's graph."""
+    c, co = 4, 6
+    pad = b * (k - 1) // 2
+    hp = -(-(hw + 2 * pad) // b) * b            # padded up to a multiple of b, as TF does
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"]),
+             helper.make_node("Transpose", ["p"], ["t1"], perm=[1, 0, 2, 3]),
+             helper.make_node("SpaceToDepth", ["t1"], ["s"], blocksize=b),
+             helper.make_node("Transpose", ["s"], ["t2"], perm=[1, 0, 2, 3]),
+             helper.make_node("Conv", ["t2", "w", "bias"], ["c"], kernel_shape=[k, k]),
+             helper.make_node("Transpose", ["c"], ["t3"], perm=[1, 0, 2, 3]),
+             helper.make_node("DepthToSpace", ["t3"], ["d"], blocksize=b),
+             helper.make_node("Slice", ["d", "st", "en", "ax"], ["dc"]),
+             helper.make_node("Transpose", ["dc"], ["y"], perm=[1, 0, 2, 3])]
+    inits = {"pads": np.array([0, 0, pad, pad, 0, 0, hp - hw - pad, hp - hw - pad], np.int64),
+             "w": rand(co, c, k, k), "bias": rand(co), "st": np.array([0, 0], np.int64),
+             "en": np.array([hw, hw], np.int64), "ax": np.array([2, 3], np.int64)}
+    m = make_model(nodes, [("x", [1, c, hw, hw])], [("y", None)], inits)
+    x = rand(1, c, hw, hw)
+    ref = ort_run(m, x)[0]
+    g, changes = run_pass("space_to_batch", from_onnx(m))
+    convs = [n for n in g.nodes if n.op == "Conv"]
+    assert "SpaceToDepth" not in g.op_counts() and "DepthToSpace" not in g.op_counts()
+    assert len(convs) == 1 and tuple(convs[0].attrs["dilations"]) == ((b, b) if k > 1 else (1, 1))
+    assert changes and f"block {b}" in changes[0][1]
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], ref, atol=1e-5, rtol=1e-5)
+    g, _ = run_pipeline(from_onnx(m))          # and the K210 flow takes it
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], ref, atol=1e-4, rtol=1e-4)
+
+
+def _int8_model():
+    """int8 input -> Transpose (NHWC->NCHW) -> DQ -> Conv -> Q, read by a DQ and by a
+    Transpose -> DQ; the two branches -> Q(same params) -> Concat (int8) -> DQ -> output."""
+    s, z = np.float32(0.05), np.int8(-3)
+    inits = [numpy_helper.from_array(np.array(v), k) for k, v in
+             {"s": s, "z": z, "si": np.float32(0.02), "zi": np.int8(-128), "w": rand(4, 3, 1, 1, scale=0.1),
+              "b": rand(4, scale=0.1)}.items()]
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 3, 1, 2]),
+             helper.make_node("DequantizeLinear", ["xt", "si", "zi"], ["xf"]),
+             helper.make_node("Conv", ["xf", "w", "b"], ["c"]),
+             helper.make_node("QuantizeLinear", ["c", "s", "z"], ["cq"]),
+             helper.make_node("DequantizeLinear", ["cq", "s", "z"], ["a"]),
+             helper.make_node("Transpose", ["cq"], ["ct"], perm=[0, 1, 3, 2]),
+             helper.make_node("DequantizeLinear", ["ct", "s", "z"], ["bt"]),
+             helper.make_node("Relu", ["a"], ["ar"]),
+             helper.make_node("QuantizeLinear", ["ar", "s", "z"], ["aq"]),
+             helper.make_node("QuantizeLinear", ["bt", "s", "z"], ["bq"]),
+             helper.make_node("Concat", ["aq", "bq"], ["cat"], axis=1),
+             helper.make_node("DequantizeLinear", ["cat", "s", "z"], ["y"])]
+    g = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.INT8, [1, 6, 6, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+def test_dequantize_makes_integer_islands_float():
+    """Every Q/DQ of an island sharing one per-tensor (scale, zero point) goes; the int8 input
+    becomes the float it stood for; the ranges each Q stood for are kept for calibration."""
+    m = _int8_model()
+    xq = np.random.default_rng(0).integers(-128, 128, (1, 6, 6, 3)).astype(np.int8)
+    ref = ort_run(m, xq)[0]
+    g, changes = run_pass("dequantize", from_onnx(m))
+    assert not {"QuantizeLinear", "DequantizeLinear"} & set(g.op_counts())
+    assert g.meta["input_quant"][g.inputs[0]] == pytest.approx((0.02, -128, "int8"))
+    lo, hi = (-128 + 3) * 0.05, (127 + 3) * 0.05
+    assert g.meta["quant_ranges"]["c"] == pytest.approx((lo, hi))
+    assert any("above its data movement" in msg for _, msg in changes)
+    got = run(g, ((xq.astype(np.float32) + 128) * 0.02))[g.outputs[0]]
+    # the float graph is what the integers stand for (inside their range): within a step of the grid
+    assert np.abs(got - ref).max() <= 0.05 * 1.01
+
+
+def test_dequantize_keeps_an_island_with_mixed_scales():
+    """An island whose Q and DQ disagree on the scale is no fake quantization: it stays (and the
+    K210 flow names the node it cannot lower)."""
+    m = _int8_model()
+    for t in m.graph.initializer:
+        if t.name == "s":
+            t.CopyFrom(numpy_helper.from_array(np.float32(0.05), "s"))
+    m.graph.initializer.append(numpy_helper.from_array(np.float32(0.07), "s2"))
+    m.graph.node[-1].input[1] = "s2"                   # the Concat's DQ disagrees
+    g, _ = run_pass("dequantize", from_onnx(m))
+    assert "DequantizeLinear" in g.op_counts()

@@ -1,0 +1,81 @@
+"""TF's dilated convolution (SpaceToBatchND -> Conv -> BatchToSpaceND, what TFLite files keep of
+`Conv2D(dilation_rate=b)`) as the one dilated Conv it computes.
+
+tf2onnx writes SpaceToBatchND with block b on a batch of one as Transpose(1,0,2,3) ->
+SpaceToDepth(b) -> Transpose(1,0,2,3), and BatchToSpaceND as the mirror (Transpose,
+DepthToSpace, then TF's crop as a Slice of H/W, Transpose back): the
+batch index is i*b + j for the sub-grid offset (i, j), so
+
+    y_batch[i*b + j][o, y, x] = sum W[o, c, ky, kx] * X[c, (y + ky - pt)*b + i, (x + kx - pl)*b + j]
+    Y[o, y*b + i, x*b + j]    = y_batch[i*b + j][o, y, x]
+
+is Conv(X, W, dilations b, pads p*b) exactly (a sub-grid position outside the grid is a position
+outside X). The Pad before and the Slice (TF's paddings/crops) stay as they are.
+"""
+import numpy as np
+
+from tl2k210.graph import Node
+
+SWAP = [1, 0, 2, 3]
+
+
+def _swap(g, t):
+    """The Transpose(1,0,2,3) reading tensor `t` alone, or None."""
+    n = g.single_consumer(t)
+    return n if n is not None and n.op == "Transpose" and list(n.attrs.get("perm", ())) == SWAP else None
+
+
+def _chain(g, t1):
+    """(b, [T, SpaceToDepth, T, Conv, T, DepthToSpace, T], crop Slice or None) starting at
+    Transpose `t1`; else None."""
+    s2d = g.single_consumer(t1.outputs[0])
+    if s2d is None or s2d.op != "SpaceToDepth" or (g.shape(t1.inputs[0]) or (0,))[0] != 1:
+        return None
+    b = int(s2d.attrs["blocksize"])
+    t2 = _swap(g, s2d.outputs[0])
+    conv = g.single_consumer(t2.outputs[0]) if t2 else None
+    if conv is None or conv.op != "Conv" or conv.inputs[0] != t2.outputs[0]:
+        return None
+    a = conv.attrs
+    if tuple(a.get("strides", (1, 1))) != (1, 1) or tuple(a.get("dilations", (1, 1))) != (1, 1) \
+            or "kernel" not in a:
+        return None
+    t3 = _swap(g, conv.outputs[0])
+    d2s = g.single_consumer(t3.outputs[0]) if t3 else None
+    if d2s is None or d2s.op != "DepthToSpace" or int(d2s.attrs["blocksize"]) != b \
+            or d2s.attrs.get("mode", "DCR") != "DCR":
+        return None
+    crop = g.single_consumer(d2s.outputs[0])
+    axes = g.const(crop.inputs[3]) if crop is not None and crop.op == "Slice" and len(crop.inputs) > 3 else None
+    if axes is None or not set(np.asarray(axes).reshape(-1).tolist()) <= {2, 3, -1, -2} \
+            or (len(crop.inputs) > 4 and crop.inputs[4]):
+        crop = None
+    t4 = _swap(g, (crop or d2s).outputs[0])
+    if t4 is None:
+        return None
+    return b, [t1, s2d, t2, conv, t3, d2s, t4], crop
+
+
+def space_to_batch(g, log):
+    for t1 in [n for n in g.nodes if n.op == "Transpose" and list(n.attrs.get("perm", ())) == SWAP]:
+        if t1 not in g.nodes:
+            continue
+        found = _chain(g, t1)
+        if found is None:
+            continue
+        b, chain, crop = found
+        conv, out = chain[3], chain[-1].outputs[0]
+        d = 1 if tuple(conv.attrs["kernel"]) == (1, 1) else b      # a 1x1 conv has no dilation
+        a = dict(conv.attrs, dilations=(d, d), pads=[p * b for p in conv.attrs["pads"]])
+        y = g.add_tensor(conv.outputs[0] + "/dilated") if crop else out
+        new = [Node("Conv", [t1.inputs[0]] + conv.inputs[1:], [y], a, conv.name,
+                    fused=conv.fused + [n.name for n in chain if n is not conv])]
+        if crop:
+            new.append(Node("Slice", [y] + crop.inputs[1:], [out], dict(crop.attrs), crop.name, crop.fused))
+            g.nodes.remove(crop)
+        i = g.nodes.index(t1)
+        for n in chain:
+            g.nodes.remove(n)
+        g.nodes[i:i] = new
+        log(conv.name, f"SpaceToBatchND -> Conv -> BatchToSpaceND (block {b}) as one Conv with dilations {b}")
+    return g
