@@ -98,3 +98,32 @@ def test_dequantize_keeps_an_island_with_mixed_scales():
     m.graph.node[-1].input[1] = "s2"                   # the Concat's DQ disagrees
     g, _ = run_pass("dequantize", from_onnx(m))
     assert "DequantizeLinear" in g.op_counts()
+
+
+def test_pool_under_the_kpu_minimum_stays_a_pool_of_its_own():
+    """MobileNet's 4x4 average pool of its last 4x4 map: fused into the conv it would make a 1x1
+    KPU output (the KPU writes >= 4x4); the flow leaves it a pool the back-end runs on the CPU."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("AveragePool", ["c"], ["y"], kernel_shape=[4, 4], strides=[4, 4])]
+    m = make_model(nodes, [("x", [1, 4, 4, 4])], [("y", None)], {"w": rand(8, 4, 3, 3), "b": rand(8)})
+    x = rand(1, 4, 4, 4)
+    g, log = run_pipeline(from_onnx(m))
+    conv = next(n for n in g.nodes if n.op == "Conv")
+    assert "pool" not in conv.attrs and {"AveragePool", "GlobalAveragePool"} & set(g.op_counts())
+    fused = next(p for p in log if p["pass"] == "fuse_pool")["changes"]
+    assert fused and "under the 4x4" in fused[0][1]
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], ort_run(m, x)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_per_axis_quantized_bias_folds():
+    """A depthwise conv's int32 bias dequantized per channel with its kernel's axis 3 (what tf2onnx
+    writes for TFLite's quantized_dimension) folds along the bias' only axis instead of failing."""
+    q = np.arange(-3, 5, dtype=np.int32)
+    sc = np.linspace(0.01, 0.08, 8).astype(np.float32)
+    nodes = [helper.make_node("DequantizeLinear", ["q", "s", "z"], ["bias"], axis=3),
+             helper.make_node("Add", ["x", "bias"], ["y"])]
+    m = make_model(nodes, [("x", [1, 8])], [("y", None)],
+                   {"q": q, "s": sc, "z": np.zeros(8, np.int32)})
+    g, changes = run_pass("fold_constants", from_onnx(m))
+    assert "DequantizeLinear" not in g.op_counts()
+    np.testing.assert_array_equal(g.const(next(n for n in g.nodes if n.op == "Add").inputs[1]), q.astype(np.float32) * sc)

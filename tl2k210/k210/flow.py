@@ -5,6 +5,8 @@ the back-end can answer: does every node left have a K210 lowering?
     graph, log = run_pipeline(graph)                  # the flow with its defaults
     graph, log = run_pipeline(graph, {"kpu_padding": True})
 """
+import functools
+
 from tl2k210 import passes as generic
 from tl2k210.passes import Pass
 from tl2k210.passes.channel_shuffle import channel_shuffle
@@ -32,6 +34,7 @@ from tl2k210.passes.spatial_1d import spatial_1d
 from tl2k210.passes.square_kernels import square_kernels
 from tl2k210.passes.space_to_batch import space_to_batch
 
+from . import hardware as hw
 from .lower import Options, select
 from .passes.entry_conv import entry_conv
 from .passes.kpu_padding import kpu_padding
@@ -83,7 +86,7 @@ PIPELINE = [
     Pass("wide_channels", wide_channels),
     Pass("stride2_even_maps", stride2_even_maps),
     Pass("kpu_padding", kpu_padding, default=False, exact=False),
-    Pass("fuse_pool", fuse_pool),
+    Pass("fuse_pool", functools.partial(fuse_pool, min_out=hw.LIMITS["out_min"])),
     Pass("cleanup_layout", upsample_to_resize),
     Pass("output_nchw", output_nchw),
     Pass("tile", tile),            # what upsample_to_resize left (Keras UpSampling2D is a Tile too)

@@ -9,9 +9,21 @@ from onnx.reference import ReferenceEvaluator
 from tl2k210.graph import _onnx_attrs, infer_shapes
 
 
+def _quant_axis(g, n, attrs):
+    """tf2onnx gives a per-axis quantized bias (1-D) the axis of its conv's weights (TFLite's
+    quantized_dimension, 3 for a depthwise kernel): out of range for the bias. Its one axis is
+    the one the scales run along."""
+    if n.op in ("DequantizeLinear", "QuantizeLinear") and len(n.inputs) > 1:
+        x, scale = g.const(n.inputs[0]), g.const(n.inputs[1])
+        if x is not None and scale is not None and x.ndim == 1 and scale.size == x.size > 1 \
+                and attrs.get("axis", 1) not in (0, -1):
+            attrs["axis"] = 0
+    return attrs
+
+
 def _eval(g, n):
     inits = [numpy_helper.from_array(np.asarray(g.const(i)), i) for i in n.inputs if i]
-    node = helper.make_node(n.op, n.inputs, n.outputs, **_onnx_attrs(n))
+    node = helper.make_node(n.op, n.inputs, n.outputs, **_quant_axis(g, n, _onnx_attrs(n)))
     outs = [helper.make_tensor_value_info(o, 0, None) for o in n.outputs]
     opset = g.meta.get("opset", 13)
     while True:

@@ -1,6 +1,9 @@
 """MaxPool/AveragePool 2x2 s2, 4x4 s4 (no padding) and MaxPool 2x2 s1 padded (0,0,1,1) right
 after a stride-1, non-depthwise, 'same'-size Conv -> the Conv's `pool` attr (KPU pool codes 1-4, 9).
-Semantics stay ONNX's (the pool follows the activation); the backend checks exactness."""
+Semantics stay ONNX's (the pool follows the activation); the backend checks exactness.
+A pool whose output would be smaller than `min_out` x `min_out` (the KPU writes maps of at least
+4x4: a 4x4 pool of MobileNet's last 4x4 map) stays a pool of its own, which the back-end places
+on the CPU."""
 
 ALLOWED = {("max", 2, 2, (0, 0, 0, 0)), ("avg", 2, 2, (0, 0, 0, 0)), ("max", 4, 4, (0, 0, 0, 0)),
            ("avg", 4, 4, (0, 0, 0, 0)), ("max", 2, 1, (0, 0, 1, 1))}
@@ -21,7 +24,7 @@ def pool_of(p):
     return {"kind": kind, "size": k[0], "stride": s[0], "pads": list(pads)}
 
 
-def fuse_pool(g, log):
+def fuse_pool(g, log, min_out=1):
     for conv in [n for n in g.nodes if n.op == "Conv"]:
         if conv.attrs.get("pool") or conv.attrs["group"] != 1 or tuple(conv.attrs["strides"]) != (1, 1):
             continue
@@ -32,6 +35,11 @@ def fuse_pool(g, log):
         p = g.single_consumer(conv.outputs[0])
         pool = pool_of(p) if p is not None else None
         if pool is None:
+            continue
+        h, w = (g.shape(p.outputs[0]) or (0, 0, 0, 0))[2:]
+        if min(h, w) < min_out:
+            log(p.name, f"pool not fused into {conv.name}: its {w}x{h} output is under the "
+                        f"{min_out}x{min_out} a KPU layer writes; it runs on its own")
             continue
         g.nodes.remove(p)
         g.replace_uses(p.outputs[0], conv.outputs[0])
