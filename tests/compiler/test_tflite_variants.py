@@ -126,3 +126,29 @@ def test_full_int8_input_scale_sets_the_input_range(variants, tmp_path):
     db = sqnr_db(ref, got)
     print(f"full int8 TFLite vs kmodel (emulated): SQNR {db:.1f} dB")
     assert db >= 15
+
+
+
+@pytest.mark.parametrize("custom,says", [("Landmarks2TransformMatrix", "of MediaPipe's custom op set (the affine matrix"),
+                                         ("AcmeWarp", "(no vendor set this converter knows)")])
+def test_custom_op_is_refused_by_name(variants, tmp_path, capsys, custom, says):
+    """A file whose last op is a CUSTOM opcode: refused naming the op, its vendor set and what it
+    does, its inputs and outputs; exit 2, nothing written, no traceback."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils as fu
+
+    from tl2k210.cli import main
+    m = fu.read_model(str(variants["float32"]))
+    op = m.subgraphs[0].operators[-1]
+    code = m.operatorCodes[op.opcodeIndex]
+    code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
+    code.customCode = custom.encode()
+    src = tmp_path / "custom.tflite"
+    fu.write_model(m, str(src))
+    out = tmp_path / "out.kmodel"
+    assert main(["convert", str(src), str(out), "--dataset", str(tmp_path), "-q"]) == 2
+    err = capsys.readouterr().err
+    out_name = m.subgraphs[0].tensors[op.outputs[0]].name.decode()
+    for part in (f"custom op {custom!r}", says, "inputs: ", f"outputs: {out_name} (1, 10)", "Refused"):
+        assert part in err, (part, err)
+    assert "Traceback" not in err and not out.exists()
