@@ -15,7 +15,7 @@ from tl2k210.k210.flow import run_pass, run_pipeline
 def test_space_to_batch_dilated_conv_is_one_dilated_conv(b, k, hw):
     """TFLite's Conv2D(dilation_rate=b): Pad -> SpaceToBatchND -> Conv -> BatchToSpaceND -> crop,
     as tf2onnx writes it (Transpose(1,0,2,3) around SpaceToDepth/DepthToSpace) -> one Conv with
-    dilations b, bit for bit the same floats as onnxruntime's graph."""
+    dilations b, with onnxruntime's values (to float rounding of the conv sums)."""
     c, co = 4, 6
     pad = b * (k - 1) // 2
     hp = -(-(hw + 2 * pad) // b) * b            # padded up to a multiple of b, as TF does
@@ -127,3 +127,40 @@ def test_per_axis_quantized_bias_folds():
     g, changes = run_pass("fold_constants", from_onnx(m))
     assert "DequantizeLinear" not in g.op_counts()
     np.testing.assert_array_equal(g.const(next(n for n in g.nodes if n.op == "Add").inputs[1]), q.astype(np.float32) * sc)
+
+
+@pytest.mark.parametrize("idx", [[0, 2, 4, 6], [5, 6, 7, 0, 1], [3], 3, [-1, -2]])
+def test_gather_of_constant_indices_is_slices(idx):
+    """tf.gather / x[:, idx] on a feature map with constant indices: Slices of the runs of
+    consecutive indices (+ Concat, + Squeeze for a scalar index): onnxruntime's values."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Gather", ["c", "idx"], ["y"], axis=1)]
+    m = make_model(nodes, [("x", [1, 4, 8, 8])], [("y", None)],
+                   {"w": rand(8, 4, 3, 3), "b": rand(8), "idx": np.array(idx, np.int64)})
+    x = rand(1, 4, 8, 8)
+    g, changes = run_pass("gather_slices", from_onnx(m))
+    assert "Gather" not in g.op_counts() and changes
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], ort_run(m, x)[0], atol=1e-5, rtol=1e-5)
+    g, _ = run_pipeline(from_onnx(m))            # lowered by the K210 flow
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], ort_run(m, x)[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["unsqueeze", "graph-input"])
+def test_prelu_with_a_computed_or_listed_slope(form):
+    """PReLU whose slope is Unsqueeze(initializer) (PyTorch exports) or an initializer also listed
+    as a graph input (IR < 4 files): the slope is a constant, the PReLU becomes conv arithmetic."""
+    if form == "unsqueeze":
+        nodes = [helper.make_node("Unsqueeze", ["s", "ax"], ["s2"]), helper.make_node("PRelu", ["c", "s2"], ["y"])]
+        inits = {"s": rand(8, 1), "ax": np.array([2], np.int64)}
+    else:
+        nodes = [helper.make_node("PRelu", ["c", "s"], ["y"])]
+        inits = {"s": rand(8, 1, 1)}
+    nodes.insert(0, helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+    m = make_model(nodes, [("x", [1, 4, 8, 8])], [("y", None)], {"w": rand(8, 4, 3, 3), "b": rand(8), **inits})
+    if form == "graph-input":
+        m.graph.input.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, [8, 1, 1]))
+        m.ir_version = 3
+    x = rand(1, 4, 8, 8)
+    g, _ = run_pipeline(from_onnx(m))
+    assert "PRelu" not in g.op_counts()
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], ort_run(m, x)[0], atol=1e-4, rtol=1e-4)
