@@ -250,3 +250,27 @@ def test_frozen_tf1_graph_pb(tmp_path):
     (tmp_path / "junk.pb").write_bytes(b"\x00not a graph" * 10)
     with pytest.raises(ModelLoadError, match="junk.pb"):
         load_model(tmp_path / "junk.pb")
+
+
+def test_old_keras_savedmodel_through_tf_keras(tmp_path, monkeypatch):
+    """A tf.keras SavedModel TF 2.21 cannot restore (a TF 2.3-era file: "'_UserObject' object has
+    no attribute 'add_slot'", simulated) is read by tf-keras and converted as its Keras model."""
+    tf_keras = pytest.importorskip("tf_keras")
+    t = tf()
+    i = tf_keras.Input((8, 8, 3), batch_size=1)
+    m = tf_keras.Model(i, tf_keras.layers.Conv2D(4, 3, padding="same", activation="relu")(i))
+    m.compile(optimizer="adam", loss="mse")
+    m.save(tmp_path / "sm", save_format="tf")
+    real = t.saved_model.load
+    calls = []
+
+    def old_file(path, *a, **kw):
+        if not calls:
+            calls.append(path)
+            raise AttributeError("'_UserObject' object has no attribute 'add_slot'")
+        return real(path, *a, **kw)
+    monkeypatch.setattr(t.saved_model, "load", old_file)
+    x = rand(1, 8, 8, 3)
+    g = load_graph(tmp_path / "sm")
+    assert calls
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], m(x).numpy(), atol=TOL)

@@ -1,7 +1,30 @@
-"""A TensorFlow SavedModel directory (its serving signature), through tf2onnx.from_function."""
+"""A TensorFlow SavedModel directory (its serving signature), through tf2onnx.from_function.
+
+A Keras SavedModel written by TF 2.3-2.15 (tf.keras) that TF 2.21 cannot restore (its optimizer
+slots: "'_UserObject' object has no attribute 'add_slot'") is read by tf-keras, the Keras 2
+package, when it is installed, and converted as the Keras model it holds."""
 from pathlib import Path
 
 from . import ModelLoadError, tf_convert
+
+
+def _first_line(e):
+    return str(e).strip().splitlines()[0] if str(e).strip() else ""
+
+
+def _through_tf_keras(path, refusal, opset, batch):
+    """The Keras model in SavedModel `path` by tf-keras, converted; else ModelLoadError(refusal)."""
+    try:
+        import tf_keras
+    except ImportError:
+        raise ModelLoadError(f"{refusal}; a Keras SavedModel of TF <= 2.15 loads with tf-keras: "
+                             "pip install tf-keras") from None
+    try:
+        model = tf_keras.models.load_model(str(path), compile=False)
+    except Exception as e:
+        raise ModelLoadError(f"{refusal}; tf-keras could not either: {type(e).__name__}: {_first_line(e)}") from e
+    from .keras import from_keras
+    return from_keras(model, opset=opset, batch=batch)
 
 
 def from_savedmodel(path, signature="serving_default", opset=None, batch=1):
@@ -16,8 +39,10 @@ def from_savedmodel(path, signature="serving_default", opset=None, batch=1):
     except KeyError:
         raise ModelLoadError(f"{path}: no signature {signature!r}; has {list(loaded.signatures)}") from None
     except Exception as e:
-        raise ModelLoadError(f"{path}: TensorFlow could not load it: {type(e).__name__}: "
-                             f"{str(e).strip().splitlines()[0]}") from e
+        refusal = f"{path}: TensorFlow could not load it: {type(e).__name__}: {_first_line(e)}"
+        if (Path(path) / "keras_metadata.pb").exists():     # written by tf.keras' model.save
+            return _through_tf_keras(path, refusal, opset, batch)
+        raise ModelLoadError(refusal) from e
     specs = fn.structured_input_signature[1]
     names = sorted(specs)
     spec = [tf.TensorSpec((batch, *specs[k].shape[1:]), specs[k].dtype, name=k) for k in names]
