@@ -152,3 +152,42 @@ def test_custom_op_is_refused_by_name(variants, tmp_path, capsys, custom, says):
     for part in (f"custom op {custom!r}", says, "inputs: ", f"outputs: {out_name} (1, 10)", "Refused"):
         assert part in err, (part, err)
     assert "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("padding", ["same", "valid"])
+def test_mediapipe_transpose_conv_bias_maps_to_builtins(tmp_path, padding):
+    """MediaPipe's custom Convolution2DTransposeBias (what its segmentation models use): made here
+    from a Keras Conv2DTranspose's TRANSPOSE_CONV by rewriting it into the custom op's form
+    (inputs, OHWI weights, bias; options {padding, stride_w, stride_h} as raw int32s). The
+    front-end maps it back to TRANSPOSE_CONV + ADD: the original TFLite model's output."""
+    import keras
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils as fu
+    t = tf()
+    keras.utils.set_random_seed(0)
+    i = keras.Input((6, 5, 3), batch_size=1)
+    layer = keras.layers.Conv2DTranspose(4, 3, strides=2, padding=padding)
+    m = keras.Model(i, layer(i))
+    layer.set_weights([layer.get_weights()[0], np.array([0.5, -1.0, 0.25, 2.0], np.float32)])
+    src = tmp_path / "tconv.tflite"
+    src.write_bytes(t.lite.TFLiteConverter.from_keras_model(m).convert())
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 6, 5, 3)).astype(np.float32)
+    ref, _ = _tflite_run(src, x)
+    fb = fu.read_model(str(src))
+    sg = fb.subgraphs[0]
+    op = next(o for o in sg.operators if fu.opcode_to_name(fb, o.opcodeIndex) == "TRANSPOSE_CONV")
+    assert len(op.inputs) == 4               # output_shape, weights (OHWI), input, bias
+    code = schema.OperatorCodeT()
+    code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
+    code.customCode = b"Convolution2DTransposeBias"
+    fb.operatorCodes.append(code)
+    opts = op.builtinOptions
+    op.opcodeIndex, op.inputs = len(fb.operatorCodes) - 1, [op.inputs[2], op.inputs[1], op.inputs[3]]
+    op.customOptions = list(np.array([1 if opts.padding == schema.Padding.SAME else 2, opts.strideW, opts.strideH],
+                                     "<i4").tobytes())
+    op.builtinOptionsType, op.builtinOptions = 0, None
+    custom = tmp_path / "custom.tflite"
+    fu.write_model(fb, str(custom))
+    g = load_graph(custom)
+    assert "ConvTranspose" in g.op_counts()
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], ref, atol=1e-5)

@@ -9,9 +9,13 @@ Production TFLite files store weights in forms tf2onnx does not all read:
     dense and fails, so they are densified here first -- by the TFLite interpreter itself, which
     computes each DENSIFY output -- and written to a temporary dense copy of the file.
 
-Custom ops (CUSTOM opcodes: a vendor's kernels the TFLite runtime links in) have no ONNX form;
-each one is refused by name before tf2onnx runs, with its vendor set, what it computes, and its
-inputs and outputs. TF ops (Flex*) and the SSD post-processing op tf2onnx maps itself pass.
+Custom ops (CUSTOM opcodes: a vendor's kernels the TFLite runtime links in) have no ONNX form:
+  * MediaPipe's Convolution2DTransposeBias (input, OHWI weights, bias; its options the C struct
+    TfLiteTransposeConvParams {padding, stride_w, stride_h}) is written as the builtin
+    TRANSPOSE_CONV followed by an ADD of the bias, in the same temporary copy;
+  * any other is refused by name before tf2onnx runs, with its vendor set, what it computes,
+    and its inputs and outputs. TF ops (Flex*) and the SSD post-processing op tf2onnx maps
+    itself pass.
 """
 import os
 import tempfile
@@ -63,18 +67,71 @@ def check_custom_ops(model, path):
                 "and compute that step in the application")
 
 
+def _opcode(model, builtin):
+    """Index of builtin operator `builtin` in the model's opcode table (added if missing)."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    for i, c in enumerate(model.operatorCodes):
+        if max(c.builtinCode, c.deprecatedBuiltinCode) == builtin and not c.customCode:
+            return i
+    c = schema.OperatorCodeT()
+    c.builtinCode, c.deprecatedBuiltinCode, c.version = builtin, min(builtin, 127), 1
+    model.operatorCodes.append(c)
+    return len(model.operatorCodes) - 1
+
+
+def map_transpose_conv_bias(model):
+    """MediaPipe's Convolution2DTransposeBias -> TRANSPOSE_CONV + ADD, in place; returns how many."""
+    import numpy as np
+    from tensorflow.lite.python import schema_py_generated as schema
+    B, n = schema.BuiltinOperator, 0
+    for sg in model.subgraphs:
+        for op in list(sg.operators):
+            code = model.operatorCodes[op.opcodeIndex]
+            if code.customCode != b"Convolution2DTransposeBias" or op.customOptions is None \
+                    or len(op.inputs) != 3 or len(op.customOptions) < 12:
+                continue
+            padding, stride_w, stride_h = np.frombuffer(bytes(bytearray(op.customOptions))[:12], "<i4")
+            x, w, bias = op.inputs
+            out = sg.tensors[op.outputs[0]]
+            shape_buf = schema.BufferT()
+            shape_buf.data = np.frombuffer(np.asarray(out.shape, "<i4").tobytes(), np.uint8)
+            model.buffers.append(shape_buf)
+            shape_t, conv_t = schema.TensorT(), schema.TensorT()
+            shape_t.name, shape_t.shape, shape_t.type = out.name + b"/output_shape", [4], schema.TensorType.INT32
+            shape_t.buffer = len(model.buffers) - 1
+            conv_t.name, conv_t.shape, conv_t.type = out.name + b"/no_bias", list(out.shape), out.type
+            conv_t.buffer = 0
+            sg.tensors += [shape_t, conv_t]
+            opts = schema.TransposeConvOptionsT()
+            opts.padding = schema.Padding.SAME if padding == 1 else schema.Padding.VALID
+            opts.strideW, opts.strideH = int(stride_w), int(stride_h)
+            op.opcodeIndex, op.inputs = _opcode(model, B.TRANSPOSE_CONV), [len(sg.tensors) - 2, w, x]
+            out_id, op.outputs = op.outputs[0], [len(sg.tensors) - 1]
+            op.builtinOptionsType, op.builtinOptions, op.customOptions = schema.BuiltinOptions.TransposeConvOptions, opts, None
+            add = schema.OperatorT()
+            add.opcodeIndex, add.inputs, add.outputs = _opcode(model, B.ADD), [len(sg.tensors) - 1, bias], [out_id]
+            add.builtinOptionsType, add.builtinOptions = schema.BuiltinOptions.AddOptions, schema.AddOptionsT()
+            sg.operators.insert(sg.operators.index(op) + 1, add)
+            n += 1
+    return n
+
+
 def densify(path, out_path):
-    """Write a copy of `path` with every DENSIFY op replaced by the dense constant it computes.
-    Returns the number of tensors densified (0: nothing written)."""
+    """Write a copy of `path` with every DENSIFY op replaced by the dense constant it computes and
+    the custom ops that have a builtin form mapped (check_custom_ops refuses the others).
+    Returns the number of ops changed (0: nothing written)."""
     import numpy as np
     import tensorflow as tf
     from tensorflow.lite.tools import flatbuffer_utils as fu
     model = fu.read_model(str(path))
+    mapped = map_transpose_conv_bias(model)
     check_custom_ops(model, path)
     ops = [(sg, op) for sg in model.subgraphs for op in sg.operators
            if fu.opcode_to_name(model, op.opcodeIndex) == "DENSIFY"]
     if not ops:
-        return 0
+        if mapped:
+            fu.write_model(model, str(out_path))
+        return mapped
     if len(model.subgraphs) > 1:
         raise ModelLoadError(f"{path}: sparse weights in a model with {len(model.subgraphs)} subgraphs; "
                              "only single-graph models are densified")
@@ -95,7 +152,7 @@ def densify(path, out_path):
             t.buffer, t.sparsity = len(model.buffers) - 1, None
         sg.operators.remove(op)
     fu.write_model(model, str(out_path))
-    return len(ops)
+    return len(ops) + mapped
 
 
 def from_tflite(path, opset=None):
