@@ -87,17 +87,22 @@ def test_dequantize_makes_integer_islands_float():
     assert np.abs(got - ref).max() <= 0.05 * 1.01
 
 
-def test_dequantize_keeps_an_island_with_mixed_scales():
-    """An island whose Q and DQ disagree on the scale is no fake quantization: it stays (and the
-    K210 flow names the node it cannot lower)."""
+@pytest.mark.parametrize("break_it,says", [("scale", "QuantizeLinear/DequantizeLinear disagree"),
+                                            ("integer op", "node 'neg' (op Neg) computes on the integers")])
+def test_dequantize_names_the_boundary_of_a_mixed_model(break_it, says):
+    """An island whose Q and DQ disagree on the scale, or where an op computes on the integers, is
+    no fake quantization: refused naming the QuantizeLinear that starts it and why."""
+    from tl2k210.errors import UnsupportedOpError
     m = _int8_model()
-    for t in m.graph.initializer:
-        if t.name == "s":
-            t.CopyFrom(numpy_helper.from_array(np.float32(0.05), "s"))
-    m.graph.initializer.append(numpy_helper.from_array(np.float32(0.07), "s2"))
-    m.graph.node[-1].input[1] = "s2"                   # the Concat's DQ disagrees
-    g, _ = run_pass("dequantize", from_onnx(m))
-    assert "DequantizeLinear" in g.op_counts()
+    if break_it == "scale":
+        m.graph.initializer.append(numpy_helper.from_array(np.float32(0.07), "s2"))
+        m.graph.node[-1].input[1] = "s2"                   # the Concat's DQ disagrees
+    else:
+        m.graph.node.insert(6, helper.make_node("Neg", ["ct"], ["ctn"], name="neg"))
+        m.graph.node[7].input[0] = "ctn"
+    with pytest.raises(UnsupportedOpError, match="starts a quantized part") as e:
+        run_pass("dequantize", from_onnx(m))
+    assert says in str(e.value) and "mixes quantized and float parts" in str(e.value)
 
 
 def test_pool_under_the_kpu_minimum_stays_a_pool_of_its_own():

@@ -16,6 +16,8 @@ is fake quantization of activations:
 """
 import numpy as np
 
+from tl2k210.errors import UnsupportedOpError
+
 
 def _scalar(g, name):
     v = g.const(name) if name else None
@@ -34,16 +36,17 @@ def _params(g, n):
 
 
 def _int_regions(g):
-    """The integer islands between QuantizeLinear and DequantizeLinear: [(qs, moves, dqs)], each
-    connected through integer tensors, where moves are data movement or Concat (exact on the
+    """The integer islands between QuantizeLinear and DequantizeLinear: [(qs, moves, dqs, boundary)],
+    each connected through integer tensors, where moves are data movement or Concat (exact on the
     integers when every Q/DQ of the island shares one per-tensor (scale, zero point), as TFLite's
-    int8 spec requires of them). Islands touching a graph input/output, or with any other op,
-    are not returned."""
+    int8 spec requires of them). `boundary` is None for such an island, else why its float value
+    cannot be recovered (an op computing on the integers, or Q/DQ that disagree). Islands
+    reaching a graph input or output are left to the input/output rules (not returned)."""
     seen, out = set(), []
     for q0 in [n for n in g.nodes if n.op == "QuantizeLinear"]:
         if id(q0) in seen:
             continue
-        nodes, stack, ok = {id(q0): q0}, [q0], True
+        nodes, stack, public, foreign = {id(q0): q0}, [q0], False, None
         while stack:
             n = stack.pop()
             ints = list(n.outputs) if n.op != "DequantizeLinear" else []
@@ -51,7 +54,7 @@ def _int_regions(g):
                 if n.op != "QuantizeLinear" else []
             for t in ints:
                 if t in g.inputs or t in g.outputs:
-                    ok = False
+                    public = True
                     continue
                 if g.const(t) is not None:
                     continue
@@ -61,15 +64,20 @@ def _int_regions(g):
                     if m.op in ("QuantizeLinear", "DequantizeLinear") + MOVES + ("Concat",):
                         nodes[id(m)] = m
                         stack.append(m)
-                    else:
-                        ok = False
+                    elif foreign is None:
+                        foreign = f"node {m.name!r} (op {m.op}) computes on the integers of {t!r}"
         seen.update(nodes)
         qs = [n for n in nodes.values() if n.op == "QuantizeLinear"]
         dqs = [n for n in nodes.values() if n.op == "DequantizeLinear"]
         params = {_params(g, n) for n in qs + dqs}
-        if ok and dqs and len(params) == 1 and None not in params:
-            out.append((qs, [n for n in nodes.values() if n.op not in ("QuantizeLinear", "DequantizeLinear")],
-                        dqs))
+        if public or not dqs:
+            continue
+        boundary = foreign or (None if len(params) == 1 and None not in params else
+                               "its QuantizeLinear/DequantizeLinear disagree: " + "; ".join(
+                                   f"{n.name!r} {'per-axis' if _params(g, n) is None else _params(g, n)}"
+                                   for n in qs + dqs))
+        out.append((qs, [n for n in nodes.values() if n.op not in ("QuantizeLinear", "DequantizeLinear")],
+                    dqs, boundary))
     return out
 
 
@@ -108,7 +116,12 @@ def dequantize(g, log):
     for d in [n for n in g.nodes if n.op == "DequantizeLinear"]:
         if _hoist_to_input(g, d):
             log(d.name, f"moved DequantizeLinear of input {d.inputs[0]} above its data movement")
-    for qs, moves, dqs in _int_regions(g):
+    for qs, moves, dqs, boundary in _int_regions(g):
+        if boundary:
+            raise UnsupportedOpError(
+                f"node {qs[0].name!r} (QuantizeLinear of {qs[0].inputs[0]!r}) starts a quantized part "
+                f"the compiler cannot make float: {boundary}. The model mixes quantized and float "
+                "parts here: export it fully quantized (int8 in TFLite's spec) or as float")
         params = _params(g, qs[0])
         for q in qs:
             _record_range(g, q.inputs[0], params, g.tensors[q.outputs[0]].dtype)
