@@ -4,8 +4,8 @@ it, then measured on the 28 testdata ImageNet photos (calibration: the 12 scikit
 fully quantized models also without --dataset, from their own int8 scales):
 
   * a float source: output SQNR / top-1 agreement of the kmodel (emulated) vs the float model;
-  * a fully quantized TFLite: vs the TFLite interpreter's own integer output on the same pixels
-    (what the user had before), dequantized with the file's output scale.
+  * a .tflite: vs the TFLite interpreter's own output on the same pixels (what the user had
+    before): a fully quantized model's integer output, dequantized with the file's output scale.
 
 A refusal is a result too: its message (a hardware reason with the numbers) is the row.
 
@@ -57,17 +57,18 @@ def _tf():
     return tensorflow
 
 
-def integer_tflite(path):
-    """True for a TFLite file whose input is an integer tensor (fully quantized)."""
+def quantized_tflite(path):
+    """True for a TFLite file with quantized (int8/uint8 with a scale) activations."""
     if path.suffix != ".tflite":
         return False
     it = _tf().lite.Interpreter(model_path=str(path))
-    return it.get_input_details()[0]["dtype"] != np.float32
+    return any(d["dtype"] in (np.int8, np.uint8) and d["quantization"][0] != 0 for d in it.get_tensor_details())
 
 
 def tflite_reference(path, kmodel, photos, limit=200):
-    """{sqnr_db, top1?}: the kmodel (emulated) vs the TFLite interpreter's integer output on the
-    same pixels (each output dequantized with its own scale, paired by size and layout)."""
+    """{sqnr_db, top1?}: the kmodel (emulated) vs the TFLite interpreter's output on the same
+    pixels (an integer output dequantized with its own scale; paired by name, a map's layout by
+    agreement)."""
     from tl2k210.compiler import ConvertOptions, model_input_range, model_inputs
     from tl2k210.frontends import load_graph
     from tl2k210.k210.emulator import Emulator
@@ -83,25 +84,24 @@ def tflite_reference(path, kmodel, photos, limit=200):
     it.allocate_tensors()
     d = it.get_input_details()[0]
     s, z = d["quantization"]
-    info = np.iinfo(d["dtype"])
+    details = {o["name"]: o for o in it.get_output_details()}
     emu = Emulator.load(kmodel)
     refs, tests = {}, {}
     for i in range(len(floats)):
-        q = np.clip(np.rint(nhwc[i] / s + z), info.min, info.max).astype(d["dtype"])
-        it.set_tensor(d["index"], q.reshape(d["shape"]))
+        x = nhwc[i]
+        if d["dtype"] != np.float32:
+            info = np.iinfo(d["dtype"])
+            x = np.clip(np.rint(x / s + z), info.min, info.max).astype(d["dtype"])
+        it.set_tensor(d["index"], x.reshape(d["shape"]))
         it.invoke()
         outs = emu.run(pixels[i])
-        free = list(range(len(outs)))
-        for o in it.get_output_details():
+        for name, t in zip(graph.outputs, outs):
+            o = details.get(name) or next(v for v in details.values() if np.prod(v["shape"]) == np.size(t))
             y = it.get_tensor(o["index"]).astype(np.float64)
             if o["dtype"] != np.float32:
                 os_, oz = o["quantization"]
                 y = (y - oz) * os_
-            k = next((j for j in free if np.size(outs[j]) == y.size), None)
-            if k is None:
-                continue
-            free.remove(k)
-            t = np.asarray(outs[k], np.float64).reshape(-1)
+            t = np.asarray(t, np.float64).reshape(-1)
             flat = y.reshape(-1)
             if y.ndim == 4:   # the kmodel writes maps channel-major, TFLite channels-last
                 chw = y.transpose(0, 3, 1, 2).reshape(-1)
@@ -133,8 +133,8 @@ def measure(src, extra, calib, classifier, own_ranges=False):
     r = json.loads(rep.read_text())
     row.update(result="converted", format=r["totals"]["format"], runtime=r["totals"]["runtime"],
                kmodel_bytes=r["file_size"], main_memory=r["main_memory"])
-    if integer_tflite(src):
-        row["reference"] = "TFLite integer"
+    if src.suffix == ".tflite":
+        row["reference"] = "TFLite interpreter"
         got = tflite_reference(src, out, PHOTOS)
     else:
         row["reference"] = "float"
@@ -177,7 +177,7 @@ def main():
         src = FIT / name
         if (args.only and args.only not in name) or not src.exists():
             continue
-        for own in ([False, True] if integer_tflite(src) else [False]):
+        for own in ([False, True] if quantized_tflite(src) else [False]):
             row = measure(src, extra, calib, classifier, own_ranges=own)
             rows.append(row)
             print(json.dumps(row, default=float), flush=True)

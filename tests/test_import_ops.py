@@ -169,3 +169,16 @@ def test_prelu_with_a_computed_or_listed_slope(form):
     g, _ = run_pipeline(from_onnx(m))
     assert "PRelu" not in g.op_counts()
     np.testing.assert_allclose(run(g, x)[g.outputs[0]], ort_run(m, x)[0], atol=1e-4, rtol=1e-4)
+
+
+def test_constant_output_is_dropped_and_named():
+    """An SSD's anchors exported as a constant output next to its boxes: the kmodel computes the
+    boxes; the constant is kept in meta and named in the log (it was an internal KeyError)."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["boxes"], kernel_shape=[1, 1]),
+             helper.make_node("Identity", ["anchors0"], ["anchors"])]
+    m = make_model(nodes, [("x", [1, 4, 8, 8])], [("boxes", None), ("anchors", None)],
+                   {"w": rand(4, 4, 1, 1), "b": rand(4), "anchors0": rand(1, 16, 4)})
+    g, log = run_pipeline(from_onnx(m))
+    assert g.outputs == ["boxes"] and g.meta["constant_outputs"]["anchors"].shape == (1, 16, 4)
+    changes = next(p for p in log if p["pass"] == "constant_outputs")["changes"]
+    assert changes and "is a constant" in changes[0][1]

@@ -327,7 +327,7 @@ def model_ranges(graph, opts: ConvertOptions, where):
     own = ModelRanges(graph)
     if opts.dataset is not None:
         return own
-    if not own.own or "input_quant" not in graph.meta:
+    if not own.own:
         raise Tl2k210Error(f"{where}: convert needs calibration data: --dataset DIR (images) or "
                            "FILE.npy/.npz (only a fully quantized model, whose own scales give the "
                            "ranges, converts without)")

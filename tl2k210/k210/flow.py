@@ -32,6 +32,7 @@ from tl2k210.passes.prelu_split import prelu_pattern, prelu_split
 from tl2k210.passes.push_transposes import push_transposes
 from tl2k210.passes.spatial_1d import spatial_1d
 from tl2k210.passes.square_kernels import square_kernels
+from tl2k210.passes.constant_outputs import constant_outputs
 from tl2k210.passes.gather_slices import gather_slices
 from tl2k210.passes.space_to_batch import space_to_batch
 
@@ -59,6 +60,7 @@ PIPELINE = [
     Pass("input_nchw", input_nchw),
     Pass("fold_constants", fold_constants),
     Pass("spatial_1d", spatial_1d),
+    Pass("constant_outputs", constant_outputs),
     Pass("space_to_batch", space_to_batch),
     Pass("gather_slices", gather_slices),
     Pass("pixel_shuffle", pixel_shuffle),
