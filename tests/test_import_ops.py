@@ -131,7 +131,8 @@ def test_per_axis_quantized_bias_folds():
                    {"q": q, "s": sc, "z": np.zeros(8, np.int32)})
     g, changes = run_pass("fold_constants", from_onnx(m))
     assert "DequantizeLinear" not in g.op_counts()
-    np.testing.assert_array_equal(g.const(next(n for n in g.nodes if n.op == "Add").inputs[1]), q.astype(np.float32) * sc)
+    bias = g.const(next(n for n in g.nodes if n.op == "Add").inputs[1])
+    np.testing.assert_array_equal(bias, q.astype(np.float32) * sc)
 
 
 @pytest.mark.parametrize("idx", [[0, 2, 4, 6], [5, 6, 7, 0, 1], [3], 3, [-1, -2]])

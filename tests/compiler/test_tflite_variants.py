@@ -129,8 +129,9 @@ def test_full_int8_input_scale_sets_the_input_range(variants, tmp_path):
 
 
 
-@pytest.mark.parametrize("custom,says", [("Landmarks2TransformMatrix", "of MediaPipe's custom op set (the affine matrix"),
-                                         ("AcmeWarp", "(no vendor set this converter knows)")])
+@pytest.mark.parametrize("custom,says", [
+    ("Landmarks2TransformMatrix", "of MediaPipe's custom op set (the affine matrix"),
+    ("AcmeWarp", "(no vendor set this converter knows)")])
 def test_custom_op_is_refused_by_name(variants, tmp_path, capsys, custom, says):
     """A file whose last op is a CUSTOM opcode: refused naming the op, its vendor set and what it
     does, its inputs and outputs; exit 2, nothing written, no traceback."""

@@ -107,7 +107,8 @@ def map_transpose_conv_bias(model):
             opts.strideW, opts.strideH = int(stride_w), int(stride_h)
             op.opcodeIndex, op.inputs = _opcode(model, B.TRANSPOSE_CONV), [len(sg.tensors) - 2, w, x]
             out_id, op.outputs = op.outputs[0], [len(sg.tensors) - 1]
-            op.builtinOptionsType, op.builtinOptions, op.customOptions = schema.BuiltinOptions.TransposeConvOptions, opts, None
+            op.builtinOptionsType, op.builtinOptions = schema.BuiltinOptions.TransposeConvOptions, opts
+            op.customOptions = None
             add = schema.OperatorT()
             add.opcodeIndex, add.inputs, add.outputs = _opcode(model, B.ADD), [len(sg.tensors) - 1, bias], [out_id]
             add.builtinOptionsType, add.builtinOptions = schema.BuiltinOptions.AddOptions, schema.AddOptionsT()
