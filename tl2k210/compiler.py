@@ -300,7 +300,13 @@ class ModelRanges:
     SYNTHETIC = 16
 
     def __init__(self, graph, samples=None):
+        self.quantized = bool(graph.meta.get("quant_ranges"))
         self.own = {t: r for t, r in graph.meta.get("quant_ranges", {}).items() if t in graph.tensors}
+        by_node = graph.meta.get("quant_ranges_by_node", {})
+        for n in graph.nodes:      # a fused node's output: the range of the last node fused into it
+            names = [m for m in [n.name] + list(n.fused) if m in by_node]
+            if names and n.outputs and n.outputs[0] not in self.own:
+                self.own[n.outputs[0]] = by_node[names[-1]]
         self.samples = samples
 
     def apply(self, ranges, from_model):
@@ -327,7 +333,7 @@ def model_ranges(graph, opts: ConvertOptions, where):
     own = ModelRanges(graph)
     if opts.dataset is not None:
         return own
-    if not own.own:
+    if not own.quantized:
         raise Tl2k210Error(f"{where}: convert needs calibration data: --dataset DIR (images) or "
                            "FILE.npy/.npz (only a fully quantized model, whose own scales give the "
                            "ranges, converts without)")

@@ -82,10 +82,15 @@ def _int_regions(g):
 
 
 def _record_range(g, tensor, params, dtype):
+    """meta["quant_ranges"] {tensor: (lo, hi)} and, by the node computing it (passes rename
+    tensors when they fuse nodes; the fused node keeps their names), meta["quant_ranges_by_node"]."""
     lo, hi = INT_RANGE.get(str(dtype), (None, None))
     if lo is not None:
         s, z = params
         g.meta.setdefault("quant_ranges", {})[tensor] = ((lo - z) * s, (hi - z) * s)
+        p = g.producer(tensor)
+        if p is not None:
+            g.meta.setdefault("quant_ranges_by_node", {})[p.name] = ((lo - z) * s, (hi - z) * s)
 
 
 def _hoist_to_input(g, d):
