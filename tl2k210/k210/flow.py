@@ -11,6 +11,7 @@ from tl2k210 import passes as generic
 from tl2k210.passes import Pass
 from tl2k210.passes.channel_shuffle import channel_shuffle
 from tl2k210.passes.channel_softmax import channel_softmax
+from tl2k210.passes.constant_outputs import constant_outputs
 from tl2k210.passes.decompose import instance_norm, log_softmax, tile
 from tl2k210.passes.dequantize import dequantize
 from tl2k210.passes.fold_affine import affine_to_conv, fold_affine_into_conv
@@ -18,6 +19,7 @@ from tl2k210.passes.fold_batchnorm import fold_batchnorm
 from tl2k210.passes.fold_constants import fold_constants
 from tl2k210.passes.fuse_activation import fuse_activation
 from tl2k210.passes.fuse_pool import fuse_pool
+from tl2k210.passes.gather_slices import gather_slices
 from tl2k210.passes.global_pool import global_pool
 from tl2k210.passes.hard_activations import hard_activations
 from tl2k210.passes.input_affine import input_affine
@@ -30,11 +32,9 @@ from tl2k210.passes.pad_into_conv import pad_into_conv
 from tl2k210.passes.pixel_shuffle import pixel_shuffle
 from tl2k210.passes.prelu_split import prelu_pattern, prelu_split
 from tl2k210.passes.push_transposes import push_transposes
+from tl2k210.passes.space_to_batch import space_to_batch
 from tl2k210.passes.spatial_1d import spatial_1d
 from tl2k210.passes.square_kernels import square_kernels
-from tl2k210.passes.constant_outputs import constant_outputs
-from tl2k210.passes.gather_slices import gather_slices
-from tl2k210.passes.space_to_batch import space_to_batch
 
 from . import hardware as hw
 from .lower import Options, select
