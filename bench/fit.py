@@ -190,7 +190,7 @@ def markdown(rows):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", help="run the files whose name contains this")
+    ap.add_argument("--only", help="run the files whose name contains one of these (comma-separated)")
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "fit.json"))
     ap.add_argument("--markdown", action="store_true", help="also print the README table")
     args = ap.parse_args()
@@ -199,7 +199,7 @@ def main():
     rows = []
     for name, (extra, classifier) in FILES.items():
         src = FIT / name
-        if (args.only and args.only not in name) or not src.exists():
+        if (args.only and not any(o in name for o in args.only.split(","))) or not src.exists():
             continue
         for own in ([False, True] if quantized_tflite(src) else [False]):
             row = measure(src, extra, calib, classifier, own_ranges=own)

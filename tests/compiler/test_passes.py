@@ -203,7 +203,8 @@ def test_fuse_pool(pool, fused):
     op = pool.pop("op_type")
     nodes = [conv("c", "x", "w", pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node(op, ["r"], ["y"], **pool)]
-    g, log = check(make_model(nodes, [X], [("y", None)], {"w": rand(8, 4, 3, 3)}), None)
+    # 16x16: a 4x4 pool of the 8x8 X would be a 2x2 KPU output, under its 4x4 minimum (not fused)
+    g, log = check(make_model(nodes, [("x", [1, 4, 16, 16])], [("y", None)], {"w": rand(8, 4, 3, 3)}), None)
     assert (g.op_counts() == {"Conv": 1}) == fused
     if fused:
         p = g.nodes[0].attrs["pool"]
