@@ -76,13 +76,13 @@ def tflite_reference(path, kmodel, photos, limit=EVAL_LIMIT):
     on the same pixels (an integer output dequantized with its own scale; paired by name, a map's
     layout by agreement); tflite_vs_float_db: the interpreter's output vs the float graph its
     integers stand for -- how far TFLite's own integer arithmetic is from it."""
+    from tl2k210.compare import output_agreement
     from tl2k210.compiler import ConvertOptions, model_input_range, model_inputs
     from tl2k210.frontends import load_graph
     from tl2k210.k210.emulator import Emulator
     from tl2k210.k210.flow import run_pipeline
     from tl2k210.passes.input_nchw import input_layout
     from tl2k210.quantize.calibrate import FloatRunner
-    from tl2k210.quantize.compare import output_agreement
     from tl2k210.quantize.metrics import cosine
     graph, _ = run_pipeline(load_graph(str(path)))
     opts, _ = model_input_range(graph, ConvertOptions())
