@@ -14,7 +14,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps -r requirements.lock   # the lock is complete; tf-keras names tensorflow, tensorflow-cpu serves it
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
