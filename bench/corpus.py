@@ -38,8 +38,8 @@ CORPUS = TESTDATA / "corpus"
 REAL = {
     "DAE_for_M5StickV__Model.tflite": ([], "DAE_for_M5StickV__Model.kmodel"),
     "DAE_for_M5StickV__Model.h5": ([], "DAE_for_M5StickV__Model.kmodel"),
-    # 3.6 MB with its main memory: refused for the full MaixPy firmware (the message says
-    # --runtime maixpy-minimum), which is what its nncase kmodel (2.98 MB) needs too
+    # for a minimum firmware, as its nncase kmodel (2.98 MB) needs: kmodel v3, 3.35 MB with its main
+    # memory (full MaixPy gets kmodel v4, its dense layer as uint8 quantized_matmul: 1.33 MB)
     "DonkeyCar_on_M5StickV__Model_Original.tflite": (["--runtime", "maixpy-minimum"],
                                                      "DonkeyCar_on_M5StickV__Model_Original.kmodel"),
     "DonkeyCar_on_M5StickV__Model_Original.h5": (["--runtime", "maixpy-minimum"],

@@ -18,6 +18,7 @@ import numpy as np
 from tl2k210.errors import Tl2k210Error
 from tl2k210.graph import describe
 from tl2k210.k210 import cost, firmware, hardware as hw
+from tl2k210.k210.ideal import ideal as graph_ideal
 from tl2k210.k210.fit import BudgetError, FormatError  # noqa: F401  (raised by convert)
 from tl2k210.k210.kmodel import atomic_write, dumps
 from tl2k210.quality import finite_sqnr, ideal_text, quality_gate, sqnr_text
@@ -44,6 +45,7 @@ class ConvertOptions:
     input_shape: tuple | None = None      # NCHW, for models with symbolic dims
     network: object = None                # TensorLayer network for weight files
     format: str = "auto"                  # kmodel v3 | v4 | auto (v3 when every layer has a v3 form)
+    optimize: str = "latency"             # latency: the fastest forms that fit | size: the smallest
     weights: str | None = None            # weights .h5 of a Keras architecture .json
     progress: bool = True
     metadata: dict | None = None          # task, anchors, labels, decode, script, flash_address
@@ -63,13 +65,17 @@ class Receipt:
     layers: list
     totals: dict = field(default_factory=dict)
     passes: list = field(default_factory=list)
+    ideal: dict = field(default_factory=dict)     # the 8-bit ideal (k210/ideal.py): totals and per layer
+    trades: list = field(default_factory=list)    # layers given a smaller, slower form to fit (fit.py)
 
     def table(self) -> str:
-        cols = ("node", "unit", "why", "in", "out", "MACs", "weights", "KPU lines", "cycles", "SQNR dB")
-        rows = []
+        cols = ("node", "unit", "why", "in", "out", "MACs", "weights", "ideal", "KPU lines", "cycles", "SQNR dB")
+        rows, seen = [], set()
         for r in self.layers:
+            ideal_w = "" if r["node"] in seen else f"{r.get('ideal_weight_bytes', 0):,}"
+            seen.add(r["node"])
             rows.append((r["node"][:28], r["unit"], r["why"][:44], "x".join(map(str, r["in_shape"])),
-                         "x".join(map(str, r["out_shape"])), f"{r['macs']:,}", f"{r['weight_bytes']:,}",
+                         "x".join(map(str, r["out_shape"])), f"{r['macs']:,}", f"{r['weight_bytes']:,}", ideal_w,
                          str(r["kpu_lines"] or "-"), f"{r['cycles']:,}",
                          sqnr_text(r.get("sqnr_db"), r.get("sqnr_note"))))
         lines = text_table(cols, rows)
@@ -85,6 +91,14 @@ class Receipt:
                   f"{self.main_memory:,} B; runtime '{t['runtime']}' budget {t['budget']:,} B "
                   f"(model + main memory {self.file_size + self.main_memory:,} B)",
                   f"estimated latency {self.latency_ms:.2f} ms at 400 MHz (model in tl2k210/k210/cost.py)"]
+        if self.ideal:
+            i, ours = self.ideal, self.file_size + self.main_memory
+            lines.append(f"ideal at {i['weight_bits']} bits: weights {i['weight_bytes']:,} B + maps "
+                         f"{i['live_bytes']:,} B (live at {i['peak_at']}) = {i['total']:,} B; ours: kmodel "
+                         f"{self.file_size / max(1, i['weight_bytes']):.2f}x the weights, main memory "
+                         f"{self.main_memory / max(1, i['live_bytes']):.2f}x the maps, "
+                         f"total {ours / max(1, i['total']):.2f}x")
+        lines += [f"traded: {line}" for line in self.trades]
         if t.get("format_why"):
             lines.append(t["format_why"])
         if t.get("kpu_padding_effect"):
@@ -144,7 +158,8 @@ def weight_census(onnx_model):
 
 def check_weight_budget(onnx_model, opts, where):
     """Refuse at once (before shape inference, folding or calibration) a model whose weights
-    alone, at the chosen bits, exceed what the runtime leaves for model + main memory."""
+    alone, at the chosen bits, exceed what the runtime leaves for model + main memory (the rest
+    of the ideal, k210/ideal.py, needs the graph: fit.check_ideal, after the passes)."""
     census = weight_census(onnx_model)
     params = sum(c for _, _, c in census)
     need = params * opts.weight_bits // 8
@@ -154,7 +169,8 @@ def check_weight_budget(onnx_model, opts, where):
     top = sorted(census, key=lambda r: -r[2])[:3]
     bigger = [k for k, v in RUNTIME_BUDGET.items() if v >= need]
     raise BudgetError(
-        f"{where}: {params:,} weights = {need:,} B at {opts.weight_bits} bits, more than the "
+        f"{where}: {params:,} weights = {need:,} B at {opts.weight_bits} bits (the ideal's weights alone, "
+        "before its maps), more than the "
         f"{budget:,} B '{opts.runtime}' firmware leaves for model + main memory (largest: "
         + ", ".join(f"{name} {op} {c:,}" for name, op, c in top) + "); "
         + (f"use --runtime {bigger[0]}" if bigger else "no K210 runtime holds it: use a smaller network "
@@ -487,6 +503,8 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     fmt, forced = plan_format(graph, Options(format=opts.format, weight_bits=opts.weight_bits,
                                              float_fc=opts.float_fc))
     fit.check_format(fmt, forced, opts.runtime)
+    ide = graph_ideal(graph, opts.weight_bits)
+    fit.check_ideal(ide, opts.runtime, where)
     _say(opts, f"[3/6] calibration ({opts.method}) ...")
     opts, range_note = model_input_range(graph, opts)
     if range_note:
@@ -511,17 +529,21 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
         exact, _ = run_pipeline(exact_graph)
         padding_effect = calibrate.compare_graphs(exact, graph, batches[:opts.sqnr_samples * 4])
     _say(opts, "[4/6] lowering to the KPU ...")
-    model, rows, trace_map, lw = lower(graph, ranges, Options(
-        weight_bits=opts.weight_bits, input_scale=tuple(scale), input_offset=tuple(offset),
-        channel_means=means, float_fc=opts.float_fc, format=opts.format))
-    fit.check_format(lw.format, lw.forced_by, opts.runtime)
     from tl2k210 import metadata
-    metadata.check_decode(model, opts.metadata)
-    data_bytes = dumps(model)
+
+    def build(small):
+        model, rows, trace_map, lw = lower(graph, dict(ranges), Options(
+            weight_bits=opts.weight_bits, input_scale=tuple(scale), input_offset=tuple(offset),
+            channel_means=dict(means), float_fc=opts.float_fc, format=opts.format, small=small))
+        fit.check_format(lw.format, lw.forced_by, opts.runtime)
+        metadata.check_decode(model, opts.metadata)
+        return fit.Built(model, dumps(model), rows, trace_map, lw)
     budget = RUNTIME_BUDGET[opts.runtime]
-    fit.check_budget(model, len(data_bytes), opts.runtime, lw, rows)
+    choice = fit.choose_forms(build, budget, opts.optimize)
+    model, data_bytes, rows, trace_map, lw, est = (choice.built.model, choice.built.data, choice.built.rows,
+                                                   choice.built.trace_map, choice.built.lw, choice.built.est)
+    fit.check_budget(model, len(data_bytes), opts.runtime, lw, rows, ide)
     items = model.items
-    est = cost.estimate(model)
     main_mem = model.main_memory
     need = len(data_bytes) + main_mem
     _say(opts, f"[5/6] measuring per-layer SQNR on the emulator ({opts.sqnr_samples} samples) ...")
@@ -568,6 +590,8 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
         d.update(cycles=cyc, sqnr_db=v, kmodel_layers=[items[i].name for i in r.layers])
         if note:
             d["sqnr_note"] = note
+        li = ide.layer(r.node)
+        d.update(ideal_weight_bytes=li.weight_bytes if li else 0, ideal_live_bytes=li.live_bytes if li else 0)
         layer_rows.append(d)
     total_cycles = est.cycles
     ideal = ideal_sqnr(graph, ranges, floats[:n], opts.weight_bits)
@@ -589,11 +613,14 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
                 "cycles": total_cycles, "frontend_s": round(t_front, 2),
                 "total_s": round(time.perf_counter() - t0, 2), "method": opts.method,
                 "kpu_padding": opts.kpu_padding, "kpu_padding_effect": padding_effect,
+                "optimize": opts.optimize, "fastest_need": choice.fastest_need,
+                "fastest_ms": cost.ms(choice.fastest_cycles),
                 "input_range": list(opts.input_range), "input_range_note": range_note,
                 "calibration_note": calib_note,
                 "batch_note": batch_note or None},
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
-                 "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in plog])
+                 "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in plog],
+        ideal={**ide.to_dict(), "layers": [asdict(li) for li in ide.layers]}, trades=choice.trades)
     quality_gate(receipt, nonfinite, opts.min_sqnr)
     meta = metadata.for_conversion(data_bytes, output, graph, opts, image, budget, need, receipt.source)
     _say(opts, f"[6/6] writing {output} and {metadata.path_for(output).name}")

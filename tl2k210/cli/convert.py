@@ -42,6 +42,9 @@ def add_convert_parser(sub):
     p.add_argument("--min-sqnr", type=cliargs.float_range(0, example=15), default=15.0, metavar="DB",
                    help="refuse (exit 2, nothing written) a kmodel whose outputs are NaN/Inf on the "
                    "calibration data or below DB dB SQNR vs the float model (15); 0 accepts anything")
+    p.add_argument("--optimize", choices=["latency", "size"], default="latency",
+                   help="latency (default): per layer the fastest exact form such that the whole model "
+                   "fits --runtime (the receipt says what it traded to fit); size: the smallest forms")
     p.add_argument("--report", help="also write the receipt as JSON")
     p.add_argument("--network", help="python file defining build() -> TensorLayer model, for weight "
                    "files (it is run as Python: use files you trust)")
@@ -106,7 +109,8 @@ def cmd_convert(args):
     opts = ConvertOptions(dataset=args.dataset, method=args.calibrate_method, weight_bits=args.weight_bits,
                           kpu_padding=args.kpu_padding, runtime=args.runtime, calib_limit=args.calib_limit,
                           float_fc=args.float_fc, format=args.format, weights=args.weights,
-                          progress=not args.quiet, min_sqnr=args.min_sqnr, **cliargs.pre_opts(args))
+                          optimize=args.optimize, progress=not args.quiet, min_sqnr=args.min_sqnr,
+                          **cliargs.pre_opts(args))
     if args.network:
         opts.network = _load_network(args.network)
     opts.metadata = meta

@@ -4,12 +4,20 @@
   docs/kmodel-format.md#versions-and-loaders: MaixPy builds with KMODEL_V4_SUPPORT and the SDK
   since V0.5.7 do, `maixpy-minimum` does not); the refusal names the layer that needs v4.
 * memory: model file + main memory within what the build leaves (`model_budget`); the refusal
-  gives the budget, the biggest weight blocks and the buffers live at the main-memory peak.
+  gives the budget, the 8-bit ideal (ideal.py) against ours, the layers furthest from their ideal
+  and the buffers live at the main-memory peak. `check_ideal` refuses, before calibration, a model
+  whose floor (the ideal's weights + the maps the KPU RAM cannot hold) exceeds the budget: no form
+  of it fits.
+* forms: `choose_forms` picks, per layer, the fastest exact form such that the whole model fits
+  (or the smallest, --optimize size), and says what it traded.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from tl2k210.errors import Tl2k210Error
-from tl2k210.k210 import firmware
+from tl2k210.k210 import cost, firmware, hardware as hw
+from tl2k210.k210.ideal import mb
 
 
 class BudgetError(Tl2k210Error):
@@ -50,7 +58,52 @@ def _kb(n):
     return f"{n / 1024:,.0f} KiB" if n >= 10 * 1024 else f"{n:,} B"
 
 
-def check_budget(model, nbytes: int, runtime: str, lw=None, rows=()):
+def furthest(rows, ide, n=3):
+    """The `n` receipt rows whose kmodel bytes exceed their ideal the most: [(excess, node, ours, ideal)]."""
+    per = {}
+    for r in rows:
+        per[r.node] = per.get(r.node, 0) + r.weight_bytes
+    out = []
+    for node, ours in per.items():
+        li = ide.layer(node)
+        ideal_b = li.weight_bytes if li is not None else 0
+        if ours > ideal_b:
+            out.append((ours - ideal_b, node, ours, ideal_b))
+    return sorted(out, reverse=True)[:n]
+
+
+def ideal_text(ide, nbytes, main, rows) -> str:
+    """'ideal 0.87 MB, ours 6.51 MB; the three layers furthest from their ideal: ...'"""
+    far = furthest(rows, ide)
+    return (f"{ide.text()}, ours {mb(nbytes + main)} (kmodel {mb(nbytes)} + main memory {mb(main)})"
+            + (f"; the {len(far)} layer{'s' if len(far) > 1 else ''} furthest from their ideal: "
+               + ", ".join(f"{node} {_kb(ours)} (ideal {_kb(ib)})" for _, node, ours, ib in far) if far else ""))
+
+
+def fitting_runtimes(need: int, version=None) -> list:
+    return [n for n, r in firmware.RUNTIMES.items() if r.model_budget >= need
+            and (version is None or version in r.kmodel_versions)]
+
+
+def check_ideal(ide, runtime: str, where: str):
+    """BudgetError, before calibration, when no form of the model fits `runtime`: its ideal's
+    weights, and the maps the KPU RAM cannot hold, exceed what the runtime leaves."""
+    budget = firmware.get(runtime).model_budget
+    if ide.floor <= budget:
+        return
+    top = sorted(ide.layers, key=lambda r: -r.weight_bytes)[:3]
+    bigger = fitting_runtimes(ide.floor)
+    raise BudgetError(
+        f"{where}: {ide.text()}; even with {hw.KPU_RAM_BYTES:,} B of its maps in KPU RAM it needs "
+        f"{ide.floor:,} B, which exceeds what '{runtime}' firmware leaves for model + main memory "
+        f"({budget:,} B): no form of this model fits it (largest weights at the ideal: "
+        + ", ".join(f"{r.node} {_kb(r.weight_bytes)}" for r in top) + "). "
+        + (f"Use --runtime {' or '.join(bigger)}" if bigger else
+           "No K210 runtime holds it: use a smaller network (fewer channels, a smaller input)")
+        + ". Nothing was written.")
+
+
+def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None):
     """BudgetError when file + main memory exceed what `runtime` leaves."""
     rt = firmware.get(runtime)
     main = model.main_memory
@@ -63,15 +116,110 @@ def check_budget(model, nbytes: int, runtime: str, lw=None, rows=()):
         bufs = sorted(((size, name) for name, (_, size) in lw.main.at_high.items()), reverse=True)[:3]
         if getattr(lw, "v4_scratch", 0):
             bufs = sorted(bufs + [(lw.v4_scratch, "v4 layer temporaries")], reverse=True)[:3]
-    bigger = [n for n, r in firmware.RUNTIMES.items() if r.model_budget >= need
-              and model.version in r.kmodel_versions]
+    bigger = fitting_runtimes(need, model.version)
     v3 = getattr(lw, "v3_error", None)       # auto fell back to v4 after v3's whole-model refusal
     raise BudgetError(
         (f"kmodel v3: {v3}\nkmodel v4 would run it, but: " if v3 is not None else "") +
         f"kmodel v{model.version} {nbytes:,} B + main memory {main:,} B = {need:,} B exceeds what "
         f"'{runtime}' firmware leaves for model + main memory ({rt.model_budget:,} B)"
+        + (f"; {ideal_text(ide, nbytes, main, rows)}" if ide is not None else "")
         + (f"; biggest weights: {', '.join(f'{n} {_kb(b)}' for b, n in weights)}" if weights else "")
         + (f"; biggest buffers at the main-memory peak: {', '.join(f'{n} {_kb(b)}' for b, n in bufs)}"
            if bufs else "")
         + f". Use a smaller network{', --runtime ' + ' or '.join(bigger) if bigger else ''}"
         + (" or kpu.load_flash (v3)" if model.version == 3 else "") + ". Nothing was written.")
+
+
+# ---------------------------------------------------------------------------------------------
+# forms under the budget
+@dataclass
+class Built:
+    """One lowering of the model: what `lower` returned, its bytes and its estimated cycles."""
+    model: object
+    data: bytes
+    rows: list
+    trace_map: dict
+    lw: object
+    est: object = None
+
+    def __post_init__(self):
+        self.est = cost.estimate(self.model)
+
+    @property
+    def need(self) -> int:
+        return len(self.data) + self.model.main_memory
+
+    def per_node(self) -> dict:
+        """node -> (kmodel weight bytes, estimated cycles, form): what each layer's form costs."""
+        out = {}
+        for r in self.rows:        # a node's first row names its form (later ones: moves after it)
+            w, c, form = out.get(r.node, (0, 0, ""))
+            out[r.node] = (w + r.weight_bytes, c + sum(self.est.rows[i][3] for i in r.layers),
+                           form or r.lowering + (f" ({r.form})" if r.form else ""))
+        return out
+
+
+@dataclass
+class Choice:
+    built: Built
+    trades: list = field(default_factory=list)    # one line per layer given its smaller form
+    fastest_need: int = 0                         # kmodel + main memory in the fastest forms
+    fastest_cycles: int = 0                       # their estimated cycles
+
+
+def choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
+    """Lower with `build(small)` (small: the nodes to give their smaller form, "*" all) until the
+    model fits `budget`. The fastest forms first; if they do not fit (or `optimize` is "size") and
+    some layer has a smaller form (`lw.smaller`), every smaller form: the per-layer differences
+    (kmodel bytes saved, cycles lost) rank the layers, most bytes per cycle first, and they are
+    switched one at a time, each kept only if the whole model shrank (a smaller form may need
+    more main memory: the stride-1 map its CPU pick reads), until the model fits ("latency") or
+    the candidates run out ("size"). Keeps the fastest lowering that fits (the smallest with
+    "size"); when none fits, the smallest, for check_budget's refusal. A form that fails to lower
+    is no option."""
+    if optimize not in ("latency", "size"):
+        raise Tl2k210Error(f"--optimize {optimize!r}: choose latency or size")
+    fast = build(frozenset())
+    if optimize == "latency" and fast.need <= budget or not fast.lw.smaller:
+        return Choice(fast, [], fast.need, fast.est.cycles)
+    tried, a, b = [fast], fast.per_node(), {}
+    try:
+        tried.append(build(frozenset({"*"})))
+        b = tried[1].per_node()
+    except Tl2k210Error:     # e.g. a smaller form needs kmodel v4, which the runtime does not load
+        pass
+    ranked = [n for _, n in sorted(((b[n][1] - a[n][1]) / (a[n][0] - b[n][0]), n)
+                                   for n in a if n in b and a[n][0] > b[n][0])]
+    ranked += sorted(n for n in fast.lw.smaller if n not in b)
+    chosen, current = set(), fast
+    for n in ranked:
+        if optimize == "latency" and current.need <= budget:
+            break
+        try:
+            trial = build(frozenset(chosen | {n}))
+        except Tl2k210Error:
+            continue
+        tried.append(trial)
+        if trial.need < current.need:
+            chosen.add(n)
+            current = trial
+    fits = [t for t in tried if t.need <= budget]
+    if optimize == "size" or not fits:
+        best = min(tried, key=lambda t: (t.need, t.est.cycles))
+    else:
+        best = min(fits, key=lambda t: (t.est.cycles, t.need))
+    return Choice(best, trades(a, best.per_node(), fast.need, budget, optimize), fast.need, fast.est.cycles)
+
+
+def trades(fastest: dict, chosen: dict, fast_need: int, budget: int, optimize: str) -> list:
+    """'conv2d_21: kpu_conv (stride 1 + CPU pick), 40 KiB, 1.20 ms; kpu_conv_kxk (stride-2
+    phases) would take 160 KiB, 1.10 ms, and the model would not fit (2,310,000 B > 2,097,152 B)'"""
+    why = (f"and the model would not fit ({fast_need:,} B > {budget:,} B)" if fast_need > budget
+           else "(--optimize size)")
+    out = []
+    for n, (w, c, form) in chosen.items():
+        fw, fc, fform = fastest.get(n, (w, c, form))
+        if (fw, fform) != (w, form):
+            out.append(f"{n}: {form}, {_kb(w)}, est. {cost.ms(c):.2f} ms; {fform} would take "
+                       f"{_kb(fw)}, {cost.ms(fc):.2f} ms, {why}")
+    return out

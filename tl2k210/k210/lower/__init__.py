@@ -20,8 +20,8 @@ from tl2k210.graph import describe
 
 from . import conv, cpu, fc, kxk, layout  # noqa: F401  (register the lowerings)
 from . import v4ops, v4resize, v4elementwise, v4conv  # noqa: F401  (the kmodel v4 lowerings)
-from .registry import FORMATS, REGISTRY, select, supported_ops  # noqa: F401
-from .state import Loc, Lowering, Options, Row  # noqa: F401
+from .registry import FORMATS, REGISTRY, select, smaller_alternative, supported_ops  # noqa: F401
+from .state import Loc, Lowering, Options, Row, wants_small  # noqa: F401
 
 
 def plan_format(graph, opts: Options | None = None):
@@ -43,7 +43,12 @@ def plan_format(graph, opts: Options | None = None):
         return fmt, None
     for n in order:
         try:
-            select(graph, n, opts, "v3")
+            alt3, _ = select(graph, n, opts, "v3")
+            if wants_small(opts, n):     # the smaller form may be a layer only kmodel v4 has
+                smaller = smaller_alternative(graph, n, opts, alt3)
+                if smaller is not None and smaller[1] == "v4":
+                    return "v4", (n.name, f"{describe(n)} in its smaller form, {smaller[0].name} "
+                                          f"({smaller[0].unit}), which only kmodel v4 has")
         except UnsupportedOpError as e3:
             select(graph, n, opts, "v4")      # raises what neither format can do
             if opts.weight_bits != 8:

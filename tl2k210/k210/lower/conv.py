@@ -393,6 +393,7 @@ def kpu_conv(lw, node):
         note = phases_passed_over(lw.g, node, lw.opts)
         if note:
             row.notes.append(note)
+            row.form = "stride 1 + CPU pick"
 
 
 def describe(row, geo, plan, k=None):

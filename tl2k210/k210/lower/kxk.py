@@ -36,6 +36,7 @@ from . import kpu
 from .conv import (conv_cycles, describe, emit_layer, geometry, input_terms, is_dense, kpu_conv_refuses,
                    plan_for, quantize_conv)
 from .registry import KPU, NA, lowering
+from .state import wants_small
 
 
 def _effective_kernel(a):
@@ -268,6 +269,8 @@ def phases_preferred(g, node, opts=None):
         return False
     if node.inputs[0] in g.inputs and h * w > kpu.STREAM_PIXELS:
         return True              # v3 cannot run the stride-1 form, v4 only with the image in main memory
+    if wants_small(opts, node):
+        return False             # the phases' re-indexed weights are 4x the conv's
     cap = getattr(opts, "kpu_ram_lines", hw.KPU_RAM_LINES)
     return alts[0].cycles < stride1_cycles(g, node, fmt) and phase_lines(g, node, alts[0]) <= cap
 
@@ -289,6 +292,7 @@ def phases_passed_over(g, node, opts):
     f, s1 = alts[0], stride1_cycles(g, node, fmt)
     lines, cap = phase_lines(g, node, f), getattr(opts, "kpu_ram_lines", hw.KPU_RAM_LINES)
     why = (f"its copies need {lines * hw.LINE_BYTES:,} B of KPU RAM (> {cap * hw.LINE_BYTES:,} B)" if lines > cap
+           else "the smaller form was asked for (see the receipt's trades)" if wants_small(opts, node)
            else "not cheaper")
     return f"stride 1 + CPU pick: est. {s1:,} cycles; 'stride-2 phases' {f.cycles:,}, not chosen: {why}"
 
@@ -335,7 +339,7 @@ def kpu_conv_kxk(lw, node):
     B = np.asarray(lw.g.tensors[node.inputs[2]].value, np.float64)
     alts = forms(lw.g, node, lw.format)
     form = alts[0]
-    row = lw.row(node, "", in_shape=(ci, h, w), out_shape=lw.shape(out))
+    row = lw.row(node, "", in_shape=(ci, h, w), out_shape=lw.shape(out), form=form.name)
     sc, _, z_x, _ = input_terms(lw, x, ci)
     quant = (float(sc[0]), z_x) if x != lw.pixel_input and x not in lw.pixel_copy else (None, z_x)
     pixels = lw.pixel_copy.get(x, np.arange(ci) if x == lw.pixel_input else None)
@@ -381,6 +385,8 @@ def kpu_conv_kxk(lw, node):
     emit_layer(lw, final, geo, plan_for(lw, final), lq, row)
     _drop(lw, src)
     n = form.n
+    if K == 3:      # the stride-1 map + CPU pick stores the conv's own weights, not 4x
+        lw.smaller.add(node.name)
     row.why = (f" as {n + 1} KPU stages ('{form.name}': {n} exact one-hot 3x3 shift stage{'s' if n > 1 else ''} "
                f"to {form.channels} channels{', picking stride 2' if form.phase else ''}, then a 3x3 conv "
                f"with re-indexed weights; est. {form.cycles:,} cycles"

@@ -127,6 +127,23 @@ def select(g, node, opts, fmt="v3"):
                              f"{fmt}:\n  - " + "\n  - ".join(lines))
 
 
+def smaller_alternative(g, node, opts, chosen):
+    """(Alternative, format) that `node`'s smaller form takes instead of `chosen` - a layer of a
+    better unit (uint8 CPU for float: a byte a weight, not four), possibly only in kmodel v4 - or
+    None. The checks see `opts.small` naming the node (state.wants_small)."""
+    if UNIT_RANK[chosen.unit] <= UNIT_RANK[KPU]:
+        return None
+    small = dataclasses.replace(opts, small=frozenset({node.name}))
+    for fmt in FORMATS:
+        try:
+            alt, _ = select(g, node, small, fmt)
+        except UnsupportedOpError:
+            continue
+        if UNIT_RANK[alt.unit] < UNIT_RANK[chosen.unit]:
+            return alt, fmt
+    return None
+
+
 def why_not(passed) -> str:
     """The receipt's note on the alternatives passed over."""
     return "; ".join(f"not {a.name}: {r}" for a, r in passed if r)

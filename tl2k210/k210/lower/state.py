@@ -55,6 +55,7 @@ class Row:
     notes: list = field(default_factory=list)
     tensor: str = ""        # the tensor this row produces (default: the node's output)
     lowering: str = ""      # the registered lowering that produced it
+    form: str = ""          # which of its exact forms, where it has several ('stride-2 phases'...)
     act_fit_lsb: float | None = None   # KPU activation table's max error (output LSB), see kpu.fit_error
 
 
@@ -68,6 +69,16 @@ class Options:
     float_fc: bool = False      # dense layers as float FULLY_CONNECTED instead of the padded KPU conv
     format: str = "auto"        # kmodel format: "v3", "v4" or "auto" (v3 when every layer has a v3 form)
     kpu_ram_lines: int = hw.KPU_RAM_LINES   # KPU RAM the plan may use (tests force tiling with less)
+    small: frozenset = frozenset()   # nodes to lower in their smaller (slower) form; "*": every node
+
+
+def wants_small(opts, node) -> bool:
+    """Does the plan ask for `node`'s smaller form (fit.choose_forms: to fit the budget, or
+    --optimize size)? Read by every choice between exact forms that trades bytes for speed; a
+    lowering that takes the faster one adds the node to `Lowering.smaller`, so the plan knows
+    there is something to trade."""
+    small = getattr(opts, "small", ())
+    return "*" in small or node.name in small
 
 
 def chw(shape):
@@ -99,6 +110,7 @@ class Lowering:
         self.trace_map = {}         # tensor -> (layer index or indices, kind): SQNR from emulator traces
         self.uses = {}
         self.choice = {}            # node name -> (Alternative, passed-over reasons)
+        self.smaller = set()        # nodes given a fast form that have a smaller one (wants_small)
         for n in self.order:
             for i in n.inputs:
                 self.uses[i] = self.uses.get(i, 0) + 1
@@ -362,7 +374,9 @@ class Lowering:
         if len(g.inputs) != 1:
             raise UnsupportedOpError(f"the model has {len(g.inputs)} inputs; K210 runtimes feed one")
         for node in self.order:
-            self.choice[node.name] = registry.select(g, node, self.opts, self.format)
+            alt = self.choice[node.name] = registry.select(g, node, self.opts, self.format)
+            if alt[0].unit == registry.CPU_F32 and registry.smaller_alternative(g, node, self.opts, alt[0]):
+                self.smaller.add(node.name)
         x = g.inputs[0]
         first = self.consumers(x)
         shape = self.shape(x)

@@ -25,6 +25,7 @@ from tl2k210.quantize.metrics import sqnr_db
 from .conv import is_dense
 from .fc import feeds_output, float_fc_refuses, source_unit
 from .registry import CPU_F32, CPU_U8, NA, lowering
+from .state import wants_small
 from .v4elementwise import g4, nnil_ops
 from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, nnil_code, pixel_affine
 from .v4ops import window_pool
@@ -60,7 +61,7 @@ def qconv_refuses(g, node, opts):
     if taps > ACC_TAPS_MAX:
         return f"{taps} taps per output overflow the int32 accumulator (at most {ACC_TAPS_MAX:,})"
     q = weight_sqnr(W)
-    if q < WEIGHT_SQNR_MIN:
+    if q < WEIGHT_SQNR_MIN and not wants_small(opts, node):
         return (f"per-layer uint8 weights keep only {q:.1f} dB of the weights (spread "
                 f"{float(np.max(np.abs(W))):.3g} / {float(np.std(W)):.3g}): the float conv2d keeps them")
     return None
@@ -379,6 +380,8 @@ def qmatmul_refuses(g, node, opts):
         return f"activation {act['op']} has no function of one value to tabulate"
     if wb[0].shape[1] > ACC_TAPS_MAX:
         return f"{wb[0].shape[1]} inputs per output overflow the int32 accumulator (at most {ACC_TAPS_MAX:,})"
+    if wants_small(opts, node):
+        return None             # 4x less weight memory than the float layer: the plan needs it to fit
     if source_unit(g, node.inputs[0], opts) in ("input", CPU_F32) and float_fc_refuses(g, node, opts) is None:
         return "its input is float: the float layer avoids a quantize"
     if feeds_output(g, node.outputs[0]):

@@ -1,0 +1,258 @@
+"""Issue 22 part A, TF-free: the 8-bit ideal computed by hand on small graphs, the refusal of a
+model that cannot fit even at its ideal (before calibration), and forms chosen under the budget
+(a model that fits only in its smaller form converts and the receipt names the trade;
+--optimize size against latency)."""
+import json
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from front_helpers import make_model
+from lower_helpers import conv_node, pixels
+from tl2k210.graph import from_onnx
+from tl2k210.k210 import fit, kmodel
+from tl2k210.k210.ideal import ideal
+from tl2k210.k210.flow import run_pipeline
+
+RNG = np.random.default_rng(22)
+
+
+def W(*s, scale=0.3):
+    return (RNG.normal(size=s) * scale).astype(np.float32)
+
+
+def N(op, ins, outs, **kw):
+    return helper.make_node(op, ins, outs, name=kw.pop("name", outs[0]), **kw)
+
+
+@pytest.fixture(scope="module")
+def png_dir(tmp_path_factory):
+    from PIL import Image
+    d = tmp_path_factory.mktemp("png")
+    for i, p in enumerate(pixels(4, 3, 32, 32, seed=3)):
+        Image.fromarray(p.transpose(1, 2, 0)).save(d / f"{i}.png")
+    return d
+
+
+def _residual():
+    """x (3x8x8) -> c1 3x3 conv (8) -> c2 1x1 conv (8) -> y = c1 + c2 -> Flatten."""
+    return make_model([conv_node("c1", "x", "w1", "b1", pads=[1, 1, 1, 1]), conv_node("c2", "c1", "w2", "b2"),
+                       N("Add", ["c1", "c2"], ["y"]), N("Flatten", ["y"], ["f"], axis=1)],
+                      [("x", [1, 3, 8, 8])], [("f", [1, 512])],
+                      {"w1": W(8, 3, 3, 3), "b1": W(8), "w2": W(8, 8, 1, 1), "b2": W(8)})
+
+
+def test_ideal_by_hand():
+    g, _ = run_pipeline(from_onnx(_residual()))
+    ide = ideal(g)
+    # weights: 8x3x3x3 + 8x8 at 1 B, two 8-channel int32 biases
+    assert ide.weight_bytes == 216 + 64 + 4 * 8 * 2
+    assert ideal(g, 16).weight_bytes == 2 * (216 + 64) + 4 * 8 * 2
+    # maps (uint8): c1 runs with x (192) + c1 (512); c2 with c1 + c2; the Add with c1 + c2 + y; the
+    # Flatten relabels y (no new map)
+    live = {r.node: r.live_bytes for r in ide.layers}
+    assert live == {"c1": 192 + 512, "c2": 1024, "y": 1536, "f": 512}
+    assert (ide.live_bytes, ide.peak_at, ide.total) == (1536, "y", 1536 + 344)
+    assert {r.node: r.weight_bytes for r in ide.layers} == {"c1": 248, "c2": 96, "y": 0, "f": 0}
+
+
+def test_ideal_counts_constants_tables_not_shapes():
+    """A constant map operand counts a byte an element, a sigmoid its 256 B table, a Resize's
+    scales nothing; a branch keeps its source live until its last reader."""
+    m = make_model([N("Mul", ["x", "k"], ["m"]), N("Sigmoid", ["m"], ["s"]),
+                    N("Resize", ["s", "", "sc"], ["r"], mode="nearest"), N("Add", ["r", "r"], ["y"])],
+                   [("x", [1, 4, 4, 4])], [("y", [1, 4, 8, 8])],
+                   {"k": W(1, 4, 4, 4), "sc": np.array([1, 1, 2, 2], np.float32)})
+    g = from_onnx(m)
+    ide = ideal(g)
+    assert {r.node: r.weight_bytes for r in ide.layers} == {"m": 64, "s": 256, "r": 0, "y": 0}
+    assert {r.node: r.live_bytes for r in ide.layers} == {"m": 128, "s": 128, "r": 64 + 256, "y": 512}
+
+
+def _huge(tmp_path):
+    """640x640 RGB into 8 channels: 1.23 MB + 3.28 MB of uint8 maps live at the conv; with 2 MiB of
+    them in KPU RAM, 2.42 MB must be in main memory > 2 MiB."""
+    m = make_model([conv_node("wide", "x", "w", "b", pads=[1, 1, 1, 1])], [("x", [1, 3, 640, 640])],
+                   [("wide", [1, 8, 640, 640])], {"w": W(8, 3, 3, 3), "b": W(8)})
+    src = tmp_path / "huge.onnx"
+    onnx.save(m, src)
+    return src
+
+
+def test_refused_before_calibration_when_even_the_ideal_does_not_fit(tmp_path, png_dir, monkeypatch):
+    from tl2k210.compiler import BudgetError, ConvertOptions, convert
+    from tl2k210.quantize import calibrate
+
+    def no_calibration(*a, **k):
+        raise AssertionError("calibrated a model that cannot fit")
+    monkeypatch.setattr(calibrate, "collect", no_calibration)
+    src, out = _huge(tmp_path), tmp_path / "huge.kmodel"
+    t0 = time.perf_counter()
+    with pytest.raises(BudgetError) as e:
+        convert(src, out, ConvertOptions(dataset=str(png_dir), progress=False))
+    assert time.perf_counter() - t0 < 20
+    msg = str(e.value)
+    assert "ideal at 8 bits 4.51 MB (weights 248 B + maps 4.51 MB live at wide)" in msg
+    assert ("even with 2,097,152 B of its maps in KPU RAM it needs 2,408,696 B, which exceeds what 'maixpy' "
+            "firmware leaves for model + main memory (2,097,152 B)") in msg
+    assert "no form of this model fits it" in msg and "--runtime maixpy-minimum" in msg
+    assert "Nothing was written" in msg and not out.exists() and not (tmp_path / "huge.kmodel.json").exists()
+
+
+def test_cli_refusal_exit_2_nothing_written(tmp_path, png_dir, capsys):
+    from tl2k210.cli import main
+    src, out, rep = _huge(tmp_path), tmp_path / "h.kmodel", tmp_path / "h.json"
+    assert main(["convert", str(src), str(out), "--dataset", str(png_dir), "-q", "--report", str(rep)]) == 2
+    err = capsys.readouterr().err
+    assert "ideal at 8 bits" in err and "Traceback" not in err
+    assert not out.exists() and not rep.exists()
+
+
+def _branches(tmp_path, n=4, c=128):
+    """A 1x1 conv to c channels at 32x32, read by n 3x3 stride-2 convs with TF's SAME pads (no KPU
+    pick pool takes them): each has an exact 'stride-2 phases' form (4 KPU stages, the final one's
+    weights re-indexed over 4c input channels: ~4x the conv's bytes) and the stride-1 map + CPU
+    pick (the conv's own weights, a little slower)."""
+    nodes = [conv_node("a", "x", "wa", "ba")]
+    inits = {"wa": W(c, 3, 1, 1), "ba": W(c, scale=0.1)}
+    for i in range(n):
+        nodes.append(conv_node(f"s{i}", "a", f"w{i}", f"b{i}", kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1]))
+        inits.update({f"w{i}": W(c, c, 3, 3, scale=0.05), f"b{i}": W(c, scale=0.1)})
+    nodes.append(N("Concat", [f"s{i}" for i in range(n)], ["y"], axis=1))
+    src = tmp_path / f"branches{n}.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 3, 32, 32])], [("y", [1, n * c, 16, 16])], inits), src)
+    return src
+
+
+def _convert(src, out, png_dir, **kw):
+    from tl2k210.compiler import ConvertOptions, convert
+    return convert(src, out, ConvertOptions(dataset=str(png_dir), progress=False, sqnr_samples=2, **kw))
+
+
+@pytest.mark.slow
+def test_fits_only_in_the_smaller_form_and_the_receipt_names_the_trade(tmp_path, png_dir):
+    src = _branches(tmp_path, n=3)
+    # the fastest forms: every branch as the phases, 2.70 MB: too big for the 2 MiB of full MaixPy
+    fast = _convert(src, tmp_path / "fast.kmodel", png_dir, runtime="maixpy-minimum")
+    assert fast.file_size + fast.main_memory > 2 * 1024 * 1024 and not fast.trades
+    assert sum(r["form"] == "stride-2 phases" for r in fast.layers) == 3
+    r = _convert(src, tmp_path / "fit.kmodel", png_dir, runtime="maixpy")
+    assert r.file_size + r.main_memory <= 2 * 1024 * 1024 < r.totals["fastest_need"]
+    # just enough branches gave up their phases (each saves 465 KB for 0.8 ms): two of three
+    small = [x["node"] for x in r.layers if x["form"] == "stride 1 + CPU pick"]
+    assert len(small) == 2 and len(r.trades) == 2
+    assert all("kpu_conv (stride 1 + CPU pick)" in t and "kpu_conv_kxk (stride-2 phases) would take" in t
+               and "and the model would not fit" in t for t in r.trades)
+    text = r.table()
+    assert f"traded: {r.trades[0]}" in text and "ideal at 8 bits" in text
+    assert r.latency_ms > fast.latency_ms
+    # both are exact forms: the same output
+    assert abs(r.totals["output_sqnr_db"] - fast.totals["output_sqnr_db"]) < 0.01
+    assert kmodel.load(tmp_path / "fit.kmodel").version == 3
+
+
+@pytest.mark.slow
+def test_optimize_size_against_latency(tmp_path, png_dir):
+    src = _branches(tmp_path, n=2)
+    lat = _convert(src, tmp_path / "lat.kmodel", png_dir, runtime="maixpy")
+    size = _convert(src, tmp_path / "size.kmodel", png_dir, runtime="maixpy", optimize="size")
+    assert not lat.trades and len(size.trades) == 2 and all("(--optimize size)" in t for t in size.trades)
+    assert size.file_size + size.main_memory < 0.6 * (lat.file_size + lat.main_memory)
+    assert size.latency_ms > lat.latency_ms
+    assert size.totals["optimize"] == "size" and lat.totals["optimize"] == "latency"
+
+
+def test_report_json_has_the_ideal_per_layer_and_in_total(tmp_path, png_dir, capsys):
+    from tl2k210.cli import main
+    src = tmp_path / "res.onnx"
+    onnx.save(_residual(), src)
+    out, rep = tmp_path / "res.kmodel", tmp_path / "res.json"
+    assert main(["convert", str(src), str(out), "--dataset", str(png_dir), "-q", "--report", str(rep)]) == 0
+    text = capsys.readouterr().out
+    assert "ideal at 8 bits: weights 344 B + maps 1,536 B (live at y) = 1,880 B; ours: kmodel" in text
+    d = json.loads(rep.read_text())
+    assert {k: d["ideal"][k] for k in ("weight_bytes", "live_bytes", "total", "peak_at")} == {
+        "weight_bytes": 344, "live_bytes": 1536, "total": 1880, "peak_at": "y"}
+    assert [(x["node"], x["weight_bytes"], x["live_bytes"]) for x in d["ideal"]["layers"]] == [
+        ("c1", 248, 704), ("c2", 96, 1024), ("y", 0, 1536), ("f", 0, 512)]
+    rows = {x["node"]: x for x in d["layers"]}
+    assert rows["c1"]["ideal_weight_bytes"] == 248 and rows["c2"]["ideal_live_bytes"] == 1024
+    assert d["trades"] == [] and d["totals"]["optimize"] == "latency"
+    # --optimize size reaches the plan (this graph has no form with a size trade: the same kmodel)
+    out2, rep2 = tmp_path / "res2.kmodel", tmp_path / "res2.json"
+    assert main(["convert", str(src), str(out2), "--dataset", str(png_dir), "-q", "--report", str(rep2),
+                 "--optimize", "size"]) == 0
+    assert json.loads(rep2.read_text())["totals"]["optimize"] == "size"
+    assert out2.read_bytes() == out.read_bytes()
+
+
+def test_budget_refusal_names_the_ideal_and_the_layers_furthest_from_it(tmp_path, png_dir):
+    """The fastest and the smaller forms both exceed the budget: the refusal says how far from the
+    ideal, and where."""
+    from tl2k210.compiler import BudgetError
+    src = _branches(tmp_path, n=12, c=96)
+    with pytest.raises(BudgetError) as e:
+        _convert(src, tmp_path / "b.kmodel", png_dir, runtime="maixpy")
+    msg = str(e.value)
+    assert "ideal at 8 bits" in msg and ", ours " in msg and "the 3 layers furthest from their ideal: s" in msg
+    assert not (tmp_path / "b.kmodel").exists()
+
+
+def test_choose_forms_keeps_the_fastest_that_fits():
+    """The plan on made-up lowerings: (small set) -> (need, cycles, per-node bytes)."""
+    class B(fit.Built):
+        def __post_init__(self):
+            pass
+
+        @property
+        def need(self):
+            return self.data
+
+    def build(small):
+        per = {n: (100, 10, "fast") for n in "abc"}
+        s = {"a", "b", "c"} if "*" in small else set(small)
+        per.update({n: ({"a": 20, "b": 60, "c": 90}[n], {"a": 12, "b": 30, "c": 11}[n], "small") for n in s})
+        b = B(None, sum(w for w, _, _ in per.values()), [], {}, type("L", (), {"smaller": {"a", "b", "c"}})())
+        b.per_node = lambda: per
+        b.est = type("E", (), {"cycles": sum(c for _, c, _ in per.values())})()
+        return b
+    # 300 B in the fastest forms; a budget of 250: a saves the most bytes per cycle lost (80 B for
+    # 2 cycles; c: 10 B for 1, b: 40 B for 20) and is enough
+    ch = fit.choose_forms(build, 250)
+    assert ch.built.need == 220 and ch.fastest_need == 300 and len(ch.trades) == 1
+    assert ch.trades[0].startswith("a: small, 20 B") and "fast would take 100 B" in ch.trades[0]
+    assert fit.choose_forms(build, 210).built.need == 210                      # a, then c
+    assert fit.choose_forms(build, 300).built.need == 300                      # fits as it is
+    assert fit.choose_forms(build, 300, "size").built.need == 170              # every smaller form
+    assert fit.choose_forms(build, 100).built.need == 170                      # none fits: the smallest
+
+
+def _wide_dense(tmp_path, classes=500):
+    """2048 features (above the KPU's 1024 channels) into `classes`: kmodel v3 has only the float
+    FULLY_CONNECTED (4 B a weight: 4.1 MB), kmodel v4 the uint8 quantized_matmul (1 MB)."""
+    m = make_model([conv_node("c", "x", "w", "b", pads=[1, 1, 1, 1]), N("Relu", ["c"], ["r"]),
+                    N("Flatten", ["r"], ["f"], axis=1), N("Gemm", ["f", "wd", "bd"], ["y"], transB=1)],
+                   [("x", [1, 3, 16, 16])], [("y", [1, classes])],
+                   {"w": W(8, 3, 3, 3), "b": W(8, scale=0.1), "wd": W(classes, 2048, scale=0.03), "bd": W(classes, scale=0.1)})
+    src = tmp_path / "dense.onnx"
+    onnx.save(m, src)
+    return src
+
+
+@pytest.mark.slow
+def test_a_dense_layer_fits_only_as_kmodel_v4_quantized_matmul(tmp_path, png_dir):
+    src = _wide_dense(tmp_path)
+    fast = _convert(src, tmp_path / "fast.kmodel", png_dir, runtime="sdk")       # 5 MiB: the fastest forms fit
+    assert fast.totals["format"] == "v3" and not fast.trades
+    assert fast.file_size > 4_096_000
+    r = _convert(src, tmp_path / "fit.kmodel", png_dir, runtime="maixpy")
+    assert r.file_size + r.main_memory <= 2 * 1024 * 1024 < r.totals["fastest_need"]
+    assert r.totals["format"] == "v4" and "in its smaller form, quantized_matmul (CPU uint8)" in r.totals["format_why"]
+    assert len(r.trades) == 1 and r.trades[0].startswith("y: quantized_matmul, 1,002 KiB")
+    assert "float_dense would take 4,002 KiB" in r.trades[0] and "would not fit" in r.trades[0]
+    assert kmodel.load(tmp_path / "fit.kmodel").version == 4
+    # uint8 weights and output: a little SQNR for the fit
+    assert r.totals["output_sqnr_db"] > 25 and fast.totals["output_sqnr_db"] - r.totals["output_sqnr_db"] < 15

@@ -1,0 +1,144 @@
+"""The 8-bit ideal of a graph: what the same network needs at 8 bits, computed from the graph after
+the passes (before calibration), the yardstick of every receipt and refusal.
+
+    ide = ideal(graph, weight_bits=8)
+    ide.weight_bytes, ide.live_bytes, ide.total, ide.peak_at, ide.layers[0]
+
+* weights: every Conv/ConvTranspose/Gemm/MatMul weight at `weight_bits` (8 or 16), its bias at
+  4 B a channel (an int32 accumulator term), any other constant operand of an op that computes
+  with it (an Add's constant, a Mul's scale) at 1 B an element, and 256 B (a uint8 lookup
+  table) for each non piecewise-linear activation, fused or standalone. Shape operands (Reshape's
+  shape, Resize's scales, Pad's pads...) are metadata, not weights.
+* maps (the live-set lower bound): every map a uint8 byte an element; a map lives from the op
+  that writes it (the model input: from the start) to the last op that reads it (a model output:
+  to the end); at each op its inputs and outputs are live together (no in-place). A relabel
+  (Reshape, Flatten, Squeeze, Unsqueeze, Identity) writes no new map: its output is its input's
+  buffer. The bound is the largest sum of maps live at one op.
+
+The ideal (weights + maps) is the yardstick: a model whose ideal fits a runtime's budget should
+convert for it. It is not quite a floor, for maps may live in the 2 MiB KPU RAM instead of main
+memory: `floor` (the weights + what of the live set the KPU RAM cannot hold) is, and a model whose
+floor exceeds what a runtime leaves cannot fit it in any form: `convert` refuses it before
+calibration (fit.check_ideal).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tl2k210.k210 import hardware as hw
+
+WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+RELABELS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+#: ops whose constant operands say how (shapes, scales, bounds, indices), not what to compute with
+SHAPE_OPERANDS = ("Reshape", "Resize", "Upsample", "Pad", "Slice", "Clip", "Expand", "Tile", "Squeeze",
+                  "Unsqueeze", "Split", "Gather", "ReduceMean", "ReduceMax", "ReduceSum", "ReduceMin",
+                  "TopK", "ConstantOfShape", "Range")
+LINEAR_ACTS = (None, "Relu", "Clip", "LeakyRelu", "PRelu")
+TABLE_OPS = ("Sigmoid", "Tanh", "Exp", "Log", "Elu", "Selu", "Softplus", "HardSigmoid", "HardSwish",
+             "Swish", "Mish", "Sqrt", "Reciprocal", "Erf", "Gelu", "Softsign")
+TABLE_BYTES = 256
+BIAS_BYTES = 4
+
+
+@dataclass
+class LayerIdeal:
+    node: str
+    op: str
+    weight_bytes: int      # this op's weights/bias/table at the ideal
+    live_bytes: int        # uint8 maps live while this op runs
+
+
+@dataclass
+class Ideal:
+    weight_bits: int
+    weight_bytes: int
+    live_bytes: int        # the live-set lower bound of main memory
+    peak_at: str           # the op where it is reached
+    layers: list = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return self.weight_bytes + self.live_bytes
+
+    @property
+    def floor(self) -> int:
+        """The least kmodel + main memory of any form: the maps the KPU RAM cannot hold are in main memory."""
+        return self.weight_bytes + max(0, self.live_bytes - hw.KPU_RAM_BYTES)
+
+    def layer(self, node) -> LayerIdeal | None:
+        return next((r for r in self.layers if r.node == node), None)
+
+    def text(self) -> str:
+        return (f"ideal at {self.weight_bits} bits {mb(self.total)} (weights {mb(self.weight_bytes)} + "
+                f"maps {mb(self.live_bytes)} live at {self.peak_at})")
+
+    def to_dict(self) -> dict:
+        return {"weight_bits": self.weight_bits, "weight_bytes": self.weight_bytes,
+                "live_bytes": self.live_bytes, "total": self.total, "floor": self.floor, "peak_at": self.peak_at}
+
+
+def mb(n: int) -> str:
+    """'0.87 MB' (10 kB and up: the issue's unit), else '248 B'."""
+    return f"{n / 1e6:.2f} MB" if n >= 10_000 else f"{n:,} B"
+
+
+def _elements(shape) -> int:
+    return int(np.prod([int(d) for d in shape])) if shape else 1
+
+
+def node_weight_bytes(g, node, weight_bits: int = 8) -> int:
+    total = 0
+    for k, name in enumerate(node.inputs):
+        v = g.const(name) if name else None
+        if v is None or not np.issubdtype(np.asarray(v).dtype, np.floating):
+            continue
+        if node.op in WEIGHT_OPS and k == 1:
+            total += -(-v.size * weight_bits // 8)
+        elif node.op in WEIGHT_OPS and k == 2:
+            total += BIAS_BYTES * v.size
+        elif node.op not in SHAPE_OPERANDS and v.size > 1:
+            total += v.size
+    act = (node.attrs.get("activation") or {}).get("op") if isinstance(node.attrs.get("activation"), dict) else None
+    if act not in LINEAR_ACTS or node.op in TABLE_OPS:
+        total += TABLE_BYTES
+    return total
+
+
+def ideal(g, weight_bits: int = 8) -> Ideal:
+    """The ideal of graph `g` (after the passes) at `weight_bits`."""
+    from tl2k210.graph import toposort
+    order = toposort(g)
+    alias = {}                                   # relabel output -> the buffer it names
+
+    def buf(t):
+        while t in alias:
+            t = alias[t]
+        return t
+    for n in order:
+        if n.op in RELABELS and n.inputs and not g.tensors[n.inputs[0]].is_const:
+            alias[n.outputs[0]] = n.inputs[0]
+    birth, death, size = {}, {}, {}
+    for x in g.inputs:
+        b = buf(x)
+        birth[b], death[b] = -1, -1
+    for i, n in enumerate(order):
+        for t in n.inputs:
+            if t and t in g.tensors and not g.tensors[t].is_const:
+                death[buf(t)] = max(death.get(buf(t), i), i)
+        for t in n.outputs:
+            b = buf(t)
+            birth.setdefault(b, i)
+            death[b] = max(death.get(b, i), i)
+    for t in g.outputs:
+        death[buf(t)] = len(order)
+    for t in birth:
+        size[t] = _elements(g.tensors[t].shape) if g.tensors[t].shape else 0
+    layers, peak, peak_at = [], 0, order[0].name if order else ""
+    for i, n in enumerate(order):
+        live = sum(s for t, s in size.items() if birth[t] <= i <= death[t])
+        layers.append(LayerIdeal(n.name, n.op, node_weight_bytes(g, n, weight_bits), live))
+        if live > peak:
+            peak, peak_at = live, n.name
+    return Ideal(weight_bits, sum(r.weight_bytes for r in layers), peak, peak_at, layers)
