@@ -253,7 +253,7 @@ def test_unsupported_op_names_node_and_writes_nothing(tmp_path, images):
 
 def test_kpu_ram_limit_names_layer(tmp_path):
     n = Net(3, 240, 320)
-    # 32 channels: maps an 'sdk' build could hold at their ideal (64 are refused at once, test_fit.py)
+    # 32 channels: maps an 'sdk' build could hold at their ideal (64 are refused at once, compiler/test_fit.py)
     y = n.conv(n.conv("x", 3, 32, name="wide"), 32, 32, name="wider")
     np.save(tmp_path / "x.npy", np.random.default_rng(0).random((2, 3, 240, 320), np.float32))
     src = tmp_path / "big.onnx"
@@ -283,7 +283,7 @@ def test_kpu_output_below_4x4_is_refused(tmp_path):
 
 def test_budget_check_before_writing(tmp_path, images):
     """2048 features (above the KPU's 1024) into 1100 classes: a 9 MB float dense layer, 2.25 MB
-    even at 8 bits (tests/test_fit.py: 1000 classes fit as kmodel v4's quantized_matmul)."""
+    even at 8 bits (tests/compiler/test_fit.py: 500 classes fit as kmodel v4's quantized_matmul)."""
     calib, _ = images(16, 16)
     n = Net(3, 16, 16)
     y = n.op("Flatten", n.conv("x", 3, 8), axis=1)
