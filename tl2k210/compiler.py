@@ -457,27 +457,49 @@ def _check_unbatched_vector(graph):
             "(a batch of one)")
 
 
-def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
-    """Convert `source` (path or model object) to a kmodel at `output`: v3 when every layer has a
-    v3 form (--format auto), else v4 if the --runtime loads it. Nothing is written unless every
-    step succeeds (atomic rename)."""
-    from tl2k210 import frontends
-    from tl2k210.fileio import check_outputs
-    from tl2k210.graph import from_onnx
-    from tl2k210.k210.emulator import Emulator
-    from tl2k210.k210 import fit
-    from tl2k210.k210.lower import Options, lower, plan_format
-    from tl2k210.k210.flow import run_pipeline
-    from tl2k210.passes.input_nchw import input_chw
-    from tl2k210.quantize import calibrate
-    from tl2k210.quantize.fake_quant import ideal_sqnr
-    from tl2k210.quantize.metrics import sqnr_db
+# ---- convert, stage by stage: load -> optimise -> calibrate -> plan/lower -> verify -> write ----
+@dataclass
+class Loaded:
+    """Stage 1: the source model as the float graph IR."""
+    graph: object
+    where: str                 # the source's name, for messages
+    batch_note: str            # what a fixed export batch became
+    seconds: float
 
-    opts = opts or ConvertOptions()
-    check_outputs([("output", output)], [source if isinstance(source, (str, os.PathLike)) else None,
-                                         opts.dataset])
-    if opts.runtime not in RUNTIME_BUDGET:
-        raise Tl2k210Error(f"--runtime {opts.runtime!r}: choose from {sorted(RUNTIME_BUDGET)}")
+
+@dataclass
+class Optimised:
+    """Stage 2: the graph after the K210 flow's passes, its kmodel format and 8-bit ideal."""
+    graph: object
+    exact_graph: object        # before the passes (the opt-in kpu_padding is measured against it)
+    log: list                  # the passes' log
+    ideal: object              # tl2k210.k210.ideal.Ideal
+
+
+@dataclass
+class Calibration:
+    """Stage 3: calibration samples, activation ranges and the input's pixel mapping."""
+    opts: ConvertOptions       # with the input range the model itself gives, if it gives one
+    floats: np.ndarray         # the model-input samples
+    pixels: np.ndarray | None  # their camera pixels (uint8 CHW), None for a non-image input
+    scale: tuple
+    offset: tuple
+    ranges: dict
+    means: dict
+    range_note: str | None
+    calib_note: str | None
+    padding_effect: dict | None
+
+    @property
+    def image(self) -> bool:
+        return self.pixels is not None
+
+
+def load(source, opts: ConvertOptions) -> Loaded:
+    """Front-end: any supported model (path or object) -> the IR, with the checks that need no
+    calibration (weights and maps against the budget, one sample per input)."""
+    from tl2k210 import frontends
+    from tl2k210.graph import from_onnx
     t0 = time.perf_counter()
     where = source_name(source)
     _say(opts, f"[1/6] loading {where} ...")
@@ -496,15 +518,32 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
                            "sample (the K210 runs one at a time)" for x, n in graph.meta.get("rebatched", {}).items())
     if batch_note:
         _say(opts, "      " + batch_note)
-    t_front = time.perf_counter() - t0
-    _say(opts, f"[2/6] passes ({len(graph.nodes)} nodes) ...")
-    exact_graph = graph
-    graph, plog = run_pipeline(graph, {"kpu_padding": opts.kpu_padding})
+    return Loaded(graph, where, batch_note, time.perf_counter() - t0)
+
+
+def optimise(loaded: Loaded, opts: ConvertOptions) -> Optimised:
+    """The K210 flow's passes; the kmodel format the runtime must load and the 8-bit ideal, both
+    refused here, before calibration, when the runtime cannot take them."""
+    from tl2k210.k210 import fit
+    from tl2k210.k210.flow import run_pipeline
+    from tl2k210.k210.lower import Options, plan_format
+    _say(opts, f"[2/6] passes ({len(loaded.graph.nodes)} nodes) ...")
+    graph, plog = run_pipeline(loaded.graph, {"kpu_padding": opts.kpu_padding})
     fmt, forced = plan_format(graph, Options(format=opts.format, weight_bits=opts.weight_bits,
                                              float_fc=opts.float_fc))
     fit.check_format(fmt, forced, opts.runtime)
     ide = graph_ideal(graph, opts.weight_bits)
-    fit.check_ideal(ide, opts.runtime, where)
+    fit.check_ideal(ide, opts.runtime, loaded.where)
+    return Optimised(graph, loaded.graph, plog, ide)
+
+
+def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
+    """Samples (--dataset, or what a quantized model's own ranges stand for), activation ranges,
+    per-channel means, and the measured effect of the opt-in kpu_padding rewrite."""
+    from tl2k210.k210.flow import run_pipeline
+    from tl2k210.passes.input_nchw import input_chw
+    from tl2k210.quantize import calibrate as calib
+    graph = opt.graph
     _say(opts, f"[3/6] calibration ({opts.method}) ...")
     opts, range_note = model_input_range(graph, opts)
     if range_note:
@@ -524,31 +563,47 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
         _say(opts, "      " + calib_note)
     means = channel_means(graph, batches)
     padding_effect = None
-    if opts.kpu_padding and any(p["pass"] == "kpu_padding" and p["changes"] for p in plog):
+    if opts.kpu_padding and any(p["pass"] == "kpu_padding" and p["changes"] for p in opt.log):
         # the opt-in rewrite changes the float math: measure it against the exact graph
-        exact, _ = run_pipeline(exact_graph)
-        padding_effect = calibrate.compare_graphs(exact, graph, batches[:opts.sqnr_samples * 4])
-    _say(opts, "[4/6] lowering to the KPU ...")
+        exact, _ = run_pipeline(opt.exact_graph)
+        padding_effect = calib.compare_graphs(exact, graph, batches[:opts.sqnr_samples * 4])
+    return Calibration(opts, floats, pixels, scale, offset, ranges, means, range_note, calib_note,
+                       padding_effect)
+
+
+def plan_and_lower(opt: Optimised, cal: Calibration):
+    """The kmodel: each layer's fastest exact form such that the model fits the runtime (or the
+    smallest with --optimize size); refused, naming the biggest buffers, when none fits."""
     from tl2k210 import metadata
+    from tl2k210.k210 import fit
+    from tl2k210.k210.lower import Options, lower
+    opts, graph = cal.opts, opt.graph
+    _say(opts, "[4/6] lowering to the KPU ...")
 
     def build(small):
-        model, rows, trace_map, lw = lower(graph, dict(ranges), Options(
-            weight_bits=opts.weight_bits, input_scale=tuple(scale), input_offset=tuple(offset),
-            channel_means=dict(means), float_fc=opts.float_fc, format=opts.format, small=small))
+        model, rows, trace_map, lw = lower(graph, dict(cal.ranges), Options(
+            weight_bits=opts.weight_bits, input_scale=tuple(cal.scale), input_offset=tuple(cal.offset),
+            channel_means=dict(cal.means), float_fc=opts.float_fc, format=opts.format, small=small))
         fit.check_format(lw.format, lw.forced_by, opts.runtime)
         metadata.check_decode(model, opts.metadata)
         return fit.Built(model, dumps(model), rows, trace_map, lw)
-    budget = RUNTIME_BUDGET[opts.runtime]
-    choice = fit.choose_forms(build, budget, opts.optimize)
-    model, data_bytes, rows, trace_map, lw, est = (choice.built.model, choice.built.data, choice.built.rows,
-                                                   choice.built.trace_map, choice.built.lw, choice.built.est)
-    fit.check_budget(model, len(data_bytes), opts.runtime, lw, rows, ide)
-    items = model.items
-    main_mem = model.main_memory
-    need = len(data_bytes) + main_mem
+    choice = fit.choose_forms(build, RUNTIME_BUDGET[opts.runtime], opts.optimize)
+    b = choice.built
+    fit.check_budget(b.model, len(b.data), opts.runtime, b.lw, b.rows, opt.ideal)
+    return choice
+
+
+def _measure(graph, built, cal: Calibration):
+    """Float model (onnxruntime) against the kmodel (the emulator) on the first calibration
+    samples: ({tensor or "__out__"+output: SQNR dB}, {output: non-finite values}, samples)."""
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.quantize import calibrate as calib
+    from tl2k210.quantize.metrics import sqnr_db
+    opts, floats, pixels, image = cal.opts, cal.floats, cal.pixels, cal.image
+    trace_map, lw = built.trace_map, built.lw
     _say(opts, f"[5/6] measuring per-layer SQNR on the emulator ({opts.sqnr_samples} samples) ...")
-    emu = Emulator(model)
-    runner = calibrate.FloatRunner(graph)
+    emu = Emulator(built.model)
+    runner = calib.FloatRunner(graph)
     refs, tests, nonfinite = {}, {}, {o: 0 for o in graph.outputs}
     n = min(opts.sqnr_samples, len(floats))
     for i in range(n):
@@ -578,7 +633,19 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
             nonfinite[o] += int(np.size(out) - np.isfinite(out).sum())
             refs.setdefault("__out__" + o, []).append(np.asarray(ref[o], np.float64).reshape(-1))
             tests.setdefault("__out__" + o, []).append(np.asarray(out, np.float64).reshape(-1))
-    sq = {t: sqnr_db(np.concatenate(refs[t]), np.concatenate(tests[t])) for t in refs}
+    return {t: sqnr_db(np.concatenate(refs[t]), np.concatenate(tests[t])) for t in refs}, nonfinite, n
+
+
+def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0) -> Receipt:
+    """The receipt: per layer where it runs and why, cycles, SQNR against the float model and the
+    8-bit ideal; then the gate (NaN/Inf outputs, SQNR below --min-sqnr) refuses a bad kmodel."""
+    from tl2k210.quantize.fake_quant import ideal_sqnr
+    opts, graph, ide = cal.opts, opt.graph, opt.ideal
+    model, data_bytes, rows, lw, est = (choice.built.model, choice.built.data, choice.built.rows,
+                                        choice.built.lw, choice.built.est)
+    items = model.items
+    main_mem = model.main_memory
+    sq, nonfinite, n = _measure(graph, choice.built, cal)
     layer_rows = []
     for r in rows:
         cyc = sum(est.rows[i][3] for i in r.layers)
@@ -594,38 +661,67 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
         d.update(ideal_weight_bytes=li.weight_bytes if li else 0, ideal_live_bytes=li.live_bytes if li else 0)
         layer_rows.append(d)
     total_cycles = est.cycles
-    ideal = ideal_sqnr(graph, ranges, floats[:n], opts.weight_bits)
+    ideal = ideal_sqnr(graph, cal.ranges, cal.floats[:n], opts.weight_bits)
     outputs = {}
     for o in graph.outputs:
         v, note = finite_sqnr(sq["__out__" + o])
         outputs[o] = {"sqnr_db": v, **({"sqnr_note": note} if note else {}), "ideal_db": finite_sqnr(ideal[o])[0]}
     out_sqnr = min((o["sqnr_db"] for o in outputs.values() if o["sqnr_db"] is not None), default=None)
     receipt = Receipt(
-        source=where, output=str(output), file_size=len(data_bytes),
+        source=loaded.where, output=str(output), file_size=len(data_bytes),
         peak_kpu_ram=64 * lw.kpu.peak, main_memory=main_mem,
         latency_ms=cost.ms(total_cycles), layers=layer_rows,
         totals={"kpu_layers": sum(L.conv is not None for L in items),
                 "cpu_layers": sum(L.conv is None for L in items),
                 "format": f"v{model.version}", "format_why": _format_why(lw, opts),
-                "macs": sum(r["macs"] for r in layer_rows), "runtime": opts.runtime, "budget": budget,
+                "macs": sum(r["macs"] for r in layer_rows), "runtime": opts.runtime,
+                "budget": RUNTIME_BUDGET[opts.runtime],
                 "weights": f"{opts.weight_bits}-bit", "output_sqnr_db": out_sqnr, "sqnr_samples": n,
                 "outputs": outputs, "min_sqnr": opts.min_sqnr,
-                "cycles": total_cycles, "frontend_s": round(t_front, 2),
+                "cycles": total_cycles, "frontend_s": round(loaded.seconds, 2),
                 "total_s": round(time.perf_counter() - t0, 2), "method": opts.method,
-                "kpu_padding": opts.kpu_padding, "kpu_padding_effect": padding_effect,
+                "kpu_padding": opts.kpu_padding, "kpu_padding_effect": cal.padding_effect,
                 "optimize": opts.optimize, "fastest_need": choice.fastest_need,
                 "fastest_ms": cost.ms(choice.fastest_cycles),
-                "input_range": list(opts.input_range), "input_range_note": range_note,
-                "calibration_note": calib_note,
-                "batch_note": batch_note or None},
+                "input_range": list(opts.input_range), "input_range_note": cal.range_note,
+                "calibration_note": cal.calib_note,
+                "batch_note": loaded.batch_note or None},
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
-                 "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in plog],
+                 "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in opt.log],
         ideal={**ide.to_dict(), "layers": [asdict(li) for li in ide.layers]}, trades=choice.trades)
     quality_gate(receipt, nonfinite, opts.min_sqnr)
-    meta = metadata.for_conversion(data_bytes, output, graph, opts, image, budget, need, receipt.source)
+    return receipt
+
+
+def write(output, data: bytes, graph, cal: Calibration, receipt: Receipt):
+    """The kmodel and its metadata, each atomically (only after every check passed)."""
+    from tl2k210 import metadata
+    opts = cal.opts
+    need = len(data) + receipt.main_memory
+    meta = metadata.for_conversion(data, output, graph, opts, cal.image, RUNTIME_BUDGET[opts.runtime], need,
+                                   receipt.source)
     _say(opts, f"[6/6] writing {output} and {metadata.path_for(output).name}")
-    atomic_write(output, data_bytes)
+    atomic_write(output, data)
     metadata.write_for(output, meta)
+
+
+def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
+    """Convert `source` (path or model object) to a kmodel at `output`: v3 when every layer has a
+    v3 form (--format auto), else v4 if the --runtime loads it. Nothing is written unless every
+    stage succeeds (atomic rename)."""
+    from tl2k210.fileio import check_outputs
+    opts = opts or ConvertOptions()
+    check_outputs([("output", output)], [source if isinstance(source, (str, os.PathLike)) else None,
+                                         opts.dataset])
+    if opts.runtime not in RUNTIME_BUDGET:
+        raise Tl2k210Error(f"--runtime {opts.runtime!r}: choose from {sorted(RUNTIME_BUDGET)}")
+    t0 = time.perf_counter()
+    loaded = load(source, opts)
+    opt = optimise(loaded, opts)
+    cal = calibrate(opt, opts, loaded.where)
+    choice = plan_and_lower(opt, cal)
+    receipt = verify(loaded, opt, cal, choice, output, t0)
+    write(output, choice.built.data, opt.graph, cal, receipt)
     return receipt
 
 
