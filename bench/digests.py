@@ -5,8 +5,10 @@ A refactor that claims "no output byte changed" is checked by running this befor
     python bench/digests.py --json before.json              # on the old commit
     python bench/digests.py --json after.json --against before.json   # exit 1 on any difference
 
-Each row: the model, its convert arguments, and the kmodel's sha256 (or the refusal's last line).
---skip-dev leaves out the developer corpus (keras.applications builds: minutes).
+Each row: the model and the kmodel's sha256 (or the refusal's last line).
+--skip-dev leaves out the developer corpus (keras.applications builds: minutes). A row that differs
+can differ between two runs of the same commit too: run it again with --only NAME before blaming
+a change (on a loaded 2-core machine three corpus models came out two ways in three runs).
 """
 import argparse
 import hashlib
@@ -27,8 +29,8 @@ def digest(src, extra, calib, tmp):
     out = Path(tmp) / "model.kmodel"
     out.unlink(missing_ok=True)
     rc, err = corpus.run_cli(["convert", str(src), str(out), "--dataset", str(calib), "-q"] + extra)
-    if rc != 0:
-        return "refused: " + corpus._reason(err)
+    if rc != 0:     # the refusal, with the run's temporary folder left out of it
+        return "refused: " + corpus._reason(err).replace(str(tmp), "<tmp>")
     return hashlib.sha256(out.read_bytes()).hexdigest()
 
 
