@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tl2k210 import paths  # noqa: E402
+
+sys.path.insert(0, str(paths.checkout() / "bench"))
 import corpus  # noqa: E402  (bench/corpus.py: REAL, photo_folder, run_cli)
 
 from tl2k210.k210 import firmware  # noqa: E402

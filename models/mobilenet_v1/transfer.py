@@ -120,8 +120,11 @@ def run(data_dir: Path, out: Path, holdout=0.3, seed=0, progress=True):
         from PIL import Image
         for i, p in enumerate(xtr[:100]):
             Image.fromarray(p.transpose(1, 2, 0)).save(Path(calib) / f"{i:03d}.png")
+        # a 2-class head's two logits sit close together, so their SQNR says little about the
+        # classifier: the held-out accuracy and the agreement with float (step 4) are this flow's
+        # measure, reported beside the receipt's SQNR
         receipt = convert(net, out / "classifier.kmodel",
-                          ConvertOptions(dataset=calib, input_range=(-1, 1), progress=progress))
+                          ConvertOptions(dataset=calib, input_range=(-1, 1), progress=progress, min_sqnr=0))
     # 4. held-out accuracy: float vs kmodel (emulator). The float network is the backbone's
     # global-pool features (onnxruntime) through the new dense head; softmax keeps the argmax
     fte = np.stack([runner(to_float(p)[None])[gap].reshape(-1) for p in xte])
