@@ -474,6 +474,7 @@ class Optimised:
     exact_graph: object        # before the passes (the opt-in kpu_padding is measured against it)
     log: list                  # the passes' log
     ideal: object              # tl2k210.k210.ideal.Ideal
+    plan: tuple                # (kmodel format, the node that forced v4 and why): the flow's answer
 
 
 @dataclass
@@ -526,15 +527,15 @@ def optimise(loaded: Loaded, opts: ConvertOptions) -> Optimised:
     refused here, before calibration, when the runtime cannot take them."""
     from tl2k210.k210 import fit
     from tl2k210.k210.flow import run_pipeline
-    from tl2k210.k210.lower import Options, plan_format
+    from tl2k210.k210.lower import Options
     _say(opts, f"[2/6] passes ({len(loaded.graph.nodes)} nodes) ...")
-    graph, plog = run_pipeline(loaded.graph, {"kpu_padding": opts.kpu_padding})
-    fmt, forced = plan_format(graph, Options(format=opts.format, weight_bits=opts.weight_bits,
-                                             float_fc=opts.float_fc))
+    graph, plog = run_pipeline(loaded.graph, {"kpu_padding": opts.kpu_padding}, target=Options(
+        format=opts.format, weight_bits=opts.weight_bits, float_fc=opts.float_fc))
+    fmt, forced = graph.meta["plan"]
     fit.check_format(fmt, forced, opts.runtime)
     ide = graph_ideal(graph, opts.weight_bits)
     fit.check_ideal(ide, opts.runtime, loaded.where)
-    return Optimised(graph, loaded.graph, plog, ide)
+    return Optimised(graph, loaded.graph, plog, ide, (fmt, forced))
 
 
 def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
@@ -583,7 +584,8 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
     def build(small):
         model, rows, trace_map, lw = lower(graph, dict(cal.ranges), Options(
             weight_bits=opts.weight_bits, input_scale=tuple(cal.scale), input_offset=tuple(cal.offset),
-            channel_means=dict(cal.means), float_fc=opts.float_fc, format=opts.format, small=small))
+            channel_means=dict(cal.means), float_fc=opts.float_fc, format=opts.format, small=small),
+            planned=None if small else opt.plan)     # a smaller form may need another format
         fit.check_format(lw.format, lw.forced_by, opts.runtime)
         metadata.check_decode(model, opts.metadata)
         return fit.Built(model, dumps(model), rows, trace_map, lw)

@@ -37,7 +37,7 @@ from tl2k210.passes.spatial_1d import spatial_1d
 from tl2k210.passes.square_kernels import square_kernels
 
 from . import hardware as hw
-from .lower import Options, select
+from .lower import Options, plan_format, select
 from .passes.entry_conv import entry_conv
 from .passes.kpu_padding import kpu_padding
 from .passes.matmul_to_conv import conv_as_dense, matmul_to_conv
@@ -46,12 +46,17 @@ from .passes.wide_channels import wide_channels
 
 
 def check_supported(g, log, opts=None):
-    """Every node left must have a K210 lowering (the registry's `select`): anything else raises
-    UnsupportedOpError naming the node, op type, attributes, why each way of lowering it does not
-    apply, and the nearest supported form. "Supported" means "lowered"."""
+    """The back-end's question, asked once with the user's lowering options (`run_pipeline`'s
+    `target`, default Options()): which kmodel format does every node left lower to? The
+    answer, (format, the node that forced v4 and why), is kept in g.meta["plan"] for the
+    lowering. A node that has no lowering in it raises UnsupportedOpError naming the node, op
+    type, attributes, why each way of lowering it does not apply, and the nearest supported
+    form: "supported" means "lowered"."""
     opts = opts or Options()
-    for n in g.nodes:
-        select(g, n, opts, opts.format)
+    fmt, forced = plan_format(g, opts)
+    for n in g.nodes:       # plan_format stops at the node that forces v4: every node must lower in it
+        select(g, n, opts, fmt)
+    g.meta["plan"] = (fmt, forced)
     return g
 
 
@@ -99,9 +104,13 @@ PIPELINE = [
 PASSES = {p.name: p for p in PIPELINE}
 
 
-def run_pipeline(graph, options=None):
-    """The flow's enabled passes in order (options: {pass_name: bool}); returns (graph, log)."""
-    return generic.run_pipeline(PIPELINE, graph, options)
+def run_pipeline(graph, options=None, target=None):
+    """The flow's enabled passes in order (options: {pass_name: bool}); `target`: the lowering
+    Options that check_supported answers for (the user's format and weights). Returns (graph, log)."""
+    pipeline = PIPELINE if target is None else [
+        Pass(p.name, functools.partial(check_supported, opts=target), p.default, p.exact)
+        if p.fn is check_supported else p for p in PIPELINE]
+    return generic.run_pipeline(pipeline, graph, options)
 
 
 def run_pass(name, graph):

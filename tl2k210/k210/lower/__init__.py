@@ -65,12 +65,14 @@ def _first_reason(node, err) -> str:
     return f"{describe(node)}: " + (why or "no kmodel v3 layer does this")
 
 
-def lower(graph, ranges, opts: Options | None = None):
+def lower(graph, ranges, opts: Options | None = None, planned=None):
     """Returns (KModelV3 or KModelV4, receipt rows, trace map {tensor: (layer/node index, kind)},
-    lowering). With format "auto", a v3 plan that fails on a whole-model rule (what the v3
-    runtimes need of the first layer: a KPU conv reading the whole image) is redone as v4."""
+    lowering). `planned`: the (format, forced_by) the flow's check_supported answered for these
+    options (else planned here). With format "auto", a v3 plan that fails on a whole-model rule
+    (what the v3 runtimes need of the first layer: a KPU conv reading the whole image) is redone
+    as v4."""
     opts = opts or Options()
-    fmt, forced = plan_format(graph, opts)
+    fmt, forced = planned or plan_format(graph, opts)
     lw = Lowering(graph, ranges, dataclasses.replace(opts, format=fmt))
     try:
         model = lw.run()
