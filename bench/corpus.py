@@ -176,14 +176,7 @@ def dev_rows(calib, photos, only, over_budget=False):
         if only and only not in name:
             continue
         t = time.perf_counter()
-        m = e.build()
-        if hasattr(m, "save"):
-            src = tmp / (name.replace(" ", "_") + ".keras")
-            m.save(src)
-        else:
-            import onnx
-            src = tmp / (name.replace(" ", "_") + ".onnx")
-            onnx.save(m, src)
+        src = devcorpus.save(name, e.build(), tmp)
         build_s = time.perf_counter() - t
         row = measure(src, _options_args(e.options), calib, photos, logits=e.logits, ideal=True,
                       over_budget=over_budget)

@@ -52,14 +52,7 @@ def rows(calib, skip_dev, only):
     for name, e in devcorpus.entries().items():
         if only and only not in name:
             continue
-        m = e.build()
-        if hasattr(m, "save"):
-            src = Path(tmp) / (name.replace(" ", "_") + ".keras")
-            m.save(src)
-        else:
-            import onnx
-            src = Path(tmp) / (name.replace(" ", "_") + ".onnx")
-            onnx.save(m, src)
+        src = devcorpus.save(name, e.build(), Path(tmp))
         yield "dev " + name, digest(src, corpus._options_args(e.options), calib, tmp)
 
 

@@ -127,14 +127,7 @@ def _dev_sources(tmp, only):
     for name, e in devcorpus.entries().items():
         if only and only not in name:
             continue
-        m = e.build()
-        if hasattr(m, "save"):
-            src = tmp / (name.replace(" ", "_") + ".keras")
-            m.save(src)
-        else:
-            import onnx
-            src = tmp / (name.replace(" ", "_") + ".onnx")
-            onnx.save(m, src)
+        src = devcorpus.save(name, e.build(), tmp)
         extra = [a for k, v in e.options.items() if k == "input_range"
                  for a in ("--input-range", ",".join(str(x) for x in v))]
         yield name, "developer", src, extra, None

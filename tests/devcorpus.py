@@ -26,6 +26,18 @@ PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera", "brick", "grass"
           "immunohistochemistry", "retina", "hubble_deep_field", "coins"]
 
 
+def save(name: str, model, folder: Path) -> Path:
+    """Write a built entry as `convert` reads it: NAME.keras for a Keras model, NAME.onnx for an
+    onnx.ModelProto (spaces in NAME become underscores)."""
+    stem = Path(folder) / name.replace(" ", "_")
+    if hasattr(model, "save"):
+        model.save(stem.with_suffix(".keras"))
+        return stem.with_suffix(".keras")
+    import onnx
+    onnx.save(model, stem.with_suffix(".onnx"))
+    return stem.with_suffix(".onnx")
+
+
 def photo_folder(d: Path) -> Path:
     """The 12 scikit-image photos saved as RGB PNGs in folder `d` (a calibration --dataset)."""
     from PIL import Image
