@@ -274,3 +274,40 @@ def test_old_keras_savedmodel_through_tf_keras(tmp_path, monkeypatch):
     g = load_graph(tmp_path / "sm")
     assert calls
     np.testing.assert_allclose(run(g, x)[g.outputs[0]], m(x).numpy(), atol=TOL)
+
+
+def test_structural_order_ignores_the_node_order_of_the_file():
+    """Two files with the same graph, nodes listed in different orders, give one order."""
+    from onnx import TensorProto, helper
+    from tl2k210.frontends import structural_order
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="a"),
+             helper.make_node("Sigmoid", ["x"], ["b"], name="b"),
+             helper.make_node("Neg", ["a"], ["c"], name="c"),
+             helper.make_node("Add", ["c", "b"], ["y"], name="y")]
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in ("x", "y")]
+    orders = set()
+    for perm in ([0, 1, 2, 3], [1, 0, 2, 3], [0, 2, 1, 3]):
+        m = helper.make_model(helper.make_graph([nodes[i] for i in perm], "g", vi[:1], vi[1:]))
+        orders.add(tuple(n.name for n in structural_order(m).graph.node))
+    assert orders == {("a", "c", "b", "y")}
+
+
+@pytest.mark.slow
+def test_a_tflite_file_loads_to_one_graph_whatever_the_string_hashing():
+    """tf2onnx's node order follows Python's string hashing (PYTHONHASHSEED): the same .tflite
+    converted in two processes gave two kmodels (k210-dronet). The IR must not depend on it."""
+    import subprocess
+    import sys
+    from conftest import data_path
+    src = data_path("corpus", "models", "k210-dronet__model.tflite")
+    from conftest import cli_env
+    code = ("import sys; from tl2k210.frontends import load_graph; g = load_graph(sys.argv[1]); "
+            "print('|'.join(f'{n.op}:{n.name}:' + ','.join(i if not g.tensors[i].is_const else "
+            "str(g.tensors[i].shape) for i in n.inputs if i) for n in g.nodes))")
+    seen = set()
+    for seed in ("1", "2"):       # seeds 1 and 2 gave two node orders before structural_order
+        env = dict(cli_env(), PYTHONHASHSEED=seed, TF_CPP_MIN_LOG_LEVEL="3")
+        out = subprocess.run([sys.executable, "-c", code, str(src)], env=env, capture_output=True,
+                             text=True, check=True).stdout.strip().splitlines()[-1]
+        seen.add(out)
+    assert len(seen) == 1

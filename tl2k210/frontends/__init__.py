@@ -134,4 +134,31 @@ def tf_convert(where, fn, *args, **kwargs):
         msg = str(e).strip().splitlines()
         raise ModelLoadError(f"{where}: tf2onnx could not convert it: {type(e).__name__}: "
                              f"{msg[-1] if msg else ''}") from e
-    return check_onnx(model, where)
+    return check_onnx(structural_order(model), where)
+
+
+def structural_order(model):
+    """Reorder `model`'s nodes (in place) by the graph's structure alone: depth first from the
+    graph outputs, each node after the producers of its inputs in input order; nodes no output
+    reads keep their order at the end. tf2onnx's node order (and the names of the constants it
+    folds) follow Python's per-process string hashing, so the same file converted twice could
+    schedule its branches -- and so lay out its kmodel -- differently; this order does not."""
+    nodes = list(model.graph.node)
+    producer = {o: n for n in nodes for o in n.output if o}
+    done, order = set(), []
+    for out in model.graph.output:
+        stack = [(producer.get(out.name), False)]
+        while stack:
+            n, expanded = stack.pop()
+            if n is None or id(n) in done:
+                continue
+            if expanded:
+                done.add(id(n))
+                order.append(n)
+                continue
+            stack.append((n, True))
+            stack.extend((producer.get(i), False) for i in reversed(n.input) if i in producer)
+    order += [n for n in nodes if id(n) not in done]
+    del model.graph.node[:]
+    model.graph.node.extend(order)
+    return model
