@@ -143,6 +143,11 @@ def _load_json(path, weights):
     return model
 
 
+# tf-keras names `tensorflow` as a dependency; with tensorflow-cpu installed, a plain
+# `pip install tf-keras` would add the full 572 MB wheel over it (../docs/usage.md)
+TF_KERAS_INSTALL = "pip install --no-deps tf-keras==2.21.0"
+
+
 def _tf_keras(refusal, build):
     """build(tf_keras) -> a model, for Keras 2 files Keras 3 refused with `refusal`; its failure
     (or tf-keras missing) re-raises that refusal, with what tf-keras said."""
@@ -150,7 +155,7 @@ def _tf_keras(refusal, build):
         import tf_keras
     except ImportError:
         raise ModelLoadError(f"{refusal}; tf-keras (the Keras 2 package) reads most Keras 2 files: "
-                             "pip install tf-keras") from None
+                             f"{TF_KERAS_INSTALL}") from None
     try:
         return build(tf_keras)
     except Exception as e:

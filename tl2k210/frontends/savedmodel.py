@@ -6,6 +6,7 @@ package, when it is installed, and converted as the Keras model it holds."""
 from pathlib import Path
 
 from . import ModelLoadError, tf_convert
+from .keras import TF_KERAS_INSTALL
 
 
 def _first_line(e):
@@ -18,7 +19,7 @@ def _through_tf_keras(path, refusal, opset, batch):
         import tf_keras
     except ImportError:
         raise ModelLoadError(f"{refusal}; a Keras SavedModel of TF <= 2.15 loads with tf-keras: "
-                             "pip install tf-keras") from None
+                             f"{TF_KERAS_INSTALL}") from None
     try:
         model = tf_keras.models.load_model(str(path), compile=False)
     except Exception as e:
