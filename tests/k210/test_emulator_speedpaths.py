@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, TESTDATA, data_path
-from tl2k210.k210 import kmodel
+from tl2k210.k210 import hardware as hw, kmodel
 from tl2k210.k210.emulator import Emulator, fast
 from tl2k210.k210.emulator import kpu as K
 
@@ -81,7 +81,7 @@ def test_kpu_ram_read_after_write_is_the_written_map_and_raw_access_forgets_it()
 
 @pytest.mark.parametrize("pool_code", [1, 3, 5, 6, 7])
 def test_pool_before_bn_is_exact(pool_code):
-    """Max pools (monotone layers) and pick pools run before the BN stage on the fused path."""
+    """Pick pools run before the BN stage on the fused path; max pools after it (on uint8)."""
     pytest.importorskip("numba")
     import test_kpu_stages as S
     rng = np.random.default_rng(pool_code)
@@ -99,7 +99,7 @@ def test_pool_before_bn_is_exact(pool_code):
         want = K.reference_layer(x, conv.weights.reshape(wshape), conv.args, conv.bn, conv.act)
         for threads in (1, 3):
             p = K.PreparedConv(conv, threads=threads)
-            assert p.pool_first
+            assert p.pool_first == (hw.POOL[pool_code].kind == "pick")
             assert np.array_equal(p(x), want), (pool_code, i, threads)
 
 

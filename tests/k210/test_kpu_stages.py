@@ -238,6 +238,62 @@ def test_prepared_conv_equals_reference(seed):
             assert np.array_equal(banded, K.PreparedConv(conv, use_fast=False)(x))
 
 
+def _whole_zero_point(rng, conv):
+    """A K210 file's kind of layer: Σx term (arg_x >> shr_x)·ΣX with a zero point in 0..255, and
+    an activation the fused path tabulates."""
+    a = conv.args
+    a["arg_x"] = -int(rng.integers(0, 256)) << a["shr_x"]
+    conv.act = {"x_start": np.array([-(1 << 35)] + [(1 << 35) - 1] * 15),
+                "y_mul": np.array([int(rng.integers(1, 2000))] + [0] * 15),
+                "shift_number": np.array([int(rng.integers(8, 20))] + [0] * 15),
+                "bias": np.zeros(16, np.uint8)}
+    return conv
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_integer_conv_sums_equal_reference(seed):
+    """Normal convs with a whole zero point take onnxruntime's exact int32 sums (intconv.py):
+    the same bytes as the reference for both rules, every pool code, one or several bands."""
+    pytest.importorskip("numba")
+    pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(300 + seed)
+    for i in range(10):
+        k, pool = int(rng.choice([1, 3])), int(rng.integers(10))
+        conv = _whole_zero_point(rng, _random_conv(rng, False, k, pool))
+        x = rng.integers(0, 256, conv.in_shape).astype(np.uint8)
+        x[:, :2] = 255                                   # a saturating kernel would differ here
+        wshape = (conv.out_shape[0], conv.in_shape[0], k, k)
+        for sum_rule in K.SUM_RULES:
+            want = K.reference_layer(x, conv.weights.reshape(wshape), conv.args, conv.bn, conv.act,
+                                     sum_rule)
+            for threads in (1, 3):
+                p = K.PreparedConv(conv, sum_rule, threads=threads)
+                assert p.int_sums is not None
+                assert np.array_equal(p(x), want), (seed, i, sum_rule, threads)
+            assert K.PreparedConv(conv, sum_rule, int_sums=False).int_sums is None
+
+
+def test_integer_conv_sums_at_the_int32_edge():
+    """intconv's bound 255·Σ|w − z| < 2^31, at its edge: Σ|w − z| = 8421504 fits, and the sums
+    ±255·8421504 = ±2147483520 (just under int32's 2147483647) come back exact; one more is
+    refused."""
+    pytest.importorskip("onnxruntime")
+    from tl2k210.k210.emulator import intconv
+    k_taps = 33026                      # 33025 taps of |w − z| = 255, one of 129
+    x = np.full((k_taps, 1, 1), 255, np.uint8)
+    for z, far in ((0, 255), (255, 0)):
+        w = np.full((1, k_taps, 1, 1), far, np.uint8)
+        w[0, -1] = 129 if z == 0 else 255 - 129
+        dev = int(np.abs(w.astype(np.int64) - z).sum())
+        assert dev == 8421504 and intconv.fits(w, z)
+        got = intconv.ConvSums(w, z)(x)
+        assert got.dtype == np.int32 and int(got[0, 0]) == (1 if z == 0 else -1) * 255 * dev
+        w[0, -1] = 130 if z == 0 else 125                 # one more
+        assert not intconv.fits(w, z)
+    assert not intconv.fits(np.zeros((1, 4), np.uint16) + 256, 0)   # 16-bit weights: BLAS
+    assert not intconv.fits(np.zeros((1, 4), np.uint8), 256)        # zero point outside 0..255
+
+
 # ---------------------------------------------------------------- KPU RAM layout
 @pytest.mark.parametrize("c,h,w", [(5, 4, 10), (3, 6, 20), (2, 3, 100), (7, 5, 64)])
 def test_kpu_ram_layout_bytes(c, h, w):

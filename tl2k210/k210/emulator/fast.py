@@ -54,30 +54,18 @@ if njit is not None:
             _bn_row(acc[o], const[o], mul[o], shift[o], add_lo[o], pages, fine, q, top, buf, out[o])
 
     @njit(nogil=True, cache=True)
-    def bn_lut_pool(acc, w, k, dy, dx, is_max, const, mul, shift, add_lo, pages, fine, q, top,
-                    buf, out):  # pragma: no cover (compiled)
-        """Pool first, then BN + lookup, for k x k stride-k pools: a pick pool reads one ACC per
-        window; a max pool takes the window's largest ACC, which is exact when the whole map
-        ACC -> output is non-decreasing (the caller checks: norm_mul >= 0, monotone table).
+    def bn_lut_pick(acc, w, k, dy, dx, const, mul, shift, add_lo, pages, fine, q, top, buf,
+                    out):  # pragma: no cover (compiled)
+        """Pick pool first, then BN + lookup, for k x k stride-k pick pools: one ACC per window.
         acc: (C, rows * w) exact integers; out: (C, rows // k, w // k)."""
         oh, ow = out.shape[1], out.shape[2]
         best = np.empty(ow, acc.dtype)
         for o in range(acc.shape[0]):
             row = acc[o]
             for i in range(oh):
-                if is_max:
-                    base = i * k * w
-                    for j in range(ow):
-                        best[j] = row[base + j * k]
-                    for yy in range(k):
-                        for xx in range(k):
-                            base = (i * k + yy) * w + xx
-                            for j in range(ow):
-                                best[j] = max(best[j], row[base + j * k])
-                else:
-                    base = (i * k + dy) * w + dx
-                    for j in range(ow):
-                        best[j] = row[base + j * k]
+                base = (i * k + dy) * w + dx
+                for j in range(ow):
+                    best[j] = row[base + j * k]
                 _bn_row(best, const[o], mul[o], shift[o], add_lo[o], pages, fine, q, top, buf,
                         out[o, i])
 
