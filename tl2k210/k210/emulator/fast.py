@@ -54,22 +54,6 @@ if njit is not None:
             _bn_row(acc[o], const[o], mul[o], shift[o], add_lo[o], pages, fine, q, top, buf, out[o])
 
     @njit(nogil=True, cache=True)
-    def bn_lut_pick(acc, w, k, dy, dx, const, mul, shift, add_lo, pages, fine, q, top, buf,
-                    out):  # pragma: no cover (compiled)
-        """Pick pool first, then BN + lookup, for k x k stride-k pick pools: one ACC per window.
-        acc: (C, rows * w) exact integers; out: (C, rows // k, w // k)."""
-        oh, ow = out.shape[1], out.shape[2]
-        best = np.empty(ow, acc.dtype)
-        for o in range(acc.shape[0]):
-            row = acc[o]
-            for i in range(oh):
-                base = (i * k + dy) * w + dx
-                for j in range(ow):
-                    best[j] = row[base + j * k]
-                _bn_row(best, const[o], mul[o], shift[o], add_lo[o], pages, fine, q, top, buf,
-                        out[o, i])
-
-    @njit(nogil=True, cache=True)
     def _step(v, starts, values):  # pragma: no cover (compiled)
         """values[j] for the last j with starts[j] <= v (starts[0] <= every reachable v)."""
         lo, hi = 0, starts.size - 1

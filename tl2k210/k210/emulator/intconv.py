@@ -59,19 +59,20 @@ def fits(w: np.ndarray, z: int) -> bool:
 
 
 class ConvSums:
-    """``self(xp)`` -> int32 (C_out, rows·W): Σ_i x_i·(w_oi − z) for every k x k window of the
-    padded uint8 rows xp (C_in, rows + k − 1, W + k − 1); ``group`` = C_in for depthwise."""
+    """``self(xp, h, w)`` -> int32 (C_out, h·w): Σ_i x_i·(w_oi − z) for the k x k windows of the
+    padded uint8 rows xp (C_in, rows, cols) that start every ``stride`` rows and columns (the
+    first h x w of them); ``group`` = C_in for depthwise."""
 
-    def __init__(self, w: np.ndarray, z: int, group: int = 1):
+    def __init__(self, w: np.ndarray, z: int, group: int = 1, stride: int = 1):
         helper, tp, ort = _modules()
         if not fits(w, z):
             raise ValueError("ConvSums: the weights break the int32 bound; use the float path")
         co, cig, k, _ = w.shape
-        ci = cig * group
-        node = helper.make_node("ConvInteger", ["x", "w", "", "z"], ["y"], group=group)
+        node = helper.make_node("ConvInteger", ["x", "w", "", "z"], ["y"], group=group,
+                                strides=[stride, stride])
         graph = helper.make_graph(
             [node], "kpu_sums",
-            [helper.make_tensor_value_info("x", tp.UINT8, [1, ci, "rows", "width"])],
+            [helper.make_tensor_value_info("x", tp.UINT8, [1, cig * group, "rows", "cols"])],
             [helper.make_tensor_value_info("y", tp.INT32, None)],
             [helper.make_tensor("w", tp.UINT8, w.shape, w.astype(np.uint8).tobytes(), raw=True),
              helper.make_tensor("z", tp.UINT8, [], [z])])
@@ -80,11 +81,12 @@ class ConvSums:
         so = ort.SessionOptions()
         so.intra_op_num_threads = so.inter_op_num_threads = 1   # our row bands are the threads
         so.log_severity_level = 3
-        self.co, self.k = co, k
+        self.co = co
         self.sess = ort.InferenceSession(model.SerializeToString(), so,
                                          providers=["CPUExecutionProvider"])
 
-    def __call__(self, xp: np.ndarray) -> np.ndarray:
-        ci, hp, wp = xp.shape
-        y = self.sess.run(None, {"x": xp.reshape(1, ci, hp, wp)})[0]
-        return y.reshape(self.co, (hp - self.k + 1) * (wp - self.k + 1))
+    def __call__(self, xp: np.ndarray, h: int, w: int) -> np.ndarray:
+        y = self.sess.run(None, {"x": xp[None]})[0][0]
+        if y.shape[1:] != (h, w):
+            y = y[:, :h, :w]
+        return y.reshape(self.co, h * w)

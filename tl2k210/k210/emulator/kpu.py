@@ -348,18 +348,18 @@ class PreparedConv:
         self._build_lut(wt, sw_i, n_ic, kk)
         # the fused numba kernels need the tabulated activation and no Σx extra rows
         self.use_fast = use_fast and fast.available() and self.table is not None and not self.extra
-        # ... whose normal-conv sums come from onnxruntime's exact integer conv where it is
-        # installed and the int32 bound holds (intconv.py); else from the float BLAS
-        z = -fold
-        wq = np.asarray(conv.weights).reshape(co, -1, self.k, self.k)
-        self.int_sums = (intconv.ConvSums(wq, z) if int_sums and self.use_fast and not self.depthwise
-                         and not self.wide and intconv.available() and intconv.fits(wq, z) else None)
-        # pick pools before the BN stage (a quarter or a sixteenth of the lookups). Max pools
-        # run after it, on uint8: a max over int ACC at a stride does not vectorise and costs
-        # more than the lookups it saves (facedetect's first layer: 2.1 vs 1.4 ms)
-        t = self.table
-        self.pool_first = (self.use_fast and not self.depthwise and t is not None and t.fine is not None
-                           and hw.POOL[a["pool_type"]].kind == "pick")
+        # pick pools (nncase's stride-2 convs) sum only the picked windows (a quarter or a
+        # sixteenth of the work). Max pools run after the BN stage, on uint8: a max over the int
+        # ACC at a stride does not vectorise and costs more than the lookups it would save
+        p = hw.POOL[a["pool_type"]]
+        self.pool_first = (self.use_fast and not self.depthwise and self.table.fine is not None
+                           and p.kind == "pick")
+        # the fused path's normal-conv sums come from onnxruntime's exact integer conv where it
+        # is installed and the int32 bound holds (intconv.py); else from the float BLAS
+        wq, z = np.asarray(conv.weights).reshape(co, -1, self.k, self.k), -fold
+        self.int_sums = (intconv.ConvSums(wq, z, stride=p.stride if self.pool_first else 1)
+                         if int_sums and self.use_fast and not self.depthwise and not self.wide
+                         and intconv.available() and intconv.fits(wq, z) else None)
         self._plan_bands()
 
     def _build_lut(self, wt, sw_i, n_ic, kk):
@@ -389,23 +389,25 @@ class PreparedConv:
             acc += self.wmat[:, k0:k0 + self.chunk] @ cols[k0:k0 + self.chunk]
         return acc
 
-    def _exact_sums(self, rows: np.ndarray, h: int, w: int) -> np.ndarray:
-        """Σ(W + fold)·X (C_out, h·w) of a normal conv as exact integers (int32 or float)."""
+    def _exact_sums(self, rows: np.ndarray, h: int, w: int, s: int = 1) -> np.ndarray:
+        """Σ(W + fold)·X (C_out, h·w) of a normal conv as exact integers (int32 or float), for
+        the h x w windows of the padded rows that start every s rows and columns."""
         if self.int_sums is not None:
-            return self.int_sums(rows)
-        return self._matmul_exact(self._cols(rows, h, w))
+            return self.int_sums(rows, h, w)
+        return self._matmul_exact(self._cols(rows, h, w, s))
 
     def _matmul(self, cols: np.ndarray) -> np.ndarray:
         return self._matmul_exact(cols).astype(np.int64)
 
-    def _cols(self, xp: np.ndarray, h: int, w: int) -> np.ndarray:
+    def _cols(self, xp: np.ndarray, h: int, w: int, s: int = 1) -> np.ndarray:
+        """im2col of the h x w windows of xp starting every s rows and columns."""
         ci = xp.shape[0]
         if self.k == 1:
-            return xp.reshape(ci, h * w).astype(self.ftype)
+            return xp[:, :s * h:s, :s * w:s].reshape(ci, h * w).astype(self.ftype)
         cols = np.empty((ci, 3, 3, h, w), self.ftype)
         for ky in range(3):
             for kx in range(3):
-                cols[:, ky, kx] = xp[:, ky:ky + h, kx:kx + w]
+                cols[:, ky, kx] = xp[:, ky:ky + s * h:s, kx:kx + s * w:s]
         return cols.reshape(ci * 9, h * w)
 
     def _pad(self, x: np.ndarray) -> np.ndarray:
@@ -493,15 +495,17 @@ class PreparedConv:
                           self.bn_add[:, 0], t.starts, t.values, flat)
 
     def _pooled_band(self, xp: np.ndarray, out: np.ndarray, r0: int, r1: int):
-        """Rows [r0, r1) of the conv (r0 a multiple of the pool size) straight to pooled rows."""
-        a, co, t, w = self.args, self.out_shape[0], self.table, self.in_shape[2]
+        """Rows [r0, r1) of the conv (r0 a multiple of the pool size) straight to pick-pooled
+        rows: only the picked windows are summed."""
+        a, co, t = self.args, self.out_shape[0], self.table
         p = hw.POOL[a["pool_type"]]
-        n = r1 - r0
-        acc = self._exact_sums(xp[:, r0:r1 + self.k - 1], n, w)
-        k = p.size
-        fast.bn_lut_pick(acc, w, k, p.pick[0], p.pick[1], self.const[:, 0],
-                         self.bn_mul[:, 0], self.bn_shift[:, 0], self.bn_add[:, 0] - t.lo, t.pages,
-                         t.fine, t.q, t.top, self._buf(w // k), out[:, r0 // k:r0 // k + n // k])
+        s, (dy, dx) = p.stride, p.pick
+        oh, ow = (r1 - r0) // s, self.in_shape[2] // s
+        sub = xp[:, r0 + dy:r1 + self.k - 1, dx:]
+        acc = self._exact_sums(sub, oh, ow, s)
+        fast.bn_lut(acc, self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0],
+                    self.bn_add[:, 0] - t.lo, t.pages, t.fine, t.q, t.top, self._buf(oh * ow),
+                    out[:, r0 // s:r0 // s + oh].reshape(co, oh * ow))
 
     def _plan_bands(self):
         """Row bands of the conv output: at least one per thread on big layers, small enough
