@@ -273,6 +273,25 @@ def test_integer_conv_sums_equal_reference(seed):
             assert K.PreparedConv(conv, sum_rule, int_sums=False).int_sums is None
 
 
+@pytest.mark.parametrize("fold", [-255, 0, 1 << 14])
+def test_depthwise_fused_taps_are_exact(fold):
+    """fast.dw_bn_lut sums in float32 when 9·255·max|w + fold| < 2^24 (every 8-bit file), else
+    in float64; both give the reference's bytes, in one band or several."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(7)
+    for i in range(6):
+        conv = _whole_zero_point(rng, _random_conv(rng, True, 3, 0))
+        conv.args["arg_x"] = fold << conv.args["shr_x"]
+        x = rng.integers(0, 256, conv.in_shape).astype(np.uint8)
+        x[:, :2] = 255
+        want = K.reference_layer(x, conv.weights.reshape(conv.in_shape[0], 3, 3), conv.args,
+                                 conv.bn, conv.act)
+        p = K.PreparedConv(conv, threads=1 + 2 * (i % 2))
+        p.bands = p.serial_bands = [(0, 1), (1, conv.in_shape[1])]
+        assert p.use_fast and p.wtap.dtype == (np.float64 if fold > 0 else np.float32)
+        assert np.array_equal(p(x), want), (fold, i)
+
+
 def test_integer_conv_sums_at_the_int32_edge():
     """intconv's bound 255·Σ|w − z| < 2^31, at its edge: Σ|w − z| = 8421504 fits, and the sums
     ±255·8421504 = ±2147483520 (just under int32's 2147483647) come back exact; one more is

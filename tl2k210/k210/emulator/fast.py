@@ -75,44 +75,48 @@ if njit is not None:
                 orow[p] = _step((((np.int64(row[p]) + c) * m) >> s) + a, starts, values)
 
     @njit(nogil=True, cache=True)
-    def dw_bn_lut(xp, w, k, arg_x, shr_x, x_exact, const, mul, shift, add_lo, pages, fine, q, top,
-                  buf, out):  # pragma: no cover
-        """Depthwise k×k taps from the padded uint8 rows xp (rows + k - 1 of them; weights already
-        hold the folded Σx term when x_exact), then the same BN + lookup as bn_lut. The tap loops
-        run along a row (contiguous, vectorisable) into one channel's sums, then BN + lookup
-        runs over the whole channel at once (per-row passes cost more than they do on narrow
-        maps). buf: h * w of scratch."""
+    def dw_bn_lut(xf, plane, wp, r0, w, k, arg_x, shr_x, x_exact, const, mul, shift, add_lo, pages,
+                  fine, q, top, buf, out):  # pragma: no cover
+        """Depthwise k×k taps over the flattened padded map xf (C planes of ``plane`` values, rows
+        of wp), output rows r0.. (weights already hold the folded Σx term when x_exact), then the
+        same BN + lookup as bn_lut. Each tap is one pass along the flat channel plane (the two
+        columns past each row's end are computed and dropped): a long contiguous loop over a
+        slice, which LLVM vectorises (indexing xf[b + i] directly does not: numba's negative-index
+        wrap-around hides the stride), about 10x the per-row loops. The sums are exact in w's
+        dtype: float32 when the caller proved every window sum an integer below 2^24, else
+        float64 (below 2^53). buf: one plane of scratch."""
         h, wd = out.shape[1], out.shape[2]
-        n = h * wd
-        # window sums in w's dtype: int32 when the caller proved it exact, else int64
+        n = (h - 1) * wp + wd
         acc = np.empty(n, w.dtype)
-        box = np.empty(wd, w.dtype)
+        box = np.empty(n if not x_exact else 1, w.dtype)
         t = np.empty(n if not x_exact else 1, np.int64)
         y8 = np.empty(n, np.uint8)
         for c in range(out.shape[0]):
-            wc = w[c]
-            for y in range(h):
-                a = acc[y * wd:(y + 1) * wd]
-                a[:] = 0
+            b0 = c * plane + r0 * wp
+            src = xf[b0:b0 + n]
+            wt = w[c, 0]
+            for i in range(n):
+                acc[i] = src[i] * wt
+            if not x_exact:
+                for i in range(n):
+                    box[i] = src[i]
+            for tap in range(1, k * k):
+                wt = w[c, tap]
+                b = b0 + (tap // k) * wp + tap % k
+                src = xf[b:b + n]
+                for i in range(n):
+                    acc[i] += src[i] * wt
                 if not x_exact:
-                    box[:] = 0
-                for ky in range(k):
-                    row = xp[c, y + ky]
-                    for kx in range(k):
-                        wt = wc[ky * k + kx]
-                        for x in range(wd):
-                            a[x] += row[x + kx] * wt
-                        if not x_exact:
-                            for x in range(wd):
-                                box[x] += row[x + kx]
-                if not x_exact:
-                    for x in range(wd):
-                        t[y * wd + x] = np.int64(a[x]) + ((arg_x * np.int64(box[x])) >> shr_x)
+                    for i in range(n):
+                        box[i] += src[i]
             if x_exact:
                 _bn_row(acc, const[c], mul[c], shift[c], add_lo[c], pages, fine, q, top, buf, y8)
             else:
+                for i in range(n):
+                    t[i] = np.int64(acc[i]) + ((arg_x * np.int64(box[i])) >> shr_x)
                 _bn_row(t, const[c], mul[c], shift[c], add_lo[c], pages, fine, q, top, buf, y8)
             for y in range(h):
                 o = out[c, y]
+                row = y8[y * wp:y * wp + wd]
                 for x in range(wd):
-                    o[x] = y8[y * wd + x]
+                    o[x] = row[x]

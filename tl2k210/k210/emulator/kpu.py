@@ -332,10 +332,11 @@ class PreparedConv:
         if self.ftype == np.float64:
             self.chunk = wmat.shape[1]
         self.wmat = wmat.astype(self.ftype)
-        # integer taps for the fused depthwise kernel (fast.dw_bn_lut) only
-        # (int32 when every k x k window sum provably fits, else int64)
-        small = self.k * self.k * 255 * max(1, int(np.abs(wmat).max())) < 1 << 31
-        self.wint = np.ascontiguousarray(wmat, np.int32 if small else np.int64) if self.depthwise else None
+        # float taps for the fused depthwise kernel (fast.dw_bn_lut) only: float32 when every
+        # partial k x k window sum is an integer below 2^24 (8-bit weights: 9·255·255 < 2^24),
+        # else float64 (below 2^53: the KPU's 36-bit values)
+        small = kk * 255 * max(1, int(np.abs(wmat).max())) < 1 << 24
+        self.wtap = np.ascontiguousarray(wmat, np.float32 if small else np.float64) if self.depthwise else None
         if sum_rule == "silicon" or self.depthwise:
             tw = ((a["arg_w"] * sw_i) >> a["shr_w"]).sum(axis=1)
         else:
@@ -478,10 +479,11 @@ class PreparedConv:
         rows = xp[:, r0:r1 + self.k - 1]
         out = y[:, r0:r1]
         if t.fine is not None and self.depthwise:
-            fast.dw_bn_lut(rows, self.wint, self.k, a["arg_x"], a["shr_x"], self.x_exact,
-                           self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0],
-                           self.bn_add[:, 0] - t.lo, t.pages, t.fine, t.q, t.top, self._buf((r1 - r0) * w),
-                           out)
+            hp, wp = xp.shape[1:]
+            fast.dw_bn_lut(np.ascontiguousarray(xp).reshape(-1), hp * wp, wp, r0, self.wtap, self.k,
+                           a["arg_x"], a["shr_x"], self.x_exact, self.const[:, 0], self.bn_mul[:, 0],
+                           self.bn_shift[:, 0], self.bn_add[:, 0] - t.lo, t.pages, t.fine, t.q, t.top,
+                           self._buf((r1 - r0 - 1) * wp + w), out)
             return
         n = r1 - r0
         acc = self._exact_sums(rows, n, w) if not self.depthwise else \
