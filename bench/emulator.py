@@ -21,7 +21,7 @@ import numpy as np
 
 from tl2k210 import paths
 from tl2k210.k210 import kmodel
-from tl2k210.k210.emulator import Emulator, fast, kpu
+from tl2k210.k210.emulator import Emulator, fast, intconv, kpu
 
 REPO = paths.checkout()
 TESTDATA = paths.testdata_dir()
@@ -163,6 +163,8 @@ def bench_model(model, frames, runs, ort):
     row["banded_share"] = round(banded_share(model, emus[1], emus[2], x), 3)
     fused = [p.use_fast for p in emus[1].prepared.values()]
     row["fused_layers"] = f"{sum(fused)}/{len(fused)}"
+    normal = [p for p in emus[1].prepared.values() if not p.depthwise]
+    row["int_sums"] = f"{sum(p.int_sums is not None for p in normal)}/{len(normal)}"
     return row
 
 
@@ -201,7 +203,8 @@ def main():
             ("banded", "banded_share", 7, ".0%"), ("emu fps 1t", "emu_1t_fps", 10, ".1f"),
             ("2t", "emu_2t_fps", 6, ".1f"), ("ort fps 1t", "ort_1t_fps", 10, ".1f"),
             ("ort 2t/1t", "ort_speedup_2t_over_1t", 9, ".2f"), ("emu CPU ms", "emu_1t_cpu_ms", 10, ".1f"),
-            ("fused", "fused_layers", 6, "s"), ("warm-up s", "warmup_s", 9, ".2f")]
+            ("fused", "fused_layers", 6, "s"), ("int sums", "int_sums", 8, "s"),
+            ("warm-up s", "warmup_s", 9, ".2f")]
     print("\n" + " ".join(f"{h:>{w}}" if i else f"{h:{w}}" for i, (h, _, w, _) in enumerate(cols)))
     for r in rows:
         print(" ".join(format(r.get(k, nan if f != "s" else "-"), (">" if i else "<") + f"{w}{f}")
@@ -209,13 +212,16 @@ def main():
     print(f"(ratios: medians over {args.runs} runs of the per-run time ratio, each run {args.frames} "
           f"frames of every variant back to back; emu/ort = emulator time / onnxruntime float "
           f"twin time, 1 thread each (CPU: the same in CPU time); 2t/1t = speed-up of 2 band "
-          f"threads; threads kept = multi-band layers whose measured trials kept 2 threads; numba "
+          f"threads; threads kept = multi-band layers whose measured trials kept 2 threads; int "
+          f"sums = normal convs summed by onnxruntime's exact ConvInteger "
+          f"({'on' if intconv.available() else 'OFF: float BLAS'}); numba "
           f"{'on' if fast.available() else 'OFF (the slower pure numpy path)'}; fps are this "
           f"machine's only: {cpu}, {os.cpu_count()} CPUs, load average {load[0]:.1f} -> "
           f"{load_end[0]:.1f})")
     meta = {"cpu": cpu, "cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
             "frames": args.frames, "runs": args.runs, "numpy": np.__version__,
-            "numba": fast.available(), "load_avg_start": load, "load_avg_end": load_end}
+            "numba": fast.available(), "int_sums": intconv.available(), "load_avg_start": load,
+            "load_avg_end": load_end}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"wrote {args.json}")

@@ -341,7 +341,8 @@ class PreparedConv:
         # partial k x k window sum is an integer below 2^24 (8-bit weights: 9·255·255 < 2^24),
         # else float64 (below 2^53: the KPU's 36-bit values)
         small = kk * 255 * max(1, int(np.abs(wmat).max())) < 1 << 24
-        self.wtap = np.ascontiguousarray(wmat, np.float32 if small else np.float64) if self.depthwise else None
+        self.wtap = (np.ascontiguousarray(wmat, np.float32 if small else np.float64)
+                     if self.depthwise else None)
         if sum_rule == "silicon" or self.depthwise:
             tw = ((a["arg_w"] * sw_i) >> a["shr_w"]).sum(axis=1)
         else:
