@@ -4,12 +4,13 @@ Semantics: docs/kpu.md#pipeline and #sum-rule. Each stage is a small
 function over whole numpy arrays (testable on its own); ``PreparedConv`` precomputes what does
 not depend on the input and runs a layer with a handful of whole-array passes.
 
-Exactness: the convolution sum uses float32 BLAS on K-chunks short enough that every partial sum
-is an integer < 2^24 (exact in float32), or float64 (integers < 2^53) for 16-bit weights;
-everything after it is int64. With numba installed (`fast.py`), the batch-norm stage, the
-activation lookup and the depthwise taps run in fused kernels (same bytes); otherwise rows are
-split into cache-sized bands. Big layers run their row bands on threads where a measurement of
-their first calls shows the threads pay (``PreparedConv._parallel``).
+Exactness: a normal conv's sum comes from onnxruntime's integer ConvInteger where it is installed
+and its int32 bound holds (``intconv.py``), else from float32 BLAS on K-chunks short enough that
+every partial sum is an integer < 2^24 (exact in float32), or float64 (integers < 2^53) for 16-bit
+weights; everything after it is int64. With numba installed (`fast.py`), the batch-norm stage,
+the activation lookup and the depthwise taps run in fused kernels (same bytes); otherwise rows
+are split into cache-sized bands. Big layers run their row bands on threads where a measurement
+of their first calls shows the threads pay (``PreparedConv._parallel``).
 
 Named rules (defaults follow the spec):
   sum_rule  "silicon"   Σx/Σw terms shifted per input channel, then summed (docs/kpu.md#sum-rule)
