@@ -1,6 +1,6 @@
-"""The speed paths change nothing: the fused numba kernels, the pure numpy path
-(TL2K210_NO_NUMBA=1, a fresh process), 1 or several band threads, and the paged activation
-tables all give the same bytes on real kmodels."""
+"""The speed paths change nothing: the fused numba kernels, onnxruntime's integer conv sums, the
+pure numpy path (TL2K210_NO_NUMBA=1, a fresh process), 1 or several band threads, and the paged
+activation tables all give the same bytes on real kmodels."""
 import json
 import os
 import subprocess
@@ -47,6 +47,24 @@ def test_numba_and_numpy_paths_give_the_same_bytes():
         shape, _ = e.input_spec()
         x = np.random.default_rng(5).integers(0, 256, shape).astype(np.uint8)
         assert [o.tobytes().hex() for o in e.run(x)] == plain["out"][p], p
+
+
+def test_integer_sums_and_float_blas_give_the_same_bytes(monkeypatch):
+    """onnxruntime's ConvInteger sums (intconv.py) against the float BLAS path, on real kmodels."""
+    pytest.importorskip("numba")
+    pytest.importorskip("onnxruntime")
+    from tl2k210.k210.emulator import intconv
+    for d, n in MODELS[:2]:
+        model = kmodel.load(data_path(*d.split("/"), f"{n}.kmodel"))
+        e = Emulator(model, threads=1)
+        assert any(p.int_sums is not None for p in e.prepared.values())
+        shape, _ = e.input_spec()
+        x = np.random.default_rng(6).integers(0, 256, shape).astype(np.uint8)
+        with monkeypatch.context() as m:
+            m.setattr(intconv, "available", lambda: False)
+            blas = Emulator(model, threads=1)
+        assert all(p.int_sums is None for p in blas.prepared.values())
+        assert [o.tobytes() for o in e.run(x)] == [o.tobytes() for o in blas.run(x)], n
 
 
 def test_paged_activation_table_is_exact():
