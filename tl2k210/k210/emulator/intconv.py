@@ -15,10 +15,10 @@ or the split of the sum (Σx·w − z·Σx, blocked partial sums, 16-bit pairs w
     255 · max_o Σ_i |w_oi − z| < 2^31                                              (*)
 
 makes y exact; ``ConvSums`` refuses a layer that breaks (*) (``fits``). The one thing modular
-arithmetic does not cover is a saturating instruction: onnxruntime uses those (``vpmaddubsw``)
-only for uint8 x int8 products, and the weights here are uint8; the edge tests
-(``tests/k210/test_kpu_stages.py``) run maps and weights at 0 and 255 where a saturating kernel
-would differ.
+arithmetic does not cover is a saturating instruction (x86's uint8 x int8 ``vpmaddubsw``
+saturates its 16-bit pair sums); the operands here are uint8 x uint8, and the edge tests
+(``tests/k210/test_kpu_stages.py``) run maps and weights at 0 and 255, where a saturating kernel
+would differ, on whatever machine the tests run.
 
 The KPU's Σx term with a whole zero point, (arg_x >> shr_x)·ΣX, is the weight zero point
 z = −(arg_x >> shr_x) when that lies in 0..255 (every K210 file of testdata). Available when
@@ -61,18 +61,17 @@ def fits(w: np.ndarray, z: int) -> bool:
 class ConvSums:
     """``self(xp, h, w)`` -> int32 (C_out, h·w): Σ_i x_i·(w_oi − z) for the k x k windows of the
     padded uint8 rows xp (C_in, rows, cols) that start every ``stride`` rows and columns (the
-    first h x w of them); ``group`` = C_in for depthwise."""
+    first h x w of them), for weights w (C_out, C_in, k, k)."""
 
-    def __init__(self, w: np.ndarray, z: int, group: int = 1, stride: int = 1):
+    def __init__(self, w: np.ndarray, z: int, stride: int = 1):
         helper, tp, ort = _modules()
         if not fits(w, z):
             raise ValueError("ConvSums: the weights break the int32 bound; use the float path")
-        co, cig, k, _ = w.shape
-        node = helper.make_node("ConvInteger", ["x", "w", "", "z"], ["y"], group=group,
-                                strides=[stride, stride])
+        co, ci = w.shape[:2]
+        node = helper.make_node("ConvInteger", ["x", "w", "", "z"], ["y"], strides=[stride, stride])
         graph = helper.make_graph(
             [node], "kpu_sums",
-            [helper.make_tensor_value_info("x", tp.UINT8, [1, cig * group, "rows", "cols"])],
+            [helper.make_tensor_value_info("x", tp.UINT8, [1, ci, "rows", "cols"])],
             [helper.make_tensor_value_info("y", tp.INT32, None)],
             [helper.make_tensor("w", tp.UINT8, w.shape, w.astype(np.uint8).tobytes(), raw=True),
              helper.make_tensor("z", tp.UINT8, [], [z])])
