@@ -121,6 +121,56 @@ def test_float_conv2d_when_uint8_weights_lose_too_much():
     assert r.lowering == "conv2d" and "dB of the weights" in " ".join(r.notes)
 
 
+KXK_TRADES = {     # K x K convs the KPU runs as shift stages, and their smaller form
+    "depthwise_5x5": (dict(pads=[2, 2, 2, 2], group=8), (8, 1, 5, 5)),
+    "depthwise_5x5_stride2": (dict(pads=[1, 1, 2, 2], group=8, strides=[2, 2]), (8, 1, 5, 5)),
+    "dense_7x7": (dict(pads=[3, 3, 3, 3]), (6, 8, 7, 7)),
+    "dilated_3x3": (dict(pads=[2, 2, 2, 2], dilations=[2, 2], group=8), (8, 1, 3, 3)),
+}
+
+
+@pytest.mark.parametrize("name", KXK_TRADES)
+def test_kxk_conv_smaller_form_is_quantized_conv2d(name):
+    """Asked for its smaller form (fit.choose_forms), a K x K conv whose KPU form is one-hot shift
+    stages (each weight stored as several 3x3 taps, the map copied several times) becomes one
+    uint8 quantized_conv2d: bit-exact against the reference runner, a byte a weight + an int32
+    bias a channel (the 8-bit ideal), weights' SQNR in the receipt, no extra main memory."""
+    from tl2k210.compiler import channel_means
+    from tl2k210.graph import from_onnx
+    from tl2k210.k210.flow import run_pipeline
+    attrs, wshape = KXK_TRADES[name]
+    m = build([conv_node("y", "r", "w1", "b1", **attrs)], {"w1": W(*wshape), "b1": W(wshape[0])})
+    means = channel_means(run_pipeline(from_onnx(m))[0], [(p[None] / 255.0).astype(np.float32) for p in PX])
+    fast, qf, rows_f = check_v4(m, opcodes=("kpu_conv2d",), channel_means=dict(means))
+    assert [r.lowering for r in rows_f if r.node == "y"][0] == "kpu_conv_kxk"
+    model, q, rows = check_v4(m, opcodes=("kpu_conv2d", "quantized_conv2d"), small=frozenset({"y"}),
+                              channel_means=dict(means))
+    r = next(r for r in rows if r.node == "y")
+    assert r.lowering == "quantized_conv2d" and "in its smaller form" in r.why
+    assert r.weight_bytes == int(np.prod(wshape)) + 4 * wshape[0]
+    assert r.form.startswith("uint8 weights per layer, ") and r.form.endswith(" dB")
+    assert "the smaller form was asked for" in " ".join(r.notes)
+    node = next(nd for nd in model.nodes if nd.name == "quantized_conv2d")
+    assert node.data["weights"].size == int(np.prod(wshape))        # each weight once, a byte
+    w_fast = sum(x.weight_bytes for x in rows_f if x.node == "y")
+    assert w_fast > 1.3 * r.weight_bytes
+    assert len(kmodel.dumps(model)) < len(kmodel.dumps(fast)) and model.main_mem <= fast.main_mem
+    assert q > qf - 0.5    # per-layer uint8 weights (> 30 dB) + bias correction: the output keeps its SQNR
+    assert "bias corrected for weight rounding" in r.notes
+
+
+def test_kxk_conv_keeps_its_kpu_form_when_uint8_weights_lose_too_much():
+    """The smaller form never costs accuracy: per-layer uint8 weights under WEIGHT_SQNR_MIN dB keep
+    the KPU shift stages (its weights per channel)."""
+    w = W(8, 1, 5, 5)
+    w[0] *= 300.0            # one channel's range flattens the others at one byte per layer
+    m = build([conv_node("y", "r", "w1", "b1", pads=[2, 2, 2, 2], group=8)], {"w1": w, "b1": W(8)})
+    model, rows, lw, g = compile_model(m, PX, format="v4", small=frozenset({"y"}))
+    assert [r.lowering for r in rows if r.node == "y"][0] == "kpu_conv_kxk"
+    model, rows, lw, g = compile_model(m, PX, format="v4")
+    assert "y" not in lw.smaller
+
+
 def test_conv2d_transpose_adds_its_bias():
     m = build([N("ConvTranspose", ["r", "wt", "bt"], ["y"], strides=[2, 2], kernel_shape=[4, 4], pads=[1, 1, 1, 1])],
               {"wt": W(8, 4, 4, 4), "bt": W(4)})

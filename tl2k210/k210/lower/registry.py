@@ -128,10 +128,11 @@ def select(g, node, opts, fmt="v3"):
 
 
 def smaller_alternative(g, node, opts, chosen):
-    """(Alternative, format) that `node`'s smaller form takes instead of `chosen` - a layer of a
-    better unit (uint8 CPU for float: a byte a weight, not four), possibly only in kmodel v4 - or
-    None. The checks see `opts.small` naming the node (state.wants_small)."""
-    if UNIT_RANK[chosen.unit] <= UNIT_RANK[KPU]:
+    """(Alternative, format) that `node`'s smaller form takes instead of `chosen`, possibly only in
+    kmodel v4, or None: a layer of a better unit (uint8 CPU for float: a byte a weight, not four),
+    or the uint8 CPU layer for a KPU form that stores its weights several times (a K x K conv's
+    shift stages: kxk.py). The checks see `opts.small` naming the node (state.wants_small)."""
+    if chosen.unit == RELABEL:
         return None
     small = dataclasses.replace(opts, small=frozenset({node.name}))
     for fmt in FORMATS:
@@ -139,7 +140,7 @@ def smaller_alternative(g, node, opts, chosen):
             alt, _ = select(g, node, small, fmt)
         except UnsupportedOpError:
             continue
-        if UNIT_RANK[alt.unit] < UNIT_RANK[chosen.unit]:
+        if UNIT_RANK[alt.unit] < UNIT_RANK[chosen.unit] or chosen.unit == KPU and alt.unit == CPU_U8:
             return alt, fmt
     return None
 

@@ -375,7 +375,8 @@ class Lowering:
             raise UnsupportedOpError(f"the model has {len(g.inputs)} inputs; K210 runtimes feed one")
         for node in self.order:
             alt = self.choice[node.name] = registry.select(g, node, self.opts, self.format)
-            if alt[0].unit == registry.CPU_F32 and registry.smaller_alternative(g, node, self.opts, alt[0]):
+            if alt[0].unit in (registry.KPU, registry.CPU_F32) and \
+                    registry.smaller_alternative(g, node, self.opts, alt[0]):
                 self.smaller.add(node.name)
         x = g.inputs[0]
         first = self.consumers(x)

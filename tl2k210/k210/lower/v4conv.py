@@ -67,6 +67,16 @@ def qconv_refuses(g, node, opts):
     return None
 
 
+def cpu_trade(g, node, opts) -> bool:
+    """Is the uint8 CPU quantized_conv2d the smaller form a KPU form that stores its weights
+    several times yields to (kxk.py's shift stages)? When the plan asks for the node's smaller
+    form (wants_small) in kmodel v4 and per-layer uint8 weights keep WEIGHT_SQNR_MIN dB of the
+    weights: the trade gives up speed, never accuracy."""
+    if not wants_small(opts, node) or getattr(opts, "format", "v3") != "v4" or node.op != "Conv":
+        return False
+    return qconv_refuses(g, node, opts) is None and weight_sqnr(g.const(node.inputs[1])) >= WEIGHT_SQNR_MIN
+
+
 def fconv_refuses(g, node, opts):
     if node.op != "Conv" or is_dense(g, node):
         return NA
@@ -118,8 +128,9 @@ def _conv_fields(node, shape_in, co):
 
 
 def _pixel_fold(lw, x, W, B, groups, pads):
-    """(W, B, z_x, raw pixel address) with the image preprocessing folded in, or None when the
-    conv pads (a padded tap must be float 0, which a non-integer zero point cannot give)."""
+    """(W, B, z_x, raw pixel address, E[q - z_x] per channel or None) with the image
+    preprocessing folded in, or None when the conv pads (a padded tap must be float 0, which a
+    non-integer zero point cannot give)."""
     loc = lw.locs[x]
     if x != lw.pixel_main or loc.pixels is None:
         return None
@@ -133,7 +144,8 @@ def _pixel_fold(lw, x, W, B, groups, pads):
         return None
     B = B + (W.sum(axis=(2, 3)) * resid[ch]).sum(axis=1)
     W = W * sc[ch][:, :, None, None]
-    return W, B, z, loc.pixels
+    mean = lw.opts.channel_means.get(x)
+    return W, B, z, loc.pixels, None if mean is None else (np.asarray(mean, np.float64) - resid) / sc
 
 
 @lowering("Conv", unit=CPU_U8, check=qconv_refuses, formats=("v4",), name="quantized_conv2d")
@@ -148,18 +160,28 @@ def quantized_conv(lw, node):
     B = np.asarray(lw.g.tensors[b_name].value, np.float64)
     co = W.shape[0]
     groups = int(a.get("group", 1))
-    row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} the KPU cannot run: quantized_conv2d on uint8",
-                 in_shape=(ci, h, w), out_shape=lw.shape(out))
+    traded = cpu_trade(lw.g, node, lw.opts)
+    row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} " + ("in its smaller form" if traded else "the KPU cannot run")
+                 + ": quantized_conv2d on uint8", in_shape=(ci, h, w), out_shape=lw.shape(out))
+    if wants_small(lw.opts, node):       # the trade's receipt line says what the weights keep
+        row.form = f"uint8 weights per layer, {weight_sqnr(W):.1f} dB"
     fold = _pixel_fold(lw, x, W, B, groups, a["pads"])
     if fold is not None:
-        W, B, z_x, src = fold
+        W, B, z_x, src, mean = fold
         s_x = 1.0
         row.notes.append(f"input: pixels, preprocessing folded into weights (zero point {z_x})")
     else:
         src = lw.need_u8(x, row)
         s_x, z_x = lw.locs[x].quant
+        mean = lw.opts.channel_means.get(x)
     s_w, z_w = fx.qparams(W.min(), W.max())
     Wq = np.clip(np.rint(W / s_w + z_w), 0, 255).astype(np.uint8)
+    if mean is not None:       # remove the mean shift the weight rounding causes (kpu.quantize_layer's)
+        cig = W.shape[1]
+        ch = (np.arange(co)[:, None] // (co // groups)) * cig + np.arange(cig)[None, :]
+        dW = ((Wq.astype(np.float64) - z_w) * s_w - W).sum(axis=(2, 3))
+        B = B - (dW * np.asarray(mean, np.float64)[ch]).sum(axis=1)
+        row.notes.append("bias corrected for weight rounding")
     direct = _relu_like(act)
     y_t = st["act"] if direct else st["conv"]
     s_y, z_y = lw.quant_of(y_t)
