@@ -17,7 +17,7 @@ loads its format, so a larger one is tried only after a refusal.
 Targets (issue 22): kmodel bytes <= 1.15x the ideal weights; main memory <= 1.25x the live set;
 every runtime the ideal fits converts.
 
-    python bench/memory.py [--only SUBSTRING] [--corpus developer|fit|real|all]
+    python bench/memory.py [--only SUBSTRING] [--corpus developer|fit|real|all] [--optimize size]
                            [--json bench/results/memory.json] [--markdown]
     python bench/memory.py --render A.json [B.json ...]      # the summary and table of saved runs
 """
@@ -211,6 +211,8 @@ def main():
     ap.add_argument("--json", default=str(corpus.REPO / "bench" / "results" / "memory.json"))
     ap.add_argument("--markdown", action="store_true", help="also print the README table")
     ap.add_argument("--render", nargs="+", help="print the summary and table of saved JSON runs")
+    ap.add_argument("--optimize", choices=["latency", "size"], default="latency",
+                    help="convert's --optimize (size: every smaller form that shrinks the model)")
     args = ap.parse_args()
     if args.render:
         rows = [r for f in args.render for r in json.loads(Path(f).read_text())]
@@ -220,7 +222,8 @@ def main():
     calib = corpus.photo_folder()
     rows = []
     for name, group, src, extra, nncase in sources(args.corpus, args.only):
-        row = measure(name, group, src, extra, calib, nncase)
+        row = measure(name, group, src, extra + (["--optimize", args.optimize] if args.optimize != "latency" else []),
+                      calib, nncase)
         rows.append(row)
         print(line(row), flush=True)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -256,3 +256,43 @@ def test_a_dense_layer_fits_only_as_kmodel_v4_quantized_matmul(tmp_path, png_dir
     assert kmodel.load(tmp_path / "fit.kmodel").version == 4
     # uint8 weights and output: a little SQNR for the fit
     assert r.totals["output_sqnr_db"] > 25 and fast.totals["output_sqnr_db"] - r.totals["output_sqnr_db"] < 15
+
+
+def _depthwise5(tmp_path, c=32):
+    """A BlazeBlock: 1x1 conv to c channels at 32x32, a 5x5 depthwise conv (the KPU's form: one-hot
+    shift stages, each weight stored as nine 3x3 taps over nine copies of the map), ReLU, 1x1 conv."""
+    m = make_model([conv_node("a", "x", "wa", "ba"), conv_node("dw", "a", "wd", "bd", kernel_shape=[5, 5],
+                                                                pads=[2, 2, 2, 2], group=c),
+                    N("Relu", ["dw"], ["r"]), conv_node("b", "r", "wb", "bb")],
+                   [("x", [1, 3, 32, 32])], [("b", [1, c, 32, 32])],
+                   {"wa": W(c, 3, 1, 1), "ba": W(c, scale=0.1), "wd": W(c, 1, 5, 5), "bd": W(c, scale=0.1),
+                    "wb": W(c, c, 1, 1, scale=0.1), "bb": W(c, scale=0.1)})
+    src = tmp_path / "dw5.onnx"
+    onnx.save(m, src)
+    return src
+
+
+@pytest.mark.slow
+def test_optimize_size_stores_a_5x5_depthwise_conv_at_its_8_bit_size(tmp_path, png_dir):
+    """--optimize size gives the 5x5 depthwise conv the uint8 CPU quantized_conv2d (kmodel v4): its
+    weights once, a byte each, + an int32 bias a channel = its 8-bit ideal exactly (no padding: the
+    v4 body's 8-byte alignment falls between nodes, docs/kmodel-format.md); the receipt names the
+    trade and what the weights keep, and the output loses no SQNR."""
+    src = _depthwise5(tmp_path)
+    lat = _convert(src, tmp_path / "lat.kmodel", png_dir, runtime="maixpy")
+    size = _convert(src, tmp_path / "size.kmodel", png_dir, runtime="maixpy", optimize="size")
+    fast = {x["node"]: x for x in lat.layers}
+    small = {x["node"]: x for x in size.layers}
+    assert fast["dw"]["lowering"] == "kpu_conv_kxk" and not lat.trades
+    assert fast["dw"]["weight_bytes"] > 3 * fast["dw"]["ideal_weight_bytes"]
+    dw = small["dw"]
+    assert dw["lowering"] == "quantized_conv2d" and size.totals["format"] == "v4"
+    assert dw["weight_bytes"] == dw["ideal_weight_bytes"] == 32 * 25 + 4 * 32
+    nodes = [n for n in kmodel.load(tmp_path / "size.kmodel").nodes if n.name == "quantized_conv2d"]
+    assert sum(n.data["weights"].size for n in nodes) == 32 * 25 and sum(n.data["bias"].size for n in nodes) == 32
+    assert len(size.trades) == 1 and size.trades[0].startswith(f"dw: quantized_conv2d ({dw['form']}), 928 B, est. ")
+    assert dw["form"].startswith("uint8 weights ") and dw["form"].endswith(" dB")
+    assert len(nodes) == (1 if "per layer" in dw["form"] else int(dw["form"].split()[3]))   # "in N channel ranges"
+    assert "kpu_conv_kxk (shift grid) would take" in size.trades[0] and "(--optimize size)" in size.trades[0]
+    assert size.file_size + size.main_memory < lat.file_size + lat.main_memory
+    assert size.totals["output_sqnr_db"] > lat.totals["output_sqnr_db"] - 0.5

@@ -111,7 +111,9 @@ def test_quantized_conv2d_first_layer_reads_the_pixels_and_leaky_relu_is_a_table
     assert model.nodes[0].name == "quantized_conv2d"
 
 
-def test_float_conv2d_when_uint8_weights_lose_too_much():
+def test_float_conv2d_when_uint8_weights_lose_too_much(monkeypatch):
+    from tl2k210.k210.lower import v4conv
+    monkeypatch.setattr(v4conv, "WEIGHT_PARTS_MAX", 1)     # one weight scale for the layer
     w = W(4, 8, 4, 4)
     w[0, 0, 2, 2] = 60.0          # one huge tap: per-layer uint8 weights would flatten the rest
     m = build([conv_node("c5", "r", "w1", "b1", pads=[1, 1, 2, 2]), N("Sigmoid", ["c5"], ["y"])],
@@ -159,9 +161,11 @@ def test_kxk_conv_smaller_form_is_quantized_conv2d(name):
     assert "bias corrected for weight rounding" in r.notes
 
 
-def test_kxk_conv_keeps_its_kpu_form_when_uint8_weights_lose_too_much():
-    """The smaller form never costs accuracy: per-layer uint8 weights under WEIGHT_SQNR_MIN dB keep
-    the KPU shift stages (its weights per channel)."""
+def test_kxk_conv_keeps_its_kpu_form_when_uint8_weights_lose_too_much(monkeypatch):
+    """The smaller form never costs accuracy: uint8 weights under WEIGHT_SQNR_MIN dB (here: one
+    scale for the layer) keep the KPU shift stages (its weights per channel)."""
+    from tl2k210.k210.lower import v4conv
+    monkeypatch.setattr(v4conv, "WEIGHT_PARTS_MAX", 1)
     w = W(8, 1, 5, 5)
     w[0] *= 300.0            # one channel's range flattens the others at one byte per layer
     m = build([conv_node("y", "r", "w1", "b1", pads=[2, 2, 2, 2], group=8)], {"w1": w, "b1": W(8)})
@@ -169,6 +173,47 @@ def test_kxk_conv_keeps_its_kpu_form_when_uint8_weights_lose_too_much():
     assert [r.lowering for r in rows if r.node == "y"][0] == "kpu_conv_kxk"
     model, rows, lw, g = compile_model(m, PX, format="v4")
     assert "y" not in lw.smaller
+
+
+def test_weight_parts_by_hand():
+    """quantized_conv2d has one weight (scale, zero point) a node: channels of ranges 1 and 100
+    (batch norm folded in) go to two nodes, each its own scale; a grouped conv splits at groups."""
+    from tl2k210.k210.lower.v4conv import weight_parts, weight_sqnr
+    w = np.array([[1, -1], [0.5, 1], [100, -100], [50, 100]], np.float64).reshape(4, 1, 1, 2)
+    # one scale: s = 200/255 = 0.784, z = 128; channel 1's 0.5 and 1 both become 1 step, 0.784:
+    # 10 log10((0.25 + 1) / (0.284^2 + 0.216^2)) = 9.9 dB
+    assert round(weight_sqnr(w), 1) == 9.9
+    assert weight_parts(w, 1) == weight_parts(w, 4) == weight_parts(w, 2) == [(0, 2), (2, 4)]
+    assert weight_sqnr(w, 1) > 40
+    assert weight_parts(w[:2], 1) == [(0, 2)]              # alike ranges: one node
+    assert weight_parts(w, 1) != weight_parts(np.concatenate([w[:1], w[2:3], w[1:2], w[3:]]), 1)
+
+
+def test_quantized_conv2d_channel_ranges_bit_exact(monkeypatch):
+    """A depthwise 5x5 whose channels' ranges differ 30x, in its uint8 CPU form: two
+    quantized_conv2d nodes (channels 0-3, 4-7), each reading its input channels and writing its
+    output channels, bit for bit the reference runner; the output keeps more SQNR than with one
+    scale for the layer."""
+    from tl2k210.k210.lower import v4conv
+    w = W(8, 1, 5, 5)
+    w[4:] *= 30.0
+    m = build([conv_node("y", "r", "w1", "b1", pads=[2, 2, 2, 2], group=8)], {"w1": w, "b1": W(8)})
+    model, q, rows = check_v4(m, opcodes=("quantized_conv2d",), small=frozenset({"y"}))
+    nodes = [nd for nd in model.nodes if nd.name == "quantized_conv2d"]
+    assert len(nodes) == 2 and [nd.data["weights"].size for nd in nodes] == [100, 100]
+    r = next(r for r in rows if r.node == "y")
+    assert r.form.startswith("uint8 weights in 2 channel ranges of their own scale, ")
+    monkeypatch.setattr(v4conv, "WEIGHT_PARTS_MAX", 1)     # one scale (and no SQNR gate, which would refuse it)
+    monkeypatch.setattr(v4conv, "WEIGHT_SQNR_MIN", 0.0)
+    one, q1, rows1 = check_v4(m, opcodes=("quantized_conv2d",), small=frozenset({"y"}), min_sqnr=10)
+    assert sum(nd.name == "quantized_conv2d" for nd in one.nodes) == 1
+
+    def small_channels(k):        # the SQNR of the channels one scale rounds most
+        refs, got = run_both(m, k, PX)
+        return sqnr_db(refs.reshape(len(PX), 8, -1)[:, :4].ravel().astype(np.float64),
+                       got.reshape(len(PX), 8, -1)[:, :4].ravel().astype(np.float64))
+    # (the output's one uint8 scale, set by the large channels, bounds what the small ones keep)
+    assert q >= q1 and small_channels(model) > small_channels(one) + 1.5
 
 
 def test_conv2d_transpose_adds_its_bias():

@@ -31,6 +31,9 @@ from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, nnil_code, pixel_af
 from .v4ops import window_pool
 
 WEIGHT_SQNR_MIN = 30.0          # dB of per-layer uint8 weights below which the float conv is chosen
+WEIGHT_PARTS_MAX = 16           # quantized_conv2d nodes (each its own weight scale) one conv may take
+PARTS_DB = 1.0                  # how far below per-channel weights a conv's worst channel may stay
+PARTS_ENOUGH_DB = 40.0          # weights this good stay one node (below the 8-bit maps' own rounding)
 ACC_TAPS_MAX = (2 ** 31 - 1) // (255 * 255)   # taps per output that keep the int32 accumulator exact
 
 
@@ -40,12 +43,63 @@ def _conv_refuses_common(g, node):
     return None
 
 
-def weight_sqnr(W) -> float:
-    """SQNR (dB) of per-layer uint8 weights, for the output channel they serve worst (one large
-    channel must not hide the ones rounded to nothing)."""
+def weight_parts(W, groups) -> list:
+    """Contiguous output-channel ranges [(o0, o1)] of a conv's weights (Co, Ci/groups, kh, kw), each
+    to be one quantized_conv2d with its own uint8 (scale, zero point): the runtime's weights are
+    per layer, so channels whose ranges differ (batch norm folded in) are split where that keeps
+    their worst channel within PARTS_DB of per-channel weights (PARTS_ENOUGH_DB is enough), in
+    at most WEIGHT_PARTS_MAX nodes.
+    A range is whole groups of a grouped conv (1 channel of a depthwise one). Chosen on the
+    rounding-noise model step^2/12; weight_sqnr measures the result."""
     W = np.asarray(W, np.float64)
-    s, z = fx.qparams(W.min(), W.max())
-    q = (np.clip(np.rint(W / s + z), 0, 255) - z) * s
+    co = W.shape[0]
+    unit = co // groups if groups > 1 else 1
+    n = co // unit
+    flat = W.reshape(n, -1)
+    lo, hi = np.minimum(flat.min(axis=1), 0.0), np.maximum(flat.max(axis=1), 0.0)
+    pw = (W.reshape(co, -1) ** 2).mean(axis=1)
+    pw = np.where(pw > 0, pw, np.inf).reshape(n, unit).min(axis=1)
+
+    def db(p, a, b):
+        return 10 * np.log10(p * 12 * 255.0 ** 2 / max(b - a, 1e-30) ** 2) if np.isfinite(p) else np.inf
+
+    def greedy(t):
+        parts, i = [], 0
+        while i < n:
+            a, b, p, j = lo[i], hi[i], pw[i], i + 1
+            while j < n and db(min(p, pw[j]), min(a, lo[j]), max(b, hi[j])) >= t:
+                a, b, p, j = min(a, lo[j]), max(b, hi[j]), min(p, pw[j]), j + 1
+            parts.append((i, j))
+            i = j
+        return parts
+    one = db(pw.min(), lo.min(), hi.max())
+    goal = min(min(db(pw[u], lo[u], hi[u]) for u in range(n)) - PARTS_DB, PARTS_ENOUGH_DB)
+    if one >= goal:
+        return [(0, co)]
+    a, b = one, goal
+    for _ in range(24):          # the highest worst-channel SQNR reachable in WEIGHT_PARTS_MAX parts
+        t = (a + b) / 2
+        a, b = (t, b) if len(greedy(t)) <= WEIGHT_PARTS_MAX else (a, t)
+    return [(i * unit, j * unit) for i, j in greedy(a)]
+
+
+def quantize_parts(W, parts):
+    """[(o0, o1, scale, zero point, uint8 weights)] of `W` quantized per part."""
+    out = []
+    for o0, o1 in parts:
+        w = W[o0:o1]
+        s, z = fx.qparams(w.min(), w.max())
+        out.append((o0, o1, s, z, np.clip(np.rint(w / s + z), 0, 255).astype(np.uint8)))
+    return out
+
+
+def weight_sqnr(W, groups=None) -> float:
+    """SQNR (dB) of uint8 weights, per layer (groups None: one scale, as quantized_matmul) or in
+    the conv's `weight_parts`, for the output channel they serve worst (one large channel must
+    not hide the ones rounded to nothing)."""
+    W = np.asarray(W, np.float64)
+    parts = [(0, W.shape[0])] if groups is None else weight_parts(W, groups)
+    q = np.concatenate([(wq.astype(np.float64) - z) * s for _, _, s, z, wq in quantize_parts(W, parts)])
     per = [sqnr_db(W[o].reshape(-1), q[o].reshape(-1)) for o in range(W.shape[0]) if np.any(W[o])]
     return float(min(per)) if per else float("inf")
 
@@ -60,7 +114,7 @@ def qconv_refuses(g, node, opts):
     taps = int(np.prod(W.shape[1:]))
     if taps > ACC_TAPS_MAX:
         return f"{taps} taps per output overflow the int32 accumulator (at most {ACC_TAPS_MAX:,})"
-    q = weight_sqnr(W)
+    q = weight_sqnr(W, int(node.attrs.get("group", 1)))
     if q < WEIGHT_SQNR_MIN and not wants_small(opts, node):
         return (f"per-layer uint8 weights keep only {q:.1f} dB of the weights (spread "
                 f"{float(np.max(np.abs(W))):.3g} / {float(np.std(W)):.3g}): the float conv2d keeps them")
@@ -74,7 +128,8 @@ def cpu_trade(g, node, opts) -> bool:
     weights: the trade gives up speed, never accuracy."""
     if not wants_small(opts, node) or getattr(opts, "format", "v3") != "v4" or node.op != "Conv":
         return False
-    return qconv_refuses(g, node, opts) is None and weight_sqnr(g.const(node.inputs[1])) >= WEIGHT_SQNR_MIN
+    return qconv_refuses(g, node, opts) is None and \
+        weight_sqnr(g.const(node.inputs[1]), int(node.attrs.get("group", 1))) >= WEIGHT_SQNR_MIN
 
 
 def fconv_refuses(g, node, opts):
@@ -163,8 +218,6 @@ def quantized_conv(lw, node):
     traded = cpu_trade(lw.g, node, lw.opts)
     row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} " + ("in its smaller form" if traded else "the KPU cannot run")
                  + ": quantized_conv2d on uint8", in_shape=(ci, h, w), out_shape=lw.shape(out))
-    if wants_small(lw.opts, node):       # the trade's receipt line says what the weights keep
-        row.form = f"uint8 weights per layer, {weight_sqnr(W):.1f} dB"
     fold = _pixel_fold(lw, x, W, B, groups, a["pads"])
     if fold is not None:
         W, B, z_x, src, mean = fold
@@ -174,31 +227,40 @@ def quantized_conv(lw, node):
         src = lw.need_u8(x, row)
         s_x, z_x = lw.locs[x].quant
         mean = lw.opts.channel_means.get(x)
-    s_w, z_w = fx.qparams(W.min(), W.max())
-    Wq = np.clip(np.rint(W / s_w + z_w), 0, 255).astype(np.uint8)
+    parts = weight_parts(W, groups)
+    q_w = weight_sqnr(W, groups)
+    scales = "per layer" if len(parts) == 1 else f"in {len(parts)} channel ranges of their own scale"
+    if wants_small(lw.opts, node):       # the trade's receipt line says what the weights keep
+        row.form = f"uint8 weights {scales}, {q_w:.1f} dB"
+    q = quantize_parts(W, parts)
+    cig = W.shape[1]
+    ch = (np.arange(co)[:, None] // (co // groups)) * cig + np.arange(cig)[None, :]    # input channel of W[o, i]
     if mean is not None:       # remove the mean shift the weight rounding causes (kpu.quantize_layer's)
-        cig = W.shape[1]
-        ch = (np.arange(co)[:, None] // (co // groups)) * cig + np.arange(cig)[None, :]
-        dW = ((Wq.astype(np.float64) - z_w) * s_w - W).sum(axis=(2, 3))
-        B = B - (dW * np.asarray(mean, np.float64)[ch]).sum(axis=1)
+        dW = np.concatenate([(wq.astype(np.float64) - z) * s for _, _, s, z, wq in q]) - W
+        B = B - (dW.sum(axis=(2, 3)) * np.asarray(mean, np.float64)[ch]).sum(axis=1)
         row.notes.append("bias corrected for weight rounding")
     direct = _relu_like(act)
     y_t = st["act"] if direct else st["conv"]
     s_y, z_y = lw.quant_of(y_t)
-    bq = np.clip(np.rint(B / (s_x * s_w)), -(2 ** 31), 2 ** 31 - 1).astype(np.int64)
-    om, osh = fx.fixed_mul(s_x * s_w / s_y, 32, 62)
     final = not pool and direct
     name = out if final else y_t
     loc = lw.u8_out(name, (s_y, z_y), (co,) + _out_hw(lw, node, st, pool))
-    n_in = ci * h * w
-    f = _conv_fields(node, (1, ci, h, w), co)
-    f.update(input=main(U8, src, n_in), output=main(U8, loc.u8, int(np.prod(loc.shape))), input_offset=-z_x,
-             filter_offset=-z_w, output_mul=om, output_shift=osh, output_offset=z_y)
-    lw.emit_v4("quantized_conv2d", f, row, data={"bias": bq, "weights": Wq.reshape(-1)})
-    lw.traced(name, "u8")
+    hw_out = int(np.prod(loc.shape[1:]))
+    idx = []
+    for o0, o1, s_w, z_w, wq in q:       # one node per channel range: its input channels, its outputs
+        c0, c1 = (0, ci) if groups == 1 else (ch[o0, 0], ch[o1 - 1, -1] + 1)
+        f = _conv_fields(node, (1, c1 - c0, h, w), o1 - o0)
+        f.update(groups=1 if groups == 1 else (o1 - o0) // (co // groups),
+                 input=main(U8, src + c0 * h * w, (c1 - c0) * h * w),
+                 output=main(U8, loc.u8 + o0 * hw_out, (o1 - o0) * hw_out), input_offset=-z_x, filter_offset=-z_w,
+                 output_offset=z_y)
+        f["output_mul"], f["output_shift"] = fx.fixed_mul(s_x * s_w / s_y, 32, 62)
+        bq = np.clip(np.rint(B[o0:o1] / (s_x * s_w)), -(2 ** 31), 2 ** 31 - 1).astype(np.int64)
+        idx.append(lw.emit_v4("quantized_conv2d", f, row, data={"bias": bq, "weights": wq.reshape(-1)}))
+    lw.trace_map[name] = (idx[0] if len(idx) == 1 else tuple(idx), "u8")
     row.macs = int(np.prod(loc.shape)) * int(np.prod(W.shape[1:]))
-    row.weight_bytes = Wq.size + 4 * co
-    row.notes.append(f"weights uint8 per layer ({weight_sqnr(W):.1f} dB)")
+    row.weight_bytes = W.size + 4 * co
+    row.notes.append(f"weights uint8 {scales} ({q_w:.1f} dB)")
     cur = name
     if not direct:
         cur = activation_after(lw, name, out if not pool else st["act"], act, row)
