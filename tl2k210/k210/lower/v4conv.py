@@ -31,7 +31,7 @@ from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, nnil_code, pixel_af
 from .v4ops import window_pool
 
 WEIGHT_SQNR_MIN = 30.0          # dB of per-layer uint8 weights below which the float conv is chosen
-WEIGHT_PARTS_MAX = 16           # quantized_conv2d nodes (each its own weight scale) one conv may take
+WEIGHT_PARTS_MAX = 12           # quantized_conv2d nodes (each its own weight scale) one conv may take
 PARTS_DB = 1.0                  # how far below per-channel weights a conv's worst channel may stay
 PARTS_ENOUGH_DB = 40.0          # weights this good stay one node (below the 8-bit maps' own rounding)
 ACC_TAPS_MAX = (2 ** 31 - 1) // (255 * 255)   # taps per output that keep the int32 accumulator exact
@@ -184,8 +184,11 @@ def _conv_fields(node, shape_in, co):
 
 def _pixel_fold(lw, x, W, B, groups, pads):
     """(W, B, z_x, raw pixel address, E[q - z_x] per channel or None) with the image
-    preprocessing folded in, or None when the conv pads (a padded tap must be float 0, which a
-    non-integer zero point cannot give)."""
+    preprocessing folded in (x = sc (q - z_x) + r, r in the bias), or None when the conv pads
+    and some channel's residual r is over half a pixel step: a padded tap reads float 0 where the
+    fold assumes r (the KPU's pad value z_x does the same), an error under the pixels' own
+    rounding only while |r| <= sc / 2 (input range -1..1: r = sc / 2); else the image is
+    requantized (an extra rounding of every pixel)."""
     loc = lw.locs[x]
     if x != lw.pixel_main or loc.pixels is None:
         return None
@@ -195,7 +198,7 @@ def _pixel_fold(lw, x, W, B, groups, pads):
     resid = of + sc * z                          # x = sc (q - z) + resid
     co, cig = W.shape[:2]
     ch = (np.arange(co)[:, None] // (co // groups)) * cig + np.arange(cig)[None, :]   # input channel of W[o, i]
-    if np.any(np.abs(resid) > 1e-9 * np.maximum(1, np.abs(of))) and any(pads):
+    if np.any(np.abs(resid) > sc / 2 * (1 + 1e-9)) and any(pads):
         return None
     B = B + (W.sum(axis=(2, 3)) * resid[ch]).sum(axis=1)
     W = W * sc[ch][:, :, None, None]
