@@ -216,6 +216,42 @@ def test_quantized_conv2d_channel_ranges_bit_exact(monkeypatch):
     assert q >= q1 and small_channels(model) > small_channels(one) + 1.5
 
 
+MEANS = {     # mean pools on uint8 (no float map): quantized_conv2d over C batches of one channel
+    "avg_3x3_s3": ("AveragePool", dict(kernel_shape=[3, 3], strides=[3, 3]), 9),   # (2x2 s2: the KPU's pool)
+    "avg_3x3_pads_counted": ("AveragePool", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1), 9),
+    "avg_2x3_s2_asymmetric": ("AveragePool", dict(kernel_shape=[2, 3], strides=[2, 1], pads=[0, 1, 1, 1],
+                                                   count_include_pad=1), 6),
+    "global": ("GlobalAveragePool", {}, 144),
+}
+
+
+@pytest.mark.parametrize("name", MEANS)
+def test_mean_pool_on_uint8(name):
+    op, attrs, taps = MEANS[name]
+    m = build([N(op, ["r"], ["p"], name="p", **attrs), conv_node("y", "p", "w1", "b1")],
+              {"w1": W(4, 8, 1, 1), "b1": W(4)})
+    model, q, rows = check_v4(m, opcodes=("quantized_conv2d",))
+    r = next(r for r in rows if r.node == "p")
+    assert r.lowering == "quantized_conv2d_mean" and r.weight_bytes == taps + 4
+    names = [nd.name for nd in model.nodes]
+    assert "reduce_window2d" not in names and "reduce" not in names
+    node = next(nd for nd in model.nodes if nd.name == "quantized_conv2d")
+    assert node.fields["in_shape"][:2] == (8, 1) and node.data["weights"].tolist() == [1] * taps
+
+
+def test_mean_pool_stays_float_where_uint8_would_change_it():
+    """count_include_pad=0 with pads (border windows divide by fewer taps) and a model output stay
+    the float pool."""
+    m = build([N("AveragePool", ["r"], ["p"], name="p", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+               conv_node("y", "p", "w1", "b1")], {"w1": W(4, 8, 1, 1), "b1": W(4)})
+    model, rows, lw, g = compile_model(m, PX, format="v4")
+    r = next(r for r in rows if r.node == "p")
+    assert r.lowering != "quantized_conv2d_mean" and "count_include_pad=0" in " ".join(r.notes)
+    m = build([N("AveragePool", ["r"], ["y"], name="p", kernel_shape=[3, 3], strides=[3, 3])], {})
+    model, rows, lw, g = compile_model(m, PX, format="v4")
+    assert next(r for r in rows if r.node == "p").lowering != "quantized_conv2d_mean"
+
+
 def test_conv2d_transpose_adds_its_bias():
     m = build([N("ConvTranspose", ["r", "wt", "bt"], ["y"], strides=[2, 2], kernel_shape=[4, 4], pads=[1, 1, 1, 1])],
               {"wt": W(8, 4, 4, 4), "bt": W(4)})
@@ -273,12 +309,15 @@ def test_float_binary_every_op_with_broadcasting(op, monkeypatch):
 
 
 def test_squeeze_excitation_mul():
-    """GlobalAveragePool -> dense -> Sigmoid -> Mul: the attention scale broadcast over the map."""
+    """GlobalAveragePool (uint8: quantized_conv2d_mean) -> dense -> Sigmoid -> Mul: the attention
+    scale broadcast over the map."""
     nodes = [N("GlobalAveragePool", ["r"], ["p"]), conv_node("s0", "p", "ws", "bs"), N("Sigmoid", ["s0"], ["s"]),
              N("Mul", ["r", "s"], ["m"]), conv_node("y", "m", "w2")]
-    check_v4(build(nodes, {"ws": W(8, 8, 1, 1), "bs": W(8), "w2": W(4, 8, 1, 1)}), opcodes=("reduce", "quantized_binary"))
+    check_v4(build(nodes, {"ws": W(8, 8, 1, 1), "bs": W(8), "w2": W(4, 8, 1, 1)}),
+             opcodes=("quantized_conv2d", "quantized_binary"))
     # as a model output the product stays float: no uint8 rounding of what the user reads
-    _, _, rows = check_v4(build(nodes[:4], {"ws": W(8, 8, 1, 1), "bs": W(8)}, out="m"), opcodes=("reduce", "binary"))
+    _, _, rows = check_v4(build(nodes[:4], {"ws": W(8, 8, 1, 1), "bs": W(8)}, out="m"),
+                          opcodes=("quantized_conv2d", "binary"))
     assert next(r.lowering for r in rows if r.op == "Mul") == "float_binary"
 
 
@@ -465,8 +504,8 @@ def test_unary_float_chain_is_one_nnil_method_and_uint8_is_a_table():
 
 
 def test_float_unary_opcode():
-    nodes = [N("GlobalAveragePool", ["r"], ["p"]), N("Flatten", ["p"], ["f"]), N("Exp", ["f"], ["y"])]
-    check_v4(build(nodes, {}), opcodes=("unary",))
+    nodes = [N("ReduceMin", ["r"], ["p"], axes=[2, 3]), N("Flatten", ["p"], ["f"]), N("Exp", ["f"], ["y"])]   # float reduce
+    check_v4(build(nodes, {}), opcodes=("reduce", "unary"))
 
 
 def test_softmax_over_channels():

@@ -371,6 +371,19 @@ def test_quantized_conv2d_by_hand():
     assert run_node("quantized_conv2d", f, x, U8, 1, data=data).tolist() == [91]
 
 
+def test_quantized_conv2d_batches_are_a_uint8_mean_pool():
+    """in_shape (N, 1, H, W), one 2x2 filter of 1s, no filter offset: each batch (a channel of the
+    map) pooled by the sum of (q + input_offset), then output_mul / 2^shift = 1/4 (the mean) +
+    output_offset: lowering's quantized_conv2d_mean."""
+    x = np.array([10, 20, 30, 44, 0, 0, 1, 2], np.uint8)        # two 2x2 channels
+    f = dict(in_shape=(2, 1, 2, 2), groups=1, out_channels=1, input_offset=-10, filter_offset=0,
+             output_mul=1, output_shift=2, output_offset=5, **win(2, 2))
+    # channel 0: (0 + 10 + 20 + 34) = 64; (64 + 2) >> 2 = 16; + 5 = 21
+    # channel 1: (-10 - 10 - 9 - 8) = -37; (-37 + 2) >> 2 = -9 (arithmetic shift); + 5 = -4 -> clamp 0
+    data = {"bias": np.array([0], np.int32), "weights": np.ones(4, np.uint8)}
+    assert run_node("quantized_conv2d", f, x, U8, 2, data=data).tolist() == [21, 0]
+
+
 def test_conv2d_transpose_by_hand_and_c_order():
     # 1x1x2x2 input [1,2,3,4], 2x2 kernel [1,10,100,1000], stride 2 -> 4x4 tiles; the bias (5) is
     # read but never added: neutral_kernels.h sets `value = bias[...]` and never uses it

@@ -28,7 +28,7 @@ from .registry import CPU_F32, CPU_U8, NA, lowering
 from .state import wants_small
 from .v4elementwise import g4, nnil_ops
 from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, nnil_code, pixel_affine
-from .v4ops import window_pool
+from .v4ops import _pool_pads, window_pool
 
 WEIGHT_SQNR_MIN = 30.0          # dB of per-layer uint8 weights below which the float conv is chosen
 WEIGHT_PARTS_MAX = 12           # quantized_conv2d nodes (each its own weight scale) one conv may take
@@ -343,6 +343,62 @@ def float_conv(lw, node):
         window_pool(lw, name, out, pool["kind"], (pool["size"],) * 2, (pool["stride"],) * 2,
                     list(pool.get("pads", [0, 0, 0, 0])), row, dtype=F32)
         lw.main.free(f"{name}:f32")
+
+
+# ---------------------------------------------------------------------------------------------
+def _mean_window(g, node):
+    """(kernel, strides, pads, dilations) of an AveragePool / GlobalAveragePool."""
+    if node.op == "GlobalAveragePool":
+        return tuple(g.shape(node.inputs[0])[2:]), (1, 1), [0, 0, 0, 0], (1, 1)
+    a = node.attrs
+    return (tuple(a["kernel_shape"]), tuple(a.get("strides", (1, 1))), _pool_pads(g, node),
+            tuple(a.get("dilations", (1, 1))))
+
+
+def qmean_refuses(g, node, opts):
+    if len(g.shape(node.inputs[0])) != 4 or node.op == "AveragePool" and len(node.attrs.get("kernel_shape", ())) != 2:
+        return "only 2-D pools"
+    a = node.attrs
+    if a.get("ceil_mode"):
+        return "ceil_mode: the last windows divide by the taps inside the map"
+    k, _, pads, _ = _mean_window(g, node)
+    if any(pads) and not a.get("count_include_pad", 0):
+        return "padded, count_include_pad=0: the border windows divide by the taps inside the map"
+    if k[0] * k[1] > ACC_TAPS_MAX:
+        return f"{k[0] * k[1]} taps overflow the int32 accumulator (at most {ACC_TAPS_MAX:,})"
+    if feeds_output(g, node.outputs[0]):
+        return "it computes a model output: the float pool keeps it unclipped and exact"
+    return None
+
+
+@lowering("AveragePool", "GlobalAveragePool", unit=CPU_U8, check=qmean_refuses, formats=("v4",),
+          name="quantized_conv2d_mean")
+def quantized_mean(lw, node):
+    """A mean pool on uint8 (kmodel v4 has no uint8 pool: reduce_window2d and reduce are float):
+    one quantized_conv2d over the map seen as C batches of one channel, k x k weights of 1:
+    acc = sum (q - z_x) over the window (zero padding: float 0), y = acc s_x / (k^2 s_y) rounded
+    once to y's grid, as the float mean quantized. k^2 bytes of weights, no float map."""
+    x, out = node.inputs[0], node.outputs[0]
+    c, h, w = lw.shape(x)
+    (kh, kw), (sh, sw), (t, l, b, r), (dh, dw) = _mean_window(lw.g, node)
+    oh, ow = lw.shape(out)[1:] if len(lw.shape(out)) == 3 else (1, 1)
+    row = lw.row(node, f"{node.op} {kh}x{kw}: quantized_conv2d on uint8 (weights 1, the mean rounded once)",
+                 in_shape=(c, h, w), out_shape=lw.shape(out))
+    src = lw.need_u8(x, row)
+    s_x, z_x = lw.locs[x].quant
+    s_y, z_y = lw.quant_of(out)
+    loc = lw.u8_out(out, (s_y, z_y), lw.shape(out))
+    om, osh = fx.fixed_mul(s_x / (kh * kw * s_y), 32, 62)
+    pb, pr = (oh - 1) * sh + (kh - 1) * dh + 1 - h - t, (ow - 1) * sw + (kw - 1) * dw + 1 - w - l   # the runtime's floor size
+    lw.emit_v4("quantized_conv2d", dict(
+        in_shape=(c, 1, h, w), groups=1, out_channels=1, padding_h=(t, pb), padding_w=(l, pr), filter_h=kh,
+        filter_w=kw, stride_h=sh, stride_w=sw, dilation_h=dh, dilation_w=dw, input=main(U8, src, c * h * w),
+        output=main(U8, loc.u8, c * oh * ow), input_offset=-z_x, filter_offset=0, output_mul=om,
+        output_shift=osh, output_offset=z_y), row, data={"bias": np.zeros(1, np.int64),
+                                                         "weights": np.ones(kh * kw, np.uint8)})
+    lw.traced(out, "u8")
+    row.macs = c * oh * ow * kh * kw
+    row.weight_bytes = kh * kw + 4
 
 
 # ---------------------------------------------------------------------------------------------
