@@ -522,6 +522,18 @@ def test_matmul_of_two_activations_and_wide_dense_quantized_matmul():
                               opcodes=("quantized_matmul",), min_sqnr=24)   # 1152-term uint8 sums: 34-45 dB over 9 seeds, 26.7 seen once
 
 
+def test_wide_dense_quantized_matmul_in_output_ranges():
+    """A dense layer whose outputs' weight ranges differ 30x: one quantized_matmul per output range
+    (each its own weight scale, its slice of the output), bit for bit the reference runner."""
+    w = W(10, 8 * 12 * 12, scale=0.05)
+    w[5:] *= 30.0
+    nodes = [N("Flatten", ["r"], ["f"]), N("Gemm", ["f", "wg", "bg"], ["g"], transB=1), N("Relu", ["g"], ["y"])]
+    model, q, rows = check_v4(build(nodes, {"wg": w, "bg": W(10)}), opcodes=("quantized_matmul",), min_sqnr=24)
+    mms = [nd for nd in model.nodes if nd.name == "quantized_matmul"]
+    assert [nd.fields["b_cols"] for nd in mms] == [5, 5]
+    assert "in 2 output ranges of their own scale" in " ".join(next(r for r in rows if r.op == "Gemm").notes)
+
+
 def test_dense_translation_pads_uploads_and_slices():
     """A KPU dense layer (v3: ADD_PADDING, conv, REMOVE_PADDING) as v4 nodes: pad, kpu_upload,
     kpu_conv2d, strided_slice."""
@@ -761,7 +773,7 @@ def test_wide_dense_then_activation_is_quantized_matmul_and_a_table(act):
     r = next(r for r in rows if r.node == "d")
     assert r.lowering == "quantized_matmul" and any("256-entry table" in n for n in r.notes), (r.lowering, r.notes)
     names = [nd.name for nd in model.nodes]
-    i = names.index("quantized_matmul")
+    i = len(names) - 1 - names[::-1].index("quantized_matmul")      # (the last, if its outputs took several)
     assert names[i + 1] == "table_lookup1d"          # the activation is the table right after it
     print(f"{act}: SQNR {q:.1f} dB vs onnxruntime")
 

@@ -33,7 +33,7 @@ from .v4ops import _pool_pads, window_pool
 WEIGHT_SQNR_MIN = 30.0          # dB of per-layer uint8 weights below which the float conv is chosen
 WEIGHT_PARTS_MAX = 12           # quantized_conv2d nodes (each its own weight scale) one conv may take
 PARTS_DB = 1.0                  # how far below per-channel weights a conv's worst channel may stay
-PARTS_ENOUGH_DB = 40.0          # weights this good stay one node (below the 8-bit maps' own rounding)
+PARTS_ENOUGH_DB = 38.0          # weights this good stay one node (below the 8-bit maps' own rounding)
 ACC_TAPS_MAX = (2 ** 31 - 1) // (255 * 255)   # taps per output that keep the int32 accumulator exact
 
 
@@ -529,8 +529,8 @@ def qmatmul_refuses(g, node, opts):
         return "its input is float: the float layer avoids a quantize"
     if feeds_output(g, node.outputs[0]):
         return "it computes a model output: the float layer keeps it unclipped and exact"
-    if weight_sqnr(wb[0]) < WEIGHT_SQNR_MIN:
-        return f"per-layer uint8 weights keep only {weight_sqnr(wb[0]):.1f} dB of the weights"
+    if weight_sqnr(wb[0], 1) < WEIGHT_SQNR_MIN:
+        return f"uint8 weights keep only {weight_sqnr(wb[0], 1):.1f} dB of the weights"
     return None
 
 
@@ -546,19 +546,22 @@ def quantized_matmul(lw, node):
                  out_shape=(n_out,), macs=W.size, weight_bytes=W.size + 4 * n_out)
     src = lw.need_u8(x, row)
     s_x, z_x = lw.locs[x].quant
-    s_w, z_w = fx.qparams(W.min(), W.max())
-    Wq = np.clip(np.rint(W.T / s_w + z_w), 0, 255).astype(np.uint8)      # (K, N) row-major
+    parts = weight_parts(W, 1)
+    if len(parts) > 1:
+        row.notes.append(f"weights uint8 in {len(parts)} output ranges of their own scale ({weight_sqnr(W, 1):.1f} dB)")
     direct = _relu_like(act)     # ReLU / Clip(0, b): the uint8 clamp of the output's range
     y_t = out if direct else stage_names(node)["conv"]
     s_y, z_y = lw.quant_of(y_t)
-    bq = np.clip(np.rint(B / (s_x * s_w)), -(2 ** 31), 2 ** 31 - 1).astype(np.int64)
-    om, osh = fx.fixed_mul(s_x * s_w / s_y, 32, 62)
     loc = lw.u8_out(y_t, (s_y, z_y), lw.shape(out) or (n_out,))
-    lw.emit_v4("quantized_matmul", dict(
-        input_a=main(U8, src, k), input_b=Const(Wq.reshape(-1), U8), output=main(U8, loc.u8, n_out), a_rows=1,
-        a_cols=k, b_cols=n_out, input_a_offset=-z_x, input_b_offset=-z_w, output_mul=om, output_shift=osh,
-        output_offset=z_y), row, data={"bias": bq})
-    lw.traced(y_t, "u8")
+    idx = []
+    for o0, o1, s_w, z_w, wq in quantize_parts(W, parts):     # one node per output range, as quantized_conv2d
+        bq = np.clip(np.rint(B[o0:o1] / (s_x * s_w)), -(2 ** 31), 2 ** 31 - 1).astype(np.int64)
+        om, osh = fx.fixed_mul(s_x * s_w / s_y, 32, 62)
+        idx.append(lw.emit_v4("quantized_matmul", dict(
+            input_a=main(U8, src, k), input_b=Const(np.ascontiguousarray(wq.T).reshape(-1), U8),   # (K, n) row-major
+            output=main(U8, loc.u8 + o0, o1 - o0), a_rows=1, a_cols=k, b_cols=o1 - o0, input_a_offset=-z_x,
+            input_b_offset=-z_w, output_mul=om, output_shift=osh, output_offset=z_y), row, data={"bias": bq}))
+    lw.trace_map[y_t] = (idx[0] if len(idx) == 1 else tuple(idx), "u8")
     if not direct:
         activation_after(lw, y_t, out, act, row)
 
