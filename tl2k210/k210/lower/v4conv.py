@@ -389,7 +389,8 @@ def quantized_mean(lw, node):
     s_y, z_y = lw.quant_of(out)
     loc = lw.u8_out(out, (s_y, z_y), lw.shape(out))
     om, osh = fx.fixed_mul(s_x / (kh * kw * s_y), 32, 62)
-    pb, pr = (oh - 1) * sh + (kh - 1) * dh + 1 - h - t, (ow - 1) * sw + (kw - 1) * dw + 1 - w - l   # the runtime's floor size
+    pb = (oh - 1) * sh + (kh - 1) * dh + 1 - h - t       # the padding after that gives the runtime's floor size
+    pr = (ow - 1) * sw + (kw - 1) * dw + 1 - w - l
     lw.emit_v4("quantized_conv2d", dict(
         in_shape=(c, 1, h, w), groups=1, out_channels=1, padding_h=(t, pb), padding_w=(l, pr), filter_h=kh,
         filter_w=kw, stride_h=sh, stride_w=sw, dilation_h=dh, dilation_w=dw, input=main(U8, src, c * h * w),
