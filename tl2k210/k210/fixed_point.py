@@ -48,6 +48,60 @@ def choose_v_scale(s_x: float, sw: np.ndarray, bias: np.ndarray, y_amax: float) 
     return min(cands) * 0.999
 
 
+def clamp_of(act: dict | None):
+    """(lo, hi) of an activation that is a clamp of the identity (none, Relu, Clip), else None."""
+    if act is None:
+        return (-math.inf, math.inf)
+    if act["op"] == "Relu":
+        return (0.0, math.inf)
+    if act["op"] == "Clip":
+        return (act.get("min", -math.inf), act.get("max", math.inf))
+    return None
+
+
+def exact_v_scale(s_v_max: float, s_z: float) -> tuple[float, int]:
+    """(S_V, A): the largest S_V <= s_v_max with S_V·s_z = 2^A, so that one output step is 2^A in V
+    and the activation stage rounds V to the output grid with a plain shift (no 16-bit slope)."""
+    a = math.floor(math.log2(s_v_max * s_z))
+    return 2.0 ** a / s_z, a
+
+
+def clamp_table(lo: float, hi: float, a: int, s_z: float, z_z: int) -> dict:
+    """Activation table of round(V / 2^A) + z_z clamped to [lo, hi] (real) and to 0..255: TFLite's
+    requantization with its fused-activation clamp (act_min = z_z + round(lo / s_z)). Segment 1
+    starts where the output leaves its lower clamp (V - start >= 0 there, so the carry shift
+    rounds half to even), segment 2 (a finite hi) holds the upper clamp."""
+    def code(v):
+        return int(np.clip(math.floor(v / s_z + 0.5) + z_z, 0, 255)) if math.isfinite(v) else None
+    c_lo, c_hi = code(lo) if code(lo) is not None else 0, code(hi) if code(hi) is not None else 255
+    starts = [hw.ACT_X_START_MIN, (c_lo - z_z) << a if a >= 0 else 0]
+    muls, shifts, biases = [0, 1], [0, a], [c_lo, c_lo]
+    if c_hi < 255:
+        starts.append((c_hi - z_z) << a)
+        muls.append(0)
+        shifts.append(0)
+        biases.append(c_hi)
+    while len(starts) < hw.ACT_SEGMENTS:
+        starts.append((1 << 35) - 1)
+        muls.append(0)
+        shifts.append(0)
+        biases.append(biases[-1])
+    return {"x_start": np.array(starts, np.int64), "y_mul": np.array(muls, np.int64),
+            "shift_number": np.array(shifts, np.int64), "bias": np.array(biases, np.uint8)}
+
+
+def tie_margin(sw: np.ndarray, bn: dict, s_v: float, a: int, y_amax: float, bias: np.ndarray) -> float:
+    """Bound (output LSB) on |V / 2^A - TFLite's real requantized value| over |y| <= y_amax: the
+    24-bit BN multipliers' relative error times the output, the floor of the BN shift and the
+    rounding of norm_add. Outputs differ from TFLite's only where its value lies this close to a
+    rounding tie."""
+    want = sw.astype(np.float64) * s_v
+    got = bn["norm_mul"].astype(np.float64) / 2.0 ** bn["norm_shift"]
+    rel = np.abs(got - want) / np.maximum(want, 1e-300)
+    acc_amax = (y_amax + np.abs(bias)) * s_v / 2.0 ** a         # |conv without bias| in output LSB
+    return float(np.max(rel * acc_amax) + 1.5 / 2.0 ** a)
+
+
 def bn_params(s_x: float, sw: np.ndarray, bias: np.ndarray, s_v: float) -> dict:
     muls, shifts = zip(*(fixed_mul(float(s_x * s * s_v), 24, 15) for s in sw))
     return {"norm_mul": np.array(muls, np.int64), "norm_shift": np.array(shifts, np.int64),

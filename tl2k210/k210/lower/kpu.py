@@ -98,11 +98,18 @@ class LayerQuant:
         return self.Wq.shape[0]
 
 
-def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row) -> LayerQuant:
+def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row,
+                   exact_rounding=False) -> LayerQuant:
     """Per-channel weights acting on q − z_x (W already carries the input scale), bias correction
-    for the weight rounding (e = E[q − z_x] per input channel), BN fixed point, activation table."""
+    for the weight rounding (e = E[q − z_x] per input channel), BN fixed point, activation table.
+    `exact_rounding` (a quantized model's layer): an identity/ReLU/Clip output is rounded as
+    TFLite rounds it (`exact_requantize`)."""
     co, m = W.shape[0], W.shape[1]
     Wq, zw, sw = fx.quantize_weights(W, bits)
+    if exact_rounding and fx.clamp_of(act_attr) is not None and bits == 8:
+        lq = exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, row)
+        if lq is not None:
+            return lq
     if e is not None:   # remove the mean shift the weight rounding causes (Nagel et al. 2019)
         dW = ((Wq.astype(np.float64) - zw) * sw[:, None, None, None] - W).sum(axis=(2, 3))   # (co, m)
         n = co // groups
@@ -122,6 +129,36 @@ def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row) 
         row.notes.append(f"activation {name}: {hw.ACT_SEGMENTS}-segment table, max error "
                          f"{lq.fit_lsb:.2f} output LSB (rounding alone: 0.50) over the calibrated input "
                          f"[{y_lo:.3g}, {y_hi:.3g}]")
+    row.act_fit_lsb = lq.fit_lsb
+    return lq
+
+
+def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, row) -> LayerQuant | None:
+    """TFLite's requantization, round(M_c·(acc + bias)) + z clamped by the fused activation, on the
+    KPU: S_V = 2^A / s_z puts the per-channel M_c into the 24-bit BN multipliers and makes the
+    activation stage a rounding shift by A (fx.clamp_table). Weights that are the model's own
+    integers need no bias correction. The receipt says how close to a rounding tie TFLite's
+    value must lie for the output byte to differ, or why it is not exact. None: no room for A."""
+    y_lo, y_hi = y_range
+    s_z, z_z = fx.qparams(*z_range)
+    y_amax = max(abs(y_lo), abs(y_hi), (255 - z_z) * s_z, z_z * s_z)
+    s_v, a = fx.exact_v_scale(fx.choose_v_scale(1.0, sw, B, y_amax * 2), s_z)
+    if a < 8:
+        return None
+    dW = (Wq.astype(np.float64) - zw) * sw[:, None, None, None] - W
+    on_grid = float(np.abs(dW).max()) <= 1e-5 * float(np.abs(W).max() or 1.0)   # the model's own integers
+    bn = fx.bn_params(1.0, sw, B, s_v)
+    act = fx.clamp_table(*fx.clamp_of(act_attr), a, s_z, z_z)
+    lq = LayerQuant(Wq, zw, z_x, bn, act, (s_z, z_z), groups, 8)
+    lq.fit_lsb = fit_error(act_attr, act, y_lo, y_hi, s_v, s_z, z_z)
+    margin = fx.tie_margin(sw, bn, s_v, a, y_amax, B)
+    if on_grid and margin < 0.01:
+        row.notes.append(f"int8 exact: TFLite's output bytes except where its value lies within {margin:.1g} "
+                         "output LSB of a rounding tie (24-bit BN multipliers, TFLite's 31-bit)")
+    else:
+        why = [] if on_grid else ["weights re-rounded (not on one 8-bit grid per channel)"]
+        why += [] if margin < 0.01 else [f"multipliers {margin:.2g} LSB off"]
+        row.notes.append("not exact: " + "; ".join(why))
     row.act_fit_lsb = lq.fit_lsb
     return lq
 

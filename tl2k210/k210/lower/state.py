@@ -111,6 +111,8 @@ class Lowering:
         self.uses = {}
         self.choice = {}            # node name -> (Alternative, passed-over reasons)
         self.smaller = set()        # nodes given a fast form that have a smaller one (wants_small)
+        # a quantized model (passes.dequantize kept its ranges): round each layer as TFLite does
+        self.quantized_model = bool(graph.meta.get("quant_ranges"))
         for n in self.order:
             for i in n.inputs:
                 self.uses[i] = self.uses.get(i, 0) + 1
