@@ -2,6 +2,8 @@
 tables, softmax, L2 norm. uint8 layers where the SDK has them, float where it has only those."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from tl2k210.k210 import fixed_point as fx
@@ -58,6 +60,25 @@ def add_offsets(za, zb, zo, ma, mb, mul, sh, search=32):
     return best[1:]
 
 
+def exact_add_params(ta, tb, za, zb, zo, sign=1):
+    """QUANTIZED_ADD of a quantized model: (off_a, mul_a, off_b, mul_b, out_offset, out_shift,
+    margin) with out_mul 1, computing round(ta·(a − za) + sign·tb·(b − zb)) + zo as TFLite does
+    (ta = sa/so, tb = sb/so). The multipliers carry 21 bits and the offsets are at most 255, so
+    every sum stays inside int32 and non-negative (the SDK's carry shift rounds a negative one
+    wrongly: add_offsets); of the offsets, the pair whose added constant is nearest a whole output
+    step wins. margin: the largest distance (output LSB) from the exact value, so an output byte
+    differs from TFLite's only where its value lies that close to a rounding tie."""
+    sh = 21 - max(0, math.frexp(max(ta, tb))[1])
+    ma, mb = round(ta * 2 ** sh), sign * round(tb * 2 ** sh)
+    oa = U8[:, None]
+    ob = U8[None, :] if sign > 0 else -U8[-1] - U8[None, :]
+    c = ((oa + za) * ma + (ob + zb) * mb) / 2.0 ** sh                     # the constant the offsets add
+    frac = np.abs(c - np.rint(c))
+    i, j = np.unravel_index(int(np.argmin(frac)), frac.shape)
+    margin = frac[i, j] + (abs(ma / 2.0 ** sh - ta) + abs(abs(mb) / 2.0 ** sh - tb)) * U8[-1]
+    return int(oa[i, 0]), ma, int(ob[0, j]), mb, int(zo - np.rint(c[i, j])), sh, float(margin)
+
+
 @lowering("Add", "Sub", unit=CPU_U8, check=add_refuses)
 def quantized_add(lw, node):
     """Residual add (or difference: a negative multiplier for b): QUANTIZED_ADD on uint8 (the KPU
@@ -73,15 +94,22 @@ def quantized_add(lw, node):
     relu = len(cons) == 1 and cons[0].op in ("Relu", "Clip") and out not in lw.g.outputs
     rng_t = cons[0].outputs[0] if relu else out
     so, zo = lw.quant_of(rng_t)
-    smax = max(sa, sb)
-    ma, mb = int(round(sa / smax * ADD_ONE)), int(round(sb / smax * ADD_ONE))
-    mul, sh = fx.fixed_mul(smax / ADD_ONE / so, 10, 31)   # keeps every product inside int32
-    off_a, off_b, off_o = add_offsets(za, zb, zo, ma, sign * mb, mul, sh)
+    if lw.quantized_model:
+        off_a, ma, off_b, mb, off_o, sh, margin = exact_add_params(sa / so, sb / so, za, zb, zo, sign)
+        mul = 1
+        row.notes.append(f"int8 exact: TFLite's output bytes except where its value lies within {margin:.1g} "
+                         "output LSB of a rounding tie (21-bit input multipliers)")
+    else:
+        smax = max(sa, sb)
+        ma, mb = int(round(sa / smax * ADD_ONE)), int(round(sb / smax * ADD_ONE))
+        mul, sh = fx.fixed_mul(smax / ADD_ONE / so, 10, 31)   # keeps every product inside int32
+        off_a, off_b, off_o = add_offsets(za, zb, zo, ma, sign * mb, mul, sh)
+        mb *= sign
     loc = lw.u8_out(out, (so, zo))
     n = int(np.prod(loc.shape))
     lw.emit("QUANTIZED_ADD", dict(
         flags=1, main_mem_in_a_address=pa, main_mem_in_b_address=pb, main_mem_out_address=loc.u8,
-        count=n, in_a_offset=off_a, in_a_mul=ma, in_a_shift=0, in_b_offset=off_b, in_b_mul=sign * mb,
+        count=n, in_a_offset=off_a, in_a_mul=ma, in_a_shift=0, in_b_offset=off_b, in_b_mul=mb,
         in_b_shift=0, out_offset=off_o, out_mul=mul, out_shift=sh), row)
     if relu:
         lw.traced(cons[0].outputs[0], "u8")
