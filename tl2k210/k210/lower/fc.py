@@ -4,7 +4,8 @@ The KPU is preferred; the float layer is chosen when the KPU cannot take the lay
 channels), when the layer reads the model's float input (the kmodel must then start with
 FULLY_CONNECTED: a KPU dense layer would start it with QUANTIZE, which MaixPy and the SDK
 refuse), when `--float-fc` asks for it, or when its input is already float and the cost model
-prices the float layer cheaper than quantize + pad + KPU conv + unpad.
+prices the float layer cheaper than quantize + pad + KPU conv + unpad (not in a quantized model,
+whose dense layer on the KPU rounds as TFLite does).
 """
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ def kpu_fc_refuses(g, node, opts):
     if src == "input":
         return ("it reads the model's float input: a KPU dense layer would start the kmodel with "
                 "QUANTIZE, and MaixPy and the SDK need K210_CONV or FULLY_CONNECTED first")
-    if src == CPU_F32 and float_fc_refuses(g, node, opts) is None:   # only when float can take it
+    # a quantized model's dense layer on the KPU gives TFLite's bytes (kpu.exact_requantize)
+    if src == CPU_F32 and not g.meta.get("quant_ranges") and float_fc_refuses(g, node, opts) is None:
         k, f = dense_cycles(ci, co, opts.weight_bits)
         if f <= k:
             return (f"its input is float and the float layer is cheaper ({f:,} vs {k:,} cycles "

@@ -133,6 +133,22 @@ def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row,
     return lq
 
 
+def _on_grid(W, Wq, zw, sw) -> bool:
+    return float(np.abs((Wq.astype(np.float64) - zw) * sw[:, None, None, None] - W).max()) \
+        <= 1e-5 * float(np.abs(W).max() or 1.0)
+
+
+def _own_integers(W, Wq, zw, sw):
+    """(Wq, sw, on_grid): the model's own 8-bit weights where W is on a grid: per channel (TFLite's
+    per-axis scales: every channel reaches ±127) or per tensor (one scale, max |W| / 127)."""
+    if _on_grid(W, Wq, zw, sw):
+        return Wq, sw, True
+    s = np.full(W.shape[0], float(np.abs(W).max()) / (zw - 1) or 1.0)
+    q = np.clip(np.rint(W / s[:, None, None, None]), 1 - zw, zw - 1) + zw
+    q = q.astype(Wq.dtype)
+    return (q, s, True) if _on_grid(W, q, zw, s) else (Wq, sw, False)
+
+
 def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, row) -> LayerQuant | None:
     """TFLite's requantization, round(M_c·(acc + bias)) + z clamped by the fused activation, on the
     KPU: S_V = 2^A / s_z puts the per-channel M_c into the 24-bit BN multipliers and makes the
@@ -142,11 +158,10 @@ def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, 
     y_lo, y_hi = y_range
     s_z, z_z = fx.qparams(*z_range)
     y_amax = max(abs(y_lo), abs(y_hi), (255 - z_z) * s_z, z_z * s_z)
+    Wq, sw, on_grid = _own_integers(W, Wq, zw, sw)
     s_v, a = fx.exact_v_scale(fx.choose_v_scale(1.0, sw, B, y_amax * 2), s_z)
     if a < 8:
         return None
-    dW = (Wq.astype(np.float64) - zw) * sw[:, None, None, None] - W
-    on_grid = float(np.abs(dW).max()) <= 1e-5 * float(np.abs(W).max() or 1.0)   # the model's own integers
     bn = fx.bn_params(1.0, sw, B, s_v)
     act = fx.clamp_table(*fx.clamp_of(act_attr), a, s_z, z_z)
     lq = LayerQuant(Wq, zw, z_x, bn, act, (s_z, z_z), groups, 8)
