@@ -1,0 +1,102 @@
+"""A fully quantized model's layers round as TFLite rounds (issue 23): the KPU conv's BN stage and
+rounding-shift activation table (kpu.exact_requantize, fx.clamp_table) and QUANTIZED_ADD's wide
+multipliers (cpu.exact_add_params), checked against TFLite's integer formula
+round(M·(acc + bias)) + z, clamped by the fused activation -- byte for byte except where the
+exact value lies within the stated margin of a rounding tie. TF-free."""
+import math
+
+import numpy as np
+import pytest
+
+from tl2k210.k210 import fixed_point as fx
+from tl2k210.k210.emulator.kpu import activation, batchnorm, carry_shift_nncase01
+from tl2k210.k210.lower import kpu
+from tl2k210.k210.lower.cpu import exact_add_params
+
+
+class Row:
+    def __init__(self):
+        self.notes = []
+
+
+def _tflite_round(v):
+    """TFLite's rounding of a requantized value (half away from zero)."""
+    return np.sign(v) * np.floor(np.abs(v) + 0.5)
+
+
+def _near_tie(v, margin):
+    return np.abs(np.abs(v - np.floor(v)) - 0.5) <= margin
+
+
+@pytest.mark.parametrize("act", [None, {"op": "Relu"}, {"op": "Clip", "min": 0.0, "max": 6.0}])
+def test_kpu_layer_gives_tflites_bytes(act):
+    r = np.random.default_rng(7)
+    co, ci, k = 24, 16, 3
+    q = r.integers(-127, 128, (co, ci, k, k))
+    q[:, 0, 0, 0] = 127                                     # TFLite per-axis: each channel reaches 127
+    s_w = r.uniform(0.002, 0.02, co)                        # per-channel weight scales
+    s_x, z_x = 0.05, 3                                      # the input's scale, zero point (uint8)
+    bias_q = r.integers(-3000, 3000, co)                    # int32 bias, scale s_x·s_w
+    W = q * s_w[:, None, None, None] * s_x                  # what the lowering gets (input scale folded)
+    B = bias_q * s_w * s_x
+    x = r.integers(0, 256, (4096, ci * k * k))                  # input windows (uint8)
+    acc = (x - z_x) @ q.reshape(co, -1).T                      # ACC as the KPU sums it (arg_x, arg_w)
+    y = (acc + bias_q) * (s_x * s_w)                           # the real conv output
+    s_o = np.abs(y).max() / 200 if act is None else 6 / 255 if act["op"] == "Clip" else y.max() / 300
+    z_o = 120 if act is None else 0
+    z_range = ((0 - z_o) * s_o, (255 - z_o) * s_o)
+    row = Row()
+    lq = kpu.quantize_layer(W, B, None, z_x, 1, (float(y.min()), float(y.max())), z_range, act, 8, row, exact_rounding=True)
+    assert any(n.startswith("int8 exact") for n in row.notes), row.notes
+    margin = float(row.notes[-1].split("within ")[1].split(" ")[0])
+    assert margin < 1e-2
+    assert np.array_equal(lq.Wq.astype(np.int64) - lq.zw, q)      # the model's own integers
+    got = activation(batchnorm(acc.T, lq.bn), lq.act).astype(np.int64)
+    real = (acc + bias_q) * (s_x * s_w / s_o) + z_o
+    want = _tflite_round(real)
+    lo, hi = fx.clamp_of(act)
+    c_lo = 0 if not math.isfinite(lo) else z_o + math.floor(lo / s_o + 0.5)
+    c_hi = 255 if not math.isfinite(hi) else min(255, z_o + math.floor(hi / s_o + 0.5))
+    want = np.clip(want, max(c_lo, 0), c_hi).T
+    differ = got != want
+    assert np.all(_near_tie(real.T[differ], margin + 1e-9)), real.T[differ][:5]
+    assert differ.mean() < 1e-3
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_quantized_add_gives_tflites_bytes(sign):
+    """Every (a, b) pair of uint8 inputs: the SDK's QUANTIZED_ADD arithmetic with the chosen
+    parameters equals round(ta·(a − za) ± tb·(b − zb)) + zo, clamped, except within the margin
+    of a tie."""
+    sa, za, sb, zb, so, zo = 0.0394, 0, 0.1042, 132, 0.0509, 0 if sign > 0 else 128
+    oa, ma, ob, mb, oo, sh, margin = exact_add_params(sa / so, sb / so, za, zb, zo, sign)
+    assert margin < 1e-3
+    a, b = np.meshgrid(np.arange(256), np.arange(256), indexing="ij")
+    v = (a + oa) * ma + (b + ob) * mb
+    assert v.min() >= 0 and v.max() < 2 ** 31            # the SDK's carry shift rounds only these right
+    got = np.clip(carry_shift_nncase01(v, sh) + oo, 0, 255)
+    real = sa / so * (a - za) + sign * sb / so * (b - zb) + zo
+    want = np.clip(_tflite_round(real), 0, 255)
+    differ = got != want
+    assert np.all(_near_tie(real[differ], margin + 1e-9))
+    assert differ.mean() < 1e-3
+
+
+def test_weights_off_any_grid_are_said_not_exact():
+    r = np.random.default_rng(3)
+    W = r.normal(0, 0.1, (8, 4, 3, 3))
+    row = Row()
+    kpu.quantize_layer(W, np.zeros(8), None, 0, 1, (-4.0, 4.0), (-4.0, 4.0), None, 8, row, exact_rounding=True)
+    assert any(n.startswith("not exact: weights re-rounded") for n in row.notes), row.notes
+
+
+def test_per_tensor_weights_keep_their_grid():
+    """A per-tensor quantized dense layer (one scale; most channels below 127) keeps its integers."""
+    r = np.random.default_rng(4)
+    q = r.integers(-60, 61, (10, 64, 1, 1))
+    q[3, 5] = -127
+    row = Row()
+    lq = kpu.quantize_layer(q * 0.01, np.zeros(10), None, 0, 1, (-4.0, 4.0), (-4.0, 4.0), None, 8, row,
+                            exact_rounding=True)
+    assert np.array_equal(lq.Wq.astype(np.int64) - lq.zw, q)
+    assert any(n.startswith("int8 exact") for n in row.notes)
