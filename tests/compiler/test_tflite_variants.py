@@ -129,6 +129,39 @@ def test_full_int8_input_scale_sets_the_input_range(variants, tmp_path):
 
 
 
+def test_full_int8_without_dataset_gives_tflites_bytes(variants, tmp_path):
+    """Converted from its own scales (no --dataset), the full-integer model's KPU convs (ReLU,
+    ReLU6, stride 2, depthwise), residual add and dense layer round as TFLite's integer kernels
+    do: the kmodel's output, put back on the file's uint8 output grid, is TFLite's output byte
+    for byte on nearly every value (a differing byte only from the global average pool's ties),
+    and the receipt says "int8 exact" for every KPU layer."""
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.k210.emulator import Emulator
+    out = tmp_path / "own.kmodel"
+    r = convert(variants["full_int8"], out, ConvertOptions(progress=False, min_sqnr=0))
+    kpu_rows = [row for row in r.layers if row["unit"] == "KPU"]
+    assert kpu_rows and all(any(n.startswith("int8 exact") for n in row["notes"]) for row in kpu_rows)
+    assert any(n.startswith("int8 exact") for row in r.layers if row["op"] == "Add" for n in row["notes"])
+    t = tf()
+    it = t.lite.Interpreter(model_path=str(variants["full_int8"]))
+    it.allocate_tensors()
+    o = it.get_output_details()[0]
+    s, z = o["quantization"]
+    emu = Emulator.load(out)
+    px = np.random.default_rng(8).integers(0, 256, (16, H, W, 3), dtype=np.uint8)
+    refs, gots = [], []
+    for p in px:
+        it.set_tensor(it.get_input_details()[0]["index"], p[None])
+        it.invoke()
+        refs.append(it.get_tensor(o["index"]).astype(np.int64).reshape(-1))
+        y = np.asarray(emu.run(np.ascontiguousarray(p.transpose(2, 0, 1)))[0], np.float64).reshape(-1)
+        gots.append(np.rint(y / s + z).astype(np.int64))
+    ref, got = np.stack(refs), np.stack(gots)
+    print(f"output bytes equal to TFLite's: {np.mean(ref == got):.3f}, max |diff| {np.abs(ref - got).max()}")
+    assert np.mean(ref == got) >= 0.99 and np.abs(ref - got).max() <= 1
+    assert sqnr_db((ref - z) * s, (got - z) * s) >= 40
+
+
 @pytest.mark.parametrize("custom,says", [
     ("Landmarks2TransformMatrix", "of MediaPipe's custom op set (the affine matrix"),
     ("AcmeWarp", "(no vendor set this converter knows)")])
