@@ -326,21 +326,22 @@ class ModelRanges:
         self.samples = samples
 
     def apply(self, ranges, from_model):
-        """Use (from_model) or check the model's own ranges against `ranges` (calibrated); the
-        receipt's note, or None for a float model."""
+        """Use the model's own ranges in `ranges` (with --dataset: compared to the calibrated ones
+        first); the receipt's note, or None for a float model."""
         both = [t for t in self.own if t in ranges]
         if not both:
             return None
+        ratio = {t: (ranges[t][1] - ranges[t][0]) / max(self.own[t][1] - self.own[t][0], 1e-12) for t in both}
+        ranges.update({t: self.own[t] for t in both})    # the model's grid: its layers round as TFLite's
         if from_model:
-            ranges.update({t: self.own[t] for t in both})
             return (f"calibration: the model's own int8 ranges for {len(both)} of {len(ranges)} tensors "
                     f"(no --dataset); the other tensors and the SQNR below from {self.SYNTHETIC} "
                     "synthetic images")
-        ratio = {t: (ranges[t][1] - ranges[t][0]) / max(self.own[t][1] - self.own[t][0], 1e-12) for t in both}
         lo, hi = min(ratio, key=ratio.get), max(ratio, key=ratio.get)
         return (f"the model's own int8 ranges vs --dataset's for {len(both)} tensors: calibrated width / "
                 f"the model's {np.median(list(ratio.values())):.2f} median, {ratio[lo]:.2f} at {lo[:40]}, "
-                f"{ratio[hi]:.2f} at {hi[:40]} (the calibrated ones are used)")
+                f"{ratio[hi]:.2f} at {hi[:40]} (the model's are used: on them the kmodel rounds as the "
+                "TFLite model does; --dataset gives the other tensors' ranges)")
 
 
 def model_ranges(graph, opts: ConvertOptions, where):
@@ -691,7 +692,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
                  "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in opt.log],
         ideal={**ide.to_dict(), "layers": [asdict(li) for li in ide.layers]}, trades=choice.trades)
-    quality_gate(receipt, nonfinite, opts.min_sqnr)
+    quality_gate(receipt, nonfinite, opts.min_sqnr, own_quantization=bool(graph.meta.get("quant_ranges")))
     return receipt
 
 
