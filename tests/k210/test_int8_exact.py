@@ -46,7 +46,8 @@ def test_kpu_layer_gives_tflites_bytes(act):
     z_o = 120 if act is None else 0
     z_range = ((0 - z_o) * s_o, (255 - z_o) * s_o)
     row = Row()
-    lq = kpu.quantize_layer(W, B, None, z_x, 1, (float(y.min()), float(y.max())), z_range, act, 8, row, exact_rounding=True)
+    lq = kpu.quantize_layer(W, B, None, z_x, 1, (float(y.min()), float(y.max())), z_range, act, 8, row,
+                            exact_rounding=True)
     assert any(n.startswith("int8 exact") for n in row.notes), row.notes
     margin = float(row.notes[-1].split("within ")[1].split(" ")[0])
     assert margin < 1e-2

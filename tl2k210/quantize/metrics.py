@@ -21,8 +21,9 @@ def cosine(ref, test):
 
 
 def topk_agreement(ref_logits, test_logits, k=1):
-    """Fraction of samples whose reference top-1 class is in the test's top-k."""
+    """Fraction of samples whose reference top-1 class is in the test's top-k. Tied scores rank
+    by index, as argmax does (a quantized output has ties: TFLite's int8 softmax)."""
     r = np.asarray(ref_logits).reshape(len(ref_logits), -1)
     t = np.asarray(test_logits).reshape(len(test_logits), -1)
-    top = np.argsort(-t, axis=1)[:, :k]
+    top = np.argsort(-t, axis=1, kind="stable")[:, :k]
     return float(np.mean([r[i].argmax() in top[i] for i in range(len(r))]))
