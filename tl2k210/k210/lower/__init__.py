@@ -20,7 +20,7 @@ from tl2k210.graph import describe
 
 from . import conv, cpu, fc, kxk, layout  # noqa: F401  (register the lowerings)
 from . import v4ops, v4resize, v4elementwise, v4conv  # noqa: F401  (the kmodel v4 lowerings)
-from .registry import FORMATS, REGISTRY, select, smaller_alternative, supported_ops  # noqa: F401
+from .registry import CPU_F32, FORMATS, REGISTRY, select, smaller_alternative, supported_ops  # noqa: F401
 from .state import Loc, Lowering, Options, Row, wants_small  # noqa: F401
 
 
@@ -87,4 +87,17 @@ def lower(graph, ranges, opts: Options | None = None, planned=None):
         forced = (None, str(e).splitlines()[0])
         lw.v3_error = e
     lw.forced_by = forced
+    if lw.quantized_model:
+        _say_float_layers_inexact(lw)
     return model, lw.rows, lw.trace_map, lw
+
+
+def _say_float_layers_inexact(lw):
+    """A quantized model's layers computed in float on the CPU do not round as TFLite's int8
+    kernels do: the receipt says so (the KPU and uint8 layers say "int8 exact" or why not)."""
+    for r in lw.rows:
+        alt = lw.choice.get(r.node, (None,))[0]
+        said = any(n.startswith(("int8 exact", "not exact")) for n in r.notes)
+        if getattr(alt, "unit", None) == CPU_F32 and not said:
+            r.notes.append("not exact: computed in float on the CPU (TFLite: an int8 kernel); rounded to the "
+                           "model's grid only where a uint8 layer reads it")
