@@ -196,6 +196,45 @@ def test_row_bands_store_each_weight_once_in_kmodel_v3(monkeypatch):
             np.testing.assert_array_equal(a, b)
 
 
+def test_kmodel_v3_packs_conv_blocks_into_the_padding():
+    """A v3 kmodel made here places each K210_CONV block (weights, BN and activation tables at
+    256, the layer arguments at 8: docs/k210-kmodel-and-kpu.md#28) first-fit into the padding
+    before it (v3.KModelV3.packed): no block overlaps another or leaves the file, the file is
+    smaller than nncase's in-body order of the same layers, reads back as packed with no notes,
+    writes back byte for byte, and every output is the nncase-order file's, bit for bit. Shared
+    row-band blocks stay shared (the chained bands below)."""
+    import dataclasses
+    from tl2k210.k210 import kmodel
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.kmodel import v3
+    m = _chain(40, 48)
+    px = pixels(2, 3, 40, 48)
+    for lines in (None, 500):
+        model = compile_model(m, px, format="v3", **({"kpu_ram_lines": lines} if lines else {}))[0]
+        assert model.packed
+        data = kmodel.dumps(model)
+        nncase = kmodel.dumps(dataclasses.replace(model, packed=False))
+        assert len(data) < len(nncase)
+        back = kmodel.loads(data)
+        assert back.packed and not back.notes and kmodel.dumps(back) == data
+        spans = {}
+        for ly in back.layers:
+            if ly.conv is None:
+                continue
+            for b, n in ((b, len(v3._block_bytes(ly.conv)[b])) for b in v3.CONV_BLOCKS):
+                at = ly.fields[b + "_offset"]
+                assert at % v3.DEFAULT_ALIGN[b] == 0 and at + n <= len(data)
+                spans[at] = max(spans.get(at, 0), n)       # a shared block: one span
+        ends = sorted((a, a + n) for a, n in spans.items())
+        assert all(e0 <= a1 for (_, e0), (a1, _) in zip(ends, ends[1:]))
+        old = kmodel.loads(nncase)
+        assert not old.packed and sum(1 for ly in old.layers if ly.shared) == \
+            sum(1 for ly in back.layers if ly.shared)
+        for p in px:
+            for a, b in zip(Emulator(back).run(p), Emulator(old).run(p)):
+                np.testing.assert_array_equal(a, b)
+
+
 def test_row_bands_keep_stride2_picks_and_pools_exact():
     """Band starts follow the KPU pool's stride and the CPU picks' phase: random chains of
     normal/depthwise/grouped/strided convs and pools, tiled vs untiled, bit for bit."""

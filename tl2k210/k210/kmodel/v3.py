@@ -6,7 +6,9 @@ their layer argument, weights, BN and activation blocks.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from itertools import permutations
 
 import numpy as np
 
@@ -122,6 +124,10 @@ KLF_MAIN_MEM_OUT = 1
 CONV_BLOCKS = ("layer", "weights", "bn", "act")
 NN01_ALIGN = {"layer": 8, "weights": 128, "bn": 128, "act": 256}
 DEFAULT_ALIGN = {"layer": 8, "weights": 256, "bn": 256, "act": 256}
+#: the reader's notes on K210_CONV blocks placed otherwise than nncase does (none for a packed file)
+OUT_OF_BODY = ("K210_CONV parameter blocks outside their body or out of order: the SDK reads them anyway; "
+               "a rewrite places them inside the body in nncase order")
+BELOW_ALIGN = "K210_CONV parameter blocks below nncase's alignment (layer 8, weights/bn 128, act 256); the SDK loads them"
 
 
 @dataclass
@@ -155,6 +161,7 @@ class KModelV3:
     arch: int = 0
     max_start_address: int = 0
     omitted_tail: int = 0           # trailing padding bytes the source file lacked (nncase v0.1)
+    packed: bool = False            # K210_CONV blocks packed into the padding before them (`_pack`)
     version: int = 3
     notes: list = field(default_factory=list)  # deviations from nncase's writer habits (read only)
 
@@ -206,6 +213,16 @@ class KModelV3:
 # ---------------------------------------------------------------------------------------------
 CHUNK = 1 << 16  # header entries validated per numpy pass
 MAX_MAIN_MEM = SRAM_BYTES  # the loader mallocs main_mem_usage: no K210 has more SRAM
+
+
+def _is_packed(model: KModelV3, data: bytes) -> bool:
+    """Does `_pack` lay the model's layers out as `data` has them?"""
+    if model.omitted_tail:
+        return False
+    try:
+        return write(dataclasses.replace(model, packed=True)) == data
+    except KmodelFormatError:
+        return False
 
 
 def _check_headers(data: bytes, n_out: int, n_layers: int):
@@ -292,6 +309,13 @@ def read(data: bytes) -> KModelV3:
             layer.body_size = size  # not what the writer would produce: keep it (Maix-EMC)
         model.layers.append(layer)
         pos = end
+    if (OUT_OF_BODY in model.pending.kinds or BELOW_ALIGN in model.pending.kinds) and _is_packed(model, data):
+        model.packed = True         # written by `_pack`: the same bytes again, no placement to note
+        for kind in (OUT_OF_BODY, BELOW_ALIGN):
+            model.pending.kinds.pop(kind, None)
+        for layer in model.layers:
+            if layer.conv is not None:
+                layer.align = layer.gaps = layer.body_size = None
     model.notes += model.pending.lines()
     del model.pending
     if unaligned:
@@ -353,16 +377,13 @@ def _read_conv(r: Reader, layer: Layer, body: int, end: int, eight_bit: bool, wh
     in_body = all(g >= 0 for g in gaps.values()) and prev <= end
     content = prev if in_body else body + 24
     if not in_body:
-        model.pending.add("K210_CONV parameter blocks outside their body or out of order: the SDK "
-                          "reads them anyway; a rewrite places them inside the body in nncase order",
-                          f"{where} {offs}")
+        model.pending.add(OUT_OF_BODY, f"{where} {offs}")
         align, gaps = None, None
     else:
         nn01 = all(align.get(b, 0) >= a for b, a in NN01_ALIGN.items() if b not in (layer.shared or ()))
         if not nn01:
             odd = [f"{b}@{offs[b]}" for b in CONV_BLOCKS if align.get(b, 0) < NN01_ALIGN[b] and b in align]
-            model.pending.add("K210_CONV parameter blocks below nncase's alignment (layer 8, "
-                              "weights/bn 128, act 256); the SDK loads them", f"{where}: {', '.join(odd)}")
+            model.pending.add(BELOW_ALIGN, f"{where}: {', '.join(odd)}")
     layer.align, layer.gaps = align, (gaps or None)
     if args["arg_x"] % (1 << args["shr_x"]) or args["arg_w"] % (1 << args["shr_w"]):
         model.pending.add("fractional zero points (Maix-EMC): the emulator's default silicon Σ rule "
@@ -391,18 +412,11 @@ def _shared_blocks(layers, offs, body) -> dict:
 def write(model: KModelV3) -> bytes:
     """Serialise; every body is padded so the next starts 8-aligned, trailing padding included,
     unless the layer keeps the ``body_size`` it was read with (Maix-EMC files) or the model was
-    read from a file that lacked its final padding (``omitted_tail``, nncase v0.1)."""
+    read from a file that lacked its final padding (``omitted_tail``, nncase v0.1). A ``packed``
+    model places its K210_CONV blocks with `_pack`."""
     n = len(model.layers)
     head_size = HEADER.size + OUTPUT.size * len(model.outputs) + LAYER_HEADER.size * n
-    bodies, pos, pad, stored = [], head_size, 0, {}
-    for i, layer in enumerate(model.layers):
-        body = _body_bytes(layer, pos, model.eight_bit, f"layer {i}", stored, i)
-        want = layer.body_size if layer.body_size and layer.body_size >= len(body) else \
-            align_up(pos + len(body), 8) - pos
-        pad = want - len(body)
-        body += bytes(pad)
-        bodies.append(body)
-        pos += len(body)
+    bodies, pad = (_pack if model.packed else _bodies)(model, head_size)
     out = bytearray(HEADER.pack(dict(
         version=3, flags=model.flags, arch=model.arch, layers_length=n,
         max_start_address=model.max_start_address, main_mem_usage=model.main_mem_usage,
@@ -414,6 +428,90 @@ def write(model: KModelV3) -> bytes:
     for body in bodies:
         out += body
     return drop_tail(bytes(out), model.omitted_tail, pad)
+
+
+def _bodies(model: KModelV3, head_size: int):
+    """Each body in turn, its K210_CONV blocks inside it in nncase order (or shared): (bodies,
+    the last one's padding)."""
+    bodies, pos, pad, stored = [], head_size, 0, {}
+    for i, layer in enumerate(model.layers):
+        body = _body_bytes(layer, pos, model.eight_bit, f"layer {i}", stored, i)
+        want = layer.body_size if layer.body_size and layer.body_size >= len(body) else \
+            align_up(pos + len(body), 8) - pos
+        pad = want - len(body)
+        body += bytes(pad)
+        bodies.append(body)
+        pos += len(body)
+    return bodies, pad
+
+
+def _pack(model: KModelV3, head_size: int):
+    """The bodies with every K210_CONV block placed first-fit into the padding already laid out
+    (the runner finds a block at its absolute file offset, wherever it is: docs/kpu.md): each
+    block at its DEFAULT_ALIGN alignment (the layer arguments 8, the rest 256), the aligned
+    ones largest first, in the lowest hole of the bodies so far where it fits, else appended to
+    its own body. The alignments of nncase's layout, without most of its padding: a 3-block conv
+    of nncase order pads ~400 B on average. Shared blocks (row bands) point at their first
+    layer's. A pure function of the layers, so the reader recognises a packed file (`read`)."""
+    buf, holes, stored, starts = bytearray(), [], {}, []      # holes: [start, end) free bytes, absolute
+    for i, layer in enumerate(model.layers):
+        pos = head_size + len(buf)
+        starts.append(len(buf))
+        if LAYER_TYPES[layer.type].tail != "conv":
+            body = _body_bytes(layer, pos, model.eight_bit, f"layer {i}", stored, i)
+            size = layer.body_size if layer.body_size and layer.body_size >= len(body) else \
+                align_up(pos + len(body), 8) - pos
+            buf += body + bytes(size - len(body))
+            continue
+        f, blocks = dict(layer.fields), _block_bytes(layer.conv)
+        _check_bits(layer.conv, model.eight_bit, f"layer {i}")
+        own = [b for b in CONV_BLOCKS if not _shared_offset(layer, b, blocks, stored, f, f"layer {i}")]
+        sizes = {b: len(blocks[b]) for b in own}
+        end, holes, at = min((_place(order, sizes, holes, pos + 24) for order in _orders(own)),
+                             key=lambda t: t[0])
+        buf += bytes(end - head_size - len(buf))
+        for b, o in at.items():
+            buf[o - head_size:o - head_size + sizes[b]] = blocks[b]
+            f[b + "_offset"] = o
+        body_end = align_up(end, 8)
+        buf += bytes(body_end - head_size - len(buf))
+        buf[pos - head_size:pos - head_size + 24] = LAYER_TYPES[layer.type].struct.pack(f)
+        stored[i] = (layer.conv, {b: f[b + "_offset"] for b in CONV_BLOCKS})
+    ends = starts[1:] + [len(buf)]
+    return [bytes(buf[a:b]) for a, b in zip(starts, ends)], 0
+
+
+def _orders(own):
+    """The orders `_pack` tries for a conv's own blocks: every order of the 256-aligned ones, the
+    8-aligned layer arguments last (they fill a hole)."""
+    aligned = [b for b in own if DEFAULT_ALIGN[b] > 8]
+    return [list(p) + [b for b in own if b not in aligned] for p in permutations(aligned)]
+
+
+def _place(order, sizes, holes, end):
+    """Place blocks `order` first-fit into a copy of `holes`, else append them from `end`:
+    (the new end, the holes, {block: offset})."""
+    holes, at = [list(h) for h in holes], {}
+    for b in order:
+        a, n = DEFAULT_ALIGN[b], sizes[b]
+        o = _first_fit(holes, a, n)
+        if o is None:
+            o = align_up(end, a)
+            if o > end:
+                holes.append([end, o])
+            end = o + n
+        at[b] = o
+    return end, holes, at
+
+
+def _first_fit(holes: list, align: int, n: int):
+    """The lowest offset of a hole where `n` bytes fit at `align`; the hole is split around them."""
+    for k, (h0, h1) in enumerate(holes):
+        at = align_up(h0, align)
+        if at + n <= h1:
+            holes[k:k + 1] = [h for h in ([h0, at], [at + n, h1]) if h[1] > h[0]]
+            return at
+    return None
 
 
 def _body_bytes(layer: Layer, pos: int, eight_bit: bool, where: str, stored: dict, i: int) -> bytes:
@@ -441,22 +539,33 @@ def _block_bytes(conv) -> dict:
             "act": conv.act_bytes()}
 
 
-def _conv_body(layer: Layer, f: dict, pos: int, eight_bit: bool, where: str, stored: dict) -> bytes:
-    conv = layer.conv
+def _check_bits(conv, eight_bit: bool, where: str):
     if (conv.weights.dtype.itemsize == 1) != eight_bit:
         raise KmodelFormatError(f"{where}: weights are {conv.weights.dtype} but the model flags "
                                 f"say {'8' if eight_bit else '16'}-bit weights")
+
+
+def _shared_offset(layer: Layer, b: str, blocks: dict, stored: dict, f: dict, where: str) -> bool:
+    """Is block `b` stored once by an earlier layer (the same bytes)? Then its offset is set in `f`."""
+    j = (layer.shared or {}).get(b)
+    if j is None:
+        return False
+    conv_j, offs = stored.get(j, (None, None))
+    if conv_j is None or _block_bytes(conv_j)[b] != blocks[b]:
+        raise KmodelFormatError(f"{where}: its {b} block is shared with layer {j}, which does not "
+                                "store the same bytes before it")
+    f[b + "_offset"] = offs[b]
+    return True
+
+
+def _conv_body(layer: Layer, f: dict, pos: int, eight_bit: bool, where: str, stored: dict) -> bytes:
+    conv = layer.conv
+    _check_bits(conv, eight_bit, where)
     align, gaps = layer.align or DEFAULT_ALIGN, layer.gaps or {}
     blocks = _block_bytes(conv)
     buf = bytearray(24)
     for b in CONV_BLOCKS:
-        j = (layer.shared or {}).get(b)
-        if j is not None:               # stored once by layer j (the same bytes)
-            conv_j, offs = stored.get(j, (None, None))
-            if conv_j is None or _block_bytes(conv_j)[b] != blocks[b]:
-                raise KmodelFormatError(f"{where}: its {b} block is shared with layer {j}, which does not "
-                                        "store the same bytes before it")
-            f[b + "_offset"] = offs[b]
+        if _shared_offset(layer, b, blocks, stored, f, where):
             continue
         at = pos + len(buf) + gaps[b] if b in gaps else align_up(pos + len(buf), align.get(b, 8))
         buf += bytes(at - pos - len(buf))

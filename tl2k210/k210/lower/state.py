@@ -431,7 +431,7 @@ class Lowering:
             raise UnsupportedOpError(f"the first kmodel layer would be {first_layer}; the SDK/MaixPy "
                                      "need K210_CONV or FULLY_CONNECTED first")
         return v3.KModelV3(self.layers, outs, self.main.high, flags=1 if self.opts.weight_bits == 8 else 0,
-                           max_start_address=self.kpu.lowest)
+                           max_start_address=self.kpu.lowest, packed=True)
 
 
 MAIN_FIELDS = ("main_mem_in_address", "main_mem_in_a_address", "main_mem_in_b_address", "main_mem_out_address",
