@@ -48,15 +48,16 @@ def _residual():
 def test_ideal_by_hand():
     g, _ = run_pipeline(from_onnx(_residual()))
     ide = ideal(g)
-    # weights: 8x3x3x3 + 8x8 at 1 B, two 8-channel int32 biases
-    assert ide.weight_bytes == 216 + 64 + 4 * 8 * 2
-    assert ideal(g, 16).weight_bytes == 2 * (216 + 64) + 4 * 8 * 2
+    # weights: 8x3x3x3 + 8x8 at 1 B, two 8-channel int32 biases, and each conv's smallest layer
+    # (a v4 node header + quantized_conv2d's 116 B fixed body)
+    assert ide.weight_bytes == 216 + 64 + 4 * 8 * 2 + 2 * (8 + 116)
+    assert ideal(g, 16).weight_bytes == 2 * (216 + 64) + 4 * 8 * 2 + 2 * (8 + 116)
     # maps (uint8): c1 runs with x (192) + c1 (512); c2 with c1 + c2; the Add with c1 + c2 + y; the
     # Flatten relabels y (no new map)
     live = {r.node: r.live_bytes for r in ide.layers}
     assert live == {"c1": 192 + 512, "c2": 1024, "y": 1536, "f": 512}
-    assert (ide.live_bytes, ide.peak_at, ide.total) == (1536, "y", 1536 + 344)
-    assert {r.node: r.weight_bytes for r in ide.layers} == {"c1": 248, "c2": 96, "y": 0, "f": 0}
+    assert (ide.live_bytes, ide.peak_at, ide.total) == (1536, "y", 1536 + 592)
+    assert {r.node: r.weight_bytes for r in ide.layers} == {"c1": 372, "c2": 220, "y": 0, "f": 0}
 
 
 def test_ideal_counts_constants_tables_not_shapes():
@@ -95,8 +96,8 @@ def test_refused_before_calibration_when_even_the_ideal_does_not_fit(tmp_path, p
         convert(src, out, ConvertOptions(dataset=str(png_dir), progress=False))
     assert time.perf_counter() - t0 < 20
     msg = str(e.value)
-    assert "ideal at 8 bits 4.51 MB (weights 248 B + maps 4.51 MB live at wide)" in msg
-    assert ("even with 2,097,152 B of its maps in KPU RAM it needs 2,408,696 B, which exceeds what 'maixpy' "
+    assert "ideal at 8 bits 4.51 MB (weights 372 B + maps 4.51 MB live at wide)" in msg
+    assert ("even with 2,097,152 B of its maps in KPU RAM it needs 2,408,820 B, which exceeds what 'maixpy' "
             "firmware leaves for model + main memory (2,097,152 B)") in msg
     assert "no form of this model fits it" in msg and "--runtime maixpy-minimum" in msg
     assert "Nothing was written" in msg and not out.exists() and not (tmp_path / "huge.kmodel.json").exists()
@@ -172,14 +173,14 @@ def test_report_json_has_the_ideal_per_layer_and_in_total(tmp_path, png_dir, cap
     out, rep = tmp_path / "res.kmodel", tmp_path / "res.json"
     assert main(["convert", str(src), str(out), "--dataset", str(png_dir), "-q", "--report", str(rep)]) == 0
     text = capsys.readouterr().out
-    assert "ideal at 8 bits: weights 344 B + maps 1,536 B (live at y) = 1,880 B; ours: kmodel" in text
+    assert "ideal at 8 bits: weights 592 B + maps 1,536 B (live at y) = 2,128 B; ours: kmodel" in text
     d = json.loads(rep.read_text())
     assert {k: d["ideal"][k] for k in ("weight_bytes", "live_bytes", "total", "peak_at")} == {
-        "weight_bytes": 344, "live_bytes": 1536, "total": 1880, "peak_at": "y"}
+        "weight_bytes": 592, "live_bytes": 1536, "total": 2128, "peak_at": "y"}
     assert [(x["node"], x["weight_bytes"], x["live_bytes"]) for x in d["ideal"]["layers"]] == [
-        ("c1", 248, 704), ("c2", 96, 1024), ("y", 0, 1536), ("f", 0, 512)]
+        ("c1", 372, 704), ("c2", 220, 1024), ("y", 0, 1536), ("f", 0, 512)]
     rows = {x["node"]: x for x in d["layers"]}
-    assert rows["c1"]["ideal_weight_bytes"] == 248 and rows["c2"]["ideal_live_bytes"] == 1024
+    assert rows["c1"]["ideal_weight_bytes"] == 372 and rows["c2"]["ideal_live_bytes"] == 1024
     assert d["trades"] == [] and d["totals"]["optimize"] == "latency"
     # --optimize size reaches the plan (this graph has no form with a size trade: the same kmodel)
     out2, rep2 = tmp_path / "res2.kmodel", tmp_path / "res2.json"

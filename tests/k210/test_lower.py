@@ -509,6 +509,45 @@ def test_stride2_3x3_phases_are_the_direct_conv_bit_for_bit(group, pads, first, 
     assert "stride 1 + CPU pick: 1,152,921,504,606,846,976" in row.why
 
 
+def test_smaller_stride1_pick_streams_by_chunks_and_stores_weights_once(monkeypatch):
+    """A 3x3 stride-2 conv (TF 'SAME': no KPU pick pool takes it) whose maps fit the KPU RAM runs
+    as 'stride-2 phases' (4x its weights). Its smaller form, the stride-1 map + CPU pick, stores
+    the conv's weights once: by output-channel chunks, each chunk's stride-1 map streamed to main
+    memory and picked in turn, so main memory holds a chunk, not the whole 4x map the faster
+    stride-1 form streams. All three give the same bytes."""
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.lower import kxk
+    rng = np.random.default_rng(3)
+    c = 64
+    m = make_model([conv_node("a", "x", "wa", "ba"),
+                    conv_node("s", "a", "ws", "bs", kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1]),
+                    conv_node("y", "s", "wy", "by")],
+                   [("x", [1, 3, 32, 32])], [("y", None)],
+                   {"wa": (rng.normal(size=(c, 3, 1, 1)) * 0.3).astype(np.float32),
+                    "ba": (rng.normal(size=c) * 0.1).astype(np.float32),
+                    "ws": (rng.normal(size=(c, c, 3, 3)) * 0.05).astype(np.float32),
+                    "bs": (rng.normal(size=c) * 0.1).astype(np.float32),
+                    "wy": (rng.normal(size=(4, c, 1, 1)) * 0.1).astype(np.float32), "by": np.zeros(4, np.float32)})
+    px = pixels(2, 3, 32, 32)
+    fast, rows_f, lw_f, _ = compile_model(m, px, format="v3")
+    small, rows_s, lw_s, _ = compile_model(m, px, format="v3", small=frozenset({"s"}))
+    monkeypatch.setattr(kxk, "phases_preferred", lambda g, n, opts=None: False)
+    whole, rows_w, lw_w, _ = compile_model(m, px, format="v3")
+    row = next(r for r in rows_f if r.node == "s")
+    assert "'stride-2 phases'" in row.why and "s" in lw_f.smaller
+    row = next(r for r in rows_s if r.node == "s")
+    chunks = lw_s.plans["s"].units
+    assert "the smaller form was asked for" in " ".join(row.notes)
+    assert len(chunks) > 1 and not lw_s.plans["s"].out_resident
+    assert row.weight_bytes == c * c * 9 + len(chunks) * (8 * (c // len(chunks)) + 144)    # weights once
+    assert len(lw_w.plans["s"].units) == 1 and lw_w.plans["s"].out_resident
+    assert lw_s.main.high <= lw_w.main.high - c * 32 * 32 // 2       # a chunk of the stride-1 map, not all
+    for p in px:
+        a, b, w = (Emulator(k).run(p)[0] for k in (fast, small, whole))
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, w)
+
+
 def test_stride2_phases_keep_the_kpu_output_minimum():
     """The phases' half-size maps are KPU outputs: at least 4x4 (docs/kpu.md#limits). A 7x9 map (half:
     3x4) has no phases form; its stride-2 conv stays at stride 1 + CPU pick."""

@@ -8,7 +8,11 @@ the passes (before calibration), the yardstick of every receipt and refusal.
   4 B a channel (an int32 accumulator term), any other constant operand of an op that computes
   with it (an Add's constant, a Mul's scale) at 1 B an element, and 256 B (a uint8 lookup
   table) for each non piecewise-linear activation, fused or standalone. Shape operands (Reshape's
-  shape, Resize's scales, Pad's pads...) are metadata, not weights.
+  shape, Resize's scales, Pad's pads...) are metadata, not weights. Each weight op also counts the
+  fixed bytes of the smallest kmodel layer any 8-bit form of it has (`LAYER_BYTES`: a kmodel v4
+  node header + the fixed body of quantized_conv2d, 116 B, or quantized_matmul, 80 B;
+  docs/k210-kmodel-and-kpu.md §4.3): no form stores a conv's weights without its arguments (a
+  KPU conv needs more: 96 B of layer arguments, a 144 B activation table, 8 B of BN a channel).
 * maps (the live-set lower bound): every map a uint8 byte an element; a map lives from the op
   that writes it (the model input: from the start) to the last op that reads it (a model output:
   to the end); at each op its inputs and outputs are live together (no in-place). A relabel
@@ -40,6 +44,10 @@ TABLE_OPS = ("Sigmoid", "Tanh", "Exp", "Log", "Elu", "Selu", "Softplus", "HardSi
              "Swish", "Mish", "Sqrt", "Reciprocal", "Erf", "Gelu", "Softsign")
 TABLE_BYTES = 256
 BIAS_BYTES = 4
+NODE_HEADER_BYTES = 8
+#: the fixed bytes of the smallest layer of each weight op (v4 quantized_conv2d / quantized_matmul)
+LAYER_BYTES = {"Conv": NODE_HEADER_BYTES + 116, "ConvTranspose": NODE_HEADER_BYTES + 116,
+               "Gemm": NODE_HEADER_BYTES + 80, "MatMul": NODE_HEADER_BYTES + 80}
 
 
 @dataclass
@@ -95,7 +103,7 @@ def node_weight_bytes(g, node, weight_bits: int = 8) -> int:
         if v is None or not np.issubdtype(np.asarray(v).dtype, np.floating):
             continue
         if node.op in WEIGHT_OPS and k == 1:
-            total += -(-v.size * weight_bits // 8)
+            total += -(-v.size * weight_bits // 8) + LAYER_BYTES[node.op]
         elif node.op in WEIGHT_OPS and k == 2:
             total += BIAS_BYTES * v.size
         elif node.op not in SHAPE_OPERANDS and v.size > 1:

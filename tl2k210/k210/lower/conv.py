@@ -27,7 +27,7 @@ from tl2k210.k210 import hardware as hw
 
 from . import kpu
 from .registry import KPU, NA, lowering
-from .state import Loc
+from .state import Loc, wants_small
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,7 +268,10 @@ def plan_for(lw, node) -> Plan:
             "in row bands (MaixPy feeds it the whole image): use a smaller input or a stride-2 first layer")
     tall = h > hw.LIMITS["in_h"][1] or wide
     limit = f"the {cap * hw.LINE_BYTES:,} B KPU RAM"
-    if not tall and fits:
+    # the smaller form of a conv with CPU post stages (a stride-1 map + CPU pick): its stride-1 map
+    # waits in main memory by output-channel chunks, not whole (4x the output for a stride-2 pick)
+    by_chunks = bool(geo.post) and wants_small(lw.opts, node) and geo.groups == 1
+    if not tall and fits and not by_chunks:
         plan = Plan(units, [whole], True, True, why)
     elif not tall and geo.groups == 1 and lines_in + hw.map_lines(1, ph, pw) <= cap:
         n = next(n for n in range(co, 0, -1) if lines_in + hw.map_lines(n, ph, pw) <= cap)
@@ -276,8 +279,10 @@ def plan_for(lw, node) -> Plan:
             n = min(n, max(1, int(np.prod(geo.out_shape)) // 2 // (ph * pw)))
         units = [((0, ci), o) for o in _split(co, n)]
         plan = Plan(units, [whole], True, False,
-                    f"the {ci}x{h}x{w} input and {co}x{ph}x{pw} output exceed {limit}: {len(units)} "
-                    f"output-channel chunks of <= {n}, each streamed to its slice of the output")
+                    (f"the smaller form: {len(units)} output-channel chunks of <= {n}, each stride-1 map "
+                     "streamed and picked in turn" if fits else
+                     f"the {ci}x{h}x{w} input and {co}x{ph}x{pw} output exceed {limit}: {len(units)} "
+                     f"output-channel chunks of <= {n}, each streamed to its slice of the output"))
     elif geo.groups != 1 and node.inputs[0] != lw.g.inputs[0] and not tall:
         per_in, per_out = ci // geo.groups, co // geo.groups
         qs = [q for q in range(1, geo.groups + 1)
