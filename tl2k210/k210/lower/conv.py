@@ -268,9 +268,9 @@ def plan_for(lw, node) -> Plan:
             "in row bands (MaixPy feeds it the whole image): use a smaller input or a stride-2 first layer")
     tall = h > hw.LIMITS["in_h"][1] or wide
     limit = f"the {cap * hw.LINE_BYTES:,} B KPU RAM"
-    # the smaller form of a conv with CPU post stages (a stride-1 map + CPU pick): its stride-1 map
-    # waits in main memory by output-channel chunks, not whole (4x the output for a stride-2 pick)
-    by_chunks = bool(geo.post) and wants_small(lw.opts, node) and geo.groups == 1
+    # the smaller form of a stride-2 conv, the stride-1 map + CPU pick (not its phases, 4x the
+    # weights): the stride-1 map waits in main memory by output-channel chunks, not whole (4x the output)
+    by_chunks = any(k == 1 and s == 2 for k, s, *_ in geo.post) and wants_small(lw.opts, node) and geo.groups == 1
     if not tall and fits and not by_chunks:
         plan = Plan(units, [whole], True, True, why)
     elif not tall and geo.groups == 1 and lines_in + hw.map_lines(1, ph, pw) <= cap:
