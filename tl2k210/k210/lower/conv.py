@@ -275,8 +275,9 @@ def plan_for(lw, node) -> Plan:
         plan = Plan(units, [whole], True, True, why)
     elif not tall and geo.groups == 1 and lines_in + hw.map_lines(1, ph, pw) <= cap:
         n = next(n for n in range(co, 0, -1) if lines_in + hw.map_lines(n, ph, pw) <= cap)
-        if geo.post:   # each chunk's stride-1 map waits in main memory for its CPU pick/pool
-            n = min(n, max(1, int(np.prod(geo.out_shape)) // 2 // (ph * pw)))
+        if geo.post:   # each chunk's stride-1 map waits in main memory for its CPU pick/pool: at most
+            # half the output (the smaller form: the output, so fewer chunks repeat their layer arguments)
+            n = min(n, max(1, int(np.prod(geo.out_shape)) // (1 if by_chunks else 2) // (ph * pw)))
         units = [((0, ci), o) for o in _split(co, n)]
         plan = Plan(units, [whole], True, False,
                     (f"the smaller form: {len(units)} output-channel chunks of <= {n}, each stride-1 map "
