@@ -446,14 +446,15 @@ def _bodies(model: KModelV3, head_size: int):
 
 
 def _pack(model: KModelV3, head_size: int):
-    """The bodies with every K210_CONV block placed first-fit into the padding already laid out
-    (the runner finds a block at its absolute file offset, wherever it is: docs/kpu.md): each
-    block at its DEFAULT_ALIGN alignment (the layer arguments 8, the rest 256), the aligned
-    ones largest first, in the lowest hole of the bodies so far where it fits, else appended to
-    its own body. The alignments of nncase's layout, without most of its padding: a 3-block conv
-    of nncase order pads ~400 B on average. Shared blocks (row bands) point at their first
-    layer's. A pure function of the layers, so the reader recognises a packed file (`read`)."""
-    buf, holes, stored, starts = bytearray(), [], {}, []      # holes: [start, end) free bytes, absolute
+    """The bodies with every K210_CONV block placed into the padding already laid out (the runner
+    finds a block at its absolute file offset, wherever it is: docs/kpu.md) at its DEFAULT_ALIGN
+    alignment: the 256-aligned blocks appended to the conv's own body, in the order of them that
+    ends it soonest, and the 96-byte layer argument (8-aligned) in the lowest hole of the padding
+    so far where it fits (no 256-aligned block fits a hole: every hole ends at the multiple of
+    256 a block starts at), else appended. The alignments of nncase's layout, with less of its
+    padding. Shared blocks (row bands) point at their first layer's. A pure function of the
+    layers, so the reader recognises a packed file (`read`)."""
+    buf, holes, stored, starts = bytearray(), [], {}, []      # holes: [start, end) where an argument fits
     for i, layer in enumerate(model.layers):
         pos = head_size + len(buf)
         starts.append(len(buf))
@@ -467,14 +468,14 @@ def _pack(model: KModelV3, head_size: int):
         _check_bits(layer.conv, model.eight_bit, f"layer {i}")
         own = [b for b in CONV_BLOCKS if not _shared_offset(layer, b, blocks, stored, f, f"layer {i}")]
         sizes = {b: len(blocks[b]) for b in own}
-        end, holes, at = min((_place(order, sizes, holes, pos + 24) for order in _orders(own)),
-                             key=lambda t: t[0])
+        end, first, new, at = min((_place(order, sizes, holes[:1], pos + 24) for order in _orders(own)),
+                                  key=lambda t: t[0])
+        holes = first + holes[1:] + new
         buf += bytes(end - head_size - len(buf))
         for b, o in at.items():
             buf[o - head_size:o - head_size + sizes[b]] = blocks[b]
             f[b + "_offset"] = o
-        body_end = align_up(end, 8)
-        buf += bytes(body_end - head_size - len(buf))
+        buf += bytes(align_up(end, 8) - head_size - len(buf))
         buf[pos - head_size:pos - head_size + 24] = LAYER_TYPES[layer.type].struct.pack(f)
         stored[i] = (layer.conv, {b: f[b + "_offset"] for b in CONV_BLOCKS})
     ends = starts[1:] + [len(buf)]
@@ -482,34 +483,43 @@ def _pack(model: KModelV3, head_size: int):
 
 
 def _orders(own):
-    """The orders `_pack` tries for a conv's own blocks: every order of the 256-aligned ones, the
-    8-aligned layer arguments last (they fill a hole)."""
+    """The orders `_pack` tries for a conv's own blocks: every order of the 256-aligned ones, then
+    the 8-aligned layer argument."""
     aligned = [b for b in own if DEFAULT_ALIGN[b] > 8]
     return [list(p) + [b for b in own if b not in aligned] for p in permutations(aligned)]
 
 
-def _place(order, sizes, holes, end):
-    """Place blocks `order` first-fit into a copy of `holes`, else append them from `end`:
-    (the new end, the holes, {block: offset})."""
-    holes, at = [list(h) for h in holes], {}
+def _place(order, sizes, first, end):
+    """Append the 256-aligned blocks of `order` from `end`, and put the layer argument into the
+    lowest hole of `first` (the padding so far) and the holes the appending leaves, else after
+    them: (the new end, what is left of `first`, the new holes, {block: offset})."""
+    first, new, at = [list(h) for h in first], [], {}
     for b in order:
         a, n = DEFAULT_ALIGN[b], sizes[b]
-        o = _first_fit(holes, a, n)
+        o = _first_fit(first, a, n) if a == 8 else None
+        if o is None and a == 8:
+            o = _first_fit(new, a, n)
         if o is None:
             o = align_up(end, a)
-            if o > end:
-                holes.append([end, o])
+            if _fits(end, o):
+                new.append([end, o])
             end = o + n
         at[b] = o
-    return end, holes, at
+    return end, first, new, at
+
+
+def _fits(h0: int, h1: int) -> bool:
+    """Does a layer argument (8-aligned) fit the hole [h0, h1)?"""
+    return align_up(h0, 8) + hw.LAYER_ARG_BYTES <= h1
 
 
 def _first_fit(holes: list, align: int, n: int):
-    """The lowest offset of a hole where `n` bytes fit at `align`; the hole is split around them."""
+    """The lowest offset of a hole where `n` bytes fit at `align`; the hole is split around them
+    (a remainder kept only while a layer argument fits it)."""
     for k, (h0, h1) in enumerate(holes):
         at = align_up(h0, align)
         if at + n <= h1:
-            holes[k:k + 1] = [h for h in ([h0, at], [at + n, h1]) if h[1] > h[0]]
+            holes[k:k + 1] = [h for h in ([h0, at], [at + n, h1]) if _fits(*h)]
             return at
     return None
 
