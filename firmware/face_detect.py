@@ -11,6 +11,8 @@ sensor.set_framesize(sensor.QVGA)   # 320x240: the model's input size
 sensor.run(1)
 
 task = kpu.load(0x300000)           # or kpu.load("/sd/face_detect.kmodel")
+# the detector's anchors: MaixPy's face model's here; `tl2k210 zoo build` (NAME_main.py) and
+# `tl2k210 demo` put the zoo detector's in their place (its metadata: models/face_detect/recipe.toml)
 anchor = (1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025)
 kpu.init_yolo2(task, 0.5, 0.3, 5, anchor)
 clock = time.clock()

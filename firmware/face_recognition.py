@@ -24,6 +24,8 @@ key = GPIO(GPIO.GPIOHS0, GPIO.IN)
 
 task_fd = kpu.load(0x300000)        # face detector
 task_fe = kpu.load(0x400000)        # face embedder (128-d)
+# the detector's anchors: MaixPy's face model's here; `tl2k210 zoo build` (NAME_main.py) and
+# `tl2k210 demo` put the zoo detector's in their place (its metadata: models/face_detect/recipe.toml)
 anchor = (1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025)
 kpu.init_yolo2(task_fd, 0.5, 0.3, 5, anchor)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import re
 import tempfile
 import tomllib
 from dataclasses import dataclass, field
@@ -162,6 +163,30 @@ def labels(r: Recipe) -> list[str] | None:
     return list(spec) if spec else None
 
 
+_ANCHOR_LINE = re.compile(r"^anchor = \(.*\)$", re.M)
+
+
+def detector_anchors(r: Recipe) -> list | None:
+    """The YOLOv2 anchors the recipe's MaixPy script decodes with: its own [decode] anchors, or
+    those of the zoo detector its [decode] `detector` names; None when it decodes none."""
+    if r.decode.get("anchors") is not None:
+        return list(r.decode["anchors"])
+    det = r.decode.get("detector")
+    return detector_anchors(get(det)) if det else None
+
+
+def render_script(text: str, anchors, where="the MaixPy script") -> str:
+    """`text` with its one `anchor = (...)` line (the anchors it passes to kpu.init_yolo2) set to
+    `anchors`; unchanged when `anchors` is None."""
+    if anchors is None:
+        return text
+    out, n = _ANCHOR_LINE.subn(f"anchor = {tuple(float(v) for v in anchors)!r}", text)
+    if n != 1:
+        raise Tl2k210Error(f"{where} has {n} lines `anchor = (...)`; it needs exactly one, the anchors "
+                           "it passes to kpu.init_yolo2, for the model's anchors to be written there")
+    return out
+
+
 def _metadata(r: Recipe) -> dict:
     """What MODEL.kmodel.json gets from the recipe (tl2k210/metadata.py)."""
     decode = {k: v for k, v in r.decode.items() if k not in ("anchors", "labels")}
@@ -212,6 +237,8 @@ def _build(r: Recipe, out: Path, progress: bool) -> dict:
         raise Tl2k210Error(f"{script} does not load the model from 0x{r.flash_address:x} "
                            "(the recipe's flash_address); make the script's kpu.load() address "
                            "and the recipe's flash_address agree")
+    if text is not None:       # the board script decodes with the model's anchors (the recipe's)
+        text = render_script(text, detector_anchors(r), script)
     net = build_network(r)
     with tempfile.TemporaryDirectory(prefix="tl2k210-calib-") as calib:
         kpath = out / f"{r.name}.kmodel"

@@ -5,8 +5,8 @@ augmented training frames, so that they match the scales the network is trained 
 
     .venv/bin/python -m models.face_detect.anchors --data /path/to/face-training [--frames 20000]
 
-Prints the fitted anchors and their mean IoU with the boxes, and that of --compare (default: the
-network's ANCHORS, MaixPy's face anchors: see README for why the zoo keeps them).
+Prints the fitted anchors (recipe.toml [decode] anchors holds them) and their mean IoU with the
+boxes, and that of --compare (default: MaixPy's face anchors; the network's are `ANCHORS`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 from models.face_detect import data
-from models.face_detect.network import ANCHORS
+from models.face_detect.network import MAIXPY_ANCHORS
 
 CELL = 16
 
@@ -49,8 +49,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", help="get-face-training.sh output (default $TL2K210_FACE_DATA)")
     ap.add_argument("--frames", type=int, default=20000)
-    ap.add_argument("--compare", default=",".join(map(str, ANCHORS)),
-                    help="also print the mean IoU of these anchors (default: the network's)")
+    ap.add_argument("--compare", default=",".join(map(str, MAIXPY_ANCHORS)),
+                    help="also print the mean IoU of these anchors (default: MaixPy's face anchors)")
     args = ap.parse_args(argv)
     root = data.training_dir(args.data)
     rng = np.random.default_rng([data.TRAIN_SEED, 99])

@@ -29,6 +29,8 @@ TRAIN_SEED, CALIB_SEED = 1, 777
 MIN_TRAIN_FACE = 6      # px in the 320x240 frame: smaller boxes are dropped from the targets
 MIN_EVAL_FACE = 10      # px, WIDER protocol used here: faces narrower than this at 416 are ignored
 NEGATIVE_P = 0.1        # share of face-free frames
+HARD_P = 0.15           # share of mined hard negatives (training-photo regions away from every face)
+NEG_MARGIN = 2.0        # a hard-negative region keeps clear of every face box scaled by this
 # Box convention: the two evaluation sets disagree (CMU+MIT: loose landmark squares, 3x the
 # landmark extent, like Caltech's derived boxes; WIDER and the face-mask set: tight face boxes,
 # about 0.56 of that side). Training boxes sit in between (0.75 of the loose side), so that a
@@ -156,9 +158,13 @@ def sample_boxes(rng, root) -> list:
     return place(rng, b, *_image_size(path))[2]
 
 
-def sample(rng, root) -> tuple[np.ndarray, list]:
-    """One augmented training frame: (320x240x3 uint8, [(x, y, w, h), ...])."""
+def sample(rng, root, hard=()) -> tuple[np.ndarray, list]:
+    """One augmented training frame: (320x240x3 uint8, [(x, y, w, h), ...]). With `hard` (mined
+    hard negatives, `read_hard_negatives`), HARD_P of the frames are one of them."""
     cv2 = _cv2()
+    if len(hard) and rng.random() < HARD_P:
+        spec = hard[rng.integers(len(hard))]
+        return (_jitter(negative_frame(spec).astype(np.float32) / 255.0, rng) * 255 + 0.5).astype(np.uint8), []
     if rng.random() < NEGATIVE_P:
         return (background(rng) * 255 + 0.5).astype(np.uint8), []
     items = training_set(str(root))
@@ -175,6 +181,51 @@ def sample(rng, root) -> tuple[np.ndarray, list]:
                    flags=cv2.INTER_AREA if sx < 1 else cv2.INTER_LINEAR, borderMode=cv2.BORDER_TRANSPARENT)
     img = _jitter(img.astype(np.float32) / 255.0, rng)
     return (img * 255 + 0.5).astype(np.uint8), boxes
+
+
+# ------------------------------------------------------------------ hard negatives
+def negative_candidate(rng, root, tries=30):
+    """A face-free frame to mine: a region of a face-mask set photo -- (path, x, y, w, h, flip), a
+    4:3 (±25 %) crop of at least 40 px clear of every face box scaled by NEG_MARGIN about its
+    centre -- or, half of the time, a `background` frame ("background", seed, 0, 0, 0, False).
+    Caltech WebFaces photos are not used: their boxes are incomplete (the regions a detector
+    fires on are often unlabelled faces). None when the photo has no such region."""
+    if rng.random() < 0.5:
+        return ("background", int(rng.integers(1 << 31)), 0, 0, 0, False)
+    items = [it for it in training_set(str(root)) if "face_mask" in it[0]]
+    path, b = items[rng.integers(len(items))]
+    sw, sh = _image_size(path)
+    big = _rescale(b, NEG_MARGIN)
+    for _ in range(tries):
+        w = int(rng.uniform(40, max(41, min(sw, sh * 4 / 3))))
+        h = int(min(sh, w * 3 / 4 * np.exp(rng.uniform(-0.25, 0.25))))
+        if h < 30 or w > sw:
+            continue
+        x, y = int(rng.integers(0, sw - w + 1)), int(rng.integers(0, sh - h + 1))
+        if not np.any((big[:, 0] < x + w) & (big[:, 2] > x) & (big[:, 1] < y + h) & (big[:, 3] > y)):
+            return (path, x, y, w, h, bool(rng.random() < 0.5))
+    return None
+
+
+def negative_frame(spec) -> np.ndarray:
+    """The 320x240 uint8 frame of a `negative_candidate`."""
+    path, x, y, w, h, flip = spec
+    if path == "background":
+        return (background(np.random.default_rng(x)) * 255 + 0.5).astype(np.uint8)
+    img = _resize(np.ascontiguousarray(_read_rgb(path)[y:y + h, x:x + w]), W, H)
+    return np.ascontiguousarray(img[:, ::-1]) if flip else img
+
+
+def read_hard_negatives(path) -> list:
+    """`mine`'s file: one `score path x y w h flip` a line, path relative to its folder (or
+    `background`)."""
+    out = []
+    for line in open(path):
+        p = line.split()
+        if len(p) == 7:
+            src = p[1] if p[1] == "background" else str(Path(path).parent / p[1])
+            out.append((src, *map(int, p[2:6]), p[6] == "1"))
+    return out
 
 
 def calibration_images(n=32):

@@ -30,14 +30,14 @@ sys.path.insert(0, str(paths.models_dir().parent))   # `models.<name>` imports (
 HERE = paths.models_dir() / "face_detect"
 
 from models.face_detect import data  # noqa: E402
-from models.face_detect.network import ANCHORS  # noqa: E402
+from models.face_detect.network import ANCHORS, MAIXPY_ANCHORS  # noqa: E402
 
 GW, GH = 20, 15
 AP_THRESHOLD = 0.05  # decode threshold for the precision/recall sweep
 THRESHOLD, NMS = 0.5, 0.3
 ANCHOR_KMODEL = ("kmodels", "facedetect_320x240_v3.kmodel")
 # the anchor's anchors (testdata/kmodels/MANIFEST.md, MaixPy's face example)
-ANCHOR_ANCHORS = [1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025]
+ANCHOR_ANCHORS = MAIXPY_ANCHORS
 
 
 def float_outputs(net, images, batch=8):

@@ -7,8 +7,15 @@ Every layer is KPU-friendly: 3x3 'SAME' stride-1 convs + BatchNorm + LeakyReLU(0
 max pools fused into the preceding conv (stride 16), one linear 1x1 conv head.
 """
 import time
+import tomllib
+from pathlib import Path
 
-ANCHORS = [1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025]  # MaixPy's face anchors (README: why not the k-means fit)
+# the anchors (w, h pairs, grid cells) are one fact: recipe.toml [decode] anchors (k-means fit to the
+# training boxes, anchors.py), which `zoo build` writes into the kmodel's metadata
+with open(Path(__file__).with_name("recipe.toml"), "rb") as _fh:
+    ANCHORS = list(tomllib.load(_fh)["decode"]["anchors"])
+# MaixPy's face model's (facedetect_320x240_v3, its example scripts): the evaluation's anchor model
+MAIXPY_ANCHORS = [1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025]
 N_ANCHORS = 5
 N_CLASSES = 1
 CHANNELS = (12, 24, 32, 64, 96, 96)  # conv1..conv4 are followed by a 2x2 max pool; 171 M MACs

@@ -86,10 +86,10 @@ def slimmed(arrays, channels):
     return out + [arrays[-2][:, :, keep_in], arrays[-1]]
 
 
-def frames(step, size, root):
+def frames(step, size, root, hard=()):
     """The `size` augmented training frames of `step`, from rng([TRAIN_SEED, step])."""
     rng = np.random.default_rng([data.TRAIN_SEED, step])
-    return [data.sample(rng, root) for _ in range(size)]
+    return [data.sample(rng, root, hard) for _ in range(size)]
 
 
 def batch_arrays(pairs):
@@ -97,9 +97,17 @@ def batch_arrays(pairs):
     return (np.stack(imgs).astype(np.float32) / 255.0,) + targets(boxes)
 
 
-def producer(start, end, size, root, q):
+def producer(start, end, size, root, hard, q):
     for s in range(start, end):
-        q.put((s, frames(s, size, root)))
+        q.put((s, frames(s, size, root, hard)))
+
+
+def reanchored(head_bias, old, new):
+    """The region head's bias for `new` anchors that predicts the boxes the `old` anchors did:
+    w = anchor * exp(tw), so tw gains log(old / new) (per anchor, w and h)."""
+    b = np.array(head_bias, np.float32).reshape(N_ANCHORS, 6)
+    b[:, 2:4] += np.log(np.asarray(old, np.float32).reshape(N_ANCHORS, 2) / ANCH)
+    return b.reshape(-1)
 
 
 def main(argv=None):
@@ -112,6 +120,9 @@ def main(argv=None):
     ap.add_argument("--save-every", type=int, default=250)
     ap.add_argument("--init", help="start from these weights (a zoo.save_weights npz of this network or a "
                     "wider one, cut down by `slimmed`; ignored when resuming a checkpoint)")
+    ap.add_argument("--init-anchors", help="the anchors --init was trained with (w,h,...), when not "
+                    "network.ANCHORS: the head's tw/th biases are shifted so the boxes stay the same")
+    ap.add_argument("--hard-negatives", help="mined hard negatives (mine.py's file): HARD_P of the frames")
     ap.add_argument("--data", help="get-face-training.sh output folder (default $TL2K210_FACE_DATA)")
     ap.add_argument("--noobj-weight", type=float, default=2.0,
                     help="weight of the no-object (background) objectness loss; higher = fewer false boxes")
@@ -145,9 +156,13 @@ def main(argv=None):
     if args.init:
         with np.load(args.init, allow_pickle=False) as z:
             arrays = slimmed([z[f"arr_{i}"] for i in range(len(z.files))], [int(c.shape[-1]) for c in convs])
+        if args.init_anchors:
+            arrays[-1] = reanchored(arrays[-1], [float(v) for v in args.init_anchors.split(",")], ANCH)
         for w, a in zip(ws, arrays):
             w.assign(a)
-        print(f"initialised from {args.init}", flush=True)
+        print(f"initialised from {args.init}" + (f" (anchors {args.init_anchors} -> {ANCHORS})"
+                                                  if args.init_anchors else ""), flush=True)
+    hard = data.read_hard_negatives(args.hard_negatives) if args.hard_negatives else []
     train_vars = [w for w in ws if "moving" not in w.name]
 
     def forward(x, training):
@@ -226,7 +241,7 @@ def main(argv=None):
 
     start = int(step_var.numpy())
     q = queue.Queue(maxsize=4)
-    threading.Thread(target=producer, args=(start, args.steps, args.batch, root, q), daemon=True).start()
+    threading.Thread(target=producer, args=(start, args.steps, args.batch, root, hard, q), daemon=True).start()
     t0 = time.time()
     acc = np.zeros(5)
     n_acc = 0

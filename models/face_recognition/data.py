@@ -97,8 +97,9 @@ def folds(root) -> list:
 
 
 @functools.lru_cache(maxsize=None)
-def train_identities(root) -> list:
-    """[(name, [image paths])]: people of folds 2-10 (none of fold 1) with >= 2 images."""
+def train_identities(root, min_images: int = 2) -> list:
+    """[(name, [image paths])]: people of folds 2-10 (none of fold 1) with >= min_images images
+    (1: also the people with a single image, who add classes -- negatives -- but no pairs)."""
     fs = folds(root)
     test = {n for p in fs[0] for n in (p[0], p[2])}
     names = sorted({n for f in fs[1:] for p in f for n in (p[0], p[2])} - test)
@@ -106,17 +107,17 @@ def train_identities(root) -> list:
     out = []
     for name in names:
         files = sorted((img_root / name).glob("*.jpg"))
-        if len(files) >= 2:
+        if len(files) >= min_images:
             out.append((name, files))
     return out
 
 
 @functools.lru_cache(maxsize=None)
-def _train_images(root):
+def _train_images(root, min_images: int = 2):
     """(images uint8 (N, 96, 96, 3): the central 1.4*CROP square, labels int32 (N,))."""
     big = int(CROP * 1.4)
     imgs, labels = [], []
-    for k, (_, files) in enumerate(train_identities(root)):
+    for k, (_, files) in enumerate(train_identities(root, min_images)):
         for f in files:
             a = _read_rgb(f)
             y0, x0 = (a.shape[0] - big) // 2, (a.shape[1] - big) // 2
@@ -146,9 +147,16 @@ def augment(img96, rng) -> np.ndarray:
     return (np.clip(x, 0, 1) * 255 + 0.5).astype(np.uint8)
 
 
-def train_batch(step: int, size: int, root):
+def center_crop(img96) -> np.ndarray:
+    """The un-jittered CROP-equivalent 64x64 crop of a preloaded 96x96 (1.4*CROP) square."""
+    c = round(PRELOAD / 1.4)
+    o = (PRELOAD - c) // 2
+    return _resize(np.ascontiguousarray(img96[o:o + c, o:o + c]), SIZE)
+
+
+def train_batch(step: int, size: int, root, min_images: int = 2):
     """(uint8 (size, 64, 64, 3), int32 labels) from rng([TRAIN_SEED, step])."""
-    imgs, labels = _train_images(str(root))
+    imgs, labels = _train_images(str(root), min_images)
     rng = np.random.default_rng([TRAIN_SEED, step])
     idx = rng.integers(0, len(imgs), size)
     return np.stack([augment(imgs[i], rng) for i in idx]), labels[idx]

@@ -30,9 +30,12 @@ import numpy as np
 
 from tl2k210 import paths
 
+sys.path.insert(0, str(paths.models_dir().parent))   # `models.<name>` imports (checkout or wheel)
+# MaixPy's face anchors: for a detector without tl2k210 metadata (MaixPy's own face model)
+from models.face_detect.network import MAIXPY_ANCHORS  # noqa: E402
+
 FRAME_W, FRAME_H = 320, 240
 SIZE = 64
-DETECT_ANCHORS = [1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025]
 DETECT_THRESHOLD, DETECT_NMS = 0.5, 0.3
 
 
@@ -86,7 +89,11 @@ class Recognizer:
     def __init__(self, embedder, detector=None, threshold=None):
         from tl2k210.k210.emulator import Emulator
         self.embedder = Emulator.load(embedder)
-        self.detector = Emulator.load(detector or default_detector())
+        from tl2k210 import metadata
+        detector = detector or default_detector()
+        self.detector = Emulator.load(detector)
+        meta = metadata.load_for(detector)       # the zoo detector's anchors: its metadata's
+        self.anchors = list(meta.anchors) if meta is not None and meta.anchors else MAIXPY_ANCHORS
         self.threshold = default_threshold() if threshold is None else float(threshold)
         self.names, self.gallery = [], []
 
@@ -106,7 +113,7 @@ class Recognizer:
         from tl2k210.k210 import yolo
         out = np.asarray(self.detector.run(img.ai_buffer())[0], np.float32)
         boxes = []
-        for b in yolo.decode(out, DETECT_ANCHORS, 20, 15, FRAME_W, FRAME_H, DETECT_THRESHOLD, DETECT_NMS):
+        for b in yolo.decode(out, self.anchors, 20, 15, FRAME_W, FRAME_H, DETECT_THRESHOLD, DETECT_NMS):
             x0, y0 = max(0.0, b.x), max(0.0, b.y)          # region_layer.c clamp + truncation
             w, h = min(b.w - (x0 - b.x), FRAME_W - x0), min(b.h - (y0 - b.y), FRAME_H - y0)
             boxes.append((int(x0), int(y0), int(w), int(h)))

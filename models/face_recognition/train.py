@@ -34,9 +34,20 @@ from models.face_recognition import data  # noqa: E402
 from models.face_recognition.network import BN_EPS, LAYERS, build  # noqa: E402
 
 
-def producer(start, end, size, root, q):
+def producer(start, end, size, root, min_images, q):
     for s in range(start, end):
-        q.put((s, data.train_batch(s, size, root)))
+        q.put((s, data.train_batch(s, size, root, min_images)))
+
+
+def mean_embeddings(net, root, min_images, n_cls):
+    """(EMBED, n_cls): each person's mean L2-normalised embedding of the central crops."""
+    imgs, labels = data._train_images(root, min_images)
+    crops = np.stack([data.center_crop(a) for a in imgs]).astype(np.float32) / 255.0
+    e = np.concatenate([net(crops[i:i + 256]).numpy() for i in range(0, len(crops), 256)])
+    e /= np.linalg.norm(e, axis=1, keepdims=True) + 1e-9
+    sums = np.zeros((n_cls, e.shape[1]), np.float32)
+    np.add.at(sums, labels, e)
+    return (sums / (np.linalg.norm(sums, axis=1, keepdims=True) + 1e-9)).T
 
 
 def main(argv=None):
@@ -51,6 +62,10 @@ def main(argv=None):
     ap.add_argument("--data", help="get-face-training.sh output folder (default $TL2K210_FACE_DATA)")
     ap.add_argument("--threads", type=int, default=1, help="TensorFlow threads")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (after saving) when exceeded")
+    ap.add_argument("--min-images", type=int, default=2,
+                    help="train on the people of folds 2-10 with at least this many images (1: all)")
+    ap.add_argument("--init", help="start from these weights (a zoo.save_weights npz of this network); "
+                    "the class centres start at the people's mean embeddings")
     args = ap.parse_args(argv)
     root = str(data.training_dir(args.data))
 
@@ -68,8 +83,13 @@ def main(argv=None):
         k += 5
     dense_w, dense_b = ws[k], ws[k + 1]
     assert k + 2 == len(ws)
-    n_cls = len(data.train_identities(root))
+    n_cls = len(data.train_identities(root, args.min_images))
     centres = tf.Variable(tf.random.normal((dense_w.shape[1], n_cls), stddev=0.05, seed=1), name="centres")
+    if args.init:
+        zoo.load_weights(net, args.init)
+        net.eval()
+        centres.assign(mean_embeddings(net, root, args.min_images, n_cls))
+        print(f"initialised from {args.init}; centres = the {n_cls} people's mean embeddings", flush=True)
     train_vars = [w for w in ws if "moving" not in w.name] + [centres]
 
     def forward(x, training):
@@ -124,7 +144,8 @@ def main(argv=None):
         print(f"saved step {step}: {args.weights}", flush=True)
 
     q = queue.Queue(maxsize=6)
-    threading.Thread(target=producer, args=(0, args.steps, args.batch, root, q), daemon=True).start()
+    threading.Thread(target=producer, args=(0, args.steps, args.batch, root, args.min_images, q),
+                     daemon=True).start()
     t0 = time.time()
     acc = np.zeros(2)
     n_acc = 0

@@ -22,6 +22,7 @@ from models.face_detect import data  # noqa: E402
 from models.face_detect import evaluate as ev  # noqa: E402
 
 TOL = 0.001
+DEMO_BOXES = 3      # measured: the two faces and the astronaut's mission patch
 RESULTS = json.loads((REPO / "models" / "face_detect" / "results.json").read_text())
 
 
@@ -64,16 +65,44 @@ def test_kmodel_on_real_faces_reproduces_results(built, faces, name):
             assert abs(got[key] - want[key]) <= TOL, (key, got, want)
 
 
+def test_anchors_are_one_fact():
+    """recipe.toml [decode] anchors: the network's (training, evaluation), the kmodel's metadata and
+    the board script the build writes; firmware/face_detect.py holds MaixPy's face model's."""
+    from models.face_detect import network
+    from tl2k210 import zoo
+    r = zoo.get("face_detect")
+    assert network.ANCHORS == r.decode["anchors"] == zoo._metadata(r)["anchors"] != network.MAIXPY_ANCHORS
+    assert zoo.detector_anchors(zoo.get("face_recognition")) == network.ANCHORS
+    script = (REPO / "firmware" / "face_detect.py").read_text()
+    assert f"anchor = {tuple(network.MAIXPY_ANCHORS)}" in script
+    rendered = zoo.render_script(script, network.ANCHORS)
+    assert f"anchor = {tuple(network.ANCHORS)}\n" in rendered and str(network.MAIXPY_ANCHORS[0]) not in rendered
+    with pytest.raises(zoo.Tl2k210Error, match="0 lines `anchor = "):
+        zoo.render_script("import KPU as kpu\n", network.ANCHORS)
+
+
+def test_built_script_has_the_models_anchors(built):
+    from pathlib import Path
+
+    from tl2k210 import metadata
+    main = Path(built["kmodel"]).with_name("face_detect_main.py").read_text()
+    anchors = metadata.load_for(built["kmodel"]).anchors
+    assert f"anchor = {tuple(anchors)}\n" in main and "kpu.init_yolo2(task, 0.5, 0.3, 5, anchor)" in main
+
+
 def test_firmware_script_finds_both_faces_of_the_demo_photo(built, tmp_path):
-    """The unchanged board script (firmware/face_detect.py) on the host MaixPy, with the zoo's own
-    .kfpkg flashed into an emulated board, on the README's demo picture (astronaut + Grace Hopper,
-    public domain, one RGB565 camera frame): both hand-annotated faces boxed with IoU >= 0.5 and,
-    as measured with the committed weights, one more box (the astronaut's mission patch, 0.67)."""
+    """The board script the build writes (firmware/face_detect.py with the model's anchors) on the
+    host MaixPy, with the zoo's own .kfpkg flashed into an emulated board, on the README's demo
+    picture (astronaut + Grace Hopper, public domain, one RGB565 camera frame): both
+    hand-annotated faces boxed with IoU >= 0.5 and, as measured with the committed weights,
+    DEMO_BOXES boxes in all."""
+    from pathlib import Path
+
     from tl2k210.k210 import yolo
     from tl2k210.maixpy import board, run_script
     photo, faces = data.demo_photo()
     flash = board.flash_kfpkg(built["kfpkg"], tmp_path / "flash.bin")
-    res = run_script(REPO / "firmware" / "face_detect.py", flash=flash, images=[photo])
+    res = run_script(Path(built["kmodel"]).with_name("face_detect_main.py"), flash=flash, images=[photo])
     found = []
     for line in res.stdout.splitlines():  # "face x=.. y=.. w=.. h=.. value=.." lines, then "faces: N"
         if line.startswith("face x="):
@@ -83,4 +112,4 @@ def test_firmware_script_finds_both_faces_of_the_demo_photo(built, tmp_path):
     for x, y, w, h in faces:
         box = (x * sx, y * sy, w * sx, h * sy)
         assert max(yolo.iou(f, box) for f in found) >= 0.5, (found, box)
-    assert len(found) == 3, found
+    assert len(found) == DEMO_BOXES, found

@@ -100,7 +100,7 @@ def resolve(name: str):
 
 
 def _flash_for(args, recipe, key, tmp: Path, folder: bool):
-    """(flash image or None, the main model's metadata or None)."""
+    """(flash image or None, the main model's metadata or None, the added detector's or None)."""
     from tl2k210 import metadata
     from tl2k210.maixpy import board
     if args.flash:
@@ -110,7 +110,7 @@ def _flash_for(args, recipe, key, tmp: Path, folder: bool):
                                "`tl2k210 board` or pass --kmodel/--kfpkg without --flash")
         if not Path(args.flash).is_file():
             raise Tl2k210Error(f"no flash image {args.flash}")
-        return Path(args.flash), None
+        return Path(args.flash), None, None
     flash = meta = None
     default = args.address or (recipe.flash_address if recipe else MAIXPY_MODEL_AREA)
     for pkg in args.kfpkg or []:
@@ -129,9 +129,8 @@ def _flash_for(args, recipe, key, tmp: Path, folder: bool):
         meta = meta or m
     if flash is None and not folder and (recipe is not None or key == "face_detect"):
         flash, meta = _zoo_flash(recipe, key, tmp)
-    if flash is not None and not args.flash:
-        _add_detector(recipe, flash)
-    return flash, meta
+    det = _add_detector(recipe, flash) if flash is not None else None
+    return flash, meta, det
 
 
 def _zoo_flash(recipe, key, tmp: Path):
@@ -154,18 +153,35 @@ def _zoo_flash(recipe, key, tmp: Path):
 def _add_detector(recipe, flash: Path):
     """A recipe whose [decode] names a `detector` (face_recognition: detect -> crop -> embed)
     gets that model written too, at `detector_address`: the zoo folder's NAME.kmodel if built,
-    else for face_detect the testdata face model."""
+    else for face_detect the testdata face model. Returns the detector's metadata (or None)."""
+    from tl2k210 import metadata
     from tl2k210.maixpy import board
     dec = (recipe.decode or {}) if recipe else {}
     name, address = dec.get("detector"), dec.get("detector_address")
     if not name or address is None:
-        return
+        return None
     km = paths.zoo_dir() / f"{name}.kmodel"
     if not km.is_file() and name == "face_detect":
         km = paths.testdata("kmodels", "facedetect_320x240_v3.kmodel")
     if km is None or not km.is_file():
         raise Tl2k210Error(f"no {name} model for {recipe.name}: `tl2k210 zoo build {name}`")
     board.flash_kmodel(km, flash, int(address), fresh=False)
+    return metadata.load_for(km)
+
+
+def _zoo_script(script: Path, recipe, meta, det, tmp: Path) -> Path:
+    """A zoo demo's script as the board runs it: its `anchor = (...)` line set to the anchors in
+    the metadata of the detector it drives (the model itself, or the recipe's `detector`), as
+    `zoo build` writes NAME_main.py; unchanged for a model without metadata (MaixPy's own face
+    model, whose anchors the script holds)."""
+    from tl2k210 import zoo
+    src = det if recipe.decode.get("detector") else meta
+    if src is None or src.task != "yolo2" or not src.anchors:
+        return script
+    out = tmp / "script" / script.name
+    out.parent.mkdir()
+    out.write_text(zoo.render_script(script.read_text(), src.anchors, script))
+    return out
 
 
 def _sd_for(args, recipe, meta, tmp: Path):
@@ -253,7 +269,8 @@ def cmd_demo(args) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="tl2k210-demo-") as tmp:
             folder = target.is_dir()
-            flash, meta = _flash_for(args, recipe, key, Path(tmp), folder)
+            flash, meta, det = _flash_for(args, recipe, key, Path(tmp), folder)
+            script = _zoo_script(target, recipe, meta, det, Path(tmp)) if recipe and not folder else target
             common = dict(images=args.image, flash=flash, out=out, max_frames=args.frames,
                           echo=True, raise_errors=False, button=args.press, runtime=args.runtime,
                           wall_clock=args.wall_clock, timeout=args.timeout or None,
@@ -269,7 +286,7 @@ def cmd_demo(args) -> int:
                 res = run_folder(target, fs=args.flash_fs, on="flash" if args.on_flash else "sd",
                                  **common)
             else:
-                res = run_script(target, sd=_sd_for(args, recipe, meta, Path(tmp)), fs=args.flash_fs,
+                res = run_script(script, sd=_sd_for(args, recipe, meta, Path(tmp)), fs=args.flash_fs,
                                  **common)
     except _board.BoardStop:
         print("[host] stopped by SIGTERM; temporary files removed", file=sys.stderr)
