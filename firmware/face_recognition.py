@@ -10,7 +10,7 @@ from Maix import GPIO
 from fpioa_manager import fm
 from board import board_info
 
-THRESHOLD = 0.83         # cosine similarity for "same person" (the recipe's [decode] threshold)
+THRESHOLD = 0.35         # cosine similarity for "same person" (the recipe's [decode] threshold)
 SIZE = 64                # embedder input
 
 lcd.init()
