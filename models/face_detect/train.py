@@ -110,6 +110,23 @@ def reanchored(head_bias, old, new):
     return b.reshape(-1)
 
 
+def average(paths, out):
+    """The element-wise mean of zoo.save_weights npz files, written (atomically) to `out`."""
+    import io
+
+    from tl2k210.arrays import load_npz
+    from tl2k210.fileio import atomic_write
+    sets = [dict(load_npz(p)) for p in paths]
+    if any(set(s) != set(sets[0]) or any(s[k].shape != sets[0][k].shape for k in s) for s in sets):
+        data.fail(f"--average {','.join(paths)}: the files hold different networks")
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **{k: np.mean([s[k] for s in sets], 0).astype(sets[0][k].dtype)
+                                for k in sorted(sets[0], key=lambda k: int(k.split("_")[1]))})
+    atomic_write(out, buf.getvalue())
+    print(f"wrote the mean of {len(paths)} weight files to {out}")
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=5000, help="total steps (the LR schedule spans them)")
@@ -123,6 +140,9 @@ def main(argv=None):
     ap.add_argument("--init-anchors", help="the anchors --init was trained with (w,h,...), when not "
                     "network.ANCHORS: the head's tw/th biases are shifted so the boxes stay the same")
     ap.add_argument("--hard-negatives", help="mined hard negatives (mine.py's file): HARD_P of the frames")
+    ap.add_argument("--average", metavar="A.npz,B.npz,...", help="write the mean of these weights "
+                    "(same network) to --weights and stop: a weight average of a model and its "
+                    "fine-tune (WiSE-FT, Wortsman et al. 2022)")
     ap.add_argument("--data", help="get-face-training.sh output folder (default $TL2K210_FACE_DATA)")
     ap.add_argument("--noobj-weight", type=float, default=2.0,
                     help="weight of the no-object (background) objectness loss; higher = fewer false boxes")
@@ -130,6 +150,8 @@ def main(argv=None):
                     help="TensorFlow threads; 1 (default) makes a run bit-reproducible, more may be faster")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (after saving) when exceeded; 0 = no limit")
     args = ap.parse_args(argv)
+    if args.average:
+        return average(args.average.split(","), args.weights)
     root = data.training_dir(args.data)
 
     import tensorflow as tf
@@ -186,7 +208,7 @@ def main(argv=None):
     diff = float(np.abs(net(probe).numpy() - forward(probe, False).numpy()).max())
     assert diff < 1e-4, f"training forward differs from the TL model by {diff}"
 
-    sched = tf.keras.optimizers.schedules.CosineDecay(args.lr * 0.05, args.steps, alpha=0.01,
+    sched = tf.keras.optimizers.schedules.CosineDecay(args.lr * 0.05, max(1, args.steps), alpha=0.01,
                                                       warmup_target=args.lr, warmup_steps=min(200, args.steps // 10))
     opt = tf.keras.optimizers.Adam(args.lr)  # LR set per step from `sched` (the step, not opt.iterations)
     opt.build(train_vars)  # create the Adam slots now so that a checkpoint restores them
@@ -274,6 +296,8 @@ def main(argv=None):
             save(step + 1)
             print("time limit reached", flush=True)
             break
+    if start >= args.steps:   # nothing to train (--steps 0): the --init weights as loaded
+        save(start)
     return 0
 
 
