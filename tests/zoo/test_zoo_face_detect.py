@@ -113,3 +113,17 @@ def test_firmware_script_finds_both_faces_of_the_demo_photo(built, tmp_path):
         box = (x * sx, y * sy, w * sx, h * sy)
         assert max(yolo.iou(f, box) for f in found) >= 0.5, (found, box)
     assert len(found) == DEMO_BOXES, found
+
+
+def test_demo_cli_runs_the_script_with_the_models_anchors(built, tmp_path, capsys):
+    """`tl2k210 demo face-detect --kfpkg` of the zoo package: firmware/face_detect.py (MaixPy's
+    anchors) runs with the anchors of the package's metadata, so it boxes what the built
+    face_detect_main.py boxes (test_firmware_script_finds_both_faces_of_the_demo_photo)."""
+    from tl2k210.cli import main
+    photo, _ = data.demo_photo()
+    photo.save(tmp_path / "faces.png")
+    rc = main(["demo", "face-detect", "--image", str(tmp_path / "faces.png"), "--kfpkg", built["kfpkg"],
+               "--out", str(tmp_path / "lcd.png")])
+    text = capsys.readouterr().out
+    assert rc == 0 and "face_detect.py's `anchor = (...)` set to the detector's, from its metadata" in text
+    assert text.count("face x=") == DEMO_BOXES and f"faces: {DEMO_BOXES}" in text

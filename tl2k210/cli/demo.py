@@ -282,6 +282,9 @@ def cmd_demo(args) -> int:
                 print(f"[host] model: {printable(meta.kmodel['file'])} ({meta.task or 'task not recorded'}, "
                       f"{'x'.join(map(str, meta.input['shape'][-2:][::-1]))} input, made by tl2k210 "
                       f"{meta.tl2k210_version})", flush=True)
+            if script != target:
+                print(f"[host] {target.name}'s `anchor = (...)` set to the detector's, from its metadata",
+                      flush=True)
             if folder:
                 res = run_folder(target, fs=args.flash_fs, on="flash" if args.on_flash else "sd",
                                  **common)
