@@ -7,7 +7,8 @@ use only, see the zoo README):
                     3x the landmark extent: the convention of the CMU+MIT ground truth)
   face_mask_kaggle  853 photos, 4,072 VOC face boxes (most faces wear masks)
   negatives         crops of skimage/sklearn sample photos and textures, dead-leaves clutter
-                    (`background`)
+                    (`background`); mined hard negatives (`negative_candidate`, mine.py):
+                    face-mask set regions clear of faces and such backgrounds
 Evaluation (`../shared/testdata/faces`, never trained on): cmu_mit_frontal, wider_val_subset200
 (faces >= 10 px at 416x416), nonface_scenes.
 

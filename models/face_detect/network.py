@@ -8,11 +8,12 @@ max pools fused into the preceding conv (stride 16), one linear 1x1 conv head.
 """
 import time
 import tomllib
-from pathlib import Path
+
+from tl2k210 import paths
 
 # the anchors (w, h pairs, grid cells) are one fact: recipe.toml [decode] anchors (k-means fit to the
 # training boxes, anchors.py), which `zoo build` writes into the kmodel's metadata
-with open(Path(__file__).with_name("recipe.toml"), "rb") as _fh:
+with open(paths.models_dir() / "face_detect" / "recipe.toml", "rb") as _fh:
     ANCHORS = list(tomllib.load(_fh)["decode"]["anchors"])
 # MaixPy's face model's (facedetect_320x240_v3, its example scripts): the evaluation's anchor model
 MAIXPY_ANCHORS = [1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025]

@@ -18,6 +18,11 @@ responsible; BCE on sigmoid(tx, ty) vs the in-cell offset, squared error on tw, 
 log(w / anchor), scaled by (2 - w*h); objectness BCE, 5x for responsible anchors, 1x for the
 others except those whose predicted box already overlaps a face by IoU > 0.6 (ignored).
 
+--init-anchors: the --init weights were trained with other anchors; the head's tw/th biases are
+shifted by log(old / new) so that the model predicts the same boxes with network.ANCHORS
+(`--steps 0` writes just that). --hard-negatives: mine.py's face-free frames, HARD_P of the
+batch. --average A,B: the mean of weight files (a model and its fine-tune), nothing trained.
+
 Resumable: a tf.train.Checkpoint (weights + Adam state + step) in --ckpt (default
 out/face_detect_train); every --save-every steps it also writes weights.npz (atomically, via
 zoo.save_weights). Batch i is generated from np.random.default_rng([TRAIN_SEED, i]) so a resumed
@@ -27,6 +32,7 @@ With --threads 1 (the default) a run is bit-reproducible.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import queue
 import sys
@@ -112,8 +118,6 @@ def reanchored(head_bias, old, new):
 
 def average(paths, out):
     """The element-wise mean of zoo.save_weights npz files, written (atomically) to `out`."""
-    import io
-
     from tl2k210.arrays import load_npz
     from tl2k210.fileio import atomic_write
     sets = [dict(load_npz(p)) for p in paths]
