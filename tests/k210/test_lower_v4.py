@@ -261,8 +261,9 @@ def test_conv2d_transpose_adds_its_bias():
 def test_conv2d_transpose_bias_is_a_separate_add_matching_onnxruntime():
     """nncase v0.2.0-beta4's conv2d_transpose reads its bias and never adds it
     (docs/kmodel-format.md#v4-interpreter): the body carries zeros (a runtime that did add it gets
-    the same result) and a broadcast add into a buffer of its own follows; float all the way, the
-    output is onnxruntime's to float32 rounding."""
+    the same result) and a broadcast add follows, in place (binary reads each element before it
+    writes it: kmodel.v4.IN_PLACE); float all the way, the output is onnxruntime's to float32
+    rounding."""
     b = W(4) + 1.0
     m = build([N("ConvTranspose", ["x", "wt", "bt"], ["y"], strides=[2, 2], kernel_shape=[3, 3], pads=[1, 1, 0, 0],
                  group=1)], {"wt": W(3, 4, 3, 3), "bt": b}, first=False)
@@ -271,7 +272,7 @@ def test_conv2d_transpose_bias_is_a_separate_add_matching_onnxruntime():
     i = names.index("conv2d_transpose")
     ct, add = model.nodes[i], model.nodes[i + 1]
     assert not np.any(ct.data["bias"]) and add.name == "binary" and add.fields["binary_op"] == 0
-    assert add.fields["input_a"] == ct.fields["output"] and add.fields["output"] != ct.fields["output"]
+    assert add.fields["input_a"] == ct.fields["output"] == add.fields["output"]
     refs, got = run_both(m, model, PX)
     np.testing.assert_allclose(got, refs, rtol=1e-5, atol=1e-5)
     assert np.abs(refs).max() > 1 and ref.mismatches(Emulator(model), PX[0]) == []

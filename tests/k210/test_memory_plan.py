@@ -52,3 +52,86 @@ def test_planned_kmodel_gives_the_same_outputs_in_less_memory(fmt, monkeypatch):
     for p in px:
         for a, b in zip(Emulator(planned).run(p), Emulator(online).run(p)):
             np.testing.assert_array_equal(a, b)
+
+
+def _residual(op="Add"):
+    """A conv, a conv of it, their sum (each addend read there last), a conv of the sum."""
+    from onnx import helper
+    from lower_helpers import conv_node, make_model
+    rng = np.random.default_rng(3)
+    r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
+    inits = {"w0": r(8, 3, 3, 3), "b0": r(8), "w1": r(8, 8, 1, 1), "b1": r(8), "w3": r(1, 8, 1, 1)}
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]), conv_node("c1", "c0", "w1", "b1"),
+             helper.make_node(op, ["c0", "c1"], ["s"], name="sum"), conv_node("y", "s", "w3")]
+    return make_model(nodes, [("x", [1, 3, 16, 16])], [("y", None)], inits)
+
+
+@pytest.mark.parametrize("fmt, add", [("v3", "QUANTIZED_ADD"), ("v4", "quantized_binary")])
+def test_elementwise_add_writes_over_the_input_it_reads_last(fmt, add, monkeypatch):
+    """The add's output takes the buffer of an addend that dies there (the SDK's and nncase's
+    loops read each element before writing it: kmodel.v3/v4 IN_PLACE); the outputs are bit for
+    bit those of a fresh output buffer, in less main memory."""
+    from lower_helpers import compile_model, pixels
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.lower import state
+    m, px = _residual(), pixels(3, 3, 16, 16)
+    model = compile_model(m, px, format=fmt)[0]
+    L = next(L for L in model.items if L.name == add)
+    if fmt == "v3":
+        f = L.fields
+        assert f["main_mem_out_address"] in (f["main_mem_in_a_address"], f["main_mem_in_b_address"])
+    else:
+        assert L.fields["output"] in (L.fields["input_a"], L.fields["input_b"])
+    monkeypatch.setattr(state.Lowering, "u8_in_place", lambda *a, **k: None)
+    fresh = compile_model(m, px, format=fmt)[0]
+    assert model.main_memory < fresh.main_memory
+    for p in px:
+        for a, b in zip(Emulator(model).run(p), Emulator(fresh).run(p)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_wrong_alias_is_caught_by_the_writer(monkeypatch):
+    """Without the SDK fact for QUANTIZED_ADD the same plan is refused, naming the layer."""
+    from lower_helpers import compile_model, pixels
+    from tl2k210.k210.kmodel import v3
+    monkeypatch.setattr(v3, "IN_PLACE", {})
+    with pytest.raises(AssertionError, match=r"layer \d+ \(QUANTIZED_ADD\): main_mem_out_address .* overlaps"):
+        compile_model(_residual(), pixels(3, 3, 16, 16), format="v3")
+
+
+def test_only_the_exact_alias_of_a_full_shape_input_is_safe():
+    """v3: an add's output at its input's address is safe; shifted by 8 bytes, or a dequantize
+    over its input, it is not. v4: binary / quantized_binary over an input of the output's shape
+    is safe; over a broadcast input, shifted, or any other op's output over its input, it is not."""
+    from tl2k210.k210.kmodel import v3, v4
+    T = v3.TYPE_BY_NAME
+
+    def layer(name, **f):
+        full = {k: 0 for k in T[name].struct.names}
+        full.update(f)
+        return v3.Layer(T[name].id, full)
+    add = dict(main_mem_in_a_address=0, main_mem_in_b_address=64, count=64)
+    ok = v3.KModelV3([layer("QUANTIZED_ADD", main_mem_out_address=64, **add)], [], 128)
+    assert v3.overlapping_io(ok) == []
+    bad = v3.KModelV3([layer("QUANTIZED_ADD", main_mem_out_address=8, **add),
+                       layer("DEQUANTIZE", main_mem_in_address=0, mem_out_address=8, count=16)], [], 128)
+    assert [g.split(":")[0] for g in v3.overlapping_io(bad)] == ["layer 0 (QUANTIZED_ADD)"] * 2 + ["layer 1 (DEQUANTIZE)"]
+
+    op = v4.OPCODE_BY_NAME
+    M = lambda a, n: (v4.MEM_MAIN, v4.DT_UINT8, a, n)    # noqa: E731
+    full, bc = (1, 4, 4, 4), (1, 4, 1, 1)
+
+    def qbin(a, b, o, sb=full):
+        f = {k: 0 for k, _, _ in op["quantized_binary"].struct.fields}
+        f.update(input_a=M(*a), input_b=M(*b), output=M(*o), in_a_shape=full, in_b_shape=sb, out_shape=full)
+        return v4.Node(op["quantized_binary"].code, f)
+
+    def model(*nodes):
+        return v4.KModelV4(list(nodes), [], [], [], 256, b"")
+    assert v4.overlapping_io(model(qbin((0, 64), (64, 64), (64, 64)), qbin((0, 64), (64, 4), (0, 64), bc))) == []
+    wrong = model(qbin((0, 64), (64, 4), (64, 64), bc), qbin((0, 64), (64, 64), (8, 64)),
+                  v4.Node(op["unary"].code, {**{k: 0 for k, _, _ in op["unary"].struct.fields},
+                                             "input": (v4.MEM_MAIN, 0, 0, 64), "output": (v4.MEM_MAIN, 0, 0, 64)}))
+    got = v4.overlapping_io(wrong)
+    assert [g.split(":")[0] for g in got] == ["node 0 (quantized_binary)", "node 1 (quantized_binary)",
+                                              "node 1 (quantized_binary)", "node 2 (unary)"]

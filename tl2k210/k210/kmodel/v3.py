@@ -210,6 +210,44 @@ class KModelV3:
         return sum(int(size) for _, size in self.outputs)
 
 
+def _count_ranges(f: dict, ins: tuple, out: str, bytes_in: int = 1, bytes_out: int = 1):
+    n = f["count"]
+    return [(k, f[k], n * bytes_in) for k in ins], (out, f[out], n * bytes_out)
+
+
+#: main-memory (input ranges, output range) of the v3 CPU layers whose output may be placed over
+#: an input (the others' are not checked: the lowering never aliases them)
+IO_RANGES = {
+    "QUANTIZED_ADD": lambda f: _count_ranges(f, ("main_mem_in_a_address", "main_mem_in_b_address"),
+                                             "main_mem_out_address"),
+    "ADD": lambda f: _count_ranges(f, ("main_mem_in_a_address", "main_mem_in_b_address"),
+                                   "main_mem_out_address", 4, 4),
+    "QUANTIZE": lambda f: _count_ranges(f, ("main_mem_in_address",), "mem_out_address", 4, 1),
+    "DEQUANTIZE": lambda f: _count_ranges(f, ("main_mem_in_address",), "mem_out_address", 1, 4),
+}
+
+#: which output may be an input, per layer type: the standalone SDK's kpu_quantized_add
+#: (lib/drivers/kpu.c) reads 8 values of each input, then writes those 8 outputs, block by block
+#: in order, so an output that *is* one of its inputs (same address) is safe; no other overlap is
+IN_PLACE = {"QUANTIZED_ADD": lambda k, a, o: a == o}
+
+
+def overlapping_io(model: KModelV3) -> list[str]:
+    """One line per layer whose output range shares main-memory bytes with one of its inputs
+    where IN_PLACE does not say the SDK's loop is safe with it (the layers of IO_RANGES)."""
+    lines = []
+    for i, L in enumerate(model.layers):
+        io = IO_RANGES.get(L.name)
+        if io is None:
+            continue
+        ins, (on, o, n) = io(L.fields)
+        safe = IN_PLACE.get(L.name, lambda *_: False)
+        for k, a, m in ins:
+            if a < o + n and o < a + m and not safe(k, a, o):
+                lines.append(f"layer {i} ({L.name}): {on} [{o}, {o + n}) overlaps {k} [{a}, {a + m})")
+    return lines
+
+
 # ---------------------------------------------------------------------------------------------
 CHUNK = 1 << 16  # header entries validated per numpy pass
 MAX_MAIN_MEM = SRAM_BYTES  # the loader mallocs main_mem_usage: no K210 has more SRAM

@@ -232,17 +232,36 @@ def overlap(a, b) -> bool:
     return a[0] == b[0] and a[3] > 0 and b[3] > 0 and a[2] < b[2] + b[3] and b[2] < a[2] + a[3]
 
 
+def _elementwise_in_place(node: Node, iname: str, r, o) -> bool:
+    """nncase v0.2.0-beta4 `kernels::neutral::binary` / `quantized_binary` (neutral_kernels.h, no
+    CXX_RESTRICT): element i of each input is read, then output[i] written, in index order (the
+    broadcast fallback too, at offset(out_shape, i)). An output that *is* an input of the output's
+    shape (same bytes, same shape) is therefore safe: each element is read before it is replaced
+    and never read again. Any other overlap (a shifted range, a broadcast input) is not."""
+    f = node.fields
+    shape = {"input_a": "in_a_shape", "input_b": "in_b_shape"}.get(iname)
+    return shape is not None and tuple(r) == tuple(o) and tuple(f[shape]) == tuple(f["out_shape"])
+
+
+#: the per-op facts of which output may overlap which input (checked against each kernel's loop in
+#: nncase v0.2.0-beta4; an op missing here may not overlap its inputs at all: most kernels take
+#: CXX_RESTRICT pointers or read an input after writing the output, e.g. softmax, issue 29)
+IN_PLACE = {"binary": _elementwise_in_place, "quantized_binary": _elementwise_in_place}
+
+
 def overlapping_io(model: KModelV4) -> list[str]:
     """One line per node whose output range shares bytes of main memory with one of its input
-    ranges (in place included). nncase's kernels then read inputs they already overwrote (a
-    softmax reads its own results, docs/kmodel-format.md#v4-interpreter): a writer must never produce this; files from
+    ranges, unless IN_PLACE says the kernel is safe with that alias. nncase's kernels then read
+    inputs they already overwrote (a softmax reads its own results,
+    docs/kmodel-format.md#v4-interpreter): a writer must never produce this; files from
     elsewhere may have it. A cheap check on any parsed v4 model."""
     lines = []
     for i, node in enumerate(model.nodes):
         ins, outs = node_ranges(node)
+        safe = IN_PLACE.get(node.name)
         for on, o in outs:
             for iname, r in ins:
-                if o[0] == MEM_MAIN and overlap(o, r):
+                if o[0] == MEM_MAIN and overlap(o, r) and not (safe and safe(node, iname, r, o)):
                     lines.append(f"node {i} ({node.name}): {on} [{o[2]}, {o[2] + o[3]}) overlaps "
                                  f"{iname} [{r[2]}, {r[2] + r[3]}) in main memory")
     return lines

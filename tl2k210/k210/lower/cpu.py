@@ -105,7 +105,9 @@ def quantized_add(lw, node):
         mul, sh = fx.fixed_mul(smax / ADD_ONE / so, 10, 31)   # keeps every product inside int32
         off_a, off_b, off_o = add_offsets(za, zb, zo, ma, sign * mb, mul, sh)
         mb *= sign
-    loc = lw.u8_out(out, (so, zo))
+    # the SDK's QUANTIZED_ADD may write over an input it reads last (kmodel.v3.IN_PLACE)
+    loc = lw.u8_in_place(node, out, a_name, (so, zo)) or lw.u8_in_place(node, out, b_name, (so, zo)) or \
+        lw.u8_out(out, (so, zo))
     n = int(np.prod(loc.shape))
     lw.emit("QUANTIZED_ADD", dict(
         flags=1, main_mem_in_a_address=pa, main_mem_in_b_address=pb, main_mem_out_address=loc.u8,

@@ -118,6 +118,15 @@ class MainAllocator:
         if self.blocks.pop(name, None) is not None:
             self.history[self._open.pop(name)].t1 = self.clock()
 
+    def hand_over(self, old: str, new: str) -> int:
+        """`new` takes `old`'s live buffer (an op writing its output over its input, which dies
+        there): one buffer from `old`'s allocation to `new`'s free, so a plan keeps them at one
+        place. Returns its start."""
+        start, size = self.blocks[new] = self.blocks.pop(old)
+        i = self._open[new] = self._open.pop(old)
+        self.history[i].name = f"{new} (in place of {old})"
+        return start
+
 
 def _overlap(a: Block, b: Block, end: int) -> bool:
     a1 = end if a.t1 is None else a.t1

@@ -281,6 +281,23 @@ class Lowering:
         self.locs[t] = loc
         return loc
 
+    def u8_in_place(self, node, t, over, quant=None):
+        """A uint8 home for `node`'s output `t` in the buffer of its input `over`, when the op's
+        kernel may write over that input (the caller's fact: kmodel.v3/v4 IN_PLACE) and `node` is
+        the input's last reader: same size, no relabel or model output sharing the bytes. None
+        otherwise (the caller then takes a fresh buffer)."""
+        src, shape = self.locs.get(over), self.shape(t)
+        name = f"{over}:u8"
+        if src is None or src.u8 is None or name not in self.main.blocks or over in self.g.outputs or \
+                int(np.prod(src.shape)) != int(np.prod(shape)) or \
+                self.uses.get(over, 0) != node.inputs.count(over) or src.pixels is not None or \
+                sum(loc.u8 == src.u8 for loc in self.locs.values()) != 1:
+            return None
+        loc = Loc(shape, quant=quant or self.quant_of(t))
+        loc.u8 = self.main.hand_over(name, f"{t}:u8")
+        self.locs[t] = loc
+        return loc
+
     def f32_out(self, t, shape=None):
         loc = Loc(shape or self.shape(t))
         loc.f32 = self.alloc(t, "f32", 4 * int(np.prod(loc.shape)))
@@ -426,6 +443,10 @@ class Lowering:
         if self.format == "v4":
             from .v4emit import assemble
             return assemble(self, outs)
+        clash = v3.overlapping_io(v3.KModelV3(self.layers, outs, self.main.high))
+        if clash:   # the SDK's loops would read what they already wrote
+            raise AssertionError("internal error: the main-memory plan gives a layer an output range over "
+                                 "one of its inputs: " + "; ".join(clash))
         first_layer = self.layers[0].name if self.layers else None
         if first_layer not in ("K210_CONV", "FULLY_CONNECTED"):
             raise UnsupportedOpError(f"the first kmodel layer would be {first_layer}; the SDK/MaixPy "

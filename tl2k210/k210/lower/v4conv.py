@@ -434,24 +434,23 @@ def conv_transpose(lw, node):
     src = lw.need_f32(x, row)
     n = oc * oh * ow
     biased = bool(np.any(B))
-    pre = lw.alloc(out, "pre", 4 * n) if biased else None      # the bias add reads it
     loc = lw.f32_out(out)
     gic = ci // groups
     wt = W.reshape(groups, gic, cog, kh, kw).transpose(0, 2, 1, 3, 4).reshape(-1)   # [g][o][i][kh][kw]
     # the body's bias is zero: v0.2.0-beta4 reads it but never adds it
     # (docs/kmodel-format.md#v4-interpreter), and a runtime that did add it would then add it twice
     lw.emit_v4("conv2d_transpose", dict(
-        input=main(F32, src, ci * h * w), output=main(F32, loc.f32 if pre is None else pre, n),
+        input=main(F32, src, ci * h * w), output=main(F32, loc.f32, n),
         in_shape=(1, ci, h, w), out_shape=(1, oc, oh, ow), groups=groups, padding_h=(pads[0], pads[2]),
         padding_w=(pads[1], pads[3]), filter_h=kh, filter_w=kw, stride_h=sh, stride_w=sw, dilation_h=dh,
         dilation_w=dw, fused_activation=NO_CLAMP), row, data={"weights": wt, "bias": np.zeros(co, np.float32)})
     if biased:
         shp = (1, oc, oh, ow)
-        lw.emit_v4("binary", dict(input_a=main(F32, pre, n), input_b=Const(B), output=main(F32, loc.f32, n),
+        # in place: binary reads each element before it writes it (kmodel.v4.IN_PLACE)
+        lw.emit_v4("binary", dict(input_a=main(F32, loc.f32, n), input_b=Const(B), output=main(F32, loc.f32, n),
                                   binary_op=0, in_a_shape=shp, in_b_shape=(1, oc, 1, 1), out_shape=shp,
                                   fused_activation=NO_CLAMP), row)
-        lw.main.free(f"{out}:pre")
-        row.notes.append("bias as a broadcast add (the v0.2 conv2d_transpose kernel does not add it)")
+        row.notes.append("bias as a broadcast add in place (the v0.2 conv2d_transpose kernel does not add it)")
     row.macs = ci * h * w * cog * kh * kw
     row.weight_bytes = 4 * (W.size + co)
     lw.traced(out, "f32")

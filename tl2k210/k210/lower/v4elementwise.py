@@ -367,7 +367,10 @@ def quantized_binary(lw, node):
         ma, sha = fx.fixed_mul(sa / sc, 32, 62)
         mb, shb = fx.fixed_mul(sb / sc, 32, 62)
         om, osh = fx.fixed_mul(sc / so, 32, 62)
-    loc = lw.u8_out(out, (so, zo))
+    # an input of the output's shape that dies here may take the output (kmodel.v4.IN_PLACE)
+    loc = next((loc for t in (a_t, b_t) if lw.g.const(t) is None and g4(lw.g, t) == g4(lw.g, out)
+                for loc in [lw.u8_in_place(node, out, t, (so, zo))] if loc is not None), None)
+    loc = loc or lw.u8_out(out, (so, zo))
     n = int(np.prod(loc.shape))
     lw.emit_v4("quantized_binary", dict(
         input_a=ra, input_b=rb, output=main(U8, loc.u8, n), binary_op=BINARY[node.op],
