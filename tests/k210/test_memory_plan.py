@@ -135,3 +135,75 @@ def test_only_the_exact_alias_of_a_full_shape_input_is_safe():
     got = v4.overlapping_io(wrong)
     assert [g.split(":")[0] for g in got] == ["node 0 (quantized_binary)", "node 1 (quantized_binary)",
                                               "node 1 (quantized_binary)", "node 2 (unary)"]
+
+
+def _pooled(pool):
+    from onnx import helper
+    from lower_helpers import conv_node, make_model
+    rng = np.random.default_rng(4)
+    r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("AveragePool", ["r0"], ["p"], name="pool", **pool), conv_node("y", "p", "w1")]
+    return make_model(nodes, [("x", [1, 3, 18, 18])], [("y", None)],
+                      {"w0": r(6, 3, 3, 3), "b0": r(6), "w1": r(4, 6, 1, 1)})
+
+
+@pytest.mark.parametrize("fmt", ["v3", "v4"])
+@pytest.mark.parametrize("pool, unit", [(dict(kernel_shape=[3, 3], strides=[3, 3]), "output rows"),
+                                        (dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]), "channels")])
+def test_float_pool_a_slice_at_a_time_gives_the_whole_pools_values(fmt, pool, unit, monkeypatch):
+    """With little room (float_room) the SDK's float AVERAGE_POOL2D runs a slice at a time into the
+    uint8 output the next KPU conv reads: output rows of the (C*H, W) map where no window crosses
+    a channel, else channels. Bit for bit the whole layer's outputs."""
+    from lower_helpers import compile_model, pixels
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.lower import state
+    m, px = _pooled(pool), pixels(3, 3, 18, 18)
+    monkeypatch.setattr(state.Lowering, "float_room", lambda self, *n: None)    # no bound: one layer
+    whole = compile_model(m, px, format=fmt)[0]
+    monkeypatch.setattr(state.Lowering, "float_room", lambda self, *n: 200)
+    model, rows = compile_model(m, px, format=fmt)[:2]
+    note = " ".join(next(r for r in rows if r.node == "pool").notes)
+    assert f"{unit} at a time" in note and "quantized into the uint8 output" in note
+    assert len(model.items) > len(whole.items) + 4
+    for p in px:
+        for a, b in zip(Emulator(model).run(p), Emulator(whole).run(p)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_crop_after_the_kpu_writes_over_the_streamed_map(monkeypatch):
+    """v3: a conv whose pads the KPU cannot give (pads 0 on a 3x3: the KPU pads every side) is
+    cropped by QUANTIZED_MAX_POOL2D in place (kmodel.v3.pool_reads_ahead); bit for bit the
+    outputs of a separate buffer."""
+    from onnx import helper
+    from lower_helpers import compile_model, conv_node, make_model, pixels
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.lower import conv
+    rng = np.random.default_rng(5)
+    r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[0, 0, 0, 0]), helper.make_node("Relu", ["c0"], ["r0"]),
+             conv_node("y", "r0", "w1")]
+    m = make_model(nodes, [("x", [1, 3, 18, 18])], [("y", None)],
+                   {"w0": r(6, 3, 3, 3), "b0": r(6), "w1": r(1, 6, 1, 1)})
+    px = pixels(3, 3, 18, 18)
+    model = compile_model(m, px, format="v3")[0]
+    crop = next(L.fields for L in model.layers if L.name == "QUANTIZED_MAX_POOL2D")
+    assert crop["main_mem_in_address"] == crop["main_mem_out_address"] and crop["padding_height"] < 0
+    monkeypatch.setattr(conv, "_post_in_place", lambda geo: False)
+    fresh = compile_model(m, px, format="v3")[0]
+    assert model.main_memory < fresh.main_memory
+    for p in px:
+        for a, b in zip(Emulator(model).run(p), Emulator(fresh).run(p)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_pool_in_place_only_where_it_reads_ahead():
+    from tl2k210.k210.kmodel import v3
+
+    def f(shape, out, k, s, pad):
+        return dict(in_shape=shape, out_shape=out, kernel_width=k, kernel_height=k, stride_width=s,
+                    stride_height=s, padding_width=pad, padding_height=pad)
+    assert v3.pool_reads_ahead(f((32, 32, 6), (30, 30, 6), 1, 1, -1))     # a crop
+    assert v3.pool_reads_ahead(f((32, 32, 6), (16, 16, 6), 2, 2, 0))      # a 2x2 pool, a pick
+    assert not v3.pool_reads_ahead(f((32, 32, 6), (32, 32, 6), 3, 1, 1))  # reads the row above
+    assert not v3.pool_reads_ahead(f((8, 8, 6), (9, 9, 6), 2, 1, 1))      # a bigger output

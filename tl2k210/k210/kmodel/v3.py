@@ -222,14 +222,34 @@ IO_RANGES = {
                                              "main_mem_out_address"),
     "ADD": lambda f: _count_ranges(f, ("main_mem_in_a_address", "main_mem_in_b_address"),
                                    "main_mem_out_address", 4, 4),
+    "QUANTIZED_MAX_POOL2D": lambda f: ([("main_mem_in_address", f["main_mem_in_address"],
+                                         int(np.prod(f["in_shape"])))],
+                                        ("main_mem_out_address", f["main_mem_out_address"],
+                                         int(np.prod(f["out_shape"])))),
     "QUANTIZE": lambda f: _count_ranges(f, ("main_mem_in_address",), "mem_out_address", 4, 1),
     "DEQUANTIZE": lambda f: _count_ranges(f, ("main_mem_in_address",), "mem_out_address", 1, 4),
 }
 
-#: which output may be an input, per layer type: the standalone SDK's kpu_quantized_add
-#: (lib/drivers/kpu.c) reads 8 values of each input, then writes those 8 outputs, block by block
-#: in order, so an output that *is* one of its inputs (same address) is safe; no other overlap is
-IN_PLACE = {"QUANTIZED_ADD": lambda k, a, o: a == o}
+def pool_reads_ahead(f: dict) -> bool:
+    """Does every output (c, y, x) of a QUANTIZED_MAX_POOL2D read only input bytes at or after
+    its own index, with the output at the input's address? The SDK's kpu_quantized_max_pool2d
+    (lib/drivers/kpu.c) loops channel, row, column, reads a window and then writes one byte, so
+    it then never reads a byte it has already written: a crop or a pick in place."""
+    (w, h, c), (ow, oh, oc) = f["in_shape"], f["out_shape"]
+    if oc != c or oh * ow > h * w:
+        return False
+    rows = np.clip(np.arange(oh) * f["stride_height"] - f["padding_height"], 0, h - 1)
+    cols = np.clip(np.arange(ow) * f["stride_width"] - f["padding_width"], 0, w - 1)
+    first = rows[:, None] * w + cols[None, :]          # channel 0; each later one gains h*w - oh*ow
+    return bool(np.all(first >= np.arange(oh * ow).reshape(oh, ow)))
+
+
+#: which output may be an input, per layer type (fields, input field, input address, output
+#: address): the standalone SDK's kpu_quantized_add (lib/drivers/kpu.c) reads 8 values of each
+#: input, then writes those 8 outputs, block by block in order, so an output that *is* one of its
+#: inputs (same address) is safe; kpu_quantized_max_pool2d when pool_reads_ahead; no other overlap
+IN_PLACE = {"QUANTIZED_ADD": lambda f, k, a, o: a == o,
+            "QUANTIZED_MAX_POOL2D": lambda f, k, a, o: a == o and pool_reads_ahead(f)}
 
 
 def overlapping_io(model: KModelV3) -> list[str]:
@@ -243,7 +263,7 @@ def overlapping_io(model: KModelV3) -> list[str]:
         ins, (on, o, n) = io(L.fields)
         safe = IN_PLACE.get(L.name, lambda *_: False)
         for k, a, m in ins:
-            if a < o + n and o < a + m and not safe(k, a, o):
+            if a < o + n and o < a + m and not safe(L.fields, k, a, o):
                 lines.append(f"layer {i} ({L.name}): {on} [{o}, {o + n}) overlaps {k} [{a}, {a + m})")
     return lines
 

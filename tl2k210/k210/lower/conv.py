@@ -24,6 +24,7 @@ import numpy as np
 from tl2k210.errors import KpuLimitError
 from tl2k210.graph import stage_names
 from tl2k210.k210 import hardware as hw
+from tl2k210.k210.kmodel import v3
 
 from . import kpu
 from .registry import KPU, NA, lowering
@@ -483,11 +484,12 @@ def emit_layer(lw, node, geo, plan, lq, row):
                      away=xloc.kpu if plan.in_resident else None)
         keep.append(out_loc.block)
     whole = None            # one streamed buffer of the whole KPU output
+    in_place = lw.format == "v3" and _post_in_place(geo)     # the CPU crop/pick over the streamed map
     if stream and single and (plan.out_resident or not post):
-        whole = lw.alloc(out + ":s1" if post else out, "u8", co * ph * pw)
-        if not post:
-            out_loc.u8 = whole
-    if post or not single:
+        whole = lw.alloc(out + ":s1" if post and not in_place else out, "u8", co * ph * pw)
+        if not post or in_place:
+            out_loc.u8 = final.u8 = whole
+    if (post or not single) and final.u8 is None:
         final.u8 = lw.alloc(out, "u8", fc * fh * fw)
         if not post:
             out_loc.u8 = final.u8
@@ -600,6 +602,17 @@ def _share_blocks(lw, first_tile, unit, idx):
     shared = {b: j for b in mine if mine[b] == theirs[b]}
     lw.layers[idx].shared = shared or None
     return shared
+
+
+def _post_in_place(geo):
+    """Is the CPU stage after the KPU one QUANTIZED_MAX_POOL2D that may write over the map it
+    reads (kmodel.v3.pool_reads_ahead: a crop or a pick)?"""
+    if len(geo.post) != 1:
+        return False
+    (co, ph, pw), (fc, fh, fw) = geo.kpu_out, geo.out_shape
+    k, s, pad_h, pad_w = geo.post[0]
+    return v3.pool_reads_ahead(dict(in_shape=(pw, ph, co), out_shape=(fw, fh, fc), stride_height=s,
+                                    stride_width=s, padding_height=pad_h, padding_width=pad_w))
 
 
 def _post(lw, geo, src, shape, dst, frows, pooled0, row):

@@ -291,13 +291,59 @@ def average_pool(lw, node):
     pads = list(a.get("pads", [0, 0, 0, 0]))
     row = lw.row(node, "average pool: float AVERAGE_POOL2D (no uint8 version in the SDK)",
                  in_shape=(c, h, w), out_shape=(oc, oh, ow))
-    src = lw.need_f32(x, row)
-    loc = lw.f32_out(out, (oc, oh, ow))
-    lw.emit("AVERAGE_POOL2D", dict(
-        flags=1, main_mem_in_address=src, main_mem_out_address=loc.f32, in_shape=(w, h, c),
-        out_shape=(ow, oh, oc), kernel_width=k[1], kernel_height=k[0], stride_width=st[1],
-        stride_height=st[0], padding_width=pads[1], padding_height=pads[0], act=0), row)
-    lw.traced(out, "f32")
+    xl = lw.locs[x]
+    to_u8 = not lw.float_readers(out)
+    room = lw.float_room(oc * oh * ow if to_u8 else 0)
+    whole = 4 * (c * h * w + oc * oh * ow)           # the float copies of one big layer
+    if xl.f32 is not None or xl.pixels is not None or room is None or whole <= room:
+        src = lw.need_f32(x, row)
+        loc = lw.f32_out(out, (oc, oh, ow))
+        lw.emit("AVERAGE_POOL2D", dict(
+            flags=1, main_mem_in_address=src, main_mem_out_address=loc.f32, in_shape=(w, h, c),
+            out_shape=(ow, oh, oc), kernel_width=k[1], kernel_height=k[0], stride_width=st[1],
+            stride_height=st[0], padding_width=pads[1], padding_height=pads[0], act=0), row)
+        lw.traced(out, "f32")
+        return
+    _sliced_average_pool(lw, node, (c, h, w), (oh, ow), k, st, pads, to_u8, room, row)
+
+
+def _sliced_average_pool(lw, node, shape, out_hw, k, st, pads, to_u8, room, row):
+    """The float pool a slice at a time, within `room` bytes of float scratch: dequantize a slice
+    of the uint8 map, pool it, and quantize it into the uint8 output (no reader needs float) or
+    leave it in the float output. A slice is a range of channels; or, when no window crosses a
+    channel's rows (no vertical padding, kernel height <= stride, every row read), a range of
+    output rows of the (C*H, W) map, one channel's rows after the other's: the same windows."""
+    x, out = node.inputs[0], node.outputs[0]
+    (c, h, w), (oh, ow) = shape, out_hw
+    s, z = lw.locs[x].quant
+    rows = pads[0] == pads[2] == 0 and k[0] <= st[0] and h == oh * st[0]
+    units, u_in, u_out = (c * oh, st[0] * w, ow) if rows else (c, h * w, oh * ow)
+    slices = float_slices(units, u_in, 4 * (u_in + u_out), room)
+    n = max(b - a for a, b in slices)
+    src = lw.need_u8(x, row)
+    loc = lw.u8_out(out, lw.quant_of(out)) if to_u8 else lw.f32_out(out, (c, oh, ow))
+    a_buf, b_buf = lw.main.alloc(f"{out}:dq", 4 * n * u_in), lw.main.alloc(f"{out}:pool", 4 * n * u_out)
+    parts = []
+    for u0, u1 in slices:
+        m = u1 - u0
+        in_shape, out_shape = ((w, m * st[0], 1), (ow, m, 1)) if rows else ((w, h, m), (ow, oh, m))
+        lw.emit("DEQUANTIZE", dict(flags=1, main_mem_in_address=src + u0 * u_in, mem_out_address=a_buf,
+                                   count=m * u_in, scale=s, bias=-z * s), row)
+        dst = b_buf if to_u8 else loc.f32 + 4 * u0 * u_out
+        parts.append(lw.emit("AVERAGE_POOL2D", dict(
+            flags=1, main_mem_in_address=a_buf, main_mem_out_address=dst, in_shape=in_shape,
+            out_shape=out_shape, kernel_width=k[1], kernel_height=k[0], stride_width=st[1],
+            stride_height=st[0], padding_width=pads[1], padding_height=0 if rows else pads[0], act=0), row))
+        if to_u8:
+            so, zo = loc.quant
+            parts[-1] = lw.emit("QUANTIZE", dict(flags=0, main_mem_in_address=b_buf, mem_out_address=loc.u8 + u0 * u_out,
+                                                 count=m * u_out, scale=so, bias=-zo * so), row)
+    lw.main.free(f"{out}:dq")
+    lw.main.free(f"{out}:pool")
+    lw.trace_map[out] = (parts[0] if len(parts) == 1 else tuple(parts), "u8" if to_u8 else "f32")
+    row.notes.append(f"dequantized and pooled {n} {'output rows' if rows else 'channels'} at a time "
+                     f"({4 * n * (u_in + u_out):,} B of float scratch)" + (", quantized into the uint8 output"
+                                                                          if to_u8 else ""))
 
 
 @lowering("GlobalAveragePool", unit=CPU_F32)
@@ -311,7 +357,7 @@ def global_average_pool(lw, node):
     row = lw.row(node, "global average pool: float GLOBAL_AVERAGE_POOL2D (the SDK has no uint8 version)",
                  in_shape=(c, h, w), out_shape=(c,))
     xl, hw_ = lw.locs[x], h * w
-    slices = float_slices(c, hw_, 4 * hw_)
+    slices = float_slices(c, hw_, 4 * hw_, lw.float_room(4 * c))
     per = slices[0][1]                                             # channels per float slice
     if xl.f32 is not None or xl.pixels is not None or len(slices) == 1:
         src = lw.need_f32(x, row)

@@ -8,14 +8,18 @@ from tl2k210.k210 import hardware as hw
 
 
 SLICE_MIN_BYTES = 65536          # float scratch below which a uint8 map is dequantized whole (64 KiB)
+MAIN_TARGET = 1.25               # issue 22: the main-memory peak within 1.25x the live-set lower bound
 
 
-def float_slices(c: int, u8_per_channel: int, f32_per_channel: int) -> list:
+def float_slices(c: int, u8_per_channel: int, f32_per_channel: int, room: int | None = None) -> list:
     """[(c0, c1)] channel ranges for a per-channel float op on a uint8 map (a pool the runtime has
     in float only): each slice's float temporaries (`f32_per_channel` bytes a channel) no bigger
-    than the uint8 map or SLICE_MIN_BYTES, one channel at least. Channels are contiguous in CHW,
-    so a slice is one range of the map, and the values are those of one big op."""
+    than the uint8 map or SLICE_MIN_BYTES, nor than `room` (Lowering.float_room: what keeps main
+    memory within MAIN_TARGET of the live set), one channel at least. Channels (or any units) are
+    contiguous in CHW, so a slice is one range of the map, and the values are those of one big op."""
     n = max(1, max(SLICE_MIN_BYTES, c * u8_per_channel) // max(1, f32_per_channel))
+    if room is not None and n * f32_per_channel > room:
+        n = max(1, room // max(1, f32_per_channel))
     return [(c0, min(c, c0 + n)) for c0 in range(0, c, n)]
 
 
@@ -97,6 +101,10 @@ class MainAllocator:
         self.clock = clock
         self.history: list[Block] = []
         self._open = {}    # name -> index in history
+
+    def used(self) -> int:
+        """Bytes of the buffers live now."""
+        return sum(n for _, n in self.blocks.values())
 
     def alloc(self, name: str, size: int) -> int:
         size = max(8, -(-size // 8) * 8)

@@ -19,10 +19,11 @@ from tl2k210.graph import describe
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import v3
 from tl2k210.k210 import fixed_point as fx
+from tl2k210.k210.ideal import ideal
 from tl2k210.k210.kmodel.v4 import MEM_MAIN, OPCODE_BY_NAME
 
 from . import registry
-from .memory import Block, KpuAllocator, MainAllocator, plan
+from .memory import MAIN_TARGET, Block, KpuAllocator, MainAllocator, plan
 
 T = v3.TYPE_BY_NAME
 
@@ -113,6 +114,8 @@ class Lowering:
         self.smaller = set()        # nodes given a fast form that have a smaller one (wants_small)
         # a quantized model (passes.dequantize kept its ranges): round each layer as TFLite does
         self.quantized_model = bool(graph.meta.get("quant_ranges"))
+        self.relabels = {}          # tensor -> the tensor whose bytes it names (alias)
+        self._target = None         # main-memory bytes within MAIN_TARGET of the live set (float_room)
         for n in self.order:
             for i in n.inputs:
                 self.uses[i] = self.uses.get(i, 0) + 1
@@ -138,6 +141,25 @@ class Lowering:
 
     def producer(self, t):
         return next((n for n in self.order if t in n.outputs), None)
+
+    def float_room(self, *new_bytes) -> int | None:
+        """Bytes of float scratch an op may take now, beside `new_bytes` it is about to allocate,
+        with main memory still within MAIN_TARGET x the live-set lower bound (ideal.py); None
+        when the graph has no bound."""
+        if self._target is None:
+            self._target = int(MAIN_TARGET * ideal(self.g).live_bytes)
+        return self._target - self.main.used() - sum(new_bytes) if self._target else None
+
+    def float_readers(self, t) -> bool:
+        """Does a reader of `t` (through relabels) need it as float: a float CPU layer or a model
+        output?"""
+        if t in self.g.outputs:
+            return True
+        for n in self.consumers(t):
+            unit = self.choice[n.name][0].unit if n.name in self.choice else registry.CPU_F32
+            if unit == registry.CPU_F32 or (unit == registry.RELABEL and self.float_readers(n.outputs[0])):
+                return True
+        return False
 
     def lowered_by(self, node):
         """Name of the registered lowering chosen for `node`."""
@@ -179,9 +201,16 @@ class Lowering:
     def alloc(self, t, kind, nbytes):
         return self.main.alloc(f"{t}:{kind}", nbytes)
 
+    def _named(self, t):
+        """`t` and the tensors it relabels (alias), nearest first: a read of `t` reads their bytes."""
+        while t is not None:
+            yield t
+            t = self.relabels.get(t)
+
     def release(self, node):
-        """Free the buffers of tensors whose last consumer was `node`."""
-        for t in node.inputs:
+        """Free the buffers of tensors whose last consumer was `node` (a read of a relabel counts
+        as a read of the tensor whose bytes it names)."""
+        for t in (a for i in node.inputs for a in self._named(i)):
             if t in self.uses:
                 self.uses[t] -= 1
                 if self.uses[t] == 0:
@@ -310,7 +339,9 @@ class Lowering:
         self.locs[new] = Loc(shape or src.shape, src.quant, src.kpu, src.u8, src.f32, src.block, src.pixels)
         if old in self.trace_map and new not in self.trace_map:
             self.trace_map[new] = self.trace_map[old]
-        self.uses[old] = self.uses.get(old, 0) + self.uses.get(new, 0)
+        for t in self._named(old):      # its bytes live while `new` has readers (release)
+            self.uses[t] = self.uses.get(t, 0) + self.uses.get(new, 0)
+        self.relabels[new] = old
 
     def traced(self, t, kind):
         self.trace_map[t] = (len(self.layers) - 1, kind)
