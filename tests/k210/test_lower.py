@@ -104,7 +104,8 @@ def test_relabels_are_free():
                     "ax": np.array([2, 3], np.int64)})
     px = pixels(6, 3, 16, 16)
     model, rows, _, g = compile_model(m, px, format="v3")
-    assert [L.name for L in model.layers] == ["K210_CONV", "DEQUANTIZE", "GLOBAL_AVERAGE_POOL2D"]
+    names = [L.name for L in model.layers]     # the pool: in slices within the main-memory target
+    assert names[0] == "K210_CONV" and set(names[1:]) == {"DEQUANTIZE", "GLOBAL_AVERAGE_POOL2D"}
     assert sqnr(m, model, px) > 30
 
 

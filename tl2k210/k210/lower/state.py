@@ -115,6 +115,7 @@ class Lowering:
         # a quantized model (passes.dequantize kept its ranges): round each layer as TFLite does
         self.quantized_model = bool(graph.meta.get("quant_ranges"))
         self.relabels = {}          # tensor -> the tensor whose bytes it names (alias)
+        self.at = None              # the index in `order` of the node being lowered
         self._target = None         # main-memory bytes within MAIN_TARGET of the live set (float_room)
         for n in self.order:
             for i in n.inputs:
@@ -150,16 +151,42 @@ class Lowering:
             self._target = int(MAIN_TARGET * ideal(self.g).live_bytes)
         return self._target - self.main.used() - sum(new_bytes) if self._target else None
 
-    def float_readers(self, t) -> bool:
+    def float_readers(self, t, since: int = 0) -> bool:
         """Does a reader of `t` (through relabels) need it as float: a float CPU layer or a model
-        output?"""
+        output? `since`: only the readers from that node of the order on."""
         if t in self.g.outputs:
             return True
         for n in self.consumers(t):
+            if self.order.index(n) < since:
+                continue
             unit = self.choice[n.name][0].unit if n.name in self.choice else registry.CPU_F32
             if unit == registry.CPU_F32 or (unit == registry.RELABEL and self.float_readers(n.outputs[0])):
                 return True
         return False
+
+    def relabelled(self, t) -> bool:
+        """Does another tensor name `t`'s bytes (alias, either way)?"""
+        return t in self.relabels or t in self.relabels.values()
+
+    def _readers_units(self, t, since: int) -> set:
+        return {self.choice[n.name][0].unit if n.name in self.choice else registry.CPU_F32
+                for n in self.consumers(t) if self.order.index(n) >= since}
+
+    def drop_copy(self, t, kind: str, since: int):
+        """Free `t`'s `kind` copy ("f32" or "u8") once it has the other one and no reader from
+        node `since` on needs this one: float only where an op needs it, and a uint8 map
+        dequantized for float readers only is not kept beside its float copy. Kept for a model
+        input or output, or when a relabel shares the bytes."""
+        loc = self.locs.get(t)
+        name, other = f"{t}:{kind}", "u8" if kind == "f32" else "f32"
+        if loc is None or getattr(loc, other) is None or getattr(loc, kind) is None or name not in self.main.blocks \
+                or t in self.g.inputs or t in self.g.outputs or loc.pixels is not None or self.relabelled(t):
+            return
+        units = self._readers_units(t, since)
+        if (kind == "f32" and self.float_readers(t, since)) or (kind == "u8" and units - {registry.CPU_F32}):
+            return
+        self.main.free(name)
+        setattr(loc, kind, None)
 
     def lowered_by(self, node):
         """Name of the registered lowering chosen for `node`."""
@@ -269,6 +296,8 @@ class Lowering:
             self.emit("QUANTIZE", dict(flags=0, main_mem_in_address=loc.f32, mem_out_address=loc.u8,
                                        count=n, scale=s, bias=-z * s), row)
             row.notes.append("quantize to uint8")
+            if self.at is not None and self.order[self.at].name == row.node:
+                self.drop_copy(t, "f32", self.at)      # the node quantizing it reads the uint8 copy
             return loc.u8
         raise AssertionError(f"tensor {t} has no main-memory copy")
 
@@ -287,6 +316,8 @@ class Lowering:
                                      count=n, scale=s, bias=-z * s), row)
         self.trace_map[t] = (len(self.layers) - 1, "f32")
         row.notes.append("dequantize to float")
+        if self.at is not None and self.order[self.at].name == row.node:
+            self.drop_copy(t, "u8", self.at)       # the node dequantizing it reads the float copy
         return loc.f32
 
     def need_kpu(self, t, row, keep=()):
@@ -319,8 +350,7 @@ class Lowering:
         name = f"{over}:u8"
         if src is None or src.u8 is None or name not in self.main.blocks or over in self.g.outputs or \
                 int(np.prod(src.shape)) != int(np.prod(shape)) or \
-                self.uses.get(over, 0) != node.inputs.count(over) or src.pixels is not None or \
-                sum(loc.u8 == src.u8 for loc in self.locs.values()) != 1:
+                self.uses.get(over, 0) != node.inputs.count(over) or src.pixels is not None or self.relabelled(over):
             return None
         loc = Loc(shape, quant=quant or self.quant_of(t))
         loc.u8 = self.main.hand_over(name, f"{t}:u8")
@@ -459,10 +489,11 @@ class Lowering:
                 f"input {x} {shape} feeds {[f'{n.name} ({n.op})' for n in first]}: MaixPy and the SDK "
                 "run a kmodel whose first layer is a KPU conv (image input) or a dense layer (vector "
                 "input); start the model with a Conv on the image")
-        for node in self.order:
+        for self.at, node in enumerate(self.order):
             if node.name not in self.folded:
                 self._lower_one(node)
             self.release(node)
+        self.at = None
         outs = []
         for o in g.outputs:
             row = Row(o, "output", "CPU", "model outputs are float32 in main memory")
