@@ -207,3 +207,31 @@ def test_a_pool_in_place_only_where_it_reads_ahead():
     assert v3.pool_reads_ahead(f((32, 32, 6), (16, 16, 6), 2, 2, 0))      # a 2x2 pool, a pick
     assert not v3.pool_reads_ahead(f((32, 32, 6), (32, 32, 6), 3, 1, 1))  # reads the row above
     assert not v3.pool_reads_ahead(f((8, 8, 6), (9, 9, 6), 2, 1, 1))      # a bigger output
+
+
+def test_a_copy_no_later_reader_needs_is_freed_at_once(monkeypatch):
+    """v4: a KPU map dequantized for a float transposed conv, whose float output a KPU conv reads
+    quantized: the uint8 input dies at its DEQUANTIZE and the float output at its QUANTIZE, not
+    at their last reader; the outputs are bit for bit those of keeping both copies."""
+    from onnx import helper
+    from lower_helpers import compile_model, conv_node, make_model, pixels
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.lower import state
+    rng = np.random.default_rng(6)
+    r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]),
+             helper.make_node("ConvTranspose", ["c0", "wt", "bt"], ["ct"], strides=[2, 2], kernel_shape=[2, 2]),
+             conv_node("y", "ct", "w1", pads=[1, 1, 1, 1])]
+    m = make_model(nodes, [("x", [1, 3, 16, 16])], [("y", None)],
+                   {"w0": r(8, 3, 3, 3), "b0": r(8), "wt": r(8, 8, 2, 2), "bt": r(8), "w1": r(2, 8, 3, 3)})
+    px = pixels(3, 3, 16, 16)
+    model, _, lw, _ = compile_model(m, px, format="v4")
+    names = [L.name for L in lw.layers]
+    life = {b.name.split(" ")[0]: (b.t0, b.t1) for b in lw.main.history}
+    assert life["c0:u8"][1] == names.index("DEQUANTIZE") + 1 and life["ct:f32"][1] == names.index("QUANTIZE") + 1
+    monkeypatch.setattr(state.Lowering, "drop_copy", lambda *a: None)
+    kept = compile_model(m, px, format="v4")[0]
+    assert model.main_memory < kept.main_memory
+    for p in px:
+        for a, b in zip(Emulator(model).run(p), Emulator(kept).run(p)):
+            np.testing.assert_array_equal(a, b)
