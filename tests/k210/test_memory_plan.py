@@ -235,3 +235,31 @@ def test_a_copy_no_later_reader_needs_is_freed_at_once(monkeypatch):
     for p in px:
         for a, b in zip(Emulator(model).run(p), Emulator(kept).run(p)):
             np.testing.assert_array_equal(a, b)
+
+
+def test_v4_crop_reads_the_kpu_output_where_it_lies(monkeypatch):
+    """v4: the crop after a KPU conv (pads the KPU cannot give) is a strided_slice reading the
+    resident output straight from KPU RAM (nncase's interpreter maps mem_k210_kpu ranges), so the
+    stride-1 map is never copied to main memory; bit for bit the outputs of that copy."""
+    from onnx import helper
+    from lower_helpers import compile_model, conv_node, make_model, pixels
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.kmodel import v4
+    from tl2k210.k210.lower import conv
+    rng = np.random.default_rng(7)
+    r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[0, 0, 0, 0]), helper.make_node("Relu", ["c0"], ["r0"]),
+             conv_node("y", "r0", "w1", pads=[1, 1, 1, 1])]
+    m = make_model(nodes, [("x", [1, 3, 40, 40])], [("y", None)],
+                   {"w0": r(6, 3, 3, 3), "b0": r(6), "w1": r(2, 6, 3, 3)})
+    px = pixels(3, 3, 40, 40)
+    model = compile_model(m, px, format="v4")[0]
+    sl = next(nd for nd in model.nodes if nd.name == "strided_slice")
+    assert sl.fields["input"][0] == v4.MEM_KPU and sl.fields["in_shape"] == (1, 6, 40, 64)
+    assert not any(nd.name == "kpu_conv2d" and nd.fields["main_mem_output"][3] for nd in model.nodes[:2])
+    monkeypatch.setattr(conv, "_kpu_pick", lambda geo, *a: None)
+    copied = compile_model(m, px, format="v4")[0]
+    assert model.main_memory < copied.main_memory
+    for p in px:
+        for a, b in zip(Emulator(model).run(p), Emulator(copied).run(p)):
+            np.testing.assert_array_equal(a, b)

@@ -25,6 +25,7 @@ from tl2k210.errors import KpuLimitError
 from tl2k210.graph import stage_names
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import v3
+from tl2k210.k210.kmodel.v4 import DT_UINT8, MEM_KPU, MEM_MAIN
 
 from . import kpu
 from .registry import KPU, NA, lowering
@@ -462,7 +463,9 @@ def emit_layer(lw, node, geo, plan, lq, row):
     name = node.name
     single = len(plan.bands) == 1
     post = bool(geo.post)
-    stream = post or not plan.out_resident or needs_main(lw, out)
+    # v4: a crop/pick read straight from the resident KPU output (no stride-1 copy in main memory)
+    kpu_pick = lw.format == "v4" and single and plan.out_resident and _kpu_pick(geo) is not None
+    stream = (post and not kpu_pick) or not plan.out_resident or (needs_main(lw, out) and not kpu_pick)
     out_loc = Loc((co, ph, pw), quant=lq.out_quant)
     final = Loc((fc, fh, fw), quant=lq.out_quant)
     lw.locs[out] = final if post else out_loc
@@ -551,7 +554,7 @@ def emit_layer(lw, node, geo, plan, lq, row):
             for t in (tmp_in, tmp_out):
                 if t is not None:
                     lw.kpu_free(t)
-            if single and whole is None and post:
+            if single and whole is None and post and not kpu_pick:
                 traces.append(_post(lw, geo, target, (n_o, ph, pw), final.u8 + o0 * fh * fw, (0, fh), 0, row))
                 lw.main.free(f"{out}:tile:u8")
             elif single and not post:
@@ -565,6 +568,8 @@ def emit_layer(lw, node, geo, plan, lq, row):
             else:
                 band_finals.append((band_out, prow, f0 - ra // hw.POOL[geo.code].stride))
             lw.main.free(f"{out}:band{bi}:in:u8")
+    if kpu_pick:
+        traces = [lw.emit_v4("strided_slice", _kpu_pick(geo, out_loc.kpu, final.u8), row)]
     if whole is not None and post:
         traces = [_post(lw, geo, whole, (co, ph, pw), final.u8, (0, fh), 0, row)]
         lw.main.free(f"{out}:s1:u8")
@@ -602,6 +607,25 @@ def _share_blocks(lw, first_tile, unit, idx):
     shared = {b: j for b in mine if mine[b] == theirs[b]}
     lw.layers[idx].shared = shared or None
     return shared
+
+
+def _kpu_pick(geo, kpu=None, dst=0):
+    """The fields of a v4 strided_slice that crops or picks the KPU output where it lies in KPU
+    RAM (nncase v0.2's interpreter reads a mem_k210_kpu range in place, k210/interpreter.cpp
+    memory_at) into the dense uint8 map at `dst`; None unless the one CPU stage is a 1x1 pick or
+    crop and the map's rows are one per line group (width > 32: (C, H, 64 * lines) in KPU RAM,
+    hardware.row_layout)."""
+    (co, ph, pw), (fc, fh, fw) = geo.kpu_out, geo.out_shape
+    g, _, lines = hw.row_layout(pw)
+    if len(geo.post) != 1 or geo.post[0][0] != 1 or g != 1 or fc != co:
+        return None
+    _, s, pad_h, pad_w = geo.post[0]
+    start = 0 if kpu is None else kpu[0] * hw.LINE_BYTES
+    return dict(input=(MEM_KPU, DT_UINT8, start, hw.map_lines(co, ph, pw) * hw.LINE_BYTES),
+                output=(MEM_MAIN, DT_UINT8, dst, fc * fh * fw), in_shape=(1, co, ph, hw.LINE_BYTES * lines),
+                begin=(0, 0, -pad_h, -pad_w), end=(1, co, -pad_h + (fh - 1) * s + 1, -pad_w + (fw - 1) * s + 1),
+                strides=(1, 1, s, s), begin_mask=0, end_mask=0, ellipsis_mask=0, new_axis_mask=0,
+                shrink_axis_mask=0)
 
 
 def _post_in_place(geo):
