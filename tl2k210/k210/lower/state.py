@@ -151,26 +151,23 @@ class Lowering:
             self._target = int(MAIN_TARGET * ideal(self.g).live_bytes)
         return self._target - self.main.used() - sum(new_bytes) if self._target else None
 
-    def float_readers(self, t, since: int = 0) -> bool:
-        """Does a reader of `t` (through relabels) need it as float: a float CPU layer or a model
-        output? `since`: only the readers from that node of the order on."""
-        if t in self.g.outputs:
-            return True
+    def reader_units(self, t, since: int = 0) -> set:
+        """The units (registry.KPU, CPU_U8, CPU_F32; "output" for a model output) of `t`'s
+        readers from node `since` of the order on, through relabels."""
+        units = {"output"} if t in self.g.outputs else set()
         for n in self.consumers(t):
-            if self.order.index(n) < since:
-                continue
-            unit = self.choice[n.name][0].unit if n.name in self.choice else registry.CPU_F32
-            if unit == registry.CPU_F32 or (unit == registry.RELABEL and self.float_readers(n.outputs[0])):
-                return True
-        return False
+            if self.order.index(n) >= since:
+                unit = self.choice[n.name][0].unit if n.name in self.choice else registry.CPU_F32
+                units |= self.reader_units(n.outputs[0], since) if unit == registry.RELABEL else {unit}
+        return units
+
+    def float_readers(self, t, since: int = 0) -> bool:
+        """Does a reader of `t` need it as float: a float CPU layer or a model output?"""
+        return bool(self.reader_units(t, since) & {registry.CPU_F32, "output"})
 
     def relabelled(self, t) -> bool:
         """Does another tensor name `t`'s bytes (alias, either way)?"""
         return t in self.relabels or t in self.relabels.values()
-
-    def _readers_units(self, t, since: int) -> set:
-        return {self.choice[n.name][0].unit if n.name in self.choice else registry.CPU_F32
-                for n in self.consumers(t) if self.order.index(n) >= since}
 
     def drop_copy(self, t, kind: str, since: int):
         """Free `t`'s `kind` copy ("f32" or "u8") once it has the other one and no reader from
@@ -182,8 +179,8 @@ class Lowering:
         if loc is None or getattr(loc, other) is None or getattr(loc, kind) is None or name not in self.main.blocks \
                 or t in self.g.inputs or t in self.g.outputs or loc.pixels is not None or self.relabelled(t):
             return
-        units = self._readers_units(t, since)
-        if (kind == "f32" and self.float_readers(t, since)) or (kind == "u8" and units - {registry.CPU_F32}):
+        units = self.reader_units(t, since)
+        if units - ({registry.KPU, registry.CPU_U8} if kind == "f32" else {registry.CPU_F32}):
             return
         self.main.free(name)
         setattr(loc, kind, None)
