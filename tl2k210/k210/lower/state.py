@@ -184,6 +184,8 @@ class Lowering:
             return
         self.main.free(name)
         setattr(loc, kind, None)
+        if kind == "u8" and loc.block:     # float readers only: no KPU RAM copy either
+            self.kpu_free(loc)
 
     def lowered_by(self, node):
         """Name of the registered lowering chosen for `node`."""
