@@ -11,7 +11,7 @@ the passes (before calibration), the yardstick of every receipt and refusal.
   shape, Resize's scales, Pad's pads...) are metadata, not weights. Each weight op also counts the
   fixed bytes of the smallest kmodel layer any 8-bit form of it has (`LAYER_BYTES`: a kmodel v4
   node header + the fixed body of quantized_conv2d, 116 B, or quantized_matmul, 80 B;
-  docs/k210-kmodel-and-kpu.md §4.3): no form stores a conv's weights without its arguments (a
+  docs/kmodel-format.md#v4-opcodes): no form stores a conv's weights without its arguments (a
   KPU conv needs more: 96 B of layer arguments, a 144 B activation table, 8 B of BN a channel).
 * maps (the live-set lower bound): every map a uint8 byte an element; a map lives from the op
   that writes it (the model input: from the start) to the last op that reads it (a model output:
