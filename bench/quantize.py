@@ -8,9 +8,10 @@ animal classifier and LFFD licence-plate detector, iris), seeded keras.applicati
 for architecture coverage. Images: calibration on 12 scikit-image photos, evaluation on the 28
 testdata ImageNet photos. iris: calibration and evaluation on the 150 rows, with nncase v0.1 /
 v0.2's kmodels of the same file measured the same way. Third-party float models from
-testdata/corpus/models and corpus/fit (--only NAME picks some): --corpus adds them.
+testdata/corpus/models and corpus/fit (--only NAME picks some): --corpus adds them; --devcorpus
+adds the developer corpus (tests/devcorpus.py, seeded weights, each model's own options).
 
-    python bench/quantize.py [--methods minmax,percentile,kld] [--only NAME] [--json FILE]
+    python bench/quantize.py [--methods minmax,percentile,kld] [--corpus] [--devcorpus] [--only NAME] [--json FILE]
 """
 import argparse
 import json
@@ -82,6 +83,14 @@ def corpus_models():
     return {f"{k} ({p.parent.name})": ((lambda p=p: p), o, None) for k, (p, o) in files.items() if p.exists()}
 
 
+def dev_models():
+    """The developer corpus (tests/devcorpus.py: seeded weights), each built when its row runs."""
+    import devcorpus
+    tmp = Path(tempfile.mkdtemp(prefix="tl2k210-dev-"))
+    return {f"{k} (developer)": ((lambda k=k, e=e: devcorpus.save(k, e.build(), tmp)), e.options, None)
+            for k, e in devcorpus.entries().items()}
+
+
 def ideal(src, calib, photos, opts, method):
     """{output: dB} of the 8-bit ideal on the held-out photos, with convert's calibrated ranges."""
     from tl2k210.compiler import ConvertOptions, calibrated_ranges, model_input_range, model_inputs, pixel_mapping
@@ -113,6 +122,7 @@ def main():
     ap.add_argument("--methods", default="minmax,percentile,kld")
     ap.add_argument("--only")
     ap.add_argument("--corpus", action="store_true", help="also the third-party float models")
+    ap.add_argument("--devcorpus", action="store_true", help="also the developer corpus (seeded weights)")
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "quantize.json"))
     args = ap.parse_args()
     from corpus import photo_folder
@@ -121,7 +131,7 @@ def main():
     from tl2k210.compare import compare
     calib, photos = photo_folder(), TESTDATA / "imagenet"
     rows = []
-    todo = {**models(), **(corpus_models() if args.corpus else {})}
+    todo = {**models(), **(corpus_models() if args.corpus else {}), **(dev_models() if args.devcorpus else {})}
     for name, (make, opts, kind) in todo.items():
         if args.only and args.only not in name:
             continue

@@ -49,6 +49,8 @@ from tl2k210.errors import ModelLoadError
 
 OPSET = 18   # the IR's opset: what tf2onnx 1.17 writes at most (onnxruntime 1.32 runs up to 23)
 MIN_OPSET = 13   # older ONNX files are upgraded to OPSET first (onnx.version_converter)
+#: ops that relabel a tensor (same values, another shape): no new map, no rounding
+RELABELS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
 
 
 @dataclass

@@ -32,3 +32,48 @@ def test_pooled_vector_is_rounded_only_before_a_conv():
     want = (np.clip(np.round(raw / np.float32(s)) + z, 0, 255) - z) * np.float32(s)
     np.testing.assert_allclose(got[pooled[0]], want, atol=1e-6)
     assert not np.allclose(got[pooled[0]], raw)
+
+
+def _rounded(g, xs):
+    rngs = calibrate.ranges(calibrate.collect(g, xs, histograms=False), "minmax")
+    fq = fake_quant_graph(g, rngs)
+    return fq, {n.inputs[0].removesuffix("/float") for n in fq.nodes if n.op == "QuantizeLinear"}
+
+
+def test_dense_layers_fed_by_float_stay_float():
+    # k210-dronet's head: a conv map flattened into a dense layer over more than the KPU's 1024
+    # channels (a float MatMul), then a constant Add (a 1x1 conv): the back-end computes both in
+    # float; rounding the Add to uint8 would clamp it to its calibrated range (the ideal had been
+    # 3.5 dB "better" than an exact float layer on dronet's near-constant output by that clamp)
+    rng = np.random.default_rng(2)
+    w1, wd = rng.standard_normal((2, 3, 3, 3)).astype(np.float32), rng.standard_normal((2048, 1)).astype(np.float32)
+    m = make_model([helper.make_node("Conv", ["x", "w1"], ["c"], name="c", pads=[1] * 4),
+                    helper.make_node("Relu", ["c"], ["r"], name="r"),
+                    helper.make_node("Flatten", ["r"], ["f"], name="f"),
+                    helper.make_node("MatMul", ["f", "wd"], ["d"], name="d"),
+                    helper.make_node("Add", ["d", "b"], ["a"], name="a"),
+                    helper.make_node("Sigmoid", ["a"], ["y"], name="y")],
+                   [("x", [1, 3, 32, 32])], [("y", [1, 1])], {"w1": w1, "wd": wd, "b": np.array([0.5], np.float32)})
+    g, _ = run_pipeline(from_onnx(m))
+    fq, rounded = _rounded(g, [rand(1, 3, 32, 32) for _ in range(4)])
+    dense = [n for n in g.nodes if n.op == "Conv" and n.outputs[0] != "c"]
+    assert [n.op for n in g.nodes if n.op in ("MatMul", "Gemm")] == ["MatMul"] and len(dense) == 1
+    assert "c" in rounded and not rounded & set(dense[0].outputs)
+    fd = next(n for n in fq.nodes if n.name == dense[0].name)
+    assert fd.inputs[1] == dense[0].inputs[1]          # its weights stay float too
+
+
+def test_dense_layers_on_the_model_input_stay_float():
+    # iris: dense layers on a float vector (--float-fc or not: FULLY_CONNECTED reads the input)
+    rng = np.random.default_rng(3)
+    w1, w2 = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32)
+    m = make_model([helper.make_node("MatMul", ["x", "w1"], ["h"], name="h"),
+                    helper.make_node("Relu", ["h"], ["r"], name="r"),
+                    helper.make_node("MatMul", ["r", "w2"], ["y"], name="y")],
+                   [("x", [1, 4])], [("y", [1, 3])], {"w1": w1, "w2": w2})
+    g, _ = run_pipeline(from_onnx(m))
+    fq, rounded = _rounded(g, [rand(1, 4) for _ in range(4)])
+    assert [n.op for n in g.nodes if n.op == "Conv"] == ["Conv", "Conv"] and not rounded
+    x = rand(1, 4)
+    np.testing.assert_allclose(calibrate.FloatRunner(fq, False)(x)["y"], calibrate.FloatRunner(g, False)(x)["y"],
+                               rtol=1e-6)

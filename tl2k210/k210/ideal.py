@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tl2k210.graph import RELABELS
 from tl2k210.k210 import hardware as hw
 
 WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-RELABELS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
 #: ops whose constant operands say how (shapes, scales, bounds, indices), not what to compute with
 SHAPE_OPERANDS = ("Reshape", "Resize", "Upsample", "Pad", "Slice", "Clip", "Expand", "Tile", "Squeeze",
                   "Unsqueeze", "Split", "Gather", "ReduceMean", "ReduceMax", "ReduceSum", "ReduceMin",
