@@ -91,23 +91,6 @@ def dev_models():
             for k, e in devcorpus.entries().items()}
 
 
-def ideal(src, calib, photos, opts, method):
-    """{output: dB} of the 8-bit ideal on the held-out photos, with convert's calibrated ranges."""
-    from tl2k210.compiler import ConvertOptions, calibrated_ranges, model_input_range, model_inputs, pixel_mapping
-    from tl2k210.frontends import load_model
-    from tl2k210.graph import from_onnx
-    from tl2k210.k210.flow import run_pipeline
-    from tl2k210.passes.input_nchw import input_chw
-    from tl2k210.quantize.fake_quant import ideal_sqnr
-    graph, _ = run_pipeline(from_onnx(load_model(src)))
-    o, _ = model_input_range(graph, ConvertOptions(**{k: v for k, v in opts.items() if k == "input_range"}))
-    cal, px = model_inputs(graph, str(calib), 100, o)
-    ev, _ = model_inputs(graph, str(photos), 100, o)
-    pm = pixel_mapping(o, input_chw(graph)[0], graph) if px is not None else None
-    rng = calibrated_ranges(graph, [c[None] for c in cal], method, pm)
-    return ideal_sqnr(graph, rng, ev, o.weight_bits)
-
-
 def iris_data():
     import numpy as np
     from sklearn.datasets import load_iris
@@ -127,7 +110,7 @@ def main():
     args = ap.parse_args()
     from corpus import photo_folder
 
-    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.compiler import ConvertOptions, convert, held_out_ideal
     from tl2k210.compare import compare
     calib, photos = photo_folder(), TESTDATA / "imagenet"
     rows = []
@@ -142,16 +125,17 @@ def main():
         for method in args.methods.split(","):
             out = Path(tempfile.mkdtemp()) / "m.kmodel"
             t = time.perf_counter()
+            co = ConvertOptions(dataset=str(data), method=method, progress=False,
+                                **{"runtime": "sdk", "min_sqnr": 0, **opts})
             try:
-                convert(src, out, ConvertOptions(dataset=str(data), method=method, progress=False,
-                                                 **{"runtime": "sdk", "min_sqnr": 0, **opts}))
+                convert(src, out, co)
             except Exception as e:
                 rows.append({"model": name, "method": method, "error": f"{type(e).__name__}: {e}"})
                 print(f"{name[:40]:40} {method:10} refused: {e}", flush=True)
                 continue
             rep = compare(src, str(out), str(held), **pre)
             o = list(rep["outputs"].values())
-            best = ideal(src, data, held, opts, method) if kind != "iris" else {}
+            best = held_out_ideal(src, held, co)
             per = {k: {"ours_db": v["sqnr_db"], "ideal_db": best.get(k)} for k, v in rep["outputs"].items()}
             row = {"model": name, "method": method, "sqnr_db": min(v["sqnr_db"] for v in o),
                    "ideal_db": min((v for v in best.values()), default=None), "outputs": per,
@@ -182,7 +166,7 @@ def main():
         t1 = "-" if r.get("top1") is None else f"{r['top1']:.3f}"
         acc = "-" if r.get("accuracy") is None else f"{r['accuracy']:.3f}"
         for out, v in (r.get("outputs") or {"-": {"ours_db": r["sqnr_db"], "ideal_db": None}}).items():
-            gap = v["ideal_db"] - v["ours_db"] if v["ideal_db"] is not None else None
+            gap = v["ideal_db"] - v["ours_db"] if v["ideal_db"] not in (None, float("inf")) else None
             print(f"{r['model'][:40]:40} {out[-24:]:24} {r['method']:10} {_db(v['ideal_db']):>8} {_db(v['ours_db']):>8} "
                   f"{_db(gap):>6} {t1:>6} {acc:>6} {r['samples']:>4}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -190,7 +174,8 @@ def main():
 
 
 def _db(v):
-    return "-" if v is None else f"{v:.1f}"
+    """dB, '-' when none, 'exact' for an ideal that keeps every tensor float (iris: no error)."""
+    return "-" if v is None or v != v else "exact" if v == float("inf") else f"{v:.1f}"
 
 
 if __name__ == "__main__":

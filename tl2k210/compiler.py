@@ -728,6 +728,19 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
     return receipt
 
 
+def held_out_ideal(source, held, opts: ConvertOptions, limit: int = 100) -> dict:
+    """{output: dB} of the 8-bit ideal on the held-out samples `held` (a folder or file, as
+    --dataset): the graph and calibrated ranges `convert` would use with `opts`, with fake
+    quantization (quantize/fake_quant.py) against the float graph -- what `compare` on the kmodel
+    measures ours against (bench/quantize.py, the issue-24 gap tests)."""
+    from tl2k210.quantize.fake_quant import ideal_sqnr
+    loaded = load(source, opts)
+    opt = optimise(loaded, opts)
+    cal = calibrate(opt, opts, loaded.where)
+    ev, _ = model_inputs(opt.graph, str(held), limit, cal.opts)
+    return ideal_sqnr(opt.graph, cal.ranges, ev, opts.weight_bits)
+
+
 def convert_file(source, output, dataset=None, **options) -> str:
     """Convert with default options (used by `tl2k210 deploy`); returns the output path."""
     if dataset is None:
