@@ -61,11 +61,16 @@ def quality_gate(receipt, nonfinite, min_sqnr, own_quantization=False):
             "it would hand out garbage. This is a tl2k210 bug: please report it with the model; --format v4 "
             "or --float-fc may route around the layer. Nothing was written (--min-sqnr 0 writes it anyway).",
             receipt)
-    what = ", ".join(f"{o} {sqnr_text(r['sqnr_db'], r.get('sqnr_note'))} dB" for o, r in low.items())
+    what = ", ".join(f"{o} {sqnr_text(r['sqnr_db'], r.get('sqnr_note'))} dB{ideal_text(r)}" for o, r in low.items())
     dense = first is not None and "Gemm" in " ".join(first.get("fused") or []) + first["node"]
+    at_ideal = all(r.get("ideal_db") is not None and r["sqnr_db"] is not None and r["sqnr_db"] >= r["ideal_db"] - 1
+                   for r in low.values())
     raise QualityError(
         f"{receipt.source}: output SQNR vs the float model {what} on {n} calibration samples, below "
-        f"--min-sqnr {min_sqnr:g} dB{where}. Try: --calibrate-method mse or percentile (ranges less "
+        f"--min-sqnr {min_sqnr:g} dB{where}. "
+        + ("That is within 1 dB of the 8-bit ideal (the float model with uint8 tensors at the calibrated "
+           "ranges): the ranges limit it, not the mapping to the K210. " if at_ideal else "")
+        + "Try: --calibrate-method mse or percentile (ranges less "
         "stretched by rare values), calibration images like the camera sees (--dataset, --calib-limit), "
         "--input-range/--mean/--std as the model was trained, --weight-bits 16"
         + (", --float-fc (dense layers in float)" if dense else "") + ". Nothing was written; --min-sqnr 0 "
