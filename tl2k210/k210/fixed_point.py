@@ -195,12 +195,29 @@ def balance_knots(g, kx, kinks=(), sweeps=6, steps=18):
     return kx
 
 
+def _varying(g, lo, hi, samples=4097):
+    """(a, b, top): the part [a, b] of [lo, hi] where the rounded output round(g) changes, and the
+    rounded output above b when the top is trimmed (else None). A sigmoid's uint8 output is 0
+    below -6.2 and 255 above 6.2 whatever the calibrated range: fitted over [-13.5, 13.5] (LFFD's
+    score head), the segments spent on those tails missed the rounding there (1 LSB on half the
+    background, and 4 LSB near the top). Below a, the table's first segment is flat already."""
+    ys = np.linspace(lo, hi, samples)
+    r = np.round(g(ys))
+    moves = np.flatnonzero(r != r[0])
+    if hi <= lo or not moves.size:
+        return lo, hi, None
+    last = np.flatnonzero(r != r[-1])[-1]
+    b = ys[last + 1]
+    return ys[moves[0] - 1], b, (int(r[-1]) if b < hi else None)
+
+
 def activation_table(act: dict | None, y_lo: float, y_hi: float, s_v: float, s_z: float, z_z: int) -> dict:
     """The 16-segment table mapping V ≈ y·S_V to uint8 round(f(y)/s_z + z_z). Each segment is the
     chord between two knots moved to its minimax position (half way between the largest deviations
     of f above and below it): segments need not join, so this halves the error of interpolation."""
     f, kinks = act_function(act)
-    kx, _ = fit_knots(f, y_lo, y_hi, kinks)
+    a, b, top = _varying(lambda y: np.clip(f(y) / s_z + z_z, 0, 255), y_lo, y_hi)
+    kx, _ = fit_knots(f, a, b, kinks, SEGMENTS - (top is not None))
     kx = balance_knots(lambda y: np.clip(f(y) / s_z + z_z, 0, 255), kx, kinks)
     q = f(kx) / s_z + z_z                                # target output (real) at each knot
     starts, muls, shifts, biases = [hw.ACT_X_START_MIN], [0], [0], [int(np.clip(round(q[0]), 0, 255))]
@@ -228,6 +245,11 @@ def activation_table(act: dict | None, y_lo: float, y_hi: float, s_v: float, s_z
         shifts.append(sh)
         biases.append(bias)
         prev = start
+    if top is not None:   # the saturated top: one flat segment at its exact output
+        starts.append(int(max(prev, min(round(b * s_v), (1 << 35) - 2))))
+        muls.append(0)
+        shifts.append(0)
+        biases.append(top)
     while len(starts) < hw.ACT_SEGMENTS:   # unused segments: unreachable starts at the top
         starts.append((1 << 35) - 1)
         muls.append(0)
