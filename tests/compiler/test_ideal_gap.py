@@ -15,6 +15,7 @@ YUNET_GAP = pytest.mark.xfail(strict=True, reason=(
     "obj_16 meet the ideal and obj_32 falls further behind"))
 CASES = {   # file -> convert options (bench/quantize.py's)
     ("models", "k210-dronet__model.tflite"): {},
+    ("models", "LFFD-LP-K210__LPbox_1_branch.tflite"): {},     # its score map: 51.1 dB before, ideal 86.9
     ("fit", "yunet_s_320_320.onnx"): {"input_range": (0, 255)},
     ("fit", "st_fdmobilenet_0.25_128_food101.h5"): {"input_range": (-1, 1)},
 }
