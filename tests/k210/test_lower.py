@@ -761,6 +761,19 @@ def test_saturating_table_is_fitted_where_its_output_moves(act):
     assert np.array_equal(got[tails], want[tails]) and np.abs(got - want).max() <= 1
 
 
+def test_unsaturated_table_keeps_rising_above_its_range():
+    """YuNet's objectness logits (no activation, calibrated on [-20.0, -3.04]): the last output
+    step is no saturated tail -- a held-out logit above -3.04 still maps higher (obj_16 fell
+    from 8.8 to 1.8 dB when it was clamped there)."""
+    from tl2k210.k210 import fixed_point as fx
+    from tl2k210.k210.emulator.kpu import activation
+    s_z, z_z = fx.qparams(-20.0, -3.04)
+    s_v = 2.0 ** 30 / 20
+    t = fx.activation_table(None, -20.0, -3.04, s_v, s_z, z_z)
+    top, above = (int(activation(np.array([int(v * s_v)]), t)[0]) for v in (-3.04, -2.0))
+    assert above >= top + 5
+
+
 @pytest.mark.parametrize("k,stride", [(3, 1), (5, 2), (7, 1)])
 def test_prelu_runs_on_the_kpu(k, stride):
     """conv -> PReLU -> depthwise KxK -> PReLU -> 1x1 (MobileFaceNet / BlazeFace blocks): KPU

@@ -196,8 +196,9 @@ def balance_knots(g, kx, kinks=(), sweeps=6, steps=18):
 
 
 def _varying(g, lo, hi, samples=4097):
-    """(a, b, top): the part [a, b] of [lo, hi] where the rounded output round(g) changes, and the
-    rounded output above b when the top is trimmed (else None). A sigmoid's uint8 output is 0
+    """(a, b, top): the part [a, b] of [lo, hi] to fit -- without the saturated tails, where the
+    rounded output round(g) stays constant over more than a segment's share -- and the rounded
+    output above b when the top is trimmed (else None). A sigmoid's uint8 output is 0
     below -6.2 and 255 above 6.2 whatever the calibrated range: fitted over [-13.5, 13.5] (LFFD's
     score head), the segments spent on those tails missed the rounding there (1 LSB on half the
     background, and 4 LSB near the top). Below a, the table's first segment is flat already."""
@@ -206,9 +207,12 @@ def _varying(g, lo, hi, samples=4097):
     moves = np.flatnonzero(r != r[0])
     if hi <= lo or not moves.size:
         return lo, hi, None
-    last = np.flatnonzero(r != r[-1])[-1]
-    b = ys[last + 1]
-    return ys[moves[0] - 1], b, (int(r[-1]) if b < hi else None)
+    a, b = ys[moves[0] - 1], ys[np.flatnonzero(r != r[-1])[-1] + 1]
+    # a tail is saturated when its plateau is longer than a segment's share of the rest; the
+    # last output step of a function still rising at hi is not (values above hi go on rising)
+    share = (b - a) / SEGMENTS
+    a = a if a - lo > share else lo
+    return (a, b, int(r[-1])) if hi - b > share else (a, hi, None)
 
 
 def activation_table(act: dict | None, y_lo: float, y_hi: float, s_v: float, s_z: float, z_z: int) -> dict:
