@@ -273,6 +273,48 @@ def _depthwise5(tmp_path, c=32):
     return src
 
 
+def _small_convs(tmp_path, c=16):
+    """A small v3-style model whose KPU layers pay more for their per-channel args, activation
+    tables, batch norm and 256-B alignment than for their weights: a 3x3 conv on the image, a 1x1,
+    a group-4 3x3 (the KPU's block-diagonal tiles), a 1x1 head."""
+    m = make_model([conv_node("a", "x", "wa", "ba", pads=[1, 1, 1, 1]), N("Relu", ["a"], ["ra"]),
+                    conv_node("b", "ra", "wb", "bb"),
+                    conv_node("g", "b", "wg", "bg", pads=[1, 1, 1, 1], group=4), N("Relu", ["g"], ["rg"]),
+                    conv_node("d", "rg", "wd", "bd")],
+                   [("x", [1, 3, 32, 32])], [("d", [1, 8, 32, 32])],
+                   {"wa": W(c, 3, 3, 3), "ba": W(c, scale=0.1), "wb": W(c, c, 1, 1, scale=0.2),
+                    "bb": W(c, scale=0.1), "wg": W(c, c // 4, 3, 3, scale=0.2), "bg": W(c, scale=0.1),
+                    "wd": W(8, c, 1, 1, scale=0.2), "bd": W(8, scale=0.1)})
+    src = tmp_path / "small.onnx"
+    onnx.save(m, src)
+    return src
+
+
+@pytest.mark.slow
+def test_optimize_size_stores_small_kpu_convs_at_their_8_bit_size(tmp_path, png_dir):
+    """--optimize size gives 1x1, 3x3 and grouped 3x3 convs the uint8 CPU quantized_conv2d where
+    their KPU form's fixed per-layer bytes outweigh the weights: the kmodel within 1.15x the 8-bit
+    ideal weights (the fastest forms: over it), bit-exact in the emulator against the reference
+    runner, the output within 0.5 dB of the fastest forms'."""
+    import v4_reference as ref
+    from tl2k210.k210.emulator import Emulator
+    src = _small_convs(tmp_path)
+    lat = _convert(src, tmp_path / "lat.kmodel", png_dir, runtime="maixpy")
+    size = _convert(src, tmp_path / "size.kmodel", png_dir, runtime="maixpy", optimize="size")
+    ideal_w = size.ideal["weight_bytes"]
+    assert lat.file_size > 1.15 * ideal_w >= size.file_size and size.totals["format"] == "v4"
+    first = {}
+    for x in size.layers:
+        first.setdefault(x["node"], x)
+    assert {n for n in "abgd" if first[n]["lowering"] == "quantized_conv2d"} == {t.split(":")[0] for t in size.trades}
+    assert len(size.trades) >= 3 and "(--optimize size)" in size.trades[0]
+    assert size.file_size + size.main_memory < lat.file_size + lat.main_memory
+    assert size.totals["output_sqnr_db"] > lat.totals["output_sqnr_db"] - 0.5
+    emu = Emulator(kmodel.load(tmp_path / "size.kmodel"))
+    for p in pixels(2, 3, 32, 32, seed=5):
+        assert ref.mismatches(emu, p) == []
+
+
 @pytest.mark.slow
 def test_optimize_size_stores_a_5x5_depthwise_conv_at_its_8_bit_size(tmp_path, png_dir):
     """--optimize size gives the 5x5 depthwise conv the uint8 CPU quantized_conv2d (kmodel v4): its
@@ -284,7 +326,9 @@ def test_optimize_size_stores_a_5x5_depthwise_conv_at_its_8_bit_size(tmp_path, p
     lat = _convert(src, tmp_path / "lat.kmodel", png_dir, runtime="maixpy")
     size = _convert(src, tmp_path / "size.kmodel", png_dir, runtime="maixpy", optimize="size")
     fast = {x["node"]: x for x in lat.layers}
-    small = {x["node"]: x for x in size.layers}
+    small = {}
+    for x in size.layers:           # a node's first row names its form
+        small.setdefault(x["node"], x)
     assert fast["dw"]["lowering"] == "kpu_conv_kxk" and not lat.trades
     assert fast["dw"]["weight_bytes"] > 3 * fast["dw"]["ideal_weight_bytes"]
     dw = small["dw"]
@@ -292,11 +336,17 @@ def test_optimize_size_stores_a_5x5_depthwise_conv_at_its_8_bit_size(tmp_path, p
     # the ideal also counts the layer's fixed bytes (a node header + quantized_conv2d's 116 B
     # body: ideal.LAYER_BYTES), which a receipt row's weight bytes leave out
     assert dw["weight_bytes"] == dw["ideal_weight_bytes"] - (8 + 116) == 32 * 25 + 4 * 32
-    nodes = [n for n in kmodel.load(tmp_path / "size.kmodel").nodes if n.name == "quantized_conv2d"]
-    assert sum(n.data["weights"].size for n in nodes) == 32 * 25 and sum(n.data["bias"].size for n in nodes) == 32
-    assert len(size.trades) == 1 and size.trades[0].startswith(f"dw: quantized_conv2d ({dw['form']}), 928 B, est. ")
+    # the 1x1 convs around it shrink in their smaller form too (their KPU args, tables, alignment)
+    traded = {t.split(":")[0]: t for t in size.trades}
+    assert set(traded) == {"a", "dw", "b"}
+    assert all(small[n]["lowering"] == "quantized_conv2d" for n in traded)
+    assert traded["dw"].startswith(f"dw: quantized_conv2d ({dw['form']}), 928 B, est. ")
+    assert "kpu_conv_kxk (shift grid) would take" in traded["dw"] and "(--optimize size)" in traded["dw"]
     assert dw["form"].startswith("uint8 weights ") and dw["form"].endswith(" dB")
-    assert len(nodes) == (1 if "per layer" in dw["form"] else int(dw["form"].split()[3]))   # "in N channel ranges"
-    assert "kpu_conv_kxk (shift grid) would take" in size.trades[0] and "(--optimize size)" in size.trades[0]
+    nodes = [n for n in kmodel.load(tmp_path / "size.kmodel").nodes if n.name == "quantized_conv2d"]
+    assert sum(n.data["weights"].size for n in nodes) == 32 * 3 + 32 * 25 + 32 * 32
+    assert sum(n.data["bias"].size for n in nodes) == 3 * 32
+    assert len(nodes) == sum(1 if "per layer" in small[n]["form"] else int(small[n]["form"].split()[3])
+                             for n in traded)   # "in N channel ranges"
     assert size.file_size + size.main_memory < lat.file_size + lat.main_memory
     assert size.totals["output_sqnr_db"] > lat.totals["output_sqnr_db"] - 0.5

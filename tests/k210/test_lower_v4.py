@@ -161,6 +161,39 @@ def test_kxk_conv_smaller_form_is_quantized_conv2d(name):
     assert "bias corrected for weight rounding" in r.notes
 
 
+KPU_TRADES = {     # KPU convs whose per-layer args, tables and 256-B alignment outweigh their weights
+    "1x1": (dict(), (4, 8, 1, 1)),
+    "3x3": (dict(pads=[1, 1, 1, 1]), (8, 8, 3, 3)),
+    "3x3_stride2": (dict(pads=[1, 1, 1, 1], strides=[2, 2]), (8, 8, 3, 3)),
+    "grouped_3x3": (dict(pads=[1, 1, 1, 1], group=4), (8, 2, 3, 3)),     # block-diagonal KPU tiles
+    "depthwise_3x3": (dict(pads=[1, 1, 1, 1], group=8), (8, 1, 3, 3)),
+}
+
+
+@pytest.mark.parametrize("name", KPU_TRADES)
+def test_kpu_conv_smaller_form_is_quantized_conv2d(name):
+    """Asked for its smaller form, a 1x1 / 3x3 / grouped conv the KPU runs becomes one uint8
+    quantized_conv2d (its weights a byte each + an int32 bias a channel, no per-channel args,
+    activation table, batch norm or alignment): bit-exact against the reference runner, smaller."""
+    from tl2k210.compiler import channel_means
+    from tl2k210.graph import from_onnx
+    from tl2k210.k210.flow import run_pipeline
+    attrs, wshape = KPU_TRADES[name]
+    m = build([conv_node("y", "r", "w1", "b1", **attrs)], {"w1": W(*wshape), "b1": W(wshape[0])})
+    means = dict(channel_means(run_pipeline(from_onnx(m))[0], [(p[None] / 255.0).astype(np.float32) for p in PX]))
+    fast, qf, rows_f = check_v4(m, opcodes=("kpu_conv2d",), channel_means=means)
+    assert [r.lowering for r in rows_f if r.node == "y"][0] == "kpu_conv"
+    model, q, rows = check_v4(m, opcodes=("kpu_conv2d", "quantized_conv2d"), small=frozenset({"y"}),
+                              channel_means=means)
+    r = next(r for r in rows if r.node == "y")
+    assert r.lowering == "quantized_conv2d" and "in its smaller form" in r.why
+    assert "the smaller form was asked for" in " ".join(r.notes)
+    assert r.weight_bytes == int(np.prod(wshape)) + 4 * wshape[0]
+    assert sum(x.weight_bytes for x in rows_f if x.node == "y") > r.weight_bytes
+    assert len(kmodel.dumps(model)) < len(kmodel.dumps(fast))
+    assert q > qf - 0.5
+
+
 def test_kxk_conv_keeps_its_kpu_form_when_uint8_weights_lose_too_much(monkeypatch):
     """The smaller form never costs accuracy: uint8 weights under WEIGHT_SQNR_MIN dB (here: one
     scale for the layer) keep the KPU shift stages (its weights per channel)."""

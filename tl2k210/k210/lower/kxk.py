@@ -37,7 +37,6 @@ from .conv import (conv_cycles, describe, emit_layer, geometry, input_terms, is_
                    plan_for, quantize_conv)
 from .registry import KPU, NA, lowering
 from .state import wants_small
-from .v4conv import cpu_trade
 
 
 def _effective_kernel(a):
@@ -307,9 +306,6 @@ def kxk_refuses(g, node, opts):
         return NA                            # kpu_conv's
     if k[0] != k[1] or d[0] != d[1]:
         return f"kernel {k} dilations {d}: only square kernels and equal dilations are decomposed"
-    if K > 3 and cpu_trade(g, node, opts):
-        return (f"the smaller form was asked for: the shift stages store {K}x{K} weights as 3x3 taps "
-                "over the copies; quantized_conv2d stores each once, a byte each")
     if K % 2 == 0:
         return f"kernel {k}: an even kernel has no centre tap; the KPU runs odd kernels (pad the weights)"
     R = K // 2

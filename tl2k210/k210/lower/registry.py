@@ -55,6 +55,7 @@ class Alternative:
     formats: tuple
     check: Callable | None       # (graph, node, opts) -> None | reason
     fn: Callable | None          # (lowering, node) -> None; None = only a format can express it
+    takes: Callable | None = None    # (graph, node, opts) -> None | why it goes before better units
 
     def refuses(self, g, node, opts):
         return self.check(g, node, opts) if self.check is not None else None
@@ -69,11 +70,13 @@ def _add(alt: Alternative):
     alts.sort(key=lambda a: UNIT_RANK[a.unit])     # stable: registration order within a unit
 
 
-def lowering(*ops, unit, check=None, formats=FORMATS, name=None):
-    """Register `fn(lowering, node)` as a way to lower `ops` on `unit`."""
+def lowering(*ops, unit, check=None, formats=FORMATS, name=None, takes=None):
+    """Register `fn(lowering, node)` as a way to lower `ops` on `unit`. `takes(graph, node, opts)`:
+    why this alternative goes before those of better units (the smaller form the plan asked for:
+    v4conv.cpu_trade), or None; it answers only where its own check passes."""
     def deco(fn):
         for op in ops:
-            _add(Alternative(op, name or fn.__name__, unit, tuple(formats), check, fn))
+            _add(Alternative(op, name or fn.__name__, unit, tuple(formats), check, fn, takes))
         return fn
     return deco
 
@@ -104,9 +107,13 @@ def select(g, node, opts, fmt="v3"):
         raise UnsupportedOpError(f"node {node.name!r}: op {describe(node)} has no K210 lowering; {hint}")
     if getattr(opts, "format", fmt) != fmt:      # checks may ask which format is being planned
         opts = dataclasses.replace(opts, format=fmt)
+    taker = next(((a, why) for a in alts if a.takes is not None and fmt in a.formats
+                  for why in [a.takes(g, node, opts)] if why), None)
     passed = []
     for alt in alts:
         reason = alt.refuses(g, node, opts)
+        if reason is None and taker is not None and UNIT_RANK[alt.unit] < UNIT_RANK[taker[0].unit]:
+            reason = taker[1]
         if reason is not None:
             passed.append((alt, reason))
             continue
@@ -130,8 +137,9 @@ def select(g, node, opts, fmt="v3"):
 def smaller_alternative(g, node, opts, chosen):
     """(Alternative, format) that `node`'s smaller form takes instead of `chosen`, possibly only in
     kmodel v4, or None: a layer of a better unit (uint8 CPU for float: a byte a weight, not four),
-    or the uint8 CPU layer for a KPU form that stores its weights several times (a K x K conv's
-    shift stages: kxk.py). The checks see `opts.small` naming the node (state.wants_small)."""
+    or the uint8 CPU layer for a KPU conv (v4conv.cpu_trade: a byte a weight, without the KPU's
+    per-channel args, tables and alignment, or a K x K conv's shift stages storing them several
+    times). The checks see `opts.small` naming the node (state.wants_small)."""
     if chosen.unit == RELABEL:
         return None
     small = dataclasses.replace(opts, small=frozenset({node.name}))

@@ -122,14 +122,22 @@ def qconv_refuses(g, node, opts):
 
 
 def cpu_trade(g, node, opts) -> bool:
-    """Is the uint8 CPU quantized_conv2d the smaller form a KPU form that stores its weights
-    several times yields to (kxk.py's shift stages)? When the plan asks for the node's smaller
-    form (wants_small) in kmodel v4 and per-layer uint8 weights keep WEIGHT_SQNR_MIN dB of the
-    weights: the trade gives up speed, never accuracy."""
+    """Is the uint8 CPU quantized_conv2d the smaller form a KPU conv yields to? A byte a weight,
+    where the KPU adds per-channel args, activation tables, batch norm and 256-B alignment to each
+    layer (kpu_conv; a group conv as block-diagonal tiles) or stores the weights several times
+    (kxk.py's shift stages); the plan keeps it only where the model shrinks (fit.choose_forms).
+    When the plan asks for the node's smaller form (wants_small) in kmodel v4 and per-layer uint8
+    weights keep WEIGHT_SQNR_MIN dB of the weights: the trade gives up speed, never accuracy."""
     if not wants_small(opts, node) or getattr(opts, "format", "v3") != "v4" or node.op != "Conv":
         return False
     return qconv_refuses(g, node, opts) is None and \
         weight_sqnr(g.const(node.inputs[1]), int(node.attrs.get("group", 1))) >= WEIGHT_SQNR_MIN
+
+
+def cpu_trade_why(g, node, opts):
+    """registry `takes`: why quantized_conv2d goes before the KPU forms (cpu_trade), or None."""
+    return ("the smaller form was asked for: quantized_conv2d stores each weight once, a byte each"
+            if cpu_trade(g, node, opts) else None)
 
 
 def fconv_refuses(g, node, opts):
@@ -206,7 +214,8 @@ def _pixel_fold(lw, x, W, B, groups, pads):
     return W, B, z, loc.pixels, None if mean is None else (np.asarray(mean, np.float64) - resid) / sc
 
 
-@lowering("Conv", unit=CPU_U8, check=qconv_refuses, formats=("v4",), name="quantized_conv2d")
+@lowering("Conv", unit=CPU_U8, check=qconv_refuses, formats=("v4",), name="quantized_conv2d",
+          takes=cpu_trade_why)
 def quantized_conv(lw, node):
     x, w_name, b_name = node.inputs
     out = node.outputs[0]
