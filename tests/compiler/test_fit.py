@@ -182,12 +182,13 @@ def test_report_json_has_the_ideal_per_layer_and_in_total(tmp_path, png_dir, cap
     rows = {x["node"]: x for x in d["layers"]}
     assert rows["c1"]["ideal_weight_bytes"] == 372 and rows["c2"]["ideal_live_bytes"] == 1024
     assert d["trades"] == [] and d["totals"]["optimize"] == "latency"
-    # --optimize size reaches the plan (this graph has no form with a size trade: the same kmodel)
+    # --optimize size reaches the plan: the small KPU convs trade their per-layer bytes for the CPU
     out2, rep2 = tmp_path / "res2.kmodel", tmp_path / "res2.json"
     assert main(["convert", str(src), str(out2), "--dataset", str(png_dir), "-q", "--report", str(rep2),
                  "--optimize", "size"]) == 0
-    assert json.loads(rep2.read_text())["totals"]["optimize"] == "size"
-    assert out2.read_bytes() == out.read_bytes()
+    d2 = json.loads(rep2.read_text())
+    assert d2["totals"]["optimize"] == "size" and d2["trades"]
+    assert d2["file_size"] + d2["main_memory"] < d["file_size"] + d["main_memory"]
 
 
 def test_budget_refusal_names_the_ideal_and_the_layers_furthest_from_it(tmp_path, png_dir):
@@ -336,16 +337,18 @@ def test_optimize_size_stores_a_5x5_depthwise_conv_at_its_8_bit_size(tmp_path, p
     # the ideal also counts the layer's fixed bytes (a node header + quantized_conv2d's 116 B
     # body: ideal.LAYER_BYTES), which a receipt row's weight bytes leave out
     assert dw["weight_bytes"] == dw["ideal_weight_bytes"] - (8 + 116) == 32 * 25 + 4 * 32
-    # the 1x1 convs around it shrink in their smaller form too (their KPU args, tables, alignment)
+    # the 1x1 convs around it may shrink in their smaller form too (their KPU args, tables,
+    # alignment; the one on the image where its uint8 weights keep enough and the plan shrinks)
     traded = {t.split(":")[0]: t for t in size.trades}
-    assert set(traded) == {"a", "dw", "b"}
+    assert {"dw", "b"} <= set(traded) <= {"a", "dw", "b"}
     assert all(small[n]["lowering"] == "quantized_conv2d" for n in traded)
     assert traded["dw"].startswith(f"dw: quantized_conv2d ({dw['form']}), 928 B, est. ")
     assert "kpu_conv_kxk (shift grid) would take" in traded["dw"] and "(--optimize size)" in traded["dw"]
     assert dw["form"].startswith("uint8 weights ") and dw["form"].endswith(" dB")
     nodes = [n for n in kmodel.load(tmp_path / "size.kmodel").nodes if n.name == "quantized_conv2d"]
-    assert sum(n.data["weights"].size for n in nodes) == 32 * 3 + 32 * 25 + 32 * 32
-    assert sum(n.data["bias"].size for n in nodes) == 3 * 32
+    assert sum(n.data["weights"].size for n in nodes) == sum({"a": 32 * 3, "dw": 32 * 25, "b": 32 * 32}[n]
+                                                             for n in traded)
+    assert sum(n.data["bias"].size for n in nodes) == 32 * len(traded)
     assert len(nodes) == sum(1 if "per layer" in small[n]["form"] else int(small[n]["form"].split()[3])
                              for n in traded)   # "in N channel ranges"
     assert size.file_size + size.main_memory < lat.file_size + lat.main_memory

@@ -245,6 +245,23 @@ def phase_lines(g, node, form):
     return max(need, prev + hw.map_lines(co, h // 2, w // 2))
 
 
+def phase_forms(g, node, fmt="v3") -> list:
+    """The 'stride-2 phases' forms of a 3x3 stride-2 conv no KPU pick pool takes, else []: such a
+    conv has an exact KPU form storing its weights 4x (the phases) and one storing them once (the
+    stride-1 map + CPU pick)."""
+    a = node.attrs
+    if (tuple(a["kernel"]), tuple(a.get("dilations", (1, 1))), tuple(a["strides"])) != ((3, 3), (1, 1), (2, 2)) \
+            or a.get("pool") or "pick" in a or any(p not in (0, 1) for p in a["pads"]) or is_dense(g, node):
+        return []                # ("pick": a stage of a decomposed conv, or kxk_refuses' shadow)
+    _, ci, h, w = g.shape(node.inputs[0])
+    _, co, oh, ow = g.shape(node.outputs[0])
+    grp = a.get("group", 1)
+    dy, dx = 1 - a["pads"][0], 1 - a["pads"][1]
+    if ci % grp or co % grp or (oh, ow) == (h // 2, w // 2) and dy == 0 and dx in ((0,) if grp == ci == co else (0, 1)):
+        return []                # a KPU pick pool takes it (a depthwise conv's: the next 1x1 conv's)
+    return forms(g, node, fmt)
+
+
 def phases_preferred(g, node, opts=None):
     """Does this 3x3 stride-2 conv run as 'stride-2 phases' (kpu_conv_kxk) rather than kpu_conv?
     Both are exact. Yes when no KPU pick pool takes its pixels (VALID or asymmetric pads: an odd
@@ -253,20 +270,11 @@ def phases_preferred(g, node, opts=None):
     wait in main memory, 4x the input where the stride-1 form streams chunks of its output) - or
     the stride-1 form cannot run at all: a first layer whose stride-1 map is too wide to stream
     (and a first layer cannot run in row bands)."""
-    a = node.attrs
-    if (tuple(a["kernel"]), tuple(a.get("dilations", (1, 1))), tuple(a["strides"])) != ((3, 3), (1, 1), (2, 2)) \
-            or a.get("pool") or "pick" in a or any(p not in (0, 1) for p in a["pads"]) or is_dense(g, node):
-        return False             # ("pick": a stage of a decomposed conv, or kxk_refuses' shadow)
-    _, ci, h, w = g.shape(node.inputs[0])
-    _, co, oh, ow = g.shape(node.outputs[0])
-    grp = a.get("group", 1)
-    dy, dx = 1 - a["pads"][0], 1 - a["pads"][1]
-    if ci % grp or co % grp or (oh, ow) == (h // 2, w // 2) and dy == 0 and dx in ((0,) if grp == ci == co else (0, 1)):
-        return False             # a KPU pick pool takes it (a depthwise conv's: the next 1x1 conv's)
     fmt = _fmt(opts)
-    alts = forms(g, node, fmt)
+    alts = phase_forms(g, node, fmt)
     if not alts:
         return False
+    _, _, h, w = g.shape(node.inputs[0])
     if node.inputs[0] in g.inputs and h * w > kpu.STREAM_PIXELS:
         return True              # v3 cannot run the stride-1 form, v4 only with the image in main memory
     if wants_small(opts, node):

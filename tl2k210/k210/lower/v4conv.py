@@ -24,6 +24,7 @@ from tl2k210.quantize.metrics import sqnr_db
 
 from .conv import is_dense
 from .fc import feeds_output, float_fc_refuses, source_unit
+from .kxk import phase_forms
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .state import wants_small
 from .v4elementwise import g4, nnil_ops
@@ -127,8 +128,12 @@ def cpu_trade(g, node, opts) -> bool:
     layer (kpu_conv; a group conv as block-diagonal tiles) or stores the weights several times
     (kxk.py's shift stages); the plan keeps it only where the model shrinks (fit.choose_forms).
     When the plan asks for the node's smaller form (wants_small) in kmodel v4 and per-layer uint8
-    weights keep WEIGHT_SQNR_MIN dB of the weights: the trade gives up speed, never accuracy."""
+    weights keep WEIGHT_SQNR_MIN dB of the weights: the trade gives up speed, never accuracy. Not
+    a 3x3 stride-2 conv with 'stride-2 phases' forms: its smaller form is the stride-1 map + CPU
+    pick, its weights once and still on the KPU (the CPU conv would be ~40x slower)."""
     if not wants_small(opts, node) or getattr(opts, "format", "v3") != "v4" or node.op != "Conv":
+        return False
+    if phase_forms(g, node, "v4"):
         return False
     return qconv_refuses(g, node, opts) is None and \
         weight_sqnr(g.const(node.inputs[1]), int(node.attrs.get("group", 1))) >= WEIGHT_SQNR_MIN
