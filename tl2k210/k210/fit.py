@@ -206,6 +206,8 @@ def choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     fits = [t for t in tried if t.need <= budget]
     if optimize == "size" or not fits:
         best = min(tried, key=lambda t: (t.need, t.est.cycles))
+        if getattr(best.lw, "v3_error", None) is None and getattr(fast.lw, "v3_error", None) is not None:
+            best.lw.v3_error = fast.lw.v3_error    # why not v3, for check_budget's refusal
     else:
         best = min(fits, key=lambda t: (t.est.cycles, t.need))
     return Choice(best, trades(a, best.per_node(), fast.need, budget, optimize), fast.need, fast.est.cycles)
