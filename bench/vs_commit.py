@@ -71,7 +71,7 @@ def main(argv=None):
                 continue
             ms, why = base_ms(tree, src, extra, calib, r["runtime"])
             if ms is None:
-                verdict = f"fits now, {args.base} refused it: {why}"
+                verdict = f"converts now, {args.base} refused it: {why}"
             elif r["latency_ms"] <= ms * SLOWER:
                 verdict = "ok" if r["latency_ms"] <= ms * 1.005 else f"ok ({r['latency_ms'] / ms - 1:+.0%})"
             else:
@@ -83,7 +83,7 @@ def main(argv=None):
             print(f"{name[:48]:48} {r['runtime']:18} {base_txt} {r['latency_ms']:9.2f}  {verdict}", flush=True)
     slower = [o for o in out if o["verdict"].startswith("SLOWER")]
     print(f"\n{len(out)} rows: {len(slower)} more than {SLOWER - 1:.0%} slower than {args.base}, "
-          f"{sum(o['base_ms'] is None for o in out)} fit now where {args.base} refused them")
+          f"{sum(o['base_ms'] is None for o in out)} convert now where {args.base} refused them")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
