@@ -81,13 +81,7 @@ def clamp_table(lo: float, hi: float, a: int, s_z: float, z_z: int) -> dict:
         muls.append(0)
         shifts.append(0)
         biases.append(c_hi)
-    while len(starts) < hw.ACT_SEGMENTS:
-        starts.append((1 << 35) - 1)
-        muls.append(0)
-        shifts.append(0)
-        biases.append(biases[-1])
-    return {"x_start": np.array(starts, np.int64), "y_mul": np.array(muls, np.int64),
-            "shift_number": np.array(shifts, np.int64), "bias": np.array(biases, np.uint8)}
+    return act_table(starts, muls, shifts, biases)
 
 
 def tie_margin(sw: np.ndarray, bn: dict, s_v: float, a: int, y_amax: float, bias: np.ndarray) -> float:
@@ -254,10 +248,14 @@ def activation_table(act: dict | None, y_lo: float, y_hi: float, s_v: float, s_z
         muls.append(0)
         shifts.append(0)
         biases.append(top)
-    while len(starts) < hw.ACT_SEGMENTS:   # unused segments: unreachable starts at the top
-        starts.append((1 << 35) - 1)
-        muls.append(0)
-        shifts.append(0)
-        biases.append(biases[-1])
-    return {"x_start": np.array(starts, np.int64), "y_mul": np.array(muls, np.int64),
-            "shift_number": np.array(shifts, np.int64), "bias": np.array(biases, np.uint8)}
+    return act_table(starts, muls, shifts, biases)
+
+
+def act_table(starts, muls, shifts, biases) -> dict:
+    """The KPU activation table of these segments, its unused segments padded with unreachable
+    starts at the top (the last output held)."""
+    n = hw.ACT_SEGMENTS - len(starts)
+    return {"x_start": np.array(list(starts) + [(1 << 35) - 1] * n, np.int64),
+            "y_mul": np.array(list(muls) + [0] * n, np.int64),
+            "shift_number": np.array(list(shifts) + [0] * n, np.int64),
+            "bias": np.array(list(biases) + [biases[-1]] * n, np.uint8)}
