@@ -109,6 +109,13 @@ def align_up(x: int, a: int) -> int:
     return (x + a - 1) // a * a
 
 
+
+def padded_body(body: bytes, pos: int, recorded: int):
+    """(body zero-padded, the padding): to the body size a read file recorded (so it is rewritten
+    byte for byte), else to the next 8-aligned file offset (what nncase's writers do)."""
+    want = recorded if recorded and recorded >= len(body) else align_up(pos + len(body), 8) - pos
+    return body + bytes(want - len(body)), want - len(body)
+
 def drop_tail(out: bytes, omitted: int, pad: int) -> bytes:
     """`out` without the last `omitted` bytes when they are the last body's zero padding: a model
     read from a file that ended before that padding (nncase v0.1, some v4 writers;

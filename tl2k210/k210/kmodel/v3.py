@@ -16,7 +16,7 @@ from tl2k210.errors import KmodelFormatError, Tl2k210Error
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.board_facts import SRAM_BYTES
 from tl2k210.k210.kmodel import kpu
-from tl2k210.k210.kmodel.binio import Notes, Reader, Struct, align_up, check, drop_tail
+from tl2k210.k210.kmodel.binio import Notes, Reader, Struct, align_up, check, drop_tail, padded_body
 
 HEADER = Struct("version:u32 flags:u32 arch:u32 layers_length:u32 max_start_address:u32 "
                 "main_mem_usage:u32 output_count:u32")
@@ -493,11 +493,8 @@ def _bodies(model: KModelV3, head_size: int):
     the last one's padding)."""
     bodies, pos, pad, stored = [], head_size, 0, {}
     for i, layer in enumerate(model.layers):
-        body = _body_bytes(layer, pos, model.eight_bit, f"layer {i}", stored, i)
-        want = layer.body_size if layer.body_size and layer.body_size >= len(body) else \
-            align_up(pos + len(body), 8) - pos
-        pad = want - len(body)
-        body += bytes(pad)
+        body, pad = padded_body(_body_bytes(layer, pos, model.eight_bit, f"layer {i}", stored, i), pos,
+                                layer.body_size)
         bodies.append(body)
         pos += len(body)
     return bodies, pad
@@ -517,10 +514,8 @@ def _pack(model: KModelV3, head_size: int):
         pos = head_size + len(buf)
         starts.append(len(buf))
         if LAYER_TYPES[layer.type].tail != "conv":
-            body = _body_bytes(layer, pos, model.eight_bit, f"layer {i}", stored, i)
-            size = layer.body_size if layer.body_size and layer.body_size >= len(body) else \
-                align_up(pos + len(body), 8) - pos
-            buf += body + bytes(size - len(body))
+            buf += padded_body(_body_bytes(layer, pos, model.eight_bit, f"layer {i}", stored, i), pos,
+                               layer.body_size)[0]
             continue
         f, blocks = dict(layer.fields), _block_bytes(layer.conv)
         _check_bits(layer.conv, model.eight_bit, f"layer {i}")

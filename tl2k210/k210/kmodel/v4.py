@@ -30,7 +30,7 @@ import numpy as np
 from tl2k210.errors import Tl2k210Error
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import kpu
-from tl2k210.k210.kmodel.binio import Notes, Reader, Struct, align_up, check, drop_tail
+from tl2k210.k210.kmodel.binio import Notes, Reader, Struct, align_up, check, drop_tail, padded_body
 
 IDENTIFIER = 0x4B4D444C  # 'KMDL'
 HEADER = Struct("identifier:u32 version:u32 flags:u32 target:u32 constants:u32 main_mem:u32 "
@@ -424,11 +424,7 @@ def write(model: KModelV4) -> bytes:
     pos = len(head) + NODE_HEADER.size * len(model.nodes)
     bodies, pad = [], 0
     for node in model.nodes:
-        body = _body_bytes(node, pos)
-        want = node.body_size if node.body_size and node.body_size >= len(body) else \
-            align_up(pos + len(body), 8) - pos
-        pad = want - len(body)
-        body += bytes(pad)
+        body, pad = padded_body(_body_bytes(node, pos), pos, node.body_size)
         bodies.append(body)
         pos += len(body)
     for node, body in zip(model.nodes, bodies):
