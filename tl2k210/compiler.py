@@ -45,7 +45,7 @@ class ConvertOptions:
     input_shape: tuple | None = None      # NCHW, for models with symbolic dims
     network: object = None                # TensorLayer network for weight files
     format: str = "auto"                  # kmodel v3 | v4 | auto (v3 when every layer has a v3 form)
-    optimize: str = "latency"             # latency: the fastest forms that fit | size: the smallest
+    optimize: str = "latency"             # latency: the fastest forms that fit (fit.LATENCY_SLACK) | size: the smallest
     weights: str | None = None            # weights .h5 of a Keras architecture .json
     progress: bool = True
     metadata: dict | None = None          # task, anchors, labels, decode, script, flash_address
@@ -592,7 +592,7 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
         return fit.Built(model, dumps(model), rows, trace_map, lw)
     choice = fit.choose_forms(build, RUNTIME_BUDGET[opts.runtime], opts.optimize)
     b = choice.built
-    fit.check_budget(b.model, len(b.data), opts.runtime, b.lw, b.rows, opt.ideal)
+    fit.check_budget(b.model, len(b.data), opts.runtime, b.lw, b.rows, opt.ideal, choice.v3_error)
     return choice
 
 

@@ -44,7 +44,8 @@ def add_convert_parser(sub):
                    "calibration data or below DB dB SQNR vs the float model (15); 0 accepts anything")
     p.add_argument("--optimize", choices=["latency", "size"], default="latency",
                    help="latency (default): per layer the fastest exact form such that the whole model "
-                   "fits --runtime (the receipt says what it traded to fit); size: the smallest forms")
+                   "fits --runtime, and a smaller form where that costs at most 10%% of the model's "
+                   "estimated time (the receipt says what it traded); size: the smallest forms")
     p.add_argument("--report", help="also write the receipt as JSON")
     p.add_argument("--network", help="python file defining build() -> TensorLayer model, for weight "
                    "files (it is run as Python: use files you trust)")

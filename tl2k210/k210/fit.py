@@ -8,8 +8,9 @@
   and the buffers live at the main-memory peak. `check_ideal` refuses, before calibration, a model
   whose floor (the ideal's weights + the maps the KPU RAM cannot hold) exceeds the budget: no form
   of it fits.
-* forms: `choose_forms` picks, per layer, the fastest exact form such that the whole model fits
-  (or the smallest, --optimize size), and says what it traded.
+* forms: `choose_forms` picks, per layer, the fastest exact form such that the whole model fits,
+  and smaller forms where they cost at most LATENCY_SLACK of its time (or the smallest,
+  --optimize size), and says what it traded.
 """
 from __future__ import annotations
 
@@ -103,8 +104,9 @@ def check_ideal(ide, runtime: str, where: str):
         + ". Nothing was written.")
 
 
-def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None):
-    """BudgetError when file + main memory exceed what `runtime` leaves."""
+def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None, v3_error=None):
+    """BudgetError when file + main memory exceed what `runtime` leaves (`v3_error`: why not
+    kmodel v3, when --format auto fell back to v4 after v3's whole-model refusal)."""
     rt = firmware.get(runtime)
     main = model.main_memory
     need = nbytes + main
@@ -117,9 +119,8 @@ def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None):
         if getattr(lw, "v4_scratch", 0):
             bufs = sorted(bufs + [(lw.v4_scratch, "v4 layer temporaries")], reverse=True)[:3]
     bigger = fitting_runtimes(need, model.version)
-    v3 = getattr(lw, "v3_error", None)       # auto fell back to v4 after v3's whole-model refusal
     raise BudgetError(
-        (f"kmodel v3: {v3}\nkmodel v4 would run it, but: " if v3 is not None else "") +
+        (f"kmodel v3: {v3_error}\nkmodel v4 would run it, but: " if v3_error is not None else "") +
         f"kmodel v{model.version} {nbytes:,} B + main memory {main:,} B = {need:,} B exceeds what "
         f"'{runtime}' firmware leaves for model + main memory ({rt.model_budget:,} B)"
         + (f"; {ideal_text(ide, nbytes, main, rows)}" if ide is not None else "")
@@ -165,23 +166,37 @@ class Choice:
     trades: list = field(default_factory=list)    # one line per layer given its smaller form
     fastest_need: int = 0                         # kmodel + main memory in the fastest forms
     fastest_cycles: int = 0                       # their estimated cycles
+    v3_error: object = None                       # why not kmodel v3, when --format auto took v4
+
+
+# --optimize latency gives up at most this share of the fastest forms' estimated time for smaller
+# forms: a form 10 % faster and several times bigger does not win (issue 22)
+LATENCY_SLACK = 0.10
 
 
 def choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     """Lower with `build(small)` (small: the nodes to give their smaller form, "*" all) until the
-    model fits `budget`. The fastest forms first; if they do not fit (or `optimize` is "size") and
-    some layer has a smaller form (`lw.smaller`), every smaller form: the per-layer differences
-    (kmodel bytes saved, cycles lost) rank the layers, most bytes per cycle first, and they are
-    switched one at a time, each kept only if the whole model shrank (a smaller form may need
-    more main memory: the stride-1 map its CPU pick reads), until the model fits ("latency") or
-    the candidates run out ("size"). Keeps the fastest lowering that fits (the smallest with
-    "size"); when none fits, the smallest, for check_budget's refusal. A form that fails to lower
-    is no option."""
+    model fits `budget`. The fastest forms first; where some layer has a smaller form
+    (`lw.smaller`), every smaller form too: the per-layer differences (kmodel bytes saved, cycles
+    lost) rank the layers, most bytes per cycle first (smaller and faster at the head).
+    * latency, the fastest forms fit: the ranked layers whose smaller form is exact (the same
+      output bytes, `lw.smaller[n]`) and whose cycles lost add up to at most LATENCY_SLACK of the
+      fastest forms' are switched in one lowering, kept if the whole model shrank within that
+      time and still fits: the default never changes the arithmetic to save bytes;
+    * otherwise they are switched one at a time, each kept only if the whole model shrank (a
+      smaller form may need more main memory: the stride-1 map its CPU pick reads), until the
+      model fits ("latency") or the candidates run out ("size"); the fastest lowering that fits
+      is kept (the smallest with "size"); when none fits, the smallest, for check_budget's refusal.
+    A form that fails to lower is no option."""
     if optimize not in ("latency", "size"):
         raise Tl2k210Error(f"--optimize {optimize!r}: choose latency or size")
     fast = build(frozenset())
-    if optimize == "latency" and fast.need <= budget or not fast.lw.smaller:
-        return Choice(fast, [], fast.need, fast.est.cycles)
+
+    def choice(best, lines):
+        v3 = getattr(best.lw, "v3_error", None) or getattr(fast.lw, "v3_error", None)
+        return Choice(best, lines, fast.need, fast.est.cycles, v3)
+    if not fast.lw.smaller or optimize == "latency" and fast.need <= budget and not any(fast.lw.smaller.values()):
+        return choice(fast, [])
     tried, a, b = [fast], fast.per_node(), {}
     try:
         tried.append(build(frozenset({"*"})))
@@ -190,6 +205,12 @@ def choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
         pass
     ranked = [n for _, n in sorted(((b[n][1] - a[n][1]) / (a[n][0] - b[n][0]), n)
                                    for n in a if n in b and a[n][0] > b[n][0])]
+    if optimize == "latency" and fast.need <= budget:
+        exact = [n for n in ranked if fast.lw.smaller.get(n)]
+        best = _within_slack(build, fast, tried, exact, a, b, budget)
+        why = (f"(within {LATENCY_SLACK:.0%} of the fastest forms' estimated time, the model "
+               f"{fast.need - best.need:,} B smaller)")
+        return choice(best, trades(a, best.per_node(), why))
     ranked += sorted(n for n in fast.lw.smaller if n not in b)
     chosen, current = set(), fast
     for n in ranked:
@@ -206,18 +227,35 @@ def choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     fits = [t for t in tried if t.need <= budget]
     if optimize == "size" or not fits:
         best = min(tried, key=lambda t: (t.need, t.est.cycles))
-        if getattr(best.lw, "v3_error", None) is None and getattr(fast.lw, "v3_error", None) is not None:
-            best.lw.v3_error = fast.lw.v3_error    # why not v3, for check_budget's refusal
     else:
         best = min(fits, key=lambda t: (t.est.cycles, t.need))
-    return Choice(best, trades(a, best.per_node(), fast.need, budget, optimize), fast.need, fast.est.cycles)
+    why = (f"and the model would not fit ({fast.need:,} B > {budget:,} B)" if fast.need > budget
+           else "(--optimize size)")
+    return choice(best, trades(a, best.per_node(), why))
 
 
-def trades(fastest: dict, chosen: dict, fast_need: int, budget: int, optimize: str) -> list:
+def _within_slack(build, fast, tried, ranked, a, b, budget):
+    """The lowering with the `ranked` layers whose cycles lost fit LATENCY_SLACK in their smaller
+    forms, if it is smaller than `fast`, fits `budget` and is at most LATENCY_SLACK slower; else `fast`."""
+    allowance = LATENCY_SLACK * fast.est.cycles
+    chosen, spent = set(), 0
+    for n in ranked:
+        if spent + b[n][1] - a[n][1] <= allowance:
+            chosen.add(n)
+            spent += b[n][1] - a[n][1]
+    if not chosen:
+        return fast
+    try:
+        t = build(frozenset(chosen))
+    except Tl2k210Error:
+        return fast
+    tried.append(t)
+    return t if t.need < fast.need and t.need <= budget and t.est.cycles <= fast.est.cycles + allowance else fast
+
+
+def trades(fastest: dict, chosen: dict, why: str) -> list:
     """'conv2d_21: kpu_conv (stride 1 + CPU pick), 40 KiB, 1.20 ms; kpu_conv_kxk (stride-2
     phases) would take 160 KiB, 1.10 ms, and the model would not fit (2,310,000 B > 2,097,152 B)'"""
-    why = (f"and the model would not fit ({fast_need:,} B > {budget:,} B)" if fast_need > budget
-           else "(--optimize size)")
     out = []
     for n, (w, c, form) in chosen.items():
         fw, fc, fform = fastest.get(n, (w, c, form))

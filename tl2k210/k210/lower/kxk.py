@@ -394,7 +394,7 @@ def kpu_conv_kxk(lw, node):
     _drop(lw, src)
     n = form.n
     if K == 3:      # the stride-1 map + CPU pick stores the conv's own weights, not 4x
-        lw.smaller.add(node.name)
+        lw.smaller[node.name] = True     # the same KPU arithmetic: the same output
     row.why = (f" as {n + 1} KPU stages ('{form.name}': {n} exact one-hot 3x3 shift stage{'s' if n > 1 else ''} "
                f"to {form.channels} channels{', picking stride 2' if form.phase else ''}, then a 3x3 conv "
                f"with re-indexed weights; est. {form.cycles:,} cycles"

@@ -77,7 +77,7 @@ def wants_small(opts, node) -> bool:
     """Does the plan ask for `node`'s smaller form (fit.choose_forms: to fit the budget, or
     --optimize size)? Read by every choice between exact forms that trades bytes for speed; a
     lowering that takes the faster one adds the node to `Lowering.smaller`, so the plan knows
-    there is something to trade."""
+    there is something to trade, and whether the trade keeps the output bytes."""
     small = getattr(opts, "small", ())
     return "*" in small or node.name in small
 
@@ -111,7 +111,8 @@ class Lowering:
         self.trace_map = {}         # tensor -> (layer index or indices, kind): SQNR from emulator traces
         self.uses = {}
         self.choice = {}            # node name -> (Alternative, passed-over reasons)
-        self.smaller = set()        # nodes given a fast form that have a smaller one (wants_small)
+        self.smaller = {}           # node given a fast form that has a smaller one (wants_small) ->
+                                    # whether that form is exact (the same output bytes)
         # a quantized model (passes.dequantize kept its ranges): round each layer as TFLite does
         self.quantized_model = bool(graph.meta.get("quant_ranges"))
         self.relabels = {}          # tensor -> the tensor whose bytes it names (alias)
@@ -456,7 +457,7 @@ class Lowering:
             alt = self.choice[node.name] = registry.select(g, node, self.opts, self.format)
             if alt[0].unit in (registry.KPU, registry.CPU_F32) and \
                     registry.smaller_alternative(g, node, self.opts, alt[0]):
-                self.smaller.add(node.name)
+                self.smaller[node.name] = False       # another unit: other arithmetic
         x = g.inputs[0]
         first = self.consumers(x)
         shape = self.shape(x)
