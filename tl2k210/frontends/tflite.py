@@ -13,6 +13,10 @@ Custom ops (CUSTOM opcodes: a vendor's kernels the TFLite runtime links in) have
   * MediaPipe's Convolution2DTransposeBias (input, OHWI weights, bias; its options the C struct
     TfLiteTransposeConvParams {padding, stride_w, stride_h}) is written as the builtin
     TRANSPOSE_CONV followed by an ADD of the bias, in the same temporary copy;
+  * MediaPipe's MaxPoolingWithArgmax2D / MaxUnpooling2D (options: the C struct TfLitePoolParams)
+    have no builtin form: their options are rewritten as the FlexBuffer map tf2onnx reads, in the
+    same copy, tf2onnx keeps them as custom-domain nodes and `mediapipe_ops` makes them ONNX
+    MaxPool (with Indices) and MaxUnpool, exactly;
   * any other is refused by name before tf2onnx runs, with its vendor set, what it computes,
     and its inputs and outputs. TF ops (Flex*) and the SSD post-processing op tf2onnx maps
     itself pass.
@@ -21,7 +25,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from . import ModelLoadError, tf_convert
+from . import ModelLoadError, mediapipe_ops, tf_convert
 
 
 def _check_header(path):
@@ -33,9 +37,6 @@ def _check_header(path):
 # custom op -> (vendor set, what it computes)
 CUSTOM_OPS = {
     "Convolution2DTransposeBias": ("MediaPipe", "a transposed convolution with bias (segmentation decoders)"),
-    "MaxPoolingWithArgmax2D": ("MediaPipe", "max pooling that also outputs the position of each maximum"),
-    "MaxUnpooling2D": ("MediaPipe", "unpooling that writes each value at the position MaxPoolingWithArgmax2D "
-                       "recorded"),
     "Landmarks2TransformMatrix": ("MediaPipe", "the affine matrix that aligns a set of landmarks "
                                   "(face/hand pose) to a canonical one"),
     "TransformTensorBilinear": ("MediaPipe", "bilinear resampling of a tensor through an affine matrix"),
@@ -52,7 +53,7 @@ def check_custom_ops(model, path):
             if max(code.builtinCode, code.deprecatedBuiltinCode) != 32 or not code.customCode:   # CUSTOM
                 continue
             name = code.customCode.decode(errors="replace")
-            if name.startswith("Flex") or name in MAPPED_BY_TF2ONNX:
+            if name.startswith("Flex") or name in MAPPED_BY_TF2ONNX or name in mediapipe_ops.OPS:
                 continue
             vendor, what = CUSTOM_OPS.get(name, (None, None))
 
@@ -117,6 +118,29 @@ def map_transpose_conv_bias(model):
     return n
 
 
+def map_pool_params(model, path):
+    """The raw TfLitePoolParams of MediaPipe's pooling ops (mediapipe_ops.OPS) as FlexBuffer maps
+    (what tf2onnx reads into node attributes), in place; returns how many."""
+    import numpy as np
+    from flatbuffers import flexbuffers
+    n = 0
+    for sg in model.subgraphs:
+        for i, op in enumerate(sg.operators):
+            name = (model.operatorCodes[op.opcodeIndex].customCode or b"").decode(errors="replace")
+            if name not in mediapipe_ops.OPS:
+                continue
+            raw = bytes(bytearray(op.customOptions if op.customOptions is not None else []))
+            size = 4 * len(mediapipe_ops.PARAMS)
+            if len(raw) < size:
+                raise ModelLoadError(f"{path}: operator {i} is MediaPipe's {name} with {len(raw)} bytes of "
+                                     f"options; its TfLitePoolParams {mediapipe_ops.PARAMS} take {size}: the file "
+                                     "is not as MediaPipe writes it")
+            params = dict(zip(mediapipe_ops.PARAMS, (int(v) for v in np.frombuffer(raw[:size], "<i4"))))
+            op.customOptions = list(flexbuffers.Dumps(params))
+            n += 1
+    return n
+
+
 def densify(path, out_path):
     """Write a copy of `path` with every DENSIFY op replaced by the dense constant it computes and
     the custom ops that have a builtin form mapped (check_custom_ops refuses the others).
@@ -125,7 +149,7 @@ def densify(path, out_path):
     import tensorflow as tf
     from tensorflow.lite.tools import flatbuffer_utils as fu
     model = fu.read_model(str(path))
-    mapped = map_transpose_conv_bias(model)
+    mapped = map_transpose_conv_bias(model) + map_pool_params(model, path)
     check_custom_ops(model, path)
     ops = [(sg, op) for sg in model.subgraphs for op in sg.operators
            if fu.opcode_to_name(model, op.opcodeIndex) == "DENSIFY"]
@@ -156,9 +180,15 @@ def densify(path, out_path):
     return len(ops) + mapped
 
 
+def _tf2onnx(src, where, **kw):
+    """tf2onnx.convert.from_tflite keeping MediaPipe's pooling ops, then mapped to ONNX ops."""
+    import tf2onnx
+    model, external = tf2onnx.convert.from_tflite(src, custom_ops=mediapipe_ops.tf2onnx_custom_ops(), **kw)
+    return mediapipe_ops.to_standard_ops(model, where), external
+
+
 def from_tflite(path, opset=None):
     _check_header(path)
-    import tf2onnx
     kw = {"opset": opset} if opset else {}
     fd, dense = tempfile.mkstemp(suffix=".tflite", prefix="tl2k210-dense-")
     os.close(fd)
@@ -171,6 +201,6 @@ def from_tflite(path, opset=None):
             raise ModelLoadError(f"{path}: TensorFlow Lite could not read it to densify its sparse weights: "
                                  f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
                                  ) from e
-        return tf_convert(str(path), tf2onnx.convert.from_tflite, dense if n else str(path), **kw)
+        return tf_convert(str(path), _tf2onnx, dense if n else str(path), str(path), **kw)
     finally:
         Path(dense).unlink(missing_ok=True)

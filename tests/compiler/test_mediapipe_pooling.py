@@ -1,0 +1,136 @@
+"""MediaPipe's MaxPoolingWithArgmax2D / MaxUnpooling2D custom ops (SegNet-style decoders of its
+segmentation models): the front-end's ONNX form, against a numpy transcription of MediaPipe's
+kernels, ties included; and the K210 flow's max_unpool pass (MaxUnpool of MaxPool's indices
+without a scatter), against onnxruntime. TF-free except the one test that writes a TFLite file."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from front_helpers import make_model, ort_run
+from tl2k210.errors import ModelLoadError
+from tl2k210.frontends import mediapipe_ops
+
+SAME, VALID = 1, 2
+
+
+# ------------------------------------------------------------------ MediaPipe's kernels in numpy
+def _pads(stride, in_size, filt, out_size):
+    return max(((out_size - 1) * stride + filt - in_size) // 2, 0)
+
+
+def mp_pool_argmax(x, padding, stride, filt, activation=0):
+    """max_pool_argmax.cc's MaxPoolArgmax, loop for loop (NHWC, float indices)."""
+    (sh, sw), (fh, fw) = stride, filt
+    n, h, w, c = x.shape
+    oh, ow = ((-(-h // sh), -(-w // sw)) if padding == SAME else ((h - fh + sh) // sh, (w - fw + sw) // sw))
+    pt, pl = _pads(sh, h, fh, oh), _pads(sw, w, fw, ow)
+    lo, hi = {1: (0, np.inf), 2: (-1, 1), 3: (0, 6)}.get(activation, (-np.inf, np.inf))
+    out, idx = np.zeros((n, oh, ow, c), np.float32), np.zeros((n, oh, ow, c), np.float32)
+    for b in range(n):
+        for oy in range(oh):
+            for ox in range(ow):
+                for ch in range(c):
+                    y0, x0 = oy * sh - pt, ox * sw - pl
+                    best, by, bx = np.finfo(np.float32).min, 0, 0
+                    for fy in range(max(0, -y0), min(fh, h - y0)):
+                        for fx in range(max(0, -x0), min(fw, w - x0)):
+                            if x[b, y0 + fy, x0 + fx, ch] > best:
+                                best, by, bx = x[b, y0 + fy, x0 + fx, ch], fy, fx
+                    out[b, oy, ox, ch] = min(max(best, lo), hi)
+                    idx[b, oy, ox, ch] = by * fw + bx + np.float32(0.1)
+    return out, idx
+
+
+def mp_unpool(v, idx, stride, filt):
+    """max_unpooling.cc's MaxUnpooling (output H*filter_h x W*filter_w)."""
+    (sh, sw), (fh, fw) = stride, filt
+    n, h, w, c = v.shape
+    H, W = h * fh, w * fw
+    pt, pl = _pads(sh, H, fh, h), _pads(sw, W, fw, w)
+    out = np.zeros((n, H, W, c), np.float32)
+    for b in range(n):
+        for iy in range(h):
+            for ix in range(w):
+                for ch in range(c):
+                    k = int(idx[b, iy, ix, ch])
+                    out[b, iy * sh - pt + k // fw, ix * sw - pl + k % fw, ch] = v[b, iy, ix, ch]
+    return out
+
+
+def ties(shape, seed, levels=4):
+    """Values on a coarse grid with many zeros (ReLU'd features): most windows hold a tie."""
+    r = np.random.default_rng(seed)
+    return np.maximum(r.integers(-levels, levels, shape), 0).astype(np.float32) * 0.5
+
+
+# ------------------------------------------------------------------ front-end: custom nodes -> ONNX
+def _custom(op, inputs, outputs, padding, stride, filt, activation=0):
+    return helper.make_node("TFL_" + op, inputs, outputs, name=outputs[0], domain=mediapipe_ops.DOMAIN,
+                            padding=padding, stride_h=stride[0], stride_w=stride[1], filter_h=filt[0],
+                            filter_w=filt[1], activation=activation)
+
+
+def _vi(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def mediapipe_graph(xshape, padding, stride, filt, activation=0, unpool_opts=None, outputs=("y",)):
+    """What tf2onnx leaves of x -> MaxPoolingWithArgmax2D -> (p, idx) -> Relu(p) ->
+    MaxUnpooling2D(., idx) -> y (NHWC; options as node attributes; shapes as value_info)."""
+    p, _ = mp_pool_argmax(np.zeros(xshape, np.float32), padding, stride, filt)
+    ustride, ufilt = unpool_opts or (stride, filt)
+    yshape = (p.shape[0], p.shape[1] * ufilt[0], p.shape[2] * ufilt[1], p.shape[3])
+    nodes = [_custom(mediapipe_ops.POOL, ["x"], ["p", "idx"], padding, stride, filt, activation),
+             helper.make_node("Relu", ["p"], ["v"], name="v"),
+             _custom(mediapipe_ops.UNPOOL, ["v", "idx"], ["y"], padding, ustride, ufilt)]
+    shapes = {"p": p.shape, "idx": p.shape, "v": p.shape, "y": yshape}
+    g = helper.make_graph(nodes, "t", [_vi("x", xshape)], [_vi(o, shapes[o]) for o in outputs],
+                          value_info=[_vi(k, s) for k, s in shapes.items() if k not in outputs])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    return m
+
+
+def mediapipe_reference(x, padding, stride, filt, activation=0, unpool_opts=None):
+    p, idx = mp_pool_argmax(x, padding, stride, filt, activation)
+    ustride, ufilt = unpool_opts or (stride, filt)
+    return p, mp_unpool(np.maximum(p, 0), idx, ustride, ufilt)
+
+
+@pytest.mark.parametrize("xshape,padding,stride,filt,activation", [
+    ((1, 8, 6, 3), VALID, (2, 2), (2, 2), 0),
+    ((2, 8, 6, 3), SAME, (2, 2), (2, 2), 3),         # batch 2; Relu6 on the pooled values
+    ((1, 9, 12, 2), VALID, (3, 3), (3, 3), 2),       # 3x3 windows; ReluN1To1
+    ((1, 6, 9, 2), VALID, (2, 3), (2, 3), 1)])       # non-square window
+def test_mediapipe_pooling_is_maxpool_and_maxunpool(xshape, padding, stride, filt, activation):
+    """The ONNX form equals MediaPipe's kernels bit for bit, on data full of ties (zeros after a
+    ReLU, a coarse grid): the first maximum of a window wins in both."""
+    m = mediapipe_ops.to_standard_ops(mediapipe_graph(xshape, padding, stride, filt, activation, outputs=("y", "p")),
+                                      "t.tflite")
+    assert {n.op_type for n in m.graph.node} >= {"MaxPool", "MaxUnpool"}
+    assert not any(n.domain for n in m.graph.node)
+    for seed in range(3):
+        x = ties(xshape, seed) - (0.5 if seed == 2 else 0)     # seed 2: negative maxima too
+        y, p = ort_run(m, x)
+        ref_p, ref_y = mediapipe_reference(x, padding, stride, filt, activation)
+        np.testing.assert_array_equal(p, ref_p)
+        np.testing.assert_array_equal(y, ref_y)
+        assert (y != 0).any()
+
+
+def test_unpooling_otherwise_than_the_pool_is_refused():
+    """A SAME 2x2 pool of an odd map: MediaPipe's unpooling writes into a map one larger than the
+    pooled one, where the flat indices of ONNX mean other positions: refused, naming both ops."""
+    with pytest.raises(ModelLoadError, match=r"MaxUnpooling2D 'y' decodes the indices of "
+                                             r"MaxPoolingWithArgmax2D 'p' .*output 8x6 vs the pooled map's 7x5"):
+        mediapipe_ops.to_standard_ops(mediapipe_graph((1, 7, 5, 2), SAME, (2, 2), (2, 2)), "t.tflite")
+    with pytest.raises(ModelLoadError, match=r"\(filter_w, stride_h, stride_w, pad_top, pad_left\) \(3, 2, 2"):
+        mediapipe_ops.to_standard_ops(
+            mediapipe_graph((1, 8, 6, 2), VALID, (2, 2), (2, 2), unpool_opts=((2, 2), (3, 3))), "t.tflite")
+
+
+def test_indices_read_by_another_op_are_refused():
+    m = mediapipe_graph((1, 8, 6, 2), VALID, (2, 2), (2, 2), outputs=("y", "idx"))
+    with pytest.raises(ModelLoadError, match=r"indices 'idx' of MaxPoolingWithArgmax2D 'p' are read by a graph "
+                                             r"output; only MaxUnpooling2D reads them"):
+        mediapipe_ops.to_standard_ops(m, "t.tflite")
