@@ -134,3 +134,64 @@ def test_indices_read_by_another_op_are_refused():
     with pytest.raises(ModelLoadError, match=r"indices 'idx' of MaxPoolingWithArgmax2D 'p' are read by a graph "
                                              r"output; only MaxUnpooling2D reads them"):
         mediapipe_ops.to_standard_ops(m, "t.tflite")
+
+
+def _tflite_file(path, xshape, padding, stride, filt, options=None):
+    """A hand-made TFLite file as MediaPipe's converter writes one: x -> RELU ->
+    MaxPoolingWithArgmax2D -> (p, idx); RELU(p) -> MaxUnpooling2D(., idx) -> y; outputs y and p.
+    The custom ops' options are the raw C struct TfLitePoolParams (padding, stride_w, stride_h,
+    filter_w, filter_h, activation, then the computed padding: 40 bytes)."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils as fu
+    B = schema.BuiltinOperator
+    p, _ = mp_pool_argmax(np.zeros(xshape, np.float32), padding, stride, filt)
+    m = schema.ModelT()
+    m.version, m.buffers, m.operatorCodes = 3, [schema.BufferT()], []
+    for builtin, custom in ((B.CUSTOM, b"MaxPoolingWithArgmax2D"), (B.CUSTOM, b"MaxUnpooling2D"), (B.RELU, None)):
+        c = schema.OperatorCodeT()
+        c.builtinCode = c.deprecatedBuiltinCode = builtin
+        c.customCode, c.version = custom, 1
+        m.operatorCodes.append(c)
+    sg = schema.SubGraphT()
+    shapes = {"x": xshape, "xr": xshape, "p": p.shape, "idx": p.shape, "v": p.shape,
+              "y": (p.shape[0], p.shape[1] * filt[0], p.shape[2] * filt[1], p.shape[3])}
+    sg.tensors = []
+    for name, shape in shapes.items():
+        t = schema.TensorT()
+        t.name, t.shape, t.type, t.buffer = name.encode(), list(shape), schema.TensorType.FLOAT32, 0
+        sg.tensors.append(t)
+    ids = {k: i for i, k in enumerate(shapes)}
+    raw = options if options is not None else list(
+        np.array([padding, stride[1], stride[0], filt[1], filt[0], 0, 0, 0, 0, 0], "<i4").tobytes())
+
+    def op(code, ins, outs, opts=None):
+        o = schema.OperatorT()
+        o.opcodeIndex, o.inputs, o.outputs, o.customOptions = code, [ids[i] for i in ins], [ids[i] for i in outs], opts
+        return o
+    sg.operators = [op(2, ["x"], ["xr"]), op(0, ["xr"], ["p", "idx"], raw), op(2, ["p"], ["v"]),
+                    op(1, ["v", "idx"], ["y"], raw)]
+    sg.inputs, sg.outputs = [ids["x"]], [ids["y"], ids["p"]]
+    m.subgraphs = [sg]
+    fu.write_model(m, str(path))
+    return path
+
+
+@pytest.mark.slow
+def test_mediapipe_tflite_file_loads_exactly(tmp_path):
+    """A TFLite file with the two custom ops (options as MediaPipe writes them) loads into
+    standard ops that compute MediaPipe's output bit for bit; malformed options are refused."""
+    from tl2k210.frontends import load_graph
+    from tl2k210.graph import run
+    xshape = (1, 8, 10, 3)
+    g = load_graph(_tflite_file(tmp_path / "segnet_pool.tflite", xshape, VALID, (2, 2), (2, 2)))
+    assert {"MaxPool", "MaxUnpool"} <= set(g.op_counts())
+    for seed in range(3):
+        x = ties(xshape, seed) - 0.25 * seed
+        got = run(g, {g.inputs[0]: x})
+        ref_p, ref_y = mediapipe_reference(np.maximum(x, 0), VALID, (2, 2), (2, 2))
+        np.testing.assert_array_equal(got[g.outputs[0]], ref_y)
+        np.testing.assert_array_equal(got[g.outputs[1]], ref_p)
+    bad = _tflite_file(tmp_path / "bad.tflite", xshape, VALID, (2, 2), (2, 2), options=[1, 0, 0, 0])
+    with pytest.raises(ModelLoadError, match=r"operator 1 is MediaPipe's MaxPoolingWithArgmax2D with 4 bytes of "
+                                             r"options; its TfLitePoolParams .* take 24"):
+        load_graph(bad)

@@ -22,7 +22,7 @@ MaxPool's Indices, exactly, when the unpooling decodes the indices with the pool
 nothing else (the local float indices themselves have no counterpart). Anything else is refused.
 """
 import numpy as np
-from onnx import helper, numpy_helper
+from onnx import helper, numpy_helper, shape_inference
 
 from tl2k210.errors import ModelLoadError
 
@@ -58,8 +58,11 @@ def _params(node, where):
 class _Mapper:
     def __init__(self, model, where):
         self.g, self.where = model.graph, where
+        if DOMAIN not in {o.domain for o in model.opset_import}:
+            model.opset_import.append(helper.make_opsetid(DOMAIN, 1))     # dropped again at the end
+        known = shape_inference.infer_shapes(model).graph      # tf2onnx states only some shapes
         self.shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-                       for v in (*self.g.input, *self.g.value_info, *self.g.output)}
+                       for v in (*known.input, *known.value_info, *known.output)}
         self.pools = {}             # indices tensor -> what the unpooling needs to know
         self.inits = []
 
