@@ -195,3 +195,54 @@ def test_mediapipe_tflite_file_loads_exactly(tmp_path):
     with pytest.raises(ModelLoadError, match=r"operator 1 is MediaPipe's MaxPoolingWithArgmax2D with 4 bytes of "
                                              r"options; its TfLitePoolParams .* take 24"):
         load_graph(bad)
+
+
+# ------------------------------------------------------------------ K210 flow: the max_unpool pass
+def segnet_block(c=4, h=8, w=12, k=2, pool_attrs=None, unpool_shape=None, extra_out=None):
+    """x -> MaxPool(k) -> (p, i); v = Relu(p * s - 1); y = MaxUnpool(v, i) (+ x): SegNet's pair."""
+    pool_attrs = pool_attrs or dict(kernel_shape=[k, k], strides=[k, k])
+    nodes = [helper.make_node("MaxPool", ["x"], ["p", "i"], name="pool", **pool_attrs),
+             helper.make_node("Mul", ["p", "s"], ["ps"], name="scale"),
+             helper.make_node("Sub", ["ps", "one"], ["pm"], name="shift"),
+             helper.make_node("Relu", ["pm"], ["v"], name="relu"),
+             helper.make_node("MaxUnpool", ["v", "i", "shape"], ["u"], name="unpool", kernel_shape=[k, k],
+                              strides=[k, k]),
+             helper.make_node("Add", ["u", "x"], ["y"], name="skip")]
+    inits = {"s": np.linspace(0.5, 2, c, dtype=np.float32).reshape(1, c, 1, 1), "one": np.float32(1),
+             "shape": np.array(unpool_shape or (1, c, h, w), np.int64)}
+    outs = [("y", None)] + ([(extra_out, None)] if extra_out else [])
+    return make_model(nodes, [("x", [1, c, h, w])], outs, inits)
+
+
+@pytest.mark.parametrize("c,h,w,k", [(4, 8, 12, 2), (3, 9, 6, 3)])
+def test_max_unpool_pass_is_exact_on_ties(c, h, w, k):
+    """The phase form equals onnxruntime's MaxPool + MaxUnpool bit for bit, windows full of ties
+    (all-zero windows, equal maxima) and negative maxima included."""
+    from tl2k210.graph import from_onnx, run
+    from tl2k210.k210.flow import run_pass
+    m = segnet_block(c, h, w, k)
+    g, changes = run_pass("max_unpool", from_onnx(m))
+    assert "MaxUnpool" not in g.op_counts() and len(changes) == 1
+    assert {"SpaceToDepth", "Sign", "Conv", "Mul", "DepthToSpace"} <= set(g.op_counts())
+    assert all(len(n.outputs) == 1 for n in g.nodes if n.op == "MaxPool")
+    for seed in range(4):
+        x = ties((1, c, h, w), seed) - (1.0 if seed % 2 else 0.0)
+        np.testing.assert_array_equal(run(g, {"x": x})["y"], ort_run(m, x)[0])
+    x = np.random.default_rng(9).standard_normal((1, c, h, w)).astype(np.float32)   # no ties
+    np.testing.assert_array_equal(run(g, {"x": x})["y"], ort_run(m, x)[0])
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(pool_attrs=dict(kernel_shape=[3, 3], strides=[2, 2]), h=9, w=9, unpool_shape=(1, 4, 9, 9)),
+     r"\[3, 3\] window with strides \[2, 2\] is not square and as long as its stride"),
+    (dict(pool_attrs=dict(kernel_shape=[2, 2], strides=[2, 2], pads=[0, 0, 1, 1]), h=7, w=7,
+          unpool_shape=(1, 4, 7, 7)), "the pool pads"),
+    (dict(h=9, w=8, unpool_shape=(1, 4, 9, 8)), r"pooled map \(1, 4, 9, 8\) is not a multiple of the 2x2"),
+    (dict(unpool_shape=(1, 4, 10, 12)), r"unpools into \(1, 4, 10, 12\), not the pooled map's"),
+    (dict(extra_out="i"), "also read by a graph output")])
+def test_max_unpool_without_an_exact_form_is_refused(kw, why):
+    from tl2k210.errors import UnsupportedOpError
+    from tl2k210.graph import from_onnx
+    from tl2k210.k210.flow import run_pass
+    with pytest.raises(UnsupportedOpError, match=r"node 'unpool' \(MaxUnpool.*" + why + ".*a K210 has no scatter"):
+        run_pass("max_unpool", from_onnx(segnet_block(**kw)))

@@ -128,11 +128,13 @@ class _Mapper:
                 f"{pool['input_hw'][0]}x{pool['input_hw'][1]}; MediaPipe then writes values at positions no "
                 "ONNX MaxUnpool reproduces: refused")
         vt, yt = y + "/nchw_input", y + "/nchw"
+        (fh, fw), (sh, sw), (pt, pl, pb, pr) = pool["kernel"], pool["strides"], pool["pads"]
+        ins = [vt, pool["onnx"]]
+        if ((h - 1) * sh + fh - pt - pb, (w - 1) * sw + fw - pl - pr) != (H, W):    # not MaxUnpool's default
+            ins.append(self.const(np.array([N, C, H, W], np.int64), y + "/output_shape"))
         return [helper.make_node("Transpose", [v], [vt], name=vt, perm=NCHW),
-                helper.make_node("MaxUnpool", [vt, pool["onnx"], self.const(np.array([N, C, H, W], np.int64),
-                                                                          y + "/output_shape")],
-                                 [yt], name=n.name or y, kernel_shape=pool["kernel"], strides=pool["strides"],
-                                 pads=pool["pads"]),
+                helper.make_node("MaxUnpool", ins, [yt], name=n.name or y, kernel_shape=pool["kernel"],
+                                 strides=pool["strides"], pads=pool["pads"]),
                 helper.make_node("Transpose", [yt], [y], name=y + "/nhwc", perm=NHWC)]
 
     def check_indices_use(self, nodes):

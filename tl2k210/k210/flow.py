@@ -26,6 +26,7 @@ from tl2k210.passes.input_affine import input_affine
 from tl2k210.passes.input_nchw import input_nchw
 from tl2k210.passes.l2_normalize import l2_normalize
 from tl2k210.passes.layout import upsample_to_resize, normalize_flatten
+from tl2k210.passes.max_unpool import max_unpool
 from tl2k210.passes.nary_ops import nary_ops
 from tl2k210.passes.output_nchw import output_nchw
 from tl2k210.passes.pad_into_conv import pad_into_conv
@@ -64,6 +65,7 @@ PIPELINE = [
     Pass("dequantize", dequantize),
     Pass("input_nchw", input_nchw),
     Pass("fold_constants", fold_constants),
+    Pass("max_unpool", max_unpool),         # first: MaxUnpool's output_shape leaves its shape unknown
     Pass("spatial_1d", spatial_1d),
     Pass("constant_outputs", constant_outputs),
     Pass("space_to_batch", space_to_batch),
