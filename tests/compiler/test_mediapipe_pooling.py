@@ -246,3 +246,74 @@ def test_max_unpool_without_an_exact_form_is_refused(kw, why):
     from tl2k210.k210.flow import run_pass
     with pytest.raises(UnsupportedOpError, match=r"node 'unpool' \(MaxUnpool.*" + why + ".*a K210 has no scatter"):
         run_pass("max_unpool", from_onnx(segnet_block(**kw)))
+
+
+def segnet(deep, seed=0):
+    """A small SegNet: conv-pool twice, unpool twice with the pools' indices, a 4-class map
+    (`deep`); or one pool of the image itself, a conv pair, the unpool and a class map."""
+    r = np.random.default_rng(seed)
+    chans = [(3, 8, 3), (8, 16, 3), (16, 16, 3), (16, 8, 3), (8, 4, 3)] if deep else [(3, 8, 3), (8, 3, 1), (3, 4, 3)]
+    inits = {f"w{i}": (r.standard_normal((co, ci, k, k)) / np.sqrt(k * k * ci)).astype(np.float32)
+             for i, (ci, co, k) in enumerate(chans)}
+    inits.update({f"b{i}": r.uniform(-0.1, 0.1, co).astype(np.float32) for i, (_, co, _) in enumerate(chans)})
+
+    def conv(i, x, y, relu=True):
+        out = [helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [y + ("_c" if relu else "")], name=f"conv{i}",
+                                pads=[chans[i][2] // 2] * 4)]
+        return out + ([helper.make_node("Relu", [y + "_c"], [y], name=f"relu{i}")] if relu else [])
+
+    def pool(x, p, i):
+        return [helper.make_node("MaxPool", [x], [p, "i" + i], name="pool" + i, kernel_shape=[2, 2], strides=[2, 2])]
+
+    def unpool(v, u, i):
+        return [helper.make_node("MaxUnpool", [v, "i" + i], [u], name="unpool" + i, kernel_shape=[2, 2],
+                                 strides=[2, 2])]
+    if deep:
+        nodes = (conv(0, "x", "e1") + pool("e1", "p1", "1") + conv(1, "p1", "e2") + pool("e2", "p2", "2")
+                 + conv(2, "p2", "d2") + unpool("d2", "u2", "2") + conv(3, "u2", "d1") + unpool("d1", "u1", "1")
+                 + conv(4, "u1", "y", relu=False))
+    else:
+        nodes = (pool("x", "p1", "1") + conv(0, "p1", "e1") + conv(1, "e1", "d1", relu=False)
+                 + unpool("d1", "u1", "1") + conv(2, "u1", "y", relu=False))
+    return make_model(nodes, [("x", [1, 3, 32, 32])], [("y", [1, 4, 32, 32])], inits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("deep", [False, True])
+def test_segnet_with_max_unpool_converts_at_its_8bit_ideal(tmp_path, deep):
+    """SegNet's decoder on a K210: each MaxUnpool becomes the phase form (kmodel v4: SpaceToDepth,
+    the Mul of two maps) and the kmodel on the emulator is as close to the float model as the 8-bit
+    ideal (the float graph with uint8 tensors). Pooling the image, whose pixels are the uint8 grid,
+    each window's argmax is the float model's: the output is close to float on held-out photos.
+    Pooling a conv's uint8 output (`deep`), windows whose values lie within one step resolve to
+    the first on the grid, not always in float: a value one pixel off, so the output SQNR is what
+    the 8-bit ideal has, and the per-pixel class (argmax over the 4 channels) mostly agrees."""
+    import onnx
+
+    from test_compiler import CALIB, _save_images
+    from tl2k210.compiler import ConvertOptions, convert, model_input_range, model_inputs
+    from tl2k210.graph import from_onnx, run
+    from tl2k210.k210 import kmodel
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.flow import run_pipeline
+    from tl2k210.quantize.metrics import sqnr_db
+    src, out = tmp_path / "segnet.onnx", tmp_path / "segnet.kmodel"
+    onnx.save(segnet(deep), src)
+    calib = _save_images(tmp_path / "calib", CALIB[:8])
+    receipt = convert(src, out, ConvertOptions(dataset=str(calib), progress=False, min_sqnr=0))
+    m = kmodel.load(out)
+    names = [n.name for n in m.nodes]
+    assert m.version == 4 and {"transpose", "quantized_binary", "table_lookup1d"} <= set(names), names
+    o = receipt.totals["outputs"]["y"]
+    g, _ = run_pipeline(from_onnx(segnet(deep)))
+    opts, _ = model_input_range(g, ConvertOptions())
+    floats, pixels = model_inputs(g, str(_save_images(tmp_path / "held", CALIB[8:])), 8, opts)
+    emu = Emulator.load(out)
+    ref = np.stack([run(g, {"x": f[None]})["y"][0] for f in floats])
+    got = np.stack([np.asarray(emu.run(p)[0], np.float32).reshape(ref.shape[1:]) for p in pixels])
+    sq, agree = sqnr_db(ref, got), np.mean(ref.argmax(1) == got.argmax(1))
+    print(f"SegNet ({'deep' if deep else 'pooling the image'}): {len(m.nodes)} kmodel nodes, "
+          f"{receipt.file_size:,} B; calibration SQNR {o['sqnr_db']:.1f} dB (8-bit ideal {o['ideal_db']:.1f} dB); "
+          f"held-out SQNR {sq:.1f} dB, pixel classes agree {agree:.3f}")
+    assert o["sqnr_db"] >= o["ideal_db"] - 1
+    assert (sq >= 12 and agree >= 0.9) if deep else (sq >= 25 and agree >= 0.98)

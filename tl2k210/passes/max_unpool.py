@@ -8,15 +8,18 @@ the first such phase, as MaxPool's Indices do (onnxruntime, TF and MediaPipe kee
 maximum, so ties, frequent after a ReLU, resolve the same way):
 
     X  = SpaceToDepth(x, k)                         # [1, k*k*C, H/k, W/k]: phase q in block q
-    S  = Sign(Concat([P] * k*k) - X)                # P = MaxPool(x): 0 at a maximum, else 1
+    S  = Sign(P - X)                                # P = MaxPool(x): 0 at a maximum, else 1
     M  = Relu(1 - q - S_q + sum_{r<q} S_r)          # a 1x1 Conv on S: 1 at the first maximum only
-    y  = DepthToSpace(Concat([v] * k*k) * M, k)     # v at that phase, 0 elsewhere
+    y  = DepthToSpace(v * M, k)                     # v at that phase, 0 elsewhere
 
+(P and v broadcast over the phases: the maps are seen as [1, k*k, C, H*W/(k*k)] by Reshapes,
+which move no data.)
 M is exact: with S in {0, 1}, 1 - q + (number of earlier phases below the maximum) - S_q is 1
 when no earlier phase holds the maximum and this one does, else <= 0; in float every step is
 exact (P equals one of its window's values, so the difference is 0 exactly there). On the
-uint8 grid P and X share one quantization (a max pool keeps its input's), so the difference of
-equal codes is 0 and of unequal ones at least a step: the Sign table is exact too.
+uint8 grid P and X share one quantization (a max pool and SpaceToDepth keep their input's; no
+Concat requantizes them), so the difference of equal codes is 0 and of unequal ones at least a
+step: the Sign table is exact too.
 
 Anything else (overlapping or padded windows, a map k does not divide, indices read by another
 op) has no exact form here: refused naming the node.
@@ -72,22 +75,35 @@ def max_unpool(g, log):
                 "square, unpadded, non-overlapping MaxPool's own indices back to the pooled map's size is "
                 "lowered (as phases and masks): pool and unpool in that form, or unpool with Resize")
         x, v, y, k = pool.inputs[0], n.inputs[0], n.outputs[0], int(pool.attrs["kernel_shape"][0])
-        c, k2 = g.shape(x)[1], k * k
-        t = {s: g.add_tensor(f"{y}/{s}") for s in ("phases", "maxima", "below_max", "is_below", "first",
-                                                   "first_max", "values", "placed")}
-        w, b = _tie_break(k2, c)
+        _, c, h, w = g.shape(x)
+        k2, hw = k * k, (h // k) * (w // k)
+        t = {s: g.add_tensor(f"{y}/{s}") for s in ("phases", "phase_rows", "max_rows", "below_max", "is_below",
+                                                   "is_below_map", "first", "first_max", "first_rows",
+                                                   "value_rows", "placed", "placed_map")}
+        rows, one_row = (g.add_const(np.array(s, np.int64), f"{y}/{nm}") for s, nm in
+                         (((1, k2, c, hw), "rows_shape"), ((1, 1, c, hw), "row_shape")))
+        maps = g.add_const(np.array((1, k2 * c, h // k, w // k), np.int64), f"{y}/map_shape")
+        wt, b = _tie_break(k2, c)
         conv = dict(kernel=(1, 1), strides=(1, 1), pads=[0, 0, 0, 0], group=1, dilations=(1, 1))
-        new = [
-            Node("SpaceToDepth", [x], [t["phases"]], {"blocksize": k}, f"{n.name}/phases"),
-            Node("Concat", [pool.outputs[0]] * k2, [t["maxima"]], {"axis": 1}, f"{n.name}/maxima"),
-            Node("Sub", [t["maxima"], t["phases"]], [t["below_max"]], {}, f"{n.name}/below_max"),
-            Node("Sign", [t["below_max"]], [t["is_below"]], {}, f"{n.name}/is_below"),
-            Node("Conv", [t["is_below"], g.add_const(w, f"{y}/tie_break_w"), g.add_const(b, f"{y}/tie_break_b")],
-                 [t["first"]], conv, f"{n.name}/first_max"),
-            Node("Relu", [t["first"]], [t["first_max"]], {}, f"{n.name}/first_max_relu"),
-            Node("Concat", [v] * k2, [t["values"]], {"axis": 1}, f"{n.name}/values"),
-            Node("Mul", [t["values"], t["first_max"]], [t["placed"]], {}, f"{n.name}/placed"),
-            Node("DepthToSpace", [t["placed"]], [y], {"blocksize": k, "mode": "DCR"}, n.name, n.fused)]
+
+        def node(op, ins, out, attrs=None):
+            return Node(op, ins, [y if out == y else t[out]], attrs or {}, n.name if out == y else f"{n.name}/{out}",
+                        n.fused if out == y else [])
+        new = [   # maps as [1, k*k, C, H*W/k*k] rows: the pool's maxima broadcast over the phases, no copy
+            node("SpaceToDepth", [x], "phases", {"blocksize": k}),
+            node("Reshape", [t["phases"], rows], "phase_rows"),
+            node("Reshape", [pool.outputs[0], one_row], "max_rows"),
+            node("Sub", [t["max_rows"], t["phase_rows"]], "below_max"),
+            node("Sign", [t["below_max"]], "is_below"),
+            node("Reshape", [t["is_below"], maps], "is_below_map"),
+            node("Conv", [t["is_below_map"], g.add_const(wt, f"{y}/tie_break_w"), g.add_const(b, f"{y}/tie_break_b")],
+                 "first", conv),
+            node("Relu", [t["first"]], "first_max"),
+            node("Reshape", [t["first_max"], rows], "first_rows"),
+            node("Reshape", [v, one_row], "value_rows"),
+            node("Mul", [t["value_rows"], t["first_rows"]], "placed"),
+            node("Reshape", [t["placed"], maps], "placed_map"),
+            node("DepthToSpace", [t["placed_map"]], y, {"blocksize": k, "mode": "DCR"})]
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new
         if not [c for c in g.consumers(pool.outputs[1]) if c.op == "MaxUnpool"]:
