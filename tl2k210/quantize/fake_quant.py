@@ -1,8 +1,7 @@
 """The float graph with ideal 8-bit quantization simulated (fake quantization): per-channel
 symmetric weights rounded as the K210 back-end rounds them, and every tensor the back-end keeps as
 uint8 (conv, add, concat, max-pool and resize outputs, and a pooled vector that a KPU conv or
-dense layer reads) quantized with its calibrated range (a max pool's output with its input's, as
-the back-end keeps it). A dense layer (a conv on a 1x1 map) that
+dense layer reads) quantized with its calibrated range. A dense layer (a conv on a 1x1 map) that
 reads the model input or a float dense layer's output stays float, weights and output, as the
 back-end's float FULLY_CONNECTED computes it (k210/lower/fc.py): rounding it would also clamp it to its calibrated
 range, a denoiser no float layer applies.
@@ -50,11 +49,9 @@ def fake_quant_graph(graph, ranges, weight_bits=8):
     kpu_fed = [n for n in g.nodes if n.op in POOLS and any(c.op == "Conv" for c in g.consumers(n.outputs[0]))]
     for n in [n for n in g.nodes if n.op in U8_OPS and n.name not in floats] + kpu_fed:
         out = stage_names(n)["out"] if n.op == "Conv" else n.outputs[0]
-        # a max pool keeps its input's quantization (k210/lower: max commutes with it)
-        src = n.inputs[0] if n.op == "MaxPool" and n.inputs[0] in ranges else out
-        if src not in ranges or g.shape(out) is None:
+        if out not in ranges or g.shape(out) is None:
             continue
-        s, z = fx.qparams(*ranges[src])
+        s, z = fx.qparams(*ranges[out])
         raw = g.add_tensor(out + "/float", g.shape(out))
         n.outputs = [raw if o == out else o for o in n.outputs]
         sc, zp = g.add_const(np.array(s, np.float32), out + "/s"), g.add_const(np.array(z, np.uint8), out + "/z")
