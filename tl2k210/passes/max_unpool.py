@@ -77,33 +77,29 @@ def max_unpool(g, log):
         x, v, y, k = pool.inputs[0], n.inputs[0], n.outputs[0], int(pool.attrs["kernel_shape"][0])
         _, c, h, w = g.shape(x)
         k2, hw = k * k, (h // k) * (w // k)
-        t = {s: g.add_tensor(f"{y}/{s}") for s in ("phases", "phase_rows", "max_rows", "below_max", "is_below",
-                                                   "is_below_map", "first", "first_max", "first_rows",
-                                                   "value_rows", "placed", "placed_map")}
-        rows, one_row = (g.add_const(np.array(s, np.int64), f"{y}/{nm}") for s, nm in
-                         (((1, k2, c, hw), "rows_shape"), ((1, 1, c, hw), "row_shape")))
-        maps = g.add_const(np.array((1, k2 * c, h // k, w // k), np.int64), f"{y}/map_shape")
-        wt, b = _tie_break(k2, c)
+        rows, one_row, maps = (g.add_const(np.array(s, np.int64), f"{y}/{nm}") for s, nm in (
+            ((1, k2, c, hw), "rows_shape"), ((1, 1, c, hw), "row_shape"), ((1, k2 * c, h // k, w // k), "map_shape")))
+        wt, b = (g.add_const(a, f"{y}/tie_break_{nm}") for a, nm in zip(_tie_break(k2, c), "wb"))
         conv = dict(kernel=(1, 1), strides=(1, 1), pads=[0, 0, 0, 0], group=1, dilations=(1, 1))
+        t = {}
 
-        def node(op, ins, out, attrs=None):
-            return Node(op, ins, [y if out == y else t[out]], attrs or {}, n.name if out == y else f"{n.name}/{out}",
-                        n.fused if out == y else [])
-        new = [   # maps as [1, k*k, C, H*W/k*k] rows: the pool's maxima broadcast over the phases, no copy
-            node("SpaceToDepth", [x], "phases", {"blocksize": k}),
-            node("Reshape", [t["phases"], rows], "phase_rows"),
-            node("Reshape", [pool.outputs[0], one_row], "max_rows"),
-            node("Sub", [t["max_rows"], t["phase_rows"]], "below_max"),
-            node("Sign", [t["below_max"]], "is_below"),
-            node("Reshape", [t["is_below"], maps], "is_below_map"),
-            node("Conv", [t["is_below_map"], g.add_const(wt, f"{y}/tie_break_w"), g.add_const(b, f"{y}/tie_break_b")],
-                 "first", conv),
-            node("Relu", [t["first"]], "first_max"),
-            node("Reshape", [t["first_max"], rows], "first_rows"),
-            node("Reshape", [v, one_row], "value_rows"),
-            node("Mul", [t["value_rows"], t["first_rows"]], "placed"),
-            node("Reshape", [t["placed"], maps], "placed_map"),
-            node("DepthToSpace", [t["placed_map"]], y, {"blocksize": k, "mode": "DCR"})]
+        def node(op, ins, out, attrs=None):     # `out` names a new tensor, t[out], and the node
+            t[out] = g.add_tensor(f"{y}/{out}")
+            return Node(op, ins, [t[out]], attrs or {}, f"{n.name}/{out}")
+        # maps seen as [1, k*k, C, HW/(k*k)] rows: the maxima and values broadcast over the phases
+        new = [node("SpaceToDepth", [x], "phases", {"blocksize": k}),
+               node("Reshape", [t["phases"], rows], "phase_rows"),
+               node("Reshape", [pool.outputs[0], one_row], "max_rows"),
+               node("Sub", [t["max_rows"], t["phase_rows"]], "below_max"),
+               node("Sign", [t["below_max"]], "is_below"),
+               node("Reshape", [t["is_below"], maps], "is_below_map"),
+               node("Conv", [t["is_below_map"], wt, b], "first", conv),
+               node("Relu", [t["first"]], "first_max"),
+               node("Reshape", [t["first_max"], rows], "first_rows"),
+               node("Reshape", [v, one_row], "value_rows"),
+               node("Mul", [t["value_rows"], t["first_rows"]], "placed"),
+               node("Reshape", [t["placed"], maps], "placed_map"),
+               Node("DepthToSpace", [t["placed_map"]], [y], {"blocksize": k, "mode": "DCR"}, n.name, n.fused)]
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new
         if not [c for c in g.consumers(pool.outputs[1]) if c.op == "MaxUnpool"]:
