@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from devcorpus import PHOTOS
 from front_helpers import make_model, ort_run
 from tl2k210.errors import ModelLoadError
 from tl2k210.frontends import mediapipe_ops
@@ -61,6 +62,16 @@ def ties(shape, seed, levels=4):
     """Values on a coarse grid with many zeros (ReLU'd features): most windows hold a tie."""
     r = np.random.default_rng(seed)
     return np.maximum(r.integers(-levels, levels, shape), 0).astype(np.float32) * 0.5
+
+
+def photos(folder, names):
+    """scikit-image photos as RGB PNGs in a new `folder` (a --dataset)."""
+    from PIL import Image
+    from skimage import data
+    folder.mkdir()
+    for n in names:
+        Image.fromarray(getattr(data, n)()).convert("RGB").save(folder / f"{n}.png")
+    return folder
 
 
 # ------------------------------------------------------------------ front-end: custom nodes -> ONNX
@@ -136,18 +147,20 @@ def test_indices_read_by_another_op_are_refused():
         mediapipe_ops.to_standard_ops(m, "t.tflite")
 
 
-def _tflite_file(path, xshape, padding, stride, filt, options=None):
+def _tflite_file(path, xshape, padding, stride, filt, options=None, relu=None):
     """A hand-made TFLite file as MediaPipe's converter writes one: x -> RELU ->
     MaxPoolingWithArgmax2D -> (p, idx); RELU(p) -> MaxUnpooling2D(., idx) -> y; outputs y and p.
     The custom ops' options are the raw C struct TfLitePoolParams (padding, stride_w, stride_h,
-    filter_w, filter_h, activation, then the computed padding: 40 bytes)."""
+    filter_w, filter_h, activation, then the computed padding: 40 bytes). `relu`: another custom
+    op's name in place of the RELUs."""
     from tensorflow.lite.python import schema_py_generated as schema
     from tensorflow.lite.tools import flatbuffer_utils as fu
     B = schema.BuiltinOperator
     p, _ = mp_pool_argmax(np.zeros(xshape, np.float32), padding, stride, filt)
     m = schema.ModelT()
     m.version, m.buffers, m.operatorCodes = 3, [schema.BufferT()], []
-    for builtin, custom in ((B.CUSTOM, b"MaxPoolingWithArgmax2D"), (B.CUSTOM, b"MaxUnpooling2D"), (B.RELU, None)):
+    for builtin, custom in ((B.CUSTOM, b"MaxPoolingWithArgmax2D"), (B.CUSTOM, b"MaxUnpooling2D"),
+                            (B.CUSTOM, relu.encode()) if relu else (B.RELU, None)):
         c = schema.OperatorCodeT()
         c.builtinCode = c.deprecatedBuiltinCode = builtin
         c.customCode, c.version = custom, 1
@@ -181,7 +194,6 @@ def test_mediapipe_tflite_file_loads_exactly(tmp_path):
     """A TFLite file with the two custom ops (options as MediaPipe writes them) loads into
     standard ops that compute MediaPipe's output bit for bit, and converts (kmodel v4, close to
     float on the emulator); malformed options are refused."""
-    from test_compiler import CALIB, _save_images
     from tl2k210.compiler import ConvertOptions, convert
     from tl2k210.frontends import load_graph
     from tl2k210.graph import run
@@ -195,12 +207,16 @@ def test_mediapipe_tflite_file_loads_exactly(tmp_path):
         np.testing.assert_array_equal(got[g.outputs[0]], ref_y)
         np.testing.assert_array_equal(got[g.outputs[1]], ref_p)
     receipt = convert(tmp_path / "segnet_pool.tflite", tmp_path / "m.kmodel",
-                      ConvertOptions(dataset=str(_save_images(tmp_path / "calib", CALIB[:4])), progress=False))
+                      ConvertOptions(dataset=str(photos(tmp_path / "calib", PHOTOS[:4])), progress=False))
     assert receipt.totals["format"] == "v4" and receipt.totals["output_sqnr_db"] >= 40
     bad = _tflite_file(tmp_path / "bad.tflite", xshape, VALID, (2, 2), (2, 2), options=[1, 0, 0, 0])
     with pytest.raises(ModelLoadError, match=r"operator 1 is MediaPipe's MaxPoolingWithArgmax2D with 4 bytes of "
                                              r"options; its TfLitePoolParams .* take 24"):
         load_graph(bad)
+    other = _tflite_file(tmp_path / "other.tflite", xshape, VALID, (2, 2), (2, 2), relu="Landmarks2TransformMatrix")
+    with pytest.raises(ModelLoadError, match=r"operator 0 is the custom op 'Landmarks2TransformMatrix' of MediaPipe's "
+                                             r"custom op set \(the affine matrix .*Refused"):
+        load_graph(other)
 
 
 # ------------------------------------------------------------------ K210 flow: the max_unpool pass
@@ -298,7 +314,6 @@ def test_segnet_with_max_unpool_converts_at_its_8bit_ideal(tmp_path, deep):
     the per-pixel class (argmax over the 4 channels) mostly agrees."""
     import onnx
 
-    from test_compiler import CALIB, _save_images
     from tl2k210.compiler import ConvertOptions, convert, model_input_range, model_inputs
     from tl2k210.graph import from_onnx, run
     from tl2k210.k210 import kmodel
@@ -307,15 +322,15 @@ def test_segnet_with_max_unpool_converts_at_its_8bit_ideal(tmp_path, deep):
     from tl2k210.quantize.metrics import sqnr_db
     src, out = tmp_path / "segnet.onnx", tmp_path / "segnet.kmodel"
     onnx.save(segnet(deep), src)
-    calib = _save_images(tmp_path / "calib", CALIB[:8])
-    receipt = convert(src, out, ConvertOptions(dataset=str(calib), progress=False, min_sqnr=0))
+    receipt = convert(src, out, ConvertOptions(dataset=str(photos(tmp_path / "calib", PHOTOS[:8])), progress=False,
+                                               min_sqnr=0))
     m = kmodel.load(out)
     names = [n.name for n in m.nodes]
     assert m.version == 4 and {"transpose", "quantized_binary", "table_lookup1d"} <= set(names), names
     o = receipt.totals["outputs"]["y"]
     g, _ = run_pipeline(from_onnx(segnet(deep)))
     opts, _ = model_input_range(g, ConvertOptions())
-    floats, pixels = model_inputs(g, str(_save_images(tmp_path / "held", CALIB[8:])), 8, opts)
+    floats, pixels = model_inputs(g, str(photos(tmp_path / "held", PHOTOS[8:])), 8, opts)
     emu = Emulator.load(out)
     ref = np.stack([run(g, {"x": f[None]})["y"][0] for f in floats])
     got = np.stack([np.asarray(emu.run(p)[0], np.float32).reshape(ref.shape[1:]) for p in pixels])
