@@ -97,27 +97,35 @@ def test_kpu_ram_read_after_write_is_the_written_map_and_raw_access_forgets_it()
     assert y is not x and y[0, 0, 0] == 99 and np.array_equal(y.reshape(-1)[1:], x.reshape(-1)[1:])
 
 
-@pytest.mark.parametrize("pool_code", [1, 3, 5, 6, 7])
+@pytest.mark.parametrize("pool_code", [1, 3, 5, 6, 7, 9])
 def test_pool_before_bn_is_exact(pool_code):
-    """Pick pools run before the BN stage on the fused path; max pools after it (on uint8)."""
+    """Pick pools run before the BN stage on the fused path, and so do max pools of a layer
+    whose table is monotone (the min of the sums where norm_mul < 0); a max pool of a
+    non-monotone table runs after it, on uint8. Same bytes as the reference, in one band or
+    several (a stride-1 window reaches into the next band), from int32 or float sums."""
     pytest.importorskip("numba")
     import test_kpu_stages as S
     rng = np.random.default_rng(pool_code)
-    for i in range(6):
+    for i in range(8):
         conv = S._random_conv(rng, False, int(rng.choice([1, 3])), pool_code)
-        conv.bn["norm_mul"] = np.abs(conv.bn["norm_mul"])
+        conv.bn["norm_mul"][: conv.out_shape[0] // 2] *= -1 if i % 2 else 0   # <0 and 0 mul too
         a = conv.args
         a["arg_x"] = (a["arg_x"] >> a["shr_x"]) << a["shr_x"]   # a whole zero point: fused path
-        conv.act = {"x_start": np.array([-(1 << 35)] + [(1 << 35) - 1] * 15),
-                    "y_mul": np.array([int(rng.integers(1, 2000))] + [0] * 15),
-                    "shift_number": np.array([int(rng.integers(8, 20))] + [0] * 15),
-                    "bias": np.zeros(16, np.uint8)}
+        monotone = i < 6          # a ReLU; else a step down from 200 to 0 at V = 0
+        conv.act = {"x_start": np.array([-(1 << 35), 0] + [(1 << 35) - 1] * 14),
+                    "y_mul": np.array([0, int(rng.integers(1, 2000)) if monotone else 0] + [0] * 14),
+                    "shift_number": np.array([0, int(rng.integers(8, 20))] + [0] * 14),
+                    "bias": np.array([0 if monotone else 200] + [0] * 15, np.uint8)}
         x = rng.integers(0, 256, conv.in_shape).astype(np.uint8)
+        x[:, :2] = 255
         wshape = (conv.out_shape[0], conv.in_shape[0], conv.k, conv.k)
         want = K.reference_layer(x, conv.weights.reshape(wshape), conv.args, conv.bn, conv.act)
-        for threads in (1, 3):
-            p = K.PreparedConv(conv, threads=threads)
-            assert p.pool_first == (hw.POOL[pool_code].kind == "pick")
+        for threads, int_sums in ((1, True), (3, True), (1, False)):   # int32 or float sums
+            p = K.PreparedConv(conv, threads=threads, int_sums=int_sums)
+            assert p.pool_first == (monotone or hw.POOL[pool_code].kind == "pick"), (pool_code, i)
+            cut = max(2, hw.POOL[pool_code].stride)              # bands align to the stride
+            if threads > 1 and conv.in_shape[1] >= 2 * cut:
+                p.bands = p.serial_bands = [(0, cut), (cut, conv.in_shape[1])]
             assert np.array_equal(p(x), want), (pool_code, i, threads)
 
 

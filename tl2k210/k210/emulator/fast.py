@@ -53,6 +53,66 @@ if njit is not None:
         for o in range(acc.shape[0]):
             _bn_row(acc[o], const[o], mul[o], shift[o], add_lo[o], pages, fine, q, top, buf, out[o])
 
+    @njit(nogil=True, cache=True, inline="always")
+    def _fold(vals, r, n, lo):  # pragma: no cover (compiled)
+        """vals[:n] = min (lo) or max of vals[:n] and r[:n]."""
+        if lo:
+            for x in range(n):
+                vals[x] = min(vals[x], r[x])
+        else:
+            for x in range(n):
+                vals[x] = max(vals[x], r[x])
+
+    @njit(nogil=True, cache=True)
+    def max_bn_lut(acc, k, s, neg, const, mul, shift, add_lo, pages, fine, q, top, vals, pooled,
+                   buf, out):  # pragma: no cover (compiled)
+        """A k x k max pool at stride s over the sums acc (C, rows, W), then bn_lut on the pooled
+        values only: out[o, y, x] = table(BN(max, or min where neg[o], of the window's sums)).
+        The caller proved table(BN(.)) monotone per channel (kpu.PreparedConv), so the pool of
+        the looked-up bytes equals the lookup of the pooled sums. Windows past the last row or
+        column (stride 1) take only their in-bounds sums (the KPU pads the uint8 output with 0,
+        which no activation byte is below). vals, pooled: one input row of acc's dtype; buf:
+        one output row of scratch."""
+        rows, w, ow = acc.shape[1], acc.shape[2], out.shape[2]
+        for o in range(acc.shape[0]):
+            lo = neg[o] != 0
+            for oy in range(out.shape[1]):
+                y0 = oy * s
+                vals[:] = acc[o, y0]
+                for dy in range(1, min(k, rows - y0)):
+                    _fold(vals, acc[o, y0 + dy], w, lo)
+                for ox in range(ow):
+                    pooled[ox] = vals[ox * s]
+                for dx in range(1, k):
+                    _fold(pooled, vals[dx::s], min(ow, (w - dx + s - 1) // s), lo)
+                _bn_row(pooled, const[o], mul[o], shift[o], add_lo[o], pages, fine, q, top, buf,
+                        out[o, oy])
+
+    @njit(nogil=True, cache=True)
+    def max2_bn_lut(pairs, neg, const, mul, shift, add_lo, pages, fine, q, top, buf, out):  # pragma: no cover
+        """max_bn_lut for the 2 x 2 pool at stride 2 over int32 sums, read as int64 pairs
+        (C, rows, W/2): each int64 holds one window row's two sums, taken apart by shifts (the
+        low one sign-extended by << 32 >> 32), which vectorises where the strided max does
+        not (about 3x). The BN arithmetic runs in the same pass, then the lookups."""
+        for o in range(pairs.shape[0]):
+            lo = neg[o] != 0
+            c, m, sh, a = const[o], mul[o], shift[o], add_lo[o]
+            for oy in range(out.shape[1]):
+                r0, r1, orow = pairs[o, 2 * oy], pairs[o, 2 * oy + 1], out[o, oy]
+                n = orow.size
+                if lo:
+                    for x in range(n):
+                        u, d = r0[x], r1[x]
+                        v = min(min((u << 32) >> 32, u >> 32), min((d << 32) >> 32, d >> 32))
+                        buf[x] = min(max((((v + c) * m) >> sh) + a, 0), top)
+                else:
+                    for x in range(n):
+                        u, d = r0[x], r1[x]
+                        v = max(max((u << 32) >> 32, u >> 32), max((d << 32) >> 32, d >> 32))
+                        buf[x] = min(max((((v + c) * m) >> sh) + a, 0), top)
+                for x in range(n):
+                    orow[x] = _look(buf[x], pages, fine, q)
+
     @njit(nogil=True, cache=True)
     def _step(v, starts, values):  # pragma: no cover (compiled)
         """values[j] for the last j with starts[j] <= v (starts[0] <= every reachable v)."""

@@ -214,6 +214,11 @@ class StepTable:
             body.append(self._at(u.reshape(-1)))
         self.q, self.pages, self.fine = q, pages, np.concatenate(body)
 
+    @property
+    def monotone(self) -> bool:
+        """Whether the table is non-decreasing in V."""
+        return bool(np.all(np.diff(self.values.astype(np.int16)) >= 0))
+
     def _at(self, u: np.ndarray) -> np.ndarray:
         return self.values[np.searchsorted(self.starts, u + self.lo, side="right") - 1]
 
@@ -357,15 +362,19 @@ class PreparedConv:
         # the fused numba kernels need the tabulated activation and no Σx extra rows
         self.use_fast = use_fast and fast.available() and self.table is not None and not self.extra
         # pick pools (nncase's stride-2 convs) sum only the picked windows (a quarter or a
-        # sixteenth of the work). Max pools run after the BN stage, on uint8: a max over the int
-        # ACC at a stride does not vectorise and costs more than the lookups it would save
+        # sixteenth of the work). Max pools of a normal conv run on the sums, before the BN
+        # stage, where the layer is monotone: V = ((ACC + c)·mul >> shift) + add is
+        # non-decreasing in ACC for mul >= 0 (non-increasing for mul < 0: there the pool takes
+        # the min), and the step table non-decreasing in V, so the max of the looked-up bytes is
+        # the lookup of the max (or min) sum: a quarter of the lookups
         p = hw.POOL[a["pool_type"]]
         self.pool_first = (self.use_fast and not self.depthwise and self.table.fine is not None
-                           and p.kind == "pick")
+                           and (p.kind == "pick" or p.kind == "max" and self.table.monotone))
+        self.neg = (self.bn_mul[:, 0] < 0).astype(np.uint8)
         # the fused path's normal-conv sums come from onnxruntime's exact integer conv where it
         # is installed and the int32 bound holds (intconv.py); else from the float BLAS
         wq, z = np.asarray(conv.weights).reshape(co, -1, self.k, self.k), -fold
-        self.int_sums = (intconv.ConvSums(wq, z, stride=p.stride if self.pool_first else 1)
+        self.int_sums = (intconv.ConvSums(wq, z, stride=p.stride if self.pool_first and p.kind == "pick" else 1)
                          if int_sums and self.use_fast and not self.depthwise and not self.wide
                          and intconv.available() and intconv.fits(wq, z) else None)
         self._plan_bands()
@@ -504,17 +513,28 @@ class PreparedConv:
                           self.bn_add[:, 0], t.starts, t.values, flat)
 
     def _pooled_band(self, xp: np.ndarray, out: np.ndarray, r0: int, r1: int):
-        """Rows [r0, r1) of the conv (r0 a multiple of the pool size) straight to pick-pooled
-        rows: only the picked windows are summed."""
+        """Rows [r0, r1) of the conv (r0 a multiple of the pool stride) straight to pooled rows:
+        a pick pool sums only the picked windows, a max pool pools the sums (see __init__)."""
         a, co, t = self.args, self.out_shape[0], self.table
         p = hw.POOL[a["pool_type"]]
-        s, (dy, dx) = p.stride, p.pick
-        oh, ow = (r1 - r0) // s, self.in_shape[2] // s
-        sub = xp[:, r0 + dy:r1 + self.k - 1, dx:]
-        acc = self._exact_sums(sub, oh, ow, s)
-        fast.bn_lut(acc, self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0],
-                    self.bn_add[:, 0] - t.lo, t.pages, t.fine, t.q, t.top, self._buf(oh * ow),
-                    out[:, r0 // s:r0 // s + oh].reshape(co, oh * ow))
+        s, w, h = p.stride, self.in_shape[2], self.in_shape[1]
+        oh, ow = (r1 - r0) // s if s > 1 else r1 - r0, w // s
+        bn = (self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0], self.bn_add[:, 0] - t.lo,
+              t.pages, t.fine, t.q, t.top)
+        if p.kind == "pick":
+            dy, dx = p.pick
+            acc = self._exact_sums(xp[:, r0 + dy:r1 + self.k - 1, dx:], oh, ow, s)
+            fast.bn_lut(acc, *bn, self._buf(oh * ow),
+                        out[:, r0 // s:r0 // s + oh].reshape(co, oh * ow))
+            return
+        rows = min(h, r1 + p.size - s) - r0       # a stride-1 window reaches into the next band
+        acc = self._exact_sums(xp[:, r0:r0 + rows + self.k - 1], rows, w).reshape(co, rows, w)
+        dst = out[:, r0 // s:r0 // s + oh]
+        if p.size == s == 2 and acc.dtype == np.int32 and w % 2 == 0:
+            fast.max2_bn_lut(acc.view(np.int64), self.neg, *bn, self._buf(ow), dst)
+        else:
+            fast.max_bn_lut(acc, p.size, s, self.neg, *bn, np.empty(w, acc.dtype),
+                            np.empty(w, acc.dtype), self._buf(ow), dst)
 
     def _plan_bands(self):
         """Row bands of the conv output: at least one per thread on big layers, small enough
