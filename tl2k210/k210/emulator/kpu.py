@@ -180,6 +180,10 @@ def reference_layer(x, weights, args, bn, act, sum_rule="silicon", act_rule="nnc
 
 
 # ---------------------------------------------------------------------------------------------
+_TABLES: dict = {}   # one StepTable per distinct step function: layers with the same activation
+                     # share it, so it stays in cache from one layer to the next
+
+
 class StepTable:
     """The activation as an exact step function of V on [vmin, vmax], compiled into a lookup of
     u = V - lo: ``values[j]`` holds on [starts[j], starts[j+1]); outside the span where it
@@ -286,7 +290,13 @@ def compile_activation(act: dict, rule: str, vmin: int, vmax: int) -> StepTable 
     starts = np.asarray(starts, np.int64)
     values = np.asarray(values, np.uint8)
     keep = np.concatenate([[True], values[1:] != values[:-1]])  # merge equal neighbours
-    return StepTable(starts[keep], values[keep])
+    starts, values = starts[keep], values[keep]
+    key = (starts.tobytes(), values.tobytes())
+    if key not in _TABLES:
+        if len(_TABLES) >= 1024:
+            _TABLES.clear()
+        _TABLES[key] = StepTable(starts, values)
+    return _TABLES[key]
 
 
 class PreparedConv:
