@@ -51,13 +51,18 @@ if njit is not None:
         buf[0] = t
 
     @njit(nogil=True, cache=True, inline="always")
+    def _bn_idx(vals, n, c, m, s, a, top, buf):  # pragma: no cover (compiled)
+        """buf[p] = the clipped table index ((vals[p] + c) * m >> s) + a for p < n."""
+        for p in range(n):
+            buf[p] = min(max((((np.int64(vals[p]) + c) * m) >> s) + a, 0), top)
+
+    @njit(nogil=True, cache=True, inline="always")
     def _bn_row(vals, c, m, s, a, pages, fine, q, top, buf, orow):  # pragma: no cover (compiled)
         """orow[p] = table(((vals[p] + c) * m >> s) + a) for one row, in two passes: the
         integer arithmetic (vectorises) into buf, then the table lookups (a gather). One
         fused loop would not vectorise and runs about 4x slower."""
         n = orow.size
-        for p in range(n):
-            buf[p] = min(max((((np.int64(vals[p]) + c) * m) >> s) + a, 0), top)
+        _bn_idx(vals, n, c, m, s, a, top, buf)
         for p in range(n):
             orow[p] = _look(buf[p], pages, fine, q)
 
@@ -80,6 +85,16 @@ if njit is not None:
             for x in range(n):
                 vals[x] = max(vals[x], r[x])
 
+    @njit(nogil=True, cache=True, inline="always")
+    def _look_rows(buf, pages, fine, q, out):  # pragma: no cover (compiled)
+        """out[y, x] = table lookup of buf[y * W + x] for one channel's (H, W) output: one
+        plane at a time (a per-row lookup loop costs more than its work on small maps)."""
+        w = out.shape[1]
+        for y in range(out.shape[0]):
+            orow = out[y]
+            for x in range(w):
+                orow[x] = _look(buf[y * w + x], pages, fine, q)
+
     @njit(nogil=True, cache=True)
     def max_bn_lut(acc, k, s, neg, const, mul, shift, add_lo, pages, fine, q, top, vals, pooled,
                    buf, out):  # pragma: no cover (compiled)
@@ -88,49 +103,50 @@ if njit is not None:
         The caller proved table(BN(.)) monotone per channel (kpu.PreparedConv), so the pool of
         the looked-up bytes equals the lookup of the pooled sums. Windows past the last row or
         column (stride 1) take only their in-bounds sums (the KPU pads the uint8 output with 0,
-        which no activation byte is below). vals, pooled: one input row of acc's dtype; buf:
-        one output row of scratch."""
-        rows, w, ow = acc.shape[1], acc.shape[2], out.shape[2]
+        which no activation byte is below). vals: one input row of acc's dtype; pooled: one
+        output plane of it; buf: one output plane of scratch."""
+        rows, w, oh, ow = acc.shape[1], acc.shape[2], out.shape[1], out.shape[2]
         _warm(pages, fine, q, buf)
         for o in range(acc.shape[0]):
             lo = neg[o] != 0
-            for oy in range(out.shape[1]):
+            for oy in range(oh):
                 y0 = oy * s
                 vals[:] = acc[o, y0]
                 for dy in range(1, min(k, rows - y0)):
                     _fold(vals, acc[o, y0 + dy], w, lo)
+                prow = pooled[oy * ow:(oy + 1) * ow]
                 for ox in range(ow):
-                    pooled[ox] = vals[ox * s]
+                    prow[ox] = vals[ox * s]
                 for dx in range(1, k):
-                    _fold(pooled, vals[dx::s], min(ow, (w - dx + s - 1) // s), lo)
-                _bn_row(pooled, const[o], mul[o], shift[o], add_lo[o], pages, fine, q, top, buf,
-                        out[o, oy])
+                    _fold(prow, vals[dx::s], min(ow, (w - dx + s - 1) // s), lo)
+            _bn_idx(pooled, oh * ow, const[o], mul[o], shift[o], add_lo[o], top, buf)
+            _look_rows(buf, pages, fine, q, out[o])
 
     @njit(nogil=True, cache=True)
     def max2_bn_lut(pairs, neg, const, mul, shift, add_lo, pages, fine, q, top, buf, out):  # pragma: no cover
         """max_bn_lut for the 2 x 2 pool at stride 2 over int32 sums, read as int64 pairs
         (C, rows, W/2): each int64 holds one window row's two sums, taken apart by shifts (the
         low one sign-extended by << 32 >> 32), which vectorises where the strided max does
-        not (about 3x). The BN arithmetic runs in the same pass, then the lookups."""
+        not (about 3x). The BN arithmetic runs in the same pass, then the lookups.
+        buf: one output plane of scratch."""
         _warm(pages, fine, q, buf)
+        n = out.shape[2]
         for o in range(pairs.shape[0]):
             lo = neg[o] != 0
             c, m, sh, a = const[o], mul[o], shift[o], add_lo[o]
             for oy in range(out.shape[1]):
-                r0, r1, orow = pairs[o, 2 * oy], pairs[o, 2 * oy + 1], out[o, oy]
-                n = orow.size
+                r0, r1, b = pairs[o, 2 * oy], pairs[o, 2 * oy + 1], oy * n
                 if lo:
                     for x in range(n):
                         u, d = r0[x], r1[x]
                         v = min(min((u << 32) >> 32, u >> 32), min((d << 32) >> 32, d >> 32))
-                        buf[x] = min(max((((v + c) * m) >> sh) + a, 0), top)
+                        buf[b + x] = min(max((((v + c) * m) >> sh) + a, 0), top)
                 else:
                     for x in range(n):
                         u, d = r0[x], r1[x]
                         v = max(max((u << 32) >> 32, u >> 32), max((d << 32) >> 32, d >> 32))
-                        buf[x] = min(max((((v + c) * m) >> sh) + a, 0), top)
-                for x in range(n):
-                    orow[x] = _look(buf[x], pages, fine, q)
+                        buf[b + x] = min(max((((v + c) * m) >> sh) + a, 0), top)
+            _look_rows(buf, pages, fine, q, out[o])
 
     @njit(nogil=True, cache=True)
     def _step(v, starts, values):  # pragma: no cover (compiled)
@@ -158,8 +174,9 @@ if njit is not None:
                   fine, q, top, buf, out):  # pragma: no cover
         """Depthwise k×k taps over the flattened padded map xf (C planes of ``plane`` values, rows
         of wp), output rows r0.. (weights already hold the folded Σx term when x_exact), then the
-        same BN + lookup as bn_lut. Each tap is one pass along the flat channel plane (the two
-        columns past each row's end are computed and dropped): a long contiguous loop over a
+        same BN arithmetic as bn_lut, and the lookups straight into the output rows. Each tap is
+        one pass along the flat channel plane (the two columns past each row's end are computed
+        and dropped): a long contiguous loop over a
         slice, which LLVM vectorises (indexing xf[b + i] directly does not: numba's negative-index
         wrap-around hides the stride), about 10x the per-row loops. The sums are exact in w's
         dtype: float32 when the caller proved every window sum an integer below 2^24, else
@@ -170,7 +187,6 @@ if njit is not None:
         acc = np.empty(n, w.dtype)
         box = np.empty(n if not x_exact else 1, w.dtype)
         t = np.empty(n if not x_exact else 1, np.int64)
-        y8 = np.empty(n, np.uint8)
         for c in range(out.shape[0]):
             b0 = c * plane + r0 * wp
             src = xf[b0:b0 + n]
@@ -190,13 +206,13 @@ if njit is not None:
                     for i in range(n):
                         box[i] += src[i]
             if x_exact:
-                _bn_row(acc, const[c], mul[c], shift[c], add_lo[c], pages, fine, q, top, buf, y8)
+                _bn_idx(acc, n, const[c], mul[c], shift[c], add_lo[c], top, buf)
             else:
                 for i in range(n):
                     t[i] = np.int64(acc[i]) + ((arg_x * np.int64(box[i])) >> shr_x)
-                _bn_row(t, const[c], mul[c], shift[c], add_lo[c], pages, fine, q, top, buf, y8)
-            for y in range(h):
+                _bn_idx(t, n, const[c], mul[c], shift[c], add_lo[c], top, buf)
+            for y in range(h):      # the lookups straight into the output rows
                 o = out[c, y]
-                row = y8[y * wp:y * wp + wd]
+                row = buf[y * wp:y * wp + wd]
                 for x in range(wd):
-                    o[x] = row[x]
+                    o[x] = _look(row[x], pages, fine, q)

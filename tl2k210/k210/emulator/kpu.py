@@ -541,10 +541,10 @@ class PreparedConv:
         acc = self._exact_sums(xp[:, r0:r0 + rows + self.k - 1], rows, w).reshape(co, rows, w)
         dst = out[:, r0 // s:r0 // s + oh]
         if p.size == s == 2 and acc.dtype == np.int32 and w % 2 == 0:
-            fast.max2_bn_lut(acc.view(np.int64), self.neg, *bn, self._buf(ow), dst)
+            fast.max2_bn_lut(acc.view(np.int64), self.neg, *bn, self._buf(oh * ow), dst)
         else:
             fast.max_bn_lut(acc, p.size, s, self.neg, *bn, np.empty(w, acc.dtype),
-                            np.empty(w, acc.dtype), self._buf(ow), dst)
+                            np.empty(oh * ow, acc.dtype), self._buf(oh * ow), dst)
 
     def _plan_bands(self):
         """Row bands of the conv output: at least one per thread on big layers, small enough
