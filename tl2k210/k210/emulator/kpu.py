@@ -381,6 +381,11 @@ class PreparedConv:
         self.pool_first = (self.use_fast and not self.depthwise and self.table.fine is not None
                            and (p.kind == "pick" or p.kind == "max" and self.table.monotone))
         self.neg = (self.bn_mul[:, 0] < 0).astype(np.uint8)
+        t = self.table   # the fused kernels' BN + lookup arguments, made once
+        self.bn_args = None if t is None or t.fine is None else tuple(
+            np.ascontiguousarray(v) for v in (self.const[:, 0], self.bn_mul[:, 0],
+                                              self.bn_shift[:, 0], self.bn_add[:, 0] - t.lo)
+        ) + (t.pages, t.fine, t.q, t.top)
         # the fused path's normal-conv sums come from onnxruntime's exact integer conv where it
         # is installed and the int32 bound holds (intconv.py); else from the float BLAS
         wq, z = np.asarray(conv.weights).reshape(co, -1, self.k, self.k), -fold
@@ -507,8 +512,7 @@ class PreparedConv:
         if t.fine is not None and self.depthwise:
             hp, wp = xp.shape[1:]
             fast.dw_bn_lut(np.ascontiguousarray(xp).reshape(-1), hp * wp, wp, r0, self.wtap, self.k,
-                           a["arg_x"], a["shr_x"], self.x_exact, self.const[:, 0], self.bn_mul[:, 0],
-                           self.bn_shift[:, 0], self.bn_add[:, 0] - t.lo, t.pages, t.fine, t.q, t.top,
+                           a["arg_x"], a["shr_x"], self.x_exact, *self.bn_args,
                            self._buf((r1 - r0 - 1) * wp + w), out)
             return
         n = r1 - r0
@@ -516,8 +520,7 @@ class PreparedConv:
             (self._sums(rows, n, w) - self.const).astype(np.float64)
         flat = out.reshape(co, n * w)   # a view: rows of one channel are contiguous
         if t.fine is not None:
-            fast.bn_lut(acc, self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0],
-                        self.bn_add[:, 0] - t.lo, t.pages, t.fine, t.q, t.top, self._buf(n * w), flat)
+            fast.bn_lut(acc, *self.bn_args, self._buf(n * w), flat)
         else:
             fast.bn_steps(acc, self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0],
                           self.bn_add[:, 0], t.starts, t.values, flat)
@@ -525,12 +528,11 @@ class PreparedConv:
     def _pooled_band(self, xp: np.ndarray, out: np.ndarray, r0: int, r1: int):
         """Rows [r0, r1) of the conv (r0 a multiple of the pool stride) straight to pooled rows:
         a pick pool sums only the picked windows, a max pool pools the sums (see __init__)."""
-        a, co, t = self.args, self.out_shape[0], self.table
+        a, co = self.args, self.out_shape[0]
         p = hw.POOL[a["pool_type"]]
         s, w, h = p.stride, self.in_shape[2], self.in_shape[1]
         oh, ow = (r1 - r0) // s if s > 1 else r1 - r0, w // s
-        bn = (self.const[:, 0], self.bn_mul[:, 0], self.bn_shift[:, 0], self.bn_add[:, 0] - t.lo,
-              t.pages, t.fine, t.q, t.top)
+        bn = self.bn_args
         if p.kind == "pick":
             dy, dx = p.pick
             acc = self._exact_sums(xp[:, r0 + dy:r1 + self.k - 1, dx:], oh, ow, s)
