@@ -32,7 +32,10 @@ if njit is not None:
         """kpu.StepTable.shifted for one clipped u = V - lo (flat when q == 0, else paged)."""
         if q == 0:
             return fine[u]
-        return fine[(np.int64(pages[u >> q]) << q) + (u & ((1 << q) - 1))]
+        page = np.int64(pages[u >> q])
+        if page < 256:          # a constant bucket: the byte itself
+            return np.uint8(page)
+        return fine[((page - 256) << q) + (u & ((1 << q) - 1))]
 
     @njit(nogil=True, cache=True, inline="always")
     def _warm(pages, fine, q, buf):  # pragma: no cover (compiled)

@@ -188,9 +188,11 @@ class StepTable:
     """The activation as an exact step function of V on [vmin, vmax], compiled into a lookup of
     u = V - lo: ``values[j]`` holds on [starts[j], starts[j+1]); outside the span where it
     changes it is constant (u is clipped). Spans up to FLAT_MAX are one flat table (``q == 0``,
-    ``fine[u]``); wider ones are paged, exactly: ``fine[(pages[u >> q] << q) + (u & (2^q - 1))]``
-    where a page of 2^q values is shared by every bucket holding one constant value, so the
-    table stays small however wide the span. ``fine is None``: binary search instead."""
+    ``fine[u]``); wider ones are paged, exactly, in buckets of 2^q values: ``pages[u >> q]``
+    is the byte itself (< 256) for a bucket holding one constant value (one load, for all but
+    the few buckets with a step inside), else 256 + the bucket's page in ``fine``:
+    ``fine[((pages[u >> q] - 256) << q) + (u & (2^q - 1))]``, so the table stays small however
+    wide the span. ``fine is None``: binary search instead."""
 
     def __init__(self, starts: np.ndarray, values: np.ndarray):
         self.starts, self.values = starts, values
@@ -202,21 +204,15 @@ class StepTable:
             return
         q = int(np.ceil(np.log2(self.span / PAGES_MAX)))
         nb = -(-self.span // (1 << q))
-        first = self._at(np.arange(nb, dtype=np.int64) << q)        # value at each bucket start
+        pages = self._at(np.arange(nb, dtype=np.int64) << q).astype(np.uint16)  # bucket starts
         u_st = starts[1:] - lo
         mixed = np.unique(u_st[u_st % (1 << q) != 0] >> q)          # buckets with a step inside
-        consts = np.unique(first)
-        if (len(consts) + len(mixed)) << q > FINE_MAX:
+        if len(mixed) << q > FINE_MAX or 256 + len(mixed) > 1 << 16:
             return
-        const_page = np.zeros(256, np.uint16)
-        const_page[consts] = np.arange(len(consts))
-        pages = const_page[first]
-        pages[mixed] = len(consts) + np.arange(len(mixed), dtype=np.uint16)
-        body = [np.repeat(consts.astype(np.uint8), 1 << q)]
-        if len(mixed):
-            u = (mixed.astype(np.int64)[:, None] << q) + np.arange(1 << q)
-            body.append(self._at(u.reshape(-1)))
-        self.q, self.pages, self.fine = q, pages, np.concatenate(body)
+        pages[mixed] = 256 + np.arange(len(mixed), dtype=np.uint16)
+        u = (mixed.astype(np.int64)[:, None] << q) + np.arange(1 << q)
+        fine = self._at(u.reshape(-1))
+        self.q, self.pages, self.fine = q, pages, fine if fine.size else np.zeros(1, np.uint8)
 
     @property
     def monotone(self) -> bool:
@@ -240,8 +236,11 @@ class StepTable:
         u = np.clip(u, 0, self.span - 1)
         if self.q == 0:
             return self.fine.take(u)
-        return self.fine.take((self.pages.take(u >> self.q).astype(np.int64) << self.q)
-                              + (u & ((1 << self.q) - 1)))
+        page = self.pages.take(u >> self.q).astype(np.int64)
+        out = page.astype(np.uint8)               # the constant buckets' bytes
+        mixed = page >= 256
+        out[mixed] = self.fine.take(((page[mixed] - 256) << self.q) + (u[mixed] & ((1 << self.q) - 1)))
+        return out
 
 
 def compile_activation(act: dict, rule: str, vmin: int, vmax: int) -> StepTable | None:
