@@ -112,8 +112,9 @@ def test_pool_before_bn_is_exact(pool_code):
         a = conv.args
         a["arg_x"] = (a["arg_x"] >> a["shr_x"]) << a["shr_x"]   # a whole zero point: fused path
         monotone = i < 6          # a ReLU; else a step down from 200 to 0 at V = 0
+        slope = int(rng.integers(1, 2000)) if monotone else 0
         conv.act = {"x_start": np.array([-(1 << 35), 0] + [(1 << 35) - 1] * 14),
-                    "y_mul": np.array([0, int(rng.integers(1, 2000)) if monotone else 0] + [0] * 14),
+                    "y_mul": np.array([0, slope] + [0] * 14),
                     "shift_number": np.array([0, int(rng.integers(8, 20))] + [0] * 14),
                     "bias": np.array([0 if monotone else 200] + [0] * 15, np.uint8)}
         x = rng.integers(0, 256, conv.in_shape).astype(np.uint8)

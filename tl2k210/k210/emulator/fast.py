@@ -126,7 +126,8 @@ if njit is not None:
             _look_rows(buf, pages, fine, q, out[o])
 
     @njit(nogil=True, cache=True)
-    def max2_bn_lut(pairs, neg, const, mul, shift, add_lo, pages, fine, q, top, buf, out):  # pragma: no cover
+    def max2_bn_lut(pairs, neg, const, mul, shift, add_lo, pages, fine, q, top, buf,
+                    out):  # pragma: no cover (compiled)
         """max_bn_lut for the 2 x 2 pool at stride 2 over int32 sums, read as int64 pairs
         (C, rows, W/2): each int64 holds one window row's two sums, taken apart by shifts (the
         low one sign-extended by << 32 >> 32), which vectorises where the strided max does
@@ -181,7 +182,8 @@ if njit is not None:
         b1, b2 = b0 + wp, b0 + 2 * wp
         s3, s4, s5 = xf[b1:b1 + n], xf[b1 + 1:b1 + 1 + n], xf[b1 + 2:b1 + 2 + n]
         s6, s7, s8 = xf[b2:b2 + n], xf[b2 + 1:b2 + 1 + n], xf[b2 + 2:b2 + 2 + n]
-        w0, w1, w2, w3, w4, w5, w6, w7, w8 = wc[0], wc[1], wc[2], wc[3], wc[4], wc[5], wc[6], wc[7], wc[8]
+        w0, w1, w2, w3, w4 = wc[0], wc[1], wc[2], wc[3], wc[4]
+        w5, w6, w7, w8 = wc[5], wc[6], wc[7], wc[8]
         for i in range(n):
             acc[i] = (s0[i] * w0 + s1[i] * w1 + s2[i] * w2 + s3[i] * w3 + s4[i] * w4
                       + s5[i] * w5 + s6[i] * w6 + s7[i] * w7 + s8[i] * w8)

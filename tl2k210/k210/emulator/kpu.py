@@ -239,7 +239,8 @@ class StepTable:
         page = self.pages.take(u >> self.q).astype(np.int64)
         out = page.astype(np.uint8)               # the constant buckets' bytes
         mixed = page >= 256
-        out[mixed] = self.fine.take(((page[mixed] - 256) << self.q) + (u[mixed] & ((1 << self.q) - 1)))
+        low = u[mixed] & ((1 << self.q) - 1)
+        out[mixed] = self.fine.take(((page[mixed] - 256) << self.q) + low)
         return out
 
 
@@ -388,7 +389,8 @@ class PreparedConv:
         # the fused path's normal-conv sums come from onnxruntime's exact integer conv where it
         # is installed and the int32 bound holds (intconv.py); else from the float BLAS
         wq, z = np.asarray(conv.weights).reshape(co, -1, self.k, self.k), -fold
-        self.int_sums = (intconv.ConvSums(wq, z, stride=p.stride if self.pool_first and p.kind == "pick" else 1)
+        picked = self.pool_first and p.kind == "pick"
+        self.int_sums = (intconv.ConvSums(wq, z, stride=p.stride if picked else 1)
                          if int_sums and self.use_fast and not self.depthwise and not self.wide
                          and intconv.available() and intconv.fits(wq, z) else None)
         self._plan_bands()
