@@ -338,7 +338,7 @@ def read(data: bytes) -> KModelV3:
     eight_bit = bool(h["flags"] & 1)
     model = KModelV3([], outputs, h["main_mem_usage"], h["flags"], h["arch"],
                      h["max_start_address"])
-    model.pending = Notes()
+    model.pending, model.owners = Notes(), {}
     total = pos + int(hdr[:, 1].astype(np.int64).sum())
     model.omitted_tail = max(0, total - len(data))
     if model.omitted_tail:
@@ -372,10 +372,9 @@ def read(data: bytes) -> KModelV3:
         for kind in (OUT_OF_BODY, BELOW_ALIGN):
             model.pending.kinds.pop(kind, None)
         for layer in model.layers:
-            if layer.conv is not None:
-                layer.align = layer.gaps = layer.body_size = None
+            layer.align = layer.gaps = layer.body_size = None
     model.notes += model.pending.lines()
-    del model.pending
+    del model.pending, model.owners
     if unaligned:
         at = ", ".join(f"{i}@{p}" for i, p in unaligned[:6]) + (" ..." if len(unaligned) > 6 else "")
         model.notes.append(f"{len(unaligned)} bodies start at an unaligned offset (layer@offset: {at}):"
@@ -421,7 +420,7 @@ def _read_conv(r: Reader, layer: Layer, body: int, end: int, eight_bit: bool, wh
     conv.bn, conv.bn_reserved = kpu.read_bn(r, offs["bn"], conv.out_shape[0], where)
     conv.act, conv.act_reserved = kpu.read_act(r, offs["act"], where)
     layer.conv = conv
-    layer.shared = _shared_blocks(model.layers, offs, body) or None
+    layer.shared = _shared_blocks(model.owners, offs, len(model.layers)) or None
     prev, align, gaps = body + 24, {}, {}
     for b in CONV_BLOCKS:
         if b in (layer.shared or ()):
@@ -450,19 +449,16 @@ def _read_conv(r: Reader, layer: Layer, body: int, end: int, eight_bit: bool, wh
     return content
 
 
-def _shared_blocks(layers, offs, body) -> dict:
-    """{block: index of the earlier K210_CONV that stores it} for the blocks of a conv that point
-    back into an earlier conv's own body (tl2k210 writes the row bands of one layer so: the same
-    weights, BN and activation tables stored once; the SDK reads blocks at any file offset)."""
+def _shared_blocks(owners: dict, offs: dict, i: int) -> dict:
+    """{block: index of the earlier K210_CONV that stores it} for the blocks of conv `i` at the
+    offset of an earlier conv's same block (tl2k210 stores each distinct weights, BN and
+    activation block once: row bands, tables that come out alike; the SDK reads blocks at any file
+    offset). `owners`: (block, offset) -> the first conv there, updated with conv `i`'s own."""
     shared = {}
     for b in CONV_BLOCKS[1:]:
-        if offs[b] >= body:
-            continue
-        for j, other in enumerate(layers):
-            if other.conv is not None and not (other.shared and b in other.shared) and \
-                    other.fields.get(b + "_offset") == offs[b]:
-                shared[b] = j
-                break
+        j = owners.setdefault((b, offs[b]), i)
+        if j != i:
+            shared[b] = j
     return shared
 
 
@@ -500,81 +496,82 @@ def _bodies(model: KModelV3, head_size: int):
     return bodies, pad
 
 
+#: the padding `_pack` accepts before a 256-aligned block rather than let the next body cross the
+#: multiple of 256 (the least total on the corpus's v3 models, of 0, 32, 48, 64, 96, 128, 256)
+SLACK = 64
+
+
 def _pack(model: KModelV3, head_size: int):
-    """The bodies with every K210_CONV block placed into the padding already laid out (the runner
-    finds a block at its absolute file offset, wherever it is: docs/kpu.md) at its DEFAULT_ALIGN
-    alignment: the 256-aligned blocks appended to the conv's own body, in the order of them that
-    ends it soonest, and the 96-byte layer argument (8-aligned) in the lowest hole of the padding
-    so far where it fits (no 256-aligned block fits a hole: every hole ends at the multiple of
-    256 a block starts at), else appended. The alignments of nncase's layout, with less of its
-    padding. Shared blocks (row bands) point at their first layer's. A pure function of the
-    layers, so the reader recognises a packed file (`read`)."""
-    buf, holes, stored, starts = bytearray(), [], {}, []      # holes: [start, end) where an argument fits
+    """The bodies, in order, with each K210_CONV block placed at its DEFAULT_ALIGN alignment
+    wherever the file has room for it after its layer's 24-byte header (the runner finds a block
+    at its absolute file offset, wherever it is: docs/kpu.md). The 256-aligned blocks wait for a
+    multiple of 256; what precedes it is filled with the next bodies while they fit before it,
+    then with the waiting 96-byte layer arguments (8-aligned); a body that does not fit crosses
+    the multiple unless at most SLACK bytes of padding are left before it. Shared blocks point at
+    their first layer's. A pure function of the layers, so the reader recognises a packed file
+    (`read`). Returns (bodies, 0)."""
+    buf, starts, waiting, args, offs, refs, stored = bytearray(), [], [], [], {}, [], {}
+
+    def pos():
+        return head_size + len(buf)
+
+    def put(at, data=b""):
+        buf.extend(bytes(at - pos()) + data)
+
+    def fill(end):
+        """The waiting layer arguments into [pos, end), first come first placed."""
+        for a in list(args):
+            at = align_up(pos(), 8)
+            if at + len(a[2]) <= end:
+                put(at, a[2])
+                offs[a[0]][a[1]] = at
+                args.remove(a)
+
+    def flush(next_len):
+        """Place waiting blocks until the next body (`next_len` bytes; None: none) goes first."""
+        while waiting:
+            k = min(range(len(waiting)), key=lambda k: align_up(pos(), DEFAULT_ALIGN[waiting[k][1]]))
+            at = align_up(pos(), DEFAULT_ALIGN[waiting[k][1]])
+            if next_len is not None and align_up(pos(), 8) + next_len <= at:
+                return
+            fill(at)
+            if next_len is not None and at - pos() > SLACK:
+                return
+            i, b, data = waiting.pop(k)
+            put(at, data)
+            offs[i][b] = at
+        if next_len is None:
+            fill(1 << 62)
+
     for i, layer in enumerate(model.layers):
-        pos = head_size + len(buf)
+        where = f"layer {i}"
+        conv = LAYER_TYPES[layer.type].tail == "conv"
+        body = bytes(24) if conv else _body_bytes(layer, pos(), model.eight_bit, where, stored, i)
+        flush(len(body))
+        put(align_up(pos(), 8) if buf else pos())
         starts.append(len(buf))
-        if LAYER_TYPES[layer.type].tail != "conv":
-            buf += padded_body(_body_bytes(layer, pos, model.eight_bit, f"layer {i}", stored, i), pos,
-                               layer.body_size)[0]
+        buf.extend(padded_body(body, pos(), 0)[0])     # a body's size is the layout's, not one read
+        if not conv:
             continue
-        f, blocks = dict(layer.fields), _block_bytes(layer.conv)
-        _check_bits(layer.conv, model.eight_bit, f"layer {i}")
-        own = [b for b in CONV_BLOCKS if not _shared_offset(layer, b, blocks, stored, f, f"layer {i}")]
-        sizes = {b: len(blocks[b]) for b in own}
-        end, first, new, at = min((_place(order, sizes, holes[:1], pos + 24) for order in _orders(own)),
-                                  key=lambda t: t[0])
-        holes = first + holes[1:] + new
-        buf += bytes(end - head_size - len(buf))
-        for b, o in at.items():
-            buf[o - head_size:o - head_size + sizes[b]] = blocks[b]
-            f[b + "_offset"] = o
-        buf += bytes(align_up(end, 8) - head_size - len(buf))
-        buf[pos - head_size:pos - head_size + 24] = LAYER_TYPES[layer.type].struct.pack(f)
-        stored[i] = (layer.conv, {b: f[b + "_offset"] for b in CONV_BLOCKS})
-    ends = starts[1:] + [len(buf)]
-    return [bytes(buf[a:b]) for a, b in zip(starts, ends)], 0
-
-
-def _orders(own):
-    """The orders `_pack` tries for a conv's own blocks: every order of the 256-aligned ones, then
-    the 8-aligned layer argument."""
-    aligned = [b for b in own if DEFAULT_ALIGN[b] > 8]
-    return [list(p) + [b for b in own if b not in aligned] for p in permutations(aligned)]
-
-
-def _place(order, sizes, first, end):
-    """Append the 256-aligned blocks of `order` from `end`, and put the layer argument into the
-    lowest hole of `first` (the padding so far) and the holes the appending leaves, else after
-    them: (the new end, what is left of `first`, the new holes, {block: offset})."""
-    first, new, at = [list(h) for h in first], [], {}
-    for b in order:
-        a, n = DEFAULT_ALIGN[b], sizes[b]
-        o = _first_fit(first, a, n) if a == 8 else None
-        if o is None and a == 8:
-            o = _first_fit(new, a, n)
-        if o is None:
-            o = align_up(end, a)
-            if _fits(end, o):
-                new.append([end, o])
-            end = o + n
-        at[b] = o
-    return end, first, new, at
-
-
-def _fits(h0: int, h1: int) -> bool:
-    """Does a layer argument (8-aligned) fit the hole [h0, h1)?"""
-    return align_up(h0, 8) + hw.LAYER_ARG_BYTES <= h1
-
-
-def _first_fit(holes: list, align: int, n: int):
-    """The lowest offset of a hole where `n` bytes fit at `align`; the hole is split around them
-    (a remainder kept only while a layer argument fits it)."""
-    for k, (h0, h1) in enumerate(holes):
-        at = align_up(h0, align)
-        if at + n <= h1:
-            holes[k:k + 1] = [h for h in ([h0, at], [at + n, h1]) if _fits(*h)]
-            return at
-    return None
+        _check_bits(layer.conv, model.eight_bit, where)
+        offs[i], blocks = {}, _block_bytes(layer.conv)
+        for b in CONV_BLOCKS:
+            j = (layer.shared or {}).get(b)
+            if j is not None:
+                _check_shared(blocks[b], b, stored.get(j), j, where)
+                refs.append((i, b, j))
+            else:
+                (waiting if DEFAULT_ALIGN[b] > 8 else args).append((i, b, blocks[b]))
+        stored[i] = (layer.conv, offs[i])
+    flush(None)
+    put(align_up(pos(), 8))
+    for i, b, j in refs:
+        offs[i][b] = offs[j][b]
+    for i, o in offs.items():
+        layer = model.layers[i]
+        buf[starts[i]:starts[i] + 24] = LAYER_TYPES[layer.type].struct.pack(
+            dict(layer.fields, **{b + "_offset": o[b] for b in CONV_BLOCKS}))
+    return [bytes(buf[a:b]) for a, b in zip(starts, starts[1:] + [len(buf)])], 0
 
 
 def _body_bytes(layer: Layer, pos: int, eight_bit: bool, where: str, stored: dict, i: int) -> bytes:
@@ -597,9 +594,13 @@ def _body_bytes(layer: Layer, pos: int, eight_bit: bool, where: str, stored: dic
     return t.struct.pack(f) + tail
 
 
+def param_blocks(conv) -> dict:
+    """The blocks of a K210_CONV that another may share: {"weights", "bn", "act": bytes}."""
+    return {"weights": conv.weight_bytes(), "bn": conv.bn_bytes(), "act": conv.act_bytes()}
+
+
 def _block_bytes(conv) -> dict:
-    return {"layer": conv.layer_bytes(), "weights": conv.weight_bytes(), "bn": conv.bn_bytes(),
-            "act": conv.act_bytes()}
+    return {"layer": conv.layer_bytes(), **param_blocks(conv)}
 
 
 def _check_bits(conv, eight_bit: bool, where: str):
@@ -608,16 +609,21 @@ def _check_bits(conv, eight_bit: bool, where: str):
                                 f"say {'8' if eight_bit else '16'}-bit weights")
 
 
+def _check_shared(data: bytes, b: str, theirs, j: int, where: str):
+    """KmodelFormatError unless layer `j` (`theirs`: its (conv, offsets) as stored so far) stores
+    block `b` as `data`, itself."""
+    if theirs is None or _block_bytes(theirs[0])[b] != data:
+        raise KmodelFormatError(f"{where}: its {b} block is shared with layer {j}, which does not "
+                                "store the same bytes before it")
+
+
 def _shared_offset(layer: Layer, b: str, blocks: dict, stored: dict, f: dict, where: str) -> bool:
     """Is block `b` stored once by an earlier layer (the same bytes)? Then its offset is set in `f`."""
     j = (layer.shared or {}).get(b)
     if j is None:
         return False
-    conv_j, offs = stored.get(j, (None, None))
-    if conv_j is None or _block_bytes(conv_j)[b] != blocks[b]:
-        raise KmodelFormatError(f"{where}: its {b} block is shared with layer {j}, which does not "
-                                "store the same bytes before it")
-    f[b + "_offset"] = offs[b]
+    _check_shared(blocks[b], b, stored.get(j), j, where)
+    f[b + "_offset"] = stored[j][1][b]
     return True
 
 

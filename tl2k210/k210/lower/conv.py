@@ -498,7 +498,6 @@ def emit_layer(lw, node, geo, plan, lq, row):
             out_loc.u8 = final.u8
     macs = lines = 0
     traces, band_finals = [], []
-    first_tile = {}          # (c0, c1, o0, o1) -> the layer of the first band's tile: its parameters
     for bi, ((f0, f1), (ra, rb)) in enumerate(plan.bands):
         rows = rb - ra
         band_in = None
@@ -549,8 +548,7 @@ def emit_layer(lw, node, geo, plan, lq, row):
             macs += conv.macs
             lines = max(lines, (hw.map_lines(ci, h, w) if plan.in_resident else hw.map_lines(nin, rows, w))
                         + (hw.map_lines(co, ph, pw) if plan.out_resident else kpu.out_lines(conv)))
-            shared = _share_blocks(lw, first_tile, (c0, c1, o0, o1), idx)
-            row.weight_bytes += sum(len(v) for b, v in _param_blocks(conv).items() if b not in shared)
+            row.weight_bytes += lw.share_blocks(idx)
             for t in (tmp_in, tmp_out):
                 if t is not None:
                     lw.kpu_free(t)
@@ -590,23 +588,6 @@ def emit_layer(lw, node, geo, plan, lq, row):
     if post:
         lw.kpu_free(out_loc)
     row.macs, row.kpu_lines = macs, lines
-
-
-def _param_blocks(conv):
-    return {"weights": conv.weight_bytes(), "bn": conv.bn_bytes(), "act": conv.act_bytes()}
-
-
-def _share_blocks(lw, first_tile, unit, idx):
-    """The row bands of a tile run the same weights, BN and activation tables: in kmodel v3 (whose
-    K210_CONV finds its blocks at absolute file offsets) the later bands point at the first
-    band's blocks, stored once. Returns the blocks this layer shares."""
-    j = first_tile.setdefault(unit, idx)
-    if j == idx or lw.format != "v3":
-        return ()
-    mine, theirs = _param_blocks(lw.layers[idx].conv), _param_blocks(lw.layers[j].conv)
-    shared = {b: j for b in mine if mine[b] == theirs[b]}
-    lw.layers[idx].shared = shared or None
-    return shared
 
 
 def _kpu_pick(geo, kpu=None, dst=0):

@@ -116,6 +116,7 @@ class Lowering:
         # a quantized model (passes.dequantize kept its ranges): round each layer as TFLite does
         self.quantized_model = bool(graph.meta.get("quant_ranges"))
         self.relabels = {}          # tensor -> the tensor whose bytes it names (alias)
+        self.blocks = {}            # kmodel v3: (block, its bytes) -> the K210_CONV storing it (share_blocks)
         self.at = None              # the index in `order` of the node being lowered
         self._target = None         # main-memory bytes within MAIN_TARGET of the live set (float_room)
         for n in self.order:
@@ -202,6 +203,23 @@ class Lowering:
         if row is not None:
             row.layers.append(len(self.layers) - 1)
         return len(self.layers) - 1
+
+    def share_blocks(self, idx) -> int:
+        """kmodel v3: point the weights, BN and activation table of K210_CONV `idx` at an earlier
+        K210_CONV's block of the same bytes, stored once (the runner reads each block at its
+        absolute file offset: docs/kmodel-format.md#v3-conv-parameter-placement): the row bands of
+        one layer, and the layers whose tables come out alike. Returns the bytes it stores itself.
+        kmodel v4 cannot share (its blocks are skips inside each body)."""
+        layer = self.layers[idx]
+        shared, own = {}, 0
+        for b, data in v3.param_blocks(layer.conv).items():
+            j = self.blocks.setdefault((b, data), idx) if self.format == "v3" else idx
+            if j == idx:
+                own += len(data)
+            else:
+                shared[b] = j
+        layer.shared = shared or None
+        return own
 
     def emit_v4(self, name, fields, row=None, data=None):
         """Append a v4-only node (kmodel v4 plans only); `fields` hold every struct field of the
