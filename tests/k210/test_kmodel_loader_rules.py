@@ -1,6 +1,7 @@
 """The reader accepts what the SDK/MaixPy loaders accept (docs/kmodel-format.md#reader-rules): v3 bodies at unaligned
 offsets (Maix-EMC), conv blocks at any gap, fractional zero points, layer type 21; it notes every
 deviation from nncase's writer habits; header claims are checked against the file length first."""
+import dataclasses
 import struct
 
 import numpy as np
@@ -183,3 +184,30 @@ def test_other_versions_say_what_they_are_and_what_reads_them(name):
         kmodel.load(p)
     for needle in VERSION_MESSAGES[name]:
         assert needle in str(e.value), (needle, str(e.value))
+
+
+def test_packed_v3_fills_the_gaps_and_stores_an_alike_block_once():
+    """`v3._pack` on a hand-made model (docs/kmodel-format.md#v3-conv-parameter-placement): two
+    K210_CONVs of nncase's mnist kmodel, the second with the first's activation table, and a
+    DEQUANTIZE. Header 28 + 8 (one output) + 3 x 8 = 60. Conv 0's header at 60 (padded to 88),
+    conv 1's at 88, the DEQUANTIZE at 112: both fit before 256, where the first waiting block
+    goes. Before it, conv 0's layer argument (136..232); conv 1's (96 B) fits only before 512. Then
+    conv 0's weights @256 (144 B), its BN @512 (128 B), its table @768 (shared by conv 1),
+    conv 1's weights @1024 (4,608 B) and BN right after at 5,632 (a multiple of 256): 5,888 B,
+    every block at its alignment, the table once; nncase's in-body order of the same layers takes
+    more. Read back: packed, the sharing recognised, written back byte for byte."""
+    m = kmodel.loads(data_path("kmodels", "mnist_v3.kmodel").read_bytes())
+    c0, c1 = m.layers[0], m.layers[1]
+    c1.conv.act = {k: np.array(v) for k, v in c0.conv.act.items()}
+    c1.conv.act_reserved = c0.conv.act_reserved
+    c1.shared = {"act": 0}
+    hand = v3.KModelV3([c0, c1, m.layers[2]], [(0, 40)], m.main_mem_usage, packed=True)
+    data = kmodel.dumps(hand)
+    assert len(data) == 5888
+    back = kmodel.loads(data)
+    assert back.packed and not back.notes and kmodel.dumps(back) == data
+    f0, f1 = back.layers[0].fields, back.layers[1].fields
+    assert [f0[b + "_offset"] for b in v3.CONV_BLOCKS] == [136, 256, 512, 768]
+    assert [f1[b + "_offset"] for b in v3.CONV_BLOCKS] == [400, 1024, 5632, 768]
+    assert back.layers[1].shared == {"act": 0} and back.layers[0].shared is None
+    assert len(kmodel.dumps(dataclasses.replace(hand, packed=False))) > len(data)

@@ -240,6 +240,35 @@ def test_kmodel_v3_packs_conv_blocks_into_the_padding():
                 np.testing.assert_array_equal(a, b)
 
 
+def test_kmodel_v3_stores_each_distinct_conv_block_once():
+    """Lowering.share_blocks: in a v3 kmodel no two K210_CONVs store the same weights, BN or
+    activation bytes twice (row bands, output-channel chunks, layers whose tables come out
+    alike point at one copy); each receipt row counts only the bytes its layers store; the
+    file's outputs are those of the kmodel storing every copy, bit for bit."""
+    from tl2k210.k210 import kmodel
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.kmodel import v3
+    from tl2k210.k210.lower.state import Lowering
+    m = _chain(40, 48)
+    px = pixels(2, 3, 40, 48)
+    model, rows, lw, _ = compile_model(m, px, format="v3", kpu_ram_lines=500)
+    back = kmodel.loads(kmodel.dumps(model))
+    where = {}
+    for ly in back.layers:
+        for b, data in v3.param_blocks(ly.conv).items() if ly.conv is not None else ():
+            where.setdefault((b, data), set()).add(ly.fields[b + "_offset"])
+    assert all(len(offs) == 1 for offs in where.values())
+    assert sum(r.weight_bytes for r in rows if r.unit == "KPU") == sum(len(data) for _, data in where)
+    assert sum(1 for ly in back.layers if ly.shared) > len(lw.plans["c2"].bands) - 1
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Lowering, "share_blocks", lambda lw, i: sum(map(len, v3.param_blocks(lw.layers[i].conv).values())))
+        copies = compile_model(m, px, format="v3", kpu_ram_lines=500)[0]
+    assert not any(ly.shared for ly in copies.layers) and len(kmodel.dumps(copies)) > len(kmodel.dumps(model))
+    for p in px:
+        for a, b in zip(Emulator(back).run(p), Emulator(copies).run(p)):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_row_bands_keep_stride2_picks_and_pools_exact():
     """Band starts follow the KPU pool's stride and the CPU picks' phase: random chains of
     normal/depthwise/grouped/strided convs and pools, tiled vs untiled, bit for bit."""

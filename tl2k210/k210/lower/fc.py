@@ -130,7 +130,7 @@ def kpu_dense(lw, node):
                        keep=(pad.block,))
     kpu.place(conv, start, dst)
     padded = lw.alloc(out + ":pad", "u8", co * hw.LIMITS["out_min"] ** 2)
-    lw.emit("K210_CONV", dict(flags=1, main_mem_out_address=padded), row, conv=conv)
+    idx = lw.emit("K210_CONV", dict(flags=1, main_mem_out_address=padded), row, conv=conv)
     lw.kpu_free(pad)
     lw.kpu_free(res)
     loc = lw.u8_out(out, quant)
@@ -139,7 +139,7 @@ def kpu_dense(lw, node):
     lw.main.free(f"{out}:pad:u8")
     lw.traced(out, "u8")
     row.macs, row.kpu_lines = conv.macs, lines + kpu.out_lines(conv)
-    row.weight_bytes = len(conv.weight_bytes()) + hw.BN_ENTRY_BYTES * co + hw.ACT_TABLE_BYTES
+    row.weight_bytes = lw.share_blocks(idx)
 
 
 @lowering("Conv", unit=CPU_F32, check=float_fc_refuses, name="float_dense")
