@@ -165,6 +165,12 @@ def test_row_bands_and_channel_chunks_give_the_same_bytes():
     assert sqnr_db(ref.reshape(-1).astype(float), a.reshape(-1).astype(float)) > 25
 
 
+def _store_every_copy(lw, i):
+    """Lowering.share_blocks sharing nothing: the kmodel that stores every block of every conv."""
+    from tl2k210.k210.kmodel import v3
+    return sum(map(len, v3.param_blocks(lw.layers[i].conv).values()))
+
+
 def test_row_bands_store_each_weight_once_in_kmodel_v3(monkeypatch):
     """The row bands of a layer run the same weights: in kmodel v3 the later bands' K210_CONVs
     point at the first band's weight, BN and activation blocks (absolute file offsets,
@@ -175,7 +181,6 @@ def test_row_bands_store_each_weight_once_in_kmodel_v3(monkeypatch):
     notes, writes back byte for byte, and gives the outputs of the kmodel storing every copy."""
     from tl2k210.k210 import kmodel
     from tl2k210.k210.emulator import Emulator
-    from tl2k210.k210.kmodel import v3
     from tl2k210.k210.lower.state import Lowering
     m = _chain(40, 48)
     px = pixels(2, 3, 40, 48)
@@ -193,7 +198,7 @@ def test_row_bands_store_each_weight_once_in_kmodel_v3(monkeypatch):
     back = kmodel.loads(data)
     assert not back.notes and kmodel.dumps(back) == data
     assert sum(1 for ly in back.layers if ly.shared) >= len(lw.plans["c2"].bands) - 1
-    monkeypatch.setattr(Lowering, "share_blocks", lambda lw, i: sum(map(len, v3.param_blocks(lw.layers[i].conv).values())))
+    monkeypatch.setattr(Lowering, "share_blocks", _store_every_copy)
     copies = compile_model(m, px, format="v3", kpu_ram_lines=500)[0]
     assert len(kmodel.dumps(copies)) > len(data)
     for p in px:
@@ -261,7 +266,7 @@ def test_kmodel_v3_stores_each_distinct_conv_block_once():
     assert sum(r.weight_bytes for r in rows if r.unit == "KPU") == sum(len(data) for _, data in where)
     assert sum(1 for ly in back.layers if ly.shared) > len(lw.plans["c2"].bands) - 1
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Lowering, "share_blocks", lambda lw, i: sum(map(len, v3.param_blocks(lw.layers[i].conv).values())))
+        mp.setattr(Lowering, "share_blocks", _store_every_copy)
         copies = compile_model(m, px, format="v3", kpu_ram_lines=500)[0]
     assert not any(ly.shared for ly in copies.layers) and len(kmodel.dumps(copies)) > len(kmodel.dumps(model))
     for p in px:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from itertools import permutations
 
 import numpy as np
 
@@ -610,8 +609,8 @@ def _check_bits(conv, eight_bit: bool, where: str):
 
 
 def _check_shared(data: bytes, b: str, theirs, j: int, where: str):
-    """KmodelFormatError unless layer `j` (`theirs`: its (conv, offsets) as stored so far) stores
-    block `b` as `data`, itself."""
+    """KmodelFormatError unless layer `j` (`theirs`: its (conv, offsets) as stored so far), an
+    earlier K210_CONV, has block `b` with the bytes `data`."""
     if theirs is None or _block_bytes(theirs[0])[b] != data:
         raise KmodelFormatError(f"{where}: its {b} block is shared with layer {j}, which does not "
                                 "store the same bytes before it")
