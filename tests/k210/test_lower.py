@@ -208,8 +208,8 @@ def test_row_bands_store_each_weight_once_in_kmodel_v3(monkeypatch):
 
 def test_kmodel_v3_packs_conv_blocks_into_the_padding():
     """A v3 kmodel made here places each K210_CONV block (weights, BN and activation tables at
-    256, the layer arguments at 8: docs/kmodel-format.md#v3-conv-parameter-placement) first-fit into the padding
-    before it (v3.KModelV3.packed): no block overlaps another or leaves the file, the file is
+    256, the layer arguments at 8: docs/kmodel-format.md#v3-conv-parameter-placement) where the
+    bodies after it leave room (v3.KModelV3.packed): no block overlaps another or leaves the file, the file is
     smaller than nncase's in-body order of the same layers, reads back as packed with no notes,
     writes back byte for byte, and every output is the nncase-order file's, bit for bit. Shared
     row-band blocks stay shared (the chained bands below)."""
