@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from itertools import permutations
 
 import numpy as np
 
@@ -495,20 +496,27 @@ def _bodies(model: KModelV3, head_size: int):
     return bodies, pad
 
 
-#: the padding `_pack` accepts before a 256-aligned block rather than let the next body cross the
-#: multiple of 256 (the least total on the corpus's v3 models, of 0, 32, 48, 64, 96, 128, 256)
+#: the padding `_pack_stream` accepts before a 256-aligned block rather than let the next body
+#: cross the multiple of 256 (the least total on the corpus's v3 models, of 0, 32, ..., 256)
 SLACK = 64
 
 
 def _pack(model: KModelV3, head_size: int):
-    """The bodies, in order, with each K210_CONV block placed at its DEFAULT_ALIGN alignment
-    wherever the file has room for it after its layer's 24-byte header (the runner finds a block
-    at its absolute file offset, wherever it is: docs/kpu.md). The 256-aligned blocks wait for a
-    multiple of 256; what precedes it is filled with the next bodies while they fit before it,
+    """The bodies with every K210_CONV block placed, at its DEFAULT_ALIGN alignment, into room the
+    file has anyway (the runner finds a block at its absolute file offset, wherever it is:
+    docs/kpu.md): the shorter of two layouts, `_pack_holes` on a tie. Shared blocks point at their
+    first layer's. A pure function of the layers, so the reader recognises a packed file (`read`).
+    Returns (bodies, 0)."""
+    holes, stream = _pack_holes(model, head_size), _pack_stream(model, head_size)
+    return min((holes, stream), key=lambda t: sum(map(len, t[0])))
+
+
+def _pack_stream(model: KModelV3, head_size: int):
+    """The second layout `_pack` tries: the bodies in order, each K210_CONV block waiting, from
+    its layer's 24-byte header on, for a file offset of its alignment; before a multiple of 256
+    that a waiting block takes, the space is filled with the next bodies while they fit before it,
     then with the waiting 96-byte layer arguments (8-aligned); a body that does not fit crosses
-    the multiple unless at most SLACK bytes of padding are left before it. Shared blocks point at
-    their first layer's. A pure function of the layers, so the reader recognises a packed file
-    (`read`). Returns (bodies, 0)."""
+    the multiple unless at most SLACK bytes of padding are left before it."""
     buf, starts, waiting, args, offs, refs, stored = bytearray(), [], [], [], {}, [], {}
 
     def pos():
@@ -571,6 +579,78 @@ def _pack(model: KModelV3, head_size: int):
         buf[starts[i]:starts[i] + 24] = LAYER_TYPES[layer.type].struct.pack(
             dict(layer.fields, **{b + "_offset": o[b] for b in CONV_BLOCKS}))
     return [bytes(buf[a:b]) for a, b in zip(starts, starts[1:] + [len(buf)])], 0
+
+
+def _pack_holes(model: KModelV3, head_size: int):
+    """The first layout `_pack` tries: each K210_CONV's 256-aligned blocks appended to its own
+    body, in the order of them that ends it soonest, and its 96-byte layer argument (8-aligned)
+    in the lowest hole of the padding so far where it fits (no 256-aligned block fits a hole:
+    every hole ends at the multiple of 256 a block starts at), else appended."""
+    buf, holes, stored, starts = bytearray(), [], {}, []      # holes: [start, end) where an argument fits
+    for i, layer in enumerate(model.layers):
+        pos = head_size + len(buf)
+        starts.append(len(buf))
+        if LAYER_TYPES[layer.type].tail != "conv":
+            buf += padded_body(_body_bytes(layer, pos, model.eight_bit, f"layer {i}", stored, i), pos, 0)[0]
+            continue
+        f, blocks = dict(layer.fields), _block_bytes(layer.conv)
+        _check_bits(layer.conv, model.eight_bit, f"layer {i}")
+        own = [b for b in CONV_BLOCKS if not _shared_offset(layer, b, blocks, stored, f, f"layer {i}")]
+        sizes = {b: len(blocks[b]) for b in own}
+        end, first, new, at = min((_place(order, sizes, holes[:1], pos + 24) for order in _orders(own)),
+                                  key=lambda t: t[0])
+        holes = first + holes[1:] + new
+        buf += bytes(end - head_size - len(buf))
+        for b, o in at.items():
+            buf[o - head_size:o - head_size + sizes[b]] = blocks[b]
+            f[b + "_offset"] = o
+        buf += bytes(align_up(end, 8) - head_size - len(buf))
+        buf[pos - head_size:pos - head_size + 24] = LAYER_TYPES[layer.type].struct.pack(f)
+        stored[i] = (layer.conv, {b: f[b + "_offset"] for b in CONV_BLOCKS})
+    ends = starts[1:] + [len(buf)]
+    return [bytes(buf[a:b]) for a, b in zip(starts, ends)], 0
+
+
+def _orders(own):
+    """The orders `_pack` tries for a conv's own blocks: every order of the 256-aligned ones, then
+    the 8-aligned layer argument."""
+    aligned = [b for b in own if DEFAULT_ALIGN[b] > 8]
+    return [list(p) + [b for b in own if b not in aligned] for p in permutations(aligned)]
+
+
+def _place(order, sizes, first, end):
+    """Append the 256-aligned blocks of `order` from `end`, and put the layer argument into the
+    lowest hole of `first` (the padding so far) and the holes the appending leaves, else after
+    them: (the new end, what is left of `first`, the new holes, {block: offset})."""
+    first, new, at = [list(h) for h in first], [], {}
+    for b in order:
+        a, n = DEFAULT_ALIGN[b], sizes[b]
+        o = _first_fit(first, a, n) if a == 8 else None
+        if o is None and a == 8:
+            o = _first_fit(new, a, n)
+        if o is None:
+            o = align_up(end, a)
+            if _fits(end, o):
+                new.append([end, o])
+            end = o + n
+        at[b] = o
+    return end, first, new, at
+
+
+def _fits(h0: int, h1: int) -> bool:
+    """Does a layer argument (8-aligned) fit the hole [h0, h1)?"""
+    return align_up(h0, 8) + hw.LAYER_ARG_BYTES <= h1
+
+
+def _first_fit(holes: list, align: int, n: int):
+    """The lowest offset of a hole where `n` bytes fit at `align`; the hole is split around them
+    (a remainder kept only while a layer argument fits it)."""
+    for k, (h0, h1) in enumerate(holes):
+        at = align_up(h0, align)
+        if at + n <= h1:
+            holes[k:k + 1] = [h for h in ([h0, at], [at + n, h1]) if _fits(*h)]
+            return at
+    return None
 
 
 def _body_bytes(layer: Layer, pos: int, eight_bit: bool, where: str, stored: dict, i: int) -> bytes:
