@@ -36,10 +36,54 @@ def float_dense_convs(g):
     return floats
 
 
+HEAD_OPS = ("Sigmoid",)      # float CPU functions of a model output that magnify its input's rounding
+HEAD_WEIGHTS_MAX = 4096      # weights of a conv small enough to run in float on the CPU at little cost
+
+
+def _only_to_head(g, t):
+    """Is t read only (through relabels and transposes) by a Sigmoid that is a model output?"""
+    users = g.consumers(t)
+    if t in g.outputs or not users:
+        return False
+    for u in users:
+        if u.op in RELABELS + ("Transpose",):
+            if not _only_to_head(g, u.outputs[0]):
+                return False
+        elif u.op in HEAD_OPS:
+            y = u.outputs[0]
+            while y not in g.outputs:
+                nxt = g.consumers(y)
+                if len(nxt) != 1 or nxt[0].op not in RELABELS:
+                    return False
+                y = nxt[0].outputs[0]
+        else:
+            return False
+    return True
+
+
+def float_head(g, node) -> bool:
+    """Is `node` a small conv whose output is a model output's logit (read only by a Sigmoid
+    that is a model output: a detector's objectness or class map), or a small conv read only by
+    such convs? A sigmoid magnifies the uint8 rounding of the rare large logits (a face in a map
+    of background) and the map it reads carries its own rounding through the head's large
+    weights: no range choice avoids either, float on the CPU does (kmodel v4 conv2d)."""
+    w = g.const(node.inputs[1]) if node.op == "Conv" and len(node.inputs) > 1 else None
+    if w is None or w.size > HEAD_WEIGHTS_MAX:
+        return False
+    t = node.outputs[0]
+    if _only_to_head(g, t):
+        return True
+    users = g.consumers(t)
+    return bool(users) and t not in g.outputs and all(
+        u.op == "Conv" and u.inputs[0] == t and t not in u.inputs[1:] and float_head(g, u) for u in users)
+
+
 def fake_quant_graph(graph, ranges, weight_bits=8):
     from tl2k210.graph import Node, stage_names
     g = graph.copy()
     floats = float_dense_convs(g)
+    if g.meta.get("plan", ("v3",))[0] == "v4":     # the v4 back-end runs them as float conv2d
+        floats |= {n.name for n in g.nodes if float_head(g, n)}
     for n in g.nodes:
         if n.op == "Conv" and g.const(n.inputs[1]) is not None and n.name not in floats:
             w = g.const(n.inputs[1])

@@ -20,6 +20,7 @@ import numpy as np
 
 from tl2k210.graph import Node, stage_names
 from tl2k210.k210 import fixed_point as fx
+from tl2k210.quantize.fake_quant import float_head
 from tl2k210.quantize.metrics import sqnr_db
 
 from .conv import is_dense
@@ -143,6 +144,15 @@ def cpu_trade_why(g, node, opts):
     """registry `takes`: why quantized_conv2d goes before the KPU forms (cpu_trade), or None."""
     return ("the smaller form was asked for: quantized_conv2d stores each weight once, a byte each"
             if cpu_trade(g, node, opts) else None)
+
+
+def float_head_why(g, node, opts):
+    """registry `takes`: why the float conv2d goes before the KPU and uint8 forms (a model
+    output's logit head, fake_quant.float_head), or None."""
+    if getattr(opts, "format", "v3") != "v4" or fconv_refuses(g, node, opts) is not None or not float_head(g, node):
+        return None
+    return ("a head of a Sigmoid model output: float keeps the large logits that uint8 would round "
+            "and the sigmoid magnify")
 
 
 def fconv_refuses(g, node, opts):
@@ -320,7 +330,7 @@ def _out_hw(lw, node, st, pool):
     return ((h + t + b - (kh - 1) * dh - 1) // sh + 1, (w + l + r - (kw - 1) * dw - 1) // sw + 1)
 
 
-@lowering("Conv", unit=CPU_F32, check=fconv_refuses, formats=("v4",), name="conv2d")
+@lowering("Conv", unit=CPU_F32, check=fconv_refuses, formats=("v4",), name="conv2d", takes=float_head_why)
 def float_conv(lw, node):
     x, w_name, b_name = node.inputs
     out = node.outputs[0]
@@ -331,7 +341,8 @@ def float_conv(lw, node):
     W = np.asarray(lw.g.tensors[w_name].value, np.float32)
     B = np.asarray(lw.g.tensors[b_name].value, np.float32)
     co = W.shape[0]
-    row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} the KPU cannot run: float conv2d",
+    why = "a Sigmoid output's head" if float_head(lw.g, node) else "the KPU cannot run"
+    row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} {why}: float conv2d",
                  in_shape=(ci, h, w), out_shape=lw.shape(out))
     src = lw.need_f32(x, row)
     clamp = _float_clamp(act)
