@@ -8,20 +8,18 @@ from conftest import data_path
 
 pytestmark = pytest.mark.slow
 
-YUNET_GAP = pytest.mark.xfail(strict=True, reason=(
-    "known gap: YuNet's objectness maps (sigmoids of background logits, float on the CPU) below their "
-    "ideal on 12 ImageNet photos (obj_8 24.0 vs 27.8, obj_16 8.8 vs 11.0, obj_32 9.8 vs 14.7 dB on main "
-    "at 6885bff; 25.7/9.9/13.5 before its last merges): ours is about 1 LSB low on the rare large logits, "
-    "where the bias correction for weight rounding (exact at the mean input) moves the error; without it "
-    "obj_8 and obj_16 met the ideal and obj_32 fell further behind"))
 CASES = {   # file -> convert options (bench/quantize.py's)
     ("models", "k210-dronet__model.tflite"): {},
     ("models", "LFFD-LP-K210__LPbox_1_branch.tflite"): {},     # its score map: 51.1 dB before, ideal 86.9
     ("fit", "yunet_s_320_320.onnx"): {"input_range": (0, 255)},
     ("fit", "st_fdmobilenet_0.25_128_food101.h5"): {"input_range": (-1, 1)},
 }
-PARAMS = [pytest.param(w, marks=YUNET_GAP, id=w[1]) if "yunet" in w[1] else pytest.param(w, id=w[1])
-          for w in sorted(CASES)]
+# a face detector is measured on faces (bench/fit.py's WIDER FACE photos): on photos without one
+# its objectness maps are near zero everywhere, and the SQNR of such a map is decided by the few
+# pixels of one or two photos where it is largest (on 28 ImageNet photos one photo holds 60% of
+# obj_32's signal), where ours and the ideal each carry logit errors of the same size
+PHOTOS = {("fit", "yunet_s_320_320.onnx"): ("faces", "wider_val_subset200", "images")}
+PARAMS = [pytest.param(w, id=w[1]) for w in sorted(CASES)]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +32,7 @@ def calib(tmp_path_factory):
 def test_every_output_within_a_db_of_its_ideal(where, calib, tmp_path):
     from tl2k210.compare import compare
     from tl2k210.compiler import ConvertOptions, convert, held_out_ideal
-    src, photos = data_path("corpus", *where), data_path("imagenet")
+    src, photos = data_path("corpus", *where), data_path(*PHOTOS.get(where, ("imagenet",)))
     opts = ConvertOptions(dataset=str(calib), progress=False, runtime="sdk", min_sqnr=0, **CASES[where])
     convert(src, tmp_path / "m.kmodel", opts)
     ours = compare(str(src), str(tmp_path / "m.kmodel"), str(photos), limit=12,
