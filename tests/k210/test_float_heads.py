@@ -59,6 +59,12 @@ def test_no_head_over_the_weight_limit(monkeypatch):
     assert heads(head_model()) == []
 
 
+def test_no_head_in_a_model_quantized_by_its_own_scales():
+    g, _ = run_pipeline(from_onnx(head_model()))
+    g.meta["quant_ranges"] = {"x": (0.0, 1.0)}
+    assert not any(fq.float_head(g, n) for n in g.nodes)
+
+
 def _obj_sqnr(model, kmodel, px):
     emu = Emulator(kmodel)
     ref = np.stack([ort_run(model, (p[None] / 255.0).astype(np.float32))[0].reshape(-1) for p in px])

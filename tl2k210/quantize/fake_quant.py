@@ -66,7 +66,10 @@ def float_head(g, node) -> bool:
     that is a model output: a detector's objectness or class map), or a small conv read only by
     such convs? A sigmoid magnifies the uint8 rounding of the rare large logits (a face in a map
     of background) and the map it reads carries its own rounding through the head's large
-    weights: no range choice avoids either, float on the CPU does (kmodel v4 conv2d)."""
+    weights: no range choice avoids either, float on the CPU does (kmodel v4 conv2d). Not in a
+    model quantized by its own int8 scales: its head is the integers it rounds to."""
+    if g.meta.get("quant_ranges"):
+        return False
     w = g.const(node.inputs[1]) if node.op == "Conv" and len(node.inputs) > 1 else None
     if w is None or w.size > HEAD_WEIGHTS_MAX:
         return False
