@@ -14,6 +14,13 @@ TL 2.2.5's BatchNorm cannot be traced inside tf.function -- it computes exactly 
 computes in eval mode (checked at start-up) plus batch-stat BatchNorm with TL's moving-average
 rule (decay 0.9). Batch i comes from np.random.default_rng([TRAIN_SEED, i]); tf/np seeds fixed.
 Writes weights.npz (zoo.save_weights, atomic) every --save-every steps and at the end.
+
+Distillation (--teacher DIR, the cache teacher.py writes: crops and the anchor kmodel's 192-d
+embeddings of them): batches are drawn from the cached crops instead of fresh jitter, and the loss
+adds --distill x the cosine distance between a linear projection (128 -> 192, a training-only
+variable, started at the least-squares fit of the --init model) of the student's embedding and
+the teacher's, and --relation x the mean squared difference of the two in-batch cosine-similarity
+matrices (what verification compares), to the CosFace loss.
 """
 from __future__ import annotations
 
@@ -34,9 +41,27 @@ from models.face_recognition import data  # noqa: E402
 from models.face_recognition.network import BN_EPS, LAYERS, build  # noqa: E402
 
 
-def producer(start, end, size, root, min_images, q):
+def producer(start, end, size, root, min_images, q, cache=None):
     for s in range(start, end):
-        q.put((s, data.train_batch(s, size, root, min_images)))
+        if cache is None:
+            q.put((s, data.train_batch(s, size, root, min_images) + (None,)))
+        else:
+            idx = np.random.default_rng([data.TRAIN_SEED, s]).integers(0, len(cache[0]), size)
+            q.put((s, (cache[0][idx], cache[1][idx], cache[2][idx])))
+
+
+def load_teacher(folder):
+    """(images uint8 (N, 64, 64, 3), labels int32 (N,), teacher float32 (N, D)) of all the views
+    in a teacher.py cache folder, the teacher embeddings L2-normalised."""
+    from pathlib import Path
+    files = sorted(Path(folder).glob("view*.npz"))
+    if not files:
+        data.fail(f"no teacher cache (view*.npz) in {folder}: run python -m models.face_recognition.teacher")
+    parts = [np.load(f) for f in files]
+    t = np.concatenate([p["teacher"] for p in parts]).astype(np.float32)
+    t /= np.linalg.norm(t, axis=1, keepdims=True) + 1e-9
+    print(f"teacher cache: {len(files)} views, {len(t)} crops", flush=True)
+    return np.concatenate([p["images"] for p in parts]), np.concatenate([p["labels"] for p in parts]), t
 
 
 def mean_embeddings(net, root, min_images, n_cls):
@@ -66,6 +91,10 @@ def main(argv=None):
                     help="train on the people of folds 2-10 with at least this many images (1: all)")
     ap.add_argument("--init", help="start from these weights (a zoo.save_weights npz of this network); "
                     "the class centres start at the people's mean embeddings")
+    ap.add_argument("--teacher", help="teacher.py cache folder: distil the anchor kmodel's embeddings")
+    ap.add_argument("--distill", type=float, default=5.0, help="weight of the cosine distance to the teacher")
+    ap.add_argument("--relation", type=float, default=20.0,
+                    help="weight of the in-batch similarity-matrix distance to the teacher's")
     args = ap.parse_args(argv)
     root = str(data.training_dir(args.data))
 
@@ -91,6 +120,16 @@ def main(argv=None):
         centres.assign(mean_embeddings(net, root, args.min_images, n_cls))
         print(f"initialised from {args.init}; centres = the {n_cls} people's mean embeddings", flush=True)
     train_vars = [w for w in ws if "moving" not in w.name] + [centres]
+    cache = load_teacher(args.teacher) if args.teacher else None
+    if cache is not None:
+        proj = tf.Variable(tf.zeros((dense_w.shape[1], cache[2].shape[1])), name="proj")
+        if args.init:   # least-squares start: the init model's embeddings of the first view -> teacher
+            n0 = len(data._train_images(root, args.min_images)[0])
+            x0 = cache[0][:n0].astype(np.float32) / 255.0
+            e0 = np.concatenate([net(x0[i:i + 256]).numpy() for i in range(0, n0, 256)])
+            e0 /= np.linalg.norm(e0, axis=1, keepdims=True) + 1e-9
+            proj.assign(np.linalg.lstsq(e0, cache[2][:n0], rcond=None)[0].astype(np.float32))
+        train_vars.append(proj)
 
     def forward(x, training):
         n = x
@@ -123,7 +162,7 @@ def main(argv=None):
     decayed = [w for kind, s, w, _ in layers] + [dense_w]
 
     @tf.function
-    def train_step(x, y):
+    def train_step(x, y, t=None):
         with tf.GradientTape() as tape:
             e = tf.math.l2_normalize(forward(x, True), 1)
             cos = tf.matmul(e, tf.math.l2_normalize(centres, 0))
@@ -132,11 +171,16 @@ def main(argv=None):
             l_cls = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(onehot, logits))
             l_wd = 5e-5 * tf.add_n([tf.reduce_sum(tf.square(w)) for w in decayed])
             loss = l_cls + l_wd
+            if t is not None:
+                p = tf.math.l2_normalize(tf.matmul(e, proj), 1)
+                l_kd = tf.reduce_mean(1.0 - tf.reduce_sum(p * t, 1))
+                l_rel = tf.reduce_mean(tf.square(tf.matmul(e, e, transpose_b=True) - tf.matmul(t, t, transpose_b=True)))
+                loss += args.distill * l_kd + args.relation * l_rel
         grads = tape.gradient(loss, train_vars)
         grads, _ = tf.clip_by_global_norm(grads, 10.0)
         opt.apply_gradients(zip(grads, train_vars))
         acc = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(cos, 1, output_type=tf.int32), y), tf.float32))
-        return tf.stack([loss, acc])
+        return tf.stack([loss, acc, l_kd if t is not None else 0.0])
 
     def save(step):
         net.eval()
@@ -144,20 +188,22 @@ def main(argv=None):
         print(f"saved step {step}: {args.weights}", flush=True)
 
     q = queue.Queue(maxsize=6)
-    threading.Thread(target=producer, args=(0, args.steps, args.batch, root, args.min_images, q),
+    threading.Thread(target=producer, args=(0, args.steps, args.batch, root, args.min_images, q, cache),
                      daemon=True).start()
     t0 = time.time()
-    acc = np.zeros(2)
+    acc = np.zeros(3)
     n_acc = 0
     for step in range(args.steps):
-        s, (x, y) = q.get()
+        s, (x, y, t) = q.get()
         assert s == step
-        acc += train_step(tf.constant(x.astype(np.float32) / 255.0), tf.constant(y.astype(np.int32))).numpy()
+        acc += train_step(tf.constant(x.astype(np.float32) / 255.0), tf.constant(y.astype(np.int32)),
+                          *([] if t is None else [tf.constant(t)])).numpy()
         n_acc += 1
         if (step + 1) % 50 == 0:
             el = time.time() - t0
             print(f"step {step + 1}/{args.steps} loss {acc[0] / n_acc:.3f} train-acc {acc[1] / n_acc:.3f} "
-                  f"lr {float(sched(step)):.2e} {el / (step + 1):.3f} s/step, {el / 60:.1f} min", flush=True)
+                  + (f"teacher-cos {1 - acc[2] / n_acc:.3f} " if cache is not None else "")
+                  + f"lr {float(sched(step)):.2e} {el / (step + 1):.3f} s/step, {el / 60:.1f} min", flush=True)
             acc[:] = 0
             n_acc = 0
         if (step + 1) % args.save_every == 0:
