@@ -196,6 +196,7 @@ class Plan:
     in_resident: bool          # tiles read windows of the whole input map, resident in KPU RAM
     out_resident: bool         # tiles write windows of one output map that stays in KPU RAM
     why: str = ""
+    form: str = ""             # the receipt's name of a smaller form the plan took (fit.trades)
 
     @property
     def tiles(self):
@@ -217,10 +218,12 @@ def _group_units(geo, q):
     return [((g0 * m, min(G, g0 + q) * m), (g0 * n, min(G, g0 + q) * n)) for g0 in range(0, G, q)]
 
 
-def conv_cycles(ci, co, groups, k, h, w, w_out, dense=False):
+def conv_cycles(ci, co, groups, k, h, w, w_out, dense=False, small=False):
     """(groups per tile, est. cycles, one dense tile's cycles) of a conv: a grouped conv runs as
     block-diagonal dense tiles, the cheapest aligned split by the cost model (KPU cycles of all its
-    tiles); `dense` forces one tile. A depthwise conv is one native layer."""
+    tiles); `dense` forces one tile; `small`, the split of the fewest kmodel bytes (each tile is a
+    layer of its own 256-aligned blocks, kpu.layer_file_bytes; fewer tiles store more zeros),
+    ties to the cheaper. A depthwise conv is one native layer."""
     if groups == ci == co:
         c = kpu.estimate_cycles(h * w * co * k * k, co * k * k)
         return groups, c, c
@@ -229,13 +232,24 @@ def conv_cycles(ci, co, groups, k, h, w, w_out, dense=False):
     cost = {q: (G // q) * kpu.estimate_cycles(h * w * (q * n) * (q * m) * k * k, (q * n) * (q * m) * k * k)
             for q in range(1, G + 1)
             if q == G or not (G % q or (q * m) % gi or (q * n) % go or max(q * m, q * n) > cmax)}
-    q = G if dense else min(cost, key=cost.get)
+    q = G if dense else min(cost, key=lambda q: ((G // q) * kpu.layer_file_bytes(q * m, q * n, k), cost[q])
+                            if small else cost[q])
     return q, cost[q], cost[G]
 
 
-def _grouped_q(geo):
+def _grouped_q(geo, small=False):
     ci, h, w = geo.in_shape
-    return conv_cycles(ci, geo.co, geo.groups, geo.k, h, w, geo.kpu_out[2])
+    return conv_cycles(ci, geo.co, geo.groups, geo.k, h, w, geo.kpu_out[2], small=small)
+
+
+TILES = "/tiles"      # Options.small names "<node>/tiles": a grouped conv's KPU tiling of the fewest bytes
+
+
+def wants_small_tiles(opts, node) -> bool:
+    """Does the plan ask for a grouped conv's fewest-bytes KPU tiling? With its other smaller
+    form (state.wants_small: the uint8 CPU conv, where kmodel v4 has it, which goes first), or by
+    itself: the plan tries it where the CPU form did not shrink the model (its maps in main memory)."""
+    return wants_small(opts, node) or node.name + TILES in getattr(opts, "small", ())
 
 
 def plan_for(lw, node) -> Plan:
@@ -249,15 +263,21 @@ def plan_for(lw, node) -> Plan:
     co, ph, pw = geo.kpu_out
     whole = ((0, _final_h(geo)), (0, h))
     if geo.groups == 1 or geo.depthwise:
-        units, why = [((0, ci), (0, co))], ""
+        units, why, form = [((0, ci), (0, co))], "", ""
     else:   # MaixPy checks the first layer reads the image's channels: one tile for it
-        q, cyc, dense = _grouped_q(geo)
+        (q, cyc, dense), how, form = _grouped_q(geo), "cheapest", ""
+        small = _grouped_q(geo, small=True)
         if node.inputs[0] == lw.g.inputs[0]:
             q, cyc = geo.groups, dense
+        elif small[0] != q:
+            lw.smaller.add(node.name + TILES)
+            if wants_small_tiles(lw.opts, node):
+                form = f"fewest-bytes tiles: {-(-geo.groups // small[0])} layers, not {-(-geo.groups // q)}"
+                (q, cyc, _), how = small, "fewest-bytes"
         units = _group_units(geo, q)
         why = (f"group {geo.groups}: {len(units)} block-diagonal dense tile(s) of {q} group(s) "
                f"({ci // geo.groups}->{co // geo.groups} channels each), est. {cyc:,} cycles"
-               + ("" if q == geo.groups else f" (the cheapest aligned split; one dense layer: {dense:,})"))
+               + ("" if q == geo.groups else f" (the {how} aligned split; one dense layer: {dense:,})"))
     lines_in = hw.map_lines(ci, h, w)
     first = node.inputs[0] == lw.g.inputs[0] and lw.format != "v4"   # v4 can keep the image in main memory
     fits = lines_in + hw.map_lines(co, ph, pw) <= cap
@@ -274,7 +294,7 @@ def plan_for(lw, node) -> Plan:
     # weights): the stride-1 map waits in main memory by output-channel chunks, not whole (4x the output)
     by_chunks = any(k == 1 and s == 2 for k, s, *_ in geo.post) and wants_small(lw.opts, node) and geo.groups == 1
     if not tall and fits and not by_chunks:
-        plan = Plan(units, [whole], True, True, why)
+        plan = Plan(units, [whole], True, True, why, form)
     elif not tall and geo.groups == 1 and lines_in + hw.map_lines(1, ph, pw) <= cap:
         n = next(n for n in range(co, 0, -1) if lines_in + hw.map_lines(n, ph, pw) <= cap)
         if geo.post:   # each chunk's stride-1 map waits in main memory for its CPU pick/pool: at most
@@ -396,12 +416,13 @@ def kpu_conv(lw, node):
     lq = quantize_conv(lw, node, geo, W, B, row)
     emit_layer(lw, node, geo, plan_for(lw, node), lq, row)
     describe(row, geo, plan_for(lw, node))
+    row.form = plan_for(lw, node).form
     if geo.post and geo.post[0][1] == 2:
         from .kxk import phases_passed_over
         note = phases_passed_over(lw.g, node, lw.opts)
         if note:
             row.notes.append(note)
-            row.form = "stride 1 + CPU pick"
+            row.form = "stride 1 + CPU pick" + (f", {row.form}" if row.form else "")
 
 
 def describe(row, geo, plan, k=None):

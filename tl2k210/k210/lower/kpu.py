@@ -15,6 +15,7 @@ import numpy as np
 
 from tl2k210.errors import KpuLimitError
 from tl2k210.k210 import hardware as hw
+from tl2k210.k210.kmodel.binio import align_up
 from tl2k210.k210.kmodel.kpu import KpuConv
 from tl2k210.k210 import fixed_point as fx
 
@@ -259,6 +260,17 @@ def place(conv: KpuConv, src_line: int, dst_line: int) -> KpuConv:
 
 def out_lines(conv: KpuConv) -> int:
     return hw.map_lines(*conv.out_shape)
+
+
+BLOCK_ALIGN = 256     # a kpu_conv2d body's BN, activation and weight blocks each start on it (kmodel/v4.py)
+
+
+def layer_file_bytes(ci: int, co: int, k: int) -> int:
+    """Estimated kmodel bytes of one 8-bit KPU conv layer of `ci` -> `co` channels: its arguments
+    and weights, its BN table and its activation table, each block starting at a 256-byte
+    boundary, so a small layer costs about 768 B whatever its weights."""
+    return sum(align_up(b, BLOCK_ALIGN) for b in (hw.LAYER_ARG_BYTES + co * ci * k * k, 8 * co,
+                                                  hw.ACT_TABLE_BYTES))
 
 
 def estimate_cycles(macs: int, weight_bytes: int, streamed_bytes: int = 0) -> int:

@@ -130,11 +130,14 @@ def cpu_trade(g, node, opts) -> bool:
     (kxk.py's shift stages); the plan keeps it only where the model shrinks (fit.choose_forms).
     When the plan asks for the node's smaller form (wants_small) in kmodel v4 and per-layer uint8
     weights keep WEIGHT_SQNR_MIN dB of the weights: the trade gives up speed, never accuracy. Not
-    a 3x3 stride-2 conv with 'stride-2 phases' forms: its smaller form is the stride-1 map + CPU
-    pick, its weights once and still on the KPU (the CPU conv would be ~40x slower)."""
+    a dense or depthwise 3x3 stride-2 conv with 'stride-2 phases' forms: its smaller form is the
+    stride-1 map + CPU pick, its weights once in one KPU layer (the CPU conv would be ~40x
+    slower); a grouped one's stride-1 map runs as block-diagonal tiles, each a KPU layer with its
+    own 256-aligned BN, activation and weight blocks (conv.py), so its smaller form is this one."""
     if not wants_small(opts, node) or getattr(opts, "format", "v3") != "v4" or node.op != "Conv":
         return False
-    if phase_forms(g, node, "v4"):
+    groups, ci, co = int(node.attrs.get("group", 1)), g.shape(node.inputs[0])[1], g.shape(node.outputs[0])[1]
+    if phase_forms(g, node, "v4") and (groups == 1 or groups == ci == co):
         return False
     return qconv_refuses(g, node, opts) is None and \
         weight_sqnr(g.const(node.inputs[1]), int(node.attrs.get("group", 1))) >= WEIGHT_SQNR_MIN
