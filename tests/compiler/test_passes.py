@@ -514,6 +514,39 @@ def test_pixel_shuffle_chain_is_one_depth_to_space(mode):
     assert changes and "DepthToSpace" in changes[0][1]
 
 
+@pytest.mark.parametrize("k,s,pads,group,extra,ops", [
+    (2, 2, [0, 0, 0, 0], 1, {}, ["Conv", "DepthToSpace"]),                  # Keras Conv2DTranspose(2, 2)
+    (4, 2, [1, 1, 1, 1], 1, {}, ["Conv", "DepthToSpace", "Slice"]),         # PyTorch's x2 upsampling
+    (4, 2, [1, 2, 2, 1], 2, {}, ["Conv", "DepthToSpace", "Slice"]),         # grouped, uneven pads
+    (6, 3, [2, 0, 1, 3], 2, {"output_padding": [1, 2]}, ["Conv", "DepthToSpace", "Slice"]),
+    (2, 2, [0, 0, 0, 0], 4, {}, ["Conv", "DepthToSpace"]),                  # 4 groups of 1 -> 2
+    (3, 1, [1, 1, 1, 1], 1, {}, ["Conv"]),                                  # stride 1: a conv
+    (4, 2, None, 1, {"auto_pad": "SAME_UPPER"}, ["Conv", "DepthToSpace", "Slice"]),
+    (3, 2, [1, 1, 1, 1], 1, {}, ["ConvTranspose"]),       # 3 taps on stride 2: phases of 2 and 1 tap
+    (4, 2, None, 1, {"auto_pad": "SAME_LOWER", "output_padding": [1, 1]}, ["ConvTranspose"]),
+])
+def test_conv_transpose_is_phase_convs_and_a_pixel_shuffle(k, s, pads, group, extra, ops):
+    """A transposed conv whose kernel is a multiple of its stride becomes one Conv computing the
+    s*s phases (k/s taps each, every weight once) + DepthToSpace (CRD) + a Slice for the padding:
+    onnxruntime's ConvTranspose to float rounding. A kernel that is no multiple (its phases would
+    store zero taps) and SAME with output_padding (onnx and onnxruntime disagree on its shape)
+    stay as they are."""
+    ci, co = 4, 8
+    w, b = rand(ci, co // group, k, k), rand(co)
+    attrs = dict(strides=[s, s], kernel_shape=[k, k], group=group, **extra)
+    if pads is not None:
+        attrs["pads"] = pads
+    m = make_model([helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], name="ct", **attrs)],
+                   [("x", [1, ci, 5, 7])], [("y", None)], {"w": w, "b": b})
+    g, changes = check(m, "conv_transpose", x=rand(1, ci, 5, 7), tol=1e-5)
+    assert [n.op for n in g.nodes] == ops and bool(changes) == (ops[0] == "Conv")
+    if ops[0] == "Conv":
+        conv = g.nodes[0]
+        wc = g.const(conv.inputs[1])
+        assert wc.size == w.size and wc.shape[0] == co * s * s and conv.attrs["group"] == group
+        assert g.nodes[-1].name == "ct" and g.nodes[-1].outputs == ["y"]
+
+
 def test_log_softmax_and_instance_norm_decompose():
     m = make_model([helper.make_node("LogSoftmax", ["x"], ["y"], axis=1)], [X], [("y", None)])
     g, _ = check(m, "log_softmax")

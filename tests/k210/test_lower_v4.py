@@ -286,9 +286,39 @@ def test_mean_pool_stays_float_where_uint8_would_change_it():
 
 
 def test_conv2d_transpose_adds_its_bias():
-    m = build([N("ConvTranspose", ["r", "wt", "bt"], ["y"], strides=[2, 2], kernel_shape=[4, 4], pads=[1, 1, 1, 1])],
-              {"wt": W(8, 4, 4, 4), "bt": W(4)})
+    """A kernel no multiple of the stride (no phase form, pass conv_transpose) stays float."""
+    m = build([N("ConvTranspose", ["r", "wt", "bt"], ["y"], strides=[2, 2], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+              {"wt": W(8, 4, 3, 3), "bt": W(4)})
     check_v4(m, opcodes=("conv2d_transpose", "binary"))
+
+
+@pytest.mark.parametrize("k,pads,small", [(2, [0, 0, 0, 0], False), (4, [1, 1, 1, 1], False),
+                                          (2, [0, 0, 0, 0], True), (4, [1, 1, 1, 1], True)])
+def test_conv_transpose_runs_as_uint8_phase_convs(k, pads, small):
+    """A stride-2 transposed conv (Keras Conv2DTranspose 2x2, PyTorch's 4x4 pad 1) runs as its
+    phase conv (pass conv_transpose, float-exact: tests/compiler/test_passes.py): on the KPU (a 1x1
+    conv for 2x2), or the uint8 quantized_conv2d (its smaller form, or 2x2 taps the KPU's 3x3
+    border cannot pad), and the pixel shuffle as two
+    uint8 transposes (+ a strided_slice for the padding): no float conv2d_transpose and no
+    dequantize, each weight once, a byte. Every node bit for bit against the reference runner
+    (nncase v0.2's loops written out), the output within the 8-bit rounding of onnxruntime's
+    float ConvTranspose."""
+    w = W(8, 6, k, k)
+    nodes = [N("ConvTranspose", ["r", "wt", "bt"], ["ct"], name="ct", strides=[2, 2], kernel_shape=[k, k], pads=pads),
+             N("Relu", ["ct"], ["cr"]), conv_node("y", "cr", "w1", pads=[1, 1, 1, 1])]
+    m = build(nodes, {"wt": w, "bt": W(6), "w1": W(4, 6, 3, 3)})
+    opts = {"small": frozenset({"ct/phases"})} if small else {}
+    model, q, rows = check_v4(m, opcodes=("transpose",) + (("quantized_conv2d",) if small else ()), min_sqnr=30,
+                              **opts)
+    names = [nd.name for nd in model.nodes]
+    assert "conv2d_transpose" not in names and names.index("dequantize") == len(names) - 1   # the float output
+    assert ("strided_slice" in names) == any(pads)
+    phase = next(r for r in rows if r.node == "ct/phases")
+    # 4x4 pad 1: 2x2 phase kernels padded 1 before and after, no 3x3 the KPU's border takes
+    assert phase.lowering == ("kpu_conv" if k == 2 and not small else "quantized_conv2d")
+    if small:
+        qc = [nd for nd in model.nodes if nd.name == "quantized_conv2d"]
+        assert sum(nd.data["weights"].size for nd in qc) == w.size == phase.weight_bytes - 4 * 6 * 4
 
 
 def test_conv2d_transpose_bias_is_a_separate_add_matching_onnxruntime():
@@ -900,3 +930,34 @@ def test_transpose_into_the_batch_axis_is_refused_with_the_shapes():
               {"s": i64(2, 4, 12, 12)})
     with pytest.raises(UnsupportedOpError, match=r"(?s)'tb'.*batch 1"):
         compile_model(m, PX, format="v4")
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_grouped_conv_smaller_forms(stride):
+    """A grouped conv of 2 -> 2 channels a group (what pass prelu_split makes of a depthwise conv
+    between PReLUs, MobileFaceNet's) runs fastest as one KPU layer a group, each with its own
+    256-aligned BN, activation and weight blocks (~0.8 KB for 36 B of weights). Its smaller forms:
+    the KPU tiling of the fewest kmodel bytes (`<node>/tiles`: fewer, block-diagonal layers; the
+    same integer sums, so the same output bytes) and the uint8 quantized_conv2d, at stride 2 too
+    (where a dense conv's smaller form is the stride-1 map + CPU pick): every weight once, a byte,
+    bit for bit the reference runner's and within the 8-bit rounding of onnxruntime."""
+    px = pixels(3, 3, 32, 32, seed=5)
+    pads = [1, 1, 1, 1] if stride == 1 else [0, 0, 1, 1]
+    m = make_model([conv_node("c", "x", "w0", "b0", pads=[1, 1, 1, 1]), N("Relu", ["c"], ["r"]),
+                    conv_node("g", "r", "wg", "bg", group=8, pads=pads, strides=[stride, stride]), N("Relu", ["g"], ["gr"]),
+                    conv_node("y", "gr", "w1")],
+                   [("x", [1, 3, 32, 32])], [("y", None)],
+                   {"w0": W(16, 3, 3, 3), "b0": W(16), "wg": W(16, 2, 3, 3), "bg": W(16), "w1": W(4, 16, 1, 1)})
+    fast, rows, lw, _ = compile_model(m, px, format="v4")
+    assert {"g", "g/tiles"} <= lw.smaller
+    g_fast = next(r for r in rows if r.node == "g")
+    tiles, rows_t, _, _ = compile_model(m, px, format="v4", small=frozenset({"g/tiles"}))
+    g_tiles = next(r for r in rows_t if r.node == "g")
+    assert g_tiles.lowering == g_fast.lowering == "kpu_conv" and "fewest-bytes tiles" in g_tiles.form
+    assert len(g_tiles.layers) < len(g_fast.layers) and len(kmodel.dumps(tiles)) < len(kmodel.dumps(fast))
+    for p in px:
+        np.testing.assert_array_equal(Emulator(tiles).run(p)[0], Emulator(fast).run(p)[0])
+    model, q, rows_s = check_v4(m, px=px, opcodes=("quantized_conv2d",), small=frozenset({"g"}))
+    g_small = next(r for r in rows_s if r.node == "g")
+    assert g_small.lowering == "quantized_conv2d" and g_small.weight_bytes == 16 * 2 * 9 + 4 * 16
+    assert len(kmodel.dumps(model)) < len(kmodel.dumps(tiles))
