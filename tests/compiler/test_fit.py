@@ -360,3 +360,48 @@ def test_optimize_size_stores_a_5x5_depthwise_conv_at_its_8_bit_size(tmp_path, p
                              for n in traded)   # "in N channel ranges"
     assert size.file_size + size.main_memory < lat.file_size + lat.main_memory
     assert size.totals["output_sqnr_db"] > lat.totals["output_sqnr_db"] - 0.5
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    from devcorpus import photo_folder
+    return photo_folder(tmp_path_factory.mktemp("photos"))
+
+
+@pytest.mark.slow
+def test_segmentation_transposed_convs_are_uint8_and_its_smallest_kmodel_is_near_its_ideal(tmp_path, photos):
+    """SemanticSegmentation4M5StickV (real corpus, ENet-like, two Conv2DTranspose(2, 2)): the
+    transposed convs run as 1x1 phase convs + a uint8 pixel shuffle (pass conv_transpose), not
+    float conv2d_transpose (1.05 MB of float weights and 27 ms before): the fastest forms are
+    smaller and faster with the same SQNR (30.1 dB), and --optimize size stores the model within
+    1.15x its 8-bit ideal weights (1.28x before)."""
+    from conftest import data_path
+    src = data_path("corpus", "models", "SemanticSegmentation4M5StickV__Model_V0_1.tflite")
+    lat = _convert(src, tmp_path / "lat.kmodel", photos, runtime="maixpy", sqnr_samples=8)
+    size = _convert(src, tmp_path / "size.kmodel", photos, runtime="maixpy", optimize="size", sqnr_samples=8)
+    for r, path in ((lat, "lat.kmodel"), (size, "size.kmodel")):
+        assert not [n for n in kmodel.load(tmp_path / path).nodes if n.name in ("conv2d_transpose", "conv2d")]
+        shuffles = [x for x in r.layers if x["lowering"] == "space_depth_transposes"]
+        assert [x["node"] for x in shuffles] == ["ConvTranspose__582", "ConvTranspose__599"]
+    assert lat.file_size < 930_000 and lat.latency_ms < 20 and lat.totals["output_sqnr_db"] > 29.9
+    assert size.file_size <= 1.15 * size.ideal["weight_bytes"] and size.totals["output_sqnr_db"] > 30
+
+
+@pytest.mark.slow
+def test_mobilefacenet_grouped_convs_take_their_small_forms(tmp_path, photos):
+    """MobileFaceNet (developer corpus): pass prelu_split makes every depthwise conv a group conv
+    of 2 -> 2 channels, which the KPU runs fastest as one layer a group (~0.8 KB each, 2.03x the
+    ideal weights). --optimize size gives the 56x56 ones the KPU tiling of the fewest bytes (the
+    CPU conv would need their maps in main memory) and the rest, stride 2 too, the uint8
+    quantized_conv2d: within 1.15x the 8-bit ideal weights (1.30x before)."""
+    import devcorpus
+    src = devcorpus.save("MobileFaceNet", devcorpus.entries()["MobileFaceNet"].build(), tmp_path)
+    size = _convert(src, tmp_path / "size.kmodel", photos, runtime="maixpy", optimize="size",
+                    input_range=(-1, 1), min_sqnr=0)
+    assert size.file_size <= 1.15 * size.ideal["weight_bytes"]
+    traded = {t.split(":")[0]: t for t in size.trades}
+    dw = "mobilefacenet_1/depthwise_conv2d_{}/depthwise".format
+    assert "kpu_conv (fewest-bytes tiles: 8 layers, not 32)" in traded[dw("1")]
+    assert "fewest-bytes tiles" in traded[dw("1_2")] and "stride 1 + CPU pick" in traded[dw("1_2")]
+    assert traded[dw("3_1")].startswith(dw("3_1") + ": quantized_conv2d")    # stride 2
+    assert size.main_memory <= 1.25 * size.ideal["live_bytes"]
