@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from tl2k210.graph import Node, stage_names
+from tl2k210.passes.conv_transpose import convt_pads
 from tl2k210.k210 import fixed_point as fx
 from tl2k210.quantize.fake_quant import float_head
 from tl2k210.quantize.metrics import sqnr_db
@@ -452,12 +453,7 @@ def conv_transpose(lw, node):
     oc, oh, ow = lw.shape(out)
     sh, sw = a.get("strides", (1, 1))
     dh, dw = a.get("dilations", (1, 1))
-    pads = list(a.get("pads", (0, 0, 0, 0)))
-    if a.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
-        tot = [max(0, (i - 1) * s + (k - 1) * d + 1 - o) for i, s, k, d, o in
-               ((h, sh, kh, dh, oh), (w, sw, kw, dw, ow))]
-        lo = [t - t // 2 if a["auto_pad"] == "SAME_UPPER" else t // 2 for t in tot]
-        pads = [lo[0], lo[1], tot[0] - lo[0], tot[1] - lo[1]]
+    pads = convt_pads(node, (h, w), (oh, ow), (kh, kw))
     row = lw.row(node, "transposed conv: float conv2d_transpose", in_shape=(ci, h, w), out_shape=(oc, oh, ow))
     src = lw.need_f32(x, row)
     n = oc * oh * ow
