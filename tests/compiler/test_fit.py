@@ -130,7 +130,7 @@ def _branches(tmp_path, n=4, c=128):
 
 def _convert(src, out, png_dir, **kw):
     from tl2k210.compiler import ConvertOptions, convert
-    return convert(src, out, ConvertOptions(dataset=str(png_dir), progress=False, sqnr_samples=2, **kw))
+    return convert(src, out, ConvertOptions(**{"dataset": str(png_dir), "progress": False, "sqnr_samples": 2, **kw}))
 
 
 @pytest.mark.slow
@@ -384,7 +384,7 @@ def test_segmentation_transposed_convs_are_uint8_and_its_smallest_kmodel_is_near
         shuffles = [x for x in r.layers if x["lowering"] == "space_depth_transposes"]
         assert [x["node"] for x in shuffles] == ["ConvTranspose__582", "ConvTranspose__599"]
     assert lat.file_size < 930_000 and lat.latency_ms < 20 and lat.totals["output_sqnr_db"] > 29.9
-    assert size.file_size <= 1.15 * size.ideal["weight_bytes"] and size.totals["output_sqnr_db"] > 30
+    assert size.file_size <= 1.15 * size.ideal["weight_bytes"] and size.totals["output_sqnr_db"] > 30.5
 
 
 @pytest.mark.slow
