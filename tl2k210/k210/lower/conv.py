@@ -270,7 +270,7 @@ def plan_for(lw, node) -> Plan:
         if node.inputs[0] == lw.g.inputs[0]:
             q, cyc = geo.groups, dense
         elif small[0] != q:
-            lw.smaller.add(node.name + TILES)
+            lw.smaller[node.name + TILES] = True      # the same integer sums: the same output
             if wants_small_tiles(lw.opts, node):
                 form = f"fewest-bytes tiles: {-(-geo.groups // small[0])} layers, not {-(-geo.groups // q)}"
                 (q, cyc, _), how = small, "fewest-bytes"
