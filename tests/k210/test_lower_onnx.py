@@ -140,8 +140,11 @@ def test_residual_add_concat_upsample_sigmoid_dense(tmp_path, images):
     f = n.op("Flatten", n.op("GlobalAveragePool", g), axis=1)
     src, out, receipt = _convert(n, n.dense(f, 8, 5), tmp_path, calib)
     kinds = set(_kinds(receipt))
-    assert {"K210_CONV", "QUANTIZED_ADD", "QUANTIZED_CONCAT", "QUANTIZED_RESIZE_NEAREST_NEIGHBOR",
+    assert {"K210_CONV", "QUANTIZED_ADD", "QUANTIZED_RESIZE_NEAREST_NEIGHBOR",
             "GLOBAL_AVERAGE_POOL2D", "FULLY_CONNECTED", "QUANTIZED_MAX_POOL2D"} <= kinds
+    cat = next(r for r in receipt.layers if r["op"] == "Concat")   # the resize or a REQUANTIZE of it and the conv write there
+    assert cat["kmodel_layers"] == ["REQUANTIZE"] and "2 of 2 inputs written into the output buffer" in " ".join(cat["notes"])
+    assert cat["sqnr_db"] > 25
     head = receipt.layers[-1]   # 8 -> 5 on the pooled float vector: the cost model keeps it float
     assert head["kmodel_layers"] == ["FULLY_CONNECTED"] and "float layer is cheaper" in head["notes"][0]
     assert kmodel.load(out).layers[0].name == "K210_CONV"          # MaixPy needs a conv first

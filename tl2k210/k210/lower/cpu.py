@@ -162,23 +162,23 @@ def quantized_concat(lw, node):
     row = lw.row(node, "channel concat: QUANTIZED_CONCAT (memcpy) after requantizing inputs to one scale",
                  out_shape=lw.shape(out))
     so, zo = lw.quant_of(out)
-    ranges = []
+    parts, tmp = [], []
     for t in node.inputs:
         src = lw.need_u8(t, row)
         s_in, z_in = lw.locs[t].quant
         n = int(np.prod(lw.locs[t].shape))
         if abs(s_in - so) > 1e-9 * so or z_in != zo:
-            dst = lw.alloc(t + ":rq", "u8", n)
+            tmp.append(f"{out}:rq{len(tmp)}")
+            dst = lw.alloc(tmp[-1], "u8", n)
             lw.emit("REQUANTIZE", dict(flags=1, main_mem_in_address=src, main_mem_out_address=dst,
                                        count=n), row, data={"table": table(lambda v: v, s_in, z_in, so, zo)})
             src = dst
-        ranges.append((src, n))
+        parts.append((t, src, n))
     loc = lw.u8_out(out, (so, zo))
-    lw.emit("QUANTIZED_CONCAT", dict(flags=1, main_mem_out_address=loc.u8, input_count=len(ranges)),
-            row, data={"ranges": ranges})
-    lw.traced(out, "u8")
-    for t in node.inputs:
-        lw.main.free(t + ":rq:u8")
+    lw.concat_into(node, row, f"{out}:u8", loc.u8, parts, "u8", lambda at, run: lw.emit(
+        "QUANTIZED_CONCAT", dict(flags=1, main_mem_out_address=at, input_count=len(run)), row, data={"ranges": run}))
+    for name in tmp:
+        lw.main.free(name + ":u8")
 
 
 def float_concat(lw, node):
@@ -186,10 +186,10 @@ def float_concat(lw, node):
     to boxes keep their own steps instead of one uint8 grid over both."""
     out = node.outputs[0]
     row = lw.row(node, "channel concat of a model output: float CONCAT (memcpy)", out_shape=lw.shape(out))
-    ranges = [(lw.need_f32(t, row), 4 * int(np.prod(lw.locs[t].shape))) for t in node.inputs]
+    parts = [(t, lw.need_f32(t, row), 4 * int(np.prod(lw.locs[t].shape))) for t in node.inputs]
     loc = lw.f32_out(out)
-    lw.emit("CONCAT", dict(flags=1, main_mem_out_address=loc.f32, input_count=len(ranges)), row, data={"ranges": ranges})
-    lw.traced(out, "f32")
+    lw.concat_into(node, row, f"{out}:f32", loc.f32, parts, "f32", lambda at, run: lw.emit(
+        "CONCAT", dict(flags=1, main_mem_out_address=at, input_count=len(run)), row, data={"ranges": run}))
 
 
 def _resize_sizes(g, node):

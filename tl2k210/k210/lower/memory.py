@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from tl2k210.errors import KpuLimitError
 from tl2k210.k210 import hardware as hw
 
@@ -92,7 +94,8 @@ class Block:
 class MainAllocator:
     """First-fit allocation with lifetimes; 8-byte aligned; high-water mark = main_mem_usage.
     Every buffer's lifetime (in layer indices, from `clock`) is kept in `history`: `plan`
-    re-places them offline once all layers are known."""
+    re-places them offline once all layers are known. `views` {history index: (history index,
+    offset)} are the declared facts that a buffer lies inside another one (`view`)."""
 
     def __init__(self, clock=lambda: 0):
         self.blocks = {}   # name -> (start, size)
@@ -101,13 +104,14 @@ class MainAllocator:
         self.clock = clock
         self.history: list[Block] = []
         self._open = {}    # name -> index in history
+        self.views = {}
 
     def used(self) -> int:
         """Bytes of the buffers live now."""
         return sum(n for _, n in self.blocks.values())
 
     def alloc(self, name: str, size: int) -> int:
-        size = max(8, -(-size // 8) * 8)
+        size = _align(size)
         used = sorted(self.blocks.values())
         start = 0
         for s, n in used:
@@ -130,10 +134,88 @@ class MainAllocator:
         """`new` takes `old`'s live buffer (an op writing its output over its input, which dies
         there): one buffer from `old`'s allocation to `new`'s free, so a plan keeps them at one
         place. Returns its start."""
+        assert not self.viewed(old), f"{old} is a view or holds views: no op may write over it"
         start, size = self.blocks[new] = self.blocks.pop(old)
         i = self._open[new] = self._open.pop(old)
         self.history[i].name = f"{new} (in place of {old})"
         return start
+
+    def owner(self, addr: int) -> str | None:
+        """The live buffer that starts at `addr`."""
+        return next((k for k, (s, _) in self.blocks.items() if s == addr), None)
+
+    def viewed(self, name: str) -> bool:
+        """Is the live buffer `name` a view or does it hold one? (Then nothing may write over it
+        in place: the bytes of the others are in it.)"""
+        i = self._open.get(name)
+        return i in self.views or any(j == i for j, _ in self.views.values())
+
+    def view(self, part: str, whole: str, offset: int):
+        """Declare that the live buffer `part` lies at `offset` in the live buffer `whole`: its
+        producer writes there, so `whole` needs no copy of it (a concat's input). Both are
+        placed as one buffer from the first one's allocation to the last one's free. The
+        offset is 8-aligned (allocations are; the KPU's DMA writes whole u64 words) and the
+        part (8-rounded) lies inside `whole`."""
+        i, j = self._open[part], self._open[whole]
+        assert i not in self.views and offset % 8 == 0 and \
+            offset + self.history[i].size <= self.history[j].size, (part, whole, offset)
+        self.views[i] = (j, offset)
+
+    def fit_views(self, whole: str, parts: list) -> list:
+        """Of `parts` [(buffer name, offset in `whole`)], those to declare views of `whole`: the
+        ones allocated last, as many as keep the live bytes at every layer so far within their
+        peak with `whole` a separate copy. A view reserves all of `whole` from its part's
+        allocation on, which costs where the other parts are not live yet."""
+        now, i = self.clock(), self._open[whole]
+        merged, where = merge(self.history, self.views)
+        live = np.zeros(now + 2, np.int64)
+        for b in merged:
+            t1 = now + 1 if b.t1 is None else min(b.t1, now + 1)
+            if t1 > b.t0:
+                live[b.t0] += b.size
+                live[t1] -= b.size
+        live = np.cumsum(live)[:now + 1]
+        bound, size = int(live.max()), merged[where[i][0]].size
+        cands = sorted((p for p in parts if self._open[p[0]] not in self.views),
+                       key=lambda p: -merged[where[self._open[p[0]]][0]].t0)
+        best = []
+        for k in range(1, len(cands) + 1):
+            delta = np.full(now, size, np.int64)
+            for name, _ in cands[:k]:
+                b = merged[where[self._open[name]][0]]
+                delta[b.t0:now if b.t1 is None else min(b.t1, now)] -= b.size
+            t0 = merged[where[self._open[cands[k - 1][0]]][0]].t0
+            if t0 >= now or int((live[t0:now] + delta[t0:]).max()) <= bound:
+                best = cands[:k]
+        return best
+
+
+def _align(size: int) -> int:
+    return max(8, -(-size // 8) * 8)
+
+
+def merge(blocks: list, views: dict) -> tuple[list, dict]:
+    """The buffers as placed: each declared view inside its outermost buffer, which lives from
+    the first allocation to the last free of them all. Returns (merged blocks, {block index:
+    (merged index, offset in it)})."""
+    def root(i):
+        off = 0
+        while i in views:
+            i, o = views[i]
+            off += o
+        return i, off
+    merged, where, first = [], {}, {}
+    for i, b in enumerate(blocks):
+        r, off = root(i)
+        if r not in first:
+            first[r] = len(merged)
+            rb = blocks[r]
+            merged.append(Block(rb.name, rb.start, rb.size, rb.t0, rb.t1))
+        m = merged[first[r]]
+        m.t0 = min(m.t0, b.t0)
+        m.t1 = None if m.t1 is None or b.t1 is None else max(m.t1, b.t1)
+        where[i] = (first[r], off)
+    return merged, where
 
 
 def _overlap(a: Block, b: Block, end: int) -> bool:
@@ -158,32 +240,50 @@ def _greedy(blocks: list, order: list, end: int) -> dict:
     return at
 
 
-def plan(blocks: list, end: int) -> tuple[dict, int]:
+def plan(blocks: list, end: int, views: dict | None = None) -> tuple[dict, int]:
     """({block index: offset}, peak) for the buffers that hold data (t1 > t0): the best of greedy
-    by size, by size x lifetime, by first use, and the online first-fit offsets as allocated."""
-    idx = [i for i, b in enumerate(blocks) if (end if b.t1 is None else b.t1) > b.t0]
-    life = {i: (end if blocks[i].t1 is None else blocks[i].t1) - blocks[i].t0 for i in idx}
-    orders = [sorted(idx, key=lambda i: (-blocks[i].size, blocks[i].t0)),
-              sorted(idx, key=lambda i: (-blocks[i].size * life[i], blocks[i].t0)),
-              sorted(idx, key=lambda i: (blocks[i].t0, -blocks[i].size))]
-    best = {i: blocks[i].start for i in idx}
-    peak = lambda at: max((at[i] + blocks[i].size for i in at), default=0)   # noqa: E731
+    by size, by size x lifetime, by first use, and the online first-fit offsets as allocated
+    (unless `views` {block: (block, offset)} put buffers inside others: then each group is
+    placed as its outermost buffer, and every view at its offset in it)."""
+    views = views or {}
+    merged, where = merge(blocks, views)
+    idx = [i for i, b in enumerate(merged) if (end if b.t1 is None else b.t1) > b.t0]
+    life = {i: (end if merged[i].t1 is None else merged[i].t1) - merged[i].t0 for i in idx}
+    orders = [sorted(idx, key=lambda i: (-merged[i].size, merged[i].t0)),
+              sorted(idx, key=lambda i: (-merged[i].size * life[i], merged[i].t0)),
+              sorted(idx, key=lambda i: (merged[i].t0, -merged[i].size))]
+    best = None if views else {i: merged[i].start for i in idx}
+    peak = lambda at: max((at[i] + merged[i].size for i in at), default=0)   # noqa: E731
     for order in orders:
-        at = _greedy(blocks, order, end)
-        if peak(at) < peak(best):
+        at = _greedy(merged, order, end)
+        if best is None or peak(at) < peak(best):
             best = at
-    check(blocks, best, end)
-    return best, peak(best)
+    at = {i: best[m] + off for i, (m, off) in where.items() if m in best}
+    check(blocks, at, end, views)
+    return at, peak(best)
 
 
-def check(blocks: list, at: dict, end: int):
-    """An overlap of two buffers that are live at the same time is an error (AssertionError)."""
+def _inside(i: int, j: int, at: dict, blocks: list, views: dict) -> bool:
+    """Is block i declared a view in block j (directly or through views of views), and placed
+    at its offset there, wholly inside?"""
+    off, k = 0, i
+    while k in views and k != j:
+        k, o = views[k]
+        off += o
+    return k == j and k != i and at[i] == at[j] + off and at[i] + blocks[i].size <= at[j] + blocks[j].size
+
+
+def check(blocks: list, at: dict, end: int, views: dict | None = None):
+    """An overlap of two buffers that are live at the same time is an error (AssertionError),
+    unless one is a declared view in the other (`views`, MainAllocator.view) at its offset."""
+    views = views or {}
     items = sorted(at.items(), key=lambda kv: kv[1])
     for k, (i, o) in enumerate(items):
         for j, p in items[k + 1:]:
             if p >= o + blocks[i].size:
                 break
-            if _overlap(blocks[i], blocks[j], end):
+            if _overlap(blocks[i], blocks[j], end) and not (_inside(i, j, at, blocks, views)
+                                                            or _inside(j, i, at, blocks, views)):
                 raise AssertionError(f"main memory plan: {blocks[i].name} [{o}, {o + blocks[i].size}) and "
                                      f"{blocks[j].name} [{p}, {p + blocks[j].size}) are live together "
                                      f"(layers {blocks[i].t0}-{blocks[i].t1}, {blocks[j].t0}-{blocks[j].t1})")

@@ -189,6 +189,95 @@ class Lowering:
         if kind == "u8" and loc.block:     # float readers only: no KPU RAM copy either
             self.kpu_free(loc)
 
+    def family(self, t) -> set:
+        """`t` and every tensor naming the same bytes (relabels either way, lowered or to come)."""
+        fam, todo = set(), [t]
+        while todo:
+            a = todo.pop()
+            if a in fam:
+                continue
+            fam.add(a)
+            todo += [b for b in (self.relabels.get(a),) if b is not None]
+            todo += [b for b, c in self.relabels.items() if c == a]
+            todo += [n.outputs[0] for n in self.consumers(a) if n.name in self.choice
+                     and self.choice[n.name][0].unit == registry.RELABEL]
+        return fam
+
+    def last_read(self, t) -> int:
+        """Index in the order of the last node reading `t`'s bytes (len(order) for a model output)."""
+        fam = self.family(t)
+        if fam & set(self.g.outputs):
+            return len(self.order)
+        return max((self.order.index(n) for a in fam for n in self.consumers(a)), default=-1)
+
+    def concat_views(self, node, whole: str, parts: list) -> list:
+        """Which of a concat's `parts` [(tensor, address, bytes)], laid out one after the other
+        in the buffer `whole` (a plain copy of each range: docs/kmodel-format.md, QUANTIZED_CONCAT
+        and v4 concat with outer_size 1), are written there by their producers instead: each a
+        view at its offset (MainAllocator.view), so the concat copies only the others. A part
+        qualifies when its range is a whole buffer of its own at an 8-aligned offset whose
+        8-rounded size does not reach the next part (the KPU's DMA and QUANTIZED_ADD write whole
+        groups of 8 bytes), it is no model input or output (their ranges are the header's), it is
+        not read after the concat's output is (the view would keep that alive), and it is not
+        the same buffer as an earlier part (concatenated twice: the second copies the first);
+        MainAllocator.fit_views keeps those that do not raise the live bytes so far. Returns one
+        bool per part."""
+        io, last = set(self.g.inputs) | set(self.g.outputs), self.last_read(node.outputs[0])
+        cands, seen, off = {}, set(), 0
+        for k, (t, addr, n) in enumerate(parts):
+            name = self.main.owner(addr)
+            if name is not None and name not in seen and off % 8 == 0 and (n % 8 == 0 or k == len(parts) - 1) \
+                    and self.main.blocks[name][1] == -(-n // 8) * 8 and not self.family(t) & io \
+                    and self.last_read(t) <= last:
+                cands[k] = (name, off)
+            seen.add(name)
+            off += n
+        chosen = set(self.main.fit_views(whole, list(cands.values())))
+        for name, o in chosen:
+            self.main.view(name, whole, o)
+        return [cands.get(k) in chosen for k in range(len(parts))]
+
+    def concat_into(self, node, row, whole: str, addr: int, parts: list, kind: str, emit):
+        """Fill `node`'s output buffer `whole` (at `addr`) with `parts` [(tensor, address, bytes)]
+        one after the other: the parts that may be views (`concat_views`) are there already,
+        `emit(address, [(address, bytes)])` copies each run of the others. The output's trace
+        joins its writers'."""
+        views = self.concat_views(node, whole, parts) if len(parts) > 1 else [False] * len(parts)
+        runs, writers, off = [], [], 0          # writers: a layer index, or ("run", k) before emission
+        for (t, a, n), v in zip(parts, views):
+            if v:
+                writers.append(self._writer(a))
+            elif runs and runs[-1][0] + sum(m for _, m in runs[-1][1]) == off:
+                runs[-1][1].append((a, n))
+            else:
+                runs.append((off, [(a, n)]))
+                writers.append(("run", len(runs) - 1))
+            off += n
+        idx = [emit(addr + o, run) for o, run in runs]
+        writers = [idx[w[1]] if isinstance(w, tuple) else w for w in writers]
+        if any(views):
+            row.notes.append(f"{sum(views)} of {len(parts)} inputs written into the output buffer by their "
+                             "producers (no copy)")
+        if None in writers:
+            self.trace_map.pop(node.outputs[0], None)
+        else:
+            self.trace_map[node.outputs[0]] = (writers[0] if len(writers) == 1 else tuple(writers), kind)
+
+    def _writer(self, addr):
+        """Index of the last layer that wrote a main-memory output starting at `addr`."""
+        for i in range(len(self.layers) - 1, -1, -1):
+            L = self.layers[i]
+            if isinstance(L, v3.Layer):
+                f = L.fields
+                outs = [] if L.name == "K210_CONV" and not f["flags"] & 1 else \
+                    [f[k] for k in ("main_mem_out_address", "mem_out_address") if k in f]
+            else:
+                outs = [r[2] for r in (L.fields.get("output"), L.fields.get("main_mem_output"))
+                        if isinstance(r, tuple) and r[0] == MEM_MAIN and r[3]]
+            if addr in outs:
+                return i
+        return None
+
     def lowered_by(self, node):
         """Name of the registered lowering chosen for `node`."""
         return self.choice[node.name][0].name
@@ -367,6 +456,7 @@ class Lowering:
         src, shape = self.locs.get(over), self.shape(t)
         name = f"{over}:u8"
         if src is None or src.u8 is None or name not in self.main.blocks or over in self.g.outputs or \
+                self.main.viewed(name) or \
                 int(np.prod(src.shape)) != int(np.prod(shape)) or \
                 self.uses.get(over, 0) != node.inputs.count(over) or src.pixels is not None or self.relabelled(over):
             return None
@@ -419,8 +509,8 @@ class Lowering:
         buffer live at that layer is an error (a read after free). Returns the moved outputs."""
         blocks, end = list(self.main.history), len(self.layers)
         scratch = self._scratch_blocks(blocks)
-        at, peak = plan(blocks, end)
-        if peak >= max((blocks[i].start + blocks[i].size for i in at), default=0):
+        at, peak = plan(blocks, end, self.main.views)
+        if not self.main.views and peak >= max((blocks[i].start + blocks[i].size for i in at), default=0):
             return outs                      # first fit is as good: the layout stays as allocated
         self.scratch_at = {t: at[i] for t, i in scratch.items()}
         live = [[] for _ in range(end + 1)]
@@ -444,10 +534,10 @@ class Lowering:
             loc.pixels = move(loc.pixels, 0)
         elif loc.f32 is not None and self.pixel_input is None:
             loc.f32 = move(loc.f32, 0)
-        top = max(at, key=lambda i: at[i] + blocks[i].size)
+        top = max((i for i in at if i not in self.main.views), key=lambda i: at[i] + blocks[i].size)
         self.main.high = peak
         self.main.at_high = {blocks[i].name: (at[i], blocks[i].size) for i in at
-                             if blocks[i].live(blocks[top].t0, end + 1)}
+                             if blocks[i].live(blocks[top].t0, end + 1) and i not in self.main.views}
         return [(move(a, end, n), n) for a, n in outs]
 
     def _scratch_blocks(self, blocks):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from tl2k210.graph import axes_of
+from tl2k210.k210.kmodel.v4 import MEM_MAIN
 
 from .fc import feeds_output
 from .memory import float_slices
@@ -354,7 +355,7 @@ def concat(lw, node):
     dt = F32 if feeds_output(lw.g, out) or all(_form(lw, t) == F32 for t in node.inputs) else U8
     row = lw.row(node, f"concat on axis {axis} ({'float32' if dt == F32 else 'uint8'})", out_shape=lw.shape(out))
     so, zo = (None, None) if dt == F32 else lw.quant_of(out)
-    ranges, dims, tmp = [], [], []
+    parts, dims, tmp = [], [], []
     for t in node.inputs:
         n = _count(lw, t)
         if dt == F32:
@@ -369,16 +370,23 @@ def concat(lw, node):
                 lw.emit("REQUANTIZE", dict(flags=1, main_mem_in_address=src, main_mem_out_address=dst, count=n),
                         row, data={"table": table(lambda v: v, s_in, z_in, so, zo)})
                 src = dst
-        ranges.append(main(dt, src, n))
+        parts.append((t, src, nbytes(dt, n)))
         dims.append(g4(lw.g, t)[ax])
     dst = lw.f32_out(out).f32 if dt == F32 else lw.u8_out(out, (so, zo)).u8
-    inner = int(np.prod(shape[ax + 1:])) * (4 if dt == F32 else 1)
-    lw.emit_v4("concat", dict(output=main(dt, dst, _count(lw, out)), inner_size=inner,
-                              outer_size=int(np.prod(shape[:ax])), inputs_count=len(ranges)), row,
-               data={"inputs": ranges, "dims": dims})
+    inner, outer = int(np.prod(shape[ax + 1:])) * (4 if dt == F32 else 1), int(np.prod(shape[:ax]))
+    dim = {a: d for (_, a, _), d in zip(parts, dims)}
+
+    def copy(at, run):
+        return lw.emit_v4("concat", dict(output=(MEM_MAIN, dt, at, sum(n for _, n in run)), inner_size=inner,
+                                         outer_size=outer, inputs_count=len(run)), row,
+                          data={"inputs": [(MEM_MAIN, dt, a, n) for a, n in run], "dims": [dim[a] for a, _ in run]})
+    if outer == 1:       # each input one range of the output: producers may write it there
+        lw.concat_into(node, row, f"{out}:{'f32' if dt == F32 else 'u8'}", dst, parts, "u8" if dt == U8 else "f32", copy)
+    else:
+        copy(dst, [(a, n) for _, a, n in parts])
+        _mark(lw, out, dt)
     for name in tmp:
         lw.main.free(name)
-    _mark(lw, out, dt)
 
 
 # ---------------------------------------------------------------------------------------------
