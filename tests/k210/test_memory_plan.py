@@ -267,3 +267,164 @@ def test_v4_crop_reads_the_kpu_output_where_it_lies(monkeypatch):
     for p in px:
         for a, b in zip(Emulator(model).run(p), Emulator(copied).run(p)):
             np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# concat: producers write into the concat's buffer (MainAllocator.view, Lowering.concat_views)
+def _branches(kind=""):
+    """KPU convs h, a of h, b of a, the channel concat c of a and b (16 + 16 channels, 16x16) and
+    a conv y of c. kind "dup": c = (a, b, a); "after": a is read after the concat too (s = a + d,
+    d a conv of c; y a conv of s); "output": a is a model output too."""
+    from onnx import helper
+    from lower_helpers import conv_node, make_model
+    rng = np.random.default_rng(8)
+    r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
+    parts = ["a", "b", "a"] if kind == "dup" else ["a", "b"]
+    inits = {"w0": r(16, 3, 3, 3), "wa": r(16, 16, 3, 3), "wb": r(16, 16, 3, 3), "wy": r(2, 16 * len(parts), 1, 1),
+             "wd": r(16, 32, 1, 1)}
+    nodes = [conv_node("h0", "x", "w0", pads=[1, 1, 1, 1]), helper.make_node("Relu", ["h0"], ["h"]),
+             conv_node("a", "h", "wa", pads=[1, 1, 1, 1]), conv_node("b", "a", "wb", pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", parts, ["c"], name="cat", axis=1)]
+    if kind == "after":
+        inits["wy"] = r(2, 48, 1, 1)
+        nodes += [conv_node("d", "c", "wd"), helper.make_node("Add", ["a", "d"], ["s"], name="sum"),
+                  helper.make_node("Concat", ["s", "c"], ["c2"], name="cat2", axis=1), conv_node("y", "c2", "wy")]
+    else:
+        nodes.append(conv_node("y", "c", "wy"))
+    outs = [("y", None)] + ([("a", None)] if kind == "output" else [])
+    return make_model(nodes, [("x", [1, 3, 16, 16])], outs, inits)
+
+
+def _lower_with_ranges(m, px, fmt, same=()):
+    """The lowering of `m`, calibrated on `px`, with the tensors `same` given one range (so no
+    input of the concat needs requantizing)."""
+    from lower_helpers import from_onnx, run_pipeline
+    from tl2k210.k210.lower import Options, lower
+    from tl2k210.quantize import calibrate
+    g, _ = run_pipeline(from_onnx(m))
+    rng = calibrate.ranges(calibrate.collect(g, [(p[None] / 255.0).astype(np.float32) for p in px],
+                                             histograms=False), "minmax")
+    lo, hi = min(rng[t][0] for t in same or ["y"]), max(rng[t][1] for t in same or ["y"])
+    rng.update({t: (lo, hi) for t in same})
+    model, _, _, lw = lower(g, rng, Options(format=fmt))
+    return model, lw
+
+
+def _same_outputs(a, b, px):
+    from tl2k210.k210.emulator import Emulator
+    for p in px:
+        for x, y in zip(Emulator(a).run(p), Emulator(b).run(p)):
+            np.testing.assert_array_equal(x, y)
+
+
+def _copying(monkeypatch):
+    """Lower every concat as a copy (no input a view), as before views existed."""
+    from tl2k210.k210.lower import state
+    monkeypatch.setattr(state.Lowering, "concat_views", lambda self, node, whole, parts: [False] * len(parts))
+
+
+@pytest.mark.parametrize("fmt", ["v3", "v4"])
+def test_concat_inputs_are_written_into_its_buffer(fmt, monkeypatch):
+    """a and b are streamed by their KPU convs straight into the halves of c's buffer: no
+    QUANTIZED_CONCAT (no v4 concat) is left, and the main-memory peak drops from a + b + c at the
+    concat (4,096 + 4,096 + 8,192 B; h stays in KPU RAM) to c and y's 512 streamed bytes at y's
+    conv. The outputs are bit for bit the copying plan's."""
+    from lower_helpers import pixels
+    px = pixels(3, 3, 16, 16)
+    model, lw = _lower_with_ranges(_branches(), px, fmt, same=("a", "b", "c"))
+    names = [L.name for L in model.items]
+    assert not {"QUANTIZED_CONCAT", "concat", "REQUANTIZE", "table_lookup1d"} & set(names)
+    b = lw.main.history
+    assert {(b[i].name, b[j].name, o) for i, (j, o) in lw.main.views.items()} == {("a:u8", "c:u8", 0),
+                                                                                    ("b:u8", "c:u8", 4096)}
+    streamed = [L for L in model.items if L.name in ("K210_CONV", "kpu_conv2d") and
+                (L.fields.get("flags", 0) & 1 or L.fields.get("main_mem_output", (0, 0, 0, 0))[3])]
+    addr = [L.fields["main_mem_out_address"] if fmt == "v3" else L.fields["main_mem_output"][2] for L in streamed]
+    assert addr == [addr[0], addr[0] + 4096, addr[2]]        # a's and b's convs, then y's: b right after a
+    _copying(monkeypatch)
+    copied = _lower_with_ranges(_branches(), px, fmt, same=("a", "b", "c"))[0]
+    assert [L.name for L in copied.items].count("QUANTIZED_CONCAT" if fmt == "v3" else "concat") == 1
+    assert (copied.main_memory, model.main_memory) == (4096 + 4096 + 8192, 8192 + 512)
+    _same_outputs(model, copied, px)
+
+
+@pytest.mark.parametrize("fmt", ["v3", "v4"])
+@pytest.mark.parametrize("kind", ["dup", "after", "output"])
+def test_concat_views_keep_what_must_not_alias(fmt, kind, monkeypatch):
+    """dup: a concatenated twice is written once into c, the second copy is a copy of the first
+    (from c's buffer). after: a is read after the concat by an add that would write over it in
+    place (kmodel IN_PLACE) -- it may not, a lies in c's buffer, which is read after the add (with
+    that write the outputs differ). output: a model output keeps its
+    own buffer (the header's range). Each bit for bit the copying plan's outputs."""
+    from lower_helpers import pixels
+    px = pixels(3, 3, 16, 16)
+    m = _branches(kind)
+    model, lw = _lower_with_ranges(m, px, fmt, same=("a", "b", "c"))
+    b = lw.main.history
+    views = {b[i].name: o for i, (j, o) in lw.main.views.items()}
+    if kind == "dup":
+        assert views == {"a:u8": 0, "b:u8": 4096}
+        cat = [L for L in model.items if L.name in ("QUANTIZED_CONCAT", "concat")]
+        assert len(cat) == 1 and len(cat[0].data.get("ranges", cat[0].data.get("inputs"))) == 1
+    elif kind == "after":
+        assert {"a:u8": 0, "b:u8": 4096}.items() <= views.items()
+        add = next(L for L in model.items if L.name in ("QUANTIZED_ADD", "quantized_binary")).fields
+        if fmt == "v3":
+            assert add["main_mem_out_address"] != add["main_mem_in_a_address"]
+        else:
+            assert add["output"][2] != add["input_a"][2]
+    else:
+        assert views == {"b:u8": 4096}
+    _copying(monkeypatch)
+    copied = _lower_with_ranges(m, px, fmt, same=("a", "b", "c"))[0]
+    assert model.main_memory <= copied.main_memory       # the output's float copy is the peak there
+    _same_outputs(model, copied, px)
+    if kind == "after":
+        from tl2k210.k210.lower import state
+        monkeypatch.undo()
+        monkeypatch.setattr(state.MainAllocator, "viewed", lambda self, name: False)
+        wrong = _lower_with_ranges(m, px, fmt, same=("a", "b", "c"))[0]
+        with pytest.raises(AssertionError):
+            _same_outputs(wrong, copied, px)
+
+
+def test_the_checker_accepts_declared_views_only():
+    """a and b are declared at 0 and 64 in c (MainAllocator.view); d lives beside them. The plan
+    puts the group as one buffer; the checker accepts a and b at their offsets in c and refuses
+    a part moved by 8 bytes, two parts on one another, and any other buffer over the group."""
+    t = [0]
+    m = MainAllocator(lambda: t[0])
+    m.alloc("a", 64)
+    t[0] = 1
+    m.alloc("b", 60)
+    t[0] = 2
+    m.alloc("c", 124)
+    m.view("a", "c", 0)
+    m.view("b", "c", 64)
+    for bad in (("b", "c", 64), ("d0", "c", 4), ("d0", "c", 128)):   # b twice; unaligned; past c's end
+        m.alloc("d0", 8)
+        with pytest.raises(AssertionError):
+            m.view(*bad)
+        m.free("d0")
+    m.alloc("d", 32)
+    t[0] = 3
+    for name in "abcd":
+        m.free(name)
+    blocks, views = m.history, m.views
+    at, peak = plan(blocks, 3, views)
+    assert peak == 128 + 32 and at[1] == at[0] + 64 == at[2] + 64 and 3 not in at    # d0 held no data
+    for wrong in ({**at, 1: at[1] - 8}, {**at, 1: at[0]}, {**at, 3: at[2] + 8}):
+        with pytest.raises(AssertionError, match="are live together"):
+            check(blocks, wrong, 3, views)
+    with pytest.raises(AssertionError, match="a .* and c .* are live together"):
+        check(blocks, at, 3)                                        # the same plan without the facts
+
+
+def test_a_concat_plan_without_the_view_facts_is_refused(monkeypatch):
+    """a lies in c's buffer and is read after the concat (by the add): checked without the facts
+    that declare the views, a and c are two live buffers on one another, and the plan is refused."""
+    from lower_helpers import pixels
+    from tl2k210.k210.lower import memory
+    monkeypatch.setattr(memory, "_inside", lambda *a: False)
+    with pytest.raises(AssertionError, match=r"main memory plan: (a:u8 .* and c:u8|c:u8 .* and a:u8) .* are live together"):
+        _lower_with_ranges(_branches("after"), pixels(3, 3, 16, 16), "v3", same=("a", "b", "c"))
