@@ -304,8 +304,9 @@ def _lower_with_ranges(m, px, fmt, same=()):
     g, _ = run_pipeline(from_onnx(m))
     rng = calibrate.ranges(calibrate.collect(g, [(p[None] / 255.0).astype(np.float32) for p in px],
                                              histograms=False), "minmax")
-    lo, hi = min(rng[t][0] for t in same or ["y"]), max(rng[t][1] for t in same or ["y"])
-    rng.update({t: (lo, hi) for t in same})
+    if same:
+        lo, hi = min(rng[t][0] for t in same), max(rng[t][1] for t in same)
+        rng.update({t: (lo, hi) for t in same})
     model, _, _, lw = lower(g, rng, Options(format=fmt))
     return model, lw
 
@@ -428,3 +429,25 @@ def test_a_concat_plan_without_the_view_facts_is_refused(monkeypatch):
     monkeypatch.setattr(memory, "_inside", lambda *a: False)
     with pytest.raises(AssertionError, match=r"main memory plan: (a:u8 .* and c:u8|c:u8 .* and a:u8) .* are live together"):
         _lower_with_ranges(_branches("after"), pixels(3, 3, 16, 16), "v3", same=("a", "b", "c"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [("corpus", "models", "DAE_for_M5StickV__Model.tflite"),        # 18 concats, v3
+                                  ("corpus", "fit", "ulfd_RFB-320_nopost.tflite")])               # RFB + heads, v4
+def test_real_models_with_concats_need_less_main_memory_for_the_same_outputs(path, monkeypatch):
+    """Real files: the concats' inputs written into their buffers take less main memory than
+    copying them, with fewer concat copies (docs/results.md: bench/memory.py before and after),
+    and the emulator's outputs are bit for bit those of the copying plan."""
+    from conftest import data_path
+    from lower_helpers import from_onnx, pixels, run_pipeline
+    from tl2k210.frontends import load_model
+    m = load_model(str(data_path(*path)))
+    g, _ = run_pipeline(from_onnx(m))
+    c, h, w = g.shape(g.inputs[0])[1:]
+    px = pixels(2, c, h, w)
+    copies = lambda k: sum(L.name in ("CONCAT", "QUANTIZED_CONCAT", "concat") for L in k.items)   # noqa: E731
+    model, lw = _lower_with_ranges(m, px, "auto")
+    _copying(monkeypatch)
+    copied = _lower_with_ranges(m, px, "auto")[0]
+    assert model.main_memory < copied.main_memory and copies(model) < copies(copied) and lw.main.views
+    _same_outputs(model, copied, px)
