@@ -111,7 +111,7 @@ class MainAllocator:
         return sum(n for _, n in self.blocks.values())
 
     def alloc(self, name: str, size: int) -> int:
-        size = _align(size)
+        size = max(8, -(-size // 8) * 8)
         used = sorted(self.blocks.values())
         start = 0
         for s, n in used:
@@ -188,10 +188,6 @@ class MainAllocator:
             if t0 >= now or int((live[t0:now] + delta[t0:]).max()) <= bound:
                 best = cands[:k]
         return best
-
-
-def _align(size: int) -> int:
-    return max(8, -(-size // 8) * 8)
 
 
 def merge(blocks: list, views: dict) -> tuple[list, dict]:
