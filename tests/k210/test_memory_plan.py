@@ -427,7 +427,7 @@ def test_a_concat_plan_without_the_view_facts_is_refused(monkeypatch):
     from lower_helpers import pixels
     from tl2k210.k210.lower import memory
     monkeypatch.setattr(memory, "_inside", lambda *a: False)
-    with pytest.raises(AssertionError, match=r"main memory plan: (a:u8 .* and c:u8|c:u8 .* and a:u8) .* are live together"):
+    with pytest.raises(AssertionError, match=r"plan: (a:u8 .* and c:u8|c:u8 .* and a:u8) .* are live together"):
         _lower_with_ranges(_branches("after"), pixels(3, 3, 16, 16), "v3", same=("a", "b", "c"))
 
 

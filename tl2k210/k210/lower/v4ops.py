@@ -381,7 +381,8 @@ def concat(lw, node):
                                          outer_size=outer, inputs_count=len(run)), row,
                           data={"inputs": [(MEM_MAIN, dt, a, n) for a, n in run], "dims": [dim[a] for a, _ in run]})
     if outer == 1:       # each input one range of the output: producers may write it there
-        lw.concat_into(node, row, f"{out}:{'f32' if dt == F32 else 'u8'}", dst, parts, "u8" if dt == U8 else "f32", copy)
+        kind = "f32" if dt == F32 else "u8"
+        lw.concat_into(node, row, f"{out}:{kind}", dst, parts, kind, copy)
     else:
         copy(dst, [(a, n) for _, a, n in parts])
         _mark(lw, out, dt)
