@@ -262,15 +262,12 @@ def out_lines(conv: KpuConv) -> int:
     return hw.map_lines(*conv.out_shape)
 
 
-BLOCK_ALIGN = 256     # a kpu_conv2d body's BN, activation and weight blocks each start on it (kmodel/v4.py)
-
-
 def layer_file_bytes(ci: int, co: int, k: int) -> int:
     """Estimated kmodel bytes of one 8-bit KPU conv layer of `ci` -> `co` channels: its arguments
     and weights, its BN table and its activation table, each block starting at a 256-byte
     boundary, so a small layer costs about 768 B whatever its weights."""
-    return sum(align_up(b, BLOCK_ALIGN) for b in (hw.LAYER_ARG_BYTES + co * ci * k * k, 8 * co,
-                                                  hw.ACT_TABLE_BYTES))
+    return sum(align_up(b, a) for b, a in ((hw.LAYER_ARG_BYTES + co * ci * k * k, hw.PARAM_ALIGN),
+                                           (8 * co, hw.PARAM_ALIGN), (hw.ACT_TABLE_BYTES, hw.ACT_TABLE_ALIGN)))
 
 
 def estimate_cycles(macs: int, weight_bytes: int, streamed_bytes: int = 0) -> int:
