@@ -57,7 +57,7 @@ def load_teacher(folder):
     files = sorted(Path(folder).glob("view*.npz"))
     if not files:
         data.fail(f"no teacher cache (view*.npz) in {folder}: run python -m models.face_recognition.teacher")
-    parts = [np.load(f) for f in files]
+    parts = [np.load(f, allow_pickle=False) for f in files]
     t = np.concatenate([p["teacher"] for p in parts]).astype(np.float32)
     t /= np.linalg.norm(t, axis=1, keepdims=True) + 1e-9
     print(f"teacher cache: {len(files)} views, {len(t)} crops", flush=True)

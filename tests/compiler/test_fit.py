@@ -383,7 +383,8 @@ def test_segmentation_transposed_convs_are_uint8_and_its_smallest_kmodel_is_near
     for r, path in ((lat, "lat.kmodel"), (size, "size.kmodel")):
         assert not [n for n in kmodel.load(tmp_path / path).nodes if n.name in ("conv2d_transpose", "conv2d")]
         shuffles = [x for x in r.layers if x["lowering"] == "space_depth_transposes"]
-        assert [x["node"] for x in shuffles] == ["ConvTranspose__582", "ConvTranspose__599"]
+        # (tf2onnx numbers its node names by a per-process counter: count them, not name them)
+        assert len(shuffles) == 2 and all(x["node"].startswith("ConvTranspose") for x in shuffles)
     assert lat.file_size < 930_000 and lat.latency_ms < 20 and lat.totals["output_sqnr_db"] > 29.9
     assert size.file_size <= 1.15 * size.ideal["weight_bytes"] and size.totals["output_sqnr_db"] > 30.5
 
@@ -400,9 +401,9 @@ def test_mobilefacenet_grouped_convs_take_their_small_forms(tmp_path, photos):
     size = _convert(src, tmp_path / "size.kmodel", photos, runtime="maixpy", optimize="size",
                     input_range=(-1, 1), min_sqnr=0)
     assert size.file_size <= 1.15 * size.ideal["weight_bytes"]
-    traded = {t.split(":")[0]: t for t in size.trades}
-    dw = "mobilefacenet_1/depthwise_conv2d_{}/depthwise".format
-    assert "kpu_conv (fewest-bytes tiles: 8 layers, not 32)" in traded[dw("1")]
-    assert "fewest-bytes tiles" in traded[dw("1_2")] and "stride 1 + CPU pick" in traded[dw("1_2")]
-    assert traded[dw("3_1")].startswith(dw("3_1") + ": quantized_conv2d")    # stride 2
+    # Keras numbers its layer names by a per-process counter: the trades by what they say
+    dw = [t for t in size.trades if t.split(":")[0].endswith("/depthwise")]
+    assert any("kpu_conv (fewest-bytes tiles: 8 layers, not 32)" in t for t in dw)
+    assert any("fewest-bytes tiles" in t and "stride 1 + CPU pick" in t for t in dw)
+    assert any(": quantized_conv2d" in t for t in dw)     # the others: uint8 on the CPU
     assert size.main_memory <= 1.25 * size.ideal["live_bytes"]
