@@ -207,7 +207,7 @@ def choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
                                    for n in a if n in b and a[n][0] > b[n][0])]
     if optimize == "latency" and fast.need <= budget:
         exact = [n for n in ranked if fast.lw.smaller.get(n)]
-        best = _within_slack(build, fast, tried, exact, a, b, budget)
+        best = _within_slack(build, fast, exact, a, b, budget)
         why = (f"(within {LATENCY_SLACK:.0%} of the fastest forms' estimated time, the model "
                f"{fast.need - best.need:,} B smaller)")
         return choice(best, trades(a, best.per_node(), why))
@@ -234,7 +234,7 @@ def choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     return choice(best, trades(a, best.per_node(), why))
 
 
-def _within_slack(build, fast, tried, ranked, a, b, budget):
+def _within_slack(build, fast, ranked, a, b, budget):
     """The lowering with the `ranked` layers whose cycles lost fit LATENCY_SLACK in their smaller
     forms, if it is smaller than `fast`, fits `budget` and is at most LATENCY_SLACK slower; else `fast`."""
     allowance = LATENCY_SLACK * fast.est.cycles
@@ -249,7 +249,6 @@ def _within_slack(build, fast, tried, ranked, a, b, budget):
         t = build(frozenset(chosen))
     except Tl2k210Error:
         return fast
-    tried.append(t)
     return t if t.need < fast.need and t.need <= budget and t.est.cycles <= fast.est.cycles + allowance else fast
 
 
