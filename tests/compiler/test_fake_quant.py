@@ -77,3 +77,25 @@ def test_dense_layers_on_the_model_input_stay_float():
     x = rand(1, 4)
     np.testing.assert_allclose(calibrate.FloatRunner(fq, False)(x)["y"], calibrate.FloatRunner(g, False)(x)["y"],
                                rtol=1e-6)
+
+
+def test_per_channel_ranges_put_each_channel_on_its_own_grid():
+    # a range (lo[C], hi[C]) rounds channel c with its own scale and zero point, clipping to its
+    # own range; a scalar range keeps one grid for the tensor
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((3, 2, 1, 1)).astype(np.float32) * np.array([1, 10, 0.1], np.float32)[:, None, None, None]
+    m = make_model([helper.make_node("Conv", ["x", "w"], ["y"], name="c")],
+                   [("x", [1, 2, 4, 4])], [("y", [1, 3, 4, 4])], {"w": w})
+    g, _ = run_pipeline(from_onnx(m))
+    x = rand(1, 2, 4, 4)
+    lo, hi = np.array([-1.0, -5.0, 0.0]), np.array([1.0, 20.0, 0.05])
+    got = calibrate.FloatRunner(fake_quant_graph(g, {"y": (lo, hi)}, weight_bits=16))(x)
+    raw = got["y/float"]
+    for c in range(3):
+        s, z = fx.qparams(lo[c], hi[c])
+        want = (np.clip(np.round(raw[0, c] / np.float32(s)) + z, 0, 255) - z) * np.float32(s)
+        np.testing.assert_allclose(got["y"][0, c], want, atol=1e-6)
+    one = calibrate.FloatRunner(fake_quant_graph(g, {"y": (-5.0, 20.0)}, weight_bits=16))(x)
+    s, z = fx.qparams(-5.0, 20.0)
+    np.testing.assert_allclose(one["y"], (np.clip(np.round(raw / np.float32(s)) + z, 0, 255) - z) * np.float32(s), atol=1e-5)
+    assert np.abs(got["y"][0, 2]).max() <= hi[2] + 1e-6 < np.abs(one["y"][0, 2]).max()   # clipped to its own range

@@ -1,8 +1,9 @@
 """The float graph with ideal 8-bit quantization simulated (fake quantization): per-channel
 symmetric weights rounded as the K210 back-end rounds them, and every tensor the back-end keeps as
 uint8 (conv, add, concat, max-pool and resize outputs, and a pooled vector that a KPU conv or
-dense layer reads) quantized with its calibrated range. A dense layer (a conv on a 1x1 map) that
-reads the model input or a float dense layer's output stays float, weights and output, as the
+dense layer reads) quantized with its calibrated range -- or, given a range (lo[C], hi[C]), each
+channel on its own grid (what per-channel activation scales would buy: bench/fit_limits.py). A
+dense layer (a conv on a 1x1 map) that reads the model input or a float dense layer's output stays float, weights and output, as the
 back-end's float FULLY_CONNECTED computes it (k210/lower/fc.py): rounding it would also clamp it to its calibrated
 range, a denoiser no float layer applies.
 
@@ -98,13 +99,15 @@ def fake_quant_graph(graph, ranges, weight_bits=8):
         out = stage_names(n)["out"] if n.op == "Conv" else n.outputs[0]
         if out not in ranges or g.shape(out) is None:
             continue
-        s, z = fx.qparams(*ranges[out])
+        lo, hi = np.broadcast_arrays(*ranges[out])        # (lo[C], hi[C]): channel c on its own grid
+        s, z = np.array([fx.qparams(a, b) for a, b in zip(lo.ravel(), hi.ravel())]).T.reshape(2, *lo.shape)
         raw = g.add_tensor(out + "/float", g.shape(out))
         n.outputs = [raw if o == out else o for o in n.outputs]
-        sc, zp = g.add_const(np.array(s, np.float32), out + "/s"), g.add_const(np.array(z, np.uint8), out + "/z")
+        sc, zp = g.add_const(s.astype(np.float32), out + "/s"), g.add_const(z.astype(np.uint8), out + "/z")
         q = g.add_tensor(out + "/q", g.shape(out), np.uint8)
-        g.nodes += [Node("QuantizeLinear", [raw, sc, zp], [q], {}, out + "/quantize"),
-                    Node("DequantizeLinear", [q, sc, zp], [out], {}, out + "/dequantize")]
+        axis = {"axis": 1} if s.ndim else {}
+        g.nodes += [Node("QuantizeLinear", [raw, sc, zp], [q], axis, out + "/quantize"),
+                    Node("DequantizeLinear", [q, sc, zp], [out], axis, out + "/dequantize")]
     return g
 
 
