@@ -48,6 +48,15 @@ def _nonneg(g, t):
 
 
 def pad_into_conv(g, log):
+    """Until no Pad folds: a Pad feeding a Pad (TF's explicit ZeroPadding2D before the zero
+    paddings of a dilated conv's SpaceToBatchND) folds once the Pad after it has."""
+    while _fold_pads(g, log):
+        pass
+    return g
+
+
+def _fold_pads(g, log):
+    folded = False
     for pad in [n for n in g.nodes if n.op == "Pad"]:
         r = constant_pads(g, pad)
         users = g.consumers(pad.outputs[0])
@@ -74,6 +83,7 @@ def pad_into_conv(g, log):
                                                                     "before, bias + value*sum(W))" if value else "")
                     + f"; pads now {conv.attrs['pads']}")
             g.nodes.remove(pad)
+            folded = True
         elif all(u.op == "MaxPool" and u.inputs[0] == pad.outputs[0] for u in users) and \
                 (value == -np.inf or value == 0 and _nonneg(g, pad.inputs[0])):
             for pool in users:
@@ -83,4 +93,5 @@ def pad_into_conv(g, log):
                 pool.fused.append(pad.name)
                 log(pool.name, f"absorbed Pad {pad.name} {pads} value {value:g} (never the max)")
             g.nodes.remove(pad)
-    return g
+            folded = True
+    return folded
