@@ -86,6 +86,51 @@ def kpu_conv_refuses(g, node, opts):
     return None
 
 
+SMALL_MAP = "kpu_conv_small_map"
+
+
+def small_map_refuses(g, node, opts):
+    """Why a conv on a map under the KPU's minimum width / height cannot run on the map grown to
+    it (kmodel v3 has no CPU conv; v4 runs it as quantized_conv2d): the map is copied into a
+    bigger one in main memory whose extra bottom rows / right columns hold code 0 (a kernel-1
+    QUANTIZED_MAX_POOL2D whose output is larger than its input: the taps outside are skipped and
+    the max starts at 0), uploaded, convolved, and the output cropped back. A 1x1 conv never
+    reads the extra pixels for the outputs kept; a 3x3 one (pads 1) reads them as its bottom /
+    right padding, which must be the input's zero point: exact where that is code 0 (checked when
+    lowered; the input comes from a ReLU / ReLU6, whose ranges start at 0)."""
+    from tl2k210.passes.pad_into_conv import _nonneg
+    a = node.attrs
+    _, ci, h, w = g.shape(node.inputs[0])
+    (wlo, whi), (hlo, hhi) = hw.LIMITS["in_w"], hw.LIMITS["in_h"]
+    k = tuple(a["kernel"])
+    if is_dense(g, node) or k not in ((1, 1), (3, 3)) or (w >= wlo and h >= hlo) or w > whi or h > hhi:
+        return NA
+    if node.inputs[0] in g.inputs:
+        return NA       # the first layer reads the image as the runtime puts it in KPU RAM
+    if tuple(a["strides"]) != (1, 1) or tuple(a.get("dilations", (1, 1))) != (1, 1) or a.get("pool") \
+            or list(a["pads"]) != [k[0] // 2] * 4:
+        return f"input {w}x{h} grown to the KPU's {wlo}x{hlo}: only stride 1, 'same' pads, no pool"
+    if k == (3, 3) and not _nonneg(g, node.inputs[0]):
+        return (f"input {w}x{h} grown to the KPU's {wlo}x{hlo}: a 3x3 conv reads the added pixels as "
+                "padding, code 0, which is its input's zero point only after a ReLU / ReLU6")
+    grp, co = a.get("group", 1), g.shape(node.outputs[0])[1]
+    if ci % grp or co % grp or max(ci, co) > hw.LIMITS["channels"][1]:
+        return NA
+    return None
+
+
+def grow_map(lw, src, shape, grown, out, row):
+    """The uint8 (C, H, W) map at `src` copied into a (C, H', W') one whose extra bottom rows and
+    right columns hold code 0 (small_map_refuses); returns its address."""
+    c, h, w = shape
+    gh, gw = grown
+    dst = lw.alloc(f"{out}:grown", "u8", c * gh * gw)
+    lw.emit("QUANTIZED_MAX_POOL2D", dict(
+        flags=1, main_mem_in_address=src, main_mem_out_address=dst, in_shape=(w, h, c), out_shape=(gw, gh, c),
+        kernel_width=1, kernel_height=1, stride_width=1, stride_height=1, padding_width=0, padding_height=0), row)
+    return dst
+
+
 # ---------------------------------------------------------------------------------------------
 # geometry: what the KPU computes for a node, decided from the graph alone
 @dataclass
@@ -107,6 +152,7 @@ class Geometry:
     kpu_out: tuple             # (C, H, W) after the KPU pool
     post: list                 # CPU QUANTIZED_MAX_POOL2D stages [(k, s, pad_h, pad_w)] after the KPU
     out_shape: tuple           # the node's output (C, H, W)
+    small_map: tuple | None = None   # (H, W) of the input in main memory, grown to in_shape (small_map_refuses)
     pick_next: bool = False    # a depthwise conv's stride-2 pick moves onto the next 1x1 conv
     notes: list = field(default_factory=list)
 
@@ -131,6 +177,10 @@ def geometry(lw, node) -> Geometry:
         geometry(lw, p).pick_next else None
     if src is not None:
         ci, h, w = geometry(lw, src).kpu_out      # the depthwise conv's stride-1 map
+    small_map = None
+    if node.name in lw.choice and lw.lowered_by(node) == SMALL_MAP:
+        small_map = (h, w)
+        h, w = max(h, hw.LIMITS["in_h"][0]), max(w, hw.LIMITS["in_w"][0])
     co = lw.shape(node.outputs[0])[0]
     groups = a.get("group", 1)
     depthwise = groups == ci == co and ci > 1
@@ -149,7 +199,10 @@ def geometry(lw, node) -> Geometry:
             pick_next = True
         elif s == 1:     # the KPU pads every side by k // 2: fewer pads on a side crop the map
             post.append((1, 1, -dy, -dx))
-            notes.append(f"pads {a['pads']}: the KPU pads every side; CPU crops the map to rows from {dy}, "
+            notes.append(f"input {small_map[1]}x{small_map[0]} grown to {w}x{h} in main memory (kernel-1 "
+                         f"QUANTIZED_MAX_POOL2D, code 0 in the added pixels), the output cropped back"
+                         if small_map else
+                         f"pads {a['pads']}: the KPU pads every side; CPU crops the map to rows from {dy}, "
                          f"columns from {dx}" if "pick" not in a else
                          f"CPU crops the {h}x{w} map to its first {conv_hw[0]} rows, {conv_hw[1]} columns")
         else:
@@ -167,7 +220,7 @@ def geometry(lw, node) -> Geometry:
             code = c
     ph, pw = hw.POOL[code].out_size(h, w)
     geo = Geometry((ci, h, w), co, k, groups, depthwise, code, (co, ph, pw), post, lw.shape(node.outputs[0]),
-                   pick_next, notes)
+                   small_map, pick_next, notes)
     lw.geo[node.name] = geo
     return geo
 
@@ -293,8 +346,8 @@ def plan_for(lw, node) -> Plan:
     # the smaller form of a stride-2 conv, the stride-1 map + CPU pick (not its phases, 4x the
     # weights): the stride-1 map waits in main memory by output-channel chunks, not whole (4x the output)
     by_chunks = any(k == 1 and s == 2 for k, s, *_ in geo.post) and wants_small(lw.opts, node) and geo.groups == 1
-    if not tall and fits and not by_chunks:
-        plan = Plan(units, [whole], True, True, why, form)
+    if not tall and fits and not by_chunks:      # a grown map is uploaded from its grown copy
+        plan = Plan(units, [whole], geo.small_map is None, True, why, form)
     elif not tall and geo.groups == 1 and lines_in + hw.map_lines(1, ph, pw) <= cap:
         n = next(n for n in range(co, 0, -1) if lines_in + hw.map_lines(n, ph, pw) <= cap)
         if geo.post:   # each chunk's stride-1 map waits in main memory for its CPU pick/pool: at most
@@ -425,6 +478,21 @@ def kpu_conv(lw, node):
             row.form = "stride 1 + CPU pick" + (f", {row.form}" if row.form else "")
 
 
+@lowering("Conv", unit=KPU, check=small_map_refuses, formats=("v3",), name=SMALL_MAP, explicit=True)
+def kpu_conv_small_map(lw, node):
+    """kpu_conv on the map grown to the KPU's minimum (small_map_refuses); a 3x3 conv only where
+    its input's zero point is code 0, the value of the added pixels."""
+    geo = geometry(lw, node)
+    if geo.k == 3:
+        _, _, z_x, _ = input_terms(lw, node.inputs[0], geo.in_shape[0])
+        if z_x:
+            raise KpuLimitError(
+                f"node {node.name!r}: its {geo.small_map[1]}x{geo.small_map[0]} input is under the KPU's "
+                f"{geo.in_shape[2]}x{geo.in_shape[1]} minimum; grown to it, the added pixels (code 0) are "
+                f"the 3x3 conv's padding, but its input's zero point is code {z_x}: use --format v4 (a CPU conv)")
+    kpu_conv(lw, node)
+
+
 def describe(row, geo, plan, k=None):
     kind = "depthwise " if geo.depthwise else "" if geo.groups == 1 else f"group-{geo.groups} "
     k = k or geo.k
@@ -501,6 +569,8 @@ def emit_layer(lw, node, geo, plan, lq, row):
         in_base = xloc.kpu[0]
     else:
         src_u8 = lw.need_u8(x, row)
+        if geo.small_map:
+            src_u8 = grow_map(lw, src_u8, (ci,) + geo.small_map, (h, w), out, row)
     # --- where the KPU output goes
     if plan.out_resident:
         lw.kpu_alloc(out_loc, f"{out}:kpu", hw.map_lines(co, ph, pw),
@@ -604,6 +674,8 @@ def emit_layer(lw, node, geo, plan, lq, row):
             lw.main.free(f"{out}:band{bi}:fin:u8")
     kind = "kpu" if traces and lw.layers[traces[0]].name == "K210_CONV" else "u8"
     lw.trace_map[out] = (traces[0] if len(traces) == 1 else tuple(traces), kind)
+    if geo.small_map:
+        lw.main.free(f"{out}:grown:u8")
     if x == lw.pixel_input:
         lw.kpu_free(xloc)      # the image is read once
     if post:

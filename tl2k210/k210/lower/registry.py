@@ -56,6 +56,7 @@ class Alternative:
     check: Callable | None       # (graph, node, opts) -> None | reason
     fn: Callable | None          # (lowering, node) -> None; None = only a format can express it
     takes: Callable | None = None    # (graph, node, opts) -> None | why it goes before better units
+    explicit: bool = False       # only where the user named this format: `--format auto` takes the other's form
 
     def refuses(self, g, node, opts):
         return self.check(g, node, opts) if self.check is not None else None
@@ -70,13 +71,15 @@ def _add(alt: Alternative):
     alts.sort(key=lambda a: UNIT_RANK[a.unit])     # stable: registration order within a unit
 
 
-def lowering(*ops, unit, check=None, formats=FORMATS, name=None, takes=None):
+def lowering(*ops, unit, check=None, formats=FORMATS, name=None, takes=None, explicit=False):
     """Register `fn(lowering, node)` as a way to lower `ops` on `unit`. `takes(graph, node, opts)`:
     why this alternative goes before those of better units (the smaller form the plan asked for:
-    v4conv.cpu_trade), or None; it answers only where its own check passes."""
+    v4conv.cpu_trade), or None; it answers only where its own check passes. `explicit`: a
+    workaround for what only another format does plainly (conv.small_map), taken only where the
+    user asked for this format by name, so `--format auto` keeps choosing that other format."""
     def deco(fn):
         for op in ops:
-            _add(Alternative(op, name or fn.__name__, unit, tuple(formats), check, fn, takes))
+            _add(Alternative(op, name or fn.__name__, unit, tuple(formats), check, fn, takes, explicit))
         return fn
     return deco
 
@@ -105,12 +108,16 @@ def select(g, node, opts, fmt="v3"):
         hint = (f"nearest supported form: {hint}" if hint else
                 f"replace it in the model with supported ops: {', '.join(supported_ops(fmt))}")
         raise UnsupportedOpError(f"node {node.name!r}: op {describe(node)} has no K210 lowering; {hint}")
-    if getattr(opts, "format", fmt) != fmt:      # checks may ask which format is being planned
+    named = getattr(opts, "format", fmt) == fmt   # the user's format, not one `auto` tries
+    if not named:      # checks may ask which format is being planned
         opts = dataclasses.replace(opts, format=fmt)
     taker = next(((a, why) for a in alts if a.takes is not None and fmt in a.formats
                   for why in [a.takes(g, node, opts)] if why), None)
     passed = []
     for alt in alts:
+        if alt.explicit and not named:
+            passed.append((alt, NA))
+            continue
         reason = alt.refuses(g, node, opts)
         if reason is None and taker is not None and UNIT_RANK[alt.unit] < UNIT_RANK[taker[0].unit]:
             reason = taker[1]
