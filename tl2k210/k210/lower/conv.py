@@ -110,7 +110,10 @@ def small_map_refuses(g, node, opts):
     if tuple(a["strides"]) != (1, 1) or tuple(a.get("dilations", (1, 1))) != (1, 1) or a.get("pool") \
             or list(a["pads"]) != [k[0] // 2] * 4:
         return f"input {w}x{h} grown to the KPU's {wlo}x{hlo}: only stride 1, 'same' pads, no pool"
-    if k == (3, 3) and not _nonneg(g, node.inputs[0]):
+    x = node.inputs[0]
+    while g.producer(x) is not None and g.producer(x).op == "MaxPool":     # a max of values >= 0
+        x = g.producer(x).inputs[0]
+    if k == (3, 3) and not _nonneg(g, x):
         return (f"input {w}x{h} grown to the KPU's {wlo}x{hlo}: a 3x3 conv reads the added pixels as "
                 "padding, code 0, which is its input's zero point only after a ReLU / ReLU6")
     grp, co = a.get("group", 1), g.shape(node.outputs[0])[1]

@@ -1,0 +1,95 @@
+"""kmodel v3 (no CPU conv): a conv on a map under the KPU's minimum width / height runs on the map
+grown to it in main memory (kernel-1 QUANTIZED_MAX_POOL2D, code 0 in the added pixels), and its
+output is cropped back (tl2k210/k210/lower/conv.py small_map_refuses). TF-free, hand-made graphs."""
+import numpy as np
+import pytest
+from onnx import helper
+
+from lower_helpers import compile_model, conv_node, make_model, pixels
+from tl2k210.errors import UnsupportedOpError
+from tl2k210.k210 import hardware as hw
+from tl2k210.k210.emulator import Emulator
+from tl2k210.k210.emulator.kpu import activation, batchnorm
+from tl2k210.k210.lower.conv import SMALL_MAP
+
+POOL = 4        # the 4x4 max pool that shrinks the first conv's map to (h, w)
+
+
+def _model(k, group, hw_, relu=True, c=8, co=6, seed=0):
+    """conv3x3 (+ ReLU) on (3, 4h, 4w) pixels -> MaxPool 4x4 -> the conv under test on an h x w map."""
+    rng = np.random.default_rng(seed)
+    h, w = hw_
+    g = c if group == "dw" else 1
+    co = c if group == "dw" else co
+    n = helper.make_node
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1])]
+    nodes += [n("Relu", ["c0"], ["r0"])] if relu else [n("Identity", ["c0"], ["r0"])]
+    nodes += [n("MaxPool", ["r0"], ["p"], kernel_shape=[POOL, POOL], strides=[POOL, POOL]),
+              conv_node("y", "p", "w", "b", pads=[k // 2] * 4, group=g, kernel_shape=[k, k])]
+    return make_model(nodes, [("x", [1, 3, POOL * h, POOL * w])], [("y", None)],
+                      {"w0": (rng.normal(size=(c, 3, 3, 3)) * 0.3).astype(np.float32),
+                       "b0": (rng.normal(size=c) * 0.2).astype(np.float32),
+                       "w": (rng.normal(size=(co, c // g, k, k)) * 0.3).astype(np.float32),
+                       "b": (rng.normal(size=co) * 0.3).astype(np.float32)})
+
+
+def _direct(q, z_x, wq, zw, k, depthwise):
+    """The conv's KPU accumulator on the h x w map itself: sum of (q - z_x)(w - zw), off-map taps
+    reading the pad value z_x (0 after subtracting it)."""
+    c, h, w = q.shape
+    r = k // 2
+    xp = np.pad(q.astype(np.int64) - z_x, ((0, 0), (r, r), (r, r)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(1, 2))     # (C, h, w, k, k)
+    wt = wq.astype(np.int64) - zw
+    if depthwise:
+        return np.einsum("chwyx,cyx->chw", win, wt.reshape(c, k, k))
+    return np.einsum("chwyx,ocyx->ohw", win, wt.reshape(-1, c, k, k))
+
+
+@pytest.mark.parametrize("k,group,hw_", [(1, "dense", (3, 3)), (1, "dw", (3, 6)), (3, "dw", (3, 3)),
+                                         (3, "dense", (2, 5)), (3, "dense", (1, 1))])
+def test_small_map_conv_is_the_direct_conv_bit_for_bit(k, group, hw_):
+    """The K210_CONV on the grown map, cropped, gives exactly the bytes of a direct integer conv of
+    the h x w map with the layer's own quantized weights, zero points, BN and activation table."""
+    m = _model(k, group, hw_)
+    h, w = hw_
+    px = pixels(3, 3, POOL * h, POOL * w)
+    model, rows, lw, g = compile_model(m, px, format="v3")
+    assert lw.lowered_by(next(n for n in g.nodes if n.outputs[0] == "y")) == SMALL_MAP
+    row = next(r for r in rows if r.node == "y")
+    names = [model.layers[i].name for i in row.layers]
+    assert names[0] == "QUANTIZED_MAX_POOL2D" and "K210_UPLOAD" in names and names[-1] == "QUANTIZED_MAX_POOL2D"
+    grow = model.layers[row.layers[0]].fields
+    lo_h, lo_w = hw.LIMITS["in_h"][0], hw.LIMITS["in_w"][0]
+    assert grow["out_shape"][:2] == (max(w, lo_w), max(h, lo_h)) and grow["kernel_width"] == 1
+    assert any("grown to" in nt for nt in row.notes)
+    (conv,) = [model.layers[i].conv for i in row.layers if model.layers[i].conv is not None]
+    z_x, zw = -conv.args["arg_w"], -conv.args["arg_x"]
+    assert conv.args["pad_value"] == z_x and (k == 1 or z_x == 0)
+    src, _ = lw.trace_map["p"]
+    s_y, z_y = lw.locs["y"].quant
+    emu = Emulator(model)
+    for p in px:
+        out, trace = emu.run(p, trace=True)
+        q = np.asarray(trace[src][1]).reshape(-1, h, w)
+        ref = activation(batchnorm(_direct(q, z_x, conv.weights, zw, k, group == "dw"), conv.bn), conv.act)
+        got = np.rint(out[0].reshape(ref.shape) / s_y + z_y).astype(np.int64)
+        assert np.array_equal(got, ref)
+
+
+def test_auto_and_v4_keep_the_cpu_conv():
+    """The grown map is a kmodel v3 workaround: `--format auto` still takes v4's quantized_conv2d."""
+    m = _model(1, "dense", (3, 3))
+    px = pixels(3, 3, POOL * 3, POOL * 3)
+    for fmt in ("auto", "v4"):
+        model, rows, lw, g = compile_model(m, px, format=fmt)
+        assert model.version == 4 and lw.lowered_by(next(n for n in g.nodes if n.outputs[0] == "y")) != SMALL_MAP
+
+
+def test_3x3_conv_on_a_map_that_may_be_negative_is_refused():
+    """Without a ReLU before it the input's zero point is not code 0, the added pixels' value:
+    the refusal says so (and that v4 runs it)."""
+    m = _model(3, "dw", (3, 3), relu=False)
+    px = pixels(3, 3, POOL * 3, POOL * 3)
+    with pytest.raises(UnsupportedOpError, match="zero point only after a ReLU"):
+        compile_model(m, px, format="v3")
