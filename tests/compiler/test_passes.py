@@ -612,3 +612,53 @@ def test_conv_covering_its_map_is_a_dense_layer(k, strides, dense):
     c = g.nodes[1]
     assert c.attrs["kernel"] == (1, 1) and g.const(c.inputs[1]).shape == (7, 5 * h * w, 1, 1)
     assert g.shape(c.inputs[0]) == (1, 5 * h * w, 1, 1)
+
+
+def test_pad_feeding_a_pad_folds_into_the_conv():
+    """TF's ZeroPadding2D before a dilated conv: Pad(2) -> Pad(0) (SpaceToBatchND's paddings) ->
+    Conv; both fold once the one next to the conv has."""
+    n = helper.make_node
+    nodes = [n("Pad", ["x", "p"], ["xp"]), n("Pad", ["xp", "p0"], ["xq"]), conv("y", "xq", "w", dilations=[2, 2])]
+    m = make_model(nodes, [X], [("y", None)], {"p": np.array([0, 0, 2, 2, 0, 0, 2, 2], np.int64),
+                                                "p0": np.zeros(8, np.int64), "w": rand(4, 4, 3, 3)})
+    g, changes = check(m, "pad_into_conv")
+    assert g.op_counts() == {"Conv": 1} and g.nodes[0].attrs["pads"] == [2, 2, 2, 2] and len(changes) == 2
+
+
+@pytest.mark.parametrize("steps,dropped", [(None, True), ([1, 1], True), ([-1, 1], False)])
+def test_slice_of_every_element_is_dropped(steps, dropped):
+    """TF's zero crop after a dilated conv (BatchToSpaceND) keeps every element: no layer. A
+    reversing step keeps the shape but not the order."""
+    n = helper.make_node
+    ends = [8, 8] if steps is None or steps[0] > 0 else [-9, 8]
+    starts = [0, 0] if steps is None or steps[0] > 0 else [7, 0]
+    ins = ["r", "st", "en", "ax"] + (["sp"] if steps else [])
+    nodes = [n("Relu", ["x"], ["r"]), n("Slice", ins, ["s"]), conv("y", "s", "w")]
+    inits = {"st": np.array(starts, np.int64), "en": np.array(ends, np.int64), "ax": np.array([2, 3], np.int64),
+             "w": rand(4, 4, 1, 1)}
+    if steps:
+        inits["sp"] = np.array(steps, np.int64)
+    g, changes = check(make_model(nodes, [X], [("y", None)], inits), "fold_constants")
+    assert ("Slice" not in g.op_counts()) == dropped
+
+
+def test_softmax_of_concatenated_score_heads_runs_in_their_convs():
+    """ULFD/SSD scores: Softmax(Concat(Reshape(Transpose(conv), (1, -1, 2)))) over each anchor's
+    two classes, channels 2j and 2j + 1 of its head: each conv takes the pairs' differences and
+    a Sigmoid, and the Softmax goes (exact in float)."""
+    n = helper.make_node
+    nodes, inits, parts = [], {"shape": np.array([1, -1, 2], np.int64)}, []
+    for i, co in enumerate((6, 4)):
+        nodes += [conv(f"c{i}", "x", f"w{i}", f"b{i}"), n("Transpose", [f"c{i}"], [f"t{i}"], perm=[0, 2, 3, 1]),
+                  n("Reshape", [f"t{i}", "shape"], [f"r{i}"])]
+        inits.update({f"w{i}": rand(co, 4, 1, 1) * 3, f"b{i}": rand(co)})
+        parts.append(f"r{i}")
+    nodes += [n("Concat", parts, ["cat"], axis=1), n("Softmax", ["cat"], ["y"], axis=-1)]
+    m = make_model(nodes, [X], [("y", None)], inits)
+    g, changes = check(m, "channel_softmax")
+    assert "Softmax" not in g.op_counts() and len(changes) == 2
+    assert all(c.attrs["activation"] == {"op": "Sigmoid"} for c in g.nodes if c.op == "Conv")
+    # a head of an odd channel count (its pairs would straddle anchors): the Softmax stays
+    inits["w1"], inits["b1"] = rand(3, 4, 1, 1), rand(3)
+    g, changes = check(make_model(nodes, [X], [("y", None)], inits), "channel_softmax")
+    assert g.op_counts()["Softmax"] == 1 and not changes

@@ -1053,3 +1053,25 @@ def test_factorised_1x3_3x1_convs_run_on_the_kpu():
     model, rows, _, g = compile_model(m, px, format="v3")
     assert {r.node for r in rows if r.unit == "KPU"} >= {"a", "b", "y"} and model.version == 3
     assert sqnr(m, model, px) > 30
+
+
+def test_concatenated_score_heads_lower_to_kmodel_v3():
+    """A detector's scores, Softmax(Concat(Reshape(Transpose(conv)))) over each anchor's two
+    classes (ULFD), had only v4's softmax_axis; as sigmoids of the class differences in the head
+    convs (channel_softmax) kmodel v3 runs them, close to the float softmax."""
+    n = helper.make_node
+    rng = np.random.default_rng(3)
+    r = lambda *s: (rng.normal(size=s) * 0.5).astype(np.float32)   # noqa: E731
+    nodes = [conv_node("c", "x", "w", "b", pads=[1, 1, 1, 1]), n("Relu", ["c"], ["f"])]
+    inits, parts = {"w": r(8, 3, 3, 3), "b": r(8), "shape": np.array([1, -1, 2], np.int64)}, []
+    for i, co in enumerate((6, 4)):
+        nodes += [conv_node(f"h{i}", "f", f"w{i}", f"b{i}"), n("Transpose", [f"h{i}"], [f"t{i}"], perm=[0, 2, 3, 1]),
+                  n("Reshape", [f"t{i}", "shape"], [f"r{i}"])]
+        inits.update({f"w{i}": r(co, 8, 1, 1) * 4, f"b{i}": r(co)})
+        parts.append(f"r{i}")
+    nodes += [n("Concat", parts, ["cat"], axis=1), n("Softmax", ["cat"], ["y"], axis=-1)]
+    m = make_model(nodes, [("x", [1, 3, 8, 10])], [("y", None)], inits)
+    px = pixels(4, 3, 8, 10)
+    model, rows, lw, g = compile_model(m, px, format="v3")
+    assert model.version == 3 and "Softmax" not in g.op_counts()
+    assert sqnr(m, model, px) > 30

@@ -3,7 +3,9 @@ ULFFD, RetinaFace...), as TF writes it -- exp(x - max(x)) / sum(exp(x - max(x)))
 Exp / ReduceSum / Div, with tf2onnx's transposes before the Div -- or as one Softmax node, becomes
 the conv itself with a sigmoid: softmax(a, b) = (sigmoid(a - b), sigmoid(b - a)), so the conv gets
 weights (W0 - W1, W1 - W0), bias (b0 - b1, b1 - b0) and a Sigmoid activation. Exact in float; one
-KPU layer instead of five CPU ops the v3 format does not have."""
+KPU layer instead of five CPU ops the v3 format does not have. The same for the score heads of
+SSD-style detectors (ULFD), Softmax(Concat(Reshape(Transpose(conv)))) over each anchor's two
+classes, channels 2j and 2j + 1 of its head's conv: each conv gets the pairs' differences."""
 import numpy as np
 
 from tl2k210.graph import axes_of
@@ -58,24 +60,71 @@ def _decomposed(g, div):
     return x, axis, pattern, t_chain
 
 
-def _fold_into_conv(g, x, axis, readers, log, name):
-    """Give the conv producing `x` the softmax (if `readers` are x's only consumers)."""
-    conv = g.producer(x)
-    shape = g.shape(x)
-    if conv is None or conv.op != "Conv" or len(shape) != 4 or axis != 1 or shape[1] != 2 or \
-            conv.attrs.get("activation") or conv.attrs.get("pool") or x in g.outputs or \
-            any(c not in readers for c in g.consumers(x)):
-        return False
+def _pairable(g, conv, x, readers):
+    """Can `conv` (producing `x`, read only by `readers`) take a softmax over its channel pairs?"""
+    return conv is not None and conv.op == "Conv" and not conv.attrs.get("activation") and \
+        not conv.attrs.get("pool") and x not in g.outputs and all(c in readers for c in g.consumers(x)) and \
+        g.const(conv.inputs[1]) is not None and len(conv.inputs) > 2 and g.const(conv.inputs[2]) is not None
+
+
+def _pairs_into_conv(g, conv, log, name):
+    """The softmax over each channel pair (2j, 2j + 1) of the conv's output, as the conv with the
+    pairs' differences and a Sigmoid."""
     w, b = g.const(conv.inputs[1]), g.const(conv.inputs[2])
-    if w is None or b is None:
-        return False
-    d = np.array([[1, -1], [-1, 1]], np.float32)
+    d = np.kron(np.eye(w.shape[0] // 2, dtype=np.float32), np.array([[1, -1], [-1, 1]], np.float32))
     conv.inputs[1] = g.add_const(np.tensordot(d, w, 1).astype(np.float32), conv.inputs[1] + "/softmax2")
     conv.inputs[2] = g.add_const((d @ b).astype(np.float32), conv.inputs[2] + "/softmax2")
     conv.attrs["activation"] = {"op": "Sigmoid"}
     conv.fused.append(name)
-    log(conv.name, f"2-class channel softmax {name} -> sigmoid of the class differences, in the conv")
+    log(conv.name, f"2-class {'channel ' if w.shape[0] == 2 else 'channel-pair '}softmax {name} -> sigmoid "
+                   "of the class differences, in the conv")
+
+
+def _fold_into_conv(g, x, axis, readers, log, name):
+    """Give the conv producing `x` the softmax (if `readers` are x's only consumers)."""
+    conv = g.producer(x)
+    shape = g.shape(x)
+    if len(shape) != 4 or axis != 1 or shape[1] != 2 or not _pairable(g, conv, x, readers):
+        return False
+    _pairs_into_conv(g, conv, log, name)
     return True
+
+
+def _head(g, t):
+    """The conv whose output `t` is, as Reshape(1, -1, 2) of its NHWC Transpose (a detector's
+    score head: each anchor's two classes are channels 2j, 2j + 1), or None."""
+    r = g.producer(t)
+    tr = g.producer(r.inputs[0]) if r is not None and r.op == "Reshape" else None
+    if tr is None or tr.op != "Transpose" or list(tr.attrs.get("perm", ())) != [0, 2, 3, 1] or \
+            g.consumers(r.inputs[0]) != [r] or g.shape(t)[-1] != 2:
+        return None
+    conv = g.producer(tr.inputs[0])
+    shape = g.shape(tr.inputs[0])
+    if len(shape) != 4 or shape[1] % 2 or not _pairable(g, conv, tr.inputs[0], [tr]):
+        return None
+    return conv
+
+
+def _concat_heads(g, sm):
+    """A two-class Softmax over the last axis of score heads concatenated on another axis
+    (Softmax(Concat(Reshape(Transpose(Conv)) ...)): ULFD, SSD): the heads' convs, or None.
+    Each row's softmax reads only its own two values, so it runs in each head's conv."""
+    x = sm.inputs[0]
+    shape = g.shape(x)
+    old = g.meta.get("opset", 13) < 13
+    if not shape or len(shape) < 2 or shape[-1] != 2 or \
+            sm.attrs.get("axis", 1 if old else -1) % len(shape) != len(shape) - 1:
+        return None
+    cat = g.producer(x)
+    parts, reader = [x], sm
+    if cat is not None and cat.op == "Concat" and cat.attrs.get("axis", 0) % len(shape) != len(shape) - 1:
+        if x in g.outputs or g.consumers(x) != [sm]:
+            return None
+        parts, reader = cat.inputs, cat
+    heads = [_head(g, t) for t in parts]
+    if None in heads or any(g.consumers(t) != [reader] for t in parts):
+        return None
+    return heads
 
 
 def channel_softmax(g, log):
@@ -84,7 +133,11 @@ def channel_softmax(g, log):
             continue
         if n.op == "Softmax":
             x, axis = n.inputs[0], n.attrs.get("axis", -1) % len(g.shape(n.inputs[0]))
-            if _fold_into_conv(g, x, axis, [n], log, n.name):
+            folded = _fold_into_conv(g, x, axis, [n], log, n.name)
+            heads = [] if folded else _concat_heads(g, n) or []
+            for conv in heads:
+                _pairs_into_conv(g, conv, log, n.name)
+            if folded or heads:
                 g.nodes.remove(n)
                 g.replace_uses(n.outputs[0], x)
             continue
