@@ -625,23 +625,6 @@ def test_pad_feeding_a_pad_folds_into_the_conv():
     assert g.op_counts() == {"Conv": 1} and g.nodes[0].attrs["pads"] == [2, 2, 2, 2] and len(changes) == 2
 
 
-@pytest.mark.parametrize("steps,dropped", [(None, True), ([1, 1], True), ([-1, 1], False)])
-def test_slice_of_every_element_is_dropped(steps, dropped):
-    """TF's zero crop after a dilated conv (BatchToSpaceND) keeps every element: no layer. A
-    reversing step keeps the shape but not the order."""
-    n = helper.make_node
-    ends = [8, 8] if steps is None or steps[0] > 0 else [-9, 8]
-    starts = [0, 0] if steps is None or steps[0] > 0 else [7, 0]
-    ins = ["r", "st", "en", "ax"] + (["sp"] if steps else [])
-    nodes = [n("Relu", ["x"], ["r"]), n("Slice", ins, ["s"]), conv("y", "s", "w")]
-    inits = {"st": np.array(starts, np.int64), "en": np.array(ends, np.int64), "ax": np.array([2, 3], np.int64),
-             "w": rand(4, 4, 1, 1)}
-    if steps:
-        inits["sp"] = np.array(steps, np.int64)
-    g, changes = check(make_model(nodes, [X], [("y", None)], inits), "fold_constants")
-    assert ("Slice" not in g.op_counts()) == dropped
-
-
 def test_softmax_of_concatenated_score_heads_runs_in_their_convs():
     """ULFD/SSD scores: Softmax(Concat(Reshape(Transpose(conv), (1, -1, 2)))) over each anchor's
     two classes, channels 2j and 2j + 1 of its head: each conv takes the pairs' differences and

@@ -1,7 +1,6 @@
 """Evaluate nodes whose inputs are all constants (and Shape/Size of known shapes, so the shape
 arithmetic TF graphs do at run time -- Shape, Gather, Concat, Slice... -- becomes constants); drop
-Identity, inference-mode Dropout, Cast/CastLike to the type the tensor already has and a Slice that
-keeps every element (TF's zero crop after a dilated conv's BatchToSpaceND)."""
+Identity, inference-mode Dropout and Cast/CastLike to the type the tensor already has."""
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -65,16 +64,6 @@ def _same_type_cast(g, n):
     return other is not None and other.dtype == src and g.tensors[n.inputs[0]].shape is not None
 
 
-def _whole_slice(g, n):
-    """A Slice with constant positive steps whose output has its input's shape: every element, in order."""
-    if n.op != "Slice" or len(n.inputs) < 3 or any(g.const(i) is None for i in n.inputs[1:] if i):
-        return False
-    shape = g.shape(n.inputs[0])
-    steps = g.const(n.inputs[4]) if len(n.inputs) > 4 and n.inputs[4] else np.ones(1)
-    return shape is not None and None not in shape and tuple(shape) == tuple(g.shape(n.outputs[0]) or ()) \
-        and bool(np.all(np.asarray(steps) > 0))
-
-
 def fold_constants(g, log):
     """Repeat: fold everything foldable, re-infer shapes (a folded Reshape target makes the next
     Shape foldable: TF graphs with a dynamic batch compute their shapes at run time)."""
@@ -95,7 +84,7 @@ def _fold_round(g, log):
         for n in list(g.nodes):
             src = n.inputs[0] if n.inputs else ""
             keeps_name = n.outputs[0] in g.outputs and (src in g.inputs or src in g.outputs or g.const(src) is not None)
-            passthrough = n.op in ("Identity", "Dropout") or _same_type_cast(g, n) or _whole_slice(g, n)
+            passthrough = n.op in ("Identity", "Dropout") or _same_type_cast(g, n)
             if passthrough and not keeps_name and \
                     not any(g.consumers(o) for o in n.outputs[1:]):
                 g.nodes.remove(n)

@@ -10,7 +10,8 @@ batch index is i*b + j for the sub-grid offset (i, j), so
     Y[o, y*b + i, x*b + j]    = y_batch[i*b + j][o, y, x]
 
 is Conv(X, W, dilations b, pads p*b) exactly (a sub-grid position outside the grid is a position
-outside X). The Pad before and the Slice (TF's paddings/crops) stay as they are.
+outside X). The Pad before and the Slice (TF's paddings/crops) stay as they are, but a crop of
+zero rows and columns (`_crops_nothing`) goes.
 """
 import numpy as np
 
@@ -56,6 +57,13 @@ def _chain(g, t1):
     return b, [t1, s2d, t2, conv, t3, d2s, t4], crop
 
 
+def _crops_nothing(g, crop):
+    """Does the crop Slice keep every row and column (TF's crops of zero)?"""
+    shape = g.shape(crop.inputs[0])
+    starts, ends, axes = (np.asarray(g.const(t)).reshape(-1) for t in crop.inputs[1:4])
+    return shape is not None and all(s == 0 and e >= shape[a] for s, e, a in zip(starts, ends, axes))
+
+
 def space_to_batch(g, log):
     for t1 in [n for n in g.nodes if n.op == "Transpose" and list(n.attrs.get("perm", ())) == SWAP]:
         if t1 not in g.nodes:
@@ -64,6 +72,10 @@ def space_to_batch(g, log):
         if found is None:
             continue
         b, chain, crop = found
+        if crop is not None and _crops_nothing(g, crop):
+            g.replace_uses(crop.outputs[0], crop.inputs[0])     # TF's zero crops: no Slice
+            g.nodes.remove(crop)
+            crop = None
         conv, out = chain[3], chain[-1].outputs[0]
         d = 1 if tuple(conv.attrs["kernel"]) == (1, 1) else b      # a 1x1 conv has no dilation
         a = dict(conv.attrs, dilations=(d, d), pads=[p * b for p in conv.attrs["pads"]])
