@@ -1,6 +1,8 @@
-"""kmodel v3 (no CPU conv): a conv on a map under the KPU's minimum width / height runs on the map
-grown to it in main memory (kernel-1 QUANTIZED_MAX_POOL2D, code 0 in the added pixels), and its
-output is cropped back (tl2k210/k210/lower/conv.py small_map_refuses). TF-free, hand-made graphs."""
+"""kmodel v3 has no CPU conv and no pad layer; a kernel-1 QUANTIZED_MAX_POOL2D whose output is
+larger than its input pads with code 0 (taps outside skipped, max from 0). A conv on a map under
+the KPU's minimum width / height runs on the map grown to it in main memory and its output is
+cropped back (tl2k210/k210/lower/conv.py small_map_refuses); a zero Pad of a map >= 0 is such a
+pool (cpu.py zero_pad). TF-free, hand-made graphs."""
 import numpy as np
 import pytest
 from onnx import helper
@@ -93,3 +95,47 @@ def test_3x3_conv_on_a_map_that_may_be_negative_is_refused():
     px = pixels(3, 3, POOL * 3, POOL * 3)
     with pytest.raises(UnsupportedOpError, match="zero point only after a ReLU"):
         compile_model(m, px, format="v3")
+
+
+def _pad_model(relu=True, pads=(0, 0, 1, 2, 0, 0, 2, 1), seed=1):
+    """conv3x3 (+ ReLU) -> Pad -> the output (a Pad no conv absorbs)."""
+    rng = np.random.default_rng(seed)
+    n = helper.make_node
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1])]
+    nodes += [n("Relu", ["c0"], ["r0"])] if relu else [n("Identity", ["c0"], ["r0"])]
+    nodes += [n("Pad", ["r0", "p"], ["pd"]), n("Identity", ["pd"], ["y"])]
+    return make_model(nodes, [("x", [1, 3, 12, 12])], [("y", None)],
+                      {"w0": (rng.normal(size=(4, 3, 3, 3)) * 0.3).astype(np.float32),
+                       "b0": (rng.normal(size=4) * 0.2).astype(np.float32), "p": np.array(pads, np.int64)})
+
+
+def test_zero_pad_is_a_kernel_1_max_pool_bit_for_bit():
+    """The pad's output bytes are the input's with code 0 around them, exactly (np.pad), and the
+    model stays close to float; --format auto keeps v4's pad layer."""
+    from lower_helpers import sqnr
+    m = _pad_model()
+    px = pixels(3, 3, 12, 12)
+    model, rows, lw, g = compile_model(m, px, format="v3")
+    node = next(n for n in g.nodes if n.op == "Pad")
+    row = next(r for r in rows if r.node == node.name)
+    (L,) = [model.layers[i] for i in row.layers]
+    f = L.fields
+    assert L.name == "QUANTIZED_MAX_POOL2D" and f["kernel_width"] == f["kernel_height"] == 1
+    assert f["out_shape"] == (15, 15, 4) and (f["padding_height"], f["padding_width"]) == (1, 2)
+    emu = Emulator(model)
+    src, _ = lw.trace_map[node.inputs[0]]
+    dst = row.layers[0]
+    for p in px:
+        _, trace = emu.run(p, trace=True)
+        q = np.asarray(trace[src][1]).reshape(4, 12, 12)
+        got = np.asarray(trace[dst][1]).reshape(4, 15, 15)
+        assert np.array_equal(got, np.pad(q, ((0, 0), (1, 2), (2, 1))))
+    assert sqnr(m, model, px) > 30
+    model, rows, lw, g = compile_model(m, px, format="auto")
+    assert model.version == 4
+
+
+def test_pad_of_a_map_that_may_be_negative_is_refused_on_v3():
+    m = _pad_model(relu=False)
+    with pytest.raises(UnsupportedOpError, match="pad value 0: the kernel-1 QUANTIZED_MAX_POOL2D pads with code 0"):
+        compile_model(m, pixels(3, 3, 12, 12), format="v3")

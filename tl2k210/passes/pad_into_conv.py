@@ -47,6 +47,14 @@ def _nonneg(g, t):
     return bool(act) and act["op"] in NONNEG
 
 
+def nonnegative(g, t):
+    """Is tensor `t` >= 0 by construction: an activation's output that cannot be negative, or a
+    max pool of one? (Its uint8 range then starts at 0: zero point code 0.)"""
+    while g.producer(t) is not None and g.producer(t).op == "MaxPool":
+        t = g.producer(t).inputs[0]
+    return _nonneg(g, t)
+
+
 def pad_into_conv(g, log):
     """Until no Pad folds: a Pad feeding a Pad (TF's explicit ZeroPadding2D before the zero
     paddings of a dilated conv's SpaceToBatchND) folds once the Pad after it has."""

@@ -98,7 +98,7 @@ def small_map_refuses(g, node, opts):
     reads the extra pixels for the outputs kept; a 3x3 one (pads 1) reads them as its bottom /
     right padding, which must be the input's zero point: exact where that is code 0 (checked when
     lowered; the input comes from a ReLU / ReLU6, whose ranges start at 0)."""
-    from tl2k210.passes.pad_into_conv import _nonneg
+    from tl2k210.passes.pad_into_conv import nonnegative
     a = node.attrs
     _, ci, h, w = g.shape(node.inputs[0])
     (wlo, whi), (hlo, hhi) = hw.LIMITS["in_w"], hw.LIMITS["in_h"]
@@ -110,10 +110,7 @@ def small_map_refuses(g, node, opts):
     if tuple(a["strides"]) != (1, 1) or tuple(a.get("dilations", (1, 1))) != (1, 1) or a.get("pool") \
             or list(a["pads"]) != [k[0] // 2] * 4:
         return f"input {w}x{h} grown to the KPU's {wlo}x{hlo}: only stride 1, 'same' pads, no pool"
-    x = node.inputs[0]
-    while g.producer(x) is not None and g.producer(x).op == "MaxPool":     # a max of values >= 0
-        x = g.producer(x).inputs[0]
-    if k == (3, 3) and not _nonneg(g, x):
+    if k == (3, 3) and not nonnegative(g, node.inputs[0]):
         return (f"input {w}x{h} grown to the KPU's {wlo}x{hlo}: a 3x3 conv reads the added pixels as "
                 "padding, code 0, which is its input's zero point only after a ReLU / ReLU6")
     grp, co = a.get("group", 1), g.shape(node.outputs[0])[1]

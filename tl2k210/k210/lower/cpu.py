@@ -261,6 +261,44 @@ def max_pool(lw, node):
     lw.traced(out, "u8")
 
 
+def zero_pad_refuses(g, node, opts):
+    """Why kmodel v3, which has no pad layer, cannot pad this map with a kernel-1
+    QUANTIZED_MAX_POOL2D whose output is the padded map (its taps outside the input are skipped
+    and its max starts at code 0): exact for a pad of code 0, the value 0 of a map >= 0."""
+    from tl2k210.passes.pad_into_conv import constant_pads, nonnegative
+    r = constant_pads(g, node) if len(g.shape(node.inputs[0]) or ()) == 4 else None
+    if r is None:
+        return "only a constant pad of H and W (no crop) is a kernel-1 max pool"
+    if r[1] != 0 or not nonnegative(g, node.inputs[0]):
+        return (f"pad value {r[1]:g}: the kernel-1 QUANTIZED_MAX_POOL2D pads with code 0, the value 0 of a "
+                "map whose range starts at 0 (after a ReLU / ReLU6)")
+    return None
+
+
+@lowering("Pad", unit=CPU_U8, check=zero_pad_refuses, formats=("v3",), name="zero_pad", explicit=True)
+def zero_pad(lw, node):
+    """A zero pad of a map >= 0 as a kernel-1 QUANTIZED_MAX_POOL2D: out_shape the padded map,
+    padding the pads before (in_origin = out - padding); exact where 0 is code 0 (checked)."""
+    from tl2k210.errors import UnsupportedOpError
+    from tl2k210.passes.pad_into_conv import constant_pads
+    x, out = node.inputs[0], node.outputs[0]
+    (t, l, b, r), _ = constant_pads(lw.g, node)
+    c, h, w = lw.shape(x)
+    row = lw.row(node, "zero pad: QUANTIZED_MAX_POOL2D, kernel 1 (kmodel v3 has no pad layer)",
+                 in_shape=(c, h, w), out_shape=lw.shape(out))
+    src = lw.need_u8(x, row)
+    s, z = lw.locs[x].quant
+    if z:
+        raise UnsupportedOpError(f"node {node.name!r}: the pad value 0 is code {z} of its input's uint8 range, "
+                                 "but the kernel-1 QUANTIZED_MAX_POOL2D pads with code 0: use --format v4")
+    loc = lw.u8_out(out, (s, z))
+    lw.emit("QUANTIZED_MAX_POOL2D", dict(
+        flags=1, main_mem_in_address=src, main_mem_out_address=loc.u8, in_shape=(w, h, c),
+        out_shape=(w + l + r, h + t + b, c), kernel_width=1, kernel_height=1, stride_width=1,
+        stride_height=1, padding_width=l, padding_height=t), row)
+    lw.traced(out, "u8")
+
+
 @lowering("GlobalMaxPool", unit=CPU_U8)
 def global_max_pool(lw, node):
     """QUANTIZED_MAX_POOL2D with a whole-map window (the SDK runs no global max pool; max commutes

@@ -56,7 +56,7 @@ class Alternative:
     check: Callable | None       # (graph, node, opts) -> None | reason
     fn: Callable | None          # (lowering, node) -> None; None = only a format can express it
     takes: Callable | None = None    # (graph, node, opts) -> None | why it goes before better units
-    explicit: bool = False       # only where the user named this format: `--format auto` takes the other's form
+    explicit: bool = False       # only where the user named its format: `--format auto` takes the other's form
 
     def refuses(self, g, node, opts):
         return self.check(g, node, opts) if self.check is not None else None
@@ -115,7 +115,7 @@ def select(g, node, opts, fmt="v3"):
                   for why in [a.takes(g, node, opts)] if why), None)
     passed = []
     for alt in alts:
-        if alt.explicit and not named:
+        if alt.explicit and (not named or fmt not in alt.formats):
             passed.append((alt, NA))
             continue
         reason = alt.refuses(g, node, opts)
