@@ -928,6 +928,9 @@ def _registry_case(op):
         body = [n(op, ["r"], ["y"], name="op", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])]
     elif op in ("GlobalAveragePool", "GlobalMaxPool"):
         body = [n(op, ["r"], ["y"], name="op")]
+    elif op == "Pad":             # a zero pad of a map >= 0 (v3: a kernel-1 max pool)
+        body = [n("Pad", ["r", "p"], ["y"], name="op")]
+        inits["p"] = np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64)
     elif op in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Transpose"):
         body = [n("GlobalMaxPool", ["r"], ["p"]),
                 n("Transpose", ["p"], ["t"], perm=[0, 2, 3, 1], **({"name": "op"} if op == "Transpose" else {})),

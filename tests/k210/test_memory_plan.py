@@ -433,7 +433,7 @@ def test_a_concat_plan_without_the_view_facts_is_refused(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", [("corpus", "models", "DAE_for_M5StickV__Model.tflite"),        # 18 concats, v3
-                                  ("corpus", "fit", "ulfd_RFB-320_nopost.tflite")])               # RFB + heads, v4
+                                  ("corpus", "fit", "ulfd_RFB-320_nopost.tflite")])               # RFB + heads, v3
 def test_real_models_with_concats_need_less_main_memory_for_the_same_outputs(path, monkeypatch):
     """Real files: the concats' inputs written into their buffers take less main memory than
     copying them, with fewer concat copies (docs/results.md: bench/memory.py before and after),
