@@ -1589,3 +1589,22 @@ def test_fuzz_flag_values(model, tmp_path, capsys):
             elif p.exists():
                 p.unlink()
     assert min(refusals) > 30, refusals
+
+
+def test_input_shape_the_strides_do_not_divide(tmp_path, capsys):
+    """A stride-2 conv, a 2x upsample and an Add back to the input: at 9x9 the maps are 10x10 and
+    9x9. Refused at the Add, naming both shapes and what to give instead; nothing written."""
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(np.full((3, 3, 3, 3), 0.1, np.float32), "w")
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1], name="down"),
+             helper.make_node("Resize", ["c", "", "scales"], ["u"], mode="nearest", name="up"),
+             helper.make_node("Add", ["u", "x"], ["y"], name="skip")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])], [w, scales])
+    src = tmp_path / "skip.onnx"
+    src.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
+    out = tmp_path / "skip.kmodel"
+    rc, _, err = cli(capsys, "convert", src, out, "--input-shape", "1,3,9,9")
+    refused(rc, err, "'skip'", "1x3x10x10", "1x3x9x9", "input shape that its strides divide")
+    assert not out.exists()

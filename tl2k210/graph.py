@@ -528,7 +528,30 @@ def infer_shapes(g):
     for n in g.nodes:
         if n.op == "Reshape":
             _check_reshape(g, n)
+        elif n.op in _BROADCASTING:
+            _check_broadcast(g, n)
     return g
+
+
+_BROADCASTING = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Sum", "Mean", "PRelu", "Where",
+                 "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or"}
+
+
+def _check_broadcast(g, n):
+    """An elementwise node whose inputs' shapes do not broadcast (onnx's lenient inference leaves
+    its output shapeless): typically a model given an --input-shape its strides do not divide, so an
+    upsampled map meets one of another size."""
+    shapes = [g.shape(i) for i in n.inputs if i]
+    if None in shapes:
+        return
+    try:
+        np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise ModelLoadError(
+            f"{n.op} node {n.name or n.outputs[0]!r}: its inputs' shapes "
+            f"{' and '.join('x'.join(map(str, s)) for s in shapes)} do not match; with this input size "
+            "the model's maps do not line up: give an input shape that its strides divide (the size it "
+            "was exported with works)") from None
 
 
 def _check_reshape(g, n):
