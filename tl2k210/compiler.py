@@ -220,6 +220,9 @@ def _format_why(lw, opts) -> str:
         return ("kmodel v3: every layer has a v3 form (loads on every MaixPy build)" if opts.format == "auto"
                 else "")
     from tl2k210.k210.fit import forced_text
+    if opts.format == "auto" and getattr(lw, "v4_saves", 0):
+        return (f"kmodel v4 (--format auto --optimize size): {lw.v4_saves:,} B smaller than the smallest "
+                "kmodel v3 (its uint8 CPU forms)")
     if opts.format == "auto" and lw.forced_by:
         return f"kmodel v4 (--format auto): v3 cannot express {forced_text(lw.forced_by)}"
     return "kmodel v4 (--format v4)"
@@ -582,15 +585,19 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
     opts, graph = cal.opts, opt.graph
     _say(opts, "[4/6] lowering to the KPU ...")
 
-    def build(small):
-        model, rows, trace_map, lw = lower(graph, dict(cal.ranges), Options(
-            weight_bits=opts.weight_bits, input_scale=tuple(cal.scale), input_offset=tuple(cal.offset),
-            channel_means=dict(cal.means), float_fc=opts.float_fc, format=opts.format, small=small),
-            planned=None if small else opt.plan)     # a smaller form may need another format
-        fit.check_format(lw.format, lw.forced_by, opts.runtime)
-        metadata.check_decode(model, opts.metadata)
-        return fit.Built(model, dumps(model), rows, trace_map, lw)
-    choice = fit.choose_forms(build, RUNTIME_BUDGET[opts.runtime], opts.optimize)
+    def builder(fmt):
+        def build(small):
+            model, rows, trace_map, lw = lower(graph, dict(cal.ranges), Options(
+                weight_bits=opts.weight_bits, input_scale=tuple(cal.scale), input_offset=tuple(cal.offset),
+                channel_means=dict(cal.means), float_fc=opts.float_fc, format=fmt, small=small),
+                planned=None if small or fmt != opts.format else opt.plan)  # a smaller form may need another format
+            fit.check_format(lw.format, lw.forced_by, opts.runtime)
+            metadata.check_decode(model, opts.metadata)
+            return fit.Built(model, dumps(model), rows, trace_map, lw)
+        return build
+    v4 = opts.optimize == "size" and opts.format == "auto" and fit.loads_format(opts.runtime, "v4")
+    choice = fit.choose_forms(builder(opts.format), RUNTIME_BUDGET[opts.runtime], opts.optimize,
+                              v4=builder("v4") if v4 else None)
     b = choice.built
     fit.check_budget(b.model, len(b.data), opts.runtime, b.lw, b.rows, opt.ideal, choice.v3_error)
     return choice

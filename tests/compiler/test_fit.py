@@ -240,6 +240,38 @@ def test_choose_forms_keeps_the_fastest_that_fits():
     assert fit.choose_forms(build, 100).built.need == 170                      # none fits: the smallest
 
 
+def test_optimize_size_takes_kmodel_v4_when_its_smallest_model_is_smaller():
+    """--format auto searches from v3's fastest forms, where a node's v4-only smaller form moves
+    every layer to v4's (bigger) forms and never pays alone; with --optimize size v4's own search
+    is tried too and kept when its whole model is smaller, the receipt saying by how much."""
+    class B(fit.Built):
+        def __post_init__(self):
+            pass
+
+        @property
+        def need(self):
+            return self.data
+
+    def builder(fmt):
+        def build(small):
+            s = {"a", "b"} if "*" in small else set(small)
+            if fmt == "v3" and s:          # a smaller form is v4-only: the model goes v4, at v4's fast sizes + 150
+                per = {n: (160 if n in s else 175, 12, "v4") for n in "ab"}
+            else:
+                fast = 100 if fmt == "v3" else 175
+                per = {n: (40 if n in s else fast, 12 if n in s else 10, fmt) for n in "ab"}
+            b = B(None, sum(w for w, _, _ in per.values()), [], {},
+                  type("L", (), {"smaller": {"a": False, "b": False}, "format": fmt})())
+            b.per_node = lambda: per
+            b.est = type("E", (), {"cycles": sum(c for _, c, _ in per.values())})()
+            return b
+        return build
+    assert fit.choose_forms(builder("v3"), 1000, "size").built.need == 200       # v3 alone: stuck at its fastest
+    ch = fit.choose_forms(builder("v3"), 1000, "size", v4=builder("v4"))
+    assert ch.built.need == 80 and ch.built.lw.format == "v4" and ch.built.lw.v4_saves == 120
+    assert fit.choose_forms(builder("v3"), 1000, "latency", v4=builder("v4")).built.need == 200
+
+
 def _wide_dense(tmp_path, classes=500):
     """2048 features (above the KPU's 1024 channels) into `classes`: kmodel v3 has only the float
     FULLY_CONNECTED (4 B a weight: 4.1 MB), kmodel v4 the uint8 quantized_matmul (1 MB)."""

@@ -174,7 +174,25 @@ class Choice:
 LATENCY_SLACK = 0.10
 
 
-def choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
+def choose_forms(build, budget: int, optimize: str = "latency", v4=None) -> Choice:
+    """The forms of `_choose_forms`; with --optimize size and `v4` (a build of --format auto's
+    model as kmodel v4), also v4's smallest, kept when the whole model is smaller: auto's search
+    starts from v3's fastest forms, where one v4-only smaller form moves every layer to v4's
+    forms and so never pays alone (ULFD RFB-320: v3 385,488 B, v4 324,064 B)."""
+    choice = _choose_forms(build, budget, optimize)
+    if optimize != "size" or v4 is None or choice.built.lw.format != "v3":
+        return choice
+    try:
+        other = _choose_forms(v4, budget, "size")
+    except Tl2k210Error:
+        return choice
+    if other.built.need >= choice.built.need:
+        return choice
+    other.built.lw.v4_saves = choice.built.need - other.built.need
+    return other
+
+
+def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     """Lower with `build(small)` (small: the nodes to give their smaller form, "*" all) until the
     model fits `budget`. The fastest forms first; where some layer has a smaller form
     (`lw.smaller`), every smaller form too: the per-layer differences (kmodel bytes saved, cycles
