@@ -11,14 +11,8 @@ pytestmark = pytest.mark.slow
 CASES = {   # file -> convert options (bench/quantize.py's)
     ("models", "k210-dronet__model.tflite"): {},
     ("models", "LFFD-LP-K210__LPbox_1_branch.tflite"): {},     # its score map: 51.1 dB before, ideal 86.9
-    ("fit", "yunet_s_320_320.onnx"): {"input_range": (0, 255)},
     ("fit", "st_fdmobilenet_0.25_128_food101.h5"): {"input_range": (-1, 1)},
 }
-# a face detector is measured on faces (bench/fit.py's WIDER FACE photos): on photos without one
-# its objectness maps are near zero everywhere, and the SQNR of such a map is decided by the few
-# pixels of one or two photos where it is largest (on 28 ImageNet photos one photo holds 60% of
-# obj_32's signal), where ours and the ideal each carry logit errors of the same size
-PHOTOS = {("fit", "yunet_s_320_320.onnx"): ("faces", "wider_val_subset200", "images")}
 PARAMS = [pytest.param(w, id=w[1]) for w in sorted(CASES)]
 
 
@@ -32,7 +26,7 @@ def calib(tmp_path_factory):
 def test_every_output_within_a_db_of_its_ideal(where, calib, tmp_path):
     from tl2k210.compare import compare
     from tl2k210.compiler import ConvertOptions, convert, held_out_ideal
-    src, photos = data_path("corpus", *where), data_path(*PHOTOS.get(where, ("imagenet",)))
+    src, photos = data_path("corpus", *where), data_path("imagenet")
     opts = ConvertOptions(dataset=str(calib), progress=False, runtime="sdk", min_sqnr=0, **CASES[where])
     convert(src, tmp_path / "m.kmodel", opts)
     ours = compare(str(src), str(tmp_path / "m.kmodel"), str(photos), limit=12,
@@ -41,5 +35,26 @@ def test_every_output_within_a_db_of_its_ideal(where, calib, tmp_path):
     rows = {o: (ideal[o], r["sqnr_db"]) for o, r in ours.items()}
     print({o: f"ideal {i:.1f} ours {v:.1f}" for o, (i, v) in rows.items()})
     assert rows.keys() == ideal.keys()
+    assert all(v >= i - 1 for i, v in rows.values()), rows
+    assert all(v >= 20 for i, v in rows.values() if i >= 21), rows
+
+
+# YuNet's objectness maps are near zero but for a few values (on the 28 ImageNet photos one photo
+# holds 57% of obj_32's signal), so one build's SQNR is a lottery: ranges moved by under 1% move
+# obj_32 over 8.9-16.4 dB (the ideal) and 8.6-16.2 (ours), 16.4 vs 9.1 on convert's own ranges
+# (and 10.0-19.6 / 9.3-18.8 on the face photos). Both measured with the luck averaged out.
+YUNET_PHOTOS = {"faces": (("faces", "wider_val_subset200", "images"), 12), "imagenet": (("imagenet",), 28)}
+
+
+@pytest.mark.parametrize("photos", sorted(YUNET_PHOTOS))
+def test_yunet_within_a_db_of_its_ideal_over_drawn_ranges(photos, calib):
+    from tl2k210.compare import drawn_gap
+    from tl2k210.compiler import ConvertOptions
+    src = data_path("corpus", "fit", "yunet_s_320_320.onnx")
+    where, n = YUNET_PHOTOS[photos]
+    opts = ConvertOptions(dataset=str(calib), progress=False, runtime="sdk", min_sqnr=0, input_range=(0, 255))
+    rows = drawn_gap(src, data_path(*where), opts, limit=n)
+    print({o: f"ideal {i:.1f} ours {v:.1f}" for o, (i, v) in rows.items()})
+    assert len(rows) == 12
     assert all(v >= i - 1 for i, v in rows.values()), rows
     assert all(v >= 20 for i, v in rows.values() if i >= 21), rows
