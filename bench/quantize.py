@@ -175,9 +175,10 @@ def main():
         acc = "-" if r.get("accuracy") is None else f"{r['accuracy']:.3f}"
         for out, v in (r.get("outputs") or {"-": {"ours_db": r["sqnr_db"], "ideal_db": None}}).items():
             gap = v["ideal_db"] - v["ours_db"] if v["ideal_db"] not in (None, float("inf")) else None
-            drawn = f" {_db(v.get('ideal_drawn_db')):>7} {_db(v.get('ours_drawn_db')):>7}" if args.draws else ""
-            print(f"{r['model'][:40]:40} {out[-24:]:24} {r['method']:10} {_db(v['ideal_db']):>8} {_db(v['ours_db']):>8} "
-                  f"{_db(gap):>6} {t1:>6} {acc:>6} {r['samples']:>4}" + drawn)
+            drawn = (f" {_db(v.get('ideal_drawn_db')):>7} {_db(v.get('ours_drawn_db')):>7}"
+                     if args.draws else "")
+            print(f"{r['model'][:40]:40} {out[-24:]:24} {r['method']:10} {_db(v['ideal_db']):>8} "
+                  f"{_db(v['ours_db']):>8} {_db(gap):>6} {t1:>6} {acc:>6} {r['samples']:>4}" + drawn)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(rows, indent=1, default=float))
 
