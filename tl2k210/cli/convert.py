@@ -29,6 +29,10 @@ def add_convert_parser(sub):
     p.add_argument("--float-fc", action="store_true",
                    help="run dense layers as float FULLY_CONNECTED on the CPU (exact, 4x the weight "
                    "bytes) instead of a 1x1 KPU conv on a 4x4-padded map")
+    p.add_argument("--int8-rounding", choices=["reference", "xnnpack"], default="reference",
+                   help="a fully quantized model's layers round as TFLite's reference kernels do "
+                   "(reference: TFLite Micro's arithmetic, the default) or as the desktop interpreter's "
+                   "default XNNPACK kernels do (xnnpack); they differ by one LSB near rounding ties")
     p.add_argument("--kpu-padding", action="store_true",
                    help="rewrite TF-SAME stride-2 convs to symmetric padding so they run fully on the "
                    "KPU (changes the math; the receipt shows the measured effect)")
@@ -109,7 +113,8 @@ def cmd_convert(args):
     meta = _metadata_args(args)
     opts = ConvertOptions(dataset=args.dataset, method=args.calibrate_method, weight_bits=args.weight_bits,
                           kpu_padding=args.kpu_padding, runtime=args.runtime, calib_limit=args.calib_limit,
-                          float_fc=args.float_fc, format=args.format, weights=args.weights,
+                          float_fc=args.float_fc, int8_rounding=args.int8_rounding, format=args.format,
+                          weights=args.weights,
                           optimize=args.optimize, progress=not args.quiet, min_sqnr=args.min_sqnr,
                           **cliargs.pre_opts(args))
     if args.network:

@@ -66,22 +66,45 @@ def exact_v_scale(s_v_max: float, s_z: float) -> tuple[float, int]:
     return 2.0 ** a / s_z, a
 
 
-def clamp_table(lo: float, hi: float, a: int, s_z: float, z_z: int) -> dict:
+def double_rounding_offset(m: float) -> float:
+    """How far (output LSB) TFLite's reference kernels push a requantized value away from zero.
+    They (and TFLite Micro: MultiplyByQuantizedMultiplier without TFLITE_SINGLE_ROUNDING) round
+    twice, half away from zero: r = round(acc·q / 2^31) with m = q·2^-31·2^-s (q the 31-bit
+    multiplier, q >= 2^30), then round(r / 2^s). For acc·q >= 0 that is floor((floor((acc·q + 2^30)
+    / 2^31) + 2^(s-1)) / 2^s) = floor(acc·m + 1/2 + 2^-(s+1)): one rounding of acc·m + e, e =
+    2^-(s+1) in [m/2, m] (and its mirror below zero); 0 without a right shift (m >= 1/2)."""
+    f, e = math.frexp(m)
+    if round(f * 2 ** 31) == 2 ** 31:
+        e += 1
+    return 2.0 ** (e - 1) if e < 0 else 0.0
+
+
+def clamp_table(lo: float, hi: float, a: int, s_z: float, z_z: int, shifts=(0,), spacing: int = 0) -> dict:
     """Activation table of round(V / 2^A) + z_z clamped to [lo, hi] (real) and to 0..255: TFLite's
     requantization with its fused-activation clamp (act_min = z_z + round(lo / s_z)). Segment 1
     starts where the output leaves its lower clamp (V - start >= 0 there, so the carry shift
-    rounds half to even), segment 2 (a finite hi) holds the upper clamp."""
+    rounds half to even), segment 2 (a finite hi) holds the upper clamp.
+    Channel groups (TFLite's reference rounding, `double_rounding_offset`): group g's V is moved
+    up by g·spacing plus its offset E, and its values below zero round `shifts[g]` = 2E lower (one
+    more segment whose start carries that phase): round(V + E) above zero, round(V - E) below."""
     def code(v):
         return int(np.clip(math.floor(v / s_z + 0.5) + z_z, 0, 255)) if math.isfinite(v) else None
     c_lo, c_hi = code(lo) if code(lo) is not None else 0, code(hi) if code(hi) is not None else 255
-    starts = [hw.ACT_X_START_MIN, (c_lo - z_z) << a if a >= 0 else 0]
-    muls, shifts, biases = [0, 1], [0, a], [c_lo, c_lo]
-    if c_hi < 255:
-        starts.append((c_hi - z_z) << a)
-        muls.append(0)
-        shifts.append(0)
-        biases.append(c_hi)
-    return act_table(starts, muls, shifts, biases)
+    starts, muls, sh, biases = [], [], [], []
+
+    def seg(start, mul, shift, bias):
+        starts.append(start), muls.append(mul), sh.append(shift), biases.append(bias)
+    for g, n in enumerate(shifts):
+        d = g * spacing
+        seg(d - spacing // 2 if g else hw.ACT_X_START_MIN, 0, 0, c_lo)
+        if n and c_lo < z_z:
+            seg(d + n + ((c_lo - z_z) << a), 1, a, c_lo)
+            seg(d, 1, a, z_z)
+        else:
+            seg(d + ((c_lo - z_z) << a if a >= 0 else 0), 1, a, c_lo)
+        if c_hi < 255:
+            seg(d + ((c_hi - z_z) << a), 0, 0, c_hi)
+    return act_table(starts, muls, sh, biases)
 
 
 def tie_margin(sw: np.ndarray, bn: dict, s_v: float, a: int, y_amax: float, bias: np.ndarray) -> float:

@@ -539,7 +539,8 @@ def quantize_conv(lw, node, geo, W, B, row):
         row.notes.append(f"input: pixels, preprocessing folded into weights (pad value {z_x})")
     st = stage_names(node)
     return kpu.quantize_layer(W, B, e, z_x, geo.groups, lw.rng(st["conv"]), lw.rng(st["act"]),
-                              node.attrs.get("activation"), lw.opts.weight_bits, row, lw.quantized_model)
+                              node.attrs.get("activation"), lw.opts.weight_bits, row,
+                              lw.quantized_model and lw.opts.int8_rounding)
 
 
 def emit_layer(lw, node, geo, plan, lq, row):

@@ -9,6 +9,7 @@ tiled layer computes the same bytes as the whole layer would.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,12 +104,12 @@ def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row,
                    exact_rounding=False) -> LayerQuant:
     """Per-channel weights acting on q − z_x (W already carries the input scale), bias correction
     for the weight rounding (e = E[q − z_x] per input channel), BN fixed point, activation table.
-    `exact_rounding` (a quantized model's layer): an identity/ReLU/Clip output is rounded as
-    TFLite rounds it (`exact_requantize`)."""
+    `exact_rounding` (a quantized model's layer: "reference" or "xnnpack"): an identity/ReLU/Clip
+    output is rounded as those TFLite kernels round it (`exact_requantize`)."""
     co, m = W.shape[0], W.shape[1]
     Wq, zw, sw = fx.quantize_weights(W, bits)
     if exact_rounding and fx.clamp_of(act_attr) is not None and bits == 8:
-        lq = exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, row)
+        lq = exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, row, exact_rounding)
         if lq is not None:
             return lq
     if e is not None:   # remove the mean shift the weight rounding causes (Nagel et al. 2019)
@@ -150,31 +151,63 @@ def _own_integers(W, Wq, zw, sw):
     return (q, s, True) if _on_grid(W, q, zw, s) else (Wq, sw, False)
 
 
-def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, row) -> LayerQuant | None:
+def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, row,
+                     rounding="reference") -> LayerQuant | None:
     """TFLite's requantization, round(M_c·(acc + bias)) + z clamped by the fused activation, on the
     KPU: S_V = 2^A / s_z puts the per-channel M_c into the 24-bit BN multipliers and makes the
     activation stage a rounding shift by A (fx.clamp_table). Weights that are the model's own
-    integers need no bias correction. The receipt says how close to a rounding tie TFLite's
-    value must lie for the output byte to differ, or why it is not exact. None: no room for A."""
+    integers need no bias correction. `rounding`: "reference" rounds as TFLite's reference
+    kernels (TFLite Micro's) do, twice (fx.double_rounding_offset): each channel's offset E_c
+    rides in norm_add; where the output can go below its zero point, the channels are grouped by
+    E_c, each group's V moved to its own stretch of the table (wide enough for any input: the
+    weights bound |acc|), as many groups as the table's segments hold. "xnnpack": once (the
+    default desktop interpreter's XNNPACK kernels). The receipt says how close to a rounding tie
+    TFLite's value must lie for the output byte to differ, or why it is not exact. None: no room
+    for A."""
     y_lo, y_hi = y_range
     s_z, z_z = fx.qparams(*z_range)
     y_amax = max(abs(y_lo), abs(y_hi), (255 - z_z) * s_z, z_z * s_z)
     Wq, sw, on_grid = _own_integers(W, Wq, zw, sw)
-    s_v, a = fx.exact_v_scale(fx.choose_v_scale(1.0, sw, B, y_amax * 2), s_z)
+    lo, hi = fx.clamp_of(act_attr)
+    e = np.array([fx.double_rounding_offset(m) for m in sw / s_z]) if rounding == "reference" else np.zeros(len(sw))
+    signed = lo < -0.5 * s_z and z_z > 0    # outputs below the zero point: their rounding mirrors
+    offsets = np.unique(e) if signed else np.zeros(1)
+    per_group = 3 + math.isfinite(hi)
+    why = []
+    if len(offsets) * per_group > hw.ACT_SEGMENTS:
+        why.append(f"{len(offsets)} double-rounding offsets below zero, the table holds "
+                   f"{hw.ACT_SEGMENTS // per_group}")
+        offsets = offsets[-1:]
+    group = np.searchsorted(offsets, e).clip(0, len(offsets) - 1)
+    s_v_max = fx.choose_v_scale(1.0, sw, B, y_amax * 2)
+    spacing_real = 0.0
+    if len(offsets) > 1:    # every group's |V| below half the spacing for any input bytes
+        acc = np.abs(Wq.astype(np.int64) - zw).reshape(len(sw), -1).sum(axis=1) * max(z_x, 255 - z_x)
+        spacing_real = 2 * float(np.max(acc * sw + np.abs(B))) + 4 * s_z
+        s_v_max = min(s_v_max, 0.99 * 2.0 ** 31 / (spacing_real * len(offsets)))
+    s_v, a = fx.exact_v_scale(s_v_max, s_z)
     if a < 8:
         return None
-    bn = fx.bn_params(1.0, sw, B, s_v)
-    act = fx.clamp_table(*fx.clamp_of(act_attr), a, s_z, z_z)
+    spacing = int(math.ceil(spacing_real * s_v))
+    big = 2.0 ** a                              # one output step in V
+    add = group * spacing + np.rint(e * big)    # V units: the group's stretch and E_c
+    bn = fx.bn_params(1.0, sw, B + add / s_v, s_v)
+    act = fx.clamp_table(lo, hi, a, s_z, z_z, [int(2 * np.rint(o * big)) for o in offsets], spacing)
     lq = LayerQuant(Wq, zw, z_x, bn, act, (s_z, z_z), groups, 8)
     lq.fit_lsb = fit_error(act_attr, act, y_lo, y_hi, s_v, s_z, z_z)
-    margin = fx.tie_margin(sw, bn, s_v, a, y_amax, B)
-    if on_grid and margin < 0.01:
-        row.notes.append(f"int8 exact: TFLite's output bytes except where its value lies within {margin:.1g} "
-                         "output LSB of a rounding tie (24-bit BN multipliers, TFLite's 31-bit)")
+    margin = fx.tie_margin(sw, bn, s_v, a, y_amax, B) + (0.5 / big if rounding == "reference" else 0)
+    if signed and why:
+        unmatched = int(np.sum(e != offsets[group]))
+        why[-1] += f" ({unmatched} of {len(e)} channels round their negative outputs off by up to " \
+                   f"{2 * float(np.max(np.abs(e - offsets[group]))):.2g} LSB)"
+    kernels = "reference kernels" if rounding == "reference" else "XNNPACK kernels"
+    if on_grid and margin < 0.01 and not why:
+        row.notes.append(f"int8 exact: TFLite's output bytes ({kernels}) except where its value lies within "
+                         f"{margin:.1g} output LSB of a rounding tie (24-bit BN multipliers, TFLite's 31-bit)")
     else:
-        why = [] if on_grid else ["weights re-rounded (not on one 8-bit grid per channel)"]
+        why += [] if on_grid else ["weights re-rounded (not on one 8-bit grid per channel)"]
         why += [] if margin < 0.01 else [f"multipliers {margin:.2g} LSB off"]
-        row.notes.append("not exact: " + "; ".join(why))
+        row.notes.append("not exact: " + "; ".join(why) + f" (vs TFLite's {kernels})")
     row.act_fit_lsb = lq.fit_lsb
     return lq
 
