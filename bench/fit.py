@@ -95,16 +95,21 @@ def tflite_reference(path, kmodel, photos, limit=EVAL_LIMIT):
     floats, pixels = model_inputs(graph, str(photos), limit, opts)
     nhwc = floats if input_layout(graph) == "NHWC" else floats.transpose(0, 2, 3, 1)
     tf = _tf()
-    its = {kind: tf.lite.Interpreter(model_path=str(path), experimental_op_resolver_type=getattr(
-        tf.lite.experimental.OpResolverType, kind)) for kind in KERNELS}
-    for it in its.values():
-        it.allocate_tensors()
+    its, missing = {}, {}
+    for kind in KERNELS:
+        try:
+            its[kind] = tf.lite.Interpreter(model_path=str(path), experimental_op_resolver_type=getattr(
+                tf.lite.experimental.OpResolverType, kind))
+        except ValueError as e:    # e.g. an op version the reference kernels lack
+            missing[f"no{KERNELS[kind]}"] = str(e).splitlines()[0]
+            continue
+        its[kind].allocate_tensors()
     d = its["AUTO"].get_input_details()[0]
     s, z = d["quantization"]
     details = {o["name"]: o for o in its["AUTO"].get_output_details()}
     emu = Emulator.load(kmodel)
     runner = FloatRunner(graph, expose_all=False)
-    refs, tests, floats_out = {kind: {} for kind in KERNELS}, {}, {}
+    refs, tests, floats_out = {kind: {} for kind in its}, {}, {}
     for i in range(len(floats)):
         x = nhwc[i]
         if d["dtype"] != np.float32:
@@ -133,8 +138,9 @@ def tflite_reference(path, kmodel, photos, limit=EVAL_LIMIT):
 
     def stack(d):
         return {k: np.stack(v) for k, v in d.items()}
-    row = {}
-    for kind, key in KERNELS.items():
+    row = dict(missing)
+    for kind in its:
+        key = KERNELS[kind]
         rep = output_agreement(stack(refs[kind]), stack(tests))
         row[f"sqnr_db{key}"] = min(r["sqnr_db"] for r in rep.values())
         top1 = [r["top1"] for r in rep.values() if "top1" in r]
@@ -211,6 +217,8 @@ def main():
     ap.add_argument("--only", help="run the files whose name contains one of these (comma-separated)")
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "fit.json"))
     ap.add_argument("--markdown", action="store_true", help="also print the README table")
+    ap.add_argument("--int8-rounding", choices=["reference", "single"],
+                    help="convert the quantized .tflite files with this --int8-rounding (default: convert's)")
     args = ap.parse_args()
     import corpus
     calib = corpus.photo_folder()
@@ -219,8 +227,10 @@ def main():
         src = FIT / name
         if (args.only and not any(o in name for o in args.only.split(","))) or not src.exists():
             continue
-        for own in ([False, True] if quantized_tflite(src) else [False]):
-            row = measure(src, extra, calib, classifier, own_ranges=own)
+        quant = quantized_tflite(src)
+        more = ["--int8-rounding", args.int8_rounding] if quant and args.int8_rounding else []
+        for own in ([False, True] if quant else [False]):
+            row = measure(src, extra + more, calib, classifier, own_ranges=own)
             rows.append(row)
             print(json.dumps(row, default=float), flush=True)
     if args.markdown:

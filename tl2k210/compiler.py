@@ -50,9 +50,9 @@ class ConvertOptions:
     progress: bool = True
     metadata: dict | None = None          # task, anchors, labels, decode, script, flash_address
                                           # for MODEL.kmodel.json (tl2k210/metadata.py)
-    int8_rounding: str = "reference"      # a quantized model's requantization: "reference" (TFLite's
-                                          # reference kernels = TFLite Micro: two roundings) | "xnnpack"
-                                          # (the desktop interpreter's default kernels: one)
+    int8_rounding: str = "auto"           # a quantized model's requantization: "reference" (TFLite's
+                                          # reference kernels = TFLite Micro: two roundings) | "single"
+                                          # (XNNPACK, ONNX Runtime) | "auto" (reference for TF sources)
     min_sqnr: float = 15.0                # refuse outputs below this SQNR vs float, or not finite;
                                           # 0 accepts anything
 
@@ -592,7 +592,8 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
         def build(small):
             model, rows, trace_map, lw = lower(graph, dict(cal.ranges), Options(
                 weight_bits=opts.weight_bits, input_scale=tuple(cal.scale), input_offset=tuple(cal.offset),
-                channel_means=dict(cal.means), float_fc=opts.float_fc, format=fmt, small=small),
+                channel_means=dict(cal.means), float_fc=opts.float_fc, int8_rounding=opts.int8_rounding,
+                format=fmt, small=small),
                 planned=None if small or fmt != opts.format else opt.plan)  # a smaller form may need another format
             fit.check_format(lw.format, lw.forced_by, opts.runtime)
             metadata.check_decode(model, opts.metadata)

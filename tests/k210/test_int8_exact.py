@@ -61,7 +61,7 @@ def test_double_rounding_is_one_rounding_pushed_from_zero():
         assert np.array_equal(_reference_requantize(acc, m), _tflite_round(v + np.sign(v) * e))
 
 
-@pytest.mark.parametrize("rounding", ["xnnpack", "reference"])
+@pytest.mark.parametrize("rounding", ["single", "reference"])
 @pytest.mark.parametrize("act", [None, {"op": "Relu"}, {"op": "Clip", "min": 0.0, "max": 6.0}])
 def test_kpu_layer_gives_tflites_bytes(act, rounding):
     r = np.random.default_rng(7)

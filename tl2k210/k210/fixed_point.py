@@ -79,6 +79,17 @@ def double_rounding_offset(m: float) -> float:
     return 2.0 ** (e - 1) if e < 0 else 0.0
 
 
+def mean_rounding_offset(s_in: float, s_out: float, n: int) -> float:
+    """`double_rounding_offset` of TFLite's reference int8 MEAN (QuantizedMeanOrSum, TFLite
+    Micro's too): the sum of n inputs times multiplier q·2^k // n at shift - k, k = floor(log2 n)
+    (q, shift of s_in / s_out); the truncated q' may fall below 2^30, so e can reach 2m."""
+    f, e = math.frexp(s_in / s_out)
+    if round(f * 2 ** 31) == 2 ** 31:
+        e += 1
+    k = min(n.bit_length() - 1, 32, 31 + e)
+    return 2.0 ** (e - k - 1) if e - k < 0 else 0.0
+
+
 def clamp_table(lo: float, hi: float, a: int, s_z: float, z_z: int, shifts=(0,), spacing: int = 0) -> dict:
     """Activation table of round(V / 2^A) + z_z clamped to [lo, hi] (real) and to 0..255: TFLite's
     requantization with its fused-activation clamp (act_min = z_z + round(lo / s_z)). Segment 1

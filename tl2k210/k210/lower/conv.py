@@ -540,7 +540,7 @@ def quantize_conv(lw, node, geo, W, B, row):
     st = stage_names(node)
     return kpu.quantize_layer(W, B, e, z_x, geo.groups, lw.rng(st["conv"]), lw.rng(st["act"]),
                               node.attrs.get("activation"), lw.opts.weight_bits, row,
-                              lw.quantized_model and lw.opts.int8_rounding)
+                              lw.quantized_model and lw.int8_rounding)
 
 
 def emit_layer(lw, node, geo, plan, lq, row):

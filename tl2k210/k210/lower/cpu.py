@@ -395,6 +395,11 @@ def global_average_pool(lw, node):
     row = lw.row(node, "global average pool: float GLOBAL_AVERAGE_POOL2D (the SDK has no uint8 version)",
                  in_shape=(c, h, w), out_shape=(c,))
     xl, hw_ = lw.locs[x], h * w
+    if lw.quantized_model and lw.int8_rounding == "reference" and xl.quant is not None and xl.quant[1] == 0:
+        # every sum is >= 0 (the input's lowest byte is its zero): TFLite's reference MEAN rounds
+        # it e higher, which the QUANTIZE reading the mean adds (Lowering.need_u8)
+        lw.u8_offset[out] = fx.mean_rounding_offset(xl.quant[0], lw.quant_of(out)[0], hw_)
+        row.notes.append(f"mean rounded as TFLite's reference MEAN: {lw.u8_offset[out]:.3g} LSB up")
     slices = float_slices(c, hw_, 4 * hw_, lw.float_room(4 * c))
     per = slices[0][1]                                             # channels per float slice
     if xl.f32 is not None or xl.pixels is not None or len(slices) == 1:

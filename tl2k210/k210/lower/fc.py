@@ -124,7 +124,7 @@ def kpu_dense(lw, node):
     lq = kpu.quantize_layer(W.reshape(co, ci, 1, 1) * s_x, B, None if mean is None else mean / s_x, z_x, 1,
                             lw.rng(st["conv"]), lw.rng(st["act"]), node.attrs.get("activation"),
                             lw.opts.weight_bits, row,
-                            lw.quantized_model and lw.opts.int8_rounding)
+                            lw.quantized_model and lw.int8_rounding)
     conv, quant = kpu.tile_conv(lq, (0, ci), (0, co), pad_map, 0, False, node.name), lq.out_quant
     res = Loc(conv.out_shape)
     dst = lw.kpu_alloc(res, f"{out}:padded_out", kpu.out_lines(conv), f"node {node.name!r}: output",

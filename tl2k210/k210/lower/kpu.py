@@ -104,7 +104,7 @@ def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row,
                    exact_rounding=False) -> LayerQuant:
     """Per-channel weights acting on q − z_x (W already carries the input scale), bias correction
     for the weight rounding (e = E[q − z_x] per input channel), BN fixed point, activation table.
-    `exact_rounding` (a quantized model's layer: "reference" or "xnnpack"): an identity/ReLU/Clip
+    `exact_rounding` (a quantized model's layer: "reference" or "single"): an identity/ReLU/Clip
     output is rounded as those TFLite kernels round it (`exact_requantize`)."""
     co, m = W.shape[0], W.shape[1]
     Wq, zw, sw = fx.quantize_weights(W, bits)
@@ -160,7 +160,7 @@ def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, 
     kernels (TFLite Micro's) do, twice (fx.double_rounding_offset): each channel's offset E_c
     rides in norm_add; where the output can go below its zero point, the channels are grouped by
     E_c, each group's V moved to its own stretch of the table (wide enough for any input: the
-    weights bound |acc|), as many groups as the table's segments hold. "xnnpack": once (the
+    weights bound |acc|), as many groups as the table's segments hold. "single": once (the
     default desktop interpreter's XNNPACK kernels). The receipt says how close to a rounding tie
     TFLite's value must lie for the output byte to differ, or why it is not exact. None: no room
     for A."""
