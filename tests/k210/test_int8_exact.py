@@ -61,6 +61,25 @@ def test_double_rounding_is_one_rounding_pushed_from_zero():
         assert np.array_equal(_reference_requantize(acc, m), _tflite_round(v + np.sign(v) * e))
 
 
+@pytest.mark.parametrize("s_in,s_out,n", [(0.13837462663650513, 0.01453737448900938, 49), (0.05, 0.04, 64),
+                                           (0.02, 0.1, 100)])
+def test_reference_mean_rounds_up_by_its_offset(s_in, s_out, n):
+    """TFLite's reference int8 MEAN (QuantizedMeanOrSum): its multiplier q·2^k // n at shift − k
+    is a truncated m', and its two roundings put a non-negative sum S at floor(S·m' + 1/2 + e)
+    (EMNIST's pool: the first case, e = 0.25 LSB at m = 0.19)."""
+    q, shift = _quantize_multiplier(s_in / s_out)
+    k = min(n.bit_length() - 1, 32, 31 + shift)
+    q2, sh2 = (q << k) // n, shift - k
+    S = np.arange(0, 255 * n + 1)
+    ab = S * q2
+    hi = (ab + (1 << 30)) >> 31
+    r = -sh2
+    want = (hi >> r) + ((hi & ((1 << r) - 1)) > ((1 << r) - 1) >> 1)
+    e = fx.mean_rounding_offset(s_in, s_out, n)
+    assert e == 2.0 ** (sh2 - 1)
+    assert np.array_equal(want, np.floor(S * q2 * 2.0 ** (sh2 - 31) + 0.5 + e))
+
+
 @pytest.mark.parametrize("rounding", ["single", "reference"])
 @pytest.mark.parametrize("act", [None, {"op": "Relu"}, {"op": "Clip", "min": 0.0, "max": 6.0}])
 def test_kpu_layer_gives_tflites_bytes(act, rounding):
