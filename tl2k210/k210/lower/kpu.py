@@ -178,13 +178,17 @@ def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, 
         why.append(f"{len(offsets)} double-rounding offsets below zero, the table holds "
                    f"{hw.ACT_SEGMENTS // per_group}")
         offsets = offsets[-1:]
-    group = np.searchsorted(offsets, e).clip(0, len(offsets) - 1)
     s_v_max = fx.choose_v_scale(1.0, sw, B, y_amax * 2)
     spacing_real = 0.0
     if len(offsets) > 1:    # every group's |V| below half the spacing for any input bytes
         acc = np.abs(Wq.astype(np.int64) - zw).reshape(len(sw), -1).sum(axis=1) * max(z_x, 255 - z_x)
         spacing_real = 2 * float(np.max(acc * sw + np.abs(B))) + 4 * s_z
-        s_v_max = min(s_v_max, 0.99 * 2.0 ** 31 / (spacing_real * len(offsets)))
+        if fx.exact_v_scale(0.99 * 2.0 ** 31 / (spacing_real * len(offsets)), s_z)[1] < 8:
+            why.append(f"{len(offsets)} double-rounding offsets below zero, their table stretches too wide")
+            offsets, spacing_real = offsets[-1:], 0.0
+        else:
+            s_v_max = min(s_v_max, 0.99 * 2.0 ** 31 / (spacing_real * len(offsets)))
+    group = np.searchsorted(offsets, e).clip(0, len(offsets) - 1)
     s_v, a = fx.exact_v_scale(s_v_max, s_z)
     if a < 8:
         return None
