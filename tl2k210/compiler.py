@@ -50,9 +50,9 @@ class ConvertOptions:
     progress: bool = True
     metadata: dict | None = None          # task, anchors, labels, decode, script, flash_address
                                           # for MODEL.kmodel.json (tl2k210/metadata.py)
-    int8_rounding: str = "auto"           # a quantized model's requantization: "reference" (TFLite's
-                                          # reference kernels = TFLite Micro: two roundings) | "single"
-                                          # (XNNPACK, ONNX Runtime) | "auto" (reference for TF sources)
+    int8_rounding: str = "single"         # a quantized model's requantization: "single" (the desktop
+                                          # TFLite interpreter's XNNPACK, ONNX Runtime) | "reference"
+                                          # (TFLite's reference kernels = TFLite Micro: two roundings)
     min_sqnr: float = 15.0                # refuse outputs below this SQNR vs float, or not finite;
                                           # 0 accepts anything
 

@@ -136,8 +136,8 @@ def test_full_int8_input_scale_sets_the_input_range(variants, tmp_path):
 def test_full_int8_without_dataset_gives_tflites_bytes(variants, tmp_path, rounding, kernels, equal):
     """Converted from its own scales (no --dataset), the full-integer model's KPU convs (ReLU,
     ReLU6, stride 2, depthwise), residual add and dense layer round as TFLite's integer kernels
-    do -- the reference kernels (TFLite Micro's two roundings) by default, the default
-    interpreter's XNNPACK kernels with --int8-rounding single: the kmodel's output, put back on
+    do -- the default interpreter's XNNPACK kernels by default (--int8-rounding single), the
+    reference kernels (TFLite Micro's two roundings) with --int8-rounding reference: the kmodel's output, put back on
     the file's uint8 output grid, is that interpreter's output byte for byte on nearly every value
     (a differing byte only from the global average pool's rounding), and the receipt says
     "int8 exact" for every KPU layer."""

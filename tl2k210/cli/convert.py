@@ -29,11 +29,10 @@ def add_convert_parser(sub):
     p.add_argument("--float-fc", action="store_true",
                    help="run dense layers as float FULLY_CONNECTED on the CPU (exact, 4x the weight "
                    "bytes) instead of a 1x1 KPU conv on a 4x4-padded map")
-    p.add_argument("--int8-rounding", choices=["auto", "reference", "single"], default="auto",
-                   help="a fully quantized model's layers round as TFLite's reference kernels do (reference: "
-                   "TFLite Micro's two roundings) or once (single: the desktop TFLite interpreter's "
-                   "XNNPACK kernels, ONNX Runtime); auto: reference for a TFLite/TensorFlow file, else "
-                   "single. They differ by one LSB near rounding ties")
+    p.add_argument("--int8-rounding", choices=["single", "reference"], default="single",
+                   help="a fully quantized model's layers round once (single: the desktop TFLite "
+                   "interpreter's default XNNPACK kernels, ONNX Runtime) or as TFLite's reference kernels "
+                   "do (reference: TFLite Micro's two roundings). They differ by one LSB near rounding ties")
     p.add_argument("--kpu-padding", action="store_true",
                    help="rewrite TF-SAME stride-2 convs to symmetric padding so they run fully on the "
                    "KPU (changes the math; the receipt shows the measured effect)")

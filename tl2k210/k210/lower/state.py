@@ -68,7 +68,7 @@ class Options:
     input_offset: tuple = (0.0,)
     channel_means: dict = field(default_factory=dict)   # tensor -> per-channel mean (bias correction)
     float_fc: bool = False      # dense layers as float FULLY_CONNECTED instead of the padded KPU conv
-    int8_rounding: str = "auto"   # a quantized model's requantization (compiler.ConvertOptions)
+    int8_rounding: str = "single"   # a quantized model's requantization (compiler.ConvertOptions)
     format: str = "auto"        # kmodel format: "v3", "v4" or "auto" (v3 when every layer has a v3 form)
     kpu_ram_lines: int = hw.KPU_RAM_LINES   # KPU RAM the plan may use (tests force tiling with less)
     small: frozenset = frozenset()   # nodes to lower in their smaller (slower) form; "*": every node
@@ -116,9 +116,7 @@ class Lowering:
                                     # whether that form is exact (the same output bytes)
         # a quantized model (passes.dequantize kept its ranges): round each layer as TFLite does
         self.quantized_model = bool(graph.meta.get("quant_ranges"))
-        # how its requantizations round: TFLite's reference kernels (two roundings) for a TF source
-        self.int8_rounding = self.opts.int8_rounding if self.opts.int8_rounding != "auto" else \
-            "reference" if graph.meta.get("producer") == "tf2onnx" else "single"
+        self.int8_rounding = self.opts.int8_rounding    # how its requantizations round
         self.u8_offset = {}   # tensor -> output LSB its QUANTIZE adds before rounding (cpu.global_average_pool)
         self.relabels = {}          # tensor -> the tensor whose bytes it names (alias)
         self.blocks = {}            # kmodel v3: (block, its bytes) -> the K210_CONV storing it (share_blocks)
