@@ -86,6 +86,55 @@ def test_paged_activation_table_is_exact():
         assert np.array_equal(t(v), K.activation(v, act, "nncase02"))
 
 
+def _few_pieces_act(rng, pieces, shift, span_bits):
+    """An activation with `pieces` - 1 segment starts inside ±2^span_bits (the rest far
+    outside), slopes of either sign or 0, one shift for all."""
+    inner = np.sort(rng.choice(np.arange(-(1 << span_bits), 1 << span_bits), pieces - 1,
+                               replace=False))
+    starts = np.concatenate([[-(1 << 35)], inner, (1 << 35) - np.arange(16 - pieces, 0, -1)])
+    ym = rng.integers(-(1 << 12), 1 << 12, 16)
+    ym[rng.random(16) < 0.2] = 0
+    return {"x_start": starts, "y_mul": ym, "shift_number": np.full(16, shift),
+            "bias": rng.integers(0, 256, 16).astype(np.uint8)}
+
+
+@pytest.mark.parametrize("pieces", range(1, K.MAX_PIECES + 1))
+def test_activation_pieces_are_exact(pieces):
+    """The fused kernels' piecewise arithmetic (kpu.act_pieces, fast._pieces) gives the step
+    table's byte, and the direct activation's, for every u = V - lo of the span and past it;
+    and whole layers that use it give the reference's bytes."""
+    pytest.importorskip("numba")
+    import test_kpu_stages as S
+    rng = np.random.default_rng(40 + pieces)
+    for i in range(12):
+        shift, span_bits = int(rng.integers(0, 20)), 12 + i % 3
+        act = _few_pieces_act(rng, pieces, shift, span_bits)
+        lo, hi = -(1 << span_bits), 1 << span_bits   # narrow: negative slopes tabulate
+        t = K.compile_activation(act, "nncase02", lo, hi)
+        pc = K.act_pieces(act, "nncase02", t)
+        assert 1 <= pc[0] <= pieces and K.act_pieces(act, "nncase01", t)[0] == 0
+        u = np.arange(-3, t.top + 4, dtype=np.int64)
+        out = np.empty((1, u.size), np.uint8)
+        one = np.ones(1, np.int64)
+        fast.bn_lut(u[None], 0 * one, one, 0 * one, 0 * one, t.pages, t.fine, t.q, t.top, pc,
+                    np.empty(u.size, np.int64), out)
+        v = np.clip(u, 0, t.top) + t.lo
+        assert np.array_equal(out[0], t.shifted(u)), (pieces, i)
+        assert np.array_equal(out[0], K.activation(v, act, "nncase02")), (pieces, i)
+        depthwise = i % 2 == 0
+        conv = S._random_conv(rng, depthwise, 3, 0 if depthwise else int(rng.integers(10)))
+        a = conv.args
+        a["arg_x"] = (a["arg_x"] >> a["shr_x"]) << a["shr_x"]   # a whole zero point: fused path
+        conv.act = _few_pieces_act(rng, pieces, shift, 16)
+        x = rng.integers(0, 256, conv.in_shape).astype(np.uint8)
+        wshape = (conv.in_shape[0], 3, 3) if depthwise else (conv.out_shape[0], conv.in_shape[0], 3, 3)
+        want = K.reference_layer(x, conv.weights.reshape(wshape), a, conv.bn, conv.act)
+        p = K.PreparedConv(conv)
+        if p.bn_args is not None:
+            assert p.bn_args[-1][0] > 0
+        assert np.array_equal(p(x), want), (pieces, i)
+
+
 def test_kpu_ram_read_after_write_is_the_written_map_and_raw_access_forgets_it():
     from tl2k210.k210.emulator.memory import KpuRam
     ram = KpuRam()

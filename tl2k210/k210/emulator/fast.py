@@ -38,13 +38,56 @@ if njit is not None:
         return fine[((page - 256) << q) + (u & ((1 << q) - 1))]
 
     @njit(nogil=True, cache=True, inline="always")
-    def _warm(pages, fine, q, buf):  # pragma: no cover (compiled)
+    def _piece1(u, pc):  # pragma: no cover (compiled)
+        """kpu.act_pieces' activation of one clipped u = V - lo, one piece: the reference's
+        int64 arithmetic (carry_shift_nncase02 included), no table."""
+        t = u * pc[4] - pc[8]
+        q = t >> pc[16]
+        f = t & pc[17]
+        up = (f > pc[18]) | ((f == pc[18]) & ((q & 1) == 1))
+        return np.uint8(min(max(q + (((t >> 63) | 1) & -np.int64(up)) + pc[12], 0), 255))
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _pieces(u, pc):  # pragma: no cover (compiled)
+        """_piece1 with up to four pieces: the piece's slope, offset and bias picked by
+        compares (branch-free selects, which vectorise)."""
+        g1, g2, g3 = u >= pc[1], u >= pc[2], u >= pc[3]
+        ym = pc[7] if g3 else (pc[6] if g2 else (pc[5] if g1 else pc[4]))
+        off = pc[11] if g3 else (pc[10] if g2 else (pc[9] if g1 else pc[8]))
+        b = pc[15] if g3 else (pc[14] if g2 else (pc[13] if g1 else pc[12]))
+        t = u * ym - off
+        q = t >> pc[16]
+        f = t & pc[17]
+        up = (f > pc[18]) | ((f == pc[18]) & ((q & 1) == 1))
+        return np.uint8(min(max(q + (((t >> 63) | 1) & -np.int64(up)) + b, 0), 255))
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _emit(buf, b0, pages, fine, q, pc, orow):  # pragma: no cover (compiled)
+        """orow[x] = the activation of the clipped index buf[b0 + x]: by the piecewise
+        arithmetic of kpu.act_pieces where pc[0] (its piece count) > 0 (vectorises), else by the
+        step table (a gather)."""
+        n = orow.size
+        src = buf[b0:b0 + n]   # a slice: indexing buf[b0 + x] would not vectorise (numba's
+        if pc[0] == 1:         # negative-index wrap-around hides the stride)
+            for x in range(n):
+                orow[x] = _piece1(np.int64(src[x]), pc)
+        elif pc[0] > 1:
+            for x in range(n):
+                orow[x] = _pieces(np.int64(src[x]), pc)
+        else:
+            for x in range(n):
+                orow[x] = _look(src[x], pages, fine, q)
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _warm(pages, fine, q, pc, buf):  # pragma: no cover (compiled)
         """Read one byte per cache line of the lookup table (and its page index) in order, so
         the lookups that follow find it in cache: a layer's table (up to 1 MiB) is cold when
         the layer starts, and the prefetcher streams an in-order pass in a few microseconds
         where scattered lookups miss line by line (about 3x a warm table's time on a
         300 KB table). The sum goes to buf[0] (scratch the caller overwrites) so the reads
         stay."""
+        if pc[0] > 0:     # the arithmetic needs no table
+            return
         t = 0
         for i in range(0, fine.size, 64):
             t += fine[i]
@@ -60,23 +103,22 @@ if njit is not None:
             buf[p] = min(max((((np.int64(vals[p]) + c) * m) >> s) + a, 0), top)
 
     @njit(nogil=True, cache=True, inline="always")
-    def _bn_row(vals, c, m, s, a, pages, fine, q, top, buf, orow):  # pragma: no cover (compiled)
+    def _bn_row(vals, c, m, s, a, pages, fine, q, top, pc, buf, orow):  # pragma: no cover (compiled)
         """orow[p] = table(((vals[p] + c) * m >> s) + a) for one row, in two passes: the
-        integer arithmetic (vectorises) into buf, then the table lookups (a gather). One
+        integer arithmetic (vectorises) into buf, then the activation (_emit). One
         fused loop would not vectorise and runs about 4x slower."""
-        n = orow.size
-        _bn_idx(vals, n, c, m, s, a, top, buf)
-        for p in range(n):
-            orow[p] = _look(buf[p], pages, fine, q)
+        _bn_idx(vals, orow.size, c, m, s, a, top, buf)
+        _emit(buf, 0, pages, fine, q, pc, orow)
 
     @njit(nogil=True, cache=True)
-    def bn_lut(acc, const, mul, shift, add_lo, pages, fine, q, top, buf, out):  # pragma: no cover (compiled)
+    def bn_lut(acc, const, mul, shift, add_lo, pages, fine, q, top, pc, buf, out):  # pragma: no cover (compiled)
         """out[o, p] = table(((acc[o, p] + const[o]) * mul[o] >> shift[o]) + add_lo[o]);
         acc holds exact integers (float32/float64 BLAS output); buf: one row of scratch
         (int32 when top < 2^31, else int64)."""
-        _warm(pages, fine, q, buf)
+        _warm(pages, fine, q, pc, buf)
         for o in range(acc.shape[0]):
-            _bn_row(acc[o], const[o], mul[o], shift[o], add_lo[o], pages, fine, q, top, buf, out[o])
+            _bn_row(acc[o], const[o], mul[o], shift[o], add_lo[o], pages, fine, q, top, pc, buf,
+                    out[o])
 
     @njit(nogil=True, cache=True, inline="always")
     def _fold(vals, r, n, lo):  # pragma: no cover (compiled)
@@ -89,18 +131,15 @@ if njit is not None:
                 vals[x] = max(vals[x], r[x])
 
     @njit(nogil=True, cache=True, inline="always")
-    def _look_rows(buf, pages, fine, q, out):  # pragma: no cover (compiled)
-        """out[y, x] = table lookup of buf[y * W + x] for one channel's (H, W) output: one
-        plane at a time (a per-row lookup loop costs more than its work on small maps)."""
-        w = out.shape[1]
+    def _look_rows(buf, wp, pages, fine, q, pc, out):  # pragma: no cover (compiled)
+        """out[y, x] = the activation (_emit) of buf[y * wp + x] for one channel's (H, W)
+        output, from a plane of row stride wp."""
         for y in range(out.shape[0]):
-            orow = out[y]
-            for x in range(w):
-                orow[x] = _look(buf[y * w + x], pages, fine, q)
+            _emit(buf, y * wp, pages, fine, q, pc, out[y])
 
     @njit(nogil=True, cache=True)
-    def max_bn_lut(acc, k, s, neg, const, mul, shift, add_lo, pages, fine, q, top, vals, pooled,
-                   buf, out):  # pragma: no cover (compiled)
+    def max_bn_lut(acc, k, s, neg, const, mul, shift, add_lo, pages, fine, q, top, pc, vals,
+                   pooled, buf, out):  # pragma: no cover (compiled)
         """A k x k max pool at stride s over the sums acc (C, rows, W), then bn_lut on the pooled
         values only: out[o, y, x] = table(BN(max, or min where neg[o], of the window's sums)).
         The caller proved table(BN(.)) monotone per channel (kpu.PreparedConv), so the pool of
@@ -109,7 +148,7 @@ if njit is not None:
         which no activation byte is below). vals: one input row of acc's dtype; pooled: one
         output plane of it; buf: one output plane of scratch."""
         rows, w, oh, ow = acc.shape[1], acc.shape[2], out.shape[1], out.shape[2]
-        _warm(pages, fine, q, buf)
+        _warm(pages, fine, q, pc, buf)
         for o in range(acc.shape[0]):
             lo = neg[o] != 0
             for oy in range(oh):
@@ -123,17 +162,17 @@ if njit is not None:
                 for dx in range(1, k):
                     _fold(prow, vals[dx::s], min(ow, (w - dx + s - 1) // s), lo)
             _bn_idx(pooled, oh * ow, const[o], mul[o], shift[o], add_lo[o], top, buf)
-            _look_rows(buf, pages, fine, q, out[o])
+            _look_rows(buf, ow, pages, fine, q, pc, out[o])
 
     @njit(nogil=True, cache=True)
-    def max2_bn_lut(pairs, neg, const, mul, shift, add_lo, pages, fine, q, top, buf,
+    def max2_bn_lut(pairs, neg, const, mul, shift, add_lo, pages, fine, q, top, pc, buf,
                     out):  # pragma: no cover (compiled)
         """max_bn_lut for the 2 x 2 pool at stride 2 over int32 sums, read as int64 pairs
         (C, rows, W/2): each int64 holds one window row's two sums, taken apart by shifts (the
         low one sign-extended by << 32 >> 32), which vectorises where the strided max does
         not (about 3x). The BN arithmetic runs in the same pass, then the lookups.
         buf: one output plane of scratch."""
-        _warm(pages, fine, q, buf)
+        _warm(pages, fine, q, pc, buf)
         n = out.shape[2]
         for o in range(pairs.shape[0]):
             lo = neg[o] != 0
@@ -150,7 +189,7 @@ if njit is not None:
                         u, d = r0[x], r1[x]
                         v = max(max((u << 32) >> 32, u >> 32), max((d << 32) >> 32, d >> 32))
                         buf[b + x] = min(max((((v + c) * m) >> sh) + a, 0), top)
-            _look_rows(buf, pages, fine, q, out[o])
+            _look_rows(buf, n, pages, fine, q, pc, out[o])
 
     @njit(nogil=True, cache=True)
     def _step(v, starts, values):  # pragma: no cover (compiled)
@@ -188,18 +227,9 @@ if njit is not None:
             acc[i] = (s0[i] * w0 + s1[i] * w1 + s2[i] * w2 + s3[i] * w3 + s4[i] * w4
                       + s5[i] * w5 + s6[i] * w6 + s7[i] * w7 + s8[i] * w8)
 
-    @njit(nogil=True, cache=True, inline="always")
-    def _look_wp(buf, wp, pages, fine, q, out):  # pragma: no cover (compiled)
-        """out[y, x] = lookup of buf[y * wp + x]: one channel's rows from a plane of row
-        stride wp (the padded map's), straight into the output rows."""
-        for y in range(out.shape[0]):
-            o = out[y]
-            for x in range(out.shape[1]):
-                o[x] = _look(buf[y * wp + x], pages, fine, q)
-
     @njit(nogil=True, cache=True)
     def dw_bn_lut(xf, plane, wp, r0, w, k, arg_x, shr_x, x_exact, const, mul, shift, add_lo, pages,
-                  fine, q, top, buf, out):  # pragma: no cover
+                  fine, q, top, pc, buf, out):  # pragma: no cover
         """Depthwise k×k taps over the flattened padded map xf (C planes of ``plane`` values, rows
         of wp), output rows r0.. (weights already hold the folded Σx term when x_exact), then the
         same BN arithmetic as bn_lut, and the lookups straight into the output rows. Each tap is
@@ -211,7 +241,7 @@ if njit is not None:
         float64 (below 2^53). buf: one plane of scratch."""
         h, wd = out.shape[1], out.shape[2]
         n = (h - 1) * wp + wd
-        _warm(pages, fine, q, buf)
+        _warm(pages, fine, q, pc, buf)
         acc = np.empty(n, w.dtype)
         box = np.empty(n if not x_exact else 1, w.dtype)
         t = np.empty(n if not x_exact else 1, np.int64)
@@ -220,7 +250,7 @@ if njit is not None:
             if k == 3 and x_exact:
                 _taps3(xf, b0, wp, n, w[c], acc)
                 _bn_idx(acc, n, const[c], mul[c], shift[c], add_lo[c], top, buf)
-                _look_wp(buf, wp, pages, fine, q, out[c])
+                _look_rows(buf, wp, pages, fine, q, pc, out[c])
                 continue
             src = xf[b0:b0 + n]
             wt = w[c, 0]
@@ -244,4 +274,4 @@ if njit is not None:
                 for i in range(n):
                     t[i] = np.int64(acc[i]) + ((arg_x * np.int64(box[i])) >> shr_x)
                 _bn_idx(t, n, const[c], mul[c], shift[c], add_lo[c], top, buf)
-            _look_wp(buf, wp, pages, fine, q, out[c])
+            _look_rows(buf, wp, pages, fine, q, pc, out[c])

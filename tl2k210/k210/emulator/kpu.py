@@ -299,6 +299,43 @@ def compile_activation(act: dict, rule: str, vmin: int, vmax: int) -> StepTable 
     return _TABLES[key]
 
 
+MAX_PIECES = 4     # act_pieces: at most this many linear pieces (else the step table)
+NO_PIECES = (0,) * 19
+I64 = 1 << 64
+
+
+def act_pieces(act: dict, rule: str, table: StepTable | None) -> tuple:
+    """The activation on the table's span [lo, lo + top] (outside it the table is constant, so the
+    fused kernels clip u = V − lo to [0, top]) as at most MAX_PIECES linear pieces in u, for the
+    fused kernels' arithmetic (fast._pieces): the very int64 formula of ``activation`` with
+    its carry shift, evaluated per value in a few vector instructions, where the table costs a
+    gather per value. A tuple (n, start[1..3], y_mul[0..3], offset[0..3], bias[0..3], shift,
+    mask, half) of piece n's u ≥ start, t = u·y_mul − offset ≡ (V − x_start)·y_mul (mod 2^64,
+    as int64 wraps), (carry_shift(t, shift) + bias) clipped to uint8; pieces of slope 0 give
+    their bias whatever the shift. NO_PIECES (n = 0) where it does not apply: the nncase01
+    rule, more pieces, or pieces of different shifts."""
+    if rule != "nncase02" or table is None:
+        return NO_PIECES
+    lo, hi = table.lo, table.lo + table.top
+    xs = np.asarray(act["x_start"], np.int64)
+    edges = [lo] + sorted({int(b) + 1 for b in xs if lo < int(b) + 1 <= hi})  # segment changes
+    if len(edges) > MAX_PIECES:
+        return NO_PIECES
+    segs = [max(0, int(np.searchsorted(xs, e, side="left")) - 1) for e in edges]
+    ym = [int(act["y_mul"][i]) for i in segs]
+    shifts = {int(act["shift_number"][i]) for i, m in zip(segs, ym) if m}
+    if len(shifts) > 1:
+        return NO_PIECES
+    sh = shifts.pop() if shifts else 0
+    wrap = lambda v: (v + (I64 >> 1)) % I64 - (I64 >> 1)   # noqa: E731  (int64, as numpy wraps)
+    pad = MAX_PIECES - len(edges)
+    starts = [e - lo for e in edges[1:]] + [(I64 >> 1) - 1] * pad
+    offs = [wrap((int(xs[i]) - lo) * m) for i, m in zip(segs, ym)] + [0] * pad
+    bias = [int(act["bias"][i]) for i in segs] + [0] * pad
+    return (len(edges), *starts, *(ym + [0] * pad), *offs, *bias, sh, (1 << sh) - 1,
+            1 << (sh - 1) if sh else 1)
+
+
 class PreparedConv:
     """One KPU layer with everything input-independent precomputed (weights as BLAS matrices,
     Σw terms, per-channel constants, the activation as a lookup table when its reachable V range
@@ -385,7 +422,7 @@ class PreparedConv:
         self.bn_args = None if t is None or t.fine is None else tuple(
             np.ascontiguousarray(v) for v in (self.const[:, 0], self.bn_mul[:, 0],
                                               self.bn_shift[:, 0], self.bn_add[:, 0] - t.lo)
-        ) + (t.pages, t.fine, t.q, t.top)
+        ) + (t.pages, t.fine, t.q, t.top, act_pieces(self.act, act_rule, t))
         # the fused path's normal-conv sums come from onnxruntime's exact integer conv where it
         # is installed and the int32 bound holds (intconv.py); else from the float BLAS
         wq, z = np.asarray(conv.weights).reshape(co, -1, self.k, self.k), -fold
