@@ -85,7 +85,7 @@ def kpu_conv2d(node, f, ctx, where):
         y = ctx.prepared[id(node)](x)
         ctx.kpu.write(a["image_dst_addr"] + n * out_lines, y, where)
         ys.append(y)
-    y = np.stack(ys)
+    y = ys[0][None] if len(ys) == 1 else np.stack(ys)   # one batch: a view, not a copy
     if f["main_mem_output"][3]:
         ctx.write(f["main_mem_output"], y, where)
     return y
