@@ -86,6 +86,24 @@ def test_paged_activation_table_is_exact():
         assert np.array_equal(t(v), K.activation(v, act, "nncase02"))
 
 
+def test_output_channel_parts_give_the_same_bytes():
+    """With several threads a normal conv summed by onnxruntime may run as output-channel parts
+    (each its own session and kernels, into one output): the same bytes as one thread."""
+    pytest.importorskip("numba")
+    pytest.importorskip("onnxruntime")
+    for d, n in MODELS[:2]:
+        model = kmodel.load(data_path(*d.split("/"), f"{n}.kmodel"))
+        one, two = Emulator(model, threads=1), Emulator(model, threads=2)
+        parted = [p for p in two.prepared.values() if p.parts]
+        assert parted and all(len(p.parts) == 2 for p in parted)
+        for p in parted:                          # parts on every call, whatever trials say
+            p.parallel, p._trials = True, None
+        shape, _ = one.input_spec()
+        for seed in (7, 8):
+            x = np.random.default_rng(seed).integers(0, 256, shape).astype(np.uint8)
+            assert [o.tobytes() for o in two.run(x)] == [o.tobytes() for o in one.run(x)], n
+
+
 def _few_pieces_act(rng, pieces, shift, span_bits):
     """An activation with `pieces` - 1 segment starts inside ±2^span_bits (the rest far
     outside), slopes of either sign or 0, one shift for all."""

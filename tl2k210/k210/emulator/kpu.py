@@ -9,8 +9,9 @@ and its int32 bound holds (``intconv.py``), else from float32 BLAS on K-chunks s
 every partial sum is an integer < 2^24 (exact in float32), or float64 (integers < 2^53) for 16-bit
 weights; everything after it is int64. With numba installed (`fast.py`), the batch-norm stage,
 the activation lookup and the depthwise taps run in fused kernels (same bytes); otherwise rows
-are split into cache-sized bands. Big layers run their row bands on threads where a measurement
-of their first calls shows the threads pay (``PreparedConv._parallel``).
+are split into cache-sized bands. Big layers run their row bands (normal convs summed by
+onnxruntime: output-channel parts instead) on threads where a measurement of their first calls
+shows the threads pay (``PreparedConv._parallel``).
 
 Named rules (defaults follow the spec):
   sum_rule  "silicon"   Σx/Σw terms shifted per input channel, then summed (docs/kpu.md#sum-rule)
@@ -21,6 +22,7 @@ Named rules (defaults follow the spec):
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +49,7 @@ FINE_MAX = 1 << 22     # ... and this many table bytes (else binary search)
 BAND_ELEMS = 1 << 17   # output values per row band (int64 intermediates of ~1 MiB stay in cache)
 FAST_BAND_ELEMS = 1 << 18  # ... on the numba path (float32 sums; facedetect's first layer in 5
                            # bands runs about 1.25x faster than in one)
+PART_MIN = 8           # output channels per part at least (threads split a normal conv's)
 TRIALS = 3             # calls each way before a layer decides whether its band threads pay
 PAY_OFF = 1.15         # ... they must be this much faster than one thread (they cost 2 cores)
 
@@ -430,6 +433,14 @@ class PreparedConv:
         self.int_sums = (intconv.ConvSums(wq, z, stride=p.stride if picked else 1)
                          if int_sums and self.use_fast and not self.depthwise and not self.wide
                          and intconv.available() and intconv.fits(wq, z) else None)
+        # with several threads, a normal conv can also run as output-channel parts on threads
+        # (each its own onnxruntime session and post-processing, on the whole input: no row
+        # slices to copy); kept, like row bands, only where measured to pay (_parallel)
+        n = min(threads, co // PART_MIN)
+        self.parts = [] if n < 2 or self.int_sums is None else [
+            (c0, c1, PreparedConv(_channels(conv, c0, c1), sum_rule, act_rule, where, 1,
+                                  use_fast, int_sums))
+            for c0, c1 in zip([co * i // n for i in range(n)], [co * i // n for i in range(1, n + 1)])]
         self._plan_bands()
 
     def _build_lut(self, wt, sw_i, n_ic, kk):
@@ -594,7 +605,7 @@ class PreparedConv:
         self.serial_bands = self._bands(1)
         # several threads only where measured to pay (see _parallel): the first TRIALS calls
         # each way alternate, starting with the threads
-        self.parallel = self.threads > 1 and len(self.bands) > 1
+        self.parallel = self.threads > 1 and (len(self.bands) > 1 or bool(self.parts))
         self._trials = ([], []) if self.parallel else None
 
     def _bands(self, threads: int):
@@ -637,7 +648,21 @@ class PreparedConv:
         self._trials[0 if par else 1].append(time.perf_counter() - t)
         return out
 
-    def _run(self, x: np.ndarray, par: bool) -> np.ndarray:
+    def _run_parts(self, x: np.ndarray) -> np.ndarray:
+        """The output-channel parts on threads (this one runs the first), into one output."""
+        out = np.empty(self.out_shape, np.uint8)
+        (c0, c1, first), *rest = self.parts
+        futures = [_executor(self.threads).submit(part._run, x, False, out[d0:d1])
+                   for d0, d1, part in rest]
+        first._run(x, False, out[c0:c1])
+        for f in futures:
+            f.result()
+        return out
+
+    def _run(self, x: np.ndarray, par: bool, out: np.ndarray | None = None) -> np.ndarray:
+        """The layer's output (written into out when given)."""
+        if par and self.parts:
+            return self._run_parts(x)
         h = self.in_shape[1]
         bands = self.bands if par else self.serial_bands
 
@@ -650,25 +675,44 @@ class PreparedConv:
         xp = self._pad(x)
         code = self.args["pool_type"]
         if self.pool_first:
-            out = np.empty(self.out_shape, np.uint8)
+            out = np.empty(self.out_shape, np.uint8) if out is None else out
             if len(bands) == 1:
                 self._pooled_band(xp, out, 0, h)
             else:
                 each(lambda rr: self._pooled_band(xp, out, *rr))
             return out
-        y = np.empty((self.out_shape[0], h, self.in_shape[2]), np.uint8)
+        p = hw.POOL[code]
+        y = out if out is not None and p.kind == "bypass" else \
+            np.empty((self.out_shape[0], h, self.in_shape[2]), np.uint8)
         run = self._fused_band if self.use_fast else self._band
         if len(bands) == 1:
             run(xp, y, 0, h)
-            return pool(y, code)
-        p = hw.POOL[code]
+            return _into(pool(y, code), out)
         s = p.stride
-        out = np.empty(self.out_shape, np.uint8) if p.kind != "bypass" and s > 1 else None
+        pooled = None
+        if p.kind != "bypass" and s > 1:
+            pooled = np.empty(self.out_shape, np.uint8) if out is None else out
 
         def band(rr):
             run(xp, y, *rr)
-            if out is not None:
+            if pooled is not None:
                 r0, r1 = rr
-                out[:, r0 // s:r1 // s] = pool(y[:, r0:r1], code)
+                pooled[:, r0 // s:r1 // s] = pool(y[:, r0:r1], code)
         each(band)
-        return out if out is not None else pool(y, code)
+        return pooled if pooled is not None else _into(pool(y, code), out)
+
+
+def _into(y: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """y, copied into out when out is given (and not y itself)."""
+    if out is None or y is out:
+        return y
+    out[...] = y
+    return out
+
+
+def _channels(conv, c0: int, c1: int):
+    """The normal conv ``conv`` restricted to output channels [c0, c1)."""
+    co = conv.out_shape[0]
+    return replace(conv, args={**conv.args, "o_ch_num": c1 - c0 - 1},
+                   weights=np.asarray(conv.weights).reshape(co, -1)[c0:c1].reshape(-1),
+                   bn={k: np.asarray(v)[c0:c1] for k, v in conv.bn.items()})
