@@ -435,12 +435,12 @@ class PreparedConv:
                          and intconv.available() and intconv.fits(wq, z) else None)
         # with several threads, a normal conv can also run as output-channel parts on threads
         # (each its own onnxruntime session and post-processing, on the whole input: no row
-        # slices to copy); kept, like row bands, only where measured to pay (_parallel)
+        # slices to copy); kept, like row bands, only where measured to pay (_parallel). The
+        # parts' layers are made on their first call (sessions take time to build)
         n = min(threads, co // PART_MIN)
-        self.parts = [] if n < 2 or self.int_sums is None else [
-            (c0, c1, PreparedConv(_channels(conv, c0, c1), sum_rule, act_rule, where, 1,
-                                  use_fast, int_sums))
-            for c0, c1 in zip([co * i // n for i in range(n)], [co * i // n for i in range(1, n + 1)])]
+        self.part_cuts = [] if n < 2 or self.int_sums is None else [
+            (co * i // n, co * (i + 1) // n) for i in range(n)]
+        self._conv, self._parts = conv, None
         self._plan_bands()
 
     def _build_lut(self, wt, sw_i, n_ic, kk):
@@ -605,7 +605,7 @@ class PreparedConv:
         self.serial_bands = self._bands(1)
         # several threads only where measured to pay (see _parallel): the first TRIALS calls
         # each way alternate, starting with the threads
-        self.parallel = self.threads > 1 and (len(self.bands) > 1 or bool(self.parts))
+        self.parallel = self.threads > 1 and (len(self.bands) > 1 or bool(self.part_cuts))
         self._trials = ([], []) if self.parallel else None
 
     def _bands(self, threads: int):
@@ -650,8 +650,12 @@ class PreparedConv:
 
     def _run_parts(self, x: np.ndarray) -> np.ndarray:
         """The output-channel parts on threads (this one runs the first), into one output."""
+        if self._parts is None:
+            self._parts = [(c0, c1, PreparedConv(_channels(self._conv, c0, c1), self.sum_rule,
+                                                 self.act_rule, self.where))
+                           for c0, c1 in self.part_cuts]
         out = np.empty(self.out_shape, np.uint8)
-        (c0, c1, first), *rest = self.parts
+        (c0, c1, first), *rest = self._parts
         futures = [_executor(self.threads).submit(part._run, x, False, out[d0:d1])
                    for d0, d1, part in rest]
         first._run(x, False, out[c0:c1])
@@ -661,7 +665,7 @@ class PreparedConv:
 
     def _run(self, x: np.ndarray, par: bool, out: np.ndarray | None = None) -> np.ndarray:
         """The layer's output (written into out when given)."""
-        if par and self.parts:
+        if par and self.part_cuts:
             return self._run_parts(x)
         h = self.in_shape[1]
         bands = self.bands if par else self.serial_bands
