@@ -38,28 +38,31 @@ if njit is not None:
         return fine[((page - 256) << q) + (u & ((1 << q) - 1))]
 
     @njit(nogil=True, cache=True, inline="always")
-    def _piece1(u, pc):  # pragma: no cover (compiled)
-        """kpu.act_pieces' activation of one clipped u = V - lo, one piece: the reference's
-        int64 arithmetic (carry_shift_nncase02 included), no table."""
-        t = u * pc[4] - pc[8]
-        q = t >> pc[16]
-        f = t & pc[17]
-        up = (f > pc[18]) | ((f == pc[18]) & ((q & 1) == 1))
-        return np.uint8(min(max(q + (((t >> 63) | 1) & -np.int64(up)) + pc[12], 0), 255))
-
-    @njit(nogil=True, cache=True, inline="always")
-    def _pieces(u, pc):  # pragma: no cover (compiled)
-        """_piece1 with up to four pieces: the piece's slope, offset and bias picked by
-        compares (branch-free selects, which vectorise)."""
-        g1, g2, g3 = u >= pc[1], u >= pc[2], u >= pc[3]
-        ym = pc[7] if g3 else (pc[6] if g2 else (pc[5] if g1 else pc[4]))
-        off = pc[11] if g3 else (pc[10] if g2 else (pc[9] if g1 else pc[8]))
-        b = pc[15] if g3 else (pc[14] if g2 else (pc[13] if g1 else pc[12]))
+    def _piece(u, ym, off, b, pc):  # pragma: no cover (compiled)
+        """kpu.act_pieces' activation of one clipped u = V - lo on the piece of slope ym, offset
+        off and bias b: the reference's int64 arithmetic (carry_shift_nncase02 included), no
+        table."""
         t = u * ym - off
         q = t >> pc[16]
         f = t & pc[17]
         up = (f > pc[18]) | ((f == pc[18]) & ((q & 1) == 1))
         return np.uint8(min(max(q + (((t >> 63) | 1) & -np.int64(up)) + b, 0), 255))
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _pieces2(u, pc):  # pragma: no cover (compiled)
+        """_piece on the first or second piece, picked by a compare (a branch-free select)."""
+        g = u >= pc[1]
+        return _piece(u, pc[5] if g else pc[4], pc[9] if g else pc[8], pc[13] if g else pc[12], pc)
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _pieces(u, pc):  # pragma: no cover (compiled)
+        """_piece with up to four pieces: the piece's slope, offset and bias picked by
+        compares (branch-free selects, which vectorise)."""
+        g1, g2, g3 = u >= pc[1], u >= pc[2], u >= pc[3]
+        ym = pc[7] if g3 else (pc[6] if g2 else (pc[5] if g1 else pc[4]))
+        off = pc[11] if g3 else (pc[10] if g2 else (pc[9] if g1 else pc[8]))
+        b = pc[15] if g3 else (pc[14] if g2 else (pc[13] if g1 else pc[12]))
+        return _piece(u, ym, off, b, pc)
 
     @njit(nogil=True, cache=True, inline="always")
     def _emit(buf, b0, pages, fine, q, pc, orow):  # pragma: no cover (compiled)
@@ -70,8 +73,11 @@ if njit is not None:
         src = buf[b0:b0 + n]   # a slice: indexing buf[b0 + x] would not vectorise (numba's
         if pc[0] == 1:         # negative-index wrap-around hides the stride)
             for x in range(n):
-                orow[x] = _piece1(np.int64(src[x]), pc)
-        elif pc[0] > 1:
+                orow[x] = _piece(np.int64(src[x]), pc[4], pc[8], pc[12], pc)
+        elif pc[0] == 2:
+            for x in range(n):
+                orow[x] = _pieces2(np.int64(src[x]), pc)
+        elif pc[0] > 2:
             for x in range(n):
                 orow[x] = _pieces(np.int64(src[x]), pc)
         else:
