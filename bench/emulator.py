@@ -109,6 +109,10 @@ def ort_session(model, threads):
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
+    # idle intra-op workers would spin on after each run, taking the second core from whatever
+    # runs next (the emulator's 1-thread frames: 25-35 % slower on 2 cores, inflating both
+    # emu/ort and 2t/1t); they block instead
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(twin.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return lambda: sess.run(None, feeds)
 
