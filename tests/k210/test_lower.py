@@ -434,7 +434,7 @@ def test_squeezenet_from_the_onnx_wheel_fits(tmp_path):
 def _kxk_model(k, group, stride=1, pads=None, dilation=1, c_in=3, c_out=6, h=24, w=28, seed=0):
     rng = np.random.default_rng(seed)
     kk = (k - 1) // dilation + 1
-    g = c_in if group == "dw" else 1
+    g = c_in if group == "dw" else 1 if group == "dense" else group
     c_out = c_in if group == "dw" else c_out
     pads = [k // 2] * 4 if pads is None else pads
     return make_model([conv_node("y", "x", "w", "b", pads=pads, strides=[stride, stride], group=g,
@@ -444,11 +444,11 @@ def _kxk_model(k, group, stride=1, pads=None, dilation=1, c_in=3, c_out=6, h=24,
                        "b": (rng.normal(size=c_out) * 0.3).astype(np.float32)})
 
 
-def _kxk_after_conv(k, group, stride=1, pads=None, dilation=1, c_in=8, h=24, w=28, seed=0, up=1):
+def _kxk_after_conv(k, group, stride=1, pads=None, dilation=1, c_in=8, h=24, w=28, seed=0, up=1, c_out=6):
     """conv3x3 + ReLU (+ nearest upsampling x up) -> the K x K conv: the K x K conv reads a
     quantized map (pad value = its zero point), not the pixels."""
     rng = np.random.default_rng(seed + 1)
-    inner = _kxk_model(k, group, stride, pads, dilation, c_in=c_in, h=h * up, w=w * up, seed=seed)
+    inner = _kxk_model(k, group, stride, pads, dilation, c_in=c_in, c_out=c_out, h=h * up, w=w * up, seed=seed)
     node = inner.graph.node[0]
     node.input[0] = "x1" if up == 1 else "x2"
     inits = {i.name: __import__("onnx").numpy_helper.to_array(i) for i in inner.graph.initializer}
@@ -476,6 +476,9 @@ def _direct_kxk(q, z_x, Wq, zw, group, stride, pads, dilation):
     wq = Wq.astype(np.int64) - zw
     if group == 1:
         return np.einsum("chwyx,ocyx->ohw", win, wq)
+    if group != c:                                  # grouped: m inputs, co // group outputs a group
+        win = win.reshape(group, m, *win.shape[1:])
+        return np.einsum("gmhwyx,gnmyx->gnhw", win, wq.reshape(group, co // group, m, kk, kk)).reshape(co, oh, ow)
     return np.einsum("chwyx,cyx->chw", win, wq[:, 0])
 
 
@@ -638,16 +641,16 @@ def test_stride2_valid_first_layer_fits_as_phases(monkeypatch):
     assert np.array_equal(run_both(m, new, px)[1], run_both(m, old, px)[1])
 
 
-def _check_kxk_bytes(k, group, stride, pads, dilation, first, hw_):
+def _check_kxk_bytes(k, group, stride, pads, dilation, first, hw_, c_in=8, c_out=6):
     from lower_helpers import kpu_outputs
     from tl2k210.k210.emulator import Emulator
     from tl2k210.k210.emulator.kpu import activation, batchnorm
-    from tl2k210.k210 import fixed_point as fx
+    from tl2k210.k210 import fixed_point as fx, hardware
     h, w = hw_
     pads = [k // 2] * 4 if pads is None else pads
-    c_in = 3 if first else 8
+    c_in = 3 if first else c_in
     m = _kxk_model(k, group, stride, pads, dilation, c_in=3, h=h, w=w) if first else \
-        _kxk_after_conv(k, group, stride, pads, dilation, c_in=c_in, h=h, w=w)
+        _kxk_after_conv(k, group, stride, pads, dilation, c_in=c_in, h=h, w=w, c_out=c_out)
     px = pixels(3, 3, h, w)
     model, rows, lw, g = compile_model(m, px, format="v3")
     row = next(r for r in rows if r.node == "y")
@@ -663,6 +666,8 @@ def _check_kxk_bytes(k, group, stride, pads, dilation, first, hw_):
     copies = [c for c in convs if c.args["arg_x"] == 0]          # the copies have no zero points
     final = [c for c in convs if c.args["arg_x"] != 0]
     assert copies and final and all(c.args["pad_value"] == z_x for c in convs)
+    cmax = hardware.LIMITS["channels"][1]                        # every layer within the KPU's channels
+    assert all(max(c.in_shape[0], c.out_shape[0]) <= cmax for c in convs), [c.in_shape for c in convs]
     bn = {f: np.concatenate([c.bn[f] for c in final]) for f in final[0].bn}
     s_y, z_y = lw.locs["y"].quant
     emu = Emulator(model)
@@ -670,7 +675,7 @@ def _check_kxk_bytes(k, group, stride, pads, dilation, first, hw_):
     src_layer = None if first else next(r for r in rows if r.node == "c0").layers[0]
     for p, trace in zip(px, traces):
         q = p if first else trace[src_layer]
-        acc = _direct_kxk(q, z_x, Wq, zw, 1 if group == "dense" else c_in, stride, pads, dilation)
+        acc = _direct_kxk(q, z_x, Wq, zw, {"dense": 1, "dw": c_in}.get(group, group), stride, pads, dilation)
         ref = activation(batchnorm(acc, bn), final[0].act)
         got = np.rint(emu.run(p)[0].reshape(ref.shape) / s_y + z_y).astype(np.int64)
         assert np.array_equal(got, ref), (k, group, stride, pads, dilation, first, hw_)
@@ -691,7 +696,8 @@ def test_kxk_forms_agree_and_the_cost_model_picks_the_cheapest(k, stride, monkey
     g = from_onnx(m)
     names = [f.name for f in orig(g, g.nodes[-1])]
     for name in names:
-        monkeypatch.setattr(kxk, "forms", lambda g, n, fmt="v3", name=name: [f for f in orig(g, n, fmt) if f.name == name])
+        monkeypatch.setattr(kxk, "forms", lambda g, n, fmt="v3", windows=False, name=name:
+                            [f for f in orig(g, n, fmt, windows) if f.name == name])
         model, rows, _, _ = compile_model(m, px, format="v3")
         row = next(r for r in rows if r.node == "y")
         assert f"'{name}'" in row.why
@@ -739,6 +745,25 @@ def test_kxk_first_layer_reads_the_whole_image():
     K210_CONV on all of them even when later tiles are per channel."""
     model, *_ = compile_model(_kxk_model(5, "dw"), pixels(2, 3, 24, 28))
     assert model.layers[0].conv.in_shape == (3, 24, 28)
+
+
+@pytest.mark.parametrize("group,c_in,c_out,pads,hw_", [
+    (64, 128, 64, [0, 0, 0, 0], (7, 7)),      # MobileFaceNet's GDConv (2 -> 1 a group), VALID to 1x1
+    ("dw", 120, 120, None, (10, 12)),         # depthwise 7x7, 'same'
+])
+def test_kxk_channel_windows_bit_for_bit(group, c_in, c_out, pads, hw_):
+    """A grouped / depthwise 7x7 conv whose shift stages hold more channels than one KPU layer
+    (9 copies of 120 or 128 channels > 1,024) has no one-layer stage chain; kmodel v3 asked for
+    by name runs it in channel windows (conv.py's grouped tiles, each of a few groups, every
+    tile within the KPU's channels): the integer 7x7 conv, byte for byte. `--format auto` still
+    refuses it for v3 (v4 has the CPU conv)."""
+    row = _check_kxk_bytes(7, group, 1, pads, 1, False, hw_, c_in=c_in, c_out=c_out)
+    assert "'sparse shifts'" in row.why and "as 3 KPU stages" in row.why, row.why
+    assert row.lowering == "kpu_conv_kxk_windows"
+    g = from_onnx(_kxk_after_conv(7, group, 1, pads, c_in=c_in, c_out=c_out, h=hw_[0], w=hw_[1]))
+    with pytest.raises(UnsupportedOpError, match=r"(?s)7x7 kernel on \d+ channels reads \d+ shifted channels"):
+        select(g, g.nodes[-1], Options())
+    assert select(g, g.nodes[-1], Options(format="v3"))[0].name == "kpu_conv_kxk_windows"
 
 
 def test_big_dense_kxk_is_refused_with_the_limit():

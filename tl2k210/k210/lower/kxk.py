@@ -165,9 +165,11 @@ def _needs(K, d, R, dy0, phase):
     return [dy0 + u for u in taps] if phase else taps
 
 
-def forms(g, node, fmt="v3"):
+def forms(g, node, fmt="v3", windows=False):
     """Every exact form of this K x K conv (an empty list if none has a 3x3 stage the KPU takes),
-    cheapest first by the cost model (kmodel `fmt`: its CPU pick/crop layer)."""
+    cheapest first by the cost model (kmodel `fmt`: its CPU pick/crop layer). `windows`: a stage
+    may hold more channels than one KPU layer takes where conv.py's tiles of a few groups each
+    (channel windows, each its own slice of the stage chain) take at most that many."""
     a = node.attrs
     K, _, (dil, _) = _effective_kernel(a)
     R = K // 2
@@ -200,20 +202,29 @@ def forms(g, node, fmt="v3"):
         cyc, prev = 0, 1
         for i in range(1, f.n + 1):
             nd = len(f.copies(i))
-            if ci * nd > cmax:
-                break
             wo = w // 2 if phase and i == f.n else w
+            if ci * nd > cmax and not (windows and _windows_fit(ci * len(f.copies(i - 1)), ci * nd, ci, w, wo)):
+                break
             cyc += conv_cycles(ci, ci * nd, ci, 3, h, w, wo, dense=first and i == 1)[1]
             prev = nd
         else:
             hh, ww = (h // 2, w // 2) if phase else (h, w)
-            if grp == 1 and ci * prev > cmax:
+            if ci * prev > cmax and (grp == 1 or not _windows_fit(ci * prev, co, grp, ww, ww)):
                 continue
             cyc += conv_cycles(ci * prev, co, grp, 3, hh, ww, ww)[1]
             if (oh, ow) != (hh, ww) or not phase and s != 1:      # the CPU picks or crops
                 cyc += post_cycles(co * hh * ww, co * oh * ow, fmt)
             out.append(Form(name, ay, ax, phase, cyc, ci * prev))
     return sorted(out, key=lambda f: f.cycles)
+
+
+def _windows_fit(ci, co, groups, w, w_out):
+    """Do conv.py's tiles of a grouped stage (its cheapest and its fewest-bytes aligned splits,
+    conv_cycles) each read and write at most the channels one KPU layer takes?"""
+    cmax = hw.LIMITS["channels"][1]
+    m, n = ci // groups, co // groups
+    return all(max(q * m, q * n) <= cmax
+               for q in (conv_cycles(ci, co, groups, 3, 1, w, w_out, small=small)[0] for small in (False, True)))
 
 
 def post_cycles(n_in, n_out, fmt="v3"):
@@ -305,7 +316,7 @@ def phases_passed_over(g, node, opts):
     return f"stride 1 + CPU pick: est. {s1:,} cycles; 'stride-2 phases' {f.cycles:,}, not chosen: {why}"
 
 
-def kxk_refuses(g, node, opts):
+def kxk_refuses(g, node, opts, windows=False):
     if is_dense(g, node):
         return NA
     a = node.attrs
@@ -320,18 +331,40 @@ def kxk_refuses(g, node, opts):
     if any(p > R or p < 0 for p in a["pads"]):
         return f"pads {a['pads']} exceed the kernel's {R}-pixel border"
     _, ci, h, w = g.shape(node.inputs[0])
-    if not forms(g, node):
+    if not forms(g, node, windows=windows):
         cmax = hw.LIMITS["channels"][1]
         per = len(_axis_stride1(_needs(K, d[0], R, 0, False), R, True).sets[-1]) ** 2   # the fewest copies
         return (f"a {K}x{K} kernel on {ci} channels reads {ci * per} shifted channels; the KPU reads "
-                f"{cmax}: at most {cmax // per} input channels (or a depthwise/group conv)")
+                f"{cmax}: " + ("no split of its groups into channel windows keeps every layer within it" if windows
+                               else f"at most {cmax // per} input channels (or a depthwise/group conv)"))
     shadow = Node("Conv", node.inputs, node.outputs, {**a, "kernel": (3, 3), "dilations": (1, 1),
                                                      "pads": [1, 1, 1, 1], "pick": None}, node.name)
     return kpu_conv_refuses(g, shadow, opts)
 
 
+def windows_refuses(g, node, opts):
+    """A grouped / depthwise K x K conv whose shift stages hold more channels than one KPU layer
+    takes (MobileFaceNet's 7x7 GDConv on 512 channels: 4,608) runs them in channel windows, each
+    window of groups its own slice of the stage chain (conv.py's grouped tiles, every tile of
+    every stage within the KPU's channels): kmodel v3 only, which has no CPU conv (v4 runs such
+    a conv as quantized_conv2d), and only where v3 is asked for by name (`--format auto` keeps
+    v4's plain form)."""
+    if is_dense(g, node) or node.attrs.get("group", 1) == 1 or forms(g, node):
+        return NA            # kpu_conv_kxk's (or kpu_conv's), or no window helps a dense conv
+    return kxk_refuses(g, node, opts, windows=True)
+
+
 @lowering("Conv", unit=KPU, check=kxk_refuses, name="kpu_conv_kxk")
 def kpu_conv_kxk(lw, node):
+    _lower(lw, node, forms(lw.g, node, lw.format))
+
+
+@lowering("Conv", unit=KPU, check=windows_refuses, formats=("v3",), name="kpu_conv_kxk_windows", explicit=True)
+def kpu_conv_kxk_windows(lw, node):
+    _lower(lw, node, forms(lw.g, node, lw.format, windows=True), " in channel windows")
+
+
+def _lower(lw, node, alts, windows=""):
     a = node.attrs
     x, out = node.inputs[0], node.outputs[0]
     K, k, d = _effective_kernel(a)
@@ -345,7 +378,6 @@ def kpu_conv_kxk(lw, node):
         We[:, :, ::d[0], ::d[1]] = W
         W = We
     B = np.asarray(lw.g.tensors[node.inputs[2]].value, np.float64)
-    alts = forms(lw.g, node, lw.format)
     form = alts[0]
     row = lw.row(node, "", in_shape=(ci, h, w), out_shape=lw.shape(out), form=form.name)
     sc, _, z_x, _ = input_terms(lw, x, ci)
@@ -396,7 +428,7 @@ def kpu_conv_kxk(lw, node):
     if K == 3:      # the stride-1 map + CPU pick stores the conv's own weights, not 4x
         lw.smaller[node.name] = True     # the same KPU arithmetic: the same output
     row.why = (f" as {n + 1} KPU stages ('{form.name}': {n} exact one-hot 3x3 shift stage{'s' if n > 1 else ''} "
-               f"to {form.channels} channels{', picking stride 2' if form.phase else ''}, then a 3x3 conv "
+               f"to {form.channels} channels{windows}{', picking stride 2' if form.phase else ''}, then a 3x3 conv "
                f"with re-indexed weights; est. {form.cycles:,} cycles"
                + "".join(f"; '{f.name}': {f.cycles:,}" for f in alts[1:])
                + (f"; stride 1 + CPU pick: {stride1_cycles(lw.g, node, lw.format):,}" if K == 3 else "") + ")")
