@@ -115,6 +115,24 @@ def test_detector_and_face_architectures_near_ideal_quantization(name, floor, tm
         assert not any(r["op"] == "PRelu" and r["unit"] == "CPU" for r in receipt.layers)
 
 
+def test_mobilefacenet_converts_for_the_v3_only_build(tmp_path, calib):
+    """MobileFaceNet's 7x7 GDConv (512 channels after the PReLU split, group 256) needs 4,608
+    shifted channels, over the 1,024 one KPU layer reads; kmodel v4 runs it as the CPU
+    quantized_conv2d, which v3 lacks. For `maixpy-minimum` (v3 only) its shift stages run in
+    channel windows: within 1 dB of ideal 8-bit quantization, as the v4 conversion is."""
+    e = devcorpus.entries()["MobileFaceNet"]
+    receipt, rep, g = _convert_and_compare(e.build(), tmp_path, calib, input_range=(-1, 1),
+                                           runtime="maixpy-minimum", format="v3")
+    ours = min(o["sqnr_db"] for o in rep["outputs"].values())
+    ideal = devcorpus.ideal_sqnr(g, calib, data_path("imagenet"), (-1, 1), limit=12)
+    print(f"MobileFaceNet v3: {receipt.file_size:,} B, kmodel {ours:.1f} dB, ideal 8-bit {ideal:.1f} dB")
+    assert receipt.totals["format"] == "v3"
+    gd = [(list(r["in_shape"]), list(r["out_shape"])) for r in receipt.layers
+          if r["lowering"] == "kpu_conv_kxk_windows"]
+    assert gd == [([512, 7, 7], [256, 1, 1])]
+    assert ours >= ideal - 1
+
+
 def test_efficientnet_b0_fits_the_sdk_at_128_with_10_classes_near_ideal_quantization(tmp_path, calib):
     """keras.applications EfficientNetB0 (weights=None, BN statistics from photos) at 128x128
     with a 10-class head, `--runtime sdk`: kmodel v4 (5x5 depthwise convs over 240+ channels run
