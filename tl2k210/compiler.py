@@ -537,7 +537,8 @@ def optimise(loaded: Loaded, opts: ConvertOptions) -> Optimised:
     from tl2k210.k210.lower import Options
     _say(opts, f"[2/6] passes ({len(loaded.graph.nodes)} nodes) ...")
     graph, plog = run_pipeline(loaded.graph, {"kpu_padding": opts.kpu_padding}, target=Options(
-        format=opts.format, weight_bits=opts.weight_bits, float_fc=opts.float_fc))
+        format=opts.format, weight_bits=opts.weight_bits, float_fc=opts.float_fc,
+        v3_only=not fit.loads_format(opts.runtime, "v4")))
     fmt, forced = graph.meta["plan"]
     fit.check_format(fmt, forced, opts.runtime)
     ide = graph_ideal(graph, opts.weight_bits)
@@ -593,7 +594,7 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
             model, rows, trace_map, lw = lower(graph, dict(cal.ranges), Options(
                 weight_bits=opts.weight_bits, input_scale=tuple(cal.scale), input_offset=tuple(cal.offset),
                 channel_means=dict(cal.means), float_fc=opts.float_fc, int8_rounding=opts.int8_rounding,
-                format=fmt, small=small),
+                format=fmt, small=small, v3_only=not fit.loads_format(opts.runtime, "v4")),
                 planned=None if small or fmt != opts.format else opt.plan)  # a smaller form may need another format
             fit.check_format(lw.format, lw.forced_by, opts.runtime)
             metadata.check_decode(model, opts.metadata)

@@ -80,12 +80,15 @@ def test_small_map_conv_is_the_direct_conv_bit_for_bit(k, group, hw_):
 
 
 def test_auto_and_v4_keep_the_cpu_conv():
-    """The grown map is a kmodel v3 workaround: `--format auto` still takes v4's quantized_conv2d."""
+    """The grown map is a kmodel v3 workaround: `--format auto` still takes v4's quantized_conv2d,
+    unless the runtime loads kmodel v3 only (maixpy-minimum: `v3_only`), where it is the way."""
     m = _model(1, "dense", (3, 3))
     px = pixels(3, 3, POOL * 3, POOL * 3)
     for fmt in ("auto", "v4"):
         model, rows, lw, g = compile_model(m, px, format=fmt)
         assert model.version == 4 and lw.lowered_by(next(n for n in g.nodes if n.outputs[0] == "y")) != SMALL_MAP
+    model, rows, lw, g = compile_model(m, px, format="auto", v3_only=True)
+    assert model.version == 3 and lw.lowered_by(next(n for n in g.nodes if n.outputs[0] == "y")) == SMALL_MAP
 
 
 def test_3x3_conv_on_a_map_that_may_be_negative_is_refused():

@@ -76,7 +76,8 @@ def lowering(*ops, unit, check=None, formats=FORMATS, name=None, takes=None, exp
     why this alternative goes before those of better units (the smaller form the plan asked for:
     v4conv.cpu_trade), or None; it answers only where its own check passes. `explicit`: a
     workaround for what only another format does plainly (conv.small_map), taken only where the
-    user asked for this format by name, so `--format auto` keeps choosing that other format."""
+    user asked for this format by name or the runtime loads no other (`opts.v3_only`), so
+    `--format auto` keeps choosing that other format where it can."""
     def deco(fn):
         for op in ops:
             _add(Alternative(op, name or fn.__name__, unit, tuple(formats), check, fn, takes, explicit))
@@ -109,13 +110,14 @@ def select(g, node, opts, fmt="v3"):
                 f"replace it in the model with supported ops: {', '.join(supported_ops(fmt))}")
         raise UnsupportedOpError(f"node {node.name!r}: op {describe(node)} has no K210 lowering; {hint}")
     named = getattr(opts, "format", fmt) == fmt   # the user's format, not one `auto` tries
+    workarounds = named or fmt == "v3" and getattr(opts, "v3_only", False)   # explicit alternatives
     if not named:      # checks may ask which format is being planned
         opts = dataclasses.replace(opts, format=fmt)
     taker = next(((a, why) for a in alts if a.takes is not None and fmt in a.formats
                   for why in [a.takes(g, node, opts)] if why), None)
     passed = []
     for alt in alts:
-        if alt.explicit and (not named or fmt not in alt.formats):
+        if alt.explicit and (not workarounds or fmt not in alt.formats):
             passed.append((alt, NA))
             continue
         reason = alt.refuses(g, node, opts)

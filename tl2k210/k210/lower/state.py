@@ -70,6 +70,7 @@ class Options:
     float_fc: bool = False      # dense layers as float FULLY_CONNECTED instead of the padded KPU conv
     int8_rounding: str = "single"   # a quantized model's requantization (compiler.ConvertOptions)
     format: str = "auto"        # kmodel format: "v3", "v4" or "auto" (v3 when every layer has a v3 form)
+    v3_only: bool = False       # the runtime loads kmodel v3 only: auto may take v3's explicit workarounds
     kpu_ram_lines: int = hw.KPU_RAM_LINES   # KPU RAM the plan may use (tests force tiling with less)
     small: frozenset = frozenset()   # nodes to lower in their smaller (slower) form; "*": every node
 
