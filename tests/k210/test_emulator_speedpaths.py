@@ -231,3 +231,22 @@ def test_band_threads_are_kept_only_where_measured_to_pay(use_fast, monkeypatch)
         for _ in range(2 * K.TRIALS + 2):
             assert np.array_equal(p(x), want)
         assert p._trials is None and p.parallel is keeps
+
+
+@pytest.mark.parametrize("name", ["yolo20_v3", "yolo20_v4"])
+def test_frames_at_once_give_the_bytes_of_one_at_a_time(name, kmodel_path):
+    """run_frames: frames on threads, each on its own 1-thread copy (kept for the next call),
+    outputs in input order and byte for byte those of run."""
+    e = Emulator.load(kmodel_path(f"{name}.kmodel"), threads=1)
+    shape, _ = e.input_spec()
+    xs = [np.random.default_rng(i).integers(0, 256, shape).astype(np.uint8) for i in range(5)]
+    want = [[o.tobytes() for o in e.run(x)] for x in xs]
+    copies = None
+    for _ in range(2):
+        got = e.run_frames(xs, threads=2)
+        assert [[o.tobytes() for o in outs] for outs in got] == want
+        assert 1 <= len(e._clones) <= 2 and all(c.prepared is not e.prepared for c in e._clones)
+        now = {id(c) for c in e._clones}
+        assert copies is None or copies <= now   # the second call reuses the first's copies
+        copies = now
+    assert all(p.threads == 1 for c in e._clones for p in c.prepared.values())

@@ -3,15 +3,19 @@
     emu = Emulator.load("face.kmodel")
     outputs = emu.run(image_chw_uint8)                 # list of numpy arrays
     outputs, layers = emu.run(x, trace=True)           # + every layer's output [(name, array)]
+    outputs_each = emu.run_frames(frames)              # [emu.run(x) for x in frames], frames at once
 
 Options (named rules, see ``kpu.py``): ``sum_rule`` "silicon" (default) | "simulator",
 ``act_rule`` "nncase02" (default) | "nncase01"; ``threads`` (default: up to 4 cores) only
 changes speed, never results (each big layer keeps its threads only where its first calls
-measured them faster than one thread).
+measured them faster than one thread). Over many frames, ``run_frames`` runs whole frames at once
+on threads instead (onnxruntime and the numba kernels release the GIL): on 2 cores about 1.5x
+one frame at a time, where a frame's band threads give about 1.0x (``bench/emulator.py``).
 """
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -45,6 +49,7 @@ class Emulator:
         self.prepared = {id(it): guarded(PreparedConv, f"{kind} {i}", it.conv, sum_rule, act_rule,
                                          f"{kind} {i}", threads)
                          for i, it in enumerate(items) if it.conv is not None}
+        self._clones = []   # idle 1-thread copies for run_frames (one per frame running at once)
 
     @classmethod
     def load(cls, path, **options) -> "Emulator":
@@ -76,3 +81,33 @@ class Emulator:
         runner = run_v3 if self.model.version == 3 else run_v4
         outs, inter = guarded(runner.run, "model input/outputs", self.model, self.prepared, x, trace)
         return (outs, inter) if trace else outs
+
+    def iter_frames(self, xs, threads: int | None = None):
+        """``run(x)`` of each x of xs, yielded in order, with up to ``threads`` (default: up to 4
+        cores) frames running at once. Each running frame has its own 1-thread copy of this
+        emulator (no layer state is shared between threads), made on first need and kept for
+        later calls; the outputs are the same bytes as ``run``'s."""
+        xs = list(xs)
+        n = min(threads or min(4, os.cpu_count() or 1), len(xs))
+        if n < 2:
+            yield from map(self.run, xs)
+            return
+        pool = ThreadPoolExecutor(n, thread_name_prefix="frames")
+        try:
+            yield from pool.map(self._run_on_clone, xs)
+        finally:
+            pool.shutdown(cancel_futures=True)
+
+    def run_frames(self, xs, threads: int | None = None) -> list:
+        """[run(x) for x in xs], frames at once on threads: see iter_frames."""
+        return list(self.iter_frames(xs, threads))
+
+    def _run_on_clone(self, x):
+        try:
+            emu = self._clones.pop()   # list.pop/append are atomic: each copy runs on one thread
+        except IndexError:
+            emu = Emulator(self.model, self.sum_rule, self.act_rule, threads=1)
+        try:
+            return emu.run(x)
+        finally:
+            self._clones.append(emu)
