@@ -1,9 +1,11 @@
 """Emulator speed as ratios that hold from machine to machine: the emulator against onnxruntime
-running a float graph of the same shape (same convs/pools, random weights) on the same frames, and
-2 band threads against 1, each pair timed back to back (interleaved runs, median of the per-run
-ratios), so a machine's speed and load cancel out. On a loaded machine the ratio of the two
-1-thread variants' fastest frames (thread CPU time) is the steadier figure: load inflates the
-emulator's many short memory-bound passes more than onnxruntime's fused graph.
+running a float graph of the same shape (same convs/pools, random weights) on the same frames,
+2 band threads against 1 within each frame, and 2 frames at once (``Emulator.run_frames``, each
+frame on its own 1-thread copy) against 1 frame at a time, each pair timed back to back
+(interleaved runs, median of the per-run ratios), so a machine's speed and load cancel out. On a
+loaded machine the ratio of the two 1-thread variants' fastest frames (thread CPU time) is the
+steadier figure: load inflates the emulator's many short memory-bound passes more than
+onnxruntime's fused graph.
 
     python bench/emulator.py [--frames 20] [--runs 5] [--json bench/results/emulator.json]
 
@@ -139,6 +141,9 @@ def bench_model(model, frames, runs, ort):
     if dtype == np.float32:
         x = x.astype(np.float32) / 255
     fns = {f"emu_{t}t": (lambda e=e: e.run(x)) for t, e in emus.items()}
+    # 2 frames at once: one call runs the whole run's frames (its 1-thread copies are made on
+    # the warm-up call below)
+    fns["emu_frames_2t"] = lambda: emus[1].run_frames([x] * frames, threads=2)
     row = {}
     t = time.perf_counter()
     emus[1].run(x)
@@ -157,7 +162,11 @@ def bench_model(model, frames, runs, ort):
     best = {k: float("inf") for k in fns}
     for _ in range(runs):           # interleaved: every variant once per run, back to back
         for k, f in fns.items():
-            w, c, b = timed(f, frames)
+            if k == "emu_frames_2t":
+                w, c, _ = timed(f, 1)
+                w, c, b = w / frames, c / frames, float("inf")
+            else:
+                w, c, b = timed(f, frames)
             wall[k].append(w)
             cpu[k].append(c)
             best[k] = min(best[k], b)
@@ -171,6 +180,7 @@ def bench_model(model, frames, runs, ort):
         row["emu_over_ort_1t_cpu"] = ratio("emu_1t", "ort_1t", cpu)
         row["emu_over_ort_1t_best"] = round(best["emu_1t"] / best["ort_1t"], 2)   # fastest frames
     row["speedup_2t_over_1t"] = ratio("emu_1t", "emu_2t")
+    row["frames_speedup_2t_over_1t"] = ratio("emu_1t", "emu_frames_2t")
     if "ort_2t" in fns:
         row["ort_speedup_2t_over_1t"] = ratio("ort_1t", "ort_2t")
     multi = [p for p in emus[2].prepared.values() if len(p.bands) > 1]
@@ -211,12 +221,15 @@ def main():
         rows.append(row)
         print(f"  {name}: emulator/onnxruntime {row.get('emu_over_ort_1t', nan)}x (fastest frames "
               f"{row.get('emu_over_ort_1t_best', nan)}x), 2t/1t "
-              f"{row['speedup_2t_over_1t']}x", flush=True)
+              f"{row['speedup_2t_over_1t']}x, frames 2t/1t {row['frames_speedup_2t_over_1t']}x",
+              flush=True)
     load_end = os.getloadavg()
     cols = [("model", "model", 28, "s"), ("kmodel", "kmodel", 6, "s"),
             ("emu/ort 1t", "emu_over_ort_1t", 10, ".2f"), ("(CPU)", "emu_over_ort_1t_cpu", 6, ".2f"),
             ("(best)", "emu_over_ort_1t_best", 6, ".2f"),
-            ("emu 2t/1t", "speedup_2t_over_1t", 9, ".2f"), ("threads kept", "threads_kept", 12, "s"),
+            ("emu 2t/1t", "speedup_2t_over_1t", 9, ".2f"),
+            ("frames 2t/1t", "frames_speedup_2t_over_1t", 12, ".2f"),
+            ("threads kept", "threads_kept", 12, "s"),
             ("banded", "banded_share", 7, ".0%"), ("emu fps 1t", "emu_1t_fps", 10, ".1f"),
             ("2t", "emu_2t_fps", 6, ".1f"), ("ort fps 1t", "ort_1t_fps", 10, ".1f"),
             ("ort 2t/1t", "ort_speedup_2t_over_1t", 9, ".2f"), ("emu CPU ms", "emu_1t_cpu_ms", 10, ".1f"),
@@ -230,7 +243,9 @@ def main():
           f"frames of every variant back to back; emu/ort = emulator time / onnxruntime float "
           f"twin time, 1 thread each (CPU: the same in CPU time; best: the fastest frame's thread "
           f"CPU time of each, the figure least disturbed by other work); 2t/1t = speed-up of 2 band "
-          f"threads; threads kept = multi-band layers whose measured trials kept 2 threads; int "
+          f"threads within each frame; frames 2t/1t = speed-up of 2 frames at once "
+          f"(Emulator.run_frames, each on a 1-thread copy) over 1 emulator running them in turn; "
+          f"threads kept = multi-band layers whose measured trials kept 2 threads; int "
           f"sums = normal convs summed by onnxruntime's exact ConvInteger "
           f"({'on' if intconv.available() else 'OFF: float BLAS'}); numba "
           f"{'on' if fast.available() else 'OFF (the slower pure numpy path)'}; fps are this "
