@@ -118,12 +118,12 @@ def compare_graph(graph, kmodel_path, dataset, limit=200, decode=None, anchors=N
         chw = (chw - b[None, :, None, None]) / a[None, :, None, None]
     runner = FloatRunner(graph, expose_all=False)
     refs, tests, layouts = {}, {}, {}
-    for i in range(len(floats)):
+    # uint8 pixels for a kmodel that takes the camera image, the preprocessed floats (CHW)
+    # for one with a float input (nncase v0.2 without --input-type uint8)
+    feeds = pixels if pixels is not None and emu_dtype == np.uint8 else chw
+    frames = emu.iter_frames(np.asarray(f).astype(emu_dtype).reshape(emu_shape) for f in feeds)
+    for i, outs in enumerate(frames):   # several frames at once, each as by itself
         ref = runner(floats[i][None])
-        # uint8 pixels for a kmodel that takes the camera image, the preprocessed floats (CHW)
-        # for one with a float input (nncase v0.2 without --input-type uint8)
-        feed = pixels[i] if pixels is not None and emu_dtype == np.uint8 else chw[i]
-        outs = emu.run(np.asarray(feed).astype(emu_dtype).reshape(emu_shape))
         for o, (r, t, layout) in _match_outputs(graph, ref, outs).items():
             refs.setdefault(o, []).append(r)
             tests.setdefault(o, []).append(t)
@@ -186,8 +186,8 @@ def drawn_gap(source, held, opts, limit=100, draws=16, rel=0.01):
         ranges = drawn_ranges(cal.ranges, d, rel)
         fq = FloatRunner(fake_quant_graph(g, ranges, opts.weight_bits), False)
         emu = Emulator(plan_and_lower(opt, dataclasses.replace(cal, ranges=ranges)).built.model)
-        for x, feed, r in zip(floats, feeds, refs):
-            q, outs = fq(x[None]), emu.run(feed)
+        for x, outs, r in zip(floats, emu.iter_frames(feeds), refs):
+            q = fq(x[None])
             for o, out in zip(g.outputs, outs):
                 ref = np.asarray(r[o], np.float64).reshape(-1)
                 noise[o] += [np.sum((ref - np.asarray(q[o], np.float64).reshape(-1)) ** 2),

@@ -226,7 +226,7 @@ def cmd_run(args):
 
 def _run_items(emu, x, n, args):
     """The outputs of one input, or of each item of a batch stacked (N, ...) as they come
-    (with a progress bar): every item runs alone, exactly as it would by itself."""
+    (with a progress bar): several at once (Emulator.iter_frames), each exactly as by itself."""
     import numpy as np
 
     from tl2k210.errors import EmulatorError
@@ -236,17 +236,17 @@ def _run_items(emu, x, n, args):
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     bar = Progress(show, unit="items")
     bar.start("running", n)
-    stacked = None
-    for i in range(n):
-        try:
-            outs = emu.run(x[i])
-        except EmulatorError as exc:
-            raise EmulatorError(f"{args.input}, batch item {i}: {exc}") from None
-        if stacked is None:
-            stacked = [np.empty((n,) + np.shape(o), np.asarray(o).dtype) for o in outs]
-        for dst, o in zip(stacked, outs):
-            dst[i] = o
-        bar.update(i + 1)
+    stacked, i = None, 0
+    try:
+        for outs in emu.iter_frames(x[j] for j in range(n)):   # several items at once
+            if stacked is None:
+                stacked = [np.empty((n,) + np.shape(o), np.asarray(o).dtype) for o in outs]
+            for dst, o in zip(stacked, outs):
+                dst[i] = o
+            i += 1
+            bar.update(i)
+    except EmulatorError as exc:   # item i: the items before it came out
+        raise EmulatorError(f"{args.input}, batch item {i}: {exc}") from None
     return stacked
 
 
