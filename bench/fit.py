@@ -110,7 +110,7 @@ def tflite_reference(path, kmodel, photos, limit=EVAL_LIMIT):
     emu = Emulator.load(kmodel)
     runner = FloatRunner(graph, expose_all=False)
     refs, tests, floats_out = {kind: {} for kind in its}, {}, {}
-    for i in range(len(floats)):
+    for i, outs in enumerate(emu.iter_frames(pixels[:len(floats)])):   # frames at once
         x = nhwc[i]
         if d["dtype"] != np.float32:
             info = np.iinfo(d["dtype"])
@@ -118,7 +118,6 @@ def tflite_reference(path, kmodel, photos, limit=EVAL_LIMIT):
         for it in its.values():
             it.set_tensor(d["index"], x.reshape(d["shape"]))
             it.invoke()
-        outs = emu.run(pixels[i])
         fl = runner(floats[i][None])
         for name, t in zip(graph.outputs, outs):
             o = details.get(name) or next(v for v in details.values() if np.prod(v["shape"]) == np.size(t))
