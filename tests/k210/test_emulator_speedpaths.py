@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, TESTDATA, data_path
+from tl2k210.errors import EmulatorError
 from tl2k210.k210 import hardware as hw, kmodel
 from tl2k210.k210.emulator import Emulator, fast
 from tl2k210.k210.emulator import kpu as K
@@ -250,3 +251,9 @@ def test_frames_at_once_give_the_bytes_of_one_at_a_time(name, kmodel_path):
         assert copies is None or copies <= now   # the second call reuses the first's copies
         copies = now
     assert all(p.threads == 1 for c in e._clones for p in c.prepared.values())
+    assert e.run_frames([], threads=2) == [] and len(e.run_frames(xs[:1], threads=2)) == 1
+    done = []
+    with pytest.raises(EmulatorError):   # a bad frame raises in its turn, after the ones before
+        for outs in e.iter_frames(xs[:2] + [xs[0][..., :1]] + xs[2:], threads=2):
+            done.append([o.tobytes() for o in outs])
+    assert done == want[:2]

@@ -15,7 +15,9 @@ one frame at a time, where a frame's band threads give about 1.0x (``bench/emula
 from __future__ import annotations
 
 import os
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from itertools import chain, islice
 
 import numpy as np
 
@@ -83,18 +85,24 @@ class Emulator:
         return (outs, inter) if trace else outs
 
     def iter_frames(self, xs, threads: int | None = None):
-        """``run(x)`` of each x of xs, yielded in order, with up to ``threads`` (default: up to 4
-        cores) frames running at once. Each running frame has its own 1-thread copy of this
-        emulator (no layer state is shared between threads), made on first need and kept for
-        later calls; the outputs are the same bytes as ``run``'s."""
-        xs = list(xs)
-        n = min(threads or min(4, os.cpu_count() or 1), len(xs))
-        if n < 2:
-            yield from map(self.run, xs)
+        """``run(x)`` of each x of xs (any iterable, read as frames are handed out: at most 2 a
+        thread waiting), yielded in order, with up to ``threads`` (default: up to 4 cores)
+        frames running at once. Each running frame has its own 1-thread copy of this emulator
+        (no layer state is shared between threads), made on first need and kept for later
+        calls; the outputs are the same bytes as ``run``'s."""
+        n = threads or min(4, os.cpu_count() or 1)
+        xs = iter(xs)
+        first = list(islice(xs, 2 * n))
+        if n < 2 or len(first) < 2:
+            yield from map(self.run, chain(first, xs))
             return
         pool = ThreadPoolExecutor(n, thread_name_prefix="frames")
+        ahead = deque(pool.submit(self._run_on_clone, x) for x in first)
         try:
-            yield from pool.map(self._run_on_clone, xs)
+            while ahead:
+                out = ahead.popleft().result()
+                ahead.extend(pool.submit(self._run_on_clone, x) for x in islice(xs, 1))
+                yield out
         finally:
             pool.shutdown(cancel_futures=True)
 
