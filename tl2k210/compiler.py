@@ -224,8 +224,7 @@ def _format_why(lw, opts) -> str:
                 else "")
     from tl2k210.k210.fit import forced_text
     if opts.format == "auto" and getattr(lw, "v4_saves", 0):
-        return (f"kmodel v4 (--format auto --optimize size): {lw.v4_saves:,} B smaller than the smallest "
-                "kmodel v3 (its uint8 CPU forms)")
+        return f"kmodel v4 (--format auto --optimize size): {lw.v4_saves:,} B smaller than the smallest kmodel v3"
     if opts.format == "auto" and lw.forced_by:
         return f"kmodel v4 (--format auto): v3 cannot express {forced_text(lw.forced_by)}"
     return "kmodel v4 (--format v4)"

@@ -43,7 +43,9 @@ def test_every_output_within_a_db_of_its_ideal(where, calib, tmp_path):
 # holds 57% of obj_32's signal), so one build's SQNR is a lottery: ranges moved by under 1% move
 # obj_32 over 8.9-16.4 dB (the ideal) and 8.6-16.2 (ours), 16.4 vs 9.1 on convert's own ranges
 # (and 10.0-19.6 / 9.3-18.8 on the face photos). Both measured with the luck averaged out.
-YUNET_PHOTOS = {"faces": (("faces", "wider_val_subset200", "images"), 12), "imagenet": (("imagenet",), 28)}
+# (on the 12 WIDER FACE photos every output was within 1 dB too, docs/results.md; left out of the
+# suite for its minutes: add ("faces", "wider_val_subset200", "images"), 12 here to rerun it)
+YUNET_PHOTOS = {"imagenet": (("imagenet",), 28)}
 
 
 @pytest.mark.parametrize("photos", sorted(YUNET_PHOTOS))

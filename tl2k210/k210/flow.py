@@ -111,9 +111,12 @@ PASSES = {p.name: p for p in PIPELINE}
 def run_pipeline(graph, options=None, target=None):
     """The flow's enabled passes in order (options: {pass_name: bool}); `target`: the lowering
     Options that check_supported answers for (the user's format and weights). Returns (graph, log)."""
-    pipeline = PIPELINE if target is None else [
-        Pass(p.name, functools.partial(check_supported, opts=target), p.default, p.exact)
-        if p.fn is check_supported else p for p in PIPELINE]
+    if target is None:
+        return generic.run_pipeline(PIPELINE, graph, options)
+    v3 = target.format == "v3" or target.v3_only     # kmodel v3 has no pad layer: fold every Pad it can
+    bound = {check_supported: functools.partial(check_supported, opts=target),
+             pad_into_conv: functools.partial(pad_into_conv, repeat=v3)}
+    pipeline = [Pass(p.name, bound.get(p.fn, p.fn), p.default, p.exact) for p in PIPELINE]
     return generic.run_pipeline(pipeline, graph, options)
 
 

@@ -55,10 +55,13 @@ def nonnegative(g, t):
     return _nonneg(g, t)
 
 
-def pad_into_conv(g, log):
-    """Until no Pad folds: a Pad feeding a Pad (TF's explicit ZeroPadding2D before the zero
-    paddings of a dilated conv's SpaceToBatchND) folds once the Pad after it has."""
-    while _fold_pads(g, log):
+def pad_into_conv(g, log, repeat=True):
+    """Until no Pad folds (`repeat`): a Pad feeding a Pad (TF's explicit ZeroPadding2D before the
+    zero paddings of a dilated conv's SpaceToBatchND) folds once the Pad after it has. Without
+    `repeat` (one round: where kmodel v4's CPU pad can stay) such an outer Pad stays a layer: in
+    a dilated K x K conv its pixels would widen every shift stage (SemanticSegmentation: 13.7 ->
+    15.6 ms, 922 -> 1,046 KB), which only kmodel v3, without a pad layer, must pay."""
+    while _fold_pads(g, log) and repeat:
         pass
     return g
 

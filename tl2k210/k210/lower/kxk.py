@@ -209,7 +209,7 @@ def forms(g, node, fmt="v3", windows=False):
             prev = nd
         else:
             hh, ww = (h // 2, w // 2) if phase else (h, w)
-            if ci * prev > cmax and (grp == 1 or not _windows_fit(ci * prev, co, grp, ww, ww)):
+            if ci * prev > cmax and (grp == 1 or windows and not _windows_fit(ci * prev, co, grp, ww, ww)):
                 continue
             cyc += conv_cycles(ci * prev, co, grp, 3, hh, ww, ww)[1]
             if (oh, ow) != (hh, ww) or not phase and s != 1:      # the CPU picks or crops
