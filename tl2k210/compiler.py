@@ -218,13 +218,13 @@ def _json_default(o):
     return str(o)
 
 
-def _format_why(lw, opts) -> str:
+def _format_why(lw, opts, v4_saves=0) -> str:
     if lw.format == "v3":
         return ("kmodel v3: every layer has a v3 form (loads on every MaixPy build)" if opts.format == "auto"
                 else "")
     from tl2k210.k210.fit import forced_text
-    if opts.format == "auto" and getattr(lw, "v4_saves", 0):
-        return f"kmodel v4 (--format auto --optimize size): {lw.v4_saves:,} B smaller than the smallest kmodel v3"
+    if opts.format == "auto" and v4_saves:
+        return f"kmodel v4 (--format auto --optimize size): {v4_saves:,} B smaller than the smallest kmodel v3"
     if opts.format == "auto" and lw.forced_by:
         return f"kmodel v4 (--format auto): v3 cannot express {forced_text(lw.forced_by)}"
     return "kmodel v4 (--format v4)"
@@ -588,18 +588,20 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
     opts, graph = cal.opts, opt.graph
     _say(opts, "[4/6] lowering to the KPU ...")
 
+    v3_only = not fit.loads_format(opts.runtime, "v4")
+
     def builder(fmt):
         def build(small):
             model, rows, trace_map, lw = lower(graph, dict(cal.ranges), Options(
                 weight_bits=opts.weight_bits, input_scale=tuple(cal.scale), input_offset=tuple(cal.offset),
                 channel_means=dict(cal.means), float_fc=opts.float_fc, int8_rounding=opts.int8_rounding,
-                format=fmt, small=small, v3_only=not fit.loads_format(opts.runtime, "v4")),
+                format=fmt, small=small, v3_only=v3_only),
                 planned=None if small or fmt != opts.format else opt.plan)  # a smaller form may need another format
             fit.check_format(lw.format, lw.forced_by, opts.runtime)
             metadata.check_decode(model, opts.metadata)
             return fit.Built(model, dumps(model), rows, trace_map, lw)
         return build
-    v4 = opts.optimize == "size" and opts.format == "auto" and fit.loads_format(opts.runtime, "v4")
+    v4 = opts.optimize == "size" and opts.format == "auto" and not v3_only
     choice = fit.choose_forms(builder(opts.format), RUNTIME_BUDGET[opts.runtime], opts.optimize,
                               v4=builder("v4") if v4 else None)
     b = choice.built
@@ -687,7 +689,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
         latency_ms=cost.ms(total_cycles), layers=layer_rows,
         totals={"kpu_layers": sum(L.conv is not None for L in items),
                 "cpu_layers": sum(L.conv is None for L in items),
-                "format": f"v{model.version}", "format_why": _format_why(lw, opts),
+                "format": f"v{model.version}", "format_why": _format_why(lw, opts, choice.v4_saves),
                 "macs": sum(r["macs"] for r in layer_rows), "runtime": opts.runtime,
                 "budget": RUNTIME_BUDGET[opts.runtime],
                 "weights": f"{opts.weight_bits}-bit", "output_sqnr_db": out_sqnr, "sqnr_samples": n,

@@ -211,24 +211,30 @@ def test_budget_refusal_names_the_ideal_and_the_layers_furthest_from_it(tmp_path
     assert not (tmp_path / "b.kmodel").exists()
 
 
+class _Built(fit.Built):
+    def __post_init__(self):
+        pass
+
+    @property
+    def need(self):
+        return self.data
+
+
+def _made_up(per, lowering):
+    """A fit.Built of made-up per-node (bytes, cycles, form): need and cycles their sums."""
+    b = _Built(None, sum(w for w, _, _ in per.values()), [], {}, type("L", (), lowering)())
+    b.per_node = lambda: per
+    b.est = type("E", (), {"cycles": sum(c for _, c, _ in per.values())})()
+    return b
+
+
 def test_choose_forms_keeps_the_fastest_that_fits():
     """The plan on made-up lowerings: (small set) -> (need, cycles, per-node bytes)."""
-    class B(fit.Built):
-        def __post_init__(self):
-            pass
-
-        @property
-        def need(self):
-            return self.data
-
     def build(small):
         per = {n: (100, 10, "fast") for n in "abc"}
         s = {"a", "b", "c"} if "*" in small else set(small)
         per.update({n: ({"a": 20, "b": 60, "c": 90}[n], {"a": 12, "b": 30, "c": 11}[n], "small") for n in s})
-        b = B(None, sum(w for w, _, _ in per.values()), [], {}, type("L", (), {"smaller": {"a": True, "b": True, "c": True}})())
-        b.per_node = lambda: per
-        b.est = type("E", (), {"cycles": sum(c for _, c, _ in per.values())})()
-        return b
+        return _made_up(per, {"smaller": {"a": True, "b": True, "c": True}})
     # 300 B in the fastest forms; a budget of 250: a saves the most bytes per cycle lost (80 B for
     # 2 cycles; c: 10 B for 1, b: 40 B for 20) and is enough
     ch = fit.choose_forms(build, 250)
@@ -247,14 +253,6 @@ def test_optimize_size_takes_kmodel_v4_when_its_smallest_model_is_smaller():
     """--format auto searches from v3's fastest forms, where a node's v4-only smaller form moves
     every layer to v4's (bigger) forms and never pays alone; with --optimize size v4's own search
     is tried too and kept when its whole model is smaller, the receipt saying by how much."""
-    class B(fit.Built):
-        def __post_init__(self):
-            pass
-
-        @property
-        def need(self):
-            return self.data
-
     def builder(fmt):
         def build(small):
             s = {"a", "b"} if "*" in small else set(small)
@@ -263,15 +261,11 @@ def test_optimize_size_takes_kmodel_v4_when_its_smallest_model_is_smaller():
             else:
                 fast = 100 if fmt == "v3" else 175
                 per = {n: (40 if n in s else fast, 12 if n in s else 10, fmt) for n in "ab"}
-            b = B(None, sum(w for w, _, _ in per.values()), [], {},
-                  type("L", (), {"smaller": {"a": False, "b": False}, "format": fmt})())
-            b.per_node = lambda: per
-            b.est = type("E", (), {"cycles": sum(c for _, c, _ in per.values())})()
-            return b
+            return _made_up(per, {"smaller": {"a": False, "b": False}, "format": fmt})
         return build
     assert fit.choose_forms(builder("v3"), 1000, "size").built.need == 200       # v3 alone: stuck at its fastest
     ch = fit.choose_forms(builder("v3"), 1000, "size", v4=builder("v4"))
-    assert ch.built.need == 80 and ch.built.lw.format == "v4" and ch.built.lw.v4_saves == 120
+    assert ch.built.need == 80 and ch.built.lw.format == "v4" and ch.v4_saves == 120
     assert fit.choose_forms(builder("v3"), 1000, "latency", v4=builder("v4")).built.need == 200
 
 

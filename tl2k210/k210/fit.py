@@ -167,6 +167,7 @@ class Choice:
     fastest_need: int = 0                         # kmodel + main memory in the fastest forms
     fastest_cycles: int = 0                       # their estimated cycles
     v3_error: object = None                       # why not kmodel v3, when --format auto took v4
+    v4_saves: int = 0                             # bytes kmodel v4 saved over v3's smallest (size mode)
 
 
 # --optimize latency gives up at most this share of the fastest forms' estimated time for smaller
@@ -188,7 +189,7 @@ def choose_forms(build, budget: int, optimize: str = "latency", v4=None) -> Choi
         return choice
     if other.built.need >= choice.built.need:
         return choice
-    other.built.lw.v4_saves = choice.built.need - other.built.need
+    other.v4_saves = choice.built.need - other.built.need
     return other
 
 
