@@ -60,7 +60,7 @@ def _by_weights(f):
     def cached(W, groups=None):
         W = np.ascontiguousarray(W, np.float64)
         key = (W.shape, groups, WEIGHT_PARTS_MAX, PARTS_DB, PARTS_ENOUGH_DB,
-               hashlib.blake2b(W.tobytes(), digest_size=16).digest())
+               hashlib.blake2b(W.tobytes()).digest())
         if key not in memo:
             if len(memo) >= 4096:
                 memo.clear()
