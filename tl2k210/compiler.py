@@ -315,8 +315,9 @@ def model_input_range(graph, opts: ConvertOptions):
 class ModelRanges:
     """The activation ranges a quantized model states itself (passes.dequantize kept them in
     graph.meta["quant_ranges"]: what each int8/uint8 tensor stood for). Without --dataset they
-    are the calibration (`samples`: a few smooth synthetic images, only for the tensors the model
-    states no range for and for the receipt's SQNR); with one, a check against it."""
+    are the calibration (`samples`: a few smooth synthetic images, or values over the range of
+    an input that is no image, only for the tensors the model states no range for and for the
+    receipt's SQNR); with one, a check against it."""
 
     SYNTHETIC = 16
 
@@ -341,7 +342,7 @@ class ModelRanges:
         if from_model:
             return (f"calibration: the model's own int8 ranges for {len(both)} of {len(ranges)} tensors "
                     f"(no --dataset); the other tensors and the SQNR below from {self.SYNTHETIC} "
-                    "synthetic images")
+                    "synthetic samples")
         lo, hi = min(ratio, key=ratio.get), max(ratio, key=ratio.get)
         return (f"the model's own int8 ranges vs --dataset's for {len(both)} tensors: calibrated width / "
                 f"the model's {np.median(list(ratio.values())):.2f} median, {ratio[lo]:.2f} at {lo[:40]}, "
@@ -359,12 +360,14 @@ def model_ranges(graph, opts: ConvertOptions, where):
         raise Tl2k210Error(f"{where}: convert needs calibration data: --dataset DIR (images) or "
                            "FILE.npy/.npz (only a fully quantized model, whose own scales give the "
                            "ranges, converts without)")
-    import tempfile
-
     from tl2k210.passes.input_nchw import input_layout
     shape = graph.shape(graph.inputs[0])
-    c, h, w = shape[1:] if input_layout(graph) == "NCHW" else (shape[3], shape[1], shape[2])
     rng = np.random.default_rng(0)
+    layout = input_layout(graph)
+    if layout is None:     # no image (a feature vector, a spectrogram): values over the input's range
+        lo, hi = opts.input_range
+        return _synthetic(own, rng.uniform(lo, hi, (ModelRanges.SYNTHETIC, *shape[1:])).astype(np.float32))
+    c, h, w = shape[1:] if layout == "NCHW" else (shape[3], shape[1], shape[2])
     coarse = rng.uniform(0, 255, (ModelRanges.SYNTHETIC, c, 4, 4))
     yy, xx = np.linspace(0, 3, h), np.linspace(0, 3, w)
     y0, x0 = np.minimum(yy.astype(int), 2), np.minimum(xx.astype(int), 2)
@@ -372,9 +375,15 @@ def model_ranges(graph, opts: ConvertOptions, where):
     img = (coarse[:, :, y0][:, :, :, x0] * (1 - fy) * (1 - fx) + coarse[:, :, y0 + 1][:, :, :, x0] * fy * (1 - fx)
            + coarse[:, :, y0][:, :, :, x0 + 1] * (1 - fy) * fx + coarse[:, :, y0 + 1][:, :, :, x0 + 1] * fy * fx)
     img += rng.normal(0, 8, img.shape)
+    return _synthetic(own, np.clip(np.rint(img), 0, 255).astype(np.uint8))
+
+
+def _synthetic(own: ModelRanges, samples: np.ndarray) -> ModelRanges:
+    """`own` with `samples` written to a temporary .npy (calibrate deletes it)."""
+    import tempfile
     fd, path = tempfile.mkstemp(suffix=".npy", prefix="tl2k210-synthetic-")
     os.close(fd)
-    np.save(path, np.clip(np.rint(img), 0, 255).astype(np.uint8))
+    np.save(path, samples)
     own.samples = path
     return own
 
