@@ -68,13 +68,13 @@ def test_yunet_within_a_db_of_its_ideal_over_drawn_ranges(photos, calib):
 # decision hold 62% (ideal) and 78% (ours) of its noise power, and there the bias correction's
 # per-photo shift (the ideal has none) decides: 29.4 / 28.1 dB (ideal / ours, 16 draws), 29.4 /
 # 29.4 without the correction. On 100 scene photos it gains: 26.7 / 29.4 (8 draws), 26.7 / 26.9
-# without it.
+# without it; here 40 of them over 4 draws (25.1 / 27.4) for the suite's time.
 def test_st_mobilenet_v2_within_a_db_of_its_ideal_over_drawn_ranges(calib):
     from tl2k210.compare import drawn_gap
     from tl2k210.compiler import ConvertOptions
     src = data_path("corpus", "fit", "st_mobilenet_v2_128_0.5.onnx")
     opts = ConvertOptions(dataset=str(calib), progress=False, runtime="sdk", min_sqnr=0, input_range=(-1, 1))
-    rows = drawn_gap(src, data_path("faces", "nonface_scenes"), opts, limit=100, draws=8)
+    rows = drawn_gap(src, data_path("faces", "nonface_scenes"), opts, limit=40, draws=4)
     print({o: f"ideal {i:.1f} ours {v:.1f}" for o, (i, v) in rows.items()})
     assert len(rows) == 1
     assert all(v >= i - 1 for i, v in rows.values()), rows
