@@ -469,7 +469,8 @@ def to_onnx(g, expose_all=False, name="tl2k210", shapes_only=False):
     expose_all: every intermediate float tensor (and fused-stage tensor) becomes a graph output,
     which is how calibration and per-layer references read them from onnxruntime.
     shapes_only: float constants over SHAPE_ONLY_ELEMENTS become typed inputs without values
-    (weights: only their shapes matter to shape inference; serialising them per pass is slow)."""
+    (weights: only their shapes matter to shape inference; serialising them per pass is slow), and
+    outputs are left untyped (inference gives them their producers' type: a uint8 output is uint8)."""
     nodes, inits = [], []
     for n in toposort(g):
         if n.op == "Conv" and (n.attrs.get("activation") or n.attrs.get("pool")):
@@ -494,9 +495,10 @@ def to_onnx(g, expose_all=False, name="tl2k210", shapes_only=False):
             else:
                 inits.append(numpy_helper.from_array(v, k))
 
-    def vi(nm, shape=True):
+    def vi(nm, shape=True, typed=True):
         t = g.tensors.get(nm)
-        dt = helper.np_dtype_to_tensor_dtype(t.dtype if t is not None else np.dtype(np.float32))
+        dt = helper.np_dtype_to_tensor_dtype(t.dtype if t is not None else np.dtype(np.float32)) if typed \
+            else onnx.TensorProto.UNDEFINED
         return helper.make_tensor_value_info(nm, dt, list(t.shape) if (shape and t and t.shape is not None) else None)
 
     outs = list(g.outputs)
@@ -507,7 +509,7 @@ def to_onnx(g, expose_all=False, name="tl2k210", shapes_only=False):
                 if o not in outs and (t is None or t.dtype == np.float32):
                     outs.append(o)
     graph = helper.make_graph(nodes, name, [vi(i) for i in g.inputs] + light,
-                              [vi(o, shape=o in g.outputs) for o in outs], inits)
+                              [vi(o, shape=o in g.outputs, typed=not shapes_only) for o in outs], inits)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", g.meta.get("opset", OPSET))],
                           producer_name="tl2k210")
     m.ir_version = min(m.ir_version, 9)

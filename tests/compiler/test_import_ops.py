@@ -107,6 +107,30 @@ def test_dequantize_names_the_boundary_of_a_mixed_model(break_it, says):
     assert says in str(e.value) and "mixes quantized and float parts" in str(e.value)
 
 
+def test_dequantize_output_quantized_before_a_reshape():
+    """TOCO's embedding extractor: the pooled map is quantized, then reshaped into the uint8
+    output (Q -> Reshape -> output). The QuantizeLinear moves below the Reshape and goes: a float
+    output, its (scale, zero point) kept, the values those of the float pool."""
+    inits = [numpy_helper.from_array(np.array(v), k) for k, v in
+             {"s": np.float32(0.0235), "z": np.uint8(3), "shape": np.array([1, 4], np.int64)}.items()]
+    nodes = [helper.make_node("AveragePool", ["x"], ["p"], kernel_shape=[3, 3]),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["pq"]),
+             helper.make_node("Reshape", ["pq", "shape"], ["y"])]
+    g = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 3, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 4])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    x = rand(1, 4, 3, 3)
+    ref = ort_run(m, x)[0]
+    g, changes = run_pass("dequantize", from_onnx(m))
+    assert g.op_counts() == {"AveragePool": 1, "Reshape": 1} and g.outputs == ["y"]
+    assert g.tensors["y"].dtype == np.float32 and g.meta["output_quant"]["y"] == pytest.approx((0.0235, 3, "uint8"))
+    assert any("below its data movement" in msg for _, msg in changes)
+    got = run(g, x)["y"]
+    assert got.shape == (1, 4)
+    np.testing.assert_array_equal(np.clip(np.rint(got / 0.0235) + 3, 0, 255), ref)
+
+
 def test_pool_under_the_kpu_minimum_stays_a_pool_of_its_own():
     """MobileNet's 4x4 average pool of its last 4x4 map: fused into the conv it would make a 1x1
     KPU output (the KPU writes >= 4x4); the flow leaves it a pool the back-end runs on the CPU."""

@@ -11,7 +11,9 @@ is fake quantization of activations:
     with movement and is moved up to the input): the input becomes that float value;
     its (scale, zero point) is kept in graph.meta["input_quant"] {input: (scale, zp, dtype)} --
     it says which float range the model's 0..255 (or -128..127) input stands for;
-  * a graph output written by QuantizeLinear: the output becomes the float value
+  * a graph output written by QuantizeLinear (also through data movement: tf2onnx reshapes
+    TOCO's pooled uint8 embedding after quantizing it; a per-tensor QuantizeLinear commutes
+    with movement and is moved down to the output): the output becomes the float value
     (graph.meta["output_quant"] keeps its parameters).
 """
 import numpy as np
@@ -117,6 +119,28 @@ def _hoist_to_input(g, d):
     return True
 
 
+def _sink_to_output(g, q):
+    """Move per-tensor QuantizeLinear `q` below the single-use data movement between it and a
+    graph output (x -> Q -> Reshape -> out  =>  x -> Reshape -> Q -> out). True if moved."""
+    chain, t = [], q.outputs[0]
+    while t not in g.outputs:
+        users = g.consumers(t)
+        if len(users) != 1 or users[0].op not in MOVES or users[0].inputs[0] != t:
+            return False
+        chain.append(users[0])
+        t = users[0].outputs[0]
+    if not chain or _scalar(g, q.inputs[1]) is None or g.consumers(t):
+        return False
+    mid = g.add_tensor(f"{t}_prequant", g.shape(t))
+    chain[0].inputs[0], chain[-1].outputs = q.inputs[0], [mid]
+    q.inputs[0], q.outputs = mid, [t]
+    for n in chain[:-1]:     # the tensors between the moves now carry floats
+        g.tensors[n.outputs[0]].dtype = np.dtype(np.float32)
+    g.nodes.remove(q)
+    g.nodes.insert(g.nodes.index(chain[-1]) + 1, q)
+    return True
+
+
 def dequantize(g, log):
     for d in [n for n in g.nodes if n.op == "DequantizeLinear"]:
         if _hoist_to_input(g, d):
@@ -154,6 +178,9 @@ def dequantize(g, log):
             g.nodes.remove(d)
             g.replace_uses(d.outputs[0], x)
         log(x, f"input {x} is now float: {t.dtype} input q stood for (q - {zp}) * {scale:.6g}")
+    for q in [n for n in g.nodes if n.op == "QuantizeLinear"]:
+        if _sink_to_output(g, q):
+            log(q.name, f"moved QuantizeLinear of output {q.outputs[0]} below its data movement")
     for i, o in enumerate(list(g.outputs)):
         q = g.producer(o)
         if q is None or q.op != "QuantizeLinear" or q.inputs[0] in g.inputs:
