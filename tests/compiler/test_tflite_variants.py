@@ -1,6 +1,6 @@
 """Production-style TFLite files built at test time with the TF converter (never downloaded):
-float16 weights, dynamic-range int8, full-integer int8 with uint8 I/O, and sparse (DENSIFY)
-weights. Each must load, match the TFLite interpreter on the same input, and convert."""
+float16 weights, dynamic-range int8, full-integer int8 with uint8 I/O, sparse (DENSIFY)
+weights, and TF1/TOCO-era uint8. Each must load, match the TFLite interpreter on the same input, and convert."""
 import numpy as np
 import pytest
 
@@ -167,6 +167,68 @@ def test_full_int8_without_dataset_gives_tflites_bytes(variants, tmp_path, round
     print(f"output bytes equal to TFLite's: {np.mean(ref == got):.3f}, max |diff| {np.abs(ref - got).max()}")
     assert np.mean(ref == got) >= equal and np.abs(ref - got).max() <= 1
     assert sqnr_db((ref - z) * s, (got - z) * s) >= 40
+
+
+@pytest.fixture(scope="module")
+def toco_uint8(tmp_path_factory):
+    """A TF1/TOCO-era uint8 model as the Coral test data holds them (mobilenet_v1_*_quant): fake
+    quantization in a TF1 graph, converted with inference_type uint8 -- per-tensor asymmetric
+    uint8 weights (zero points far from 128), a stride-2 depthwise conv, and an output written
+    by a RESHAPE of the quantized pool (tf2onnx: QuantizeLinear -> Reshape -> output)."""
+    t = tf()
+    tf1, fq = t.compat.v1, t.quantization.fake_quant_with_min_max_vars
+    r = np.random.default_rng(0)
+    g = t.Graph()
+    with g.as_default():
+        x = tf1.placeholder(t.float32, (1, 16, 20, 3), name="input")
+        w = fq(t.constant(r.normal(0.05, 0.2, (3, 3, 3, 8)).astype(np.float32)), -0.3, 0.6)
+        y = t.nn.conv2d(fq(x, -1.0, 1.0), w, [1, 1, 1, 1], "SAME") + r.normal(0, 0.1, 8).astype(np.float32)
+        y = fq(t.nn.relu6(y), 0.0, 6.0)
+        dw = fq(t.constant(r.normal(0.02, 0.3, (3, 3, 8, 1)).astype(np.float32)), -0.5, 0.9)
+        y = fq(t.nn.relu6(t.nn.depthwise_conv2d(y, dw, [1, 2, 2, 1], "SAME")), 0.0, 6.0)
+        y = fq(t.reduce_mean(y, [1, 2], keepdims=True), 0.0, 6.0)
+        out = t.reshape(y, (1, 8), name="out")
+        with tf1.Session(graph=g) as sess:
+            c = tf1.lite.TFLiteConverter.from_session(sess, [x], [out])
+            c.inference_type = t.uint8
+            c.quantized_input_stats = {"input": (128.0, 127.5)}
+            path = tmp_path_factory.mktemp("toco") / "toco_uint8.tflite"
+            path.write_bytes(c.convert())
+    return path
+
+
+def test_toco_uint8_gives_tflites_bytes(toco_uint8, tmp_path):
+    """TOCO's asymmetric uint8 weights are the KPU's own integers (its weight offset takes the
+    zero point): every KPU layer "int8 exact", and the kmodel's output bytes are the TFLite
+    interpreter's (the float pool may round one tie the other way)."""
+    from tensorflow.lite.tools import flatbuffer_utils as fu
+
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.k210.emulator import Emulator
+    m = fu.read_model(str(toco_uint8))
+    sg = m.subgraphs[0]
+    zps = {int(sg.tensors[i].quantization.zeroPoint[0]) for op in sg.operators[:2] for i in op.inputs[1:2]}
+    assert sg.tensors[sg.inputs[0]].type == 3 and len(zps) == 2 and not zps & {0, 128}   # uint8, asymmetric
+    out = tmp_path / "toco.kmodel"
+    r = convert(toco_uint8, out, ConvertOptions(progress=False, min_sqnr=0))
+    kpu_rows = [row for row in r.layers if row["unit"] == "KPU"]
+    assert len(kpu_rows) == 2 and all(any(n.startswith("int8 exact") for n in row["notes"]) for row in kpu_rows)
+    it = tf().lite.Interpreter(model_path=str(toco_uint8))
+    it.allocate_tensors()
+    o = it.get_output_details()[0]
+    s, z = o["quantization"]
+    emu = Emulator.load(out)
+    px = np.random.default_rng(8).integers(0, 256, (32, 16, 20, 3), dtype=np.uint8)
+    refs, gots = [], []
+    for p in px:
+        it.set_tensor(it.get_input_details()[0]["index"], p[None])
+        it.invoke()
+        refs.append(it.get_tensor(o["index"]).astype(np.int64).reshape(-1))
+        y = np.asarray(emu.run(np.ascontiguousarray(p.transpose(2, 0, 1)))[0], np.float64).reshape(-1)
+        gots.append(np.rint(y / s + z).astype(np.int64))
+    ref, got = np.stack(refs), np.stack(gots)
+    print(f"output bytes equal to TFLite's: {np.mean(ref == got):.3f}, max |diff| {np.abs(ref - got).max()}")
+    assert ref.shape == (32, 8) and np.mean(ref == got) >= 0.97 and np.abs(ref - got).max() <= 1
 
 
 @pytest.mark.parametrize("custom,says", [

@@ -80,14 +80,21 @@ def test_reference_mean_rounds_up_by_its_offset(s_in, s_out, n):
     assert np.array_equal(want, np.floor(S * q2 * 2.0 ** (sh2 - 31) + 0.5 + e))
 
 
+@pytest.mark.parametrize("weights", ["int8 per-axis", "uint8 per-tensor"])
 @pytest.mark.parametrize("rounding", ["single", "reference"])
 @pytest.mark.parametrize("act", [None, {"op": "Relu"}, {"op": "Clip", "min": 0.0, "max": 6.0}])
-def test_kpu_layer_gives_tflites_bytes(act, rounding):
+def test_kpu_layer_gives_tflites_bytes(act, rounding, weights):
+    """int8 per-axis: TFLite's int8 spec (symmetric, each channel its scale); uint8 per-tensor:
+    TOCO's (the Coral/TF1 uint8 models): one scale and a zero point anywhere in 0..255."""
     r = np.random.default_rng(7)
     co, ci, k = 24, 16, 3
-    q = r.integers(-127, 128, (co, ci, k, k))
-    q[:, 0, 0, 0] = 127                                     # TFLite per-axis: each channel reaches 127
-    s_w = r.uniform(0.002, 0.02, co)                        # per-channel weight scales
+    if weights == "int8 per-axis":
+        q = r.integers(-127, 128, (co, ci, k, k))
+        q[:, 0, 0, 0] = 127                                 # TFLite per-axis: each channel reaches 127
+        s_w = r.uniform(0.002, 0.02, co)                    # per-channel weight scales
+    else:
+        q = r.integers(0, 256, (co, ci, k, k)) - 97         # uint8 q, zero point 97
+        s_w = np.full(co, 0.0037)
     s_x, z_x = 0.05, 3                                      # the input's scale, zero point (uint8)
     bias_q = r.integers(-3000, 3000, co)                    # int32 bias, scale s_x·s_w
     W = q * s_w[:, None, None, None] * s_x                  # what the lowering gets (input scale folded)
@@ -111,7 +118,7 @@ def test_kpu_layer_gives_tflites_bytes(act, rounding):
     if rounding == "reference":    # the tie it rounds at: acc·m ± e (test above)
         e = np.array([fx.double_rounding_offset(c) for c in m])
         real = real + np.sign(real) * e
-        assert act is not None or len(np.unique(e)) > 1       # channel groups in the table
+        assert act is not None or weights != "int8 per-axis" or len(np.unique(e)) > 1   # channel groups
         ref = np.stack([_reference_requantize(acc[:, c] + bias_q[c], m[c]) for c in range(co)], axis=1)
         assert np.mean(ref != _tflite_round(real)) < 1e-3     # (the 31-bit multiplier's ties)
         assert np.any(_tflite_round(real) != _tflite_round((acc + bias_q) * m))   # not XNNPACK's bytes
@@ -163,3 +170,16 @@ def test_per_tensor_weights_keep_their_grid():
                             exact_rounding="reference")
     assert np.array_equal(lq.Wq.astype(np.int64) - lq.zw, q)
     assert any(n.startswith("int8 exact") for n in row.notes)
+
+
+def test_toco_uint8_weights_keep_their_grid():
+    """TOCO's uint8 weights (one scale, zero point 161: no symmetric 8-bit grid holds them) keep
+    their own integers q − zw, not a re-rounded symmetric grid."""
+    r = np.random.default_rng(4)
+    q = r.integers(0, 256, (6, 5, 3, 3))
+    W = (q - 161) * 0.0042
+    row = Row()
+    lq = kpu.quantize_layer(W, np.zeros(6), None, 0, 1, (-4.0, 4.0), (-4.0, 4.0), None, 8, row,
+                            exact_rounding="single")
+    assert np.array_equal(lq.Wq.astype(np.int64) - lq.zw, q - 161)
+    assert any(n.startswith("int8 exact") for n in row.notes), row.notes

@@ -141,14 +141,27 @@ def _on_grid(W, Wq, zw, sw) -> bool:
 
 
 def _own_integers(W, Wq, zw, sw):
-    """(Wq, sw, on_grid): the model's own 8-bit weights where W is on a grid: per channel (TFLite's
-    per-axis scales: every channel reaches ±127) or per tensor (one scale, max |W| / 127)."""
+    """(Wq, zw, sw, on_grid): the model's own 8-bit weights where W is on a grid: per channel
+    (TFLite's per-axis scales: every channel reaches ±127), per tensor (one scale, max |W| / 127)
+    or per tensor with a zero point (TOCO's uint8 weights: q − zw for q in 0..255, any zw; the
+    KPU's arg_x takes it)."""
     if _on_grid(W, Wq, zw, sw):
-        return Wq, sw, True
+        return Wq, zw, sw, True
     s = np.full(W.shape[0], float(np.abs(W).max()) / (zw - 1) or 1.0)
     q = np.clip(np.rint(W / s[:, None, None, None]), 1 - zw, zw - 1) + zw
     q = q.astype(Wq.dtype)
-    return (q, s, True) if _on_grid(W, q, zw, s) else (Wq, sw, False)
+    if _on_grid(W, q, zw, s):
+        return q, zw, s, True
+    u = np.unique(W.astype(np.float64))
+    if Wq.dtype == np.uint8 and len(u) > 1:
+        step = float(np.diff(u).min())
+        lo, hi = int(np.rint(u[0] / step)), int(np.rint(u[-1] / step))
+        if lo <= 0 <= hi and hi - lo <= U8_MAX:
+            s = np.full(W.shape[0], (u[-1] - u[0]) / (hi - lo) if hi > lo else step)
+            q = (np.rint(W / s[:, None, None, None]) - lo).astype(Wq.dtype)
+            if _on_grid(W, q, -lo, s):
+                return q, -lo, s, True
+    return Wq, zw, sw, False
 
 
 def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, row,
@@ -167,7 +180,7 @@ def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, 
     y_lo, y_hi = y_range
     s_z, z_z = fx.qparams(*z_range)
     y_amax = max(abs(y_lo), abs(y_hi), (255 - z_z) * s_z, z_z * s_z)
-    Wq, sw, on_grid = _own_integers(W, Wq, zw, sw)
+    Wq, zw, sw, on_grid = _own_integers(W, Wq, zw, sw)
     lo, hi = fx.clamp_of(act_attr)
     e = np.array([fx.double_rounding_offset(m) for m in sw / s_z]) if rounding == "reference" else np.zeros(len(sw))
     signed = lo < -0.5 * s_z and z_z > 0    # outputs below the zero point: their rounding mirrors
