@@ -552,6 +552,34 @@ def test_one_image_is_not_a_dataset(model, tmp_path, capsys):
     nothing_at(tmp_path / "o.kmodel")
 
 
+def test_images_for_an_input_that_is_no_image(tmp_path, capsys):
+    """Coral's mobilenet head layers read a 1x1x1024 embedding: a folder of photos cannot give
+    it (it used to crash broadcasting 3 channels onto 1024); refused naming both shapes."""
+    from onnx import helper, save
+
+    from front_helpers import make_model, rand
+    m = tmp_path / "head.onnx"
+    save(make_model([helper.make_node("Conv", ["x", "w"], ["y"])], [("x", [1, 64, 1, 1])], [("y", [1, 10, 1, 1])],
+                    {"w": rand(10, 64, 1, 1)}), str(m))
+    rc, _, err = cli(capsys, "convert", m, tmp_path / "o.kmodel", "--dataset", photos(tmp_path / "ds"), "-q")
+    refused(rc, err, "3 (RGB) channels", "64x1x1", ".npy")
+    nothing_at(tmp_path / "o.kmodel")
+
+
+def test_a_model_with_two_inputs_is_refused_naming_them(tmp_path, capsys):
+    """Coral's split_concat (3 uint8 inputs): refused at load, naming every input and its shape,
+    before calibration (it used to fail feeding onnxruntime one of them)."""
+    from onnx import helper, save
+
+    from front_helpers import make_model
+    m = tmp_path / "two.onnx"
+    save(make_model([helper.make_node("Concat", ["a", "b"], ["y"], axis=1)], [("a", [1, 3, 8, 8]), ("b", [1, 1, 8, 8])],
+                    [("y", [1, 4, 8, 8])]), str(m))
+    rc, _, err = cli(capsys, "convert", m, tmp_path / "o.kmodel", "--dataset", photos(tmp_path / "ds"), "-q")
+    refused(rc, err, "2 inputs", "'a' (1, 3, 8, 8), 'b' (1, 1, 8, 8)", "one input")
+    nothing_at(tmp_path / "o.kmodel")
+
+
 # ---- unwritable or impossible output paths ------------------------------------------------
 def _impossible(kind, tmp_path):
     if kind == "missing-folder":

@@ -21,6 +21,7 @@ from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.ideal import ideal as graph_ideal
 from tl2k210.k210.fit import BudgetError, FormatError  # noqa: F401  (raised by convert)
 from tl2k210.k210.kmodel import atomic_write, dumps
+from tl2k210.k210.lower.state import check_one_input
 from tl2k210.quality import finite_sqnr, ideal_text, quality_gate, sqnr_text
 from tl2k210.tables import text_table
 
@@ -269,6 +270,10 @@ def load_pixels(path: str, chw, limit: int, opts: ConvertOptions) -> np.ndarray:
         raise Tl2k210Error(f"dataset {path}: no such file or folder; check the path")
     c, h, w = chw
     if p.is_dir() and not array_files(p):
+        if c not in (1, 3):
+            raise Tl2k210Error(f"dataset {path}: images give 1 (gray) or 3 (RGB) channels, the model input is "
+                               f"{c}x{h}x{w} (CxHxW): give .npy/.npz arrays of that shape (for a quantized "
+                               "model also nothing: its own scales give the ranges)")
         out = []
         for f in image_files(p)[:limit]:
             img = open_image(f, "L" if c == 1 else "RGB")
@@ -528,6 +533,7 @@ def load(source, opts: ConvertOptions) -> Loaded:
     if opts.input_shape:
         shapes = {onnx_model.graph.input[0].name: tuple(opts.input_shape)}
     graph = from_onnx(onnx_model, input_shapes=shapes)
+    check_one_input(graph)
     _check_unbatched_vector(graph)
     check_map_budget(graph, where)
     batch_note = "; ".join(f"input {x!r} was exported with a fixed batch of {n}: the kmodel takes one "

@@ -28,6 +28,15 @@ from .memory import MAIN_TARGET, Block, KpuAllocator, MainAllocator, plan
 T = v3.TYPE_BY_NAME
 
 
+def check_one_input(g):
+    """A kmodel has one input: refuse a graph with more, naming them."""
+    if len(g.inputs) != 1:
+        names = ", ".join(f"{x!r} {tuple(g.shape(x) or ())}" for x in g.inputs)
+        raise UnsupportedOpError(f"the model has {len(g.inputs)} inputs: {names}; a kmodel has one (K210 "
+                                 "runtimes feed it one image or array): export the model with one input, "
+                                 "the others made constants or left to a separate model")
+
+
 @dataclass
 class Loc:
     shape: tuple                       # (C, H, W) or (N,)
@@ -563,8 +572,7 @@ class Lowering:
     # ------------------------------------------------------------------ entry
     def run(self):
         g = self.g
-        if len(g.inputs) != 1:
-            raise UnsupportedOpError(f"the model has {len(g.inputs)} inputs; K210 runtimes feed one")
+        check_one_input(g)
         for node in self.order:
             alt = self.choice[node.name] = registry.select(g, node, self.opts, self.format)
             if alt[0].unit in (registry.KPU, registry.CPU_F32) and \
