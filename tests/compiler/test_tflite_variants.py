@@ -257,6 +257,51 @@ def test_custom_op_is_refused_by_name(variants, tmp_path, capsys, custom, says):
     assert "Traceback" not in err and not out.exists()
 
 
+def test_fused_lstm_is_refused_by_name(variants, tmp_path, capsys):
+    """TFLite's fused UNIDIRECTIONAL_SEQUENCE_LSTM (Coral's keras_lstm_mnist_ptq) has no tf2onnx
+    conversion: tf2onnx only logged it and failed on an internal name. Refused before tf2onnx
+    runs, naming the operator, what it computes and its tensors: exit 2, nothing written."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils as fu
+
+    from tl2k210.cli import main
+    m = fu.read_model(str(variants["float32"]))
+    op = m.subgraphs[0].operators[-1]
+    code = m.operatorCodes[op.opcodeIndex]
+    code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.UNIDIRECTIONAL_SEQUENCE_LSTM
+    src = tmp_path / "lstm.tflite"
+    fu.write_model(m, str(src))
+    out = tmp_path / "out.kmodel"
+    assert main(["convert", str(src), str(out), "-q"]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    out_name = m.subgraphs[0].tensors[op.outputs[0]].name.decode()
+    for part in (f"operator {len(m.subgraphs[0].operators) - 1} is the builtin op UNIDIRECTIONAL_SEQUENCE_LSTM "
+                 "(an LSTM layer over a sequence; the K210 has no recurrent layer)", f"outputs: {out_name} (1, 10)",
+                 "tf2onnx, the TFLite reader, has no conversion", "export the model without it"):
+        assert part in last, (part, last)
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_keras_lstm_loop_is_refused_in_one_line(tmp_path, capsys):
+    """Keras 3 writes an LSTM as a TF while_loop (an ONNX Loop through tf2onnx): refused naming the
+    node, its body summed up in one phrase (the message used to print the whole body graph)."""
+    import keras
+    from keras import layers as L
+
+    from tl2k210.cli import main
+    keras.utils.set_random_seed(0)
+    i = keras.Input((28, 28), batch_size=1)
+    src = tmp_path / "lstm.tflite"
+    src.write_bytes(tf().lite.TFLiteConverter.from_keras_model(keras.Model(i, L.Dense(10)(L.LSTM(20)(i)))).convert())
+    out = tmp_path / "out.kmodel"
+    assert main(["convert", str(src), str(out), "-q"]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert "while_loop': op Loop body=<graph of " in last and "a model without loops" in last, last
+    assert len(err.strip().splitlines()) < 8 and "Traceback" not in err and not out.exists()
+
+
 @pytest.mark.parametrize("padding", ["same", "valid"])
 def test_mediapipe_transpose_conv_bias_maps_to_builtins(tmp_path, padding):
     """MediaPipe's custom Convolution2DTransposeBias (what its segmentation models use): made here

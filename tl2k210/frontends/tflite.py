@@ -20,12 +20,15 @@ Custom ops (CUSTOM opcodes: a vendor's kernels the TFLite runtime links in) have
   * any other is refused by name before tf2onnx runs, with its vendor set, what it computes,
     and its inputs and outputs. TF ops (Flex*) and the SSD post-processing op tf2onnx maps
     itself pass.
+
+A builtin op tf2onnx has no conversion for (the recurrent ones: UNIDIRECTIONAL_SEQUENCE_LSTM...)
+is only logged by it, which then fails on what the op left out or keeps it: refused by name first.
 """
 import os
 import tempfile
 from pathlib import Path
 
-from . import ModelLoadError, mediapipe_ops, tf_convert
+from . import OPSET, ModelLoadError, mediapipe_ops, tf_convert
 
 
 def _check_header(path):
@@ -56,16 +59,46 @@ def check_custom_ops(model, path):
             if name.startswith("Flex") or name in MAPPED_BY_TF2ONNX or name in mediapipe_ops.OPS:
                 continue
             vendor, what = CUSTOM_OPS.get(name, (None, None))
-
-            def tensors(ids):
-                return ", ".join(f"{sg.tensors[t].name.decode(errors='replace')} "
-                                 f"{tuple(int(d) for d in sg.tensors[t].shape)}" for t in ids if t >= 0) or "none"
             raise ModelLoadError(
                 f"{path}: operator {i} is the custom op {name!r}"
                 + (f" of {vendor}'s custom op set ({what})" if vendor else " (no vendor set this converter knows)")
-                + f"; inputs: {tensors(op.inputs)}; outputs: {tensors(op.outputs)}. Refused: a custom op is "
+                + f"; {_tensors(sg, op)}. Refused: a custom op is "
                 "code linked into the TFLite runtime, with no ONNX or K210 form; cut the model before it "
                 "and compute that step in the application")
+
+
+def _tensors(sg, op):
+    def names(ids):
+        return ", ".join(f"{sg.tensors[t].name.decode(errors='replace')} "
+                         f"{tuple(int(d) for d in sg.tensors[t].shape)}" for t in ids if t >= 0) or "none"
+    return f"inputs: {names(op.inputs)}; outputs: {names(op.outputs)}"
+
+
+# builtin ops tf2onnx has no conversion for, and what they compute (the K210 has no recurrent layer)
+RECURRENT = {"UNIDIRECTIONAL_SEQUENCE_LSTM": "an LSTM layer over a sequence",
+             "BIDIRECTIONAL_SEQUENCE_LSTM": "a bidirectional LSTM layer over a sequence",
+             "LSTM": "one LSTM step", "UNIDIRECTIONAL_SEQUENCE_RNN": "a recurrent layer over a sequence",
+             "BIDIRECTIONAL_SEQUENCE_RNN": "a bidirectional recurrent layer over a sequence",
+             "RNN": "one recurrent step", "SVDF": "a singular value decomposition filter (a recurrent layer)"}
+
+
+def check_builtin_ops(model, path):
+    """Refuse the first builtin op tf2onnx has no conversion for (it would only log it and fail
+    later, or leave it in the graph), by name; `model` from flatbuffer_utils."""
+    import tf2onnx.convert  # noqa: F401  (registers the handlers)
+    from tensorflow.lite.tools import flatbuffer_utils as fu
+    from tf2onnx import handler
+    known = set(handler.tfl_op.create_tfl_to_tf_mapping()) | set(handler.tf_op.create_mapping(OPSET, []))
+    for sg in model.subgraphs:
+        for i, op in enumerate(sg.operators):
+            name = fu.opcode_to_name(model, op.opcodeIndex)
+            if name in ("CUSTOM", "DENSIFY") or f"TFL_{name}" in known:
+                continue
+            what = f" ({RECURRENT[name]}; the K210 has no recurrent layer)" if name in RECURRENT else ""
+            raise ModelLoadError(
+                f"{path}: operator {i} is the builtin op {name}{what}; {_tensors(sg, op)}. Refused: tf2onnx, "
+                "the TFLite reader, has no conversion for it; export the model without it, or cut the model "
+                "before it and compute that step in the application")
 
 
 def _opcode(model, builtin):
@@ -151,6 +184,7 @@ def densify(path, out_path):
     model = fu.read_model(str(path))
     mapped = map_transpose_conv_bias(model) + map_pool_params(model, path)
     check_custom_ops(model, path)
+    check_builtin_ops(model, path)
     ops = [(sg, op) for sg in model.subgraphs for op in sg.operators
            if fu.opcode_to_name(model, op.opcodeIndex) == "DENSIFY"]
     if not ops:
