@@ -629,5 +629,7 @@ def describe(node) -> str:
             if v.size > 8:
                 continue
             v = v.tolist()
+        if isinstance(v, onnx.GraphProto):     # a Loop/If/Scan body: its size, not its text
+            v = f"<graph of {len(v.node)} nodes>"
         parts.append(f"{k}={v}")
     return f"{node.op} {' '.join(parts)}".strip()

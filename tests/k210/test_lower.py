@@ -9,7 +9,7 @@ from onnx import helper
 from lower_helpers import compile_model, conv_node, make_model, pixels, sqnr
 from tl2k210 import paths
 from tl2k210.errors import KpuLimitError, UnsupportedOpError
-from tl2k210.graph import from_onnx
+from tl2k210.graph import Node, describe, from_onnx
 from tl2k210.k210.lower import REGISTRY, Options, registry, select, supported_ops
 from tl2k210.k210.flow import run_pipeline
 
@@ -54,6 +54,23 @@ def test_check_supported_asks_the_registry():
     assert (fmt, node) == ("v4", "up") and why.startswith("Resize mode=linear: resize_nearest (CPU uint8)")
     with pytest.raises(UnsupportedOpError, match=r"(?s)'up'.*mode nearest.*needs kmodel v4: use `--format v4`"):
         plan_format(g, Options(format="v3"))
+
+
+def test_argmax_and_loop_refusals_say_what_to_do():
+    """Coral's deeplabv3 ends in an ArgMax over the classes: refused naming the node and saying to
+    take the argmax in the application. A Loop (Keras 3's LSTM through tf2onnx) is named with its
+    body summed up, not printed (the message used to hold the whole body graph)."""
+    m = make_model([conv_node("c", "x", "w"), helper.make_node("ArgMax", ["c"], ["y"], name="seg", axis=1)],
+                   [("x", [1, 4, 8, 8])], [("y", None)], {"w": np.ones((3, 4, 1, 1), np.float32)})
+    with pytest.raises(UnsupportedOpError) as e:
+        run_pipeline(from_onnx(m))
+    assert str(e.value) == ("node 'seg': op ArgMax axis=1 has no K210 lowering; nearest supported form: the scores "
+                            "before it: export the model without its ArgMax and take the argmax in the application "
+                            "(K210 runtimes have none)")
+    body = helper.make_graph([helper.make_node("Identity", ["v"], ["v2"]), helper.make_node("Identity", ["c0"], ["c1"])],
+                             "body", [], [])
+    node = Node("Loop", ["n", "", "x"], ["y"], {"body": body}, "rnn/while_loop")
+    assert describe(node) == "Loop body=<graph of 2 nodes>"
 
 
 def test_refusal_lists_every_alternative():

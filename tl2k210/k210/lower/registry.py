@@ -44,6 +44,10 @@ NEAREST = {
     "InstanceNormalization": "BatchNormalization after a Conv (folded into it)",
     "LRN": "BatchNormalization",
     "Einsum": "Dense (MatMul) layers",
+    "Loop": "a model without loops (a TF while_loop, as Keras 3 writes LSTM/GRU layers; the K210 runs a "
+            "fixed sequence of layers): export a convolutional model", "Scan": "a model without loops",
+    "ArgMax": "the scores before it: export the model without its ArgMax and take the argmax in the "
+              "application (K210 runtimes have none)",
 }
 
 
