@@ -131,6 +131,36 @@ def test_dequantize_output_quantized_before_a_reshape():
     np.testing.assert_array_equal(np.clip(np.rint(got / 0.0235) + 3, 0, 255), ref)
 
 
+@pytest.mark.parametrize("pick", ["GatherND", "Split"])
+def test_dequantize_takes_a_pick_of_the_integers_as_movement(pick):
+    """MoveNet's keypoint decoder gathers int8 heatmap values (Q -> GatherND -> DQ), the traffic
+    model's conv-LSTM cell splits uint8 gates (Q -> Split -> DQ): a pick of elements is exact on
+    the integers, so the island goes like data movement (GatherND used to be refused as
+    'computes on the integers' with advice to export the model fully quantized; Split's DQ was
+    left for the back-end to refuse)."""
+    inits = [numpy_helper.from_array(np.array(v), k) for k, v in
+             {"s": np.float32(0.05), "z": np.int8(-3), "idx": np.array([[0, 1, 2], [0, 3, 1]], np.int64),
+              "sizes": np.array([2, 2], np.int64)}.items()]
+    take = helper.make_node("GatherND", ["rq", "idx"], ["gq"]) if pick == "GatherND" else \
+        helper.make_node("Split", ["rq", "sizes"], ["gq", "unused"], axis=1)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s", "z"], ["rq"]),
+             take,
+             helper.make_node("DequantizeLinear", ["gq", "s", "z"], ["g"]),
+             helper.make_node("Neg", ["g"], ["y"])]
+    m = helper.make_model(helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5])],
+                                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits),
+                          opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    x = rand(1, 4, 5)
+    ref = ort_run(m, x)[0]
+    g, _ = run_pass("dequantize", from_onnx(m))
+    assert g.op_counts() == {"Relu": 1, pick: 1, "Neg": 1}
+    got = run(g, x)[g.outputs[0]]
+    assert got.shape == ref.shape == ((2,) if pick == "GatherND" else (1, 2, 5))
+    assert np.abs(got - ref).max() <= 0.05 / 2 + 1e-6     # within half a step: the float the integers stand for
+
+
 def test_pool_under_the_kpu_minimum_stays_a_pool_of_its_own():
     """MobileNet's 4x4 average pool of its last 4x4 map: fused into the conv it would make a 1x1
     KPU output (the KPU writes >= 4x4); the flow leaves it a pool the back-end runs on the CPU."""

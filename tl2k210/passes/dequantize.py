@@ -27,6 +27,7 @@ def _scalar(g, name):
 
 
 MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+PICKS = ("Gather", "GatherND", "GatherElements", "Slice", "Split")   # move elements of input 0 (the others: indices)
 INT_RANGE = {t: (int(np.iinfo(t).min), int(np.iinfo(t).max)) for t in ("int8", "uint8", "int16", "uint16")}
 
 
@@ -39,9 +40,10 @@ def _params(g, n):
 
 def _int_regions(g):
     """The integer islands between QuantizeLinear and DequantizeLinear: [(qs, moves, dqs, boundary)],
-    each connected through integer tensors, where moves are data movement or Concat (exact on the
-    integers when every Q/DQ of the island shares one per-tensor (scale, zero point), as TFLite's
-    int8 spec requires of them). `boundary` is None for such an island, else why its float value
+    each connected through integer tensors, where moves are data movement, Concat or picks of
+    elements of input 0 (Gather/GatherND/Slice/Split, by any indices) -- exact on the integers when every
+    Q/DQ of the island shares one per-tensor (scale, zero point), as TFLite's int8 spec requires
+    of them. `boundary` is None for such an island, else why its float value
     cannot be recovered (an op computing on the integers, or Q/DQ that disagree). Islands
     reaching a graph input or output are left to the input/output rules (not returned)."""
     seen, out = set(), []
@@ -63,7 +65,8 @@ def _int_regions(g):
                 for m in [g.producer(t)] + g.consumers(t):
                     if m is None or id(m) in nodes:
                         continue
-                    if m.op in ("QuantizeLinear", "DequantizeLinear") + MOVES + ("Concat",):
+                    if m.op in ("QuantizeLinear", "DequantizeLinear") + MOVES + ("Concat",) \
+                            or m.op in PICKS and (m.inputs[0] == t or t in m.outputs):
                         nodes[id(m)] = m
                         stack.append(m)
                     elif foreign is None:
