@@ -223,6 +223,33 @@ def test_row_bands_store_each_weight_once_in_kmodel_v3(monkeypatch):
             np.testing.assert_array_equal(a, b)
 
 
+def test_fewest_bytes_windows_free_the_stride1_maps():
+    """MobileNetV2's 96x112x112 TF-SAME stride-2 depthwise conv does not fit the KPU RAM with its
+    input: it runs in channel windows, each window's stride-1 map waiting in main memory for its
+    CPU pick (0.9 MB in 2 windows). Its smaller form, fewest-bytes windows (<node>/windows), takes
+    many narrow windows: main memory less by most of that map, the output bytes the same."""
+    from lower_helpers import run_both
+    r = np.random.default_rng(3)
+    nodes = [conv_node("e", "x", "we", "be"), helper.make_node("Relu", ["e"], ["er"]),
+             conv_node("dw", "er", "wd", "bd", kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1], group=16),
+             conv_node("y", "dw", "wp", "bp")]
+    m = make_model(nodes, [("x", [1, 3, 40, 48])], [("y", None)],
+                   {"we": r.normal(0, 0.5, (16, 3, 1, 1)).astype(np.float32), "be": r.normal(0, 0.1, 16).astype(np.float32),
+                    "wd": r.normal(0, 0.3, (16, 1, 3, 3)).astype(np.float32), "bd": r.normal(0, 0.1, 16).astype(np.float32),
+                    "wp": r.normal(0, 0.3, (8, 16, 1, 1)).astype(np.float32), "bp": r.normal(0, 0.1, 8).astype(np.float32)})
+    px = pixels(3, 3, 40, 48)
+    fast, rows, lw, _ = compile_model(m, px, format="v3", kpu_ram_lines=1000)
+    assert lw.smaller.get("dw/windows") is True and len(lw.plans["dw"].units) == 2
+    small, rows_s, lw_s, _ = compile_model(m, px, format="v3", kpu_ram_lines=1000, small=frozenset({"dw/windows"}))
+    n = len(lw_s.plans["dw"].units)
+    assert n >= 8 and lw_s.plans["dw"].form == f"fewest-bytes windows: {n}, not 2"
+    # each window's stride-1 map: 16 / windows channels of 40x48
+    assert fast.main_memory - small.main_memory >= (16 // 2 - 16 // n) * 40 * 48
+    _, a = run_both(m, fast, px)
+    _, b = run_both(m, small, px)
+    assert np.array_equal(a, b)
+
+
 def test_kmodel_v3_packs_conv_blocks_into_the_padding():
     """A v3 kmodel made here places each K210_CONV block (weights, BN and activation tables at
     256, the layer arguments at 8: docs/kmodel-format.md#v3-conv-parameter-placement) where the

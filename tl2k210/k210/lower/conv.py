@@ -305,6 +305,16 @@ def wants_small_tiles(opts, node) -> bool:
     return wants_small(opts, node) or node.name + TILES in getattr(opts, "small", ())
 
 
+WINDOWS = "/windows"  # Options.small names "<node>/windows": channel windows of the fewest bytes, the
+# kmodel's layers and the stride-1 map each window leaves in main memory for its CPU pick
+
+
+def wants_small_windows(opts, node) -> bool:
+    """Does the plan ask for a windowed conv's fewest-bytes windows (with its other smaller forms,
+    or by itself: the plan tries it where the model does not fit)?"""
+    return wants_small(opts, node) or node.name + WINDOWS in getattr(opts, "small", ())
+
+
 def plan_for(lw, node) -> Plan:
     """How the layer's tiles cover it (memoized): one tile when input and output fit the KPU RAM,
     else output-channel chunks, channel windows or row bands (module docstring)."""
@@ -364,11 +374,19 @@ def plan_for(lw, node) -> Plan:
         qs = [q for q in range(1, geo.groups + 1)
               if hw.map_lines(q * per_in, h, w) + hw.map_lines(q * per_out, ph, pw) <= cap]
         if qs:
-            q = min(max(qs), (units[0][1][1] - units[0][1][0]) // per_out)
+            q, took = min(max(qs), (units[0][1][1] - units[0][1][0]) // per_out), ""
+            if geo.post:   # each window's stride-1 map waits in main memory for its CPU pick/pool
+                small = min((n for n in qs if n <= q), key=lambda n: (
+                    -(-geo.groups // n) * kpu.layer_file_bytes(n * per_in, n * per_out, geo.k) + n * per_out * ph * pw, -n))
+                if small < q:
+                    lw.smaller[node.name + WINDOWS] = True    # the same layer, window by window: the same output
+                    if wants_small_windows(lw.opts, node):
+                        took = f"fewest-bytes windows: {-(-geo.groups // small)}, not {-(-geo.groups // q)}"
+                        q = small
             units = _group_units(geo, q)
             plan = Plan(units, [whole], False, False,
                         f"the {ci}x{h}x{w} input and {co}x{ph}x{pw} output exceed {limit}: {len(units)} "
-                        "channel windows, each uploaded and streamed to its slice of the output")
+                        "channel windows, each uploaded and streamed to its slice of the output", took)
         else:
             plan = _band_plan(lw, node, geo, cap, _group_units(geo, 1),
                               f"one group of the {ci}x{h}x{w} input does not fit {limit}")
