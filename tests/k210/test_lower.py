@@ -58,7 +58,7 @@ def test_check_supported_asks_the_registry():
 
 def test_argmax_and_loop_refusals_say_what_to_do():
     """Coral's deeplabv3 ends in an ArgMax over the classes: refused naming the node and saying to
-    take the argmax in the application. A Loop (Keras 3's LSTM through tf2onnx) is named with its
+    take the argmax in the application; MoveNet's keypoint decoder (Cast of indices) likewise. A Loop (Keras 3's LSTM through tf2onnx) is named with its
     body summed up, not printed (the message used to hold the whole body graph)."""
     m = make_model([conv_node("c", "x", "w"), helper.make_node("ArgMax", ["c"], ["y"], name="seg", axis=1)],
                    [("x", [1, 4, 8, 8])], [("y", None)], {"w": np.ones((3, 4, 1, 1), np.float32)})
@@ -67,6 +67,11 @@ def test_argmax_and_loop_refusals_say_what_to_do():
     assert str(e.value) == ("node 'seg': op ArgMax axis=1 has no K210 lowering; nearest supported form: the scores "
                             "before it: export the model without its ArgMax and take the argmax in the application "
                             "(K210 runtimes have none)")
+    m = make_model([conv_node("c", "x", "w"), helper.make_node("Cast", ["c"], ["y"], name="dec", to=7)],
+                   [("x", [1, 4, 8, 8])], [("y", None)], {"w": np.ones((3, 4, 1, 1), np.float32)})
+    with pytest.raises(UnsupportedOpError, match=r"node 'dec': op Cast to=7 has no K210 lowering; nearest supported "
+                                                 r"form: the network before its decoder.*decode them in the application"):
+        run_pipeline(from_onnx(m))
     body = helper.make_graph([helper.make_node("Identity", ["v"], ["v2"]), helper.make_node("Identity", ["c0"], ["c1"])],
                              "body", [], [])
     node = Node("Loop", ["n", "", "x"], ["y"], {"body": body}, "rnn/while_loop")

@@ -48,6 +48,9 @@ NEAREST = {
             "fixed sequence of layers): export a convolutional model", "Scan": "a model without loops",
     "ArgMax": "the scores before it: export the model without its ArgMax and take the argmax in the "
               "application (K210 runtimes have none)",
+    "Cast": "the network before its decoder: a Cast is index arithmetic (MoveNet's keypoint decoding, "
+            "a detector's box decoding); export the model up to its heatmaps or scores and decode them "
+            "in the application",
 }
 
 
