@@ -58,7 +58,8 @@ def test_check_supported_asks_the_registry():
 
 def test_argmax_and_loop_refusals_say_what_to_do():
     """Coral's deeplabv3 ends in an ArgMax over the classes: refused naming the node and saying to
-    take the argmax in the application; MoveNet's keypoint decoder (Cast of indices) likewise. A Loop (Keras 3's LSTM through tf2onnx) is named with its
+    take the argmax in the application; MoveNet's keypoint decoder (Cast of indices) likewise. A
+    Loop (Keras 3's LSTM through tf2onnx) is named with its
     body summed up, not printed (the message used to hold the whole body graph)."""
     m = make_model([conv_node("c", "x", "w"), helper.make_node("ArgMax", ["c"], ["y"], name="seg", axis=1)],
                    [("x", [1, 4, 8, 8])], [("y", None)], {"w": np.ones((3, 4, 1, 1), np.float32)})

@@ -376,8 +376,10 @@ def plan_for(lw, node) -> Plan:
         if qs:
             q, took = min(max(qs), (units[0][1][1] - units[0][1][0]) // per_out), ""
             if geo.post:   # each window's stride-1 map waits in main memory for its CPU pick/pool
-                small = min((n for n in qs if n <= q), key=lambda n: (
-                    -(-geo.groups // n) * kpu.layer_file_bytes(n * per_in, n * per_out, geo.k) + n * per_out * ph * pw, -n))
+                def window_bytes(n):    # the windows' layers + one window's stride-1 map
+                    return -(-geo.groups // n) * kpu.layer_file_bytes(n * per_in, n * per_out, geo.k) \
+                        + n * per_out * ph * pw
+                small = min((n for n in qs if n <= q), key=lambda n: (window_bytes(n), -n))
                 if small < q:
                     lw.smaller[node.name + WINDOWS] = True    # the same layer, window by window: the same output
                     if wants_small_windows(lw.opts, node):
