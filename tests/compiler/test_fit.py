@@ -20,8 +20,16 @@ from tl2k210.k210.flow import run_pipeline
 RNG = np.random.default_rng(22)
 
 
-def W(*s, scale=0.3, rng=None):
-    return ((rng or RNG).normal(size=s) * scale).astype(np.float32)
+@pytest.fixture(autouse=True)
+def _own_weights():
+    """Each test's weights whatever ran before it on its worker (`--dist loadgroup` spreads the
+    tests without a module fixture, so the order, and with it a shared RNG's state, varied)."""
+    global RNG
+    RNG = np.random.default_rng(22)
+
+
+def W(*s, scale=0.3):
+    return (RNG.normal(size=s) * scale).astype(np.float32)
 
 
 def N(op, ins, outs, **kw):
@@ -299,15 +307,13 @@ def test_a_dense_layer_fits_only_as_kmodel_v4_quantized_matmul(tmp_path, png_dir
 
 def _depthwise5(tmp_path, c=32):
     """A BlazeBlock: 1x1 conv to c channels at 32x32, a 5x5 depthwise conv (the KPU's form: one-hot
-    shift stages, each weight stored as nine 3x3 taps over nine copies of the map), ReLU, 1x1 conv.
-    Its own weights whatever ran before (the module's RNG moves with the tests xdist gives a worker)."""
-    r = np.random.default_rng(1)
+    shift stages, each weight stored as nine 3x3 taps over nine copies of the map), ReLU, 1x1 conv."""
     m = make_model([conv_node("a", "x", "wa", "ba"), conv_node("dw", "a", "wd", "bd", kernel_shape=[5, 5],
                                                                 pads=[2, 2, 2, 2], group=c),
                     N("Relu", ["dw"], ["r"]), conv_node("b", "r", "wb", "bb")],
                    [("x", [1, 3, 32, 32])], [("b", [1, c, 32, 32])],
-                   {"wa": W(c, 3, 1, 1, rng=r), "ba": W(c, scale=0.1, rng=r), "wd": W(c, 1, 5, 5, rng=r),
-                    "bd": W(c, scale=0.1, rng=r), "wb": W(c, c, 1, 1, scale=0.1, rng=r), "bb": W(c, scale=0.1, rng=r)})
+                   {"wa": W(c, 3, 1, 1), "ba": W(c, scale=0.1), "wd": W(c, 1, 5, 5), "bd": W(c, scale=0.1),
+                    "wb": W(c, c, 1, 1, scale=0.1), "bb": W(c, scale=0.1)})
     src = tmp_path / "dw5.onnx"
     onnx.save(m, src)
     return src
@@ -391,8 +397,8 @@ def test_optimize_size_stores_a_5x5_depthwise_conv_at_its_8_bit_size(tmp_path, p
     assert len(nodes) == sum(1 if "per layer" in small[n]["form"] else int(small[n]["form"].split()[3])
                              for n in traded)   # "in N channel ranges"
     assert size.file_size + size.main_memory < lat.file_size + lat.main_memory
-    # per-layer uint8 weights lose a little against the KPU's per-channel BN: within 0.5 dB on 6
-    # of 7 weight seeds tried (seed 55: 0.51 dB)
+    # per-layer uint8 weights lose a little against the KPU's per-channel BN, by how much depends
+    # on the weights (these: within 0.5 dB; 6 of 7 other draws tried too, the 7th 0.51 dB)
     assert size.totals["output_sqnr_db"] > lat.totals["output_sqnr_db"] - 0.5
 
 
