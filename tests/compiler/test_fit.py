@@ -236,6 +236,23 @@ def _made_up(per, lowering):
     return b
 
 
+def test_choose_forms_fits_where_only_forms_together_do_and_gives_back_the_rest():
+    """Two maps at the main-memory peak (200 B) go only when a and b both take their smaller
+    forms, each of which stores more kmodel bytes: no one form at a time fits (c shrinks the model
+    by 5 B, for 290 cycles). Every smaller form fits, and the trades the fit does not need go
+    back, the slowest first: c's."""
+    def build(small):
+        s = {"a", "b", "c"} if "*" in small else set(small)
+        per = {n: (100, 10, "fast") for n in "abc"}
+        per.update({n: {"a": (110, 50, "small"), "b": (110, 50, "small"), "c": (95, 300, "small")}[n] for n in s})
+        b = _made_up(per, {"smaller": {"a": False, "b": False, "c": False}})
+        b.data += 0 if {"a", "b"} <= s else 200
+        return b
+    ch = fit.choose_forms(build, 360)
+    assert ch.built.need == 320 and ch.built.est.cycles == 110 and ch.fastest_need == 500
+    assert sorted(t.split(":")[0] for t in ch.trades) == ["a", "b"]
+
+
 def test_choose_forms_keeps_the_fastest_that_fits():
     """The plan on made-up lowerings: (small set) -> (need, cycles, per-node bytes)."""
     def build(small):
