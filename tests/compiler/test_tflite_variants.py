@@ -339,3 +339,32 @@ def test_mediapipe_transpose_conv_bias_maps_to_builtins(tmp_path, padding):
     g = load_graph(custom)
     assert "ConvTranspose" in g.op_counts()
     np.testing.assert_allclose(run(g, x)[g.outputs[0]], ref, atol=1e-5)
+
+
+def test_an_unreadable_flatbuffer_still_names_a_recurrent_op(variants, tmp_path, monkeypatch):
+    """TFLite Micro's keyword_scrambled has its names stripped: TF's flatbuffer reader fails on
+    it (AttributeError on a None name) where the interpreter lists its ops. A recurrent op the
+    interpreter names (there: SVDF) is refused by name, not as a reading failure; otherwise the
+    message says the reader failed, not that sparse weights did."""
+    from tensorflow.lite.tools import flatbuffer_utils as fu
+
+    from tl2k210.errors import ModelLoadError
+    from tl2k210.frontends import tflite
+
+    def unreadable(path):
+        raise AttributeError("'NoneType' object has no attribute 'decode'")
+    monkeypatch.setattr(fu, "read_model", unreadable)
+    with pytest.raises(ModelLoadError) as e:
+        tflite.from_tflite(variants["float32"])
+    assert "flatbuffer reader could not read it" in str(e.value) and "densify its sparse" not in str(e.value)
+
+    class Listed:             # the interpreter of an SVDF keyword model, as it lists its ops
+        def __init__(self, model_path):
+            pass
+
+        def _get_ops_details(self):
+            return [{"op_name": n} for n in ("QUANTIZE", "SVDF", "FULLY_CONNECTED")]
+    monkeypatch.setattr(tf().lite, "Interpreter", Listed)
+    with pytest.raises(ModelLoadError) as e:
+        tflite.from_tflite(variants["float32"])
+    assert "operator 1 is the builtin op SVDF" in str(e.value) and "no recurrent layer" in str(e.value)

@@ -101,6 +101,21 @@ def check_builtin_ops(model, path):
                 "before it and compute that step in the application")
 
 
+def _refuse_recurrent(path):
+    """Where the flatbuffer reader fails (TFLite Micro's keyword_scrambled: its names stripped),
+    the interpreter may still list the ops: refuse a recurrent one by name."""
+    import tensorflow as tf
+    try:
+        ops = [d["op_name"] for d in tf.lite.Interpreter(model_path=str(path))._get_ops_details()]
+    except Exception:
+        return
+    for i, name in enumerate(ops):
+        if name in RECURRENT:
+            raise ModelLoadError(f"{path}: operator {i} is the builtin op {name} ({RECURRENT[name]}; the K210 has "
+                                 "no recurrent layer). Refused: export the model without it, or cut the model "
+                                 "before it and compute that step in the application")
+
+
 def _opcode(model, builtin):
     """Index of builtin operator `builtin` in the model's opcode table (added if missing)."""
     from tensorflow.lite.python import schema_py_generated as schema
@@ -232,9 +247,10 @@ def from_tflite(path, opset=None):
         except ModelLoadError:
             raise
         except Exception as e:
-            raise ModelLoadError(f"{path}: TensorFlow Lite could not read it to densify its sparse weights: "
-                                 f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-                                 ) from e
+            _refuse_recurrent(path)
+            raise ModelLoadError(f"{path}: TensorFlow Lite's flatbuffer reader could not read it (to check its "
+                                 f"ops and densify sparse weights): {type(e).__name__}: "
+                                 f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
         return tf_convert(str(path), _tf2onnx, dense if n else str(path), str(path), **kw)
     finally:
         Path(dense).unlink(missing_ok=True)
