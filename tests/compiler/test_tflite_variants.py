@@ -129,6 +129,23 @@ def test_full_int8_input_scale_sets_the_input_range(variants, tmp_path):
 
 
 
+def _output_bytes(it, kmodel_path, shape):
+    """(TFLite's output bytes, the kmodel's put back on the file's output grid, its scale, zero
+    point) on seeded uint8 pixels (N, H, W, C): the interpreter `it` (allocated) and the emulator."""
+    from tl2k210.k210.emulator import Emulator
+    o = it.get_output_details()[0]
+    s, z = o["quantization"]
+    emu = Emulator.load(kmodel_path)
+    refs, gots = [], []
+    for p in np.random.default_rng(8).integers(0, 256, shape, dtype=np.uint8):
+        it.set_tensor(it.get_input_details()[0]["index"], p[None])
+        it.invoke()
+        refs.append(it.get_tensor(o["index"]).astype(np.int64).reshape(-1))
+        y = np.asarray(emu.run(np.ascontiguousarray(p.transpose(2, 0, 1)))[0], np.float64).reshape(-1)
+        gots.append(np.rint(y / s + z).astype(np.int64))
+    return np.stack(refs), np.stack(gots), s, z
+
+
 # (rounding, the interpreter's kernels, share of equal output bytes): the reference MEAN rounds
 # its sum up to e = 2m away from zero; the float pool and one QUANTIZE after it can add that
 # on one side only, and this pool reads the add's signed output (a pool after a ReLU: exact)
@@ -142,7 +159,6 @@ def test_full_int8_without_dataset_gives_tflites_bytes(variants, tmp_path, round
     (a differing byte only from the global average pool's rounding), and the receipt says
     "int8 exact" for every KPU layer."""
     from tl2k210.compiler import ConvertOptions, convert
-    from tl2k210.k210.emulator import Emulator
     out = tmp_path / "own.kmodel"
     r = convert(variants["full_int8"], out, ConvertOptions(progress=False, min_sqnr=0, int8_rounding=rounding))
     kpu_rows = [row for row in r.layers if row["unit"] == "KPU"]
@@ -152,18 +168,7 @@ def test_full_int8_without_dataset_gives_tflites_bytes(variants, tmp_path, round
     it = t.lite.Interpreter(model_path=str(variants["full_int8"]),
                             experimental_op_resolver_type=getattr(t.lite.experimental.OpResolverType, kernels))
     it.allocate_tensors()
-    o = it.get_output_details()[0]
-    s, z = o["quantization"]
-    emu = Emulator.load(out)
-    px = np.random.default_rng(8).integers(0, 256, (16, H, W, 3), dtype=np.uint8)
-    refs, gots = [], []
-    for p in px:
-        it.set_tensor(it.get_input_details()[0]["index"], p[None])
-        it.invoke()
-        refs.append(it.get_tensor(o["index"]).astype(np.int64).reshape(-1))
-        y = np.asarray(emu.run(np.ascontiguousarray(p.transpose(2, 0, 1)))[0], np.float64).reshape(-1)
-        gots.append(np.rint(y / s + z).astype(np.int64))
-    ref, got = np.stack(refs), np.stack(gots)
+    ref, got, s, z = _output_bytes(it, out, (16, H, W, 3))
     print(f"output bytes equal to TFLite's: {np.mean(ref == got):.3f}, max |diff| {np.abs(ref - got).max()}")
     assert np.mean(ref == got) >= equal and np.abs(ref - got).max() <= 1
     assert sqnr_db((ref - z) * s, (got - z) * s) >= 40
@@ -204,7 +209,6 @@ def test_toco_uint8_gives_tflites_bytes(toco_uint8, tmp_path):
     from tensorflow.lite.tools import flatbuffer_utils as fu
 
     from tl2k210.compiler import ConvertOptions, convert
-    from tl2k210.k210.emulator import Emulator
     m = fu.read_model(str(toco_uint8))
     sg = m.subgraphs[0]
     zps = {int(sg.tensors[i].quantization.zeroPoint[0]) for op in sg.operators[:2] for i in op.inputs[1:2]}
@@ -215,18 +219,7 @@ def test_toco_uint8_gives_tflites_bytes(toco_uint8, tmp_path):
     assert len(kpu_rows) == 2 and all(any(n.startswith("int8 exact") for n in row["notes"]) for row in kpu_rows)
     it = tf().lite.Interpreter(model_path=str(toco_uint8))
     it.allocate_tensors()
-    o = it.get_output_details()[0]
-    s, z = o["quantization"]
-    emu = Emulator.load(out)
-    px = np.random.default_rng(8).integers(0, 256, (32, 16, 20, 3), dtype=np.uint8)
-    refs, gots = [], []
-    for p in px:
-        it.set_tensor(it.get_input_details()[0]["index"], p[None])
-        it.invoke()
-        refs.append(it.get_tensor(o["index"]).astype(np.int64).reshape(-1))
-        y = np.asarray(emu.run(np.ascontiguousarray(p.transpose(2, 0, 1)))[0], np.float64).reshape(-1)
-        gots.append(np.rint(y / s + z).astype(np.int64))
-    ref, got = np.stack(refs), np.stack(gots)
+    ref, got, _, _ = _output_bytes(it, out, (32, 16, 20, 3))
     print(f"output bytes equal to TFLite's: {np.mean(ref == got):.3f}, max |diff| {np.abs(ref - got).max()}")
     assert ref.shape == (32, 8) and np.mean(ref == got) >= 0.97 and np.abs(ref - got).max() <= 1
 
