@@ -237,11 +237,7 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
                f"{fast.need - best.need:,} B smaller)")
         return choice(best, trades(a, best.per_node(), why))
     extra = sorted(n for n in fast.lw.smaller if n not in b)       # forms of a part of a layer
-    # smaller forms that store more (a windowed conv's extra layers) may still save main memory
-    memory = [n for _, n in sorted((b[n][1] - a[n][1], n) for n in a
-                                   if n in b and a[n] != b[n] and a[n][0] <= b[n][0])]
-    ranked = ([n for n in extra if n.endswith(WINDOWS)] + ranked + memory
-              + [n for n in extra if not n.endswith(WINDOWS)])
+    ranked = [n for n in extra if n.endswith(WINDOWS)] + ranked + [n for n in extra if not n.endswith(WINDOWS)]
     chosen, current = set(), fast
     for n in ranked:
         if optimize == "latency" and current.need <= budget:
