@@ -82,6 +82,12 @@ RECURRENT = {"UNIDIRECTIONAL_SEQUENCE_LSTM": "an LSTM layer over a sequence",
              "RNN": "one recurrent step", "SVDF": "a singular value decomposition filter (a recurrent layer)"}
 
 
+def _builtin_op(i, name):
+    """'operator 3 is the builtin op SVDF (what it computes; the K210 has no recurrent layer)'."""
+    what = f" ({RECURRENT[name]}; the K210 has no recurrent layer)" if name in RECURRENT else ""
+    return f"operator {i} is the builtin op {name}{what}"
+
+
 def check_builtin_ops(model, path):
     """Refuse the first builtin op tf2onnx has no conversion for (it would only log it and fail
     later, or leave it in the graph), by name; `model` from flatbuffer_utils."""
@@ -94,9 +100,8 @@ def check_builtin_ops(model, path):
             name = fu.opcode_to_name(model, op.opcodeIndex)
             if name in ("CUSTOM", "DENSIFY") or f"TFL_{name}" in known:
                 continue
-            what = f" ({RECURRENT[name]}; the K210 has no recurrent layer)" if name in RECURRENT else ""
             raise ModelLoadError(
-                f"{path}: operator {i} is the builtin op {name}{what}; {_tensors(sg, op)}. Refused: tf2onnx, "
+                f"{path}: {_builtin_op(i, name)}; {_tensors(sg, op)}. Refused: tf2onnx, "
                 "the TFLite reader, has no conversion for it; export the model without it, or cut the model "
                 "before it and compute that step in the application")
 
@@ -111,9 +116,8 @@ def _refuse_recurrent(path):
         return
     for i, name in enumerate(ops):
         if name in RECURRENT:
-            raise ModelLoadError(f"{path}: operator {i} is the builtin op {name} ({RECURRENT[name]}; the K210 has "
-                                 "no recurrent layer). Refused: export the model without it, or cut the model "
-                                 "before it and compute that step in the application")
+            raise ModelLoadError(f"{path}: {_builtin_op(i, name)}. Refused: export the model without it, or "
+                                 "cut the model before it and compute that step in the application")
 
 
 def _opcode(model, builtin):
