@@ -270,10 +270,6 @@ def load_pixels(path: str, chw, limit: int, opts: ConvertOptions) -> np.ndarray:
         raise Tl2k210Error(f"dataset {path}: no such file or folder; check the path")
     c, h, w = chw
     if p.is_dir() and not array_files(p):
-        if c not in (1, 3):
-            raise Tl2k210Error(f"dataset {path}: images give 1 (gray) or 3 (RGB) channels, the model input is "
-                               f"{c}x{h}x{w} (CxHxW): give .npy/.npz arrays of that shape (for a quantized "
-                               "model also nothing: its own scales give the ranges)")
         out = []
         for f in image_files(p)[:limit]:
             img = open_image(f, "L" if c == 1 else "RGB")
@@ -399,12 +395,18 @@ def model_inputs(graph, dataset, limit, opts: ConvertOptions):
     recomputed from them. The layout (NCHW/NHWC) and the size (H may differ from W) are read
     from the graph's input."""
     from tl2k210.passes.input_nchw import input_chw, input_layout
-    from tl2k210.quantize.dataset import load_arrays
+    from tl2k210.quantize.dataset import array_files, load_arrays
     shape = tuple(graph.tensors[graph.inputs[0]].shape)
     p = Path(dataset)
     if not p.exists():
         raise Tl2k210Error(f"dataset {dataset}: no such file or folder; check the path")
     layout, chw = input_layout(graph), input_chw(graph)
+    if (chw is None or chw[0] not in (1, 3)) and p.is_dir() and not array_files(p):
+        as_image = "" if chw is None else " ({}x{}x{} CxHxW)".format(*chw)
+        raise Tl2k210Error(f"dataset {dataset} has no .npy/.npz arrays, and images give 1 (gray) or 3 (RGB) "
+                           f"channels, but the model's input {shape}{as_image} is no image: give .npy/.npz arrays "
+                           f"of shape (N, {', '.join(str(d) for d in shape[1:])}) (a fully quantized model also "
+                           "converts without --dataset: its own scales give the ranges)")
     if layout is None:
         return np.concatenate(load_arrays(p, shape))[:limit].astype(np.float32), None
     data = load_pixels(dataset, chw, limit, opts)

@@ -109,12 +109,6 @@ def load_arrays(path, shape, layout=None, keep_dtype=False):
             if layout == "NHWC" and a.ndim == 4:
                 a = a.transpose(0, 3, 1, 2)
             out += [s[None] for s in _samples(a, shape, name, keep_dtype)]
-    if not out and path.is_dir() and not files and image_files(path):
-        dims = ", ".join(str(d) for d in shape[1:])
-        raise InputFileError(f"dataset {path} holds images, but the model's input {tuple(shape)} is no image "
-                             f"(no axis of 1 or 3 channels beside height and width): give .npy/.npz arrays of "
-                             f"shape (N, {dims}) (a fully quantized model also converts without --dataset: its "
-                             "own scales give the ranges)")
     if not out:
         raise InputFileError(f"dataset {path}: no samples (the arrays are empty)")
     return out
