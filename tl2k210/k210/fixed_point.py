@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from tl2k210.k210 import hardware as hw
+from tl2k210.memo import memoised
 from tl2k210.quantize.uniform import qparams, quantize_weights  # noqa: F401  (fx.qparams in the lowering)
 
 V_LIMIT = 2.0 ** 33          # |V| over the calibrated range (x2 margin, then x2 to the 36-bit limit)
@@ -243,25 +244,14 @@ def _varying(g, lo, hi, samples=4097):
     return (a, b, int(r[-1])) if hi - b > share else (a, hi, None)
 
 
-_TABLES: dict = {}
-
-
+@memoised(lambda act, y_lo, y_hi, s_v, s_z, z_z: (None if act is None else repr(sorted(act.items())), float(y_lo),
+                                                   float(y_hi), float(s_v), float(s_z), int(z_z)))
 def activation_table(act: dict | None, y_lo: float, y_hi: float, s_v: float, s_z: float, z_z: int) -> dict:
     """The 16-segment table mapping V ≈ y·S_V to uint8 round(f(y)/s_z + z_z). Each segment is the
     chord between two knots moved to its minimax position (half way between the largest deviations
     of f above and below it): segments need not join, so this halves the error of interpolation.
     Memoised: the plan's searches (fit.choose_forms) lower a model several times, each layer at the
     same ranges, and fitting a table is most of a KPU layer's lowering."""
-    key = (None if act is None else repr(sorted(act.items())),
-           float(y_lo), float(y_hi), float(s_v), float(s_z), int(z_z))
-    if key not in _TABLES:
-        if len(_TABLES) >= 4096:
-            _TABLES.clear()
-        _TABLES[key] = _activation_table(act, y_lo, y_hi, s_v, s_z, z_z)
-    return {k: v.copy() for k, v in _TABLES[key].items()}
-
-
-def _activation_table(act, y_lo, y_hi, s_v, s_z, z_z) -> dict:
     f, kinks = act_function(act)
     a, b, top = _varying(lambda y: np.clip(f(y) / s_z + z_z, 0, 255), y_lo, y_hi)
     kx, _ = fit_knots(f, a, b, kinks, SEGMENTS - (top is not None))

@@ -16,13 +16,12 @@
 """
 from __future__ import annotations
 
-import copy
-import functools
 import hashlib
 
 import numpy as np
 
 from tl2k210.graph import Node, stage_names
+from tl2k210.memo import memoised
 from tl2k210.passes.conv_transpose import convt_pads
 from tl2k210.k210 import fixed_point as fx
 from tl2k210.quantize.fake_quant import float_head
@@ -50,26 +49,14 @@ def _conv_refuses_common(g, node):
     return None
 
 
-def _by_weights(f):
-    """Memoise f(W, groups) on the bytes of W: the plan's searches (fit.choose_forms) lower the
-    model tens of times and ask each conv's weights the same question every time. The key holds
-    the split's limits too (tests change them)."""
-    memo = {}
-
-    @functools.wraps(f)
-    def cached(W, groups=None):
-        W = np.ascontiguousarray(W, np.float64)
-        key = (W.shape, groups, WEIGHT_PARTS_MAX, PARTS_DB, PARTS_ENOUGH_DB,
-               hashlib.blake2b(W.tobytes()).digest())
-        if key not in memo:
-            if len(memo) >= 4096:
-                memo.clear()
-            memo[key] = f(W, groups)
-        return copy.copy(memo[key])     # a list the caller may keep or change
-    return cached
+def _weights_key(W, groups=None):
+    """The memo key of a question about a conv's weights: their bytes, and the split's limits
+    (tests change them)."""
+    W = np.ascontiguousarray(W, np.float64)
+    return (W.shape, groups, WEIGHT_PARTS_MAX, PARTS_DB, PARTS_ENOUGH_DB, hashlib.blake2b(W.tobytes()).digest())
 
 
-@_by_weights
+@memoised(_weights_key)     # the plan lowers a model tens of times: the same weights each time
 def weight_parts(W, groups) -> list:
     """Contiguous output-channel ranges [(o0, o1)] of a conv's weights (Co, Ci/groups, kh, kw), each
     to be one quantized_conv2d with its own uint8 (scale, zero point): the runtime's weights are
@@ -120,7 +107,7 @@ def quantize_parts(W, parts):
     return out
 
 
-@_by_weights
+@memoised(_weights_key)
 def weight_sqnr(W, groups=None) -> float:
     """SQNR (dB) of uint8 weights, per layer (groups None: one scale, as quantized_matmul) or in
     the conv's `weight_parts`, for the output channel they serve worst (one large channel must
