@@ -5,7 +5,8 @@ dense layer reads) quantized with its calibrated range -- or, given a range (lo[
 channel on its own grid (what per-channel activation scales would buy: bench/fit_limits.py). A
 dense layer (a conv on a 1x1 map) that reads the model input or a float dense layer's output stays float, weights and output, as the
 back-end's float FULLY_CONNECTED computes it (k210/lower/fc.py): rounding it would also clamp it to its calibrated
-range, a denoiser no float layer applies.
+range, a denoiser no float layer applies. In a model quantized by its own int8 scales every dense
+layer, MatMul included, is integer as the model states it (TFLite's int8 FULLY_CONNECTED).
 
 It answers "how much of the error is the quantization itself, and how much the way we map it
 onto the KPU": on seeded (untrained) deep networks the first part is most of it -- compare the
@@ -85,17 +86,17 @@ def float_head(g, node) -> bool:
 def fake_quant_graph(graph, ranges, weight_bits=8):
     from tl2k210.graph import Node, stage_names
     g = graph.copy()
-    floats = float_dense_convs(g)
+    own = bool(g.meta.get("quant_ranges"))    # a model quantized by its own int8 scales: no float layer
+    floats = set() if own else float_dense_convs(g)
     if g.meta.get("plan", ("v3",))[0] == "v4":     # the v4 back-end runs them as float conv2d
         floats |= {n.name for n in g.nodes if float_head(g, n)}
+    dense = FLOAT_DENSE if own else ()            # its FULLY_CONNECTED layers are integer too
+    u8_ops = U8_OPS + dense
     for n in g.nodes:
-        if n.op == "Conv" and g.const(n.inputs[1]) is not None and n.name not in floats:
-            w = g.const(n.inputs[1])
-            wq, zw, sw = fx.quantize_weights(w, weight_bits)
-            deq = (wq.astype(np.float64) - zw) * sw.reshape(-1, *[1] * (w.ndim - 1))
-            n.inputs[1] = g.add_const(deq.astype(np.float32), n.inputs[1] + "/fq")
+        if n.op in ("Conv",) + dense and n.name not in floats and g.const(n.inputs[1]) is not None:
+            _fake_quant_weights(g, n, weight_bits)
     kpu_fed = [n for n in g.nodes if n.op in POOLS and any(c.op == "Conv" for c in g.consumers(n.outputs[0]))]
-    for n in [n for n in g.nodes if n.op in U8_OPS and n.name not in floats] + kpu_fed:
+    for n in [n for n in g.nodes if n.op in u8_ops and n.name not in floats] + kpu_fed:
         out = stage_names(n)["out"] if n.op == "Conv" else n.outputs[0]
         if out not in ranges or g.shape(out) is None:
             continue
@@ -110,6 +111,17 @@ def fake_quant_graph(graph, ranges, weight_bits=8):
                     Node("DequantizeLinear", [q, sc, zp], [out], axis, out + "/dequantize")]
     return g
 
+
+
+def _fake_quant_weights(g, n, weight_bits):
+    """`n`'s constant weights on the back-end's per-output-channel grid: a Conv's axis 0, a MatMul's
+    last axis (K, N), a Gemm's by transB."""
+    w = g.const(n.inputs[1])
+    out_last = n.op == "MatMul" or n.op == "Gemm" and not n.attrs.get("transB", 0)
+    wo = w.T if out_last else w
+    wq, zw, sw = fx.quantize_weights(wo, weight_bits)
+    deq = (wq.astype(np.float64) - zw) * sw.reshape(-1, *[1] * (wo.ndim - 1))
+    n.inputs[1] = g.add_const((deq.T if out_last else deq).astype(np.float32), n.inputs[1] + "/fq")
 
 
 def ideal_sqnr(graph, ranges, floats, weight_bits=8):
