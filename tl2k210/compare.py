@@ -184,7 +184,7 @@ def drawn_gap(source, held, opts, limit=100, draws=16, rel=0.01):
     noise = {o: np.zeros(2) for o in g.outputs}     # (ideal, ours) summed over the draws
     for d in range(draws):
         ranges = drawn_ranges(cal.ranges, d, rel)
-        fq = FloatRunner(fake_quant_graph(g, ranges, opts.weight_bits), False)
+        fq = FloatRunner(fake_quant_graph(g, ranges, opts.weight_bits, vector_input=pixels is None), False)
         emu = Emulator(plan_and_lower(opt, dataclasses.replace(cal, ranges=ranges)).built.model)
         for x, outs, r in zip(floats, emu.iter_frames(feeds), refs):
             q = fq(x[None])

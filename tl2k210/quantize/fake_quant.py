@@ -83,7 +83,17 @@ def float_head(g, node) -> bool:
         u.op == "Conv" and u.inputs[0] == t and t not in u.inputs[1:] and float_head(g, u) for u in users)
 
 
-def fake_quant_graph(graph, ranges, weight_bits=8):
+def _reads_u8(g, t, ops, floats) -> bool:
+    """Does a layer of `ops` outside `floats` read t (through relabels)?"""
+    for u in g.consumers(t):
+        if u.op in RELABELS and _reads_u8(g, u.outputs[0], ops, floats) or u.op in ops and u.name not in floats:
+            return True
+    return False
+
+
+def fake_quant_graph(graph, ranges, weight_bits=8, vector_input=False):
+    """`vector_input`: the model input is no camera image but float values that the kmodel rounds
+    to uint8 itself (its QUANTIZE) where an integer layer reads them: rounded here too."""
     from tl2k210.graph import Node, stage_names
     g = graph.copy()
     own = bool(g.meta.get("quant_ranges"))    # a model quantized by its own int8 scales: no float layer
@@ -96,14 +106,21 @@ def fake_quant_graph(graph, ranges, weight_bits=8):
         if n.op in ("Conv",) + dense and n.name not in floats and g.const(n.inputs[1]) is not None:
             _fake_quant_weights(g, n, weight_bits)
     kpu_fed = [n for n in g.nodes if n.op in POOLS and any(c.op == "Conv" for c in g.consumers(n.outputs[0]))]
-    for n in [n for n in g.nodes if n.op in u8_ops and n.name not in floats] + kpu_fed:
-        out = stage_names(n)["out"] if n.op == "Conv" else n.outputs[0]
+    rounded = [(n, stage_names(n)["out"] if n.op == "Conv" else n.outputs[0])
+               for n in [n for n in g.nodes if n.op in u8_ops and n.name not in floats] + kpu_fed]
+    rounded += [(None, x) for x in g.inputs if vector_input and _reads_u8(g, x, ("Conv",) + dense, floats)]
+    for n, out in rounded:
         if out not in ranges or g.shape(out) is None:
             continue
         lo, hi = np.broadcast_arrays(*ranges[out])        # (lo[C], hi[C]): channel c on its own grid
         s, z = np.array([fx.qparams(a, b) for a, b in zip(lo.ravel(), hi.ravel())]).T.reshape(2, *lo.shape)
-        raw = g.add_tensor(out + "/float", g.shape(out))
-        n.outputs = [raw if o == out else o for o in n.outputs]
+        if n is None:       # a model input: its readers take the rounded copy
+            raw, out = out, g.add_tensor(out + "/fq", g.shape(out))
+            for u in g.nodes:
+                u.inputs = [out if i == raw else i for i in u.inputs]
+        else:
+            raw = g.add_tensor(out + "/float", g.shape(out))
+            n.outputs = [raw if o == out else o for o in n.outputs]
         sc, zp = g.add_const(s.astype(np.float32), out + "/s"), g.add_const(z.astype(np.uint8), out + "/z")
         q = g.add_tensor(out + "/q", g.shape(out), np.uint8)
         axis = {"axis": 1} if s.ndim else {}
@@ -124,13 +141,13 @@ def _fake_quant_weights(g, n, weight_bits):
     n.inputs[1] = g.add_const((deq.T if out_last else deq).astype(np.float32), n.inputs[1] + "/fq")
 
 
-def ideal_sqnr(graph, ranges, floats, weight_bits=8):
+def ideal_sqnr(graph, ranges, floats, weight_bits=8, vector_input=False):
     """{output: dB} of the 8-bit ideal on `floats` (model inputs, one per sample): the float graph
     against itself with fake quantization at `ranges` -- what no kmodel keeping those tensors
     in uint8 can beat, and what ours should come within a dB of."""
     from . import calibrate
     from .metrics import sqnr_db
     ref = calibrate.FloatRunner(graph, False)
-    fq = calibrate.FloatRunner(fake_quant_graph(graph, ranges, weight_bits), False)
+    fq = calibrate.FloatRunner(fake_quant_graph(graph, ranges, weight_bits, vector_input), False)
     r, q = [ref(x[None]) for x in floats], [fq(x[None]) for x in floats]
     return {o: sqnr_db(np.stack([a[o] for a in r]), np.stack([b[o] for b in q])) for o in graph.outputs}

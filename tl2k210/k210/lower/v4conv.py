@@ -43,6 +43,33 @@ PARTS_ENOUGH_DB = 38.0          # weights this good stay one node (below the 8-b
 ACC_TAPS_MAX = (2 ** 31 - 1) // (255 * 255)   # taps per output that keep the int32 accumulator exact
 
 
+def int8_grid(w) -> float | None:
+    """The step s of the one symmetric int8 grid `w` lies on (a quantized model's own weights:
+    w = s·q, q in -128..127), or None."""
+    w = np.asarray(w, np.float64)
+    amax = float(np.abs(w).max()) if w.size else 0.0
+    for s in (amax / 127, amax / 128) if amax > 0 else ():
+        q = np.rint(w / s)
+        if q.min() >= -128 and q.max() <= 127 and float(np.abs(q * s - w).max()) <= 1e-5 * amax:
+            return s
+    return None
+
+
+def _grid_parts(flat) -> list | None:
+    """[(i, j)]: the fewest contiguous runs of rows of `flat` that each lie on one int8 grid (the
+    model's own per-axis or per-tensor weights), or None where a row is on none."""
+    parts, i, n = [], 0, len(flat)
+    while i < n:
+        if int8_grid(flat[i]) is None and int8_grid(flat) is None:
+            return None
+        j = i + 1
+        while j < n and int8_grid(flat[i:j + 1]) is not None:
+            j += 1
+        parts.append((i, j))
+        i = j
+    return parts
+
+
 def _conv_refuses_common(g, node):
     if len(g.shape(node.inputs[0])) != 4 or len(tuple(node.attrs.get("kernel", ()))) != 2:
         return "only 2-D convolutions"
@@ -64,12 +91,17 @@ def weight_parts(W, groups) -> list:
     their worst channel within PARTS_DB of per-channel weights (PARTS_ENOUGH_DB is enough), in
     at most WEIGHT_PARTS_MAX nodes.
     A range is whole groups of a grouped conv (1 channel of a depthwise one). Chosen on the
-    rounding-noise model step^2/12; weight_sqnr measures the result."""
+    rounding-noise model step^2/12; weight_sqnr measures the result. Weights that are a quantized
+    model's own integers keep them: one range per run of channels on one int8 grid, where that
+    takes at most WEIGHT_PARTS_MAX nodes."""
     W = np.asarray(W, np.float64)
     co = W.shape[0]
     unit = co // groups if groups > 1 else 1
     n = co // unit
     flat = W.reshape(n, -1)
+    own = [(0, n)] if int8_grid(flat) is not None else _grid_parts(flat)
+    if own is not None and len(own) <= WEIGHT_PARTS_MAX:
+        return [(i * unit, j * unit) for i, j in own]
     lo, hi = np.minimum(flat.min(axis=1), 0.0), np.maximum(flat.max(axis=1), 0.0)
     pw = (W.reshape(co, -1) ** 2).mean(axis=1)
     pw = np.where(pw > 0, pw, np.inf).reshape(n, unit).min(axis=1)
@@ -98,11 +130,12 @@ def weight_parts(W, groups) -> list:
 
 
 def quantize_parts(W, parts):
-    """[(o0, o1, scale, zero point, uint8 weights)] of `W` quantized per part."""
+    """[(o0, o1, scale, zero point, uint8 weights)] of `W` quantized per part (a part on an int8
+    grid: that grid, exactly)."""
     out = []
     for o0, o1 in parts:
         w = W[o0:o1]
-        s, z = fx.qparams(w.min(), w.max())
+        s, z = (g, 128) if (g := int8_grid(w)) is not None else fx.qparams(w.min(), w.max())
         out.append((o0, o1, s, z, np.clip(np.rint(w / s + z), 0, 255).astype(np.uint8)))
     return out
 
