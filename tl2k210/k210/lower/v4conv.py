@@ -129,6 +129,17 @@ def weight_parts(W, groups) -> list:
     return [(i * unit, j * unit) for i, j in greedy(a)]
 
 
+def _on_grids(W, parts) -> bool:
+    return all(int8_grid(W[o0:o1]) is not None for o0, o1 in parts)
+
+
+def _scales(W, parts, what) -> str:
+    """How a CPU conv's or dense layer's weights are stored, for its receipt."""
+    if _on_grids(W, parts):
+        return f"on the model's own int8 grid{'s' if len(parts) > 1 else ''}, exactly, in {len(parts)} node(s)"
+    return "per layer" if len(parts) == 1 else f"in {len(parts)} {what} ranges of their own scale"
+
+
 def quantize_parts(W, parts):
     """[(o0, o1, scale, zero point, uint8 weights)] of `W` quantized per part (a part on an int8
     grid: that grid, exactly)."""
@@ -304,14 +315,14 @@ def quantized_conv(lw, node):
         s_x, z_x = lw.locs[x].quant
         mean = lw.opts.channel_means.get(x)
     parts = weight_parts(W, groups)
-    q_w = weight_sqnr(W, groups)
-    scales = "per layer" if len(parts) == 1 else f"in {len(parts)} channel ranges of their own scale"
+    exact = _on_grids(W, parts)
+    scales = _scales(W, parts, "channel") + ("" if exact else f", {weight_sqnr(W, groups):.1f} dB")
     if wants_small(lw.opts, node):       # the trade's receipt line says what the weights keep
-        row.form = f"uint8 weights {scales}, {q_w:.1f} dB"
+        row.form = f"uint8 weights {scales}"
     q = quantize_parts(W, parts)
     cig = W.shape[1]
     ch = (np.arange(co)[:, None] // (co // groups)) * cig + np.arange(cig)[None, :]    # input channel of W[o, i]
-    if mean is not None:       # remove the mean shift the weight rounding causes (kpu.quantize_layer's)
+    if mean is not None and not exact:   # remove the mean shift the weight rounding causes (kpu.quantize_layer's)
         dW = np.concatenate([(wq.astype(np.float64) - z) * s for _, _, s, z, wq in q]) - W
         B = B - (dW.sum(axis=(2, 3)) * np.asarray(mean, np.float64)[ch]).sum(axis=1)
         row.notes.append("bias corrected for weight rounding")
@@ -336,7 +347,7 @@ def quantized_conv(lw, node):
     lw.trace_map[name] = (idx[0] if len(idx) == 1 else tuple(idx), "u8")
     row.macs = int(np.prod(loc.shape)) * int(np.prod(W.shape[1:]))
     row.weight_bytes = W.size + 4 * co
-    row.notes.append(f"weights uint8 {scales} ({q_w:.1f} dB)")
+    row.notes.append(f"weights uint8 {scales}")
     cur = name
     if not direct:
         cur = activation_after(lw, name, out if not pool else st["act"], act, row)
@@ -616,8 +627,9 @@ def quantized_matmul(lw, node):
     src = lw.need_u8(x, row)
     s_x, z_x = lw.locs[x].quant
     parts = weight_parts(W, 1)
-    if len(parts) > 1:
-        row.notes.append(f"weights uint8 in {len(parts)} output ranges of their own scale ({weight_sqnr(W, 1):.1f} dB)")
+    if len(parts) > 1 or _on_grids(W, parts):
+        row.notes.append(f"weights uint8 {_scales(W, parts, 'output')}"
+                         + ("" if _on_grids(W, parts) else f", {weight_sqnr(W, 1):.1f} dB"))
     direct = _relu_like(act)     # ReLU / Clip(0, b): the uint8 clamp of the output's range
     y_t = out if direct else stage_names(node)["conv"]
     s_y, z_y = lw.quant_of(y_t)
