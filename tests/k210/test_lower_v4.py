@@ -404,6 +404,16 @@ def test_squeeze_excitation_mul():
     assert next(r.lowering for r in rows if r.op == "Mul") == "float_binary"
 
 
+def test_l2_normalize_embedding():
+    """An embedding's L2 normalisation (MediaPipe's KNIFT: a 40-d vector) in v4 nodes: square,
+    reduce, max, rsqrt, mul; no node writes over its own input (rsqrt's kernel takes restrict
+    pointers: it had an in-place temporary, which assemble refused as an internal error)."""
+    nodes = [N("GlobalAveragePool", ["r"], ["p"]), conv_node("e", "p", "we", "be"), N("Flatten", ["e"], ["f"]),
+             N("LpNormalization", ["f"], ["y"], axis=-1, p=2)]
+    model, _, _ = check_v4(build(nodes, {"we": W(40, 8, 1, 1), "be": W(40)}), opcodes=("unary", "reduce"))
+    assert kmodel.v4.overlapping_io(model) == []
+
+
 def test_float_binary_div():
     nodes = [N("GlobalAveragePool", ["r"], ["p"]), N("Exp", ["p"], ["e"]), N("Div", ["r", "e"], ["y"])]
     check_v4(build(nodes, {}), opcodes=("binary",))

@@ -355,7 +355,7 @@ def _l2(layer, ctx):
     f = layer.fields
     n = f["channels"]
     x, out = main(F32, f["main_mem_in_address"], n), main(F32, f["main_mem_out_address"], n)
-    sq, s = ctx(4 * n), ctx(ALIGN)
+    sq, s, r = ctx(4 * n), ctx(ALIGN), ctx(ALIGN)    # r: unary's kernel takes restrict pointers
     vec, one = (1, 1, 1, n), (1, 1, 1, 1)
     return [V4Op("unary", dict(input=x, output=main(F32, sq, n), unary_op=9)),
             V4Op("reduce", dict(input=main(F32, sq, n), output=main(F32, s, 1), reduce_op=3, in_shape=vec,
@@ -363,8 +363,8 @@ def _l2(layer, ctx):
             V4Op("binary", dict(input_a=main(F32, s, 1), input_b=Const(np.float32([1e-10])),
                                 output=main(F32, s, 1), binary_op=5, in_a_shape=one, in_b_shape=one,
                                 out_shape=one, fused_activation=NO_CLAMP)),
-            V4Op("unary", dict(input=main(F32, s, 1), output=main(F32, s, 1), unary_op=7)),
-            V4Op("binary", dict(input_a=x, input_b=main(F32, s, 1), output=out, binary_op=2, in_a_shape=vec,
+            V4Op("unary", dict(input=main(F32, s, 1), output=main(F32, r, 1), unary_op=7)),
+            V4Op("binary", dict(input_a=x, input_b=main(F32, r, 1), output=out, binary_op=2, in_a_shape=vec,
                                 in_b_shape=one, out_shape=vec, fused_activation=NO_CLAMP))]
 
 
