@@ -273,6 +273,20 @@ def test_push_transposes_cancels_nhwc_pairs():
     assert g.op_counts() == {"Conv": 1, "Mul": 1}   # the per-channel Add + ReLU: a 1x1 depthwise conv
 
 
+def test_push_transposes_sees_a_reshape_that_moves_size_1_axes():
+    # MediaPipe's selfie segmenter (tf2onnx): Conv -> Transpose to NHWC, multiplied by its
+    # squeeze-and-excite scale Reshaped (1, C, 1, 1) -> (1, 1, 1, C), then back to NCHW. The
+    # pairs had stayed as 20 uint8 transposes of whole maps (and a 256 KiB copy at the peak)
+    n = helper.make_node
+    nodes = [conv("c", "x", "w", pads=[1, 1, 1, 1]), n("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+             n("GlobalAveragePool", ["c"], ["p"]), conv("e", "p", "we"), n("Sigmoid", ["e"], ["sg"]),
+             n("Reshape", ["sg", "shape"], ["sr"]), n("Mul", ["t", "sr"], ["m"]),
+             n("Transpose", ["m"], ["y"], perm=[0, 3, 1, 2])]
+    inits = {"w": rand(4, 4, 3, 3), "we": rand(4, 4, 1, 1), "shape": np.array([1, 1, 1, 4], np.int64)}
+    g, _ = check(make_model(nodes, [X], [("y", None)], inits), None)
+    assert "Transpose" not in g.op_counts() and g.op_counts()["Mul"] == 1
+
+
 def test_reduce_mean_through_transpose_becomes_global_pool():
     n = helper.make_node
     nodes = [n("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]), n("ReduceMean", ["t"], ["y"], axes=[1, 2], keepdims=0)]

@@ -2,8 +2,9 @@
 tf2onnx leaves (its own transpose optimiser gives up on some graphs, e.g. Keras 3 hard_sigmoid)
 meet and cancel (upsample_to_resize removes identity chains).
 
-An elementwise op whose every non-constant input is Transpose(perm P) is rewritten on the
-untransposed tensors (constants permuted by P^-1) and followed by one Transpose(P).
+An elementwise op whose every non-constant input is Transpose(perm P) (or, beside one, a Reshape
+that moves only size-1 axes as P would) is rewritten on the untransposed tensors (constants
+permuted by P^-1) and followed by one Transpose(P).
 ReduceMean/ReduceMax over axes A of Transpose(P)(x) become reductions over P[A] of x."""
 import numpy as np
 
@@ -18,6 +19,21 @@ REDUCE = {"ReduceMean", "ReduceMax"}
 def _perm(g, name):
     p = g.producer(name)
     return tuple(p.attrs["perm"]) if p is not None and p.op == "Transpose" and "perm" in p.attrs else None
+
+
+def _reshaped_as(g, name, perm):
+    """The tensor x when `name` is a Reshape of x that is Transpose(perm)(x) (it moves only size-1
+    axes: tf2onnx's (1, C, 1, 1) -> (1, 1, 1, C) for a squeeze-and-excite scale), else None."""
+    r = g.producer(name)
+    if r is None or r.op != "Reshape" or g.const(r.inputs[1]) is None:
+        return None
+    x = r.inputs[0]
+    shape, out = g.shape(x), g.shape(name)
+    if shape is None or out is None or len(shape) != len(perm):
+        return None
+    moved = tuple(shape[a] for a in perm)
+    same_order = [a for a in perm if shape[a] != 1] == [a for a in range(len(shape)) if shape[a] != 1]
+    return x if moved == tuple(out) and same_order else None
 
 
 def _const_for(g, c, inv, rank):
@@ -40,10 +56,13 @@ def push_transposes(g, log):
                 data = [n.inputs[0]]
             else:
                 continue
-            perms = {_perm(g, i) for i in data}
+            perms = {_perm(g, i) for i in data} - ({None} if n.op in BINARY else set())
             if len(perms) != 1 or None in perms or not data:
                 continue
             p = next(iter(perms))
+            src = {i: g.producer(i).inputs[0] if _perm(g, i) == p else _reshaped_as(g, i, p) for i in data}
+            if None in src.values():
+                continue
             inv = tuple(np.argsort(p))
             if n.op in REDUCE:
                 changed |= _reduce(g, n, p, log)
@@ -51,7 +70,7 @@ def push_transposes(g, log):
             new_inputs = []
             for i in n.inputs:
                 if i in data:
-                    new_inputs.append(g.producer(i).inputs[0])
+                    new_inputs.append(src[i])
                 elif n.op in BINARY:
                     c = _const_for(g, i, inv, len(p))
                     if c is None:
