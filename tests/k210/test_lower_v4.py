@@ -569,6 +569,26 @@ def test_resize_in_channel_groups(monkeypatch):
     assert "3 channels at a time" in " ".join(next(r for r in rows if r.op == "Resize").notes)
 
 
+def test_bilinear_upsampling_a_slice_at_a_time(monkeypatch):
+    """Where the whole map's float copies would take main memory past its target (MediaPipe's
+    selfie segmenter: a 1 MiB float output and its 264 KiB padded input at the peak, 2.13 MB
+    against a live set of 0.79 MB), the upsampling runs a few channels at a time into the uint8
+    map its reader takes: bit for bit the bytes of the whole-map form."""
+    from tl2k210.k210.lower.state import Lowering
+    nodes = [N("Resize", ["r", "", "s"], ["u"], mode="linear"), conv_node("y", "u", "w1", pads=[1, 1, 1, 1])]
+    m = build(nodes, {"s": np.array([1, 1, 2, 2], np.float32), "w1": W(4, 8, 3, 3)})
+    monkeypatch.setattr(Lowering, "float_room", lambda self, *new: None)                 # no bound: whole
+    whole, _, _ = check_v4(m)
+    assert [nd.name for nd in whole.nodes].count("conv2d_transpose") == 1
+    monkeypatch.setattr(Lowering, "float_room", lambda self, *new: 4 * 3 * (12 * 12 + 14 * 12 + 14 * 14 + 24 * 24))
+    sliced, _, rows = check_v4(m)
+    assert [nd.name for nd in sliced.nodes].count("conv2d_transpose") == 3            # 3 + 3 + 2 channels
+    assert "into the uint8 output 3 channels at a time" in " ".join(next(r for r in rows if r.op == "Resize").notes)
+    assert sliced.main_mem < whole.main_mem
+    for p in PX:
+        np.testing.assert_array_equal(Emulator(sliced).run(p)[0], Emulator(whole).run(p)[0])
+
+
 def test_resize_refusals_name_the_mode():
     for attrs in (dict(mode="cubic"), dict(mode="linear", coordinate_transformation_mode="tf_crop_and_resize")):
         m = build([N("Resize", ["r", "", "s"], ["y"], name="up", **attrs)], {"s": np.array([1, 1, 2, 2], np.float32)})

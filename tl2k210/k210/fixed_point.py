@@ -139,6 +139,16 @@ def bn_params(s_x: float, sw: np.ndarray, bias: np.ndarray, s_v: float) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # Activation functions (float reference) and their kinks
+def _sigmoid(y):
+    with np.errstate(over="ignore"):     # exp(-y) is inf far below zero: the value is 0, no warning
+        return 1 / (1 + np.exp(-y))
+
+
+def _swish(y):
+    with np.errstate(over="ignore"):
+        return y / (1 + np.exp(-y))
+
+
 def act_function(act: dict | None):
     """(f, kinks) for an IR activation attr (None = identity)."""
     if act is None:
@@ -153,7 +163,7 @@ def act_function(act: dict | None):
         a = act.get("alpha", 0.01)
         return (lambda y: np.where(y >= 0, y, a * y)), [0.0]
     if op == "Sigmoid":
-        return (lambda y: 1 / (1 + np.exp(-y))), []
+        return _sigmoid, []
     if op == "Tanh":
         return np.tanh, []
     if op == "HardSigmoid":
@@ -162,7 +172,7 @@ def act_function(act: dict | None):
     if op == "HardSwish":
         return (lambda y: y * np.clip(y / 6 + 0.5, 0, 1)), [-3.0, 3.0]
     if op == "Swish":
-        return (lambda y: y / (1 + np.exp(-y))), []
+        return _swish, []
     if op in ("Elu", "Selu"):
         a = act.get("alpha", 1.0 if op == "Elu" else 1.67326319217681884765625)
         g = act.get("gamma", 1.0 if op == "Elu" else 1.05070102214813232421875)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .memory import float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .v4emit import F32, NO_CLAMP, U8, V4Op, main, slice_op
 
@@ -346,29 +347,63 @@ def _op(v: V4Op):
 
 
 def _resize_deconv(lw, node, axes):
+    """The float whole-map form; or, where its float copies would take main memory past
+    MAIN_TARGET x the live set and no reader needs float, the same ops a slice of channels at a
+    time (each channel is its own), each slice quantized into the uint8 output."""
     x, out = node.inputs[0], node.outputs[0]
     c, h, w = lw.shape(x)
     oc, oh, ow = lw.shape(out)
-    ah, aw = axes
     row = lw.row(node, "bilinear upsampling: depthwise conv2d_transpose on float32", in_shape=(c, h, w),
                  out_shape=(oc, oh, ow))
-    src = lw.need_f32(x, row)
-    loc = lw.f32_out(out)
-    tag = out + ":resize"
+    xl = lw.locs[x]
+    per = 4 * (h * w + (h + 2) * w + (h + 2) * (w + 2) + oh * ow)   # float bytes a channel: input, pads, output
+    to_u8 = not lw.float_readers(out)
+    room = lw.float_room(oc * oh * ow) if to_u8 else None
+    if xl.f32 is not None or xl.pixels is not None or room is None or c * per <= room:
+        src = lw.need_f32(x, row)
+        loc = lw.f32_out(out)
+        _deconv(lw, src, loc.f32, c, h, w, oh, ow, axes, row, out + ":resize")
+        lw.traced(out, "f32")
+    else:
+        slices = float_slices(c, h * w, per, room)
+        n = max(b - a for a, b in slices)
+        src = lw.need_u8(x, row)
+        (s_in, z_in), loc = xl.quant, lw.u8_out(out, lw.quant_of(out))
+        dq, res = lw.main.alloc(out + ":dq", 4 * n * h * w), lw.main.alloc(out + ":f32", 4 * n * oh * ow)
+        parts = []
+        for c0, c1 in slices:
+            m = c1 - c0
+            lw.emit_v4("dequantize", dict(input=main(U8, src + c0 * h * w, m * h * w), output=main(F32, dq, m * h * w),
+                                          quant_param=(z_in, 1.0 / s_in)), row)
+            _deconv(lw, dq, res, m, h, w, oh, ow, axes, row, out + ":resize")
+            parts.append(lw.emit_v4("quantize", dict(input=main(F32, res, m * oh * ow),
+                                                     output=main(U8, loc.u8 + c0 * oh * ow, m * oh * ow),
+                                                     quant_param=(loc.quant[1], 1.0 / loc.quant[0])), row))
+        lw.main.free(out + ":dq")
+        lw.main.free(out + ":f32")
+        lw.trace_map[out] = (parts[0] if len(parts) == 1 else tuple(parts), "u8")
+        row.notes.append(f"dequantized, upsampled and quantized into the uint8 output {n} channels at a time "
+                         f"({n * per:,} B of float scratch)")
+    row.notes.append("input edge-padded by (1, 1) (strided_slice + concat), then a {0}x{1} stride ({2}, {3}) "
+                     "triangle kernel per channel: ONNX's interpolation weights".format(
+                         2 * axes[0].s, 2 * axes[1].s, axes[0].s, axes[1].s))
+    row.macs = c * (h + 2) * (w + 2) * 4 * axes[0].s * axes[1].s
+
+
+def _deconv(lw, src, dst, c, h, w, oh, ow, axes, row, tag):
+    """float (c, h, w) at src -> its bilinear upsampling (c, oh, ow) at dst: edge pad, then the
+    depthwise conv2d_transpose with the separable triangle kernel."""
+    ah, aw = axes
     cur, shape = edge_pad(lw, src, (1, c, h, w), F32, 1, 1, row, tag)
     kern = np.outer(np.float32(ah.k), np.float32(aw.k)).astype(np.float32)
     lw.emit_v4("conv2d_transpose", dict(
-        input=main(F32, cur, int(np.prod(shape))), output=main(F32, loc.f32, oc * oh * ow), in_shape=shape,
-        out_shape=(1, oc, oh, ow), groups=c, padding_h=(ah.pad, 3 * ah.s - ah.pad),
+        input=main(F32, cur, int(np.prod(shape))), output=main(F32, dst, c * oh * ow), in_shape=shape,
+        out_shape=(1, c, oh, ow), groups=c, padding_h=(ah.pad, 3 * ah.s - ah.pad),
         padding_w=(aw.pad, 3 * aw.s - aw.pad), filter_h=2 * ah.s, filter_w=2 * aw.s, stride_h=ah.s,
         stride_w=aw.s, dilation_h=1, dilation_w=1, fused_activation=NO_CLAMP), row,
         data={"weights": np.tile(kern.reshape(-1), c), "bias": np.zeros(c, np.float32)})
-    row.notes.append(f"input edge-padded by (1, 1) (strided_slice + concat), then a {2 * ah.s}x{2 * aw.s} "
-                     f"stride ({ah.s}, {aw.s}) triangle kernel per channel: ONNX's interpolation weights")
-    row.macs = c * shape[2] * shape[3] * 4 * ah.s * aw.s
     for k in ("pad2", "pad3"):
         lw.main.free(f"{tag}:{k}")
-    lw.traced(out, "f32")
 
 
 def _resize(lw, node, kind):
