@@ -196,12 +196,13 @@ def test_kpu_conv_smaller_form_is_quantized_conv2d(name):
 
 def test_kxk_conv_keeps_its_kpu_form_when_uint8_weights_lose_too_much(monkeypatch):
     """The smaller form never costs accuracy: uint8 weights under WEIGHT_SQNR_MIN dB (here: one
-    scale for the layer) keep the KPU shift stages (its weights per channel)."""
+    scale for the layer) keep the KPU shift stages (its weights per channel). (A depthwise conv's
+    nodes take as many weight scales as keep WEIGHT_SQNR_MIN: test_weight_parts_of_a_depthwise_conv.)"""
     from tl2k210.k210.lower import v4conv
     monkeypatch.setattr(v4conv, "WEIGHT_PARTS_MAX", 1)
-    w = W(8, 1, 5, 5)
+    w = W(8, 8, 5, 5)
     w[0] *= 300.0            # one channel's range flattens the others at one byte per layer
-    m = build([conv_node("y", "r", "w1", "b1", pads=[2, 2, 2, 2], group=8)], {"w1": w, "b1": W(8)})
+    m = build([conv_node("y", "r", "w1", "b1", pads=[2, 2, 2, 2])], {"w1": w, "b1": W(8)})
     model, rows, lw, g = compile_model(m, PX, format="v4", small=frozenset({"y"}))
     assert [r.lowering for r in rows if r.node == "y"][0] == "kpu_conv_kxk"
     model, rows, lw, g = compile_model(m, PX, format="v4")
@@ -239,6 +240,19 @@ def test_weight_parts_keep_a_quantized_models_own_integers():
     assert weight_parts(w * s[0] / s[:, None, None, None], 1) == [(0, 6)]   # one grid for the tensor
     off = w + rng.normal(0, 1e-4, w.shape)                    # float weights: the noise model's split
     assert weight_parts(off, 1) != [(0, 2), (2, 3), (3, 6)] and weight_sqnr(off, 1) < 60
+
+
+def test_weight_parts_of_a_depthwise_conv():
+    """A depthwise conv whose channels' ranges alternate 1x / 300x needs a node per channel to keep
+    its small channels: 12 nodes kept 0.0 dB of the worst one (MediaPipe's pose detector); its
+    nodes read only their own channels, so it takes what keeps WEIGHT_SQNR_MIN. A dense conv stays
+    within WEIGHT_PARTS_MAX (each node re-reads every input channel)."""
+    from tl2k210.k210.lower.v4conv import WEIGHT_PARTS_MAX, WEIGHT_SQNR_MIN, weight_parts, weight_sqnr
+    w = W(64, 1, 5, 5).astype(np.float64)
+    w[::2] *= 300.0
+    assert len(weight_parts(w, 64)) > WEIGHT_PARTS_MAX and weight_sqnr(w, 64) >= WEIGHT_SQNR_MIN - 1
+    dense = np.repeat(w, 2, axis=1)
+    assert len(weight_parts(dense, 1)) <= WEIGHT_PARTS_MAX
 
 
 def test_quantized_conv2d_channel_ranges_bit_exact(monkeypatch):

@@ -80,7 +80,8 @@ def _weights_key(W, groups=None):
     """The memo key of a question about a conv's weights: their bytes, and the split's limits
     (tests change them)."""
     W = np.ascontiguousarray(W, np.float64)
-    return (W.shape, groups, WEIGHT_PARTS_MAX, PARTS_DB, PARTS_ENOUGH_DB, hashlib.blake2b(W.tobytes()).digest())
+    return (W.shape, groups, WEIGHT_PARTS_MAX, PARTS_DB, PARTS_ENOUGH_DB, WEIGHT_SQNR_MIN,
+            hashlib.blake2b(W.tobytes()).digest())
 
 
 @memoised(_weights_key)     # the plan lowers a model tens of times: the same weights each time
@@ -89,7 +90,9 @@ def weight_parts(W, groups) -> list:
     to be one quantized_conv2d with its own uint8 (scale, zero point): the runtime's weights are
     per layer, so channels whose ranges differ (batch norm folded in) are split where that keeps
     their worst channel within PARTS_DB of per-channel weights (PARTS_ENOUGH_DB is enough), in
-    at most WEIGHT_PARTS_MAX nodes.
+    at most WEIGHT_PARTS_MAX nodes; a grouped or depthwise conv, whose nodes each read only their
+    own groups' channels, takes as many as keep WEIGHT_SQNR_MIN where that many do not (MediaPipe's
+    pose detector: 12 nodes kept 0.0 dB of a 672-channel 5x5 depthwise conv's worst channel).
     A range is whole groups of a grouped conv (1 channel of a depthwise one). Chosen on the
     rounding-noise model step^2/12; weight_sqnr measures the result. Weights that are a quantized
     model's own integers keep them: one range per run of channels on one int8 grid, where that
@@ -126,6 +129,8 @@ def weight_parts(W, groups) -> list:
     for _ in range(24):          # the highest worst-channel SQNR reachable in WEIGHT_PARTS_MAX parts
         t = (a + b) / 2
         a, b = (t, b) if len(greedy(t)) <= WEIGHT_PARTS_MAX else (a, t)
+    if a < WEIGHT_SQNR_MIN and groups > 1:
+        a = min(goal, WEIGHT_SQNR_MIN)   # grouped: a node reads only its groups' channels; it costs its header
     return [(i * unit, j * unit) for i, j in greedy(a)]
 
 
