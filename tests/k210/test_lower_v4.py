@@ -244,15 +244,18 @@ def test_weight_parts_keep_a_quantized_models_own_integers():
 
 def test_weight_parts_of_a_depthwise_conv():
     """A depthwise conv whose channels' ranges alternate 1x / 300x needs a node per channel to keep
-    its small channels: 12 nodes kept 0.0 dB of the worst one (MediaPipe's pose detector); its
-    nodes read only their own channels, so it takes what keeps WEIGHT_SQNR_MIN. A dense conv stays
-    within WEIGHT_PARTS_MAX (each node re-reads every input channel)."""
+    its small channels: 12 nodes kept 0.0 dB of the worst one (MediaPipe's pose detector). Where
+    the KPU cannot run it (`many`: the other form is the float conv2d) its nodes, each reading only
+    its own channels, are as many as keep WEIGHT_SQNR_MIN. A dense conv stays within
+    WEIGHT_PARTS_MAX (each node re-reads every input channel), and so does a conv the KPU runs
+    (its smaller form must keep WEIGHT_SQNR_MIN in those, or the KPU keeps it)."""
     from tl2k210.k210.lower.v4conv import WEIGHT_PARTS_MAX, WEIGHT_SQNR_MIN, weight_parts, weight_sqnr
     w = W(64, 1, 5, 5).astype(np.float64)
     w[::2] *= 300.0
-    assert len(weight_parts(w, 64)) > WEIGHT_PARTS_MAX and weight_sqnr(w, 64) >= WEIGHT_SQNR_MIN - 1
+    assert len(weight_parts(w, 64, True)) > WEIGHT_PARTS_MAX and weight_sqnr(w, 64, True) >= WEIGHT_SQNR_MIN - 1
+    assert len(weight_parts(w, 64)) == WEIGHT_PARTS_MAX and weight_sqnr(w, 64) < 10
     dense = np.repeat(w, 2, axis=1)
-    assert len(weight_parts(dense, 1)) <= WEIGHT_PARTS_MAX
+    assert len(weight_parts(dense, 1, True)) <= WEIGHT_PARTS_MAX
 
 
 def test_quantized_conv2d_channel_ranges_bit_exact(monkeypatch):
