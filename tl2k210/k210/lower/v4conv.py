@@ -46,21 +46,25 @@ ACC_TAPS_MAX = (2 ** 31 - 1) // (255 * 255)   # taps per output that keep the in
 def int8_grid(w) -> float | None:
     """The step s of the one symmetric int8 grid `w` lies on (a quantized model's own weights:
     w = s·q, q in -128..127), or None."""
-    w = np.asarray(w, np.float64)
+    w = np.asarray(w, np.float64).ravel()
     amax = float(np.abs(w).max()) if w.size else 0.0
     for s in (amax / 127, amax / 128) if amax > 0 else ():
-        q = np.rint(w / s)
-        if q.min() >= -128 and q.max() <= 127 and float(np.abs(q * s - w).max()) <= 1e-5 * amax:
+        for part in (w[:64], w):     # float weights fail on the first few: the lowering asks often
+            q = np.rint(part / s)
+            if q.min() < -128 or q.max() > 127 or float(np.abs(q * s - part).max()) > 1e-5 * amax:
+                break
+        else:
             return s
     return None
 
 
 def _grid_parts(flat) -> list | None:
     """[(i, j)]: the fewest contiguous runs of rows of `flat` that each lie on one int8 grid (the
-    model's own per-axis or per-tensor weights), or None where a row is on none."""
+    model's own per-axis weights; weight_parts asks about one grid for the whole first), or None
+    where a row is on none."""
     parts, i, n = [], 0, len(flat)
     while i < n:
-        if int8_grid(flat[i]) is None and int8_grid(flat) is None:
+        if int8_grid(flat[i]) is None:
             return None
         j = i + 1
         while j < n and int8_grid(flat[i:j + 1]) is not None:
@@ -140,9 +144,9 @@ def _on_grids(W, parts) -> bool:
     return all(int8_grid(W[o0:o1]) is not None for o0, o1 in parts)
 
 
-def _scales(W, parts, what) -> str:
-    """How a CPU conv's or dense layer's weights are stored, for its receipt."""
-    if _on_grids(W, parts):
+def _scales(parts, what, exact) -> str:
+    """How a CPU conv's or dense layer's weights are stored, for its receipt (`exact`: _on_grids)."""
+    if exact:
         return f"on the model's own int8 grid{'s' if len(parts) > 1 else ''}, exactly, in {len(parts)} node(s)"
     return "per layer" if len(parts) == 1 else f"in {len(parts)} {what} ranges of their own scale"
 
@@ -323,7 +327,7 @@ def quantized_conv(lw, node):
         mean = lw.opts.channel_means.get(x)
     parts = weight_parts(W, groups, not traded)
     exact = _on_grids(W, parts)
-    scales = _scales(W, parts, "channel") + ("" if exact else f", {weight_sqnr(W, groups, not traded):.1f} dB")
+    scales = _scales(parts, "channel", exact) + ("" if exact else f", {weight_sqnr(W, groups, not traded):.1f} dB")
     if wants_small(lw.opts, node):       # the trade's receipt line says what the weights keep
         row.form = f"uint8 weights {scales}"
     q = quantize_parts(W, parts)
@@ -634,9 +638,10 @@ def quantized_matmul(lw, node):
     src = lw.need_u8(x, row)
     s_x, z_x = lw.locs[x].quant
     parts = weight_parts(W, 1)
-    if len(parts) > 1 or _on_grids(W, parts):
-        row.notes.append(f"weights uint8 {_scales(W, parts, 'output')}"
-                         + ("" if _on_grids(W, parts) else f", {weight_sqnr(W, 1):.1f} dB"))
+    exact = _on_grids(W, parts)
+    if len(parts) > 1 or exact:
+        row.notes.append(f"weights uint8 {_scales(parts, 'output', exact)}"
+                         + ("" if exact else f", {weight_sqnr(W, 1):.1f} dB"))
     direct = _relu_like(act)     # ReLU / Clip(0, b): the uint8 clamp of the output's range
     y_t = out if direct else stage_names(node)["conv"]
     s_y, z_y = lw.quant_of(y_t)
