@@ -423,6 +423,22 @@ def _remove_padding(layer, ctx):
                      (1, c, m, m), (0, 0, 0, 0), (1, c, 1, 1), (1, 1, 1, 1))]
 
 
+def through_float(lw, row, slices, src, dst, per_in, per_out, q_in, q_out, dq, op) -> list:
+    """A float op on a uint8 map a slice of channels at a time: each slice (c0, c1) of the map at
+    `src` (`per_in` bytes a channel) is dequantized (`q_in`) into the float buffer `dq`, `op(c0, c1)`
+    computes from it and returns the address of its float result, which is quantized (`q_out`)
+    into the uint8 map at `dst` (`per_out` a channel). Returns the quantize nodes' indices."""
+    parts = []
+    for c0, c1 in slices:
+        ni, no = (c1 - c0) * per_in, (c1 - c0) * per_out
+        lw.emit_v4("dequantize", dict(input=main(U8, src + c0 * per_in, ni), output=main(F32, dq, ni),
+                                      quant_param=q_in), row)
+        res = op(c0, c1)
+        parts.append(lw.emit_v4("quantize", dict(input=main(F32, res, no), output=main(U8, dst + c0 * per_out, no),
+                                                 quant_param=q_out), row))
+    return parts
+
+
 def slice_op(src, dst, in_shape, begin, end, strides) -> V4Op:
     return V4Op("strided_slice", dict(input=src, output=dst, in_shape=tuple(in_shape), begin=tuple(begin),
                                       end=tuple(end), strides=tuple(strides), begin_mask=0, end_mask=0,

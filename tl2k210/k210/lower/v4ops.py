@@ -17,7 +17,7 @@ from tl2k210.k210.kmodel.v4 import MEM_MAIN
 from .fc import feeds_output
 from .memory import float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
-from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, pad_scalar, slice_op
+from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, pad_scalar, slice_op, through_float
 
 REDUCE = {"ReduceMean": 0, "ReduceMin": 1, "ReduceMax": 2, "ReduceSum": 3}
 INIT = {0: 0.0, 1: FLT_MAX, 2: -FLT_MAX, 3: 0.0}
@@ -479,20 +479,17 @@ def window_pool(lw, x, out, kind, kernel, strides, pads, row, dtype=None, dilati
     a, bb = lw.main.alloc(out + ":dq", 4 * k * h * w), lw.main.alloc(out + ":pool", 4 * k * oh * ow)
     dst = lw.u8_out(out, so).u8
     scaled = lw.main.alloc(out + ":scaled", 4 * k * oh * ow) if count_pads else None
-    parts = []
-    for c0, c1 in slices:
+
+    def pool(c0, c1):
         ni, no = (c1 - c0) * h * w, (c1 - c0) * oh * ow
-        lw.emit_v4("dequantize", dict(input=main(U8, src + c0 * h * w, ni), output=main(F32, a, ni),
-                                      quant_param=qin), row)
         lw.emit_v4("reduce_window2d", dict(input=main(F32, a, ni), output=main(F32, bb, no), reduce_op=op,
                                            in_shape=(1, c1 - c0, h, w), init_value=init, fused_activation=NO_CLAMP,
                                            **win), row)
-        pooled = bb
         if count_pads:
             _scale(lw, bb, scaled, no, 1.0 / (kh * kw), row)
-            pooled = scaled
-        parts.append(lw.emit_v4("quantize", dict(input=main(F32, pooled, no), output=main(U8, dst + c0 * oh * ow, no),
-                                                 quant_param=qout), row))
+            return scaled
+        return bb
+    parts = through_float(lw, row, slices, src, dst, h * w, oh * ow, qin, qout, a, pool)
     for tag in (":dq", ":pool", ":scaled"):
         lw.main.free(out + tag)
     lw.trace_map[out] = (parts[0] if len(parts) == 1 else tuple(parts), "u8")

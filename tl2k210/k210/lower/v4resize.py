@@ -33,7 +33,7 @@ import numpy as np
 
 from .memory import float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
-from .v4emit import F32, NO_CLAMP, U8, V4Op, main, slice_op
+from .v4emit import F32, NO_CLAMP, U8, V4Op, main, slice_op, through_float
 
 f32 = np.float32
 MID_BYTES = 65_536         # the oversampled temporary is made for this many bytes of channels at a time
@@ -370,15 +370,12 @@ def _resize_deconv(lw, node, axes):
         src = lw.need_u8(x, row)
         (s_in, z_in), loc = xl.quant, lw.u8_out(out, lw.quant_of(out))
         dq, res = lw.main.alloc(out + ":dq", 4 * n * h * w), lw.main.alloc(out + ":f32", 4 * n * oh * ow)
-        parts = []
-        for c0, c1 in slices:
-            m = c1 - c0
-            lw.emit_v4("dequantize", dict(input=main(U8, src + c0 * h * w, m * h * w), output=main(F32, dq, m * h * w),
-                                          quant_param=(z_in, 1.0 / s_in)), row)
-            _deconv(lw, dq, res, m, h, w, oh, ow, axes, row, out + ":resize")
-            parts.append(lw.emit_v4("quantize", dict(input=main(F32, res, m * oh * ow),
-                                                     output=main(U8, loc.u8 + c0 * oh * ow, m * oh * ow),
-                                                     quant_param=(loc.quant[1], 1.0 / loc.quant[0])), row))
+
+        def upsample(c0, c1):
+            _deconv(lw, dq, res, c1 - c0, h, w, oh, ow, axes, row, out + ":resize")
+            return res
+        parts = through_float(lw, row, slices, src, loc.u8, h * w, oh * ow, (z_in, 1.0 / s_in),
+                              (loc.quant[1], 1.0 / loc.quant[0]), dq, upsample)
         lw.main.free(out + ":dq")
         lw.main.free(out + ":f32")
         lw.trace_map[out] = (parts[0] if len(parts) == 1 else tuple(parts), "u8")
