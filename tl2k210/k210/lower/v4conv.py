@@ -41,6 +41,7 @@ WEIGHT_PARTS_MAX = 12           # quantized_conv2d nodes (each its own weight sc
 PARTS_DB = 1.0                  # how far below per-channel weights a conv's worst channel may stay
 PARTS_ENOUGH_DB = 38.0          # weights this good stay one node (below the 8-bit maps' own rounding)
 ACC_TAPS_MAX = (2 ** 31 - 1) // (255 * 255)   # taps per output that keep the int32 accumulator exact
+GRID_PROBE = 50                 # weights int8_grid checks before the rest (no hardware fact)
 
 
 def int8_grid(w) -> float | None:
@@ -49,7 +50,7 @@ def int8_grid(w) -> float | None:
     w = np.asarray(w, np.float64).ravel()
     amax = float(np.abs(w).max()) if w.size else 0.0
     for s in (amax / 127, amax / 128) if amax > 0 else ():
-        for part in (w[:64], w):     # float weights fail on the first few: the lowering asks often
+        for part in (w[:GRID_PROBE], w):     # float weights fail on the first few: the lowering asks often
             q = np.rint(part / s)
             if q.min() < -128 or q.max() > 127 or float(np.abs(q * s - part).max()) > 1e-5 * amax:
                 break
