@@ -1,9 +1,9 @@
 """kmodel v3 has no pad and no bilinear layer. A constant pad of the channel axis is a QUANTIZED_ADD
 fill (multipliers 0: every output is out_offset, the value's code) joined to the input by a
-QUANTIZED_CONCAT (cpu.py channel_pad); a half_pixel bilinear 2x resize is an edge-pad gather,
-nearest 2x and a depthwise 3x3 [1,2,1]x[1,2,1] KPU conv whose table rounds ACC / 16, cropped
-(v3resize.py). Both are taken for `--format v3` or a v3-only runtime; `auto` keeps v4's layers.
-TF-free, hand-made graphs."""
+QUANTIZED_CONCAT (cpu.py channel_pad); a half_pixel bilinear 2x resize is a gather repeating the
+last row and column, the SDK's nearest resize to 2n + 3 and a depthwise 3x3 [1,2,1]x[1,2,1] KPU
+conv whose table rounds ACC / 16, cropped (v3resize.py). Both are taken for `--format v3` or a
+v3-only runtime; `auto` keeps v4's layers. TF-free, hand-made graphs."""
 import numpy as np
 import pytest
 from onnx import helper
@@ -11,7 +11,8 @@ from onnx import helper
 from lower_helpers import compile_model, conv_node, make_model, ort_run, pixels, sqnr
 from tl2k210.k210.emulator import Emulator
 from tl2k210.k210.emulator.kpu import activation, batchnorm
-from tl2k210.k210.lower.v3resize import edge_pad_ranges
+from tl2k210.k210.lower.v3resize import doubled, repeat_last_ranges
+from tl2k210.k210.lower.v4resize import v4_nearest
 
 
 def _head(relu, c, rng):
@@ -83,29 +84,35 @@ def _gathered(x, ranges):
 
 
 def _filtered(u):
-    """[1,2,1] x [1,2,1] over the (C, 2H+4, 2W+4) map, centred on rows / columns 2 .. 2n+1: the
+    """[1,2,1] x [1,2,1] over the (C, 2H+3, 2W+3) map, centred on rows / columns 1 .. 2n: the
     K210_CONV's sums where the CPU crop keeps them (unscaled: 16 x the value)."""
     c, uh, uw = u.shape
     k = np.array([1, 2, 1])
-    rows = sum(k[d] * u[:, 1 + d:uh - 3 + d] for d in range(3))
-    return sum(k[d] * rows[:, :, 1 + d:uw - 3 + d] for d in range(3))
+    rows = sum(k[d] * u[:, d:uh - 3 + d] for d in range(3))
+    return sum(k[d] * rows[:, :, d:uw - 3 + d] for d in range(3))
 
 
-@pytest.mark.parametrize("h,w", [(1, 1), (1, 5), (3, 2), (4, 4), (7, 7), (6, 11), (24, 24)])
+def _upsampled(q, h, w):
+    """The SDK's nearest resize of the (C, H+1, W+1) map to (C, 2H+3, 2W+3), float32 indices."""
+    return q[:, v4_nearest(h + 1, 2 * h + 3)][:, :, v4_nearest(w + 1, 2 * w + 3)]
+
+
+@pytest.mark.parametrize("h,w", [(1, 1), (1, 5), (3, 2), (4, 4), (7, 7), (6, 11), (24, 24), (60, 254)])
 @pytest.mark.parametrize("mode", ["half_pixel", "pytorch_half_pixel"])
-def test_edge_pad_nearest_and_121_filter_are_onnx_bilinear(h, w, mode):
+def test_repeat_nearest_and_121_filter_are_onnx_bilinear(h, w, mode):
     """The identity the v3 form rests on, in float against onnxruntime: the gather's ranges
-    (edge_pad_ranges) give the edge-padded map, nearest 2x doubles it, and [1,2,1]x[1,2,1]/16
-    around rows and columns 2 .. 2n+1 is ONNX's half_pixel bilinear 2x (two ranges a row)."""
+    (repeat_last_ranges: one a row) give x with its last row and column repeated, the SDK's
+    float32 nearest resize to 2n + 3 repeats the first pixel thrice and doubles the rest
+    (`doubled`), and [1,2,1]x[1,2,1]/16 around rows and columns 1 .. 2n is ONNX's bilinear 2x."""
     x = np.random.default_rng(h * 31 + w).normal(size=(2, h, w)).astype(np.float32)
-    ranges = edge_pad_ranges(0, 2, h, w)
-    p = _gathered(x, ranges).reshape(2, h + 2, w + 2)
-    assert np.array_equal(p, np.pad(x, ((0, 0), (1, 1), (1, 1)), mode="edge"))
-    # a row is two runs (the row; its last pixel + the next row's first), the repeated rows one more
-    assert len(ranges) <= 2 * (2 * (h + 2) + 3 if w > 1 else 3 * (h + 2))
-    u = p.repeat(2, axis=1).repeat(2, axis=2)
+    ranges = repeat_last_ranges(0, 2, h, w)
+    q = _gathered(x, ranges).reshape(2, h + 1, w + 1)
+    assert np.array_equal(q, np.pad(x, ((0, 0), (0, 1), (0, 1)), mode="edge"))
+    assert len(ranges) <= 2 * (h + 2) + 1       # a row and its repeated last pixel: one run
+    for n in (h, w):
+        assert np.array_equal(v4_nearest(n + 1, 2 * n + 3), doubled(n))
     want = ort_run(_resize_model(h, w, mode), x[None])[0][0]
-    assert np.abs(_filtered(u.astype(np.float64)) / 16 - want).max() < 1e-6
+    assert np.abs(_filtered(_upsampled(q, h, w).astype(np.float64)) / 16 - want).max() < 1e-6
 
 
 def _bilinear_model(h, w, relu=True, c=5, seed=2, mode="half_pixel"):
@@ -121,7 +128,7 @@ def _bilinear_model(h, w, relu=True, c=5, seed=2, mode="half_pixel"):
 @pytest.mark.parametrize("hw_,relu", [((12, 16), True), ((9, 6), False), ((20, 20), False)])
 def test_bilinear_2x_is_the_rounded_interpolation_bit_for_bit(hw_, relu):
     """The output bytes are the KPU arithmetic of the v3 layers on the input bytes (gather ->
-    nearest -> [1,2,1]^2 integer conv -> activation table -> crop, as the emulator's reference
+    nearest -> [1,2,1]^2 integer conv -> activation table -> crop, with the emulator's reference
     functions compute it), which is the exact interpolation S / 16 of the input codes rounded
     once to the nearest byte (ties to even), on the input's own grid; the model is close to
     float (onnxruntime) and `auto` keeps v4's bilinear layer."""
@@ -145,8 +152,7 @@ def test_bilinear_2x_is_the_rounded_interpolation_bit_for_bit(hw_, relu):
     for p in px:
         out, trace = emu.run(p, trace=True)
         q = np.asarray(trace[src][1]).reshape(5, h, w).astype(np.int64)
-        u = np.pad(q, ((0, 0), (1, 1), (1, 1)), mode="edge").repeat(2, axis=1).repeat(2, axis=2)
-        acc = _filtered(u)
+        acc = _filtered(_upsampled(np.pad(q, ((0, 0), (0, 1), (0, 1)), mode="edge"), h, w))
         ref = activation(batchnorm(acc, conv.bn), conv.act).astype(np.int64)
         assert np.array_equal(_codes(out[0], quant).reshape(ref.shape), ref)
         frac = acc % 16

@@ -4,19 +4,20 @@ nearest-neighbour resizing only.
 
 Output o of an axis samples input coordinate o/2 - 1/4, clamped to the map: out[2k] =
 (x[k-1] + 3 x[k]) / 4 and out[2k+1] = (3 x[k] + x[k+1]) / 4, with x[-1] = x[0] and x[n] = x[n-1].
-On the map p = x edge-padded by one pixel (p[j] = x[clamp(j - 1)]) and upsampled by nearest 2x
-(u[i] = p[i // 2]), the filter [1, 2, 1] / 4 centred on u[o + 2] gives exactly that:
-(u[o+1] + 2 u[o+2] + u[o+3]) / 4 = (p[(o+1)//2] + 2 p[(o+2)//2] + p[(o+3)//2]) / 4. So:
+Let q be x with its last row and column repeated (n + 1 a side). The SDK's nearest resize of
+n + 1 to 2n + 3 samples floor(o (n+1) / (2n+3)) = max(o - 1, 0) // 2 (checked on its float32
+arithmetic), so u[j] = x[clamp((j - 1) // 2)]: x[0] three times, then every pixel twice, the last
+four times. The filter [1, 2, 1] / 4 centred on u[o + 1] is then exactly out[o]: for o = 2k it
+reads x[k-1], x[k], x[k]; for o = 2k + 1, x[k], x[k], x[k+1] (clamped). So:
 
-  1. QUANTIZED_CONCAT gathers the edge-padded (C, H+2, W+2) map (two ranges a row);
-  2. QUANTIZED_RESIZE_NEAREST_NEIGHBOR doubles it to (C, 2H+4, 2W+4);
+  1. QUANTIZED_CONCAT gathers q, (C, H+1, W+1): one range a row (a row's repeated last pixel and
+     the next row are contiguous);
+  2. QUANTIZED_RESIZE_NEAREST_NEIGHBOR takes it to (C, 2H+3, 2W+3);
   3. a depthwise 3x3 K210_CONV with the integer weights [1,2,1] x [1,2,1] (zero points 0) sums
      S = 16 x the bilinear value in input codes, and its activation table rounds S / 16 with a
      4-bit shift: the output bytes are the exact interpolation of the input bytes, rounded once
-     (same scale and zero point: weights summing to 1 map the grid onto itself);
-  4. the conv's CPU crop (a kernel-1 QUANTIZED_MAX_POOL2D) keeps rows and columns 2 .. 2n+1.
-
-The output keeps the input's quantization, so no rounding but that one.
+     (ties to even), on the input's own grid (weights summing to 1 map the grid onto itself);
+  4. the conv's CPU crop (a kernel-1 QUANTIZED_MAX_POOL2D) keeps rows and columns 1 .. 2n.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from . import kpu
 from .conv import emit_layer, geometry, plan_for
 from .registry import KPU, NA, lowering
 from .state import Loc
-from .v4resize import _scales, onnx_coords
+from .v4resize import _scales, onnx_coords, v4_nearest
 
 SCALE = 2                                      # the upsampling factor the 3x3 filter completes
 TAPS = np.array([1, 2, 1], np.int64)           # the filter per axis: sum 4, so S / 16 is the value
@@ -49,29 +50,38 @@ def bilinear2x_refuses(g, node, opts):
         return f"{h}x{w} -> {oh}x{ow}: kmodel v3's bilinear form doubles both axes only"
     for n in (h, w):
         c_ = onnx_coords(mode, n, SCALE * n, float(SCALE))
-        if c_ is None or not np.allclose(c_, np.arange(SCALE * n) / SCALE - 0.25, rtol=0, atol=1e-9):
+        if c_ is None or not np.allclose(c_, (np.arange(SCALE * n) + 0.5) / SCALE - 0.5, rtol=0, atol=1e-9):
             return (f"coordinate_transformation_mode {mode}: kmodel v3's bilinear form samples half_pixel "
                     "coordinates (TF2 resize, Keras UpSampling2D)")
+    for n in (h, w):
+        if not np.array_equal(v4_nearest(n + 1, SCALE * n + 3), doubled(n)):
+            return f"the SDK's float32 nearest resize of {n + 1} to {SCALE * n + 3} pixels misses a pixel"
     (wlo, whi), (hlo, _) = hw.LIMITS["in_w"], hw.LIMITS["in_h"]
-    uw = SCALE * (w + 2)
-    if not wlo <= uw <= whi or SCALE * (h + 2) < hlo or c > hw.LIMITS["channels"][1]:
-        return f"the upsampled {c}x{SCALE * (h + 2)}x{uw} map the KPU filters is outside its limits"
+    uh, uw = SCALE * h + 3, SCALE * w + 3
+    if not wlo <= uw <= whi or uh < hlo or c > hw.LIMITS["channels"][1]:
+        return f"the upsampled {c}x{uh}x{uw} map the KPU filters is outside its limits"
     return None
 
 
-def edge_pad_ranges(src, c, h, w):
-    """[(address, bytes)] whose concatenation is the (C, H+2, W+2) map of the (C, H, W) uint8 map
-    at `src` with its border pixels repeated once, adjacent runs merged."""
+def repeat_last_ranges(src, c, h, w):
+    """[(address, bytes)] whose concatenation is the (C, H+1, W+1) map of the (C, H, W) uint8 map
+    at `src` with its last row and column repeated, adjacent runs merged."""
     runs = []
     for ch in range(c):
-        for r in [0, *range(h), h - 1]:
+        for r in [*range(h), h - 1]:
             at = src + (ch * h + r) * w
-            for a, n in ((at, 1), (at, w), (at + w - 1, 1)):
+            for a, n in ((at, w), (at + w - 1, 1)):
                 if runs and runs[-1][0] + runs[-1][1] == a:
                     runs[-1] = (runs[-1][0], runs[-1][1] + n)
                 else:
                     runs.append((a, n))
     return runs
+
+
+def doubled(n):
+    """The source index of each of the 2n + 3 pixels the SDK's nearest resize of n + 1 writes:
+    max(o - 1, 0) // 2 where its float32 floor(o (n+1) / (2n+3)) agrees (the check asks)."""
+    return np.maximum(np.arange(SCALE * n + 3) - 1, 0) // SCALE
 
 
 def smoothing_layer(c, quant, bits):
@@ -87,25 +97,25 @@ def smoothing_layer(c, quant, bits):
 def bilinear2x_kpu(lw, node):
     x, out = node.inputs[0], node.outputs[0]
     c, h, w = lw.shape(x)
-    row = lw.row(node, "bilinear 2x: edge-pad gather (QUANTIZED_CONCAT), QUANTIZED_RESIZE_NEAREST_NEIGHBOR 2x, "
+    row = lw.row(node, "bilinear 2x: edge gather (QUANTIZED_CONCAT), QUANTIZED_RESIZE_NEAREST_NEIGHBOR, "
                        "depthwise 3x3 [1,2,1]x[1,2,1]/16 on the KPU, CPU crop (kmodel v3 has no bilinear resize)",
                  in_shape=(c, h, w), out_shape=lw.shape(out))
     src = lw.need_u8(x, row)
     quant = lw.locs[x].quant
     pad, up = f"{out}:edge", f"{out}:up"
-    ranges = edge_pad_ranges(src, c, h, w)
-    p = lw.alloc(pad, "u8", c * (h + 2) * (w + 2))
+    ranges = repeat_last_ranges(src, c, h, w)
+    p = lw.alloc(pad, "u8", c * (h + 1) * (w + 1))
     lw.emit("QUANTIZED_CONCAT", dict(flags=1, main_mem_out_address=p, input_count=len(ranges)), row,
             data={"ranges": ranges})
-    uh, uw = SCALE * (h + 2), SCALE * (w + 2)
+    uh, uw = SCALE * h + 3, SCALE * w + 3
     lw.virtual_shapes[up] = (c, uh, uw)
     lw.locs[up] = Loc((c, uh, uw), quant=quant, u8=lw.alloc(up, "u8", c * uh * uw))
     lw.emit("QUANTIZED_RESIZE_NEAREST_NEIGHBOR", dict(
-        flags=1, main_mem_in_address=p, main_mem_out_address=lw.locs[up].u8, in_shape=(w + 2, h + 2, c),
+        flags=1, main_mem_in_address=p, main_mem_out_address=lw.locs[up].u8, in_shape=(w + 1, h + 1, c),
         out_width=uw, out_height=uh, align_corners=0), row)
     lw.main.free(f"{pad}:u8")
     stage = Node("Conv", [up], [out], dict(kernel=(3, 3), strides=(1, 1), pads=[1, 1, 1, 1], dilations=(1, 1),
-                                          group=c, pick=(SCALE, SCALE, 1)), f"{node.name}/smooth")
+                                          group=c, pick=(1, 1, 1)), f"{node.name}/smooth")
     geo, plan = geometry(lw, stage), plan_for(lw, stage)
     emit_layer(lw, stage, geo, plan, smoothing_layer(c, quant, lw.opts.weight_bits), row)
     lw.kpu_free(lw.locs[up])
