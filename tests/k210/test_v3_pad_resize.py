@@ -128,7 +128,7 @@ def _bilinear_model(h, w, relu=True, c=5, seed=2, mode="half_pixel"):
 @pytest.mark.parametrize("hw_,relu", [((12, 16), True), ((9, 6), False), ((20, 20), False)])
 def test_bilinear_2x_is_the_rounded_interpolation_bit_for_bit(hw_, relu):
     """The output bytes are the KPU arithmetic of the v3 layers on the input bytes (gather ->
-    nearest -> [1,2,1]^2 integer conv -> activation table -> crop, with the emulator's reference
+    nearest -> [1,2,1]^2 integer conv -> activation table -> crop, as the emulator's reference
     functions compute it), which is the exact interpolation S / 16 of the input codes rounded
     once to the nearest byte (ties to even), on the input's own grid; the model is close to
     float (onnxruntime) and `auto` keeps v4's bilinear layer."""
