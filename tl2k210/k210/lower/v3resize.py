@@ -97,12 +97,13 @@ def smoothing_layer(c, quant, bits):
 def bilinear2x_kpu(lw, node):
     x, out = node.inputs[0], node.outputs[0]
     c, h, w = lw.shape(x)
-    row = lw.row(node, "bilinear 2x: edge gather (QUANTIZED_CONCAT), QUANTIZED_RESIZE_NEAREST_NEIGHBOR, "
-                       "depthwise 3x3 [1,2,1]x[1,2,1]/16 on the KPU, CPU crop (kmodel v3 has no bilinear resize)",
+    row = lw.row(node, "bilinear 2x: last row/column repeated (QUANTIZED_CONCAT), QUANTIZED_RESIZE_NEAREST_NEIGHBOR "
+                       "to 2n+3, depthwise 3x3 [1,2,1]x[1,2,1]/16 on the KPU, CPU crop (kmodel v3 has no bilinear "
+                       "resize)",
                  in_shape=(c, h, w), out_shape=lw.shape(out))
     src = lw.need_u8(x, row)
     quant = lw.locs[x].quant
-    pad, up = f"{out}:edge", f"{out}:up"
+    pad, up = f"{out}:repeat", f"{out}:up"
     ranges = repeat_last_ranges(src, c, h, w)
     p = lw.alloc(pad, "u8", c * (h + 1) * (w + 1))
     lw.emit("QUANTIZED_CONCAT", dict(flags=1, main_mem_out_address=p, input_count=len(ranges)), row,
