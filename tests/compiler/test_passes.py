@@ -245,7 +245,8 @@ def test_unsupported_op_names_node_and_nearest_form():
         run_pipeline(from_onnx(m))
     # what kmodel v3 lacks but v4 has passes the pipeline and plans as v4
     for node in (helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="deconv1", strides=[2, 2]),
-                 helper.make_node("Resize", ["x", "", "s"], ["y"], name="up", mode="linear")):
+                 helper.make_node("Resize", ["x", "", "s"], ["y"], name="up", mode="linear",
+                                  coordinate_transformation_mode="align_corners")):    # v3: half_pixel 2x only
         m = make_model([node], [X], [("y", None)], {"w": rand(4, 4, 2, 2), "s": np.array([1, 1, 2, 2], np.float32)})
         g, _ = run_pipeline(from_onnx(m))
         assert plan_format(g, Options())[0] == "v4"

@@ -42,8 +42,8 @@ def test_check_supported_asks_the_registry():
     """'Supported' means 'lowered' (in some kmodel format): the pass refuses what no format's
     lowering takes, before calibration; v3 alone refuses what needs v4 and says so."""
     from tl2k210.k210.lower import plan_format
-    def resize(mode):
-        return make_model([helper.make_node("Resize", ["x", "", "s"], ["y"], name="up", mode=mode)],
+    def resize(mode, **attrs):
+        return make_model([helper.make_node("Resize", ["x", "", "s"], ["y"], name="up", mode=mode, **attrs)],
                           [("x", [1, 4, 8, 8])], [("y", None)], {"s": np.array([1, 1, 2, 2], np.float32)})
     with pytest.raises(UnsupportedOpError) as e:
         run_pipeline(from_onnx(resize("cubic")))
@@ -52,7 +52,10 @@ def test_check_supported_asks_the_registry():
     g, _ = run_pipeline(from_onnx(resize("linear")))           # bilinear: a v4 form exists
     fmt, (node, why) = plan_format(g, Options(format="auto"))
     assert (fmt, node) == ("v4", "up") and why.startswith("Resize mode=linear: resize_nearest (CPU uint8)")
-    with pytest.raises(UnsupportedOpError, match=r"(?s)'up'.*mode nearest.*needs kmodel v4: use `--format v4`"):
+    assert plan_format(g, Options(format="v3")) == ("v3", None)     # half_pixel 2x: v3resize's form
+    g, _ = run_pipeline(from_onnx(resize("linear", coordinate_transformation_mode="align_corners")))
+    with pytest.raises(UnsupportedOpError, match=r"(?s)'up'.*half_pixel.*mode nearest.*needs kmodel v4: "
+                                                 r"use `--format v4`"):
         plan_format(g, Options(format="v3"))
 
 

@@ -776,13 +776,14 @@ def png_dir(tmp_path_factory):
     return d
 
 
-def _bilinear_file(tmp_path, h, w, c=8):
+def _bilinear_file(tmp_path, h, w, c=8, cmode="half_pixel"):
     import onnx
     m = make_model([conv_node("c", "x", "w0", "b0", pads=[1, 1, 1, 1]), N("Relu", ["c"], ["r"]),
-                    N("Resize", ["r", "", "s"], ["y"], mode="linear", name="upsample")],
+                    N("Resize", ["r", "", "s"], ["y"], mode="linear", name="upsample",
+                      coordinate_transformation_mode=cmode)],
                    [("x", [1, 3, h, w])], [("y", [1, c, 2 * h, 2 * w])],
                    {"w0": W(c, 3, 3, 3), "b0": W(c), "s": np.array([1, 1, 2, 2], np.float32)})
-    src = tmp_path / "bilinear.onnx"
+    src = tmp_path / f"bilinear_{cmode}.onnx"
     onnx.save(m, src)
     return src
 
@@ -794,6 +795,13 @@ def test_convert_format_flag_and_firmware_table(tmp_path, png_dir, capsys):
     text = capsys.readouterr().out
     assert "kmodel v4" in text and "v3 cannot express node 'upsample'" in text and "resize_image" not in text[:0]
     assert kmodel.load(out).version == 4
+    # a v3-only build takes kmodel v3's form of a half_pixel 2x bilinear (v3resize.py) ...
+    dst = tmp_path / "minimum.kmodel"
+    assert main(["convert", str(src), str(dst), "--dataset", str(png_dir), "-q", "--runtime", "maixpy-minimum"]) == 0
+    assert kmodel.load(dst).version == 3
+    capsys.readouterr()
+    # ... but of no other bilinear resize
+    src = _bilinear_file(tmp_path, 48, 64, cmode="align_corners")
     for fmt, rt, needle in (("v3", "maixpy", "needs kmodel v4"),
                             ("auto", "maixpy-minimum", "does not load on 'maixpy-minimum'")):
         dst = tmp_path / f"{fmt}-{rt}.kmodel"

@@ -4,7 +4,8 @@
 
 One small function per op kind, in a registry (`registry.py`): `conv.py` (KPU convs), `kxk.py`
 (K x K kernels as 3x3 stages), `fc.py` (dense layers), `cpu.py` (SDK CPU layers), `layout.py`
-(relabels), and the kmodel v4 ops (`v4conv.py`, `v4elementwise.py`, `v4ops.py`, `v4resize.py`).
+(relabels), `v3resize.py` (kmodel v3's bilinear 2x: nearest + a KPU filter), and the kmodel v4
+ops (`v4conv.py`, `v4elementwise.py`, `v4ops.py`, `v4resize.py`).
 `state.py` holds where each tensor lives and emits the moves between KPU RAM, uint8 and float main
 memory; `v4emit.py` writes a plan as kmodel v4. Every IR node becomes one or more kmodel layers and
 a receipt row saying where it runs and why.
@@ -18,7 +19,7 @@ import dataclasses
 from tl2k210.errors import KpuLimitError, UnsupportedOpError
 from tl2k210.graph import describe
 
-from . import conv, cpu, fc, kxk, layout  # noqa: F401  (register the lowerings)
+from . import conv, cpu, fc, kxk, layout, v3resize  # noqa: F401  (register the lowerings)
 from . import v4ops, v4resize, v4elementwise, v4conv  # noqa: F401  (the kmodel v4 lowerings)
 from .registry import CPU_F32, FORMATS, REGISTRY, select, smaller_alternative, supported_ops  # noqa: F401
 from .state import Loc, Lowering, Options, Row, wants_small  # noqa: F401

@@ -11,7 +11,7 @@ from tl2k210.passes.fuse_activation import activation_of
 
 from .fc import feeds_output, logistic, source_unit
 from .memory import float_slices
-from .registry import CPU_F32, CPU_U8, lowering
+from .registry import CPU_F32, CPU_U8, NA, lowering
 
 
 U8 = np.arange(np.iinfo(np.uint8).max + 1)      # every uint8 value: the index of a REQUANTIZE table
@@ -297,6 +297,53 @@ def zero_pad(lw, node):
         out_shape=(w + l + r, h + t + b, c), kernel_width=1, kernel_height=1, stride_width=1,
         stride_height=1, padding_width=l, padding_height=t), row)
     lw.traced(out, "u8")
+
+
+def _channel_pads(g, node):
+    """((before, after), value) of a constant Pad of the channel axis only, or None."""
+    from .v4ops import _pads4
+    p = _pads4(g, node) if len(g.shape(node.inputs[0]) or ()) == 4 else None
+    if not isinstance(p, tuple) or p[2] != "constant":
+        return None
+    (n, ch, h, w), value, _ = p
+    if n != (0, 0) or h != (0, 0) or w != (0, 0) or min(ch) < 0 or not any(ch):
+        return None
+    return ch, value
+
+
+def channel_pad_refuses(g, node, opts):
+    return None if _channel_pads(g, node) is not None else NA      # zero_pad's, or no v3 form's
+
+
+@lowering("Pad", unit=CPU_U8, check=channel_pad_refuses, formats=("v3",), name="channel_pad", explicit=True)
+def channel_pad(lw, node):
+    """A constant pad of the channel axis (BlazeFace's residual blocks widen a map with zero
+    channels) in kmodel v3, which has no pad layer: the added channels are one buffer of the
+    value's code, written by a QUANTIZED_ADD whose multipliers are 0 (every output is out_offset;
+    it reads its own output, the in-place form the SDK runs), joined to the input by a
+    QUANTIZED_CONCAT (channels are contiguous in CHW). The output keeps the input's grid: exact."""
+    x, out = node.inputs[0], node.outputs[0]
+    (before, after), value = _channel_pads(lw.g, node)
+    c, h, w = lw.shape(x)
+    row = lw.row(node, "channel pad: QUANTIZED_ADD fill (multipliers 0) + QUANTIZED_CONCAT (kmodel v3 has no "
+                       "pad layer)", in_shape=(c, h, w), out_shape=lw.shape(out))
+    src = lw.need_u8(x, row)
+    s, z = quant = lw.locs[x].quant
+    code = int(np.clip(np.rint(value / s + z), 0, U8[-1]))
+    if abs((code - z) * s - value) > 1e-6 * max(1.0, abs(value)):
+        row.notes.append(f"pad value {value:g} on the input's grid: code {code} ({(code - z) * s:.4g})")
+    n = max(before, after) * h * w
+    fill = lw.alloc(f"{out}:fill", "u8", n)
+    lw.emit("QUANTIZED_ADD", dict(
+        flags=1, main_mem_in_a_address=fill, main_mem_in_b_address=fill, main_mem_out_address=fill, count=n,
+        in_a_offset=0, in_a_mul=0, in_a_shift=0, in_b_offset=0, in_b_mul=0, in_b_shift=0, out_offset=code,
+        out_mul=0, out_shift=0), row)
+    parts = [(f"{out}:fill", fill, k * h * w) for k in (before,) if k] + [(x, src, c * h * w)] + \
+        [(f"{out}:fill", fill, k * h * w) for k in (after,) if k]
+    loc = lw.u8_out(out, quant)
+    lw.concat_into(node, row, f"{out}:u8", loc.u8, parts, "u8", lambda at, run: lw.emit(
+        "QUANTIZED_CONCAT", dict(flags=1, main_mem_out_address=at, input_count=len(run)), row, data={"ranges": run}))
+    lw.main.free(f"{out}:fill:u8")
 
 
 @lowering("GlobalMaxPool", unit=CPU_U8)

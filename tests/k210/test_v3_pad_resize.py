@@ -1,0 +1,169 @@
+"""kmodel v3 has no pad and no bilinear layer. A constant pad of the channel axis is a QUANTIZED_ADD
+fill (multipliers 0: every output is out_offset, the value's code) joined to the input by a
+QUANTIZED_CONCAT (cpu.py channel_pad); a half_pixel bilinear 2x resize is a gather repeating the
+last row and column, the SDK's nearest resize to 2n + 3 and a depthwise 3x3 [1,2,1]x[1,2,1] KPU
+conv whose table rounds ACC / 16, cropped (v3resize.py). Both are taken for `--format v3` or a
+v3-only runtime; `auto` keeps v4's layers. TF-free, hand-made graphs."""
+import numpy as np
+import pytest
+from onnx import helper
+
+from lower_helpers import compile_model, conv_node, make_model, ort_run, pixels, sqnr
+from tl2k210.k210.emulator import Emulator
+from tl2k210.k210.emulator.kpu import activation, batchnorm
+from tl2k210.k210.lower.v3resize import doubled, repeat_last_ranges
+from tl2k210.k210.lower.v4resize import v4_nearest
+
+
+def _head(relu, c, rng):
+    """conv3x3 (+ ReLU) on the pixels: a uint8 map whose zero point is code 0 (ReLU) or not."""
+    n = helper.make_node
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1])]
+    nodes += [n("Relu", ["c0"], ["r0"])] if relu else [n("Identity", ["c0"], ["r0"])]
+    return nodes, {"w0": (rng.normal(size=(c, 3, 3, 3)) * 0.3).astype(np.float32),
+                   "b0": (rng.normal(size=c) * 0.2).astype(np.float32)}
+
+
+def _codes(out, quant):
+    s, z = quant
+    return np.rint(np.asarray(out, np.float64) / s + z).astype(np.int64)
+
+
+# ------------------------------------------------------------------ channel pad
+def _channel_pad_model(relu, before, after, value=None, c=4, seed=1):
+    rng = np.random.default_rng(seed)
+    nodes, inits = _head(relu, c, rng)
+    ins = ["r0", "p"] + (["v"] if value is not None else [])
+    nodes += [helper.make_node("Pad", ins, ["pd"], name="pad"), helper.make_node("Identity", ["pd"], ["y"])]
+    inits["p"] = np.array([0, before, 0, 0, 0, after, 0, 0], np.int64)
+    if value is not None:
+        inits["v"] = np.array(value, np.float32)
+    return make_model(nodes, [("x", [1, 3, 12, 12])], [("y", None)], inits)
+
+
+@pytest.mark.parametrize("relu,before,after,value", [(True, 0, 3, None), (False, 2, 5, None),
+                                                     (False, 3, 0, None), (True, 2, 2, 0.5)])
+def test_channel_pad_is_a_fill_and_a_concat_bit_for_bit(relu, before, after, value):
+    """The output bytes are the input's with channels of the value's code before / after them
+    (np.pad), whatever the input's zero point (a map that may be negative pads with its zero
+    point, not code 0): a QUANTIZED_ADD with multipliers 0 writes out_offset; close to float."""
+    m = _channel_pad_model(relu, before, after, value)
+    px = pixels(3, 3, 12, 12)
+    model, rows, lw, g = compile_model(m, px, format="v3")
+    node = next(n for n in g.nodes if n.op == "Pad")
+    assert lw.lowered_by(node) == "channel_pad"
+    row = next(r for r in rows if r.node == node.name)
+    (fill,) = [model.layers[i] for i in row.layers if model.layers[i].name == "QUANTIZED_ADD"]
+    f = fill.fields
+    s, z = lw.locs[node.inputs[0]].quant
+    code = z + round((value or 0.0) / s)
+    assert f["in_a_mul"] == f["in_b_mul"] == 0 and f["out_offset"] == code
+    assert (z == 0) == relu and lw.locs[node.outputs[0]].quant == (s, z)
+    src, _ = lw.trace_map[node.inputs[0]]
+    emu = Emulator(model)
+    for p in px:
+        out, trace = emu.run(p, trace=True)
+        q = np.asarray(trace[src][1]).reshape(4, 12, 12)
+        want = np.pad(q.astype(np.int64), ((before, after), (0, 0), (0, 0)), constant_values=code)
+        assert np.array_equal(_codes(out[0], (s, z)).reshape(want.shape), want)
+    assert sqnr(m, model, px) > 30
+    assert compile_model(m, px, format="auto")[0].version == 4                 # v4's pad layer
+    assert compile_model(m, px, format="auto", v3_only=True)[0].version == 3   # maixpy-minimum
+
+
+# ------------------------------------------------------------------ bilinear 2x
+def _resize_model(h, w, mode="half_pixel"):
+    return make_model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear",
+                                        coordinate_transformation_mode=mode)],
+                      [("x", [1, 2, h, w])], [("y", None)], {"s": np.array([1, 1, 2, 2], np.float32)})
+
+
+def _gathered(x, ranges):
+    flat = x.reshape(-1)
+    return np.concatenate([flat[a:a + n] for a, n in ranges])
+
+
+def _filtered(u):
+    """[1,2,1] x [1,2,1] over the (C, 2H+3, 2W+3) map, centred on rows / columns 1 .. 2n: the
+    K210_CONV's sums where the CPU crop keeps them (unscaled: 16 x the value)."""
+    c, uh, uw = u.shape
+    k = np.array([1, 2, 1])
+    rows = sum(k[d] * u[:, d:uh - 3 + d] for d in range(3))
+    return sum(k[d] * rows[:, :, d:uw - 3 + d] for d in range(3))
+
+
+def _upsampled(q, h, w):
+    """The SDK's nearest resize of the (C, H+1, W+1) map to (C, 2H+3, 2W+3), float32 indices."""
+    return q[:, v4_nearest(h + 1, 2 * h + 3)][:, :, v4_nearest(w + 1, 2 * w + 3)]
+
+
+@pytest.mark.parametrize("h,w", [(1, 1), (1, 5), (3, 2), (4, 4), (7, 7), (6, 11), (24, 24), (60, 254)])
+@pytest.mark.parametrize("mode", ["half_pixel", "pytorch_half_pixel"])
+def test_repeat_nearest_and_121_filter_are_onnx_bilinear(h, w, mode):
+    """The identity the v3 form rests on, in float against onnxruntime: the gather's ranges
+    (repeat_last_ranges: one a row) give x with its last row and column repeated, the SDK's
+    float32 nearest resize to 2n + 3 repeats the first pixel thrice and doubles the rest
+    (`doubled`), and [1,2,1]x[1,2,1]/16 around rows and columns 1 .. 2n is ONNX's bilinear 2x."""
+    x = np.random.default_rng(h * 31 + w).normal(size=(2, h, w)).astype(np.float32)
+    ranges = repeat_last_ranges(0, 2, h, w)
+    q = _gathered(x, ranges).reshape(2, h + 1, w + 1)
+    assert np.array_equal(q, np.pad(x, ((0, 0), (0, 1), (0, 1)), mode="edge"))
+    assert len(ranges) <= 2 * (h + 2) + 1       # a row and its repeated last pixel: one run
+    for n in (h, w):
+        assert np.array_equal(v4_nearest(n + 1, 2 * n + 3), doubled(n))
+    want = ort_run(_resize_model(h, w, mode), x[None])[0][0]
+    assert np.abs(_filtered(_upsampled(q, h, w).astype(np.float64)) / 16 - want).max() < 1e-6
+
+
+def _bilinear_model(h, w, relu=True, c=5, seed=2, mode="half_pixel"):
+    """conv3x3 (+ ReLU) on (3, h, w) pixels -> bilinear 2x -> the output."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = _head(relu, c, rng)
+    nodes += [helper.make_node("Resize", ["r0", "", "s"], ["y"], name="up", mode="linear",
+                               coordinate_transformation_mode=mode)]
+    inits["s"] = np.array([1, 1, 2, 2], np.float32)
+    return make_model(nodes, [("x", [1, 3, h, w])], [("y", None)], inits)
+
+
+@pytest.mark.parametrize("hw_,relu", [((12, 16), True), ((9, 6), False), ((20, 20), False)])
+def test_bilinear_2x_is_the_rounded_interpolation_bit_for_bit(hw_, relu):
+    """The output bytes are the KPU arithmetic of the v3 layers on the input bytes (gather ->
+    nearest -> [1,2,1]^2 integer conv -> activation table -> crop, as the emulator's reference
+    functions compute it), which is the exact interpolation S / 16 of the input codes rounded
+    once to the nearest byte (ties to even), on the input's own grid; the model is close to
+    float (onnxruntime) and `auto` keeps v4's bilinear layer."""
+    h, w = hw_
+    m = _bilinear_model(h, w, relu)
+    px = pixels(3, 3, h, w)
+    model, rows, lw, g = compile_model(m, px, format="v3")
+    node = next(n for n in g.nodes if n.op == "Resize")
+    assert lw.lowered_by(node) == "bilinear2x_kpu"
+    row = next(r for r in rows if r.node == node.name)
+    names = [model.layers[i].name for i in row.layers]
+    assert names[0] == "QUANTIZED_CONCAT" and names[1] == "QUANTIZED_RESIZE_NEAREST_NEIGHBOR"
+    assert names[-1] == "QUANTIZED_MAX_POOL2D" and names.count("K210_CONV") == 1
+    (conv,) = [model.layers[i].conv for i in row.layers if model.layers[i].conv is not None]
+    assert conv.args["arg_x"] == conv.args["arg_w"] == conv.args["arg_add"] == 0
+    assert np.array_equal(conv.weights.reshape(-1, 3, 3), np.tile(np.outer([1, 2, 1], [1, 2, 1]), (5, 1, 1)))
+    quant = lw.locs[node.inputs[0]].quant
+    assert lw.locs[node.outputs[0]].quant == quant
+    src, _ = lw.trace_map[node.inputs[0]]
+    emu = Emulator(model)
+    for p in px:
+        out, trace = emu.run(p, trace=True)
+        q = np.asarray(trace[src][1]).reshape(5, h, w).astype(np.int64)
+        acc = _filtered(_upsampled(np.pad(q, ((0, 0), (0, 1), (0, 1)), mode="edge"), h, w))
+        ref = activation(batchnorm(acc, conv.bn), conv.act).astype(np.int64)
+        assert np.array_equal(_codes(out[0], quant).reshape(ref.shape), ref)
+        frac = acc % 16
+        assert np.array_equal(ref, np.where(frac == 8, (acc // 16 + 1) // 2 * 2, (acc + 8) // 16))
+    assert sqnr(m, model, px) > 30
+    assert compile_model(m, px, format="auto")[0].version == 4
+    assert compile_model(m, px, format="auto", v3_only=True)[0].version == 3
+
+
+def test_bilinear_other_than_half_pixel_2x_stays_refused_on_v3():
+    from tl2k210.errors import UnsupportedOpError
+    m = _bilinear_model(12, 16, mode="align_corners")
+    with pytest.raises(UnsupportedOpError, match="samples half_pixel coordinates"):
+        compile_model(m, pixels(3, 3, 12, 16), format="v3")
