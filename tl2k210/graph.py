@@ -285,6 +285,38 @@ def axes_of(g, n):
     return None
 
 
+def pads_of(g, node):
+    """((before, after) x 4) of an ONNX Pad (a lower rank gets (0, 0) in front), its constant value
+    and mode; or a reason why not (pads, value or axes not constants)."""
+    rank = len(g.shape(node.inputs[0]))
+    if "pads" in node.attrs:
+        pads = list(node.attrs["pads"])
+        value = float(node.attrs.get("value", 0.0))
+    else:
+        p = g.const(node.inputs[1]) if len(node.inputs) > 1 else None
+        if p is None:
+            return "pads are not a constant"
+        pads = [int(v) for v in np.asarray(p).reshape(-1)]
+        value = 0.0
+        if len(node.inputs) > 2 and node.inputs[2]:
+            v = g.const(node.inputs[2])
+            if v is None:
+                return "the pad value is not a constant"
+            value = float(np.asarray(v).reshape(-1)[0])
+        if len(node.inputs) > 3 and node.inputs[3]:
+            ax = g.const(node.inputs[3])
+            if ax is None:
+                return "the pad axes are not a constant"
+            full = [0] * (2 * rank)
+            ax = [int(a) % rank for a in np.asarray(ax).reshape(-1)]
+            for i, a in enumerate(ax):
+                full[a], full[a + rank] = pads[i], pads[i + len(ax)]
+            pads = full
+    k = 4 - rank
+    pairs = [(0, 0)] * k + [(pads[i], pads[i + rank]) for i in range(rank)]
+    return pairs, value, node.attrs.get("mode", "constant")
+
+
 def set_axes(g, n, axes):
     """Write `axes` in the form the node already uses (attribute or constant input)."""
     if "axes" in n.attrs or len(n.inputs) < 2 or not n.inputs[1]:

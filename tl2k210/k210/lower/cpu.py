@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from tl2k210.graph import pads_of
 from tl2k210.k210 import fixed_point as fx
 from tl2k210.passes.fuse_activation import activation_of
 
@@ -301,8 +302,7 @@ def zero_pad(lw, node):
 
 def _channel_pads(g, node):
     """((before, after), value) of a constant Pad of the channel axis only, or None."""
-    from .v4ops import _pads4
-    p = _pads4(g, node) if len(g.shape(node.inputs[0]) or ()) == 4 else None
+    p = pads_of(g, node) if len(g.shape(node.inputs[0]) or ()) == 4 else None
     if not isinstance(p, tuple) or p[2] != "constant":
         return None
     (n, ch, h, w), value, _ = p

@@ -27,6 +27,7 @@ from tl2k210.k210 import fixed_point as fx
 from tl2k210.quantize.fake_quant import float_head
 from tl2k210.quantize.metrics import sqnr_db
 
+from .cpu import table
 from .conv import is_dense
 from .fc import feeds_output, float_fc_refuses, source_unit
 from .kxk import phase_forms
@@ -373,7 +374,6 @@ def activation_after(lw, src, dst, act, row):
     """`dst` = act(`src`) for a uint8 `src` just written by a CPU layer: one REQUANTIZE whose
     256-entry table maps each uint8 value of src's quantization to the nearest of dst's -- exact
     (to dst's rounding) for any function of one value, whatever the channel count. Frees src."""
-    from .cpu import table
     s_in, z_in = lw.locs[src].quant
     so, zo = lw.quant_of(dst)
     shape = lw.locs[src].shape

@@ -15,6 +15,7 @@ import numpy as np
 
 from tl2k210.k210 import fixed_point as fx
 
+from .cpu import table
 from .fc import feeds_output, source_unit
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .v4emit import F32, NO_CLAMP, U8, Const, main, nnil_code
@@ -74,7 +75,7 @@ def unary_function(g, node):
         f = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
              "Min": np.minimum, "Max": np.maximum}[op]
         return (lambda x: f(x, v)) if k == 1 else (lambda x: f(v, x))
-    table = {
+    funcs = {
         "Exp": np.exp, "Log": np.log, "Abs": np.abs, "Neg": np.negative, "Sqrt": np.sqrt,
         "Reciprocal": lambda x: 1 / x, "Sin": np.sin, "Cos": np.cos, "Floor": np.floor, "Ceil": np.ceil,
         "Round": np.round, "Sign": np.sign, "Erf": _erf,
@@ -100,7 +101,7 @@ def unary_function(g, node):
                 (len(node.inputs) > 2 and node.inputs[2] and c.get(2) is None):
             return None
         return lambda x: np.clip(x, lo, hi)
-    return table.get(op)
+    return funcs.get(op)
 
 
 def _sigmoid_tail():
@@ -222,7 +223,6 @@ def table_refuses(g, node, opts):
 @lowering(*BINARY, unit=CPU_U8, check=table_refuses, name="scalar_table")
 def unary_table(lw, node):
     """f(x) of one uint8 value: a 256-entry table from the input's quantization to the output's."""
-    from .cpu import table
     x = next(i for i in node.inputs if lw.g.const(i) is None)
     out = node.outputs[0]
     row = lw.row(node, f"{node.op} on uint8: 256-entry table", in_shape=lw.shape(x), out_shape=lw.shape(out))

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tl2k210.graph import axes_of
+from tl2k210.graph import axes_of, pads_of
 from tl2k210.k210.kmodel.v4 import MEM_MAIN
 
+from .cpu import table
 from .fc import feeds_output
 from .memory import float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
@@ -241,42 +242,11 @@ def split(lw, node):
             _copy_or_slice(lw, x, out, dt, begin, end, (1, 1, 1, 1), row)
 
 
-def _pads4(g, node):
-    """((before, after) x 4) of an ONNX Pad, the constant value and the mode, or a reason."""
-    rank = len(g.shape(node.inputs[0]))
-    if "pads" in node.attrs:
-        pads = list(node.attrs["pads"])
-        value = float(node.attrs.get("value", 0.0))
-    else:
-        p = g.const(node.inputs[1]) if len(node.inputs) > 1 else None
-        if p is None:
-            return "pads are not a constant"
-        pads = [int(v) for v in np.asarray(p).reshape(-1)]
-        value = 0.0
-        if len(node.inputs) > 2 and node.inputs[2]:
-            v = g.const(node.inputs[2])
-            if v is None:
-                return "the pad value is not a constant"
-            value = float(np.asarray(v).reshape(-1)[0])
-        if len(node.inputs) > 3 and node.inputs[3]:
-            ax = g.const(node.inputs[3])
-            if ax is None:
-                return "the pad axes are not a constant"
-            full = [0] * (2 * rank)
-            ax = [int(a) % rank for a in np.asarray(ax).reshape(-1)]
-            for i, a in enumerate(ax):
-                full[a], full[a + rank] = pads[i], pads[i + len(ax)]
-            pads = full
-    k = 4 - rank
-    pairs = [(0, 0)] * k + [(pads[i], pads[i + rank]) for i in range(rank)]
-    return pairs, value, node.attrs.get("mode", "constant")
-
-
 def pad_refuses(g, node, opts):
     why = _rank_ok(g, node)
     if why:
         return why
-    p = _pads4(g, node)
+    p = pads_of(g, node)
     if isinstance(p, str):
         return p
     pairs, value, mode = p
@@ -299,7 +269,7 @@ def pad_refuses(g, node, opts):
 def pad(lw, node):
     from .v4resize import edge_pad
     x, out = node.inputs[0], node.outputs[0]
-    pairs, value, mode = _pads4(lw.g, node)
+    pairs, value, mode = pads_of(lw.g, node)
     dt = _form(lw, x)
     row = lw.row(node, f"{mode} pad", in_shape=lw.shape(x), out_shape=lw.shape(out))
     if mode in ("edge", "reflect"):
@@ -344,7 +314,6 @@ def concat_refuses(g, node, opts):
 def concat(lw, node):
     """Concat on any axis: inputs requantized to the output's scale (tables), then one concat node
     copying, for each outer index, dims[i] x inner bytes of every input in turn."""
-    from .cpu import table
     out = node.outputs[0]
     rank = len(lw.g.shape(out))
     axis = int(node.attrs.get("axis", 1)) % rank
