@@ -49,11 +49,11 @@ def test_check_supported_asks_the_registry():
         run_pipeline(from_onnx(resize("cubic")))
     msg = str(e.value)
     assert "'up'" in msg and "mode=cubic" in msg and "bilinear and nearest only" in msg and "kmodel v4" in msg
-    g, _ = run_pipeline(from_onnx(resize("linear")))           # bilinear: a v4 form exists
-    fmt, (node, why) = plan_format(g, Options(format="auto"))
-    assert (fmt, node) == ("v4", "up") and why.startswith("Resize mode=linear: resize_nearest (CPU uint8)")
-    assert plan_format(g, Options(format="v3")) == ("v3", None)     # half_pixel 2x: v3resize's form
+    g, _ = run_pipeline(from_onnx(resize("linear")))           # half_pixel 2x: v3resize's form
+    assert plan_format(g, Options(format="auto")) == plan_format(g, Options(format="v3")) == ("v3", None)
     g, _ = run_pipeline(from_onnx(resize("linear", coordinate_transformation_mode="align_corners")))
+    fmt, (node, why) = plan_format(g, Options(format="auto"))   # other bilinears: a v4 form
+    assert (fmt, node) == ("v4", "up") and "bilinear2x_kpu (KPU): coordinate_transformation_mode" in why
     with pytest.raises(UnsupportedOpError, match=r"(?s)'up'.*half_pixel.*mode nearest.*needs kmodel v4: "
                                                  r"use `--format v4`"):
         plan_format(g, Options(format="v3"))

@@ -680,7 +680,8 @@ def test_auto_picks_v3_when_every_layer_has_a_v3_form():
 
 
 def test_auto_names_the_node_that_needs_v4():
-    m = build([N("Resize", ["r", "", "s"], ["y"], mode="linear", name="upsample")], {"s": np.array([1, 1, 2, 2], np.float32)})
+    m = build([N("Resize", ["r", "", "s"], ["y"], mode="linear", coordinate_transformation_mode="align_corners",
+                 name="upsample")], {"s": np.array([1, 1, 2, 2], np.float32)})
     model, rows, lw, g = compile_model(m, PX)
     assert model.version == 4 and lw.forced_by[0] == "upsample" and "nearest" in lw.forced_by[1]
 
@@ -694,7 +695,8 @@ def test_no_form_anywhere_lists_what_each_lowering_needs():
 
 
 def test_sixteen_bit_weights_stay_v3():
-    m = build([N("Resize", ["r", "", "s"], ["y"], mode="linear")], {"s": np.array([1, 1, 2, 2], np.float32)})
+    m = build([N("Resize", ["r", "", "s"], ["y"], mode="linear", coordinate_transformation_mode="align_corners")],
+              {"s": np.array([1, 1, 2, 2], np.float32)})
     from tl2k210.graph import from_onnx
     from tl2k210.k210.flow import run_pipeline
     g, _ = run_pipeline(from_onnx(m))
@@ -790,18 +792,19 @@ def _bilinear_file(tmp_path, h, w, c=8, cmode="half_pixel"):
 
 def test_convert_format_flag_and_firmware_table(tmp_path, png_dir, capsys):
     from tl2k210.cli import main
-    src, out = _bilinear_file(tmp_path, 48, 64), tmp_path / "b.kmodel"
+    # a half_pixel 2x bilinear has a kmodel v3 form (v3resize.py): every build takes it ...
+    src = _bilinear_file(tmp_path, 48, 64)
+    for rt in ("maixpy", "maixpy-minimum"):
+        dst = tmp_path / f"{rt}.kmodel"
+        assert main(["convert", str(src), str(dst), "--dataset", str(png_dir), "-q", "--runtime", rt]) == 0
+        assert kmodel.load(dst).version == 3
+    capsys.readouterr()
+    # ... no other bilinear resize has: auto takes v4 and names the node
+    src, out = _bilinear_file(tmp_path, 48, 64, cmode="align_corners"), tmp_path / "b.kmodel"
     assert main(["convert", str(src), str(out), "--dataset", str(png_dir), "-q"]) == 0
     text = capsys.readouterr().out
-    assert "kmodel v4" in text and "v3 cannot express node 'upsample'" in text and "resize_image" not in text[:0]
+    assert "kmodel v4" in text and "v3 cannot express node 'upsample'" in text
     assert kmodel.load(out).version == 4
-    # a v3-only build takes kmodel v3's form of a half_pixel 2x bilinear (v3resize.py) ...
-    dst = tmp_path / "minimum.kmodel"
-    assert main(["convert", str(src), str(dst), "--dataset", str(png_dir), "-q", "--runtime", "maixpy-minimum"]) == 0
-    assert kmodel.load(dst).version == 3
-    capsys.readouterr()
-    # ... but of no other bilinear resize
-    src = _bilinear_file(tmp_path, 48, 64, cmode="align_corners")
     for fmt, rt, needle in (("v3", "maixpy", "needs kmodel v4"),
                             ("auto", "maixpy-minimum", "does not load on 'maixpy-minimum'")):
         dst = tmp_path / f"{fmt}-{rt}.kmodel"
@@ -824,7 +827,7 @@ def test_convert_format_flag_and_firmware_table(tmp_path, png_dir, capsys):
 
 def test_v4_over_the_firmware_budget_is_refused_with_its_biggest_buffers(tmp_path, png_dir):
     from tl2k210.compiler import BudgetError, ConvertOptions, convert
-    src, out = _bilinear_file(tmp_path, 96, 128, c=16), tmp_path / "big.kmodel"
+    src, out = _bilinear_file(tmp_path, 96, 128, c=16, cmode="align_corners"), tmp_path / "big.kmodel"
     with pytest.raises(BudgetError) as e:
         convert(src, out, ConvertOptions(dataset=str(png_dir), progress=False, runtime="maixpy"))
     msg = str(e.value)

@@ -2,8 +2,9 @@
 fill (multipliers 0: every output is out_offset, the value's code) joined to the input by a
 QUANTIZED_CONCAT (cpu.py channel_pad); a half_pixel bilinear 2x resize is a gather repeating the
 last row and column, the SDK's nearest resize to 2n + 3 and a depthwise 3x3 [1,2,1]x[1,2,1] KPU
-conv whose table rounds ACC / 16, cropped (v3resize.py). Both are taken for `--format v3` or a
-v3-only runtime; `auto` keeps v4's layers. TF-free, hand-made graphs."""
+conv whose table rounds ACC / 16, cropped (v3resize.py). Both are exact, so `--format auto` takes
+them too (kmodel v3 loads on every MaixPy build, and its layers run faster than v4's float
+resize). TF-free, hand-made graphs."""
 import numpy as np
 import pytest
 from onnx import helper
@@ -67,8 +68,7 @@ def test_channel_pad_is_a_fill_and_a_concat_bit_for_bit(relu, before, after, val
         want = np.pad(q.astype(np.int64), ((before, after), (0, 0), (0, 0)), constant_values=code)
         assert np.array_equal(_codes(out[0], (s, z)).reshape(want.shape), want)
     assert sqnr(m, model, px) > 30
-    assert compile_model(m, px, format="auto")[0].version == 4                 # v4's pad layer
-    assert compile_model(m, px, format="auto", v3_only=True)[0].version == 3   # maixpy-minimum
+    assert compile_model(m, px, format="auto")[0].version == 3
 
 
 # ------------------------------------------------------------------ bilinear 2x
@@ -131,7 +131,7 @@ def test_bilinear_2x_is_the_rounded_interpolation_bit_for_bit(hw_, relu):
     nearest -> [1,2,1]^2 integer conv -> activation table -> crop, as the emulator's reference
     functions compute it), which is the exact interpolation S / 16 of the input codes rounded
     once to the nearest byte (ties to even), on the input's own grid; the model is close to
-    float (onnxruntime) and `auto` keeps v4's bilinear layer."""
+    float (onnxruntime) and `auto` takes this form too."""
     h, w = hw_
     m = _bilinear_model(h, w, relu)
     px = pixels(3, 3, h, w)
@@ -158,8 +158,7 @@ def test_bilinear_2x_is_the_rounded_interpolation_bit_for_bit(hw_, relu):
         frac = acc % 16
         assert np.array_equal(ref, np.where(frac == 8, (acc // 16 + 1) // 2 * 2, (acc + 8) // 16))
     assert sqnr(m, model, px) > 30
-    assert compile_model(m, px, format="auto")[0].version == 4
-    assert compile_model(m, px, format="auto", v3_only=True)[0].version == 3
+    assert compile_model(m, px, format="auto")[0].version == 3
 
 
 def test_bilinear_other_than_half_pixel_2x_stays_refused_on_v3():

@@ -315,7 +315,7 @@ def channel_pad_refuses(g, node, opts):
     return None if _channel_pads(g, node) is not None else NA      # zero_pad's, or no v3 form's
 
 
-@lowering("Pad", unit=CPU_U8, check=channel_pad_refuses, formats=("v3",), name="channel_pad", explicit=True)
+@lowering("Pad", unit=CPU_U8, check=channel_pad_refuses, formats=("v3",), name="channel_pad")
 def channel_pad(lw, node):
     """A constant pad of the channel axis (BlazeFace's residual blocks widen a map with zero
     channels) in kmodel v3, which has no pad layer: the added channels are one buffer of the

@@ -93,7 +93,7 @@ def smoothing_layer(c, quant, bits):
     return kpu.LayerQuant(wq, 0, 0, bn, act, tuple(quant), c, bits)
 
 
-@lowering("Resize", unit=KPU, check=bilinear2x_refuses, formats=("v3",), name="bilinear2x_kpu", explicit=True)
+@lowering("Resize", unit=KPU, check=bilinear2x_refuses, formats=("v3",), name="bilinear2x_kpu")
 def bilinear2x_kpu(lw, node):
     x, out = node.inputs[0], node.outputs[0]
     c, h, w = lw.shape(x)
