@@ -6,7 +6,9 @@ their layer argument, weights, BN and activation blocks.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from itertools import permutations
 
@@ -507,17 +509,21 @@ def _pack(model: KModelV3, head_size: int):
     docs/kpu.md): the shorter of two layouts, `_pack_holes` on a tie. Shared blocks point at their
     first layer's. A pure function of the layers, so the reader recognises a packed file (`read`).
     Returns (bodies, 0)."""
-    holes, stream = _pack_holes(model, head_size), _pack_stream(model, head_size)
+    blocks = _conv_blocks(model)        # both layouts place the same bytes
+    holes, stream = _pack_holes(model, head_size, blocks), _pack_stream(model, head_size, blocks)
     return min((holes, stream), key=lambda t: sum(map(len, t[0])))
 
 
-def _pack_stream(model: KModelV3, head_size: int):
+def _pack_stream(model: KModelV3, head_size: int, block_bytes: dict | None = None):
     """The second layout `_pack` tries: the bodies in order, each K210_CONV block waiting, from
     its layer's 24-byte header on, for a file offset of its alignment; before a multiple of 256
     that a waiting block takes, the space is filled with the next bodies while they fit before it,
     then with the waiting 96-byte layer arguments (8-aligned); a body that does not fit crosses
     the multiple unless at most SLACK bytes of padding are left before it."""
-    buf, starts, waiting, args, offs, refs, stored = bytearray(), [], [], [], {}, [], {}
+    block_bytes = _conv_blocks(model) if block_bytes is None else block_bytes
+    buf, starts, args, offs, refs, stored = bytearray(), [], [], {}, [], {}
+    waiting = {}     # alignment -> the blocks waiting for it, first come first: (arrival, i, block, data)
+    arrivals = itertools.count()
 
     def pos():
         return head_size + len(buf)
@@ -536,15 +542,15 @@ def _pack_stream(model: KModelV3, head_size: int):
 
     def flush(next_len):
         """Place waiting blocks until the next body (`next_len` bytes; None: none) goes first."""
-        while waiting:
-            k = min(range(len(waiting)), key=lambda k: align_up(pos(), DEFAULT_ALIGN[waiting[k][1]]))
-            at = align_up(pos(), DEFAULT_ALIGN[waiting[k][1]])
+        while any(waiting.values()):
+            # the block the soonest offset takes, the first to arrive of those on a tie
+            at, _, align = min((align_up(pos(), a), q[0][0], a) for a, q in waiting.items() if q)
             if next_len is not None and align_up(pos(), 8) + next_len <= at:
                 return
             fill(at)
             if next_len is not None and at - pos() > SLACK:
                 return
-            i, b, data = waiting.pop(k)
+            _, i, b, data = waiting[align].popleft()
             put(at, data)
             offs[i][b] = at
         if next_len is None:
@@ -561,14 +567,16 @@ def _pack_stream(model: KModelV3, head_size: int):
         if not conv:
             continue
         _check_bits(layer.conv, model.eight_bit, where)
-        offs[i], blocks = {}, _block_bytes(layer.conv)
+        offs[i], blocks = {}, block_bytes[i]
         for b in CONV_BLOCKS:
             j = (layer.shared or {}).get(b)
             if j is not None:
                 _check_shared(blocks[b], b, stored.get(j), j, where)
                 refs.append((i, b, j))
+            elif DEFAULT_ALIGN[b] > 8:
+                waiting.setdefault(DEFAULT_ALIGN[b], collections.deque()).append((next(arrivals), i, b, blocks[b]))
             else:
-                (waiting if DEFAULT_ALIGN[b] > 8 else args).append((i, b, blocks[b]))
+                args.append((i, b, blocks[b]))
         stored[i] = (layer.conv, offs[i])
     flush(None)
     put(align_up(pos(), 8))
@@ -581,11 +589,12 @@ def _pack_stream(model: KModelV3, head_size: int):
     return [bytes(buf[a:b]) for a, b in zip(starts, starts[1:] + [len(buf)])], 0
 
 
-def _pack_holes(model: KModelV3, head_size: int):
+def _pack_holes(model: KModelV3, head_size: int, block_bytes: dict | None = None):
     """The first layout `_pack` tries: each K210_CONV's 256-aligned blocks appended to its own
     body, in the order of them that ends it soonest, and its 96-byte layer argument (8-aligned)
     in the lowest hole of the padding so far where it fits (no 256-aligned block fits a hole:
     every hole ends at the multiple of 256 a block starts at), else appended."""
+    block_bytes = _conv_blocks(model) if block_bytes is None else block_bytes
     buf, holes, stored, starts = bytearray(), [], {}, []      # holes: [start, end) where an argument fits
     for i, layer in enumerate(model.layers):
         pos = head_size + len(buf)
@@ -593,7 +602,7 @@ def _pack_holes(model: KModelV3, head_size: int):
         if LAYER_TYPES[layer.type].tail != "conv":
             buf += padded_body(_body_bytes(layer, pos, model.eight_bit, f"layer {i}", stored, i), pos, 0)[0]
             continue
-        f, blocks = dict(layer.fields), _block_bytes(layer.conv)
+        f, blocks = dict(layer.fields), block_bytes[i]
         _check_bits(layer.conv, model.eight_bit, f"layer {i}")
         own = [b for b in CONV_BLOCKS if not _shared_offset(layer, b, blocks, stored, f, f"layer {i}")]
         sizes = {b: len(blocks[b]) for b in own}
@@ -680,6 +689,11 @@ def param_blocks(conv) -> dict:
 
 def _block_bytes(conv) -> dict:
     return {"layer": conv.layer_bytes(), **param_blocks(conv)}
+
+
+def _conv_blocks(model) -> dict:
+    """{layer index: its K210_CONV blocks' bytes}."""
+    return {i: _block_bytes(layer.conv) for i, layer in enumerate(model.layers) if LAYER_TYPES[layer.type].tail == "conv"}
 
 
 def _check_bits(conv, eight_bit: bool, where: str):
