@@ -23,7 +23,7 @@ def layer_gap(source, opts, draws=1):
     import numpy as np
 
     from tl2k210.compare import drawn_ranges
-    from tl2k210.compiler import calibrate, load, optimise, plan_and_lower
+    from tl2k210.compiler import calibrate, load, optimise, plan_and_lower, traced
     from tl2k210.k210.emulator import Emulator
     from tl2k210.quantize.calibrate import FloatRunner
     from tl2k210.quantize.fake_quant import fake_quant_graph
@@ -49,18 +49,14 @@ def layer_gap(source, opts, draws=1):
             outs, trace = emu.run(cal.pixels[i] if cal.image else cal.floats[i].reshape(-1), trace=True)
             for t, (idx, kind) in built.trace_map.items():
                 if t in r and t in q:
-                    v = np.concatenate([np.asarray(trace[k][1]).reshape(-1) for k in np.atleast_1d(idx)])
-                    loc = built.lw.locs.get(t)
-                    if kind in ("kpu", "u8") and loc is not None and loc.quant:   # as compiler._measure
-                        v = (v.astype(np.float64) - loc.quant[1]) * loc.quant[0]
-                    add(t, r[t], q[t], v)
+                    add(t, r[t], q[t], traced(trace, idx, kind, built.lw.locs.get(t)))
             for o, out in zip(g.outputs, outs):
                 add("__out__" + o, r[o], q[o], out)
     order = {t: k for k, nd in enumerate(g.nodes) for t in nd.outputs}
     rows = sorted((t for t in power if not t.startswith("__out__")), key=lambda t: order.get(t, -1))
     rows += [t for t in power if t.startswith("__out__")]
-    db = [float("inf") if e == 0 else float(10 * np.log10(power[t][0] / e)) for t in rows for e in power[t][1:]]
-    return [(t, db[2 * k], db[2 * k + 1]) for k, t in enumerate(rows)]
+    return [(t, *(float("inf") if e == 0 else float(10 * np.log10(power[t][0] / e)) for e in power[t][1:]))
+            for t in rows]
 
 
 def main(argv=None):
