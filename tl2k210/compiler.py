@@ -626,6 +626,16 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
     return choice
 
 
+def traced(trace, idx, kind, loc) -> np.ndarray:
+    """A tensor's values (flat float64) in an emulator trace: the layers `idx` of trace_map's
+    entry, uint8 ones ("kpu", "u8") dequantized with the tensor's location `loc` (lw.locs)."""
+    val = np.concatenate([np.asarray(trace[i][1]).reshape(-1) for i in np.atleast_1d(idx)]).astype(np.float64)
+    if kind in ("kpu", "u8") and loc is not None and loc.quant:
+        s, z = loc.quant
+        val = (val - z) * s
+    return val
+
+
 def _measure(graph, built, cal: Calibration):
     """Float model (onnxruntime) against the kmodel (the emulator) on the first calibration
     samples: ({tensor or "__out__"+output: SQNR dB}, {output: non-finite values}, samples)."""
@@ -645,13 +655,8 @@ def _measure(graph, built, cal: Calibration):
         for t, (idx, kind) in trace_map.items():
             if t not in ref:
                 continue
-            val = np.concatenate([np.asarray(trace[i][1]).reshape(-1) for i in np.atleast_1d(idx)])
-            loc = lw.locs.get(t)
-            if kind in ("kpu", "u8") and loc is not None and loc.quant:
-                s, z = loc.quant
-                val = (val.astype(np.float64) - z) * s
             r = np.asarray(ref[t], np.float64).reshape(-1)
-            v = np.asarray(val, np.float64).reshape(-1)
+            v = traced(trace, idx, kind, lw.locs.get(t))
             if r.size != v.size:
                 continue
             refs.setdefault(t, []).append(r)
