@@ -25,6 +25,9 @@ IR_POOL_KIND = {"max": "max", "avg": "mean"}
 # field is clamped for outputs that stay in KPU RAM (only the output FIFO reads it)
 STREAM_PIXELS = 1 << hw.LAYER_FIELD["channel_byte_num"].width
 U8_MAX = int(np.iinfo(np.uint8).max)
+CLAMP_SHIFT = 20         # V units an output step is worth in the shared clamp table (2^A)
+CLAMP_SHIFT_MIN = 8      # fewer bits below an output step: the fitted table instead
+NORM_ADD_MAX = 0.99 * 2.0 ** 31      # the BN add is 32-bit signed
 
 
 def pool_code(pool: dict | None) -> int | None:
@@ -121,10 +124,21 @@ def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row,
     y_lo, y_hi = y_range
     s_z, z_z = fx.qparams(*z_range)
     s_v = fx.choose_v_scale(1.0, sw, B, max(abs(y_lo), abs(y_hi)) * 2)
+    clamp, shift = fx.clamp_of(act_attr), 0.0
+    a = _shared_shift(s_v, s_z, z_z, B) if clamp is not None else None
+    if a is not None:
+        # a clamp of the identity (none, ReLU, ReLU6...): S_V·s_z = 2^A and the zero point in the
+        # BN add make the table a rounding shift by A clamped to the output codes -- exact, and the
+        # same bytes in every such layer (stored once)
+        s_v, shift = 2.0 ** a / s_z, z_z * 2.0 ** a
+        lo, hi = clamp
+        act = fx.clamp_table(lo + z_z * s_z, hi + z_z * s_z, a, s_z, 0)
+        B = B + z_z * s_z
+    else:
+        act = fx.activation_table(act_attr, y_lo, y_hi, s_v, s_z, z_z)
     bn = fx.bn_params(1.0, sw, B, s_v)
-    act = fx.activation_table(act_attr, y_lo, y_hi, s_v, s_z, z_z)
     lq = LayerQuant(Wq, zw, z_x, bn, act, (s_z, z_z), groups, bits)
-    lq.fit_lsb = fit_error(act_attr, act, y_lo, y_hi, s_v, s_z, z_z)
+    lq.fit_lsb = fit_error(act_attr, act, y_lo, y_hi, s_v, s_z, z_z, v_offset=shift)
     if act_attr is not None and act_attr["op"] != "Relu":   # ReLU: the table is exact by construction
         name = "Relu6 (Clip 0..6)" if act_attr["op"] == "Clip" and (act_attr.get("min"), act_attr.get("max")) == (0, 6) \
             else act_attr["op"]
@@ -133,6 +147,17 @@ def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row,
                          f"[{y_lo:.3g}, {y_hi:.3g}]")
     row.act_fit_lsb = lq.fit_lsb
     return lq
+
+
+def _shared_shift(s_v_max, s_z, z_z, B) -> int | None:
+    """A of the shared clamp table (S_V = 2^A / s_z <= s_v_max), at most CLAMP_SHIFT so that most
+    layers take the same, with the BN add (bias and zero point, 32-bit signed) in range; None when
+    under CLAMP_SHIFT_MIN."""
+    a = min(fx.exact_v_scale(s_v_max, s_z)[1], CLAMP_SHIFT)
+    add = float(np.max(np.abs(B))) / s_z + abs(z_z) if np.size(B) else abs(z_z)
+    if add > 0:
+        a = min(a, math.floor(math.log2(NORM_ADD_MAX / add)))
+    return a if a >= CLAMP_SHIFT_MIN else None
 
 
 def _on_grid(W, Wq, zw, sw) -> bool:
@@ -229,13 +254,14 @@ def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, 
     return lq
 
 
-def fit_error(act_attr, table, y_lo, y_hi, s_v, s_z, z_z, samples=4097) -> float:
+def fit_error(act_attr, table, y_lo, y_hi, s_v, s_z, z_z, samples=4097, v_offset=0.0) -> float:
     """Max |table(V) - (f(y)/s_z + z_z)| in output LSB over the calibrated input range, with
-    V = y·S_V as the BN stage delivers it and the table run as the emulator runs it."""
+    V = y·S_V (+ `v_offset`, a zero point the BN add carries) as the BN stage delivers it and the
+    table run as the emulator runs it."""
     from tl2k210.k210.emulator.kpu import activation
     f, kinks = fx.act_function(act_attr)
     y = np.unique(np.concatenate([np.linspace(y_lo, y_hi, samples), [k for k in kinks if y_lo < k < y_hi]]))
-    got = activation(np.rint(y * s_v).astype(np.int64), table).astype(np.float64)
+    got = activation(np.rint(y * s_v + v_offset).astype(np.int64), table).astype(np.float64)
     return float(np.max(np.abs(got - np.clip(f(y) / s_z + z_z, 0, U8_MAX))))
 
 
