@@ -404,15 +404,21 @@ def _prelu_model(consumer, producer="conv", slopes=None):
 @pytest.mark.parametrize("consumer", ["dense", "depthwise", "grouped", "add", "output"])
 @pytest.mark.parametrize("producer", ["conv", "other"])
 def test_prelu_split(consumer, producer):
-    """PReLU becomes ReLU on a doubled layer and weights [W, -sign(a)W] after it: float-exact, no
-    PRelu left, negative and zero slopes included."""
+    """Between convs, PReLU becomes ReLU on the doubled conv before it and weights [W, -sign(a)W]
+    after it; elsewhere y + relu(-(1-a)⁺y) - relu(-(a-1)⁺y): two 1x1 depthwise ReLU convs of c
+    weights and residual adds, the readers unchanged. Float-exact, no PRelu left, negative, zero
+    and over-1 slopes included."""
     m = _prelu_model(consumer, producer, slopes=[0.25, -0.5, 0.0, 1.5])
     g, log = check(m, None, x=rand(1, 4, 8, 8, scale=2), tol=1e-4)
     assert "PRelu" not in g.op_counts()
     convs = [c for c in g.nodes if c.op == "Conv"]
-    assert any(c.attrs.get("activation") == {"op": "Relu"} and g.shape(c.outputs[0])[1] == 8 for c in convs)
-    joins = [c for c in convs if c.name.endswith("/join")]
-    assert bool(joins) == (consumer in ("add", "output"))
+    relus = [c for c in convs if c.attrs.get("activation") == {"op": "Relu"}]
+    if producer == "conv" and consumer in ("dense", "depthwise", "grouped"):
+        assert [g.shape(c.outputs[0])[1] for c in relus] == [8]
+    else:
+        assert [(g.shape(c.outputs[0])[1], c.attrs["group"], c.attrs["kernel"]) for c in relus] == [(4, 4, (1, 1))] * 2
+        assert all(g.shape(c.outputs[0])[1] < 8 for c in convs)          # nothing doubled
+        assert g.op_counts()["Sub"] == 1
 
 
 @pytest.mark.parametrize("form", ["add", "sub"])
