@@ -545,14 +545,16 @@ def load(source, opts: ConvertOptions) -> Loaded:
     return Loaded(graph, where, batch_note, time.perf_counter() - t0)
 
 
-def optimise(loaded: Loaded, opts: ConvertOptions) -> Optimised:
+def optimise(loaded: Loaded, opts: ConvertOptions, small_prelu: bool = False) -> Optimised:
     """The K210 flow's passes; the kmodel format the runtime must load and the 8-bit ideal, both
-    refused here, before calibration, when the runtime cannot take them."""
+    refused here, before calibration, when the runtime cannot take them. `small_prelu`: the
+    PReLUs' smaller form (pass prelu_residual)."""
     from tl2k210.k210 import fit
     from tl2k210.k210.flow import run_pipeline
     from tl2k210.k210.lower import Options
     _say(opts, f"[2/6] passes ({len(loaded.graph.nodes)} nodes) ...")
-    graph, plog = run_pipeline(loaded.graph, {"kpu_padding": opts.kpu_padding}, target=Options(
+    passes = {"kpu_padding": opts.kpu_padding, "prelu_residual": small_prelu}
+    graph, plog = run_pipeline(loaded.graph, passes, target=Options(
         format=opts.format, weight_bits=opts.weight_bits, float_fc=opts.float_fc,
         v3_only=not fit.loads_format(opts.runtime, "v4")))
     fmt, forced = graph.meta["plan"]
@@ -624,6 +626,33 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
     b = choice.built
     fit.check_budget(b.model, len(b.data), opts.runtime, b.lw, b.rows, opt.ideal, choice.v3_error)
     return choice
+
+
+def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
+    """(Optimised, Calibration, fit.Choice): the per-channel PReLUs' fastest form (pass
+    prelu_split's pair); where the model does not fit with it (or for --optimize size), their
+    residual form, whose layers store O(c) bytes instead of ~c²/8 (passes/prelu_split.py), and the
+    receipt's trades say so."""
+    from tl2k210.k210 import fit
+    small = opts.optimize == "size"
+    try:
+        opt = optimise(loaded, opts, small)
+        cal = calibrate(opt, opts, loaded.where)
+        return opt, cal, plan_and_lower(opt, cal)
+    except fit.BudgetError as e:
+        if small:
+            raise
+        refused = e
+    opt = optimise(loaded, opts, True)
+    changed = next(p["changes"] for p in opt.log if p["pass"] == "prelu_residual")
+    if not changed:
+        raise refused
+    cal = calibrate(opt, opts, loaded.where)
+    choice = plan_and_lower(opt, cal)
+    choice.trades.append(f"{len(changed)} per-channel PReLU(s): the residual form, y ± relu(-|1 - a|·y) "
+                         f"(1x1 depthwise convs and residual adds); the pair form did not fit: "
+                         f"{str(refused).split('; ')[0]}")
+    return opt, cal, choice
 
 
 def _measure(graph, built, cal: Calibration):
@@ -750,9 +779,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
         raise Tl2k210Error(f"--runtime {opts.runtime!r}: choose from {sorted(RUNTIME_BUDGET)}")
     t0 = time.perf_counter()
     loaded = load(source, opts)
-    opt = optimise(loaded, opts)
-    cal = calibrate(opt, opts, loaded.where)
-    choice = plan_and_lower(opt, cal)
+    opt, cal, choice = optimise_to_fit(loaded, opts)
     receipt = verify(loaded, opt, cal, choice, output, t0)
     write(output, choice.built.data, opt.graph, cal, receipt)
     return receipt

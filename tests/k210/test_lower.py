@@ -909,8 +909,8 @@ def test_prelu_runs_on_the_kpu(k, stride):
 @pytest.mark.parametrize("c", [16, 64])
 @pytest.mark.parametrize("slopes", ["under_1", "both_sides"])
 def test_prelu_after_an_add_stores_o_of_c_bytes(c, slopes):
-    """A PReLU between residual adds (BlazePalm / face mesh blocks): y + relu(-(1-a)⁺y) -
-    relu(-(a-1)⁺y), 1x1 depthwise KPU layers of c weights, c BN entries and one activation table
+    """A PReLU between residual adds (BlazePalm / face mesh blocks) in its smaller form (pass
+    prelu_residual): y + relu(-(1-a)⁺y) - relu(-(a-1)⁺y), 1x1 depthwise KPU layers of c weights, c BN entries and one activation table
     each (the pair form's 1x1 group convs stored ~c²/8 weight bytes), and residual adds. Each KPU
     layer gives the stage-by-stage reference's bytes; the PReLU's uint8 output is the float PReLU
     of its uint8 input within 1 LSB; the model within quantization of the float one."""
@@ -928,7 +928,7 @@ def test_prelu_after_an_add_stores_o_of_c_bytes(c, slopes):
                    {"w0": r(c, 3, 3, 3), "b0": r(c), "w1": r(c, c, 1, 1), "b1": r(c),
                     "a": a.astype(np.float32).reshape(c, 1, 1), "wd": r(c, 1, 3, 3), "bd": r(c)})
     px = pixels(4, 3, 16, 16)
-    model, rows, lw, g = compile_model(m, px)
+    model, rows, lw, g = compile_model(m, px, passes={"prelu_residual": True})
     terms = 1 if slopes == "under_1" else 2
     prelu = [row for row in rows if row.node.split("/")[0] == "prelu"]
     assert sorted((row.unit, row.why.split(":")[0]) for row in prelu) == sorted(

@@ -1,22 +1,24 @@
 """Per-channel PReLU exactly on the KPU, whose activation table is one function per layer.
 
-Between convs (a conv makes y, convs alone read it), with no layer of its own:
+The fastest form (pass `prelu_split`):
 
     PReLU(y) = relu(y) - sign(a)·relu(-|a|·y)        (per channel c, slope a = a_c)
 
-The conv before computes both y and -|a|·y (its weights and bias doubled, channels interleaved
+The layer before computes both y and -|a|·y (its weights and bias doubled, channels interleaved
 [y_c, -|a_c|·y_c], a plain ReLU table for all), and the convs after it read the pair with weights
-[W, -sign(a)·W]; a depthwise consumer becomes a group conv of two inputs per channel.
+[W, -sign(a)·W]; a depthwise consumer becomes a group conv of two inputs per channel. When the PReLU
+is not after a conv, a 1x1 group conv (1 -> 2 per channel, ReLU) makes the pair; when something
+else than a conv reads it, a 1x1 group conv (2 -> 1, weights [1, -sign(a)]) joins it back.
 
-Anywhere else (after an add, or read by an add, a pool, a resize, the output) a pair would need a
-layer of 2c channels to make it and one to join it back, 1x1 group convs that the KPU runs as
-block-diagonal dense tiles (~c²/8 weight bytes each), and would double every reader's weights:
+Those group convs run as block-diagonal dense tiles (~c²/8 weight bytes each), and the pair doubles
+every reader's weights. The smaller form (pass `prelu_residual`, which the compiler runs where the
+model does not fit otherwise, or for --optimize size) takes every PReLU that would need one of them:
 
     PReLU(y) = y + relu(-(1 - a)⁺·y) - relu(-(a - 1)⁺·y)
 
 one 1x1 depthwise conv with a ReLU for the slopes under 1 and one for those over 1 (c weights
 each: the KPU's native depthwise layer; each term one-signed, so its uint8 range is as fine as a
-ReLU's), added to / subtracted from y (residual adds); the readers read one c-channel map.
+ReLU's), added to / subtracted from y on the CPU (residual adds); the readers read one c-channel map.
 
 Exact in float; every layer then quantizes as any KPU conv or residual add."""
 import numpy as np
@@ -81,6 +83,71 @@ def prelu_pattern(g, log):
     return g
 
 
+def prelu_split(g, log):
+    for n in [n for n in g.nodes if n.op == "PRelu"]:
+        a = _slopes(g, n)
+        if a is None:
+            continue
+        x, out = n.inputs[0], n.outputs[0]
+        c = len(a)
+        neg = -np.sign(a)                 # the weight the consumers give the negative half
+        pair = g.add_tensor(out + "/pair")
+        p = g.producer(x)
+        if p is not None and _const_conv(g, p) and g.single_consumer(x) is n:
+            w, b = g.const(p.inputs[1]).astype(np.float64), g.const(p.inputs[2]).astype(np.float64)
+            s = np.abs(a).reshape(-1, *([1] * (w.ndim - 1)))
+            p.inputs[1] = g.add_const(_interleave(w, -s * w).astype(np.float32), p.name + "/W_prelu")
+            p.inputs[2] = g.add_const(_interleave(b, -np.abs(a) * b).astype(np.float32), p.name + "/B_prelu")
+            grp = p.attrs.get("group", 1)
+            p.attrs["activation"] = {"op": "Relu"}
+            p.outputs = [pair]
+            p.fused.append(n.name)
+            how = f"{p.name} computes y and -|a|·y ({2 * c} channels{', group ' + str(grp) if grp > 1 else ''})"
+        else:
+            w = _interleave(np.ones((c, 1, 1, 1)), -np.abs(a).reshape(c, 1, 1, 1))
+            g.nodes.insert(g.nodes.index(n), Node(
+                "Conv", [x, g.add_const(w.astype(np.float32), n.name + "/W_split"),
+                         g.add_const(np.zeros(2 * c, np.float32), n.name + "/B_split")], [pair],
+                {**CONV, "group": c, "activation": {"op": "Relu"}}, n.name + "/split", [n.name]))
+            how = f"a 1x1 group conv makes y and -|a|·y ({2 * c} channels)"
+        g.tensors[pair].shape = (1, 2 * c) + tuple(g.shape(x)[2:])
+        joined = None
+        for u in g.consumers(out):
+            if _const_conv(g, u) and u.inputs[0] == out:
+                w = g.const(u.inputs[1]).astype(np.float64)           # (Co, Ci/group, k, k)
+                grp = u.attrs.get("group", 1)
+                m = w.shape[1]
+                base = (np.arange(w.shape[0]) // (w.shape[0] // grp)) * m     # first input of the group
+                sign = neg[base[:, None] + np.arange(m)[None, :]][:, :, None, None]
+                w2 = np.empty((w.shape[0], 2 * m) + w.shape[2:])
+                w2[:, 0::2], w2[:, 1::2] = w, sign * w
+                u.inputs[0] = pair
+                u.inputs[1] = g.add_const(w2.astype(np.float32), u.name + "/W_prelu")
+                u.fused.append(n.name)
+            else:
+                if joined is None:
+                    w = np.stack([np.ones(c), neg], axis=1).reshape(c, 2, 1, 1)
+                    joined = g.add_tensor(out + "/joined", g.shape(out))
+                    g.nodes.insert(g.nodes.index(n), Node(
+                        "Conv", [pair, g.add_const(w.astype(np.float32), n.name + "/W_join"),
+                                 g.add_const(np.zeros(c, np.float32), n.name + "/B_join")], [joined],
+                        {**CONV, "group": c}, n.name + "/join", [n.name]))
+                u.inputs = [joined if i == out else i for i in u.inputs]
+        if out in g.outputs:
+            if joined is None:
+                w = np.stack([np.ones(c), neg], axis=1).reshape(c, 2, 1, 1)
+                g.nodes.insert(g.nodes.index(n), Node(
+                    "Conv", [pair, g.add_const(w.astype(np.float32), n.name + "/W_join"),
+                             g.add_const(np.zeros(c, np.float32), n.name + "/B_join")], [out],
+                    {**CONV, "group": c}, n.name + "/join", [n.name]))
+            else:
+                g.replace_uses(out, joined)
+        g.nodes.remove(n)
+        log(n.name, f"per-channel PReLU: {how}; the convs after it take [W, -sign(a)·W]"
+                    + ("; a 1x1 group conv joins the pair for the other readers" if joined else ""))
+    return g
+
+
 def _fused(g, n, x):
     """Does a conv make y and convs alone read the PReLU (the pair needs no layer of its own)?"""
     p, out = g.producer(x), n.outputs[0]
@@ -110,39 +177,11 @@ def _residual(g, n, a):
             f"{len(terms)} 1x1 depthwise conv(s) of {c} weights and residual add(s)")
 
 
-def prelu_split(g, log):
+def prelu_residual(g, log):
+    """Every PReLU that the pair form would make or join with a layer of its own takes the
+    residual form (module docstring)."""
     for n in [n for n in g.nodes if n.op == "PRelu"]:
         a = _slopes(g, n)
-        if a is None:
-            continue
-        x, out = n.inputs[0], n.outputs[0]
-        if not _fused(g, n, x):
+        if a is not None and not _fused(g, n, n.inputs[0]):
             log(n.name, "per-channel PReLU: " + _residual(g, n, a))
-            continue
-        c = len(a)
-        neg = -np.sign(a)                 # the weight the consumers give the negative half
-        pair = g.add_tensor(out + "/pair", (1, 2 * c) + tuple(g.shape(x)[2:]))
-        p = g.producer(x)
-        w, b = g.const(p.inputs[1]).astype(np.float64), g.const(p.inputs[2]).astype(np.float64)
-        s = np.abs(a).reshape(-1, *([1] * (w.ndim - 1)))
-        p.inputs[1] = g.add_const(_interleave(w, -s * w).astype(np.float32), p.name + "/W_prelu")
-        p.inputs[2] = g.add_const(_interleave(b, -np.abs(a) * b).astype(np.float32), p.name + "/B_prelu")
-        grp = p.attrs.get("group", 1)
-        p.attrs["activation"] = {"op": "Relu"}
-        p.outputs = [pair]
-        p.fused.append(n.name)
-        for u in g.consumers(out):
-            w = g.const(u.inputs[1]).astype(np.float64)           # (Co, Ci/group, k, k)
-            ugrp = u.attrs.get("group", 1)
-            m = w.shape[1]
-            base = (np.arange(w.shape[0]) // (w.shape[0] // ugrp)) * m     # first input of the group
-            sign = neg[base[:, None] + np.arange(m)[None, :]][:, :, None, None]
-            w2 = np.empty((w.shape[0], 2 * m) + w.shape[2:])
-            w2[:, 0::2], w2[:, 1::2] = w, sign * w
-            u.inputs[0] = pair
-            u.inputs[1] = g.add_const(w2.astype(np.float32), u.name + "/W_prelu")
-            u.fused.append(n.name)
-        g.nodes.remove(n)
-        log(n.name, f"per-channel PReLU: {p.name} computes y and -|a|·y ({2 * c} channels"
-                    f"{', group ' + str(grp) if grp > 1 else ''}); the convs after it take [W, -sign(a)·W]")
     return g
