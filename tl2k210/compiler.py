@@ -629,30 +629,49 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
 
 
 def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
-    """(Optimised, Calibration, fit.Choice): the per-channel PReLUs' fastest form (pass
-    prelu_split's pair); where the model does not fit with it (or for --optimize size), their
-    residual form, whose layers store O(c) bytes instead of ~c²/8 (passes/prelu_split.py), and the
-    receipt's trades say so."""
+    """(Optimised, Calibration, fit.Choice) with the per-channel PReLUs' form that --optimize asks
+    for: where the residual form (pass prelu_residual: O(c) bytes, its adds on the CPU) replaces
+    some pair (pass prelu_split: split / join layers of ~c²/8 bytes on the KPU), the model is
+    planned both ways and takes the residual one where the pair does not fit, where it is faster,
+    or where it is smaller and within fit.LATENCY_SLACK of the pair's time; size takes it at once.
+    The receipt's trades say which and why."""
     from tl2k210.k210 import fit
-    small = opts.optimize == "size"
-    try:
-        opt = optimise(loaded, opts, small)
+    if opts.optimize == "size":
+        opt = optimise(loaded, opts, True)
         cal = calibrate(opt, opts, loaded.where)
         return opt, cal, plan_and_lower(opt, cal)
+    pair = refused = None
+    try:
+        opt = optimise(loaded, opts)
+        cal = calibrate(opt, opts, loaded.where)
+        pair = opt, cal, plan_and_lower(opt, cal)
     except fit.BudgetError as e:
-        if small:
-            raise
         refused = e
-    opt = optimise(loaded, opts, True)
-    changed = next(p["changes"] for p in opt.log if p["pass"] == "prelu_residual")
-    if not changed:
-        raise refused
-    cal = calibrate(opt, opts, loaded.where)
-    choice = plan_and_lower(opt, cal)
-    choice.trades.append(f"{len(changed)} per-channel PReLU(s): the residual form, y ± relu(-|1 - a|·y) "
-                         f"(1x1 depthwise convs and residual adds); the pair form did not fit: "
-                         f"{str(refused).split('; ')[0]}")
-    return opt, cal, choice
+    try:
+        opt = optimise(loaded, opts, True)
+        changed = next(p["changes"] for p in opt.log if p["pass"] == "prelu_residual")
+        if not changed:             # no pair needs a layer of its own: the same graph
+            if refused is not None:
+                raise refused
+            return pair
+        cal = calibrate(opt, opts, loaded.where)
+        res = opt, cal, plan_and_lower(opt, cal)
+    except fit.BudgetError:
+        if pair is None:
+            raise
+        return pair
+    form = (f"{len(changed)} per-channel PReLU(s): the residual form, y ± relu(-|1 - a|·y) (1x1 depthwise "
+            f"convs and residual adds)")
+    if pair is None:
+        res[2].trades.append(f"{form}; the pair form did not fit: {str(refused).split('; ')[0]}")
+        return res
+    p, r = pair[2], res[2]
+    pc, rc = p.built.est.cycles, r.built.est.cycles
+    if rc < pc or (r.built.need < p.built.need and rc <= pc + fit.LATENCY_SLACK * p.fastest_cycles):
+        r.trades.append(f"{form}, {r.built.need:,} B, est. {cost.ms(rc):.2f} ms; the pair form would take "
+                        f"{p.built.need:,} B, {cost.ms(pc):.2f} ms")
+        return res
+    return pair
 
 
 def _measure(graph, built, cal: Calibration):

@@ -182,7 +182,7 @@ def test_optimize_size_against_latency(tmp_path, png_dir):
     assert size.totals["optimize"] == "size" and lat.totals["optimize"] == "latency"
 
 
-def _prelu_block(tmp_path, c=64):
+def _prelu_block(tmp_path, c=64, size=32):
     """conv -> 1x1 conv -> residual add -> per-channel PReLU (slopes -1..2) -> depthwise 3x3 ->
     residual add: the PReLU's pair form needs a split and a join (1x1 group convs)."""
     nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]), conv_node("c1", "c0", "w1", "b1"),
@@ -190,8 +190,8 @@ def _prelu_block(tmp_path, c=64):
              conv_node("d", "p", "wd", "bd", pads=[1, 1, 1, 1], group=c), N("Add", ["p", "d"], ["y"])]
     inits = {"w0": W(c, 3, 3, 3), "b0": W(c), "w1": W(c, c, 1, 1, scale=0.1), "b1": W(c),
              "a": np.linspace(-1, 2, c).astype(np.float32).reshape(c, 1, 1), "wd": W(c, 1, 3, 3), "bd": W(c)}
-    src = tmp_path / "prelu.onnx"
-    onnx.save(make_model(nodes, [("x", [1, 3, 32, 32])], [("y", [1, c, 32, 32])], inits), src)
+    src = tmp_path / f"prelu{c}.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 3, size, size])], [("y", [1, c, size, size])], inits), src)
     return src
 
 
@@ -228,6 +228,17 @@ def test_prelu_takes_its_residual_form_only_where_the_pair_does_not_fit(tmp_path
     assert r.totals["output_sqnr_db"] > 30 and pair.totals["output_sqnr_db"] > 30
     size = _convert(src, tmp_path / "size.kmodel", png_dir, runtime="maixpy", optimize="size")
     assert "p/add" in {x["node"] for x in size.layers} and not any("PReLU" in t for t in size.trades)
+
+
+def test_prelu_takes_its_residual_form_where_it_is_faster(tmp_path, png_dir):
+    """256 channels on an 8x8 map: the residual form's adds cost less than the pair's 1x1 group
+    convs (16 block-diagonal KPU tiles each), so the default takes it, 22% smaller, and says so."""
+    r = _convert(_prelu_block(tmp_path, c=256, size=8), tmp_path / "fast.kmodel", png_dir, runtime="maixpy")
+    assert len(r.trades) == 1 and r.trades[0].startswith("1 per-channel PReLU(s): the residual form")
+    need = r.file_size + r.main_memory
+    pair = int(r.trades[0].split("the pair form would take ")[1].split(" B")[0].replace(",", ""))
+    assert need < 0.8 * pair
+    assert "p/add" in {x["node"] for x in r.layers} and r.totals["output_sqnr_db"] > 30
 
 
 def test_report_json_has_the_ideal_per_layer_and_in_total(tmp_path, png_dir, capsys):
