@@ -910,10 +910,11 @@ def test_prelu_runs_on_the_kpu(k, stride):
 @pytest.mark.parametrize("slopes", ["under_1", "both_sides"])
 def test_prelu_after_an_add_stores_o_of_c_bytes(c, slopes):
     """A PReLU between residual adds (BlazePalm / face mesh blocks) in its smaller form (pass
-    prelu_residual): y + relu(-(1-a)⁺y) - relu(-(a-1)⁺y), 1x1 depthwise KPU layers of c weights, c BN entries and one activation table
-    each (the pair form's 1x1 group convs stored ~c²/8 weight bytes), and residual adds. Each KPU
-    layer gives the stage-by-stage reference's bytes; the PReLU's uint8 output is the float PReLU
-    of its uint8 input within 1 LSB; the model within quantization of the float one."""
+    prelu_residual): y + relu(-(1-a)⁺y) - relu(-(a-1)⁺y), 1x1 depthwise KPU layers of c weights, c
+    BN entries and one activation table each (the pair form's 1x1 group convs store ~c²/8 weight
+    bytes), and residual adds. Each KPU layer gives the stage-by-stage reference's bytes; the
+    PReLU's uint8 output is the float PReLU of its uint8 input within 1 LSB; the model within
+    quantization of the float one."""
     from tl2k210.k210 import hardware as hw
     from tl2k210.k210.emulator import Emulator
     from tl2k210.k210.emulator import kpu as K

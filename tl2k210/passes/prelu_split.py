@@ -12,8 +12,8 @@ else than a conv reads it, a 1x1 group conv (2 -> 1, weights [1, -sign(a)]) join
 
 Those group convs run as block-diagonal dense tiles (~c²/8 weight bytes each), and the pair doubles
 every reader's weights. The smaller form (pass `prelu_residual`, which the compiler takes where the
-pair does not fit, is slower or not much faster: compiler.optimise_to_fit) takes every PReLU that
-would need one of them:
+pair does not fit or is slower: compiler.optimise_to_fit) takes every PReLU that would need one
+of them:
 
     PReLU(y) = y + relu(-(1 - a)⁺·y) - relu(-(a - 1)⁺·y)
 
