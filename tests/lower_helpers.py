@@ -32,10 +32,10 @@ def conv_node(name, x, w, b=None, **attrs):
     return helper.make_node("Conv", [x, w] + ([b] if b else []), [name], name=name, **attrs)
 
 
-def compile_model(model, px, calib=None, **opts):
+def compile_model(model, px, calib=None, passes=None, **opts):
     """(kmodel, rows, lowering, pipeline graph) for an ONNX image model; `px` (N, C, H, W) uint8
-    pixels calibrate it (float input = pixels / 255)."""
-    g, _ = run_pipeline(from_onnx(model))
+    pixels calibrate it (float input = pixels / 255); `passes`: run_pipeline's pass options."""
+    g, _ = run_pipeline(from_onnx(model), passes)
     batches = [(p[None] / 255.0).astype(np.float32) for p in (px if calib is None else calib)]
     rng = calibrate.ranges(calibrate.collect(g, batches, histograms=False), "minmax")
     kmodel, rows, _, lw = lower(g, rng, Options(**opts))

@@ -545,14 +545,16 @@ def load(source, opts: ConvertOptions) -> Loaded:
     return Loaded(graph, where, batch_note, time.perf_counter() - t0)
 
 
-def optimise(loaded: Loaded, opts: ConvertOptions) -> Optimised:
+def optimise(loaded: Loaded, opts: ConvertOptions, small_prelu: bool = False) -> Optimised:
     """The K210 flow's passes; the kmodel format the runtime must load and the 8-bit ideal, both
-    refused here, before calibration, when the runtime cannot take them."""
+    refused here, before calibration, when the runtime cannot take them. `small_prelu`: the
+    PReLUs' smaller form (pass prelu_residual)."""
     from tl2k210.k210 import fit
     from tl2k210.k210.flow import run_pipeline
     from tl2k210.k210.lower import Options
     _say(opts, f"[2/6] passes ({len(loaded.graph.nodes)} nodes) ...")
-    graph, plog = run_pipeline(loaded.graph, {"kpu_padding": opts.kpu_padding}, target=Options(
+    passes = {"kpu_padding": opts.kpu_padding, "prelu_residual": small_prelu}
+    graph, plog = run_pipeline(loaded.graph, passes, target=Options(
         format=opts.format, weight_bits=opts.weight_bits, float_fc=opts.float_fc,
         v3_only=not fit.loads_format(opts.runtime, "v4")))
     fmt, forced = graph.meta["plan"]
@@ -624,6 +626,53 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
     b = choice.built
     fit.check_budget(b.model, len(b.data), opts.runtime, b.lw, b.rows, opt.ideal, choice.v3_error)
     return choice
+
+
+def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
+    """(Optimised, Calibration, fit.Choice) with the per-channel PReLUs' form that --optimize asks
+    for: where the residual form (pass prelu_residual: O(c) bytes, its adds on the CPU) replaces
+    some pair (pass prelu_split: split / join layers of ~c²/8 bytes on the KPU), the model is
+    planned both ways and takes the residual one where the pair does not fit or where it is faster
+    (--optimize size: always). The receipt's trades say which and why."""
+    from tl2k210.k210 import fit
+    if opts.optimize == "size":
+        opt = optimise(loaded, opts, True)
+        cal = calibrate(opt, opts, loaded.where)
+        return opt, cal, plan_and_lower(opt, cal)
+    pair = refused = None
+    try:
+        opt = optimise(loaded, opts)
+        cal = calibrate(opt, opts, loaded.where)
+        pair = opt, cal, plan_and_lower(opt, cal)
+    except fit.BudgetError as e:
+        refused = e
+    if pair is not None and not any(p["pass"] == "prelu_split" and p["changes"] for p in pair[0].log):
+        return pair                 # no per-channel PReLU
+    try:
+        opt = optimise(loaded, opts, True)
+        changed = next(p["changes"] for p in opt.log if p["pass"] == "prelu_residual")
+        if not changed:             # no pair needs a layer of its own: the same graph
+            if refused is not None:
+                raise refused
+            return pair
+        cal = calibrate(opt, opts, loaded.where)
+        res = opt, cal, plan_and_lower(opt, cal)
+    except fit.BudgetError:
+        if pair is None:
+            raise
+        return pair
+    form = (f"{len(changed)} per-channel PReLU(s): the residual form, y ± relu(-|1 - a|·y) (1x1 depthwise "
+            f"convs and residual adds)")
+    if pair is None:
+        res[2].trades.append(f"{form}; the pair form did not fit: {str(refused).split('; ')[0]}")
+        return res
+    p, r = pair[2], res[2]
+    pc, rc = p.built.est.cycles, r.built.est.cycles
+    if rc < pc:     # not merely smaller: its uint8 maps differ from the pair's (iris landmarks: -4.4 dB)
+        r.trades.append(f"{form}, {r.built.need:,} B, est. {cost.ms(rc):.2f} ms; the pair form would take "
+                        f"{p.built.need:,} B, {cost.ms(pc):.2f} ms")
+        return res
+    return pair
 
 
 def traced(trace, idx, kind, loc) -> np.ndarray:
@@ -755,9 +804,7 @@ def convert(source, output, opts: ConvertOptions | None = None) -> Receipt:
         raise Tl2k210Error(f"--runtime {opts.runtime!r}: choose from {sorted(RUNTIME_BUDGET)}")
     t0 = time.perf_counter()
     loaded = load(source, opts)
-    opt = optimise(loaded, opts)
-    cal = calibrate(opt, opts, loaded.where)
-    choice = plan_and_lower(opt, cal)
+    opt, cal, choice = optimise_to_fit(loaded, opts)
     receipt = verify(loaded, opt, cal, choice, output, t0)
     write(output, choice.built.data, opt.graph, cal, receipt)
     return receipt

@@ -182,6 +182,66 @@ def test_optimize_size_against_latency(tmp_path, png_dir):
     assert size.totals["optimize"] == "size" and lat.totals["optimize"] == "latency"
 
 
+def _prelu_block(tmp_path, c=64, size=32):
+    """conv -> 1x1 conv -> residual add -> per-channel PReLU (slopes -1..2) -> depthwise 3x3 ->
+    residual add: the PReLU's pair form needs a split and a join (1x1 group convs)."""
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]), conv_node("c1", "c0", "w1", "b1"),
+             N("Add", ["c0", "c1"], ["s"]), N("PRelu", ["s", "a"], ["p"]),
+             conv_node("d", "p", "wd", "bd", pads=[1, 1, 1, 1], group=c), N("Add", ["p", "d"], ["y"])]
+    inits = {"w0": W(c, 3, 3, 3), "b0": W(c), "w1": W(c, c, 1, 1, scale=0.1), "b1": W(c),
+             "a": np.linspace(-1, 2, c).astype(np.float32).reshape(c, 1, 1), "wd": W(c, 1, 3, 3), "bd": W(c)}
+    src = tmp_path / f"prelu{c}.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 3, size, size])], [("y", [1, c, size, size])], inits), src)
+    return src
+
+
+def test_prelu_takes_its_residual_form_only_where_the_pair_does_not_fit(tmp_path, png_dir, monkeypatch):
+    """The PReLU's pair form (fastest: its split and join on the KPU) where the model fits; where
+    not even the pair form's smallest layers fit, the residual form (pass prelu_residual: O(c)
+    bytes), named in the receipt's trades, within quantization of the float model as the pair is;
+    --optimize size takes it at once."""
+    import dataclasses
+
+    from tl2k210 import compiler
+    from tl2k210.compiler import ConvertOptions
+    from tl2k210.k210 import firmware
+    src = _prelu_block(tmp_path)
+    opts = ConvertOptions(dataset=str(png_dir), progress=False, runtime="sdk", sqnr_samples=2)
+    loaded = compiler.load(src, opts)
+
+    def need(residual, optimize):
+        o = dataclasses.replace(opts, optimize=optimize)
+        opt = compiler.optimise(loaded, o, residual)
+        return compiler.plan_and_lower(opt, compiler.calibrate(opt, o, loaded.where)).built.need
+    budget = need(True, "latency")            # the residual form at its fastest
+    assert budget < need(False, "size")       # under the pair form's smallest
+    pair = _convert(src, tmp_path / "pair.kmodel", png_dir, runtime="maixpy")
+    assert not pair.trades and {"p/split", "p/join"} <= {r["node"] for r in pair.layers}
+    monkeypatch.setitem(compiler.RUNTIME_BUDGET, "maixpy", budget)
+    monkeypatch.setitem(firmware.RUNTIMES, "maixpy", dataclasses.replace(firmware.get("maixpy"), model_budget=budget))
+    r = _convert(src, tmp_path / "fit.kmodel", png_dir, runtime="maixpy")
+    assert r.file_size + r.main_memory <= budget
+    assert len(r.trades) == 1 and r.trades[0].startswith("1 per-channel PReLU(s): the residual form")
+    assert "the pair form did not fit: kmodel v" in r.trades[0]
+    assert [(x["node"], x["unit"]) for x in r.layers if x["node"].startswith("p/")] == \
+        [("p/add", "KPU"), ("p/partial", "CPU"), ("p/sub", "KPU")]
+    assert r.totals["output_sqnr_db"] > 30 and pair.totals["output_sqnr_db"] > 30
+    size = _convert(src, tmp_path / "size.kmodel", png_dir, runtime="maixpy", optimize="size")
+    assert "p/add" in {x["node"] for x in size.layers} and not any("PReLU" in t for t in size.trades)
+
+
+def test_prelu_takes_its_residual_form_where_it_is_faster(tmp_path, png_dir):
+    """256 channels on a 4x4 map: the residual form's adds cost less than the pair's 1x1 group
+    convs (block-diagonal KPU tiles), so the default takes it, 44% smaller, and says so; on 64
+    channels at 32x32 they cost more: the pair (test above)."""
+    r = _convert(_prelu_block(tmp_path, c=256, size=4), tmp_path / "fast.kmodel", png_dir, runtime="maixpy")
+    assert len(r.trades) == 1 and r.trades[0].startswith("1 per-channel PReLU(s): the residual form")
+    ms, pair_ms = (float(t.split(" ms")[0].split(" ")[-1]) for t in r.trades[0].split("; the pair form"))
+    pair = int(r.trades[0].split("the pair form would take ")[1].split(" B")[0].replace(",", ""))
+    assert r.file_size + r.main_memory < 0.6 * pair and ms < 0.8 * pair_ms
+    assert "p/add" in {x["node"] for x in r.layers} and r.totals["output_sqnr_db"] > 30
+
+
 def test_report_json_has_the_ideal_per_layer_and_in_total(tmp_path, png_dir, capsys):
     from tl2k210.cli import main
     src = tmp_path / "res.onnx"

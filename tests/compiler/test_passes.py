@@ -33,8 +33,10 @@ def test_pipeline_is_ordered_and_named():
     assert names.index("fold_batchnorm") < names.index("fuse_activation") < names.index("fuse_pool")
     assert names.index("upsample_to_resize") < names.index("matmul_to_conv")
     off = {p.name for p in PIPELINE if not p.default}
-    assert off == {"kpu_padding"}
+    assert off == {"kpu_padding", "prelu_residual"}      # the compiler's choices (prelu_residual: to fit)
     assert not next(p for p in PIPELINE if p.name == "kpu_padding").exact
+    assert next(p for p in PIPELINE if p.name == "prelu_residual").exact
+    assert names.index("prelu_residual") == names.index("prelu_split") - 1
     with pytest.raises(ValueError, match="unknown pass"):
         run_pipeline(from_onnx(make_model([helper.make_node("Relu", ["x"], ["y"])], [X], [("y", None)])),
                      {"kpu_paddin": True})
@@ -402,18 +404,28 @@ def _prelu_model(consumer, producer="conv", slopes=None):
     return make_model(nodes, [X], [("y", None)], inits)
 
 
+@pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("consumer", ["dense", "depthwise", "grouped", "add", "output"])
 @pytest.mark.parametrize("producer", ["conv", "other"])
-def test_prelu_split(consumer, producer):
-    """PReLU becomes ReLU on a doubled layer and weights [W, -sign(a)W] after it: float-exact, no
-    PRelu left, negative and zero slopes included."""
+def test_prelu_split(consumer, producer, residual):
+    """PReLU becomes ReLU on a doubled layer and weights [W, -sign(a)W] after it; with pass
+    prelu_residual, where that pair needs a layer of its own (a split or a join), y +
+    relu(-(1-a)⁺y) - relu(-(a-1)⁺y) instead: two 1x1 depthwise ReLU convs of c weights and residual
+    adds, the readers unchanged. Float-exact, no PRelu left, negative, zero and over-1 slopes."""
     m = _prelu_model(consumer, producer, slopes=[0.25, -0.5, 0.0, 1.5])
-    g, log = check(m, None, x=rand(1, 4, 8, 8, scale=2), tol=1e-4)
+    g, log = check(m, None, x=rand(1, 4, 8, 8, scale=2), tol=1e-4, options={"prelu_residual": residual})
     assert "PRelu" not in g.op_counts()
     convs = [c for c in g.nodes if c.op == "Conv"]
-    assert any(c.attrs.get("activation") == {"op": "Relu"} and g.shape(c.outputs[0])[1] == 8 for c in convs)
-    joins = [c for c in convs if c.name.endswith("/join")]
-    assert bool(joins) == (consumer in ("add", "output"))
+    relus = [c for c in convs if c.attrs.get("activation") == {"op": "Relu"}]
+    fused = producer == "conv" and consumer in ("dense", "depthwise", "grouped")
+    if residual and not fused:
+        assert [(g.shape(c.outputs[0])[1], c.attrs["group"], c.attrs["kernel"]) for c in relus] == [(4, 4, (1, 1))] * 2
+        assert all(g.shape(c.outputs[0])[1] < 8 for c in convs)          # nothing doubled
+        assert g.op_counts()["Sub"] == 1
+    else:
+        assert [g.shape(c.outputs[0])[1] for c in relus] == [8]
+        joins = [c for c in convs if c.name.endswith("/join")]
+        assert bool(joins) == (consumer in ("add", "output"))
 
 
 @pytest.mark.parametrize("form", ["add", "sub"])

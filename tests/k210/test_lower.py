@@ -909,6 +909,55 @@ def test_prelu_runs_on_the_kpu(k, stride):
     assert sqnr(m, model, px) > 30
 
 
+@pytest.mark.parametrize("c", [16, 64])
+@pytest.mark.parametrize("slopes", ["under_1", "both_sides"])
+def test_prelu_after_an_add_stores_o_of_c_bytes(c, slopes):
+    """A PReLU between residual adds (BlazePalm / face mesh blocks) in its smaller form (pass
+    prelu_residual): y + relu(-(1-a)⁺y) - relu(-(a-1)⁺y), 1x1 depthwise KPU layers of c weights, c
+    BN entries and one activation table each (the pair form's 1x1 group convs store ~c²/8 weight
+    bytes), and residual adds. Each KPU layer gives the stage-by-stage reference's bytes; the
+    PReLU's uint8 output is the float PReLU of its uint8 input within 1 LSB; the model within
+    quantization of the float one."""
+    from tl2k210.k210 import hardware as hw
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.emulator import kpu as K
+    n = helper.make_node
+    rng = np.random.default_rng(c)
+    r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
+    a = rng.permutation(np.linspace(0.05, 0.9, c) if slopes == "under_1" else np.linspace(-1.5, 2.5, c))
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]), conv_node("c1", "c0", "w1", "b1"),
+             n("Add", ["c0", "c1"], ["s"]), n("PRelu", ["s", "a"], ["p"], name="prelu"),
+             conv_node("d", "p", "wd", "bd", pads=[1, 1, 1, 1], group=c), n("Add", ["p", "d"], ["y"])]
+    m = make_model(nodes, [("x", [1, 3, 16, 16])], [("y", None)],
+                   {"w0": r(c, 3, 3, 3), "b0": r(c), "w1": r(c, c, 1, 1), "b1": r(c),
+                    "a": a.astype(np.float32).reshape(c, 1, 1), "wd": r(c, 1, 3, 3), "bd": r(c)})
+    px = pixels(4, 3, 16, 16)
+    model, rows, lw, g = compile_model(m, px, passes={"prelu_residual": True})
+    terms = 1 if slopes == "under_1" else 2
+    prelu = [row for row in rows if row.node.split("/")[0] == "prelu"]
+    assert sorted((row.unit, row.why.split(":")[0]) for row in prelu) == sorted(
+        [("KPU", "depthwise conv1x1")] * terms + [("CPU", "residual add")] * (terms - 1 + (slopes == "under_1"))
+        + [("CPU", "residual difference")] * (slopes != "under_1"))
+    assert sum(row.weight_bytes for row in prelu) <= terms * (c * (1 + hw.BN_ENTRY_BYTES) + hw.ACT_TABLE_BYTES)
+    adds = [i for i, L in enumerate(model.layers) if L.name == "QUANTIZED_ADD"]   # s, the PReLU's, y
+    for x in px:
+        _, trace = Emulator(model).run(x, trace=True)
+        upload = None
+        for i, L in enumerate(model.layers):
+            if L.name == "K210_UPLOAD":
+                upload = trace[i][1]
+            elif L.name == "K210_CONV" and L.conv.k == 1 and L.conv.args["depth_wise_layer"]:
+                cv = L.conv
+                want = K.reference_layer(upload, cv.weights.reshape(c, 1, 1), cv.args, cv.bn, cv.act)
+                assert np.array_equal(trace[i][1], want)
+        (ss, zs), (sp, zp) = lw.locs["s"].quant, lw.locs["p"].quant
+        ys = ss * (trace[adds[0]][1].astype(np.float64).reshape(c, -1) - zs)
+        want = np.clip(np.rint(np.where(ys > 0, ys, ys * a.astype(np.float32)[:, None]) / sp + zp), 0, 255)
+        got = trace[adds[-2]][1].astype(np.float64).reshape(c, -1)
+        assert np.abs(got - want).max() <= 1
+    assert sqnr(m, model, px) > 30
+
+
 def test_standalone_batchnorm_and_constant_arithmetic_run_on_the_kpu():
     """BatchNormalization, Sub/Mul/Add/Div by constants and a Pad (value 0.3) between a ReLU and
     a 3x3 conv: the scale parts fold into the conv, the shifts (before a padded conv) become one

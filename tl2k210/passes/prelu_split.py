@@ -1,4 +1,6 @@
-"""Per-channel PReLU exactly on the KPU, whose activation table is one function per layer:
+"""Per-channel PReLU exactly on the KPU, whose activation table is one function per layer.
+
+The fastest form (pass `prelu_split`):
 
     PReLU(y) = relu(y) - sign(a)·relu(-|a|·y)        (per channel c, slope a = a_c)
 
@@ -7,7 +9,19 @@ The layer before computes both y and -|a|·y (its weights and bias doubled, chan
 [W, -sign(a)·W]; a depthwise consumer becomes a group conv of two inputs per channel. When the PReLU
 is not after a conv, a 1x1 group conv (1 -> 2 per channel, ReLU) makes the pair; when something
 else than a conv reads it, a 1x1 group conv (2 -> 1, weights [1, -sign(a)]) joins it back.
-Exact in float; every layer then quantizes as any KPU conv."""
+
+Those group convs run as block-diagonal dense tiles (~c²/8 weight bytes each), and the pair doubles
+every reader's weights. The smaller form (pass `prelu_residual`, which the compiler takes where the
+pair does not fit or is slower: compiler.optimise_to_fit) takes every PReLU that would need one
+of them:
+
+    PReLU(y) = y + relu(-(1 - a)⁺·y) - relu(-(a - 1)⁺·y)
+
+one 1x1 depthwise conv with a ReLU for the slopes under 1 and one for those over 1 (c weights
+each: the KPU's native depthwise layer; each term one-signed, so its uint8 range is as fine as a
+ReLU's), added to / subtracted from y on the CPU (residual adds); the readers read one c-channel map.
+
+Exact in float; every layer then quantizes as any KPU conv or residual add."""
 import numpy as np
 
 from tl2k210.graph import Node
@@ -132,4 +146,43 @@ def prelu_split(g, log):
         g.nodes.remove(n)
         log(n.name, f"per-channel PReLU: {how}; the convs after it take [W, -sign(a)·W]"
                     + ("; a 1x1 group conv joins the pair for the other readers" if joined else ""))
+    return g
+
+
+def _fused(g, n, x):
+    """Does a conv make y and convs alone read the PReLU (the pair needs no layer of its own)?"""
+    p, out = g.producer(x), n.outputs[0]
+    return p is not None and _const_conv(g, p) and g.single_consumer(x) is n and out not in g.outputs \
+        and all(_const_conv(g, u) and u.inputs[0] == out for u in g.consumers(out))
+
+
+def _residual(g, n, a):
+    """PReLU(y) = y + relu(-(1 - a)⁺·y) - relu(-(a - 1)⁺·y) (module docstring); returns how."""
+    x, out = n.inputs[0], n.outputs[0]
+    c, acc = len(a), x
+    terms = [(w, op) for w, op in ((np.maximum(1 - a, 0), "Add"), (np.maximum(a - 1, 0), "Sub")) if w.any()]
+    for i, (w, op) in enumerate(terms):
+        t, tag = g.add_tensor(f"{out}/{op.lower()}", g.shape(x)), f"{n.name}/{op.lower()}"
+        last = i == len(terms) - 1
+        s = out if last else g.add_tensor(out + "/partial", g.shape(x))
+        g.nodes[g.nodes.index(n):g.nodes.index(n)] = [
+            Node("Conv", [x, g.add_const(-w.reshape(c, 1, 1, 1).astype(np.float32), tag + "/W"),
+                          g.add_const(np.zeros(c, np.float32), tag + "/B")], [t],
+                 {**CONV, "group": c, "activation": {"op": "Relu"}}, tag, [n.name]),
+            Node(op, [acc, t], [s], {}, n.name if last else n.name + "/partial", [n.name])]
+        acc = s
+    g.nodes.remove(n)
+    if not terms:           # every slope 1: the identity
+        g.replace_uses(out, x)
+    return (f"y {' '.join(('+' if op == 'Add' else '-') + ' relu(-|1 - a|·y)' for _, op in terms) or 'itself'}: "
+            f"{len(terms)} 1x1 depthwise conv(s) of {c} weights and residual add(s)")
+
+
+def prelu_residual(g, log):
+    """Every PReLU that the pair form would make or join with a layer of its own takes the
+    residual form (module docstring)."""
+    for n in [n for n in g.nodes if n.op == "PRelu"]:
+        a = _slopes(g, n)
+        if a is not None and not _fused(g, n, n.inputs[0]):
+            log(n.name, "per-channel PReLU: " + _residual(g, n, a))
     return g
