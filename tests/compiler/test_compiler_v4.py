@@ -13,12 +13,13 @@ from tl2k210.compare import compare  # noqa: E402
 
 
 def _bilinear():
-    """Segmentation-style decoder: bilinear UpSampling2D (TF2: half_pixel)."""
+    """Segmentation-style decoder: a TF1-style bilinear resize with align_corners (a half_pixel 2x
+    one, Keras UpSampling2D's, has a kmodel v3 form: tests/k210/test_v3_pad_resize.py)."""
     L = tf.keras.layers
     x = tf.keras.Input((32, 32, 3))
     a = L.Conv2D(16, 3, padding="same", activation="relu")(x)
     b = L.Conv2D(32, 3, strides=2, padding="same", activation="relu")(a)
-    u = L.UpSampling2D(2, interpolation="bilinear")(b)
+    u = L.Lambda(lambda t: tf.compat.v1.image.resize_bilinear(t, (32, 32), align_corners=True))(b)
     return x, L.Conv2D(4, 3, padding="same")(L.Concatenate()([u, a]))
 
 
@@ -65,7 +66,7 @@ def _channel_split():
     return x, L.Conv2D(8, 1)(L.Concatenate()([left, r]))
 
 
-MODELS = {"bilinear upsampling": (_bilinear, "conv2d_transpose"),     # half_pixel x2: a triangle kernel
+MODELS = {"bilinear upsampling": (_bilinear, "resize_image"),         # align_corners: the runtime's resize
           "CPU convs (4x4, 1x7, 7x1)": (_cpu_convs, "quantized_conv2d"),
           "SE block (Mul)": (_se_block, "quantized_binary"),
           "Mean/ReduceMax over channels": (_mean_max, "reduce"),
