@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 from dataclasses import dataclass, field
-from itertools import permutations
+from itertools import count, permutations
 
 import numpy as np
 
@@ -514,16 +513,15 @@ def _pack(model: KModelV3, head_size: int):
     return min((holes, stream), key=lambda t: sum(map(len, t[0])))
 
 
-def _pack_stream(model: KModelV3, head_size: int, block_bytes: dict | None = None):
+def _pack_stream(model: KModelV3, head_size: int, block_bytes: dict):
     """The second layout `_pack` tries: the bodies in order, each K210_CONV block waiting, from
     its layer's 24-byte header on, for a file offset of its alignment; before a multiple of 256
     that a waiting block takes, the space is filled with the next bodies while they fit before it,
     then with the waiting 96-byte layer arguments (8-aligned); a body that does not fit crosses
     the multiple unless at most SLACK bytes of padding are left before it."""
-    block_bytes = _conv_blocks(model) if block_bytes is None else block_bytes
     buf, starts, args, offs, refs, stored = bytearray(), [], [], {}, [], {}
     waiting = {}     # alignment -> the blocks waiting for it, first come first: (arrival, i, block, data)
-    arrivals = itertools.count()
+    arrivals = count()
 
     def pos():
         return head_size + len(buf)
@@ -589,12 +587,11 @@ def _pack_stream(model: KModelV3, head_size: int, block_bytes: dict | None = Non
     return [bytes(buf[a:b]) for a, b in zip(starts, starts[1:] + [len(buf)])], 0
 
 
-def _pack_holes(model: KModelV3, head_size: int, block_bytes: dict | None = None):
+def _pack_holes(model: KModelV3, head_size: int, block_bytes: dict):
     """The first layout `_pack` tries: each K210_CONV's 256-aligned blocks appended to its own
     body, in the order of them that ends it soonest, and its 96-byte layer argument (8-aligned)
     in the lowest hole of the padding so far where it fits (no 256-aligned block fits a hole:
     every hole ends at the multiple of 256 a block starts at), else appended."""
-    block_bytes = _conv_blocks(model) if block_bytes is None else block_bytes
     buf, holes, stored, starts = bytearray(), [], {}, []      # holes: [start, end) where an argument fits
     for i, layer in enumerate(model.layers):
         pos = head_size + len(buf)
