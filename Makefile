@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-deps -r requirements.lock   # the lock is complete; tf-keras names tensorflow, tensorflow-cpu serves it
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m tl2k210.k210.emulator.warm      # compile the emulator's numba kernels once (~45 s)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -37,7 +37,7 @@ def fixed_mul(value: float, bits: int, max_shift: int, min_shift: int = 0) -> tu
     while abs(mul) > limit and shift > min_shift:
         shift -= 1
         mul = int(round(value * 2.0 ** shift))
-    return int(np.clip(mul, -limit, limit)), shift
+    return max(-limit, min(limit, mul)), shift
 
 
 def choose_v_scale(s_x: float, sw: np.ndarray, bias: np.ndarray, y_amax: float) -> float:
