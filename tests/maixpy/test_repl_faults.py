@@ -3,8 +3,9 @@
 run either ends with the file byte-exact on the board and reported as verified, or fails with an
 error that says so; never a silent corruption (the board's SHA-256 decides), and a failed run
 leaves no file under the final name."""
+import multiprocessing
 import random
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
@@ -13,7 +14,8 @@ from tl2k210.flash.emulated_board import FaultConfig
 from tl2k210.maixpy.repl import Repl, ReplError
 
 SIZE = 64 * 1024
-PARALLEL = 4        # a trial mostly waits (line timing, retry timeouts): run a few at once
+PARALLEL = 4        # a trial mostly waits (line timing, retry timeouts): run a few at once, each
+                    # in its own process (one emulated board is current per process: maixpy/board.py)
 
 
 def trial(tmp_path, seed, rate=1e-4):
@@ -40,8 +42,8 @@ def trial(tmp_path, seed, rate=1e-4):
 
 @pytest.mark.slow
 def test_uploads_under_line_faults_are_exact_or_fail_loudly(tmp_path, record_property):
-    with ThreadPoolExecutor(PARALLEL) as pool:
-        outcomes = list(pool.map(lambda s: trial(tmp_path, s), range(20)))
+    with ProcessPoolExecutor(PARALLEL, mp_context=multiprocessing.get_context("spawn")) as pool:
+        outcomes = list(pool.map(trial, [tmp_path] * 20, range(20)))
     counts = {}
     for status, _, _ in outcomes:
         counts[status] = counts.get(status, 0) + 1
