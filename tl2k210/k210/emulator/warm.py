@@ -66,16 +66,22 @@ def dispatchers() -> dict:
     return {n: f for n, f in vars(fast).items() if isinstance(f, CPUDispatcher)}
 
 
-def warm() -> int:
-    """Compile (or load from the cache) every signature; the number of signatures."""
+def warm() -> tuple[int, list]:
+    """Compile (or load from the cache) every signature: (how many are ready, [the ones that no
+    longer match a kernel, with why]). A stale entry never stops an install: that kernel then
+    compiles on first use, as without this."""
     if not fast.available():
-        return 0
+        return 0, []
     from numba.core.sigutils import normalize_signature
-    funcs = dispatchers()
+    funcs, ready, stale = dispatchers(), 0, []
     for name, sigs in SIGNATURES.items():
         for s in sigs:
-            funcs[name].compile(normalize_signature(s)[0])   # types, not the string: the cache's key
-    return sum(map(len, SIGNATURES.values()))
+            try:
+                funcs[name].compile(normalize_signature(s)[0])   # types, not the string: the cache's key
+                ready += 1
+            except Exception as e:   # noqa: BLE001  (a renamed kernel, changed argument types)
+                stale.append(f"{name}{s}: {type(e).__name__}")
+    return ready, stale
 
 
 def recorded() -> dict:
@@ -113,9 +119,13 @@ def main(argv=None) -> int:
                 print(name, s)
         return 0
     t = time.monotonic()
-    n = warm()
-    print(f"numba kernels: {n} signatures ready in {time.monotonic() - t:.1f} s" if n else
-          "numba is not available: the emulator runs its numpy path")
+    n, stale = warm()
+    if not fast.available():
+        print("numba is not available: the emulator runs its numpy path")
+        return 0
+    print(f"numba kernels: {n} signatures ready in {time.monotonic() - t:.1f} s")
+    for s in stale:
+        print(f"  not compiled ahead (re-record SIGNATURES with --record): {s}")
     return 0
 
 
