@@ -53,17 +53,6 @@ MIN_OPSET = 13   # older ONNX files are upgraded to OPSET first (onnx.version_co
 RELABELS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
 
 
-def feeds_output(g, t) -> bool:
-    """Is t a model output, or relabelled into one (Flatten/Reshape/Squeeze/Unsqueeze/Identity)?"""
-    while True:
-        if t in g.outputs:
-            return True
-        cons = g.consumers(t)
-        if len(cons) != 1 or cons[0].op not in RELABELS:
-            return False
-        t = cons[0].outputs[0]
-
-
 @dataclass
 class Tensor:
     name: str

@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 
-from tl2k210.graph import feeds_output, pads_of
+from tl2k210.graph import pads_of
 from tl2k210.k210 import fixed_point as fx
 from tl2k210.passes.fuse_activation import activation_of
 
-from .fc import logistic, source_unit
+from .fc import feeds_output, logistic, source_unit
 from .memory import float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
 

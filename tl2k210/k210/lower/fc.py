@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tl2k210.graph import feeds_output, stage_names
+from tl2k210.graph import stage_names
 from tl2k210.k210 import cost, hardware as hw
 
 from . import kpu, registry
@@ -34,6 +34,17 @@ def source_unit(g, t, opts):
         if unit != registry.RELABEL:
             return unit
         t = p.inputs[0]
+
+
+def feeds_output(g, t):
+    """Is t a model output, or relabelled into one (Flatten/Reshape/Squeeze/Identity)?"""
+    while True:
+        if t in g.outputs:
+            return True
+        cons = g.consumers(t)
+        if len(cons) != 1 or cons[0].op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity"):
+            return False
+        t = cons[0].outputs[0]
 
 
 def dense_cycles(ci, co, weight_bits):

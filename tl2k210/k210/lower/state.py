@@ -23,7 +23,6 @@ from tl2k210.k210.ideal import ideal
 from tl2k210.k210.kmodel.v4 import MEM_MAIN, OPCODE_BY_NAME
 
 from . import registry
-from .concat_scale import shared_concat_ranges
 from .memory import MAIN_TARGET, Block, KpuAllocator, MainAllocator, plan
 
 T = v3.TYPE_BY_NAME
@@ -107,8 +106,7 @@ def chw(shape):
 class Lowering:
     def __init__(self, graph, ranges: dict, opts: Options | None = None):
         from tl2k210.graph import toposort
-        self.g, self.opts = graph, opts or Options()
-        self.ranges = shared_concat_ranges(graph, ranges)   # a concat's inputs written at its scale
+        self.g, self.ranges, self.opts = graph, ranges, opts or Options()
         self.order = toposort(graph)
         self.layers, self.rows, self.locs = [], [], {}
         self.kpu, self.main = KpuAllocator(self.opts.kpu_ram_lines), MainAllocator(lambda: len(self.layers))

@@ -20,7 +20,7 @@ import hashlib
 
 import numpy as np
 
-from tl2k210.graph import Node, feeds_output, stage_names
+from tl2k210.graph import Node, stage_names
 from tl2k210.memo import memoised
 from tl2k210.passes.conv_transpose import convt_pads
 from tl2k210.k210 import fixed_point as fx
@@ -29,7 +29,7 @@ from tl2k210.quantize.metrics import sqnr_db
 
 from .cpu import table
 from .conv import is_dense
-from .fc import float_fc_refuses, source_unit
+from .fc import feeds_output, float_fc_refuses, source_unit
 from .kxk import phase_forms
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .state import wants_small

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tl2k210.graph import feeds_output
 from tl2k210.k210 import fixed_point as fx
 
 from .cpu import table
-from .fc import source_unit
+from .fc import feeds_output, source_unit
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .v4emit import F32, NO_CLAMP, U8, Const, main, nnil_code
 

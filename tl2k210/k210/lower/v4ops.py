@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from tl2k210.graph import axes_of, feeds_output, pads_of
+from tl2k210.graph import axes_of, pads_of
 from tl2k210.k210.kmodel.v4 import MEM_MAIN
 
 from .cpu import table
+from .fc import feeds_output
 from .memory import float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, pad_scalar, slice_op, through_float
