@@ -89,6 +89,44 @@ def test_dequantize_makes_integer_islands_float():
     assert np.abs(got - ref).max() <= 0.05 * 1.01
 
 
+def test_dequantize_keeps_a_relu_folded_into_the_range():
+    """TOCO's uint8 files (TF1 MobileNet v1 _quant) may leave ReLU6 out of the graph: a conv with no
+    activation writes uint8 at scale 6/255, zero point 0, and the integers saturate at 0 and 6.
+    The float graph keeps that clamp (a Clip, which the K210 flow fuses into the conv); a conv whose
+    range does not start at 0 (zero point 90) gets none. Within a grid step of onnxruntime's QDQ."""
+    s6, z0, s2, z2 = np.float32(6 / 255), np.uint8(0), np.float32(0.1), np.uint8(90)
+    inits = [numpy_helper.from_array(np.array(v), k) for k, v in
+             {"si": np.float32(1 / 127.5), "zi": np.uint8(128), "s6": s6, "z0": z0, "s2": s2, "z2": z2,
+              "w": rand(4, 3, 3, 3, scale=2.0), "b": rand(4), "w2": rand(2, 4, 1, 1, scale=0.5),
+              "b2": rand(2)}.items()]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "si", "zi"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "si", "zi"], ["xf"]),
+             helper.make_node("Conv", ["xf", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("QuantizeLinear", ["c", "s6", "z0"], ["cq"]),
+             helper.make_node("DequantizeLinear", ["cq", "s6", "z0"], ["cf"]),
+             helper.make_node("Conv", ["cf", "w2", "b2"], ["d"], name="conv2"),
+             helper.make_node("QuantizeLinear", ["d", "s2", "z2"], ["dq"]),
+             helper.make_node("DequantizeLinear", ["dq", "s2", "z2"], ["y"])]
+    g = helper.make_graph(nodes, "toco", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)
+    ref = ort_run(m, x)[0]
+    g, changes = run_pass("dequantize", from_onnx(m))
+    clips = [n for n in g.nodes if n.op == "Clip"]
+    assert [g.producer(n.inputs[0]).name for n in clips] == ["conv"]
+    assert [g.const(t).item() for t in clips[0].inputs[1:]] == pytest.approx([0.0, 6.0])
+    assert any("clamps it (no activation node)" in msg for _, msg in changes)
+    inner = run(g, x, [clips[0].inputs[0]])[clips[0].inputs[0]]
+    assert inner.min() < -1 and inner.max() > 7          # the clamp matters on this input
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], ref, atol=0.1 * 1.5 + 0.5 * 4 * 6 / 255)
+    g, _ = run_pipeline(from_onnx(m))                    # fused into the conv as its activation
+    conv = next(n for n in g.nodes if n.op == "Conv" and n.name == "conv")
+    assert conv.attrs["activation"] == {"op": "Clip", "min": 0.0, "max": pytest.approx(6.0)}
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], ref, atol=0.1 * 1.5 + 0.5 * 4 * 6 / 255)
+
+
 @pytest.mark.parametrize("break_it,says", [("scale", "QuantizeLinear/DequantizeLinear disagree"),
                                             ("integer op", "node 'neg' (op Neg) computes on the integers")])
 def test_dequantize_names_the_boundary_of_a_mixed_model(break_it, says):

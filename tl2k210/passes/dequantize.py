@@ -19,6 +19,7 @@ is fake quantization of activations:
 import numpy as np
 
 from tl2k210.errors import UnsupportedOpError
+from tl2k210.graph import Node
 
 
 def _scalar(g, name):
@@ -29,6 +30,9 @@ def _scalar(g, name):
 MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 PICKS = ("Gather", "GatherND", "GatherElements", "Slice", "Split")   # move elements of input 0 (the others: indices)
 INT_RANGE = {t: (int(np.iinfo(t).min), int(np.iinfo(t).max)) for t in ("int8", "uint8", "int16", "uint16")}
+#: ops whose float output has no bound of its own: a range of theirs that starts at 0 is a ReLU
+#: (ReLU6 when it ends at 6) folded into the integers (`_implied_clip`)
+UNBOUNDED = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "BatchNormalization")
 
 
 def _params(g, n):
@@ -98,6 +102,27 @@ def _record_range(g, tensor, params, dtype):
             g.meta.setdefault("quant_ranges_by_node", {})[p.name] = ((lo - z) * s, (hi - z) * s)
 
 
+def _implied_clip(g, q, params, dtype, log):
+    """TOCO's uint8 models (TF1 quantization-aware training: MobileNet v1/v2 _quant) may leave an
+    op's ReLU/ReLU6 out of the graph: the op's fused activation is NONE and its output range is
+    [0, 6] (or [0, max]), the integers saturating at both ends. Removing the Q/DQ pair would drop
+    that clamp, so where an op with no bound of its own (UNBOUNDED) writes a range starting at
+    exactly 0, the float value the integers stand for, clip(x, 0, hi), gets an explicit Clip
+    (which fuse_activation then folds into the op). Returns the tensor q now reads."""
+    src, (lo, hi) = q.inputs[0], INT_RANGE.get(str(dtype), (None, None))
+    p = g.producer(src)
+    if lo is None or p is None or p.op not in UNBOUNDED or params[1] != lo:
+        return src
+    top = (hi - params[1]) * params[0]
+    out = g.add_tensor(f"{src}_clip", g.shape(src))
+    clip = Node("Clip", [src, g.add_const(np.float32(0), f"{src}_min"), g.add_const(np.float32(top), f"{src}_max")],
+                [out], name=f"{p.name}_range_clip")
+    g.nodes.insert(g.nodes.index(p) + 1, clip)
+    q.inputs[0] = out
+    log(p.name, f"its quantized output range [0, {top:.6g}] clamps it (no activation node): explicit Clip")
+    return out
+
+
 def _hoist_to_input(g, d):
     """Move per-tensor DequantizeLinear `d` above the single-use data movement between it and an
     integer graph input (x -> Transpose -> DQ  =>  x -> DQ -> Transpose). True if moved."""
@@ -156,7 +181,8 @@ def dequantize(g, log):
                 "parts here: export it fully quantized (int8 in TFLite's spec) or as float")
         params = _params(g, qs[0])
         for q in qs:
-            _record_range(g, q.inputs[0], params, g.tensors[q.outputs[0]].dtype)
+            dtype = g.tensors[q.outputs[0]].dtype
+            _record_range(g, _implied_clip(g, q, params, dtype, log), params, dtype)
         for n in moves:
             for o in n.outputs:
                 g.tensors[o].dtype = np.dtype(np.float32)
