@@ -18,8 +18,9 @@ Custom ops (CUSTOM opcodes: a vendor's kernels the TFLite runtime links in) have
     same copy, tf2onnx keeps them as custom-domain nodes and `mediapipe_ops` makes them ONNX
     MaxPool (with Indices) and MaxUnpool, exactly;
   * any other is refused by name before tf2onnx runs, with its vendor set, what it computes,
-    and its inputs and outputs. TF ops (Flex*) and the SSD post-processing op tf2onnx maps
-    itself pass.
+    and its inputs and outputs. TF ops (Flex*) pass. The SSD post-processing op
+    (TFLite_Detection_PostProcess) is refused too: tf2onnx maps it, but to NonMaxSuppression and
+    loops that no K210 runtime has, which the lowering then refused under those names.
 
 A builtin op tf2onnx has no conversion for (the recurrent ones: UNIDIRECTIONAL_SEQUENCE_LSTM...)
 is only logged by it, which then fails on what the op left out or keeps it: refused by name first.
@@ -44,8 +45,11 @@ CUSTOM_OPS = {
                                   "(face/hand pose) to a canonical one"),
     "TransformTensorBilinear": ("MediaPipe", "bilinear resampling of a tensor through an affine matrix"),
     "TransformLandmarks": ("MediaPipe", "an affine matrix applied to landmark coordinates"),
+    "TFLite_Detection_PostProcess": ("TensorFlow Object Detection API", "an SSD's box decoding against its "
+                                     "anchors, then non-maximum suppression; export the detector without it "
+                                     "(export_tflite_ssd_graph.py --add_postprocessing_op=false) so the kmodel "
+                                     "ends at the raw box encodings and class scores"),
 }
-MAPPED_BY_TF2ONNX = ("TFLite_Detection_PostProcess",)
 
 
 def check_custom_ops(model, path):
@@ -56,7 +60,7 @@ def check_custom_ops(model, path):
             if max(code.builtinCode, code.deprecatedBuiltinCode) != 32 or not code.customCode:   # CUSTOM
                 continue
             name = code.customCode.decode(errors="replace")
-            if name.startswith("Flex") or name in MAPPED_BY_TF2ONNX or name in mediapipe_ops.OPS:
+            if name.startswith("Flex") or name in mediapipe_ops.OPS:
                 continue
             vendor, what = CUSTOM_OPS.get(name, (None, None))
             raise ModelLoadError(
