@@ -20,7 +20,7 @@ from tl2k210.graph import describe
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.ideal import ideal as graph_ideal
 from tl2k210.k210.fit import BudgetError, FormatError  # noqa: F401  (raised by convert)
-from tl2k210.k210.kmodel import atomic_write, dumps
+from tl2k210.k210.kmodel import atomic_write, dumps, v3
 from tl2k210.k210.lower.state import check_one_input
 from tl2k210.quality import finite_sqnr, ideal_text, quality_gate, sqnr_text
 from tl2k210.tables import text_table
@@ -221,8 +221,13 @@ def _json_default(o):
 
 def _format_why(lw, opts, v4_saves=0) -> str:
     if lw.format == "v3":
-        return ("kmodel v3: every layer has a v3 form (loads on every MaixPy build)" if opts.format == "auto"
-                else "")
+        why = "kmodel v3: every layer has a v3 form (loads on every MaixPy build)" if opts.format == "auto" else ""
+        if opts.optimize == "size":
+            why += ("; " if why else "kmodel v3: ") + (
+                f"K210_CONV weights and BN tables at {v3.COMPACT_ALIGN['weights']}-byte file offsets (nncase "
+                f"v0.1's alignment, as in MaixPy's own face detection model; the default uses "
+                f"{v3.DEFAULT_ALIGN['weights']})")
+        return why
     from tl2k210.k210.fit import forced_text
     if opts.format == "auto" and v4_saves:
         return f"kmodel v4 (--format auto --optimize size): {v4_saves:,} B smaller than the smallest kmodel v3"
@@ -614,7 +619,7 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
             model, rows, trace_map, lw = lower(graph, dict(cal.ranges), Options(
                 weight_bits=opts.weight_bits, input_scale=tuple(cal.scale), input_offset=tuple(cal.offset),
                 channel_means=dict(cal.means), float_fc=opts.float_fc, int8_rounding=opts.int8_rounding,
-                format=fmt, small=small, v3_only=v3_only),
+                format=fmt, small=small, v3_only=v3_only, compact=opts.optimize == "size"),
                 planned=None if small or fmt != opts.format else opt.plan)  # a smaller form may need another format
             fit.check_format(lw.format, lw.forced_by, opts.runtime)
             metadata.check_decode(model, opts.metadata)

@@ -51,9 +51,10 @@ def test_fit_file_converts_and_agrees_with_its_source(name, calib):
 def test_small_v3_row_stores_each_conv_block_once(calib, tmp_path):
     """tiny_XCEPTION_KDEF.hdf5 (23 K210_CONVs over 21,911 B of ideal weights), --optimize size:
     its kmodel v3 stores each distinct weights, BN and activation block once (the activation
-    tables of two layers come out alike) and packs the bodies into the gaps before the 256-aligned
-    blocks: 32,144 B (was 32,888 B, docs/results.md); every output equals the kmodel storing every
-    block in its own body in nncase's order, bit for bit."""
+    tables of two layers come out alike) and packs the bodies into the gaps before the aligned
+    blocks, its weights and BN at 128 (v3.COMPACT_ALIGN): 25,944 B (26,936 B at 256; 32,888 B before
+    the packing and the shared activation table, docs/results.md); every output equals the kmodel
+    storing every block in its own body in nncase's order, bit for bit."""
     import dataclasses
 
     import numpy as np
@@ -66,7 +67,8 @@ def test_small_v3_row_stores_each_conv_block_once(calib, tmp_path):
             ConvertOptions(dataset=str(calib), optimize="size", progress=False))
     data = out.read_bytes()
     model = kmodel.loads(data)
-    assert model.version == 3 and model.packed and len(data) <= 32_144
+    assert model.version == 3 and model.packed and model.compact and len(data) <= 25_944
+    assert len(kmodel.dumps(dataclasses.replace(model, compact=False))) > len(data)
     where = {}
     for ly in model.layers:
         for b, block in v3.param_blocks(ly.conv).items() if ly.conv is not None else ():

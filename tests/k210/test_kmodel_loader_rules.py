@@ -206,7 +206,8 @@ def test_packed_v3_fills_the_gaps_and_stores_an_alike_block_once():
     data = kmodel.dumps(hand)
     assert len(data) == 5888
     blocks = v3._conv_blocks(hand)
-    assert [sum(map(len, pack(hand, 60, blocks)[0])) for pack in (v3._pack_holes, v3._pack_stream)] == [5852, 5828]
+    assert [sum(map(len, pack(hand, 60, blocks, v3.DEFAULT_ALIGN)[0]))
+            for pack in (v3._pack_holes, v3._pack_stream)] == [5852, 5828]
     back = kmodel.loads(data)
     assert back.packed and not back.notes and kmodel.dumps(back) == data
     f0, f1 = back.layers[0].fields, back.layers[1].fields
@@ -214,3 +215,10 @@ def test_packed_v3_fills_the_gaps_and_stores_an_alike_block_once():
     assert [f1[b + "_offset"] for b in v3.CONV_BLOCKS] == [400, 1024, 5632, 768]
     assert back.layers[1].shared == {"act": 0} and back.layers[0].shared is None
     assert len(kmodel.dumps(dataclasses.replace(hand, packed=False))) > len(data)
+    # compact (--optimize size): weights and BN at 128, the table still at 256: conv 0's weights
+    # @128, BN @384, table @512; conv 1's weights @768, BN @5376; the arguments where room is left
+    compact = kmodel.dumps(dataclasses.replace(hand, compact=True))
+    back = kmodel.loads(compact)
+    assert len(compact) == 5728 and back.packed and back.compact and kmodel.dumps(back) == compact
+    assert [[ly.fields[b + "_offset"] for b in v3.CONV_BLOCKS] for ly in back.layers[:2]] == \
+        [[656, 128, 384, 512], [5632, 768, 5376, 512]]

@@ -265,28 +265,32 @@ def test_kmodel_v3_packs_conv_blocks_into_the_padding():
     bodies after it leave room (v3.KModelV3.packed): no block overlaps another or leaves the file, the file is
     smaller than nncase's in-body order of the same layers, reads back as packed with no notes,
     writes back byte for byte, and every output is the nncase-order file's, bit for bit. Shared
-    row-band blocks stay shared (the chained bands below)."""
+    row-band blocks stay shared (the chained bands below). A ``compact`` one (--optimize size)
+    does the same at COMPACT_ALIGN (weights and BN at 128) and is smaller still."""
     import dataclasses
     from tl2k210.k210 import kmodel
     from tl2k210.k210.emulator import Emulator
     from tl2k210.k210.kmodel import v3
     m = _chain(40, 48)
     px = pixels(2, 3, 40, 48)
-    for lines in (None, 500):
+    for lines, compact in ((None, False), (500, False), (None, True), (500, True)):
         model = compile_model(m, px, format="v3", **({"kpu_ram_lines": lines} if lines else {}))[0]
-        assert model.packed
+        assert model.packed and not model.compact
+        default = kmodel.dumps(model)
+        model = dataclasses.replace(model, compact=compact)
         data = kmodel.dumps(model)
         nncase = kmodel.dumps(dataclasses.replace(model, packed=False))
-        assert len(data) < len(nncase)
+        assert len(data) < len(nncase) and (len(data) < len(default) if compact else data == default)
         back = kmodel.loads(data)
-        assert back.packed and not back.notes and kmodel.dumps(back) == data
+        assert back.packed and back.compact == compact and not back.notes and kmodel.dumps(back) == data
+        aligns = v3.COMPACT_ALIGN if compact else v3.DEFAULT_ALIGN
         spans = {}
         for ly in back.layers:
             if ly.conv is None:
                 continue
             for b, n in ((b, len(v3._block_bytes(ly.conv)[b])) for b in v3.CONV_BLOCKS):
                 at = ly.fields[b + "_offset"]
-                assert at % v3.DEFAULT_ALIGN[b] == 0 and at + n <= len(data)
+                assert at % aligns[b] == 0 and at + n <= len(data)
                 spans[at] = max(spans.get(at, 0), n)       # a shared block: one span
         ends = sorted((a, a + n) for a, n in spans.items())
         assert all(e0 <= a1 for (_, e0), (a1, _) in zip(ends, ends[1:]))

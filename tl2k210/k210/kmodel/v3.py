@@ -125,6 +125,9 @@ KLF_MAIN_MEM_OUT = 1
 CONV_BLOCKS = ("layer", "weights", "bn", "act")
 NN01_ALIGN = {"layer": 8, "weights": 128, "bn": 128, "act": 256}
 DEFAULT_ALIGN = {"layer": 8, "weights": 256, "bn": 256, "act": 256}
+#: a ``compact`` packed file's (--optimize size): the least the spec allows, nncase v0.1's, as
+#: MaixPy's own facedetect_320x240 model has its weights and BN blocks
+COMPACT_ALIGN = NN01_ALIGN
 #: the reader's notes on K210_CONV blocks placed otherwise than nncase does (none for a packed file)
 OUT_OF_BODY = ("K210_CONV parameter blocks outside their body or out of order: the SDK reads them anyway; "
                "a rewrite places them inside the body in nncase order")
@@ -163,6 +166,7 @@ class KModelV3:
     max_start_address: int = 0
     omitted_tail: int = 0           # trailing padding bytes the source file lacked (nncase v0.1)
     packed: bool = False            # K210_CONV blocks packed into the padding before them (`_pack`)
+    compact: bool = False           # ... at COMPACT_ALIGN, else at DEFAULT_ALIGN
     version: int = 3
     notes: list = field(default_factory=list)  # deviations from nncase's writer habits (read only)
 
@@ -274,14 +278,17 @@ CHUNK = 1 << 16  # header entries validated per numpy pass
 MAX_MAIN_MEM = SRAM_BYTES  # the loader mallocs main_mem_usage: no K210 has more SRAM
 
 
-def _is_packed(model: KModelV3, data: bytes) -> bool:
-    """Does `_pack` lay the model's layers out as `data` has them?"""
+def _packing(model: KModelV3, data: bytes):
+    """Does `_pack` lay the model's layers out as `data` has them? None, else its ``compact``."""
     if model.omitted_tail:
-        return False
-    try:
-        return write(dataclasses.replace(model, packed=True)) == data
-    except KmodelFormatError:
-        return False
+        return None
+    for compact in (False, True):
+        try:
+            if write(dataclasses.replace(model, packed=True, compact=compact)) == data:
+                return compact
+        except KmodelFormatError:
+            return None
+    return None
 
 
 def _check_headers(data: bytes, n_out: int, n_layers: int):
@@ -368,8 +375,11 @@ def read(data: bytes) -> KModelV3:
             layer.body_size = size  # not what the writer would produce: keep it (Maix-EMC)
         model.layers.append(layer)
         pos = end
-    if (OUT_OF_BODY in model.pending.kinds or BELOW_ALIGN in model.pending.kinds) and _is_packed(model, data):
-        model.packed = True         # written by `_pack`: the same bytes again, no placement to note
+    compact = None
+    if OUT_OF_BODY in model.pending.kinds or BELOW_ALIGN in model.pending.kinds:
+        compact = _packing(model, data)
+    if compact is not None:         # written by `_pack`: the same bytes again, no placement to note
+        model.packed, model.compact = True, compact
         for kind in (OUT_OF_BODY, BELOW_ALIGN):
             model.pending.kinds.pop(kind, None)
         for layer in model.layers:
@@ -503,20 +513,23 @@ SLACK = 64
 
 
 def _pack(model: KModelV3, head_size: int):
-    """The bodies with every K210_CONV block placed, at its DEFAULT_ALIGN alignment, into room the
+    """The bodies with every K210_CONV block placed, at its alignment (DEFAULT_ALIGN, or
+    COMPACT_ALIGN for a ``compact`` model), into room the
     file has anyway (the runner finds a block at its absolute file offset, wherever it is:
     docs/kpu.md): the shorter of two layouts, `_pack_holes` on a tie. Shared blocks point at their
     first layer's. A pure function of the layers, so the reader recognises a packed file (`read`).
     Returns (bodies, 0)."""
     blocks = _conv_blocks(model)        # both layouts place the same bytes
-    holes, stream = _pack_holes(model, head_size, blocks), _pack_stream(model, head_size, blocks)
+    aligns = COMPACT_ALIGN if model.compact else DEFAULT_ALIGN
+    holes, stream = (_pack_holes(model, head_size, blocks, aligns),
+                     _pack_stream(model, head_size, blocks, aligns))
     return min((holes, stream), key=lambda t: sum(map(len, t[0])))
 
 
-def _pack_stream(model: KModelV3, head_size: int, block_bytes: dict):
+def _pack_stream(model: KModelV3, head_size: int, block_bytes: dict, aligns: dict):
     """The second layout `_pack` tries: the bodies in order, each K210_CONV block waiting, from
-    its layer's 24-byte header on, for a file offset of its alignment; before a multiple of 256
-    that a waiting block takes, the space is filled with the next bodies while they fit before it,
+    its layer's 24-byte header on, for a file offset of its alignment (`aligns`); before a
+    multiple of it that a waiting block takes, the space is filled with the next bodies while they fit before it,
     then with the waiting 96-byte layer arguments (8-aligned); a body that does not fit crosses
     the multiple unless at most SLACK bytes of padding are left before it."""
     buf, starts, args, offs, refs, stored = bytearray(), [], [], {}, [], {}
@@ -571,8 +584,8 @@ def _pack_stream(model: KModelV3, head_size: int, block_bytes: dict):
             if j is not None:
                 _check_shared(blocks[b], b, stored.get(j), j, where)
                 refs.append((i, b, j))
-            elif DEFAULT_ALIGN[b] > 8:
-                waiting.setdefault(DEFAULT_ALIGN[b], collections.deque()).append((next(arrivals), i, b, blocks[b]))
+            elif aligns[b] > 8:
+                waiting.setdefault(aligns[b], collections.deque()).append((next(arrivals), i, b, blocks[b]))
             else:
                 args.append((i, b, blocks[b]))
         stored[i] = (layer.conv, offs[i])
@@ -587,11 +600,11 @@ def _pack_stream(model: KModelV3, head_size: int, block_bytes: dict):
     return [bytes(buf[a:b]) for a, b in zip(starts, starts[1:] + [len(buf)])], 0
 
 
-def _pack_holes(model: KModelV3, head_size: int, block_bytes: dict):
-    """The first layout `_pack` tries: each K210_CONV's 256-aligned blocks appended to its own
-    body, in the order of them that ends it soonest, and its 96-byte layer argument (8-aligned)
-    in the lowest hole of the padding so far where it fits (no 256-aligned block fits a hole:
-    every hole ends at the multiple of 256 a block starts at), else appended."""
+def _pack_holes(model: KModelV3, head_size: int, block_bytes: dict, aligns: dict):
+    """The first layout `_pack` tries: each K210_CONV's aligned blocks (`aligns`) appended to its
+    own body, in the order of them that ends it soonest, and its 96-byte layer argument (8-aligned)
+    in the lowest hole of the padding so far where it fits (the aligned blocks are not tried in
+    holes: a hole ends at the first multiple of its block's alignment), else appended."""
     buf, holes, stored, starts = bytearray(), [], {}, []      # holes: [start, end) where an argument fits
     for i, layer in enumerate(model.layers):
         pos = head_size + len(buf)
@@ -603,7 +616,8 @@ def _pack_holes(model: KModelV3, head_size: int, block_bytes: dict):
         _check_bits(layer.conv, model.eight_bit, f"layer {i}")
         own = [b for b in CONV_BLOCKS if not _shared_offset(layer, b, blocks, stored, f, f"layer {i}")]
         sizes = {b: len(blocks[b]) for b in own}
-        end, first, new, at = min((_place(order, sizes, holes[:1], pos + 24) for order in _orders(own)),
+        end, first, new, at = min((_place(order, sizes, holes[:1], pos + 24, aligns)
+                                   for order in _orders(own, aligns)),
                                   key=lambda t: t[0])
         holes = first + holes[1:] + new
         buf += bytes(end - head_size - len(buf))
@@ -617,20 +631,20 @@ def _pack_holes(model: KModelV3, head_size: int, block_bytes: dict):
     return [bytes(buf[a:b]) for a, b in zip(starts, ends)], 0
 
 
-def _orders(own):
-    """The orders `_pack` tries for a conv's own blocks: every order of the 256-aligned ones, then
-    the 8-aligned layer argument."""
-    aligned = [b for b in own if DEFAULT_ALIGN[b] > 8]
+def _orders(own, aligns):
+    """The orders `_pack` tries for a conv's own blocks: every order of the aligned ones (over 8
+    bytes), then the 8-aligned layer argument."""
+    aligned = [b for b in own if aligns[b] > 8]
     return [list(p) + [b for b in own if b not in aligned] for p in permutations(aligned)]
 
 
-def _place(order, sizes, first, end):
-    """Append the 256-aligned blocks of `order` from `end`, and put the layer argument into the
+def _place(order, sizes, first, end, aligns):
+    """Append the aligned blocks of `order` from `end` (at `aligns`), and put the layer argument into the
     lowest hole of `first` (the padding so far) and the holes the appending leaves, else after
     them: (the new end, what is left of `first`, the new holes, {block: offset})."""
     first, new, at = [list(h) for h in first], [], {}
     for b in order:
-        a, n = DEFAULT_ALIGN[b], sizes[b]
+        a, n = aligns[b], sizes[b]
         o = _first_fit(first, a, n) if a == 8 else None
         if o is None and a == 8:
             o = _first_fit(new, a, n)

@@ -82,6 +82,7 @@ class Options:
     v3_only: bool = False       # the runtime loads kmodel v3 only: auto may take v3's explicit workarounds
     kpu_ram_lines: int = hw.KPU_RAM_LINES   # KPU RAM the plan may use (tests force tiling with less)
     small: frozenset = frozenset()   # nodes to lower in their smaller (slower) form; "*": every node
+    compact: bool = False       # kmodel v3: K210_CONV weights and BN at the least alignment (--optimize size)
 
 
 def wants_small(opts, node) -> bool:
@@ -634,7 +635,7 @@ class Lowering:
             raise UnsupportedOpError(f"the first kmodel layer would be {first_layer}; the SDK/MaixPy "
                                      "need K210_CONV or FULLY_CONNECTED first")
         return v3.KModelV3(self.layers, outs, self.main.high, flags=1 if self.opts.weight_bits == 8 else 0,
-                           max_start_address=self.kpu.lowest, packed=True)
+                           max_start_address=self.kpu.lowest, packed=True, compact=self.opts.compact)
 
 
 MAIN_FIELDS = ("main_mem_in_address", "main_mem_in_a_address", "main_mem_in_b_address", "main_mem_out_address",
