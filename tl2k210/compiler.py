@@ -219,14 +219,14 @@ def _json_default(o):
     return str(o)
 
 
-def _format_why(lw, opts, v4_saves=0) -> str:
+def _format_why(model, lw, opts, v4_saves=0) -> str:
     if lw.format == "v3":
         why = "kmodel v3: every layer has a v3 form (loads on every MaixPy build)" if opts.format == "auto" else ""
-        if opts.optimize == "size":
+        if model.compact:
             why += ("; " if why else "kmodel v3: ") + (
                 f"K210_CONV weights and BN tables at {v3.COMPACT_ALIGN['weights']}-byte file offsets (nncase "
-                f"v0.1's alignment, as in MaixPy's own face detection model; the default uses "
-                f"{v3.DEFAULT_ALIGN['weights']})")
+                f"v0.1's alignment, as in MaixPy's own face detection model; {v3.DEFAULT_ALIGN['weights']} "
+                "unless --optimize size, or the model needs it to fit)")
         return why
     from tl2k210.k210.fit import forced_text
     if opts.format == "auto" and v4_saves:
@@ -614,23 +614,42 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
 
     v3_only = not fit.loads_format(opts.runtime, "v4")
 
-    def builder(fmt):
+    def builder(fmt, compact):
         def build(small):
             model, rows, trace_map, lw = lower(graph, dict(cal.ranges), Options(
                 weight_bits=opts.weight_bits, input_scale=tuple(cal.scale), input_offset=tuple(cal.offset),
                 channel_means=dict(cal.means), float_fc=opts.float_fc, int8_rounding=opts.int8_rounding,
-                format=fmt, small=small, v3_only=v3_only, compact=opts.optimize == "size"),
+                format=fmt, small=small, v3_only=v3_only, compact=compact),
                 planned=None if small or fmt != opts.format else opt.plan)  # a smaller form may need another format
             fit.check_format(lw.format, lw.forced_by, opts.runtime)
             metadata.check_decode(model, opts.metadata)
             return fit.Built(model, dumps(model), rows, trace_map, lw)
         return build
     v4 = opts.optimize == "size" and opts.format == "auto" and not v3_only
-    choice = fit.choose_forms(builder(opts.format), RUNTIME_BUDGET[opts.runtime], opts.optimize,
-                              v4=builder("v4") if v4 else None)
+    budget = RUNTIME_BUDGET[opts.runtime]
+
+    def search(compact):
+        return fit.choose_forms(builder(opts.format, compact), budget, opts.optimize,
+                                v4=builder("v4", compact) if v4 else None)
+    choice = search(opts.optimize == "size")
+    if opts.optimize == "latency" and choice.fastest_need > budget and choice.fastest_format == "v3":
+        # the fastest forms did not fit: kmodel v3's least block alignment costs no time, so the
+        # search runs again with it and is kept where it fits with faster forms
+        other = _or_none(search, True)
+        b0, b1 = choice.built, other and other.built
+        if b1 is not None and b1.need <= budget and (b0.need > budget or b1.est.cycles < b0.est.cycles):
+            choice = other
     b = choice.built
     fit.check_budget(b.model, len(b.data), opts.runtime, b.lw, b.rows, opt.ideal, choice.v3_error)
     return choice
+
+
+def _or_none(fn, *args):
+    """fn(*args), or None where it refuses (a Tl2k210Error)."""
+    try:
+        return fn(*args)
+    except Tl2k210Error:
+        return None
 
 
 def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
@@ -765,7 +784,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
         latency_ms=cost.ms(total_cycles), layers=layer_rows,
         totals={"kpu_layers": sum(L.conv is not None for L in items),
                 "cpu_layers": sum(L.conv is None for L in items),
-                "format": f"v{model.version}", "format_why": _format_why(lw, opts, choice.v4_saves),
+                "format": f"v{model.version}", "format_why": _format_why(model, lw, opts, choice.v4_saves),
                 "macs": sum(r["macs"] for r in layer_rows), "runtime": opts.runtime,
                 "budget": RUNTIME_BUDGET[opts.runtime],
                 "weights": f"{opts.weight_bits}-bit", "output_sqnr_db": out_sqnr, "sqnr_samples": n,

@@ -230,6 +230,36 @@ def test_prelu_takes_its_residual_form_only_where_the_pair_does_not_fit(tmp_path
     assert "p/add" in {x["node"] for x in size.layers} and not any("PReLU" in t for t in size.trades)
 
 
+def test_latency_takes_v3s_least_block_alignment_where_the_fastest_forms_do_not_fit(tmp_path, png_dir,
+                                                                                      monkeypatch):
+    """Three 3x3 KPU convs as kmodel v3. With a budget one byte under their fastest forms at the
+    default 256-byte block alignment, the default search runs again at v3.COMPACT_ALIGN (weights
+    and BN at 128: no time lost) and keeps the same forms, at the same estimated time, in fewer
+    bytes; the receipt's format line says so. With room to spare the default keeps 256."""
+    import dataclasses
+
+    from tl2k210 import compiler
+    from tl2k210.k210 import firmware
+    m = make_model([conv_node("c1", "x", "w1", "b1", pads=[1, 1, 1, 1]),
+                    conv_node("c2", "c1", "w2", "b2", pads=[1, 1, 1, 1]),
+                    conv_node("c3", "c2", "w3", "b3", pads=[1, 1, 1, 1])],
+                   [("x", [1, 3, 32, 32])], [("c3", [1, 16, 32, 32])],
+                   {"w1": W(8, 3, 3, 3), "b1": W(8), "w2": W(16, 8, 3, 3), "b2": W(16), "w3": W(16, 16, 3, 3),
+                    "b3": W(16)})
+    src = tmp_path / "chain.onnx"
+    onnx.save(m, src)
+    free = _convert(src, tmp_path / "free.kmodel", png_dir, runtime="maixpy")
+    model = kmodel.load(tmp_path / "free.kmodel")
+    assert model.version == 3 and not model.compact and "128-byte" not in free.totals["format_why"]
+    budget = free.file_size + free.main_memory - 1
+    monkeypatch.setitem(compiler.RUNTIME_BUDGET, "maixpy", budget)
+    monkeypatch.setitem(firmware.RUNTIMES, "maixpy", dataclasses.replace(firmware.get("maixpy"), model_budget=budget))
+    tight = _convert(src, tmp_path / "tight.kmodel", png_dir, runtime="maixpy")
+    assert kmodel.load(tmp_path / "tight.kmodel").compact and tight.file_size + tight.main_memory <= budget
+    assert tight.latency_ms == free.latency_ms and not tight.trades
+    assert "weights and BN tables at 128-byte file offsets" in tight.totals["format_why"]
+
+
 def test_prelu_takes_its_residual_form_where_it_is_faster(tmp_path, png_dir):
     """256 channels on a 4x4 map: the residual form's adds cost less than the pair's 1x1 group
     convs (block-diagonal KPU tiles), so the default takes it, 44% smaller, and says so; on 64

@@ -167,6 +167,7 @@ class Choice:
     trades: list = field(default_factory=list)    # one line per layer given its smaller form
     fastest_need: int = 0                         # kmodel + main memory in the fastest forms
     fastest_cycles: int = 0                       # their estimated cycles
+    fastest_format: str = ""                      # their kmodel format ("v3" / "v4")
     v3_error: object = None                       # why not kmodel v3, when --format auto took v4
     v4_saves: int = 0                             # bytes kmodel v4 saved over v3's smallest (size mode)
 
@@ -218,7 +219,7 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
 
     def choice(best, lines):
         v3 = getattr(best.lw, "v3_error", None) or getattr(fast.lw, "v3_error", None)
-        return Choice(best, lines, fast.need, fast.est.cycles, v3)
+        return Choice(best, lines, fast.need, fast.est.cycles, getattr(fast.lw, "format", ""), v3)
     if not fast.lw.smaller or optimize == "latency" and fast.need <= budget and not any(fast.lw.smaller.values()):
         return choice(fast, [])
     tried, a, b, every = [fast], fast.per_node(), {}, None
