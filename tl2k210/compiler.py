@@ -523,6 +523,20 @@ class Calibration:
         return self.pixels is not None
 
 
+def input_dims(x, shape: tuple) -> tuple:
+    """--input-shape's N,C,H,W in the layout of ONNX graph input `x`: (N, H, W, C) where the dims
+    the input declares fit only that order (a TFLite or Keras export's NHWC input, e.g. (?, ?, ?, 3)),
+    else as given."""
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in x.type.tensor_type.shape.dim]
+    if len(dims) != 4 or len(shape) != 4:
+        return shape
+    nhwc = (shape[0], shape[2], shape[3], shape[1])
+
+    def fits(s):
+        return all(d is None or d == v for d, v in zip(dims, s))
+    return nhwc if fits(nhwc) and not fits(shape) else shape
+
+
 def load(source, opts: ConvertOptions) -> Loaded:
     """Front-end: any supported model (path or object) -> the IR, with the checks that need no
     calibration (weights and maps against the budget, one sample per input)."""
@@ -538,7 +552,8 @@ def load(source, opts: ConvertOptions) -> Loaded:
     check_weight_budget(onnx_model, opts, where)
     shapes = None
     if opts.input_shape:
-        shapes = {onnx_model.graph.input[0].name: tuple(opts.input_shape)}
+        x = onnx_model.graph.input[0]
+        shapes = {x.name: input_dims(x, tuple(opts.input_shape))}
     graph = from_onnx(onnx_model, input_shapes=shapes)
     check_one_input(graph)
     _check_unbatched_vector(graph)

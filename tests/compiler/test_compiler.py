@@ -128,7 +128,7 @@ def test_receipt_contents(residual, tmp_path):
     kpu = [r for r in info["layers"] if r["unit"] == "KPU"]
     assert all(r["sqnr_db"] is not None and r["sqnr_db"] > 20 for r in kpu)
     assert any("stride 2" in n for r in kpu for n in r["notes"])    # SAME stride 2: how, and cost
-    assert [p["pass"] for p in info["passes"]][:3] == ["dequantize", "input_nchw", "fold_constants"]
+    assert [p["pass"] for p in info["passes"]][:4] == ["dequantize", "fold_input_shapes", "input_nchw", "fold_constants"]
     text = receipt.table()
     assert "SQNR" in text and "estimated latency" in text and "peak KPU RAM" in text
 

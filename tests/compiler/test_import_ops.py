@@ -46,6 +46,53 @@ def test_space_to_batch_dilated_conv_is_one_dilated_conv(b, k, hw):
     np.testing.assert_allclose(run(g, x)[g.outputs[0]], ref, atol=1e-4, rtol=1e-4)
 
 
+def test_space_to_batch_from_an_nhwc_input_with_the_bias_after_the_crop():
+    """The same as TF writes it for an NHWC input whose size was symbolic (tflite-support's
+    dilated_conv.tflite, given --input-shape): Pad of the NHWC input -> Transpose(3,0,1,2) ->
+    SpaceToDepth -> Transpose -> Conv (no bias) -> Transpose -> DepthToSpace -> crop -> Add of the
+    bias in that swapped layout -> Transpose(1,2,3,0) back to NHWC. The K210 flow makes the input
+    NCHW, one Conv with dilations b, and keeps onnxruntime's values."""
+    b, k, hw, c, co = 3, 3, 14, 3, 5
+    pad = b * (k - 1) // 2
+    hp = -(-(hw + 2 * pad) // b) * b
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"]),
+             helper.make_node("Transpose", ["p"], ["t1"], perm=[3, 0, 1, 2]),
+             helper.make_node("SpaceToDepth", ["t1"], ["s"], blocksize=b),
+             helper.make_node("Transpose", ["s"], ["t2"], perm=[1, 0, 2, 3]),
+             helper.make_node("Conv", ["t2", "w"], ["cv"], kernel_shape=[k, k]),
+             helper.make_node("Transpose", ["cv"], ["t3"], perm=[1, 0, 2, 3]),
+             helper.make_node("DepthToSpace", ["t3"], ["d"], blocksize=b),
+             helper.make_node("Slice", ["d", "st", "en", "ax"], ["dc"]),
+             helper.make_node("Add", ["dc", "bias"], ["ab"]),
+             helper.make_node("Transpose", ["ab"], ["y"], perm=[1, 2, 3, 0])]
+    e = hp - hw - pad
+    inits = {"pads": np.array([0, pad, pad, 0, 0, e, e, 0], np.int64), "w": rand(co, c, k, k),
+             "bias": rand(co, 1, 1, 1), "st": np.array([0, 0], np.int64), "en": np.array([hw, hw], np.int64),
+             "ax": np.array([2, 3], np.int64)}
+    m = make_model(nodes, [("x", [1, hw, hw, c])], [("y", None)], inits)
+    x = rand(1, hw, hw, c)
+    ref = ort_run(m, x)[0]
+    g = from_onnx(m)
+    g.meta["producer"] = "tf2onnx"
+    g, _ = run_pipeline(g)
+    convs = [n for n in g.nodes if n.op == "Conv"]
+    assert g.shape(g.inputs[0]) == (1, c, hw, hw) and "SpaceToDepth" not in g.op_counts()
+    assert tuple(convs[0].attrs["dilations"]) == (b, b)
+    got = run(g, x.transpose(0, 3, 1, 2))[g.outputs[0]]       # the output NCHW too (output_nchw)
+    np.testing.assert_allclose(got, ref.transpose(0, 3, 1, 2), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dims,want", [(["n", "h", "w", 3], (1, 64, 48, 3)), (["n", 3, "h", "w"], (1, 3, 64, 48)),
+                                       (["n", "a", "b", "c"], (1, 3, 64, 48)), ([1, 64, 48, 3], (1, 64, 48, 3))])
+def test_input_shape_is_read_in_the_inputs_own_layout(dims, want):
+    """--input-shape N,C,H,W (1,3,64,48) for a symbolic input: a TFLite/Keras export's NHWC input
+    (its known channel last) takes it as (1,64,48,3); an NCHW input or one that says nothing, as
+    given."""
+    from tl2k210.compiler import input_dims
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+    assert input_dims(x, (1, 3, 64, 48)) == want
+
+
 def _int8_model():
     """int8 input -> Transpose (NHWC->NCHW) -> DQ -> Conv -> Q, read by a DQ and by a
     Transpose -> DQ; the two branches -> Q(same params) -> Concat (int8) -> DQ -> output."""
@@ -95,10 +142,11 @@ def test_dequantize_keeps_a_relu_folded_into_the_range():
     The float graph keeps that clamp (a Clip, which the K210 flow fuses into the conv); a conv whose
     range does not start at 0 (zero point 90) gets none. Within a grid step of onnxruntime's QDQ."""
     s6, z0, s2, z2 = np.float32(6 / 255), np.uint8(0), np.float32(0.1), np.uint8(90)
+    r = np.random.default_rng(5)        # conv2's output stays inside its range [-9, 16.5]
     inits = [numpy_helper.from_array(np.array(v), k) for k, v in
              {"si": np.float32(1 / 127.5), "zi": np.uint8(128), "s6": s6, "z0": z0, "s2": s2, "z2": z2,
-              "w": rand(4, 3, 3, 3, scale=2.0), "b": rand(4), "w2": rand(2, 4, 1, 1, scale=0.5),
-              "b2": rand(2)}.items()]
+              "w": r.normal(0, 2.0, (4, 3, 3, 3)).astype(np.float32), "b": r.normal(0, 1, 4).astype(np.float32),
+              "w2": r.normal(0, 0.1, (2, 4, 1, 1)).astype(np.float32), "b2": np.zeros(2, np.float32)}.items()]
     nodes = [helper.make_node("QuantizeLinear", ["x", "si", "zi"], ["xq"]),
              helper.make_node("DequantizeLinear", ["xq", "si", "zi"], ["xf"]),
              helper.make_node("Conv", ["xf", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
@@ -111,8 +159,9 @@ def test_dequantize_keeps_a_relu_folded_into_the_range():
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
-    x = np.random.default_rng(1).uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)
+    x = r.uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)
     ref = ort_run(m, x)[0]
+    assert -9 < ref.min() and ref.max() < 16.5
     g, changes = run_pass("dequantize", from_onnx(m))
     clips = [n for n in g.nodes if n.op == "Clip"]
     assert [g.producer(n.inputs[0]).name for n in clips] == ["conv"]

@@ -1020,7 +1020,7 @@ STEP_OPS = {"Ceil", "Floor", "Round", "Sign", "ThresholdedRelu"}   # steps: one 
 SCALAR = {"Mul": 1.5, "Div": 2.0, "Max": 2.0, "Min": 2.0, "Add": 0.5, "Sub": 0.5}
 # passes that would fold or remove the node under test before the lowering sees it
 KEEP = {p: False for p in ("push_transposes", "normalize_flatten", "matmul_to_conv", "fold_affine_into_conv",
-                           "affine_to_conv", "l2_normalize", "cleanup_layout", "fold_constants",
+                           "affine_to_conv", "l2_normalize", "cleanup_layout", "fold_constants", "fold_input_shapes",
                            "upsample_to_resize", "global_pool", "hard_activations")}
 
 

@@ -64,6 +64,9 @@ def check_supported(g, log, opts=None):
 
 PIPELINE = [
     Pass("dequantize", dequantize),
+    # shapes a TF export computes from its input's (a SpaceToBatch's pads): input_nchw moves a
+    # Pad only once they are constants
+    Pass("fold_input_shapes", fold_constants),
     Pass("input_nchw", input_nchw),
     Pass("fold_constants", fold_constants),
     Pass("max_unpool", max_unpool),         # first: MaxUnpool's output_shape leaves its shape unknown

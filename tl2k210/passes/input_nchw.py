@@ -41,15 +41,18 @@ def _nhwc_const(g, name):
     return np.transpose(v.reshape((1,) * (4 - v.ndim) + v.shape), TO_NCHW)
 
 
-def _pull_up(g, x, log):
+def _pull_up(g, x, log, nhwc=False):
     """Move one layout-agnostic consumer of the NHWC tensor `x` below the layout change that all
-    its own consumers do. Returns True if the graph changed."""
+    its own consumers do; where the input is known to be NHWC (`nhwc`, input_layout), below any
+    Transposes its consumers are (each left as the rest of its perm after the layout change).
+    Returns True if the graph changed."""
     shape = g.shape(x)
     for n in g.consumers(x):
         if n.inputs[0] != x or x in g.outputs or n.outputs[0] in g.outputs:
             continue
         users = g.consumers(n.outputs[0])
-        if not users or not all(to_nchw(g, u, g.shape(n.outputs[0]) or shape) for u in users):
+        if not users or not all(to_nchw(g, u, g.shape(n.outputs[0]) or shape) or nhwc and _rest_of(u)
+                                for u in users):
             continue
         if n.op in UNARY:
             inputs = list(n.inputs)
@@ -71,14 +74,25 @@ def _pull_up(g, x, log):
         if t.shape is not None and len(t.shape) == 4:
             t.shape = tuple(t.shape[i] for i in TO_NCHW)
         for u in users:
-            g.nodes.remove(u)
-            g.replace_uses(u.outputs[0], out)
+            if to_nchw(g, u, shape):
+                g.nodes.remove(u)
+                g.replace_uses(u.outputs[0], out)
+            else:
+                u.attrs["perm"] = _rest_of(u)
         log(n.name, f"{n.op} moved below the NHWC->NCHW layout change of input {x}")
         return True
     return False
 
 
-def _pull_region(g, x, log):
+def _rest_of(u):
+    """For a 4-D Transpose `u` of an NHWC tensor: the perm Q that does the same on its NCHW
+    layout (perm = TO_NCHW then Q; TF's SpaceToBatch, NHWC -> CNHW, is NCHW then (1, 0, 2, 3)),
+    else None."""
+    perm = list(u.attrs.get("perm", ())) if u.op == "Transpose" else []
+    return [TO_NCHW.index(p) for p in perm] if sorted(perm) == [0, 1, 2, 3] else None
+
+
+def _pull_region(g, x, log, nhwc=False):
     """One _pull_up anywhere in the layout-agnostic region below `x` (deepest ops move first)."""
     frontier, seen = [x], set()
     while frontier:
@@ -86,7 +100,7 @@ def _pull_region(g, x, log):
         if t in seen or len(g.shape(t) or ()) != 4:
             continue
         seen.add(t)
-        if _pull_up(g, t, log):
+        if _pull_up(g, t, log, nhwc):
             return True
         frontier += [c.outputs[0] for c in g.consumers(t) if c.inputs[0] == t and c.op in UNARY | BINARY | {"Pad"}]
     return False
@@ -97,7 +111,8 @@ def input_nchw(g, log):
         t = g.tensors[x]
         if len(t.shape or ()) != 4 or x in g.outputs:
             continue
-        while _pull_region(g, x, log):
+        nhwc = input_layout(g, x) == "NHWC"
+        while _pull_region(g, x, log, nhwc):
             pass
         cs = g.consumers(x)
         n, h, w, c = t.shape

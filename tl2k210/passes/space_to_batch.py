@@ -27,8 +27,10 @@ def _swap(g, t):
 
 
 def _chain(g, t1):
-    """(b, [T, SpaceToDepth, T, Conv, T, DepthToSpace, T], crop Slice or None) starting at
-    Transpose `t1`; else None."""
+    """(b, [T, SpaceToDepth, T, Conv, T, DepthToSpace, T], crop Slice or None, bias or None)
+    starting at Transpose `t1`; else None. The last Transpose may also change the layout
+    (TF's NHWC output: (1, 2, 3, 0) = the swap, then NCHW -> NHWC), and TF's bias may come
+    between it and the crop (an Add or Mul of a constant, in the swapped layout)."""
     s2d = g.single_consumer(t1.outputs[0])
     if s2d is None or s2d.op != "SpaceToDepth" or (g.shape(t1.inputs[0]) or (0,))[0] != 1:
         return None
@@ -51,10 +53,20 @@ def _chain(g, t1):
     if axes is None or not set(np.asarray(axes).reshape(-1).tolist()) <= {2, 3, -1, -2} \
             or (len(crop.inputs) > 4 and crop.inputs[4]):
         crop = None
-    t4 = _swap(g, (crop or d2s).outputs[0])
-    if t4 is None:
+    t = (crop or d2s).outputs[0]
+    bias = g.single_consumer(t)
+    if bias is None or bias.op not in ("Add", "Mul") or bias.inputs[0] != t or _const4(g, bias.inputs[1]) is None:
+        bias = None
+    t4 = g.single_consumer((bias or crop or d2s).outputs[0])
+    if t4 is None or t4.op != "Transpose" or sorted(t4.attrs.get("perm", ())) != [0, 1, 2, 3]:
         return None
-    return b, [t1, s2d, t2, conv, t3, d2s, t4], crop
+    return b, [t1, s2d, t2, conv, t3, d2s, t4], crop, bias
+
+
+def _const4(g, name):
+    """A constant operand as the 4-D array it broadcasts as, or None."""
+    v = g.const(name)
+    return None if v is None or v.ndim > 4 else v.reshape((1,) * (4 - v.ndim) + v.shape)
 
 
 def _crops_nothing(g, crop):
@@ -71,20 +83,32 @@ def space_to_batch(g, log):
         found = _chain(g, t1)
         if found is None:
             continue
-        b, chain, crop = found
+        b, chain, crop, bias = found
         if crop is not None and _crops_nothing(g, crop):
             g.replace_uses(crop.outputs[0], crop.inputs[0])     # TF's zero crops: no Slice
             g.nodes.remove(crop)
             crop = None
-        conv, out = chain[3], chain[-1].outputs[0]
+        conv, t4, out = chain[3], chain[-1], chain[-1].outputs[0]
+        rest = [SWAP.index(p) for p in t4.attrs["perm"]]          # t4 = the swap, then `rest`
         d = 1 if tuple(conv.attrs["kernel"]) == (1, 1) else b      # a 1x1 conv has no dilation
         a = dict(conv.attrs, dilations=(d, d), pads=[p * b for p in conv.attrs["pads"]])
-        y = g.add_tensor(conv.outputs[0] + "/dilated") if crop else out
+        steps = [n for n in (crop, bias) if n is not None] + ([t4] if rest != [0, 1, 2, 3] else [])
+        y = g.add_tensor(conv.outputs[0] + "/dilated") if steps else out
         new = [Node("Conv", [t1.inputs[0]] + conv.inputs[1:], [y], a, conv.name,
-                    fused=conv.fused + [n.name for n in chain if n is not conv])]
-        if crop:
-            new.append(Node("Slice", [y] + crop.inputs[1:], [out], dict(crop.attrs), crop.name, crop.fused))
-            g.nodes.remove(crop)
+                    fused=conv.fused + [n.name for n in chain if n is not conv and n not in steps])]
+        for k, n in enumerate(steps):
+            z = out if k == len(steps) - 1 else g.add_tensor(n.outputs[0] + "/nchw")
+            if n is t4:
+                new.append(Node("Transpose", [y], [z], {"perm": rest}, n.name, n.fused))
+            elif n is bias:
+                c = g.add_const(np.transpose(_const4(g, n.inputs[1]), SWAP), n.inputs[1] + "/nchw")
+                new.append(Node(n.op, [y, c], [z], dict(n.attrs), n.name, n.fused))
+            else:
+                new.append(Node("Slice", [y] + n.inputs[1:], [z], dict(n.attrs), n.name, n.fused))
+            y = z
+        for n in (crop, bias):
+            if n is not None:
+                g.nodes.remove(n)
         i = g.nodes.index(t1)
         for n in chain:
             g.nodes.remove(n)
