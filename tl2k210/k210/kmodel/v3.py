@@ -513,17 +513,16 @@ SLACK = 64
 
 
 def _pack(model: KModelV3, head_size: int):
-    """The bodies with every K210_CONV block placed, at its alignment (DEFAULT_ALIGN, or
-    COMPACT_ALIGN for a ``compact`` model), into room the
-    file has anyway (the runner finds a block at its absolute file offset, wherever it is:
-    docs/kpu.md): the shorter of two layouts, `_pack_holes` on a tie. Shared blocks point at their
-    first layer's. A pure function of the layers, so the reader recognises a packed file (`read`).
+    """The bodies with every K210_CONV block placed, at its alignment (DEFAULT_ALIGN; a ``compact``
+    model may also take COMPACT_ALIGN), into room the file has anyway (the runner finds a block
+    at its absolute file offset, wherever it is: docs/kpu.md): the shortest of two layouts (of
+    four for a compact model: each at either alignment), the first on a tie. Shared blocks point
+    at their first layer's. A pure function of the layers, so the reader recognises a packed file (`read`).
     Returns (bodies, 0)."""
-    blocks = _conv_blocks(model)        # both layouts place the same bytes
-    aligns = COMPACT_ALIGN if model.compact else DEFAULT_ALIGN
-    holes, stream = (_pack_holes(model, head_size, blocks, aligns),
-                     _pack_stream(model, head_size, blocks, aligns))
-    return min((holes, stream), key=lambda t: sum(map(len, t[0])))
+    blocks = _conv_blocks(model)        # every layout places the same bytes
+    tried = (DEFAULT_ALIGN, COMPACT_ALIGN) if model.compact else (DEFAULT_ALIGN,)
+    layouts = [pack(model, head_size, blocks, aligns) for aligns in tried for pack in (_pack_holes, _pack_stream)]
+    return min(layouts, key=lambda t: sum(map(len, t[0])))
 
 
 def _pack_stream(model: KModelV3, head_size: int, block_bytes: dict, aligns: dict):
