@@ -125,8 +125,8 @@ KLF_MAIN_MEM_OUT = 1
 CONV_BLOCKS = ("layer", "weights", "bn", "act")
 NN01_ALIGN = {"layer": 8, "weights": 128, "bn": 128, "act": 256}
 DEFAULT_ALIGN = {"layer": 8, "weights": 256, "bn": 256, "act": 256}
-#: a ``compact`` packed file's (--optimize size): the least the spec allows, nncase v0.1's, as
-#: MaixPy's own facedetect_320x240 model has its weights and BN blocks
+#: a ``compact`` packed file's (--optimize size): the least the spec allows, nncase v0.1's, as the
+#: face detector MaixPy users flash (face_model_at_0x300000.kfpkg) has its weights and BN blocks
 COMPACT_ALIGN = NN01_ALIGN
 #: the reader's notes on K210_CONV blocks placed otherwise than nncase does (none for a packed file)
 OUT_OF_BODY = ("K210_CONV parameter blocks outside their body or out of order: the SDK reads them anyway; "
