@@ -230,6 +230,23 @@ def test_prelu_takes_its_residual_form_only_where_the_pair_does_not_fit(tmp_path
     assert "p/add" in {x["node"] for x in size.layers} and not any("PReLU" in t for t in size.trades)
 
 
+@pytest.mark.parametrize("version,outputs", [(3, [(0, 4000), (4096, 2_000_000)]),
+                                              (4, [(0, 0, 0, 4000), (0, 0, 4096, 2_000_000)])])
+def test_a_refusal_names_an_output_too_big_to_return(version, outputs):
+    """A segmentation model's full-size float output (DeepLab v3's 21x257x257 float32, 5.5 MB)
+    can exceed the budget whatever its layers: the refusal names the output and what to do; an
+    output of a few KB is not mentioned."""
+    from types import SimpleNamespace
+    model = SimpleNamespace(version=version, main_memory=2_100_000, outputs=outputs)
+    with pytest.raises(fit.BudgetError, match=r"output 1 alone is 2,000,000 B, the values the runtime "
+                                              r"returns: export the model without its last upsampling"):
+        fit.check_budget(model, 100_000, "maixpy")
+    model.outputs = outputs[:1]
+    with pytest.raises(fit.BudgetError) as e:
+        fit.check_budget(model, 100_000, "maixpy")
+    assert "alone is" not in str(e.value) and "Nothing was written" in str(e.value)
+
+
 def test_latency_takes_v3s_least_block_alignment_where_the_fastest_forms_do_not_fit(tmp_path, png_dir,
                                                                                       monkeypatch):
     """Three 3x3 KPU convs as kmodel v3. With a budget one byte under their fastest forms at the

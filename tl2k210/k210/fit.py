@@ -120,6 +120,7 @@ def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None, v
         if getattr(lw, "v4_scratch", 0):
             bufs = sorted(bufs + [(lw.v4_scratch, "v4 layer temporaries")], reverse=True)[:3]
     bigger = fitting_runtimes(need, model.version)
+    out, big = max(((int(o[-1]), i) for i, o in enumerate(model.outputs)), default=(0, 0))
     raise BudgetError(
         (f"kmodel v3: {v3_error}\nkmodel v4 would run it, but: " if v3_error is not None else "") +
         f"kmodel v{model.version} {nbytes:,} B + main memory {main:,} B = {need:,} B exceeds what "
@@ -128,6 +129,9 @@ def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None, v
         + (f"; biggest weights: {', '.join(f'{n} {_kb(b)}' for b, n in weights)}" if weights else "")
         + (f"; biggest buffers at the main-memory peak: {', '.join(f'{n} {_kb(b)}' for b, n in bufs)}"
            if bufs else "")
+        + (f"; output {big} alone is {out:,} B, the values the runtime returns: export the model "
+           "without its last upsampling (or make it return less) and do that step in the application"
+           if out > rt.model_budget // 3 else "")
         + f". Use a smaller network{', --runtime ' + ' or '.join(bigger) if bigger else ''}"
         + (" or kpu.load_flash (v3)" if model.version == 3 else "") + ". Nothing was written.")
 
