@@ -830,6 +830,35 @@ def test_big_dense_kxk_is_refused_with_the_limit():
         select(g, g.nodes[0], Options())
 
 
+@pytest.mark.parametrize("dilation,c", [(1, 576), (2, 288)])
+def test_wide_depthwise_kxk_refusal_says_why(dilation, c):
+    """Kazuhito00's PAN segmentation export: 5x5 depthwise convs (dilation 1 and 2) on 288-576
+    channels, whose shift stages no KPU layer holds: the KPU form is refused with the count of
+    shifted channels against the KPU's 1,024 (kmodel v4 runs them on the CPU)."""
+    from tl2k210.k210.lower.kxk import kxk_refuses
+    g = from_onnx(_kxk_model((5 - 1) * dilation + 1, "dw", dilation=dilation, c_in=c, h=32, w=32))
+    why = kxk_refuses(g, g.nodes[0], Options())
+    assert f"on {c} channels reads" in why and "shifted channels; the KPU reads 1024" in why
+
+
+def test_a_dilated_1x1_conv_is_a_1x1_kpu_conv():
+    """timm's dilated MobileNetV3 (the same export) keeps dilations (2, 2) on its 1x1 convs, which
+    move no tap: square_kernels drops them, so it is a plain KPU conv, close to onnxruntime. (The
+    K x K form's refusal had read them as a 1-tap kernel with no shift stages and crashed:
+    `pass check_supported failed ... AttributeError`.)"""
+    r = np.random.default_rng(4)
+    m = make_model([conv_node("y", "x", "w", "b", kernel_shape=[1, 1], dilations=[2, 2])], [("x", [1, 3, 16, 16])],
+                   [("y", None)], {"w": r.normal(0, 0.3, (6, 3, 1, 1)).astype(np.float32),
+                                   "b": r.normal(0, 0.3, 6).astype(np.float32)})
+    g, _ = run_pipeline(from_onnx(m))
+    assert [tuple(n.attrs["dilations"]) for n in g.nodes if n.op == "Conv"] == [(1, 1)] * len(
+        [n for n in g.nodes if n.op == "Conv"])
+    px = pixels(4, 3, 16, 16)
+    model, rows = compile_model(m, px, format="v3")[:2]
+    assert [row.unit for row in rows if row.node == "y"][0] == "KPU"      # then the float output
+    assert sqnr(m, model, px) > 30
+
+
 # ---------------------------------------------------------------------------------------------
 # activations, PReLU, standalone affines
 @pytest.mark.parametrize("kind,attrs,opset", [

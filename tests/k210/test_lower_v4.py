@@ -1038,3 +1038,23 @@ def test_grouped_conv_smaller_forms(stride):
     g_small = next(r for r in rows_s if r.node == "g")
     assert g_small.lowering == "quantized_conv2d" and g_small.weight_bytes == 16 * 2 * 9 + 4 * 16
     assert len(kmodel.dumps(model)) < len(kmodel.dumps(tiles))
+
+
+def test_softmax_over_rows_of_a_tensor_without_a_batch_axis():
+    """YuNet's old export (Kazuhito00's face_detection_yunet_120x160.onnx): the scores reshaped to
+    (-1, 2), then Softmax over the last axis. A first axis over 1 is no batch (the graph runs one
+    sample): the tensor is all its rows. Its float buffer was sized as one row (8 B), the plan
+    put the softmax's output over its input (an internal error); now the emulator's output is
+    onnxruntime's."""
+    n = helper.make_node
+    r = np.random.default_rng(3)
+    m = make_model([conv_node("c", "x", "w", "b", pads=[1, 1, 1, 1]),
+                    n("Reshape", ["c", "shape"], ["r"]), n("Softmax", ["r"], ["y"], axis=-1)],
+                   [("x", [1, 3, 8, 8])], [("y", [128, 2])],
+                   {"w": r.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32), "b": r.normal(0, 0.5, 4).astype(np.float32),
+                    "shape": np.array([-1, 2], np.int64)})
+    px = pixels(3, 3, 8, 8)
+    model = compile_model(m, px, format="v4")[0]
+    ref, got = run_both(m, model, px)
+    assert got.shape == (3, 256) and np.abs(got - ref).max() < 0.05
+    np.testing.assert_allclose(got.reshape(3, 128, 2).sum(axis=2), 1, atol=1e-5)

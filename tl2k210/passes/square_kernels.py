@@ -3,7 +3,8 @@ downsampling convs) -> 3x3 kernels with zero taps, the padding moved so every ou
 same inputs: a 1-tap axis gets its tap in the middle and one more pixel of padding on both sides,
 a 2-tap axis its taps first and one more pixel at the end. Exact in float (the zero taps read the
 padding); the KPU runs 3x3 kernels only. Where the padding would then exceed the KPU's 1-pixel
-border the conv is left as it is (a CPU conv in kmodel v4)."""
+border the conv is left as it is (a CPU conv in kmodel v4). A 1x1 kernel's dilation, which moves
+no tap (PyTorch exports of dilated backbones keep it), becomes 1."""
 import numpy as np
 
 TAPS = {1: (1, 1, 1), 2: (0, 0, 1), 3: (0, 0, 0)}     # kernel size: (offset, pad before +, pad after +)
@@ -15,6 +16,9 @@ def square_kernels(g, log):
             continue
         a = n.attrs
         k = tuple(a.get("kernel", ()))
+        if k == (1, 1) and tuple(a.get("dilations", (1, 1))) != (1, 1):   # timm's dilated MobileNetV3
+            log(n.name, f"dilations {tuple(a['dilations'])} of a 1x1 kernel dropped (they move no tap)")
+            a["dilations"] = (1, 1)
         if len(k) != 2 or k in ((1, 1), (3, 3)) or max(k) > 3 or tuple(a.get("dilations", (1, 1))) != (1, 1):
             continue
         (oh, bh, ah), (ow, bw, aw) = TAPS[k[0]], TAPS[k[1]]

@@ -333,7 +333,9 @@ def kxk_refuses(g, node, opts, windows=False):
     _, ci, h, w = g.shape(node.inputs[0])
     if not forms(g, node, windows=windows):
         cmax = hw.LIMITS["channels"][1]
-        per = len(_axis_stride1(_needs(K, d[0], R, 0, False), R, True).sets[-1]) ** 2   # the fewest copies
+        need = _needs(K, d[0], R, 0, False)      # the fewest copies: the sparse shifts, else the grid
+        sets = (_axis_stride1(need, R, True) or _axis_stride1(need, R, False)).sets
+        per = len(sets[-1]) ** 2 if sets else 1
         return (f"a {K}x{K} kernel on {ci} channels reads {ci * per} shifted channels; the KPU reads "
                 f"{cmax}: " + ("no split of its groups into channel windows keeps every layer within it" if windows
                                else f"at most {cmax // per} input channels (or a depthwise/group conv)"))
