@@ -1058,3 +1058,31 @@ def test_softmax_over_rows_of_a_tensor_without_a_batch_axis():
     ref, got = run_both(m, model, px)
     assert got.shape == (3, 256) and np.abs(got - ref).max() < 0.05
     np.testing.assert_allclose(got.reshape(3, 128, 2).sum(axis=2), 1, atol=1e-5)
+
+
+def test_a_shufflenet_v2_shuffle_between_a_concat_and_its_split_is_a_transpose():
+    """NanoDet-m's ShuffleNetV2 (Kazuhito00's NanoDet-ONNX-Sample): Concat -> Reshape (1, 2, C/2,
+    H, W) -> Transpose (0, 2, 1, 3, 4) -> Reshape (1, C, H, W) -> two Slices of the channels, no
+    conv to fold the shuffle into. It was refused ("Transpose perm=[0, 2, 1, 3, 4] cannot be
+    lowered"); it is the 4-D transpose (0, 2, 1, 3) of (1, 2, C/2, H*W) now, a uint8 data move
+    in kmodel v4, and the emulator's outputs are onnxruntime's."""
+    n = helper.make_node
+    r = np.random.default_rng(6)
+
+    def w(*s):
+        return r.normal(0, 0.4, s).astype(np.float32)
+    m = make_model([conv_node("a", "x", "wa", "ba", pads=[1, 1, 1, 1]), conv_node("b", "x", "wb", "bb", pads=[1, 1, 1, 1]),
+                    n("Concat", ["a", "b"], ["cat"], axis=1), n("Reshape", ["cat", "s5"], ["r5"]),
+                    n("Transpose", ["r5"], ["t5"], perm=[0, 2, 1, 3, 4]), n("Reshape", ["t5", "s4"], ["sh"]),
+                    n("Slice", ["sh", "st0", "en0", "ax"], ["p0"]), n("Slice", ["sh", "st1", "en1", "ax"], ["p1"]),
+                    conv_node("c", "p1", "wc", "bc"), n("Add", ["p0", "c"], ["y"])],
+                   [("x", [1, 3, 8, 8])], [("y", None)],
+                   {"wa": w(4, 3, 3, 3), "ba": w(4), "wb": w(4, 3, 3, 3), "bb": w(4), "wc": w(4, 4, 1, 1), "bc": w(4),
+                    "s5": np.array([1, 2, 4, 8, 8], np.int64), "s4": np.array([1, 8, 8, 8], np.int64),
+                    "st0": np.array([0], np.int64), "en0": np.array([4], np.int64),
+                    "st1": np.array([4], np.int64), "en1": np.array([8], np.int64), "ax": np.array([1], np.int64)})
+    px = pixels(3, 3, 8, 8)
+    model, rows = compile_model(m, px, format="v4")[:2]
+    assert any("transpose" in r.lowering for r in rows)
+    ref, got = run_both(m, model, px)
+    assert sqnr_db(ref.reshape(-1).astype(float), got.reshape(-1).astype(float)) > 30

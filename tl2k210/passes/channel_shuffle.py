@@ -55,4 +55,24 @@ def channel_shuffle(g, log):
             g.nodes.remove(n)
         g.replace_uses(out, src)
         log(chain[-1].name, f"channel shuffle {names} folded into the {where}")
+    _shuffles_in_4d(g, log)
     return g
+
+
+def _shuffles_in_4d(g, log):
+    """A shuffle left (ShuffleNetV2's, between a Concat and the Slices that split it: no conv to
+    fold it into) is a data move: its 5-D Transpose (0, 2, 1, 3, 4) of (1, g, C/g, H, W) becomes
+    the 4-D (0, 2, 1, 3) of (1, g, C/g, H*W), the same element order, which kmodel v4's transpose
+    runs (H and W never move apart)."""
+    for t in [n for n in g.nodes if n.op == "Transpose" and list(n.attrs.get("perm", ())) == [0, 2, 1, 3, 4]]:
+        r = g.producer(t.inputs[0])
+        shape = g.shape(t.inputs[0])
+        if r is None or r.op != "Reshape" or g.single_consumer(r.outputs[0]) is not t or shape is None \
+                or len(shape) != 5 or shape[0] != 1:
+            continue
+        flat = (1, shape[1], shape[2], shape[3] * shape[4])
+        r.inputs[1] = g.add_const(np.array(flat, np.int64), r.inputs[1] + "/4d")
+        g.tensors[r.outputs[0]].shape = flat
+        t.attrs["perm"] = [0, 2, 1, 3]
+        g.tensors[t.outputs[0]].shape = (1, shape[2], shape[1], flat[3])
+        log(t.name, f"channel shuffle of {shape} as the 4-D transpose (0, 2, 1, 3) of {flat}")
