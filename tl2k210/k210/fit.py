@@ -129,9 +129,9 @@ def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None, v
         + (f"; biggest weights: {', '.join(f'{n} {_kb(b)}' for b, n in weights)}" if weights else "")
         + (f"; biggest buffers at the main-memory peak: {', '.join(f'{n} {_kb(b)}' for b, n in bufs)}"
            if bufs else "")
-        + (f"; output {big} alone is {out:,} B, the values the runtime returns: export the model "
-           "without its last upsampling (or make it return less) and do that step in the application"
-           if out > rt.model_budget // 3 else "")
+        + (f"; output {big} alone is {out:,} B, the values the runtime returns: make the model return "
+           "less (export it without a last upsampling or a full-size image output, or at a smaller input) "
+           "and do that step in the application" if out > rt.model_budget // 3 else "")
         + f". Use a smaller network{', --runtime ' + ' or '.join(bigger) if bigger else ''}"
         + (" or kpu.load_flash (v3)" if model.version == 3 else "") + ". Nothing was written.")
 
