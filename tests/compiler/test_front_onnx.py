@@ -90,6 +90,25 @@ def test_nhwc_input_through_pad_and_rescaling_becomes_nchw():
     np.testing.assert_allclose(run(g, xi)[g.outputs[0]], ort_run(m, x)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_one_channel_nhwc_input_padded_before_its_reshape():
+    """A ZeroPadding2D before tf2onnx's one-channel Reshape (1,H+2,W+2,1) -> (1,1,H+2,W+2): the
+    Pad moves below the layout change and the Reshape goes (it is decided on the padded shape
+    the Reshape reads, not the input's)."""
+    m = make_model([helper.make_node("Pad", ["x", "pads"], ["p"], mode="constant"),
+                    helper.make_node("Reshape", ["p", "s"], ["t"]), helper.make_node("Conv", ["t", "w"], ["y"])],
+                   [("x", [1, 20, 28, 1])], [("y", [1, 4, 20, 28])],
+                   {"pads": np.array([0, 1, 1, 0, 0, 1, 1, 0], np.int64), "s": np.array([1, 1, 22, 30], np.int64),
+                    "w": _conv_w(4, 1)})
+    g = from_onnx(m)
+    g.meta["producer"] = "tf2onnx"
+    moved, _ = run_pass("input_nchw", g.copy())
+    assert [n.op for n in moved.nodes] == ["Pad", "Conv"]
+    g, _ = run_pipeline(g)
+    assert g.shape(g.inputs[0]) == (1, 1, 20, 28) and g.op_counts() == {"Conv": 1}
+    x = rand(1, 20, 28, 1)
+    np.testing.assert_allclose(run(g, x.transpose(0, 3, 1, 2))[g.outputs[0]], ort_run(m, x)[0], rtol=1e-4, atol=1e-4)
+
+
 def test_one_channel_nhwc_input_via_reshape():
     """tf2onnx writes NHWC -> NCHW of a one-channel input as Reshape (1,H,W,1) -> (1,1,H,W)."""
     m = make_model([helper.make_node("Reshape", ["x", "s"], ["t"]), helper.make_node("Conv", ["t", "w"], ["y"])],

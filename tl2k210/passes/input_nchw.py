@@ -51,8 +51,10 @@ def _pull_up(g, x, log, nhwc=False):
         if n.inputs[0] != x or x in g.outputs or n.outputs[0] in g.outputs:
             continue
         users = g.consumers(n.outputs[0])
-        if not users or not all(to_nchw(g, u, g.shape(n.outputs[0]) or shape) or nhwc and _rest_of(u)
-                                for u in users):
+        # each reader: a layout change to drop, or (a known-NHWC input) a Transpose to keep as its
+        # perm's rest; decided on the shape it reads, before anything changes
+        changes = [to_nchw(g, u, g.shape(n.outputs[0]) or shape) for u in users]
+        if not users or not all(c or nhwc and _rest_of(u) for c, u in zip(changes, users)):
             continue
         if n.op in UNARY:
             inputs = list(n.inputs)
@@ -73,8 +75,8 @@ def _pull_up(g, x, log, nhwc=False):
         t = g.tensors[out]
         if t.shape is not None and len(t.shape) == 4:
             t.shape = tuple(t.shape[i] for i in TO_NCHW)
-        for u in users:
-            if to_nchw(g, u, shape):
+        for c, u in zip(changes, users):
+            if c:
                 g.nodes.remove(u)
                 g.replace_uses(u.outputs[0], out)
             else:
