@@ -12,6 +12,8 @@ import numpy as np
 
 from tl2k210.graph import Node
 
+from .layout import relaid_const
+
 TO_NCHW = (0, 3, 1, 2)
 UNARY = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Identity", "Neg", "Abs"}
 BINARY = {"Add", "Sub", "Mul", "Div"}
@@ -33,14 +35,6 @@ def to_nchw(g, node, shape):
     return False
 
 
-def _nhwc_const(g, name):
-    """A constant operand broadcast against an NHWC tensor, re-laid for the NCHW one (or None)."""
-    v = g.const(name)
-    if v is None or v.ndim > 4:
-        return None
-    return np.transpose(v.reshape((1,) * (4 - v.ndim) + v.shape), TO_NCHW)
-
-
 def _pull_up(g, x, log, nhwc=False):
     """Move one layout-agnostic consumer of the NHWC tensor `x` below the layout change that all
     its own consumers do; where the input is known to be NHWC (`nhwc`, input_layout), below any
@@ -58,8 +52,8 @@ def _pull_up(g, x, log, nhwc=False):
             continue
         if n.op in UNARY:
             inputs = list(n.inputs)
-        elif n.op in BINARY and g.const(n.inputs[1]) is not None and _nhwc_const(g, n.inputs[1]) is not None:
-            inputs = [n.inputs[0], g.add_const(_nhwc_const(g, n.inputs[1]), n.inputs[1] + "/nchw")]
+        elif n.op in BINARY and relaid_const(g, n.inputs[1], TO_NCHW) is not None:
+            inputs = [n.inputs[0], g.add_const(relaid_const(g, n.inputs[1], TO_NCHW), n.inputs[1] + "/nchw")]
         elif n.op == "Pad" and len(n.inputs) > 1 and g.const(n.inputs[1]) is not None and \
                 not (len(n.inputs) > 3 and n.inputs[3]) and len(g.const(n.inputs[1])) == 8:
             p = [int(v) for v in g.const(n.inputs[1])]

@@ -14,6 +14,16 @@ from tl2k210.graph import axes_of
 MOVES = ("Transpose", "Reshape", "Unsqueeze", "Squeeze", "Tile", "Flatten", "Identity")
 
 
+def relaid_const(g, name, perm):
+    """Constant operand `name` as the 4-D array it broadcasts as, transposed by `perm`: what
+    broadcasts the same against the tensor transposed by `perm`. None if it is no constant or
+    has more than 4 axes."""
+    v = g.const(name)
+    if v is None or v.ndim > 4:
+        return None
+    return np.transpose(v.reshape((1,) * (4 - v.ndim) + v.shape), perm)
+
+
 def _apply(g, n, x):
     op = n.op
     if op == "Transpose":

@@ -17,6 +17,8 @@ import numpy as np
 
 from tl2k210.graph import Node
 
+from .layout import relaid_const
+
 SWAP = [1, 0, 2, 3]
 
 
@@ -55,18 +57,14 @@ def _chain(g, t1):
         crop = None
     t = (crop or d2s).outputs[0]
     bias = g.single_consumer(t)
-    if bias is None or bias.op not in ("Add", "Mul") or bias.inputs[0] != t or _const4(g, bias.inputs[1]) is None:
+    if bias is None or bias.op not in ("Add", "Mul") or bias.inputs[0] != t or \
+            relaid_const(g, bias.inputs[1], SWAP) is None:
         bias = None
     t4 = g.single_consumer((bias or crop or d2s).outputs[0])
     if t4 is None or t4.op != "Transpose" or sorted(t4.attrs.get("perm", ())) != [0, 1, 2, 3]:
         return None
     return b, [t1, s2d, t2, conv, t3, d2s, t4], crop, bias
 
-
-def _const4(g, name):
-    """A constant operand as the 4-D array it broadcasts as, or None."""
-    v = g.const(name)
-    return None if v is None or v.ndim > 4 else v.reshape((1,) * (4 - v.ndim) + v.shape)
 
 
 def _crops_nothing(g, crop):
@@ -101,7 +99,7 @@ def space_to_batch(g, log):
             if n is t4:
                 new.append(Node("Transpose", [y], [z], {"perm": rest}, n.name, n.fused))
             elif n is bias:
-                c = g.add_const(np.transpose(_const4(g, n.inputs[1]), SWAP), n.inputs[1] + "/nchw")
+                c = g.add_const(relaid_const(g, n.inputs[1], SWAP), n.inputs[1] + "/nchw")
                 new.append(Node(n.op, [y, c], [z], dict(n.attrs), n.name, n.fused))
             else:
                 new.append(Node("Slice", [y] + n.inputs[1:], [z], dict(n.attrs), n.name, n.fused))
