@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tl2k210.graph import stage_names
+from tl2k210.graph import RELABELS, stage_names
 from tl2k210.k210 import cost, hardware as hw
 
 from . import kpu, registry
@@ -37,12 +37,12 @@ def source_unit(g, t, opts):
 
 
 def feeds_output(g, t):
-    """Is t a model output, or relabelled into one (Flatten/Reshape/Squeeze/Identity)?"""
+    """Is t a model output, or relabelled into one (graph.RELABELS)?"""
     while True:
         if t in g.outputs:
             return True
         cons = g.consumers(t)
-        if len(cons) != 1 or cons[0].op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity"):
+        if len(cons) != 1 or cons[0].op not in RELABELS:
             return False
         t = cons[0].outputs[0]
 
