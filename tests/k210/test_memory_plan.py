@@ -451,3 +451,110 @@ def test_real_models_with_concats_need_less_main_memory_for_the_same_outputs(pat
     copied = _lower_with_ranges(m, px, "auto")[0]
     assert model.main_memory < copied.main_memory and copies(model) < copies(copied) and lw.main.views
     _same_outputs(model, copied, px)
+
+
+# ---------------------------------------------------------------------------------------------
+# tables in place, copies dropped at their last reader, float outputs alone at the end
+def _pool_then(tail, shape=(1, 3, 16, 16), pool=None, outs=("y",)):
+    """conv c0 (+ReLU) -> MaxPool (a CPU layer: its uint8 map in main memory) -> `tail` nodes -> y."""
+    from onnx import helper
+    from lower_helpers import conv_node, make_model
+    rng = np.random.default_rng(9)
+    r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("MaxPool", ["r0"], ["p"], name="pool", **(pool or dict(kernel_shape=[3, 3], strides=[1, 1],
+                                                                                        pads=[1, 1, 1, 1])))]
+    return make_model(nodes + tail, [("x", list(shape))], [(o, None) for o in outs],
+                      {"w0": r(6, 3, 3, 3), "b0": r(6), "w1": r(2, 6, 3, 3), "w2": r(4, 6, 1, 1)})
+
+
+@pytest.mark.parametrize("fmt, op", [("v3", "REQUANTIZE"), ("v4", "table_lookup1d")])
+def test_a_table_writes_over_the_map_it_reads_last(fmt, op, monkeypatch):
+    """A Tanh on the pool's uint8 map is a 256-entry table that writes over the map, which dies
+    there (kpu_requantize and nncase's table_lookup1d read byte i only to write byte i:
+    kmodel.v3/v4 IN_PLACE); the outputs are bit for bit those of a fresh buffer."""
+    from onnx import helper
+    from lower_helpers import compile_model, conv_node, pixels
+    from tl2k210.k210.lower import state
+    m = _pool_then([helper.make_node("Tanh", ["p"], ["t"], name="tanh"), conv_node("y", "t", "w1", pads=[1, 1, 1, 1])])
+    px = pixels(3, 3, 16, 16)
+    model = compile_model(m, px, format=fmt)[0]
+    L = next(L for L in model.items if L.name == op)
+    f = L.fields
+    if fmt == "v3":
+        assert f["main_mem_in_address"] == f["main_mem_out_address"]
+    else:
+        assert f["input"] == f["output"]
+    monkeypatch.setattr(state.Lowering, "u8_in_place", lambda *a, **k: None)
+    fresh = compile_model(m, px, format=fmt)[0]
+    assert model.main_memory <= fresh.main_memory
+    _same_outputs(model, fresh, px)
+
+
+def test_a_table_over_its_input_is_safe_only_in_place():
+    """v3 REQUANTIZE and v4 table_lookup1d: output == input is safe; shifted by 8 bytes it is not."""
+    from tl2k210.k210.kmodel import v3, v4
+    T = v3.TYPE_BY_NAME
+
+    def rq(out):
+        full = {k: 0 for k in T["REQUANTIZE"].struct.names}
+        full.update(main_mem_in_address=0, main_mem_out_address=out, count=64)
+        return v3.Layer(T["REQUANTIZE"].id, full, data={"table": np.arange(256, dtype=np.uint8)})
+    assert v3.overlapping_io(v3.KModelV3([rq(0)], [], 128)) == []
+    assert [g.split(":")[0] for g in v3.overlapping_io(v3.KModelV3([rq(8)], [], 128))] == ["layer 0 (REQUANTIZE)"]
+    op = v4.OPCODE_BY_NAME["table_lookup1d"]
+
+    def lut(out):
+        f = {k: 0 for k, _, _ in op.struct.fields}
+        f.update(input=(v4.MEM_MAIN, v4.DT_UINT8, 0, 64), table=(v4.MEM_MAIN, v4.DT_UINT8, 64, 256),
+                 output=(v4.MEM_MAIN, v4.DT_UINT8, out, 64))
+        return v4.Node(op.code, f)
+    model = lambda *n: v4.KModelV4(list(n), [], [], [], 512, b"")   # noqa: E731
+    assert v4.overlapping_io(model(lut(0))) == []
+    got = [g.split(":")[0] for g in v4.overlapping_io(model(lut(8), lut(64)))]   # over the input and the table;
+    assert got == ["node 0 (table_lookup1d)"] * 2 + ["node 1 (table_lookup1d)"]  # over the table
+
+
+def test_float_outputs_leave_no_uint8_copy_beside_them(monkeypatch):
+    """v4, two outputs: each uint8 output map dies at the DEQUANTIZE that writes its float copy,
+    the larger one first, so the end of the model holds the float outputs only."""
+    from lower_helpers import compile_model, conv_node, pixels
+    m = _pool_then([conv_node("y", "p", "w1", pads=[1, 1, 1, 1]), conv_node("z", "p", "w2")], outs=("y", "z"))
+    model, _, lw, _ = compile_model(m, px := pixels(3, 3, 16, 16), format="v4")
+    deq = [i for i, L in enumerate(lw.layers) if L.name == "DEQUANTIZE"]
+    life = {b.name.split(" ")[0]: (b.t0, b.t1) for b in lw.main.history}
+    assert life["z:u8"][1] == deq[0] + 1 and life["y:u8"][1] == deq[1] + 1      # z: 4 channels, y: 2
+    assert lw.layers[deq[0]].fields["count"] == 4 * 16 * 16
+    assert model.main_memory == max(lw.main.high, 4 * 6 * 16 * 16)
+    from tl2k210.k210.emulator import Emulator
+    got = [Emulator(model).run(p) for p in px]
+    assert [a.size for a in got[0]] == [2 * 16 * 16, 4 * 16 * 16]
+
+
+def test_a_float_copy_dies_at_its_last_float_reader(monkeypatch):
+    """v4: the pool's map is read by a float bilinear Resize and, later, by a uint8 add: its float
+    copy dies at the resize, not at the add; bit for bit the outputs of keeping it."""
+    from onnx import helper
+    from lower_helpers import compile_model, conv_node, make_model, pixels
+    from tl2k210.k210.lower import state
+    rng = np.random.default_rng(10)
+    r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
+    nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["c0", "", "sc"], ["up"], name="up", mode="linear",
+                              coordinate_transformation_mode="align_corners"),
+             conv_node("d", "up", "w1", pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Add", ["c0", "d"], ["s"], name="sum"), conv_node("y", "s", "w2")]
+    m = make_model(nodes, [("x", [1, 3, 16, 16])], [("y", None)],
+                   {"w0": r(6, 3, 3, 3), "b0": r(6), "w1": r(6, 6, 3, 3), "w2": r(2, 6, 1, 1),
+                    "sc": np.array([1, 1, 2, 2], np.float32)})
+    px = pixels(3, 3, 16, 16)
+    model, rows, lw, _ = compile_model(m, px, format="v4")
+    assert next(r for r in rows if r.node == "up").lowering == "resize_bilinear"
+    up = max(next(r for r in rows if r.node == "up").layers)
+    life = {b.name: (b.t0, b.t1) for b in lw.main.history}
+    assert life["c0:f32"][1] == up + 1 and life["s:u8 (in place of c0:u8)"][0] < up     # the add writes over c0
+    monkeypatch.setattr(state.Lowering, "drop_copy", lambda *a: None)
+    kept = compile_model(m, px, format="v4")[0]
+    assert model.main_memory < kept.main_memory
+    _same_outputs(model, kept, px)
+

@@ -243,10 +243,19 @@ def _elementwise_in_place(node: Node, iname: str, r, o) -> bool:
     return shape is not None and tuple(r) == tuple(o) and tuple(f[shape]) == tuple(f["out_shape"])
 
 
+def _lookup_in_place(node: Node, iname: str, r, o) -> bool:
+    """nncase v0.2.0-beta4 `kernels::neutral::table_lookup1d`: `output[i] = table[input[i]]`.
+    Its pointers are CXX_RESTRICT, but output[i] is a function of input[i] alone, so no order
+    of its loads and stores a compiler may choose reads a byte after its own store: the output
+    may be the input (same range); the table may not."""
+    return iname == "input" and tuple(r) == tuple(o)
+
+
 #: the per-op facts of which output may overlap which input (checked against each kernel's loop in
 #: nncase v0.2.0-beta4; an op missing here may not overlap its inputs at all: most kernels take
 #: CXX_RESTRICT pointers or read an input after writing the output, e.g. softmax, issue 29)
-IN_PLACE = {"binary": _elementwise_in_place, "quantized_binary": _elementwise_in_place}
+IN_PLACE = {"binary": _elementwise_in_place, "quantized_binary": _elementwise_in_place,
+            "table_lookup1d": _lookup_in_place}
 
 
 def overlapping_io(model: KModelV4) -> list[str]:

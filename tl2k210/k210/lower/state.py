@@ -205,6 +205,16 @@ class Lowering:
         if kind == "u8" and loc.block:     # float readers only: no KPU RAM copy either
             self.kpu_free(loc)
 
+    def _drop_output_u8(self, o, to_come):
+        """Free the uint8 map of the output `o` once its float copy is written, unless an output
+        still `to_come` names the same bytes: the outputs are dequantized largest first, so at
+        the end main memory holds the float outputs and no uint8 copy beside them."""
+        fam = self.family(o)
+        if self.locs[o].f32 is None or any(self.family(p) & fam for p in to_come):
+            return
+        for t in self._named(o):
+            self.main.free(f"{t}:u8")
+
     def family(self, t) -> set:
         """`t` and every tensor naming the same bytes (relabels either way, lowered or to come)."""
         fam, todo = set(), [t]
@@ -467,14 +477,15 @@ class Lowering:
     def u8_in_place(self, node, t, over, quant=None):
         """A uint8 home for `node`'s output `t` in the buffer of its input `over`, when the op's
         kernel may write over that input (the caller's fact: kmodel.v3/v4 IN_PLACE) and `node` is
-        the input's last reader: same size, no relabel or model output sharing the bytes. None
-        otherwise (the caller then takes a fresh buffer)."""
+        the input's last reader (node None: `over` is a stage of the caller's own, read only
+        here): same size, no relabel or model output sharing the bytes. None otherwise (the
+        caller then takes a fresh buffer)."""
         src, shape = self.locs.get(over), self.shape(t)
         name = f"{over}:u8"
         if src is None or src.u8 is None or name not in self.main.blocks or over in self.g.outputs or \
                 self.main.viewed(name) or \
                 int(np.prod(src.shape)) != int(np.prod(shape)) or \
-                self.uses.get(over, 0) != node.inputs.count(over) or src.pixels is not None or self.relabelled(over):
+                (node is not None and self.uses.get(over, 0) != node.inputs.count(over)) or src.pixels is not None or self.relabelled(over):
             return None
         loc = Loc(shape, quant=quant or self.quant_of(t))
         loc.u8 = self.main.hand_over(name, f"{t}:u8")
@@ -616,15 +627,18 @@ class Lowering:
             if node.name not in self.folded:
                 self._lower_one(node)
             self.release(node)
+            for t in dict.fromkeys(node.inputs):    # a copy no reader to come needs (float for a resize)
+                self.drop_copy(t, "f32", self.at + 1)
+                self.drop_copy(t, "u8", self.at + 1)
         self.at = None
-        outs = []
-        for o in g.outputs:
+        outs = {}
+        for k, o in sorted(enumerate(g.outputs), key=lambda ko: -int(np.prod(self.locs[ko[1]].shape))):
             row = Row(o, "output", "CPU", "model outputs are float32 in main memory")
-            addr = self.need_f32(o, row)
+            outs[k] = (self.need_f32(o, row), 4 * int(np.prod(self.locs[o].shape)))
             if row.layers:
                 self.rows.append(row)
-            outs.append((addr, 4 * int(np.prod(self.locs[o].shape))))
-        outs = self._plan_main(outs)
+            self._drop_output_u8(o, [p for p in g.outputs if p != o and g.outputs.index(p) not in outs])
+        outs = self._plan_main([outs[k] for k in range(len(g.outputs))])
         if self.format == "v4":
             from .v4emit import assemble
             return assemble(self, outs)

@@ -373,11 +373,12 @@ def quantized_conv(lw, node):
 def activation_after(lw, src, dst, act, row):
     """`dst` = act(`src`) for a uint8 `src` just written by a CPU layer: one REQUANTIZE whose
     256-entry table maps each uint8 value of src's quantization to the nearest of dst's -- exact
-    (to dst's rounding) for any function of one value, whatever the channel count. Frees src."""
+    (to dst's rounding) for any function of one value, whatever the channel count; written over
+    src (kmodel.v3/v4 IN_PLACE), which dies here."""
     s_in, z_in = lw.locs[src].quant
     so, zo = lw.quant_of(dst)
     shape = lw.locs[src].shape
-    nxt = lw.u8_out(dst, (so, zo), shape)
+    nxt = lw.u8_in_place(None, dst, src, (so, zo)) or lw.u8_out(dst, (so, zo), shape)
     f, _ = fx.act_function(act)
     with np.errstate(over="ignore"):
         tab = table(f, s_in, z_in, so, zo)

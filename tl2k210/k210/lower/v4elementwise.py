@@ -230,7 +230,7 @@ def unary_table(lw, node):
     s_in, z_in = lw.locs[x].quant
     so, zo = lw.quant_of(out)
     f = unary_function(lw.g, node)
-    loc = lw.u8_out(out, (so, zo))
+    loc = lw.u8_in_place(node, out, x, (so, zo)) or lw.u8_out(out, (so, zo))   # kmodel.v3/v4 IN_PLACE
     with np.errstate(all="ignore"):
         tab = table(lambda v: np.nan_to_num(f(v), nan=0.0, posinf=1e30, neginf=-1e30), s_in, z_in, so, zo)
     lw.emit("REQUANTIZE", dict(flags=1, main_mem_in_address=src, main_mem_out_address=loc.u8,
