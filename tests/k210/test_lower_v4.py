@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from lower_helpers import compile_model, conv_node, make_model, pixels, run_both
+from lower_helpers import compile_model, conv_node, from_onnx, make_model, pixels, run_both
 import v4_reference as ref
 from tl2k210.errors import UnsupportedOpError
 from tl2k210.k210 import kmodel
@@ -306,6 +306,46 @@ def test_mean_pool_on_uint8(name):
     assert "reduce_window2d" not in names and "reduce" not in names
     node = next(nd for nd in model.nodes if nd.name == "quantized_conv2d")
     assert node.fields["in_shape"][:2] == (8, 1) and node.data["weights"].tolist() == [1] * taps
+
+
+MEAN_RESIZES = {   # linear Resizes whose samples are means of adjacent pixels: (attrs, scales, (k, s) on H, W)
+    "half_pixel_down2": (dict(mode="linear"), [1, 1, 0.5, 0.5], ((2, 2), (2, 2))),
+    "pytorch_half_pixel_down2_w": (dict(mode="linear", coordinate_transformation_mode="pytorch_half_pixel"),
+                                   [1, 1, 1, 0.5], ((1, 1), (2, 2))),
+    "asymmetric_down3": (dict(mode="linear", coordinate_transformation_mode="asymmetric"), [1, 1, 1 / 3, 1 / 3],
+                         ((1, 3), (1, 3))),
+}
+
+
+@pytest.mark.parametrize("name", MEAN_RESIZES)
+def test_downscaling_resize_is_a_mean_pool_on_uint8(name):
+    """A 2x downscale with half-pixel centres samples halfway between two pixels: their mean, the
+    uint8 mean pool (quantized_conv2d of ones), so the map is never made float; an asymmetric
+    downscale picks every s-th pixel (a 1-tap mean). Bit for bit the C loops; close to onnxruntime."""
+    from tl2k210.k210.lower.v4resize import resize_as_mean
+    attrs, scales, axes = MEAN_RESIZES[name]
+    m = build([N("Resize", ["r", "", "s"], ["d"], name="rs", **attrs), conv_node("y", "d", "w1", "b1")],
+              {"s": np.array(scales, np.float32), "w1": W(4, 8, 1, 1), "b1": W(4)})
+    model, q, rows = check_v4(m, opcodes=("quantized_conv2d",))
+    r = next(r for r in rows if r.node == "rs")
+    assert r.lowering == "resize_as_mean", r.why
+    names = [nd.name for nd in model.nodes]
+    assert "resize_image" not in names and "dequantize" not in names[:names.index("quantized_conv2d") + 1]
+    g = compile_model(m, PX, format="v4")[3]
+    assert resize_as_mean(g, next(n for n in g.nodes if n.op == "Resize")) == axes
+
+
+@pytest.mark.parametrize("attrs, scales", [(dict(mode="linear"), [1, 1, 1 / 3, 1 / 3]),       # centre pick: offset 1
+                                           (dict(mode="linear", coordinate_transformation_mode="align_corners"),
+                                            [1, 1, 0.5, 0.5]),
+                                           (dict(mode="linear", antialias=1), [1, 1, 0.5, 0.5]),
+                                           (dict(mode="linear"), [1, 1, 2, 2])])
+def test_other_linear_resizes_are_no_mean(attrs, scales):
+    from tl2k210.k210.lower.v4resize import resize_as_mean
+    m = build([N("Resize", ["r", "", "s"], ["d"], name="rs", **attrs), conv_node("y", "d", "w1", "b1")],
+              {"s": np.array(scales, np.float32), "w1": W(4, 8, 1, 1), "b1": W(4)})
+    g = from_onnx(m)
+    assert resize_as_mean(g, next(n for n in g.nodes if n.op == "Resize")) is None
 
 
 def test_mean_pool_stays_float_where_uint8_would_change_it():

@@ -36,6 +36,7 @@ from .state import wants_small
 from .v4elementwise import g4, nnil_ops
 from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, nnil_code, pixel_affine
 from .v4ops import _pool_pads, window_pool
+from .v4resize import resize_as_mean
 
 WEIGHT_SQNR_MIN = 30.0          # dB of per-layer uint8 weights below which the float conv is chosen
 WEIGHT_PARTS_MAX = 12           # quantized_conv2d nodes (each its own weight scale) one conv may take
@@ -476,12 +477,38 @@ def quantized_mean(lw, node):
     one quantized_conv2d over the map seen as C batches of one channel, k x k weights of 1:
     acc = sum (q - z_x) over the window (zero padding: float 0), y = acc s_x / (k^2 s_y) rounded
     once to y's grid, as the float mean quantized. k^2 bytes of weights, no float map."""
+    (kh, kw), strides, pads, dilations = _mean_window(lw.g, node)
+    row = lw.row(node, f"{node.op} {kh}x{kw}: quantized_conv2d on uint8 (weights 1, the mean rounded once)",
+                 in_shape=lw.shape(node.inputs[0]), out_shape=lw.shape(node.outputs[0]))
+    _mean_conv(lw, node, row, (kh, kw), strides, pads, dilations)
+
+
+def mean_resize_refuses(g, node, opts):
+    if node.attrs.get("mode", "nearest") != "linear" or len(g.shape(node.inputs[0]) or ()) != 4 or \
+            resize_as_mean(g, node) is None:
+        return NA
+    if feeds_output(g, node.outputs[0]):
+        return "it computes a model output: the float resize keeps it unclipped and exact"
+    return None
+
+
+@lowering("Resize", unit=CPU_U8, check=mean_resize_refuses, formats=("v4",), name="resize_as_mean")
+def resize_mean(lw, node):
+    """A linear Resize whose every sample is the mean of k adjacent pixels on each axis, k
+    apart (a 2x downscale with half-pixel centres: (2i + 0.5) lies halfway between pixels 2i and
+    2i + 1; a pick of every s-th pixel: k = 1): the uint8 mean pool of quantized_mean, so the map
+    never exists in float."""
+    (kh, sh), (kw, sw) = resize_as_mean(lw.g, node)
+    row = lw.row(node, f"linear Resize as a {kh}x{kw} mean, stride ({sh}, {sw}): quantized_conv2d on uint8",
+                 in_shape=lw.shape(node.inputs[0]), out_shape=lw.shape(node.outputs[0]))
+    _mean_conv(lw, node, row, (kh, kw), (sh, sw), (0, 0, 0, 0), (1, 1))
+
+
+def _mean_conv(lw, node, row, kernel, strides, pads, dilations):
     x, out = node.inputs[0], node.outputs[0]
     c, h, w = lw.shape(x)
-    (kh, kw), (sh, sw), (t, l, b, r), (dh, dw) = _mean_window(lw.g, node)
+    (kh, kw), (sh, sw), (t, l, b, r), (dh, dw) = kernel, strides, pads, dilations
     oh, ow = lw.shape(out)[1:] if len(lw.shape(out)) == 3 else (1, 1)
-    row = lw.row(node, f"{node.op} {kh}x{kw}: quantized_conv2d on uint8 (weights 1, the mean rounded once)",
-                 in_shape=(c, h, w), out_shape=lw.shape(out))
     src = lw.need_u8(x, row)
     s_x, z_x = lw.locs[x].quant
     s_y, z_y = lw.quant_of(out)

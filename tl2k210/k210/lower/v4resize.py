@@ -159,6 +159,33 @@ def onnx_linear_matrix(cmode, n, m, scale):
     return A
 
 
+def resize_as_mean(g, node):
+    """((k, s) on H, (k, s) on W) where every output of a linear Resize is the mean of k adjacent
+    inputs, the windows s apart from the first pixel (k = 2, s = 2: a 2x downscale with half-pixel
+    centres; k = 1: every s-th pixel), or None (or an identity)."""
+    mode, cmode, _ = _attrs(g, node)
+    x, y = g.shape(node.inputs[0]), g.shape(node.outputs[0])
+    if mode != "linear" or node.attrs.get("antialias") or len(x) != 4 or len(y) != 4 or x[:2] != y[:2]:
+        return None
+    axes = []
+    for n, m, scale in zip(x[2:], y[2:], _scales(g, node)):
+        if onnx_coords(cmode, n, m, scale) is None:
+            return None
+        A = onnx_linear_matrix(cmode, n, m, scale)
+        for k, s in dict.fromkeys([(1, 1), (2, 2), (1, max(1, n // m)), (2, max(1, n // m))]):
+            if m != (n - k) // s + 1:
+                continue
+            B = np.zeros((m, n))
+            for j in range(k):
+                B[np.arange(m), np.arange(m) * s + j] = 1.0 / k
+            if np.allclose(A, B, rtol=0, atol=1e-6):
+                axes.append((k, s))
+                break
+        else:
+            return None
+    return None if axes == [(1, 1), (1, 1)] else tuple(axes)
+
+
 @dataclass(frozen=True)
 class DeconvAxis:
     """Upsampling by `s` as conv2d_transpose of the input edge-padded by one pixel: kernel `k`
