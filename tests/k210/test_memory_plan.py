@@ -558,3 +558,19 @@ def test_a_float_copy_dies_at_its_last_float_reader(monkeypatch):
     assert model.main_memory < kept.main_memory
     _same_outputs(model, kept, px)
 
+
+def test_a_max_pool_in_float_a_channel_at_a_time_is_its_smaller_form():
+    """v4 pools in float: the 3x3/2 max pool's float temporaries are one slice of all channels in
+    the fastest form, one channel at a time in its smaller form ("<node>/slices"), which the fit
+    plan may take: the same output bytes in less main memory."""
+    from lower_helpers import compile_model, conv_node, pixels
+    from tl2k210.k210.lower.memory import SLICES
+    m = _pool_then([conv_node("y", "p", "w1", pads=[1, 1, 1, 1])], shape=(1, 3, 32, 32),
+                   pool=dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+    px = pixels(3, 3, 32, 32)
+    fast, _, lw, _ = compile_model(m, px, format="v4")
+    assert lw.smaller["pool" + SLICES] is True
+    small, rows = compile_model(m, px, format="v4", small=frozenset({"pool" + SLICES}))[:2]
+    assert next(r for r in rows if r.node == "pool").form.startswith("float temporaries a channel at a time")
+    assert small.main_memory < fast.main_memory and len(small.nodes) == len(fast.nodes) + 3 * 5
+    _same_outputs(small, fast, px)

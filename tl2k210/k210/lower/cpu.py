@@ -11,8 +11,9 @@ from tl2k210.k210 import fixed_point as fx
 from tl2k210.passes.fuse_activation import activation_of
 
 from .fc import feeds_output, logistic, source_unit
-from .memory import float_slices
+from .memory import SLICES, float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
+from .state import wants_small
 
 
 U8 = np.arange(np.iinfo(np.uint8).max + 1)      # every uint8 value: the index of a REQUANTIZE table
@@ -255,10 +256,19 @@ def max_pool(lw, node):
     k, s = a["kernel_shape"], a.get("strides", [1, 1])
     pads = list(a.get("pads", [0, 0, 0, 0]))
     loc = lw.u8_out(out, lw.locs[x].quant)
+    kw = {}
+    if lw.format == "v4":     # v4 pools in float, a slice of channels at a time (v4emit._max_pool)
+        per_c = 4 * (h * w + oh * ow)
+        fast = max(c1 - c0 for c0, c1 in float_slices(c, h * w, per_c))
+        if fast > 1:
+            lw.smaller[node.name + SLICES] = True       # the same max: the same output bytes
+        if fast > 1 and (wants_small(lw.opts, node) or node.name + SLICES in lw.opts.small):
+            kw["data"] = {"float_room": 0}
+            row.form = f"float temporaries a channel at a time, {per_c:,} B, not {fast * per_c:,} B"
     lw.emit("QUANTIZED_MAX_POOL2D", dict(
         flags=1, main_mem_in_address=src, main_mem_out_address=loc.u8, in_shape=(w, h, c),
         out_shape=(ow, oh, oc), kernel_width=k[1], kernel_height=k[0], stride_width=s[1],
-        stride_height=s[0], padding_width=pads[1], padding_height=pads[0]), row)
+        stride_height=s[0], padding_width=pads[1], padding_height=pads[0]), row, **kw)
     lw.traced(out, "u8")
 
 

@@ -9,6 +9,7 @@ from tl2k210.errors import KpuLimitError
 from tl2k210.k210 import hardware as hw
 
 
+SLICES = "/slices"    # Options.small names "<node>/slices": its float temporaries a channel at a time
 SLICE_MIN_BYTES = 65536          # float scratch below which a uint8 map is dequantized whole (64 KiB)
 MAIN_TARGET = 1.25               # issue 22: the main-memory peak within 1.25x the live-set lower bound
 

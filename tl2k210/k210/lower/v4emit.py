@@ -295,8 +295,8 @@ def _max_pool(layer, ctx):
                          (0, 0, -ph, -pw), (1, c, -ph + (oh - 1) * sh + 1, -pw + (ow - 1) * sw + 1),
                          (1, 1, sh, sw))]
     # the v4 runtime pools float only: max commutes with q -> q (dequantize scale 1, zero point 0);
-    # the float copies are made a slice of channels at a time
-    slices = float_slices(c, w * h, 4 * (w * h + ow * oh))
+    # the float copies are made a slice of channels at a time (one channel in the smaller form)
+    slices = float_slices(c, w * h, 4 * (w * h + ow * oh), (layer.data or {}).get("float_room"))
     k = max(c1 - c0 for c0, c1 in slices)
     a, b = ctx(4 * w * h * k), ctx(4 * ow * oh * k)
     ops = []
