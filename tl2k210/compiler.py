@@ -100,8 +100,10 @@ class Receipt:
             lines.append(f"ideal at {i['weight_bits']} bits: weights {i['weight_bytes']:,} B + maps "
                          f"{i['live_bytes']:,} B (live at {i['peak_at']}) = {i['total']:,} B; ours: kmodel "
                          f"{self.file_size / max(1, i['weight_bytes']):.2f}x the weights, main memory "
-                         f"{self.main_memory / max(1, i['live_bytes']):.2f}x the maps, "
-                         f"total {ours / max(1, i['total']):.2f}x")
+                         f"{self.main_memory / max(1, i['live_bytes']):.2f}x the maps"
+                         + (f" ({fo:,} B of it the float32 outputs the runtime returns; the ideal counts "
+                            "them at 8 bits)" if (fo := t.get("float_outputs", 0)) >= self.main_memory / 10 else "")
+                         + f", total {ours / max(1, i['total']):.2f}x")
         lines += [f"traded: {line}" for line in self.trades]
         if t.get("format_why"):
             lines.append(t["format_why"])
@@ -811,7 +813,8 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
                 "fastest_ms": cost.ms(choice.fastest_cycles),
                 "input_range": list(opts.input_range), "input_range_note": cal.range_note,
                 "calibration_note": cal.calib_note,
-                "batch_note": loaded.batch_note or None},
+                "batch_note": loaded.batch_note or None,
+                "float_outputs": sum(4 * int(np.prod(lw.locs[o].shape)) for o in lw.g.outputs)},
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
                  "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in opt.log],
         ideal={**ide.to_dict(), "layers": [asdict(li) for li in ide.layers]}, trades=choice.trades)

@@ -298,7 +298,9 @@ def test_report_json_has_the_ideal_per_layer_and_in_total(tmp_path, png_dir, cap
     assert main(["convert", str(src), str(out), "--dataset", str(png_dir), "-q", "--report", str(rep)]) == 0
     text = capsys.readouterr().out
     assert "ideal at 8 bits: weights 592 B + maps 1,536 B (live at y) = 2,128 B; ours: kmodel" in text
+    assert "main memory 1.67x the maps (2,048 B of it the float32 outputs the runtime returns" in text
     d = json.loads(rep.read_text())
+    assert d["totals"]["float_outputs"] == 4 * 512       # the output f, 512 floats
     assert {k: d["ideal"][k] for k in ("weight_bytes", "live_bytes", "total", "peak_at")} == {
         "weight_bytes": 592, "live_bytes": 1536, "total": 2128, "peak_at": "y"}
     assert [(x["node"], x["weight_bytes"], x["live_bytes"]) for x in d["ideal"]["layers"]] == [

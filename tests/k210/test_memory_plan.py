@@ -574,3 +574,31 @@ def test_a_max_pool_in_float_a_channel_at_a_time_is_its_smaller_form():
     assert next(r for r in rows if r.node == "pool").form.startswith("float temporaries a channel at a time")
     assert small.main_memory < fast.main_memory and len(small.nodes) == len(fast.nodes) + 3 * 5
     _same_outputs(small, fast, px)
+
+
+@pytest.mark.parametrize("out", ["u8", "f32"])
+def test_a_float_binary_on_uint8_maps_runs_a_slice_at_a_time(out, monkeypatch):
+    """v4: Div (float only) of two uint8 maps no later op reads as float: dequantized and divided a
+    few rows at a time, into the uint8 map the next conv reads ("u8") or into the float model
+    output ("f32"), with no whole float copy of either input; bit for bit the whole-map form."""
+    from onnx import helper
+    from lower_helpers import compile_model, conv_node, make_model, pixels
+    from tl2k210.k210.lower import v4elementwise
+    rng = np.random.default_rng(11)
+    r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
+    nodes = [conv_node("a", "x", "wa", "ba", pads=[1, 1, 1, 1]), conv_node("d0", "x", "wd", pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["d0"], ["d"]), helper.make_node("Div", ["a", "d"], ["q"], name="div")]
+    if out == "u8":
+        nodes.append(conv_node("y", "q", "wy"))
+    m = make_model(nodes, [("x", [1, 3, 64, 64])], [("y" if out == "u8" else "q", None)],
+                   {"wa": r(4, 3, 3, 3), "ba": r(4) + 2.0, "wd": r(4, 3, 3, 3), "wy": r(2, 4, 1, 1)})
+    px = pixels(3, 3, 64, 64)
+    model, rows, lw, _ = compile_model(m, px, format="v4")
+    note = " ".join(next(r for r in rows if r.node == "div").notes)
+    assert "rows of 64 at a time" in note and ("quantized into the uint8 output" in note) == (out == "u8")
+    names = {b.name.split(" ")[0] for b in lw.main.history}
+    assert "a:f32" not in names and "d:f32" not in names and ("q:f32" in names) == (out == "f32")
+    monkeypatch.setattr(v4elementwise, "_sliced_binary", lambda *a: False)
+    whole = compile_model(m, px, format="v4")[0]
+    assert model.main_memory < whole.main_memory
+    _same_outputs(model, whole, px)

@@ -17,6 +17,7 @@ from tl2k210.k210 import fixed_point as fx
 
 from .cpu import table
 from .fc import feeds_output, source_unit
+from .memory import SLICE_MIN_BYTES, float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .v4emit import F32, NO_CLAMP, U8, Const, main, nnil_code
 
@@ -399,6 +400,8 @@ def float_binary(lw, node):
     a_t, b_t = node.inputs
     out = node.outputs[0]
     row = lw.row(node, f"{node.op} with broadcasting: float binary", out_shape=lw.shape(out))
+    if _sliced_binary(lw, node, row):
+        return
     rngs = []
     for t in (a_t, b_t):
         v = lw.g.const(t)
@@ -411,3 +414,52 @@ def float_binary(lw, node):
                               binary_op=BINARY[node.op], in_a_shape=g4(lw.g, a_t), in_b_shape=g4(lw.g, b_t),
                               out_shape=g4(lw.g, out), fused_activation=NO_CLAMP), row)
     lw.traced(out, "f32")
+
+
+def _sliced_binary(lw, node, row) -> bool:
+    """Two uint8 maps of the output's shape that no later op reads as float (SCI's low-light
+    Div, 240x320x3): dequantized, combined and written out a slice of rows at a time -- to the
+    output's uint8 map where no reader wants it float, else into its float map -- so no whole
+    float copy of an input exists. Each element goes through the same dequantize, binary and
+    quantize as in the whole-map form: the same bytes. False where that does not apply."""
+    out = node.outputs[0]
+    shape = g4(lw.g, out)
+    if any(lw.g.const(t) is not None or g4(lw.g, t) != shape or lw.locs[t].f32 is not None or
+           lw.float_readers(t, lw.at + 1) for t in node.inputs):
+        return False
+    to_u8 = not lw.float_readers(out, lw.at + 1)
+    n, c, h, w = shape
+    rows = n * c * h
+    srcs = [lw.need_u8(t, row) for t in node.inputs]
+    quants = [lw.locs[t].quant for t in node.inputs]
+    if to_u8:
+        loc = lw.u8_out(out, lw.quant_of(out))
+        s_y, z_y = loc.quant
+    else:
+        loc = lw.f32_out(out)
+    room = lw.float_room(rows * w * (1 if to_u8 else 4))     # at least SLICE_MIN_BYTES: a few nodes, not one a row
+    slices = float_slices(rows, w, 8 * w, None if room is None else max(room, SLICE_MIN_BYTES))
+    k = max(r1 - r0 for r0, r1 in slices)
+    tag = f"{out}:binary"
+    tmp = [lw.main.alloc(f"{tag}:a", 4 * k * w), lw.main.alloc(f"{tag}:b", 4 * k * w)]
+    idx = []
+    for r0, r1 in slices:
+        m = (r1 - r0) * w
+        for src, (s, z), t in zip(srcs, quants, tmp):
+            lw.emit("DEQUANTIZE", dict(flags=1, main_mem_in_address=src + r0 * w, mem_out_address=t,
+                                       count=m, scale=s, bias=-z * s), row)
+        dst = tmp[0] if to_u8 else loc.f32 + 4 * r0 * w     # in place over a: kmodel.v4.IN_PLACE
+        lw.emit_v4("binary", dict(input_a=main(F32, tmp[0], m), input_b=main(F32, tmp[1], m),
+                                  output=main(F32, dst, m), binary_op=BINARY[node.op], in_a_shape=(1, 1, r1 - r0, w),
+                                  in_b_shape=(1, 1, r1 - r0, w), out_shape=(1, 1, r1 - r0, w),
+                                  fused_activation=NO_CLAMP), row)
+        if to_u8:
+            lw.emit("QUANTIZE", dict(flags=0, main_mem_in_address=tmp[0], mem_out_address=loc.u8 + r0 * w,
+                                     count=m, scale=s_y, bias=-(z_y + lw.u8_offset.get(out, 0.0)) * s_y), row)
+        idx.append(len(lw.layers) - 1)
+    for t in ("a", "b"):
+        lw.main.free(f"{tag}:{t}")
+    lw.trace_map[out] = (idx[0] if len(idx) == 1 else tuple(idx), "u8" if to_u8 else "f32")
+    row.notes.append(f"uint8 inputs dequantized {k} row{'s' if k > 1 else ''} of {w} at a time"
+                     + (", quantized into the uint8 output" if to_u8 else ""))
+    return True
