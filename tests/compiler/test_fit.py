@@ -386,6 +386,23 @@ def test_choose_forms_keeps_the_fastest_that_fits():
     assert fit.choose_forms(build, 100).built.need == 170                      # none fits: the smallest
 
 
+def test_optimize_size_keeps_of_every_smaller_form_only_those_that_pay():
+    """--optimize size: a and b lower the main-memory peak (200 B) only together; c and d store
+    more bytes in their smaller forms (a uint8 conv in channel ranges: node headers), and the
+    pool's slices ("p/slices") help only where the pool is at the peak (never, here). No one
+    form at a time shrinks the model, every form together does; of those, the plan keeps a and
+    b, and gives back what does not make the model smaller."""
+    def build(small):
+        s = {"a", "b", "c", "d", "p/slices"} if "*" in small else set(small)
+        per = {n: (100, 10, "fast") for n in "abcdp"}
+        per.update({n: (110 if n in "ab" else 105, 50, "small") for n in s if n != "p/slices"})
+        b = _made_up(per, {"smaller": {"a": False, "b": False, "c": False, "d": False, "p/slices": True}})
+        b.data += (0 if {"a", "b"} <= s else 200) + (40 if "p/slices" in s else 0)
+        return b
+    ch = fit.choose_forms(build, 10_000, "size")
+    assert ch.built.need == 520 and sorted(t.split(":")[0] for t in ch.trades) == ["a", "b"]
+
+
 def test_optimize_size_takes_kmodel_v4_when_its_smallest_model_is_smaller():
     """--format auto searches from v3's fastest forms, where a node's v4-only smaller form moves
     every layer to v4's (bigger) forms and never pays alone; with --optimize size v4's own search

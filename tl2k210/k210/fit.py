@@ -20,6 +20,7 @@ from tl2k210.errors import Tl2k210Error
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.ideal import mb
 from tl2k210.k210.lower.conv import WINDOWS
+from tl2k210.k210.lower.memory import SLICES
 
 
 class BudgetError(Tl2k210Error):
@@ -211,11 +212,13 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     * otherwise they are switched one at a time, each kept only if the whole model shrank (a
       smaller form may need more main memory: the stride-1 map its CPU pick reads), a windowed
       conv's fewest-bytes windows first (exact, a few layers more, and a few stride-1 maps in
-      main memory less: MobileNetV2's 96x112x112 depthwise conv, 0.9 MB), until the
+      main memory less: MobileNetV2's 96x112x112 depthwise conv, 0.9 MB) and a pool's float
+      temporaries a channel at a time (tried again last, where other forms moved the peak), until the
       model fits ("latency") or the candidates run out ("size"); with "latency" the trades the
       fit did not need are then undone, the slowest first (_give_back), starting from every
       smaller form where no one at a time made the model fit; the fastest lowering that fits is
-      kept (the smallest with "size"); when none fits, the smallest, for check_budget's refusal.
+      kept (the smallest with "size", without the pool slices that do not make it smaller:
+      `_spare`); when none fits, the smallest, for check_budget's refusal.
     A form that fails to lower is no option."""
     if optimize not in ("latency", "size"):
         raise Tl2k210Error(f"--optimize {optimize!r}: choose latency or size")
@@ -227,9 +230,11 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     if not fast.lw.smaller or optimize == "latency" and fast.need <= budget and not any(fast.lw.smaller.values()):
         return choice(fast, [])
     tried, a, b, every = [fast], fast.per_node(), {}, None
+    picked = {id(fast): frozenset()}       # each lowering tried: the smaller forms it was given
     try:
         every = build(frozenset({"*"}))
         tried.append(every)
+        picked[id(every)] = frozenset(fast.lw.smaller) | frozenset(every.lw.smaller)
         b = every.per_node()
     except Tl2k210Error:     # e.g. a smaller form needs kmodel v4, which the runtime does not load
         pass
@@ -242,16 +247,20 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
                f"{fast.need - best.need:,} B smaller)")
         return choice(best, trades(a, best.per_node(), why))
     extra = sorted(n for n in fast.lw.smaller if n not in b)       # forms of a part of a layer
-    ranked = [n for n in extra if n.endswith(WINDOWS)] + ranked + [n for n in extra if not n.endswith(WINDOWS)]
+    first = [n for n in extra if n.endswith((WINDOWS, SLICES))]     # exact, no slower: main memory less
+    ranked = first + ranked + [n for n in extra if n not in first] + [n for n in first if n.endswith(SLICES)]
     chosen, current = set(), fast
     for n in ranked:
         if optimize == "latency" and current.need <= budget:
             break
+        if n in chosen:     # a pool's slices, tried again once other forms moved the peak to it
+            continue
         try:
             trial = build(frozenset(chosen | {n}))
         except Tl2k210Error:
             continue
         tried.append(trial)
+        picked[id(trial)] = frozenset(chosen | {n})
         if trial.need < current.need:
             chosen.add(n)
             current = trial
@@ -266,11 +275,29 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     fits = [t for t in tried if t.need <= budget]
     if optimize == "size" or not fits:
         best = min(tried, key=lambda t: (t.need, t.est.cycles))
+        if id(best) in picked:
+            best = _spare(build, best, picked[id(best)])
     else:
         best = min(fits, key=lambda t: (t.est.cycles, t.need))
     why = (f"and the model would not fit ({fast.need:,} B > {budget:,} B)" if fast.need > budget
            else "(--optimize size)")
     return choice(best, trades(a, best.per_node(), why))
+
+
+def _spare(build, best, chosen):
+    """`best` without each smaller form of `chosen` that does not make the whole model smaller (or
+    as small and faster): every smaller form together may be the smallest lowering only because
+    a few of them lower the main-memory peak, while the others add nodes (a uint8 CPU conv in
+    channel ranges, a pool's float temporaries a channel at a time) that it does not need
+    (YuNet, --optimize size: 104,176 B of kmodel with every form, 88 KB without those)."""
+    for n in sorted(chosen, key=lambda x: (not x.endswith(SLICES), x)):
+        try:
+            trial = build(frozenset(chosen - {n}))
+        except Tl2k210Error:
+            continue
+        if (trial.need, trial.est.cycles) <= (best.need, best.est.cycles):
+            chosen, best = chosen - {n}, trial
+    return best
 
 
 def _give_back(build, current, chosen, lost, budget, tried):
@@ -284,8 +311,8 @@ def _give_back(build, current, chosen, lost, budget, tried):
         except Tl2k210Error:
             continue
         tried.append(trial)
-        if trial.need <= budget and trial.est.cycles < current.est.cycles:
-            chosen = chosen - {n}
+        if trial.need <= budget and (trial.est.cycles, trial.need) < (current.est.cycles, current.need):
+            chosen = chosen - {n}       # faster, or as fast and smaller (a memory-only form)
             current = trial
 
 
