@@ -485,7 +485,8 @@ class Lowering:
         if src is None or src.u8 is None or name not in self.main.blocks or over in self.g.outputs or \
                 self.main.viewed(name) or \
                 int(np.prod(src.shape)) != int(np.prod(shape)) or \
-                (node is not None and self.uses.get(over, 0) != node.inputs.count(over)) or src.pixels is not None or self.relabelled(over):
+                (node is not None and self.uses.get(over, 0) != node.inputs.count(over)) or \
+                src.pixels is not None or self.relabelled(over):
             return None
         loc = Loc(shape, quant=quant or self.quant_of(t))
         loc.u8 = self.main.hand_over(name, f"{t}:u8")
