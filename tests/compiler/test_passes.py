@@ -604,6 +604,18 @@ def test_input_layout_without_evidence_is_nchw_for_pytorch():
     assert input_layout(from_onnx(m)) == "NCHW"
 
 
+@pytest.mark.parametrize("shape, want", [([1, 3, 416, 416], "NCHW"), ([1, 416, 416, 3], "NHWC"),
+                                         ([1, 1, 64, 48], "NCHW"), ([1, 64, 48, 1], "NHWC")])
+def test_input_layout_follows_an_image_channel_axis_over_the_producer(shape, want):
+    """A TFLite file onnx-tf made from an ONNX model keeps its NCHW input ((1, 3, 416, 416):
+    YOLOX-nano's, read by strided slices first), though tf2onnx's convention is NHWC: where only
+    one of axes 1 and 3 can be an image's channels, that axis decides."""
+    from tl2k210.passes.input_nchw import input_layout
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", shape)], [("y", None)])
+    m.producer_name = "tf2onnx"
+    assert input_layout(from_onnx(m)) == want
+
+
 @pytest.mark.parametrize("k,pads,strides", [((1, 3), [0, 1, 0, 1], [1, 1]), ((3, 1), [1, 0, 1, 0], [1, 1]),
                                             ((3, 2), [0, 0, 0, 0], [1, 1]), ((2, 2), [0, 0, 0, 0], [2, 2]),
                                             ((1, 2), [0, 0, 0, 0], [1, 1])])

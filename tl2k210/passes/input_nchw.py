@@ -142,9 +142,11 @@ def input_chw(g):
 def input_layout(g, x=None):
     """"NCHW" or "NHWC": how the graph reads its 4-D input `x` (default: the first), decided from
     the graph -- an input input_nchw made NCHW is NCHW, a layout change to NCHW below it means
-    NHWC, a Conv reading it (through layout-agnostic ops) means NCHW; a graph with neither
-    follows its producer's convention (PyTorch NCHW, TensorFlow/TFLite through tf2onnx NHWC),
-    else where a 1/3/4-sized channel axis sits. None for inputs that are not 4-D."""
+    NHWC, a Conv reading it (through layout-agnostic ops) means NCHW; a graph with neither: a
+    PyTorch export is NCHW, else the one of axes 1 and 3 that can be an image's channels (1/3/4
+    of them, the other not) decides -- a TFLite file onnx-tf made keeps its NCHW input -- else
+    the producer's convention (TensorFlow/TFLite through tf2onnx NHWC). None for inputs that
+    are not 4-D."""
     x = x or g.inputs[0]
     shape = g.shape(x)
     if len(shape or ()) != 4:
@@ -167,6 +169,7 @@ def input_layout(g, x=None):
                 frontier.append(c.outputs[0])
     if g.meta.get("producer") == "pytorch":     # torch.onnx.export: NCHW by convention
         return "NCHW"
-    if g.meta.get("producer") == "tf2onnx":     # TensorFlow, Keras, TFLite: channels-last
-        return "NHWC"
-    return "NHWC" if shape[3] in (1, 3, 4) and shape[1] not in (1, 3, 4) else "NCHW"
+    image = [a for a in (1, 3) if shape[a] in (1, 3, 4) and shape[4 - a] not in (1, 3, 4)]
+    if image:       # one axis only can be an image's channels: a TFLite file onnx-tf made keeps NCHW
+        return "NCHW" if image == [1] else "NHWC"
+    return "NHWC" if g.meta.get("producer") == "tf2onnx" else "NCHW"    # TensorFlow, Keras, TFLite: channels-last
