@@ -218,6 +218,34 @@ def test_dequantize_output_quantized_before_a_reshape():
     np.testing.assert_array_equal(np.clip(np.rint(got / 0.0235) + 3, 0, 255), ref)
 
 
+def test_dequantize_output_concatenated_from_quantized_tensors():
+    """PoseNet's uint8 mid offsets: two convs quantized on one grid, concatenated and transposed
+    into the output (Q, Q -> Concat -> Transpose -> output). Both QuantizeLinear go: a float
+    output, its (scale, zero point) kept, the values those of the float concat."""
+    inits = [numpy_helper.from_array(np.array(v), k) for k, v in
+             {"s": np.float32(0.05), "z": np.uint8(117), "w1": rand(2, 3, 1, 1), "w2": rand(2, 3, 1, 1)}.items()]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"]), helper.make_node("Conv", ["x", "w2"], ["c2"]),
+             helper.make_node("QuantizeLinear", ["c1", "s", "z"], ["q1"]),
+             helper.make_node("QuantizeLinear", ["c2", "s", "z"], ["q2"]),
+             helper.make_node("Concat", ["q1", "q2"], ["cat"], axis=1),
+             helper.make_node("Transpose", ["cat"], ["y"], perm=[0, 2, 3, 1])]
+    g = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 4, 4, 4])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    x = rand(1, 3, 4, 4)
+    ref = ort_run(m, x)[0]
+    g, changes = run_pass("dequantize", from_onnx(m))
+    assert g.op_counts() == {"Conv": 2, "Concat": 1, "Transpose": 1} and g.outputs == ["y"]
+    assert g.tensors["y"].dtype == np.float32 and g.meta["output_quant"]["y"] == pytest.approx((0.05, 117, "uint8"))
+    np.testing.assert_array_equal(np.clip(np.rint(run(g, x)["y"] / 0.05) + 117, 0, 255), ref)
+    nodes[3].input[1] = "s2"          # two grids: the concat computes nothing, but the output has no one scale
+    g2 = helper.make_graph(nodes, "q", g.inputs and m.graph.input, m.graph.output,
+                           inits + [numpy_helper.from_array(np.float32(0.07), "s2")])
+    g2, _ = run_pass("dequantize", from_onnx(helper.make_model(g2, opset_imports=[helper.make_opsetid("", 13)])))
+    assert "QuantizeLinear" in g2.op_counts()
+
+
 @pytest.mark.parametrize("pick", ["GatherND", "Split"])
 def test_dequantize_takes_a_pick_of_the_integers_as_movement(pick):
     """MoveNet's keypoint decoder gathers int8 heatmap values (Q -> GatherND -> DQ), the traffic
@@ -276,6 +304,37 @@ def test_per_axis_quantized_bias_folds():
     assert "DequantizeLinear" not in g.op_counts()
     bias = g.const(next(n for n in g.nodes if n.op == "Add").inputs[1])
     np.testing.assert_array_equal(bias, q.astype(np.float32) * sc)
+
+
+def test_shufflenet_v2_split_of_a_5d_reshape_is_rows_of_a_2d_view():
+    """The official ShuffleNetV2's channel shuffle (FastestDet): x.reshape(c/2, 2, h*w).permute(1, 0,
+    2).reshape(2, -1, c/2, h, w), then x[0] and x[1] (Gathers on axis 0 of a 5-D tensor): each pick
+    is rows of a 2-D view, reshaped back (the runtime's shapes are 4-D); the K210 flow lowers it
+    as kmodel v4 with onnxruntime's values."""
+    from lower_helpers import compile_model, pixels, run_both
+    from tl2k210.quantize.metrics import sqnr_db
+    c, h, w = 8, 6, 6
+    i64 = lambda *v: np.array(v, np.int64)    # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["f"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["f", "s1"], ["r1"]), helper.make_node("Transpose", ["r1"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("Reshape", ["t", "s2"], ["r2"]),
+             helper.make_node("Gather", ["r2", "i0"], ["a"], axis=0), helper.make_node("Gather", ["r2", "i1"], ["b2"], axis=0),
+             helper.make_node("Conv", ["a", "wa"], ["ya"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["b2", "wb"], ["yb"], kernel_shape=[1, 1]),
+             helper.make_node("Add", ["ya", "yb"], ["y"])]
+    m = make_model(nodes, [("x", [1, 3, h, w])], [("y", None)],
+                   {"w": rand(c, 3, 3, 3), "b": rand(c), "s1": i64(c // 2, 2, h * w), "s2": i64(2, -1, c // 2, h, w),
+                    "i0": np.array(0, np.int64), "i1": np.array(1, np.int64), "wa": rand(4, c // 2, 1, 1),
+                    "wb": rand(4, c // 2, 1, 1)})
+    x = rand(1, 3, h, w)
+    g, changes = run_pass("gather_slices", from_onnx(m))
+    assert "Gather" not in g.op_counts() and all(len(g.shape(t) or ()) <= 4 for n in g.nodes if n.op == "Slice"
+                                                 for t in n.inputs[:1] + n.outputs)
+    np.testing.assert_allclose(run(g, x)["y"], ort_run(m, x)[0], atol=1e-5, rtol=1e-5)
+    px = pixels(4, 3, h, w)
+    kmodel = compile_model(m, px, format="v4")[0]
+    ref, got = run_both(m, kmodel, px)
+    assert sqnr_db(ref.reshape(-1).astype(np.float64), got.reshape(-1).astype(np.float64)) > 30
 
 
 @pytest.mark.parametrize("idx", [[0, 2, 4, 6], [5, 6, 7, 0, 1], [3], 3, [-1, -2]])

@@ -13,8 +13,9 @@ is fake quantization of activations:
     it says which float range the model's 0..255 (or -128..127) input stands for;
   * a graph output written by QuantizeLinear (also through data movement: tf2onnx reshapes
     TOCO's pooled uint8 embedding after quantizing it; a per-tensor QuantizeLinear commutes
-    with movement and is moved down to the output): the output becomes the float value
-    (graph.meta["output_quant"] keeps its parameters).
+    with movement and is moved down to the output; and through a Concat of several quantized
+    tensors on one grid): the output becomes the float value (graph.meta["output_quant"] keeps
+    its parameters).
 """
 import numpy as np
 
@@ -169,6 +170,31 @@ def _sink_to_output(g, q):
     return True
 
 
+def _output_island(g, o):
+    """([QuantizeLinear], [moves]) when graph output `o` is written from float tensors by
+    QuantizeLinear nodes through data movement and Concat only (PoseNet's uint8 mid offsets: two
+    quantized convs concatenated and transposed), every Q per-tensor with one (scale, zero
+    point) and each integer tensor read by the island alone; else None."""
+    qs, moves, stack, seen = [], [], [o], set()
+    while stack:
+        t = stack.pop()
+        n = g.producer(t)
+        if n is None or (t != o and (t in g.outputs or len(g.consumers(t)) != 1)):
+            return None
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.op == "QuantizeLinear":
+            qs.append(n)
+        elif n.op in MOVES + ("Concat",):
+            moves.append(n)
+            stack += [i for i in (n.inputs if n.op == "Concat" else n.inputs[:1]) if i and g.const(i) is None]
+        else:
+            return None
+    params = {_params(g, q) for q in qs}
+    return (qs, moves) if qs and moves and len(params) == 1 and None not in params else None
+
+
 def dequantize(g, log):
     for d in [n for n in g.nodes if n.op == "DequantizeLinear"]:
         if _hoist_to_input(g, d):
@@ -210,6 +236,20 @@ def dequantize(g, log):
     for q in [n for n in g.nodes if n.op == "QuantizeLinear"]:
         if _sink_to_output(g, q):
             log(q.name, f"moved QuantizeLinear of output {q.outputs[0]} below its data movement")
+    for o in list(g.outputs):
+        island = _output_island(g, o)
+        if island is None:
+            continue
+        qs, moves = island
+        scale, zp = _params(g, qs[0])
+        g.meta.setdefault("output_quant", {})[o] = (scale, zp, str(g.tensors[o].dtype))
+        for n in moves:
+            for t in n.outputs:
+                g.tensors[t].dtype = np.dtype(np.float32)
+        for q in qs:
+            g.nodes.remove(q)
+            g.replace_uses(q.outputs[0], q.inputs[0])
+        log(o, f"output {o} is now float (dropped the {len(qs)} QuantizeLinear before its data movement)")
     for i, o in enumerate(list(g.outputs)):
         q = g.producer(o)
         if q is None or q.op != "QuantizeLinear" or q.inputs[0] in g.inputs:

@@ -97,12 +97,16 @@ def wants_small(opts, node) -> bool:
 def chw(shape):
     """NCHW / NC / (N,) graph shape -> the per-sample shape the lowering uses. The graph runs one
     sample, so a first axis over 1 is no batch: a 2-D (rows, values) tensor (YuNet's (1076, 2)
-    scores after a Reshape to (-1, 2)) is its rows x values as one vector."""
+    scores after a Reshape to (-1, 2)) is its rows x values as one vector, a 3-D one (ShuffleNetV2's
+    (c/2, 2, h*w) before its channel shuffle) its own C x H x W, a 4-D one its first two axes
+    as the channels: the same elements in the same order."""
     s = tuple(int(v) for v in shape)
     if len(s) == 4:
-        return s[1:]
+        return s[1:] if s[0] == 1 else (s[0] * s[1],) + s[2:]
     if len(s) == 2:
         return (s[1],) if s[0] == 1 else (s[0] * s[1],)
+    if len(s) == 3 and s[0] > 1:
+        return s
     return s[1:] if len(s) > 1 else s
 
 
