@@ -258,8 +258,9 @@ def max_pool(lw, node):
     loc = lw.u8_out(out, lw.locs[x].quant)
     kw = {}
     if lw.format == "v4":     # v4 pools in float, a slice of channels at a time (v4emit._max_pool)
-        per_c = 4 * (h * w + oh * ow)
-        fast = max(c1 - c0 for c0, c1 in float_slices(c, h * w, per_c))
+        per_c, room = 4 * (h * w + oh * ow), lw.float_room()   # within MAIN_TARGET of the live set
+        fast = max(c1 - c0 for c0, c1 in float_slices(c, h * w, per_c, room))
+        kw["data"] = {"float_room": room}
         if fast > 1:
             lw.smaller[node.name + SLICES] = True       # the same max: the same output bytes
         if fast > 1 and (wants_small(lw.opts, node) or node.name + SLICES in lw.opts.small):
