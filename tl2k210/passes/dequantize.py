@@ -195,6 +195,17 @@ def _output_island(g, o):
     return (qs, moves) if qs and moves and len(params) == 1 and None not in params else None
 
 
+def _make_float(g, qs, moves, dqs=()):
+    """An island's integers become the floats they stand for: its data movement writes float,
+    its DequantizeLinear and QuantizeLinear go (each read of theirs reads their input)."""
+    for n in moves:
+        for o in n.outputs:
+            g.tensors[o].dtype = np.dtype(np.float32)
+    for n in list(dqs) + list(qs):
+        g.nodes.remove(n)
+        g.replace_uses(n.outputs[0], n.inputs[0])
+
+
 def dequantize(g, log):
     for d in [n for n in g.nodes if n.op == "DequantizeLinear"]:
         if _hoist_to_input(g, d):
@@ -209,15 +220,8 @@ def dequantize(g, log):
         for q in qs:
             dtype = g.tensors[q.outputs[0]].dtype
             _record_range(g, _implied_clip(g, q, params, dtype, log), params, dtype)
-        for n in moves:
-            for o in n.outputs:
-                g.tensors[o].dtype = np.dtype(np.float32)
-        for d in dqs:
-            g.nodes.remove(d)
-            g.replace_uses(d.outputs[0], d.inputs[0])
+        _make_float(g, qs, moves, dqs)
         for q in qs:
-            g.nodes.remove(q)
-            g.replace_uses(q.outputs[0], q.inputs[0])
             log(q.name, f"removed fake quantization QuantizeLinear/DequantizeLinear of {q.inputs[0]}")
     for x in list(g.inputs):
         t = g.tensors[x]
@@ -243,12 +247,7 @@ def dequantize(g, log):
         qs, moves = island
         scale, zp = _params(g, qs[0])
         g.meta.setdefault("output_quant", {})[o] = (scale, zp, str(g.tensors[o].dtype))
-        for n in moves:
-            for t in n.outputs:
-                g.tensors[t].dtype = np.dtype(np.float32)
-        for q in qs:
-            g.nodes.remove(q)
-            g.replace_uses(q.outputs[0], q.inputs[0])
+        _make_float(g, qs, moves)
         log(o, f"output {o} is now float (dropped the {len(qs)} QuantizeLinear before its data movement)")
     for i, o in enumerate(list(g.outputs)):
         q = g.producer(o)
