@@ -290,30 +290,31 @@ def _spare(build, best, chosen):
     a few of them lower the main-memory peak, while the others add nodes (a uint8 CPU conv in
     channel ranges, a pool's float temporaries a channel at a time) that it does not need
     (YuNet, --optimize size: 104,176 B of kmodel with every form, 88 KB without those)."""
-    for n in sorted(chosen, key=lambda x: (not x.endswith(SLICES), x)):
-        try:
-            trial = build(frozenset(chosen - {n}))
-        except Tl2k210Error:
-            continue
-        if (trial.need, trial.est.cycles) <= (best.need, best.est.cycles):
-            chosen, best = chosen - {n}, trial
-    return best
+    return _without_each(build, best, chosen, sorted(chosen, key=lambda x: (not x.endswith(SLICES), x)),
+                         lambda t, c: (t.need, t.est.cycles) <= (c.need, c.est.cycles))
 
 
 def _give_back(build, current, chosen, lost, budget, tried):
     """Undo the trades the fit did not need, the slowest first, each when the model still fits and
-    gets faster without it (the lowerings go to `tried`). A PyTorch MobileNetV2 (TFLite Micro's
-    int8 export) for the sdk: no one smaller form at a time fitted, all 45 together did, at 3.9 s
-    est.; giving back what the fit did not need leaves 15, at 158 ms."""
-    for n in sorted(chosen, key=lambda n: -lost.get(n, 0)):
+    gets faster without it, or as fast and smaller (a memory-only form); the lowering left goes to
+    `tried`. A PyTorch MobileNetV2 (TFLite Micro's int8 export) for the sdk: no one smaller form at
+    a time fitted, all 45 together did, at 3.9 s est.; giving back what the fit did not need
+    leaves 15, at 158 ms."""
+    tried.append(_without_each(build, current, chosen, sorted(chosen, key=lambda n: -lost.get(n, 0)),
+                               lambda t, c: t.need <= budget and (t.est.cycles, t.need) < (c.est.cycles, c.need)))
+
+
+def _without_each(build, current, chosen, order, better):
+    """`current` (lowered with the smaller forms `chosen`) without each form of `order` in turn,
+    kept where `better(trial, current)`: the last lowering kept. A form that fails to lower stays."""
+    for n in order:
         try:
             trial = build(frozenset(chosen - {n}))
         except Tl2k210Error:
             continue
-        tried.append(trial)
-        if trial.need <= budget and (trial.est.cycles, trial.need) < (current.est.cycles, current.need):
-            chosen = chosen - {n}       # faster, or as fast and smaller (a memory-only form)
-            current = trial
+        if better(trial, current):
+            chosen, current = chosen - {n}, trial
+    return current
 
 
 def _within_slack(build, fast, ranked, a, b, budget):

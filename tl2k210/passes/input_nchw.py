@@ -52,8 +52,8 @@ def _pull_up(g, x, log, nhwc=False):
             continue
         if n.op in UNARY:
             inputs = list(n.inputs)
-        elif n.op in BINARY and relaid_const(g, n.inputs[1], TO_NCHW) is not None:
-            inputs = [n.inputs[0], g.add_const(relaid_const(g, n.inputs[1], TO_NCHW), n.inputs[1] + "/nchw")]
+        elif n.op in BINARY and (v := relaid_const(g, n.inputs[1], TO_NCHW)) is not None:
+            inputs = [n.inputs[0], g.add_const(v, n.inputs[1] + "/nchw")]
         elif n.op == "Pad" and len(n.inputs) > 1 and g.const(n.inputs[1]) is not None and \
                 not (len(n.inputs) > 3 and n.inputs[3]) and len(g.const(n.inputs[1])) == 8:
             p = [int(v) for v in g.const(n.inputs[1])]
