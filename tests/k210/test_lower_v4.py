@@ -663,6 +663,27 @@ def test_reduce_window2d(pool):
     check_v4(build([pool], {}), opcodes=("reduce_window2d",))
 
 
+@pytest.mark.parametrize("k", [2, 4])
+def test_max_pool_the_kpu_does_runs_on_the_kpu_bit_for_bit_the_cpu_pool(k):
+    """v4 pools in float on the CPU; a k x k/k max pool after a depthwise conv (whose KPU layer
+    takes no pool) runs as its own KPU layer instead: a 1x1 copy of every channel, the KPU's max
+    pool after it. No float map in main memory, and the bytes of its smaller form, the CPU pool."""
+    nodes = [conv_node("d", "r", "wd", "bd", pads=[1, 1, 1, 1], group=8), N("Relu", ["d"], ["rd"]),
+             N("MaxPool", ["rd"], ["p"], kernel_shape=[k, k], strides=[k, k], name="pool"),
+             conv_node("y", "p", "w1", "b1")]
+    m = make_model(head()[0] + nodes, [("x", [1, 3, 16, 16])], [("y", None)],
+                   {**head()[1], "wd": W(8, 1, 3, 3), "bd": W(8), "w1": W(4, 8, 1, 1), "b1": W(4)})
+    px = pixels(4, 3, 16, 16, seed=5)
+    model, q, rows = check_v4(m, px=px, opcodes=("kpu_conv2d",))
+    row = next(r for r in rows if r.node == "pool")
+    assert row.lowering == "kpu_pool" and row.unit == "KPU" and "reduce_window2d" not in [n.name for n in model.nodes]
+    small, rows_s = compile_model(m, px, format="v4", small=frozenset({"pool"}))[:2]
+    assert next(r for r in rows_s if r.node == "pool").lowering == "max_pool"
+    assert "reduce_window2d" in [n.name for n in small.nodes]
+    for p in px:
+        np.testing.assert_array_equal(Emulator(model).run(p)[0], Emulator(small).run(p)[0])
+
+
 def test_unary_float_chain_is_one_nnil_method_and_uint8_is_a_table():
     nodes = [N("GlobalAveragePool", ["r"], ["p"]), N("Flatten", ["p"], ["f"]), N("Softmax", ["f"], ["sm"]),
              N("Log", ["sm"], ["l"]), N("Neg", ["l"], ["n"]), N("Sqrt", ["n"], ["t"]), N("Exp", ["t"], ["y"])]
