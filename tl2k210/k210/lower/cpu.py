@@ -13,7 +13,6 @@ from tl2k210.passes.fuse_activation import activation_of
 from .fc import feeds_output, logistic, source_unit
 from .memory import SLICES, float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
-from .state import wants_small
 
 
 U8 = np.arange(np.iinfo(np.uint8).max + 1)      # every uint8 value: the index of a REQUANTIZE table
@@ -263,7 +262,8 @@ def max_pool(lw, node):
         kw["data"] = {"float_room": room}
         if fast > 1:
             lw.smaller[node.name + SLICES] = True       # the same max: the same output bytes
-        if fast > 1 and (wants_small(lw.opts, node) or node.name + SLICES in lw.opts.small):
+        # by its own name: the node's name asks for the pool that kpu_pool would have run on the KPU
+        if fast > 1 and ("*" in lw.opts.small or node.name + SLICES in lw.opts.small):
             kw["data"] = {"float_room": 0}
             row.form = f"float temporaries a channel at a time, {per_c:,} B, not {fast * per_c:,} B"
     lw.emit("QUANTIZED_MAX_POOL2D", dict(

@@ -10,7 +10,7 @@ emitted by `emit_v4`); `v4emit.assemble` turns the whole list into a KModelV4.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -592,11 +592,14 @@ class Lowering:
     def run(self):
         g = self.g
         check_one_input(g)
+        plain = replace(self.opts, small=frozenset())
         for node in self.order:
             alt = self.choice[node.name] = registry.select(g, node, self.opts, self.format)
             if alt[0].unit in (registry.KPU, registry.CPU_F32) and \
                     registry.smaller_alternative(g, node, self.opts, alt[0]):
                 self.smaller[node.name] = False       # another unit: other arithmetic
+            elif wants_small(self.opts, node) and registry.select(g, node, plain, self.format)[0] != alt[0]:
+                self.smaller.setdefault(node.name, False)   # in its smaller form already (a "*" plan)
         x = g.inputs[0]
         first = self.consumers(x)
         shape = self.shape(x)
