@@ -209,6 +209,24 @@ def test_kxk_conv_keeps_its_kpu_form_when_uint8_weights_lose_too_much(monkeypatc
     assert "y" not in lw.smaller
 
 
+def test_depthwise_kxk_conv_takes_its_uint8_form_in_as_many_nodes_as_keep_its_weights(monkeypatch):
+    """A depthwise 5x5 whose channels' ranges alternate 1x / 300x: in its smaller form, one
+    quantized_conv2d node per run of alike channels (each reads only its own), its weights within
+    WEIGHT_SQNR_MIN of themselves, far fewer bytes than the KPU's shift stages (PicoDet's 5x5
+    depthwise convs: 52-77 KB each as KPU stages); bit for bit the reference runner."""
+    from tl2k210.k210.lower import v4conv
+    monkeypatch.setattr(v4conv, "WEIGHT_PARTS_MAX", 2)
+    w = W(8, 1, 5, 5)
+    w[::2] *= 300.0
+    m = build([conv_node("y", "r", "w1", "b1", pads=[2, 2, 2, 2], group=8)], {"w1": w, "b1": W(8)})
+    model, q, rows = check_v4(m, opcodes=("quantized_conv2d",), small=frozenset({"y"}), min_sqnr=20)
+    r = next(r for r in rows if r.node == "y")
+    assert r.lowering == "quantized_conv2d" and r.form.startswith("uint8 weights in 8 channel ranges")
+    fast = compile_model(m, PX, format="v4")[1]
+    assert next(x for x in fast if x.node == "y").lowering == "kpu_conv_kxk"
+    assert r.weight_bytes < sum(x.weight_bytes for x in fast if x.node == "y")
+
+
 def test_weight_parts_by_hand():
     """quantized_conv2d has one weight (scale, zero point) a node: channels of ranges 1 and 100
     (batch norm folded in) go to two nodes, each its own scale; a grouped conv splits at groups."""
@@ -244,18 +262,17 @@ def test_weight_parts_keep_a_quantized_models_own_integers():
 
 def test_weight_parts_of_a_depthwise_conv():
     """A depthwise conv whose channels' ranges alternate 1x / 300x needs a node per channel to keep
-    its small channels: 12 nodes kept 0.0 dB of the worst one (MediaPipe's pose detector). Where
-    the KPU cannot run it (`many`: the other form is the float conv2d) its nodes, each reading only
-    its own channels, are as many as keep WEIGHT_SQNR_MIN. A dense conv stays within
-    WEIGHT_PARTS_MAX (each node re-reads every input channel), and so does a conv the KPU runs
-    (its smaller form must keep WEIGHT_SQNR_MIN in those, or the KPU keeps it)."""
+    its small channels: 12 nodes kept 0.0 dB of the worst one (MediaPipe's pose detector). Its
+    nodes, each reading only its own channels, are as many as keep WEIGHT_SQNR_MIN, whether the
+    KPU cannot run it or the plan asks for its smaller form (the KPU's shift stages of a 5x5
+    store its weights many times over). A dense conv stays within WEIGHT_PARTS_MAX (each node
+    re-reads every input channel)."""
     from tl2k210.k210.lower.v4conv import WEIGHT_PARTS_MAX, WEIGHT_SQNR_MIN, weight_parts, weight_sqnr
     w = W(64, 1, 5, 5).astype(np.float64)
     w[::2] *= 300.0
-    assert len(weight_parts(w, 64, True)) > WEIGHT_PARTS_MAX and weight_sqnr(w, 64, True) >= WEIGHT_SQNR_MIN - 1
-    assert len(weight_parts(w, 64)) == WEIGHT_PARTS_MAX and weight_sqnr(w, 64) < 10
+    assert len(weight_parts(w, 64)) > WEIGHT_PARTS_MAX and weight_sqnr(w, 64) >= WEIGHT_SQNR_MIN - 1
     dense = np.repeat(w, 2, axis=1)
-    assert len(weight_parts(dense, 1, True)) <= WEIGHT_PARTS_MAX
+    assert len(weight_parts(dense, 1)) <= WEIGHT_PARTS_MAX and weight_sqnr(dense, 1) < 10
 
 
 def test_quantized_conv2d_channel_ranges_bit_exact(monkeypatch):

@@ -83,25 +83,26 @@ def _conv_refuses_common(g, node):
     return None
 
 
-def _weights_key(W, groups=None, many=False):
+def _weights_key(W, groups=None):
     """The memo key of a question about a conv's weights: their bytes, and the split's limits
     (tests change them)."""
     W = np.ascontiguousarray(W, np.float64)
-    return (W.shape, groups, many, WEIGHT_PARTS_MAX, PARTS_DB, PARTS_ENOUGH_DB, WEIGHT_SQNR_MIN,
+    return (W.shape, groups, WEIGHT_PARTS_MAX, PARTS_DB, PARTS_ENOUGH_DB, WEIGHT_SQNR_MIN,
             hashlib.blake2b(W.tobytes()).digest())
 
 
 @memoised(_weights_key)     # the plan lowers a model tens of times: the same weights each time
-def weight_parts(W, groups, many=False) -> list:
+def weight_parts(W, groups) -> list:
     """Contiguous output-channel ranges [(o0, o1)] of a conv's weights (Co, Ci/groups, kh, kw), each
     to be one quantized_conv2d with its own uint8 (scale, zero point): the runtime's weights are
     per layer, so channels whose ranges differ (batch norm folded in) are split where that keeps
     their worst channel within PARTS_DB of per-channel weights (PARTS_ENOUGH_DB is enough), in
-    at most WEIGHT_PARTS_MAX nodes; with `many` (a conv the KPU cannot run, whose other form is the
-    float conv2d) a grouped or depthwise one, whose nodes each read only their own groups'
-    channels, takes as many as keep WEIGHT_SQNR_MIN where that many do not (MediaPipe's
-    pose detector: 12 nodes kept 0.0 dB of a 672-channel 5x5 depthwise conv's worst channel) --
-    unless they are a quantized model's own integers, which the float conv2d or the KPU keep.
+    at most WEIGHT_PARTS_MAX nodes; a grouped or depthwise one, whose nodes each read only their
+    own groups' channels, takes as many as keep WEIGHT_SQNR_MIN where that many do not (MediaPipe's
+    pose detector: 12 nodes kept 0.0 dB of a 672-channel 5x5 depthwise conv's worst channel;
+    PicoDet's 5x5 depthwise convs, 96 channels: 11-14 dB in one node, 20-25 in 12, 30 in 25-35,
+    a few KB where their KPU shift stages store 52-77 KB) -- unless they are a quantized model's
+    own integers, which the float conv2d or the KPU keep.
     A range is whole groups of a grouped conv (1 channel of a depthwise one). Chosen on the
     rounding-noise model step^2/12; weight_sqnr measures the result. Weights that are a quantized
     model's own integers keep them: one range per run of channels on one int8 grid, where that
@@ -138,8 +139,15 @@ def weight_parts(W, groups, many=False) -> list:
     for _ in range(24):          # the highest worst-channel SQNR reachable in WEIGHT_PARTS_MAX parts
         t = (a + b) / 2
         a, b = (t, b) if len(greedy(t)) <= WEIGHT_PARTS_MAX else (a, t)
-    if a < WEIGHT_SQNR_MIN and groups > 1 and own is None and many:
-        a = min(goal, WEIGHT_SQNR_MIN)   # grouped: a node reads only its groups' channels; it costs its header
+    if a < WEIGHT_SQNR_MIN and groups > 1 and own is None:
+        # grouped: a node reads only its own groups' channels, so as many nodes as keep
+        # WEIGHT_SQNR_MIN, measured (the noise model is an estimate), or as per-group ranges keep
+        t = min(goal, WEIGHT_SQNR_MIN)
+        while True:
+            parts = [(i * unit, j * unit) for i, j in greedy(t)]
+            if t >= goal or _worst_db(W, parts) >= WEIGHT_SQNR_MIN:
+                return parts
+            t = min(t + 0.5, goal)
     return [(i * unit, j * unit) for i, j in greedy(a)]
 
 
@@ -166,12 +174,16 @@ def quantize_parts(W, parts):
 
 
 @memoised(_weights_key)
-def weight_sqnr(W, groups=None, many=False) -> float:
+def weight_sqnr(W, groups=None) -> float:
     """SQNR (dB) of uint8 weights, per layer (groups None: one scale, as quantized_matmul) or in
     the conv's `weight_parts`, for the output channel they serve worst (one large channel must
     not hide the ones rounded to nothing)."""
     W = np.asarray(W, np.float64)
-    parts = [(0, W.shape[0])] if groups is None else weight_parts(W, groups, many)
+    return _worst_db(W, [(0, W.shape[0])] if groups is None else weight_parts(W, groups))
+
+
+def _worst_db(W, parts) -> float:
+    """The SQNR (dB) of the output channel `W`'s uint8 weights in `parts` serve worst."""
     q = np.concatenate([(wq.astype(np.float64) - z) * s for _, _, s, z, wq in quantize_parts(W, parts)])
     per = [sqnr_db(W[o].reshape(-1), q[o].reshape(-1)) for o in range(W.shape[0]) if np.any(W[o])]
     return float(min(per)) if per else float("inf")
@@ -187,7 +199,7 @@ def qconv_refuses(g, node, opts):
     taps = int(np.prod(W.shape[1:]))
     if taps > ACC_TAPS_MAX:
         return f"{taps} taps per output overflow the int32 accumulator (at most {ACC_TAPS_MAX:,})"
-    q = weight_sqnr(W, int(node.attrs.get("group", 1)), True)
+    q = weight_sqnr(W, int(node.attrs.get("group", 1)))
     if q < WEIGHT_SQNR_MIN and not wants_small(opts, node):
         return (f"per-layer uint8 weights keep only {q:.1f} dB of the weights (spread "
                 f"{float(np.max(np.abs(W))):.3g} / {float(np.std(W)):.3g}): the float conv2d keeps them")
@@ -328,9 +340,9 @@ def quantized_conv(lw, node):
         src = lw.need_u8(x, row)
         s_x, z_x = lw.locs[x].quant
         mean = lw.opts.channel_means.get(x)
-    parts = weight_parts(W, groups, not traded)
+    parts = weight_parts(W, groups)
     exact = _on_grids(W, parts)
-    scales = _scales(parts, "channel", exact) + ("" if exact else f", {weight_sqnr(W, groups, not traded):.1f} dB")
+    scales = _scales(parts, "channel", exact) + ("" if exact else f", {weight_sqnr(W, groups):.1f} dB")
     if wants_small(lw.opts, node):       # the trade's receipt line says what the weights keep
         row.form = f"uint8 weights {scales}"
     q = quantize_parts(W, parts)
