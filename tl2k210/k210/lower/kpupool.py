@@ -35,7 +35,7 @@ def kpu_pool_refuses(g, node, opts):
     if pool is None or pool["kind"] != "max" or pool["size"] != pool["stride"] or any(pool["pads"]):
         return NA       # not a pool the KPU does (the CPU pools it)
     if getattr(opts, "format", "v3") != "v4" or node.inputs[0] in g.inputs:
-        return NA       # v3 pools uint8 on the CPU; the image is read by a conv first
+        return NA       # v3 pools uint8 on the CPU, and so does v4 a pool of the image itself
     if wants_small(opts, node):
         return "the smaller form was asked for: the CPU pool stores no weights"
     h, w = g.shape(node.outputs[0])[2:]
@@ -52,7 +52,7 @@ def kpu_pool(lw, node):
     conv = _copy_conv(node, pool)
     k = pool["size"]
     row = lw.row(node, f"max pool {k}x{k}/{k} on the KPU: a 1x1 copy of its {c} channels, then the KPU's pool "
-                       "(v4 pools in float on the CPU)", in_shape=(c, *lw.shape(x)[1:]),
+                       "(v4 pools in float on the CPU)", in_shape=lw.shape(x),
                  out_shape=lw.shape(node.outputs[0]))
     s, _, z, _ = input_terms(lw, x, c)
     lq = kpu.copy_layer(np.eye(c, dtype=np.uint8).reshape(c, c, 1, 1), (float(s[0]), z), lw.opts.weight_bits)
