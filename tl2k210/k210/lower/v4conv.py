@@ -147,7 +147,7 @@ def weight_parts(W, groups) -> list:
             parts = [(i * unit, j * unit) for i, j in greedy(t)]
             if t >= goal or _worst_db(W, parts) >= WEIGHT_SQNR_MIN:
                 return parts
-            t = min(t + 0.5, goal)
+            t = min(t + 0.1, goal)
     return [(i * unit, j * unit) for i, j in greedy(a)]
 
 
