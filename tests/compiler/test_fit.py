@@ -245,7 +245,14 @@ def test_a_refusal_names_an_output_too_big_to_return(version, outputs):
     model.outputs = outputs[:1]
     with pytest.raises(fit.BudgetError) as e:
         fit.check_budget(model, 100_000, "maixpy")
-    assert "alone is" not in str(e.value) and "Nothing was written" in str(e.value)
+    assert "alone is" not in str(e.value) and "outputs together" not in str(e.value) \
+        and "Nothing was written" in str(e.value)
+    # PicoDet-S: eight float32 outputs of 4.8-512 KB, 952,000 B together, none over a third alone
+    model.outputs = [outputs[0][:-1] + (n,) for n in (512_000, 192_000, 48_000, 12_000, 128_000, 48_000,
+                                                       9_600, 2_400)]
+    with pytest.raises(fit.BudgetError, match=r"its 8 outputs together are 952,000 B \(output 0: 512,000 B\), "
+                                              r"the values the runtime returns"):
+        fit.check_budget(model, 100_000, "maixpy")
 
 
 def test_latency_takes_v3s_least_block_alignment_where_the_fastest_forms_do_not_fit(tmp_path, png_dir,

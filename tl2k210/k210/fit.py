@@ -121,7 +121,12 @@ def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None, v
         if getattr(lw, "v4_scratch", 0):
             bufs = sorted(bufs + [(lw.v4_scratch, "v4 layer temporaries")], reverse=True)[:3]
     bigger = fitting_runtimes(need, model.version)
-    out, big = max(((int(o[-1]), i) for i, o in enumerate(model.outputs)), default=(0, 0))
+    sizes = [int(o[-1]) for o in model.outputs]
+    out, big = max(((n, i) for i, n in enumerate(sizes)), default=(0, 0))
+    third = rt.model_budget // 3      # outputs this big leave too little for the model itself
+    returned = (f"output {big} alone is {out:,} B" if out > third else
+                f"its {len(sizes)} outputs together are {sum(sizes):,} B (output {big}: {out:,} B)"
+                if sum(sizes) > third else "")
     raise BudgetError(
         (f"kmodel v3: {v3_error}\nkmodel v4 would run it, but: " if v3_error is not None else "") +
         f"kmodel v{model.version} {nbytes:,} B + main memory {main:,} B = {need:,} B exceeds what "
@@ -130,9 +135,9 @@ def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None, v
         + (f"; biggest weights: {', '.join(f'{n} {_kb(b)}' for b, n in weights)}" if weights else "")
         + (f"; biggest buffers at the main-memory peak: {', '.join(f'{n} {_kb(b)}' for b, n in bufs)}"
            if bufs else "")
-        + (f"; output {big} alone is {out:,} B, the values the runtime returns: make the model return "
+        + (f"; {returned}, the values the runtime returns: make the model return "
            "less (export it without a last upsampling or a full-size image output, or at a smaller input) "
-           "and do that step in the application" if out > rt.model_budget // 3 else "")
+           "and do that step in the application" if returned else "")
         + f". Use a smaller network{', --runtime ' + ' or '.join(bigger) if bigger else ''}"
         + (" or kpu.load_flash (v3)" if model.version == 3 else "") + ". Nothing was written.")
 
