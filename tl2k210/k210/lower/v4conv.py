@@ -100,7 +100,7 @@ def weight_parts(W, groups) -> list:
     at most WEIGHT_PARTS_MAX nodes; a grouped or depthwise one, whose nodes each read only their
     own groups' channels, takes as many as keep WEIGHT_SQNR_MIN where that many do not (MediaPipe's
     pose detector: 12 nodes kept 0.0 dB of a 672-channel 5x5 depthwise conv's worst channel;
-    PicoDet's 5x5 depthwise convs, 96 channels: 11-14 dB in one node, 20-25 in 12, 30 in 25-35,
+    PicoDet's 5x5 depthwise convs, 48-96 channels: 11-14 dB in one node, 20-25 in 12, 30 in 12-36,
     a few KB where their KPU shift stages store 52-77 KB) -- unless they are a quantized model's
     own integers, which the float conv2d or the KPU keep.
     A range is whole groups of a grouped conv (1 channel of a depthwise one). Chosen on the
