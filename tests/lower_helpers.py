@@ -35,12 +35,17 @@ def conv_node(name, x, w, b=None, **attrs):
 def compile_model(model, px, calib=None, passes=None, **opts):
     """(kmodel, rows, lowering, pipeline graph) for an ONNX image model; `px` (N, C, H, W) uint8
     pixels calibrate it (float input = pixels / 255); `passes`: run_pipeline's pass options."""
-    g, _ = run_pipeline(from_onnx(model), passes)
-    batches = [(p[None] / 255.0).astype(np.float32) for p in (px if calib is None else calib)]
-    rng = calibrate.ranges(calibrate.collect(g, batches, histograms=False), "minmax")
+    g, rng = calibrated(model, px if calib is None else calib, passes)
     kmodel, rows, _, lw = lower(g, rng, Options(**opts))
     assert kmodel.version == 3 or v4.overlapping_io(kmodel) == []     # docs/kmodel-format.md#v4-interpreter
     return kmodel, rows, lw, g
+
+
+def calibrated(model, px, passes=None):
+    """(pipeline graph, minmax ranges) of an ONNX image model on pixels (float input = px / 255)."""
+    g, _ = run_pipeline(from_onnx(model), passes)
+    batches = [(p[None] / 255.0).astype(np.float32) for p in px]
+    return g, calibrate.ranges(calibrate.collect(g, batches, histograms=False), "minmax")
 
 
 def run_both(model, kmodel, px):

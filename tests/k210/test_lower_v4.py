@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from lower_helpers import compile_model, conv_node, from_onnx, make_model, pixels, run_both
+from lower_helpers import calibrated, compile_model, conv_node, from_onnx, make_model, pixels, run_both
 import v4_reference as ref
 from tl2k210.errors import UnsupportedOpError
 from tl2k210.k210 import kmodel
 from tl2k210.k210.emulator import Emulator
 from tl2k210.k210.lower import Options, plan_format
+from tl2k210.k210.lower.memory import PARK, Block, park
 from tl2k210.quantize.metrics import sqnr_db
 
 pytest.importorskip("onnxruntime")
@@ -518,6 +519,63 @@ def test_slices_split_transpose_concat_pad():
     check_v4(m, opcodes=("strided_slice", "transpose", "concat", "pad"))
     m2 = build([nodes[0], nodes[6]], inits, out="pe2")
     check_v4(m2, opcodes=("strided_slice", "concat"))
+
+
+def _parkable():
+    """CPU ops (slices, a transpose, concats, a pad) between two KPU convs."""
+    nodes = [N("Slice", ["r", "st", "en", "ax", "sp"], ["s1"]), N("Split", ["r", "spl"], ["a", "b"], axis=1),
+             N("Transpose", ["a"], ["ta"], perm=[0, 1, 3, 2]), N("Concat", ["ta", "b"], ["cc"], axis=1),
+             N("Concat", ["cc", "cc"], ["c2"], axis=3), N("Pad", ["c2", "pp"], ["pd"]),
+             conv_node("k", "pd", "wk", "bk", pads=[1, 1, 1, 1]), N("Relu", ["k"], ["y"])]
+    inits = {"st": i64(1, 11), "en": i64(6, -100), "ax": i64(1, 2), "sp": i64(2, -1), "spl": i64(3, 5),
+             "pp": i64(0, 0, 1, 0, 0, 0, 0, 2), "wk": W(4, 8, 3, 3), "bk": W(4)}
+    return build(nodes, inits)
+
+
+def test_main_memory_buffers_parked_in_free_kpu_ram_lines():
+    """PARK: the buffers of CPU ops in KPU RAM lines no KPU map holds while they live (nncase v0.2
+    gives every op memory type k210_kpu): main memory shrinks, the output and every node's bytes
+    stay those of the unparked model, no KPU map is overwritten."""
+    m = _parkable()
+    base = compile_model(m, PX, format="v4")[0]
+    parked = check_v4(m, small=frozenset({PARK}))[0]            # every node bit for bit the reference
+    lw = compile_model(m, PX, format="v4", small=frozenset({PARK}))[2]
+    assert lw.smaller[PARK] is True and lw.parked                   # exact; what moved is named
+    assert parked.main_mem < base.main_mem
+    in_kpu = [n.name for n in parked.nodes for k, r in sum(kmodel.v4.node_ranges(n), [])
+              if r[0] == kmodel.v4.MEM_KPU and not (n.name == "kpu_upload" and k == "output")]
+    assert in_kpu, "no CPU op reads or writes KPU RAM"
+    for p in PX:
+        np.testing.assert_array_equal(Emulator(parked).run(p)[0], Emulator(base).run(p)[0])
+
+
+def test_the_fit_parks_buffers_only_where_the_model_would_not_fit_otherwise():
+    from tl2k210.k210 import fit
+    from tl2k210.k210.lower import lower
+    g, rng = calibrated(_parkable(), PX)
+
+    def build(small):
+        return fit.Built(*(lambda m, rows, tm, lw: (m, kmodel.dumps(m), rows, tm, lw))(
+            *lower(g, dict(rng), Options(format="v4", small=small))))
+    fast, parked = build(frozenset()), build(frozenset({PARK}))
+    assert parked.need < fast.need and parked.est.cycles > fast.est.cycles    # uncached AI RAM: slower
+    assert fit.choose_forms(build, fast.need).built.need == fast.need           # fits: nothing parked
+    tight = fit.choose_forms(build, parked.need)
+    assert tight.built.need == parked.need and tight.trades[-1].startswith("main memory: ")
+    small = fit.choose_forms(build, fast.need, "size")                             # size mode: only to fit
+    assert not small.trades[-1].startswith("main memory: ")
+    smaller = fit.choose_forms(build, small.built.need - 8, "size")
+    assert smaller.built.need < small.built.need and smaller.trades[-1].startswith("main memory: ")
+
+
+def test_park_places_buffers_clear_of_kpu_maps_while_both_live():
+    """memory.park: a buffer goes where no KPU block (one layer's margin after its free) and no
+    buffer parked before holds lines during its lifetime; the main plan keeps the rest."""
+    kpu = [Block("map0", 0, 10, 0, 3), Block("map1", 10, 10, 2, 6)]        # lines, layers
+    blocks = [Block("a", 0, 64 * 15, 0, 2), Block("b", 0, 64 * 4, 4, 6), Block("c", 960, 64, 1, 5)]
+    assert park(blocks, 6, {}, kpu, 40, {0, 1, 2}) == ({0: 10, 1: 0, 2: 25}, {}, 0)
+    assert park(blocks, 6, {}, kpu, 20, {0, 1, 2})[::2] == ({}, 1024)      # a has no 15 lines at 0-2: b, c
+    assert park(blocks, 6, {}, kpu, 40, {1})[::2] == ({}, 1024)            # would not lower the peak
 
 
 def _d2s(x, r, mode):

@@ -259,7 +259,7 @@ IN_PLACE = {"binary": _elementwise_in_place, "quantized_binary": _elementwise_in
 
 
 def overlapping_io(model: KModelV4) -> list[str]:
-    """One line per node whose output range shares bytes of main memory with one of its input
+    """One line per node whose output range shares bytes of memory with one of its input
     ranges, unless IN_PLACE says the kernel is safe with that alias. nncase's kernels then read
     inputs they already overwrote (a softmax reads its own results,
     docs/kmodel-format.md#v4-interpreter): a writer must never produce this; files from
@@ -270,9 +270,10 @@ def overlapping_io(model: KModelV4) -> list[str]:
         safe = IN_PLACE.get(node.name)
         for on, o in outs:
             for iname, r in ins:
-                if o[0] == MEM_MAIN and overlap(o, r) and not (safe and safe(node, iname, r, o)):
+                if o[0] != MEM_CONST and overlap(o, r) and not (safe and safe(node, iname, r, o)):
                     lines.append(f"node {i} ({node.name}): {on} [{o[2]}, {o[2] + o[3]}) overlaps "
-                                 f"{iname} [{r[2]}, {r[2] + r[3]}) in main memory")
+                                 f"{iname} [{r[2]}, {r[2] + r[3]}) in "
+                                 + ("main memory" if o[0] == MEM_MAIN else "KPU RAM"))
     return lines
 
 

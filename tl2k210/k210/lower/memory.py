@@ -11,6 +11,10 @@ from tl2k210.k210 import hardware as hw
 
 SLICES = "/slices"    # Options.small names "<node>/slices": its float temporaries a channel at a time
 SLICE_MIN_BYTES = 65536          # float scratch below which a uint8 map is dequantized whole (64 KiB)
+PARK = "/park"        # Options.small names "/park": main-memory buffers in KPU RAM lines free over their lifetimes
+PARK_BASE = 1 << 40   # a main-memory address at PARK_BASE + b is byte b of KPU RAM (kmodel v4 ranges)
+PARK_PLANS = 40       # main-memory plans a park search makes at most (each re-places every buffer)
+PARK_STALE = 10       # buffers it parks without lowering the peak before it stops
 MAIN_TARGET = 1.25               # issue 22: the main-memory peak within 1.25x the live-set lower bound
 
 
@@ -31,11 +35,14 @@ class KpuAllocator:
     input and output maps resident at once and disjoint (docs/kpu.md#write-back-and-streaming); several maps may stay
     resident while their KPU consumers run (a map read by two convs, a concat's slots)."""
 
-    def __init__(self, lines: int = hw.KPU_RAM_LINES):
+    def __init__(self, lines: int = hw.KPU_RAM_LINES, clock=lambda: 0):
         self.lines = lines
         self.blocks: dict[str, tuple[int, int]] = {}
         self.peak = 0                   # most lines in use at once
         self.lowest = hw.KPU_RAM_LINES  # the header's max_start_address (informational)
+        self.clock = clock
+        self.history: list[Block] = []  # every block in lines, with its lifetime in layer indices
+        self._open = {}
 
     def used(self) -> int:
         return sum(e - s for s, e in self.blocks.values())
@@ -72,10 +79,13 @@ class KpuAllocator:
         self.blocks[name] = (start, start + n)
         self.peak = max(self.peak, self.used())
         self.lowest = min(self.lowest, start)
+        self._open[name] = len(self.history)
+        self.history.append(Block(name, start, n, self.clock()))
         return start
 
     def free(self, name: str):
-        self.blocks.pop(name, None)
+        if self.blocks.pop(name, None) is not None:
+            self.history[self._open.pop(name)].t1 = self.clock()
 
 
 @dataclass
@@ -284,3 +294,64 @@ def check(blocks: list, at: dict, end: int, views: dict | None = None):
                 raise AssertionError(f"main memory plan: {blocks[i].name} [{o}, {o + blocks[i].size}) and "
                                      f"{blocks[j].name} [{p}, {p + blocks[j].size}) are live together "
                                      f"(layers {blocks[i].t0}-{blocks[i].t1}, {blocks[j].t0}-{blocks[j].t1})")
+
+
+def park(blocks: list, end: int, views: dict, kpu: list, lines: int, movable: set) -> tuple[dict, dict, int]:
+    """Main-memory buffers moved into KPU RAM, which kmodel v4's runtime addresses for any op
+    (memory type k210_kpu, docs/kmodel-format.md#v4-interpreter): each into lines that no KPU
+    block (`kpu`, in lines) and no buffer parked before holds while it is live. Of the `movable`
+    buffers live with the one on top of the main-memory plan, the largest that has room goes
+    first, kept while the plan's peak does not grow; the parked set that gave the lowest peak
+    is returned. Returns ({block index: its first KPU line}, the plan of the rest, its peak)."""
+    kpu = [Block(k.name, k.start, k.size, k.t0, None if k.t1 is None else k.t1 + 1) for k in kpu]  # a layer's margin
+    cur = list(blocks)
+    at, peak = plan(cur, end, views)
+    parked, best = {}, ({}, at, peak)
+    nlines = [-(-b.size // hw.LINE_BYTES) for b in blocks]
+
+    def room(i):
+        b, start = blocks[i], 0
+        busy = sorted([(k.start, k.start + k.size) for k in kpu if _overlap(k, b, end)] +
+                      [(s, s + nlines[j]) for j, s in parked.items() if _overlap(blocks[j], b, end)])
+        for s, e in busy:
+            if start + nlines[i] <= s:
+                break
+            start = max(start, e)
+        return start if start + nlines[i] <= lines else None
+
+    tried, stale, plans = set(), 0, 0
+    while at and stale < PARK_STALE and plans < PARK_PLANS:
+        top = blocks[max(at, key=lambda i: at[i] + blocks[i].size)]
+        cands = sorted((i for i in at if i in movable and i not in tried and _overlap(blocks[i], top, end)),
+                       key=lambda i: -blocks[i].size)
+        for i in cands:
+            tried.add(i)
+            line = room(i)
+            if line is None:
+                continue
+            plans += 1
+            trial = list(cur)
+            trial[i] = Block(blocks[i].name, blocks[i].start, blocks[i].size, blocks[i].t0, blocks[i].t0)
+            t_at, t_peak = plan(trial, end, views)
+            if t_peak <= peak:
+                cur, at, peak, parked[i] = trial, t_at, t_peak, line
+                stale = 0 if peak < best[2] else stale + 1
+                if peak < best[2]:
+                    best = (dict(parked), at, peak)
+                break
+            if plans == PARK_PLANS:
+                break
+        else:
+            break
+    return best
+
+
+def kpu_peak(blocks: list, end: int) -> int:
+    """Most KPU RAM lines in use at one layer, of blocks in lines with their lifetimes."""
+    use = np.zeros(end + 2, np.int64)
+    for b in blocks:
+        t1 = end + 1 if b.t1 is None else b.t1
+        if t1 > b.t0:
+            use[b.t0] += b.size
+            use[t1] -= b.size
+    return int(np.cumsum(use).max(initial=0))

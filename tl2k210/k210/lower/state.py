@@ -23,7 +23,7 @@ from tl2k210.k210.ideal import ideal
 from tl2k210.k210.kmodel.v4 import MEM_MAIN, OPCODE_BY_NAME
 
 from . import registry
-from .memory import MAIN_TARGET, Block, KpuAllocator, MainAllocator, plan
+from .memory import MAIN_TARGET, PARK, PARK_BASE, Block, KpuAllocator, MainAllocator, kpu_peak, park, plan
 
 T = v3.TYPE_BY_NAME
 
@@ -116,7 +116,8 @@ class Lowering:
         self.g, self.ranges, self.opts = graph, ranges, opts or Options()
         self.order = toposort(graph)
         self.layers, self.rows, self.locs = [], [], {}
-        self.kpu, self.main = KpuAllocator(self.opts.kpu_ram_lines), MainAllocator(lambda: len(self.layers))
+        clock = lambda: len(self.layers)     # noqa: E731 (a buffer's lifetime in layer indices)
+        self.kpu, self.main = KpuAllocator(self.opts.kpu_ram_lines, clock), MainAllocator(clock)
         self.pixel_input = None     # the image input in KPU RAM (uint8 pixels, preprocessing folded in)
         self.pixel_main = None      # kmodel v4: the image input in main memory (uint8 pixels)
         self.format = self.opts.format if self.opts.format != "auto" else "v3"
@@ -126,6 +127,7 @@ class Lowering:
         self.virtual_shapes, self.virtual_next, self.pixel_copy = {}, {}, {}
         self.folded = set()         # nodes already lowered by their producer (fused activations)
         self.scratch_at = {}        # kmodel v4: layer index -> its planned temporaries (_plan_main)
+        self.parked = []            # kmodel v4: (buffer, bytes) planned into free KPU RAM lines (PARK)
         self.trace_map = {}         # tensor -> (layer index or indices, kind): SQNR from emulator traces
         self.uses = {}
         self.choice = {}            # node name -> (Alternative, passed-over reasons)
@@ -542,7 +544,12 @@ class Lowering:
         blocks, end = list(self.main.history), len(self.layers)
         scratch = self._scratch_blocks(blocks)
         at, peak = plan(blocks, end, self.main.views)
-        if not self.main.views and peak >= max((blocks[i].start + blocks[i].size for i in at), default=0):
+        if self.format == "v4" and self.main.high:
+            self.smaller[PARK] = True        # the same ops on the same bytes, in other memory
+            if PARK in self.opts.small:      # named only: "*" is every smaller *form*
+                at, peak = self._park(blocks, end, at, peak)
+        if not self.main.views and not self.parked and \
+                peak >= max((blocks[i].start + blocks[i].size for i in at), default=0):
             return outs                      # first fit is as good: the layout stays as allocated
         self.scratch_at = {t: at[i] for t, i in scratch.items()}
         live = [[] for _ in range(end + 1)]
@@ -566,11 +573,31 @@ class Lowering:
             loc.pixels = move(loc.pixels, 0)
         elif loc.f32 is not None and self.pixel_input is None:
             loc.f32 = move(loc.f32, 0)
-        top = max((i for i in at if i not in self.main.views), key=lambda i: at[i] + blocks[i].size)
+        main = [i for i in at if i not in self.main.views and at[i] < PARK_BASE]
+        top = max(main, key=lambda i: at[i] + blocks[i].size)
         self.main.high = peak
-        self.main.at_high = {blocks[i].name: (at[i], blocks[i].size) for i in at
-                             if blocks[i].live(blocks[top].t0, end + 1) and i not in self.main.views}
+        self.main.at_high = {blocks[i].name: (at[i], blocks[i].size) for i in main
+                             if blocks[i].live(blocks[top].t0, end + 1)}
         return [(move(a, end, n), n) for a, n in outs]
+
+    def _park(self, blocks, end, at, peak):
+        """kmodel v4 (PARK): main-memory buffers into KPU RAM lines free over their lifetimes
+        (memory.park), every one but the model's input and outputs and the buffers that hold
+        views. Returns the plan (parked buffers at PARK_BASE + their KPU byte) and its peak."""
+        views = self.main.views
+        x = self.g.inputs[0]
+        fixed = set(views) | {j for j, _ in views.values()}
+        movable = {i for i, b in enumerate(blocks) if i not in fixed and b.t1 is not None
+                   and not b.name.startswith(f"{x}:")}
+        parked, rest, low = park(blocks, end, views, self.kpu.history, self.kpu.lines, movable)
+        if low >= peak:
+            return at, peak
+        for i, line in parked.items():
+            rest[i] = PARK_BASE + line * hw.LINE_BYTES
+        self.parked = [(blocks[i].name, blocks[i].size) for i in parked]
+        self.kpu.peak = max(self.kpu.peak, kpu_peak(self.kpu.history + [Block(blocks[i].name, line, -(-blocks[i].size // hw.LINE_BYTES),
+                                                           blocks[i].t0, blocks[i].t1) for i, line in parked.items()], end))
+        return rest, low
 
     def _scratch_blocks(self, blocks):
         """kmodel v4: the temporaries of each v3 layer written as several v4 nodes (v4emit.py),

@@ -27,7 +27,7 @@ from tl2k210.k210.kmodel import kpu as kpu_fmt, v3
 from tl2k210.k210.kmodel.v4 import (DT_FLOAT32, DT_UINT8, MEM_CONST, MEM_KPU, MEM_MAIN, OPCODE_BY_NAME,
                                     KModelV4, Node, overlapping_io)
 
-from .memory import float_slices
+from .memory import PARK_BASE, float_slices
 
 F32, U8 = DT_FLOAT32, DT_UINT8
 BYTES = {F32: 4, U8: 1}
@@ -483,15 +483,26 @@ class _Consts:
         return (MEM_CONST, c.dtype, self.at[key], len(raw))
 
 
+def _parked(r):
+    """A main-memory range the plan put in KPU RAM (memory.PARK_BASE + its byte there) as a
+    k210_kpu range."""
+    if isinstance(r, tuple) and r[0] == MEM_MAIN and r[2] >= PARK_BASE:
+        return (MEM_KPU, r[1], r[2] - PARK_BASE, r[3])
+    return r
+
+
 def _node(op: V4Op, consts: _Consts) -> Node:
     spec = OPCODE_BY_NAME[op.name]
     fields = {k: (consts.place(v) if isinstance(v, Const) else v) for k, v in op.fields.items()}
+    for name, typ, _ in spec.struct.fields:
+        if typ == "range":
+            fields[name] = _parked(fields[name])
     missing = set(spec.struct.names) - set(fields)
     if missing:
         raise AssertionError(f"{op.name}: fields {sorted(missing)} missing")
     data = dict(op.data)
     if "inputs" in data:
-        data["inputs"] = [consts.place(v) if isinstance(v, Const) else v for v in data["inputs"]]
+        data["inputs"] = [consts.place(v) if isinstance(v, Const) else _parked(v) for v in data["inputs"]]
     return Node(spec.code, fields, data, conv=op.conv)
 
 
