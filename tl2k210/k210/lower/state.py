@@ -595,8 +595,9 @@ class Lowering:
         for i, line in parked.items():
             rest[i] = PARK_BASE + line * hw.LINE_BYTES
         self.parked = [(blocks[i].name, blocks[i].size) for i in parked]
-        self.kpu.peak = max(self.kpu.peak, kpu_peak(self.kpu.history + [Block(blocks[i].name, line, -(-blocks[i].size // hw.LINE_BYTES),
-                                                           blocks[i].t0, blocks[i].t1) for i, line in parked.items()], end))
+        lines = [Block(blocks[i].name, line, -(-blocks[i].size // hw.LINE_BYTES), blocks[i].t0, blocks[i].t1)
+                 for i, line in parked.items()]
+        self.kpu.peak = max(self.kpu.peak, kpu_peak(self.kpu.history + lines, end))
         return rest, low
 
     def _scratch_blocks(self, blocks):
