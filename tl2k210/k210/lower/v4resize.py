@@ -19,7 +19,10 @@ Per axis the lowering finds a v4 plan that samples the same coordinates:
   Keras UpSampling2D, TF2 resize) is, on the edge-padded input, a depthwise `conv2d_transpose`
   with the separable triangle kernel (2s x 2s taps, stride s): the same weights ONNX gives each
   input, about 4 MACs an output and no oversampled temporary (the resize_image + slice plan
-  evaluates 4x the outputs and keeps a 16x-per-channel temporary).
+  evaluates 4x the outputs and keeps a 16x-per-channel temporary);
+* any other linear resize (half_pixel at a scale no plan above samples: DeepLab's logits 33 ->
+  257) is ONNX's interpolation matrix of each axis as a float `matmul`, a `transpose` after
+  each: exact weights at any scale, W·W' + H·H' MACs a row / column instead of about 4 an output.
 The plan is checked numerically on every output coordinate (float32, as the runtime computes);
 modes no plan matches (cubic, tf_crop_and_resize, antialias, ...) are refused with the reason.
 Bilinear runs on float32 (the runtime's bilinear kernel is float; nncase's own files only use
@@ -33,7 +36,7 @@ import numpy as np
 
 from .memory import float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
-from .v4emit import F32, NO_CLAMP, U8, V4Op, main, slice_op, through_float
+from .v4emit import F32, NO_CLAMP, U8, Const, V4Op, main, slice_op, through_float
 
 f32 = np.float32
 MID_BYTES = 65_536         # the oversampled temporary is made for this many bytes of channels at a time
@@ -488,6 +491,52 @@ def _resize(lw, node, kind):
 @lowering("Resize", unit=CPU_F32, check=bilinear_refuses, formats=("v4",), name="resize_bilinear")
 def resize_bilinear(lw, node):
     _resize(lw, node, "bilinear")
+
+
+def matrices_refuse(g, node, opts):
+    mode, cmode, _ = _attrs(g, node)
+    x, y = g.shape(node.inputs[0]), g.shape(node.outputs[0])
+    if mode != "linear" or len(x) != 4 or tuple(x[:2]) != tuple(y[:2]):
+        return NA
+    if node.attrs.get("antialias", 0):
+        return "antialias=1: ONNX's antialiasing filter is not the interpolation matrix"
+    if any(onnx_coords(cmode, n, m, s) is None for n, m, s in zip(x[2:], y[2:], _scales(g, node))):
+        return f"coordinate_transformation_mode {cmode}: no interpolation matrix for it"
+    return None
+
+
+@lowering("Resize", unit=CPU_F32, check=matrices_refuse, formats=("v4",), name="resize_matrices")
+def resize_matrices(lw, node):
+    """Each axis by ONNX's (out, in) interpolation matrix: the map as (C·H, W) rows times A_w^T,
+    transposed to (C, W', H), times A_h^T, transposed back. Float32 sums of the two non-zero
+    weights of each row in input order (the zeros add nothing)."""
+    x, out = node.inputs[0], node.outputs[0]
+    _, cmode, _ = _attrs(lw.g, node)
+    c, h, w = lw.shape(x)
+    _, oh, ow = lw.shape(out)
+    sh, sw = _scales(lw.g, node)
+    row = lw.row(node, "linear resize: float matmuls by ONNX's interpolation matrix of each axis",
+                 in_shape=(c, h, w), out_shape=(c, oh, ow), macs=c * h * w * ow + c * ow * h * oh)
+    src = lw.need_f32(x, row)
+    loc = lw.f32_out(out)
+    tag = out + ":resize"
+    cur = src
+    for axis, (n, m, scale, rows) in enumerate(((w, ow, sw, c * h), (h, oh, sh, c * ow))):
+        a = onnx_linear_matrix(cmode, n, m, scale).T.astype(np.float32)       # (n, m)
+        prod = lw.main.alloc(f"{tag}:mm{axis}", 4 * rows * m)
+        lw.emit_v4("matmul", dict(input_a=main(F32, cur, rows * n), input_b=Const(np.ascontiguousarray(a)),
+                                  output=main(F32, prod, rows * m), a_rows=rows, a_cols=n, b_cols=m,
+                                  fused_activation=NO_CLAMP), row, data={"bias": np.zeros(m, np.float32)})
+        if axis:
+            lw.main.free(f"{tag}:t0")
+        dst = loc.f32 if axis else lw.main.alloc(f"{tag}:t0", 4 * rows * m)
+        lw.emit_v4("transpose", dict(input=main(F32, prod, rows * m), output=main(F32, dst, rows * m),
+                                     in_shape=(1, c, rows // c, m), perm=(0, 1, 3, 2)), row)
+        lw.main.free(f"{tag}:mm{axis}")
+        cur = dst
+    row.notes.append(f"{w}x{h} -> {ow}x{oh}: no resize_image plan samples ONNX's coordinates "
+                     f"({cmode}); {c * h * w * ow + c * ow * h * oh:,} float MACs")
+    lw.traced(out, "f32")
 
 
 @lowering("Resize", unit=CPU_U8, check=nearest_refuses, formats=("v4",), name="resize_nearest_v4")
