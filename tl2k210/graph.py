@@ -340,7 +340,7 @@ def from_onnx(model, batch=1, input_shapes=None):
         if n.domain not in ("", "ai.onnx"):
             from tl2k210.errors import UnsupportedOpError
             raise UnsupportedOpError(f"node {n.name!r}: op {n.domain}.{n.op_type} is a custom-domain op; "
-                                     "only standard ONNX ops can be converted")
+                                     "only standard ONNX ops can be converted" + qlinear.custom_domain_hint(n.domain))
         attrs = {a.name: _attr_value(a) for a in n.attribute}
         if n.op_type == "Constant":
             v = attrs.get("value")

@@ -52,6 +52,21 @@ OPS = {
 }
 
 
+#: custom domains whose ops are a host's pre/post-processing, not the network
+HOST_DOMAINS = ("ai.onnx.contrib", "com.microsoft.extensions")
+
+
+def custom_domain_hint(domain):
+    """The end of the refusal of a custom-domain op: what to do instead."""
+    if domain in HOST_DOMAINS:
+        return (": onnxruntime-extensions' pre/post-processing (image decoding and encoding, tokenizers) runs "
+                "on the host; convert the network as exported before that processing was added")
+    if domain == MS:
+        return (f"; of onnxruntime's {MS} ops the quantized {', '.join(op for d, op in OPS if d == MS)} "
+                "are read")
+    return ""
+
+
 def _copy(model):
     m = ModelProto()
     m.CopyFrom(model)

@@ -89,3 +89,17 @@ def test_qoperator_model_is_its_qdq_model():
 def test_channels_last_quantized_pool_is_refused_by_name():
     with pytest.raises(UnsupportedOpError, match="'gap': QLinearGlobalAveragePool with channels_last=1"):
         from_onnx(_qop_model(channels_last=1))
+
+
+@pytest.mark.parametrize("domain,op,says", [
+    ("com.microsoft.extensions", "DecodeImage", "pre/post-processing .* runs on the host; convert the network as "
+                                                "exported before"),
+    (MS, "FusedConv", "of onnxruntime's com.microsoft ops the quantized QLinearAdd, QLinearMul"),
+    ("acme", "Frob", "only standard ONNX ops can be converted$")])
+def test_custom_domain_refusal_says_what_to_do(domain, op, says):
+    g = helper.make_graph([helper.make_node(op, ["x"], ["y"], domain=domain, name="n")], "c",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(domain, 1)])
+    with pytest.raises(UnsupportedOpError, match=f"node 'n': op {domain}.{op} is a custom-domain op; .*{says}"):
+        from_onnx(m)
