@@ -6,7 +6,8 @@ int32 biases become float constants directly ((w - zp) * scale, bias * x_scale *
 
 Ops (onnxruntime's contrib-op spec for the com.microsoft ones): QLinearConv, QLinearMatMul
 (standard ONNX); QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearAveragePool,
-QLinearGlobalAveragePool, QLinearConcat (com.microsoft; channels_last pools are refused by name).
+QLinearGlobalAveragePool, QLinearConcat, QLinearSoftmax, QGemm (com.microsoft; channels_last pools
+are refused by name).
 The passes then drop the Q/DQ pairs as for any QDQ model (`passes/dequantize.py`)."""
 import numpy as np
 from onnx import ModelProto, helper, numpy_helper
@@ -37,6 +38,13 @@ def _conv(ins, attrs):
         "Conv", ins[6:8], attrs
 
 
+def _gemm(ins, attrs):
+    """A, a_scale, a_zp, B, b_scale, b_zp[, C int32][, y_scale, y_zp]: C's float is C * a_scale * b_scale;
+    without y_scale the output is float."""
+    bias = [[ins[6], (ins[1], ins[4])]] if len(ins) > 6 and ins[6] else []
+    return [ins[0:3], ins[3:6]] + bias, "Gemm", [i for i in ins[7:9] if i], attrs
+
+
 POOL = ("auto_pad", "ceil_mode", "count_include_pad", "kernel_shape", "pads", "strides")
 #: (domain, op) -> fn(inputs, attrs) -> ([quantized input triples], float op, [y_scale, y_zp], float attrs)
 OPS = {
@@ -49,6 +57,8 @@ OPS = {
     (MS, "QLinearAveragePool"): _unary("AveragePool", POOL),
     (MS, "QLinearGlobalAveragePool"): _unary("GlobalAveragePool"),
     (MS, "QLinearConcat"): _concat,
+    (MS, "QGemm"): _gemm,
+    (MS, "QLinearSoftmax"): _unary("Softmax", ("axis",)),
 }
 
 
@@ -121,7 +131,7 @@ def to_qdq(model):
         triples, op, out_q, float_attrs = OPS[key](list(n.input), attrs)
         base, floats = n.name or n.output[0], []
         for k, tr in enumerate(triples):
-            axis = 0 if op == "Conv" else -1
+            axis = 0 if op == "Conv" or op == "Gemm" and attrs.get("transB") else -1   # B's output channels
             v = _dequantized(consts, tr, axis)
             name = f"{base}/float{k}"
             if v is not None:
@@ -133,6 +143,9 @@ def to_qdq(model):
             else:
                 nodes.append(helper.make_node("DequantizeLinear", list(tr), [name], name=name))
             floats.append(name)
+        if not out_q:          # a float output (QGemm without y_scale)
+            nodes.append(helper.make_node(op, floats, list(n.output), name=n.name, **float_attrs))
+            continue
         y = f"{base}/float"
         nodes.append(helper.make_node(op, floats, [y], name=y, **float_attrs))
         nodes.append(helper.make_node("QuantizeLinear", [y] + out_q, list(n.output), name=n.name))

@@ -103,3 +103,35 @@ def test_custom_domain_refusal_says_what_to_do(domain, op, says):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(domain, 1)])
     with pytest.raises(UnsupportedOpError, match=f"node 'n': op {domain}.{op} is a custom-domain op; .*{says}"):
         from_onnx(m)
+
+
+@pytest.mark.parametrize("float_out", [False, True])
+def test_qgemm_and_quantized_softmax_are_their_qdq_form(float_out):
+    """onnxruntime's QGemm (per-channel int8 B with transB, int32 bias; a float output without
+    y_scale) and QLinearSoftmax: the same integers as their QDQ form, a float Gemm in tl2k210."""
+    c = {"xs": np.float32(0.02), "xz": np.uint8(128), "b": RNG.integers(-127, 128, (6, 10)).astype(np.int8),
+         "bs": (RNG.uniform(0.5, 2, 6) * 0.01).astype(np.float32), "bz": np.zeros(6, np.int8),
+         "c": RNG.integers(-300, 300, 6).astype(np.int32), "ys": np.float32(0.05), "yz": np.uint8(128),
+         "ss": np.float32(1 / 256), "sz": np.uint8(0)}
+    gemm = ["xq", "xs", "xz", "b", "bs", "bz", "c"] + ([] if float_out else ["ys", "yz"])
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("QGemm", gemm, ["y" if float_out else "g"], transB=1, domain=MS, name="fc")]
+    if not float_out:
+        nodes += [helper.make_node("QLinearSoftmax", ["g", "ys", "yz", "ss", "sz"], ["s"], axis=-1, opset=13,
+                                   domain=MS),
+                  helper.make_node("DequantizeLinear", ["s", "ss", "sz"], ["y"])]
+    g = helper.make_graph(nodes, "qgemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in c.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(MS, 1)])
+    m.ir_version = 8
+    x = RNG.uniform(-2.5, 2.5, (8, 1, 10)).astype(np.float32)
+    qdq = to_qdq(m)
+    got = np.concatenate([_ort_plain(qdq, xi).ravel() for xi in x])
+    ref = np.concatenate([ort_run(m, xi)[0].ravel() for xi in x])
+    step = 1e-4 if float_out else 1 / 256        # float: onnxruntime's int32 sums times one scale
+    assert np.abs(got - ref).max() <= step * 1.001
+    graph, _ = run_pass("dequantize", from_onnx(m))
+    assert sorted(graph.op_counts()) == (["Gemm"] if float_out else ["Gemm", "Softmax"])
+    bias = np.asarray(graph.const(next(n for n in graph.nodes if n.op == "Gemm").inputs[2]))
+    assert np.array_equal(bias, (c["c"] * np.float64(c["xs"]) * c["bs"]).astype(np.float32))
