@@ -45,6 +45,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, TensorProto
 
+from tl2k210 import qlinear
 from tl2k210.errors import ModelLoadError
 
 OPSET = 18   # the IR's opset: what tf2onnx 1.17 writes at most (onnxruntime 1.32 runs up to 23)
@@ -328,7 +329,7 @@ def set_axes(g, n, axes):
 def from_onnx(model, batch=1, input_shapes=None):
     """Read an onnx.ModelProto into a Graph; shapes inferred. A symbolic batch dim becomes `batch`;
     other symbolic dims need `input_shapes` {input_name: shape}."""
-    model = upgrade_opset(model)
+    model = upgrade_opset(qlinear.to_qdq(model))
     gp = model.graph
     tensors = {}
     for init in gp.initializer:
@@ -339,7 +340,7 @@ def from_onnx(model, batch=1, input_shapes=None):
         if n.domain not in ("", "ai.onnx"):
             from tl2k210.errors import UnsupportedOpError
             raise UnsupportedOpError(f"node {n.name!r}: op {n.domain}.{n.op_type} is a custom-domain op; "
-                                     "only standard ONNX ops can be converted")
+                                     "only standard ONNX ops can be converted" + qlinear.custom_domain_hint(n.domain))
         attrs = {a.name: _attr_value(a) for a in n.attribute}
         if n.op_type == "Constant":
             v = attrs.get("value")

@@ -181,6 +181,20 @@ def test_gemm_transb_and_too_wide_matmul():
     assert "MatMul" in g.op_counts() and "over the KPU" in changes[0][1]
 
 
+def test_bias_of_a_too_wide_matmul_stays_in_the_dense_layer():
+    """MobileNetV2's 1280-input classifier as onnxruntime's QOperator files give it, MatMul then Add
+    of the bias: the bias goes into the (split) dense layer, not a 1000x1000 diagonal conv of its
+    own (981 KiB of weights)."""
+    n = helper.make_node
+    nodes = [conv("c", "x", "wc"), n("GlobalAveragePool", ["c"], ["p"]), n("Flatten", ["p"], ["f"]),
+             n("MatMul", ["f", "w"], ["mm"]), n("Add", ["b", "mm"], ["y"])]
+    m = make_model(nodes, [X], [("y", None)], {"wc": rand(1280, 4, 1, 1), "w": rand(1280, 20, scale=0.1),
+                                                "b": rand(20)})
+    g, _ = check(m, None, tol=1e-4)
+    convs = [g.const(c.inputs[1]).shape for c in g.nodes if c.op == "Conv"]
+    assert convs == [(640, 4, 1, 1)] * 2 + [(20, 640, 1, 1)] * 2      # the two slices of each, no diagonal conv
+
+
 def test_zero_pad_absorbed_into_conv():
     n = helper.make_node
     nodes = [n("Pad", ["x", "p"], ["xp"]), conv("y", "xp", "w", strides=[2, 2])]

@@ -63,10 +63,12 @@ def kpu_conv_refuses(g, node, opts):
     if any(p > k[0] // 2 for p in a["pads"]) or any(p < 0 for p in a["pads"]):
         return f"pads {a['pads']} exceed the KPU's {k[0] // 2}-pixel border"
     (wlo, whi), (hlo, hhi) = hw.LIMITS["in_w"], hw.LIMITS["in_h"]
-    first = node.inputs[0] in g.inputs
+    # kmodel v3's first layer reads the whole image from KPU RAM; v4 keeps it in main memory and
+    # uploads row bands of it like any taller map (_band_plan)
+    first = node.inputs[0] in g.inputs and getattr(opts, "format", "v3") != "v4"
     if not (wlo <= w <= whi and hlo <= h and (h <= hhi or not first)):
         return (f"input {w}x{h}: the KPU runs {wlo} <= W <= {whi}, {hlo} <= H <= {hhi} (nncase limit; "
-                "taller maps after the first layer run in row bands)")
+                "taller maps run in row bands, a first layer's in kmodel v4 only)")
     cmax = hw.LIMITS["channels"][1]
     if max(ci, co) > cmax:
         return f"{max(ci, co)} channels: the KPU allows {cmax}; split the layer"

@@ -150,8 +150,15 @@ def activation_table(lw, node):
 
 
 def concat_refuses(g, node, opts):
+    """QUANTIZED_CONCAT / CONCAT copy each input as one range of the output: the dims before the
+    axis must be 1 (a channel concat of a map; not rows (484, 12) + (484, 80) on axis 1)."""
     if node.attrs.get("axis", 1) not in (1, -3):
         return f"Concat on axis {node.attrs.get('axis')}: only channel concat (axis 1) is lowered"
+    shape = g.shape(node.outputs[0])
+    axis = node.attrs.get("axis", 1) % len(shape)
+    if int(np.prod(shape[:axis])) != 1:
+        return (f"Concat on axis {axis} of {shape}: each input is {int(np.prod(shape[:axis]))} ranges of the output "
+                "(the SDK's concat copies one range per input)")
     return None
 
 

@@ -24,6 +24,7 @@ from tl2k210.graph import Node, stage_names
 from tl2k210.memo import memoised
 from tl2k210.passes.conv_transpose import convt_pads
 from tl2k210.k210 import fixed_point as fx
+from tl2k210.k210 import hardware as hw
 from tl2k210.quantize.fake_quant import float_head
 from tl2k210.quantize.metrics import sqnr_db
 
@@ -212,18 +213,23 @@ def cpu_trade(g, node, opts) -> bool:
     layer (kpu_conv; a group conv as block-diagonal tiles) or stores the weights several times
     (kxk.py's shift stages); the plan keeps it only where the model shrinks (fit.choose_forms).
     When the plan asks for the node's smaller form (wants_small) in kmodel v4 and per-layer uint8
-    weights keep WEIGHT_SQNR_MIN dB of the weights: the trade gives up speed, never accuracy. Not
+    weights keep WEIGHT_SQNR_MIN dB of the weights: the trade gives up speed, never accuracy
+    (except for an input taller than the KPU's rows: its KPU form's row bands and assembled map
+    take main memory the CPU conv does not, so to fit a runtime the CPU conv is the only smaller
+    form, whatever its weights keep; the receipt's trade line gives their dB). Not
     a dense or depthwise 3x3 stride-2 conv with 'stride-2 phases' forms: its smaller form is the
     stride-1 map + CPU pick, its weights once in one KPU layer (the CPU conv would be ~40x
     slower); a grouped one's stride-1 map runs as block-diagonal tiles, each a KPU layer with its
     own 256-aligned BN, activation and weight blocks (conv.py), so its smaller form is this one."""
     if not wants_small(opts, node) or getattr(opts, "format", "v3") != "v4" or node.op != "Conv":
         return False
-    groups, ci, co = int(node.attrs.get("group", 1)), g.shape(node.inputs[0])[1], g.shape(node.outputs[0])[1]
+    (_, ci, h, _), co = g.shape(node.inputs[0]), g.shape(node.outputs[0])[1]
+    groups = int(node.attrs.get("group", 1))
     if phase_forms(g, node, "v4") and (groups == 1 or groups == ci == co):
         return False
+    banded = h > hw.LIMITS["in_h"][1]
     return qconv_refuses(g, node, opts) is None and \
-        weight_sqnr(g.const(node.inputs[1]), int(node.attrs.get("group", 1))) >= WEIGHT_SQNR_MIN
+        (banded or weight_sqnr(g.const(node.inputs[1]), groups) >= WEIGHT_SQNR_MIN)
 
 
 def cpu_trade_why(g, node, opts):

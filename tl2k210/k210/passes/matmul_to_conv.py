@@ -36,9 +36,6 @@ def matmul_to_conv(g, log):
             continue
         w, b = wb
         (nout, k), fused, out = w.shape, [n.name], n.outputs[0]
-        if k > MAX_CHANNELS or nout > MAX_CHANNELS:
-            log(n.name, f"kept {n.op} {k}->{nout}: over the KPU's {MAX_CHANNELS} channels")
-            continue
         add = g.single_consumer(out)
         if add is not None and add.op == "Add" and n.op == "MatMul":
             c = g.const(add.inputs[1] if add.inputs[0] == out else add.inputs[0])
@@ -48,6 +45,12 @@ def matmul_to_conv(g, log):
                 g.replace_uses(add.outputs[0], out)
                 fused.append(add.name)
                 out = n.outputs[0]  # took over the Add's name if that was a graph output
+        if k > MAX_CHANNELS or nout > MAX_CHANNELS:
+            if len(fused) > 1:   # the bias in the dense layer (wide_channels splits it), not a layer of its own
+                g.nodes[g.nodes.index(n)] = Node("Gemm", [n.inputs[0], g.add_const(w.T.copy(), n.name + "/W"),
+                                                          g.add_const(b, n.name + "/B")], [out], {}, n.name, fused)
+            log(n.name, f"kept {'+'.join(fused)} {k}->{nout}: over the KPU's {MAX_CHANNELS} channels")
+            continue
         r4 = g.add_tensor(n.name + "/nchw", (1, k, 1, 1))
         co = g.add_tensor(n.name + "/conv", (1, nout, 1, 1))
         conv = Node("Conv", [r4, g.add_const(w.reshape(nout, k, 1, 1).astype(np.float32), n.name + "/W"),
