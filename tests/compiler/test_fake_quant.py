@@ -42,9 +42,10 @@ def _rounded(g, xs):
 
 def test_dense_layers_fed_by_float_stay_float():
     # k210-dronet's head: a conv map flattened into a dense layer over more than the KPU's 1024
-    # channels (a float MatMul), then a constant Add (a 1x1 conv): the back-end computes both in
-    # float; rounding the Add to uint8 would clamp it to its calibrated range (the ideal had been
-    # 3.5 dB "better" than an exact float layer on dronet's near-constant output by that clamp)
+    # channels, then a constant Add: one float Gemm with its bias (matmul_to_conv), which the
+    # back-end computes in float; rounding the Add to uint8 would clamp it to its calibrated range
+    # (the ideal had been 3.5 dB "better" than an exact float layer on dronet's near-constant
+    # output by that clamp)
     rng = np.random.default_rng(2)
     w1, wd = rng.standard_normal((2, 3, 3, 3)).astype(np.float32), rng.standard_normal((2048, 1)).astype(np.float32)
     m = make_model([helper.make_node("Conv", ["x", "w1"], ["c"], name="c", pads=[1] * 4),
@@ -56,8 +57,8 @@ def test_dense_layers_fed_by_float_stay_float():
                    [("x", [1, 3, 32, 32])], [("y", [1, 1])], {"w1": w1, "wd": wd, "b": np.array([0.5], np.float32)})
     g, _ = run_pipeline(from_onnx(m))
     fq, rounded = _rounded(g, [rand(1, 3, 32, 32) for _ in range(4)])
-    dense = [n for n in g.nodes if n.op == "Conv" and n.outputs[0] != "c"]
-    assert [n.op for n in g.nodes if n.op in ("MatMul", "Gemm")] == ["MatMul"] and len(dense) == 1
+    dense = [n for n in g.nodes if n.op in ("MatMul", "Gemm")]
+    assert [n.op for n in dense] == ["Gemm"] and [n.op for n in g.nodes if n.op == "Conv"] == ["Conv"]
     assert "c" in rounded and not rounded & set(dense[0].outputs)
     fd = next(n for n in fq.nodes if n.name == dense[0].name)
     assert fd.inputs[1] == dense[0].inputs[1]          # its weights stay float too
