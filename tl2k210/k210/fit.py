@@ -226,6 +226,9 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
       smaller form where no one at a time made the model fit; the fastest lowering that fits is
       kept (the smallest with "size", without the pool slices that do not make it smaller:
       `_spare`); when none fits, the smallest, for check_budget's refusal.
+    Main-memory buffers in free KPU RAM (PARK, kmodel v4) are an exact form that saves main
+    memory only: latency mode tries it first when the model does not fit, size mode only when its
+    smallest lowering does not (`_parked`).
     A form that fails to lower is no option."""
     if optimize not in ("latency", "size"):
         raise Tl2k210Error(f"--optimize {optimize!r}: choose latency or size")
@@ -234,8 +237,8 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     def choice(best, lines):
         v3 = getattr(best.lw, "v3_error", None) or getattr(fast.lw, "v3_error", None)
         return Choice(best, lines, fast.need, fast.est.cycles, getattr(fast.lw, "format", ""), v3)
-    exact = any(v for n, v in fast.lw.smaller.items() if n != PARK)    # parking saves only main memory
-    if not fast.lw.smaller or optimize == "latency" and fast.need <= budget and not exact:
+    same_bytes = any(v for n, v in fast.lw.smaller.items() if n != PARK)    # parking saves only main memory
+    if not fast.lw.smaller or optimize == "latency" and fast.need <= budget and not same_bytes:
         return choice(fast, [])
     tried, a, b, every = [fast], fast.per_node(), {}, None
     picked = {id(fast): frozenset()}       # each lowering tried: the smaller forms it was given
