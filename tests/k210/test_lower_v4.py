@@ -558,7 +558,7 @@ def test_the_fit_parks_buffers_only_where_the_model_would_not_fit_otherwise():
         return fit.Built(*(lambda m, rows, tm, lw: (m, kmodel.dumps(m), rows, tm, lw))(
             *lower(g, dict(rng), Options(format="v4", small=small))))
     fast, parked = build(frozenset()), build(frozenset({PARK}))
-    assert parked.need < fast.need and parked.est.cycles > fast.est.cycles    # uncached AI RAM: slower
+    assert parked.need < fast.need
     assert fit.choose_forms(build, fast.need).built.need == fast.need           # fits: nothing parked
     tight = fit.choose_forms(build, parked.need)
     assert tight.built.need == parked.need and tight.trades[-1].startswith("main memory: ")

@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tl2k210.k210 import hardware as hw
-from tl2k210.k210.kmodel.v4 import MEM_KPU, node_ranges
 
 KPU_MACS_PER_CYCLE = 32.0
 KPU_LAYER_OVERHEAD = 2000
@@ -46,8 +45,6 @@ CPU_CYCLES = {
     "window": 4,       # per element of a pooling window
     "resize": 20,      # per output element, bilinear (nearest: "copy" * 3)
     "copy": 2,         # per byte copied / re-laid out (concat, upload, pad, transpose)
-    "uncached": 4,     # more per byte a v4 op reads or writes in KPU RAM besides kpu_upload's map:
-                       # nncase maps memory type k210_kpu to AI RAM's uncached alias (assumed)
 }
 
 
@@ -273,20 +270,12 @@ def node_row(node):
     """(cycles, unit, basis) of one v4 node."""
     if node.conv is not None:
         streams = node.fields["main_mem_output"][3] > 0
-        return (kpu_conv_cycles(node.conv, streams) + _uncached(node), "KPU",
-                "MACs / 32 + layer overhead + DMA")
+        return kpu_conv_cycles(node.conv, streams), "KPU", "MACs / 32 + layer overhead + DMA"
     fn = _V4.get(node.name)
     if fn is None or not node.fields:
         return 0, "CPU", "unknown"
     cycles, basis = fn(node.fields, node.data)
-    return int(cycles) + _uncached(node), "CPU", basis
-
-
-def _uncached(node) -> int:
-    """The extra cycles of a node's ranges in KPU RAM (main-memory buffers planned there)."""
-    ins, outs = node_ranges(node)
-    return CPU_CYCLES["uncached"] * sum(r[3] for k, r in ins + outs if r[0] == MEM_KPU
-                                        and not (node.name == "kpu_upload" and k == "output"))
+    return int(cycles), "CPU", basis
 
 
 def estimate(model) -> Estimate:

@@ -372,7 +372,7 @@ def parked(lw, why: str) -> list:
     big = sorted(lw.parked, key=lambda p: -p[1])
     return [f"main memory: {len(big)} buffers, {_kb(sum(n for _, n in big))}, in KPU RAM lines free while "
             f"they live ({', '.join(f'{name} {_kb(n)}' for name, n in big[:3])}{', ...' if len(big) > 3 else ''}); "
-            f"CPU ops read them from uncached AI RAM (slower), {why}"]
+            f"CPU ops read them from uncached AI RAM (slower; not in the estimate), {why}"]
 
 
 def trades(fastest: dict, chosen: dict, why: str) -> list:
