@@ -296,7 +296,7 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
         best = _parked(build, best, every)
     why = (f"and the model would not fit ({fast.need:,} B > {budget:,} B)" if fast.need > budget
            else "(--optimize size)")
-    return choice(best, trades(a, best.per_node(), why) + parked(best.lw, why))
+    return choice(best, trades(a, best.per_node(), why) + parked_trade(best.lw, why))
 
 
 def _parked(build, best, every):
@@ -365,7 +365,7 @@ def _within_slack(build, fast, ranked, a, b, budget):
     return t if t.need < fast.need and t.need <= budget and t.est.cycles <= fast.est.cycles + allowance else fast
 
 
-def parked(lw, why: str) -> list:
+def parked_trade(lw, why: str) -> list:
     """The receipt's line for the main-memory buffers the plan put in free KPU RAM (PARK)."""
     if not getattr(lw, "parked", None):
         return []
