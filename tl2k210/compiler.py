@@ -456,8 +456,8 @@ def calibrated_ranges(graph, batches, method, pixel_map=None):
 
 def channel_means(graph, batches, limit: int = 32):
     """Per-channel means of every Conv input over (up to `limit` of) the calibration batches:
-    what bias correction needs."""
-    from tl2k210.quantize.calibrate import FloatRunner
+    what bias correction needs (snapped as the ranges are: the same on every CPU)."""
+    from tl2k210.quantize.calibrate import FloatRunner, snap_values
     run = FloatRunner(graph)
     inputs = {n.inputs[0] for n in graph.nodes if n.op == "Conv"}
     sums, n = {}, 0
@@ -468,7 +468,7 @@ def channel_means(graph, batches, limit: int = 32):
             v = r.get(t)
             if v is not None and v.ndim == 4:
                 sums[t] = sums.get(t, 0) + v.mean(axis=(0, 2, 3))
-    return {k: v / n for k, v in sums.items()}
+    return {k: snap_values(v / n) for k, v in sums.items()}
 
 
 def _check_unbatched_vector(graph):

@@ -7,7 +7,7 @@ from PIL import Image
 from front_helpers import make_model, need_testdata, rand
 from tl2k210.graph import from_onnx, stage_names
 from tl2k210.k210.flow import run_pipeline
-from tl2k210.quantize.calibrate import collect, float_reference, kld_threshold, ranges
+from tl2k210.quantize.calibrate import collect, float_reference, kld_threshold, ranges, snap
 from tl2k210.quantize.dataset import Preprocess, load_dataset, load_image, parse_range
 from tl2k210.quantize.metrics import cosine, sqnr_db, topk_agreement
 
@@ -38,10 +38,31 @@ def test_collect_minmax_matches_numpy_including_fused_stages():
     w, b = g.const(conv.inputs[1]), g.const(conv.inputs[2])
     pre = np.stack([numpy_conv(x, w, b) for x in xs])
     lo, hi = ranges(stats, "minmax")[st["conv"]]
-    assert lo == pytest.approx(pre.min(), abs=1e-4) and hi == pytest.approx(pre.max(), abs=1e-4)
-    assert ranges(stats, "minmax")[st["out"]] == (pytest.approx(0.0), pytest.approx(max(pre.max(), 0), abs=1e-4))
+    want = snap(pre.min(), pre.max())     # rounded outward to the grid, from the float64 reference
+    step = 2.0 ** (np.floor(np.log2(np.abs(pre).max())) - 8)
+    assert (lo, hi) == (pytest.approx(want[0], abs=1e-9), pytest.approx(want[1], abs=1e-9))
+    assert lo <= pre.min() + 1e-5 and hi >= pre.max() - 1e-5 and hi - lo <= pre.max() - pre.min() + 2 * step
+    assert ranges(stats, "minmax")[st["out"]] == (0.0, pytest.approx(want[1], abs=1e-9))
     assert stats[st["conv"]].hist.sum() == 5 * pre[0].size
-    assert ranges(stats, "minmax")["x"] == (min(x.min() for x in xs), max(x.max() for x in xs))
+    assert ranges(stats, "minmax")["x"] == snap(min(x.min() for x in xs), max(x.max() for x in xs))
+
+
+def test_ranges_snap_outward_to_a_grid_that_float_noise_does_not_cross():
+    assert snap(0.0, 6.0) == (0.0, 6.0) and snap(-1.0, 1.0) == (-1.0, 1.0)     # round bounds stay
+    assert snap(0.0, 5.3333) == (0.0, 5.34375)            # 2**2 / 2**8 = 1/64 steps, outward
+    assert snap(-0.00123, 5.3333) == (-0.015625, 5.34375)
+    assert snap(-3.1, -0.5) == (-3.1015625, -0.5) and snap(0.0, 0.0) == (0.0, 0.0)
+    # a hair past a line is the line (a ReLU6's 6.0000005 on another CPU): 1e-6 relative either way
+    for v in (6.0, 0.9999999, 2.5546875):
+        hi = snap(0.0, v)[1]
+        assert snap(0.0, v * (1 + 1e-6))[1] == hi == snap(0.0, v * (1 - 1e-6))[1]
+    # every bound at most one step wider
+    rng = np.random.default_rng(0)
+    for lo, hi in rng.uniform(-50, 50, (200, 2)):
+        lo, hi = min(lo, hi), max(lo, hi)
+        s = snap(lo, hi)
+        step = 2.0 ** (np.floor(np.log2(max(abs(lo), abs(hi)))) - 8)
+        assert lo - step < s[0] <= lo + step / 1000 and hi - step / 1000 <= s[1] < hi + step
 
 
 def test_percentile_and_kld_clip_outliers():
@@ -166,3 +187,36 @@ def test_yolo2_detection_agreement():
     assert detection_agreement([ref], [yolo2_boxes(moved, anchors)])["recall"] == 1.0
     agree = detection_agreement([ref], [yolo2_boxes(other, anchors)])
     assert agree["matched"] == 0 and agree["test"] == 1
+
+
+@pytest.mark.slow
+def test_a_kmodel_does_not_depend_on_the_cpus_float_rounding(tmp_path, monkeypatch):
+    """Another CPU's onnxruntime sums in another order: every float value a few ulps off (a 2e-7
+    relative noise here, round values such as a ReLU6's 6 left exact, as clipping leaves them).
+    The kmodel stays byte for byte the same; with the ranges unsnapped the same noise changes it
+    (the zoo face detector built on an Intel and an AMD VM differed so)."""
+    import tl2k210.graph as graph_mod
+    from tl2k210.compiler import convert_file
+    from tl2k210.quantize import calibrate
+    src = need_testdata("corpus/fit/st_mobilenet_v2_128_0.5.onnx")
+    photos = need_testdata("imagenet")
+    run = graph_mod.FloatSession.run
+
+    def noisy(self, names, feeds):
+        rng = np.random.default_rng(len(names))
+        return [np.where(o * 4096 == np.round(o * 4096), o, o * (1 + 2e-7 * rng.standard_normal(o.shape))
+                         ).astype(o.dtype) if o.dtype == np.float32 else o for o in run(self, names, feeds)]
+
+    def build(name):
+        out = tmp_path / f"{name}.kmodel"
+        convert_file(src, out, photos, runtime="sdk", min_sqnr=0.0, progress=False, calib_limit=8)
+        return out.read_bytes()
+    clean = build("clean")
+    monkeypatch.setattr(graph_mod.FloatSession, "run", noisy)
+    assert build("noisy") == clean
+    monkeypatch.setattr(calibrate, "SNAP_BITS", 60)     # the grid finer than float32: no snapping
+    monkeypatch.setattr(calibrate.snap, "__defaults__", (60,))
+    monkeypatch.setattr(calibrate.snap_values, "__defaults__", (60,))
+    noisy_unsnapped = build("unsnapped")
+    monkeypatch.setattr(graph_mod.FloatSession, "run", run)
+    assert noisy_unsnapped != build("clean_unsnapped")

@@ -711,7 +711,8 @@ def test_stride2_valid_first_layer_fits_as_phases(monkeypatch):
     print(f"main memory: stride-1 + CPU pick {lw_old.main.high:,} B (v4), phases {lw_new.main.high:,} B (v3)")
     assert lw_new.main.high * 2.5 < lw_old.main.high
     from lower_helpers import run_both
-    assert np.array_equal(run_both(m, new, px)[1], run_both(m, old, px)[1])
+    # the same codes: v3 dequantizes as q·s + b, v4 as (q − z)·s (float32 rounding apart, far below a step)
+    assert np.abs(run_both(m, new, px)[1] - run_both(m, old, px)[1]).max() < 1e-5
 
 
 def _check_kxk_bytes(k, group, stride, pads, dilation, first, hw_, c_in=8, c_out=6):
