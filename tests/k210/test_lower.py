@@ -407,6 +407,11 @@ def test_wide_maps_stream_in_row_bands(monkeypatch):
     model, rows, lw, _ = compile_model(m, px)
     assert model.version == 4 and rows[0].lowering == "kpu_conv"
     assert any("taller than 256 rows: 2 row bands" in nt for nt in rows[0].notes) and sqnr(m, model, px) > 30
+    # in main memory the image dies at the last band's gather and the assembled map is born after
+    # the bands: never the three together (YuNet 320x320: 1,284,480 -> 921,600 B, 1.12x its live set)
+    life = {b.name.split("(in place of ")[-1].rstrip(")"): (b.t0, b.t1) for b in lw.main.history}
+    band = life["c1:band1:out:u8"][0]
+    assert life["x:pixels"][1] <= band <= life["c1:u8"][0]
     # its smaller form, which the plan takes to fit a runtime, is the CPU conv: no bands nor the
     # assembled map in main memory; also where uint8 weights lose a channel that KPU scales keep
     # (YOLO-FastestV2's 352x352 first layer, for full MaixPy: it fitted while the CPU ran it)

@@ -606,10 +606,8 @@ def emit_layer(lw, node, geo, plan, lq, row):
         whole = lw.alloc(out + ":s1" if post and not in_place else out, "u8", co * ph * pw)
         if not post or in_place:
             out_loc.u8 = final.u8 = whole
-    if (post or not single) and final.u8 is None:
+    if post and single and final.u8 is None:
         final.u8 = lw.alloc(out, "u8", fc * fh * fw)
-        if not post:
-            out_loc.u8 = final.u8
     macs = lines = 0
     traces, band_finals = [], []
     for bi, ((f0, f1), (ra, rb)) in enumerate(plan.bands):
@@ -623,6 +621,8 @@ def emit_layer(lw, node, geo, plan, lq, row):
                 ranges = [(src_u8 + (c * h + ra) * w, rows * w) for c in range(ci)]
                 lw.emit("QUANTIZED_CONCAT", dict(flags=1, main_mem_out_address=band_in, input_count=ci),
                         row, data={"ranges": ranges})
+                if bi == len(plan.bands) - 1:
+                    lw.release_read(x)      # the last band gathered: the map is no longer read
         prow = rows // hw.POOL[geo.code].stride
         band_out = None
         if not single:
@@ -686,6 +686,9 @@ def emit_layer(lw, node, geo, plan, lq, row):
         traces = [_post(lw, geo, whole, (co, ph, pw), final.u8, (0, fh), 0, row)]
         lw.main.free(f"{out}:s1:u8")
     if not single:                               # assemble the bands' valid rows, channel by channel
+        final.u8 = lw.alloc(out, "u8", fc * fh * fw)     # live from here: not beside the bands' input
+        if not post:
+            out_loc.u8 = final.u8
         ranges = []
         for c in range(fc):
             for (buf, nrows, off), (f0, f1) in zip(band_finals, (b[0] for b in plan.bands)):

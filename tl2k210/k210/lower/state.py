@@ -386,6 +386,15 @@ class Lowering:
                     if loc is not None and loc.block:
                         self.kpu_free(loc)
 
+    def release_read(self, t):
+        """Free `t`'s main-memory buffers now, where the node being lowered is its last reader and
+        has read it (a band gather): release at the node's end then finds them gone."""
+        names = list(self._named(t))
+        if all(self.uses.get(a, 0) == 1 for a in names):
+            for a in names:
+                for kind in ("u8", "f32", "pixels"):
+                    self.main.free(f"{a}:{kind}")
+
     # ------------------------------------------------------------------ KPU RAM
     def kpu_resident(self, t):
         loc = self.locs.get(t)
