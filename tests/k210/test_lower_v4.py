@@ -196,6 +196,53 @@ def test_kpu_conv_smaller_form_is_quantized_conv2d(name):
     assert q > qf - 1.0 and q > 35
 
 
+def test_compact_kmodel_v4_packs_kpu_blocks_at_the_least_alignment():
+    """--optimize size (Options.compact): kpu_conv2d BN and weights at 128-byte file offsets, the
+    activation table at 256 (kmodel v3's compact layout, v3.COMPACT_ALIGN: what the silicon
+    takes): a smaller file, the same outputs bit for bit, read back as compact without a note
+    and written again byte for byte (check_v4)."""
+    from tl2k210.k210.kmodel import v4
+    m = build([conv_node("c1", "r", "w1", "b1", pads=[1, 1, 1, 1]), N("Relu", ["c1"], ["r1"]),
+               conv_node("y", "r1", "w2", "b2")], {"w1": W(12, 8, 3, 3), "b1": W(12), "w2": W(4, 12, 1, 1),
+                                                   "b2": W(4)})
+    wide, _, _ = check_v4(m)
+    small, _, _ = check_v4(m, compact=True)
+    assert small.compact and not wide.compact
+    assert len(kmodel.dumps(small)) < len(kmodel.dumps(wide))
+    assert [n.conv.weights.tobytes() for n in small.nodes if n.conv] == \
+        [n.conv.weights.tobytes() for n in wide.nodes if n.conv]
+    for p in PX:
+        assert all(np.array_equal(a, b) for a, b in zip(Emulator(small).run(p), Emulator(wide).run(p)))
+    data = kmodel.dumps(small)
+    offs = list(_kpu_block_offsets(data))
+    assert len(offs) == 3 * sum(n.conv is not None for n in small.nodes)
+    assert all(a % v4.COMPACT_ALIGN[b] == 0 for b, a in offs) and any(a % 256 for b, a in offs)
+
+
+def _kpu_block_offsets(data):
+    """(block, file offset) of every kpu_conv2d's BN, activation and weight blocks, from the
+    file's own node table and skip fields (docs/kmodel-format.md#kmodel-v4)."""
+    from tl2k210.k210 import hardware as hw
+    from tl2k210.k210.kmodel import kpu, v4
+    from tl2k210.k210.kmodel.binio import Reader
+    h = v4.HEADER.unpack(data, 0)
+    pos = v4.HEADER.size + v4.RANGE.size * (h["inputs"] + h["outputs"]) + v4.SHAPE.size * h["inputs"] + h["constants"]
+    table = [v4.NODE_HEADER.unpack(data, pos + i * v4.NODE_HEADER.size) for i in range(h["nodes"])]
+    body = pos + v4.NODE_HEADER.size * h["nodes"]
+    for node in table:
+        op = v4.OPCODES[node["opcode"]]
+        if op.name == "kpu_conv2d":
+            at = body + op.struct.size
+            args, reserved = kpu.read_layer_args(Reader(data), at, "test")
+            conv = kpu.KpuConv(args, None, None, None, reserved)
+            pos = at + hw.LAYER_ARG_BYTES
+            for b, k in v4.KPU_BLOCKS:
+                pos += args[k]
+                yield b, pos
+                pos += {"bn": 8 * conv.out_shape[0], "act": hw.ACT_TABLE_BYTES, "weights": conv.weight_count()}[b]
+        body += node["body_size"]
+
+
 def test_kxk_conv_keeps_its_kpu_form_when_uint8_weights_lose_too_much(monkeypatch):
     """The smaller form never costs accuracy: uint8 weights under WEIGHT_SQNR_MIN dB (here: one
     scale for the layer) keep the KPU shift stages (its weights per channel). (A depthwise conv's

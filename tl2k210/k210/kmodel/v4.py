@@ -150,6 +150,11 @@ OPCODES = {o.code: o for o in (
 OPCODE_BY_NAME = {o.name: o for o in OPCODES.values()}
 #: kpu_conv2d block order in the body and the layer-argument field holding each block's skip
 KPU_BLOCKS = (("bn", "bwsx_base_addr"), ("act", "active_addr"), ("weights", "para_start_addr"))
+#: each block's file alignment: nncase v0.2's 256 for all three, or a ``compact`` model's
+#: (--optimize size) least the silicon takes, as in kmodel v3 (v3.COMPACT_ALIGN: BN and weights
+#: 128, the activation table 256; docs/kmodel-format.md#v3-conv-parameter-placement)
+DEFAULT_ALIGN = {"bn": 256, "act": 256, "weights": 256}
+COMPACT_ALIGN = {"bn": 128, "act": 256, "weights": 128}
 
 
 @dataclass
@@ -188,6 +193,7 @@ class KModelV4:
     trailer: bytes = b""  # bytes after the last body (ignored by the runtime)
     version: int = 4
     notes: list = field(default_factory=list)  # deviations from nncase's writer habits (read only)
+    compact: bool = False  # kpu_conv2d blocks at COMPACT_ALIGN, else at DEFAULT_ALIGN
 
     # the interface both kmodel versions answer (KModelV3 has the same names)
     item_kind = "node"
@@ -334,7 +340,7 @@ def read(data: bytes) -> KModelV4:
     constants = r.bytes(h["constants"], "constants blob")
     model = KModelV4([], inputs, shapes, outputs, h["main_mem"], constants, h["target"],
                      h["flags"], h["reserved0"])
-    model.pending = Notes()
+    model.pending, model.kpu_layouts = Notes(), []
     end_all = pos + int(hdr[:, 1].astype(np.int64).sum())
     model.omitted_tail = max(0, end_all - len(data))
     if model.omitted_tail:
@@ -353,6 +359,7 @@ def read(data: bytes) -> KModelV4:
             node.body_size = size
         model.nodes.append(node)
         pos = end
+    _kpu_layout(model)
     model.notes += model.pending.lines()
     del model.pending
     if unaligned:
@@ -410,12 +417,25 @@ def _read_kpu_conv(r: Reader, node: Node, at: int, end: int, where: str, model) 
     conv.act, conv.act_reserved = kpu.read_act(r, offs["act"], where)
     conv.weights = r.array("u1", conv.weight_count(), f"{where} weights", offs["weights"])
     node.conv = conv
-    odd = [f"{b}@{o}" for b, o in offs.items() if o % 256]
-    if odd:
-        node.skips = tuple(args[k] for _, k in KPU_BLOCKS)
-        model.pending.add("kpu_conv2d parameter blocks not 256-aligned in the file; the nncase v0 "
-                          "runtime uses them as they are", f"{where.split(' (')[0]} {', '.join(odd)}")
+    # the writer that placed them: nncase's 256 (default), the compact one, or neither (read() decides)
+    fits = [all(args[k] == skip_of(b, offs[b] - args[k], compact) for b, k in KPU_BLOCKS) for compact in (False, True)]
+    odd = [f"{b}@{o}" for b, o in offs.items() if o % DEFAULT_ALIGN[b]]
+    model.kpu_layouts.append((node, *fits, f"{where.split(' (')[0]} {', '.join(odd)}"))
     return pos
+
+
+def _kpu_layout(model):
+    """A model is ``compact`` where every kpu_conv2d body has a compact writer's skips and one at
+    least differs from nncase's; a body neither writer reproduces keeps its skips as read, noted."""
+    bodies = model.kpu_layouts
+    del model.kpu_layouts
+    model.compact = any(not default for _, default, _, _ in bodies) and all(c for _, _, c, _ in bodies)
+    for node, default, compact, odd in bodies:
+        if not (compact if model.compact else default):
+            node.skips = tuple(node.conv.args[k] for _, k in KPU_BLOCKS)
+            model.pending.add("kpu_conv2d parameter blocks placed as neither nncase (each at the next "
+                              "256) nor a compact writer (BN and weights 128, activation table 256) "
+                              "places them; the nncase v0 runtime uses them as they are", odd)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,7 +454,7 @@ def write(model: KModelV4) -> bytes:
     pos = len(head) + NODE_HEADER.size * len(model.nodes)
     bodies, pad = [], 0
     for node in model.nodes:
-        body, pad = padded_body(_body_bytes(node, pos), pos, node.body_size)
+        body, pad = padded_body(_body_bytes(node, pos, model.compact), pos, node.body_size)
         bodies.append(body)
         pos += len(body)
     for node, body in zip(model.nodes, bodies):
@@ -443,7 +463,7 @@ def write(model: KModelV4) -> bytes:
     return out + model.trailer if model.trailer else drop_tail(out, model.omitted_tail, pad)
 
 
-def _body_bytes(node: Node, pos: int) -> bytes:
+def _body_bytes(node: Node, pos: int, compact: bool = False) -> bytes:
     op = OPCODES[node.opcode]
     if op.struct is None:
         return node.raw
@@ -462,18 +482,23 @@ def _body_bytes(node: Node, pos: int) -> bytes:
     elif op.tail == "rest":
         tail = d["code"]
     elif op.tail == "kpu_conv":
-        return _kpu_conv_body(node, f, pos)
+        return _kpu_conv_body(node, f, pos, compact)
     return op.struct.pack(f) + tail
 
 
-def _kpu_conv_body(node: Node, f: dict, pos: int) -> bytes:
+def skip_of(block: str, cur: int, compact: bool = True) -> int:
+    """The zero bytes before `block` at file offset `cur`: to its alignment."""
+    return align_up(cur, (COMPACT_ALIGN if compact else DEFAULT_ALIGN)[block]) - cur
+
+
+def _kpu_conv_body(node: Node, f: dict, pos: int, compact: bool = False) -> bytes:
     conv = node.conv
     blocks = {"bn": conv.bn_bytes(), "act": conv.act_bytes(), "weights": conv.weight_bytes()}
     args = dict(conv.args)
     cur = pos + OPCODES[node.opcode].struct.size + hw.LAYER_ARG_BYTES
     payload = b""
     for i, (block, skip_field) in enumerate(KPU_BLOCKS):
-        skip = node.skips[i] if node.skips else align_up(cur, 256) - cur
+        skip = node.skips[i] if node.skips else skip_of(block, cur, compact)
         args[skip_field] = skip
         payload += bytes(skip) + blocks[block]
         cur += skip + len(blocks[block])

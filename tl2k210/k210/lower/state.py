@@ -82,7 +82,7 @@ class Options:
     v3_only: bool = False       # the runtime loads kmodel v3 only: auto may take v3's explicit workarounds
     kpu_ram_lines: int = hw.KPU_RAM_LINES   # KPU RAM the plan may use (tests force tiling with less)
     small: frozenset = frozenset()   # nodes to lower in their smaller (slower) form; "*": every node
-    compact: bool = False       # kmodel v3: K210_CONV weights and BN at the least alignment (--optimize size)
+    compact: bool = False       # KPU conv weights and BN at the least alignment, v3 and v4 (--optimize size)
 
 
 def wants_small(opts, node) -> bool:

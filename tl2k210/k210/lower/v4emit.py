@@ -549,7 +549,8 @@ def assemble(lw, outs):
         lw.trace_map[t] = (tuple(int(j) for j in idx) if isinstance(idx, tuple) else idx, kind)
     rng, shape = _input(lw, nodes)
     outputs = [main(F32, addr, size // 4) for addr, size in outs]
-    model = KModelV4(nodes, [rng], [shape], outputs, base + scratch.high, bytes(consts.blob), target=1)
+    model = KModelV4(nodes, [rng], [shape], outputs, base + scratch.high, bytes(consts.blob), target=1,
+                     compact=lw.opts.compact)
     clash = overlapping_io(model)
     if clash:   # nncase's kernels would read what they already wrote (docs/kmodel-format.md#v4-interpreter)
         raise AssertionError("internal error: the main-memory plan gives an op an output range over "
