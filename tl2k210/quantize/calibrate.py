@@ -99,10 +99,9 @@ def snap(lo: float, hi: float, bits: int = SNAP_BITS) -> tuple[float, float]:
     """(lo, hi) rounded outward to multiples of 2**(e - bits), 2**e the power of two at or below
     max(|lo|, |hi|): exact bounds (0, 6, a power of two) stay, and values that differ only by a
     CPU's summation order land on the same grid line."""
-    amax = max(abs(lo), abs(hi))
-    if amax == 0 or not math.isfinite(amax):
+    step = _grid(max(abs(lo), abs(hi)), bits)
+    if step is None:
         return lo, hi
-    step = math.ldexp(1.0, math.frexp(amax)[1] - 1 - bits)
     # a bound a hair past a grid line (6.0000005 for a ReLU6's 6) is that line: the noise
     # straddles a line where the values are not round, not at the round values models are full of
     return math.floor(lo / step + SNAP_SLACK) * step, math.ceil(hi / step - SNAP_SLACK) * step
@@ -111,11 +110,13 @@ def snap(lo: float, hi: float, bits: int = SNAP_BITS) -> tuple[float, float]:
 def snap_values(v: np.ndarray, bits: int = SNAP_BITS) -> np.ndarray:
     """`v` rounded to the nearest multiple of 2**(e - bits), 2**e the power of two at or below
     max|v|: per-channel statistics (bias correction's means) made the same on every CPU."""
-    amax = float(np.max(np.abs(v), initial=0.0))
-    if amax == 0 or not math.isfinite(amax):
-        return v
-    step = math.ldexp(1.0, math.frexp(amax)[1] - 1 - bits)
-    return np.round(v / step) * step
+    step = _grid(float(np.max(np.abs(v), initial=0.0)), bits)
+    return v if step is None else np.round(v / step) * step
+
+
+def _grid(amax: float, bits: int) -> float | None:
+    """2**(e - bits), 2**e the power of two at or below amax (None for 0 or not finite)."""
+    return math.ldexp(1.0, math.frexp(amax)[1] - 1 - bits) if amax and math.isfinite(amax) else None
 
 
 def _non_finite(graph, name, v, values):

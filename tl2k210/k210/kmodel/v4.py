@@ -486,7 +486,7 @@ def _body_bytes(node: Node, pos: int, compact: bool = False) -> bytes:
     return op.struct.pack(f) + tail
 
 
-def skip_of(block: str, cur: int, compact: bool = True) -> int:
+def skip_of(block: str, cur: int, compact: bool) -> int:
     """The zero bytes before `block` at file offset `cur`: to its alignment."""
     return align_up(cur, (COMPACT_ALIGN if compact else DEFAULT_ALIGN)[block]) - cur
 
