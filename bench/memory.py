@@ -183,16 +183,6 @@ def sources(group, only):
         yield from _dev_sources(Path(tempfile.mkdtemp(prefix="tl2k210-mem-")), only)
 
 
-def face_folder(n=12):
-    """The first `n` WIDER FACE photos (bench/fit.py's FACES), the calibration of a face detector:
-    what its user calibrates with (a detector's objectness on photos without faces is mostly one
-    value, so its SQNR there measures the photos, not the kmodel)."""
-    out = Path(tempfile.mkdtemp(prefix="tl2k210-faces-"))
-    for p in sorted(fit.FACES.glob("*.jpg"))[:n]:
-        (out / p.name).symlink_to(p)
-    return out
-
-
 def _kb(n):
     return "-" if n is None else f"{n / 1e6:.2f} MB" if n >= 10_000 else f"{n:,} B"
 
@@ -281,7 +271,7 @@ def main():
         print(summary(rows))
         print(markdown(rows))
         return
-    photos, faces = corpus.photo_folder(), face_folder()
+    photos, faces = corpus.photo_folder(), fit.face_folder()
     rows = []
     for name, group, src, extra, nncase in sources(args.corpus, args.only):
         calib = faces if name in fit.FACE_DETECTORS else photos
