@@ -44,14 +44,13 @@ import corpus  # noqa: E402  (bench/corpus.py: REAL, photo_folder, run_cli)
 import fit  # noqa: E402  (bench/fit.py: FILES, the arguments a user gives each corpus/fit file)
 
 from tl2k210.k210 import firmware  # noqa: E402
+# the SQNR gate's words where every output it refused is within 1 dB of its 8-bit ideal: the loss
+# is 8 bits' on these photos, not the kmodel's; the row converts with --min-sqnr 0 and says so
+from tl2k210.quality import AT_IDEAL  # noqa: E402
 
 FIT = corpus.CORPUS / "fit"
 TIERS = ("maixpy", "maixpy-minimum-v4", "sdk")      # the v4-loading runtimes, smallest budget first
 WEIGHTS_TARGET, MAIN_TARGET = 1.15, 1.25
-#: the SQNR gate's refusal where every output it refused is within 1 dB of its 8-bit ideal
-#: (tl2k210/quality.py): the loss is 8 bits' on these photos, not the kmodel's; the row converts
-#: with --min-sqnr 0 and says so ("gate_at_ideal")
-AT_IDEAL = "That is within 1 dB of the 8-bit ideal"
 
 
 def ideal_of(src, extra):

@@ -6,6 +6,9 @@ import numpy as np
 
 from tl2k210.errors import QualityError
 
+#: the refusal's words when every output it refuses is within 1 dB of its 8-bit ideal (bench/memory.py reads them)
+AT_IDEAL = "That is within 1 dB of the 8-bit ideal"
+
 
 def finite_sqnr(v):
     """(dB or None, why not) of a measured SQNR: inf is an exact match, -inf a float tensor of
@@ -68,7 +71,7 @@ def quality_gate(receipt, nonfinite, min_sqnr, own_quantization=False):
     raise QualityError(
         f"{receipt.source}: output SQNR vs the float model {what} on {n} calibration samples, below "
         f"--min-sqnr {min_sqnr:g} dB{where}. "
-        + ("That is within 1 dB of the 8-bit ideal (the float model with uint8 tensors at the calibrated "
+        + (f"{AT_IDEAL} (the float model with uint8 tensors at the calibrated "
            "ranges): the ranges limit it, not the mapping to the K210. " if at_ideal else "")
         + "Try: --calibrate-method mse or percentile (ranges less "
         "stretched by rare values), calibration images like the camera sees (--dataset, --calib-limit), "

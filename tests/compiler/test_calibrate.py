@@ -214,8 +214,7 @@ def test_a_kmodel_does_not_depend_on_the_cpus_float_rounding(tmp_path, monkeypat
     clean = build("clean")
     monkeypatch.setattr(graph_mod.FloatSession, "run", noisy)
     assert build("noisy") == clean
-    monkeypatch.setattr(calibrate, "SNAP_BITS", 60)     # the grid finer than float32: no snapping
-    monkeypatch.setattr(calibrate.snap, "__defaults__", (60,))
+    monkeypatch.setattr(calibrate.snap, "__defaults__", (60,))     # the grid finer than float32: no snapping
     monkeypatch.setattr(calibrate.snap_values, "__defaults__", (60,))
     noisy_unsnapped = build("unsnapped")
     monkeypatch.setattr(graph_mod.FloatSession, "run", run)

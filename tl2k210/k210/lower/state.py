@@ -380,8 +380,7 @@ class Lowering:
             if t in self.uses:
                 self.uses[t] -= 1
                 if self.uses[t] == 0:
-                    for kind in ("u8", "f32", "pixels"):
-                        self.main.free(f"{t}:{kind}")
+                    self._free_main(t)
                     loc = self.locs.get(t)
                     if loc is not None and loc.block:
                         self.kpu_free(loc)
@@ -392,8 +391,11 @@ class Lowering:
         names = list(self._named(t))
         if all(self.uses.get(a, 0) == 1 for a in names):
             for a in names:
-                for kind in ("u8", "f32", "pixels"):
-                    self.main.free(f"{a}:{kind}")
+                self._free_main(a)
+
+    def _free_main(self, t):
+        for kind in ("u8", "f32", "pixels"):
+            self.main.free(f"{t}:{kind}")
 
     # ------------------------------------------------------------------ KPU RAM
     def kpu_resident(self, t):
