@@ -5,7 +5,9 @@ meet and cancel (upsample_to_resize removes identity chains).
 An elementwise op whose every non-constant input is Transpose(perm P) (or, beside one, a Reshape
 that moves only size-1 axes as P would) is rewritten on the untransposed tensors (constants
 permuted by P^-1) and followed by one Transpose(P).
-ReduceMean/ReduceMax over axes A of Transpose(P)(x) become reductions over P[A] of x."""
+ReduceMean/ReduceMax over axes A of Transpose(P)(x) become reductions over P[A] of x.
+A Pad of Transpose(P)(x) (Keras' ZeroPadding2D between tf2onnx's NHWC pairs) becomes Transpose(P)
+of x padded on the axes P names, so the pair cancels and the Pad can fold into the conv after it."""
 import numpy as np
 
 from tl2k210.graph import Node, axes_of, set_axes
@@ -54,6 +56,9 @@ def push_transposes(g, log):
                 data = [i for i in n.inputs if g.const(i) is None]
             elif n.op in REDUCE and axes_of(g, n) is not None:
                 data = [n.inputs[0]]
+            elif n.op == "Pad":
+                changed |= _pad(g, n, log)
+                continue
             else:
                 continue
             perms = {_perm(g, i) for i in data} - ({None} if n.op in BINARY else set())
@@ -106,4 +111,27 @@ def _reduce(g, n, p, log):
         n.outputs = [mid]
         g.nodes.append(Node("Transpose", [mid], [out], {"perm": after}, g.unique(n.name + "/transpose")))
     log(n.name, f"{n.op} now reduces axes {new_axes} of the untransposed tensor")
+    return True
+
+
+def _pad(g, n, log):
+    """Pad(Transpose(P)(x)) -> Transpose(P)(Pad'(x)): output axis i of the Pad is axis P[i] of x."""
+    p = _perm(g, n.inputs[0])
+    pads = n.attrs.get("pads") if len(n.inputs) < 2 else g.const(n.inputs[1])
+    if p is None or pads is None or len(n.inputs) > 3 and n.inputs[3] or len(pads) != 2 * len(p):
+        return False
+    r = len(p)
+    moved = [0] * (2 * r)
+    for i, a in enumerate(p):
+        moved[a], moved[r + a] = int(pads[i]), int(pads[r + i])
+    x, out = g.producer(n.inputs[0]).inputs[0], n.outputs[0]
+    mid = g.add_tensor(out + "/pre_transpose")
+    if len(n.inputs) < 2:
+        n.attrs["pads"] = moved
+        n.inputs = [x]
+    else:
+        n.inputs = [x, g.add_const(np.array(moved, np.int64), n.inputs[1] + "/untransposed")] + n.inputs[2:]
+    n.outputs = [mid]
+    g.nodes.append(Node("Transpose", [mid], [out], {"perm": list(p)}, g.unique(n.name + "/transpose")))
+    log(n.name, f"moved Transpose{list(p)} below Pad")
     return True
