@@ -21,6 +21,7 @@ from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.ideal import ideal as graph_ideal
 from tl2k210.k210.fit import BudgetError, FormatError  # noqa: F401  (raised by convert)
 from tl2k210.k210.kmodel import atomic_write, dumps, v3
+from tl2k210.k210.lower.concat_ranges import share_concat_ranges
 from tl2k210.k210.lower.state import check_one_input
 from tl2k210.quality import finite_sqnr, ideal_text, quality_gate, sqnr_text
 from tl2k210.tables import text_table
@@ -608,6 +609,7 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
     batches = [f[None] for f in floats]
     ranges = calibrated_ranges(graph, batches, opts.method, (scale, offset) if image else None)
     calib_note = own.apply(ranges, opts.dataset is None)
+    share_concat_ranges(graph, ranges)
     if calib_note:
         _say(opts, "      " + calib_note)
     means = channel_means(graph, batches)
