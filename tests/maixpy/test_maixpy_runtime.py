@@ -631,3 +631,20 @@ while True:
     sensor.snapshot()
 """, images=[photo] * 4, button=[2])
     assert res.lines[0] == "3 [100, 200, 300]" and res.lines[1:] == ["key 0"]
+
+
+# ---------------------------------------------------------------------------------------------
+# gaps found running MaixPy-v1_scripts (hand-written reproductions)
+def test_set_time_moves_the_rtc(tmp_path):
+    """modutime.c: set_time((y, m, d, h, mi, s, ...)) sets the RTC; time() and localtime()
+    count on from it."""
+    res = run(tmp_path, """
+import time
+print(time.set_time((2017, 4, 25, 15, 40, 51, 1, 115)))
+print(time.time(), time.localtime()[:6])
+time.sleep(2)
+print(time.time(), time.localtime()[:6])
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["True", "546450051 (2017, 4, 25, 15, 40, 51)",
+                         "546450053 (2017, 4, 25, 15, 40, 53)"]
