@@ -648,3 +648,23 @@ print(time.time(), time.localtime()[:6])
     assert res.error is None, res.traceback
     assert res.lines == ["True", "546450051 (2017, 4, 25, 15, 40, 51)",
                          "546450053 (2017, 4, 25, 15, 40, 53)"]
+
+
+def test_timer_callback_gets_the_timer_and_arg_is_callback_arg(tmp_path):
+    """machine_timer.c: mp_sched_schedule(self->callback, self) -- the callback's argument is
+    the Timer even with arg=; the arg is Timer.callback_arg(); period is an int (MP_ARG_INT)."""
+    res = run(tmp_path, """
+from machine import Timer
+import time
+def cb(t):
+    print(type(t).__name__, t.callback_arg())
+tim = Timer(Timer.TIMER0, Timer.CHANNEL0, mode=Timer.MODE_ONE_SHOT, period=100, callback=cb, arg='x')
+print(tim.period())
+time.sleep_ms(150)
+try:
+    Timer(Timer.TIMER1, Timer.CHANNEL0, period=1.5, callback=cb)
+except TypeError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["100", "Timer x", "can't convert float to int"]

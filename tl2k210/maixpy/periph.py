@@ -281,7 +281,7 @@ class Timer:
         self.id, self.channel, self.mode = a["id"], a["channel"], a["mode"]
         self._b = _b.current()
         self._callback, self._arg = a["callback"], a["arg"]
-        self._period, self._unit = get_float(a["period"]), get_int(a["unit"])
+        self._period, self._unit = get_int(a["period"]), get_int(a["unit"])   # MP_ARG_INT
         if a["start"]:
             self.start()
 
@@ -306,7 +306,7 @@ class Timer:
 
     def period(self, *p):
         if p:
-            self._period = get_float(p[0])
+            self._period = get_int(p[0])
             self.start()
         return self._period
 
@@ -314,6 +314,11 @@ class Timer:
         if c:
             self._callback = c[0]
         return self._callback
+
+    def callback_arg(self):
+        """The `arg=` given at construction; the callback itself always receives the Timer
+        (machine_timer.c: mp_sched_schedule(self->callback, self))."""
+        return self._arg
 
 
 class PWM:
