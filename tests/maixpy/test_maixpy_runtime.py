@@ -668,3 +668,18 @@ except TypeError as e:
 """)
     assert res.error is None, res.traceback
     assert res.lines == ["100", "Timer x", "can't convert float to int"]
+
+
+def test_software_i2c_buses_exist(tmp_path):
+    """machine_i2c.c (MICROPY_PY_MACHINE_SW_I2C=1 in v0.6.2): I2C3..I2C5 are software buses."""
+    res = run(tmp_path, """
+from machine import I2C
+i2c = I2C(I2C.I2C3, freq=100000, scl=28, sda=29)
+print(I2C.I2C3, I2C.I2C5, I2C.MODE_MASTER_SOFT, i2c.scan())
+try:
+    I2C(6)
+except ValueError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["3 5 2 []", "[MAIXPY]I2C: I2C(6) doesn't exist"]

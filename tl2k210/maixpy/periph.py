@@ -354,15 +354,20 @@ class PWM:
 
 
 class I2C:
-    I2C0, I2C1, I2C2 = 0, 1, 2
-    MODE_MASTER, MODE_SLAVE = 0, 1
+    # machine_i2c.c (v0.6.2, MICROPY_PY_MACHINE_SW_I2C=1): I2C3-5 are software buses
+    I2C0, I2C1, I2C2, I2C3, I2C4, I2C5 = 0, 1, 2, 3, 4, 5
+    MODE_MASTER, MODE_SLAVE, MODE_MASTER_SOFT = 0, 1, 2
+    I2C_EV_START, I2C_EV_RESTART, I2C_EV_STOP = 0, 1, 2
 
     def __init__(self, *args, **kwargs):
-        a = parse_all(args, kwargs, [("id", REQUIRED), ("mode", 0), ("scl", None), ("sda", None),
-                                     ("freq", 400000), ("timeout", 1000), ("addr", 0),
-                                     ("addr_size", 7), ("on_receive", None),
-                                     ("on_transmit", None), ("on_event", None)])
-        self.id = a["id"]
+        a = parse_all(args, kwargs, [("id", REQUIRED), ("*mode", 0), ("*scl", None), ("*sda", None),
+                                     ("*freq", 400000), ("*timeout", 1000), ("*addr", 0),
+                                     ("*addr_size", 7), ("*on_receive", None),
+                                     ("*on_transmit", None), ("*on_event", None),
+                                     ("*us_delay", 0)])
+        self.id = get_int(a["id"])
+        if not 0 <= self.id <= 5:
+            raise ValueError(f"[MAIXPY]I2C: I2C({self.id}) doesn't exist")
 
     def scan(self):
         return []
