@@ -683,3 +683,25 @@ except ValueError as e:
 """)
     assert res.error is None, res.traceback
     assert res.lines == ["3 5 2 []", "[MAIXPY]I2C: I2C(6) doesn't exist"]
+
+
+def test_affine_transform_is_a_9_tuple_from_dst_to_src(tmp_path, photo):
+    """py_image.c: get_affine_transform returns T as 9 floats mapping a dst point to its src
+    point; warp_affine_ai(src, dst, T) takes any 9-sequence and fills dst's AI buffer."""
+    res = run(tmp_path, CAM + """
+T = image.get_affine_transform([(0, 0), (240, 0), (240, 240)], [(60, 60), (240, 0), (220, 200)])
+print(type(T).__name__, len(T), ['%.2f' % v for v in T])
+img = sensor.snapshot()
+dst = image.Image(size=(64, 64))
+dst.pix_to_ai()
+image.warp_affine_ai(img, dst, [1.0, 0.0, 100.0, 0.0, 1.0, 20.0, 0.0, 0.0, 1.0])
+dst.ai_to_pix()
+print(dst.get_pixel(0, 0) == img.get_pixel(100, 20), dst.get_pixel(63, 63) == img.get_pixel(163, 83))
+try:
+    image.warp_affine_ai(img, image.Image(size=(8, 8)), T)
+except ValueError as e:
+    print(e)
+""", images=[photo])
+    assert res.error is None, res.traceback
+    assert res.lines == ["tuple 9 ['1.34', '-0.12', '-62.37', '0.12', '1.34', '-56.84', '0.00', "
+                         "'0.00', '1.00']", "True True", "only support ai image affine"]
