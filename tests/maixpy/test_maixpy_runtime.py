@@ -705,3 +705,20 @@ except ValueError as e:
     assert res.error is None, res.traceback
     assert res.lines == ["tuple 9 ['1.34', '-0.12', '-62.37', '0.12', '1.34', '-56.84', '0.00', "
                          "'0.00', '1.00']", "True True", "only support ai image affine"]
+
+
+def test_load_flash_reads_a_word_swapped_model(tmp_path, photo):
+    """kpu.load_flash(addr, dual, batch, spi): the model at addr is stored 32-bit word-swapped
+    (model_le2be.py); it loads and runs like kpu.load of the plain file."""
+    from tl2k210.maixpy.KPU import _swap_words
+    km = data_path("kmodels", "facedetect_320x240_v3.kmodel").read_bytes()
+    km += b"\0" * (-len(km) % 4)
+    flash = board.write_flash(tmp_path / "flash.bin", [(0x600000, _swap_words(km))])
+    res = run(tmp_path, CAM + """
+import KPU as kpu
+task = kpu.load_flash(0x600000, 1, 0xC000, 60000000)
+kpu.init_yolo2(task, 0.5, 0.3, 5, (1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025))
+print(task.model_size() > 0, kpu.run_yolo2(task, sensor.snapshot()) is not None)
+""", images=[photo], flash=flash)
+    assert res.error is None, res.traceback
+    assert res.lines == ["True True"]
