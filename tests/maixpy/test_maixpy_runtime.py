@@ -722,3 +722,18 @@ print(task.model_size() > 0, kpu.run_yolo2(task, sensor.snapshot()) is not None)
 """, images=[photo], flash=flash)
     assert res.error is None, res.traceback
     assert res.lines == ["True True"]
+
+
+def test_i2s_record_returns_an_audio_object(tmp_path):
+    """Maix_i2s.c: I2S.record(points) returns an audio object of `points` 32-bit samples;
+    scripts hand audio.to_bytes() to FFT.run (silence on the host)."""
+    res = run(tmp_path, """
+from Maix import I2S
+rx = I2S(I2S.DEVICE_0)
+rx.channel_config(rx.CHANNEL_0, rx.RECEIVER, align_mode=I2S.STANDARD_MODE)
+rx.set_sample_rate(16000)
+a = rx.record(256)
+print(len(a.to_bytes()), set(a.to_bytes()))
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["1024 {0}"]

@@ -161,9 +161,24 @@ class I2S:
         _b.current().clock.advance(n * 1e6 / max(1, self.rate))
 
     def record(self, points):
+        """Maix_i2s.c: an audio.Audio object of `points` 32-bit samples (L/R 16-bit each);
+        the emulated microphone hears silence."""
         from tl2k210.maixpy import board as _b
         _b.current().clock.advance(get_int(points) * 1e6 / max(1, self.rate))
-        return bytearray(2 * get_int(points))
+        return _RecordedAudio(bytes(4 * get_int(points)))
+
+
+class _RecordedAudio:
+    """What I2S.record returns (type audio): to_bytes() gives the raw sample buffer."""
+
+    def __init__(self, data: bytes):
+        self._data = data
+
+    def to_bytes(self):
+        return self._data
+
+    def finish(self):
+        return None
 
 
 class _Anything:
