@@ -631,3 +631,109 @@ while True:
     sensor.snapshot()
 """, images=[photo] * 4, button=[2])
     assert res.lines[0] == "3 [100, 200, 300]" and res.lines[1:] == ["key 0"]
+
+
+# ---------------------------------------------------------------------------------------------
+# gaps found running MaixPy-v1_scripts (hand-written reproductions)
+def test_set_time_moves_the_rtc(tmp_path):
+    """modutime.c: set_time((y, m, d, h, mi, s, ...)) sets the RTC; time() and localtime()
+    count on from it."""
+    res = run(tmp_path, """
+import time
+print(time.set_time((2017, 4, 25, 15, 40, 51, 1, 115)))
+print(time.time(), time.localtime()[:6])
+time.sleep(2)
+print(time.time(), time.localtime()[:6])
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["True", "546450051 (2017, 4, 25, 15, 40, 51)",
+                         "546450053 (2017, 4, 25, 15, 40, 53)"]
+
+
+def test_timer_callback_gets_the_timer_and_arg_is_callback_arg(tmp_path):
+    """machine_timer.c: mp_sched_schedule(self->callback, self) -- the callback's argument is
+    the Timer even with arg=; the arg is Timer.callback_arg(); period is an int (MP_ARG_INT)."""
+    res = run(tmp_path, """
+from machine import Timer
+import time
+def cb(t):
+    print(type(t).__name__, t.callback_arg())
+tim = Timer(Timer.TIMER0, Timer.CHANNEL0, mode=Timer.MODE_ONE_SHOT, period=100, callback=cb, arg='x')
+print(tim.period())
+time.sleep_ms(150)
+try:
+    Timer(Timer.TIMER1, Timer.CHANNEL0, period=1.5, callback=cb)
+except TypeError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["100", "Timer x", "can't convert float to int"]
+
+
+def test_software_i2c_buses_exist(tmp_path):
+    """machine_i2c.c (MICROPY_PY_MACHINE_SW_I2C=1 in v0.6.2): I2C3..I2C5 are software buses."""
+    res = run(tmp_path, """
+from machine import I2C
+i2c = I2C(I2C.I2C3, freq=100000, scl=28, sda=29)
+print(I2C.I2C3, I2C.I2C5, I2C.MODE_MASTER_SOFT, i2c.scan())
+try:
+    I2C(6)
+except ValueError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["3 5 2 []", "[MAIXPY]I2C: I2C(6) doesn't exist"]
+
+
+def test_affine_transform_is_a_9_tuple_from_dst_to_src(tmp_path, photo):
+    """py_image.c: get_affine_transform returns T as 9 floats mapping a dst point to its src
+    point; warp_affine_ai(src, dst, T) takes any 9-sequence and fills dst's AI buffer."""
+    res = run(tmp_path, CAM + """
+T = image.get_affine_transform([(0, 0), (240, 0), (240, 240)], [(60, 60), (240, 0), (220, 200)])
+print(type(T).__name__, len(T), ['%.2f' % v for v in T])
+img = sensor.snapshot()
+dst = image.Image(size=(64, 64))
+dst.pix_to_ai()
+image.warp_affine_ai(img, dst, [1.0, 0.0, 100.0, 0.0, 1.0, 20.0, 0.0, 0.0, 1.0])
+dst.ai_to_pix()
+print(dst.get_pixel(0, 0) == img.get_pixel(100, 20), dst.get_pixel(63, 63) == img.get_pixel(163, 83))
+try:
+    image.warp_affine_ai(img, image.Image(size=(8, 8)), T)
+except ValueError as e:
+    print(e)
+""", images=[photo])
+    assert res.error is None, res.traceback
+    assert res.lines == ["tuple 9 ['1.34', '-0.12', '-62.37', '0.12', '1.34', '-56.84', '0.00', "
+                         "'0.00', '1.00']", "True True", "only support ai image affine"]
+
+
+def test_load_flash_reads_a_word_swapped_model(tmp_path, photo):
+    """kpu.load_flash(addr, dual, batch, spi): the model at addr is stored 32-bit word-swapped
+    (model_le2be.py); it loads and runs like kpu.load of the plain file."""
+    from tl2k210.maixpy.KPU import _swap_words
+    km = data_path("kmodels", "facedetect_320x240_v3.kmodel").read_bytes()
+    km += b"\0" * (-len(km) % 4)
+    flash = board.write_flash(tmp_path / "flash.bin", [(0x600000, _swap_words(km))])
+    res = run(tmp_path, CAM + """
+import KPU as kpu
+task = kpu.load_flash(0x600000, 1, 0xC000, 60000000)
+kpu.init_yolo2(task, 0.5, 0.3, 5, (1.889, 2.5245, 2.9465, 3.94056, 3.99987, 5.3658, 5.155437, 6.92275, 6.718375, 9.01025))
+print(task.model_size() > 0, kpu.run_yolo2(task, sensor.snapshot()) is not None)
+""", images=[photo], flash=flash)
+    assert res.error is None, res.traceback
+    assert res.lines == ["True True"]
+
+
+def test_i2s_record_returns_an_audio_object(tmp_path):
+    """Maix_i2s.c: I2S.record(points) returns an audio object of `points` 32-bit samples;
+    scripts hand audio.to_bytes() to FFT.run (silence on the host)."""
+    res = run(tmp_path, """
+from Maix import I2S
+rx = I2S(I2S.DEVICE_0)
+rx.channel_config(rx.CHANNEL_0, rx.RECEIVER, align_mode=I2S.STANDARD_MODE)
+rx.set_sample_rate(16000)
+a = rx.record(256)
+print(len(a.to_bytes()), set(a.to_bytes()))
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["1024 {0}"]

@@ -819,8 +819,7 @@ def load_flash(*args, **kwargs):
     addr, dual, batch, speed = args
     b = _b()
     head = b.read_flash(addr, 8)
-    swapped = bytes(head[i:i + 4][::-1] for i in range(0, 8, 4))
-    if _version_of(swapped) not in (3,):
+    if _version_of(_swap_words(head)) not in (3,):
         raise ValueError(f"{_KPU_MSG}load_flash error:2002, {b.runtime.version_text()}")
     size = model_size(lambda off, n: _swap_words(b.read_flash(addr + off - off % 4,
                                                               n + off % 4 + 4))[off % 4:off % 4 + n])

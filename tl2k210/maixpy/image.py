@@ -1364,59 +1364,97 @@ def grayscale_to_rgb(g):
 
 
 # ---------------------------------------------------------------------------------------------
-# face alignment helpers (MaixPy / CanMV): similarity transform + warp into an AI buffer
-class _Affine:
-    def __init__(self, m):
-        self.m = np.asarray(m, np.float64)     # 2x3: dst = M @ [x, y, 1]
+# face alignment helpers (MaixPy / CanMV), ported from omv/img/affine.c and py_image.c (v0.6.2)
+def _f32(v):
+    return float(np.float32(v))
 
-    def __repr__(self):
-        return repr([round(float(v), 6) for v in self.m.reshape(-1)])
+
+def _svd22(a):
+    """affine.c svd22: the firmware's closed-form 2x2 SVD (u, s, v as it leaves them)."""
+    a0, a1, a2, a3 = a
+    r1 = math.sqrt((a0 - a3) ** 2 + (a1 + a2) ** 2)
+    s0 = _f32((r1 + math.sqrt((a0 + a3) ** 2 + (a1 - a2) ** 2)) / 2)
+    s1 = _f32(abs(s0 - r1))
+    v2 = _f32(math.sin(math.atan2(2 * (a0 * a1 + a2 * a3),
+                                  a0 * a0 - a1 * a1 + a2 * a2 - a3 * a3) / 2)) if s0 > s1 else 0.0
+    v0 = _f32(math.sqrt(1 - v2 * v2))
+    v1, v3 = -v2, v0
+    u0 = _f32(-(a0 * v0 + a1 * v2) / s0) if s0 != 0 else 1.0
+    u2 = _f32(-(a2 * v0 + a3 * v2) / s0) if s0 != 0 else 0.0
+    u1 = _f32((a0 * v1 + a1 * v3) / s1) if s1 != 0 else -u2
+    u3 = _f32((a2 * v1 + a3 * v3) / s1) if s1 != 0 else u0
+    return (u0, u1, u2, u3), (s0, s1), (-v0, v1, -v2, v3)
 
 
 def get_affine_transform(src_points, dst_points):
-    """The least-squares similarity transform (scale, rotation, translation) taking src points
-    to dst points (as face-alignment code does)."""
-    s = np.asarray([[A.get_float(v) for v in A.seq(p, 2)] for p in A.seq(src_points)], np.float64)
-    d = np.asarray([[A.get_float(v) for v in A.seq(p, 2)] for p in A.seq(dst_points)], np.float64)
-    if len(s) != len(d) or len(s) < 2:
-        raise ValueError("src and dst need the same number (>= 2) of points")
-    rows, rhs = [], []
-    for (x, y), (u, v) in zip(s, d):
-        rows.append([x, -y, 1, 0])
-        rhs.append(u)
-        rows.append([y, x, 0, 1])
-        rhs.append(v)
-    a, b, tx, ty = np.linalg.lstsq(np.array(rows), np.array(rhs), rcond=None)[0]
-    return _Affine([[a, -b, tx], [b, a, ty]])
+    """image.get_affine_transform(src, dst): two lists of (x, y) int points (at most 10) ->
+    a 9-tuple of floats, the 3x3 matrix T (row-major) that maps a **dst** point to its src
+    point (the firmware's Umeyama estimate, imlib_affine_getTansform), as warp_affine_ai uses it."""
+    if not (isinstance(src_points, list) and isinstance(dst_points, list)):
+        raise OSError("Need input [[x0,y0],[x1,y1],...]\r\n")
+    if len(src_points) != len(dst_points):
+        raise OSError("src len must equal with dst len")
+    if len(src_points) > 10:
+        raise OSError("must<=10 points")
+    src, dst = [], []
+    for sp, dp in zip(src_points, dst_points):
+        sp, dp = A.seq(sp, 2), A.seq(dp, 2)
+        src.append([A.get_int(v) & 0xFFFF for v in sp])        # uint16_t src_pos[10][2]
+        dst.append([A.get_int(v) & 0xFFFF for v in dp])
+    n = len(src)
+    # the firmware's "src" side is the dst points: T maps dst -> src
+    sm = [_f32(sum(p[k] for p in dst) / n) for k in (0, 1)]
+    dm = [_f32(sum(p[k] for p in src) / n) for k in (0, 1)]
+    sd = [[_f32(p[0] - sm[0]), _f32(p[1] - sm[1])] for p in dst]
+    dd = [[_f32(p[0] - dm[0]), _f32(p[1] - dm[1])] for p in src]
+    a = [_f32(sum(dd[j][i] * sd[j][k] for j in range(n)) / n) for i in (0, 1) for k in (0, 1)]
+    u, sv, v = _svd22(a)
+    t00 = _f32(u[0] * v[0] + u[1] * v[2])
+    t01 = _f32(u[0] * v[1] + u[1] * v[3])
+    t10 = _f32(u[2] * v[0] + u[3] * v[2])
+    t11 = _f32(u[2] * v[1] + u[3] * v[3])
+    mean = [_f32(sum(p[k] for p in sd) / n) for k in (0, 1)]
+    var = [_f32(sum((mean[k] - p[k]) ** 2 for p in sd) / n) for k in (0, 1)]
+    scale = _f32(1.0 / (var[0] + var[1]) * (sv[0] + sv[1])) if var[0] + var[1] else float("inf")
+    t02 = _f32(dm[0] - scale * (t00 * sm[0] + t01 * sm[1]))
+    t12 = _f32(dm[1] - scale * (t10 * sm[0] + t11 * sm[1]))
+    return (_f32(t00 * scale), _f32(t01 * scale), t02, _f32(t10 * scale), _f32(t11 * scale), t12,
+            0.0, 0.0, 1.0)
 
 
 def warp_affine_ai(src, dst, T):
-    """Fill dst's AI buffer with src warped by T (dst pixel p <- src pixel T^-1 p, bilinear)."""
+    """warp_affine_ai(src, dst, T): fill dst's AI buffer from src's AI buffer; dst pixel (x, y)
+    takes src at T (x, y, 1) (T from get_affine_transform: dst -> src), 8.8 fixed-point bilinear
+    (imlib_affine_ai); dst pixels mapping outside src stay 0. Returns None."""
+    tt = np.array([A.get_float(v) for v in A.seq(T, 9)], np.float32)
     if not isinstance(src, Image) or not isinstance(dst, Image):
         raise TypeError("Can't convert <class 'type'> to type")
-    m = np.vstack([T.m, [0, 0, 1]])
-    inv = np.linalg.inv(m)
+    if src._gray_img != dst._gray_img:
+        raise ValueError("src_img->bpp != dst_img->bpp")
+    if src._ai is None or dst._ai is None:
+        raise ValueError("only support ai image affine")
+    if src._fmt not in (RGB565, GRAYSCALE):
+        raise ValueError("only support grayscale or RGB565 pic")
     h, w = dst.height(), dst.width()
-    yy, xx = np.mgrid[:h, :w].astype(np.float64)
-    sx = inv[0, 0] * xx + inv[0, 1] * yy + inv[0, 2]
-    sy = inv[1, 0] * xx + inv[1, 1] * yy + inv[1, 2]
-    rgb = src.to_rgb888().astype(np.float64)
-    H, W = rgb.shape[:2]
-    x0, y0 = np.floor(sx).astype(int), np.floor(sy).astype(int)
-    fx, fy = sx - x0, sy - y0
-
-    def at(yv, xv):
-        ok = (xv >= 0) & (xv < W) & (yv >= 0) & (yv < H)
-        out = np.zeros(xv.shape + (3,))
-        out[ok] = rgb[yv[ok], xv[ok]]
-        return out
-    v = (at(y0, x0) * ((1 - fx) * (1 - fy))[..., None] + at(y0, x0 + 1) * (fx * (1 - fy))[..., None]
-         + at(y0 + 1, x0) * ((1 - fx) * fy)[..., None] + at(y0 + 1, x0 + 1) * (fx * fy)[..., None])
-    v = np.clip(np.rint(v), 0, 255).astype(np.uint8)
-    if dst._gray_img:
-        dst._ai = _gray(v)[None]
-    else:
-        dst._ai = np.ascontiguousarray(v.transpose(2, 0, 1))
+    H, W = src.height(), src.width()
+    ch = 1 if src._gray_img else 3
+    yy, xx = np.mgrid[:h, :w]
+    xs, ys = np.float32(xx * 256), np.float32(yy * 256)
+    px = np.trunc(tt[0] * xs + tt[1] * ys + tt[2] * np.float32(256)).astype(np.int64)
+    py = np.trunc(tt[3] * xs + tt[4] * ys + tt[5] * np.float32(256)).astype(np.int64)
+    fx, fy = px & 0xFF, py & 0xFF
+    px, py = px >> 8, py >> 8
+    ok = (px >= 0) & (px <= W - 1) & (py >= 0) & (py <= H - 1)
+    flat = np.concatenate([np.asarray(src._ai, np.uint8).reshape(-1)[:ch * H * W],
+                           np.zeros(W + 1, np.uint8)]).astype(np.int64)   # past the end: 0
+    fx, fy, base = fx[ok], fy[ok], (py * W + px)[ok]
+    out = np.zeros((ch, h, w), np.uint8)
+    for k in range(ch):
+        b = base + k * H * W       # x + 1 / y + 1 at the edge read the next row / plane
+        v = ((256 - fx) * (256 - fy) * flat[b] + fx * (256 - fy) * flat[b + 1]
+             + (256 - fx) * fy * flat[b + W] + fx * fy * flat[b + W + 1]) >> 16
+        out[k][ok] = v.astype(np.uint8)
+    dst._ai[...] = out.reshape(dst._ai.shape)
     _cost(w * h * 4)
     return None
 

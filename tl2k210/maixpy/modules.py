@@ -227,7 +227,8 @@ def _time(s):
         c.sleep(get_int(us))
 
     def _now():
-        return c.now_us() // 1_000_000
+        # the RTC: 2000-01-01 00:00:00 at power-on, moved by set_time (b.rtc_offset seconds)
+        return c.now_us() // 1_000_000 + getattr(b, "rtc_offset", 0)
 
     def localtime(secs=None):
         import time as t
@@ -243,6 +244,15 @@ def _time(s):
         return calendar.timegm(tuple(tup[:6]) + (0, 0, 0)) - 946684800
 
     def set_time(tup):
+        """modutime.c: rtc_timer_set(year, mon, mday, hour, min, sec) from the first six items;
+        time(), localtime() then count on from there. True on success."""
+        import calendar
+        y, mo, d, h, mi, sec = (get_int(v) for v in list(tup)[:6])
+        try:
+            secs = calendar.timegm((y, mo, d, h, mi, sec, 0, 0, 0)) - 946684800
+        except (ValueError, OverflowError):
+            return False
+        b.rtc_offset = secs - c.now_us() // 1_000_000
         return True
 
     return module("utime", "MicroPython utime on the board clock (tl2k210/maixpy/timing.py)",

@@ -161,9 +161,24 @@ class I2S:
         _b.current().clock.advance(n * 1e6 / max(1, self.rate))
 
     def record(self, points):
+        """Maix_i2s.c: an audio.Audio object of `points` 32-bit samples (L/R 16-bit each);
+        the emulated microphone hears silence."""
         from tl2k210.maixpy import board as _b
         _b.current().clock.advance(get_int(points) * 1e6 / max(1, self.rate))
-        return bytearray(2 * get_int(points))
+        return _RecordedAudio(bytes(4 * get_int(points)))
+
+
+class _RecordedAudio:
+    """What I2S.record returns (type audio): to_bytes() gives the raw sample buffer."""
+
+    def __init__(self, data: bytes):
+        self._data = data
+
+    def to_bytes(self):
+        return self._data
+
+    def finish(self):
+        return None
 
 
 class _Anything:
@@ -281,7 +296,7 @@ class Timer:
         self.id, self.channel, self.mode = a["id"], a["channel"], a["mode"]
         self._b = _b.current()
         self._callback, self._arg = a["callback"], a["arg"]
-        self._period, self._unit = get_float(a["period"]), get_int(a["unit"])
+        self._period, self._unit = get_int(a["period"]), get_int(a["unit"])   # MP_ARG_INT
         if a["start"]:
             self.start()
 
@@ -306,7 +321,7 @@ class Timer:
 
     def period(self, *p):
         if p:
-            self._period = get_float(p[0])
+            self._period = get_int(p[0])
             self.start()
         return self._period
 
@@ -314,6 +329,11 @@ class Timer:
         if c:
             self._callback = c[0]
         return self._callback
+
+    def callback_arg(self):
+        """The `arg=` given at construction; the callback itself always receives the Timer
+        (machine_timer.c: mp_sched_schedule(self->callback, self))."""
+        return self._arg
 
 
 class PWM:
@@ -349,15 +369,20 @@ class PWM:
 
 
 class I2C:
-    I2C0, I2C1, I2C2 = 0, 1, 2
-    MODE_MASTER, MODE_SLAVE = 0, 1
+    # machine_i2c.c (v0.6.2, MICROPY_PY_MACHINE_SW_I2C=1): I2C3-5 are software buses
+    I2C0, I2C1, I2C2, I2C3, I2C4, I2C5 = 0, 1, 2, 3, 4, 5
+    MODE_MASTER, MODE_SLAVE, MODE_MASTER_SOFT = 0, 1, 2
+    I2C_EV_START, I2C_EV_RESTART, I2C_EV_STOP = 0, 1, 2
 
     def __init__(self, *args, **kwargs):
-        a = parse_all(args, kwargs, [("id", REQUIRED), ("mode", 0), ("scl", None), ("sda", None),
-                                     ("freq", 400000), ("timeout", 1000), ("addr", 0),
-                                     ("addr_size", 7), ("on_receive", None),
-                                     ("on_transmit", None), ("on_event", None)])
-        self.id = a["id"]
+        a = parse_all(args, kwargs, [("id", REQUIRED), ("*mode", 0), ("*scl", None), ("*sda", None),
+                                     ("*freq", 400000), ("*timeout", 1000), ("*addr", 0),
+                                     ("*addr_size", 7), ("*on_receive", None),
+                                     ("*on_transmit", None), ("*on_event", None),
+                                     ("*us_delay", 0)])
+        self.id = get_int(a["id"])
+        if not 0 <= self.id <= 5:
+            raise ValueError(f"[MAIXPY]I2C: I2C({self.id}) doesn't exist")
 
     def scan(self):
         return []

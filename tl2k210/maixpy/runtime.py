@@ -327,7 +327,7 @@ class Session:
             for t in list(self.timers):
                 if now >= t[0] and t[2]._callback is not None:
                     t[0] = t[0] + t[1] if t[3] else float("inf")
-                    t[2]._callback(t[2] if t[2]._arg is None else t[2]._arg)
+                    t[2]._callback(t[2])          # the Timer; its arg= is callback_arg()
         finally:
             self._in_callback = False
 
