@@ -737,3 +737,45 @@ print(len(a.to_bytes()), set(a.to_bytes()))
 """)
     assert res.error is None, res.traceback
     assert res.lines == ["1024 {0}"]
+
+
+def test_bytes_literals_keep_utf8_as_micropython_does(tmp_path):
+    """MicroPython's lexer is 8-bit clean: b'...' with non-ASCII text holds its UTF-8 bytes
+    (Sipeed's font demo: img.draw_string(x, y, b'...')); CPython would refuse the script."""
+    res = run(tmp_path, """
+a = b'\u4f60\u597d'
+c = b'x\\n\u00e9'
+d = '\u4f60'
+print(len(a), a[0], len(c), c[1], len(d), rb'\\n' == b'\\\\n')
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["6 228 4 10 1 True"]
+
+
+def test_a_filesystem_on_a_script_block_device_says_it_is_not_emulated(tmp_path):
+    """uos.VfsSpiffs / VfsFat over a script's own block device (Sipeed's RAM-disk demo): an
+    OSError the script can catch and a note, not CPython's 'object() takes no arguments'."""
+    res = run(tmp_path, """
+import uos
+class RAMBlockDev:
+    def __init__(self, n):
+        self.data = bytearray(n * 512)
+try:
+    fs = uos.VfsSpiffs(RAMBlockDev(64))
+except OSError as e:
+    print('OSError', e.args[0] == 95)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["OSError True"]
+    assert any("VfsSpiffs" in n for n in res.notes)
+
+
+def test_an_lcd_loop_without_the_camera_stops_after_its_frames(tmp_path):
+    """Sipeed's LCD animations loop on lcd.display() and never take a camera frame: the run
+    stops after 100 LCD frames, not one PNG per frame until the watchdog (1,769 in 20 s)."""
+    from tl2k210.maixpy.runner import run_script
+    script = tmp_path / "anim.py"
+    script.write_text("import lcd, image\nlcd.init()\nimg = image.Image()\ni = 0\nwhile True:\n"
+                      "    img.draw_rectangle(i % 300, 10, 10, 10, fill=True)\n    lcd.display(img)\n    i += 1\n")
+    res = run_script(script, out=tmp_path / "out")
+    assert res.error is None and res.stop == "lcd" and len(res.frames) == len(res.pngs) == 100

@@ -59,7 +59,8 @@ def add_demo_parser(sub):
     p.add_argument("--on-flash", action="store_true",
                    help="FOLDER is the board's /flash (no SD card: cwd /flash)")
     p.add_argument("--frames", type=cliargs.int_range(1, example=10),
-                   help="stop after this many camera frames")
+                   help="stop after this many camera frames (a script that takes none, e.g. an "
+                        "LCD animation, stops after 100 LCD frames)")
     p.add_argument("--press", type=cliargs.int_range(0, example=3), action="append", default=[],
                    metavar="FRAME",
                    help="hold the BOOT key down during camera frame FRAME (0-based; repeat)")
@@ -300,7 +301,7 @@ def cmd_demo(args) -> int:
         print(res.traceback, end="", file=sys.stderr)
     for note in res.notes:
         print(f"[host] note: {note}", file=sys.stderr)
-    if res.stop in ("timeout", "reset", "signal", "host"):
+    if res.stop in ("timeout", "reset", "signal", "host", "lcd"):
         print(f"[host] {res.stop_reason}", file=sys.stderr)
     print(f"[host] {res.snapshots} camera frame(s), {len(res.frames)} LCD frame(s), board time "
           f"{res.board_ms / 1000:.2f} s" + (f"; LCD: {', '.join(str(p) for p in res.pngs)}"

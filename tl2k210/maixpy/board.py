@@ -22,6 +22,10 @@ from tl2k210.k210.board_facts import FLASH_BYTES, MAIXPY_MODEL_AREA
 
 FLASH_SIZE = FLASH_BYTES
 ERASED = 0xFF
+#: a script that shows LCD frames but never takes a camera frame (an animation, a menu loop)
+#: stops after this many (each frame is kept, and a PNG); a splash screen before the camera
+#: starts is far shorter
+LCD_FRAMES_WITHOUT_CAMERA = 100
 #: what a Maix Dock/Bit's board-config script writes under the "board_info" key of
 #: /flash/config.json (the same pin map MaixPy <= v0.5 had hard-coded; docs/maixpy-firmware.md#machine-maix-and-board)
 MAIX_BOARD_INFO = dict({f"PIN{i}": i for i in range(48)}, BOOT_KEY=16, LED_R=14, LED_G=13,
@@ -50,7 +54,8 @@ class Board:
     """flash: the 16 MiB flash image FILE kpu.load(ADDR) reads (None: erased, or env
     TL2K210_FLASH); fs: host folder seen as /flash (None: a temporary one); sd: host folder seen
     as /sd (None: no card); images: the camera's photos (paths or PIL images) in order;
-    max_frames: stop after that many; out: LCD PNG folder or .png; button: camera frames
+    max_frames: stop after that many (a script that takes none: after LCD_FRAMES_WITHOUT_CAMERA
+    LCD frames); out: LCD PNG folder or .png; button: camera frames
     (0-based) during which the BOOT key is held; runtime: a MaixPy build of
     tl2k210/k210/firmware.py; wall_clock: host time instead of board time; timeout: seconds
     without a camera frame before the watchdog stops the run (None: never); camera: ov2640 |

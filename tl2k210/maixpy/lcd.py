@@ -263,9 +263,17 @@ def _inside(t, rect):
     return x <= t[0] < x + w and y <= t[1] < y + h
 
 
+def _lcd_only_cap(b):
+    """Stop a script that keeps showing LCD frames without taking a camera frame."""
+    if b.frames_taken == 0 and len(b.lcd_frames) >= _board.LCD_FRAMES_WITHOUT_CAMERA:
+        flush(b)
+        b.stop(f"lcd: {len(b.lcd_frames)} LCD frames shown and no camera frame taken: the run stops there", "lcd")
+
+
 def _new_frame(texts, keep=False, covered=None):
     b = _board.current()
     st = _s()
+    _lcd_only_cap(b)
     flush(b, upto=len(b.lcd_frames))
     prev = b.lcd_texts[-1] if (keep and b.lcd_texts) else []
     prev = [t for t in prev if covered is None or not _inside(t, covered)]
@@ -279,6 +287,7 @@ def _touch(text=None, clear_texts=False):
     b = _board.current()
     st = _s()
     if st.current is None or st.current != len(b.lcd_frames) - 1:
+        _lcd_only_cap(b)
         flush(b, upto=len(b.lcd_frames))
         b.lcd_frames.append(st.fb.copy())
         b.lcd_texts.append([])

@@ -285,12 +285,21 @@ def _os(s):
     def flash_format():
         s.board.note("os.flash_format(): the host /flash folder is left as it is", "format")
 
+    def vfs(kind):
+        class Vfs:            # a filesystem over a script's own block device: not emulated
+            def __init__(self, *a, **k):
+                s.board.note(f"uos.{kind} (a filesystem on a script's own block device) is not emulated on "
+                             "the host: only /flash and /sd are mounted", kind)
+                raise OSError(_errno.EOPNOTSUPP, "EOPNOTSUPP")
+        Vfs.__name__ = Vfs.__qualname__ = kind
+        return Vfs
+
     return module("uos", "MicroPython uos over the board's /flash and /sd (vfs.py)",
                   uname=uname, urandom=urandom, ilistdir=ilistdir, listdir=v.listdir,
                   mkdir=v.mkdir, rmdir=v.rmdir, chdir=v.chdir, getcwd=v.getcwd, remove=v.remove,
                   rename=v.rename, stat=v.stat, statvfs=v.statvfs, sync=lambda: None,
                   mount=mount, umount=mount, set_REPLio=lambda *a: None, dupterm=lambda *a: None,
-                  flash_format=flash_format, VfsSpiffs=object, VfsFat=object)
+                  flash_format=flash_format, VfsSpiffs=vfs("VfsSpiffs"), VfsFat=vfs("VfsFat"))
 
 
 class _Uname(tuple):

@@ -158,6 +158,26 @@ def exc_line(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+def utf8_bytes_literals(source: str) -> str:
+    """MicroPython's lexer is 8-bit clean: a bytes literal keeps a non-ASCII character as its
+    UTF-8 bytes (3 for a Chinese character: Sipeed's font demos draw text so), where CPython
+    refuses it. Each such character of a non-raw bytes literal becomes its \\x escapes."""
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return source
+    starts = [0]
+    for line in io.StringIO(source):            # the lines tokenize counts
+        starts.append(starts[-1] + len(line))
+    for t in reversed(toks):
+        prefix = re.match(r"^[A-Za-z]*", t.string).group(0).lower() if t.type == tokenize.STRING else ""
+        if "b" in prefix and "r" not in prefix and not t.string.isascii():
+            a, b = starts[t.start[0] - 1] + t.start[1], starts[t.end[0] - 1] + t.end[1]
+            lit = "".join(c if c.isascii() else "".join(f"\\x{v:02x}" for v in c.encode()) for c in t.string)
+            source = source[:a] + lit + source[b:]
+    return source
+
+
 def check_source(source: str, filename: str):
     """Refuse what MicroPython 1.11 cannot parse: f-strings (added upstream in 2021), `:=`."""
     try:
@@ -249,7 +269,8 @@ class Session:
         self.code_files.add(filename)
         check_source(source, filename)
         try:
-            code = compile(source, filename, mode, dont_inherit=True)
+            code = compile(utf8_bytes_literals(source) if not source.isascii() else source, filename, mode,
+                           dont_inherit=True)
         except SyntaxError as exc:
             err = BoardSyntaxError("invalid syntax")
             err.filename, err.lineno, err.offset, err.text = filename, exc.lineno, exc.offset, exc.text
