@@ -779,3 +779,24 @@ def test_an_lcd_loop_without_the_camera_stops_after_its_frames(tmp_path):
                       "    img.draw_rectangle(i % 300, 10, 10, 10, fill=True)\n    lcd.display(img)\n    i += 1\n")
     res = run_script(script, out=tmp_path / "out")
     assert res.error is None and res.stop == "lcd" and len(res.frames) == len(res.pngs) == 100
+
+
+def test_fft_freq_amplitude_and_run(tmp_path):
+    """Maix.FFT (Maix_fft.c): freq and amplitude in the firmware's integers; run on a 32-bit
+    sample buffer (low 16 bits real) finds a tone in its bin; shift halves per selected stage."""
+    res = run(tmp_path, """
+from Maix import FFT
+import math, struct
+print(FFT.freq(64, 16000)[:3])
+print(FFT.amplitude([(3, 4), (-6, 8), (0, 0), (1, 1)]))
+buf = b''.join(struct.pack('<I', int(1000 * math.cos(2 * math.pi * 8 * i / 64)) & 0xFFFF) for i in range(64))
+out = FFT.run(buf, 64)
+amp = FFT.amplitude(out)
+print(len(out), amp.index(max(amp)), out[8][0], FFT.run(buf, 64, 0b111111)[8][0])
+try:
+    FFT.run(buf, 100)
+except ValueError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["[0, 250, 500]", "[2, 5, 0, 0]", "64 8 31997 499", "[MAIXPY]FFT:invalid points"]

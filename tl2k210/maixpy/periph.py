@@ -181,8 +181,55 @@ class _RecordedAudio:
         return None
 
 
+class FFT:
+    """Maix.FFT (Maix_fft.c): the K210's FFT accelerator on I2S samples. freq and amplitude are
+    the firmware's integer arithmetic; run computes the DFT in float64, scales it by 2 for each
+    stage `shift` selects and truncates it to int16 (the hardware rounds at each of its fixed-point
+    stages: within a few LSB of it)."""
+
+    @staticmethod
+    def run(*args, **kwargs):
+        """run(byte, points=64, shift=0, direction=1): the low 16 bits of each 32-bit sample of
+        `byte` are the real input; a list of `points` (re, im) int tuples."""
+        import numpy as np
+        a = parse_all(args, kwargs, [("byte", None), ("points", 64), ("shift", 0), ("direction", 1)])
+        points, shift, direction = get_int(a["points"]), get_int(a["shift"]), get_int(a["direction"])
+        if points not in (64, 128, 256, 512):
+            raise ValueError("[MAIXPY]FFT:invalid points")
+        if a["byte"] is None:
+            raise ValueError("[MAIXPY]FFT:invalid byte")
+        data = bytes(memoryview(a["byte"]))
+        if len(data) % 4:
+            raise ValueError("[MAIXPY]FFT:Buffer length must be a multiple of 4")
+        if len(data) < 4 * points:
+            from tl2k210.maixpy.KPU import print_
+            print_("[MAIXPY]FFT:Zero padding")
+            data += bytes(4 * points - len(data))
+        x = np.frombuffer(data[:4 * points], "<u4").astype(np.uint16).view(np.int16).astype(np.float64)
+        y = np.fft.fft(x) if direction else np.fft.ifft(x) * points     # FFT_DIR_FORWARD = 1
+        stages = points.bit_length() - 1
+        y = y / 2 ** bin(shift & ((1 << stages) - 1)).count("1")
+        re, im = (np.trunc(v).astype(np.int64).astype(np.uint16).view(np.int16) for v in (y.real, y.imag))
+        return [(int(r), int(i)) for r, i in zip(re, im)]
+
+    @staticmethod
+    def freq(*args, **kwargs):
+        """freq(points=64, sample_rate=16000): [sample_rate // points * i for i < points]."""
+        a = parse_all(args, kwargs, [("points", 64), ("sample_rate", 16000)])
+        points, rate = get_int(a["points"]), get_int(a["sample_rate"])
+        return [rate // points * i for i in range(points)]
+
+    @staticmethod
+    def amplitude(lst):
+        """amplitude(list of (re, im)): 2 * floor(sqrt(re^2 + im^2)) // len(list), per item."""
+        import math
+        if not isinstance(lst, list):
+            raise ValueError("[MAIXPY]FFT:obj is not a list")
+        return [2 * math.isqrt((int(t[0]) ** 2 + int(t[1]) ** 2) & 0xFFFFFFFF) // len(lst) for t in lst]
+
+
 class _Anything:
-    """Accepts any attribute/call: peripherals the host does not model (FFT, MIC_ARRAY...)."""
+    """Accepts any attribute/call: peripherals the host does not model (MIC_ARRAY...)."""
 
     def __init__(self, name="obj"):
         self._name = name
@@ -221,7 +268,7 @@ def make_Maix(s):
                    heap_free=lambda: b.sys_free,
                    flash_read=lambda addr, n: b.read_flash(get_int(addr), get_int(n)))
     m = module("machine", "MaixPy Maix (its __name__ is 'machine' on a board)", GPIO=GPIO,
-               FPIOA=FPIOA, I2S=I2S, Audio=make_audio(s).Audio, FFT=_Anything("FFT"),
+               FPIOA=FPIOA, I2S=I2S, Audio=make_audio(s).Audio, FFT=FFT,
                MIC_ARRAY=_Anything("MIC_ARRAY"),
                freq=module("freq", "", get=freq_get, set=freq_set,
                            get_cpu=lambda: state["cpu"] // 1_000_000,
