@@ -40,6 +40,20 @@ def is_dense(g, node):
     return len(s) == 4 and tuple(s[2:]) == (1, 1) and tuple(node.attrs["kernel"]) == (1, 1)
 
 
+def dense_matrix(W, group: int = 1) -> np.ndarray:
+    """The (Co, Ci) matrix of a dense layer's conv weights (Co, Ci/group, 1, 1): block-diagonal
+    for a grouped conv (a depthwise conv on a 1x1 map, prelu_split's split and join of a vector)."""
+    W = np.asarray(W)
+    co, m = W.shape[0], W.shape[1]
+    if group == 1:
+        return W.reshape(co, m)
+    n = co // group
+    D = np.zeros((co, m * group), W.dtype)
+    for o in range(co):
+        D[o, (o // n) * m:(o // n + 1) * m] = W[o].reshape(m)
+    return D
+
+
 def kpu_conv_refuses(g, node, opts):
     """Why the KPU cannot run this Conv (None if it can)."""
     a = node.attrs
