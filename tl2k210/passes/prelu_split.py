@@ -24,7 +24,7 @@ ReLU's), added to / subtracted from y on the CPU (residual adds); the readers re
 Exact in float; every layer then quantizes as any KPU conv or residual add."""
 import numpy as np
 
-from tl2k210.graph import Node
+from tl2k210.graph import RELABELS, Node
 
 CONV = {"kernel": (1, 1), "strides": (1, 1), "pads": [0, 0, 0, 0], "dilations": (1, 1)}
 
@@ -84,8 +84,36 @@ def prelu_pattern(g, log):
     return g
 
 
+def _onto_map(g, n) -> bool:
+    """A PRelu of a (1, C) vector (Keras' PReLU after a Dense or a global pool) runs on the
+    vector's (1, C, 1, 1) map -- the map a relabel made it from, else a Reshape's -- and a
+    Reshape makes its vector: the split and join below then run on the map. True if rewired."""
+    x = n.inputs[0]
+    shape, p, a = g.shape(x), g.producer(x), g.const(n.inputs[1])
+    if shape is None or len(shape) != 2 or shape[0] != 1 or a is None or np.size(a) not in (1, shape[1]):
+        return False
+    c, src = shape[1], x
+    if p is not None and p.op in RELABELS and tuple(g.shape(p.inputs[0]) or ()) == (1, c, 1, 1):
+        src = p.inputs[0]
+    else:
+        src = g.add_tensor(x + "/map", (1, c, 1, 1))
+        g.nodes.insert(g.nodes.index(n), Node(
+            "Reshape", [x, g.add_const(np.array([1, c, 1, 1], np.int64), n.name + "/shape4")], [src], {},
+            n.name + "/to_nchw", [n.name]))
+    out = n.outputs[0]
+    mapped = g.add_tensor(out + "/map", (1, c, 1, 1))
+    n.inputs = [src, g.add_const(np.asarray(a, np.float32).reshape(-1, 1, 1), n.name + "/slope_map")]
+    n.outputs = [mapped]
+    g.nodes.insert(g.nodes.index(n) + 1, Node(
+        "Reshape", [mapped, g.add_const(np.array(shape, np.int64), n.name + "/shape2")], [out], {},
+        n.name + "/to_2d", [n.name]))
+    return True
+
+
 def prelu_split(g, log):
     for n in [n for n in g.nodes if n.op == "PRelu"]:
+        if _slopes(g, n) is None and _onto_map(g, n):
+            log(n.name, f"PReLU of a {g.shape(n.outputs[0])[1]}-vector -> on its 1x1 map")
         a = _slopes(g, n)
         if a is None:
             continue

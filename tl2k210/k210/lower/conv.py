@@ -40,6 +40,20 @@ def is_dense(g, node):
     return len(s) == 4 and tuple(s[2:]) == (1, 1) and tuple(node.attrs["kernel"]) == (1, 1)
 
 
+def dense_matrix(W, group: int = 1) -> np.ndarray:
+    """The (Co, Ci) matrix of a dense layer's conv weights (Co, Ci/group, 1, 1): block-diagonal
+    for a grouped conv (a depthwise conv on a 1x1 map, prelu_split's split and join of a vector)."""
+    W = np.asarray(W)
+    co, m = W.shape[0], W.shape[1]
+    if group == 1:
+        return W.reshape(co, m)
+    n = co // group
+    D = np.zeros((co, m * group), W.dtype)
+    for o in range(co):
+        D[o, (o // n) * m:(o // n + 1) * m] = W[o].reshape(m)
+    return D
+
+
 def kpu_conv_refuses(g, node, opts):
     """Why the KPU cannot run this Conv (None if it can)."""
     a = node.attrs
@@ -560,9 +574,17 @@ def quantize_conv(lw, node, geo, W, B, row):
     if x == lw.pixel_input or x in lw.pixel_copy:
         row.notes.append(f"input: pixels, preprocessing folded into weights (pad value {z_x})")
     st = stage_names(node)
+    # a fused KPU mean pool floors sum/k² (docs/kpu.md#pooling): on average (k²-1)/(2k²) LSB low
+    # (-2 to -6 dB on a 4x4 pool); the conv's output rounds that much higher, so the pooled map is
+    # unbiased. Not TFLite's bytes in a quantized model (its AVERAGE_POOL_2D rounds to nearest).
+    pool = hw.POOL[geo.code] if geo.code else None
+    off = (pool.size ** 2 - 1) / (2 * pool.size ** 2) if pool is not None and pool.kind == "mean" else 0.0
+    if off:
+        row.notes.append(f"{'not exact: ' if lw.quantized_model else ''}the {pool.name} pool floors: "
+                         f"its input rounds {off:.3g} LSB up, an unbiased mean")
     return kpu.quantize_layer(W, B, e, z_x, geo.groups, lw.rng(st["conv"]), lw.rng(st["act"]),
                               node.attrs.get("activation"), lw.opts.weight_bits, row,
-                              lw.quantized_model and lw.int8_rounding)
+                              lw.quantized_model and not off and lw.int8_rounding, out_offset=off)
 
 
 def emit_layer(lw, node, geo, plan, lq, row):

@@ -15,7 +15,7 @@ from tl2k210.graph import RELABELS, stage_names
 from tl2k210.k210 import cost, hardware as hw
 
 from . import kpu, registry
-from .conv import is_dense
+from .conv import dense_matrix, is_dense
 from .registry import CPU_F32, KPU, NA, lowering
 from .state import Loc
 
@@ -107,9 +107,9 @@ def kpu_dense(lw, node):
     x, w_name, b_name = node.inputs
     out = node.outputs[0]
     st = stage_names(node)
-    W = np.asarray(lw.g.tensors[w_name].value, np.float64)
+    W = dense_matrix(np.asarray(lw.g.tensors[w_name].value, np.float64), node.attrs.get("group", 1))
     B = np.asarray(lw.g.tensors[b_name].value, np.float64)
-    co, ci = W.shape[0], W.shape[1]
+    co, ci = W.shape
     row = lw.row(node, "dense layer: 1x1 KPU conv on a 4x4-padded map (ADD_PADDING, conv, REMOVE_PADDING)",
                  in_shape=(ci,), out_shape=(co,))
     src = lw.need_u8(x, row)
@@ -165,7 +165,7 @@ def float_gemm(lw, node):
 def _float_fc(lw, node, W=None, B=None):
     x, out = node.inputs[0], node.outputs[0]
     if W is None:
-        W = np.asarray(lw.g.tensors[node.inputs[1]].value, np.float32)
+        W = dense_matrix(np.asarray(lw.g.tensors[node.inputs[1]].value, np.float32), node.attrs.get("group", 1))
         B = np.asarray(lw.g.tensors[node.inputs[2]].value, np.float32)
     co = W.shape[0]
     W = W.reshape(co, -1)

@@ -104,11 +104,12 @@ class LayerQuant:
 
 
 def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row,
-                   exact_rounding=False) -> LayerQuant:
+                   exact_rounding=False, out_offset=0.0) -> LayerQuant:
     """Per-channel weights acting on q − z_x (W already carries the input scale), bias correction
     for the weight rounding (e = E[q − z_x] per input channel), BN fixed point, activation table.
     `exact_rounding` (a quantized model's layer: "reference" or "single"): an identity/ReLU/Clip
-    output is rounded as those TFLite kernels round it (`exact_requantize`)."""
+    output is rounded as those TFLite kernels round it (`exact_requantize`). `out_offset`: output
+    LSB added before the output rounds (a fused mean pool's floor takes it back off, on average)."""
     co, m = W.shape[0], W.shape[1]
     Wq, zw, sw = fx.quantize_weights(W, bits)
     if exact_rounding and fx.clamp_of(act_attr) is not None and bits == 8:
@@ -125,20 +126,20 @@ def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row,
     s_z, z_z = fx.qparams(*z_range)
     s_v = fx.choose_v_scale(1.0, sw, B, max(abs(y_lo), abs(y_hi)) * 2)
     clamp, shift = fx.clamp_of(act_attr), 0.0
-    a = _shared_shift(s_v, s_z, z_z, B) if clamp is not None else None
+    a = _shared_shift(s_v, s_z, z_z + out_offset, B) if clamp is not None else None
     if a is not None:
         # a clamp of the identity (none, ReLU, ReLU6...): S_V·s_z = 2^A and the zero point in the
         # BN add make the table a rounding shift by A clamped to the output codes -- exact, and the
         # same bytes in every such layer (stored once)
-        s_v, shift = 2.0 ** a / s_z, z_z * 2.0 ** a
+        s_v, shift = 2.0 ** a / s_z, (z_z + out_offset) * 2.0 ** a
         lo, hi = clamp
-        act = fx.clamp_table(lo + z_z * s_z, hi + z_z * s_z, a, s_z, 0)
-        B = B + z_z * s_z
+        act = fx.clamp_table(lo + (z_z + out_offset) * s_z, hi + (z_z + out_offset) * s_z, a, s_z, 0)
+        B = B + (z_z + out_offset) * s_z
     else:
-        act = fx.activation_table(act_attr, y_lo, y_hi, s_v, s_z, z_z)
+        act = fx.activation_table(act_attr, y_lo, y_hi, s_v, s_z, z_z + out_offset)
     bn = fx.bn_params(1.0, sw, B, s_v)
     lq = LayerQuant(Wq, zw, z_x, bn, act, (s_z, z_z), groups, bits)
-    lq.fit_lsb = fit_error(act_attr, act, y_lo, y_hi, s_v, s_z, z_z, v_offset=shift)
+    lq.fit_lsb = fit_error(act_attr, act, y_lo, y_hi, s_v, s_z, z_z + out_offset, v_offset=shift)
     if act_attr is not None and act_attr["op"] != "Relu":   # ReLU: the table is exact by construction
         name = "Relu6 (Clip 0..6)" if act_attr["op"] == "Clip" and (act_attr.get("min"), act_attr.get("max")) == (0, 6) \
             else act_attr["op"]

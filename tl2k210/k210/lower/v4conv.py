@@ -29,7 +29,7 @@ from tl2k210.quantize.fake_quant import float_head
 from tl2k210.quantize.metrics import sqnr_db
 
 from .cpu import table
-from .conv import is_dense
+from .conv import dense_matrix, is_dense
 from .fc import feeds_output, float_fc_refuses, source_unit
 from .kxk import phase_forms
 from .registry import CPU_F32, CPU_U8, NA, lowering
@@ -633,8 +633,8 @@ def _dense_weights(g, node):
     if node.op == "Conv":
         if not is_dense(g, node):
             return None
-        W = np.asarray(g.const(node.inputs[1]), np.float64)
-        return W.reshape(W.shape[0], -1), np.asarray(g.const(node.inputs[2]), np.float64)
+        W = dense_matrix(np.asarray(g.const(node.inputs[1]), np.float64), node.attrs.get("group", 1))
+        return W, np.asarray(g.const(node.inputs[2]), np.float64)
     W = g.const(node.inputs[1]) if len(node.inputs) > 1 else None
     if W is None or g.const(node.inputs[0]) is not None or np.ndim(W) != 2:
         return None
