@@ -132,6 +132,39 @@ def table_refuses(g, node, opts):
     return None
 
 
+def quantize_clamp_refuses(g, node, opts):
+    act = _act(g, node)
+    if act is None or act["op"] not in ("Relu", "Clip"):
+        return NA
+    if source_unit(g, node.inputs[0], opts) != CPU_F32:
+        return "its input is not a float map"
+    return None
+
+
+@lowering("Relu", "Clip", unit=CPU_U8, check=quantize_clamp_refuses, name="quantize_clamp")
+def quantize_clamp(lw, node):
+    """A ReLU / Clip of a float map (a CPU float layer's output: conv2d_transpose, a float conv)
+    as QUANTIZE of that map to the activation's uint8 range: QUANTIZE saturates at codes 0 and
+    255, a clamp that is exactly the activation's where those codes' values lie within its bounds
+    (a ReLU: zero point 0). One rounding, where the map's own uint8 grid and a REQUANTIZE table
+    after it round twice. Elsewhere (the codes reach past a bound, no float copy left): the table."""
+    x, out = node.inputs[0], node.outputs[0]
+    act = _act(lw.g, node)
+    so, zo = lw.quant_of(out)
+    lo, hi = (0.0, math.inf) if act["op"] == "Relu" else (act["min"], act["max"])
+    eps = 1e-6 * so
+    if lw.locs[x].f32 is None or so * -zo < lo - eps or so * (U8[-1] - zo) > hi + eps:
+        return activation_table(lw, node)
+    row = lw.row(node, f"{act['op']} of a float map: QUANTIZE to its range (saturation is the clamp)",
+                 in_shape=lw.shape(x), out_shape=lw.shape(out))
+    src = lw.need_f32(x, row)
+    loc = lw.u8_out(out, (so, zo))
+    n = int(np.prod(loc.shape))
+    lw.emit("QUANTIZE", dict(flags=0, main_mem_in_address=src, mem_out_address=loc.u8, count=n, scale=so,
+                             bias=-(zo + lw.u8_offset.get(out, 0.0)) * so), row)
+    lw.traced(out, "u8")
+
+
 @lowering("Relu", "Clip", "LeakyRelu", "Tanh", "HardSigmoid", "HardSwish", "Sigmoid", "Elu", "Selu",
           "Softplus", "Mish", "Swish", unit=CPU_U8,
           check=table_refuses, name="activation_table")
