@@ -304,6 +304,20 @@ def test_push_transposes_sees_a_reshape_that_moves_size_1_axes():
     assert "Transpose" not in g.op_counts() and g.op_counts()["Mul"] == 1
 
 
+@pytest.mark.parametrize("group,bias", [(1, True), (2, False)])
+def test_batchnorm_folds_into_a_transposed_conv(group, bias):
+    # Keras Conv2DTranspose(3, strides 2) + BatchNormalization: the transposed conv stays a float
+    # conv2d_transpose (its kernel is no multiple of the stride), and the BN a layer of its own
+    n = helper.make_node
+    nodes = [n("ConvTranspose", ["x", "w"] + (["b"] if bias else []), ["t"], strides=[2, 2], pads=[0, 0, 1, 1],
+               group=group),
+             n("BatchNormalization", ["t", "s", "o", "m", "v"], ["y"])]
+    inits = {"w": rand(4, 6 // group, 3, 3), "b": rand(6), "s": rand(6) + 2, "o": rand(6), "m": rand(6),
+             "v": np.abs(rand(6)) + 0.5}
+    g, _ = check(make_model(nodes, [X], [("y", None)], inits), None)
+    assert g.op_counts() == {"ConvTranspose": 1}
+
+
 def test_push_transposes_moves_an_nhwc_pad_into_the_conv():
     # Keras' MobileNetV3Small (tf2onnx): ZeroPadding2D between NHWC pairs before each stride-2
     # depthwise conv. The Pad stayed a CPU layer between two whole-map transposes (kmodel v3,

@@ -1,5 +1,6 @@
 """Fold BatchNormalization, and the per-channel constant Mul/Add/Sub that Keras 3 leaves after
-depthwise convs, into the preceding Conv's weights and bias (exact up to float rounding)."""
+depthwise convs, into the preceding Conv's (or ConvTranspose's: a Keras Conv2DTranspose + BN
+that stays a float conv2d_transpose) weights and bias (exact up to float rounding)."""
 import numpy as np
 
 
@@ -28,12 +29,17 @@ def fold_batchnorm(g, log):
     changed = True
     while changed:
         changed = False
-        for conv in [n for n in g.nodes if n.op == "Conv" and not n.attrs.get("activation") and not n.attrs.get("pool")]:
+        for conv in [n for n in g.nodes if n.op in ("Conv", "ConvTranspose") and not n.attrs.get("activation")
+                     and not n.attrs.get("pool")]:
             nxt = g.single_consumer(conv.outputs[0])
-            w, b = g.const(conv.inputs[1]), g.const(conv.inputs[2])
+            w = g.const(conv.inputs[1])
+            groups = int(conv.attrs.get("group", 1))
+            co = None if w is None else w.shape[0] if conv.op == "Conv" else w.shape[1] * groups
+            b = g.const(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else \
+                None if conv.op == "Conv" or co is None else np.zeros(co, np.float32)
             if nxt is None or w is None or b is None:
                 continue
-            co, rank = w.shape[0], len(g.shape(conv.outputs[0]))
+            rank = len(g.shape(conv.outputs[0]))
             mul, add = np.ones(co, np.float32), np.zeros(co, np.float32)
             if nxt.op == "BatchNormalization" and nxt.inputs[0] == conv.outputs[0] and len(nxt.outputs) == 1:
                 r = _bn(g, nxt)
@@ -53,8 +59,14 @@ def fold_batchnorm(g, log):
                     add = v if nxt.op == "Add" else -v
             else:
                 continue
-            conv.inputs[1] = g.add_const((w * mul.reshape(-1, 1, 1, 1)).astype(np.float32), conv.name + "/W_bn")
-            conv.inputs[2] = g.add_const((b * mul + add).astype(np.float32), conv.name + "/B_bn")
+            if conv.op == "Conv":
+                w = w * mul.reshape(-1, 1, 1, 1)
+            else:                   # (Ci, Co/group, kh, kw): output channel o is group o // (Co/group)
+                ci, cog = w.shape[:2]
+                w = (w.reshape(groups, ci // groups, cog, *w.shape[2:]) *
+                     mul.reshape(groups, 1, cog, 1, 1)).reshape(w.shape)
+            conv.inputs[1] = g.add_const(w.astype(np.float32), conv.name + "/W_bn")
+            conv.inputs[2:3] = [g.add_const((b * mul + add).astype(np.float32), conv.name + "/B_bn")]
             g.nodes.remove(nxt)
             g.replace_uses(nxt.outputs[0], conv.outputs[0])
             conv.fused.append(nxt.name)
