@@ -465,6 +465,7 @@ class EmulatedBoard:
         self._sock.bind(self.lines_socket)
         self._rx_line_free = 0.0
         self._rx_streaming = False
+        self._read_baud = None              # the host's rate at the previous read
         self._thread = None
 
     # ---- public API --------------------------------------------------------------------
@@ -574,7 +575,12 @@ class EmulatedBoard:
             return
         self.stats.rx_bytes += len(data)
         host_baud = self._host_baud() if self.check_baud else None
-        if host_baud and abs(host_baud - self.core.baud) > BAUD_TOLERANCE * self.core.baud:
+        # the rate is read now, not when the bytes left: where the host changed it since the last
+        # read (kflash: the baud-change command, 50 ms, then the new rate), a read this thread got
+        # to late may hold bytes sent at the old one
+        rates = {host_baud, self._read_baud} if host_baud != self._read_baud else {host_baud}
+        self._read_baud = host_baud
+        if host_baud and not any(r and abs(r - self.core.baud) <= BAUD_TOLERANCE * self.core.baud for r in rates):
             self.stats.lost_bytes_baud_mismatch += len(data)   # garbled at the wrong rate
             return
         data, delay = self.faults.apply(data)
