@@ -54,11 +54,12 @@ def share_concat_ranges(g, ranges: dict) -> int:
             if node.inputs.count(t) != 1:
                 continue
             path = _path(g, t)
-            if not path or any(t not in ranges for t in path):
+            if not path or any(m not in ranges for m in path):
                 continue
-            if any(ranges[t][0] < lo or ranges[t][1] > hi for t in path) or all(ranges[t] == (lo, hi) for t in path):
+            if any(ranges[m][0] < lo or ranges[m][1] > hi for m in path) or \
+                    all(tuple(ranges[m]) == (lo, hi) for m in path):
                 continue
-            for p in path:
-                ranges[p] = (lo, hi)
+            for m in path:
+                ranges[m] = (lo, hi)
             moved += 1
     return moved
