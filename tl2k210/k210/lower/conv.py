@@ -26,6 +26,7 @@ from tl2k210.graph import stage_names
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import v3
 from tl2k210.k210.kmodel.v4 import DT_UINT8, MEM_KPU, MEM_MAIN
+from tl2k210.passes.group_conv import block_diagonal
 
 from . import kpu
 from .registry import KPU, NA, lowering
@@ -44,14 +45,7 @@ def dense_matrix(W, group: int = 1) -> np.ndarray:
     """The (Co, Ci) matrix of a dense layer's conv weights (Co, Ci/group, 1, 1): block-diagonal
     for a grouped conv (a depthwise conv on a 1x1 map, prelu_split's split and join of a vector)."""
     W = np.asarray(W)
-    co, m = W.shape[0], W.shape[1]
-    if group == 1:
-        return W.reshape(co, m)
-    n = co // group
-    D = np.zeros((co, m * group), W.dtype)
-    for o in range(co):
-        D[o, (o // n) * m:(o // n + 1) * m] = W[o].reshape(m)
-    return D
+    return (W if group == 1 else block_diagonal(W, group)).reshape(W.shape[0], -1)
 
 
 def kpu_conv_refuses(g, node, opts):
