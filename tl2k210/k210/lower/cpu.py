@@ -158,10 +158,7 @@ def quantize_clamp(lw, node):
     row = lw.row(node, f"{act['op']} of a float map: QUANTIZE to its range (saturation is the clamp)",
                  in_shape=lw.shape(x), out_shape=lw.shape(out))
     src = lw.need_f32(x, row)
-    loc = lw.u8_out(out, (so, zo))
-    n = int(np.prod(loc.shape))
-    lw.emit("QUANTIZE", dict(flags=0, main_mem_in_address=src, mem_out_address=loc.u8, count=n, scale=so,
-                             bias=-(zo + lw.u8_offset.get(out, 0.0)) * so), row)
+    lw.emit_quantize(src, out, lw.u8_out(out, (so, zo)).u8, (so, zo), row)
     lw.traced(out, "u8")
 
 

@@ -440,16 +440,20 @@ class Lowering:
         if loc.f32 is not None:
             if loc.quant is None:
                 loc.quant = self.quant_of(t)
-            s, z = loc.quant
-            n = int(np.prod(loc.shape))
-            loc.u8 = self.alloc(t, "u8", n)
-            self.emit("QUANTIZE", dict(flags=0, main_mem_in_address=loc.f32, mem_out_address=loc.u8,
-                                       count=n, scale=s, bias=-(z + self.u8_offset.get(t, 0.0)) * s), row)
+            loc.u8 = self.alloc(t, "u8", int(np.prod(loc.shape)))
+            self.emit_quantize(loc.f32, t, loc.u8, loc.quant, row)
             row.notes.append("quantize to uint8")
             if self.at is not None and self.order[self.at].name == row.node:
                 self.drop_copy(t, "f32", self.at)      # the node quantizing it reads the uint8 copy
             return loc.u8
         raise AssertionError(f"tensor {t} has no main-memory copy")
+
+    def emit_quantize(self, src, t, dst, quant, row):
+        """QUANTIZE the float map at `src` to tensor `t`'s uint8 buffer `dst` on grid `quant`."""
+        s, z = quant
+        self.emit("QUANTIZE", dict(flags=0, main_mem_in_address=src, mem_out_address=dst,
+                                   count=int(np.prod(self.locs[t].shape)), scale=s,
+                                   bias=-(z + self.u8_offset.get(t, 0.0)) * s), row)
 
     def need_f32(self, t, row):
         loc = self.locs[t]
