@@ -73,6 +73,7 @@ class Board:
         self.images = list(images)
         self.max_frames = len(self.images) if max_frames is None else min(max_frames, len(self.images))
         self.frames_taken = 0
+        self.rtc_offset = 0       # seconds time.set_time moved the RTC (modules.py utime)
         self.frame_times = []     # board ms at each camera frame delivered
         self.camera = camera
         self.out = Path(out) if out else None

@@ -36,7 +36,7 @@ import types
 import zlib as _zlib
 
 from tl2k210.maixpy.runtime import mp_float, mp_str
-from tl2k210.maixpy.vfs import oserror
+from tl2k210.maixpy.vfs import EPOCH_2000, oserror
 
 BUILTIN = {}
 IMPORT_HINTS = {
@@ -228,28 +228,30 @@ def _time(s):
 
     def _now():
         # the RTC: 2000-01-01 00:00:00 at power-on, moved by set_time (b.rtc_offset seconds)
-        return c.now_us() // 1_000_000 + getattr(b, "rtc_offset", 0)
+        return c.now_us() // 1_000_000 + b.rtc_offset
+
+    def _secs(six):
+        """Seconds since 2000 of (year, month, day, hour, minute, second)."""
+        import calendar
+        return calendar.timegm(tuple(six) + (0, 0, 0)) - EPOCH_2000
 
     def localtime(secs=None):
         import time as t
         secs = _now() if secs is None else get_int(secs)
-        tm = t.gmtime(secs + 946684800)
+        tm = t.gmtime(secs + EPOCH_2000)
         return (tm.tm_year, tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                 tm.tm_wday, tm.tm_yday)
 
     def mktime(tup):
-        import calendar
         if len(tup) not in (8, 9):
             raise TypeError("mktime needs a tuple of length 8 or 9")
-        return calendar.timegm(tuple(tup[:6]) + (0, 0, 0)) - 946684800
+        return _secs(tup[:6])
 
     def set_time(tup):
         """modutime.c: rtc_timer_set(year, mon, mday, hour, min, sec) from the first six items;
         time(), localtime() then count on from there. True on success."""
-        import calendar
-        y, mo, d, h, mi, sec = (get_int(v) for v in list(tup)[:6])
         try:
-            secs = calendar.timegm((y, mo, d, h, mi, sec, 0, 0, 0)) - 946684800
+            secs = _secs(get_int(v) for v in list(tup)[:6])
         except (ValueError, OverflowError):
             return False
         b.rtc_offset = secs - c.now_us() // 1_000_000

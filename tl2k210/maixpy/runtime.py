@@ -158,6 +158,11 @@ def exc_line(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+def _string_prefix(tok) -> str:
+    """A string token's prefix, lower case ('rb' of rB'...'), '' for any other token."""
+    return re.match(r"^[A-Za-z]*", tok.string).group(0).lower() if tok.type == tokenize.STRING else ""
+
+
 def utf8_bytes_literals(source: str) -> str:
     """MicroPython's lexer is 8-bit clean: a bytes literal keeps a non-ASCII character as its
     UTF-8 bytes (3 for a Chinese character: Sipeed's font demos draw text so), where CPython
@@ -170,7 +175,7 @@ def utf8_bytes_literals(source: str) -> str:
     for line in io.StringIO(source):            # the lines tokenize counts
         starts.append(starts[-1] + len(line))
     for t in reversed(toks):
-        prefix = re.match(r"^[A-Za-z]*", t.string).group(0).lower() if t.type == tokenize.STRING else ""
+        prefix = _string_prefix(t)
         if "b" in prefix and "r" not in prefix and not t.string.isascii():
             a, b = starts[t.start[0] - 1] + t.start[1], starts[t.end[0] - 1] + t.end[1]
             lit = "".join(c if c.isascii() else "".join(f"\\x{v:02x}" for v in c.encode()) for c in t.string)
@@ -187,8 +192,7 @@ def check_source(source: str, filename: str):
     for t in toks:
         bad = None
         if t.type == tokenize.STRING:
-            prefix = re.match(r"^[A-Za-z]*", t.string).group(0).lower()
-            if "f" in prefix:
+            if "f" in _string_prefix(t):
                 bad = "f-strings are not supported by MicroPython 1.11 (MaixPy): use '%' or .format()"
         elif t.type == tokenize.OP and t.string == ":=":
             bad = "':=' is not supported by MicroPython 1.11 (MaixPy)"

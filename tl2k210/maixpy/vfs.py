@@ -28,6 +28,9 @@ from pathlib import Path
 
 from tl2k210.k210.board_facts import FLASH_SECTOR, SPIFFS_SIZE
 
+#: seconds from 1970-01-01 (the host's epoch) to 2000-01-01 (MicroPython's, the RTC's power-on time)
+EPOCH_2000 = 946684800
+
 
 def oserror(code: int) -> OSError:
     """OSError as MicroPython raises it: args[0] is the errno, str() '[Errno 2] ENOENT'."""
@@ -247,7 +250,7 @@ class VFS:
         mode = 0x4000 if host.is_dir() else 0x8000
         if m.flat:
             return (mode, 0, 0, 0, 0, 0, st.st_size, 0, 0, 0)
-        t = max(0, int(st.st_mtime) - 946684800)      # FAT times, MicroPython's 2000 epoch
+        t = max(0, int(st.st_mtime) - EPOCH_2000)      # FAT times, MicroPython's 2000 epoch
         return (mode, 0, 0, 0, 0, 0, st.st_size, t, t, t)
 
     def remove(self, path):
