@@ -120,7 +120,7 @@ def _few_pieces_act(rng, pieces, shift, span_bits):
 
 @pytest.mark.parametrize("pieces", range(1, K.MAX_PIECES + 1))
 def test_activation_pieces_are_exact(pieces):
-    """The fused kernels' piecewise arithmetic (kpu.act_pieces, fast._pieces) gives the step
+    """The fused kernels' piecewise arithmetic (kpu.act_pieces, fast._look_rows) gives the step
     table's byte, and the direct activation's, for every u = V - lo of the span and past it;
     and whole layers that use it give the reference's bytes."""
     pytest.importorskip("numba")

@@ -38,51 +38,83 @@ if njit is not None:
         return fine[((page - 256) << q) + (u & ((1 << q) - 1))]
 
     @njit(nogil=True, cache=True, inline="always")
-    def _piece(u, ym, off, b, pc):  # pragma: no cover (compiled)
+    def _piece(u, ym, off, b, sh, mask, half):  # pragma: no cover (compiled)
         """kpu.act_pieces' activation of one clipped u = V - lo on the piece of slope ym, offset
-        off and bias b: the reference's int64 arithmetic (carry_shift_nncase02 included), no
-        table."""
+        off and bias b: the reference's int64 arithmetic (carry_shift_nncase02 by sh, with
+        mask = 2^sh - 1 and half = 2^(sh-1)), no table."""
         t = u * ym - off
-        q = t >> pc[16]
-        f = t & pc[17]
-        up = (f > pc[18]) | ((f == pc[18]) & ((q & 1) == 1))
+        q = t >> sh
+        f = t & mask
+        up = (f > half) | ((f == half) & ((q & 1) == 1))
         return np.uint8(min(max(q + (((t >> 63) | 1) & -np.int64(up)) + b, 0), 255))
 
-    @njit(nogil=True, cache=True, inline="always")
-    def _pieces2(u, pc):  # pragma: no cover (compiled)
-        """_piece on the first or second piece, picked by a compare (a branch-free select)."""
-        g = u >= pc[1]
-        return _piece(u, pc[5] if g else pc[4], pc[9] if g else pc[8], pc[13] if g else pc[12], pc)
+    # The activation of a plane of clipped indices, one loop per form. Each form is its own
+    # function, dispatched once per plane (_look_rows), with the pieces' parameters read into
+    # locals before the loops: one function holding every form's loop, called a row at a time,
+    # ran about 4x slower on the short rows of a small map (80 ns more per call, whether
+    # numba inlines it or not).
+    @njit(nogil=True, cache=True)
+    def _rows_piece1(buf, wp, pc, out):  # pragma: no cover (compiled)
+        ym, off, b, sh, mask, half = pc[4], pc[8], pc[12], pc[16], pc[17], pc[18]
+        w = out.shape[1]
+        for y in range(out.shape[0]):
+            src, orow = buf[y * wp:y * wp + w], out[y]   # slices: indexing buf[y * wp + x]
+            for x in range(w):                           # would not vectorise (numba's
+                orow[x] = _piece(np.int64(src[x]), ym, off, b, sh, mask, half)   # wrap-around)
 
-    @njit(nogil=True, cache=True, inline="always")
-    def _pieces(u, pc):  # pragma: no cover (compiled)
-        """_piece with up to four pieces: the piece's slope, offset and bias picked by
-        compares (branch-free selects, which vectorise)."""
-        g1, g2, g3 = u >= pc[1], u >= pc[2], u >= pc[3]
-        ym = pc[7] if g3 else (pc[6] if g2 else (pc[5] if g1 else pc[4]))
-        off = pc[11] if g3 else (pc[10] if g2 else (pc[9] if g1 else pc[8]))
-        b = pc[15] if g3 else (pc[14] if g2 else (pc[13] if g1 else pc[12]))
-        return _piece(u, ym, off, b, pc)
+    @njit(nogil=True, cache=True)
+    def _rows_piece2(buf, wp, pc, out):  # pragma: no cover (compiled)
+        s1, ym0, ym1, off0, off1, b0, b1 = pc[1], pc[4], pc[5], pc[8], pc[9], pc[12], pc[13]
+        sh, mask, half = pc[16], pc[17], pc[18]
+        w = out.shape[1]
+        for y in range(out.shape[0]):
+            src, orow = buf[y * wp:y * wp + w], out[y]
+            for x in range(w):
+                u = np.int64(src[x])
+                g = u >= s1
+                orow[x] = _piece(u, ym1 if g else ym0, off1 if g else off0, b1 if g else b0,
+                                 sh, mask, half)
 
-    @njit(nogil=True, cache=True, inline="always")
-    def _emit(buf, b0, pages, fine, q, pc, orow):  # pragma: no cover (compiled)
-        """orow[x] = the activation of the clipped index buf[b0 + x]: by the piecewise
-        arithmetic of kpu.act_pieces where pc[0] (its piece count) > 0 (vectorises), else by the
-        step table (a gather)."""
-        n = orow.size
-        src = buf[b0:b0 + n]   # a slice: indexing buf[b0 + x] would not vectorise (numba's
-        if pc[0] == 1:         # negative-index wrap-around hides the stride)
-            for x in range(n):
-                orow[x] = _piece(np.int64(src[x]), pc[4], pc[8], pc[12], pc)
-        elif pc[0] == 2:
-            for x in range(n):
-                orow[x] = _pieces2(np.int64(src[x]), pc)
-        elif pc[0] > 2:
-            for x in range(n):
-                orow[x] = _pieces(np.int64(src[x]), pc)
-        else:
-            for x in range(n):
+    @njit(nogil=True, cache=True)
+    def _rows_piece4(buf, wp, pc, out):  # pragma: no cover (compiled)
+        s1, s2, s3 = pc[1], pc[2], pc[3]
+        ym0, ym1, ym2, ym3 = pc[4], pc[5], pc[6], pc[7]
+        off0, off1, off2, off3 = pc[8], pc[9], pc[10], pc[11]
+        b0, b1, b2, b3 = pc[12], pc[13], pc[14], pc[15]
+        sh, mask, half = pc[16], pc[17], pc[18]
+        w = out.shape[1]
+        for y in range(out.shape[0]):
+            src, orow = buf[y * wp:y * wp + w], out[y]
+            for x in range(w):
+                u = np.int64(src[x])
+                g1, g2, g3 = u >= s1, u >= s2, u >= s3
+                ym = ym3 if g3 else (ym2 if g2 else (ym1 if g1 else ym0))
+                off = off3 if g3 else (off2 if g2 else (off1 if g1 else off0))
+                b = b3 if g3 else (b2 if g2 else (b1 if g1 else b0))
+                orow[x] = _piece(u, ym, off, b, sh, mask, half)
+
+    @njit(nogil=True, cache=True)
+    def _rows_table(buf, wp, pages, fine, q, out):  # pragma: no cover (compiled)
+        w = out.shape[1]
+        for y in range(out.shape[0]):
+            src, orow = buf[y * wp:y * wp + w], out[y]
+            for x in range(w):
                 orow[x] = _look(src[x], pages, fine, q)
+
+    @njit(nogil=True, cache=True)
+    def _look_rows(buf, wp, pages, fine, q, pc, out):  # pragma: no cover (compiled)
+        """out[y, x] = the activation of the clipped index buf[y * wp + x] for one channel's
+        (H, W) output, from a plane of row stride wp: by the piecewise arithmetic of
+        kpu.act_pieces where pc[0] (its piece count) > 0 (branch-free selects pick the piece:
+        vectorises), else by the step table (a gather)."""
+        if pc[0] == 1:
+            _rows_piece1(buf, wp, pc, out)
+        elif pc[0] == 2:
+            _rows_piece2(buf, wp, pc, out)
+        elif pc[0] > 2:
+            _rows_piece4(buf, wp, pc, out)
+        else:
+            _rows_table(buf, wp, pages, fine, q, out)
 
     @njit(nogil=True, cache=True, inline="always")
     def _warm(pages, fine, q, pc, buf):  # pragma: no cover (compiled)
@@ -108,23 +140,18 @@ if njit is not None:
         for p in range(n):
             buf[p] = min(max((((np.int64(vals[p]) + c) * m) >> s) + a, 0), top)
 
-    @njit(nogil=True, cache=True, inline="always")
-    def _bn_row(vals, c, m, s, a, pages, fine, q, top, pc, buf, orow):  # pragma: no cover (compiled)
-        """orow[p] = table(((vals[p] + c) * m >> s) + a) for one row, in two passes: the
-        integer arithmetic (vectorises) into buf, then the activation (_emit). One
-        fused loop would not vectorise and runs about 4x slower."""
-        _bn_idx(vals, orow.size, c, m, s, a, top, buf)
-        _emit(buf, 0, pages, fine, q, pc, orow)
-
     @njit(nogil=True, cache=True)
     def bn_lut(acc, const, mul, shift, add_lo, pages, fine, q, top, pc, buf, out):  # pragma: no cover (compiled)
         """out[o, p] = table(((acc[o, p] + const[o]) * mul[o] >> shift[o]) + add_lo[o]);
         acc holds exact integers (float32/float64 BLAS output); buf: one row of scratch
-        (int32 when top < 2^31, else int64)."""
+        (int32 when top < 2^31, else int64). A row in two passes: the integer arithmetic
+        (vectorises) into buf, then the activation (_look_rows); one fused loop would not
+        vectorise and runs about 4x slower."""
         _warm(pages, fine, q, pc, buf)
+        n = out.shape[1]
         for o in range(acc.shape[0]):
-            _bn_row(acc[o], const[o], mul[o], shift[o], add_lo[o], pages, fine, q, top, pc, buf,
-                    out[o])
+            _bn_idx(acc[o], n, const[o], mul[o], shift[o], add_lo[o], top, buf)
+            _look_rows(buf, n, pages, fine, q, pc, out[o:o + 1])
 
     @njit(nogil=True, cache=True, inline="always")
     def _fold(vals, r, n, lo):  # pragma: no cover (compiled)
@@ -135,13 +162,6 @@ if njit is not None:
         else:
             for x in range(n):
                 vals[x] = max(vals[x], r[x])
-
-    @njit(nogil=True, cache=True, inline="always")
-    def _look_rows(buf, wp, pages, fine, q, pc, out):  # pragma: no cover (compiled)
-        """out[y, x] = the activation (_emit) of buf[y * wp + x] for one channel's (H, W)
-        output, from a plane of row stride wp."""
-        for y in range(out.shape[0]):
-            _emit(buf, y * wp, pages, fine, q, pc, out[y])
 
     @njit(nogil=True, cache=True)
     def max_bn_lut(acc, k, s, neg, const, mul, shift, add_lo, pages, fine, q, top, pc, vals,

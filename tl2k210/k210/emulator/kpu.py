@@ -310,7 +310,7 @@ I64 = 1 << 64
 def act_pieces(act: dict, rule: str, table: StepTable | None) -> tuple:
     """The activation on the table's span [lo, lo + top] (outside it the table is constant, so the
     fused kernels clip u = V − lo to [0, top]) as at most MAX_PIECES linear pieces in u, for the
-    fused kernels' arithmetic (fast._pieces): the very int64 formula of ``activation`` with
+    fused kernels' arithmetic (fast._look_rows): the very int64 formula of ``activation`` with
     its carry shift, evaluated per value in a few vector instructions, where the table costs a
     gather per value. A tuple (n, start[1..3], y_mul[0..3], offset[0..3], bias[0..3], shift,
     mask, half) of piece n's u ≥ start, t = u·y_mul − offset ≡ (V − x_start)·y_mul (mod 2^64,
