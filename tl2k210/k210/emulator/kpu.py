@@ -411,6 +411,10 @@ class PreparedConv:
         self._build_lut(wt, sw_i, n_ic, kk)
         # the fused numba kernels need the tabulated activation and no Σx extra rows
         self.use_fast = use_fast and fast.available() and self.table is not None and not self.extra
+        # the fused depthwise kernel reads its padded input as float32 where its taps are
+        # float32 (fast.pad1 converts each value once; the taps would convert it nine times)
+        fused_dw = self.use_fast and self.depthwise and self.table.fine is not None
+        self.plane = np.float32 if fused_dw and self.wtap.dtype == np.float32 else np.uint8
         # pick pools (nncase's stride-2 convs) sum only the picked windows (a quarter or a
         # sixteenth of the work). Max pools of a normal conv run on the sums, before the BN
         # stage, where the layer is monotone: V = ((ACC + c)·mul >> shift) + add is
@@ -491,12 +495,16 @@ class PreparedConv:
                 cols[:, ky, kx] = xp[:, ky:ky + s * h:s, kx:kx + s * w:s]
         return cols.reshape(ci * 9, h * w)
 
-    def _pad(self, x: np.ndarray) -> np.ndarray:
+    def _pad(self, x: np.ndarray, dtype=np.uint8) -> np.ndarray:
+        """x with the 3 x 3 conv's 1-pixel border of pad_value, in dtype (x itself for 1 x 1)."""
         if self.k == 1:
             return x
         ci, h, w = x.shape
         pv = self.args["pad_value"]
-        xp = np.empty((ci, h + 2, w + 2), np.uint8)
+        xp = np.empty((ci, h + 2, w + 2), dtype)
+        if self.use_fast:
+            fast.pad1(x, pv, xp)
+            return xp
         xp[:, 1:-1, 1:-1] = x
         xp[:, 0, :] = xp[:, -1, :] = pv
         xp[:, :, 0] = xp[:, :, -1] = pv
@@ -676,7 +684,7 @@ class PreparedConv:
             else:
                 for rr in bands:
                     fn(rr)
-        xp = self._pad(x)
+        xp = self._pad(x, self.plane)
         code = self.args["pool_type"]
         if self.pool_first:
             out = np.empty(self.out_shape, np.uint8) if out is None else out
