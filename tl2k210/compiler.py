@@ -568,15 +568,21 @@ def load(source, opts: ConvertOptions) -> Loaded:
     return Loaded(graph, where, batch_note, time.perf_counter() - t0)
 
 
-def optimise(loaded: Loaded, opts: ConvertOptions, small_prelu: bool = False) -> Optimised:
+#: passes whose forms are the fast ones, each with a smaller alternative (SMALL_FORMS)
+FAST_FORMS = ("prelu_split", "conv_transpose_3x3")
+#: passes giving the smaller forms: the PReLUs' residual form, transposed convs' exact phases
+SMALL_FORMS = ("prelu_residual", "conv_transpose")
+
+
+def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False) -> Optimised:
     """The K210 flow's passes; the kmodel format the runtime must load and the 8-bit ideal, both
-    refused here, before calibration, when the runtime cannot take them. `small_prelu`: the
-    PReLUs' smaller form (pass prelu_residual)."""
+    refused here, before calibration, when the runtime cannot take them. `small`: the graph's
+    smaller forms (SMALL_FORMS: pass prelu_residual on, conv_transpose_3x3 off)."""
     from tl2k210.k210 import fit
     from tl2k210.k210.flow import run_pipeline
     from tl2k210.k210.lower import Options
     _say(opts, f"[2/6] passes ({len(loaded.graph.nodes)} nodes) ...")
-    passes = {"kpu_padding": opts.kpu_padding, "prelu_residual": small_prelu}
+    passes = {"kpu_padding": opts.kpu_padding, "prelu_residual": small, "conv_transpose_3x3": not small}
     graph, plog = run_pipeline(loaded.graph, passes, target=Options(
         format=opts.format, weight_bits=opts.weight_bits, float_fc=opts.float_fc,
         v3_only=not fit.loads_format(opts.runtime, "v4")))
@@ -672,29 +678,31 @@ def _or_none(fn, *args):
 
 
 def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
-    """(Optimised, Calibration, fit.Choice) with the per-channel PReLUs' form that --optimize asks
-    for: where the residual form (pass prelu_residual: O(c) bytes, its adds on the CPU) replaces
-    some pair (pass prelu_split: split / join layers of ~c²/8 bytes on the KPU), the model is
-    planned both ways and takes the residual one where the pair does not fit or where it is faster
+    """(Optimised, Calibration, fit.Choice) with the graph forms that --optimize asks for: where
+    a smaller form replaces a fast one (FAST_FORMS / SMALL_FORMS: a per-channel PReLU's residual
+    form, O(c) bytes and its adds on the CPU, for the pair of split / join layers of ~c²/8 bytes on
+    the KPU; a transposed conv's exact phases, a CPU conv, for its 3x3 KPU phases), the model is
+    planned both ways and takes the small one where the fast one does not fit or is not faster
     (--optimize size: always). The receipt's trades say which and why."""
     from tl2k210.k210 import fit
     if opts.optimize == "size":
         opt = optimise(loaded, opts, True)
         cal = calibrate(opt, opts, loaded.where)
         return opt, cal, plan_and_lower(opt, cal)
-    pair = refused = None
+    pair = refused = first = None
     try:
-        opt = optimise(loaded, opts)
-        cal = calibrate(opt, opts, loaded.where)
-        pair = opt, cal, plan_and_lower(opt, cal)
+        first = optimise(loaded, opts)
+        cal = calibrate(first, opts, loaded.where)
+        pair = first, cal, plan_and_lower(first, cal)
     except fit.BudgetError as e:
         refused = e
-    if pair is not None and not any(p["pass"] == "prelu_split" and p["changes"] for p in pair[0].log):
-        return pair                 # no per-channel PReLU
+    fast = {} if first is None else {p["pass"]: p["changes"] for p in first.log if p["pass"] in FAST_FORMS}
+    if pair is not None and not any(fast.values()):
+        return pair                 # no form with a smaller alternative
     try:
         opt = optimise(loaded, opts, True)
         changed = next(p["changes"] for p in opt.log if p["pass"] == "prelu_residual")
-        if not changed:             # no pair needs a layer of its own: the same graph
+        if not changed and not fast.get("conv_transpose_3x3"):    # the same graph
             if refused is not None:
                 raise refused
             return pair
@@ -704,15 +712,18 @@ def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
         if pair is None:
             raise
         return pair
-    form = (f"{len(changed)} per-channel PReLU(s): the residual form, y ± relu(-|1 - a|·y) (1x1 depthwise "
-            f"convs and residual adds)")
+    forms = ([f"{len(changed)} per-channel PReLU(s): the residual form, y ± relu(-|1 - a|·y) (1x1 "
+              "depthwise convs and residual adds)"] if changed else []) + \
+        ([f"{len(fast['conv_transpose_3x3'])} transposed conv(s): their exact phases (a CPU conv), not "
+          "3x3 KPU phases"] if fast.get("conv_transpose_3x3") else [])
+    form = "; ".join(forms)
     if pair is None:
-        res[2].trades.append(f"{form}; the pair form did not fit: {str(refused).split('; ')[0]}")
+        res[2].trades.append(f"{form}; the fast form did not fit: {str(refused).split('; ')[0]}")
         return res
     p, r = pair[2], res[2]
     pc, rc = p.built.est.cycles, r.built.est.cycles
     if rc < pc:     # not merely smaller: its uint8 maps differ from the pair's (iris landmarks: -4.4 dB)
-        r.trades.append(f"{form}, {r.built.need:,} B, est. {cost.ms(rc):.2f} ms; the pair form would take "
+        r.trades.append(f"{form}, {r.built.need:,} B, est. {cost.ms(rc):.2f} ms; the fast form would take "
                         f"{p.built.need:,} B, {cost.ms(pc):.2f} ms")
         return res
     return pair

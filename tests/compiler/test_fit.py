@@ -222,12 +222,53 @@ def test_prelu_takes_its_residual_form_only_where_the_pair_does_not_fit(tmp_path
     r = _convert(src, tmp_path / "fit.kmodel", png_dir, runtime="maixpy")
     assert r.file_size + r.main_memory <= budget
     assert len(r.trades) == 1 and r.trades[0].startswith("1 per-channel PReLU(s): the residual form")
-    assert "the pair form did not fit: kmodel v" in r.trades[0]
+    assert "the fast form did not fit: kmodel v" in r.trades[0]
     assert [(x["node"], x["unit"]) for x in r.layers if x["node"].startswith("p/")] == \
         [("p/add", "KPU"), ("p/partial", "CPU"), ("p/sub", "KPU")]
     assert r.totals["output_sqnr_db"] > 30 and pair.totals["output_sqnr_db"] > 30
     size = _convert(src, tmp_path / "size.kmodel", png_dir, runtime="maixpy", optimize="size")
     assert "p/add" in {x["node"] for x in size.layers} and not any("PReLU" in t for t in size.trades)
+
+
+def test_transposed_conv_takes_its_exact_phases_only_where_the_3x3_ones_do_not_fit(tmp_path, png_dir, monkeypatch):
+    """A 4x4 stride-2 transposed conv (PyTorch's x2 upsampling) + ReLU: by default its phases' 3x3
+    KPU conv (pass conv_transpose_3x3: 9 taps a phase); where the model then does not fit, or
+    with --optimize size, its exact phases (2x2, a CPU conv: every weight once), named in the
+    trades; both within quantization of the float model."""
+    import dataclasses
+
+    from tl2k210 import compiler
+    from tl2k210.k210 import firmware
+    ci, co = 64, 64
+    nodes = [conv_node("c", "x", "wc", "bc", pads=[1, 1, 1, 1]), N("Relu", ["c"], ["r"]),
+             N("ConvTranspose", ["r", "w", "b"], ["t"], strides=[2, 2], pads=[1, 1, 1, 1]), N("Relu", ["t"], ["y"])]
+    src = tmp_path / "convt.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 3, 16, 16])], [("y", [1, co, 32, 32])],
+                         {"wc": W(ci, 3, 3, 3), "bc": W(ci), "w": W(ci, co, 4, 4, scale=0.1), "b": W(co)}), src)
+    fast = _convert(src, tmp_path / "fast.kmodel", png_dir, runtime="maixpy")
+    def phases(r):
+        return [(x["unit"], tuple(x["in_shape"])) for x in r.layers if x["node"].startswith("t/phases")]
+    assert not fast.trades and phases(fast) == [("KPU", (ci, 16, 16))]
+    size = _convert(src, tmp_path / "size.kmodel", png_dir, runtime="maixpy", optimize="size")
+    assert phases(size) == [("CPU", (ci, 16, 16))]
+    assert size.file_size + 30_000 < fast.file_size and size.latency_ms > 2 * fast.latency_ms
+    from tl2k210.compiler import ConvertOptions
+    opts = ConvertOptions(dataset=str(png_dir), progress=False, runtime="sdk", sqnr_samples=2)
+    loaded = compiler.load(src, opts)
+
+    def need(small, optimize):
+        o = dataclasses.replace(opts, optimize=optimize)
+        opt = compiler.optimise(loaded, o, small)
+        return compiler.plan_and_lower(opt, compiler.calibrate(opt, o, loaded.where)).built.need
+    budget = need(True, "latency")            # the exact phases at their fastest
+    assert budget < need(False, "size")       # under the 3x3 phases' smallest
+    monkeypatch.setitem(compiler.RUNTIME_BUDGET, "maixpy", budget)
+    monkeypatch.setitem(firmware.RUNTIMES, "maixpy", dataclasses.replace(firmware.get("maixpy"), model_budget=budget))
+    r = _convert(src, tmp_path / "fit.kmodel", png_dir, runtime="maixpy")
+    assert r.file_size + r.main_memory <= budget
+    assert len(r.trades) == 1 and r.trades[0].startswith("1 transposed conv(s): their exact phases")
+    assert "the fast form did not fit" in r.trades[0] and phases(r) == phases(size)
+    assert min(fast.totals["output_sqnr_db"], r.totals["output_sqnr_db"]) > 30
 
 
 @pytest.mark.parametrize("version,outputs", [(3, [(0, 4000), (4096, 2_000_000)]),
@@ -291,8 +332,8 @@ def test_prelu_takes_its_residual_form_where_it_is_faster(tmp_path, png_dir):
     channels at 32x32 they cost more: the pair (test above)."""
     r = _convert(_prelu_block(tmp_path, c=256, size=4), tmp_path / "fast.kmodel", png_dir, runtime="maixpy")
     assert len(r.trades) == 1 and r.trades[0].startswith("1 per-channel PReLU(s): the residual form")
-    ms, pair_ms = (float(t.split(" ms")[0].split(" ")[-1]) for t in r.trades[0].split("; the pair form"))
-    pair = int(r.trades[0].split("the pair form would take ")[1].split(" B")[0].replace(",", ""))
+    ms, pair_ms = (float(t.split(" ms")[0].split(" ")[-1]) for t in r.trades[0].split("; the fast form"))
+    pair = int(r.trades[0].split("the fast form would take ")[1].split(" B")[0].replace(",", ""))
     assert r.file_size + r.main_memory < 0.6 * pair and ms < 0.8 * pair_ms
     assert "p/add" in {x["node"] for x in r.layers} and r.totals["output_sqnr_db"] > 30
 

@@ -304,18 +304,46 @@ def test_push_transposes_sees_a_reshape_that_moves_size_1_axes():
     assert "Transpose" not in g.op_counts() and g.op_counts()["Mul"] == 1
 
 
-@pytest.mark.parametrize("group,bias", [(1, True), (2, False)])
-def test_batchnorm_folds_into_a_transposed_conv(group, bias):
-    # Keras Conv2DTranspose(3, strides 2) + BatchNormalization: the transposed conv stays a float
-    # conv2d_transpose (its kernel is no multiple of the stride), and the BN a layer of its own
+@pytest.mark.parametrize("group,bias,pads,ops", [
+    (1, True, [0, 0, 1, 1], {"Conv": 1, "DepthToSpace": 1}),
+    (2, False, [0, 0, 1, 1], {"Conv": 1, "DepthToSpace": 1}),
+    (1, True, [1, 1, 1, 1], {"ConvTranspose": 1})])
+def test_batchnorm_folds_into_a_transposed_conv(group, bias, pads, ops):
+    # Keras Conv2DTranspose(3, strides 2, 'same') + BatchNormalization: the transposed conv becomes
+    # its phases' 3x3 conv + DepthToSpace and the BN folds into that conv through the shuffle; the
+    # one of output 2H - 1 stays a float conv2d_transpose, the BN folded into it
     n = helper.make_node
-    nodes = [n("ConvTranspose", ["x", "w"] + (["b"] if bias else []), ["t"], strides=[2, 2], pads=[0, 0, 1, 1],
+    nodes = [n("ConvTranspose", ["x", "w"] + (["b"] if bias else []), ["t"], strides=[2, 2], pads=pads,
                group=group),
              n("BatchNormalization", ["t", "s", "o", "m", "v"], ["y"])]
     inits = {"w": rand(4, 6 // group, 3, 3), "b": rand(6), "s": rand(6) + 2, "o": rand(6), "m": rand(6),
              "v": np.abs(rand(6)) + 0.5}
     g, _ = check(make_model(nodes, [X], [("y", None)], inits), None)
-    assert g.op_counts() == {"ConvTranspose": 1}
+    assert g.op_counts() == ops
+
+
+def test_activation_fuses_into_a_conv_through_depth_to_space():
+    # Conv2DTranspose(3, 2, 'same') + ReLU: the ReLU after the phases' pixel shuffle fuses into
+    # their conv, so the conv's uint8 grid spans [0, max], not the negative half the ReLU drops
+    n = helper.make_node
+    nodes = [n("ConvTranspose", ["x", "w", "b"], ["t"], strides=[2, 2], pads=[0, 0, 1, 1]),
+             n("Relu", ["t"], ["y"])]
+    g, _ = check(make_model(nodes, [X], [("y", None)], {"w": rand(4, 6, 3, 3), "b": rand(6)}), None)
+    assert [(n.op, (n.attrs.get("activation") or {}).get("op")) for n in g.nodes] == \
+        [("Conv", "Relu"), ("DepthToSpace", None)]
+    assert g.nodes[-1].outputs == ["y"]
+
+
+@pytest.mark.parametrize("mode", ["CRD", "DCR"])
+def test_affine_folds_into_a_conv_through_depth_to_space(mode):
+    # a per-channel Mul and Add after a pixel shuffle fold into the conv before it: channel c of
+    # the shuffle is conv channels 4c..4c+3 (CRD) or c, c+3, c+6, c+9 (DCR)
+    n = helper.make_node
+    nodes = [conv("c", "x", "w", pads=[1, 1, 1, 1]), n("DepthToSpace", ["c"], ["d"], blocksize=2, mode=mode),
+             n("Mul", ["d", "k"], ["m"]), n("Add", ["m", "a"], ["y"])]
+    inits = {"w": rand(12, 4, 3, 3), "k": rand(1, 3, 1, 1) + 2, "a": rand(3, 1, 1)}
+    g, _ = check(make_model(nodes, [X], [("y", None)], inits), None)
+    assert g.op_counts() == {"Conv": 1, "DepthToSpace": 1}
 
 
 def test_push_transposes_moves_an_nhwc_pad_into_the_conv():
@@ -585,21 +613,25 @@ def test_pixel_shuffle_chain_is_one_depth_to_space(mode):
 
 @pytest.mark.parametrize("k,s,pads,group,extra,ops", [
     (2, 2, [0, 0, 0, 0], 1, {}, ["Conv", "DepthToSpace"]),                  # Keras Conv2DTranspose(2, 2)
-    (4, 2, [1, 1, 1, 1], 1, {}, ["Conv", "DepthToSpace", "Slice"]),         # PyTorch's x2 upsampling
+    (4, 2, [1, 1, 1, 1], 1, {}, ["Conv3", "DepthToSpace"]),                 # PyTorch's x2 upsampling
     (4, 2, [1, 2, 2, 1], 2, {}, ["Conv", "DepthToSpace", "Slice"]),         # grouped, uneven pads
     (6, 3, [2, 0, 1, 3], 2, {"output_padding": [1, 2]}, ["Conv", "DepthToSpace", "Slice"]),
     (2, 2, [0, 0, 0, 0], 4, {}, ["Conv", "DepthToSpace"]),                  # 4 groups of 1 -> 2
     (3, 1, [1, 1, 1, 1], 1, {}, ["Conv"]),                                  # stride 1: a conv
-    (4, 2, None, 1, {"auto_pad": "SAME_UPPER"}, ["Conv", "DepthToSpace", "Slice"]),
-    (3, 2, [1, 1, 1, 1], 1, {}, ["ConvTranspose"]),       # 3 taps on stride 2: phases of 2 and 1 tap
+    (4, 2, None, 1, {"auto_pad": "SAME_UPPER"}, ["Conv3", "DepthToSpace"]),
+    (3, 2, [0, 0, 1, 1], 1, {}, ["Conv3", "DepthToSpace"]),                 # Keras Conv2DTranspose(3, 2, 'same')
+    (3, 2, [1, 1, 0, 0], 2, {}, ["Conv3", "DepthToSpace"]),                 # ... the odd pixel first, grouped
+    (3, 2, [1, 1, 1, 1], 1, {}, ["ConvTranspose"]),       # output 2H - 1: phases of 2 and 1 tap, cropped
     (4, 2, None, 1, {"auto_pad": "SAME_LOWER", "output_padding": [1, 1]}, ["ConvTranspose"]),
 ])
 def test_conv_transpose_is_phase_convs_and_a_pixel_shuffle(k, s, pads, group, extra, ops):
     """A transposed conv whose kernel is a multiple of its stride becomes one Conv computing the
     s*s phases (k/s taps each, every weight once) + DepthToSpace (CRD) + a Slice for the padding:
-    onnxruntime's ConvTranspose to float rounding. A kernel that is no multiple (its phases would
-    store zero taps) and SAME with output_padding (onnx and onnxruntime disagree on its shape)
-    stay as they are."""
+    onnxruntime's ConvTranspose to float rounding. Where the phases have 2 taps and the output is
+    s times the input ("Conv3"), each phase's taps sit in a 3x3 window of their own, one 3x3 conv
+    with 1-pixel padding (the KPU's form) + DepthToSpace, no Slice, k = 3 included. Other kernels
+    that are no multiple (their phases would store zero taps) and SAME with output_padding (onnx
+    and onnxruntime disagree on its shape) stay as they are."""
     ci, co = 4, 8
     w, b = rand(ci, co // group, k, k), rand(co)
     attrs = dict(strides=[s, s], kernel_shape=[k, k], group=group, **extra)
@@ -607,12 +639,26 @@ def test_conv_transpose_is_phase_convs_and_a_pixel_shuffle(k, s, pads, group, ex
         attrs["pads"] = pads
     m = make_model([helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], name="ct", **attrs)],
                    [("x", [1, ci, 5, 7])], [("y", None)], {"w": w, "b": b})
-    g, changes = check(m, "conv_transpose", x=rand(1, ci, 5, 7), tol=1e-5)
-    assert [n.op for n in g.nodes] == ops and bool(changes) == (ops[0] == "Conv")
-    if ops[0] == "Conv":
+    x = rand(1, ci, 5, 7)
+    three = ops[0] == "Conv3"
+    g, changes = check(m, "conv_transpose_3x3", x=x, tol=1e-5)
+    assert bool(changes) == three
+    if not three:
+        g, changes = check(m, "conv_transpose", x=x, tol=1e-5)
+    elif k % s == 0:        # --optimize size (conv_transpose_3x3 off): the exact phases, cropped
+        ge, _ = check(m, "conv_transpose", x=x, tol=1e-5)
+        assert [n.op for n in ge.nodes][-1] == "Slice" and ge.const(ge.nodes[0].inputs[1]).size == w.size
+    assert [n.op for n in g.nodes] == ["Conv" if three else ops[0]] + ops[1:]
+    assert bool(changes) == (ops[0] != "ConvTranspose")
+    if ops[0] != "ConvTranspose":
         conv = g.nodes[0]
         wc = g.const(conv.inputs[1])
-        assert wc.size == w.size and wc.shape[0] == co * s * s and conv.attrs["group"] == group
+        assert wc.shape[0] == co * s * s and conv.attrs["group"] == group
+        if three:
+            assert conv.attrs["kernel"] == (3, 3) and conv.attrs["pads"] == [1, 1, 1, 1]
+            assert wc.shape[1:] == (ci // group, 3, 3) and np.count_nonzero(wc) == w.size
+        else:
+            assert wc.size == w.size
         assert g.nodes[-1].name == "ct" and g.nodes[-1].outputs == ["y"]
 
 

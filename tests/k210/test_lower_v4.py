@@ -436,12 +436,12 @@ def test_conv2d_transpose_adds_its_bias():
 
 @pytest.mark.parametrize("act", ["Relu", "Clip"])
 def test_a_clamp_of_a_float_map_is_its_quantization(act, monkeypatch):
-    """A ReLU / ReLU6 after the float conv2d_transpose (Keras Conv2DTranspose(3, 2)) is the
-    QUANTIZE of the float map to the activation's range (saturation clamps exactly): one
-    rounding. A REQUANTIZE table after the map's own uint8 grid rounded twice (35.1 dB against
-    an ideal 38.8 on a 64x64 decoder; 38.9 now)."""
+    """A ReLU / ReLU6 after a float conv2d_transpose (3x3 stride 2, output 2H - 1: no phase
+    form) is the QUANTIZE of the float map to the activation's range (saturation clamps
+    exactly): one rounding. A REQUANTIZE table after the map's own uint8 grid rounded twice
+    (35.1 dB against an ideal 38.8 on a 64x64 decoder; 38.9 now)."""
     nodes = [N("ConvTranspose", ["r", "wt", "bt"], ["ct"], name="ct", strides=[2, 2], kernel_shape=[3, 3],
-               pads=[0, 0, 1, 1]),
+               pads=[1, 1, 1, 1]),
              N(act, ["ct"] + (["lo", "hi"] if act == "Clip" else []), ["cr"], name="act"),
              conv_node("y", "cr", "w1", pads=[1, 1, 1, 1])]
     m = build(nodes, {"wt": W(8, 6, 3, 3), "bt": W(6), "w1": W(4, 6, 3, 3), "lo": np.float32(0),
@@ -457,29 +457,29 @@ def test_a_clamp_of_a_float_map_is_its_quantization(act, monkeypatch):
 
 
 @pytest.mark.parametrize("k,pads,small", [(2, [0, 0, 0, 0], False), (4, [1, 1, 1, 1], False),
-                                          (2, [0, 0, 0, 0], True), (4, [1, 1, 1, 1], True)])
+                                          (3, [0, 0, 1, 1], False), (2, [0, 0, 0, 0], True),
+                                          (4, [1, 1, 1, 1], True)])
 def test_conv_transpose_runs_as_uint8_phase_convs(k, pads, small):
-    """A stride-2 transposed conv (Keras Conv2DTranspose 2x2, PyTorch's 4x4 pad 1) runs as its
-    phase conv (pass conv_transpose, float-exact: tests/compiler/test_passes.py): on the KPU (a 1x1
-    conv for 2x2), or the uint8 quantized_conv2d (its smaller form, or 2x2 taps the KPU's 3x3
-    border cannot pad), and the pixel shuffle as two
-    uint8 transposes (+ a strided_slice for the padding): no float conv2d_transpose and no
-    dequantize, each weight once, a byte. Every node bit for bit against the reference runner
-    (nncase v0.2's loops written out), the output within the 8-bit rounding of onnxruntime's
-    float ConvTranspose."""
+    """A stride-2 transposed conv (Keras Conv2DTranspose 2x2 and 3x3 'same', PyTorch's 4x4 pad 1)
+    runs as its phase conv (passes conv_transpose_3x3 / conv_transpose, float-exact:
+    tests/compiler/test_passes.py): on the KPU (a 1x1 conv for 2x2; the phases' 3x3 conv for 4x4
+    and 3x3), or, the smaller forms (--optimize size: pass conv_transpose_3x3 off), the exact
+    2x2 phases as the uint8 quantized_conv2d, every weight once, a byte, + a strided_slice for
+    the padding; the pixel shuffle as two uint8 transposes: no float conv2d_transpose and no
+    dequantize. Every node bit for bit against the reference runner (nncase v0.2's loops written
+    out), the output within the 8-bit rounding of onnxruntime's float ConvTranspose."""
     w = W(8, 6, k, k)
     nodes = [N("ConvTranspose", ["r", "wt", "bt"], ["ct"], name="ct", strides=[2, 2], kernel_shape=[k, k], pads=pads),
              N("Relu", ["ct"], ["cr"]), conv_node("y", "cr", "w1", pads=[1, 1, 1, 1])]
     m = build(nodes, {"wt": w, "bt": W(6), "w1": W(4, 6, 3, 3)})
-    opts = {"small": frozenset({"ct/phases"})} if small else {}
+    opts = {"small": frozenset({"ct/phases"}), "passes": {"conv_transpose_3x3": False}} if small else {}
     model, q, rows = check_v4(m, opcodes=("transpose",) + (("quantized_conv2d",) if small else ()), min_sqnr=30,
                               **opts)
     names = [nd.name for nd in model.nodes]
     assert "conv2d_transpose" not in names and names.index("dequantize") == len(names) - 1   # the float output
-    assert ("strided_slice" in names) == any(pads)
+    assert ("strided_slice" in names) == (small and any(pads))
     phase = next(r for r in rows if r.node == "ct/phases")
-    # 4x4 pad 1: 2x2 phase kernels padded 1 before and after, no 3x3 the KPU's border takes
-    assert phase.lowering == ("kpu_conv" if k == 2 and not small else "quantized_conv2d")
+    assert phase.lowering == ("quantized_conv2d" if small else "kpu_conv")
     if small:
         qc = [nd for nd in model.nodes if nd.name == "quantized_conv2d"]
         assert sum(nd.data["weights"].size for nd in qc) == w.size == phase.weight_bytes - 4 * 6 * 4
@@ -492,7 +492,7 @@ def test_conv2d_transpose_bias_is_a_separate_add_matching_onnxruntime():
     writes it: kmodel.v4.IN_PLACE); float all the way, the output is onnxruntime's to float32
     rounding."""
     b = W(4) + 1.0
-    m = build([N("ConvTranspose", ["x", "wt", "bt"], ["y"], strides=[2, 2], kernel_shape=[3, 3], pads=[1, 1, 0, 0],
+    m = build([N("ConvTranspose", ["x", "wt", "bt"], ["y"], strides=[2, 2], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
                  group=1)], {"wt": W(3, 4, 3, 3), "bt": b}, first=False)
     model, rows, lw, g = compile_model(m, PX, format="v4")
     names = [nd.name for nd in model.nodes]

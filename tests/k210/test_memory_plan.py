@@ -224,7 +224,7 @@ def test_a_copy_no_later_reader_needs_is_freed_at_once(monkeypatch):
     r = lambda *s: (rng.normal(size=s) * 0.4).astype(np.float32)   # noqa: E731
     nodes = [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]),
              helper.make_node("ConvTranspose", ["c0", "wt", "bt"], ["ct"], strides=[2, 2], kernel_shape=[3, 3],
-                              pads=[1, 1, 0, 0]),    # 3 taps on stride 2: no phase convs, float
+                              pads=[1, 1, 1, 1]),    # 3 taps on stride 2, output 2H - 1: no phase convs, float
              conv_node("y", "ct", "w1", pads=[1, 1, 1, 1])]
     m = make_model(nodes, [("x", [1, 3, 16, 16])], [("y", None)],
                    {"w0": r(8, 3, 3, 3), "b0": r(8), "wt": r(8, 8, 3, 3), "bt": r(8), "w1": r(2, 8, 3, 3)})

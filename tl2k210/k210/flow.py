@@ -12,7 +12,7 @@ from tl2k210.passes import Pass
 from tl2k210.passes.channel_shuffle import channel_shuffle
 from tl2k210.passes.channel_softmax import channel_softmax
 from tl2k210.passes.constant_outputs import constant_outputs
-from tl2k210.passes.conv_transpose import conv_transpose
+from tl2k210.passes.conv_transpose import conv_transpose, conv_transpose_3x3
 from tl2k210.passes.decompose import instance_norm, log_softmax, tile
 from tl2k210.passes.dequantize import dequantize
 from tl2k210.passes.fold_affine import affine_to_conv, fold_affine_into_conv
@@ -75,6 +75,7 @@ PIPELINE = [
     Pass("space_to_batch", space_to_batch),
     Pass("gather_slices", gather_slices),
     Pass("pixel_shuffle", pixel_shuffle),
+    Pass("conv_transpose_3x3", conv_transpose_3x3),   # off: --optimize size (the exact phases)
     Pass("conv_transpose", conv_transpose),
     Pass("log_softmax", log_softmax),
     Pass("instance_norm", instance_norm),

@@ -1,6 +1,9 @@
 """Fold BatchNormalization, and the per-channel constant Mul/Add/Sub that Keras 3 leaves after
 depthwise convs, into the preceding Conv's (or ConvTranspose's: a Keras Conv2DTranspose + BN
-that stays a float conv2d_transpose) weights and bias (exact up to float rounding)."""
+that stays a float conv2d_transpose) weights and bias (exact up to float rounding). A
+DepthToSpace between them (a transposed conv's phases, passes/conv_transpose.py) is looked
+through: output channel c of a CRD shuffle of block b is conv channels c b^2 .. c b^2 + b^2 - 1
+(DCR: c, c + C, ...), so the affine's vector repeats (tiles) onto them."""
 import numpy as np
 
 
@@ -39,16 +42,22 @@ def fold_batchnorm(g, log):
                 None if conv.op == "Conv" or co is None else np.zeros(co, np.float32)
             if nxt is None or w is None or b is None:
                 continue
-            rank = len(g.shape(conv.outputs[0]))
-            mul, add = np.ones(co, np.float32), np.zeros(co, np.float32)
-            if nxt.op == "BatchNormalization" and nxt.inputs[0] == conv.outputs[0] and len(nxt.outputs) == 1:
+            src, rep, crd = conv.outputs[0], 1, True
+            if nxt.op == "DepthToSpace" and conv.op == "Conv":
+                rep, crd = int(nxt.attrs["blocksize"]) ** 2, nxt.attrs.get("mode", "DCR") == "CRD"
+                src, nxt = nxt.outputs[0], g.single_consumer(nxt.outputs[0])
+                if nxt is None or src in g.outputs:
+                    continue
+            rank = len(g.shape(src))
+            mul, add = np.ones(co // rep, np.float32), np.zeros(co // rep, np.float32)
+            if nxt.op == "BatchNormalization" and nxt.inputs[0] == src and len(nxt.outputs) == 1:
                 r = _bn(g, nxt)
                 if r is None:
                     continue
                 mul, add = r
             elif nxt.op in ("Mul", "Add", "Sub", "Div"):
-                other = nxt.inputs[1] if nxt.inputs[0] == conv.outputs[0] else nxt.inputs[0]
-                v = _per_channel(g, other, co, rank)
+                other = nxt.inputs[1] if nxt.inputs[0] == src else nxt.inputs[0]
+                v = _per_channel(g, other, co // rep, rank)
                 if v is None or (nxt.op in ("Sub", "Div") and other == nxt.inputs[0]):
                     continue
                 if nxt.op == "Mul":
@@ -59,6 +68,8 @@ def fold_batchnorm(g, log):
                     add = v if nxt.op == "Add" else -v
             else:
                 continue
+            if rep > 1:
+                mul, add = ((np.repeat(v, rep) if crd else np.tile(v, rep)) for v in (mul, add))
             if conv.op == "Conv":
                 w = w * mul.reshape(-1, 1, 1, 1)
             else:                   # (Ci, Co/group, kh, kw): output channel o is group o // (Co/group)
@@ -68,7 +79,7 @@ def fold_batchnorm(g, log):
             conv.inputs[1] = g.add_const(w.astype(np.float32), conv.name + "/W_bn")
             conv.inputs[2:3] = [g.add_const((b * mul + add).astype(np.float32), conv.name + "/B_bn")]
             g.nodes.remove(nxt)
-            g.replace_uses(nxt.outputs[0], conv.outputs[0])
+            g.replace_uses(nxt.outputs[0], src)
             conv.fused.append(nxt.name)
             log(conv.name, f"folded {nxt.op} {nxt.name}")
             changed = True

@@ -1,6 +1,9 @@
 """Fuse the activation that follows a Conv into its `activation` attr (KPU activation table):
 any function of one value (ReLU, ReLU6/Clip, LeakyReLU, ELU, SELU, Sigmoid, Tanh, HardSigmoid,
 HardSwish, Softplus, Swish x*sigmoid(x), Mish x*tanh(softplus(x))) becomes a fitted 16-segment table.
+A DepthToSpace between them (a transposed conv's phases) is looked through: a function of one
+value commutes with moving values, and the conv's output grid then spans the activation's range
+(a ReLU after the shuffle would leave the negative half of the conv's uint8 levels unused).
 An x*sigmoid(x) left after any other op (a Gemm over the KPU's channels, an add) becomes one
 `Swish` node: a function of one value too (one uint8 table, or one float NNIL method), where the
 Sigmoid and the Mul of two maps would round twice."""
@@ -69,13 +72,16 @@ def fuse_activation(g, log):
             act, gone = {"op": "Mish"}, list(mi)
         else:
             nxt = g.single_consumer(conv.outputs[0])
+            via = conv.outputs[0]
+            if nxt is not None and nxt.op == "DepthToSpace" and nxt.outputs[0] not in g.outputs:
+                via, nxt = nxt.outputs[0], g.single_consumer(nxt.outputs[0])
             act = activation_of(g, nxt) if nxt is not None else None
             gone = [nxt]
         if act is None:
             continue
         for n in gone:
             g.nodes.remove(n)
-        g.replace_uses(gone[-1].outputs[0], conv.outputs[0])
+        g.replace_uses(gone[-1].outputs[0], conv.outputs[0] if sw or mi else via)
         conv.attrs["activation"] = act
         conv.fused += [n.name for n in gone]
         log(conv.name, f"fused activation {act}")
