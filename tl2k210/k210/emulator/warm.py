@@ -44,9 +44,16 @@ SIGNATURES = {
         '(float64[::1, :], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], uint8[::1], uint8[:, ::1])',
     ],
     'dw_bn_lut': [
+        '(float32[::1], int64, int64, int64, float32[:, ::1], int64, int64, int64, boolean, int64[::1], int64[::1], int64[::1], int64[::1], uint16[::1], uint8[::1], int64, int64, UniTuple(int64, 19), int32[::1], uint8[:, :, ::1])',
+        '(float32[::1], int64, int64, int64, float32[:, ::1], int64, int64, int64, boolean, int64[::1], int64[::1], int64[::1], int64[::1], uint16[::1], uint8[::1], int64, int64, UniTuple(int64, 19), int32[::1], uint8[:, :, :])',
         '(uint8[::1], int64, int64, int64, float32[:, ::1], int64, int64, int64, boolean, int64[::1], int64[::1], int64[::1], int64[::1], uint16[::1], uint8[::1], int64, int64, UniTuple(int64, 19), int32[::1], uint8[:, :, ::1])',
         '(uint8[::1], int64, int64, int64, float32[:, ::1], int64, int64, int64, boolean, int64[::1], int64[::1], int64[::1], int64[::1], uint16[::1], uint8[::1], int64, int64, UniTuple(int64, 19), int32[::1], uint8[:, :, :])',
         '(uint8[::1], int64, int64, int64, float64[:, ::1], int64, int64, int64, boolean, int64[::1], int64[::1], int64[::1], int64[::1], uint16[::1], uint8[::1], int64, int64, UniTuple(int64, 19), int32[::1], uint8[:, :, :])',
+    ],
+    'pad1': [
+        '(uint8[:, :, ::1], int64, uint8[:, :, ::1])',
+        '(uint8[:, :, ::1], int64, float32[:, :, ::1])',
+        '(uint8[:, :, :], int64, uint8[:, :, ::1])',
     ],
     'max2_bn_lut': [
         '(int64[:, :, ::1], uint8[::1], int64[::1], int64[::1], int64[::1], int64[::1], uint16[::1], uint8[::1], int64, int64, UniTuple(int64, 19), int32[::1], uint8[:, :, ::1])',
