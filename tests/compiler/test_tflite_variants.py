@@ -1,6 +1,8 @@
 """Production-style TFLite files built at test time with the TF converter (never downloaded):
 float16 weights, dynamic-range int8, full-integer int8 with uint8 I/O, sparse (DENSIFY)
 weights, and TF1/TOCO-era uint8. Each must load, match the TFLite interpreter on the same input, and convert."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -352,13 +354,23 @@ def test_an_unreadable_flatbuffer_still_names_a_recurrent_op(variants, tmp_path,
         tflite.from_tflite(variants["float32"])
     assert "flatbuffer reader could not read it" in str(e.value) and "densify its sparse" not in str(e.value)
 
-    class Listed:             # the interpreter of an SVDF keyword model, as it lists its ops
-        def __init__(self, model_path):
-            pass
-
-        def _get_ops_details(self):
-            return [{"op_name": n} for n in ("QUANTIZE", "SVDF", "FULLY_CONNECTED")]
-    monkeypatch.setattr(tf().lite, "Interpreter", Listed)
+    # the interpreter of an SVDF keyword model, as it lists its ops
+    monkeypatch.setattr(tflite, "interpreter_ops", lambda path: ["QUANTIZE", "SVDF", "FULLY_CONNECTED"])
     with pytest.raises(ModelLoadError) as e:
         tflite.from_tflite(variants["float32"])
     assert "operator 1 is the builtin op SVDF" in str(e.value) and "no recurrent layer" in str(e.value)
+
+
+def test_a_truncated_flatbuffer_is_a_clear_error_not_a_crash(variants, tmp_path):
+    """A .tflite cut short (an interrupted copy): the flatbuffer reader fails, and TFLite's
+    interpreter, which then lists the ops, trusts the flatbuffer and can die of a segmentation
+    fault on it (it took `convert` down with it): it runs in a child process, and the error says
+    what happened and what to do."""
+    from tl2k210.errors import ModelLoadError
+    from tl2k210.frontends import tflite
+    data = Path(variants["float32"]).read_bytes()
+    cut = tmp_path / "cut.tflite"
+    cut.write_bytes(data[:len(data) // 3])
+    with pytest.raises(ModelLoadError) as e:
+        tflite.from_tflite(cut)
+    assert "flatbuffer reader could not read it" in str(e.value) and "truncated or damaged" in str(e.value)

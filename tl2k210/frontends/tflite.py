@@ -25,7 +25,10 @@ Custom ops (CUSTOM opcodes: a vendor's kernels the TFLite runtime links in) have
 A builtin op tf2onnx has no conversion for (the recurrent ones: UNIDIRECTIONAL_SEQUENCE_LSTM...)
 is only logged by it, which then fails on what the op left out or keeps it: refused by name first.
 """
+import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -110,15 +113,28 @@ def check_builtin_ops(model, path):
                 "before it and compute that step in the application")
 
 
+#: lists a .tflite file's ops with TFLite's interpreter, as JSON on the last line of stdout
+_LIST_OPS = ("import json, os, sys; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'; import tensorflow as tf; "
+             "print(json.dumps([d['op_name'] for d in tf.lite.Interpreter(model_path=sys.argv[1])._get_ops_details()]))")
+
+
+def interpreter_ops(path, timeout=300) -> list | None:
+    """The op names TFLite's interpreter lists for the file, or None where it cannot. In a child
+    process: the interpreter trusts the flatbuffer (it does not verify it), and a truncated or
+    corrupt file can crash it with a segmentation fault, which must not take `convert` down."""
+    try:
+        r = subprocess.run([sys.executable, "-c", _LIST_OPS, str(path)], capture_output=True, text=True,
+                           timeout=timeout, stdin=subprocess.DEVNULL)
+        return json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
 def _refuse_recurrent(path):
     """Where the flatbuffer reader fails (TFLite Micro's keyword_scrambled: its names stripped),
     the interpreter may still list the ops: refuse a recurrent one by name."""
-    import tensorflow as tf
-    try:
-        ops = [d["op_name"] for d in tf.lite.Interpreter(model_path=str(path))._get_ops_details()]
-    except Exception:
-        return
-    for i, name in enumerate(ops):
+    ops = interpreter_ops(path)
+    for i, name in enumerate(ops or ()):
         if name in RECURRENT:
             raise ModelLoadError(f"{path}: {_builtin_op(i, name)}. Refused: export the model without it, or "
                                  "cut the model before it and compute that step in the application")
@@ -258,7 +274,8 @@ def from_tflite(path, opset=None):
             _refuse_recurrent(path)
             raise ModelLoadError(f"{path}: TensorFlow Lite's flatbuffer reader could not read it (to check its "
                                  f"ops and densify sparse weights): {type(e).__name__}: "
-                                 f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+                                 f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}; is the file "
+                                 "truncated or damaged? Copy or export it again") from e
         return tf_convert(str(path), _tf2onnx, dense if n else str(path), str(path), **kw)
     finally:
         Path(dense).unlink(missing_ok=True)
