@@ -78,6 +78,49 @@ def _board(s):
 
 # ---------------------------------------------------------------------------------------------
 # builtins
+class _BytearrayType(type):
+    """The script's `bytearray` is the real type for isinstance, issubclass and ==."""
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, bytearray)
+
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, bytearray)
+
+    def __eq__(cls, other):
+        return other is bytearray or type.__eq__(cls, other) is True
+
+    def __hash__(cls):
+        return hash(bytearray)
+
+
+class mp_bytearray(bytearray, metaclass=_BytearrayType):
+    """objarray.c bytearray_make_new (MicroPython 1.11): one non-int argument is read through
+    the buffer protocol, which a str has, so bytearray('ab') is bytearray(b'ab'); a 2nd/3rd
+    argument (encoding, errors) is accepted and not used."""
+
+    def __new__(cls, *args):
+        if len(args) > 3:
+            raise TypeError("function expected at most 3 arguments, got %d" % len(args))
+        if args and isinstance(args[0], str):
+            args = (args[0].encode(),)
+        elif len(args) > 1:
+            args = args[:1]
+        if cls is mp_bytearray:
+            return bytearray(*args)
+        return bytearray.__new__(cls, *args)
+
+    def __init__(self, *args):
+        if type(self) is not mp_bytearray:
+            if args and isinstance(args[0], str):
+                args = (args[0].encode(),)
+            bytearray.__init__(self, *args[:1])
+
+
+mp_bytearray.__name__ = mp_bytearray.__qualname__ = "bytearray"
+mp_bytearray.__module__ = "builtins"
+
+
 def make_builtins(s):
     import builtins as py
     b = dict(vars(py))
@@ -121,6 +164,7 @@ def make_builtins(s):
                   if obj is None else f"object {obj!r} is of type {type(obj).__name__}\n")
 
     b.update(print=_print, open=_open, input=_input, exec=_exec, eval=_eval, compile=_compile,
+             bytearray=mp_bytearray,
              help=_help, __import__=s._import)
     return b
 
@@ -401,10 +445,42 @@ def _ujson(s):
                   dump=dump, loads=loads, load=load)
 
 
+def _s_items(fmt, values):
+    """modstruct.c (MicroPython 1.11) packs an 's' item from anything with the buffer protocol,
+    str included (its UTF-8 bytes); CPython's struct takes only bytes/bytearray there."""
+    fmt = fmt.decode() if isinstance(fmt, (bytes, bytearray)) else str(fmt)
+    out, i, num = list(values), 0, ""
+    for ch in fmt.lstrip("<>!=@"):
+        if ch.isdigit():
+            num += ch
+            continue
+        cnt, num = (int(num) if num else 1), ""
+        if ch == "s":
+            if i < len(out):
+                v = out[i]
+                if isinstance(v, str):
+                    out[i] = v.encode()
+                elif not isinstance(v, (bytes, bytearray)):
+                    try:
+                        out[i] = bytes(memoryview(v))
+                    except TypeError:
+                        pass
+            i += 1
+        elif ch != "x" and not ch.isspace():
+            i += cnt
+    return out
+
+
 @builtin("ustruct", "struct")
 def _ustruct(s):
-    return module("ustruct", "", **_pick(_struct, ("pack", "unpack", "calcsize", "pack_into",
-                                                   "unpack_from")))
+    def pack(fmt, *values):
+        return _struct.pack(fmt, *_s_items(fmt, values))
+
+    def pack_into(fmt, buffer, offset, *values):
+        return _struct.pack_into(fmt, buffer, offset, *_s_items(fmt, values))
+
+    return module("ustruct", "", pack=pack, pack_into=pack_into,
+                  **_pick(_struct, ("unpack", "calcsize", "unpack_from")))
 
 
 @builtin("ubinascii", "binascii")
