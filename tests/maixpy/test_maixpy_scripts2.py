@@ -26,3 +26,32 @@ print(ustruct.pack('>H3sH', 1, 'abc', 2), ustruct.pack('>sB', 'B', 7), ustruct.p
     assert res.error is None, res.traceback
     assert res.lines == ["bytearray(b'h\\xc3\\xa9') True True bytearray(b'ab') bytearray(b'\\x00\\x00')",
                          "b'\\x00\\x01abc\\x00\\x02' b'B\\x07' b'xy'"]
+
+
+@pytest.fixture(scope="module")
+def photo(tmp_path_factory):
+    skdata = pytest.importorskip("skimage.data")
+    from PIL import Image
+    p = tmp_path_factory.mktemp("photo") / "astronaut.png"
+    Image.fromarray(skdata.astronaut()).save(p)
+    return p
+
+
+def test_yuv422_is_the_rgb565_camera_mode(tmp_path, photo):
+    """sensor.c sensor_set_pixformat (v0.6.2): on the OV2640/OV7740/GC0328 RGB565 falls
+    through to PIXFORMAT_YUV422 -- both set DVP_CFG_YUV_FORMAT -- so YUV422 is accepted and
+    snapshot() gives the same RGB565 frame; BAYER is refused."""
+    res = run(tmp_path, """
+import sensor
+sensor.reset()
+print(sensor.set_pixformat(sensor.YUV422))
+sensor.set_framesize(sensor.QVGA)
+a = sensor.snapshot()
+print(a.width(), a.height(), a.format() == sensor.RGB565)
+try:
+    sensor.set_pixformat(sensor.BAYER)
+except OSError as e:
+    print(e)
+""", images=[photo])
+    assert res.error is None, res.traceback
+    assert res.lines == ["True", "320 240 True", "Pixel format is not supported!"]

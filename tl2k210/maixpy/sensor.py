@@ -87,9 +87,11 @@ def set_pixformat(*args, **kwargs):
     if len(args) != 1:
         raise ValueError("arg err")
     fmt = A.get_int(args[0])
-    if fmt not in (RGB565, GRAYSCALE, JPEG):
+    if fmt not in (RGB565, YUV422, GRAYSCALE, JPEG):
         raise OSError("Pixel format is not supported!")
-    _s().pixformat = fmt
+    # sensor.c sensor_set_pixformat: on the OV2640/OV7740/GC0328 RGB565 falls through to
+    # YUV422 -- both set DVP_CFG_YUV_FORMAT, and the DVP hands over RGB565 frames
+    _s().pixformat = RGB565 if fmt == YUV422 else fmt
     return True
 
 
