@@ -55,3 +55,30 @@ except OSError as e:
 """, images=[photo])
     assert res.error is None, res.traceback
     assert res.lines == ["True", "320 240 True", "Pixel format is not supported!"]
+
+
+def test_draw_font_draws_a_bitmap_glyph(tmp_path):
+    """py_image.c py_image_draw_font / font.c imlib_draw_font (v0.6.2): w x h bits, rows of
+    8-column bands h bytes apart (font[y] is columns 0-7, font[y + h] columns 8-15); scale
+    repeats pixels (fast_roundf truncates); w must be a multiple of 8 and the length match."""
+    res = run(tmp_path, """
+import image
+img = image.Image(size=(40, 40))
+img.draw_font(0, 0, 8, 8, b'\\x81' + bytes(6) + b'\\x01', color=(255, 255, 255))
+print([(x, y) for y in range(8) for x in range(8) if img.get_pixel(x, y)[0]])
+g = bytearray(32)
+g[0], g[16], g[31] = 0x80, 0x01, 0x01
+img = image.Image(size=(40, 40))
+img.draw_font(2, 3, 16, 16, bytes(g), scale=2, color=(255, 0, 0))
+print([(x, y) for y in range(40) for x in range(40) if img.get_pixel(x, y)[0]])
+try:
+    img.draw_font(0, 0, 12, 8, bytes(8))
+except OSError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == [
+        "[(0, 0), (7, 0), (7, 7)]",
+        "[(2, 3), (3, 3), (32, 3), (33, 3), (2, 4), (3, 4), (32, 4), (33, 4), "
+        "(32, 33), (33, 33), (32, 34), (33, 34)]",
+        "Error: font arg_w_font %% 8 == 0 && arg_w_font <= 32!"]   # the firmware's literal %%
