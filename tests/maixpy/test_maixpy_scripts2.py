@@ -82,3 +82,39 @@ except OSError as e:
         "[(2, 3), (3, 3), (32, 3), (33, 3), (2, 4), (3, 4), (32, 4), (33, 4), "
         "(32, 33), (33, 33), (32, 34), (33, 34)]",
         "Error: font arg_w_font %% 8 == 0 && arg_w_font <= 32!"]   # the firmware's literal %%
+
+
+def test_i2s_play_takes_an_audio_object_and_audio_records_a_wav(tmp_path):
+    """Maix_i2s.c Maix_i2s_play plays an audio object (what record() returns) and
+    wait_record() exists; py_audio.c Audio(path=, is_create=True, samplerate=) opens the file,
+    record(a) appends the low 16 bits of each 32-bit sample, wav.c wav_finish writes the
+    header (2 channels, 16 bits) and prints its fields."""
+    sd = tmp_path / "sd"
+    sd.mkdir()
+    res = run(tmp_path, """
+from Maix import I2S
+import audio, time
+rx = I2S(I2S.DEVICE_0)
+rx.channel_config(I2S.CHANNEL_0, I2S.RECEIVER)
+rx.set_sample_rate(16000)
+tx = I2S(I2S.DEVICE_2)
+tx.channel_config(I2S.CHANNEL_1, I2S.TRANSMITTER)
+tx.set_sample_rate(16000)
+rec = audio.Audio(path='/sd/r.wav', is_create=True, samplerate=16000)
+t0 = time.ticks_ms()
+for i in range(3):
+    a = rx.record(1600)
+    rx.wait_record()
+    tx.play(a)
+    rec.record(a)
+print(time.ticks_diff(time.ticks_ms(), t0) // 100)
+rec.finish()
+""", sd=sd)
+    assert res.error is None, res.traceback
+    assert res.lines == ["6", "[MAIXPY]: numchannels = 2", "[MAIXPY]: samplerate = 16000",
+                         "[MAIXPY]: byterate = 64000", "[MAIXPY]: blockalign = 4",
+                         "[MAIXPY]: bitspersample = 16"]
+    import wave
+    with wave.open(str(sd / "r.wav")) as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()) == \
+            (2, 2, 16000, 3 * 1600 * 2 // 4)

@@ -155,10 +155,21 @@ class I2S:
     def set_sample_rate(self, rate):
         self.rate = get_int(rate)
 
-    def play(self, data):
+    def play(self, audio):
+        """Maix_i2s.c Maix_i2s_play: plays an audio object's `points` 32-bit samples (what
+        record() returns, or audio.Audio(array=...)); board time advances by their length."""
         from tl2k210.maixpy import board as _b
-        n = len(bytes(data)) // 2
+        if hasattr(audio, "to_bytes"):
+            n = len(audio.to_bytes()) // 4
+        elif isinstance(audio, (bytes, bytearray, memoryview)):
+            n = len(bytes(audio)) // 4
+        else:
+            raise TypeError(f"can't convert {type(audio).__name__} to audio")
         _b.current().clock.advance(n * 1e6 / max(1, self.rate))
+
+    def wait_record(self):
+        """Maix_i2s.c Maix_i2s_wait_record: waits for the record DMA (done on the host)."""
+        return None
 
     def record(self, points):
         """Maix_i2s.c: an audio.Audio object of `points` 32-bit samples (L/R 16-bit each);
@@ -579,10 +590,20 @@ def make_audio(s):
         (board time advances by its duration), 0 at the end."""
 
         def __init__(self, *args, **kwargs):
-            a = parse_all(args, kwargs, [("*path", None), ("*is_create", False), ("*samplerate", 16000),
+            a = parse_all(args, kwargs, [("*path", None), ("*is_create", False), ("*samplerate", 44100),
                                          ("*points", 1024), ("*array", None)])
             self.path, self._wav, self._pos, self._vol = a["path"], None, 0, 100
-            if self.path is not None:
+            self._fp, self._data = None, b""
+            if a["array"] is not None:
+                self._data = bytes(memoryview(a["array"]))
+            elif self.path is not None and a["is_create"]:
+                # py_audio.c Maix_audio_init_helper: is_create opens the file "wb" and leaves
+                # room for the 44-byte WAV header that finish() writes
+                self._fp = b.vfs.open(self.path, "wb")
+                self._fp.write(bytes(44))
+                self._rate, self._size = get_int(a["samplerate"]), 0
+                self._data = b""
+            elif self.path is not None:
                 self._data = b.vfs.read_bytes(self.path)
 
         def play_process(self, i2s):
@@ -612,13 +633,39 @@ def make_audio(s):
             return self._vol
 
         def finish(self):
+            """wav.c wav_finish: a recording gets its header (2 channels, 16 bits, the
+            samplerate given) and the file is closed; a playback is stopped."""
             self._wav = None
+            if self._fp is not None:
+                import struct
+                blockalign = 2 * 16 // 8
+                byterate = self._rate * blockalign
+                for k, v in (("numchannels", 2), ("samplerate", self._rate), ("byterate", byterate),
+                             ("blockalign", blockalign), ("bitspersample", 16)):
+                    s.out.write(f"[MAIXPY]: {k} = {v}\n")
+                self._fp.seek(0)
+                self._fp.write(b"RIFF" + struct.pack("<I", 36 + self._size) + b"WAVE" +
+                               b"fmt " + struct.pack("<IHHIIHH", 16, 1, 2, self._rate, byterate,
+                                                     blockalign, 16) +
+                               b"data" + struct.pack("<I", self._size))
+                self._fp.close()
+                self._fp = None
 
-        def record(self, *a):
+        def record(self, rec):
+            """py_audio.c Maix_audio_record: appends the low 16 bits of each 32-bit sample of
+            `rec` (an I2S.record() audio object) to the file opened with is_create=True."""
+            if self._fp is None:
+                return None
+            import struct
+            raw = rec.to_bytes()
+            n = len(raw) // 4
+            words = struct.unpack("<%dI" % n, raw[:4 * n])
+            self._fp.write(struct.pack("<%dH" % n, *(w & 0xFFFF for w in words)))
+            self._size += 2 * n
             return None
 
         def to_bytes(self):
-            return bytes(self._data) if self.path else b""
+            return bytes(self._data) if self.path or self._data else b""
 
     return module("audio", "MaixPy audio (WAV playback on the board clock)", Audio=Audio)
 
