@@ -118,3 +118,24 @@ rec.finish()
     with wave.open(str(sd / "r.wav")) as w:
         assert (w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()) == \
             (2, 2, 16000, 3 * 1600 * 2 // 4)
+
+
+def test_a_thread_ends_quietly_when_the_run_stops(tmp_path, monkeypatch):
+    """modthread.c: a _thread runs until the board stops; when the host stops the run (here
+    the watchdog) a sleeping thread ends with it, not with a host traceback from threading."""
+    import threading
+    import time
+    escaped = []
+    monkeypatch.setattr(threading, "excepthook", lambda a: escaped.append(a.exc_type.__name__))
+    res = run(tmp_path, """
+import _thread, time
+def f(name):
+    while True:
+        time.sleep(1)
+_thread.start_new_thread(f, ('a',))
+while True:
+    time.sleep_ms(10)
+""", timeout=2)
+    time.sleep(0.3)
+    assert res.error is None and res.stop == "timeout", (res.stop, res.traceback)
+    assert escaped == []

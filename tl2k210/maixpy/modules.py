@@ -590,6 +590,8 @@ def _thread(s):
                 fn(*args, **(kwargs or {}))
             except SystemExit:
                 pass
+            except _b.BoardStop:          # the run is over (watchdog, frames): the thread ends
+                pass
             except Exception as exc:
                 s.out.write("Unhandled exception in thread started by %r\n%s" %
                             (fn, s.format_exception(exc)))
