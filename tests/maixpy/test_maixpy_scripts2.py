@@ -139,3 +139,35 @@ while True:
     time.sleep(0.3)
     assert res.error is None and res.stop == "timeout", (res.stop, res.traceback)
     assert escaped == []
+
+
+def test_fpioa_moves_a_function_and_fm_is_the_frozen_module(tmp_path):
+    """Kendryte SDK fpioa.c fpioa_set_function: a function lives on one pin (setting it on
+    another frees the old one) and FUNC_RESV0 frees a pin, so fm.unregister(pin) frees its
+    function; Maix_fpioa.c checks pin/function ranges; builtin_py/fpioa_manager.py (frozen):
+    register(..., force=False) raises Exception with the '[Warning] ...' text."""
+    res = run(tmp_path, """
+from fpioa_manager import fm
+from Maix import FPIOA
+fm.register(12, fm.fpioa.GPIOHS0)
+fm.register(13, fm.fpioa.GPIOHS0)
+print(fm.get_pin_by_function(fm.fpioa.GPIOHS0))
+fm.unregister(13)
+print(fm.get_pin_by_function(fm.fpioa.GPIOHS0), fm.get_gpio_used()[0])
+fm.register(12, fm.fpioa.GPIO0)
+try:
+    fm.register(13, fm.fpioa.GPIO0, force=False)
+except Exception as e:
+    print(type(e).__name__, e)
+fm.register(12, fm.fpioa.GPIOHS1)
+print(fm.get_pin_by_function(fm.fpioa.GPIO0), fm.get_pin_by_function(fm.fpioa.GPIOHS1))
+try:
+    FPIOA().set_function(49, fm.fpioa.GPIO1)
+except ValueError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["[Warning] function is used by fm.fpioa.GPIOHS0(pin:12)", "13",
+                         "None ('fm.fpioa.GPIOHS0', None)",
+                         "Exception [Warning] function is used by fm.fpioa.GPIO0(pin:12)",
+                         "None 12", "Don't have this Pin"]

@@ -49,6 +49,17 @@ def _fpioa_state(b):
     return b.fpioa
 
 
+def _fpioa_set(b, pin, func):
+    """fpioa.c fpioa_set_function (Kendryte SDK): the pin's old function goes, `func` leaves
+    any other pin, and FUNC_RESV0 just frees the pin."""
+    st = _fpioa_state(b)
+    for f, p in list(st.items()):
+        if p == pin:
+            del st[f]
+    if func != FUNC["RESV0"]:
+        st[func] = pin
+
+
 class FPIOA:
     locals().update(FUNC)
 
@@ -56,12 +67,31 @@ class FPIOA:
         from tl2k210.maixpy import board as _b
         self._b = _b.current()
 
-    def set_function(self, pin, func):
-        _fpioa_state(self._b)[get_int(func)] = get_int(pin)
+    def set_function(self, *args, **kwargs):
+        """Maix_fpioa.c Maix_set_function + the SDK's fpioa_set_function: a pin has one
+        function and a function one pin -- setting it moves it off any other pin; RESV0 frees
+        the pin."""
+        a = parse_all(args, kwargs, [("pin", 0), ("func", 0), ("set_sl", -1), ("set_st", -1),
+                                     ("set_io_driving", -1)])
+        pin, func = get_int(a["pin"]), get_int(a["func"])
+        if pin > 48:
+            raise ValueError("Don't have this Pin")
+        if func < 0 or func > 204:
+            raise ValueError("This function is invalid")
+        if pin < 0 or pin >= 48:
+            sess = getattr(self._b, "session", None)
+            if sess is not None:
+                sess.out.write("[Maix]:Opps!Can not set fpioa\n")
+            raise oserror(5)
+        _fpioa_set(self._b, pin, func)
         return True
 
-    def get_Pin_num(self, func):
-        return _fpioa_state(self._b).get(get_int(func))
+    def get_Pin_num(self, *args, **kwargs):
+        """Maix_fpioa.c Maix_get_Pin_num: the (first) pin with that function, else None."""
+        func = get_int(parse_all(args, kwargs, [("func", 0)])["func"])
+        if func < 0 or func > 204:
+            raise ValueError("This function is invalid")
+        return _fpioa_state(self._b).get(func)
 
     def help(self, *a):
         return None
@@ -550,28 +580,41 @@ def make_fpioa_manager(s):
     fm.fpioa = fpioa
     fm.board_info = s.import_module("board").board_info
 
+    # the frozen builtin_py/fpioa_manager.py of v0.6.2, method for method
+    def get_pin_by_function(function):
+        return fpioa.get_Pin_num(function)
+
+    def str_function(function):
+        if fpioa.GPIOHS0 <= function and function <= fpioa.GPIO7:
+            if fpioa.GPIO0 <= function:
+                return "fm.fpioa.GPIO%d" % (function - fpioa.GPIO0)
+            return "fm.fpioa.GPIOHS%d" % (function - fpioa.GPIOHS0)
+        return "unknown"
+
     def register(pin, function, force=True):
-        pin, function = get_int(pin), get_int(function)
-        st = _fpioa_state(b)
-        if function in st and st[function] != pin:
-            s.out.write(f"[Warning] function is used by fm({function}, pin={st[function]})\n")
-            if not force:
-                raise ValueError(f"function {function} is already used by pin {st[function]}")
-        for f, p in list(st.items()):
-            if p == pin:
-                del st[f]
-        st[function] = pin
+        pin_used = get_pin_by_function(function)
+        if pin_used == pin:
+            return None
+        if pin_used is not None:
+            info = "[Warning] function is used by %s(pin:%d)" % (str_function(function), pin_used)
+            if force is False:
+                raise Exception(info)
+            s.out.write(info + "\n")
+        fpioa.set_function(pin, function)
+        return None
 
     def unregister(pin):
-        st = _fpioa_state(b)
-        for f, p in list(st.items()):
-            if p == get_int(pin):
-                del st[f]
+        fpioa.set_function(pin, fpioa.RESV0)
+
+    def get_gpio_used():
+        return [(str_function(f), get_pin_by_function(f))
+                for f in range(fpioa.GPIOHS0, fpioa.GPIO7 + 1)]
 
     fm.register = staticmethod(register)
     fm.unregister = staticmethod(unregister)
-    fm.get_pin_by_function = staticmethod(lambda f: _fpioa_state(b).get(get_int(f)))
-    fm.get_gpio_used = staticmethod(lambda: [(p, f) for f, p in _fpioa_state(b).items()])
+    fm.get_pin_by_function = staticmethod(get_pin_by_function)
+    fm.str_function = staticmethod(str_function)
+    fm.get_gpio_used = staticmethod(get_gpio_used)
     fm.help = staticmethod(lambda *a: None)
     return module("fpioa_manager", "MaixPy frozen fpioa_manager.py", fm=fm,
                   board_info=fm.board_info, FPIOA=FPIOA)
