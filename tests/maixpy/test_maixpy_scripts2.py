@@ -171,3 +171,29 @@ except ValueError as e:
                          "None ('fm.fpioa.GPIOHS0', None)",
                          "Exception [Warning] function is used by fm.fpioa.GPIO0(pin:12)",
                          "None 12", "Don't have this Pin"]
+
+
+def test_const_folds_without_import_and_tabs_count_to_8(tmp_path):
+    """py/parse.c (MICROPY_COMP_CONST): `X = const(int)` folds at parse time without an
+    import, later uses of X anywhere (methods included) are the int, a leading '_' name is not
+    assigned, a non-int is 'constant must be an integer'; py/lexer.c moves a tab to the next
+    multiple of 8 columns, so tab/space-mixed indentation that agrees compiles."""
+    res = run(tmp_path, """
+_A = const(0x10)
+B = const(_A << 2)
+class K:
+    _C = const(3)
+    def f(self):
+        return _C + _A
+print(B, K().f(), 'B' in globals(), '_A' in globals())
+if True:
+\tx = 1
+        y = 2
+print(x, y)
+try:
+    exec("Z = const('a')")
+except SyntaxError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["64 19 True False", "1 2", "constant must be an integer"]
