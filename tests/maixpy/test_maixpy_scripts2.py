@@ -197,3 +197,41 @@ except SyntaxError as e:
 """)
     assert res.error is None, res.traceback
     assert res.lines == ["64 19 True False", "1 2", "constant must be an integer"]
+
+
+def test_modules_onewire_on_an_empty_bus_and_no_htpa(tmp_path):
+    """v0.6.2 modules/py_modules.c has onewire (py_onewire.c): onewire(fpioa function) needs
+    the function on a pin ('gpio error'); with no device the pulled-up line gives reset()
+    False, bits 1, search() []; crc8 is the Dallas CRC. htpa is not in the default build."""
+    res = run(tmp_path, """
+from fpioa_manager import fm
+from modules import onewire
+try:
+    onewire(fm.fpioa.GPIOHS2)
+except ValueError as e:
+    print(e)
+fm.register(14, fm.fpioa.GPIOHS2)
+ow = onewire(fm.fpioa.GPIOHS2)
+print(ow.reset(), ow.readbyte(), ow.readbuffer(2), ow.search(65), ow.writebyte(0xCC))
+print(ow.crc8(b'\\x28\\xff\\x4b\\x6e\\x91\\x16\\x04'), ow.crc8(b'\\x02\\x1c\\xb8\\x01\\x00\\x00\\x00'))
+try:
+    from modules import htpa
+except ImportError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["gpio error", "False 255 bytearray(b'\\xff\\xff') [] None",
+                         "%d 162" % _dallas_crc8(b"\x28\xff\x4b\x6e\x91\x16\x04"),
+                         "cannot import name htpa"]
+
+
+def _dallas_crc8(data):
+    crc = 0
+    for byte in data:
+        for _ in range(8):
+            mix = (crc ^ byte) & 1
+            crc >>= 1
+            if mix:
+                crc ^= 0x8C
+            byte >>= 1
+    return crc

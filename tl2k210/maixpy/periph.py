@@ -755,10 +755,91 @@ def make_usocket(s):
 make_socket = make_usocket
 
 
+class onewire:
+    """modules.onewire (v0.6.2 modules/onewire/py_onewire.c) on an empty bus: the pull-up
+    keeps the line high, so reset() sees no presence pulse (False), every bit read is 1
+    (bytes 0xFF), search() finds no ROM ([]); writes only take their slot time."""
+    _RESET_US, _BIT_US = 960, 66
+
+    def __init__(self, *args, **kwargs):
+        from tl2k210.maixpy import board as _b
+        a = parse_all(args, kwargs, [("gpio", REQUIRED)])
+        self._b, g = _b.current(), get_int(a["gpio"])
+        if _fpioa_state(self._b).get(g) is None or not (
+                FUNC["GPIOHS0"] <= g <= FUNC["GPIOHS31"] or FUNC["GPIO0"] <= g <= FUNC["GPIO7"]):
+            raise ValueError("gpio error")
+        self._gpio = g - (FUNC["GPIO0"] if g >= FUNC["GPIO0"] else FUNC["GPIOHS0"])
+
+    def _t(self, us):
+        self._b.clock.advance(us)
+
+    def reset(self):
+        self._t(self._RESET_US)
+        return False
+
+    def readbit(self):
+        self._t(self._BIT_US)
+        return 1
+
+    def readbyte(self):
+        self._t(8 * self._BIT_US)
+        return 0xFF
+
+    def readbuffer(self, count):
+        n = get_int(count)
+        self._t(8 * n * self._BIT_US)
+        return bytearray(b"\xff" * n)
+
+    def writebit(self, value):
+        get_int(value)
+        self._t(self._BIT_US)
+
+    def writebyte(self, value):
+        get_int(value)
+        self._t(8 * self._BIT_US)
+
+    def writebuffer(self, data):
+        self._t(8 * len(bytes(memoryview(data))) * self._BIT_US)
+
+    def select(self, rom):
+        n = len(bytes(memoryview(rom)))
+        self._t(self._RESET_US + 8 * (1 + n) * self._BIT_US)
+
+    def search(self, diff):
+        get_int(diff)
+        self._t(0xFF * self._RESET_US)            # 255 tries, no presence pulse on any
+        return []
+
+    def skip(self):
+        self._t(8 * self._BIT_US)
+
+    def depower(self):
+        return None
+
+    @staticmethod
+    def crc8(data):
+        crc = 0
+        for byte in bytes(memoryview(data)):
+            for _ in range(8):
+                fb = (crc ^ byte) & 1
+                if fb:
+                    crc ^= 0x18
+                crc = (crc >> 1) & 0x7F
+                if fb:
+                    crc |= 0x80
+                byte >>= 1
+        return crc
+
+    def __repr__(self):
+        return "[Maixduino]onewire:(%#x) gpio=%d\r\n" % (id(self) & 0xFFFFFFFF, self._gpio)
+
+
 def make_modules(s):
-    return module("modules", "MaixPy modules (ws2812, ultrasonic, htpa ...)",
+    """v0.6.2 modules/py_modules.c: ultrasonic, onewire, ws2812 (CONFIG_MAIXPY_WS2812_ENABLE=y);
+    htpa and amg88xx are not in the default build (config_defaults.mk)."""
+    return module("modules", "MaixPy modules (ultrasonic, onewire, ws2812)",
                   ws2812=_Anything("ws2812"), ultrasonic=_Anything("ultrasonic"),
-                  htpa=_Anything("htpa"))
+                  onewire=onewire)
 
 
 def make_video(s):
