@@ -235,3 +235,22 @@ def _dallas_crc8(data):
                 crc ^= 0x8C
             byte >>= 1
     return crc
+
+
+def test_a_gpio_object_is_callable(tmp_path):
+    """Maix_gpio.c Maix_gpio_call (the type's .call): pin() reads, pin(x) writes with
+    mp_obj_is_true, at most one argument, no keywords -- value() is the same function."""
+    res = run(tmp_path, """
+from Maix import GPIO
+from fpioa_manager import fm
+fm.register(12, fm.fpioa.GPIOHS3)
+p = GPIO(GPIO.GPIOHS3, GPIO.OUT)
+print(p(1), p(), p(0), p(), p('x'), p.value())
+try:
+    p(1, 2)
+except TypeError as e:
+    print('TypeError')
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["None 1 None 0 None 1", "TypeError"]
+    assert [w[1:] for w in res.board.gpio_log] == [(3, 1), (3, 0), (3, 1)]

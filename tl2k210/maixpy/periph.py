@@ -122,9 +122,19 @@ class GPIO:
         func = FUNC[f"GPIOHS{self._id}"] if self._id < 32 else FUNC[f"GPIO{self._id - 32}"]
         return _fpioa_state(self._b).get(func)
 
+    def __call__(self, *v, **kw):
+        """Maix_gpio.c Maix_gpio_call: pin() reads, pin(x) writes (mp_obj_is_true), as value()."""
+        if kw:
+            raise TypeError("function doesn't take keyword arguments")
+        if len(v) > 1:
+            raise TypeError("function expected at most 1 arguments, got %d" % len(v))
+        return self.value(*v)
+
     def value(self, *v):
+        if len(v) > 1:
+            raise TypeError("function expected at most 2 arguments, got %d" % (len(v) + 1))
         if v:
-            self._out = int(bool(get_int(v[0])))
+            self._out = int(bool(v[0]))
             self._b.gpio_log.append((self._b.clock.now_us() // 1000, self._id, self._out))
             return None
         if self._mode == self.OUT:
