@@ -254,3 +254,22 @@ except TypeError as e:
     assert res.error is None, res.traceback
     assert res.lines == ["None 1 None 0 None 1", "TypeError"]
     assert [w[1:] for w in res.board.gpio_log] == [(3, 1), (3, 0), (3, 1)]
+
+
+def test_network_has_wiznet5k(tmp_path):
+    """v0.6.2's default build has network.WIZNET5K (config_defaults.mk
+    CONFIG_MAIXPY_WIZNET5K_ENABLE=y; modnwwiznet5k.c wiznet5k_make_new_helper checks spi and
+    cs); past those checks the emulated board has no network, as for ESP32_SPI."""
+    res = run(tmp_path, """
+import network
+from machine import SPI
+spi = SPI(4, mode=SPI.MODE_MASTER, baudrate=600000, sck=21, mosi=8, miso=15)
+for kw in ({'spi': 1}, {'spi': spi, 'cs': 40}, {'spi': spi, 'cs': 20}):
+    try:
+        network.WIZNET5K(**kw)
+    except Exception as e:
+        print(type(e).__name__, e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["TypeError [MAIXPY]spi: object type error", "ValueError CS value error",
+                         "OSError [Errno 113] EHOSTUNREACH"]

@@ -733,7 +733,23 @@ def make_network(s):
         def __init__(self, *a, **k):
             raise _no_network(s, "network")
 
-    return module("network", "", ESP32_SPI=_Net, ESP8285=_Net, WLAN=_Net, STA_IF=0, AP_IF=1)
+    class WIZNET5K:
+        """wiznet5k/modnwwiznet5k.c (CONFIG_MAIXPY_WIZNET5K_ENABLE=y in v0.6.2's default
+        build): WIZNET5K(spi=machine.SPI, cs=0..31) checks its arguments as the firmware does;
+        then, as for the Wi-Fi modules, the emulated board has no network."""
+
+        def __init__(self, *args, **kwargs):
+            if len(args) > 3:
+                raise TypeError("function expected at most 3 arguments, got %d" % len(args))
+            a = parse_all((), kwargs, [("*spi", None), ("*cs", 20)])
+            if not isinstance(a["spi"], SPI):
+                raise TypeError("[MAIXPY]spi: object type error")
+            if not 0 <= get_int(a["cs"]) <= 31:
+                raise ValueError("CS value error")
+            raise _no_network(s, "network.WIZNET5K")
+
+    return module("network", "", ESP32_SPI=_Net, ESP8285=_Net, WLAN=_Net, WIZNET5K=WIZNET5K,
+                  STA_IF=0, AP_IF=1)
 
 
 def make_usocket(s):
