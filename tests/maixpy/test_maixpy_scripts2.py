@@ -273,3 +273,27 @@ for kw in ({'spi': 1}, {'spi': spi, 'cs': 40}, {'spi': spi, 'cs': 20}):
     assert res.error is None, res.traceback
     assert res.lines == ["TypeError [MAIXPY]spi: object type error", "ValueError CS value error",
                          "OSError [Errno 113] EHOSTUNREACH"]
+
+
+def test_video_open_checks_then_says_avi_is_not_emulated(tmp_path):
+    """video/py_video.c py_video_open (v0.6.2 default build): a non-.avi path is
+    NotImplementedError, a missing file to play the file system's ENOENT; AVI playback and
+    recording are not emulated on the host: OSError 95 (MicroPython's name EOPNOTSUPP) with a
+    note, where the host used to hand back an object that silently did nothing."""
+    res = run(tmp_path, """
+import video
+for args, kw in ((('/sd/a.mp4',), {}), (('/sd/none.avi',), {}), (('/sd/rec.avi',), {'record': True})):
+    try:
+        video.open(*args, **kw)
+    except Exception as e:
+        print('OSError' if isinstance(e, OSError) else type(e).__name__, e)
+try:
+    video.open('/sd/rec.avi', fps=5)
+except TypeError as e:
+    print(e)
+""", sd=tmp_path)
+    assert res.error is None, res.traceback
+    assert res.lines == ["NotImplementedError [MaixPy] video: format not support",
+                         "OSError [Errno 2] ENOENT", "OSError [Errno 95] EOPNOTSUPP",
+                         "extra keyword arguments given"]
+    assert any("AVI recording is not emulated" in n for n in res.notes)

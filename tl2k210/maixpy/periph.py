@@ -869,7 +869,28 @@ def make_modules(s):
 
 
 def make_video(s):
-    return module("video", "", open=_Anything("video.open"))
+    """video/py_video.c py_video_open (v0.6.2, CONFIG_MAIXPY_VIDEO_ENABLE=y): the keywords are
+    checked, a path not ending in .avi is NotImplementedError, a missing file to play is the
+    file system's OSError; AVI playback (MJPEG decode to the LCD) and recording are not
+    emulated: OSError EOPNOTSUPP with a note, not a stand-in that silently does nothing."""
+    def open(*args, **kwargs):
+        if not args:
+            raise TypeError("function missing 1 required positional arguments")
+        path = args[0]
+        if not isinstance(path, str):
+            raise TypeError(f"can't convert {type(path).__name__} to str")
+        a = parse_all(args[1:], kwargs, [("*record", False), ("*interval", 100000), ("*quality", 50),
+                                         ("*width", 320), ("*height", 240), ("*audio", False),
+                                         ("*sample_rate", 44100), ("*channels", 1)])
+        if not path.endswith(".avi"):
+            raise NotImplementedError("[MaixPy] video: format not support")
+        if not a["record"]:
+            s.board.vfs.open(path, "rb").close()   # ENOENT (with the host's note) first
+        what = "recording" if a["record"] else "playback"
+        s.board.note(f"video.open: AVI {what} is not emulated on the host", ("video", what))
+        raise OSError(95, "EOPNOTSUPP")
+
+    return module("video", "", open=open)
 
 
 def make_touchscreen(s):

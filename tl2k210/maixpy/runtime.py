@@ -132,7 +132,9 @@ def exc_message(exc: BaseException) -> str:
         return "maximum recursion depth exceeded"
     if isinstance(exc, OSError) and exc.args and isinstance(exc.args[0], int) and len(exc.args) <= 2:
         import errno
-        return f"[Errno {exc.args[0]}] {errno.errorcode.get(exc.args[0], exc.args[0])}"
+        code = exc.args[0]
+        name = "EOPNOTSUPP" if code == errno.EOPNOTSUPP else errno.errorcode.get(code, code)
+        return f"[Errno {code}] {name}"       # py/mperrno.h names 95 EOPNOTSUPP (Linux: ENOTSUP)
     if isinstance(exc, KeyError) and len(exc.args) == 1:
         return mp_repr(exc.args[0])
     if isinstance(exc, SyntaxError):
