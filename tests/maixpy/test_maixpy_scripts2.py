@@ -297,3 +297,38 @@ except TypeError as e:
                          "OSError [Errno 2] ENOENT", "OSError [Errno 95] EOPNOTSUPP",
                          "extra keyword arguments given"]
     assert any("AVI recording is not emulated" in n for n in res.notes)
+
+
+def test_mic_array_get_dir_and_a_clear_error_for_the_closed_map(tmp_path):
+    """Maix_mic_array.c (v0.6.2): get_map() needs init() (ETIMEDOUT after 100 ms otherwise);
+    the map itself comes from the closed lib_mic, so the host says it cannot emulate it
+    (OSError EOPNOTSUPP + note); get_dir(img) is the open 12-sector average (sum cast to uint8,
+    capped at 15) of a 16x16 grayscale image; set_led takes 12 brightnesses and an RGB."""
+    res = run(tmp_path, """
+from Maix import MIC_ARRAY as mic
+import image
+try:
+    mic.get_map()
+except OSError as e:
+    print(e)
+print(mic.init())
+try:
+    mic.get_map()
+except OSError as e:
+    print(e)
+img = image.Image(size=(16, 16)).to_grayscale()
+for i in (197, 198, 199, 213):
+    img.set_pixel(i % 16, i // 16, 70)
+for i in (0, 1, 2, 3, 16):
+    img.set_pixel(i % 16, i // 16, 255)
+print(mic.get_dir(img), mic.set_led(mic.get_dir(img), (0, 0, 255)))
+try:
+    mic.get_dir(image.Image(size=(16, 8)).to_grayscale())
+except ValueError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["[Errno 110] ETIMEDOUT", "True", "[Errno 95] EOPNOTSUPP",
+                         "(1, 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0) True",   # 280 & 255 // 14, 1275 & 255 // 20
+                         "image type error, only support 16*16 grayscale image"]
+    assert any("closed lib_mic" in n for n in res.notes)

@@ -302,6 +302,79 @@ class _Anything:
         return f"<{self._name}>"
 
 
+_MIC_SECTORS = (
+    (197, 198, 199, 213, 214, 215, 228, 229, 230, 231, 244, 245, 246, 247),
+    (178, 179, 192, 193, 194, 195, 196, 208, 209, 210, 211, 212, 224, 225, 226, 227, 240, 241, 242, 243),
+    (128, 129, 130, 131, 144, 145, 146, 147, 160, 161, 162, 163, 176, 177),
+    (64, 65, 80, 81, 82, 83, 96, 97, 98, 99, 112, 113, 114, 115),
+    (0, 1, 2, 3, 16, 17, 18, 19, 32, 33, 34, 35, 36, 48, 49, 50, 51, 52, 66, 67),
+    (4, 5, 6, 7, 20, 21, 22, 23, 37, 38, 39, 53, 54, 55),
+    (8, 9, 10, 11, 24, 25, 26, 27, 40, 41, 42, 56, 57, 58),
+    (12, 13, 14, 15, 28, 29, 30, 31, 43, 44, 45, 46, 47, 59, 60, 61, 62, 63, 76, 77),
+    (78, 79, 92, 93, 94, 95, 108, 109, 110, 111, 124, 125, 126, 127),
+    (140, 141, 142, 143, 156, 157, 158, 159, 173, 172, 174, 175, 190, 191),
+    (188, 189, 203, 204, 205, 206, 207, 219, 220, 221, 222, 223, 236, 237, 238, 239, 252, 253, 254, 255),
+    (200, 201, 202, 216, 217, 218, 232, 233, 234, 235, 248, 249, 250, 251),
+)
+
+
+def make_mic_array(b):
+    """Maix.MIC_ARRAY (v0.6.2 Maix/Maix_mic_array.c, CONFIG_MAIXPY_MIC_ARRAY_ENABLE=y). The
+    sound-source map comes from the closed lib_mic (no source): get_map() after init() raises
+    OSError EOPNOTSUPP with a note that says so; without init() no map comes (ETIMEDOUT after
+    100 ms, as the firmware). get_dir is the firmware's 12-sector average of a 16x16 grayscale
+    image (the sum cast to uint8 before the division, capped at 15); set_led checks its 12 + 3
+    values; init sets the I2S0 pins on the FPIOA."""
+    state = {"init": False}
+
+    def init(*args, **kwargs):
+        a = parse_all(args, kwargs, [(n, d) for n, d in (
+            ("i2s_d0", 23), ("i2s_d1", 22), ("i2s_d2", 21), ("i2s_d3", 20), ("i2s_ws", 19),
+            ("i2s_sclk", 18), ("sk9822_dat", 24), ("sk9822_clk", 25))])
+        for name, func in (("i2s_d0", "I2S0_IN_D0"), ("i2s_d1", "I2S0_IN_D1"), ("i2s_d2", "I2S0_IN_D2"),
+                           ("i2s_d3", "I2S0_IN_D3"), ("i2s_ws", "I2S0_WS"), ("i2s_sclk", "I2S0_SCLK")):
+            _fpioa_set(b, get_int(a[name]), FUNC[func])
+        state["init"] = True
+        return True
+
+    def deinit():
+        state["init"] = False
+        return True
+
+    def get_map():
+        if not state["init"]:
+            b.clock.advance(100_000)
+            raise oserror(110)                    # MP_ETIMEDOUT
+        b.note("MIC_ARRAY.get_map: the sound-source map is computed by the closed lib_mic "
+               "library (no source code), which the host cannot emulate", "mic")
+        raise OSError(95, "EOPNOTSUPP")
+
+    def get_dir(*args, **kwargs):
+        from tl2k210.maixpy import image as _image
+        if not args or not isinstance(args[0], _image.Image):
+            raise TypeError("Can't convert <class 'type'> to type")
+        img = args[0]
+        if img.width() != 16 or img.height() != 16 or img._fmt != _image.GRAYSCALE:
+            raise ValueError("image type error, only support 16*16 grayscale image")
+        data = img._px.reshape(-1)
+        out = []
+        for sector in _MIC_SECTORS:
+            tmp = (sum(int(data[i]) for i in sector) & 0xFF) // len(sector)
+            out.append(15 if tmp > 15 else tmp)
+        return tuple(out)
+
+    def set_led(*args, **kwargs):
+        from tl2k210.maixpy.args import seq
+        if len(args) < 2:
+            raise TypeError("function missing %d required positional arguments" % (2 - len(args)))
+        [get_int(v) for v in seq(args[0], 12)]
+        [get_int(v) for v in seq(args[1], 3)]
+        return True
+
+    return module("MIC_ARRAY", "", init=init, deinit=deinit, get_map=get_map, get_dir=get_dir,
+                  set_led=set_led)
+
+
 def make_Maix(s):
     b = s.board
     state = {"cpu": 400_000_000, "pll1": 400_000_000}
@@ -320,7 +393,7 @@ def make_Maix(s):
                    flash_read=lambda addr, n: b.read_flash(get_int(addr), get_int(n)))
     m = module("machine", "MaixPy Maix (its __name__ is 'machine' on a board)", GPIO=GPIO,
                FPIOA=FPIOA, I2S=I2S, Audio=make_audio(s).Audio, FFT=FFT,
-               MIC_ARRAY=_Anything("MIC_ARRAY"),
+               MIC_ARRAY=make_mic_array(b),
                freq=module("freq", "", get=freq_get, set=freq_set,
                            get_cpu=lambda: state["cpu"] // 1_000_000,
                            get_kpu=lambda: state["pll1"] // 1_000_000),
