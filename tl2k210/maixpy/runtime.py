@@ -259,7 +259,7 @@ def check_source(source: str, filename: str):
         elif getattr(tokenize, "FSTRING_START", None) == t.type:
             bad = "f-strings are not supported by MicroPython 1.11 (MaixPy): use '%' or .format()"
         if bad:
-            err = BoardSyntaxError(exc.msg if exc.msg == "constant must be an integer" else "invalid syntax")
+            err = BoardSyntaxError("invalid syntax")
             err.filename, err.lineno, err.offset, err.text = filename, t.start[0], t.start[1], t.line
             err.host_note = f"{filename}, line {t.start[0]}: {bad}"
             raise err
