@@ -332,3 +332,23 @@ except ValueError as e:
                          "(1, 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0) True",   # 280 & 255 // 14, 1275 & 255 // 20
                          "image type error, only support 16*16 grayscale image"]
     assert any("closed lib_mic" in n for n in res.notes)
+
+
+def test_lcd_init_has_no_lcd_type_keyword_and_five_types(tmp_path):
+    """v0.6.2 omv/py/py_lcd.c py_lcd_init: mp_arg_parse_all over type..clk -- there is no
+    lcd_type keyword (a panel's lcd_type is read from config.json) -- and the type enum ends at
+    LCD_TWATCH (4): anything else is ValueError 'type error'."""
+    res = run(tmp_path, """
+import lcd
+for kw in ({'type': 5}, {'type': 1, 'lcd_type': 3}):
+    try:
+        lcd.init(**kw)
+    except Exception as e:
+        print(type(e).__name__, e)
+lcd.init(type=4)
+print(lcd.width(), lcd.height())
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["ValueError type error", "TypeError extra keyword arguments given",
+                         "240 240"]
+
