@@ -352,3 +352,23 @@ print(lcd.width(), lcd.height())
     assert res.lines == ["ValueError type error", "TypeError extra keyword arguments given",
                          "240 240"]
 
+
+def test_binocular_reset_initialises_the_camera(tmp_path, photo):
+    """py_sensor.c py_binocular_sensor_reset (v0.6.2) resets a binocular module; sensor.c
+    sensor_shutdown only drives PWDN, which there selects the sensor, so frames keep coming
+    after shutdown(True) -- the host used to leave the camera uninitialised ('Not init!')."""
+    res = run(tmp_path, """
+import sensor
+sensor.binocular_reset()
+sensor.shutdown(False)
+sensor.set_pixformat(sensor.RGB565)
+sensor.set_framesize(sensor.QVGA)
+sensor.shutdown(True)
+sensor.run(1)
+a = sensor.snapshot()
+sensor.shutdown(False)
+b = sensor.snapshot()
+print(a.width(), b.height())
+""", images=[photo, photo])
+    assert res.error is None, res.traceback
+    assert res.lines == ["320 240"]
