@@ -372,3 +372,35 @@ print(a.width(), b.height())
 """, images=[photo, photo])
     assert res.error is None, res.traceback
     assert res.lines == ["320 240"]
+
+
+def test_pye_mp_is_frozen_and_says_the_editor_is_not_emulated(tmp_path):
+    """v0.6.2 freezes builtin_py/pye_mp.py (the full-screen editor): `from pye_mp import pye`
+    works on a board; running the interactive editor is not emulated -- a clear OSError."""
+    res = run(tmp_path, """
+from pye_mp import pye
+try:
+    pye('/flash/boot.py')
+except OSError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["[Errno 95] EOPNOTSUPP"]
+    assert any("full-screen editor" in n for n in res.notes)
+
+
+def test_nes_imports_and_says_its_emulator_is_not_emulated(tmp_path):
+    """v0.6.2's default build has the nes module (py_nes.c: init, load, loop, free, input,
+    INPUT/KEYBOARD/JOYSTICK), so `import nes` works; the NES emulator is not emulated on the
+    host: a clear OSError with a note, not an ImportError a board would not raise."""
+    res = run(tmp_path, """
+import nes
+print(nes.KEYBOARD, nes.JOYSTICK)
+try:
+    nes.init(nes.KEYBOARD)
+except OSError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["1 2", "[Errno 95] EOPNOTSUPP"]
+    assert any("NES emulator" in n for n in res.notes)

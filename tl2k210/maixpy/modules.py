@@ -49,7 +49,7 @@ IMPORT_HINTS = {
     "cv2": "OpenCV does not exist on MaixPy; the `image` module has the OpenMV filters",
     "PIL": "PIL does not exist on MaixPy; use the `image` module",
 }
-for _m in ("nes", "lvgl", "speech_recognizer", "ucryptolib_hw", "mfrc522"):
+for _m in ("lvgl", "speech_recognizer", "ucryptolib_hw", "mfrc522"):
     IMPORT_HINTS[_m] = ("a MaixPy firmware module (optional builds) that the host does not "
                         "emulate; a board with that build would import it")
 
@@ -611,6 +611,32 @@ def _ucryptolib(s):
             s.board.note("ucryptolib.aes is not emulated on the host", "aes")
             raise OSError(_errno.EOPNOTSUPP, "EOPNOTSUPP")
     return module("ucryptolib", "", aes=aes)
+
+
+@builtin("nes")
+def _nes(s):
+    """nes/py_nes.c (CONFIG_MAIXPY_NES_ENABLE=y in v0.6.2's default build): the module imports
+    with its constants; the NES emulator itself (InfoNES on the LCD) is not emulated on the
+    host, so init/load/loop/input/free raise OSError EOPNOTSUPP with a note."""
+    def _not(name):
+        def f(*a, **k):
+            s.board.note("nes.%s: the NES emulator of the firmware is not emulated on the host"
+                         % name, "nes")
+            raise OSError(_errno.EOPNOTSUPP, "EOPNOTSUPP")
+        return f
+    return module("nes", "MaixPy nes (not emulated)", INPUT=0, KEYBOARD=1, JOYSTICK=2,
+                  **{n: _not(n) for n in ("init", "load", "loop", "free", "input")})
+
+
+@builtin("pye_mp")
+def _pye_mp(s):
+    """builtin_py/pye_mp.py, frozen into v0.6.2: pye(*files) is a full-screen VT100 editor on
+    the serial terminal -- an interactive tool the host does not emulate."""
+    def pye(*content, tab_size=4, undo=50, device=0):
+        s.board.note("pye_mp.pye: the frozen full-screen editor needs an interactive serial "
+                     "terminal; not emulated on the host", "pye")
+        raise OSError(_errno.EOPNOTSUPP, "EOPNOTSUPP")
+    return module("pye_mp", "MaixPy frozen pye_mp.py (the editor is not emulated)", pye=pye)
 
 
 # the MaixPy modules proper (their factories live with their implementations)
