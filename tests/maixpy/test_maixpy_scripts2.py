@@ -404,3 +404,28 @@ except OSError as e:
     assert res.error is None, res.traceback
     assert res.lines == ["1 2", "[Errno 95] EOPNOTSUPP"]
     assert any("NES emulator" in n for n in res.notes)
+
+
+def test_kpu_classifier_load_checks_then_says_not_emulated(tmp_path):
+    """Maix_kpu_classifier.c (v0.6.2): classifier is a type whose locals hold load(model, path
+    [, class_num, sample_num]); it checks 'must be model' / 'path err', then the closed library
+    would load the file -- the host says it cannot (was: 'function' has no attribute 'load')."""
+    from conftest import data_path
+    from tl2k210.maixpy import board
+    km = data_path("kmodels", "facedetect_320x240_v3.kmodel")
+    flash = board.flash_kmodel(km, tmp_path / "flash.bin", 0x300000)
+    res = run(tmp_path, """
+import KPU as kpu
+m = kpu.load(0x300000)
+for a in ((1, 'x.classifier'), (m, 3)):
+    try:
+        kpu.classifier.load(*a)
+    except ValueError as e:
+        print(e)
+try:
+    kpu.classifier.load(m, '3_classes.classifier')
+except OSError as e:
+    print(e)
+""", flash=flash)
+    assert res.error is None, res.traceback
+    assert res.lines == ["must be model", "path err", "[MAIXPY]kpu: classifier not emulated on the host"]
