@@ -429,3 +429,23 @@ except OSError as e:
 """, flash=flash)
     assert res.error is None, res.traceback
     assert res.lines == ["must be model", "path err", "[MAIXPY]kpu: classifier not emulated on the host"]
+
+
+def test_draw_string_takes_bytes_as_the_firmware(tmp_path):
+    """font.c imlib_draw_string (v0.6.2) reads the text with mp_obj_str_get_str, which takes
+    a str or a bytes object (py/objstr.c); bytes draw as the same characters, a bytearray is
+    refused with bad_implicit_conversion's text (MICROPY_ERROR_REPORTING_DETAILED)."""
+    res = run(tmp_path, """
+import image
+a = image.Image(size=(80, 20))
+b = image.Image(size=(80, 20))
+a.draw_string(2, 2, 'hi 42', color=(255, 255, 255))
+b.draw_string(2, 2, b'hi 42', color=(255, 255, 255))
+print(a.get_statistics().mean() > 0, all(a.get_pixel(x, y) == b.get_pixel(x, y) for x in range(80) for y in range(20)))
+try:
+    b.draw_string(2, 2, bytearray(b'x'))
+except TypeError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["True True", "can't convert 'bytearray' object to str implicitly"]

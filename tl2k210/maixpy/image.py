@@ -337,8 +337,12 @@ class Image:
         if nxt >= len(args):
             raise TypeError("function missing 1 required positional arguments")
         text = args[nxt]
-        if not isinstance(text, str):
-            raise TypeError(f"can't convert {A.type_name(text)} to str")
+        # font.c imlib_draw_string reads it with mp_obj_str_get_str (ASCII font) or as UTF-8
+        # bytes (font_load'ed UTF8 font): a str or a bytes object, bytes drawn as they are
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "surrogateescape")
+        if not isinstance(text, str):     # py/objstr.c bad_implicit_conversion
+            raise TypeError(f"can't convert '{A.type_name(text)}' object to str implicitly")
         c = A.color(A.kw(args, kwargs, "color", nxt + 1, -1), self._gray_img)
         scale = A.get_float(A.kw(args, kwargs, "scale", nxt + 2, 1.0))
         if not scale > 0:
@@ -398,7 +402,7 @@ class Image:
     def _text(self, x, y, text, c, scale, x_sp, y_sp, mono):
         gw, gh = int(round(_font.W * scale)), int(round(_font.H * scale))
         ox, oy, n = x, y, 0
-        data = text.encode("utf-8")
+        data = text.encode("utf-8", "surrogateescape")
         i = 0
         while i < len(data):
             ch = data[i]
