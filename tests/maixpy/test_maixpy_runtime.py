@@ -197,7 +197,7 @@ except TypeError as e:
 """)
     assert res.error is None, res.traceback
     assert res.lines == ["14 13 12 16 9",
-                         "[Warning] function is used by fm(56, pin=14)",
+                         "[Warning] function is used by fm.fpioa.GPIO0(pin:14)",
                          "When this pin is in output mode, it is not allowed to pull up and down.",
                          "extra keyword arguments given"]
     assert [w[1:] for w in res.board.gpio_log] == [(32, 1)]

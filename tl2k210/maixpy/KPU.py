@@ -839,9 +839,34 @@ def _swap_words(data: bytes) -> bytes:
     return np.frombuffer(data[:n], ">u4").astype("<u4").tobytes() + data[n:]
 
 
-def classifier(*args, **kwargs):
-    _b().note("kpu.classifier (self-learning classifier) is not emulated", "classifier")
-    raise OSError(f"{_KPU_MSG}classifier not emulated on the host")
+def _classifier_not_emulated():
+    _b().note("kpu.classifier (self-learning classifier) is not emulated: its training "
+              "library is closed", "classifier")
+    return OSError(f"{_KPU_MSG}classifier not emulated on the host")
+
+
+class classifier:
+    """Maix_kpu_classifier.c (v0.6.2): a type -- classifier(model, class_num, sample_num) and
+    classifier.load(model, path[, class_num, sample_num]) (a plain function in its locals). The
+    training/prediction library is closed: after the argument checks the host says it cannot
+    emulate it."""
+
+    def __init__(self, *args, **kwargs):
+        raise _classifier_not_emulated()
+
+    @staticmethod
+    def load(*args):
+        if not 2 <= len(args) <= 4:
+            raise TypeError("function expected at most 4 arguments, got %d" % len(args)
+                            if len(args) > 4 else
+                            "function missing %d required positional arguments" % (2 - len(args)))
+        if isinstance(args[0], classifier):
+            raise ValueError("must be class")
+        if not isinstance(args[0], kpu_net):
+            raise ValueError("must be model")
+        if not isinstance(args[1], str):
+            raise ValueError("path err")
+        raise _classifier_not_emulated()
 
 
 def make_module(s):

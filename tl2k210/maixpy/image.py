@@ -337,8 +337,12 @@ class Image:
         if nxt >= len(args):
             raise TypeError("function missing 1 required positional arguments")
         text = args[nxt]
-        if not isinstance(text, str):
-            raise TypeError(f"can't convert {A.type_name(text)} to str")
+        # font.c imlib_draw_string reads it with mp_obj_str_get_str (ASCII font) or as UTF-8
+        # bytes (font_load'ed UTF8 font): a str or a bytes object, bytes drawn as they are
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "surrogateescape")
+        if not isinstance(text, str):     # py/objstr.c bad_implicit_conversion
+            raise TypeError(f"can't convert '{A.type_name(text)}' object to str implicitly")
         c = A.color(A.kw(args, kwargs, "color", nxt + 1, -1), self._gray_img)
         scale = A.get_float(A.kw(args, kwargs, "scale", nxt + 2, 1.0))
         if not scale > 0:
@@ -351,10 +355,54 @@ class Image:
         _cost(n)
         return self
 
+    def draw_font(self, *args, **kwargs):
+        """py_image.c py_image_draw_font + font.c imlib_draw_font (v0.6.2): draw_font(x, y,
+        w, h, font[, color, scale]) draws one w x h bitmap glyph (w a multiple of 8 up to 32,
+        len(font) == w/8 * h/8 * 8); row y reads byte int(y/scale) and, for each further
+        8 rows of h, the byte h further on (the firmware's 8-column bands), bit w-1-int(x/scale)
+        set = a pixel (fast_roundf truncates)."""
+        A.ignore_unknown("Image.draw_font", kwargs, {"color", "scale"})
+        self._check_mutable()
+        if args and isinstance(args[0], (tuple, list)):
+            vec, nxt = list(args[0]), 1
+        else:
+            vec, nxt = list(args[:5]), 5
+        if len(vec) < 5:
+            raise OSError("Not enough positional arguments!")
+        x, y, fw, fh = (A.get_int(v) for v in vec[:4])
+        font = vec[4]
+        if isinstance(font, str):
+            font = font.encode()
+        elif not isinstance(font, (bytes, bytearray)):
+            raise TypeError(f"can't convert {A.type_name(font)} to str")
+        font = bytes(font)
+        if not (fw % 8 == 0 and fw <= 32):
+            raise OSError("Error: font arg_w_font %% 8 == 0 && arg_w_font <= 32!")  # sic
+        if (fw // 8) * (fh // 8) * 8 != len(font):
+            raise OSError("Error: font (arg_w_font / 8) * (arg_h_font / 8) * 8 == font_len!")
+        c = A.color(A.kw(args, kwargs, "color", nxt, -1), self._gray_img)
+        scale = np.float32(A.get_float(A.kw(args, kwargs, "scale", nxt + 1, 1.0)))
+        if not scale > 0:
+            raise OSError("Error: 0 < scale!")
+        fh8, fw8 = fh & 0xFF, fw & 0xFF                  # uint8_t font_h, font_w
+        hh, ww = int(np.float32(fh8) * scale), int(np.float32(fw8) * scale)
+        data = font + bytes(4 * max(1, fh8))             # the C reads on past a short font
+        mask = np.zeros((max(hh, 0), max(ww, 0)), bool)
+        for yy in range(hh):
+            pos = int(np.float32(yy) / scale) & 0xFF
+            tmp = data[pos]
+            for i in range(1, fh8 // 8):
+                tmp = ((tmp << 8) | data[pos + i * fh8]) & 0xFFFFFFFF
+            for xx in range(ww):
+                bit = fw8 - 1 - int(np.float32(xx) / scale)
+                mask[yy, xx] = bit >= 0 and bool(tmp >> bit & 1)
+        _cost(self._blit(x, y, mask, c))
+        return self
+
     def _text(self, x, y, text, c, scale, x_sp, y_sp, mono):
         gw, gh = int(round(_font.W * scale)), int(round(_font.H * scale))
         ox, oy, n = x, y, 0
-        data = text.encode("utf-8")
+        data = text.encode("utf-8", "surrogateescape")
         i = 0
         while i < len(data):
             ch = data[i]
@@ -1171,7 +1219,7 @@ _OPENMV_NOT_EMULATED = {
     "logpolar", "chrominvar", "illuminvar", "remove_shadows", "mask_circle", "mask_ellipse",
     "mask_rectangle", "flood_fill", "top_hat", "black_hat", "b_and", "b_or", "b_xor", "b_nand",
     "b_nor", "b_xnor", "add", "sub", "mul", "div", "min", "max", "difference", "blend",
-    "replace_color", "draw_font", "conv3", "morph", "gamma_corr", "find_cirles",
+    "replace_color", "conv3", "morph", "gamma_corr", "find_cirles",
 }
 
 

@@ -57,9 +57,11 @@ def init(*args, **kwargs):
     a = A.parse_all(args, kwargs, [
         ("type", 1), ("freq", 15_000_000), ("color", BLACK), ("width", 320), ("height", 240),
         ("invert", 0), ("offset_w0", 0), ("offset_h0", 0), ("offset_w1", 0), ("offset_h1", 0),
-        ("rst", 37), ("dcx", 38), ("ss", 36), ("clk", 39), ("*lcd_type", 0)])
+        ("rst", 37), ("dcx", 38), ("ss", 36), ("clk", 39)])
     t = A.get_int(a["type"])
-    if t not in range(0, 6):
+    # v0.6.2 py_lcd.c py_lcd_init: LCD_NONE, SHIELD, IPS_240X240, M5STICK, TWATCH (0-4); no
+    # lcd_type keyword (a panel's lcd_type comes from /flash/config.json, py_lcd_load_config)
+    if t not in range(0, 5):
         raise ValueError("type error")
     st = State()
     b = _board.current()

@@ -49,7 +49,7 @@ IMPORT_HINTS = {
     "cv2": "OpenCV does not exist on MaixPy; the `image` module has the OpenMV filters",
     "PIL": "PIL does not exist on MaixPy; use the `image` module",
 }
-for _m in ("nes", "lvgl", "speech_recognizer", "ucryptolib_hw", "mfrc522"):
+for _m in ("lvgl", "speech_recognizer", "ucryptolib_hw", "mfrc522"):
     IMPORT_HINTS[_m] = ("a MaixPy firmware module (optional builds) that the host does not "
                         "emulate; a board with that build would import it")
 
@@ -78,6 +78,49 @@ def _board(s):
 
 # ---------------------------------------------------------------------------------------------
 # builtins
+class _BytearrayType(type):
+    """The script's `bytearray` is the real type for isinstance, issubclass and ==."""
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, bytearray)
+
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, bytearray)
+
+    def __eq__(cls, other):
+        return other is bytearray or type.__eq__(cls, other) is True
+
+    def __hash__(cls):
+        return hash(bytearray)
+
+
+class mp_bytearray(bytearray, metaclass=_BytearrayType):
+    """objarray.c bytearray_make_new (MicroPython 1.11): one non-int argument is read through
+    the buffer protocol, which a str has, so bytearray('ab') is bytearray(b'ab'); a 2nd/3rd
+    argument (encoding, errors) is accepted and not used."""
+
+    def __new__(cls, *args):
+        if len(args) > 3:
+            raise TypeError("function expected at most 3 arguments, got %d" % len(args))
+        if args and isinstance(args[0], str):
+            args = (args[0].encode(),)
+        elif len(args) > 1:
+            args = args[:1]
+        if cls is mp_bytearray:
+            return bytearray(*args)
+        return bytearray.__new__(cls, *args)
+
+    def __init__(self, *args):
+        if type(self) is not mp_bytearray:
+            if args and isinstance(args[0], str):
+                args = (args[0].encode(),)
+            bytearray.__init__(self, *args[:1])
+
+
+mp_bytearray.__name__ = mp_bytearray.__qualname__ = "bytearray"
+mp_bytearray.__module__ = "builtins"
+
+
 def make_builtins(s):
     import builtins as py
     b = dict(vars(py))
@@ -121,6 +164,7 @@ def make_builtins(s):
                   if obj is None else f"object {obj!r} is of type {type(obj).__name__}\n")
 
     b.update(print=_print, open=_open, input=_input, exec=_exec, eval=_eval, compile=_compile,
+             bytearray=mp_bytearray,
              help=_help, __import__=s._import)
     return b
 
@@ -401,10 +445,42 @@ def _ujson(s):
                   dump=dump, loads=loads, load=load)
 
 
+def _s_items(fmt, values):
+    """modstruct.c (MicroPython 1.11) packs an 's' item from anything with the buffer protocol,
+    str included (its UTF-8 bytes); CPython's struct takes only bytes/bytearray there."""
+    fmt = fmt.decode() if isinstance(fmt, (bytes, bytearray)) else str(fmt)
+    out, i, num = list(values), 0, ""
+    for ch in fmt.lstrip("<>!=@"):
+        if ch.isdigit():
+            num += ch
+            continue
+        cnt, num = (int(num) if num else 1), ""
+        if ch == "s":
+            if i < len(out):
+                v = out[i]
+                if isinstance(v, str):
+                    out[i] = v.encode()
+                elif not isinstance(v, (bytes, bytearray)):
+                    try:
+                        out[i] = bytes(memoryview(v))
+                    except TypeError:
+                        pass
+            i += 1
+        elif ch != "x" and not ch.isspace():
+            i += cnt
+    return out
+
+
 @builtin("ustruct", "struct")
 def _ustruct(s):
-    return module("ustruct", "", **_pick(_struct, ("pack", "unpack", "calcsize", "pack_into",
-                                                   "unpack_from")))
+    def pack(fmt, *values):
+        return _struct.pack(fmt, *_s_items(fmt, values))
+
+    def pack_into(fmt, buffer, offset, *values):
+        return _struct.pack_into(fmt, buffer, offset, *_s_items(fmt, values))
+
+    return module("ustruct", "", pack=pack, pack_into=pack_into,
+                  **_pick(_struct, ("unpack", "calcsize", "unpack_from")))
 
 
 @builtin("ubinascii", "binascii")
@@ -514,6 +590,8 @@ def _thread(s):
                 fn(*args, **(kwargs or {}))
             except SystemExit:
                 pass
+            except _b.BoardStop:          # the run is over (watchdog, frames): the thread ends
+                pass
             except Exception as exc:
                 s.out.write("Unhandled exception in thread started by %r\n%s" %
                             (fn, s.format_exception(exc)))
@@ -533,6 +611,32 @@ def _ucryptolib(s):
             s.board.note("ucryptolib.aes is not emulated on the host", "aes")
             raise OSError(_errno.EOPNOTSUPP, "EOPNOTSUPP")
     return module("ucryptolib", "", aes=aes)
+
+
+@builtin("nes")
+def _nes(s):
+    """nes/py_nes.c (CONFIG_MAIXPY_NES_ENABLE=y in v0.6.2's default build): the module imports
+    with its constants; the NES emulator itself (InfoNES on the LCD) is not emulated on the
+    host, so init/load/loop/input/free raise OSError EOPNOTSUPP with a note."""
+    def _not(name):
+        def f(*a, **k):
+            s.board.note("nes.%s: the NES emulator of the firmware is not emulated on the host"
+                         % name, "nes")
+            raise OSError(_errno.EOPNOTSUPP, "EOPNOTSUPP")
+        return f
+    return module("nes", "MaixPy nes (not emulated)", INPUT=0, KEYBOARD=1, JOYSTICK=2,
+                  **{n: _not(n) for n in ("init", "load", "loop", "free", "input")})
+
+
+@builtin("pye_mp")
+def _pye_mp(s):
+    """builtin_py/pye_mp.py, frozen into v0.6.2: pye(*files) is a full-screen VT100 editor on
+    the serial terminal -- an interactive tool the host does not emulate."""
+    def pye(*content, tab_size=4, undo=50, device=0):
+        s.board.note("pye_mp.pye: the frozen full-screen editor needs an interactive serial "
+                     "terminal; not emulated on the host", "pye")
+        raise OSError(_errno.EOPNOTSUPP, "EOPNOTSUPP")
+    return module("pye_mp", "MaixPy frozen pye_mp.py (the editor is not emulated)", pye=pye)
 
 
 # the MaixPy modules proper (their factories live with their implementations)

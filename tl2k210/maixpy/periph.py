@@ -49,6 +49,17 @@ def _fpioa_state(b):
     return b.fpioa
 
 
+def _fpioa_set(b, pin, func):
+    """fpioa.c fpioa_set_function (Kendryte SDK): the pin's old function goes, `func` leaves
+    any other pin, and FUNC_RESV0 just frees the pin."""
+    st = _fpioa_state(b)
+    for f, p in list(st.items()):
+        if p == pin:
+            del st[f]
+    if func != FUNC["RESV0"]:
+        st[func] = pin
+
+
 class FPIOA:
     locals().update(FUNC)
 
@@ -56,12 +67,31 @@ class FPIOA:
         from tl2k210.maixpy import board as _b
         self._b = _b.current()
 
-    def set_function(self, pin, func):
-        _fpioa_state(self._b)[get_int(func)] = get_int(pin)
+    def set_function(self, *args, **kwargs):
+        """Maix_fpioa.c Maix_set_function + the SDK's fpioa_set_function: a pin has one
+        function and a function one pin -- setting it moves it off any other pin; RESV0 frees
+        the pin."""
+        a = parse_all(args, kwargs, [("pin", 0), ("func", 0), ("set_sl", -1), ("set_st", -1),
+                                     ("set_io_driving", -1)])
+        pin, func = get_int(a["pin"]), get_int(a["func"])
+        if pin > 48:
+            raise ValueError("Don't have this Pin")
+        if func < 0 or func > 204:
+            raise ValueError("This function is invalid")
+        if pin < 0 or pin >= 48:
+            sess = getattr(self._b, "session", None)
+            if sess is not None:
+                sess.out.write("[Maix]:Opps!Can not set fpioa\n")
+            raise oserror(5)
+        _fpioa_set(self._b, pin, func)
         return True
 
-    def get_Pin_num(self, func):
-        return _fpioa_state(self._b).get(get_int(func))
+    def get_Pin_num(self, *args, **kwargs):
+        """Maix_fpioa.c Maix_get_Pin_num: the (first) pin with that function, else None."""
+        func = get_int(parse_all(args, kwargs, [("func", 0)])["func"])
+        if func < 0 or func > 204:
+            raise ValueError("This function is invalid")
+        return _fpioa_state(self._b).get(func)
 
     def help(self, *a):
         return None
@@ -92,9 +122,19 @@ class GPIO:
         func = FUNC[f"GPIOHS{self._id}"] if self._id < 32 else FUNC[f"GPIO{self._id - 32}"]
         return _fpioa_state(self._b).get(func)
 
+    def __call__(self, *v, **kw):
+        """Maix_gpio.c Maix_gpio_call: pin() reads, pin(x) writes (mp_obj_is_true), as value()."""
+        if kw:
+            raise TypeError("function doesn't take keyword arguments")
+        if len(v) > 1:
+            raise TypeError("function expected at most 1 arguments, got %d" % len(v))
+        return self.value(*v)
+
     def value(self, *v):
+        if len(v) > 1:
+            raise TypeError("function expected at most 2 arguments, got %d" % (len(v) + 1))
         if v:
-            self._out = int(bool(get_int(v[0])))
+            self._out = int(bool(v[0]))
             self._b.gpio_log.append((self._b.clock.now_us() // 1000, self._id, self._out))
             return None
         if self._mode == self.OUT:
@@ -155,10 +195,21 @@ class I2S:
     def set_sample_rate(self, rate):
         self.rate = get_int(rate)
 
-    def play(self, data):
+    def play(self, audio):
+        """Maix_i2s.c Maix_i2s_play: plays an audio object's `points` 32-bit samples (what
+        record() returns, or audio.Audio(array=...)); board time advances by their length."""
         from tl2k210.maixpy import board as _b
-        n = len(bytes(data)) // 2
+        if hasattr(audio, "to_bytes"):
+            n = len(audio.to_bytes()) // 4
+        elif isinstance(audio, (bytes, bytearray, memoryview)):
+            n = len(bytes(audio)) // 4
+        else:
+            raise TypeError(f"can't convert {type(audio).__name__} to audio")
         _b.current().clock.advance(n * 1e6 / max(1, self.rate))
+
+    def wait_record(self):
+        """Maix_i2s.c Maix_i2s_wait_record: waits for the record DMA (done on the host)."""
+        return None
 
     def record(self, points):
         """Maix_i2s.c: an audio.Audio object of `points` 32-bit samples (L/R 16-bit each);
@@ -251,6 +302,79 @@ class _Anything:
         return f"<{self._name}>"
 
 
+_MIC_SECTORS = (
+    (197, 198, 199, 213, 214, 215, 228, 229, 230, 231, 244, 245, 246, 247),
+    (178, 179, 192, 193, 194, 195, 196, 208, 209, 210, 211, 212, 224, 225, 226, 227, 240, 241, 242, 243),
+    (128, 129, 130, 131, 144, 145, 146, 147, 160, 161, 162, 163, 176, 177),
+    (64, 65, 80, 81, 82, 83, 96, 97, 98, 99, 112, 113, 114, 115),
+    (0, 1, 2, 3, 16, 17, 18, 19, 32, 33, 34, 35, 36, 48, 49, 50, 51, 52, 66, 67),
+    (4, 5, 6, 7, 20, 21, 22, 23, 37, 38, 39, 53, 54, 55),
+    (8, 9, 10, 11, 24, 25, 26, 27, 40, 41, 42, 56, 57, 58),
+    (12, 13, 14, 15, 28, 29, 30, 31, 43, 44, 45, 46, 47, 59, 60, 61, 62, 63, 76, 77),
+    (78, 79, 92, 93, 94, 95, 108, 109, 110, 111, 124, 125, 126, 127),
+    (140, 141, 142, 143, 156, 157, 158, 159, 173, 172, 174, 175, 190, 191),
+    (188, 189, 203, 204, 205, 206, 207, 219, 220, 221, 222, 223, 236, 237, 238, 239, 252, 253, 254, 255),
+    (200, 201, 202, 216, 217, 218, 232, 233, 234, 235, 248, 249, 250, 251),
+)
+
+
+def make_mic_array(b):
+    """Maix.MIC_ARRAY (v0.6.2 Maix/Maix_mic_array.c, CONFIG_MAIXPY_MIC_ARRAY_ENABLE=y). The
+    sound-source map comes from the closed lib_mic (no source): get_map() after init() raises
+    OSError EOPNOTSUPP with a note that says so; without init() no map comes (ETIMEDOUT after
+    100 ms, as the firmware). get_dir is the firmware's 12-sector average of a 16x16 grayscale
+    image (the sum cast to uint8 before the division, capped at 15); set_led checks its 12 + 3
+    values; init sets the I2S0 pins on the FPIOA."""
+    state = {"init": False}
+
+    def init(*args, **kwargs):
+        a = parse_all(args, kwargs, [(n, d) for n, d in (
+            ("i2s_d0", 23), ("i2s_d1", 22), ("i2s_d2", 21), ("i2s_d3", 20), ("i2s_ws", 19),
+            ("i2s_sclk", 18), ("sk9822_dat", 24), ("sk9822_clk", 25))])
+        for name, func in (("i2s_d0", "I2S0_IN_D0"), ("i2s_d1", "I2S0_IN_D1"), ("i2s_d2", "I2S0_IN_D2"),
+                           ("i2s_d3", "I2S0_IN_D3"), ("i2s_ws", "I2S0_WS"), ("i2s_sclk", "I2S0_SCLK")):
+            _fpioa_set(b, get_int(a[name]), FUNC[func])
+        state["init"] = True
+        return True
+
+    def deinit():
+        state["init"] = False
+        return True
+
+    def get_map():
+        if not state["init"]:
+            b.clock.advance(100_000)
+            raise oserror(110)                    # MP_ETIMEDOUT
+        b.note("MIC_ARRAY.get_map: the sound-source map is computed by the closed lib_mic "
+               "library (no source code), which the host cannot emulate", "mic")
+        raise OSError(95, "EOPNOTSUPP")
+
+    def get_dir(*args, **kwargs):
+        from tl2k210.maixpy import image as _image
+        if not args or not isinstance(args[0], _image.Image):
+            raise TypeError("Can't convert <class 'type'> to type")
+        img = args[0]
+        if img.width() != 16 or img.height() != 16 or img._fmt != _image.GRAYSCALE:
+            raise ValueError("image type error, only support 16*16 grayscale image")
+        data = img._px.reshape(-1)
+        out = []
+        for sector in _MIC_SECTORS:
+            tmp = (sum(int(data[i]) for i in sector) & 0xFF) // len(sector)
+            out.append(15 if tmp > 15 else tmp)
+        return tuple(out)
+
+    def set_led(*args, **kwargs):
+        from tl2k210.maixpy.args import seq
+        if len(args) < 2:
+            raise TypeError("function missing %d required positional arguments" % (2 - len(args)))
+        [get_int(v) for v in seq(args[0], 12)]
+        [get_int(v) for v in seq(args[1], 3)]
+        return True
+
+    return module("MIC_ARRAY", "", init=init, deinit=deinit, get_map=get_map, get_dir=get_dir,
+                  set_led=set_led)
+
+
 def make_Maix(s):
     b = s.board
     state = {"cpu": 400_000_000, "pll1": 400_000_000}
@@ -269,7 +393,7 @@ def make_Maix(s):
                    flash_read=lambda addr, n: b.read_flash(get_int(addr), get_int(n)))
     m = module("machine", "MaixPy Maix (its __name__ is 'machine' on a board)", GPIO=GPIO,
                FPIOA=FPIOA, I2S=I2S, Audio=make_audio(s).Audio, FFT=FFT,
-               MIC_ARRAY=_Anything("MIC_ARRAY"),
+               MIC_ARRAY=make_mic_array(b),
                freq=module("freq", "", get=freq_get, set=freq_set,
                            get_cpu=lambda: state["cpu"] // 1_000_000,
                            get_kpu=lambda: state["pll1"] // 1_000_000),
@@ -539,28 +663,41 @@ def make_fpioa_manager(s):
     fm.fpioa = fpioa
     fm.board_info = s.import_module("board").board_info
 
+    # the frozen builtin_py/fpioa_manager.py of v0.6.2, method for method
+    def get_pin_by_function(function):
+        return fpioa.get_Pin_num(function)
+
+    def str_function(function):
+        if fpioa.GPIOHS0 <= function and function <= fpioa.GPIO7:
+            if fpioa.GPIO0 <= function:
+                return "fm.fpioa.GPIO%d" % (function - fpioa.GPIO0)
+            return "fm.fpioa.GPIOHS%d" % (function - fpioa.GPIOHS0)
+        return "unknown"
+
     def register(pin, function, force=True):
-        pin, function = get_int(pin), get_int(function)
-        st = _fpioa_state(b)
-        if function in st and st[function] != pin:
-            s.out.write(f"[Warning] function is used by fm({function}, pin={st[function]})\n")
-            if not force:
-                raise ValueError(f"function {function} is already used by pin {st[function]}")
-        for f, p in list(st.items()):
-            if p == pin:
-                del st[f]
-        st[function] = pin
+        pin_used = get_pin_by_function(function)
+        if pin_used == pin:
+            return None
+        if pin_used is not None:
+            info = "[Warning] function is used by %s(pin:%d)" % (str_function(function), pin_used)
+            if force is False:
+                raise Exception(info)
+            s.out.write(info + "\n")
+        fpioa.set_function(pin, function)
+        return None
 
     def unregister(pin):
-        st = _fpioa_state(b)
-        for f, p in list(st.items()):
-            if p == get_int(pin):
-                del st[f]
+        fpioa.set_function(pin, fpioa.RESV0)
+
+    def get_gpio_used():
+        return [(str_function(f), get_pin_by_function(f))
+                for f in range(fpioa.GPIOHS0, fpioa.GPIO7 + 1)]
 
     fm.register = staticmethod(register)
     fm.unregister = staticmethod(unregister)
-    fm.get_pin_by_function = staticmethod(lambda f: _fpioa_state(b).get(get_int(f)))
-    fm.get_gpio_used = staticmethod(lambda: [(p, f) for f, p in _fpioa_state(b).items()])
+    fm.get_pin_by_function = staticmethod(get_pin_by_function)
+    fm.str_function = staticmethod(str_function)
+    fm.get_gpio_used = staticmethod(get_gpio_used)
     fm.help = staticmethod(lambda *a: None)
     return module("fpioa_manager", "MaixPy frozen fpioa_manager.py", fm=fm,
                   board_info=fm.board_info, FPIOA=FPIOA)
@@ -579,10 +716,20 @@ def make_audio(s):
         (board time advances by its duration), 0 at the end."""
 
         def __init__(self, *args, **kwargs):
-            a = parse_all(args, kwargs, [("*path", None), ("*is_create", False), ("*samplerate", 16000),
+            a = parse_all(args, kwargs, [("*path", None), ("*is_create", False), ("*samplerate", 44100),
                                          ("*points", 1024), ("*array", None)])
             self.path, self._wav, self._pos, self._vol = a["path"], None, 0, 100
-            if self.path is not None:
+            self._fp, self._data = None, b""
+            if a["array"] is not None:
+                self._data = bytes(memoryview(a["array"]))
+            elif self.path is not None and a["is_create"]:
+                # py_audio.c Maix_audio_init_helper: is_create opens the file "wb" and leaves
+                # room for the 44-byte WAV header that finish() writes
+                self._fp = b.vfs.open(self.path, "wb")
+                self._fp.write(bytes(44))
+                self._rate, self._size = get_int(a["samplerate"]), 0
+                self._data = b""
+            elif self.path is not None:
                 self._data = b.vfs.read_bytes(self.path)
 
         def play_process(self, i2s):
@@ -612,13 +759,39 @@ def make_audio(s):
             return self._vol
 
         def finish(self):
+            """wav.c wav_finish: a recording gets its header (2 channels, 16 bits, the
+            samplerate given) and the file is closed; a playback is stopped."""
             self._wav = None
+            if self._fp is not None:
+                import struct
+                blockalign = 2 * 16 // 8
+                byterate = self._rate * blockalign
+                for k, v in (("numchannels", 2), ("samplerate", self._rate), ("byterate", byterate),
+                             ("blockalign", blockalign), ("bitspersample", 16)):
+                    s.out.write(f"[MAIXPY]: {k} = {v}\n")
+                self._fp.seek(0)
+                self._fp.write(b"RIFF" + struct.pack("<I", 36 + self._size) + b"WAVE" +
+                               b"fmt " + struct.pack("<IHHIIHH", 16, 1, 2, self._rate, byterate,
+                                                     blockalign, 16) +
+                               b"data" + struct.pack("<I", self._size))
+                self._fp.close()
+                self._fp = None
 
-        def record(self, *a):
+        def record(self, rec):
+            """py_audio.c Maix_audio_record: appends the low 16 bits of each 32-bit sample of
+            `rec` (an I2S.record() audio object) to the file opened with is_create=True."""
+            if self._fp is None:
+                return None
+            import struct
+            raw = rec.to_bytes()
+            n = len(raw) // 4
+            words = struct.unpack("<%dI" % n, raw[:4 * n])
+            self._fp.write(struct.pack("<%dH" % n, *(w & 0xFFFF for w in words)))
+            self._size += 2 * n
             return None
 
         def to_bytes(self):
-            return bytes(self._data) if self.path else b""
+            return bytes(self._data) if self.path or self._data else b""
 
     return module("audio", "MaixPy audio (WAV playback on the board clock)", Audio=Audio)
 
@@ -633,7 +806,23 @@ def make_network(s):
         def __init__(self, *a, **k):
             raise _no_network(s, "network")
 
-    return module("network", "", ESP32_SPI=_Net, ESP8285=_Net, WLAN=_Net, STA_IF=0, AP_IF=1)
+    class WIZNET5K:
+        """wiznet5k/modnwwiznet5k.c (CONFIG_MAIXPY_WIZNET5K_ENABLE=y in v0.6.2's default
+        build): WIZNET5K(spi=machine.SPI, cs=0..31) checks its arguments as the firmware does;
+        then, as for the Wi-Fi modules, the emulated board has no network."""
+
+        def __init__(self, *args, **kwargs):
+            if len(args) > 3:
+                raise TypeError("function expected at most 3 arguments, got %d" % len(args))
+            a = parse_all((), kwargs, [("*spi", None), ("*cs", 20)])
+            if not isinstance(a["spi"], SPI):
+                raise TypeError("[MAIXPY]spi: object type error")
+            if not 0 <= get_int(a["cs"]) <= 31:
+                raise ValueError("CS value error")
+            raise _no_network(s, "network.WIZNET5K")
+
+    return module("network", "", ESP32_SPI=_Net, ESP8285=_Net, WLAN=_Net, WIZNET5K=WIZNET5K,
+                  STA_IF=0, AP_IF=1)
 
 
 def make_usocket(s):
@@ -665,14 +854,116 @@ def make_usocket(s):
 make_socket = make_usocket
 
 
+class onewire:
+    """modules.onewire (v0.6.2 modules/onewire/py_onewire.c) on an empty bus: the pull-up
+    keeps the line high, so reset() sees no presence pulse (False), every bit read is 1
+    (bytes 0xFF), search() finds no ROM ([]); writes only take their slot time."""
+    _RESET_US, _BIT_US = 960, 66
+
+    def __init__(self, *args, **kwargs):
+        from tl2k210.maixpy import board as _b
+        a = parse_all(args, kwargs, [("gpio", REQUIRED)])
+        self._b, g = _b.current(), get_int(a["gpio"])
+        if _fpioa_state(self._b).get(g) is None or not (
+                FUNC["GPIOHS0"] <= g <= FUNC["GPIOHS31"] or FUNC["GPIO0"] <= g <= FUNC["GPIO7"]):
+            raise ValueError("gpio error")
+        self._gpio = g - (FUNC["GPIO0"] if g >= FUNC["GPIO0"] else FUNC["GPIOHS0"])
+
+    def _t(self, us):
+        self._b.clock.advance(us)
+
+    def reset(self):
+        self._t(self._RESET_US)
+        return False
+
+    def readbit(self):
+        self._t(self._BIT_US)
+        return 1
+
+    def readbyte(self):
+        self._t(8 * self._BIT_US)
+        return 0xFF
+
+    def readbuffer(self, count):
+        n = get_int(count)
+        self._t(8 * n * self._BIT_US)
+        return bytearray(b"\xff" * n)
+
+    def writebit(self, value):
+        get_int(value)
+        self._t(self._BIT_US)
+
+    def writebyte(self, value):
+        get_int(value)
+        self._t(8 * self._BIT_US)
+
+    def writebuffer(self, data):
+        self._t(8 * len(bytes(memoryview(data))) * self._BIT_US)
+
+    def select(self, rom):
+        n = len(bytes(memoryview(rom)))
+        self._t(self._RESET_US + 8 * (1 + n) * self._BIT_US)
+
+    def search(self, diff):
+        get_int(diff)
+        self._t(0xFF * self._RESET_US)            # 255 tries, no presence pulse on any
+        return []
+
+    def skip(self):
+        self._t(8 * self._BIT_US)
+
+    def depower(self):
+        return None
+
+    @staticmethod
+    def crc8(data):
+        crc = 0
+        for byte in bytes(memoryview(data)):
+            for _ in range(8):
+                fb = (crc ^ byte) & 1
+                if fb:
+                    crc ^= 0x18
+                crc = (crc >> 1) & 0x7F
+                if fb:
+                    crc |= 0x80
+                byte >>= 1
+        return crc
+
+    def __repr__(self):
+        return "[Maixduino]onewire:(%#x) gpio=%d\r\n" % (id(self) & 0xFFFFFFFF, self._gpio)
+
+
 def make_modules(s):
-    return module("modules", "MaixPy modules (ws2812, ultrasonic, htpa ...)",
+    """v0.6.2 modules/py_modules.c: ultrasonic, onewire, ws2812 (CONFIG_MAIXPY_WS2812_ENABLE=y);
+    htpa and amg88xx are not in the default build (config_defaults.mk)."""
+    return module("modules", "MaixPy modules (ultrasonic, onewire, ws2812)",
                   ws2812=_Anything("ws2812"), ultrasonic=_Anything("ultrasonic"),
-                  htpa=_Anything("htpa"))
+                  onewire=onewire)
 
 
 def make_video(s):
-    return module("video", "", open=_Anything("video.open"))
+    """video/py_video.c py_video_open (v0.6.2, CONFIG_MAIXPY_VIDEO_ENABLE=y): the keywords are
+    checked, a path not ending in .avi is NotImplementedError, a missing file to play is the
+    file system's OSError; AVI playback (MJPEG decode to the LCD) and recording are not
+    emulated: OSError EOPNOTSUPP with a note, not a stand-in that silently does nothing."""
+    def open(*args, **kwargs):
+        if not args:
+            raise TypeError("function missing 1 required positional arguments")
+        path = args[0]
+        if not isinstance(path, str):
+            raise TypeError(f"can't convert {type(path).__name__} to str")
+        a = parse_all(args[1:], kwargs, [("*record", False), ("*interval", 100000), ("*quality", 50),
+                                         ("*width", 320), ("*height", 240), ("*audio", False),
+                                         ("*sample_rate", 44100), ("*channels", 1)])
+        if not path.endswith(".avi"):
+            raise NotImplementedError("[MaixPy] video: format not support")
+        if not a["record"]:
+            s.board.vfs.open(path, "rb").close()   # ENOENT (with the host's note) first
+        what = "recording" if a["record"] else "playback"
+        s.board.note(f"video.open: AVI {what} is not emulated on the host", ("video", what))
+        raise OSError(95, "EOPNOTSUPP")
+
+    return module("video", "", open=open)
 
 
 def make_touchscreen(s):

@@ -21,6 +21,7 @@ the watchdog (`timeout`) and host stops (camera out of photos, SIGTERM) are rais
 """
 from __future__ import annotations
 
+import ast
 import io
 import re
 import sys
@@ -131,7 +132,9 @@ def exc_message(exc: BaseException) -> str:
         return "maximum recursion depth exceeded"
     if isinstance(exc, OSError) and exc.args and isinstance(exc.args[0], int) and len(exc.args) <= 2:
         import errno
-        return f"[Errno {exc.args[0]}] {errno.errorcode.get(exc.args[0], exc.args[0])}"
+        code = exc.args[0]
+        name = "EOPNOTSUPP" if code == errno.EOPNOTSUPP else errno.errorcode.get(code, code)
+        return f"[Errno {code}] {name}"       # py/mperrno.h names 95 EOPNOTSUPP (Linux: ENOTSUP)
     if isinstance(exc, KeyError) and len(exc.args) == 1:
         return mp_repr(exc.args[0])
     if isinstance(exc, SyntaxError):
@@ -181,6 +184,63 @@ def utf8_bytes_literals(source: str) -> str:
             lit = "".join(c if c.isascii() else "".join(f"\\x{v:02x}" for v in c.encode()) for c in t.string)
             source = source[:a] + lit + source[b:]
     return source
+
+
+def expand_leading_tabs(source: str) -> str:
+    """MicroPython's lexer (py/lexer.c) moves a tab to the next multiple of 8 columns, so an
+    indentation that mixes tabs and spaces is fine when the columns agree, where CPython raises
+    TabError: the indentation's tabs become spaces to those tab stops."""
+    out = []
+    for line in source.splitlines(keepends=True):
+        body = line.lstrip(" \t")
+        out.append(line[:len(line) - len(body)].expandtabs(8) + body)
+    return "".join(out)
+
+
+class _ConstFold(ast.NodeTransformer):
+    """py/parse.c (MICROPY_COMP_CONST): `NAME = const(int)` is folded while parsing -- no import
+    needed; every later use of NAME as a value is that int, and a NAME starting with '_' is
+    not assigned at all (the statement becomes `pass`)."""
+
+    def __init__(self):
+        self.consts = {}
+
+    def visit_Assign(self, node):
+        v = node.value
+        if (len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "const"
+                and len(v.args) == 1 and not v.keywords):
+            arg = self.visit(v.args[0])
+            value = None
+            if all(isinstance(n, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop,
+                                  ast.expr_context)) for n in ast.walk(arg)):
+                try:
+                    value = eval(compile(ast.fix_missing_locations(ast.Expression(arg)), "<const>", "eval"))
+                except Exception:
+                    value = None
+            if type(value) is not int:
+                err = SyntaxError("constant must be an integer")
+                err.lineno, err.offset = node.lineno, node.col_offset + 1
+                raise err
+            name = node.targets[0].id
+            self.consts[name] = value
+            if name.startswith("_"):
+                return ast.copy_location(ast.Pass(), node)
+            node.value = ast.copy_location(ast.Constant(value), v)
+            return node
+        return self.generic_visit(node)
+
+    def visit_Name(self, node):
+        if isinstance(node.ctx, ast.Load) and node.id in self.consts:
+            return ast.copy_location(ast.Constant(self.consts[node.id]), node)
+        return node
+
+
+def _mp_compile(source: str, filename: str, mode: str):
+    if "const" not in source:
+        return compile(source, filename, mode, dont_inherit=True)
+    tree = _ConstFold().visit(ast.parse(source, filename, mode))
+    return compile(ast.fix_missing_locations(tree), filename, mode, dont_inherit=True)
 
 
 def check_source(source: str, filename: str):
@@ -272,11 +332,14 @@ class Session:
     def compile(self, source: str, filename: str, mode: str = "exec"):
         self.code_files.add(filename)
         check_source(source, filename)
+        src = utf8_bytes_literals(source) if not source.isascii() else source
         try:
-            code = compile(utf8_bytes_literals(source) if not source.isascii() else source, filename, mode,
-                           dont_inherit=True)
+            try:
+                code = _mp_compile(src, filename, mode)
+            except TabError:
+                code = _mp_compile(expand_leading_tabs(src), filename, mode)
         except SyntaxError as exc:
-            err = BoardSyntaxError("invalid syntax")
+            err = BoardSyntaxError(exc.msg if exc.msg == "constant must be an integer" else "invalid syntax")
             err.filename, err.lineno, err.offset, err.text = filename, exc.lineno, exc.offset, exc.text
             err.host_note = f"{filename}, line {exc.lineno}: {exc.msg}"
             raise err from None

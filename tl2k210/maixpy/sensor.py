@@ -49,6 +49,7 @@ class State:
         self.hmirror = self.vflip = False
         self.running = False
         self.dual = False
+        self.binocular = False      # binocular_reset: two sensors, PWDN selects one
         self.t0 = 0                 # capture start (board us)
         self.last_frame = -1        # index of the frame last returned
         self.fbs = [None, None]
@@ -87,9 +88,11 @@ def set_pixformat(*args, **kwargs):
     if len(args) != 1:
         raise ValueError("arg err")
     fmt = A.get_int(args[0])
-    if fmt not in (RGB565, GRAYSCALE, JPEG):
+    if fmt not in (RGB565, YUV422, GRAYSCALE, JPEG):
         raise OSError("Pixel format is not supported!")
-    _s().pixformat = fmt
+    # sensor.c sensor_set_pixformat: on the OV2640/OV7740/GC0328 RGB565 falls through to
+    # YUV422 -- both set DVP_CFG_YUV_FORMAT, and the DVP hands over RGB565 frames
+    _s().pixformat = RGB565 if fmt == YUV422 else fmt
     return True
 
 
@@ -225,14 +228,29 @@ def get_fb():
 
 
 def shutdown(*args, **kwargs):
-    _s().running = not (args and args[0])
+    st = _s()
+    if st.binocular:            # sensor.c sensor_shutdown only drives PWDN: on a binocular
+        return None             # module that picks which sensor answers, frames keep coming
+    st.running = not (args and args[0])
+
+
+def binocular_reset(*args, **kwargs):
+    """py_sensor.c py_binocular_sensor_reset / sensor.c binocular_sensor_reset: resets both
+    sensors of a binocular module (PWDN selects one, sensor.shutdown(0/1) switches). The host's
+    board has that module when a script asks for it: two OV2640s that see the same photos."""
+    A.ignore_unknown("sensor.binocular_reset", kwargs, {"freq"})
+    reset(**{k: v for k, v in kwargs.items() if k == "freq"})
+    _s().binocular = True
+    _board.current().note("sensor.binocular_reset: the emulated binocular module's two sensors "
+                          "both see the --image photos; shutdown(0/1) selects one", "binocular")
+    return None
 
 
 def sleep(*args, **kwargs):
     return None
 
 
-flush = deinit = binocular_reset = _none
+flush = deinit = _none
 
 
 def __write_reg(*args):

@@ -34,7 +34,8 @@ EPOCH_2000 = 946684800
 
 def oserror(code: int) -> OSError:
     """OSError as MicroPython raises it: args[0] is the errno, str() '[Errno 2] ENOENT'."""
-    return OSError(code, errno.errorcode.get(code, str(code)))
+    name = "EOPNOTSUPP" if code == errno.EOPNOTSUPP else errno.errorcode.get(code, str(code))
+    return OSError(code, name)
 
 
 class MpFile:
