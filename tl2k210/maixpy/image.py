@@ -27,6 +27,7 @@ from tl2k210.maixpy import args as A
 from tl2k210.maixpy import board as _board
 from tl2k210.maixpy import font as _font
 from tl2k210.maixpy import timing
+from tl2k210.maixpy.vfs import oserror
 
 BAYER, RGB565, YUV422, GRAYSCALE, JPEG = 1, 2, 3, 4, 5
 
@@ -1581,7 +1582,7 @@ def make_module(s):
 
     class ImageWriter:
         def __init__(self, *a, **k):
-            raise OSError(95, "EOPNOTSUPP")
+            raise oserror(95)
 
     ImageReader = ImageWriter
     consts = dict(ASCII=0, UTF8=1, SEARCH_EX=0, SEARCH_DS=1, EDGE_CANNY=0, EDGE_SIMPLE=1,

@@ -336,7 +336,7 @@ def _os(s):
             def __init__(self, *a, **k):
                 s.board.note(f"uos.{kind} (a filesystem on a script's own block device) is not emulated on "
                              "the host: only /flash and /sd are mounted", kind)
-                raise OSError(_errno.EOPNOTSUPP, "EOPNOTSUPP")
+                raise oserror(_errno.EOPNOTSUPP)
         Vfs.__name__ = Vfs.__qualname__ = kind
         return Vfs
 
@@ -609,7 +609,7 @@ def _ucryptolib(s):
     class aes:
         def __init__(self, *a, **k):
             s.board.note("ucryptolib.aes is not emulated on the host", "aes")
-            raise OSError(_errno.EOPNOTSUPP, "EOPNOTSUPP")
+            raise oserror(_errno.EOPNOTSUPP)
     return module("ucryptolib", "", aes=aes)
 
 
@@ -622,7 +622,7 @@ def _nes(s):
         def f(*a, **k):
             s.board.note("nes.%s: the NES emulator of the firmware is not emulated on the host"
                          % name, "nes")
-            raise OSError(_errno.EOPNOTSUPP, "EOPNOTSUPP")
+            raise oserror(_errno.EOPNOTSUPP)
         return f
     return module("nes", "MaixPy nes (not emulated)", INPUT=0, KEYBOARD=1, JOYSTICK=2,
                   **{n: _not(n) for n in ("init", "load", "loop", "free", "input")})
@@ -635,7 +635,7 @@ def _pye_mp(s):
     def pye(*content, tab_size=4, undo=50, device=0):
         s.board.note("pye_mp.pye: the frozen full-screen editor needs an interactive serial "
                      "terminal; not emulated on the host", "pye")
-        raise OSError(_errno.EOPNOTSUPP, "EOPNOTSUPP")
+        raise oserror(_errno.EOPNOTSUPP)
     return module("pye_mp", "MaixPy frozen pye_mp.py (the editor is not emulated)", pye=pye)
 
 

@@ -347,7 +347,7 @@ def make_mic_array(b):
             raise oserror(110)                    # MP_ETIMEDOUT
         b.note("MIC_ARRAY.get_map: the sound-source map is computed by the closed lib_mic "
                "library (no source code), which the host cannot emulate", "mic")
-        raise OSError(95, "EOPNOTSUPP")
+        raise oserror(95)
 
     def get_dir(*args, **kwargs):
         from tl2k210.maixpy import image as _image
@@ -961,7 +961,7 @@ def make_video(s):
             s.board.vfs.open(path, "rb").close()   # ENOENT (with the host's note) first
         what = "recording" if a["record"] else "playback"
         s.board.note(f"video.open: AVI {what} is not emulated on the host", ("video", what))
-        raise OSError(95, "EOPNOTSUPP")
+        raise oserror(95)
 
     return module("video", "", open=open)
 

@@ -32,6 +32,7 @@ import types
 from tl2k210.maixpy import board as _board
 from tl2k210.maixpy import heap as _heap
 from tl2k210.maixpy import timing
+from tl2k210.maixpy.vfs import errno_name
 
 FROZEN = ("board", "fpioa_manager", "_boot", "ide_debug")
 
@@ -131,10 +132,7 @@ def exc_message(exc: BaseException) -> str:
     if isinstance(exc, RecursionError):
         return "maximum recursion depth exceeded"
     if isinstance(exc, OSError) and exc.args and isinstance(exc.args[0], int) and len(exc.args) <= 2:
-        import errno
-        code = exc.args[0]
-        name = "EOPNOTSUPP" if code == errno.EOPNOTSUPP else errno.errorcode.get(code, code)
-        return f"[Errno {code}] {name}"       # py/mperrno.h names 95 EOPNOTSUPP (Linux: ENOTSUP)
+        return f"[Errno {exc.args[0]}] {errno_name(exc.args[0])}"
     if isinstance(exc, KeyError) and len(exc.args) == 1:
         return mp_repr(exc.args[0])
     if isinstance(exc, SyntaxError):

@@ -32,10 +32,14 @@ from tl2k210.k210.board_facts import FLASH_SECTOR, SPIFFS_SIZE
 EPOCH_2000 = 946684800
 
 
+def errno_name(code: int) -> str:
+    """MicroPython's name of an errno (py/mperrno.h: 95 is EOPNOTSUPP, where Linux says ENOTSUP)."""
+    return "EOPNOTSUPP" if code == errno.EOPNOTSUPP else errno.errorcode.get(code, str(code))
+
+
 def oserror(code: int) -> OSError:
     """OSError as MicroPython raises it: args[0] is the errno, str() '[Errno 2] ENOENT'."""
-    name = "EOPNOTSUPP" if code == errno.EOPNOTSUPP else errno.errorcode.get(code, str(code))
-    return OSError(code, name)
+    return OSError(code, errno_name(code))
 
 
 class MpFile:
