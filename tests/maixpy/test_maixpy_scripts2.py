@@ -449,3 +449,23 @@ except TypeError as e:
 """)
     assert res.error is None, res.traceback
     assert res.lines == ["True True", "can't convert 'bytearray' object to str implicitly"]
+
+
+def test_a_native_object_prints_as_its_type_name(tmp_path):
+    """py/obj.c mp_obj_print_helper: an object of a native type without a print slot prints
+    as <TypeName> (record_wav.py prints its I2S, the socket demos their socket): not the host's
+    '<tl2k210.maixpy.periph.I2S object at 0x...>'. repr() too; an instance of the script's own
+    class is '<A object at 3ffd5e30>' (py/objtype.c), not '<__main__.A object at 0x...>'."""
+    res = run(tmp_path, """
+from Maix import I2S
+import socket
+i = I2S(I2S.DEVICE_0)
+print(i, repr(i), [i], socket.socket())
+class A:
+    pass
+a = A()
+print(repr(a) == '<A object at %x>' % id(a), a)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines[0] == "<I2S> <I2S> [<I2S>] <socket>"
+    assert res.lines[1].startswith("True <A object at ")

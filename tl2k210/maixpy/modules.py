@@ -35,7 +35,7 @@ import threading as _threading
 import types
 import zlib as _zlib
 
-from tl2k210.maixpy.runtime import mp_float, mp_str
+from tl2k210.maixpy.runtime import mp_float, mp_repr, mp_str
 from tl2k210.maixpy.vfs import EPOCH_2000, oserror
 
 BUILTIN = {}
@@ -164,7 +164,7 @@ def make_builtins(s):
                   if obj is None else f"object {obj!r} is of type {type(obj).__name__}\n")
 
     b.update(print=_print, open=_open, input=_input, exec=_exec, eval=_eval, compile=_compile,
-             bytearray=mp_bytearray,
+             bytearray=mp_bytearray, repr=mp_repr,
              help=_help, __import__=s._import)
     return b
 

@@ -73,6 +73,10 @@ def mp_repr(v) -> str:
         return "(" + ", ".join(mp_repr(a) for a in v) + ")"
     if type(v) is dict:
         return "{" + ", ".join(f"{mp_repr(k)}: {mp_repr(a)}" for k, a in v.items()) + "}"
+    if type(v).__repr__ is object.__repr__:     # py/obj.c, py/objtype.c: no print slot, no __repr__
+        if type(v).__module__.startswith("tl2k210."):
+            return f"<{type(v).__name__}>"                     # a native (firmware) type
+        return f"<{type(v).__name__} object at {id(v):x}>"     # a class of the script's
     return repr(v)
 
 
@@ -81,7 +85,7 @@ def mp_str(v) -> str:
         return v
     if isinstance(v, BaseException):
         return exc_message(v)
-    if isinstance(v, (float, list, tuple, dict)):
+    if isinstance(v, (float, list, tuple, dict)) or type(v).__str__ is object.__str__:
         return mp_repr(v)
     return str(v)
 
