@@ -469,3 +469,19 @@ print(repr(a) == '<A object at %x>' % id(a), a)
     assert res.error is None, res.traceback
     assert res.lines[0] == "<I2S> <I2S> [<I2S>] <socket>"
     assert res.lines[1].startswith("True <A object at ")
+
+
+def test_an_os_error_is_of_type_oserror(tmp_path):
+    """MicroPython 1.11 has OSError only: a missing file's error is an OSError whose args[0] is
+    ENOENT (py/mperrno.h), where CPython's OSError(2, ...) makes a FileNotFoundError that a
+    script's type(e) shows (and whose name MicroPython would not even know)."""
+    res = run(tmp_path, """
+import uos
+for f in (lambda: open('/sd/none.txt'), lambda: uos.stat('/flash/none'), lambda: uos.remove('/sd/none')):
+    try:
+        f()
+    except OSError as e:
+        print(type(e).__name__, type(e) is OSError, e.args[0], e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["OSError True 2 [Errno 2] ENOENT"] * 3

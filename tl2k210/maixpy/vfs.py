@@ -38,8 +38,13 @@ def errno_name(code: int) -> str:
 
 
 def oserror(code: int) -> OSError:
-    """OSError as MicroPython raises it: args[0] is the errno, str() '[Errno 2] ENOENT'."""
-    return OSError(code, errno_name(code))
+    """OSError as MicroPython raises it: args[0] is the errno, str() '[Errno 2] ENOENT', and its
+    type OSError itself (MicroPython 1.11 has no subclasses; CPython's OSError(2, ...) would be
+    a FileNotFoundError, which a script's type(e) shows)."""
+    e = OSError()
+    e.args = (code, errno_name(code))
+    e.errno, e.strerror = e.args
+    return e
 
 
 class MpFile:
