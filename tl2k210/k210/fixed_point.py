@@ -287,11 +287,13 @@ def _falling_steps(g, a, b, samples=4097):
 
 def _table_error(table, g, y_lo, y_hi, s_v, samples=4096) -> float:
     """RMS of table(V = y·S_V) - g(y) over [y_lo, y_hi], the table run as the emulator runs it,
-    plus the largest mean error over a sixteenth of that range (a bias there moves a pooled mean)."""
+    plus its largest mean offset from round(g) over a sixteenth of that range (a bias there
+    moves a pooled mean; the rounding's own is no fault of the table's)."""
     from tl2k210.k210.emulator.kpu import activation
     y = np.linspace(y_lo, y_hi, samples)
-    e = activation(np.rint(y * s_v).astype(np.int64), table).astype(np.float64) - g(y)
-    return float(np.sqrt(np.mean(e ** 2)) + np.abs(e.reshape(16, -1).mean(axis=1)).max())
+    got = activation(np.rint(y * s_v).astype(np.int64), table).astype(np.float64)
+    e, r = got - g(y), got - np.round(g(y))
+    return float(np.sqrt(np.mean(e ** 2)) + np.abs(r.reshape(16, -1).mean(axis=1)).max())
 
 
 @memoised(lambda act, y_lo, y_hi, s_v, s_z, z_z: (None if act is None else repr(sorted(act.items())), float(y_lo),
@@ -304,11 +306,12 @@ def activation_table(act: dict | None, y_lo: float, y_hi: float, s_v: float, s_z
     A falling part (swish, mish, hard-swish below their minimum) needs a negative slope, and the
     KPU's shift of a negative T is no rounding (docs/kpu.md#activation-rules: it zigzags 2 output
     LSB about the line; swish's table was 1.55 LSB off there, rms 0.8 against 0.3 on its rising
-    segments). So the table also tries one flat segment per output step of the fall (exact
-    rounding there: all of them, or the first 7; and 2 or 4 steps more, where the rise from the
+    segments). So where the fall is at most 9 output steps, the table also tries one flat
+    segment per step (exact rounding there; and 2 or 4 steps more, where the rise from the
     minimum is still slow and a chord's rounded bias is half a step off) and the chords on the
-    rest, and keeps the one closest to f (rms, plus the largest mean error over a sixteenth of
-    the calibrated range).
+    rest, and keeps the one closest to f (rms, plus the largest mean offset from the rounding
+    over a sixteenth of the calibrated range). A longer fall (hard-swish's 10 steps and more) would leave too few
+    chords for the rise, where most of a layer's values lie (k3_seg_hswish128 lost 0.7 dB).
 
     Memoised: the plan's searches (fit.choose_forms) lower a model several times, each layer at the
     same ranges, and fitting a table is most of a KPU layer's lowering."""
@@ -321,8 +324,8 @@ def activation_table(act: dict | None, y_lo: float, y_hi: float, s_v: float, s_z
         steps, fall = falling
         best = _table_error(table, g, y_lo, y_hi, s_v)
         # the first k steps flat, then chords: through the fall, and a few steps on
-        for k in sorted({fall, fall + 2, fall + 4, min(fall, SEGMENTS // 2)}, reverse=True):
-            if not 0 < k <= min(len(steps) - 1, SEGMENTS - 3):
+        for k in [fall + 4, fall + 2, fall] if fall <= SEGMENTS * 3 // 5 else []:
+            if k >= len(steps):
                 continue
             t = _chord_table(f, kinks, g, steps[k][0], b, top, s_v, s_z, z_z, steps[:k], first=int(np.round(g(a))))
             err = _table_error(t, g, y_lo, y_hi, s_v)
