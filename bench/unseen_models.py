@@ -7,6 +7,13 @@ they found):
     python bench/unseen_models.py OUT [NAME ...]
     python bench/unseen.py OUT --runtime maixpy sdk --markdown
 
+`--set 2` builds round 44's second set instead (MODELS2: inverted residuals, hard-swish / swish
+gates, Conv1D, Inception branches, FPN, factorised and 7x7 convs, unfused BNs, Maximum /
+Minimum / Subtract, map softmax, Reshape-Dense-Reshape, odd channel counts, Rescaling, a
+BlazeFace-like and an LPRNet-like net, a Keras 3 QVGA multi-label net):
+
+    python bench/unseen_models.py OUT2 --set 2 [NAME ...]
+
 A model whose input is not 3-channel gets NAME.npy calibration arrays beside it."""
 import os
 import sys
@@ -21,9 +28,15 @@ from tl2k210 import paths  # noqa: E402
 sys.path.insert(0, str(paths.checkout() / "tests"))
 import devcorpus  # noqa: E402
 
-OUT = sys.argv[1] if len(sys.argv) > 1 else sys.exit(__doc__)
+ARGS = sys.argv[1:]
+SET = "1"
+if "--set" in ARGS:
+    k = ARGS.index("--set")
+    SET = ARGS[k + 1]
+    del ARGS[k:k + 2]
+OUT = ARGS[0] if ARGS else sys.exit(__doc__)
 L = K2.layers
-only = set(sys.argv[2:])
+only = set(ARGS[1:])
 
 
 def bn_act(x, act):
@@ -37,6 +50,8 @@ def bn_act(x, act):
         return L.PReLU(alpha_initializer=K2.initializers.Constant(0.25), shared_axes=[1, 2])(x)
     if act == "elu":
         return L.ELU()(x)
+    if act == "hard_swish":   # tf_keras has none: x * hard_sigmoid(x)
+        return L.Multiply()([x, L.Activation("hard_sigmoid")(x)])
     return L.Activation(act)(x)
 
 
@@ -281,6 +296,273 @@ MODELS = {   # name: (builder, (h,w,c), formats)
 }
 
 
+# ------------------------------------------------------------------ round 44's set (--set 2)
+def inv_res(x, c, s, t=4, act="relu6"):
+    y = bn_act(L.Conv2D(x.shape[-1] * t, 1, use_bias=False)(x), act)
+    y = bn_act(L.DepthwiseConv2D(3, s, padding="same", use_bias=False)(y), act)
+    y = L.BatchNormalization()(L.Conv2D(c, 1, use_bias=False)(y))
+    return L.Add()([x, y]) if s == 1 and c == x.shape[-1] else y
+
+
+def mnv2_relu6():
+    i = L.Input((128, 128, 3))
+    x = bn_act(L.Conv2D(16, 3, 2, padding="same", use_bias=False)(i), "relu6")
+    for c, s in [(16, 1), (24, 2), (24, 1), (32, 2), (32, 1), (64, 2)]:
+        x = inv_res(x, c, s)
+    x = bn_act(L.Conv2D(128, 1, use_bias=False)(x), "relu6")
+    x = L.GlobalAveragePooling2D()(x)
+    return K2.Model(i, L.Dense(7, activation="softmax")(x))
+
+
+def hswish_se():
+    i = L.Input((96, 96, 3))
+    x = bn_act(L.Conv2D(16, 3, 2, padding="same")(i), "hard_swish")
+    for c in [24, 40]:
+        x = bn_act(L.DepthwiseConv2D(5, 2, padding="same")(x), "swish")
+        s = L.GlobalAveragePooling2D(keepdims=True)(x)
+        s = L.Conv2D(8, 1, activation="relu")(s)
+        s = L.Conv2D(x.shape[-1], 1, activation="sigmoid")(s)
+        x = L.Multiply()([x, s])
+        x = bn_act(L.Conv2D(c, 1)(x), "hard_swish")
+    x = L.GlobalAveragePooling2D()(x)
+    return K2.Model(i, L.Dense(5)(x))
+
+
+def crnn_conv1d():
+    i = L.Input((64, 128, 1))
+    x = bn_act(L.Conv2D(16, 3, padding="same")(i), "relu")
+    x = L.MaxPooling2D()(x)
+    x = bn_act(L.Conv2D(32, 3, padding="same")(x), "relu")
+    x = L.MaxPooling2D((4, 2))(x)                      # 8 x 32 x 32
+    x = L.Permute((2, 1, 3))(x)                         # time-major: 32 x 8 x 32
+    x = L.Reshape((32, 8 * 32))(x)
+    x = L.Conv1D(64, 3, padding="same", activation="relu")(x)
+    x = L.Conv1D(12, 1)(x)
+    return K2.Model(i, L.Softmax()(x))
+
+
+def inception():
+    i = L.Input((112, 112, 3))
+    x = bn_act(L.Conv2D(24, 3, 2, padding="same")(i), "relu")
+    x = L.MaxPooling2D(3, 2, padding="same")(x)
+    for _ in range(2):
+        a = bn_act(L.Conv2D(16, 1)(x), "relu")
+        b = bn_act(L.Conv2D(24, 3, padding="same")(bn_act(L.Conv2D(12, 1)(x), "relu")), "relu")
+        c = bn_act(L.Conv2D(8, 5, padding="same")(bn_act(L.Conv2D(4, 1)(x), "relu")), "relu")
+        d = bn_act(L.Conv2D(8, 1)(L.AveragePooling2D(3, 1, padding="same")(x)), "relu")
+        x = L.Concatenate()([a, b, c, d])
+    x = L.MaxPooling2D(3, 2, padding="same")(x)
+    x = L.GlobalAveragePooling2D()(x)
+    return K2.Model(i, L.Dense(10, activation="softmax")(x))
+
+
+def fpn_upadd():
+    i = L.Input((160, 160, 3))
+    x = bn_act(L.Conv2D(16, 7, 2, padding="same")(i), "relu")
+    c3 = bn_act(L.Conv2D(32, 3, 2, padding="same")(x), "relu")      # 40
+    c4 = bn_act(L.Conv2D(64, 3, 2, padding="same")(c3), "relu")     # 20
+    c5 = bn_act(L.Conv2D(96, 3, 2, padding="same")(c4), "relu")     # 10
+    p5 = L.Conv2D(32, 1)(c5)
+    p4 = L.Add()([L.UpSampling2D()(p5), L.Conv2D(32, 1)(c4)])
+    p3 = L.Add()([L.UpSampling2D()(p4), L.Conv2D(32, 1)(c3)])
+    return K2.Model(i, L.Conv2D(6, 3, padding="same")(p3))
+
+
+def factorised():
+    i = L.Input((96, 96, 3))
+    x = bn_act(L.Conv2D(16, 5, 2, padding="same")(i), "relu")
+    x = bn_act(L.Conv2D(16, (1, 7), padding="same")(x), "relu")
+    x = bn_act(L.Conv2D(24, (7, 1), padding="same")(x), "relu")
+    x = bn_act(L.Conv2D(32, 7, 2, padding="same")(x), "relu")
+    x = bn_act(L.Conv2D(32, (1, 3), padding="same")(x), "relu")
+    x = bn_act(L.Conv2D(32, (3, 1), padding="same")(x), "relu")
+    x = L.GlobalAveragePooling2D()(x)
+    return K2.Model(i, L.Dense(4)(x))
+
+
+def bn_unfused():
+    i = L.Input((96, 96, 3))
+    a = L.Conv2D(16, 3, 2, padding="same")(i)
+    b = L.Conv2D(8, 5, 2, padding="same")(i)
+    x = L.ReLU()(L.BatchNormalization()(L.Concatenate()([a, b])))
+    y = L.Conv2D(24, 3, padding="same")(x)
+    x = L.ReLU()(L.BatchNormalization()(L.Add()([x, y])))
+    x = L.Conv2D(32, 3, 2, padding="same")(x)
+    x = L.BatchNormalization()(L.MaxPooling2D()(x))
+    return K2.Model(i, L.Conv2D(5, 1)(L.ReLU()(x)))
+
+
+def elementwise():
+    i = L.Input((96, 96, 3))
+    x = bn_act(L.Conv2D(16, 3, 2, padding="same")(i), "relu")
+    a = L.Conv2D(16, 3, padding="same")(x)
+    b = L.Conv2D(16, 1)(x)
+    m = L.Maximum()([a, b])
+    n = L.Minimum()([a, b])
+    d = L.Subtract()([m, n])
+    s = L.Subtract()([x, L.AveragePooling2D(3, 1, padding="same")(x)])
+    x = L.Concatenate()([d, s])
+    x = bn_act(L.Conv2D(16, 3, 2, padding="same")(x), "relu")
+    return K2.Model(i, L.Conv2D(4, 1)(x))
+
+
+def seg_softmax():
+    i = L.Input((96, 160, 3))
+    x = bn_act(L.Conv2D(16, 3, 2, padding="same")(i), "relu")
+    x = bn_act(L.Conv2D(32, 3, 2, padding="same")(x), "relu")
+    x = bn_act(L.Conv2D(32, 3, padding="same", dilation_rate=2)(x), "relu")
+    x = L.UpSampling2D(4)(L.Conv2D(3, 1)(x))
+    return K2.Model(i, L.Softmax(axis=-1)(x))
+
+
+def reshape_dense_head():
+    i = L.Input((64, 64, 3))
+    x = bn_act(L.Conv2D(16, 3, 2, padding="same")(i), "relu")
+    x = bn_act(L.Conv2D(16, 3, 2, padding="same")(x), "relu")
+    x = bn_act(L.Conv2D(8, 3, 2, padding="same")(x), "relu")     # 8x8x8
+    x = L.Reshape((8 * 8 * 8,))(x)
+    x = L.Dense(64, activation="relu")(x)
+    x = L.Dense(4 * 4 * 6)(x)
+    x = L.Reshape((4, 4, 6))(x)
+    return K2.Model(i, L.Conv2D(6, 1, activation="sigmoid")(x))
+
+
+def multilabel_odd():
+    i = L.Input((80, 80, 3))
+    x = i
+    for c in [5, 13, 27]:
+        x = bn_act(L.Conv2D(c, 3, 2, padding="same")(x), "relu")
+    x = L.GlobalAveragePooling2D()(x)
+    x = L.Dense(13, activation="relu")(x)
+    return K2.Model(i, L.Dense(6, activation="sigmoid")(x))
+
+
+def gray_odd():
+    i = L.Input((120, 160, 1))
+    x = L.Rescaling(2.0, offset=-1.0)(i)
+    for c in [3, 5, 13]:
+        x = bn_act(L.Conv2D(c, 3, padding="same")(x), "relu")
+        x = L.MaxPooling2D()(x)
+    x = bn_act(L.Conv2D(27, 3, padding="same")(x), "relu")      # 15x20x27
+    return K2.Model(i, L.Conv2D(3, 1)(x))
+
+
+def blazeface():
+    def blaze(x, c, s):
+        y = L.DepthwiseConv2D(5, s, padding="same")(x)
+        y = L.BatchNormalization()(L.Conv2D(c, 1)(y))
+        if s == 2:
+            x = L.MaxPooling2D()(x)
+        if c != x.shape[-1]:
+            x = L.Concatenate()([x, L.Conv2D(c - x.shape[-1], 1)(x)])
+        return L.ReLU()(L.Add()([x, y]))
+    i = L.Input((128, 128, 3))
+    x = bn_act(L.Conv2D(24, 5, 2, padding="same")(i), "relu")       # 64
+    x = blaze(x, 24, 1)
+    x = blaze(x, 32, 2)                                               # 32
+    x = blaze(x, 48, 2)                                               # 16
+    a = x
+    x = blaze(x, 64, 2)                                               # 8
+    x = blaze(x, 64, 1)
+    outs = []
+    for f, n in [(a, 2), (x, 6)]:
+        outs.append(L.Reshape((-1, 1))(L.Conv2D(n, 1, activation="sigmoid")(f)))
+        outs.append(L.Reshape((-1, 4))(L.Conv2D(n * 4, 1)(f)))
+    return K2.Model(i, [L.Concatenate(axis=1)([outs[0], outs[2]]), L.Concatenate(axis=1)([outs[1], outs[3]])])
+
+
+def lprnet():
+    def small(x, c):
+        y = bn_act(L.Conv2D(c // 4, 1)(x), "relu")
+        y = bn_act(L.Conv2D(c // 4, (3, 1), padding="same")(y), "relu")
+        y = bn_act(L.Conv2D(c // 4, (1, 3), padding="same")(y), "relu")
+        return bn_act(L.Conv2D(c, 1)(y), "relu")
+    i = L.Input((24, 94, 3))
+    x = bn_act(L.Conv2D(32, 3, padding="same")(i), "relu")
+    x = L.MaxPooling2D(3, 1, padding="same")(x)
+    x = small(x, 64)
+    x = L.MaxPooling2D((1, 2))(x)                                     # 24 x 47
+    x = small(x, 64)
+    x = L.MaxPooling2D((2, 1))(x)                                     # 12 x 47
+    x = bn_act(L.Conv2D(64, (1, 4))(x), "relu")                       # 12 x 44
+    x = bn_act(L.Conv2D(37, (12, 1))(x), "relu")                      # 1 x 44 x 37 classes
+    return K2.Model(i, L.Softmax()(x))
+
+
+def dense_flat_gate():
+    i = L.Input((64, 96, 3))
+    x = bn_act(L.Conv2D(12, 3, 2, padding="same")(i), "swish")
+    x = bn_act(L.Conv2D(24, 3, 2, padding="same")(x), "swish")
+    g = L.Conv2D(24, 1, activation="sigmoid")(x)
+    x = L.Multiply()([x, g])
+    x = L.MaxPooling2D(3, 2, padding="same")(x)                        # 8 x 12 x 24
+    x = L.Flatten()(x)
+    x = L.Dense(32, activation="swish")(x)
+    return K2.Model(i, L.Dense(3, activation="softmax")(x))
+
+
+class ChannelScale(L.Layer):
+    """A learned per-channel multiplier: Multiply by a broadcast (1, 1, 1, C) vector."""
+    def build(self, shape):
+        self.s = self.add_weight(name="s", shape=(shape[-1],),
+                                 initializer=K2.initializers.RandomUniform(0.5, 1.5))
+
+    def call(self, x):
+        return x * self.s
+
+
+def chan_scale():
+    i = L.Input((96, 96, 3))
+    x = bn_act(L.Conv2D(16, 3, 2, padding="same")(i), "relu")
+    x = ChannelScale()(x)
+    x = L.Conv2D(32, 3, 2, padding="same")(x)
+    x = L.ReLU()(ChannelScale()(x))
+    x = L.GlobalAveragePooling2D()(x)
+    return K2.Model(i, L.Dense(4)(x))
+
+
+MODELS2 = {   # round 44: name: (builder, (h,w,c), formats)
+    "mnv2_relu6_128": (mnv2_relu6, (128, 128, 3), ["float", "int8io"]),
+    "hswish_se96": (hswish_se, (96, 96, 3), ["uint8io", "onnx13"]),
+    "crnn_conv1d64x128": (crnn_conv1d, (64, 128, 1), ["h5", "float"]),
+    "inception112": (inception, (112, 112, 3), ["h5", "onnx17"]),
+    "fpn_upadd160": (fpn_upadd, (160, 160, 3), ["float", "uint8io"]),
+    "factorised96": (factorised, (96, 96, 3), ["int8io", "onnx13"]),
+    "bn_unfused96": (bn_unfused, (96, 96, 3), ["h5", "float"]),
+    "elementwise96": (elementwise, (96, 96, 3), ["float", "onnx17"]),
+    "seg_softmax96x160": (seg_softmax, (96, 160, 3), ["uint8io", "onnx13"]),
+    "reshape_dense64": (reshape_dense_head, (64, 64, 3), ["float", "h5"]),
+    "multilabel_odd80": (multilabel_odd, (80, 80, 3), ["int8io", "dynrange"]),
+    "gray_odd120x160": (gray_odd, (120, 160, 1), ["h5", "int8io"]),
+    "blazeface128": (blazeface, (128, 128, 3), ["float", "onnx13"]),
+    "lprnet24x94": (lprnet, (24, 94, 3), ["float", "int8io"]),
+    "dense_gate64x96": (dense_flat_gate, (64, 96, 3), ["uint8io", "h5"]),
+    "chan_scale96": (chan_scale, (96, 96, 3), ["float", "onnx17"]),
+}
+
+
+def keras3_models2():
+    """An inverted-residual classifier on a 240x320 (QVGA) frame with a GAP + sigmoid multi-label
+    head, saved by Keras 3."""
+    import keras
+    L3 = keras.layers
+    keras.utils.set_random_seed(44)
+
+    def bn(x, act):
+        return L3.Activation(act)(L3.BatchNormalization()(x))
+    i = keras.Input((240, 320, 3))
+    x = bn(L3.Conv2D(16, 3, 2, padding="same", use_bias=False)(i), "relu6")
+    for c, s in [(16, 2), (24, 2), (24, 1), (32, 2)]:
+        y = bn(L3.Conv2D(x.shape[-1] * 3, 1, use_bias=False)(x), "relu6")
+        y = bn(L3.DepthwiseConv2D(3, s, padding="same", use_bias=False)(y), "relu6")
+        y = L3.BatchNormalization()(L3.Conv2D(c, 1, use_bias=False)(y))
+        x = L3.Add()([x, y]) if s == 1 and c == x.shape[-1] else y
+    x = L3.GlobalAveragePooling2D()(x)
+    m = keras.Model(i, L3.Dense(5, activation="sigmoid")(x))
+    devcorpus.recalibrate_bn(m, 0, 1)
+    m.save(f"{OUT}/k3_mnv2_qvga_multilabel.keras")
+
+
 def tflite(model, shape, kind):
     conv = tf.lite.TFLiteConverter.from_keras_model(model)
     if kind != "float":
@@ -340,8 +622,8 @@ def keras3_models():
 
 os.makedirs(OUT, exist_ok=True)
 if not only or "keras3" in only:
-    keras3_models()
-for name, (build, shape, formats) in MODELS.items():
+    (keras3_models2 if SET == "2" else keras3_models)()
+for name, (build, shape, formats) in (MODELS2 if SET == "2" else MODELS).items():
     if only and name not in only:
         continue
     K2.utils.set_random_seed(sum(map(ord, name)))

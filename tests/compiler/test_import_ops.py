@@ -82,6 +82,48 @@ def test_space_to_batch_from_an_nhwc_input_with_the_bias_after_the_crop():
     np.testing.assert_allclose(got, ref.transpose(0, 3, 1, 2), atol=1e-4, rtol=1e-4)
 
 
+def test_space_to_batch_of_a_full_int8_tflite_dilated_conv():
+    """An int8 TFLite file's Conv2D(dilation_rate=2) through tf2onnx: the conv's integers run
+    Q -> Transpose -> DepthToSpace -> crop -> Transpose -> DQ (BatchToSpaceND), an island whose
+    Q/DQ share one grid. DepthToSpace / SpaceToDepth move integers exactly: the island becomes
+    float and the chain one dilated Conv (it was left quantized, and the Transpose(1,0,2,3) into
+    the batch axis was refused)."""
+    b, k, hw, c, co = 2, 3, 12, 4, 6
+    pad = b * (k - 1) // 2
+    hp = -(-(hw + 2 * pad) // b) * b
+    s, z = np.float32(0.05), np.uint8(128)
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"]),
+             helper.make_node("Transpose", ["p"], ["t1"], perm=[1, 0, 2, 3]),
+             helper.make_node("SpaceToDepth", ["t1"], ["s"], blocksize=b),
+             helper.make_node("QuantizeLinear", ["s", "sc", "zp"], ["sq"]),
+             helper.make_node("Transpose", ["sq"], ["t2q"], perm=[1, 0, 2, 3]),
+             helper.make_node("DequantizeLinear", ["t2q", "sc", "zp"], ["t2"]),
+             helper.make_node("Conv", ["t2", "w", "bias"], ["cv"], kernel_shape=[k, k]),
+             helper.make_node("QuantizeLinear", ["cv", "sc", "zp"], ["cq"]),
+             helper.make_node("Transpose", ["cq"], ["t3"], perm=[1, 0, 2, 3]),
+             helper.make_node("DepthToSpace", ["t3"], ["d"], blocksize=b),
+             helper.make_node("Slice", ["d", "st", "en", "ax"], ["dc"]),
+             helper.make_node("Transpose", ["dc"], ["t4"], perm=[1, 0, 2, 3]),
+             helper.make_node("DequantizeLinear", ["t4", "sc", "zp"], ["dq"]),
+             helper.make_node("Relu", ["dq"], ["y"])]
+    inits = {"pads": np.array([0, 0, pad, pad, 0, 0, hp - hw - pad, hp - hw - pad], np.int64),
+             "w": rand(co, c, k, k, scale=0.2), "bias": rand(co), "st": np.array([0, 0], np.int64),
+             "en": np.array([hw, hw], np.int64), "ax": np.array([2, 3], np.int64), "sc": s, "zp": z}
+    m = make_model(nodes, [("x", [1, c, hw, hw])], [("y", None)], inits)
+    x = rand(1, c, hw, hw)
+    float_ref = make_model([n for n in nodes if n.op_type not in ("QuantizeLinear", "DequantizeLinear")], [("x", [1, c, hw, hw])],
+                           [("y", None)], inits)
+    for n in float_ref.graph.node:     # the same chain with the Q/DQ dropped
+        n.input[:] = [{"sq": "s", "t2q": "t2", "cq": "cv", "t4": "dq"}.get(i, i) for i in n.input]
+        n.output[:] = [{"t2q": "t2", "t4": "dq"}.get(o, o) for o in n.output]
+    ref = ort_run(float_ref, x)[0]
+    g, _ = run_pipeline(from_onnx(m))
+    convs = [n for n in g.nodes if n.op == "Conv"]
+    assert not {"QuantizeLinear", "DequantizeLinear", "SpaceToDepth", "DepthToSpace"} & set(g.op_counts())
+    assert len(convs) == 1 and tuple(convs[0].attrs["dilations"]) == (b, b)
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], ref, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("dims,want", [(["n", "h", "w", 3], (1, 64, 48, 3)), (["n", 3, "h", "w"], (1, 3, 64, 48)),
                                        (["n", "a", "b", "c"], (1, 3, 64, 48)), ([1, 64, 48, 3], (1, 64, 48, 3))])
 def test_input_shape_is_read_in_the_inputs_own_layout(dims, want):

@@ -263,26 +263,96 @@ def _varying(g, lo, hi, samples=4097):
     return (a, b, int(r[-1])) if hi - b > share else (a, hi, None)
 
 
+def _falling_steps(g, a, b, samples=4097):
+    """(steps, fall) for a function whose rounded output falls from `a` to an inner minimum
+    (swish, mish, hard-swish below zero): steps = [(y, code)], where round(g) turns to `code`
+    going up from a (each y found by bisection) as far as SEGMENTS turns, the first `fall` of
+    them down to the minimum; None when g does not fall at a."""
+    ys = np.linspace(a, b, samples)
+    v = g(ys)
+    i = int(np.argmin(v))
+    if i == 0 or i == len(ys) - 1 or v[0] - v[i] < 0.5:
+        return None
+    r = np.round(v)
+    turns = np.flatnonzero(r[1:] != r[:-1])[:SEGMENTS]
+    steps = []
+    for j in turns:
+        lo, hi, before = ys[j], ys[j + 1], r[j]
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if np.round(g(mid)) == before else (lo, mid)
+        steps.append((hi, int(r[j + 1])))
+    return steps, int(np.sum(turns < i))
+
+
+def _table_error(table, g, y_lo, y_hi, s_v, samples=4096) -> float:
+    """RMS of table(V = y·S_V) - g(y) over [y_lo, y_hi], the table run as the emulator runs it,
+    plus its largest mean offset from round(g) over a sixteenth of that range (a bias there
+    moves a pooled mean; the rounding's own is no fault of the table's)."""
+    from tl2k210.k210.emulator.kpu import activation
+    y = np.linspace(y_lo, y_hi, samples)
+    got = activation(np.rint(y * s_v).astype(np.int64), table).astype(np.float64)
+    e, r = got - g(y), got - np.round(g(y))
+    return float(np.sqrt(np.mean(e ** 2)) + np.abs(r.reshape(16, -1).mean(axis=1)).max())
+
+
 @memoised(lambda act, y_lo, y_hi, s_v, s_z, z_z: (None if act is None else repr(sorted(act.items())), float(y_lo),
                                                    float(y_hi), float(s_v), float(s_z), int(z_z)))
 def activation_table(act: dict | None, y_lo: float, y_hi: float, s_v: float, s_z: float, z_z: int) -> dict:
     """The 16-segment table mapping V ≈ y·S_V to uint8 round(f(y)/s_z + z_z). Each segment is the
     chord between two knots moved to its minimax position (half way between the largest deviations
     of f above and below it): segments need not join, so this halves the error of interpolation.
+
+    A falling part (swish, mish, hard-swish below their minimum) needs a negative slope, and the
+    KPU's shift of a negative T is no rounding (docs/kpu.md#activation-rules: it zigzags 2 output
+    LSB about the line; swish's table was 1.55 LSB off there, rms 0.8 against 0.3 on its rising
+    segments). So where the fall is at most 9 output steps, the table also tries one flat
+    segment per step (exact rounding there; and 2 or 4 steps more, where the rise from the
+    minimum is still slow and a chord's rounded bias is half a step off) and the chords on the
+    rest, and keeps the one closest to f (rms, plus the largest mean offset from the rounding
+    over a sixteenth of the calibrated range). A longer fall (hard-swish's 10 steps and more) would leave too few
+    chords for the rise, where most of a layer's values lie (k3_seg_hswish128 lost 0.7 dB).
+
     Memoised: the plan's searches (fit.choose_forms) lower a model several times, each layer at the
     same ranges, and fitting a table is most of a KPU layer's lowering."""
     f, kinks = act_function(act)
-    a, b, top = _varying(lambda y: np.clip(f(y) / s_z + z_z, 0, 255), y_lo, y_hi)
-    kx, _ = fit_knots(f, a, b, kinks, SEGMENTS - (top is not None))
-    kx = balance_knots(lambda y: np.clip(f(y) / s_z + z_z, 0, 255), kx, kinks)
+    g = lambda y: np.clip(f(y) / s_z + z_z, 0, 255)     # noqa: E731
+    a, b, top = _varying(g, y_lo, y_hi)
+    table = _chord_table(f, kinks, g, a, b, top, s_v, s_z, z_z, [])
+    falling = _falling_steps(g, a, b)
+    if falling is not None:
+        steps, fall = falling
+        best = _table_error(table, g, y_lo, y_hi, s_v)
+        # the first k steps flat, then chords: through the fall, and a few steps on
+        for k in [fall + 4, fall + 2, fall] if fall <= SEGMENTS * 3 // 5 else []:
+            if k >= len(steps):
+                continue
+            t = _chord_table(f, kinks, g, steps[k][0], b, top, s_v, s_z, z_z, steps[:k], first=int(np.round(g(a))))
+            err = _table_error(t, g, y_lo, y_hi, s_v)
+            if err < best:
+                table, best = t, err
+    return table
+
+
+def _chord_table(f, kinks, g, a, b, top, s_v, s_z, z_z, steps, first=None) -> dict:
+    """The table of activation_table: below a flat at `first` (default: g(a) rounded), then a flat
+    segment per (y, code) of `steps`, then chords on [a, b], then the flat `top` if any."""
+    kx, _ = fit_knots(f, a, b, kinks, SEGMENTS - len(steps) - (top is not None))
+    kx = balance_knots(g, kx, kinks)
     q = f(kx) / s_z + z_z                                # target output (real) at each knot
-    starts, muls, shifts, biases = [hw.ACT_X_START_MIN], [0], [0], [int(np.clip(round(q[0]), 0, 255))]
+    starts = [hw.ACT_X_START_MIN]
+    muls, shifts = [0] * (1 + len(steps)), [0] * (1 + len(steps))
+    biases = [int(np.clip(round(q[0]), 0, 255)) if first is None else first]
     prev = hw.ACT_X_START_MIN
+    for y, code in steps:
+        prev = int(max(prev, min(round(y * s_v), (1 << 35) - 2)))
+        starts.append(prev)
+        biases.append(code)
     for i in range(len(kx) - 1):
         v0 = kx[i] * s_v
         slope = (q[i + 1] - q[i]) / max((kx[i + 1] - kx[i]) * s_v, 1e-30)   # output units per V
         xs = np.linspace(kx[i], kx[i + 1], 129)
-        dev = np.clip(f(xs) / s_z + z_z, 0, 255) - np.clip(q[i] + (xs - kx[i]) * s_v * slope, 0, 255)
+        dev = g(xs) - np.clip(q[i] + (xs - kx[i]) * s_v * slope, 0, 255)
         qi = q[i] + (dev.max() + dev.min()) / 2
         bias = int(np.clip(round(qi), 0, 255))
         # move the start so the rounded bias still lies on the exact line, unless that moves the

@@ -28,7 +28,9 @@ def _scalar(g, name):
     return None if v is None or v.size != 1 else v.reshape(()).item()
 
 
-MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+#: data movement: exact on the integers (SpaceToDepth/DepthToSpace: TF's SpaceToBatchND and
+#: BatchToSpaceND around a dilated conv, as tf2onnx writes them)
+MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "SpaceToDepth", "DepthToSpace")
 PICKS = ("Gather", "GatherND", "GatherElements", "Slice", "Split")   # move elements of input 0 (the others: indices)
 INT_RANGE = {t: (int(np.iinfo(t).min), int(np.iinfo(t).max)) for t in ("int8", "uint8", "int16", "uint16")}
 #: ops whose float output has no bound of its own: a range of theirs that starts at 0 is a ReLU
