@@ -1,6 +1,6 @@
 """Compile the emulator's numba kernels ahead of time, into numba's on-disk cache.
 
-A cold cache costs about 45 s of compilation (27 signatures, measured on a 2-core VM) spread over
+A cold cache costs about 45 s of compilation (27 signatures then, 32 now; measured on a 2-core VM) spread over
 the first frames a process runs, and again in every process that starts before the cache is
 written (each pytest-xdist worker). `make venv` runs this once after installing:
 
