@@ -568,16 +568,16 @@ def load(source, opts: ConvertOptions) -> Loaded:
     return Loaded(graph, where, batch_note, time.perf_counter() - t0)
 
 
-#: passes whose forms are the fast ones, each with a smaller alternative (SMALL_FORMS)
+#: passes whose forms are the fast ones, each with a smaller alternative that `optimise(small=True)`
+#: takes: a per-channel PReLU's residual form (pass prelu_residual on) for prelu_split's pair; a
+#: transposed conv's exact phases (pass conv_transpose) for conv_transpose_3x3's (off)
 FAST_FORMS = ("prelu_split", "conv_transpose_3x3")
-#: passes giving the smaller forms: the PReLUs' residual form, transposed convs' exact phases
-SMALL_FORMS = ("prelu_residual", "conv_transpose")
 
 
 def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False) -> Optimised:
     """The K210 flow's passes; the kmodel format the runtime must load and the 8-bit ideal, both
     refused here, before calibration, when the runtime cannot take them. `small`: the graph's
-    smaller forms (SMALL_FORMS: pass prelu_residual on, conv_transpose_3x3 off)."""
+    smaller forms (FAST_FORMS' alternatives: pass prelu_residual on, conv_transpose_3x3 off)."""
     from tl2k210.k210 import fit
     from tl2k210.k210.flow import run_pipeline
     from tl2k210.k210.lower import Options
@@ -679,7 +679,7 @@ def _or_none(fn, *args):
 
 def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
     """(Optimised, Calibration, fit.Choice) with the graph forms that --optimize asks for: where
-    a smaller form replaces a fast one (FAST_FORMS / SMALL_FORMS: a per-channel PReLU's residual
+    a smaller form replaces a fast one (FAST_FORMS: a per-channel PReLU's residual
     form, O(c) bytes and its adds on the CPU, for the pair of split / join layers of ~c²/8 bytes on
     the KPU; a transposed conv's exact phases, a CPU conv, for its 3x3 KPU phases), the model is
     planned both ways and takes the small one where the fast one does not fit or is not faster
