@@ -1,16 +1,8 @@
 """Departures from MaixPy v0.6.2 found by running the rest of Sipeed's MaixPy-v1_scripts on the
 host (round 44), each reproduced by a small hand-written board script. The firmware source each
 behaviour follows is named in the docstring (sipeed/MaixPy-v1, and MicroPython 1.11 for the core)."""
-import pytest
 
-from tl2k210.maixpy import run_script
-
-
-def run(tmp_path, body, name="main.py", **kw):
-    p = tmp_path / name
-    p.write_text(body)
-    kw.setdefault("raise_errors", False)
-    return run_script(p, **kw)
+from test_maixpy_runtime import photo, run  # noqa: F401  (the board-script runner and the photo fixture)
 
 
 def test_bytearray_and_struct_s_take_a_str(tmp_path):
@@ -26,15 +18,6 @@ print(ustruct.pack('>H3sH', 1, 'abc', 2), ustruct.pack('>sB', 'B', 7), ustruct.p
     assert res.error is None, res.traceback
     assert res.lines == ["bytearray(b'h\\xc3\\xa9') True True bytearray(b'ab') bytearray(b'\\x00\\x00')",
                          "b'\\x00\\x01abc\\x00\\x02' b'B\\x07' b'xy'"]
-
-
-@pytest.fixture(scope="module")
-def photo(tmp_path_factory):
-    skdata = pytest.importorskip("skimage.data")
-    from PIL import Image
-    p = tmp_path_factory.mktemp("photo") / "astronaut.png"
-    Image.fromarray(skdata.astronaut()).save(p)
-    return p
 
 
 def test_yuv422_is_the_rgb565_camera_mode(tmp_path, photo):
