@@ -195,30 +195,38 @@ def _prelu_block(tmp_path, c=64, size=32):
     return src
 
 
-def test_prelu_takes_its_residual_form_only_where_the_pair_does_not_fit(tmp_path, png_dir, monkeypatch):
-    """The PReLU's pair form (fastest: its split and join on the KPU) where the model fits; where
-    not even the pair form's smallest layers fit, the residual form (pass prelu_residual: O(c)
-    bytes), named in the receipt's trades, within quantization of the float model as the pair is;
-    --optimize size takes it at once."""
+def _squeeze_maixpy(src, png_dir, monkeypatch) -> int:
+    """Set full MaixPy's budget to what the model needs in the graph's small forms at their
+    fastest (compiler.optimise(small=True)), checked to be under the fast forms' smallest;
+    returns it."""
     import dataclasses
 
     from tl2k210 import compiler
     from tl2k210.compiler import ConvertOptions
     from tl2k210.k210 import firmware
-    src = _prelu_block(tmp_path)
     opts = ConvertOptions(dataset=str(png_dir), progress=False, runtime="sdk", sqnr_samples=2)
     loaded = compiler.load(src, opts)
 
-    def need(residual, optimize):
+    def need(small, optimize):
         o = dataclasses.replace(opts, optimize=optimize)
-        opt = compiler.optimise(loaded, o, residual)
+        opt = compiler.optimise(loaded, o, small)
         return compiler.plan_and_lower(opt, compiler.calibrate(opt, o, loaded.where)).built.need
-    budget = need(True, "latency")            # the residual form at its fastest
-    assert budget < need(False, "size")       # under the pair form's smallest
-    pair = _convert(src, tmp_path / "pair.kmodel", png_dir, runtime="maixpy")
-    assert not pair.trades and {"p/split", "p/join"} <= {r["node"] for r in pair.layers}
+    budget = need(True, "latency")            # the small forms at their fastest
+    assert budget < need(False, "size")       # under the fast forms' smallest
     monkeypatch.setitem(compiler.RUNTIME_BUDGET, "maixpy", budget)
     monkeypatch.setitem(firmware.RUNTIMES, "maixpy", dataclasses.replace(firmware.get("maixpy"), model_budget=budget))
+    return budget
+
+
+def test_prelu_takes_its_residual_form_only_where_the_pair_does_not_fit(tmp_path, png_dir, monkeypatch):
+    """The PReLU's pair form (fastest: its split and join on the KPU) where the model fits; where
+    not even the pair form's smallest layers fit, the residual form (pass prelu_residual: O(c)
+    bytes), named in the receipt's trades, within quantization of the float model as the pair is;
+    --optimize size takes it at once."""
+    src = _prelu_block(tmp_path)
+    pair = _convert(src, tmp_path / "pair.kmodel", png_dir, runtime="maixpy")
+    assert not pair.trades and {"p/split", "p/join"} <= {r["node"] for r in pair.layers}
+    budget = _squeeze_maixpy(src, png_dir, monkeypatch)     # the residual form fits, the pair does not
     r = _convert(src, tmp_path / "fit.kmodel", png_dir, runtime="maixpy")
     assert r.file_size + r.main_memory <= budget
     assert len(r.trades) == 1 and r.trades[0].startswith("1 per-channel PReLU(s): the residual form")
@@ -235,10 +243,6 @@ def test_transposed_conv_takes_its_exact_phases_only_where_the_3x3_ones_do_not_f
     KPU conv (pass conv_transpose_3x3: 9 taps a phase); where the model then does not fit, or
     with --optimize size, its exact phases (2x2, a CPU conv: every weight once), named in the
     trades; both within quantization of the float model."""
-    import dataclasses
-
-    from tl2k210 import compiler
-    from tl2k210.k210 import firmware
     ci, co = 64, 64
     nodes = [conv_node("c", "x", "wc", "bc", pads=[1, 1, 1, 1]), N("Relu", ["c"], ["r"]),
              N("ConvTranspose", ["r", "w", "b"], ["t"], strides=[2, 2], pads=[1, 1, 1, 1]), N("Relu", ["t"], ["y"])]
@@ -252,18 +256,7 @@ def test_transposed_conv_takes_its_exact_phases_only_where_the_3x3_ones_do_not_f
     size = _convert(src, tmp_path / "size.kmodel", png_dir, runtime="maixpy", optimize="size")
     assert phases(size) == [("CPU", (ci, 16, 16))]
     assert size.file_size + 30_000 < fast.file_size and size.latency_ms > 2 * fast.latency_ms
-    from tl2k210.compiler import ConvertOptions
-    opts = ConvertOptions(dataset=str(png_dir), progress=False, runtime="sdk", sqnr_samples=2)
-    loaded = compiler.load(src, opts)
-
-    def need(small, optimize):
-        o = dataclasses.replace(opts, optimize=optimize)
-        opt = compiler.optimise(loaded, o, small)
-        return compiler.plan_and_lower(opt, compiler.calibrate(opt, o, loaded.where)).built.need
-    budget = need(True, "latency")            # the exact phases at their fastest
-    assert budget < need(False, "size")       # under the 3x3 phases' smallest
-    monkeypatch.setitem(compiler.RUNTIME_BUDGET, "maixpy", budget)
-    monkeypatch.setitem(firmware.RUNTIMES, "maixpy", dataclasses.replace(firmware.get("maixpy"), model_budget=budget))
+    budget = _squeeze_maixpy(src, png_dir, monkeypatch)     # the exact phases fit, the 3x3 ones do not
     r = _convert(src, tmp_path / "fit.kmodel", png_dir, runtime="maixpy")
     assert r.file_size + r.main_memory <= budget
     assert len(r.trades) == 1 and r.trades[0].startswith("1 transposed conv(s): their exact phases")
