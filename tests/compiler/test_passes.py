@@ -15,7 +15,10 @@ def conv(name, x, w, b=None, **attrs):
 
 
 def check(model, passes, x=None, tol=1e-5, options=None):
-    """Run passes (a name or None for the full pipeline) and assert the float results did not change."""
+    """Run passes (a name or None for the full pipeline) and assert the float results did not change.
+    The absolute tolerance scales with the output's magnitude: float32 sums of a few hundred terms
+    differ in their last bits between CPUs (SIMD widths), and a small output computed from large
+    ones (a swish of a Gemm) inherits that absolute error."""
     g = from_onnx(model)
     x = rand(*g.shape(g.inputs[0])) if x is None else x
     ref = ort_run(model, x)[0]
@@ -24,7 +27,7 @@ def check(model, passes, x=None, tol=1e-5, options=None):
     else:
         g2, log = run_pass(passes, g)
     out = run(g2, x)[g2.outputs[0]]
-    np.testing.assert_allclose(out, ref, atol=tol, rtol=tol)
+    np.testing.assert_allclose(out, ref, atol=tol * max(1.0, float(np.abs(ref).max())), rtol=tol)
     return g2, log
 
 
