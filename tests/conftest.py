@@ -10,6 +10,8 @@
   `@pytest.mark.slow` (conversions of real-size networks, fault trials, fuzzing, training).
   Slow tests are scheduled first so that no long test starts last on one worker.
 * One BLAS thread per test process (see below).
+* `front_helpers.rand` draws from a generator seeded by the test's own id before each test, so a
+  test sees the same inputs whichever tests xdist ran before it on its worker.
 """
 import contextlib
 import fcntl
@@ -18,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 # Before numpy/numba are imported: the xdist workers already share the cores, so threads
@@ -89,6 +92,15 @@ def _locked(path: Path):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_inputs(request):
+    """Each test's random inputs depend on its id only, not on the order xdist ran the tests."""
+    import numpy as np
+
+    import front_helpers
+    front_helpers.RNG = np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture(scope="session", autouse=True)
