@@ -223,7 +223,10 @@ class StepTable:
         return bool(np.all(np.diff(self.values.astype(np.int16)) >= 0))
 
     def _at(self, u: np.ndarray) -> np.ndarray:
-        return self.values[np.searchsorted(self.starts, u + self.lo, side="right") - 1]
+        """The values at the ascending offsets u (≥ 0), as runs: where each start falls among
+        u, not a search per entry (a flat table holds up to FLAT_MAX of them)."""
+        at = np.searchsorted(u + self.lo, self.starts, side="left")
+        return np.repeat(self.values, np.diff(np.append(at, len(u))))
 
     @property
     def top(self) -> int:
@@ -245,6 +248,18 @@ class StepTable:
         low = u[mixed] & ((1 << self.q) - 1)
         out[mixed] = self.fine.take(((page[mixed] - 256) << self.q) + low)
         return out
+
+
+def _level_brackets(f, levels, a, b, x0, ym, sh, bias):
+    """[lo, hi] per level, each holding the first V in [a, b] where the rising piece f reaches
+    it: V ≈ x0 + (level − bias − ½)·2^sh / ym (the shift rounds), bracketed by ±2 and checked
+    (f(hi) ≥ level, f(lo − 1) < level); the whole piece where the estimate misses. The
+    bisection then takes a step or two instead of ~40 per level."""
+    est = x0 + np.ceil((levels - bias - 0.5) * (2.0 ** sh) / ym)
+    est = np.clip(np.nan_to_num(est, nan=a), a, b).astype(np.int64)
+    lo, hi = np.maximum(est - 2, a), np.minimum(est + 2, b)
+    miss = (f(hi) < levels) | (lo > a) & (f(np.maximum(lo - 1, a)) >= levels)
+    return np.where(miss, a, lo), np.where(miss, b, hi)
 
 
 def compile_activation(act: dict, rule: str, vmin: int, vmax: int) -> StepTable | None:
@@ -280,8 +295,7 @@ def compile_activation(act: dict, rule: str, vmin: int, vmax: int) -> StepTable 
         values.append(y0)
         if y1 > y0:  # monotone non-decreasing: bisect the first V reaching each level
             levels = np.arange(y0 + 1, y1 + 1, dtype=np.int64)
-            lo = np.full(levels.shape, a, np.int64)
-            hi = np.full(levels.shape, b - 1, np.int64)
+            lo, hi = _level_brackets(f, levels, a, b - 1, x0, ym, sh, bias)
             while np.any(lo < hi):
                 mid = (lo + hi) >> 1
                 ok = f(mid) >= levels
