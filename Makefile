@@ -24,8 +24,8 @@ demo: $(STAMP)
 
 # --dist loadgroup: tests sharing a module fixture run on one worker (tests/conftest.py); three
 # workers on two cores: the REPL, flash and fault tests wait on line timeouts, a third keeps a core busy
-# (this VM: 540-542 s with -n 3, 558-610 s with -n 2)
-PYTEST := $(PY) -m pytest -q -n 3 --dist loadgroup
+# (this VM: 540-542 s with -n 3, 558-610 s with -n 2); the 30 slowest tests listed at the end
+PYTEST := $(PY) -m pytest -q -n 3 --dist loadgroup --durations=30
 
 test: $(STAMP)
 	$(PYTEST) tests
