@@ -212,7 +212,12 @@ def _minimax(g, *knots):
     the deviation range over 65 samples. The samples are np.linspace's floats (its arithmetic:
     i·step + a, the last one b), all segments in one call of g, which works element-wise."""
     k = np.asarray(knots, np.float64)
-    a, b = k[:-1, None], k[1:, None]
+    return _minimax_ab(g, k[:-1], k[1:])
+
+
+def _minimax_ab(g, a, b):
+    """_minimax on the segments [a[j], b[j]] (arrays), each on its own."""
+    a, b = np.asarray(a, np.float64)[:, None], np.asarray(b, np.float64)[:, None]
     xs = _STEPS * ((b - a) / (len(_STEPS) - 1)) + a
     xs[:, -1] = b[:, 0]
     ys = g(xs.reshape(-1)).reshape(xs.shape)
@@ -231,16 +236,37 @@ def balance_knots(g, kx, kinks=(), sweeps=6, steps=18):
         for i in range(1, len(kx) - 1):
             if i in fixed:
                 continue
-            lo, hi = kx[i - 1], kx[i + 1]
-            for _ in range(steps):
-                mid = (lo + hi) / 2
-                left, right = _minimax(g, kx[i - 1], mid, kx[i + 1])
-                if left > right:
-                    hi = mid
-                else:
-                    lo = mid
-            kx[i] = (lo + hi) / 2
+            kx[i] = _bisect_knot(g, kx[i - 1], kx[i + 1], steps)
     return kx
+
+
+def _bisect_knot(g, left, right, steps, depth=4):
+    """The bisection of balance_knots for a knot between `left` and `right`: move to the half
+    whose side has the larger minimax error, `steps` times. Computed `depth` steps at a time:
+    the 2^depth - 1 midpoints any path of those steps can visit (each as the sequential bisection
+    computes it) go to one _minimax_ab call, and the path is walked through them after: the same
+    midpoints, the same comparisons, a few numpy calls instead of one per step."""
+    lo, hi = left, right
+    while steps > 0:
+        d = min(depth, steps)
+        mids, level = [], [(lo, hi)]
+        for _ in range(d):               # breadth first: node k's halves are 2k + 1 and 2k + 2
+            nxt = []
+            for a, b in level:
+                m = (a + b) / 2
+                mids.append(m)
+                nxt += [(a, m), (m, b)]
+            level = nxt
+        n = len(mids)
+        err = _minimax_ab(g, [left] * n + mids, mids + [right] * n)
+        k = 0
+        for _ in range(d):
+            if err[k] > err[n + k]:
+                hi, k = mids[k], 2 * k + 1
+            else:
+                lo, k = mids[k], 2 * k + 2
+        steps -= d
+    return (lo + hi) / 2
 
 
 def _varying(g, lo, hi, samples=4097):
