@@ -1,12 +1,13 @@
 """The float graph with ideal 8-bit quantization simulated (fake quantization): per-channel
 symmetric weights rounded as the K210 back-end rounds them, and every tensor the back-end keeps as
-uint8 (conv, add, concat, max-pool and resize outputs, and a pooled vector that a KPU conv or
-dense layer reads) quantized with its calibrated range -- or, given a range (lo[C], hi[C]), each
+uint8 (conv, add, concat, max-pool and resize outputs, and any other map -- a pooled vector, an
+SE gate's product, a standalone activation -- that an integer conv or dense layer reads) quantized with its calibrated range -- or, given a range (lo[C], hi[C]), each
 channel on its own grid (what per-channel activation scales would buy: bench/fit_limits.py). A
 dense layer (a conv on a 1x1 map) that reads the model input or a float dense layer's output stays float, weights and output, as the
 back-end's float FULLY_CONNECTED computes it (k210/lower/fc.py): rounding it would also clamp it to its calibrated
 range, a denoiser no float layer applies. In a model quantized by its own int8 scales every dense
-layer, MatMul included, is integer as the model states it (TFLite's int8 FULLY_CONNECTED).
+layer, MatMul included, is integer as the model states it (TFLite's int8 FULLY_CONNECTED), and
+every other tensor the file rounds to its integers is rounded too (`_file_rounded`).
 
 It answers "how much of the error is the quantization itself, and how much the way we map it
 onto the KPU": on seeded (untrained) deep networks the first part is most of it -- compare the
@@ -107,7 +108,9 @@ def fake_quant_graph(graph, ranges, weight_bits=8, vector_input=False):
             _fake_quant_weights(g, n, weight_bits)
     kpu_fed = [n for n in g.nodes if n.op in POOLS and any(c.op == "Conv" for c in g.consumers(n.outputs[0]))]
     rounded = [(n, stage_names(n)["out"] if n.op == "Conv" else n.outputs[0])
-               for n in [n for n in g.nodes if n.op in u8_ops and n.name not in floats] + kpu_fed]
+               for n in [n for n in g.nodes if n.op in u8_ops and n.name not in floats] + kpu_fed
+               + _file_rounded(g, u8_ops)]
+    rounded += _conv_read(g, {t for _, t in rounded}, floats)
     rounded += [(None, x) for x in g.inputs if vector_input and _reads_u8(g, x, ("Conv",) + dense, floats)]
     for n, out in rounded:
         if out not in ranges or g.shape(out) is None:
@@ -128,6 +131,29 @@ def fake_quant_graph(graph, ranges, weight_bits=8, vector_input=False):
                     Node("DequantizeLinear", [q, sc, zp], [out], axis, out + "/dequantize")]
     return g
 
+
+
+def _conv_read(g, done, floats) -> list:
+    """(producer, tensor) for each map an integer conv reads that nothing rounded yet (an SE
+    gate's Mul, a standalone activation, a Sub): the KPU and the uint8 CPU conv read uint8."""
+    out = []
+    for n in g.nodes:
+        if n.op != "Conv" or n.name in floats:
+            continue
+        t = n.inputs[0]
+        while (p := g.producer(t)) is not None and p.op in RELABELS:
+            t = p.inputs[0]
+        if p is not None and t not in done and (p.op, t) not in ((q.op, u) for q, u in out):
+            out.append((p, t))
+    return out
+
+
+def _file_rounded(g, u8_ops) -> list:
+    """In a model quantized by its own int8 scales, the other nodes whose output the file itself
+    rounds to its integers (an SE gate's Mul, a Sub, a Mean): its 8-bit arithmetic is the ideal."""
+    own, by_node = g.meta.get("quant_ranges", {}), g.meta.get("quant_ranges_by_node", {})
+    return [n for n in g.nodes if n.op not in u8_ops + RELABELS + POOLS and n.outputs
+            and (n.outputs[0] in own or n.name in by_node)]
 
 
 def _fake_quant_weights(g, n, weight_bits):
