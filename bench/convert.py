@@ -8,6 +8,7 @@ weights. The 100 calibration images are the 28 testdata ImageNet photos plus cro
     python bench/convert.py [--models v1-0.25,v1-0.5,v1-0.75,v2-0.5] [--json bench/results/convert.json]
 """
 import argparse
+import sys
 import json
 import os
 import tempfile
@@ -18,6 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from tl2k210 import paths
 
 REPO = paths.checkout()
+sys.path.insert(0, str(REPO))        # the zoo's `models` package, as `make demo` finds it
 TESTDATA = paths.testdata_dir()
 
 

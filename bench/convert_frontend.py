@@ -5,6 +5,7 @@ Prints a table and writes bench/results/convert_frontend.json.
     python bench/convert_frontend.py [--alphas 0.25,0.5,0.75] [--out FILE]
 """
 import argparse
+import sys
 import json
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 from tl2k210 import paths
 
 REPO = paths.checkout()
+sys.path.insert(0, str(REPO))        # the zoo's `models` package, as `make demo` finds it
 TESTDATA = paths.testdata_dir()
 
 

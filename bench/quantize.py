@@ -29,6 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from tl2k210 import paths  # noqa: E402
 
 REPO = paths.checkout()
+sys.path.insert(0, str(REPO))        # the zoo's `models` package, as `make demo` finds it
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 TESTDATA = paths.testdata_dir()
