@@ -1,8 +1,8 @@
 """The float graph with ideal 8-bit quantization simulated (fake quantization): per-channel
 symmetric weights rounded as the K210 back-end rounds them, and every tensor the back-end keeps as
 uint8 (conv, add, concat, max-pool and resize outputs, and any other map -- a pooled vector, an
-SE gate's product, a standalone activation -- that an integer conv or dense layer reads) quantized with its calibrated range -- or, given a range (lo[C], hi[C]), each
-channel on its own grid (what per-channel activation scales would buy: bench/fit_limits.py). A
+SE gate's product, a standalone activation -- that an integer conv or dense layer reads)
+quantized with its calibrated range -- or, given a range (lo[C], hi[C]), each channel on its own grid (what per-channel activation scales would buy: bench/fit_limits.py). A
 dense layer (a conv on a 1x1 map) that reads the model input or a float dense layer's output stays float, weights and output, as the
 back-end's float FULLY_CONNECTED computes it (k210/lower/fc.py): rounding it would also clamp it to its calibrated
 range, a denoiser no float layer applies. In a model quantized by its own int8 scales every dense
@@ -136,14 +136,15 @@ def fake_quant_graph(graph, ranges, weight_bits=8, vector_input=False):
 def _conv_read(g, done, floats) -> list:
     """(producer, tensor) for each map an integer conv reads that nothing rounded yet (an SE
     gate's Mul, a standalone activation, a Sub): the KPU and the uint8 CPU conv read uint8."""
-    out = []
+    out, seen = [], set(done)
     for n in g.nodes:
         if n.op != "Conv" or n.name in floats:
             continue
         t = n.inputs[0]
         while (p := g.producer(t)) is not None and p.op in RELABELS:
             t = p.inputs[0]
-        if p is not None and t not in done and (p.op, t) not in ((q.op, u) for q, u in out):
+        if p is not None and t not in seen:
+            seen.add(t)
             out.append((p, t))
     return out
 
