@@ -40,3 +40,101 @@ def test_sensor_probe_bus_follows_config_json(tmp_path):
     (fs / "config.json").write_text('{"type": "dock", "sensor": {"i2c_num": -2}}')
     res = run(tmp_path, "import sensor\nsensor.reset()\n", fs=fs)
     assert res.lines == PROBE[1:]
+
+
+def test_two_sleeping_threads_print_in_turn(tmp_path):
+    """basic/demo_thread.py: two _threads that print and sleep 1 s each. On a board
+    (modthread.c, the GIL released by mp_hal_delay_ms and every few bytecodes) they alternate,
+    once a second each, while the main thread busy-loops; the host used to let one starve."""
+    res = run(tmp_path, """
+import _thread
+import time
+
+def func(name):
+    while 1:
+        print("hello {}".format(name))
+        time.sleep(1)
+
+_thread.start_new_thread(func,("1",))
+_thread.start_new_thread(func,("2",))
+
+while 1:
+    pass
+""", timeout=5)
+    assert res.stop == "timeout", res.traceback
+    assert res.lines == ["hello 1", "hello 2"] * 5
+
+
+def test_threads_share_the_board_clock_locks_and_errors(tmp_path):
+    """Sleeps of different lengths interleave on the one board clock; a blocked
+    lock.acquire() lets the others run; an exception ends its thread with modthread.c's
+    "Unhandled exception in thread started by <function ...>" and the traceback."""
+    res = run(tmp_path, """
+import _thread, time
+t0 = time.ticks_ms()
+lock = _thread.allocate_lock()
+done = []
+def f(name, n, ms):
+    for i in range(n):
+        print(name, i, (time.ticks_ms() - t0) // 10 * 10)
+        time.sleep_ms(ms)
+    with lock:
+        done.append(name)
+_thread.start_new_thread(f, ('a', 3, 100))
+_thread.start_new_thread(f, ('b', 3, 150))
+while len(done) < 2:
+    time.sleep_ms(10)
+print('main', done, (time.ticks_ms() - t0) // 10 * 10)
+lock.acquire()
+def g():
+    print('g waits')
+    lock.acquire()
+    print('g got it', (time.ticks_ms() - t0) // 10 * 10)
+_thread.start_new_thread(g, ())
+time.sleep_ms(50)
+lock.release()
+time.sleep_ms(50)
+def h(x):
+    1/x
+_thread.start_new_thread(h, (0,))
+time.sleep_ms(1)
+print('end')
+""")
+    assert res.error is None, res.traceback
+    lines = res.lines
+    assert lines[:10] == ["a 0 0", "b 0 0", "a 1 100", "b 1 150", "a 2 200", "b 2 300",
+                          "main ['a', 'b'] 450", "g waits", "g got it 500",
+                          lines[9]]
+    assert lines[9].startswith("Unhandled exception in thread started by <function h at 0x")
+    assert lines[10:] == ["Traceback (most recent call last):", '  File "main.py", line 27, in h',
+                          "ZeroDivisionError: divide by zero", "end"]
+
+
+def test_threads_run_while_the_repl_prompt_waits(tmp_path):
+    """At the REPL prompt a board's _threads keep running (the prompt's UART read releases
+    the GIL): a thread that prints every 100 ms prints, paced to host time, while the prompt
+    waits; the next command takes the GIL back at once."""
+    import time
+    from repl_helpers import Wire, board
+    bd = board(tmp_path)
+    try:
+        assert bd.wait_idle()
+        w = Wire(bd.port)
+        try:
+            w.send(b"\x02")
+            w.until(b">>> ")
+            w.send(b"import _thread, time\r")
+            w.until(b">>> ")
+            w.send(b"def f():\r n = 0\r while True:\r  n += 1\r  print('tick', n)\r  time.sleep_ms(100)\r\r")
+            w.until(b">>> ")
+            w.send(b"_thread.start_new_thread(f, ())\r")
+            time.sleep(0.6)
+            got = w.until(b"tick 4\r\n")
+            # the prompt comes out before or after the first tick (a GIL hand-over)
+            assert b"tick 1\r\ntick 2\r\ntick 3\r\n" in got.replace(b">>> ", b"")
+            w.send(b"1+1\r")
+            assert b"2\r\n" in w.until(b">>> ")
+        finally:
+            w.close()
+    finally:
+        bd.close()

@@ -580,27 +580,16 @@ def _arr(s):
 
 @builtin("_thread")
 def _thread(s):
-    def start_new_thread(fn, args, kwargs=None):
-        b = s.board
+    from tl2k210.maixpy import threads
 
-        def run():
-            from tl2k210.maixpy import board as _b
-            _b.install(b)
-            try:
-                fn(*args, **(kwargs or {}))
-            except SystemExit:
-                pass
-            except _b.BoardStop:          # the run is over (watchdog, frames): the thread ends
-                pass
-            except Exception as exc:
-                s.out.write("Unhandled exception in thread started by %r\n%s" %
-                            (fn, s.format_exception(exc)))
-        t = _threading.Thread(target=run, daemon=True)
-        t.start()
-        return t.ident
+    def start_new_thread(fn, args, kwargs=None):
+        return threads.start_new_thread(s, fn, args, kwargs)
+
+    def allocate_lock():
+        return threads.Lock(s)
 
     return module("_thread", "", start_new_thread=start_new_thread,
-                  allocate_lock=_threading.Lock, get_ident=_threading.get_ident,
+                  allocate_lock=allocate_lock, get_ident=_threading.get_ident,
                   stack_size=lambda *a: 0)
 
 

@@ -205,6 +205,7 @@ class ReplBoard:
             b.images, b.max_frames = _Photos(images), sys.maxsize
         b.on_repl_baud, b.repl_baud = self._uart_init, baud
         self.session = Session(b, on_output=self._out_text, on_input=self._input_line)
+        self.session.idle_threads = True     # _threads run while the prompt waits, as on a board
         self.session.boot_out = _Tee(self._out_text)
         vfs_open = b.vfs.open
         b.vfs.open = lambda path, mode="r", *a, **k: self._open(vfs_open, path, mode, *a, **k)

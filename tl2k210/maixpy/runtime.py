@@ -25,6 +25,7 @@ import ast
 import io
 import re
 import sys
+import threading
 import tokenize
 import traceback
 import types
@@ -300,6 +301,9 @@ class Session:
         self.board.clock.board = self.board
         self.echo, self.on_output, self.on_input = echo, on_output, on_input
         self._interrupt = False
+        self.baton = None           # _thread's GIL on the board clock (threads.py), once needed
+        self.idle_threads = False   # a REPL board: threads run while the prompt waits
+        self._depth = 0
         self.pending, self.timers, self._in_callback = [], [], False
         self.out = _Out(self)
         self.boot_out = io.StringIO()
@@ -368,11 +372,21 @@ class Session:
         tracer = self._tracer
         old = sys.gettrace()
         sys.settrace(tracer)
+        self._depth += 1
+        if self._depth == 1 and self.baton is not None and self.idle_threads:
+            self.baton.enter()
         try:
             return fn()
         finally:
+            self._depth -= 1
+            if self._depth == 0 and self.baton is not None and self.idle_threads:
+                self.baton.leave()
             sys.settrace(old)
             _board.install(prev)
+
+    def in_board_thread(self) -> bool:
+        """Is the caller a _thread thread (not the main one, which gets Ctrl-C)?"""
+        return self.baton is not None and threading.get_ident() in self.baton.threads
 
     def _tracer(self, frame, event, arg):
         if frame.f_code.co_filename in self.code_files:
@@ -386,9 +400,11 @@ class Session:
                 clock._t += timing.LINE_US
             if self.board.stop_reason is not None:
                 raise self.board.stop_reason
-            if self._interrupt:
+            if self._interrupt and not self.in_board_thread():
                 self._interrupt = False
                 raise KeyboardInterrupt()
+            if self.baton is not None:
+                self.baton.tick()
             self._n = getattr(self, "_n", 0) + 1
             if self._n & 1023 == 0:
                 clock.check()
@@ -469,6 +485,9 @@ class Session:
         for t in list(self.board.kpu_tasks):
             KPU.release(self.board, t)
         self._print("MPY: soft reboot")
+        if self.baton is not None:          # the threads end with the interpreter
+            self.baton.close()
+            self.baton = None
         self.pending, self.timers = [], []
         self._new_interpreter()
         return self.boot(run_main=run_main)
@@ -560,6 +579,8 @@ class Session:
     def close(self):
         if not self._closed:
             self._closed = True
+            if self.baton is not None:
+                self.baton.close()
             self.board.close()
 
     def __enter__(self):
