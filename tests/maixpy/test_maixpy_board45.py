@@ -138,3 +138,59 @@ def test_threads_run_while_the_repl_prompt_waits(tmp_path):
             w.close()
     finally:
         bd.close()
+
+
+def test_dir_lists_micropythons_names(tmp_path):
+    """py/modbuiltins.c mp_builtin_dir: dir() is the globals dict in hash-table slot order (the
+    1-byte djb2 qstr hash modulo the table size, after _boot.py's stores and deletes), also
+    inside a function; dir(obj) probes the qstr table: __class__ always, a module's table with
+    __name__ (no __doc__/__spec__), a class's __module__/__qualname__, the static qstrs first.
+    No CPython names (__builtins__, __dict__, __weakref__...)."""
+    from tl2k210.maixpy import mpdir
+    res = run(tmp_path, """
+x = 1
+print(dir())
+import sys
+print(dir(sys))
+class A:
+    def f(self): pass
+a = A()
+a.v = 2
+print(dir(a))
+print(dir([]))
+def g():
+    y = 1
+    return dir()
+print(g() == dir())
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == [
+        "['time', 'os', '__name__', 'sys', 'x']",
+        "['__class__', '__name__', 'argv', 'byteorder', 'exit', 'implementation', 'maxsize', "
+        "'modules', 'path', 'platform', 'print_exception', 'stderr', 'stdin', 'stdout', "
+        "'version', 'version_info']",
+        "['__class__', '__module__', '__qualname__', 'f', 'v']",
+        "['__class__', 'append', 'clear', 'copy', 'count', 'extend', 'index', 'insert', 'pop', "
+        "'remove', 'reverse', 'sort']",
+        "True"]
+    # the slot order by hand: hashes mod the table sizes py/map.c grows through (2, 4, 6, 8)
+    assert [mpdir.qstr_hash(n) for n in ("__name__", "os", "sys", "time", "x")] == \
+        [0xe2, 0x79, 0xbc, 0xf0, 0xdd]
+
+
+def test_hash_map_follows_py_map_c():
+    """A deleted key leaves a sentinel when its successor slot is taken (an empty slot
+    otherwise), a new key takes the first sentinel it passes, and the table grows only when
+    full, rehashing in slot order."""
+    from tl2k210.maixpy.mpdir import HashMap, qstr_hash
+    m = HashMap(1)
+    for k in ("__name__", "os", "sys", "time"):
+        m.add(k)
+    # 2 slots: __name__ 0xe2 % 2 = 0, os 0x79 % 2 = 1; sys finds it full: 4 slots, rehashed in
+    # slot order (__name__ -> 2, os -> 1), then sys 0xbc % 4 = 0; time 0xf0 % 4 = 0 probes to 3
+    assert len(m.table) == 4 and m.keys() == ["sys", "os", "__name__", "time"]
+    m.remove("os")                     # slot 2 is taken: a sentinel
+    m.add("x")                         # 0xdd % 4 = 1: probes round the full table, takes it
+    assert m.keys() == ["sys", "x", "__name__", "time"]
+    assert qstr_hash("") == 0x05 and qstr_hash("a") == (5381 * 33 ^ 97) & 0xFF
+

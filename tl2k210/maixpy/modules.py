@@ -163,8 +163,18 @@ def make_builtins(s):
         out.write("Welcome to MicroPython on the Sipeed Maix (tl2k210 host emulation)!\n"
                   if obj is None else f"object {obj!r} is of type {type(obj).__name__}\n")
 
+    def _dir(*args):
+        """py/modbuiltins.c mp_builtin_dir (mpdir.py)."""
+        from tl2k210.maixpy import mpdir
+        if len(args) > 1:
+            raise TypeError("function expected at most 1 arguments, got %d" % len(args))
+        if args:
+            return mpdir.dir_object(args[0])
+        g = _sys._getframe(1).f_globals
+        return mpdir.dir_namespace(g, s.dir_history if g is s.globals else ())
+
     b.update(print=_print, open=_open, input=_input, exec=_exec, eval=_eval, compile=_compile,
-             bytearray=mp_bytearray, repr=mp_repr,
+             bytearray=mp_bytearray, repr=mp_repr, dir=_dir,
              help=_help, __import__=s._import)
     return b
 
