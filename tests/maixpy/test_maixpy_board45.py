@@ -194,3 +194,36 @@ def test_hash_map_follows_py_map_c():
     assert m.keys() == ["sys", "x", "__name__", "time"]
     assert qstr_hash("") == 0x05 and qstr_hash("a") == (5381 * 33 ^ 97) & 0xFF
 
+
+def test_stdin_read_blocks_for_the_repl_uart(tmp_path):
+    """lib/utils/sys_stdio_mphal.c stdio_read: sys.stdin.read(n) takes n characters from the
+    REPL UART, blocking for each, '\\r' read as '\\n' and not echoed; Ctrl-C interrupts it."""
+    from repl_helpers import Wire, board
+    bd = board(tmp_path)
+    try:
+        assert bd.wait_idle()
+        w = Wire(bd.port)
+        try:
+            w.send(b"\x02")
+            w.until(b">>> ")
+            w.send(b"import sys; print(sys.stdin); c = sys.stdin.read(3); print(repr(c))\r")
+            assert w.until(b"<io.FileIO 0>\r\n")
+            w.send(b"xy\r")
+            assert w.until(b">>> ").endswith(b"'xy\\n'\r\n>>> ")
+            w.send(b"sys.stdin.read(1)\r")
+            w.until(b"sys.stdin.read(1)\r\n")
+            w.send(b"\x03")
+            assert b"KeyboardInterrupt" in w.until(b">>> ")
+        finally:
+            w.close()
+    finally:
+        bd.close()
+
+
+def test_stdin_without_serial_input_waits_like_a_board(tmp_path):
+    """A script run on the host (no serial line) that reads sys.stdin waits, as a board with
+    nothing typed would, until the watchdog ends the run; a note says why."""
+    res = run(tmp_path, "import sys\nprint('before')\nc = sys.stdin.read(1)\nprint('never')\n",
+              timeout=2)
+    assert res.error is None and res.stop == "timeout" and res.lines == ["before"]
+    assert any("sys.stdin waits for a character on the REPL UART" in n for n in res.notes)

@@ -35,6 +35,7 @@ import threading as _threading
 import types
 import zlib as _zlib
 
+from tl2k210.maixpy.args import get_int
 from tl2k210.maixpy.runtime import mp_float, mp_repr, mp_str
 from tl2k210.maixpy.vfs import EPOCH_2000, oserror
 
@@ -191,6 +192,72 @@ class _Implementation(tuple):
         return "(name='micropython', version=(0, 6, 2))"
 
 
+class Stdin:
+    """sys.stdin: lib/utils/sys_stdio_mphal.c (MaixPy's core @ced340d). read(n) takes n
+    characters from the REPL UART, blocking for each (mp_hal_stdin_rx_chr), '\\r' read as
+    '\\n'; readline() up to '\\n'; write raises EPERM. The characters come from the session's
+    console input (Session.read_char: a REPL board's UART, or its on_input lines); a run without
+    one waits as a board would, until the watchdog stops it."""
+
+    def __init__(self, s):
+        self._s = s
+
+    def __repr__(self):
+        return "<io.FileIO 0>"
+
+    def read(self, size=-1):
+        size = -1 if size is None else get_int(size)
+        out = []
+        while size < 0 or len(out) < size:
+            c = self._s.read_char()
+            if c is None:                          # the console went away (host)
+                break
+            out.append(c)
+        return "".join(out)
+
+    def readline(self, size=-1):
+        size = -1 if size is None else get_int(size)
+        out = []
+        while size < 0 or len(out) < size:
+            c = self._s.read_char()
+            if c is None:
+                break
+            out.append(c)
+            if c == "\n":
+                break
+        return "".join(out)
+
+    def readlines(self):
+        return [self.readline()]
+
+    def readinto(self, buf, size=None):
+        n = len(buf) if size is None else min(len(buf), get_int(size))
+        data = self.read(n).encode("utf-8")[:n]
+        buf[:len(data)] = data
+        return len(data)
+
+    def write(self, data):
+        raise oserror(_errno.EPERM)
+
+    def close(self):
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
+
+
 def make_sys(s):
     def print_exception(exc, file=None):
         if file is not None and not hasattr(file, "write"):
@@ -203,7 +270,7 @@ def make_sys(s):
     return module("sys", "MicroPython sys (MaixPy)", path=[], argv=[], modules=s.modules,
                   platform="MaixPy", implementation=_Implementation(), version="3.4.0",
                   version_info=(3, 4, 0), byteorder="little", maxsize=2 ** 63 - 1,
-                  stdin=_io.StringIO(""), stdout=s.out, stderr=s.out,
+                  stdin=Stdin(s), stdout=s.out, stderr=s.out,
                   print_exception=print_exception, exit=_exit)
 
 

@@ -300,6 +300,8 @@ class Session:
         self.board.session = self
         self.board.clock.board = self.board
         self.echo, self.on_output, self.on_input = echo, on_output, on_input
+        self.on_char = None         # a REPL board's UART: one byte per call (sys.stdin)
+        self._inbuf = ""
         self._interrupt = False
         self.baton = None           # _thread's GIL on the board clock (threads.py), once needed
         self.idle_threads = False   # a REPL board: threads run while the prompt waits
@@ -334,6 +336,38 @@ class Session:
 
     def _print(self, text, end="\n"):
         self.out.write(text + end)
+
+    def read_char(self):
+        """One character from the REPL UART for sys.stdin (mp_hal_stdin_rx_chr: blocks; '\\r'
+        reads as '\\n'): `on_char()` (a byte, None when the console is gone), else the lines
+        `on_input` gives; with neither, the board waits until the watchdog stops the run."""
+        if self.on_char is not None:
+            c = self.on_char()
+            if c is None:
+                return None
+            data = bytes([c])
+            if c >= 0xC0:                             # a UTF-8 character's further bytes
+                for _ in range(3 if c >= 0xF0 else 2 if c >= 0xE0 else 1):
+                    nxt = self.on_char()
+                    if nxt is None:
+                        break
+                    data += bytes([nxt])
+            ch = data.decode("utf-8", "replace")
+            return "\n" if ch == "\r" else ch
+        if self.on_input is not None:
+            if not self._inbuf:
+                self._inbuf = self.on_input("") + "\n"
+            ch, self._inbuf = self._inbuf[0], self._inbuf[1:]
+            return "\n" if ch == "\r" else ch
+        b = self.board
+        b.note("sys.stdin waits for a character on the REPL UART, and this run has no serial "
+               "input (run a script on `tl2k210 board` to type into it): it waits until the "
+               "watchdog stops the run", "stdin")
+        clock = b.clock
+        if not clock.timeout or clock.timeout <= 0:
+            b.stop("sys.stdin: waiting for serial input that this run cannot give", "stdin")
+        while True:
+            clock.sleep(clock.timeout * 1e6 + 1)
 
     # -- running code --------------------------------------------------------------------------
     def compile(self, source: str, filename: str, mode: str = "exec"):
