@@ -227,3 +227,30 @@ def test_stdin_without_serial_input_waits_like_a_board(tmp_path):
               timeout=2)
     assert res.error is None and res.stop == "timeout" and res.lines == ["before"]
     assert any("sys.stdin waits for a character on the REPL UART" in n for n in res.notes)
+
+
+def test_threads_run_while_stdin_waits(tmp_path):
+    """mp_hal_stdin_rx_chr waits in a poll loop that releases the GIL: a _thread keeps
+    printing while the main thread's sys.stdin.read(1) waits for the UART."""
+    import time
+    from repl_helpers import Wire, board
+    bd = board(tmp_path)
+    try:
+        assert bd.wait_idle()
+        w = Wire(bd.port)
+        try:
+            w.send(b"\x02")
+            w.until(b">>> ")
+            w.send(b"import _thread, time, sys\r")
+            w.until(b">>> ")
+            w.send(b"def f():\r n = 0\r while n < 3:\r  n += 1\r  print('tick', n)\r  time.sleep_ms(100)\r\r")
+            w.until(b">>> ")
+            w.send(b"_thread.start_new_thread(f, ()); c = sys.stdin.read(1); print('got', c)\r")
+            time.sleep(0.5)
+            assert b"tick 3\r\n" in w.until(b"tick 3\r\n")
+            w.send(b"z")
+            assert w.until(b">>> ").endswith(b"got z\r\n>>> ")
+        finally:
+            w.close()
+    finally:
+        bd.close()

@@ -143,7 +143,7 @@ def make_builtins(s):
         out.write(str(prompt))
         if s.on_input is None:
             raise EOFError("the emulated board has no serial input (host)")
-        return s.on_input(str(prompt))
+        return s.host_wait(s.on_input, str(prompt))
 
     def _exec(source, globals=None, locals=None):
         code = source if isinstance(source, types.CodeType) else s.compile(str(source), "<string>")

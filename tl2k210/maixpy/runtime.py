@@ -337,18 +337,30 @@ class Session:
     def _print(self, text, end="\n"):
         self.out.write(text + end)
 
+    def host_wait(self, fn, *args):
+        """Call `fn` that waits for the host (the serial line): like mp_hal_stdin_rx_chr's
+        poll loop, the wait releases the GIL, so _threads run meanwhile (paced to host time)."""
+        baton = self.baton
+        if baton is None or self.in_board_thread():
+            return fn(*args)
+        baton.leave()
+        try:
+            return fn(*args)
+        finally:
+            baton.enter()
+
     def read_char(self):
         """One character from the REPL UART for sys.stdin (mp_hal_stdin_rx_chr: blocks; '\\r'
         reads as '\\n'): `on_char()` (a byte, None when the console is gone), else the lines
         `on_input` gives; with neither, the board waits until the watchdog stops the run."""
         if self.on_char is not None:
-            c = self.on_char()
+            c = self.host_wait(self.on_char)
             if c is None:
                 return None
             data = bytes([c])
             if c >= 0xC0:                             # a UTF-8 character's further bytes
                 for _ in range(3 if c >= 0xF0 else 2 if c >= 0xE0 else 1):
-                    nxt = self.on_char()
+                    nxt = self.host_wait(self.on_char)
                     if nxt is None:
                         break
                     data += bytes([nxt])
@@ -356,7 +368,7 @@ class Session:
             return "\n" if ch == "\r" else ch
         if self.on_input is not None:
             if not self._inbuf:
-                self._inbuf = self.on_input("") + "\n"
+                self._inbuf = self.host_wait(self.on_input, "") + "\n"
             ch, self._inbuf = self._inbuf[0], self._inbuf[1:]
             return "\n" if ch == "\r" else ch
         b = self.board
