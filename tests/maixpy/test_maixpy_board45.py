@@ -254,3 +254,43 @@ def test_threads_run_while_stdin_waits(tmp_path):
             w.close()
     finally:
         bd.close()
+
+
+def test_thread_module_follows_modthread_c(tmp_path):
+    """modthread.c (MicroPython @ced340d): start_new_thread returns None and takes a tuple or
+    a list ('object 'int' isn't a tuple or list'), kwargs must be a dict; a lock prints
+    `<lock>` and is _thread.LockType, acquire(0) on a held lock is False, releasing an
+    unlocked lock raises a bare RuntimeError; stack_size returns the previous size;
+    _thread.exit() ends the thread quietly (SystemExit)."""
+    res = run(tmp_path, """
+import _thread, time
+print(_thread.start_new_thread(print, [1, 2]))
+time.sleep_ms(1)
+try:
+    _thread.start_new_thread(print, 5)
+except TypeError as e:
+    print(e)
+try:
+    _thread.start_new_thread(print, (), 5)
+except TypeError as e:
+    print(e)
+l = _thread.allocate_lock()
+print(l, type(l) is _thread.LockType, l.acquire(), l.acquire(0), l.locked())
+l.release()
+try:
+    l.release()
+except RuntimeError as e:
+    print(repr(e))
+print(_thread.stack_size(8192), _thread.stack_size())
+def f():
+    print("in f")
+    _thread.exit()
+    print("never")
+_thread.start_new_thread(f, ())
+time.sleep_ms(1)
+print("end")
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["None", "1 2", "object 'int' isn't a tuple or list",
+                         "expecting a dict for keyword args", "<lock> True True False True",
+                         "RuntimeError()", "0 8192", "in f", "end"]

@@ -663,11 +663,23 @@ def _thread(s):
         return threads.start_new_thread(s, fn, args, kwargs)
 
     def allocate_lock():
-        return threads.Lock(s)
+        return threads.lock(s)
+
+    size = [0]
+
+    def stack_size(*a):
+        """returns the previous size; 0 means the default (modthread.c)"""
+        old = size[0]
+        if a:
+            size[0] = get_int(a[0])
+        return old
+
+    def _exit():
+        raise SystemExit()
 
     return module("_thread", "", start_new_thread=start_new_thread,
                   allocate_lock=allocate_lock, get_ident=_threading.get_ident,
-                  stack_size=lambda *a: 0)
+                  stack_size=stack_size, exit=_exit, LockType=threads.lock)
 
 
 @builtin("ucryptolib")

@@ -142,17 +142,20 @@ class Baton:
             self.cv.notify_all()
 
 
-class Lock:
-    """_thread.allocate_lock(): a blocked acquire releases the GIL (modthread.c)."""
+class lock:
+    """_thread.allocate_lock() (modthread.c mp_type_thread_lock, printed `<lock>`): a blocked
+    acquire releases the GIL; acquire(waitflag[, timeout]) ignores the timeout; release of an
+    unlocked lock raises a bare RuntimeError."""
 
     def __init__(self, session):
         self._s = session
         self._lock = threading.Lock()
 
     def acquire(self, waitflag=1, timeout=-1):
+        from tl2k210.maixpy.args import get_int
         if self._lock.acquire(False):
             return True
-        if not waitflag:
+        if not get_int(waitflag):
             return False
         baton = self._s.baton
         if baton is None or self._s.board.clock.wall:
@@ -165,7 +168,7 @@ class Lock:
         try:
             self._lock.release()
         except RuntimeError:
-            raise RuntimeError("release unlocked lock") from None
+            raise RuntimeError() from None
 
     def locked(self):
         return self._lock.locked()
@@ -177,12 +180,20 @@ class Lock:
         self.release()
 
 
+Lock = lock
+
+
 def start_new_thread(s, fn, args, kwargs=None):
-    """modthread.c mod_thread_start_new_thread: the new thread runs when the GIL comes to it."""
+    """modthread.c mod_thread_start_new_thread: the new thread runs when the GIL comes to it;
+    args is any tuple or list (mp_obj_get_array), kwargs a dict; returns None."""
     from tl2k210.maixpy import board as _b
+    from tl2k210.maixpy.args import type_name
     b = s.board
-    if not isinstance(args, tuple):
-        raise TypeError("expecting a tuple")
+    if not isinstance(args, (tuple, list)):
+        raise TypeError("object '%s' isn't a tuple or list" % type_name(args))
+    args = tuple(args)
+    if kwargs is not None and type(kwargs) is not dict:
+        raise TypeError("expecting a dict for keyword args")
     virtual = not b.clock.wall
     if virtual and s.baton is None:
         s.baton = Baton(s)
@@ -219,7 +230,7 @@ def start_new_thread(s, fn, args, kwargs=None):
     t = threading.Thread(target=run, daemon=True)
     t.start()
     ready.wait()
-    return t.ident
+    return None
 
 
 def _fn_repr(fn):
