@@ -294,3 +294,26 @@ print("end")
     assert res.lines == ["None", "1 2", "object 'int' isn't a tuple or list",
                          "expecting a dict for keyword args", "<lock> True True False True",
                          "RuntimeError()", "0 8192", "in f", "end"]
+
+
+def test_globals_is_the_boards_main_dict(tmp_path):
+    """basic/demo_globals.py: globals() is __main__'s dict, written and popped by the script;
+    it prints in the board dict's slot order (as dir()) and has no CPython __builtins__."""
+    res = run(tmp_path, """
+x = 1
+print(globals())
+print(len(globals()), "__builtins__" in globals(), list(globals()) == dir())
+def var_create(var):
+    if var not in globals():
+        globals()[var] = 1
+var_create("gv")
+gv = gv + 1
+print(gv)
+globals().pop("gv")
+print(gv)
+""")
+    assert res.lines == [
+        "{'time': <module 'utime'>, 'os': <module 'uos'>, '__name__': '__main__', "
+        "'sys': <module 'sys'>, 'x': 1}", "5 False True", "2"]
+    assert res.traceback.endswith('  File "main.py", line 12, in <module>\n'
+                                  "NameError: name 'gv' isn't defined\n")

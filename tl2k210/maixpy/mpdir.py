@@ -135,18 +135,59 @@ class HashMap:
 def dir_namespace(ns: dict, history=()) -> list:
     """dir() of the dict `ns`: its 1-slot start with __name__, `history` ops, then the rest."""
     m = HashMap(1)
-    if "__name__" in ns:
+    if dict.__contains__(ns, "__name__"):
         m.add("__name__")
     for op, name in history:
         if op == "+":
             m.add(name)
         elif op == "-":
             m.remove(name)
-    for k in ns:
+    names = list(dict.keys(ns))        # the host dict's own order (a Namespace reorders)
+    for k in names:
         if isinstance(k, str) and k not in HOST_ONLY:
             m.add(k)
-    present = set(k for k in ns if isinstance(k, str))
+    present = set(k for k in names if isinstance(k, str))
     return [k for k in m.keys() if k in present]
+
+
+class Namespace(dict):
+    """__main__'s globals as a script sees them (globals(), print(globals())): the host's
+    `__builtins__` entry is there for CPython but hidden, and the keys come in the board dict's
+    slot order (dir()). Name lookups by the interpreter use the dict itself."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.history = ()
+
+    def _order(self):
+        return dir_namespace(self, self.history)
+
+    def __iter__(self):
+        return iter(self._order())
+
+    def keys(self):
+        return self._order()
+
+    def values(self):
+        return [dict.__getitem__(self, k) for k in self._order()]
+
+    def items(self):
+        return [(k, dict.__getitem__(self, k)) for k in self._order()]
+
+    def __len__(self):
+        return len(self._order())
+
+    def __contains__(self, key):
+        return key not in HOST_ONLY and dict.__contains__(self, key)
+
+    def __repr__(self):
+        from tl2k210.maixpy.runtime import mp_repr
+        return "{" + ", ".join(f"{mp_repr(k)}: {mp_repr(v)}" for k, v in self.items()) + "}"
+
+    __str__ = __repr__
+
+    def copy(self):
+        return dict(self.items())
 
 
 def boot_history(cwd_has_main: bool):

@@ -323,7 +323,8 @@ class Session:
         self.builtins = modules.make_builtins(self)
         self.sys = modules.make_sys(self)
         self.modules["sys"] = self.sys
-        self.globals = {"__name__": "__main__", "__builtins__": self.builtins}
+        from tl2k210.maixpy.mpdir import Namespace
+        self.globals = Namespace(__name__="__main__", __builtins__=self.builtins)
         self.dir_history = ()      # what _boot.py did to __main__'s dict (mpdir.py, for dir())
 
     def output(self) -> str:
@@ -503,7 +504,7 @@ class Session:
         for name in ("os", "sys", "time"):
             self.globals[name] = self.import_module(name)
         from tl2k210.maixpy import mpdir
-        self.dir_history = mpdir.boot_history(vfs.exists("main.py"))
+        self.dir_history = self.globals.history = mpdir.boot_history(vfs.exists("main.py"))
         self.boot_out.write(BANNER)
         if run_main and not vfs.exists("main.py"):
             self.board.note(f"no main.py in {vfs.getcwd()}: the board's _boot.py would write its "
