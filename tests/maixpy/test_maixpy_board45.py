@@ -317,3 +317,17 @@ print(gv)
         "'sys': <module 'sys'>, 'x': 1}", "5 False True", "2"]
     assert res.traceback.endswith('  File "main.py", line 12, in <module>\n'
                                   "NameError: name 'gv' isn't defined\n")
+
+
+def test_image_host_helpers_are_not_board_methods(tmp_path):
+    """py_image.c's Image has no from_rgb, ai_buffer or to_rgb888 (host helpers): a script
+    gets the AttributeError a board gives, and dir(img) does not list them."""
+    res = run(tmp_path, """
+import image
+img = image.Image(size=(8, 8))
+names = dir(img)
+print([n for n in ('from_rgb', 'ai_buffer', 'to_rgb888') if n in names], 'draw_line' in names)
+img.to_rgb888()
+""")
+    assert res.lines == ["[] True"]
+    assert res.traceback.endswith("AttributeError: 'Image' object has no attribute 'to_rgb888'\n")
