@@ -331,3 +331,25 @@ img.to_rgb888()
 """)
     assert res.lines == ["[] True"]
     assert res.traceback.endswith("AttributeError: 'Image' object has no attribute 'to_rgb888'\n")
+
+
+def test_classes_functions_and_bound_methods_print_like_micropython(tmp_path):
+    """py/objtype.c type_print `<class 'A'>` (no module), py/objfun.c fun_bc_print
+    `<function h at 0x...>` (the plain name, not a qualified one), py/objboundmeth.c
+    `<bound_method ADDR <A object at ADDR>.<function f at 0x...>>`."""
+    import re
+    res = run(tmp_path, """
+class A:
+    def f(self): pass
+def g():
+    def h(): pass
+    return h
+print(A, int, ValueError)
+print(g())
+print(A().f)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines[0] == "<class 'A'> <class 'int'> <class 'ValueError'>"
+    assert re.fullmatch(r"<function h at 0x[0-9a-f]+>", res.lines[1])
+    assert re.fullmatch(r"<bound_method [0-9a-f]+ <A object at [0-9a-f]+>\.<function f at 0x[0-9a-f]+>>",
+                        res.lines[2])

@@ -74,6 +74,13 @@ def mp_repr(v) -> str:
         return "(" + ", ".join(mp_repr(a) for a in v) + ")"
     if type(v) is dict:
         return "{" + ", ".join(f"{mp_repr(k)}: {mp_repr(a)}" for k, a in v.items()) + "}"
+    if isinstance(v, type):                      # py/objtype.c type_print
+        return f"<class '{v.__name__}'>"
+    if isinstance(v, types.FunctionType):        # py/objfun.c fun_bc_print: the plain name
+        return f"<function {v.__name__} at 0x{id(v):x}>"
+    if isinstance(v, types.MethodType) and isinstance(v.__func__, types.FunctionType):
+        # py/objboundmeth.c bound_meth_print (MICROPY_ERROR_REPORTING_DETAILED)
+        return f"<bound_method {id(v):x} {mp_repr(v.__self__)}.{mp_repr(v.__func__)}>"
     if type(v).__repr__ is object.__repr__:     # py/obj.c, py/objtype.c: no print slot, no __repr__
         if type(v).__module__.startswith("tl2k210."):
             return f"<{type(v).__name__}>"                     # a native (firmware) type
