@@ -235,7 +235,4 @@ def start_new_thread(s, fn, args, kwargs=None):
 
 def _fn_repr(fn):
     from tl2k210.maixpy.runtime import mp_repr
-    name = getattr(fn, "__name__", None)
-    if name is not None and hasattr(fn, "__code__"):
-        return "<function %s at 0x%x>" % (name, id(fn) & 0x3FFFFFFF)
     return mp_repr(fn)
