@@ -353,3 +353,17 @@ print(A().f)
     assert re.fullmatch(r"<function h at 0x[0-9a-f]+>", res.lines[1])
     assert re.fullmatch(r"<bound_method [0-9a-f]+ <A object at [0-9a-f]+>\.<function f at 0x[0-9a-f]+>>",
                         res.lines[2])
+
+
+def test_stdout_and_stderr_are_the_uart_fileio(tmp_path):
+    """lib/utils/sys_stdio_mphal.c: sys.stdout/stderr print as <io.FileIO 1>/<io.FileIO 2>,
+    both write to the REPL UART, and write returns the count written."""
+    res = run(tmp_path, """
+import sys
+print(sys.stdin, sys.stdout, sys.stderr)
+print(sys.stdout.write("bc"))
+sys.stderr.write("e\\n")
+print("x", file=sys.stderr)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["<io.FileIO 0> <io.FileIO 1> <io.FileIO 2>", "bc2", "e", "x"]

@@ -36,7 +36,7 @@ import types
 import zlib as _zlib
 
 from tl2k210.maixpy.args import get_int
-from tl2k210.maixpy.runtime import mp_float, mp_repr, mp_str
+from tl2k210.maixpy.runtime import _Err, mp_float, mp_repr, mp_str
 from tl2k210.maixpy.vfs import EPOCH_2000, oserror
 
 BUILTIN = {}
@@ -270,7 +270,7 @@ def make_sys(s):
     return module("sys", "MicroPython sys (MaixPy)", path=[], argv=[], modules=s.modules,
                   platform="MaixPy", implementation=_Implementation(), version="3.4.0",
                   version_info=(3, 4, 0), byteorder="little", maxsize=2 ** 63 - 1,
-                  stdin=Stdin(s), stdout=s.out, stderr=s.out,
+                  stdin=Stdin(s), stdout=s.out, stderr=_Err(s.out),
                   print_exception=print_exception, exit=_exit)
 
 

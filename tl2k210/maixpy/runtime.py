@@ -298,6 +298,25 @@ class _Out:
     def getvalue(self):
         return self.buf.getvalue()
 
+    def __repr__(self):                 # lib/utils/sys_stdio_mphal.c stdio_obj_print
+        return "<io.FileIO 1>"
+
+
+class _Err:
+    """sys.stderr: the same UART as stdout (mp_sys_stderr_obj, fd 2)."""
+
+    def __init__(self, out):
+        self._out = out
+
+    def write(self, text):
+        return self._out.write(text)
+
+    def flush(self):
+        pass
+
+    def __repr__(self):
+        return "<io.FileIO 2>"
+
 
 class Session:
     """One emulated board (see the module docstring). Board options as for `board.Board`."""
