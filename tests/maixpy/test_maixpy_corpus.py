@@ -20,6 +20,7 @@ from conftest import data_path
 from tl2k210.k210 import cost, kmodel, yolo
 from tl2k210.maixpy import board, run_folder, run_script
 from tl2k210.maixpy import image as mimage
+from test_maixpy_runtime import PROBE, after_probe
 
 # v4 opcodes the emulator does not run yet (issue 12, engineer `emu`)
 NEEDS = "needs v4 opcode {} (issue 12)"
@@ -137,8 +138,9 @@ def test_animal_classification_finds_the_cat(tmp_path, photos):
     res = run("animal_classification_k210__inference.py", tmp_path, images=[photos["chelsea"]],
               kmodels=[("animal_classification_k210__Classifier_best_val_accuracy_animals.kmodel", 0x300000)])
     assert res.stop == "camera", res.traceback
-    assert res.lines[:2] == ["###free gc heap memory : 484 KB", "###free sys heap memory: 1075 KB"]
-    pmax, label = eval(res.lines[2])
+    lines = after_probe(res)
+    assert lines[:2] == ["###free gc heap memory : 484 KB", "###free sys heap memory: 1075 KB"]
+    pmax, label = eval(lines[2])
     assert label == "gato" and pmax > 0.5
     assert texts(res, -1)[:1] == ["gato"]
 
@@ -149,7 +151,7 @@ def test_k210_yolo_20classes_shape_mismatch_stops_like_a_board(tmp_path, photos)
     sd = {"yolo.kmodel": corpus("kmodels", "K210_yolo_20classes__YOLO_best_mAP.kmodel")}
     res = run("K210_yolo_20classes__yolo.py", tmp_path, images=[photos["astronaut"]] * 2, sd=sd,
               runtime="maixpy-minimum-v4")
-    assert res.lines == ["[MAIXPY]kpu: set_outputs arg value error: w,h,ch 7,7,30, err:2012 "
+    assert res.lines == PROBE + ["[MAIXPY]kpu: set_outputs arg value error: w,h,ch 7,7,30, err:2012 "
                          "(SIPEED_KPU_ERR_SIZE_NOTMATCH)"]
     assert res.traceback.endswith('line 22, in <module>\nOSError: [MAIXPY]kpu: run error:2013, '
                                   'ERR_OUTPUTS_SET: need kpu.set_outputs() to set shape\n')
@@ -172,7 +174,7 @@ def test_corgidude_with_the_boards_own_module(tmp_path, photos):
               images=[photos["astronaut"], photos["grace_hopper"]], kmodels=[(name, 0x200000)],
               sd={"Corgi85.py": corgi})
     assert res.error is None and res.stop == "camera" and res.snapshots == 2, res.traceback
-    assert res.lines == ["token DtFrZ0"]
+    assert res.lines == ["token DtFrZ0"] + PROBE
     for p in ("astronaut", "grace_hopper"):
         out = emulate(name, frame(photos[p], (224, 224)))[0].reshape(5, 7, 7, 7)
         assert 1 / (1 + np.exp(-out[:, 4])).max() < 0.5
@@ -194,7 +196,7 @@ def test_mobilenet_boot_py_from_an_sd_folder(tmp_path, photos, runtime):
         tb = ['Traceback (most recent call last):', '  File "boot.py", line 73, in <module>',
               '  File "boot.py", line 63, in main', '  File "boot.py", line 50, in main',
               'ValueError: [MAIXPY]kpu: load error:2006, ERR_NO_MEM: memory not enough']
-        assert res.lines == tb and res.stop == "end"
+        assert res.lines == PROBE + tb and res.stop == "end"
         shown = res.texts[-1][0][2]
         assert shown.splitlines() == tb and np.all(res.frames[-1] == (255, 0, 0), -1).sum() > 500
         return
@@ -386,7 +388,8 @@ def test_mask_wearing_detection(tmp_path, photos):
     box = eval(objs[0].replace('"', "'"))[0]
     assert box["classid"] == 0 and box["value"] > 0.55
     assert iou((box["x"], box["y"], box["w"], box["h"]), ASTRONAUT_FACE) > 0.25
-    assert res.lines[:20] == [objs[0], "0-0"] * 10 and res.lines[20] == "wifi not connected"
+    lines = after_probe(res)
+    assert lines[:20] == [objs[0], "0-0"] * 10 and lines[20] == "wifi not connected"
     assert "no_mask: 90%" in texts(res, -1) or any(t.startswith("no_mask: ") for t in texts(res, -1))
     assert sum("tickness" in n for n in res.notes) == 1
     assert res.board_ms > 11 * 66 + 500 + 1000        # 11 two-frame loops, the WAV, the servo
@@ -407,8 +410,9 @@ def test_water_meter_reads_the_needles(tmp_path):
     res = run("WATER_METER_DETECTOR__airv_r2.py", tmp_path, images=[meter.transpose(Image.FLIP_TOP_BOTTOM)],
               sd=card)
     assert res.stop == "camera", res.traceback
-    assert len([ln for ln in res.lines if ln.startswith("layer[")]) == 11
-    assert res.lines[11:] == ["[0, 0, 0, 0, 5]", "[0, 0, 0, 0, 0]"]   # no digit read at p > 0.95
+    lines = res.lines
+    assert len([ln for ln in lines if ln.startswith("layer[")]) == 11 and lines[11:14] == PROBE
+    assert lines[14:] == ["[0, 0, 0, 0, 5]", "[0, 0, 0, 0, 0]"]   # no digit read at p > 0.95
     digits = "".join(str(a // 36) for a in reversed(angles))
     assert bytes(res.board.uart_log[1]) == f"00006.{digits}".encode()
 
@@ -443,4 +447,4 @@ def test_canmv_licence_plates_stop_at_the_closed_lpr(tmp_path, photos):
           d + "lp_weight.bin": corpus("scripts", "canmv_examples__lp_weight.bin")}
     res = run("canmv_examples__licenseplate_recog.py", tmp_path, images=[photos["coffee"]], sd=sd)
     assert res.stop == "host" and "Lpr" in res.stop_reason
-    assert len(res.board.kpu_tasks) == 2 and res.lines == ["Start run"] or res.lines == []
+    assert len(res.board.kpu_tasks) == 2 and res.lines == PROBE + ["Start run"] or res.lines == PROBE

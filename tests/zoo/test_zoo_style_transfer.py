@@ -83,9 +83,9 @@ def test_maixpy_script_shows_the_emulator_output(built, tmp_path):
     # what the script feeds the KPU: QVGA frame, 240x240 window (top-left on the OV2640: the
     # DVP ignores the window's x, y), resized to 128x128
     qvga = np.asarray(load_rgb(photo).resize((320, 240), Image.BILINEAR).convert("RGB"), np.uint8)
-    small = mimage.Image.from_rgb(qvga[:, :240]).resize(128, 128)
+    small = mimage.Image._from_rgb(qvga[:, :240]).resize(128, 128)
     small.pix_to_ai()
-    out = Emulator.load(built["kmodel"]).run(small.ai_buffer())[0].reshape(3, 128, 128)
+    out = Emulator.load(built["kmodel"]).run(small._ai_buffer())[0].reshape(3, 128, 128)
     rgb = (np.clip(out.astype(np.float64), 0, 1) * 255 + 0.5).astype(np.int64).transpose(1, 2, 0)
     # set_pixel((r, g, b)) rounds to RGB565 (docs/maixpy-firmware.md#colours: round(v*31/255), round(v*63/255))
     r5, g6, b5 = ((rgb[..., 0] * 31 + 127) // 255, (rgb[..., 1] * 63 + 127) // 255,

@@ -2,6 +2,7 @@
 that load it; or, with --via repl, upload it over the REPL with a generated main.py and show
 what that prints."""
 import os
+import re
 import sys
 import tempfile
 import time
@@ -129,9 +130,15 @@ def deploy_via_repl(args):
     return 0
 
 
+#: sensor.c / cambus.c (MaixPy v0.6.2) console lines while sensor.reset() probes the camera
+_SENSOR_PROBE = re.compile(r"^(init i2c\d|\[MAIXPY\]: (find \w+( sensor)?|sensor id = [0-9a-f]+))$")
+
+
 def show_first_lines(r: Repl, n, seconds):
     """Soft-reboot from the friendly REPL (main.py runs, as at power-on) and return the first
-    `n` lines it prints after the boot banner; main.py keeps running."""
+    `n` lines it prints after the boot banner; main.py keeps running. The firmware's own
+    camera-probe lines (sensor.reset() prints "init i2c2", "[MAIXPY]: find ov2640", ...) are
+    not the script's output and are skipped."""
     r.exit_raw()
     r.drain(quiet=0.1, limit=1.0)
     r._write(b"\x04")
@@ -148,7 +155,8 @@ def show_first_lines(r: Repl, n, seconds):
             if not started:
                 started = s.startswith("Type \"help()\"")
                 continue
-            lines.append(s)
+            if not _SENSOR_PROBE.match(s):
+                lines.append(s)
     return lines[:n]
 
 

@@ -460,7 +460,7 @@ def _input(task, img_or_list):
         _b().note(f"kpu: the model takes {c} channel(s), the image has {fmt_c} "
                   f"({'RGB565' if fmt_c == 3 else 'grayscale'})", ("fmt", c))
         raise _img_error()
-    ai = img.ai_buffer()
+    ai = img._ai_buffer()
     if ai is None or ai.shape != (c, h, w):
         _b().note("kpu: the image has no AI buffer: images made by image.Image(), resize(), "
                   "cut(), copy() need img.pix_to_ai() before the KPU can read them", "pix_ai")

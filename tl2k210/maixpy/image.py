@@ -13,8 +13,8 @@ Buffers come from the board's GC heap (heap.py) - camera frames do not. Each cal
 board clock by its documented cost (timing.py).
 
 `image.Image` is a function on a board (`isinstance(x, image.Image)` raises TypeError); the type
-is `Image` (`type(x).__name__ == 'Image'`). The host helpers here (`Image.from_rgb`,
-`Image.ai_buffer`, `Image.to_rgb888`, RGB565/GRAYSCALE) are not in the board's module.
+is `Image` (`type(x).__name__ == 'Image'`). The host helpers here (`Image._from_rgb`,
+`Image._ai_buffer`, `Image._to_rgb888`, RGB565/GRAYSCALE) are not in the board's module.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ _NOT_SUPPORTED = "Image format is not supported!"
 
 
 class Image:
-    """The board's image type. Create with the module's `Image(...)` function, `from_rgb`."""
+    """The board's image type. Create with the module's `Image(...)` function, `_from_rgb`."""
 
     def __init__(self, px: np.ndarray, fmt: int, ai=None, fb=False, jpeg: bytes | None = None):
         self._px, self._fmt, self._ai, self._fb, self._jpeg = px, fmt, ai, fb, jpeg
@@ -75,16 +75,16 @@ class Image:
         return cls(px, fmt, ai)
 
     @classmethod
-    def from_rgb(cls, rgb: np.ndarray, fmt: int = RGB565) -> "Image":
+    def _from_rgb(cls, rgb: np.ndarray, fmt: int = RGB565) -> "Image":
         """Host helper: an image from an HWC RGB888 array, through the sensor's pixel format."""
         rgb = np.asarray(rgb, np.uint8)
         return cls._from(_gray(rgb) if fmt == GRAYSCALE else _lattice(rgb), fmt)
 
-    def ai_buffer(self):
+    def _ai_buffer(self):
         """Host helper: the planar uint8 buffer the KPU would read, or None."""
         return self._ai
 
-    def to_rgb888(self) -> np.ndarray:
+    def _to_rgb888(self) -> np.ndarray:
         """Host helper: HWC uint8 RGB as an LCD shows it."""
         if self._fmt == JPEG:
             self._decode()
@@ -461,13 +461,13 @@ class Image:
             return self
         iy = (np.arange(sh) * src.height() // sh)
         ix = (np.arange(sw) * src.width() // sw)
-        pix = src.to_rgb888()[iy][:, ix] if not self._gray_img else \
+        pix = src._to_rgb888()[iy][:, ix] if not self._gray_img else \
             (src._px if src._gray_img else _gray(src._px))[iy][:, ix]
         if not self._gray_img:
             pix = _lattice(pix)
         m = None
         if isinstance(mask, Image):
-            m = (mask.to_rgb888()[iy % mask.height()][:, ix % mask.width()].max(-1) > 0)
+            m = (mask._to_rgb888()[iy % mask.height()][:, ix % mask.width()].max(-1) > 0)
         H, W = self.height(), self.width()
         x0, y0, x1, y1 = max(0, x), max(0, y), min(W, x + sw), min(H, y + sh)
         if x0 < x1 and y0 < y1:
@@ -1054,7 +1054,7 @@ class Image:
         if not 1 <= q <= 100:
             raise OSError("Error: 1 <= quality <= 100!")
         buf = io.BytesIO()
-        P.fromarray(self.to_rgb888()).save(buf, format="JPEG", quality=q)
+        P.fromarray(self._to_rgb888()).save(buf, format="JPEG", quality=q)
         _cost(self.width() * self.height() * 4)
         return buf.getvalue()
 
@@ -1079,7 +1079,7 @@ class Image:
 
         from PIL import Image as P
         buf = io.BytesIO()
-        P.fromarray(img.to_rgb888()).save(buf, format="BMP" if ext == "bmp" else "JPEG", quality=q)
+        P.fromarray(img._to_rgb888()).save(buf, format="BMP" if ext == "bmp" else "JPEG", quality=q)
         with _board.current().vfs.open(path, "wb") as f:
             f.write(buf.getvalue())
         _cost(self.width() * self.height() * 4)
@@ -1558,7 +1558,7 @@ def new_image(*args, **kwargs):
 def load_file(path) -> Image:
     """Host helper: a photo as the camera would hand it over (RGB565)."""
     from PIL import Image as P
-    return Image.from_rgb(np.asarray(P.open(path).convert("RGB"), np.uint8))
+    return Image._from_rgb(np.asarray(P.open(path).convert("RGB"), np.uint8))
 
 
 class _Font:

@@ -228,7 +228,7 @@ def display(*args, **kwargs):
         raise OSError("Image format is not supported.")
     roi = A.kw(args, kwargs, "roi", 1, None)
     oft = A.kw(args, kwargs, "oft", 2, None)
-    src = img.to_rgb888()
+    src = img._to_rgb888()
     if roi is not None:
         x, y, w, h = img._roi(roi)
         src = src[y:y + h, x:x + w]

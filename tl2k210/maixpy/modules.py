@@ -35,7 +35,8 @@ import threading as _threading
 import types
 import zlib as _zlib
 
-from tl2k210.maixpy.runtime import mp_float, mp_repr, mp_str
+from tl2k210.maixpy.args import get_int
+from tl2k210.maixpy.runtime import _Err, mp_float, mp_repr, mp_str
 from tl2k210.maixpy.vfs import EPOCH_2000, oserror
 
 BUILTIN = {}
@@ -142,7 +143,7 @@ def make_builtins(s):
         out.write(str(prompt))
         if s.on_input is None:
             raise EOFError("the emulated board has no serial input (host)")
-        return s.on_input(str(prompt))
+        return s.host_wait(s.on_input, str(prompt))
 
     def _exec(source, globals=None, locals=None):
         code = source if isinstance(source, types.CodeType) else s.compile(str(source), "<string>")
@@ -163,8 +164,18 @@ def make_builtins(s):
         out.write("Welcome to MicroPython on the Sipeed Maix (tl2k210 host emulation)!\n"
                   if obj is None else f"object {obj!r} is of type {type(obj).__name__}\n")
 
+    def _dir(*args):
+        """py/modbuiltins.c mp_builtin_dir (mpdir.py)."""
+        from tl2k210.maixpy import mpdir
+        if len(args) > 1:
+            raise TypeError("function expected at most 1 arguments, got %d" % len(args))
+        if args:
+            return mpdir.dir_object(args[0])
+        g = _sys._getframe(1).f_globals
+        return mpdir.dir_namespace(g, s.dir_history if g is s.globals else ())
+
     b.update(print=_print, open=_open, input=_input, exec=_exec, eval=_eval, compile=_compile,
-             bytearray=mp_bytearray, repr=mp_repr,
+             bytearray=mp_bytearray, repr=mp_repr, dir=_dir,
              help=_help, __import__=s._import)
     return b
 
@@ -181,6 +192,72 @@ class _Implementation(tuple):
         return "(name='micropython', version=(0, 6, 2))"
 
 
+class Stdin:
+    """sys.stdin: lib/utils/sys_stdio_mphal.c (MaixPy's core @ced340d). read(n) takes n
+    characters from the REPL UART, blocking for each (mp_hal_stdin_rx_chr), '\\r' read as
+    '\\n'; readline() up to '\\n'; write raises EPERM. The characters come from the session's
+    console input (Session.read_char: a REPL board's UART, or its on_input lines); a run without
+    one waits as a board would, until the watchdog stops it."""
+
+    def __init__(self, s):
+        self._s = s
+
+    def __repr__(self):
+        return "<io.FileIO 0>"
+
+    def read(self, size=-1):
+        size = -1 if size is None else get_int(size)
+        out = []
+        while size < 0 or len(out) < size:
+            c = self._s.read_char()
+            if c is None:                          # the console went away (host)
+                break
+            out.append(c)
+        return "".join(out)
+
+    def readline(self, size=-1):
+        size = -1 if size is None else get_int(size)
+        out = []
+        while size < 0 or len(out) < size:
+            c = self._s.read_char()
+            if c is None:
+                break
+            out.append(c)
+            if c == "\n":
+                break
+        return "".join(out)
+
+    def readlines(self):
+        return [self.readline()]
+
+    def readinto(self, buf, size=None):
+        n = len(buf) if size is None else min(len(buf), get_int(size))
+        data = self.read(n).encode("utf-8")[:n]
+        buf[:len(data)] = data
+        return len(data)
+
+    def write(self, data):
+        raise oserror(_errno.EPERM)
+
+    def close(self):
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
+
+
 def make_sys(s):
     def print_exception(exc, file=None):
         if file is not None and not hasattr(file, "write"):
@@ -193,7 +270,7 @@ def make_sys(s):
     return module("sys", "MicroPython sys (MaixPy)", path=[], argv=[], modules=s.modules,
                   platform="MaixPy", implementation=_Implementation(), version="3.4.0",
                   version_info=(3, 4, 0), byteorder="little", maxsize=2 ** 63 - 1,
-                  stdin=_io.StringIO(""), stdout=s.out, stderr=s.out,
+                  stdin=Stdin(s), stdout=s.out, stderr=_Err(s.out),
                   print_exception=print_exception, exit=_exit)
 
 
@@ -580,28 +657,29 @@ def _arr(s):
 
 @builtin("_thread")
 def _thread(s):
-    def start_new_thread(fn, args, kwargs=None):
-        b = s.board
+    from tl2k210.maixpy import threads
 
-        def run():
-            from tl2k210.maixpy import board as _b
-            _b.install(b)
-            try:
-                fn(*args, **(kwargs or {}))
-            except SystemExit:
-                pass
-            except _b.BoardStop:          # the run is over (watchdog, frames): the thread ends
-                pass
-            except Exception as exc:
-                s.out.write("Unhandled exception in thread started by %r\n%s" %
-                            (fn, s.format_exception(exc)))
-        t = _threading.Thread(target=run, daemon=True)
-        t.start()
-        return t.ident
+    def start_new_thread(fn, args, kwargs=None):
+        return threads.start_new_thread(s, fn, args, kwargs)
+
+    def allocate_lock():
+        return threads.lock(s)
+
+    size = [0]
+
+    def stack_size(*a):
+        """returns the previous size; 0 means the default (modthread.c)"""
+        old = size[0]
+        if a:
+            size[0] = get_int(a[0])
+        return old
+
+    def _exit():
+        raise SystemExit()
 
     return module("_thread", "", start_new_thread=start_new_thread,
-                  allocate_lock=_threading.Lock, get_ident=_threading.get_ident,
-                  stack_size=lambda *a: 0)
+                  allocate_lock=allocate_lock, get_ident=_threading.get_ident,
+                  stack_size=stack_size, exit=_exit, LockType=threads.lock)
 
 
 @builtin("ucryptolib")

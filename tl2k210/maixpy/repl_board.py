@@ -205,6 +205,8 @@ class ReplBoard:
             b.images, b.max_frames = _Photos(images), sys.maxsize
         b.on_repl_baud, b.repl_baud = self._uart_init, baud
         self.session = Session(b, on_output=self._out_text, on_input=self._input_line)
+        self.session.idle_threads = True     # _threads run while the prompt waits, as on a board
+        self.session.on_char = self._input_char
         self.session.boot_out = _Tee(self._out_text)
         vfs_open = b.vfs.open
         b.vfs.open = lambda path, mode="r", *a, **k: self._open(vfs_open, path, mode, *a, **k)
@@ -429,6 +431,18 @@ class ReplBoard:
         if kind == "ctrl":
             raise KeyboardInterrupt() if text == 3 else EOFError()
         return text
+
+    def _input_char(self):
+        """sys.stdin.read() in board code takes bytes from the REPL UART, no echo; Ctrl-C is
+        the interrupt character (KeyboardInterrupt), not data."""
+        self._executing = False
+        try:
+            c = self._getc()
+        finally:
+            self._executing = True
+        if c == 3 and getattr(self.session, "kbd_intr", 3) == 3:
+            raise KeyboardInterrupt()
+        return c
 
     # ---- the REPL ---------------------------------------------------------------------
     def _repl_loop(self):

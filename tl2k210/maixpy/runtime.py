@@ -25,6 +25,7 @@ import ast
 import io
 import re
 import sys
+import threading
 import tokenize
 import traceback
 import types
@@ -73,6 +74,13 @@ def mp_repr(v) -> str:
         return "(" + ", ".join(mp_repr(a) for a in v) + ")"
     if type(v) is dict:
         return "{" + ", ".join(f"{mp_repr(k)}: {mp_repr(a)}" for k, a in v.items()) + "}"
+    if isinstance(v, type):                      # py/objtype.c type_print
+        return f"<class '{v.__name__}'>"
+    if isinstance(v, types.FunctionType):        # py/objfun.c fun_bc_print: the plain name
+        return f"<function {v.__name__} at 0x{id(v):x}>"
+    if isinstance(v, types.MethodType) and isinstance(v.__func__, types.FunctionType):
+        # py/objboundmeth.c bound_meth_print (MICROPY_ERROR_REPORTING_DETAILED)
+        return f"<bound_method {id(v):x} {mp_repr(v.__self__)}.{mp_repr(v.__func__)}>"
     if type(v).__repr__ is object.__repr__:     # py/obj.c, py/objtype.c: no print slot, no __repr__
         if type(v).__module__.startswith("tl2k210."):
             return f"<{type(v).__name__}>"                     # a native (firmware) type
@@ -290,6 +298,25 @@ class _Out:
     def getvalue(self):
         return self.buf.getvalue()
 
+    def __repr__(self):                 # lib/utils/sys_stdio_mphal.c stdio_obj_print
+        return "<io.FileIO 1>"
+
+
+class _Err:
+    """sys.stderr: the same UART as stdout (mp_sys_stderr_obj, fd 2)."""
+
+    def __init__(self, out):
+        self._out = out
+
+    def write(self, text):
+        return self._out.write(text)
+
+    def flush(self):
+        pass
+
+    def __repr__(self):
+        return "<io.FileIO 2>"
+
 
 class Session:
     """One emulated board (see the module docstring). Board options as for `board.Board`."""
@@ -299,7 +326,12 @@ class Session:
         self.board.session = self
         self.board.clock.board = self.board
         self.echo, self.on_output, self.on_input = echo, on_output, on_input
+        self.on_char = None         # a REPL board's UART: one byte per call (sys.stdin)
+        self._inbuf = ""
         self._interrupt = False
+        self.baton = None           # _thread's GIL on the board clock (threads.py), once needed
+        self.idle_threads = False   # a REPL board: threads run while the prompt waits
+        self._depth = 0
         self.pending, self.timers, self._in_callback = [], [], False
         self.out = _Out(self)
         self.boot_out = io.StringIO()
@@ -317,7 +349,9 @@ class Session:
         self.builtins = modules.make_builtins(self)
         self.sys = modules.make_sys(self)
         self.modules["sys"] = self.sys
-        self.globals = {"__name__": "__main__", "__builtins__": self.builtins}
+        from tl2k210.maixpy.mpdir import Namespace
+        self.globals = Namespace(__name__="__main__", __builtins__=self.builtins)
+        self.dir_history = ()      # what _boot.py did to __main__'s dict (mpdir.py, for dir())
 
     def output(self) -> str:
         return self.out.getvalue()
@@ -329,6 +363,50 @@ class Session:
 
     def _print(self, text, end="\n"):
         self.out.write(text + end)
+
+    def host_wait(self, fn, *args):
+        """Call `fn` that waits for the host (the serial line): like mp_hal_stdin_rx_chr's
+        poll loop, the wait releases the GIL, so _threads run meanwhile (paced to host time)."""
+        baton = self.baton
+        if baton is None or self.in_board_thread():
+            return fn(*args)
+        baton.leave()
+        try:
+            return fn(*args)
+        finally:
+            baton.enter()
+
+    def read_char(self):
+        """One character from the REPL UART for sys.stdin (mp_hal_stdin_rx_chr: blocks; '\\r'
+        reads as '\\n'): `on_char()` (a byte, None when the console is gone), else the lines
+        `on_input` gives; with neither, the board waits until the watchdog stops the run."""
+        if self.on_char is not None:
+            c = self.host_wait(self.on_char)
+            if c is None:
+                return None
+            data = bytes([c])
+            if c >= 0xC0:                             # a UTF-8 character's further bytes
+                for _ in range(3 if c >= 0xF0 else 2 if c >= 0xE0 else 1):
+                    nxt = self.host_wait(self.on_char)
+                    if nxt is None:
+                        break
+                    data += bytes([nxt])
+            ch = data.decode("utf-8", "replace")
+            return "\n" if ch == "\r" else ch
+        if self.on_input is not None:
+            if not self._inbuf:
+                self._inbuf = self.host_wait(self.on_input, "") + "\n"
+            ch, self._inbuf = self._inbuf[0], self._inbuf[1:]
+            return "\n" if ch == "\r" else ch
+        b = self.board
+        b.note("sys.stdin waits for a character on the REPL UART, and this run has no serial "
+               "input (run a script on `tl2k210 board` to type into it): it waits until the "
+               "watchdog stops the run", "stdin")
+        clock = b.clock
+        if not clock.timeout or clock.timeout <= 0:
+            b.stop("sys.stdin: waiting for serial input that this run cannot give", "stdin")
+        while True:
+            clock.sleep(clock.timeout * 1e6 + 1)
 
     # -- running code --------------------------------------------------------------------------
     def compile(self, source: str, filename: str, mode: str = "exec"):
@@ -368,11 +446,21 @@ class Session:
         tracer = self._tracer
         old = sys.gettrace()
         sys.settrace(tracer)
+        self._depth += 1
+        if self._depth == 1 and self.baton is not None and self.idle_threads:
+            self.baton.enter()
         try:
             return fn()
         finally:
+            self._depth -= 1
+            if self._depth == 0 and self.baton is not None and self.idle_threads:
+                self.baton.leave()
             sys.settrace(old)
             _board.install(prev)
+
+    def in_board_thread(self) -> bool:
+        """Is the caller a _thread thread (not the main one, which gets Ctrl-C)?"""
+        return self.baton is not None and threading.get_ident() in self.baton.threads
 
     def _tracer(self, frame, event, arg):
         if frame.f_code.co_filename in self.code_files:
@@ -386,9 +474,11 @@ class Session:
                 clock._t += timing.LINE_US
             if self.board.stop_reason is not None:
                 raise self.board.stop_reason
-            if self._interrupt:
+            if self._interrupt and not self.in_board_thread():
                 self._interrupt = False
                 raise KeyboardInterrupt()
+            if self.baton is not None:
+                self.baton.tick()
             self._n = getattr(self, "_n", 0) + 1
             if self._n & 1023 == 0:
                 clock.check()
@@ -439,6 +529,8 @@ class Session:
         # _boot.py runs in __main__ (pyexec_frozen_module): its `import os, sys, time` stay there
         for name in ("os", "sys", "time"):
             self.globals[name] = self.import_module(name)
+        from tl2k210.maixpy import mpdir
+        self.dir_history = self.globals.history = mpdir.boot_history(vfs.exists("main.py"))
         self.boot_out.write(BANNER)
         if run_main and not vfs.exists("main.py"):
             self.board.note(f"no main.py in {vfs.getcwd()}: the board's _boot.py would write its "
@@ -469,6 +561,9 @@ class Session:
         for t in list(self.board.kpu_tasks):
             KPU.release(self.board, t)
         self._print("MPY: soft reboot")
+        if self.baton is not None:          # the threads end with the interpreter
+            self.baton.close()
+            self.baton = None
         self.pending, self.timers = [], []
         self._new_interpreter()
         return self.boot(run_main=run_main)
@@ -560,6 +655,8 @@ class Session:
     def close(self):
         if not self._closed:
             self._closed = True
+            if self.baton is not None:
+                self.baton.close()
             self.board.close()
 
     def __enter__(self):

@@ -66,6 +66,19 @@ def _s() -> State:
 def reset(*args, **kwargs):
     A.ignore_unknown("sensor.reset", kwargs, {"freq", "set_regs", "dual_buff", "choice"})
     b = _board.current()
+    lines, found = _probe_lines(b, choice=A.get_int(kwargs.get("choice", 0)))
+    _say(lines)
+    if not found:
+        b.sensor = State()        # sensor.reset_set stays false: snapshot says "Not init!"
+        b.clock.advance(100_000)
+        b.note(f"sensor.reset(choice=...): the emulated board's camera is {b.camera} "
+               "(Board(camera=...))", "choice")
+        raise OSError("Reset Failed")
+    _reset(b, kwargs)
+    return None
+
+
+def _reset(b, kwargs):
     old = _s()
     st = State()
     st.reset_done = True
@@ -76,7 +89,51 @@ def reset(*args, **kwargs):
         b.sys_used += DUAL_BUFF_BYTES
     b.sensor = st
     b.clock.advance(100_000)      # I2C probe + register upload
-    return None
+
+
+#: what sensor.c (v0.6.2) prints while it probes each emulated camera: sensro_ov_detect's
+#: "find <chip>" and sensor_init_dvp's "find ov sensor", or sensro_gc_detect's id and name
+_PROBE = {"ov2640": "[MAIXPY]: find ov2640\n[MAIXPY]: find ov sensor\n",
+          "ov7740": "[MAIXPY]: find ov7740\n[MAIXPY]: find ov sensor\n",
+          "gc0328": "[MAIXPY]: sensor id = 9d\n[MAIXPY]: find gc0328\n"}
+
+
+def _i2c_line(b) -> str:
+    """cambus_init -> sccb_i2c_init prints "init i2c<n>\\r\\n" for a hardware I2C bus (0..2);
+    sensor_load_config's default bus is 2 unless /flash/config.json's "sensor" dict says
+    otherwise (i2c_num -2: SCCB, -1: soft, both silent)."""
+    n = 2
+    try:
+        import json
+        with b.vfs.open("/flash/config.json", "r") as f:
+            cfg = json.loads(f.read()).get("sensor")
+        if isinstance(cfg, dict) and isinstance(cfg.get("i2c_num"), int):
+            n = cfg["i2c_num"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    return "init i2c%d\r\n" % n if 0 <= n <= 2 else ""
+
+
+def _probe_lines(b, choice=0) -> str:
+    """sensor_init_dvp: the bus line, then the probe (choice=1 OV only, 2 GC only, 3 MT only);
+    a camera the choice excludes prints "[MAIXPY]: no sensor" (and reset fails)."""
+    cam = b.camera if b.camera in _PROBE else "ov2640"
+    kind = 2 if cam == "gc0328" else 1
+    if choice and choice != kind:
+        return _i2c_line(b) + "[MAIXPY]: no sensor\n", False
+    return _i2c_line(b) + _PROBE[cam], True
+
+
+def _say(text):
+    """Firmware console output (mp_printf to mp_plat_print): the session's stdout."""
+    if not text:
+        return
+    s = getattr(_board.current(), "session", None)
+    if s is not None:
+        s.out.write(text)
+    else:
+        import sys
+        sys.stdout.write(text)
 
 
 def _need_reset():
@@ -239,7 +296,11 @@ def binocular_reset(*args, **kwargs):
     sensors of a binocular module (PWDN selects one, sensor.shutdown(0/1) switches). The host's
     board has that module when a script asks for it: two OV2640s that see the same photos."""
     A.ignore_unknown("sensor.binocular_reset", kwargs, {"freq"})
-    reset(**{k: v for k, v in kwargs.items() if k == "freq"})
+    b = _board.current()
+    # binocular_sensor_reset: cambus_init's bus line, then binocular_sensor_scan's chip line
+    # (no "find ov sensor": that is sensor_init_dvp's, which the binocular path skips)
+    _say(_i2c_line(b) + "[MAIXPY]: find ov2640\n")
+    _reset(b, {})
     _s().binocular = True
     _board.current().note("sensor.binocular_reset: the emulated binocular module's two sensors "
                           "both see the --image photos; shutdown(0/1) selects one", "binocular")

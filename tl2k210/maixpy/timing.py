@@ -99,6 +99,10 @@ class Clock:
                     break
                 self._t = max(self._t, min(due))
                 s._run_callbacks(self._t)
+            if s is not None and s.baton is not None:      # other _threads run meanwhile
+                s.baton.run_at(end)
+                self.check()
+                return
             self.advance(end - self._t)
 
     def until(self, t_us: float):
@@ -118,7 +122,7 @@ class Clock:
         if self.board.stop_reason is not None:
             raise self.board.stop_reason
         s = getattr(self.board, "session", None)
-        if s is not None and s._interrupt:
+        if s is not None and s._interrupt and not s.in_board_thread():
             s._interrupt = False
             raise KeyboardInterrupt()
         board_idle = (self.now_us() - self._last_frame_board) / 1e6
