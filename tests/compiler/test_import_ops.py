@@ -218,6 +218,32 @@ def test_dequantize_keeps_a_relu_folded_into_the_range():
     np.testing.assert_allclose(run(g, x)[g.outputs[0]], ref, atol=0.1 * 1.5 + 0.5 * 4 * 6 / 255)
 
 
+def test_dequantize_removes_a_dynamic_range_dense_input_quantization():
+    """A dynamic-range TFLite file's hybrid FULLY_CONNECTED (Dense(320 -> 8), int8 weights) through
+    tf2onnx: DynamicQuantizeLinear -> DequantizeLinear of its three outputs -> MatMul. The pair is
+    the identity it approximates: it goes (it was refused as an op with no K210 lowering;
+    effnet_lite112_dynrange, round 45), the float MatMul computes the unrounded product, within
+    one run-time quantization step of onnxruntime's."""
+    r = np.random.default_rng(45)
+    w = r.normal(0, 0.1, (320, 8)).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),
+             helper.make_node("DynamicQuantizeLinear", ["a"], ["aq", "as", "az"], name="dql"),
+             helper.make_node("DequantizeLinear", ["aq", "as", "az"], ["af"]),
+             helper.make_node("MatMul", ["af", "w"], ["y"])]
+    m = make_model(nodes, [("x", [1, 320])], [("y", None)], {"w": w})
+    x = r.normal(0, 1, (1, 320)).astype(np.float32)
+    ref = ort_run(m, x)[0]
+    g, changes = run_pass("dequantize", from_onnx(m))
+    assert not {"DynamicQuantizeLinear", "DequantizeLinear"} & set(g.op_counts())
+    assert any(n == "dql" and "run-time quantization" in msg for n, msg in changes)
+    got = run(g, x)[g.outputs[0]]
+    np.testing.assert_allclose(got, np.maximum(x, 0) @ w, rtol=1e-5, atol=1e-5)
+    step = np.maximum(x, 0).max() / 255
+    assert np.abs(got - ref).max() <= 0.5 * step * np.abs(w).sum(0).max()
+    g, _ = run_pipeline(from_onnx(m))
+    assert "DynamicQuantizeLinear" not in g.op_counts()
+
+
 @pytest.mark.parametrize("break_it,says", [("scale", "QuantizeLinear/DequantizeLinear disagree"),
                                             ("integer op", "node 'neg' (op Neg) computes on the integers")])
 def test_dequantize_names_the_boundary_of_a_mixed_model(break_it, says):
