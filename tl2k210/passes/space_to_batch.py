@@ -20,6 +20,9 @@ from tl2k210.graph import Node
 from .layout import relaid_const
 
 SWAP = [1, 0, 2, 3]
+#: element-wise ops with scalar parameters that may come between TF's bias and the last
+#: Transpose (a depthwise conv's activation: tf2onnx leaves it in the swapped layout)
+POINTWISE = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu")
 
 
 def _swap(g, t):
@@ -29,10 +32,11 @@ def _swap(g, t):
 
 
 def _chain(g, t1):
-    """(b, [T, SpaceToDepth, T, Conv, T, DepthToSpace, T], crop Slice or None, bias or None)
-    starting at Transpose `t1`; else None. The last Transpose may also change the layout
-    (TF's NHWC output: (1, 2, 3, 0) = the swap, then NCHW -> NHWC), and TF's bias may come
-    between it and the crop (an Add or Mul of a constant, in the swapped layout)."""
+    """(b, [T, SpaceToDepth, T, Conv, T, DepthToSpace, T], crop Slice or None, bias or None,
+    [activations]) starting at Transpose `t1`; else None. The last Transpose may also change the
+    layout (TF's NHWC output: (1, 2, 3, 0) = the swap, then NCHW -> NHWC), and TF's bias may come
+    between it and the crop (an Add or Mul of a constant, in the swapped layout), then element-wise
+    activations (POINTWISE: a TFLite DepthwiseConv2D's fused ReLU6)."""
     s2d = g.single_consumer(t1.outputs[0])
     if s2d is None or s2d.op != "SpaceToDepth" or (g.shape(t1.inputs[0]) or (0,))[0] != 1:
         return None
@@ -60,10 +64,15 @@ def _chain(g, t1):
     if bias is None or bias.op not in ("Add", "Mul") or bias.inputs[0] != t or \
             relaid_const(g, bias.inputs[1], SWAP) is None:
         bias = None
-    t4 = g.single_consumer((bias or crop or d2s).outputs[0])
+    acts, t = [], (bias or crop or d2s).outputs[0]
+    while (n := g.single_consumer(t)) is not None and n.op in POINTWISE and n.inputs[0] == t and \
+            all(not i or g.const(i) is not None and np.size(g.const(i)) == 1 for i in n.inputs[1:]):
+        acts.append(n)
+        t = n.outputs[0]
+    t4 = g.single_consumer(t)
     if t4 is None or t4.op != "Transpose" or sorted(t4.attrs.get("perm", ())) != [0, 1, 2, 3]:
         return None
-    return b, [t1, s2d, t2, conv, t3, d2s, t4], crop, bias
+    return b, [t1, s2d, t2, conv, t3, d2s, t4], crop, bias, acts
 
 
 
@@ -81,7 +90,7 @@ def space_to_batch(g, log):
         found = _chain(g, t1)
         if found is None:
             continue
-        b, chain, crop, bias = found
+        b, chain, crop, bias, acts = found
         if crop is not None and _crops_nothing(g, crop):
             g.replace_uses(crop.outputs[0], crop.inputs[0])     # TF's zero crops: no Slice
             g.nodes.remove(crop)
@@ -90,7 +99,7 @@ def space_to_batch(g, log):
         rest = [SWAP.index(p) for p in t4.attrs["perm"]]          # t4 = the swap, then `rest`
         d = 1 if tuple(conv.attrs["kernel"]) == (1, 1) else b      # a 1x1 conv has no dilation
         a = dict(conv.attrs, dilations=(d, d), pads=[p * b for p in conv.attrs["pads"]])
-        steps = [n for n in (crop, bias) if n is not None] + ([t4] if rest != [0, 1, 2, 3] else [])
+        steps = [n for n in (crop, bias) if n is not None] + acts + ([t4] if rest != [0, 1, 2, 3] else [])
         y = g.add_tensor(conv.outputs[0] + "/dilated") if steps else out
         new = [Node("Conv", [t1.inputs[0]] + conv.inputs[1:], [y], a, conv.name,
                     fused=conv.fused + [n.name for n in chain if n is not conv and n not in steps])]
@@ -101,10 +110,10 @@ def space_to_batch(g, log):
             elif n is bias:
                 c = g.add_const(relaid_const(g, n.inputs[1], SWAP), n.inputs[1] + "/nchw")
                 new.append(Node(n.op, [y, c], [z], dict(n.attrs), n.name, n.fused))
-            else:
-                new.append(Node("Slice", [y] + n.inputs[1:], [z], dict(n.attrs), n.name, n.fused))
+            else:       # the crop, an activation
+                new.append(Node(n.op, [y] + n.inputs[1:], [z], dict(n.attrs), n.name, n.fused))
             y = z
-        for n in (crop, bias):
+        for n in [crop, bias] + acts:
             if n is not None:
                 g.nodes.remove(n)
         i = g.nodes.index(t1)
