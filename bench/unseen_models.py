@@ -14,6 +14,14 @@ BlazeFace-like and an LPRNet-like net, a Keras 3 QVGA multi-label net):
 
     python bench/unseen_models.py OUT2 --set 2 [NAME ...]
 
+`--set 3` builds round 45's (MODELS3: a YOLOv5n-like SiLU detector with SPPF and 3 heads,
+MobileNetV3-Large / GhostNet / EfficientNet-lite / PP-LCNet / RepVGG-like nets, a DS-CNN on a
+49x10 MFCC, a PFLD-like regressor with two outputs, style nets with reflect padding and
+instance norm, resizes by 1.5 and to a fixed size, ASPP dilations, depthwise multipliers on a
+75x100 frame, a tiny ViT block, a CBAM-like attention gate, a Keras 3 GhostNet with hard_silu):
+
+    python bench/unseen_models.py OUT3 --set 3 [NAME ...]
+
 A model whose input is not 3-channel gets NAME.npy calibration arrays beside it."""
 import os
 import sys
@@ -563,6 +571,321 @@ def keras3_models2():
     m.save(f"{OUT}/k3_mnv2_qvga_multilabel.keras")
 
 
+# ------------------------------------------------------------------ round 45's set (--set 3)
+def conv_bn(x, c, k, s=1, act="relu", **kw):
+    return bn_act(L.Conv2D(c, k, s, padding="same", use_bias=False, **kw)(x), act)
+
+
+def yolo_fastest():
+    """YOLOv5n-like: SiLU, CSP-ish blocks, SPPF (max pools 5 stride 1 'same' chained, so 5/9/13),
+    upsample + concat necks, three heads at strides 8, 16, 32."""
+    i = L.Input((160, 160, 3))
+    x = conv_bn(i, 16, 3, 2, "swish")                       # 80
+    x = conv_bn(x, 24, 3, 2, "swish")                       # 40
+    c3 = conv_bn(x, 32, 3, 2, "swish")                      # 20
+    a = conv_bn(c3, 16, 1, act="swish")
+    b = conv_bn(conv_bn(c3, 16, 1, act="swish"), 16, 3, act="swish")
+    c3 = conv_bn(L.Concatenate()([a, b]), 32, 1, act="swish")
+    c4 = conv_bn(c3, 48, 3, 2, "swish")                     # 10
+    c5 = conv_bn(c4, 64, 3, 2, "swish")                     # 5
+    y = conv_bn(c5, 32, 1, act="swish")
+    p1 = L.MaxPooling2D(5, 1, padding="same")(y)
+    p2 = L.MaxPooling2D(5, 1, padding="same")(p1)
+    p3 = L.MaxPooling2D(5, 1, padding="same")(p2)
+    c5 = conv_bn(L.Concatenate()([y, p1, p2, p3]), 64, 1, act="swish")
+    n4 = conv_bn(L.Concatenate()([L.UpSampling2D()(conv_bn(c5, 32, 1, act="swish")), c4]), 48, 3, act="swish")
+    n3 = conv_bn(L.Concatenate()([L.UpSampling2D()(conv_bn(n4, 24, 1, act="swish")), c3]), 32, 3, act="swish")
+    return K2.Model(i, [L.Conv2D(3 * 7, 1)(n3), L.Conv2D(3 * 7, 1)(n4), L.Conv2D(3 * 7, 1)(c5)])
+
+
+def se_block(x, r, gate):
+    c = x.shape[-1]
+    s = L.GlobalAveragePooling2D(keepdims=True)(x)
+    s = L.Conv2D(max(8, c // r), 1, activation="relu")(s)
+    s = L.Conv2D(c, 1, activation=gate)(s)
+    return L.Multiply()([x, s])
+
+
+def mnv3_large():
+    i = L.Input((112, 112, 3))
+    x = conv_bn(i, 16, 3, 2, "hard_swish")
+    for e, c, k, s, se, act in [(16, 16, 3, 1, False, "relu"), (64, 24, 3, 2, False, "relu"),
+                                (72, 24, 3, 1, False, "relu"), (72, 40, 5, 2, True, "relu"),
+                                (120, 40, 5, 1, True, "relu"), (240, 80, 3, 2, False, "hard_swish"),
+                                (200, 80, 3, 1, False, "hard_swish"), (480, 112, 3, 1, True, "hard_swish")]:
+        y = conv_bn(x, e, 1, act=act) if e != x.shape[-1] else x
+        y = bn_act(L.DepthwiseConv2D(k, s, padding="same", use_bias=False)(y), act)
+        if se:
+            y = se_block(y, 4, "hard_sigmoid")
+        y = L.BatchNormalization()(L.Conv2D(c, 1, use_bias=False)(y))
+        x = L.Add()([x, y]) if s == 1 and c == x.shape[-1] else y
+    x = conv_bn(x, 160, 1, act="hard_swish")
+    x = L.GlobalAveragePooling2D(keepdims=True)(x)
+    x = L.Conv2D(256, 1)(x); x = L.Multiply()([x, L.Activation("hard_sigmoid")(x)])
+    x = L.Flatten()(L.Conv2D(10, 1)(x))
+    return K2.Model(i, L.Softmax()(x))
+
+
+def ghost(x, c, act="relu"):
+    a = conv_bn(x, c // 2, 1, act=act)
+    b = bn_act(L.DepthwiseConv2D(3, padding="same", use_bias=False)(a), act)
+    return L.Concatenate()([a, b])
+
+
+def ghostnet():
+    i = L.Input((96, 96, 3))
+    x = conv_bn(i, 16, 3, 2)
+    for c, s in [(16, 1), (24, 2), (24, 1), (40, 2), (40, 1)]:
+        y = ghost(x, c * 2)
+        if s == 2:
+            y = L.BatchNormalization()(L.DepthwiseConv2D(3, 2, padding="same", use_bias=False)(y))
+        y = ghost(y, c, act="linear")
+        sc = x if s == 1 and c == x.shape[-1] else L.BatchNormalization()(L.Conv2D(c, 1, use_bias=False)(
+            L.DepthwiseConv2D(3, s, padding="same", use_bias=False)(x)))
+        x = L.Add()([sc, y])
+    x = L.GlobalAveragePooling2D()(x)
+    return K2.Model(i, L.Dense(6)(x))
+
+
+def efficientnet_lite():
+    i = L.Input((112, 112, 3))
+    x = conv_bn(i, 24, 3, 2, "relu6")
+    for e, c, k, s in [(1, 16, 3, 1), (4, 24, 3, 2), (4, 24, 3, 1), (4, 40, 5, 2), (4, 40, 5, 1), (4, 64, 3, 2)]:
+        y = conv_bn(x, x.shape[-1] * e, 1, act="relu6") if e != 1 else x
+        y = bn_act(L.DepthwiseConv2D(k, s, padding="same", use_bias=False)(y), "relu6")
+        y = L.BatchNormalization()(L.Conv2D(c, 1, use_bias=False)(y))
+        x = L.Add()([x, y]) if s == 1 and c == x.shape[-1] else y
+    x = conv_bn(x, 320, 1, act="relu6")
+    x = L.GlobalAveragePooling2D()(x)
+    return K2.Model(i, L.Dense(8, activation="softmax")(L.Dropout(0.2)(x)))
+
+
+def pp_lcnet():
+    i = L.Input((96, 96, 3))
+    x = conv_bn(i, 16, 3, 2, "hard_swish")
+    for c, k, s, se in [(32, 3, 1, False), (64, 3, 2, False), (64, 3, 1, False), (128, 5, 2, False),
+                        (128, 5, 1, True), (256, 5, 2, True)]:
+        x = bn_act(L.DepthwiseConv2D(k, s, padding="same", use_bias=False)(x), "hard_swish")
+        if se:
+            x = se_block(x, 4, "hard_sigmoid")
+        x = conv_bn(x, c, 1, act="hard_swish")
+    x = L.GlobalAveragePooling2D(keepdims=True)(x)
+    x = L.Conv2D(256, 1)(x); x = L.Multiply()([x, L.Activation("hard_sigmoid")(x)])
+    return K2.Model(i, L.Dense(5)(L.Flatten()(x)))
+
+
+def repvgg():
+    def block(x, c, s):
+        a = L.BatchNormalization()(L.Conv2D(c, 3, s, padding="same", use_bias=False)(x))
+        b = L.BatchNormalization()(L.Conv2D(c, 1, s, use_bias=False)(x))
+        br = [a, b] + ([L.BatchNormalization()(x)] if s == 1 and c == x.shape[-1] else [])
+        return L.ReLU()(L.Add()(br))
+    i = L.Input((96, 96, 3))
+    x = block(i, 16, 2)
+    for c, s in [(32, 2), (32, 1), (64, 2), (64, 1), (96, 2)]:
+        x = block(x, c, s)
+    x = L.GlobalAveragePooling2D()(x)
+    return K2.Model(i, L.Dense(10)(x))
+
+
+def ds_cnn_kws():
+    i = L.Input((49, 10, 1))
+    x = bn_act(L.Conv2D(64, (10, 4), (2, 2), padding="same", use_bias=False)(i), "relu")   # 25x5
+    for _ in range(4):
+        x = bn_act(L.DepthwiseConv2D(3, padding="same", use_bias=False)(x), "relu")
+        x = conv_bn(x, 64, 1)
+    x = L.AveragePooling2D((25, 5))(x)
+    x = L.Flatten()(x)
+    return K2.Model(i, L.Dense(12, activation="softmax")(x))
+
+
+def pfld():
+    i = L.Input((112, 112, 3))
+    x = conv_bn(i, 32, 3, 2)                                  # 56
+    x = bn_act(L.DepthwiseConv2D(3, padding="same", use_bias=False)(x), "relu")
+    for c, s in [(32, 2), (32, 1), (64, 2), (64, 1)]:         # 14
+        x = inv_res(x, c, s, t=2, act="relu")
+    aux = conv_bn(x, 32, 3, 2)                                # 7
+    aux = L.GlobalMaxPooling2D()(conv_bn(aux, 32, 3))
+    pose = L.Dense(3, name="pose")(L.Dense(32, activation="relu")(aux))
+    s1 = conv_bn(x, 16, 3)                                    # 14x14x16
+    s2 = conv_bn(s1, 32, 3, 2)                                # 7x7x32
+    s3 = bn_act(L.Conv2D(64, 7, padding="valid")(s2), "relu")  # 1x1x64
+    f = L.Concatenate()([L.Flatten()(L.GlobalAveragePooling2D(keepdims=True)(s1)),
+                         L.Flatten()(L.GlobalAveragePooling2D(keepdims=True)(s2)), L.Flatten()(s3)])
+    return K2.Model(i, [L.Dense(2 * 34, name="landmarks")(f), pose])
+
+
+class ReflectPad(L.Layer):
+    def __init__(self, p, **kw):
+        super().__init__(**kw)
+        self.p = p
+
+    def call(self, x):
+        p = self.p
+        return tf.pad(x, [[0, 0], [p, p], [p, p], [0, 0]], mode="REFLECT")
+
+
+class InstanceNorm(L.Layer):
+    def build(self, shape):
+        self.g = self.add_weight(name="g", shape=(shape[-1],), initializer=K2.initializers.RandomUniform(0.6, 1.4))
+        self.b = self.add_weight(name="b", shape=(shape[-1],), initializer=K2.initializers.RandomUniform(-0.2, 0.2))
+
+    def call(self, x):
+        m, v = tf.nn.moments(x, axes=[1, 2], keepdims=True)
+        return (x - m) * tf.math.rsqrt(v + 1e-3) * self.g + self.b
+
+
+def style_transfer():
+    def rconv(x, c, k, s=1):
+        return L.Conv2D(c, k, s, padding="valid")(ReflectPad(k // 2)(x))
+    i = L.Input((128, 128, 3))
+    x = L.ReLU()(InstanceNorm()(rconv(i, 16, 9)))
+    x = L.ReLU()(InstanceNorm()(rconv(x, 32, 3, 2)))
+    y = L.ReLU()(InstanceNorm()(rconv(x, 32, 3)))
+    x = L.Add()([x, InstanceNorm()(rconv(y, 32, 3))])
+    x = L.UpSampling2D()(x)
+    x = L.ReLU()(InstanceNorm()(rconv(x, 16, 3)))
+    return K2.Model(i, L.Activation("sigmoid")(rconv(x, 3, 9)))
+
+
+def style_reflect():
+    """The same style net with reflect padding and no normalisation (a BN-folded export)."""
+    def rconv(x, c, k, s=1):
+        return L.Conv2D(c, k, s, padding="valid")(ReflectPad(k // 2)(x))
+    i = L.Input((128, 128, 3))
+    x = bn_act(rconv(i, 16, 9), "relu")
+    x = bn_act(rconv(x, 32, 3, 2), "relu")
+    y = bn_act(rconv(x, 32, 3), "relu")
+    x = L.Add()([x, L.BatchNormalization()(rconv(y, 32, 3))])
+    x = L.UpSampling2D()(x)
+    x = bn_act(rconv(x, 16, 3), "relu")
+    return K2.Model(i, L.Activation("sigmoid")(rconv(x, 3, 9)))
+
+
+class Resize(L.Layer):
+    def __init__(self, size, method, **kw):
+        super().__init__(**kw)
+        self.size, self.method = size, method
+
+    def call(self, x):
+        return tf.image.resize(x, self.size, method=self.method)
+
+
+def resize_odd():
+    """Resizes by 1.5 (bilinear) and to a fixed 20x20 (nearest)."""
+    i = L.Input((96, 96, 3))
+    x = conv_bn(i, 16, 3, 2)                                  # 48
+    x = conv_bn(x, 32, 3, 2)                                  # 24
+    y = conv_bn(x, 16, 3, 2)                                  # 12
+    y = Resize((18, 18), "bilinear")(y)
+    z = conv_bn(L.Concatenate()([Resize((18, 18), "nearest")(x), y]), 32, 3)
+    z = Resize((20, 20), "nearest")(z)
+    return K2.Model(i, L.Conv2D(4, 1)(z))
+
+
+def aspp_dilated():
+    """A DeepLab-like ASPP: dilation-2 and -3 convs, a dilation-2 depthwise conv, an image-pool
+    branch broadcast back by upsampling."""
+    i = L.Input((96, 96, 3))
+    x = conv_bn(i, 16, 3, 2)
+    x = conv_bn(x, 32, 3, 2)                                  # 24
+    a = conv_bn(x, 16, 1)
+    b = conv_bn(x, 16, 3, dilation_rate=2)
+    c = conv_bn(x, 16, 3, dilation_rate=3)
+    d = conv_bn(bn_act(L.DepthwiseConv2D(3, padding="same", dilation_rate=2, use_bias=False)(x), "relu"), 16, 1)
+    g = L.UpSampling2D(24)(conv_bn(L.GlobalAveragePooling2D(keepdims=True)(x), 16, 1))
+    x = conv_bn(L.Concatenate()([a, b, c, d, g]), 32, 1)
+    return K2.Model(i, L.Conv2D(5, 1)(x))
+
+
+def dwm2_odd():
+    """A 75x100 (odd, non-square) frame; depthwise multipliers 2 inside the net."""
+    i = L.Input((75, 100, 3))
+    x = conv_bn(i, 8, 3, 2)                                   # 38x50
+    x = bn_act(L.DepthwiseConv2D(3, 1, padding="same", depth_multiplier=2, use_bias=False)(x), "relu6")
+    x = conv_bn(x, 24, 1, act="relu6")
+    x = bn_act(L.DepthwiseConv2D(3, 2, padding="same", depth_multiplier=2, use_bias=False)(x), "relu6")
+    x = conv_bn(x, 32, 1, act="relu6")                        # 19x25
+    x = L.MaxPooling2D(3, 2)(x)                               # 9x12
+    x = L.GlobalAveragePooling2D()(x)
+    return K2.Model(i, L.Dense(7)(x))
+
+
+def tiny_vit():
+    """A patch-embedding conv, one Transformer block (LayerNorm, 2-head self-attention, MLP)."""
+    i = L.Input((64, 64, 3))
+    x = L.Conv2D(32, 8, 8)(i)                                 # 8x8x32
+    x = L.Reshape((64, 32))(x)
+    y = L.LayerNormalization()(x)
+    y = L.MultiHeadAttention(2, 16)(y, y)
+    x = L.Add()([x, y])
+    y = L.LayerNormalization()(x)
+    y = L.Dense(32)(L.Dense(64, activation="gelu")(y))
+    x = L.Add()([x, y])
+    x = L.GlobalAveragePooling1D()(x)
+    return K2.Model(i, L.Dense(4)(x))
+
+
+def conv_attention():
+    """A spatial attention gate (CBAM-like: channel mean and max, 7x7 conv, sigmoid) and a
+    non-local block's 1x1 convs with no matmul: what a CNN user calls attention."""
+    i = L.Input((96, 96, 3))
+    x = conv_bn(i, 16, 3, 2)
+    x = conv_bn(x, 32, 3, 2)                                  # 24
+    m = L.Lambda(lambda t: tf.reduce_mean(t, -1, keepdims=True))(x)
+    n = L.Lambda(lambda t: tf.reduce_max(t, -1, keepdims=True))(x)
+    a = L.Conv2D(1, 7, padding="same", activation="sigmoid")(L.Concatenate()([m, n]))
+    x = L.Multiply()([x, a])
+    x = conv_bn(x, 32, 3, 2)
+    return K2.Model(i, L.Conv2D(3, 1)(x))
+
+
+MODELS3 = {   # round 45: name: (builder, (h,w,c), formats)
+    "yolov5n_like160": (yolo_fastest, (160, 160, 3), ["float", "onnx13"]),
+    "mnv3_large112": (mnv3_large, (112, 112, 3), ["int8io", "h5"]),
+    "ghostnet96": (ghostnet, (96, 96, 3), ["float", "onnx17"]),
+    "effnet_lite112": (efficientnet_lite, (112, 112, 3), ["uint8io", "dynrange"]),
+    "pp_lcnet96": (pp_lcnet, (96, 96, 3), ["float", "int8io"]),
+    "repvgg96": (repvgg, (96, 96, 3), ["h5", "onnx13"]),
+    "dscnn_kws49x10": (ds_cnn_kws, (49, 10, 1), ["int8io", "float"]),
+    "pfld112": (pfld, (112, 112, 3), ["float", "onnx13"]),
+    "style_inorm128": (style_transfer, (128, 128, 3), ["float", "onnx13"]),
+    "style_reflect128": (style_reflect, (128, 128, 3), ["uint8io", "onnx17"]),
+    "resize_odd96": (resize_odd, (96, 96, 3), ["float", "onnx13"]),
+    "aspp_dilated96": (aspp_dilated, (96, 96, 3), ["int8io", "onnx13"]),
+    "dwm2_75x100": (dwm2_odd, (75, 100, 3), ["uint8io", "h5"]),
+    "tiny_vit64": (tiny_vit, (64, 64, 3), ["float", "onnx13"]),
+    "conv_attention96": (conv_attention, (96, 96, 3), ["dynrange", "onnx17"]),
+}
+
+
+def keras3_models3():
+    """A GhostNet-like net with Keras 3's own hard_silu / hard_sigmoid SE, saved by Keras 3."""
+    import keras
+    L3 = keras.layers
+    keras.utils.set_random_seed(45)
+
+    def bn(x, act):
+        return L3.Activation(act)(L3.BatchNormalization()(x))
+    i = keras.Input((112, 112, 3))
+    x = bn(L3.Conv2D(16, 3, 2, padding="same", use_bias=False)(i), "hard_silu")
+    for c, s in [(24, 2), (24, 1), (40, 2)]:
+        a = bn(L3.Conv2D(c // 2, 1, use_bias=False)(x), "relu")
+        y = L3.Concatenate()([a, bn(L3.DepthwiseConv2D(3, padding="same", use_bias=False)(a), "relu")])
+        if s == 2:
+            y = L3.BatchNormalization()(L3.DepthwiseConv2D(3, 2, padding="same", use_bias=False)(y))
+        q = L3.GlobalAveragePooling2D(keepdims=True)(y)
+        q = L3.Conv2D(c, 1, activation="hard_sigmoid")(L3.Conv2D(8, 1, activation="relu")(q))
+        y = L3.Multiply()([y, q])
+        x = L3.Add()([x, y]) if s == 1 and c == x.shape[-1] else y
+    x = L3.GlobalAveragePooling2D()(x)
+    m = keras.Model(i, L3.Dense(6)(x))
+    devcorpus.recalibrate_bn(m, 0, 1)
+    m.save(f"{OUT}/k3_ghost_hsilu112.keras")
+
+
+
 def tflite(model, shape, kind):
     conv = tf.lite.TFLiteConverter.from_keras_model(model)
     if kind != "float":
@@ -622,8 +945,8 @@ def keras3_models():
 
 os.makedirs(OUT, exist_ok=True)
 if not only or "keras3" in only:
-    (keras3_models2 if SET == "2" else keras3_models)()
-for name, (build, shape, formats) in (MODELS2 if SET == "2" else MODELS).items():
+    {"2": keras3_models2, "3": keras3_models3}.get(SET, keras3_models)()
+for name, (build, shape, formats) in {"2": MODELS2, "3": MODELS3}.get(SET, MODELS).items():
     if only and name not in only:
         continue
     K2.utils.set_random_seed(sum(map(ord, name)))

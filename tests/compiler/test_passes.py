@@ -384,6 +384,31 @@ def test_keras3_hard_sigmoid_and_hard_swish(swish):
     assert act == {"op": "HardSwish"} if swish else (act["op"] == "HardSigmoid" and act["alpha"] == pytest.approx(1 / 6))
 
 
+@pytest.mark.parametrize("order", ["min_relu", "max_min", "clip"])
+def test_keras2_hard_sigmoid(order):
+    """tf_keras's hard_sigmoid clip(0.2 x + 0.5, 0, 1) as TF writes it (Mul, Add, Minimum(1) then
+    Relu, or Maximum(0) then Minimum(1), or a Clip): one HardSigmoid(0.2, 0.5), a KPU table, in
+    hard_swish's x * hard_sigmoid(x) too (it was an affine conv and two clamp tables, each
+    rounding: pp_lcnet96_float 17.9 dB, ideal 20.8, round 45). onnxruntime's values."""
+    n = helper.make_node
+    clamp = {"max_min": [n("Max", ["a", "zero"], ["m"]), n("Min", ["m", "one"], ["hs"])],
+             "clip": [n("Clip", ["a", "zero", "one"], ["hs"])]}.get(order, [n("Min", ["a", "one"], ["m"]),
+                                                                         n("Relu", ["m"], ["hs"])])
+    nodes = [conv("c", "x", "w", pads=[1, 1, 1, 1]), n("Mul", ["c", "k"], ["s"]), n("Add", ["s", "half"], ["a"]),
+             *clamp, n("Mul", ["c", "hs"], ["h"]), conv("d", "h", "w2", pads=[1, 1, 1, 1])]
+    inits = {"w": rand(4, 4, 3, 3), "w2": rand(3, 4, 3, 3), "k": np.float32(0.2), "half": np.float32(0.5),
+             "one": np.float32(1), "zero": np.float32(0)}
+    m = make_model(nodes, [X], [("d", None)], inits)
+    x = rand(1, 4, 8, 8, scale=3)
+    g, changes = check(m, "hard_activations", x=x)
+    assert g.op_counts() == {"Conv": 2, "Mul": 1, "HardSigmoid": 1}
+    hs = next(n for n in g.nodes if n.op == "HardSigmoid")
+    assert hs.attrs == {"alpha": pytest.approx(0.2), "beta": pytest.approx(0.5)}
+    assert any("-> HardSigmoid(alpha=0.2, beta=0.5)" in msg for _, msg in changes)
+    g, _ = check(m, None, x=x, tol=1e-4)
+    assert g.op_counts() == {"Conv": 2, "Mul": 1, "HardSigmoid": 1}
+
+
 # ---------------------------------------------------------------------------------------------
 # standalone affines and pads
 def _aff_nodes(kind, x, y):

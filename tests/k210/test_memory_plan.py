@@ -4,7 +4,7 @@ outputs are bit for bit those of the online first-fit allocation."""
 import numpy as np
 import pytest
 
-from tl2k210.k210.lower.memory import Block, MainAllocator, check, plan
+from tl2k210.k210.lower.memory import Block, KpuAllocator, MainAllocator, check, plan
 
 pytest.importorskip("onnxruntime")
 
@@ -605,3 +605,19 @@ def test_a_float_binary_on_uint8_maps_runs_a_slice_at_a_time(out, monkeypatch):
     whole = compile_model(m, px, format="v4")[0]
     assert model.main_memory < whole.main_memory
     _same_outputs(model, whole, px)
+
+
+def test_a_kpu_ram_refusal_names_the_largest_free_piece():
+    """Free lines split by a resident map: the refusal says the largest piece, and the total apart
+    (it printed the total as the piece: "needs 130,560 B but only 138,752 B ... free in one
+    piece", style_reflect128, round 45)."""
+    from tl2k210.errors import KpuLimitError
+    a = KpuAllocator(lines=100)
+    a.alloc("low", 10, "x")
+    a.alloc("mid", 30, "x")
+    a.free("low")                       # free: lines 0-10 and 40-100
+    with pytest.raises(KpuLimitError) as e:
+        a.alloc("big", 65, "conv")
+    msg = str(e.value)
+    assert "needs 4,160 B" in msg and "only 3,840 B" in msg and "4,480 B free in all" in msg
+    assert a.alloc("fits", 60, "conv") == 40

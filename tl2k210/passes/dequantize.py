@@ -15,7 +15,11 @@ is fake quantization of activations:
     TOCO's pooled uint8 embedding after quantizing it; a per-tensor QuantizeLinear commutes
     with movement and is moved down to the output; and through a Concat of several quantized
     tensors on one grid): the output becomes the float value (graph.meta["output_quant"] keeps
-    its parameters).
+    its parameters);
+  * DynamicQuantizeLinear -> DequantizeLinear of its own (scale, zero point): a dynamic-range
+    TFLite file's hybrid FULLY_CONNECTED (a large Dense's weights int8, its input quantized to
+    uint8 at run time, per inference), as tf2onnx writes it: removed (the identity it
+    approximates, as a Q/DQ pair is).
 """
 import numpy as np
 
@@ -208,7 +212,23 @@ def _make_float(g, qs, moves, dqs=()):
         g.replace_uses(n.outputs[0], n.inputs[0])
 
 
+def _dynamic_pairs(g, log):
+    """Remove each DynamicQuantizeLinear read only by one DequantizeLinear of its own three
+    outputs (integers, scale, zero point): the DequantizeLinear's readers read the float input."""
+    for n in [n for n in g.nodes if n.op == "DynamicQuantizeLinear"]:
+        users = {id(u): u for t in n.outputs for u in g.consumers(t)}
+        d = next(iter(users.values()), None) if len(users) == 1 else None
+        if d is None or d.op != "DequantizeLinear" or list(d.inputs[:3]) != list(n.outputs[:3]) \
+                or any(t in g.outputs for t in n.outputs):
+            continue
+        g.nodes.remove(d)
+        g.nodes.remove(n)
+        g.replace_uses(d.outputs[0], n.inputs[0])
+        log(n.name, f"removed run-time quantization DynamicQuantizeLinear/DequantizeLinear of {n.inputs[0]}")
+
+
 def dequantize(g, log):
+    _dynamic_pairs(g, log)
     for d in [n for n in g.nodes if n.op == "DequantizeLinear"]:
         if _hoist_to_input(g, d):
             log(d.name, f"moved DequantizeLinear of input {d.inputs[0]} above its data movement")

@@ -72,10 +72,12 @@ class KpuAllocator:
         start = self._place(n, high)
         if start is None:
             live = ", ".join(f"{k} {e - s}" for k, (s, e) in self.blocks.items())
+            free, piece = self.lines - self.used(), max((e - s for s, e in self._gaps()), default=0)
+            split = f" ({free * hw.LINE_BYTES:,} B free in all, split by the resident maps)" if free > piece else ""
             raise KpuLimitError(
                 f"{where}: needs {n * hw.LINE_BYTES:,} B of KPU RAM ({n} lines) but only "
-                f"{(self.lines - self.used()) * hw.LINE_BYTES:,} B of the {self.lines * hw.LINE_BYTES:,} B "
-                f"KPU RAM are free in one piece (resident maps in lines: {live or 'none'})")
+                f"{piece * hw.LINE_BYTES:,} B of the {self.lines * hw.LINE_BYTES:,} B "
+                f"KPU RAM are free in one piece{split} (resident maps in lines: {live or 'none'})")
         self.blocks[name] = (start, start + n)
         self.peak = max(self.peak, self.used())
         self.lowest = min(self.lowest, start)
