@@ -66,7 +66,9 @@ def models():
 
 
 def corpus_models():
-    """Third-party float models (the int8 TFLite files are another importer's)."""
+    """Third-party models: the float ones, and the fully quantized TFLite files (their ideal is
+    their own arithmetic: each tensor the file rounds, at the file's ranges; bench/fit.py
+    measures them against the TFLite interpreter too)."""
     models, fit = TESTDATA / "corpus" / "models", TESTDATA / "corpus" / "fit"
     pm1 = {"input_range": (-1, 1)}
     files = {
@@ -84,6 +86,11 @@ def corpus_models():
         "ST FD-MobileNet 0.25": (fit / "st_fdmobilenet_0.25_128_food101.h5", pm1),
         "ST MobileNetV1 0.25 gray": (fit / "st_mobilenet_v1_0.25_96_grayscale.h5", pm1),
         "ST MobileNetV2 0.5": (fit / "st_mobilenet_v2_128_0.5.onnx", pm1),
+        "MLPerf ResNet-8 int8": (fit / "mlperf_resnet8_cifar_int8.tflite", {}),
+        "MLPerf VWW 96 int8": (fit / "mlperf_vww_96_int8.tflite", {}),
+        "ST FD-MobileNet 0.25 int8": (fit / "st_fdmobilenet_0.25_128_food101_int8.tflite", {}),
+        "ST SSD MobileNetV1 0.25 int8": (fit / "st_ssd_mobilenet_v1_025_192_int8.tflite", {}),
+        "ST STMNIST int8": (fit / "st_stmnist_v1_int8.tflite", {}),
     }
     return {f"{k} ({p.parent.name})": ((lambda p=p: p), o, None) for k, (p, o) in files.items() if p.exists()}
 
