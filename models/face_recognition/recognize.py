@@ -105,13 +105,13 @@ class Recognizer:
         from tl2k210.maixpy import image
         pil = rgb if isinstance(rgb, PIL.Image) else PIL.fromarray(np.asarray(rgb, np.uint8))
         pil = pil.convert("RGB").resize((FRAME_W, FRAME_H), PIL.BILINEAR)
-        img = image.Image.from_rgb(np.asarray(pil, np.uint8), image.RGB565)
+        img = image.Image._from_rgb(np.asarray(pil, np.uint8), image.RGB565)
         img.pix_to_ai()
         return img
 
     def detect(self, img):
         from tl2k210.k210 import yolo
-        out = np.asarray(self.detector.run(img.ai_buffer())[0], np.float32)
+        out = np.asarray(self.detector.run(img._ai_buffer())[0], np.float32)
         boxes = []
         for b in yolo.decode(out, self.anchors, 20, 15, FRAME_W, FRAME_H, DETECT_THRESHOLD, DETECT_NMS):
             x0, y0 = max(0.0, b.x), max(0.0, b.y)          # region_layer.c clamp + truncation
@@ -124,7 +124,7 @@ class Recognizer:
         x, y, s, _ = face_box(*box, img.width(), img.height())
         face = img.cut(x, y, s, s).resize(SIZE, SIZE)
         face.pix_to_ai()
-        e = np.asarray(self.embedder.run(face.ai_buffer())[0], np.float64).reshape(-1)
+        e = np.asarray(self.embedder.run(face._ai_buffer())[0], np.float64).reshape(-1)
         return e / max(float(np.linalg.norm(e)), 1e-12)
 
     def enroll(self, name, rgb):
@@ -163,7 +163,7 @@ class Recognizer:
         if path:
             from PIL import Image as PIL
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            PIL.fromarray(img.to_rgb888()).save(path)
+            PIL.fromarray(img._to_rgb888()).save(path)
         return matches, img
 
 
