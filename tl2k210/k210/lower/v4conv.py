@@ -49,10 +49,19 @@ GRID_PROBE = 50                 # weights int8_grid checks before the rest (no h
 
 def int8_grid(w) -> float | None:
     """The step s of the one symmetric int8 grid `w` lies on (a quantized model's own weights:
-    w = s·q, q in -128..127), or None."""
+    w = s·q, q in -128..127), or None. Its largest weight is ±127 or -128 steps -- or, in a
+    channel the quantizer gave a floor scale (a near-dead channel of a TFLite per-axis conv:
+    ST's SSD head, max 2.8e-6), a few steps: then the smallest weight is one to four of them.
+    All zeros lie on every grid (step 1)."""
     w = np.asarray(w, np.float64).ravel()
     amax = float(np.abs(w).max()) if w.size else 0.0
-    for s in (amax / 127, amax / 128) if amax > 0 else ():
+    if w.size and amax == 0:
+        return 1.0
+    nz = np.abs(w[w != 0])
+    small = float(nz.min()) if nz.size else 0.0
+    for s in (amax / 127, amax / 128, *(small / m for m in range(1, 5))) if amax > 0 else ():
+        if amax / s > 128 + 1e-6:
+            continue
         for part in (w[:GRID_PROBE], w):     # float weights fail on the first few: the lowering asks often
             q = np.rint(part / s)
             if q.min() < -128 or q.max() > 127 or float(np.abs(q * s - part).max()) > 1e-5 * amax:
