@@ -49,19 +49,13 @@ GRID_PROBE = 50                 # weights int8_grid checks before the rest (no h
 
 def int8_grid(w) -> float | None:
     """The step s of the one symmetric int8 grid `w` lies on (a quantized model's own weights:
-    w = s·q, q in -128..127), or None. Its largest weight is ±127 or -128 steps -- or, in a
-    channel the quantizer gave a floor scale (a near-dead channel of a TFLite per-axis conv:
-    ST's SSD head, max 2.8e-6), a few steps: then the smallest weight is one to four of them.
-    All zeros lie on every grid (step 1)."""
+    w = s·q, q in -128..127; its largest weight ±127 or -128 steps), or None. All zeros lie on
+    every grid (step 1)."""
     w = np.asarray(w, np.float64).ravel()
     amax = float(np.abs(w).max()) if w.size else 0.0
     if w.size and amax == 0:
         return 1.0
-    nz = np.abs(w[w != 0])
-    small = float(nz.min()) if nz.size else 0.0
-    for s in (amax / 127, amax / 128, *(small / m for m in range(1, 5))) if amax > 0 else ():
-        if amax / s > 128 + 1e-6:
-            continue
+    for s in (amax / 127, amax / 128) if amax > 0 else ():
         for part in (w[:GRID_PROBE], w):     # float weights fail on the first few: the lowering asks often
             q = np.rint(part / s)
             if q.min() < -128 or q.max() > 127 or float(np.abs(q * s - part).max()) > 1e-5 * amax:
@@ -78,7 +72,15 @@ def _grid_parts(flat) -> list | None:
     parts, i, n = [], 0, len(flat)
     while i < n:
         if int8_grid(flat[i]) is None:
-            return None
+            # a near-dead row the quantizer gave a floor scale (ST's int8 SSD head: largest
+            # weight 2.8e-6, a few steps) rounds to zeros on a neighbour's grid: it joins that run
+            if i + 1 < n and int8_grid(flat[i:i + 2]) is not None:
+                pass
+            elif parts and int8_grid(flat[parts[-1][0]:i + 1]) is not None:
+                parts[-1], i = (parts[-1][0], i + 1), i + 1
+                continue
+            else:
+                return None
         j = i + 1
         while j < n and int8_grid(flat[i:j + 1]) is not None:
             j += 1
