@@ -1,7 +1,22 @@
 """Departures of the host MaixPy from a v0.6.2 board fixed in round 45: what sensor.reset()
 prints while it probes the camera, interleaved sleeping threads, MicroPython's dir(),
 sys.stdin reads. Each test names the firmware source it checks against."""
+import contextlib
+
+from repl_helpers import Wire, b  # noqa: F401  (b: a fixture, a started REPL board)
 from test_maixpy_runtime import PROBE, photo, run  # noqa: F401  (the runner and the photo fixture)
+
+
+@contextlib.contextmanager
+def _friendly_repl(board):
+    """A plain serial client at the friendly REPL's prompt of a started board (`b` fixture)."""
+    w = Wire(board.port)
+    try:
+        w.send(b"\x02")
+        w.until(b">>> ")
+        yield w
+    finally:
+        w.close()
 
 
 def test_sensor_reset_prints_the_probe_of_each_camera(tmp_path, photo):
@@ -110,34 +125,23 @@ print('end')
                           "ZeroDivisionError: divide by zero", "end"]
 
 
-def test_threads_run_while_the_repl_prompt_waits(tmp_path):
+def test_threads_run_while_the_repl_prompt_waits(b):
     """At the REPL prompt a board's _threads keep running (the prompt's UART read releases
     the GIL): a thread that prints every 100 ms prints, paced to host time, while the prompt
     waits; the next command takes the GIL back at once."""
     import time
-    from repl_helpers import Wire, board
-    bd = board(tmp_path)
-    try:
-        assert bd.wait_idle()
-        w = Wire(bd.port)
-        try:
-            w.send(b"\x02")
-            w.until(b">>> ")
-            w.send(b"import _thread, time\r")
-            w.until(b">>> ")
-            w.send(b"def f():\r n = 0\r while True:\r  n += 1\r  print('tick', n)\r  time.sleep_ms(100)\r\r")
-            w.until(b">>> ")
-            w.send(b"_thread.start_new_thread(f, ())\r")
-            time.sleep(0.6)
-            got = w.until(b"tick 4\r\n")
-            # the prompt comes out before or after the first tick (a GIL hand-over)
-            assert b"tick 1\r\ntick 2\r\ntick 3\r\n" in got.replace(b">>> ", b"")
-            w.send(b"1+1\r")
-            assert b"2\r\n" in w.until(b">>> ")
-        finally:
-            w.close()
-    finally:
-        bd.close()
+    with _friendly_repl(b) as w:
+        w.send(b"import _thread, time\r")
+        w.until(b">>> ")
+        w.send(b"def f():\r n = 0\r while True:\r  n += 1\r  print('tick', n)\r  time.sleep_ms(100)\r\r")
+        w.until(b">>> ")
+        w.send(b"_thread.start_new_thread(f, ())\r")
+        time.sleep(0.6)
+        got = w.until(b"tick 4\r\n")
+        # the prompt comes out before or after the first tick (a GIL hand-over)
+        assert b"tick 1\r\ntick 2\r\ntick 3\r\n" in got.replace(b">>> ", b"")
+        w.send(b"1+1\r")
+        assert b"2\r\n" in w.until(b">>> ")
 
 
 def test_dir_lists_micropythons_names(tmp_path):
@@ -195,29 +199,18 @@ def test_hash_map_follows_py_map_c():
     assert qstr_hash("") == 0x05 and qstr_hash("a") == (5381 * 33 ^ 97) & 0xFF
 
 
-def test_stdin_read_blocks_for_the_repl_uart(tmp_path):
+def test_stdin_read_blocks_for_the_repl_uart(b):
     """lib/utils/sys_stdio_mphal.c stdio_read: sys.stdin.read(n) takes n characters from the
     REPL UART, blocking for each, '\\r' read as '\\n' and not echoed; Ctrl-C interrupts it."""
-    from repl_helpers import Wire, board
-    bd = board(tmp_path)
-    try:
-        assert bd.wait_idle()
-        w = Wire(bd.port)
-        try:
-            w.send(b"\x02")
-            w.until(b">>> ")
-            w.send(b"import sys; print(sys.stdin); c = sys.stdin.read(3); print(repr(c))\r")
-            assert w.until(b"<io.FileIO 0>\r\n")
-            w.send(b"xy\r")
-            assert w.until(b">>> ").endswith(b"'xy\\n'\r\n>>> ")
-            w.send(b"sys.stdin.read(1)\r")
-            w.until(b"sys.stdin.read(1)\r\n")
-            w.send(b"\x03")
-            assert b"KeyboardInterrupt" in w.until(b">>> ")
-        finally:
-            w.close()
-    finally:
-        bd.close()
+    with _friendly_repl(b) as w:
+        w.send(b"import sys; print(sys.stdin); c = sys.stdin.read(3); print(repr(c))\r")
+        assert w.until(b"<io.FileIO 0>\r\n")
+        w.send(b"xy\r")
+        assert w.until(b">>> ").endswith(b"'xy\\n'\r\n>>> ")
+        w.send(b"sys.stdin.read(1)\r")
+        w.until(b"sys.stdin.read(1)\r\n")
+        w.send(b"\x03")
+        assert b"KeyboardInterrupt" in w.until(b">>> ")
 
 
 def test_stdin_without_serial_input_waits_like_a_board(tmp_path):
@@ -229,31 +222,20 @@ def test_stdin_without_serial_input_waits_like_a_board(tmp_path):
     assert any("sys.stdin waits for a character on the REPL UART" in n for n in res.notes)
 
 
-def test_threads_run_while_stdin_waits(tmp_path):
+def test_threads_run_while_stdin_waits(b):
     """mp_hal_stdin_rx_chr waits in a poll loop that releases the GIL: a _thread keeps
     printing while the main thread's sys.stdin.read(1) waits for the UART."""
     import time
-    from repl_helpers import Wire, board
-    bd = board(tmp_path)
-    try:
-        assert bd.wait_idle()
-        w = Wire(bd.port)
-        try:
-            w.send(b"\x02")
-            w.until(b">>> ")
-            w.send(b"import _thread, time, sys\r")
-            w.until(b">>> ")
-            w.send(b"def f():\r n = 0\r while n < 3:\r  n += 1\r  print('tick', n)\r  time.sleep_ms(100)\r\r")
-            w.until(b">>> ")
-            w.send(b"_thread.start_new_thread(f, ()); c = sys.stdin.read(1); print('got', c)\r")
-            time.sleep(0.5)
-            assert b"tick 3\r\n" in w.until(b"tick 3\r\n")
-            w.send(b"z")
-            assert w.until(b">>> ").endswith(b"got z\r\n>>> ")
-        finally:
-            w.close()
-    finally:
-        bd.close()
+    with _friendly_repl(b) as w:
+        w.send(b"import _thread, time, sys\r")
+        w.until(b">>> ")
+        w.send(b"def f():\r n = 0\r while n < 3:\r  n += 1\r  print('tick', n)\r  time.sleep_ms(100)\r\r")
+        w.until(b">>> ")
+        w.send(b"_thread.start_new_thread(f, ()); c = sys.stdin.read(1); print('got', c)\r")
+        time.sleep(0.5)
+        assert b"tick 3\r\n" in w.until(b"tick 3\r\n")
+        w.send(b"z")
+        assert w.until(b">>> ").endswith(b"got z\r\n>>> ")
 
 
 def test_thread_module_follows_modthread_c(tmp_path):
