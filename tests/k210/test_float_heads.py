@@ -87,6 +87,16 @@ def test_v4_runs_the_head_in_float_and_keeps_the_large_logits(monkeypatch):
     assert ours >= uint8 + 6 and ours >= 30
 
 
+def test_the_smaller_form_keeps_the_float_head():
+    """--optimize size (every node's smaller form) trades KPU convs for quantized_conv2d, not the
+    float head: a few weights, float for the output's accuracy (YuNet's obj_32 lost 1 dB there)."""
+    model, px = head_model(), pixels(8, 3, H, W)
+    kmodel, rows, _, _ = compile_model(model, px, format="v4", small=("*",))
+    why = {r.node: r.why for r in rows}
+    assert all("a Sigmoid output's head: float conv2d" in why[h] for h in ("h1", "h2")), why
+    assert any("smaller form" in w for w in why.values()), why
+
+
 @pytest.mark.parametrize("fmt", ["v3", "auto"])
 def test_v3_is_unchanged(fmt, monkeypatch):
     """No float conv in kmodel v3: its plan (and bytes) are what they were without the rule."""

@@ -31,6 +31,7 @@ from tl2k210.passes.group_conv import block_diagonal
 from . import kpu
 from .registry import KPU, NA, lowering
 from .state import Loc, wants_small
+from .v4emit import U8, main, pad_scalar
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +136,11 @@ def grow_map(lw, src, shape, grown, out, row):
     c, h, w = shape
     gh, gw = grown
     dst = lw.alloc(f"{out}:grown", "u8", c * gh * gw)
+    if lw.format == "v4":
+        lw.emit_v4("pad", dict(input=main(U8, src, c * h * w), output=main(U8, dst, c * gh * gw),
+                               in_shape=(1, c, h, w), paddings=(0, 0, 0, 0, 0, gh - h, 0, gw - w),
+                               pad_value=pad_scalar(0, U8)), row)
+        return dst
     lw.emit("QUANTIZED_MAX_POOL2D", dict(
         flags=1, main_mem_in_address=src, main_mem_out_address=dst, in_shape=(w, h, c), out_shape=(gw, gh, c),
         kernel_width=1, kernel_height=1, stride_width=1, stride_height=1, padding_width=0, padding_height=0), row)
@@ -508,6 +514,7 @@ def kpu_conv(lw, node):
             row.form = "stride 1 + CPU pick" + (f", {row.form}" if row.form else "")
 
 
+@lowering("Conv", unit=KPU, check=small_map_refuses, formats=("v4",), name=SMALL_MAP)
 @lowering("Conv", unit=KPU, check=small_map_refuses, formats=("v3",), name=SMALL_MAP, explicit=True)
 def kpu_conv_small_map(lw, node):
     """kpu_conv on the map grown to the KPU's minimum (small_map_refuses); a 3x3 conv only where

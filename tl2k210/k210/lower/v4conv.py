@@ -231,12 +231,15 @@ def cpu_trade(g, node, opts) -> bool:
     a dense or depthwise 3x3 stride-2 conv with 'stride-2 phases' forms: its smaller form is the
     stride-1 map + CPU pick, its weights once in one KPU layer (the CPU conv would be ~40x
     slower); a grouped one's stride-1 map runs as block-diagonal tiles, each a KPU layer with its
-    own 256-aligned BN, activation and weight blocks (conv.py), so its smaller form is this one."""
+    own 256-aligned BN, activation and weight blocks (conv.py), so its smaller form is this one.
+    Nor a float head (float_head_why): float for its output's accuracy, a few weights."""
     if not wants_small(opts, node) or getattr(opts, "format", "v3") != "v4" or node.op != "Conv":
         return False
     (_, ci, h, _), co = g.shape(node.inputs[0]), g.shape(node.outputs[0])[1]
     groups = int(node.attrs.get("group", 1))
     if phase_forms(g, node, "v4") and (groups == 1 or groups == ci == co):
+        return False
+    if float_head_why(g, node, opts):      # kept float for the output's accuracy: a few weights
         return False
     banded = h > hw.LIMITS["in_h"][1]
     return qconv_refuses(g, node, opts) is None and \
