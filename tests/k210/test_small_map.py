@@ -86,18 +86,17 @@ def test_small_map_conv_is_the_direct_conv_bit_for_bit(k, group, hw_, fmt):
         assert np.array_equal(got, ref)
 
 
-def test_auto_and_v4_grow_the_map_for_the_kpu():
-    """kmodel v4 runs the conv on the grown map on the KPU (its weights per channel through the
-    batch norm, where quantized_conv2d has one scale per layer; st_mobilenet_v1_0.25_96's 3x3
-    maps: 19.1 -> 1.3 ms, 550 -> 248 KB). The v3 form stays a workaround: `--format auto` takes
-    v4, unless the runtime loads kmodel v3 only (maixpy-minimum: `v3_only`)."""
+def test_auto_takes_v3_with_the_grown_map():
+    """Both formats run the conv on the grown map on the KPU (its weights per channel through the
+    batch norm, where v4's quantized_conv2d has one scale per layer; st_mobilenet_v1_0.25_96's
+    3x3 maps: 19.1 -> 1.3 ms, 550 -> 248 KB), so `--format auto` keeps kmodel v3, which every
+    MaixPy build loads."""
     m = _model(1, "dense", (3, 3))
     px = pixels(3, 3, POOL * 3, POOL * 3)
-    for fmt in ("auto", "v4"):
+    for fmt, version in (("auto", 3), ("v4", 4)):
         model, rows, lw, g = compile_model(m, px, format=fmt)
-        assert model.version == 4 and lw.lowered_by(next(n for n in g.nodes if n.outputs[0] == "y")) == SMALL_MAP
-    model, rows, lw, g = compile_model(m, px, format="auto", v3_only=True)
-    assert model.version == 3 and lw.lowered_by(next(n for n in g.nodes if n.outputs[0] == "y")) == SMALL_MAP
+        assert model.version == version
+        assert lw.lowered_by(next(n for n in g.nodes if n.outputs[0] == "y")) == SMALL_MAP
 
 
 def test_v4_3x3_conv_on_a_map_that_may_be_negative_stays_on_the_cpu():

@@ -102,10 +102,11 @@ SMALL_MAP = "kpu_conv_small_map"
 
 def small_map_refuses(g, node, opts):
     """Why a conv on a map under the KPU's minimum width / height cannot run on the map grown to
-    it (kmodel v3 has no CPU conv; v4 runs it as quantized_conv2d): the map is copied into a
-    bigger one in main memory whose extra bottom rows / right columns hold code 0 (a kernel-1
-    QUANTIZED_MAX_POOL2D whose output is larger than its input: the taps outside are skipped and
-    the max starts at 0), uploaded, convolved, and the output cropped back. A 1x1 conv never
+    it: the map is copied into a bigger one in main memory whose extra bottom rows / right columns
+    hold code 0 (kmodel v4: a pad; v3: a kernel-1 QUANTIZED_MAX_POOL2D whose output is larger than
+    its input: the taps outside are skipped and the max starts at 0), uploaded, convolved, and the
+    output cropped back. Both formats prefer it to v4's quantized_conv2d: the KPU's batch norm
+    gives each channel its own weight scale. A 1x1 conv never
     reads the extra pixels for the outputs kept; a 3x3 one (pads 1) reads them as its bottom /
     right padding, which must be the input's zero point: exact where that is code 0 (checked when
     lowered; the input comes from a ReLU / ReLU6, whose ranges start at 0)."""
@@ -514,8 +515,7 @@ def kpu_conv(lw, node):
             row.form = "stride 1 + CPU pick" + (f", {row.form}" if row.form else "")
 
 
-@lowering("Conv", unit=KPU, check=small_map_refuses, formats=("v4",), name=SMALL_MAP)
-@lowering("Conv", unit=KPU, check=small_map_refuses, formats=("v3",), name=SMALL_MAP, explicit=True)
+@lowering("Conv", unit=KPU, check=small_map_refuses, name=SMALL_MAP)
 def kpu_conv_small_map(lw, node):
     """kpu_conv on the map grown to the KPU's minimum (small_map_refuses); a 3x3 conv only where
     its input's zero point is code 0, the value of the added pixels."""

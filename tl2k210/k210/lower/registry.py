@@ -82,7 +82,7 @@ def lowering(*ops, unit, check=None, formats=FORMATS, name=None, takes=None, exp
     """Register `fn(lowering, node)` as a way to lower `ops` on `unit`. `takes(graph, node, opts)`:
     why this alternative goes before those of better units (the smaller form the plan asked for:
     v4conv.cpu_trade), or None; it answers only where its own check passes. `explicit`: a
-    workaround for what only another format does plainly (conv.small_map), taken only where the
+    workaround for what only another format does plainly (cpu.zero_pad), taken only where the
     user asked for this format by name or the runtime loads no other (`opts.v3_only`), so
     `--format auto` keeps choosing that other format where it can."""
     def deco(fn):
