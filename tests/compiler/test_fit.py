@@ -427,6 +427,43 @@ def test_choose_forms_keeps_the_fastest_that_fits():
     assert fit.choose_forms(build, 100).built.need == 170                      # none fits: the smallest
 
 
+def test_a_layer_without_room_in_kpu_ram_takes_its_smaller_form():
+    """A style net's 9x9 conv: its fastest form ('sparse shifts', copies resident) left its
+    output no piece of KPU RAM and the model was refused, though its smaller form fits. The
+    lowering names the node (KpuLimitError.node); the plan gives it its smaller form and says so."""
+    from tl2k210.errors import KpuLimitError
+
+    def build(small):
+        if "b" not in small and "*" not in small:
+            e = KpuLimitError("node 'b': tile output (5, 136, 136): needs 130,560 B of KPU RAM (2040 lines) "
+                              "but only 78,336 B are free in one piece (resident maps in lines: x 1)")
+            e.node = "b"
+            raise e
+        per = {"a": (100, 10, "fast"), "b": (50, 80, "small")}
+        return _made_up(per, {"smaller": {"b": False}})
+    ch = fit.choose_forms(build, 1000)
+    assert ch.built.need == 150
+    assert ch.trades == ["b: its smaller form; the fastest finds no room in KPU RAM (tile output (5, 136, "
+                         "136): needs 130,560 B of KPU RAM (2040 lines) but only 78,336 B are free in one piece)"]
+
+    def stuck(small):
+        e = KpuLimitError("node 'b': no room")
+        e.node = "b"
+        raise e
+    with pytest.raises(KpuLimitError, match="no room"):     # no smaller form that fits: refused
+        fit.choose_forms(stuck, 1000)
+
+
+def test_the_lowering_names_the_layer_without_room():
+    from lower_helpers import compile_model
+    from tl2k210.errors import KpuLimitError
+    m = make_model([conv_node("y", "x", "w", "b", pads=[1, 1, 1, 1])], [("x", [1, 3, 64, 64])], [("y", None)],
+                   {"w": W(16, 3, 3, 3), "b": W(16)})
+    with pytest.raises(KpuLimitError) as e:
+        compile_model(m, pixels(2, 3, 64, 64), kpu_ram_lines=4)
+    assert e.value.node == "y"
+
+
 def test_optimize_size_keeps_of_every_smaller_form_only_those_that_pay():
     """--optimize size: a and b lower the main-memory peak (200 B) only together; c and d store
     more bytes in their smaller forms (a uint8 conv in channel ranges: node headers), and the

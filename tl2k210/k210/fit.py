@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tl2k210.errors import Tl2k210Error
+from tl2k210.errors import KpuLimitError, Tl2k210Error
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.ideal import mb
 from tl2k210.k210.lower.conv import WINDOWS
@@ -207,6 +207,29 @@ def choose_forms(build, budget: int, optimize: str = "latency", v4=None) -> Choi
     return other
 
 
+ROOM_TRIES = 8      # layers given their smaller form, one at a time, for want of KPU RAM
+
+
+def _room(build):
+    """(build, its fastest lowering, trade lines): where a layer's fastest form finds no room in
+    KPU RAM (KpuLimitError naming the node: a style net's 9x9 conv, whose 'sparse shifts' copies
+    stay resident and leave its output no piece), that layer is given its smaller form in every
+    lowering, one layer at a time, up to ROOM_TRIES; the error stands where none is left to try."""
+    base, lines = frozenset(), []
+    while True:
+        try:
+            fast = build(base)
+            break
+        except KpuLimitError as e:
+            node = getattr(e, "node", None)
+            if node is None or node in base or len(base) >= ROOM_TRIES:
+                raise
+            base |= {node}
+            why = str(e).splitlines()[0].split(": ", 1)[-1].split(" (resident maps")[0]
+            lines.append(f"{node}: its smaller form; the fastest finds no room in KPU RAM ({why})")
+    return ((lambda small: build(frozenset(small) | base)) if base else build), fast, lines
+
+
 def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     """Lower with `build(small)` (small: the nodes to give their smaller form, "*" all) until the
     model fits `budget`. The fastest forms first; where some layer has a smaller form
@@ -229,14 +252,15 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     Main-memory buffers in free KPU RAM (PARK, kmodel v4) are an exact form that saves main
     memory only: latency mode tries it first when the model does not fit, size mode only when its
     smallest lowering does not (`_parked`).
-    A form that fails to lower is no option."""
+    A form that fails to lower is no option; a layer whose fastest form finds no room in KPU RAM
+    (the maps resident around it) is given its smaller form from the start (`_room`)."""
     if optimize not in ("latency", "size"):
         raise Tl2k210Error(f"--optimize {optimize!r}: choose latency or size")
-    fast = build(frozenset())
+    build, fast, no_room = _room(build)
 
     def choice(best, lines):
         v3 = getattr(best.lw, "v3_error", None) or getattr(fast.lw, "v3_error", None)
-        return Choice(best, lines, fast.need, fast.est.cycles, getattr(fast.lw, "format", ""), v3)
+        return Choice(best, no_room + lines, fast.need, fast.est.cycles, getattr(fast.lw, "format", ""), v3)
     same_bytes = any(v for n, v in fast.lw.smaller.items() if n != PARK)    # parking saves only main memory
     if not fast.lw.smaller or optimize == "latency" and fast.need <= budget and not same_bytes:
         return choice(fast, [])

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tl2k210.errors import Tl2k210Error, UnsupportedOpError
+from tl2k210.errors import KpuLimitError, Tl2k210Error, UnsupportedOpError
 from tl2k210.graph import describe
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel import v3
@@ -676,7 +676,11 @@ class Lowering:
                 "input); start the model with a Conv on the image")
         for self.at, node in enumerate(self.order):
             if node.name not in self.folded:
-                self._lower_one(node)
+                try:
+                    self._lower_one(node)
+                except KpuLimitError as e:
+                    e.node = getattr(e, "node", None) or node.name     # fit.choose_forms: its smaller form
+                    raise
             self.release(node)
             for t in dict.fromkeys(node.inputs):    # a copy no reader to come needs (float for a resize)
                 self.drop_copy(t, "f32", self.at + 1)
