@@ -5,7 +5,7 @@ CPU, by the MaixPy script / host code, before cosine matching).
 
 Every conv is KPU-friendly: a 3x3 stem and depthwise-separable blocks (DepthwiseConv2d 3x3 +
 1x1 Conv2d, each + BatchNorm + ReLU), stride 2 as explicit ZeroPad2d((1,1),(1,1)) + VALID (the
-KPU's pick pool), a 1x1 expansion to 256 channels, GlobalMeanPool2d (CPU) and a linear Dense
+KPU's pick pool), a 1x1 expansion to 512 channels, GlobalMeanPool2d (CPU) and a linear Dense
 128 (a KPU 1x1 conv on a 4x4-padded map). MobileFaceNet's PReLU and 7x7 global depthwise conv
 are not KPU operations: ReLU and a global mean pool replace them.
 
@@ -17,15 +17,15 @@ import time
 SIZE = 64
 EMBED = 128
 # (kind, channels, stride); "conv" = 3x3 full conv, "dw" = 3x3 depthwise, "pw" = 1x1 conv
-LAYERS = [("conv", 16, 2),
-          ("dw", 16, 1), ("pw", 32, 1),
-          ("dw", 32, 2), ("pw", 48, 1),
-          ("dw", 48, 1), ("pw", 48, 1),
-          ("dw", 48, 2), ("pw", 64, 1),
-          ("dw", 64, 1), ("pw", 64, 1),
-          ("dw", 64, 2), ("pw", 128, 1),
+LAYERS = [("conv", 32, 2),
+          ("dw", 32, 1), ("pw", 64, 1),
+          ("dw", 64, 2), ("pw", 96, 1),
+          ("dw", 96, 1), ("pw", 96, 1),
+          ("dw", 96, 2), ("pw", 128, 1),
           ("dw", 128, 1), ("pw", 128, 1),
-          ("pw", 256, 1)]
+          ("dw", 128, 2), ("pw", 256, 1),
+          ("dw", 256, 1), ("pw", 256, 1),
+          ("pw", 512, 1)]
 BN_EPS = 1e-5
 
 

@@ -75,6 +75,50 @@ def mean_embeddings(net, root, min_images, n_cls):
     return (sums / (np.linalg.norm(sums, axis=1, keepdims=True) + 1e-9)).T
 
 
+def widen(old, shapes, noise=0.05, seed=0):
+    """Net2WiderNet: the arrays of a narrower network of the same LAYERS topology (a zoo.save_weights
+    npz, `all_weights` order) -> arrays of `shapes`, computing the same function. Each new channel
+    of a conv/pw copies an existing one (its filter and BatchNorm); a dw keeps its input's channel
+    map; the next summing layer (pw or the Dense) splits the source channel's input weights between
+    its copies in random positive fractions (sum 1), so the output is unchanged. `noise` x the
+    filter's std is then added to the copies' producing filters to break their symmetry (Adam would
+    otherwise move proportional gradients identically)."""
+    rng = np.random.default_rng(seed)
+    out, k = [], 0
+    g, frac = np.arange(3), np.ones(3)       # new input channel -> old one, its share
+    for kind, c, s in LAYERS:
+        f, bn = old[k], old[k + 1:k + 5]
+        if kind == "dw":
+            out += [f[:, :, g]] + [b[g] for b in bn]   # per channel: same map, shares carried on
+        else:
+            f = f[:, :, g] * frac[None, None, :, None]
+            n_old, n_new = f.shape[3], shapes[k][3]
+            g = np.r_[np.arange(n_old), rng.integers(0, n_old, n_new - n_old)]
+            u = rng.uniform(0.5, 1.5, n_new)
+            frac = u / np.bincount(g, u, n_old)[g]
+            f = f[..., g].copy()
+            f[..., n_old:] += noise * f.std() * rng.standard_normal(f[..., n_old:].shape)
+            out += [f] + [b[g] for b in bn]
+        assert out[-5].shape == tuple(shapes[k]), (kind, c, out[-5].shape, shapes[k])
+        k += 5
+    out += [old[k][g] * frac[:, None], old[k + 1]]
+    return [a.astype(np.float32) for a in out]
+
+
+def load_init(net, path):
+    """--init: the weights of this network, or (Net2WiderNet, `widen`) of a narrower one."""
+    from tl2k210 import zoo
+    from tl2k210.arrays import load_npz
+    found = dict(load_npz(path))
+    arrays = [found[f"arr_{i}"] for i in range(len(found))]
+    shapes = [tuple(w.shape) for w in net.all_weights]
+    if [a.shape for a in arrays] == shapes:
+        return zoo.load_weights(net, path)
+    for w, a in zip(net.all_weights, widen(arrays, shapes)):
+        w.assign(a)
+    print(f"widened {path} to this network (Net2WiderNet)", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=2500)
@@ -89,8 +133,9 @@ def main(argv=None):
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (after saving) when exceeded")
     ap.add_argument("--min-images", type=int, default=2,
                     help="train on the people of folds 2-10 with at least this many images (1: all)")
-    ap.add_argument("--init", help="start from these weights (a zoo.save_weights npz of this network); "
-                    "the class centres start at the people's mean embeddings")
+    ap.add_argument("--init", help="start from these weights (a zoo.save_weights npz of this network, or of a "
+                    "narrower one of the same layers: widened, see widen()); the class centres start at the "
+                    "people's mean embeddings")
     ap.add_argument("--teacher", help="teacher.py cache folder: distil the anchor kmodel's embeddings")
     ap.add_argument("--distill", type=float, default=5.0, help="weight of the cosine distance to the teacher")
     ap.add_argument("--relation", type=float, default=20.0,
@@ -115,7 +160,7 @@ def main(argv=None):
     n_cls = len(data.train_identities(root, args.min_images))
     centres = tf.Variable(tf.random.normal((dense_w.shape[1], n_cls), stddev=0.05, seed=1), name="centres")
     if args.init:
-        zoo.load_weights(net, args.init)
+        load_init(net, args.init)
         net.eval()
         centres.assign(mean_embeddings(net, root, args.min_images, n_cls))
         print(f"initialised from {args.init}; centres = the {n_cls} people's mean embeddings", flush=True)

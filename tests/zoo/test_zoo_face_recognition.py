@@ -83,9 +83,9 @@ def test_kmodel_lfw_fold1_and_orl_reproduce_results(built, faces):
 
 
 # "who is this" through the host pipeline (zoo detector -> crop -> embed), ORL image 6 of each
-# enrolled person, as measured with the committed models: 3 of 5 right, 1 wrong, 1 face missed
-# by the detector (models/face_recognition/README.md)
-WHO_IS_THIS = {"s1": "s1", "s2": None, "s3": "s3", "s4": "s1", "s5": "s5"}
+# enrolled person, as measured with the committed models: 4 of 5 right, 1 face missed by the
+# detector (models/face_recognition/README.md)
+WHO_IS_THIS = {"s1": "s1", "s2": None, "s3": "s3", "s4": "s4", "s5": "s5"}
 
 
 @pytest.mark.slow
@@ -104,7 +104,7 @@ def test_host_pipeline_who_is_this_on_orl(built, detector, faces):
 @pytest.mark.slow
 def test_maixpy_script_enrolls_on_button_press_then_recognises(built, detector, faces, tmp_path):
     """firmware/face_recognition.py as the build writes it (the zoo detector's anchors) on the host MaixPy, the BOOT key pressed on frames 0
-    and 1 (ORL s1 and s2, image 1); then image 6 of each: s1 is named person1 (0.621, measured),
+    and 1 (ORL s1 and s2, image 1); then image 6 of each: s1 is named person1 (0.622, measured),
     s2's face is not detected (as in the host pipeline)."""
     from tl2k210.maixpy import board, run_script
     flash = board.flash_kfpkg(built["kfpkg"], tmp_path / "flash.bin")     # embedder at 0x400000
@@ -123,5 +123,5 @@ def test_maixpy_script_enrolls_on_button_press_then_recognises(built, detector, 
             per_frame.append(cur)
             cur = []
     assert [line for line in res.lines if line.startswith("enrolled")] == ["enrolled person1", "enrolled person2"]
-    assert [f["name"] for f in per_frame[2]] == ["person1"] and abs(float(per_frame[2][0]["score"]) - 0.621) <= TOL
+    assert [f["name"] for f in per_frame[2]] == ["person1"] and abs(float(per_frame[2][0]["score"]) - 0.622) <= TOL
     assert per_frame[3] == []
