@@ -94,8 +94,11 @@ def test_nhwc_dataset_for_an_nchw_model_is_transposed(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("chw", [(1, 12, 8), (3, 10, 10), (4, 8, 12)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("first", ["conv", "dense"])
-def test_keras_and_tflite_inputs_become_planar_kmodels(first, chw, tmp_path):
+def test_tf_inputs_become_planar_kmodels(first, chw, tmp_path):
+    """One NHWC Keras model through every TensorFlow front-end: .keras, .tflite, a SavedModel
+    directory and a frozen TF1-style GraphDef (.pb)."""
     tf = pytest.importorskip("tensorflow")
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
     from tl2k210 import frontends
     K = tf.keras
     c, h, w = chw
@@ -103,10 +106,15 @@ def test_keras_and_tflite_inputs_become_planar_kmodels(first, chw, tmp_path):
     x = K.Input((h, w, c))
     y = K.layers.Conv2D(4, 3, activation="relu")(x) if first == "conv" else x
     model = K.Model(x, K.layers.Dense(5)(K.layers.Flatten()(y)))
-    keras_path, tflite_path = tmp_path / "m.keras", tmp_path / "m.tflite"
+    keras_path, tflite_path, sm_path, pb_path = (tmp_path / "m.keras", tmp_path / "m.tflite", tmp_path / "sm",
+                                                 tmp_path / "m.pb")
     model.save(keras_path)
     tflite_path.write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
-    for src in (keras_path, tflite_path):
+    model.export(sm_path, verbose=False)
+    fn = tf.function(lambda t: model(t), input_signature=[tf.TensorSpec((1, h, w, c), tf.float32, name="image")])
+    pb_path.write_bytes(convert_variables_to_constants_v2(fn.get_concrete_function()).graph.as_graph_def()
+                        .SerializeToString())
+    for src in (keras_path, tflite_path, sm_path, pb_path):
         onnx_model = frontends.load_model(str(src))
         assert check_planar(onnx_model, "NHWC", chw, tmp_path) > 30, src.name
 
