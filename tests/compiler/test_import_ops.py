@@ -11,6 +11,17 @@ from tl2k210.graph import from_onnx, run
 from tl2k210.k210.flow import run_pass, run_pipeline
 
 
+def _space_to_depth(b, k, hw, perm):
+    """TF's SpaceToBatchND for a k x k conv of dilation b on an hw x hw map, as tf2onnx starts it:
+    Pad x -> Transpose(perm) into the batch axis -> SpaceToDepth (output "s"). (pad, the padded
+    size, a multiple of b as TF makes it, the three nodes)."""
+    pad = b * (k - 1) // 2
+    hp = -(-(hw + 2 * pad) // b) * b
+    return pad, hp, [helper.make_node("Pad", ["x", "pads"], ["p"]),
+                     helper.make_node("Transpose", ["p"], ["t1"], perm=perm),
+                     helper.make_node("SpaceToDepth", ["t1"], ["s"], blocksize=b)]
+
+
 @pytest.mark.parametrize("b,k,hw", [(5, 3, 40), (2, 3, 12), (3, 1, 9), (2, 3, 13)])
 def test_space_to_batch_dilated_conv_is_one_dilated_conv(b, k, hw):
     """TFLite's Conv2D(dilation_rate=b): Pad -> SpaceToBatchND -> Conv -> BatchToSpaceND -> crop,
@@ -18,17 +29,13 @@ def test_space_to_batch_dilated_conv_is_one_dilated_conv(b, k, hw):
     dilations b, with onnxruntime's values (to float rounding of the conv sums). A crop of nothing
     (ULFD's: the map already the input's size) goes; 13 rows leave one to crop."""
     c, co = 4, 6
-    pad = b * (k - 1) // 2
-    hp = -(-(hw + 2 * pad) // b) * b            # padded up to a multiple of b, as TF does
-    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"]),
-             helper.make_node("Transpose", ["p"], ["t1"], perm=[1, 0, 2, 3]),
-             helper.make_node("SpaceToDepth", ["t1"], ["s"], blocksize=b),
-             helper.make_node("Transpose", ["s"], ["t2"], perm=[1, 0, 2, 3]),
-             helper.make_node("Conv", ["t2", "w", "bias"], ["c"], kernel_shape=[k, k]),
-             helper.make_node("Transpose", ["c"], ["t3"], perm=[1, 0, 2, 3]),
-             helper.make_node("DepthToSpace", ["t3"], ["d"], blocksize=b),
-             helper.make_node("Slice", ["d", "st", "en", "ax"], ["dc"]),
-             helper.make_node("Transpose", ["dc"], ["y"], perm=[1, 0, 2, 3])]
+    pad, hp, head = _space_to_depth(b, k, hw, [1, 0, 2, 3])
+    nodes = head + [helper.make_node("Transpose", ["s"], ["t2"], perm=[1, 0, 2, 3]),
+                     helper.make_node("Conv", ["t2", "w", "bias"], ["c"], kernel_shape=[k, k]),
+                     helper.make_node("Transpose", ["c"], ["t3"], perm=[1, 0, 2, 3]),
+                     helper.make_node("DepthToSpace", ["t3"], ["d"], blocksize=b),
+                     helper.make_node("Slice", ["d", "st", "en", "ax"], ["dc"]),
+                     helper.make_node("Transpose", ["dc"], ["y"], perm=[1, 0, 2, 3])]
     inits = {"pads": np.array([0, 0, pad, pad, 0, 0, hp - hw - pad, hp - hw - pad], np.int64),
              "w": rand(co, c, k, k), "bias": rand(co), "st": np.array([0, 0], np.int64),
              "en": np.array([hw, hw], np.int64), "ax": np.array([2, 3], np.int64)}
@@ -53,18 +60,14 @@ def test_space_to_batch_from_an_nhwc_input_with_the_bias_after_the_crop():
     bias in that swapped layout -> Transpose(1,2,3,0) back to NHWC. The K210 flow makes the input
     NCHW, one Conv with dilations b, and keeps onnxruntime's values."""
     b, k, hw, c, co = 3, 3, 14, 3, 5
-    pad = b * (k - 1) // 2
-    hp = -(-(hw + 2 * pad) // b) * b
-    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"]),
-             helper.make_node("Transpose", ["p"], ["t1"], perm=[3, 0, 1, 2]),
-             helper.make_node("SpaceToDepth", ["t1"], ["s"], blocksize=b),
-             helper.make_node("Transpose", ["s"], ["t2"], perm=[1, 0, 2, 3]),
-             helper.make_node("Conv", ["t2", "w"], ["cv"], kernel_shape=[k, k]),
-             helper.make_node("Transpose", ["cv"], ["t3"], perm=[1, 0, 2, 3]),
-             helper.make_node("DepthToSpace", ["t3"], ["d"], blocksize=b),
-             helper.make_node("Slice", ["d", "st", "en", "ax"], ["dc"]),
-             helper.make_node("Add", ["dc", "bias"], ["ab"]),
-             helper.make_node("Transpose", ["ab"], ["y"], perm=[1, 2, 3, 0])]
+    pad, hp, head = _space_to_depth(b, k, hw, [3, 0, 1, 2])
+    nodes = head + [helper.make_node("Transpose", ["s"], ["t2"], perm=[1, 0, 2, 3]),
+                     helper.make_node("Conv", ["t2", "w"], ["cv"], kernel_shape=[k, k]),
+                     helper.make_node("Transpose", ["cv"], ["t3"], perm=[1, 0, 2, 3]),
+                     helper.make_node("DepthToSpace", ["t3"], ["d"], blocksize=b),
+                     helper.make_node("Slice", ["d", "st", "en", "ax"], ["dc"]),
+                     helper.make_node("Add", ["dc", "bias"], ["ab"]),
+                     helper.make_node("Transpose", ["ab"], ["y"], perm=[1, 2, 3, 0])]
     e = hp - hw - pad
     inits = {"pads": np.array([0, pad, pad, 0, 0, e, e, 0], np.int64), "w": rand(co, c, k, k),
              "bias": rand(co, 1, 1, 1), "st": np.array([0, 0], np.int64), "en": np.array([hw, hw], np.int64),
@@ -90,19 +93,15 @@ def test_space_to_batch_of_a_dilated_depthwise_conv_with_its_activation(act):
     aspp_dilated96_int8io, round 45: the chain was missed for the activation, and the swap into
     the batch axis refused). One depthwise Conv with dilations 2, onnxruntime's values."""
     b, k, hw, c = 2, 3, 12, 4
-    pad = b * (k - 1) // 2
-    hp = -(-(hw + 2 * pad) // b) * b
+    pad, hp, head = _space_to_depth(b, k, hw, [3, 0, 1, 2])
     a = helper.make_node("Relu", ["dc"], ["ab"]) if act == "relu" else \
         helper.make_node("Clip", ["dc", "lo", "hi"], ["ab"])
-    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"]),
-             helper.make_node("Transpose", ["p"], ["t1"], perm=[3, 0, 1, 2]),
-             helper.make_node("SpaceToDepth", ["t1"], ["s"], blocksize=b),
-             helper.make_node("Transpose", ["s"], ["t2"], perm=[1, 0, 2, 3]),
-             helper.make_node("Conv", ["t2", "w", "bias"], ["cv"], kernel_shape=[k, k], group=c),
-             helper.make_node("Transpose", ["cv"], ["t3"], perm=[1, 0, 2, 3]),
-             helper.make_node("DepthToSpace", ["t3"], ["d"], blocksize=b),
-             helper.make_node("Slice", ["d", "st", "en", "ax"], ["dc"]), a,
-             helper.make_node("Transpose", ["ab"], ["y"], perm=[1, 2, 3, 0])]
+    nodes = head + [helper.make_node("Transpose", ["s"], ["t2"], perm=[1, 0, 2, 3]),
+                     helper.make_node("Conv", ["t2", "w", "bias"], ["cv"], kernel_shape=[k, k], group=c),
+                     helper.make_node("Transpose", ["cv"], ["t3"], perm=[1, 0, 2, 3]),
+                     helper.make_node("DepthToSpace", ["t3"], ["d"], blocksize=b),
+                     helper.make_node("Slice", ["d", "st", "en", "ax"], ["dc"]), a,
+                     helper.make_node("Transpose", ["ab"], ["y"], perm=[1, 2, 3, 0])]
     e = hp - hw - pad
     inits = {"pads": np.array([0, pad, pad, 0, 0, e, e, 0], np.int64), "w": rand(c, 1, k, k),
              "bias": rand(c), "st": np.array([0, 0], np.int64), "en": np.array([hw, hw], np.int64),
@@ -129,12 +128,8 @@ def test_space_to_batch_shared_by_a_conv_and_a_depthwise_conv():
     its own BatchToSpaceND (aspp_dilated96_int8io, round 45: refused for the swap into the batch
     axis). Both become dilated convs of the map, onnxruntime's values."""
     b, k, hw, c, co = 2, 3, 12, 4, 6
-    pad = b * (k - 1) // 2
-    hp = -(-(hw + 2 * pad) // b) * b
-    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"]),
-             helper.make_node("Transpose", ["p"], ["t1"], perm=[1, 0, 2, 3]),
-             helper.make_node("SpaceToDepth", ["t1"], ["s"], blocksize=b),
-             helper.make_node("Transpose", ["s"], ["t2"], perm=[1, 0, 2, 3])]
+    pad, hp, head = _space_to_depth(b, k, hw, [1, 0, 2, 3])
+    nodes = head + [helper.make_node("Transpose", ["s"], ["t2"], perm=[1, 0, 2, 3])]
     for j, (w, g_) in enumerate([("w", 1), ("wd", c)]):
         nodes += [helper.make_node("Conv", ["t2", w], [f"cv{j}"], kernel_shape=[k, k], group=g_),
                   helper.make_node("Transpose", [f"cv{j}"], [f"t3{j}"], perm=[1, 0, 2, 3]),
@@ -165,23 +160,19 @@ def test_space_to_batch_of_a_full_int8_tflite_dilated_conv():
     float and the chain one dilated Conv (it was left quantized, and the Transpose(1,0,2,3) into
     the batch axis was refused)."""
     b, k, hw, c, co = 2, 3, 12, 4, 6
-    pad = b * (k - 1) // 2
-    hp = -(-(hw + 2 * pad) // b) * b
+    pad, hp, head = _space_to_depth(b, k, hw, [1, 0, 2, 3])
     s, z = np.float32(0.05), np.uint8(128)
-    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"]),
-             helper.make_node("Transpose", ["p"], ["t1"], perm=[1, 0, 2, 3]),
-             helper.make_node("SpaceToDepth", ["t1"], ["s"], blocksize=b),
-             helper.make_node("QuantizeLinear", ["s", "sc", "zp"], ["sq"]),
-             helper.make_node("Transpose", ["sq"], ["t2q"], perm=[1, 0, 2, 3]),
-             helper.make_node("DequantizeLinear", ["t2q", "sc", "zp"], ["t2"]),
-             helper.make_node("Conv", ["t2", "w", "bias"], ["cv"], kernel_shape=[k, k]),
-             helper.make_node("QuantizeLinear", ["cv", "sc", "zp"], ["cq"]),
-             helper.make_node("Transpose", ["cq"], ["t3"], perm=[1, 0, 2, 3]),
-             helper.make_node("DepthToSpace", ["t3"], ["d"], blocksize=b),
-             helper.make_node("Slice", ["d", "st", "en", "ax"], ["dc"]),
-             helper.make_node("Transpose", ["dc"], ["t4"], perm=[1, 0, 2, 3]),
-             helper.make_node("DequantizeLinear", ["t4", "sc", "zp"], ["dq"]),
-             helper.make_node("Relu", ["dq"], ["y"])]
+    nodes = head + [helper.make_node("QuantizeLinear", ["s", "sc", "zp"], ["sq"]),
+                     helper.make_node("Transpose", ["sq"], ["t2q"], perm=[1, 0, 2, 3]),
+                     helper.make_node("DequantizeLinear", ["t2q", "sc", "zp"], ["t2"]),
+                     helper.make_node("Conv", ["t2", "w", "bias"], ["cv"], kernel_shape=[k, k]),
+                     helper.make_node("QuantizeLinear", ["cv", "sc", "zp"], ["cq"]),
+                     helper.make_node("Transpose", ["cq"], ["t3"], perm=[1, 0, 2, 3]),
+                     helper.make_node("DepthToSpace", ["t3"], ["d"], blocksize=b),
+                     helper.make_node("Slice", ["d", "st", "en", "ax"], ["dc"]),
+                     helper.make_node("Transpose", ["dc"], ["t4"], perm=[1, 0, 2, 3]),
+                     helper.make_node("DequantizeLinear", ["t4", "sc", "zp"], ["dq"]),
+                     helper.make_node("Relu", ["dq"], ["y"])]
     inits = {"pads": np.array([0, 0, pad, pad, 0, 0, hp - hw - pad, hp - hw - pad], np.int64),
              "w": rand(co, c, k, k, scale=0.2), "bias": rand(co), "st": np.array([0, 0], np.int64),
              "en": np.array([hw, hw], np.int64), "ax": np.array([2, 3], np.int64), "sc": s, "zp": z}
