@@ -273,6 +273,36 @@ def test_integer_conv_sums_equal_reference(seed):
             assert K.PreparedConv(conv, sum_rule, int_sums=False).int_sums is None
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_u8s8_sums_at_the_extremes(monkeypatch, stride):
+    """1 x 1 convs sum as uint8 weights x (x − 128) int8 plus a row of ones (intconv.py): at the
+    corners of both ranges (maps and weights of 0 and 255, zero points 0, 128 and 255, where a
+    saturating kernel's pair sums overflow) the int32 sums are the true ones, and the same as
+    ConvInteger's."""
+    pytest.importorskip("onnxruntime")
+    from tl2k210.k210.emulator import intconv
+    rng = np.random.default_rng(11)
+    for z in (0, 128, 255):
+        for ci in (1, 7, 300):
+            w = rng.choice(np.array([0, 255], np.uint8), (5, ci, 1, 1))
+            w[0] = 255
+            x = rng.choice(np.array([0, 255], np.uint8), (ci, 6, 8))
+            x[:, :2] = 255
+            want = np.einsum("oi,ihw->ohw", w[:, :, 0, 0].astype(np.int64) - z,
+                             x[:, ::stride, ::stride].astype(np.int64)).reshape(5, -1)
+            h, wd = 6 // stride, 8 // stride
+            got = intconv.ConvSums(w, z, stride)
+            assert got.box == intconv.u8s8_exact()
+            assert np.array_equal(got(x, h, wd), want), (z, ci)
+            with monkeypatch.context() as m:                    # the fold without numba
+                m.setattr(intconv.fast, "available", lambda: False)
+                assert np.array_equal(got(x, h, wd), want), (z, ci)
+            monkeypatch.setattr(intconv, "_EXACT", [False])     # the ConvInteger path
+            plain = intconv.ConvSums(w, z, stride)
+            assert not plain.box and np.array_equal(plain(x, h, wd), want), (z, ci)
+            monkeypatch.setattr(intconv, "_EXACT", [])
+
+
 @pytest.mark.parametrize("fold", [-255, 0, 1 << 14])
 def test_depthwise_fused_taps_are_exact(fold):
     """fast.dw_bn_lut sums in float32 when 9·255·max|w + fold| < 2^24 (every 8-bit file), else

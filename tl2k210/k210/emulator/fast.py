@@ -218,6 +218,16 @@ if njit is not None:
             _look_rows(buf, n, pages, fine, q, pc, out[o])
 
     @njit(nogil=True, cache=True)
+    def fold_box(y, z, k):  # pragma: no cover (compiled)
+        """y[o, p] += k[o] − z·y[−1, p] for every row but the last (intconv.ConvSums' uint8 x
+        int8 sums back to the KPU's, int32 modulo 2^32)."""
+        box = y[y.shape[0] - 1]
+        for o in range(y.shape[0] - 1):
+            row, ko = y[o], k[o]
+            for p in range(row.size):
+                row[p] = np.int32(row[p] + ko - z * box[p])
+
+    @njit(nogil=True, cache=True)
     def _step(v, starts, values):  # pragma: no cover (compiled)
         """values[j] for the last j with starts[j] <= v (starts[0] <= every reachable v)."""
         lo, hi = 0, starts.size - 1
