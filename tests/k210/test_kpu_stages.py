@@ -305,8 +305,9 @@ def test_u8s8_sums_at_the_extremes(monkeypatch, stride):
 
 @pytest.mark.parametrize("fold", [-255, 0, 1 << 14])
 def test_depthwise_fused_taps_are_exact(fold):
-    """fast.dw_bn_lut sums in float32 when 9·255·max|w + fold| < 2^24 (every 8-bit file), else
-    in float64; both give the reference's bytes, in one band or several."""
+    """fast.dw3_bn_lut sums in float32 when 9·255·max|w + fold| < 2^24 (every 8-bit file), else
+    in float64; both give the reference's bytes, in one band or several (a band's first and
+    last rows read the pad value from the kernel's own border)."""
     pytest.importorskip("numba")
     rng = np.random.default_rng(7)
     for i in range(6):
@@ -318,7 +319,7 @@ def test_depthwise_fused_taps_are_exact(fold):
                                  conv.bn, conv.act)
         p = K.PreparedConv(conv, threads=1 + 2 * (i % 2))
         p.bands = p.serial_bands = [(0, 1), (1, conv.in_shape[1])]
-        assert p.use_fast and p.wtap.dtype == (np.float64 if fold > 0 else np.float32)
+        assert p.use_fast and p.dw3 and p.wtap.dtype == (np.float64 if fold > 0 else np.float32)
         assert np.array_equal(p(x), want), (fold, i)
 
 

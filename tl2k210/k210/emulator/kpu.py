@@ -430,6 +430,9 @@ class PreparedConv:
         # float32 (fast.pad1 converts each value once; the taps would convert it nine times)
         fused_dw = self.use_fast and self.depthwise and self.table.fine is not None
         self.plane = np.float32 if fused_dw and self.wtap.dtype == np.float32 else np.uint8
+        # ... and a 3x3 one with the Σx term in its weights pads each channel itself, in cache
+        # (fast.dw3_bn_lut): no padded copy of the map at all
+        self.dw3 = fused_dw and self.k == 3 and self.x_exact
         # pick pools (nncase's stride-2 convs) sum only the picked windows (a quarter or a
         # sixteenth of the work). Max pools of a normal conv run on the sums, before the BN
         # stage, where the layer is monotone: V = ((ACC + c)·mul >> shift) + add is
@@ -577,10 +580,15 @@ class PreparedConv:
 
     def _fused_band(self, xp: np.ndarray, y: np.ndarray, r0: int, r1: int):
         """The numba path for rows [r0, r1): BN + activation lookup (and the depthwise taps) in
-        one pass over the band, written into y (C_out, H, W)."""
+        one pass over the band, written into y (C_out, H, W). xp is the padded input (the
+        input itself for dw3 layers, which pad in the kernel)."""
         a, co, t, w = self.args, self.out_shape[0], self.table, y.shape[2]
         rows = xp[:, r0:r1 + self.k - 1]
         out = y[:, r0:r1]
+        if self.dw3:
+            fast.dw3_bn_lut(xp, a["pad_value"], r0, self.wtap, *self.bn_args,
+                            self._buf((r1 - r0 - 1) * (w + 2) + w), out)
+            return
         if t.fine is not None and self.depthwise:
             hp, wp = xp.shape[1:]
             fast.dw_bn_lut(np.ascontiguousarray(xp).reshape(-1), hp * wp, wp, r0, self.wtap, self.k,
@@ -699,7 +707,7 @@ class PreparedConv:
             else:
                 for rr in bands:
                     fn(rr)
-        xp = self._pad(x, self.plane)
+        xp = x if self.dw3 else self._pad(x, self.plane)
         code = self.args["pool_type"]
         if self.pool_first:
             out = np.empty(self.out_shape, np.uint8) if out is None else out

@@ -1,6 +1,6 @@
 """Compile the emulator's numba kernels ahead of time, into numba's on-disk cache.
 
-A cold cache costs about 45 s of compilation (27 signatures then, 33 now; measured on a 2-core VM) spread over
+A cold cache costs about 45 s of compilation (27 signatures then, 35 now; measured on a 2-core VM) spread over
 the first frames a process runs, and again in every process that starts before the cache is
 written (each pytest-xdist worker). `make venv` runs this once after installing:
 
@@ -42,6 +42,10 @@ SIGNATURES = {
         '(float64[:, ::1], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], uint8[::1], uint8[:, ::1])',
         '(int32[:, ::1], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], uint8[::1], uint8[:, :])',
         '(float64[::1, :], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], uint8[::1], uint8[:, ::1])',
+    ],
+    'dw3_bn_lut': [
+        '(uint8[:, :, ::1], int64, int64, float32[:, ::1], int64[::1], int64[::1], int64[::1], int64[::1], uint16[::1], uint8[::1], int64, int64, UniTuple(int64, 19), int32[::1], uint8[:, :, :])',
+        '(uint8[:, :, ::1], int64, int64, float64[:, ::1], int64[::1], int64[::1], int64[::1], int64[::1], uint16[::1], uint8[::1], int64, int64, UniTuple(int64, 19), int32[::1], uint8[:, :, :])',
     ],
     'dw_bn_lut': [
         '(float32[::1], int64, int64, int64, float32[:, ::1], int64, int64, int64, boolean, int64[::1], int64[::1], int64[::1], int64[::1], uint16[::1], uint8[::1], int64, int64, UniTuple(int64, 19), int32[::1], uint8[:, :, ::1])',
