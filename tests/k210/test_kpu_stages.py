@@ -1,5 +1,6 @@
 """Each KPU stage against hand-computed values (docs/kpu.md#pipeline, #sum-rule)."""
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 import pytest
 
 from tl2k210.k210 import hardware as hw
@@ -273,28 +274,30 @@ def test_integer_conv_sums_equal_reference(seed):
             assert K.PreparedConv(conv, sum_rule, int_sums=False).int_sums is None
 
 
+@pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_u8s8_sums_at_the_extremes(monkeypatch, stride):
-    """1 x 1 convs sum as uint8 weights x (x − 128) int8 plus a row of ones (intconv.py): at the
-    corners of both ranges (maps and weights of 0 and 255, zero points 0, 128 and 255, where a
-    saturating kernel's pair sums overflow) the int32 sums are the true ones, and the same as
-    ConvInteger's."""
+def test_u8s8_sums_at_the_extremes(monkeypatch, stride, k):
+    """Convs sum as uint8 weights x (x − 128) int8 windows plus a row of ones (intconv.py): at
+    the corners of both ranges (maps and weights of 0 and 255, zero points 0, 128 and 255, where
+    a saturating kernel's pair sums overflow) the int32 sums are the true ones, with and without
+    numba, and the same as ConvInteger's."""
     pytest.importorskip("onnxruntime")
     from tl2k210.k210.emulator import intconv
     rng = np.random.default_rng(11)
+    h, wd = (7 - k) // stride + 1, (9 - k) // stride + 1
     for z in (0, 128, 255):
         for ci in (1, 7, 300):
-            w = rng.choice(np.array([0, 255], np.uint8), (5, ci, 1, 1))
+            w = rng.choice(np.array([0, 255], np.uint8), (5, ci, k, k))
             w[0] = 255
-            x = rng.choice(np.array([0, 255], np.uint8), (ci, 6, 8))
+            x = rng.choice(np.array([0, 255], np.uint8), (ci, 7, 9))
             x[:, :2] = 255
-            want = np.einsum("oi,ihw->ohw", w[:, :, 0, 0].astype(np.int64) - z,
-                             x[:, ::stride, ::stride].astype(np.int64)).reshape(5, -1)
-            h, wd = 6 // stride, 8 // stride
+            win = sliding_window_view(x, (k, k), axis=(1, 2))[:, ::stride, ::stride][:, :h, :wd]
+            want = np.einsum("oikl,ihwkl->ohw", w.astype(np.int64) - z,
+                             win.astype(np.int64)).reshape(5, -1)
             got = intconv.ConvSums(w, z, stride)
             assert got.box == intconv.u8s8_exact()
             assert np.array_equal(got(x, h, wd), want), (z, ci)
-            with monkeypatch.context() as m:                    # the fold without numba
+            with monkeypatch.context() as m:                    # without numba
                 m.setattr(intconv.fast, "available", lambda: False)
                 assert np.array_equal(got(x, h, wd), want), (z, ci)
             monkeypatch.setattr(intconv, "_EXACT", [False])     # the ConvInteger path

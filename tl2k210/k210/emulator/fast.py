@@ -218,6 +218,25 @@ if njit is not None:
             _look_rows(buf, n, pages, fine, q, pc, out[o])
 
     @njit(nogil=True, cache=True)
+    def im2col_s8(xp, h, w, s, k, out):  # pragma: no cover (compiled)
+        """out[(c·k + ky)·k + kx, y·w + x] = xp[c, y·s + ky, x·s + kx] XOR 0x80 (x − 128 as
+        int8 bits): the k x k windows starting every s rows and columns of the padded uint8
+        map xp (C, rows, cols), one row per tap, for intconv.ConvSums' uint8 x int8 product."""
+        for c in range(xp.shape[0]):
+            for ky in range(k):
+                for kx in range(k):
+                    orow = out[(c * k + ky) * k + kx]
+                    for y in range(h):
+                        src, o = xp[c, y * s + ky], orow[y * w:(y + 1) * w]
+                        if s == 1:
+                            seg = src[kx:kx + w]
+                            for x in range(w):
+                                o[x] = seg[x] ^ 0x80
+                        else:
+                            for x in range(w):
+                                o[x] = src[x * s + kx] ^ 0x80
+
+    @njit(nogil=True, cache=True)
     def fold_box(y, z, k):  # pragma: no cover (compiled)
         """y[o, p] += k[o] − z·y[−1, p] for every row but the last (intconv.ConvSums' uint8 x
         int8 sums back to the KPU's, int32 modulo 2^32)."""

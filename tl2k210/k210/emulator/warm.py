@@ -1,6 +1,6 @@
 """Compile the emulator's numba kernels ahead of time, into numba's on-disk cache.
 
-A cold cache costs about 45 s of compilation (27 signatures then, 35 now; measured on a 2-core VM) spread over
+A cold cache costs about 45 s of compilation (27 signatures then, 37 now; measured on a 2-core VM) spread over
 the first frames a process runs, and again in every process that starts before the cache is
 written (each pytest-xdist worker). `make venv` runs this once after installing:
 
@@ -61,6 +61,10 @@ SIGNATURES = {
     ],
     'fold_box': [
         '(int32[:, ::1], int32, int32[::1])',
+    ],
+    'im2col_s8': [
+        '(uint8[:, :, :], int64, int64, int64, int64, uint8[:, ::1])',
+        '(uint8[:, :, ::1], int64, int64, int64, int64, uint8[:, ::1])',
     ],
     'max2_bn_lut': [
         '(int64[:, :, ::1], uint8[::1], int64[::1], int64[::1], int64[::1], int64[::1], uint16[::1], uint8[::1], int64, int64, UniTuple(int64, 19), int32[::1], uint8[:, :, ::1])',
