@@ -9,7 +9,9 @@ onnxruntime's fused graph.
 
     python bench/emulator.py [--frames 20] [--runs 5] [--json bench/results/emulator.json]
 
-It prints the CPU model and load average beside the figures; frames/s are only that machine's.
+It prints the CPU model and load average beside the figures, and which exact integer sums the
+emulator takes there (uint8 x int8 where the CPU's product is exact, VNNI; else uint8 x uint8,
+slower: the emulator/onnxruntime ratio depends on it); frames/s are only that machine's.
 Warm-up (numba JIT compile, or loading it from numba's cache, and each multi-band layer's
 threads-or-not trials, kpu.TRIALS) happens before the timed runs; warm-up s is reported on its
 own. The emulator is bit-exact either way (tests/test_kpu_stages.py, test_emulator_speedpaths).
@@ -97,6 +99,15 @@ def timed(fn, frames):
         fn()
         best = min(best, time.thread_time() - f)
     return (time.perf_counter() - t) / frames, (time.process_time() - c) / frames, best
+
+
+def sums_kind() -> str:
+    """Which exact integer sums this machine's emulator takes (intconv.py)."""
+    if not intconv.available():
+        return "OFF: float BLAS"
+    if intconv.u8s8_exact():
+        return "uint8 x int8 MatMulInteger, exact on this CPU (as with VNNI)"
+    return "uint8 x uint8 ConvInteger: this CPU's uint8 x int8 product is not exact (no VNNI)"
 
 
 def ort_session(model, threads):
@@ -205,7 +216,7 @@ def main():
     from threadpoolctl import threadpool_limits
     cpu, load = cpu_model(), os.getloadavg()
     print(f"CPU: {cpu}, {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), load "
-          f"average {load[0]:.1f} at the start", flush=True)
+          f"average {load[0]:.1f} at the start; integer sums: {sums_kind()}", flush=True)
     rows = []
     for name, folder in MODELS:
         if args.models and name not in args.models:
@@ -246,14 +257,15 @@ def main():
           f"threads within each frame; frames 2t/1t = speed-up of 2 frames at once "
           f"(Emulator.run_frames, each on a 1-thread copy) over 1 emulator running them in turn; "
           f"threads kept = multi-band layers whose measured trials kept 2 threads; int "
-          f"sums = normal convs summed by onnxruntime's exact ConvInteger "
-          f"({'on' if intconv.available() else 'OFF: float BLAS'}); numba "
+          f"sums = normal convs summed by onnxruntime's exact integer ops "
+          f"({sums_kind()}); numba "
           f"{'on' if fast.available() else 'OFF (the slower pure numpy path)'}; fps are this "
           f"machine's only: {cpu}, {os.cpu_count()} CPUs, load average {load[0]:.1f} -> "
           f"{load_end[0]:.1f})")
     meta = {"cpu": cpu, "cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
             "frames": args.frames, "runs": args.runs, "numpy": np.__version__,
-            "numba": fast.available(), "int_sums": intconv.available(), "load_avg_start": load,
+            "numba": fast.available(), "int_sums": intconv.available(),
+            "u8s8_exact": intconv.u8s8_exact(), "load_avg_start": load,
             "load_avg_end": load_end}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
