@@ -115,7 +115,9 @@ def check_onnx(model, where):
     import onnx
 
     from tl2k210.graph import ir4_if_initializers_unlisted
-    model = ir4_if_initializers_unlisted(model)
+
+    from .repair import repair
+    model = repair(ir4_if_initializers_unlisted(model))
     try:
         onnx.checker.check_model(model)
     except Exception as e:  # onnx raises several kinds
