@@ -1,6 +1,6 @@
 """Ops with no kmodel layer of their own, as the ops they are made of (equal in float):
 LogSoftmax -> Softmax + Log; InstanceNormalization -> reduce and broadcast binary ops; Tile
-(torch's repeat) -> Concat of copies."""
+(torch's repeat) -> Concat of copies; ReduceSumSquare -> Mul + ReduceSum."""
 import numpy as np
 
 from tl2k210.graph import Node
@@ -91,4 +91,29 @@ def tile(g, log):
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new
         log(n.name, f"Tile {np.asarray(reps).tolist()} -> {len(todo)} Concat(s)")
+    return g
+
+
+def reduce_sum_square(g, log):
+    """ReduceSumSquare (tf2onnx's LayerNormalization over a reshaped batch) -> Mul(x, x) and a
+    ReduceSum on the same axes (any, the batch axis too), keepdims and noop_with_empty_axes kept."""
+    for n in [n for n in g.nodes if n.op == "ReduceSumSquare"]:
+        x, y, nm = n.inputs[0], n.outputs[0], n.name
+        if len(n.inputs) > 1 and n.inputs[1]:
+            axes = g.const(n.inputs[1])
+            if axes is None:
+                continue
+            axes = [int(a) for a in np.asarray(axes).reshape(-1)]
+        else:
+            axes = list(n.attrs.get("axes", []))
+        attrs = {k: n.attrs[k] for k in ("keepdims", "noop_with_empty_axes") if k in n.attrs}
+        sq = g.add_tensor(f"{y}/square", g.shape(x))
+        if g.meta.get("opset", 13) >= 13:            # ReduceSum's axes an input from opset 13
+            ins = [sq] + ([g.add_const(np.array(axes, np.int64), nm + "/axes")] if axes else [])
+        else:
+            ins, attrs = [sq], {**attrs, **({"axes": axes} if axes else {})}
+        i = g.nodes.index(n)
+        g.nodes[i:i + 1] = [Node("Mul", [x, x], [sq], {}, nm + "/square", [nm]),
+                            Node("ReduceSum", ins, [y], attrs, nm, [nm])]
+        log(nm, f"ReduceSumSquare axes {axes} -> Mul(x, x) + ReduceSum")
     return g
