@@ -698,14 +698,17 @@ def _dense_weights(g, node):
     W = np.asarray(W, np.float64)
     a = node.attrs
     if node.op == "Gemm":
-        if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+        if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0:
             return None
         W = W if a.get("transB", 0) else W.T
     else:
         W = W.T
     bias = np.zeros(W.shape[0])
     if node.op == "Gemm" and len(node.inputs) > 2 and node.inputs[2]:
-        bias = np.broadcast_to(np.asarray(g.const(node.inputs[2]), np.float64), bias.shape)
+        C = g.const(node.inputs[2])
+        if C is None or np.size(C) not in (1, W.shape[0]):
+            return None
+        bias = np.broadcast_to(a.get("beta", 1.0) * np.asarray(C, np.float64).reshape(-1), bias.shape)
     return W, bias
 
 
