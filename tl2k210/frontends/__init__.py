@@ -46,7 +46,8 @@ def load_model(src, **opts):
             from .keras import from_keras
             return from_keras(src, **opts)
         if mod.startswith("onnx"):
-            return src
+            from .repair import repair
+            return repair(src)
         raise ModelLoadError(f"cannot convert a {type(src).__name__} ({mod}); give a TensorLayer/Keras model "
                              "or a .keras/.h5/.tflite/.onnx file or a SavedModel directory")
     import onnx
