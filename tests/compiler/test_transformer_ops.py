@@ -8,7 +8,7 @@ import math
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from front_helpers import make_model, ort_run
 from tl2k210.compiler import ConvertOptions, convert
