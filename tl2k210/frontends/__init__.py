@@ -46,7 +46,8 @@ def load_model(src, **opts):
             from .keras import from_keras
             return from_keras(src, **opts)
         if mod.startswith("onnx"):
-            return src
+            from .repair import repair
+            return repair(src)
         raise ModelLoadError(f"cannot convert a {type(src).__name__} ({mod}); give a TensorLayer/Keras model "
                              "or a .keras/.h5/.tflite/.onnx file or a SavedModel directory")
     import onnx
@@ -115,7 +116,9 @@ def check_onnx(model, where):
     import onnx
 
     from tl2k210.graph import ir4_if_initializers_unlisted
-    model = ir4_if_initializers_unlisted(model)
+
+    from .repair import repair
+    model = repair(ir4_if_initializers_unlisted(model))
     try:
         onnx.checker.check_model(model)
     except Exception as e:  # onnx raises several kinds

@@ -22,8 +22,9 @@ Custom ops (CUSTOM opcodes: a vendor's kernels the TFLite runtime links in) have
     (TFLite_Detection_PostProcess) is refused too: tf2onnx maps it, but to NonMaxSuppression and
     loops that no K210 runtime has, which the lowering then refused under those names.
 
-A builtin op tf2onnx has no conversion for (the recurrent ones: UNIDIRECTIONAL_SEQUENCE_LSTM...)
-is only logged by it, which then fails on what the op left out or keeps it: refused by name first.
+A builtin op tf2onnx has no conversion for: GELU (Keras' gelu activation) is kept by tf2onnx as
+a custom-domain node and `tflite_ops` writes the ONNX ops it computes; any other (the recurrent
+ones: UNIDIRECTIONAL_SEQUENCE_LSTM...) is only logged by it, which then fails on what the op left out or keeps it: refused by name first.
 """
 import json
 import os
@@ -32,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import OPSET, ModelLoadError, mediapipe_ops, tf_convert
+from . import OPSET, ModelLoadError, mediapipe_ops, tf_convert, tflite_ops
 
 
 def _check_header(path):
@@ -105,7 +106,7 @@ def check_builtin_ops(model, path):
     for sg in model.subgraphs:
         for i, op in enumerate(sg.operators):
             name = fu.opcode_to_name(model, op.opcodeIndex)
-            if name in ("CUSTOM", "DENSIFY") or f"TFL_{name}" in known:
+            if name in ("CUSTOM", "DENSIFY") or name in tflite_ops.OPS or f"TFL_{name}" in known:
                 continue
             raise ModelLoadError(
                 f"{path}: {_builtin_op(i, name)}; {_tensors(sg, op)}. Refused: tf2onnx, "
@@ -254,10 +255,12 @@ def densify(path, out_path):
 
 
 def _tf2onnx(src, where, **kw):
-    """tf2onnx.convert.from_tflite keeping MediaPipe's pooling ops, then mapped to ONNX ops."""
+    """tf2onnx.convert.from_tflite keeping MediaPipe's pooling ops and the builtin ops of
+    `tflite_ops`, then mapped to ONNX ops."""
     import tf2onnx
-    model, external = tf2onnx.convert.from_tflite(src, custom_ops=mediapipe_ops.tf2onnx_custom_ops(), **kw)
-    return mediapipe_ops.to_standard_ops(model, where), external
+    custom = {**mediapipe_ops.tf2onnx_custom_ops(), **tflite_ops.tf2onnx_custom_ops()}
+    model, external = tf2onnx.convert.from_tflite(src, custom_ops=custom, **kw)
+    return tflite_ops.to_standard_ops(mediapipe_ops.to_standard_ops(model, where), where), external
 
 
 def from_tflite(path, opset=None):

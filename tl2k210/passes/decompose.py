@@ -1,6 +1,7 @@
 """Ops with no kmodel layer of their own, as the ops they are made of (equal in float):
 LogSoftmax -> Softmax + Log; InstanceNormalization -> reduce and broadcast binary ops; Tile
-(torch's repeat) -> Concat of copies."""
+(torch's repeat) -> Concat of copies; ReduceSumSquare -> Mul + ReduceSum; BatchNormalization of
+computed statistics -> broadcast binary ops."""
 import numpy as np
 
 from tl2k210.graph import Node
@@ -91,4 +92,70 @@ def tile(g, log):
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new
         log(n.name, f"Tile {np.asarray(reps).tolist()} -> {len(todo)} Concat(s)")
+    return g
+
+
+def reduce_sum_square(g, log):
+    """ReduceSumSquare (tf2onnx's LayerNormalization over a reshaped batch) -> Mul(x, x) and a
+    ReduceSum on the same axes (any, the batch axis too), keepdims and noop_with_empty_axes kept."""
+    for n in [n for n in g.nodes if n.op == "ReduceSumSquare"]:
+        x, y, nm = n.inputs[0], n.outputs[0], n.name
+        if len(n.inputs) > 1 and n.inputs[1]:
+            axes = g.const(n.inputs[1])
+            if axes is None:
+                continue
+            axes = [int(a) for a in np.asarray(axes).reshape(-1)]
+        else:
+            axes = list(n.attrs.get("axes", []))
+        attrs = {k: n.attrs[k] for k in ("keepdims", "noop_with_empty_axes") if k in n.attrs}
+        sq = g.add_tensor(f"{y}/square", g.shape(x))
+        if g.meta.get("opset", 13) >= 13:            # ReduceSum's axes an input from opset 13
+            ins = [sq] + ([g.add_const(np.array(axes, np.int64), nm + "/axes")] if axes else [])
+        else:
+            ins, attrs = [sq], {**attrs, **({"axes": axes} if axes else {})}
+        i = g.nodes.index(n)
+        g.nodes[i:i + 1] = [Node("Mul", [x, x], [sq], {}, nm + "/square", [nm]),
+                            Node("ReduceSum", ins, [y], attrs, nm, [nm])]
+        log(nm, f"ReduceSumSquare axes {axes} -> Mul(x, x) + ReduceSum")
+    return g
+
+
+def batchnorm_of_activations(g, log):
+    """BatchNormalization whose mean or variance is computed (tf2onnx's LayerNormalization: the
+    statistics of each row, as a batch norm over a reshaped map) -> (x - mean) / sqrt(var + eps)
+    * scale + bias, each vector reshaped to broadcast over the channel axis 1 (Reshape, Sub,
+    Add, Sqrt, Div, Mul, Add). A batch norm of constants is fold_batchnorm's."""
+    for n in [n for n in g.nodes if n.op == "BatchNormalization"]:
+        if len(n.inputs) != 5 or len(n.outputs) != 1 or (g.const(n.inputs[3]) is not None
+                                                         and g.const(n.inputs[4]) is not None):
+            continue
+        x, y, nm = n.inputs[0], n.outputs[0], n.name
+        shape = g.shape(x)
+        if shape is None or len(shape) < 2:
+            continue
+        c, bshape = shape[1], (shape[1],) + (1,) * (len(shape) - 2)
+        new = []
+
+        def vec(t, k):
+            """The [C] vector `t` as a [C, 1, ...] tensor (a constant, or a Reshape node)."""
+            if g.const(t) is not None:
+                return g.add_const(np.asarray(g.const(t), np.float32).reshape(bshape), f"{nm}/{k}")
+            r = g.add_tensor(f"{y}/{k}", bshape)
+            new.append(Node("Reshape", [t, g.add_const(np.array(bshape, np.int64), f"{nm}/{k}_shape")], [r], {},
+                            f"{nm}/{k}", [nm]))
+            return r
+
+        scale, bias, mean, var = (vec(t, k) for t, k in zip(n.inputs[1:], ("scale", "bias", "mean", "var")))
+        t = {k: g.add_tensor(f"{y}/{k}", shape if k in ("d", "norm", "scaled") else bshape)
+             for k in ("d", "var_eps", "std", "norm", "scaled")}
+        eps = g.add_const(np.array(n.attrs.get("epsilon", 1e-5), np.float32), nm + "/eps")
+        new += [Node("Sub", [x, mean], [t["d"]], {}, nm + "/center", [nm]),
+                Node("Add", [var, eps], [t["var_eps"]], {}, nm + "/eps", [nm]),
+                Node("Sqrt", [t["var_eps"]], [t["std"]], {}, nm + "/std", [nm]),
+                Node("Div", [t["d"], t["std"]], [t["norm"]], {}, nm + "/normalize", [nm]),
+                Node("Mul", [t["norm"], scale], [t["scaled"]], {}, nm + "/scale", [nm]),
+                Node("Add", [t["scaled"], bias], [y], {}, nm, [nm])]
+        i = g.nodes.index(n)
+        g.nodes[i:i + 1] = new
+        log(nm, f"BatchNormalization of computed statistics ({c} channels) -> Sub, Add, Sqrt, Div, Mul, Add")
     return g

@@ -78,6 +78,12 @@ def kpu_fc_refuses(g, node, opts):
     return None
 
 
+def dense_rows(g, node):
+    """How many vectors a MatMul / Gemm with constant weights multiplies (its input's leading dims)."""
+    shape = g.shape(node.inputs[0]) if g.tensors[node.inputs[0]].shape is not None else None
+    return int(np.prod(shape[:-1], dtype=np.int64)) if shape else 1
+
+
 def float_fc_refuses(g, node, opts):
     if node.op == "Conv":
         if not is_dense(g, node):
@@ -86,6 +92,8 @@ def float_fc_refuses(g, node, opts):
         W = g.const(node.inputs[1])
         if W is None or g.const(node.inputs[0]) is not None:
             return f"{node.op} of two activations has no v3 layer (only constant weights)"
+        if dense_rows(g, node) > 1:
+            return f"{dense_rows(g, node)} rows: FULLY_CONNECTED multiplies one vector"
         a = node.attrs
         if node.op == "Gemm" and (a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0):
             return f"Gemm {a}: only transB and a bias"

@@ -30,12 +30,12 @@ from tl2k210.quantize.metrics import sqnr_db
 
 from .cpu import table
 from .conv import dense_matrix, is_dense
-from .fc import feeds_output, float_fc_refuses, source_unit
+from .fc import dense_rows, feeds_output, float_fc_refuses, source_unit
 from .kxk import phase_forms
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .state import wants_small
 from .v4elementwise import g4, nnil_ops
-from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, nnil_code, pixel_affine
+from .v4emit import BYTES, F32, FLT_MAX, NO_CLAMP, U8, Const, main, nnil_code, pixel_affine
 from .v4ops import _pool_pads, window_pool
 from .v4resize import resize_as_mean
 
@@ -610,35 +610,78 @@ def conv_transpose(lw, node):
 
 # ---------------------------------------------------------------------------------------------
 def _mm_dims(g, node):
-    """(M, K, N) of a MatMul whose leading dims are 1, or None."""
+    """(B, M, K, N, a_step, b_step) of a MatMul: B products of MxK by KxN, the i-th reading the
+    operands' i-th matrices (step 1) or their only one (step 0, a broadcast operand); None where
+    an operand's batch is neither the output's nor all ones."""
     a, b, y = (tuple(g.shape(t)) if g.tensors[t].shape is not None else np.shape(g.const(t))
                for t in (*node.inputs[:2], node.outputs[0]))
-    if len(a) < 2 or len(b) < 2 or any(d != 1 for d in a[:-2] + b[:-2]):
+    if len(a) < 2 or len(b) < 2 or len(y) < 2:
         return None
-    return a[-2], a[-1], b[-1]
+    batch = y[:-2]
+    steps = []
+    for s in (a, b):
+        lead = (1,) * (len(batch) - len(s[:-2])) + s[:-2]
+        if len(lead) != len(batch):
+            return None
+        if all(d == 1 for d in lead):
+            steps.append(0)
+        elif lead == batch:
+            steps.append(1)
+        else:
+            return None
+    return int(np.prod(batch, dtype=np.int64)), a[-2], a[-1], b[-1], *steps
 
 
 def matmul_refuses(g, node, opts):
-    if node.op != "MatMul":
+    if node.op not in ("MatMul", "Gemm"):
         return NA
     if g.const(node.inputs[1]) is not None or g.const(node.inputs[0]) is not None:
-        return NA       # constant weights: a dense layer
+        # constant weights: a dense layer; the float matmul takes the many-row ones (tokens)
+        if _dense_weights(g, node) is None or dense_rows(g, node) < 2:
+            return NA
+        if _float_clamp(node.attrs.get("activation")) is None:
+            return f"activation {node.attrs['activation']['op']} after a float matmul: only ReLU / Clip fuse"
+        return None
+    if node.op == "Gemm":
+        return NA
     if _mm_dims(g, node) is None:
-        return f"batched MatMul {g.shape(node.inputs[0])} x {g.shape(node.inputs[1])}: only 2-D products"
+        return (f"batched MatMul {g.shape(node.inputs[0])} x {g.shape(node.inputs[1])}: only batches that "
+                "match the output's or are broadcast whole")
     return None
 
 
-@lowering("MatMul", unit=CPU_F32, check=matmul_refuses, formats=("v4",), name="matmul")
+@lowering("MatMul", "Gemm", unit=CPU_F32, check=matmul_refuses, formats=("v4",), name="matmul")
 def matmul(lw, node):
-    a_t, b_t = node.inputs
+    """A product of two activations: one v4 matmul per matrix of the batch (attention's heads), at
+    the matrices' offsets. A dense layer over many rows (a token sequence): one matmul, the
+    weights a constant operand."""
     out = node.outputs[0]
-    m, k, n = _mm_dims(lw.g, node)
-    row = lw.row(node, "product of two activations: float matmul", out_shape=lw.shape(out), macs=m * k * n)
+    if lw.g.const(node.inputs[1]) is not None:
+        W, B = _dense_weights(lw.g, node)
+        n, k = W.shape
+        m = dense_rows(lw.g, node)
+        row = lw.row(node, f"dense layer over {m} rows: float matmul", out_shape=lw.shape(out), macs=m * k * n,
+                     weight_bytes=4 * (W.size + n))
+        src = lw.need_f32(node.inputs[0], row)
+        loc = lw.f32_out(out)
+        lw.emit_v4("matmul", dict(input_a=main(F32, src, m * k), input_b=Const(np.ascontiguousarray(W.T, np.float32)),
+                                  output=main(F32, loc.f32, m * n), a_rows=m, a_cols=k, b_cols=n,
+                                  fused_activation=_float_clamp(node.attrs.get("activation"))), row,
+                   data={"bias": np.asarray(B, np.float32)})
+        lw.traced(out, "f32")
+        return
+    a_t, b_t = node.inputs
+    batch, m, k, n, sa, sb = _mm_dims(lw.g, node)
+    row = lw.row(node, "product of two activations: float matmul" + (f" x{batch}" if batch > 1 else ""),
+                 out_shape=lw.shape(out), macs=batch * m * k * n)
     ra, rb = lw.need_f32(a_t, row), lw.need_f32(b_t, row)
     loc = lw.f32_out(out)
-    lw.emit_v4("matmul", dict(input_a=main(F32, ra, m * k), input_b=main(F32, rb, k * n),
-                              output=main(F32, loc.f32, m * n), a_rows=m, a_cols=k, b_cols=n,
-                              fused_activation=NO_CLAMP), row, data={"bias": np.zeros(n, np.float32)})
+    f = BYTES[F32]
+    for i in range(batch):
+        lw.emit_v4("matmul", dict(input_a=main(F32, ra + i * sa * m * k * f, m * k),
+                                  input_b=main(F32, rb + i * sb * k * n * f, k * n),
+                                  output=main(F32, loc.f32 + i * m * n * f, m * n), a_rows=m, a_cols=k, b_cols=n,
+                                  fused_activation=NO_CLAMP), row, data={"bias": np.zeros(n, np.float32)})
     lw.traced(out, "f32")
 
 
@@ -655,14 +698,17 @@ def _dense_weights(g, node):
     W = np.asarray(W, np.float64)
     a = node.attrs
     if node.op == "Gemm":
-        if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+        if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0:
             return None
         W = W if a.get("transB", 0) else W.T
     else:
         W = W.T
     bias = np.zeros(W.shape[0])
     if node.op == "Gemm" and len(node.inputs) > 2 and node.inputs[2]:
-        bias = np.broadcast_to(np.asarray(g.const(node.inputs[2]), np.float64), bias.shape)
+        C = g.const(node.inputs[2])
+        if C is None or np.size(C) not in (1, W.shape[0]):
+            return None
+        bias = np.broadcast_to(a.get("beta", 1.0) * np.asarray(C, np.float64).reshape(-1), bias.shape)
     return W, bias
 
 
@@ -675,6 +721,9 @@ def qmatmul_refuses(g, node, opts):
         return f"activation {act['op']} has no function of one value to tabulate"
     if wb[0].shape[1] > ACC_TAPS_MAX:
         return f"{wb[0].shape[1]} inputs per output overflow the int32 accumulator (at most {ACC_TAPS_MAX:,})"
+    rows = dense_rows(g, node) if node.op != "Conv" else 1
+    if rows > 1 and len(weight_parts(wb[0], 1)) > 1:
+        return f"{rows} rows with the outputs in {len(weight_parts(wb[0], 1))} weight scales: one scale per matmul"
     if wants_small(opts, node):
         return None             # 4x less weight memory than the float layer: the plan needs it to fit
     if source_unit(g, node.inputs[0], opts) in ("input", CPU_F32) and float_fc_refuses(g, node, opts) is None:
@@ -693,9 +742,11 @@ def quantized_matmul(lw, node):
     x, out = node.inputs[0], node.outputs[0]
     W, B = _dense_weights(lw.g, node)
     n_out, k = W.shape
+    m = dense_rows(lw.g, node) if node.op != "Conv" else 1      # rows (tokens), each a vector
     act = node.attrs.get("activation")
-    row = lw.row(node, "dense layer over the KPU's channels: quantized_matmul on uint8", in_shape=(k,),
-                 out_shape=(n_out,), macs=W.size, weight_bytes=W.size + 4 * n_out)
+    row = lw.row(node, "dense layer over the KPU's channels: quantized_matmul on uint8"
+                 + (f" ({m} rows)" if m > 1 else ""), in_shape=(k,) if m == 1 else (m, k),
+                 out_shape=(n_out,) if m == 1 else (m, n_out), macs=m * W.size, weight_bytes=W.size + 4 * n_out)
     src = lw.need_u8(x, row)
     s_x, z_x = lw.locs[x].quant
     parts = weight_parts(W, 1)
@@ -712,8 +763,8 @@ def quantized_matmul(lw, node):
         bq = np.clip(np.rint(B[o0:o1] / (s_x * s_w)), -(2 ** 31), 2 ** 31 - 1).astype(np.int64)
         om, osh = fx.fixed_mul(s_x * s_w / s_y, 32, 62)
         idx.append(lw.emit_v4("quantized_matmul", dict(
-            input_a=main(U8, src, k), input_b=Const(np.ascontiguousarray(wq.T).reshape(-1), U8),   # (K, n) row-major
-            output=main(U8, loc.u8 + o0, o1 - o0), a_rows=1, a_cols=k, b_cols=o1 - o0, input_a_offset=-z_x,
+            input_a=main(U8, src, m * k), input_b=Const(np.ascontiguousarray(wq.T).reshape(-1), U8),   # (K, n)
+            output=main(U8, loc.u8 + o0, m * (o1 - o0)), a_rows=m, a_cols=k, b_cols=o1 - o0, input_a_offset=-z_x,
             input_b_offset=-z_w, output_mul=om, output_shift=osh, output_offset=z_y), row, data={"bias": bq}))
     lw.trace_map[y_t] = (idx[0] if len(idx) == 1 else tuple(idx), "u8")
     if not direct:

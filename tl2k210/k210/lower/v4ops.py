@@ -68,9 +68,33 @@ def _rank_ok(g, node):
 
 # ---------------------------------------------------------------------------------------------
 # data movement
+def compact_transpose(shape, perm):
+    """(shape, perm) of the same data movement with the unit axes dropped and the input axes that
+    stay neighbours in the output merged: a 5-D transpose of a map with unit axes is 4-D or less."""
+    keep = [a for a in range(len(shape)) if shape[a] != 1]
+    order = [a for a in perm if shape[a] != 1]          # the output's non-unit input axes
+    groups = []
+    for a in order:                                      # runs of consecutive input axes
+        if groups and a == groups[-1][-1] + 1:
+            groups[-1].append(a)
+        else:
+            groups.append([a])
+    firsts = sorted(gr[0] for gr in groups)
+    by_first = {gr[0]: gr for gr in groups}
+    new_shape = tuple(int(np.prod([shape[a] for a in by_first[f]])) for f in firsts)
+    new_perm = [firsts.index(gr[0]) for gr in groups]
+    assert sum(len(gr) for gr in groups) == len(keep)
+    return (new_shape or (1,)), (new_perm or [0])
+
+
+def _perm(g, node):
+    rank = len(g.shape(node.inputs[0]))
+    return list(node.attrs.get("perm", range(rank)[::-1]))
+
+
 def transpose_refuses(g, node, opts):
     why = _rank_ok(g, node)
-    if why:
+    if why and len(compact_transpose(g.shape(node.inputs[0]), _perm(g, node))[0]) > 4:
         return why
     if any(len(g.shape(t)) == 4 and g.shape(t)[0] != 1 for t in node.inputs[:1] + node.outputs):
         return (f"{g.shape(node.inputs[0])} -> {g.shape(node.outputs[0])} moves data into the batch axis (a "
@@ -81,16 +105,20 @@ def transpose_refuses(g, node, opts):
 @lowering("Transpose", unit=CPU_U8, check=transpose_refuses, formats=("v4",), name="transpose")
 def transpose(lw, node):
     x, out = node.inputs[0], node.outputs[0]
-    rank = len(lw.g.shape(x))
-    perm = list(node.attrs.get("perm", range(rank)[::-1]))
-    k = 4 - rank
-    perm4 = list(range(k)) + [p + k for p in perm]
+    perm = _perm(lw.g, node)
+    shape = tuple(lw.g.shape(x))
+    if len(shape) > 4:              # unit axes dropped, neighbours merged (transpose_refuses)
+        shape, perm_c = compact_transpose(shape, perm)
+    else:
+        perm_c = perm
+    k = 4 - len(shape)
+    perm4 = list(range(k)) + [p + k for p in perm_c]
     dt = _form(lw, x)
     row = lw.row(node, f"transpose {perm} on {'uint8' if dt == U8 else 'float32'}", out_shape=lw.shape(out))
     src = _src(lw, x, dt, row)
     dst = _out(lw, out, dt, x)
     n = _count(lw, x)
-    lw.emit_v4("transpose", dict(input=main(dt, src, n), output=main(dt, dst, n), in_shape=g4(lw.g, x),
+    lw.emit_v4("transpose", dict(input=main(dt, src, n), output=main(dt, dst, n), in_shape=(1,) * k + shape,
                                  perm=tuple(perm4)), row)
     _mark(lw, out, dt)
 

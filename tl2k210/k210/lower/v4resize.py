@@ -30,7 +30,9 @@ nearest on uint8); nearest runs on uint8 (an index copy is exact on the quantize
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -89,21 +91,47 @@ def onnx_coords(mode, n, m, scale):
     return None
 
 
+def _exact_coord(mode, n, m, s, o):
+    """ONNX's input coordinate of output `o` in exact rational arithmetic (scale `s` a Fraction)."""
+    half = Fraction(1, 2)
+    if mode == "half_pixel" or (mode == "pytorch_half_pixel" and m > 1):
+        return (o + half) / s - half
+    if mode == "pytorch_half_pixel":
+        return Fraction(0)
+    if mode == "asymmetric":
+        return Fraction(o) / s
+    if mode == "align_corners":
+        return Fraction(o * (n - 1), m - 1) if m > 1 else Fraction(0)
+    if mode == "tf_half_pixel_for_nn":
+        return (o + half) / s
+    if mode == "half_pixel_symmetric":          # opset 19
+        adj = Fraction(m) / (s * n)
+        return Fraction(n, 2) * (1 - adj) + (o + half) / s - half
+    return None
+
+
 def onnx_nearest(mode, nearest, n, m, scale):
-    c = onnx_coords(mode, n, m, scale)
-    if c is None:
+    """The source index of each output of a nearest resize, clamped to the input: ONNX's formula
+    in exact arithmetic, as onnxruntime picks them at ties (18 -> 20 asymmetric round_prefer_ceil:
+    output 15 is 13.5 -> 14, where float32 gives 13.499999). A scale that is out / in rounded to
+    float32 (sizes, or tf2onnx's scales: 1.1111112) is taken as out / in exactly."""
+    s = Fraction(m, n) if np.float32(scale) == f32(m) / f32(n) else Fraction(float(scale))
+    if _exact_coord(mode, n, m, s, 0) is None:
         return None
-    fl = np.floor(c)
-    frac = c - fl
-    if nearest == "floor":
-        idx = fl
-    elif nearest == "ceil":
-        idx = np.ceil(c)
-    elif nearest == "round_prefer_ceil":
-        idx = np.where(frac >= 0.5, fl + 1, fl)
-    else:   # round_prefer_floor
-        idx = np.where(frac > 0.5, fl + 1, fl)
-    return np.clip(idx, 0, n - 1).astype(np.int64)
+    out = []
+    for o in range(m):
+        c = _exact_coord(mode, n, m, s, o)
+        fl = math.floor(c)
+        if nearest == "floor":
+            i = fl
+        elif nearest == "ceil":
+            i = math.ceil(c)
+        elif nearest == "round_prefer_ceil":
+            i = fl + 1 if c - fl >= Fraction(1, 2) else fl
+        else:   # round_prefer_floor
+            i = fl + 1 if c - fl > Fraction(1, 2) else fl
+        out.append(min(max(i, 0), n - 1))
+    return np.array(out, np.int64)
 
 
 def v4_coords(n, m, align):
