@@ -237,12 +237,12 @@ if njit is not None:
                                 o[x] = src[x * s + kx] ^ 0x80
 
     @njit(nogil=True, cache=True)
-    def fold_box(y, z, k):  # pragma: no cover (compiled)
-        """y[o, p] += k[o] − z·y[−1, p] for every row but the last (intconv.ConvSums' uint8 x
-        int8 sums back to the KPU's, int32 modulo 2^32)."""
+    def fold_box(y, z, offset):  # pragma: no cover (compiled)
+        """y[o, p] += offset[o] − z·y[−1, p] for every row but the last (intconv.ConvSums'
+        uint8 x int8 sums back to the KPU's, int32 modulo 2^32)."""
         box = y[y.shape[0] - 1]
         for o in range(y.shape[0] - 1):
-            row, ko = y[o], k[o]
+            row, ko = y[o], offset[o]
             for p in range(row.size):
                 row[p] = np.int32(row[p] + ko - z * box[p])
 

@@ -101,10 +101,10 @@ def u8s8_exact() -> bool:
         for m, k, n in ((17, 72, 40), (64, 300, 96)) if ok else ():
             a = np.full((m, k), 255, np.uint8)
             a[-1] = rng.integers(0, 256, k)
+            product = _u8s8(a)
             for b in (np.full((k, n), -128, np.int8), np.full((k, n), 127, np.int8),
                       rng.integers(-128, 128, (k, n)).astype(np.int8)):
-                want = a.astype(np.int64) @ b.astype(np.int64)
-                ok = ok and np.array_equal(_u8s8(a)(b), want)
+                ok = ok and np.array_equal(product(b), a.astype(np.int64) @ b.astype(np.int64))
         _EXACT.append(bool(ok))
     return _EXACT[0]
 
@@ -127,14 +127,13 @@ class ConvSums:
         if not fits(w, z):
             raise ValueError("ConvSums: the weights break the int32 bound; use the float path")
         co, ci, k = w.shape[:3]
-        self.co, self.ci, self.stride = co, ci, stride
-        self.kk = k
+        self.co, self.ci, self.k, self.stride = co, ci, k, stride
         self.box = u8s8_exact()     # MatMulInteger, see the module docstring
         if self.box:
             w2 = w.reshape(co, ci * k * k).astype(np.uint8)
             self._mm = _u8s8(np.concatenate([w2, np.ones((1, w2.shape[1]), np.uint8)]))
             self.z = np.int32(z)
-            self.k = (128 * (w2.astype(np.int64).sum(axis=1) - z * w2.shape[1])).astype(np.int32)
+            self.offset = (128 * (w2.astype(np.int64).sum(axis=1) - z * w2.shape[1])).astype(np.int32)
             return
         node = helper.make_node("ConvInteger", ["x", "w", "", "z"], ["y"], strides=[stride, stride])
         self.sess = _session(node, [helper.make_tensor_value_info("x", tp.UINT8, [1, ci, "rows", "cols"])],
@@ -143,8 +142,8 @@ class ConvSums:
 
     def __call__(self, xp: np.ndarray, h: int, w: int) -> np.ndarray:
         if self.box:
-            y = self._mm(windows_s8(xp, h, w, self.stride, self.kk))
-            return fold_box(y, self.z, self.k)
+            y = self._mm(windows_s8(xp, h, w, self.stride, self.k))
+            return fold_box(y, self.z, self.offset)
         y = self.sess.run(None, {"x": xp[None]})[0][0]
         if y.shape[1:] != (h, w):
             y = y[:, :h, :w]
@@ -167,13 +166,13 @@ def windows_s8(xp: np.ndarray, h: int, w: int, s: int, k: int) -> np.ndarray:
     return out.view(np.int8)
 
 
-def fold_box(y: np.ndarray, z, k: np.ndarray) -> np.ndarray:
-    """y[:-1] with y[o] − z·y[-1] + k[o] added in place (int32, modulo 2^32: exact whenever the
-    true result fits, see the module docstring)."""
+def fold_box(y: np.ndarray, z, offset: np.ndarray) -> np.ndarray:
+    """y[:-1] with y[o] − z·y[-1] + offset[o] added in place (int32, modulo 2^32: exact whenever
+    the true result fits, see the module docstring)."""
     if fast.available():
-        fast.fold_box(y, z, k)
+        fast.fold_box(y, z, offset)
         return y[:-1]
     out = y[:-1]
     out -= z * y[-1]
-    out += k[:, None]
+    out += offset[:, None]
     return out

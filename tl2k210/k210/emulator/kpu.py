@@ -4,8 +4,8 @@ Semantics: docs/kpu.md#pipeline and #sum-rule. Each stage is a small
 function over whole numpy arrays (testable on its own); ``PreparedConv`` precomputes what does
 not depend on the input and runs a layer with a handful of whole-array passes.
 
-Exactness: a normal conv's sum comes from onnxruntime's integer ConvInteger (MatMulInteger for
-1 x 1 convs where the machine's uint8 x int8 product is exact) where it is installed
+Exactness: a normal conv's sum comes from onnxruntime's integer MatMulInteger (uint8 x int8, where
+this machine's product is exact) or ConvInteger (uint8 x uint8) where it is installed
 and its int32 bound holds (``intconv.py``), else from float32 BLAS on K-chunks short enough that
 every partial sum is an integer < 2^24 (exact in float32), or float64 (integers < 2^53) for 16-bit
 weights; everything after it is int64. With numba installed (`fast.py`), the batch-norm stage,
