@@ -702,8 +702,15 @@ class PreparedConv:
         bands = self.bands if par else self.serial_bands
 
         def each(fn):
-            if par:
-                list(_executor(self.threads).map(fn, bands))
+            if par:     # one contiguous group of bands per thread, the first on this one
+                n = min(self.threads, len(bands))
+                groups = [bands[len(bands) * i // n:len(bands) * (i + 1) // n] for i in range(n)]
+                futures = [_executor(self.threads).submit(lambda g=g: [fn(rr) for rr in g])
+                           for g in groups[1:]]
+                for rr in groups[0]:
+                    fn(rr)
+                for f in futures:
+                    f.result()
             else:
                 for rr in bands:
                     fn(rr)
