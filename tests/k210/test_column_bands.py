@@ -88,3 +88,29 @@ def test_wide640_runs_on_the_kpu_faster():
     assert fast.cycles * 4 < slow.cycles and not fast.unknown
     ref, got = run_both(m, banded, px)
     assert sqnr_db(ref.reshape(-1).astype(float), got.reshape(-1).astype(float)) > 25
+
+
+@pytest.mark.parametrize("attrs,groups", [
+    (dict(pads=[0, 0, 1, 1], strides=[2, 2]), 1),          # stride 2, uneven pads: the CPU's pick
+    (dict(pads=[0, 1, 1, 0], strides=[2, 2]), 1),          # a column pad only on the left
+    (dict(pads=[1, 1, 1, 1], strides=[2, 2]), 8),          # depthwise stride 2
+    (dict(pads=[1, 1, 1, 1]), 2),                          # grouped: block-diagonal tiles
+], ids=["s2-cpu-pick", "s2-left-pad", "depthwise-s2", "group2"])
+def test_picks_pads_and_groups_keep_their_phase(attrs, groups, monkeypatch):
+    """Column bands start on the pool stride and take the CPU post stages' column pads: strided
+    convs with uneven pads, a depthwise stride-2 and a grouped conv on a 777-wide map, bit for bit."""
+    rng = np.random.default_rng(1)
+    r = lambda *s: (rng.normal(size=s) * 0.3).astype(np.float32)   # noqa: E731
+    nodes = [conv_node("c1", "x", "w1", "b1", pads=[1, 1, 1, 1]), n("Relu", ["c1"], ["r1"]),
+             conv_node("c2", "r1", "w2", "b2", group=groups, **attrs), n("Relu", ["c2"], ["y"])]
+    m = make_model(nodes, [("x", [1, 3, 60, 777])], [("y", None)],
+                   {"w1": r(8, 3, 3, 3), "b1": r(8), "w2": r(8, 8 // groups, 3, 3), "b2": r(8)})
+    _check(m, pixels(2, 3, 60, 777), "c2", monkeypatch)
+
+
+def test_kmodel_v3_still_refuses_wide_maps():
+    """kmodel v3 has no strided_slice / concat along W: a map wider than 512 is refused there."""
+    from tl2k210.errors import UnsupportedOpError
+    m = _model(3, 32, 600, [("c1", 4, 3, 1, 1, False)])
+    with pytest.raises(UnsupportedOpError, match="600x32.*column bands, kmodel v4 only"):
+        compile_model(m, pixels(2, 3, 32, 600), format="v3")
