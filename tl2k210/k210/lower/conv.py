@@ -11,7 +11,10 @@ quantization, so the bytes are those one big layer would give):
   * channel windows (depthwise and grouped convs): each tile uploads its input channels;
   * row bands with halo rows (a dense conv whose input does not fit): each band's rows are
     gathered (QUANTIZED_CONCAT), uploaded, convolved, post-processed, and the bands' valid rows
-    assembled. Bands start on the KPU pool's stride so pooling and picks keep their phase.
+    assembled. Bands start on the KPU pool's stride so pooling and picks keep their phase;
+  * column bands (kmodel v4, an input wider than the KPU's maximum): the same rule on the
+    columns, with row bands where needed (2-D tiles); each tile gathered by a strided_slice, its
+    valid pixels assembled by concats along W and H (_col_plan, emit_tiles).
 Grouped convs (1 < group < channels) run as block-diagonal dense tiles of a few groups each,
 as many as the cost model finds cheapest.
 """
