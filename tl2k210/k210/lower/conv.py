@@ -11,7 +11,10 @@ quantization, so the bytes are those one big layer would give):
   * channel windows (depthwise and grouped convs): each tile uploads its input channels;
   * row bands with halo rows (a dense conv whose input does not fit): each band's rows are
     gathered (QUANTIZED_CONCAT), uploaded, convolved, post-processed, and the bands' valid rows
-    assembled. Bands start on the KPU pool's stride so pooling and picks keep their phase.
+    assembled. Bands start on the KPU pool's stride so pooling and picks keep their phase;
+  * column bands (kmodel v4, an input wider than the KPU's maximum): the same rule on the
+    columns, with row bands where needed (2-D tiles); each tile gathered by a strided_slice, its
+    valid pixels assembled by concats along W and H (_col_plan, emit_tiles).
 Grouped convs (1 < group < channels) run as block-diagonal dense tiles of a few groups each,
 as many as the cost model finds cheapest.
 """
@@ -75,9 +78,11 @@ def kpu_conv_refuses(g, node, opts):
     # kmodel v3's first layer reads the whole image from KPU RAM; v4 keeps it in main memory and
     # uploads row bands of it like any taller map (_band_plan)
     first = node.inputs[0] in g.inputs and getattr(opts, "format", "v3") != "v4"
-    if not (wlo <= w <= whi and hlo <= h and (h <= hhi or not first)):
+    v4 = getattr(opts, "format", "v3") == "v4"      # wider maps: column bands (_col_plan), kmodel v4
+    if not (wlo <= w and (w <= whi or v4) and hlo <= h and (h <= hhi or not first)):
         return (f"input {w}x{h}: the KPU runs {wlo} <= W <= {whi}, {hlo} <= H <= {hhi} (nncase limit; "
-                "taller maps run in row bands, a first layer's in kmodel v4 only)")
+                "taller maps run in row bands, a first layer's in kmodel v4 only; wider maps in "
+                "column bands, kmodel v4 only)")
     cmax = hw.LIMITS["channels"][1]
     if max(ci, co) > cmax:
         return f"{max(ci, co)} channels: the KPU allows {cmax}; split the layer"
@@ -267,10 +272,11 @@ class Plan:
     out_resident: bool         # tiles write windows of one output map that stays in KPU RAM
     why: str = ""
     form: str = ""             # the receipt's name of a smaller form the plan took (fit.trades)
+    cols: list | None = None   # column bands [((g0, g1), (a, b))] like `bands` (None: the whole width)
 
     @property
     def tiles(self):
-        return len(self.units) * len(self.bands)
+        return len(self.units) * len(self.bands) * len(self.cols or [None])
 
 
 def _group(w):
@@ -370,6 +376,10 @@ def plan_for(lw, node) -> Plan:
             "in row bands (MaixPy feeds it the whole image): use a smaller input or a stride-2 first layer")
     tall = h > hw.LIMITS["in_h"][1] or wide
     limit = f"the {cap * hw.LINE_BYTES:,} B KPU RAM"
+    if w > hw.LIMITS["in_w"][1]:
+        plan = _col_plan(lw, node, geo, cap, units if geo.groups == 1 or geo.depthwise else _group_units(geo, 1))
+        lw.plans[node.name] = plan
+        return plan
     # the smaller form of a stride-2 conv, the stride-1 map + CPU pick (not its phases, 4x the
     # weights): the stride-1 map waits in main memory by output-channel chunks, not whole (4x the output)
     by_chunks = any(k == 1 and s == 2 for k, s, *_ in geo.post) and wants_small(lw.opts, node) and geo.groups == 1
@@ -422,35 +432,102 @@ def _final_h(geo):
     return geo.out_shape[1] if geo.post else geo.kpu_out[1]
 
 
-def _stages(geo):
-    """Row windows from the input map to the node's output: KPU conv, KPU pool, CPU post stages."""
+def _stages(geo, axis=0):
+    """Row (axis 0) or column (axis 1) windows from the input map to the node's output: KPU conv,
+    KPU pool, CPU post stages."""
     p = hw.POOL[geo.code]
     r = geo.k // 2
     if p.kind == "bypass":
         pool = Stage(1, 0, 0)
     elif p.kind == "pick":
-        pool = Stage(p.stride, p.pick[0], p.pick[0])
+        pool = Stage(p.stride, p.pick[axis], p.pick[axis])
     elif p.stride == 1:
         pool = Stage(1, 0, 1)
     else:
         pool = Stage(p.stride, 0, p.size - 1)
-    return [Stage(1, -r, r), pool] + [Stage(s, -ph, -ph + k - 1) for k, s, ph, _ in geo.post]
+    return [Stage(1, -r, r), pool] + [Stage(s, -pad[axis], -pad[axis] + k - 1) for k, s, *pad in geo.post]
 
 
-def band_rows(geo, f0, f1):
+def band_rows(geo, f0, f1, axis=0):
     """Input rows [a, b) a band needs so that it yields final rows [f0, f1) exactly: back through
     the CPU post stages, the KPU pool and the conv's halo; a on the pool stride (band-local pools
-    and picks keep the global phase), b covering whole pool windows."""
-    conv, pool, *post = _stages(geo)
+    and picks keep the global phase), b covering whole pool windows. Axis 1: the same for the
+    columns of a column band (the column pads, the pick's column phase)."""
+    conv, pool, *post = _stages(geo, axis)
     lo, hi = f0, f1 - 1
     for s in reversed(post):
         lo, hi = s.s * lo + s.lo, s.s * hi + s.hi
-    plo, phi = max(0, lo), min(geo.kpu_out[1] - 1, hi)
+    plo, phi = max(0, lo), min(geo.kpu_out[1 + axis] - 1, hi)
     ilo = pool.s * plo + pool.lo + conv.lo
     ihi = pool.s * phi + pool.hi + conv.hi
     a = max(0, ilo) // pool.s * pool.s
-    b = min(geo.in_shape[1], max(ihi + 1, pool.s * (phi + 1)))
+    b = min(geo.in_shape[1 + axis], max(ihi + 1, pool.s * (phi + 1)))
     return a, b
+
+
+def _final_w(geo):
+    return geo.out_shape[2] if geo.post else geo.kpu_out[2]
+
+
+def _even_bands(F, nb, omin):
+    """`nb` bands of about equal size covering range(F), the last merged if under `omin`."""
+    size = -(-F // nb)
+    bands = [(f, min(F, f + size)) for f in range(0, F, size)]
+    if len(bands) > 1 and bands[-1][1] - bands[-1][0] < omin:
+        bands[-2:] = [(bands[-2][0], F)]
+    return bands
+
+
+def _col_plan(lw, node, geo, cap, units):
+    """Column bands for an input wider than the KPU's maximum (kmodel v4): the final columns split
+    in bands whose input columns (halo, pool phase, CPU post stages: band_rows on axis 1) fit the
+    KPU width, combined with row bands where the map is also taller than the KPU's maximum, or
+    where a band does not fit the KPU RAM. Each tile is gathered (strided_slice), uploaded,
+    convolved, streamed, post-processed or cropped to its valid pixels, and the tiles
+    assembled (concat along W, then along H)."""
+    ci, h, w = geo.in_shape
+    co, ph, pw = geo.kpu_out
+    F, FW = _final_h(geo), _final_w(geo)
+    (wmin, wmax), (hmin, hmax), omin = hw.LIMITS["in_w"], hw.LIMITS["in_h"], hw.LIMITS["out_min"]
+    sp = hw.POOL[geo.code].stride
+    for nc in range(2, FW + 1):
+        cols = _even_bands(FW, nc, omin)
+        cin = [band_rows(geo, g0, g1, 1) for g0, g1 in cols]
+        if any(b - a > wmax for a, b in cin):
+            continue
+        if any(b - a < wmin or (b - a) // sp < omin for a, b in cin):
+            break
+        cw = max(b - a for a, b in cin)
+        for nb in range(1, F + 1):
+            bands = _even_bands(F, nb, omin)
+            rows = [band_rows(geo, f0, f1) for f0, f1 in bands]
+            if any(b - a > hmax for a, b in rows):
+                continue
+            if any(b - a < hmin or (b - a) // sp < omin for a, b in rows):
+                break
+            worst = max(b - a for a, b in rows)
+            if worst // sp * (cw // sp) > kpu.STREAM_PIXELS:
+                continue
+            if geo.groups == 1:
+                outs = [n for n in range(co, 0, -1)
+                        if hw.map_lines(ci, worst, cw) + hw.map_lines(n, worst // sp, cw // sp) <= cap]
+                if not outs:
+                    continue
+                tile_units = [((0, ci), o) for o in _split(co, outs[0])]
+            else:
+                m, n = ci // geo.groups, co // geo.groups
+                qs = [q for q in range(geo.groups, 0, -1) if geo.groups % q == 0 and
+                      hw.map_lines(q * m, worst, cw) + hw.map_lines(q * n, worst // sp, cw // sp) <= cap]
+                if not qs:
+                    continue
+                tile_units = _group_units(geo, min(qs[0], (units[0][1][1] - units[0][1][0]) // n))
+            return Plan(tile_units, list(zip(bands, rows)), False, False,
+                        f"the {w}x{h} map is wider than {wmax}: {len(cols)} column bands of <= {cw} input "
+                        f"columns (halo {geo.k // 2}) x {len(bands)} row band(s) of <= {worst} rows x "
+                        f"{len(tile_units)} channel tile(s); each tile gathered (strided_slice), its valid "
+                        "pixels assembled in main memory (concat)", cols=list(zip(cols, cin)))
+    raise KpuLimitError(f"node {node.name!r}: no column band of the {ci}x{h}x{w} input fits the KPU "
+                        f"({cap * hw.LINE_BYTES:,} B RAM, {wmax} columns) with the {co}x{ph}x{pw} output")
 
 
 def _band_plan(lw, node, geo, cap, units, reason):
@@ -504,7 +581,7 @@ def kpu_conv(lw, node):
     W = np.asarray(lw.g.tensors[node.inputs[1]].value, np.float64)
     B = np.asarray(lw.g.tensors[node.inputs[2]].value, np.float64)
     lq = quantize_conv(lw, node, geo, W, B, row)
-    emit_layer(lw, node, geo, plan_for(lw, node), lq, row)
+    (emit_tiles if plan_for(lw, node).cols else emit_layer)(lw, node, geo, plan_for(lw, node), lq, row)
     describe(row, geo, plan_for(lw, node))
     row.form = plan_for(lw, node).form
     if geo.post and geo.post[0][1] == 2:
@@ -732,6 +809,95 @@ def emit_layer(lw, node, geo, plan, lq, row):
     row.macs, row.kpu_lines = macs, lines
 
 
+def emit_tiles(lw, node, geo, plan, lq, row):
+    """Emit a column-band plan (_col_plan, kmodel v4): per tile (row band x column band) a
+    strided_slice gathers its input pixels of every channel, each channel tile is uploaded,
+    convolved and streamed, the CPU post stages (or a strided_slice crop) keep the tile's valid
+    pixels; concats along W (the column bands) and along H (the row bands) assemble the map."""
+    x, out = node.inputs[0], node.outputs[0]
+    ci, h, w = geo.in_shape
+    co = geo.co
+    fc, fh, fw = geo.out_shape if geo.post else geo.kpu_out
+    sp = hw.POOL[geo.code].stride
+    final = Loc((fc, fh, fw), quant=lq.out_quant)
+    lw.locs[out] = final
+    src_u8 = lw.need_u8(x, row)
+    if geo.small_map:
+        src_u8 = grow_map(lw, src_u8, (ci,) + geo.small_map, (h, w), out, row)
+    macs = lines = 0
+    pieces, n_tiles, t = {}, len(plan.bands) * len(plan.cols), 0
+    for bi, ((f0, f1), (ra, rb)) in enumerate(plan.bands):
+        for cj, ((g0, g1), (ca, cb)) in enumerate(plan.cols):
+            rows, cols, tag = rb - ra, cb - ca, f"{out}:tile{bi}.{cj}"
+            band_in = lw.alloc(tag + ":in", "u8", ci * rows * cols)
+            lw.emit_v4("strided_slice", dict(
+                input=main(U8, src_u8, ci * h * w), output=main(U8, band_in, ci * rows * cols),
+                in_shape=(1, ci, h, w), begin=(0, 0, ra, ca), end=(1, ci, rb, cb), strides=(1, 1, 1, 1),
+                begin_mask=0, end_mask=0, ellipsis_mask=0, new_axis_mask=0, shrink_axis_mask=0), row)
+            t += 1
+            if t == n_tiles:
+                lw.release_read(x)          # the last tile gathered: the map is no longer read
+            prow, pcol = hw.POOL[geo.code].out_size(rows, cols)
+            band_out = lw.alloc(tag + ":out", "u8", co * prow * pcol)
+            for (c0, c1), (o0, o1) in plan.units:
+                nin = c1 - c0
+                tmp_in = Loc((nin, rows, cols))
+                src_line = lw.kpu_alloc(tmp_in, f"{out}:tile_in", hw.map_lines(nin, rows, cols),
+                                        f"node {node.name!r}: tile input {nin}x{rows}x{cols}")
+                lw.emit("K210_UPLOAD", dict(flags=0, main_mem_in_address=band_in + c0 * rows * cols,
+                                            kpu_mem_out_address=src_line, width=cols, height=rows,
+                                            channels=nin), row)
+                conv = kpu.tile_conv(lq, (c0, c1), (o0, o1), (nin, rows, cols), geo.code, geo.depthwise, node.name)
+                tmp_out = Loc(conv.out_shape)
+                dst_line = lw.kpu_alloc(tmp_out, f"{out}:tile_out", kpu.out_lines(conv),
+                                        f"node {node.name!r}: tile output {conv.out_shape}", [tmp_in.block],
+                                        away=tmp_in.kpu)
+                kpu.place(conv, src_line, dst_line)
+                idx = lw.emit("K210_CONV", dict(flags=1, main_mem_out_address=band_out + o0 * prow * pcol),
+                              row, conv=conv)
+                macs += conv.macs
+                lines = max(lines, hw.map_lines(nin, rows, cols) + kpu.out_lines(conv))
+                row.weight_bytes += lw.share_blocks(idx)
+                lw.kpu_free(tmp_in)
+                lw.kpu_free(tmp_out)
+            lw.main.free(tag + ":in:u8")
+            fin = lw.alloc(tag + ":fin", "u8", fc * (f1 - f0) * (g1 - g0))
+            if geo.post:
+                _post(lw, geo, band_out, (co, prow, pcol), fin, (f0, f1), ra // sp, row, (g0, g1), ca // sp)
+            else:                       # crop the tile's valid pixels
+                r0, q0 = f0 - ra // sp, g0 - ca // sp
+                lw.emit_v4("strided_slice", dict(
+                    input=main(U8, band_out, co * prow * pcol), output=main(U8, fin, fc * (f1 - f0) * (g1 - g0)),
+                    in_shape=(1, co, prow, pcol), begin=(0, 0, r0, q0), end=(1, co, r0 + f1 - f0, q0 + g1 - g0),
+                    strides=(1, 1, 1, 1), begin_mask=0, end_mask=0, ellipsis_mask=0, new_axis_mask=0,
+                    shrink_axis_mask=0), row)
+            lw.main.free(tag + ":out:u8")
+            pieces[bi, cj] = fin
+    final.u8 = lw.alloc(out, "u8", fc * fh * fw)
+    widths = [g1 - g0 for (g0, g1), _ in plan.cols]
+    strips = []
+    for bi, ((f0, f1), _) in enumerate(plan.bands):     # the column bands side by side: concat along W
+        n = fc * (f1 - f0)
+        dst = final.u8 if len(plan.bands) == 1 else lw.alloc(f"{out}:strip{bi}", "u8", n * fw)
+        idx = lw.emit_v4("concat", dict(output=main(U8, dst, n * fw), inner_size=1, outer_size=n,
+                                        inputs_count=len(widths)), row,
+                         data={"inputs": [main(U8, pieces[bi, cj], n * wd) for cj, wd in enumerate(widths)],
+                               "dims": widths})
+        strips.append((dst, f1 - f0))
+    if len(plan.bands) > 1:                               # the row bands: concat along H
+        idx = lw.emit_v4("concat", dict(output=main(U8, final.u8, fc * fh * fw), inner_size=fw, outer_size=fc,
+                                        inputs_count=len(strips)), row,
+                         data={"inputs": [main(U8, a, fc * n * fw) for a, n in strips], "dims": [n for _, n in strips]})
+    for key in pieces:
+        lw.main.free(f"{out}:tile{key[0]}.{key[1]}:fin:u8")
+    for bi in range(len(strips) if len(plan.bands) > 1 else 0):
+        lw.main.free(f"{out}:strip{bi}:u8")
+    lw.trace_map[out] = (idx, "u8")
+    if geo.small_map:
+        lw.main.free(f"{out}:grown:u8")
+    row.macs, row.kpu_lines = macs, lines
+
+
 def _kpu_pick(geo, kpu=None, dst=0):
     """The fields of a v4 strided_slice that crops or picks the KPU output where it lies in KPU
     RAM (nncase v0.2's interpreter reads a mem_k210_kpu range in place, k210/interpreter.cpp
@@ -762,11 +928,12 @@ def _post_in_place(geo):
                                     stride_width=s, padding_height=pad_h, padding_width=pad_w))
 
 
-def _post(lw, geo, src, shape, dst, frows, pooled0, row):
+def _post(lw, geo, src, shape, dst, frows, pooled0, row, fcols=None, pcol0=0):
     """The CPU stages after the KPU (a pick and/or a pool: QUANTIZED_MAX_POOL2D) on a buffer of
-    `shape` holding the KPU's pooled rows [pooled0, pooled0 + H); writes final rows `frows` to
-    `dst`. Taps outside the buffer are skipped, which is right: a band holds every in-image row
-    its outputs read. Returns the last layer's index."""
+    `shape` holding the KPU's pooled rows [pooled0, pooled0 + H) (and columns [pcol0, pcol0 + W));
+    writes final rows `frows` (and columns `fcols`, default all) to `dst`. Taps outside the buffer
+    are skipped, which is right: a band holds every in-image row its outputs read. Returns the
+    last layer's index."""
     c, h, w = shape
     heights, widths = [geo.kpu_out[1]], [geo.kpu_out[2]]
     for i, (k, s, pad_h, pad_w) in enumerate(geo.post):
@@ -774,22 +941,26 @@ def _post(lw, geo, src, shape, dst, frows, pooled0, row):
         heights.append(geo.out_shape[1] if last else (heights[-1] + pad_h + s - 1) // s)
         widths.append(geo.out_shape[2] if last else (widths[-1] + pad_w + s - 1) // s)
     need = [tuple(frows)]
-    for i in range(len(geo.post) - 1, 0, -1):    # rows stage i-1 must give stage i
-        k, s, pad_h, _ = geo.post[i]
+    cneed = [tuple(fcols) if fcols is not None else (0, geo.out_shape[2])]
+    for i in range(len(geo.post) - 1, 0, -1):    # rows / columns stage i-1 must give stage i
+        k, s, pad_h, pad_w = geo.post[i]
         lo, hi = need[0]
         need.insert(0, (max(0, s * lo - pad_h), min(heights[i], s * (hi - 1) - pad_h + k)))
-    g0, buf, idx = pooled0, src, None
+        lo, hi = cneed[0]
+        cneed.insert(0, (max(0, s * lo - pad_w), min(widths[i], s * (hi - 1) - pad_w + k)))
+    g0, c0, buf, idx = pooled0, pcol0, src, None
     for i, (k, s, pad_h, pad_w) in enumerate(geo.post):
         lo, hi = need[i]
+        clo, chi = cneed[i]
         last = i == len(geo.post) - 1
-        out = dst if last else lw.alloc(f"{row.node}:post{i}", "u8", c * (hi - lo) * widths[i + 1])
+        out = dst if last else lw.alloc(f"{row.node}:post{i}", "u8", c * (hi - lo) * (chi - clo))
         idx = lw.emit("QUANTIZED_MAX_POOL2D", dict(
             flags=1, main_mem_in_address=buf, main_mem_out_address=out, in_shape=(w, h, c),
-            out_shape=(widths[i + 1], hi - lo, c), kernel_width=k, kernel_height=k, stride_width=s,
-            stride_height=s, padding_width=pad_w, padding_height=pad_h + g0 - s * lo), row)
+            out_shape=(chi - clo, hi - lo, c), kernel_width=k, kernel_height=k, stride_width=s,
+            stride_height=s, padding_width=pad_w + c0 - s * clo, padding_height=pad_h + g0 - s * lo), row)
         if i:
             lw.main.free(f"{row.node}:post{i - 1}:u8")
-        buf, g0, h, w = out, lo, hi - lo, widths[i + 1]
+        buf, g0, c0, h, w = out, lo, clo, hi - lo, chi - clo
     return idx
 
 
