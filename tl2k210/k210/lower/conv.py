@@ -478,6 +478,22 @@ def _even_bands(F, nb, omin):
     return bands
 
 
+def _tile_units(geo, units, cap, rows, w_in, w_out):
+    """The channel tiles of a band whose input is `rows` x `w_in` (its pooled output `w_out`
+    wide): the fewest output-channel chunks (normal conv) or the largest group windows that fit
+    the KPU RAM (`cap` lines) beside their input; None where not even one fits."""
+    ci, co = geo.in_shape[0], geo.kpu_out[0]
+    sp = hw.POOL[geo.code].stride
+    if geo.groups == 1:
+        outs = [n for n in range(co, 0, -1)
+                if hw.map_lines(ci, rows, w_in) + hw.map_lines(n, rows // sp, w_out) <= cap]
+        return [((0, ci), o) for o in _split(co, outs[0])] if outs else None
+    m, n = ci // geo.groups, co // geo.groups
+    qs = [q for q in range(geo.groups, 0, -1) if geo.groups % q == 0 and
+          hw.map_lines(q * m, rows, w_in) + hw.map_lines(q * n, rows // sp, w_out) <= cap]
+    return _group_units(geo, min(qs[0], (units[0][1][1] - units[0][1][0]) // n)) if qs else None
+
+
 def _col_plan(lw, node, geo, cap, units):
     """Column bands for an input wider than the KPU's maximum (kmodel v4): the final columns split
     in bands whose input columns (halo, pool phase, CPU post stages: band_rows on axis 1) fit the
@@ -508,19 +524,9 @@ def _col_plan(lw, node, geo, cap, units):
             worst = max(b - a for a, b in rows)
             if worst // sp * (cw // sp) > kpu.STREAM_PIXELS:
                 continue
-            if geo.groups == 1:
-                outs = [n for n in range(co, 0, -1)
-                        if hw.map_lines(ci, worst, cw) + hw.map_lines(n, worst // sp, cw // sp) <= cap]
-                if not outs:
-                    continue
-                tile_units = [((0, ci), o) for o in _split(co, outs[0])]
-            else:
-                m, n = ci // geo.groups, co // geo.groups
-                qs = [q for q in range(geo.groups, 0, -1) if geo.groups % q == 0 and
-                      hw.map_lines(q * m, worst, cw) + hw.map_lines(q * n, worst // sp, cw // sp) <= cap]
-                if not qs:
-                    continue
-                tile_units = _group_units(geo, min(qs[0], (units[0][1][1] - units[0][1][0]) // n))
+            tile_units = _tile_units(geo, units, cap, worst, cw, cw // sp)
+            if tile_units is None:
+                continue
             return Plan(tile_units, list(zip(bands, rows)), False, False,
                         f"the {w}x{h} map is wider than {wmax}: {len(cols)} column bands of <= {cw} input "
                         f"columns (halo {geo.k // 2}) x {len(bands)} row band(s) of <= {worst} rows x "
@@ -541,10 +547,7 @@ def _band_plan(lw, node, geo, cap, units, reason):
     (hmin, hmax), omin = hw.LIMITS["in_h"], hw.LIMITS["out_min"]
     sp = hw.POOL[geo.code].stride
     for nb in range(2, F + 1):
-        size = -(-F // nb)
-        bands = [(f, min(F, f + size)) for f in range(0, F, size)]
-        if len(bands) > 1 and bands[-1][1] - bands[-1][0] < omin:
-            bands[-2:] = [(bands[-2][0], F)]
+        bands = _even_bands(F, nb, omin)
         rows = [band_rows(geo, f0, f1) for f0, f1 in bands]
         if any(b - a > hmax for a, b in rows):
             continue
@@ -553,19 +556,9 @@ def _band_plan(lw, node, geo, cap, units, reason):
         if any((b - a) // sp * pw > kpu.STREAM_PIXELS for a, b in rows):
             continue
         worst = max(b - a for a, b in rows)
-        if geo.groups == 1:
-            outs = [n for n in range(co, 0, -1)
-                    if hw.map_lines(ci, worst, w) + hw.map_lines(n, worst // sp, pw) <= cap]
-            if not outs:
-                continue
-            tile_units = [((0, ci), o) for o in _split(co, outs[0])]
-        else:
-            m, n = ci // geo.groups, co // geo.groups
-            qs = [q for q in range(geo.groups, 0, -1) if geo.groups % q == 0 and
-                  hw.map_lines(q * m, worst, w) + hw.map_lines(q * n, worst // sp, pw) <= cap]
-            if not qs:
-                continue
-            tile_units = _group_units(geo, min(qs[0], (units[0][1][1] - units[0][1][0]) // n))
+        tile_units = _tile_units(geo, units, cap, worst, w, pw)
+        if tile_units is None:
+            continue
         return Plan(tile_units, list(zip(bands, rows)), False, False,
                     f"{reason}: {len(bands)} row bands of <= {worst} input rows (halo {geo.k // 2}) x "
                     f"{len(tile_units)} channel tile(s); the valid rows assembled in main memory")
