@@ -12,11 +12,73 @@ differences and rebuilt with Keras' own legacy loader:
 Files that even the patched config does not rebuild (Keras 2 layer arguments Keras 3 refuses, e.g.
 `DepthwiseConv2D(groups=...)` of TF 2.5+ tf.keras) are read by tf-keras, the Keras 2 package for
 TF 2.16+ (`pip install tf-keras`, in the [convert] extra), when it is installed.
+
+A model file is data: a `Lambda` layer whose function (or output shape) is stored as Python
+bytecode is refused by name before any loader sees the file (`refuse_code`), since tf-keras and
+Keras 2 configs would run that code to rebuild the layer.
 """
 import json
 from pathlib import Path
 
 from . import ModelLoadError, tf_convert
+
+
+def _code_layers(cfg):
+    """[(layer name, what it stores)] of the layers in Keras config `cfg` that carry Python
+    bytecode: a Lambda's function or output shape dumped as code (Keras 2: `function_type` /
+    `output_shape_type` "lambda"; Keras 3: a `__lambda__` object)."""
+    found = []
+
+    def walk(c, layer):
+        if isinstance(c, dict):
+            if c.get("class_name") == "__lambda__":
+                found.append((layer, "a Python lambda"))
+                return
+            conf = c.get("config")
+            if c.get("class_name") == "Lambda" and isinstance(conf, dict):
+                layer = conf.get("name", c.get("name", "?"))
+                for key in ("function", "output_shape"):
+                    if conf.get(f"{key}_type") == "lambda":
+                        found.append((layer, f"its {key.replace('_', ' ')} as Python bytecode"))
+            for v in c.values():
+                walk(v, layer)
+        elif isinstance(c, list):
+            for v in c:
+                walk(v, layer)
+    walk(cfg, "?")
+    return found
+
+
+def refuse_code(cfg, where):
+    """ModelLoadError naming the layers of Keras config `cfg` that carry Python code (module doc)."""
+    found = list(dict.fromkeys(_code_layers(cfg)))
+    if found:
+        named = "; ".join(f"layer {n!r} (Lambda) stores {what}" for n, what in found[:5])
+        raise ModelLoadError(f"{where}: {named}. Rebuilding it would run that code, and a model file "
+                             "is data: tl2k210 never runs code from one. Replace the Lambda with built-in "
+                             "Keras layers (most are a Multiply, Add, Rescaling, Activation or Reshape), "
+                             "save again and convert that file")
+
+
+def _file_config(path):
+    """The model config inside a Keras file (.h5/.hdf5 `model_config`, .keras `config.json`,
+    architecture .json), parsed as JSON; None when there is none to read."""
+    try:
+        if path.suffix.lower() in (".h5", ".hdf5"):
+            import h5py
+            with h5py.File(path, "r") as f:
+                raw = f.attrs.get("model_config")
+        elif path.suffix.lower() == ".keras":
+            import zipfile
+            with zipfile.ZipFile(path) as z:
+                raw = z.read("config.json") if "config.json" in z.namelist() else None
+        else:
+            raw = path.read_bytes()
+        if raw is None:
+            return None
+        return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    except Exception:
+        return None
 
 
 def _first_line(e):
@@ -85,6 +147,9 @@ def load_keras(path, weights=None):
     """A Keras model from a .keras/.h5 file, or from an architecture .json (+ weights .h5)."""
     import keras
     path = Path(path)
+    cfg = _file_config(path)
+    if cfg is not None:
+        refuse_code(cfg, path)
     if path.suffix.lower() == ".json":
         return _load_json(path, weights)
     try:

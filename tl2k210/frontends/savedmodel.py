@@ -3,14 +3,35 @@
 A Keras SavedModel written by TF 2.3-2.15 (tf.keras) that TF 2.21 cannot restore (its optimizer
 slots: "'_UserObject' object has no attribute 'add_slot'") is read by tf-keras, the Keras 2
 package, when it is installed, and converted as the Keras model it holds."""
+import json
 from pathlib import Path
 
 from . import ModelLoadError, tf_convert
-from .keras import TF_KERAS_INSTALL
+from .keras import TF_KERAS_INSTALL, refuse_code
 
 
 def _first_line(e):
     return str(e).strip().splitlines()[0] if str(e).strip() else ""
+
+
+def _metadata_configs(path):
+    """Each node's JSON metadata in a Keras SavedModel's keras_metadata.pb: the layer configs
+    tf-keras rebuilds the layers from (an unreadable one counts as code)."""
+    from tf_keras.protobuf import saved_metadata_pb2
+    meta = saved_metadata_pb2.SavedMetadata()
+    try:
+        meta.ParseFromString((Path(path) / "keras_metadata.pb").read_bytes())
+    except Exception:
+        return [{"class_name": "__lambda__"}]
+    out = []
+    for node in meta.nodes:
+        if not node.metadata:
+            continue
+        try:
+            out.append(json.loads(node.metadata))
+        except ValueError:
+            out.append({"class_name": "__lambda__"})
+    return out
 
 
 def _through_tf_keras(path, refusal, opset, batch):
@@ -20,6 +41,8 @@ def _through_tf_keras(path, refusal, opset, batch):
     except ImportError:
         raise ModelLoadError(f"{refusal}; a Keras SavedModel of TF <= 2.15 loads with tf-keras: "
                              f"{TF_KERAS_INSTALL}") from None
+    for cfg in _metadata_configs(path):
+        refuse_code(cfg, path)
     try:
         model = tf_keras.models.load_model(str(path), compile=False)
     except Exception as e:

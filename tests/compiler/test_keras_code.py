@@ -1,0 +1,100 @@
+"""A Keras file is data: a Lambda layer stored as Python bytecode is refused by name before any
+loader (Keras 3, its legacy .h5 loader, tf-keras) could run it (frontends/keras.py refuse_code).
+Each file here carries a Lambda whose function writes a marker file: the marker must not appear."""
+import numpy as np
+import pytest
+
+from front_helpers import rand, tf
+from tl2k210.frontends import ModelLoadError, load_graph, load_model
+from tl2k210.frontends.keras import _code_layers, refuse_code
+from tl2k210.graph import run
+
+
+def _marker(tmp_path):
+    return tmp_path / "RAN"
+
+
+def _lambda_model(tk, marker):
+    marker = str(marker)
+
+    def f(x):
+        open(marker, "w").write("the Lambda ran")      # noqa: SIM115 (the point of the test)
+        return x * 2
+    i = tk.Input((8, 8, 3), batch_size=1)
+    y = tk.layers.Conv2D(4, 3, padding="same", name="conv")(i)
+    return tk.Model(i, tk.layers.Lambda(f, name="doubler")(y))
+
+
+def test_code_layers_in_hand_made_configs():
+    """TF-free: Keras 2 (function_type / output_shape_type 'lambda') and Keras 3 (__lambda__)
+    forms are found, named by layer; a Lambda naming a registered function and other layers are not."""
+    k2 = {"class_name": "Functional", "config": {"layers": [
+        {"class_name": "Conv2D", "config": {"name": "c"}},
+        {"class_name": "Lambda", "config": {"name": "l1", "function": ["4wEAAA==", None, None],
+                                            "function_type": "lambda", "output_shape_type": "raw"}},
+        {"class_name": "Lambda", "config": {"name": "l2", "function": "relu", "function_type": "function",
+                                            "output_shape": ["4wEAAA==", None, None],
+                                            "output_shape_type": "lambda"}},
+        {"class_name": "TFOpLambda", "config": {"name": "t", "function": "nn.relu"}}]}}
+    assert _code_layers(k2) == [("l1", "its function as Python bytecode"), ("l2", "its output shape as Python bytecode")]
+    k3 = {"class_name": "Functional", "config": {"layers": [
+        {"class_name": "Lambda", "config": {"name": "l3", "function": {"class_name": "__lambda__",
+                                                                      "config": {"code": "4wEAAA=="}}}}]}}
+    assert _code_layers(k3) == [("l3", "a Python lambda")]
+    with pytest.raises(ModelLoadError, match=r"layer 'l3' \(Lambda\) stores a Python lambda.*never runs code"):
+        refuse_code(k3, "m.keras")
+    refuse_code({"class_name": "Functional", "config": {"layers": [k2["config"]["layers"][3]]}}, "ok.h5")
+
+
+@pytest.mark.parametrize("kind", ["h5", "json", "savedmodel"])
+def test_keras2_lambda_is_refused_and_never_run(tmp_path, kind):
+    """tf-keras files (what Keras 2 wrote): .h5, architecture .json + weights, SavedModel."""
+    tk = pytest.importorskip("tf_keras")
+    tf()
+    m = _lambda_model(tk, _marker(tmp_path))
+    if kind == "h5":
+        m.save(tmp_path / "m.h5")
+        src, kw = tmp_path / "m.h5", {}
+    elif kind == "json":
+        (tmp_path / "m.json").write_text(m.to_json())
+        m.save_weights(tmp_path / "w.h5")
+        src, kw = tmp_path / "m.json", {"weights": str(tmp_path / "w.h5")}
+    else:
+        m.save(tmp_path / "sm", save_format="tf")
+        _marker(tmp_path).unlink(missing_ok=True)        # saving traced the Lambda
+        from tl2k210.frontends.savedmodel import _through_tf_keras
+        with pytest.raises(ModelLoadError, match="layer 'doubler' \\(Lambda\\)"):
+            _through_tf_keras(tmp_path / "sm", "refused", None, 1)     # the path that would rebuild it
+        assert not _marker(tmp_path).exists()
+        return
+    _marker(tmp_path).unlink(missing_ok=True)
+    with pytest.raises(ModelLoadError, match="layer 'doubler' \\(Lambda\\) stores its function as Python bytecode"):
+        load_model(src, **kw)
+    assert not _marker(tmp_path).exists()
+
+
+def test_keras3_lambda_is_refused_and_never_run(tmp_path):
+    """Keras 3 stores a `lambda` as bytecode (a `def` by name only, which its loader looks up)."""
+    import keras
+    marker = str(_marker(tmp_path))
+    i = keras.Input((8, 8, 3), batch_size=1)
+    y = keras.layers.Conv2D(4, 3, padding="same")(i)
+    m = keras.Model(i, keras.layers.Lambda(lambda x: (open(marker, "w").write("ran"), x * 2)[1], name="doubler")(y))
+    m.save(tmp_path / "m.keras")
+    _marker(tmp_path).unlink(missing_ok=True)
+    with pytest.raises(ModelLoadError, match="layer 'doubler' \\(Lambda\\) stores a Python lambda"):
+        load_model(tmp_path / "m.keras")
+    assert not _marker(tmp_path).exists()
+
+
+def test_keras2_tf_op_layers_still_load(tmp_path):
+    """tf-keras' TFOpLambda (a TF op called on a Keras tensor, stored by name) is not code."""
+    tk = pytest.importorskip("tf_keras")
+    t = tf()
+    i = tk.Input((8, 8, 3), batch_size=1)
+    y = t.nn.relu6(tk.layers.Conv2D(4, 3, padding="same")(i))
+    m = tk.Model(i, y)
+    m.save(tmp_path / "ops.h5")
+    x = rand(1, 8, 8, 3)
+    g = load_graph(tmp_path / "ops.h5")
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], m(x).numpy(), atol=1e-5)
