@@ -2,6 +2,7 @@
 `freeze_graph` and Maix_Toolbox wrote), through tf2onnx.from_graph_def. Its inputs are the
 Placeholders, its outputs the nodes nothing else reads."""
 from . import ModelLoadError, tf_convert
+from .tf_guard import refuse_side_effects
 
 _NOT_OUTPUTS = {"Const", "Placeholder", "NoOp", "Assert", "SaveV2", "RestoreV2"}
 
@@ -17,6 +18,7 @@ def from_frozen_pb(path, opset=None, batch=1):
                              "saved_model.pb is read from its folder: pass the folder") from e
     if not gd.node:
         raise ModelLoadError(f"{path}: the GraphDef has no nodes")
+    refuse_side_effects([gd], path)
     read = {i.split(":")[0].lstrip("^") for n in gd.node for i in n.input}
     inputs = [n.name for n in gd.node if n.op == "Placeholder"]
     outputs = [n.name for n in gd.node if n.name not in read and n.op not in _NOT_OUTPUTS]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from . import ModelLoadError, tf_convert
 from .keras import TF_KERAS_INSTALL, refuse_code
+from .tf_guard import refuse_side_effects
 
 
 def _first_line(e):
@@ -57,6 +58,13 @@ def from_savedmodel(path, signature="serving_default", opset=None, batch=1):
                              "model file (.onnx, .tflite, .h5, .pb)")
     import tensorflow as tf
     import tf2onnx
+    from tensorflow.core.protobuf import saved_model_pb2
+    sm = saved_model_pb2.SavedModel()
+    try:
+        sm.ParseFromString((Path(path) / "saved_model.pb").read_bytes())
+    except Exception as e:
+        raise ModelLoadError(f"{path}: saved_model.pb is not a SavedModel protobuf ({type(e).__name__})") from e
+    refuse_side_effects([mg.graph_def for mg in sm.meta_graphs], path)
     try:
         loaded = tf.saved_model.load(str(path))
         fn = loaded.signatures[signature]
