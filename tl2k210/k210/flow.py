@@ -17,6 +17,7 @@ from tl2k210.passes.decompose import (batchnorm_of_activations, instance_norm, l
                                       tile)
 from tl2k210.passes.dequantize import dequantize
 from tl2k210.passes.einsum import einsum_dense
+from tl2k210.passes.equal_mask import equal_mask
 from tl2k210.passes.fold_affine import affine_to_conv, fold_affine_into_conv
 from tl2k210.passes.fold_batchnorm import fold_batchnorm
 from tl2k210.passes.fold_constants import fold_constants
@@ -85,6 +86,7 @@ PIPELINE = [
     Pass("batchnorm_of_activations", batchnorm_of_activations),
     Pass("einsum_dense", einsum_dense),
     Pass("nary_ops", nary_ops),
+    Pass("equal_mask", equal_mask),         # CenterNet's peak trick, before push_transposes moves its maps
     Pass("input_affine", input_affine),
     Pass("push_transposes", push_transposes),
     Pass("upsample_to_resize", upsample_to_resize),
