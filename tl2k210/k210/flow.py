@@ -14,7 +14,7 @@ from tl2k210.passes.channel_softmax import channel_softmax
 from tl2k210.passes.constant_outputs import constant_outputs
 from tl2k210.passes.conv_transpose import conv_transpose, conv_transpose_3x3
 from tl2k210.passes.decompose import (batchnorm_of_activations, instance_norm, log_softmax, reduce_sum_square,
-                                      tile)
+                                      static_where, tile)
 from tl2k210.passes.dequantize import dequantize
 from tl2k210.passes.einsum import einsum_dense
 from tl2k210.passes.equal_mask import equal_mask
@@ -31,6 +31,7 @@ from tl2k210.passes.input_nchw import input_nchw
 from tl2k210.passes.l2_normalize import l2_normalize
 from tl2k210.passes.layout import upsample_to_resize, normalize_flatten
 from tl2k210.passes.max_unpool import max_unpool
+from tl2k210.passes.merge_5d import merge_5d
 from tl2k210.passes.nary_ops import nary_ops
 from tl2k210.passes.output_nchw import output_nchw
 from tl2k210.passes.pad_into_conv import pad_into_conv
@@ -86,6 +87,8 @@ PIPELINE = [
     Pass("batchnorm_of_activations", batchnorm_of_activations),
     Pass("einsum_dense", einsum_dense),
     Pass("nary_ops", nary_ops),
+    Pass("static_where", static_where),
+    Pass("merge_5d", merge_5d),             # Keras' GroupNormalization: (1, H, W, G, C/G) as (1, H*W, G, C/G)
     Pass("equal_mask", equal_mask),         # CenterNet's peak trick, before push_transposes moves its maps
     Pass("input_affine", input_affine),
     Pass("push_transposes", push_transposes),

@@ -1,7 +1,8 @@
 """Ops with no kmodel layer of their own, as the ops they are made of (equal in float):
 LogSoftmax -> Softmax + Log; InstanceNormalization -> reduce and broadcast binary ops; Tile
 (torch's repeat) -> Concat of copies; ReduceSumSquare -> Mul + ReduceSum; BatchNormalization of
-computed statistics -> broadcast binary ops."""
+computed statistics -> broadcast binary ops; Where of a constant condition -> the side it picks;
+Expand -> Mul by ones."""
 import numpy as np
 
 from tl2k210.graph import Node
@@ -158,4 +159,59 @@ def batchnorm_of_activations(g, log):
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new
         log(nm, f"BatchNormalization of computed statistics ({c} channels) -> Sub, Add, Sqrt, Div, Mul, Add")
+    return g
+
+
+_EXPAND_ONES_MAX = 4096     # values of a ones constant an Expand becomes a Mul by; a larger one stays
+
+
+def _broadcast_anyway(g, y, src):
+    """Every reader of Expand output y is a broadcasting binary op whose output shape is the same
+    with the Expand's input `src` in its place."""
+    readers = g.consumers(y)
+    if y in g.outputs or not readers:
+        return False
+    for c in readers:
+        if c.op not in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow") or g.shape(c.outputs[0]) is None:
+            return False
+        shapes = [src if i == y else g.shape(i) for i in c.inputs]
+        try:
+            if None in shapes or tuple(np.broadcast_shapes(*shapes)) != tuple(g.shape(c.outputs[0])):
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+def static_where(g, log):
+    """Where with a constant condition that picks one side everywhere (TF's div_no_nan by a
+    constant count: Where(count == 0, 0, sum / count), in Keras' GroupNormalization) -> that
+    side, where it already has the output's shape; and Expand to a shape (the same layer's
+    (1, 1, G, 1) -> (1, 1, G, C/G)) -> nothing where its readers broadcast to that shape anyway,
+    else a Mul by ones of that shape (the same broadcast) where those are few."""
+    for n in [n for n in g.nodes if n.op in ("Where", "Expand")]:
+        if n.op == "Where":
+            cond = g.const(n.inputs[0])
+            if cond is None or not (np.all(cond) or not np.any(cond)):
+                continue
+            pick = n.inputs[1] if np.all(cond) else n.inputs[2]
+            if g.shape(pick) is None or g.shape(pick) != g.shape(n.outputs[0]):
+                continue
+            g.nodes.remove(n)
+            g.replace_uses(n.outputs[0], pick)
+            log(n.name, f"Where of a constant condition: its {'first' if np.all(cond) else 'second'} value")
+        else:
+            shape, out, src = g.const(n.inputs[1]), g.shape(n.outputs[0]), g.shape(n.inputs[0])
+            if shape is None or out is None or src is None:
+                continue
+            if _broadcast_anyway(g, n.outputs[0], src):
+                g.nodes.remove(n)
+                g.replace_uses(n.outputs[0], n.inputs[0])
+                log(n.name, f"Expand to {list(out)} dropped: its readers broadcast to that shape anyway")
+                continue
+            if int(np.prod(out)) > _EXPAND_ONES_MAX:
+                continue
+            ones = g.add_const(np.ones(out, np.float32), n.name + "/ones")
+            g.nodes[g.nodes.index(n)] = Node("Mul", [n.inputs[0], ones], list(n.outputs), {}, n.name, n.fused)
+            log(n.name, f"Expand to {list(out)} -> Mul by ones")
     return g
