@@ -1126,7 +1126,7 @@ MODELS4 = {   # round 48: name: (builder, (h,w,c), formats)
     "convnext64": (convnext, (64, 64, 3), ["float", "onnx17"]),
     "preproc120x160": (preproc, (120, 160, 3), ["h5", "float"]),
     "espcn48": (espcn, (48, 48, 3), ["float", "uint8io"]),
-    "grouped96": (grouped, (96, 96, 3), ["onnx17", "dynrange"]),
+    "grouped96": (grouped, (96, 96, 3), ["onnx17", "dynrange", "h5"]),
     "siamese64": (siamese, (64, 64, 3), ["h5", "onnx13"]),
     "three_out96": (three_out, (96, 96, 3), ["float16", "int8io"]),
     "lstm_gru16x20": (lstm_gru, (16, 20, 1), ["h5", "onnx13"]),
