@@ -69,3 +69,17 @@ def test_group_norm_compiles_and_runs(tmp_path):
         want = ort_run(m, x[None].astype(np.float32) / 255)[0]
         got = np.asarray(emu.run(x.reshape(-1))[0], np.float32).reshape(want.shape)
         assert sqnr_db(want.astype(np.float64), got.astype(np.float64)) > 30
+
+
+def test_merge_5d_leaves_a_region_whose_axes_differ():
+    """A 5-D map scaled per row (H) but not per column (W): merging H and W would change the
+    broadcast, and no other adjacent pair fits, so the region stays 5-D (the lowering refuses it)."""
+    i64 = lambda v: np.array(v, np.int64)  # noqa: E731
+    nodes = [N("Reshape", ["x", "split"], ["g"]), N("Mul", ["g", "rows"], ["m"]),
+             N("ReduceSum", ["m", "axes"], ["s"], keepdims=1), N("Sub", ["m", "s"], ["d"]),
+             N("Reshape", ["d", "merge"], ["y"])]
+    m = make_model(nodes, [("x", [1, C, H, W])], [("y", [1, C, H, W])],
+                   {"split": i64([1, G, C // G, H, W]), "rows": RNG.uniform(0.5, 1.5, (1, 1, 1, H, 1)).astype(np.float32),
+                    "axes": i64([2, 3]), "merge": i64([1, C, H, W])})
+    g, changes = run_pass("merge_5d", from_onnx(m))
+    assert not changes and len(g.shape("g")) == 5
