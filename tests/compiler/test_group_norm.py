@@ -2,7 +2,7 @@
 on a hand-made ONNX graph: an NHWC map reshaped to (1, H, W, G, C/G), moments summed over H, W
 and C/G with div_no_nan (a Where of a constant condition), an Expand, and reshaped back. Passes
 static_where and merge_5d make it 4-D, equal to onnxruntime in float; it compiles and runs on
-the emulator."""
+the emulator. And PyTorch's GroupNorm export (a 3-D InstanceNormalization)."""
 import numpy as np
 import pytest
 from onnx import helper
@@ -83,3 +83,33 @@ def test_merge_5d_leaves_a_region_whose_axes_differ():
                     "axes": i64([2, 3]), "merge": i64([1, C, H, W])})
     g, changes = run_pass("merge_5d", from_onnx(m))
     assert not changes and len(g.shape("g")) == 5
+
+
+def torch_group_norm_model():
+    """nn.GroupNorm(4, 8) as torch.onnx exports it before opset 18: Reshape to (1, G, -1),
+    InstanceNormalization with unit scale, Reshape back, per-channel Mul and Add."""
+    i64 = lambda v: np.array(v, np.int64)  # noqa: E731
+    nodes = [N("Conv", ["x", "w0", "b0"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             N("Reshape", ["c", "s3"], ["r"]), N("InstanceNormalization", ["r", "one", "zero"], ["n"], epsilon=1e-5),
+             N("Reshape", ["n", "s4"], ["n4"]), N("Mul", ["n4", "gamma"], ["m"]), N("Add", ["m", "beta"], ["y"])]
+    return make_model(nodes, [("x", [1, 3, 16, 16])], [("y", [1, C, 16, 16])],
+                      {"w0": (RNG.standard_normal((C, 3, 3, 3)) * 0.3).astype(np.float32), "b0": np.zeros(C, np.float32),
+                       "s3": i64([1, G, -1]), "one": np.ones(G, np.float32), "zero": np.zeros(G, np.float32),
+                       "s4": i64([1, C, 16, 16]), "gamma": RNG.uniform(0.5, 1.5, (C, 1, 1)).astype(np.float32),
+                       "beta": RNG.uniform(-0.2, 0.2, (C, 1, 1)).astype(np.float32)})
+
+
+def test_torch_group_norm_export_compiles_and_runs(tmp_path):
+    m = torch_group_norm_model()
+    g, changes = run_pass("instance_norm", from_onnx(m))
+    assert changes and not any(n.op == "InstanceNormalization" for n in g.nodes)
+    x = RNG.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)
+    np.testing.assert_allclose(run(g, x)["y"], ort_run(m, x)[0], rtol=1e-4, atol=1e-5)
+    data = RNG.integers(0, 256, (8, 3, 16, 16)).astype(np.uint8)
+    np.save(tmp_path / "d.npy", data)
+    convert(m, tmp_path / "m.kmodel", ConvertOptions(dataset=str(tmp_path / "d.npy"), progress=False, min_sqnr=0))
+    emu = Emulator.load(tmp_path / "m.kmodel")
+    for x in data[:3]:
+        want = ort_run(m, x[None].astype(np.float32) / 255)[0]
+        got = np.asarray(emu.run(x.reshape(-1))[0], np.float32).reshape(want.shape)
+        assert sqnr_db(want.astype(np.float64), got.astype(np.float64)) > 28

@@ -43,18 +43,21 @@ def log_softmax(g, log):
 def instance_norm(g, log):
     """InstanceNormalization (style-transfer and GAN generators) as the ops it is made of, per
     sample and channel over H, W: d = x - mean(x); y = d / sqrt(mean(d*d) + eps) * scale + bias
-    (ReduceMean, Sub, Mul, Add, Sqrt, Div: v4 reduce and broadcast binary ops)."""
+    (ReduceMean, Sub, Mul, Add, Sqrt, Div: v4 reduce and broadcast binary ops). A 3-D input
+    (1, G, N) is PyTorch's GroupNorm export (a Reshape to (1, G, -1) before it): over N."""
     for n in [n for n in g.nodes if n.op == "InstanceNormalization"]:
         x, sc, b = n.inputs
         shape = g.shape(x)
-        if shape is None or len(shape) != 4 or g.const(sc) is None or g.const(b) is None:
+        if shape is None or len(shape) not in (3, 4) or g.const(sc) is None or g.const(b) is None:
             continue
         c, y, nm = shape[1], n.outputs[0], n.name
+        spatial = list(range(2, len(shape)))     # (1, G, C/G*H*W): PyTorch's GroupNorm export
+        per_channel = (1, c) + (1,) * len(spatial)
         t = {k: g.add_tensor(f"{y}/{k}") for k in ("mean", "d", "d2", "var", "var_eps", "std", "norm", "scaled")}
         if g.meta.get("opset", 18) >= 18:       # axes an input from opset 18, an attribute before
-            axes, red = [g.add_const(np.array([2, 3], np.int64), nm + "/axes")], {"keepdims": 1}
+            axes, red = [g.add_const(np.array(spatial, np.int64), nm + "/axes")], {"keepdims": 1}
         else:
-            axes, red = [], {"keepdims": 1, "axes": [2, 3]}
+            axes, red = [], {"keepdims": 1, "axes": spatial}
         new = [Node("ReduceMean", [x] + axes, [t["mean"]], dict(red), nm + "/mean", [nm]),
                Node("Sub", [x, t["mean"]], [t["d"]], {}, nm + "/center", [nm]),
                Node("Mul", [t["d"], t["d"]], [t["d2"]], {}, nm + "/square", [nm]),
@@ -63,9 +66,9 @@ def instance_norm(g, log):
                     [t["var_eps"]], {}, nm + "/eps", [nm]),
                Node("Sqrt", [t["var_eps"]], [t["std"]], {}, nm + "/std", [nm]),
                Node("Div", [t["d"], t["std"]], [t["norm"]], {}, nm + "/normalize", [nm]),
-               Node("Mul", [t["norm"], g.add_const(np.asarray(g.const(sc), np.float32).reshape(1, c, 1, 1), nm + "/scale")],
+               Node("Mul", [t["norm"], g.add_const(np.asarray(g.const(sc), np.float32).reshape(per_channel), nm + "/scale")],
                     [t["scaled"]], {}, nm + "/scale", [nm]),
-               Node("Add", [t["scaled"], g.add_const(np.asarray(g.const(b), np.float32).reshape(1, c, 1, 1), nm + "/bias")],
+               Node("Add", [t["scaled"], g.add_const(np.asarray(g.const(b), np.float32).reshape(per_channel), nm + "/bias")],
                     [y], {}, nm, [nm])]
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new
