@@ -113,3 +113,28 @@ def test_torch_group_norm_export_compiles_and_runs(tmp_path):
         want = ort_run(m, x[None].astype(np.float32) / 255)[0]
         got = np.asarray(emu.run(x.reshape(-1))[0], np.float32).reshape(want.shape)
         assert sqnr_db(want.astype(np.float64), got.astype(np.float64)) > 28
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+def test_onnx_group_normalization_op(opset, tmp_path):
+    """The ONNX GroupNormalization op (opset 18: scale and bias per group; 21: per channel)."""
+    n = (G if opset == 18 else C)
+    node = N("GroupNormalization", ["c", "scale", "bias"], ["y"], num_groups=G, epsilon=1e-5)
+    m = make_model([N("Conv", ["x", "w0", "b0"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]), node],
+                   [("x", [1, 3, 16, 16])], [("y", [1, C, 16, 16])],
+                   {"w0": (RNG.standard_normal((C, 3, 3, 3)) * 0.3).astype(np.float32), "b0": np.zeros(C, np.float32),
+                    "scale": RNG.uniform(0.5, 1.5, n).astype(np.float32),
+                    "bias": RNG.uniform(-0.2, 0.2, n).astype(np.float32)}, opset=opset)
+    g, changes = run_pass("group_norm", from_onnx(m))
+    g, _ = run_pass("instance_norm", g)
+    assert not any(n.op in ("GroupNormalization", "InstanceNormalization") for n in g.nodes)
+    x = RNG.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)
+    np.testing.assert_allclose(run(g, x)["y"], ort_run(m, x)[0], rtol=1e-4, atol=1e-5)
+    data = RNG.integers(0, 256, (8, 3, 16, 16)).astype(np.uint8)
+    np.save(tmp_path / "d.npy", data)
+    convert(m, tmp_path / "m.kmodel", ConvertOptions(dataset=str(tmp_path / "d.npy"), progress=False, min_sqnr=0))
+    emu = Emulator.load(tmp_path / "m.kmodel")
+    x = data[0]
+    want = ort_run(m, x[None].astype(np.float32) / 255)[0]
+    got = np.asarray(emu.run(x.reshape(-1))[0], np.float32).reshape(want.shape)
+    assert sqnr_db(want.astype(np.float64), got.astype(np.float64)) > 28

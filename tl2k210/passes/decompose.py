@@ -2,7 +2,7 @@
 LogSoftmax -> Softmax + Log; InstanceNormalization -> reduce and broadcast binary ops; Tile
 (torch's repeat) -> Concat of copies; ReduceSumSquare -> Mul + ReduceSum; BatchNormalization of
 computed statistics -> broadcast binary ops; Where of a constant condition -> the side it picks;
-Expand -> Mul by ones."""
+Expand -> Mul by ones; GroupNormalization -> Reshape + InstanceNormalization + Reshape + Mul + Add."""
 import numpy as np
 
 from tl2k210.graph import Node
@@ -217,4 +217,39 @@ def static_where(g, log):
             ones = g.add_const(np.ones(out, np.float32), n.name + "/ones")
             g.nodes[g.nodes.index(n)] = Node("Mul", [n.inputs[0], ones], list(n.outputs), {}, n.name, n.fused)
             log(n.name, f"Expand to {list(out)} -> Mul by ones")
+    return g
+
+
+def group_norm(g, log):
+    """ONNX GroupNormalization (opset 18: scale and bias per group; 21: per channel) -> what
+    torch.onnx wrote before it: Reshape to (1, G, C/G*H*W), InstanceNormalization (unit scale),
+    Reshape back, Mul by the scale and Add the bias per channel (then pass instance_norm)."""
+    for n in [n for n in g.nodes if n.op == "GroupNormalization"]:
+        x, sc, b = n.inputs[:3]
+        shape, groups = g.shape(x), int(n.attrs.get("num_groups", 0))
+        if shape is None or len(shape) < 3 or g.const(sc) is None or g.const(b) is None or not groups \
+                or shape[1] % groups:
+            continue
+        c, y, nm = shape[1], n.outputs[0], n.name
+        scale, bias = (np.asarray(g.const(v), np.float32).ravel() for v in (sc, b))
+        if scale.size == groups != c:       # opset 18's per-group parameters
+            scale, bias = np.repeat(scale, c // groups), np.repeat(bias, c // groups)
+        if scale.size != c or bias.size != c:
+            continue
+        per_channel = (1, c) + (1,) * (len(shape) - 2)
+        t = {k: g.add_tensor(f"{y}/{k}") for k in ("groups", "normed", "back", "scaled")}
+        k = g.add_const
+        new = [Node("Reshape", [x, k(np.array([1, groups, -1], np.int64), nm + "/group_shape")], [t["groups"]],
+                    {}, nm + "/to_groups", [nm]),
+               Node("InstanceNormalization", [t["groups"], k(np.ones(groups, np.float32), nm + "/unit_scale"),
+                                              k(np.zeros(groups, np.float32), nm + "/zero_bias")], [t["normed"]],
+                    {"epsilon": float(n.attrs.get("epsilon", 1e-5))}, nm + "/normalize", [nm]),
+               Node("Reshape", [t["normed"], k(np.array(shape, np.int64), nm + "/shape")], [t["back"]], {},
+                    nm + "/back", [nm]),
+               Node("Mul", [t["back"], k(scale.reshape(per_channel), nm + "/scale")], [t["scaled"]], {},
+                    nm + "/scale", [nm]),
+               Node("Add", [t["scaled"], k(bias.reshape(per_channel), nm + "/bias")], [y], {}, nm, [nm])]
+        i = g.nodes.index(n)
+        g.nodes[i:i + 1] = new
+        log(nm, f"GroupNormalization ({groups} groups) -> Reshape, InstanceNormalization, Reshape, Mul, Add")
     return g
