@@ -1,7 +1,7 @@
 """CenterNet's peak trick, heat * Cast(MaxPool3x3(heat) == heat), TF-free (round 48's
 centernet96 of never-seen set 4): the equal_mask pass computes the Equal as 1 - Sign(|a - b|),
-exact in float against onnxruntime (ties included), and the model compiles and runs on the
-emulator."""
+exact in float against onnxruntime (ties included), also read through Where(eq, x, 0), and the
+model compiles and runs on the emulator."""
 import numpy as np
 import pytest
 from onnx import helper
@@ -25,8 +25,12 @@ def peak_model(reader="Cast"):
              N("Equal", ["peak", "heat"], ["is_peak"], name="equal")]
     if reader == "Cast":
         nodes += [N("Cast", ["is_peak"], ["keep"], to=1), N("Mul", ["heat", "keep"], ["y"])]
-    else:
+    elif reader == "Where":
         nodes += [N("Where", ["is_peak", "heat", "zero"], ["y"])]
+    elif reader == "WhereNot":
+        nodes += [N("Where", ["is_peak", "zero", "heat"], ["y"])]
+    else:
+        nodes += [N("Where", ["is_peak", "heat", "logits"], ["y"])]
     w = (RNG.standard_normal((4, 3, 3, 3)) * 0.5).astype(np.float32)
     return make_model(nodes, [("x", [1, 3, 16, 16])], [("y", [1, 4, 16, 16])],
                       {"w": w, "b": np.zeros(4, np.float32), "zero": np.zeros(1, np.float32)})
@@ -45,8 +49,19 @@ def test_equal_mask_is_exact_in_float_with_ties():
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("reader", ["Where", "WhereNot"])
+def test_where_of_the_peaks_and_zero_is_a_product(reader):
+    m = peak_model(reader)
+    g, changes = run_pass("equal_mask", from_onnx(m))
+    assert changes and not any(n.op in ("Equal", "Where", "Cast") for n in g.nodes)
+    x = np.round(RNG.standard_normal((1, 3, 16, 16)).astype(np.float32) * 2) / 2
+    got, want = run(g, x)["y"], ort_run(m, x)[0]
+    np.testing.assert_array_equal(got != 0, want != 0)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_equal_read_as_a_boolean_is_left_alone():
-    g, changes = run_pass("equal_mask", from_onnx(peak_model("Where")))
+    g, changes = run_pass("equal_mask", from_onnx(peak_model("WhereMaps")))
     assert not changes and any(n.op == "Equal" for n in g.nodes)
 
 
