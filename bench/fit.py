@@ -6,6 +6,8 @@ calibration on the 12 scikit-image photos, the face detectors on the next 12 WID
 (quantized TFLite files also without --dataset, from their own int8 scales):
 
   * a float source: output SQNR / top-1 agreement of the kmodel (emulated) vs the float model;
+  * every row: the 8-bit ideal (fake quantization of the same graph and ranges) vs the float
+    graph on the same photos, what no 8-bit form beats by much (the floor of accuracy);
   * a .tflite: vs the TFLite interpreter's own output on the same pixels (what the user had
     before): a fully quantized model's integer output, dequantized with the file's output scale;
     against both the default interpreter (XNNPACK kernels) and TFLite's reference kernels (TFLite
@@ -162,6 +164,21 @@ def tflite_reference(path, kmodel, photos, limit=EVAL_LIMIT):
     return row
 
 
+def _pre(extra):
+    """The input options among a row's convert flags, as ConvertOptions fields."""
+    return {k: tuple(float(v) if k == "input_range" else int(v) for v in extra[extra.index(flag) + 1].split(","))
+            for flag, k in (("--input-shape", "input_shape"), ("--input-range", "input_range")) if flag in extra}
+
+
+def ideal_db(src, calib, photos, extra):
+    """The 8-bit ideal's output SQNR vs the float graph on the same photos (min over the outputs):
+    the graph and ranges the conversion used, with fake quantization (compiler.held_out_ideal)."""
+    from tl2k210.compiler import ConvertOptions, held_out_ideal
+    opts = ConvertOptions(dataset=None if calib is None else str(calib), progress=False, min_sqnr=0, **_pre(extra))
+    best = held_out_ideal(src, photos, opts, limit=EVAL_LIMIT)
+    return min(best.values()) if best else None
+
+
 def measure(src, extra, calib, classifier, own_ranges=False, calib_name="12 photos"):
     import corpus
 
@@ -187,14 +204,14 @@ def measure(src, extra, calib, classifier, own_ranges=False, calib_name="12 phot
         got = tflite_reference(src, out, photos)
     else:
         row["reference"] = "float"
-        pre = {k: tuple(float(v) if k == "input_range" else int(v) for v in extra[extra.index(flag) + 1].split(","))
-               for flag, k in (("--input-shape", "input_shape"), ("--input-range", "input_range")) if flag in extra}
+        pre = _pre(extra)
         ours = compare(str(src), str(out), str(photos), limit=EVAL_LIMIT, **pre)
         got = {"sqnr_db": min(o["sqnr_db"] for o in ours["outputs"].values())}
         top1 = [o["top1"] for o in ours["outputs"].values() if "top1" in o]
         if top1:
             got["top1_agreement"] = top1[0]
     row.update(got)
+    row["ideal_db"] = ideal_db(src, None if own_ranges else calib, photos, extra)
     if not classifier:
         for key in KERNELS.values():
             row.pop(f"top1_agreement{key}", None)
@@ -207,17 +224,18 @@ def _fmt(v):
 
 def markdown(rows):
     out = ["| file | calibration | result | format / runtime | kmodel | SQNR vs | on | dB | top-1 agreement | "
-           "vs reference kernels: dB | top-1 | kmodel vs float graph (dB) | TFLite vs float graph (dB) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "vs reference kernels: dB | top-1 | kmodel vs float graph (dB) | TFLite vs float graph (dB) | "
+           "8-bit ideal vs float graph (dB) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["result"] == "refused":
-            out.append(f"| {r['model']} | {r['calibration']} | refused: {r['reason']} | | | | | | | | | | |")
+            out.append(f"| {r['model']} | {r['calibration']} | refused: {r['reason']} | | | | | | | | | | | |")
             continue
         t1, t1r = ("-" if r.get(k) is None else f"{r[k]:.3f}" for k in ("top1_agreement", "top1_agreement_ref_kernels"))
         out.append(f"| {r['model']} | {r['calibration']} | converted | {r['format']} / {r['runtime']} | "
                    f"{r['kmodel_bytes']:,} B | {r['reference']} | {r['photos']} | {r['sqnr_db']:.1f} | {t1} | "
                    f"{_fmt(r.get('sqnr_db_ref_kernels'))} | {t1r} | "
-                   f"{_fmt(r.get('vs_float_db'))} | {_fmt(r.get('tflite_vs_float_db'))} |")
+                   f"{_fmt(r.get('vs_float_db'))} | {_fmt(r.get('tflite_vs_float_db'))} | {_fmt(r.get('ideal_db'))} |")
     return "\n".join(out)
 
 

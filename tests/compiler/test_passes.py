@@ -701,6 +701,18 @@ def test_log_softmax_and_instance_norm_decompose():
     assert "InstanceNormalization" not in [n.op for n in g.nodes]
 
 
+@pytest.mark.parametrize("size,bias", [(5, 1.0), (3, 2.0), (9, 0.5)])
+def test_lrn_decomposes_exactly(size, bias):
+    """AlexNet's / GoogLeNet's LRN against onnxruntime (odd windows: it refuses even ones), on a
+    map with 7 channels: windows cut at both ends, one wider than the map."""
+    m = make_model([helper.make_node("LRN", ["x"], ["y"], size=size, alpha=3e-2, beta=0.75, bias=bias)],
+                   [("x", [1, 7, 5, 6])], [("y", None)])
+    g, _ = check(m, "lrn", x=rand(1, 7, 5, 6, scale=3), tol=1e-5)
+    assert [n.op for n in g.nodes] == ["Mul", "Conv", "Log", "Mul", "Exp", "Div"]
+    g, _ = check(m, None, x=rand(1, 7, 5, 6, scale=3), tol=1e-5)      # and through every pass
+    assert "LRN" not in [n.op for n in g.nodes]
+
+
 def test_tile_is_concat_of_copies():
     """torch's x.repeat(1, 2, 3, 1) (ONNX Tile, constant repeats) -> a Concat per repeated axis."""
     m = make_model([helper.make_node("Tile", ["x", "r"], ["y"])], [X], [("y", None)],

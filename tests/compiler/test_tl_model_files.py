@@ -203,19 +203,22 @@ def test_separable_conv2d_as_tensorlayer_21_saved_it(tmp_path):
     np.testing.assert_allclose(ort_run(load_model(tmp_path / "sep.h5"), xs)[0], ref, rtol=1e-5, atol=1e-5)
 
 
-def test_local_response_norm_rebuilt_then_refused_by_the_compiler(tmp_path, calib):
+def test_local_response_norm_rebuilt_and_converted(tmp_path, calib):
+    """TensorLayer's LocalResponseNorm (tf.nn.local_response_normalization) reads back as ONNX
+    LRN and converts (passes/decompose.py lrn): the kmodel against the float model."""
     tl = _tl()
     from tensorlayer.layers import Conv2d, Input, LocalResponseNorm
-    from tl2k210.errors import UnsupportedOpError
+
+    from tl2k210.compare import compare
     x = Input([1, 16, 16, 3], name="in")
     n = LocalResponseNorm(depth_radius=2, bias=1.0, alpha=1e-3, beta=0.75, name="lrn")(Conv2d(8, name="c")(x))
     m = _seeded(tl.models.Model(x, n, name="lrn_net"), photos(16, 16)[:1])
     m.save(str(tmp_path / "lrn.h5"), save_weights=True)
     xs = photos(16, 16, lo=0.0, hi=1.0)[:1]
     np.testing.assert_allclose(ort_run(load_model(tmp_path / "lrn.h5"), xs)[0], m(xs).numpy(), rtol=1e-5, atol=1e-6)
-    with pytest.raises(UnsupportedOpError, match="LRN"):
-        convert(tmp_path / "lrn.h5", tmp_path / "lrn.kmodel", ConvertOptions(dataset=calib, progress=False))
-    assert not (tmp_path / "lrn.kmodel").exists()
+    convert(tmp_path / "lrn.h5", tmp_path / "lrn.kmodel", ConvertOptions(dataset=calib, progress=False))
+    rep = compare(str(tmp_path / "lrn.h5"), str(tmp_path / "lrn.kmodel"), calib, limit=8)
+    assert min(o["sqnr_db"] for o in rep["outputs"].values()) > 30
 
 
 def test_partial_and_damaged_weight_groups(tmp_path):

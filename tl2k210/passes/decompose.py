@@ -1,8 +1,9 @@
 """Ops with no kmodel layer of their own, as the ops they are made of (equal in float):
 LogSoftmax -> Softmax + Log; InstanceNormalization -> reduce and broadcast binary ops; Tile
 (torch's repeat) -> Concat of copies; ReduceSumSquare -> Mul + ReduceSum; BatchNormalization of
-computed statistics -> broadcast binary ops; Where of a constant condition -> the side it picks;
-Expand -> Mul by ones; GroupNormalization -> Reshape + InstanceNormalization + Reshape + Mul + Add."""
+computed statistics -> broadcast binary ops; LRN -> a square, a 1x1 conv summing the channel
+window, Log, Mul, Exp and a Div; Where of a constant condition -> the side it picks; Expand ->
+Mul by ones; GroupNormalization -> Reshape + InstanceNormalization + Reshape + Mul + Add."""
 import numpy as np
 
 from tl2k210.graph import Node
@@ -252,4 +253,41 @@ def group_norm(g, log):
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new
         log(nm, f"GroupNormalization ({groups} groups) -> Reshape, InstanceNormalization, Reshape, Mul, Add")
+    return g
+
+
+def lrn(g, log):
+    """LRN (AlexNet, GoogLeNet v1, ZFNet: Caffe's cross-channel local response normalisation),
+    y = x / (bias + alpha / size * sum of x^2 over the channel window) ^ beta, the window the size
+    channels from c - floor((size - 1) / 2) to c + ceil((size - 1) / 2) (ONNX's) -> Mul(x, x); a 1x1
+    Conv whose C x C band of weights alpha / size sums the window, with bias as its bias; the
+    power as Exp(beta * Log(d)) (d >= bias > 0); Div(x, that)."""
+    for n in [n for n in g.nodes if n.op == "LRN"]:
+        x, y, nm = n.inputs[0], n.outputs[0], n.name
+        shape = g.shape(x)
+        if shape is None or len(shape) != 4:
+            continue
+        c = shape[1]
+        size = int(n.attrs["size"])
+        alpha, beta, bias = (float(n.attrs.get(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+        if bias <= 0:
+            continue          # the Log needs d > 0
+        lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+        w = np.zeros((c, c, 1, 1), np.float32)
+        for o in range(c):
+            w[o, max(0, o - lo):min(c, o + hi + 1)] = alpha / size
+        t = {k: g.add_tensor(f"{y}/{k}", shape) for k in ("square", "d", "log", "scaled", "power")}
+        new = [Node("Mul", [x, x], [t["square"]], {}, nm + "/square", [nm]),
+               Node("Conv", [t["square"], g.add_const(w, nm + "/window"),
+                             g.add_const(np.full(c, bias, np.float32), nm + "/bias")], [t["d"]],
+                    {"kernel": (1, 1), "strides": (1, 1), "pads": [0, 0, 0, 0], "dilations": (1, 1), "group": 1},
+                    nm + "/window", [nm]),
+               Node("Log", [t["d"]], [t["log"]], {}, nm + "/log", [nm]),
+               Node("Mul", [t["log"], g.add_const(np.array(beta, np.float32), nm + "/beta")], [t["scaled"]], {},
+                    nm + "/beta", [nm]),
+               Node("Exp", [t["scaled"]], [t["power"]], {}, nm + "/power", [nm]),
+               Node("Div", [x, t["power"]], [y], {}, nm, [nm])]
+        i = g.nodes.index(n)
+        g.nodes[i:i + 1] = new
+        log(nm, f"LRN size {size} -> Mul, 1x1 Conv over the channel window, Log, Mul, Exp, Div")
     return g

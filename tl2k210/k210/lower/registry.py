@@ -42,7 +42,6 @@ NEAREST = {
     "LSTM": "a convolutional model (no recurrent ops on the K210)", "GRU": "a convolutional model",
     "RNN": "a convolutional model", "Upsample": "Resize with mode nearest",
     "InstanceNormalization": "BatchNormalization after a Conv (folded into it)",
-    "LRN": "BatchNormalization",
     "Einsum": "Dense (MatMul) layers",
     "Loop": "a model without loops (a TF while_loop, as Keras 3 writes LSTM/GRU layers; the K210 runs a "
             "fixed sequence of layers): export a convolutional model", "Scan": "a model without loops",
