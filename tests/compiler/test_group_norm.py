@@ -79,7 +79,8 @@ def test_merge_5d_leaves_a_region_whose_axes_differ():
              N("ReduceSum", ["m", "axes"], ["s"], keepdims=1), N("Sub", ["m", "s"], ["d"]),
              N("Reshape", ["d", "merge"], ["y"])]
     m = make_model(nodes, [("x", [1, C, H, W])], [("y", [1, C, H, W])],
-                   {"split": i64([1, G, C // G, H, W]), "rows": RNG.uniform(0.5, 1.5, (1, 1, 1, H, 1)).astype(np.float32),
+                   {"split": i64([1, G, C // G, H, W]),
+                    "rows": RNG.uniform(0.5, 1.5, (1, 1, 1, H, 1)).astype(np.float32),
                     "axes": i64([2, 3]), "merge": i64([1, C, H, W])})
     g, changes = run_pass("merge_5d", from_onnx(m))
     assert not changes and len(g.shape("g")) == 5
@@ -93,8 +94,8 @@ def torch_group_norm_model():
              N("Reshape", ["c", "s3"], ["r"]), N("InstanceNormalization", ["r", "one", "zero"], ["n"], epsilon=1e-5),
              N("Reshape", ["n", "s4"], ["n4"]), N("Mul", ["n4", "gamma"], ["m"]), N("Add", ["m", "beta"], ["y"])]
     return make_model(nodes, [("x", [1, 3, 16, 16])], [("y", [1, C, 16, 16])],
-                      {"w0": (RNG.standard_normal((C, 3, 3, 3)) * 0.3).astype(np.float32), "b0": np.zeros(C, np.float32),
-                       "s3": i64([1, G, -1]), "one": np.ones(G, np.float32), "zero": np.zeros(G, np.float32),
+                      {"w0": (RNG.standard_normal((C, 3, 3, 3)) * 0.3).astype(np.float32),
+                       "b0": np.zeros(C, np.float32), "s3": i64([1, G, -1]), "one": np.ones(G, np.float32), "zero": np.zeros(G, np.float32),
                        "s4": i64([1, C, 16, 16]), "gamma": RNG.uniform(0.5, 1.5, (C, 1, 1)).astype(np.float32),
                        "beta": RNG.uniform(-0.2, 0.2, (C, 1, 1)).astype(np.float32)})
 

@@ -47,7 +47,8 @@ def _where_as_product(g, log):
         m = g.add_tensor(f"{y}/mask")
         new = [Node("Cast", [w.inputs[0]], [m], {"to": _FLOAT}, f"{w.name}/mask")]
         if not keep_where_equal:
-            neg, one = (g.add_const(np.array(v, np.float32), f"{y}/{k}") for v, k in ((-1.0, "minus_one"), (1.0, "one")))
+            neg, one = (g.add_const(np.array(v, np.float32), f"{y}/{k}")
+                        for v, k in ((-1.0, "minus_one"), (1.0, "one")))
             nm, inv = g.add_tensor(f"{y}/minus_mask"), g.add_tensor(f"{y}/inverse_mask")
             new += [Node("Mul", [m, neg], [nm], {}, f"{w.name}/minus_mask"),
                     Node("Add", [nm, one], [inv], {}, f"{w.name}/inverse_mask")]
