@@ -95,7 +95,8 @@ def torch_group_norm_model():
              N("Reshape", ["n", "s4"], ["n4"]), N("Mul", ["n4", "gamma"], ["m"]), N("Add", ["m", "beta"], ["y"])]
     return make_model(nodes, [("x", [1, 3, 16, 16])], [("y", [1, C, 16, 16])],
                       {"w0": (RNG.standard_normal((C, 3, 3, 3)) * 0.3).astype(np.float32),
-                       "b0": np.zeros(C, np.float32), "s3": i64([1, G, -1]), "one": np.ones(G, np.float32), "zero": np.zeros(G, np.float32),
+                       "b0": np.zeros(C, np.float32), "s3": i64([1, G, -1]), "one": np.ones(G, np.float32),
+                       "zero": np.zeros(G, np.float32),
                        "s4": i64([1, C, 16, 16]), "gamma": RNG.uniform(0.5, 1.5, (C, 1, 1)).astype(np.float32),
                        "beta": RNG.uniform(-0.2, 0.2, (C, 1, 1)).astype(np.float32)})
 
