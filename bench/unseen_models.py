@@ -22,6 +22,18 @@ instance norm, resizes by 1.5 and to a fixed size, ASPP dilations, depthwise mul
 
     python bench/unseen_models.py OUT3 --set 3 [NAME ...]
 
+`--set 4` builds round 48's (MODELS4: a YOLOv8n-like anchor-free head with DFL and dist2bbox
+decode, a CenterNet-like heatmap with the max-pool peak trick, ShuffleNetV2 units (tf.split,
+reshape-transpose-reshape shuffle, MaxPool 3x3 s2 on an odd map), SqueezeNet 1.1 fire modules,
+a DenseNet-like block, a ResNet-v2 pre-activation net, a ConvNeXt-like block (7x7 depthwise,
+LayerNorm, Dense 4x GELU, layer scale), Keras preprocessing layers in the model (Rescaling,
+Normalization, Resizing, CenterCrop), an ESPCN-like pixel-shuffle super-resolution net, a
+grouped Conv2D / SeparableConv2D depth_multiplier 2 / GroupNormalization net, a two-input
+siamese net, a 3-output net, an LSTM / GRU net, a Keras 3 ConvNeXt-like net with preprocessing
+layers; float16 and int16x8 TFLite exports beside the other formats):
+
+    python bench/unseen_models.py OUT4 --set 4 [NAME ...]
+
 A model whose input is not 3-channel gets NAME.npy calibration arrays beside it."""
 import os
 import sys
@@ -69,8 +81,13 @@ def recal(model, h, w, c):
         b.momentum = 0.0
     x = calib(h, w, c)
     if bns:
-        model(x, training=True)
+        model(feeds(model, x), training=True)
     return model
+
+
+def feeds(model, x):
+    """x for a one-input model; for a two-input one, x and x reversed (two different images)."""
+    return x if len(model.inputs) == 1 else [x, x[::-1].copy()]
 
 
 def calib(h, w, c):
@@ -884,19 +901,275 @@ def keras3_models3():
     devcorpus.recalibrate_bn(m, 0, 1)
     m.save(f"{OUT}/k3_ghost_hsilu112.keras")
 
+# ------------------------------------------------------------------ round 48's set
+def yolov8_head():
+    """YOLOv8n-like anchor-free head at strides 8 and 16: decoupled box / class branches, DFL
+    (4x16 bins, softmax over the bins, a 1x1 conv with arange weights), dist2bbox with grid and
+    stride constants; the output is decoded boxes (pixels) concatenated with sigmoid scores."""
+    nc, reg = 3, 16
+    i = L.Input((128, 128, 3))
+    x = conv_bn(i, 16, 3, 2, "swish"); x = conv_bn(x, 32, 3, 2, "swish")
+    p3 = conv_bn(x, 32, 3, 2, "swish"); p4 = conv_bn(p3, 48, 3, 2, "swish")
+    outs = []
+    for f, s in [(p3, 8), (p4, 16)]:
+        h = w = 128 // s
+        b = conv_bn(conv_bn(f, 32, 3, act="swish"), 32, 3, act="swish")
+        b = L.Conv2D(4 * reg, 1)(b)
+        c = conv_bn(conv_bn(f, 32, 3, act="swish"), 32, 3, act="swish")
+        c = L.Conv2D(nc, 1, activation="sigmoid")(c)
+        b = L.Reshape((h * w, 4, reg))(b)
+        b = L.Softmax(axis=-1)(b)
+        proj = np.arange(reg, dtype=np.float32).reshape(1, 1, reg, 1)
+        dfl = L.Conv2D(1, 1, use_bias=False, trainable=False,
+                       kernel_initializer=K2.initializers.Constant(proj))
+        d = L.Reshape((h * w, 4))(dfl(b))
+        gy, gx = np.meshgrid(np.arange(h) + 0.5, np.arange(w) + 0.5, indexing="ij")
+        grid = np.stack([gx.ravel(), gy.ravel()], -1).astype(np.float32)[None]
+        lt, rb = L.Lambda(lambda t: t[..., :2])(d), L.Lambda(lambda t: t[..., 2:])(d)
+        x1y1 = L.Lambda(lambda t, g=grid: g - t)(lt)
+        x2y2 = L.Lambda(lambda t, g=grid: g + t)(rb)
+        cxy = L.Lambda(lambda t: t * 0.5)(L.Add()([x1y1, x2y2]))
+        wh = L.Subtract()([x2y2, x1y1])
+        box = L.Lambda(lambda t, s=s: t * float(s))(L.Concatenate()([cxy, wh]))
+        outs.append(L.Concatenate()([box, L.Reshape((h * w, nc))(c)]))
+    return K2.Model(i, L.Concatenate(axis=1)(outs))
+
+
+def centernet():
+    """CenterNet-like heads: a sigmoid heatmap with the max-pool peak trick
+    x * (maxpool3x3_same(x) == x), and a size head."""
+    i = L.Input((96, 96, 3))
+    x = conv_bn(i, 16, 3, 2); x = conv_bn(x, 32, 3, 2); x = conv_bn(x, 48, 3, 2)
+    x = L.Conv2DTranspose(32, 4, 2, padding="same", use_bias=False)(x); x = bn_act(x, "relu")
+    hm = L.Conv2D(4, 1, activation="sigmoid")(conv_bn(x, 32, 3))
+    peak = L.MaxPooling2D(3, 1, padding="same")(hm)
+    keep = L.Lambda(lambda t: tf.cast(tf.equal(t[0], t[1]), tf.float32))([peak, hm])
+    hm = L.Multiply()([hm, keep])
+    wh = L.Conv2D(2, 1)(conv_bn(x, 32, 3))
+    return K2.Model(i, L.Concatenate()([hm, wh]))
+
+
+def shuffle_unit(x, c, s):
+    if s == 1:
+        a, b = L.Lambda(lambda t: tf.split(t, 2, axis=-1))(x)
+    else:
+        a = L.DepthwiseConv2D(3, 2, padding="same", use_bias=False)(x); a = L.BatchNormalization()(a)
+        a = conv_bn(a, c // 2, 1)
+        b = x
+    b = conv_bn(b, c // 2, 1)
+    b = L.DepthwiseConv2D(3, s, padding="same", use_bias=False)(b); b = L.BatchNormalization()(b)
+    b = conv_bn(b, c // 2, 1)
+    y = L.Concatenate()([a, b])
+    h, w = y.shape[1], y.shape[2]
+    y = L.Reshape((h, w, 2, c // 2))(y)
+    y = L.Permute((1, 2, 4, 3))(y)
+    return L.Reshape((h, w, c))(y)
+
+
+def shufflenet_v2():
+    """ShuffleNetV2 units: tf.split channel split, reshape-transpose-reshape shuffle, and a
+    MaxPool 3x3 stride 2 on an odd (47x47) map."""
+    i = L.Input((96, 96, 3))
+    x = bn_act(L.Conv2D(24, 3, 2, use_bias=False)(i), "relu")  # 47x47
+    x = L.MaxPooling2D(3, 2, padding="same")(x)               # 24x24
+    for c, s in [(48, 2), (48, 1), (96, 2), (96, 1)]:
+        x = shuffle_unit(x, c, s)
+    x = conv_bn(x, 128, 1)
+    x = L.GlobalAveragePooling2D()(x)
+    return K2.Model(i, L.Dense(8)(x))
+
+
+def fire(x, s, e):
+    x = L.Conv2D(s, 1, activation="relu")(x)
+    return L.Concatenate()([L.Conv2D(e, 1, activation="relu")(x),
+                            L.Conv2D(e, 3, padding="same", activation="relu")(x)])
+
+
+def squeezenet11():
+    """SqueezeNet 1.1: fire modules, 'valid' max pools on odd maps, a conv classifier + GAP."""
+    i = L.Input((112, 112, 3))
+    x = L.Conv2D(32, 3, 2, activation="relu")(i)              # 55
+    x = L.MaxPooling2D(3, 2)(x)                               # 27
+    x = fire(fire(x, 8, 32), 8, 32)
+    x = L.MaxPooling2D(3, 2)(x)                               # 13
+    x = fire(fire(x, 16, 48), 16, 48)
+    x = L.MaxPooling2D(3, 2)(x)                               # 6
+    x = fire(x, 24, 64)
+    x = L.Dropout(0.5)(x)
+    x = L.Conv2D(10, 1, activation="relu")(x)
+    return K2.Model(i, L.GlobalAveragePooling2D()(x))     # logits, as torchvision's
+
+
+def densenet():
+    """DenseNet-like: pre-activation BN-ReLU-Conv layers, each concatenated onto the block's
+    input; transitions BN-ReLU-1x1 conv-AvgPool."""
+    i = L.Input((96, 96, 3))
+    x = L.Conv2D(24, 3, 2, padding="same", use_bias=False)(i)
+    for blk in range(2):
+        for _ in range(4):
+            y = L.Conv2D(32, 1, use_bias=False)(bn_act(x, "relu"))
+            y = L.Conv2D(12, 3, padding="same", use_bias=False)(bn_act(y, "relu"))
+            x = L.Concatenate()([x, y])
+        x = L.Conv2D(x.shape[-1] // 2, 1, use_bias=False)(bn_act(x, "relu"))
+        x = L.AveragePooling2D()(x)
+    x = L.GlobalAveragePooling2D()(bn_act(x, "relu"))
+    return K2.Model(i, L.Dense(10)(x))
+
+
+def resnet_v2():
+    """ResNet-v2 pre-activation blocks: BN-ReLU before each conv (not foldable into the
+    previous conv), identity and 1x1-projection shortcuts."""
+    i = L.Input((96, 96, 3))
+    x = L.Conv2D(16, 3, 2, padding="same")(i)
+    for c, s in [(16, 1), (32, 2), (32, 1), (64, 2)]:
+        p = bn_act(x, "relu")
+        sc = x if s == 1 and c == x.shape[-1] else L.Conv2D(c, 1, s)(p)
+        y = L.Conv2D(c, 3, s, padding="same", use_bias=False)(p)
+        y = L.Conv2D(c, 3, padding="same")(bn_act(y, "relu"))
+        x = L.Add()([sc, y])
+    x = L.GlobalAveragePooling2D()(bn_act(x, "relu"))
+    return K2.Model(i, L.Dense(5)(x))
+
+
+def convnext():
+    """ConvNeXt-like: a 4x4 stride-4 patchify stem + LayerNorm, blocks of 7x7 depthwise,
+    LayerNorm over channels, pointwise Dense 4x, GELU, Dense back, layer-scale, residual."""
+    i = L.Input((64, 64, 3))
+    x = L.LayerNormalization(epsilon=1e-6)(L.Conv2D(32, 4, 4)(i))
+    for _ in range(2):
+        y = L.DepthwiseConv2D(7, padding="same")(x)
+        y = L.LayerNormalization(epsilon=1e-6)(y)
+        y = L.Dense(128, activation="gelu")(y)
+        y = L.Dense(32)(y)
+        y = L.Lambda(lambda t: t * np.linspace(0.5, 1.0, 32, dtype=np.float32))(y)
+        x = L.Add()([x, y])
+    x = L.LayerNormalization(epsilon=1e-6)(L.GlobalAveragePooling2D()(x))
+    return K2.Model(i, L.Dense(6)(x))
+
+
+def preproc():
+    """Keras preprocessing layers inside the model: Rescaling(1/255) + Normalization (ImageNet
+    mean / variance), Resizing 120x160 -> 96x128 (bilinear), CenterCrop 96x96."""
+    i = L.Input((120, 160, 3))
+    x = L.Rescaling(1 / 255.0)(L.Rescaling(255.0)(i))
+    x = L.Normalization(mean=[0.485, 0.456, 0.406], variance=[0.229 ** 2, 0.224 ** 2, 0.225 ** 2])(x)
+    x = L.Resizing(96, 128)(x)
+    x = L.CenterCrop(96, 96)(x)
+    x = conv_bn(x, 16, 3, 2); x = conv_bn(x, 32, 3, 2); x = conv_bn(x, 48, 3, 2)
+    x = L.GlobalAveragePooling2D()(x)
+    return K2.Model(i, L.Dense(4, activation="softmax")(x))
+
+
+def espcn():
+    """ESPCN-like super resolution x3: 5x5 and 3x3 convs (tanh), a 3*9-channel conv and
+    tf.nn.depth_to_space (pixel shuffle), a clipped image output."""
+    i = L.Input((48, 48, 3))
+    x = L.Conv2D(32, 5, padding="same", activation="tanh")(i)
+    x = L.Conv2D(16, 3, padding="same", activation="tanh")(x)
+    x = L.Conv2D(3 * 9, 3, padding="same")(x)
+    x = L.Lambda(lambda t: tf.nn.depth_to_space(t, 3))(x)
+    return K2.Model(i, L.ReLU(1.0)(x))
+
+
+def grouped():
+    """A grouped Conv2D (groups=4), a SeparableConv2D with depth_multiplier 2, GroupNormalization."""
+    i = L.Input((96, 96, 3))
+    x = conv_bn(i, 32, 3, 2)
+    x = L.Conv2D(32, 3, padding="same", groups=4, use_bias=False)(x); x = bn_act(x, "relu")
+    x = L.SeparableConv2D(48, 3, 2, padding="same", depth_multiplier=2)(x)
+    x = L.Activation("relu")(L.GroupNormalization(groups=8)(x))
+    x = L.Conv2D(64, 3, 2, padding="same", groups=4)(x)
+    x = L.Activation("relu")(L.GroupNormalization(groups=4)(x))
+    x = L.GlobalAveragePooling2D()(x)
+    return K2.Model(i, L.Dense(10)(x))
+
+
+def siamese():
+    """Two inputs through one shared embedding net; the output is the squared difference's score."""
+    a, b = L.Input((64, 64, 3)), L.Input((64, 64, 3))
+    i = L.Input((64, 64, 3))
+    x = conv_bn(i, 16, 3, 2); x = conv_bn(x, 32, 3, 2); x = conv_bn(x, 32, 3, 2)
+    emb = K2.Model(i, L.Dense(16)(L.GlobalAveragePooling2D()(x)))
+    d = L.Subtract()([emb(a), emb(b)])
+    d = L.Multiply()([d, d])
+    return K2.Model([a, b], L.Dense(1, activation="sigmoid")(d))
+
+
+def three_out():
+    """A face-attribute-like net with 3 outputs: age (linear), gender (sigmoid), 7 emotions
+    (softmax), from one trunk."""
+    i = L.Input((96, 96, 3))
+    x = conv_bn(i, 16, 3, 2); x = conv_bn(x, 32, 3, 2); x = conv_bn(x, 48, 3, 2)
+    x = conv_bn(x, 64, 3, 2)
+    g = L.GlobalAveragePooling2D()(x)
+    return K2.Model(i, [L.Dense(1)(g), L.Dense(1, activation="sigmoid")(g),
+                        L.Dense(7, activation="softmax")(L.Dense(32, activation="relu")(g))])
+
+
+def lstm_gru():
+    """A conv front end, then LSTM and GRU over the 16 time steps (the K210 has no recurrence)."""
+    i = L.Input((16, 20, 1))
+    x = L.Reshape((16, 20))(i)
+    x = L.Conv1D(24, 3, padding="same", activation="relu")(x)
+    x = L.LSTM(24, return_sequences=True)(x)
+    x = L.GRU(16)(x)
+    return K2.Model(i, L.Dense(5, activation="softmax")(x))
+
+
+MODELS4 = {   # round 48: name: (builder, (h,w,c), formats)
+    "yolov8_head128": (yolov8_head, (128, 128, 3), ["float", "onnx13"]),
+    "centernet96": (centernet, (96, 96, 3), ["onnx17", "int8io"]),
+    "shufflenet_v2_96": (shufflenet_v2, (96, 96, 3), ["float", "onnx17"]),
+    "squeezenet11_112": (squeezenet11, (112, 112, 3), ["uint8io", "h5"]),
+    "densenet96": (densenet, (96, 96, 3), ["onnx13", "float16"]),
+    "resnet_v2_96": (resnet_v2, (96, 96, 3), ["h5", "int16x8"]),
+    "convnext64": (convnext, (64, 64, 3), ["float", "onnx17"]),
+    "preproc120x160": (preproc, (120, 160, 3), ["h5", "float"]),
+    "espcn48": (espcn, (48, 48, 3), ["float", "uint8io"]),
+    "grouped96": (grouped, (96, 96, 3), ["onnx17", "dynrange", "h5"]),
+    "siamese64": (siamese, (64, 64, 3), ["h5", "onnx13"]),
+    "three_out96": (three_out, (96, 96, 3), ["float16", "int8io"]),
+    "lstm_gru16x20": (lstm_gru, (16, 20, 1), ["h5", "onnx13"]),
+}
+
+
+def keras3_models4():
+    """A ConvNeXt-like block net with Keras 3's preprocessing layers inside it, saved by Keras 3."""
+    import keras
+    L3 = keras.layers
+    keras.utils.set_random_seed(48)
+    i = keras.Input((80, 80, 3))
+    x = L3.Rescaling(1 / 127.5, offset=-1.0)(L3.Rescaling(255.0)(i))
+    x = L3.Resizing(64, 64)(x)
+    x = L3.LayerNormalization(epsilon=1e-6)(L3.Conv2D(24, 4, 4)(x))
+    y = L3.DepthwiseConv2D(7, padding="same")(x)
+    y = L3.LayerNormalization(epsilon=1e-6)(y)
+    y = L3.Dense(24, use_bias=True)(L3.Dense(96, activation="gelu")(y))
+    x = L3.Add()([x, y])
+    x = L3.GlobalAveragePooling2D()(x)
+    m = keras.Model(i, L3.Dense(5)(x))
+    m.save(f"{OUT}/k3_convnext_pre80.keras")
+
 
 
 def tflite(model, shape, kind):
     conv = tf.lite.TFLiteConverter.from_keras_model(model)
     if kind != "float":
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
-    if kind in ("int8io", "uint8io", "floatio_int8"):
+    if kind == "float16":
+        conv.target_spec.supported_types = [tf.float16]
+    if kind in ("int8io", "uint8io", "floatio_int8", "int16x8"):
         x = calib(*shape)
+        xs = feeds(model, x)
+        xs = xs if isinstance(xs, list) else [xs]
         def rep():
             for k in range(len(x)):
-                yield [x[k:k + 1]]
+                yield [a[k:k + 1] for a in xs]
         conv.representative_dataset = rep
         conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        if kind == "int16x8":
+            conv.target_spec.supported_ops = [
+                tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
         if kind == "int8io":
             conv.inference_input_type = conv.inference_output_type = tf.int8
         elif kind == "uint8io":
@@ -906,6 +1179,12 @@ def tflite(model, shape, kind):
 
 def to_onnx(model, shape, opset, path):
     import tf2onnx
+    if len(model.inputs) > 1:
+        spec = tuple(tf.TensorSpec((1,) + shape, tf.float32, name=f"input{k}")
+                     for k in range(len(model.inputs)))
+        fn = tf.function(lambda *x: model(list(x), training=False))
+        tf2onnx.convert.from_function(fn, input_signature=spec, opset=opset, output_path=path)
+        return
     spec = (tf.TensorSpec((1,) + shape, tf.float32, name="input"),)
     fn = tf.function(lambda x: model(x, training=False))
     tf2onnx.convert.from_function(fn, input_signature=spec, opset=opset, output_path=path)
@@ -945,13 +1224,13 @@ def keras3_models():
 
 os.makedirs(OUT, exist_ok=True)
 if not only or "keras3" in only:
-    {"2": keras3_models2, "3": keras3_models3}.get(SET, keras3_models)()
-for name, (build, shape, formats) in {"2": MODELS2, "3": MODELS3}.get(SET, MODELS).items():
+    {"2": keras3_models2, "3": keras3_models3, "4": keras3_models4}.get(SET, keras3_models)()
+for name, (build, shape, formats) in {"2": MODELS2, "3": MODELS3, "4": MODELS4}.get(SET, MODELS).items():
     if only and name not in only:
         continue
     K2.utils.set_random_seed(sum(map(ord, name)))
     m = recal(build(), *shape)
-    y = m.predict(calib(*shape), verbose=0)
+    y = m.predict(feeds(m, calib(*shape)), verbose=0)
     ys = y if isinstance(y, list) else [y]
     print(name, m.count_params(), [f"{a.std():.3g}/{np.abs(a).max():.3g}" for a in ys], flush=True)
     for f in formats:
@@ -961,6 +1240,7 @@ for name, (build, shape, formats) in {"2": MODELS2, "3": MODELS3}.get(SET, MODEL
         elif f.startswith("onnx"):
             to_onnx(m, shape, int(f[4:]), p + ".onnx")
         else:
-            open(p + ".tflite", "wb").write(tflite(m, shape, f))
+            data = tflite(m, shape, f)
+            open(p + ".tflite", "wb").write(data)
         if shape[-1] != 3:
             np.save(p + ".npy", calib(*shape))

@@ -381,10 +381,17 @@ def from_onnx(model, batch=1, input_shapes=None):
     infer_shapes(g)
     if rebatched:
         _check_single_sample(g, rebatched)
-    for n in g.nodes:
-        if n.op == "Conv":
-            _normalize_conv(g, n)
+    normalize_convs(g)
     return g
+
+
+def normalize_convs(g):
+    """_normalize_conv on every Conv still in ONNX form. A 'SAME' conv whose input shape is not
+    known yet (a TF export that computes a crop's size at run time: Shape, Gather, Equal...) keeps
+    its ONNX attributes until passes.fold_constants has made that arithmetic constants."""
+    for n in g.nodes:
+        if n.op == "Conv" and "kernel" not in n.attrs:
+            _normalize_conv(g, n)
 
 
 def _single_sample(g, rebatched):
@@ -426,6 +433,7 @@ def _check_single_sample(g, rebatched):
 def _normalize_conv(g, n):
     """ONNX Conv attrs -> IR Conv attrs (kernel, strides, pads, group, dilations; explicit bias)."""
     a = n.attrs
+    onnx_attrs = dict(a)
     w = g.tensors[n.inputs[1]]
     k = tuple(a.get("kernel_shape", w.shape[2:]))
     if len(k) != 2:
@@ -435,6 +443,10 @@ def _normalize_conv(g, n):
     pads = list(a.pop("pads", (0, 0, 0, 0)))
     auto = a.pop("auto_pad", "NOTSET")
     if auto in ("SAME_UPPER", "SAME_LOWER"):
+        if g.tensors[n.inputs[0]].shape is None:
+            a.clear()
+            a.update(onnx_attrs)
+            return      # normalize_convs again once the shape is known
         hw = g.tensors[n.inputs[0]].shape[2:]
         tot = [max((-(-x // s) - 1) * s + (kk - 1) * d + 1 - x, 0) for x, s, kk, d in zip(hw, strides, k, dil)]
         lo = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in tot]

@@ -311,3 +311,38 @@ def test_a_tflite_file_loads_to_one_graph_whatever_the_string_hashing():
                              text=True, check=True).stdout.strip().splitlines()[-1]
         seen.add(out)
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize("package", ["keras", "tf_keras"])
+def test_keras_grouped_conv_becomes_an_onnx_group_conv(package, tmp_path):
+    """Keras (3 and tf_keras) run a Conv2D with groups > 1 as an XLA-compiled function, which
+    tf2onnx left as a PartitionedCall without its body (round 48's grouped96): the conversion
+    traces the plain convolution instead, an ONNX Conv with group=4, equal to Keras' output;
+    the layers are as they were afterwards."""
+    tf()
+    k = pytest.importorskip(package)
+    L = k.layers
+    k.utils.set_random_seed(48)
+    i = L.Input((16, 16, 8))
+    conv = L.Conv2D(12, 3, 2, padding="same", groups=4)
+    m = k.Model(i, L.Conv2D(3, 1)(conv(i)))
+    path = tmp_path / "g.h5"
+    m.save(path)
+    onx = load_model(path)
+    assert [(n.op_type, [a.i for a in n.attribute if a.name == "group"]) for n in onx.graph.node
+            if "Conv" in n.op_type or "Call" in n.op_type] == [("Conv", [4]), ("Conv", [1])]
+    x = rand(1, 16, 16, 8)
+    g = from_onnx(onx)
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], np.asarray(m(x)), rtol=TOL, atol=TOL)
+    assert "_jit_compiled_convolution_op" not in vars(conv)
+
+
+def test_onnx_with_a_tf_function_call_is_refused_clearly(tmp_path):
+    """An ONNX file where tf2onnx left a TF function (PartitionedCall, its body not in the file)."""
+    from onnx import helper
+    n = helper.make_node("PartitionedCall", ["x", "w"], ["y"], name="model/conv2d_15/PartitionedCall",
+                         f=b"__inference__jit_compiled_convolution_op_9951")
+    m = make_model([n], [("x", [1, 16, 16, 8])], [("y", None)], {"w": rand(3, 3, 2, 12)})
+    onnx.save(m, tmp_path / "m.onnx")
+    with pytest.raises(ModelLoadError, match=r"conv2d_15/PartitionedCall.*groups > 1.*TFLite"):
+        load_model(tmp_path / "m.onnx")

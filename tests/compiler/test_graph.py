@@ -99,3 +99,28 @@ def test_shape_inference_leaves_big_weights_out():
         g.tensors[t].shape = None
     infer_shapes(g)
     assert (g.shape("c"), g.shape("rs"), g.shape("y")) == ((1, 64, 16, 16), (1, 16384), (1, 10))
+
+
+def test_same_conv_after_a_crop_computed_at_run_time():
+    """Keras' CenterCrop in a TFLite file: the crop's box is shape arithmetic (Shape, Equal,
+    Cast, Mul, Add) that onnx's data propagation leaves unknown, so the 'SAME' conv after it has
+    no input shape when the graph is read; it keeps its ONNX attributes until fold_constants
+    has made that arithmetic constants (round 48: an internal TypeError before)."""
+    from tl2k210.passes.fold_constants import fold_constants
+    n = helper.make_node
+    i64 = lambda v: np.array(v, np.int64)  # noqa: E731
+    nodes = [n("Shape", ["x"], ["s"]), n("Equal", ["s", "full"], ["e"]),
+             n("Cast", ["e"], ["ec"], to=7), n("Mul", ["ec", "off"], ["starts"]),
+             n("Add", ["starts", "size"], ["ends"]), n("Slice", ["x", "starts", "ends"], ["crop"]),
+             n("Conv", ["crop", "w"], ["y"], name="conv", auto_pad="SAME_UPPER", strides=[2, 2])]
+    m = make_model(nodes, [("x", [1, 3, 10, 10])], [("y", None)],
+                   {"full": i64([1, 3, 10, 10]), "off": i64([0, 0, 1, 1]), "size": i64([1, 3, 8, 8]),
+                    "w": rand(4, 3, 3, 3)})
+    g = from_onnx(m)
+    conv = next(c for c in g.nodes if c.op == "Conv")
+    assert g.shape("crop") is None and conv.attrs["auto_pad"] == "SAME_UPPER"
+    fold_constants(g, lambda *a: None)
+    assert g.shape("crop") == (1, 3, 8, 8)
+    assert conv.attrs["pads"] == [0, 0, 1, 1] and conv.attrs["kernel"] == (3, 3)
+    x = rand(1, 3, 10, 10)
+    np.testing.assert_allclose(run(g, x)["y"], ort_run(m, x)[0], rtol=1e-5, atol=1e-5)

@@ -243,3 +243,21 @@ def test_five_d_transpose_with_unit_axes(tmp_path):
                    {"s5": np.array([1, 1, 64, 2, 16]), "s4": np.array([1, 2, 64, 16])})
     r, pairs = emulate(m, (1, 64, 32), tmp_path)
     assert_close(pairs, 35)
+
+
+def test_tflite_broadcast_args_maps_to_a_shape():
+    """TFLite's BROADCAST_ARGS (Keras' GroupNormalization writes it; round 48's grouped96): the
+    broadcast shape of two int32 shape vectors, in the inputs' type."""
+    from onnx import TensorProto
+    node = N("TFL_BROADCAST_ARGS", ["a", "b"], ["y"], name="bargs", domain=tflite_ops.DOMAIN)
+    g = helper.make_graph([node], "t", [helper.make_tensor_value_info(k, TensorProto.INT32, [None]) for k in "ab"],
+                          [helper.make_tensor_value_info("y", TensorProto.INT32, [None])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(tflite_ops.DOMAIN, 1)])
+    m.ir_version = 8
+    m = tflite_ops.to_standard_ops(m, "test")
+    onnx.checker.check_model(m)
+    import onnxruntime as ort
+    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for a, b in [((1, 12, 12, 8, 6), ()), ((3, 1, 5), (4, 1)), ((1,), (2, 3))]:
+        y = s.run(None, {"a": np.array(a, np.int32), "b": np.array(b, np.int32)})[0]
+        assert y.dtype == np.int32 and tuple(y) == np.broadcast_shapes(a, b)

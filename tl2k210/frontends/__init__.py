@@ -119,11 +119,27 @@ def check_onnx(model, where):
 
     from .repair import repair
     model = repair(ir4_if_initializers_unlisted(model))
+    _refuse_tf_calls(model, where)
     try:
         onnx.checker.check_model(model)
     except Exception as e:  # onnx raises several kinds
         raise ModelLoadError(f"{where}: not a valid ONNX model: {str(e).splitlines()[0]}") from e
     return model
+
+
+def _refuse_tf_calls(model, where):
+    """tf2onnx leaves a TensorFlow function call it could not inline as a (Stateful)PartitionedCall
+    node whose body is not in the file: tf_keras runs a Conv2D with groups > 1 as an XLA-compiled
+    function (`_jit_compiled_convolution_op`), and such a file does not run anywhere."""
+    for n in model.graph.node:
+        if n.domain in ("", "ai.onnx") and n.op_type in ("PartitionedCall", "StatefulPartitionedCall"):
+            f = next((a.s.decode(errors="replace") for a in n.attribute if a.name == "f" and a.s), "?")
+            hint = ("Keras runs a Conv2D with groups > 1 as an XLA-compiled function (jit_compile), which "
+                    "tf2onnx cannot read: convert the Keras model to TFLite (tf.lite.TFLiteConverter) or give "
+                    "tl2k210 the .h5 / .keras file") if "jit_compiled_convolution" in f else \
+                "export the model without it (tf2onnx could not convert that function)"
+            raise ModelLoadError(f"{where}: node {n.name!r} is a TensorFlow function call ({n.op_type} of {f!r}) "
+                                 f"that tf2onnx left in the file without its body, so no runtime can run it; {hint}")
 
 
 def tf_convert(where, fn, *args, **kwargs):

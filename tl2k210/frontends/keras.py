@@ -17,6 +17,7 @@ A model file is data: a `Lambda` layer whose function (or output shape) is store
 bytecode is refused by name before any loader sees the file (`refuse_code`), since tf-keras and
 Keras 2 configs would run that code to rebuild the layer.
 """
+import contextlib
 import json
 from pathlib import Path
 
@@ -228,12 +229,51 @@ def _tf_keras(refusal, build):
                              f"{_first_line(e)}") from e
 
 
-def from_keras(model, opset=None, batch=1, weights=None):
+@contextlib.contextmanager
+def _grouped_convs_traced(model):
+    """Keras runs a Conv2D with groups > 1 as an XLA-compiled function (TF's grouped convolution
+    has no CPU kernel), which tf2onnx leaves as a PartitionedCall without its body. While the
+    model is converted, the plain tf.nn.convolution is traced instead (tf2onnx writes an ONNX
+    Conv with `group`): Keras 3's backend conv, and tf_keras' per-layer jit-compiled op."""
     import tensorflow as tf
-    where = getattr(model, "name", "keras model")
+    undo = []
+    for layer in getattr(model, "_flatten_layers", lambda: [])():
+        if getattr(layer, "groups", 1) > 1 and hasattr(layer, "_jit_compiled_convolution_op") \
+                and hasattr(layer, "convolution_op"):
+            layer._jit_compiled_convolution_op = layer.convolution_op
+            undo.append(lambda layer=layer: layer.__dict__.pop("_jit_compiled_convolution_op", None))
+    try:
+        from keras.src import backend as k3_backend
+        from keras.src.backend.tensorflow import nn as k3_nn
+    except ImportError:
+        k3_nn = None
+    if k3_nn is not None and hasattr(k3_nn, "conv") and hasattr(k3_nn, "_convert_data_format"):
+        xla_conv = k3_nn.conv
+
+        def conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
+            fmt = k3_backend.standardize_data_format(data_format)
+            return tf.nn.convolution(inputs, kernel, strides, padding.upper(), dilations=dilation_rate,
+                                     data_format=k3_nn._convert_data_format(fmt, len(inputs.shape)))
+        k3_nn.conv = conv
+        undo.append(lambda: setattr(k3_nn, "conv", xla_conv))
+    try:
+        yield
+    finally:
+        for u in undo:
+            u()
+
+
+def from_keras(model, opset=None, batch=1, weights=None):
     if not hasattr(model, "inputs"):
-        where = str(model)
-        model = load_keras(model, weights)
+        model = load_keras(model, weights), str(model)
+    else:
+        model = model, getattr(model, "name", "keras model")
+    with _grouped_convs_traced(model[0]):
+        return _from_keras(*model, opset=opset, batch=batch)
+
+
+def _from_keras(model, where, opset=None, batch=1):
+    import tensorflow as tf
     spec = tuple(tf.TensorSpec((batch, *t.shape[1:]), t.dtype, name=t.name.split(":")[0]) for t in model.inputs)
     import tf2onnx
     kw = {"opset": opset} if opset else {}

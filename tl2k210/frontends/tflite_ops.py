@@ -6,6 +6,9 @@ replaces them by the ONNX ops that compute them:
   * GELU (TFLite's kernel, tensorflow/lite/kernels/gelu.cc, float):
       approximate=false: 0.5 * x * (1 + erf(x / sqrt(2)))
       approximate=true:  0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
+  * BROADCAST_ARGS (the broadcast shape of two shape vectors; Keras' GroupNormalization writes
+    it): Shape(ConstantOfShape(s0) + ConstantOfShape(s1)), cast back to the inputs' integer
+    type; fold_constants makes it a constant where the shapes are known.
 """
 import math
 
@@ -15,7 +18,7 @@ from onnx import helper, numpy_helper
 from tl2k210.errors import ModelLoadError
 
 DOMAIN = "tl2k210.tflite"
-OPS = ("GELU",)
+OPS = ("GELU", "BROADCAST_ARGS")
 
 
 def tf2onnx_custom_ops():
@@ -54,7 +57,23 @@ def _gelu(n, where):
     return gelu_nodes(n.input[0], n.output[0], n.name or n.output[0], bool(a.get("approximate", 0)))
 
 
-MAP = {"TFL_GELU": _gelu}
+def _broadcast_args(n, where):
+    if len(n.input) != 2 or len(n.output) != 1:
+        raise ModelLoadError(f"{where}: BROADCAST_ARGS {n.output[0]!r} with {len(n.input)} inputs and "
+                             f"{len(n.output)} outputs; TFLite's has two shape inputs and one output")
+    name = n.name or n.output[0]
+    t = lambda k: f"{name}/{k}"  # noqa: E731
+    nodes = []
+    for k, s in enumerate(n.input):
+        nodes += [helper.make_node("Cast", [s], [t(f"s{k}")], name=t(f"s{k}"), to=7),
+                  helper.make_node("ConstantOfShape", [t(f"s{k}")], [t(f"z{k}")], name=t(f"z{k}"))]
+    nodes += [helper.make_node("Add", [t("z0"), t("z1")], [t("z")], name=t("z")),
+              helper.make_node("Shape", [t("z")], [t("shape")], name=t("shape")),
+              helper.make_node("CastLike", [t("shape"), n.input[0]], [n.output[0]], name=name)]
+    return nodes, []
+
+
+MAP = {"TFL_GELU": _gelu, "TFL_BROADCAST_ARGS": _broadcast_args}
 
 
 def to_standard_ops(model, where):

@@ -13,10 +13,11 @@ from tl2k210.passes.channel_shuffle import channel_shuffle
 from tl2k210.passes.channel_softmax import channel_softmax
 from tl2k210.passes.constant_outputs import constant_outputs
 from tl2k210.passes.conv_transpose import conv_transpose, conv_transpose_3x3
-from tl2k210.passes.decompose import (batchnorm_of_activations, instance_norm, log_softmax, lrn, reduce_sum_square,
-                                      tile)
+from tl2k210.passes.decompose import (batchnorm_of_activations, group_norm, instance_norm, log_softmax, lrn,
+                                      reduce_sum_square, static_where, tile)
 from tl2k210.passes.dequantize import dequantize
 from tl2k210.passes.einsum import einsum_dense
+from tl2k210.passes.equal_mask import equal_mask
 from tl2k210.passes.fold_affine import affine_to_conv, fold_affine_into_conv
 from tl2k210.passes.fold_batchnorm import fold_batchnorm
 from tl2k210.passes.fold_constants import fold_constants
@@ -30,6 +31,7 @@ from tl2k210.passes.input_nchw import input_nchw
 from tl2k210.passes.l2_normalize import l2_normalize
 from tl2k210.passes.layout import upsample_to_resize, normalize_flatten
 from tl2k210.passes.max_unpool import max_unpool
+from tl2k210.passes.merge_5d import merge_5d
 from tl2k210.passes.nary_ops import nary_ops
 from tl2k210.passes.output_nchw import output_nchw
 from tl2k210.passes.pad_into_conv import pad_into_conv
@@ -80,12 +82,16 @@ PIPELINE = [
     Pass("conv_transpose_3x3", conv_transpose_3x3),   # off: --optimize size (the exact phases)
     Pass("conv_transpose", conv_transpose),
     Pass("log_softmax", log_softmax),
+    Pass("group_norm", group_norm),
     Pass("instance_norm", instance_norm),
     Pass("lrn", lrn),
     Pass("reduce_sum_square", reduce_sum_square),
     Pass("batchnorm_of_activations", batchnorm_of_activations),
     Pass("einsum_dense", einsum_dense),
     Pass("nary_ops", nary_ops),
+    Pass("static_where", static_where),
+    Pass("merge_5d", merge_5d),             # Keras' GroupNormalization: (1, H, W, G, C/G) as (1, H*W, G, C/G)
+    Pass("equal_mask", equal_mask),         # CenterNet's peak trick, before push_transposes moves its maps
     Pass("input_affine", input_affine),
     Pass("push_transposes", push_transposes),
     Pass("upsample_to_resize", upsample_to_resize),

@@ -2,7 +2,8 @@
 LogSoftmax -> Softmax + Log; InstanceNormalization -> reduce and broadcast binary ops; Tile
 (torch's repeat) -> Concat of copies; ReduceSumSquare -> Mul + ReduceSum; BatchNormalization of
 computed statistics -> broadcast binary ops; LRN -> a square, a 1x1 conv summing the channel
-window, Log, Mul, Exp and a Div."""
+window, Log, Mul, Exp and a Div; Where of a constant condition -> the side it picks; Expand ->
+Mul by ones; GroupNormalization -> Reshape + InstanceNormalization + Reshape + Mul + Add."""
 import numpy as np
 
 from tl2k210.graph import Node
@@ -43,18 +44,21 @@ def log_softmax(g, log):
 def instance_norm(g, log):
     """InstanceNormalization (style-transfer and GAN generators) as the ops it is made of, per
     sample and channel over H, W: d = x - mean(x); y = d / sqrt(mean(d*d) + eps) * scale + bias
-    (ReduceMean, Sub, Mul, Add, Sqrt, Div: v4 reduce and broadcast binary ops)."""
+    (ReduceMean, Sub, Mul, Add, Sqrt, Div: v4 reduce and broadcast binary ops). A 3-D input
+    (1, G, N) is PyTorch's GroupNorm export (a Reshape to (1, G, -1) before it): over N."""
     for n in [n for n in g.nodes if n.op == "InstanceNormalization"]:
         x, sc, b = n.inputs
         shape = g.shape(x)
-        if shape is None or len(shape) != 4 or g.const(sc) is None or g.const(b) is None:
+        if shape is None or len(shape) not in (3, 4) or g.const(sc) is None or g.const(b) is None:
             continue
         c, y, nm = shape[1], n.outputs[0], n.name
+        spatial = list(range(2, len(shape)))     # (1, G, C/G*H*W): PyTorch's GroupNorm export
+        per_channel = (1, c) + (1,) * len(spatial)
         t = {k: g.add_tensor(f"{y}/{k}") for k in ("mean", "d", "d2", "var", "var_eps", "std", "norm", "scaled")}
         if g.meta.get("opset", 18) >= 18:       # axes an input from opset 18, an attribute before
-            axes, red = [g.add_const(np.array([2, 3], np.int64), nm + "/axes")], {"keepdims": 1}
+            axes, red = [g.add_const(np.array(spatial, np.int64), nm + "/axes")], {"keepdims": 1}
         else:
-            axes, red = [], {"keepdims": 1, "axes": [2, 3]}
+            axes, red = [], {"keepdims": 1, "axes": spatial}
         new = [Node("ReduceMean", [x] + axes, [t["mean"]], dict(red), nm + "/mean", [nm]),
                Node("Sub", [x, t["mean"]], [t["d"]], {}, nm + "/center", [nm]),
                Node("Mul", [t["d"], t["d"]], [t["d2"]], {}, nm + "/square", [nm]),
@@ -63,9 +67,9 @@ def instance_norm(g, log):
                     [t["var_eps"]], {}, nm + "/eps", [nm]),
                Node("Sqrt", [t["var_eps"]], [t["std"]], {}, nm + "/std", [nm]),
                Node("Div", [t["d"], t["std"]], [t["norm"]], {}, nm + "/normalize", [nm]),
-               Node("Mul", [t["norm"], g.add_const(np.asarray(g.const(sc), np.float32).reshape(1, c, 1, 1), nm + "/scale")],
+               Node("Mul", [t["norm"], g.add_const(np.asarray(g.const(sc), np.float32).reshape(per_channel), nm + "/scale")],
                     [t["scaled"]], {}, nm + "/scale", [nm]),
-               Node("Add", [t["scaled"], g.add_const(np.asarray(g.const(b), np.float32).reshape(1, c, 1, 1), nm + "/bias")],
+               Node("Add", [t["scaled"], g.add_const(np.asarray(g.const(b), np.float32).reshape(per_channel), nm + "/bias")],
                     [y], {}, nm, [nm])]
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new
@@ -159,6 +163,96 @@ def batchnorm_of_activations(g, log):
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new
         log(nm, f"BatchNormalization of computed statistics ({c} channels) -> Sub, Add, Sqrt, Div, Mul, Add")
+    return g
+
+
+_EXPAND_ONES_MAX = 4096     # values of a ones constant an Expand becomes a Mul by; a larger one stays
+
+
+def _broadcast_anyway(g, y, src):
+    """Every reader of Expand output y is a broadcasting binary op whose output shape is the same
+    with the Expand's input `src` in its place."""
+    readers = g.consumers(y)
+    if y in g.outputs or not readers:
+        return False
+    for c in readers:
+        if c.op not in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow") or g.shape(c.outputs[0]) is None:
+            return False
+        shapes = [src if i == y else g.shape(i) for i in c.inputs]
+        try:
+            if None in shapes or tuple(np.broadcast_shapes(*shapes)) != tuple(g.shape(c.outputs[0])):
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+def static_where(g, log):
+    """Where with a constant condition that picks one side everywhere (TF's div_no_nan by a
+    constant count: Where(count == 0, 0, sum / count), in Keras' GroupNormalization) -> that
+    side, where it already has the output's shape; and Expand to a shape (the same layer's
+    (1, 1, G, 1) -> (1, 1, G, C/G)) -> nothing where its readers broadcast to that shape anyway,
+    else a Mul by ones of that shape (the same broadcast) where those are few."""
+    for n in [n for n in g.nodes if n.op in ("Where", "Expand")]:
+        if n.op == "Where":
+            cond = g.const(n.inputs[0])
+            if cond is None or not (np.all(cond) or not np.any(cond)):
+                continue
+            pick = n.inputs[1] if np.all(cond) else n.inputs[2]
+            if g.shape(pick) is None or g.shape(pick) != g.shape(n.outputs[0]):
+                continue
+            g.nodes.remove(n)
+            g.replace_uses(n.outputs[0], pick)
+            log(n.name, f"Where of a constant condition: its {'first' if np.all(cond) else 'second'} value")
+        else:
+            shape, out, src = g.const(n.inputs[1]), g.shape(n.outputs[0]), g.shape(n.inputs[0])
+            if shape is None or out is None or src is None:
+                continue
+            if _broadcast_anyway(g, n.outputs[0], src):
+                g.nodes.remove(n)
+                g.replace_uses(n.outputs[0], n.inputs[0])
+                log(n.name, f"Expand to {list(out)} dropped: its readers broadcast to that shape anyway")
+                continue
+            if int(np.prod(out)) > _EXPAND_ONES_MAX:
+                continue
+            ones = g.add_const(np.ones(out, np.float32), n.name + "/ones")
+            g.nodes[g.nodes.index(n)] = Node("Mul", [n.inputs[0], ones], list(n.outputs), {}, n.name, n.fused)
+            log(n.name, f"Expand to {list(out)} -> Mul by ones")
+    return g
+
+
+def group_norm(g, log):
+    """ONNX GroupNormalization (opset 18: scale and bias per group; 21: per channel) -> what
+    torch.onnx wrote before it: Reshape to (1, G, C/G*H*W), InstanceNormalization (unit scale),
+    Reshape back, Mul by the scale and Add the bias per channel (then pass instance_norm)."""
+    for n in [n for n in g.nodes if n.op == "GroupNormalization"]:
+        x, sc, b = n.inputs[:3]
+        shape, groups = g.shape(x), int(n.attrs.get("num_groups", 0))
+        if shape is None or len(shape) < 3 or g.const(sc) is None or g.const(b) is None or not groups \
+                or shape[1] % groups:
+            continue
+        c, y, nm = shape[1], n.outputs[0], n.name
+        scale, bias = (np.asarray(g.const(v), np.float32).ravel() for v in (sc, b))
+        if scale.size == groups != c:       # opset 18's per-group parameters
+            scale, bias = np.repeat(scale, c // groups), np.repeat(bias, c // groups)
+        if scale.size != c or bias.size != c:
+            continue
+        per_channel = (1, c) + (1,) * (len(shape) - 2)
+        t = {k: g.add_tensor(f"{y}/{k}") for k in ("groups", "normed", "back", "scaled")}
+        k = g.add_const
+        new = [Node("Reshape", [x, k(np.array([1, groups, -1], np.int64), nm + "/group_shape")], [t["groups"]],
+                    {}, nm + "/to_groups", [nm]),
+               Node("InstanceNormalization", [t["groups"], k(np.ones(groups, np.float32), nm + "/unit_scale"),
+                                              k(np.zeros(groups, np.float32), nm + "/zero_bias")], [t["normed"]],
+                    {"epsilon": float(n.attrs.get("epsilon", 1e-5))}, nm + "/normalize", [nm]),
+               Node("Reshape", [t["normed"], k(np.array(shape, np.int64), nm + "/shape")], [t["back"]], {},
+                    nm + "/back", [nm]),
+               Node("Mul", [t["back"], k(scale.reshape(per_channel), nm + "/scale")], [t["scaled"]], {},
+                    nm + "/scale", [nm]),
+               Node("Add", [t["scaled"], k(bias.reshape(per_channel), nm + "/bias")], [y], {}, nm, [nm])]
+        i = g.nodes.index(n)
+        g.nodes[i:i + 1] = new
+        log(nm, f"GroupNormalization ({groups} groups) -> Reshape, InstanceNormalization, Reshape, Mul, Add")
     return g
 
 

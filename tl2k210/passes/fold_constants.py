@@ -6,7 +6,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from tl2k210.graph import _onnx_attrs, infer_shapes
+from tl2k210.graph import _onnx_attrs, infer_shapes, normalize_convs
 
 
 def _quant_axis(g, n, attrs):
@@ -73,6 +73,7 @@ def fold_constants(g, log):
         if changed:
             g.prune()
             infer_shapes(g)
+    normalize_convs(g)      # a 'SAME' conv whose input's shape was computed at run time
     return g
 
 
