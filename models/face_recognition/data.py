@@ -126,6 +126,42 @@ def _train_images(root, min_images: int = 2):
     return np.stack(imgs), np.asarray(labels, np.int32)
 
 
+# Caltech 10k WebFaces (unlabelled extra faces for distillation, teacher.py --webfaces): the boxes of
+# get-face-training.sh (caltech_webfaces/boxes_derived.txt: side 3x the range of eyes, nose, mouth).
+# On the mean LFW image the eyes are 40 px apart and 47 px above the mouth, their mean 4 px below
+# the centre: that box would be about 141 px, centred 0.03 of its side below CROP's centre, so the
+# CROP-equivalent square is WEBFACES_FRAMING x the box, moved up by WEBFACES_UP x its side.
+WEBFACES_FRAMING, WEBFACES_UP = CROP / 141, 0.03
+
+
+@functools.lru_cache(maxsize=None)
+def _webfaces_images(root, min_side: int = 24):
+    """(images uint8 (N, 96, 96, 3): the 1.4*crop square around each Caltech WebFaces face whose
+    CROP-equivalent square is >= min_side px (edge pixels repeated outside the photo), labels -1:
+    no identity)."""
+    cv2 = _cv2()
+    d = Path(root) / "caltech_webfaces"
+    if not (d / "boxes_derived.txt").is_file():
+        fail(f"no Caltech WebFaces in {d}: run ../shared/data/get-face-training.sh")
+    imgs, cache = [], {}
+    for line in open(d / "boxes_derived.txt"):
+        name, *box = line.split()
+        x1, y1, x2, y2 = map(float, box)
+        side = (x2 - x1) * WEBFACES_FRAMING
+        if side < min_side:
+            continue
+        if name not in cache:
+            cache = {name: _read_rgb(d / "images" / name)}    # the file is in image order
+        a = cache[name]
+        big = int(round(side * 1.4))
+        x0 = int(round((x1 + x2 - big) / 2))
+        y0 = int(round((y1 + y2) / 2 - WEBFACES_UP * (x2 - x1) - big / 2))
+        p = max(0, -x0, -y0, x0 + big - a.shape[1], y0 + big - a.shape[0])
+        a = cv2.copyMakeBorder(a, p, p, p, p, cv2.BORDER_REPLICATE) if p else a
+        imgs.append(_resize(np.ascontiguousarray(a[y0 + p:y0 + p + big, x0 + p:x0 + p + big]), PRELOAD))
+    return np.stack(imgs), np.full(len(imgs), -1, np.int32)
+
+
 def augment(img96, rng) -> np.ndarray:
     """A jittered CROP-equivalent 64x64 crop of a preloaded 96x96 (1.4*CROP) square."""
     cv2 = _cv2()

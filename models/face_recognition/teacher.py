@@ -9,6 +9,10 @@ np.random.default_rng([TEACHER_SEED, v])) writes DIR/view{v}.npz (atomic): `imag
 `teacher` float32 (N, 192), the kmodel's raw outputs for those crops. N = the training images of
 data.train_identities(min_images=1): LFW folds 2-10, never fold 1. The cache is data derived from
 face images: it stays outside the repository. Views already written are kept (resume).
+
+--webfaces: the unlabelled Caltech 10k WebFaces faces instead (data._webfaces_images: the
+LFW framing from their landmark boxes, faces under --min-side px skipped), labels -1 (no
+identity): extra faces for train.py --extra-teacher, never the same folder as the LFW cache.
 """
 from __future__ import annotations
 
@@ -43,12 +47,15 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="cache folder (outside the repository)")
     ap.add_argument("--views", type=int, default=3)
     ap.add_argument("--min-images", type=int, default=1)
+    ap.add_argument("--webfaces", action="store_true", help="the unlabelled Caltech WebFaces faces, not LFW")
+    ap.add_argument("--min-side", type=int, default=24, help="--webfaces: smallest face crop, px")
     args = ap.parse_args(argv)
     root = str(data.training_dir(args.data))
     from tl2k210.fileio import atomic_write
     from tl2k210.k210.emulator import Emulator
     emu = Emulator.load(paths.testdata(*ANCHOR_KMODEL), threads=1)
-    imgs96, labels = data._train_images(root, args.min_images)
+    imgs96, labels = (data._webfaces_images(root, args.min_side) if args.webfaces
+                      else data._train_images(root, args.min_images))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for v in range(args.views):

@@ -21,6 +21,11 @@ adds --distill x the cosine distance between a linear projection (128 -> 192, a 
 variable, started at the least-squares fit of the --init model) of the student's embedding and
 the teacher's, and --relation x the mean squared difference of the two in-batch cosine-similarity
 matrices (what verification compares), to the CosFace loss.
+
+Unlabelled faces (--extra-teacher DIR, a teacher.py --webfaces cache, labels -1): --extra-fraction
+of every batch is drawn from them (the same seeded rng, after the labelled draw); they take part
+in the distillation and relation losses only, their CosFace term is masked out (the class loss is
+the mean over the labelled crops of the batch).
 """
 from __future__ import annotations
 
@@ -41,18 +46,37 @@ from models.face_recognition import data  # noqa: E402
 from models.face_recognition.network import BN_EPS, LAYERS, build  # noqa: E402
 
 
-def producer(start, end, size, root, min_images, q, cache=None):
+def cached_batch(step, size, cache, extra=None, extra_fraction=0.0):
+    """(images, labels, teacher) of batch `step` from a teacher cache: `size` crops drawn by
+    rng([TRAIN_SEED, step]), the last round(size * extra_fraction) of them from the unlabelled
+    cache `extra` (labels -1)."""
+    rng = np.random.default_rng([data.TRAIN_SEED, step])
+    n_x = int(round(size * extra_fraction)) if extra is not None else 0
+    parts = [(cache, rng.integers(0, len(cache[0]), size - n_x))]
+    if n_x:
+        parts.append((extra, rng.integers(0, len(extra[0]), n_x)))
+    return tuple(np.concatenate([c[k][idx] for c, idx in parts]) for k in range(3))
+
+
+def producer(start, end, size, root, min_images, q, cache=None, extra=None, extra_fraction=0.0):
     for s in range(start, end):
         if cache is None:
             q.put((s, data.train_batch(s, size, root, min_images) + (None,)))
         else:
-            idx = np.random.default_rng([data.TRAIN_SEED, s]).integers(0, len(cache[0]), size)
-            q.put((s, (cache[0][idx], cache[1][idx], cache[2][idx])))
+            q.put((s, cached_batch(s, size, cache, extra, extra_fraction)))
+
+
+def labelled_mean(v, y):
+    """The mean of the per-crop values v over the labelled crops (y >= 0) of the batch (0 if none):
+    unlabelled crops take no part in CosFace."""
+    import tensorflow as tf
+    m = tf.cast(y >= 0, v.dtype)
+    return tf.reduce_sum(m * v) / tf.maximum(tf.reduce_sum(m), 1.0)
 
 
 def load_teacher(folder):
     """(images uint8 (N, 64, 64, 3), labels int32 (N,), teacher float32 (N, D)) of all the views
-    in a teacher.py cache folder, the teacher embeddings L2-normalised."""
+    in a teacher.py cache folder, the teacher embeddings L2-normalised (labels -1: unlabelled)."""
     from pathlib import Path
     files = sorted(Path(folder).glob("view*.npz"))
     if not files:
@@ -137,11 +161,17 @@ def main(argv=None):
                     "narrower one of the same layers: widened, see widen()); the class centres start at the "
                     "people's mean embeddings")
     ap.add_argument("--teacher", help="teacher.py cache folder: distil the anchor kmodel's embeddings")
+    ap.add_argument("--extra-teacher", help="teacher.py --webfaces cache folder: unlabelled faces, distilled "
+                    "only (needs --teacher)")
+    ap.add_argument("--extra-fraction", type=float, default=0.5,
+                    help="share of each batch drawn from --extra-teacher")
     ap.add_argument("--distill", type=float, default=5.0, help="weight of the cosine distance to the teacher")
     ap.add_argument("--relation", type=float, default=20.0,
                     help="weight of the in-batch similarity-matrix distance to the teacher's")
     args = ap.parse_args(argv)
     root = str(data.training_dir(args.data))
+    if args.extra_teacher and not args.teacher:
+        ap.error("--extra-teacher needs --teacher")
 
     import tensorflow as tf
     from tl2k210 import zoo
@@ -166,6 +196,7 @@ def main(argv=None):
         print(f"initialised from {args.init}; centres = the {n_cls} people's mean embeddings", flush=True)
     train_vars = [w for w in ws if "moving" not in w.name] + [centres]
     cache = load_teacher(args.teacher) if args.teacher else None
+    extra = load_teacher(args.extra_teacher) if args.extra_teacher else None
     if cache is not None:
         proj = tf.Variable(tf.zeros((dense_w.shape[1], cache[2].shape[1])), name="proj")
         if args.init:   # least-squares start: the init model's embeddings of the first view -> teacher
@@ -211,9 +242,9 @@ def main(argv=None):
         with tf.GradientTape() as tape:
             e = tf.math.l2_normalize(forward(x, True), 1)
             cos = tf.matmul(e, tf.math.l2_normalize(centres, 0))
-            onehot = tf.one_hot(y, n_cls)
+            onehot = tf.one_hot(y, n_cls)             # label -1 (unlabelled): all zeros
             logits = args.scale * (cos - args.margin * onehot)
-            l_cls = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(onehot, logits))
+            l_cls = labelled_mean(tf.nn.softmax_cross_entropy_with_logits(onehot, logits), y)
             l_wd = 5e-5 * tf.add_n([tf.reduce_sum(tf.square(w)) for w in decayed])
             loss = l_cls + l_wd
             if t is not None:
@@ -224,7 +255,7 @@ def main(argv=None):
         grads = tape.gradient(loss, train_vars)
         grads, _ = tf.clip_by_global_norm(grads, 10.0)
         opt.apply_gradients(zip(grads, train_vars))
-        acc = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(cos, 1, output_type=tf.int32), y), tf.float32))
+        acc = labelled_mean(tf.cast(tf.equal(tf.argmax(cos, 1, output_type=tf.int32), y), tf.float32), y)
         return tf.stack([loss, acc, l_kd if t is not None else 0.0])
 
     def save(step):
@@ -233,8 +264,8 @@ def main(argv=None):
         print(f"saved step {step}: {args.weights}", flush=True)
 
     q = queue.Queue(maxsize=6)
-    threading.Thread(target=producer, args=(0, args.steps, args.batch, root, args.min_images, q, cache),
-                     daemon=True).start()
+    threading.Thread(target=producer, args=(0, args.steps, args.batch, root, args.min_images, q, cache,
+                                            extra, args.extra_fraction), daemon=True).start()
     t0 = time.time()
     acc = np.zeros(3)
     n_acc = 0

@@ -125,3 +125,20 @@ def test_maixpy_script_enrolls_on_button_press_then_recognises(built, detector, 
     assert [line for line in res.lines if line.startswith("enrolled")] == ["enrolled person1", "enrolled person2"]
     assert [f["name"] for f in per_frame[2]] == ["person1"] and abs(float(per_frame[2][0]["score"]) - 0.622) <= TOL
     assert per_frame[3] == []
+
+
+def test_unlabelled_crops_fill_the_end_of_the_seeded_batch_and_skip_cosface():
+    """train.py --extra-teacher: the last half of a batch comes from the unlabelled cache (labels
+    -1), the draw stays seeded (and, without extras, is the draw of runs 3-6), and the CosFace
+    mean is taken over the labelled crops only."""
+    import tensorflow as tf
+    from models.face_recognition import train
+    lab = (np.zeros((10, 2, 2, 3), np.uint8), np.arange(10, dtype=np.int32), np.ones((10, 4), np.float32))
+    unl = (np.ones((7, 2, 2, 3), np.uint8), np.full(7, -1, np.int32), np.zeros((7, 4), np.float32))
+    x, y, t = train.cached_batch(3, 8, lab, unl, 0.5)
+    assert (y[:4] >= 0).all() and (y[4:] == -1).all() and (x[4:] == 1).all() and (t[4:] == 0).all()
+    assert all((a == b).all() for a, b in zip((x, y, t), train.cached_batch(3, 8, lab, unl, 0.5)))
+    assert (train.cached_batch(3, 8, lab)[1] == np.random.default_rng([data.TRAIN_SEED, 3]).integers(0, 10, 8)).all()
+    v = tf.constant([1.0, 3.0, 100.0, 100.0])
+    assert float(train.labelled_mean(v, tf.constant([0, 5, -1, -1]))) == 2.0
+    assert float(train.labelled_mean(v, tf.constant([-1, -1, -1, -1]))) == 0.0
