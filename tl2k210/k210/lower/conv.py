@@ -478,6 +478,25 @@ def _even_bands(F, nb, omin):
     return bands
 
 
+def _band_splits(geo, first, axis=0):
+    """(bands, spans) for `first`, `first` + 1, ... even bands of the final rows (axis 0) or
+    columns (axis 1): each band's final range and the input span band_rows gives it. A split
+    whose widest span exceeds the KPU's maximum is skipped; the search ends at the first split
+    with a span under the KPU's minimum or too short for one output after the pool (more bands
+    only narrow them)."""
+    (lo, hi), omin = hw.LIMITS["in_h" if axis == 0 else "in_w"], hw.LIMITS["out_min"]
+    sp = hw.POOL[geo.code].stride
+    n_final = _final_h(geo) if axis == 0 else _final_w(geo)
+    for nb in range(first, n_final + 1):
+        bands = _even_bands(n_final, nb, omin)
+        spans = [band_rows(geo, f0, f1, axis) for f0, f1 in bands]
+        if any(b - a > hi for a, b in spans):
+            continue
+        if any(b - a < lo or (b - a) // sp < omin for a, b in spans):
+            return
+        yield bands, spans
+
+
 def _tile_units(geo, units, cap, rows, w_in, w_out):
     """The channel tiles of a band whose input is `rows` x `w_in` (its pooled output `w_out`
     wide): the fewest output-channel chunks (normal conv) or the largest group windows that fit
@@ -503,24 +522,11 @@ def _col_plan(lw, node, geo, cap, units):
     assembled (concat along W, then along H)."""
     ci, h, w = geo.in_shape
     co, ph, pw = geo.kpu_out
-    F, FW = _final_h(geo), _final_w(geo)
-    (wmin, wmax), (hmin, hmax), omin = hw.LIMITS["in_w"], hw.LIMITS["in_h"], hw.LIMITS["out_min"]
+    wmax = hw.LIMITS["in_w"][1]
     sp = hw.POOL[geo.code].stride
-    for nc in range(2, FW + 1):
-        cols = _even_bands(FW, nc, omin)
-        cin = [band_rows(geo, g0, g1, 1) for g0, g1 in cols]
-        if any(b - a > wmax for a, b in cin):
-            continue
-        if any(b - a < wmin or (b - a) // sp < omin for a, b in cin):
-            break
+    for cols, cin in _band_splits(geo, 2, axis=1):
         cw = max(b - a for a, b in cin)
-        for nb in range(1, F + 1):
-            bands = _even_bands(F, nb, omin)
-            rows = [band_rows(geo, f0, f1) for f0, f1 in bands]
-            if any(b - a > hmax for a, b in rows):
-                continue
-            if any(b - a < hmin or (b - a) // sp < omin for a, b in rows):
-                break
+        for bands, rows in _band_splits(geo, 1):
             worst = max(b - a for a, b in rows)
             if worst // sp * (cw // sp) > kpu.STREAM_PIXELS:
                 continue
@@ -539,20 +545,12 @@ def _col_plan(lw, node, geo, cap, units):
 def _band_plan(lw, node, geo, cap, units, reason):
     ci, h, w = geo.in_shape
     co, ph, pw = geo.kpu_out
-    F = _final_h(geo)
     if node.inputs[0] == lw.g.inputs[0] and lw.format != "v4":
         raise KpuLimitError(f"node {node.name!r}: the {ci}x{h}x{w} input image and one output channel "
                             f"do not fit the KPU RAM; the first layer cannot run in row bands (MaixPy "
                             "feeds the whole image to it): use a smaller input")
-    (hmin, hmax), omin = hw.LIMITS["in_h"], hw.LIMITS["out_min"]
     sp = hw.POOL[geo.code].stride
-    for nb in range(2, F + 1):
-        bands = _even_bands(F, nb, omin)
-        rows = [band_rows(geo, f0, f1) for f0, f1 in bands]
-        if any(b - a > hmax for a, b in rows):
-            continue
-        if any(b - a < hmin or (b - a) // sp < omin for a, b in rows):
-            break
+    for bands, rows in _band_splits(geo, 2):
         if any((b - a) // sp * pw > kpu.STREAM_PIXELS for a, b in rows):
             continue
         worst = max(b - a for a, b in rows)
