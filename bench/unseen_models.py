@@ -1151,7 +1151,6 @@ def keras3_models4():
     m.save(f"{OUT}/k3_convnext_pre80.keras")
 
 
-
 def tflite(model, shape, kind):
     conv = tf.lite.TFLiteConverter.from_keras_model(model)
     if kind != "float":
