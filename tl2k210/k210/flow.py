@@ -13,8 +13,8 @@ from tl2k210.passes.channel_shuffle import channel_shuffle
 from tl2k210.passes.channel_softmax import channel_softmax
 from tl2k210.passes.constant_outputs import constant_outputs
 from tl2k210.passes.conv_transpose import conv_transpose, conv_transpose_3x3
-from tl2k210.passes.decompose import (batchnorm_of_activations, group_norm, instance_norm, log_softmax, lrn,
-                                      reduce_sum_square, static_where, tile)
+from tl2k210.passes.decompose import (batchnorm_of_activations, centered_norm, group_norm, instance_norm,
+                                      log_softmax, lrn, reduce_sum_square, static_where, tile)
 from tl2k210.passes.dequantize import dequantize
 from tl2k210.passes.einsum import einsum_dense
 from tl2k210.passes.equal_mask import equal_mask
@@ -87,6 +87,7 @@ PIPELINE = [
     Pass("lrn", lrn),
     Pass("reduce_sum_square", reduce_sum_square),
     Pass("batchnorm_of_activations", batchnorm_of_activations),
+    Pass("centered_norm", centered_norm),   # Keras LayerNormalization's batch-norm formula
     Pass("einsum_dense", einsum_dense),
     Pass("nary_ops", nary_ops),
     Pass("static_where", static_where),

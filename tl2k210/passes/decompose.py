@@ -3,7 +3,8 @@ LogSoftmax -> Softmax + Log; InstanceNormalization -> reduce and broadcast binar
 (torch's repeat) -> Concat of copies; ReduceSumSquare -> Mul + ReduceSum; BatchNormalization of
 computed statistics -> broadcast binary ops; LRN -> a square, a 1x1 conv summing the channel
 window, Log, Mul, Exp and a Div; Where of a constant condition -> the side it picks; Expand ->
-Mul by ones; GroupNormalization -> Reshape + InstanceNormalization + Reshape + Mul + Add."""
+Mul by ones; GroupNormalization -> Reshape + InstanceNormalization + Reshape + Mul + Add; TF's
+batch-norm formula of a LayerNormalization -> the centred form of the others."""
 import numpy as np
 
 from tl2k210.graph import Node
@@ -290,4 +291,64 @@ def lrn(g, log):
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new
         log(nm, f"LRN size {size} -> Mul, 1x1 Conv over the channel window, Log, Mul, Exp, Div")
+    return g
+
+
+def _prod(g, t, op):
+    p = g.producer(t)
+    return p if p is not None and p.op == op else None
+
+
+def _other(n, t):
+    """The input of binary n that is not t (None when t is not one of them)."""
+    a, b = n.inputs
+    return b if a == t else a if b == t else None
+
+
+def centered_norm(g, log):
+    """TF's batch-norm formula of a normalization (tf2onnx's Keras LayerNormalization: Rsqrt as
+    Sqrt + Reciprocal), y = x * s + (beta - mean * s) with s = gamma / sqrt(var + eps), ->
+    y = (x - mean) / sqrt(var + eps) * gamma + beta, the form the other normalizations take
+    (equal in float). The formula subtracts two products that the scale s (up to 1/sqrt(eps)
+    where a map is flat) makes large, a cancellation that 8-bit maps do not survive; the centred
+    form divides a small difference by the deviation instead."""
+    for n in [n for n in g.nodes if n.op == "Add" and len(n.inputs) == 2]:
+        for xs_t, rest_t in (n.inputs, n.inputs[::-1]):
+            xs, rest = _prod(g, xs_t, "Mul"), g.producer(rest_t)
+            if xs is None or rest is None or rest.op not in ("Neg", "Sub"):
+                continue
+            ms_t = rest.inputs[0] if rest.op == "Neg" else rest.inputs[1]
+            beta = None if rest.op == "Neg" else rest.inputs[0]
+            ms = _prod(g, ms_t, "Mul")
+            if ms is None or (beta is not None and g.const(beta) is None):
+                continue
+            s = next((t for t in xs.inputs if t in ms.inputs), None)
+            x, m = (_other(xs, s), _other(ms, s)) if s is not None else (None, None)
+            gamma, r = None, s
+            mul = _prod(g, s, "Mul") if s is not None else None
+            if mul is not None and any(g.const(t) is not None for t in mul.inputs):
+                gamma = next(t for t in mul.inputs if g.const(t) is not None)
+                r = _other(mul, gamma)
+            rec = _prod(g, r, "Reciprocal") if r is not None else None
+            sq = _prod(g, rec.inputs[0], "Sqrt") if rec is not None else None
+            if sq is None or x is None or m is None or x == m or g.const(x) is not None:
+                continue
+            rm = _prod(g, m, "ReduceMean")
+            if rm is None or rm.inputs[0] != x:
+                continue
+            y, nm = n.outputs[0], n.name
+            d, norm = g.add_tensor(f"{y}/d", g.shape(x)), g.add_tensor(f"{y}/norm", g.shape(x))
+            new = [Node("Sub", [x, m], [d], {}, nm + "/center", [nm]),
+                   Node("Div", [d, sq.outputs[0]], [norm], {}, nm + "/normalize", [nm])]
+            last = norm
+            for k, op, v in (("scaled", "Mul", gamma), ("shifted", "Add", beta)):
+                if v is not None:
+                    new.append(Node(op, [last, v], [g.add_tensor(f"{y}/{k}")], {}, f"{nm}/{k}", [nm]))
+                    last = new[-1].outputs[0]
+            new[-1].outputs, new[-1].name = [y], nm
+            i = g.nodes.index(n)
+            g.nodes[i:i + 1] = new
+            log(nm, "x * s + (beta - mean * s), s = gamma / sqrt(var + eps) -> (x - mean) / sqrt(var + eps)"
+                    " * gamma + beta")
+            break
     return g

@@ -92,13 +92,21 @@ def _absorbs(g, u, t, shift):
     return not np.any(shift) or not any(u.attrs["pads"])
 
 
+def _under_root(g, n):
+    """A normalization's var + eps (read only by a Sqrt): it stays an elementwise op on the
+    statistic, which is float; a conv would put the variance on a uint8 grid, where a flat
+    map's 0 + eps rounds to 0 and its root to a zero divisor."""
+    readers = g.consumers(n.outputs[0])
+    return n.op == "Add" and bool(readers) and all(r.op == "Sqrt" for r in readers)
+
+
 def affine_to_conv(g, log):
     g = fold_batchnorm(g, log)      # an affine a pass just made (pad_into_conv) after a Conv
     for n in list(g.nodes):
         if n not in g.nodes:
             continue
         aff = affine_of(g, n)
-        if aff is None:
+        if aff is None or _under_root(g, n):
             continue
         x, s, t = aff
         shape = g.shape(x)

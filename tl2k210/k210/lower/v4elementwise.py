@@ -312,6 +312,15 @@ def _broadcastable(g, node):
     return all(da in (1, dy) and db in (1, dy) for da, db, dy in zip(a, b, y))
 
 
+def _centres(g, node, opts):
+    """Sub(x, mean(x)) with the mean a float reduce of x: a normalization's centred map, whose
+    small differences a uint8 grid on x's range would round away."""
+    x, m = node.inputs
+    p = g.producer(m)
+    return (node.op == "Sub" and p is not None and p.op == "ReduceMean" and p.inputs[0] == x
+            and _float_source(g, m, opts))
+
+
 def qbinary_refuses(g, node, opts):
     if _binary_kind(g, node) is None:
         return NA
@@ -321,6 +330,8 @@ def qbinary_refuses(g, node, opts):
         return f"shapes {g4(g, node.inputs[0])} and {g4(g, node.inputs[1])} do not broadcast in 4-D"
     if all(_float_source(g, t, opts) for t in node.inputs if g.const(t) is None):
         return "its inputs are float: the float binary keeps them exact and avoids a quantize"
+    if _centres(g, node, opts):
+        return "it centres a map on its float mean (a normalization): the float binary keeps the difference exact"
     if feeds_output(g, node.outputs[0]):
         return "it computes a model output: the float binary keeps it unclipped and exact"
     return None
