@@ -729,7 +729,8 @@ RESIZES = {
     "bilinear_align_corners": (dict(mode="linear", coordinate_transformation_mode="align_corners"), [1, 1, 2, 2]),
     "bilinear_asymmetric_x3": (dict(mode="linear", coordinate_transformation_mode="asymmetric"), [1, 1, 3, 3]),
     "bilinear_half_pixel_down": (dict(mode="linear"), [1, 1, 0.5, 0.5]),
-    "bilinear_half_pixel_x2_4": (dict(mode="linear"), [1, 1, 2.4, 2.4]),      # 12 -> 28: no resize_image plan
+    "bilinear_half_pixel_x2_4": (dict(mode="linear"), [1, 1, 2.4, 2.4]),      # 12 -> 28 at 2.4: 12 phases
+    "bilinear_half_pixel_x1_25": (dict(mode="linear"), [1, 1, 1.25, 1.25]),   # 12 -> 15: 5 uint8 phases
     "nearest_round_prefer_ceil": (dict(mode="nearest", coordinate_transformation_mode="asymmetric",
                                        nearest_mode="round_prefer_ceil"), [1, 1, 2, 2]),
     "nearest_half_pixel_down": (dict(mode="nearest"), [1, 1, 0.5, 0.5]),
@@ -740,7 +741,8 @@ RESIZE_NODES = {"bilinear_half_pixel": "conv2d_transpose", "bilinear_half_pixel_
                 "bilinear_pytorch_half_pixel_w_only": "conv2d_transpose", "bilinear_half_pixel_x1_5": (0, False), "bilinear_align_corners": (0, True),
                 "bilinear_asymmetric_x3": (0, False), "bilinear_half_pixel_down": (0, False),
                 "nearest_round_prefer_ceil": (1, False), "nearest_half_pixel_down": (1, False),
-                "nearest_half_pixel_ceil_down": None, "bilinear_half_pixel_x2_4": "matmul"}
+                "nearest_half_pixel_ceil_down": None, "bilinear_half_pixel_x2_4": "matmul",
+                "bilinear_half_pixel_x1_25": "phases"}
 
 
 @pytest.mark.parametrize("name", RESIZES)
@@ -754,6 +756,11 @@ def test_resize(name):
         ct = [nd for nd in model.nodes if nd.name == "conv2d_transpose"]
         assert not got and len(ct) == 1 and ct[0].fields["groups"] == 8, [nd.name for nd in model.nodes]
         assert "triangle kernel" in " ".join(next(r for r in rows if r.op == "Resize").notes)
+        return
+    if want == "phases":                # 5 uint8 phases of 4 input steps an axis (v4phases)
+        names = [nd.name for nd in model.nodes]
+        assert not got and "matmul" not in names and names.count("quantized_binary") == 2 * 5, names
+        assert names.count("concat") == 2 * 2, names       # an edge pad and an interleave an axis
         return
     if want == "matmul":                # each axis by ONNX's interpolation matrix
         names = [nd.name for nd in model.nodes]

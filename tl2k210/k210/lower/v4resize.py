@@ -20,9 +20,11 @@ Per axis the lowering finds a v4 plan that samples the same coordinates:
   with the separable triangle kernel (2s x 2s taps, stride s): the same weights ONNX gives each
   input, about 4 MACs an output and no oversampled temporary (the resize_image + slice plan
   evaluates 4x the outputs and keeps a 16x-per-channel temporary);
-* any other linear resize (half_pixel at a scale no plan above samples: DeepLab's logits 33 ->
-  257) is ONNX's interpolation matrix of each axis as a float `matmul`, a `transpose` after
-  each: exact weights at any scale, W·W' + H·H' MACs a row / column instead of about 4 an output.
+* any other linear resize (half_pixel at a scale no plan above samples) is, where its ratio
+  repeats within 8 outputs an axis (0.8, 1.25, 5/3: Keras' Resizing), uint8 phases of two
+  samples (`v4phases.py`); else (DeepLab's logits 33 -> 257) ONNX's interpolation matrix of each
+  axis as a float `matmul`, a `transpose` after each: exact weights at any scale, W·W' + H·H'
+  MACs a row / column instead of about 4 an output.
 The plan is checked numerically on every output coordinate (float32, as the runtime computes);
 modes no plan matches (cubic, tf_crop_and_resize, antialias, ...) are refused with the reason.
 Bilinear runs on float32 (the runtime's bilinear kernel is float; nncase's own files only use
