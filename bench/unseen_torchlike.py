@@ -48,14 +48,19 @@ class Net:
         self.nodes.append(helper.make_node(op, ins, outs, name=self.name(op), **attrs))
         return outs[0] if n_out == 1 else outs
 
-    def model(self, outputs):
+    def model(self, outputs, shapes=None):
+        shapes = shapes or [None] * len(outputs)
         g = helper.make_graph(self.nodes, "torch_jit", [self.inp],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, s) for o, s in zip(outputs, shapes)],
                               self.inits)
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", self.opset)],
                               producer_name="pytorch", producer_version="2.3.0")
         m.ir_version = 8
         return m
+
+    def final(self, outputs):
+        """The model with its outputs' shapes, as the exporter writes them."""
+        return self.model(outputs, [[self.batch] + list(self.shape(o)) for o in outputs])
 
     def val(self, t):
         """t's value on the 12 photos (one at a time: reshapes may say batch 1)."""
@@ -193,7 +198,7 @@ def mnv3_small_t():
     x = n.cba(x, 576, 1, a="hswish")
     x = n.node("Flatten", [n.node("GlobalAveragePool", [x])], axis=1)
     x = n.act(n.linear(x, 256), "hswish")
-    return n.model([n.linear(x, 100)])
+    return n.final([n.linear(x, 100)])
 
 
 def shufflenet_v2_t():
@@ -217,7 +222,7 @@ def shufflenet_v2_t():
             x = unit(x, c, 1)
     x = n.cba(x, 512, 1)
     x = n.node("GlobalAveragePool", [x])
-    return n.model([n.linear(n.view_flat(x), 10)])
+    return n.final([n.linear(n.view_flat(x), 10)])
 
 
 def mnasnet_t():
@@ -236,7 +241,7 @@ def mnasnet_t():
                           (48, 5, 1, 6), (64, 3, 1, 6), (96, 5, 2, 6)):
         x = ir(x, cout, k, s, t)
     x = n.cba(x, 640, 1)
-    return n.model([n.linear(n.mean_hw(x), 20)])
+    return n.final([n.linear(n.mean_hw(x), 20)])
 
 
 def regnet_t():
@@ -256,7 +261,7 @@ def regnet_t():
         for _ in range(d - 1):
             x = block(x, c, 1)
     x = n.node("Flatten", [n.node("GlobalAveragePool", [x])], axis=1)
-    return n.model([n.linear(x, 10)])
+    return n.final([n.linear(x, 10)])
 
 
 def effnet_b0_t():
@@ -275,7 +280,7 @@ def effnet_b0_t():
         x = mb(x, cout, k, s, t)
     x = n.cba(x, 640, 1, a="silu")
     x = n.node("Flatten", [n.node("GlobalAveragePool", [x])], axis=1)
-    return n.model([n.linear(x, 10)])
+    return n.final([n.linear(x, 10)])
 
 
 def unet_align_corners():
@@ -288,7 +293,7 @@ def unet_align_corners():
     d2 = n.cba(n.cba(n.node("Concat", [d2, e2], axis=1), 32), 32)
     d1 = n.resize(d2, 2.0, ct="align_corners")
     d1 = n.cba(n.cba(n.node("Concat", [d1, e1], axis=1), 16), 16)
-    return n.model([n.conv(d1, 2, 1)])
+    return n.final([n.conv(d1, 2, 1)])
 
 
 def fpn_half_pixel():
@@ -302,7 +307,7 @@ def fpn_half_pixel():
     p3 = n.node("Add", [n.conv(c3, 32, 1), n.resize(p4, 2.0, mode="nearest", ct="asymmetric")])
     p2 = n.node("Add", [n.conv(c2, 32, 1), n.resize(p3, size=[32, 32])])
     p2 = n.cba(p2, 32, 3)
-    return n.model([n.conv(p2, 4, 1), n.conv(p4, 4, 1)])
+    return n.final([n.conv(p2, 4, 1), n.conv(p4, 4, 1)])
 
 
 def espcn_pixelshuffle():
@@ -312,7 +317,7 @@ def espcn_pixelshuffle():
     x = n.cba(x, 16, 3, a="relu")
     x = n.conv(x, 3 * 4, 3)
     x = n.node("DepthToSpace", [x], blocksize=2, mode="CRD")
-    return n.model([n.act(x, "sigmoid")])
+    return n.final([n.act(x, "sigmoid")])
 
 
 def pixel_unshuffle_net():
@@ -330,7 +335,7 @@ def pixel_unshuffle_net():
     x = n.cba(x, 96, 3, 2)
     x = n.node("AveragePool", [x], kernel_shape=[4, 4], strides=[4, 4])   # adaptive 8x8 -> 2x2
     x = n.node("Flatten", [x], axis=1)
-    return n.model([n.linear(n.act(n.linear(x, 128), "relu"), 5)])
+    return n.final([n.linear(n.act(n.linear(x, 128), "relu"), 5)])
 
 
 def dynamo_like():
@@ -344,7 +349,7 @@ def dynamo_like():
     x = n.cba(x, 64, 3, 2, g=64, a="hswish")
     x = n.se(x, 4)
     x = n.cba(x, 128, 1, a="hswish")
-    return n.model([n.linear(n.mean_hw(x), 10)])
+    return n.final([n.linear(n.mean_hw(x), 10)])
 
 
 FLOAT5 = {"mnv3_small_t": mnv3_small_t, "shufflenet_v2_t": shufflenet_v2_t, "mnasnet_t": mnasnet_t,
@@ -356,7 +361,7 @@ QUANT5 = {"mnv3_small_t_qdq_pc": ("mnv3_small_t", "qdq_pc"),
           "regnet_t_qdq_pt_u8": ("regnet_t", "qdq_pt_u8"),
           "shufflenet_v2_t_qop_pc": ("shufflenet_v2_t", "qop_pc"),
           "effnet_b0_t_qop_pt": ("effnet_b0_t", "qop_pt"),
-          "unet_align_corners_qdq_pc": ("unet_align_corners", "qdq_pc"),
+          "fpn_half_pixel_qdq_pc": ("fpn_half_pixel", "qdq_pc"),
           "mnasnet_t_dynamic": ("mnasnet_t", "dynamic")}
 
 
