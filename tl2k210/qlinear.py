@@ -177,8 +177,9 @@ def dynamic_to_float(model):
     DynamicQuantizeLinear(x) -> (x, 1.0, 0), so ConvInteger / MatMulInteger of it becomes Conv /
     MatMul of x by the weight less its zero point, and the Cast and the Mul by x_scale * w_scale
     after it give the float layer back (the K210 quantizes activations from calibration anyway).
-    A model without DynamicQuantizeLinear is returned as it is."""
-    if not any(n.op_type == "DynamicQuantizeLinear" and n.domain in ("", "ai.onnx") for n in model.graph.node):
+    A model without ConvInteger / MatMulInteger is returned as it is."""
+    ints = ("ConvInteger", "MatMulInteger")
+    if not any(n.op_type in ints and n.domain in ("", "ai.onnx") for n in model.graph.node):
         return model
     model = _copy(model)
     g = model.graph
@@ -186,26 +187,28 @@ def dynamic_to_float(model):
     for n in g.node:
         if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
             consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    readers = {}
+    for m in g.node:
+        for i in m.input:
+            readers.setdefault(i, []).append(m.op_type)
     floats = {}                       # DynamicQuantizeLinear's quantized output -> its float input
     nodes, inits = [], []
     for n in g.node:
-        if n.op_type == "DynamicQuantizeLinear":
+        # one read only by integer ops (a DequantizeLinear pair is passes/dequantize.py's)
+        if n.op_type == "DynamicQuantizeLinear" and readers.get(n.output[0]) and \
+                all(op in ints for op in readers[n.output[0]]):
             floats[n.output[0]] = n.input[0]
-            base = n.name or n.output[0]
             if len(n.output) > 1 and n.output[1]:
                 inits.append(numpy_helper.from_array(np.array(1.0, np.float32), n.output[1]))
             if len(n.output) > 2 and n.output[2]:
                 inits.append(numpy_helper.from_array(np.array(0, np.uint8), n.output[2]))
-            if any(i == n.output[0] for m in g.node for i in m.input
-                   if m.op_type not in ("ConvInteger", "MatMulInteger")):
-                nodes.append(helper.make_node("Identity", [n.input[0]], [n.output[0]], name=base))
             continue
         if n.op_type in ("ConvInteger", "MatMulInteger"):
             ins = list(n.input) + [""] * (4 - len(n.input))
             x = floats.get(ins[0])
             if x is None:
-                raise UnsupportedOpError(f"node {n.name!r}: {n.op_type} of {ins[0]!r}, which no "
-                                         "DynamicQuantizeLinear makes; only onnxruntime's quantize_dynamic "
+                raise UnsupportedOpError(f"node {n.name!r}: {n.op_type} of {ins[0]!r}, which is not a "
+                                         "DynamicQuantizeLinear read by integer ops alone; only onnxruntime's quantize_dynamic "
                                          "form (DynamicQuantizeLinear -> ConvInteger / MatMulInteger) is read")
             conv = n.op_type == "ConvInteger"
             w = _int_weight(consts, n, ins[1], ins[3], 0 if conv else -1)
