@@ -34,6 +34,14 @@ layers; float16 and int16x8 TFLite exports beside the other formats):
 
     python bench/unseen_models.py OUT4 --set 4 [NAME ...]
 
+`--set 5` builds round 49's (MODELS5, bench/unseen_torchlike.py: ONNX as PyTorch's exporters
+write it at opsets 11 / 13 / 17 / 18 -- torchvision-style MobileNetV3-small, ShuffleNetV2,
+MnasNet, RegNet, EfficientNet-B0, bilinear resizes with align_corners True and False,
+PixelShuffle / PixelUnshuffle, HardSwish, `x.view(x.size(0), -1)`, dynamic batch -- and
+onnxruntime.quantization's QDQ / QOperator / dynamic int8 files of some of them):
+
+    python bench/unseen_models.py OUT5 --set 5 [NAME ...]
+
 A model whose input is not 3-channel gets NAME.npy calibration arrays beside it."""
 import os
 import sys
@@ -1222,6 +1230,12 @@ def keras3_models():
 
 
 os.makedirs(OUT, exist_ok=True)
+if SET == "5":
+    sys.path.insert(0, str(paths.checkout() / "bench"))
+    from unseen_torchlike import FLOAT5, QUANT5, build as build5
+    MODELS5 = {**FLOAT5, **QUANT5}   # round 49: float builders, then onnxruntime.quantization files
+    build5(OUT, only & set(MODELS5))
+    sys.exit(0)
 if not only or "keras3" in only:
     {"2": keras3_models2, "3": keras3_models3, "4": keras3_models4}.get(SET, keras3_models)()
 for name, (build, shape, formats) in {"2": MODELS2, "3": MODELS3, "4": MODELS4}.get(SET, MODELS).items():

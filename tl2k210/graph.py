@@ -329,7 +329,7 @@ def set_axes(g, n, axes):
 def from_onnx(model, batch=1, input_shapes=None):
     """Read an onnx.ModelProto into a Graph; shapes inferred. A symbolic batch dim becomes `batch`;
     other symbolic dims need `input_shapes` {input_name: shape}."""
-    model = upgrade_opset(qlinear.to_qdq(model))
+    model = upgrade_opset(qlinear.dynamic_to_float(qlinear.to_qdq(model)))
     gp = model.graph
     tensors = {}
     for init in gp.initializer:

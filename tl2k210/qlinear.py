@@ -155,3 +155,75 @@ def to_qdq(model):
     g.initializer.extend(kept)
     g.node.extend(nodes)
     return model
+
+
+def _int_weight(consts, n, w, zp, axis):
+    """ConvInteger / MatMulInteger's constant integer weight less its zero point, as float."""
+    v = _const(consts, w)
+    if v is None:
+        raise UnsupportedOpError(f"node {n.name!r}: {n.op_type}'s weight {w!r} is computed; only a constant "
+                                 "quantized weight (onnxruntime's quantize_dynamic) is read")
+    z = _const(consts, zp)
+    z = np.zeros((), np.int64) if z is None else z.astype(np.int64)
+    if z.size > 1:
+        shape = [1] * v.ndim
+        shape[axis] = z.size
+        z = z.reshape(shape)
+    return (v.astype(np.int64) - z).astype(np.float32)
+
+
+def dynamic_to_float(model):
+    """onnxruntime's `quantize_dynamic` form -> a float model on the same integer weights:
+    DynamicQuantizeLinear(x) -> (x, 1.0, 0), so ConvInteger / MatMulInteger of it becomes Conv /
+    MatMul of x by the weight less its zero point, and the Cast and the Mul by x_scale * w_scale
+    after it give the float layer back (the K210 quantizes activations from calibration anyway).
+    A model without ConvInteger / MatMulInteger is returned as it is."""
+    ints = ("ConvInteger", "MatMulInteger")
+    if not any(n.op_type in ints and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return model
+    model = _copy(model)
+    g = model.graph
+    consts = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    for n in g.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    readers = {}
+    for m in g.node:
+        for i in m.input:
+            readers.setdefault(i, []).append(m.op_type)
+    floats = {}                       # DynamicQuantizeLinear's quantized output -> its float input
+    nodes, inits = [], []
+    for n in g.node:
+        # one read only by integer ops (a DequantizeLinear pair is passes/dequantize.py's)
+        if n.op_type == "DynamicQuantizeLinear" and readers.get(n.output[0]) and \
+                all(op in ints for op in readers[n.output[0]]):
+            floats[n.output[0]] = n.input[0]
+            if len(n.output) > 1 and n.output[1]:
+                inits.append(numpy_helper.from_array(np.array(1.0, np.float32), n.output[1]))
+            if len(n.output) > 2 and n.output[2]:
+                inits.append(numpy_helper.from_array(np.array(0, np.uint8), n.output[2]))
+            continue
+        if n.op_type in ("ConvInteger", "MatMulInteger"):
+            ins = list(n.input) + [""] * (4 - len(n.input))
+            x = floats.get(ins[0])
+            if x is None:
+                raise UnsupportedOpError(f"node {n.name!r}: {n.op_type} of {ins[0]!r}, which is not a "
+                                         "DynamicQuantizeLinear read by integer ops alone; only onnxruntime's quantize_dynamic "
+                                         "form (DynamicQuantizeLinear -> ConvInteger / MatMulInteger) is read")
+            conv = n.op_type == "ConvInteger"
+            w = _int_weight(consts, n, ins[1], ins[3], 0 if conv else -1)
+            name = f"{n.name or n.output[0]}/float_weight"
+            inits.append(numpy_helper.from_array(w, name))
+            attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+            nodes.append(helper.make_node("Conv" if conv else "MatMul", [x, name], list(n.output),
+                                          name=n.name, **attrs))
+            continue
+        nodes.append(n)
+    used = {i for n in nodes for i in n.input}
+    made = {i.name for i in inits}
+    kept = [i for i in g.initializer if i.name in used and i.name not in made] + \
+        [i for i in inits if i.name in used]
+    del g.initializer[:], g.node[:]
+    g.initializer.extend(kept)
+    g.node.extend(nodes)
+    return model

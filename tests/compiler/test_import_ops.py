@@ -520,3 +520,60 @@ def test_constant_output_is_dropped_and_named():
     assert g.outputs == ["boxes"] and g.meta["constant_outputs"]["anchors"].shape == (1, 16, 4)
     changes = next(p for p in log if p["pass"] == "constant_outputs")["changes"]
     assert changes and "is a constant" in changes[0][1]
+
+
+@pytest.mark.parametrize("conv_after", [True, False])
+def test_pixel_unshuffle_is_space_to_depth_and_a_folded_shuffle(conv_after):
+    """torch's nn.PixelUnshuffle(2) as the TorchScript exporter writes it: Reshape (1, C, H/2, 2, W/2,
+    2) -> Transpose [0, 1, 3, 5, 2, 4] -> Reshape (1, 4C, H/2, W/2), 6-D tensors no kmodel holds ->
+    SpaceToDepth and a DCR-to-CRD channel shuffle, folded into the conv that reads it; onnxruntime's
+    values (exact: data movement, and a conv's input channels reordered)."""
+    c, hw, co = 3, 8, 5
+    nodes = [helper.make_node("Reshape", ["x", "s6"], ["r6"]),
+             helper.make_node("Transpose", ["r6"], ["t6"], perm=[0, 1, 3, 5, 2, 4]),
+             helper.make_node("Reshape", ["t6", "s4"], ["u"])]
+    nodes += [helper.make_node("Conv", ["u", "w", "bias"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])] \
+        if conv_after else [helper.make_node("Relu", ["u"], ["y"])]
+    inits = {"s6": np.array([1, c, hw // 2, 2, hw // 2, 2], np.int64),
+             "s4": np.array([1, 4 * c, hw // 2, hw // 2], np.int64), "w": rand(co, 4 * c, 3, 3), "bias": rand(co)}
+    m = make_model(nodes, [("x", [1, c, hw, hw])], [("y", None)], inits)
+    x = rand(1, c, hw, hw)
+    ref = ort_run(m, x)[0]
+    g, changes = run_pass("pixel_shuffle", from_onnx(m))
+    assert "SpaceToDepth" in g.op_counts() and changes and "pixel unshuffle (x2)" in changes[0][1]
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], ref, atol=1e-5, rtol=1e-5)
+    g, _ = run_pipeline(from_onnx(m))
+    assert all(len(g.shape(t) or ()) <= 5 for t in g.tensors)
+    if conv_after:
+        assert "Transpose" not in g.op_counts()
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_dequantize_lets_a_view_read_the_shape_of_a_quantized_map():
+    """torch's `x.view(x.size(0), -1)` of a quantized map (onnxruntime's quantize_static of a
+    TorchScript export): Shape -> Gather -> Unsqueeze -> Concat -> Reshape(xq, shape) reads only
+    the shape of the integers, so the island Q -> Reshape -> DQ still becomes float (it was
+    refused: "Shape computes on the integers"); onnxruntime's values."""
+    s, z = np.float32(0.05), np.uint8(128)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s", "z"], ["rq"]),
+             helper.make_node("Shape", ["rq"], ["shp"]),
+             helper.make_node("Gather", ["shp", "zero"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "ax0"], ["nu"]),
+             helper.make_node("Concat", ["nu", "minus1"], ["view"], axis=0),
+             helper.make_node("Reshape", ["rq", "view"], ["fq"]),
+             helper.make_node("DequantizeLinear", ["fq", "s", "z"], ["f"]),
+             helper.make_node("MatMul", ["f", "w"], ["y"])]
+    inits = {"s": s, "z": z, "zero": np.array(0, np.int64), "ax0": np.array([0], np.int64),
+             "minus1": np.array([-1], np.int64), "w": rand(2 * 3 * 3, 4)}
+    m = make_model(nodes, [("x", [1, 2, 3, 3])], [("y", None)], inits)
+    x = rand(1, 2, 3, 3)
+    ref = ort_run(m, x)[0]
+    g, changes = run_pass("dequantize", from_onnx(m))
+    assert not {"QuantizeLinear", "DequantizeLinear"} & set(g.op_counts())
+    assert ((0 - 128) * 0.05, (255 - 128) * 0.05) == pytest.approx(next(iter(g.meta["quant_ranges"].values())))
+    got = run(g, x)[g.outputs[0]]
+    # float where the model rounds to its 0.05 grid: within half a step per element of the MatMul
+    assert np.abs(got - ref).max() <= 0.025 * np.abs(inits["w"]).sum(0).max() * 1.01
+    g, _ = run_pipeline(from_onnx(m))
+    assert "Shape" not in g.op_counts()

@@ -34,6 +34,8 @@ def _scalar(g, name):
 
 #: data movement: exact on the integers (SpaceToDepth/DepthToSpace: TF's SpaceToBatchND and
 #: BatchToSpaceND around a dilated conv, as tf2onnx writes them)
+#: ops that read only their input's shape (torch's `x.view(x.size(0), -1)` of a quantized map)
+SHAPE_ONLY = ("Shape", "Size")
 MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "SpaceToDepth", "DepthToSpace")
 PICKS = ("Gather", "GatherND", "GatherElements", "Slice", "Split")   # move elements of input 0 (the others: indices)
 INT_RANGE = {t: (int(np.iinfo(t).min), int(np.iinfo(t).max)) for t in ("int8", "uint8", "int16", "uint16")}
@@ -65,7 +67,7 @@ def _int_regions(g):
         while stack:
             n = stack.pop()
             ints = list(n.outputs) if n.op != "DequantizeLinear" else []
-            ints += [i for i in n.inputs[:None if n.op in MOVES + ("Concat",) else 1] if i] \
+            ints += [i for i in n.inputs[:None if n.op == "Concat" else 1] if i] \
                 if n.op != "QuantizeLinear" else []
             for t in ints:
                 if t in g.inputs or t in g.outputs:
@@ -75,6 +77,8 @@ def _int_regions(g):
                     continue
                 for m in [g.producer(t)] + g.consumers(t):
                     if m is None or id(m) in nodes:
+                        continue
+                    if m.op in SHAPE_ONLY and m.inputs[0] == t:   # reads the shape, which stays
                         continue
                     if m.op in ("QuantizeLinear", "DequantizeLinear") + MOVES + ("Concat",) \
                             or m.op in PICKS and (m.inputs[0] == t or t in m.outputs):

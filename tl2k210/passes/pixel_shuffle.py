@@ -6,7 +6,15 @@ DepthToSpace node, which the lowering runs as data movement (two 4-D transposes,
 
 PyTorch exports PixelShuffle as Reshape (1, C, r, r, H, W) -> Transpose [0, 1, 4, 2, 5, 3] ->
 Reshape (1, C, H*r, W*r): 6-D tensors no kmodel holds; the DepthToSpace node is the same
-permutation on 4-D maps."""
+permutation on 4-D maps.
+
+PixelUnshuffle (its inverse, out[c*r*r + i*r + j, h, w] = in[c, h*r + i, w*r + j]) exports as
+Reshape (1, C, H/r, r, W/r, r) -> Transpose [0, 1, 3, 5, 2, 4] -> Reshape (1, C*r*r, H/r, W/r);
+ONNX's SpaceToDepth has only the DCR order (channel (i*r + j)*C + c), so it becomes SpaceToDepth
+and the channel shuffle from DCR to CRD (Reshape (1, r*r, C, H/r, W/r) -> Transpose (0, 2, 1, 3,
+4) -> Reshape), which passes/channel_shuffle.py folds into the conv that reads it."""
+import numpy as np
+
 from tl2k210.graph import Node
 
 PERMS = {(0, 1, 4, 2, 5, 3): "CRD", (0, 3, 4, 1, 5, 2): "DCR"}
@@ -34,8 +42,54 @@ def _shuffle_chain(g, first):
     return x, last.outputs[0], r, mode, [first, tr, last]
 
 
+def _unshuffle_chain(g, first):
+    """(x, y, r, nodes) when `first` starts Reshape -> Transpose -> Reshape of a pixel unshuffle."""
+    if first.op != "Reshape":
+        return None
+    x = first.inputs[0]
+    xs, mid = g.shape(x), g.shape(first.outputs[0])
+    tr = g.single_consumer(first.outputs[0])
+    if xs is None or mid is None or len(xs) != 4 or len(mid) != 6 or tr is None or tr.op != "Transpose" \
+            or tuple(tr.attrs.get("perm", ())) != (0, 1, 3, 5, 2, 4):
+        return None
+    last = g.single_consumer(tr.outputs[0])
+    n, c, h, w = xs
+    r = mid[3]
+    if last is None or last.op != "Reshape" or r < 2 or h % r or w % r or \
+            tuple(mid) != (n, c, h // r, r, w // r, r) or \
+            tuple(g.shape(last.outputs[0]) or ()) != (n, c * r * r, h // r, w // r):
+        return None
+    return x, last.outputs[0], r, [first, tr, last]
+
+
+def _unshuffle(g, n, log):
+    found = _unshuffle_chain(g, n)
+    if found is None:
+        return
+    x, y, r, old = found
+    b, c, h, w = g.shape(x)
+    h, w = h // r, w // r
+    t = [g.add_tensor(f"{y}/{k}", s) for k, s in (("dcr", (b, r * r * c, h, w)), ("groups", (b, r * r, c, h, w)),
+                                                    ("crd", (b, c, r * r, h, w)))]
+    five, four = (g.add_const(np.array(s, np.int64), f"{y}/{k}") for k, s in
+                  (("groups_shape", (b, r * r, c, h, w)), ("map_shape", (b, c * r * r, h, w))))
+    new = [Node("SpaceToDepth", [x], [t[0]], {"blocksize": r}, f"{old[-1].name}/space_to_depth"),
+           Node("Reshape", [t[0], five], [t[1]], {}, f"{old[-1].name}/groups"),
+           Node("Transpose", [t[1]], [t[2]], {"perm": [0, 2, 1, 3, 4]}, f"{old[-1].name}/dcr_to_crd"),
+           Node("Reshape", [t[2], four], [y], {}, old[-1].name, [o.name for o in old])]
+    i = g.nodes.index(old[0])
+    for o in old:
+        g.nodes.remove(o)
+    g.nodes[i:i] = new
+    log(old[-1].name, f"pixel unshuffle (x{r}) of {g.shape(x)}: Reshape 6-D, Transpose, Reshape -> "
+                      "SpaceToDepth and a DCR-to-CRD channel shuffle")
+
+
 def pixel_shuffle(g, log):
     for n in list(g.nodes):
+        if n not in g.nodes:
+            continue
+        _unshuffle(g, n, log)
         if n not in g.nodes:
             continue
         found = _shuffle_chain(g, n)
