@@ -1,7 +1,9 @@
 """Linear Resize by a rational factor that no resize_image plan samples (half_pixel 0.8, 1.5,
 5/3; Keras' Resizing, TF2's resize to a fixed size) in uint8 phases (lower/v4phases.py): the
 plan reproduces ONNX's interpolation matrix on every output, the kmodel follows onnxruntime, and
-the resize itself is within one step of the uint8 grid of the exact interpolation of its input."""
+the resize itself is within one step of the uint8 grid of the exact interpolation of its input.
+And a float resize_image (align_corners) in channel slices where the whole map would not keep
+main memory near the live set."""
 import numpy as np
 import pytest
 from onnx import helper
@@ -67,3 +69,36 @@ def test_rational_resize_converts_in_uint8_phases(size, tmp_path):
         resized = [a for where, a in trace if "concat" in where][-1].reshape(6, oh, ow)
         exact = np.einsum("oh,chw,pw->cop", a_h, codes, a_w)
         assert np.abs(resized - exact).max() <= 1 + 1e-9
+
+
+def test_float_resize_runs_in_channel_slices_within_the_main_memory_target(tmp_path):
+    """A bilinear align_corners upsampling (a PyTorch U-Net's F.interpolate) stays a float
+    resize_image, but a slice of channels at a time, quantized into its uint8 output, where the
+    whole float map would take main memory past 1.25x the live set (round 49's never-seen U-Net:
+    1,622,016 B, 1.83x, before)."""
+    h = w = 32
+    nodes = [N("Conv", ["x", "w1", "b1"], ["a"], pads=[1, 1, 1, 1]), N("Relu", ["a"], ["r"]),
+             N("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             N("Conv", ["p", "w2", "b2"], ["q"], pads=[1, 1, 1, 1]), N("Relu", ["q"], ["rq"]),
+             N("Resize", ["rq", "", "", "sizes"], ["up"], mode="linear",
+               coordinate_transformation_mode="align_corners"),
+             N("Concat", ["up", "r"], ["cat"], axis=1), N("Conv", ["cat", "w3"], ["y"], pads=[1, 1, 1, 1])]
+    inits = {"w1": (RNG.standard_normal((16, 3, 3, 3)) / 3).astype(np.float32),
+             "b1": RNG.uniform(-0.1, 0.3, 16).astype(np.float32),
+             "w2": (RNG.standard_normal((32, 16, 3, 3)) / 8).astype(np.float32),
+             "b2": RNG.uniform(-0.1, 0.3, 32).astype(np.float32),
+             "sizes": np.array([1, 32, h, w], np.int64),
+             "w3": (RNG.standard_normal((2, 48, 3, 3)) / 10).astype(np.float32)}
+    m = make_model(nodes, [("x", [1, 3, h, w])], [("y", [1, 2, h, w])], inits, opset=13)
+    data = RNG.integers(0, 256, (8, 3, h, w)).astype(np.uint8)
+    np.save(tmp_path / "d.npy", data)
+    rep = convert(m, tmp_path / "m.kmodel", ConvertOptions(dataset=str(tmp_path / "d.npy"), progress=False,
+                                                           min_sqnr=0, runtime="sdk"))
+    row = next(r for r in rep.layers if r["op"] == "Resize")
+    assert "at a time" in " ".join(row["notes"]), row
+    assert rep.main_memory <= 1.25 * rep.ideal["live_bytes"]
+    emu = Emulator.load(tmp_path / "m.kmodel")
+    for x in data[:3]:
+        want = ort_run(m, x[None].astype(np.float32) / 255)[0].astype(np.float64)
+        got = np.asarray(emu.run(x.reshape(-1))[0], np.float64).reshape(want.shape)
+        assert sqnr_db(want, got) > 30

@@ -464,6 +464,10 @@ def _deconv(lw, src, dst, c, h, w, oh, ow, axes, row, tag):
 
 
 def _resize(lw, node, kind):
+    """The resize_image plan (+ edge pad, + slice); bilinear runs on float32: the whole map, or,
+    where its float copies would take main memory past MAIN_TARGET x the live set and no reader
+    needs float, a slice of channels at a time quantized into the uint8 output (as
+    _resize_deconv)."""
     x, out = node.inputs[0], node.outputs[0]
     if kind == "bilinear":
         axes = deconv_plan(lw.g, node)
@@ -475,13 +479,44 @@ def _resize(lw, node, kind):
     dt = F32 if kind == "bilinear" else U8
     what = {"bilinear": "bilinear resize_image on float32", "nearest": "nearest resize_image on uint8"}[kind]
     row = lw.row(node, what, in_shape=(c, h, w), out_shape=(oc, oh, ow))
-    src = lw.need_f32(x, row) if dt == F32 else lw.need_u8(x, row)
-    loc = lw.f32_out(out) if dt == F32 else lw.u8_out(out, lw.locs[x].quant)
-    dst = loc.f32 if dt == F32 else loc.u8
     tag = out + ":resize"
-    cur, shape = edge_pad(lw, src, (1, c, h, w), dt, ph.pad, pw.pad, row, tag)
     if ph.pad or pw.pad:
         row.notes.append(f"input edge-padded by ({ph.pad}, {pw.pad}) (strided_slice + concat)")
+    padded = (h + 2 * ph.pad) * (w + 2 * pw.pad)
+    sizes = (ph.size or h + 2 * ph.pad, pw.size or w + 2 * pw.pad)   # size 0: no resize on this axis (a slice)
+    direct = ph.direct and pw.direct
+    xl = lw.locs[x]
+    if dt == F32:
+        per = 4 * (h * w + (padded if ph.pad or pw.pad else 0) + (0 if direct else sizes[0] * sizes[1]) + oh * ow)
+        room = lw.float_room(oc * oh * ow) if not lw.float_readers(out) else None
+        if xl.f32 is None and xl.pixels is None and room is not None and c * per > room:
+            slices = float_slices(c, h * w, per, room)
+            n = max(b - a for a, b in slices)
+            src = lw.need_u8(x, row)
+            (s_in, z_in), loc = xl.quant, lw.u8_out(out, lw.quant_of(out))
+            dq, res = lw.main.alloc(out + ":dq", 4 * n * h * w), lw.main.alloc(out + ":f32", 4 * n * oh * ow)
+            parts = through_float(lw, row, slices, src, loc.u8, h * w, oh * ow, (z_in, 1.0 / s_in),
+                                  (loc.quant[1], 1.0 / loc.quant[0]), dq,
+                                  lambda c0, c1: _resize_image(lw, dq, res, c1 - c0, (h, w), (oh, ow), ph, pw,
+                                                               kind, row, tag) or res)
+            lw.main.free(out + ":dq")
+            lw.main.free(out + ":f32")
+            lw.trace_map[out] = (parts[0] if len(parts) == 1 else tuple(parts), "u8")
+            row.notes.append(f"dequantized, resized and quantized into the uint8 output {n} channel{'s' if n > 1 else ''} at a time "
+                             f"({n * per:,} B of float scratch)")
+            return
+    src = lw.need_f32(x, row) if dt == F32 else lw.need_u8(x, row)
+    loc = lw.f32_out(out) if dt == F32 else lw.u8_out(out, xl.quant)
+    _resize_image(lw, src, loc.f32 if dt == F32 else loc.u8, c, (h, w), (oh, ow), ph, pw, kind, row, tag)
+    lw.traced(out, "f32" if dt == F32 else "u8")
+
+
+def _resize_image(lw, src, dst, c, hw, ohw, ph, pw, kind, row, tag):
+    """c channels (h, w) at src -> (oh, ow) at dst by the plan (ph, pw): edge pad, resize_image,
+    pick (float32 for bilinear, uint8 for nearest); its temporaries freed."""
+    (h, w), (oh, ow) = hw, ohw
+    dt = F32 if kind == "bilinear" else U8
+    cur, shape = edge_pad(lw, src, (1, c, h, w), dt, ph.pad, pw.pad, row, tag)
     sizes = (ph.size or shape[2], pw.size or shape[3])     # size 0: no resize on this axis (a slice)
     direct = ph.direct and pw.direct
     align = ph.align or pw.align
@@ -509,13 +544,12 @@ def _resize(lw, node, kind):
                                             mode=0 if kind == "bilinear" else 1, align_corners=bool(align)), row)
             if not direct:
                 pick(mid, g, (1, g, sizes[0], sizes[1]), c0 * oh * ow)
-        if not direct:
+        if not direct and "every (" not in " ".join(row.notes):
             row.notes.append(f"resize_image to {sizes[0]}x{sizes[1]}, then every ({ph.step}, {pw.step})-th "
                              f"sample from ({ph.start}, {pw.start}): {sizes[0] * sizes[1] / max(oh * ow, 1):.1f}x "
                              "the samples of the output" + (f", {group} channel{'s' if group > 1 else ''} at a time" if group < c else ""))
     for k in ("mid", "pad2", "pad3"):
         lw.main.free(f"{tag}:{k}")
-    lw.traced(out, "f32" if dt == F32 else "u8")
 
 
 @lowering("Resize", unit=CPU_F32, check=bilinear_refuses, formats=("v4",), name="resize_bilinear")
