@@ -92,7 +92,7 @@ def phase_plan(g, node):
             return (f"{n} -> {m} ({cmode}) is not a ratio of at most {MAX_PHASES} phases of two "
                     "samples: the float matmul by ONNX's interpolation matrix")
         axes.append(ph)
-    return tuple(axes)
+    return tuple(axes) if any(axes) else NA      # no axis resized: a copy, not this form
 
 
 def phases_refuse(g, node, opts):
