@@ -107,6 +107,27 @@ def _dequantized(consts, triple, axis):
             scale.astype(np.float64).reshape(shape if scale.size > 1 else ())).astype(np.float32)
 
 
+def _constants(g) -> dict:
+    """name -> array of the graph's initializers and Constant nodes."""
+    consts = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    for n in g.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    return consts
+
+
+def _rebuild(g, nodes, inits):
+    """g's nodes become `nodes`; its initializers those still read, a new one (`inits`) in place
+    of an old one of its name."""
+    used = {i for n in nodes for i in n.input}
+    made = {i.name for i in inits}
+    kept = [i for i in g.initializer if i.name in used and i.name not in made] + \
+        [i for i in inits if i.name in used]
+    del g.initializer[:], g.node[:]
+    g.initializer.extend(kept)
+    g.node.extend(nodes)
+
+
 def to_qdq(model):
     """A copy of `model` with its QLinear ops (OPS) as DequantizeLinear / float op / QuantizeLinear;
     a model without them is returned as it is."""
@@ -114,10 +135,7 @@ def to_qdq(model):
         return model
     model = _copy(model)
     g = model.graph
-    consts = {i.name: numpy_helper.to_array(i) for i in g.initializer}
-    for n in g.node:
-        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    consts = _constants(g)
     nodes, inits = [], []
     for n in g.node:
         key = (n.domain if n.domain != "ai.onnx" else "", n.op_type)
@@ -149,11 +167,7 @@ def to_qdq(model):
         y = f"{base}/float"
         nodes.append(helper.make_node(op, floats, [y], name=y, **float_attrs))
         nodes.append(helper.make_node("QuantizeLinear", [y] + out_q, list(n.output), name=n.name))
-    used = {i for n in nodes for i in n.input}
-    kept = [i for i in g.initializer if i.name in used] + inits
-    del g.initializer[:], g.node[:]
-    g.initializer.extend(kept)
-    g.node.extend(nodes)
+    _rebuild(g, nodes, inits)
     return model
 
 
@@ -183,10 +197,7 @@ def dynamic_to_float(model):
         return model
     model = _copy(model)
     g = model.graph
-    consts = {i.name: numpy_helper.to_array(i) for i in g.initializer}
-    for n in g.node:
-        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    consts = _constants(g)
     readers = {}
     for m in g.node:
         for i in m.input:
@@ -219,11 +230,5 @@ def dynamic_to_float(model):
                                           name=n.name, **attrs))
             continue
         nodes.append(n)
-    used = {i for n in nodes for i in n.input}
-    made = {i.name for i in inits}
-    kept = [i for i in g.initializer if i.name in used and i.name not in made] + \
-        [i for i in inits if i.name in used]
-    del g.initializer[:], g.node[:]
-    g.initializer.extend(kept)
-    g.node.extend(nodes)
+    _rebuild(g, nodes, inits)
     return model
