@@ -20,8 +20,9 @@ from tl2k210.graph import Node
 PERMS = {(0, 1, 4, 2, 5, 3): "CRD", (0, 3, 4, 1, 5, 2): "DCR"}
 
 
-def _shuffle_chain(g, first):
-    """(x, y, r, mode, nodes) when `first` starts Reshape -> Transpose -> Reshape of a pixel shuffle."""
+def _reshape_chain(g, first):
+    """(x, shape of x, 6-D shape, perm, nodes) when `first` starts Reshape (4-D -> 6-D) ->
+    Transpose -> Reshape, each the only reader of the one before."""
     if first.op != "Reshape":
         return None
     x = first.inputs[0]
@@ -29,37 +30,40 @@ def _shuffle_chain(g, first):
     tr = g.single_consumer(first.outputs[0])
     if xs is None or mid is None or len(xs) != 4 or len(mid) != 6 or tr is None or tr.op != "Transpose":
         return None
-    mode = PERMS.get(tuple(tr.attrs.get("perm", ())))
     last = g.single_consumer(tr.outputs[0])
-    if mode is None or last is None or last.op != "Reshape":
+    if last is None or last.op != "Reshape":
         return None
-    n, cin, h, w = xs
+    return x, tuple(xs), tuple(mid), tuple(tr.attrs.get("perm", ())), [first, tr, last]
+
+
+def _shuffle_chain(g, first):
+    """(x, y, r, mode, nodes) when `first` starts Reshape -> Transpose -> Reshape of a pixel shuffle."""
+    found = _reshape_chain(g, first)
+    mode = PERMS.get(found[3]) if found else None
+    if mode is None:
+        return None
+    x, (n, cin, h, w), mid, _, nodes = found
     r = mid[2] if mode == "CRD" else mid[1]
     c = cin // (r * r) if r else 0
     want_mid = (n, c, r, r, h, w) if mode == "CRD" else (n, r, r, c, h, w)
-    if r < 2 or c * r * r != cin or tuple(mid) != want_mid or tuple(g.shape(last.outputs[0]) or ()) != (n, c, h * r, w * r):
+    y = nodes[-1].outputs[0]
+    if r < 2 or c * r * r != cin or mid != want_mid or tuple(g.shape(y) or ()) != (n, c, h * r, w * r):
         return None
-    return x, last.outputs[0], r, mode, [first, tr, last]
+    return x, y, r, mode, nodes
 
 
 def _unshuffle_chain(g, first):
     """(x, y, r, nodes) when `first` starts Reshape -> Transpose -> Reshape of a pixel unshuffle."""
-    if first.op != "Reshape":
+    found = _reshape_chain(g, first)
+    if found is None or found[3] != (0, 1, 3, 5, 2, 4):
         return None
-    x = first.inputs[0]
-    xs, mid = g.shape(x), g.shape(first.outputs[0])
-    tr = g.single_consumer(first.outputs[0])
-    if xs is None or mid is None or len(xs) != 4 or len(mid) != 6 or tr is None or tr.op != "Transpose" \
-            or tuple(tr.attrs.get("perm", ())) != (0, 1, 3, 5, 2, 4):
-        return None
-    last = g.single_consumer(tr.outputs[0])
-    n, c, h, w = xs
+    x, (n, c, h, w), mid, _, nodes = found
     r = mid[3]
-    if last is None or last.op != "Reshape" or r < 2 or h % r or w % r or \
-            tuple(mid) != (n, c, h // r, r, w // r, r) or \
-            tuple(g.shape(last.outputs[0]) or ()) != (n, c * r * r, h // r, w // r):
+    y = nodes[-1].outputs[0]
+    if r < 2 or h % r or w % r or mid != (n, c, h // r, r, w // r, r) or \
+            tuple(g.shape(y) or ()) != (n, c * r * r, h // r, w // r):
         return None
-    return x, last.outputs[0], r, [first, tr, last]
+    return x, y, r, nodes
 
 
 def _unshuffle(g, n, log):
