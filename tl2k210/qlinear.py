@@ -73,7 +73,8 @@ def custom_domain_hint(domain):
                 "on the host; convert the network as exported before that processing was added")
     if domain == MS:
         return (f"; of onnxruntime's {MS} ops the quantized {', '.join(op for d, op in OPS if d == MS)} "
-                "are read")
+                "are read, and FusedConv and FusedGemm with a Relu, LeakyRelu, Tanh, Sigmoid, Clip or "
+                "HardSigmoid activation; export the model again without onnxruntime's graph optimizations")
     return ""
 
 
