@@ -116,8 +116,8 @@ class Receipt:
             lines.append(t["input_range_note"])
         if t.get("calibration_note"):
             lines.append(t["calibration_note"])
-        if t.get("batch_note"):
-            lines.append(t["batch_note"])
+        if t.get("input_note"):
+            lines.append(t["input_note"])
         outs = t.get("outputs", {})
         for name, o in outs.items() if len(outs) > 1 or t.get("output_sqnr_db") is None else ():
             v = o["sqnr_db"]
@@ -493,7 +493,7 @@ class Loaded:
     """Stage 1: the source model as the float graph IR."""
     graph: object
     where: str                 # the source's name, for messages
-    batch_note: str            # what a fixed export batch became
+    input_note: str            # what the front end cut off the input, what a fixed export batch became
     seconds: float
 
 
@@ -561,11 +561,12 @@ def load(source, opts: ConvertOptions) -> Loaded:
     check_one_input(graph)
     _check_unbatched_vector(graph)
     check_map_budget(graph, where)
-    batch_note = "; ".join(f"input {x!r} was exported with a fixed batch of {n}: the kmodel takes one "
-                           "sample (the K210 runs one at a time)" for x, n in graph.meta.get("rebatched", {}).items())
-    if batch_note:
-        _say(opts, "      " + batch_note)
-    return Loaded(graph, where, batch_note, time.perf_counter() - t0)
+    notes = [p.value for p in onnx_model.metadata_props if p.key == frontends.INPUT_NOTE]
+    notes += [f"input {x!r} was exported with a fixed batch of {n}: the kmodel takes one sample (the K210 "
+              "runs one at a time)" for x, n in graph.meta.get("rebatched", {}).items()]
+    for note in notes:
+        _say(opts, "      " + note)
+    return Loaded(graph, where, "; ".join(notes), time.perf_counter() - t0)
 
 
 #: passes whose forms are the fast ones, each with a smaller alternative that `optimise(small=True)`
@@ -826,7 +827,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
                 "fastest_ms": cost.ms(choice.fastest_cycles),
                 "input_range": list(opts.input_range), "input_range_note": cal.range_note,
                 "calibration_note": cal.calib_note,
-                "batch_note": loaded.batch_note or None,
+                "input_note": loaded.input_note or None,
                 "float_outputs": sum(4 * int(np.prod(lw.locs[o].shape)) for o in lw.g.outputs)},
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
                  "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in opt.log],

@@ -10,6 +10,7 @@ from front_helpers import make_model, need_testdata, rand, tf
 from tl2k210.frontends import ModelLoadError, load_graph, load_model
 from tl2k210.graph import from_onnx, run
 from tl2k210.k210.flow import run_pipeline
+from tl2k210.quantize.metrics import sqnr_db
 
 TOL = 1e-4
 
@@ -346,3 +347,39 @@ def test_onnx_with_a_tf_function_call_is_refused_clearly(tmp_path):
     onnx.save(m, tmp_path / "m.onnx")
     with pytest.raises(ModelLoadError, match=r"conv2d_15/PartitionedCall.*groups > 1.*TFLite"):
         load_model(tmp_path / "m.onnx")
+
+
+def test_frozen_graph_with_an_audio_front_end_starts_at_its_mfccs(tmp_path):
+    """ARM ML-KWS-for-MCU's frozen keyword spotters read a wav file's bytes: wav_data ->
+    DecodeWav -> AudioSpectrogram -> Mfcc -> the network. The K210 runs the network; the kmodel's
+    input is the MFCC tensor (the board's CPU computes it, as the MCU deployments do), and the
+    receipt says so. Same numbers as TensorFlow from the MFCCs on."""
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.k210.emulator import Emulator
+    tfm = tf()
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((3, 3, 1, 8)).astype(np.float32) * 0.3
+    clips = [tfm.audio.encode_wav(np.sin(np.arange(16000)[:, None] * f / 16000 * 6.28).astype(np.float32) * a,
+                                  16000).numpy() for f, a in zip(rng.uniform(100, 3000, 12), rng.uniform(0.05, 0.9, 12))]
+    with tfm.Graph().as_default() as graph:
+        wav = tfm.compat.v1.placeholder(tfm.string, [], name="wav_data")
+        audio, rate = tfm.raw_ops.DecodeWav(contents=wav, desired_channels=1, desired_samples=16000)
+        spec = tfm.raw_ops.AudioSpectrogram(input=audio, window_size=640, stride=320, magnitude_squared=True)
+        mfcc = tfm.raw_ops.Mfcc(spectrogram=spec, sample_rate=rate, dct_coefficient_count=10, name="Mfcc")
+        y = tfm.nn.relu(tfm.nn.conv2d(tfm.reshape(mfcc, [-1, 49, 10, 1]), w, 1, "SAME"))
+        tfm.identity(tfm.reduce_mean(y, [1, 2]), name="scores")
+        with tfm.compat.v1.Session(graph=graph) as s:
+            feats = np.concatenate([s.run("Mfcc:0", {"wav_data:0": c}) for c in clips])
+            want = [s.run("scores:0", {"Mfcc:0": f[None]}) for f in feats[:3]]
+        gd = graph.as_graph_def()
+    (tmp_path / "kws.pb").write_bytes(gd.SerializeToString())
+    np.save(tmp_path / "mfcc.npy", feats)
+    r = convert(tmp_path / "kws.pb", tmp_path / "kws.kmodel", ConvertOptions(dataset=str(tmp_path / "mfcc.npy"),
+                                                                             progress=False))
+    assert "(DecodeWav -> AudioSpectrogram -> Mfcc) is not converted: the kmodel's input is 'Mfcc:0'" \
+        in r.totals["input_note"]
+    assert r.totals["input_note"] in r.table()
+    emu = Emulator.load(tmp_path / "kws.kmodel")
+    for f, ref in zip(feats, want):
+        got = np.asarray(emu.run(f.reshape(-1))[0], np.float64).reshape(ref.shape)
+        assert sqnr_db(ref, got) > 25

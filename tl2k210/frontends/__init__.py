@@ -142,6 +142,10 @@ def _refuse_tf_calls(model, where):
                                  f"that tf2onnx left in the file without its body, so no runtime can run it; {hint}")
 
 
+#: the metadata_props key of a front end's note on the model's input (what it cut off), for the receipt
+INPUT_NOTE = "tl2k210.input_note"
+
+
 def tf_convert(where, fn, *args, **kwargs):
     """Call a tf2onnx converter; turn its failures into ModelLoadError naming the model."""
     try:
