@@ -1,4 +1,4 @@
-"""Models never seen before, converted as a new user would: every .tflite / .onnx / .h5 / .keras
+"""Models never seen before, converted as a new user would: every .tflite / .onnx / .h5 / .keras / .pb
 file of a folder, for each --runtime, with `tl2k210 convert FILE OUT --dataset PHOTOS --runtime R` (the 12
 scikit-image photos of tests/devcorpus.py unless --dataset names another folder or array file;
 a file NAME.npy beside a model is its own calibration data). One row per (file, runtime): the
@@ -22,7 +22,7 @@ from tl2k210 import paths
 
 REPO = paths.checkout()
 sys.path.insert(0, str(REPO / "tests"))
-SUFFIXES = (".tflite", ".onnx", ".h5", ".hdf5", ".keras")
+SUFFIXES = (".tflite", ".onnx", ".h5", ".hdf5", ".keras", ".pb")
 
 
 def convert(src: Path, runtime: str, dataset: Path, out: Path) -> dict:

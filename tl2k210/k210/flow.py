@@ -41,9 +41,11 @@ from tl2k210.passes.push_transposes import push_transposes
 from tl2k210.passes.space_to_batch import space_to_batch
 from tl2k210.passes.spatial_1d import spatial_1d
 from tl2k210.passes.square_kernels import square_kernels
+from tl2k210.quantize.fake_quant import float_dense_convs
 
 from . import hardware as hw
 from .lower import Options, plan_format, select
+from .lower.registry import CPU_F32
 from .passes.entry_conv import entry_conv
 from .passes.kpu_padding import kpu_padding
 from .passes.matmul_to_conv import conv_as_dense, matmul_to_conv
@@ -60,9 +62,12 @@ def check_supported(g, log, opts=None):
     form: "supported" means "lowered"."""
     opts = opts or Options()
     fmt, forced = plan_format(g, opts)
+    chosen = {}
     for n in g.nodes:       # plan_format stops at the node that forces v4: every node must lower in it
-        select(g, n, opts, fmt)
+        chosen[n.name] = select(g, n, opts, fmt)[0]
     g.meta["plan"] = (fmt, forced)
+    # the dense layers on the model's float input that stay float (the 8-bit ideal keeps them too)
+    g.meta["float_dense"] = {name for name in float_dense_convs(g) if chosen[name].unit == CPU_F32}
     return g
 
 

@@ -98,7 +98,7 @@ def fake_quant_graph(graph, ranges, weight_bits=8, vector_input=False):
     from tl2k210.graph import Node, stage_names
     g = graph.copy()
     own = bool(g.meta.get("quant_ranges"))    # a model quantized by its own int8 scales: no float layer
-    floats = set() if own else float_dense_convs(g)
+    floats = set() if own else set(g.meta.get("float_dense", float_dense_convs(g)))   # k210/flow.py's choice
     if g.meta.get("plan", ("v3",))[0] == "v4":     # the v4 back-end runs them as float conv2d
         floats |= {n.name for n in g.nodes if float_head(g, n)}
     dense = FLOAT_DENSE if own else ()            # its FULLY_CONNECTED layers are integer too
