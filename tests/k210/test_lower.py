@@ -83,11 +83,10 @@ def test_argmax_and_loop_refusals_say_what_to_do():
 
 
 def test_refusal_lists_every_alternative():
-    m = make_model([conv_node("c", "x", "w", dilations=[2, 1], pads=[2, 1, 2, 1])],
-                   [("x", [1, 4, 8, 8])], [("c", None)], {"w": np.ones((4, 4, 3, 3), np.float32)})
+    m = make_model([conv_node("c", "x", "w", strides=[3, 3], pads=[2, 2, 2, 2])],
+                   [("x", [1, 4, 12, 12])], [("c", None)], {"w": np.ones((4, 4, 5, 5), np.float32)})
     g = from_onnx(m)
-    with pytest.raises(UnsupportedOpError, match=r"(?s)'c'.*dilations=\(2, 1\).*kpu_conv \(KPU\): dilations"
-                                                 r".*kpu_conv_kxk \(KPU\): kernel \(3, 3\) dilations \(2, 1\)"):
+    with pytest.raises(UnsupportedOpError, match=r"(?s)'c'.*strides=\(3, 3\).*kpu_conv_kxk \(KPU\): strides \(3, 3\)"):
         select(g, g.nodes[0], Options())
 
 
@@ -509,16 +508,22 @@ def test_squeezenet_from_the_onnx_wheel_fits(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # K x K kernels on the KPU's 3x3
+def _pair(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+
 def _kxk_model(k, group, stride=1, pads=None, dilation=1, c_in=3, c_out=6, h=24, w=28, seed=0):
+    """k: the effective kernel (K, or (rows, columns)); dilation: one or per axis."""
     rng = np.random.default_rng(seed)
-    kk = (k - 1) // dilation + 1
+    (ky, kx), (dy, dx) = _pair(k), _pair(dilation)
+    kk = [(ky - 1) // dy + 1, (kx - 1) // dx + 1]
     g = c_in if group == "dw" else 1 if group == "dense" else group
     c_out = c_in if group == "dw" else c_out
-    pads = [k // 2] * 4 if pads is None else pads
+    pads = [ky // 2, kx // 2] * 2 if pads is None else pads
     return make_model([conv_node("y", "x", "w", "b", pads=pads, strides=[stride, stride], group=g,
-                                 kernel_shape=[kk, kk], dilations=[dilation, dilation])],
+                                 kernel_shape=kk, dilations=[dy, dx])],
                       [("x", [1, c_in, h, w])], [("y", None)],
-                      {"w": (rng.normal(size=(c_out, c_in // g, kk, kk)) * 0.3).astype(np.float32),
+                      {"w": (rng.normal(size=(c_out, c_in // g, *kk)) * 0.3).astype(np.float32),
                        "b": (rng.normal(size=c_out) * 0.3).astype(np.float32)})
 
 
@@ -543,20 +548,21 @@ def _direct_kxk(q, z_x, Wq, zw, group, stride, pads, dilation):
     """The K x K conv's KPU accumulator computed directly: sum over taps of (q - z_x)(Wq - zw),
     off-map taps reading the pad value z_x."""
     from numpy.lib.stride_tricks import sliding_window_view
-    co, m, kk, _ = Wq.shape
-    K = (kk - 1) * dilation + 1
+    co, m, kky, kkx = Wq.shape
+    dy, dx = _pair(dilation)
+    Ky, Kx = (kky - 1) * dy + 1, (kkx - 1) * dx + 1
     c, h, w = q.shape
-    oh = (h + pads[0] + pads[2] - K) // stride + 1
-    ow = (w + pads[1] + pads[3] - K) // stride + 1
-    xp = np.pad(q.astype(np.int64) - z_x, ((0, 0), (pads[0], K), (pads[1], K)))
-    win = sliding_window_view(xp, (K, K), axis=(1, 2))[:, :oh * stride:stride, :ow * stride:stride]
-    win = win[..., ::dilation, ::dilation]                                       # (C, oh, ow, kk, kk)
+    oh = (h + pads[0] + pads[2] - Ky) // stride + 1
+    ow = (w + pads[1] + pads[3] - Kx) // stride + 1
+    xp = np.pad(q.astype(np.int64) - z_x, ((0, 0), (pads[0], Ky), (pads[1], Kx)))
+    win = sliding_window_view(xp, (Ky, Kx), axis=(1, 2))[:, :oh * stride:stride, :ow * stride:stride]
+    win = win[..., ::dy, ::dx]                                                   # (C, oh, ow, kky, kkx)
     wq = Wq.astype(np.int64) - zw
     if group == 1:
         return np.einsum("chwyx,ocyx->ohw", win, wq)
     if group != c:                                  # grouped: m inputs, co // group outputs a group
         win = win.reshape(group, m, *win.shape[1:])
-        return np.einsum("gmhwyx,gnmyx->gnhw", win, wq.reshape(group, co // group, m, kk, kk)).reshape(co, oh, ow)
+        return np.einsum("gmhwyx,gnmyx->gnhw", win, wq.reshape(group, co // group, m, kky, kkx)).reshape(co, oh, ow)
     return np.einsum("chwyx,cyx->chw", win, wq[:, 0])
 
 
@@ -589,6 +595,28 @@ def test_kxk_is_the_quantized_kxk_conv_bit_for_bit(k, group, stride, pads, dilat
     weights, BN and activation table, bit for bit. The receipt names the form the cost model chose."""
     row = _check_kxk_bytes(k, group, stride, pads, dilation, first, hw_)
     assert f"'{form}'" in row.why and "est." in row.why and f"as {stages} KPU stages" in row.why, row.why
+
+
+KXL_EXACT = [   # K x L kernels: (rows, columns), group, stride, pads, dilation, reads pixels, (h, w)
+    ((1, 5), "dense", 1, None, 1, False, (16, 20)),            # a 1x5 (set 5's pixel_unshuffle_net)
+    ((5, 1), "dw", 1, None, 1, False, (16, 20)),
+    ((7, 1), "dense", 1, [3, 0, 3, 0], 1, True, (16, 12)),
+    ((10, 4), "dense", 1, [0, 0, 0, 0], 1, True, (49, 10)),   # ARM's KWS CNN: 10x4 VALID on MFCCs
+    ((10, 4), "dense", 2, [4, 1, 5, 1], 1, True, (49, 10)),   # KWS DS-CNN: TF SAME, stride 2
+    ((4, 4), "dense", 2, [1, 1, 2, 2], 1, False, (24, 28)),   # an even square kernel, TF SAME
+    ((4, 6), "dw", 1, [2, 3, 1, 2], 1, False, (20, 18)),      # even, padded more at the start
+    ((5, 3), "dense", 1, [2, 1, 2, 1], (2, 1), False, (16, 16)),   # dilations (2, 1)
+    ((3, 7), "dw", 2, [1, 3, 1, 3], 1, False, (24, 28)),
+]
+
+
+@pytest.mark.parametrize("k,group,stride,pads,dilation,first,hw_", KXL_EXACT)
+def test_kxl_is_the_quantized_kxl_conv_bit_for_bit(k, group, stride, pads, dilation, first, hw_):
+    """K x L kernels (and even ones, whose centre tap sits before or after the middle as their
+    padding says) in the same one-hot shift stages, each axis reading its own taps: the output
+    bytes are the direct integer K x L conv's, bit for bit."""
+    row = _check_kxk_bytes(k, group, stride, pads, dilation, first, hw_)
+    assert f"conv{k[0]}x{k[1]} as " in row.why and "KPU stages" in row.why, row.why
 
 
 def test_kxk_random_shapes_bit_for_bit():
@@ -726,7 +754,7 @@ def _check_kxk_bytes(k, group, stride, pads, dilation, first, hw_, c_in=8, c_out
     from tl2k210.k210.emulator.kpu import activation, batchnorm
     from tl2k210.k210 import fixed_point as fx, hardware
     h, w = hw_
-    pads = [k // 2] * 4 if pads is None else pads
+    pads = [_pair(k)[0] // 2, _pair(k)[1] // 2] * 2 if pads is None else pads
     c_in = 3 if first else c_in
     m = _kxk_model(k, group, stride, pads, dilation, c_in=3, h=h, w=w) if first else \
         _kxk_after_conv(k, group, stride, pads, dilation, c_in=c_in, h=h, w=w, c_out=c_out)
@@ -734,7 +762,6 @@ def _check_kxk_bytes(k, group, stride, pads, dilation, first, hw_, c_in=8, c_out
     model, rows, lw, g = compile_model(m, px, format="v3")
     row = next(r for r in rows if r.node == "y")
     node = next(n for n in g.nodes if n.outputs[0] == "y")
-    k = (k - 1) // dilation + 1 if dilation > 1 else k
     W = np.asarray(g.tensors[node.inputs[1]].value, np.float64)
     if first:
         scale, z_x = 1 / 255, 0

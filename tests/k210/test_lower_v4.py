@@ -76,7 +76,15 @@ def check_v4(m, px=PX, opcodes=(), min_sqnr=30.0, **opts):
 
 
 # ---------------------------------------------------------------------------------------------
-CONVS = {     # what the KPU cannot run even decomposed (kxk.py takes odd square kernels, dilations)
+@pytest.fixture
+def cpu_kxl(monkeypatch):
+    """K x L, even and unequally dilated kernels without their KPU shift stages (kxk.py runs them
+    since round 50), for the tests of the CPU conv's own arithmetic on such shapes."""
+    from tl2k210.k210.lower import kxk
+    monkeypatch.setattr(kxk, "forms", lambda *a, **k: [])
+
+
+CONVS = {     # the CPU conv's shapes (kxk.py's shift stages, which take most of them, off: cpu_kxl)
     "4x4_even": (dict(pads=[1, 1, 2, 2]), (4, 8, 4, 4)),
     "dilated_2x1": (dict(pads=[2, 1, 2, 1], dilations=[2, 1]), (4, 8, 3, 3)),
     "grouped_1x5": (dict(pads=[0, 2, 0, 2], group=2), (4, 4, 1, 5)),
@@ -87,7 +95,7 @@ CONVS = {     # what the KPU cannot run even decomposed (kxk.py takes odd square
 
 
 @pytest.mark.parametrize("name", CONVS)
-def test_quantized_conv2d(name):
+def test_quantized_conv2d(name, cpu_kxl):
     attrs, wshape = CONVS[name]
     m = build([conv_node("y", "r", "w1", "b1", **attrs)], {"w1": W(*wshape), "b1": W(wshape[0])})
     model, q, rows = check_v4(m, opcodes=("kpu_conv2d", "quantized_conv2d"))
@@ -102,8 +110,8 @@ def test_quantized_conv2d(name):
     assert row["macs"] == int(np.prod(y_shape)) * int(np.prod(wshape[1:]))
 
 
-def test_quantized_conv2d_first_layer_reads_the_pixels_and_leaky_relu_is_a_table():
-    """A 4x4 stride-2 conv on the image (an even kernel: not even kxk.py runs it on the KPU): the
+def test_quantized_conv2d_first_layer_reads_the_pixels_and_leaky_relu_is_a_table(cpu_kxl):
+    """A 4x4 stride-2 conv on the image (an even kernel, on the CPU): the
     model input is the uint8 image in main memory, the preprocessing folded into the weights."""
     m = build([conv_node("c5", "x", "w1", "b1", strides=[2, 2]), N("LeakyRelu", ["c5"], ["y"], alpha=0.1)],
               {"w1": W(6, 3, 4, 4), "b1": W(6)}, first=False)
@@ -112,7 +120,7 @@ def test_quantized_conv2d_first_layer_reads_the_pixels_and_leaky_relu_is_a_table
     assert model.nodes[0].name == "quantized_conv2d"
 
 
-def test_float_conv2d_when_uint8_weights_lose_too_much(monkeypatch):
+def test_float_conv2d_when_uint8_weights_lose_too_much(monkeypatch, cpu_kxl):
     from tl2k210.k210.lower import v4conv
     monkeypatch.setattr(v4conv, "WEIGHT_PARTS_MAX", 1)     # one weight scale for the layer
     w = W(4, 8, 4, 4)
@@ -1084,7 +1092,7 @@ def test_v4_over_the_firmware_budget_is_refused_with_its_biggest_buffers(tmp_pat
     assert "Nothing was written" in msg and not out.exists()
 
 
-def test_every_v4_opcode_has_a_cost_with_its_basis():
+def test_every_v4_opcode_has_a_cost_with_its_basis(cpu_kxl):
     """cost.py prices every opcode of docs/kmodel-format.md#v4-opcodes (one table, shared with the host
     MaixPy's clock)."""
     from tl2k210.k210 import cost

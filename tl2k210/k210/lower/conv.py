@@ -60,15 +60,11 @@ def kpu_conv_refuses(g, node, opts):
     _, ci, h, w = g.shape(node.inputs[0])
     co = g.shape(node.outputs[0])[1]
     k, dil = tuple(a["kernel"]), tuple(a.get("dilations", (1, 1)))
-    if (k not in ((1, 1), (3, 3)) or dil != (1, 1)) and k[0] == k[1] and dil[0] == dil[1]:
-        return NA     # a K x K or dilated kernel: kxk.py's (which says why if it cannot)
+    if k not in ((1, 1), (3, 3)) or dil != (1, 1):
+        return NA     # a K x L or dilated kernel: kxk.py's (which says why if it cannot)
     from .kxk import phases_preferred
     if phases_preferred(g, node, opts):
         return NA     # a stride-2 3x3 no KPU pick pool takes: kxk.py's 'stride-2 phases'
-    if k not in ((1, 1), (3, 3)):
-        return f"kernel {k}: the KPU runs 1x1 and 3x3 only; use square kernels"
-    if dil != (1, 1):
-        return f"dilations {dil}: the KPU has no dilated conv; use equal dilations"
     grp = a.get("group", 1)
     if ci % grp or co % grp:
         return f"group {grp} does not divide {ci} input / {co} output channels"
@@ -600,8 +596,8 @@ def kpu_conv_small_map(lw, node):
 
 def describe(row, geo, plan, k=None):
     kind = "depthwise " if geo.depthwise else "" if geo.groups == 1 else f"group-{geo.groups} "
-    k = k or geo.k
-    row.why = f"{kind}conv{k}x{k}" + (f" + {hw.POOL[geo.code].name}" if geo.code else "") + row.why
+    ky, kx = k if isinstance(k, tuple) else (k or geo.k,) * 2
+    row.why = f"{kind}conv{ky}x{kx}" + (f" + {hw.POOL[geo.code].name}" if geo.code else "") + row.why
     row.notes += geo.notes
     if plan.why:
         row.notes.append(plan.why)

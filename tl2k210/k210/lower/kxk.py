@@ -1,4 +1,6 @@
-"""K x K convs (5x5, 7x7, ..., and dilated 3x3) exactly on the KPU's 3x3 kernel.
+"""K x K convs (5x5, 7x7, ..., and dilated 3x3) exactly on the KPU's 3x3 kernel; K x L ones too
+(a keyword spotter's 10x4 on MFCCs, a 1x5): each axis reads its own taps, both in the stages of
+the longer one, and an even kernel reads one more tap before its centre than after.
 
 A conv with K = 2R+1 reads input offsets u in [-R, R]^2. One-hot 3x3 "copy" stages build a map
 holding every input channel shifted by each offset d of a set D (a stage moves each copy by one
@@ -40,8 +42,26 @@ from .state import wants_small
 
 
 def _effective_kernel(a):
+    """((rows, columns) the kernel spans, its taps (kh, kw), its dilations)."""
     k, d = tuple(a["kernel"]), tuple(a.get("dilations", (1, 1)))
-    return (k[0] - 1) * d[0] + 1, k, d
+    return ((k[0] - 1) * d[0] + 1, (k[1] - 1) * d[1] + 1), k, d
+
+
+def _centres(g, node):
+    """Per axis, the kernel tap c each output pixel is centred on (taps read offsets -c .. K-1-c):
+    K // 2, or for an even kernel (K-1) // 2 where its padding is larger at the end (TF's SAME);
+    None where neither keeps every output's centre on the map (the stride-1 map the KPU computes)."""
+    a = node.attrs
+    (Ky, Kx), _, _ = _effective_kernel(a)
+    _, _, h, w = g.shape(node.inputs[0])
+    _, _, oh, ow = g.shape(node.outputs[0])
+    out = []
+    for K, p, s, size, o in ((Ky, a["pads"][0], a["strides"][0], h, oh), (Kx, a["pads"][1], a["strides"][1], w, ow)):
+        c = next((c for c in (K // 2, (K - 1) // 2) if 0 <= p <= c and c - p + (o - 1) * s <= size - 1), None)
+        if c is None:
+            return None
+        out.append(c)
+    return tuple(out)
 
 
 def _keeps_direction(d, t):
@@ -161,6 +181,8 @@ class Form:
 
 
 def _needs(K, d, R, dy0, phase):
+    """The input offsets an axis's taps read (R: its centre tap; phase: from the stride-2 pick's
+    origin dy0)."""
     taps = [u * d - R for u in range((K - 1) // d + 1)]
     return [dy0 + u for u in taps] if phase else taps
 
@@ -171,22 +193,26 @@ def forms(g, node, fmt="v3", windows=False):
     may hold more channels than one KPU layer takes where conv.py's tiles of a few groups each
     (channel windows, each its own slice of the stage chain) take at most that many."""
     a = node.attrs
-    K, _, (dil, _) = _effective_kernel(a)
-    R = K // 2
+    (Ky, Kx), _, (dly, dlx) = _effective_kernel(a)
+    centres = _centres(g, node)
+    if centres is None:
+        return []
+    Ry, Rx = centres
+    R = max(Ry, Ky - 1 - Ry, Rx, Kx - 1 - Rx)    # a K x L kernel: both axes in the stages of the longer
     _, ci, h, w = g.shape(node.inputs[0])
     _, co, oh, ow = g.shape(node.outputs[0])
     grp, s = a.get("group", 1), a["strides"][0]
-    dy0, dx0 = R - a["pads"][0], R - a["pads"][1]
+    dy0, dx0 = Ry - a["pads"][0], Rx - a["pads"][1]
     first = node.inputs[0] in g.inputs
     cand = []
     for name, sparse in (("shift grid", False), ("sparse shifts", True)) if R > 1 else ():
-        ay, ax = _axis_stride1(_needs(K, dil, R, 0, False), R, sparse), \
-            _axis_stride1(_needs(K, dil, R, 0, False), R, sparse)
+        ay, ax = _axis_stride1(_needs(Ky, dly, Ry, 0, False), R, sparse), \
+            _axis_stride1(_needs(Kx, dlx, Rx, 0, False), R, sparse)
         if ay is not None and ax is not None:
             cand.append((name, ay, ax, False))
     if s == 2 and oh <= h // 2 and ow <= w // 2 and min(h // 2, w // 2) >= hw.LIMITS["out_min"]:   # docs/kpu.md#limits
-        ay = _axis_phase(_needs(K, dil, R, dy0, True), h, oh)
-        ax = _axis_phase(_needs(K, dil, R, dx0, True), w, ow)
+        ay = _axis_phase(_needs(Ky, dly, Ry, dy0, True), h, oh)
+        ax = _axis_phase(_needs(Kx, dlx, Rx, dx0, True), w, ow)
         if ay is not None and ax is not None:
             cand.append(("stride-2 phases", ay, ax, True))
     out, seen = [], set()
@@ -320,23 +346,24 @@ def kxk_refuses(g, node, opts, windows=False):
     if is_dense(g, node):
         return NA
     a = node.attrs
-    K, k, d = _effective_kernel(a)
+    (Ky, Kx), k, d = _effective_kernel(a)
     if k in ((1, 1), (3, 3)) and d == (1, 1) and not (k == (3, 3) and phases_preferred(g, node, opts)):
         return NA                            # kpu_conv's
-    if k[0] != k[1] or d[0] != d[1]:
-        return f"kernel {k} dilations {d}: only square kernels and equal dilations are decomposed"
-    if K % 2 == 0:
-        return f"kernel {k}: an even kernel has no centre tap; the KPU runs odd kernels (pad the weights)"
-    R = K // 2
-    if any(p > R or p < 0 for p in a["pads"]):
-        return f"pads {a['pads']} exceed the kernel's {R}-pixel border"
     _, ci, h, w = g.shape(node.inputs[0])
+    centres = _centres(g, node)
+    if centres is None:
+        return (f"pads {a['pads']} of a {Ky}x{Kx} kernel: an output's centre tap falls off the {h}x{w} map "
+                "(pads larger than the kernel's border)")
+    Ry, Rx = centres
+    R = max(Ry, Ky - 1 - Ry, Rx, Kx - 1 - Rx)
     if not forms(g, node, windows=windows):
         cmax = hw.LIMITS["channels"][1]
-        need = _needs(K, d[0], R, 0, False)      # the fewest copies: the sparse shifts, else the grid
-        sets = (_axis_stride1(need, R, True) or _axis_stride1(need, R, False)).sets
-        per = len(sets[-1]) ** 2 if sets else 1
-        return (f"a {K}x{K} kernel on {ci} channels reads {ci * per} shifted channels; the KPU reads "
+        per = 1
+        for K1, d1, R1 in ((Ky, d[0], Ry), (Kx, d[1], Rx)):   # the fewest copies: sparse shifts, else the grid
+            need = _needs(K1, d1, R1, 0, False)
+            sets = (_axis_stride1(need, R, True) or _axis_stride1(need, R, False)).sets
+            per *= len(sets[-1]) if sets else 1
+        return (f"a {Ky}x{Kx} kernel on {ci} channels reads {ci * per} shifted channels; the KPU reads "
                 f"{cmax}: " + ("no split of its groups into channel windows keeps every layer within it" if windows
                                else f"at most {cmax // per} input channels (or a depthwise/group conv)"))
     shadow = Node("Conv", node.inputs, node.outputs, {**a, "kernel": (3, 3), "dilations": (1, 1),
@@ -369,14 +396,14 @@ def kpu_conv_kxk_windows(lw, node):
 def _lower(lw, node, alts, windows=""):
     a = node.attrs
     x, out = node.inputs[0], node.outputs[0]
-    K, k, d = _effective_kernel(a)
-    R = K // 2
+    (Ky, Kx), k, d = _effective_kernel(a)
+    Ry, Rx = _centres(lw.g, node)
     ci, h, w = lw.shape(x)
     grp = a.get("group", 1)
     W = np.asarray(lw.g.tensors[node.inputs[1]].value, np.float64)
     co, m = W.shape[:2]
     if d != (1, 1):      # a dilated kernel is a K x K kernel with zeros between the taps
-        We = np.zeros((co, m, K, K))
+        We = np.zeros((co, m, Ky, Kx))
         We[:, :, ::d[0], ::d[1]] = W
         W = We
     B = np.asarray(lw.g.tensors[node.inputs[2]].value, np.float64)
@@ -408,10 +435,10 @@ def _lower(lw, node, alts, windows=""):
     last = form.copies(form.n)
     per = len(last)
     W2 = np.zeros((co, m * per, 3, 3))
-    dy0, dx0 = R - a["pads"][0], R - a["pads"][1]
-    for ky in range(0, K, d[0]):
-        for kx in range(0, K, d[1]):
-            uy, ux = ky - R + (dy0 if form.phase else 0), kx - R + (dx0 if form.phase else 0)
+    dy0, dx0 = Ry - a["pads"][0], Rx - a["pads"][1]
+    for ky in range(0, Ky, d[0]):
+        for kx in range(0, Kx, d[1]):
+            uy, ux = ky - Ry + (dy0 if form.phase else 0), kx - Rx + (dx0 if form.phase else 0)
             (cy, ty), (cx, tx) = form.ay.taps[uy], form.ax.taps[ux]
             W2[:, last.index((cy, cx))::per, ty + 1, tx + 1] = W[:, :, ky, kx]
     pick = (0, 0, 1) if form.phase else (dy0, dx0, a["strides"][0])
@@ -427,20 +454,21 @@ def _lower(lw, node, alts, windows=""):
     emit_layer(lw, final, geo, plan_for(lw, final), lq, row)
     _drop(lw, src)
     n = form.n
-    if K == 3:      # the stride-1 map + CPU pick stores the conv's own weights, not 4x
+    if (Ky, Kx) == (3, 3):      # the stride-1 map + CPU pick stores the conv's own weights, not 4x
         lw.smaller[node.name] = True     # the same KPU arithmetic: the same output
     row.why = (f" as {n + 1} KPU stages ('{form.name}': {n} exact one-hot 3x3 shift stage{'s' if n > 1 else ''} "
                f"to {form.channels} channels{windows}{', picking stride 2' if form.phase else ''}, then a 3x3 conv "
                f"with re-indexed weights; est. {form.cycles:,} cycles"
                + "".join(f"; '{f.name}': {f.cycles:,}" for f in alts[1:])
-               + (f"; stride 1 + CPU pick: {stride1_cycles(lw.g, node, lw.format):,}" if K == 3 else "") + ")")
-    describe(row, geo, plan_for(lw, final), k=K)
+               + (f"; stride 1 + CPU pick: {stride1_cycles(lw.g, node, lw.format):,}" if (Ky, Kx) == (3, 3)
+                  else "") + ")")
+    describe(row, geo, plan_for(lw, final), k=(Ky, Kx))
     for stage, _ in stages:
         p = plan_for(lw, stage)
         if p.why:
             row.notes.append(f"{stage.name}: {p.why}")
     if d != (1, 1):
-        row.notes.append(f"dilation {d}: a {K}x{K} kernel with zeros between the taps")
+        row.notes.append(f"dilation {d}: a {Ky}x{Kx} kernel with zeros between the taps")
 
 
 def _drop(lw, t):
