@@ -53,7 +53,11 @@ CUSTOM_OPS = {
                                      "anchors, then non-maximum suppression; export the detector without it "
                                      "(export_tflite_ssd_graph.py --add_postprocessing_op=false) so the kmodel "
                                      "ends at the raw box encodings and class scores"),
+    "ethos-u": ("Arm Vela", "a command stream for the Ethos-U NPU: Vela compiled the network's "
+                "layers into NPU machine code, so they are no longer TFLite ops"),
 }
+#: custom op -> what to do instead of cutting the model before it
+REMEDIES = {"ethos-u": "convert the .tflite that Vela read (the int8 model before `vela`), not Vela's output"}
 
 
 def check_custom_ops(model, path):
@@ -71,8 +75,8 @@ def check_custom_ops(model, path):
                 f"{path}: operator {i} is the custom op {name!r}"
                 + (f" of {vendor}'s custom op set ({what})" if vendor else " (no vendor set this converter knows)")
                 + f"; {_tensors(sg, op)}. Refused: a custom op is "
-                "code linked into the TFLite runtime, with no ONNX or K210 form; cut the model before it "
-                "and compute that step in the application")
+                "code linked into the TFLite runtime, with no ONNX or K210 form; "
+                + REMEDIES.get(name, "cut the model before it and compute that step in the application"))
 
 
 def _tensors(sg, op):

@@ -44,7 +44,9 @@ NEAREST = {
     "InstanceNormalization": "BatchNormalization after a Conv (folded into it)",
     "Einsum": "Dense (MatMul) layers",
     "Loop": "a model without loops (a TF while_loop, as Keras 3 writes LSTM/GRU layers; the K210 runs a "
-            "fixed sequence of layers): export a convolutional model", "Scan": "a model without loops",
+            "fixed sequence of layers): export a convolutional model",
+    "Scan": "a model without loops (a scan over time steps, as tf2onnx writes a TF1 dynamic_rnn's LSTM/GRU "
+            "cell; the K210 runs a fixed sequence of layers): export a convolutional model",
     "ArgMax": "the scores before it: export the model without its ArgMax and take the argmax in the "
               "application (K210 runtimes have none)",
     "Cast": "the network before its decoder: a Cast is index arithmetic (MoveNet's keypoint decoding, "
