@@ -6,9 +6,11 @@ from onnx import helper
 from front_helpers import make_model, rand
 from tl2k210.graph import from_onnx
 from tl2k210.k210.flow import run_pipeline
+from tl2k210.k210.lower import Options
 from tl2k210.k210 import fixed_point as fx
 from tl2k210.quantize import calibrate
 from tl2k210.quantize.fake_quant import fake_quant_graph
+from tl2k210.quantize.metrics import sqnr_db
 
 
 def test_pooled_vector_is_rounded_only_before_a_conv():
@@ -168,3 +170,31 @@ def test_per_channel_ranges_put_each_channel_on_its_own_grid():
     s, z = fx.qparams(-5.0, 20.0)
     np.testing.assert_allclose(one["y"], (np.clip(np.round(raw / np.float32(s)) + z, 0, 255) - z) * np.float32(s), atol=1e-5)
     assert np.abs(got["y"][0, 2]).max() <= hi[2] + 1e-6 < np.abs(one["y"][0, 2]).max()   # clipped to its own range
+
+
+def test_on_kmodel_v4_only_the_dense_layers_the_back_end_keeps_float_stay_float():
+    # ARM's ML-KWS DNN: MFCCs (25x10) flattened, then three dense layers, as kmodel v4 (its TF
+    # graph's Reshape needs v4). The back-end runs the first float on the CPU and the others on
+    # the KPU: the ideal follows
+    # it (it had kept all three float, an ideal of inf dB: no floor to measure against)
+    rng = np.random.default_rng(4)
+    ws = [rng.standard_normal(s).astype(np.float32) * 0.2 for s in ((250, 64), (64, 64), (64, 12))]
+    m = make_model([helper.make_node("Reshape", ["x", "s"], ["f"], name="f"),
+                    helper.make_node("MatMul", ["f", "w1"], ["h1"], name="h1"),
+                    helper.make_node("Relu", ["h1"], ["r1"], name="r1"),
+                    helper.make_node("MatMul", ["r1", "w2"], ["h2"], name="h2"),
+                    helper.make_node("Relu", ["h2"], ["r2"], name="r2"),
+                    helper.make_node("MatMul", ["r2", "w3"], ["y"], name="y")],
+                   [("x", [1, 25, 10])], [("y", [1, 12])],
+                   {"s": np.array([1, 250], np.int64), "w1": ws[0], "w2": ws[1], "w3": ws[2]})
+    g, _ = run_pipeline(from_onnx(m), target=Options(format="v4"))
+    assert g.meta["plan"][0] == "v4"
+    convs = [n.name for n in g.nodes if n.op == "Conv"]
+    assert len(convs) == 3 and g.meta["float_dense"] == {convs[0]}
+    fq, rounded = _rounded(g, [rand(1, 25, 10) for _ in range(4)])
+    weights = {n.name: n.inputs[1] for n in g.nodes if n.name in convs}
+    kept = [next(n for n in fq.nodes if n.name == c).inputs[1] == weights[c] for c in convs]
+    assert kept == [True, False, False] and rounded     # float weights; 8-bit weights and maps
+    x = rand(1, 25, 10)
+    ideal = sqnr_db(calibrate.FloatRunner(g, False)(x)["y"], calibrate.FloatRunner(fq, False)(x)["y"])
+    assert 20 < ideal < 80
