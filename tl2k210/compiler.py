@@ -571,19 +571,22 @@ def load(source, opts: ConvertOptions) -> Loaded:
 
 #: passes whose forms are the fast ones, each with a smaller alternative that `optimise(small=True)`
 #: takes: a per-channel PReLU's residual form (pass prelu_residual on) for prelu_split's pair; a
-#: transposed conv's exact phases (pass conv_transpose) for conv_transpose_3x3's (off)
-FAST_FORMS = ("prelu_split", "conv_transpose_3x3")
+#: transposed conv's exact phases (pass conv_transpose) for conv_transpose_3x3's (off); a CPU conv
+#: with unequal strides for unequal_strides' KPU conv + strided slice (off: no map of twice the rows)
+FAST_FORMS = ("prelu_split", "conv_transpose_3x3", "unequal_strides")
 
 
 def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False) -> Optimised:
     """The K210 flow's passes; the kmodel format the runtime must load and the 8-bit ideal, both
     refused here, before calibration, when the runtime cannot take them. `small`: the graph's
-    smaller forms (FAST_FORMS' alternatives: pass prelu_residual on, conv_transpose_3x3 off)."""
+    smaller forms (FAST_FORMS' alternatives: pass prelu_residual on, conv_transpose_3x3 and
+    unequal_strides off)."""
     from tl2k210.k210 import fit
     from tl2k210.k210.flow import run_pipeline
     from tl2k210.k210.lower import Options
     _say(opts, f"[2/6] passes ({len(loaded.graph.nodes)} nodes) ...")
-    passes = {"kpu_padding": opts.kpu_padding, "prelu_residual": small, "conv_transpose_3x3": not small}
+    passes = {"kpu_padding": opts.kpu_padding, "prelu_residual": small, "conv_transpose_3x3": not small,
+              "unequal_strides": not small}
     graph, plog = run_pipeline(loaded.graph, passes, target=Options(
         format=opts.format, weight_bits=opts.weight_bits, float_fc=opts.float_fc,
         v3_only=not fit.loads_format(opts.runtime, "v4")))
@@ -703,7 +706,7 @@ def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
     try:
         opt = optimise(loaded, opts, True)
         changed = next(p["changes"] for p in opt.log if p["pass"] == "prelu_residual")
-        if not changed and not fast.get("conv_transpose_3x3"):    # the same graph
+        if not changed and not fast.get("conv_transpose_3x3") and not fast.get("unequal_strides"):  # the same graph
             if refused is not None:
                 raise refused
             return pair
@@ -716,7 +719,9 @@ def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
     forms = ([f"{len(changed)} per-channel PReLU(s): the residual form, y ± relu(-|1 - a|·y) (1x1 "
               "depthwise convs and residual adds)"] if changed else []) + \
         ([f"{len(fast['conv_transpose_3x3'])} transposed conv(s): their exact phases (a CPU conv), not "
-          "3x3 KPU phases"] if fast.get("conv_transpose_3x3") else [])
+          "3x3 KPU phases"] if fast.get("conv_transpose_3x3") else []) + \
+        ([f"{len(fast['unequal_strides'])} conv(s) with unequal strides: CPU convs, not the KPU conv at equal "
+          "strides and a strided slice"] if fast.get("unequal_strides") else [])
     form = "; ".join(forms)
     if pair is None:
         res[2].trades.append(f"{form}; the fast form did not fit: {str(refused).split('; ')[0]}")

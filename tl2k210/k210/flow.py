@@ -50,6 +50,7 @@ from .passes.entry_conv import entry_conv
 from .passes.kpu_padding import kpu_padding
 from .passes.matmul_to_conv import conv_as_dense, matmul_to_conv
 from .passes.stride2_even_maps import stride2_even_maps
+from .passes.unequal_strides import unequal_strides
 from .passes.wide_channels import wide_channels
 
 
@@ -121,6 +122,7 @@ PIPELINE = [
     Pass("entry_conv", entry_conv),
     Pass("wide_channels", wide_channels),
     Pass("stride2_even_maps", stride2_even_maps),
+    Pass("unequal_strides", unequal_strides),   # (2, 1): the KPU conv at (1, 1) + a strided slice
     Pass("kpu_padding", kpu_padding, default=False, exact=False),
     Pass("fuse_pool", functools.partial(fuse_pool, min_out=hw.LIMITS["out_min"])),
     Pass("cleanup_layout", upsample_to_resize),

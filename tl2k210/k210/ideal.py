@@ -127,6 +127,9 @@ def ideal(g, weight_bits: int = 8) -> Ideal:
     for n in order:
         if n.op in RELABELS and n.inputs and not g.tensors[n.inputs[0]].is_const:
             alias[n.outputs[0]] = n.inputs[0]
+    views = g.meta.get("strided_views", {})      # a pass's denser conv + strided Slice (unequal_strides):
+    for dense, out in views.items():             # the source's conv output, one map of its size
+        alias[out] = dense
     birth, death, size = {}, {}, {}
     for x in g.inputs:
         b = buf(x)
@@ -142,7 +145,8 @@ def ideal(g, weight_bits: int = 8) -> Ideal:
     for t in g.outputs:
         death[buf(t)] = len(order)
     for t in birth:
-        size[t] = _elements(g.tensors[t].shape) if g.tensors[t].shape else 0
+        shape = g.tensors[views.get(t, t)].shape
+        size[t] = _elements(shape) if shape else 0
     layers, peak, peak_at = [], 0, order[0].name if order else ""
     for i, n in enumerate(order):
         live = sum(s for t, s in size.items() if birth[t] <= i <= death[t])
