@@ -74,7 +74,7 @@ def _fused_conv(g, n, opset):
     name = n.name or n.output[0]
     inputs = list(n.input)
     z = inputs[3] if len(inputs) > 3 and inputs[3] else None
-    nodes = [helper.make_node("Conv", [i for i in inputs[:3]], [f"{name}/conv"], name=f"{name}/conv", **a)]
+    nodes = [helper.make_node("Conv", inputs[:3], [f"{name}/conv"], name=f"{name}/conv", **a)]
     x = f"{name}/conv"
     if z:
         nodes.append(helper.make_node("Add", [x, z], [f"{name}/sum"], name=f"{name}/sum"))

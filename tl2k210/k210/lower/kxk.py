@@ -1,6 +1,7 @@
 """K x K convs (5x5, 7x7, ..., and dilated 3x3) exactly on the KPU's 3x3 kernel; K x L ones too
 (a keyword spotter's 10x4 on MFCCs, a 1x5): each axis reads its own taps, both in the stages of
-the longer one, and an even kernel reads one more tap before its centre than after.
+the longer one, and an even kernel reads one more tap before its centre than after, or after
+than before, as its padding needs (`_centres`).
 
 A conv with K = 2R+1 reads input offsets u in [-R, R]^2. One-hot 3x3 "copy" stages build a map
 holding every input channel shifted by each offset d of a set D (a stage moves each copy by one

@@ -3,7 +3,7 @@ spotters, on their MFCCs), which no KPU layer runs, becomes the conv at strides 
 smaller stride, followed by a strided Slice keeping every (sy / m)-th row and (sx / m)-th column:
 exact (a strided conv's outputs are the denser conv's at the strided positions). Only where the
 conv at (m, m) has a KPU form: a CPU conv would compute the skipped rows for nothing. The Slice
-is kmodel v4's strided_slice on the uint8 map; the 8-bit ideal counts the source's one map.""" 
+is kmodel v4's strided_slice on the uint8 map; the 8-bit ideal counts the source's one map."""
 import numpy as np
 
 from tl2k210.graph import Node
