@@ -304,12 +304,17 @@ def input_affine(graph, channels):
 
 
 def model_input_range(graph, opts: ConvertOptions):
-    """opts with input_range resolved: the user's, else what a quantized model's integer input
-    stands for (uint8 q -> (q - zp) * scale: pixels 0..255 -> [-zp*s, (255-zp)*s]), else (0, 1).
+    """opts with input_range resolved: the user's, else the pixel values of a decoded image the
+    front end cut off (frozen_pb), else what a quantized model's integer input stands for (uint8 q -> (q - zp) * scale: pixels 0..255 -> [-zp*s, (255-zp)*s]), else (0, 1).
     Returns (opts, note or None)."""
     import dataclasses
     if opts.input_range is not None:
         return opts, None
+    if "input_range" in graph.meta:
+        rng = graph.meta["input_range"]
+        return dataclasses.replace(opts, input_range=rng), (
+            f"input range {rng[0]:g},{rng[1]:g}: the decoded image's pixel values, which the graph's own "
+            "decoder gave its network; override with --input-range")
     q = graph.meta.get("input_quant", {}).get(graph.inputs[0])
     if q is None:
         return dataclasses.replace(opts, input_range=(0.0, 1.0)), None
@@ -561,7 +566,10 @@ def load(source, opts: ConvertOptions) -> Loaded:
     check_one_input(graph)
     _check_unbatched_vector(graph)
     check_map_budget(graph, where)
-    notes = [p.value for p in onnx_model.metadata_props if p.key == frontends.INPUT_NOTE]
+    props = {p.key: p.value for p in onnx_model.metadata_props}
+    if frontends.INPUT_RANGE in props:      # a decoded image's pixels (frozen_pb's image decoders)
+        graph.meta["input_range"] = tuple(float(v) for v in props[frontends.INPUT_RANGE].split(","))
+    notes = [props[frontends.INPUT_NOTE]] if frontends.INPUT_NOTE in props else []
     notes += [f"input {x!r} was exported with a fixed batch of {n}: the kmodel takes one sample (the K210 "
               "runs one at a time)" for x, n in graph.meta.get("rebatched", {}).items()]
     for note in notes:

@@ -383,3 +383,36 @@ def test_frozen_graph_with_an_audio_front_end_starts_at_its_mfccs(tmp_path):
     for f, ref in zip(feats, want):
         got = np.asarray(emu.run(f.reshape(-1))[0], np.float64).reshape(ref.shape)
         assert sqnr_db(ref, got) > 25
+
+
+def test_frozen_graph_with_a_jpeg_decoder_starts_at_the_resized_image(tmp_path, capsys):
+    """A TF-for-Poets-style graph decodes a JPEG itself: contents -> DecodeJpeg -> Cast ->
+    ExpandDims -> ResizeBilinear (no fixed shape until the resize) -> (x - 128) / 128 -> network.
+    The kmodel starts at the resized image, whose values are pixels (input range 0..255 unless
+    --input-range says otherwise), calibrated on photos; it was a tf2onnx failure on DecodeJpeg."""
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.k210.emulator import Emulator
+    tfm = tf()
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((3, 3, 3, 4)).astype(np.float32) * 0.3
+    with tfm.Graph().as_default() as graph:
+        s = tfm.compat.v1.placeholder(tfm.string, [], name="DecodeJpeg/contents")
+        x = tfm.expand_dims(tfm.cast(tfm.image.decode_jpeg(s, channels=3, name="DecodeJpeg"), tfm.float32), 0)
+        x = (tfm.compat.v1.image.resize_bilinear(x, [32, 32], name="ResizeBilinear") - 128.0) / 128.0
+        tfm.identity(tfm.reduce_mean(tfm.nn.relu(tfm.nn.conv2d(x, w, 1, "SAME")), [1, 2]), name="scores")
+        gd = graph.as_graph_def()
+        photos = rand(6, 32, 32, 3, scale=60) + 128
+        with tfm.compat.v1.Session(graph=graph) as sess:
+            want = [sess.run("scores:0", {"ResizeBilinear:0": p[None]}) for p in photos[:3]]
+    (tmp_path / "poets.pb").write_bytes(gd.SerializeToString())
+    px = np.clip(np.rint(photos), 0, 255).astype(np.uint8).transpose(0, 3, 1, 2)
+    np.save(tmp_path / "px.npy", px)
+    r = convert(tmp_path / "poets.pb", tmp_path / "m.kmodel", ConvertOptions(dataset=str(tmp_path / "px.npy"),
+                                                                             progress=False))
+    assert "(DecodeJpeg -> Cast -> ExpandDims -> ResizeBilinear) is not converted" in r.totals["input_note"]
+    assert r.totals["input_range"] == [0.0, 255.0] and "decoded image's pixel values" in r.totals["input_range_note"]
+    emu = Emulator.load(tmp_path / "m.kmodel")
+    for p, ref in zip(px, want):
+        got = np.asarray(emu.run(p)[0], np.float64).reshape(ref.shape)
+        sess_ref = np.asarray(ref, np.float64)
+        assert sqnr_db(sess_ref, got) > 25

@@ -144,6 +144,8 @@ def _refuse_tf_calls(model, where):
 
 #: the metadata_props key of a front end's note on the model's input (what it cut off), for the receipt
 INPUT_NOTE = "tl2k210.input_note"
+#: ... and the values the input takes when they are pixels the front end decoded ("0,255")
+INPUT_RANGE = "tl2k210.input_range"
 
 
 def tf_convert(where, fn, *args, **kwargs):

@@ -5,32 +5,36 @@ Placeholders, its outputs the nodes nothing else reads.
 A graph that starts with a host front end (a wav or image decoder, a spectrogram, MFCCs: e.g.
 ARM's ML-KWS-for-MCU models, `wav_data -> DecodeWav -> AudioSpectrogram -> Mfcc -> network`)
 is converted from where that front end ends: the kmodel's input is the tensor the network reads
-(there: the 49x10 MFCCs), which the board computes on its CPU, as the MCU deployments do. The
-receipt says where it was cut."""
-from . import INPUT_NOTE, ModelLoadError, tf_convert
+(there: the 49x10 MFCCs), which the board computes on its CPU, as the MCU deployments do; after
+an image decoder, the resized image (TF for Poets' retrained graphs: DecodeJpeg -> Cast ->
+ExpandDims -> ResizeBilinear), whose values are the pixels 0..255. The receipt says where it
+was cut."""
+from . import INPUT_NOTE, INPUT_RANGE, ModelLoadError, tf_convert
 from .tf_guard import refuse_side_effects
 
 _NOT_OUTPUTS = {"Const", "Placeholder", "NoOp", "Assert", "SaveV2", "RestoreV2"}
 #: ops that turn a file's bytes into the network's input: the host's work, not the network's
-HOST_FRONT_END = {"DecodeWav", "AudioSpectrogram", "Mfcc", "DecodeJpeg", "DecodePng", "DecodeBmp",
-                  "DecodeGif", "DecodeImage", "DecodeAndCropJpeg", "DecodeRaw", "DecodeBase64"}
+IMAGE_DECODERS = {"DecodeJpeg", "DecodePng", "DecodeBmp", "DecodeGif", "DecodeImage", "DecodeAndCropJpeg"}
+HOST_FRONT_END = {"DecodeWav", "AudioSpectrogram", "Mfcc", "DecodeRaw", "DecodeBase64"} | IMAGE_DECODERS
 
 
 def _front_end(gd):
-    """(the nodes of a host front end fed by the Placeholders, the tensors the network reads from it)."""
+    """(the nodes of a host front end fed by the Placeholders, the tensors the network reads from it).
+    The front end: the decoders, and what is fed only by them and reads a tensor of no fixed
+    shape (a decoded JPEG's Cast, ExpandDims and resize to the network's size)."""
     by_name = {n.name: n for n in gd.node}
     host = {n.name for n in gd.node if n.op == "Placeholder"}
-    grew = True
-    while grew:       # a front-end op, or anything fed only by the front end that is not the network
-        grew = False
-        for n in gd.node:
-            ins = [i.split(":")[0].lstrip("^") for i in n.input]
-            if n.name not in host and n.op in HOST_FRONT_END and all(i in host or by_name[i].op == "Const"
-                                                                      for i in ins if i in by_name):
-                host.add(n.name)
-                grew = True
+
+    def fed_by_host(n):
+        ins = [i.split(":")[0].lstrip("^") for i in n.input]
+        return ins and all(i in host or by_name[i].op == "Const" for i in ins if i in by_name)
+    _grow(gd, host, lambda n: n.op in HOST_FRONT_END and fed_by_host(n))
     if not any(by_name[h].op in HOST_FRONT_END for h in host):
         return set(), []
+    static = _static_shapes(gd)
+    _grow(gd, host, lambda n: n.op != "Const" and fed_by_host(n) and not all(
+        static.get(i if ":" in i else i + ":0", False) for i in n.input if not i.startswith("^")
+        and by_name[i.split(":")[0]].op != "Const"))
     cut = []
     for n in gd.node:
         if n.name in host:
@@ -41,6 +45,24 @@ def _front_end(gd):
             if src in host and not i.startswith("^") and t not in cut:
                 cut.append(t)
     return host, cut
+
+
+def _grow(gd, host, joins):
+    grew = True
+    while grew:
+        grew = False
+        for n in gd.node:
+            if n.name not in host and joins(n):
+                host.add(n.name)
+                grew = True
+
+
+def _static_shapes(gd):
+    """{tensor name: whether TensorFlow's shape inference knows its whole shape}."""
+    import tensorflow as tf
+    with tf.Graph().as_default() as g:
+        tf.import_graph_def(gd, name="")
+    return {t.name: t.shape.is_fully_defined() for op in g.get_operations() for t in op.outputs}
 
 
 def from_frozen_pb(path, opset=None, batch=1):
@@ -67,8 +89,12 @@ def from_frozen_pb(path, opset=None, batch=1):
                        output_names=[o + ":0" for o in outputs], **kw)
     if cut:
         chain = " -> ".join(n.op for n in gd.node if n.name in host and n.op != "Placeholder")
+        image = any(n.op in IMAGE_DECODERS for n in gd.node if n.name in host)
         note = (f"the graph's host front end ({chain}) is not converted: the kmodel's input is "
-                f"{', '.join(repr(c) for c in cut)}, the tensor the network reads; compute it on the board's CPU "
-                "and calibrate with such tensors (--dataset ARRAY.npy)")
+                f"{', '.join(repr(c) for c in cut)}, the tensor the network reads; "
+                + ("the camera's image at that size (calibrate with photos, --dataset FOLDER)" if image else
+                   "compute it on the board's CPU and calibrate with such tensors (--dataset ARRAY.npy)"))
         model.metadata_props.add(key=INPUT_NOTE, value=note)
+        if image:
+            model.metadata_props.add(key=INPUT_RANGE, value="0,255")   # the decoder's uint8 pixels
     return model
