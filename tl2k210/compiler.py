@@ -714,7 +714,7 @@ def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
     try:
         opt = optimise(loaded, opts, True)
         changed = next(p["changes"] for p in opt.log if p["pass"] == "prelu_residual")
-        if not changed and not fast.get("conv_transpose_3x3") and not fast.get("unequal_strides"):  # the same graph
+        if not changed and not any(fast.get(f) for f in FAST_FORMS if f != "prelu_split"):    # the same graph
             if refused is not None:
                 raise refused
             return pair

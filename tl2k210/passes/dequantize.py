@@ -34,10 +34,10 @@ def _scalar(g, name):
 
 #: data movement: exact on the integers (SpaceToDepth/DepthToSpace: TF's SpaceToBatchND and
 #: BatchToSpaceND around a dilated conv, as tf2onnx writes them)
-#: ops that read only their input's shape (torch's `x.view(x.size(0), -1)` of a quantized map)
-SHAPE_ONLY = ("Shape", "Size")
 MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "SpaceToDepth", "DepthToSpace")
 PICKS = ("Gather", "GatherND", "GatherElements", "Slice", "Split")   # move elements of input 0 (the others: indices)
+#: ops that read only their input's shape (torch's `x.view(x.size(0), -1)` of a quantized map)
+SHAPE_ONLY = ("Shape", "Size")
 INT_RANGE = {t: (int(np.iinfo(t).min), int(np.iinfo(t).max)) for t in ("int8", "uint8", "int16", "uint16")}
 #: ops whose float output has no bound of its own: a range of theirs that starts at 0 is a ReLU
 #: (ReLU6 when it ends at 6) folded into the integers (`_implied_clip`)

@@ -498,7 +498,7 @@ def _resize(lw, node, kind):
             parts = through_float(lw, row, slices, src, loc.u8, h * w, oh * ow, (z_in, 1.0 / s_in),
                                   (loc.quant[1], 1.0 / loc.quant[0]), dq,
                                   lambda c0, c1: _resize_image(lw, dq, res, c1 - c0, (h, w), (oh, ow), ph, pw,
-                                                               kind, row, tag) or res)
+                                                               kind, row, tag, note=c0 == 0) or res)
             lw.main.free(out + ":dq")
             lw.main.free(out + ":f32")
             lw.trace_map[out] = (parts[0] if len(parts) == 1 else tuple(parts), "u8")
@@ -511,9 +511,10 @@ def _resize(lw, node, kind):
     lw.traced(out, "f32" if dt == F32 else "u8")
 
 
-def _resize_image(lw, src, dst, c, hw, ohw, ph, pw, kind, row, tag):
+def _resize_image(lw, src, dst, c, hw, ohw, ph, pw, kind, row, tag, note=True):
     """c channels (h, w) at src -> (oh, ow) at dst by the plan (ph, pw): edge pad, resize_image,
-    pick (float32 for bilinear, uint8 for nearest); its temporaries freed."""
+    pick (float32 for bilinear, uint8 for nearest); its temporaries freed. `note`: say how in the
+    receipt (the first of a layer's channel slices does)."""
     (h, w), (oh, ow) = hw, ohw
     dt = F32 if kind == "bilinear" else U8
     cur, shape = edge_pad(lw, src, (1, c, h, w), dt, ph.pad, pw.pad, row, tag)
@@ -544,7 +545,7 @@ def _resize_image(lw, src, dst, c, hw, ohw, ph, pw, kind, row, tag):
                                             mode=0 if kind == "bilinear" else 1, align_corners=bool(align)), row)
             if not direct:
                 pick(mid, g, (1, g, sizes[0], sizes[1]), c0 * oh * ow)
-        if not direct and "every (" not in " ".join(row.notes):
+        if not direct and note:
             row.notes.append(f"resize_image to {sizes[0]}x{sizes[1]}, then every ({ph.step}, {pw.step})-th "
                              f"sample from ({ph.start}, {pw.start}): {sizes[0] * sizes[1] / max(oh * ow, 1):.1f}x "
                              "the samples of the output" + (f", {group} channel{'s' if group > 1 else ''} at a time" if group < c else ""))
