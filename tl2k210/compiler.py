@@ -222,7 +222,7 @@ def _json_default(o):
     return str(o)
 
 
-def _format_why(model, lw, opts, v4_saves=0) -> str:
+def _format_why(model, lw, opts, note="") -> str:
     if lw.format == "v3":
         why = "kmodel v3: every layer has a v3 form (loads on every MaixPy build)" if opts.format == "auto" else ""
         if model.compact:
@@ -232,8 +232,8 @@ def _format_why(model, lw, opts, v4_saves=0) -> str:
                 "unless --optimize size, or the model needs it to fit)")
         return why
     from tl2k210.k210.fit import forced_text
-    if opts.format == "auto" and v4_saves:
-        return f"kmodel v4 (--format auto --optimize size): {v4_saves:,} B smaller than the smallest kmodel v3"
+    if opts.format == "auto" and note:
+        return note
     if opts.format == "auto" and lw.forced_by:
         return f"kmodel v4 (--format auto): v3 cannot express {forced_text(lw.forced_by)}"
     return "kmodel v4 (--format v4)"
@@ -828,7 +828,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
         latency_ms=cost.ms(total_cycles), layers=layer_rows,
         totals={"kpu_layers": sum(L.conv is not None for L in items),
                 "cpu_layers": sum(L.conv is None for L in items),
-                "format": f"v{model.version}", "format_why": _format_why(model, lw, opts, choice.v4_saves),
+                "format": f"v{model.version}", "format_why": _format_why(model, lw, opts, choice.format_note),
                 "macs": sum(r["macs"] for r in layer_rows), "runtime": opts.runtime,
                 "budget": RUNTIME_BUDGET[opts.runtime],
                 "weights": f"{opts.weight_bits}-bit", "output_sqnr_db": out_sqnr, "sqnr_samples": n,

@@ -10,7 +10,7 @@
   of it fits.
 * forms: `choose_forms` picks, per layer, the fastest exact form such that the whole model fits,
   and smaller forms where they cost at most LATENCY_SLACK of its time (or the smallest,
-  --optimize size), and says what it traded.
+  --optimize size, faster where SIZE_SLACK of its bytes buys it), and says what it traded.
 """
 from __future__ import annotations
 
@@ -181,29 +181,40 @@ class Choice:
     fastest_cycles: int = 0                       # their estimated cycles
     fastest_format: str = ""                      # their kmodel format ("v3" / "v4")
     v3_error: object = None                       # why not kmodel v3, when --format auto took v4
-    v4_saves: int = 0                             # bytes kmodel v4 saved over v3's smallest (size mode)
+    format_note: str = ""                         # why kmodel v4, where the size search chose it
 
 
 # --optimize latency gives up at most this share of the fastest forms' estimated time for smaller
 # forms: a form 10 % faster and several times bigger does not win (issue 22)
 LATENCY_SLACK = 0.10
+# --optimize size gives up at most this share of its smallest model's bytes for the fast forms of
+# the layers whose smaller forms save the fewest bytes per cycle
+SIZE_SLACK = 0.005
 
 
 def choose_forms(build, budget: int, optimize: str = "latency", v4=None) -> Choice:
     """The forms of `_choose_forms`; with --optimize size and `v4` (a build of --format auto's
-    model as kmodel v4), also v4's smallest, kept when the whole model is smaller: auto's search
-    starts from v3's fastest forms, where one v4-only smaller form moves every layer to v4's
-    forms and so never pays alone (ULFD RFB-320: v3 385,488 B, v4 324,064 B)."""
+    model as kmodel v4), also v4's smallest, kept when the whole model is smaller, or as small and
+    faster: auto's search starts from v3's fastest forms, where one v4-only smaller form moves
+    every layer to v4's forms and so never pays alone (ULFD RFB-320: v3 385,488 B, v4 324,064 B),
+    and where one does, it is charged with what v4 saves elsewhere (Maix-EMC's CIFAR net: a 3x3
+    conv's CPU form, 165x slower and 256 B smaller, took v4's uint8 dense layer with it)."""
     choice = _choose_forms(build, budget, optimize)
-    if optimize != "size" or v4 is None or choice.built.lw.format != "v3":
+    if optimize != "size" or v4 is None:
         return choice
     try:
         other = _choose_forms(v4, budget, "size")
     except Tl2k210Error:
         return choice
-    if other.built.need >= choice.built.need:
+    floor = min(choice.built.need, other.built.need)
+    if other.built.need > floor * (1 + SIZE_SLACK) or (other.built.est.cycles, other.built.need) >= (
+            choice.built.est.cycles, choice.built.need) and choice.built.need <= floor * (1 + SIZE_SLACK):
         return choice
-    other.v4_saves = choice.built.need - other.built.need
+    saves = choice.built.need - other.built.need
+    other.format_note = ("kmodel v4 (--format auto --optimize size): " + (
+        f"{saves:,} B smaller than the smallest kmodel v3" if choice.built.lw.format == "v3" and saves > 0
+        else "the smallest model found needs v4's forms"))
+    other.v3_error = other.v3_error or choice.v3_error
     return other
 
 
@@ -248,7 +259,8 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
       fit did not need are then undone, the slowest first (_give_back), starting from every
       smaller form where no one at a time made the model fit; the fastest lowering that fits is
       kept (the smallest with "size", without the pool slices that do not make it smaller:
-      `_spare`); when none fits, the smallest, for check_budget's refusal.
+      `_spare`, and with the fast forms given back within SIZE_SLACK: `_size_slack`); when none
+      fits, the smallest, for check_budget's refusal.
     Main-memory buffers in free KPU RAM (PARK, kmodel v4) are an exact form that saves main
     memory only: latency mode tries it first when the model does not fit, size mode only when its
     smallest lowering does not (`_parked`).
@@ -310,17 +322,49 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
             _give_back(build, current, chosen, {n: b[n][1] - a[n][1] for n in chosen if n in a and n in b},
                        budget, tried)
     fits = [t for t in tried if t.need <= budget]
+    kept = []
     if optimize == "size" or not fits:
         best = min(tried, key=lambda t: (t.need, t.est.cycles))
         if id(best) in picked:
-            best = _spare(build, best, picked[id(best)])
+            best = _spare(build, best, picked)
+        if optimize == "size":
+            best, kept = _size_slack(build, best, picked.get(id(best)), a, b, budget)
     else:
         best = min(fits, key=lambda t: (t.est.cycles, t.need))
     if best.need > budget and PARK in fast.lw.smaller:
         best = _parked(build, best, every)
     why = (f"and the model would not fit ({fast.need:,} B > {budget:,} B)" if fast.need > budget
            else "(--optimize size)")
-    return choice(best, trades(a, best.per_node(), why) + parked_trade(best.lw, why))
+    return choice(best, trades(a, best.per_node(), why) + parked_trade(best.lw, why) + kept)
+
+
+def _size_slack(build, best, chosen, a, b, budget):
+    """(lowering, receipt lines): --optimize size's smallest lowering `best` (given the smaller
+    forms `chosen`) with the fast forms given back to the layers whose smaller forms save the
+    fewest bytes per cycle lost, while together they save at most SIZE_SLACK of the model: a
+    smaller form that saves a few bytes of alignment is not worth a conv 160x slower (Maix-EMC's
+    CIFAR net: a 3x3 conv's 18 KiB either way, 0.43 or 70.8 ms). Kept when the whole model is
+    then within SIZE_SLACK of `best` and faster."""
+    allowance = int(SIZE_SLACK * best.need)
+    gains = {n: (a[n][0] - b[n][0], b[n][1] - a[n][1]) for n in chosen or () if n in a and n in b}
+    back, saved = set(), 0
+    for n in sorted((n for n, (_, lost) in gains.items() if lost > 0), key=lambda n: (gains[n][0] / gains[n][1], n)):
+        if saved + max(gains[n][0], 0) <= allowance:
+            back.add(n)
+            saved += max(gains[n][0], 0)
+    if not back:
+        return best, []
+    try:
+        trial = build(frozenset(chosen) - back)
+    except Tl2k210Error:
+        return best, []
+    if (trial.need > best.need + allowance or trial.est.cycles >= best.est.cycles
+            or trial.need > budget >= best.need):
+        return best, []
+    return trial, [f"{len(back)} layer(s) kept their fast forms ({', '.join(sorted(back)[:3])}"
+                   f"{', ...' if len(back) > 3 else ''}): the model {trial.need - best.need:,} B bigger, est. "
+                   f"{cost.ms(best.est.cycles - trial.est.cycles):.2f} ms faster (--optimize size gives up "
+                   f"at most {SIZE_SLACK:.1%} of the bytes for speed)"]
 
 
 def _parked(build, best, every):
@@ -338,14 +382,15 @@ def _parked(build, best, every):
     return best
 
 
-def _spare(build, best, chosen):
-    """`best` without each smaller form of `chosen` that does not make the whole model smaller (or
-    as small and faster): every smaller form together may be the smallest lowering only because
+def _spare(build, best, picked):
+    """`best` without each smaller form it was given (`picked`) that does not make the whole
+    model smaller (or as small and faster): every smaller form together may be the smallest lowering only because
     a few of them lower the main-memory peak, while the others add nodes (a uint8 CPU conv in
     channel ranges, a pool's float temporaries a channel at a time) that it does not need
     (YuNet, --optimize size: 104,176 B of kmodel with every form, 88 KB without those)."""
+    chosen = picked[id(best)]
     return _without_each(build, best, chosen, sorted(chosen, key=lambda x: (not x.endswith(SLICES), x)),
-                         lambda t, c: (t.need, t.est.cycles) <= (c.need, c.est.cycles))
+                         lambda t, c: (t.need, t.est.cycles) <= (c.need, c.est.cycles), picked)
 
 
 def _give_back(build, current, chosen, lost, budget, tried):
@@ -358,9 +403,10 @@ def _give_back(build, current, chosen, lost, budget, tried):
                                lambda t, c: t.need <= budget and (t.est.cycles, t.need) < (c.est.cycles, c.need)))
 
 
-def _without_each(build, current, chosen, order, better):
+def _without_each(build, current, chosen, order, better, picked=None):
     """`current` (lowered with the smaller forms `chosen`) without each form of `order` in turn,
-    kept where `better(trial, current)`: the last lowering kept. A form that fails to lower stays."""
+    kept where `better(trial, current)`: the last lowering kept (its forms in `picked`). A form
+    that fails to lower stays."""
     for n in order:
         try:
             trial = build(frozenset(chosen - {n}))
@@ -368,6 +414,8 @@ def _without_each(build, current, chosen, order, better):
             continue
         if better(trial, current):
             chosen, current = chosen - {n}, trial
+            if picked is not None:
+                picked[id(trial)] = frozenset(chosen)
     return current
 
 
