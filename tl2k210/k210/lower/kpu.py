@@ -9,8 +9,9 @@ tiled layer computes the same bytes as the whole layer would.
 """
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel.binio import align_up
 from tl2k210.k210.kmodel.kpu import KpuConv
 from tl2k210.k210 import fixed_point as fx
+from tl2k210.memo import memoised
 
 IR_POOL_KIND = {"max": "max", "avg": "mean"}
 # a streamed output channel holds at most this many pixels (channel_byte_num, docs/kpu.md#write-back-and-streaming); the
@@ -109,7 +111,44 @@ def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row,
     for the weight rounding (e = E[q − z_x] per input channel), BN fixed point, activation table.
     `exact_rounding` (a quantized model's layer: "reference" or "single"): an identity/ReLU/Clip
     output is rounded as those TFLite kernels round it (`exact_requantize`). `out_offset`: output
-    LSB added before the output rounds (a fused mean pool's floor takes it back off, on average)."""
+    LSB added before the output rounds (a fused mean pool's floor takes it back off, on average).
+    The receipt row gets the notes and the table's fit error. Memoised: the plan lowers a model
+    tens of times, each layer with the same weights and ranges."""
+    lq, notes = _quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, exact_rounding,
+                                out_offset)
+    row.notes.extend(notes)
+    row.act_fit_lsb = lq.fit_lsb
+    return lq
+
+
+@dataclass
+class _Notes:
+    """What quantizing a layer tells its receipt row (a memoised result carries it)."""
+    notes: list = field(default_factory=list)
+    act_fit_lsb: float = 0.0
+
+
+def _layer_key(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, exact_rounding, out_offset):
+    arrays = [np.asarray(a) for a in (W, B) + (() if e is None else (e,))]
+    act = sorted((act_attr or {}).items())
+    arrays += [np.asarray(v) for _, v in act if isinstance(v, np.ndarray)]
+    h = hashlib.blake2b()
+    for a in arrays:
+        h.update(repr((a.dtype.str, a.shape)).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return (h.digest(), e is None, int(z_x), groups, tuple(map(float, y_range)), tuple(map(float, z_range)),
+            act_attr is None, repr([(k, None if isinstance(v, np.ndarray) else v) for k, v in act]), bits,
+            exact_rounding, float(out_offset))
+
+
+@memoised(_layer_key)
+def _quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, exact_rounding, out_offset):
+    row = _Notes()
+    return _quantized(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row, exact_rounding,
+                      out_offset), row.notes
+
+
+def _quantized(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row, exact_rounding, out_offset):
     co, m = W.shape[0], W.shape[1]
     Wq, zw, sw = fx.quantize_weights(W, bits)
     if exact_rounding and fx.clamp_of(act_attr) is not None and bits == 8:
