@@ -200,7 +200,7 @@ def choose_forms(build, budget: int, optimize: str = "latency", v4=None) -> Choi
     and where one does, it is charged with what v4 saves elsewhere (Maix-EMC's CIFAR net: a 3x3
     conv's CPU form, 165x slower and 256 B smaller, took v4's uint8 dense layer with it)."""
     choice = _choose_forms(build, budget, optimize)
-    if optimize != "size" or v4 is None:
+    if optimize != "size" or v4 is None or choice.fastest_format != "v3":   # else the same search
         return choice
     try:
         other = _choose_forms(v4, budget, "size")
@@ -341,14 +341,16 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
 def _size_slack(build, best, chosen, a, b, budget):
     """(lowering, receipt lines): --optimize size's smallest lowering `best` (given the smaller
     forms `chosen`) with the fast forms given back to the layers whose smaller forms save the
-    fewest bytes per cycle lost, while together they save at most SIZE_SLACK of the model: a
+    fewest layer bytes per cycle lost (a form whose layer grows, for main memory, first: the
+    trial shows what it saves), while together they save at most SIZE_SLACK of the model: a
     smaller form that saves a few bytes of alignment is not worth a conv 160x slower (Maix-EMC's
     CIFAR net: a 3x3 conv's 18 KiB either way, 0.43 or 70.8 ms). Kept when the whole model is
     then within SIZE_SLACK of `best` and faster."""
     allowance = int(SIZE_SLACK * best.need)
     gains = {n: (a[n][0] - b[n][0], b[n][1] - a[n][1]) for n in chosen or () if n in a and n in b}
     back, saved = set(), 0
-    for n in sorted((n for n, (_, lost) in gains.items() if lost > 0), key=lambda n: (gains[n][0] / gains[n][1], n)):
+    for n in sorted((n for n, (_, lost) in gains.items() if lost > 0),
+                    key=lambda n: (gains[n][0] / gains[n][1], n)):
         if saved + max(gains[n][0], 0) <= allowance:
             back.add(n)
             saved += max(gains[n][0], 0)
@@ -384,9 +386,9 @@ def _parked(build, best, every):
 
 def _spare(build, best, picked):
     """`best` without each smaller form it was given (`picked`) that does not make the whole
-    model smaller (or as small and faster): every smaller form together may be the smallest lowering only because
-    a few of them lower the main-memory peak, while the others add nodes (a uint8 CPU conv in
-    channel ranges, a pool's float temporaries a channel at a time) that it does not need
+    model smaller (or as small and faster): every smaller form together may be the smallest
+    lowering only because a few of them lower the main-memory peak, while the others add nodes (a
+    uint8 CPU conv in channel ranges, a pool's float temporaries a channel at a time) that it does not need
     (YuNet, --optimize size: 104,176 B of kmodel with every form, 88 KB without those)."""
     chosen = picked[id(best)]
     return _without_each(build, best, chosen, sorted(chosen, key=lambda x: (not x.endswith(SLICES), x)),
