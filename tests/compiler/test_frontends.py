@@ -416,3 +416,37 @@ def test_frozen_graph_with_a_jpeg_decoder_starts_at_the_resized_image(tmp_path, 
         got = np.asarray(emu.run(p)[0], np.float64).reshape(ref.shape)
         sess_ref = np.asarray(ref, np.float64)
         assert sqnr_db(sess_ref, got) > 25
+
+
+def test_tf2onnx_optimizers_run_on_one_copy_and_start_again_where_one_raises(monkeypatch):
+    """tf_convert runs tf2onnx's ~36 optimizer passes on one deep copy of its graph (tf2onnx
+    copies it before each pass); where a pass raises, tf2onnx's own loop runs again from the
+    untouched graph, skipping that pass as tf2onnx does: the same ONNX ops either way."""
+    import copy
+    import tf2onnx
+    from tf2onnx import optimizer
+    from tl2k210.frontends import tf_convert
+    t = tf()
+    spec = [t.TensorSpec((1, 8, 8, 3), t.float32, name="x")]
+    fn = t.function(lambda x: t.nn.relu(t.transpose(t.transpose(x, [0, 3, 1, 2]), [0, 2, 3, 1]) * 2.0),
+                    input_signature=spec)
+    copies = []
+    real = copy.deepcopy
+
+    def counted(x, *a):
+        copies.append(type(x).__name__)
+        return real(x, *a)
+    monkeypatch.setattr(optimizer.copy, "deepcopy", counted)
+    ops = lambda m: sorted(n.op_type for n in m.graph.node)    # noqa: E731
+    base = tf_convert("t", tf2onnx.convert.from_function, fn, input_signature=spec)
+    assert copies.count("Graph") == 1 and "Transpose" not in ops(base)    # tf2onnx's own loop: ~36
+    calls = []
+
+    class Raises:
+        def optimize(self, graph, iteration):
+            calls.append(iteration)
+            raise RuntimeError("a pass that fails")
+    monkeypatch.setattr(optimizer, "_optimizers", {"raises": Raises, **optimizer._optimizers})
+    copies.clear()
+    again = tf_convert("t", tf2onnx.convert.from_function, fn, input_signature=spec)
+    assert ops(again) == ops(base) and len(calls) >= 2 and copies.count("Graph") > 10
