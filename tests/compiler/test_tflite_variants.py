@@ -230,6 +230,8 @@ def test_toco_uint8_gives_tflites_bytes(toco_uint8, tmp_path):
     ("Landmarks2TransformMatrix", "of MediaPipe's custom op set (the affine matrix"),
     ("TFLite_Detection_PostProcess", "of TensorFlow Object Detection API's custom op set (an SSD's box decoding"),
     ("ethos-u", "of Arm Vela's custom op set (a command stream for the Ethos-U NPU"),   # Himax's model zoo
+    ("edgetpu-custom-op", "convert the .tflite that edgetpu_compiler read"),       # Coral's test_data
+    ("SignalWindow", "Lite Micro's signal library's custom op set (a step of an audio front end"),
     ("AcmeWarp", "(no vendor set this converter knows)")])
 def test_custom_op_is_refused_by_name(variants, tmp_path, capsys, custom, says):
     """A file whose last op is a CUSTOM opcode: refused naming the op, its vendor set and what it

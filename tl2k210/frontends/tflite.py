@@ -55,9 +55,21 @@ CUSTOM_OPS = {
                                      "ends at the raw box encodings and class scores"),
     "ethos-u": ("Arm Vela", "a command stream for the Ethos-U NPU: Vela compiled the network's "
                 "layers into NPU machine code, so they are no longer TFLite ops"),
+    "edgetpu-custom-op": ("Google's Edge TPU compiler", "the Edge TPU's machine code: edgetpu_compiler "
+                          "compiled the network's layers for the Coral accelerator, so they are no longer "
+                          "TFLite ops"),
+    "PosenetDecoderOp": ("Coral's PoseNet", "PoseNet's keypoint decoding from its heatmaps and offsets"),
 }
+#: TensorFlow Lite Micro's signal library: SignalWindow, SignalRfft, SignalFilterBank, ...
+SIGNAL_OPS = ("TensorFlow Lite Micro's signal library", "a step of an audio front end (framing, window, "
+              "FFT, filter bank) that computes features from raw samples")
 #: custom op -> what to do instead of cutting the model before it
-REMEDIES = {"ethos-u": "convert the .tflite that Vela read (the int8 model before `vela`), not Vela's output"}
+REMEDIES = {
+    "ethos-u": "convert the .tflite that Vela read (the int8 model before `vela`), not Vela's output",
+    "edgetpu-custom-op": "convert the .tflite that edgetpu_compiler read (the model without `_edgetpu` "
+                         "in its name), not the compiler's output",
+    "Signal": "compute the features in the application and convert the network that reads them",
+}
 
 
 def check_custom_ops(model, path):
@@ -70,13 +82,15 @@ def check_custom_ops(model, path):
             name = code.customCode.decode(errors="replace")
             if name.startswith("Flex") or name in mediapipe_ops.OPS:
                 continue
-            vendor, what = CUSTOM_OPS.get(name, (None, None))
+            signal = name.startswith("Signal")
+            vendor, what = CUSTOM_OPS.get(name, SIGNAL_OPS if signal else (None, None))
             raise ModelLoadError(
                 f"{path}: operator {i} is the custom op {name!r}"
                 + (f" of {vendor}'s custom op set ({what})" if vendor else " (no vendor set this converter knows)")
                 + f"; {_tensors(sg, op)}. Refused: a custom op is "
                 "code linked into the TFLite runtime, with no ONNX or K210 form; "
-                + REMEDIES.get(name, "cut the model before it and compute that step in the application"))
+                + REMEDIES.get("Signal" if signal else name,
+                               "cut the model before it and compute that step in the application"))
 
 
 def _tensors(sg, op):
