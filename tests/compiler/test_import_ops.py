@@ -577,3 +577,29 @@ def test_dequantize_lets_a_view_read_the_shape_of_a_quantized_map():
     assert np.abs(got - ref).max() <= 0.025 * np.abs(inits["w"]).sum(0).max() * 1.01
     g, _ = run_pipeline(from_onnx(m))
     assert "Shape" not in g.op_counts()
+
+
+@pytest.mark.parametrize("op", ["Tile", "Expand"])
+def test_dequantize_moves_a_tile_of_a_quantized_map(op):
+    """DeepLab's image pooling (Coral's deeplab_mobilenet_edgetpu_slim_cityscapes_quant.tflite):
+    a quantized 1x1 map broadcast back to the feature size, Q -> Reshape -> Tile -> DQ, was
+    refused ("op QuantizeLinear has no K210 lowering"): Tile and Expand move integers like
+    Reshape, so the island becomes float; onnxruntime's values within half a step."""
+    s, z = np.float32(0.05), np.uint8(0)
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+             helper.make_node("Relu", ["p"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s", "z"], ["rq"]),
+             helper.make_node("Reshape", ["rq", "shape"], ["rr"]),
+             helper.make_node(op, ["rr", "reps"], ["t"]),
+             helper.make_node("DequantizeLinear", ["t", "s", "z"], ["f"]),
+             helper.make_node("Add", ["f", "x"], ["y"])]
+    reps = np.array([1, 1, 4, 4] if op == "Tile" else [1, 3, 4, 4], np.int64)
+    inits = {"s": s, "z": z, "shape": np.array([1, 3, 1, 1], np.int64), "reps": reps}
+    m = make_model(nodes, [("x", [1, 3, 4, 4])], [("y", None)], inits)
+    x = rand(1, 3, 4, 4)
+    ref = ort_run(m, x)[0]
+    g, _ = run_pass("dequantize", from_onnx(m))
+    assert not {"QuantizeLinear", "DequantizeLinear"} & set(g.op_counts())
+    assert np.abs(run(g, x)[g.outputs[0]] - ref).max() <= 0.025 + 1e-6
+    g, _ = run_pipeline(from_onnx(m))
+    assert np.abs(run(g, x)[g.outputs[0]] - ref).max() <= 0.025 + 1e-6

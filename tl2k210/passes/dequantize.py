@@ -34,7 +34,8 @@ def _scalar(g, name):
 
 #: data movement: exact on the integers (SpaceToDepth/DepthToSpace: TF's SpaceToBatchND and
 #: BatchToSpaceND around a dilated conv, as tf2onnx writes them)
-MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "SpaceToDepth", "DepthToSpace")
+MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "SpaceToDepth", "DepthToSpace", "Tile",
+         "Expand")
 PICKS = ("Gather", "GatherND", "GatherElements", "Slice", "Split")   # move elements of input 0 (the others: indices)
 #: ops that read only their input's shape (torch's `x.view(x.size(0), -1)` of a quantized map)
 SHAPE_ONLY = ("Shape", "Size")
