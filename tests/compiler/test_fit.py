@@ -155,7 +155,7 @@ def test_fits_only_in_the_smaller_form_and_the_receipt_names_the_trade(tmp_path,
     small = [x["node"] for x in r.layers if x["form"] == "stride 1 + CPU pick"]
     assert len(small) == 1 and len(r.trades) == 1
     assert all("kpu_conv (stride 1 + CPU pick)" in t and "kpu_conv_kxk (stride-2 phases) would take" in t
-               and "and the model would not fit" in t for t in r.trades)
+               and "and the model in its fastest forms would not fit" in t for t in r.trades)
     text = r.table()
     assert f"traded: {r.trades[0]}" in text and "ideal at 8 bits" in text
     assert r.latency_ms > fast.latency_ms

@@ -333,7 +333,7 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
         best = min(fits, key=lambda t: (t.est.cycles, t.need))
     if best.need > budget and PARK in fast.lw.smaller:
         best = _parked(build, best, every)
-    why = (f"and the model would not fit ({fast.need:,} B > {budget:,} B)" if fast.need > budget
+    why = (f"and the model in its fastest forms would not fit ({fast.need:,} B > {budget:,} B)" if fast.need > budget
            else "(--optimize size)")
     return choice(best, trades(a, best.per_node(), why) + parked_trade(best.lw, why) + kept)
 
@@ -451,7 +451,7 @@ def parked_trade(lw, why: str) -> list:
 
 def trades(fastest: dict, chosen: dict, why: str) -> list:
     """'conv2d_21: kpu_conv (stride 1 + CPU pick), 40 KiB, 1.20 ms; kpu_conv_kxk (stride-2
-    phases) would take 160 KiB, 1.10 ms, and the model would not fit (2,310,000 B > 2,097,152 B)'"""
+    phases) would take 160 KiB, 1.10 ms, and the model in its fastest forms would not fit (2,310,000 B > 2,097,152 B)'"""
     out = []
     for n, (w, c, form) in chosen.items():
         fw, fc, fform = fastest.get(n, (w, c, form))
