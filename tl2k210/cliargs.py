@@ -104,6 +104,14 @@ def shape(text):
     return dims
 
 
+def names_list(text):
+    """Comma-separated tensor names."""
+    names = tuple(n.strip() for n in str(text).split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: give tensor names, comma-separated")
+    return names
+
+
 def choices_list(allowed, example):
     """Comma-separated names, each one of `allowed`."""
     def parse(text):
@@ -146,6 +154,9 @@ def add_preprocess(p, from_metadata=False):
     if from_metadata:
         g.add_argument("--rgb", dest="bgr", action="store_false", help="RGB order, whatever the metadata says")
     g.add_argument("--input-shape", type=shape, help="N,C,H,W for models with symbolic input dims")
+    g.add_argument("--outputs", type=names_list, metavar="NAME[,NAME...]",
+                   help="end the model at these tensors (as netron shows them): an ArgMax, decoder or "
+                   "post-processing after them stays in the application")
     p.add_argument("--weights", help="weights .h5 for a Keras architecture .json (model.to_json())")
 
 
@@ -163,7 +174,7 @@ def pre_opts(args, meta=None):
         return PRE_DEFAULTS[flag]
     bgr = args.bgr if args.bgr is not None else bool(m.get("bgr", False))
     return dict(input_range=pick("input_range", "range"), mean=pick("mean", "mean"), std=pick("std", "std"),
-                channel_order="BGR" if bgr else "RGB", input_shape=args.input_shape)
+                channel_order="BGR" if bgr else "RGB", input_shape=args.input_shape, outputs=args.outputs)
 
 
 MAX_LABELS_BYTES = 1 << 20

@@ -4,8 +4,8 @@ YOLOv2 region outputs (decoded by tl2k210.k210.yolo, MaixPy's region layer). `co
 `tl2k210 compare` prints; it works on kmodels made by nncase too."""
 import numpy as np
 
-from tl2k210 import frontends
-from tl2k210.compiler import ConvertOptions, input_affine, model_input_range, model_inputs
+from tl2k210 import frontends, metadata
+from tl2k210.compiler import ConvertOptions, cut_outputs, input_affine, model_input_range, model_inputs
 from tl2k210.errors import Tl2k210Error
 from tl2k210.graph import from_onnx
 from tl2k210.k210 import yolo
@@ -72,8 +72,19 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
     opts = ConvertOptions(**pre)
     model = frontends.load_model(float_model, **({"weights": opts.weights} if opts.weights else {}))
     shapes = {model.graph.input[0].name: tuple(opts.input_shape)} if opts.input_shape else None
-    graph, _ = run_pipeline(from_onnx(model, input_shapes=shapes))  # exact passes: NCHW in and out
+    graph = from_onnx(model, input_shapes=shapes)
+    cut_outputs(graph, opts.outputs or _kmodel_ends(graph, kmodel_path), str(float_model))
+    graph, _ = run_pipeline(graph)                                  # exact passes: NCHW in and out
     return compare_graph(graph, kmodel_path, dataset, limit, decode, anchors, threshold, nms, opts, float_model)
+
+
+def _kmodel_ends(graph, kmodel_path):
+    """The kmodel's outputs (its metadata) where the float graph computes them before its own
+    outputs -- a kmodel converted with --outputs: the float side is cut there too; else None."""
+    meta = metadata.load_for(kmodel_path)
+    names = [o.get("name") for o in meta.outputs] if meta is not None else []
+    computed = {t for n in graph.nodes for t in n.outputs}
+    return names if names and set(names) <= computed and set(names) != set(graph.outputs) else None
 
 
 def _match_outputs(graph, ref, outs):

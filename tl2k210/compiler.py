@@ -45,6 +45,7 @@ class ConvertOptions:
     calib_limit: int = 100
     sqnr_samples: int = 8
     input_shape: tuple | None = None      # NCHW, for models with symbolic dims
+    outputs: tuple | None = None          # end the model at these tensors (a decoder after them stays out)
     network: object = None                # TensorLayer network for weight files
     format: str = "auto"                  # kmodel v3 | v4 | auto (v3 when every layer has a v3 form)
     optimize: str = "latency"             # latency: the fastest forms that fit (fit.LATENCY_SLACK) | size: the smallest
@@ -563,6 +564,7 @@ def load(source, opts: ConvertOptions) -> Loaded:
         x = onnx_model.graph.input[0]
         shapes = {x.name: input_dims(x, tuple(opts.input_shape))}
     graph = from_onnx(onnx_model, input_shapes=shapes)
+    cut = cut_outputs(graph, opts.outputs, where)
     check_one_input(graph)
     _check_unbatched_vector(graph)
     check_map_budget(graph, where)
@@ -570,11 +572,34 @@ def load(source, opts: ConvertOptions) -> Loaded:
     if frontends.INPUT_RANGE in props:      # a decoded image's pixels (frozen_pb's image decoders)
         graph.meta["input_range"] = tuple(float(v) for v in props[frontends.INPUT_RANGE].split(","))
     notes = [props[frontends.INPUT_NOTE]] if frontends.INPUT_NOTE in props else []
+    notes += [cut] if cut else []
     notes += [f"input {x!r} was exported with a fixed batch of {n}: the kmodel takes one sample (the K210 "
               "runs one at a time)" for x, n in graph.meta.get("rebatched", {}).items()]
     for note in notes:
         _say(opts, "      " + note)
     return Loaded(graph, where, "; ".join(notes), time.perf_counter() - t0)
+
+
+def cut_outputs(graph, names, where: str) -> str:
+    """--outputs: `graph` ends at the tensors `names` (in that order), the nodes after them gone
+    (an ArgMax, a decoder, post-processing the application does); the note for the receipt, or ""
+    when `names` is empty. A name the graph does not have is refused, with the nearest ones."""
+    if not names:
+        return ""
+    import difflib
+    computed = [t for n in graph.nodes for t in n.outputs if t]
+    for name in names:
+        if name not in computed and name not in graph.inputs:
+            near = difflib.get_close_matches(name, computed, n=3, cutoff=0.5)
+            raise Tl2k210Error(f"{where}: --outputs {name!r}: the model has no such tensor"
+                               + (f"; nearest: {', '.join(map(repr, near))}" if near else "")
+                               + f" (its outputs: {', '.join(map(repr, graph.outputs))}); give tensor "
+                               "names as the model file has them (netron shows them)")
+    dropped = len(graph.nodes)
+    graph.outputs = list(dict.fromkeys(names))
+    graph.prune()
+    return (f"the model ends at {', '.join(map(repr, graph.outputs))} (--outputs): {dropped - len(graph.nodes)} "
+            "node(s) after them left to the application")
 
 
 #: passes whose forms are the fast ones, each with a smaller alternative that `optimise(small=True)`

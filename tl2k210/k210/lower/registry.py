@@ -47,11 +47,11 @@ NEAREST = {
             "fixed sequence of layers): export a convolutional model",
     "Scan": "a model without loops (a scan over time steps, as tf2onnx writes a TF1 dynamic_rnn's LSTM/GRU "
             "cell; the K210 runs a fixed sequence of layers): export a convolutional model",
-    "ArgMax": "the scores before it: export the model without its ArgMax and take the argmax in the "
-              "application (K210 runtimes have none)",
+    "ArgMax": "the scores before it: convert with --outputs naming them (or export the model without "
+              "its ArgMax) and take the argmax in the application (K210 runtimes have none)",
     "Cast": "the network before its decoder: a Cast is index arithmetic (MoveNet's keypoint decoding, "
-            "a detector's box decoding); export the model up to its heatmaps or scores and decode them "
-            "in the application",
+            "a detector's box decoding); convert with --outputs naming its heatmaps or scores (or export "
+            "the model up to them) and decode them in the application",
 }
 
 

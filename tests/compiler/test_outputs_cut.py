@@ -1,0 +1,53 @@
+"""--outputs: a model that ends in what the K210 cannot run (DeepLab's ArgMax, MoveNet's decoder)
+converts up to the tensors named; compare cuts the float model where the kmodel ends."""
+import json
+
+import numpy as np
+import onnx
+from onnx import helper
+from PIL import Image
+
+from lower_helpers import conv_node, make_model
+from tl2k210.cli import main
+
+
+def _segmenter(tmp_path):
+    """conv + ReLU scores, then an ArgMax over the classes: the file's output is the class map."""
+    rng = np.random.default_rng(0)
+    m = make_model([conv_node("c", "x", "w", "b", pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["scores"]),
+                    helper.make_node("ArgMax", ["scores"], ["seg"], name="ArgMax", axis=1, keepdims=0)],
+                   [("x", [1, 3, 16, 16])], [("seg", None)],
+                   {"w": rng.normal(0, 0.3, (5, 3, 3, 3)).astype(np.float32),
+                    "b": rng.normal(0, 0.1, 5).astype(np.float32)})
+    del m.graph.output[:]
+    m.graph.output.append(helper.make_tensor_value_info("seg", onnx.TensorProto.INT64, [1, 16, 16]))
+    onnx.checker.check_model(m)
+    src = tmp_path / "seg.onnx"
+    onnx.save(m, src)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(8):
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(photos / f"{i}.png")
+    return src, photos
+
+
+def test_outputs_cuts_the_model_before_an_argmax_and_compare_follows(tmp_path, capsys):
+    src, photos = _segmenter(tmp_path)
+    out = tmp_path / "seg.kmodel"
+    assert main(["convert", str(src), str(out), "--dataset", str(photos), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "node 'ArgMax'" in err and "--outputs" in err and not out.exists()
+    # a name the model does not have: refused with the nearest ones, nothing written
+    assert main(["convert", str(src), str(out), "--dataset", str(photos), "--outputs", "score", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "--outputs 'score': the model has no such tensor; nearest: 'scores'" in err and not out.exists()
+    assert main(["convert", str(src), str(out), "--dataset", str(photos), "--outputs", "scores",
+                 "--report", str(tmp_path / "r.json")]) == 0
+    err = capsys.readouterr().err
+    assert "the model ends at 'scores' (--outputs): 1 node(s) after them left to the application" in err
+    meta = json.loads((tmp_path / "seg.kmodel.json").read_text())
+    assert [o["name"] for o in meta["outputs"]] == ["scores"] and meta["outputs"][0]["shape"][-3:] == [5, 16, 16]
+    # compare: the float side is cut where the kmodel ends (its metadata), without the flag
+    assert main(["compare", str(src), str(out), "--dataset", str(photos), "--json", str(tmp_path / "c.json")]) == 0
+    rows = json.loads((tmp_path / "c.json").read_text())["outputs"]
+    assert list(rows) == ["scores"] and rows["scores"]["sqnr_db"] > 30, rows
