@@ -70,19 +70,23 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
             nms=0.3, **pre):
     """{"outputs": {name: {sqnr_db, cosine, top1, top5}}, "detections": {...}, "samples": n}."""
     opts = ConvertOptions(**pre)
-    model = frontends.load_model(float_model, **({"weights": opts.weights} if opts.weights else {}))
+    meta = metadata.load_for(kmodel_path)
+    ends = opts.outputs or ([o.get("name") for o in meta.outputs] if meta is not None else None)
+    kw = {"weights": opts.weights} if opts.weights else {}
+    if ends and str(float_model).lower().endswith(".tflite"):
+        kw["outputs"] = tuple(ends)         # as convert cut it (before a custom op TFLite cannot read)
+    model = frontends.load_model(float_model, **kw)
     shapes = {model.graph.input[0].name: tuple(opts.input_shape)} if opts.input_shape else None
     graph = from_onnx(model, input_shapes=shapes)
-    cut_outputs(graph, opts.outputs or _kmodel_ends(graph, kmodel_path), str(float_model))
+    cut_outputs(graph, opts.outputs or _kmodel_ends(graph, ends), str(float_model))
     graph, _ = run_pipeline(graph)                                  # exact passes: NCHW in and out
     return compare_graph(graph, kmodel_path, dataset, limit, decode, anchors, threshold, nms, opts, float_model)
 
 
-def _kmodel_ends(graph, kmodel_path):
-    """The kmodel's outputs (its metadata) where the float graph computes them before its own
-    outputs -- a kmodel converted with --outputs: the float side is cut there too; else None."""
-    meta = metadata.load_for(kmodel_path)
-    names = [o.get("name") for o in meta.outputs] if meta is not None else []
+def _kmodel_ends(graph, names):
+    """The kmodel's outputs `names` (its metadata) where the float graph computes them before its
+    own outputs -- a kmodel converted with --outputs: the float side is cut there too; else None."""
+    names = list(names or ())
     computed = {t for n in graph.nodes for t in n.outputs}
     return names if names and set(names) <= computed and set(names) != set(graph.outputs) else None
 

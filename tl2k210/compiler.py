@@ -557,6 +557,8 @@ def load(source, opts: ConvertOptions) -> Loaded:
     load_kw = {"network": opts.network} if opts.network is not None else {}
     if opts.weights is not None:
         load_kw["weights"] = opts.weights
+    if opts.outputs and str(source).lower().endswith(".tflite"):
+        load_kw["outputs"] = tuple(opts.outputs)      # cut before TFLite's reader meets a custom op
     onnx_model = frontends.load_model(source, **load_kw)
     check_weight_budget(onnx_model, opts, where)
     shapes = None
@@ -595,11 +597,9 @@ def cut_outputs(graph, names, where: str) -> str:
                                + (f"; nearest: {', '.join(map(repr, near))}" if near else "")
                                + f" (its outputs: {', '.join(map(repr, graph.outputs))}); give tensor "
                                "names as the model file has them (netron shows them)")
-    dropped = len(graph.nodes)
     graph.outputs = list(dict.fromkeys(names))
     graph.prune()
-    return (f"the model ends at {', '.join(map(repr, graph.outputs))} (--outputs): {dropped - len(graph.nodes)} "
-            "node(s) after them left to the application")
+    return f"the model ends at {', '.join(map(repr, graph.outputs))} (--outputs): what follows is the application's"
 
 
 #: passes whose forms are the fast ones, each with a smaller alternative that `optimise(small=True)`

@@ -377,3 +377,39 @@ def test_a_truncated_flatbuffer_is_a_clear_error_not_a_crash(variants, tmp_path)
     with pytest.raises(ModelLoadError) as e:
         tflite.from_tflite(cut)
     assert "flatbuffer reader could not read it" in str(e.value) and "truncated or damaged" in str(e.value)
+
+
+def test_outputs_cuts_a_tflite_file_before_its_custom_op(variants, tmp_path, capsys):
+    """A .tflite file whose last op is a custom op (an SSD's TFLite_Detection_PostProcess, PoseNet's
+    decoder) converts with --outputs naming that op's input: the file is cut before TensorFlow
+    Lite's reader meets the op (refused without the flag), and compare cuts the float side too."""
+    import json
+
+    from PIL import Image
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils as fu
+
+    from tl2k210.cli import main
+    m = fu.read_model(str(variants["float32"]))
+    sg = m.subgraphs[0]
+    op = sg.operators[-1]
+    code = m.operatorCodes[op.opcodeIndex]
+    code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
+    code.customCode = b"AcmeDecode"
+    before = sg.tensors[op.inputs[0]].name.decode()
+    src = tmp_path / "custom.tflite"
+    fu.write_model(m, str(src))
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(2)
+    for i in range(8):
+        Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8)).save(photos / f"{i}.png")
+    out = tmp_path / "out.kmodel"
+    assert main(["convert", str(src), str(out), "--dataset", str(photos), "-q"]) == 2
+    assert "custom op 'AcmeDecode'" in capsys.readouterr().err and not out.exists()
+    assert main(["convert", str(src), str(out), "--dataset", str(photos), "--outputs", before, "-q"]) == 0
+    meta = json.loads((tmp_path / "out.kmodel.json").read_text())
+    assert [o["name"] for o in meta["outputs"]] == [before]
+    assert main(["compare", str(src), str(out), "--dataset", str(photos), "--json", str(tmp_path / "c.json")]) == 0
+    rows = json.loads((tmp_path / "c.json").read_text())["outputs"]
+    assert list(rows) == [before] and rows[before]["sqnr_db"] > 25, rows

@@ -232,15 +232,38 @@ def map_pool_params(model, path):
     return n
 
 
-def densify(path, out_path):
+def cut_ops(model, names) -> int:
+    """--outputs: subgraph 0 ends at the tensors `names`, the operators none of them needs dropped
+    (before the custom-op check: an SSD's TFLite_Detection_PostProcess after its raw outputs).
+    Returns how many; 0 and nothing cut where a name is not a tensor of the file (the graph's cut,
+    compiler.cut_outputs, then names the nearest)."""
+    sg = model.subgraphs[0] if names else None
+    index = {t.name.decode(errors="replace"): i for i, t in enumerate(sg.tensors)} if sg else {}
+    if not names or any(n not in index for n in names):
+        return 0
+    wanted = [index[n] for n in dict.fromkeys(names)]
+    producer = {o: k for k, op in enumerate(sg.operators) for o in op.outputs}
+    keep, stack = set(), list(wanted)
+    while stack:
+        k = producer.get(stack.pop())
+        if k is not None and k not in keep:
+            keep.add(k)
+            stack.extend(i for i in sg.operators[k].inputs if i >= 0)
+    dropped = len(sg.operators) - len(keep)
+    sg.operators = [op for k, op in enumerate(sg.operators) if k in keep]
+    sg.outputs = wanted
+    return dropped
+
+
+def densify(path, out_path, outputs=None):
     """Write a copy of `path` with every DENSIFY op replaced by the dense constant it computes and
-    the custom ops that have a builtin form mapped (check_custom_ops refuses the others).
-    Returns the number of ops changed (0: nothing written)."""
+    the custom ops that have a builtin form mapped (check_custom_ops refuses the others), cut at
+    `outputs` (cut_ops). Returns the number of ops changed (0: nothing written)."""
     import numpy as np
     import tensorflow as tf
     from tensorflow.lite.tools import flatbuffer_utils as fu
     model = fu.read_model(str(path))
-    mapped = map_transpose_conv_bias(model) + map_pool_params(model, path)
+    mapped = cut_ops(model, outputs) + map_transpose_conv_bias(model) + map_pool_params(model, path)
     check_custom_ops(model, path)
     check_builtin_ops(model, path)
     ops = [(sg, op) for sg in model.subgraphs for op in sg.operators
@@ -281,14 +304,14 @@ def _tf2onnx(src, where, **kw):
     return tflite_ops.to_standard_ops(mediapipe_ops.to_standard_ops(model, where), where), external
 
 
-def from_tflite(path, opset=None):
+def from_tflite(path, opset=None, outputs=None):
     _check_header(path)
     kw = {"opset": opset} if opset else {}
     fd, dense = tempfile.mkstemp(suffix=".tflite", prefix="tl2k210-dense-")
     os.close(fd)
     try:
         try:
-            n = densify(path, dense)
+            n = densify(path, dense, outputs)
         except ModelLoadError:
             raise
         except Exception as e:
