@@ -591,7 +591,9 @@ def cut_outputs(graph, names, where: str) -> str:
     import difflib
     computed = [t for n in graph.nodes for t in n.outputs if t]
     for name in names:
-        if name not in computed and name not in graph.inputs:
+        if name in graph.inputs:
+            raise Tl2k210Error(f"{where}: --outputs {name!r} is the model's input; name tensors its layers compute")
+        if name not in computed:
             near = difflib.get_close_matches(name, computed, n=3, cutoff=0.5)
             raise Tl2k210Error(f"{where}: --outputs {name!r}: the model has no such tensor"
                                + (f"; nearest: {', '.join(map(repr, near))}" if near else "")

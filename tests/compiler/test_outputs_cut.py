@@ -41,6 +41,8 @@ def test_outputs_cuts_the_model_before_an_argmax_and_compare_follows(tmp_path, c
     assert main(["convert", str(src), str(out), "--dataset", str(photos), "--outputs", "score", "-q"]) == 2
     err = capsys.readouterr().err
     assert "--outputs 'score': the model has no such tensor; nearest: 'scores'" in err and not out.exists()
+    assert main(["convert", str(src), str(out), "--dataset", str(photos), "--outputs", "x", "-q"]) == 2
+    assert "--outputs 'x' is the model's input" in capsys.readouterr().err and not out.exists()
     assert main(["convert", str(src), str(out), "--dataset", str(photos), "--outputs", "scores",
                  "--report", str(tmp_path / "r.json")]) == 0
     err = capsys.readouterr().err
