@@ -73,9 +73,15 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
     meta = metadata.load_for(kmodel_path)
     ends = opts.outputs or ([o.get("name") for o in meta.outputs] if meta is not None else None)
     kw = {"weights": opts.weights} if opts.weights else {}
+    model = None
     if ends and str(float_model).lower().endswith(".tflite"):
-        kw["outputs"] = tuple(ends)         # as convert cut it (before a custom op TFLite cannot read)
-    model = frontends.load_model(float_model, **kw)
+        try:    # as convert cut it, before a custom op TFLite cannot read
+            model = frontends.load_model(float_model, outputs=tuple(ends), **kw)
+        except frontends.ModelLoadError:
+            if opts.outputs:
+                raise
+    if model is None:               # the metadata's names are not the file's: compare it whole
+        model = frontends.load_model(float_model, **kw)
     shapes = {model.graph.input[0].name: tuple(opts.input_shape)} if opts.input_shape else None
     graph = from_onnx(model, input_shapes=shapes)
     cut_outputs(graph, opts.outputs or _kmodel_ends(graph, ends), str(float_model))

@@ -407,6 +407,8 @@ def test_outputs_cuts_a_tflite_file_before_its_custom_op(variants, tmp_path, cap
     out = tmp_path / "out.kmodel"
     assert main(["convert", str(src), str(out), "--dataset", str(photos), "-q"]) == 2
     assert "custom op 'AcmeDecode'" in capsys.readouterr().err and not out.exists()
+    assert main(["convert", str(src), str(out), "--dataset", str(photos), "--outputs", before + "x", "-q"]) == 2
+    assert f"--outputs '{before}x': the file has no such tensor; nearest: '{before}'" in capsys.readouterr().err
     assert main(["convert", str(src), str(out), "--dataset", str(photos), "--outputs", before, "-q"]) == 0
     meta = json.loads((tmp_path / "out.kmodel.json").read_text())
     assert [o["name"] for o in meta["outputs"]] == [before]

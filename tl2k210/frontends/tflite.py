@@ -232,15 +232,21 @@ def map_pool_params(model, path):
     return n
 
 
-def cut_ops(model, names) -> int:
+def cut_ops(model, names, path) -> int:
     """--outputs: subgraph 0 ends at the tensors `names`, the operators none of them needs dropped
     (before the custom-op check: an SSD's TFLite_Detection_PostProcess after its raw outputs).
-    Returns how many; 0 and nothing cut where a name is not a tensor of the file (the graph's cut,
-    compiler.cut_outputs, then names the nearest)."""
-    sg = model.subgraphs[0] if names else None
-    index = {t.name.decode(errors="replace"): i for i, t in enumerate(sg.tensors)} if sg else {}
-    if not names or any(n not in index for n in names):
+    Returns how many; a name the file has no tensor of is refused with the nearest ones."""
+    if not names:
         return 0
+    import difflib
+    sg = model.subgraphs[0]
+    index = {t.name.decode(errors="replace"): i for i, t in enumerate(sg.tensors)}
+    for n in names:
+        if n not in index:
+            near = difflib.get_close_matches(n, list(index), n=3, cutoff=0.5)
+            raise ModelLoadError(f"{path}: --outputs {n!r}: the file has no such tensor"
+                                 + (f"; nearest: {', '.join(map(repr, near))}" if near else "")
+                                 + " (give tensor names as the file has them: netron shows them)")
     wanted = [index[n] for n in dict.fromkeys(names)]
     producer = {o: k for k, op in enumerate(sg.operators) for o in op.outputs}
     keep, stack = set(), list(wanted)
@@ -263,7 +269,7 @@ def densify(path, out_path, outputs=None):
     import tensorflow as tf
     from tensorflow.lite.tools import flatbuffer_utils as fu
     model = fu.read_model(str(path))
-    mapped = cut_ops(model, outputs) + map_transpose_conv_bias(model) + map_pool_params(model, path)
+    mapped = cut_ops(model, outputs, path) + map_transpose_conv_bias(model) + map_pool_params(model, path)
     check_custom_ops(model, path)
     check_builtin_ops(model, path)
     ops = [(sg, op) for sg in model.subgraphs for op in sg.operators
