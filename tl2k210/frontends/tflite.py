@@ -90,7 +90,8 @@ def check_custom_ops(model, path):
                 + f"; {_tensors(sg, op)}. Refused: a custom op is "
                 "code linked into the TFLite runtime, with no ONNX or K210 form; "
                 + REMEDIES.get("Signal" if signal else name,
-                               "cut the model before it and compute that step in the application"))
+                               "convert with --outputs naming its inputs (above) and compute that step "
+                               "in the application"))
 
 
 def _tensors(sg, op):
