@@ -74,8 +74,8 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
     ends = opts.outputs or ([o.get("name") for o in meta.outputs] if meta is not None else None)
     kw = {"weights": opts.weights} if opts.weights else {}
     model = None
-    if ends and str(float_model).lower().endswith(".tflite"):
-        try:    # as convert cut it, before a custom op TFLite cannot read
+    if ends:
+        try:    # as convert cut it (a .tflite before a custom op TFLite cannot read)
             model = frontends.load_model(float_model, outputs=tuple(ends), **kw)
         except frontends.ModelLoadError:
             if opts.outputs:

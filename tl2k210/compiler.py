@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tl2k210.errors import Tl2k210Error
+from tl2k210.errors import Tl2k210Error, nearest
 from tl2k210.graph import describe
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.ideal import ideal as graph_ideal
@@ -557,8 +557,8 @@ def load(source, opts: ConvertOptions) -> Loaded:
     load_kw = {"network": opts.network} if opts.network is not None else {}
     if opts.weights is not None:
         load_kw["weights"] = opts.weights
-    if opts.outputs and str(source).lower().endswith(".tflite"):
-        load_kw["outputs"] = tuple(opts.outputs)      # cut before TFLite's reader meets a custom op
+    if opts.outputs:
+        load_kw["outputs"] = tuple(opts.outputs)      # a .tflite: cut before TFLite's reader meets a custom op
     onnx_model = frontends.load_model(source, **load_kw)
     check_weight_budget(onnx_model, opts, where)
     shapes = None
@@ -588,15 +588,12 @@ def cut_outputs(graph, names, where: str) -> str:
     when `names` is empty. A name the graph does not have is refused, with the nearest ones."""
     if not names:
         return ""
-    import difflib
     computed = [t for n in graph.nodes for t in n.outputs if t]
     for name in names:
         if name in graph.inputs:
             raise Tl2k210Error(f"{where}: --outputs {name!r} is the model's input; name tensors its layers compute")
         if name not in computed:
-            near = difflib.get_close_matches(name, computed, n=3, cutoff=0.5)
-            raise Tl2k210Error(f"{where}: --outputs {name!r}: the model has no such tensor"
-                               + (f"; nearest: {', '.join(map(repr, near))}" if near else "")
+            raise Tl2k210Error(f"{where}: --outputs {name!r}: the model has no such tensor{nearest(name, computed)}"
                                + f" (its outputs: {', '.join(map(repr, graph.outputs))}); give tensor "
                                "names as the model file has them (netron shows them)")
     graph.outputs = list(dict.fromkeys(names))

@@ -1,6 +1,13 @@
 """One exception hierarchy. Every message names the file/layer/offset and what to do."""
 
 
+def nearest(name: str, names) -> str:
+    """'; nearest: 'a', 'b'' -- the names most like `name` that a message can offer, or ''."""
+    import difflib
+    near = difflib.get_close_matches(name, list(names), n=3, cutoff=0.5)
+    return f"; nearest: {', '.join(map(repr, near))}" if near else ""
+
+
 class Tl2k210Error(Exception):
     """Base class of every error tl2k210 raises on purpose."""
 

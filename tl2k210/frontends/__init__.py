@@ -36,7 +36,10 @@ def load_model(src, **opts):
     `Model.save` .h5 (architecture and weights: no network needed), Keras model or
     `.keras`/`.h5` file (or an architecture `.json` with weights=`.h5`), SavedModel directory,
     `.tflite`, `.onnx`. A TensorLayer weight file needs its network: `load_model("w.npz",
-    network=model)`."""
+    network=model)`. opts `outputs` (--outputs' tensor names): a `.tflite` file is cut there before
+    TensorFlow Lite's reader meets a custom op after them; other kinds are cut on the graph
+    (compiler.cut_outputs)."""
+    outputs = opts.pop("outputs", None)
     if not isinstance(src, (str, Path)):
         mod = type(src).__module__
         if mod.startswith("tensorlayer"):
@@ -53,12 +56,12 @@ def load_model(src, **opts):
         raise ModelLoadError(f"cannot convert a {type(src).__name__} ({mod}); give a TensorLayer/Keras model "
                              "or a .keras/.h5/.tflite/.onnx file or a SavedModel directory")
     import onnx
-    key = _cache_key(src, opts)
+    key = _cache_key(src, {**opts, "outputs": ",".join(outputs) if outputs else None})
     if key is not None and key in _CACHE:
         m = onnx.ModelProto()
         m.CopyFrom(_CACHE[key])
         return m
-    model = _load_path(Path(src), **opts)
+    model = _load_path(Path(src), outputs, **opts)
     if key is not None:
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
@@ -67,7 +70,7 @@ def load_model(src, **opts):
     return model
 
 
-def _load_path(path, **opts):
+def _load_path(path, outputs=None, **opts):
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or directory; check the path")
     suffix = path.suffix.lower()
@@ -96,7 +99,7 @@ def _load_path(path, **opts):
     if suffix == ".tflite":
         quiet.tensorflow()
         from .tflite import from_tflite
-        return from_tflite(path, **opts)
+        return from_tflite(path, outputs=outputs, **opts)
     if suffix == ".pb":
         quiet.tensorflow()
         from .frozen_pb import from_frozen_pb

@@ -33,6 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tl2k210.errors import nearest
+
 from . import OPSET, ModelLoadError, mediapipe_ops, tf_convert, tflite_ops
 
 
@@ -239,14 +241,11 @@ def cut_ops(model, names, path) -> int:
     Returns how many; a name the file has no tensor of is refused with the nearest ones."""
     if not names:
         return 0
-    import difflib
     sg = model.subgraphs[0]
     index = {t.name.decode(errors="replace"): i for i, t in enumerate(sg.tensors)}
     for n in names:
         if n not in index:
-            near = difflib.get_close_matches(n, list(index), n=3, cutoff=0.5)
-            raise ModelLoadError(f"{path}: --outputs {n!r}: the file has no such tensor"
-                                 + (f"; nearest: {', '.join(map(repr, near))}" if near else "")
+            raise ModelLoadError(f"{path}: --outputs {n!r}: the file has no such tensor{nearest(n, index)}"
                                  + " (give tensor names as the file has them: netron shows them)")
     wanted = [index[n] for n in dict.fromkeys(names)]
     producer = {o: k for k, op in enumerate(sg.operators) for o in op.outputs}

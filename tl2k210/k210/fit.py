@@ -206,9 +206,9 @@ def choose_forms(build, budget: int, optimize: str = "latency", v4=None) -> Choi
         other = _choose_forms(v4, budget, "size")
     except Tl2k210Error:
         return choice
-    floor = min(choice.built.need, other.built.need)
-    if other.built.need > floor * (1 + SIZE_SLACK) or (other.built.est.cycles, other.built.need) >= (
-            choice.built.est.cycles, choice.built.need) and choice.built.need <= floor * (1 + SIZE_SLACK):
+    cap = _size_cap(min(choice.built.need, other.built.need))     # the fastest within the slack
+    if min((c for c in (choice, other) if c.built.need <= cap),
+           key=lambda c: (c.built.est.cycles, c.built.need)) is choice:
         return choice
     saves = choice.built.need - other.built.need
     other.format_note = ("kmodel v4 (--format auto --optimize size): " + (
@@ -338,6 +338,11 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     return choice(best, trades(a, best.per_node(), why) + parked_trade(best.lw, why) + kept)
 
 
+def _size_cap(need: int) -> int:
+    """The most bytes --optimize size accepts for speed against its smallest model of `need`."""
+    return need + int(SIZE_SLACK * need)
+
+
 def _size_slack(build, best, chosen, a, b, budget):
     """(lowering, receipt lines): --optimize size's smallest lowering `best` (given the smaller
     forms `chosen`) with the fast forms given back to the layers whose smaller forms save the
@@ -346,7 +351,7 @@ def _size_slack(build, best, chosen, a, b, budget):
     smaller form that saves a few bytes of alignment is not worth a conv 160x slower (Maix-EMC's
     CIFAR net: a 3x3 conv's 18 KiB either way, 0.43 or 70.8 ms). Kept when the whole model is
     then within SIZE_SLACK of `best` and faster."""
-    allowance = int(SIZE_SLACK * best.need)
+    allowance = _size_cap(best.need) - best.need
     gains = {n: (a[n][0] - b[n][0], b[n][1] - a[n][1]) for n in chosen or () if n in a and n in b}
     back, saved = set(), 0
     for n in sorted((n for n, (_, lost) in gains.items() if lost > 0),
@@ -360,7 +365,7 @@ def _size_slack(build, best, chosen, a, b, budget):
         trial = build(frozenset(chosen) - back)
     except Tl2k210Error:
         return best, []
-    if (trial.need > best.need + allowance or trial.est.cycles >= best.est.cycles
+    if (trial.need > _size_cap(best.need) or trial.est.cycles >= best.est.cycles
             or trial.need > budget >= best.need):
         return best, []
     return trial, [f"{len(back)} layer(s) kept their fast forms ({', '.join(sorted(back)[:3])}"
