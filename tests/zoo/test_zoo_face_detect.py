@@ -10,6 +10,7 @@ exactly; TOL only absorbs the 4-decimal rounding of results.json."""
 import json
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import REPO
@@ -127,3 +128,37 @@ def test_demo_cli_runs_the_script_with_the_models_anchors(built, tmp_path, capsy
     text = capsys.readouterr().out
     assert rc == 0 and "face_detect.py's `anchor = (...)` set to the detector's, from its metadata" in text
     assert text.count("face x=") == DEMO_BOXES and f"faces: {DEMO_BOXES}" in text
+
+
+def test_train_torch_pack_feeds_the_same_sampler(tmp_path, monkeypatch):
+    """train_torch's `pack` (the training sets small enough to send to a GPU machine): the longer
+    side cut to PACK_SIDE, boxes scaled with it, WebP images that the sampler reads, and the
+    background photos carried as uint8 arrays; make_batch gives one step's frames and targets."""
+    from PIL import Image
+
+    from models.face_detect import train_torch as tt
+    src = tmp_path / "src"
+    for sub in ("caltech_webfaces", "face_mask_kaggle"):
+        (src / sub / "images").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (400, 640, 3), dtype=np.uint8)).save(src / "caltech_webfaces/images/a.jpg")
+    Image.fromarray(rng.integers(0, 255, (200, 128, 4), dtype=np.uint8)).save(src / "face_mask_kaggle/images/m.png")
+    (src / "caltech_webfaces/boxes_derived.txt").write_text("a.jpg 64.0 40.0 192.0 168.0\n")
+    (src / "face_mask_kaggle/boxes.txt").write_text("m.png with_mask 10 20 50 60\nm.png without_mask 60 70 90 110\n")
+    monkeypatch.setattr(data, "_read_rgb", data._read_rgb)        # use_pack patches these two
+    monkeypatch.setattr(data, "_backgrounds", data._backgrounds)
+    tt.pack(src, tmp_path / "pack")
+    s = tt.PACK_SIDE / 640
+    assert (tmp_path / "pack/caltech_webfaces/boxes_derived.txt").read_text() == \
+        f"a.webp {64 * s:.1f} {40 * s:.1f} {192 * s:.1f} {168 * s:.1f}\n"
+    assert (tmp_path / "pack/face_mask_kaggle/boxes.txt").read_text().splitlines()[1] == \
+        "m.webp without_mask 60.0 70.0 90.0 110.0"          # smaller than PACK_SIDE: unscaled
+    with Image.open(tmp_path / "pack/caltech_webfaces/images/a.webp") as im:
+        assert im.format == "WEBP" and im.size == (256, 160)
+    tt.use_pack(tmp_path / "pack")
+    assert len(data._backgrounds()) == 22 and data._backgrounds()[0].dtype == np.float32
+    step, imgs, mask, *_ = tt.make_batch((3, 4, str(tmp_path / "pack")))
+    assert step == 3 and imgs.shape == (4, data.H, data.W, 3) and imgs.dtype == np.uint8
+    assert mask.shape == (4, 15, 20, 5)
+    assert tt.lr_at(0, 100, 1.0, 10) == 0.05 and tt.lr_at(10, 100, 1.0, 10) == 1.0
+    assert abs(tt.lr_at(100, 100, 1.0, 10) - 0.01) < 1e-12 and tt.lr_at(50, 100, 1.0, 10, done=1.0) == tt.lr_at(100, 100, 1.0, 10)
