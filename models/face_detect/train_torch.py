@@ -32,8 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent.parent))   # `models.<name>` imports
+from tl2k210 import paths
+
+sys.path.insert(0, str(paths.models_dir().parent))   # `models.<name>` imports (checkout or wheel)
+HERE = paths.models_dir() / "face_detect"
 
 from models.face_detect import data, train  # noqa: E402
 from models.face_detect.network import CHANNELS, N_ANCHORS  # noqa: E402

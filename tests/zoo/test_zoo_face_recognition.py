@@ -104,7 +104,7 @@ def test_host_pipeline_who_is_this_on_orl(built, detector, faces):
 @pytest.mark.slow
 def test_maixpy_script_enrolls_on_button_press_then_recognises(built, detector, faces, tmp_path):
     """firmware/face_recognition.py as the build writes it (the zoo detector's anchors) on the host MaixPy, the BOOT key pressed on frames 0
-    and 1 (ORL s1 and s2, image 1); then image 6 of each: s1 is named person1 (0.622, measured),
+    and 1 (ORL s1 and s2, image 1); then image 6 of each: s1 is named person1 (0.677, measured),
     s2's face is not detected (as in the host pipeline)."""
     from tl2k210.maixpy import board, run_script
     flash = board.flash_kfpkg(built["kfpkg"], tmp_path / "flash.bin")     # embedder at 0x400000
@@ -123,7 +123,7 @@ def test_maixpy_script_enrolls_on_button_press_then_recognises(built, detector, 
             per_frame.append(cur)
             cur = []
     assert [line for line in res.lines if line.startswith("enrolled")] == ["enrolled person1", "enrolled person2"]
-    assert [f["name"] for f in per_frame[2]] == ["person1"] and abs(float(per_frame[2][0]["score"]) - 0.622) <= TOL
+    assert [f["name"] for f in per_frame[2]] == ["person1"] and abs(float(per_frame[2][0]["score"]) - 0.677) <= TOL
     assert per_frame[3] == []
 
 
