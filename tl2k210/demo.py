@@ -2,7 +2,7 @@
 into an emulated board, run the unchanged MaixPy firmware script on the host on a real photo,
 and write the annotated PNG and the report.
 
-Until models/face_detect/weights.npz exists (train it with models/face_detect/train.py), the demo
+Until models/face_detect/weights.npz exists (models/face_detect/README.md, Training), the demo
 uses MaixPy's own face-detection package from the testdata with the same firmware script.
 """
 from __future__ import annotations
@@ -44,7 +44,8 @@ def main(argv=None):
     if recipe is not None and (recipe.folder / "weights.npz").exists():
         print("building the face_detect zoo model from its committed weights ...", file=sys.stderr)
         built = zoo.build("face_detect", out / "zoo", progress=True)
-        kfpkg, source = Path(built["kfpkg"]), "zoo face_detect (TensorLayer, trained by models/face_detect/train.py)"
+        kfpkg = Path(built["kfpkg"])
+        source = "zoo face_detect (TensorLayer, trained by models/face_detect/train.py and train_torch.py)"
         receipt_text = (out / "zoo" / "face_detect.report.txt").read_text()
     else:
         kfpkg = paths.testdata("kfpkg", "face_model_at_0x300000.kfpkg")

@@ -161,4 +161,5 @@ def test_train_torch_pack_feeds_the_same_sampler(tmp_path, monkeypatch):
     assert step == 3 and imgs.shape == (4, data.H, data.W, 3) and imgs.dtype == np.uint8
     assert mask.shape == (4, 15, 20, 5)
     assert tt.lr_at(0, 100, 1.0, 10) == 0.05 and tt.lr_at(10, 100, 1.0, 10) == 1.0
-    assert abs(tt.lr_at(100, 100, 1.0, 10) - 0.01) < 1e-12 and tt.lr_at(50, 100, 1.0, 10, done=1.0) == tt.lr_at(100, 100, 1.0, 10)
+    assert abs(tt.lr_at(100, 100, 1.0, 10) - 0.01) < 1e-12
+    assert tt.lr_at(50, 100, 1.0, 10, done=1.0) == tt.lr_at(100, 100, 1.0, 10)   # the time budget ends it
