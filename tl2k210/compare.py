@@ -6,7 +6,7 @@ import numpy as np
 
 from tl2k210 import frontends, metadata
 from tl2k210.compiler import ConvertOptions, cut_outputs, input_affine, model_input_range, model_inputs
-from tl2k210.errors import Tl2k210Error
+from tl2k210.errors import Tl2k210Error, UnknownOutputError
 from tl2k210.graph import from_onnx
 from tl2k210.k210 import yolo
 from tl2k210.k210.emulator import Emulator
@@ -77,7 +77,7 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
     if ends:
         try:    # as convert cut it (a .tflite before a custom op TFLite cannot read)
             model = frontends.load_model(float_model, outputs=tuple(ends), **kw)
-        except frontends.ModelLoadError:
+        except UnknownOutputError:      # any other load error: the file itself, read once
             if opts.outputs:
                 raise
     if model is None:               # the metadata's names are not the file's: compare it whole

@@ -65,3 +65,7 @@ class OutputPathError(Tl2k210Error):
 
 class ModelLoadError(Tl2k210Error, ValueError):
     """A model file is missing, corrupt, malformed or of a kind tl2k210 does not read."""
+
+
+class UnknownOutputError(ModelLoadError):
+    """--outputs names a tensor the model file does not have."""

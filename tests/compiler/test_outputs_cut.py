@@ -53,3 +53,21 @@ def test_outputs_cuts_the_model_before_an_argmax_and_compare_follows(tmp_path, c
     assert main(["compare", str(src), str(out), "--dataset", str(photos), "--json", str(tmp_path / "c.json")]) == 0
     rows = json.loads((tmp_path / "c.json").read_text())["outputs"]
     assert list(rows) == ["scores"] and rows["scores"]["sqnr_db"] > 30, rows
+
+
+def test_compare_reads_a_broken_file_once_with_the_kmodels_outputs(tmp_path, capsys, monkeypatch):
+    """compare first loads the float model cut at the kmodel's metadata outputs; only a name the
+    file lacks (UnknownOutputError) sends it to load the file whole. A file that does not load at
+    all is refused after one read, not two."""
+    from tl2k210 import frontends
+    src, photos = _segmenter(tmp_path)
+    out = tmp_path / "seg.kmodel"
+    assert main(["convert", str(src), str(out), "--dataset", str(photos), "--outputs", "scores", "-q"]) == 0
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(src.read_bytes()[:100])
+    reads = []
+    real = frontends._load_path
+    monkeypatch.setattr(frontends, "_load_path", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    capsys.readouterr()
+    assert main(["compare", str(broken), str(out), "--dataset", str(photos)]) == 2
+    assert "broken.onnx" in capsys.readouterr().err and reads == [broken]

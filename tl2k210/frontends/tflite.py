@@ -33,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tl2k210.errors import nearest
+from tl2k210.errors import UnknownOutputError, nearest
 
 from . import OPSET, ModelLoadError, mediapipe_ops, tf_convert, tflite_ops
 
@@ -245,7 +245,7 @@ def cut_ops(model, names, path) -> int:
     index = {t.name.decode(errors="replace"): i for i, t in enumerate(sg.tensors)}
     for n in names:
         if n not in index:
-            raise ModelLoadError(f"{path}: --outputs {n!r}: the file has no such tensor{nearest(n, index)}"
+            raise UnknownOutputError(f"{path}: --outputs {n!r}: the file has no such tensor{nearest(n, index)}"
                                  + " (give tensor names as the file has them: netron shows them)")
     wanted = [index[n] for n in dict.fromkeys(names)]
     producer = {o: k for k, op in enumerate(sg.operators) for o in op.outputs}
