@@ -159,11 +159,10 @@ def arrays_of(net):
 
 
 def save_npz(arrays, path: Path):
+    from tl2k210.fileio import atomic_write
     buf = io.BytesIO()
     np.savez_compressed(buf, **{f"arr_{i}": a for i, a in enumerate(arrays)})
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(buf.getvalue())
-    os.replace(tmp, path)
+    atomic_write(path, buf.getvalue())
 
 
 # ------------------------------------------------------------------ training
@@ -261,6 +260,11 @@ def main(argv=None):
             arrays = [z[f"arr_{i}"] for i in range(len(z.files))]
         load_arrays(torch, net, train.slimmed(arrays, CHANNELS))
         say(f"initialised from {args.init}")
+    else:                     # train.py's start: objectness prior ~2 %
+        with torch.no_grad():
+            head = _convs_bns(net)[2]
+            head.bias.zero_()
+            head.bias.view(N_ANCHORS, 6)[:, 4] = -4.0
     net = net.to(dev).to(memory_format=torch.channels_last)
     ema = build(torch, CHANNELS).to(dev)
     ema.load_state_dict(net.state_dict())
