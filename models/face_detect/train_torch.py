@@ -278,8 +278,12 @@ def main(argv=None):
         save_npz(arrays_of(net), out / "raw.npz")
         say(f"saved step {step}")
 
+    e_float = [v for v in ema.state_dict().values() if v.dtype.is_floating_point]
+    n_float = [v for v in net.state_dict().values() if v.dtype.is_floating_point]
+    e_int = [v for v in ema.state_dict().values() if not v.dtype.is_floating_point]
+    n_int = [v for v in net.state_dict().values() if not v.dtype.is_floating_point]
     t0 = time.time()
-    acc, n_acc, wait = np.zeros(5), 0, 0.0
+    acc, n_acc, wait = torch.zeros(5, device=dev), 0, 0.0
     net.train()
     step = 0
     for step in range(args.steps):
@@ -299,22 +303,21 @@ def main(argv=None):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 10.0)
         opt.step()
-        with torch.no_grad():
+        with torch.no_grad():       # two fused calls a step, no host sync
             d = min(args.ema, (1 + step) / (10 + step))
-            for e, p in zip(ema.state_dict().values(), net.state_dict().values()):
-                if e.dtype.is_floating_point:
-                    e.mul_(d).add_(p.detach(), alpha=1 - d)
-                else:
-                    e.copy_(p)
-        acc += np.concatenate([[loss.item()], parts.detach().cpu().numpy()])
+            torch._foreach_lerp_(e_float, n_float, 1 - d)
+            for e, p in zip(e_int, n_int):
+                e.copy_(p)
+            acc += torch.cat([loss.detach()[None], parts.detach()])
         n_acc += 1
         if (step + 1) % 100 == 0:
             el = time.time() - t0
-            a = acc / n_acc
+            a = (acc / n_acc).tolist()
             say(f"step {step + 1}/{args.steps} loss {a[0]:.3f} (xy {a[1]:.3f} wh {a[2]:.3f} obj {a[3]:.3f} "
                 f"noobj {a[4]:.3f}) lr {lr:.2e} "
                 f"{(step + 1) / el:.1f} steps/s, data wait {wait / el:.0%}, {el / 60:.1f} min")
-            acc[:], n_acc = 0, 0
+            acc.zero_()
+            n_acc = 0
         if (step + 1) % args.save_every == 0:
             save(step + 1)
         if done >= 1.0:
