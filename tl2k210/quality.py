@@ -73,8 +73,24 @@ def quality_gate(receipt, nonfinite, min_sqnr, own_quantization=False):
         f"--min-sqnr {min_sqnr:g} dB{where}. "
         + (f"{AT_IDEAL} (the float model with uint8 tensors at the calibrated "
            "ranges): the ranges limit it, not the mapping to the K210. " if at_ideal else "")
+        + _size_trades(receipt)
         + "Try: --calibrate-method mse or percentile (ranges less "
         "stretched by rare values), calibration images like the camera sees (--dataset, --calib-limit), "
         "--input-range/--mean/--std as the model was trained, --weight-bits 16"
         + (", --float-fc (dense layers in float)" if dense else "") + ". Nothing was written; --min-sqnr 0 "
         "accepts it.", receipt)
+
+
+def _size_trades(receipt) -> str:
+    """What --optimize size did to the arithmetic, where it did: the layers it gave uint8 CPU
+    forms that round the weights again (an int8 model's own per-channel weights, exact on the
+    KPU, lose that in each; MobileNetV2 from TFLite Micro: 14.7 dB in the default forms, -12.2
+    with 21 such layers)."""
+    if receipt.totals.get("optimize") != "size":
+        return ""
+    redone = [t.split(":")[0] for t in getattr(receipt, "trades", []) if "uint8 weights" in t]
+    if not redone:
+        return ""
+    return (f"--optimize size gave {len(redone)} layer(s) a uint8 CPU form that rounds the weights again "
+            f"(the receipt's `traded:` lines, the first {redone[0]!r}); without --optimize size a layer "
+            "takes a smaller form only where the model would not fit otherwise. ")

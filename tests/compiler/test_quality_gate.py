@@ -133,3 +133,26 @@ def test_refusal_says_when_the_ideal_itself_is_that_low(ideal, says):
         quality_gate(rec, {"obj": 0}, 15)
     assert ("within 1 dB of the 8-bit ideal" in str(e.value)) is says
     assert "obj 10.7 dB" in str(e.value) and "--calibrate-method" in str(e.value)
+
+
+@pytest.mark.parametrize("optimize, says", [("size", True), ("latency", False)])
+def test_refusal_names_the_weights_size_mode_rounded_again(optimize, says):
+    """TFLite Micro's int8 MobileNetV2 with --optimize size: 21 layers in uint8 CPU forms that round
+    the file's per-channel int8 weights again, -12.2 dB (14.7 in the default forms). The refusal
+    says what size mode did and that the default would not, besides the calibration advice."""
+    from types import SimpleNamespace
+
+    from tl2k210.errors import QualityError
+    from tl2k210.quality import quality_gate
+    trades = ["conv_a: quantized_conv2d (uint8 weights per layer, 41.0 dB), 576 B, est. 96.34 ms; kpu_conv would "
+              "take 784 B, 0.51 ms", "pick_b: kpu_conv (stride 1 + CPU pick), 2,592 B, est. 0.89 ms",
+              "conv_c: quantized_conv2d (uint8 weights in 3 channel ranges of their own scale, 38.1 dB), 3,552 B"]
+    rec = SimpleNamespace(source="m.tflite", layers=[], trades=trades,
+                          totals={"outputs": {"y": {"sqnr_db": -12.2, "ideal_db": 14.4}}, "sqnr_samples": 8,
+                                  "optimize": optimize})
+    with pytest.raises(QualityError) as e:
+        quality_gate(rec, {"y": 0}, 15)
+    text = str(e.value)
+    assert ("--optimize size gave 2 layer(s) a uint8 CPU form that rounds the weights again" in text and
+            "the first 'conv_a'" in text) is says
+    assert "y -12.2 dB (8-bit ideal 14.4 dB)" in text and "--calibrate-method" in text
