@@ -117,6 +117,17 @@ def load_npy(path, max_bytes=MAX_ARRAY_BYTES, expect_size=None, expect_text="", 
         raise InputFileError(f"cannot read {p}: {exc.strerror or exc}") from None
 
 
+def save_npz(path, arrays):
+    """`arrays` as arr_0, arr_1, ... of a compressed .npz at `path`, written atomically (what
+    load_npz and zoo.load_weights read)."""
+    import io
+
+    from tl2k210.fileio import atomic_write
+    buf = io.BytesIO()
+    np.savez_compressed(buf, *[np.asarray(a) for a in arrays])
+    atomic_write(path, buf.getvalue())
+
+
 def load_npz(path, max_bytes=MAX_ARRAY_BYTES):
     """[(name, array)] of a .npz archive, each member checked like a .npy file; the total is
     bounded by `max_bytes`."""

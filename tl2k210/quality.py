@@ -88,7 +88,7 @@ def _size_trades(receipt) -> str:
     with 21 such layers)."""
     if receipt.totals.get("optimize") != "size":
         return ""
-    redone = [t.split(":")[0] for t in getattr(receipt, "trades", []) if "uint8 weights" in t]
+    redone = [t.split(":")[0] for t in receipt.trades if "uint8 weights" in t]
     if not redone:
         return ""
     return (f"--optimize size gave {len(redone)} layer(s) a uint8 CPU form that rounds the weights again "

@@ -17,7 +17,6 @@ recipe.toml keys:
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 import re
 import tempfile
@@ -99,11 +98,9 @@ def _resolve(ref: str, folder: Path) -> Path:
 
 # ---------------------------------------------------------------------------------------------
 def save_weights(net, path):
-    """TensorLayer model weights as arrays in `all_weights` order (np.savez, atomic)."""
-    from tl2k210.fileio import atomic_write
-    buf = io.BytesIO()
-    np.savez_compressed(buf, *[np.asarray(w.numpy()) for w in net.all_weights])
-    atomic_write(path, buf.getvalue())
+    """TensorLayer model weights as arrays in `all_weights` order (arrays.save_npz: atomic)."""
+    from tl2k210.arrays import save_npz
+    save_npz(path, [w.numpy() for w in net.all_weights])
 
 
 def load_weights(net, path):

@@ -32,7 +32,6 @@ With --threads 1 (the default) a run is bit-reproducible.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import queue
 import sys
@@ -118,15 +117,12 @@ def reanchored(head_bias, old, new):
 
 def average(paths, out):
     """The element-wise mean of zoo.save_weights npz files, written (atomically) to `out`."""
-    from tl2k210.arrays import load_npz
-    from tl2k210.fileio import atomic_write
+    from tl2k210.arrays import load_npz, save_npz
     sets = [dict(load_npz(p)) for p in paths]
     if any(set(s) != set(sets[0]) or any(s[k].shape != sets[0][k].shape for k in s) for s in sets):
         data.fail(f"--average {','.join(paths)}: the files hold different networks")
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **{k: np.mean([s[k] for s in sets], 0).astype(sets[0][k].dtype)
-                                for k in sorted(sets[0], key=lambda k: int(k.split("_")[1]))})
-    atomic_write(out, buf.getvalue())
+    save_npz(out, [np.mean([s[k] for s in sets], 0).astype(sets[0][k].dtype)
+                   for k in sorted(sets[0], key=lambda k: int(k.split("_")[1]))])
     print(f"wrote the mean of {len(paths)} weight files to {out}")
     return 0
 

@@ -23,7 +23,6 @@ face-free background photos as backgrounds.npz (uint8), which then replace data.
 from __future__ import annotations
 
 import argparse
-import io
 import math
 import os
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from tl2k210 import paths
+from tl2k210.arrays import save_npz
 
 sys.path.insert(0, str(paths.models_dir().parent))   # `models.<name>` imports (checkout or wheel)
 HERE = paths.models_dir() / "face_detect"
@@ -158,13 +158,6 @@ def arrays_of(net):
     return [np.ascontiguousarray(a, np.float32) for a in out]
 
 
-def save_npz(arrays, path: Path):
-    from tl2k210.fileio import atomic_write
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **{f"arr_{i}": a for i, a in enumerate(arrays)})
-    atomic_write(path, buf.getvalue())
-
-
 # ------------------------------------------------------------------ training
 def lr_at(step, steps, lr, warmup, done=0.0):
     """Linear warm-up from 5 %, then cosine to 1 % at `steps` -- or sooner, at the share `done`
@@ -274,8 +267,8 @@ def main(argv=None):
     opt = torch.optim.Adam(net.parameters(), lr=args.lr)
 
     def save(step):
-        save_npz(arrays_of(ema), out / "weights.npz")
-        save_npz(arrays_of(net), out / "raw.npz")
+        save_npz(out / "weights.npz", arrays_of(ema))
+        save_npz(out / "raw.npz", arrays_of(net))
         say(f"saved step {step}")
 
     e_float = [v for v in ema.state_dict().values() if v.dtype.is_floating_point]

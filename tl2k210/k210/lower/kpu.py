@@ -123,9 +123,9 @@ def quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row,
 
 @dataclass
 class _Notes:
-    """What quantizing a layer tells its receipt row (a memoised result carries it)."""
+    """What quantizing a layer tells its receipt row (a memoised result carries it; the table's
+    fit error is the result's own `fit_lsb`)."""
     notes: list = field(default_factory=list)
-    act_fit_lsb: float = 0.0
 
 
 def _layer_key(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, exact_rounding, out_offset):
@@ -185,7 +185,6 @@ def _quantized(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row, exac
         row.notes.append(f"activation {name}: {hw.ACT_SEGMENTS}-segment table, max error "
                          f"{lq.fit_lsb:.2f} output LSB (rounding alone: 0.50) over the calibrated input "
                          f"[{y_lo:.3g}, {y_hi:.3g}]")
-    row.act_fit_lsb = lq.fit_lsb
     return lq
 
 
@@ -290,7 +289,6 @@ def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, 
         why += [] if on_grid else ["weights re-rounded (not on one 8-bit grid per channel)"]
         why += [] if margin < 0.01 else [f"multipliers {margin:.2g} LSB off"]
         row.notes.append("not exact: " + "; ".join(why) + f" (vs TFLite's {kernels})")
-    row.act_fit_lsb = lq.fit_lsb
     return lq
 
 
