@@ -10,8 +10,9 @@
   `@pytest.mark.slow` (conversions of real-size networks, fault trials, fuzzing, training).
   Slow tests are scheduled first so that no long test starts last on one worker.
 * One BLAS thread per test process (see below).
-* `front_helpers.rand` draws from a generator seeded by the test's own id before each test, so a
-  test sees the same inputs whichever tests xdist ran before it on its worker.
+* A module-level `RNG` (in a test module, `front_helpers`, `lower_helpers`) is reseeded from the
+  test's own id before each test, so a test sees the same numbers whichever tests xdist ran
+  before it on its worker. Draw from `RNG`, never from a generator kept across tests.
 """
 import contextlib
 import fcntl
@@ -96,11 +97,16 @@ def _locked(path: Path):
 
 @pytest.fixture(autouse=True)
 def _seeded_inputs(request):
-    """Each test's random inputs depend on its id only, not on the order xdist ran the tests."""
+    """Each test's random numbers depend on its id only, not on the tests xdist ran before it on
+    its worker: every module-level `RNG` (the test module's, the helpers') is reseeded from it."""
     import numpy as np
 
     import front_helpers
-    front_helpers.RNG = np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+    import lower_helpers
+    seed = zlib.crc32(request.node.nodeid.encode())
+    for mod in (request.module, front_helpers, lower_helpers):
+        if isinstance(getattr(mod, "RNG", None), np.random.Generator):
+            mod.RNG = np.random.default_rng(seed)
 
 
 @pytest.fixture(scope="session", autouse=True)
