@@ -137,9 +137,9 @@ def test_refusal_says_when_the_ideal_itself_is_that_low(ideal, says):
 
 @pytest.mark.parametrize("optimize, says", [("size", True), ("latency", False)])
 def test_refusal_names_the_weights_size_mode_rounded_again(optimize, says):
-    """TFLite Micro's int8 MobileNetV2 with --optimize size: 21 layers in uint8 CPU forms that round
-    the file's per-channel int8 weights again, -12.2 dB (14.7 in the default forms). The refusal
-    says what size mode did and that the default would not, besides the calibration advice."""
+    """A size-mode receipt with uint8 CPU forms that round a file's per-channel int8 weights again
+    (TFLite Micro's int8 MobileNetV2 has 21) and an output below the gate: the refusal says what
+    size mode did and that the default would not, besides the calibration advice."""
     from types import SimpleNamespace
 
     from tl2k210.errors import QualityError

@@ -28,6 +28,43 @@ def _act(g, node):
     return activation_of(g, node)
 
 
+def act_bounds(act):
+    """(lo, hi) of a clamp activation (Relu, Clip); None for none or any other."""
+    if act is None:
+        return None
+    if act["op"] == "Relu":
+        return (0.0, np.inf)
+    if act["op"] == "Clip":
+        return (float(act.get("min", -np.inf)), float(act.get("max", np.inf)))
+    return None
+
+
+def grid_clamp(bounds, s, z):
+    """(q_lo, q_hi): the uint8 codes of a clamp's `bounds` on the grid (s, z) -- what TFLite
+    applies to a fused ReLU / ReLU6 after requantizing -- or None where the uint8 range [0, 255]
+    is that clamp already (a calibrated range lies within the bounds). A quantized model's own
+    grid need not: the MobileNetV2 TFLite Micro exports from PyTorch has fused ReLU6 convs whose
+    output grid reaches down to -0.80."""
+    if bounds is None:
+        return None
+    lo, hi = bounds
+    q_lo = 0 if not np.isfinite(lo) else int(np.clip(z + np.rint(lo / s), 0, 255))
+    q_hi = 255 if not np.isfinite(hi) else int(np.clip(z + np.rint(hi / s), 0, 255))
+    return None if (q_lo, q_hi) == (0, 255) else (q_lo, q_hi)
+
+
+def clamp_after(lw, t, codes, what, row):
+    """Clamp the uint8 map `t`, just written by a CPU layer, to `codes` in place: one REQUANTIZE
+    whose table is the identity between them (kmodel.v3.IN_PLACE; the grid stays t's)."""
+    loc = lw.locs[t]
+    lw.emit("REQUANTIZE", dict(flags=1, main_mem_in_address=loc.u8, main_mem_out_address=loc.u8,
+                               count=int(np.prod(loc.shape))), row,
+            data={"table": np.clip(U8, *codes).astype(np.uint8)})
+    lw.traced(t, "u8")
+    row.notes.append(f"{what} as a clamp to codes {codes[0]}..{codes[1]} of the output grid, which "
+                     "reaches past its bounds (a 256-entry table, in place)")
+
+
 # ------------------------------------------------------------------ uint8 layers
 def add_refuses(g, node, opts):
     if len(node.inputs) != 2 or any(g.const(i) is not None for i in node.inputs):
@@ -115,6 +152,8 @@ def quantized_add(lw, node):
         count=n, in_a_offset=off_a, in_a_mul=ma, in_a_shift=0, in_b_offset=off_b, in_b_mul=mb,
         in_b_shift=0, out_offset=off_o, out_mul=mul, out_shift=sh), row)
     if relu:
+        if (codes := grid_clamp(act_bounds(_act(lw.g, cons[0])), so, zo)) is not None:
+            clamp_after(lw, out, codes, cons[0].op, row)
         lw.traced(cons[0].outputs[0], "u8")
         row.tensor = cons[0].outputs[0]
         lw.alias(cons[0].outputs[0], out)

@@ -3,8 +3,9 @@
 * `quantized_conv2d` (uint8, any kernel / stride / dilation / groups / padding): per-layer uint8
   weights w = s_w (q - z_w), int32 bias in accumulator units, acc = bias + sum (x - z_x)(w - z_w),
   output = mul_and_carry_shift(acc, m, k) + z_y with m / 2^k = s_x s_w / s_y (31-bit multiplier; the
-  product stays inside int64). A ReLU / Clip(0, b) is the uint8 clamp of the activation's range;
-  any other activation is a 256-entry table after it; a fused pool runs after that.
+  product stays inside int64). A ReLU / Clip(0, b) is the uint8 clamp of the activation's range
+  (or, on a quantized model's own grid that reaches past the bounds, a clamp table after it:
+  cpu.grid_clamp); any other activation is a 256-entry table after it; a fused pool runs after that.
   Refused (float conv2d instead) when per-layer uint8 weights lose too much: an SQNR of the
   weights below WEIGHT_SQNR_MIN dB (nncase v0.2 falls back to float on a weight range > 32).
 * `conv2d` (float32, the same op set) with the ReLU/Clip as its fused clamp and other activations
@@ -28,7 +29,7 @@ from tl2k210.k210 import hardware as hw
 from tl2k210.quantize.fake_quant import float_head
 from tl2k210.quantize.metrics import sqnr_db
 
-from .cpu import table
+from .cpu import act_bounds, clamp_after, grid_clamp, table
 from .conv import dense_matrix, is_dense
 from .fc import dense_rows, feeds_output, float_fc_refuses, source_unit
 from .kxk import phase_forms
@@ -294,7 +295,8 @@ def _act_nnil(g, act):
 
 
 def _relu_like(act):
-    """The activation is the uint8 clamp of a range that starts at 0 (ReLU, Clip(0, b))."""
+    """The activation is a clamp at 0 and maybe above (ReLU, Clip(0, b)): on an output grid that
+    starts at 0 the uint8 clamp, else cpu.clamp_after's table."""
     if act is None:
         return True
     return act["op"] == "Relu" or (act["op"] == "Clip" and float(act.get("min", -np.inf)) == 0.0)
@@ -394,6 +396,8 @@ def quantized_conv(lw, node):
     row.macs = int(np.prod(loc.shape)) * int(np.prod(W.shape[1:]))
     row.weight_bytes = W.size + 4 * co
     row.notes.append(f"weights uint8 {scales}")
+    if direct and (codes := grid_clamp(act_bounds(act), s_y, z_y)) is not None:
+        clamp_after(lw, name, codes, act["op"], row)
     cur = name
     if not direct:
         cur = activation_after(lw, name, out if not pool else st["act"], act, row)
@@ -769,6 +773,8 @@ def quantized_matmul(lw, node):
     lw.trace_map[y_t] = (idx[0] if len(idx) == 1 else tuple(idx), "u8")
     if not direct:
         activation_after(lw, y_t, out, act, row)
+    elif (codes := grid_clamp(act_bounds(act), s_y, z_y)) is not None:
+        clamp_after(lw, y_t, codes, act["op"], row)
 
 
 def _has_table(act):
