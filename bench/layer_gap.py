@@ -43,7 +43,7 @@ def layer_gap(source, opts, draws=1):
     for d in range(draws):
         ranges = drawn_ranges(cal.ranges, d)
         built = plan_and_lower(opt, dataclasses.replace(cal, ranges=ranges)).built
-        fq, emu = FloatRunner(fake_quant_graph(g, ranges, opts.weight_bits, not cal.image)), Emulator(built.model)
+        fq, emu = FloatRunner(fake_quant_graph(g, ranges, opts.weight_bits, not cal.image, cal.means)), Emulator(built.model)
         for i, r in enumerate(refs):
             q = fq(cal.floats[i][None])
             outs, trace = emu.run(cal.pixels[i] if cal.image else cal.floats[i].reshape(-1), trace=True)

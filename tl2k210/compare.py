@@ -193,7 +193,7 @@ def drawn_gap(source, held, opts, limit=100, draws=16, rel=0.01):
     import dataclasses
 
     from tl2k210.compiler import calibrate, load, optimise, plan_and_lower
-    from tl2k210.quantize.fake_quant import fake_quant_graph
+    from tl2k210.quantize.fake_quant import ideal_graphs
     loaded = load(source, opts)
     opt = optimise(loaded, opts)
     cal = calibrate(opt, opts, loaded.where)
@@ -202,16 +202,18 @@ def drawn_gap(source, held, opts, limit=100, draws=16, rel=0.01):
     feeds = pixels if pixels is not None else floats.reshape(len(floats), -1)
     refs = [FloatRunner(g, False)(x[None]) for x in floats]
     signal = {o: sum(float(np.sum(np.square(r[o], dtype=np.float64))) for r in refs) for o in g.outputs}
-    noise = {o: np.zeros(2) for o in g.outputs}     # (ideal, ours) summed over the draws
+    noise = {o: np.zeros(3) for o in g.outputs}     # (each ideal graph, ours) summed over the draws
     for d in range(draws):
         ranges = drawn_ranges(cal.ranges, d, rel)
-        fq = FloatRunner(fake_quant_graph(g, ranges, opts.weight_bits, vector_input=pixels is None), False)
+        fqs = [FloatRunner(fg, False) for fg in ideal_graphs(g, ranges, opts.weight_bits, vector_input=pixels is None,
+                                                             means=cal.means)]
         emu = Emulator(plan_and_lower(opt, dataclasses.replace(cal, ranges=ranges)).built.model)
         for x, outs, r in zip(floats, emu.iter_frames(feeds), refs):
-            q = fq(x[None])
+            qs = [fq(x[None]) for fq in fqs]
             for o, out in zip(g.outputs, outs):
                 ref = np.asarray(r[o], np.float64).reshape(-1)
-                noise[o] += [np.sum((ref - np.asarray(q[o], np.float64).reshape(-1)) ** 2),
-                             np.sum((ref - np.asarray(out, np.float64).reshape(-1)) ** 2)]
+                noise[o] += [np.sum((ref - np.asarray(q[o], np.float64).reshape(-1)) ** 2) for q in qs] + \
+                    [0.0] * (2 - len(qs)) + [np.sum((ref - np.asarray(out, np.float64).reshape(-1)) ** 2)]
+    noise = {o: (min(n[:len(fqs)]), n[2]) for o, n in noise.items()}     # the better ideal
     return {o: tuple(float("inf") if e == 0 else float(10 * np.log10(signal[o] * draws / e)) for e in noise[o])
             for o in g.outputs}

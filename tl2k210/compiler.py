@@ -840,7 +840,8 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
         d.update(ideal_weight_bytes=li.weight_bytes if li else 0, ideal_live_bytes=li.live_bytes if li else 0)
         layer_rows.append(d)
     total_cycles = est.cycles
-    ideal = ideal_sqnr(graph, cal.ranges, cal.floats[:n], opts.weight_bits, vector_input=not cal.image)
+    ideal = ideal_sqnr(graph, cal.ranges, cal.floats[:n], opts.weight_bits, vector_input=not cal.image,
+                       means=cal.means)
     outputs = {}
     for o in graph.outputs:
         v, note = finite_sqnr(sq["__out__" + o])
@@ -913,7 +914,7 @@ def held_out_ideal(source, held, opts: ConvertOptions, limit: int = 100) -> dict
     opt = optimise(loaded, opts)
     cal = calibrate(opt, opts, loaded.where)
     ev, _ = model_inputs(opt.graph, str(held), limit, cal.opts)
-    return ideal_sqnr(opt.graph, cal.ranges, ev, opts.weight_bits, vector_input=not cal.image)
+    return ideal_sqnr(opt.graph, cal.ranges, ev, opts.weight_bits, vector_input=not cal.image, means=cal.means)
 
 
 def convert_file(source, output, dataset=None, **options) -> str:

@@ -464,7 +464,9 @@ def test_grouped_conv_on_a_vector_is_a_block_diagonal_dense_layer(tmp_path, cali
 @pytest.mark.parametrize("size", [2, 4])
 def test_fused_mean_pool_is_unbiased(tmp_path, calib_dir, size):
     """A KPU mean pool floors sum/k² ((k²-1)/(2k²) LSB low on average: 2 dB below the ideal on a
-    4x4 pool, 5 dB over a small classifier): the conv before it rounds that much up."""
+    4x4 pool, 5 dB over a small classifier): the conv before it rounds that much up. The floor is
+    still a second rounding the ideal does not have: 1.3 dB below it on the 4x4 pool since the
+    ideal takes the bias correction too (round 53)."""
     keras = tf.keras
     keras.utils.set_random_seed(1)
     L = keras.layers
@@ -476,4 +478,4 @@ def test_fused_mean_pool_is_unbiased(tmp_path, calib_dir, size):
     r = convert(src, tmp_path / "mean.kmodel", ConvertOptions(dataset=str(calib_dir), progress=False))
     assert any(f"mean_{size}_s{size}" in row["why"] for row in r.layers)
     out = next(iter(r.totals["outputs"].values()))
-    assert out["sqnr_db"] > out["ideal_db"] - 1, out
+    assert out["sqnr_db"] > out["ideal_db"] - 1.5, out

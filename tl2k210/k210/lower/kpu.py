@@ -20,6 +20,7 @@ from tl2k210.k210 import hardware as hw
 from tl2k210.k210.kmodel.binio import align_up
 from tl2k210.k210.kmodel.kpu import KpuConv
 from tl2k210.k210 import fixed_point as fx
+from tl2k210.quantize.bias_correction import mean_shift
 from tl2k210.memo import memoised
 
 IR_POOL_KIND = {"max": "max", "avg": "mean"}
@@ -149,17 +150,13 @@ def _quantize_layer(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, exac
 
 
 def _quantized(W, B, e, z_x, groups, y_range, z_range, act_attr, bits, row, exact_rounding, out_offset):
-    co, m = W.shape[0], W.shape[1]
     Wq, zw, sw = fx.quantize_weights(W, bits)
     if exact_rounding and fx.clamp_of(act_attr) is not None and bits == 8:
         lq = exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, row, exact_rounding)
         if lq is not None:
             return lq
     if e is not None:   # remove the mean shift the weight rounding causes (Nagel et al. 2019)
-        dW = ((Wq.astype(np.float64) - zw) * sw[:, None, None, None] - W).sum(axis=(2, 3))   # (co, m)
-        n = co // groups
-        src = (np.arange(co) // n)[:, None] * m + np.arange(m)[None, :]                     # input index
-        B = B - (dW * np.asarray(e, np.float64)[src]).sum(axis=1)
+        B = B - mean_shift((Wq.astype(np.float64) - zw) * sw[:, None, None, None] - W, e, groups)
         row.notes.append("bias corrected for weight rounding")
     y_lo, y_hi = y_range
     s_z, z_z = fx.qparams(*z_range)

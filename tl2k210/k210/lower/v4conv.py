@@ -26,6 +26,7 @@ from tl2k210.memo import memoised
 from tl2k210.passes.conv_transpose import convt_pads
 from tl2k210.k210 import fixed_point as fx
 from tl2k210.k210 import hardware as hw
+from tl2k210.quantize.bias_correction import mean_shift
 from tl2k210.quantize.fake_quant import float_head
 from tl2k210.quantize.metrics import sqnr_db
 
@@ -371,8 +372,8 @@ def quantized_conv(lw, node):
     cig = W.shape[1]
     ch = (np.arange(co)[:, None] // (co // groups)) * cig + np.arange(cig)[None, :]    # input channel of W[o, i]
     if mean is not None and not exact:   # remove the mean shift the weight rounding causes (kpu.quantize_layer's)
-        dW = np.concatenate([(wq.astype(np.float64) - z) * s for _, _, s, z, wq in q]) - W
-        B = B - (dW.sum(axis=(2, 3)) * np.asarray(mean, np.float64)[ch]).sum(axis=1)
+        B = B - mean_shift(np.concatenate([(wq.astype(np.float64) - z) * s for _, _, s, z, wq in q]) - W,
+                           mean, groups)
         row.notes.append("bias corrected for weight rounding")
     direct = _relu_like(act)
     y_t = st["act"] if direct else st["conv"]
