@@ -635,6 +635,7 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
     from tl2k210.k210.flow import run_pipeline
     from tl2k210.passes.input_nchw import input_chw
     from tl2k210.quantize import calibrate as calib
+    from tl2k210.quantize.fake_quant import correction_costs
     graph = opt.graph
     _say(opts, f"[3/6] calibration ({opts.method}) ...")
     opts, range_note = model_input_range(graph, opts)
@@ -655,6 +656,12 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
     if calib_note:
         _say(opts, "      " + calib_note)
     means = channel_means(graph, batches)
+    costs = correction_costs(graph, ranges, floats[:opts.sqnr_samples], opts.weight_bits, not image, means)
+    if costs is not None:       # the back-end's bias correction costs this model: build without it
+        means = {}
+        note = (f"no bias correction for weight rounding: on the calibration samples the 8-bit ideal's "
+                f"lowest output is {costs[0]:.1f} dB without it, {costs[1]:.1f} dB with it")
+        calib_note = f"{calib_note}; {note}" if calib_note else note
     padding_effect = None
     if opts.kpu_padding and any(p["pass"] == "kpu_padding" and p["changes"] for p in opt.log):
         # the opt-in rewrite changes the float math: measure it against the exact graph
