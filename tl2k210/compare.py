@@ -202,7 +202,7 @@ def drawn_gap(source, held, opts, limit=100, draws=16, rel=0.01):
     feeds = pixels if pixels is not None else floats.reshape(len(floats), -1)
     refs = [FloatRunner(g, False)(x[None]) for x in floats]
     signal = {o: sum(float(np.sum(np.square(r[o], dtype=np.float64))) for r in refs) for o in g.outputs}
-    noise = {o: np.zeros(3) for o in g.outputs}     # (each ideal graph, ours) summed over the draws
+    noise = {o: np.zeros(3) for o in g.outputs}     # (the ideal graphs', ours) summed over the draws
     for d in range(draws):
         ranges = drawn_ranges(cal.ranges, d, rel)
         fqs = [FloatRunner(fg, False) for fg in ideal_graphs(g, ranges, opts.weight_bits, vector_input=pixels is None,
@@ -212,8 +212,9 @@ def drawn_gap(source, held, opts, limit=100, draws=16, rel=0.01):
             qs = [fq(x[None]) for fq in fqs]
             for o, out in zip(g.outputs, outs):
                 ref = np.asarray(r[o], np.float64).reshape(-1)
-                noise[o] += [np.sum((ref - np.asarray(q[o], np.float64).reshape(-1)) ** 2) for q in qs] + \
-                    [0.0] * (2 - len(qs)) + [np.sum((ref - np.asarray(out, np.float64).reshape(-1)) ** 2)]
+                for k, y in enumerate([q[o] for q in qs]):
+                    noise[o][k] += np.sum((ref - np.asarray(y, np.float64).reshape(-1)) ** 2)
+                noise[o][2] += np.sum((ref - np.asarray(out, np.float64).reshape(-1)) ** 2)
     noise = {o: (min(n[:len(fqs)]), n[2]) for o, n in noise.items()}     # the better ideal
     return {o: tuple(float("inf") if e == 0 else float(10 * np.log10(signal[o] * draws / e)) for e in noise[o])
             for o in g.outputs}
