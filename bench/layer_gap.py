@@ -1,6 +1,7 @@
 """Where a kmodel falls below its 8-bit ideal: per traced tensor, in graph order, the SQNR of
 ours (the emulator's trace, as the receipt's per-layer column) and of the ideal (the float graph
-with fake quantization, tl2k210/quantize/fake_quant.py) against the float graph after the passes,
+with fake quantization, tl2k210/quantize/fake_quant.py, bias-corrected where the kmodel is: the
+same graph tensor by tensor, not the better of two at the outputs) against the float graph after the passes,
 on the same calibration samples. The first row where "gap" (ideal - ours) jumps is where the
 lowering loses what the quantization alone would not.
 
@@ -43,7 +44,8 @@ def layer_gap(source, opts, draws=1):
     for d in range(draws):
         ranges = drawn_ranges(cal.ranges, d)
         built = plan_and_lower(opt, dataclasses.replace(cal, ranges=ranges)).built
-        fq, emu = FloatRunner(fake_quant_graph(g, ranges, opts.weight_bits, not cal.image, cal.means)), Emulator(built.model)
+        fq, emu = FloatRunner(fake_quant_graph(g, ranges, opts.weight_bits, not cal.image,
+                                                 cal.means if cal.correct_bias else None)), Emulator(built.model)
         for i, r in enumerate(refs):
             q = fq(cal.floats[i][None])
             outs, trace = emu.run(cal.pixels[i] if cal.image else cal.floats[i].reshape(-1), trace=True)

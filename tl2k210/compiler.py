@@ -522,10 +522,11 @@ class Calibration:
     scale: tuple
     offset: tuple
     ranges: dict
-    means: dict
+    means: dict                # per-channel means of every conv input (bias correction; the ideal)
     range_note: str | None
     calib_note: str | None
     padding_effect: dict | None
+    correct_bias: bool = True  # the lowering corrects biases for weight rounding (fake_quant.correction_costs)
 
     @property
     def image(self) -> bool:
@@ -658,7 +659,6 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
     means = channel_means(graph, batches)
     costs = correction_costs(graph, ranges, floats[:opts.sqnr_samples], opts.weight_bits, not image, means)
     if costs is not None:       # the back-end's bias correction costs this model: build without it
-        means = {}
         note = (f"no bias correction for weight rounding: on the calibration samples the 8-bit ideal's "
                 f"lowest output is {costs[0]:.1f} dB without it, {costs[1]:.1f} dB with it")
         calib_note = f"{calib_note}; {note}" if calib_note else note
@@ -668,7 +668,7 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
         exact, _ = run_pipeline(opt.exact_graph)
         padding_effect = calib.compare_graphs(exact, graph, batches[:opts.sqnr_samples * 4])
     return Calibration(opts, floats, pixels, scale, offset, ranges, means, range_note, calib_note,
-                       padding_effect)
+                       padding_effect, correct_bias=costs is None)
 
 
 def plan_and_lower(opt: Optimised, cal: Calibration):
@@ -686,7 +686,7 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
         def build(small):
             model, rows, trace_map, lw = lower(graph, dict(cal.ranges), Options(
                 weight_bits=opts.weight_bits, input_scale=tuple(cal.scale), input_offset=tuple(cal.offset),
-                channel_means=dict(cal.means), float_fc=opts.float_fc, int8_rounding=opts.int8_rounding,
+                channel_means=dict(cal.means) if cal.correct_bias else {}, float_fc=opts.float_fc, int8_rounding=opts.int8_rounding,
                 format=fmt, small=small, v3_only=v3_only, compact=compact),
                 planned=None if small or fmt != opts.format else opt.plan)  # a smaller form may need another format
             fit.check_format(lw.format, lw.forced_by, opts.runtime)
