@@ -225,3 +225,4 @@ def test_the_ideal_takes_the_back_ends_bias_correction_where_it_helps():
     assert best > alone + 3 and best == pytest.approx(sqnr_db(
         np.stack([calibrate.FloatRunner(g)(b)[y] for b in batches]),
         np.stack([calibrate.FloatRunner(fake_quant_graph(g, rngs, means=means))(b)[y] for b in batches])))
+

@@ -175,7 +175,7 @@ def _fake_quant_weights(g, n, weight_bits, mean=None):
     if mean is None or wo.ndim != 4:
         return
     shift = mean_shift(deq - np.asarray(w, np.float64), mean, int(n.attrs.get("group", 1)))
-    b = g.const(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else np.zeros(co)
+    b = g.const(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else np.zeros(wo.shape[0])
     name = (n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else n.name + "/bias") + "/fq"
     n.inputs[2:3] = [g.add_const((np.asarray(b, np.float64) - shift).astype(np.float32), name)]
 
@@ -217,10 +217,10 @@ CORRECTION_COSTS_DB = 1.0
 
 
 def correction_costs(graph, ranges, floats, weight_bits=8, vector_input=False, means=None):
-    """(plain dB, corrected dB) of the two ideals' lowest outputs on `floats` where the bias
-    correction costs more than CORRECTION_COSTS_DB there (gender_mini_XCEPTION: 34.0 against
-    28.5 on its calibration photos; the kmodel built without it, 31.9 dB held out against 28.1
-    with it), else None: the back-end then builds without it."""
+    """(plain dB, corrected dB), the two ideals' lowest outputs on `floats`, where the bias
+    correction costs more than CORRECTION_COSTS_DB there: the back-end then builds without it
+    (gender_mini_XCEPTION: 34.0 against 28.5 on its calibration photos; its kmodel without the
+    correction 31.9 dB held out, with it 28.1). None where the correction is kept."""
     if not means:
         return None
     plain, corrected = (min(e.values()) for e in _each_ideal(graph, ranges, floats, weight_bits, vector_input, means))
