@@ -42,8 +42,8 @@ def _model(act):
 
 
 def _widened(g, rng):
-    """Every range after an activation reaching below 0 by as much as above: a quantized model's
-    grid, not a calibrated one."""
+    """Every range after an activation (and the Sub's) reaching below 0 by 0.6 of its top: a
+    quantized model's grid, not a calibrated one."""
     out = dict(rng)
     for n in g.nodes:
         t = n.outputs[0]
