@@ -53,15 +53,20 @@ def grid_clamp(bounds, s, z):
     return None if (q_lo, q_hi) == (0, 255) else (q_lo, q_hi)
 
 
-def clamp_after(lw, t, codes, what, row):
-    """Clamp the uint8 map `t`, just written by a CPU layer, to `codes` in place: one REQUANTIZE
-    whose table is the identity between them (kmodel.v3.IN_PLACE; the grid stays t's)."""
+def clamp_after(lw, t, act, row):
+    """Apply the clamp activation `act` (Relu, Clip; a dict, activation_of's) to the uint8 map
+    `t` just written by a CPU layer, where t's grid reaches past its bounds (grid_clamp): one
+    REQUANTIZE in place whose table is the identity between the bounds' codes
+    (kmodel.v3.IN_PLACE; the grid stays t's). Elsewhere the uint8 range is the clamp: nothing."""
     loc = lw.locs[t]
+    codes = grid_clamp(act_bounds(act), *loc.quant)
+    if codes is None:
+        return
     lw.emit("REQUANTIZE", dict(flags=1, main_mem_in_address=loc.u8, main_mem_out_address=loc.u8,
                                count=int(np.prod(loc.shape))), row,
             data={"table": np.clip(U8, *codes).astype(np.uint8)})
     lw.traced(t, "u8")
-    row.notes.append(f"{what} as a clamp to codes {codes[0]}..{codes[1]} of the output grid, which "
+    row.notes.append(f"{act['op']} as a clamp to codes {codes[0]}..{codes[1]} of the output grid, which "
                      "reaches past its bounds (a 256-entry table, in place)")
 
 
@@ -152,8 +157,7 @@ def quantized_add(lw, node):
         count=n, in_a_offset=off_a, in_a_mul=ma, in_a_shift=0, in_b_offset=off_b, in_b_mul=mb,
         in_b_shift=0, out_offset=off_o, out_mul=mul, out_shift=sh), row)
     if relu:
-        if (codes := grid_clamp(act_bounds(_act(lw.g, cons[0])), so, zo)) is not None:
-            clamp_after(lw, out, codes, cons[0].op, row)
+        clamp_after(lw, out, _act(lw.g, cons[0]), row)
         lw.traced(cons[0].outputs[0], "u8")
         row.tensor = cons[0].outputs[0]
         lw.alias(cons[0].outputs[0], out)

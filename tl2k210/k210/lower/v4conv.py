@@ -5,7 +5,7 @@
   output = mul_and_carry_shift(acc, m, k) + z_y with m / 2^k = s_x s_w / s_y (31-bit multiplier; the
   product stays inside int64). A ReLU / Clip(0, b) is the uint8 clamp of the activation's range
   (or, on a quantized model's own grid that reaches past the bounds, a clamp table after it:
-  cpu.grid_clamp); any other activation is a 256-entry table after it; a fused pool runs after that.
+  cpu.clamp_after); any other activation is a 256-entry table after it; a fused pool runs after that.
   Refused (float conv2d instead) when per-layer uint8 weights lose too much: an SQNR of the
   weights below WEIGHT_SQNR_MIN dB (nncase v0.2 falls back to float on a weight range > 32).
 * `conv2d` (float32, the same op set) with the ReLU/Clip as its fused clamp and other activations
@@ -30,7 +30,7 @@ from tl2k210.quantize.bias_correction import mean_shift
 from tl2k210.quantize.fake_quant import float_head
 from tl2k210.quantize.metrics import sqnr_db
 
-from .cpu import act_bounds, clamp_after, grid_clamp, table
+from .cpu import clamp_after, table
 from .conv import dense_matrix, is_dense
 from .fc import dense_rows, feeds_output, float_fc_refuses, source_unit
 from .kxk import phase_forms
@@ -397,8 +397,8 @@ def quantized_conv(lw, node):
     row.macs = int(np.prod(loc.shape)) * int(np.prod(W.shape[1:]))
     row.weight_bytes = W.size + 4 * co
     row.notes.append(f"weights uint8 {scales}")
-    if direct and (codes := grid_clamp(act_bounds(act), s_y, z_y)) is not None:
-        clamp_after(lw, name, codes, act["op"], row)
+    if direct:
+        clamp_after(lw, name, act, row)
     cur = name
     if not direct:
         cur = activation_after(lw, name, out if not pool else st["act"], act, row)
@@ -774,8 +774,8 @@ def quantized_matmul(lw, node):
     lw.trace_map[y_t] = (idx[0] if len(idx) == 1 else tuple(idx), "u8")
     if not direct:
         activation_after(lw, y_t, out, act, row)
-    elif (codes := grid_clamp(act_bounds(act), s_y, z_y)) is not None:
-        clamp_after(lw, y_t, codes, act["op"], row)
+    else:
+        clamp_after(lw, y_t, act, row)
 
 
 def _has_table(act):

@@ -16,7 +16,7 @@ import numpy as np
 from tl2k210.k210 import fixed_point as fx
 from tl2k210.passes.fuse_activation import activation_of
 
-from .cpu import act_bounds, clamp_after, grid_clamp, table
+from .cpu import clamp_after, table
 from .fc import feeds_output, source_unit
 from .memory import SLICE_MIN_BYTES, float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
@@ -392,8 +392,7 @@ def quantized_binary(lw, node):
         input_b_shift=shb, output_offset=zo, output_mul=om, output_shift=osh), row)
     lw.traced(out, "u8")
     if relu is not None:
-        if (codes := grid_clamp(act_bounds(activation_of(lw.g, relu)), so, zo)) is not None:
-            clamp_after(lw, out, codes, relu.op, row)
+        clamp_after(lw, out, activation_of(lw.g, relu), row)
         lw.alias(relu.outputs[0], out)
         lw.traced(relu.outputs[0], "u8")
         row.tensor = relu.outputs[0]
