@@ -526,7 +526,8 @@ class Calibration:
     range_note: str | None
     calib_note: str | None
     padding_effect: dict | None
-    correct_bias: bool = True  # the lowering corrects biases for weight rounding (fake_quant.correction_costs)
+    correct_bias: bool = True  # the lowering corrects biases for weight rounding (fake_quant.ideal_choice)
+    ideal: dict | None = None  # {output: the 8-bit ideal's dB} at these ranges on the first sqnr_samples floats
 
     @property
     def image(self) -> bool:
@@ -636,7 +637,7 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
     from tl2k210.k210.flow import run_pipeline
     from tl2k210.passes.input_nchw import input_chw
     from tl2k210.quantize import calibrate as calib
-    from tl2k210.quantize.fake_quant import correction_costs
+    from tl2k210.quantize.fake_quant import ideal_choice
     graph = opt.graph
     _say(opts, f"[3/6] calibration ({opts.method}) ...")
     opts, range_note = model_input_range(graph, opts)
@@ -657,7 +658,7 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
     if calib_note:
         _say(opts, "      " + calib_note)
     means = channel_means(graph, batches)
-    costs = correction_costs(graph, ranges, floats[:opts.sqnr_samples], opts.weight_bits, not image, means)
+    ideal, costs = ideal_choice(graph, ranges, floats[:opts.sqnr_samples], opts.weight_bits, not image, means)
     if costs is not None:       # the back-end's bias correction costs this model: build without it
         note = (f"no bias correction for weight rounding: on the calibration samples the 8-bit ideal's "
                 f"lowest output is {costs[0]:.1f} dB without it, {costs[1]:.1f} dB with it")
@@ -668,7 +669,7 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
         exact, _ = run_pipeline(opt.exact_graph)
         padding_effect = calib.compare_graphs(exact, graph, batches[:opts.sqnr_samples * 4])
     return Calibration(opts, floats, pixels, scale, offset, ranges, means, range_note, calib_note,
-                       padding_effect, correct_bias=costs is None)
+                       padding_effect, correct_bias=costs is None, ideal=ideal)
 
 
 def plan_and_lower(opt: Optimised, cal: Calibration):
@@ -825,7 +826,6 @@ def _measure(graph, built, cal: Calibration):
 def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0) -> Receipt:
     """The receipt: per layer where it runs and why, cycles, SQNR against the float model and the
     8-bit ideal; then the gate (NaN/Inf outputs, SQNR below --min-sqnr) refuses a bad kmodel."""
-    from tl2k210.quantize.fake_quant import ideal_sqnr
     opts, graph, ide = cal.opts, opt.graph, opt.ideal
     model, data_bytes, rows, lw, est = (choice.built.model, choice.built.data, choice.built.rows,
                                         choice.built.lw, choice.built.est)
@@ -847,8 +847,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
         d.update(ideal_weight_bytes=li.weight_bytes if li else 0, ideal_live_bytes=li.live_bytes if li else 0)
         layer_rows.append(d)
     total_cycles = est.cycles
-    ideal = ideal_sqnr(graph, cal.ranges, cal.floats[:n], opts.weight_bits, vector_input=not cal.image,
-                       means=cal.means)
+    ideal = cal.ideal           # calibrate's, on these samples at these ranges
     outputs = {}
     for o in graph.outputs:
         v, note = finite_sqnr(sq["__out__" + o])

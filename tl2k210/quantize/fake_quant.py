@@ -208,20 +208,23 @@ def ideal_sqnr(graph, ranges, floats, weight_bits=8, vector_input=False, means=N
     """{output: dB} of the 8-bit ideal on `floats` (model inputs, one per sample): the float graph
     against itself with fake quantization at `ranges` (the best of `ideal_graphs`) -- what no
     kmodel keeping those tensors in uint8 can beat, and what ours should come within a dB of."""
-    each = _each_ideal(graph, ranges, floats, weight_bits, vector_input, means)
-    return {o: max(e[o] for e in each) for o in graph.outputs}
+    return ideal_choice(graph, ranges, floats, weight_bits, vector_input, means)[0]
 
 
 #: dB by which the lowest output of the uncorrected ideal must beat the corrected one to build without
 CORRECTION_COSTS_DB = 1.0
 
 
-def correction_costs(graph, ranges, floats, weight_bits=8, vector_input=False, means=None):
-    """(plain dB, corrected dB), the two ideals' lowest outputs on `floats`, where the bias
-    correction costs more than CORRECTION_COSTS_DB there: the back-end then builds without it
-    (gender_mini_XCEPTION: 34.0 against 28.5 on its calibration photos; its kmodel without the
-    correction 31.9 dB held out, with it 28.1). None where the correction is kept."""
-    if not means:
-        return None
-    plain, corrected = (min(e.values()) for e in _each_ideal(graph, ranges, floats, weight_bits, vector_input, means))
-    return (plain, corrected) if plain > corrected + CORRECTION_COSTS_DB else None
+def ideal_choice(graph, ranges, floats, weight_bits=8, vector_input=False, means=None):
+    """(ideal_sqnr's {output: dB}, costs): costs = (plain dB, corrected dB), the two ideals' lowest
+    outputs on `floats`, where the bias correction costs more than CORRECTION_COSTS_DB there: the
+    back-end then builds without it (gender_mini_XCEPTION: 34.0 against 28.5 on its calibration
+    photos; its kmodel without the correction 31.9 dB held out, with it 28.1); None where the
+    correction is kept."""
+    each = _each_ideal(graph, ranges, floats, weight_bits, vector_input, means)
+    best = {o: max(e[o] for e in each) for o in graph.outputs}
+    if len(each) == 2:
+        plain, corrected = (min(e.values()) for e in each)
+        if plain > corrected + CORRECTION_COSTS_DB:
+            return best, (plain, corrected)
+    return best, None
