@@ -213,7 +213,8 @@ def geometry(lw, node) -> Geometry:
     elif (dy, dx, s) != (0, 0, 1) or (conv_hw is not None and tuple(conv_hw) != (h, w)):
         if s == 2 and dy == 0 and dx in (0, 1) and not depthwise and kpu_picks:
             code = kpu.pick_code(dx)
-        elif s == 2 and dy == 0 and dx == 0 and depthwise and kpu_picks and _next_pw_takes_pick(lw, node):
+        elif s == 2 and dy == 0 and dx == 0 and depthwise and kpu_picks and _next_pw_takes_pick(lw, node) \
+                and 2 * hw.map_lines(ci, h, w) <= lw.opts.kpu_ram_lines:
             pick_next = True
         elif s == 1:     # the KPU pads every side by k // 2: fewer pads on a side crop the map
             post.append((1, 1, -dy, -dx))
@@ -664,7 +665,10 @@ def emit_layer(lw, node, geo, plan, lq, row):
     post = bool(geo.post)
     # v4: a crop/pick read straight from the resident KPU output (no stride-1 copy in main memory)
     kpu_pick = lw.format == "v4" and single and plan.out_resident and _kpu_pick(geo) is not None
-    stream = (post and not kpu_pick) or not plan.out_resident or (needs_main(lw, out) and not kpu_pick)
+    # ... and of each tile's output, where the tiles do not share one resident map (a depthwise
+    # conv's channel windows): no tile's stride-1 map in main memory
+    tile_pick = lw.format == "v4" and single and not plan.out_resident and _kpu_pick(geo) is not None
+    stream = not tile_pick and ((post and not kpu_pick) or not plan.out_resident or (needs_main(lw, out) and not kpu_pick))
     out_loc = Loc((co, ph, pw), quant=lq.out_quant)
     final = Loc((fc, fh, fw), quant=lq.out_quant)
     lw.locs[out] = final if post else out_loc
@@ -750,10 +754,12 @@ def emit_layer(lw, node, geo, plan, lq, row):
             lines = max(lines, (hw.map_lines(ci, h, w) if plan.in_resident else hw.map_lines(nin, rows, w))
                         + (hw.map_lines(co, ph, pw) if plan.out_resident else kpu.out_lines(conv)))
             row.weight_bytes += lw.share_blocks(idx)
+            if tile_pick:
+                traces.append(lw.emit_v4("strided_slice", _kpu_pick(geo, tmp_out.kpu, final.u8 + o0 * fh * fw, n_o), row))
             for t in (tmp_in, tmp_out):
                 if t is not None:
                     lw.kpu_free(t)
-            if single and whole is None and post and not kpu_pick:
+            if single and whole is None and post and not kpu_pick and not tile_pick:
                 traces.append(_post(lw, geo, target, (n_o, ph, pw), final.u8 + o0 * fh * fw, (0, fh), 0, row))
                 lw.main.free(f"{out}:tile:u8")
             elif single and not post:
@@ -885,13 +891,15 @@ def emit_tiles(lw, node, geo, plan, lq, row):
     row.macs, row.kpu_lines = macs, lines
 
 
-def _kpu_pick(geo, kpu=None, dst=0):
+def _kpu_pick(geo, kpu=None, dst=0, tile_co=None):
     """The fields of a v4 strided_slice that crops or picks the KPU output where it lies in KPU
     RAM (nncase v0.2's interpreter reads a mem_k210_kpu range in place, k210/interpreter.cpp
-    memory_at) into the dense uint8 map at `dst`; None unless the one CPU stage is a 1x1 pick or
-    crop and the map's rows are one per line group (width > 32: (C, H, 64 * lines) in KPU RAM,
-    hardware.row_layout)."""
+    memory_at) into the dense uint8 map at `dst` (`tile_co`: of a tile of that many output
+    channels); None unless the one CPU stage is a 1x1 pick or crop and the map's rows are one per
+    line group (width > 32: (C, H, 64 * lines) in KPU RAM, hardware.row_layout)."""
     (co, ph, pw), (fc, fh, fw) = geo.kpu_out, geo.out_shape
+    if tile_co is not None:
+        co = fc = tile_co
     g, _, lines = hw.row_layout(pw)
     if len(geo.post) != 1 or geo.post[0][0] != 1 or g != 1 or fc != co:
         return None
