@@ -582,6 +582,19 @@ def test_a_max_pool_in_float_a_channel_at_a_time_is_its_smaller_form(monkeypatch
     _same_outputs(small, fast, px)
 
 
+def test_float_slices_are_never_smaller_than_the_nodes_they_add():
+    """Where main memory has no room (float_room <= 0), a pool on small maps is not cut into a
+    slice per channel: a slice that saves fewer float bytes than its own nodes add to the kmodel
+    (SLICE_NODE_BYTES) is not split off. A pool of ten 1x4 rows (ONNX's MaxPool1d test): one slice
+    (its 10-slice form was 2,264 B of kmodel for 200 B of float); a 160x160 map: one channel."""
+    from tl2k210.k210.lower.memory import SLICE_NODE_BYTES, float_slices
+    assert float_slices(10, 4, 4 * (4 + 1), room=-100) == [(0, 10)]
+    assert float_slices(8, 16, 4 * (16 + 4), room=0) == [(0, 3), (3, 6), (6, 8)]     # 80 B a channel
+    assert float_slices(64, 25600, 4 * (25600 + 6400), room=0) == [(c, c + 1) for c in range(64)]
+    assert float_slices(64, 25600, 4 * (25600 + 6400), room=3 * 128000)[0] == (0, 3)
+    assert -(-SLICE_NODE_BYTES // 80) == 3
+
+
 @pytest.mark.parametrize("out", ["u8", "f32"])
 def test_a_float_binary_on_uint8_maps_runs_a_slice_at_a_time(out, monkeypatch):
     """v4: Div (float only) of two uint8 maps no later op reads as float: dequantized and divided a

@@ -16,17 +16,23 @@ PARK_BASE = 1 << 40   # a main-memory address at PARK_BASE + b is byte b of KPU 
 PARK_PLANS = 40       # main-memory plans a park search makes at most (each re-places every buffer)
 PARK_STALE = 10       # buffers it parks without lowering the peak before it stops
 MAIN_TARGET = 1.25               # issue 22: the main-memory peak within 1.25x the live-set lower bound
+#: the kmodel bytes of one more float slice: a v4 dequantize (40 B), the op (reduce_window2d: 104 B)
+#: and a quantize (40 B), each with its 8-byte node header
+SLICE_NODE_BYTES = 208
 
 
 def float_slices(c: int, u8_per_channel: int, f32_per_channel: int, room: int | None = None) -> list:
     """[(c0, c1)] channel ranges for a per-channel float op on a uint8 map (a pool the runtime has
     in float only): each slice's float temporaries (`f32_per_channel` bytes a channel) no bigger
     than the uint8 map or SLICE_MIN_BYTES, nor than `room` (Lowering.float_room: what keeps main
-    memory within MAIN_TARGET of the live set), one channel at least. Channels (or any units) are
-    contiguous in CHW, so a slice is one range of the map, and the values are those of one big op."""
-    n = max(1, max(SLICE_MIN_BYTES, c * u8_per_channel) // max(1, f32_per_channel))
-    if room is not None and n * f32_per_channel > room:
-        n = max(1, room // max(1, f32_per_channel))
+    memory within MAIN_TARGET of the live set), one channel at least, and none smaller than what
+    saves its own nodes' SLICE_NODE_BYTES of kmodel (a pool of ten 1x4 rows: one slice, not ten).
+    Channels (or any units) are contiguous in CHW, so a slice is one range of the map, and the
+    values are those of one big op."""
+    f32 = max(1, f32_per_channel)
+    n = max(1, max(SLICE_MIN_BYTES, c * u8_per_channel) // f32)
+    if room is not None and n * f32 > room:
+        n = max(1, room // f32, -(-SLICE_NODE_BYTES // f32))
     return [(c0, min(c, c0 + n)) for c0 in range(0, c, n)]
 
 
