@@ -38,20 +38,26 @@ def convert(src: Path, runtime: str, dataset: Path, out: Path) -> dict:
     r = json.loads(report.read_text())
     outs = r["totals"]["outputs"]
     row.update(kmodel_bytes=r["file_size"], main_memory=r["main_memory"], latency_ms=r["latency_ms"],
-               format=r["totals"]["format"], sqnr=[(o["sqnr_db"], o["ideal_db"]) for o in outs.values()])
+               format=r["totals"]["format"], sqnr=[(o["sqnr_db"], o["ideal_db"]) for o in outs.values()],
+               ideal_weights=r["ideal"]["weight_bytes"], ideal_live=r["ideal"]["live_bytes"])
     return row
 
 
+def _ratio(ours, ideal) -> str:
+    return f" ({ours / ideal:.2f})" if ideal else ""
+
+
 def markdown(rows) -> str:
-    lines = ["| file | runtime | outcome | kmodel | main memory | est. ms | SQNR dB (ideal), per output |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| file | runtime | outcome | kmodel (× ideal weights) | main memory (× live set) | est. ms | "
+             "SQNR dB (ideal), per output |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "refused" in r:
             lines.append(f"| {r['file']} | {r['runtime']} | refused: {r['refused'][:220]} | | | | |")
             continue
         sq = ", ".join("-" if a is None else f"{a:.1f} ({'-' if b is None else f'{b:.1f}'})" for a, b in r["sqnr"])
-        lines.append(f"| {r['file']} | {r['runtime']} | converted, {r['format']} | {r['kmodel_bytes']:,} B | "
-                     f"{r['main_memory']:,} B | {r['latency_ms']:.2f} | {sq} |")
+        lines.append(f"| {r['file']} | {r['runtime']} | converted, {r['format']} | {r['kmodel_bytes']:,} B"
+                     f"{_ratio(r['kmodel_bytes'], r.get('ideal_weights'))} | {r['main_memory']:,} B"
+                     f"{_ratio(r['main_memory'], r.get('ideal_live'))} | {r['latency_ms']:.2f} | {sq} |")
     return "\n".join(lines)
 
 
