@@ -1370,3 +1370,27 @@ def test_a_tiled_stride2_depthwise_conv_picks_each_window_from_kpu_ram():
         np.testing.assert_array_equal(Emulator(tiled).run(p)[0], Emulator(whole).run(p)[0])
     ref_out, got = run_both(m, tiled, px)
     assert sqnr_db(ref_out.reshape(-1).astype(np.float64), got.reshape(-1).astype(np.float64)) > 30
+
+
+def test_row_bands_pick_each_band_from_kpu_ram(monkeypatch):
+    """A stride-2 conv with TF-SAME pads (a CPU pick at row and column 1) whose maps do not fit
+    the KPU RAM runs in row bands; each band's stride-1 output is picked where it lies in KPU RAM
+    into the band's rows of the stride-2 map, not streamed to main memory first: less main
+    memory, bit for bit the streamed bands' output."""
+    from tl2k210.k210.lower import conv
+    nodes = [conv_node("a", "x", "wa", "ba", pads=[1, 1, 1, 1]), N("Relu", ["a"], ["ra"]),
+             conv_node("d", "ra", "wd", "bd", pads=[0, 0, 1, 1], strides=[2, 2]), N("Relu", ["d"], ["rd"]),
+             conv_node("y", "rd", "wy", "by")]
+    inits = {"wa": W(16, 3, 3, 3), "ba": W(16), "wd": W(16, 16, 3, 3), "bd": W(16), "wy": W(4, 16, 1, 1), "by": W(4)}
+    m, px = make_model(nodes, [("x", [1, 3, 64, 48])], [("y", None)], inits), pixels(3, 3, 64, 48, seed=6)
+    picked, rows, lw, _ = compile_model(m, px, format="v4", kpu_ram_lines=900)     # 16x64x48: 1,024 lines
+    assert len(lw.plans["d"].bands) > 1 and lw.geo["d"].post == [(1, 2, -1, -1)]
+    from_kpu = [n for n in picked.nodes if n.name == "strided_slice" and n.fields["input"][0] == kmodel.v4.MEM_KPU]
+    assert len(from_kpu) == lw.plans["d"].tiles      # every band x channel tile
+    monkeypatch.setattr(conv, "_kpu_pick", lambda *a, **k: None)
+    streamed = compile_model(m, px, format="v4", kpu_ram_lines=900)[0]
+    assert picked.main_mem < streamed.main_mem, (picked.main_mem, streamed.main_mem)
+    for p in px:
+        np.testing.assert_array_equal(Emulator(picked).run(p)[0], Emulator(streamed).run(p)[0])
+    ref_out, got = run_both(m, picked, px)
+    assert sqnr_db(ref_out.reshape(-1).astype(np.float64), got.reshape(-1).astype(np.float64)) > 30

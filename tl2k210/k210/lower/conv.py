@@ -666,8 +666,8 @@ def emit_layer(lw, node, geo, plan, lq, row):
     # v4: a crop/pick read straight from the resident KPU output (no stride-1 copy in main memory)
     kpu_pick = lw.format == "v4" and single and plan.out_resident and _kpu_pick(geo) is not None
     # ... and of each tile's output, where the tiles do not share one resident map (a depthwise
-    # conv's channel windows): no tile's stride-1 map in main memory
-    tile_pick = lw.format == "v4" and single and not plan.out_resident and _kpu_pick(geo) is not None
+    # conv's channel windows, row bands): no tile's stride-1 map in main memory
+    tile_pick = lw.format == "v4" and not plan.out_resident and _kpu_pick(geo) is not None
     stream = not tile_pick and ((post and not kpu_pick) or not plan.out_resident or (needs_main(lw, out) and not kpu_pick))
     out_loc = Loc((co, ph, pw), quant=lq.out_quant)
     final = Loc((fc, fh, fw), quant=lq.out_quant)
@@ -715,8 +715,10 @@ def emit_layer(lw, node, geo, plan, lq, row):
                 if bi == len(plan.bands) - 1:
                     lw.release_read(x)      # the last band gathered: the map is no longer read
         prow = rows // hw.POOL[geo.code].stride
-        band_out = None
-        if not single:
+        band_out = fin = None
+        if not single and tile_pick:
+            fin = lw.alloc(f"{out}:band{bi}:fin", "u8", co * (f1 - f0) * fw)
+        elif not single:
             band_out = lw.alloc(f"{out}:band{bi}:out", "u8", co * prow * pw)
         for (c0, c1), (o0, o1) in plan.units:
             cin = (c0, c1)
@@ -755,7 +757,11 @@ def emit_layer(lw, node, geo, plan, lq, row):
                         + (hw.map_lines(co, ph, pw) if plan.out_resident else kpu.out_lines(conv)))
             row.weight_bytes += lw.share_blocks(idx)
             if tile_pick:
-                traces.append(lw.emit_v4("strided_slice", _kpu_pick(geo, tmp_out.kpu, final.u8 + o0 * fh * fw, n_o), row))
+                tile = (n_o, conv.out_shape[1]) + (((0, fh), 0) if single else ((f0, f1), ra // hw.POOL[geo.code].stride))
+                dst = final.u8 + o0 * fh * fw if single else fin + o0 * (f1 - f0) * fw
+                pick = lw.emit_v4("strided_slice", _kpu_pick(geo, tmp_out.kpu, dst, tile), row)
+                if single:
+                    traces.append(pick)
             for t in (tmp_in, tmp_out):
                 if t is not None:
                     lw.kpu_free(t)
@@ -765,7 +771,9 @@ def emit_layer(lw, node, geo, plan, lq, row):
             elif single and not post:
                 traces.append(idx)
         if not single:
-            if post:
+            if tile_pick:
+                band_finals.append((fin, f1 - f0, 0))
+            elif post:
                 fin = lw.alloc(f"{out}:band{bi}:fin", "u8", co * (f1 - f0) * fw)
                 _post(lw, geo, band_out, (co, prow, pw), fin, (f0, f1), ra // hw.POOL[geo.code].stride, row)
                 lw.main.free(f"{out}:band{bi}:out:u8")
@@ -891,23 +899,27 @@ def emit_tiles(lw, node, geo, plan, lq, row):
     row.macs, row.kpu_lines = macs, lines
 
 
-def _kpu_pick(geo, kpu=None, dst=0, tile_co=None):
+def _kpu_pick(geo, kpu=None, dst=0, tile=None):
     """The fields of a v4 strided_slice that crops or picks the KPU output where it lies in KPU
     RAM (nncase v0.2's interpreter reads a mem_k210_kpu range in place, k210/interpreter.cpp
-    memory_at) into the dense uint8 map at `dst` (`tile_co`: of a tile of that many output
-    channels); None unless the one CPU stage is a 1x1 pick or crop and the map's rows are one per
-    line group (width > 32: (C, H, 64 * lines) in KPU RAM, hardware.row_layout)."""
+    memory_at) into the dense uint8 map at `dst`; None unless the one CPU stage is a 1x1 pick or
+    crop and the map's rows are one per line group (width > 32: (C, H, 64 * lines) in KPU RAM,
+    hardware.row_layout). `tile` (channels, KPU rows, final rows (f0, f1), the band's first KPU
+    row): of one tile's output, a channel chunk or window and/or a row band, as _post reads it."""
     (co, ph, pw), (fc, fh, fw) = geo.kpu_out, geo.out_shape
-    if tile_co is not None:
-        co = fc = tile_co
+    f0, f1, row0 = 0, fh, 0
+    if tile is not None:
+        co, ph, (f0, f1), row0 = tile
+        fc = co
     g, _, lines = hw.row_layout(pw)
     if len(geo.post) != 1 or geo.post[0][0] != 1 or g != 1 or fc != co:
         return None
     _, s, pad_h, pad_w = geo.post[0]
+    top = s * f0 - pad_h - row0
     start = 0 if kpu is None else kpu[0] * hw.LINE_BYTES
     return dict(input=(MEM_KPU, DT_UINT8, start, hw.map_lines(co, ph, pw) * hw.LINE_BYTES),
-                output=(MEM_MAIN, DT_UINT8, dst, fc * fh * fw), in_shape=(1, co, ph, hw.LINE_BYTES * lines),
-                begin=(0, 0, -pad_h, -pad_w), end=(1, co, -pad_h + (fh - 1) * s + 1, -pad_w + (fw - 1) * s + 1),
+                output=(MEM_MAIN, DT_UINT8, dst, fc * (f1 - f0) * fw), in_shape=(1, co, ph, hw.LINE_BYTES * lines),
+                begin=(0, 0, top, -pad_w), end=(1, co, top + (f1 - f0 - 1) * s + 1, -pad_w + (fw - 1) * s + 1),
                 strides=(1, 1, s, s), begin_mask=0, end_mask=0, ellipsis_mask=0, new_axis_mask=0,
                 shrink_axis_mask=0)
 
