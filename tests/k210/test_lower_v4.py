@@ -1374,9 +1374,9 @@ def test_a_tiled_stride2_depthwise_conv_picks_each_window_from_kpu_ram():
 
 def test_row_bands_pick_each_band_from_kpu_ram(monkeypatch):
     """A stride-2 conv with TF-SAME pads (a CPU pick at row and column 1) whose maps do not fit
-    the KPU RAM runs in row bands; each band's stride-1 output is picked where it lies in KPU RAM
-    into the band's rows of the stride-2 map, not streamed to main memory first: less main
-    memory, bit for bit the streamed bands' output."""
+    the KPU RAM runs in row bands; each band's stride-1 output is picked where it lies in KPU RAM,
+    a channel at a time, into its rows of the stride-2 map: not streamed to main memory first nor
+    assembled there beside the map. Less main memory, bit for bit the streamed bands' output."""
     from tl2k210.k210.lower import conv
     nodes = [conv_node("a", "x", "wa", "ba", pads=[1, 1, 1, 1]), N("Relu", ["a"], ["ra"]),
              conv_node("d", "ra", "wd", "bd", pads=[0, 0, 1, 1], strides=[2, 2]), N("Relu", ["d"], ["rd"]),
@@ -1386,7 +1386,7 @@ def test_row_bands_pick_each_band_from_kpu_ram(monkeypatch):
     picked, rows, lw, _ = compile_model(m, px, format="v4", kpu_ram_lines=900)     # 16x64x48: 1,024 lines
     assert len(lw.plans["d"].bands) > 1 and lw.geo["d"].post == [(1, 2, -1, -1)]
     from_kpu = [n for n in picked.nodes if n.name == "strided_slice" and n.fields["input"][0] == kmodel.v4.MEM_KPU]
-    assert len(from_kpu) == lw.plans["d"].tiles      # every band x channel tile
+    assert len(from_kpu) == 16 * len(lw.plans["d"].bands)      # a channel's rows of a band each
     monkeypatch.setattr(conv, "_kpu_pick", lambda *a, **k: None)
     streamed = compile_model(m, px, format="v4", kpu_ram_lines=900)[0]
     assert picked.main_mem < streamed.main_mem, (picked.main_mem, streamed.main_mem)

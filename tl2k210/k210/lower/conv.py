@@ -666,8 +666,11 @@ def emit_layer(lw, node, geo, plan, lq, row):
     # v4: a crop/pick read straight from the resident KPU output (no stride-1 copy in main memory)
     kpu_pick = lw.format == "v4" and single and plan.out_resident and _kpu_pick(geo) is not None
     # ... and of each tile's output, where the tiles do not share one resident map (a depthwise
-    # conv's channel windows, row bands): no tile's stride-1 map in main memory
-    tile_pick = lw.format == "v4" and not plan.out_resident and _kpu_pick(geo) is not None
+    # conv's channel windows, row bands): no tile's stride-1 map in main memory. Row bands write
+    # their valid rows straight into the map, a channel at a time (with or without a pick): no
+    # band's output waits in main memory for the others to be assembled beside the map
+    tile_pick = lw.format == "v4" and not plan.out_resident and _kpu_pick(geo, bare=not single) is not None
+    rows_direct = tile_pick and not single
     stream = not tile_pick and ((post and not kpu_pick) or not plan.out_resident or (needs_main(lw, out) and not kpu_pick))
     out_loc = Loc((co, ph, pw), quant=lq.out_quant)
     final = Loc((fc, fh, fw), quant=lq.out_quant)
@@ -697,10 +700,12 @@ def emit_layer(lw, node, geo, plan, lq, row):
         whole = lw.alloc(out + ":s1" if post and not in_place else out, "u8", co * ph * pw)
         if not post or in_place:
             out_loc.u8 = final.u8 = whole
-    if post and single and final.u8 is None:
+    if (post and single or rows_direct) and final.u8 is None:
         final.u8 = lw.alloc(out, "u8", fc * fh * fw)
+        if not post:
+            out_loc.u8 = final.u8
     macs = lines = 0
-    traces, band_finals = [], []
+    traces, band_finals, rows_of = [], [], {}     # rows_of: (channel, band) -> its strided_slice
     for bi, ((f0, f1), (ra, rb)) in enumerate(plan.bands):
         rows = rb - ra
         band_in = None
@@ -715,10 +720,8 @@ def emit_layer(lw, node, geo, plan, lq, row):
                 if bi == len(plan.bands) - 1:
                     lw.release_read(x)      # the last band gathered: the map is no longer read
         prow = rows // hw.POOL[geo.code].stride
-        band_out = fin = None
-        if not single and tile_pick:
-            fin = lw.alloc(f"{out}:band{bi}:fin", "u8", co * (f1 - f0) * fw)
-        elif not single:
+        band_out = None
+        if not single and not rows_direct:
             band_out = lw.alloc(f"{out}:band{bi}:out", "u8", co * prow * pw)
         for (c0, c1), (o0, o1) in plan.units:
             cin = (c0, c1)
@@ -756,12 +759,13 @@ def emit_layer(lw, node, geo, plan, lq, row):
             lines = max(lines, (hw.map_lines(ci, h, w) if plan.in_resident else hw.map_lines(nin, rows, w))
                         + (hw.map_lines(co, ph, pw) if plan.out_resident else kpu.out_lines(conv)))
             row.weight_bytes += lw.share_blocks(idx)
-            if tile_pick:
-                tile = (n_o, conv.out_shape[1]) + (((0, fh), 0) if single else ((f0, f1), ra // hw.POOL[geo.code].stride))
-                dst = final.u8 + o0 * fh * fw if single else fin + o0 * (f1 - f0) * fw
-                pick = lw.emit_v4("strided_slice", _kpu_pick(geo, tmp_out.kpu, dst, tile), row)
-                if single:
-                    traces.append(pick)
+            if single and tile_pick:
+                traces.append(lw.emit_v4("strided_slice", _kpu_pick(
+                    geo, tmp_out.kpu, final.u8 + o0 * fh * fw, (n_o, conv.out_shape[1], (0, fh), 0)), row))
+            for c in range(o0, o1) if rows_direct else ():
+                tile = (n_o, conv.out_shape[1], (f0, f1), ra // hw.POOL[geo.code].stride)
+                rows_of[c, bi] = lw.emit_v4("strided_slice", _kpu_pick(
+                    geo, tmp_out.kpu, final.u8 + (c * fh + f0) * fw, tile, c - o0, bare=True), row)
             for t in (tmp_in, tmp_out):
                 if t is not None:
                     lw.kpu_free(t)
@@ -771,8 +775,8 @@ def emit_layer(lw, node, geo, plan, lq, row):
             elif single and not post:
                 traces.append(idx)
         if not single:
-            if tile_pick:
-                band_finals.append((fin, f1 - f0, 0))
+            if rows_direct:
+                pass
             elif post:
                 fin = lw.alloc(f"{out}:band{bi}:fin", "u8", co * (f1 - f0) * fw)
                 _post(lw, geo, band_out, (co, prow, pw), fin, (f0, f1), ra // hw.POOL[geo.code].stride, row)
@@ -786,7 +790,9 @@ def emit_layer(lw, node, geo, plan, lq, row):
     if whole is not None and post:
         traces = [_post(lw, geo, whole, (co, ph, pw), final.u8, (0, fh), 0, row)]
         lw.main.free(f"{out}:s1:u8")
-    if not single:                               # assemble the bands' valid rows, channel by channel
+    if rows_direct:                              # each channel's rows in order: the map's bytes
+        traces = [rows_of[k] for k in sorted(rows_of)]
+    elif not single:                             # assemble the bands' valid rows, channel by channel
         final.u8 = lw.alloc(out, "u8", fc * fh * fw)     # live from here: not beside the bands' input
         if not post:
             out_loc.u8 = final.u8
@@ -899,27 +905,29 @@ def emit_tiles(lw, node, geo, plan, lq, row):
     row.macs, row.kpu_lines = macs, lines
 
 
-def _kpu_pick(geo, kpu=None, dst=0, tile=None):
+def _kpu_pick(geo, kpu=None, dst=0, tile=None, channel=None, bare=False):
     """The fields of a v4 strided_slice that crops or picks the KPU output where it lies in KPU
     RAM (nncase v0.2's interpreter reads a mem_k210_kpu range in place, k210/interpreter.cpp
     memory_at) into the dense uint8 map at `dst`; None unless the one CPU stage is a 1x1 pick or
-    crop and the map's rows are one per line group (width > 32: (C, H, 64 * lines) in KPU RAM,
-    hardware.row_layout). `tile` (channels, KPU rows, final rows (f0, f1), the band's first KPU
-    row): of one tile's output, a channel chunk or window and/or a row band, as _post reads it."""
-    (co, ph, pw), (fc, fh, fw) = geo.kpu_out, geo.out_shape
+    crop (`bare`: or there is none, the rows a band keeps) and the map's rows are one per line
+    group (width > 32: (C, H, 64 * lines) in KPU RAM, hardware.row_layout). `tile` (channels, KPU
+    rows, final rows (f0, f1), the band's first KPU row): of one tile's output, a channel chunk or
+    window and/or a row band, as _post reads it; `channel`: only that channel of the tile."""
+    (co, ph, pw), (fc, fh, fw) = geo.kpu_out, geo.out_shape if geo.post else geo.kpu_out
     f0, f1, row0 = 0, fh, 0
     if tile is not None:
         co, ph, (f0, f1), row0 = tile
         fc = co
     g, _, lines = hw.row_layout(pw)
-    if len(geo.post) != 1 or geo.post[0][0] != 1 or g != 1 or fc != co:
+    if not (len(geo.post) == 1 and geo.post[0][0] == 1 or bare and not geo.post) or g != 1 or fc != co:
         return None
-    _, s, pad_h, pad_w = geo.post[0]
+    _, s, pad_h, pad_w = geo.post[0] if geo.post else (1, 1, 0, 0)
     top = s * f0 - pad_h - row0
+    c0, c1 = (0, co) if channel is None else (channel, channel + 1)
     start = 0 if kpu is None else kpu[0] * hw.LINE_BYTES
     return dict(input=(MEM_KPU, DT_UINT8, start, hw.map_lines(co, ph, pw) * hw.LINE_BYTES),
-                output=(MEM_MAIN, DT_UINT8, dst, fc * (f1 - f0) * fw), in_shape=(1, co, ph, hw.LINE_BYTES * lines),
-                begin=(0, 0, top, -pad_w), end=(1, co, top + (f1 - f0 - 1) * s + 1, -pad_w + (fw - 1) * s + 1),
+                output=(MEM_MAIN, DT_UINT8, dst, (c1 - c0) * (f1 - f0) * fw), in_shape=(1, co, ph, hw.LINE_BYTES * lines),
+                begin=(0, c0, top, -pad_w), end=(1, c1, top + (f1 - f0 - 1) * s + 1, -pad_w + (fw - 1) * s + 1),
                 strides=(1, 1, s, s), begin_mask=0, end_mask=0, ellipsis_mask=0, new_axis_mask=0,
                 shrink_axis_mask=0)
 
