@@ -556,7 +556,7 @@ def _band_plan(lw, node, geo, cap, units, reason):
             continue
         return Plan(tile_units, list(zip(bands, rows)), False, False,
                     f"{reason}: {len(bands)} row bands of <= {worst} input rows (halo {geo.k // 2}) x "
-                    f"{len(tile_units)} channel tile(s); the valid rows assembled in main memory")
+                    f"{len(tile_units)} channel tile(s), each band's valid rows kept in the map")
     raise KpuLimitError(f"node {node.name!r}: no row band of the {ci}x{h}x{w} input fits the KPU RAM "
                         f"({cap * hw.LINE_BYTES:,} B) with the {co}x{ph}x{pw} output: use fewer channels")
 
@@ -792,6 +792,8 @@ def emit_layer(lw, node, geo, plan, lq, row):
         lw.main.free(f"{out}:s1:u8")
     if rows_direct:                              # each channel's rows in order: the map's bytes
         traces = [rows_of[k] for k in sorted(rows_of)]
+        row.notes.append(f"each band's rows read where they lie in KPU RAM into the map, a strided_slice a "
+                         f"channel ({len(rows_of)}): no band waits in main memory to be assembled")
     elif not single:                             # assemble the bands' valid rows, channel by channel
         final.u8 = lw.alloc(out, "u8", fc * fh * fw)     # live from here: not beside the bands' input
         if not post:
