@@ -261,7 +261,7 @@ def test_v4_crop_reads_the_kpu_output_where_it_lies(monkeypatch):
     sl = next(nd for nd in model.nodes if nd.name == "strided_slice")
     assert sl.fields["input"][0] == v4.MEM_KPU and sl.fields["in_shape"] == (1, 6, 40, 64)
     assert not any(nd.name == "kpu_conv2d" and nd.fields["main_mem_output"][3] for nd in model.nodes[:2])
-    monkeypatch.setattr(conv, "_kpu_pick", lambda geo, *a: None)
+    monkeypatch.setattr(conv, "_kpu_pick", lambda geo, *a, **k: None)
     copied = compile_model(m, px, format="v4")[0]
     assert model.main_memory < copied.main_memory
     for p in px:

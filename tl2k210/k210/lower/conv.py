@@ -364,7 +364,10 @@ def plan_for(lw, node) -> Plan:
     lines_in = hw.map_lines(ci, h, w)
     first = node.inputs[0] == lw.g.inputs[0] and lw.format != "v4"   # v4 can keep the image in main memory
     fits = lines_in + hw.map_lines(co, ph, pw) <= cap
-    wide = ph * pw > kpu.STREAM_PIXELS and (geo.post or not fits or needs_main(lw, node.outputs[0]))
+    # kmodel v4: the CPU reads a resident output from KPU RAM (emit_layer's kpu_pick), so an output
+    # the KPU cannot stream (over STREAM_PIXELS a channel) needs no row bands where the maps fit
+    resident_read = lw.format == "v4" and fits and _kpu_pick(geo, bare=True) is not None
+    wide = ph * pw > kpu.STREAM_PIXELS and not resident_read and (geo.post or not fits or needs_main(lw, node.outputs[0]))
     if wide and first:
         raise KpuLimitError(
             f"node {node.name!r}: its {co}x{ph}x{pw} output ({co * ph * pw:,} B) must go to main memory "
@@ -664,7 +667,8 @@ def emit_layer(lw, node, geo, plan, lq, row):
     single = len(plan.bands) == 1
     post = bool(geo.post)
     # v4: a crop/pick read straight from the resident KPU output (no stride-1 copy in main memory)
-    kpu_pick = lw.format == "v4" and single and plan.out_resident and _kpu_pick(geo) is not None
+    copy_out = not post and ph * pw > kpu.STREAM_PIXELS and needs_main(lw, out)    # too big to stream
+    kpu_pick = lw.format == "v4" and single and plan.out_resident and _kpu_pick(geo, bare=copy_out) is not None
     # ... and of each tile's output, where the tiles do not share one resident map (a depthwise
     # conv's channel windows, row bands): no tile's stride-1 map in main memory. Row bands write
     # their valid rows straight into the map, a channel at a time (with or without a pick): no
@@ -700,7 +704,7 @@ def emit_layer(lw, node, geo, plan, lq, row):
         whole = lw.alloc(out + ":s1" if post and not in_place else out, "u8", co * ph * pw)
         if not post or in_place:
             out_loc.u8 = final.u8 = whole
-    if (post and single or rows_direct) and final.u8 is None:
+    if (post and single or rows_direct or kpu_pick) and final.u8 is None:
         final.u8 = lw.alloc(out, "u8", fc * fh * fw)
         if not post:
             out_loc.u8 = final.u8
@@ -786,7 +790,10 @@ def emit_layer(lw, node, geo, plan, lq, row):
                 band_finals.append((band_out, prow, f0 - ra // hw.POOL[geo.code].stride))
             lw.main.free(f"{out}:band{bi}:in:u8")
     if kpu_pick:
-        traces = [lw.emit_v4("strided_slice", _kpu_pick(geo, out_loc.kpu, final.u8), row)]
+        traces = [lw.emit_v4("strided_slice", _kpu_pick(geo, out_loc.kpu, final.u8, bare=copy_out), row)]
+        if copy_out:
+            row.notes.append(f"the {co}x{ph}x{pw} output, over the {kpu.STREAM_PIXELS:,} pixels a channel the KPU "
+                             "streams, copied from KPU RAM to main memory by a strided_slice (no row bands)")
     if whole is not None and post:
         traces = [_post(lw, geo, whole, (co, ph, pw), final.u8, (0, fh), 0, row)]
         lw.main.free(f"{out}:s1:u8")
