@@ -778,16 +778,14 @@ def emit_layer(lw, node, geo, plan, lq, row):
                 lw.main.free(f"{out}:tile:u8")
             elif single and not post:
                 traces.append(idx)
+        if band_out is not None and post:
+            fin = lw.alloc(f"{out}:band{bi}:fin", "u8", co * (f1 - f0) * fw)
+            _post(lw, geo, band_out, (co, prow, pw), fin, (f0, f1), ra // hw.POOL[geo.code].stride, row)
+            lw.main.free(f"{out}:band{bi}:out:u8")
+            band_finals.append((fin, f1 - f0, 0))
+        elif band_out is not None:
+            band_finals.append((band_out, prow, f0 - ra // hw.POOL[geo.code].stride))
         if not single:
-            if rows_direct:
-                pass
-            elif post:
-                fin = lw.alloc(f"{out}:band{bi}:fin", "u8", co * (f1 - f0) * fw)
-                _post(lw, geo, band_out, (co, prow, pw), fin, (f0, f1), ra // hw.POOL[geo.code].stride, row)
-                lw.main.free(f"{out}:band{bi}:out:u8")
-                band_finals.append((fin, f1 - f0, 0))
-            else:
-                band_finals.append((band_out, prow, f0 - ra // hw.POOL[geo.code].stride))
             lw.main.free(f"{out}:band{bi}:in:u8")
     if kpu_pick:
         traces = [lw.emit_v4("strided_slice", _kpu_pick(geo, out_loc.kpu, final.u8, bare=copy_out), row)]
