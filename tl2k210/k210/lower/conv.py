@@ -763,13 +763,14 @@ def emit_layer(lw, node, geo, plan, lq, row):
             lines = max(lines, (hw.map_lines(ci, h, w) if plan.in_resident else hw.map_lines(nin, rows, w))
                         + (hw.map_lines(co, ph, pw) if plan.out_resident else kpu.out_lines(conv)))
             row.weight_bytes += lw.share_blocks(idx)
-            if single and tile_pick:
-                traces.append(lw.emit_v4("strided_slice", _kpu_pick(
-                    geo, tmp_out.kpu, final.u8 + o0 * fh * fw, (n_o, conv.out_shape[1], (0, fh), 0)), row))
-            for c in range(o0, o1) if rows_direct else ():
+            if tile_pick:       # the tile's rows (f0, f1) of the map: one slice, or one a channel of a band
                 tile = (n_o, conv.out_shape[1], (f0, f1), ra // hw.POOL[geo.code].stride)
-                rows_of[c, bi] = lw.emit_v4("strided_slice", _kpu_pick(
-                    geo, tmp_out.kpu, final.u8 + (c * fh + f0) * fw, tile, c - o0, bare=True), row)
+                if single:
+                    traces.append(lw.emit_v4("strided_slice", _kpu_pick(
+                        geo, tmp_out.kpu, final.u8 + o0 * fh * fw, tile), row))
+                for c in range(o0, o1) if rows_direct else ():
+                    rows_of[c, bi] = lw.emit_v4("strided_slice", _kpu_pick(
+                        geo, tmp_out.kpu, final.u8 + (c * fh + f0) * fw, tile, c - o0, bare=True), row)
             for t in (tmp_in, tmp_out):
                 if t is not None:
                     lw.kpu_free(t)
