@@ -415,3 +415,25 @@ def test_outputs_cuts_a_tflite_file_before_its_custom_op(variants, tmp_path, cap
     assert main(["compare", str(src), str(out), "--dataset", str(photos), "--json", str(tmp_path / "c.json")]) == 0
     rows = json.loads((tmp_path / "c.json").read_text())["outputs"]
     assert list(rows) == [before] and rows[before]["sqnr_db"] > 25, rows
+
+
+def test_empty_quantization_vectors_read_as_absent(variants, tmp_path):
+    """OpenMV's int8 MediaPipe palm and hand detectors store every tensor's min and max as empty
+    vectors, and a few unquantized tensors an empty scale and zero point: tf2onnx copied them into
+    node attributes that ONNX cannot type ("Could not infer attribute `max` type from empty
+    iterator"). Such a file reads as the same graph as the file without them."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils as fu
+    m = fu.read_model(str(variants["full_int8"]))
+    bare = 0
+    for t in m.subgraphs[0].tensors:
+        if t.quantization is None or t.quantization.scale is None:
+            t.quantization, bare = schema.QuantizationParametersT(), bare + 1
+            t.quantization.scale, t.quantization.zeroPoint = [], []
+        t.quantization.min, t.quantization.max = [], []
+    odd = tmp_path / "empty_vectors.tflite"
+    fu.write_model(m, str(odd))
+    assert bare and all(len(t.quantization.max) == 0 for t in fu.read_model(str(odd)).subgraphs[0].tensors)
+    x = np.random.default_rng(6).uniform(0, 1, (1, 3, H, W)).astype(np.float32)
+    a, b = (run_pipeline(load_graph(p))[0] for p in (variants["full_int8"], odd))
+    np.testing.assert_array_equal(run(a, x)[a.outputs[0]], run(b, x)[b.outputs[0]])

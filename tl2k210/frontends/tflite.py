@@ -7,7 +7,9 @@ Production TFLite files store weights in forms tf2onnx does not all read:
     activations (removed by passes.dequantize);
   * sparse weights (DENSIFY of a sparse constant): tf2onnx reads the sparse buffer as if it were
     dense and fails, so they are densified here first -- by the TFLite interpreter itself, which
-    computes each DENSIFY output -- and written to a temporary dense copy of the file.
+    computes each DENSIFY output -- and written to a temporary dense copy of the file;
+  * quantization parameters with empty min/max vectors, which tf2onnx cannot copy into node
+    attributes: dropped in the same copy (`drop_empty_quantization`).
 
 Custom ops (CUSTOM opcodes: a vendor's kernels the TFLite runtime links in) have no ONNX form:
   * MediaPipe's Convolution2DTransposeBias (input, OHWI weights, bias; its options the C struct
@@ -235,6 +237,29 @@ def map_pool_params(model, path):
     return n
 
 
+def drop_empty_quantization(model) -> int:
+    """Quantization parameters with empty vectors (present, no values: what some writers other
+    than TensorFlow's converter leave, e.g. OpenMV's int8 MediaPipe palm and hand models) without
+    them, in place: tf2onnx copies a present vector into a node attribute, and ONNX cannot type an
+    empty one ("Could not infer attribute `max` type from empty iterator"). An empty min or max
+    (the ranges the quantizer saw) goes; an empty scale or zero point means the tensor is not
+    quantized (as TFLite's interpreter reads it), so its parameters go. Returns how many tensors
+    changed."""
+    n = 0
+    for sg in model.subgraphs:
+        for t in sg.tensors:
+            q = t.quantization
+            if q is None:
+                continue
+            empty = [k for k in ("min", "max", "scale", "zeroPoint") if getattr(q, k) is not None and len(getattr(q, k)) == 0]
+            for k in empty:
+                setattr(q, k, None)
+            if q.scale is None or q.zeroPoint is None:
+                q.scale = q.zeroPoint = None
+            n += bool(empty)
+    return n
+
+
 def cut_ops(model, names, path) -> int:
     """--outputs: subgraph 0 ends at the tensors `names`, the operators none of them needs dropped
     (before the custom-op check: an SSD's TFLite_Detection_PostProcess after its raw outputs).
@@ -269,7 +294,8 @@ def densify(path, out_path, outputs=None):
     import tensorflow as tf
     from tensorflow.lite.tools import flatbuffer_utils as fu
     model = fu.read_model(str(path))
-    mapped = cut_ops(model, outputs, path) + map_transpose_conv_bias(model) + map_pool_params(model, path)
+    mapped = (cut_ops(model, outputs, path) + map_transpose_conv_bias(model) + map_pool_params(model, path)
+              + drop_empty_quantization(model))
     check_custom_ops(model, path)
     check_builtin_ops(model, path)
     ops = [(sg, op) for sg in model.subgraphs for op in sg.operators
