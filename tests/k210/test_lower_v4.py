@@ -1312,6 +1312,33 @@ def test_softmax_over_rows_of_a_tensor_without_a_batch_axis():
     np.testing.assert_allclose(got.reshape(3, 128, 2).sum(axis=2), 1, atol=1e-5)
 
 
+def test_dfl_softmax_is_sliced_on_uint8_bytes():
+    """YOLOv8's DFL head (OpenMV's yolov8n_192 int8): the box logits reshaped to (1, 4, 16, N),
+    Softmax over the 16 bins, a transpose, and a 1x1 conv with the bins' weights. Its softmax
+    held four float copies of the map at once (the dequantized input, the transposed copy, the
+    softmax of it, the result moved back: 3.4x the live set); as no reader needs it as float, the
+    bins are moved last and back on the uint8 bytes and a slice of vectors at a time is
+    dequantized, normalised and quantized. Main memory is under two float copies of the map (a
+    slice of float scratch beside three uint8 copies), and the emulator's output is onnxruntime's."""
+    n = helper.make_node
+    r = np.random.default_rng(4)
+    m = make_model([conv_node("c", "x", "w", "b", pads=[1, 1, 1, 1]), n("Reshape", ["c", "shape"], ["r"]),
+                    n("Softmax", ["r"], ["s"], axis=2), n("Transpose", ["s"], ["t"], perm=[0, 2, 1, 3]),
+                    conv_node("d", "t", "wd", "bd")],
+                   [("x", [1, 3, 32, 32])], [("d", [1, 1, 16, 256])],
+                   {"w": r.normal(0, 0.5, (64, 3, 3, 3)).astype(np.float32), "b": r.normal(0, 0.5, 64).astype(np.float32),
+                    "shape": np.array([1, 16, 16, 256], np.int64),
+                    "wd": np.arange(16, dtype=np.float32).reshape(1, 16, 1, 1), "bd": np.zeros(1, np.float32)})
+    px = pixels(3, 3, 32, 32)
+    model, rows = compile_model(m, px, format="v4")[:2]
+    row = next(r for r in rows if r.op == "Softmax")
+    assert any("on the uint8 bytes" in note for note in row.notes)
+    print("main memory", model.main_memory)
+    assert model.main_memory < 2 * 4 * 64 * 32 * 32      # two float copies of the map: 524,288 B
+    ref, got = run_both(m, model, px)
+    assert np.abs(got - ref).max() < 0.15 * np.abs(ref).max()
+
+
 def test_a_shufflenet_v2_shuffle_between_a_concat_and_its_split_is_a_transpose():
     """NanoDet-m's ShuffleNetV2 (Kazuhito00's NanoDet-ONNX-Sample): Concat -> Reshape (1, 2, C/2,
     H, W) -> Transpose (0, 2, 1, 3, 4) -> Reshape (1, C, H, W) -> two Slices of the channels, no
