@@ -469,3 +469,58 @@ for f in (lambda: open('/sd/none.txt'), lambda: uos.stat('/flash/none'), lambda:
 """)
     assert res.error is None, res.traceback
     assert res.lines == ["OSError True 2 [Errno 2] ENOENT"] * 3
+
+
+def test_lcd_rotation_keeps_the_panels_pixels_and_draw_string_bounds_are_configured(tmp_path):
+    """Sipeed's hardware/demo_lcd.py: v0.6.2 py_lcd_rotation only sets the panel's scan
+    direction, so its memory keeps what clear(RED) wrote (the host cleared it to black when the
+    rotation turned the screen); py_lcd_draw_string bounds x by the configured width and y by
+    that width - 16 (lcd_para.width, not swapped by rotation; maixpy-api.md) and reads x, y as
+    uint16, so a negative x wraps and draws nothing."""
+    res = run(tmp_path, """
+import lcd
+lcd.init()
+lcd.clear(lcd.RED)
+lcd.rotation(1)
+print(lcd.width(), lcd.height())
+lcd.draw_string(10, 10, "rot1", lcd.WHITE, lcd.RED)
+lcd.draw_string(10, 300, "y 300", lcd.WHITE, lcd.BLUE)
+lcd.draw_string(10, 305, "y 305", lcd.WHITE, lcd.BLUE)
+lcd.draw_string(-10, 20, "x -10", lcd.WHITE, lcd.BLUE)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["240 320"]
+    frame = res.frames[-1]
+    assert frame.shape == (320, 240, 3) and (frame[100:200] == (255, 0, 0)).all()    # red, turned
+    assert [t[2] for t in res.texts[-1]] == ["rot1", "y 300"]
+
+
+def test_socket_without_a_network_object_has_no_nic(tmp_path):
+    """modusocket.c: connect, bind and sendto first pick the network interface for the address
+    (socket_select_nic), and with no network.* object made there is none: OSError('no available
+    NIC'), the board's message (Sipeed's socket demos on a board without Wi-Fi set up)."""
+    res = run(tmp_path, """
+import usocket
+s = usocket.socket()
+for f, a in ((s.connect, (('192.168.0.2', 80),)), (s.bind, (('0.0.0.0', 80),)), (s.sendto, (b'x', ('1.2.3.4', 5)))):
+    try:
+        f(*a)
+    except OSError as e:
+        print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["no available NIC"] * 3
+
+
+def test_gpio_out_of_range_is_an_invalid_pin(tmp_path):
+    """Maix_gpio.c mp_maixpy_pin_make_new: an id outside the 40 GPIO objects is
+    ValueError('invalid pin') (Sipeed's chainable RGB LED demo on a board without that wiring)."""
+    res = run(tmp_path, """
+from Maix import GPIO
+try:
+    GPIO(40, GPIO.OUT)
+except ValueError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["invalid pin"]

@@ -106,8 +106,10 @@ def rotation(*args):
         r = A.get_int(args[0])
         if not 0 <= r <= 3:
             raise ValueError("value:[0,3]")
-        if st.rot % 2 != r % 2 and st.fb is not None:
-            st.fb = np.zeros((st.fb.shape[1], st.fb.shape[0], 3), np.uint8)
+        if r != st.rot and st.fb is not None:
+            # py_lcd_rotation only sets the panel's scan direction (lcd_set_direction): its
+            # memory keeps the pixels, seen turned in the new coordinates
+            st.fb = np.ascontiguousarray(np.rot90(st.fb, k=(st.rot - r) % 4))
         st.rot = r
     return st.rot
 
@@ -178,26 +180,28 @@ def fill_rectangle(*args, **kwargs):
 
 def draw_string(*args, **kwargs):
     """draw_string(x, y, text[, fg=RED, bg=BLACK]): 3-5 positional ints, no keywords; 8x12
-    cells; truncated at the right edge; nothing when x >= width or y > width - 16."""
+    cells; truncated at the right edge; nothing when x >= width or y > width - 16, the width
+    lcd.init configured (py_lcd_draw_string: lcd_para.width, which lcd.rotation does not swap;
+    v0.6.2 compares y with the configured height), x and y taken as uint16 (a negative one
+    wraps: nothing)."""
     if kwargs:
         raise TypeError("function doesn't take keyword arguments")
     A.check_arity(args, 3, 5)
     st = _s()
     if not st.inited:
         raise ValueError("not init")
-    x, y = A.get_int(args[0]), A.get_int(args[1])
+    x, y = A.get_int(args[0]) & 0xFFFF, A.get_int(args[1]) & 0xFFFF
     text = args[2]
     if not isinstance(text, str):
         raise TypeError(f"can't convert {A.type_name(text)} to str")
     fg = A.get_int(args[3]) if len(args) > 3 else RED
     bg = A.get_int(args[4]) if len(args) > 4 else BLACK
-    W = width()
-    if x >= W or y > W - 16:
+    if x >= st.w or y > st.w - 16:
         return None
-    text = text[:max(0, (W - x) // 8)]
+    text = text[:max(0, (st.w - x) // 8)]
     fb = _screen()
     fgc, bgc = np.array(A.raw565_to_rgb(fg), np.uint8), np.array(A.raw565_to_rgb(bg), np.uint8)
-    H = fb.shape[0]
+    H, W = fb.shape[:2]
     for i, ch in enumerate(text):
         g = _font.glyph(ch if 32 <= ord(ch) <= 126 else "\x00")
         cx = x + 8 * i

@@ -112,7 +112,7 @@ class GPIO:
         self._b = _b.current()
         self._id, self._mode, self._pull = get_int(a["id"]), get_int(a["mode"]), get_int(a["pull"])
         if not 0 <= self._id < 40:
-            raise ValueError("GPIO id error")
+            raise ValueError("invalid pin")        # Maix_gpio.c mp_maixpy_pin_make_new
         if self._mode == self.OUT and self._pull != self.PULL_NONE:
             raise ValueError("When this pin is in output mode, it is not allowed to pull up and down.")
         self._out = 0 if a["value"] is None else int(bool(a["value"]))
@@ -830,13 +830,18 @@ def make_usocket(s):
         def __init__(self, *a, **k):
             pass
 
-        def connect(self, *a):
-            raise _no_network(s, "socket.connect")
+        def _no_nic(self, *a, **k):
+            # modusocket.c: connect, bind and sendto pick a NIC for the address first
+            # (socket_select_nic -> modnetwork.c mod_network_find_nic), and no network.* object
+            # registered one
+            _no_network(s, "socket")
+            raise OSError("no available NIC")
 
         def _net(self, *a, **k):
             raise _no_network(s, "socket")
 
-        send = sendall = recv = sendto = recvfrom = bind = listen = accept = _net
+        connect = bind = sendto = _no_nic
+        send = sendall = recv = recvfrom = listen = accept = _net
 
         def settimeout(self, t):
             pass
