@@ -2,7 +2,9 @@
 host (round 44), each reproduced by a small hand-written board script. The firmware source each
 behaviour follows is named in the docstring (sipeed/MaixPy-v1, and MicroPython 1.11 for the core)."""
 
-from test_maixpy_runtime import PROBE, photo, run  # noqa: F401  (the board-script runner and the photo fixture)
+import numpy as np
+
+from test_maixpy_runtime import CAM, PROBE, after_probe, photo, run  # noqa: F401  (the board-script runner and the photo fixture)
 
 
 def test_bytearray_and_struct_s_take_a_str(tmp_path):
@@ -475,7 +477,7 @@ def test_lcd_rotation_keeps_the_panels_pixels_and_draw_string_bounds_are_configu
     """Sipeed's hardware/demo_lcd.py: v0.6.2 py_lcd_rotation only sets the panel's scan
     direction, so its memory keeps what clear(RED) wrote (the host cleared it to black when the
     rotation turned the screen); py_lcd_draw_string bounds x by the configured width and y by
-    that width - 16 (lcd_para.width, not swapped by rotation; maixpy-api.md) and reads x, y as
+    that width - 16 (HEAD lcd_para.width, not swapped by rotation) and reads x, y as
     uint16, so a negative x wraps and draws nothing."""
     res = run(tmp_path, """
 import lcd
@@ -524,3 +526,36 @@ except ValueError as e:
 """)
     assert res.error is None, res.traceback
     assert res.lines == ["invalid pin"]
+
+
+def test_conv3_is_the_kpus_3x3_conv_of_each_plane(tmp_path, photo):
+    """Sipeed's machine_vision/demo_image_deal.py: img.conv3(kern) (v0.6.2 py_image.c ->
+    conv.c imlib_conv3 -> sipeed_conv.c) convolves each colour plane of the AI buffer with the 3x3
+    kernel on the KPU (16-bit weights), in place, and rebuilds the pixels; the host raised
+    AttributeError. The KPU layer's result is the float convolution clipped to 0..255 within a
+    level of the KPU's rounding; an identity kernel gives the snapshot back; an image without an
+    AI buffer prints the firmware's message and stays as it was."""
+    from tl2k210.maixpy.image import _sipeed_conv3
+    r = np.random.default_rng(0)
+    ai = r.integers(0, 256, (3, 20, 70), dtype=np.uint8)
+    xp = np.pad(ai.astype(np.float64), ((0, 0), (1, 1), (1, 1)))
+    for k in ((0, 0, 0, 0, 1, 0, 0, 0, 0), (-1, -1, -1, -1, 8, -1, -1, -1, -1), (2, 0, 0, 0, -1, 0, 0, 0, -1),
+              [1 / 9] * 9, (0.5, -0.25, 0, 1.5, 0.1, 0, 0, 0, -2)):
+        kk = np.asarray(k, np.float64).reshape(3, 3)
+        ref = sum(kk[dy, dx] * xp[:, dy:dy + 20, dx:dx + 70] for dy in range(3) for dx in range(3))
+        got = _sipeed_conv3(ai, k).astype(np.float64)
+        assert np.abs(got - np.clip(ref, 0, 255)).max() <= 1.0, k
+    np.testing.assert_array_equal(_sipeed_conv3(ai, (0, 0, 0, 0, 1, 0, 0, 0, 0)), ai)
+    res = run(tmp_path, CAM + """
+img = sensor.snapshot()
+before = img.copy()
+img.conv3((0,0,0, 0,1,0, 0,0,0))
+print(img.get_pixel(100, 100) == before.get_pixel(100, 100))
+img.conv3(kern=(-1,-1,-1,-1,8,-1,-1,-1,-1))
+print(img.get_pixel(100, 100) != before.get_pixel(100, 100))
+img = image.Image(size=(8, 8))
+img.conv3(kern=(0,0,0, 0,1,0, 0,0,0))
+img.conv3()
+""", images=[photo])
+    assert res.error is None, res.traceback
+    assert after_probe(res) == ["True", "True", "pix_ai or pixels is NULL!", "please input 9 kern parm!"]

@@ -320,11 +320,7 @@ def memtest(*args, **kwargs):
 
 
 def print_(text):
-    s = getattr(_b(), "session", None)
-    if s is not None:
-        s.out.write(text + "\n")
-    else:
-        print(text)
+    _board.console(text + "\n")
 
 
 # ---------------------------------------------------------------------------------------------

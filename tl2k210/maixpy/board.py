@@ -13,6 +13,7 @@ board-side errors. One Board is current at a time (`current()`); a `Session` ins
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -163,6 +164,15 @@ def current() -> Board:
     if _current is None:
         _current = Board()
     return _current
+
+
+def console(text: str):
+    """Firmware console output (mp_printf to mp_plat_print): the session's stdout, else the host's."""
+    s = getattr(current(), "session", None)
+    if s is not None:
+        s.out.write(text)
+    else:
+        sys.stdout.write(text)
 
 
 def install(board):

@@ -624,6 +624,30 @@ class Image:
         _cost(self.width() * self.height())
         return None
 
+    def conv3(self, *args, **kwargs):
+        """conv3(kern): a 3x3 convolution of each colour plane of the AI buffer, on the KPU, in
+        place (py_image_conv3 -> conv.c imlib_conv3 -> sipeed_conv.c): `kern` 9 numbers (the
+        keyword, else slot 1); the AI buffer and the pixels get the result; returns None. Without
+        an AI buffer the firmware prints "pix_ai or pixels is NULL!" and does nothing; without a
+        kernel, "please input 9 kern parm!". The arithmetic is the KPU's (`_sipeed_conv3`)."""
+        kern = kwargs.get("kern", args[0] if args else None)
+        if kern is None:
+            _board.console("please input 9 kern parm!\n")
+            return None
+        krn = [A.get_float(v) for v in A.seq(kern, 9)]
+        if self._ai is None or self._px is None:
+            _board.console("pix_ai or pixels is NULL!\n")
+            return None
+        if self._gray_img:
+            _board.current().note("Image.conv3 on a grayscale image: the firmware reads and writes three "
+                                  "colour planes of a one-plane buffer (undefined on a board); the host does "
+                                  "nothing", ("img", "conv3-gray"))
+            return None
+        self._ai = _sipeed_conv3(self._ai, krn)
+        self._px[...] = _lattice(self._ai.transpose(1, 2, 0))
+        _cost(4 * self.width() * self.height())
+        return None
+
     def ai_to_pix(self, *args, **kwargs):
         if self._ai is None:
             raise OSError("pix_ai is NULL")
@@ -1220,8 +1244,40 @@ _OPENMV_NOT_EMULATED = {
     "logpolar", "chrominvar", "illuminvar", "remove_shadows", "mask_circle", "mask_ellipse",
     "mask_rectangle", "flood_fill", "top_hat", "black_hat", "b_and", "b_or", "b_xor", "b_nand",
     "b_nor", "b_xnor", "add", "sub", "mul", "div", "min", "max", "difference", "blend",
-    "replace_color", "conv3", "morph", "gamma_corr", "find_cirles",
+    "replace_color", "morph", "gamma_corr", "find_cirles",
 }
+
+
+def _sipeed_conv3(ai: np.ndarray, krn) -> np.ndarray:
+    """The KPU layer sipeed_conv.c builds for imlib_conv3, run by the emulator's KPU reference:
+    a 3-in, 3-out 3x3 conv with `krn` on the diagonal (each plane its own), 16-bit weights
+    quantized over all 81 values (conv_float2u16: w = (uint16)((v - min) * 65535 / range) in
+    float32, the offset back as arg_x = min * scale * 2^shr_x, shr_x doublings up to 2^22),
+    identity batch norm, an activation table of 0 below 0 and (V * y_mul) >> shift above (y_mul
+    the inverse scale doubled past 16383), pad value 0, the planes padded to 64-byte rows with
+    zeros (the same as the conv's own padding). Returns the new (3, H, W) uint8 planes."""
+    from tl2k210.k210.emulator.kpu import reference_layer
+    f32 = np.float32
+    data = np.zeros((3, 3, 9), f32)
+    for c in range(3):
+        data[c, c] = np.asarray(krn, f32)
+    dmin, dmax = f32(data.min()), f32(data.max())
+    scale = f32(65535.0) / f32(dmax - dmin) if dmax > dmin else f32(np.inf)
+    w16 = ((data - dmin) * scale).astype(np.int64) if np.isfinite(scale) else np.zeros(data.shape, np.int64)
+    arg, shr_x = f32(scale * abs(dmin)) if np.isfinite(scale) else f32(0), 0
+    while arg < f32(0x400000) and arg != 0:
+        arg, shr_x = f32(arg * 2), shr_x + 1
+    arg_x = int(arg) if dmin >= 0 else -int(arg)
+    inv, shift = f32(1.0) / scale if np.isfinite(scale) else f32(0), 0
+    while inv <= f32(16383.0) and shift < 255:
+        inv, shift = f32(inv * 2), shift + 1
+    y_mul = int(inv) & 0xFFFF
+    args = dict(kernel_type=1, pad_value=0, depth_wise_layer=0, arg_x=arg_x, shr_x=shr_x, arg_w=0, shr_w=0,
+                arg_add=0, pool_type=0)
+    bn = dict(norm_mul=[1] * 3, norm_add=[0] * 3, norm_shift=[0] * 3)
+    act = dict(x_start=[-(1 << 35)] + [0] * 15, shift_number=[0] + [shift] * 15, y_mul=[0] + [y_mul] * 15,
+               bias=[0] * 16)
+    return reference_layer(np.asarray(ai, np.uint8), w16.reshape(3, 3, 3, 3), args, bn, act)
 
 
 class Line:

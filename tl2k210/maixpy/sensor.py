@@ -126,14 +126,8 @@ def _probe_lines(b, choice=0) -> str:
 
 def _say(text):
     """Firmware console output (mp_printf to mp_plat_print): the session's stdout."""
-    if not text:
-        return
-    s = getattr(_board.current(), "session", None)
-    if s is not None:
-        s.out.write(text)
-    else:
-        import sys
-        sys.stdout.write(text)
+    if text:
+        _board.console(text)
 
 
 def _need_reset():
