@@ -48,6 +48,7 @@ from .lower import Options, plan_format, select
 from .lower.registry import CPU_F32
 from .passes.entry_conv import entry_conv
 from .passes.kpu_padding import kpu_padding
+from .passes.kxk_windows import kxk_windows
 from .passes.matmul_to_conv import conv_as_dense, matmul_to_conv
 from .passes.stride2_even_maps import stride2_even_maps
 from .passes.unequal_strides import unequal_strides
@@ -121,6 +122,7 @@ PIPELINE = [
     Pass("channel_shuffle", channel_shuffle),
     Pass("entry_conv", entry_conv),
     Pass("wide_channels", wide_channels),
+    Pass("kxk_windows", kxk_windows),
     Pass("stride2_even_maps", stride2_even_maps),
     Pass("unequal_strides", unequal_strides),   # (2, 1): the KPU conv at (1, 1) + a strided slice
     Pass("kpu_padding", kpu_padding, default=False, exact=False),

@@ -138,16 +138,29 @@ def fake_quant_graph(graph, ranges, weight_bits=8, vector_input=False, means=Non
 
 
 
+#: data movement the back-end does on the uint8 bytes of a rounded map (no new grid)
+BYTE_MOVES = ("Slice", "Transpose")
+
+
+def _through_relabels(g, t):
+    """(the producer, the tensor) where `t`'s relabels start."""
+    while (p := g.producer(t)) is not None and p.op in RELABELS:
+        t = p.inputs[0]
+    return p, t
+
+
 def _conv_read(g, done, floats) -> list:
     """(producer, tensor) for each map an integer conv reads that nothing rounded yet (an SE
-    gate's Mul, a standalone activation, a Sub): the KPU and the uint8 CPU conv read uint8."""
+    gate's Mul, a standalone activation, a Sub): the KPU and the uint8 CPU conv read uint8. A
+    slice or transpose of a rounded map is on its grid already (the back-end moves its bytes:
+    the channel windows of k210/passes/kxk_windows.py), not rounded again."""
     out, seen = [], set(done)
     for n in g.nodes:
         if n.op != "Conv" or n.name in floats:
             continue
-        t = n.inputs[0]
-        while (p := g.producer(t)) is not None and p.op in RELABELS:
-            t = p.inputs[0]
+        p, t = _through_relabels(g, n.inputs[0])
+        if p is not None and p.op in BYTE_MOVES and _through_relabels(g, p.inputs[0])[1] in seen:
+            continue
         if p is not None and t not in seen:
             seen.add(t)
             out.append((p, t))

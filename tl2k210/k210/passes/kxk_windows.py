@@ -1,0 +1,85 @@
+"""A grouped (depthwise) K x K conv whose shift stages do not fit the KPU RAM, in windows of groups.
+
+lower/kxk.py runs a K x K conv (K > 3, or a dilated 3x3) as one-hot 3x3 copy stages that build a
+map holding every input channel shifted by each offset of a set (a 5x5's shift grid: 9 copies a
+channel), then one 3x3 conv over that map. A depthwise conv's stage map is (copies x channels)
+maps: MediaPipe's palm detector's first 5x5 conv (32 channels at 96x96) needs 2.65 MB, more than
+the 2 MiB KPU RAM, so the map went to main memory (3.0x the live set of the whole model). Each
+group of a grouped conv reads only its own input channels (a depthwise conv: one; after
+prelu_split's pair: two), so the conv is split into windows of groups -- Slice, the conv on the
+window, Concat -- each window's input, stage map and output within WINDOW_SHARE of the KPU RAM:
+one window's copies at a time. Exact: the same arithmetic per channel.
+"""
+import numpy as np
+
+from tl2k210.graph import Node
+from tl2k210.k210 import hardware as hw
+from tl2k210.k210.lower.kxk import forms
+
+#: the share of the KPU RAM lines one window's input, stage map and output may take (the rest for
+#: the maps that stay resident around it and the lowering's own tiling)
+WINDOW_SHARE = 0.5
+
+
+def _lines(groups, m, n, per, shape_in, shape_out):
+    """KPU RAM lines of `groups` groups' input (m channels each), their `per` copies each and
+    their output (n channels each)."""
+    (h, w), (oh, ow) = shape_in, shape_out
+    return hw.map_lines(groups * m, h, w) + hw.map_lines(groups * m * per, h, w) + hw.map_lines(groups * n, oh, ow)
+
+
+def _windows(g, n):
+    """([(first group, end group)] windows, channels a group reads, writes, the KPU RAM lines of
+    the whole) of the grouped K x K conv `n`, or None where it needs none."""
+    W = g.const(n.inputs[1])
+    shape, out = g.shape(n.inputs[0]), g.shape(n.outputs[0])
+    groups = n.attrs.get("group", 1)
+    if W is None or len(n.inputs) < 3 or g.const(n.inputs[2]) is None or shape is None or out is None \
+            or len(shape) != 4 or groups == 1 or shape[1] % groups or out[1] % groups \
+            or W.shape[1] != shape[1] // groups or n.attrs.get("pool"):
+        return None
+    spans = [(k - 1) * d + 1 for k, d in zip(n.attrs["kernel"], n.attrs.get("dilations", (1, 1)))]
+    if max(spans) <= 3:       # a 3x3's stride-2 phases are weighed against its stride-1 form (kpu_conv)
+        return None
+    fs = forms(g, n, "v4")
+    if not fs:
+        return None
+    m, k_out = shape[1] // groups, out[1] // groups
+    per, cap = fs[0].channels // shape[1], int(WINDOW_SHARE * hw.KPU_RAM_LINES)
+    whole = _lines(groups, m, k_out, per, shape[2:], out[2:])
+    if per <= 1 or whole <= cap:
+        return None
+    k = next((k for k in range(2, groups + 1) if _lines(-(-groups // k), m, k_out, per, shape[2:], out[2:]) <= cap),
+             None)
+    if k is None:
+        return None
+    edges = np.linspace(0, groups, k + 1).round().astype(int)
+    return list(zip(edges[:-1], edges[1:])), m, k_out, whole
+
+
+def kxk_windows(g, log):
+    for n in [n for n in g.nodes if n.op == "Conv"]:
+        found = _windows(g, n)
+        if found is None:
+            continue
+        wins, m, k_out, whole = found
+        x, out = n.inputs[0], n.outputs[0]
+        W, B = g.const(n.inputs[1]), g.const(n.inputs[2])
+        shape, oshape = g.shape(x), g.shape(out)
+        new, parts = [], []
+        for k, (lo, hi) in enumerate(wins):
+            xs = g.add_tensor(f"{x}/win{k}", (shape[0], (hi - lo) * m, *shape[2:]))
+            consts = [g.add_const(np.array(v, np.int64), f"{n.name}/win{k}_{what}")
+                      for what, v in (("starts", [lo * m]), ("ends", [hi * m]), ("axes", [1]))]
+            new.append(Node("Slice", [x, *consts], [xs], {}, f"{n.name}/slice{k}", [n.name]))
+            y = g.add_tensor(f"{out}/win{k}", (oshape[0], (hi - lo) * k_out, *oshape[2:]))
+            new.append(Node("Conv", [xs, g.add_const(W[lo * k_out:hi * k_out], f"{n.inputs[1]}/win{k}"),
+                                     g.add_const(B[lo * k_out:hi * k_out], f"{n.inputs[2]}/win{k}")], [y],
+                            {**n.attrs, "group": hi - lo}, f"{n.name}/win{k}", list(n.fused)))
+            parts.append(y)
+        i = g.nodes.index(n)
+        g.nodes[i:i + 1] = new + [Node("Concat", parts, [out], {"axis": 1}, n.name + "/concat", [n.name])]
+        log(n.name, f"grouped {W.shape[2]}x{W.shape[3]} conv in {len(wins)} windows of <= "
+                    f"{max(b - a for a, b in wins)} of its {n.attrs['group']} groups (Slice + conv + Concat): "
+                    f"its shift stages whole would take {whole * hw.LINE_BYTES:,} B of KPU RAM")
+    return g
