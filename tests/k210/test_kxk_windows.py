@@ -43,3 +43,20 @@ def test_depthwise_5x5_in_channel_windows_is_the_same_conv_in_less_main_memory()
     assert split.main_memory < 32 * 96 * 96 * 4 < 9 * 32 * 96 * 96 < whole.main_memory     # no 2.65 MB shift map
     for p in px:
         np.testing.assert_array_equal(Emulator(split).run(p)[0], Emulator(whole).run(p)[0])
+
+
+def test_no_windows_for_kmodel_v3_or_a_chain_that_fits():
+    """kmodel v3 has no Slice: for a v3 target the map streams through main memory as before (the
+    conv stays whole, so a v3-only runtime still takes the model); and a conv whose input, copies
+    and output fit the KPU RAM together (BlazeFace's 5x5 convs at 64x64) is not split."""
+    from lower_helpers import from_onnx
+    from tl2k210.k210.flow import run_pipeline
+    g, _ = run_pipeline(from_onnx(_palm_like()), target=Options(format="v3"))
+    assert "Slice" not in [n.op for n in g.nodes]
+    small = _palm_like()
+    small.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 48
+    small.graph.input[0].type.tensor_type.shape.dim[3].dim_value = 48
+    for o in small.graph.output:
+        o.type.tensor_type.shape.dim[2].dim_value = o.type.tensor_type.shape.dim[3].dim_value = 48
+    g, _ = run_pipeline(from_onnx(small))
+    assert "Slice" not in [n.op for n in g.nodes]

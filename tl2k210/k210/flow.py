@@ -142,7 +142,8 @@ def run_pipeline(graph, options=None, target=None):
         return generic.run_pipeline(PIPELINE, graph, options)
     v3 = target.format == "v3" or target.v3_only     # kmodel v3 has no pad layer: fold every Pad it can
     bound = {check_supported: functools.partial(check_supported, opts=target),
-             pad_into_conv: functools.partial(pad_into_conv, repeat=v3)}
+             pad_into_conv: functools.partial(pad_into_conv, repeat=v3),
+             kxk_windows: functools.partial(kxk_windows, v4=not v3)}
     pipeline = [Pass(p.name, bound.get(p.fn, p.fn), p.default, p.exact) for p in PIPELINE]
     return generic.run_pipeline(pipeline, graph, options)
 

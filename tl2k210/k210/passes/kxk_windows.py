@@ -7,8 +7,9 @@ maps: MediaPipe's palm detector's first 5x5 conv (32 channels at 96x96) needs 2.
 the 2 MiB KPU RAM, so the map went to main memory (3.0x the live set of the whole model). Each
 group of a grouped conv reads only its own input channels (a depthwise conv: one; after
 prelu_split's pair: two), so the conv is split into windows of groups -- Slice, the conv on the
-window, Concat -- each window's input, stage map and output within WINDOW_SHARE of the KPU RAM:
-one window's copies at a time. Exact: the same arithmetic per channel.
+window, Concat -- where the whole conv's input, stage map and output exceed the KPU RAM, each
+window's within WINDOW_SHARE of it: one window's copies at a time. Exact: the same arithmetic per
+channel. kmodel v4 only (v3 has no Slice: there the map streams through main memory as before).
 """
 import numpy as np
 
@@ -47,7 +48,7 @@ def _windows(g, n):
     m, k_out = shape[1] // groups, out[1] // groups
     per, cap = fs[0].channels // shape[1], int(WINDOW_SHARE * hw.KPU_RAM_LINES)
     whole = _lines(groups, m, k_out, per, shape[2:], out[2:])
-    if per <= 1 or whole <= cap:
+    if per <= 1 or whole <= hw.KPU_RAM_LINES:       # the whole chain fits: no window needed
         return None
     k = next((k for k in range(2, groups + 1) if _lines(-(-groups // k), m, k_out, per, shape[2:], out[2:]) <= cap),
              None)
@@ -57,7 +58,10 @@ def _windows(g, n):
     return list(zip(edges[:-1], edges[1:])), m, k_out, whole
 
 
-def kxk_windows(g, log):
+def kxk_windows(g, log, v4=True):
+    """`v4`: the plan may use kmodel v4 (k210/flow.py binds False for a v3 target or runtime)."""
+    if not v4:
+        return g
     for n in [n for n in g.nodes if n.op == "Conv"]:
         found = _windows(g, n)
         if found is None:
