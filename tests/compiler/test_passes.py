@@ -812,3 +812,20 @@ def test_softmax_of_concatenated_score_heads_runs_in_their_convs():
     inits["w1"], inits["b1"] = rand(3, 4, 1, 1), rand(3)
     g, changes = check(make_model(nodes, [X], [("y", None)], inits), "channel_softmax")
     assert g.op_counts()["Softmax"] == 1 and not changes
+
+
+@pytest.mark.parametrize("slope_shape", [(1, 1), (16, 1)])
+def test_prelu_of_a_rank3_vector_runs_on_its_map(slope_shape):
+    """OpenVINO's person re-identification nets (round 55's hunt): a PReLU of the (1, C, 1) output
+    of a batch norm after the embedding Gemm, its slope one (1, 1) value, was refused "op PRelu
+    has no K210 lowering" (prelu_split took (1, C) vectors and NCHW maps only). Now it runs on the
+    (1, C, 1, 1) map of the vector, each value's slope broadcast to it: float-exact, no PRelu left."""
+    n = helper.make_node
+    a = np.random.default_rng(3).uniform(-0.5, 1.5, slope_shape).astype(np.float32)
+    m = make_model([n("Add", ["v", "v"], ["b"]), n("PRelu", ["b", "a"], ["p"])], [("v", [1, 16, 1])],
+                   [("p", [1, 16, 1])], {"a": a})
+    g = from_onnx(m)
+    g2, changes = run_pass("prelu_split", g.copy())
+    assert changes and "PRelu" not in g2.op_counts()
+    x = np.random.default_rng(4).normal(size=(1, 16, 1)).astype(np.float32)
+    np.testing.assert_allclose(run(g2, x)["p"], run(g, x)["p"], rtol=1e-6, atol=1e-6)

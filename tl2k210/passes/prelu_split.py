@@ -85,14 +85,20 @@ def prelu_pattern(g, log):
 
 
 def _onto_map(g, n) -> bool:
-    """A PRelu of a (1, C) vector (Keras' PReLU after a Dense or a global pool) runs on the
-    vector's (1, C, 1, 1) map -- the map a relabel made it from, else a Reshape's -- and a
-    Reshape makes its vector: the split and join below then run on the map. True if rewired."""
+    """A PRelu of a tensor that is no NCHW map -- a (1, C) vector (Keras' PReLU after a Dense or a
+    global pool), a (1, C, 1) one (OpenVINO's re-identification nets after their batch norm) --
+    runs on the (1, N, 1, 1) map of its N values, each with its slope broadcast to it -- the map a
+    relabel made it from, else a Reshape's -- and a Reshape makes its shape again: the split and
+    join below then run on the map. True if rewired."""
     x = n.inputs[0]
     shape, p, a = g.shape(x), g.producer(x), g.const(n.inputs[1])
-    if shape is None or len(shape) != 2 or shape[0] != 1 or a is None or np.size(a) not in (1, shape[1]):
+    if shape is None or len(shape) not in (2, 3) or shape[0] != 1 or a is None:
         return False
-    c, src = shape[1], x
+    try:
+        slopes = np.broadcast_to(np.asarray(a, np.float32), shape).reshape(-1)
+    except ValueError:
+        return False
+    c, src = slopes.size, x
     if p is not None and p.op in RELABELS and tuple(g.shape(p.inputs[0]) or ()) == (1, c, 1, 1):
         src = p.inputs[0]
     else:
@@ -102,7 +108,7 @@ def _onto_map(g, n) -> bool:
             n.name + "/to_nchw", [n.name]))
     out = n.outputs[0]
     mapped = g.add_tensor(out + "/map", (1, c, 1, 1))
-    n.inputs = [src, g.add_const(np.asarray(a, np.float32).reshape(-1, 1, 1), n.name + "/slope_map")]
+    n.inputs = [src, g.add_const(slopes.reshape(-1, 1, 1), n.name + "/slope_map")]
     n.outputs = [mapped]
     g.nodes.insert(g.nodes.index(n) + 1, Node(
         "Reshape", [mapped, g.add_const(np.array(shape, np.int64), n.name + "/shape2")], [out], {},
@@ -113,7 +119,7 @@ def _onto_map(g, n) -> bool:
 def prelu_split(g, log):
     for n in [n for n in g.nodes if n.op == "PRelu"]:
         if _slopes(g, n) is None and _onto_map(g, n):
-            log(n.name, f"PReLU of a {g.shape(n.outputs[0])[1]}-vector -> on its 1x1 map")
+            log(n.name, f"PReLU of a {g.shape(n.inputs[0])[1]}-vector -> on its 1x1 map")
         a = _slopes(g, n)
         if a is None:
             continue
