@@ -1421,3 +1421,26 @@ def test_row_bands_pick_each_band_from_kpu_ram(monkeypatch):
         np.testing.assert_array_equal(Emulator(picked).run(p)[0], Emulator(streamed).run(p)[0])
     ref_out, got = run_both(m, picked, px)
     assert sqnr_db(ref_out.reshape(-1).astype(np.float64), got.reshape(-1).astype(np.float64)) > 30
+
+
+def test_float_dense_with_an_int8_models_relu6_clamp():
+    """Google's ML Kit object labeler (int8; round 55's hunt): a 1280 -> 1024 dense layer, then
+    Clip(0, 5.777) -- ReLU6 at the top of its int8 grid. Too wide for the KPU, too spread for the
+    uint8 matmul, and the float dense layer took only ReLU / ReLU6 / Sigmoid (the v3 layer's
+    codes): refused. In kmodel v4 its matmul clamps to any (min, max); the emulator's output is
+    onnxruntime's, never over 5.777."""
+    n = helper.make_node
+    r = np.random.default_rng(5)
+    m = make_model([conv_node("c", "x", "w", "b", pads=[1, 1, 1, 1]), n("GlobalAveragePool", ["c"], ["g"]),
+                    n("Flatten", ["g"], ["f"]), n("Gemm", ["f", "wg", "bg"], ["d"], transB=1),
+                    n("Clip", ["d", "lo", "hi"], ["y"])],
+                   [("x", [1, 3, 8, 8])], [("y", [1, 16])],
+                   {"w": r.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32), "b": r.normal(0, 0.5, 8).astype(np.float32),
+                    "wg": r.normal(0, 2.0, (16, 8)).astype(np.float32), "bg": r.normal(0, 2.0, 16).astype(np.float32),
+                    "lo": np.array(0, np.float32), "hi": np.array(5.777, np.float32)})
+    px = pixels(3, 3, 8, 8)
+    model, rows = compile_model(m, px, format="v4", float_fc=True)[:2]
+    assert rows[-1].lowering == "float_dense"
+    ref, got = run_both(m, model, px)
+    assert got.max() <= 5.777 + 1e-6 and ref.max() > 5.0
+    np.testing.assert_allclose(got, ref, atol=0.1)

@@ -18,6 +18,7 @@ from . import kpu, registry
 from .conv import dense_matrix, is_dense
 from .registry import CPU_F32, KPU, NA, lowering
 from .state import Loc
+from .v4emit import F32, FLT_MAX, Const, main
 
 FC_ACTS = {None: 0, "Relu": 1}
 
@@ -99,9 +100,16 @@ def float_fc_refuses(g, node, opts):
             return f"Gemm {a}: only transB and a bias"
     act = node.attrs.get("activation")
     op = act["op"] if act else None
-    if op not in FC_ACTS and op != "Sigmoid" and not _relu6(act):
-        return f"activation {op} after a float dense layer has no v3 CPU layer; use Relu, Relu6 or Sigmoid"
+    if op not in FC_ACTS and op != "Sigmoid" and not _relu6(act) and not _v4_clip(act, opts):
+        return (f"activation {op} after a float dense layer has no v3 CPU layer; use Relu, Relu6 or Sigmoid"
+                + (" (kmodel v4 fuses any Clip)" if op == "Clip" else ""))
     return None
+
+
+def _v4_clip(act, opts) -> bool:
+    """A Clip other than ReLU6 (an int8 model's ReLU6 at its grid's top, 5.78) on a v4 plan: its
+    matmul clamps to any (min, max)."""
+    return bool(act) and act["op"] == "Clip" and getattr(opts, "format", "v3") == "v4" and not _relu6(act)
 
 
 def _relu6(act):
@@ -183,6 +191,14 @@ def _float_fc(lw, node, W=None, B=None):
     row = lw.row(node, "float FULLY_CONNECTED", in_shape=lw.shape(x), out_shape=(co,),
                  macs=W.size, weight_bytes=4 * (W.size + co))
     src = lw.need_f32(x, row)
+    if op == "Clip" and not _relu6(act) and lw.format == "v4":      # the v4 matmul's clamp (_v4_clip)
+        lo, hi = (max(float(act.get("min", -FLT_MAX)), -FLT_MAX), min(float(act.get("max", FLT_MAX)), FLT_MAX))
+        loc = lw.f32_out(out, lw.shape(out) if len(lw.shape(out)) else (co,))
+        lw.emit_v4("matmul", dict(input_a=main(F32, src, W.shape[1]), input_b=Const(np.ascontiguousarray(W.T, np.float32)),
+                                  output=main(F32, loc.f32, co), a_rows=1, a_cols=W.shape[1], b_cols=co,
+                                  fused_activation=(lo, hi)), row, data={"bias": np.asarray(B, np.float32)})
+        lw.traced(out, "f32")
+        return
     # v3's LOGISTIC may run in place; a v4 op never writes over its input (docs/kmodel-format.md#v4-interpreter)
     pre = lw.alloc(out, "pre", 4 * co) if code is None and lw.format == "v4" else None
     loc = lw.f32_out(out, lw.shape(out) if len(lw.shape(out)) else (co,))
