@@ -595,19 +595,18 @@ def _sliced_softmax(lw, x, out, shape, axis, row):
     s, z = lw.locs[x].quant
     src = lw.need_u8(x, row)
     last = int(np.prod(shape[axis + 1:])) == 1
-    loc = lw.u8_out(out, lw.quant_of(out))
-    if not last:
+    so, zo = lw.quant_of(out)
+    if not last:            # the output is written by the last transpose: allocated then
         perm, back, moved = _axis_last(shape, axis)
         a_u8, b_u8 = lw.main.alloc(out + ":t", n), lw.main.alloc(out + ":s", n)
         lw.emit_v4("transpose", dict(input=main(U8, src, n), output=main(U8, a_u8, n), in_shape=shape,
                                      perm=perm), row)
         src, dst = a_u8, b_u8
     else:
-        dst = loc.u8
+        dst = lw.u8_out(out, (so, zo)).u8
     slices = float_slices(n // k, k, 8 * k, lw.float_room())
     m = max(v1 - v0 for v0, v1 in slices)
     fa, fb = lw.main.alloc(out + ":dq", 4 * m * k), lw.main.alloc(out + ":sm", 4 * m * k)
-    so, zo = loc.quant
     for v0, v1 in slices:
         c = (v1 - v0) * k
         lw.emit("DEQUANTIZE", dict(flags=1, main_mem_in_address=src + v0 * k, mem_out_address=fa, count=c,
@@ -619,9 +618,10 @@ def _sliced_softmax(lw, x, out, shape, axis, row):
     lw.main.free(out + ":dq")
     lw.main.free(out + ":sm")
     if not last:
+        lw.main.free(out + ":t")
+        loc = lw.u8_out(out, (so, zo))
         lw.emit_v4("transpose", dict(input=main(U8, dst, n), output=main(U8, loc.u8, n), in_shape=moved,
                                      perm=back), row)
-        lw.main.free(out + ":t")
         lw.main.free(out + ":s")
     row.notes.append(("axis moved last and back on the uint8 bytes (transpose); " if not last else "")
                      + f"dequantized, normalised and quantized {m} vectors of {k} at a time "
