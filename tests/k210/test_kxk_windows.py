@@ -43,6 +43,8 @@ def test_depthwise_5x5_in_channel_windows_is_the_same_conv_in_less_main_memory()
     assert split.main_memory < 32 * 96 * 96 * 4 < 9 * 32 * 96 * 96 < whole.main_memory     # no 2.65 MB shift map
     for p in px:
         np.testing.assert_array_equal(Emulator(split).run(p)[0], Emulator(whole).run(p)[0])
+    from tl2k210.k210.ideal import ideal           # the windows are one op's: its layer bytes once
+    assert ideal(g_split).weight_bytes == ideal(g_whole).weight_bytes
 
 
 def test_no_windows_for_kmodel_v3_or_a_chain_that_fits():

@@ -96,20 +96,22 @@ def _elements(shape) -> int:
     return int(np.prod([int(d) for d in shape])) if shape else 1
 
 
-def node_weight_bytes(g, node, weight_bits: int = 8) -> int:
+def node_weight_bytes(g, node, weight_bits: int = 8, fixed: bool = True) -> int:
+    """`fixed`: with the op's layer bytes and activation table (False for the second and later
+    parts of one op that a pass split: g.meta["parts_of"])."""
     total = 0
     for k, name in enumerate(node.inputs):
         v = g.const(name) if name else None
         if v is None or not np.issubdtype(np.asarray(v).dtype, np.floating):
             continue
         if node.op in WEIGHT_OPS and k == 1:
-            total += -(-v.size * weight_bits // 8) + LAYER_BYTES[node.op]
+            total += -(-v.size * weight_bits // 8) + (LAYER_BYTES[node.op] if fixed else 0)
         elif node.op in WEIGHT_OPS and k == 2:
             total += BIAS_BYTES * v.size
         elif node.op not in SHAPE_OPERANDS and v.size > 1:
             total += v.size
     act = (node.attrs.get("activation") or {}).get("op") if isinstance(node.attrs.get("activation"), dict) else None
-    if act not in LINEAR_ACTS or node.op in TABLE_OPS:
+    if fixed and (act not in LINEAR_ACTS or node.op in TABLE_OPS):
         total += TABLE_BYTES
     return total
 
@@ -148,9 +150,12 @@ def ideal(g, weight_bits: int = 8) -> Ideal:
         shape = g.tensors[views.get(t, t)].shape
         size[t] = _elements(shape) if shape else 0
     layers, peak, peak_at = [], 0, order[0].name if order else ""
+    parts_of, counted = g.meta.get("parts_of", {}), set()   # a split op's parts: its fixed bytes once
     for i, n in enumerate(order):
         live = sum(s for t, s in size.items() if birth[t] <= i <= death[t])
-        layers.append(LayerIdeal(n.name, n.op, node_weight_bytes(g, n, weight_bits), live))
+        origin = parts_of.get(n.name, n.name)
+        layers.append(LayerIdeal(n.name, n.op, node_weight_bytes(g, n, weight_bits, origin not in counted), live))
+        counted.add(origin)
         if live > peak:
             peak, peak_at = live, n.name
     return Ideal(weight_bits, sum(r.weight_bytes for r in layers), peak, peak_at, layers)

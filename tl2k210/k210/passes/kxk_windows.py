@@ -81,6 +81,7 @@ def kxk_windows(g, log, v4=True):
                                      g.add_const(B[lo * k_out:hi * k_out], f"{n.inputs[2]}/win{k}")], [y],
                             {**n.attrs, "group": hi - lo}, f"{n.name}/win{k}", list(n.fused)))
             parts.append(y)
+            g.meta["parts_of"] = {**g.meta.get("parts_of", {}), new[-1].name: n.name}      # ideal.py: one op's fixed bytes
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new + [Node("Concat", parts, [out], {"axis": 1}, n.name + "/concat", [n.name])]
         log(n.name, f"grouped {W.shape[2]}x{W.shape[3]} conv in {len(wins)} windows of <= "

@@ -33,6 +33,7 @@ def _split_conv(g, n, log):
         parts.append(Node("Conv", [n.inputs[0], g.add_const(w[lo:hi], f"{n.inputs[1]}/part{k}"),
                                    g.add_const(b[lo:hi], f"{n.inputs[2]}/part{k}")], [y], dict(n.attrs),
                           f"{n.name}/part{k}", list(n.fused)))
+        g.meta["parts_of"] = {**g.meta.get("parts_of", {}), parts[-1].name: n.name}      # ideal.py: one op's fixed bytes
     i = g.nodes.index(n)
     g.nodes[i:i + 1] = parts + [Node("Concat", [p.outputs[0] for p in parts], [out], {"axis": 1},
                                      n.name + "/concat", [n.name])]
