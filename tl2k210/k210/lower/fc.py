@@ -18,7 +18,7 @@ from . import kpu, registry
 from .conv import dense_matrix, is_dense
 from .registry import CPU_F32, KPU, NA, lowering
 from .state import Loc
-from .v4emit import F32, FLT_MAX, Const, main
+from .v4emit import F32, Const, float_clamp, main
 
 FC_ACTS = {None: 0, "Relu": 1}
 
@@ -192,11 +192,10 @@ def _float_fc(lw, node, W=None, B=None):
                  macs=W.size, weight_bytes=4 * (W.size + co))
     src = lw.need_f32(x, row)
     if op == "Clip" and not _relu6(act) and lw.format == "v4":      # the v4 matmul's clamp (_v4_clip)
-        lo, hi = (max(float(act.get("min", -FLT_MAX)), -FLT_MAX), min(float(act.get("max", FLT_MAX)), FLT_MAX))
         loc = lw.f32_out(out, lw.shape(out) if len(lw.shape(out)) else (co,))
         lw.emit_v4("matmul", dict(input_a=main(F32, src, W.shape[1]), input_b=Const(np.ascontiguousarray(W.T, np.float32)),
                                   output=main(F32, loc.f32, co), a_rows=1, a_cols=W.shape[1], b_cols=co,
-                                  fused_activation=(lo, hi)), row, data={"bias": np.asarray(B, np.float32)})
+                                  fused_activation=float_clamp(act)), row, data={"bias": np.asarray(B, np.float32)})
         lw.traced(out, "f32")
         return
     # v3's LOGISTIC may run in place; a v4 op never writes over its input (docs/kmodel-format.md#v4-interpreter)

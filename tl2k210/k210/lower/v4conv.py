@@ -37,7 +37,7 @@ from .kxk import phase_forms
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .state import wants_small
 from .v4elementwise import g4, nnil_ops
-from .v4emit import BYTES, F32, FLT_MAX, NO_CLAMP, U8, Const, main, nnil_code, pixel_affine
+from .v4emit import BYTES, F32, NO_CLAMP, U8, Const, float_clamp, main, nnil_code, pixel_affine
 from .v4ops import _pool_pads, window_pool
 from .v4resize import resize_as_mean
 
@@ -270,19 +270,8 @@ def fconv_refuses(g, node, opts):
     if why:
         return why
     act = node.attrs.get("activation")
-    if act and not _float_clamp(act) and _act_nnil(g, act) is None:
+    if act and not float_clamp(act) and _act_nnil(g, act) is None:
         return f"activation {act['op']} has no float form on the CPU"
-    return None
-
-
-def _float_clamp(act):
-    """fused_activation (min, max) of a ReLU / Clip, else None."""
-    if act is None:
-        return NO_CLAMP
-    if act["op"] == "Relu":
-        return (0.0, FLT_MAX)
-    if act["op"] == "Clip":
-        return (max(float(act.get("min", -FLT_MAX)), -FLT_MAX), min(float(act.get("max", FLT_MAX)), FLT_MAX))
     return None
 
 
@@ -456,7 +445,7 @@ def float_conv(lw, node):
     row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} {why}: float conv2d",
                  in_shape=(ci, h, w), out_shape=lw.shape(out))
     src = lw.need_f32(x, row)
-    clamp = _float_clamp(act)
+    clamp = float_clamp(act)
     hw_ = _out_hw(lw, node, st, pool)
     name = out if not pool else st["act"]
     n = co * hw_[0] * hw_[1]
@@ -644,7 +633,7 @@ def matmul_refuses(g, node, opts):
         # constant weights: a dense layer; the float matmul takes the many-row ones (tokens)
         if _dense_weights(g, node) is None or dense_rows(g, node) < 2:
             return NA
-        if _float_clamp(node.attrs.get("activation")) is None:
+        if float_clamp(node.attrs.get("activation")) is None:
             return f"activation {node.attrs['activation']['op']} after a float matmul: only ReLU / Clip fuse"
         return None
     if node.op == "Gemm":
@@ -671,7 +660,7 @@ def matmul(lw, node):
         loc = lw.f32_out(out)
         lw.emit_v4("matmul", dict(input_a=main(F32, src, m * k), input_b=Const(np.ascontiguousarray(W.T, np.float32)),
                                   output=main(F32, loc.f32, m * n), a_rows=m, a_cols=k, b_cols=n,
-                                  fused_activation=_float_clamp(node.attrs.get("activation"))), row,
+                                  fused_activation=float_clamp(node.attrs.get("activation"))), row,
                    data={"bias": np.asarray(B, np.float32)})
         lw.traced(out, "f32")
         return

@@ -33,6 +33,17 @@ F32, U8 = DT_FLOAT32, DT_UINT8
 BYTES = {F32: 4, U8: 1}
 FLT_MAX = float(np.finfo(np.float32).max)
 NO_CLAMP = (-FLT_MAX, FLT_MAX)           # fused_activation of an unclamped float op
+
+
+def float_clamp(act):
+    """fused_activation (min, max) of a ReLU / Clip, else None."""
+    if act is None:
+        return NO_CLAMP
+    if act["op"] == "Relu":
+        return (0.0, FLT_MAX)
+    if act["op"] == "Clip":
+        return (max(float(act.get("min", -FLT_MAX)), -FLT_MAX), min(float(act.get("max", FLT_MAX)), FLT_MAX))
+    return None
 NO_RANGE = (0, 0, 0, 0)                  # kpu_conv2d without a main-memory output
 ALIGN = 8                                # main-memory and constant allocations (docs/kmodel-format.md)
 
