@@ -1292,6 +1292,28 @@ def test_grouped_conv_smaller_forms(stride):
     assert len(kmodel.dumps(model)) < len(kmodel.dumps(tiles))
 
 
+@pytest.mark.parametrize("c", [64, 256])
+def test_prelu_of_a_vector_stores_its_slopes_not_a_matrix(c):
+    """OpenVINO's re-identification nets end in Dense -> PReLU of the (1, c) embedding. Pass
+    prelu_split runs it on the vector's 1x1 map: a split (group c, 1 -> 2 a channel) and a join
+    (2 -> 1) group conv. As dense layers (the KPU's 4x4-padded 1x1 conv) each stored the whole
+    block-diagonal matrix, 2c² weight bytes (retail-0287: 262 KiB for 2,684 B of weights, so it
+    missed full MaixPy's 2 MiB). In kmodel v4 each is a uint8 quantized_conv2d of its 2c weights,
+    taken as the faster form too; bit for bit the reference runner's, within the 8-bit rounding
+    of onnxruntime."""
+    rng = np.random.default_rng(c)
+    a = (rng.choice([-1, 1], c) * rng.uniform(0.1, 1.5, c)).astype(np.float32)
+    m = build([N("GlobalAveragePool", ["r"], ["p"]), N("Flatten", ["p"], ["f"]), N("Gemm", ["f", "wd", "bd"], ["d"]),
+               N("PRelu", ["d", "a"], ["y"])], {"wd": W(8, c), "bd": W(c), "a": a})
+    model, q, rows = check_v4(m, opcodes=("quantized_conv2d",), min_sqnr=35.0)
+    split, join = (next(r for r in rows if r.node.endswith(part)) for part in ("/split", "/join"))
+    for r in (split, join):
+        assert r.lowering == "quantized_conv2d" and "block-diagonal" in r.why, (r.lowering, r.why)
+    assert split.weight_bytes <= 2 * c + 4 * 2 * c and join.weight_bytes <= 2 * c + 4 * c     # weights + int32 bias
+    v3 = compile_model(m, PX, format="v3")[0]          # v3 has no uint8 CPU conv: the dense layers stay
+    assert len(kmodel.dumps(model)) < len(kmodel.dumps(v3)) - c * c
+
+
 def test_softmax_over_rows_of_a_tensor_without_a_batch_axis():
     """YuNet's old export (Kazuhito00's face_detection_yunet_120x160.onnx): the scores reshaped to
     (-1, 2), then Softmax over the last axis. A first axis over 1 is no batch (the graph runs one

@@ -45,6 +45,13 @@ def is_dense(g, node):
     return len(s) == 4 and tuple(s[2:]) == (1, 1) and tuple(node.attrs["kernel"]) == (1, 1)
 
 
+def grouped_dense(g, node) -> bool:
+    """A grouped 1x1 conv on a 1x1 map (prelu_split's split and join of a vector, a depthwise
+    conv after a global pool): as a dense layer (fc.py) its block-diagonal matrix stores every
+    zero; kmodel v4's uint8 CPU conv stores its Co·Ci/group weights (v4conv.cpu_trade)."""
+    return node.op == "Conv" and is_dense(g, node) and int(node.attrs.get("group", 1)) > 1
+
+
 def dense_matrix(W, group: int = 1) -> np.ndarray:
     """The (Co, Ci) matrix of a dense layer's conv weights (Co, Ci/group, 1, 1): block-diagonal
     for a grouped conv (a depthwise conv on a 1x1 map, prelu_split's split and join of a vector)."""

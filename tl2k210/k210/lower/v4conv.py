@@ -24,15 +24,15 @@ import numpy as np
 from tl2k210.graph import Node, stage_names
 from tl2k210.memo import memoised
 from tl2k210.passes.conv_transpose import convt_pads
-from tl2k210.k210 import fixed_point as fx
+from tl2k210.k210 import cost, fixed_point as fx
 from tl2k210.k210 import hardware as hw
 from tl2k210.quantize.bias_correction import mean_shift
 from tl2k210.quantize.fake_quant import float_head
 from tl2k210.quantize.metrics import sqnr_db
 
 from .cpu import clamp_after, table
-from .conv import dense_matrix, is_dense
-from .fc import dense_rows, feeds_output, float_fc_refuses, source_unit
+from .conv import dense_matrix, grouped_dense, is_dense
+from .fc import dense_cycles, dense_rows, feeds_output, float_fc_refuses, source_unit
 from .kxk import phase_forms
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .state import wants_small
@@ -203,8 +203,13 @@ def _worst_db(W, parts) -> float:
     return float(min(per)) if per else float("inf")
 
 
+def _fc_only(g, node) -> bool:
+    """A dense layer of one group: fc.py's forms (and _dense_weights' matmuls), not a conv's."""
+    return node.op != "Conv" or (is_dense(g, node) and not grouped_dense(g, node))
+
+
 def qconv_refuses(g, node, opts):
-    if node.op != "Conv" or is_dense(g, node):
+    if _fc_only(g, node):
         return NA
     why = _conv_refuses_common(g, node)
     if why:
@@ -234,8 +239,14 @@ def cpu_trade(g, node, opts) -> bool:
     stride-1 map + CPU pick, its weights once in one KPU layer (the CPU conv would be ~40x
     slower); a grouped one's stride-1 map runs as block-diagonal tiles, each a KPU layer with its
     own 256-aligned BN, activation and weight blocks (conv.py), so its smaller form is this one.
-    Nor a float head (float_head_why): float for its output's accuracy, a few weights."""
-    if not wants_small(opts, node) or getattr(opts, "format", "v3") != "v4" or node.op != "Conv":
+    Nor a float head (float_head_why): float for its output's accuracy, a few weights.
+    A grouped dense layer (conv.grouped_dense) takes it also where it is the faster form
+    (_grouped_dense_faster)."""
+    if getattr(opts, "format", "v3") != "v4" or node.op != "Conv":
+        return False
+    if grouped_dense(g, node) and _grouped_dense_faster(g, node, opts):
+        return qconv_refuses(g, node, opts) is None
+    if not wants_small(opts, node):
         return False
     (_, ci, h, _), co = g.shape(node.inputs[0]), g.shape(node.outputs[0])[1]
     groups = int(node.attrs.get("group", 1))
@@ -248,10 +259,22 @@ def cpu_trade(g, node, opts) -> bool:
         (banded or weight_sqnr(g.const(node.inputs[1]), groups) >= WEIGHT_SQNR_MIN)
 
 
+def _grouped_dense_faster(g, node, opts) -> bool:
+    """Is the uint8 CPU conv of a grouped dense layer faster than the KPU's dense layer, which
+    multiplies the whole block-diagonal matrix (fc.dense_cycles)?"""
+    ci, co, groups = g.shape(node.inputs[0])[1], g.shape(node.outputs[0])[1], int(node.attrs["group"])
+    return cost.CPU_CYCLES["qmac"] * co * (ci // groups) < dense_cycles(ci, co, opts.weight_bits)[0]
+
+
 def cpu_trade_why(g, node, opts):
     """registry `takes`: why quantized_conv2d goes before the KPU forms (cpu_trade), or None."""
-    return ("the smaller form was asked for: quantized_conv2d stores each weight once, a byte each"
-            if cpu_trade(g, node, opts) else None)
+    if not cpu_trade(g, node, opts):
+        return None
+    if grouped_dense(g, node) and _grouped_dense_faster(g, node, opts):
+        ci, groups = g.shape(node.inputs[0])[1], int(node.attrs["group"])
+        return (f"group {groups} on a 1x1 map: quantized_conv2d multiplies and stores its {ci // groups} "
+                "weight(s) an output, the KPU dense layer the whole block-diagonal matrix")
+    return "the smaller form was asked for: quantized_conv2d stores each weight once, a byte each"
 
 
 def float_head_why(g, node, opts):
@@ -264,7 +287,7 @@ def float_head_why(g, node, opts):
 
 
 def fconv_refuses(g, node, opts):
-    if node.op != "Conv" or is_dense(g, node):
+    if _fc_only(g, node):
         return NA
     why = _conv_refuses_common(g, node)
     if why:
@@ -340,9 +363,12 @@ def quantized_conv(lw, node):
     B = np.asarray(lw.g.tensors[b_name].value, np.float64)
     co = W.shape[0]
     groups = int(a.get("group", 1))
-    traded = cpu_trade(lw.g, node, lw.opts)
-    row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} " + ("in its smaller form" if traded else "the KPU cannot run")
-                 + ": quantized_conv2d on uint8", in_shape=(ci, h, w), out_shape=lw.shape(out))
+    how = "the KPU cannot run"
+    if cpu_trade(lw.g, node, lw.opts):
+        how = f"of {groups} groups on a 1x1 map, not a block-diagonal dense layer" if grouped_dense(lw.g, node) \
+            else "in its smaller form"
+    row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} {how}: quantized_conv2d on uint8", in_shape=(ci, h, w),
+                 out_shape=lw.shape(out))
     fold = _pixel_fold(lw, x, W, B, groups, a["pads"])
     if fold is not None:
         W, B, z_x, src, mean = fold
