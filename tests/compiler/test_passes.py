@@ -307,6 +307,24 @@ def test_push_transposes_sees_a_reshape_that_moves_size_1_axes():
     assert "Transpose" not in g.op_counts() and g.op_counts()["Mul"] == 1
 
 
+def test_push_transposes_passes_a_computed_scalar():
+    # OpenVINO's re-identification nets (tf2onnx): a normalization over the whole map in NHWC,
+    # d = x - mean(x), Transpose to NHWC, divided by its deviation sqrt(mean(d²) + eps) -- a
+    # computed (1, 1, 1, 1) tensor -- times gamma plus beta per channel, ReLU, Transpose back.
+    # The scalar stopped the Transpose: 1 MiB float transposes and a third float copy of the map
+    n = helper.make_node
+    nodes = [n("ReduceMean", ["x"], ["m"], keepdims=1), n("Sub", ["x", "m"], ["d"]),
+             n("Transpose", ["d"], ["t"], perm=[0, 2, 3, 1]), n("Mul", ["t", "t"], ["d2"]),
+             n("ReduceMean", ["d2"], ["v"], keepdims=1), n("Add", ["v", "eps"], ["ve"]), n("Sqrt", ["ve"], ["sd"]),
+             n("Div", ["t", "sd"], ["nm"]), n("Mul", ["nm", "gamma"], ["sc"]), n("Add", ["sc", "beta"], ["b"]),
+             n("Relu", ["b"], ["r"]), n("Transpose", ["r"], ["y"], perm=[0, 3, 1, 2])]
+    inits = {"eps": np.array(1e-3, np.float32), "gamma": rand(1, 1, 1, 4) + 2, "beta": rand(4)}
+    g, _ = check(make_model(nodes, [X], [("y", None)], inits), None, options={"check_supported": False})
+    assert "Transpose" not in g.op_counts()
+    div = next(x for x in g.nodes if x.op == "Div")
+    assert g.shape(div.outputs[0]) == g.shape("x")        # the map divided in its own NCHW layout
+
+
 @pytest.mark.parametrize("group,bias,pads,ops", [
     (1, True, [0, 0, 1, 1], {"Conv": 1, "DepthToSpace": 1}),
     (2, False, [0, 0, 1, 1], {"Conv": 1, "DepthToSpace": 1}),

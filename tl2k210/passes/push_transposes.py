@@ -3,7 +3,7 @@ tf2onnx leaves (its own transpose optimiser gives up on some graphs, e.g. Keras 
 meet and cancel (upsample_to_resize removes identity chains).
 
 An elementwise op whose every non-constant input is Transpose(perm P) (or, beside one, a Reshape
-that moves only size-1 axes as P would) is rewritten on the untransposed tensors (constants
+that moves only size-1 axes as P would, or a tensor of size-1 axes only) is rewritten on the untransposed tensors (constants
 permuted by P^-1) and followed by one Transpose(P).
 ReduceMean/ReduceMax over axes A of Transpose(P)(x) become reductions over P[A] of x.
 A Pad of Transpose(P)(x) (Keras' ZeroPadding2D between tf2onnx's NHWC pairs) becomes Transpose(P)
@@ -38,6 +38,13 @@ def _reshaped_as(g, name, perm):
     return x if moved == tuple(out) and same_order else None
 
 
+def _unmoved(g, name, perm):
+    """`name` itself when every axis of it has size 1 (a computed scalar: a normalization's
+    deviation, (1, 1, 1, 1)), which Transpose(perm) leaves as it is, else None."""
+    shape = g.shape(name)
+    return name if shape is not None and len(shape) == len(perm) and all(d == 1 for d in shape) else None
+
+
 def _const_for(g, c, inv, rank):
     v = g.const(c)
     if v.ndim > rank:
@@ -54,7 +61,7 @@ def push_transposes(g, log):
                 data = [n.inputs[0]]
             elif n.op in BINARY:
                 data = [i for i in n.inputs if g.const(i) is None]
-            elif n.op in REDUCE and axes_of(g, n) is not None:
+            elif n.op in REDUCE and _reduce_axes(g, n) is not None:
                 data = [n.inputs[0]]
             elif n.op == "Pad":
                 changed |= _pad(g, n, log)
@@ -65,7 +72,8 @@ def push_transposes(g, log):
             if len(perms) != 1 or None in perms or not data:
                 continue
             p = next(iter(perms))
-            src = {i: g.producer(i).inputs[0] if _perm(g, i) == p else _reshaped_as(g, i, p) for i in data}
+            src = {i: g.producer(i).inputs[0] if _perm(g, i) == p else _reshaped_as(g, i, p) or _unmoved(g, i, p)
+                   for i in data}
             if None in src.values():
                 continue
             inv = tuple(np.argsort(p))
@@ -93,9 +101,18 @@ def push_transposes(g, log):
     return g
 
 
+def _reduce_axes(g, n):
+    """A reduction's axes; every axis where it names none (ONNX's default), None where unknown."""
+    axes = axes_of(g, n)
+    if axes is not None or (len(n.inputs) > 1 and n.inputs[1]) or n.attrs.get("noop_with_empty_axes", 0):
+        return axes
+    shape = g.shape(n.inputs[0])
+    return None if shape is None else list(range(len(shape)))
+
+
 def _reduce(g, n, p, log):
     rank = len(p)
-    axes = [a % rank for a in axes_of(g, n)]
+    axes = [a % rank for a in _reduce_axes(g, n)]
     keep = n.attrs.get("keepdims", 1)
     new_axes = sorted(p[a] for a in axes)
     if keep:
