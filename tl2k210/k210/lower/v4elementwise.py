@@ -429,50 +429,78 @@ def float_binary(lw, node):
     lw.traced(out, "f32")
 
 
+def _per_channel(g, t, c) -> bool:
+    """A scalar or per-channel operand ((1, 1, 1, 1) or (1, c, 1, 1)): a normalization's
+    deviation or scale, which a channel slice of the map reads a slice of (or all of)."""
+    n0, c0, h0, w0 = g4(g, t)
+    return n0 == h0 == w0 == 1 and c0 in (1, c)
+
+
 def _sliced_binary(lw, node, row) -> bool:
-    """Two uint8 maps of the output's shape that no later op reads as float (SCI's low-light
-    Div, 240x320x3): dequantized, combined and written out a slice of rows at a time -- to the
-    output's uint8 map where no reader wants it float, else into its float map -- so no whole
-    float copy of an input exists. Each element goes through the same dequantize, binary and
-    quantize as in the whole-map form: the same bytes. False where that does not apply."""
+    """Uint8 maps of the output's shape that no later op reads as float (SCI's low-light Div,
+    240x320x3; an instance normalization's centred map divided by its deviation per channel),
+    with any other operand a scalar or per-channel one: dequantized, combined and written out a
+    slice at a time -- rows, or whole channels beside a per-channel operand -- to the output's
+    uint8 map where no reader wants it float, else into its float map, so no whole float copy of
+    an input exists. Each element goes through the same dequantize, binary and quantize as in
+    the whole-map form: the same bytes. False where that does not apply."""
     out = node.outputs[0]
     shape = g4(lw.g, out)
-    if any(lw.g.const(t) is not None or g4(lw.g, t) != shape or lw.locs[t].f32 is not None or
-           lw.float_readers(t, lw.at + 1) for t in node.inputs):
+    n, c, h, w = shape
+    maps = [t for t in node.inputs if lw.g.const(t) is None and g4(lw.g, t) == shape]
+    small = [t for t in node.inputs if t not in maps]
+    if not maps or n != 1 or any(lw.locs[t].f32 is not None or lw.float_readers(t, lw.at + 1) for t in maps) \
+            or any(not _per_channel(lw.g, t, c) for t in small):
         return False
     to_u8 = not lw.float_readers(out, lw.at + 1)
-    n, c, h, w = shape
-    rows = n * c * h
-    srcs = [lw.need_u8(t, row) for t in node.inputs]
-    quants = [lw.locs[t].quant for t in node.inputs]
+    srcs = {t: lw.need_u8(t, row) for t in maps}
     if to_u8:
         loc = lw.u8_out(out, lw.quant_of(out))
         s_y, z_y = loc.quant
     else:
         loc = lw.f32_out(out)
-    room = lw.float_room(rows * w * (1 if to_u8 else 4))     # at least SLICE_MIN_BYTES: a few nodes, not one a row
-    slices = float_slices(rows, w, 8 * w, None if room is None else max(room, SLICE_MIN_BYTES))
-    k = max(r1 - r0 for r0, r1 in slices)
+    # rows of w where every operand is a map; whole channels of h x w beside a per-channel one
+    units, per = (n * c * h, w) if not small else (c, h * w)
+    room = lw.float_room(units * per * (1 if to_u8 else 4))   # at least SLICE_MIN_BYTES: a few nodes, not one a row
+    slices = float_slices(units, per, 4 * per * len(node.inputs), None if room is None else max(room, SLICE_MIN_BYTES))
+    k = max(u1 - u0 for u0, u1 in slices)
     tag = f"{out}:binary"
-    tmp = [lw.main.alloc(f"{tag}:a", 4 * k * w), lw.main.alloc(f"{tag}:b", 4 * k * w)]
+    tmp = {t: lw.main.alloc(f"{tag}:{'ab'[i]}", 4 * k * per) for i, t in enumerate(dict.fromkeys(maps))}
+    consts = {t: np.asarray(lw.g.const(t), np.float32).reshape(-1) for t in small if lw.g.const(t) is not None}
+    floats = {t: lw.need_f32(t, row) for t in small if t not in consts}
     idx = []
-    for r0, r1 in slices:
-        m = (r1 - r0) * w
-        for src, (s, z), t in zip(srcs, quants, tmp):
-            lw.emit("DEQUANTIZE", dict(flags=1, main_mem_in_address=src + r0 * w, mem_out_address=t,
+    for u0, u1 in slices:
+        m = (u1 - u0) * per
+        for t, dst in tmp.items():
+            s, z = lw.locs[t].quant
+            lw.emit("DEQUANTIZE", dict(flags=1, main_mem_in_address=srcs[t] + u0 * per, mem_out_address=dst,
                                        count=m, scale=s, bias=-z * s), row)
-        dst = tmp[0] if to_u8 else loc.f32 + 4 * r0 * w     # in place over a: kmodel.v4.IN_PLACE
-        lw.emit_v4("binary", dict(input_a=main(F32, tmp[0], m), input_b=main(F32, tmp[1], m),
-                                  output=main(F32, dst, m), binary_op=BINARY[node.op], in_a_shape=(1, 1, r1 - r0, w),
-                                  in_b_shape=(1, 1, r1 - r0, w), out_shape=(1, 1, r1 - r0, w),
+        cs = u1 - u0
+        ranges, shapes = [], []
+        for t in node.inputs:
+            if t in tmp:
+                ranges.append(main(F32, tmp[t], m))
+                shapes.append((1, 1, cs, w) if not small else (1, cs, h, w))
+                continue
+            whole = g4(lw.g, t)[1] == 1
+            part = slice(0, 1) if whole else slice(u0, u1)
+            ranges.append(Const(consts[t][part]) if t in consts else
+                          main(F32, floats[t] + 4 * part.start, part.stop - part.start))
+            shapes.append((1, 1 if whole else cs, 1, 1))
+        first = tmp[maps[0]]
+        dst = first if to_u8 else loc.f32 + 4 * u0 * per     # in place over a map: kmodel.v4.IN_PLACE
+        lw.emit_v4("binary", dict(input_a=ranges[0], input_b=ranges[1], output=main(F32, dst, m),
+                                  binary_op=BINARY[node.op], in_a_shape=shapes[0], in_b_shape=shapes[1],
+                                  out_shape=(1, 1, cs, w) if not small else (1, cs, h, w),
                                   fused_activation=NO_CLAMP), row)
         if to_u8:
-            lw.emit("QUANTIZE", dict(flags=0, main_mem_in_address=tmp[0], mem_out_address=loc.u8 + r0 * w,
+            lw.emit("QUANTIZE", dict(flags=0, main_mem_in_address=first, mem_out_address=loc.u8 + u0 * per,
                                      count=m, scale=s_y, bias=-(z_y + lw.u8_offset.get(out, 0.0)) * s_y), row)
         idx.append(len(lw.layers) - 1)
-    for t in ("a", "b"):
-        lw.main.free(f"{tag}:{t}")
+    for i in range(len(tmp)):
+        lw.main.free(f"{tag}:{'ab'[i]}")
     lw.trace_map[out] = (idx[0] if len(idx) == 1 else tuple(idx), "u8" if to_u8 else "f32")
-    row.notes.append(f"uint8 inputs dequantized {k} row{'s' if k > 1 else ''} of {w} at a time"
+    what = f"{k} row{'s' if k > 1 else ''} of {w}" if not small else f"{k} channel{'s' if k > 1 else ''} of {h}x{w}"
+    row.notes.append(f"uint8 inputs dequantized {what} at a time"
                      + (", quantized into the uint8 output" if to_u8 else ""))
     return True
