@@ -319,6 +319,31 @@ def test_latency_takes_v3s_least_block_alignment_where_the_fastest_forms_do_not_
     assert "weights and BN tables at 128-byte file offsets" in tight.totals["format_why"]
 
 
+def test_a_whole_map_normalization_takes_its_sliced_form_to_be_small(tmp_path, png_dir):
+    """OpenVINO's re-identification block (a map normalized by the mean and deviation of all its
+    values, then gamma, beta and ReLU): the default keeps the fast float form where it fits (two
+    whole float copies of the map); --optimize size takes the sliced form (lower/v4norm.py), says
+    so in the trades, and gets main memory within 1.25x the live set, at the float form's SQNR."""
+    c = 32
+    nodes = [conv_node("c", "x", "w0", "b0", pads=[1, 1, 1, 1]),
+             N("ReduceMean", ["c"], ["m"], keepdims=1, axes=[1, 2, 3], name="mean"), N("Sub", ["c", "m"], ["d"]),
+             N("Mul", ["d", "d"], ["d2"]), N("ReduceMean", ["d2"], ["v"], keepdims=1, axes=[1, 2, 3]),
+             N("Add", ["v", "eps"], ["ve"]), N("Sqrt", ["ve"], ["sd"]), N("Div", ["d", "sd"], ["n"]),
+             N("Mul", ["n", "g"], ["ng"]), N("Add", ["ng", "b"], ["nb"]), N("Relu", ["nb"], ["r"]),
+             conv_node("y", "r", "w1")]
+    src = tmp_path / "norm.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 3, 96, 96])], [("y", [1, 8, 96, 96])],
+                         {"w0": W(c, 3, 3, 3), "b0": W(c), "eps": np.array(1e-3, np.float32), "g": W(1, c, 1, 1) + 1,
+                          "b": W(1, c, 1, 1), "w1": W(8, c, 1, 1)}), src)
+    fast = _convert(src, tmp_path / "fast.kmodel", png_dir, runtime="sdk", format="v4")
+    small = _convert(src, tmp_path / "small.kmodel", png_dir, runtime="sdk", format="v4", optimize="size")
+    live = fast.ideal["live_bytes"]
+    assert fast.main_memory > 3 * live and not fast.trades
+    assert small.main_memory <= 1.25 * live
+    assert any(t.startswith("mean: sliced_normalization") for t in small.trades), small.trades
+    assert abs(small.totals["output_sqnr_db"] - fast.totals["output_sqnr_db"]) < 0.2
+
+
 def test_prelu_takes_its_residual_form_where_it_is_faster(tmp_path, png_dir):
     """256 channels on a 4x4 map: the residual form's adds cost less than the pair's 1x1 group
     convs (block-diagonal KPU tiles), so the default takes it, 44% smaller, and says so; on 64

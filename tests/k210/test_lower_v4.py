@@ -1314,6 +1314,44 @@ def test_prelu_of_a_vector_stores_its_slopes_not_a_matrix(c):
     assert len(kmodel.dumps(model)) < len(kmodel.dumps(v3)) - c * c
 
 
+@pytest.mark.parametrize("source", ["u8", "f32"])
+def test_a_whole_map_normalization_in_slices(source):
+    """OpenVINO's re-identification nets normalize a map by the mean and deviation of all its
+    values, in float: op by op the centred map and its square are whole float copies (4x the
+    8-bit ideal's live set here). The smaller form (Options.small "<ReduceMean>/slices",
+    lower/v4norm.py) reads the uint8 map three times a few channels at a time through one float
+    buffer: within 1.25x the live set; bit for bit the reference runner's, within the 8-bit
+    rounding of onnxruntime as the fast form is (its float sums in another order).
+    A float map (here a Div's that is also a model output) is read as it is, a slice at a time."""
+    from tl2k210.k210.ideal import ideal
+    c = 32
+    px = pixels(3, 3, 96, 96, seed=9)
+    first = [conv_node("c", "x", "w0", "b0", pads=[1, 1, 1, 1])] if source == "u8" else \
+        [conv_node("c0", "x", "w0", "b0", pads=[1, 1, 1, 1]), conv_node("e", "x", "we", pads=[1, 1, 1, 1]),
+         N("Sigmoid", ["e"], ["es"]), N("Div", ["c0", "es"], ["c"])]
+    nodes = first + [
+             N("ReduceMean", ["c"], ["m"], keepdims=1, axes=[1, 2, 3], name="mean"), N("Sub", ["c", "m"], ["d"], name="centre"),
+             N("Mul", ["d", "d"], ["d2"]), N("ReduceMean", ["d2"], ["v"], keepdims=1, axes=[1, 2, 3]),
+             N("Add", ["v", "eps"], ["ve"]), N("Sqrt", ["ve"], ["sd"]), N("Div", ["d", "sd"], ["n"], name="divide"),
+             N("Mul", ["n", "g"], ["ng"]), N("Add", ["ng", "b"], ["nb"]), N("Relu", ["nb"], ["r"]), conv_node("y", "r", "w1")]
+    m = make_model(nodes, [("x", [1, 3, 96, 96])], [("y", None)] + ([("c", None)] if source == "f32" else []),
+                   {"w0": W(c, 3, 3, 3), "b0": W(c), "eps": np.array(1e-3, np.float32), "g": W(1, c, 1, 1) + 1,
+                    "b": W(1, c, 1, 1), "w1": W(8, c, 1, 1), "we": W(c, 3, 3, 3)})
+    fast, rows_f, lw, g = compile_model(m, px, format="v4")
+    assert lw.smaller["mean/slices"] is False and fast.main_memory > (3.5 if source == "u8" else 2.5) * ideal(g).live_bytes
+    small, q, rows = check_v4(m, px=px, small=frozenset({"mean/slices"}), min_sqnr=25.0)
+    norm = next(r for r in rows if r.node == "mean")
+    assert norm.lowering == "sliced_normalization" and {"centre", "divide"} <= set(norm.fused), norm.fused
+    assert int(norm.form.split(" slice(s)")[0]) > 1, norm.form
+    assert small.main_memory <= 1.25 * ideal(g).live_bytes if source == "u8" else \
+        small.main_memory < fast.main_memory - 4 * c * 96 * 96       # no float d, d²: x stays float
+    assert ("dequantized three times" in norm.notes[-1]) == (source == "u8")
+    # float32 sums of the whole map in one pass drift (~1e-3 of the mean): codes near a rounding
+    # step go either way, so the forms agree with the float model alike, not code for code
+    ref, got = run_both(m, fast, px)
+    assert q > sqnr_db(ref.reshape(-1).astype(np.float64), got.reshape(-1).astype(np.float64)) - 0.2
+
+
 def test_softmax_over_rows_of_a_tensor_without_a_batch_axis():
     """YuNet's old export (Kazuhito00's face_detection_yunet_120x160.onnx): the scores reshaped to
     (-1, 2), then Softmax over the last axis. A first axis over 1 is no batch (the graph runs one

@@ -21,7 +21,7 @@ from tl2k210.graph import describe
 
 from . import conv, cpu, fc, kxk, layout, v3resize  # noqa: F401  (register the lowerings)
 from . import kpupool  # noqa: F401  (before the CPU pools of its op: registration order within a unit)
-from . import v4ops, v4resize, v4phases, v4gather, v4elementwise, v4conv  # noqa: F401  (the kmodel v4 lowerings)
+from . import v4ops, v4resize, v4phases, v4gather, v4elementwise, v4conv, v4norm  # noqa: F401  (the kmodel v4 lowerings)
 from .registry import CPU_F32, FORMATS, REGISTRY, select, smaller_alternative, supported_ops  # noqa: F401
 from .state import Loc, Lowering, Options, Row, wants_small  # noqa: F401
 
