@@ -32,9 +32,7 @@ def float_dense_convs(g):
     for n in g.nodes:
         if n.op != "Conv" or any(d != 1 for d in (g.shape(n.outputs[0]) or (0, 0, 0))[2:]):
             continue
-        t = n.inputs[0]
-        while (p := g.producer(t)) is not None and p.op in RELABELS:
-            t = p.inputs[0]
+        p, t = _through_relabels(g, n.inputs[0])
         if p is None and t in g.inputs or p is not None and (p.op in FLOAT_DENSE or p.name in floats):
             floats.add(n.name)
     return floats
