@@ -2,7 +2,8 @@
 x * hard_sigmoid(x); tf_keras (Keras 2) writes hard_sigmoid as clip(0.2 x + 0.5, 0, 1) (Mul, Add,
 then Minimum(1) and Relu / Maximum(0), or a Clip): make them HardSigmoid / HardSwish nodes (one
 KPU activation each, where an affine and two clamps rounded in turn). Runs before fold_batchnorm,
-which would otherwise fold the Add into the preceding Conv's bias."""
+which would otherwise fold the Add into the preceding Conv's bias. Then the clamps left by a
+scalar Minimum / Maximum (TF1's clip_by_value) become Clip nodes, one a chain."""
 import numpy as np
 
 from tl2k210.graph import Node
@@ -87,6 +88,34 @@ def _hard_swishes(g, log):
         log(mul.name, "x * HardSigmoid(x) -> HardSwish")
 
 
+def _scalar_clamps(g, log):
+    """Minimum / Maximum of a scalar constant, and a chain of such clamps (TF1's clip_by_value
+    and ReLU6 in frozen graphs: Minimum(x, 6) then Maximum(0)) -> one Clip, which fuses into the
+    conv before it as the KPU's activation, where each had been a CPU table of its own."""
+    def data(n):
+        return n.inputs[0] if n.op in ("Relu", "Clip") else _operand(g, n)[0]
+    for last in reversed([n for n in g.nodes if n.op in ("Relu", "Clip", "Min", "Max")]):   # last of a chain first
+        if last not in g.nodes or _clamp(g, last) is None:
+            continue
+        chain, (lo, hi) = [last], _clamp(g, last)
+        while (n := g.producer(data(chain[0]))) is not None and n.op in ("Relu", "Clip", "Min", "Max") \
+                and _clamp(g, n) is not None and g.single_consumer(n.outputs[0]) is chain[0] \
+                and n.outputs[0] not in g.outputs:
+            a, b = _clamp(g, n)
+            lo, hi = max(lo, a), min(hi, b)
+            chain.insert(0, n)
+        if all(n.op in ("Relu", "Clip") for n in chain) and len(chain) == 1 or lo > hi:
+            continue
+        x = data(chain[0])
+        bounds = [g.add_const(np.array(v, np.float32), f"{last.name}/{k}") if np.isfinite(v) else ""
+                  for k, v in (("min", lo), ("max", hi))]
+        clip = Node("Clip", [x] + bounds, [last.outputs[0]], {}, last.name, [n.name for n in chain])
+        g.nodes.insert(g.nodes.index(chain[0]), clip)
+        for n in chain:
+            g.nodes.remove(n)
+        log(clip.name, f"{'/'.join(n.op for n in chain)} -> Clip({lo:g}, {hi:g})")
+
+
 def hard_activations(g, log):
     for clip in [n for n in g.nodes if n.op == "Clip"]:
         if clip not in g.nodes:
@@ -114,4 +143,5 @@ def hard_activations(g, log):
         log(hs.name, f"Add/Clip/{scale.op} -> HardSigmoid(alpha={k:.6g}, beta={c * k:.6g})")
     _keras2_hard_sigmoids(g, log)
     _hard_swishes(g, log)
+    _scalar_clamps(g, log)
     return g
