@@ -321,6 +321,16 @@ def test_scalar_min_and_max_become_one_clip_in_the_conv(order):
     assert g.nodes[0].attrs["activation"] == {"op": "Clip", "min": 0.0, "max": 6.0}
 
 
+def test_a_pad_of_nothing_is_dropped():
+    # PyTorch's AvgPool export writes a Pad of zeros before each pool (cunjian's PFLD): a CPU pad
+    # layer that only kmodel v4 has, so the whole model left v3 for nothing
+    n = helper.make_node
+    nodes = [conv("c", "x", "w", pads=[1, 1, 1, 1]), n("Pad", ["c", "p"], ["q"], mode="constant"),
+             n("AveragePool", ["q"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    g, _ = check(make_model(nodes, [X], [("y", None)], {"w": rand(4, 4, 3, 3), "p": np.zeros(8, np.int64)}), None)
+    assert "Pad" not in g.op_counts()
+
+
 def test_push_transposes_passes_a_computed_scalar():
     # OpenVINO's re-identification nets (tf2onnx): a normalization over the whole map in NHWC,
     # d = x - mean(x), Transpose to NHWC, divided by its deviation sqrt(mean(d²) + eps) -- a

@@ -1,6 +1,7 @@
 """Evaluate nodes whose inputs are all constants (and Shape/Size of known shapes, so the shape
 arithmetic TF graphs do at run time -- Shape, Gather, Concat, Slice... -- becomes constants); drop
-Identity, inference-mode Dropout and Cast/CastLike to the type the tensor already has."""
+Identity, inference-mode Dropout, Cast/CastLike to the type the tensor already has and a Pad of
+nothing."""
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -64,6 +65,15 @@ def _same_type_cast(g, n):
     return other is not None and other.dtype == src and g.tensors[n.inputs[0]].shape is not None
 
 
+def _no_pad(g, n) -> bool:
+    """A Pad of zero on every side (PyTorch's AvgPool export writes one before each pool): the
+    tensor itself."""
+    if n.op != "Pad" or g.tensors[n.inputs[0]].shape is None:
+        return False
+    p = n.attrs.get("pads") if len(n.inputs) < 2 or not n.inputs[1] else g.const(n.inputs[1])
+    return p is not None and not np.any(np.asarray(p)) and (len(n.inputs) < 4 or not n.inputs[3])
+
+
 def fold_constants(g, log):
     """Repeat: fold everything foldable, re-infer shapes (a folded Reshape target makes the next
     Shape foldable: TF graphs with a dynamic batch compute their shapes at run time)."""
@@ -85,7 +95,7 @@ def _fold_round(g, log):
         for n in list(g.nodes):
             src = n.inputs[0] if n.inputs else ""
             keeps_name = n.outputs[0] in g.outputs and (src in g.inputs or src in g.outputs or g.const(src) is not None)
-            passthrough = n.op in ("Identity", "Dropout") or _same_type_cast(g, n)
+            passthrough = n.op in ("Identity", "Dropout") or _same_type_cast(g, n) or _no_pad(g, n)
             if passthrough and not keeps_name and \
                     not any(g.consumers(o) for o in n.outputs[1:]):
                 g.nodes.remove(n)
