@@ -331,6 +331,20 @@ def test_a_pad_of_nothing_is_dropped():
     assert "Pad" not in g.op_counts()
 
 
+@pytest.mark.parametrize("k", [0.0, 0.5])
+def test_a_scalar_add_on_a_table_of_rows(k):
+    # onnx.js's exports (gnsmrky's fast neural style) upsample through (N, 1) tables and add 0.0
+    # to them: the Add was taken for a vector's per-channel affine, reshaped to (1, 1, 1, 1), and
+    # refused as the model's fault. x + 0 is x; x + 0.5 stays an Add of the table
+    n = helper.make_node
+    nodes = [conv("c", "x", "w", pads=[1, 1, 1, 1]), n("Reshape", ["c", "s1"], ["r"]), n("Add", ["r", "k"], ["a"]),
+             n("Reshape", ["a", "s2"], ["y"])]
+    inits = {"w": rand(4, 4, 3, 3), "s1": np.array([-1, 1], np.int64), "k": np.array(k, np.float32),
+             "s2": np.array([1, 4, 8, 8], np.int64)}
+    g, _ = check(make_model(nodes, [X], [("y", None)], inits), None)
+    assert ("Add" in g.op_counts()) == (k != 0)
+
+
 def test_push_transposes_passes_a_computed_scalar():
     # OpenVINO's re-identification nets (tf2onnx): a normalization over the whole map in NHWC,
     # d = x - mean(x), Transpose to NHWC, divided by its deviation sqrt(mean(d²) + eps) -- a

@@ -13,6 +13,12 @@ from tl2k210.graph import Node
 from .fold_batchnorm import _bn, fold_batchnorm
 
 
+def _nchw_or_nc(shape) -> bool:
+    """A map (N, C, H, W) or a vector (1, C): a 2-D tensor of more rows is no batch of vectors
+    (the graph runs one sample) but a (rows, values) table, whose axis 1 is no channel."""
+    return shape is not None and (len(shape) == 4 or len(shape) == 2 and shape[0] == 1)
+
+
 def affine_of(g, n):
     """(x, scale (C,), shift (C,)) if n computes scale[c]*x + shift[c] on an NCHW/NC tensor x."""
     if len(n.outputs) != 1:
@@ -21,7 +27,7 @@ def affine_of(g, n):
         x = n.inputs[0]
         r = _bn(g, n)
         shape = g.shape(x)
-        if r is None or g.const(x) is not None or shape is None or len(shape) not in (2, 4):
+        if r is None or g.const(x) is not None or not _nchw_or_nc(shape):
             return None
         return x, r[0].astype(np.float64), r[1].astype(np.float64)
     if n.op not in ("Mul", "Add", "Sub", "Div") or len(n.inputs) != 2:
@@ -32,7 +38,7 @@ def affine_of(g, n):
         return None
     x, k, const_first = (b, ca, True) if cb is None else (a, cb, False)
     shape = g.shape(x)
-    if shape is None or len(shape) not in (2, 4) or not np.issubdtype(np.asarray(k).dtype, np.floating):
+    if not _nchw_or_nc(shape) or not np.issubdtype(np.asarray(k).dtype, np.floating):
         return None
     v = _channel_vector(np.asarray(k, np.float64), shape)
     if v is None or (n.op == "Div" and (const_first or np.any(v == 0))):

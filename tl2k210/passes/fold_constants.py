@@ -1,7 +1,7 @@
 """Evaluate nodes whose inputs are all constants (and Shape/Size of known shapes, so the shape
 arithmetic TF graphs do at run time -- Shape, Gather, Concat, Slice... -- becomes constants); drop
-Identity, inference-mode Dropout, Cast/CastLike to the type the tensor already has and a Pad of
-nothing."""
+Identity, inference-mode Dropout, Cast/CastLike to the type the tensor already has, a Pad of
+nothing and x + 0 / x * 1."""
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -74,6 +74,18 @@ def _no_pad(g, n) -> bool:
     return p is not None and not np.any(np.asarray(p)) and (len(n.inputs) < 4 or not n.inputs[3])
 
 
+def _no_arithmetic(g, n) -> bool:
+    """x + 0, x - 0, x * 1, x / 1 of a scalar constant (onnx.js's exports add 0.0 after each
+    upsampling) whose broadcast leaves x's shape: x itself."""
+    if n.op not in ("Add", "Sub", "Mul", "Div") or len(n.inputs) != 2 or g.const(n.inputs[0]) is not None:
+        return False
+    k, x, y = g.const(n.inputs[1]), g.tensors[n.inputs[0]], g.tensors[n.outputs[0]]
+    if k is None or np.size(k) != 1 or x.shape is None or y.shape is None or tuple(x.shape) != tuple(y.shape) \
+            or not np.issubdtype(np.asarray(k).dtype, np.floating):
+        return False
+    return float(np.asarray(k).reshape(())) == (0.0 if n.op in ("Add", "Sub") else 1.0)
+
+
 def fold_constants(g, log):
     """Repeat: fold everything foldable, re-infer shapes (a folded Reshape target makes the next
     Shape foldable: TF graphs with a dynamic batch compute their shapes at run time)."""
@@ -95,7 +107,8 @@ def _fold_round(g, log):
         for n in list(g.nodes):
             src = n.inputs[0] if n.inputs else ""
             keeps_name = n.outputs[0] in g.outputs and (src in g.inputs or src in g.outputs or g.const(src) is not None)
-            passthrough = n.op in ("Identity", "Dropout") or _same_type_cast(g, n) or _no_pad(g, n)
+            passthrough = n.op in ("Identity", "Dropout") or _same_type_cast(g, n) or _no_pad(g, n) or \
+                _no_arithmetic(g, n)
             if passthrough and not keeps_name and \
                     not any(g.consumers(o) for o in n.outputs[1:]):
                 g.nodes.remove(n)
