@@ -104,8 +104,9 @@ def _scalar_clamps(g, log):
             a, b = _clamp(g, n)
             lo, hi = max(lo, a), min(hi, b)
             chain.insert(0, n)
-        if all(n.op in ("Relu", "Clip") for n in chain) and len(chain) == 1 or lo > hi:
-            continue
+        p = g.producer(data(chain[0]))
+        if len(chain) == 1 and (chain[0].op in ("Relu", "Clip") or p is None or p.op != "Conv") or lo > hi:
+            continue        # one clamp: a Min / Max only where it fuses (l2_normalize reads Max(sum, eps))
         x = data(chain[0])
         bounds = [g.add_const(np.array(v, np.float32), f"{last.name}/{k}") if np.isfinite(v) else ""
                   for k, v in (("min", lo), ("max", hi))]
