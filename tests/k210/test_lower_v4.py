@@ -1352,6 +1352,21 @@ def test_a_whole_map_normalization_in_slices(source):
     assert q > sqnr_db(ref.reshape(-1).astype(np.float64), got.reshape(-1).astype(np.float64)) - 0.2
 
 
+def test_a_stride2_first_layer_on_an_image_taller_than_the_kpu_reads():
+    """Qengineering's SSD MobileNet: a TF-SAME 3x3 stride-2 first conv on a 300x300 image, whose
+    'stride-2 phases' form was planned as if the image lay in KPU RAM; 300 rows are over the 256
+    one KPU layer reads, so its first stage runs in row bands from main memory, where the image
+    was not (an internal error). kmodel v4 keeps the image in main memory now; v3, which has no
+    such place, refuses it saying why."""
+    px = pixels(2, 3, 300, 300, seed=4)
+    m = make_model([conv_node("c", "x", "w0", "b0", pads=[0, 0, 1, 1], strides=[2, 2]), N("Relu", ["c"], ["r"]),
+                    conv_node("y", "r", "w1")],
+                   [("x", [1, 3, 300, 300])], [("y", None)], {"w0": W(8, 3, 3, 3), "b0": W(8), "w1": W(4, 8, 1, 1)})
+    check_v4(m, px=px)
+    with pytest.raises(UnsupportedOpError, match=r"3x300x300 image is over the 256 rows"):
+        compile_model(m, px, format="v3")
+
+
 def test_softmax_over_rows_of_a_tensor_without_a_batch_axis():
     """YuNet's old export (Kazuhito00's face_detection_yunet_120x160.onnx): the scores reshaped to
     (-1, 2), then Softmax over the last axis. A first axis over 1 is no batch (the graph runs one

@@ -343,6 +343,21 @@ def phases_passed_over(g, node, opts):
     return f"stride 1 + CPU pick: est. {s1:,} cycles; 'stride-2 phases' {f.cycles:,}, not chosen: {why}"
 
 
+def image_resident(g, node, fmt="v3", cap=hw.KPU_RAM_LINES) -> bool:
+    """Does this K x K first layer's first stage read the image where the runtime puts it, in KPU
+    RAM: is the image within the KPU's rows and columns, and do it and the stage's copies fit
+    there together? (Else the stage runs in row bands from a main-memory image: kmodel v4 only.)"""
+    alts = forms(g, node, fmt)
+    _, ci, h, w = g.shape(node.inputs[0])
+    if h > hw.LIMITS["in_h"][1] or w > hw.LIMITS["in_w"][1]:
+        return False
+    if not alts:
+        return True
+    f = alts[0]
+    oh, ow = (h // 2, w // 2) if f.phase and f.n == 1 else (h, w)
+    return hw.map_lines(ci, h, w) + hw.map_lines(ci * len(f.copies(1)), oh, ow) <= cap
+
+
 def kxk_refuses(g, node, opts, windows=False):
     if is_dense(g, node):
         return NA
@@ -367,6 +382,13 @@ def kxk_refuses(g, node, opts, windows=False):
         return (f"a {Ky}x{Kx} kernel on {ci} channels reads {ci * per} shifted channels; the KPU reads "
                 f"{cmax}: " + ("no split of its groups into channel windows keeps every layer within it" if windows
                                else f"at most {cmax // per} input channels (or a depthwise/group conv)"))
+    if node.inputs[0] in g.inputs and _fmt(opts) == "v3" and \
+            not image_resident(g, node, "v3", getattr(opts, "kpu_ram_lines", hw.KPU_RAM_LINES)):
+        why = (f"is over the {hw.LIMITS['in_h'][1]} rows / {hw.LIMITS['in_w'][1]} columns one KPU layer reads"
+               if h > hw.LIMITS["in_h"][1] or w > hw.LIMITS["in_w"][1] else
+               "and its first shift stage's copies do not fit there together")
+        return (f"a first layer reads the image from KPU RAM, whole: the {ci}x{h}x{w} image {why}; kmodel v4 "
+                "keeps the image in main memory and runs the stage in row bands")
     shadow = Node("Conv", node.inputs, node.outputs, {**a, "kernel": (3, 3), "dilations": (1, 1),
                                                      "pads": [1, 1, 1, 1], "pick": None}, node.name)
     return kpu_conv_refuses(g, shadow, opts)

@@ -548,6 +548,9 @@ class Lowering:
     def _image_fits(self, node):
         """Does the first KPU conv read the whole image from KPU RAM (one band)?"""
         from .conv import plan_for
+        from .kxk import image_resident
+        if self.lowered_by(node) == "kpu_conv_kxk":
+            return image_resident(self.g, node, self.format, self.opts.kpu_ram_lines)
         return self.lowered_by(node) != "kpu_conv" or plan_for(self, node).in_resident
 
     # ------------------------------------------------------------------ main-memory plan
