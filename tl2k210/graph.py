@@ -229,13 +229,45 @@ def ir4_if_initializers_unlisted(model):
     return model
 
 
+def float32_model(model):
+    """A float16 model (Windows ML's *_fp16 zoo files) as float32: initializers, Constant
+    values, Cast targets and the declared input / output / value types (a copy; float16 only
+    stores what float32 computes here). The model itself where nothing is float16."""
+    f16, f32 = TensorProto.FLOAT16, TensorProto.FLOAT
+    g = model.graph
+    infos = list(g.input) + list(g.output) + list(g.value_info)
+    if not any(t.data_type == f16 for t in g.initializer) and not any(
+            vi.type.tensor_type.elem_type == f16 for vi in infos) and not any(
+            a.type == onnx.AttributeProto.TENSOR and a.t.data_type == f16 for n in g.node for a in n.attribute):
+        return model
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+
+    def widen(t):
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+    for t in g.initializer:
+        if t.data_type == f16:
+            widen(t)
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.type.tensor_type.elem_type == f16:
+            vi.type.tensor_type.elem_type = f32
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == f16:
+                widen(a.t)
+            elif n.op_type == "Cast" and a.name == "to" and a.i == f16:
+                a.i = f32
+    return m
+
+
 def upgrade_opset(model):
     """A model older than MIN_OPSET (e.g. the opset-9 files of the ONNX model zoo) rewritten to
     OPSET, so the passes see one set of op forms (Clip bounds, Squeeze axes, Resize as inputs)."""
     if default_opset(model) >= MIN_OPSET:
         return model
     from onnx import version_converter
-    model = ir4_if_initializers_unlisted(model)
+    model = ir4_if_initializers_unlisted(_experimental_ops(model))
     if default_opset(model) < 7:
         model = _legacy_prelu_slopes(model)
     try:
@@ -246,6 +278,44 @@ def upgrade_opset(model):
                                  f"upgrade it to opset {OPSET} ({type(e).__name__}: "
                                  f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); re-export it "
                                  f"with opset_version={OPSET}") from e
+
+
+EXPERIMENTAL = ("ImageScaler", "Affine", "Crop")
+
+
+def _experimental_ops(model):
+    """The opset-1..8 experimental ops no later opset has, which version_converter cannot carry
+    (Windows ML's style transfer nets, the model zoo's Tiny YOLOv2), as standard ones (a copy;
+    the model itself where it has none): ImageScaler y = scale * x + bias[c] and Affine
+    y = alpha * x + beta as Mul and Add of constants, Crop as a Slice of H and W (its border
+    [left, top, right, bottom], or [top, left] and its scale (height, width))."""
+    if not any(n.op_type in EXPERIMENTAL for n in model.graph.node):
+        return model
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    nodes = []
+    for i, n in enumerate(m.graph.node):
+        if n.op_type not in EXPERIMENTAL:
+            nodes.append(n)
+            continue
+        a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+        tag = f"{n.name or n.output[0]}/{n.op_type}{i}"
+        if n.op_type == "Crop":
+            left, top, right, bottom = (list(a.get("border", [])) + [0] * 4)[:4]
+            scale = a.get("scale")
+            ends = [top + scale[0], left + scale[1]] if scale else [-bottom or 2 ** 31 - 1, -right or 2 ** 31 - 1]
+            nodes.append(helper.make_node("Slice", [n.input[0]], list(n.output), name=n.name or tag,
+                                          axes=[2, 3], starts=[top, left], ends=ends))
+            continue
+        scale, bias = (a.get("scale", 1.0), np.asarray(a.get("bias", [0.0]), np.float32).reshape(1, -1, 1, 1)) \
+            if n.op_type == "ImageScaler" else (a.get("alpha", 1.0), np.array(a.get("beta", 0.0), np.float32))
+        m.graph.initializer.extend([numpy_helper.from_array(np.array(scale, np.float32), tag + "/scale"),
+                                    numpy_helper.from_array(bias, tag + "/bias")])
+        nodes += [helper.make_node("Mul", [n.input[0], tag + "/scale"], [tag + "/scaled"], name=tag + "/mul"),
+                  helper.make_node("Add", [tag + "/scaled", tag + "/bias"], list(n.output), name=n.name or tag)]
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    return m
 
 
 def _legacy_prelu_slopes(model):
@@ -329,7 +399,7 @@ def set_axes(g, n, axes):
 def from_onnx(model, batch=1, input_shapes=None):
     """Read an onnx.ModelProto into a Graph; shapes inferred. A symbolic batch dim becomes `batch`;
     other symbolic dims need `input_shapes` {input_name: shape}."""
-    model = upgrade_opset(qlinear.dynamic_to_float(qlinear.to_qdq(model)))
+    model = upgrade_opset(qlinear.dynamic_to_float(qlinear.to_qdq(float32_model(model))))
     gp = model.graph
     tensors = {}
     for init in gp.initializer:

@@ -1,7 +1,7 @@
 """Each pass on tiny ONNX graphs: numerics vs onnxruntime before/after, and the structure."""
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
 from front_helpers import make_model, ort_run, rand
 from tl2k210.graph import from_onnx, run
@@ -676,6 +676,41 @@ def test_opset6_prelu_slope_is_per_channel():
     g = from_onnx(m)
     want = np.where(x > 0, x, x * a[None, :, None, None])
     np.testing.assert_allclose(run(g, x)[g.outputs[0]], want, rtol=1e-6)
+
+
+def test_opset7_experimental_ops_become_standard_ones():
+    """ImageScaler, Crop and Affine (Windows ML's style transfer, the model zoo's Tiny YOLOv2)
+    have no schema after opset 8, so version_converter refused the file while onnxruntime runs
+    it: they are Mul/Add and a Slice now, as onnxruntime computes them."""
+    x = rand(1, 3, 16, 16)
+    nodes = [helper.make_node("ImageScaler", ["x"], ["s"], scale=0.5, bias=[0.1, -0.2, 0.3]),
+             helper.make_node("Conv", ["s", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Crop", ["c"], ["k"], border=[1, 2, 3, 1]),
+             helper.make_node("Affine", ["k"], ["y"], alpha=2.0, beta=0.5)]
+    m = make_model(nodes, [("x", [1, 3, 16, 16])], [("y", None)], {"w": rand(4, 3, 3, 3)}, opset=7)
+    m.ir_version = 3
+    g = from_onnx(m)
+    want = ort_run(m, x)[0]
+    assert want.shape == (1, 4, 13, 12)
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_float16_model_reads_as_float32():
+    """Windows ML's *_fp16 zoo files: float16 weights, input and output. The IR holds float32 (its
+    weights widened exactly); the graph had kept the float16 input beside float32 weights, which
+    onnxruntime refused, blaming the model."""
+    x = rand(1, 3, 8, 8)
+    w = rand(4, 3, 3, 3).astype(np.float16)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "fp16", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)],
+                              [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    g = from_onnx(m)
+    want = ort_run(m, x.astype(np.float16))[0].astype(np.float32)
+    got = run(g, x)[g.outputs[0]]
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=0.01, atol=0.02)      # float16's own rounding
 
 
 @pytest.mark.parametrize("mode", ["CRD", "DCR"])
