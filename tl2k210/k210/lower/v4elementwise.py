@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tl2k210.graph import RELABELS
 from tl2k210.k210 import fixed_point as fx
 from tl2k210.passes.fuse_activation import activation_of
 
@@ -314,12 +315,17 @@ def _broadcastable(g, node):
 
 
 def _centres(g, node, opts):
-    """Sub(x, mean(x)) with the mean a float reduce of x: a normalization's centred map, whose
-    small differences a uint8 grid on x's range would round away."""
+    """Sub(x, mean(x)) with the mean a float reduce of x (or of a relabel of it: onnx.js's
+    instance norm means a (1, C, 1, H*W) reshape): a normalization's centred map, whose small
+    differences a uint8 grid on x's range would round away."""
     x, m = node.inputs
     p = g.producer(m)
-    return (node.op == "Sub" and p is not None and p.op == "ReduceMean" and p.inputs[0] == x
-            and _float_source(g, m, opts))
+    if node.op != "Sub" or p is None or p.op != "ReduceMean" or not _float_source(g, m, opts):
+        return False
+    r = p.inputs[0]
+    while r != x and (q := g.producer(r)) is not None and q.op in RELABELS:
+        r = q.inputs[0]
+    return r == x
 
 
 def qbinary_refuses(g, node, opts):
