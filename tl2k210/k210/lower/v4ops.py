@@ -19,7 +19,7 @@ from .fc import feeds_output
 from .memory import SLICES, float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, pad_scalar, slice_op, through_float
-from .v4norm import pattern as whole_map_norm
+from .v4norm import pattern as norm_pattern
 
 REDUCE = {"ReduceMean": 0, "ReduceMin": 1, "ReduceMax": 2, "ReduceSum": 3}
 INIT = {0: 0.0, 1: FLT_MAX, 2: -FLT_MAX, 3: 0.0}
@@ -431,8 +431,9 @@ def reduce(lw, node):
     lw.emit_v4("reduce", dict(input=main(F32, src, n_in), output=main(F32, dst, n_out), reduce_op=op, in_shape=in4,
                               out_shape=out4, init_value=INIT[op]), row)
     _mark(lw, out, F32)
-    if whole_map_norm(lw.g, node) is not None:     # the smaller form: v4norm, its sums in another order
-        lw.smaller[node.name + SLICES] = False
+    norm = norm_pattern(lw.g, node)
+    if norm is not None:     # the smaller form: v4norm (the whole map's sums in another order)
+        lw.smaller[node.name + SLICES] = norm.mode == "channel"
 
 
 def window_pool(lw, x, out, kind, kernel, strides, pads, row, dtype=None, dilations=(1, 1), count_pads=False):
