@@ -158,10 +158,10 @@ def sliced_normalization(lw, node):
     slices = float_slices(c, per, 4 * temps * per, None if room is None else max(room, SLICE_MIN_BYTES))
     k, n = max(c1 - c0 for c0, c1 in slices), len(slices)
     tag = f"{y}:norm"
-    names = ["slice", "squares"][:temps] + ["sums", "mean", "var", "divisor"]
-    sizes = [4 * k * per] * temps + [4 * n] + [4 * (1 if whole else k)] * 3
-    tmp, *rest = (lw.main.alloc(f"{tag}:{nm}", size) for nm, size in zip(names, sizes))
-    sq, parts, mean, var, div = rest if not whole else (None, *rest)
+    names = ["slice", "sums" if whole else "squares", "mean", "var", "divisor"]
+    sizes = [4 * k * per, 4 * n if whole else 4 * k * per] + [4 * (1 if whole else k)] * 3
+    tmp, second, mean, var, div = (lw.main.alloc(f"{tag}:{nm}", size) for nm, size in zip(names, sizes))
+    parts, sq = (second, None) if whole else (None, second)
     one = (1, 1, 1, 1)
     idx = []
 
