@@ -6,7 +6,7 @@ import pytest
 
 from front_helpers import rand, tf
 from tl2k210.frontends import ModelLoadError, load_graph, load_model
-from tl2k210.frontends.keras import _code_layers, refuse_code
+from tl2k210.frontends.keras import _code_layers, refuse_code, refuse_qkeras
 from tl2k210.graph import run
 
 
@@ -44,6 +44,21 @@ def test_code_layers_in_hand_made_configs():
     with pytest.raises(ModelLoadError, match=r"layer 'l3' \(Lambda\) stores a Python lambda.*never runs code"):
         refuse_code(k3, "m.keras")
     refuse_code({"class_name": "Functional", "config": {"layers": [k2["config"]["layers"][3]]}}, "ok.h5")
+
+
+def test_qkeras_layers_are_named_with_what_to_do():
+    """TF-free: hls4ml's QKeras models (QConv2DBatchnorm, QActivation, ...) are refused by name
+    before a loader fails on them (Keras' raw "Unknown layer ... custom_object_scope" text
+    named neither QKeras nor a way out); plain layers pass."""
+    cfg = {"class_name": "Functional", "config": {"layers": [
+        {"class_name": "InputLayer", "config": {"name": "in"}},
+        {"class_name": "QConv2DBatchnorm", "config": {"name": "q_conv"}},
+        {"class_name": "QActivation", "config": {"name": "q_act"}},
+        {"class_name": "Dense", "config": {"name": "out"}}]}}
+    with pytest.raises(ModelLoadError, match=r"'q_conv' \(QConv2DBatchnorm\), 'q_act' \(QActivation\) are "
+                                             r"QKeras's.*plain Keras layers"):
+        refuse_qkeras(cfg, "rn08.h5")
+    refuse_qkeras({"class_name": "Functional", "config": {"layers": cfg["config"]["layers"][3:]}}, "ok.h5")
 
 
 @pytest.mark.parametrize("kind", ["h5", "json", "savedmodel"])

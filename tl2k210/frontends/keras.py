@@ -61,6 +61,36 @@ def refuse_code(cfg, where):
                              "save again and convert that file")
 
 
+#: QKeras's layers (quantization-aware training for hls4ml): no Keras loader builds them
+QKERAS = ("QConv1D", "QConv2D", "QConv2DBatchnorm", "QDepthwiseConv2D", "QDepthwiseConv2DBatchnorm",
+          "QSeparableConv1D", "QSeparableConv2D", "QConv2DTranspose", "QDense", "QDenseBatchnorm",
+          "QActivation", "QAdaptiveActivation", "QBatchNormalization", "QAveragePooling2D",
+          "QGlobalAveragePooling2D", "QSimpleRNN", "QLSTM", "QGRU", "QBidirectional")
+
+
+def refuse_qkeras(cfg, where):
+    """ModelLoadError naming the QKeras layers of Keras config `cfg`, with what to do instead."""
+    found = []
+
+    def walk(c):
+        if isinstance(c, dict):
+            if c.get("class_name") in QKERAS:
+                conf = c.get("config") if isinstance(c.get("config"), dict) else {}
+                found.append(f"{conf.get('name', c.get('name', '?'))!r} ({c['class_name']})")
+            for v in c.values():
+                walk(v)
+        elif isinstance(c, list):
+            for v in c:
+                walk(v)
+    walk(cfg)
+    if found:
+        raise ModelLoadError(f"{where}: layers {', '.join(found[:5])}{' ...' if len(found) > 5 else ''} are "
+                             "QKeras's (quantization-aware training for hls4ml), which no Keras loader builds; "
+                             "tl2k210 quantizes for the K210 itself: rebuild the network with the plain Keras "
+                             "layers (Conv2D, Dense, Activation, BatchNormalization), load the trained weights "
+                             "into it, save it (or export it to ONNX / TFLite) and convert that file")
+
+
 def _file_config(path):
     """The model config inside a Keras file (.h5/.hdf5 `model_config`, .keras `config.json`,
     architecture .json), parsed as JSON; None when there is none to read."""
@@ -151,6 +181,7 @@ def load_keras(path, weights=None):
     cfg = _file_config(path)
     if cfg is not None:
         refuse_code(cfg, path)
+        refuse_qkeras(cfg, path)
     if path.suffix.lower() == ".json":
         return _load_json(path, weights)
     try:
