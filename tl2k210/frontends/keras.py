@@ -68,21 +68,22 @@ QKERAS = ("QConv1D", "QConv2D", "QConv2DBatchnorm", "QDepthwiseConv2D", "QDepthw
           "QGlobalAveragePooling2D", "QSimpleRNN", "QLSTM", "QGRU", "QBidirectional")
 
 
+def _dicts(c):
+    """Every dict of a parsed JSON config, each before the dicts inside it (a caller may change
+    one's entries before its children are reached)."""
+    if isinstance(c, dict):
+        yield c
+        for v in c.values():
+            yield from _dicts(v)
+    elif isinstance(c, list):
+        for v in c:
+            yield from _dicts(v)
+
+
 def refuse_qkeras(cfg, where):
     """ModelLoadError naming the QKeras layers of Keras config `cfg`, with what to do instead."""
-    found = []
-
-    def walk(c):
-        if isinstance(c, dict):
-            if c.get("class_name") in QKERAS:
-                conf = c.get("config") if isinstance(c.get("config"), dict) else {}
-                found.append(f"{conf.get('name', c.get('name', '?'))!r} ({c['class_name']})")
-            for v in c.values():
-                walk(v)
-        elif isinstance(c, list):
-            for v in c:
-                walk(v)
-    walk(cfg)
+    found = [f"{(c['config'] if isinstance(c.get('config'), dict) else {}).get('name', c.get('name', '?'))!r} "
+             f"({c['class_name']})" for c in _dicts(cfg) if c.get("class_name") in QKERAS]
     if found:
         raise ModelLoadError(f"{where}: layers {', '.join(found[:5])}{' ...' if len(found) > 5 else ''} are "
                              "QKeras's (quantization-aware training for hls4ml), which no Keras loader builds; "
@@ -119,18 +120,11 @@ def _first_line(e):
 
 def _patch_config(cfg):
     """Keras 2 model config -> one Keras 3's legacy loader builds (see the module docstring)."""
-    def walk(c):
-        if isinstance(c, dict):
-            if str(c.get("class_name", "")).startswith("SpatialDropout") and isinstance(c.get("config"), dict):
-                c["class_name"] = "Dropout"
-                c["config"].pop("noise_shape", None)
-                c["config"].pop("data_format", None)
-            for v in c.values():
-                walk(v)
-        elif isinstance(c, list):
-            for v in c:
-                walk(v)
-    walk(cfg)
+    for c in _dicts(cfg):
+        if str(c.get("class_name", "")).startswith("SpatialDropout") and isinstance(c.get("config"), dict):
+            c["class_name"] = "Dropout"
+            c["config"].pop("noise_shape", None)
+            c["config"].pop("data_format", None)
     if cfg.get("class_name") == "Sequential":
         conf = cfg["config"]
         layers = conf["layers"] if isinstance(conf, dict) else conf
