@@ -39,6 +39,14 @@ def act_bounds(act):
     return None
 
 
+def saturation_clamps(bounds, quant) -> bool:
+    """Is QUANTIZE to the grid `quant` (s, z) the clamp `bounds` itself: do the values of codes 0
+    and 255 lie within them (a ReLU: zero point 0)?"""
+    s, z = quant
+    eps = 1e-6 * s
+    return s * -z >= bounds[0] - eps and s * (U8[-1] - z) <= bounds[1] + eps
+
+
 def grid_clamp(bounds, s, z):
     """(q_lo, q_hi): the uint8 codes of a clamp's `bounds` on the grid (s, z) -- what TFLite
     applies to a fused ReLU / ReLU6 after requantizing -- or None where the uint8 range [0, 255]
@@ -194,9 +202,7 @@ def quantize_clamp(lw, node):
     x, out = node.inputs[0], node.outputs[0]
     act = _act(lw.g, node)
     so, zo = lw.quant_of(out)
-    lo, hi = (0.0, math.inf) if act["op"] == "Relu" else (act["min"], act["max"])
-    eps = 1e-6 * so
-    if lw.locs[x].f32 is None or so * -zo < lo - eps or so * (U8[-1] - zo) > hi + eps:
+    if lw.locs[x].f32 is None or not saturation_clamps(act_bounds(act), (so, zo)):
         return activation_table(lw, node)
     row = lw.row(node, f"{act['op']} of a float map: QUANTIZE to its range (saturation is the clamp)",
                  in_shape=lw.shape(x), out_shape=lw.shape(out))

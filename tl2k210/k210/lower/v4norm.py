@@ -31,7 +31,7 @@ from tl2k210.graph import RELABELS, axes_of
 from tl2k210.k210.kmodel.v4 import REDUCE_OPS
 from tl2k210.passes.fuse_activation import activation_of
 
-from .cpu import act_bounds
+from .cpu import act_bounds, saturation_clamps
 from .memory import SLICE_MIN_BYTES, SLICES, float_slices
 from .registry import CPU_U8, NA, lowering
 from .v4elementwise import BINARY, g4, nnil_ops
@@ -78,16 +78,10 @@ def _mean(g, node, x):
     return "channel" if n == xs[1] and all(i < min(axes) for i in kept) and out == (1, xs[1], 1, 1) else None
 
 
-def _only(g, t):
-    """The single reader of `t`, or None (several, none, or a model output)."""
-    cons = g.consumers(t)
-    return cons[0] if len(cons) == 1 and t not in g.outputs else None
-
-
 def pattern(g, node) -> Norm | None:
     """The normalization whose first ReduceMean is `node` (module docstring), or None."""
     m = node.outputs[0]
-    sub = _only(g, m) if node.op == "ReduceMean" else None
+    sub = g.single_consumer(m) if node.op == "ReduceMean" else None
     if sub is None or sub.op != "Sub" or sub.inputs[1] != m or g.const(sub.inputs[0]) is not None:
         return None
     x = sub.inputs[0]
@@ -101,14 +95,14 @@ def pattern(g, node) -> Norm | None:
     if square is None or div is None:
         return None
     t, hops = square.outputs[0], []
-    while (var := _only(g, t)) is not None and var.op in RELABELS:
+    while (var := g.single_consumer(t)) is not None and var.op in RELABELS:
         hops.append(var)
         t = var.outputs[0]
     if var is None or _mean(g, var, square.outputs[0]) != mode:
         return None
     chain, t = [], var.outputs[0]
     while t != div.inputs[1]:
-        c = _only(g, t)
+        c = g.single_consumer(t)
         if c is None or len(chain) == CHAIN_MAX or nnil_ops(g, c, not chain) is None or \
                 [i for i in c.inputs if g.const(i) is None] != [t]:
             return None
@@ -124,11 +118,7 @@ def _clamp_after(lw, y):
     if len(cons) != 1 or y in lw.g.outputs or cons[0].op not in ("Relu", "Clip"):
         return None
     bounds = act_bounds(activation_of(lw.g, cons[0]))
-    if bounds is None:
-        return None
-    so, zo = lw.quant_of(cons[0].outputs[0])
-    eps = 1e-6 * so
-    return None if so * -zo < bounds[0] - eps or so * (255 - zo) > bounds[1] + eps else cons[0]
+    return cons[0] if bounds is not None and saturation_clamps(bounds, lw.quant_of(cons[0].outputs[0])) else None
 
 
 def norm_refuses(g, node, opts):
