@@ -244,7 +244,7 @@ def cpu_trade(g, node, opts) -> bool:
     (_grouped_dense_faster)."""
     if getattr(opts, "format", "v3") != "v4" or node.op != "Conv":
         return False
-    if grouped_dense(g, node) and _grouped_dense_faster(g, node, opts):
+    if _grouped_dense_faster(g, node, opts):
         return qconv_refuses(g, node, opts) is None
     if not wants_small(opts, node):
         return False
@@ -260,8 +260,10 @@ def cpu_trade(g, node, opts) -> bool:
 
 
 def _grouped_dense_faster(g, node, opts) -> bool:
-    """Is the uint8 CPU conv of a grouped dense layer faster than the KPU's dense layer, which
-    multiplies the whole block-diagonal matrix (fc.dense_cycles)?"""
+    """Is this a grouped dense layer (conv.grouped_dense) whose uint8 CPU conv is faster than the
+    KPU's dense layer, which multiplies the whole block-diagonal matrix (fc.dense_cycles)?"""
+    if not grouped_dense(g, node):
+        return False
     ci, co, groups = g.shape(node.inputs[0])[1], g.shape(node.outputs[0])[1], int(node.attrs["group"])
     return cost.CPU_CYCLES["qmac"] * co * (ci // groups) < dense_cycles(ci, co, opts.weight_bits)[0]
 
@@ -270,7 +272,7 @@ def cpu_trade_why(g, node, opts):
     """registry `takes`: why quantized_conv2d goes before the KPU forms (cpu_trade), or None."""
     if not cpu_trade(g, node, opts):
         return None
-    if grouped_dense(g, node) and _grouped_dense_faster(g, node, opts):
+    if _grouped_dense_faster(g, node, opts):
         ci, groups = g.shape(node.inputs[0])[1], int(node.attrs["group"])
         return (f"group {groups} on a 1x1 map: quantized_conv2d multiplies and stores its {ci // groups} "
                 "weight(s) an output, the KPU dense layer the whole block-diagonal matrix")
