@@ -249,6 +249,15 @@ def nnil_refuses(g, node, opts):
     return None
 
 
+def chain_code(g, chain):
+    """The NNIL method of a chain of elementwise float ops (each nnil_ops of one tensor), in order."""
+    first = nnil_ops(g, chain[0], True) if chain else []
+    code = first if "lda_0" in first else ["lda_0"] + first      # a head form reads the input itself
+    for c in chain[1:]:
+        code += nnil_ops(g, c, False)
+    return nnil_code(*code, "ret")
+
+
 def _chain(lw, node):
     """`node` and the single-consumer float elementwise ops after it that fuse into its method."""
     chain = [node]
@@ -282,12 +291,8 @@ def float_elementwise(lw, node):
         lw.emit_v4("unary", dict(input=main(F32, src, n), output=main(F32, loc.f32, n), unary_op=unary[node.op]),
                    row)
     else:
-        first = nnil_ops(lw.g, node, True)
-        code = (first if "lda_0" in first else ["lda_0"] + first)   # a head form reads the input itself
-        for c in chain[1:]:
-            code += nnil_ops(lw.g, c, False)
         lw.emit_v4("nnil_unary_method", dict(input=main(F32, src, n), output=main(F32, loc.f32, n)), row,
-                   data={"code": nnil_code(*code, "ret")})
+                   data={"code": chain_code(lw.g, chain)})
     for c in chain[1:]:
         lw.folded.add(c.name)
         row.fused.append(c.name)

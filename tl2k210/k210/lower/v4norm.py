@@ -34,8 +34,8 @@ from tl2k210.passes.fuse_activation import activation_of
 from .cpu import act_bounds, saturation_clamps
 from .memory import SLICE_MIN_BYTES, SLICES, float_slices
 from .registry import CPU_U8, NA, lowering
-from .v4elementwise import BINARY, g4, nnil_ops
-from .v4emit import F32, NO_CLAMP, Const, main, nnil_code
+from .v4elementwise import BINARY, chain_code, g4, nnil_ops
+from .v4emit import F32, NO_CLAMP, Const, main
 
 CHAIN_MAX = 6          # ops from the variance to the divisor (eps, sqrt, a clamp): more is not this pattern
 
@@ -166,11 +166,8 @@ def sliced_normalization(lw, node):
                                   init_value=0.0), row)
 
     def divisor(count):           # the ops from the variance to the divisor: one NNIL method
-        first = nnil_ops(g, p.chain[0], True) if p.chain else []
-        code = (first if "lda_0" in first else ["lda_0"] + first) + \
-            [op for cn in p.chain[1:] for op in nnil_ops(g, cn, False)]
         lw.emit_v4("nnil_unary_method", dict(input=main(F32, var, count), output=main(F32, div, count)), row,
-                   data={"code": nnil_code(*code, "ret")})
+                   data={"code": chain_code(g, p.chain)})
 
     def each(body):              # body(slice index, its float values' address, first channel, count, shape)
         for i, (c0, c1) in enumerate(slices):
