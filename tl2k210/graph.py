@@ -356,6 +356,15 @@ def axes_of(g, n):
     return None
 
 
+def reduce_axes(g, n):
+    """A reduction's axes; every axis where it names none (ONNX's default), None where unknown."""
+    axes = axes_of(g, n)
+    if axes is not None or (len(n.inputs) > 1 and n.inputs[1]) or n.attrs.get("noop_with_empty_axes", 0):
+        return axes
+    shape = g.shape(n.inputs[0])
+    return None if shape is None else list(range(len(shape)))
+
+
 def pads_of(g, node):
     """((before, after) x 4) of an ONNX Pad (a lower rank gets (0, 0) in front), its constant value
     and mode; or a reason why not (pads, value or axes not constants)."""

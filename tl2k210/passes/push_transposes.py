@@ -10,7 +10,7 @@ A Pad of Transpose(P)(x) (Keras' ZeroPadding2D between tf2onnx's NHWC pairs) bec
 of x padded on the axes P names, so the pair cancels and the Pad can fold into the conv after it."""
 import numpy as np
 
-from tl2k210.graph import Node, axes_of, set_axes
+from tl2k210.graph import Node, reduce_axes, set_axes
 
 UNARY = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Identity", "Neg", "Abs",
          "Exp", "Softplus", "Elu", "Selu", "Mish"}
@@ -61,7 +61,7 @@ def push_transposes(g, log):
                 data = [n.inputs[0]]
             elif n.op in BINARY:
                 data = [i for i in n.inputs if g.const(i) is None]
-            elif n.op in REDUCE and _reduce_axes(g, n) is not None:
+            elif n.op in REDUCE and reduce_axes(g, n) is not None:
                 data = [n.inputs[0]]
             elif n.op == "Pad":
                 changed |= _pad(g, n, log)
@@ -101,18 +101,9 @@ def push_transposes(g, log):
     return g
 
 
-def _reduce_axes(g, n):
-    """A reduction's axes; every axis where it names none (ONNX's default), None where unknown."""
-    axes = axes_of(g, n)
-    if axes is not None or (len(n.inputs) > 1 and n.inputs[1]) or n.attrs.get("noop_with_empty_axes", 0):
-        return axes
-    shape = g.shape(n.inputs[0])
-    return None if shape is None else list(range(len(shape)))
-
-
 def _reduce(g, n, p, log):
     rank = len(p)
-    axes = [a % rank for a in _reduce_axes(g, n)]
+    axes = [a % rank for a in reduce_axes(g, n)]
     keep = n.attrs.get("keepdims", 1)
     new_axes = sorted(p[a] for a in axes)
     if keep:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tl2k210.graph import RELABELS, axes_of
+from tl2k210.graph import RELABELS, reduce_axes
 from tl2k210.k210.kmodel.v4 import REDUCE_OPS
 from tl2k210.passes.fuse_activation import activation_of
 
@@ -66,10 +66,10 @@ def _mean(g, node, x):
     xs, s = g.shape(x), g.shape(node.inputs[0])
     if r != x or xs is None or len(xs) != 4 or xs[0] != 1 or s is None:
         return None
-    axes = axes_of(g, node)
-    if axes is None and ((len(node.inputs) > 1 and node.inputs[1]) or node.attrs.get("noop_with_empty_axes", 0)):
+    axes = reduce_axes(g, node)
+    if axes is None:
         return None
-    axes = {a % len(s) for a in (axes if axes is not None else range(len(s)))}
+    axes = {a % len(s) for a in axes}
     kept = [i for i in range(len(s)) if i not in axes and s[i] != 1]
     n, out = int(np.prod([s[i] for i in kept])), g4(g, node.outputs[0])
     if n == 1 and out == (1, 1, 1, 1):
