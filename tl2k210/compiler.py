@@ -60,6 +60,12 @@ class ConvertOptions:
                                           # 0 accepts anything
 
 
+def _times(ours: int, ideal: int, what: str) -> str:
+    """ours as a multiple of its ideal ("1.15x the weights"); n/a for an ideal of nothing (a graph
+    without weights)."""
+    return f"{ours / ideal:.2f}x {what}" if ideal else f"n/a (no {what.removeprefix('the ')} in the ideal)"
+
+
 @dataclass
 class Receipt:
     source: str
@@ -101,8 +107,8 @@ class Receipt:
             i, ours = self.ideal, self.file_size + self.main_memory
             lines.append(f"ideal at {i['weight_bits']} bits: weights {i['weight_bytes']:,} B + maps "
                          f"{i['live_bytes']:,} B (live at {i['peak_at']}) = {i['total']:,} B; ours: kmodel "
-                         f"{self.file_size / max(1, i['weight_bytes']):.2f}x the weights, main memory "
-                         f"{self.main_memory / max(1, i['live_bytes']):.2f}x the maps"
+                         f"{_times(self.file_size, i['weight_bytes'], 'the weights')}, main memory "
+                         f"{_times(self.main_memory, i['live_bytes'], 'the maps')}"
                          + (f" ({fo:,} B of it the float32 outputs the runtime returns; the ideal counts "
                             "them at 8 bits)" if (fo := t.get("float_outputs", 0)) >= self.main_memory / 10 else "")
                          + f", total {ours / max(1, i['total']):.2f}x")

@@ -747,3 +747,17 @@ def test_blazeface_full_range_converts_for_the_v3_only_build(tmp_path, photos):
     assert r.file_size + r.main_memory <= r.totals["budget"]
     for o in r.totals["outputs"].values():
         assert o["sqnr_db"] >= o["ideal_db"], r.totals["outputs"]
+
+
+def test_a_graph_without_weights_has_no_weight_ratio(tmp_path, capsys):
+    """A transpose of a float tensor has no weights at 8 bits: the receipt says n/a, not the
+    kmodel's bytes over one byte ("496.00x the weights")."""
+    from tl2k210.cli import main
+    src, data = tmp_path / "t.onnx", tmp_path / "t.npy"
+    onnx.save(make_model([N("Transpose", ["x"], ["y"], perm=[0, 2, 1], name="Transpose_0")],
+                         [("x", [1, 4, 16])], [("y", [1, 16, 4])]), src)
+    np.save(data, RNG.normal(size=(4, 4, 16)).astype(np.float32))
+    assert main(["convert", str(src), str(tmp_path / "t.kmodel"), "--dataset", str(data)]) == 0
+    text = capsys.readouterr().out
+    assert "weights 0 B + maps 128 B (live at Transpose_0) = 128 B; ours: kmodel n/a (no weights in the ideal), " \
+           "main memory 4.00x the maps" in text
