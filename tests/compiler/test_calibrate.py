@@ -124,6 +124,22 @@ def test_image_folder_is_resized_bilinear(tmp_path):
     assert gray.shape == (1, 1, 28, 28)
 
 
+def test_class_per_folder_dataset_takes_every_class_in_turn(tmp_path):
+    """A folder with no images of its own but one subfolder per class (train/cat/*.jpg): its
+    images, a class at a time in turn, so that --calib-limit 4 spans all the classes."""
+    from PIL import Image
+    shades = {"cat": 10, "dog": 120, "owl/young": 240}
+    for cls, v in shades.items():
+        (tmp_path / cls).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(np.full((8, 8, 3), v + i, np.uint8)).save(tmp_path / cls / f"{i}.png")
+    xs = load_dataset(tmp_path, (1, 3, 8, 8), Preprocess((0, 255)), limit=4)
+    assert [int(x[0, 0, 0, 0]) for x in xs] == [10, 120, 240, 11]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no images .* in this folder or its subfolders"):
+        load_dataset(tmp_path / "empty", (1, 3, 8, 8))
+
+
 def test_npy_npz_arrays(tmp_path):
     a = rand(4, 8, 8, 3)
     np.save(tmp_path / "a.npy", a)

@@ -5,6 +5,7 @@ converted to RGB (or BGR), scaled from 0..255 to `input_range`, then (x - mean) 
 """
 import sys
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 
 import numpy as np
@@ -46,13 +47,23 @@ def array_files(folder) -> list:
     return sorted(p for p in Path(folder).glob("*.np[yz]") if p.is_file())
 
 
+def _images_in(folder) -> list:
+    return sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+
+
 def image_files(folder):
-    files = sorted(p for p in Path(folder).iterdir()
-                   if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    """The images of a dataset folder; where it has none of its own, those of its subfolders
+    (a class-per-folder dataset, `train/cat/*.jpg`), taken a folder at a time in turn so that the
+    first N (--calib-limit) span every class rather than the first one."""
+    files = _images_in(folder)
+    if not files:
+        subs = sorted(d for d in Path(folder).rglob("*") if d.is_dir() and not d.name.startswith("."))
+        per = [f for f in (_images_in(d) for d in subs) if f]
+        files = [f for row in zip_longest(*per) for f in row if f is not None]
     if not files:
         raise InputFileError(f"dataset {folder}: no images ({'/'.join(IMAGE_SUFFIXES)}) and no "
-                             ".npy/.npz arrays in this folder; put calibration images like the "
-                             "camera sees there, or pass a .npy/.npz file")
+                             ".npy/.npz arrays in this folder or its subfolders; put calibration "
+                             "images like the camera sees there, or pass a .npy/.npz file")
     return files
 
 
