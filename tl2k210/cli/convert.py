@@ -18,8 +18,8 @@ def add_convert_parser(sub):
                        "layer runs and why, MACs, KPU RAM, cycles and SQNR vs float.")
     p.add_argument("model", help="model file or SavedModel directory")
     p.add_argument("output", help="kmodel to write (written atomically, only on success)")
-    p.add_argument("--dataset", help="calibration data: folder of jpg/png/bmp (or of class subfolders), or .npy/.npz (optional for a "
-                   "quantized model: its own int8 scales give the ranges)")
+    p.add_argument("--dataset", help="calibration data: folder of jpg/png/bmp (or of class subfolders), or "
+                   ".npy/.npz (optional for a quantized model: its own int8 scales give the ranges)")
     p.add_argument("--calibrate-method", choices=["minmax", "percentile", "kld", "mse"], default="minmax",
                    help="activation ranges: minmax (default), percentile (99.99), kld (entropy), mse (least "
                    "squared quantization error, like nncase's l2)")
