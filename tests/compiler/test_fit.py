@@ -761,3 +761,31 @@ def test_a_graph_without_weights_has_no_weight_ratio(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "weights 0 B + maps 128 B (live at Transpose_0) = 128 B; ours: kmodel n/a (no weights in the ideal), " \
            "main memory 4.00x the maps" in text
+
+
+@pytest.mark.parametrize("case", ["flatten_dense", "covering_7x7"])
+def test_a_dense_layer_over_1024_inputs_runs_on_the_kpu_storing_each_weight_once(tmp_path, png_dir, case):
+    """A Keras Flatten -> Dense over 4,096 inputs ran as a float FULLY_CONNECTED (4 bytes a weight,
+    3.96x the ideal weights) and a 7x7 conv on a 7x7x32 map (PFLD's head) as shift stages storing
+    a 9x9 kernel (2.25x): both are now one 3x3 KPU conv on a 3x3 map (wide_dense), kmodel v3,
+    within 3% of the ideal weights and at the 8-bit ideal's SQNR. The map it reads is signed (no
+    ReLU): the 4x4 map the KPU runs adds pixels the kept output never reads."""
+    if case == "flatten_dense":
+        nodes = [conv_node("c", "x", "w1", "b1", pads=[1, 1, 1, 1], strides=[2, 2]), N("Flatten", ["c"], ["f"]),
+                 N("Gemm", ["f", "w2", "b2"], ["y"], transB=1)]
+        m = make_model(nodes, [("x", [1, 3, 32, 32])], [("y", [1, 10])],
+                       {"w1": W(16, 3, 3, 3), "b1": W(16), "w2": W(10, 4096, scale=0.03), "b2": W(10)})
+    else:
+        nodes = [conv_node("c", "x", "w1", "b1", pads=[1, 1, 1, 1], strides=[2, 2]), N("Relu", ["c"], ["r"]),
+                 N("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+                 conv_node("y", "p", "w2", "b2", kernel_shape=[7, 7], pads=[0, 0, 0, 0])]
+        m = make_model(nodes, [("x", [1, 3, 28, 28])], [("y", [1, 64, 1, 1])],
+                       {"w1": W(32, 3, 3, 3), "b1": W(32), "w2": W(64, 32, 7, 7, scale=0.03), "b2": W(64)})
+    src = tmp_path / "m.onnx"
+    onnx.save(m, src)
+    r = _convert(src, tmp_path / "m.kmodel", png_dir, runtime="maixpy", sqnr_samples=4)
+    row = next(x for x in r.layers if x["node"] == "y")
+    assert row["unit"] == "KPU" and row["why"].startswith("conv3x3") and r.totals["format"] == "v3"
+    assert r.file_size <= 1.03 * r.ideal["weight_bytes"], (r.file_size, r.ideal)
+    out = next(iter(r.totals["outputs"].values()))
+    assert out["sqnr_db"] > out["ideal_db"] - 0.5, out

@@ -282,8 +282,8 @@ def test_cli_reads_negative_ranges_as_values():
 
 def test_layers_wider_than_the_kpu_split_exactly():
     """MobileNetV2's tail: a 1x1 conv to 1280 channels, global average pool, dense 1280 -> 1000.
-    The KPU takes 1024 channels: two convs of 640, pooled per slice, the dense layer as two 1x1
-    convs summed."""
+    The KPU takes 1024 channels: two convs of 640, pooled per slice, the dense layer one 3x3 conv
+    on the 1,280 inputs as a 143x3x3 map (7 zeros padded: wide_dense)."""
     rng = np.random.default_rng(6)
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("GlobalAveragePool", ["r"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
@@ -293,8 +293,8 @@ def test_layers_wider_than_the_kpu_split_exactly():
     m = make_model(nodes, [("x", [1, 16, 5, 5])], [("y", [1, 1000])], inits)
     g, log = run_pipeline(from_onnx(m))
     widths = sorted(g.const(n.inputs[1]).shape[:2] for n in g.nodes if n.op == "Conv")
-    assert widths == [(640, 16), (640, 16), (1000, 640), (1000, 640)]
-    assert g.op_counts() == {"Conv": 4, "GlobalAveragePool": 2, "Add": 1, "Flatten": 1}
+    assert widths == [(640, 16), (640, 16), (1000, 143)]
+    assert g.op_counts() == {"Conv": 3, "GlobalAveragePool": 2, "Concat": 1, "Pad": 1, "Reshape": 2}
     _check(m, rand(1, 16, 5, 5), g)
 
 

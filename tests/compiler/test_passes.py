@@ -187,7 +187,7 @@ def test_gemm_transb_and_too_wide_matmul():
 def test_bias_of_a_too_wide_matmul_stays_in_the_dense_layer():
     """MobileNetV2's 1280-input classifier as onnxruntime's QOperator files give it, MatMul then Add
     of the bias: the bias goes into the (split) dense layer, not a 1000x1000 diagonal conv of its
-    own (981 KiB of weights)."""
+    own (981 KiB of weights); its 1,280 inputs one 3x3 conv on a 143x3x3 map (wide_dense)."""
     n = helper.make_node
     nodes = [conv("c", "x", "wc"), n("GlobalAveragePool", ["c"], ["p"]), n("Flatten", ["p"], ["f"]),
              n("MatMul", ["f", "w"], ["mm"]), n("Add", ["b", "mm"], ["y"])]
@@ -195,7 +195,7 @@ def test_bias_of_a_too_wide_matmul_stays_in_the_dense_layer():
                                                 "b": rand(20)})
     g, _ = check(m, None, tol=1e-4)
     convs = [g.const(c.inputs[1]).shape for c in g.nodes if c.op == "Conv"]
-    assert convs == [(640, 4, 1, 1)] * 2 + [(20, 640, 1, 1)] * 2      # the two slices of each, no diagonal conv
+    assert convs == [(640, 4, 1, 1)] * 2 + [(20, 143, 3, 3)]      # the conv's two slices, no diagonal conv
 
 
 def test_zero_pad_absorbed_into_conv():
@@ -870,6 +870,31 @@ def test_conv_covering_its_map_is_a_dense_layer(k, strides, dense):
     c = g.nodes[1]
     assert c.attrs["kernel"] == (1, 1) and g.const(c.inputs[1]).shape == (7, 5 * h * w, 1, 1)
     assert g.shape(c.inputs[0]) == (1, 5 * h * w, 1, 1)
+
+
+@pytest.mark.parametrize("case", ["flatten_dense", "covering_7x7", "model_input", "over_9216"])
+def test_a_dense_layer_over_1024_inputs_is_a_3x3_conv_on_a_3x3_map(case):
+    """A Keras Flatten -> Dense on 4,096 inputs and PFLD's 7x7 conv on a 7x7x32 map (1,568 inputs)
+    are over the KPU's 1024 channels: their inputs as ceil(K / 9) channels of 3x3 (8 and 7 zero
+    inputs padded) and one unpadded 3x3 conv, equal in float. A dense layer on the model input keeps
+    its float form; one over 9 x 1024 inputs stays."""
+    n = helper.make_node
+    if case == "covering_7x7":
+        nodes, x, inits = [n("Relu", ["x"], ["r"]), conv("y", "r", "w", "b", kernel_shape=[7, 7])], [1, 32, 7, 7], \
+            {"w": rand(12, 32, 7, 7, scale=0.05), "b": rand(12)}
+    else:
+        k = {"flatten_dense": 4096, "model_input": 4096, "over_9216": 9472}[case]
+        nodes = [n("Flatten", ["x" if case == "model_input" else "r"], ["f"]), n("Gemm", ["f", "w", "b"], ["y"])]
+        nodes = ([] if case == "model_input" else [n("Relu", ["x"], ["r"])]) + nodes
+        x, inits = [1, k // 64, 8, 8], {"w": rand(k, 10, scale=0.05), "b": rand(10)}
+    g, changes = check(make_model(nodes, [("x", x)], [("y", None)], inits), "wide_dense", tol=1e-4)
+    if case in ("model_input", "over_9216"):
+        assert not changes and "Gemm" in g.op_counts()
+        return
+    (c,) = [m for m in g.nodes if m.op == "Conv"]
+    k = int(np.prod(x[1:]))
+    assert g.shape(c.inputs[0]) == (1, -(-k // 9), 3, 3) and c.attrs["kernel"] == (3, 3) and not any(c.attrs["pads"])
+    assert g.op_counts()["Pad"] == 1 and len(changes) == 1 and f"{k} inputs" in changes[0][1]
 
 
 def test_pad_feeding_a_pad_folds_into_the_conv():

@@ -53,6 +53,7 @@ from .passes.matmul_to_conv import conv_as_dense, matmul_to_conv
 from .passes.stride2_even_maps import stride2_even_maps
 from .passes.unequal_strides import unequal_strides
 from .passes.wide_channels import wide_channels
+from .passes.wide_dense import wide_dense
 
 
 def check_supported(g, log, opts=None):
@@ -112,6 +113,7 @@ PIPELINE = [
     Pass("fold_batchnorm", fold_batchnorm),
     Pass("pad_into_conv", pad_into_conv),
     Pass("conv_as_dense", conv_as_dense),
+    Pass("wide_dense", wide_dense),
     Pass("square_kernels", square_kernels),
     Pass("fold_affine_into_conv", fold_affine_into_conv),
     Pass("affine_to_conv", affine_to_conv),

@@ -127,10 +127,11 @@ def small_map_refuses(g, node, opts):
         return NA
     if node.inputs[0] in g.inputs:
         return NA       # the first layer reads the image as the runtime puts it in KPU RAM
+    valid = list(a["pads"]) == [0] * 4     # the kept outputs read the map's own pixels only
     if tuple(a["strides"]) != (1, 1) or tuple(a.get("dilations", (1, 1))) != (1, 1) or a.get("pool") \
-            or list(a["pads"]) != [k[0] // 2] * 4:
-        return f"input {w}x{h} grown to the KPU's {wlo}x{hlo}: only stride 1, 'same' pads, no pool"
-    if k == (3, 3) and not nonnegative(g, node.inputs[0]):
+            or not valid and list(a["pads"]) != [k[0] // 2] * 4:
+        return f"input {w}x{h} grown to the KPU's {wlo}x{hlo}: only stride 1, 'same' or no pads, no pool"
+    if k == (3, 3) and not valid and not nonnegative(g, node.inputs[0]):
         return (f"input {w}x{h} grown to the KPU's {wlo}x{hlo}: a 3x3 conv reads the added pixels as "
                 "padding, code 0, which is its input's zero point only after a ReLU / ReLU6")
     grp, co = a.get("group", 1), g.shape(node.outputs[0])[1]
@@ -592,10 +593,11 @@ def kpu_conv(lw, node):
 
 @lowering("Conv", unit=KPU, check=small_map_refuses, name=SMALL_MAP)
 def kpu_conv_small_map(lw, node):
-    """kpu_conv on the map grown to the KPU's minimum (small_map_refuses); a 3x3 conv only where
-    its input's zero point is code 0, the value of the added pixels."""
+    """kpu_conv on the map grown to the KPU's minimum (small_map_refuses); a 'same' 3x3 conv only
+    where its input's zero point is code 0, the value of the added pixels (an unpadded one's kept
+    outputs never read them)."""
     geo = geometry(lw, node)
-    if geo.k == 3:
+    if geo.k == 3 and any(node.attrs["pads"]):
         _, _, z_x, _ = input_terms(lw, node.inputs[0], geo.in_shape[0])
         if z_x:
             raise KpuLimitError(
