@@ -331,6 +331,21 @@ def test_a_pad_of_nothing_is_dropped():
     assert "Pad" not in g.op_counts()
 
 
+@pytest.mark.parametrize("eps", [1e-9, 1e-3])
+def test_a_centred_map_times_itself_plus_a_tiny_eps_is_its_square(eps):
+    """onnx.js's instance norm (gnsmrky's udnie, candy) squares its centred map as d * (d + 1e-9):
+    d * d within float32 rounding, the square the normalization forms look for (lower/v4norm.py).
+    An eps that moves the products (1e-3) stays."""
+    n = helper.make_node
+    nodes = [conv("c", "x", "w", pads=[1, 1, 1, 1]), n("ReduceMean", ["c"], ["m"], axes=[2, 3]),
+             n("Sub", ["c", "m"], ["d"]), n("Add", ["d", "e"], ["de"]), n("Mul", ["d", "de"], ["sq"]),
+             n("ReduceMean", ["sq"], ["y"], axes=[2, 3])]
+    m = make_model(nodes, [X], [("y", None)], {"w": rand(4, 4, 3, 3), "e": np.array(eps, np.float32)})
+    g, changes = check(m, "fold_constants")
+    mul = next(x for x in g.nodes if x.op == "Mul")
+    assert ("Add" in g.op_counts()) == (eps > 1e-6) and (mul.inputs == ["d", "d"]) == (eps < 1e-6)
+
+
 @pytest.mark.parametrize("k", [0.0, 0.5])
 def test_a_scalar_add_on_a_table_of_rows(k):
     # onnx.js's exports (gnsmrky's fast neural style) upsample through (N, 1) tables and add 0.0

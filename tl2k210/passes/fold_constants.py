@@ -1,7 +1,7 @@
 """Evaluate nodes whose inputs are all constants (and Shape/Size of known shapes, so the shape
 arithmetic TF graphs do at run time -- Shape, Gather, Concat, Slice... -- becomes constants); drop
 Identity, inference-mode Dropout, Cast/CastLike to the type the tensor already has, a Pad of
-nothing and x + 0 / x * 1."""
+nothing, x + 0 / x * 1 and the tiny eps of d * (d + eps)."""
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -86,6 +86,25 @@ def _no_arithmetic(g, n) -> bool:
     return float(np.asarray(k).reshape(())) == (0.0 if n.op in ("Add", "Sub") else 1.0)
 
 
+#: the largest eps `_guarded_square` drops: it moves each product by eps * |d|, and a mean of the
+#: products of a centred d by eps * mean(d) = 0
+SQUARE_GUARD_MAX = 1e-6
+
+
+def _guarded_square(g, n) -> bool:
+    """d + eps read only by d * (d + eps) (onnx.js's instance norm squares its centred map so, eps
+    1e-9): d * d within float32 rounding, and the square the normalization patterns expect."""
+    if n.op != "Add" or len(n.inputs) != 2 or g.const(n.inputs[0]) is not None:
+        return False
+    k, users = g.const(n.inputs[1]), g.consumers(n.outputs[0])
+    if k is None or np.size(k) != 1 or not np.issubdtype(np.asarray(k).dtype, np.floating) \
+            or abs(float(np.asarray(k).reshape(()))) > SQUARE_GUARD_MAX or len(users) != 1:
+        return False
+    m = users[0]
+    return m.op == "Mul" and sorted(m.inputs) == sorted([n.inputs[0], n.outputs[0]]) and \
+        g.shape(n.inputs[0]) == g.shape(n.outputs[0])
+
+
 def fold_constants(g, log):
     """Repeat: fold everything foldable, re-infer shapes (a folded Reshape target makes the next
     Shape foldable: TF graphs with a dynamic batch compute their shapes at run time)."""
@@ -108,7 +127,7 @@ def _fold_round(g, log):
             src = n.inputs[0] if n.inputs else ""
             keeps_name = n.outputs[0] in g.outputs and (src in g.inputs or src in g.outputs or g.const(src) is not None)
             passthrough = n.op in ("Identity", "Dropout") or _same_type_cast(g, n) or _no_pad(g, n) or \
-                _no_arithmetic(g, n)
+                _no_arithmetic(g, n) or _guarded_square(g, n)
             if passthrough and not keeps_name and \
                     not any(g.consumers(o) for o in n.outputs[1:]):
                 g.nodes.remove(n)
