@@ -304,11 +304,11 @@ def pad(lw, node):
     if mode in ("edge", "reflect"):
         src = _src(lw, x, dt, row)
         dst = _out(lw, out, dt, x)
-        cur, shape = edge_pad(lw, src, g4(lw.g, x), dt, pairs[2], pairs[3], row, out + ":edge", mode)
-        n = _count(lw, out)
-        lw.emit_v4("memory_copy", dict(input=main(dt, cur, n), output=main(dt, dst, n)), row)
-        for k in ("pad2", "pad3"):
-            lw.main.free(f"{out}:edge:{k}")
+        cur, shape = edge_pad(lw, src, g4(lw.g, x), dt, pairs[2], pairs[3], row, out + ":edge", mode, dst)
+        if cur != dst:      # nothing padded
+            n = _count(lw, out)
+            lw.emit_v4("memory_copy", dict(input=main(dt, cur, n), output=main(dt, dst, n)), row)
+        lw.main.free(f"{out}:edge:pad2")
         _mark(lw, out, dt)
         return
     q = None

@@ -357,17 +357,17 @@ def border_rows(n, before, after, mode="edge"):
     return [0] * before, [n - 1] * after
 
 
-def edge_pad(lw, src, shape, dt, ph, pw, row, tag, mode="edge"):
+def edge_pad(lw, src, shape, dt, ph, pw, row, tag, mode="edge", dst=None):
     """(address, shape) of `src` (N, C, H, W) with its border rows / columns repeated (`mode`
     edge) or mirrored (reflect): ph, pw are a count for both sides or (before, after).
     strided_slices of the border rows and one concat per padded axis (the concat repeats a row's
-    range where it recurs; the v4 pad is constant-only)."""
+    range where it recurs; the v4 pad is constant-only). Given `dst`, the last concat writes
+    there (no copy of the padded map beside it); src itself where nothing is padded."""
     cur, cur_shape = src, tuple(shape)
     esz = 4 if dt == F32 else 1
-    for axis, p in ((2, ph), (3, pw)):
-        before, after = (p, p) if isinstance(p, int) else p
-        if not (before or after):
-            continue
+    axes = [(axis, (p, p) if isinstance(p, int) else tuple(p)) for axis, p in ((2, ph), (3, pw))]
+    axes = [(axis, p) for axis, p in axes if any(p)]
+    for i, (axis, (before, after)) in enumerate(axes):
         size = int(np.prod(cur_shape))
         edge_shape = list(cur_shape)
         edge_shape[axis] = 1
@@ -386,7 +386,7 @@ def edge_pad(lw, src, shape, dt, ph, pw, row, tag, mode="edge"):
         out_shape = list(cur_shape)
         out_shape[axis] += before + after
         osize = int(np.prod(out_shape))
-        out = lw.main.alloc(f"{tag}:pad{axis}", osize * esz)
+        out = dst if dst is not None and i == len(axes) - 1 else lw.main.alloc(f"{tag}:pad{axis}", osize * esz)
         outer = int(np.prod(cur_shape[:axis]))
         inner = int(np.prod(cur_shape[axis + 1:])) * esz
         ranges = [main(dt, rows[r], esize) for r in first] + [main(dt, cur, size)] + \
