@@ -431,6 +431,26 @@ def test_choose_forms_fits_where_only_forms_together_do_and_gives_back_the_rest(
     assert sorted(t.split(":")[0] for t in ch.trades) == ["a", "b"]
 
 
+def test_choose_forms_gives_back_what_parking_did_not_need():
+    """onnx.js's udnie at 256x256: only every smaller form together with main-memory buffers in
+    free KPU RAM (PARK) fits, so parking was tried from every form, and the plan kept them all
+    (40 s est.). The trades the fit does not need then go back: c's (290 cycles for 5 B); a and b
+    stay, the two maps at the peak."""
+    from tl2k210.k210.lower.memory import PARK
+
+    def build(small):
+        s = {"a", "b", "c"} if "*" in small else set(small) - {PARK}
+        per = {n: (100, 10, "fast") for n in "abc"}
+        per.update({n: {"a": (110, 50, "small"), "b": (110, 50, "small"), "c": (95, 300, "small")}[n] for n in s})
+        opts = type("O", (), {"small": frozenset(small)})()
+        b = _made_up(per, {"smaller": {"a": False, "b": False, "c": False, PARK: False}, "opts": opts})
+        b.data += (150 if {"a", "b"} <= s else 300) - (150 if PARK in small else 0)
+        return b
+    ch = fit.choose_forms(build, 360)
+    assert (ch.built.need, ch.built.est.cycles) == (320, 110) and ch.fastest_need == 600
+    assert sorted(t.split(":")[0] for t in ch.trades) == ["a", "b"]
+
+
 def test_choose_forms_keeps_the_fastest_that_fits():
     """The plan on made-up lowerings: (small set) -> (need, cycles, per-node bytes)."""
     def build(small):

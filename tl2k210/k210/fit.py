@@ -333,6 +333,8 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
         best = min(fits, key=lambda t: (t.est.cycles, t.need))
     if best.need > budget and PARK in fast.lw.smaller:
         best = _parked(build, best, every)
+        if optimize == "latency" and best.need <= budget:
+            best = _parked_give_back(build, best, fast, every, a, b, budget)
     why = (f"and the model in its fastest forms would not fit ({fast.need:,} B > {budget:,} B)" if fast.need > budget
            else "(--optimize size)")
     return choice(best, trades(a, best.per_node(), why) + parked_trade(best.lw, why) + kept)
@@ -387,6 +389,18 @@ def _parked(build, best, every):
             continue
         best = trial if trial.need < best.need else best
     return best
+
+
+def _parked_give_back(build, parked, fast, every, a, b, budget):
+    """`parked` (a lowering that fits only with its buffers in free KPU RAM) with the trades the fit
+    did not need undone (_give_back): parking may have been tried only from every smaller form
+    together (onnx.js's udnie at 256x256: 40 s est. with all 121, most of them only there)."""
+    small = set(parked.lw.opts.small)
+    if "*" in small:
+        small = (small - {"*"}) | ((set(fast.lw.smaller) | set(every.lw.smaller if every else ())) - {PARK})
+    tried = []
+    _give_back(build, parked, small, {n: b[n][1] - a[n][1] for n in small if n in a and n in b}, budget, tried)
+    return min([parked] + [t for t in tried if t.need <= budget], key=lambda t: (t.est.cycles, t.need))
 
 
 def _spare(build, best, picked):
