@@ -611,6 +611,32 @@ def test_kxk_is_the_quantized_kxk_conv_bit_for_bit(k, group, stride, pads, dilat
     assert f"'{form}'" in row.why and "est." in row.why and f"as {stages} KPU stages" in row.why, row.why
 
 
+def test_shift_stages_carry_their_input_channels_means():
+    """Bias correction of a 'sparse shifts' conv (a 3x3 dilated by 4: three copy stages): each
+    stage's channels are copies of the conv's input channels, so their means are those repeated,
+    one per channel. They were the previous stage's repeated: 72 / 648 / 5,832 entries for three
+    stages of 72 channels (a portrait segmenter's dilated convs grew to 76 M floats a stage, 22 GB
+    of RSS, and the final conv's correction read the wrong means)."""
+    from lower_helpers import calibrated
+    from tl2k210.compiler import channel_means
+    from tl2k210.k210.lower import lower
+    px, r = pixels(4, 3, 32, 32, seed=9), np.random.default_rng(9)
+    W = lambda *s: (r.normal(size=s) * 0.3).astype(np.float32)  # noqa: E731
+    m = make_model([conv_node("c", "x", "w1", "b1", pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+                    conv_node("y", "r", "w2", "b2", pads=[4, 4, 4, 4], dilations=[4, 4])],
+                   [("x", [1, 3, 32, 32])], [("y", None)],
+                   {"w1": W(8, 3, 3, 3), "b1": W(8), "w2": W(8, 8, 3, 3), "b2": W(8)})
+    g, rng = calibrated(m, px)
+    means = channel_means(g, [(p[None] / 255.0).astype(np.float32) for p in px])
+    _, rows, _, lw = lower(g, rng, Options(channel_means=dict(means)))
+    shifts = {t: v for t, v in lw.opts.channel_means.items() if ":shift" in t}
+    assert len(shifts) == 3 and "sparse shifts" in next(r for r in rows if r.node == "y").why
+    x = next(n for n in g.nodes if n.name == "y").inputs[0]
+    for t, v in shifts.items():
+        c = lw.virtual_shapes[t][0]
+        assert len(v) == c and np.array_equal(v, np.repeat(means[x], c // 8)), (t, len(v), c)
+
+
 KXL_EXACT = [   # K x L kernels: (rows, columns), group, stride, pads, dilation, reads pixels, (h, w)
     ((1, 5), "dense", 1, None, 1, False, (16, 20)),            # a 1x5 (set 5's pixel_unshuffle_net)
     ((5, 1), "dw", 1, None, 1, False, (16, 20)),

@@ -449,8 +449,9 @@ def _lower(lw, node, alts, windows=""):
         lw.virtual_shapes[z] = (ci * len(offs), h // 2, w // 2) if pick else (ci * len(offs), h, w)
         if pixels is not None:
             lw.pixel_copy[z] = np.repeat(pixels, len(offs))
-        elif src in lw.opts.channel_means:    # the copies' means: their source channel's (bias correction)
-            lw.opts.channel_means[z] = np.repeat(lw.opts.channel_means[src], len(offs))
+        elif x in lw.opts.channel_means:      # the copies' means: their input channel's (bias correction);
+            # a stage's channels are copies of x's, c * len(offs) + j (not of the stage before)
+            lw.opts.channel_means[z] = np.repeat(lw.opts.channel_means[x], len(offs))
         attrs = {**base, "group": ci, **({"pick": (0, 0, 2)} if pick else {})}
         stages.append((Node("Conv", [src], [z], attrs, f"{node.name}/shift{i}"),
                        kpu.copy_layer(onehot, quant, lw.opts.weight_bits, ci)))
