@@ -329,27 +329,32 @@ def test_dequantize_names_the_boundary_of_a_mixed_model(break_it, says):
     assert says in str(e.value) and "mixes quantized and float parts" in str(e.value)
 
 
-def test_dequantize_output_quantized_before_a_reshape():
+@pytest.mark.parametrize("pick", [False, True])
+def test_dequantize_output_quantized_before_a_reshape(pick):
     """TOCO's embedding extractor: the pooled map is quantized, then reshaped into the uint8
     output (Q -> Reshape -> output). The QuantizeLinear moves below the Reshape and goes: a float
-    output, its (scale, zero point) kept, the values those of the float pool."""
+    output, its (scale, zero point) kept, the values those of the float pool. tf2onnx's
+    portrait_video keeps one channel of its softmax first (Q -> Slice -> Reshape): the same."""
     inits = [numpy_helper.from_array(np.array(v), k) for k, v in
-             {"s": np.float32(0.0235), "z": np.uint8(3), "shape": np.array([1, 4], np.int64)}.items()]
+             {"s": np.float32(0.0235), "z": np.uint8(3), "shape": np.array([1, -1], np.int64),
+              "st": np.array([1], np.int64), "en": np.array([3], np.int64), "ax": np.array([1], np.int64)}.items()]
     nodes = [helper.make_node("AveragePool", ["x"], ["p"], kernel_shape=[3, 3]),
-             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["pq"]),
-             helper.make_node("Reshape", ["pq", "shape"], ["y"])]
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["pq"])]
+    nodes += [helper.make_node("Slice", ["pq", "st", "en", "ax"], ["sl"])] if pick else []
+    nodes += [helper.make_node("Reshape", ["sl" if pick else "pq", "shape"], ["y"])]
+    n = 2 if pick else 4
     g = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 3, 3])],
-                          [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 4])], inits)
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, n])], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     x = rand(1, 4, 3, 3)
     ref = ort_run(m, x)[0]
     g, changes = run_pass("dequantize", from_onnx(m))
-    assert g.op_counts() == {"AveragePool": 1, "Reshape": 1} and g.outputs == ["y"]
+    assert g.op_counts() == {"AveragePool": 1, "Reshape": 1, **({"Slice": 1} if pick else {})} and g.outputs == ["y"]
     assert g.tensors["y"].dtype == np.float32 and g.meta["output_quant"]["y"] == pytest.approx((0.0235, 3, "uint8"))
     assert any("below its data movement" in msg for _, msg in changes)
     got = run(g, x)["y"]
-    assert got.shape == (1, 4)
+    assert got.shape == (1, n)
     np.testing.assert_array_equal(np.clip(np.rint(got / 0.0235) + 3, 0, 255), ref)
 
 
@@ -603,3 +608,29 @@ def test_dequantize_moves_a_tile_of_a_quantized_map(op):
     assert np.abs(run(g, x)[g.outputs[0]] - ref).max() <= 0.025 + 1e-6
     g, _ = run_pipeline(from_onnx(m))
     assert np.abs(run(g, x)[g.outputs[0]] - ref).max() <= 0.025 + 1e-6
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_dead_channels_with_an_infinite_scale_are_zero(broken):
+    """tf2onnx's portrait_video: two layers whose int8 weights are all 0 on a scale of inf. They
+    stand for 0 (not inf * 0 = NaN, which stopped calibration); a code other than the zero point
+    on such a scale is a broken file, said so."""
+    from tl2k210.errors import ModelLoadError
+    q = np.zeros((2, 4, 1, 1), np.int8)
+    q[1] = 3
+    if broken:
+        q[0, 0] = 1
+    inits = [numpy_helper.from_array(q, "wq"), numpy_helper.from_array(np.array([np.inf, 0.5], np.float32), "s"),
+             numpy_helper.from_array(np.zeros(2, np.int8), "z")]
+    nodes = [helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["w"], axis=0),
+             helper.make_node("Conv", ["x", "w"], ["y"])]
+    g = helper.make_graph(nodes, "d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 3, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    if broken:
+        with pytest.raises(ModelLoadError, match="scale for 'wq' is not finite .* broken"):
+            run_pass("fold_constants", from_onnx(m))
+        return
+    g, _ = run_pass("fold_constants", from_onnx(m))
+    w = g.const(next(n for n in g.nodes if n.op == "Conv").inputs[1])
+    np.testing.assert_array_equal(w, np.concatenate([np.zeros((1, 4, 1, 1)), np.full((1, 4, 1, 1), 1.5)]))

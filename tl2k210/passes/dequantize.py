@@ -37,6 +37,8 @@ def _scalar(g, name):
 MOVES = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "SpaceToDepth", "DepthToSpace", "Tile",
          "Expand")
 PICKS = ("Gather", "GatherND", "GatherElements", "Slice", "Split")   # move elements of input 0 (the others: indices)
+#: one output each: data movement that a per-tensor QuantizeLinear commutes with
+SINGLE_MOVES = MOVES + tuple(p for p in PICKS if p != "Split")
 #: ops that read only their input's shape (torch's `x.view(x.size(0), -1)` of a quantized map)
 SHAPE_ONLY = ("Shape", "Size")
 INT_RANGE = {t: (int(np.iinfo(t).min), int(np.iinfo(t).max)) for t in ("int8", "uint8", "int16", "uint16")}
@@ -161,11 +163,12 @@ def _hoist_to_input(g, d):
 
 def _sink_to_output(g, q):
     """Move per-tensor QuantizeLinear `q` below the single-use data movement between it and a
-    graph output (x -> Q -> Reshape -> out  =>  x -> Reshape -> Q -> out). True if moved."""
+    graph output (x -> Q -> Reshape -> out  =>  x -> Reshape -> Q -> out; a Slice or Gather of
+    elements too: tf2onnx's portrait_video keeps one channel of its softmax). True if moved."""
     chain, t = [], q.outputs[0]
     while t not in g.outputs:
         users = g.consumers(t)
-        if len(users) != 1 or users[0].op not in MOVES or users[0].inputs[0] != t:
+        if len(users) != 1 or users[0].op not in SINGLE_MOVES or users[0].inputs[0] != t:
             return False
         chain.append(users[0])
         t = users[0].outputs[0]
@@ -197,7 +200,7 @@ def _output_island(g, o):
         seen.add(id(n))
         if n.op == "QuantizeLinear":
             qs.append(n)
-        elif n.op in MOVES + ("Concat",):
+        elif n.op in SINGLE_MOVES + ("Concat",):
             moves.append(n)
             stack += [i for i in (n.inputs if n.op == "Concat" else n.inputs[:1]) if i and g.const(i) is None]
         else:

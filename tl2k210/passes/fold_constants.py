@@ -23,6 +23,33 @@ def _quant_axis(g, n, attrs):
 
 
 def _eval(g, n):
+    if n.op == "DequantizeLinear":
+        with np.errstate(invalid="ignore"):
+            return _dead_channels(g, n, _evaluate(g, n))
+    return _evaluate(g, n)
+
+
+def _dead_channels(g, n, values):
+    """A constant DequantizeLinear whose scale is not finite where every code is the zero point
+    (tf2onnx's portrait_video: two layers of all-zero int8 weights, scale inf): the value 0 they
+    stand for, not inf * 0 = NaN. Another code on such a scale is a broken file."""
+    y = values[0]
+    if np.all(np.isfinite(y)):
+        return values
+    q = np.asarray(g.const(n.inputs[0]))
+    z = np.asarray(g.const(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else 0)
+    if z.ndim == 1 and q.ndim > 1:          # per axis
+        z = z.reshape([-1 if i == int(n.attrs.get("axis", 1)) % q.ndim else 1 for i in range(q.ndim)])
+    dead = ~np.isfinite(y) & (q.astype(np.int64) == z.astype(np.int64))
+    y = np.where(dead, np.float32(0), y)
+    if not np.all(np.isfinite(y)):
+        from tl2k210.errors import ModelLoadError
+        raise ModelLoadError(f"node {n.name!r} (DequantizeLinear): the file's scale for {n.inputs[0]!r} is not finite "
+                             "where its codes are not the zero point: the quantized model is broken; export it again")
+    return [y] + list(values[1:])
+
+
+def _evaluate(g, n):
     inits = [numpy_helper.from_array(np.asarray(g.const(i)), i) for i in n.inputs if i]
     node = helper.make_node(n.op, n.inputs, n.outputs, **_quant_axis(g, n, _onnx_attrs(n)))
     outs = [helper.make_tensor_value_info(o, 0, None) for o in n.outputs]
