@@ -567,6 +567,8 @@ def load(source, opts: ConvertOptions) -> Loaded:
         load_kw["weights"] = opts.weights
     if opts.outputs:
         load_kw["outputs"] = tuple(opts.outputs)      # a .tflite: cut before TFLite's reader meets a custom op
+    if opts.input_shape:
+        load_kw["nchw_input_shape"] = tuple(opts.input_shape)    # a .pb's shapeless Placeholder
     onnx_model = frontends.load_model(source, **load_kw)
     check_weight_budget(onnx_model, opts, where)
     shapes = None

@@ -251,6 +251,17 @@ def test_frozen_tf1_graph_pb(tmp_path):
     (tmp_path / "junk.pb").write_bytes(b"\x00not a graph" * 10)
     with pytest.raises(ModelLoadError, match="junk.pb"):
         load_model(tmp_path / "junk.pb")
+    # Saafke's FSRCNN / fannymonori's ESPCN: the input Placeholder records no shape (a scalar):
+    # tf2onnx fails on its conv; the refusal asks for --input-shape, which then shapes it (NCHW)
+    for n in gd.node:
+        if n.op == "Placeholder":
+            n.attr["shape"].shape.Clear()
+    (tmp_path / "s.pb").write_bytes(gd.SerializeToString())
+    with pytest.raises(ModelLoadError, match="has no shape in the graph: give it with --input-shape 1,C,H,W"):
+        load_model(tmp_path / "s.pb")
+    g = load_graph(tmp_path / "s.pb", nchw_input_shape=(1, 3, 8, 8))
+    got = run(g, {g.inputs[0]: x})[g.outputs[0]]
+    np.testing.assert_allclose(got, frozen(tfm.constant(x))[0].numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_old_keras_savedmodel_through_tf_keras(tmp_path, monkeypatch):

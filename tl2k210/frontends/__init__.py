@@ -40,6 +40,7 @@ def load_model(src, **opts):
     TensorFlow Lite's reader meets a custom op after them; other kinds are cut on the graph
     (compiler.cut_outputs)."""
     outputs = opts.pop("outputs", None)
+    shape = opts.pop("nchw_input_shape", None)      # --input-shape: a frozen graph's shapeless Placeholder
     if not isinstance(src, (str, Path)):
         mod = type(src).__module__
         if mod.startswith("tensorlayer"):
@@ -56,12 +57,12 @@ def load_model(src, **opts):
         raise ModelLoadError(f"cannot convert a {type(src).__name__} ({mod}); give a TensorLayer/Keras model "
                              "or a .keras/.h5/.tflite/.onnx file or a SavedModel directory")
     import onnx
-    key = _cache_key(src, {**opts, "outputs": ",".join(outputs) if outputs else None})
+    key = _cache_key(src, {**opts, "outputs": ",".join(outputs) if outputs else None, "shape": shape})
     if key is not None and key in _CACHE:
         m = onnx.ModelProto()
         m.CopyFrom(_CACHE[key])
         return m
-    model = _load_path(Path(src), outputs, **opts)
+    model = _load_path(Path(src), outputs, shape, **opts)
     if key is not None:
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
@@ -70,7 +71,7 @@ def load_model(src, **opts):
     return model
 
 
-def _load_path(path, outputs=None, **opts):
+def _load_path(path, outputs=None, shape=None, **opts):
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or directory; check the path")
     suffix = path.suffix.lower()
@@ -103,7 +104,7 @@ def _load_path(path, outputs=None, **opts):
     if suffix == ".pb":
         quiet.tensorflow()
         from .frozen_pb import from_frozen_pb
-        return from_frozen_pb(path, **opts)
+        return from_frozen_pb(path, input_shape=shape, **opts)
     if suffix == ".onnx":
         from .onnx_file import from_onnx_file
         return from_onnx_file(path)

@@ -65,7 +65,20 @@ def _static_shapes(gd):
     return {t.name: t.shape.is_fully_defined() for op in g.get_operations() for t in op.outputs}
 
 
-def from_frozen_pb(path, opset=None, batch=1):
+def _shape_placeholders(gd, nchw):
+    """Give the Placeholders whose shape TensorFlow does not know (or records as a scalar) `nchw`
+    (--input-shape), as the NHWC a TF graph reads for 4 dims: tf2onnx fails on such an input's
+    first conv (Saafke's FSRCNN, fannymonori's ESPCN: 'Shape must be rank 4 but is rank 0')."""
+    import tensorflow as tf
+    want = (nchw[0], *nchw[2:], nchw[1]) if len(nchw) == 4 else tuple(nchw)
+    for n in gd.node:
+        shape = tf.TensorShape(n.attr["shape"].shape)
+        if n.op == "Placeholder" and (not shape.is_fully_defined() or shape.rank != len(want)):
+            n.attr["shape"].shape.CopyFrom(tf.TensorShape(want).as_proto())
+
+
+def from_frozen_pb(path, opset=None, batch=1, input_shape=None):
+    """input_shape (NCHW, --input-shape): for a Placeholder without a whole shape."""
     import tensorflow as tf
     import tf2onnx
     gd = tf.compat.v1.GraphDef()
@@ -77,6 +90,8 @@ def from_frozen_pb(path, opset=None, batch=1):
     if not gd.node:
         raise ModelLoadError(f"{path}: the GraphDef has no nodes")
     refuse_side_effects([gd], path)
+    if input_shape:
+        _shape_placeholders(gd, tuple(input_shape))
     read = {i.split(":")[0].lstrip("^") for n in gd.node for i in n.input}
     host, cut = _front_end(gd)
     inputs = cut or [n.name + ":0" for n in gd.node if n.op == "Placeholder"]
@@ -85,8 +100,16 @@ def from_frozen_pb(path, opset=None, batch=1):
         raise ModelLoadError(f"{path}: found {len(inputs)} Placeholder input(s) and {len(outputs)} output node(s); "
                              "a frozen graph needs both (freeze it with its inputs as Placeholders)")
     kw = {"opset": opset} if opset else {}
-    model = tf_convert(str(path), tf2onnx.convert.from_graph_def, gd, input_names=inputs,
-                       output_names=[o + ":0" for o in outputs], **kw)
+    try:
+        model = tf_convert(str(path), tf2onnx.convert.from_graph_def, gd, input_names=inputs,
+                           output_names=[o + ":0" for o in outputs], **kw)
+    except ModelLoadError as e:
+        shapeless = [n.name for n in gd.node if n.op == "Placeholder" and not input_shape
+                     and (not (t := tf.TensorShape(n.attr["shape"].shape)).is_fully_defined() or t.rank == 0)]
+        if not shapeless:
+            raise
+        raise ModelLoadError(f"{e}; the input Placeholder {shapeless[0]!r} has no shape in the graph: give "
+                             "it with --input-shape 1,C,H,W (NCHW)") from e
     if cut:
         chain = " -> ".join(n.op for n in gd.node if n.name in host and n.op != "Placeholder")
         image = any(n.op in IMAGE_DECODERS for n in gd.node if n.name in host)
