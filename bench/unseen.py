@@ -4,9 +4,11 @@ scikit-image photos of tests/devcorpus.py unless --dataset names another folder 
 a file NAME.npy beside a model is its own calibration data). One row per (file, runtime): the
 kmodel's bytes, main memory, estimated latency and output SQNR against the float model with the
 8-bit ideal beside it (the receipt's numbers, with --min-sqnr 0 so that a kmodel under the
-default 15 dB gate still shows its figures), or the refusal's first line.
+default 15 dB gate still shows its figures), or the refusal's first line; a conversion that dies
+without one (a signal: the kernel's out-of-memory kill) or outlives --timeout is a CRASH row, and
+the other rows are kept.
 
-    python bench/unseen.py FOLDER [--runtime maixpy sdk] [--json out.json] [--markdown]
+    python bench/unseen.py FOLDER [--runtime maixpy sdk] [--json out.json] [--markdown] [--timeout 900]
 
 The files stay where they are (nothing is copied into the repository): docs/results.md says
 where each set comes from.
@@ -25,15 +27,22 @@ sys.path.insert(0, str(REPO / "tests"))
 SUFFIXES = (".tflite", ".onnx", ".h5", ".hdf5", ".keras", ".pb")
 
 
-def convert(src: Path, runtime: str, dataset: Path, out: Path) -> dict:
+def convert(src: Path, runtime: str, dataset: Path, out: Path, timeout: int = 900) -> dict:
     kmodel, report = out / f"{src.stem}_{runtime}.kmodel", out / f"{src.stem}_{runtime}.json"
     cmd = [sys.executable, "-m", "tl2k210.cli", "convert", str(src), str(kmodel), "--dataset", str(dataset),
            "--runtime", runtime, "--report", str(report), "-q", "--min-sqnr", "0"]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    row = {"file": src.name, "runtime": runtime, "rc": p.returncode}
+    row = {"file": src.name, "runtime": runtime}
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        row.update(rc=None, refused=f"CRASH: no answer within {timeout} s (a hang)")
+        return row
+    row["rc"] = p.returncode
     if p.returncode:
         err = [ln for ln in p.stderr.splitlines() if ln.startswith("tl2k210 convert: error:")]
-        row["refused"] = (err[0] if err else p.stderr.strip().splitlines()[-1]).removeprefix("tl2k210 convert: error: ")
+        last = p.stderr.strip().splitlines()[-1:] or [f"CRASH: exit status {p.returncode}, nothing on stderr "
+                                                      "(a signal: -9 / 137 is the kernel's out-of-memory kill)"]
+        row["refused"] = (err[0] if err else last[0]).removeprefix("tl2k210 convert: error: ")
         return row
     r = json.loads(report.read_text())
     outs = r["totals"]["outputs"]
@@ -66,6 +75,7 @@ def main(argv=None):
     ap.add_argument("folder")
     ap.add_argument("--runtime", nargs="+", default=["maixpy", "sdk"])
     ap.add_argument("--dataset", help="calibration folder or array file (default: the 12 photos)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds a conversion may take (a hang is a row)")
     ap.add_argument("--json")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
@@ -82,7 +92,7 @@ def main(argv=None):
         for runtime in args.runtime:
             for f in files:
                 own = f.with_suffix(".npy")
-                rows.append(convert(f, runtime, own if own.exists() else photos, tmp))
+                rows.append(convert(f, runtime, own if own.exists() else photos, tmp, args.timeout))
                 r = rows[-1]
                 print(f"{f.name:45s} {runtime:8s} " + (f"refused: {r['refused'][:120]}" if "refused" in r else
                       f"{r['kmodel_bytes']:>10,} B + {r['main_memory']:>10,} B  {r['latency_ms']:8.2f} ms  " +
