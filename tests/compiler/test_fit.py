@@ -579,13 +579,15 @@ def test_optimize_size_takes_kmodel_v4_when_its_smallest_model_is_smaller():
     assert fit.choose_forms(builder("v3"), 1000, "latency", v4=builder("v4")).built.need == 200
 
 
-def _wide_dense(tmp_path, classes=500):
-    """2048 features (above the KPU's 1024 channels) into `classes`: kmodel v3 has only the float
-    FULLY_CONNECTED (4 B a weight: 4.1 MB), kmodel v4 the uint8 quantized_matmul (1 MB)."""
+def _wide_dense(tmp_path, classes=100):
+    """10,240 features (above the 9 x 1024 that wide_dense's 3x3 KPU conv sums) into `classes`:
+    kmodel v3 has only the float FULLY_CONNECTED (4 B a weight: 4.1 MB), kmodel v4 the uint8
+    quantized_matmul (1 MB)."""
     m = make_model([conv_node("c", "x", "w", "b", pads=[1, 1, 1, 1]), N("Relu", ["c"], ["r"]),
                     N("Flatten", ["r"], ["f"], axis=1), N("Gemm", ["f", "wd", "bd"], ["y"], transB=1)],
                    [("x", [1, 3, 16, 16])], [("y", [1, classes])],
-                   {"w": W(8, 3, 3, 3), "b": W(8, scale=0.1), "wd": W(classes, 2048, scale=0.03), "bd": W(classes, scale=0.1)})
+                   {"w": W(40, 3, 3, 3), "b": W(40, scale=0.1), "wd": W(classes, 10240, scale=0.015),
+                    "bd": W(classes, scale=0.1)})
     src = tmp_path / "dense.onnx"
     onnx.save(m, src)
     return src
@@ -600,8 +602,8 @@ def test_a_dense_layer_fits_only_as_kmodel_v4_quantized_matmul(tmp_path, png_dir
     r = _convert(src, tmp_path / "fit.kmodel", png_dir, runtime="maixpy")
     assert r.file_size + r.main_memory <= 2 * 1024 * 1024 < r.totals["fastest_need"]
     assert r.totals["format"] == "v4" and "in its smaller form, quantized_matmul (CPU uint8)" in r.totals["format_why"]
-    assert len(r.trades) == 1 and r.trades[0].startswith("y: quantized_matmul, 1,002 KiB")
-    assert "float_dense would take 4,002 KiB" in r.trades[0] and "would not fit" in r.trades[0]
+    assert len(r.trades) == 1 and r.trades[0].startswith("y: quantized_matmul, 1,000 KiB")
+    assert "float_dense would take 4,000 KiB" in r.trades[0] and "would not fit" in r.trades[0]
     assert kmodel.load(tmp_path / "fit.kmodel").version == 4
     # uint8 weights and output: a little SQNR for the fit
     assert r.totals["output_sqnr_db"] > 25 and fast.totals["output_sqnr_db"] - r.totals["output_sqnr_db"] < 15

@@ -155,6 +155,7 @@ class Built:
     trace_map: dict
     lw: object
     est: object = None
+    picked: frozenset | None = None     # the smaller forms the plan gave it (_choose_forms)
 
     def __post_init__(self):
         self.est = cost.estimate(self.model)
@@ -276,12 +277,12 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     same_bytes = any(v for n, v in fast.lw.smaller.items() if n != PARK)    # parking saves only main memory
     if not fast.lw.smaller or optimize == "latency" and fast.need <= budget and not same_bytes:
         return choice(fast, [])
-    tried, a, b, every = [fast], fast.per_node(), {}, None
-    picked = {id(fast): frozenset()}       # each lowering tried: the smaller forms it was given
+    tried, a, b, every = _Best(budget, fast), fast.per_node(), {}, None
+    fast.picked = frozenset()          # each lowering tried: the smaller forms it was given
     try:
         every = build(frozenset({"*"}))
-        tried.append(every)
-        picked[id(every)] = (frozenset(fast.lw.smaller) | frozenset(every.lw.smaller)) - {PARK}
+        every.picked = (frozenset(fast.lw.smaller) | frozenset(every.lw.smaller)) - {PARK}
+        tried.add(every)
         b = every.per_node()
     except Tl2k210Error:     # e.g. a smaller form needs kmodel v4, which the runtime does not load
         pass
@@ -308,8 +309,8 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
             trial = build(frozenset(chosen | {n}))
         except Tl2k210Error:
             continue
-        tried.append(trial)
-        picked[id(trial)] = frozenset(chosen | {n})
+        trial.picked = frozenset(chosen | {n})
+        tried.add(trial)
         if trial.need < current.need:
             chosen.add(n)
             current = trial
@@ -321,16 +322,15 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
         if current.need <= budget:
             _give_back(build, current, chosen, {n: b[n][1] - a[n][1] for n in chosen if n in a and n in b},
                        budget, tried)
-    fits = [t for t in tried if t.need <= budget]
     kept = []
-    if optimize == "size" or not fits:
-        best = min(tried, key=lambda t: (t.need, t.est.cycles))
-        if id(best) in picked:
-            best = _spare(build, best, picked)
+    if optimize == "size" or tried.fit is None:
+        best = tried.small
+        if best.picked is not None:
+            best = _spare(build, best)
         if optimize == "size":
-            best, kept = _size_slack(build, best, picked.get(id(best)), a, b, budget)
+            best, kept = _size_slack(build, best, best.picked, a, b, budget)
     else:
-        best = min(fits, key=lambda t: (t.est.cycles, t.need))
+        best = tried.fit
     if best.need > budget and PARK in fast.lw.smaller:
         best = _parked(build, best, every)
         if optimize == "latency" and best.need <= budget:
@@ -338,6 +338,24 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     why = (f"and the model in its fastest forms would not fit ({fast.need:,} B > {budget:,} B)" if fast.need > budget
            else "(--optimize size)")
     return choice(best, trades(a, best.per_node(), why) + parked_trade(best.lw, why) + kept)
+
+
+class _Best:
+    """The lowerings a search may still return: the smallest (need, then cycles) and the fastest
+    that fits `budget` (cycles, then need), the first of equals as min() over every lowering
+    tried would give; the others go (each holds its model, bytes and graph: about 20 MB for a
+    512x512 segmenter, whose search tried some 200 and held 4.5 GB)."""
+
+    def __init__(self, budget: int, *builds):
+        self.budget, self.small, self.fit = budget, None, None
+        for b in builds:
+            self.add(b)
+
+    def add(self, b):
+        if self.small is None or (b.need, b.est.cycles) < (self.small.need, self.small.est.cycles):
+            self.small = b
+        if b.need <= self.budget and (self.fit is None or (b.est.cycles, b.need) < (self.fit.est.cycles, self.fit.need)):
+            self.fit = b
 
 
 def _size_cap(need: int) -> int:
@@ -398,20 +416,20 @@ def _parked_give_back(build, parked, fast, every, a, b, budget):
     small = set(parked.lw.opts.small)
     if "*" in small:
         small = (small - {"*"}) | ((set(fast.lw.smaller) | set(every.lw.smaller if every else ())) - {PARK})
-    tried = []
+    tried = _Best(budget, parked)
     _give_back(build, parked, small, {n: b[n][1] - a[n][1] for n in small if n in a and n in b}, budget, tried)
-    return min([parked] + [t for t in tried if t.need <= budget], key=lambda t: (t.est.cycles, t.need))
+    return tried.fit
 
 
-def _spare(build, best, picked):
-    """`best` without each smaller form it was given (`picked`) that does not make the whole
+def _spare(build, best):
+    """`best` without each smaller form it was given (`best.picked`) that does not make the whole
     model smaller (or as small and faster): every smaller form together may be the smallest
     lowering only because a few of them lower the main-memory peak, while the others add nodes (a
     uint8 CPU conv in channel ranges, a pool's float temporaries a channel at a time) that it does not need
     (YuNet, --optimize size: 104,176 B of kmodel with every form, 88 KB without those)."""
-    chosen = picked[id(best)]
+    chosen = best.picked
     return _without_each(build, best, chosen, sorted(chosen, key=lambda x: (not x.endswith(SLICES), x)),
-                         lambda t, c: (t.need, t.est.cycles) <= (c.need, c.est.cycles), picked)
+                         lambda t, c: (t.need, t.est.cycles) <= (c.need, c.est.cycles), True)
 
 
 def _give_back(build, current, chosen, lost, budget, tried):
@@ -420,14 +438,14 @@ def _give_back(build, current, chosen, lost, budget, tried):
     `tried`. A PyTorch MobileNetV2 (TFLite Micro's int8 export) for the sdk: no one smaller form at
     a time fitted, all 45 together did, at 3.9 s est.; giving back what the fit did not need
     leaves 15, at 158 ms."""
-    tried.append(_without_each(build, current, chosen, sorted(chosen, key=lambda n: -lost.get(n, 0)),
-                               lambda t, c: t.need <= budget and (t.est.cycles, t.need) < (c.est.cycles, c.need)))
+    tried.add(_without_each(build, current, chosen, sorted(chosen, key=lambda n: -lost.get(n, 0)),
+                            lambda t, c: t.need <= budget and (t.est.cycles, t.need) < (c.est.cycles, c.need)))
 
 
-def _without_each(build, current, chosen, order, better, picked=None):
+def _without_each(build, current, chosen, order, better, picked=False):
     """`current` (lowered with the smaller forms `chosen`) without each form of `order` in turn,
-    kept where `better(trial, current)`: the last lowering kept (its forms in `picked`). A form
-    that fails to lower stays."""
+    kept where `better(trial, current)`: the last lowering kept (its forms in `.picked` where
+    `picked`). A form that fails to lower stays."""
     for n in order:
         try:
             trial = build(frozenset(chosen - {n}))
@@ -435,8 +453,8 @@ def _without_each(build, current, chosen, order, better, picked=None):
             continue
         if better(trial, current):
             chosen, current = chosen - {n}, trial
-            if picked is not None:
-                picked[id(trial)] = frozenset(chosen)
+            if picked:
+                trial.picked = frozenset(chosen)
     return current
 
 
