@@ -811,3 +811,25 @@ def test_a_dense_layer_over_1024_inputs_runs_on_the_kpu_storing_each_weight_once
     assert r.file_size <= 1.03 * r.ideal["weight_bytes"], (r.file_size, r.ideal)
     out = next(iter(r.totals["outputs"].values()))
     assert out["sqnr_db"] > out["ideal_db"] - 0.5, out
+
+
+def test_a_dilated_conv_whose_uint8_weights_are_poor_trades_for_the_float_conv(tmp_path, png_dir):
+    """A 3x3 conv dilated by 4 (anilsathyan7's slimnet: dilated by 8, 37 KiB of weights) runs on the
+    KPU as shift stages storing the kernel several times over; some of its channels' weights are a
+    few uint8 steps of the others', so quantized_conv2d is no option: --optimize size takes the
+    float conv2d, four bytes a weight once, and the model shrinks (slimnet then fits the sdk)."""
+    w = W(64, 16, 3, 3)
+    w[::8] *= 1e-2                       # channels a per-layer uint8 grid rounds to a few steps
+    m = make_model([conv_node("c", "x", "w1", "b1", pads=[1, 1, 1, 1]), N("Relu", ["c"], ["r"]),
+                    conv_node("y", "r", "w2", "b2", pads=[4, 4, 4, 4], dilations=[4, 4])],
+                   [("x", [1, 3, 32, 32])], [("y", [1, 64, 32, 32])],
+                   {"w1": W(16, 3, 3, 3), "b1": W(16, scale=0.1), "w2": w, "b2": W(64, scale=0.1)})
+    src = tmp_path / "dil.onnx"
+    onnx.save(m, src)
+    fast = _convert(src, tmp_path / "fast.kmodel", png_dir, runtime="sdk", format="v4")
+    small = _convert(src, tmp_path / "small.kmodel", png_dir, runtime="sdk", format="v4", optimize="size")
+    f, s = (next(x for x in r.layers if x["node"] == "y") for r in (fast, small))
+    assert f["unit"] == "KPU" and "shift" in f["why"] and f["weight_bytes"] > 8 * w.size
+    assert s["lowering"] == "conv2d" and s["weight_bytes"] < 4.2 * w.size and small.file_size < fast.file_size
+    assert any(t.startswith("y: conv2d") for t in small.trades), small.trades
+    assert small.totals["output_sqnr_db"] >= fast.totals["output_sqnr_db"] - 0.5

@@ -244,19 +244,21 @@ def _kpu_block_offsets(data):
         body += node["body_size"]
 
 
-def test_kxk_conv_keeps_its_kpu_form_when_uint8_weights_lose_too_much(monkeypatch):
-    """The smaller form never costs accuracy: uint8 weights under WEIGHT_SQNR_MIN dB (here: one
-    scale for the layer) keep the KPU shift stages (its weights per channel). (A depthwise conv's
-    nodes take as many weight scales as keep WEIGHT_SQNR_MIN: test_weight_parts_of_a_depthwise_conv.)"""
+def test_kxk_conv_takes_the_float_conv_when_uint8_weights_lose_too_much(monkeypatch):
+    """The smaller form never costs accuracy: where uint8 weights keep under WEIGHT_SQNR_MIN dB
+    (here: one scale for the layer), a K x K conv's smaller form is the float conv2d, four bytes a
+    weight once where the KPU's shift stages store each several times (v4conv.float_trade_why),
+    not quantized_conv2d. (A depthwise conv's nodes take as many weight scales as keep
+    WEIGHT_SQNR_MIN: test_weight_parts_of_a_depthwise_conv.)"""
     from tl2k210.k210.lower import v4conv
     monkeypatch.setattr(v4conv, "WEIGHT_PARTS_MAX", 1)
     w = W(8, 8, 5, 5)
     w[0] *= 300.0            # one channel's range flattens the others at one byte per layer
     m = build([conv_node("y", "r", "w1", "b1", pads=[2, 2, 2, 2])], {"w1": w, "b1": W(8)})
     model, rows, lw, g = compile_model(m, PX, format="v4", small=frozenset({"y"}))
-    assert [r.lowering for r in rows if r.node == "y"][0] == "kpu_conv_kxk"
+    assert [r.lowering for r in rows if r.node == "y"][0] == "conv2d"
     model, rows, lw, g = compile_model(m, PX, format="v4")
-    assert "y" not in lw.smaller
+    assert [r.lowering for r in rows if r.node == "y"][0] == "kpu_conv_kxk" and lw.smaller["y"] is False
 
 
 def test_depthwise_kxk_conv_takes_its_uint8_form_in_as_many_nodes_as_keep_its_weights(monkeypatch):

@@ -156,7 +156,8 @@ def smaller_alternative(g, node, opts, chosen):
     kmodel v4, or None: a layer of a better unit (uint8 CPU for float: a byte a weight, not four),
     or the uint8 CPU layer for a KPU conv (v4conv.cpu_trade: a byte a weight, without the KPU's
     per-channel args, tables and alignment, or a K x K conv's shift stages storing them several
-    times). The checks see `opts.small` naming the node (state.wants_small)."""
+    times), or the float one where uint8 weights would keep too little (v4conv.float_trade_why).
+    The checks see `opts.small` naming the node (state.wants_small)."""
     if chosen.unit == RELABEL:
         return None
     small = dataclasses.replace(opts, small=frozenset({node.name}))
@@ -165,7 +166,7 @@ def smaller_alternative(g, node, opts, chosen):
             alt, _ = select(g, node, small, fmt)
         except UnsupportedOpError:
             continue
-        if UNIT_RANK[alt.unit] < UNIT_RANK[chosen.unit] or chosen.unit == KPU and alt.unit == CPU_U8:
+        if UNIT_RANK[alt.unit] < UNIT_RANK[chosen.unit] or chosen.unit == KPU and alt.unit in (CPU_U8, CPU_F32):
             return alt, fmt
     return None
 

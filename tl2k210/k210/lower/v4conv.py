@@ -279,6 +279,30 @@ def cpu_trade_why(g, node, opts):
     return "the smaller form was asked for: quantized_conv2d stores each weight once, a byte each"
 
 
+def float_trade_why(g, node, opts):
+    """registry `takes`: why the float conv2d is the smaller form of a K x K (or dilated) KPU conv,
+    or None. Its shift stages store the kernel several times over (anilsathyan7's slimnet: a 3x3
+    conv dilated by 8, 37 KiB of weights in 616 KiB), and where per-layer uint8 weights keep too
+    little of them for quantized_conv2d (cpu_trade: some channels' weights are a few steps of
+    the others'), four bytes a weight once is still the fewer; the plan keeps it only where the
+    model shrinks (fit.choose_forms)."""
+    if getattr(opts, "format", "v3") != "v4" or node.op != "Conv" or not wants_small(opts, node):
+        return None
+    a = node.attrs
+    if max(a.get("kernel", (1, 1))) <= 3 and max(a.get("dilations", (1, 1))) == 1:
+        return None
+    if cpu_trade(g, node, opts) or fconv_refuses(g, node, opts) is not None:
+        return None
+    q = weight_sqnr(g.const(node.inputs[1]), int(a.get("group", 1)))
+    return (f"the smaller form was asked for: uint8 weights would keep {q:.1f} dB, the float conv2d "
+            "stores each weight once (4 bytes) where the KPU's shift stages store it several times")
+
+
+def float_conv_why(g, node, opts):
+    """registry `takes` of the float conv2d: a model output's head, or a K x K conv's smaller form."""
+    return float_head_why(g, node, opts) or float_trade_why(g, node, opts)
+
+
 def float_head_why(g, node, opts):
     """registry `takes`: why the float conv2d goes before the KPU and uint8 forms (a model
     output's logit head, fake_quant.float_head), or None."""
@@ -458,7 +482,7 @@ def _out_hw(lw, node, st, pool):
     return ((h + t + b - (kh - 1) * dh - 1) // sh + 1, (w + l + r - (kw - 1) * dw - 1) // sw + 1)
 
 
-@lowering("Conv", unit=CPU_F32, check=fconv_refuses, formats=("v4",), name="conv2d", takes=float_head_why)
+@lowering("Conv", unit=CPU_F32, check=fconv_refuses, formats=("v4",), name="conv2d", takes=float_conv_why)
 def float_conv(lw, node):
     x, w_name, b_name = node.inputs
     out = node.outputs[0]
