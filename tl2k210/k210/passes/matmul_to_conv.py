@@ -73,6 +73,17 @@ def matmul_to_conv(g, log):
     return g
 
 
+def covers_map(g, n) -> bool:
+    """Is `n` a Conv with constant weights whose kernel covers its unpadded input exactly (one
+    group, no dilation): a dense layer on the flattened map?"""
+    if n.op != "Conv" or len(n.inputs) < 2 or g.const(n.inputs[1]) is None:
+        return False
+    a, xs = n.attrs, g.shape(n.inputs[0])
+    return (xs is not None and len(xs) == 4 and tuple(a.get("kernel", ())) == tuple(xs[2:])
+            and not any(a.get("pads", (0,) * 4)) and a.get("group", 1) == 1
+            and tuple(a.get("dilations", (1, 1))) == (1, 1))
+
+
 def conv_as_dense(g, log):
     """A Conv whose kernel covers its unpadded input exactly (a 2x2 VALID conv on a 2x2 map, a
     7x7 on a 7x7 head) is a dense layer on the flattened map: NCHW flattening is (C, kh, kw)
@@ -80,12 +91,8 @@ def conv_as_dense(g, log):
     weights: one uint8 weight per tap on the KPU, where the conv as it was becomes a padded 3x3
     or K x K form storing the kernel several times. Only while C*H*W fits the KPU's channels."""
     for n in list(g.nodes):
-        if n.op != "Conv" or g.const(n.inputs[1]) is None or len(n.inputs) < 2:
-            continue
-        a, xs = n.attrs, g.shape(n.inputs[0])
-        if xs is None or len(xs) != 4 or tuple(a.get("kernel", ())) != tuple(xs[2:]) or xs[2] * xs[3] == 1:
-            continue
-        if any(a.get("pads", (0,) * 4)) or a.get("group", 1) != 1 or tuple(a.get("dilations", (1, 1))) != (1, 1):
+        xs = g.shape(n.inputs[0]) if n.inputs else None
+        if not covers_map(g, n) or xs[2] * xs[3] == 1:
             continue
         k = xs[1] * xs[2] * xs[3]
         if k > MAX_CHANNELS:
@@ -97,7 +104,7 @@ def conv_as_dense(g, log):
                                                                      n.name + "/shape_flat")], [flat], {},
                                n.name + "/flatten"))
         n.inputs[0], n.inputs[1] = flat, g.add_const(w.reshape(w.shape[0], k, 1, 1), n.name + "/W_dense")
-        a["kernel"], a["strides"] = (1, 1), (1, 1)
+        n.attrs["kernel"], n.attrs["strides"] = (1, 1), (1, 1)
         log(n.name, f"{xs[2]}x{xs[3]} kernel on a {xs[1]}x{xs[2]}x{xs[3]} map -> dense ({k}->{w.shape[0]}): "
                     "Reshape + 1x1 Conv")
     return g

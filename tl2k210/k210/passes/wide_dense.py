@@ -24,7 +24,7 @@ from tl2k210.graph import RELABELS, Node
 from tl2k210.k210 import hardware as hw
 from tl2k210.passes.fuse_activation import activation_of
 
-from .matmul_to_conv import _weights
+from .matmul_to_conv import _weights, covers_map
 
 MAX = hw.LIMITS["channels"][1]
 TAPS = 9        # a 3x3 kernel
@@ -33,13 +33,9 @@ LINEAR_PIECES = ("Relu", "Clip", "LeakyRelu", "HardSigmoid")     # the KPU's seg
 
 def _covering(g, n):
     """(W (N, K), bias (N,)) of a Conv whose kernel covers its unpadded input exactly, else None."""
-    a, xs = n.attrs, g.shape(n.inputs[0])
-    w = g.const(n.inputs[1]) if len(n.inputs) > 1 else None
-    if w is None or xs is None or len(xs) != 4 or tuple(a.get("kernel", ())) != tuple(xs[2:]):
+    if not covers_map(g, n) or n.attrs.get("activation") or n.attrs.get("pool"):
         return None
-    if any(a.get("pads", (0,) * 4)) or a.get("group", 1) != 1 or tuple(a.get("dilations", (1, 1))) != (1, 1) \
-            or a.get("activation") or a.get("pool"):
-        return None
+    w = g.const(n.inputs[1])
     b = g.const(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else np.zeros(w.shape[0], np.float32)
     return (None if b is None else
             (np.asarray(w, np.float32).reshape(w.shape[0], -1), np.asarray(b, np.float32).reshape(-1)))
