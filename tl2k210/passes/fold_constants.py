@@ -7,6 +7,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from tl2k210.errors import ModelLoadError
 from tl2k210.graph import _onnx_attrs, infer_shapes, normalize_convs
 
 
@@ -43,7 +44,6 @@ def _dead_channels(g, n, values):
     dead = ~np.isfinite(y) & (q.astype(np.int64) == z.astype(np.int64))
     y = np.where(dead, np.float32(0), y)
     if not np.all(np.isfinite(y)):
-        from tl2k210.errors import ModelLoadError
         raise ModelLoadError(f"node {n.name!r} (DequantizeLinear): the file's scale for {n.inputs[0]!r} is not finite "
                              "where its codes are not the zero point: the quantized model is broken; export it again")
     return [y] + list(values[1:])

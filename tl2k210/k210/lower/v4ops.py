@@ -308,7 +308,6 @@ def pad(lw, node):
         if cur != dst:      # nothing padded
             n = _count(lw, out)
             lw.emit_v4("memory_copy", dict(input=main(dt, cur, n), output=main(dt, dst, n)), row)
-        lw.main.free(f"{out}:edge:pad2")
         _mark(lw, out, dt)
         return
     q = None
