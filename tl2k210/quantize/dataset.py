@@ -57,7 +57,8 @@ def image_files(folder):
     first N (--calib-limit) span every class rather than the first one."""
     files = _images_in(folder)
     if not files:
-        subs = sorted(d for d in Path(folder).rglob("*") if d.is_dir() and not d.name.startswith("."))
+        subs = sorted(d for d in Path(folder).rglob("*")
+                      if d.is_dir() and not any(p.startswith(".") for p in d.relative_to(folder).parts))
         per = [f for f in (_images_in(d) for d in subs) if f]
         files = [f for row in zip_longest(*per) for f in row if f is not None]
     if not files:
