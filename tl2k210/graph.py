@@ -356,6 +356,14 @@ def axes_of(g, n):
     return None
 
 
+def through_relabels(g, t):
+    """(the producer, the tensor) where `t`'s relabels start (the producer None: a graph input or
+    a constant)."""
+    while (p := g.producer(t)) is not None and p.op in RELABELS:
+        t = p.inputs[0]
+    return p, t
+
+
 def reduce_axes(g, n):
     """A reduction's axes; every axis where it names none (ONNX's default), None where unknown."""
     axes = axes_of(g, n)

@@ -72,9 +72,15 @@ def _shape_placeholders(gd, nchw):
     import tensorflow as tf
     want = (nchw[0], *nchw[2:], nchw[1]) if len(nchw) == 4 else tuple(nchw)
     for n in gd.node:
-        shape = tf.TensorShape(n.attr["shape"].shape)
-        if n.op == "Placeholder" and (not shape.is_fully_defined() or shape.rank != len(want)):
+        if n.op == "Placeholder" and (_shapeless(n) or tf.TensorShape(n.attr["shape"].shape).rank != len(want)):
             n.attr["shape"].shape.CopyFrom(tf.TensorShape(want).as_proto())
+
+
+def _shapeless(n) -> bool:
+    """Does Placeholder `n` record no whole shape (unknown dims, or a scalar's)?"""
+    import tensorflow as tf
+    shape = tf.TensorShape(n.attr["shape"].shape)
+    return not shape.is_fully_defined() or shape.rank == 0
 
 
 def from_frozen_pb(path, opset=None, batch=1, input_shape=None):
@@ -104,8 +110,7 @@ def from_frozen_pb(path, opset=None, batch=1, input_shape=None):
         model = tf_convert(str(path), tf2onnx.convert.from_graph_def, gd, input_names=inputs,
                            output_names=[o + ":0" for o in outputs], **kw)
     except ModelLoadError as e:
-        shapeless = [n.name for n in gd.node if n.op == "Placeholder" and not input_shape
-                     and (not (t := tf.TensorShape(n.attr["shape"].shape)).is_fully_defined() or t.rank == 0)]
+        shapeless = [n.name for n in gd.node if n.op == "Placeholder" and not input_shape and _shapeless(n)]
         if not shapeless:
             raise
         raise ModelLoadError(f"{e}; the input Placeholder {shapeless[0]!r} has no shape in the graph: give "

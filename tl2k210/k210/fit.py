@@ -318,7 +318,7 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
         if current.need > budget and every is not None and every.need <= budget:
             # no one form at a time fitted (two maps at the main-memory peak must both shrink):
             # every smaller form does, and gives back what it can from there
-            chosen, current = (set(fast.lw.smaller) | set(every.lw.smaller)) - {PARK}, every
+            chosen, current = set(every.picked), every
         if current.need <= budget:
             _give_back(build, current, chosen, {n: b[n][1] - a[n][1] for n in chosen if n in a and n in b},
                        budget, tried)
@@ -334,7 +334,7 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
     if best.need > budget and PARK in fast.lw.smaller:
         best = _parked(build, best, every)
         if optimize == "latency" and best.need <= budget:
-            best = _parked_give_back(build, best, fast, every, a, b, budget)
+            best = _parked_give_back(build, best, every, a, b, budget)
     why = (f"and the model in its fastest forms would not fit ({fast.need:,} B > {budget:,} B)" if fast.need > budget
            else "(--optimize size)")
     return choice(best, trades(a, best.per_node(), why) + parked_trade(best.lw, why) + kept)
@@ -409,13 +409,13 @@ def _parked(build, best, every):
     return best
 
 
-def _parked_give_back(build, parked, fast, every, a, b, budget):
+def _parked_give_back(build, parked, every, a, b, budget):
     """`parked` (a lowering that fits only with its buffers in free KPU RAM) with the trades the fit
     did not need undone (_give_back): parking may have been tried only from every smaller form
     together (onnx.js's udnie at 256x256: 40 s est. with all 121, most of them only there)."""
     small = set(parked.lw.opts.small)
-    if "*" in small:
-        small = (small - {"*"}) | ((set(fast.lw.smaller) | set(every.lw.smaller if every else ())) - {PARK})
+    if "*" in small:          # every smaller form: those `every` was given (_choose_forms)
+        small = (small - {"*"}) | every.picked
     tried = _Best(budget, parked)
     _give_back(build, parked, small, {n: b[n][1] - a[n][1] for n in small if n in a and n in b}, budget, tried)
     return tried.fit

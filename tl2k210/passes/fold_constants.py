@@ -101,16 +101,27 @@ def _no_pad(g, n) -> bool:
     return p is not None and not np.any(np.asarray(p)) and (len(n.inputs) < 4 or not n.inputs[3])
 
 
+def _float_scalar(g, n):
+    """The value of two-input node `n`'s second input where that is a float scalar constant and
+    its first is not a constant, else None."""
+    if len(n.inputs) != 2 or g.const(n.inputs[0]) is not None:
+        return None
+    k = g.const(n.inputs[1])
+    if k is None or np.size(k) != 1 or not np.issubdtype(np.asarray(k).dtype, np.floating):
+        return None
+    return float(np.asarray(k).reshape(()))
+
+
 def _no_arithmetic(g, n) -> bool:
     """x + 0, x - 0, x * 1, x / 1 of a scalar constant (onnx.js's exports add 0.0 after each
     upsampling) whose broadcast leaves x's shape: x itself."""
-    if n.op not in ("Add", "Sub", "Mul", "Div") or len(n.inputs) != 2 or g.const(n.inputs[0]) is not None:
+    k = _float_scalar(g, n) if n.op in ("Add", "Sub", "Mul", "Div") else None
+    if k is None:
         return False
-    k, x, y = g.const(n.inputs[1]), g.tensors[n.inputs[0]], g.tensors[n.outputs[0]]
-    if k is None or np.size(k) != 1 or x.shape is None or y.shape is None or tuple(x.shape) != tuple(y.shape) \
-            or not np.issubdtype(np.asarray(k).dtype, np.floating):
+    x, y = g.tensors[n.inputs[0]], g.tensors[n.outputs[0]]
+    if x.shape is None or y.shape is None or tuple(x.shape) != tuple(y.shape):
         return False
-    return float(np.asarray(k).reshape(())) == (0.0 if n.op in ("Add", "Sub") else 1.0)
+    return k == (0.0 if n.op in ("Add", "Sub") else 1.0)
 
 
 #: the largest eps `_guarded_square` drops: it moves each product by eps * |d|, and a mean of the
@@ -121,11 +132,9 @@ SQUARE_GUARD_MAX = 1e-6
 def _guarded_square(g, n) -> bool:
     """d + eps read only by d * (d + eps) (onnx.js's instance norm squares its centred map so, eps
     1e-9): d * d within float32 rounding, and the square the normalization patterns expect."""
-    if n.op != "Add" or len(n.inputs) != 2 or g.const(n.inputs[0]) is not None:
-        return False
-    k, users = g.const(n.inputs[1]), g.consumers(n.outputs[0])
-    if k is None or np.size(k) != 1 or not np.issubdtype(np.asarray(k).dtype, np.floating) \
-            or abs(float(np.asarray(k).reshape(()))) > SQUARE_GUARD_MAX or len(users) != 1:
+    k = _float_scalar(g, n) if n.op == "Add" else None
+    users = g.consumers(n.outputs[0])
+    if k is None or abs(k) > SQUARE_GUARD_MAX or len(users) != 1:
         return False
     m = users[0]
     return m.op == "Mul" and sorted(m.inputs) == sorted([n.inputs[0], n.outputs[0]]) and \

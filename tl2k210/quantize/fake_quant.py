@@ -15,7 +15,7 @@ kmodel's SQNR against this graph's.
 """
 import numpy as np
 
-from tl2k210.graph import RELABELS
+from tl2k210.graph import RELABELS, through_relabels
 
 from . import uniform as fx
 from .bias_correction import mean_shift
@@ -32,7 +32,7 @@ def float_dense_convs(g):
     for n in g.nodes:
         if n.op != "Conv" or any(d != 1 for d in (g.shape(n.outputs[0]) or (0, 0, 0))[2:]):
             continue
-        p, t = _through_relabels(g, n.inputs[0])
+        p, t = through_relabels(g, n.inputs[0])
         if p is None and t in g.inputs or p is not None and (p.op in FLOAT_DENSE or p.name in floats):
             floats.add(n.name)
     return floats
@@ -140,13 +140,6 @@ def fake_quant_graph(graph, ranges, weight_bits=8, vector_input=False, means=Non
 BYTE_MOVES = ("Slice", "Transpose")
 
 
-def _through_relabels(g, t):
-    """(the producer, the tensor) where `t`'s relabels start."""
-    while (p := g.producer(t)) is not None and p.op in RELABELS:
-        t = p.inputs[0]
-    return p, t
-
-
 def _conv_read(g, done, floats) -> list:
     """(producer, tensor) for each map an integer conv reads that nothing rounded yet (an SE
     gate's Mul, a standalone activation, a Sub): the KPU and the uint8 CPU conv read uint8. A
@@ -156,8 +149,8 @@ def _conv_read(g, done, floats) -> list:
     for n in g.nodes:
         if n.op != "Conv" or n.name in floats:
             continue
-        p, t = _through_relabels(g, n.inputs[0])
-        if p is not None and p.op in BYTE_MOVES and _through_relabels(g, p.inputs[0])[1] in seen:
+        p, t = through_relabels(g, n.inputs[0])
+        if p is not None and p.op in BYTE_MOVES and through_relabels(g, p.inputs[0])[1] in seen:
             continue
         if p is not None and t not in seen:
             seen.add(t)

@@ -20,7 +20,7 @@ quantized_matmul and a 256-entry table of it.
 """
 import numpy as np
 
-from tl2k210.graph import RELABELS, Node
+from tl2k210.graph import Node, through_relabels
 from tl2k210.k210 import hardware as hw
 from tl2k210.passes.fuse_activation import activation_of
 
@@ -43,8 +43,7 @@ def _covering(g, n):
 
 def _float_source(g, t) -> bool:
     """Is t, through relabels, the model input or a float dense layer's output?"""
-    while (p := g.producer(t)) is not None and p.op in RELABELS:
-        t = p.inputs[0]
+    p, _ = through_relabels(g, t)
     return p is None or p.op in ("Gemm", "MatMul")
 
 
