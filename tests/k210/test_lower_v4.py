@@ -744,7 +744,7 @@ RESIZES = {
     "nearest_half_pixel_ceil_down": (dict(mode="nearest", nearest_mode="ceil"), [1, 1, 0.5, 0.5]),
 }
 # resize_image (mode, align_corners) per case; None: the index map is a progression, a slice alone
-RESIZE_NODES = {"bilinear_half_pixel": "conv2d_transpose", "bilinear_half_pixel_x3": "conv2d_transpose",
+RESIZE_NODES = {"bilinear_half_pixel": "kpu", "bilinear_half_pixel_x3": "conv2d_transpose",
                 "bilinear_pytorch_half_pixel_w_only": "conv2d_transpose", "bilinear_half_pixel_x1_5": (0, False), "bilinear_align_corners": (0, True),
                 "bilinear_asymmetric_x3": (0, False), "bilinear_half_pixel_down": (0, False),
                 "nearest_round_prefer_ceil": (1, False), "nearest_half_pixel_down": (1, False),
@@ -763,6 +763,12 @@ def test_resize(name):
         ct = [nd for nd in model.nodes if nd.name == "conv2d_transpose"]
         assert not got and len(ct) == 1 and ct[0].fields["groups"] == 8, [nd.name for nd in model.nodes]
         assert "triangle kernel" in " ".join(next(r for r in rows if r.op == "Resize").notes)
+        return
+    if want == "kpu":                   # 2x half_pixel: nearest on uint8, the [1,2,1]^2 / 16 KPU filter
+        names = [nd.name for nd in model.nodes]
+        assert got == {(1, False)} and "conv2d_transpose" not in names and "kpu_conv2d" in names, names
+        assert "interpolation of the input bytes rounded once" in " ".join(
+            next(r for r in rows if r.op == "Resize").notes)
         return
     if want == "phases":                # 5 uint8 phases of 4 input steps an axis (v4phases)
         names = [nd.name for nd in model.nodes]
@@ -820,7 +826,9 @@ def test_bilinear_upsampling_a_slice_at_a_time(monkeypatch):
     selfie segmenter: a 1 MiB float output and its 264 KiB padded input at the peak, 2.13 MB
     against a live set of 0.79 MB), the upsampling runs a few channels at a time into the uint8
     map its reader takes: bit for bit the bytes of the whole-map form."""
+    from tl2k210.k210.lower.registry import REGISTRY
     from tl2k210.k210.lower.state import Lowering
+    monkeypatch.setitem(REGISTRY, "Resize", [a for a in REGISTRY["Resize"] if a.name != "bilinear2x_kpu"])
     nodes = [N("Resize", ["r", "", "s"], ["u"], mode="linear"), conv_node("y", "u", "w1", pads=[1, 1, 1, 1])]
     m = build(nodes, {"s": np.array([1, 1, 2, 2], np.float32), "w1": W(4, 8, 3, 3)})
     monkeypatch.setattr(Lowering, "float_room", lambda self, *new: None)                 # no bound: whole

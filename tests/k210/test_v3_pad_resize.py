@@ -166,3 +166,74 @@ def test_bilinear_other_than_half_pixel_2x_stays_refused_on_v3():
     m = _bilinear_model(12, 16, mode="align_corners")
     with pytest.raises(UnsupportedOpError, match="samples half_pixel coordinates"):
         compile_model(m, pixels(3, 3, 12, 16), format="v3")
+
+
+@pytest.mark.parametrize("h", [40, 63, 128, 129, 200])
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_aligned_bands_are_nearest_resizes_of_q_rows(h, n):
+    """Each band of the filter stage reads upsampled rows [f0, f1 + 2) (the last to row 2h + 2),
+    which one nearest resize of q's rows gives: from row 0, m rows to 2m + 1 (x[0] thrice); from an
+    odd row, m rows to 2m (each twice). The bands cover every final row once, none longer than
+    the plan's longest."""
+    from types import SimpleNamespace
+
+    from tl2k210.k210.lower.v3resize import aligned_bands, band_resize, band_sources
+    F = 2 * h
+    cuts = [F * i // n for i in range(n + 1)]
+    plan = SimpleNamespace(bands=[((a, b), (a, min(b + 2, F + 3))) for a, b in zip(cuts, cuts[1:])])
+    bands = aligned_bands(plan, h, 4)
+    assert bands is not None and len(bands) >= n
+    assert [f for (f, _) in bands] == list(zip([0] + [f1 for (_, f1), _ in bands[:-1]], [f1 for (_, f1), _ in bands]))
+    assert bands[-1][0][1] == F and bands[-1][1][1] == F + 3
+    assert max(b - a for _, (a, b) in bands) <= max(b - a for _, (a, b) in plan.bands)
+    whole = doubled(h)
+    for (f0, f1), (a, b) in bands:
+        assert a == f0 and (b == f1 + 2 or f1 == F)
+        m, rows = band_resize(a, b)
+        src = band_sources(a, b)
+        assert rows == b - a and np.array_equal(src, whole[a:b])
+        assert np.array_equal(v4_nearest(m, rows) + src[0], src)
+
+
+def _resize_peak(lw, rows):
+    """The most main memory live while the Resize's layers run."""
+    idx = next(r for r in rows if r.op == "Resize").layers
+    end = len(lw.layers)
+    return max(sum(b.size for b in lw.main.history if b.t0 <= t < (end if b.t1 is None else b.t1))
+               for t in range(min(idx), max(idx) + 1))
+
+
+def test_bilinear_2x_of_a_map_over_the_kpu_stream_runs_in_bands_made_from_x():
+    """A 2x2x128x128 map upsamples to 259x259 a channel, over the 65,536 pixels the KPU streams:
+    each row band's upsampled rows are made from x as it runs (no whole upsampled map) and its
+    crop writes its rows into the map a channel at a time (no band waits to be assembled). The
+    bytes are the whole-map form's, in kmodel v3 and v4, in about half the main memory."""
+    from tl2k210.k210.lower import v3resize
+    h = w = 128
+    m = _bilinear_model(h, w, relu=False, c=2)
+    px = pixels(2, 3, h, w)
+    banded, rows, lw, g = compile_model(m, px, format="v3")
+    row = next(r for r in rows if r.op == "Resize")
+    names = [banded.layers[i].name for i in row.layers]
+    nb = names.count("QUANTIZED_RESIZE_NEAREST_NEIGHBOR")
+    assert nb == names.count("K210_CONV") >= 2 and names.count("QUANTIZED_MAX_POOL2D") == 2 * nb, names
+    assert "made from the input as it runs" in " ".join(row.notes)
+    assert not any(b.name.endswith(":up:u8") or ":fin" in b.name for b in lw.main.history)
+    v4, _, lw4, _ = compile_model(m, px, format="v4")
+    assert lw4.lowered_by(next(n for n in g.nodes if n.op == "Resize")) == "bilinear2x_kpu"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(v3resize, "aligned_bands", lambda *a: None)
+    from tl2k210.k210.lower import conv
+    mp.setattr(conv, "_map_first", lambda *a: False)
+    try:
+        whole, rows_whole, lw_whole, _ = compile_model(m, px, format="v3")
+    finally:
+        mp.undo()
+    assert any(b.name.endswith(":up:u8") for b in lw_whole.main.history)
+    peak, peak_whole = _resize_peak(lw, rows), _resize_peak(lw_whole, rows_whole)
+    assert peak < 0.65 * peak_whole and peak <= 1.3 * 5 * 2 * h * w, (peak, peak_whole)   # x and its 4x output
+    for p in px:
+        want = Emulator(whole).run(p)[0]
+        assert np.array_equal(Emulator(banded).run(p)[0], want)
+        quant = lw.locs[next(n for n in g.nodes if n.op == "Resize").outputs[0]].quant
+        assert np.array_equal(_codes(Emulator(v4).run(p)[0], quant), _codes(want, quant))   # v4 dequantizes in float32

@@ -10,8 +10,10 @@ quantization, so the bytes are those one big layer would give):
     output in main memory (dense CHW: a channel range is contiguous);
   * channel windows (depthwise and grouped convs): each tile uploads its input channels;
   * row bands with halo rows (a dense conv whose input does not fit): each band's rows are
-    gathered (QUANTIZED_CONCAT), uploaded, convolved, post-processed, and the bands' valid rows
-    assembled. Bands start on the KPU pool's stride so pooling and picks keep their phase;
+    gathered (QUANTIZED_CONCAT; or made as it runs, `Lowering.band_sources`), uploaded, convolved,
+    post-processed, and the bands' valid rows assembled, or written into the map by each band's
+    post stages a channel at a time where that takes less memory (_map_first). Bands start on
+    the KPU pool's stride so pooling and picks keep their phase;
   * column bands (kmodel v4, an input wider than the KPU's maximum): the same rule on the
     columns, with row bands where needed (2-D tiles); each tile gathered by a strided_slice, its
     valid pixels assembled by concats along W and H (_col_plan, emit_tiles).
@@ -684,6 +686,10 @@ def emit_layer(lw, node, geo, plan, lq, row):
     # band's output waits in main memory for the others to be assembled beside the map
     tile_pick = lw.format == "v4" and not plan.out_resident and _kpu_pick(geo, bare=not single) is not None
     rows_direct = tile_pick and not single
+    # kmodel v3 row bands with CPU post stages: each band's post stages write its rows of each
+    # channel into the map (a stage a channel), where the map beside one band's buffers takes less
+    # than the bands' outputs beside the map assembled after the last
+    posted = post and not single and not rows_direct and _map_first(lw, geo, plan, x)
     stream = not tile_pick and ((post and not kpu_pick) or not plan.out_resident or (needs_main(lw, out) and not kpu_pick))
     out_loc = Loc((co, ph, pw), quant=lq.out_quant)
     final = Loc((fc, fh, fw), quant=lq.out_quant)
@@ -697,7 +703,7 @@ def emit_layer(lw, node, geo, plan, lq, row):
             lw.need_kpu(x, row)
         keep.append(xloc.block)
         in_base = xloc.kpu[0]
-    else:
+    elif x not in lw.band_sources:
         src_u8 = lw.need_u8(x, row)
         if geo.small_map:
             src_u8 = grow_map(lw, src_u8, (ci,) + geo.small_map, (h, w), out, row)
@@ -713,7 +719,7 @@ def emit_layer(lw, node, geo, plan, lq, row):
         whole = lw.alloc(out + ":s1" if post and not in_place else out, "u8", co * ph * pw)
         if not post or in_place:
             out_loc.u8 = final.u8 = whole
-    if (post and single or rows_direct or kpu_pick) and final.u8 is None:
+    if (post and single or rows_direct or kpu_pick or posted) and final.u8 is None:
         final.u8 = lw.alloc(out, "u8", fc * fh * fw)
         if not post:
             out_loc.u8 = final.u8
@@ -727,9 +733,12 @@ def emit_layer(lw, node, geo, plan, lq, row):
                 band_in = src_u8
             else:                       # gather rows [ra, rb) of every channel: dense (ci, rows, w)
                 band_in = lw.alloc(f"{out}:band{bi}:in", "u8", ci * rows * w)
-                ranges = [(src_u8 + (c * h + ra) * w, rows * w) for c in range(ci)]
-                lw.emit("QUANTIZED_CONCAT", dict(flags=1, main_mem_out_address=band_in, input_count=ci),
-                        row, data={"ranges": ranges})
+                if x in lw.band_sources:    # a map made a band at a time (v3resize.py)
+                    lw.band_sources[x](ra, rb, band_in, last=bi == len(plan.bands) - 1)
+                else:
+                    ranges = [(src_u8 + (c * h + ra) * w, rows * w) for c in range(ci)]
+                    lw.emit("QUANTIZED_CONCAT", dict(flags=1, main_mem_out_address=band_in, input_count=ci),
+                            row, data={"ranges": ranges})
                 if bi == len(plan.bands) - 1:
                     lw.release_read(x)      # the last band gathered: the map is no longer read
         prow = rows // hw.POOL[geo.code].stride
@@ -788,7 +797,12 @@ def emit_layer(lw, node, geo, plan, lq, row):
                 lw.main.free(f"{out}:tile:u8")
             elif single and not post:
                 traces.append(idx)
-        if band_out is not None and post:
+        if posted:
+            for c in range(co):
+                rows_of[c, bi] = _post(lw, geo, band_out + c * prow * pw, (1, prow, pw), final.u8 + (c * fh + f0) * fw,
+                                       (f0, f1), ra // hw.POOL[geo.code].stride, row)
+            lw.main.free(f"{out}:band{bi}:out:u8")
+        elif band_out is not None and post:
             fin = lw.alloc(f"{out}:band{bi}:fin", "u8", co * (f1 - f0) * fw)
             _post(lw, geo, band_out, (co, prow, pw), fin, (f0, f1), ra // hw.POOL[geo.code].stride, row)
             lw.main.free(f"{out}:band{bi}:out:u8")
@@ -805,10 +819,12 @@ def emit_layer(lw, node, geo, plan, lq, row):
     if whole is not None and post:
         traces = [_post(lw, geo, whole, (co, ph, pw), final.u8, (0, fh), 0, row)]
         lw.main.free(f"{out}:s1:u8")
-    if rows_direct:                              # each channel's rows in order: the map's bytes
+    if rows_direct or posted:                    # each channel's rows in order: the map's bytes
         traces = [rows_of[k] for k in sorted(rows_of)]
         row.notes.append(f"each band's rows read where they lie in KPU RAM into the map, a strided_slice a "
-                         f"channel ({len(rows_of)}): no band waits in main memory to be assembled")
+                         f"channel ({len(rows_of)}): no band waits in main memory to be assembled" if rows_direct else
+                         f"each band's post stages write its rows into the map, a channel at a time ({len(rows_of)}"
+                         " layers): no band waits in main memory to be assembled")
     elif not single:                             # assemble the bands' valid rows, channel by channel
         final.u8 = lw.alloc(out, "u8", fc * fh * fw)     # live from here: not beside the bands' input
         if not post:
@@ -994,6 +1010,16 @@ def _post(lw, geo, src, shape, dst, frows, pooled0, row, fcols=None, pcol0=0):
             lw.main.free(f"{row.node}:post{i - 1}:u8")
         buf, g0, c0, h, w = out, lo, clo, hi - lo, chi - clo
     return idx
+
+
+def _map_first(lw, geo, plan, x):
+    """Does the whole output map beside one band's buffers (and the input, read until the last
+    band) take less main memory than every band's output beside the map assembled after them?"""
+    (ci, h, w), (co, _, pw), (fc, fh, fw) = geo.in_shape, geo.kpu_out, geo.out_shape
+    stride = hw.POOL[geo.code].stride
+    work = max(ci * (b - a) * w + co * ((b - a) // stride) * pw for _, (a, b) in plan.bands)
+    held = 0 if x in lw.band_sources else ci * h * w
+    return held + work < fc * fh * fw
 
 
 def needs_main(lw, t):

@@ -125,6 +125,9 @@ class Lowering:
         # stages of a conv lowered as several KPU layers (kxk.py): their tensors' shapes, the
         # stage reading each, and which pixel channel each channel of a copied image holds
         self.virtual_shapes, self.virtual_next, self.pixel_copy = {}, {}, {}
+        # a stage's input made a row band at a time, never whole: tensor -> fn(a, b, dst, last)
+        # writing rows [a, b) of every channel to dst (v3resize.py)
+        self.band_sources = {}
         self.folded = set()         # nodes already lowered by their producer (fused activations)
         self.scratch_at = {}        # kmodel v4: layer index -> its planned temporaries (_plan_main)
         self.parked = []            # kmodel v4: (buffer, bytes) planned into free KPU RAM lines (PARK)

@@ -1,6 +1,7 @@
 """Bilinear 2x upsampling (ONNX Resize linear / half_pixel, TFLite RESIZE_BILINEAR with
-half_pixel_centers, Keras UpSampling2D(interpolation="bilinear")) in kmodel v3, which has
-nearest-neighbour resizing only.
+half_pixel_centers, Keras UpSampling2D(interpolation="bilinear")) on uint8 maps: kmodel v3 has
+nearest-neighbour resizing only, and v4's bilinear resize_image runs on float maps (4 bytes a
+pixel), so both formats take this form.
 
 Output o of an axis samples input coordinate o/2 - 1/4, clamped to the map: out[2k] =
 (x[k-1] + 3 x[k]) / 4 and out[2k+1] = (3 x[k] + x[k+1]) / 4, with x[-1] = x[0] and x[n] = x[n-1].
@@ -18,8 +19,13 @@ reads x[k-1], x[k], x[k]; for o = 2k + 1, x[k], x[k], x[k+1] (clamped). So:
      4-bit shift: the output bytes are the exact interpolation of the input bytes, rounded once
      (ties to even), on the input's own grid (weights summing to 1 map the grid onto itself);
   4. the conv's CPU crop (a kernel-1 QUANTIZED_MAX_POOL2D) keeps rows and columns 1 .. 2n.
+Where the upsampled map needs row bands (over the 65,536 pixels a channel the KPU streams, or
+the KPU RAM), steps 1-2 run per band on the rows it reads (aligned_bands), so the whole
+(C, 2H+3, 2W+3) map never exists, and each band's crop writes its rows into the output.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -29,6 +35,7 @@ from tl2k210.k210 import hardware as hw
 
 from . import kpu
 from .conv import emit_layer, geometry, plan_for
+from .memory import MAIN_TARGET
 from .registry import KPU, NA, lowering
 from .state import Loc
 from .v4resize import _scales, onnx_coords, v4_nearest
@@ -63,13 +70,14 @@ def bilinear2x_refuses(g, node, opts):
     return None
 
 
-def repeat_last_ranges(src, c, h, w):
+def repeat_last_ranges(src, c, h, w, rows=None):
     """[(address, bytes)] whose concatenation is the (C, H+1, W+1) map of the (C, H, W) uint8 map
-    at `src` with its last row and column repeated, adjacent runs merged."""
+    at `src` with its last row and column repeated (or its rows `rows` of q, indices up to H),
+    adjacent runs merged."""
     runs = []
     for ch in range(c):
-        for r in [*range(h), h - 1]:
-            at = src + (ch * h + r) * w
+        for r in (range(h + 1) if rows is None else rows):
+            at = src + (ch * h + min(r, h - 1)) * w
             for a, n in ((at, w), (at + w - 1, 1)):
                 if runs and runs[-1][0] + runs[-1][1] == a:
                     runs[-1] = (runs[-1][0], runs[-1][1] + n)
@@ -93,7 +101,40 @@ def smoothing_layer(c, quant, bits):
     return kpu.LayerQuant(wq, 0, 0, bn, act, tuple(quant), c, bits)
 
 
-@lowering("Resize", unit=KPU, check=bilinear2x_refuses, formats=("v3",), name="bilinear2x_kpu")
+def aligned_bands(plan, h, w):
+    """Row bands of the filter stage (final rows [f0, f1) from upsampled rows [a, b)) as `plan`'s
+    band count or more, none longer than its longest, whose inputs are each one nearest resize of
+    rows of q: the first band's rows 0 .. 2m are q's rows 0 .. m-1 sampled x[0] three times, then
+    every row twice (m -> 2m + 1, as the whole map), and every other band starts at an odd row
+    (a row's first copy) and reads an even number, each q row twice (m -> 2m); the last reads to
+    row 2n + 2. So cuts lie on odd final rows. Enough bands that one band's input and output
+    (2 x its rows x 2w+3 a channel) stay within MAIN_TARGET - 1 of the input and output maps
+    (5 x 4hw / 4 a channel): the main-memory target beside the map. None where no split fits."""
+    worst, n, F = max(b - a for _, (a, b) in plan.bands), len(plan.bands), SCALE * h
+    rows = max(4, int((MAIN_TARGET - 1) * 5 * h * w / (2 * (SCALE * w + 3))))
+    for nb in range(max(n, -(-(F + 3) // rows)), F // 4):
+        cuts = [0] + [(F * i // nb) | 1 for i in range(1, nb)] + [F]
+        if all(a < b for a, b in zip(cuts, cuts[1:])):
+            bands = [((f0, f1), (f0, f1 + 2 if f1 < F else F + 3)) for f0, f1 in zip(cuts, cuts[1:])]
+            if max(b - a for _, (a, b) in bands) <= worst and all(
+                    np.array_equal(v4_nearest(*band_resize(a, b)), band_sources(a, b) - band_sources(a, b)[0])
+                    for _, (a, b) in bands):
+                return bands
+    return None
+
+
+def band_resize(a, b):
+    """(q rows in, rows out) of the nearest resize giving upsampled rows [a, b) (aligned_bands):
+    2m + 1 rows from m for the first band, 2m from m for the others."""
+    return (b - a) // 2, b - a
+
+
+def band_sources(a, b):
+    """The q row each upsampled row of [a, b) samples."""
+    return doubled(b)[a:b]
+
+
+@lowering("Resize", unit=KPU, check=bilinear2x_refuses, formats=("v3", "v4"), name="bilinear2x_kpu")
 def bilinear2x_kpu(lw, node):
     x, out = node.inputs[0], node.outputs[0]
     c, h, w = lw.shape(x)
@@ -103,23 +144,46 @@ def bilinear2x_kpu(lw, node):
                  in_shape=(c, h, w), out_shape=lw.shape(out))
     src = lw.need_u8(x, row)
     quant = lw.locs[x].quant
-    pad, up = f"{out}:repeat", f"{out}:up"
-    ranges = repeat_last_ranges(src, c, h, w)
-    p = lw.alloc(pad, "u8", c * (h + 1) * (w + 1))
-    lw.emit("QUANTIZED_CONCAT", dict(flags=1, main_mem_out_address=p, input_count=len(ranges)), row,
-            data={"ranges": ranges})
     uh, uw = SCALE * h + 3, SCALE * w + 3
+    up = f"{out}:up"
     lw.virtual_shapes[up] = (c, uh, uw)
-    lw.locs[up] = Loc((c, uh, uw), quant=quant, u8=lw.alloc(up, "u8", c * uh * uw))
-    lw.emit("QUANTIZED_RESIZE_NEAREST_NEIGHBOR", dict(
-        flags=1, main_mem_in_address=p, main_mem_out_address=lw.locs[up].u8, in_shape=(w + 1, h + 1, c),
-        out_width=uw, out_height=uh, align_corners=0), row)
-    lw.main.free(f"{pad}:u8")
+    lw.locs[up] = Loc((c, uh, uw), quant=quant)
     stage = Node("Conv", [up], [out], dict(kernel=(3, 3), strides=(1, 1), pads=[1, 1, 1, 1], dilations=(1, 1),
                                           group=c, pick=(1, 1, 1)), f"{node.name}/smooth")
     geo, plan = geometry(lw, stage), plan_for(lw, stage)
+    bands = aligned_bands(plan, h, w) if len(plan.bands) > 1 and not plan.in_resident else None
+    gathers = []
+
+    def upsample(a, b, dst, last=False):
+        """Rows [a, b) of the upsampled map into dst: q's rows gathered, resized nearest."""
+        qa = int(band_sources(a, b)[0])
+        (m, n_out) = band_resize(a, b) if bands else (h + 1, uh)
+        ranges = repeat_last_ranges(src, c, h, w, range(qa, qa + m))
+        gathers.append(len(ranges))
+        pad = lw.alloc(f"{out}:repeat", "u8", c * m * (w + 1))
+        lw.emit("QUANTIZED_CONCAT", dict(flags=1, main_mem_out_address=pad, input_count=len(ranges)), row,
+                data={"ranges": ranges})
+        if last:
+            lw.release_read(x)          # the repeated rows are all the rest reads
+        lw.emit("QUANTIZED_RESIZE_NEAREST_NEIGHBOR", dict(
+            flags=1, main_mem_in_address=pad, main_mem_out_address=dst, in_shape=(w + 1, m, c),
+            out_width=uw, out_height=n_out, align_corners=0), row)
+        lw.main.free(f"{out}:repeat:u8")
+
+    if bands:                           # each band's rows made from x when it runs: no whole map
+        longest = max(b - a for _, (a, b) in bands)
+        plan = lw.plans[stage.name] = dataclasses.replace(plan, bands=bands, why=(
+            f"{plan.why.split(':')[0]}: {len(bands)} row bands of <= {longest} upsampled rows, each made "
+            "from the input as it runs"))
+        lw.band_sources[up] = upsample
+    else:
+        lw.locs[up].u8 = lw.alloc(up, "u8", c * uh * uw)
+        upsample(0, uh, lw.locs[up].u8, last=True)
+        lw.uses[up] = 1                 # the stage is its one reader: row bands free it once gathered
     emit_layer(lw, stage, geo, plan, smoothing_layer(c, quant, lw.opts.weight_bits), row)
+    lw.uses.pop(up, None)
+    lw.band_sources.pop(up, None)
     lw.kpu_free(lw.locs[up])
     lw.main.free(f"{up}:u8")
-    row.notes.append(f"exact: the interpolation of the input bytes rounded once ({len(ranges):,} gather ranges, "
-                     f"{8 * len(ranges):,} B)" + (f"; {plan.why}" if plan.why else ""))
+    row.notes.append(f"exact: the interpolation of the input bytes rounded once ({sum(gathers):,} gather ranges, "
+                     f"{8 * sum(gathers):,} B)" + (f"; {plan.why}" if plan.why else ""))

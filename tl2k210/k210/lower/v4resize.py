@@ -15,6 +15,8 @@ Per axis the lowering finds a v4 plan that samples the same coordinates:
   upsampling by an integer factor s takes t = 2, p = 1: 4x the bilinear evaluations of the direct
   form (the receipt shows the cost);
 * nearest downscales whose index map is a progression are a strided_slice alone;
+* bilinear 2x half_pixel upsampling takes the uint8 KPU form of v3resize.py where the KPU's
+  limits allow (a registered KPU alternative, tried first);
 * bilinear upsampling by an integer factor s that the direct form cannot sample (half_pixel:
   Keras UpSampling2D, TF2 resize) is, on the edge-padded input, a depthwise `conv2d_transpose`
   with the separable triangle kernel (2s x 2s taps, stride s): the same weights ONNX gives each
