@@ -450,9 +450,13 @@ def from_onnx(model, batch=1, input_shapes=None):
         if None in shape:
             from tl2k210.errors import ModelLoadError
             dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else "?" for d in tt.shape.dim]
+            example = ",".join("1" if i == 0 and d == "?" else str(d) for i, d in enumerate(dims))
+            how = ("--input-shape N,C,H,W, e.g. --input-shape 1,3,224,224 (in Python: input_shapes={name: "
+                   "(1, C, H, W)})" if len(dims) == 4 else
+                   f"--input-shape {example}, each ? replaced by the size it runs at (in Python: "
+                   f"input_shapes={{name: ({', '.join(map(str, dims))})}} likewise)")
             raise ModelLoadError(f"input {vi.name!r} has dims of no fixed size: {dims} as the file stores them "
-                                 "('?': any); give the size the model runs at with --input-shape N,C,H,W, e.g. "
-                                 "--input-shape 1,3,224,224 (in Python: input_shapes={name: (1, C, H, W)})")
+                                 f"('?': any); give the size the model runs at with {how}")
         if batch == 1 and not (input_shapes or {}).get(vi.name) and len(shape) >= 2 and shape[0] > 1:
             rebatched[vi.name] = shape[0]        # a K210 runs one sample at a time
             shape = (1,) + shape[1:]

@@ -80,6 +80,11 @@ def test_symbolic_spatial_dims_need_a_shape():
     with pytest.raises(ValueError, match=r"\['\?', 3, '\?', '\?'\] .* --input-shape N,C,H,W"):
         from_onnx(m)
     assert from_onnx(m, input_shapes={"x": (1, 3, 8, 8)}).shape("y") == (1, 3, 8, 8)
+    # an audio or sensor input of another rank gets an example of its own rank, not N,C,H,W
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", [1, "T", 3])], [("y", None)])
+    with pytest.raises(ValueError, match=r"\[1, '\?', 3\] .* --input-shape 1,\?,3, each \? replaced"):
+        from_onnx(m)
+    assert from_onnx(m, input_shapes={"x": (1, 16, 3)}).shape("y") == (1, 16, 3)
 
 
 def test_shape_inference_leaves_big_weights_out():

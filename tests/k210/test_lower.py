@@ -61,7 +61,8 @@ def test_check_supported_asks_the_registry():
 
 def test_argmax_and_loop_refusals_say_what_to_do():
     """Coral's deeplabv3 ends in an ArgMax over the classes: refused naming the node and saying to
-    take the argmax in the application; MoveNet's keypoint decoder (Cast of indices) likewise. A
+    take the argmax in the application; MoveNet's keypoint decoder (Cast of indices) likewise, and
+    a comparison (a decision tree's routing) names the values it compares. A
     Loop (Keras 3's LSTM through tf2onnx) is named with its
     body summed up, not printed (the message used to hold the whole body graph)."""
     m = make_model([conv_node("c", "x", "w"), helper.make_node("ArgMax", ["c"], ["y"], name="seg", axis=1)],
@@ -75,6 +76,13 @@ def test_argmax_and_loop_refusals_say_what_to_do():
                    [("x", [1, 4, 8, 8])], [("y", None)], {"w": np.ones((3, 4, 1, 1), np.float32)})
     with pytest.raises(UnsupportedOpError, match=r"node 'dec': op Cast to=7 has no K210 lowering; nearest supported "
                                                  r"form: the network before its decoder.*decode them in the application"):
+        run_pipeline(from_onnx(m))
+    m = make_model([conv_node("c", "x", "w"), helper.make_node("GreaterOrEqual", ["c", "t"], ["y"], name="route")],
+                   [("x", [1, 4, 8, 8])], [("y", None)], {"w": np.ones((3, 4, 1, 1), np.float32),
+                                                          "t": np.zeros((1,), np.float32)})
+    with pytest.raises(UnsupportedOpError, match=r"node 'route': op GreaterOrEqual has no K210 lowering; nearest "
+                                                 r"supported form: the values it compares.*--outputs naming them "
+                                                 r"\('c', 't'\) and compare them in the application"):
         run_pipeline(from_onnx(m))
     body = helper.make_graph([helper.make_node("Identity", ["v"], ["v2"]), helper.make_node("Identity", ["c0"], ["c1"])],
                              "body", [], [])

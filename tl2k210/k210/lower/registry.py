@@ -49,6 +49,10 @@ NEAREST = {
             "cell; the K210 runs a fixed sequence of layers): export a convolutional model",
     "ArgMax": "the scores before it: convert with --outputs naming them (or export the model without "
               "its ArgMax) and take the argmax in the application (K210 runtimes have none)",
+    **{op: "the values it compares: a comparison's 0/1 map (a threshold, a decision tree's routing, as in "
+           "Deep Tree Learning's anti-spoofing nets) has no K210 layer; convert with --outputs naming them "
+           "({inputs}) and compare them in the application"
+       for op in ("Greater", "GreaterOrEqual", "Less", "LessOrEqual")},
     "Cast": "the network before its decoder: a Cast is index arithmetic (MoveNet's keypoint decoding, "
             "a detector's box decoding); convert with --outputs naming its heatmaps or scores (or export "
             "the model up to them) and decode them in the application",
@@ -113,7 +117,7 @@ def select(g, node, opts, fmt="v3"):
             return select(g, node, opts, "v4")
     alts = REGISTRY.get(node.op)
     if not alts:
-        hint = NEAREST.get(node.op)
+        hint = NEAREST.get(node.op, "").replace("{inputs}", ", ".join(map(repr, node.inputs)))
         hint = (f"nearest supported form: {hint}" if hint else
                 f"replace it in the model with supported ops: {', '.join(supported_ops(fmt))}")
         raise UnsupportedOpError(f"node {node.name!r}: op {describe(node)} has no K210 lowering; {hint}")
