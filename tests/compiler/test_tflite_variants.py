@@ -105,6 +105,52 @@ def test_variant_matches_tflite(variants, name, marker, min_db):
     assert db >= min_db   # quantized variants: the float model their integers stand for
 
 
+def test_legacy_uint8_hybrid_weights_are_read_as_int8(variants, tmp_path, monkeypatch):
+    """TOCO's old post_training_quantize wrote a float conv's weights as a UINT8 tensor holding
+    int8 values (scale, zero point 0), which TFLite's hybrid kernels read as int8; tf2onnx read
+    them as 0..255 and the model came out garbage that its own float graph agreed with (a
+    one-class anomaly net and a person UNet of PINTO0309's: -17 and -549 dB against TFLite).
+    Made here from the dynamic-range file by retyping its int8 weights the legacy way: the
+    interpreter gives the same output, and so does the IR (the same graph as the int8 file's)."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils as fu
+    fb = fu.read_model(str(variants["dynamic_int8"]))
+    sg = fb.subgraphs[0]
+    retyped = 0
+    for op in sg.operators:
+        if fu.opcode_to_name(fb, op.opcodeIndex) in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"):
+            for i in op.inputs:
+                t = sg.tensors[i] if i >= 0 else None
+                if t is None or t.type != schema.TensorType.INT8 or fb.buffers[t.buffer].data is None:
+                    continue
+                q = t.quantization       # one scale a tensor, as TOCO wrote them
+                w = np.frombuffer(bytes(fb.buffers[t.buffer].data), np.int8).reshape(t.shape).astype(np.float64)
+                s = np.asarray(q.scale, np.float64).reshape([-1 if d == q.quantizedDimension else 1
+                                                               for d in range(w.ndim)])
+                top = float(np.max(s))
+                fb.buffers[t.buffer].data = np.rint(w * s / top).astype(np.int8).view(np.uint8).reshape(-1)
+                t.type, q.scale, q.zeroPoint, q.quantizedDimension = schema.TensorType.UINT8, [top], [0], 0
+                retyped += 1
+    assert retyped >= 2
+    legacy = tmp_path / "legacy_hybrid.tflite"
+    fu.write_model(fb, str(legacy))
+    x = np.random.default_rng(5).uniform(0, 1, (4, 1, H, W, 3)).astype(np.float32)
+    g = load_graph(legacy)
+    got = np.stack([run(g, xi)[g.outputs[0]] for xi in x])
+    ref = np.stack([_tflite_run(legacy, xi)[0] for xi in x])
+    print(f"legacy uint8 hybrid: IR vs TFLite interpreter {sqnr_db(ref, got):.1f} dB")
+    assert sqnr_db(ref, got) >= 35
+    # and were a form misread again, the graph's disagreement with the interpreter refuses it
+    from tl2k210.errors import ModelLoadError
+    from tl2k210.frontends import tflite
+    from tl2k210 import frontends
+    monkeypatch.setattr(tflite, "retype_legacy_hybrid", lambda model, path: 0)
+    monkeypatch.setattr(frontends, "_CACHE", {})
+    with pytest.raises(ModelLoadError, match=r"disagrees with the TFLite interpreter on a test input \(output SQNR "
+                                             r"-\d+\.\d dB\): tf2onnx misread"):
+        load_graph(legacy)
+
+
 def test_full_int8_input_scale_sets_the_input_range(variants, tmp_path):
     """A full-integer model says which float range its uint8 input stands for: convert takes the
     preprocessing from it (no --input-range) and the kmodel agrees with the TFLite model."""
