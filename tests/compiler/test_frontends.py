@@ -349,6 +349,35 @@ def test_keras_grouped_conv_becomes_an_onnx_group_conv(package, tmp_path):
     assert "_jit_compiled_convolution_op" not in vars(conv)
 
 
+def test_keras2_sequential_starting_with_a_dense_keeps_its_input_rank(tmp_path):
+    """A Keras 2 Sequential whose first layer, a Dense, carries batch_input_shape [null, 3] (an
+    autoencoder over 3 sensor values): Keras 3 loads it without a word, as (None, None, 3), and
+    the refusal asked for --input-shape N,C,H,W. Rebuilt with its InputLayer: a (1, 3) input,
+    Keras' output."""
+    import json
+
+    import h5py
+    tf()
+    import keras
+    L = keras.layers
+    keras.utils.set_random_seed(3)
+    m = keras.Sequential([keras.Input((3,)), L.Dense(2, activation="relu"), L.Dense(3)])
+    path = tmp_path / "fan.h5"
+    m.save(path)
+    with h5py.File(path, "r+") as f:          # as Keras 2 wrote it: no InputLayer
+        cfg = json.loads(f.attrs["model_config"])
+        layers = cfg["config"]["layers"]
+        if layers[0]["class_name"] == "InputLayer":
+            layers.pop(0)
+        layers[0]["config"]["batch_input_shape"] = [None, 3]
+        f.attrs["model_config"] = json.dumps(cfg)
+    assert len(keras.models.load_model(path, compile=False).inputs[0].shape) == 3     # what Keras 3 does
+    g = load_graph(path)
+    assert g.shape(g.inputs[0]) == (1, 3)
+    x = rand(1, 3)
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], np.asarray(m(x)), rtol=TOL, atol=TOL)
+
+
 def test_onnx_with_a_tf_function_call_is_refused_clearly(tmp_path):
     """An ONNX file where tf2onnx left a TF function (PartitionedCall, its body not in the file)."""
     from onnx import helper

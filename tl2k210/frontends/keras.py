@@ -7,7 +7,8 @@ differences and rebuilt with Keras' own legacy loader:
   * `SpatialDropout*D` with Keras 2 arguments (noise_shape, trainable) Keras 3 refuses: read as
     a plain `Dropout` (the same at inference: the identity);
   * a Sequential whose first layer carries `batch_input_shape`: Keras 3 adds a second batch dim
-    ("kernel of shape (3, 3, 1, 6) and input of shape (None, None, 32, 32, 1)"); an explicit
+    ("kernel of shape (3, 3, 1, 6) and input of shape (None, None, 32, 32, 1)"; a first Dense
+    even loads so, as (None, None, features), and is rebuilt the same way); an explicit
     InputLayer is put in front instead.
 Files that even the patched config does not rebuild (Keras 2 layer arguments Keras 3 refuses, e.g.
 `DepthwiseConv2D(groups=...)` of TF 2.5+ tf.keras) are read by tf-keras, the Keras 2 package for
@@ -136,6 +137,19 @@ def _patch_config(cfg):
     return cfg
 
 
+def _extra_batch_dim(cfg, model) -> bool:
+    """Did Keras 3 load a Sequential whose first layer carries `batch_input_shape` with a second
+    batch dim? It fails on a conv, but a Dense (any rank) loads, as (None, None, features)."""
+    if not isinstance(cfg, dict) or cfg.get("class_name") != "Sequential":
+        return False
+    conf = cfg.get("config")
+    layers = conf.get("layers", []) if isinstance(conf, dict) else conf or []
+    first = layers[0].get("config", {}) if layers and isinstance(layers[0], dict) else {}
+    shape = first.get("batch_input_shape") if isinstance(first, dict) else None
+    return layers[0].get("class_name") != "InputLayer" and isinstance(shape, list) and \
+        len(model.inputs[0].shape) == len(shape) + 1
+
+
 def _from_config(cfg, where):
     from keras.src.legacy.saving import saving_utils
     try:
@@ -179,9 +193,13 @@ def load_keras(path, weights=None):
     if path.suffix.lower() == ".json":
         return _load_json(path, weights)
     try:
-        return keras.models.load_model(str(path), compile=False)
+        model = keras.models.load_model(str(path), compile=False)
     except Exception as e:
         first = e
+    else:
+        if not _extra_batch_dim(cfg, model):
+            return model
+        first = ModelLoadError(f"{path}: Keras 3 loaded it with an input of rank {len(model.inputs[0].shape)}")
     kind = _h5_kind(path) if path.suffix.lower() in (".h5", ".hdf5") else None
     if kind == "model":
         import h5py
