@@ -543,15 +543,19 @@ class Calibration:
 def input_dims(x, shape: tuple) -> tuple:
     """--input-shape's N,C,H,W in the layout of ONNX graph input `x`: (N, H, W, C) where the dims
     the input declares fit only that order (a TFLite or Keras export's NHWC input, e.g. (?, ?, ?, 3)),
-    else as given."""
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in x.type.tensor_type.shape.dim]
+    or, where they fit neither (a fixed size given another: MTCNN's P-Net, exported at 1280x960
+    and run at any), where only its last dim holds the channels; else as given."""
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+            for d in x.type.tensor_type.shape.dim]
     if len(dims) != 4 or len(shape) != 4:
         return shape
     nhwc = (shape[0], shape[2], shape[3], shape[1])
 
-    def fits(s):
-        return all(d is None or d == v for d, v in zip(dims, s))
-    return nhwc if fits(nhwc) and not fits(shape) else shape
+    def fits(s, axes=range(4)):
+        return all(dims[i] is None or dims[i] == s[i] for i in axes)
+    if fits(shape) or fits(nhwc):
+        return nhwc if not fits(shape) else shape
+    return nhwc if fits(nhwc, [3]) and not fits(shape, [1]) else shape
 
 
 def load(source, opts: ConvertOptions) -> Loaded:

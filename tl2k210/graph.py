@@ -470,7 +470,10 @@ def from_onnx(model, batch=1, input_shapes=None):
     g.prune()
     if rebatched:
         _single_sample(g, rebatched)
-    infer_shapes(g)
+    fixed = {vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim) for vi in gp.input
+             if vi.name in inputs and all(d.dim_value > 0 for d in vi.type.tensor_type.shape.dim)}
+    resized = {x: s for x, s in (input_shapes or {}).items() if x in fixed and tuple(s) != fixed[x]}
+    infer_shapes(g, relabels=_relabel_reshapes(from_onnx(model, batch)) if resized else None)
     if rebatched:
         _check_single_sample(g, rebatched)
     normalize_convs(g)
@@ -653,23 +656,73 @@ def to_onnx(g, expose_all=False, name="tl2k210", shapes_only=False):
     return m
 
 
-def infer_shapes(g):
-    """Fill Tensor.shape/dtype for every activation via onnx.shape_inference on to_onnx(g)."""
-    m = onnx.shape_inference.infer_shapes(to_onnx(g, shapes_only=True), strict_mode=False, data_prop=True)
-    for vi in list(m.graph.value_info) + list(m.graph.output):
-        t = g.tensors.get(vi.name)
-        if t is None or t.is_const:
-            continue
-        tt = vi.type.tensor_type
-        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
-            t.shape = tuple(d.dim_value for d in tt.shape.dim)
-        t.dtype = np.dtype(_DT.get(tt.elem_type, np.float32))
+def infer_shapes(g, relabels=None):
+    """Fill Tensor.shape/dtype for every activation via onnx.shape_inference on to_onnx(g).
+    `relabels` (a fixed-size input given another size: _relabel_reshapes of the graph at the size
+    it was exported with): a Reshape there that only moved size-1 dims, whose constant target
+    now cannot hold its input, takes the input's new dims in the same places."""
+    while True:
+        m = onnx.shape_inference.infer_shapes(to_onnx(g, shapes_only=True), strict_mode=False, data_prop=True)
+        for vi in list(m.graph.value_info) + list(m.graph.output):
+            t = g.tensors.get(vi.name)
+            if t is None or t.is_const:
+                continue
+            tt = vi.type.tensor_type
+            if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+                t.shape = tuple(d.dim_value for d in tt.shape.dim)
+            t.dtype = np.dtype(_DT.get(tt.elem_type, np.float32))
+        if not _follow_relabels(g, relabels or {}):
+            break
+        for t in g.tensors.values():            # shapes from the old target: inferred again
+            if not t.is_const and t.name not in g.inputs:
+                t.shape = None
     for n in g.nodes:
         if n.op == "Reshape":
             _check_reshape(g, n)
         elif n.op in _BROADCASTING:
             _check_broadcast(g, n)
     return g
+
+
+def _squeezed(shape):
+    return [d for d in shape if d != 1]
+
+
+def _relabel_reshapes(g0) -> dict:
+    """{Reshape node name: its output rank and where its non-1 dims go} for the Reshapes of `g0`
+    (the graph at its exported size) with a constant target that only move size-1 dims
+    (a NHWC <-> NCHW transpose of a one-channel map, which tf2onnx writes as a Reshape)."""
+    out = {}
+    for n in g0.nodes:
+        if n.op == "Reshape" and len(n.inputs) > 1 and g0.const(n.inputs[1]) is not None:
+            a, b = g0.shape(n.inputs[0]), g0.shape(n.outputs[0])
+            if a and b and _squeezed(a) == _squeezed(b):
+                out[n.name] = (len(b), [i for i, d in enumerate(b) if d != 1])
+    return out
+
+
+def _follow_relabels(g, relabels) -> bool:
+    """Give the first relabelling Reshape whose target no longer holds its input its input's dims
+    (infer_shapes); True where one changed (shapes to infer again)."""
+    for n in g.nodes:
+        if n.name not in relabels:
+            continue
+        src = g.shape(n.inputs[0])
+        rank, where = relabels[n.name]
+        target = [int(d) for d in np.asarray(g.const(n.inputs[1])).reshape(-1)]
+        if not src or int(np.prod(src)) == int(np.prod([d for d in target if d > 0])) and -1 not in target:
+            continue
+        dims = _squeezed(src)
+        if len(dims) != len(where):
+            return False
+        new = [1] * rank
+        for i, d in zip(where, dims):
+            new[i] = d
+        if new == target:
+            continue
+        n.inputs[1] = g.add_const(np.array(new, np.int64), n.name + "/shape")
+        return True
+    return False
 
 
 _BROADCASTING = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Sum", "Mean", "PRelu", "Where",

@@ -87,6 +87,28 @@ def test_symbolic_spatial_dims_need_a_shape():
     assert from_onnx(m, input_shapes={"x": (1, 16, 3)}).shape("y") == (1, 16, 3)
 
 
+def test_a_fixed_size_input_given_another_size_moves_its_relabelling_reshapes():
+    """MTCNN's P-Net ships at 1280x960 (NHWC) and runs at any size: --input-shape 1,3,240,320 is
+    read channels-last (only that fits its 3 channels), and tf2onnx's Reshape of a one-channel
+    map NHWC -> NCHW, a constant target made for the exported size, takes the new size's dims in
+    the same places (at the exported size it only moves size-1 dims). A Reshape that flattens
+    keeps its target, so a size it cannot hold is still refused."""
+    from tl2k210.compiler import input_dims
+    relabel = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])],
+                         [("x", [1, 8, 6, 1])], [("y", None)], {"s": np.array([1, 1, 8, 6], np.int64)})
+    x0 = relabel.graph.input[0]
+    shape = input_dims(x0, (1, 1, 12, 10))
+    assert shape == (1, 12, 10, 1)
+    g = from_onnx(relabel, input_shapes={x0.name: shape})
+    assert g.shape("y") == (1, 1, 12, 10)
+    x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+    np.testing.assert_array_equal(run(g, x)["y"], np.maximum(x, 0).reshape(1, 1, 12, 10))
+    flatten = make_model([helper.make_node("Reshape", ["x", "s"], ["y"])], [("x", [1, 8, 6, 1])], [("y", None)],
+                         {"s": np.array([1, 48], np.int64)})
+    with pytest.raises(ValueError, match=r"cannot reshape x 1x12x10x1 \(120 values\) into \[1, 48\]"):
+        from_onnx(flatten, input_shapes={x0.name: shape})
+
+
 def test_shape_inference_leaves_big_weights_out():
     """infer_shapes sends weights over SHAPE_ONLY_ELEMENTS as typed inputs without values (the
     passes re-infer shapes after every pass; serialising a 240 MB AlexNet each time took ~5 s per
