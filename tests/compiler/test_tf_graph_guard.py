@@ -58,3 +58,25 @@ def test_print_to_a_file_is_refused_to_stderr_is_not(tmp_path):
     p.attr["output_stream"].s = b"file:///tmp/x"
     with pytest.raises(ModelLoadError, match="prints to a file"):
         refuse_side_effects([gd], "g.pb")
+
+
+def test_a_frozen_detection_pipeline_is_refused_by_what_makes_it_one(tmp_path):
+    """tf-mtcnn's frozen graph runs the whole detector (an image-pyramid while loop, three networks,
+    NMS, box crops, 4 Placeholders): tf2onnx failed on it with "TypeError: '' is not an accepted
+    attribute value" and the advice to give --input-shape. Refused naming the suppression, the
+    crops and the inputs; a while loop alone (a TF1 dynamic_rnn) is left to its own refusal."""
+    from tl2k210.frontends.frozen_pb import refuse_pipeline
+    t = tf()
+    gd = t.compat.v1.GraphDef()
+    for name in ("image", "min_size"):
+        gd.node.add(name=name, op="Placeholder").attr["dtype"].type = 1
+    gd.node.add(name="pnet/while/Enter", op="Enter").input.append("image")
+    refuse_pipeline(gd, "rnn.pb")                      # a loop alone: no refusal here
+    gd.node.add(name="pnet/nms", op="NonMaxSuppressionV2").input.append("pnet/while/Enter")
+    gd.node.add(name="rnet/crop", op="CropAndResize").input.append("image")
+    gd.node.add(name="out", op="Identity").input.append("rnet/crop")
+    (tmp_path / "mtcnn.pb").write_bytes(gd.SerializeToString())
+    with pytest.raises(ModelLoadError, match=r"a whole pipeline, not one network: a TF1 while loop \(1 nodes, e.g. "
+                                             r"'pnet/while/Enter'\); non-maximum suppression .*'pnet/nms'.*crop-and-"
+                                             r"resize.*2 inputs \('image', 'min_size'\).*export each network"):
+        load_model(tmp_path / "mtcnn.pb")

@@ -83,6 +83,38 @@ def _shapeless(n) -> bool:
     return not shape.is_fully_defined() or shape.rank == 0
 
 
+# ops of a whole detection pipeline around the networks: what each is, for the refusal
+PIPELINE_OPS = {
+    ("Enter", "Exit", "LoopCond", "NextIteration"): "a TF1 while loop",
+    ("NonMaxSuppression", "NonMaxSuppressionV2", "NonMaxSuppressionV3", "NonMaxSuppressionV4",
+     "NonMaxSuppressionV5", "CombinedNonMaxSuppression"): "non-maximum suppression",
+    ("CropAndResize",): "crop-and-resize of boxes",
+    ("TensorArrayV3", "TensorArrayWriteV3", "TensorArrayReadV3", "TensorArrayGatherV3"): "TensorArrays",
+}
+
+
+def refuse_pipeline(gd, path):
+    """A frozen graph that runs a whole detection pipeline (MTCNN's: image pyramid loops, three
+    networks, NMS between them, crops, four Placeholders) is refused by what makes it one, before
+    tf2onnx fails on it with an error that names none of it. Suppression or crops mark one; a
+    while loop alone is a recurrent layer's (TF1 dynamic_rnn), left to its own refusal."""
+    found, post = [], False
+    for ops, what in PIPELINE_OPS.items():
+        names = [n.name for n in gd.node if n.op in ops]
+        if names:
+            found.append(f"{what} ({len(names)} nodes, e.g. {names[0]!r})")
+            post |= what in ("non-maximum suppression", "crop-and-resize of boxes")
+    if not post:        # a loop alone: a recurrent layer's, refused by name after tf2onnx (Scan, Loop)
+        return
+    inputs = [n.name for n in gd.node if n.op == "Placeholder"]
+    if len(inputs) > 1:
+        found.append(f"{len(inputs)} inputs ({', '.join(map(repr, inputs))})")
+    raise ModelLoadError(f"{path}: a whole pipeline, not one network: {'; '.join(found)}. A K210 runs a fixed "
+                         "sequence of layers on one input: export each network in it on its own (e.g. MTCNN's "
+                         "P-Net, R-Net and O-Net as three models) and run the loops, crops and suppression in "
+                         "the application")
+
+
 def from_frozen_pb(path, opset=None, batch=1, input_shape=None):
     """input_shape (NCHW, --input-shape): for a Placeholder without a whole shape."""
     import tensorflow as tf
@@ -96,6 +128,7 @@ def from_frozen_pb(path, opset=None, batch=1, input_shape=None):
     if not gd.node:
         raise ModelLoadError(f"{path}: the GraphDef has no nodes")
     refuse_side_effects([gd], path)
+    refuse_pipeline(gd, path)
     if input_shape:
         _shape_placeholders(gd, tuple(input_shape))
     read = {i.split(":")[0].lstrip("^") for n in gd.node for i in n.input}
