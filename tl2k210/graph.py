@@ -455,8 +455,12 @@ def from_onnx(model, batch=1, input_shapes=None):
                    "(1, C, H, W)})" if len(dims) == 4 else
                    f"--input-shape {example}, each ? replaced by the size it runs at (in Python: "
                    f"input_shapes={{name: ({', '.join(map(str, dims))})}} likewise)")
+            feeds = [v.name for v in gp.input if v.name not in tensors]
+            more = (f". But first: the model has {len(feeds)} inputs ({', '.join(map(repr, feeds))}) and a "
+                    "kmodel has one (K210 runtimes feed it one image or array): export the model with one "
+                    "input, the others made constants" if len(feeds) > 1 else "")
             raise ModelLoadError(f"input {vi.name!r} has dims of no fixed size: {dims} as the file stores them "
-                                 f"('?': any); give the size the model runs at with {how}")
+                                 f"('?': any); give the size the model runs at with {how}{more}")
         if batch == 1 and not (input_shapes or {}).get(vi.name) and len(shape) >= 2 and shape[0] > 1:
             rebatched[vi.name] = shape[0]        # a K210 runs one sample at a time
             shape = (1,) + shape[1:]

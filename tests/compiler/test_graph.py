@@ -85,6 +85,11 @@ def test_symbolic_spatial_dims_need_a_shape():
     with pytest.raises(ValueError, match=r"\[1, '\?', 3\] .* --input-shape 1,\?,3, each \? replaced"):
         from_onnx(m)
     assert from_onnx(m, input_shapes={"x": (1, 16, 3)}).shape("y") == (1, 16, 3)
+    # Silero VAD: (?, ?) audio, a state and a rate: the one-input rule is said at once
+    m = make_model([helper.make_node("Add", ["x", "s"], ["y"])], [("x", ["N", "T"]), ("s", ["N", "T"])],
+                   [("y", None)])
+    with pytest.raises(ValueError, match=r"But first: the model has 2 inputs \('x', 's'\) and a kmodel has one"):
+        from_onnx(m)
 
 
 def test_a_fixed_size_input_given_another_size_moves_its_relabelling_reshapes():
