@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from lower_helpers import compile_model, conv_node, make_model, pixels, sqnr
+from lower_helpers import compile_model, conv_node, make_model, pixels, run_both, sqnr
+from tl2k210.quantize.metrics import sqnr_db
 from tl2k210 import paths
 from tl2k210.errors import KpuLimitError, UnsupportedOpError
 from tl2k210.graph import Node, describe, from_onnx
@@ -1358,3 +1359,33 @@ def test_concatenated_score_heads_lower_to_kmodel_v3():
     model, rows, lw, g = compile_model(m, px, format="v3")
     assert model.version == 3 and "Softmax" not in g.op_counts()
     assert sqnr(m, model, px) > 30
+
+
+def test_a_detector_head_concatenated_into_the_output_keeps_its_own_scale():
+    """A YOLOX-style head (Kazuhito00's person detector): per level, box logits (about -2..3) and a
+    sigmoid objectness (0..0.1) are concatenated on the channels, the levels' rows then on axis 2
+    and transposed into the output. The uint8 channel concat had put both on one grid, some 6
+    steps over the objectness (6.0 dB against TFLite); a concat that reaches a model output
+    through concats and transposes is float, each input on its own grid."""
+    n = helper.make_node
+    rng = np.random.default_rng(4)
+    nodes = [conv_node("f", "x", "wf", "bf", pads=[1, 1, 1, 1]), n("Relu", ["f"], ["r"])]
+    inits = {"wf": (rng.normal(size=(8, 3, 3, 3)) * 0.4).astype(np.float32), "bf": np.zeros(8, np.float32),
+             "shape": np.array([1, 5, 64], np.int64)}
+    for lv in ("a", "b"):
+        nodes += [conv_node(f"box{lv}", "r", f"wb{lv}", f"bb{lv}"), conv_node(f"o{lv}", "r", f"wo{lv}", f"bo{lv}"),
+                  n("Sigmoid", [f"o{lv}"], [f"obj{lv}"]),
+                  n("Concat", [f"box{lv}", f"obj{lv}"], [f"cat{lv}"], name=f"cat{lv}", axis=1),
+                  n("Reshape", [f"cat{lv}", "shape"], [f"rows{lv}"])]
+        inits.update({f"wb{lv}": (rng.normal(size=(4, 8, 1, 1)) * 0.6).astype(np.float32),
+                      f"bb{lv}": np.full(4, 0.5, np.float32),
+                      f"wo{lv}": (rng.normal(size=(1, 8, 1, 1)) * 0.2).astype(np.float32),
+                      f"bo{lv}": np.full(1, -4.0, np.float32)})
+    nodes += [n("Concat", ["rowsa", "rowsb"], ["all"], axis=2), n("Transpose", ["all"], ["y"], perm=[0, 2, 1])]
+    m = make_model(nodes, [("x", [1, 3, 8, 8])], [("y", None)], inits)
+    px = pixels(6, 3, 8, 8)
+    model, rows, lw, g = compile_model(m, px, format="v4")
+    assert "float" in next(r for r in rows if r.node == "cata").why
+    ref, got = run_both(m, model, px)
+    obj = lambda a: a.reshape(len(px), 128, 5)[..., 4].astype(np.float64)      # noqa: E731
+    assert sqnr_db(obj(ref), obj(got)) > 25

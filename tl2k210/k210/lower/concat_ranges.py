@@ -8,14 +8,15 @@ converter makes them: one rounding instead of two, no table, and the producer ca
 concat's buffer. The output range is the union of the inputs' (min/max calibration), so each such
 map's range widens to it. The walk back from an input passes ops whose output keeps their input's
 grid (max pools, nearest resizes, relabels), each the only reader of its input; it stops at the
-model input (its pixel grid is fixed). A concat that feeds a model output stays float (scores
+model input (its pixel grid is fixed). A concat that feeds a model output, also through other
+concats and transposes (a detector's heads per level, then across levels), stays float (scores
 beside boxes keep their own steps) and is left alone."""
 from __future__ import annotations
 
 from tl2k210.graph import RELABELS, toposort
 
 from .cpu import concat_refuses
-from .fc import feeds_output
+from .fc import CONCAT_MOVES, feeds_output
 
 #: ops whose uint8 output keeps their input's scale and zero point in the lowering
 SAME_GRID = ("MaxPool", "GlobalMaxPool") + tuple(RELABELS)
@@ -47,7 +48,7 @@ def share_concat_ranges(g, ranges: dict) -> int:
     moved = 0
     for node in reversed(toposort(g)):           # a concat feeding a concat: the outer one first
         out = node.outputs[0] if node.op == "Concat" else None
-        if out is None or out not in ranges or concat_refuses(g, node, None) or feeds_output(g, out):
+        if out is None or out not in ranges or concat_refuses(g, node, None) or feeds_output(g, out, CONCAT_MOVES):
             continue
         lo, hi = ranges[out]
         for t in set(node.inputs):

@@ -10,7 +10,7 @@ from tl2k210.graph import pads_of
 from tl2k210.k210 import fixed_point as fx
 from tl2k210.passes.fuse_activation import activation_of
 
-from .fc import feeds_output, logistic, source_unit
+from .fc import CONCAT_MOVES, feeds_output, logistic, source_unit
 from .memory import SLICES, float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
 
@@ -244,7 +244,7 @@ def concat_refuses(g, node, opts):
 @lowering("Concat", unit=CPU_U8, check=concat_refuses)
 def quantized_concat(lw, node):
     out = node.outputs[0]
-    if feeds_output(lw.g, out):
+    if feeds_output(lw.g, out, CONCAT_MOVES):
         return float_concat(lw, node)
     row = lw.row(node, "channel concat: QUANTIZED_CONCAT (memcpy) after requantizing inputs to one scale",
                  out_shape=lw.shape(out))

@@ -37,13 +37,18 @@ def source_unit(g, t, opts):
         t = p.inputs[0]
 
 
-def feeds_output(g, t):
-    """Is t a model output, or relabelled into one (graph.RELABELS)?"""
+#: ops that only move bytes, through which a concat's inputs still reach a model output as they are
+#: (a detector's heads concatenated per level, then across levels, then transposed)
+CONCAT_MOVES = ("Concat", "Transpose")
+
+
+def feeds_output(g, t, through=()):
+    """Is t a model output, or relabelled into one (graph.RELABELS, and the ops `through`)?"""
     while True:
         if t in g.outputs:
             return True
         cons = g.consumers(t)
-        if len(cons) != 1 or cons[0].op not in RELABELS:
+        if len(cons) != 1 or cons[0].op not in RELABELS + tuple(through):
             return False
         t = cons[0].outputs[0]
 

@@ -15,7 +15,7 @@ from tl2k210.graph import axes_of, pads_of
 from tl2k210.k210.kmodel.v4 import MEM_MAIN
 
 from .cpu import table
-from .fc import feeds_output
+from .fc import CONCAT_MOVES, feeds_output
 from .memory import SLICES, float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .v4emit import F32, FLT_MAX, NO_CLAMP, U8, Const, main, pad_scalar, slice_op, through_float
@@ -348,8 +348,8 @@ def concat(lw, node):
     ax = axis + 4 - rank
     shape = g4(lw.g, out)
     # float when every input is, or when it is a model output (scores next to boxes keep their
-    # own steps instead of one uint8 grid over both)
-    dt = F32 if feeds_output(lw.g, out) or all(_form(lw, t) == F32 for t in node.inputs) else U8
+    # own steps instead of one uint8 grid over both), through other concats and transposes
+    dt = F32 if feeds_output(lw.g, out, CONCAT_MOVES) or all(_form(lw, t) == F32 for t in node.inputs) else U8
     row = lw.row(node, f"concat on axis {axis} ({'float32' if dt == F32 else 'uint8'})", out_shape=lw.shape(out))
     so, zo = (None, None) if dt == F32 else lw.quant_of(out)
     parts, dims, tmp = [], [], []
