@@ -1564,3 +1564,23 @@ def test_float_dense_with_an_int8_models_relu6_clamp():
     ref, got = run_both(m, model, px)
     assert got.max() <= 5.777 + 1e-6 and ref.max() > 5.0
     np.testing.assert_allclose(got, ref, atol=0.1)
+
+
+@pytest.mark.parametrize("fmt", ["v3", "v4"])
+def test_a_float_sigmoid_at_the_output_writes_over_its_input(fmt, monkeypatch):
+    """A segmenter's last float map (an upsampled logit map) and its sigmoid, the model output:
+    the sigmoid is its input's last reader, so it writes over it (v3 LOGISTIC, v4 NNIL: each
+    value read, then its own index written: kmodel IN_PLACE), not beside it -- Kazuhito00's skin
+    segmenter needed two 3 MiB float maps at once and was refused for the sdk. The same bytes out."""
+    from tl2k210.k210.lower.state import Lowering
+    nodes = [N("Resize", ["r", "", "s"], ["u"], mode="linear"), N("Sigmoid", ["u"], ["y"])]
+    m = build(nodes, {"s": np.array([1, 1, 2, 2], np.float32)})
+    model, rows, lw, _ = compile_model(m, PX, format=fmt)
+    assert "written over its input (its last reader)" in " ".join(next(r for r in rows if r.op == "Sigmoid").notes)
+    plain = Lowering.u8_in_place
+    monkeypatch.setattr(Lowering, "u8_in_place", lambda self, *a, kind="u8", **k:
+                        None if kind == "f32" else plain(self, *a, kind=kind, **k))
+    apart, _, lw_apart, _ = compile_model(m, PX, format=fmt)
+    assert lw.main.high < lw_apart.main.high
+    for p in PX:
+        np.testing.assert_array_equal(Emulator(model).run(p)[0], Emulator(apart).run(p)[0])

@@ -234,6 +234,8 @@ IO_RANGES = {
     "QUANTIZE": lambda f: _count_ranges(f, ("main_mem_in_address",), "mem_out_address", 4, 1),
     "DEQUANTIZE": lambda f: _count_ranges(f, ("main_mem_in_address",), "mem_out_address", 1, 4),
     "REQUANTIZE": lambda f: _count_ranges(f, ("main_mem_in_address",), "main_mem_out_address"),
+    "LOGISTIC": lambda f: _count_ranges({**f, "count": f["channels"]}, ("main_mem_in_address",),
+                                        "main_mem_out_address", 4, 4),
 }
 
 def pool_reads_ahead(f: dict) -> bool:
@@ -254,9 +256,12 @@ def pool_reads_ahead(f: dict) -> bool:
 #: address): the standalone SDK's kpu_quantized_add (lib/drivers/kpu.c) reads 8 values of each
 #: input, then writes those 8 outputs, block by block in order, so an output that *is* one of its
 #: inputs (same address) is safe; so is kpu_requantize's `dest[oc] = table[src[oc]]` (each byte
-#: read once, to write its own index); kpu_quantized_max_pool2d when pool_reads_ahead; no other
+#: read once, to write its own index); so is kpu_logistic's `dest[oc] = 1 / (1 + exp(-src[oc]))`
+#: (nncase v0.1's reference Forward is the same loop); kpu_quantized_max_pool2d when
+#: pool_reads_ahead; no other
 IN_PLACE = {"QUANTIZED_ADD": lambda f, k, a, o: a == o,
             "REQUANTIZE": lambda f, k, a, o: a == o,
+            "LOGISTIC": lambda f, k, a, o: a == o,
             "QUANTIZED_MAX_POOL2D": lambda f, k, a, o: a == o and pool_reads_ahead(f)}
 
 

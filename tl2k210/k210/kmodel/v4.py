@@ -255,13 +255,15 @@ def _lookup_in_place(node: Node, iname: str, r, o) -> bool:
     of its loads and stores a compiler may choose reads a byte after its own store: the output
     may be the input (same range); the table may not."""
     return iname == "input" and tuple(r) == tuple(o)
+# nnil_unary_method (the same release, kernels::neutral): for each i, its program's lda_0 pushes
+# input[i] (maybe several times) and ret stores output[i] last, no CXX_RESTRICT: the same rule
 
 
 #: the per-op facts of which output may overlap which input (checked against each kernel's loop in
 #: nncase v0.2.0-beta4; an op missing here may not overlap its inputs at all: most kernels take
 #: CXX_RESTRICT pointers or read an input after writing the output, e.g. softmax, issue 29)
 IN_PLACE = {"binary": _elementwise_in_place, "quantized_binary": _elementwise_in_place,
-            "table_lookup1d": _lookup_in_place}
+            "table_lookup1d": _lookup_in_place, "nnil_unary_method": _lookup_in_place}
 
 
 def overlapping_io(model: KModelV4) -> list[str]:

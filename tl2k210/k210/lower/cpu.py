@@ -612,4 +612,4 @@ def sigmoid(lw, node):
     x, out = node.inputs[0], node.outputs[0]
     row = lw.row(node, "float LOGISTIC", in_shape=lw.shape(x), out_shape=lw.shape(out))
     lw.need_f32(x, row)
-    logistic(lw, x, out, row)
+    logistic(lw, x, out, row, node)

@@ -217,9 +217,14 @@ def _float_fc(lw, node, W=None, B=None):
         lw.main.free(f"{out}:pre")
 
 
-def logistic(lw, src, dst, row):
+def logistic(lw, src, dst, row, node=None):
+    """LOGISTIC of src's float copy into dst's; over src where `node` is its last reader (the
+    loop reads each value once, to write its own index: kmodel.v3/v4 IN_PLACE)."""
     n = int(np.prod(lw.locs[src].shape))
     a = lw.locs[src].f32
-    out = lw.f32_out(dst, lw.locs[src].shape).f32
+    out = ((node is not None and lw.u8_in_place(node, dst, src, kind="f32")) or
+           lw.f32_out(dst, lw.locs[src].shape)).f32
+    if out == a:
+        row.notes.append("written over its input (its last reader)")
     lw.emit("LOGISTIC", dict(flags=0, main_mem_in_address=a, main_mem_out_address=out, channels=n), row)
     lw.traced(dst, "f32")

@@ -498,22 +498,22 @@ class Lowering:
         self.locs[t] = loc
         return loc
 
-    def u8_in_place(self, node, t, over, quant=None):
+    def u8_in_place(self, node, t, over, quant=None, kind="u8"):
         """A uint8 home for `node`'s output `t` in the buffer of its input `over`, when the op's
         kernel may write over that input (the caller's fact: kmodel.v3/v4 IN_PLACE) and `node` is
         the input's last reader (node None: `over` is a stage of the caller's own, read only
         here): same size, no relabel or model output sharing the bytes. None otherwise (the
-        caller then takes a fresh buffer)."""
+        caller then takes a fresh buffer). kind "f32": a float32 home in `over`'s float copy."""
         src, shape = self.locs.get(over), self.shape(t)
-        name = f"{over}:u8"
-        if src is None or src.u8 is None or name not in self.main.blocks or over in self.g.outputs or \
+        name = f"{over}:{kind}"
+        if src is None or getattr(src, kind) is None or name not in self.main.blocks or over in self.g.outputs or \
                 self.main.viewed(name) or \
                 int(np.prod(src.shape)) != int(np.prod(shape)) or \
                 (node is not None and self.uses.get(over, 0) != node.inputs.count(over)) or \
                 src.pixels is not None or self.relabelled(over):
             return None
-        loc = Loc(shape, quant=quant or self.quant_of(t))
-        loc.u8 = self.main.hand_over(name, f"{t}:u8")
+        loc = Loc(shape, quant=(quant or self.quant_of(t)) if kind == "u8" else None)
+        setattr(loc, kind, self.main.hand_over(name, f"{t}:{kind}"))
         self.locs[t] = loc
         return loc
 

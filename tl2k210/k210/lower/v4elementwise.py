@@ -285,9 +285,14 @@ def float_elementwise(lw, node):
                  in_shape=lw.shape(x), out_shape=lw.shape(out))
     src = lw.need_f32(x, row)
     n = int(np.prod(lw.shape(x)))
-    loc = lw.f32_out(out, lw.shape(x))
     unary = {"Abs": 0, "Ceil": 1, "Cos": 2, "Exp": 3, "Floor": 4, "Log": 5, "Neg": 6, "Sin": 8}
-    if len(chain) == 1 and node.op in unary:
+    method = not (len(chain) == 1 and node.op in unary)
+    # an NNIL method reads input[i] before it writes output[i] (kmodel.v4 IN_PLACE): over its
+    # input where this is the input's last reader (a sigmoid on an upsampled float output)
+    loc = (method and lw.u8_in_place(node, out, x, kind="f32")) or lw.f32_out(out, lw.shape(x))
+    if loc.f32 == src and method:
+        row.notes.append("written over its input (its last reader)")
+    if not method:
         lw.emit_v4("unary", dict(input=main(F32, src, n), output=main(F32, loc.f32, n), unary_op=unary[node.op]),
                    row)
     else:
