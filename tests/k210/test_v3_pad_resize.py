@@ -237,20 +237,3 @@ def test_bilinear_2x_of_a_map_over_the_kpu_stream_runs_in_bands_made_from_x():
         assert np.array_equal(Emulator(banded).run(p)[0], want)
         quant = lw.locs[next(n for n in g.nodes if n.op == "Resize").outputs[0]].quant
         assert np.array_equal(_codes(Emulator(v4).run(p)[0], quant), _codes(want, quant))   # v4 dequantizes in float32
-
-
-def test_v4_takes_the_uint8_kpu_form_and_the_float_resize_as_its_smaller_form():
-    """kmodel v4's bilinear resize_image (and the triangle-kernel conv2d_transpose) runs on float
-    maps: the KPU form is the fast one there too. Its gather ranges and KPU layer cost bytes the
-    float form does not store, so where the plan asks for the node's smaller form (to fit, or
-    --optimize size) the float resize takes it, and `smaller` tells the plan a trade exists."""
-    m = _bilinear_model(12, 16)
-    px = pixels(3, 3, 12, 16)
-    model, rows, lw, g = compile_model(m, px, format="v4")
-    node = next(n for n in g.nodes if n.op == "Resize")
-    assert lw.lowered_by(node) == "bilinear2x_kpu" and lw.smaller.get(node.name) is False
-    small, rows_s, lw_s, _ = compile_model(m, px, format="v4", small=frozenset({node.name}))
-    assert lw_s.lowered_by(node) == "resize_bilinear"
-    assert "the smaller form was asked for" in " ".join(next(r for r in rows_s if r.node == node.name).notes)
-    from tl2k210.k210.kmodel import v4
-    assert len(v4.write(small)) < len(v4.write(model))

@@ -42,7 +42,6 @@ import numpy as np
 
 from .memory import float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
-from .state import wants_small
 from .v4emit import F32, NO_CLAMP, U8, Const, V4Op, main, slice_op, through_float
 
 f32 = np.float32
@@ -556,17 +555,7 @@ def _resize_image(lw, src, dst, c, hw, ohw, ph, pw, kind, row, tag, note=True):
         lw.main.free(f"{tag}:{k}")
 
 
-def float_trade_why(g, node, opts):
-    """registry `takes`: the float resize as the smaller form of the KPU's 2x form (v3resize.py),
-    where the plan asks for it (fit.choose_forms keeps it where the model shrinks): no gather
-    ranges (8 B a row of the map) and no KPU layer, at 4 bytes a pixel of main memory."""
-    if not wants_small(opts, node):
-        return None
-    return "the smaller form was asked for: the float resize stores no gather ranges and no KPU layer"
-
-
-@lowering("Resize", unit=CPU_F32, check=bilinear_refuses, formats=("v4",), name="resize_bilinear",
-          takes=float_trade_why)
+@lowering("Resize", unit=CPU_F32, check=bilinear_refuses, formats=("v4",), name="resize_bilinear")
 def resize_bilinear(lw, node):
     _resize(lw, node, "bilinear")
 
