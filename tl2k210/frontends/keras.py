@@ -146,7 +146,7 @@ def _extra_batch_dim(cfg, model) -> bool:
     layers = conf.get("layers", []) if isinstance(conf, dict) else conf or []
     first = layers[0].get("config", {}) if layers and isinstance(layers[0], dict) else {}
     shape = first.get("batch_input_shape") if isinstance(first, dict) else None
-    return layers[0].get("class_name") != "InputLayer" and isinstance(shape, list) and \
+    return isinstance(shape, list) and layers[0].get("class_name") != "InputLayer" and \
         len(model.inputs[0].shape) == len(shape) + 1
 
 
