@@ -323,3 +323,17 @@ def test_old_ir_onnx_file_whose_initializers_are_not_inputs_loads(tmp_path):
     g = from_onnx(load_model(src))
     assert g.op_counts() == {"Conv": 1} and src.read_bytes() == before
     _check(m, rand(1, 3, 6, 6), g)
+
+
+def test_an_op_onnx_does_not_define_is_refused_by_name(tmp_path):
+    """DBFace's PyTorch export writes its bilinear upsampling as a TensorRT-style `Plugin` node in
+    the standard domain: named with its attributes and tensors, not "No Op registered for Plugin"."""
+    from tl2k210.frontends import ModelLoadError, load_model
+    n = helper.make_node("Plugin", ["x"], ["up"], name="up", info=b'{"scale_factor": [2, 2]}', name_=b"x")
+    n.attribute[-1].name = "name"
+    g = helper.make_graph([n], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("up", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)]), tmp_path / "p.onnx")
+    with pytest.raises(ModelLoadError, match=r"node 'up' is op 'Plugin', which ONNX does not define \(a vendor's "
+                                             r"plugin: info=\{\"scale_factor\": \[2, 2\]\}, name=x\); inputs \['x'\]"):
+        load_model(tmp_path / "p.onnx")

@@ -129,8 +129,29 @@ def check_onnx(model, where):
     try:
         onnx.checker.check_model(model)
     except Exception as e:  # onnx raises several kinds
+        _refuse_unknown_ops(model, where)
         raise ModelLoadError(f"{where}: not a valid ONNX model: {str(e).splitlines()[0]}") from e
     return model
+
+
+def _refuse_unknown_ops(model, where):
+    """Where onnx's checker refused the model: a node of the standard domain whose op ONNX does
+    not define (a TensorRT-style `Plugin` from a PyTorch export: DBFace's bilinear upsampling) is
+    refused naming it, its attributes and its tensors, not as "No Op registered for Plugin".
+    (The opset-1..8 experimental ops the checker passes are graph._experimental_ops' work.)"""
+    import onnx
+    for n in model.graph.node:
+        if n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type):
+            attrs = []
+            for a in n.attribute:
+                v = onnx.helper.get_attribute_value(a)
+                v = v.decode(errors="replace") if isinstance(v, bytes) else v
+                attrs.append(f"{a.name}={str(v)[:60]}")
+            raise ModelLoadError(
+                f"{where}: node {n.name or n.output[0]!r} is op {n.op_type!r}, which ONNX does not define (a "
+                f"vendor's plugin{': ' + ', '.join(attrs) if attrs else ''}); inputs {list(n.input)}, outputs "
+                f"{list(n.output)}. Export the model with standard ONNX ops in its place (an upsampling as "
+                "Resize), or replace the node in the file")
 
 
 def _refuse_tf_calls(model, where):
