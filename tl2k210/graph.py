@@ -675,7 +675,7 @@ def infer_shapes(g, relabels=None):
             if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
                 t.shape = tuple(d.dim_value for d in tt.shape.dim)
             t.dtype = np.dtype(_DT.get(tt.elem_type, np.float32))
-        if not _follow_relabels(g, relabels or {}):
+        if not relabels or not _follow_relabels(g, relabels):
             break
         for t in g.tensors.values():            # shapes from the old target: inferred again
             if not t.is_const and t.name not in g.inputs:

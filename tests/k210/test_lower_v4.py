@@ -1577,8 +1577,8 @@ def test_a_float_sigmoid_at_the_output_writes_over_its_input(fmt, monkeypatch):
     m = build(nodes, {"s": np.array([1, 1, 2, 2], np.float32)})
     model, rows, lw, _ = compile_model(m, PX, format=fmt)
     assert "written over its input (its last reader)" in " ".join(next(r for r in rows if r.op == "Sigmoid").notes)
-    plain = Lowering.u8_in_place
-    monkeypatch.setattr(Lowering, "u8_in_place", lambda self, *a, kind="u8", **k:
+    plain = Lowering.in_place
+    monkeypatch.setattr(Lowering, "in_place", lambda self, *a, kind="u8", **k:
                         None if kind == "f32" else plain(self, *a, kind=kind, **k))
     apart, _, lw_apart, _ = compile_model(m, PX, format=fmt)
     assert lw.main.high < lw_apart.main.high

@@ -82,7 +82,7 @@ def test_elementwise_add_writes_over_the_input_it_reads_last(fmt, add, monkeypat
         assert f["main_mem_out_address"] in (f["main_mem_in_a_address"], f["main_mem_in_b_address"])
     else:
         assert L.fields["output"] in (L.fields["input_a"], L.fields["input_b"])
-    monkeypatch.setattr(state.Lowering, "u8_in_place", lambda *a, **k: None)
+    monkeypatch.setattr(state.Lowering, "in_place", lambda *a, **k: None)
     fresh = compile_model(m, px, format=fmt)[0]
     assert model.main_memory < fresh.main_memory
     for p in px:
@@ -485,7 +485,7 @@ def test_a_table_writes_over_the_map_it_reads_last(fmt, op, monkeypatch):
         assert f["main_mem_in_address"] == f["main_mem_out_address"]
     else:
         assert f["input"] == f["output"]
-    monkeypatch.setattr(state.Lowering, "u8_in_place", lambda *a, **k: None)
+    monkeypatch.setattr(state.Lowering, "in_place", lambda *a, **k: None)
     fresh = compile_model(m, px, format=fmt)[0]
     assert model.main_memory <= fresh.main_memory
     _same_outputs(model, fresh, px)

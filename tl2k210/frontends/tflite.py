@@ -274,8 +274,9 @@ def retype_legacy_hybrid(model, path) -> int:
     n = 0
     for sg in model.subgraphs:
         for op in sg.operators:
-            if fu.opcode_to_name(model, op.opcodeIndex) in ("DEQUANTIZE", "QUANTIZE") or not len(op.outputs if op.outputs is not None else []) or \
-                    sg.tensors[op.outputs[0]].type != schema.TensorType.FLOAT32:
+            outs = op.outputs if op.outputs is not None else []
+            if fu.opcode_to_name(model, op.opcodeIndex) in ("DEQUANTIZE", "QUANTIZE") or not len(outs) or \
+                    sg.tensors[outs[0]].type != schema.TensorType.FLOAT32:
                 continue
             for i in op.inputs if op.inputs is not None else []:
                 t = sg.tensors[i] if i >= 0 else None
@@ -375,10 +376,10 @@ def _interpreter_db(run_path, model) -> float | None:
     (integer outputs dequantized by their own scales), or None where either side cannot run it
     alone (several inputs, custom ops the interpreter lacks, ...)."""
     import numpy as np
-    import onnxruntime as ort
     import tensorflow as tf
 
     from tl2k210.quantize.metrics import sqnr_db
+    ort = quiet.onnxruntime()
     it = tf.lite.Interpreter(model_path=str(run_path))
     it.allocate_tensors()
     (d,) = it.get_input_details()

@@ -686,9 +686,9 @@ def emit_layer(lw, node, geo, plan, lq, row):
     # band's output waits in main memory for the others to be assembled beside the map
     tile_pick = lw.format == "v4" and not plan.out_resident and _kpu_pick(geo, bare=not single) is not None
     rows_direct = tile_pick and not single
-    # row bands with CPU post stages (v3, or v4 without a tile pick): each band's post stages write its rows of each
-    # channel into the map (a stage a channel), where the map beside one band's buffers takes less
-    # than the bands' outputs beside the map assembled after the last
+    # row bands with CPU post stages (v3, or v4 without a tile pick): each band's post stages
+    # write its rows of each channel into the map (a stage a channel), where the map beside one
+    # band's buffers takes less than the bands' outputs beside the map assembled after the last
     posted = post and not single and not rows_direct and _map_first(lw, geo, plan, x)
     stream = not tile_pick and ((post and not kpu_pick) or not plan.out_resident or (needs_main(lw, out) and not kpu_pick))
     out_loc = Loc((co, ph, pw), quant=lq.out_quant)

@@ -157,7 +157,7 @@ def quantized_add(lw, node):
         off_a, off_b, off_o = add_offsets(za, zb, zo, ma, sign * mb, mul, sh)
         mb *= sign
     # the SDK's QUANTIZED_ADD may write over an input it reads last (kmodel.v3.IN_PLACE)
-    loc = lw.u8_in_place(node, out, a_name, (so, zo)) or lw.u8_in_place(node, out, b_name, (so, zo)) or \
+    loc = lw.in_place(node, out, a_name, (so, zo)) or lw.in_place(node, out, b_name, (so, zo)) or \
         lw.u8_out(out, (so, zo))
     n = int(np.prod(loc.shape))
     lw.emit("QUANTIZED_ADD", dict(
@@ -222,7 +222,7 @@ def activation_table(lw, node):
     s_in, z_in = lw.locs[x].quant
     so, zo = lw.quant_of(out)
     f, _ = fx.act_function(_act(lw.g, node))
-    loc = lw.u8_in_place(node, out, x, (so, zo)) or lw.u8_out(out, (so, zo))   # kmodel.v3/v4 IN_PLACE
+    loc = lw.in_place(node, out, x, (so, zo)) or lw.u8_out(out, (so, zo))   # kmodel.v3/v4 IN_PLACE
     lw.emit("REQUANTIZE", dict(flags=1, main_mem_in_address=src, main_mem_out_address=loc.u8,
                                count=int(np.prod(loc.shape))), row, data={"table": table(f, s_in, z_in, so, zo)})
     lw.traced(out, "u8")

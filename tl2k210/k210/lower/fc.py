@@ -222,7 +222,7 @@ def logistic(lw, src, dst, row, node=None):
     loop reads each value once, to write its own index: kmodel.v3/v4 IN_PLACE)."""
     n = int(np.prod(lw.locs[src].shape))
     a = lw.locs[src].f32
-    out = ((node is not None and lw.u8_in_place(node, dst, src, kind="f32")) or
+    out = ((node is not None and lw.in_place(node, dst, src, kind="f32")) or
            lw.f32_out(dst, lw.locs[src].shape)).f32
     if out == a:
         row.notes.append("written over its input (its last reader)")

@@ -498,12 +498,12 @@ class Lowering:
         self.locs[t] = loc
         return loc
 
-    def u8_in_place(self, node, t, over, quant=None, kind="u8"):
-        """A uint8 home for `node`'s output `t` in the buffer of its input `over`, when the op's
-        kernel may write over that input (the caller's fact: kmodel.v3/v4 IN_PLACE) and `node` is
-        the input's last reader (node None: `over` is a stage of the caller's own, read only
-        here): same size, no relabel or model output sharing the bytes. None otherwise (the
-        caller then takes a fresh buffer). kind "f32": a float32 home in `over`'s float copy."""
+    def in_place(self, node, t, over, quant=None, kind="u8"):
+        """A home for `node`'s output `t` in the buffer of its input `over` (its uint8 one, or with
+        kind "f32" its float copy), when the op's kernel may write over that input (the caller's
+        fact: kmodel.v3/v4 IN_PLACE) and `node` is the input's last reader (node None: `over` is a
+        stage of the caller's own, read only here): same size, no relabel or model output sharing
+        the bytes. None otherwise (the caller then takes a fresh buffer)."""
         src, shape = self.locs.get(over), self.shape(t)
         name = f"{over}:{kind}"
         if src is None or getattr(src, kind) is None or name not in self.main.blocks or over in self.g.outputs or \

@@ -457,7 +457,7 @@ def activation_after(lw, src, dst, act, row):
     s_in, z_in = lw.locs[src].quant
     so, zo = lw.quant_of(dst)
     shape = lw.locs[src].shape
-    nxt = lw.u8_in_place(None, dst, src, (so, zo)) or lw.u8_out(dst, (so, zo), shape)
+    nxt = lw.in_place(None, dst, src, (so, zo)) or lw.u8_out(dst, (so, zo), shape)
     f, _ = fx.act_function(act)
     with np.errstate(over="ignore"):
         tab = table(f, s_in, z_in, so, zo)

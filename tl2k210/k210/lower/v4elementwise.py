@@ -233,7 +233,7 @@ def unary_table(lw, node):
     s_in, z_in = lw.locs[x].quant
     so, zo = lw.quant_of(out)
     f = unary_function(lw.g, node)
-    loc = lw.u8_in_place(node, out, x, (so, zo)) or lw.u8_out(out, (so, zo))   # kmodel.v3/v4 IN_PLACE
+    loc = lw.in_place(node, out, x, (so, zo)) or lw.u8_out(out, (so, zo))   # kmodel.v3/v4 IN_PLACE
     with np.errstate(all="ignore"):
         tab = table(lambda v: np.nan_to_num(f(v), nan=0.0, posinf=1e30, neginf=-1e30), s_in, z_in, so, zo)
     lw.emit("REQUANTIZE", dict(flags=1, main_mem_in_address=src, main_mem_out_address=loc.u8,
@@ -289,7 +289,7 @@ def float_elementwise(lw, node):
     method = not (len(chain) == 1 and node.op in unary)
     # an NNIL method reads input[i] before it writes output[i] (kmodel.v4 IN_PLACE): over its
     # input where this is the input's last reader (a sigmoid on an upsampled float output)
-    loc = (method and lw.u8_in_place(node, out, x, kind="f32")) or lw.f32_out(out, lw.shape(x))
+    loc = (method and lw.in_place(node, out, x, kind="f32")) or lw.f32_out(out, lw.shape(x))
     if loc.f32 == src and method:
         row.notes.append("written over its input (its last reader)")
     if not method:
@@ -406,7 +406,7 @@ def quantized_binary(lw, node):
         om, osh = fx.fixed_mul(sc / so, 32, 62)
     # an input of the output's shape that dies here may take the output (kmodel.v4.IN_PLACE)
     loc = next((loc for t in (a_t, b_t) if lw.g.const(t) is None and g4(lw.g, t) == g4(lw.g, out)
-                for loc in [lw.u8_in_place(node, out, t, (so, zo))] if loc is not None), None)
+                for loc in [lw.in_place(node, out, t, (so, zo))] if loc is not None), None)
     loc = loc or lw.u8_out(out, (so, zo))
     n = int(np.prod(loc.shape))
     lw.emit_v4("quantized_binary", dict(
