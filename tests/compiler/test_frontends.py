@@ -257,7 +257,9 @@ def test_frozen_tf1_graph_pb(tmp_path):
         if n.op == "Placeholder":
             n.attr["shape"].shape.Clear()
     (tmp_path / "s.pb").write_bytes(gd.SerializeToString())
-    with pytest.raises(ModelLoadError, match="has no shape in the graph: give it with --input-shape 1,C,H,W"):
+    # ... naming the channels its first conv reads, before tf2onnx's words, which are cut short
+    with pytest.raises(ModelLoadError, match=r"'image' has no shape in the graph, so tf2onnx cannot convert "
+                       r"it \(ValueError: Shape must be rank 4 but is rank 0\): give it with --input-shape 1,3,H,W"):
         load_model(tmp_path / "s.pb")
     g = load_graph(tmp_path / "s.pb", nchw_input_shape=(1, 3, 8, 8))
     got = run(g, {g.inputs[0]: x})[g.outputs[0]]

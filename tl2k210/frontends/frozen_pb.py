@@ -83,6 +83,21 @@ def _shapeless(n) -> bool:
     return not shape.is_fully_defined() or shape.rank == 0
 
 
+def _channels_read(gd, placeholder: str) -> str:
+    """The channels the first conv reading `placeholder` takes (its frozen filter's third dim,
+    through Identity nodes), as text for the --input-shape hint; "C" where no conv tells."""
+    nodes = {n.name: n for n in gd.node}
+    for n in gd.node:
+        if n.op in ("Conv2D", "DepthwiseConv2dNative") and n.input and n.input[0].split(":")[0] == placeholder:
+            f = nodes.get(n.input[1].split(":")[0])
+            while f is not None and f.op == "Identity" and f.input:
+                f = nodes.get(f.input[0].split(":")[0])
+            dims = [d.size for d in f.attr["value"].tensor.tensor_shape.dim] if f is not None and f.op == "Const" else []
+            if len(dims) == 4:
+                return str(dims[2])
+    return "C"
+
+
 # ops of a whole detection pipeline around the networks: what each is, for the refusal
 PIPELINE_OPS = {
     ("Enter", "Exit", "LoopCond", "NextIteration"): "a TF1 while loop",
@@ -146,8 +161,11 @@ def from_frozen_pb(path, opset=None, batch=1, input_shape=None):
         shapeless = [n.name for n in gd.node if n.op == "Placeholder" and not input_shape and _shapeless(n)]
         if not shapeless:
             raise
-        raise ModelLoadError(f"{e}; the input Placeholder {shapeless[0]!r} has no shape in the graph: give "
-                             "it with --input-shape 1,C,H,W (NCHW)") from e
+        c = _channels_read(gd, shapeless[0])
+        why = str(e).split(": tf2onnx could not convert it: ", 1)[-1].split(" for '", 1)[0]
+        raise ModelLoadError(f"{path}: the input Placeholder {shapeless[0]!r} has no shape in the graph, so "
+                             f"tf2onnx cannot convert it ({why}): give it with --input-shape 1,{c},H,W (N,C,H,W "
+                             f"whatever the graph's layout; e.g. 1,{c},240,320 for a 320x240 input)") from e
     if cut:
         chain = " -> ".join(n.op for n in gd.node if n.name in host and n.op != "Placeholder")
         image = any(n.op in IMAGE_DECODERS for n in gd.node if n.name in host)
