@@ -14,8 +14,9 @@ from .layout import MOVES, _apply
 
 
 def _axis(g, n):
-    ax = axes_of(g, n)
-    return None if ax is None or len(ax) != 1 else ax[0] % len(g.shape(n.inputs[0]))
+    """The one axis `n` reduces over, or None (several, or an input of unknown rank: a loop's)."""
+    ax, shape = axes_of(g, n), g.shape(n.inputs[0])
+    return None if ax is None or len(ax) != 1 or shape is None else ax[0] % len(shape)
 
 
 def _moved(g, t):
