@@ -337,3 +337,13 @@ def test_an_op_onnx_does_not_define_is_refused_by_name(tmp_path):
     with pytest.raises(ModelLoadError, match=r"node 'up' is op 'Plugin', which ONNX does not define \(a vendor's "
                                              r"plugin: info=\{\"scale_factor\": \[2, 2\]\}, name=x\); inputs \['x'\]"):
         load_model(tmp_path / "p.onnx")
+    # hls4ml's QONNX files: quantizers and channels-last convs in domains the file does not import
+    q = [helper.make_node("Quant", ["x", "s", "z", "b"], [f"q{i}"], domain="qonnx.custom_op.general") for i in (0, 1)]
+    c = helper.make_node("Conv", ["q0", "q1"], ["y"], domain="qonnx.custom_op.channels_last")
+    g = helper.make_graph(q + [c], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "q.onnx")
+    with pytest.raises(ModelLoadError, match=r"it uses ops of domains the file does not import, which onnx and "
+                                             r"onnxruntime refuse \('qonnx.custom_op.general': Quant x2; "
+                                             r"'qonnx.custom_op.channels_last': Conv x1\)\. These are QONNX's"):
+        load_model(tmp_path / "q.onnx")

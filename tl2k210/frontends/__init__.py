@@ -138,8 +138,27 @@ def _refuse_unknown_ops(model, where):
     """Where onnx's checker refused the model: a node of the standard domain whose op ONNX does
     not define (a TensorRT-style `Plugin` from a PyTorch export: DBFace's bilinear upsampling) is
     refused naming it, its attributes and its tensors, not as "No Op registered for Plugin".
+    Nodes of a domain the file does not import (QONNX's `Quant` and channels-last `Conv`, from
+    FINN / Brevitas / hls4ml) are refused naming the domains and their ops.
     (The opset-1..8 experimental ops the checker passes are graph._experimental_ops' work.)"""
+    import collections
+
     import onnx
+    imported = {o.domain for o in model.opset_import} | {"", "ai.onnx"}
+    foreign = collections.defaultdict(collections.Counter)
+    for n in model.graph.node:
+        if n.domain not in imported:
+            foreign[n.domain][n.op_type] += 1
+    if foreign:
+        ops = "; ".join(f"{d!r}: " + ", ".join(f"{op} x{k}" for op, k in c.most_common())
+                        for d, c in foreign.items())
+        qonnx = any(d.startswith("qonnx.") for d in foreign)
+        raise ModelLoadError(
+            f"{where}: it uses ops of domains the file does not import, which onnx and onnxruntime refuse ({ops}). "
+            + ("These are QONNX's (FINN / Brevitas / hls4ml quantization and channels-last layout); "
+               "export the model as standard ONNX: NCHW ops, and the quantizers as QuantizeLinear / "
+               "DequantizeLinear (QONNX's QuantToQCDQ) or left out (tl2k210 quantizes for the K210 itself)"
+               if qonnx else "Export the model with standard ONNX ops in their place"))
     for n in model.graph.node:
         if n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type):
             attrs = []
