@@ -477,6 +477,7 @@ def from_onnx(model, batch=1, input_shapes=None):
     fixed = {vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim) for vi in gp.input
              if vi.name in inputs and all(d.dim_value > 0 for d in vi.type.tensor_type.shape.dim)}
     resized = {x: s for x, s in (input_shapes or {}).items() if x in fixed and tuple(s) != fixed[x]}
+    g.meta["sized_by_user"] = any(x in inputs and fixed.get(x) != tuple(s) for x, s in (input_shapes or {}).items())
     infer_shapes(g, relabels=_relabel_reshapes(from_onnx(model, batch)) if resized else None)
     if rebatched:
         _check_single_sample(g, rebatched)
@@ -743,11 +744,14 @@ def _check_broadcast(g, n):
     try:
         np.broadcast_shapes(*shapes)
     except ValueError:
-        raise ModelLoadError(
-            f"{n.op} node {n.name or n.outputs[0]!r}: its inputs' shapes "
-            f"{' and '.join('x'.join(map(str, s)) for s in shapes)} do not match; with this input size "
-            "the model's maps do not line up: give an input shape that its strides divide (the size it "
-            "was exported with works)") from None
+        sizes = ' and '.join('x'.join(map(str, s)) for s in shapes)
+        why = ("with this input size the model's maps do not line up: give an input shape that its strides "
+               "divide (the size it was exported with works)") if g.meta.get("sized_by_user", True) else (
+            f"at the input size the file itself fixes, so the graph read from it (made by "
+            f"{g.meta.get('producer') or 'its exporter'}) is inconsistent there: convert the model from another "
+            "of its files (its SavedModel or Keras model rather than a .tflite), or report it with the model")
+        raise ModelLoadError(f"{n.op} node {n.name or n.outputs[0]!r}: its inputs' shapes {sizes} do not "
+                             f"match; {why}") from None
 
 
 def _check_reshape(g, n):

@@ -460,6 +460,32 @@ def test_frozen_graph_with_a_jpeg_decoder_starts_at_the_resized_image(tmp_path, 
         assert sqnr_db(sess_ref, got) > 25
 
 
+def test_a_node_tf2onnx_fails_to_convert_is_refused_not_left_broken(monkeypatch):
+    """tf2onnx's convert.from_* go on past a node whose handler raises (logging it) and return a
+    graph that is wrong there (Magenta's style transfer in TFLite: three convs after a resize to a
+    run-time size, 30 channels meeting 16): the load is refused naming the node."""
+    import tf2onnx
+    from tf2onnx.handler import tf_op
+    from tl2k210.frontends import ModelLoadError, tf_convert
+    t = tf()
+    w = np.ones((3, 3, 3, 4), np.float32)
+    spec = [t.TensorSpec((1, 8, 8, 3), t.float32, name="x")]
+
+    @t.function(input_signature=spec)
+    def fn(x):
+        return t.nn.relu(t.nn.conv2d(x, w, 1, "SAME"))
+    assert tf_convert("t", tf2onnx.convert.from_function, fn, input_signature=spec).graph.node
+
+    def broken(ctx, node, **kw):
+        raise TypeError("'NoneType' object is not subscriptable")
+    for by_op in tf_op.get_opsets()[""]:          # tf2onnx's Conv2D handler of every opset raises
+        if "Conv2D" in by_op:
+            monkeypatch.setitem(by_op, "Conv2D", (broken, by_op["Conv2D"][1]))
+    with pytest.raises(ModelLoadError, match=r"^t: tf2onnx could not convert node '[^']*Conv2D[^']*': TypeError: "
+                                             r"'NoneType' object is not subscriptable; it goes on without it"):
+        tf_convert("t", tf2onnx.convert.from_function, fn, input_signature=spec)
+
+
 def test_tf2onnx_optimizers_run_on_one_copy_and_start_again_where_one_raises(monkeypatch):
     """tf_convert runs tf2onnx's ~36 optimizer passes on one deep copy of its graph (tf2onnx
     copies it before each pass); where a pass raises, tf2onnx's own loop runs again from the

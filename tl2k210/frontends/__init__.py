@@ -127,11 +127,26 @@ def check_onnx(model, where):
     model = repair(ir4_if_initializers_unlisted(model))
     _refuse_tf_calls(model, where)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(_outputs_shaped(model))
     except Exception as e:  # onnx raises several kinds
         _refuse_unknown_ops(model, where)
         raise ModelLoadError(f"{where}: not a valid ONNX model: {str(e).splitlines()[0]}") from e
     return model
+
+
+def _outputs_shaped(model):
+    """`model` for onnx's checker, which wants a shape on every graph output: tf2onnx writes none
+    where TFLite stores the output of a size computed at run time (a style-transfer net's
+    Shape -> Resize) and tl2k210 infers it itself. A copy whose such outputs have an empty shape."""
+    bare = [i for i, v in enumerate(model.graph.output)
+            if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    if not bare:
+        return model
+    checked = type(model)()
+    checked.CopyFrom(model)
+    for i in bare:
+        checked.graph.output[i].type.tensor_type.shape.SetInParent()
+    return checked
 
 
 def _refuse_unknown_ops(model, where):
@@ -197,7 +212,7 @@ INPUT_RANGE = "tl2k210.input_range"
 def tf_convert(where, fn, *args, **kwargs):
     """Call a tf2onnx converter; turn its failures into ModelLoadError naming the model."""
     try:
-        with quiet.native_stderr(), _optimize_on_one_copy():     # TF / TF Lite C++ chatter (tl2k210/quiet.py)
+        with quiet.native_stderr(), _optimize_on_one_copy(), _node_failures() as failed:    # TF chatter: quiet.py
             model, _ = fn(*args, opset=kwargs.pop("opset", OPSET), **kwargs)
     except Tl2k210Error:
         raise
@@ -205,7 +220,36 @@ def tf_convert(where, fn, *args, **kwargs):
         msg = str(e).strip().splitlines()
         raise ModelLoadError(f"{where}: tf2onnx could not convert it: {type(e).__name__}: "
                              f"{msg[-1] if msg else ''}") from e
+    if failed:
+        node, err = failed[0]
+        more = f" (and {len(failed) - 1} more: {', '.join(repr(n) for n, _ in failed[1:4])})" if len(failed) > 1 else ""
+        raise ModelLoadError(f"{where}: tf2onnx could not convert node {node!r}{more}: {err}; it goes on without "
+                             "it, so the graph it writes is wrong there. Convert another of the model's files "
+                             "(its SavedModel or Keras model rather than a .tflite), or export it at a fixed "
+                             "input size (a size computed at run time, e.g. a resize to an input's shape, "
+                             "leaves the convs after it without one)")
     return check_onnx(structural_order(model), where)
+
+
+@contextlib.contextmanager
+def _node_failures():
+    """[(node name, its exception)] of the nodes tf2onnx failed to convert: its `convert.from_*`
+    calls go on past them (continue_on_error), logging each, and return a graph that is wrong
+    there (a style-transfer net's convs after a resize to a run-time size: 30 channels meet 16)."""
+    import logging
+    failed = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            if str(record.msg).startswith("Failed to convert node") and record.args:
+                exc = record.exc_info[1] if record.exc_info else None
+                failed.append((record.args[0], f"{type(exc).__name__}: {exc}" if exc else "failed"))
+    log, catch = logging.getLogger("tf2onnx"), Catch(logging.ERROR)
+    log.addHandler(catch)
+    try:
+        yield failed
+    finally:
+        log.removeHandler(catch)
 
 
 @contextlib.contextmanager
