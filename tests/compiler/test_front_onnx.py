@@ -3,7 +3,7 @@ constant and shape folding. Every rewrite is checked against onnxruntime on the 
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from front_helpers import make_model, ort_run, rand
 from tl2k210 import frontends
@@ -347,3 +347,16 @@ def test_an_op_onnx_does_not_define_is_refused_by_name(tmp_path):
                                              r"onnxruntime refuse \('qonnx.custom_op.general': Quant x2; "
                                              r"'qonnx.custom_op.channels_last': Conv x1\)\. These are QONNX's"):
         load_model(tmp_path / "q.onnx")
+
+
+def test_a_graph_output_without_a_shape_loads(tmp_path):
+    """tf2onnx writes no shape for an output whose size TFLite stores as unknown (computed at run
+    time); onnx's checker wants one on every graph output: the model loads and its shape is inferred."""
+    from tl2k210.frontends import load_model
+    w = numpy_helper.from_array(np.ones((4, 3, 1, 1), np.float32), "w")
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    out.type.tensor_type.ClearField("shape")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])], [out], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "o.onnx")
+    assert from_onnx(load_model(tmp_path / "o.onnx")).shape("y") == (1, 4, 8, 8)
