@@ -141,7 +141,12 @@ class Graph:
 
     def replace_uses(self, old, new):
         """Consumers of `old` read `new`. Remove the node that produced `old` first. A graph
-        output keeps its public name: `new`'s producer is renamed to write it (or an Identity)."""
+        output keeps its public name: `new`'s producer is renamed to write it (or an Identity).
+        `new` now holds `old`'s values (a conv that took the Add or BN after it in: the conv's
+        tensor), so the range a quantized model states for `old` (meta["quant_ranges"]) is `new`'s."""
+        ranges = self.meta.get("quant_ranges")
+        if ranges and old in ranges:
+            ranges[new] = ranges[old]
         for n in self.nodes:
             n.inputs = [new if i == old else i for i in n.inputs]
         if old not in self.outputs:

@@ -74,6 +74,31 @@ def test_fold_keras3_mul_add_after_depthwise():
     assert g.op_counts() == {"Conv": 1} and len(changes) == 2
 
 
+def test_a_folded_add_takes_its_range_to_the_conv():
+    """DBFace's int8 TFLite: a squeeze-excite gate relu6(conv + 3) / 6, the +3 an ADD with a fused
+    ReLU6. fold_batchnorm folds the +3 into the conv, whose tensor keeps its name; the file states
+    for that name the range before the +3 (-0.79..1.45), for the gate's input 0..4.45: the model's
+    own ranges (compiler.ModelRanges, and the ideal's) now give the conv's tensor the latter.
+    Before, every gate clipped to one value and the heat map read 0 dB, receipt and ideal alike."""
+    from tl2k210.compiler import ModelRanges
+    i8 = lambda v: np.int8(v)    # noqa: E731
+    nodes = [conv("c", "x", "w", "b"),
+             helper.make_node("QuantizeLinear", ["c", "s1", "z1"], ["cq"]),
+             helper.make_node("DequantizeLinear", ["cq", "s1", "z1"], ["cd"]),
+             helper.make_node("Add", ["cd", "three"], ["a"]),
+             helper.make_node("Clip", ["a", "lo", "hi"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s2", "z2"], ["rq"]),
+             helper.make_node("DequantizeLinear", ["rq", "s2", "z2"], ["rd"]),
+             helper.make_node("Mul", ["x", "rd"], ["y"])]
+    inits = {"w": rand(4, 4, 1, 1), "b": rand(4), "three": np.float32(3), "lo": np.float32(0),
+             "hi": np.float32(6), "s1": np.float32(0.0088), "z1": i8(-38), "s2": np.float32(0.0175), "z2": i8(-128)}
+    g, _ = run_pipeline(from_onnx(make_model(nodes, [X], [("y", None)], inits)))
+    gate = next(n for n in g.nodes if n.op == "Conv")
+    assert gate.attrs.get("activation") and len(gate.fused) >= 2, (gate.attrs, gate.fused)
+    lo, hi = ModelRanges(g).own[gate.outputs[0]]
+    assert lo == pytest.approx(0) and hi == pytest.approx(255 * 0.0175)
+
+
 def test_fold_batchnorm_leaves_shared_conv_output():
     nodes = [conv("c", "x", "w"), helper.make_node("Mul", ["c", "s"], ["m"]), helper.make_node("Add", ["c", "m"], ["y"])]
     g, changes = check(make_model(nodes, [X], [("y", None)], {"w": rand(4, 4, 1, 1), "s": rand(4, 1, 1)}),
