@@ -135,12 +135,14 @@ def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None, v
         + (f"; biggest weights: {', '.join(f'{n} {_kb(b)}' for b, n in weights)}" if weights else "")
         + (f"; biggest buffers at the main-memory peak: {', '.join(f'{n} {_kb(b)}' for b, n in bufs)}"
            if bufs else "")
-        + (f" ({_kb(sum(n for _, n in lw.parked))} of other buffers already in free KPU RAM)"
-           if getattr(lw, "parked", None) else "")
+        + (f" ({len(lw.parked)} other buffers, {_kb(sum(n for _, n in lw.parked))} in all over the run, already "
+           "in KPU RAM lines free while each lives)" if getattr(lw, "parked", None) else "")
         + (f"; {returned}, the values the runtime returns: make the model return "
            "less (export it without a last upsampling or a full-size image output, or at a smaller input) "
            "and do that step in the application" if returned else "")
-        + f". Use a smaller network{', --runtime ' + ' or '.join(bigger) if bigger else ''}"
+        + (". Or use " if returned else ". Its 8-bit ideal fits: tl2k210 has no forms near it for the layers "
+           "above yet; use " if ide is not None and ide.total <= rt.model_budget else ". Use a smaller network, ")
+        + (f"--runtime {' or '.join(bigger)}" if bigger else "a smaller input")
         + (" or kpu.load_flash (v3)" if model.version == 3 else "") + ". Nothing was written.")
 
 
