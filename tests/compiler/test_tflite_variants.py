@@ -483,3 +483,29 @@ def test_empty_quantization_vectors_read_as_absent(variants, tmp_path):
     x = np.random.default_rng(6).uniform(0, 1, (1, 3, H, W)).astype(np.float32)
     a, b = (run_pipeline(load_graph(p))[0] for p in (variants["full_int8"], odd))
     np.testing.assert_array_equal(run(a, x)[a.outputs[0]], run(b, x)[b.outputs[0]])
+
+
+def test_a_streaming_model_with_state_is_refused_saying_so(tmp_path, capsys):
+    """microWakeWord's streaming models keep a ring buffer in TFLite resource variables (CALL_ONCE
+    initialises them, operator 0: "cut the model before it" cannot be done): refused as a
+    streaming model, asking for the non-streaming form; nothing written."""
+    from tl2k210.cli import main
+    t = tf()
+
+    class Stream(t.Module):
+        def __init__(self):
+            self.ring = t.Variable(t.zeros((1, 4, 8)))
+
+        @t.function(input_signature=[t.TensorSpec((1, 1, 8), t.float32)])
+        def __call__(self, x):
+            self.ring.assign(t.concat([self.ring[:, 1:], x], axis=1))
+            return t.reduce_sum(self.ring, axis=1)
+    m = Stream()
+    c = t.lite.TFLiteConverter.from_concrete_functions([m.__call__.get_concrete_function()], m)
+    c.experimental_enable_resource_variables = True
+    src, out = tmp_path / "stream.tflite", tmp_path / "stream.kmodel"
+    src.write_bytes(c.convert())
+    assert main(["convert", str(src), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "a streaming model: it keeps state between calls in variables (" in err and "CALL_ONCE" in err
+    assert "convert the model's non-streaming form" in err and "Traceback" not in err and not out.exists()

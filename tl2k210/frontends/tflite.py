@@ -114,6 +114,10 @@ RECURRENT = {"UNIDIRECTIONAL_SEQUENCE_LSTM": "an LSTM layer over a sequence",
              "RNN": "one recurrent step", "SVDF": "a singular value decomposition filter (a recurrent layer)"}
 
 
+# ops of a model that keeps state between invocations (TFLite resource variables)
+STATE_OPS = {"CALL_ONCE", "VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE"}
+
+
 def _builtin_op(i, name):
     """'operator 3 is the builtin op SVDF (what it computes; the K210 has no recurrent layer)'."""
     what = f" ({RECURRENT[name]}; the K210 has no recurrent layer)" if name in RECURRENT else ""
@@ -132,6 +136,14 @@ def check_builtin_ops(model, path):
             name = fu.opcode_to_name(model, op.opcodeIndex)
             if name in ("CUSTOM", "DENSIFY") or name in tflite_ops.OPS or f"TFL_{name}" in known:
                 continue
+            stateful = sorted(STATE_OPS & {fu.opcode_to_name(model, o.opcodeIndex) for s in model.subgraphs
+                                           for o in s.operators})
+            if stateful:       # CALL_ONCE is operator 0: nothing comes before it to cut at
+                raise ModelLoadError(
+                    f"{path}: a streaming model: it keeps state between calls in variables ({', '.join(stateful)}; "
+                    f"{_builtin_op(i, name)}, {_tensors(sg, op)}). A kmodel holds no state from one run to the "
+                    "next: convert the model's non-streaming form (the whole input window at once), or keep "
+                    "the state in the application")
             raise ModelLoadError(
                 f"{path}: {_builtin_op(i, name)}; {_tensors(sg, op)}. Refused: tf2onnx, "
                 "the TFLite reader, has no conversion for it; export the model without it, or cut the model "
