@@ -423,10 +423,11 @@ def model_inputs(graph, dataset, limit, opts: ConvertOptions):
     layout, chw = input_layout(graph), input_chw(graph)
     if (chw is None or chw[0] not in (1, 3)) and p.is_dir() and not array_files(p):
         as_image = "" if chw is None else " ({}x{}x{} CxHxW)".format(*chw)
+        last = "" if chw is None else " or channels-last (N, {1}, {2}, {0})".format(*chw)
         raise Tl2k210Error(f"dataset {dataset} has no .npy/.npz arrays, and images give 1 (gray) or 3 (RGB) "
                            f"channels, but the model's input {shape}{as_image} is no image: give .npy/.npz arrays "
-                           f"of shape (N, {', '.join(str(d) for d in shape[1:])}) (a fully quantized model also "
-                           "converts without --dataset: its own scales give the ranges)")
+                           f"of shape (N, {', '.join(str(d) for d in shape[1:])}){last} (a fully quantized model "
+                           "also converts without --dataset: its own scales give the ranges)")
     if layout is None:
         return np.concatenate(load_arrays(p, shape))[:limit].astype(np.float32), None
     data = load_pixels(dataset, chw, limit, opts)

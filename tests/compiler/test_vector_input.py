@@ -76,3 +76,24 @@ def test_a_photo_folder_for_a_vector_input_says_what_to_give(speech, tmp_path):
         convert(speech, out, ConvertOptions(dataset=str(photos), progress=False))
     assert f"input (1, {N}) is no image" in str(e.value) and f"shape (N, {N})" in str(e.value)
     assert not out.exists()
+
+
+def test_a_photo_folder_for_a_four_channel_map_names_both_layouts(tmp_path):
+    """MediaPipe's hair segmenter reads RGB plus the last frame's mask (4 channels): the refusal
+    of a photo folder gives the array shape in both layouts load_arrays takes (a TFLite user has
+    channels-last data)."""
+    from onnx import helper
+    from PIL import Image
+
+    from front_helpers import make_model, rand
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.errors import Tl2k210Error
+    src = tmp_path / "four.onnx"
+    src.write_bytes(make_model([helper.make_node("Conv", ["x", "w"], ["y"])], [("x", [1, 4, 16, 12])],
+                               [("y", None)], {"w": rand(8, 4, 1, 1)}).SerializeToString())
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    Image.fromarray(np.zeros((16, 12, 3), np.uint8)).save(photos / "a.png")
+    with pytest.raises(Tl2k210Error, match=r"give \.npy/\.npz arrays of shape \(N, 4, 16, 12\) or channels-last "
+                                           r"\(N, 16, 12, 4\)"):
+        convert(src, tmp_path / "four.kmodel", ConvertOptions(dataset=str(photos), progress=False))
