@@ -140,6 +140,12 @@ def batchnorm_of_activations(g, log):
         if shape is None or len(shape) < 2:
             continue
         c, bshape = shape[1], (shape[1],) + (1,) * (len(shape) - 2)
+        stats = _batch_stats(g, n)
+        if stats is not None:          # TF's training-mode batch norm: the map's own statistics
+            _own_statistics(g, n, *stats)
+            log(nm, f"BatchNormalization of its input's own statistics ({c} channels, training mode) -> "
+                    "(x - mean) / sqrt(mean((x - mean)^2) + eps) * scale + bias on the centred map")
+            continue
         new = []
 
         def vec(t, k):
@@ -165,6 +171,64 @@ def batchnorm_of_activations(g, log):
         g.nodes[i:i + 1] = new
         log(nm, f"BatchNormalization of computed statistics ({c} channels) -> Sub, Add, Sqrt, Div, Mul, Add")
     return g
+
+
+def _through(g, t, ops):
+    """The producer of `t` past relabels `ops` (Squeeze, Reshape, ...), or None."""
+    p = g.producer(t)
+    while p is not None and p.op in ops:
+        p = g.producer(p.inputs[0])
+    return p
+
+
+def _batch_stats(g, n):
+    """(mean node, centred map d, d * d) where BatchNormalization n's mean is the ReduceMean of
+    its own input over every axis but the channels (kept, then squeezed or reshaped to a vector)
+    and its variance that of d * d, d = x - mean (TF1's FusedBatchNorm with is_training=True, as
+    tf2onnx writes it: ReduceSumSquare, or Mul + ReduceSum, divided by the count); else None."""
+    from tl2k210.graph import reduce_axes
+    x, shape = n.inputs[0], g.shape(n.inputs[0])
+    rm, dv = _through(g, n.inputs[3], ("Squeeze", "Reshape")), _through(g, n.inputs[4], ("Reshape",))
+    if rm is None or dv is None or rm.op != "ReduceMean" or rm.inputs[0] != x or not rm.attrs.get("keepdims", 1) \
+            or dv.op not in ("Div", "Mul") or any(g.const(i) is None for i in (n.inputs[1], n.inputs[2], dv.inputs[1])):
+        return None
+    axes, others = reduce_axes(g, rm), [i for i in range(len(shape)) if i != 1]
+    if axes is None or sorted(a % len(shape) for a in axes) != others:
+        return None
+    count, k = int(np.prod([shape[i] for i in others])), np.asarray(g.const(dv.inputs[1]), np.float64)
+    if k.size != 1 or not np.isclose(float(k.reshape(())), count if dv.op == "Div" else 1 / count, rtol=1e-6):
+        return None
+    rs = g.producer(dv.inputs[0])
+    sq = g.producer(rs.inputs[0]) if rs is not None and rs.op == "ReduceSum" else None
+    if sq is None or sq.op != "Mul" or sq.inputs[0] != sq.inputs[1] or sorted(
+            a % len(shape) for a in (reduce_axes(g, rs) or [])) != sorted(a % len(shape) for a in axes):
+        return None
+    d = g.producer(sq.inputs[0])
+    if d is None or d.op != "Sub" or d.inputs != [x, rm.outputs[0]]:
+        return None
+    return rm, d.outputs[0], sq.outputs[0]
+
+
+def _own_statistics(g, n, rm, d, d2):
+    """Replace BatchNormalization n (_batch_stats) by the centred normalization on d: the
+    variance a keepdims ReduceMean of d * d (the form instance norms take, which v4's sliced
+    normalization reads), then / sqrt(var + eps) * scale + bias per channel."""
+    x, y, nm = n.inputs[0], n.outputs[0], n.name
+    shape = g.shape(x)
+    per = (1, shape[1]) + (1,) * (len(shape) - 2)
+    t = {k: g.add_tensor(f"{y}/{k}", per if k in ("var", "var_eps", "std") else shape)
+         for k in ("var", "var_eps", "std", "norm", "scaled")}
+    vec = {k: g.add_const(np.asarray(g.const(i), np.float32).reshape(per), f"{nm}/{k}")
+           for k, i in (("scale", n.inputs[1]), ("bias", n.inputs[2]))}
+    new = [Node("ReduceMean", [d2] + rm.inputs[1:], [t["var"]], dict(rm.attrs), nm + "/var", [nm]),
+           Node("Add", [t["var"], g.add_const(np.array(n.attrs.get("epsilon", 1e-5), np.float32), nm + "/eps")],
+                [t["var_eps"]], {}, nm + "/eps", [nm]),
+           Node("Sqrt", [t["var_eps"]], [t["std"]], {}, nm + "/std", [nm]),
+           Node("Div", [d, t["std"]], [t["norm"]], {}, nm + "/normalize", [nm]),
+           Node("Mul", [t["norm"], vec["scale"]], [t["scaled"]], {}, nm + "/scale", [nm]),
+           Node("Add", [t["scaled"], vec["bias"]], [y], {}, nm, [nm])]
+    i = g.nodes.index(n)
+    g.nodes[i:i + 1] = new
 
 
 _EXPAND_ONES_MAX = 4096     # values of a ones constant an Expand becomes a Mul by; a larger one stays

@@ -74,8 +74,10 @@ def _mean(g, node, x):
     n, out = int(np.prod([s[i] for i in kept])), g4(g, node.outputs[0])
     if n == 1 and out == (1, 1, 1, 1):
         return "all"
-    # each channel's values, contiguous: the kept axes lead and count the channels
-    return "channel" if n == xs[1] and all(i < min(axes) for i in kept) and out == (1, xs[1], 1, 1) else None
+    # each channel's values, contiguous: the kept axes lead (reduced axes of size 1 aside: TF's
+    # training-mode batch norm reduces the batch axis too) and count the channels
+    big = [a for a in axes if s[a] != 1]
+    return "channel" if n == xs[1] and big and all(i < min(big) for i in kept) and out == (1, xs[1], 1, 1) else None
 
 
 def pattern(g, node) -> Norm | None:
