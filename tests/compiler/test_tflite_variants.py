@@ -222,6 +222,20 @@ def test_full_int8_without_dataset_gives_tflites_bytes(variants, tmp_path, round
     assert sqnr_db((ref - z) * s, (got - z) * s) >= 40
 
 
+def test_an_output_the_gate_lets_pass_at_its_ideal_is_flagged(variants, tmp_path):
+    """A fully quantized model's output below --min-sqnr passes the gate where its 8-bit ideal (the
+    model's own int8 ranges) is as low: the int8 model's own loss. The receipt says so and asks for
+    a check against the source model (round 59's DBFace had passed so with its heat map dead)."""
+    from tl2k210.compiler import ConvertOptions, convert
+    r = convert(variants["full_int8"], tmp_path / "own.kmodel", ConvertOptions(progress=False, min_sqnr=80))
+    out = next(iter(r.totals["outputs"].values()))
+    assert out["sqnr_db"] < 80 and out["sqnr_db"] >= out["ideal_db"] - 1
+    assert "below --min-sqnr 80 dB passed because the float model with the model's own int8 ranges" in r.table()
+    assert "tl2k210 compare" in r.table()
+    r = convert(variants["full_int8"], tmp_path / "own2.kmodel", ConvertOptions(progress=False))
+    assert "warning: output" not in r.table()
+
+
 @pytest.fixture(scope="module")
 def toco_uint8(tmp_path_factory):
     """A TF1/TOCO-era uint8 model as the Coral test data holds them (mobilenet_v1_*_quant): fake
