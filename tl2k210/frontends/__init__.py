@@ -4,6 +4,7 @@
 `load_graph(src, **opts)` also reads it into the IR (tl2k210.graph.Graph).
 TensorFlow is imported lazily inside the TF front-ends only.
 """
+import collections
 import contextlib
 import copy
 from pathlib import Path
@@ -156,8 +157,6 @@ def _refuse_unknown_ops(model, where):
     Nodes of a domain the file does not import (QONNX's `Quant` and channels-last `Conv`, from
     FINN / Brevitas / hls4ml) are refused naming the domains and their ops.
     (The opset-1..8 experimental ops the checker passes are graph._experimental_ops' work.)"""
-    import collections
-
     import onnx
     imported = {o.domain for o in model.opset_import} | {"", "ai.onnx"}
     foreign = collections.defaultdict(collections.Counter)

@@ -7,7 +7,7 @@ Mul by ones; GroupNormalization -> Reshape + InstanceNormalization + Reshape + M
 batch-norm formula of a LayerNormalization -> the centred form of the others."""
 import numpy as np
 
-from tl2k210.graph import Node
+from tl2k210.graph import Node, reduce_axes, through_relabels
 
 
 def log_softmax(g, log):
@@ -173,22 +173,13 @@ def batchnorm_of_activations(g, log):
     return g
 
 
-def _through(g, t, ops):
-    """The producer of `t` past relabels `ops` (Squeeze, Reshape, ...), or None."""
-    p = g.producer(t)
-    while p is not None and p.op in ops:
-        p = g.producer(p.inputs[0])
-    return p
-
-
 def _batch_stats(g, n):
     """(mean node, centred map d, d * d) where BatchNormalization n's mean is the ReduceMean of
     its own input over every axis but the channels (kept, then squeezed or reshaped to a vector)
     and its variance that of d * d, d = x - mean (TF1's FusedBatchNorm with is_training=True, as
     tf2onnx writes it: ReduceSumSquare, or Mul + ReduceSum, divided by the count); else None."""
-    from tl2k210.graph import reduce_axes
     x, shape = n.inputs[0], g.shape(n.inputs[0])
-    rm, dv = _through(g, n.inputs[3], ("Squeeze", "Reshape")), _through(g, n.inputs[4], ("Reshape",))
+    (rm, _), (dv, _) = through_relabels(g, n.inputs[3]), through_relabels(g, n.inputs[4])
     if rm is None or dv is None or rm.op != "ReduceMean" or rm.inputs[0] != x or not rm.attrs.get("keepdims", 1) \
             or dv.op not in ("Div", "Mul") or any(g.const(i) is None for i in (n.inputs[1], n.inputs[2], dv.inputs[1])):
         return None
