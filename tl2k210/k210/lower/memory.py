@@ -239,19 +239,29 @@ def _overlap(a: Block, b: Block, end: int) -> bool:
     return a.t0 < b1 and b.t0 < a1
 
 
-def _greedy(blocks: list, order: list, end: int) -> dict:
+def _neighbours(blocks: list, end: int) -> list:
+    """For each block, the indices of the other blocks whose lifetimes overlap its own (_overlap)."""
+    t0 = np.array([b.t0 for b in blocks], np.int64)
+    t1 = np.array([end if b.t1 is None else b.t1 for b in blocks], np.int64)
+    out = []
+    for i in range(len(blocks)):
+        live = (t0 < t1[i]) & (t0[i] < t1)
+        live[i] = False
+        out.append(np.flatnonzero(live).tolist())
+    return out
+
+
+def _greedy(blocks: list, order: list, nbr: list) -> dict:
     """TFLite Micro's greedy planner: in `order`, each buffer at the lowest offset clear of the
-    buffers already placed whose lifetimes overlap its own."""
-    placed, at = [], {}
+    buffers already placed whose lifetimes overlap its own (`nbr`: _neighbours)."""
+    at = {}
     for i in order:
-        b = blocks[i]
-        off = 0
-        for o, j in sorted((at[j], j) for j in placed if _overlap(blocks[j], b, end)):
-            if off + b.size <= o:
+        size, off = blocks[i].size, 0
+        for o, j in sorted((at[j], j) for j in nbr[i] if j in at):
+            if off + size <= o:
                 break
             off = max(off, o + blocks[j].size)
         at[i] = off
-        placed.append(i)
     return at
 
 
@@ -269,8 +279,9 @@ def plan(blocks: list, end: int, views: dict | None = None) -> tuple[dict, int]:
               sorted(idx, key=lambda i: (merged[i].t0, -merged[i].size))]
     best = None if views else {i: merged[i].start for i in idx}
     peak = lambda at: max((at[i] + merged[i].size for i in at), default=0)   # noqa: E731
+    nbr = _neighbours(merged, end)
     for order in orders:
-        at = _greedy(merged, order, end)
+        at = _greedy(merged, order, nbr)
         if best is None or peak(at) < peak(best):
             best = at
     at = {i: best[m] + off for i, (m, off) in where.items() if m in best}
@@ -293,14 +304,21 @@ def check(blocks: list, at: dict, end: int, views: dict | None = None):
     unless one is a declared view in the other (`views`, MainAllocator.view) at its offset."""
     views = views or {}
     items = sorted(at.items(), key=lambda kv: kv[1])
-    for k, (i, o) in enumerate(items):
-        for j, p in items[k + 1:]:
-            if p >= o + blocks[i].size:
-                break
-            if _overlap(blocks[i], blocks[j], end) and not (_inside(i, j, at, blocks, views)
-                                                            or _inside(j, i, at, blocks, views)):
-                raise AssertionError(f"main memory plan: {blocks[i].name} [{o}, {o + blocks[i].size}) and "
-                                     f"{blocks[j].name} [{p}, {p + blocks[j].size}) are live together "
+    ids = [i for i, _ in items]
+    o = np.array([p for _, p in items], np.int64)
+    e = o + np.array([blocks[i].size for i in ids], np.int64)
+    t0 = np.array([blocks[i].t0 for i in ids], np.int64)
+    t1 = np.array([end if blocks[i].t1 is None else blocks[i].t1 for i in ids], np.int64)
+    pos = np.arange(len(ids))
+    step = max(1, (1 << 22) // max(1, len(ids)))      # a band of rows, at most 4 M pairs at a time
+    for r in range(0, len(ids), step):                # the pairs in offset order
+        k = pos[r:r + step, None]
+        clash = (pos > k) & (o < e[k]) & (t0 < t1[k]) & (t0[k] < t1)
+        for a, b in zip(*np.nonzero(clash)):
+            i, j = ids[r + a], ids[b]
+            if not (_inside(i, j, at, blocks, views) or _inside(j, i, at, blocks, views)):
+                raise AssertionError(f"main memory plan: {blocks[i].name} [{at[i]}, {at[i] + blocks[i].size}) and "
+                                     f"{blocks[j].name} [{at[j]}, {at[j] + blocks[j].size}) are live together "
                                      f"(layers {blocks[i].t0}-{blocks[i].t1}, {blocks[j].t0}-{blocks[j].t1})")
 
 
