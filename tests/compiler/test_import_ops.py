@@ -493,11 +493,16 @@ def test_gather_of_constant_indices_is_slices(idx):
     np.testing.assert_allclose(run(g, x)[g.outputs[0]], ort_run(m, x)[0], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("form", ["unsqueeze", "graph-input"])
+@pytest.mark.parametrize("form", ["unsqueeze", "graph-input", "expand"])
 def test_prelu_with_a_computed_or_listed_slope(form):
-    """PReLU whose slope is Unsqueeze(initializer) (PyTorch exports) or an initializer also listed
-    as a graph input (IR < 4 files): the slope is a constant, the PReLU becomes conv arithmetic."""
-    if form == "unsqueeze":
+    """PReLU whose slope is Unsqueeze(initializer) (PyTorch exports), an initializer also listed
+    as a graph input (IR < 4 files) or Expand(alpha (1,C,1,1)) to the whole map (tflite2onnx: one
+    slope per channel, repeated over H and W): the slope is a constant, the PReLU becomes conv
+    arithmetic."""
+    if form == "expand":
+        nodes = [helper.make_node("Expand", ["s", "shape"], ["s2"]), helper.make_node("PRelu", ["c", "s2"], ["y"])]
+        inits = {"s": rand(1, 8, 1, 1), "shape": np.array([1, 8, 8, 8], np.int64)}
+    elif form == "unsqueeze":
         nodes = [helper.make_node("Unsqueeze", ["s", "ax"], ["s2"]), helper.make_node("PRelu", ["c", "s2"], ["y"])]
         inits = {"s": rand(8, 1), "ax": np.array([2], np.int64)}
     else:

@@ -37,10 +37,12 @@ def _slopes(g, n):
         return None
     c = shape[1]
     a = np.asarray(a, np.float64)
-    if a.size == 1:
-        return np.full(c, float(a.reshape(())))
-    full = (1,) * (4 - a.ndim) + a.shape
-    return a.reshape(c) if a.size == c and full[1] == c else None
+    if a.ndim > 4:
+        return None
+    a = a.reshape((1,) * (4 - a.ndim) + a.shape)     # one slope per channel, maybe repeated over the map
+    if a.shape[0] != 1 or a.shape[1] not in (1, c) or not np.array_equal(a, np.broadcast_to(a[:, :, :1, :1], a.shape)):
+        return None
+    return np.broadcast_to(a[0, :, 0, 0], (c,)).copy()
 
 
 def _interleave(w_pos, w_neg):

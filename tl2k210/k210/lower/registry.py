@@ -36,7 +36,7 @@ NA = ""                    # a check's answer for "this alternative is not about
 # op -> the nearest form that has a lowering, for the refusal of an op with none
 NEAREST = {
     "ConvTranspose": "nearest UpSampling2D (Resize) followed by a 3x3 Conv",
-    "PRelu": "PReLU with constant slopes (the pass prelu_split runs it on the KPU)",
+    "PRelu": "PReLU with one constant slope per channel (the pass prelu_split runs it on the KPU); not slopes that vary over the map",
     "Gelu": "Swish (x*sigmoid(x)) or ReLU",
     "ReduceMean": "GlobalAveragePooling2D", "ReduceMax": "GlobalMaxPooling2D",
     "LSTM": "a convolutional model (no recurrent ops on the K210)", "GRU": "a convolutional model",
