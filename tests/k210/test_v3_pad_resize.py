@@ -71,6 +71,40 @@ def test_channel_pad_is_a_fill_and_a_concat_bit_for_bit(relu, before, after, val
     assert compile_model(m, px, format="auto")[0].version == 3
 
 
+@pytest.mark.parametrize("fmt", ["v3", "v4"])
+@pytest.mark.parametrize("form", ["constantofshape", "initializer", "both-ends"])
+def test_concat_with_a_constant_block_is_a_channel_pad(form, fmt):
+    """Concat(x, zeros) on channels (tflite2onnx's and tf2onnx 1.7's form of TFLite's channel PAD
+    in BlazeFace and FaceMesh; it was an internal KeyError) is the Pad it stands for: the same
+    bytes as that Pad's model, close to onnxruntime; a non-uniform constant is refused by name."""
+    rng = np.random.default_rng(3)
+    nodes, inits = _head(True, 4, rng)
+    n = helper.make_node
+    if form == "constantofshape":
+        nodes.append(n("ConstantOfShape", ["zshape"], ["z"]))
+        inits["zshape"] = np.array([1, 3, 12, 12], np.int64)
+        ins = ["r0", "z"]
+    else:
+        inits["z"] = np.zeros((1, 3, 12, 12), np.float32)
+        ins = ["z", "r0", "z"] if form == "both-ends" else ["r0", "z"]
+    nodes += [n("Concat", ins, ["cc"], axis=1, name="concat"), n("Identity", ["cc"], ["y"])]
+    m = make_model(nodes, [("x", [1, 3, 12, 12])], [("y", None)], inits)
+    px = pixels(3, 3, 12, 12)
+    model, _, lw, g = compile_model(m, px, format=fmt)
+    assert "Concat" not in {x.op for x in g.nodes} and "Pad" in {x.op for x in g.nodes}
+    before = 3 if form == "both-ends" else 0
+    padded, *_ = compile_model(_channel_pad_model(True, before, 3, c=4, seed=3), px, format=fmt)
+    emu, ref = Emulator(model), Emulator(padded)
+    for p in px:
+        assert np.array_equal(emu.run(p)[0], ref.run(p)[0])
+    assert sqnr(m, model, px) > 30
+    inits["z"] = rng.normal(size=(1, 3, 12, 12)).astype(np.float32)
+    if form != "constantofshape":
+        m = make_model(nodes, [("x", [1, 3, 12, 12])], [("y", None)], inits)
+        with pytest.raises(Exception, match="input 'z' .* is a constant map"):
+            compile_model(m, px, format=fmt)
+
+
 # ------------------------------------------------------------------ bilinear 2x
 def _resize_model(h, w, mode="half_pixel"):
     return make_model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear",

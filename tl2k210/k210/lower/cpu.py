@@ -235,6 +235,11 @@ def concat_refuses(g, node, opts):
         return f"Concat on axis {node.attrs.get('axis')}: only channel concat (axis 1) is lowered"
     shape = g.shape(node.outputs[0])
     axis = node.attrs.get("axis", 1) % len(shape)
+    const = [t for t in node.inputs if g.const(t) is not None]
+    if const:       # a uniform block at an end is a Pad (passes/concat_pad.py)
+        return (f"input {const[0]!r} {tuple(g.shape(const[0]) or ())} is a constant map: the runtime's concat "
+                "copies maps that layers computed; a constant of one value at either end of the maps is "
+                "lowered as a pad, other constants are not")
     if int(np.prod(shape[:axis])) != 1:
         return (f"Concat on axis {axis} of {shape}: each input is {int(np.prod(shape[:axis]))} ranges of the output "
                 "(the SDK's concat copies one range per input)")
