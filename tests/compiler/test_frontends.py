@@ -168,10 +168,26 @@ def test_onnx_file_and_corrupt_files(tmp_path):
     (tmp_path / "bad.tflite").write_bytes(b"\x00" * 64)
     (tmp_path / "bad.keras").write_bytes(b"PK\x03\x04 not really a zip")
     (tmp_path / "model.pt").write_bytes(b"x")
+    (tmp_path / "model.bin").write_bytes(b"x")
     for name, msg in [("bad.onnx", "bad.onnx"), ("bad.tflite", "TFL3"), ("bad.keras", "bad.keras"),
-                      ("model.pt", "unknown model kind"), ("missing.onnx", "no such file"), (".", "saved_model.pb")]:
+                      ("model.pt", "a PyTorch file.*export the model to ONNX"), ("model.bin", "unknown model kind"),
+                      ("missing.onnx", "no such file"), (".", "saved_model.pb")]:
         with pytest.raises(ModelLoadError, match=msg):
             load_model(tmp_path / name)
+
+
+def test_a_file_whose_suffix_is_unknown_is_read_by_its_bytes(tmp_path):
+    """Edge Impulse's `.lite` (TFLite) and the Keras tutorials' `.model` (HDF5) load as what their
+    first bytes say; an error names the user's file, not the link the loader read it through."""
+    import h5py
+    src = need_testdata("tflite/iris.tflite")
+    (tmp_path / "iris.lite").write_bytes(src.read_bytes())
+    assert load_graph(tmp_path / "iris.lite").op_counts() == load_graph(src).op_counts() == {"Gemm": 2, "Relu": 1}
+    with h5py.File(tmp_path / "empty.model", "w") as f:
+        f.attrs["x"] = 1
+    with pytest.raises(ModelLoadError, match="Keras could not load it") as e:
+        load_model(tmp_path / "empty.model")
+    assert str(e.value).startswith(str(tmp_path / "empty.model")) and "tl2k210-kind-" not in str(e.value)
 
 
 def test_tflite_from_keras_residual(tmp_path):

@@ -72,10 +72,52 @@ def load_model(src, **opts):
     return model
 
 
+KNOWN = (".keras", ".h5", ".hdf5", ".json", ".tflite", ".pb", ".onnx", ".npz")
+
+
+def _kind(path) -> str:
+    """The file's model kind as a suffix: its own where tl2k210 knows it, else what its first bytes
+    say (Edge Impulse's `.lite` TFLite files, the Keras tutorials' HDF5 `.model`), else its own."""
+    suffix = path.suffix.lower()
+    if suffix in KNOWN or not path.is_file():
+        return suffix
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head[4:8] == b"TFL3":                        # the FlatBuffer's file identifier
+        return ".tflite"
+    if head == b"\x89HDF\r\n\x1a\n":                # the HDF5 signature
+        return ".h5"
+    if head[:4] == b"PK\x03\x04":                    # a Keras 3 zip (config.json + weights), not a PyTorch zip
+        import zipfile
+        try:
+            with zipfile.ZipFile(path) as z:
+                if "config.json" in z.namelist():
+                    return ".keras"
+        except (zipfile.BadZipFile, OSError):
+            pass
+    return suffix
+
+
+def _as_kind(path, suffix, *args, **opts):
+    """`path` loaded through a link named for the kind its bytes say (the loaders, Keras 3's
+    among them, go by the suffix); an error names `path`, not the link."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="tl2k210-kind-") as d:
+        link = Path(d) / (path.stem + suffix)
+        link.symlink_to(path.resolve())
+        try:
+            return _load_path(link, *args, **opts)
+        except Tl2k210Error as e:
+            e.args = tuple(a.replace(str(link), str(path)) if isinstance(a, str) else a for a in e.args)
+            raise
+
+
 def _load_path(path, outputs=None, shape=None, **opts):
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or directory; check the path")
-    suffix = path.suffix.lower()
+    suffix = _kind(path)
+    if suffix != path.suffix.lower():
+        return _as_kind(path, suffix, outputs, shape, **opts)
     if "network" in opts or suffix == ".npz":
         if "network" not in opts:
             raise ModelLoadError(f"{path}: a TensorLayer weight file needs its network (network=tl.models.Model)")
@@ -109,8 +151,14 @@ def _load_path(path, outputs=None, shape=None, **opts):
     if suffix == ".onnx":
         from .onnx_file import from_onnx_file
         return from_onnx_file(path)
-    raise ModelLoadError(f"{path}: unknown model kind {suffix!r}; expected .keras/.h5/.json/.tflite/.onnx/.pb (frozen graph), "
-                         "a SavedModel directory or a TensorLayer weight file with network=")
+    if suffix in (".pt", ".pth"):
+        raise ModelLoadError(f"{path}: a PyTorch file, which tl2k210 does not read; export the model to ONNX "
+                             "(torch.onnx.export(model, torch.randn(1, 3, H, W), 'model.onnx')) and convert that")
+    if suffix == ".kmodel":
+        raise ModelLoadError(f"{path}: already a kmodel; `tl2k210 inspect` describes it, `tl2k210 run` runs it")
+    raise ModelLoadError(f"{path}: unknown model kind {suffix!r} (nor do its first bytes say TFLite, HDF5 or a Keras "
+                         "zip); expected .keras/.h5/.json/.tflite/.onnx/.pb (frozen graph), a SavedModel directory "
+                         "or a TensorLayer weight file with network=")
 
 
 def load_graph(src, batch=1, **opts):
