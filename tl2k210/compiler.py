@@ -23,7 +23,7 @@ from tl2k210.k210.fit import BudgetError, FormatError  # noqa: F401  (raised by 
 from tl2k210.k210.kmodel import atomic_write, dumps, v3
 from tl2k210.k210.lower.concat_ranges import share_concat_ranges
 from tl2k210.k210.lower.state import check_one_input
-from tl2k210.quality import finite_sqnr, ideal_text, quality_gate, sqnr_text
+from tl2k210.quality import at_own_ideal, finite_sqnr, ideal_text, quality_gate, sqnr_text
 from tl2k210.tables import text_table
 
 # what each firmware leaves for model file + main memory: one table, tl2k210/k210/firmware.py
@@ -135,7 +135,7 @@ class Receipt:
                          "calibration samples" + (" (the lowest)" if len(outs) > 1 else
                                                   "".join(ideal_text(o) for o in outs.values())))
         excused = [n for n, o in outs.items() if o.get("sqnr_db") is not None and 0 < t.get("min_sqnr", 0)
-                   and o["sqnr_db"] < t["min_sqnr"]]
+                   and o["sqnr_db"] < t["min_sqnr"] and at_own_ideal(o)]
         if excused:       # the gate let them through: at their ideal with the model's own int8 ranges
             lines.append(f"warning: output {', '.join(excused)} below --min-sqnr {t['min_sqnr']:g} dB passed "
                          "because the float model with the model's own int8 ranges loses as much (its 8-bit "

@@ -35,6 +35,12 @@ def _collapsed(r, min_sqnr):
     return (r.get("sqnr_note") or "").startswith("NaN") or r.get("sqnr_db") is not None and r["sqnr_db"] < min_sqnr
 
 
+def at_own_ideal(r) -> bool:
+    """Is output receipt row `r` within 1 dB of its 8-bit ideal (what excuses a quantized model's
+    output below --min-sqnr: the loss is the model's own quantization)?"""
+    return r.get("sqnr_db") is not None and r.get("ideal_db") is not None and r["sqnr_db"] >= r["ideal_db"] - 1
+
+
 def quality_gate(receipt, nonfinite, min_sqnr, own_quantization=False):
     """Refuse (QualityError, with the receipt) a kmodel whose outputs are NaN/Inf on the
     calibration samples (`nonfinite`: {output: count}) or below `min_sqnr` dB vs the float model,
@@ -46,8 +52,7 @@ def quality_gate(receipt, nonfinite, min_sqnr, own_quantization=False):
     t = receipt.totals
     bad = {o: k for o, k in nonfinite.items() if k}
     low = {o: r for o, r in t["outputs"].items() if _collapsed(r, min_sqnr)
-           and not (own_quantization and r.get("sqnr_db") is not None and r.get("ideal_db") is not None
-                    and r["sqnr_db"] >= r["ideal_db"] - 1)}
+           and not (own_quantization and at_own_ideal(r))}
     if not bad and not low:
         return
     measured = [r for r in receipt.layers if r.get("sqnr_db") is not None]
@@ -66,8 +71,7 @@ def quality_gate(receipt, nonfinite, min_sqnr, own_quantization=False):
             receipt)
     what = ", ".join(f"{o} {sqnr_text(r['sqnr_db'], r.get('sqnr_note'))} dB{ideal_text(r)}" for o, r in low.items())
     dense = first is not None and "Gemm" in " ".join(first.get("fused") or []) + first["node"]
-    at_ideal = all(r.get("ideal_db") is not None and r["sqnr_db"] is not None and r["sqnr_db"] >= r["ideal_db"] - 1
-                   for r in low.values())
+    at_ideal = all(at_own_ideal(r) for r in low.values())
     raise QualityError(
         f"{receipt.source}: output SQNR vs the float model {what} on {n} calibration samples, below "
         f"--min-sqnr {min_sqnr:g} dB{where}. "

@@ -232,6 +232,8 @@ def test_an_output_the_gate_lets_pass_at_its_ideal_is_flagged(variants, tmp_path
     assert out["sqnr_db"] < 80 and out["sqnr_db"] >= out["ideal_db"] - 1
     assert "below --min-sqnr 80 dB passed because the float model with the model's own int8 ranges" in r.table()
     assert "tl2k210 compare" in r.table()
+    out["ideal_db"] = out["sqnr_db"] + 5      # an output the gate refuses (a refusal prints the receipt too)
+    assert "warning: output" not in r.table()
     r = convert(variants["full_int8"], tmp_path / "own2.kmodel", ConvertOptions(progress=False))
     assert "warning: output" not in r.table()
 
