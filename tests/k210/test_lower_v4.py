@@ -928,6 +928,20 @@ def test_wide_dense_quantized_matmul_in_output_ranges():
     assert "in 2 output ranges of their own scale" in " ".join(next(r for r in rows if r.op == "Gemm").notes)
 
 
+def test_dense_over_an_exact_int32_sum_is_summed_slices():
+    """34,560 inputs per output: over the 33,025 uint8 products an int32 sums exactly, so one
+    quantized_matmul cannot take it (it stayed a float layer, 4 bytes a weight). Two slices of
+    17,280, each a quantized_matmul on its weight columns (1 byte a weight), summed by an add:
+    bit for bit the reference runner, close to onnxruntime."""
+    w = W(10, 240 * 12 * 12, scale=0.02)
+    nodes = [N("Flatten", ["r"], ["f"]), N("Gemm", ["f", "wg", "bg"], ["g"], transB=1), N("Relu", ["g"], ["y"])]
+    model, q, rows = check_v4(build(nodes, {"wg": w, "bg": W(10)}, c=240), opcodes=("quantized_matmul",), min_sqnr=24)
+    mms = [nd for nd in model.nodes if nd.name == "quantized_matmul"]
+    assert sorted(nd.fields["a_cols"] for nd in mms) == [17280, 17280] and "matmul" not in [nd.name for nd in model.nodes]
+    dense = [r for r in rows if r.op == "Gemm"]
+    assert len(dense) == 2 and sum(r.weight_bytes for r in dense) <= w.size + 2 * 4 * 10
+
+
 def test_dense_translation_pads_uploads_and_slices():
     """A KPU dense layer (v3: ADD_PADDING, conv, REMOVE_PADDING) as v4 nodes: pad, kpu_upload,
     kpu_conv2d, strided_slice."""

@@ -50,6 +50,7 @@ from .lower.registry import CPU_F32
 from .passes.entry_conv import entry_conv
 from .passes.kpu_padding import kpu_padding
 from .passes.kxk_windows import kxk_windows
+from .passes.long_dense import long_dense
 from .passes.matmul_to_conv import conv_as_dense, matmul_to_conv
 from .passes.stride2_even_maps import stride2_even_maps
 from .passes.unequal_strides import unequal_strides
@@ -112,6 +113,7 @@ PIPELINE = [
     Pass("prelu_pattern", prelu_pattern),
     Pass("l2_normalize", l2_normalize),
     Pass("matmul_to_conv", matmul_to_conv),
+    Pass("long_dense", long_dense),         # over quantized_matmul's exact int32 sum: slices, summed
     Pass("fold_batchnorm", fold_batchnorm),
     Pass("pad_into_conv", pad_into_conv),
     Pass("conv_as_dense", conv_as_dense),
@@ -147,7 +149,8 @@ def run_pipeline(graph, options=None, target=None):
     v3 = target.format == "v3" or target.v3_only     # kmodel v3 has no pad layer: fold every Pad it can
     bound = {check_supported: functools.partial(check_supported, opts=target),
              pad_into_conv: functools.partial(pad_into_conv, repeat=v3),
-             kxk_windows: functools.partial(kxk_windows, v4=not v3)}
+             kxk_windows: functools.partial(kxk_windows, v4=not v3),
+             long_dense: functools.partial(long_dense, v4=not v3)}
     pipeline = [Pass(p.name, bound.get(p.fn, p.fn), p.default, p.exact) for p in PIPELINE]
     return generic.run_pipeline(pipeline, graph, options)
 
