@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from tl2k210 import paths
+from tl2k210.frontends import model_kind
 
 REPO = paths.checkout()
 sys.path.insert(0, str(REPO / "tests"))
@@ -79,7 +80,7 @@ def main(argv=None):
     ap.add_argument("--json")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
-    files = sorted(f for f in Path(args.folder).iterdir() if f.suffix in SUFFIXES)
+    files = sorted(f for f in Path(args.folder).iterdir() if model_kind(f) in SUFFIXES)   # `.lite`, `.model` too
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

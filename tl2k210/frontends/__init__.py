@@ -75,7 +75,7 @@ def load_model(src, **opts):
 KNOWN = (".keras", ".h5", ".hdf5", ".json", ".tflite", ".pb", ".onnx", ".npz")
 
 
-def _kind(path) -> str:
+def model_kind(path) -> str:
     """The file's model kind as a suffix: its own where tl2k210 knows it, else what its first bytes
     say (Edge Impulse's `.lite` TFLite files, the Keras tutorials' HDF5 `.model`), else its own."""
     suffix = path.suffix.lower()
@@ -115,7 +115,7 @@ def _as_kind(path, suffix, *args, **opts):
 def _load_path(path, outputs=None, shape=None, **opts):
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or directory; check the path")
-    suffix = _kind(path)
+    suffix = model_kind(path)
     if suffix != path.suffix.lower():
         return _as_kind(path, suffix, outputs, shape, **opts)
     if "network" in opts or suffix == ".npz":
