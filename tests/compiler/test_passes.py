@@ -782,15 +782,19 @@ def test_pixel_shuffle_chain_is_one_depth_to_space(mode):
     (3, 2, [1, 1, 0, 0], 2, {}, ["Conv3", "DepthToSpace"]),                 # ... the odd pixel first, grouped
     (3, 2, [1, 1, 1, 1], 1, {}, ["ConvTranspose"]),       # output 2H - 1: phases of 2 and 1 tap, cropped
     (4, 2, None, 1, {"auto_pad": "SAME_LOWER", "output_padding": [1, 1]}, ["ConvTranspose"]),
+    (2, 2, [0, 0, 0, 0], 1, {"output_shape": [10, 14]}, ["Conv", "DepthToSpace"]),   # tf2onnx's TRANSPOSE_CONV
+    (4, 2, None, 1, {"output_shape": [10, 14]}, ["ConvTranspose"]),         # pads computed from it: left
 ])
 def test_conv_transpose_is_phase_convs_and_a_pixel_shuffle(k, s, pads, group, extra, ops):
     """A transposed conv whose kernel is a multiple of its stride becomes one Conv computing the
     s*s phases (k/s taps each, every weight once) + DepthToSpace (CRD) + a Slice for the padding:
     onnxruntime's ConvTranspose to float rounding. Where the phases have 2 taps and the output is
     s times the input ("Conv3"), each phase's taps sit in a 3x3 window of their own, one 3x3 conv
-    with 1-pixel padding (the KPU's form) + DepthToSpace, no Slice, k = 3 included. Other kernels
-    that are no multiple (their phases would store zero taps) and SAME with output_padding (onnx
-    and onnxruntime disagree on its shape) stay as they are."""
+    with 1-pixel padding (the KPU's form) + DepthToSpace, no Slice, k = 3 included; an
+    `output_shape` that is the plain s x input (MediaPipe's selfie segmenter through tf2onnx) too.
+    Other kernels that are no multiple (their phases would store zero taps), SAME with
+    output_padding (onnx and onnxruntime disagree on its shape) and an output_shape that implies
+    padding stay as they are."""
     ci, co = 4, 8
     w, b = rand(ci, co // group, k, k), rand(co)
     attrs = dict(strides=[s, s], kernel_shape=[k, k], group=group, **extra)

@@ -20,7 +20,7 @@ computes every phase of every output row, and DepthToSpace alone places them: no
 k need not be a multiple of s (the missing taps are zeros; a KPU kernel stores 3x3 taps anyway).
 
 Left as it is (float conv2d_transpose) where neither applies: a kernel that is no multiple of s
-whose phases do not fit a 3x3 window, dilations, an `output_shape` attribute, unequal strides,
+whose phases do not fit a 3x3 window, dilations, an `output_shape` that implies padding, unequal strides,
 auto_pad SAME with output_padding, or padding the phases cannot reach."""
 import numpy as np
 
@@ -44,6 +44,15 @@ def convt_pads(node, in_hw, out_hw, k):
     return [lo[0], lo[1], tot[0] - lo[0], tot[1] - lo[1]]
 
 
+def _no_padding(a, xs, ys, k) -> bool:
+    """Does an `output_shape` attribute ask for the plain s x in (+ k - s) output, no padding to
+    compute from it (TFLite's TRANSPOSE_CONV through tf2onnx writes one on every such node)?"""
+    s = a.get("strides", (1, 1))
+    op = a.get("output_padding", (0, 0))
+    return (list(a["output_shape"])[-2:] == list(ys[2:]) and not any(a.get("pads", ())) and
+            all(s[i] * (xs[2 + i] - 1) + op[i] + k[i] == ys[2 + i] for i in range(2)))
+
+
 def _geometry(g, n):
     """(kernel, stride, input shape, output shape, pads) or a reason to leave the node."""
     a = n.attrs
@@ -51,8 +60,10 @@ def _geometry(g, n):
     xs, ys = g.shape(n.inputs[0]), g.shape(n.outputs[0])
     if w is None or xs is None or ys is None or len(xs) != 4 or np.ndim(w) != 4:
         return "not a 2-D transposed conv with constant weights"
-    if "output_shape" in a or tuple(a.get("dilations", (1, 1))) != (1, 1):
-        return "output_shape or dilations"
+    if tuple(a.get("dilations", (1, 1))) != (1, 1):
+        return "dilations"
+    if "output_shape" in a and not _no_padding(a, xs, ys, np.shape(w)[2:]):
+        return "output_shape with padding (pads then computed from it)"
     if a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET", "VALID", b"VALID") and any(a.get("output_padding", ())):
         return "auto_pad SAME with output_padding (onnx and onnxruntime disagree on its shape)"
     s = tuple(int(v) for v in a.get("strides", (1, 1)))
