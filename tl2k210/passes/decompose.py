@@ -42,6 +42,16 @@ def log_softmax(g, log):
     return g
 
 
+def _normalized(g, nm, y, d, var, eps, scale, bias, t):
+    """The nodes of y = d / sqrt(var + eps) * scale + bias, the tail of every normalization here
+    (d: the centred map; `t`: the tensors var_eps, std, norm and scaled, made by the caller)."""
+    return [Node("Add", [var, g.add_const(np.array(eps, np.float32), nm + "/eps")], [t["var_eps"]], {}, nm + "/eps", [nm]),
+            Node("Sqrt", [t["var_eps"]], [t["std"]], {}, nm + "/std", [nm]),
+            Node("Div", [d, t["std"]], [t["norm"]], {}, nm + "/normalize", [nm]),
+            Node("Mul", [t["norm"], scale], [t["scaled"]], {}, nm + "/scale", [nm]),
+            Node("Add", [t["scaled"], bias], [y], {}, nm, [nm])]
+
+
 def instance_norm(g, log):
     """InstanceNormalization (style-transfer and GAN generators) as the ops it is made of, per
     sample and channel over H, W: d = x - mean(x); y = d / sqrt(mean(d*d) + eps) * scale + bias
@@ -63,15 +73,10 @@ def instance_norm(g, log):
         new = [Node("ReduceMean", [x] + axes, [t["mean"]], dict(red), nm + "/mean", [nm]),
                Node("Sub", [x, t["mean"]], [t["d"]], {}, nm + "/center", [nm]),
                Node("Mul", [t["d"], t["d"]], [t["d2"]], {}, nm + "/square", [nm]),
-               Node("ReduceMean", [t["d2"]] + axes, [t["var"]], dict(red), nm + "/var", [nm]),
-               Node("Add", [t["var"], g.add_const(np.array(n.attrs.get("epsilon", 1e-5), np.float32), nm + "/eps")],
-                    [t["var_eps"]], {}, nm + "/eps", [nm]),
-               Node("Sqrt", [t["var_eps"]], [t["std"]], {}, nm + "/std", [nm]),
-               Node("Div", [t["d"], t["std"]], [t["norm"]], {}, nm + "/normalize", [nm]),
-               Node("Mul", [t["norm"], g.add_const(np.asarray(g.const(sc), np.float32).reshape(per_channel), nm + "/scale")],
-                    [t["scaled"]], {}, nm + "/scale", [nm]),
-               Node("Add", [t["scaled"], g.add_const(np.asarray(g.const(b), np.float32).reshape(per_channel), nm + "/bias")],
-                    [y], {}, nm, [nm])]
+               Node("ReduceMean", [t["d2"]] + axes, [t["var"]], dict(red), nm + "/var", [nm])]
+        scale, bias = (g.add_const(np.asarray(g.const(v), np.float32).reshape(per_channel), f"{nm}/{k}")
+                       for v, k in ((sc, "scale"), (b, "bias")))
+        new += _normalized(g, nm, y, t["d"], t["var"], n.attrs.get("epsilon", 1e-5), scale, bias, t)
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new
         log(nm, "InstanceNormalization -> ReduceMean, Sub, Mul, ReduceMean, Add, Sqrt, Div, Mul, Add")
@@ -160,13 +165,8 @@ def batchnorm_of_activations(g, log):
         scale, bias, mean, var = (vec(t, k) for t, k in zip(n.inputs[1:], ("scale", "bias", "mean", "var")))
         t = {k: g.add_tensor(f"{y}/{k}", shape if k in ("d", "norm", "scaled") else bshape)
              for k in ("d", "var_eps", "std", "norm", "scaled")}
-        eps = g.add_const(np.array(n.attrs.get("epsilon", 1e-5), np.float32), nm + "/eps")
-        new += [Node("Sub", [x, mean], [t["d"]], {}, nm + "/center", [nm]),
-                Node("Add", [var, eps], [t["var_eps"]], {}, nm + "/eps", [nm]),
-                Node("Sqrt", [t["var_eps"]], [t["std"]], {}, nm + "/std", [nm]),
-                Node("Div", [t["d"], t["std"]], [t["norm"]], {}, nm + "/normalize", [nm]),
-                Node("Mul", [t["norm"], scale], [t["scaled"]], {}, nm + "/scale", [nm]),
-                Node("Add", [t["scaled"], bias], [y], {}, nm, [nm])]
+        new.append(Node("Sub", [x, mean], [t["d"]], {}, nm + "/center", [nm]))
+        new += _normalized(g, nm, y, t["d"], var, n.attrs.get("epsilon", 1e-5), scale, bias, t)
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new
         log(nm, f"BatchNormalization of computed statistics ({c} channels) -> Sub, Add, Sqrt, Div, Mul, Add")
@@ -211,13 +211,8 @@ def _own_statistics(g, n, rm, d, d2):
          for k in ("var", "var_eps", "std", "norm", "scaled")}
     vec = {k: g.add_const(np.asarray(g.const(i), np.float32).reshape(per), f"{nm}/{k}")
            for k, i in (("scale", n.inputs[1]), ("bias", n.inputs[2]))}
-    new = [Node("ReduceMean", [d2] + rm.inputs[1:], [t["var"]], dict(rm.attrs), nm + "/var", [nm]),
-           Node("Add", [t["var"], g.add_const(np.array(n.attrs.get("epsilon", 1e-5), np.float32), nm + "/eps")],
-                [t["var_eps"]], {}, nm + "/eps", [nm]),
-           Node("Sqrt", [t["var_eps"]], [t["std"]], {}, nm + "/std", [nm]),
-           Node("Div", [d, t["std"]], [t["norm"]], {}, nm + "/normalize", [nm]),
-           Node("Mul", [t["norm"], vec["scale"]], [t["scaled"]], {}, nm + "/scale", [nm]),
-           Node("Add", [t["scaled"], vec["bias"]], [y], {}, nm, [nm])]
+    new = [Node("ReduceMean", [d2] + rm.inputs[1:], [t["var"]], dict(rm.attrs), nm + "/var", [nm])]
+    new += _normalized(g, nm, y, d, t["var"], n.attrs.get("epsilon", 1e-5), vec["scale"], vec["bias"], t)
     i = g.nodes.index(n)
     g.nodes[i:i + 1] = new
 
