@@ -18,6 +18,7 @@ from tl2k210.graph import Node
 from tl2k210.k210.lower.v4conv import ACC_TAPS_MAX
 
 from .matmul_to_conv import _weights
+from .wide_channels import _chunks
 from .wide_dense import _float_source
 
 
@@ -33,9 +34,9 @@ def long_dense(g, log, v4=True):
             continue
         (w, b), out = wb, n.outputs[0]
         nout, k = w.shape
-        edges = np.linspace(0, k, -(-k // ACC_TAPS_MAX) + 1).round().astype(int)
+        parts = _chunks(k, ACC_TAPS_MAX)
         nodes, sums = [], []
-        for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
+        for i, (lo, hi) in enumerate(parts):
             xi = g.add_tensor(f"{n.name}/x{i}", (1, hi - lo))
             yi = g.add_tensor(f"{n.name}/part{i}", (1, nout))
             consts = [g.add_const(np.array([v], np.int64), f"{n.name}/{what}{i}")
@@ -53,5 +54,5 @@ def long_dense(g, log, v4=True):
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = nodes
         log(n.name, f"dense layer on {k:,} inputs (an exact int32 sum holds {ACC_TAPS_MAX:,}) -> "
-                    f"{len(edges) - 1} dense layers on slices of its input, summed")
+                    f"{len(parts)} dense layers on slices of its input, summed")
     return g

@@ -16,8 +16,9 @@ from .matmul_to_conv import _weights
 MAX = hw.LIMITS["channels"][1]
 
 
-def _chunks(n):
-    k = -(-n // MAX)
+def _chunks(n, most=MAX):
+    """[(lo, hi)]: the fewest equal ranges of n with at most `most` each."""
+    k = -(-n // most)
     edges = np.linspace(0, n, k + 1).round().astype(int)
     return list(zip(edges[:-1], edges[1:]))
 
