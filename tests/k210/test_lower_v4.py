@@ -312,13 +312,39 @@ def test_weight_parts_keep_a_quantized_models_own_integers():
     assert weight_parts(off, 1) != [(0, 2), (2, 3), (3, 6)] and weight_sqnr(off, 1) < 60
 
 
+
+def test_toco_uint8_weights_keep_their_zero_point():
+    """TOCO's uint8 weights are s·(q - z) for q in 0..255 and any z (MobileNet-EdgeTPU's 1280-
+    channel layers: z 83 and 144). The CPU quantized_conv2d takes any zero point, so they stay the
+    file's integers, exactly, in one node (they had been re-rounded in 56 and 5 channel ranges,
+    the model 5.7 dB under its ideal); a depthwise conv's too, and its bytes are those integers."""
+    from tl2k210.k210.lower.v4conv import own_grid, quantize_parts, weight_parts, weight_sqnr
+    rng = np.random.default_rng(7)
+    for z, groups in ((83, 1), (144, 16)):
+        q = rng.integers(0, 256, (16, 16 // groups, 3, 3))
+        q[0, 0, 0, :2] = 0, 255                               # TOCO's extremes
+        w = (q - z) * 0.0123
+        assert own_grid(w) is not None and weight_parts(w, groups) == [(0, 16)]
+        [(_, _, step, zw, wq)] = quantize_parts(w, [(0, 16)])
+        assert zw == z and np.isclose(step, 0.0123) and np.array_equal(wq, q)
+        assert weight_sqnr(w, groups) > 100
+        assert own_grid(w + rng.normal(0, 1e-4, w.shape)) is None      # float weights: none
+    qd = rng.integers(0, 256, (8, 1, 3, 3))
+    qd[0, 0, 0, :2] = 0, 255
+    w = ((qd - 83) * 0.0123).astype(np.float32)
+    m = build([conv_node("y", "r", "w1", "b1", pads=[1, 1, 1, 1], group=8)], {"w1": w, "b1": W(8)})
+    model, _, rows = check_v4(m, opcodes=("quantized_conv2d",), small=frozenset({"y"}))
+    [node] = [nd for nd in model.nodes if nd.name == "quantized_conv2d"]
+    assert node.fields["filter_offset"] == -83 and np.array_equal(node.data["weights"], qd.ravel())
+    assert next(r for r in rows if r.node == "y").form == "uint8 weights on the model's own 8-bit grid, exactly, in 1 node(s)"
+
 def test_dead_and_floor_scale_channels_keep_a_quantized_models_grids():
     """ST's int8 SSD: a class head's channel of zeros and one the quantizer gave a floor scale
-    (largest weight 3 steps, not 127) lay on no grid int8_grid knew, so the whole conv's weights
+    (largest weight 3 steps, not 127) lay on no grid the lowering knew, so the whole conv's weights
     were re-rounded in 8 ranges (38.7 dB) and its class output fell 4.4 dB under its ideal.
     Zeros lie on every grid; a near-dead channel joins a neighbour's grid, where it rounds to
-    its zeros within int8_grid's tolerance."""
-    from tl2k210.k210.lower.v4conv import int8_grid, quantize_parts, weight_parts
+    its zeros within own_grid's tolerance."""
+    from tl2k210.k210.lower.v4conv import own_grid, quantize_parts, weight_parts
     rng = np.random.default_rng(6)
     q = rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.float64)
     q[:, 0, 0, 0] = 127
@@ -327,13 +353,13 @@ def test_dead_and_floor_scale_channels_keep_a_quantized_models_grids():
     q[3, 0, 0, 0], q[3, 0, 0, 1] = 3, 2                       # a floor scale: at most 3 steps
     s = np.array([0.01, 0.02, 0.03, 1e-7])
     w = q * s[:, None, None, None]
-    assert int8_grid(w[1]) == 1.0 and int8_grid(w[3]) is None
+    assert own_grid(w[1]) == (1.0, 128)
     parts = weight_parts(w, 1)
     assert len(parts) <= 3                                    # runs on one grid, not the noise model's
-    for o0, o1, step, z, wq in quantize_parts(w, parts):     # each run on its grid (int8_grid's 1e-5 of its max)
+    for o0, o1, step, z, wq in quantize_parts(w, parts):     # each run on its grid (own_grid's 1e-5 of its max)
         np.testing.assert_allclose((wq.astype(np.float64) - z) * step, w[o0:o1], rtol=0,
                                    atol=1e-5 * np.abs(w[o0:o1]).max())
-    assert int8_grid(w[0] + rng.normal(0, 1e-4, w[0].shape)) is None   # float weights: still none
+    assert own_grid(w[0] + rng.normal(0, 1e-4, w[0].shape)) is None   # float weights: still none
 
 
 def test_weight_parts_of_a_depthwise_conv():

@@ -17,6 +17,22 @@ def qparams(lo: float, hi: float, bits: int = 8) -> tuple[float, int]:
     return scale, zp
 
 
+def uint8_grid(w) -> tuple[float, int] | None:
+    """(step s, lowest integer lo) of the asymmetric 8-bit grid `w` lies on, or None: every w/s an
+    integer in lo..lo + 255, lo <= 0 (TOCO's uint8 weights, s (q - z) for q in 0..255 and any z:
+    z = -lo). The step is the smallest gap between distinct weights, refined over their span."""
+    w = np.asarray(w, np.float64).ravel()
+    if len(np.unique(w[:1024])) > 256:           # float weights: no 8-bit grid holds them
+        return None
+    u = np.unique(w)
+    if len(u) < 2:
+        return None
+    step = float(np.diff(u).min())
+    lo, hi = int(np.rint(u[0] / step)), int(np.rint(u[-1] / step))
+    if not (lo <= 0 <= hi and hi - lo <= 255):
+        return None
+    return (u[-1] - u[0]) / (hi - lo) if hi > lo else step, lo
+
 
 def quantize_weights(w: np.ndarray, bits: int = 8):
     """Per-output-channel symmetric weights: (Wq uint8/uint16, zw, sw[o])."""

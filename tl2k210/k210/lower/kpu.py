@@ -21,6 +21,7 @@ from tl2k210.k210.kmodel.binio import align_up
 from tl2k210.k210.kmodel.kpu import KpuConv
 from tl2k210.k210 import fixed_point as fx
 from tl2k210.quantize.bias_correction import mean_shift
+from tl2k210.quantize.uniform import uint8_grid
 from tl2k210.memo import memoised
 
 IR_POOL_KIND = {"max": "max", "avg": "mean"}
@@ -213,15 +214,11 @@ def _own_integers(W, Wq, zw, sw):
     q = q.astype(Wq.dtype)
     if _on_grid(W, q, zw, s):
         return q, zw, s, True
-    u = np.unique(W.astype(np.float64))
-    if Wq.dtype == np.uint8 and len(u) > 1:
-        step = float(np.diff(u).min())
-        lo, hi = int(np.rint(u[0] / step)), int(np.rint(u[-1] / step))
-        if lo <= 0 <= hi and hi - lo <= U8_MAX:
-            s = np.full(W.shape[0], (u[-1] - u[0]) / (hi - lo) if hi > lo else step)
-            q = (np.rint(W / s[:, None, None, None]) - lo).astype(Wq.dtype)
-            if _on_grid(W, q, -lo, s):
-                return q, -lo, s, True
+    if Wq.dtype == np.uint8 and (grid := uint8_grid(W)) is not None:
+        s, lo = np.full(W.shape[0], grid[0]), grid[1]
+        q = (np.rint(W / s[:, None, None, None]) - lo).astype(Wq.dtype)
+        if _on_grid(W, q, -lo, s):
+            return q, -lo, s, True
     return Wq, zw, sw, False
 
 

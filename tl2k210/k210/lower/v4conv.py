@@ -29,6 +29,7 @@ from tl2k210.k210 import hardware as hw
 from tl2k210.quantize.bias_correction import mean_shift
 from tl2k210.quantize.fake_quant import float_head
 from tl2k210.quantize.metrics import sqnr_db
+from tl2k210.quantize.uniform import uint8_grid
 
 from .cpu import clamp_after, table
 from .conv import dense_matrix, grouped_dense, is_dense
@@ -46,45 +47,49 @@ WEIGHT_PARTS_MAX = 12           # quantized_conv2d nodes (each its own weight sc
 PARTS_DB = 1.0                  # how far below per-channel weights a conv's worst channel may stay
 PARTS_ENOUGH_DB = 38.0          # weights this good stay one node (below the 8-bit maps' own rounding)
 ACC_TAPS_MAX = (2 ** 31 - 1) // (255 * 255)   # taps per output that keep the int32 accumulator exact
-GRID_PROBE = 50                 # weights int8_grid checks before the rest (no hardware fact)
+GRID_PROBE = 50                 # weights own_grid checks before the rest (no hardware fact)
 
 
-def int8_grid(w) -> float | None:
-    """The step s of the one symmetric int8 grid `w` lies on (a quantized model's own weights:
-    w = s·q, q in -128..127; its largest weight ±127 or -128 steps), or None. All zeros lie on
-    every grid (step 1)."""
+def own_grid(w) -> tuple[float, int] | None:
+    """(step s, zero point z) of the one 8-bit grid `w` lies on (a quantized model's own weights:
+    w = s·(q - z), q in 0..255), or None: the symmetric int8 grid (z 128; the largest weight ±127
+    or -128 steps) or an asymmetric one (TOCO's uint8 weights: `uniform.uint8_grid`). All zeros
+    lie on every grid (step 1)."""
     w = np.asarray(w, np.float64).ravel()
     amax = float(np.abs(w).max()) if w.size else 0.0
     if w.size and amax == 0:
-        return 1.0
+        return 1.0, 128
     for s in (amax / 127, amax / 128) if amax > 0 else ():
         for part in (w[:GRID_PROBE], w):     # float weights fail on the first few: the lowering asks often
             q = np.rint(part / s)
             if q.min() < -128 or q.max() > 127 or float(np.abs(q * s - part).max()) > 1e-5 * amax:
                 break
         else:
-            return s
+            return s, 128
+    grid = uint8_grid(w) if amax > 0 else None
+    if grid is not None and float(np.abs(np.rint(w / grid[0]) * grid[0] - w).max()) <= 1e-5 * amax:
+        return grid[0], -grid[1]
     return None
 
 
 def _grid_parts(flat) -> list | None:
-    """[(i, j)]: the fewest contiguous runs of rows of `flat` that each lie on one int8 grid (the
+    """[(i, j)]: the fewest contiguous runs of rows of `flat` that each lie on one 8-bit grid (the
     model's own per-axis weights; weight_parts asks about one grid for the whole first), or None
     where a row is on none."""
     parts, i, n = [], 0, len(flat)
     while i < n:
-        if int8_grid(flat[i]) is None:
+        if own_grid(flat[i]) is None:
             # a near-dead row the quantizer gave a floor scale (ST's int8 SSD head: largest
             # weight 2.8e-6, a few steps) rounds to zeros on a neighbour's grid: it joins that run
-            if i + 1 < n and int8_grid(flat[i:i + 2]) is not None:
+            if i + 1 < n and own_grid(flat[i:i + 2]) is not None:
                 pass
-            elif parts and int8_grid(flat[parts[-1][0]:i + 1]) is not None:
+            elif parts and own_grid(flat[parts[-1][0]:i + 1]) is not None:
                 parts[-1], i = (parts[-1][0], i + 1), i + 1
                 continue
             else:
                 return None
         j = i + 1
-        while j < n and int8_grid(flat[i:j + 1]) is not None:
+        while j < n and own_grid(flat[i:j + 1]) is not None:
             j += 1
         parts.append((i, j))
         i = j
@@ -119,14 +124,14 @@ def weight_parts(W, groups) -> list:
     own integers, which the float conv2d or the KPU keep.
     A range is whole groups of a grouped conv (1 channel of a depthwise one). Chosen on the
     rounding-noise model step^2/12; weight_sqnr measures the result. Weights that are a quantized
-    model's own integers keep them: one range per run of channels on one int8 grid, where that
+    model's own integers keep them: one range per run of channels on one 8-bit grid, where that
     takes at most WEIGHT_PARTS_MAX nodes."""
     W = np.asarray(W, np.float64)
     co = W.shape[0]
     unit = co // groups if groups > 1 else 1
     n = co // unit
     flat = W.reshape(n, -1)
-    own = [(0, n)] if int8_grid(flat) is not None else _grid_parts(flat)
+    own = [(0, n)] if own_grid(flat) is not None else _grid_parts(flat)
     if own is not None and len(own) <= WEIGHT_PARTS_MAX:
         return [(i * unit, j * unit) for i, j in own]
     lo, hi = np.minimum(flat.min(axis=1), 0.0), np.maximum(flat.max(axis=1), 0.0)
@@ -166,13 +171,13 @@ def weight_parts(W, groups) -> list:
 
 
 def _on_grids(W, parts) -> bool:
-    return all(int8_grid(W[o0:o1]) is not None for o0, o1 in parts)
+    return all(own_grid(W[o0:o1]) is not None for o0, o1 in parts)
 
 
 def _scales(parts, what, exact) -> str:
     """How a CPU conv's or dense layer's weights are stored, for its receipt (`exact`: _on_grids)."""
     if exact:
-        return f"on the model's own int8 grid{'s' if len(parts) > 1 else ''}, exactly, in {len(parts)} node(s)"
+        return f"on the model's own 8-bit grid{'s' if len(parts) > 1 else ''}, exactly, in {len(parts)} node(s)"
     return "per layer" if len(parts) == 1 else f"in {len(parts)} {what} ranges of their own scale"
 
 
@@ -182,7 +187,7 @@ def quantize_parts(W, parts):
     out = []
     for o0, o1 in parts:
         w = W[o0:o1]
-        s, z = (g, 128) if (g := int8_grid(w)) is not None else fx.qparams(w.min(), w.max())
+        s, z = own_grid(w) or fx.qparams(w.min(), w.max())
         out.append((o0, o1, s, z, np.clip(np.rint(w / s + z), 0, 255).astype(np.uint8)))
     return out
 
