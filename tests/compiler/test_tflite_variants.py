@@ -344,6 +344,31 @@ def test_fused_lstm_is_refused_by_name(variants, tmp_path, capsys):
     assert "Traceback" not in err and not out.exists()
 
 
+def test_an_fft_front_end_is_refused_by_name(tmp_path, capsys):
+    """A model that computes its own spectrogram (Kapre's / tf.signal's STFT: SpeechCmdRecognition's
+    attRNN) holds RFFT2D, which tf2onnx converts only with a ComplexAbs after it, and whose failure
+    read "export it at a fixed input size". Refused naming the op, its tensors and what to do."""
+    import tensorflow as tf_
+
+    from tl2k210.cli import main
+
+    class Spectrogram(tf_.Module):
+        @tf_.function(input_signature=[tf_.TensorSpec([1, 1024], tf_.float32)])
+        def __call__(self, x):
+            s = tf_.signal.stft(x, 256, 128, 256)
+            return tf_.reduce_mean(tf_.math.log(tf_.abs(s) + 1e-6), axis=1)
+    m = Spectrogram()
+    src = tmp_path / "stft.tflite"
+    src.write_bytes(tf().lite.TFLiteConverter.from_concrete_functions([m.__call__.get_concrete_function()], m).convert())
+    out = tmp_path / "out.kmodel"
+    assert main(["convert", str(src), str(out), "-q"]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    for part in ("is the builtin op RFFT2D (a real FFT: the model computes its own spectrogram", "inputs: ",
+                 "no K210 runtime has an FFT op", "convert the network that reads it"):
+        assert part in last, (part, last)
+    assert "Traceback" not in err and not out.exists()
+
 def test_keras_lstm_loop_is_refused_in_one_line(tmp_path, capsys):
     """Keras 3 writes an LSTM as a TF while_loop (an ONNX Loop through tf2onnx): refused naming the
     node, its body summed up in one phrase (the message used to print the whole body graph)."""

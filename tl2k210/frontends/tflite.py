@@ -27,6 +27,8 @@ Custom ops (CUSTOM opcodes: a vendor's kernels the TFLite runtime links in) have
 A builtin op tf2onnx has no conversion for: GELU (Keras' gelu activation) is kept by tf2onnx as
 a custom-domain node and `tflite_ops` writes the ONNX ops it computes; any other (the recurrent
 ones: UNIDIRECTIONAL_SEQUENCE_LSTM...) is only logged by it, which then fails on what the op left out or keeps it: refused by name first.
+So is an FFT (RFFT2D and its complex parts: a spectrogram the model computes from raw samples),
+which tf2onnx converts only in part and no K210 runtime has.
 """
 import json
 import os
@@ -114,6 +116,12 @@ RECURRENT = {"UNIDIRECTIONAL_SEQUENCE_LSTM": "an LSTM layer over a sequence",
              "RNN": "one recurrent step", "SVDF": "a singular value decomposition filter (a recurrent layer)"}
 
 
+# builtin ops of an audio front end inside the model (Kapre's or tf.signal's STFT: raw samples in,
+# a spectrogram out), which tf2onnx converts only in part and no K210 runtime computes
+FFT_OPS = {"RFFT2D": "a real FFT", "COMPLEX_ABS": "the magnitude of an FFT's complex output",
+           "REAL": "the real part of an FFT's complex output", "IMAG": "the imaginary part of an FFT's complex output"}
+
+
 # ops of a model that keeps state between invocations (TFLite resource variables)
 STATE_OPS = {"CALL_ONCE", "VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE"}
 
@@ -134,6 +142,12 @@ def check_builtin_ops(model, path):
     for sg in model.subgraphs:
         for i, op in enumerate(sg.operators):
             name = fu.opcode_to_name(model, op.opcodeIndex)
+            if name in FFT_OPS:
+                raise ModelLoadError(
+                    f"{path}: operator {i} is the builtin op {name} ({FFT_OPS[name]}: the model computes its "
+                    f"own spectrogram from raw samples, e.g. an STFT layer); {_tensors(sg, op)}. Refused: no "
+                    "K210 runtime has an FFT op; compute the spectrogram in the application (MaixPy: Maix.FFT) "
+                    "and convert the network that reads it (a model whose input is the spectrogram)")
             if name in ("CUSTOM", "DENSIFY") or name in tflite_ops.OPS or f"TFL_{name}" in known:
                 continue
             stateful = sorted(STATE_OPS & {fu.opcode_to_name(model, o.opcodeIndex) for s in model.subgraphs
