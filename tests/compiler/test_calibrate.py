@@ -153,6 +153,20 @@ def test_npy_npz_arrays(tmp_path):
         load_dataset(tmp_path / "a.npy", (1, 3, 4, 4))
 
 
+def test_gray_maps_without_a_channel_axis(tmp_path):
+    """MNIST-like arrays (N, H, W) -- or one (H, W) map -- for a one-channel image input: each
+    map one sample (they were taken as one sample of N channels, and refused)."""
+    a = rand(5, 8, 6)
+    np.save(tmp_path / "gray.npy", a)
+    xs = load_dataset(tmp_path / "gray.npy", (1, 1, 8, 6))
+    assert len(xs) == 5 and all(x.shape == (1, 1, 8, 6) and np.array_equal(x[0, 0], m) for x, m in zip(xs, a))
+    np.save(tmp_path / "one.npy", a[0])
+    [x] = load_dataset(tmp_path / "one.npy", (1, 1, 8, 6))
+    assert np.array_equal(x[0, 0], a[0])
+    with pytest.raises(ValueError, match=r"samples of shape"):
+        load_dataset(tmp_path / "gray.npy", (1, 3, 8, 6))
+
+
 def test_imagenet_folder_from_testdata():
     folder = need_testdata("imagenet")
     xs = load_dataset(folder, (1, 3, 224, 224), Preprocess((-1, 1)), limit=3)

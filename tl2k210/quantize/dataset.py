@@ -84,13 +84,16 @@ def load_image(path, shape, pre=Preprocess()):
 
 def _samples(a, shape, where, keep_dtype=False):
     """(N, *shape[1:]) float32 (or the stored dtype) from one stored array: NCHW (or channels-last
-    NHWC, transposed and said), with or without the batch dimension."""
+    NHWC, transposed and said; a one-channel input's maps without their channel axis), with or
+    without the batch dimension."""
     from tl2k210.arrays import check_finite
     want = tuple(shape[1:])
     with np.errstate(over="ignore"):
         as32 = np.asarray(a, np.float32)
     check_finite(as32, f"{where} (as float32)")
     a = np.asarray(a) if keep_dtype else as32
+    if len(want) == 3 and want[0] == 1 and a.ndim in (2, 3) and tuple(a.shape[-2:]) == want[1:]:
+        return a.reshape((-1,) + want)      # one-channel maps (spectrograms): (N,) H, W
     if a.ndim == len(shape) - 1:
         a = a[None]
     if tuple(a.shape[1:]) == want:
