@@ -105,6 +105,36 @@ def test_variant_matches_tflite(variants, name, marker, min_db):
     assert db >= min_db   # quantized variants: the float model their integers stand for
 
 
+def test_fully_connected_on_a_map_keeps_its_bias(tmp_path):
+    """TF1-era files (MTCNN's R-Net and O-Net) feed a FULLY_CONNECTED the 4-D map itself, which
+    TFLite flattens (keep_num_dims off). tf2onnx's reshape for that case dropped the bias input,
+    so the graph -- and every kmodel of it, whose receipt agreed -- lacked it (13.9 dB against
+    the interpreter, O-Net's face decision flipped). Made here from a Flatten + Dense file by
+    taking its RESHAPE out: the interpreter's output is unchanged, and the IR matches it."""
+    import keras
+    from keras import layers as L
+    from tensorflow.lite.tools import flatbuffer_utils as fu
+    keras.utils.set_random_seed(3)
+    i = keras.Input((8, 8, 3), batch_size=1)
+    m = keras.Model(i, L.Dense(5, bias_initializer="random_uniform")(L.Flatten()(L.Conv2D(4, 3, activation="relu")(i))))
+    src = tmp_path / "flat.tflite"
+    src.write_bytes(tf().lite.TFLiteConverter.from_keras_model(m).convert())
+    fb = fu.read_model(str(src))
+    sg = fb.subgraphs[0]
+    fc = next(op for op in sg.operators if fu.opcode_to_name(fb, op.opcodeIndex) == "FULLY_CONNECTED")
+    rs = next(op for op in sg.operators if op.outputs[0] == fc.inputs[0])
+    assert fu.opcode_to_name(fb, rs.opcodeIndex) == "RESHAPE" and np.any(fb.buffers[sg.tensors[fc.inputs[2]].buffer].data)
+    fc.inputs[0] = rs.inputs[0]                     # the FC reads the 4-D map, as TOCO wrote it
+    sg.operators.remove(rs)
+    raw = tmp_path / "fc_on_map.tflite"
+    fu.write_model(fb, str(raw))
+    x = np.random.default_rng(4).uniform(0, 1, (1, 8, 8, 3)).astype(np.float32)
+    ref, ops = _tflite_run(raw, x)
+    assert "RESHAPE" not in ops and np.allclose(ref, m(x).numpy(), atol=1e-5)
+    g, _ = run_pipeline(load_graph(raw))
+    got = run(g, x.transpose(0, 3, 1, 2))[g.outputs[0]]
+    assert sqnr_db(ref, got) > 100, sqnr_db(ref, got)
+
 def test_legacy_uint8_hybrid_weights_are_read_as_int8(variants, tmp_path, monkeypatch):
     """TOCO's old post_training_quantize wrote a float conv's weights as a UINT8 tensor holding
     int8 values (scale, zero point 0), which TFLite's hybrid kernels read as int8; tf2onnx read

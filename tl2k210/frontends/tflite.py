@@ -10,6 +10,8 @@ Production TFLite files store weights in forms tf2onnx does not all read:
     computes each DENSIFY output -- and written to a temporary dense copy of the file;
   * quantization parameters with empty min/max vectors, which tf2onnx cannot copy into node
     attributes: dropped in the same copy (`drop_empty_quantization`).
+  * a FULLY_CONNECTED with a bias on a map of rank > 2 (TF1-era files), whose bias tf2onnx's
+    flattening drops: a RESHAPE to 2-D before it, in the same copy (`flatten_fc_inputs`).
 
 Custom ops (CUSTOM opcodes: a vendor's kernels the TFLite runtime links in) have no ONNX form:
   * MediaPipe's Convolution2DTransposeBias (input, OHWI weights, bias; its options the C struct
@@ -241,6 +243,48 @@ def map_transpose_conv_bias(model):
     return n
 
 
+def flatten_fc_inputs(model) -> int:
+    """A FULLY_CONNECTED with a bias reading a map of rank > 2 (keep_num_dims off: TFLite flattens
+    it to (-1, K); TF1-era MTCNN's R-Net and O-Net) gets a RESHAPE to (-1, K) before it, in place:
+    tf2onnx's own reshape for that case drops the bias input (TflFullyConnectedOp), a model that
+    its float reference and the kmodel both agreed with and the file did not (13.9 dB against
+    the interpreter, the face decision flipped). Returns how many."""
+    import numpy as np
+    from tensorflow.lite.python import schema_py_generated as schema
+    B, n = schema.BuiltinOperator, 0
+    for sg in model.subgraphs:
+        for op in list(sg.operators):
+            if max(model.operatorCodes[op.opcodeIndex].builtinCode,
+                   model.operatorCodes[op.opcodeIndex].deprecatedBuiltinCode) != B.FULLY_CONNECTED \
+                    or op.inputs is None or len(op.inputs) < 3 or op.inputs[2] < 0:
+                continue
+            x, w = sg.tensors[op.inputs[0]], sg.tensors[op.inputs[1]]
+            opts = op.builtinOptions
+            if getattr(opts, "keepNumDims", False) or x.shape is None or len(x.shape) <= 2 \
+                    or w.shape is None or len(w.shape) != 2:
+                continue
+            k = int(w.shape[1])
+            shape_buf = schema.BufferT()
+            shape_buf.data = np.frombuffer(np.asarray([-1, k], "<i4").tobytes(), np.uint8)
+            model.buffers.append(shape_buf)
+            shape_t, flat_t = schema.TensorT(), schema.TensorT()
+            shape_t.name, shape_t.shape, shape_t.type = x.name + b"/fc_shape", [2], schema.TensorType.INT32
+            shape_t.buffer = len(model.buffers) - 1
+            flat_t.name, flat_t.shape, flat_t.type = x.name + b"/fc_flat", [int(np.prod(x.shape)) // k, k], x.type
+            flat_t.buffer, flat_t.quantization = 0, x.quantization
+            sg.tensors += [shape_t, flat_t]
+            reshape = schema.OperatorT()
+            reshape.opcodeIndex = _opcode(model, B.RESHAPE)
+            reshape.inputs, reshape.outputs = [op.inputs[0], len(sg.tensors) - 2], [len(sg.tensors) - 1]
+            ro = schema.ReshapeOptionsT()
+            ro.newShape = [-1, k]
+            reshape.builtinOptionsType, reshape.builtinOptions = schema.BuiltinOptions.ReshapeOptions, ro
+            op.inputs = [len(sg.tensors) - 1] + list(op.inputs[1:])
+            sg.operators.insert(sg.operators.index(op), reshape)
+            n += 1
+    return n
+
+
 def map_pool_params(model, path):
     """The raw TfLitePoolParams of MediaPipe's pooling ops (mediapipe_ops.OPS) as FlexBuffer maps
     (what tf2onnx reads into node attributes), in place; returns how many."""
@@ -356,6 +400,7 @@ def densify(path, out_path, outputs=None):
     from tensorflow.lite.tools import flatbuffer_utils as fu
     model = fu.read_model(str(path))
     mapped = (cut_ops(model, outputs, path) + map_transpose_conv_bias(model) + map_pool_params(model, path)
+              + flatten_fc_inputs(model)
               + drop_empty_quantization(model) + retype_legacy_hybrid(model, path))
     check_custom_ops(model, path)
     check_builtin_ops(model, path)
