@@ -105,12 +105,15 @@ def test_variant_matches_tflite(variants, name, marker, min_db):
     assert db >= min_db   # quantized variants: the float model their integers stand for
 
 
-def test_fully_connected_on_a_map_keeps_its_bias(tmp_path):
+def test_fully_connected_on_a_map_keeps_its_bias(tmp_path, monkeypatch):
     """TF1-era files (MTCNN's R-Net and O-Net) feed a FULLY_CONNECTED the 4-D map itself, which
     TFLite flattens (keep_num_dims off). tf2onnx's reshape for that case dropped the bias input,
     so the graph -- and every kmodel of it, whose receipt agreed -- lacked it (13.9 dB against
     the interpreter, O-Net's face decision flipped). Made here from a Flatten + Dense file by
-    taking its RESHAPE out: the interpreter's output is unchanged, and the IR matches it."""
+    taking its RESHAPE out: the interpreter's output is unchanged, and the IR matches it. Had
+    the front end misread it, the float file's check against the interpreter refuses it."""
+    from tl2k210.errors import ModelLoadError
+    from tl2k210.frontends import tflite
     import keras
     from keras import layers as L
     from tensorflow.lite.tools import flatbuffer_utils as fu
@@ -134,6 +137,9 @@ def test_fully_connected_on_a_map_keeps_its_bias(tmp_path):
     g, _ = run_pipeline(load_graph(raw))
     got = run(g, x.transpose(0, 3, 1, 2))[g.outputs[0]]
     assert sqnr_db(ref, got) > 100, sqnr_db(ref, got)
+    monkeypatch.setattr(tflite, "flatten_fc_inputs", lambda model: 0)      # tf2onnx's reading: no bias
+    with pytest.raises(ModelLoadError, match=r"disagrees with the TFLite interpreter .* float file's two readings"):
+        tflite.from_tflite(raw)
 
 def test_legacy_uint8_hybrid_weights_are_read_as_int8(variants, tmp_path, monkeypatch):
     """TOCO's old post_training_quantize wrote a float conv's weights as a UINT8 tensor holding
