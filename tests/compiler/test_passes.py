@@ -867,6 +867,24 @@ def test_input_layout_without_evidence_is_nchw_for_pytorch():
     assert input_layout(from_onnx(m)) == "NCHW"
 
 
+
+def test_a_five_d_reader_of_a_one_channel_input_is_no_layout_change():
+    """tf2onnx writes a 1-channel Keras input's NHWC -> NCHW as Unsqueeze to 5-D + Reshape (faceai's
+    colorizer at --input-shape 1,1,224,224): input_nchw asked whether the Reshape of the 5-D map
+    was a layout change by transposing it as 4-D, and the pass failed ("please report")."""
+    w = rand(4, 1, 3, 3)
+    m = make_model([helper.make_node("Mul", ["x", "k"], ["s"]),
+                    helper.make_node("Unsqueeze", ["s", "ax"], ["u"]),
+                    helper.make_node("Reshape", ["u", "shape"], ["r"]), conv("y", "r", "w", pads=[1, 1, 1, 1])],
+                   [("x", [1, 8, 6, 1])], [("y", None)],
+                   {"k": np.array(2.0, np.float32), "ax": np.array([1], np.int64),
+                    "shape": np.array([1, 1, 0, 0], np.int64), "w": w}, opset=13)
+    m.producer_name = "tf2onnx"
+    x = rand(1, 8, 6, 1)
+    g, _ = run_pipeline(from_onnx(m))
+    xi = x if g.shape(g.inputs[0]) == (1, 8, 6, 1) else x.transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(run(g, xi)[g.outputs[0]], ort_run(m, x)[0], atol=1e-5)
+
 @pytest.mark.parametrize("shape, want", [([1, 3, 416, 416], "NCHW"), ([1, 416, 416, 3], "NHWC"),
                                          ([1, 1, 64, 48], "NCHW"), ([1, 64, 48, 1], "NHWC")])
 def test_input_layout_follows_an_image_channel_axis_over_the_producer(shape, want):
