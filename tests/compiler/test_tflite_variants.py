@@ -141,6 +141,26 @@ def test_fully_connected_on_a_map_keeps_its_bias(tmp_path, monkeypatch):
     with pytest.raises(ModelLoadError, match=r"disagrees with the TFLite interpreter .* float file's two readings"):
         tflite.from_tflite(raw)
 
+def test_transpose_conv_whose_same_output_is_longer_than_its_taps(tmp_path):
+    """A stride-4 3x3 TRANSPOSE_CONV (SAME: output 4 x the input, one more row and column than the
+    taps reach; ESRGAN's upsampler): tf2onnx writes ConvTranspose pads [0, 0, -1, -1], which ONNX
+    forbids (onnxruntime refuses, shape inference leaves the output unknown, and a pass failed
+    with "please report"). The repair's output_padding computes it: the IR equals the
+    interpreter, the last row and column the bias alone."""
+    import keras
+    from keras import layers as L
+    keras.utils.set_random_seed(0)
+    i = keras.Input((6, 5, 4), batch_size=1)
+    m = keras.Model(i, L.Conv2DTranspose(3, 3, strides=4, padding="same", bias_initializer="random_uniform")(i))
+    src = tmp_path / "tconv.tflite"
+    src.write_bytes(tf().lite.TFLiteConverter.from_keras_model(m).convert())
+    x = np.random.default_rng(1).uniform(0, 1, (1, 6, 5, 4)).astype(np.float32)
+    ref, _ = _tflite_run(src, x)
+    g, _ = run_pipeline(load_graph(src))
+    got = run(g, x.transpose(0, 3, 1, 2))[g.outputs[0]]
+    assert got.shape == (1, 3, 24, 20) and sqnr_db(ref.transpose(0, 3, 1, 2), got) > 100
+    assert np.allclose(got[0, :, -1, :], m.layers[-1].bias.numpy()[:, None], atol=1e-6)
+
 def test_legacy_uint8_hybrid_weights_are_read_as_int8(variants, tmp_path, monkeypatch):
     """TOCO's old post_training_quantize wrote a float conv's weights as a UINT8 tensor holding
     int8 values (scale, zero point 0), which TFLite's hybrid kernels read as int8; tf2onnx read

@@ -6,6 +6,10 @@
     graph optimizations holds, e.g. `SessionOptions.optimized_model_filepath`): the Conv or Gemm,
     FusedConv's optional sum input Z added, then the activation the node names (Relu, LeakyRelu,
     Tanh, Sigmoid, Clip, HardSigmoid: the MLAS activations onnxruntime fuses) with its parameters.
+  * ConvTranspose with negative end pads (tf2onnx's TFLite TRANSPOSE_CONV where SAME's output,
+    s x the input, is longer than (in - 1) s + k: ESRGAN's 3x3 stride-4 upsampler, pads -1;
+    ONNX pads must not be negative, and onnxruntime and shape inference refuse them): the same
+    output as `output_padding` (extra end rows and columns, which no tap reaches: the bias).
 
 `repair(model)` returns the model itself when it has none of them, else a rewritten copy.
 """
@@ -60,7 +64,8 @@ def _activation(g, n, opset, x, kind, params):
 
 
 class _Unknown(Exception):
-    """A fused node whose activation has no ONNX rewrite here: the node stays, and is refused by name."""
+    """A node this module cannot rewrite (a fused activation it does not know, pads past what
+    output_padding says): the node stays, and is refused by name."""
 
 
 def _attrs(n):
@@ -94,12 +99,38 @@ def _fused_gemm(g, n, opset):
     return [gemm, *act], inits
 
 
+def _negative_end_pads(n) -> bool:
+    pads = list(_attrs(n).get("pads", []))
+    return any(p < 0 for p in pads[len(pads) // 2:]) and all(p >= 0 for p in pads[:len(pads) // 2])
+
+
+def _convt_end_pads(g, n, opset):
+    """ConvTranspose(pads with negative ends) -> the same node with those ends as output_padding."""
+    a = _attrs(n)
+    pads = list(a["pads"])
+    half = len(pads) // 2
+    strides = list(a.get("strides", [1] * half))
+    extra = [max(0, -p) for p in pads[half:]]
+    out_pad = [int(o) + e for o, e in zip(a.get("output_padding", [0] * half), extra)]
+    if any(o >= s for o, s in zip(out_pad, strides)):     # more than output_padding may say
+        raise _Unknown
+    a.update(pads=pads[:half] + [max(0, p) for p in pads[half:]], output_padding=out_pad)
+    return [helper.make_node("ConvTranspose", list(n.input), list(n.output), name=n.name, **a)], []
+
+
 #: (domain, op type) -> rewrite(graph, node, default-domain opset) -> (nodes, initializers)
-REWRITES = {("", "Erfc"): _erfc, (MS, "FusedConv"): _fused_conv, (MS, "FusedGemm"): _fused_gemm}
+REWRITES = {("", "Erfc"): _erfc, (MS, "FusedConv"): _fused_conv, (MS, "FusedGemm"): _fused_gemm,
+            ("", "ConvTranspose"): _convt_end_pads}
+#: the nodes of an op type in REWRITES that need it (default: all)
+NEEDS = {("", "ConvTranspose"): _negative_end_pads}
 
 
 def _key(n):
     return ("" if n.domain == "ai.onnx" else n.domain, n.op_type)
+
+
+def _needs(n) -> bool:
+    return _key(n) in REWRITES and NEEDS.get(_key(n), lambda _: True)(n)
 
 
 def _opset(model):
@@ -107,14 +138,14 @@ def _opset(model):
 
 
 def repair(model):
-    if not any(_key(n) in REWRITES for n in model.graph.node):
+    if not any(_needs(n) for n in model.graph.node):
         return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     g, new, opset = copy.graph, [], _opset(model)
     for n in g.node:
         try:
-            nodes, inits = REWRITES[_key(n)](g, n, opset) if _key(n) in REWRITES else ([n], [])
+            nodes, inits = REWRITES[_key(n)](g, n, opset) if _needs(n) else ([n], [])
         except _Unknown:
             nodes, inits = [n], []
         new += nodes
