@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tl2k210.errors import Tl2k210Error, nearest
+from tl2k210.errors import KpuLimitError, Tl2k210Error, nearest
 from tl2k210.graph import describe
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.ideal import ideal as graph_ideal
@@ -758,7 +758,7 @@ def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
         first = optimise(loaded, opts)
         cal = calibrate(first, opts, loaded.where)
         pair = first, cal, plan_and_lower(first, cal)
-    except fit.BudgetError as e:
+    except (fit.BudgetError, KpuLimitError) as e:    # too big for the runtime, or for the KPU
         refused = e
     fast = {} if first is None else {p["pass"]: p["changes"] for p in first.log if p["pass"] in FAST_FORMS}
     if pair is not None and not any(fast.values()):
@@ -772,7 +772,7 @@ def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
             return pair
         cal = calibrate(opt, opts, loaded.where)
         res = opt, cal, plan_and_lower(opt, cal)
-    except fit.BudgetError:
+    except (fit.BudgetError, KpuLimitError):
         if pair is None:
             raise
         return pair

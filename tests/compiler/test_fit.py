@@ -189,7 +189,8 @@ def _prelu_block(tmp_path, c=64, size=32):
              N("Add", ["c0", "c1"], ["s"]), N("PRelu", ["s", "a"], ["p"]),
              conv_node("d", "p", "wd", "bd", pads=[1, 1, 1, 1], group=c), N("Add", ["p", "d"], ["y"])]
     inits = {"w0": W(c, 3, 3, 3), "b0": W(c), "w1": W(c, c, 1, 1, scale=0.1), "b1": W(c),
-             "a": np.linspace(-1, 2, c).astype(np.float32).reshape(c, 1, 1), "wd": W(c, 1, 3, 3), "bd": W(c)}
+             "a": (np.linspace(-1, 2, c) + np.random.default_rng(c).uniform(-0.02, 0.02, c))     # on no 8-bit grid
+             .astype(np.float32).reshape(c, 1, 1), "wd": W(c, 1, 3, 3), "bd": W(c)}
     src = tmp_path / f"prelu{c}.onnx"
     onnx.save(make_model(nodes, [("x", [1, 3, size, size])], [("y", [1, c, size, size])], inits), src)
     return src
@@ -236,6 +237,39 @@ def test_prelu_takes_its_residual_form_only_where_the_pair_does_not_fit(tmp_path
     assert r.totals["output_sqnr_db"] > 30 and pair.totals["output_sqnr_db"] > 30
     size = _convert(src, tmp_path / "size.kmodel", png_dir, runtime="maixpy", optimize="size")
     assert "p/add" in {x["node"] for x in size.layers} and not any("PReLU" in t for t in size.trades)
+
+
+def test_prelu_before_a_wide_depthwise_conv_takes_its_residual_form(tmp_path, png_dir, monkeypatch):
+    """MiniFASNet (anti-spoofing, PyTorch): conv -> PReLU -> 231-channel 3x3 stride-2 depthwise.
+    The pair form makes the depthwise conv a group conv of two inputs per channel, a block-
+    diagonal tile of (2c)² taps: here 8x slower than the residual form, which the small graph
+    now takes (a grouped reader is no fused pair); in MiniFASNet a tile needing 66 weight loads of
+    the KPU's 64, and the conversion was refused ("use fewer input channels"). A KPU limit of the
+    fast form now sends the model to the small one as a budget does, and the receipt says why."""
+    from tl2k210 import compiler
+    from tl2k210.errors import KpuLimitError
+    c = 231
+    nodes = [conv_node("c0", "x", "w0", "b0"), N("PRelu", ["c0", "a"], ["p"]),
+             conv_node("d", "p", "wd", "bd", pads=[1, 1, 1, 1], strides=[2, 2], group=c), N("Relu", ["d"], ["y"])]
+    inits = {"w0": W(c, 3, 1, 1), "b0": W(c), "a": np.linspace(-0.5, 0.5, c).astype(np.float32).reshape(c, 1, 1),
+             "wd": W(c, 1, 3, 3), "bd": W(c)}
+    src = tmp_path / "fas.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 3, 32, 32])], [("y", [1, c, 16, 16])], inits), src)
+    r = _convert(src, tmp_path / "fas.kmodel", png_dir, runtime="sdk")
+    [t] = r.trades
+    assert t.startswith("1 per-channel PReLU(s): the residual form") and "the fast form would take" in t
+    assert r.totals["output_sqnr_db"] > 30
+    plan = compiler.plan_and_lower
+
+    def kpu_limit_for_the_pair(opt, cal):
+        if not any(p["pass"] == "prelu_residual" for p in opt.log):       # the fast graph
+            raise KpuLimitError("node 'd': 462x4158 weights need 66 weight loads of 29,106 B; the KPU allows 64")
+        return plan(opt, cal)
+    monkeypatch.setattr(compiler, "plan_and_lower", kpu_limit_for_the_pair)
+    r = _convert(src, tmp_path / "limit.kmodel", png_dir, runtime="sdk")
+    [t] = r.trades
+    assert t.startswith("1 per-channel PReLU(s): the residual form") and \
+        t.endswith("the fast form did not fit: node 'd': 462x4158 weights need 66 weight loads of 29,106 B")
 
 
 def test_transposed_conv_takes_its_exact_phases_only_where_the_3x3_ones_do_not_fit(tmp_path, png_dir, monkeypatch):
