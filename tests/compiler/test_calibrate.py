@@ -249,3 +249,23 @@ def test_a_kmodel_does_not_depend_on_the_cpus_float_rounding(tmp_path, monkeypat
     noisy_unsnapped = build("unsnapped")
     monkeypatch.setattr(graph_mod.FloatSession, "run", run)
     assert noisy_unsnapped != build("clean_unsnapped")
+
+
+def test_non_finite_calibration_names_where_it_starts():
+    """A NaN is refused at the first node that makes it, not where a later op passes it on
+    (OpenCV's res10 SSD read "node 'mbox_loc' (Concat) gives NaN; its input spans nan..nan");
+    where a constant of that node is itself not finite, the refusal says the file's weights are."""
+    from tl2k210.errors import Tl2k210Error
+    n = helper.make_node
+    m = make_model([n("Sub", ["x", "two"], ["d"]), n("Sqrt", ["d"], ["s"]), n("Relu", ["x"], ["r"]),
+                    n("Concat", ["s", "r"], ["y"], axis=1)], [("x", [1, 3, 4, 4])], [("y", None)],
+                   {"two": np.array(2.0, np.float32)})
+    g = from_onnx(m)
+    x = np.random.default_rng(0).uniform(0, 1, (1, 3, 4, 4)).astype(np.float32)
+    with pytest.raises(Tl2k210Error, match=r"node 'Sqrt_1' \(Sqrt\) gives NaN on the calibration data; its input spans -1.99"):
+        collect(g, [x])
+    b = np.array([0.1, np.nan, 0.2, np.nan], np.float32)
+    m = make_model([n("Conv", ["x", "w", "b"], ["y"])], [("x", [1, 3, 4, 4])], [("y", None)],
+                   {"w": rand(4, 3, 1, 1), "b": b})
+    with pytest.raises(Tl2k210Error, match=r"its constant 'b' holds 2 of 4 values that are not finite"):
+        collect(from_onnx(m), [x])

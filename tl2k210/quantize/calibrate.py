@@ -123,11 +123,28 @@ def _non_finite(graph, name, v, values):
     """Refuse a calibration sample that drives a tensor to NaN/inf (sqrt or log of negatives,
     a division by zero): no 8-bit range holds it. Names the node, its op and its input range."""
     from tl2k210.errors import Tl2k210Error
+
+    def bad_at(t):
+        a = values.get(t)
+        return a is not None and a.dtype.kind == "f" and not np.isfinite(a).all()
+    # where it starts: the first node in graph order whose output is not finite (a concat of NaNs
+    # only passes them on: OpenCV's res10 SSD, whose NaNs start at a division)
+    first = next((o for n in graph.nodes for o in n.outputs if bad_at(o)), None)
+    name, v = (first, values[first]) if first is not None else (name, v)
     node = graph.producer(name)
     where = f"input {name!r}" if node is None else f"node {node.name!r} ({describe(node)})"
     ins = [] if node is None else [values[i] for i in node.inputs if i in values and graph.const(i) is None]
+    ins = [a for a in ins if np.isfinite(a).any()]
     rng = "".join(f"; its input spans {float(np.nanmin(a)):.4g}..{float(np.nanmax(a)):.4g}" for a in ins[:1])
     bad = "NaN" if np.isnan(v).any() else "inf"
+    consts = [] if node is None else [(i, graph.const(i)) for i in node.inputs if i and graph.const(i) is not None]
+    broken = [(i, c) for i, c in consts if np.asarray(c).dtype.kind == "f" and not np.isfinite(c).all()]
+    if broken:      # the model's own numbers (a batch norm folded with a negative variance)
+        i, c = broken[0]
+        raise Tl2k210Error(f"{where} gives {bad} on the calibration data: its constant {i!r} holds "
+                           f"{int(np.size(c) - np.isfinite(c).sum())} of {np.size(c)} values that are not "
+                           "finite (e.g. a batch norm's negative variance): the model file's weights are "
+                           "broken there; export it again")
     raise Tl2k210Error(f"{where} gives {bad} on the calibration data{rng}: no 8-bit range holds "
                        "it. Calibrate with data inside the op's domain, or clamp its input in the model "
                        "(e.g. Relu/Clip before Sqrt or Log, an epsilon before a division)")
