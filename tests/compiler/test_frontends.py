@@ -282,6 +282,34 @@ def test_frozen_tf1_graph_pb(tmp_path):
     np.testing.assert_allclose(got, frozen(tfm.constant(x))[0].numpy(), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["MIN_FIRST", "MIN_COMBINED"])
+def test_frozen_graph_with_8_bit_weights_is_read_as_tensorflow_dequantizes_them(tmp_path, mode):
+    """TF's graph_transforms quantize_weights stores each weight as a quint8 Const, its min and max
+    and a Dequantize (OpenCV's res10 SSD face detector, opencv_face_detector_uint8.pb): tf2onnx
+    cannot type quint8 ("Unable to convert type dtype([('quint8', 'u1')])"), and the message
+    blamed the input's shape. Folded into the float constants TensorFlow's Dequantize gives: the
+    same numbers as TensorFlow."""
+    tfm = tf()
+    rng = np.random.default_rng(5)
+    q = rng.integers(0, 256, (3, 3, 3, 4)).astype(np.uint8)
+    with tfm.Graph().as_default() as g:
+        x = tfm.compat.v1.placeholder(tfm.float32, (1, 8, 8, 3), name="image")
+        w = tfm.raw_ops.Dequantize(input=tfm.constant(q, dtype=tfm.quint8, name="w_quantized_const"),
+                                   min_range=tfm.constant(-0.7, name="w_min"), max_range=tfm.constant(0.9, name="w_max"),
+                                   mode=mode, name="w")
+        tfm.nn.relu(tfm.nn.conv2d(x, w, 1, "SAME"), name="y")
+        xv = rng.standard_normal((1, 8, 8, 3)).astype(np.float32)
+        with tfm.compat.v1.Session(graph=g) as sess:
+            ref = sess.run("y:0", {"image:0": xv})
+    from tl2k210.frontends.frozen_pb import _dequantized_weights
+    gd = g.as_graph_def()
+    (tmp_path / "q.pb").write_bytes(gd.SerializeToString())
+    assert _dequantized_weights(gd) == 1       # (tf2onnx's grappler folds this small one; not the SSD's)
+    assert {n.op for n in gd.node} == {"Placeholder", "Const", "Conv2D", "Relu"}
+    assert all(n.attr["dtype"].type == tfm.float32.as_datatype_enum for n in gd.node if n.op == "Const")
+    gr = load_graph(tmp_path / "q.pb")
+    np.testing.assert_allclose(run(gr, {gr.inputs[0]: xv})[gr.outputs[0]], ref, rtol=1e-5, atol=1e-5)
+
 def test_old_keras_savedmodel_through_tf_keras(tmp_path, monkeypatch):
     """A tf.keras SavedModel TF 2.21 cannot restore (a TF 2.3-era file: "'_UserObject' object has
     no attribute 'add_slot'", simulated) is read by tf-keras and converted as its Keras model."""

@@ -8,7 +8,12 @@ is converted from where that front end ends: the kmodel's input is the tensor th
 (there: the 49x10 MFCCs), which the board computes on its CPU, as the MCU deployments do; after
 an image decoder, the resized image (TF for Poets' retrained graphs: DecodeJpeg -> Cast ->
 ExpandDims -> ResizeBilinear), whose values are the pixels 0..255. The receipt says where it
-was cut."""
+was cut.
+
+Weights stored 8-bit by TF's graph_transforms `quantize_weights` (a quint8 Const, its min and max,
+and a Dequantize: OpenCV's res10 SSD face detector, opencv_face_detector_uint8.pb), which
+tf2onnx cannot type, are folded into the float constants TensorFlow's own Dequantize computes
+(`_dequantized_weights`)."""
 from . import INPUT_NOTE, INPUT_RANGE, ModelLoadError, tf_convert
 from .tf_guard import refuse_side_effects
 
@@ -130,6 +135,42 @@ def refuse_pipeline(gd, path):
                          "the application")
 
 
+def _dequantized_weights(gd) -> int:
+    """Each Dequantize whose inputs are all Consts (quantize_weights' quint8 weights, their min
+    and max) becomes a float Const of the values TensorFlow computes for it, in place; the quantized
+    Consts then read by nothing go. Returns how many."""
+    import numpy as np
+    import tensorflow as tf
+    consts = {n.name for n in gd.node if n.op == "Const"}
+    deq = [n for n in gd.node if n.op == "Dequantize" and n.input
+           and all(i.split(":")[0].lstrip("^") in consts for i in n.input)]
+    if not deq:
+        return 0
+    keep = tf.compat.v1.GraphDef()
+    keep.node.extend(n for n in gd.node if n.op == "Const" or n in deq)
+    with tf.Graph().as_default() as g:
+        tf.import_graph_def(keep, name="")
+        with tf.compat.v1.Session(graph=g) as sess:
+            values = sess.run([n.name + ":0" for n in deq])
+    byname = {n.name: n for n in gd.node}
+    for n, v in zip(deq, values):
+        if not np.isfinite(v).all() and n.attr["T"].type == tf.quint8.as_datatype_enum:
+            # a range of FLT_MIN (a constant tensor: res10's data_bn/beta, all 0) underflows TF's
+            # float32 step to NaN; the formula min + q (max - min) / 255 in float64 gives it
+            q, lo, hi = (tf.make_ndarray(byname[i.split(":")[0]].attr["value"].tensor) for i in n.input[:3])
+            v = np.where(np.isfinite(v), v, float(lo) + q.astype(np.float64) * ((float(hi) - float(lo)) / 255))
+        n.op = "Const"
+        del n.input[:]
+        n.attr.clear()
+        n.attr["dtype"].type = tf.float32.as_datatype_enum
+        n.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(v.astype("float32")))
+    read = {i.split(":")[0].lstrip("^") for n in gd.node for i in n.input}
+    dead = [n for n in gd.node if n.op == "Const" and n.name not in read and n.attr["dtype"].type != tf.float32.as_datatype_enum]
+    for n in dead:
+        gd.node.remove(n)
+    return len(deq)
+
+
 def from_frozen_pb(path, opset=None, batch=1, input_shape=None):
     """input_shape (NCHW, --input-shape): for a Placeholder without a whole shape."""
     import tensorflow as tf
@@ -144,6 +185,7 @@ def from_frozen_pb(path, opset=None, batch=1, input_shape=None):
         raise ModelLoadError(f"{path}: the GraphDef has no nodes")
     refuse_side_effects([gd], path)
     refuse_pipeline(gd, path)
+    _dequantized_weights(gd)
     if input_shape:
         _shape_placeholders(gd, tuple(input_shape))
     read = {i.split(":")[0].lstrip("^") for n in gd.node for i in n.input}
