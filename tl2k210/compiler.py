@@ -23,7 +23,7 @@ from tl2k210.k210.fit import BudgetError, FormatError  # noqa: F401  (raised by 
 from tl2k210.k210.kmodel import atomic_write, dumps, v3
 from tl2k210.k210.lower.concat_ranges import share_concat_ranges
 from tl2k210.k210.lower.state import check_one_input
-from tl2k210.quality import at_own_ideal, finite_sqnr, ideal_text, quality_gate, sqnr_text
+from tl2k210.quality import excused, finite_sqnr, ideal_text, quality_gate, sqnr_text
 from tl2k210.tables import text_table
 
 # what each firmware leaves for model file + main memory: one table, tl2k210/k210/firmware.py
@@ -134,10 +134,9 @@ class Receipt:
             lines.append(f"output SQNR vs float {t['output_sqnr_db']:.1f} dB on {t['sqnr_samples']} "
                          "calibration samples" + (" (the lowest)" if len(outs) > 1 else
                                                   "".join(ideal_text(o) for o in outs.values())))
-        excused = [n for n, o in outs.items() if at_own_ideal(o) and 0 < t.get("min_sqnr", 0)
-                   and o["sqnr_db"] < t["min_sqnr"]]
-        if excused:       # the gate let them through: at their ideal with the model's own int8 ranges
-            lines.append(f"warning: output {', '.join(excused)} below --min-sqnr {t['min_sqnr']:g} dB passed "
+        passed = excused(t, t.get("min_sqnr", 0))
+        if passed:        # the gate let them through: at their ideal with the model's own int8 ranges
+            lines.append(f"warning: output {', '.join(passed)} below --min-sqnr {t['min_sqnr']:g} dB passed "
                          "because the float model with the model's own int8 ranges loses as much (its 8-bit "
                          "ideal): the int8 model's own loss on these samples, or ranges that do not fit them; "
                          "check the kmodel against the source model (tl2k210 compare) before trusting it")
@@ -884,6 +883,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
                 "budget": RUNTIME_BUDGET[opts.runtime],
                 "weights": f"{opts.weight_bits}-bit", "output_sqnr_db": out_sqnr, "sqnr_samples": n,
                 "outputs": outputs, "min_sqnr": opts.min_sqnr,
+                "own_quantization": bool(graph.meta.get("quant_ranges")),
                 "cycles": total_cycles, "frontend_s": round(loaded.seconds, 2),
                 "total_s": round(time.perf_counter() - t0, 2), "method": opts.method,
                 "kpu_padding": opts.kpu_padding, "kpu_padding_effect": cal.padding_effect,
@@ -896,7 +896,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
                  "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in opt.log],
         ideal={**ide.to_dict(), "layers": [asdict(li) for li in ide.layers]}, trades=choice.trades)
-    quality_gate(receipt, nonfinite, opts.min_sqnr, own_quantization=bool(graph.meta.get("quant_ranges")))
+    quality_gate(receipt, nonfinite, opts.min_sqnr)
     return receipt
 
 

@@ -41,18 +41,26 @@ def at_own_ideal(r) -> bool:
     return r.get("sqnr_db") is not None and r.get("ideal_db") is not None and r["sqnr_db"] >= r["ideal_db"] - 1
 
 
-def quality_gate(receipt, nonfinite, min_sqnr, own_quantization=False):
+def excused(totals, min_sqnr) -> list:
+    """The outputs below `min_sqnr` that the gate lets pass: a quantized model's (totals
+    "own_quantization": its own int8 ranges) within 1 dB of their 8-bit ideal, whose loss is the
+    model's own quantization, which the kmodel reproduces. A float model's output is not."""
+    if min_sqnr <= 0 or not totals.get("own_quantization"):
+        return []
+    return [o for o, r in totals["outputs"].items() if _collapsed(r, min_sqnr) and at_own_ideal(r)]
+
+
+def quality_gate(receipt, nonfinite, min_sqnr):
     """Refuse (QualityError, with the receipt) a kmodel whose outputs are NaN/Inf on the
-    calibration samples (`nonfinite`: {output: count}) or below `min_sqnr` dB vs the float model,
-    naming the first layer whose SQNR collapses. `min_sqnr` 0 accepts anything. A quantized
-    model's output (`own_quantization`: its own int8 ranges) that reaches its 8-bit ideal within
-    1 dB passes: the loss is the model's own quantization, which the kmodel reproduces."""
+    calibration samples (`nonfinite`: {output: count}) or below `min_sqnr` dB vs the float model
+    (but those `excused`), naming the first layer whose SQNR collapses. `min_sqnr` 0 accepts
+    anything."""
     if min_sqnr <= 0:
         return
     t = receipt.totals
     bad = {o: k for o, k in nonfinite.items() if k}
-    low = {o: r for o, r in t["outputs"].items() if _collapsed(r, min_sqnr)
-           and not (own_quantization and at_own_ideal(r))}
+    ok = excused(t, min_sqnr)
+    low = {o: r for o, r in t["outputs"].items() if _collapsed(r, min_sqnr) and o not in ok}
     if not bad and not low:
         return
     measured = [r for r in receipt.layers if r.get("sqnr_db") is not None]
