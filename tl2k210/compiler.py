@@ -316,6 +316,34 @@ def input_affine(graph, channels):
     return tuple(np.resize(np.asarray(v, np.float64), channels) for v in graph.meta["input_affine"])
 
 
+#: ops between an image input and its first arithmetic that move or resample pixels only
+_PIXEL_MOVES = ("Transpose", "Reshape", "Resize", "Identity", "Cast")
+
+
+def pixel_rescaling(graph) -> str | None:
+    """What the model's own first op does where it scales 0..255 pixels itself (Keras' Rescaling(1/255)
+    or Rescaling(1/127.5, offset=-1), the TF tutorials' preprocessing layers inside the model: a
+    Mul by 1/255 or 2/255, a Div by 255 or 127.5, after moves or a resize), else None: its input is
+    then 0..255, not the (0, 1) a float model defaults to, which would divide the pixels twice."""
+    x = graph.inputs[0]
+    if len(graph.shape(x) or ()) != 4 or x in graph.meta.get("input_quant", {}):
+        return None
+    t = x
+    while len(users := graph.consumers(t)) == 1 and users[0].op in _PIXEL_MOVES and users[0].inputs[0] == t:
+        t = users[0].outputs[0]
+    for n in graph.consumers(t):
+        if n.op not in ("Mul", "Div") or len(n.inputs) != 2 or (n.op == "Div" and n.inputs[0] != t):
+            continue
+        c = graph.const(n.inputs[1] if n.inputs[0] == t else n.inputs[0])
+        if c is None or np.size(c) != 1:
+            continue
+        k = float(np.ravel(c)[0]) * 255 if n.op == "Mul" else 255 / float(np.ravel(c)[0] or np.inf)
+        if any(abs(k - v) <= 1e-4 * v for v in (1.0, 2.0)):
+            return (f"{n.op} {n.name!r} scales the input by {'1' if abs(k - 1) < 0.01 else '2'}/255 itself "
+                    "(a Rescaling layer): its input is the pixels 0..255")
+    return None
+
+
 def model_input_range(graph, opts: ConvertOptions):
     """opts with input_range resolved: the user's, else the pixel values of a decoded image the
     front end cut off (frozen_pb), else what a quantized model's integer input stands for (uint8 q -> (q - zp) * scale: pixels 0..255 -> [-zp*s, (255-zp)*s]), else (0, 1).
@@ -325,9 +353,10 @@ def model_input_range(graph, opts: ConvertOptions):
         return opts, None
     if "input_range" in graph.meta:
         rng = graph.meta["input_range"]
+        why = graph.meta.get("input_range_why") or ("the decoded image's pixel values, which the graph's "
+                                                      "own decoder gave its network")
         return dataclasses.replace(opts, input_range=rng), (
-            f"input range {rng[0]:g},{rng[1]:g}: the decoded image's pixel values, which the graph's own "
-            "decoder gave its network; override with --input-range")
+            f"input range {rng[0]:g},{rng[1]:g}: {why}; override with --input-range")
     q = graph.meta.get("input_quant", {}).get(graph.inputs[0])
     if q is None:
         return dataclasses.replace(opts, input_range=(0.0, 1.0)), None
@@ -594,6 +623,8 @@ def load(source, opts: ConvertOptions) -> Loaded:
     props = {p.key: p.value for p in onnx_model.metadata_props}
     if frontends.INPUT_RANGE in props:      # a decoded image's pixels (frozen_pb's image decoders)
         graph.meta["input_range"] = tuple(float(v) for v in props[frontends.INPUT_RANGE].split(","))
+    elif (scaling := pixel_rescaling(graph)) is not None:
+        graph.meta["input_range"], graph.meta["input_range_why"] = (0.0, 255.0), scaling
     notes = [props[frontends.INPUT_NOTE]] if frontends.INPUT_NOTE in props else []
     notes += [cut] if cut else []
     notes += [f"input {x!r} was exported with a fixed batch of {n}: the kmodel takes one sample (the K210 "
