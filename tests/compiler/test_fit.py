@@ -486,6 +486,25 @@ def test_choose_forms_gives_back_what_parking_did_not_need():
     assert sorted(t.split(":")[0] for t in ch.trades) == ["a", "b"]
 
 
+def test_choose_forms_parks_where_only_the_smaller_forms_free_kpu_ram():
+    """A potato-disease CNN (Keras, 256x256) for full MaixPy: in its fastest forms every layer is on
+    the KPU and no KPU RAM is free, so that lowering offers no parking (PARK); the first conv's CPU
+    form frees it, and its 2 MB output fits only parked there. Parking was tried only where the
+    fastest lowering offered it, and the model was refused though --optimize size fitted."""
+    from tl2k210.k210.lower.memory import PARK
+
+    def build(small):
+        s = {"a", "b"} if "*" in small else set(small) - {PARK}
+        per = {n: (100, 10, "fast") for n in "ab"}
+        per.update({n: {"a": (90, 500, "small"), "b": (95, 40, "small")}[n] for n in s})
+        opts = type("O", (), {"small": frozenset(small)})()
+        parks = "a" in s            # the CPU conv leaves KPU RAM free
+        b = _made_up(per, {"smaller": {"a": False, "b": False, **({PARK: False} if parks else {})}, "opts": opts})
+        b.data += 300 - (250 if parks and PARK in small else 0)
+        return b
+    ch = fit.choose_forms(build, 250)
+    assert ch.built.need <= 250 and PARK in ch.built.lw.opts.small and "a" in ch.built.lw.opts.small
+
 def test_choose_forms_keeps_the_fastest_that_fits():
     """The plan on made-up lowerings: (small set) -> (need, cycles, per-node bytes)."""
     def build(small):

@@ -333,7 +333,8 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
             best, kept = _size_slack(build, best, best.picked, a, b, budget)
     else:
         best = tried.fit
-    if best.need > budget and PARK in fast.lw.smaller:
+    if best.need > budget and any(b is not None and PARK in b.lw.smaller for b in (fast, best, every)):
+        # (the fastest forms may fill the KPU RAM: only the smaller ones, on the CPU, free lines)
         best = _parked(build, best, every)
         if optimize == "latency" and best.need <= budget:
             best = _parked_give_back(build, best, every, a, b, budget)
