@@ -221,9 +221,10 @@ def _squeeze_maixpy(src, png_dir, monkeypatch) -> int:
 
 def test_prelu_takes_its_residual_form_only_where_the_pair_does_not_fit(tmp_path, png_dir, monkeypatch):
     """The PReLU's pair form (fastest: its split and join on the KPU) where the model fits; where
-    not even the pair form's smallest layers fit, the residual form (pass prelu_residual: O(c)
-    bytes), named in the receipt's trades, within quantization of the float model as the pair is;
-    --optimize size takes it at once."""
+    the pair's fastest forms do not, the residual form (pass prelu_residual: O(c) bytes), named in
+    the receipt's trades -- here the pair fits only with its maps parked in KPU RAM, slower than
+    the residual form -- within quantization of the float model as the pair is; --optimize size
+    takes it at once."""
     src = _prelu_block(tmp_path)
     pair = _convert(src, tmp_path / "pair.kmodel", png_dir, runtime="maixpy")
     assert not pair.trades and {"p/split", "p/join"} <= {r["node"] for r in pair.layers}
@@ -231,7 +232,7 @@ def test_prelu_takes_its_residual_form_only_where_the_pair_does_not_fit(tmp_path
     r = _convert(src, tmp_path / "fit.kmodel", png_dir, runtime="maixpy")
     assert r.file_size + r.main_memory <= budget
     assert len(r.trades) == 1 and r.trades[0].startswith("1 per-channel PReLU(s): the residual form")
-    assert "the fast form did not fit: kmodel v" in r.trades[0]
+    assert "the fast form did not fit: kmodel v" in r.trades[0] or "; the fast form would take" in r.trades[0]
     assert [(x["node"], x["unit"]) for x in r.layers if x["node"].startswith("p/")] == \
         [("p/add", "KPU"), ("p/partial", "CPU"), ("p/sub", "KPU")]
     assert r.totals["output_sqnr_db"] > 30 and pair.totals["output_sqnr_db"] > 30
@@ -789,21 +790,19 @@ def test_segmentation_transposed_convs_are_uint8_and_its_smallest_kmodel_is_near
 
 @pytest.mark.slow
 def test_mobilefacenet_grouped_convs_take_their_small_forms(tmp_path, photos):
-    """MobileFaceNet (developer corpus): pass prelu_split makes every depthwise conv a group conv
-    of 2 -> 2 channels, which the KPU runs fastest as one layer a group (~0.8 KB each, 2.03x the
-    ideal weights). --optimize size gives the 56x56 ones the KPU tiling of the fewest bytes (the
-    CPU conv would need their maps in main memory) and the rest, stride 2 too, the uint8
-    quantized_conv2d: within 1.15x the 8-bit ideal weights (1.30x before)."""
+    """MobileFaceNet (developer corpus): pass prelu_split makes every depthwise conv after a PReLU
+    a group conv of 2 -> 2 channels, which the KPU runs fastest as one layer a group (~0.8 KB each,
+    2.03x the ideal weights: the default keeps it). --optimize size gives those PReLUs the residual
+    form (a grouped reader makes no fused pair), so the depthwise convs read one c-channel map:
+    within 1.15x the 8-bit ideal weights (1.02x; 1.07x when they were tiled group convs, 1.30x
+    before that), the main memory within 1.25x its live set."""
     import devcorpus
     src = devcorpus.save("MobileFaceNet", devcorpus.entries()["MobileFaceNet"].build(), tmp_path)
     size = _convert(src, tmp_path / "size.kmodel", photos, runtime="maixpy", optimize="size",
                     input_range=(-1, 1), min_sqnr=0)
     assert size.file_size <= 1.15 * size.ideal["weight_bytes"]
-    # Keras numbers its layer names by a per-process counter: the trades by what they say
-    dw = [t for t in size.trades if t.split(":")[0].endswith("/depthwise")]
-    assert any("kpu_conv (fewest-bytes tiles: 8 layers, not 32)" in t for t in dw)
-    assert any("fewest-bytes tiles" in t and "stride 1 + CPU pick" in t for t in dw)
-    assert any(": quantized_conv2d" in t for t in dw)     # the others: uint8 on the CPU
+    residual = next(p["changes"] for p in size.passes if p["pass"] == "prelu_residual")
+    assert len(residual) >= 10          # (the PReLUs that 1x1 convs alone read keep the fused pair)
     assert size.main_memory <= 1.25 * size.ideal["live_bytes"]
 
 
