@@ -108,6 +108,7 @@ def test_refused_before_calibration_when_even_the_ideal_does_not_fit(tmp_path, p
     assert ("even with 2,097,152 B of its maps in KPU RAM it needs 2,408,820 B, which exceeds what 'maixpy' "
             "firmware leaves for model + main memory (2,097,152 B)") in msg
     assert "no form of this model fits it" in msg and "--runtime maixpy-minimum" in msg
+    assert "Its maps need the most: a fully convolutional model converts at a smaller input with --input-shape" in msg
     assert "Nothing was written" in msg and not out.exists() and not (tmp_path / "huge.kmodel.json").exists()
 
 

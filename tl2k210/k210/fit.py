@@ -103,6 +103,9 @@ def check_ideal(ide, runtime: str, where: str):
         + ", ".join(f"{r.node} {_kb(r.weight_bytes)}" for r in top) + "). "
         + (f"Use --runtime {' or '.join(bigger)}" if bigger else
            "No K210 runtime holds it: use a smaller network (fewer channels, a smaller input)")
+        + (". Its maps need the most: a fully convolutional model converts at a smaller input with "
+           "--input-shape 1,C,H,W (MTCNN's P-Net, exported at 600x800, fits at 48x64)"
+           if ide.live_bytes > 4 * ide.weight_bytes else "")
         + ". Nothing was written.")
 
 
