@@ -178,6 +178,18 @@ def test_identity_chain_removed_and_real_transpose_kept():
     assert [x.op for x in g.nodes] == ["Relu", "Transpose"]
 
 
+
+@pytest.mark.parametrize("mode, coords", [("linear", "half_pixel"), ("nearest", "asymmetric"),
+                                          ("linear", "align_corners"), ("cubic", "pytorch_half_pixel")])
+def test_resize_to_its_own_size_is_removed(mode, coords):
+    """Keras' Resizing(256, 256) on a 256x256 input (the TF tutorials' resize_and_rescale): a float
+    CPU resize that forced kmodel v4 for nothing. Every pixel maps onto itself: removed."""
+    n = helper.make_node
+    m = make_model([n("Resize", ["x", "", "s"], ["r"], mode=mode, coordinate_transformation_mode=coords),
+                    n("Relu", ["r"], ["y"])], [X], [("y", None)], {"s": np.ones(4, np.float32)}, opset=13)
+    g, changes = check(m, "fold_constants", tol=1e-6)
+    assert [x.op for x in g.nodes] == ["Relu"] and any("removed Resize" in c for _, c in changes)
+
 def test_nhwc_flatten_into_matmul_rows():
     n = helper.make_node
     nodes = [n("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]), n("Reshape", ["t", "s"], ["f"]),
