@@ -165,8 +165,8 @@ def _dequantized_weights(gd) -> int:
         n.attr["dtype"].type = tf.float32.as_datatype_enum
         n.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(v.astype("float32")))
     read = {i.split(":")[0].lstrip("^") for n in gd.node for i in n.input}
-    dead = [n for n in gd.node if n.op == "Const" and n.name not in read and n.attr["dtype"].type != tf.float32.as_datatype_enum]
-    for n in dead:
+    f32 = tf.float32.as_datatype_enum
+    for n in [n for n in gd.node if n.op == "Const" and n.name not in read and n.attr["dtype"].type != f32]:
         gd.node.remove(n)
     return len(deq)
 

@@ -342,7 +342,8 @@ def _keras_db(model, onnx_model):
     sess = quiet.onnxruntime().InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
     if len(sess.get_inputs()) != len(xs):
         return None
-    got = [np.asarray(g, np.float64).ravel() for g in sess.run(None, {i.name: x for i, x in zip(sess.get_inputs(), xs)})]
+    feed = {i.name: x for i, x in zip(sess.get_inputs(), xs)}
+    got = [np.asarray(g, np.float64).ravel() for g in sess.run(None, feed)]
     if [r.size for r in refs] != [g.size for g in got]:
         return None
     return sqnr_db(np.concatenate(refs), np.concatenate(got))

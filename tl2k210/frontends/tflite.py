@@ -504,10 +504,9 @@ def check_against_interpreter(path, run_path, model):
     except Exception:       # noqa: BLE001 -- a guard: a side that cannot run decides nothing
         return
     if db is not None and db < (FLOAT_AGREE_DB if floats else -1):
+        why = f"; a float file's two readings agree to over {FLOAT_AGREE_DB:.0f} dB" if floats else ""
         raise ModelLoadError(f"{path}: the graph read from the file disagrees with the TFLite interpreter on a "
-                             f"test input (output SQNR {db:.1f} dB"
-                             + (f"; a float file's two readings agree to over {FLOAT_AGREE_DB:.0f} dB" if floats else "")
-                             + "): tf2onnx misread a form of this file, so no "
+                             f"test input (output SQNR {db:.1f} dB{why}): tf2onnx misread a form of this file, so no "
                              "kmodel of it would compute what the file does; nothing written. Please report it "
                              "with the file (or export the model again as float / with today's quantization)")
 

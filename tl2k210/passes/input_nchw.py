@@ -25,7 +25,8 @@ def to_nchw(g, node, shape):
     if node.op == "Transpose":
         return tuple(node.attrs.get("perm", ())) == TO_NCHW
     # (a 5-D reader is no image's: tf2onnx writes a 1-channel change as Unsqueeze to 5-D + Reshape)
-    if node.op == "Reshape" and len(node.inputs) > 1 and g.const(node.inputs[1]) is not None and len(shape) == 4:
+    if node.op == "Reshape" and len(node.inputs) > 1 and g.const(node.inputs[1]) is not None \
+            and len(shape or ()) == 4:
         new = [int(v) for v in g.const(node.inputs[1])]
         x = np.arange(int(np.prod(shape))).reshape(shape)
         try:

@@ -93,7 +93,7 @@ def _samples(a, shape, where, keep_dtype=False):
     check_finite(as32, f"{where} (as float32)")
     a = np.asarray(a) if keep_dtype else as32
     if len(want) == 3 and want[0] == 1 and a.ndim in (2, 3) and tuple(a.shape[-2:]) == want[1:]:
-        return a.reshape((-1,) + want)      # one-channel maps (spectrograms): (N,) H, W
+        return a.reshape((-1,) + want)      # one-channel maps (MNIST's arrays): (N,) H, W
     if a.ndim == len(shape) - 1:
         a = a[None]
     if tuple(a.shape[1:]) == want:
