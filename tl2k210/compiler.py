@@ -660,17 +660,18 @@ def cut_outputs(graph, names, where: str) -> str:
 FAST_FORMS = ("prelu_split", "conv_transpose_3x3", "unequal_strides")
 
 
-def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False) -> Optimised:
+def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False, grouped: bool = False) -> Optimised:
     """The K210 flow's passes; the kmodel format the runtime must load and the 8-bit ideal, both
     refused here, before calibration, when the runtime cannot take them. `small`: the graph's
     smaller forms (FAST_FORMS' alternatives: pass prelu_residual on, conv_transpose_3x3 and
-    unequal_strides off)."""
+    unequal_strides off); `grouped`: the residual form for the PReLUs grouped convs read, too
+    (pass prelu_residual_grouped)."""
     from tl2k210.k210 import fit
     from tl2k210.k210.flow import run_pipeline
     from tl2k210.k210.lower import Options
     _say(opts, f"[2/6] passes ({len(loaded.graph.nodes)} nodes) ...")
-    passes = {"kpu_padding": opts.kpu_padding, "prelu_residual": small, "conv_transpose_3x3": not small,
-              "unequal_strides": not small}
+    passes = {"kpu_padding": opts.kpu_padding, "prelu_residual": small and not grouped,
+              "prelu_residual_grouped": small and grouped, "conv_transpose_3x3": not small, "unequal_strides": not small}
     graph, plog = run_pipeline(loaded.graph, passes, target=Options(
         format=opts.format, weight_bits=opts.weight_bits, float_fc=opts.float_fc,
         v3_only=not fit.loads_format(opts.runtime, "v4")))
@@ -780,7 +781,7 @@ def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
     (--optimize size: always). The receipt's trades say which and why."""
     from tl2k210.k210 import fit
     if opts.optimize == "size":
-        opt = optimise(loaded, opts, True)
+        opt = optimise(loaded, opts, True, grouped=True)
         cal = calibrate(opt, opts, loaded.where)
         return opt, cal, plan_and_lower(opt, cal)
     pair = refused = first = None
@@ -794,8 +795,10 @@ def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
     if pair is not None and not any(fast.values()):
         return pair                 # no form with a smaller alternative
     try:
-        opt = optimise(loaded, opts, True)
-        changed = next(p["changes"] for p in opt.log if p["pass"] == "prelu_residual")
+        # the PReLUs grouped convs read too where the fast form's group convs exceed the KPU (a
+        # residual form elsewhere only where the pair does not fit or is slower: its maps differ)
+        opt = optimise(loaded, opts, True, grouped=isinstance(refused, KpuLimitError))
+        changed = next(p["changes"] for p in opt.log if p["pass"].startswith("prelu_residual"))
         if not changed and not any(fast.get(f) for f in FAST_FORMS if f != "prelu_split"):    # the same graph
             if refused is not None:
                 raise refused

@@ -36,7 +36,7 @@ def test_pipeline_is_ordered_and_named():
     assert names.index("fold_batchnorm") < names.index("fuse_activation") < names.index("fuse_pool")
     assert names.index("upsample_to_resize") < names.index("matmul_to_conv")
     off = {p.name for p in PIPELINE if not p.default}
-    assert off == {"kpu_padding", "prelu_residual"}      # the compiler's choices (prelu_residual: to fit)
+    assert off == {"kpu_padding", "prelu_residual", "prelu_residual_grouped"}   # the compiler's choices (to fit)
     assert not next(p for p in PIPELINE if p.name == "kpu_padding").exact
     assert next(p for p in PIPELINE if p.name == "prelu_residual").exact
     assert names.index("prelu_residual") == names.index("prelu_split") - 1
@@ -623,7 +623,7 @@ def test_prelu_split(consumer, producer, residual):
     assert "PRelu" not in g.op_counts()
     convs = [c for c in g.nodes if c.op == "Conv"]
     relus = [c for c in convs if c.attrs.get("activation") == {"op": "Relu"}]
-    fused = producer == "conv" and consumer == "dense"      # a grouped reader would read the pair as a group conv
+    fused = producer == "conv" and consumer in ("dense", "depthwise", "grouped")
     if residual and not fused:
         assert [(g.shape(c.outputs[0])[1], c.attrs["group"], c.attrs["kernel"]) for c in relus] == [(4, 4, (1, 1))] * 2
         assert all(g.shape(c.outputs[0])[1] < 8 for c in convs)          # nothing doubled
@@ -633,6 +633,18 @@ def test_prelu_split(consumer, producer, residual):
         joins = [c for c in convs if c.name.endswith("/join")]
         assert bool(joins) == (consumer in ("add", "output"))
 
+
+
+@pytest.mark.parametrize("consumer", ["depthwise", "grouped", "dense"])
+def test_prelu_residual_grouped_takes_the_prelus_grouped_convs_read(consumer):
+    """Pass prelu_residual_grouped (the compiler's choice where the pair's group convs exceed the
+    KPU, and --optimize size's): a conv -> PReLU -> depthwise or grouped conv takes the residual
+    form, the reader unchanged; an ungrouped reader keeps the fused pair. Float-exact."""
+    m = _prelu_model(consumer, "conv", slopes=[0.25, -0.5, 0.0, 1.5])
+    g, log = check(m, None, x=rand(1, 4, 8, 8, scale=2), tol=1e-4, options={"prelu_residual_grouped": True})
+    assert "PRelu" not in g.op_counts()
+    residual = next(p["changes"] for p in log if p["pass"] == "prelu_residual_grouped")
+    assert bool(residual) == (consumer != "dense")
 
 @pytest.mark.parametrize("form", ["add", "sub"])
 def test_prelu_pattern_from_keras(form):

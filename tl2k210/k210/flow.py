@@ -37,7 +37,7 @@ from tl2k210.passes.nary_ops import nary_ops
 from tl2k210.passes.output_nchw import output_nchw
 from tl2k210.passes.pad_into_conv import pad_into_conv
 from tl2k210.passes.pixel_shuffle import pixel_shuffle
-from tl2k210.passes.prelu_split import prelu_pattern, prelu_residual, prelu_split
+from tl2k210.passes.prelu_split import prelu_pattern, prelu_residual, prelu_residual_grouped, prelu_split
 from tl2k210.passes.push_transposes import push_transposes
 from tl2k210.passes.space_to_batch import space_to_batch
 from tl2k210.passes.spatial_1d import spatial_1d
@@ -121,6 +121,7 @@ PIPELINE = [
     Pass("square_kernels", square_kernels),
     Pass("fold_affine_into_conv", fold_affine_into_conv),
     Pass("affine_to_conv", affine_to_conv),
+    Pass("prelu_residual_grouped", prelu_residual_grouped, default=False),  # ... before grouped convs too
     Pass("prelu_residual", prelu_residual, default=False),   # the smaller form: the compiler's choice
     Pass("prelu_split", prelu_split),
     Pass("fuse_activation", fuse_activation),

@@ -185,14 +185,14 @@ def prelu_split(g, log):
     return g
 
 
-def _fused(g, n, x):
-    """Does a conv make y and ungrouped convs alone read the PReLU (the pair needs no layer of its
-    own, and no reader becomes a group conv of two inputs per channel: a block-diagonal dense tile
-    of (2c)² taps, which for MiniFASNet's 231-channel depthwise conv needed more weight loads than
-    the KPU has)?"""
+def _fused(g, n, x, grouped=True):
+    """Does a conv make y and convs alone read the PReLU (the pair needs no layer of its own)?
+    `grouped` False: ungrouped convs alone -- a grouped reader of the pair is a group conv of two
+    inputs per channel, block-diagonal dense tiles of (2c)² taps, which for MiniFASNet's
+    231-channel depthwise conv needed more weight loads than the KPU has."""
     p, out = g.producer(x), n.outputs[0]
     return p is not None and _const_conv(g, p) and g.single_consumer(x) is n and out not in g.outputs \
-        and all(_const_conv(g, u) and u.inputs[0] == out and u.attrs.get("group", 1) == 1
+        and all(_const_conv(g, u) and u.inputs[0] == out and (grouped or u.attrs.get("group", 1) == 1)
                 for u in g.consumers(out))
 
 
@@ -218,11 +218,19 @@ def _residual(g, n, a):
             f"{len(terms)} 1x1 depthwise conv(s) of {c} weights and residual add(s)")
 
 
-def prelu_residual(g, log):
+def prelu_residual(g, log, grouped=True):
     """Every PReLU that the pair form would make or join with a layer of its own takes the
-    residual form (module docstring)."""
+    residual form (module docstring); `grouped` False (pass prelu_residual_grouped): those a
+    grouped conv reads too."""
     for n in [n for n in g.nodes if n.op == "PRelu"]:
         a = _slopes(g, n)
-        if a is not None and not _fused(g, n, n.inputs[0]):
+        if a is not None and not _fused(g, n, n.inputs[0], grouped):
             log(n.name, "per-channel PReLU: " + _residual(g, n, a))
     return g
+
+
+def prelu_residual_grouped(g, log):
+    """prelu_residual, and the PReLUs a grouped conv reads: the compiler's choice where the fast
+    form's group convs do not fit the KPU, and --optimize size's (MobileFaceNet's depthwise convs
+    then read one c-channel map: 510,368 -> 358,816 B)."""
+    return prelu_residual(g, log, grouped=False)
