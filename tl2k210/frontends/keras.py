@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tl2k210 import quiet
 
-from . import ModelLoadError, tf_convert
+from . import FLOAT_AGREE_DB, ModelLoadError, source_agreement, tf_convert
 
 
 def _code_layers(cfg):
@@ -319,11 +319,6 @@ def from_keras(model, opset=None, batch=1, weights=None):
     return onnx_model
 
 
-#: dB below which the converted graph disagrees with the Keras model (float graphs agree to about
-#: 100 dB and more; a bias tf2onnx drops, in the TFLite reader's case, read 13.9 dB)
-AGREE_DB = 40.0
-
-
 def _keras_db(model, onnx_model):
     """SQNR (dB) of the ONNX graph's outputs against the Keras model's on one seeded input, or None
     where either side cannot run it (inputs of no fixed size or not float, outputs that differ in
@@ -351,18 +346,14 @@ def _keras_db(model, onnx_model):
 
 def check_against_keras(model, where, onnx_model):
     """Refuse a conversion whose graph computes something else than the Keras model does: its
-    outputs against Keras' on one seeded input below AGREE_DB (the TFLite reader's check, for
-    tf2onnx's Keras path: the kmodel, its receipt and `compare` all measure against this graph).
-    Says nothing where the check cannot run."""
-    try:
-        with quiet.native_stderr():
-            db = _keras_db(model, onnx_model)
-    except Exception:       # noqa: BLE001 -- a guard: a side that cannot run decides nothing
-        return
-    if db is not None and db < AGREE_DB:
+    outputs against Keras' on one seeded input below FLOAT_AGREE_DB (the TFLite reader's check,
+    for tf2onnx's Keras path: the kmodel, its receipt and `compare` all measure against this
+    graph). Says nothing where the check cannot run."""
+    db = source_agreement(_keras_db, model, onnx_model)
+    if db is not None and db < FLOAT_AGREE_DB:
         raise ModelLoadError(f"{where}: the graph tf2onnx made of the Keras model disagrees with Keras on a test "
                              f"input (output SQNR {db:.1f} dB; the two readings of a float model agree to over "
-                             f"{AGREE_DB:.0f} dB): no kmodel of it would compute what the model does; nothing "
+                             f"{FLOAT_AGREE_DB:.0f} dB): no kmodel of it would compute what the model does; nothing "
                              "written. Please report it with the file (or export the model to .tflite or ONNX)")
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from tl2k210 import quiet
 from tl2k210.errors import UnknownOutputError, nearest
 
-from . import OPSET, ModelLoadError, mediapipe_ops, tf_convert, tflite_ops
+from . import FLOAT_AGREE_DB, OPSET, ModelLoadError, mediapipe_ops, source_agreement, tf_convert, tflite_ops
 
 
 def _check_header(path):
@@ -484,11 +484,6 @@ def _interpreter_db(run_path, model) -> tuple:
     return (sqnr_db(np.concatenate(refs), np.concatenate(tests)) if refs else None), floats
 
 
-#: dB below which a float file's graph disagrees with the interpreter (float files agree to 103-139
-#: dB: 33 of the corpus's and the hunts'; an FC's bias tf2onnx dropped read 13.9 dB)
-FLOAT_AGREE_DB = 40.0
-
-
 def check_against_interpreter(path, run_path, model):
     """Refuse a conversion whose graph computes something else than the file does: on one seeded
     input, its outputs against the TFLite interpreter's below -1 dB SQNR (an unrelated output of
@@ -498,11 +493,7 @@ def check_against_interpreter(path, run_path, model):
     weight form tf2onnx misread (retype_legacy_hybrid's) gave -17 and -549 dB, and the kmodel,
     its receipt and `compare` all agreed with the misread graph. Says nothing where the check
     cannot run."""
-    try:
-        with quiet.native_stderr():
-            db, floats = _interpreter_db(run_path, model)
-    except Exception:       # noqa: BLE001 -- a guard: a side that cannot run decides nothing
-        return
+    db, floats = source_agreement(_interpreter_db, run_path, model) or (None, False)
     if db is not None and db < (FLOAT_AGREE_DB if floats else -1):
         why = f"; a float file's two readings agree to over {FLOAT_AGREE_DB:.0f} dB" if floats else ""
         raise ModelLoadError(f"{path}: the graph read from the file disagrees with the TFLite interpreter on a "
