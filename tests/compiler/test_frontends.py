@@ -316,7 +316,6 @@ def test_a_keras_graph_that_disagrees_with_keras_is_refused(tmp_path, monkeypatc
     forms; hunt 10's dropped FC bias read 13.9 dB). 34 Keras files of the corpus and hunts 6-10
     agree at 105.8-126.6 dB; a graph whose bias is off is refused, naming the dB, nothing written."""
     import keras
-    from onnx import numpy_helper
 
     from tl2k210.frontends import keras as kf
     keras.utils.set_random_seed(0)
@@ -325,19 +324,64 @@ def test_a_keras_graph_that_disagrees_with_keras_is_refused(tmp_path, monkeypatc
     src = tmp_path / "d.keras"
     m.save(src)
     assert load_model(src) is not None                      # agrees
-    convert = kf._from_keras
+    monkeypatch.setattr(kf, "_from_keras", _bias_off(kf._from_keras))
+    (tmp_path / "e.keras").write_bytes(src.read_bytes())          # (load_model caches by path)
+    with pytest.raises(ModelLoadError, match=r"disagrees with Keras on a test input \(output SQNR -?\d"):
+        load_model(tmp_path / "e.keras")
 
-    def off_bias(*a, **k):
+def _bias_off(convert):
+    """`convert` (a front end's tf_convert) whose graph has the 4-element bias zeroed."""
+    from onnx import numpy_helper
+
+    def off(*a, **k):
         model = convert(*a, **k)
         for t in model.graph.initializer:
             v = numpy_helper.to_array(t)
             if v.shape == (4,):
                 t.CopyFrom(numpy_helper.from_array(v * 0, t.name))
         return model
-    monkeypatch.setattr(kf, "_from_keras", off_bias)
-    (tmp_path / "e.keras").write_bytes(src.read_bytes())          # (load_model caches by path)
-    with pytest.raises(ModelLoadError, match=r"disagrees with Keras on a test input \(output SQNR -?\d"):
-        load_model(tmp_path / "e.keras")
+    return off
+
+
+@pytest.mark.parametrize("kind", ["savedmodel", "frozen_pb"])
+def test_a_tensorflow_graph_that_disagrees_with_tensorflow_is_refused(tmp_path, monkeypatch, kind):
+    """SavedModels and frozen graphs are checked against TensorFlow as Keras files against Keras:
+    the graph tf2onnx wrote, on one seeded input, against the signature / the GraphDef run by
+    TensorFlow (the corpus's and hunts 5-10's nine frozen graphs and two SavedModels whose inputs
+    have a fixed size agree at 95-161 dB or exactly). A graph whose bias is off is refused, naming
+    the dB."""
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    from tl2k210.frontends import frozen_pb, savedmodel
+    tfm = tf()
+    rng = np.random.default_rng(1)
+    w = tfm.Variable(rng.standard_normal((12, 4)).astype(np.float32))
+    b = tfm.Variable(np.ones(4, np.float32))
+
+    @tfm.function(input_signature=[tfm.TensorSpec((None, 2, 2, 3), tfm.float32, name="image")])
+    def f(x):
+        return {"scores": tfm.reshape(x, (-1, 12)) @ w + b, "mean": tfm.reduce_mean(x, [1, 2])}
+    if kind == "savedmodel":
+        module = tfm.Module()
+        module.w, module.b, module.f = w, b, f
+        tfm.saved_model.save(module, str(tmp_path / "ok"), signatures=f)
+        src = tmp_path / "ok"
+    else:
+        src = tmp_path / "ok.pb"
+        src.write_bytes(convert_variables_to_constants_v2(f.get_concrete_function()).graph.as_graph_def()
+                        .SerializeToString())
+    assert load_model(src) is not None                      # agrees
+    front = {"savedmodel": savedmodel, "frozen_pb": frozen_pb}[kind]
+    monkeypatch.setattr(front, "tf_convert", _bias_off(front.tf_convert))
+    bad = tmp_path / ("bad" + src.suffix)                   # (load_model caches by path)
+    if kind == "savedmodel":
+        import shutil
+        shutil.copytree(src, bad)
+    else:
+        bad.write_bytes(src.read_bytes())
+    with pytest.raises(ModelLoadError, match=r"disagrees with TensorFlow on a test input \(output SQNR -?\d"):
+        load_model(bad)
+
 
 def test_old_keras_savedmodel_through_tf_keras(tmp_path, monkeypatch):
     """A tf.keras SavedModel TF 2.21 cannot restore (a TF 2.3-era file: "'_UserObject' object has

@@ -258,7 +258,7 @@ INPUT_RANGE = "tl2k210.input_range"
 
 #: dB below which a float model's converted graph disagrees with its own framework on a seeded input
 #: (the 33 float TFLite files and 34 Keras files of the corpus and hunts 6-10 agree at 103-139 dB;
-#: an FC's bias tf2onnx dropped read 13.9 dB): tflite.check_against_interpreter, keras.check_against_keras
+#: an FC's bias tf2onnx dropped read 13.9 dB): tflite.check_against_interpreter, check_against_source
 FLOAT_AGREE_DB = 40.0
 
 
@@ -270,6 +270,53 @@ def source_agreement(measure, *args):
             return measure(*args)
     except Exception:       # noqa: BLE001 -- a side that cannot run decides nothing
         return None
+
+
+def _agreement_db(onnx_model, run_source):
+    """SQNR (dB) of the ONNX graph's outputs against `run_source(feed)`'s -- the model's own
+    framework, given {graph input name: array} and answering a list in the graph's output order
+    or a dict by output name -- on one seeded input (uniform 0..1; a leading dim of no fixed size
+    taken as 1), or None where either side cannot run it (an input of no fixed size or not float,
+    outputs that differ in number, name or size, an op onnxruntime lacks)."""
+    import numpy as np
+    from onnx import TensorProto
+
+    from tl2k210.quantize.metrics import sqnr_db
+    rng, feed = np.random.default_rng(0), {}
+    weights = {t.name for t in onnx_model.graph.initializer}
+    for v in [v for v in onnx_model.graph.input if v.name not in weights]:
+        t = v.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else (1 if k == 0 else None)
+                for k, d in enumerate(t.shape.dim)]
+        if t.elem_type != TensorProto.FLOAT or None in dims:
+            return None
+        feed[v.name] = rng.uniform(0, 1, dims).astype(np.float32)
+    refs = run_source(feed)
+    sess = quiet.onnxruntime().InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    got = sess.run(None, feed)
+    if isinstance(refs, dict):
+        if set(refs) != set(names):
+            return None
+        refs = [refs[n] for n in names]
+    refs = [np.asarray(r, np.float64).ravel() for r in refs]
+    got = [np.asarray(g, np.float64).ravel() for g in got]
+    if [r.size for r in refs] != [g.size for g in got]:
+        return None
+    return sqnr_db(np.concatenate(refs), np.concatenate(got))
+
+
+def check_against_source(where, onnx_model, run_source, framework, remedy):
+    """Refuse a conversion whose graph computes something else than the model does in its own
+    `framework` (tf2onnx's readings of Keras models, SavedModels and frozen graphs): its outputs
+    against `run_source`'s on one seeded input below FLOAT_AGREE_DB (the kmodel, its receipt and
+    `compare` all measure against this graph). Says nothing where the check cannot run."""
+    db = source_agreement(_agreement_db, onnx_model, run_source)
+    if db is not None and db < FLOAT_AGREE_DB:
+        raise ModelLoadError(f"{where}: the graph tf2onnx made of the model disagrees with {framework} on a test "
+                             f"input (output SQNR {db:.1f} dB; the two readings of a float model agree to over "
+                             f"{FLOAT_AGREE_DB:.0f} dB): no kmodel of it would compute what the model does; nothing "
+                             f"written. Please report it with the file (or {remedy})")
 
 
 def tf_convert(where, fn, *args, **kwargs):

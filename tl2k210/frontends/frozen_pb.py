@@ -14,7 +14,7 @@ Weights stored 8-bit by TF's graph_transforms `quantize_weights` (a quint8 Const
 and a Dequantize: OpenCV's res10 SSD face detector, opencv_face_detector_uint8.pb), which
 tf2onnx cannot type, are folded into the float constants TensorFlow's own Dequantize computes
 (`_dequantized_weights`)."""
-from . import INPUT_NOTE, INPUT_RANGE, ModelLoadError, tf_convert
+from . import INPUT_NOTE, INPUT_RANGE, ModelLoadError, check_against_source, tf_convert
 from .tf_guard import refuse_side_effects
 
 _NOT_OUTPUTS = {"Const", "Placeholder", "NoOp", "Assert", "SaveV2", "RestoreV2"}
@@ -171,6 +171,15 @@ def _dequantized_weights(gd) -> int:
     return len(deq)
 
 
+def _run_graph(gd, feed, fetches):
+    """{fetch: value} of GraphDef `gd` run by TensorFlow on `feed` ({tensor name: array})."""
+    import tensorflow as tf
+    with tf.Graph().as_default() as g:
+        tf.import_graph_def(gd, name="")
+        with tf.compat.v1.Session(graph=g) as sess:
+            return dict(zip(fetches, sess.run(fetches, feed)))
+
+
 def from_frozen_pb(path, opset=None, batch=1, input_shape=None):
     """input_shape (NCHW, --input-shape): for a Placeholder without a whole shape."""
     import tensorflow as tf
@@ -208,6 +217,8 @@ def from_frozen_pb(path, opset=None, batch=1, input_shape=None):
         raise ModelLoadError(f"{path}: the input Placeholder {shapeless[0]!r} has no shape in the graph, so "
                              f"tf2onnx cannot convert it ({why}): give it with --input-shape 1,{c},H,W (N,C,H,W "
                              f"whatever the graph's layout; e.g. 1,{c},240,320 for a 320x240 input)") from e
+    check_against_source(str(path), model, lambda feed: _run_graph(gd, feed, [o + ":0" for o in outputs]),
+                         "TensorFlow", "convert the model to .tflite or ONNX")
     if cut:
         chain = " -> ".join(n.op for n in gd.node if n.name in host and n.op != "Placeholder")
         image = any(n.op in IMAGE_DECODERS for n in gd.node if n.name in host)

@@ -22,9 +22,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from tl2k210 import quiet
-
-from . import FLOAT_AGREE_DB, ModelLoadError, source_agreement, tf_convert
+from . import ModelLoadError, check_against_source, tf_convert
 
 
 def _code_layers(cfg):
@@ -319,42 +317,13 @@ def from_keras(model, opset=None, batch=1, weights=None):
     return onnx_model
 
 
-def _keras_db(model, onnx_model):
-    """SQNR (dB) of the ONNX graph's outputs against the Keras model's on one seeded input, or None
-    where either side cannot run it (inputs of no fixed size or not float, outputs that differ in
-    number or size, an op onnxruntime lacks)."""
-    import numpy as np
-
-    from tl2k210.quantize.metrics import sqnr_db
-    shapes = [(1, *t.shape[1:]) for t in model.inputs]
-    if any(d is None for s in shapes for d in s) or any(not str(t.dtype).startswith(("float", "<dtype: 'float"))
-                                                        for t in model.inputs):
-        return None
-    rng = np.random.default_rng(0)
-    xs = [rng.uniform(0, 1, s).astype(np.float32) for s in shapes]
-    refs = model(xs if len(xs) > 1 else xs[0], training=False)
-    refs = [np.asarray(r, np.float64).ravel() for r in (refs if isinstance(refs, (list, tuple)) else [refs])]
-    sess = quiet.onnxruntime().InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
-    if len(sess.get_inputs()) != len(xs):
-        return None
-    feed = {i.name: x for i, x in zip(sess.get_inputs(), xs)}
-    got = [np.asarray(g, np.float64).ravel() for g in sess.run(None, feed)]
-    if [r.size for r in refs] != [g.size for g in got]:
-        return None
-    return sqnr_db(np.concatenate(refs), np.concatenate(got))
-
-
 def check_against_keras(model, where, onnx_model):
-    """Refuse a conversion whose graph computes something else than the Keras model does: its
-    outputs against Keras' on one seeded input below FLOAT_AGREE_DB (the TFLite reader's check,
-    for tf2onnx's Keras path: the kmodel, its receipt and `compare` all measure against this
-    graph). Says nothing where the check cannot run."""
-    db = source_agreement(_keras_db, model, onnx_model)
-    if db is not None and db < FLOAT_AGREE_DB:
-        raise ModelLoadError(f"{where}: the graph tf2onnx made of the Keras model disagrees with Keras on a test "
-                             f"input (output SQNR {db:.1f} dB; the two readings of a float model agree to over "
-                             f"{FLOAT_AGREE_DB:.0f} dB): no kmodel of it would compute what the model does; nothing "
-                             "written. Please report it with the file (or export the model to .tflite or ONNX)")
+    """check_against_source for tf2onnx's Keras path: the model's outputs on the seeded input."""
+    def keras_outputs(feed):
+        xs = list(feed.values())
+        refs = model(xs if len(xs) > 1 else xs[0], training=False)
+        return refs if isinstance(refs, (list, tuple)) else [refs]
+    check_against_source(where, onnx_model, keras_outputs, "Keras", "export the model to .tflite or ONNX")
 
 
 def _from_keras(model, where, opset=None, batch=1):

@@ -6,7 +6,7 @@ package, when it is installed, and converted as the Keras model it holds."""
 import json
 from pathlib import Path
 
-from . import ModelLoadError, tf_convert
+from . import ModelLoadError, check_against_source, tf_convert
 from .keras import TF_KERAS_INSTALL, refuse_code
 from .tf_guard import refuse_side_effects
 
@@ -80,4 +80,7 @@ def from_savedmodel(path, signature="serving_default", opset=None, batch=1):
     spec = [tf.TensorSpec((batch, *specs[k].shape[1:]), specs[k].dtype, name=k) for k in names]
     wrapped = tf.function(lambda *xs: fn(**dict(zip(names, xs))), input_signature=spec)
     kw = {"opset": opset} if opset else {}
-    return tf_convert(str(path), tf2onnx.convert.from_function, wrapped, input_signature=spec, **kw)
+    model = tf_convert(str(path), tf2onnx.convert.from_function, wrapped, input_signature=spec, **kw)
+    check_against_source(str(path), model, lambda feed: {k: v.numpy() for k, v in fn(**feed).items()},
+                         "TensorFlow", "convert the model to .tflite or ONNX")
+    return model
