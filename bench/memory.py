@@ -57,13 +57,13 @@ WEIGHTS_TARGET, MAIN_TARGET = 1.15, 1.25
 def ideal_of(src, extra):
     from tl2k210.frontends import load_model
     from tl2k210.graph import from_onnx
-    from tl2k210.k210.ideal import ideal
-    from tl2k210.k210.flow import run_pipeline
+    from tl2k210.k210.flow import network_ideal, run_pipeline
     kw = {}
     if "--weights" in extra:
         kw["weights"] = extra[extra.index("--weights") + 1]
-    g, _ = run_pipeline(from_onnx(load_model(str(src), **kw)))
-    return ideal(g)
+    source = from_onnx(load_model(str(src), **kw))
+    g, log = run_pipeline(source)
+    return network_ideal(source, g, log)
 
 
 def nncase_memory(path):

@@ -18,7 +18,6 @@ import numpy as np
 from tl2k210.errors import KpuLimitError, Tl2k210Error, nearest
 from tl2k210.graph import describe
 from tl2k210.k210 import cost, firmware, hardware as hw
-from tl2k210.k210.ideal import ideal as graph_ideal
 from tl2k210.k210.fit import BudgetError, FormatError  # noqa: F401  (raised by convert)
 from tl2k210.k210.kmodel import atomic_write, dumps, v3
 from tl2k210.k210.lower.concat_ranges import share_concat_ranges
@@ -667,17 +666,17 @@ def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False, grouped:
     unequal_strides off); `grouped`: the residual form for the PReLUs grouped convs read, too
     (pass prelu_residual_grouped)."""
     from tl2k210.k210 import fit
-    from tl2k210.k210.flow import run_pipeline
+    from tl2k210.k210.flow import network_ideal, run_pipeline
     from tl2k210.k210.lower import Options
     _say(opts, f"[2/6] passes ({len(loaded.graph.nodes)} nodes) ...")
     passes = {"kpu_padding": opts.kpu_padding, "prelu_residual": small and not grouped,
               "prelu_residual_grouped": small and grouped, "conv_transpose_3x3": not small, "unequal_strides": not small}
-    graph, plog = run_pipeline(loaded.graph, passes, target=Options(
-        format=opts.format, weight_bits=opts.weight_bits, float_fc=opts.float_fc,
-        v3_only=not fit.loads_format(opts.runtime, "v4")))
+    target = Options(format=opts.format, weight_bits=opts.weight_bits, float_fc=opts.float_fc,
+                     v3_only=not fit.loads_format(opts.runtime, "v4"))
+    graph, plog = run_pipeline(loaded.graph, passes, target=target)
     fmt, forced = graph.meta["plan"]
     fit.check_format(fmt, forced, opts.runtime)
-    ide = graph_ideal(graph, opts.weight_bits)
+    ide = network_ideal(loaded.graph, graph, plog, passes, target, opts.weight_bits)
     fit.check_ideal(ide, opts.runtime, loaded.where)
     return Optimised(graph, loaded.graph, plog, ide, (fmt, forced))
 

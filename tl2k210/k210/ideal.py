@@ -17,7 +17,9 @@ the passes (before calibration), the yardstick of every receipt and refusal.
   that writes it (the model input: from the start) to the last op that reads it (a model output:
   to the end); at each op its inputs and outputs are live together (no in-place). A relabel
   (Reshape, Flatten, Squeeze, Unsqueeze, Identity) writes no new map: its output is its input's
-  buffer. The bound is the largest sum of maps live at one op.
+  buffer; nor does a PReLU that alone reads a conv's output (the conv's activation at 8 bits: the
+  graph `flow.network_ideal` measures keeps PReLUs whole). The bound is the largest sum of maps
+  live at one op.
 
 The ideal (weights + maps) is the yardstick: a model whose ideal fits a runtime's budget should
 convert for it. It is not quite a floor, for maps may live in the 2 MiB KPU RAM instead of main
@@ -126,9 +128,17 @@ def ideal(g, weight_bits: int = 8) -> Ideal:
         while t in alias:
             t = alias[t]
         return t
+    readers = {}
+    for n in order:
+        for t in n.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    made_by = {t: n.op for n in order for t in n.outputs}
     for n in order:
         if n.op in RELABELS and n.inputs and not g.tensors[n.inputs[0]].is_const:
             alias[n.outputs[0]] = n.inputs[0]
+        elif n.op == "PRelu" and made_by.get(n.inputs[0]) == "Conv" and readers[n.inputs[0]] == 1 \
+                and n.inputs[0] not in g.outputs:
+            alias[n.outputs[0]] = n.inputs[0]        # the conv's activation, one slope a channel
     views = g.meta.get("strided_views", {})      # a pass's denser conv + strided Slice (unequal_strides):
     for dense, out in views.items():             # the source's conv output, one map of its size
         alias[out] = dense
