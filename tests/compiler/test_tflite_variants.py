@@ -105,6 +105,20 @@ def test_variant_matches_tflite(variants, name, marker, min_db):
     assert db >= min_db   # quantized variants: the float model their integers stand for
 
 
+@pytest.mark.parametrize("name,floats", [("float32", True), ("float16", True), ("dynamic_int8", False),
+                                         ("full_int8", False)])
+def test_a_file_with_per_channel_scales_is_not_float(variants, name, floats):
+    """The interpreter check holds a float file to 40 dB and a quantized one to -1 dB: TFLite's
+    hybrid kernels quantize activations at run time (hunt 11's YOLOX-nano dynamic-range file read
+    21.3 dB against its own float graph and was refused as a misread float file). A TF2
+    dynamic-range file's int8 weights are per channel, whose legacy `quantization` pair reads
+    (0.0, 0): its scales are in `quantization_parameters`."""
+    from tl2k210.frontends import load_model
+    from tl2k210.frontends.tflite import _interpreter_db
+    db, is_float = _interpreter_db(variants[name], load_model(variants[name]))
+    assert is_float is floats and db > 25
+
+
 def test_fully_connected_on_a_map_keeps_its_bias(tmp_path, monkeypatch):
     """TF1-era files (MTCNN's R-Net and O-Net) feed a FULLY_CONNECTED the 4-D map itself, which
     TFLite flattens (keep_num_dims off). tf2onnx's reshape for that case dropped the bias input,

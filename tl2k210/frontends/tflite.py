@@ -442,11 +442,18 @@ def _tf2onnx(src, where, **kw):
     return tflite_ops.to_standard_ops(mediapipe_ops.to_standard_ops(model, where), where), external
 
 
+def _scaled(t) -> bool:
+    """Has interpreter tensor detail `t` a quantization scale? A per-channel one is only in
+    `quantization_parameters` (the legacy `quantization` pair reads (0.0, 0) there: a TF2
+    dynamic-range file's int8 weights)."""
+    return bool(t["quantization"][0]) or len(t.get("quantization_parameters", {}).get("scales", ())) > 0
+
+
 def _interpreter_db(run_path, model) -> tuple:
     """(SQNR (dB) of the ONNX model's outputs against the TFLite interpreter's on one seeded input
     (integer outputs dequantized by their own scales), or None where either side cannot run it
     alone (several inputs, custom ops the interpreter lacks, ...); whether the file is float: no
-    tensor of it has a quantization scale)."""
+    tensor of it has a quantization scale, per tensor or per channel)."""
     import numpy as np
     import tensorflow as tf
 
@@ -454,7 +461,7 @@ def _interpreter_db(run_path, model) -> tuple:
     ort = quiet.onnxruntime()
     it = tf.lite.Interpreter(model_path=str(run_path))
     it.allocate_tensors()
-    floats = all(not t["quantization"][0] for t in it.get_tensor_details())
+    floats = not any(_scaled(t) for t in it.get_tensor_details())
     (d,) = it.get_input_details()
     rng = np.random.default_rng(0)
     if np.issubdtype(d["dtype"], np.integer):
