@@ -170,6 +170,29 @@ def test_keras3_upsampling_becomes_resize():
     assert len(g.nodes[0].fused) == 8
 
 
+def test_object_detection_api_upsampling_becomes_resize():
+    """TF's Object Detection API upsamples every FPN level as `nearest_neighbor_upsampling`:
+    stack the map with itself on a new axis (Unsqueeze + Concat(x, x)) and merge that axis with
+    the columns, then the same for the rows (hunt 11's SSD MobileNetV2 FPN-lite: its 5-D row
+    Concat had no kmodel form). Pass concat_copies makes each Concat of copies a Tile, and the
+    chain is the one 2x nearest Resize it computes."""
+    n = helper.make_node
+    c, h, w = 4, 8, 8
+    nodes = [n("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+             n("Unsqueeze", ["t", "ax3"], ["u1"]), n("Concat", ["u1", "u1"], ["k1"], axis=3),
+             n("Reshape", ["k1", "s1"], ["r1"]),
+             n("Unsqueeze", ["r1", "ax2"], ["u2"]), n("Concat", ["u2", "u2"], ["k2"], axis=2),
+             n("Reshape", ["k2", "s2"], ["r2"]), n("Transpose", ["r2"], ["y"], perm=[0, 3, 1, 2])]
+    inits = {"ax3": np.array([3], np.int64), "s1": np.array([1, h, 2 * w, c], np.int64),
+             "ax2": np.array([2], np.int64), "s2": np.array([1, 2 * h, 2 * w, c], np.int64)}
+    model = make_model(nodes, [X], [("y", [1, c, 2 * h, 2 * w])], inits)
+    g, log = check(model, None, options={"check_supported": False})
+    assert g.op_counts() == {"Resize": 1}
+    assert list(g.const(g.nodes[0].inputs[2])) == [1, 1, 2, 2] and g.nodes[0].attrs["mode"] == "nearest"
+    copies = next(r["changes"] for r in log if r["pass"] == "concat_copies")
+    assert len(copies) == 2 and all("with itself (2 copies" in m for _, m in copies)
+
+
 def test_identity_chain_removed_and_real_transpose_kept():
     n = helper.make_node
     nodes = [n("Transpose", ["x"], ["a"], perm=[0, 2, 3, 1]), n("Transpose", ["a"], ["b"], perm=[0, 3, 1, 2]),

@@ -11,7 +11,7 @@ from tl2k210 import passes as generic
 from tl2k210.passes import Pass
 from tl2k210.passes.channel_shuffle import channel_shuffle
 from tl2k210.passes.channel_softmax import channel_softmax
-from tl2k210.passes.concat_pad import concat_pad
+from tl2k210.passes.concat_pad import concat_copies, concat_pad
 from tl2k210.passes.constant_outputs import constant_outputs
 from tl2k210.passes.conv_transpose import conv_transpose, conv_transpose_3x3
 from tl2k210.passes.decompose import (batchnorm_of_activations, centered_norm, group_norm, instance_norm,
@@ -106,6 +106,7 @@ PIPELINE = [
     Pass("equal_mask", equal_mask),         # CenterNet's peak trick, before push_transposes moves its maps
     Pass("input_affine", input_affine),
     Pass("concat_pad", concat_pad),         # Concat(x, zeros): TFLite's channel PAD in old converters
+    Pass("concat_copies", concat_copies),   # Concat(x, x): TF OD API's nearest upsampling, a Tile
     Pass("push_transposes", push_transposes),
     Pass("upsample_to_resize", upsample_to_resize),
     Pass("global_pool", global_pool),
