@@ -659,18 +659,20 @@ def cut_outputs(graph, names, where: str) -> str:
 FAST_FORMS = ("prelu_split", "conv_transpose_3x3", "unequal_strides")
 
 
-def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False, grouped: bool = False) -> Optimised:
+def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False, prelus: str = "residual") -> Optimised:
     """The K210 flow's passes; the kmodel format the runtime must load and the 8-bit ideal, both
     refused here, before calibration, when the runtime cannot take them. `small`: the graph's
-    smaller forms (FAST_FORMS' alternatives: pass prelu_residual on, conv_transpose_3x3 and
-    unequal_strides off); `grouped`: the residual form for the PReLUs grouped convs read, too
-    (pass prelu_residual_grouped)."""
+    smaller forms (FAST_FORMS' alternatives: conv_transpose_3x3 and unequal_strides off, and the
+    PReLUs' residual form: `prelus` "residual" where the pair needs a layer of its own (pass
+    prelu_residual), "grouped" where a grouped conv reads it too (prelu_residual_grouped),
+    "every" for every PReLU (prelu_residual_every))."""
     from tl2k210.k210 import fit
     from tl2k210.k210.flow import network_ideal, run_pipeline
     from tl2k210.k210.lower import Options
     _say(opts, f"[2/6] passes ({len(loaded.graph.nodes)} nodes) ...")
-    passes = {"kpu_padding": opts.kpu_padding, "prelu_residual": small and not grouped,
-              "prelu_residual_grouped": small and grouped, "conv_transpose_3x3": not small, "unequal_strides": not small}
+    residual = {"residual": "prelu_residual", "grouped": "prelu_residual_grouped", "every": "prelu_residual_every"}
+    passes = {"kpu_padding": opts.kpu_padding, "conv_transpose_3x3": not small, "unequal_strides": not small,
+              **{name: small and kind == prelus for kind, name in residual.items()}}
     target = Options(format=opts.format, weight_bits=opts.weight_bits, float_fc=opts.float_fc,
                      v3_only=not fit.loads_format(opts.runtime, "v4"))
     graph, plog = run_pipeline(loaded.graph, passes, target=target)
@@ -780,7 +782,7 @@ def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
     (--optimize size: always). The receipt's trades say which and why."""
     from tl2k210.k210 import fit
     if opts.optimize == "size":
-        opt = optimise(loaded, opts, True, grouped=True)
+        opt = optimise(loaded, opts, True, prelus="every")
         cal = calibrate(opt, opts, loaded.where)
         return opt, cal, plan_and_lower(opt, cal)
     pair = refused = first = None
@@ -796,7 +798,7 @@ def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
     try:
         # the PReLUs grouped convs read too where the fast form's group convs exceed the KPU (a
         # residual form elsewhere only where the pair does not fit or is slower: its maps differ)
-        opt = optimise(loaded, opts, True, grouped=isinstance(refused, KpuLimitError))
+        opt = optimise(loaded, opts, True, prelus="grouped" if isinstance(refused, KpuLimitError) else "residual")
         changed = next(p["changes"] for p in opt.log if p["pass"].startswith("prelu_residual"))
         if not changed and not any(fast.get(f) for f in FAST_FORMS if f != "prelu_split"):    # the same graph
             if refused is not None:

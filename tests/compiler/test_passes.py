@@ -36,7 +36,8 @@ def test_pipeline_is_ordered_and_named():
     assert names.index("fold_batchnorm") < names.index("fuse_activation") < names.index("fuse_pool")
     assert names.index("upsample_to_resize") < names.index("matmul_to_conv")
     off = {p.name for p in PIPELINE if not p.default}
-    assert off == {"kpu_padding", "prelu_residual", "prelu_residual_grouped"}   # the compiler's choices (to fit)
+    assert off == {"kpu_padding", "prelu_residual", "prelu_residual_grouped",  # the compiler's choices (to fit)
+                   "prelu_residual_every"}
     assert not next(p for p in PIPELINE if p.name == "kpu_padding").exact
     assert next(p for p in PIPELINE if p.name == "prelu_residual").exact
     assert names.index("prelu_residual") == names.index("prelu_split") - 1

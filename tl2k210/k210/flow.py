@@ -37,7 +37,8 @@ from tl2k210.passes.nary_ops import nary_ops
 from tl2k210.passes.output_nchw import output_nchw
 from tl2k210.passes.pad_into_conv import pad_into_conv
 from tl2k210.passes.pixel_shuffle import pixel_shuffle
-from tl2k210.passes.prelu_split import prelu_pattern, prelu_residual, prelu_residual_grouped, prelu_split
+from tl2k210.passes.prelu_split import (prelu_pattern, prelu_residual, prelu_residual_every, prelu_residual_grouped,
+                                       prelu_split)
 from tl2k210.passes.push_transposes import push_transposes
 from tl2k210.passes.space_to_batch import space_to_batch
 from tl2k210.passes.spatial_1d import spatial_1d
@@ -123,6 +124,7 @@ PIPELINE = [
     Pass("square_kernels", square_kernels),
     Pass("fold_affine_into_conv", fold_affine_into_conv),
     Pass("affine_to_conv", affine_to_conv),
+    Pass("prelu_residual_every", prelu_residual_every, default=False),      # --optimize size: every PReLU
     Pass("prelu_residual_grouped", prelu_residual_grouped, default=False),  # ... before grouped convs too
     Pass("prelu_residual", prelu_residual, default=False),   # the smaller form: the compiler's choice
     Pass("prelu_split", prelu_split),
@@ -161,7 +163,7 @@ def run_pipeline(graph, options=None, target=None):
 #: the passes that give PReLUs the KPU's forms: the pair doubles the maps it writes and its readers'
 #: weights (MobileFaceNet's 8-bit weights 0.25 MB, 0.48 MB after it), the residual form adds
 #: depthwise convs and adds. What the network needs at 8 bits is its graph without them.
-PRELU_FORMS = ("prelu_residual_grouped", "prelu_residual", "prelu_split")
+PRELU_FORMS = ("prelu_residual_every", "prelu_residual_grouped", "prelu_residual", "prelu_split")
 
 
 def network_ideal(graph, flowed, log, options=None, target=None, weight_bits=8):
