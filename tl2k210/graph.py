@@ -698,36 +698,57 @@ def _squeezed(shape):
     return [d for d in shape if d != 1]
 
 
+def _merged(a, b):
+    """For a Reshape of dims `a` into `b` that only merges adjacent dims (or keeps them; size-1
+    dims move freely): [the indices into _squeezed(a) each non-1 dim of `b` is the product of],
+    else None (a split, or dims that regroup)."""
+    src, groups, i = _squeezed(a), [], 0
+    for d in _squeezed(b):
+        group, size = [], 1
+        while size < d and i < len(src):
+            group.append(i)
+            size *= src[i]
+            i += 1
+        if size != d:
+            return None
+        groups.append(group)
+    return groups if i == len(src) else None
+
+
 def _relabel_reshapes(g0) -> dict:
-    """{Reshape node name: its output rank and where its non-1 dims go} for the Reshapes of `g0`
-    (the graph at its exported size) with a constant target that only move size-1 dims
-    (a NHWC <-> NCHW transpose of a one-channel map, which tf2onnx writes as a Reshape)."""
+    """{Reshape node name: its output rank, where its non-1 dims go and which input dims each
+    merges} for the Reshapes of `g0` (the graph at its exported size) with a constant target that
+    only move size-1 dims (a NHWC <-> NCHW transpose of a one-channel map, which tf2onnx writes as
+    a Reshape) or merge adjacent dims of a map (TF's Object Detection API's nearest upsampling:
+    a map stacked with itself, (1, H, W, 2, C) -> (1, H, 2W, C)); not a flatten into a vector or
+    rows, which the dense layer after it reads at its exported size."""
     out = {}
     for n in g0.nodes:
         if n.op == "Reshape" and len(n.inputs) > 1 and g0.const(n.inputs[1]) is not None:
             a, b = g0.shape(n.inputs[0]), g0.shape(n.outputs[0])
-            if a and b and _squeezed(a) == _squeezed(b):
-                out[n.name] = (len(b), [i for i, d in enumerate(b) if d != 1])
+            groups = _merged(a, b) if a and b else None
+            if groups is not None and (len(b) >= 3 or all(len(k) == 1 for k in groups)):   # a flatten keeps its size
+                out[n.name] = (len(b), [i for i, d in enumerate(b) if d != 1], groups)
     return out
 
 
 def _follow_relabels(g, relabels) -> bool:
-    """Give the first relabelling Reshape whose target no longer holds its input its input's dims
-    (infer_shapes); True where one changed (shapes to infer again)."""
+    """Give the first relabelling Reshape whose target no longer holds its input its input's dims,
+    merged as at the exported size (infer_shapes); True where one changed (shapes to infer again)."""
     for n in g.nodes:
         if n.name not in relabels:
             continue
         src = g.shape(n.inputs[0])
-        rank, where = relabels[n.name]
+        rank, where, groups = relabels[n.name]
         target = [int(d) for d in np.asarray(g.const(n.inputs[1])).reshape(-1)]
         if not src or int(np.prod(src)) == int(np.prod([d for d in target if d > 0])) and -1 not in target:
             continue
         dims = _squeezed(src)
-        if len(dims) != len(where):
+        if sum(map(len, groups)) != len(dims):
             return False
         new = [1] * rank
-        for i, d in zip(where, dims):
-            new[i] = d
+        for i, group in zip(where, groups):
+            new[i] = int(np.prod([dims[k] for k in group]))
         if new == target:
             continue
         n.inputs[1] = g.add_const(np.array(new, np.int64), n.name + "/shape")

@@ -96,8 +96,9 @@ def test_a_fixed_size_input_given_another_size_moves_its_relabelling_reshapes():
     """MTCNN's P-Net ships at 1280x960 (NHWC) and runs at any size: --input-shape 1,3,240,320 is
     read channels-last (only that fits its 3 channels), and tf2onnx's Reshape of a one-channel
     map NHWC -> NCHW, a constant target made for the exported size, takes the new size's dims in
-    the same places (at the exported size it only moves size-1 dims). A Reshape that flattens
-    keeps its target, so a size it cannot hold is still refused."""
+    the same places (at the exported size it only moves size-1 dims); one that merges a map's
+    adjacent dims merges them at the new size. A Reshape that flattens into a vector keeps its
+    target (a dense layer reads it), so a size it cannot hold is still refused."""
     from tl2k210.compiler import input_dims
     relabel = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])],
                          [("x", [1, 8, 6, 1])], [("y", None)], {"s": np.array([1, 1, 8, 6], np.int64)})
@@ -112,6 +113,17 @@ def test_a_fixed_size_input_given_another_size_moves_its_relabelling_reshapes():
                          {"s": np.array([1, 48], np.int64)})
     with pytest.raises(ValueError, match=r"cannot reshape x 1x12x10x1 \(120 values\) into \[1, 48\]"):
         from_onnx(flatten, input_shapes={x0.name: shape})
+    # TF's Object Detection API upsamples a map by stacking it with itself and merging that axis
+    # into the columns: (1, H, W, 2, C) -> (1, H, 2W, C), a target made for the exported size; a
+    # merge of a map's adjacent dims takes the new size's product
+    n = helper.make_node
+    stack = make_model([n("Unsqueeze", ["x", "ax"], ["u"]), n("Concat", ["u", "u"], ["k"], axis=3),
+                        n("Reshape", ["k", "s"], ["y"])], [("x", [1, 8, 6, 4])], [("y", None)],
+                       {"ax": np.array([3], np.int64), "s": np.array([1, 8, 12, 4], np.int64)})
+    g = from_onnx(stack, input_shapes={"x": (1, 10, 5, 4)})
+    assert g.shape("y") == (1, 10, 10, 4)
+    x = np.random.default_rng(0).normal(size=(1, 10, 5, 4)).astype(np.float32)
+    np.testing.assert_array_equal(run(g, x)["y"], x.repeat(2, axis=2))
 
 
 def test_shape_inference_leaves_big_weights_out():
