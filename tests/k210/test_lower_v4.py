@@ -1421,6 +1421,37 @@ def test_a_stride2_first_layer_on_an_image_taller_than_the_kpu_reads():
         compile_model(m, px, format="v3")
 
 
+def test_an_image_in_main_memory_folds_its_preprocessing_into_its_conv():
+    """kmodel v4 keeps an image taller than the KPU reads in main memory. Where its
+    preprocessing is no uint8 grid of its own (--input-range -1,1: zero point 127.5), the conv
+    reading it had dequantized it to float, then quantized it again (two float copies of the
+    image: AIZOO's 260x260 face-mask detector went over full MaixPy's 2 MiB). Now the pixels are
+    uploaded as they are, the preprocessing folded into the conv's weights and bias as for an image
+    in KPU RAM (pad value 128: a padded tap reads half a step, under the pixels' own rounding).
+    Where a padded tap would be off by more (channels of different offsets), the image is
+    requantized as before."""
+    from lower_helpers import lower, ort_run, run_pipeline
+    from tl2k210.quantize import calibrate
+    px = pixels(2, 3, 300, 24, seed=5)
+    m = make_model([conv_node("c", "x", "w0", "b0", pads=[1, 1, 1, 1]), N("Relu", ["c"], ["r"]),
+                    conv_node("y", "r", "w1")],
+                   [("x", [1, 3, 300, 24])], [("y", None)], {"w0": W(8, 3, 3, 3), "b0": W(8), "w1": W(4, 8, 1, 1)})
+    g, _ = run_pipeline(from_onnx(m))
+    main = {}
+    for offsets, folded in (((-1.0,), True), ((-1.0, -0.5, -0.8), False)):
+        xs = [(p[None] / 127.5 + np.reshape(np.resize(offsets, 3), (1, 3, 1, 1))).astype(np.float32) for p in px]
+        rng = calibrate.ranges(calibrate.collect(g, xs, histograms=False), "minmax")
+        model, rows, _, lw = lower(g, rng, Options(format="v4", input_scale=(1 / 127.5,), input_offset=offsets))
+        assert lw.pixel_main == "x"
+        assert ("input: pixels, preprocessing folded into weights (pad value 128)" in rows[0].notes) is folded
+        assert ("image pixels dequantized to the float input" in rows[0].notes) is not folded
+        main[folded] = model.main_mem
+        emu = Emulator(model)
+        for p, x in zip(px, xs):
+            assert sqnr_db(ort_run(m, x)[0].ravel(), emu.run(p)[0].ravel()) >= 30
+    assert main[True] + 4 * px[0].size <= main[False]      # no float copy of the image (4 bytes a value)
+
+
 def test_an_instance_norm_of_float_means_a_few_channels_at_a_time():
     """onnx.js's instance norm (gnsmrky's fast neural style) takes each channel's mean over a
     (1, C, 1, H*W) reshape of the map, in float. Op by op: the Sub of that mean (seen through the

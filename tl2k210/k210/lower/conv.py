@@ -36,7 +36,7 @@ from tl2k210.passes.group_conv import block_diagonal
 from . import kpu
 from .registry import KPU, NA, lowering
 from .state import Loc, wants_small
-from .v4emit import U8, main, pad_scalar
+from .v4emit import U8, main, pad_scalar, pixel_fold
 
 
 # ---------------------------------------------------------------------------------------------
@@ -620,10 +620,27 @@ def describe(row, geo, plan, k=None):
         row.notes.append("stride 2 moved onto the next 1x1 conv (exact: pick commutes with it)")
 
 
-def input_terms(lw, x, ci):
+def folds_pixels(lw, node) -> tuple | None:
+    """v4emit.pixel_fold for a KPU conv that alone reads the image's uint8 pixels in main memory
+    (lw.pixel_main), where they are not already its input's uint8 form (v4emit.pixel_quant):
+    uploaded as they are, the preprocessing in the weights, as for an image in KPU RAM, not
+    dequantized to float and quantized again (two or three float copies of the image: AIZOO's
+    260x260 face-mask detector at --input-range -1,1 went over full MaixPy's 2 MiB)."""
+    x = node.inputs[0]
+    if x != lw.pixel_main or lw.locs[x].u8 is not None or lw.consumers(x) != [node]:
+        return None
+    return pixel_fold(lw, x, node.attrs.get("pads", ()))
+
+
+def input_terms(lw, x, ci, fold=None):
     """How the KPU reads input x: (per-channel scale, per-channel residual, pad value z_x, mean
     E[q - z_x] or None). Pixels: x = scale·(q - z_x) + residual (preprocessing folded into the
-    weights); a quantized map: x = s·(q - z_x). A copy of the pixels (lw.pixel_copy) reads like them."""
+    weights; `fold`: folds_pixels' terms of the image in main memory); a quantized map:
+    x = s·(q - z_x). A copy of the pixels (lw.pixel_copy) reads like them."""
+    if fold is not None:
+        sc, resid, z_x = fold
+        mean = lw.opts.channel_means.get(x)
+        return sc, resid, z_x, None if mean is None else (np.asarray(mean, np.float64) - resid) / sc
     src = lw.pixel_copy.get(x, np.arange(ci) if x == lw.pixel_input else None)
     if src is not None:
         n_img = lw.shape(lw.pixel_input)[0]
@@ -646,12 +663,13 @@ def quantize_conv(lw, node, geo, W, B, row):
     """LayerQuant of a conv with float weights W (Co, Ci/groups, k, k) reading node.inputs[0]."""
     x = node.inputs[0]
     ci = geo.in_shape[0]
-    sc, resid, z_x, e = input_terms(lw, x, ci)
+    fold = folds_pixels(lw, node)
+    sc, resid, z_x, e = input_terms(lw, x, ci, fold)
     m = W.shape[1]                                   # input channels per group
     src_of = (np.arange(geo.co) // (geo.co // geo.groups))[:, None] * m + np.arange(m)[None, :]
     B = B + (W.sum(axis=(2, 3)) * resid[src_of]).sum(axis=1)
     W = W * sc[src_of][:, :, None, None]
-    if x == lw.pixel_input or x in lw.pixel_copy:
+    if x == lw.pixel_input or x in lw.pixel_copy or fold is not None:
         row.notes.append(f"input: pixels, preprocessing folded into weights (pad value {z_x})")
     st = stage_names(node)
     # a fused KPU mean pool floors sum/k² (docs/kpu.md#pooling): on average (k²-1)/(2k²) LSB low
@@ -662,9 +680,11 @@ def quantize_conv(lw, node, geo, W, B, row):
     if off:
         row.notes.append(f"{'not exact: ' if lw.quantized_model else ''}the {pool.name} pool floors: "
                          f"its input rounds {off:.3g} LSB up, an unbiased mean")
-    return kpu.quantize_layer(W, B, e, z_x, geo.groups, lw.rng(st["conv"]), lw.rng(st["act"]),
-                              node.attrs.get("activation"), lw.opts.weight_bits, row,
-                              lw.quantized_model and not off and lw.int8_rounding, out_offset=off)
+    lq = kpu.quantize_layer(W, B, e, z_x, geo.groups, lw.rng(st["conv"]), lw.rng(st["act"]),
+                            node.attrs.get("activation"), lw.opts.weight_bits, row,
+                            lw.quantized_model and not off and lw.int8_rounding, out_offset=off)
+    lq.pixels = fold is not None
+    return lq
 
 
 def emit_layer(lw, node, geo, plan, lq, row):
@@ -700,11 +720,11 @@ def emit_layer(lw, node, geo, plan, lq, row):
         if x == lw.pixel_input:
             lw.kpu_alloc(xloc, f"{x}:kpu", hw.map_lines(ci, h, w), f"node {name!r}: input image {ci}x{h}x{w}")
         else:
-            lw.need_kpu(x, row)
+            lw.need_kpu(x, row, src=xloc.pixels if lq.pixels else None)
         keep.append(xloc.block)
         in_base = xloc.kpu[0]
     elif x not in lw.band_sources:
-        src_u8 = lw.need_u8(x, row)
+        src_u8 = xloc.pixels if lq.pixels else lw.need_u8(x, row)
         if geo.small_map:
             src_u8 = grow_map(lw, src_u8, (ci,) + geo.small_map, (h, w), out, row)
     # --- where the KPU output goes
@@ -861,7 +881,7 @@ def emit_tiles(lw, node, geo, plan, lq, row):
     sp = hw.POOL[geo.code].stride
     final = Loc((fc, fh, fw), quant=lq.out_quant)
     lw.locs[out] = final
-    src_u8 = lw.need_u8(x, row)
+    src_u8 = lw.locs[x].pixels if lq.pixels else lw.need_u8(x, row)
     if geo.small_map:
         src_u8 = grow_map(lw, src_u8, (ci,) + geo.small_map, (h, w), out, row)
     macs = lines = 0

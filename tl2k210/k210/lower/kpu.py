@@ -96,6 +96,7 @@ class LayerQuant:
     groups: int
     bits: int
     exact_copy: bool = False   # one-hot weights, ACC = the picked input byte (no zero points)
+    pixels: bool = False       # reads the image's uint8 pixels in main memory, preprocessing folded in
     fit_lsb: float = 0.0       # the activation table's max error (output LSB) over the input range
 
     @property

@@ -477,13 +477,14 @@ class Lowering:
             self.drop_copy(t, "u8", self.at)       # the node dequantizing it reads the float copy
         return loc.f32
 
-    def need_kpu(self, t, row, keep=()):
-        """Line range of t's map in KPU RAM, uploading it from main memory if needed."""
+    def need_kpu(self, t, row, keep=(), src=None):
+        """Line range of t's map in KPU RAM, uploading it from main memory if needed (from `src`
+        where given: the image's pixels, conv.folds_pixels)."""
         if self.kpu_resident(t):
             return self.locs[t].kpu
         loc = self.locs[t]
         c, h, w = loc.shape
-        src = self.need_u8(t, row)
+        src = self.need_u8(t, row) if src is None else src
         lines = hw.map_lines(c, h, w)
         start = self.kpu_alloc(loc, f"{t}:kpu", lines, f"node {row.node!r}: input map {t} {c}x{h}x{w}", keep)
         self.emit("K210_UPLOAD", dict(flags=0, main_mem_in_address=src, kpu_mem_out_address=start,

@@ -38,7 +38,7 @@ from .kxk import phase_forms
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .state import wants_small
 from .v4elementwise import g4, nnil_ops
-from .v4emit import BYTES, F32, NO_CLAMP, U8, Const, float_clamp, main, nnil_code, pixel_affine
+from .v4emit import BYTES, F32, NO_CLAMP, U8, Const, float_clamp, main, nnil_code, pixel_fold
 from .v4ops import _pool_pads, window_pool
 from .v4resize import resize_as_mean
 
@@ -359,26 +359,17 @@ def _conv_fields(node, shape_in, co):
 
 def _pixel_fold(lw, x, W, B, groups, pads):
     """(W, B, z_x, raw pixel address, E[q - z_x] per channel or None) with the image
-    preprocessing folded in (x = sc (q - z_x) + r, r in the bias), or None when the conv pads
-    and some channel's residual r is over half a pixel step: a padded tap reads float 0 where the
-    fold assumes r (the KPU's pad value z_x does the same), an error under the pixels' own
-    rounding only while |r| <= sc / 2 (input range -1..1: r = sc / 2); else the image is
-    requantized (an extra rounding of every pixel)."""
-    loc = lw.locs[x]
-    if x != lw.pixel_main or loc.pixels is None:
+    preprocessing folded in (v4emit.pixel_fold), or None."""
+    fold = pixel_fold(lw, x, pads)
+    if fold is None:
         return None
-    c = loc.shape[0]
-    sc, of = pixel_affine(lw.opts, c)
-    z = int(np.clip(round(float(np.mean(-of / sc))), 0, 255))
-    resid = of + sc * z                          # x = sc (q - z) + resid
+    sc, resid, z = fold
     co, cig = W.shape[:2]
     ch = (np.arange(co)[:, None] // (co // groups)) * cig + np.arange(cig)[None, :]   # input channel of W[o, i]
-    if np.any(np.abs(resid) > sc / 2 * (1 + 1e-9)) and any(pads):
-        return None
     B = B + (W.sum(axis=(2, 3)) * resid[ch]).sum(axis=1)
     W = W * sc[ch][:, :, None, None]
     mean = lw.opts.channel_means.get(x)
-    return W, B, z, loc.pixels, None if mean is None else (np.asarray(mean, np.float64) - resid) / sc
+    return W, B, z, lw.locs[x].pixels, None if mean is None else (np.asarray(mean, np.float64) - resid) / sc
 
 
 @lowering("Conv", unit=CPU_U8, check=qconv_refuses, formats=("v4",), name="quantized_conv2d",
