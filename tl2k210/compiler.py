@@ -475,10 +475,14 @@ def model_inputs(graph, dataset, limit, opts: ConvertOptions):
         clipped = float(np.mean((raw < 0) | (raw > 255)))
         if clipped > 0.01:
             lo, hi = opts.input_range or (0.0, 1.0)
+            own = "" if np.any(np.asarray(opts.mean) != 0) or np.any(np.asarray(opts.std) != 1) else (
+                f"; if they are the model's own features, not pixels (MFCCs, a spectrogram), give their range: "
+                f"--input-range {float(data.min()):.4g},{float(data.max()):.4g} (the arrays' min and max)")
             print(f"warning: {clipped:.0%} of the dataset values lie outside what 0..255 pixels "
                   f"become with --input-range {lo:g},{hi:g} "
                   "--mean/--std; float arrays are taken as preprocessed model input: pass uint8 "
-                  "pixel arrays, or check those flags", file=sys.stderr)
+                  f"pixel arrays, or check those flags{own}. They are clipped to it, and the SQNR "
+                  "below is measured on the clipped values", file=sys.stderr)
         pixels = np.clip(raw, 0, 255).astype(np.uint8)
     floats = (pixels * s4 + o4).astype(np.float32)
     if layout == "NCHW":

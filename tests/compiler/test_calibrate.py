@@ -269,3 +269,25 @@ def test_non_finite_calibration_names_where_it_starts():
                    {"w": rand(4, 3, 1, 1), "b": b})
     with pytest.raises(Tl2k210Error, match=r"its constant 'b' holds 2 of 4 values that are not finite"):
         collect(from_onnx(m), [x])
+
+
+def test_features_out_of_the_pixel_range_name_their_own_range(tmp_path, capsys):
+    """A keyword spotter's 16x16 MFCCs (values about -47..15, hunt 11) read as a one-channel image
+    at the default --input-range 0,1: the warning says how much is clipped, that the SQNR is
+    measured on the clipped values, and gives the arrays' own range to pass instead."""
+    import onnx
+
+    from front_helpers import make_model
+    from lower_helpers import conv_node
+    from tl2k210.compiler import ConvertOptions, convert
+    m = make_model([conv_node("y", "x", "w", "b", pads=[1, 1, 1, 1])], [("x", [1, 1, 16, 16])], [("y", None)],
+                   {"w": rand(4, 1, 3, 3), "b": rand(4)})
+    onnx.save(m, tmp_path / "kws.onnx")
+    mfcc = np.random.default_rng(3).uniform(-47, 15, (8, 1, 16, 16)).astype(np.float32)
+    mfcc[0, 0, 0, :2] = (-47.5, 15.25)
+    np.save(tmp_path / "mfcc.npy", mfcc)
+    convert(tmp_path / "kws.onnx", tmp_path / "kws.kmodel", ConvertOptions(dataset=str(tmp_path / "mfcc.npy"),
+                                                                         progress=False, min_sqnr=0))
+    err = capsys.readouterr().err
+    assert "warning: 9" in err and "--input-range -47.5,15.25 (the arrays' min and max)" in err
+    assert "the SQNR below is measured on the clipped values" in err
