@@ -1442,7 +1442,7 @@ def test_an_image_in_main_memory_folds_its_preprocessing_into_its_conv():
         xs = [(p[None] / 127.5 + np.reshape(np.resize(offsets, 3), (1, 3, 1, 1))).astype(np.float32) for p in px]
         rng = calibrate.ranges(calibrate.collect(g, xs, histograms=False), "minmax")
         model, rows, _, lw = lower(g, rng, Options(format="v4", input_scale=(1 / 127.5,), input_offset=offsets))
-        assert lw.pixel_main == "x"
+        assert lw.pixel_main == "x" and kmodel.v4.overlapping_io(model) == []
         assert ("input: pixels, preprocessing folded into weights (pad value 128)" in rows[0].notes) is folded
         assert ("image pixels dequantized to the float input" in rows[0].notes) is not folded
         main[folded] = model.main_mem

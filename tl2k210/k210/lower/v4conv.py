@@ -363,13 +363,12 @@ def _pixel_fold(lw, x, W, B, groups, pads):
     fold = pixel_fold(lw, x, pads)
     if fold is None:
         return None
-    sc, resid, z = fold
+    sc, resid, z, e = fold
     co, cig = W.shape[:2]
     ch = (np.arange(co)[:, None] // (co // groups)) * cig + np.arange(cig)[None, :]   # input channel of W[o, i]
     B = B + (W.sum(axis=(2, 3)) * resid[ch]).sum(axis=1)
     W = W * sc[ch][:, :, None, None]
-    mean = lw.opts.channel_means.get(x)
-    return W, B, z, lw.locs[x].pixels, None if mean is None else (np.asarray(mean, np.float64) - resid) / sc
+    return W, B, z, lw.locs[x].pixels, e
 
 
 @lowering("Conv", unit=CPU_U8, check=qconv_refuses, formats=("v4",), name="quantized_conv2d",

@@ -140,13 +140,13 @@ def pixel_quant(opts, c):
 
 
 def pixel_fold(lw, x, pads):
-    """(scale, residual per channel, zero point z): x = scale (q - z) + residual, for a conv that
-    reads the image's uint8 pixels in main memory (lw.pixel_main) and folds the preprocessing into
-    its weights and bias; None where x is no such image, or where the conv pads and some channel's
-    residual is over half a pixel step: a padded tap reads float 0 where the fold assumes the
-    residual (the pad value z does the same), an error under the pixels' own rounding only while
-    |residual| <= scale / 2 (input range -1..1: scale / 2); there the image is requantized (an extra
-    rounding of every pixel)."""
+    """(scale, residual, zero point z, E[q - z] or None), per channel: x = scale (q - z) +
+    residual, for a conv that reads the image's uint8 pixels in main memory (lw.pixel_main) and
+    folds the preprocessing into its weights and bias; None where x is no such image, or where the
+    conv pads and some channel's residual is over half a pixel step: a padded tap reads float 0
+    where the fold assumes the residual (the pad value z does the same), an error under the
+    pixels' own rounding only while |residual| <= scale / 2 (input range -1..1: scale / 2); there
+    the image is requantized (an extra rounding of every pixel)."""
     loc = lw.locs[x]
     if x != lw.pixel_main or loc.pixels is None:
         return None
@@ -155,7 +155,8 @@ def pixel_fold(lw, x, pads):
     resid = of + sc * z
     if np.any(np.abs(resid) > sc / 2 * (1 + 1e-9)) and any(pads):
         return None
-    return sc, resid, z
+    mean = lw.opts.channel_means.get(x)
+    return sc, resid, z, None if mean is None else (np.asarray(mean, np.float64) - resid) / sc
 
 
 def dequantize_pixels(lw, t, row):
