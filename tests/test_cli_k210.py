@@ -412,3 +412,34 @@ def test_run_batch_memory_is_bounded(tmp_path, capsys, monkeypatch):
     rc, out, err = _run_cli(capsys, km, "-i", tmp_path / "x.npy")
     assert rc == 2 and "a batch of 150 inputs gives 1,800 bytes of outputs" in err
     assert "pass at most 83 inputs per file" in err and "output 0" not in out
+
+
+def test_run_maps_float_features_by_the_models_input_range(tmp_path, capsys):
+    """A keyword spotter's MFCCs (-46..15, hunt 11) converted with --input-range -50,20: `run`
+    takes the same float arrays `convert --dataset` took, mapped to the kmodel's uint8 pixels by
+    the range its metadata records (the same output as those pixels given as uint8), and refuses
+    values outside that range naming it."""
+    import onnx
+
+    from front_helpers import make_model
+    from lower_helpers import conv_node
+    from tl2k210.compiler import ConvertOptions, convert
+    rng = np.random.default_rng(4)
+    m = make_model([conv_node("y", "x", "w", "b", pads=[1, 1, 1, 1])], [("x", [1, 1, 16, 16])], [("y", None)],
+                   {"w": rng.normal(size=(4, 1, 3, 3)).astype(np.float32), "b": np.zeros(4, np.float32)})
+    onnx.save(m, tmp_path / "kws.onnx")
+    mfcc = rng.uniform(-46, 15, (8, 1, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "mfcc.npy", mfcc)
+    km = tmp_path / "kws.kmodel"
+    convert(tmp_path / "kws.onnx", km, ConvertOptions(dataset=str(tmp_path / "mfcc.npy"), input_range=(-50, 20),
+                                                      progress=False, min_sqnr=0))
+    np.save(tmp_path / "one.npy", mfcc[0])
+    rc, out, err = _run_cli(capsys, km, "-i", tmp_path / "one.npy", "-o", tmp_path / "f.npy")
+    assert rc == 0 and "mapped to uint8 pixels by the model's input range -50..20" in out, err
+    pixels = np.rint((mfcc[0].astype(np.float64) + 50) * 255 / 70).astype(np.uint8)
+    np.save(tmp_path / "px.npy", pixels)
+    assert _run_cli(capsys, km, "-i", tmp_path / "px.npy", "-o", tmp_path / "p.npy")[0] == 0
+    assert np.array_equal(np.load(tmp_path / "f.npy"), np.load(tmp_path / "p.npy"))
+    np.save(tmp_path / "far.npy", mfcc[0] * 3)
+    rc, out, err = _run_cli(capsys, km, "-i", tmp_path / "far.npy")
+    assert rc == 2 and "outside the model's input range -50..20" in err and "Traceback" not in err

@@ -96,11 +96,12 @@ def _input_plan(where, got, shape, dtype):
                          "or pass an image")
 
 
-def _array_input(path, shape, dtype):
+def _array_input(path, shape, dtype, pre=None):
     """A .npy/.npz model input, checked before running: numbers, finite, one input of the
     model's shape or a batch of them (memory bounded by the file's size), and for uint8 (pixel)
-    models whole values 0..255. Returns (x, n): x in the model's layout, (n, *shape) for a batch
-    of n, n None for one input."""
+    models whole values 0..255, or float values of the model's own input, which `pre` (the
+    kmodel's metadata input: range, mean, std) maps to its pixels as `convert --dataset` does.
+    Returns (x, n): x in the model's layout, (n, *shape) for a batch of n, n None for one input."""
     import numpy as np
 
     from tl2k210.arrays import load_npy, load_npz
@@ -129,11 +130,32 @@ def _array_input(path, shape, dtype):
                                  "Inf; scale the input")
     if dtype == np.uint8 and x.dtype != np.uint8:
         lo, hi = (x.min(), x.max()) if x.size else (0, 0)
-        if lo < 0 or hi > 255 or (x.dtype.kind == "f" and not np.array_equal(x, np.round(x))):
+        if (lo < 0 or hi > 255 or (x.dtype.kind == "f" and not np.array_equal(x, np.round(x)))) and \
+                x.dtype.kind == "f" and pre and pre.get("range"):
+            x = _to_pixels(path, x, item, pre)
+        elif lo < 0 or hi > 255 or (x.dtype.kind == "f" and not np.array_equal(x, np.round(x))):
             raise InputFileError(f"{path} holds {x.dtype} values {lo:.6g}..{hi:.6g}; the model takes "
                                  "uint8 pixels 0..255 (planar RGB, CHW): scale and round them "
                                  "(e.g. x*255 for 0..1 data) or pass the image file")
     return x, n
+
+
+def _to_pixels(path, x, item, pre):
+    """Float model input `x` as the uint8 pixels the kmodel reads: the inverse of its recorded
+    preprocessing (x = (p / 255 * (hi - lo) + lo - mean) / std, per channel), rounded; a value
+    more than half a pixel outside 0..255 is refused naming the range."""
+    import numpy as np
+    (a, b), c = pre["range"], item[-3] if len(item) >= 3 else 1
+    per = (c, 1, 1) if len(item) >= 3 else (1,)
+    mean = np.resize(np.asarray(pre.get("mean") or [0.0], np.float64), c).reshape(per)
+    std = np.resize(np.asarray(pre.get("std") or [1.0], np.float64), c).reshape(per)
+    raw = ((x.astype(np.float64) * std + mean) - a) * (255.0 / (b - a))
+    if raw.size and (raw.min() < -0.5 or raw.max() > 255.5):
+        raise InputFileError(f"{path} holds {x.dtype} values {x.min():.6g}..{x.max():.6g}, outside the model's "
+                             f"input range {a:g}..{b:g} (its metadata: what pixels 0..255 become); pass values "
+                             "in that range, uint8 pixels, or reconvert with --input-range covering the data")
+    print(f"input: {x.dtype} values mapped to uint8 pixels by the model's input range {a:g}..{b:g}")
+    return np.rint(np.clip(raw, 0, 255)).astype(np.uint8)
 
 
 def cmd_run(args):
@@ -175,7 +197,7 @@ def cmd_run(args):
         grid = yolo.region_layout(emu.model, emu.model.output_size(), len(anchors) // 2, labels)
     image, n = None, None
     if is_array:
-        x, n = _array_input(args.input, shape, dtype)
+        x, n = _array_input(args.input, shape, dtype, meta.input if meta is not None else None)
     else:
         if len(chw_shape) != 3:
             raise Tl2k210Error(f"this model takes a {dtype.__name__} vector of shape {shape}, not an "
