@@ -141,15 +141,17 @@ def _array_input(path, shape, dtype, pre=None):
 
 
 def _to_pixels(path, x, item, pre):
-    """Float model input `x` as the uint8 pixels the kmodel reads: the inverse of its recorded
-    preprocessing (x = (p / 255 * (hi - lo) + lo - mean) / std, per channel), rounded; a value
-    more than half a pixel outside 0..255 is refused naming the range."""
+    """Float model input `x` as the uint8 pixels the kmodel reads: the inverse of the
+    preprocessing its metadata records (compiler.pixel_mapping, as `convert --dataset` maps float
+    arrays), rounded; a value more than half a pixel outside 0..255 is refused naming the range."""
     import numpy as np
+
+    from tl2k210.compiler import ConvertOptions, pixel_mapping
     (a, b), c = pre["range"], item[-3] if len(item) >= 3 else 1
-    per = (c, 1, 1) if len(item) >= 3 else (1,)
-    mean = np.resize(np.asarray(pre.get("mean") or [0.0], np.float64), c).reshape(per)
-    std = np.resize(np.asarray(pre.get("std") or [1.0], np.float64), c).reshape(per)
-    raw = ((x.astype(np.float64) * std + mean) - a) * (255.0 / (b - a))
+    opts = ConvertOptions(input_range=(a, b), mean=tuple(pre.get("mean") or (0.0,)),
+                          std=tuple(pre.get("std") or (1.0,)), channel_order="BGR" if pre.get("bgr") else "RGB")
+    scale, offset = (v.reshape((c, 1, 1) if len(item) >= 3 else (1,)) for v in pixel_mapping(opts, c))
+    raw = (x.astype(np.float64) - offset) / scale
     if raw.size and (raw.min() < -0.5 or raw.max() > 255.5):
         raise InputFileError(f"{path} holds {x.dtype} values {x.min():.6g}..{x.max():.6g}, outside the model's "
                              f"input range {a:g}..{b:g} (its metadata: what pixels 0..255 become); pass values "
