@@ -376,7 +376,7 @@ def test_dequantize_output_concatenated_from_quantized_tensors():
     x = rand(1, 3, 4, 4)
     ref = ort_run(m, x)[0]
     g, changes = run_pass("dequantize", from_onnx(m))
-    assert g.op_counts() == {"Conv": 2, "Concat": 1, "Transpose": 1} and g.outputs == ["y"]
+    assert g.op_counts() == {"Conv": 2, "Clip": 2, "Concat": 1, "Transpose": 1} and g.outputs == ["y"]
     assert g.tensors["y"].dtype == np.float32 and g.meta["output_quant"]["y"] == pytest.approx((0.05, 117, "uint8"))
     np.testing.assert_array_equal(np.clip(np.rint(run(g, x)["y"] / 0.05) + 117, 0, 255), ref)
     nodes[3].input[1] = "s2"          # two grids: the concat computes nothing, but the output has no one scale
@@ -384,6 +384,35 @@ def test_dequantize_output_concatenated_from_quantized_tensors():
                            inits + [numpy_helper.from_array(np.float32(0.07), "s2")])
     g2, _ = run_pass("dequantize", from_onnx(helper.make_model(g2, opset_imports=[helper.make_opsetid("", 13)])))
     assert "QuantizeLinear" in g2.op_counts()
+
+
+@pytest.mark.parametrize("through", [False, True])
+def test_dequantize_output_keeps_the_files_saturation(through):
+    """YOLOX-nano's TFLite export writes raw box regressions (-2..3.6) straight from a conv to an
+    int8 output at 1/256, zero point -128: the file returns them in [0, 0.996]. Dropping the
+    output's QuantizeLinear must keep that clamp (a Clip at the integers' whole range, which the
+    K210 flow folds into the conv) and the range as the model's own: the float graph reads the
+    file's values within half a step, not the conv's (that kmodel read 0.5 dB against TFLite)."""
+    inits = [numpy_helper.from_array(np.array(v), k) for k, v in
+             {"s": np.float32(1 / 256), "z": np.int8(-128), "w": rand(4, 3, 1, 1) * 8}.items()]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("QuantizeLinear", ["c", "s", "z"], ["q"])]
+    nodes += [helper.make_node("Transpose", ["q"], ["y"], perm=[0, 2, 3, 1])] if through else []
+    out = "y" if through else "q"
+    m = helper.make_model(helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                                            [helper.make_tensor_value_info(out, TensorProto.INT8, None)], inits),
+                          opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    x = rand(1, 3, 4, 4)
+    ref = (ort_run(m, x)[0].astype(np.float32) + 128) / 256
+    conv = ort_run(helper.make_model(helper.make_graph(nodes[:1], "c", m.graph.input, [helper.make_tensor_value_info(
+        "c", TensorProto.FLOAT, None)], inits), opset_imports=[helper.make_opsetid("", 13)]), x)[0]
+    assert (conv < 0).mean() > 0.2 and (conv > 1).mean() > 0.2      # the file's range cuts both ends
+    g, changes = run_pass("dequantize", from_onnx(m))
+    assert "QuantizeLinear" not in g.op_counts() and g.op_counts()["Clip"] == 1
+    assert any("range [0, 0.996094] clamps it" in msg for _, msg in changes)
+    assert g.meta["quant_ranges_by_node"][next(n.name for n in g.nodes if n.op == "Clip")] == (0.0, 255 / 256)
+    got = run(g, x)[g.outputs[0]]
+    assert np.abs(got - ref).max() <= 0.5 / 256 + 1e-6
 
 
 @pytest.mark.parametrize("pick", ["GatherND", "Split"])

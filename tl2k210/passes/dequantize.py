@@ -116,24 +116,31 @@ def _record_range(g, tensor, params, dtype):
             g.meta.setdefault("quant_ranges_by_node", {})[p.name] = ((lo - z) * s, (hi - z) * s)
 
 
-def _implied_clip(g, q, params, dtype, log):
+def _implied_clip(g, q, params, dtype, log, output=False):
     """TOCO's uint8 models (TF1 quantization-aware training: MobileNet v1/v2 _quant) may leave an
     op's ReLU/ReLU6 out of the graph: the op's fused activation is NONE and its output range is
     [0, 6] (or [0, max]), the integers saturating at both ends. Removing the Q/DQ pair would drop
     that clamp, so where an op with no bound of its own (UNBOUNDED) writes a range starting at
     exactly 0, the float value the integers stand for, clip(x, 0, hi), gets an explicit Clip
-    (which fuse_activation then folds into the op). Returns the tensor q now reads."""
+    (which fuse_activation then folds into the op). A model `output`'s integers saturate what the
+    user gets at either end, so there the Clip is the whole range: YOLOX-nano's TFLite export
+    writes its raw box regressions (-2..3.6) to an int8 output at 1/256, and returns them in
+    [0, 0.996] (the Clip goes where the op writes, above data movement that reads it alone: it
+    commutes with it). Returns the tensor the op's range now belongs to."""
     src, (lo, hi) = q.inputs[0], INT_RANGE.get(str(dtype), (None, None))
-    p = g.producer(src)
-    if lo is None or p is None or p.op not in UNBOUNDED or params[1] != lo:
-        return src
-    top = (hi - params[1]) * params[0]
+    reader, p = q, g.producer(src)
+    while output and p is not None and p.op in SINGLE_MOVES and len(g.consumers(src)) == 1:
+        reader, src = p, p.inputs[0]
+        p = g.producer(src)
+    if lo is None or p is None or p.op not in UNBOUNDED or not output and params[1] != lo:
+        return q.inputs[0]
+    bottom, top = ((v - params[1]) * params[0] for v in (lo, hi))
     out = g.add_tensor(f"{src}_clip", g.shape(src))
-    clip = Node("Clip", [src, g.add_const(np.float32(0), f"{src}_min"), g.add_const(np.float32(top), f"{src}_max")],
-                [out], name=f"{p.name}_range_clip")
+    clip = Node("Clip", [src, g.add_const(np.float32(bottom), f"{src}_min"),
+                         g.add_const(np.float32(top), f"{src}_max")], [out], name=f"{p.name}_range_clip")
     g.nodes.insert(g.nodes.index(p) + 1, clip)
-    q.inputs[0] = out
-    log(p.name, f"its quantized output range [0, {top:.6g}] clamps it (no activation node): explicit Clip")
+    reader.inputs[0] = out
+    log(p.name, f"its quantized output range [{bottom:.6g}, {top:.6g}] clamps it (no activation node): explicit Clip")
     return out
 
 
@@ -276,7 +283,10 @@ def dequantize(g, log):
             continue
         qs, moves = island
         scale, zp = _params(g, qs[0])
-        g.meta.setdefault("output_quant", {})[o] = (scale, zp, str(g.tensors[o].dtype))
+        dtype = g.tensors[o].dtype
+        for q in qs:
+            _record_range(g, _implied_clip(g, q, (scale, zp), dtype, log, output=True), (scale, zp), dtype)
+        g.meta.setdefault("output_quant", {})[o] = (scale, zp, str(dtype))
         _make_float(g, qs, moves)
         log(o, f"output {o} is now float (dropped the {len(qs)} QuantizeLinear before its data movement)")
     for i, o in enumerate(list(g.outputs)):
@@ -285,7 +295,11 @@ def dequantize(g, log):
             continue
         scale = _scalar(g, q.inputs[1])
         zp = _scalar(g, q.inputs[2]) if len(q.inputs) > 2 and q.inputs[2] else 0
-        g.meta.setdefault("output_quant", {})[o] = (scale, zp, str(g.tensors[o].dtype))
+        dtype = g.tensors[o].dtype
+        if scale is not None and zp is not None:
+            _record_range(g, _implied_clip(g, q, (float(scale), int(zp)), dtype, log, output=True),
+                          (float(scale), int(zp)), dtype)
+        g.meta.setdefault("output_quant", {})[o] = (scale, zp, str(dtype))
         g.nodes.remove(q)
         src = q.inputs[0]
         for n in g.nodes:   # the float producer now writes the public output name
