@@ -133,6 +133,11 @@ class Receipt:
             lines.append(f"output SQNR vs float {t['output_sqnr_db']:.1f} dB on {t['sqnr_samples']} "
                          "calibration samples" + (" (the lowest)" if len(outs) > 1 else
                                                   "".join(ideal_text(o) for o in outs.values())))
+        if t.get("input_ignored"):
+            lines.append(f"warning: the float model gives the same outputs for all {t['sqnr_samples']} calibration "
+                         "samples: its outputs do not depend on its input (a graph cut off from its input, weights "
+                         "never trained, or preprocessing that flattens every image: check --input-range, --mean "
+                         "and --std); the SQNR above says nothing about the input")
         passed = excused(t, t.get("min_sqnr", 0))
         if passed:        # the gate let them through: at their ideal with the model's own int8 ranges
             lines.append(f"warning: output {', '.join(passed)} below --min-sqnr {t['min_sqnr']:g} dB passed "
@@ -878,7 +883,16 @@ def _measure(graph, built, cal: Calibration):
             nonfinite[o] += int(np.size(out) - np.isfinite(out).sum())
             refs.setdefault("__out__" + o, []).append(np.asarray(ref[o], np.float64).reshape(-1))
             tests.setdefault("__out__" + o, []).append(np.asarray(out, np.float64).reshape(-1))
-    return {t: sqnr_db(np.concatenate(refs[t]), np.concatenate(tests[t])) for t in refs}, nonfinite, n
+    sq = {t: sqnr_db(np.concatenate(refs[t]), np.concatenate(tests[t])) for t in refs}
+    return sq, nonfinite, n, _input_ignored(floats[:n], [refs["__out__" + o] for o in graph.outputs])
+
+
+def _input_ignored(samples, outs) -> bool:
+    """Do distinct samples give the float model the same outputs, every one of them? (A graph cut
+    off from its input, weights never trained, or preprocessing that flattens every image: the
+    SQNR then says nothing about the input.)"""
+    distinct = len(samples) > 1 and any(not np.array_equal(samples[0], x) for x in samples[1:])
+    return distinct and all(all(np.array_equal(o[0], v) for v in o[1:]) for o in outs)
 
 
 def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0) -> Receipt:
@@ -889,7 +903,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
                                         choice.built.lw, choice.built.est)
     items = model.items
     main_mem = model.main_memory
-    sq, nonfinite, n = _measure(graph, choice.built, cal)
+    sq, nonfinite, n, ignored = _measure(graph, choice.built, cal)
     layer_rows = []
     for r in rows:
         cyc = sum(est.rows[i][3] for i in r.layers)
@@ -921,7 +935,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
                 "macs": sum(r["macs"] for r in layer_rows), "runtime": opts.runtime,
                 "budget": RUNTIME_BUDGET[opts.runtime],
                 "weights": f"{opts.weight_bits}-bit", "output_sqnr_db": out_sqnr, "sqnr_samples": n,
-                "outputs": outputs, "min_sqnr": opts.min_sqnr,
+                "outputs": outputs, "min_sqnr": opts.min_sqnr, "input_ignored": ignored,
                 "own_quantization": bool(graph.meta.get("quant_ranges")),
                 "cycles": total_cycles, "frontend_s": round(loaded.seconds, 2),
                 "total_s": round(time.perf_counter() - t0, 2), "method": opts.method,

@@ -506,3 +506,20 @@ def test_a_model_that_rescales_its_pixels_itself_takes_0_255(tmp_path, calib_dir
         got = Emulator.load(tmp_path / "r.kmodel").run(img.transpose(2, 0, 1)[None].copy())
         got = np.asarray(list(got.values())[0] if isinstance(got, dict) else got, np.float64).ravel()
         assert 10 * np.log10(np.sum(ref ** 2) / np.sum((ref - got) ** 2)) > 25
+
+
+@pytest.mark.parametrize("ignores", [False, True])
+def test_receipt_warns_when_outputs_ignore_the_input(tmp_path, ignores):
+    """MCUNetV2's TFLite gave the same output for every photo: the SQNR was fine and said nothing.
+    A model whose float outputs are the same for every calibration sample is converted with a
+    warning that its outputs do not depend on its input; a model that reads its input is not."""
+    keras = tf.keras
+    x = keras.Input((8, 8, 3))
+    conv = keras.layers.Conv2D(4, 3, padding="same", kernel_initializer="zeros" if ignores else "glorot_uniform",
+                               bias_initializer=keras.initializers.Constant([0.5, -1.0, 2.0, 0.25]))
+    src = tmp_path / "m.keras"
+    keras.Model(x, keras.layers.GlobalAveragePooling2D()(conv(x))).save(src)
+    np.save(tmp_path / "x.npy", np.random.default_rng(1).random((4, 3, 8, 8), np.float32))
+    r = convert(src, tmp_path / "m.kmodel", ConvertOptions(dataset=str(tmp_path / "x.npy"), progress=False))
+    assert r.totals["input_ignored"] is ignores
+    assert ("its outputs do not depend on its input" in r.table()) is ignores
