@@ -147,10 +147,13 @@ def add_preprocess(p, from_metadata=False):
                    help="pixels 0..255 map linearly onto MIN,MAX (default 0,1; for a quantized TFLite "
                    "model, the range its integer input stands for)")
     g.add_argument("--mean", type=floats(example="0.485,0.456,0.406"),
-                   help="per-channel mean subtracted after the range (0): 1 value or one per channel")
+                   help="per-channel mean subtracted after the range (0): 1 value or one per channel, "
+                   "in R,G,B order also with --bgr (OpenCV's BGR mean 104,117,123 is --mean 123,117,104)")
     g.add_argument("--std", type=floats(positive=True, example="0.229,0.224,0.225"),
-                   help="per-channel std divided after the mean (1), > 0")
-    g.add_argument("--bgr", action="store_true", default=None, help="the model wants BGR channel order")
+                   help="per-channel std divided after the mean (1), > 0; R,G,B order, as --mean")
+    g.add_argument("--bgr", action="store_true", default=None,
+                   help="the model wants BGR channel order (the kmodel swaps the camera's R and B, and "
+                   "--mean/--std with them)")
     if from_metadata:
         g.add_argument("--rgb", dest="bgr", action="store_false", help="RGB order, whatever the metadata says")
     g.add_argument("--input-shape", type=shape, help="N,C,H,W for models with symbolic input dims")

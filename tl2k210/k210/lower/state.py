@@ -438,8 +438,9 @@ class Lowering:
         loc = self.locs[t]
         if loc.u8 is not None:
             return loc.u8
-        if loc.pixels is not None and loc.f32 is None:
-            self.need_f32(t, row)          # per-channel preprocessing: float, then this tensor's range
+        if loc.pixels is not None and loc.f32 is None:     # per-channel preprocessing: a table a channel
+            from .v4emit import requantize_pixels
+            return requantize_pixels(self, t, row)
         if loc.f32 is not None:
             if loc.quant is None:
                 loc.quant = self.quant_of(t)

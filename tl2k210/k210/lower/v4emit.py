@@ -161,7 +161,9 @@ def pixel_fold(lw, x, pads):
 
 def dequantize_pixels(lw, t, row):
     """The float model input from the uint8 pixels: dequantize, then the per-channel affine map
-    when the channels differ (one broadcasting mul and add)."""
+    when the channels differ (a broadcasting mul, left out where every scale is 1, and add), each
+    in place in the one float buffer (binary reads each element before it writes it,
+    kmodel.v4.IN_PLACE): one float copy of the image, not one per step."""
     loc = lw.locs[t]
     c = loc.shape[0]
     n = int(np.prod(loc.shape))
@@ -178,28 +180,43 @@ def dequantize_pixels(lw, t, row):
     else:
         zp, add = int(round(zp)), 0.0
     shp = shape4(loc.shape)
-    steps = [("dequantize", dict(quant_param=(zp, 1.0 / s)))]
+    steps = []
     if not uniform:
-        steps += [("binary", dict(input_b=Const(sc.astype(np.float32)), binary_op=2, in_b_shape=(1, c, 1, 1))),
-                  ("binary", dict(input_b=Const(of.astype(np.float32)), binary_op=0, in_b_shape=(1, c, 1, 1)))]
+        steps += [] if np.all(sc == 1.0) else [(Const(sc.astype(np.float32)), 2, (1, c, 1, 1))]
+        steps += [(Const(of.astype(np.float32)), 0, (1, c, 1, 1))]
     elif add:
-        steps += [("binary", dict(input_b=Const(np.float32([add])), binary_op=0, in_b_shape=(1, 1, 1, 1)))]
-    # each step to its own buffer (no op writes over its input, docs/kmodel-format.md#v4-interpreter):
-    # the last to loc.f32
-    bufs = [lw.alloc(t, f"step{i}", 4 * n) for i in range(len(steps) - 1)] + [loc.f32]
-    src = main(U8, loc.pixels, n)
-    for (name, f), dst in zip(steps, bufs):
-        if name == "binary":
-            f = dict(f, input_a=src, in_a_shape=shp, out_shape=shp, fused_activation=NO_CLAMP)
-        else:
-            f = dict(f, input=src)
-        lw.emit_v4(name, dict(f, output=main(F32, dst, n)), row)
-        src = main(F32, dst, n)
-    for i in range(len(steps) - 1):
-        lw.main.free(f"{t}:step{i}")
+        steps += [(Const(np.float32([add])), 0, (1, 1, 1, 1))]
+    f32 = main(F32, loc.f32, n)
+    lw.emit_v4("dequantize", dict(input=main(U8, loc.pixels, n), output=f32, quant_param=(zp, 1.0 / s)), row)
+    for b, op, b_shape in steps:
+        lw.emit_v4("binary", dict(input_a=f32, input_b=b, binary_op=op, in_a_shape=shp, in_b_shape=b_shape,
+                                  out_shape=shp, output=f32, fused_activation=NO_CLAMP), row)
     lw.traced(t, "f32")
     row.notes.append("image pixels dequantized to the float input")
     return loc.f32
+
+
+def requantize_pixels(lw, t, row):
+    """The image on its tensor's uint8 grid straight from the pixels where the preprocessing
+    differs by channel: one 256-entry table a channel (REQUANTIZE: v4 table_lookup1d), pixel p of
+    channel c to round((p * s_c + o_c) / s + z), exact to the grid's step. No float copy of the
+    image (RetinaFace's per-channel BGR mean at 640x640 had three 4.8 MiB float buffers alive)."""
+    loc = lw.locs[t]
+    c, hw = loc.shape[0], int(np.prod(loc.shape[1:]))
+    sc, of = pixel_affine(lw.opts, c)
+    if loc.quant is None:
+        loc.quant = lw.quant_of(t)
+    s, z = loc.quant
+    zp = round(z + lw.u8_offset.get(t, 0.0))       # the v4 quantize's integer zero point (_quant)
+    loc.u8 = lw.alloc(t, "u8", c * hw)
+    px = np.arange(256, dtype=np.float64)
+    for ch in range(c):
+        lw.emit("REQUANTIZE", dict(flags=0, main_mem_in_address=loc.pixels + ch * hw,
+                                   main_mem_out_address=loc.u8 + ch * hw, count=hw), row,
+                data={"table": np.clip(np.rint((px * sc[ch] + of[ch]) / s + zp), 0, 255).astype(np.uint8)})
+    lw.traced(t, "u8")
+    row.notes.append(f"image pixels to the uint8 grid: a table a channel ({c} channels' own preprocessing)")
+    return loc.u8
 
 
 # ---------------------------------------------------------------------------------------------
