@@ -180,6 +180,10 @@ def weight_census(onnx_model):
             if n.op_type in WEIGHT_OPS and len(n.input) > 1 and n.input[1] in size]
 
 
+def _and(items) -> str:
+    return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def check_weight_budget(onnx_model, opts, where):
     """Refuse at once (before shape inference, folding or calibration) a model whose weights
     alone, at the chosen bits, exceed what the runtime leaves for model + main memory (the rest
@@ -191,14 +195,16 @@ def check_weight_budget(onnx_model, opts, where):
     if need <= budget:
         return params
     top = sorted(census, key=lambda r: -r[2])[:3]
-    bigger = [k for k, v in RUNTIME_BUDGET.items() if v >= need]
+    bigger = sorted((k for k, v in RUNTIME_BUDGET.items() if v >= need), key=RUNTIME_BUDGET.get)
     raise BudgetError(
         f"{where}: {params:,} weights = {need:,} B at {opts.weight_bits} bits (the ideal's weights alone, "
         "before its maps), more than the "
         f"{budget:,} B '{opts.runtime}' firmware leaves for model + main memory (largest: "
         + ", ".join(f"{name} {op} {c:,}" for name, op, c in top) + "); "
-        + (f"use --runtime {bigger[0]}" if bigger else "no K210 runtime holds it: use a smaller network "
-           "(fewer channels, no big dense layers) or prune it") + ". Nothing was written.")
+        + (f"{_and([f'{b} ({RUNTIME_BUDGET[b]:,} B)' for b in bigger])} hold the weights: try "
+           f"--runtime {bigger[-1]}, the largest (its maps and kmodel version are checked next)" if bigger else
+           "no K210 runtime holds it: use a smaller network (fewer channels, no big dense layers) or prune it")
+        + ". Nothing was written.")
 
 
 def check_map_budget(graph, where):
@@ -688,7 +694,7 @@ def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False, prelus: 
     fmt, forced = graph.meta["plan"]
     fit.check_format(fmt, forced, opts.runtime)
     ide = network_ideal(loaded.graph, graph, plog, passes, target, opts.weight_bits)
-    fit.check_ideal(ide, opts.runtime, loaded.where)
+    fit.check_ideal(ide, opts.runtime, loaded.where, fmt)
     return Optimised(graph, loaded.graph, plog, ide, (fmt, forced))
 
 

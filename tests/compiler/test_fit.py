@@ -135,6 +135,20 @@ def test_refused_before_calibration_when_even_the_ideal_does_not_fit(tmp_path, p
     assert "Nothing was written" in msg and not out.exists() and not (tmp_path / "huge.kmodel.json").exists()
 
 
+def test_ideal_refusal_names_only_runtimes_that_load_the_format():
+    """A model over full MaixPy whose plan needs kmodel v4 (hunt 12's SSD: a 300-row image) is not
+    told to use maixpy-minimum, which loads v3 only."""
+    from types import SimpleNamespace as NS
+
+    from tl2k210.compiler import BudgetError
+    ide = NS(floor=3_000_000, layers=[], live_bytes=0, weight_bytes=3_000_000, text=lambda: "ideal at 8 bits 3.00 MB")
+    for fmt, named in (("v3", "Use --runtime maixpy-minimum or maixpy-minimum-v4 or sdk"),
+                       ("v4", "Use --runtime maixpy-minimum-v4 or sdk")):
+        with pytest.raises(BudgetError) as e:
+            fit.check_ideal(ide, "maixpy", "m", fmt)
+        assert named + "." in str(e.value)
+
+
 def test_cli_refusal_exit_2_nothing_written(tmp_path, png_dir, capsys):
     from tl2k210.cli import main
     src, out, rep = _huge(tmp_path), tmp_path / "h.kmodel", tmp_path / "h.json"

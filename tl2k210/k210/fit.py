@@ -88,14 +88,15 @@ def fitting_runtimes(need: int, version=None) -> list:
             and (version is None or version in r.kmodel_versions)]
 
 
-def check_ideal(ide, runtime: str, where: str):
+def check_ideal(ide, runtime: str, where: str, fmt: str = "v3"):
     """BudgetError, before calibration, when no form of the model fits `runtime`: its ideal's
-    weights, and the maps the KPU RAM cannot hold, exceed what the runtime leaves."""
+    weights, and the maps the KPU RAM cannot hold, exceed what the runtime leaves. The runtimes it
+    names hold that much and load kmodel `fmt` (the flow's plan)."""
     budget = firmware.get(runtime).model_budget
     if ide.floor <= budget:
         return
     top = sorted(ide.layers, key=lambda r: -r.weight_bytes)[:3]
-    bigger = fitting_runtimes(ide.floor)
+    bigger = fitting_runtimes(ide.floor, int(fmt.lstrip("v")))
     raise BudgetError(
         f"{where}: {ide.text()}; even with {hw.KPU_RAM_BYTES:,} B of its maps in KPU RAM it needs "
         f"{ide.floor:,} B, which exceeds what '{runtime}' firmware leaves for model + main memory "
