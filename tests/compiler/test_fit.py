@@ -471,6 +471,26 @@ def test_budget_refusal_names_the_ideal_and_the_layers_furthest_from_it(tmp_path
     assert not (tmp_path / "b.kmodel").exists()
 
 
+def test_an_upsampled_output_over_budget_names_the_tensor_to_end_at(tmp_path, png_dir):
+    """DeepLab v3's 257x257x21 float output (5.5 MB, two bilinear resizes of its 33x33 logits) was
+    refused with advice to re-export the model; `--outputs` cuts it without touching the file, and
+    the refusal now names the tensor (hunt 12: cut there, the model fits full MaixPy)."""
+    from tl2k210.compiler import BudgetError
+    scales = np.array([1, 1, 8, 8], np.float32)
+    nodes = [conv_node("logits", "x", "w", pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["logits", "", "sc"], ["up"], mode="linear"),
+             helper.make_node("Transpose", ["up"], ["y"], perm=[0, 2, 3, 1])]
+    src = tmp_path / "seg.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 3, 32, 32])], [("y", None)],
+                         {"w": np.random.default_rng(0).normal(0, 0.3, (21, 3, 3, 3)).astype(np.float32), "sc": scales}),
+              src)
+    with pytest.raises(BudgetError) as e:
+        _convert(src, tmp_path / "seg.kmodel", png_dir, runtime="maixpy")
+    assert "output 0 alone is 5,505,024 B" in str(e.value)
+    assert "end the model before its upsampling, --outputs logits, and upsample in the application" in str(e.value)
+    assert fit._upsampled_from(from_onnx(onnx.load(src)), "logits") is None        # no Resize writes it
+
+
 class _Built(fit.Built):
     def __post_init__(self):
         pass

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tl2k210.errors import KpuLimitError, Tl2k210Error
+from tl2k210.graph import RELABELS
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.ideal import mb
 from tl2k210.k210.lower.conv import WINDOWS
@@ -131,6 +132,10 @@ def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None, v
     returned = (f"output {big} alone is {out:,} B" if out > third else
                 f"its {len(sizes)} outputs together are {sum(sizes):,} B (output {big}: {out:,} B)"
                 if sum(sizes) > third else "")
+    cut = _upsampled_from(lw.g, lw.g.outputs[big]) if returned and lw is not None and big < len(lw.g.outputs) else None
+    less = (f"end the model before its upsampling, --outputs {cut}, and upsample in the application" if cut else
+            "make the model return less (export it without a last upsampling or a full-size image output, "
+            "or at a smaller input) and do that step in the application")
     raise BudgetError(
         (f"kmodel v3: {v3_error}\nkmodel v4 would run it, but: " if v3_error is not None else "") +
         f"kmodel v{model.version} {nbytes:,} B + main memory {main:,} B = {need:,} B exceeds what "
@@ -141,13 +146,20 @@ def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None, v
            if bufs else "")
         + (f" ({len(lw.parked)} other buffers, {_kb(sum(n for _, n in lw.parked))} in all over the run, already "
            "in KPU RAM lines free while each lives)" if getattr(lw, "parked", None) else "")
-        + (f"; {returned}, the values the runtime returns: make the model return "
-           "less (export it without a last upsampling or a full-size image output, or at a smaller input) "
-           "and do that step in the application" if returned else "")
+        + (f"; {returned}, the values the runtime returns: {less}" if returned else "")
         + (". Or use " if returned else ". Its 8-bit ideal fits: tl2k210 has no forms near it for the layers "
            "above yet; use " if ide is not None and ide.total <= rt.model_budget else ". Use a smaller network, ")
         + (f"--runtime {' or '.join(bigger)}" if bigger else "a smaller input")
         + (" or kpu.load_flash (v3)" if model.version == 3 else "") + ". Nothing was written.")
+
+
+def _upsampled_from(g, o) -> str | None:
+    """The tensor graph output `o` is upsampled from (through Resize and data movement: DeepLab's
+    two bilinear resizes of its 33x33 logits to 257x257), or None where no Resize writes it."""
+    t, resized = o, False
+    while (p := g.producer(t)) is not None and p.op in ("Resize", "Upsample", "Transpose") + RELABELS:
+        resized, t = resized or p.op in ("Resize", "Upsample"), p.inputs[0]
+    return t if resized and g.producer(t) is not None else None
 
 
 # ---------------------------------------------------------------------------------------------
