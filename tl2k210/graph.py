@@ -143,10 +143,15 @@ class Graph:
         """Consumers of `old` read `new`. Remove the node that produced `old` first. A graph
         output keeps its public name: `new`'s producer is renamed to write it (or an Identity).
         `new` now holds `old`'s values (a conv that took the Add or BN after it in: the conv's
-        tensor), so the range a quantized model states for `old` (meta["quant_ranges"]) is `new`'s."""
+        tensor), so the range a quantized model states for `old` (meta["quant_ranges"]) is `new`'s,
+        and `new`'s values are those the source model calls `old` (meta["source_names"], for
+        messages that tell the user a tensor name: `source_name`)."""
         ranges = self.meta.get("quant_ranges")
         if ranges and old in ranges:
             ranges[new] = ranges[old]
+        names = dict(self.meta.get("source_names", {}))     # a copy: graph copies share meta's dicts
+        names[new] = names.get(old, old)
+        self.meta["source_names"] = names
         for n in self.nodes:
             n.inputs = [new if i == old else i for i in n.inputs]
         if old not in self.outputs:
@@ -159,6 +164,11 @@ class Graph:
             self.tensors[old] = dataclasses.replace(self.tensors[new], name=old)
         else:
             self.nodes.append(Node("Identity", [new], [old], {}, self.unique(old + "/identity")))
+
+    def source_name(self, t):
+        """The source model's name of the values tensor `t` holds (a fused conv's tensor holds
+        what its activation wrote): what --outputs takes."""
+        return self.meta.get("source_names", {}).get(t, t)
 
     def prune(self):
         """Drop nodes whose outputs are unused and tensors nobody references; topo-sort."""

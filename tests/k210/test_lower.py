@@ -71,7 +71,7 @@ def test_argmax_and_loop_refusals_say_what_to_do():
     with pytest.raises(UnsupportedOpError) as e:
         run_pipeline(from_onnx(m))
     assert str(e.value) == ("node 'seg': op ArgMax axis=1 has no K210 lowering; nearest supported form: the scores "
-                            "before it: convert with --outputs naming them (or export the model without its ArgMax) "
+                            "before it: convert with --outputs c (or export the model without its ArgMax) "
                             "and take the argmax in the application (K210 runtimes have none)")
     m = make_model([conv_node("c", "x", "w"), helper.make_node("Cast", ["c"], ["y"], name="dec", to=7)],
                    [("x", [1, 4, 8, 8])], [("y", None)], {"w": np.ones((3, 4, 1, 1), np.float32)})

@@ -47,7 +47,7 @@ NEAREST = {
             "fixed sequence of layers): export a convolutional model",
     "Scan": "a model without loops (a scan over time steps, as tf2onnx writes a TF1 dynamic_rnn's LSTM/GRU "
             "cell; the K210 runs a fixed sequence of layers): export a convolutional model",
-    "ArgMax": "the scores before it: convert with --outputs naming them (or export the model without "
+    "ArgMax": "the scores before it: convert with --outputs {input} (or export the model without "
               "its ArgMax) and take the argmax in the application (K210 runtimes have none)",
     **{op: "the values it compares: a comparison's 0/1 map (a threshold, a decision tree's routing, as in "
            "Deep Tree Learning's anti-spoofing nets) has no K210 layer; convert with --outputs naming them "
@@ -117,7 +117,8 @@ def select(g, node, opts, fmt="v3"):
             return select(g, node, opts, "v4")
     alts = REGISTRY.get(node.op)
     if not alts:
-        hint = NEAREST.get(node.op, "").replace("{inputs}", ", ".join(map(repr, node.inputs)))
+        hint = NEAREST.get(node.op, "").replace("{inputs}", ", ".join(map(repr, node.inputs))).replace(
+            "{input}", g.source_name(node.inputs[0]) if node.inputs else "")
         hint = (f"nearest supported form: {hint}" if hint else
                 f"replace it in the model with supported ops: {', '.join(supported_ops(fmt))}")
         raise UnsupportedOpError(f"node {node.name!r}: op {describe(node)} has no K210 lowering; {hint}")

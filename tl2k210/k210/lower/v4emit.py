@@ -209,11 +209,11 @@ def requantize_pixels(lw, t, row):
     s, z = loc.quant
     zp = round(z + lw.u8_offset.get(t, 0.0))       # the v4 quantize's integer zero point (_quant)
     loc.u8 = lw.alloc(t, "u8", c * hw)
-    px = np.arange(256, dtype=np.float64)
+    px = np.arange(np.iinfo(np.uint8).max + 1, dtype=np.float64)     # every pixel value: a table's index
     for ch in range(c):
         lw.emit("REQUANTIZE", dict(flags=0, main_mem_in_address=loc.pixels + ch * hw,
                                    main_mem_out_address=loc.u8 + ch * hw, count=hw), row,
-                data={"table": np.clip(np.rint((px * sc[ch] + of[ch]) / s + zp), 0, 255).astype(np.uint8)})
+                data={"table": np.clip(np.rint((px * sc[ch] + of[ch]) / s + zp), 0, px[-1]).astype(np.uint8)})
     lw.traced(t, "u8")
     row.notes.append(f"image pixels to the uint8 grid: a table a channel ({c} channels' own preprocessing)")
     return loc.u8
