@@ -443,3 +443,30 @@ def test_run_maps_float_features_by_the_models_input_range(tmp_path, capsys):
     np.save(tmp_path / "far.npy", mfcc[0] * 3)
     rc, out, err = _run_cli(capsys, km, "-i", tmp_path / "far.npy")
     assert rc == 2 and "outside the model's input range -50..20" in err and "Traceback" not in err
+
+
+def test_run_takes_the_input_positionally_and_shapes_outputs_by_the_metadata(tmp_path, capsys):
+    """Hunt 12: `tl2k210 run MODEL IMAGE` was refused for want of -i, and a (605, 95) output came
+    back flat (57475,). The input may be given either way (not both); outputs take the shapes the
+    kmodel's metadata records, named, one item or a batch (N, ...)."""
+    import onnx
+
+    from front_helpers import make_model
+    from lower_helpers import conv_node
+    from tl2k210.compiler import ConvertOptions, convert
+    rng = np.random.default_rng(5)
+    m = make_model([conv_node("maps", "x", "w", "b", pads=[1, 1, 1, 1])], [("x", [1, 3, 8, 8])], [("maps", None)],
+                   {"w": rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "b": np.zeros(4, np.float32)})
+    onnx.save(m, tmp_path / "m.onnx")
+    np.save(tmp_path / "cal.npy", rng.random((4, 3, 8, 8), np.float32))
+    km = tmp_path / "m.kmodel"
+    convert(tmp_path / "m.onnx", km, ConvertOptions(dataset=str(tmp_path / "cal.npy"), progress=False, min_sqnr=0))
+    np.save(tmp_path / "one.npy", rng.integers(0, 256, (3, 8, 8), dtype=np.uint8))
+    rc, out, err = _run_cli(capsys, km, tmp_path / "one.npy", "-o", tmp_path / "y.npy")
+    assert rc == 0 and "output 0 (maps): float32 (4, 8, 8)" in out, err
+    assert np.load(tmp_path / "y.npy").shape == (4, 8, 8)
+    np.save(tmp_path / "two.npy", rng.integers(0, 256, (2, 3, 8, 8), dtype=np.uint8))
+    assert _run_cli(capsys, km, "-i", tmp_path / "two.npy", "-o", tmp_path / "b.npy")[0] == 0
+    assert np.load(tmp_path / "b.npy").shape == (2, 4, 8, 8)
+    rc, out, err = _run_cli(capsys, km, tmp_path / "one.npy", "-i", tmp_path / "one.npy")
+    assert rc == 2 and "give the input once" in err

@@ -21,7 +21,8 @@ def add_run_parser(sub):
                        "model's shape (channels-last H,W,C taken too) or a batch of N of them "
                        "(N, ...): every item runs alone and the outputs are stacked.")
     p.add_argument("file", help="kmodel file")
-    p.add_argument("-i", "--input", required=True, help="image (jpg/png/bmp...), or .npy array: "
+    p.add_argument("image", nargs="?", metavar="INPUT", help="the input, as -i gives it")
+    p.add_argument("-i", "--input", help="image (jpg/png/bmp...), or .npy array: "
                    "one input or a batch (N, ...) of inputs")
     p.add_argument("-o", "--out", help="write result: .png (annotated image, with --decode), "
                    ".npy (first output; (N, ...) for a batch), .npz (all outputs), or .json (per "
@@ -169,6 +170,9 @@ def cmd_run(args):
     from tl2k210.k210.emulator import Emulator
 
     # everything that can be checked before loading or running the model
+    if (args.input is None) == (args.image is None):
+        raise Tl2k210Error("give the input once: tl2k210 run MODEL.kmodel INPUT (or -i INPUT)")
+    args.input = args.input or args.image
     check_readable(args.input, "input")
     meta = metadata.load_for(args.file)
     apply_metadata(args, meta)
@@ -216,12 +220,14 @@ def cmd_run(args):
                                  f"outputs, more than the {MAX_ARRAY_BYTES >> 20} MiB tl2k210 holds at "
                                  f"once; pass at most {MAX_ARRAY_BYTES // per:,} inputs per file")
         print(f"batch: {n} items of {_fmt(shape)} from {args.input}")
-    outputs = _run_items(emu, x, n, args)
+    outputs = _shaped(_run_items(emu, x, n, args), meta, n)
+    names = [o["name"] for o in meta.outputs] if meta is not None and len(meta.outputs) == len(outputs) else []
     for i, o in enumerate(outputs):
         flat = np.asarray(o, np.float64).reshape(-1)
         head = ", ".join(f"{v:.6g}" for v in flat[:8]) + (" ..." if flat.size > 8 else "")
         lo, hi = (f"{flat.min():.6g}", f"{flat.max():.6g}") if flat.size else ("-", "-")
-        print(f"output {i}: {o.dtype} {tuple(o.shape)}  min {lo}  max {hi}  [{head}]")
+        name = f" ({printable(names[i])})" if names else ""
+        print(f"output {i}{name}: {o.dtype} {tuple(o.shape)}  min {lo}  max {hi}  [{head}]")
     per_item = [outputs] if n is None else [[o[k] for o in outputs] for k in range(n)]
     to_json = bool(args.out) and os.path.splitext(args.out)[1].lower() not in (".png", ".npy", ".npz")
     items = [{"outputs": [np.asarray(o).tolist() for o in r]} if to_json else {} for r in per_item]
@@ -246,6 +252,22 @@ def cmd_run(args):
     if args.out:
         _write_result(args, outputs, result, image, boxes, chw_shape, labels)
     return 0
+
+
+def _shaped(outputs, meta, n):
+    """The emulator's flat outputs in the shapes the kmodel's metadata records (the converted
+    graph's, the layout the kmodel writes; its leading batch dim of 1 dropped), where the value
+    counts agree; (N, ...) for a batch of N. Without metadata they stay as they come."""
+    import numpy as np
+    if meta is None or len(meta.outputs) != len(outputs):
+        return outputs
+    shaped = []
+    for o, m in zip(outputs, meta.outputs):
+        shape = tuple(m["shape"][1:] if len(m["shape"]) > 1 and m["shape"][0] == 1 else m["shape"])
+        item = np.shape(o)[1:] if n is not None else np.shape(o)
+        ok = shape and int(np.prod(shape)) == int(np.prod(item))
+        shaped.append(np.reshape(o, ((n,) if n is not None else ()) + shape) if ok else o)
+    return shaped
 
 
 def _run_items(emu, x, n, args):
