@@ -230,7 +230,9 @@ def _int8_model():
 
 def test_dequantize_makes_integer_islands_float():
     """Every Q/DQ of an island sharing one per-tensor (scale, zero point) goes; the int8 input
-    becomes the float it stood for; the ranges each Q stood for are kept for calibration."""
+    becomes the float it stood for; the ranges each Q stood for are kept for calibration, and so
+    is the range of what the island's data movement writes (the SSD's concatenated class logits,
+    whose range 16 synthetic images put under 0: every score read 0.5)."""
     m = _int8_model()
     xq = np.random.default_rng(0).integers(-128, 128, (1, 6, 6, 3)).astype(np.int8)
     ref = ort_run(m, xq)[0]
@@ -239,6 +241,7 @@ def test_dequantize_makes_integer_islands_float():
     assert g.meta["input_quant"][g.inputs[0]] == pytest.approx((0.02, -128, "int8"))
     lo, hi = (-128 + 3) * 0.05, (127 + 3) * 0.05
     assert g.meta["quant_ranges"]["c"] == pytest.approx((lo, hi))
+    assert g.meta["quant_ranges"]["cat"] == g.meta["quant_ranges"]["ct"] == pytest.approx((lo, hi))
     assert any("above its data movement" in msg for _, msg in changes)
     got = run(g, ((xq.astype(np.float32) + 128) * 0.02))[g.outputs[0]]
     # the float graph is what the integers stand for (inside their range): within a step of the grid

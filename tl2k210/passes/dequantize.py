@@ -116,6 +116,15 @@ def _record_range(g, tensor, params, dtype):
             g.meta.setdefault("quant_ranges_by_node", {})[p.name] = ((lo - z) * s, (hi - z) * s)
 
 
+def _record_moved(g, moves, params):
+    """The island's grid is also the range of every tensor its data movement writes (a Concat of
+    the SSD's quantized class logits, -11.1..1.6: its range came from calibration, and 16
+    synthetic images, whose logits never go positive, clipped every score at 0.5)."""
+    for n in moves:
+        for t in n.outputs:
+            _record_range(g, t, params, g.tensors[t].dtype)
+
+
 def _implied_clip(g, q, params, dtype, log, output=False):
     """TOCO's uint8 models (TF1 quantization-aware training: MobileNet v1/v2 _quant) may leave an
     op's ReLU/ReLU6 out of the graph: the op's fused activation is NONE and its output range is
@@ -257,6 +266,7 @@ def dequantize(g, log):
         for q in qs:
             dtype = g.tensors[q.outputs[0]].dtype
             _record_range(g, _implied_clip(g, q, params, dtype, log), params, dtype)
+        _record_moved(g, moves, params)
         _make_float(g, qs, moves, dqs)
         for q in qs:
             log(q.name, f"removed fake quantization QuantizeLinear/DequantizeLinear of {q.inputs[0]}")
@@ -286,6 +296,7 @@ def dequantize(g, log):
         dtype = g.tensors[o].dtype
         for q in qs:
             _record_range(g, _implied_clip(g, q, (scale, zp), dtype, log, output=True), (scale, zp), dtype)
+        _record_moved(g, moves, (scale, zp))
         g.meta.setdefault("output_quant", {})[o] = (scale, zp, str(dtype))
         _make_float(g, qs, moves)
         log(o, f"output {o} is now float (dropped the {len(qs)} QuantizeLinear before its data movement)")
