@@ -354,9 +354,15 @@ def pixel_rescaling(graph) -> str | None:
     return None
 
 
+#: the input ranges a float-input int8 model's first QuantizeLinear is read as, within two of its steps
+#: (zye1996's MobileFaceNet: 1/128, zero point -1, -0.992..1: -1,1)
+FLOAT_INPUT_RANGES = ((0.0, 1.0), (-1.0, 1.0), (0.0, 255.0))
+
+
 def model_input_range(graph, opts: ConvertOptions):
     """opts with input_range resolved: the user's, else the pixel values of a decoded image the
-    front end cut off (frozen_pb), else what a quantized model's integer input stands for (uint8 q -> (q - zp) * scale: pixels 0..255 -> [-zp*s, (255-zp)*s]), else (0, 1).
+    front end cut off (frozen_pb), else what a quantized model's integer input stands for (uint8 q -> (q - zp) * scale: pixels 0..255 -> [-zp*s, (255-zp)*s]),
+    else the common range (FLOAT_INPUT_RANGES) its first QuantizeLinear of a float input stands for, else (0, 1).
     Returns (opts, note or None)."""
     import dataclasses
     if opts.input_range is not None:
@@ -368,6 +374,15 @@ def model_input_range(graph, opts: ConvertOptions):
         return dataclasses.replace(opts, input_range=rng), (
             f"input range {rng[0]:g},{rng[1]:g}: {why}; override with --input-range")
     q = graph.meta.get("input_quant", {}).get(graph.inputs[0])
+    own = graph.meta.get("quant_ranges", {}).get(graph.inputs[0])
+    if q is None and own is not None:       # a float input the model quantizes first (int8 with float I/O)
+        step = (own[1] - own[0]) / 255
+        rng = next((r for r in FLOAT_INPUT_RANGES if abs(r[0] - own[0]) <= 2 * step and abs(r[1] - own[1]) <= 2 * step),
+                   None)
+        if rng is not None:
+            return dataclasses.replace(opts, input_range=rng), (
+                f"input range {rng[0]:g},{rng[1]:g}: what the model's first QuantizeLinear of its float input "
+                f"stands for ({own[0]:.6g}..{own[1]:.6g}); override with --input-range")
     if q is None:
         return dataclasses.replace(opts, input_range=(0.0, 1.0)), None
     scale, zp, dtype = q
@@ -396,6 +411,22 @@ class ModelRanges:
             if names and n.outputs and n.outputs[0] not in self.own:
                 self.own[n.outputs[0]] = by_node[names[-1]]
         self.samples = samples
+
+    def input_mismatch(self, graph, ranges) -> str | None:
+        """Where the model states what its float input stands for (a first QuantizeLinear: -1..1
+        for zye1996's MobileFaceNet) and the calibrated input reaches beyond it by more than half
+        its width: the samples are not what the model takes, and its first QuantizeLinear saturates
+        them (a 0.0 dB kmodel passed the gate as 'the model's own loss'). The warning, else None."""
+        x = graph.inputs[0]
+        if x not in self.own or x not in ranges:
+            return None
+        (lo, hi), (a, b) = self.own[x], ranges[x]
+        if max(0.0, lo - a) + max(0.0, b - hi) <= 0.5 * (hi - lo):
+            return None
+        return (f"warning: the samples reach {a:.4g}..{b:.4g} at the model input, but the model's own input "
+                f"quantization stands for {lo:.4g}..{hi:.4g} (its first QuantizeLinear saturates the rest, as "
+                f"the source model does): convert with --input-range {lo:.4g},{hi:.4g} (or the --mean/--std "
+                "that map the pixels there)")
 
     def apply(self, ranges, from_model):
         """Use the model's own ranges in `ranges` (with --dataset: compared to the calibrated ones
@@ -584,6 +615,7 @@ class Calibration:
     padding_effect: dict | None
     correct_bias: bool = True  # the lowering corrects biases for weight rounding (fake_quant.ideal_choice)
     ideal: dict | None = None  # {output: the 8-bit ideal's dB} at these ranges on the first sqnr_samples floats
+    input_mismatch: str | None = None   # the samples lie outside the input range the model states (ModelRanges)
 
     @property
     def image(self) -> bool:
@@ -720,7 +752,9 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
     scale, offset = pixel_mapping(opts, input_chw(graph)[0], graph) if image else ((1.0,), (0.0,))
     batches = [f[None] for f in floats]
     ranges = calibrated_ranges(graph, batches, opts.method, (scale, offset) if image else None)
+    mismatch = own.input_mismatch(graph, ranges) if opts.dataset is not None else None
     calib_note = own.apply(ranges, opts.dataset is None)
+    calib_note = "; ".join(n for n in (calib_note, mismatch) if n) or None
     share_concat_ranges(graph, ranges)
     if calib_note:
         _say(opts, "      " + calib_note)
@@ -736,7 +770,7 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
         exact, _ = run_pipeline(opt.exact_graph)
         padding_effect = calib.compare_graphs(exact, graph, batches[:opts.sqnr_samples * 4])
     return Calibration(opts, floats, pixels, scale, offset, ranges, means, range_note, calib_note,
-                       padding_effect, correct_bias=costs is None, ideal=ideal)
+                       padding_effect, correct_bias=costs is None, ideal=ideal, input_mismatch=mismatch)
 
 
 def plan_and_lower(opt: Optimised, cal: Calibration):
@@ -943,6 +977,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
                 "weights": f"{opts.weight_bits}-bit", "output_sqnr_db": out_sqnr, "sqnr_samples": n,
                 "outputs": outputs, "min_sqnr": opts.min_sqnr, "input_ignored": ignored,
                 "own_quantization": bool(graph.meta.get("quant_ranges")),
+                "input_mismatch": cal.input_mismatch,
                 "cycles": total_cycles, "frontend_s": round(loaded.seconds, 2),
                 "total_s": round(time.perf_counter() - t0, 2), "method": opts.method,
                 "kpu_padding": opts.kpu_padding, "kpu_padding_effect": cal.padding_effect,

@@ -44,8 +44,10 @@ def at_own_ideal(r) -> bool:
 def excused(totals, min_sqnr) -> list:
     """The outputs below `min_sqnr` that the gate lets pass: a quantized model's (totals
     "own_quantization": its own int8 ranges) within 1 dB of their 8-bit ideal, whose loss is the
-    model's own quantization, which the kmodel reproduces. A float model's output is not."""
-    if min_sqnr <= 0 or not totals.get("own_quantization"):
+    model's own quantization, which the kmodel reproduces. A float model's output is not, nor
+    one whose samples lie outside the input range the model states (totals "input_mismatch"):
+    its loss is theirs."""
+    if min_sqnr <= 0 or not totals.get("own_quantization") or totals.get("input_mismatch"):
         return []
     return [o for o, r in totals["outputs"].items() if _collapsed(r, min_sqnr) and at_own_ideal(r)]
 
@@ -58,6 +60,14 @@ def quality_gate(receipt, nonfinite, min_sqnr):
     if min_sqnr <= 0:
         return
     t = receipt.totals
+    changed = {o: e for o, e in (t.get("kpu_padding_effect") or {}).items() if e["sqnr_db"] < min_sqnr}
+    if changed:
+        raise QualityError(
+            f"{receipt.source}: --kpu-padding changed the float model itself, output "
+            + ", ".join(f"{o} {e['sqnr_db']:.1f} dB (cosine {e['cosine']:.4f})" for o, e in changed.items())
+            + f" against the exact graph, below --min-sqnr {min_sqnr:g} dB: the KPU's padding differs from "
+            "the model's where its maps carry signal. Convert without --kpu-padding. Nothing was written; "
+            "--min-sqnr 0 accepts it.", receipt)
     bad = {o: k for o, k in nonfinite.items() if k}
     ok = excused(t, min_sqnr)
     low = {o: r for o, r in t["outputs"].items() if _collapsed(r, min_sqnr) and o not in ok}
@@ -85,12 +95,18 @@ def quality_gate(receipt, nonfinite, min_sqnr):
         f"--min-sqnr {min_sqnr:g} dB{where}. "
         + (f"{AT_IDEAL} (the float model with uint8 tensors at the calibrated "
            "ranges): the ranges limit it, not the mapping to the K210. " if at_ideal else "")
+        + (f"{_sentence(t['input_mismatch'])}. " if t.get("input_mismatch") else "")
         + _size_trades(receipt)
         + "Try: --calibrate-method mse or percentile (ranges less "
         "stretched by rare values), calibration images like the camera sees (--dataset, --calib-limit), "
         "--input-range/--mean/--std as the model was trained, --weight-bits 16"
         + (", --float-fc (dense layers in float)" if dense else "") + ". Nothing was written; --min-sqnr 0 "
         "accepts it.", receipt)
+
+
+def _sentence(warning: str) -> str:
+    text = warning.removeprefix("warning: ")
+    return text[:1].upper() + text[1:]
 
 
 def _size_trades(receipt) -> str:

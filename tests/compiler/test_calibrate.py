@@ -291,3 +291,18 @@ def test_features_out_of_the_pixel_range_name_their_own_range(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "warning: 9" in err and "--input-range -47.5,15.25 (the arrays' min and max)" in err
     assert "the SQNR below is measured on the clipped values" in err
+
+
+@pytest.mark.parametrize("own, want", [((-0.9921875, 1.0), (-1.0, 1.0)), ((0.0, 1.0), (0.0, 1.0)),
+                                       ((-0.5, 3.2), (0.0, 1.0))])
+def test_a_float_input_quantized_first_gives_the_input_range(own, want):
+    """An int8 TFLite model with a float input quantizes it first (zye1996's MobileFaceNet: 1/128,
+    zero point -1, -0.992..1): without --input-range that is the range the pixels map onto, read as
+    the common range it stands for; a range no common one is near keeps the default 0,1."""
+    from types import SimpleNamespace
+
+    from tl2k210.compiler import ConvertOptions, model_input_range
+    g = SimpleNamespace(inputs=["x"], meta={"quant_ranges": {"x": own}})
+    opts, note = model_input_range(g, ConvertOptions())
+    assert opts.input_range == want
+    assert (note is not None and "first QuantizeLinear of its float input" in note) is (own != (-0.5, 3.2))

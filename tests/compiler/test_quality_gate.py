@@ -177,3 +177,48 @@ def test_only_a_quantized_models_output_at_its_ideal_is_excused(own):
     else:
         with pytest.raises(QualityError, match="scores 14.6 dB"):
             quality_gate(rec, {}, 15)
+
+
+def test_no_excuse_when_the_samples_lie_outside_the_models_own_input_range():
+    """zye1996's int8 MobileFaceNet quantizes its float input at 1/128 (it takes -1..1); converted at
+    --input-range 0,255 its 0.0 dB kmodel passed as 'at its own ideal' (exit 0). Where the samples
+    lie outside the input range the model states, nothing is excused and the refusal says which
+    range to give."""
+    from types import SimpleNamespace
+
+    from tl2k210.compiler import ModelRanges
+    from tl2k210.errors import QualityError
+    from tl2k210.graph import Graph
+    from tl2k210.quality import excused, quality_gate
+    g = Graph(["x"], ["y"], [], {}, {"quant_ranges": {"x": (-0.9921875, 1.0)}})
+    g.tensors["x"] = SimpleNamespace(shape=(1, 3, 8, 8))
+    own = ModelRanges(g)
+    assert own.input_mismatch(g, {"x": (-1.0, 0.98)}) is None                   # -1,1 as it should
+    assert own.input_mismatch(g, {"x": (-0.5, 0.5)}) is None                    # within it: dark photos
+    says = own.input_mismatch(g, {"x": (0.0, 255.0)})
+    assert "stands for -0.9922..1" in says and "--input-range -0.9922,1" in says
+    totals = {"outputs": {"emb": {"sqnr_db": 0.0, "ideal_db": 0.0}}, "sqnr_samples": 8, "own_quantization": True,
+              "min_sqnr": 15, "input_mismatch": says}
+    assert excused(totals, 15) == []
+    with pytest.raises(QualityError, match=r"The samples reach 0\.\.255 .* convert with --input-range -0.9922,1"):
+        quality_gate(SimpleNamespace(source="m.tflite", layers=[], trades=[], totals=totals), {}, 15)
+
+
+def test_a_kpu_padding_rewrite_that_changes_the_model_is_refused():
+    """--kpu-padding changed MobileNet v1 (float TFLite) to 4.4 dB against its exact graph; the gate
+    measured the kmodel against the rewritten graph (17.2 dB) and wrote it: 1.9 dB against TFLite.
+    The rewrite's own effect is gated too."""
+    from types import SimpleNamespace
+
+    from tl2k210.errors import QualityError
+    from tl2k210.quality import quality_gate
+    totals = {"outputs": {"p": {"sqnr_db": 17.2, "ideal_db": 17.0}}, "sqnr_samples": 8,
+              "kpu_padding_effect": {"p": {"sqnr_db": 4.4, "cosine": 0.802}}}
+    rec = SimpleNamespace(source="m.tflite", layers=[], trades=[], totals=totals)
+    with pytest.raises(QualityError, match=r"--kpu-padding changed the float model itself, output p 4\.4 dB .*"
+                                           r"Convert without --kpu-padding"):
+        quality_gate(rec, {}, 15)
+    totals["kpu_padding_effect"]["p"]["sqnr_db"] = 31.0
+    quality_gate(rec, {}, 15)
+    quality_gate(SimpleNamespace(**{**vars(rec), "totals": {**totals, "kpu_padding_effect": {"p": {
+        "sqnr_db": 4.4, "cosine": 0.8}}}}), {}, 0)       # --min-sqnr 0 accepts it
