@@ -10,7 +10,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -823,17 +823,43 @@ def _or_none(fn, *args):
 
 
 def optimise_to_fit(loaded: Loaded, opts: ConvertOptions):
-    """(Optimised, Calibration, fit.Choice) with the graph forms that --optimize asks for: where
+    """(Optimised, Calibration, fit.Choice) with the graph forms that --optimize asks for
+    (`_fastest_that_fits`); where no combination of the default's forms fits but the 8-bit ideal
+    does, the smallest forms, as --optimize size gives them, the receipt's trades saying so
+    (zye1996's int8 MobileFaceNet 112x96: refused for full MaixPy at 3.20 MB, ideal 1.54 MB; its
+    smallest forms take 1.65 MB)."""
+    from tl2k210.k210 import fit
+    if opts.optimize == "size":
+        return _smallest(loaded, opts)
+    try:
+        return _fastest_that_fits(loaded, opts)
+    except fit.BudgetError as e:
+        if not e.ideal_fits:
+            raise
+        refused = e
+    try:
+        opt, cal, choice = _smallest(loaded, replace(opts, optimize="size"))
+    except (fit.BudgetError, KpuLimitError):
+        raise refused from None
+    choice.trades.append(f"every form: the smallest, as --optimize size gives them; the default's forms fit "
+                         f"in no combination: {str(refused).split('; ')[0]}")
+    return opt, cal, choice
+
+
+def _smallest(loaded: Loaded, opts: ConvertOptions):
+    opt = optimise(loaded, opts, True, prelus="every")
+    cal = calibrate(opt, opts, loaded.where)
+    return opt, cal, plan_and_lower(opt, cal)
+
+
+def _fastest_that_fits(loaded: Loaded, opts: ConvertOptions):
+    """(Optimised, Calibration, fit.Choice) with the default's graph forms: where
     a smaller form replaces a fast one (FAST_FORMS: a per-channel PReLU's residual
     form, O(c) bytes and its adds on the CPU, for the pair of split / join layers of ~c²/8 bytes on
     the KPU; a transposed conv's exact phases, a CPU conv, for its 3x3 KPU phases), the model is
     planned both ways and takes the small one where the fast one does not fit or is not faster
     (--optimize size: always). The receipt's trades say which and why."""
     from tl2k210.k210 import fit
-    if opts.optimize == "size":
-        opt = optimise(loaded, opts, True, prelus="every")
-        cal = calibrate(opt, opts, loaded.where)
-        return opt, cal, plan_and_lower(opt, cal)
     pair = refused = first = None
     try:
         first = optimise(loaded, opts)

@@ -491,6 +491,34 @@ def test_an_upsampled_output_over_budget_names_the_tensor_to_end_at(tmp_path, pn
     assert fit._upsampled_from(from_onnx(onnx.load(src)), "logits") is None        # no Resize writes it
 
 
+@pytest.mark.parametrize("ideal_fits", [True, False])
+def test_where_no_default_form_fits_the_smallest_forms_are_taken(tmp_path, png_dir, monkeypatch, ideal_fits):
+    """zye1996's int8 MobileFaceNet 112x96: the default's forms fit full MaixPy in no combination
+    (3.20 MB) while its 8-bit ideal (1.54 MB) and its smallest forms (--optimize size: 1.65 MB) fit,
+    and the default refused it. Where the default's refusal says the ideal fits, the smallest forms
+    are taken and the receipt's trades say so; where the ideal does not fit, the refusal stands."""
+    from tl2k210 import compiler
+    from tl2k210.compiler import ConvertOptions, load, optimise_to_fit
+    err = fit.BudgetError("kmodel v4 3,196,064 B + main memory 512 B = 3,196,576 B exceeds what 'maixpy' ...; more")
+    err.ideal_fits = ideal_fits
+
+    def too_big(loaded, opts):
+        raise err
+    monkeypatch.setattr(compiler, "_fastest_that_fits", too_big)
+    opts = ConvertOptions(dataset=str(png_dir), progress=False, sqnr_samples=2)
+    loaded = load(_branches(tmp_path, n=1, c=16), opts)
+    if not ideal_fits:
+        with pytest.raises(fit.BudgetError) as e:
+            optimise_to_fit(loaded, opts)
+        assert e.value is err
+        return
+    opt, cal, choice = optimise_to_fit(loaded, opts)
+    assert cal.opts.optimize == "size" and choice.built.need <= fit.firmware.get("maixpy").model_budget
+    assert choice.trades[-1] == ("every form: the smallest, as --optimize size gives them; the default's forms fit "
+                                 "in no combination: kmodel v4 3,196,064 B + main memory 512 B = 3,196,576 B "
+                                 "exceeds what 'maixpy' ...")
+
+
 class _Built(fit.Built):
     def __post_init__(self):
         pass
@@ -963,6 +991,8 @@ def test_budget_refusal_where_the_ideal_fits_blames_the_forms_not_the_network():
         fit.check_budget(model, 900_000, "maixpy", ide=ide)
     assert ("Its 8-bit ideal fits: tl2k210 has no forms near it for the layers above yet; use --runtime "
             "maixpy-minimum-v4 or sdk. Nothing was written.") in str(e.value)
+    assert e.value.ideal_fits       # optimise_to_fit then tries the smallest forms
     ide.total = 2_500_000
-    with pytest.raises(BudgetError, match=r"\. Use a smaller network, --runtime maixpy-minimum-v4 or sdk\."):
+    with pytest.raises(BudgetError, match=r"\. Use a smaller network, --runtime maixpy-minimum-v4 or sdk\.") as e:
         fit.check_budget(model, 900_000, "maixpy", ide=ide)
+    assert not e.value.ideal_fits

@@ -25,7 +25,8 @@ from tl2k210.k210.lower.memory import PARK, SLICES
 
 
 class BudgetError(Tl2k210Error):
-    pass
+    """Too big for the runtime. `ideal_fits`: the model's 8-bit ideal fits it (smaller forms may)."""
+    ideal_fits = False
 
 
 class FormatError(Tl2k210Error):
@@ -136,7 +137,7 @@ def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None, v
     less = (f"end the model before its upsampling, --outputs {cut}, and upsample in the application" if cut else
             "make the model return less (export it without a last upsampling or a full-size image output, "
             "or at a smaller input) and do that step in the application")
-    raise BudgetError(
+    err = BudgetError(
         (f"kmodel v3: {v3_error}\nkmodel v4 would run it, but: " if v3_error is not None else "") +
         f"kmodel v{model.version} {nbytes:,} B + main memory {main:,} B = {need:,} B exceeds what "
         f"'{runtime}' firmware leaves for model + main memory ({rt.model_budget:,} B)"
@@ -151,6 +152,8 @@ def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None, v
            "above yet; use " if ide is not None and ide.total <= rt.model_budget else ". Use a smaller network, ")
         + (f"--runtime {' or '.join(bigger)}" if bigger else "a smaller input")
         + (" or kpu.load_flash (v3)" if model.version == 3 else "") + ". Nothing was written.")
+    err.ideal_fits = ide is not None and ide.total <= rt.model_budget
+    raise err
 
 
 def _upsampled_from(g, o) -> str | None:
