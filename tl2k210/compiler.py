@@ -364,14 +364,13 @@ def model_input_range(graph, opts: ConvertOptions):
     front end cut off (frozen_pb), else what a quantized model's integer input stands for (uint8 q -> (q - zp) * scale: pixels 0..255 -> [-zp*s, (255-zp)*s]),
     else the common range (FLOAT_INPUT_RANGES) its first QuantizeLinear of a float input stands for, else (0, 1).
     Returns (opts, note or None)."""
-    import dataclasses
     if opts.input_range is not None:
         return opts, None
     if "input_range" in graph.meta:
         rng = graph.meta["input_range"]
         why = graph.meta.get("input_range_why") or ("the decoded image's pixel values, which the graph's "
                                                       "own decoder gave its network")
-        return dataclasses.replace(opts, input_range=rng), (
+        return replace(opts, input_range=rng), (
             f"input range {rng[0]:g},{rng[1]:g}: {why}; override with --input-range")
     q = graph.meta.get("input_quant", {}).get(graph.inputs[0])
     own = graph.meta.get("quant_ranges", {}).get(graph.inputs[0])
@@ -380,15 +379,15 @@ def model_input_range(graph, opts: ConvertOptions):
         rng = next((r for r in FLOAT_INPUT_RANGES if abs(r[0] - own[0]) <= 2 * step and abs(r[1] - own[1]) <= 2 * step),
                    None)
         if rng is not None:
-            return dataclasses.replace(opts, input_range=rng), (
+            return replace(opts, input_range=rng), (
                 f"input range {rng[0]:g},{rng[1]:g}: what the model's first QuantizeLinear of its float input "
                 f"stands for ({own[0]:.6g}..{own[1]:.6g}); override with --input-range")
     if q is None:
-        return dataclasses.replace(opts, input_range=(0.0, 1.0)), None
+        return replace(opts, input_range=(0.0, 1.0)), None
     scale, zp, dtype = q
     zp_u8 = zp + 128 if dtype == "int8" else zp
     rng = (-zp_u8 * scale, (255 - zp_u8) * scale)
-    return dataclasses.replace(opts, input_range=rng), (
+    return replace(opts, input_range=rng), (
         f"input range {rng[0]:.6g},{rng[1]:.6g} taken from the model's {dtype} input quantization "
         f"(scale {scale:.6g}, zero point {zp}); override with --input-range")
 

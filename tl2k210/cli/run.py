@@ -131,10 +131,10 @@ def _array_input(path, shape, dtype, pre=None):
                                  "Inf; scale the input")
     if dtype == np.uint8 and x.dtype != np.uint8:
         lo, hi = (x.min(), x.max()) if x.size else (0, 0)
-        if (lo < 0 or hi > 255 or (x.dtype.kind == "f" and not np.array_equal(x, np.round(x)))) and \
-                x.dtype.kind == "f" and pre and pre.get("range"):
+        pixels = lo >= 0 and hi <= 255 and (x.dtype.kind != "f" or np.array_equal(x, np.round(x)))
+        if not pixels and x.dtype.kind == "f" and pre and pre.get("range"):
             x = _to_pixels(path, x, item, pre)
-        elif lo < 0 or hi > 255 or (x.dtype.kind == "f" and not np.array_equal(x, np.round(x))):
+        elif not pixels:
             raise InputFileError(f"{path} holds {x.dtype} values {lo:.6g}..{hi:.6g}; the model takes "
                                  "uint8 pixels 0..255 (planar RGB, CHW): scale and round them "
                                  "(e.g. x*255 for 0..1 data) or pass the image file")
@@ -149,8 +149,8 @@ def _to_pixels(path, x, item, pre):
 
     from tl2k210.compiler import ConvertOptions, pixel_mapping
     (a, b), c = pre["range"], item[-3] if len(item) >= 3 else 1
-    opts = ConvertOptions(input_range=(a, b), mean=tuple(pre.get("mean") or (0.0,)),
-                          std=tuple(pre.get("std") or (1.0,)), channel_order="BGR" if pre.get("bgr") else "RGB")
+    opts = ConvertOptions(input_range=(a, b), channel_order="BGR" if pre.get("bgr") else "RGB",
+                          **{k: tuple(pre[k]) for k in ("mean", "std") if pre.get(k)})
     scale, offset = (v.reshape((c, 1, 1) if len(item) >= 3 else (1,)) for v in pixel_mapping(opts, c))
     raw = (x.astype(np.float64) - offset) / scale
     if raw.size and (raw.min() < -0.5 or raw.max() > 255.5):
