@@ -38,6 +38,7 @@ see `stage_names`.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -115,10 +116,13 @@ class Graph:
         return cs[0] if len(cs) == 1 and name not in self.outputs else None
 
     def copy(self):
+        """A graph whose edits do not reach this one: nodes, tensors and meta's dicts, sets and
+        lists are copies (a range recorded by name in a copy must not name another tensor here)."""
+        meta = {k: copy.copy(v) if isinstance(v, (dict, set, list)) else v for k, v in self.meta.items()}
         return Graph(list(self.inputs), list(self.outputs),
                      [dataclasses.replace(n, inputs=list(n.inputs), outputs=list(n.outputs),
                                           attrs=dict(n.attrs), fused=list(n.fused)) for n in self.nodes],
-                     {k: dataclasses.replace(t) for k, t in self.tensors.items()}, dict(self.meta))
+                     {k: dataclasses.replace(t) for k, t in self.tensors.items()}, meta)
 
     # --- edits -------------------------------------------------------------------------
     def add_const(self, value, hint):
@@ -149,9 +153,8 @@ class Graph:
         ranges = self.meta.get("quant_ranges")
         if ranges and old in ranges:
             ranges[new] = ranges[old]
-        names = dict(self.meta.get("source_names", {}))     # a copy: graph copies share meta's dicts
+        names = self.meta.setdefault("source_names", {})
         names[new] = names.get(old, old)
-        self.meta["source_names"] = names
         for n in self.nodes:
             n.inputs = [new if i == old else i for i in n.inputs]
         if old not in self.outputs:

@@ -36,6 +36,21 @@ def test_roundtrip_matches_onnxruntime():
     np.testing.assert_allclose(run(from_onnx(m), x)["y"], ort_run(m, x)[0], rtol=1e-5, atol=1e-5)
 
 
+def test_a_copys_edits_do_not_reach_the_graph_it_was_copied_from():
+    """Ranges and source names are recorded by tensor name: a copy's replace_uses must not
+    give a tensor of the original (or of a later copy, where the same name may mean another
+    tensor) a range or a name it does not have."""
+    g = from_onnx(small_model())
+    g.meta["quant_ranges"] = {"c": (-1.0, 2.0)}
+    g.meta["source_names"] = {}
+    c = g.copy()
+    c.replace_uses("c", "r")
+    assert c.meta["quant_ranges"] == {"c": (-1.0, 2.0), "r": (-1.0, 2.0)}
+    assert c.source_name("r") == "c"
+    assert g.meta["quant_ranges"] == {"c": (-1.0, 2.0)} and g.meta["source_names"] == {}
+    assert g.copy().source_name("r") == "r"
+
+
 def test_toposort_and_cycle_error():
     g = from_onnx(small_model())
     g.nodes.reverse()
