@@ -576,8 +576,44 @@ def test_a_model_with_two_inputs_is_refused_naming_them(tmp_path, capsys):
     save(make_model([helper.make_node("Concat", ["a", "b"], ["y"], axis=1)], [("a", [1, 3, 8, 8]), ("b", [1, 1, 8, 8])],
                     [("y", [1, 4, 8, 8])]), str(m))
     rc, _, err = cli(capsys, "convert", m, tmp_path / "o.kmodel", "--dataset", photos(tmp_path / "ds"), "-q")
-    refused(rc, err, "2 inputs", "'a' (1, 3, 8, 8), 'b' (1, 1, 8, 8)", "one input")
+    refused(rc, err, "2 inputs", "'a' (1, 3, 8, 8), 'b' (1, 1, 8, 8)", "one input", "--input-value NAME=VALUE")
     nothing_at(tmp_path / "o.kmodel")
+
+
+def test_a_second_input_pinned_with_input_value_converts_as_the_model_computes(tmp_path, capsys):
+    """An LSTM classifier's scalar threshold, a flag: --input-value NAME=V pins the input the
+    kmodel is not fed to constants; the kmodel then computes what the model does with that value
+    (emulated against onnxruntime fed the same value), the receipt says so, and a name the model
+    has not, a count that does not fit or pinning every input is refused naming it."""
+    from onnx import helper, save
+
+    from front_helpers import make_model, rand
+    from tl2k210.compiler import ConvertOptions, load
+    from tl2k210.k210.emulator import Emulator
+    m = tmp_path / "two.onnx"
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                        helper.make_node("Mul", ["c", "t"], ["y"])],
+                       [("x", [1, 3, 16, 16]), ("t", [1])], [("y", [1, 8, 16, 16])], {"w": rand(8, 3, 3, 3)})
+    save(model, str(m))
+    ds = photos(tmp_path / "ds", n=4)
+    out = tmp_path / "o.kmodel"
+    rc, _, _ = cli(capsys, "convert", m, out, "--dataset", ds, "--input-value", "t=0.25", "-q")
+    assert rc == 0 and json.loads((tmp_path / "o.kmodel.json").read_text())["input"]["pinned"] == {"t": [0.25]}
+    x = np.asarray(Image.open(sorted(Path(ds).iterdir())[0]).convert("RGB"), np.float32).transpose(2, 0, 1) / 255
+    sess = __import__("onnxruntime").InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = sess.run(None, {"x": x[None], "t": np.array([0.25], np.float32)})[0].reshape(-1)
+    got = Emulator.load(out).run(np.rint(x * 255).astype(np.uint8))[0].reshape(-1)
+    assert 10 * np.log10(np.sum(ref ** 2) / np.sum((ref - got) ** 2)) > 30
+    assert "'t' pinned to 0.25" in load(str(m), ConvertOptions(input_values=(("t", (0.25,)),), progress=False)).input_note
+    rc, text, _ = cli(capsys, "compare", m, out, "--dataset", ds)     # the value from the kmodel's metadata
+    assert rc == 0 and float(next(ln for ln in text.splitlines() if ln.startswith("y ")).split()[1]) > 30
+    for flag, needles in (("tt=1", ("no input 'tt'", "nearest: 't'", "'x', 't'")),
+                          ("t=1,2", ("2 values for input 't' of shape (1,)", "give 1 value")),
+                          ("x=0", ("pins every input",))):
+        more = ["--input-value", "t=1"] if flag == "x=0" else []
+        rc, _, err = cli(capsys, "convert", m, tmp_path / "bad.kmodel", "--dataset", ds, "--input-value", flag, *more, "-q")
+        refused(rc, err, *needles)
+        nothing_at(tmp_path / "bad.kmodel")
 
 
 # ---- unwritable or impossible output paths ------------------------------------------------

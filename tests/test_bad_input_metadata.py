@@ -80,6 +80,8 @@ MALFORMED = {
     "bgr-text": ("input.bgr", _set("input.bgr", "no")),
     "std-zero": ("input.std", _set("input.std", [0])),
     "mean-inf": ("input.mean", _set("input.mean", [math.inf])),
+    "pinned-list": ("input.pinned", _set("input.pinned", [0.5])),
+    "pinned-text": ("input.pinned.t", _set("input.pinned", {"t": ["half"]})),
     "flash-address-negative": ("firmware.flash_address", _set("firmware.flash_address", -5)),
     "flash-address-huge": ("firmware.flash_address", _set("firmware.flash_address", "0x1000000")),
     "flash-address-text": ("firmware.flash_address", _set("firmware.flash_address", "here")),

@@ -104,6 +104,14 @@ def shape(text):
     return dims
 
 
+def pinned_input(text):
+    """NAME=V[,V...]: (name, values)."""
+    name, sep, rest = str(text).partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=VALUE[,VALUE...], e.g. threshold=0.5")
+    return name.strip(), floats(example="0.5")(rest)
+
+
 def names_list(text):
     """Comma-separated tensor names."""
     names = tuple(n.strip() for n in str(text).split(",") if n.strip())
@@ -157,6 +165,9 @@ def add_preprocess(p, from_metadata=False):
     if from_metadata:
         g.add_argument("--rgb", dest="bgr", action="store_false", help="RGB order, whatever the metadata says")
     g.add_argument("--input-shape", type=shape, help="N,C,H,W for models with symbolic input dims")
+    g.add_argument("--input-value", type=pinned_input, action="append", metavar="NAME=V[,V...]",
+                   help="pin a model input other than the one the kmodel is fed to constant values "
+                   "(repeatable): a threshold, a flag, a fixed state; 1 value fills the input")
     g.add_argument("--outputs", type=names_list, metavar="NAME[,NAME...]",
                    help="end the model at these tensors (as netron shows them): an ArgMax, decoder or "
                    "post-processing after them stays in the application")
@@ -177,7 +188,9 @@ def pre_opts(args, meta=None):
         return PRE_DEFAULTS[flag]
     bgr = args.bgr if args.bgr is not None else bool(m.get("bgr", False))
     return dict(input_range=pick("input_range", "range"), mean=pick("mean", "mean"), std=pick("std", "std"),
-                channel_order="BGR" if bgr else "RGB", input_shape=args.input_shape, outputs=args.outputs)
+                channel_order="BGR" if bgr else "RGB", input_shape=args.input_shape, outputs=args.outputs,
+                input_values=tuple(args.input_value or ()) or tuple(
+                    (x, tuple(v)) for x, v in (m.get("pinned") or {}).items()))
 
 
 MAX_LABELS_BYTES = 1 << 20

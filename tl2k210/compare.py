@@ -5,11 +5,12 @@ YOLOv2 region outputs (decoded by tl2k210.k210.yolo, MaixPy's region layer). `co
 import numpy as np
 
 from tl2k210 import frontends, metadata
-from tl2k210.compiler import ConvertOptions, cut_outputs, input_affine, model_input_range, model_inputs
+from tl2k210.compiler import (ConvertOptions, cut_outputs, input_affine, model_input_range, model_inputs,
+                              source_graph)
 from tl2k210.errors import Tl2k210Error, UnknownOutputError
-from tl2k210.graph import from_onnx
 from tl2k210.k210 import yolo
 from tl2k210.k210.emulator import Emulator
+from tl2k210.k210.lower.state import check_one_input
 from tl2k210.k210.flow import run_pipeline
 from tl2k210.passes.input_nchw import input_chw, input_layout
 from tl2k210.quantize.calibrate import FloatRunner
@@ -82,8 +83,8 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
                 raise
     if model is None:               # the metadata's names are not the file's: compare it whole
         model = frontends.load_model(float_model, **kw)
-    shapes = {model.graph.input[0].name: tuple(opts.input_shape)} if opts.input_shape else None
-    graph = from_onnx(model, input_shapes=shapes)
+    graph = source_graph(model, opts)
+    check_one_input(graph)      # a kmodel has one: the others pinned as convert pinned them
     cut_outputs(graph, opts.outputs or _kmodel_ends(graph, ends), str(float_model))
     graph, _ = run_pipeline(graph)                                  # exact passes: NCHW in and out
     return compare_graph(graph, kmodel_path, dataset, limit, decode, anchors, threshold, nms, opts, float_model)

@@ -44,6 +44,7 @@ class ConvertOptions:
     calib_limit: int = 100
     sqnr_samples: int = 8
     input_shape: tuple | None = None      # NCHW, for models with symbolic dims
+    input_values: tuple = ()              # ((input name, values), ...): inputs pinned to constants
     outputs: tuple | None = None          # end the model at these tensors (a decoder after them stays out)
     network: object = None                # TensorLayer network for weight files
     format: str = "auto"                  # kmodel v3 | v4 | auto (v3 when every layer has a v3 form)
@@ -643,7 +644,6 @@ def load(source, opts: ConvertOptions) -> Loaded:
     """Front-end: any supported model (path or object) -> the IR, with the checks that need no
     calibration (weights and maps against the budget, one sample per input)."""
     from tl2k210 import frontends
-    from tl2k210.graph import from_onnx
     t0 = time.perf_counter()
     where = source_name(source)
     _say(opts, f"[1/6] loading {where} ...")
@@ -656,11 +656,7 @@ def load(source, opts: ConvertOptions) -> Loaded:
         load_kw["nchw_input_shape"] = tuple(opts.input_shape)    # a .pb's shapeless Placeholder
     onnx_model = frontends.load_model(source, **load_kw)
     check_weight_budget(onnx_model, opts, where)
-    shapes = None
-    if opts.input_shape:
-        x = onnx_model.graph.input[0]
-        shapes = {x.name: input_dims(x, tuple(opts.input_shape))}
-    graph = from_onnx(onnx_model, input_shapes=shapes)
+    graph = source_graph(onnx_model, opts)
     cut = cut_outputs(graph, opts.outputs, where)
     check_one_input(graph)
     _check_unbatched_vector(graph)
@@ -672,11 +668,31 @@ def load(source, opts: ConvertOptions) -> Loaded:
         graph.meta["input_range"], graph.meta["input_range_why"] = (0.0, 255.0), scaling
     notes = [props[frontends.INPUT_NOTE]] if frontends.INPUT_NOTE in props else []
     notes += [cut] if cut else []
+    notes += [f"input {x!r} pinned to {_values(v)} (--input-value): the kmodel is fed the other"
+              for x, v in opts.input_values]
     notes += [f"input {x!r} was exported with a fixed batch of {n}: the kmodel takes one sample (the K210 "
               "runs one at a time)" for x, n in graph.meta.get("rebatched", {}).items()]
     for note in notes:
         _say(opts, "      " + note)
     return Loaded(graph, where, "; ".join(notes), time.perf_counter() - t0)
+
+
+def source_graph(onnx_model, opts: ConvertOptions):
+    """The IR of the source model as convert reads it (compare and validate too): --input-shape
+    sizes the input the kmodel is fed (the first one neither a weight nor pinned), --input-value
+    makes its inputs constants."""
+    from tl2k210.graph import from_onnx
+    shapes = None
+    if opts.input_shape:
+        pinned = {x for x, _ in opts.input_values} | {t.name for t in onnx_model.graph.initializer}
+        x = next((v for v in onnx_model.graph.input if v.name not in pinned), onnx_model.graph.input[0])
+        shapes = {x.name: input_dims(x, tuple(opts.input_shape))}
+    return from_onnx(onnx_model, input_shapes=shapes, input_values=dict(opts.input_values) or None)
+
+
+def _values(v) -> str:
+    shown = ", ".join(f"{float(a):g}" for a in v[:4])
+    return f"{shown}, ... ({len(v)} values)" if len(v) > 4 else shown
 
 
 def cut_outputs(graph, names, where: str) -> str:

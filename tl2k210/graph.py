@@ -431,15 +431,18 @@ def set_axes(g, n, axes):
         n.inputs[1] = g.add_const(np.array(axes, np.int64), n.name + "/axes")
 
 
-def from_onnx(model, batch=1, input_shapes=None):
+def from_onnx(model, batch=1, input_shapes=None, input_values=None):
     """Read an onnx.ModelProto into a Graph; shapes inferred. A symbolic batch dim becomes `batch`;
-    other symbolic dims need `input_shapes` {input_name: shape}."""
+    other symbolic dims need `input_shapes` {input_name: shape}. `input_values` {input_name:
+    values}: those inputs become constants (pin_input)."""
     model = upgrade_opset(qlinear.dynamic_to_float(qlinear.to_qdq(float32_model(model))))
     gp = model.graph
     tensors = {}
     for init in gp.initializer:
         v = numpy_helper.to_array(init)
         tensors[init.name] = Tensor(init.name, tuple(v.shape), v.dtype, v)
+    if input_values:
+        tensors.update(_pins(gp, tensors, input_values, batch))
     nodes = []
     for i, n in enumerate(gp.node):
         if n.domain not in ("", "ai.onnx"):
@@ -475,8 +478,8 @@ def from_onnx(model, batch=1, input_shapes=None):
                    f"input_shapes={{name: ({', '.join(map(str, dims))})}} likewise)")
             feeds = [v.name for v in gp.input if v.name not in tensors]
             more = (f". But first: the model has {len(feeds)} inputs ({', '.join(map(repr, feeds))}) and a "
-                    "kmodel has one (K210 runtimes feed it one image or array): export the model with one "
-                    "input, the others made constants" if len(feeds) > 1 else "")
+                    "kmodel has one (K210 runtimes feed it one image or array): pin the others with "
+                    "--input-value NAME=VALUE, or export the model with one input" if len(feeds) > 1 else "")
             raise ModelLoadError(f"input {vi.name!r} has dims of no fixed size: {dims} as the file stores them "
                                  f"('?': any); give the size the model runs at with {how}{more}")
         if batch == 1 and not (input_shapes or {}).get(vi.name) and len(shape) >= 2 and shape[0] > 1:
@@ -496,11 +499,54 @@ def from_onnx(model, batch=1, input_shapes=None):
              if vi.name in inputs and all(d.dim_value > 0 for d in vi.type.tensor_type.shape.dim)}
     resized = {x: s for x, s in (input_shapes or {}).items() if x in fixed and tuple(s) != fixed[x]}
     g.meta["sized_by_user"] = any(x in inputs and fixed.get(x) != tuple(s) for x, s in (input_shapes or {}).items())
-    infer_shapes(g, relabels=_relabel_reshapes(from_onnx(model, batch)) if resized else None)
+    infer_shapes(g, relabels=_relabel_reshapes(from_onnx(model, batch, input_values=input_values))
+                 if resized else None)
     if rebatched:
         _check_single_sample(g, rebatched)
     normalize_convs(g)
     return g
+
+
+def _pins(gp, tensors, input_values, batch):
+    """{name: constant Tensor} of the inputs `input_values` names; ModelLoadError naming an input
+    the model has not, or when no input would be left to feed."""
+    from tl2k210.errors import ModelLoadError, nearest
+    feeds = [vi.name for vi in gp.input if vi.name not in tensors]
+    for name in input_values:
+        if name not in feeds:
+            raise ModelLoadError(f"--input-value {name}: the model has no input {name!r}{nearest(name, feeds)}; "
+                                 f"give one of its inputs ({', '.join(map(repr, feeds))})")
+    if not set(feeds) - set(input_values):
+        raise ModelLoadError(f"--input-value pins every input ({', '.join(map(repr, feeds))}): pin only the "
+                             "others; the kmodel must be fed one (the image or array)")
+    return {vi.name: pin_input(vi, input_values[vi.name], batch) for vi in gp.input if vi.name in input_values}
+
+
+def pin_input(vi, values, batch=1):
+    """The constant Tensor that graph input `vi` (an onnx ValueInfoProto) becomes with `values`
+    (one value fills it; else one per element; a dim of no fixed size: `batch` for the first, else
+    what the values' count leaves), in the input's dtype. ModelLoadError when they do not fit."""
+    from tl2k210.errors import ModelLoadError
+    tt = vi.type.tensor_type
+    dtype = np.dtype(_DT.get(tt.elem_type, np.float32))
+    values = np.asarray(values, np.float64).reshape(-1)
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
+    if dims and dims[0] is None:
+        dims[0] = batch
+    known = int(np.prod([d for d in dims if d is not None], dtype=np.int64))
+    free = dims.count(None)
+    if free:    # the values' count decides one free dim; more than one: each 1
+        dims = [(values.size // known if free == 1 and values.size > 1 else 1) if d is None else d for d in dims]
+    shape, n = tuple(dims), int(np.prod(dims, dtype=np.int64))
+    if values.size not in (1, n) or n == 0:
+        raise ModelLoadError(f"--input-value {vi.name}: {values.size} values for input {vi.name!r} of shape "
+                             f"{shape}: give 1 value (it fills the input)" + (f" or {n}" if n > 1 else ""))
+    if dtype.kind in "iub" and not np.all(values == np.round(values)):
+        raise ModelLoadError(f"--input-value {vi.name}: input {vi.name!r} is {dtype.name}: give whole numbers")
+    if dtype.kind in "iu" and (values.min() < np.iinfo(dtype).min or values.max() > np.iinfo(dtype).max):
+        raise ModelLoadError(f"--input-value {vi.name}: a value is outside {dtype.name}'s range")
+    v = np.broadcast_to(values, (n,)).reshape(shape).astype(dtype)
+    return Tensor(vi.name, shape, dtype, v)
 
 
 def normalize_convs(g):

@@ -186,6 +186,11 @@ def _check_input(d):
     _numbers(i.get("mean"), "input.mean")
     _numbers(i.get("std"), "input.std", positive=True)
     _need(i.get("bgr") in (None, True, False), "input.bgr", f"must be true or false, not {_short(i.get('bgr'))}")
+    pinned = i.get("pinned")
+    _need(pinned is None or isinstance(pinned, dict), "input.pinned", f"must be an object, not {_short(pinned)}")
+    for name, vals in (pinned or {}).items():
+        _need(isinstance(vals, list), f"input.pinned.{name}", f"must be a list of numbers, not {_short(vals)}")
+        _numbers(vals, f"input.pinned.{name}")
 
 
 def _check_outputs(d):
@@ -435,6 +440,8 @@ def for_conversion(data: bytes, output, graph, opts, image: bool, budget: int, n
     if image:       # the kmodel takes 0..255 pixels; this is what the float model wanted
         inp.update(range=[float(v) for v in opts.input_range], mean=[float(v) for v in opts.mean],
                    std=[float(v) for v in opts.std], bgr=opts.channel_order.upper() == "BGR")
+    if opts.input_values:     # the other inputs, pinned by --input-value
+        inp["pinned"] = {x: [float(v) for v in vals] for x, vals in opts.input_values}
     outs = [{"name": o, "shape": dims(o)} for o in graph.outputs]
     fw = {"runtime": opts.runtime, "budget_bytes": budget, "needs_bytes": need}
     fw.update({k: extra.pop(k) for k in ("script", "flash_address") if extra.get(k) is not None})

@@ -206,15 +206,12 @@ class FloatModel:
 
     def __init__(self, src, pre: dict):
         from tl2k210 import frontends
-        from tl2k210.compiler import ConvertOptions
-        from tl2k210.graph import from_onnx
+        from tl2k210.compiler import ConvertOptions, source_graph
         from tl2k210.k210.flow import run_pipeline
         from tl2k210.quantize.calibrate import FloatRunner
         self.opts = ConvertOptions(**pre)
         model = frontends.load_model(src)
-        shapes = {model.graph.input[0].name: tuple(self.opts.input_shape)} \
-            if self.opts.input_shape else None
-        self.graph, _ = run_pipeline(from_onnx(model, input_shapes=shapes))
+        self.graph, _ = run_pipeline(source_graph(model, self.opts))
         self.run = FloatRunner(self.graph, expose_all=False)
         self._all = None
 

@@ -33,8 +33,9 @@ def check_one_input(g):
     if len(g.inputs) != 1:
         names = ", ".join(f"{x!r} {tuple(g.shape(x) or ())}" for x in g.inputs)
         raise UnsupportedOpError(f"the model has {len(g.inputs)} inputs: {names}; a kmodel has one (K210 "
-                                 "runtimes feed it one image or array): export the model with one input, "
-                                 "the others made constants or left to a separate model")
+                                 "runtimes feed it one image or array): pin the others to constants with "
+                                 "--input-value NAME=VALUE (a threshold, a flag), or export the model with "
+                                 "one input, the others left to a separate model")
 
 
 @dataclass
