@@ -84,6 +84,21 @@ def test_percentile_and_kld_clip_outliers():
         ranges(stats, "l2")
 
 
+@pytest.mark.parametrize("method", ["minmax", "percentile", "kld", "mse"])
+def test_a_map_of_one_value_takes_that_value_with_every_method(method):
+    """conv * 0 + 100 (a branch a model switches off): every value of the map is 100, whose
+    histogram of 2048 bins over [100, 100 + 1e-12] numpy refuses (the bins finer than a float's
+    step there); its range is its min/max with every method."""
+    n = helper.make_node
+    m = make_model([n("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), n("Mul", ["c", "zero"], ["z"]),
+                    n("Add", ["z", "hundred"], ["y"])], [("x", [1, 3, 8, 8])], [("y", None)],
+                   {"w": rand(4, 3, 3, 3), "zero": np.float32(0), "hundred": np.float32(100)})
+    g = from_onnx(m)
+    x = np.random.default_rng(0).uniform(0, 1, (4, 1, 3, 8, 8)).astype(np.float32)
+    r = ranges(collect(g, list(x)), method)
+    assert r["y"] == (100.0, 100.0) and r["c"][0] < 0 < r["c"][1]
+
+
 def test_kld_threshold_keeps_a_uniform_range():
     hist = np.full(2048, 100)
     assert kld_threshold(hist, 8.0) == pytest.approx(8.0, rel=0.02)

@@ -90,7 +90,8 @@ def collect(graph, batches, histograms=True):
                 if s is None:
                     continue
                 v = v.ravel()
-                s.hist += np.histogram(v, BINS, (s.lo, s.hi if s.hi > s.lo else s.lo + 1e-12))[0]
+                if s.hi > s.lo:     # one value everywhere (a constant map) takes its min/max (ranges)
+                    s.hist += np.histogram(v, BINS, (s.lo, s.hi))[0]
                 s.abs_hist += np.histogram(np.abs(v), BINS, (0, s.amax if s.amax > 0 else 1e-12))[0]
     return stats
 
