@@ -22,6 +22,7 @@ is fake quantization of activations:
     approximates, as a Q/DQ pair is).
 """
 import numpy as np
+from onnx import TensorProto
 
 from tl2k210.errors import UnsupportedOpError
 from tl2k210.graph import Node
@@ -102,6 +103,18 @@ def _int_regions(g):
         out.append((qs, [n for n in nodes.values() if n.op not in ("QuantizeLinear", "DequantizeLinear")],
                     dqs, boundary))
     return out
+
+
+def _input_dequant(g, u):
+    """(scale, zero point) that consumer `u` of an integer graph input reads it with: a
+    DequantizeLinear's, or (1, 0) for a Cast to float (MoveNet's uint8 image: the pixels as they
+    are); None for anything else."""
+    if u.op == "Cast" and u.attrs.get("to") in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16):
+        return 1.0, 0
+    if u.op != "DequantizeLinear":
+        return None
+    scale, zp = _scalar(g, u.inputs[1]), _scalar(g, u.inputs[2]) if len(u.inputs) > 2 else 0
+    return None if scale is None or zp is None else (float(scale), int(zp))
 
 
 def _record_range(g, tensor, params, dtype):
@@ -273,11 +286,12 @@ def dequantize(g, log):
     for x in list(g.inputs):
         t = g.tensors[x]
         users = g.consumers(x)
-        if t.dtype.kind not in "iu" or not users or any(u.op != "DequantizeLinear" for u in users):
+        if t.dtype.kind not in "iu" or not users:
             continue
-        scale, zp = _scalar(g, users[0].inputs[1]), _scalar(g, users[0].inputs[2]) if len(users[0].inputs) > 2 else 0
-        if scale is None or zp is None:
+        params = {_input_dequant(g, u) for u in users}
+        if len(params) != 1 or None in params:
             continue
+        ((scale, zp),) = params
         g.meta.setdefault("input_quant", {})[x] = (float(scale), int(zp), str(t.dtype))
         t.dtype = np.dtype(np.float32)
         for d in users:
