@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from tl2k210.errors import KpuLimitError, Tl2k210Error, nearest
-from tl2k210.graph import describe
+from tl2k210.graph import describe, stage_names
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.fit import BudgetError, FormatError  # noqa: F401  (raised by convert)
 from tl2k210.k210.kmodel import atomic_write, dumps, v3
@@ -407,6 +407,20 @@ class ModelRanges:
         self.own = {t: r for t, r in graph.meta.get("quant_ranges", {}).items() if t in graph.tensors}
         by_node = graph.meta.get("quant_ranges_by_node", {})
         for n in graph.nodes:      # a fused node's output: the range of the last node fused into it
+            chain = list(n.fused) or [n.name]
+            act = (n.attrs.get("activation") or {}).get("op")
+            if act not in (None, "Relu", "Clip") and n.outputs:
+                # a Sigmoid (Tanh, ...) fused into the op that feeds it: MoveNet's heat maps. What it
+                # reads is the op's own range (the logits, -68..3.7: the table fitted to 16
+                # synthetic images' -7..-1.6 had flattened every peak), and what it writes is its
+                # own, or none: not the logits' (a kept tensor name can carry theirs)
+                if len(chain) > 1 and chain[-2] in by_node and not n.attrs.get("pool"):
+                    self.own.setdefault(stage_names(n)["conv"], by_node[chain[-2]])
+                if chain[-1] in by_node:
+                    self.own[n.outputs[0]] = by_node[chain[-1]]
+                else:
+                    self.own.pop(n.outputs[0], None)
+                continue
             names = [m for m in [n.name] + list(n.fused) if m in by_node]
             if names and n.outputs and n.outputs[0] not in self.own:
                 self.own[n.outputs[0]] = by_node[names[-1]]

@@ -458,8 +458,8 @@ def from_onnx(model, batch=1, input_shapes=None, input_values=None):
                         v = np.asarray(attrs[k], np.float32 if "float" in k else np.int64)
             tensors[n.output[0]] = Tensor(n.output[0], tuple(v.shape), v.dtype, v)
             continue
-        nodes.append(Node(n.op_type, list(n.input), list(n.output), attrs, n.name or f"{n.op_type}_{i}",
-                          [n.name or n.op_type]))
+        name = n.name or f"{n.op_type}_{i}"
+        nodes.append(Node(n.op_type, list(n.input), list(n.output), attrs, name, [name]))
     inputs, rebatched = [], {}
     for vi in gp.input:
         if vi.name in tensors:

@@ -445,6 +445,47 @@ def test_dequantize_output_keeps_the_files_saturation(through):
     assert np.abs(got - ref).max() <= 0.5 / 256 + 1e-6
 
 
+@pytest.mark.parametrize("through", [False, True])
+def test_a_quantized_sigmoid_head_keeps_the_logits_and_the_sigmoids_ranges(through, tmp_path):
+    """MoveNet's heat maps: conv -> int8 logits (scale 0.28: -68..3.7) -> LOGISTIC -> int8 output at
+    1/256 (transposed to NHWC or not). Fused, the conv's table must read the logits' own range (16
+    synthetic images reach -1.3 of it: a table fitted there flattened every peak at sigmoid(-1.3))
+    and write the sigmoid's (it had written the logits' grid: outputs 0, 0.28, 0.56, 0.84)."""
+    from tl2k210.compiler import ConvertOptions, ModelRanges, convert, load, optimise
+    from tl2k210.graph import stage_names
+    from tl2k210.k210.emulator import Emulator
+    inits = [numpy_helper.from_array(np.array(v), k) for k, v in
+             {"sl": np.float32(0.28), "zl": np.int8(114), "so": np.float32(1 / 256), "zo": np.int8(-128),
+              "w": rand(2, 3, 1, 1) * 3, "b": np.array([1.0, -2.0], np.float32)}.items()]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]),
+             helper.make_node("QuantizeLinear", ["c", "sl", "zl"], ["cq"]),
+             helper.make_node("DequantizeLinear", ["cq", "sl", "zl"], ["cf"]),
+             helper.make_node("Sigmoid", ["cf"], ["s"]),
+             helper.make_node("QuantizeLinear", ["s", "so", "zo"], ["q"])]
+    nodes += [helper.make_node("Transpose", ["q"], ["y"], perm=[0, 2, 3, 1])] if through else []
+    out = "y" if through else "q"
+    m = helper.make_model(helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                                            [helper.make_tensor_value_info(out, TensorProto.INT8, None)], inits),
+                          opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    opts = ConvertOptions(input_range=(0.0, 1.0), progress=False, min_sqnr=0)
+    g = optimise(load(m, opts), opts).graph
+    (conv,) = [n for n in g.nodes if n.op == "Conv"]
+    assert conv.attrs["activation"]["op"] == "Sigmoid"
+    own = ModelRanges(g).own
+    assert own[stage_names(conv)["conv"]] == pytest.approx(((-128 - 114) * 0.28, (127 - 114) * 0.28))
+    assert own[conv.outputs[0]] == (0.0, 255 / 256)
+    convert(m, str(tmp_path / "o.kmodel"), opts)
+    emu = Emulator.load(tmp_path / "o.kmodel")
+    x = np.random.default_rng(1).uniform(0, 1, (6, 3, 8, 8)).astype(np.float32)
+    ref = np.stack([(ort_run(m, v[None])[0].astype(np.float64) + 128) / 256 for v in x]).reshape(6, -1)
+    got = np.stack([np.asarray(emu.run(np.rint(v * 255).astype(np.uint8))[0], np.float64).reshape(-1) for v in x])
+    if through:
+        got = got.reshape(6, 2, 8, 8).transpose(0, 2, 3, 1).reshape(6, -1)
+    assert ref.max() > 0.9 and got.max() > 0.9
+    assert 10 * np.log10(np.sum(ref ** 2) / np.sum((ref - got) ** 2)) > 25
+
+
 @pytest.mark.parametrize("pick", ["GatherND", "Split"])
 def test_dequantize_takes_a_pick_of_the_integers_as_movement(pick):
     """MoveNet's keypoint decoder gathers int8 heatmap values (Q -> GatherND -> DQ), the traffic

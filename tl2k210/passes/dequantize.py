@@ -148,14 +148,15 @@ def _implied_clip(g, q, params, dtype, log, output=False):
     user gets at either end, so there the Clip is the whole range: YOLOX-nano's TFLite export
     writes its raw box regressions (-2..3.6) to an int8 output at 1/256, and returns them in
     [0, 0.996] (the Clip goes where the op writes, above data movement that reads it alone: it
-    commutes with it). Returns the tensor the op's range now belongs to."""
+    commutes with it). Returns the tensor the op's range now belongs to (for an output, the op's
+    own tensor above that data movement: passes drop the moves, and the range stays the op's)."""
     src, (lo, hi) = q.inputs[0], INT_RANGE.get(str(dtype), (None, None))
     reader, p = q, g.producer(src)
     while output and p is not None and p.op in SINGLE_MOVES and len(g.consumers(src)) == 1:
         reader, src = p, p.inputs[0]
         p = g.producer(src)
     if lo is None or p is None or p.op not in UNBOUNDED or not output and params[1] != lo:
-        return q.inputs[0]
+        return src      # an output's range is what its op writes too (MoveNet's Sigmoid, transposed)
     bottom, top = ((v - params[1]) * params[0] for v in (lo, hi))
     out = g.add_tensor(f"{src}_clip", g.shape(src))
     clip = Node("Clip", [src, g.add_const(np.float32(bottom), f"{src}_min"),
