@@ -363,7 +363,9 @@ FLOAT_INPUT_RANGES = ((0.0, 1.0), (-1.0, 1.0), (0.0, 255.0))
 def model_input_range(graph, opts: ConvertOptions):
     """opts with input_range resolved: the user's, else the pixel values of a decoded image the
     front end cut off (frozen_pb), else what a quantized model's integer input stands for (uint8 q -> (q - zp) * scale: pixels 0..255 -> [-zp*s, (255-zp)*s]),
-    else the common range (FLOAT_INPUT_RANGES) its first QuantizeLinear of a float input stands for, else (0, 1).
+    else the common range (FLOAT_INPUT_RANGES) its first QuantizeLinear of a float input stands for, else
+    (no --mean/--std given) that range itself (a wake word's spectrogram: -5.99..3.86; 0..1 had
+    clipped 92 % of it), else (0, 1).
     Returns (opts, note or None)."""
     if opts.input_range is not None:
         return opts, None
@@ -383,6 +385,13 @@ def model_input_range(graph, opts: ConvertOptions):
             return replace(opts, input_range=rng), (
                 f"input range {rng[0]:g},{rng[1]:g}: what the model's first QuantizeLinear of its float input "
                 f"stands for ({own[0]:.6g}..{own[1]:.6g}); override with --input-range")
+        if opts.mean == (0.0,) and opts.std == (1.0,):     # a spectrogram, a sensor's values: no image's
+            rng = (float(own[0]), float(own[1]))
+            return replace(opts, input_range=rng), (
+                f"input range {rng[0]:.6g},{rng[1]:.6g}: what the model's first QuantizeLinear of its float "
+                "input stands for (none of 0..1, -1..1, 0..255): the kmodel's input codes 0..255 are the "
+                "model's int8 input + 128; for pixels the model normalizes otherwise, give --mean/--std or "
+                "--input-range")
     if q is None:
         return replace(opts, input_range=(0.0, 1.0)), None
     scale, zp, dtype = q

@@ -308,16 +308,19 @@ def test_features_out_of_the_pixel_range_name_their_own_range(tmp_path, capsys):
     assert "the SQNR below is measured on the clipped values" in err
 
 
-@pytest.mark.parametrize("own, want", [((-0.9921875, 1.0), (-1.0, 1.0)), ((0.0, 1.0), (0.0, 1.0)),
-                                       ((-0.5, 3.2), (0.0, 1.0))])
-def test_a_float_input_quantized_first_gives_the_input_range(own, want):
+@pytest.mark.parametrize("own, mean, want", [((-0.9921875, 1.0), (0.0,), (-1.0, 1.0)), ((0.0, 1.0), (0.0,), (0.0, 1.0)),
+                                             ((-5.99, 3.86), (0.0,), (-5.99, 3.86)), ((-2.1, 2.6), (0.5,), (0.0, 1.0))])
+def test_a_float_input_quantized_first_gives_the_input_range(own, mean, want):
     """An int8 TFLite model with a float input quantizes it first (zye1996's MobileFaceNet: 1/128,
     zero point -1, -0.992..1): without --input-range that is the range the pixels map onto, read as
-    the common range it stands for; a range no common one is near keeps the default 0,1."""
+    the common range it stands for; a range no common one is near is taken as it is (atomic14's
+    wake word: a spectrogram at -5.99..3.86, which 0..1 clipped silently, 92 % of its values),
+    unless --mean/--std say how pixels become the input (then 0..1, as for any model)."""
     from types import SimpleNamespace
 
     from tl2k210.compiler import ConvertOptions, model_input_range
     g = SimpleNamespace(inputs=["x"], meta={"quant_ranges": {"x": own}})
-    opts, note = model_input_range(g, ConvertOptions())
+    opts, note = model_input_range(g, ConvertOptions(mean=mean))
     assert opts.input_range == want
-    assert (note is not None and "first QuantizeLinear of its float input" in note) is (own != (-0.5, 3.2))
+    assert (note is not None and "first QuantizeLinear of its float input" in note) is (mean == (0.0,))
+    assert (note is not None and "int8 input + 128" in note) is (own == (-5.99, 3.86))
