@@ -288,6 +288,7 @@ def upgrade_opset(model):
     model = ir4_if_initializers_unlisted(_experimental_ops(model))
     if default_opset(model) < 7:
         model = _legacy_prelu_slopes(model)
+    model = _spatial_batchnorm(model)
     try:
         return version_converter.convert_version(model, OPSET)
     except Exception as e:  # the converter raises several kinds
@@ -333,6 +334,28 @@ def _experimental_ops(model):
                   helper.make_node("Add", [tag + "/scaled", tag + "/bias"], list(n.output), name=n.name or tag)]
     del m.graph.node[:]
     m.graph.node.extend(nodes)
+    return m
+
+
+def _spatial_batchnorm(model):
+    """Before opset 9 BatchNormalization had `spatial`; 0 (statistics per activation) with
+    parameters of shape (C,) computes what 1 does, and version_converter refuses to carry it (an
+    MXNet export of a pose net writes it on every BN). Dropped there (a copy; the model itself
+    where no BN has it)."""
+    inits = {t.name: t for t in model.graph.initializer}
+
+    def per_channel(n):
+        return (n.op_type == "BatchNormalization" and any(a.name == "spatial" and a.i == 0 for a in n.attribute)
+                and all(x in inits and len(inits[x].dims) == 1 for x in n.input[1:5]))
+    if not any(per_channel(n) for n in model.graph.node):
+        return model
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for n in m.graph.node:
+        if per_channel(n):
+            kept = [a for a in n.attribute if a.name != "spatial"]
+            del n.attribute[:]
+            n.attribute.extend(kept)
     return m
 
 

@@ -51,6 +51,22 @@ def test_a_copys_edits_do_not_reach_the_graph_it_was_copied_from():
     assert g.copy().source_name("r") == "r"
 
 
+def test_an_opset_8_batchnorm_with_spatial_0_and_per_channel_parameters_loads():
+    """An MXNet export (Ultralight-SimplePose, opset 8) writes spatial=0 on every BatchNormalization
+    with (C,) parameters -- what spatial=1 computes; onnx's version converter refuses the attribute.
+    Dropped there, the graph computes what onnxruntime computes of the file."""
+    n = helper.make_node
+    m = make_model([n("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                    n("BatchNormalization", ["c", "s", "b", "m", "v"], ["y"], spatial=0, epsilon=1e-5)],
+                   [("x", [1, 3, 8, 8])], [("y", None)],
+                   {"w": rand(4, 3, 3, 3), "s": rand(4) + 2, "b": rand(4), "m": rand(4), "v": np.abs(rand(4)) + 0.5},
+                   opset=8)
+    x = rand(1, 3, 8, 8)
+    g = from_onnx(m)
+    assert np.allclose(run(g, x)[g.outputs[0]], ort_run(m, x)[0], atol=1e-4)
+    assert any(a.name == "spatial" for a in m.graph.node[1].attribute)      # the file is left as it was
+
+
 def test_toposort_and_cycle_error():
     g = from_onnx(small_model())
     g.nodes.reverse()
