@@ -313,6 +313,20 @@ def test_weight_parts_keep_a_quantized_models_own_integers():
 
 
 
+def test_a_depthwise_conv_on_more_own_grids_than_nodes_keeps_its_weights_in_many():
+    """onnxruntime's per-channel QDQ of a PAN segmenter's 576-channel 5x5 depthwise convs: a grid
+    a channel, more runs than WEIGHT_PARTS_MAX nodes. Like float weights, a depthwise conv then
+    takes as many nodes as keep WEIGHT_SQNR_MIN (it had taken 12, 0.0 dB, so quantized_conv2d
+    was refused and the float conv2d's float maps took 2.3 MB each: 9.3 MB for an ideal of 3.06)."""
+    from tl2k210.k210.lower.v4conv import WEIGHT_PARTS_MAX, WEIGHT_SQNR_MIN, own_grid, weight_parts, weight_sqnr
+    rng = np.random.default_rng(9)
+    q = rng.integers(-127, 128, (64, 1, 5, 5)).astype(np.float64)
+    q[:, 0, 0, 0] = 127
+    w = q * np.exp(rng.uniform(-6, 0, 64))[:, None, None, None]      # scales over 2.6 decades
+    assert all(own_grid(w[o:o + 1]) is not None for o in range(64)) and own_grid(w) is None
+    parts = weight_parts(w, 64)
+    assert len(parts) > WEIGHT_PARTS_MAX and weight_sqnr(w, 64) >= WEIGHT_SQNR_MIN
+
 def test_toco_uint8_weights_keep_their_zero_point():
     """TOCO's uint8 weights are s·(q - z) for q in 0..255 and any z (MobileNet-EdgeTPU's 1280-
     channel layers: z 83 and 144). The CPU quantized_conv2d takes any zero point, so they stay the

@@ -120,8 +120,11 @@ def weight_parts(W, groups) -> list:
     own groups' channels, takes as many as keep WEIGHT_SQNR_MIN where that many do not (MediaPipe's
     pose detector: 12 nodes kept 0.0 dB of a 672-channel 5x5 depthwise conv's worst channel;
     PicoDet's 5x5 depthwise convs, 48-96 channels: 11-14 dB in one node, 20-25 in 12, 30 in 12-36,
-    a few KB where their KPU shift stages store 52-77 KB) -- unless they are a quantized model's
-    own integers, which the float conv2d or the KPU keep.
+    a few KB where their KPU shift stages store 52-77 KB); a quantized model's own integers too,
+    where they lie on more grids than WEIGHT_PARTS_MAX nodes hold (onnxruntime's per-channel QDQ
+    of a 576-channel 5x5 depthwise conv: a grid a channel; the float conv2d that keeps them
+    exactly reads and writes float maps, 2.3 MB each there, and its KPU shift stages 3.7 MB of
+    weights: a PAN segmenter needed 9.3 MB for an ideal of 3.06 MB).
     A range is whole groups of a grouped conv (1 channel of a depthwise one). Chosen on the
     rounding-noise model step^2/12; weight_sqnr measures the result. Weights that are a quantized
     model's own integers keep them: one range per run of channels on one 8-bit grid, where that
@@ -158,7 +161,7 @@ def weight_parts(W, groups) -> list:
     for _ in range(24):          # the highest worst-channel SQNR reachable in WEIGHT_PARTS_MAX parts
         t = (a + b) / 2
         a, b = (t, b) if len(greedy(t)) <= WEIGHT_PARTS_MAX else (a, t)
-    if a < WEIGHT_SQNR_MIN and groups > 1 and own is None:
+    if a < WEIGHT_SQNR_MIN and groups > 1:
         # grouped: a node reads only its own groups' channels, so as many nodes as keep
         # WEIGHT_SQNR_MIN, measured (the noise model is an estimate), or as per-group ranges keep
         t = min(goal, WEIGHT_SQNR_MIN)
