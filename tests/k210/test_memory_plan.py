@@ -451,6 +451,11 @@ def test_real_models_with_concats_need_less_main_memory_for_the_same_outputs(pat
     copied = _lower_with_ranges(m, px, "auto")[0]
     assert model.main_memory < copied.main_memory and copies(model) < copies(copied) and lw.main.views
     _same_outputs(model, copied, px)
+    # a refusal's "buffers at the main-memory peak": those live at the layer where the most bytes
+    # are (they had been those live where the topmost buffer starts: a PAN's 1 MB of its 8 MB)
+    blocks = [b for i, b in enumerate(lw.main.history) if i not in lw.main.views]
+    most = max(sum(b.size for b in blocks if b.live(t, len(lw.layers) + 1)) for t in range(len(lw.layers) + 1))
+    assert sum(size for _, size in lw.main.at_high.values()) == most
 
 
 # ---------------------------------------------------------------------------------------------

@@ -597,11 +597,13 @@ class Lowering:
             loc.pixels = move(loc.pixels, 0)
         elif loc.f32 is not None and self.pixel_input is None:
             loc.f32 = move(loc.f32, 0)
-        main = [i for i in at if i not in self.main.views and at[i] < PARK_BASE]
-        top = max(main, key=lambda i: at[i] + blocks[i].size)
+        main = {i for i in at if i not in self.main.views and at[i] < PARK_BASE}
         self.main.high = peak
-        self.main.at_high = {blocks[i].name: (at[i], blocks[i].size) for i in main
-                             if blocks[i].live(blocks[top].t0, end + 1)}
+        # the buffers live together at the layer where the most bytes are: what no layout can
+        # put under each other (those live where the topmost one starts can be few: a PAN's
+        # 1 MB of 8 there, its three 2.3 MB float maps live later in that buffer's lifetime)
+        most = max(range(end + 1), key=lambda t: sum(blocks[i].size for i in live[t] if i in main)) if main else 0
+        self.main.at_high = {blocks[i].name: (at[i], blocks[i].size) for i in live[most] if i in main}
         return [(move(a, end, n), n) for a, n in outs]
 
     def _park(self, blocks, end, at, peak):
