@@ -97,11 +97,17 @@ def quality_gate(receipt, nonfinite, min_sqnr):
            "ranges): the ranges limit it, not the mapping to the K210. " if at_ideal else "")
         + (f"{_sentence(t['input_mismatch'])}. " if t.get("input_mismatch") else "")
         + _size_trades(receipt)
-        + "Try: --calibrate-method mse or percentile (ranges less "
-        "stretched by rare values), calibration images like the camera sees (--dataset, --calib-limit), "
-        "--input-range/--mean/--std as the model was trained, --weight-bits 16"
-        + (", --float-fc (dense layers in float)" if dense else "") + ". Nothing was written; --min-sqnr 0 "
-        "accepts it.", receipt)
+        + "Try: " + ", ".join(_tries(receipt, dense)) + ". Nothing was written; --min-sqnr 0 accepts it.", receipt)
+
+
+def _tries(receipt, dense) -> list:
+    """What the quality refusal suggests, less what this conversion already did."""
+    methods = [m for m in ("mse", "percentile") if m != receipt.totals.get("method")]
+    return ([f"--calibrate-method {' or '.join(methods)} (ranges less stretched by rare values)"]
+            + ["calibration images like the camera sees (--dataset, --calib-limit)",
+               "--input-range/--mean/--std as the model was trained"]
+            + (["--weight-bits 16"] if (getattr(receipt, "ideal", None) or {}).get("weight_bits", 8) != 16 else [])
+            + (["--float-fc (dense layers in float)"] if dense else []))
 
 
 def _sentence(warning: str) -> str:
