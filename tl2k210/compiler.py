@@ -764,7 +764,7 @@ def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False, prelus: 
     fmt, forced = graph.meta["plan"]
     fit.check_format(fmt, forced, opts.runtime)
     ide = network_ideal(loaded.graph, graph, plog, passes, target, opts.weight_bits)
-    fit.check_ideal(ide, opts.runtime, loaded.where, fmt)
+    fit.check_ideal(ide, opts.runtime, loaded.where, fmt, loaded.graph)
     return Optimised(graph, loaded.graph, plog, ide, (fmt, forced))
 
 

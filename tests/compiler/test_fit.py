@@ -491,6 +491,29 @@ def test_an_upsampled_output_over_budget_names_the_tensor_to_end_at(tmp_path, pn
     assert fit._upsampled_from(from_onnx(onnx.load(src)), "logits") is None        # no Resize writes it
 
 
+@pytest.mark.parametrize("sized", [False, True])
+def test_maps_a_file_fixes_the_size_of_are_named_at_any_input_shape(tmp_path, png_dir, sized):
+    """A style net's ConvTranspose upsamples to a fixed 722x722 (output_shape): at --input-shape
+    224x224 its maps are as big as ever, and the refusal told the user to give --input-shape (the
+    round-64 hunt's candy.onnx). Given one, it names the nodes whose size the file fixes."""
+    from tl2k210.compiler import BudgetError
+    n = helper.make_node
+    nodes = [conv_node("c", "x", "w", pads=[1, 1, 1, 1]),
+             n("ConvTranspose", ["c", "wt"], ["up"], name="deconv", strides=[2, 2], output_shape=[1000, 1000]),
+             conv_node("y", "up", "w2", pads=[1, 1, 1, 1])]
+    rng = np.random.default_rng(0)
+    src = tmp_path / "style.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 3, 500, 500])], [("y", None)],
+                         {"w": rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32),
+                          "wt": rng.normal(0, 0.3, (8, 8, 3, 3)).astype(np.float32),
+                          "w2": rng.normal(0, 0.3, (3, 8, 3, 3)).astype(np.float32)}), src)
+    with pytest.raises(BudgetError) as e:
+        _convert(src, tmp_path / "s.kmodel", png_dir, runtime="sdk", **({"input_shape": (1, 3, 64, 64)} if sized else {}))
+    text = str(e.value)
+    assert ("at the --input-shape given too: 'deconv' output a size the file fixes" in text) is sized
+    assert ("converts at a smaller input with --input-shape" in text) is not sized
+
+
 @pytest.mark.parametrize("ideal_fits", [True, False])
 def test_where_no_default_form_fits_the_smallest_forms_are_taken(tmp_path, png_dir, monkeypatch, ideal_fits):
     """zye1996's int8 MobileFaceNet 112x96: the default's forms fit full MaixPy in no combination

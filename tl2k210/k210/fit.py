@@ -90,10 +90,18 @@ def fitting_runtimes(need: int, version=None) -> list:
             and (version is None or version in r.kmodel_versions)]
 
 
-def check_ideal(ide, runtime: str, where: str, fmt: str = "v3"):
+def fixed_sizes(g) -> list:
+    """Nodes whose output size the file fixes whatever the input's: a ConvTranspose's output_shape,
+    a Resize to constant sizes (a style net's 722x722 upsampling at any --input-shape)."""
+    return [n.name for n in g.nodes if (n.op == "ConvTranspose" and n.attrs.get("output_shape")) or
+            (n.op == "Resize" and len(n.inputs) > 3 and n.inputs[3] and g.const(n.inputs[3]) is not None)]
+
+
+def check_ideal(ide, runtime: str, where: str, fmt: str = "v3", graph=None):
     """BudgetError, before calibration, when no form of the model fits `runtime`: its ideal's
     weights, and the maps the KPU RAM cannot hold, exceed what the runtime leaves. The runtimes it
-    names hold that much and load kmodel `fmt` (the flow's plan)."""
+    names hold that much and load kmodel `fmt` (the flow's plan). `graph` (the loaded one): where
+    the user sized the input already, what keeps the maps that big."""
     budget = firmware.get(runtime).model_budget
     if ide.floor <= budget:
         return
@@ -106,10 +114,18 @@ def check_ideal(ide, runtime: str, where: str, fmt: str = "v3"):
         + ", ".join(f"{r.node} {_kb(r.weight_bytes)}" for r in top) + "). "
         + (f"Use --runtime {' or '.join(bigger)}" if bigger else
            "No K210 runtime holds it: use a smaller network (fewer channels, a smaller input)")
-        + (". Its maps need the most: a fully convolutional model converts at a smaller input with "
-           "--input-shape 1,C,H,W (MTCNN's P-Net, exported at 600x800, fits at 48x64)"
-           if ide.live_bytes > 4 * ide.weight_bytes else "")
+        + (_maps_advice(graph) if ide.live_bytes > 4 * ide.weight_bytes else "")
         + ". Nothing was written.")
+
+
+def _maps_advice(graph) -> str:
+    fixed = fixed_sizes(graph) if graph is not None else []
+    if graph is not None and graph.meta.get("sized_by_user") and fixed:
+        return (f". Its maps need the most, at the --input-shape given too: {', '.join(map(repr, fixed[:3]))} "
+                "output a size the file fixes (a ConvTranspose's output_shape, a Resize to constant sizes); "
+                "export the model at the size it is to run at")
+    return (". Its maps need the most: a fully convolutional model converts at a smaller input with "
+            "--input-shape 1,C,H,W (MTCNN's P-Net, exported at 600x800, fits at 48x64)")
 
 
 def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None, v3_error=None):
