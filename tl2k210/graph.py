@@ -842,6 +842,13 @@ _BROADCASTING = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Sum", "Mean",
                  "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or"}
 
 
+def fixed_sizes(g) -> list:
+    """Nodes whose output size the file fixes whatever the input's: a ConvTranspose's output_shape,
+    a Resize to constant sizes (a style net's 722x722 upsampling at any --input-shape)."""
+    return [n.name for n in g.nodes if (n.op == "ConvTranspose" and n.attrs.get("output_shape")) or
+            (n.op == "Resize" and len(n.inputs) > 3 and n.inputs[3] and g.const(n.inputs[3]) is not None)]
+
+
 def _check_broadcast(g, n):
     """An elementwise node whose inputs' shapes do not broadcast (onnx's lenient inference leaves
     its output shapeless): typically a model given an --input-shape its strides do not divide, so an
@@ -853,8 +860,13 @@ def _check_broadcast(g, n):
         np.broadcast_shapes(*shapes)
     except ValueError:
         sizes = ' and '.join('x'.join(map(str, s)) for s in shapes)
-        why = ("with this input size the model's maps do not line up: give an input shape that its strides "
-               "divide (the size it was exported with works)") if g.meta.get("sized_by_user", True) else (
+        fixed = fixed_sizes(g)
+        why = ("with this input size the model's maps do not line up: " + (
+            f"{', '.join(map(repr, fixed[:3]))} output a size the file fixes (a Resize to constant sizes, a "
+            "ConvTranspose's output_shape), which other maps meet only at the size it was exported with: "
+            "export the model at the size it is to run at" if fixed else
+            "give an input shape that its strides divide (the size it was exported with works)")) \
+            if g.meta.get("sized_by_user", True) else (
             f"at the input size the file itself fixes, so the graph read from it (made by "
             f"{g.meta.get('producer') or 'its exporter'}) is inconsistent there: convert the model from another "
             "of its files (its SavedModel or Keras model rather than a .tflite), or report it with the model")

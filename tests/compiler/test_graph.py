@@ -67,6 +67,21 @@ def test_an_opset_8_batchnorm_with_spatial_0_and_per_channel_parameters_loads():
     assert any(a.name == "spatial" for a in m.graph.node[1].attribute)      # the file is left as it was
 
 
+def test_maps_that_meet_a_resize_to_constant_sizes_name_it_at_another_size():
+    """A PAN segmenter upsamples to constant sizes (Resize 'sizes' 8x8): at --input-shape 256 its
+    maps met that 8x8 as 4x4 and the user was told to pick a size its strides divide (256 was);
+    the Resize is named instead, and re-exporting at the size it runs at."""
+    n = helper.make_node
+    m = make_model([n("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+                    n("Resize", ["p", "", "", "sz"], ["r"], name="up", mode="nearest"),
+                    n("MaxPool", ["x"], ["q"], kernel_shape=[2, 2], strides=[2, 2]),
+                    n("Add", ["r", "q"], ["y"], name="sum")],
+                   [("x", [1, 3, 16, 16])], [("y", None)], {"sz": np.array([1, 3, 8, 8], np.int64)})
+    assert from_onnx(m).shape("y") == (1, 3, 8, 8)
+    with pytest.raises(ValueError, match=r"'up' output a size the file fixes .* export the model at the size"):
+        from_onnx(m, input_shapes={"x": (1, 3, 32, 32)})
+
+
 def test_toposort_and_cycle_error():
     g = from_onnx(small_model())
     g.nodes.reverse()

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tl2k210.errors import KpuLimitError, Tl2k210Error
-from tl2k210.graph import RELABELS
+from tl2k210.graph import RELABELS, fixed_sizes
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.ideal import mb
 from tl2k210.k210.lower.conv import WINDOWS
@@ -88,13 +88,6 @@ def ideal_text(ide, nbytes, main, rows) -> str:
 def fitting_runtimes(need: int, version=None) -> list:
     return [n for n, r in firmware.RUNTIMES.items() if r.model_budget >= need
             and (version is None or version in r.kmodel_versions)]
-
-
-def fixed_sizes(g) -> list:
-    """Nodes whose output size the file fixes whatever the input's: a ConvTranspose's output_shape,
-    a Resize to constant sizes (a style net's 722x722 upsampling at any --input-shape)."""
-    return [n.name for n in g.nodes if (n.op == "ConvTranspose" and n.attrs.get("output_shape")) or
-            (n.op == "Resize" and len(n.inputs) > 3 and n.inputs[3] and g.const(n.inputs[3]) is not None)]
 
 
 def check_ideal(ide, runtime: str, where: str, fmt: str = "v3", graph=None):
