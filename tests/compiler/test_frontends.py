@@ -407,6 +407,20 @@ def test_old_keras_savedmodel_through_tf_keras(tmp_path, monkeypatch):
     np.testing.assert_allclose(run(g, x)[g.outputs[0]], m(x).numpy(), atol=TOL)
 
 
+def test_a_keras_file_tf_keras_wrote_loads_through_tf_keras(tmp_path):
+    """A .keras file saved by Keras 2 (tf_keras, TF <= 2.15: an evilport sign-language CNN, round
+    64's hunt): its config's `batch_input_shape` makes Keras 3 refuse it ("could not be
+    deserialized properly"), where the same model's .h5 converted. tf-keras reads it."""
+    tf_keras = pytest.importorskip("tf_keras")
+    m = tf_keras.Sequential([tf_keras.layers.Conv2D(4, 3, input_shape=(8, 8, 1), activation="relu"),
+                             tf_keras.layers.MaxPooling2D(2), tf_keras.layers.Flatten(),
+                             tf_keras.layers.Dense(3, activation="softmax")])
+    m.save(tmp_path / "sign.keras")
+    x = rand(1, 8, 8, 1)
+    g = load_graph(tmp_path / "sign.keras")
+    np.testing.assert_allclose(run(g, x)[g.outputs[0]], m(x).numpy(), atol=TOL)
+
+
 def test_structural_order_ignores_the_node_order_of_the_file():
     """Two files with the same graph, nodes listed in different orders, give one order."""
     from onnx import TensorProto, helper

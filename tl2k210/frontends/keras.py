@@ -11,7 +11,8 @@ differences and rebuilt with Keras' own legacy loader:
     even loads so, as (None, None, features), and is rebuilt the same way); an explicit
     InputLayer is put in front instead.
 Files that even the patched config does not rebuild (Keras 2 layer arguments Keras 3 refuses, e.g.
-`DepthwiseConv2D(groups=...)` of TF 2.5+ tf.keras) are read by tf-keras, the Keras 2 package for
+`DepthwiseConv2D(groups=...)` of TF 2.5+ tf.keras), and `.keras` files tf-keras wrote (Keras 3
+refuses their Keras 2 configs: `batch_input_shape`), are read by tf-keras, the Keras 2 package for
 TF 2.16+ (`pip install tf-keras`, in the [convert] extra), when it is installed.
 
 A model file is data: a `Lambda` layer whose function (or output shape) is stored as Python
@@ -200,6 +201,10 @@ def load_keras(path, weights=None):
         if not _extra_batch_dim(cfg, model):
             return model
         first = ModelLoadError(f"{path}: Keras 3 loaded it with an input of rank {len(model.inputs[0].shape)}")
+    if path.suffix.lower() == ".keras":     # tf-keras (Keras 2) writes this format too
+        return _tf_keras(ModelLoadError(f"{path}: Keras could not load it: {type(first).__name__}: "
+                                        f"{_first_line(first)}"),
+                         lambda tk: tk.models.load_model(str(path), compile=False))
     kind = _h5_kind(path) if path.suffix.lower() in (".h5", ".hdf5") else None
     if kind == "model":
         import h5py
