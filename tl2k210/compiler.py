@@ -421,10 +421,11 @@ class ModelRanges:
             if act not in (None, "Relu", "Clip") and n.outputs:
                 # a Sigmoid (Tanh, ...) fused into the op that feeds it: MoveNet's heat maps. What it
                 # reads is the op's own range (the logits, -68..3.7: the table fitted to 16
-                # synthetic images' -7..-1.6 had flattened every peak), and what it writes is its
-                # own, or none: not the logits' (a kept tensor name can carry theirs)
-                if len(chain) > 1 and chain[-2] in by_node and not n.attrs.get("pool"):
-                    self.own.setdefault(stage_names(n)["conv"], by_node[chain[-2]])
+                # synthetic images' -7..-1.6 had flattened every peak; only for an op and one
+                # activation node: a hard-swish's fused HardSigmoid and Mul range otherwise), and
+                # what it writes is its own, or none: not the logits' (a kept name can carry theirs)
+                if len(chain) == 2 and chain[0] in by_node and not n.attrs.get("pool"):
+                    self.own.setdefault(stage_names(n)["conv"], by_node[chain[0]])
                 if chain[-1] in by_node:
                     self.own[n.outputs[0]] = by_node[chain[-1]]
                 else:
