@@ -7,7 +7,12 @@ loaded machine the ratio of the two 1-thread variants' fastest frames (thread CP
 steadier figure: load inflates the emulator's many short memory-bound passes more than
 onnxruntime's fused graph.
 
-    python bench/emulator.py [--frames 20] [--runs 5] [--json bench/results/emulator.json]
+    python bench/emulator.py [--frames 60] [--runs 5] [--json bench/results/emulator.json]
+
+A run is 60 frames of each variant (20 until round 64): 2 frames at once is for streams, and a
+20-frame call of a 3 ms model (60 ms) measured its start and its last frame alone as much as the
+stream (facedetect and yolo20_v3 on an idle 2-core AMD EPYC, two runs each way: 1.31, 1.30 and
+1.44, 1.41 with 20; 1.54, 1.46 and 1.53, 1.42 with 60).
 
 It prints the CPU model and load average beside the figures, and which exact integer sums the
 emulator takes there (uint8 x int8 where the CPU's product is exact, VNNI; else uint8 x uint8,
@@ -207,7 +212,7 @@ def bench_model(model, frames, runs, ort):
 def main():
     nan = float("nan")
     ap = argparse.ArgumentParser()
-    ap.add_argument("--frames", type=int, default=20, help="frames per timed run")
+    ap.add_argument("--frames", type=int, default=60, help="frames per timed run")
     ap.add_argument("--runs", type=int, default=5, help="timed runs (the median is reported)")
     ap.add_argument("--models", nargs="*", help="subset of model names")
     ap.add_argument("--no-ort", action="store_true", help="skip the onnxruntime float twins")
