@@ -101,12 +101,14 @@ def quality_gate(receipt, nonfinite, min_sqnr):
 
 
 def _tries(receipt, dense) -> list:
-    """What the quality refusal suggests, less what this conversion already did."""
+    """What the quality refusal suggests, less what this conversion already did or cannot do
+    (16-bit weights in a kmodel v4, whose runtime has 8-bit KPU weights only)."""
     methods = [m for m in ("mse", "percentile") if m != receipt.totals.get("method")]
     return ([f"--calibrate-method {' or '.join(methods)} (ranges less stretched by rare values)"]
             + ["calibration images like the camera sees (--dataset, --calib-limit)",
                "--input-range/--mean/--std as the model was trained"]
-            + (["--weight-bits 16"] if (getattr(receipt, "ideal", None) or {}).get("weight_bits", 8) != 16 else [])
+            + (["--weight-bits 16"] if (getattr(receipt, "ideal", None) or {}).get("weight_bits", 8) != 16
+               and receipt.totals.get("format", "v3") == "v3" else [])    # kmodel v4: 8-bit weights only
             + (["--float-fc (dense layers in float)"] if dense else []))
 
 

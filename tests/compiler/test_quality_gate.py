@@ -135,21 +135,24 @@ def test_refusal_says_when_the_ideal_itself_is_that_low(ideal, says):
     assert "obj 10.7 dB" in str(e.value) and "--calibrate-method" in str(e.value)
 
 
-@pytest.mark.parametrize("method, bits", [("minmax", 8), ("mse", 8), ("percentile", 16)])
-def test_refusal_does_not_suggest_what_the_conversion_did(method, bits):
-    """MediaPipe's hand landmarks refused after --calibrate-method mse were told to try mse."""
+@pytest.mark.parametrize("method, bits, fmt", [("minmax", 8, "v3"), ("mse", 8, "v3"), ("percentile", 16, "v3"),
+                                              ("minmax", 8, "v4")])
+def test_refusal_does_not_suggest_what_the_conversion_did(method, bits, fmt):
+    """MediaPipe's hand landmarks refused after --calibrate-method mse were told to try mse; a
+    kmodel v4 (8-bit KPU weights only) was told to try --weight-bits 16, which it refuses."""
     from types import SimpleNamespace
 
     from tl2k210.errors import QualityError
     from tl2k210.quality import quality_gate
     rec = SimpleNamespace(source="m.tflite", layers=[], ideal={"weight_bits": bits},
-                          totals={"outputs": {"y": {"sqnr_db": 2.1}}, "sqnr_samples": 8, "method": method})
+                          totals={"outputs": {"y": {"sqnr_db": 2.1}}, "sqnr_samples": 8, "method": method,
+                                  "format": fmt})
     with pytest.raises(QualityError) as e:
         quality_gate(rec, {"y": 0}, 15)
     tries = str(e.value).split("Try: ")[1]
     assert (f"--calibrate-method {'percentile' if method == 'mse' else 'mse'}" in tries) and \
         (method not in tries.split(" (ranges")[0] or method == "minmax")
-    assert ("--weight-bits 16" in tries) is (bits == 8)
+    assert ("--weight-bits 16" in tries) is (bits == 8 and fmt == "v3")
 
 
 @pytest.mark.parametrize("optimize, says", [("size", True), ("latency", False)])
