@@ -491,6 +491,18 @@ def test_an_upsampled_output_over_budget_names_the_tensor_to_end_at(tmp_path, pn
     assert fit._upsampled_from(from_onnx(onnx.load(src)), "logits") is None        # no Resize writes it
 
 
+@pytest.mark.parametrize("floor, names", [(0, "maixpy or maixpy-minimum-v4 or sdk"),
+                                          (3_000_000, "maixpy-minimum-v4 or sdk"), (6_000_000, None)])
+def test_a_format_refusal_names_only_runtimes_that_hold_the_ideal(floor, names):
+    """A COCO SSD (4.09 MB of weights at 8 bits) needing kmodel v4 on maixpy-minimum was told to
+    use full MaixPy (2 MiB) too (round 64's second hunt)."""
+    from tl2k210.k210.fit import FormatError, check_format
+    with pytest.raises(FormatError) as e:
+        check_format("v4", ("conv0", "a first layer reads the image whole"), "maixpy-minimum", floor)
+    text = str(e.value)
+    assert (f"Use --runtime {names}, or" in text) if names else "No runtime that loads it holds" in text
+
+
 @pytest.mark.parametrize("sized", [False, True])
 def test_maps_a_file_fixes_the_size_of_are_named_at_any_input_shape(tmp_path, png_dir, sized):
     """A style net's ConvTranspose upsamples to a fixed 722x722 (output_shape): at --input-shape

@@ -46,15 +46,20 @@ def forced_text(forced) -> str:
     return f"node {node!r}: {why}" if node else why
 
 
-def check_format(fmt: str, forced, runtime: str):
-    """FormatError when `runtime` cannot load kmodel `fmt`."""
+def check_format(fmt: str, forced, runtime: str, floor: int = 0):
+    """FormatError when `runtime` cannot load kmodel `fmt`; the runtimes it names load it and
+    leave at least `floor` bytes (the 8-bit ideal's: a COCO SSD's 4.09 MB of weights were told
+    to try full MaixPy's 2 MiB)."""
     if loads_format(runtime, fmt):
         return
     rt = firmware.get(runtime)
     need = f" (needed by {forced_text(forced)})" if forced else ""
+    builds = [n for n in v4_builds() if firmware.get(n).model_budget >= floor]
+    use = (f"Use --runtime {' or '.join(builds)}" if builds else
+           f"No runtime that loads it holds the model's 8-bit ideal ({floor:,} B): use a smaller network")
     raise FormatError(f"kmodel {fmt}{need} does not load on '{runtime}' ({rt.release}: it loads kmodel "
                       f"{'/'.join(f'v{v}' for v in rt.kmodel_versions)} only; MaixPy says "
-                      f"'{rt.version_text()}'). Use --runtime {' or '.join(v4_builds())}, or "
+                      f"'{rt.version_text()}'). {use}, or "
                       + ("change that layer to one kmodel v3 has" if forced else "--format auto (v3 when every "
                          "layer has a v3 form)") + ". Nothing was written.")
 
