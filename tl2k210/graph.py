@@ -47,7 +47,7 @@ import onnx
 from onnx import helper, numpy_helper, TensorProto
 
 from tl2k210 import qlinear
-from tl2k210.errors import ModelLoadError
+from tl2k210.errors import ModelLoadError, nearest
 
 OPSET = 18   # the IR's opset: what tf2onnx 1.17 writes at most (onnxruntime 1.32 runs up to 23)
 MIN_OPSET = 13   # older ONNX files are upgraded to OPSET first (onnx.version_converter)
@@ -533,7 +533,6 @@ def from_onnx(model, batch=1, input_shapes=None, input_values=None):
 def _pins(gp, tensors, input_values, batch):
     """{name: constant Tensor} of the inputs `input_values` names; ModelLoadError naming an input
     the model has not, or when no input would be left to feed."""
-    from tl2k210.errors import ModelLoadError, nearest
     feeds = [vi.name for vi in gp.input if vi.name not in tensors]
     for name in input_values:
         if name not in feeds:
@@ -549,7 +548,6 @@ def pin_input(vi, values, batch=1):
     """The constant Tensor that graph input `vi` (an onnx ValueInfoProto) becomes with `values`
     (one value fills it; else one per element; a dim of no fixed size: `batch` for the first, else
     what the values' count leaves), in the input's dtype. ModelLoadError when they do not fit."""
-    from tl2k210.errors import ModelLoadError
     tt = vi.type.tensor_type
     dtype = np.dtype(_DT.get(tt.elem_type, np.float32))
     values = np.asarray(values, np.float64).reshape(-1)
