@@ -83,7 +83,10 @@ def test_tensorlayer_convert_is_quiet_too(tmp_path):
         Image.fromarray((rng.random((16, 16, 3)) * 255).astype(np.uint8)).save(tmp_path / "calib" / f"{i}.png")
     p = _cli(tmp_path, "convert", "w.npz", "net.kmodel", "--network", "net.py", "--dataset", "calib")
     assert p.returncode == 0, p.stderr
-    assert [ln for ln in p.stderr.splitlines() if not PROGRESS.match(ln)] == [], p.stderr
+    ours = [ln for ln in p.stderr.splitlines() if not PROGRESS.match(ln)]     # and the stages' notes:
+    assert ours == ["      input range 0,1: a float model's default (the pixels / 255); for a model trained on "
+                    "other input give --input-range (0,255: the pixels as they are), --mean/--std and --bgr as "
+                    "it was"], p.stderr
 
 
 @pytest.mark.parametrize("name", ["face_detect", "face_recognition", "mobilenet_v1", "style_transfer"])

@@ -393,7 +393,11 @@ def model_input_range(graph, opts: ConvertOptions):
                 "model's int8 input + 128; for pixels the model normalizes otherwise, give --mean/--std or "
                 "--input-range")
     if q is None:
-        return replace(opts, input_range=(0.0, 1.0)), None
+        image = len(graph.shape(graph.inputs[0]) or ()) == 4
+        return replace(opts, input_range=(0.0, 1.0)), (
+            "input range 0,1: a float model's default (the pixels / 255); for a model trained on other "
+            "input give --input-range (0,255: the pixels as they are), --mean/--std and --bgr as it was"
+            if image and opts.mean == (0.0,) and opts.std == (1.0,) else None)
     scale, zp, dtype = q
     zp_u8 = zp + 128 if dtype == "int8" else zp
     rng = (-zp_u8 * scale, (255 - zp_u8) * scale)
