@@ -416,6 +416,18 @@ def test_dequantize_output_concatenated_from_quantized_tensors():
     assert "QuantizeLinear" in g2.op_counts()
 
 
+def _int8_output_model(nodes, x_shape, inits, through):
+    """`nodes` reading the float input x (`x_shape`), the last writing the int8 output "q": the
+    model's output, or through a Transpose to NHWC ("y") where `through`."""
+    nodes = nodes + ([helper.make_node("Transpose", ["q"], ["y"], perm=[0, 2, 3, 1])] if through else [])
+    m = helper.make_model(helper.make_graph(
+        nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y" if through else "q", TensorProto.INT8, None)],
+        [numpy_helper.from_array(np.array(v), k) for k, v in inits.items()]), opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
 @pytest.mark.parametrize("through", [False, True])
 def test_dequantize_output_keeps_the_files_saturation(through):
     """YOLOX-nano's TFLite export writes raw box regressions (-2..3.6) straight from a conv to an
@@ -423,19 +435,13 @@ def test_dequantize_output_keeps_the_files_saturation(through):
     output's QuantizeLinear must keep that clamp (a Clip at the integers' whole range, which the
     K210 flow folds into the conv) and the range as the model's own: the float graph reads the
     file's values within half a step, not the conv's (that kmodel read 0.5 dB against TFLite)."""
-    inits = [numpy_helper.from_array(np.array(v), k) for k, v in
-             {"s": np.float32(1 / 256), "z": np.int8(-128), "w": rand(4, 3, 1, 1) * 8}.items()]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("QuantizeLinear", ["c", "s", "z"], ["q"])]
-    nodes += [helper.make_node("Transpose", ["q"], ["y"], perm=[0, 2, 3, 1])] if through else []
-    out = "y" if through else "q"
-    m = helper.make_model(helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
-                                            [helper.make_tensor_value_info(out, TensorProto.INT8, None)], inits),
-                          opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
+    m = _int8_output_model(nodes, [1, 3, 4, 4], {"s": np.float32(1 / 256), "z": np.int8(-128), "w": rand(4, 3, 1, 1) * 8},
+                           through)
     x = rand(1, 3, 4, 4)
     ref = (ort_run(m, x)[0].astype(np.float32) + 128) / 256
     conv = ort_run(helper.make_model(helper.make_graph(nodes[:1], "c", m.graph.input, [helper.make_tensor_value_info(
-        "c", TensorProto.FLOAT, None)], inits), opset_imports=[helper.make_opsetid("", 13)]), x)[0]
+        "c", TensorProto.FLOAT, None)], m.graph.initializer), opset_imports=[helper.make_opsetid("", 13)]), x)[0]
     assert (conv < 0).mean() > 0.2 and (conv > 1).mean() > 0.2      # the file's range cuts both ends
     g, changes = run_pass("dequantize", from_onnx(m))
     assert "QuantizeLinear" not in g.op_counts() and g.op_counts()["Clip"] == 1
@@ -454,20 +460,14 @@ def test_a_quantized_sigmoid_head_keeps_the_logits_and_the_sigmoids_ranges(throu
     from tl2k210.compiler import ConvertOptions, ModelRanges, convert, load, optimise
     from tl2k210.graph import stage_names
     from tl2k210.k210.emulator import Emulator
-    inits = [numpy_helper.from_array(np.array(v), k) for k, v in
-             {"sl": np.float32(0.28), "zl": np.int8(114), "so": np.float32(1 / 256), "zo": np.int8(-128),
-              "w": rand(2, 3, 1, 1) * 3, "b": np.array([1.0, -2.0], np.float32)}.items()]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]),
              helper.make_node("QuantizeLinear", ["c", "sl", "zl"], ["cq"]),
              helper.make_node("DequantizeLinear", ["cq", "sl", "zl"], ["cf"]),
              helper.make_node("Sigmoid", ["cf"], ["s"]),
              helper.make_node("QuantizeLinear", ["s", "so", "zo"], ["q"])]
-    nodes += [helper.make_node("Transpose", ["q"], ["y"], perm=[0, 2, 3, 1])] if through else []
-    out = "y" if through else "q"
-    m = helper.make_model(helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                                            [helper.make_tensor_value_info(out, TensorProto.INT8, None)], inits),
-                          opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
+    m = _int8_output_model(nodes, [1, 3, 8, 8], {"sl": np.float32(0.28), "zl": np.int8(114), "so": np.float32(1 / 256),
+                                                 "zo": np.int8(-128), "w": rand(2, 3, 1, 1) * 3,
+                                                 "b": np.array([1.0, -2.0], np.float32)}, through)
     opts = ConvertOptions(input_range=(0.0, 1.0), progress=False, min_sqnr=0)
     g = optimise(load(m, opts), opts).graph
     (conv,) = [n for n in g.nodes if n.op == "Conv"]
