@@ -10,7 +10,6 @@ from tl2k210.compiler import (ConvertOptions, cut_outputs, input_affine, model_i
 from tl2k210.errors import Tl2k210Error, UnknownOutputError
 from tl2k210.k210 import yolo
 from tl2k210.k210.emulator import Emulator
-from tl2k210.k210.lower.state import check_one_input
 from tl2k210.k210.flow import run_pipeline
 from tl2k210.passes.input_nchw import input_chw, input_layout
 from tl2k210.quantize.calibrate import FloatRunner
@@ -84,7 +83,6 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
     if model is None:               # the metadata's names are not the file's: compare it whole
         model = frontends.load_model(float_model, **kw)
     graph = source_graph(model, opts)
-    check_one_input(graph)      # a kmodel has one: the others pinned as convert pinned them
     cut_outputs(graph, opts.outputs or _kmodel_ends(graph, ends), str(float_model))
     graph, _ = run_pipeline(graph)                                  # exact passes: NCHW in and out
     return compare_graph(graph, kmodel_path, dataset, limit, decode, anchors, threshold, nms, opts, float_model)

@@ -686,7 +686,6 @@ def load(source, opts: ConvertOptions) -> Loaded:
     check_weight_budget(onnx_model, opts, where)
     graph = source_graph(onnx_model, opts)
     cut = cut_outputs(graph, opts.outputs, where)
-    check_one_input(graph)
     _check_unbatched_vector(graph)
     check_map_budget(graph, where)
     props = {p.key: p.value for p in onnx_model.metadata_props}
@@ -708,14 +707,16 @@ def load(source, opts: ConvertOptions) -> Loaded:
 def source_graph(onnx_model, opts: ConvertOptions):
     """The IR of the source model as convert reads it (compare and validate too): --input-shape
     sizes the input the kmodel is fed (the first one neither a weight nor pinned), --input-value
-    makes its inputs constants."""
+    makes its inputs constants, and any other input is refused (a kmodel has one)."""
     from tl2k210.graph import from_onnx
     shapes = None
     if opts.input_shape:
         pinned = {x for x, _ in opts.input_values} | {t.name for t in onnx_model.graph.initializer}
         x = next((v for v in onnx_model.graph.input if v.name not in pinned), onnx_model.graph.input[0])
         shapes = {x.name: input_dims(x, tuple(opts.input_shape))}
-    return from_onnx(onnx_model, input_shapes=shapes, input_values=dict(opts.input_values) or None)
+    graph = from_onnx(onnx_model, input_shapes=shapes, input_values=dict(opts.input_values) or None)
+    check_one_input(graph)
+    return graph
 
 
 def _values(v) -> str:
