@@ -37,10 +37,6 @@ def loads_format(runtime: str, fmt: str) -> bool:
     return int(fmt.lstrip("v")) in firmware.get(runtime).kmodel_versions
 
 
-def v4_builds() -> list:
-    return [n for n, r in firmware.RUNTIMES.items() if 4 in r.kmodel_versions]
-
-
 def forced_text(forced) -> str:
     node, why = forced
     return f"node {node!r}: {why}" if node else why
@@ -54,7 +50,7 @@ def check_format(fmt: str, forced, runtime: str, floor: int = 0):
         return
     rt = firmware.get(runtime)
     need = f" (needed by {forced_text(forced)})" if forced else ""
-    builds = [n for n in v4_builds() if firmware.get(n).model_budget >= floor]
+    builds = fitting_runtimes(floor, int(fmt.lstrip("v")))
     use = (f"Use --runtime {' or '.join(builds)}" if builds else
            f"No runtime that loads it holds the model's 8-bit ideal ({floor:,} B): use a smaller network")
     raise FormatError(f"kmodel {fmt}{need} does not load on '{runtime}' ({rt.release}: it loads kmodel "
