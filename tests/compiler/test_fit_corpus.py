@@ -51,8 +51,8 @@ def test_fit_file_converts_and_agrees_with_its_source(name, calib):
 
 
 def test_small_v3_row_stores_each_conv_block_once(calib, tmp_path):
-    """tiny_XCEPTION_KDEF.hdf5 (23 K210_CONVs over 21,911 B of ideal weights), --optimize size:
-    its kmodel v3 stores each distinct weights, BN and activation block once (the activation
+    """tiny_XCEPTION_KDEF.hdf5 (23 K210_CONVs over 21,911 B of ideal weights), --optimize size
+    --format v3 (without it, v4 with buffers parked in KPU RAM): its kmodel v3 stores each distinct weights, BN and activation block once (the activation
     tables of two layers come out alike) and packs the bodies into the gaps before the aligned
     blocks, its weights and BN at 128 (v3.COMPACT_ALIGN): 25,944 B (26,936 B at 256; 32,888 B before
     the packing and the shared activation table, docs/results.md); every output equals the kmodel
@@ -66,7 +66,7 @@ def test_small_v3_row_stores_each_conv_block_once(calib, tmp_path):
     from tl2k210.k210.kmodel import v3
     out = tmp_path / "m.kmodel"
     convert(str(data_path("corpus", "fit", "tiny_XCEPTION_KDEF.hdf5")), out,
-            ConvertOptions(dataset=str(calib), optimize="size", progress=False))
+            ConvertOptions(dataset=str(calib), optimize="size", format="v3", progress=False))
     data = out.read_bytes()
     model = kmodel.loads(data)
     assert model.version == 3 and model.packed and model.compact and len(data) <= 25_944

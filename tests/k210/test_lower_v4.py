@@ -686,7 +686,10 @@ def test_main_memory_buffers_parked_in_free_kpu_ram_lines():
         np.testing.assert_array_equal(Emulator(parked).run(p)[0], Emulator(base).run(p)[0])
 
 
-def test_the_fit_parks_buffers_only_where_the_model_would_not_fit_otherwise():
+def test_the_fit_parks_buffers_only_where_the_model_would_not_fit_otherwise_or_for_size():
+    """Latency mode parks main-memory buffers in free KPU RAM only to fit (the uncached alias is
+    slower); --optimize size wherever that makes the model smaller (it had parked only to fit: an
+    OpenVINO re-id net, 1,137,064 B, 2.5x the default's 448,672, which had parked)."""
     from tl2k210.k210 import fit
     from tl2k210.k210.lower import lower
     g, rng = calibrated(_parkable(), PX)
@@ -699,10 +702,8 @@ def test_the_fit_parks_buffers_only_where_the_model_would_not_fit_otherwise():
     assert fit.choose_forms(build, fast.need).built.need == fast.need           # fits: nothing parked
     tight = fit.choose_forms(build, parked.need)
     assert tight.built.need == parked.need and tight.trades[-1].startswith("main memory: ")
-    small = fit.choose_forms(build, fast.need, "size")                             # size mode: only to fit
-    assert not small.trades[-1].startswith("main memory: ")
-    smaller = fit.choose_forms(build, small.built.need - 8, "size")
-    assert smaller.built.need < small.built.need and smaller.trades[-1].startswith("main memory: ")
+    small = fit.choose_forms(build, fast.need, "size")                             # size mode: always
+    assert small.built.need <= parked.need and small.trades[-1].startswith("main memory: ")
 
 
 def test_park_places_buffers_clear_of_kpu_maps_while_both_live():

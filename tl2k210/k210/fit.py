@@ -294,8 +294,8 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
       `_spare`, and with the fast forms given back within SIZE_SLACK: `_size_slack`); when none
       fits, the smallest, for check_budget's refusal.
     Main-memory buffers in free KPU RAM (PARK, kmodel v4) are an exact form that saves main
-    memory only: latency mode tries it first when the model does not fit, size mode only when its
-    smallest lowering does not (`_parked`).
+    memory only (read from uncached AI RAM: slower): latency mode tries it first when the model
+    does not fit, size mode on its smallest lowering, kept where smaller (`_parked`).
     A form that fails to lower is no option; a layer whose fastest form finds no room in KPU RAM
     (the maps resident around it) is given its smaller form from the start (`_room`)."""
     if optimize not in ("latency", "size"):
@@ -326,8 +326,6 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
                f"{fast.need - best.need:,} B smaller)")
         return choice(best, trades(a, best.per_node(), why))
     extra = sorted(n for n in fast.lw.smaller if n not in b)       # forms of a part of a layer
-    if optimize == "size":
-        extra = [n for n in extra if n != PARK]                    # it saves no bytes: only to fit (below)
     first = [n for n in extra if n.endswith((WINDOWS, SLICES, PARK))]   # exact: main memory less
     ranked = first + ranked + [n for n in extra if n not in first] + [n for n in first if n.endswith((SLICES, PARK))]
     chosen, current = set(), fast
@@ -354,18 +352,21 @@ def _choose_forms(build, budget: int, optimize: str = "latency") -> Choice:
             _give_back(build, current, chosen, {n: b[n][1] - a[n][1] for n in chosen if n in a and n in b},
                        budget, tried)
     kept = []
+    parkable = any(b is not None and PARK in b.lw.smaller for b in (fast, tried.small, every))
     if optimize == "size" or tried.fit is None:
         best = tried.small
+        if optimize == "size" and parkable:     # parked where that is smaller, before the slack
+            best = _parked(build, best, every)
         if best.picked is not None:
             best = _spare(build, best)
         if optimize == "size":
             best, kept = _size_slack(build, best, best.picked, a, b, budget)
     else:
         best = tried.fit
-    if best.need > budget and any(b is not None and PARK in b.lw.smaller for b in (fast, best, every)):
+    if best.need > budget and parkable and optimize == "latency":
         # (the fastest forms may fill the KPU RAM: only the smaller ones, on the CPU, free lines)
         best = _parked(build, best, every)
-        if optimize == "latency" and best.need <= budget:
+        if best.need <= budget:
             best = _parked_give_back(build, best, every, a, b, budget)
     why = (f"and the model in its fastest forms would not fit ({fast.need:,} B > {budget:,} B)" if fast.need > budget
            else "(--optimize size)")
@@ -437,6 +438,8 @@ def _parked(build, best, every):
             trial = build(frozenset(base.lw.opts.small) | {PARK})
         except Tl2k210Error:
             continue
+        if base.picked is not None:
+            trial.picked = base.picked | {PARK}
         best = trial if trial.need < best.need else best
     return best
 
