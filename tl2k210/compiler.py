@@ -774,6 +774,16 @@ def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False, prelus: 
     return Optimised(graph, loaded.graph, plog, ide, (fmt, forced))
 
 
+def _bounded_note(graph, widened: dict, ranges: dict) -> str | None:
+    """The receipt's line for the outputs calibrate.bounded_outputs gave their activation's range."""
+    far = {y: r for y, r in widened.items() if r[1] - r[0] < 0.9 * (ranges[y][1] - ranges[y][0])}
+    if not far:      # (a classifier's softmax calibrated at 0..0.99: nothing to say)
+        return None
+    each = ", ".join(f"{graph.source_name(y)} {ranges[y][0]:g}..{ranges[y][1]:g} (calibrated {lo:.3g}..{hi:.3g})"
+                     for y, (lo, hi) in far.items())
+    return f"outputs at their activation's whole range, so that no score clips at the calibration's maximum: {each}"
+
+
 def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
     """Samples (--dataset, or what a quantized model's own ranges stand for), activation ranges,
     per-channel means, and the measured effect of the opt-in kpu_padding rewrite."""
@@ -798,7 +808,8 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
     ranges = calibrated_ranges(graph, batches, opts.method, (scale, offset) if image else None)
     mismatch = own.input_mismatch(graph, ranges) if opts.dataset is not None else None
     calib_note = own.apply(ranges, opts.dataset is None)
-    calib_note = "; ".join(n for n in (calib_note, mismatch) if n) or None
+    widened = calib.bounded_outputs(graph, ranges, own.own)
+    calib_note = "; ".join(n for n in (calib_note, mismatch, _bounded_note(graph, widened, ranges)) if n) or None
     share_concat_ranges(graph, ranges)
     if calib_note:
         _say(opts, "      " + calib_note)

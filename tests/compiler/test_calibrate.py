@@ -339,3 +339,29 @@ def test_a_float_input_quantized_first_gives_the_input_range(own, mean, want):
     assert opts.input_range == want
     assert (note is not None and "first QuantizeLinear of its float input" in note) is (mean == (0.0,))
     assert (note is not None and "int8 input + 128" in note) is (own == (-5.99, 3.86))
+
+
+def test_a_sigmoid_output_keeps_its_whole_range(tmp_path):
+    """NanoDet-m's class scores, calibrated on photos whose best score was 0.29, clipped every
+    held-out score there (a person's 0.42 under a 0.35 threshold: no detection). A model output
+    that a bounded activation writes, fused into its conv or through a reshape, takes the
+    activation's whole range (the receipt says so); an output no activation bounds keeps its
+    calibrated range."""
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.k210.emulator import Emulator
+    n = helper.make_node
+    shape = np.array([1, -1], np.int64)
+    m = make_model([n("Conv", ["x", "w", "b"], ["c"]), n("Sigmoid", ["c"], ["s"]), n("Reshape", ["s", "shape"], ["y"]),
+                    n("Conv", ["x", "w2", "b2"], ["z"])], [("x", [1, 3, 8, 8])], [("y", None), ("z", None)],
+                   {"w": np.full((2, 3, 1, 1), 2.0, np.float32), "b": np.array([-3.0, -4.0], np.float32),
+                    "w2": np.full((1, 3, 1, 1), 1.0, np.float32), "b2": np.zeros(1, np.float32), "shape": shape})
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(0).uniform(0, 0.2, (8, 3, 8, 8)).astype(np.float32))
+    r = convert(m, str(tmp_path / "o.kmodel"), ConvertOptions(dataset=str(calib), progress=False, min_sqnr=0))
+    assert "outputs at their activation's whole range" in r.totals["calibration_note"] and " y 0..1 " in \
+        r.totals["calibration_note"] and " z " not in r.totals["calibration_note"]
+    x = np.random.default_rng(1).uniform(0.6, 1, (3, 8, 8)).astype(np.float32)
+    want = 1 / (1 + np.exp(-(2 * x.sum(0) - np.array([3.0, 4.0])[:, None, None]))).reshape(-1)
+    y, z = Emulator.load(tmp_path / "o.kmodel").run(np.rint(x * 255).astype(np.uint8))
+    assert want.max() > 0.9 and np.abs(np.asarray(y, np.float64).reshape(-1) - want).max() < 0.02
+    assert np.asarray(z).max() < 0.65      # no activation: the calibration's 0..0.6 (a linear output clips)

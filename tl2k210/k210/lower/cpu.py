@@ -177,7 +177,8 @@ def table_refuses(g, node, opts):
     act = _act(g, node)
     if act is None:
         return "its bounds are not constants"
-    if node.op == "Sigmoid" and (node.outputs[0] in g.outputs or source_unit(g, node.inputs[0], opts) in
+    moves = ("Transpose",) if getattr(opts, "format", "v3") == "v4" else ()     # v4 moves float maps
+    if node.op == "Sigmoid" and (feeds_output(g, node.outputs[0], moves) or source_unit(g, node.inputs[0], opts) in
                                  ("input", CPU_F32)):
         return "float input or model output: the float LOGISTIC keeps full precision"
     return None
