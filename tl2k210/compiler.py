@@ -1044,7 +1044,8 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
     outputs = {}
     for o in graph.outputs:
         v, note = finite_sqnr(sq["__out__" + o])
-        outputs[o] = {"sqnr_db": v, **({"sqnr_note": note} if note else {}), "ideal_db": finite_sqnr(ideal[o])[0]}
+        outputs[o] = {"sqnr_db": v, **({"sqnr_note": note} if note else {}), "ideal_db": finite_sqnr(ideal[o])[0],
+                      **({"ideal_weight_bits": opts.weight_bits} if opts.weight_bits != 8 else {})}
     out_sqnr = min((o["sqnr_db"] for o in outputs.values() if o["sqnr_db"] is not None), default=None)
     receipt = Receipt(
         source=loaded.where, output=str(output), file_size=len(data_bytes),

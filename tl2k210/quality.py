@@ -27,8 +27,9 @@ def sqnr_text(v, note=None):
 
 
 def ideal_text(o):
-    v = o.get("ideal_db")
-    return f" (8-bit ideal {v:.1f} dB)" if v is not None else ""
+    v, bits = o.get("ideal_db"), o.get("ideal_weight_bits", 8)
+    label = "8-bit ideal" if bits == 8 else f"ideal at {bits}-bit weights and 8-bit maps:"
+    return f" ({label} {v:.1f} dB)" if v is not None else ""
 
 
 def _collapsed(r, min_sqnr):

@@ -242,3 +242,12 @@ def test_a_kpu_padding_rewrite_that_changes_the_model_is_refused():
     quality_gate(rec, {}, 15)
     quality_gate(SimpleNamespace(**{**vars(rec), "totals": {**totals, "kpu_padding_effect": {"p": {
         "sqnr_db": 4.4, "cosine": 0.8}}}}), {}, 0)       # --min-sqnr 0 accepts it
+
+
+def test_the_receipts_ideal_names_its_weight_bits():
+    """With --weight-bits 16 the ideal beside each output has 16-bit weights: the receipt had
+    called it the 8-bit ideal (round 64's hunt)."""
+    from tl2k210.quality import ideal_text
+    assert ideal_text({"ideal_db": 30.04}) == " (8-bit ideal 30.0 dB)"
+    assert ideal_text({"ideal_db": 41.2, "ideal_weight_bits": 16}) == " (ideal at 16-bit weights and 8-bit maps: 41.2 dB)"
+    assert ideal_text({"ideal_db": None}) == ""
