@@ -571,12 +571,31 @@ def pin_input(vi, values, batch=1):
 
 
 def normalize_convs(g):
-    """_normalize_conv on every Conv still in ONNX form. A 'SAME' conv whose input shape is not
-    known yet (a TF export that computes a crop's size at run time: Shape, Gather, Equal...) keeps
-    its ONNX attributes until passes.fold_constants has made that arithmetic constants."""
+    """_normalize_conv on every Conv still in ONNX form, and explicit pads for every 2-D pool's
+    auto_pad (keras2onnx's MTCNN: MaxPool SAME_UPPER, which the uint8 and KPU pools refused, so
+    every net went to kmodel v4). A 'SAME' conv or pool whose input shape is not known yet (a TF
+    export that computes a crop's size at run time: Shape, Gather, Equal...) keeps its ONNX
+    attributes until passes.fold_constants has made that arithmetic constants."""
     for n in g.nodes:
         if n.op == "Conv" and "kernel" not in n.attrs:
             _normalize_conv(g, n)
+        elif n.op in ("MaxPool", "AveragePool") and n.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+            a, shape = n.attrs, g.tensors[n.inputs[0]].shape
+            k = tuple(a.get("kernel_shape", ()))
+            if len(k) != 2 or shape is None or len(shape) != 4:
+                continue
+            a["pads"] = same_pads(shape[2:], a.get("strides", (1, 1)), k, a.get("dilations", (1, 1)),
+                                  a.pop("auto_pad"))
+
+
+def same_pads(hw, strides, kernel, dilations, auto) -> list:
+    """[top, left, bottom, right] of ONNX auto_pad `auto` (SAME_UPPER: the odd pixel at the end,
+    SAME_LOWER: at the start, VALID: none) on an (H, W) input."""
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        return [0, 0, 0, 0]
+    tot = [max((-(-x // s) - 1) * s + (k - 1) * d + 1 - x, 0) for x, s, k, d in zip(hw, strides, kernel, dilations)]
+    lo = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in tot]
+    return [lo[0], lo[1], tot[0] - lo[0], tot[1] - lo[1]]
 
 
 def _single_sample(g, rebatched):
@@ -632,10 +651,7 @@ def _normalize_conv(g, n):
             a.clear()
             a.update(onnx_attrs)
             return      # normalize_convs again once the shape is known
-        hw = g.tensors[n.inputs[0]].shape[2:]
-        tot = [max((-(-x // s) - 1) * s + (kk - 1) * d + 1 - x, 0) for x, s, kk, d in zip(hw, strides, k, dil)]
-        lo = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in tot]
-        pads = [lo[0], lo[1], tot[0] - lo[0], tot[1] - lo[1]]
+        pads = same_pads(g.tensors[n.inputs[0]].shape[2:], strides, k, dil, auto)
     a.update(kernel=k, strides=strides, pads=pads, group=int(a.pop("group", 1)), dilations=dil)
     if len(n.inputs) < 3 or not n.inputs[2]:
         n.inputs = n.inputs[:2] + [g.add_const(np.zeros(w.shape[0], np.float32), n.name + "/bias")]

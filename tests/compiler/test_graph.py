@@ -30,6 +30,27 @@ def test_from_onnx_normalises_conv_and_infers_shapes():
     assert set(g.initializers) >= {"w", "fw", "fb"}
 
 
+@pytest.mark.parametrize("auto, size, pads", [("SAME_UPPER", 12, [0, 0, 1, 1]), ("SAME_LOWER", 12, [1, 1, 0, 0]),
+                                               ("SAME_UPPER", 11, [1, 1, 1, 1]), ("VALID", 12, [0, 0, 0, 0])])
+def test_a_pools_auto_pad_becomes_explicit_pads_and_lowers_to_v3(auto, size, pads):
+    """keras2onnx's MTCNN writes MaxPool auto_pad=SAME_UPPER: the uint8 and KPU pools took only
+    explicit pads, so every net went to kmodel v4 (and `--format v3` was refused). The pads the
+    shape gives, at import: the same values as onnxruntime, kmodel v3 within quantization."""
+    from lower_helpers import compile_model, pixels, sqnr
+    n = helper.make_node
+    m = make_model([n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["r"]),
+                    n("MaxPool", ["r"], ["y"], kernel_shape=[3, 3], strides=[2, 2], auto_pad=auto)],
+                   [("x", [1, 3, size, size])], [("y", None)], {"w": rand(8, 3, 3, 3), "b": rand(8)})
+    g = from_onnx(m)
+    pool = next(x for x in g.nodes if x.op == "MaxPool")
+    assert "auto_pad" not in pool.attrs and pool.attrs["pads"] == pads
+    x = rand(1, 3, size, size)
+    np.testing.assert_allclose(run(g, x)["y"], ort_run(m, x)[0], rtol=1e-5, atol=1e-5)
+    px = pixels(3, 3, size, size)
+    kmodel = compile_model(m, px, format="v3")[0]
+    assert kmodel.version == 3 and sqnr(m, kmodel, px) > 30
+
+
 def test_roundtrip_matches_onnxruntime():
     m = small_model()
     x = rand(1, 3, 16, 16)

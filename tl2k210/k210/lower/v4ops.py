@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tl2k210.graph import axes_of, pads_of
+from tl2k210.graph import axes_of, pads_of, same_pads
 from tl2k210.k210.kmodel.v4 import MEM_MAIN
 
 from .cpu import table
@@ -510,11 +510,8 @@ def _pool_pads(g, node):
     s = list(a.get("strides", [1, 1]))
     d = list(a.get("dilations", [1, 1]))
     auto = a.get("auto_pad", "NOTSET")
-    _, _, h, w = g.shape(node.inputs[0])
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        tot = [max((-(-x // st) - 1) * st + (kk - 1) * dd + 1 - x, 0) for x, st, kk, dd in zip((h, w), s, k, d)]
-        lo = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in tot]
-        return [lo[0], lo[1], tot[0] - lo[0], tot[1] - lo[1]]
+    if auto != "NOTSET":
+        return same_pads(g.shape(node.inputs[0])[2:], s, k, d, auto)
     return list(a.get("pads", [0, 0, 0, 0]))
 
 
