@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from tl2k210.errors import KpuLimitError, Tl2k210Error, nearest
-from tl2k210.graph import describe, stage_names
+from tl2k210.graph import RELABELS, describe, stage_names
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.fit import BudgetError, FormatError  # noqa: F401  (raised by convert)
 from tl2k210.k210.kmodel import atomic_write, dumps, v3
@@ -438,6 +438,16 @@ class ModelRanges:
             names = [m for m in [n.name] + list(n.fused) if m in by_node]
             if names and n.outputs and n.outputs[0] not in self.own:
                 self.own[n.outputs[0]] = by_node[names[-1]]
+        for n in graph.nodes:
+            # a Clip that stands for an int8 output's saturation (passes.dequantize) and did not
+            # fuse into its op: the op writes that grid too, through the moves between them (a
+            # cifar int8 TFLite's dense layer: conv + reshape; without --dataset the 16 synthetic
+            # images' range had clipped its logits to -7.8..2.7 of the file's -13..10.8)
+            t = n.inputs[0] if n.op == "Clip" and n.outputs[0] in self.own else None
+            while t is not None and t not in self.own and t not in graph.inputs:
+                self.own[t] = self.own[n.outputs[0]]
+                p = graph.producer(t)
+                t = p.inputs[0] if p is not None and p.op in RELABELS else None
         self.samples = samples
 
     def input_mismatch(self, graph, ranges) -> str | None:

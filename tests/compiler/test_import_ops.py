@@ -739,3 +739,34 @@ def test_dead_channels_with_an_infinite_scale_are_zero(broken):
     g, _ = run_pass("fold_constants", from_onnx(m))
     w = g.const(next(n for n in g.nodes if n.op == "Conv").inputs[1])
     np.testing.assert_array_equal(w, np.concatenate([np.zeros((1, 4, 1, 1)), np.full((1, 4, 1, 1), 1.5)]))
+
+
+def test_a_quantized_dense_output_keeps_the_files_range_without_a_dataset(tmp_path):
+    """A cifar int8 TFLite (TinyML Cookbook) converted without --dataset: its last dense layer
+    writes the int8 output (-13..10.8), which passes.dequantize keeps as a Clip; the dense layer
+    became a conv and a reshape that the Clip could not fuse through, so the conv took the 16
+    synthetic images' range and the kmodel clipped every logit to -7.8..2.7 (19.9 dB against
+    TFLite on real photos, the receipt 29.1). The conv writes the file's grid."""
+    from tl2k210.compiler import ConvertOptions, ModelRanges, convert, load, optimise
+    from tl2k210.k210.emulator import Emulator
+    rng = np.random.default_rng(4)
+    w = (rng.normal(size=(1200, 10)) * 0.05).astype(np.float32)      # > 1024 inputs: passes.wide_dense
+    nodes = [helper.make_node("QuantizeLinear", ["x", "si", "zi"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "si", "zi"], ["xf"]),
+             helper.make_node("MaxPool", ["xf"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Flatten", ["mp"], ["f"]), helper.make_node("MatMul", ["f", "w"], ["mm"]),
+             helper.make_node("Add", ["mm", "b"], ["a"]), helper.make_node("QuantizeLinear", ["a", "so", "zo"], ["q"])]
+    m = _int8_output_model(nodes, [1, 3, 40, 40], {"si": np.float32(1 / 255), "zi": np.int8(-128), "w": w,
+                                                 "b": np.linspace(-1, 1, 10).astype(np.float32),
+                                                 "so": np.float32(0.1), "zo": np.int8(0)}, False)
+    opts = ConvertOptions(progress=False, min_sqnr=0)
+    g = optimise(load(m, opts), opts).graph
+    own = ModelRanges(g).own
+    (conv,) = [n for n in g.nodes if n.op == "Conv" and "MatMul_4" in n.fused]
+    assert own[conv.outputs[0]] == pytest.approx((-12.8, 12.7))
+    convert(m, str(tmp_path / "o.kmodel"), opts)
+    emu = Emulator.load(tmp_path / "o.kmodel")
+    x = rng.integers(0, 2, (8, 3, 40, 40)).astype(np.float32)        # high-contrast inputs: large logits
+    ref = np.stack([ort_run(m, v[None])[0].astype(np.float64) * 0.1 for v in x]).reshape(8, -1)
+    got = np.stack([np.asarray(emu.run(np.rint(v * 255).astype(np.uint8))[0], np.float64).reshape(-1) for v in x])
+    assert np.abs(ref).max() > 3 and np.abs(got - ref).max() <= 0.3
