@@ -125,6 +125,8 @@ class Receipt:
             lines.append(t["calibration_note"])
         if t.get("input_note"):
             lines.append(t["input_note"])
+        if t.get("layout_note"):
+            lines.append(t["layout_note"])
         outs = t.get("outputs", {})
         for name, o in outs.items() if len(outs) > 1 or t.get("output_sqnr_db") is None else ():
             v = o["sqnr_db"]
@@ -1026,6 +1028,19 @@ def _input_ignored(samples, outs) -> bool:
     return distinct and all(all(np.array_equal(o[0], v) for v in o[1:]) for o in outs)
 
 
+def _layout_note(graph) -> str | None:
+    """The receipt's line for the outputs passes.output_nchw made NCHW: a source that writes them
+    NHWC is decoded otherwise (MTCNN P-Net's box map: the repo's NHWC post-processing would read
+    the kmodel's channel-major values as garbage, and nothing said the layout had changed)."""
+    moved = [o for o in graph.outputs if graph.meta.get("output_layout", {}).get(o) == "NHWC->NCHW"]
+    if not moved:
+        return None
+    return ("channel-major outputs: " + ", ".join(
+        f"{graph.source_name(o)} {tuple(graph.shape(o))}" for o in moved)
+        + f" {'is' if len(moved) == 1 else 'are'} NCHW in the kmodel, NHWC in the source model (its last Transpose dropped: the K210 "
+        "writes channel-major maps); decode them as (C, H, W), or transpose them back")
+
+
 def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0) -> Receipt:
     """The receipt: per layer where it runs and why, cycles, SQNR against the float model and the
     8-bit ideal; then the gate (NaN/Inf outputs, SQNR below --min-sqnr) refuses a bad kmodel."""
@@ -1078,6 +1093,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
                 "input_range": list(opts.input_range), "input_range_note": cal.range_note,
                 "calibration_note": cal.calib_note,
                 "input_note": loaded.input_note or None,
+                "layout_note": _layout_note(graph),
                 "float_outputs": sum(4 * int(np.prod(lw.locs[o].shape)) for o in lw.g.outputs)},
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
                  "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in opt.log],

@@ -142,3 +142,24 @@ def test_grayscale_kmodel_is_fed_grayscale_by_compare_and_run(tmp_path, capsys):
     assert main(["run", str(out), "-i", str(photo)]) == 0
     want = Emulator.load(out).run(gray)[0].reshape(-1)
     assert f"[{', '.join(f'{v:.6g}' for v in want[:5])}]" in capsys.readouterr().out
+
+
+def test_an_output_made_channel_major_is_said(tmp_path):
+    """keras2onnx's MTCNN P-Net returns its box map NHWC (a last Transpose), its face map too: the
+    kmodel writes the first NCHW (passes.output_nchw), and nothing said so, so the repo's NHWC
+    post-processing read garbage. The receipt names each output whose layout changed, with its
+    shape; the kmodel's values are the source's transposed."""
+    n = helper.make_node
+    m = make_model([n("Conv", ["x", "k", "b"], ["c"], pads=[1, 1, 1, 1]), n("Transpose", ["c"], ["boxes"], perm=[0, 2, 3, 1]),
+                    n("Conv", ["x", "k2", "b2"], ["faces"])], [("x", [1, 3, 8, 10])], [("boxes", None), ("faces", None)],
+                   {"k": _w(4, 3, 3, 3), "b": _w(4), "k2": _w(2, 3, 1, 1), "b2": _w(2)})
+    calib = tmp_path / "calib.npy"
+    np.save(calib, RNG.uniform(0, 1, (8, 3, 8, 10)).astype(np.float32))
+    r = convert(m, str(tmp_path / "o.kmodel"), ConvertOptions(dataset=str(calib), progress=False))
+    note = r.totals["layout_note"]
+    assert note.startswith("channel-major outputs: boxes (1, 4, 8, 10) is NCHW in the kmodel, NHWC in the source") \
+        and "faces" not in note and note in r.table()
+    x = RNG.uniform(0, 1, (1, 3, 8, 10)).astype(np.float32)
+    px = np.rint(x[0] * 255).astype(np.uint8)
+    boxes = np.asarray(Emulator.load(tmp_path / "o.kmodel").run(px)[0]).reshape(4, 8, 10)
+    assert sqnr_db(ort_run(m, px[None] / np.float32(255))[0][0].transpose(2, 0, 1).ravel(), boxes.ravel()) > 30
