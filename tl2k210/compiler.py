@@ -694,6 +694,8 @@ def load(source, opts: ConvertOptions) -> Loaded:
         load_kw["outputs"] = tuple(opts.outputs)      # a .tflite: cut before TFLite's reader meets a custom op
     if opts.input_shape:
         load_kw["nchw_input_shape"] = tuple(opts.input_shape)    # a .pb's shapeless Placeholder
+    if opts.input_values:
+        load_kw["input_values"] = dict(opts.input_values)        # a .pb's other Placeholders
     onnx_model = frontends.load_model(source, **load_kw)
     check_weight_budget(onnx_model, opts, where)
     graph = source_graph(onnx_model, opts)

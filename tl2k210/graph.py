@@ -534,6 +534,8 @@ def _pins(gp, tensors, input_values, batch):
     """{name: constant Tensor} of the inputs `input_values` names; ModelLoadError naming an input
     the model has not, or when no input would be left to feed."""
     feeds = [vi.name for vi in gp.input if vi.name not in tensors]
+    input_values = {(k + ":0" if k not in feeds and k + ":0" in feeds else k): v    # a TF tensor's op name
+                    for k, v in input_values.items()}
     for name in input_values:
         if name not in feeds:
             raise ModelLoadError(f"--input-value {name}: the model has no input {name!r}{nearest(name, feeds)}; "

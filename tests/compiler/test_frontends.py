@@ -243,6 +243,41 @@ def test_keras_tiny_yolo_like_pools_fuse_and_output_is_nchw():
     assert pools == [(2, [0, 0, 0, 0]), (2, [0, 0, 0, 0]), (1, [0, 0, 1, 1])]
 
 
+def test_a_frozen_graphs_dropout_keep_prob_is_pinned(tmp_path):
+    """TF1 tutorials freeze their graphs with the dropout's keep_prob Placeholder (tensorflow-onnx's
+    own test models, round 65's hunt): the agreement check fed it uniform 0..1 as it fed the input,
+    so TensorFlow's and onnxruntime's random masks differed and the file was refused as 'tf2onnx
+    disagrees ... please report it', --input-value keep_prob=1 or not; --input-shape shaped
+    keep_prob too. Unpinned, the refusal names both Placeholders and the flag; pinned to 1 (as
+    `keep_prob` or `keep_prob:0`), the graph converts and the kmodel computes what TensorFlow does
+    at keep_prob 1."""
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.k210.emulator import Emulator
+    tfm = tf()
+    rng = np.random.default_rng(8)
+    w1, w2 = (rng.standard_normal(s).astype(np.float32) * 0.4 for s in ((16, 24), (24, 5)))
+    g = tfm.Graph()
+    with g.as_default():
+        x = tfm.compat.v1.placeholder(tfm.float32, (None, 16), name="X")
+        kp = tfm.compat.v1.placeholder(tfm.float32, name="keep_prob")
+        h = tfm.compat.v1.nn.dropout(tfm.nn.relu(tfm.matmul(x, w1)), keep_prob=kp)
+        tfm.identity(tfm.matmul(h, w2), name="y")
+    (tmp_path / "m.pb").write_bytes(g.as_graph_def().SerializeToString())
+    calib = tmp_path / "calib.npy"
+    np.save(calib, rng.uniform(0, 1, (16, 16)).astype(np.float32))
+    with pytest.raises(ModelLoadError, match="Placeholder inputs \\('X', 'keep_prob'\\).*--input-value"):
+        convert(str(tmp_path / "m.pb"), str(tmp_path / "o.kmodel"), ConvertOptions(dataset=str(calib), progress=False))
+    for name in ("keep_prob", "keep_prob:0"):
+        r = convert(str(tmp_path / "m.pb"), str(tmp_path / "o.kmodel"), ConvertOptions(
+            dataset=str(calib), progress=False, input_values=((name, (1.0,)),), input_shape=(1, 16)))
+        assert r.totals["output_sqnr_db"] > 30
+    v = rng.uniform(0, 1, (1, 16)).astype(np.float32)
+    with tfm.compat.v1.Session(graph=g) as sess:
+        want = sess.run("y:0", {"X:0": v, "keep_prob:0": 1.0})
+    got = Emulator.load(tmp_path / "o.kmodel").run(v[0])[0]        # a vector input: the kmodel reads floats
+    assert sqnr_db(want.ravel().astype(np.float64), np.asarray(got, np.float64).ravel()) > 30
+
+
 def test_frozen_tf1_graph_pb(tmp_path):
     """A frozen GraphDef (.pb: weights as constants, Placeholder input; what freeze_graph and
     Maix_Toolbox wrote): inputs and outputs found by themselves, same numbers as TensorFlow."""

@@ -42,6 +42,7 @@ def load_model(src, **opts):
     (compiler.cut_outputs)."""
     outputs = opts.pop("outputs", None)
     shape = opts.pop("nchw_input_shape", None)      # --input-shape: a frozen graph's shapeless Placeholder
+    pins = opts.pop("input_values", None)           # --input-value: a frozen graph's other Placeholders
     if not isinstance(src, (str, Path)):
         mod = type(src).__module__
         if mod.startswith("tensorlayer"):
@@ -58,12 +59,13 @@ def load_model(src, **opts):
         raise ModelLoadError(f"cannot convert a {type(src).__name__} ({mod}); give a TensorLayer/Keras model "
                              "or a .keras/.h5/.tflite/.onnx file or a SavedModel directory")
     import onnx
-    key = _cache_key(src, {**opts, "outputs": ",".join(outputs) if outputs else None, "shape": shape})
+    key = _cache_key(src, {**opts, "outputs": ",".join(outputs) if outputs else None, "shape": shape,
+                           "pins": str(sorted(pins.items())) if pins else None})
     if key is not None and key in _CACHE:
         m = onnx.ModelProto()
         m.CopyFrom(_CACHE[key])
         return m
-    model = _load_path(Path(src), outputs, shape, **opts)
+    model = _load_path(Path(src), outputs, shape, pins, **opts)
     if key is not None:
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
@@ -112,12 +114,12 @@ def _as_kind(path, suffix, *args, **opts):
             raise
 
 
-def _load_path(path, outputs=None, shape=None, **opts):
+def _load_path(path, outputs=None, shape=None, pins=None, **opts):
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or directory; check the path")
     suffix = model_kind(path)
     if suffix != path.suffix.lower():
-        return _as_kind(path, suffix, outputs, shape, **opts)
+        return _as_kind(path, suffix, outputs, shape, pins, **opts)
     if "network" in opts or suffix == ".npz":
         if "network" not in opts:
             raise ModelLoadError(f"{path}: a TensorLayer weight file needs its network (network=tl.models.Model)")
@@ -147,7 +149,7 @@ def _load_path(path, outputs=None, shape=None, **opts):
     if suffix == ".pb":
         quiet.tensorflow()
         from .frozen_pb import from_frozen_pb
-        return from_frozen_pb(path, input_shape=shape, **opts)
+        return from_frozen_pb(path, input_shape=shape, input_values=pins, **opts)
     if suffix == ".onnx":
         from .onnx_file import from_onnx_file
         return from_onnx_file(path)
@@ -272,19 +274,25 @@ def source_agreement(measure, *args):
         return None
 
 
-def _agreement_db(onnx_model, run_source):
+def _agreement_db(onnx_model, run_source, pins=None):
     """SQNR (dB) of the ONNX graph's outputs against `run_source(feed)`'s -- the model's own
     framework, given {graph input name: array} and answering a list in the graph's output order
     or a dict by output name -- on one seeded input (uniform 0..1; a leading dim of no fixed size
-    taken as 1), or None where either side cannot run it (an input of no fixed size or not float,
-    outputs that differ in number, name or size, an op onnxruntime lacks)."""
+    taken as 1; the inputs --input-value `pins` {name: values} their values: a TF1 graph's dropout
+    keep_prob, whose random masks the two sides draw differently unless it is 1), or None where
+    either side cannot run it (an input of no fixed size or not float, outputs that differ in
+    number, name or size, an op onnxruntime lacks)."""
     import numpy as np
     from onnx import TensorProto
 
+    from tl2k210.graph import pin_input
     from tl2k210.quantize.metrics import sqnr_db
     rng, feed = np.random.default_rng(0), {}
     weights = {t.name for t in onnx_model.graph.initializer}
     for v in [v for v in onnx_model.graph.input if v.name not in weights]:
+        if v.name in (pins or {}):
+            feed[v.name] = pin_input(v, pins[v.name]).value
+            continue
         t = v.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else (1 if k == 0 else None)
                 for k, d in enumerate(t.shape.dim)]
@@ -306,12 +314,12 @@ def _agreement_db(onnx_model, run_source):
     return sqnr_db(np.concatenate(refs), np.concatenate(got))
 
 
-def check_against_source(where, onnx_model, run_source, framework, remedy):
+def check_against_source(where, onnx_model, run_source, framework, remedy, pins=None):
     """Refuse a conversion whose graph computes something else than the model does in its own
     `framework` (tf2onnx's readings of Keras models, SavedModels and frozen graphs): its outputs
     against `run_source`'s on one seeded input below FLOAT_AGREE_DB (the kmodel, its receipt and
     `compare` all measure against this graph). Says nothing where the check cannot run."""
-    db = source_agreement(_agreement_db, onnx_model, run_source)
+    db = source_agreement(_agreement_db, onnx_model, run_source, pins)
     if db is not None and db < FLOAT_AGREE_DB:
         raise ModelLoadError(f"{where}: the graph tf2onnx made of the model disagrees with {framework} on a test "
                              f"input (output SQNR {db:.1f} dB; the two readings of a float model agree to over "

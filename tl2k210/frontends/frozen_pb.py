@@ -70,15 +70,32 @@ def _static_shapes(gd):
     return {t.name: t.shape.is_fully_defined() for op in g.get_operations() for t in op.outputs}
 
 
-def _shape_placeholders(gd, nchw):
+def _shape_placeholders(gd, nchw, pinned=()):
     """Give the Placeholders whose shape TensorFlow does not know (or records as a scalar) `nchw`
     (--input-shape), as the NHWC a TF graph reads for 4 dims: tf2onnx fails on such an input's
-    first conv (Saafke's FSRCNN, fannymonori's ESPCN: 'Shape must be rank 4 but is rank 0')."""
+    first conv (Saafke's FSRCNN, fannymonori's ESPCN: 'Shape must be rank 4 but is rank 0'). Not
+    the `pinned` ones (--input-value: a dropout's keep_prob, a scalar)."""
     import tensorflow as tf
     want = (nchw[0], *nchw[2:], nchw[1]) if len(nchw) == 4 else tuple(nchw)
     for n in gd.node:
-        if n.op == "Placeholder" and (_shapeless(n) or tf.TensorShape(n.attr["shape"].shape).rank != len(want)):
+        if n.op == "Placeholder" and n.name not in pinned and \
+                (_shapeless(n) or tf.TensorShape(n.attr["shape"].shape).rank != len(want)):
             n.attr["shape"].shape.CopyFrom(tf.TensorShape(want).as_proto())
+
+
+def _pinned(gd, input_values) -> dict:
+    """{ONNX input name: values} of the Placeholders --input-value names (as `name` or `name:0`);
+    a shapeless one given one value becomes a scalar (a dropout's keep_prob)."""
+    import tensorflow as tf
+    out = {}
+    for n in gd.node:
+        key = next((k for k in (n.name, n.name + ":0") if k in (input_values or {})), None)
+        if n.op != "Placeholder" or key is None:
+            continue
+        out[n.name + ":0"] = input_values[key]
+        if not tf.TensorShape(n.attr["shape"].shape).is_fully_defined() and len(input_values[key]) == 1:
+            n.attr["shape"].shape.CopyFrom(tf.TensorShape([]).as_proto())
+    return out
 
 
 def _shapeless(n) -> bool:
@@ -180,8 +197,9 @@ def _run_graph(gd, feed, fetches):
             return dict(zip(fetches, sess.run(fetches, feed)))
 
 
-def from_frozen_pb(path, opset=None, batch=1, input_shape=None):
-    """input_shape (NCHW, --input-shape): for a Placeholder without a whole shape."""
+def from_frozen_pb(path, opset=None, batch=1, input_shape=None, input_values=None):
+    """input_shape (NCHW, --input-shape): for a Placeholder without a whole shape; input_values
+    ({name: values}, --input-value): the Placeholders the kmodel is not fed."""
     import tensorflow as tf
     import tf2onnx
     gd = tf.compat.v1.GraphDef()
@@ -195,10 +213,16 @@ def from_frozen_pb(path, opset=None, batch=1, input_shape=None):
     refuse_side_effects([gd], path)
     refuse_pipeline(gd, path)
     _dequantized_weights(gd)
-    if input_shape:
-        _shape_placeholders(gd, tuple(input_shape))
+    pins = _pinned(gd, input_values)
     read = {i.split(":")[0].lstrip("^") for n in gd.node for i in n.input}
     host, cut = _front_end(gd)
+    fed = [n.name for n in gd.node if n.op == "Placeholder" and n.name in read and n.name + ":0" not in pins]
+    if len(fed) > 1 and not cut:
+        raise ModelLoadError(f"{path}: the graph has {len(fed)} Placeholder inputs ({', '.join(map(repr, fed))}); "
+                             "a kmodel is fed one: pin the others to constants with --input-value NAME=VALUE "
+                             "(a dropout's keep_prob: 1, an is_training flag: 0)")
+    if input_shape:
+        _shape_placeholders(gd, tuple(input_shape), {k[:-2] for k in pins})
     inputs = cut or [n.name + ":0" for n in gd.node if n.op == "Placeholder"]
     outputs = [n.name for n in gd.node if n.name not in read and n.op not in _NOT_OUTPUTS | HOST_FRONT_END]
     if not inputs or not outputs:
@@ -209,7 +233,8 @@ def from_frozen_pb(path, opset=None, batch=1, input_shape=None):
         model = tf_convert(str(path), tf2onnx.convert.from_graph_def, gd, input_names=inputs,
                            output_names=[o + ":0" for o in outputs], **kw)
     except ModelLoadError as e:
-        shapeless = [n.name for n in gd.node if n.op == "Placeholder" and not input_shape and _shapeless(n)]
+        shapeless = [n.name for n in gd.node if n.op == "Placeholder" and not input_shape and _shapeless(n)
+                     and n.name + ":0" not in pins]
         if not shapeless:
             raise
         c = _channels_read(gd, shapeless[0])
@@ -218,7 +243,7 @@ def from_frozen_pb(path, opset=None, batch=1, input_shape=None):
                              f"tf2onnx cannot convert it ({why}): give it with --input-shape 1,{c},H,W (N,C,H,W "
                              f"whatever the graph's layout; e.g. 1,{c},240,320 for a 320x240 input)") from e
     check_against_source(str(path), model, lambda feed: _run_graph(gd, feed, [o + ":0" for o in outputs]),
-                         "TensorFlow", "convert the model to .tflite or ONNX")
+                         "TensorFlow", "convert the model to .tflite or ONNX", pins)
     if cut:
         chain = " -> ".join(n.op for n in gd.node if n.name in host and n.op != "Placeholder")
         image = any(n.op in IMAGE_DECODERS for n in gd.node if n.name in host)
