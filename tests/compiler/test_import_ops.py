@@ -770,3 +770,24 @@ def test_a_quantized_dense_output_keeps_the_files_range_without_a_dataset(tmp_pa
     ref = np.stack([ort_run(m, v[None])[0].astype(np.float64) * 0.1 for v in x]).reshape(8, -1)
     got = np.stack([np.asarray(emu.run(np.rint(v * 255).astype(np.uint8))[0], np.float64).reshape(-1) for v in x])
     assert np.abs(ref).max() > 3 and np.abs(got - ref).max() <= 0.3
+
+
+def test_a_refusal_names_the_quantized_tensor_the_file_has(tmp_path):
+    """Coral's DeepLab (uint8 TFLite) ends in an ArgMax of the dequantized scores: the refusal told
+    the user `--outputs ResizeBilinear_2_dequant`, tf2onnx's name, which the file has not (the
+    TFLite tensor is ResizeBilinear_2). Dropping a DequantizeLinear keeps the integers' name."""
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.errors import UnsupportedOpError
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("QuantizeLinear", ["c", "s", "z"], ["scores"]),
+             helper.make_node("DequantizeLinear", ["scores", "s", "z"], ["scores_dequant"]),
+             helper.make_node("ArgMax", ["scores_dequant"], ["y"], axis=1, keepdims=0)]
+    m = helper.make_model(helper.make_graph(
+        nodes, "a", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, None)],
+        [numpy_helper.from_array(np.array(v), k) for k, v in
+         {"w": rand(4, 3, 1, 1), "s": np.float32(0.05), "z": np.uint8(128)}.items()]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    with pytest.raises(UnsupportedOpError, match="convert with --outputs scores "):
+        convert(m, str(tmp_path / "o.kmodel"), ConvertOptions(progress=False, input_range=(0.0, 1.0)))
+    assert not (tmp_path / "o.kmodel").exists()

@@ -241,13 +241,20 @@ def _output_island(g, o):
 
 def _make_float(g, qs, moves, dqs=()):
     """An island's integers become the floats they stand for: its data movement writes float,
-    its DequantizeLinear and QuantizeLinear go (each read of theirs reads their input)."""
+    its DequantizeLinear and QuantizeLinear go (each read of theirs reads their input). The
+    values keep the name of the integers the file has (a TFLite tensor, not tf2onnx's
+    `<name>_dequant`: an ArgMax refusal had told a DeepLab user --outputs ResizeBilinear_2_dequant,
+    which the file has not)."""
     for n in moves:
         for o in n.outputs:
             g.tensors[o].dtype = np.dtype(np.float32)
+    names = g.meta.setdefault("source_names", {})
     for n in list(dqs) + list(qs):
         g.nodes.remove(n)
+        kept = names.get(n.inputs[0], n.inputs[0])
         g.replace_uses(n.outputs[0], n.inputs[0])
+        if n.op == "DequantizeLinear":
+            names[n.inputs[0]] = kept
 
 
 def _dynamic_pairs(g, log):
