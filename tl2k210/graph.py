@@ -785,11 +785,28 @@ def infer_shapes(g, relabels=None):
             if not t.is_const and t.name not in g.inputs:
                 t.shape = None
     for n in g.nodes:
+        _check_window(g, n)
         if n.op == "Reshape":
             _check_reshape(g, n)
         elif n.op in _BROADCASTING:
             _check_broadcast(g, n)
     return g
+
+
+def _check_window(g, n):
+    """A node whose output comes out with a negative dim (onnx's lenient inference of a pool or
+    conv window larger than its padded input): Coral's DeepLab at --input-shape 1,3,257,257, whose
+    33x33 image-pooling AvgPool meets a 17x17 map, was refused at the Reshape after it, 'fix the
+    target shape in the model'."""
+    out = g.tensors.get(n.outputs[0]) if n.outputs else None
+    if out is None or not out.shape or min(out.shape) >= 0:
+        return
+    src = g.shape(n.inputs[0]) if n.inputs else None
+    raise ModelLoadError(
+        f"node {n.name!r} ({describe(n)}) reads {n.inputs[0]} {tuple(src or ())} and would write "
+        f"{tuple(out.shape)}: its window is larger than its input at this input size. The model's "
+        "layers fix the sizes it takes: convert at the input size it was exported with (no "
+        "--input-shape), or one that keeps this layer's input at least as large as its window")
 
 
 def _squeezed(shape):

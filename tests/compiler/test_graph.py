@@ -238,3 +238,18 @@ def test_same_conv_after_a_crop_computed_at_run_time():
     assert conv.attrs["pads"] == [0, 0, 1, 1] and conv.attrs["kernel"] == (3, 3)
     x = rand(1, 3, 10, 10)
     np.testing.assert_allclose(run(g, x)["y"], ort_run(m, x)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_window_larger_than_its_input_is_named():
+    """Coral's DeepLab at --input-shape 1,3,257,257: its 33x33 image-pooling AvgPool meets a 17x17
+    map, onnx's inference gives (1, 160, -15, -15), and the refusal came at the Reshape after it
+    ('fix the target shape in the model'). The pool is named, with both shapes and what to do."""
+    from tl2k210.errors import ModelLoadError
+    n = helper.make_node
+    m = make_model([n("Conv", ["x", "w"], ["c"], strides=[2, 2]), n("AveragePool", ["c"], ["p"], kernel_shape=[4, 4]),
+                    n("Reshape", ["p", "s"], ["y"])], [("x", [1, 3, "H", "W"])], [("y", None)],
+                   {"w": rand(8, 3, 1, 1), "s": np.array([1, 8], np.int64)})
+    assert from_onnx(m, input_shapes={"x": (1, 3, 8, 8)}).shape("y") == (1, 8)
+    with pytest.raises(ModelLoadError, match=r"node 'AveragePool_1' .* reads c \(1, 8, 2, 2\) and would write "
+                                             r"\(1, 8, -1, -1\): its window is larger than its input"):
+        from_onnx(m, input_shapes={"x": (1, 3, 4, 4)})
