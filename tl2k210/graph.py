@@ -522,12 +522,67 @@ def from_onnx(model, batch=1, input_shapes=None, input_values=None):
              if vi.name in inputs and all(d.dim_value > 0 for d in vi.type.tensor_type.shape.dim)}
     resized = {x: s for x, s in (input_shapes or {}).items() if x in fixed and tuple(s) != fixed[x]}
     g.meta["sized_by_user"] = any(x in inputs and fixed.get(x) != tuple(s) for x, s in (input_shapes or {}).items())
-    infer_shapes(g, relabels=_relabel_reshapes(from_onnx(model, batch, input_values=input_values))
-                 if resized else None)
+    exported = from_onnx(model, batch, input_values=input_values) if resized else None
+    tf_resized = resized and str(model.producer_name).startswith(TF_PRODUCERS)
+    infer_shapes(g, relabels=_relabel_reshapes(exported) if resized else None, check=not tf_resized)
     if rebatched:
         _check_single_sample(g, rebatched)
     normalize_convs(g)
+    if tf_resized:
+        _same_pads_resized(g, exported)
     return g
+
+
+#: converters of TensorFlow models: they write TF's 'SAME' as the explicit pads of the size exported
+TF_PRODUCERS = ("tf2onnx", "keras2onnx")
+
+
+def _window(n):
+    """(kernel, strides, dilations, pads) of a 2-D Conv (IR attrs) or pool (ONNX attrs), else None."""
+    a = n.attrs
+    if n.op == "Conv" and "kernel" in a:
+        return tuple(a["kernel"]), tuple(a["strides"]), tuple(a["dilations"]), list(a["pads"])
+    if n.op in ("MaxPool", "AveragePool") and len(a.get("kernel_shape", ())) == 2 and "auto_pad" not in a:
+        return (tuple(a["kernel_shape"]), tuple(a.get("strides", (1, 1))), tuple(a.get("dilations", (1, 1))),
+                list(a.get("pads", (0, 0, 0, 0))))
+    return None
+
+
+def _same_pads_resized(g, exported):
+    """A TF model read at another input size (--input-shape) than its file's: tf2onnx wrote each
+    'SAME' conv and pool as the explicit pads of the exported size, which at another size are not
+    TF's (PoseNet 1280x720 at 225x321: every stride-2 stage a pixel off, 9.9 dB against TFLite at
+    that size while the receipt, measured against the same graph, said 26.5). Each window whose
+    pads were SAME's at the exported size gets SAME's at this one, in order (each changes the
+    sizes after it). Where no pad told SAME from VALID there and they differ here, refused."""
+    before = {n.name: n for n in exported.nodes}
+    for _ in range(len(g.nodes)):
+        changed = False
+        for n in toposort(g):
+            w, o = _window(n), before.get(n.name)
+            if w is None or o is None or _window(o) is None:
+                continue
+            k, s, d, pads = w
+            if exported.shape(o.inputs[0]) is None or g.shape(n.inputs[0]) is None:
+                continue
+            hw0, hw = exported.shape(o.inputs[0])[2:], g.shape(n.inputs[0])[2:]
+            was, now = same_pads(hw0, s, k, d, "SAME_UPPER"), same_pads(hw, s, k, d, "SAME_UPPER")
+            if list(_window(o)[3]) != was or now == pads:
+                continue
+            if not any(was):
+                raise ModelLoadError(
+                    f"node {n.name!r} ({describe(n)}): at the size the model was exported with its input is "
+                    f"{tuple(hw0)} and TensorFlow's 'SAME' and 'VALID' padding both add nothing; at this "
+                    f"--input-shape its input is {tuple(hw)}, where they differ, and the file does not say "
+                    "which it was: give an --input-shape whose maps divide as the exported size's do (each "
+                    "side a multiple of the network's total stride)")
+            n.attrs["pads"] = now
+            changed = True
+            break           # the sizes after it change: infer them before the next window
+        if not changed:
+            break
+        infer_shapes(g, check=False)
+    infer_shapes(g)
 
 
 def _pins(gp, tensors, input_values, batch):
@@ -764,11 +819,13 @@ def to_onnx(g, expose_all=False, name="tl2k210", shapes_only=False):
     return m
 
 
-def infer_shapes(g, relabels=None):
+def infer_shapes(g, relabels=None, check=True):
     """Fill Tensor.shape/dtype for every activation via onnx.shape_inference on to_onnx(g).
     `relabels` (a fixed-size input given another size: _relabel_reshapes of the graph at the size
     it was exported with): a Reshape there that only moved size-1 dims, whose constant target
-    now cannot hold its input, takes the input's new dims in the same places."""
+    now cannot hold its input, takes the input's new dims in the same places. `check`: refuse
+    shapes no node can have (a window larger than its input, a Reshape or broadcast that cannot
+    be)."""
     while True:
         m = onnx.shape_inference.infer_shapes(to_onnx(g, shapes_only=True), strict_mode=False, data_prop=True)
         for vi in list(m.graph.value_info) + list(m.graph.output):
@@ -784,7 +841,7 @@ def infer_shapes(g, relabels=None):
         for t in g.tensors.values():            # shapes from the old target: inferred again
             if not t.is_const and t.name not in g.inputs:
                 t.shape = None
-    for n in g.nodes:
+    for n in g.nodes if check else ():
         _check_window(g, n)
         if n.op == "Reshape":
             _check_reshape(g, n)
@@ -920,10 +977,12 @@ def _check_reshape(g, n):
     known = int(np.prod([d for d in dims if d != -1]))
     ok = size % known == 0 if -1 in dims and known > 0 else known == size
     if not ok or dims.count(-1) > 1 or any(d < -1 for d in dims):
+        fix = ("at this --input-shape the maps before it are not the size the model was built for: give "
+               "the size it was exported with, or one its layers reduce to the same map here"
+               if g.meta.get("sized_by_user") else "fix the target shape in the model (export it again)")
         raise ModelLoadError(
             f"Reshape node {n.name or n.outputs[0]!r}: cannot reshape {n.inputs[0]} "
-            f"{'x'.join(map(str, src.shape))} ({size:,} values) into {dims}: fix the target shape "
-            "in the model (export it again)")
+            f"{'x'.join(map(str, src.shape))} ({size:,} values) into {dims}: {fix}")
 
 
 class FloatSession:
