@@ -365,3 +365,26 @@ def test_a_sigmoid_output_keeps_its_whole_range(tmp_path):
     y, z = Emulator.load(tmp_path / "o.kmodel").run(np.rint(x * 255).astype(np.uint8))
     assert want.max() > 0.9 and np.abs(np.asarray(y, np.float64).reshape(-1) - want).max() < 0.02
     assert np.asarray(z).max() < 0.65      # no activation: the calibration's 0..0.6 (a linear output clips)
+
+
+def test_calibration_arrays_the_input_range_clips_are_refused(tmp_path, capsys):
+    """MLPerf Tiny's keyword spotter calibrated with MFCC arrays (-50..30) at the default input
+    range 0..1: 93 % of the values clipped, and convert wrote the kmodel, exit 0, its receipt
+    50.5 dB measured on the clipped values (26.0 at the MFCCs' range); a warning on line 6 was the
+    only sign. Over a tenth clipped is refused, naming the arrays' range; --min-sqnr 0 converts it,
+    with the warning."""
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.errors import QualityError
+    n = helper.make_node
+    m = make_model([n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["y"])],
+                   [("x", [1, 1, 10, 8])], [("y", None)], {"w": rand(4, 1, 3, 3), "b": rand(4)})
+    calib = tmp_path / "mfcc.npy"
+    np.save(calib, np.random.default_rng(2).uniform(-50, 30, (8, 1, 10, 8)).astype(np.float32))
+    out = tmp_path / "o.kmodel"
+    with pytest.raises(QualityError, match=r"9\d% of the dataset values lie outside .* --input-range -49\.\d+,30 \(the arrays'"):
+        convert(m, str(out), ConvertOptions(dataset=str(calib), progress=False))
+    assert not out.exists()
+    r = convert(m, str(out), ConvertOptions(dataset=str(calib), progress=False, input_range=(-50.0, 30.0)))
+    assert r.totals["output_sqnr_db"] > 30 and "lie outside" not in capsys.readouterr().err
+    convert(m, str(out), ConvertOptions(dataset=str(calib), progress=False, min_sqnr=0))
+    assert "lie outside" in capsys.readouterr().err
