@@ -1342,6 +1342,17 @@ def test_convert_mean_std_count_must_match_channels(model, tmp_path, capsys):
     nothing_at(tmp_path / "o.kmodel")
 
 
+def test_convert_classify_labels_must_match_the_output(model, tmp_path, capsys):
+    """Coral's MobileNet v1 (1001 classes: background first) converted with ImageNet's 1000 labels
+    and --task classify: the metadata took them, every label the board printed one off."""
+    m, ds = model
+    labels = ",".join(f"c{i}" for i in range(2047))
+    rc, _, err = cli(capsys, "convert", m, tmp_path / "o.kmodel", "--dataset", ds, "--task", "classify",
+                     "--labels", labels, "-q")
+    refused(rc, err, "2047 label(s)", "2048-way", "background class first")
+    nothing_at(tmp_path / "o.kmodel")
+
+
 @pytest.mark.parametrize("case", ["missing-model", "model-is-a-folder", "missing-network",
                                   "dataset-missing", "zero-byte-model"])
 def test_convert_bad_paths(case, model, tmp_path, capsys):

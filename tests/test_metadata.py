@@ -232,14 +232,16 @@ def test_convert_records_preprocessing_and_compare_uses_it(bgr_keras, capsys):
 # ---------------------------------------------------------------------------------------------
 def test_decode_parameters_must_fit_the_region_output(kmodel_path):
     """Anchors/labels written into the metadata must fit the model's output (channels = anchors
-    x (5 + classes)), else MaixPy's kpu.init_yolo2 fails on the board: refused with the numbers."""
+    x (5 + classes)), else MaixPy's kpu.init_yolo2 fails on the board, and a classifier's labels
+    its output's values: refused with the numbers."""
     from conftest import FACE_ANCHORS
     from tl2k210.errors import Tl2k210Error
     from tl2k210.k210.kmodel import load
     model = load(kmodel_path("facedetect_320x240_v3.kmodel"))      # 30 channels: 5 x (5 + 1)
     metadata.check_decode(model, {"task": "yolo2", "anchors": FACE_ANCHORS, "labels": ["face"]})
     metadata.check_decode(model, {"anchors": FACE_ANCHORS})          # task yolo2 implied
-    metadata.check_decode(model, {"task": "classify", "labels": ["a", "b"]})      # not a region
+    with pytest.raises(Tl2k210Error, match=r"names 2 label\(s\) for a 9000-way classifier output"):
+        metadata.check_decode(model, {"task": "classify", "labels": ["a", "b"]})  # a label a value
     with pytest.raises(Tl2k210Error, match="4 anchors do not fit the 30-channel region output"):
         metadata.check_decode(model, {"anchors": FACE_ANCHORS[:8]})
     with pytest.raises(Tl2k210Error, match="names 2 label"):

@@ -411,9 +411,18 @@ def build(data: bytes, name: str, *, input: dict, outputs: list, task=None, anch
 def check_decode(model, extra: dict | None) -> None:
     """Refuse YOLOv2 anchors/labels that the model's region output cannot carry (channels =
     anchors x (5 + classes)), before they are written into its metadata: on the board such a
-    pair fails in kpu.init_yolo2 / region_layer_init. `model` is the KModelV3 just lowered."""
+    pair fails in kpu.init_yolo2 / region_layer_init; and a classifier's labels that are not one
+    per output value (Coral's 1001-way MobileNet with ImageNet's 1000: every label one off).
+    `model` is the kmodel just lowered."""
     extra = extra or {}
     anchors, labels = extra.get("anchors"), extra.get("labels")
+    if extra.get("task") == "classify" and labels:
+        n = model.output_size()
+        if len(labels) != n:
+            bg = " (a TF-slim / Coral classifier counts a background class first: add it)" if n == len(labels) + 1 else ""
+            raise Tl2k210Error(f"--labels names {len(labels)} label(s) for a {n}-way classifier output{bg}: "
+                               "give one label per output value, in order")
+        return
     if (extra.get("task") or ("yolo2" if anchors else None)) != "yolo2":
         return
     if not anchors:
