@@ -761,7 +761,8 @@ def cut_outputs(graph, names, where: str) -> str:
         if name not in computed:
             raise Tl2k210Error(f"{where}: --outputs {name!r}: the model has no such tensor{nearest(name, computed)}"
                                + f" (its outputs: {', '.join(map(repr, graph.outputs))}); give tensor "
-                               "names as the model file has them (netron shows them)")
+                               "names as the model file has them (netron shows them; a Keras model's layer "
+                               "names too)")
     graph.outputs = list(dict.fromkeys(names))
     graph.prune()
     return f"the model ends at {', '.join(map(repr, graph.outputs))} (--outputs): what follows is the application's"

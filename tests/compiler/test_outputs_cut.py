@@ -71,3 +71,27 @@ def test_compare_reads_a_broken_file_once_with_the_kmodels_outputs(tmp_path, cap
     capsys.readouterr()
     assert main(["compare", str(broken), str(out), "--dataset", str(photos)]) == 2
     assert "broken.onnx" in capsys.readouterr().err and reads == [broken]
+
+
+def test_outputs_takes_a_keras_layer_name(tmp_path, capsys):
+    """A Keras .h5's layer names are what netron shows and what its author knows; tf2onnx names
+    its tensors by op scopes Keras makes unique ('sequential_1/dense_1_2/...'), so `--outputs
+    dense` was refused with no nearest name (round 65's hunt). The model is cut at the layer
+    before tf2onnx reads it; compare follows."""
+    from front_helpers import tf
+    tf()
+    import keras
+    from keras import layers as L
+    keras.utils.set_random_seed(3)
+    m = keras.Sequential([keras.Input((16, 16, 3)), L.Conv2D(4, 3, activation="relu", name="conv"), L.Flatten(),
+                          L.Dense(8, activation="relu", name="feat"), L.Dense(3, activation="softmax", name="probs")])
+    src = tmp_path / "m.h5"
+    m.save(src)
+    _, photos = _segmenter(tmp_path)
+    out = tmp_path / "m.kmodel"
+    assert main(["convert", str(src), str(out), "--dataset", str(photos), "--outputs", "feat", "-q"]) == 0
+    meta = json.loads((tmp_path / "m.kmodel.json").read_text())
+    assert [o["name"] for o in meta["outputs"]] == ["feat"] and meta["outputs"][0]["shape"][-1] == 8
+    assert main(["compare", str(src), str(out), "--dataset", str(photos), "--json", str(tmp_path / "c.json")]) == 0
+    rows = json.loads((tmp_path / "c.json").read_text())["outputs"]
+    assert list(rows) == ["feat"] and rows["feat"]["sqnr_db"] > 30, rows

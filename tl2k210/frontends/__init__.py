@@ -141,7 +141,7 @@ def _load_path(path, outputs=None, shape=None, pins=None, **opts):
     if suffix in (".keras", ".h5", ".hdf5", ".json"):
         quiet.tensorflow()
         from .keras import from_keras
-        return from_keras(path, **opts)
+        return from_keras(path, outputs=outputs, **opts)
     if suffix == ".tflite":
         quiet.tensorflow()
         from .tflite import from_tflite

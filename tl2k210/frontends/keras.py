@@ -311,15 +311,45 @@ def _grouped_convs_traced(model):
             u()
 
 
-def from_keras(model, opset=None, batch=1, weights=None):
+def from_keras(model, opset=None, batch=1, weights=None, outputs=None):
+    """`outputs` (--outputs): where every name is a layer of the model, the model is cut at those
+    layers' outputs before tf2onnx reads it, and the ONNX outputs take their names (tf2onnx's
+    tensors are named by op scopes Keras makes unique, 'sequential_1/dense_1_2/...': a user's
+    `--outputs dense` had matched none); other names are tensors, for compiler.cut_outputs."""
     if not hasattr(model, "inputs"):
         model = load_keras(model, weights), str(model)
     else:
         model = model, getattr(model, "name", "keras model")
+    cut = _layer_outputs(model[0], outputs)
+    if cut is not None:
+        model = cut, model[1]
     with _grouped_convs_traced(model[0]):
         onnx_model = _from_keras(*model, opset=opset, batch=batch)
     check_against_keras(*model, onnx_model)
+    if cut is not None:
+        _rename_outputs(onnx_model, outputs)
     return onnx_model
+
+
+def _layer_outputs(model, names):
+    """The Keras model ending at the outputs of its layers `names`, or None (no names, or one that
+    is not a layer of it)."""
+    import keras
+    layers = {layer.name: layer for layer in getattr(model, "layers", ())}
+    if not names or any(n not in layers for n in names):
+        return None
+    return keras.Model(model.inputs, [layers[n].output for n in names])
+
+
+def _rename_outputs(onnx_model, names):
+    """Give the ONNX graph's outputs, in order, the names `names`."""
+    g = onnx_model.graph
+    rename = {o.name: n for o, n in zip(g.output, names)}
+    for node in g.node:
+        node.output[:] = [rename.get(t, t) for t in node.output]
+        node.input[:] = [rename.get(t, t) for t in node.input]
+    for o in g.output:
+        o.name = rename.get(o.name, o.name)
 
 
 def check_against_keras(model, where, onnx_model):
