@@ -843,6 +843,8 @@ def infer_shapes(g, relabels=None, check=True):
                 t.shape = None
     for n in g.nodes if check else ():
         _check_window(g, n)
+        if n.op in ("MatMul", "Gemm"):
+            _check_dense(g, n)
         if n.op == "Reshape":
             _check_reshape(g, n)
         elif n.op in _BROADCASTING:
@@ -964,6 +966,28 @@ def _check_broadcast(g, n):
                              f"match; {why}") from None
 
 
+def _resized_fix(g, other: str) -> str:
+    """What to do about shapes that cannot be: at a user's --input-shape, the size the model was
+    exported with; else `other`."""
+    return ("at this --input-shape the maps before it are not the size the model was built for: give "
+            "the size it was exported with, or one its layers reduce to the same map here"
+            if g.meta.get("sized_by_user") else other)
+
+
+def _check_dense(g, n):
+    """A dense layer whose constant weights take another number of inputs than it is given (MTCNN
+    R-Net at --input-shape 1,3,48,48: its Flatten gives 5,184 values to a 576-input Dense; a pass
+    failed on it with 'please report it')."""
+    a, w = g.tensors.get(n.inputs[0]), g.const(n.inputs[1]) if len(n.inputs) > 1 else None
+    if a is None or not a.shape or w is None or w.ndim != 2 or n.attrs.get("transA"):
+        return
+    k = w.shape[1] if n.op == "Gemm" and n.attrs.get("transB") else w.shape[0]
+    if a.shape[-1] != k:
+        raise ModelLoadError(
+            f"{n.op} node {n.name!r} reads {n.inputs[0]} {tuple(a.shape)} ({a.shape[-1]:,} values a row), but its "
+            f"weights take {k:,}: " + _resized_fix(g, "the model's shapes disagree: export it again"))
+
+
 def _check_reshape(g, n):
     """A Reshape whose target cannot hold its input (onnx's lenient inference lets it pass)."""
     src = g.tensors.get(n.inputs[0])
@@ -977,9 +1001,7 @@ def _check_reshape(g, n):
     known = int(np.prod([d for d in dims if d != -1]))
     ok = size % known == 0 if -1 in dims and known > 0 else known == size
     if not ok or dims.count(-1) > 1 or any(d < -1 for d in dims):
-        fix = ("at this --input-shape the maps before it are not the size the model was built for: give "
-               "the size it was exported with, or one its layers reduce to the same map here"
-               if g.meta.get("sized_by_user") else "fix the target shape in the model (export it again)")
+        fix = _resized_fix(g, "fix the target shape in the model (export it again)")
         raise ModelLoadError(
             f"Reshape node {n.name or n.outputs[0]!r}: cannot reshape {n.inputs[0]} "
             f"{'x'.join(map(str, src.shape))} ({size:,} values) into {dims}: {fix}")

@@ -283,3 +283,17 @@ def test_a_tf_window_that_was_same_or_valid_alike_is_refused_where_they_differ()
     assert from_onnx(m, input_shapes={"x": (1, 3, 10, 10)}).shape("y") == (1, 3, 5, 5)
     with pytest.raises(ModelLoadError, match="'SAME' and 'VALID' padding both add nothing"):
         from_onnx(m, input_shapes={"x": (1, 3, 9, 9)})
+
+
+def test_a_dense_layer_given_more_inputs_than_its_weights_take_is_named():
+    """MTCNN R-Net at --input-shape 1,3,48,48: its Flatten gives 5,184 values to a 576-input Dense,
+    and a pass failed on it ('please report it with the model'). The dense layer is named, with
+    both counts and what to do."""
+    from tl2k210.errors import ModelLoadError
+    n = helper.make_node
+    m = make_model([n("Conv", ["x", "w"], ["c"], strides=[2, 2]), n("Flatten", ["c"], ["f"]), n("MatMul", ["f", "d"], ["y"])],
+                   [("x", [1, 3, 8, 8])], [("y", None)], {"w": rand(4, 3, 1, 1), "d": rand(64, 5)})
+    assert from_onnx(m).shape("y") == (1, 5)
+    with pytest.raises(ModelLoadError, match=r"MatMul node 'MatMul_2' reads f \(1, 256\) \(256 values a row\), but its "
+                                             r"weights take 64: at this --input-shape"):
+        from_onnx(m, input_shapes={"x": (1, 3, 16, 16)})
