@@ -275,6 +275,23 @@ def test_an_integer_image_cast_to_float_is_its_pixels(dtype, tmp_path):
         assert 10 * np.log10(np.sum(ref ** 2) / np.sum((ref - got) ** 2)) > 35
 
 
+def test_an_integer_input_the_model_computes_on_is_refused_naming_it(tmp_path):
+    """An int32 image padded as integers (a TFLite op test's mirror pad, int32 in and out): the
+    onnxruntime type error met tl2k210's own entry conv, and the user was told to fix the model.
+    The refusal names the input, its dtype and the op that reads it; nothing is written."""
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.errors import UnsupportedOpError
+    m = make_model([helper.make_node("Pad", ["x", "p"], ["y"], mode="reflect")],
+                   [("x", [1, 3, 8, 8])], [("y", None)], {"p": np.array([0, 0, 1, 1, 0, 0, 1, 1])})
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.INT32
+    ds = tmp_path / "ds.npy"
+    np.save(ds, np.random.default_rng(0).integers(0, 256, (4, 3, 8, 8)).astype(np.float32))
+    with pytest.raises(UnsupportedOpError, match=r"input 'x' is int32 and the model computes on its integers "
+                                                 r"\('Pad_0' \(Pad\) read it\).*export the model with a float input"):
+        convert(m, str(tmp_path / "o.kmodel"), ConvertOptions(dataset=str(ds), progress=False))
+    assert not (tmp_path / "o.kmodel").exists()
+
+
 def test_dequantize_keeps_a_relu_folded_into_the_range():
     """TOCO's uint8 files (TF1 MobileNet v1 _quant) may leave ReLU6 out of the graph: a conv with no
     activation writes uint8 at scale 6/255, zero point 0, and the integers saturate at 0 and 6.
