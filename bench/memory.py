@@ -199,8 +199,8 @@ def _size_ratio(r):
 def _size_cell(r):
     if "size_kmodel_bytes" not in r:
         return "-"
-    return (f"{_kb(r['size_kmodel_bytes'])} ({_x(r['size_weights_ratio'], WEIGHTS_TARGET)}), "
-            f"{r['size_latency_ms']} ms, {r['size_sqnr_db']:.1f} dB")
+    return (f"{_kb(r['size_kmodel_bytes'])} ({_x(r['size_weights_ratio'], WEIGHTS_TARGET)}) + "
+            f"{_kb(r['size_main_memory'])}, {r['size_latency_ms']} ms, {r['size_sqnr_db']:.1f} dB")
 
 
 def line(r):
@@ -219,7 +219,7 @@ def markdown(rows):
     rts = list(firmware.RUNTIMES)
     out = ["| model | corpus | ideal weights | ideal maps (live set) | ours: kmodel (× ideal weights) | "
            "ours: main memory (× live set) | KPU RAM | nncase kmodel + main | est. ms | SQNR dB | "
-           "--optimize size: kmodel (× ideal weights), est. ms, SQNR | "
+           "--optimize size: kmodel (× ideal weights) + main memory, est. ms, SQNR | "
            + " | ".join(rts) + " |", "|---" * (11 + len(rts)) + "|"]
     for r in rows:
         conv = " | ".join(r.get("converts", {}).get(k, "") for k in rts)

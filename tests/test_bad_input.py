@@ -542,6 +542,10 @@ def test_uint8_arrays_are_pixels_like_images(model, tmp_path, capsys):
     assert abs(sqnr[0] - sqnr[1]) < 0.5 and sqnr[0] > 30
     np.save(tmp_path / "f.npy", pix.astype(np.float32))          # 0..255 floats with --input-range 0,1
     rc, _, err = cli(capsys, "convert", m, tmp_path / "c.kmodel", "--dataset", tmp_path / "f.npy", "-q")
+    refused(rc, err, "uint8", "--min-sqnr 0")                      # mostly clipped: refused
+    nothing_at(tmp_path / "c.kmodel")
+    rc, _, err = cli(capsys, "convert", m, tmp_path / "c.kmodel", "--dataset", tmp_path / "f.npy", "-q",
+                     "--min-sqnr", "0")
     assert rc == 0 and "warning:" in err and "uint8" in err
 
 
