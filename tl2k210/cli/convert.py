@@ -123,7 +123,8 @@ def cmd_convert(args):
     try:
         receipt = convert(args.model, args.output, opts)
     except QualityError as exc:       # the receipt says where the SQNR went; then the error
-        print(exc.receipt.table(), file=sys.stderr)
+        if exc.receipt is not None:   # (none where the calibration data was refused)
+            print(exc.receipt.table(), file=sys.stderr)
         raise
     print(receipt.table())
     if args.report:
