@@ -112,6 +112,10 @@ class Receipt:
                          + (f" ({fo:,} B of it the float32 outputs the runtime returns; the ideal counts "
                             "them at 8 bits)" if (fo := t.get("float_outputs", 0)) >= self.main_memory / 10 else "")
                          + f", total {ours / max(1, i['total']):.2f}x")
+        if self.trades and t.get("fastest_need"):     # what the trades bought, in the budget's terms
+            lines.append(f"traded in all: model + main memory {t['fastest_need']:,} B in the fastest forms, "
+                         f"{self.file_size + self.main_memory:,} B in these; est. {t['fastest_ms']:.2f} -> "
+                         f"{self.latency_ms:.2f} ms")
         lines += [f"traded: {line}" for line in self.trades]
         if t.get("format_why"):
             lines.append(t["format_why"])
@@ -362,6 +366,23 @@ def pixel_rescaling(graph) -> str | None:
 FLOAT_INPUT_RANGES = ((0.0, 1.0), (-1.0, 1.0), (0.0, 255.0))
 
 
+def _integer_input_mismatch(q, opts: ConvertOptions) -> str | None:
+    """The warning for an --input-range that reaches past what a quantized model's integer input
+    stands for by more than half its width (cifar int8 at 0..1 given -1,1: the negative half
+    saturated silently; ModelRanges.input_mismatch says it for a float input quantized first)."""
+    if q is None or opts.input_range is None:
+        return None
+    scale, zp, dtype = q
+    zp_u8 = zp + 128 if dtype == "int8" else zp
+    lo, hi = -zp_u8 * scale, (255 - zp_u8) * scale
+    a, b = opts.input_range
+    if max(0.0, lo - a) + max(0.0, b - hi) <= 0.5 * (hi - lo):
+        return None
+    return (f"warning: --input-range {a:g},{b:g} reaches past what the model's {dtype} input stands for "
+            f"({lo:.4g}..{hi:.4g}: scale {scale:.6g}, zero point {zp}), which saturates the rest; without "
+            "--input-range the kmodel takes that range")
+
+
 def model_input_range(graph, opts: ConvertOptions):
     """opts with input_range resolved: the user's, else the pixel values of a decoded image the
     front end cut off (frozen_pb), else what a quantized model's integer input stands for (uint8 q -> (q - zp) * scale: pixels 0..255 -> [-zp*s, (255-zp)*s]),
@@ -369,15 +390,15 @@ def model_input_range(graph, opts: ConvertOptions):
     (no --mean/--std given) that range itself (a wake word's spectrogram: -5.99..3.86; 0..1 had
     clipped 92 % of it), else (0, 1).
     Returns (opts, note or None)."""
+    q = graph.meta.get("input_quant", {}).get(graph.inputs[0])
     if opts.input_range is not None:
-        return opts, None
+        return opts, _integer_input_mismatch(q, opts)
     if "input_range" in graph.meta:
         rng = graph.meta["input_range"]
         why = graph.meta.get("input_range_why") or ("the decoded image's pixel values, which the graph's "
                                                       "own decoder gave its network")
         return replace(opts, input_range=rng), (
             f"input range {rng[0]:g},{rng[1]:g}: {why}; override with --input-range")
-    q = graph.meta.get("input_quant", {}).get(graph.inputs[0])
     own = graph.meta.get("quant_ranges", {}).get(graph.inputs[0])
     if q is None and own is not None:       # a float input the model quantizes first (int8 with float I/O)
         step = (own[1] - own[0]) / 255

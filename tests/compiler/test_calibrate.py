@@ -403,3 +403,17 @@ def test_calibration_on_few_samples_is_said(tmp_path):
     for limit, says in ((2, True), (8, False)):
         r = convert(m, str(tmp_path / "o.kmodel"), ConvertOptions(dataset=str(calib), progress=False, calib_limit=limit))
         assert ("calibration on 2 sample(s): the ranges fit them alone" in (r.totals["calibration_note"] or "")) is says
+
+
+@pytest.mark.parametrize("given, warns", [((-1.0, 1.0), True), ((0.0, 1.0), False), ((0.0, 1.2), False), (None, False)])
+def test_an_input_range_past_an_integer_inputs_own_is_warned(given, warns):
+    """An int8 cifar TFLite whose input stands for 0..1, converted with --input-range -1,1: the
+    negative half saturated with no word (the warning existed for a float input quantized first)."""
+    from types import SimpleNamespace
+
+    from tl2k210.compiler import ConvertOptions, model_input_range
+    g = SimpleNamespace(inputs=["x"], meta={"input_quant": {"x": (1 / 255, -128, "int8")}}, shape=lambda x: (1, 3, 8, 8))
+    opts, note = model_input_range(g, ConvertOptions(input_range=given))
+    assert opts.input_range == (given or (0.0, 1.0))
+    assert (note is not None and note.startswith("warning: --input-range -1,1 reaches past what the model's int8 "
+                                                 "input stands for (0..1")) is warns
