@@ -334,10 +334,11 @@ def from_keras(model, opset=None, batch=1, weights=None, outputs=None):
 def _layer_outputs(model, names):
     """The Keras model ending at the outputs of its layers `names`, or None (no names, or one that
     is not a layer of it)."""
-    import keras
+    import importlib
     layers = {layer.name: layer for layer in getattr(model, "layers", ())}
     if not names or any(n not in layers for n in names):
         return None
+    keras = importlib.import_module(type(model).__module__.split(".")[0])     # keras, or tf_keras's Keras 2
     return keras.Model(model.inputs, [layers[n].output for n in names])
 
 
