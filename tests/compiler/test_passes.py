@@ -1055,3 +1055,19 @@ def test_prelu_of_a_rank3_vector_runs_on_its_map(slope_shape):
     assert changes and "PRelu" not in g2.op_counts()
     x = np.random.default_rng(4).normal(size=(1, 16, 1)).astype(np.float32)
     np.testing.assert_allclose(run(g2, x)["p"], run(g, x)["p"], rtol=1e-6, atol=1e-6)
+
+
+def test_float_fc_keeps_a_wide_dense_layer_float(tmp_path):
+    """--float-fc asks for float dense layers; a Flatten -> Dense on 4,096 inputs still became a 3x3
+    KPU conv (pass wide_dense) while the next dense went float (round 65's hunt, a cifar TFLite)."""
+    from tl2k210.compiler import ConvertOptions, convert
+    n = helper.make_node
+    m = make_model([n("Relu", ["x"], ["r"]), n("Flatten", ["r"], ["f"]), n("Gemm", ["f", "w", "b"], ["y"], name="dense")],
+                   [("x", [1, 64, 8, 8])], [("y", None)], {"w": rand(4096, 10, scale=0.05), "b": rand(10)})
+    calib = tmp_path / "c.npy"
+    np.save(calib, np.random.default_rng(0).uniform(0, 1, (8, 64, 8, 8)).astype(np.float32))
+    rows = {}
+    for fc in (False, True):
+        r = convert(m, str(tmp_path / f"{fc}.kmodel"), ConvertOptions(dataset=str(calib), progress=False, float_fc=fc))
+        rows[fc] = next(x["why"] for x in r.layers if x["node"] == "dense")
+    assert "FULLY_CONNECTED" not in rows[False] and "float FULLY_CONNECTED" in rows[True], rows

@@ -155,7 +155,8 @@ def run_pipeline(graph, options=None, target=None):
     bound = {check_supported: functools.partial(check_supported, opts=target),
              pad_into_conv: functools.partial(pad_into_conv, repeat=v3),
              kxk_windows: functools.partial(kxk_windows, v4=not v3),
-             long_dense: functools.partial(long_dense, v4=not v3)}
+             long_dense: functools.partial(long_dense, v4=not v3),
+             wide_dense: functools.partial(wide_dense, float_fc=target.float_fc)}
     pipeline = [Pass(p.name, bound.get(p.fn, p.fn), p.default, p.exact) for p in PIPELINE]
     return generic.run_pipeline(pipeline, graph, options)
 

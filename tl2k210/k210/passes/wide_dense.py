@@ -70,7 +70,10 @@ def _dense(g, n):
     return wb
 
 
-def wide_dense(g, log):
+def wide_dense(g, log, float_fc=False):
+    """`float_fc` (--float-fc): every dense layer stays float, these too."""
+    if float_fc:
+        return g
     for n in [n for n in g.nodes if n.op in ("Gemm", "MatMul", "Conv")]:
         wb = _dense(g, n)
         if wb is None:
