@@ -808,3 +808,23 @@ def test_a_refusal_names_the_quantized_tensor_the_file_has(tmp_path):
     with pytest.raises(UnsupportedOpError, match="convert with --outputs scores "):
         convert(m, str(tmp_path / "o.kmodel"), ConvertOptions(progress=False, input_range=(0.0, 1.0)))
     assert not (tmp_path / "o.kmodel").exists()
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_a_cast_inside_the_network_is_not_called_a_decoder(inside):
+    """NEMO's integer-deployable ONNX (pulp-platform's dory examples) floors each requantization
+    through Cast(int64) -> ... -> Cast(float) in its first layer; the refusal called it a decoder's
+    index arithmetic and advised --outputs, which cannot help. A Cast a layer with weights reads
+    from is said to be inside the network; one after the last layer keeps the decoder advice."""
+    from tl2k210.errors import UnsupportedOpError
+    from tl2k210.k210.flow import check_supported
+    from tl2k210.k210.lower import Options
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w"], ["c"]), n("Cast", ["c"], ["ci"], to=TensorProto.INT64),
+             n("Cast", ["ci"], ["cf"], to=TensorProto.FLOAT)]
+    nodes += [n("Conv", ["cf", "w2"], ["y"])] if inside else [n("Identity", ["cf"], ["y"])]
+    g = from_onnx(make_model(nodes, [("x", [1, 3, 8, 8])], [("y", None)], {"w": rand(4, 3, 1, 1), "w2": rand(2, 4, 1, 1)}))
+    with pytest.raises(UnsupportedOpError) as e:
+        check_supported(g, lambda *a: None, opts=Options())
+    assert ("it sits inside the network" in str(e.value)) is inside
+    assert ("a Cast is index arithmetic" in str(e.value)) is not inside

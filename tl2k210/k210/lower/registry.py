@@ -59,6 +59,29 @@ NEAREST = {
 }
 
 
+#: the advice for an op NEAREST calls a decoder's, where a layer with weights reads what it computes
+INSIDE = {
+    "Cast": "it sits inside the network (a layer with weights reads what it computes): integer arithmetic "
+            "between layers (NEMO's integer-deployable ONNX floors each requantization through int64) has no "
+            "K210 form; convert the model's float or QDQ export instead",
+}
+LAYERS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
+
+def _feeds_a_layer(g, node) -> bool:
+    """Does a layer with weights (LAYERS) read, through any ops, what `node` computes?"""
+    seen, todo = set(), list(node.outputs)
+    while todo:
+        t = todo.pop()
+        for u in g.consumers(t):
+            if u.op in LAYERS:
+                return True
+            if u.name not in seen:
+                seen.add(u.name)
+                todo.extend(u.outputs)
+    return False
+
+
 @dataclass(frozen=True)
 class Alternative:
     op: str
@@ -117,10 +140,11 @@ def select(g, node, opts, fmt="v3"):
             return select(g, node, opts, "v4")
     alts = REGISTRY.get(node.op)
     if not alts:
+        inside = INSIDE.get(node.op) if _feeds_a_layer(g, node) else None
         hint = NEAREST.get(node.op, "").replace("{inputs}", ", ".join(map(repr, node.inputs))).replace(
             "{input}", g.source_name(node.inputs[0]) if node.inputs else "")
-        hint = (f"nearest supported form: {hint}" if hint else
-                f"replace it in the model with supported ops: {', '.join(supported_ops(fmt))}")
+        hint = inside or (f"nearest supported form: {hint}" if hint else
+                          f"replace it in the model with supported ops: {', '.join(supported_ops(fmt))}")
         raise UnsupportedOpError(f"node {node.name!r}: op {describe(node)} has no K210 lowering; {hint}")
     named = getattr(opts, "format", fmt) == fmt   # the user's format, not one `auto` tries
     workarounds = named or fmt == "v3" and getattr(opts, "v3_only", False)   # explicit alternatives
