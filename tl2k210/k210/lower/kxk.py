@@ -379,8 +379,11 @@ def kxk_refuses(g, node, opts, windows=False):
             need = _needs(K1, d1, R1, 0, False)
             sets = (_axis_stride1(need, R, True) or _axis_stride1(need, R, False)).sets
             per *= len(sets[-1]) if sets else 1
+        grouped = a.get("group", 1) > 1     # (a depthwise conv's edgetpu MobileNet had read "or a depthwise conv")
         return (f"a {Ky}x{Kx} kernel on {ci} channels reads {ci * per} shifted channels; the KPU reads "
                 f"{cmax}: " + ("no split of its groups into channel windows keeps every layer within it" if windows
+                               else f"at most {cmax // per} input channels in one layer; a depthwise/group conv "
+                               "runs in channel windows in kmodel v4" if grouped
                                else f"at most {cmax // per} input channels (or a depthwise/group conv)"))
     if node.inputs[0] in g.inputs and _fmt(opts) == "v3" and \
             not image_resident(g, node, "v3", getattr(opts, "kpu_ram_lines", hw.KPU_RAM_LINES)):
