@@ -828,3 +828,18 @@ def test_a_cast_inside_the_network_is_not_called_a_decoder(inside):
         check_supported(g, lambda *a: None, opts=Options())
     assert ("it sits inside the network" in str(e.value)) is inside
     assert ("a Cast is index arithmetic" in str(e.value)) is not inside
+
+
+def test_an_embedding_lookup_is_refused_saying_where_it_belongs():
+    """A text classifier's embedding (a Gather of a constant table by the model's token ids) was
+    refused with a list of 60 ONNX ops to replace it with; it says the lookup belongs in the
+    application."""
+    from tl2k210.errors import UnsupportedOpError
+    from tl2k210.k210.flow import check_supported
+    from tl2k210.k210.lower import Options
+    m = make_model([helper.make_node("Gather", ["table", "ids"], ["e"], axis=0),
+                    helper.make_node("ReduceMean", ["e"], ["y"], axes=[1])],
+                   [("ids", [1, 8])], [("y", None)], {"table": rand(100, 16)})
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.INT64
+    with pytest.raises(UnsupportedOpError, match="do the lookup in the application"):
+        check_supported(from_onnx(m), lambda *a: None, opts=Options())
