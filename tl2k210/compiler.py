@@ -598,6 +598,8 @@ def model_inputs(graph, dataset, limit, opts: ConvertOptions):
                   "values", file=sys.stderr)
         pixels = np.clip(raw, 0, 255).astype(np.uint8)
     floats = (pixels * s4 + o4).astype(np.float32)
+    if graph.meta.get("bgr_folded"):     # the model's B, G, R planes -> the camera's R, G, B, which it now reads
+        floats, pixels = np.ascontiguousarray(floats[:, ::-1]), np.ascontiguousarray(pixels[:, ::-1])
     if layout == "NCHW":
         return floats, pixels
     # an input the passes left channels-last (no layout change below it): the kmodel reads it in
@@ -634,6 +636,34 @@ def channel_means(graph, batches, limit: int = 32):
             if v is not None and v.ndim == 4:
                 sums[t] = sums.get(t, 0) + v.mean(axis=(0, 2, 3))
     return {k: snap_values(v / n) for k, v in sums.items()}
+
+
+def _fold_channel_swap(graph):
+    """--bgr: the camera gives R, G, B planes and MaixPy's kpu.forward feeds them as they are, so the
+    kmodel takes them so: the first layers reading a 3-channel image input read its channels
+    reversed (a group-1 conv's weights permuted; a depthwise one, such as the entry conv, made a
+    group-1 conv first), and graph.meta["bgr_folded"] says the input is now R, G, B. (The swap had
+    been done only by the host tools: on the board a --bgr kmodel computed on RGB, an edgetpu
+    MobileNet's top class 830 where the model fed BGR says 875.)"""
+    x = graph.inputs[0]
+    shape = graph.shape(x) or ()
+    users = graph.consumers(x)
+    if len(shape) != 4 or shape[1] != 3 or not users or any(
+            u.op != "Conv" or u.inputs[0] != x or x in u.inputs[1:] or graph.const(u.inputs[1]) is None for u in users):
+        raise Tl2k210Error(f"--bgr: input {x!r} {tuple(shape)} is not a 3-channel image that convs read; convert "
+                           "without --bgr and swap the channels in the application")
+    for u in users:
+        w = graph.const(u.inputs[1])
+        g = u.attrs.get("group", 1)
+        if g != 1:      # depthwise over the 3 channels (m outputs each): the same conv with group 1
+            m = w.shape[0] // g
+            dense = np.zeros((w.shape[0], 3) + w.shape[2:], w.dtype)
+            for o in range(w.shape[0]):
+                dense[o, o // m] = w[o, 0]
+            w = dense
+            u.attrs["group"] = 1
+        u.inputs[1] = graph.add_const(np.ascontiguousarray(w[:, ::-1]), u.inputs[1] + "/rgb")
+    graph.meta["bgr_folded"] = True
 
 
 def _check_float_input(graph):
@@ -832,6 +862,8 @@ def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False, prelus: 
                      v3_only=not fit.loads_format(opts.runtime, "v4"))
     graph, plog = run_pipeline(loaded.graph, passes, target=target)
     _check_float_input(graph)
+    if opts.channel_order.upper() == "BGR":
+        _fold_channel_swap(graph)
     fmt, forced = graph.meta["plan"]
     ide = network_ideal(loaded.graph, graph, plog, passes, target, opts.weight_bits)
     fit.check_format(fmt, forced, opts.runtime, ide.floor)
@@ -869,6 +901,8 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
             Path(own.samples).unlink(missing_ok=True)
     image = pixels is not None
     scale, offset = pixel_mapping(opts, input_chw(graph)[0], graph) if image else ((1.0,), (0.0,))
+    if image and graph.meta.get("bgr_folded"):
+        scale, offset = scale[::-1], offset[::-1]
     batches = [f[None] for f in floats]
     ranges = calibrated_ranges(graph, batches, opts.method, (scale, offset) if image else None)
     mismatch = own.input_mismatch(graph, ranges) if opts.dataset is not None else None

@@ -81,7 +81,8 @@ class ModelMetadata:
         """What `inspect` prints (control characters escaped: the text comes from a file)."""
         i = self.input
         pre = (f"pixels 0..255 -> range {i.get('range')}, mean {i.get('mean')}, std {i.get('std')}, "
-               f"{'BGR' if i.get('bgr') else 'RGB'}" if i.get("range") else "values as the float model takes them")
+               + ("BGR model, the kmodel reads the camera's RGB planes" if i.get("bgr") and i.get("planes") == "rgb"
+                  else "BGR planes" if i.get("bgr") else "RGB") if i.get("range") else "values as the float model takes them")
         lines = [f"task              {self.task or '-'}",
                  f"input             {'x'.join(map(str, i.get('shape', [])))} {i.get('layout', '')} "
                  f"{i.get('dtype', '')}, {pre}",
@@ -186,6 +187,7 @@ def _check_input(d):
     _numbers(i.get("mean"), "input.mean")
     _numbers(i.get("std"), "input.std", positive=True)
     _need(i.get("bgr") in (None, True, False), "input.bgr", f"must be true or false, not {_short(i.get('bgr'))}")
+    _need(i.get("planes") in (None, "rgb"), "input.planes", f"must be \"rgb\" or absent, not {_short(i.get('planes'))}")
     pinned = i.get("pinned")
     _need(pinned is None or isinstance(pinned, dict), "input.pinned", f"must be an object, not {_short(pinned)}")
     for name, vals in (pinned or {}).items():
@@ -408,6 +410,13 @@ def build(data: bytes, name: str, *, input: dict, outputs: list, task=None, anch
         firmware=dict(firmware or {}), source=source, tl2k210_version=__version__)
 
 
+def camera_planes(kmodel_path) -> bool:
+    """Does the kmodel of a --bgr model take the camera's R, G, B planes (the swap folded into its
+    first layer, input.planes "rgb")? Older --bgr kmodels took B, G, R: the host swapped them."""
+    meta = load_for(kmodel_path)
+    return meta is not None and bool(meta.input.get("bgr")) and meta.input.get("planes") == "rgb"
+
+
 def check_decode(model, extra: dict | None) -> None:
     """Refuse YOLOv2 anchors/labels that the model's region output cannot carry (channels =
     anchors x (5 + classes)), before they are written into its metadata: on the board such a
@@ -449,6 +458,8 @@ def for_conversion(data: bytes, output, graph, opts, image: bool, budget: int, n
     if image:       # the kmodel takes 0..255 pixels; this is what the float model wanted
         inp.update(range=[float(v) for v in opts.input_range], mean=[float(v) for v in opts.mean],
                    std=[float(v) for v in opts.std], bgr=opts.channel_order.upper() == "BGR")
+    if image and graph.meta.get("bgr_folded"):   # --bgr folded into the first layer: it reads R, G, B
+        inp["planes"] = "rgb"
     if opts.input_values:     # the other inputs, pinned by --input-value
         inp["pinned"] = {x: [float(v) for v in vals] for x, vals in opts.input_values}
     outs = [{"name": o, "shape": dims(o)} for o in graph.outputs]

@@ -163,3 +163,38 @@ def test_an_output_made_channel_major_is_said(tmp_path):
     px = np.rint(x[0] * 255).astype(np.uint8)
     boxes = np.asarray(Emulator.load(tmp_path / "o.kmodel").run(px)[0]).reshape(4, 8, 10)
     assert sqnr_db(ort_run(m, px[None] / np.float32(255))[0][0].transpose(2, 0, 1).ravel(), boxes.ravel()) > 30
+
+
+@pytest.mark.parametrize("first", ["conv", "pool"])
+def test_bgr_is_folded_into_the_kmodel_which_reads_the_cameras_rgb(first, tmp_path):
+    """--bgr promised that the kmodel swaps the camera's R and B; only the host tools did (calibration,
+    `run`, `compare`), and MaixPy's kpu.forward, which feeds the camera's planes as they are, ran a
+    --bgr kmodel on RGB (round 65's second hunt: an edgetpu MobileNet's top class 830 on the board,
+    875 as the model fed BGR says). The first layer reads the channels reversed (a pool first: the
+    entry conv becomes a group-1 conv that does), the metadata says the planes are R, G, B, and the
+    kmodel fed RGB planes computes the model fed BGR; `compare` agrees."""
+    from tl2k210.compare import compare
+    n = helper.make_node
+    head = [n("Conv", ["x", "k", "b"], ["c"], pads=[1, 1, 1, 1])] if first == "conv" else \
+        [n("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2]), n("Conv", ["p", "k", "b"], ["c"], pads=[1, 1, 1, 1])]
+    k = _w(6, 3, 3, 3)
+    k[:, 0] *= 4        # R and B weigh differently: a swap shows
+    m = make_model(head + [n("Relu", ["c"], ["y"])], [("x", [1, 3, 8, 8])], [("y", None)], {"k": k, "b": _w(6)})
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    from PIL import Image
+    imgs = RNG.integers(0, 256, (8, 8, 8, 3)).astype(np.uint8)
+    for i, a in enumerate(imgs):
+        Image.fromarray(a).save(photos / f"{i}.png")
+    out = tmp_path / "m.kmodel"
+    convert(m, str(out), ConvertOptions(dataset=str(photos), channel_order="BGR", progress=False))
+    meta = json.loads((tmp_path / "m.kmodel.json").read_text())
+    assert meta["input"]["bgr"] is True and meta["input"]["planes"] == "rgb"
+    emu = Emulator.load(out)
+    for a in imgs[:3]:
+        rgb = np.ascontiguousarray(a.transpose(2, 0, 1))
+        want = ort_run(m, (rgb[::-1] / np.float32(255))[None].astype(np.float32))[0].ravel()
+        got = np.asarray(emu.run(rgb)[0], np.float64).ravel()
+        assert sqnr_db(want.astype(np.float64), got) > 30
+    rep = compare(m, out, photos)
+    assert min(o["sqnr_db"] for o in rep["outputs"].values()) > 30
