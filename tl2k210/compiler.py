@@ -926,6 +926,8 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
     if opts.kpu_padding and any(p["pass"] == "kpu_padding" and p["changes"] for p in opt.log):
         # the opt-in rewrite changes the float math: measure it against the exact graph
         exact, _ = run_pipeline(opt.exact_graph)
+        if graph.meta.get("bgr_folded"):       # fed the same R, G, B floats
+            _fold_channel_swap(exact)
         padding_effect = calib.compare_graphs(exact, graph, batches[:opts.sqnr_samples * 4])
     return Calibration(opts, floats, pixels, scale, offset, ranges, means, range_note, calib_note,
                        padding_effect, correct_bias=costs is None, ideal=ideal, input_mismatch=mismatch)
