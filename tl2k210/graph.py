@@ -518,18 +518,22 @@ def from_onnx(model, batch=1, input_shapes=None, input_values=None):
     g.prune()
     if rebatched:
         _single_sample(g, rebatched)
-    fixed = {vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim) for vi in gp.input
-             if vi.name in inputs and all(d.dim_value > 0 for d in vi.type.tensor_type.shape.dim)}
+    # the size each input was exported at: fixed dims, a symbolic batch taken as `batch` (a Keras
+    # TFLite's [-1, 96, 96, 3]: its SAME pads at another --input-shape had been kept)
+    exported = {vi.name: [d.dim_value if d.dim_value > 0 else None for d in vi.type.tensor_type.shape.dim]
+                for vi in gp.input if vi.name in inputs}
+    fixed = {x: tuple([batch if d[0] is None else d[0]] + d[1:]) for x, d in exported.items()
+             if d and None not in d[1:]}
     resized = {x: s for x, s in (input_shapes or {}).items() if x in fixed and tuple(s) != fixed[x]}
     g.meta["sized_by_user"] = any(x in inputs and fixed.get(x) != tuple(s) for x, s in (input_shapes or {}).items())
-    exported = from_onnx(model, batch, input_values=input_values) if resized else None
+    at_export = from_onnx(model, batch, input_values=input_values) if resized else None
     tf_resized = resized and str(model.producer_name).startswith(TF_PRODUCERS)
-    infer_shapes(g, relabels=_relabel_reshapes(exported) if resized else None, check=not tf_resized)
+    infer_shapes(g, relabels=_relabel_reshapes(at_export) if resized else None, check=not tf_resized)
     if rebatched:
         _check_single_sample(g, rebatched)
     normalize_convs(g)
     if tf_resized:
-        _same_pads_resized(g, exported)
+        _same_pads_resized(g, at_export)
     return g
 
 
