@@ -836,6 +836,8 @@ def infer_shapes(g, relabels=None, check=True):
             if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
                 t.shape = tuple(d.dim_value for d in tt.shape.dim)
             t.dtype = np.dtype(_DT.get(tt.elem_type, np.float32))
+        if _resize_sizes(g):
+            continue        # a float32 scale a hair under an integer size: inferred again with the size
         if not relabels or not _follow_relabels(g, relabels):
             break
         for t in g.tensors.values():            # shapes from the old target: inferred again
@@ -868,6 +870,27 @@ def _check_window(g, n):
         f"{tuple(out.shape)}: its window is larger than its input at this input size. The model's "
         "layers fix the sizes it takes: convert at the input size it was exported with (no "
         "--input-shape), or one that keeps this layer's input at least as large as its window")
+
+
+def _resize_sizes(g) -> bool:
+    """Give a Resize whose constant scales, times its input's dims, come within 1e-4 of whole sizes
+    those sizes instead (True if any): tf2onnx writes a Keras Resizing(32, 32) of 124x129 as scales
+    32/124 and 32/129 in float32, 124 x 0.2580645 = 31.999998, which onnx's inference floors to 31
+    (onnxruntime and TFLite give 32: a Reshape after it was refused, 'export it again')."""
+    changed = False
+    for n in g.nodes:
+        if n.op != "Resize" or len(n.inputs) < 3 or not n.inputs[2] or (len(n.inputs) > 3 and n.inputs[3]):
+            continue
+        scales, x = g.const(n.inputs[2]), g.tensors.get(n.inputs[0])
+        if scales is None or x is None or not x.shape or scales.size != len(x.shape):
+            continue
+        want = np.asarray(x.shape, np.float64) * scales.astype(np.float64)
+        sizes = np.rint(want)
+        if np.all(np.abs(want - sizes) < 1e-4) and np.any(np.floor(want) != sizes):
+            n.inputs = [n.inputs[0], n.inputs[1] if len(n.inputs) > 1 else "", "",
+                        g.add_const(sizes.astype(np.int64), n.name + "/sizes")]
+            changed = True
+    return changed
 
 
 def _squeezed(shape):

@@ -314,3 +314,19 @@ def test_a_concat_of_maps_that_no_longer_agree_is_named():
     with pytest.raises(ModelLoadError, match=r"Concat node 'Concat_3' joins a \(1, 4, 10, 10\), r \(1, 3, 8, 8\) on axis "
                                              r"1; they differ on another axis: at this --input-shape"):
         from_onnx(m, input_shapes={"x": (1, 3, 10, 10)})
+
+
+def test_a_resize_scale_a_hair_under_a_whole_size_takes_the_size():
+    """tf2onnx writes a Keras Resizing(32, 32) of a 124x129 spectrogram as float32 scales 32/124 and
+    32/129: 124 x 0.2580645 = 31.999998, which onnx's inference floored to 31 (onnxruntime and TFLite
+    give 32), and the Reshape after it was refused, 'export it again' (a Pico audio classifier). The
+    Resize takes the whole sizes; the graph computes what onnxruntime does."""
+    n = helper.make_node
+    scales = np.array([1, 1, 32 / 124, 32 / 129], np.float32)
+    m = make_model([n("Resize", ["x", "", "s"], ["r"], mode="nearest"), n("Reshape", ["r", "t"], ["y"])],
+                   [("x", [1, 1, 124, 129])], [("y", None)], {"s": scales, "t": np.array([-1, 1, 32, 32], np.int64)})
+    g = from_onnx(m)
+    assert g.shape("r") == (1, 1, 32, 32) and g.shape("y") == (1, 1, 32, 32)
+    x = rand(1, 1, 124, 129)
+    alone = make_model(m.graph.node[:1], [("x", [1, 1, 124, 129])], [("r", None)], {"s": scales})
+    np.testing.assert_array_equal(run(g, x)["y"].ravel(), ort_run(alone, x)[0].ravel())
