@@ -824,6 +824,7 @@ def cut_outputs(graph, names, where: str) -> str:
     if not names:
         return ""
     computed = [t for n in graph.nodes for t in n.outputs if t]
+    names = [x + ":0" if x not in computed and x + ":0" in computed else x for x in names]   # a TF tensor's op name
     for name in names:
         if name in graph.inputs:
             raise Tl2k210Error(f"{where}: --outputs {name!r} is the model's input; name tensors its layers compute")

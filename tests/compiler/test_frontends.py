@@ -278,6 +278,29 @@ def test_a_frozen_graphs_dropout_keep_prob_is_pinned(tmp_path):
     assert sqnr_db(want.ravel().astype(np.float64), np.asarray(got, np.float64).ravel()) > 30
 
 
+def test_a_frozen_graphs_own_tensor_names_cut_it(tmp_path):
+    """uTensor's MNIST MLP ends in an ArgMax; its logits, `OuputLayer/logits:0` in the file, are the
+    Add tf2onnx fuses with the MatMul into a Gemm it names otherwise, so `--outputs` of the file's
+    name was refused as no tensor of it. The graph's own tensors (`name` or `name:0`) end the
+    conversion before tf2onnx reads it."""
+    from tl2k210.compiler import ConvertOptions, convert
+    tfm = tf()
+    rng = np.random.default_rng(9)
+    w, b = rng.standard_normal((16, 5)).astype(np.float32) * 0.4, rng.standard_normal(5).astype(np.float32)
+    g = tfm.Graph()
+    with g.as_default():
+        x = tfm.compat.v1.placeholder(tfm.float32, (1, 16), name="X")
+        logits = tfm.add(tfm.matmul(x, w), b, name="logits")
+        tfm.argmax(logits, 1, name="pred")
+    (tmp_path / "m.pb").write_bytes(g.as_graph_def().SerializeToString())
+    calib = tmp_path / "calib.npy"
+    np.save(calib, rng.uniform(0, 1, (8, 16)).astype(np.float32))
+    for name in ("logits:0", "logits"):
+        r = convert(str(tmp_path / "m.pb"), str(tmp_path / "o.kmodel"),
+                    ConvertOptions(dataset=str(calib), progress=False, outputs=(name,)))
+        assert r.totals["output_sqnr_db"] > 30 and "the model ends at 'logits:0'" in r.totals["input_note"]
+
+
 def test_frozen_tf1_graph_pb(tmp_path):
     """A frozen GraphDef (.pb: weights as constants, Placeholder input; what freeze_graph and
     Maix_Toolbox wrote): inputs and outputs found by themselves, same numbers as TensorFlow."""

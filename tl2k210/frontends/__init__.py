@@ -149,7 +149,7 @@ def _load_path(path, outputs=None, shape=None, pins=None, **opts):
     if suffix == ".pb":
         quiet.tensorflow()
         from .frozen_pb import from_frozen_pb
-        return from_frozen_pb(path, input_shape=shape, input_values=pins, **opts)
+        return from_frozen_pb(path, input_shape=shape, input_values=pins, outputs=outputs, **opts)
     if suffix == ".onnx":
         from .onnx_file import from_onnx_file
         return from_onnx_file(path)

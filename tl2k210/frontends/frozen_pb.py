@@ -197,9 +197,12 @@ def _run_graph(gd, feed, fetches):
             return dict(zip(fetches, sess.run(fetches, feed)))
 
 
-def from_frozen_pb(path, opset=None, batch=1, input_shape=None, input_values=None):
+def from_frozen_pb(path, opset=None, batch=1, input_shape=None, input_values=None, outputs=None):
     """input_shape (NCHW, --input-shape): for a Placeholder without a whole shape; input_values
-    ({name: values}, --input-value): the Placeholders the kmodel is not fed."""
+    ({name: values}, --input-value): the Placeholders the kmodel is not fed; outputs (--outputs):
+    where each names a tensor of the graph (`name` or `name:0`), the graph's outputs, so that
+    tf2onnx keeps them (it fuses a MatMul and its Add into a Gemm named otherwise: uTensor's MNIST
+    MLP's `OuputLayer/logits:0` had been refused as no tensor of the file)."""
     import tensorflow as tf
     import tf2onnx
     gd = tf.compat.v1.GraphDef()
@@ -224,7 +227,10 @@ def from_frozen_pb(path, opset=None, batch=1, input_shape=None, input_values=Non
     if input_shape:
         _shape_placeholders(gd, tuple(input_shape), {k[:-2] for k in pins})
     inputs = cut or [n.name + ":0" for n in gd.node if n.op == "Placeholder"]
-    outputs = [n.name for n in gd.node if n.name not in read and n.op not in _NOT_OUTPUTS | HOST_FRONT_END]
+    names = {n.name for n in gd.node}
+    ends = [e[:-2] if e.endswith(":0") else e for e in outputs or ()]
+    outputs = ends if ends and set(ends) <= names else \
+        [n.name for n in gd.node if n.name not in read and n.op not in _NOT_OUTPUTS | HOST_FRONT_END]
     if not inputs or not outputs:
         raise ModelLoadError(f"{path}: found {len(inputs)} Placeholder input(s) and {len(outputs)} output node(s); "
                              "a frozen graph needs both (freeze it with its inputs as Placeholders)")
