@@ -1339,6 +1339,14 @@ def test_numeric_flags_are_range_checked(argv, needle, capsys):
     assert needle in err and "Traceback" not in err
 
 
+def test_flags_are_taken_only_as_spelled(capsys):
+    """argparse's prefix matching read `run --rgb` (a flag of `compare`: RGB order) as `--rgb565`
+    without a word (round 65's second hunt): a flag a verb does not have is refused."""
+    with pytest.raises(SystemExit) as e:
+        main(["run", "m.kmodel", "x.png", "--rgb"])
+    assert e.value.code == 2 and "unrecognized arguments: --rgb" in capsys.readouterr().err
+
+
 def test_convert_mean_std_count_must_match_channels(model, tmp_path, capsys):
     m, ds = model
     rc, _, err = cli(capsys, "convert", m, tmp_path / "o.kmodel", "--dataset", ds, "--mean", "1,2", "-q")

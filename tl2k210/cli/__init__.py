@@ -46,7 +46,17 @@ def build_parser(only=None):
             continue
         mod = importlib.import_module(modname)     # a broken verb fails loudly, never vanishes
         getattr(mod, "add_" + verb + "_parser")(sub)
+    _no_abbreviations(parser)
     return parser
+
+
+def _no_abbreviations(parser):
+    """Flags only as spelled: argparse's prefix matching read `run --rgb` (a flag `compare` has:
+    RGB order) as `--rgb565`, silently (round 65's second hunt)."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        for p in getattr(action, "choices", None).values() if isinstance(action, argparse._SubParsersAction) else ():
+            _no_abbreviations(p)
 
 
 class Terminated(KeyboardInterrupt):
