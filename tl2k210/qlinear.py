@@ -221,7 +221,8 @@ def dynamic_to_float(model):
             if x is None:
                 raise UnsupportedOpError(f"node {n.name!r}: {n.op_type} of {ins[0]!r}, which is not a "
                                          "DynamicQuantizeLinear read by integer ops alone; only onnxruntime's quantize_dynamic "
-                                         "form (DynamicQuantizeLinear -> ConvInteger / MatMulInteger) is read")
+                                         "form (DynamicQuantizeLinear -> ConvInteger / MatMulInteger) is read: convert the "
+                                         "float model the file was quantized from (tl2k210 quantizes it itself), or a QDQ export")
             conv = n.op_type == "ConvInteger"
             w = _int_weight(consts, n, ins[1], ins[3], 0 if conv else -1)
             name = f"{n.name or n.output[0]}/float_weight"
