@@ -233,19 +233,20 @@ def ranges(stats, method="minmax", percentile=99.99):
 #: ops whose output holds their first input's values (moved), or some of them (picked)
 MOVES = RELABELS + ("Transpose",)
 PICKS = ("Split", "Slice")
-#: activations whose output is bounded: a model output they write is a score, a probability
-BOUNDED = {"Sigmoid": (0.0, 1.0), "HardSigmoid": (0.0, 1.0), "Softmax": (0.0, 1.0), "Tanh": (-1.0, 1.0)}
+#: elementwise activations whose output is bounded: a model output they write is a score, a
+#: probability (a Softmax output is the runtime's float SOFTMAX: no grid to widen)
+BOUNDED = {"Sigmoid": (0.0, 1.0), "HardSigmoid": (0.0, 1.0), "Tanh": (-1.0, 1.0)}
 
 
 def _reach(act: dict):
-    """(lo, hi): the inputs beyond which the elementwise bounded activation `act` is within half a
-    uint8 step of its bounds; None for Softmax (its logits are relative)."""
+    """(lo, hi): the inputs beyond which the bounded activation `act` is within half a uint8 step
+    of its bounds."""
     op = act["op"]
     if op == "HardSigmoid":
         a, b = act.get("alpha", 0.2), act.get("beta", 0.5)
         return -b / a, (1 - b) / a
-    e = {"Sigmoid": math.log(2 * 255 - 1), "Tanh": math.atanh(1 - 1 / 255)}.get(op)
-    return None if e is None else (-e, e)
+    e = math.log(2 * 255 - 1) if op == "Sigmoid" else math.atanh(1 - 1 / 255)
+    return -e, e
 
 
 def bounded_outputs(graph, ranges, own=()) -> dict:
@@ -279,10 +280,10 @@ def bounded_outputs(graph, ranges, own=()) -> dict:
             continue
         out[y] = (lo, hi)
         ranges.update({m: wide for m in path})
-        if (reach := _reach(act)) is not None:
-            for m in reads:
-                a, b = ranges[m]
-                ranges[m] = (min(a, reach[0]) if a < 0 else a, max(b, reach[1]))
+        reach = _reach(act)
+        for m in reads:
+            a, b = ranges[m]
+            ranges[m] = (min(a, reach[0]) if a < 0 else a, max(b, reach[1]))
     return out
 
 
