@@ -264,8 +264,9 @@ def _format_why(model, lw, opts, note="") -> str:
     from tl2k210.k210.fit import forced_text
     if opts.format == "auto" and note:
         return note
-    if opts.format == "auto" and lw.forced_by:
-        return f"kmodel v4 (--format auto): v3 cannot express {forced_text(lw.forced_by)}"
+    if opts.format == "auto" and lw.forced_by:      # a node v3 has no form for, or a whole-model reason
+        return (f"kmodel v4 (--format auto): v3 cannot express {forced_text(lw.forced_by)}" if lw.forced_by[0]
+                else f"kmodel v4 (--format auto): not v3, as {lw.forced_by[1]}")
     return "kmodel v4 (--format v4)"
 
 
