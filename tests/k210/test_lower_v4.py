@@ -121,7 +121,7 @@ def test_float_conv2d_when_uint8_weights_lose_too_much(monkeypatch, cpu_kxl):
               {"w1": w, "b1": W(4)})
     model, q, rows = check_v4(m, opcodes=("conv2d", "nnil_unary_method"))
     r = next(r for r in rows if r.node == "c5")
-    assert r.lowering == "conv2d" and "dB of the weights" in " ".join(r.notes)
+    assert r.lowering == "conv2d" and "dB of the weights of the output channel they serve worst" in " ".join(r.notes)
 
 
 KXK_TRADES = {     # K x K convs the KPU runs as shift stages, and their smaller form

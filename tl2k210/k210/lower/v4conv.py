@@ -228,8 +228,8 @@ def qconv_refuses(g, node, opts):
         return f"{taps} taps per output overflow the int32 accumulator (at most {ACC_TAPS_MAX:,})"
     q = weight_sqnr(W, int(node.attrs.get("group", 1)))
     if q < WEIGHT_SQNR_MIN and not wants_small(opts, node):
-        return (f"per-layer uint8 weights keep only {q:.1f} dB of the weights (spread "
-                f"{float(np.max(np.abs(W))):.3g} / {float(np.std(W)):.3g}): the float conv2d keeps them")
+        return (f"per-layer uint8 weights keep only {q:.1f} dB of the weights of the output channel they serve "
+                f"worst (spread {float(np.max(np.abs(W))):.3g} / {float(np.std(W)):.3g}): the float conv2d keeps them")
     return None
 
 
