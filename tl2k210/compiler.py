@@ -649,6 +649,8 @@ def _fold_channel_swap(graph):
     x = graph.inputs[0]
     shape = graph.shape(x) or ()
     users = graph.consumers(x)
+    if len(shape) == 4 and shape[1] == 1:
+        return          # a gray image: nothing to swap (as --bgr always did there)
     if len(shape) != 4 or shape[1] != 3 or not users or any(
             u.op != "Conv" or u.inputs[0] != x or x in u.inputs[1:] or graph.const(u.inputs[1]) is None for u in users):
         raise Tl2k210Error(f"--bgr: input {x!r} {tuple(shape)} is not a 3-channel image that convs read; convert "

@@ -198,3 +198,14 @@ def test_bgr_is_folded_into_the_kmodel_which_reads_the_cameras_rgb(first, tmp_pa
         assert sqnr_db(want.astype(np.float64), got) > 30
     rep = compare(m, out, photos)
     assert min(o["sqnr_db"] for o in rep["outputs"].values()) > 30
+
+
+def test_bgr_on_a_gray_model_changes_nothing(tmp_path):
+    """--bgr on a one-channel model was a no-op; folding the swap into the first layer keeps it so
+    (no refusal, no `planes` in the metadata)."""
+    m, _ = nhwc_conv(1, 8, 8)
+    calib = tmp_path / "c.npy"
+    np.save(calib, RNG.uniform(0, 1, (8, 8, 8, 1)).astype(np.float32))
+    convert(m, str(tmp_path / "g.kmodel"), ConvertOptions(dataset=str(calib), channel_order="BGR", progress=False))
+    meta = json.loads((tmp_path / "g.kmodel.json").read_text())
+    assert "planes" not in meta["input"]
