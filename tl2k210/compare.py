@@ -141,7 +141,8 @@ def compare_graph(graph, kmodel_path, dataset, limit=200, decode=None, anchors=N
     # uint8 pixels for a kmodel that takes the camera image, the preprocessed floats (CHW)
     # for one with a float input (nncase v0.2 without --input-type uint8)
     feeds = pixels if pixels is not None and emu_dtype == np.uint8 else chw
-    if feeds is pixels and pixels is not None and metadata.camera_planes(kmodel_path):
+    meta = metadata.load_for(kmodel_path)
+    if feeds is pixels and pixels is not None and meta is not None and meta.input.get("bgr") and meta.planes == "rgb":
         feeds = pixels[:, ::-1]     # a --bgr kmodel takes the camera's R, G, B planes; the float model B, G, R
     frames = emu.iter_frames(np.asarray(f).astype(emu_dtype).reshape(emu_shape) for f in feeds)
     for i, outs in enumerate(frames):   # several frames at once, each as by itself

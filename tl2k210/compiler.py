@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tl2k210.errors import KpuLimitError, QualityError, Tl2k210Error, nearest
+from tl2k210.errors import KpuLimitError, QualityError, Tl2k210Error, UnsupportedOpError, nearest
 from tl2k210.graph import RELABELS, describe, stage_names
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.fit import BudgetError, FormatError  # noqa: F401  (raised by convert)
@@ -367,18 +367,29 @@ def pixel_rescaling(graph) -> str | None:
 FLOAT_INPUT_RANGES = ((0.0, 1.0), (-1.0, 1.0), (0.0, 255.0))
 
 
-def _integer_input_mismatch(q, opts: ConvertOptions) -> str | None:
-    """The warning for an --input-range that reaches past what a quantized model's integer input
-    stands for by more than half its width (cifar int8 at 0..1 given -1,1: the negative half
-    saturated silently; ModelRanges.input_mismatch says it for a float input quantized first)."""
-    if q is None or opts.input_range is None:
-        return None
+def _integer_input_range(q) -> tuple:
+    """(lo, hi) the kmodel's input codes 0..255 stand for, from a quantized model's integer input
+    quantization `q` (scale, zero point, dtype): uint8 q -> (q - zp) * scale, int8 q = code - 128."""
     scale, zp, dtype = q
     zp_u8 = zp + 128 if dtype == "int8" else zp
-    lo, hi = -zp_u8 * scale, (255 - zp_u8) * scale
-    a, b = opts.input_range
-    if max(0.0, lo - a) + max(0.0, b - hi) <= 0.5 * (hi - lo):
+    return -zp_u8 * scale, (255 - zp_u8) * scale
+
+
+def _reaches_past(own, given) -> bool:
+    """Does range `given` reach past `own` by more than half own's width (what its quantization
+    saturates)?"""
+    (lo, hi), (a, b) = own, given
+    return max(0.0, lo - a) + max(0.0, b - hi) > 0.5 * (hi - lo)
+
+
+def _integer_input_mismatch(q, opts: ConvertOptions) -> str | None:
+    """The warning for an --input-range that reaches past what a quantized model's integer input
+    stands for (cifar int8 at 0..1 given -1,1: the negative half saturated silently;
+    ModelRanges.input_mismatch says it for a float input quantized first)."""
+    if q is None or opts.input_range is None or not _reaches_past(_integer_input_range(q), opts.input_range):
         return None
+    scale, zp, dtype = q
+    (lo, hi), (a, b) = _integer_input_range(q), opts.input_range
     return (f"warning: --input-range {a:g},{b:g} reaches past what the model's {dtype} input stands for "
             f"({lo:.4g}..{hi:.4g}: scale {scale:.6g}, zero point {zp}), which saturates the rest; without "
             "--input-range the kmodel takes that range")
@@ -423,8 +434,7 @@ def model_input_range(graph, opts: ConvertOptions):
             "input give --input-range (0,255: the pixels as they are), --mean/--std and --bgr as it was"
             if image and opts.mean == (0.0,) and opts.std == (1.0,) else None)
     scale, zp, dtype = q
-    zp_u8 = zp + 128 if dtype == "int8" else zp
-    rng = (-zp_u8 * scale, (255 - zp_u8) * scale)
+    rng = _integer_input_range(q)
     return replace(opts, input_range=rng), (
         f"input range {rng[0]:.6g},{rng[1]:.6g} taken from the model's {dtype} input quantization "
         f"(scale {scale:.6g}, zero point {zp}); override with --input-range")
@@ -483,7 +493,7 @@ class ModelRanges:
         if x not in self.own or x not in ranges:
             return None
         (lo, hi), (a, b) = self.own[x], ranges[x]
-        if max(0.0, lo - a) + max(0.0, b - hi) <= 0.5 * (hi - lo):
+        if not _reaches_past((lo, hi), (a, b)):
             return None
         return (f"warning: the samples reach {a:.4g}..{b:.4g} at the model input, but the model's own input "
                 f"quantization stands for {lo:.4g}..{hi:.4g} (its first QuantizeLinear saturates the rest, as "
@@ -659,10 +669,8 @@ def _fold_channel_swap(graph):
         w = graph.const(u.inputs[1])
         g = u.attrs.get("group", 1)
         if g != 1:      # depthwise over the 3 channels (m outputs each): the same conv with group 1
-            m = w.shape[0] // g
             dense = np.zeros((w.shape[0], 3) + w.shape[2:], w.dtype)
-            for o in range(w.shape[0]):
-                dense[o, o // m] = w[o, 0]
+            dense[np.arange(w.shape[0]), np.arange(w.shape[0]) // (w.shape[0] // g)] = w[:, 0]
             w = dense
             u.attrs["group"] = 1
         u.inputs[1] = graph.add_const(np.ascontiguousarray(w[:, ::-1]), u.inputs[1] + "/rgb")
@@ -674,7 +682,6 @@ def _check_float_input(graph):
     values: the model computes on the integers) has no kmodel form: refuse, naming it (an int32
     mirror-pad test model met onnxruntime's type error on tl2k210's own entry conv, 'fix the
     model')."""
-    from tl2k210.errors import UnsupportedOpError
     x = graph.inputs[0]
     dt = graph.tensors[x].dtype
     if dt.kind in "iub":
@@ -690,7 +697,6 @@ def _check_float_input(graph):
 def _check_unbatched_vector(graph):
     """A 1-D input of n > 1 values has no batch axis: the calibration data's first axis would be
     read as samples of it. Refuse, naming the node that reads it."""
-    from tl2k210.errors import UnsupportedOpError
     x = graph.inputs[0]
     shape = graph.shape(x) or ()
     if len(shape) == 1 and shape[0] > 1:
@@ -1105,7 +1111,6 @@ def _measure(graph, built, cal: Calibration):
             tests.setdefault(t, []).append(v)
         for o, out in zip(graph.outputs, outs):
             if np.size(out) != np.size(ref[o]):   # a lowering bug: refuse rather than write it
-                from tl2k210.errors import UnsupportedOpError
                 raise UnsupportedOpError(
                     f"internal error: the kmodel's output {o} has {np.size(out):,} values, the float "
                     f"model's {np.size(ref[o]):,} {tuple(np.shape(ref[o]))}; nothing was written -- please "

@@ -845,14 +845,8 @@ def infer_shapes(g, relabels=None, check=True):
                 t.shape = None
     for n in g.nodes if check else ():
         _check_window(g, n)
-        if n.op in ("MatMul", "Gemm"):
-            _check_dense(g, n)
-        elif n.op == "Concat":
-            _check_concat(g, n)
-        if n.op == "Reshape":
-            _check_reshape(g, n)
-        elif n.op in _BROADCASTING:
-            _check_broadcast(g, n)
+        if (op_check := SHAPE_CHECKS.get(n.op)) is not None:
+            op_check(g, n)
     return g
 
 
@@ -1044,6 +1038,11 @@ def _check_reshape(g, n):
         raise ModelLoadError(
             f"Reshape node {n.name or n.outputs[0]!r}: cannot reshape {n.inputs[0]} "
             f"{'x'.join(map(str, src.shape))} ({size:,} values) into {dims}: {fix}")
+
+
+#: what onnx's lenient shape inference lets through, refused by op with the node named (infer_shapes)
+SHAPE_CHECKS = {"MatMul": _check_dense, "Gemm": _check_dense, "Concat": _check_concat, "Reshape": _check_reshape,
+                **dict.fromkeys(_BROADCASTING, _check_broadcast)}
 
 
 class FloatSession:

@@ -77,12 +77,19 @@ class ModelMetadata:
             return a
         return int(str(a), 0)
 
+    @property
+    def planes(self) -> str:
+        """The order of the kmodel's input planes: "bgr" for a --bgr kmodel made before the swap
+        was folded into its first layer (the host swapped the image: `run`, `compare`), else
+        "rgb", the camera's, which MaixPy's kpu.forward feeds as they are."""
+        return "bgr" if self.input.get("bgr") and self.input.get("planes") != "rgb" else "rgb"
+
     def summary_lines(self) -> list[str]:
         """What `inspect` prints (control characters escaped: the text comes from a file)."""
         i = self.input
         pre = (f"pixels 0..255 -> range {i.get('range')}, mean {i.get('mean')}, std {i.get('std')}, "
-               + ("BGR model, the kmodel reads the camera's RGB planes" if i.get("bgr") and i.get("planes") == "rgb"
-                  else "BGR planes" if i.get("bgr") else "RGB") if i.get("range") else "values as the float model takes them")
+               + ("BGR planes" if self.planes == "bgr" else "BGR model, the kmodel reads the camera's RGB planes"
+                  if i.get("bgr") else "RGB") if i.get("range") else "values as the float model takes them")
         lines = [f"task              {self.task or '-'}",
                  f"input             {'x'.join(map(str, i.get('shape', [])))} {i.get('layout', '')} "
                  f"{i.get('dtype', '')}, {pre}",
@@ -408,13 +415,6 @@ def build(data: bytes, name: str, *, input: dict, outputs: list, task=None, anch
         input=input, outputs=outputs, task=task, anchors=list(anchors) if anchors else None,
         labels=list(labels) if labels else None, decode=dict(decode or {}),
         firmware=dict(firmware or {}), source=source, tl2k210_version=__version__)
-
-
-def camera_planes(kmodel_path) -> bool:
-    """Does the kmodel of a --bgr model take the camera's R, G, B planes (the swap folded into its
-    first layer, input.planes "rgb")? Older --bgr kmodels took B, G, R: the host swapped them."""
-    meta = load_for(kmodel_path)
-    return meta is not None and bool(meta.input.get("bgr")) and meta.input.get("planes") == "rgb"
 
 
 def check_decode(model, extra: dict | None) -> None:

@@ -210,7 +210,7 @@ def cmd_run(args):
                                "image: pass a .npy file")
         image = imaging.load_rgb(args.input)
         x = imaging.to_model_input(image, chw_shape, rgb565=args.rgb565)
-        if meta is not None and meta.input.get("bgr") and meta.input.get("planes") != "rgb" and chw_shape[0] == 3:
+        if meta is not None and meta.planes == "bgr" and chw_shape[0] == 3:
             x = np.ascontiguousarray(x[::-1])        # an older --bgr kmodel: it takes B, G, R planes
     if n is not None:
         from tl2k210.arrays import MAX_ARRAY_BYTES
