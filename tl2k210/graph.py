@@ -891,57 +891,77 @@ def _squeezed(shape):
     return [d for d in shape if d != 1]
 
 
-def _merged(a, b):
-    """For a Reshape of dims `a` into `b` that only merges adjacent dims (or keeps them; size-1
-    dims move freely): [the indices into _squeezed(a) each non-1 dim of `b` is the product of],
-    else None (a split, or dims that regroup)."""
-    src, groups, i = _squeezed(a), [], 0
-    for d in _squeezed(b):
-        group, size = [], 1
-        while size < d and i < len(src):
-            group.append(i)
-            size *= src[i]
-            i += 1
-        if size != d:
-            return None
-        groups.append(group)
-    return groups if i == len(src) else None
+def _blocks(a, b):
+    """For a Reshape of dims `a` into `b` (size-1 dims move freely): the smallest runs of adjacent
+    non-1 dims whose products match, [(indices into _squeezed(a), indices into _squeezed(b))], else
+    None. (1, H, W, 2, C) -> (1, H, 2W, C): ([0], [0]), ([1, 2], [1]), ([3], [2]); a pixel
+    shuffle's (1, 9, H, W) -> (1, 1, 3, 3, H, W): ([0], [0, 1]), ([1], [2]), ([2], [3])."""
+    src, dst = _squeezed(a), _squeezed(b)
+    blocks, i, j = [], 0, 0
+    while i < len(src) and j < len(dst):
+        ia, jb, pa, pb = [i], [j], src[i], dst[j]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb and i < len(src):
+                ia.append(i); pa *= src[i]; i += 1
+            elif pb < pa and j < len(dst):
+                jb.append(j); pb *= dst[j]; j += 1
+            else:
+                return None
+        blocks.append((ia, jb))
+    return blocks if i == len(src) and j == len(dst) else None
 
 
 def _relabel_reshapes(g0) -> dict:
-    """{Reshape node name: its output rank, where its non-1 dims go and which input dims each
-    merges} for the Reshapes of `g0` (the graph at its exported size) with a constant target that
-    only move size-1 dims (a NHWC <-> NCHW transpose of a one-channel map, which tf2onnx writes as
-    a Reshape) or merge adjacent dims of a map (TF's Object Detection API's nearest upsampling:
-    a map stacked with itself, (1, H, W, 2, C) -> (1, H, 2W, C)); not a flatten into a vector or
-    rows, which the dense layer after it reads at its exported size."""
+    """{Reshape node name: its input and output dims} for the Reshapes of `g0` (the graph at its
+    exported size) with a constant target that only move size-1 dims (a NHWC <-> NCHW transpose
+    of a one-channel map, which tf2onnx writes as a Reshape), merge adjacent dims of a map (TF's
+    Object Detection API's nearest upsampling: a map stacked with itself, (1, H, W, 2, C) -> (1, H,
+    2W, C)) or split dims the input size does not change (a pixel shuffle's channels); not a
+    flatten into a vector or rows, which the dense layer after it reads at its exported size."""
     out = {}
     for n in g0.nodes:
         if n.op == "Reshape" and len(n.inputs) > 1 and g0.const(n.inputs[1]) is not None:
             a, b = g0.shape(n.inputs[0]), g0.shape(n.outputs[0])
-            groups = _merged(a, b) if a and b else None
-            if groups is not None and (len(b) >= 3 or all(len(k) == 1 for k in groups)):   # a flatten keeps its size
-                out[n.name] = (len(b), [i for i, d in enumerate(b) if d != 1], groups)
+            blocks = _blocks(a, b) if a and b else None
+            if blocks is not None and (len(b) >= 3 or all(len(x) == len(y) == 1 for x, y in blocks)):
+                out[n.name] = (tuple(a), tuple(b))
     return out
+
+
+def _regrouped(a0, b0, a1):
+    """The target a Reshape of `a0` into `b0` has for input dims `a1` (another input size): each
+    block of _blocks(a0, b0) whose input dims kept their sizes keeps its output dims, one that
+    merges into one dim takes their new product; None where the sizes cannot say (a changed dim
+    split in two, a dim that became 1)."""
+    s0, s1 = _squeezed(a0), _squeezed(a1)
+    if len(s0) != len(s1):
+        return None
+    d0, d1 = _squeezed(b0), []
+    for ia, jb in _blocks(a0, b0):
+        if all(s0[i] == s1[i] for i in ia):
+            d1 += [d0[j] for j in jb]
+        elif len(jb) == 1:
+            d1.append(int(np.prod([s1[i] for i in ia])))
+        else:
+            return None
+    it = iter(d1)
+    return [1 if d == 1 else next(it) for d in b0]
 
 
 def _follow_relabels(g, relabels) -> bool:
     """Give the first relabelling Reshape whose target no longer holds its input its input's dims,
-    merged as at the exported size (infer_shapes); True where one changed (shapes to infer again)."""
+    grouped as at the exported size (infer_shapes); True where one changed (shapes to infer again)."""
     for n in g.nodes:
         if n.name not in relabels:
             continue
         src = g.shape(n.inputs[0])
-        rank, where, groups = relabels[n.name]
         target = [int(d) for d in np.asarray(g.const(n.inputs[1])).reshape(-1)]
         if not src or int(np.prod(src)) == int(np.prod([d for d in target if d > 0])) and -1 not in target:
             continue
-        dims = _squeezed(src)
-        if sum(map(len, groups)) != len(dims):
+        new = _regrouped(*relabels[n.name], src)
+        if new is None:
             return False
-        new = [1] * rank
-        for i, group in zip(where, groups):
-            new[i] = int(np.prod([dims[k] for k in group]))
         if new == target:
             continue
         n.inputs[1] = g.add_const(np.array(new, np.int64), n.name + "/shape")
