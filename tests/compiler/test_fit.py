@@ -105,8 +105,9 @@ def test_ideal_keeps_prelus_whole():
 
 
 def _huge(tmp_path):
-    """640x640 RGB into 8 channels: 1.23 MB + 3.28 MB of uint8 maps live at the conv; with 2 MiB of
-    them in KPU RAM, 2.42 MB must be in main memory > 2 MiB."""
+    """640x640 RGB into 8 channels: 1.23 MB + 3.28 MB of uint8 maps live at the conv; the KPU RAM
+    can hold the first, not the second (> 2 MiB), so 3.28 MB must be in main memory > 2 MiB (it
+    had counted 2 MiB of any maps in KPU RAM: 2.41 MB)."""
     m = make_model([conv_node("wide", "x", "w", "b", pads=[1, 1, 1, 1])], [("x", [1, 3, 640, 640])],
                    [("wide", [1, 8, 640, 640])], {"w": W(8, 3, 3, 3), "b": W(8)})
     src = tmp_path / "huge.onnx"
@@ -128,8 +129,8 @@ def test_refused_before_calibration_when_even_the_ideal_does_not_fit(tmp_path, p
     assert time.perf_counter() - t0 < 20
     msg = str(e.value)
     assert "ideal at 8 bits 4.51 MB (weights 372 B + maps 4.51 MB live at wide)" in msg
-    assert ("even with 2,097,152 B of its maps in KPU RAM it needs 2,408,820 B, which exceeds what 'maixpy' "
-            "firmware leaves for model + main memory (2,097,152 B)") in msg
+    assert ("even with the 2,097,152 B KPU RAM holding what it can of its maps (none larger than it) it needs "
+            "3,277,172 B, which exceeds what 'maixpy' firmware leaves for model + main memory (2,097,152 B)") in msg
     assert "no form of this model fits it" in msg and "--runtime maixpy-minimum" in msg
     assert "Its maps need the most: a fully convolutional model converts at a smaller input with --input-shape" in msg
     assert "Nothing was written" in msg and not out.exists() and not (tmp_path / "huge.kmodel.json").exists()

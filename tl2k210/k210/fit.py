@@ -102,9 +102,9 @@ def check_ideal(ide, runtime: str, where: str, fmt: str = "v3", graph=None):
     top = sorted(ide.layers, key=lambda r: -r.weight_bytes)[:3]
     bigger = fitting_runtimes(ide.floor, int(fmt.lstrip("v")))
     raise BudgetError(
-        f"{where}: {ide.text()}; even with {hw.KPU_RAM_BYTES:,} B of its maps in KPU RAM it needs "
-        f"{ide.floor:,} B, which exceeds what '{runtime}' firmware leaves for model + main memory "
-        f"({budget:,} B): no form of this model fits it (largest weights at the ideal: "
+        f"{where}: {ide.text()}; even with the {hw.KPU_RAM_BYTES:,} B KPU RAM holding what it can of its "
+        f"maps (none larger than it) it needs {ide.floor:,} B, which exceeds what '{runtime}' firmware "
+        f"leaves for model + main memory ({budget:,} B): no form of this model fits it (largest weights at the ideal: "
         + ", ".join(f"{r.node} {_kb(r.weight_bytes)}" for r in top) + "). "
         + (f"Use --runtime {' or '.join(bigger)}" if bigger else
            "No K210 runtime holds it: use a smaller network (fewer channels, a smaller input)")

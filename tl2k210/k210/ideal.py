@@ -23,9 +23,10 @@ the passes (before calibration), the yardstick of every receipt and refusal.
 
 The ideal (weights + maps) is the yardstick: a model whose ideal fits a runtime's budget should
 convert for it. It is not quite a floor, for maps may live in the 2 MiB KPU RAM instead of main
-memory: `floor` (the weights + what of the live set the KPU RAM cannot hold) is, and a model whose
-floor exceeds what a runtime leaves cannot fit it in any form: `convert` refuses it before
-calibration (fit.check_ideal).
+memory: `floor` is, the weights + at the op where it is most what of the live set the KPU RAM
+cannot hold (a map larger than the KPU RAM is in main memory whole; the others there at most
+its size), and a model whose floor exceeds what a runtime leaves cannot fit it in any form:
+`convert` refuses it before calibration (fit.check_ideal).
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ class LayerIdeal:
     op: str
     weight_bytes: int      # this op's weights/bias/table at the ideal
     live_bytes: int        # uint8 maps live while this op runs
+    main_bytes: int = 0    # the least of them main memory holds (what the KPU RAM cannot)
 
 
 @dataclass
@@ -75,7 +77,7 @@ class Ideal:
     @property
     def floor(self) -> int:
         """The least kmodel + main memory of any form: the maps the KPU RAM cannot hold are in main memory."""
-        return self.weight_bytes + max(0, self.live_bytes - hw.KPU_RAM_BYTES)
+        return self.weight_bytes + max((r.main_bytes for r in self.layers), default=0)
 
     def layer(self, node) -> LayerIdeal | None:
         return next((r for r in self.layers if r.node == node), None)
@@ -162,9 +164,12 @@ def ideal(g, weight_bits: int = 8) -> Ideal:
     layers, peak, peak_at = [], 0, order[0].name if order else ""
     parts_of, counted = g.meta.get("parts_of", {}), set()   # a split op's parts: its fixed bytes once
     for i, n in enumerate(order):
-        live = sum(s for t, s in size.items() if birth[t] <= i <= death[t])
+        maps = [s for t, s in size.items() if birth[t] <= i <= death[t]]
+        live = sum(maps)
+        kpu = min(hw.KPU_RAM_BYTES, sum(s for s in maps if s <= hw.KPU_RAM_BYTES))
         origin = parts_of.get(n.name, n.name)
-        layers.append(LayerIdeal(n.name, n.op, node_weight_bytes(g, n, weight_bits, origin not in counted), live))
+        layers.append(LayerIdeal(n.name, n.op, node_weight_bytes(g, n, weight_bits, origin not in counted),
+                                 live, live - kpu))
         counted.add(origin)
         if live > peak:
             peak, peak_at = live, n.name
