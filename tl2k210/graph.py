@@ -53,6 +53,8 @@ OPSET = 18   # the IR's opset: what tf2onnx 1.17 writes at most (onnxruntime 1.3
 MIN_OPSET = 13   # older ONNX files are upgraded to OPSET first (onnx.version_converter)
 #: ops that relabel a tensor (same values, another shape): no new map, no rounding
 RELABELS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+#: ops whose output holds their input's values, moved: a relabel or a transpose
+MOVES = RELABELS + ("Transpose",)
 
 
 @dataclass

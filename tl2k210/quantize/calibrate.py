@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tl2k210.graph import RELABELS, FloatSession, describe, stage_names, to_onnx
+from tl2k210.graph import MOVES, FloatSession, describe, stage_names, to_onnx
 
 BINS = 2048
 SNAP_BITS = 8
@@ -230,8 +230,7 @@ def ranges(stats, method="minmax", percentile=99.99):
     return out
 
 
-#: ops whose output holds their first input's values (moved), or some of them (picked)
-MOVES = RELABELS + ("Transpose",)
+#: ops whose output holds some of their first input's values (picked)
 PICKS = ("Split", "Slice")
 #: elementwise activations whose output is bounded: a model output they write is a score, a
 #: probability (a Softmax output is the runtime's float SOFTMAX: no grid to widen)

@@ -15,7 +15,7 @@ kmodel's SQNR against this graph's.
 """
 import numpy as np
 
-from tl2k210.graph import RELABELS, through_relabels
+from tl2k210.graph import MOVES, RELABELS, through_relabels
 
 from . import uniform as fx
 from .bias_correction import mean_shift
@@ -48,7 +48,7 @@ def _only_to_head(g, t):
     if t in g.outputs or not users:
         return False
     for u in users:
-        if u.op in RELABELS + ("Transpose",):
+        if u.op in MOVES:
             if not _only_to_head(g, u.outputs[0]):
                 return False
         elif u.op in HEAD_OPS:
