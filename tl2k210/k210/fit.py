@@ -108,18 +108,35 @@ def check_ideal(ide, runtime: str, where: str, fmt: str = "v3", graph=None):
         + ", ".join(f"{r.node} {_kb(r.weight_bytes)}" for r in top) + "). "
         + (f"Use --runtime {' or '.join(bigger)}" if bigger else
            "No K210 runtime holds it: use a smaller network (fewer channels, a smaller input)")
-        + (_maps_advice(graph) if ide.live_bytes > 4 * ide.weight_bytes else "")
+        + (_maps_advice(graph, ide, budget) if ide.live_bytes > 4 * ide.weight_bytes else "")
         + ". Nothing was written.")
 
 
-def _maps_advice(graph) -> str:
+def _maps_advice(graph, ide, budget) -> str:
     fixed = fixed_sizes(graph) if graph is not None else []
-    if graph is not None and graph.meta.get("sized_by_user") and fixed:
-        return (f". Its maps need the most, at the --input-shape given too: {', '.join(map(repr, fixed[:3]))} "
+    if fixed:      # no --input-shape makes those smaller
+        return (". Its maps need the most" + (", at the --input-shape given too" if graph.meta.get("sized_by_user")
+                                               else "") + f": {', '.join(map(repr, fixed[:3]))} "
                 "output a size the file fixes (a ConvTranspose's output_shape, a Resize to constant sizes); "
                 "export the model at the size it is to run at")
-    return (". Its maps need the most: a fully convolutional model converts at a smaller input with "
-            "--input-shape 1,C,H,W (MTCNN's P-Net, exported at 600x800, fits at 48x64)")
+    size = _smaller_input(graph, ide, budget)
+    return (". Its maps need the most: a fully convolutional model converts at a smaller input, "
+            + (f"e.g. --input-shape {size} (its maps shrink with the input's area)" if size else
+               "--input-shape 1,C,H,W (MTCNN's P-Net, exported at 600x800, fits at 48x64)"))
+
+
+def _smaller_input(graph, ide, budget):
+    """'1,C,H,W' of the same aspect, a multiple of 16, whose maps at the floor's proportion (the
+    floor's maps scale with the area; a map the KPU RAM then holds only lowers it) fit `budget`
+    beside the weights, or None (weights alone too big, no 4-D input)."""
+    shape = graph.shape(graph.inputs[0]) if graph is not None and len(graph.inputs) == 1 else None
+    maps, room = ide.floor - ide.weight_bytes, budget - ide.weight_bytes
+    if not shape or len(shape) != 4 or maps <= 0 or room <= 0:
+        return None
+    c, h, w = (shape[3], shape[1], shape[2]) if shape[3] <= 4 < shape[1] else shape[1:]
+    k = (room / maps) ** 0.5
+    h2, w2 = int(h * k) // 16 * 16, int(w * k) // 16 * 16
+    return f"1,{c},{h2},{w2}" if h2 >= 16 and w2 >= 16 else None
 
 
 def check_budget(model, nbytes: int, runtime: str, lw=None, rows=(), ide=None, v3_error=None):
