@@ -120,6 +120,14 @@ def names_list(text):
     return names
 
 
+def one_name(text):
+    """One tensor name (a kmodel has one input)."""
+    names = names_list(text)
+    if len(names) > 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a kmodel has one input; give one tensor name")
+    return names[0]
+
+
 def choices_list(allowed, example):
     """Comma-separated names, each one of `allowed`."""
     def parse(text):
@@ -171,6 +179,9 @@ def add_preprocess(p, from_metadata=False):
     g.add_argument("--outputs", type=names_list, metavar="NAME[,NAME...]",
                    help="end the model at these tensors (as netron shows them): an ArgMax, decoder or "
                    "post-processing after them stays in the application")
+    g.add_argument("--inputs", type=one_name, metavar="NAME",
+                   help="start the model at this tensor (as netron shows it): a front end before it (an FFT "
+                   "or MFCC, a decoder) stays in the application, and the kmodel is fed what it holds")
     p.add_argument("--weights", help="weights .h5 for a Keras architecture .json (model.to_json())")
 
 
@@ -189,6 +200,7 @@ def pre_opts(args, meta=None):
     bgr = args.bgr if args.bgr is not None else bool(m.get("bgr", False))
     return dict(input_range=pick("input_range", "range"), mean=pick("mean", "mean"), std=pick("std", "std"),
                 channel_order="BGR" if bgr else "RGB", input_shape=args.input_shape, outputs=args.outputs,
+                inputs=args.inputs or m.get("start"),
                 input_values=tuple(args.input_value or ()) or tuple(
                     (x, tuple(v)) for x, v in (m.get("pinned") or {}).items()))
 

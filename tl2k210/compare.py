@@ -73,6 +73,8 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
     meta = metadata.load_for(kmodel_path)
     ends = opts.outputs or ([o.get("name") for o in meta.outputs] if meta is not None else None)
     kw = {"weights": opts.weights} if opts.weights else {}
+    if opts.inputs:
+        kw["start"] = opts.inputs
     model = None
     if ends:
         try:    # as convert cut it (a .tflite before a custom op TFLite cannot read)

@@ -46,6 +46,7 @@ class ConvertOptions:
     input_shape: tuple | None = None      # NCHW, for models with symbolic dims
     input_values: tuple = ()              # ((input name, values), ...): inputs pinned to constants
     outputs: tuple | None = None          # end the model at these tensors (a decoder after them stays out)
+    inputs: str | None = None             # start the model at this tensor (a front end before it stays out)
     network: object = None                # TensorLayer network for weight files
     format: str = "auto"                  # kmodel v3 | v4 | auto (v3 when every layer has a v3 form)
     optimize: str = "latency"             # latency: the fastest forms that fit (fit.LATENCY_SLACK) | size: the smallest
@@ -780,6 +781,8 @@ def load(source, opts: ConvertOptions) -> Loaded:
         load_kw["weights"] = opts.weights
     if opts.outputs:
         load_kw["outputs"] = tuple(opts.outputs)      # a .tflite: cut before TFLite's reader meets a custom op
+    if opts.inputs:
+        load_kw["start"] = opts.inputs                # a .tflite: cut before TFLite's reader meets an FFT
     if opts.input_shape:
         load_kw["nchw_input_shape"] = tuple(opts.input_shape)    # a .pb's shapeless Placeholder
     if opts.input_values:
@@ -797,6 +800,8 @@ def load(source, opts: ConvertOptions) -> Loaded:
         graph.meta["input_range"], graph.meta["input_range_why"] = (0.0, 255.0), scaling
     notes = [props[frontends.INPUT_NOTE]] if frontends.INPUT_NOTE in props else []
     notes += [cut] if cut else []
+    notes += [f"the model starts at {graph.inputs[0]!r} (--inputs): what computes it is the application's, "
+              "and the kmodel is fed what it holds"] if opts.inputs else []
     notes += [f"input {x!r} pinned to {_values(v)} (--input-value): the kmodel is fed the other"
               for x, v in opts.input_values]
     notes += [f"input {x!r} was exported with a fixed batch of {n}: the kmodel takes one sample (the K210 "

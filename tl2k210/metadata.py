@@ -186,6 +186,7 @@ def _check_input(d):
     i = _dict(d, "input")
     _ints(i.get("shape"), "input.shape", lo=1)
     _text(i, "layout", "input")
+    _text(i, "start", "input")
     _need(i.get("dtype") in (None, "uint8", "float32"), "input.dtype", "must be uint8 or float32")
     r = i.get("range")
     _need(r is None or (isinstance(r, list) and len(r) == 2 and all(_is_num(x) for x in r)
@@ -460,6 +461,8 @@ def for_conversion(data: bytes, output, graph, opts, image: bool, budget: int, n
                    std=[float(v) for v in opts.std], bgr=opts.channel_order.upper() == "BGR")
     if image and graph.meta.get("bgr_folded"):   # --bgr folded into the first layer: it reads R, G, B
         inp["planes"] = "rgb"
+    if opts.inputs:           # --inputs: the source model's tensor the kmodel is fed (compare starts there)
+        inp["start"] = graph.inputs[0]
     if opts.input_values:     # the other inputs, pinned by --input-value
         inp["pinned"] = {x: [float(v) for v in vals] for x, vals in opts.input_values}
     outs = [{"name": o, "shape": dims(o)} for o in graph.outputs]

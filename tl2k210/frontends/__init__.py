@@ -39,7 +39,17 @@ def load_model(src, **opts):
     `.tflite`, `.onnx`. A TensorLayer weight file needs its network: `load_model("w.npz",
     network=model)`. opts `outputs` (--outputs' tensor names): a `.tflite` file is cut there before
     TensorFlow Lite's reader meets a custom op after them; other kinds are cut on the graph
-    (compiler.cut_outputs)."""
+    (compiler.cut_outputs). `start` (--inputs' tensor name): the model starts there (cut.start_at;
+    a `.tflite` file is cut before TensorFlow Lite reads it)."""
+    start = opts.pop("start", None)
+    model = _load(src, start, **opts)
+    if start is None:
+        return model
+    from .cut import start_at
+    return start_at(model, start, str(src) if isinstance(src, (str, Path)) else "the model")
+
+
+def _load(src, start=None, **opts):
     outputs = opts.pop("outputs", None)
     shape = opts.pop("nchw_input_shape", None)      # --input-shape: a frozen graph's shapeless Placeholder
     pins = opts.pop("input_values", None)           # --input-value: a frozen graph's other Placeholders
@@ -59,13 +69,13 @@ def load_model(src, **opts):
         raise ModelLoadError(f"cannot convert a {type(src).__name__} ({mod}); give a TensorLayer/Keras model "
                              "or a .keras/.h5/.tflite/.onnx file or a SavedModel directory")
     import onnx
-    key = _cache_key(src, {**opts, "outputs": ",".join(outputs) if outputs else None, "shape": shape,
+    key = _cache_key(src, {**opts, "outputs": ",".join(outputs) if outputs else None, "shape": shape, "start": start,
                            "pins": str(sorted(pins.items())) if pins else None})
     if key is not None and key in _CACHE:
         m = onnx.ModelProto()
         m.CopyFrom(_CACHE[key])
         return m
-    model = _load_path(Path(src), outputs, shape, pins, **opts)
+    model = _load_path(Path(src), outputs, shape, pins, start, **opts)
     if key is not None:
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
@@ -114,12 +124,12 @@ def _as_kind(path, suffix, *args, **opts):
             raise
 
 
-def _load_path(path, outputs=None, shape=None, pins=None, **opts):
+def _load_path(path, outputs=None, shape=None, pins=None, start=None, **opts):
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or directory; check the path")
     suffix = model_kind(path)
     if suffix != path.suffix.lower():
-        return _as_kind(path, suffix, outputs, shape, pins, **opts)
+        return _as_kind(path, suffix, outputs, shape, pins, start, **opts)
     if "network" in opts or suffix == ".npz":
         if "network" not in opts:
             raise ModelLoadError(f"{path}: a TensorLayer weight file needs its network (network=tl.models.Model)")
@@ -145,7 +155,7 @@ def _load_path(path, outputs=None, shape=None, pins=None, **opts):
     if suffix == ".tflite":
         quiet.tensorflow()
         from .tflite import from_tflite
-        return from_tflite(path, outputs=outputs, **opts)
+        return from_tflite(path, outputs=outputs, start=start, **opts)
     if suffix == ".pb":
         quiet.tensorflow()
         from .frozen_pb import from_frozen_pb

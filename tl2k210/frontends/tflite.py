@@ -77,7 +77,8 @@ REMEDIES = {
     "ethos-u": "convert the .tflite that Vela read (the int8 model before `vela`), not Vela's output",
     "edgetpu-custom-op": "convert the .tflite that edgetpu_compiler read (the model without `_edgetpu` "
                          "in its name), not the compiler's output",
-    "Signal": "compute the features in the application and convert the network that reads them",
+    "Signal": "compute the features in the application and convert the network that reads them "
+              "(--inputs TENSOR: the model from the tensor that holds them, as netron shows it)",
 }
 
 
@@ -149,7 +150,8 @@ def check_builtin_ops(model, path):
                     f"{path}: operator {i} is the builtin op {name} ({FFT_OPS[name]}: the model computes its "
                     f"own spectrogram from raw samples, e.g. an STFT layer); {_tensors(sg, op)}. Refused: no "
                     "K210 runtime has an FFT op; compute the spectrogram in the application (MaixPy: Maix.FFT) "
-                    "and convert the network that reads it (a model whose input is the spectrogram)")
+                    "and convert the network that reads it: --inputs TENSOR starts the model at the "
+                    "tensor that holds the spectrogram (as netron shows it)")
             if name in ("CUSTOM", "DENSIFY") or name in tflite_ops.OPS or f"TFL_{name}" in known:
                 continue
             stateful = sorted(STATE_OPS & {fu.opcode_to_name(model, o.opcodeIndex) for s in model.subgraphs
@@ -365,41 +367,51 @@ def retype_legacy_hybrid(model, path) -> int:
     return n
 
 
-def cut_ops(model, names, path) -> int:
-    """--outputs: subgraph 0 ends at the tensors `names`, the operators none of them needs dropped
-    (before the custom-op check: an SSD's TFLite_Detection_PostProcess after its raw outputs).
-    Returns how many; a name the file has no tensor of is refused with the nearest ones."""
-    if not names:
+def cut_ops(model, names, path, start=None) -> int:
+    """--outputs / --inputs: subgraph 0 ends at the tensors `names` (else at its own outputs) and
+    starts at the tensor `start` (else at its own inputs), the operators none of them needs dropped
+    (before the custom-op check: an SSD's TFLite_Detection_PostProcess after its raw outputs, a
+    keyword spotter's FFT before its spectrogram). Returns how many; a name the file has no
+    tensor of is refused with the nearest ones."""
+    if not names and start is None:
         return 0
     sg = model.subgraphs[0]
     index = {t.name.decode(errors="replace"): i for i, t in enumerate(sg.tensors)}
-    for n in names:
+    for flag, n in [("--outputs", n) for n in names or ()] + ([("--inputs", start)] if start is not None else []):
         if n not in index:
-            raise UnknownOutputError(f"{path}: --outputs {n!r}: the file has no such tensor{nearest(n, index)}"
-                                 + " (give tensor names as the file has them: netron shows them)")
-    wanted = [index[n] for n in dict.fromkeys(names)]
+            raise UnknownOutputError(f"{path}: {flag} {n!r}: the file has no such tensor{nearest(n, index)}"
+                                     + " (give tensor names as the file has them: netron shows them)")
+    wanted = [index[n] for n in dict.fromkeys(names)] if names else list(sg.outputs)
+    stop = index[start] if start is not None else None
+    if stop is not None and sg.tensors[stop].buffer and len(model.buffers[sg.tensors[stop].buffer].data or ()):
+        raise ModelLoadError(f"{path}: --inputs {start!r} is a constant of the file (weights); name a tensor "
+                             "its layers compute, the one the network that is to run reads")
     producer = {o: k for k, op in enumerate(sg.operators) for o in op.outputs}
-    keep, stack = set(), list(wanted)
+    keep, reads, stack = set(), set(), list(wanted)
     while stack:
-        k = producer.get(stack.pop())
+        t = stack.pop()
+        reads.add(t)
+        k = producer.get(t) if t != stop else None
         if k is not None and k not in keep:
             keep.add(k)
             stack.extend(i for i in sg.operators[k].inputs if i >= 0)
     dropped = len(sg.operators) - len(keep)
     sg.operators = [op for k, op in enumerate(sg.operators) if k in keep]
     sg.outputs = wanted
+    if stop is not None:
+        sg.inputs = [stop] + [i for i in sg.inputs if i in reads and i != stop]
     return dropped
 
 
-def densify(path, out_path, outputs=None):
+def densify(path, out_path, outputs=None, start=None):
     """Write a copy of `path` with every DENSIFY op replaced by the dense constant it computes and
     the custom ops that have a builtin form mapped (check_custom_ops refuses the others), cut at
-    `outputs` (cut_ops). Returns the number of ops changed (0: nothing written)."""
+    `outputs` and `start` (cut_ops). Returns the number of ops changed (0: nothing written)."""
     import numpy as np
     import tensorflow as tf
     from tensorflow.lite.tools import flatbuffer_utils as fu
     model = fu.read_model(str(path))
-    mapped = (cut_ops(model, outputs, path) + map_transpose_conv_bias(model) + map_pool_params(model, path)
+    mapped = (cut_ops(model, outputs, path, start) + map_transpose_conv_bias(model) + map_pool_params(model, path)
               + flatten_fc_inputs(model)
               + drop_empty_quantization(model) + retype_legacy_hybrid(model, path))
     check_custom_ops(model, path)
@@ -509,14 +521,14 @@ def check_against_interpreter(path, run_path, model):
                              "with the file (or export the model again as float / with today's quantization)")
 
 
-def from_tflite(path, opset=None, outputs=None):
+def from_tflite(path, opset=None, outputs=None, start=None):
     _check_header(path)
     kw = {"opset": opset} if opset else {}
     fd, dense = tempfile.mkstemp(suffix=".tflite", prefix="tl2k210-dense-")
     os.close(fd)
     try:
         try:
-            n = densify(path, dense, outputs)
+            n = densify(path, dense, outputs, start)
         except ModelLoadError:
             raise
         except Exception as e:

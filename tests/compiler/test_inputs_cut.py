@@ -1,0 +1,115 @@
+"""--inputs: a model that starts with what the K210 cannot run (an FFT spectrogram, a custom
+front end) converts from the tensor named; the front end stays in the application, and compare
+starts the float model there too (the kmodel's metadata says where)."""
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from front_helpers import make_model, tf
+from lower_helpers import conv_node
+from tl2k210.cli import main
+
+
+def _arrays(folder, shape, seed, n=8):
+    folder.mkdir()
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        np.save(folder / f"{i}.npy", rng.normal(0, 1.5, shape).astype(np.float32))
+    return folder
+
+
+def _featured(tmp_path):
+    """raw (1, 64) -> a custom-domain feature op -> feat (1, 1, 8, 8) -> conv + ReLU -> out."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Features", ["raw"], ["feat"], name="front", domain="ai.example"),
+             conv_node("c", "feat", "w", "b", pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["out"])]
+    m = make_model(nodes, [("raw", [1, 64])], [("out", [1, 4, 8, 8])],
+                   {"w": rng.normal(0, 0.3, (4, 1, 3, 3)).astype(np.float32),
+                    "b": rng.normal(0, 0.1, 4).astype(np.float32)})
+    m.opset_import.append(helper.make_opsetid("ai.example", 1))
+    m.graph.value_info.append(helper.make_tensor_value_info("feat", onnx.TensorProto.FLOAT, [1, 1, 8, 8]))
+    src = tmp_path / "featured.onnx"
+    onnx.save(m, src)
+    return src
+
+
+def test_inputs_starts_the_model_after_its_front_end_and_compare_follows(tmp_path, capsys):
+    src = _featured(tmp_path)
+    cal, held = _arrays(tmp_path / "cal", (1, 1, 8, 8), 1), _arrays(tmp_path / "held", (1, 1, 8, 8), 2)
+    out = tmp_path / "f.kmodel"
+    flags = ["--dataset", str(cal), "--input-range=-5,5", "-q"]
+    assert main(["convert", str(src), str(out)] + flags) == 2
+    assert "ai.example.Features is a custom-domain op" in capsys.readouterr().err and not out.exists()
+    assert main(["convert", str(src), str(out), "--inputs", "feat"] + flags) == 0
+    meta = json.loads((tmp_path / "f.kmodel.json").read_text())
+    assert meta["input"]["start"] == "feat" and meta["input"]["shape"] == [1, 1, 8, 8]
+    # compare reads the float model from the same tensor (the metadata's), on held-out arrays
+    assert main(["compare", str(src), str(out), "--dataset", str(held), "--json", str(tmp_path / "c.json")]) == 0
+    rows = json.loads((tmp_path / "c.json").read_text())["outputs"]
+    assert rows["out"]["sqnr_db"] > 30, rows
+
+
+@pytest.mark.parametrize("name, says", [
+    ("fet", "--inputs 'fet': the model has no such tensor; nearest: 'feat'"),
+    ("w", "--inputs 'w' is a constant of the model (weights)"),
+    ("feat,c", "a kmodel has one input; give one tensor name")])
+def test_inputs_that_cannot_start_the_model_are_refused(tmp_path, capsys, name, says):
+    src = _featured(tmp_path)
+    out = tmp_path / "f.kmodel"
+    try:
+        rc = main(["convert", str(src), str(out), "--dataset", str(_arrays(tmp_path / "cal", (1, 1, 8, 8), 1)),
+                   "--inputs", name, "-q"])
+    except SystemExit as e:    # argparse's usage error
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert says in err and "Traceback" not in err and not out.exists()
+
+
+def test_inputs_that_leave_another_input_read_are_named(tmp_path, capsys):
+    """A tensor some output does not go through: the original input is still read beside it."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), conv_node("c", "a", "w", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "x"], ["out"])]
+    m = make_model(nodes, [("x", [1, 4, 8, 8])], [("out", None)],
+                   {"w": rng.normal(0, 0.3, (4, 4, 3, 3)).astype(np.float32)})
+    src = tmp_path / "skip.onnx"
+    onnx.save(m, src)
+    out = tmp_path / "s.kmodel"
+    assert main(["convert", str(src), str(out), "--dataset", str(_arrays(tmp_path / "cal", (1, 4, 8, 8), 1)),
+                 "--inputs", "a", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "'a'" in err and "'x'" in err and "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.slow
+def test_inputs_cuts_a_tflite_before_its_fft(tmp_path, capsys):
+    """A keyword spotter whose TFLite file computes its own log-spectrogram (tf.signal.stft: RFFT2D,
+    which no K210 runtime has): refused with the advice to convert the network that reads the
+    spectrogram, which --inputs now does, cut on the file before TensorFlow Lite reads it; its
+    outputs agree with the TFLite interpreter's from that tensor."""
+    t = tf()
+    rng = np.random.default_rng(0)
+    w = t.constant(rng.normal(0, 0.3, (3, 3, 1, 4)).astype(np.float32))
+    d = t.constant(rng.normal(0, 0.3, (4 * 15 * 33, 3)).astype(np.float32))
+
+    @t.function(input_signature=[t.TensorSpec([1, 2048], t.float32)])
+    def spotter(wav):
+        spec = t.math.log(t.abs(t.signal.stft(wav, 256, 128, 64)) + 1e-3)
+        x = t.reshape(spec, [1, 15, 33, 1], name="spec4")
+        y = t.nn.relu(t.nn.conv2d(x, w, 1, "SAME"))
+        return t.reshape(y, [1, -1]) @ d
+    src = tmp_path / "kws.tflite"
+    src.write_bytes(t.lite.TFLiteConverter.from_concrete_functions([spotter.get_concrete_function()]).convert())
+    cal, held = _arrays(tmp_path / "cal", (1, 15, 33, 1), 1, 32), _arrays(tmp_path / "held", (1, 15, 33, 1), 2)
+    out = tmp_path / "kws.kmodel"
+    flags = ["--dataset", str(cal), "--input-range=-5,5", "-q"]
+    assert main(["convert", str(src), str(out)] + flags) == 2
+    assert "RFFT2D" in capsys.readouterr().err and not out.exists()
+    assert main(["convert", str(src), str(out), "--inputs", "spec4"] + flags) == 0
+    assert main(["compare", str(src), str(out), "--dataset", str(held), "--json", str(tmp_path / "c.json")]) == 0
+    rows = json.loads((tmp_path / "c.json").read_text())["outputs"]
+    assert min(r["sqnr_db"] for r in rows.values()) > 25, rows
