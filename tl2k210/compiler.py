@@ -22,7 +22,7 @@ from tl2k210.k210.fit import BudgetError, FormatError  # noqa: F401  (raised by 
 from tl2k210.k210.kmodel import atomic_write, dumps, v3
 from tl2k210.k210.lower.concat_ranges import share_concat_ranges
 from tl2k210.k210.lower.state import check_one_input
-from tl2k210.quality import excused, finite_sqnr, ideal_text, quality_gate, sqnr_text
+from tl2k210.quality import excused, finite_sqnr, ideal_text, ideal_words, quality_gate, sqnr_text
 from tl2k210.tables import text_table
 
 # what each firmware leaves for model file + main memory: one table, tl2k210/k210/firmware.py
@@ -138,9 +138,12 @@ class Receipt:
             lines.append(f"output {name}: SQNR vs float " + (f"{v:.1f} dB" if v is not None else o["sqnr_note"])
                          + ideal_text(o))
         if t.get("output_sqnr_db") is not None:
-            lines.append(f"output SQNR vs float {t['output_sqnr_db']:.1f} dB on {t['sqnr_samples']} "
-                         "calibration samples" + (" (the lowest)" if len(outs) > 1 else
-                                                  "".join(ideal_text(o) for o in outs.values())))
+            part = t.get("calib_samples", 0) > t["sqnr_samples"]     # the first N of them
+            said = ["the lowest"] if len(outs) > 1 else [ideal_words(o) for o in outs.values() if ideal_words(o)]
+            said += ["--sqnr-samples N measures more"] if part else []
+            lines.append(f"output SQNR vs float {t['output_sqnr_db']:.1f} dB on "
+                         + (f"the first {t['sqnr_samples']} of {t['calib_samples']}" if part else f"{t['sqnr_samples']}")
+                         + " calibration samples" + (f" ({'; '.join(said)})" if said else ""))
         if t.get("input_ignored"):
             lines.append(f"warning: the float model gives the same outputs for all {t['sqnr_samples']} calibration "
                          "samples: its outputs do not depend on its input (a graph cut off from its input, weights "
@@ -1189,6 +1192,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
                 "macs": sum(r["macs"] for r in layer_rows), "runtime": opts.runtime,
                 "budget": RUNTIME_BUDGET[opts.runtime],
                 "weights": f"{opts.weight_bits}-bit", "output_sqnr_db": out_sqnr, "sqnr_samples": n,
+                "calib_samples": len(cal.floats),
                 "outputs": outputs, "min_sqnr": opts.min_sqnr, "input_ignored": ignored,
                 "own_quantization": bool(graph.meta.get("quant_ranges")),
                 "input_mismatch": cal.input_mismatch,

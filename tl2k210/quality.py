@@ -26,10 +26,15 @@ def sqnr_text(v, note=None):
     return note.split(":")[0] if note else "-"
 
 
-def ideal_text(o):
+def ideal_words(o) -> str:
+    """'8-bit ideal 31.2 dB' of an output row, or ''."""
     v, bits = o.get("ideal_db"), o.get("ideal_weight_bits", 8)
     label = "8-bit ideal" if bits == 8 else f"ideal at {bits}-bit weights and 8-bit maps:"
-    return f" ({label} {v:.1f} dB)" if v is not None else ""
+    return f"{label} {v:.1f} dB" if v is not None else ""
+
+
+def ideal_text(o):
+    return f" ({ideal_words(o)})" if ideal_words(o) else ""
 
 
 def _collapsed(r, min_sqnr):

@@ -55,6 +55,21 @@ def test_low_sqnr_is_refused_and_nothing_written(tmp_path, capsys):
     assert _cli(src, out, "--dataset", data, "--min-sqnr", "0") == 0 and out.exists()
 
 
+def test_the_receipt_says_which_samples_it_measured_and_sqnr_samples_measures_more(tmp_path, capsys):
+    """The SQNR (and the gate) is measured on the first --sqnr-samples of the calibration samples
+    (8): a hunt's voice-gender model read 37.4 dB on 8 of its 60 samples, 25.2 on all of them.
+    The receipt says how many of how many, and the flag measures more."""
+    src, data = _conv_net(tmp_path)
+    out, report = tmp_path / "m.kmodel", tmp_path / "r.json"
+    assert _cli(src, out, "--dataset", data, "--report", report) == 0
+    assert "on the first 8 of 12 calibration samples (8-bit ideal" in capsys.readouterr().out
+    assert json.loads(report.read_text())["totals"]["sqnr_samples"] == 8
+    assert _cli(src, out, "--dataset", data, "--report", report, "--sqnr-samples", 12) == 0
+    said = capsys.readouterr().out
+    assert "on 12 calibration samples (8-bit ideal" in said and "--sqnr-samples N" not in said
+    assert json.loads(report.read_text())["totals"]["sqnr_samples"] == 12
+
+
 def _softmax_of_very_negative_logits(tmp_path):
     """Logits all near -200: the SDK's v3 SOFTMAX starts its max at FLT_MIN, so exp underflows to
     0 everywhere and 0 / 0 is NaN on the board (the emulator does what the firmware does)."""

@@ -25,6 +25,9 @@ def add_convert_parser(sub):
                    "squared quantization error, like nncase's l2)")
     p.add_argument("--calib-limit", type=cliargs.int_range(1, example=100), default=100,
                    help="calibration samples to use (100)")
+    p.add_argument("--sqnr-samples", type=cliargs.int_range(1, example=8), default=8, metavar="N",
+                   help="calibration samples the receipt's SQNR and --min-sqnr's gate are measured on, "
+                   "the first N (8; each runs on the emulator layer by layer: more is slower)")
     p.add_argument("--weight-bits", type=int, choices=[8, 16], default=8)
     p.add_argument("--float-fc", action="store_true",
                    help="run dense layers as float FULLY_CONNECTED on the CPU (exact, 4x the weight "
@@ -113,6 +116,7 @@ def cmd_convert(args):
     meta = _metadata_args(args)
     opts = ConvertOptions(dataset=args.dataset, method=args.calibrate_method, weight_bits=args.weight_bits,
                           kpu_padding=args.kpu_padding, runtime=args.runtime, calib_limit=args.calib_limit,
+                          sqnr_samples=args.sqnr_samples,
                           float_fc=args.float_fc, int8_rounding=args.int8_rounding, format=args.format,
                           weights=args.weights,
                           optimize=args.optimize, progress=not args.quiet, min_sqnr=args.min_sqnr,
