@@ -731,6 +731,29 @@ def test_spatial_1d_ops_become_2d(op, attrs, inits):
     assert len(changes) == 3
 
 
+def test_a_keras_conv1d_bias_after_its_squeeze_folds_into_the_conv():
+    """Keras' Conv1D through tf2onnx: Unsqueeze -> Conv (no bias) -> Squeeze -> Add (its bias,
+    (1, C, 1)) -> Relu -> Unsqueeze -> the next Conv1D. The Squeeze moves below the Add and the
+    Relu, meets the Unsqueeze and cancels; the bias folds into the conv and the ReLU fuses (each
+    Add had been a uint8 CPU layer of its own, rounding the map once more: hunt 17's voice
+    emotion net, 17.4 -> 36.8 dB)."""
+    n = helper.make_node
+    ax = {"ax": np.array([2], np.int64)}
+    nodes = [n("Unsqueeze", ["x", "ax"], ["x4"]), n("Conv", ["x4", "w1"], ["c1"], pads=[0, 2, 0, 2]),
+             n("Squeeze", ["c1", "ax"], ["s1"]), n("Add", ["s1", "b1"], ["a1"]), n("Relu", ["a1"], ["r1"]),
+             n("Unsqueeze", ["r1", "ax"], ["u2"]), n("Conv", ["u2", "w2"], ["c2"], pads=[0, 1, 0, 1]),
+             n("Squeeze", ["c2", "ax"], ["s2"]), n("Add", ["b2", "s2"], ["a2"]), n("Mul", ["a2", "rows"], ["y"])]
+    m = make_model(nodes, [("x", [1, 3, 20])], [("y", None)],
+                   {**ax, "w1": rand(8, 3, 1, 5, scale=0.3), "b1": rand(1, 8, 1), "w2": rand(4, 8, 1, 3, scale=0.3),
+                    "b2": rand(4, 1), "rows": rand(1, 20)})
+    g, _ = check(m, None)
+    convs = [nd for nd in g.nodes if nd.op == "Conv"]
+    assert [nd.attrs.get("activation", {}).get("op") for nd in convs] == ["Relu", None]
+    assert all(len(nd.inputs) == 3 for nd in convs)          # both biases folded
+    assert [nd.op for nd in g.nodes].count("Add") == 0 and [nd.op for nd in g.nodes].count("Unsqueeze") == 1
+    assert [nd.op for nd in g.nodes][-2:] == ["Mul", "Squeeze"]     # a (1, 20) row scale on the 2-D map too
+
+
 def test_volumetric_ops_are_refused_with_what_to_change():
     from tl2k210.errors import UnsupportedOpError
     m = make_model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2, 2], name="pool3d")],

@@ -77,31 +77,59 @@ def spatial_1d(g, log):
 
 ELEMENTWISE = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "Elu", "Selu", "HardSigmoid", "HardSwish",
                "Softplus", "Softsign", "Neg", "Abs", "Exp", "Identity", "Dropout", "Celu", "Mish"}
+BINARY = ("Add", "Sub", "Mul", "Div")
 
 
 def _cancel_pairs(g, log):
-    """Squeeze(axis 2) -> elementwise ops of one input -> Unsqueeze(axis 2), nothing else reading
-    the tensors between: the ops run on the 4-D map, the pair is gone."""
+    """Each Squeeze(axis 2) moves below the elementwise ops after it (one input, or a constant
+    operand that broadcasts over the map: Keras' Conv1D writes its bias as an Add after the
+    Squeeze, which then folds into the conv), and meets an Unsqueeze(axis 2) there: the pair
+    is gone."""
     from tl2k210.graph import axes_of
     for sq in [n for n in g.nodes if n.op == "Squeeze" and axes_of(g, n) == [2]]:
-        chain, t = [], sq.outputs[0]
-        while True:
-            cs = g.consumers(t)
-            if t in g.outputs or len(cs) != 1:
-                break
-            c = cs[0]
-            if c.op == "Unsqueeze" and axes_of(g, c) == [2]:
-                for n in chain:
-                    g.tensors[n.outputs[0]].shape = None
-                first = chain[0] if chain else c
-                first.inputs[first.inputs.index(sq.outputs[0])] = sq.inputs[0]
-                g.nodes.remove(sq)
-                g.nodes.remove(c)
-                g.replace_uses(c.outputs[0], chain[-1].outputs[0] if chain else sq.inputs[0])
-                log(sq.name, "Squeeze + Unsqueeze of axis 2 between two 1-D ops cancelled"
-                    + (f" ({', '.join(n.op for n in chain)} on the 2-D map)" if chain else ""))
-                break
-            if c.op not in ELEMENTWISE or c.inputs[0] != t:
-                break
-            chain.append(c)
-            t = c.outputs[0]
+        sunk = []
+        while (c := g.single_consumer(sq.outputs[0])) is not None and _sink(g, sq, c):
+            sunk.append(c.op)
+        c = g.single_consumer(sq.outputs[0])
+        if c is not None and c.op == "Unsqueeze" and axes_of(g, c) == [2]:
+            g.nodes.remove(sq)
+            g.nodes.remove(c)
+            g.replace_uses(c.outputs[0], sq.inputs[0])
+            log(sq.name, "Squeeze + Unsqueeze of axis 2 between two 1-D ops cancelled"
+                + (f" ({', '.join(sunk)} on the 2-D map)" if sunk else ""))
+        elif sunk:
+            log(sq.name, f"Squeeze of axis 2 after {', '.join(sunk)} (they run on the 2-D map)")
+
+
+def _sink(g, sq, c) -> bool:
+    """Run `c`, the only reader of Squeeze `sq`'s output, on its 4-D input instead, and squeeze
+    c's output; False where c is no elementwise op on that map alone."""
+    x4, t = sq.inputs[0], sq.outputs[0]
+    s3 = g.shape(t)
+    if s3 is None or len(s3) != 3 or c.inputs[0] != t and c.op not in BINARY:
+        return False
+    shape = tuple(s3[:2]) + (1,) + tuple(s3[2:])
+    if c.op in ELEMENTWISE:
+        if c.inputs[0] != t or any(g.const(i) is None for i in c.inputs[1:] if i):
+            return False
+        inputs = [x4] + c.inputs[1:]
+    elif c.op in BINARY and len(c.inputs) == 2 and t in c.inputs:
+        k = g.const(c.inputs[1 - c.inputs.index(t)])
+        if k is None or np.ndim(k) > 3:
+            return False
+        k4 = np.expand_dims(np.reshape(k, (1,) * (3 - np.ndim(k)) + np.shape(k)), 2)
+        try:
+            if np.broadcast_shapes(shape, k4.shape) != tuple(shape):
+                return False
+        except ValueError:
+            return False
+        k4 = g.add_const(np.ascontiguousarray(k4), c.name + "/2d")
+        inputs = [x4, k4] if c.inputs[0] == t else [k4, x4]
+    else:
+        return False
+    y = c.outputs[0]
+    y4 = g.add_tensor(y + "/2d", shape, g.tensors[y].dtype)
+    c.inputs, c.outputs, sq.inputs[0], sq.outputs[0] = inputs, [y4], y4, y
+    g.nodes.remove(sq)
+    g.nodes.insert(g.nodes.index(c) + 1, sq)
+    return True
