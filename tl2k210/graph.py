@@ -994,7 +994,13 @@ def _check_broadcast(g, n):
     except ValueError:
         sizes = ' and '.join('x'.join(map(str, s)) for s in shapes)
         fixed = fixed_sizes(g)
+        const = next((i for i in n.inputs if i and _input_free(g, i)), None)
+        maps = [i for i in n.inputs if i and i != const]
         why = ("with this input size the model's maps do not line up: " + (
+            f"{const!r} ({'x'.join(map(str, g.shape(const)))}) is computed from constants alone (an SSD's "
+            "anchors, baked in at the size the model was exported with), so no other input size meets it: "
+            f"end the model before this node (--outputs {','.join(maps + _outputs_not_after(g, n))}) and do "
+            "what follows in the application" if const else
             f"{', '.join(map(repr, fixed[:3]))} output a size the file fixes (a Resize to constant sizes, a "
             "ConvTranspose's output_shape), which other maps meet only at the size it was exported with: "
             "export the model at the size it is to run at" if fixed else
@@ -1005,6 +1011,27 @@ def _check_broadcast(g, n):
             "of its files (its SavedModel or Keras model rather than a .tflite), or report it with the model")
         raise ModelLoadError(f"{n.op} node {n.name or n.outputs[0]!r}: its inputs' shapes {sizes} do not "
                              f"match; {why}") from None
+
+
+def _outputs_not_after(g, node) -> list:
+    """The graph outputs that do not depend on `node`."""
+    after, todo = set(), list(node.outputs)
+    while todo:
+        t = todo.pop()
+        if t not in after:
+            after.add(t)
+            todo += [o for c in g.consumers(t) for o in c.outputs]
+    return [o for o in g.outputs if o not in after]
+
+
+def _input_free(g, t, seen=None) -> bool:
+    """Is `t` a constant, or computed from constants alone (no graph input upstream)?"""
+    seen = set() if seen is None else seen
+    if t in seen or g.tensors[t].is_const:
+        return True
+    seen.add(t)
+    p = g.producer(t)
+    return p is not None and all(_input_free(g, i, seen) for i in p.inputs if i)
 
 
 def _resized_fix(g, other: str) -> str:

@@ -69,6 +69,21 @@ def test_inputs_that_cannot_start_the_model_are_refused(tmp_path, capsys, name, 
     assert says in err and "Traceback" not in err and not out.exists()
 
 
+def test_inputs_takes_its_shape_from_the_model(tmp_path):
+    """A cut tensor the file declares no shape for takes the one inference gives it: no
+    --input-shape needed; the kmodel reads (1, 4, 8, 8) arrays."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Mul", ["x", "k"], ["a"]), conv_node("c", "a", "w", pads=[1, 1, 1, 1])]
+    m = make_model(nodes, [("x", [1, 4, 8, 8])], [("c", None)],
+                   {"k": np.float32(3.0), "w": rng.normal(0, 0.3, (4, 4, 3, 3)).astype(np.float32)})
+    src = tmp_path / "scaled.onnx"
+    onnx.save(m, src)
+    out = tmp_path / "s.kmodel"
+    assert main(["convert", str(src), str(out), "--dataset", str(_arrays(tmp_path / "cal", (1, 4, 8, 8), 1)),
+                 "--inputs", "a", "--input-range=-5,5", "-q"]) == 0
+    assert json.loads((tmp_path / "s.kmodel.json").read_text())["input"]["shape"] == [1, 4, 8, 8]
+
+
 def test_inputs_that_leave_another_input_read_are_named(tmp_path, capsys):
     """A tensor some output does not go through: the original input is still read beside it."""
     rng = np.random.default_rng(0)

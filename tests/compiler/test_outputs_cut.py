@@ -113,3 +113,35 @@ def test_outputs_takes_a_layer_name_of_a_model_tf_keras_reads(tmp_path, capsys):
     assert main(["compare", str(src), str(out), "--dataset", str(photos), "--json", str(tmp_path / "c.json")]) == 0
     rows = json.loads((tmp_path / "c.json").read_text())["outputs"]
     assert list(rows) == ["global_average_pooling2d"] and rows["global_average_pooling2d"]["cosine"] > 0.99, rows
+
+
+def test_anchors_baked_in_at_another_input_size_name_the_outputs_that_work(tmp_path, capsys):
+    """UltraFace's ONNX decodes its boxes with a constant table of 4,420 anchors, the count at
+    240x320: at --input-shape 1,3,256,320 the maps meet 4,700 rows of it, and the advice was to
+    give a size the strides divide, which every size but the exported one fails. The refusal
+    names the constant and the --outputs that end the model before it (with its other outputs),
+    and that cut now happens on the ONNX graph before the shape checks."""
+    rng = np.random.default_rng(0)
+    n = helper.make_node
+    nodes = [conv_node("loc", "x", "wl", strides=[4, 4]), n("Reshape", ["loc", "shape"], ["rows"]),
+             n("Mul", ["rows", "anchors"], ["boxes"], name="decode"),
+             conv_node("conf", "x", "wc", strides=[4, 4]), n("Reshape", ["conf", "shape"], ["scores"])]
+    m = make_model(nodes, [("x", [1, 3, 16, 16])], [("boxes", None), ("scores", None)],
+                   {"wl": rng.normal(0, 0.3, (2, 3, 3, 3)).astype(np.float32),
+                    "wc": rng.normal(0, 0.3, (2, 3, 3, 3)).astype(np.float32),
+                    "shape": np.array([1, -1, 2], np.int64),
+                    "anchors": rng.uniform(0.5, 1, (1, 16, 2)).astype(np.float32)})
+    src = tmp_path / "ssd.onnx"
+    onnx.save(m, src)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(8):
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(photos / f"{i}.png")
+    out = tmp_path / "ssd.kmodel"
+    flags = ["--dataset", str(photos), "--input-shape", "1,3,32,32", "-q"]
+    assert main(["convert", str(src), str(out)] + flags) == 2
+    err = capsys.readouterr().err
+    assert "'anchors' (1x16x2) is computed from constants alone" in err and "(--outputs rows,scores)" in err
+    assert main(["convert", str(src), str(out), "--outputs", "rows,scores"] + flags) == 0
+    meta = json.loads((tmp_path / "ssd.kmodel.json").read_text())
+    assert [o["name"] for o in meta["outputs"]] == ["rows", "scores"] and meta["outputs"][0]["shape"][-2:] == [64, 2]

@@ -39,14 +39,14 @@ def load_model(src, **opts):
     `.tflite`, `.onnx`. A TensorLayer weight file needs its network: `load_model("w.npz",
     network=model)`. opts `outputs` (--outputs' tensor names): a `.tflite` file is cut there before
     TensorFlow Lite's reader meets a custom op after them; other kinds are cut on the graph
-    (compiler.cut_outputs). `start` (--inputs' tensor name): the model starts there (cut.start_at;
-    a `.tflite` file is cut before TensorFlow Lite reads it)."""
+    (compiler.cut_outputs), and on the ONNX graph before the IR reads it where they are its tensors
+    (cut.end_at). `start` (--inputs' tensor name): the model starts there (cut.start_at; a
+    `.tflite` file is cut before TensorFlow Lite reads it)."""
+    from .cut import end_at, start_at
     start = opts.pop("start", None)
-    model = _load(src, start, **opts)
-    if start is None:
-        return model
-    from .cut import start_at
-    return start_at(model, start, str(src) if isinstance(src, (str, Path)) else "the model")
+    model = end_at(_load(src, start, **opts), opts.get("outputs"))
+    return model if start is None else start_at(model, start, str(src) if isinstance(src, (str, Path)) else
+                                                "the model")
 
 
 def _load(src, start=None, **opts):

@@ -20,7 +20,7 @@ def start_at(model, name: str, where: str):
     model, source = onnx.ModelProto(), model
     model.CopyFrom(source)
     g = model.graph
-    made = {o: n for n in g.node for o in n.output if o}
+    made = {o: k for k, n in enumerate(g.node) for o in n.output if o}
     consts = {i.name for i in g.initializer} | {o for n in g.node if n.op_type == "Constant" for o in n.output}
     inputs = [i.name for i in g.input if i.name not in consts]
     if len(inputs) == 1 and inputs[0] in (name, name + ":0"):
@@ -34,23 +34,64 @@ def start_at(model, name: str, where: str):
         raise UnknownOutputError(f"{where}: --inputs {name!r}: the model has no such tensor"
                                  f"{nearest(name, list(made) + inputs)} (its inputs: {', '.join(map(repr, inputs))}); "
                                  "give a tensor name as the model file has it (netron shows them)")
-    keep, reads, stack = set(), set(), [o.name for o in g.output]
-    while stack:
-        t = stack.pop()
-        reads.add(t)
-        n = made.get(t) if t != name else None
-        if n is not None and id(n) not in keep:
-            keep.add(id(n))
-            stack.extend(i for i in n.input if i)
+    keep, reads = _needed(g, made, [o.name for o in g.output], name)
     if name not in reads:
         raise ModelLoadError(f"{where}: --inputs {name!r}: no output of the model depends on it; name a tensor "
                              f"on the way from the input to the outputs ({', '.join(o.name for o in g.output)})")
-    shapes = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(model, strict_mode=False).graph.value_info}
-    vi = shapes.get(name) or onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
     old = [i for i in g.input if i.name != name and (i.name in reads or i.name in consts)]
-    nodes = [n for n in g.node if id(n) in keep]
+    new = _value_infos(model, [name])           # while its producer is there to say
+    _keep_nodes(g, keep)
+    kept = [vi for vi in g.value_info if vi.name != name]
+    del g.value_info[:]
+    g.value_info.extend(kept)
+    del g.input[:]
+    g.input.extend(new + old)
+    return model
+
+
+def end_at(model, names):
+    """A copy of `model` that ends at the tensors `names` (--outputs), before the IR reads it (an
+    SSD's box decoding by constant anchors, which no other input size meets, never reaches its
+    shape checks); `model` itself where a name is not a tensor its nodes compute (a Keras layer
+    name; compiler.cut_outputs names the nearest ones)."""
+    import onnx
+    made = {o for n in model.graph.node for o in n.output if o}
+    names = [x + ":0" if x not in made and x + ":0" in made else x for x in names or ()]
+    if not names or any(x not in made for x in names) or [o.name for o in model.graph.output] == names:
+        return model
+    model, source = onnx.ModelProto(), model
+    model.CopyFrom(source)
+    g = model.graph
+    vis = _value_infos(model, names)
+    _keep_nodes(g, _needed(g, {o: k for k, n in enumerate(g.node) for o in n.output if o}, names)[0])
+    del g.output[:]
+    g.output.extend(vis)
+    return model
+
+
+def _needed(g, made, outputs, stop=None):
+    """(the indices of the nodes `outputs` need, stopping at tensor `stop`; the tensors they
+    read). `made`: {tensor: the index of the node that writes it}."""
+    keep, reads, stack = set(), set(), list(outputs)
+    while stack:
+        t = stack.pop()
+        reads.add(t)
+        k = made.get(t) if t != stop else None
+        if k is not None and k not in keep:
+            keep.add(k)
+            stack.extend(i for i in g.node[k].input if i)
+    return keep, reads
+
+
+def _keep_nodes(g, keep):
+    nodes = [n for k, n in enumerate(g.node) if k in keep]
     del g.node[:]
     g.node.extend(nodes)
-    del g.input[:]
-    g.input.extend([vi] + old)
-    return model
+
+
+def _value_infos(model, names):
+    """Each tensor's inferred type and shape (float, shapeless where inference cannot say)."""
+    import onnx
+    known = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(model, strict_mode=False).graph.value_info}
+    known.update({vi.name: vi for vi in model.graph.output})
+    return [known.get(x) or onnx.helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None) for x in names]
