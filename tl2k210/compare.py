@@ -5,7 +5,7 @@ YOLOv2 region outputs (decoded by tl2k210.k210.yolo, MaixPy's region layer). `co
 import numpy as np
 
 from tl2k210 import frontends, metadata
-from tl2k210.compiler import (ConvertOptions, cut_outputs, input_affine, model_input_range, model_inputs,
+from tl2k210.compiler import (ConvertOptions, cut_outputs, input_affine, load_options, model_input_range, model_inputs,
                               source_graph)
 from tl2k210.errors import Tl2k210Error, UnknownOutputError
 from tl2k210.k210 import yolo
@@ -72,9 +72,9 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
     opts = ConvertOptions(**pre)
     meta = metadata.load_for(kmodel_path)
     ends = opts.outputs or ([o.get("name") for o in meta.outputs] if meta is not None else None)
-    kw = {"weights": opts.weights} if opts.weights else {}
-    if opts.inputs:
-        kw["start"] = opts.inputs
+    if opts.input_shape is None and meta is not None and meta.input.get("layout") == "NCHW":
+        opts.input_shape = tuple(meta.input["shape"])      # the size the kmodel runs at (a .pb's shapeless input)
+    kw = {k: v for k, v in load_options(opts).items() if k != "outputs"}     # as convert read it
     model = None
     if ends:
         try:    # as convert cut it (a .tflite before a custom op TFLite cannot read)

@@ -779,18 +779,7 @@ def load(source, opts: ConvertOptions) -> Loaded:
     t0 = time.perf_counter()
     where = source_name(source)
     _say(opts, f"[1/6] loading {where} ...")
-    load_kw = {"network": opts.network} if opts.network is not None else {}
-    if opts.weights is not None:
-        load_kw["weights"] = opts.weights
-    if opts.outputs:
-        load_kw["outputs"] = tuple(opts.outputs)      # a .tflite: cut before TFLite's reader meets a custom op
-    if opts.inputs:
-        load_kw["start"] = opts.inputs                # a .tflite: cut before TFLite's reader meets an FFT
-    if opts.input_shape:
-        load_kw["nchw_input_shape"] = tuple(opts.input_shape)    # a .pb's shapeless Placeholder
-    if opts.input_values:
-        load_kw["input_values"] = dict(opts.input_values)        # a .pb's other Placeholders
-    onnx_model = frontends.load_model(source, **load_kw)
+    onnx_model = frontends.load_model(source, **load_options(opts))
     check_weight_budget(onnx_model, opts, where)
     graph = source_graph(onnx_model, opts)
     cut = cut_outputs(graph, opts.outputs, where)
@@ -812,6 +801,23 @@ def load(source, opts: ConvertOptions) -> Loaded:
     for note in notes:
         _say(opts, "      " + note)
     return Loaded(graph, where, "; ".join(notes), time.perf_counter() - t0)
+
+
+def load_options(opts: ConvertOptions) -> dict:
+    """frontends.load_model's options from convert's (compare and validate read the float model
+    as convert did)."""
+    kw = {"network": opts.network} if opts.network is not None else {}
+    if opts.weights is not None:
+        kw["weights"] = opts.weights
+    if opts.outputs:
+        kw["outputs"] = tuple(opts.outputs)      # a .tflite: cut before TFLite's reader meets a custom op
+    if opts.inputs:
+        kw["start"] = opts.inputs                # a .tflite: cut before TFLite's reader meets an FFT
+    if opts.input_shape:
+        kw["nchw_input_shape"] = tuple(opts.input_shape)    # a .pb's shapeless Placeholder
+    if opts.input_values:
+        kw["input_values"] = dict(opts.input_values)        # a .pb's other Placeholders
+    return kw
 
 
 def source_graph(onnx_model, opts: ConvertOptions):

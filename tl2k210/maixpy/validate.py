@@ -206,11 +206,11 @@ class FloatModel:
 
     def __init__(self, src, pre: dict):
         from tl2k210 import frontends
-        from tl2k210.compiler import ConvertOptions, source_graph
+        from tl2k210.compiler import ConvertOptions, load_options, source_graph
         from tl2k210.k210.flow import run_pipeline
         from tl2k210.quantize.calibrate import FloatRunner
         self.opts = ConvertOptions(**pre)
-        model = frontends.load_model(src)
+        model = frontends.load_model(src, **load_options(self.opts))
         self.graph, _ = run_pipeline(source_graph(model, self.opts))
         self.run = FloatRunner(self.graph, expose_all=False)
         self._all = None
