@@ -49,6 +49,7 @@ from . import hardware as hw
 from .ideal import ideal
 from .lower import Options, plan_format, select
 from .lower.registry import CPU_F32
+from .passes.dilated_mosaic import dilated_mosaic
 from .passes.entry_conv import entry_conv
 from .passes.kpu_padding import kpu_padding
 from .passes.kxk_windows import kxk_windows
@@ -134,6 +135,7 @@ PIPELINE = [
     Pass("entry_conv", entry_conv),
     Pass("wide_channels", wide_channels),
     Pass("kxk_windows", kxk_windows),
+    Pass("dilated_mosaic", dilated_mosaic),
     Pass("stride2_even_maps", stride2_even_maps),
     Pass("unequal_strides", unequal_strides),   # (2, 1): the KPU conv at (1, 1) + a strided slice
     Pass("kpu_padding", kpu_padding, default=False, exact=False),
@@ -155,24 +157,26 @@ def run_pipeline(graph, options=None, target=None):
     bound = {check_supported: functools.partial(check_supported, opts=target),
              pad_into_conv: functools.partial(pad_into_conv, repeat=v3),
              kxk_windows: functools.partial(kxk_windows, v4=not v3),
+             dilated_mosaic: functools.partial(dilated_mosaic, v4=not v3),
              long_dense: functools.partial(long_dense, v4=not v3),
              wide_dense: functools.partial(wide_dense, float_fc=target.float_fc)}
     pipeline = [Pass(p.name, bound.get(p.fn, p.fn), p.default, p.exact) for p in PIPELINE]
     return generic.run_pipeline(pipeline, graph, options)
 
 
-#: the passes that give PReLUs the KPU's forms: the pair doubles the maps it writes and its readers'
-#: weights (MobileFaceNet's 8-bit weights 0.25 MB, 0.48 MB after it), the residual form adds
-#: depthwise convs and adds. What the network needs at 8 bits is its graph without them.
-PRELU_FORMS = ("prelu_residual_every", "prelu_residual_grouped", "prelu_residual", "prelu_split")
+#: the passes that give layers the KPU's forms at a cost in maps or weights: the PReLU pair doubles
+#: the maps it writes and its readers' weights (MobileFaceNet's 8-bit weights 0.25 MB, 0.48 MB
+#: after it), the residual form adds depthwise convs and adds, a dilated conv's mosaic copies its
+#: input twice. What the network needs at 8 bits is its graph without them.
+FORM_PASSES = ("prelu_residual_every", "prelu_residual_grouped", "prelu_residual", "prelu_split", "dilated_mosaic")
 
 
 def network_ideal(graph, flowed, log, options=None, target=None, weight_bits=8):
     """The 8-bit ideal (ideal.ideal) of the network: of `flowed`, what run_pipeline(graph,
-    options, target) made with `log`, or where a PReLU form changed it, of `graph` run without them."""
-    if not any(r["pass"] in PRELU_FORMS and r["changes"] for r in log):
+    options, target) made with `log`, or where a FORM_PASSES form changed it, of `graph` run without them."""
+    if not any(r["pass"] in FORM_PASSES and r["changes"] for r in log):
         return ideal(flowed, weight_bits)
-    off = dict(options or {}, check_supported=False, **{p: False for p in PRELU_FORMS})
+    off = dict(options or {}, check_supported=False, **{p: False for p in FORM_PASSES})
     return ideal(run_pipeline(graph, off, target)[0], weight_bits)
 
 
