@@ -82,6 +82,8 @@ MALFORMED = {
     "mean-inf": ("input.mean", _set("input.mean", [math.inf])),
     "pinned-list": ("input.pinned", _set("input.pinned", [0.5])),
     "pinned-text": ("input.pinned.t", _set("input.pinned", {"t": ["half"]})),
+    "constants-list": ("constants", _set("constants", [1, 2])),
+    "constant-short": ("constants.a.values", _set("constants", {"a": {"shape": [1, 3], "values": [1.0, 2.0]}})),
     "flash-address-negative": ("firmware.flash_address", _set("firmware.flash_address", -5)),
     "flash-address-huge": ("firmware.flash_address", _set("firmware.flash_address", "0x1000000")),
     "flash-address-text": ("firmware.flash_address", _set("firmware.flash_address", "here")),

@@ -130,8 +130,9 @@ class Receipt:
             lines.append(t["calibration_note"])
         if t.get("input_note"):
             lines.append(t["input_note"])
-        if t.get("layout_note"):
-            lines.append(t["layout_note"])
+        for key in ("layout_note", "constants_note"):
+            if t.get(key):
+                lines.append(t[key])
         outs = t.get("outputs", {})
         for name, o in outs.items() if len(outs) > 1 or t.get("output_sqnr_db") is None else ():
             v = o["sqnr_db"]
@@ -1148,6 +1149,21 @@ def _input_ignored(samples, outs) -> bool:
     return distinct and all(all(np.array_equal(o[0], v) for v in o[1:]) for o in outs)
 
 
+def _constants_note(graph) -> str | None:
+    """The receipt's line for the source model's constant outputs (passes.constant_outputs), which
+    the kmodel leaves out, so that its outputs' order differs from the source's."""
+    from tl2k210.metadata import MAX_CONSTANT_VALUES
+    cs = graph.meta.get("constant_outputs", {})
+    if not cs:
+        return None
+    kept = [o for o, v in cs.items() if np.size(v) <= MAX_CONSTANT_VALUES]
+    return (f"constant outputs left out of the kmodel (it computes maps): "
+            + ", ".join(f"{o} {tuple(np.shape(v))}" for o, v in cs.items())
+            + (" (their values are in the metadata's constants)" if len(kept) == len(cs) else
+               f" ({', '.join(kept)}: values in the metadata's constants)" if kept else "")
+            + f"; the kmodel's outputs, in order: {', '.join(graph.outputs)}")
+
+
 def _layout_note(graph) -> str | None:
     """The receipt's line for the outputs passes.output_nchw made NCHW: a source that writes them
     NHWC is decoded otherwise (MTCNN P-Net's box map: the repo's NHWC post-processing would read
@@ -1214,7 +1230,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
                 "input_range": list(opts.input_range), "input_range_note": cal.range_note,
                 "calibration_note": cal.calib_note,
                 "input_note": loaded.input_note or None,
-                "layout_note": _layout_note(graph),
+                "layout_note": _layout_note(graph), "constants_note": _constants_note(graph),
                 "float_outputs": sum(4 * int(np.prod(lw.locs[o].shape)) for o in lw.g.outputs)},
         passes=[{"pass": p["pass"], "exact": p["exact"], "nodes": p["nodes"],
                  "changes": [f"{a}: {b}" for a, b in p["changes"]]} for p in opt.log],

@@ -22,6 +22,8 @@ import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+import numpy as np
+
 from tl2k210.errors import Tl2k210Error
 from tl2k210.fileio import SIDECAR_SUFFIX, atomic_write, sidecar_path
 from tl2k210.flash.kfpkg import read_kfpkg
@@ -35,6 +37,7 @@ VERSION = 1
 SUFFIX = SIDECAR_SUFFIX
 TASKS = ("yolo2", "classify", "embed", "image")
 MAX_BYTES = 1 << 20         # a sidecar is a few KiB: read no more (a .kfpkg member neither)
+MAX_CONSTANT_VALUES = 16384  # a constant output's values kept (an SSD's 1,917 anchors: 7,668)
 MAX_DEPTH = 16              # the schema nests 3 deep
 # an indented JSON array of numbers (raw newlines never occur inside JSON strings)
 _NUMBERS = re.compile(r"\[\n\s*((?:-?[0-9][0-9.eE+-]*,?\n\s*)+)\]")
@@ -46,6 +49,8 @@ class ModelMetadata:
     input: dict                  # {layout "NCHW", shape [1,C,H,W], dtype "uint8"|"float32",
                                  #  range [lo, hi], mean [..], std [..], bgr}
     outputs: list                # [{name, shape}]
+    constants: dict = field(default_factory=dict)  # {name: {shape, values}}: the source model's
+                                 # constant outputs (an SSD's anchors), which the kmodel does not compute
     task: str | None = None      # TASKS, or None when not told
     anchors: list | None = None  # YOLOv2 (w, h) pairs, flattened, in grid cells
     labels: list | None = None   # class names
@@ -254,8 +259,19 @@ def _check_strings(d):
     _need(isinstance(d.get("tl2k210_version", ""), str), "tl2k210_version", "must be a string")
 
 
-CHECKS = (_check_kmodel, _check_input, _check_outputs, _check_task, _check_decode, _check_firmware,
-          _check_strings)
+def _check_constants(d):
+    cs = d.get("constants") or {}
+    _need(isinstance(cs, dict), "constants", f"must be an object {{name: {{shape, values}}}}, not {_short(cs)}")
+    for name, c in cs.items():
+        _need(isinstance(c, dict), f"constants.{name}", f"must be an object {{shape, values}}, not {_short(c)}")
+        _ints(c.get("shape"), f"constants.{name}.shape")
+        _numbers(c.get("values"), f"constants.{name}.values")
+        _need(c.get("values") is None or len(c["values"]) == math.prod(c["shape"]), f"constants.{name}.values",
+              f"must hold {math.prod(c['shape'])} values (its shape), not {len(c.get('values') or ())}")
+
+
+CHECKS = (_check_kmodel, _check_input, _check_outputs, _check_constants, _check_task, _check_decode,
+          _check_firmware, _check_strings)
 
 
 def check(d) -> None:
@@ -407,13 +423,14 @@ def kfpkg_metadata(path, images=None) -> dict:
 
 
 def build(data: bytes, name: str, *, input: dict, outputs: list, task=None, anchors=None,
-          labels=None, decode=None, firmware=None, source=None) -> ModelMetadata:
+          labels=None, decode=None, firmware=None, source=None, constants=None) -> ModelMetadata:
     from tl2k210 import __version__
     if task is not None and task not in TASKS:
             raise Tl2k210Error(f"task {task!r}: choose from {', '.join(TASKS)}")
     return ModelMetadata(
         kmodel={"file": name, "sha256": sha256(data), "bytes": len(data), "version": detect_version(data)},
-        input=input, outputs=outputs, task=task, anchors=list(anchors) if anchors else None,
+        input=input, outputs=outputs, constants=dict(constants or {}), task=task,
+        anchors=list(anchors) if anchors else None,
         labels=list(labels) if labels else None, decode=dict(decode or {}),
         firmware=dict(firmware or {}), source=source, tl2k210_version=__version__)
 
@@ -466,11 +483,14 @@ def for_conversion(data: bytes, output, graph, opts, image: bool, budget: int, n
     if opts.input_values:     # the other inputs, pinned by --input-value
         inp["pinned"] = {x: [float(v) for v in vals] for x, vals in opts.input_values}
     outs = [{"name": o, "shape": dims(o)} for o in graph.outputs]
+    consts = {o: {"shape": list(np.shape(v)) or [1], "values": [float(x) for x in np.ravel(v)]
+                  if np.size(v) <= MAX_CONSTANT_VALUES else None}
+              for o, v in graph.meta.get("constant_outputs", {}).items()}
     fw = {"runtime": opts.runtime, "budget_bytes": budget, "needs_bytes": need}
     fw.update({k: extra.pop(k) for k in ("script", "flash_address") if extra.get(k) is not None})
     if isinstance(fw.get("flash_address"), int):
         fw["flash_address"] = f"0x{fw['flash_address']:x}"
-    return build(data, Path(output).name, input=inp, outputs=outs, firmware=fw,
+    return build(data, Path(output).name, input=inp, outputs=outs, firmware=fw, constants=consts,
                  source=extra.pop("source", source), task=extra.pop("task", None),
                  anchors=extra.pop("anchors", None), labels=extra.pop("labels", None),
                  decode=extra.pop("decode", None))

@@ -649,6 +649,32 @@ def test_constant_output_is_dropped_and_named():
     assert changes and "is a constant" in changes[0][1]
 
 
+def test_a_constant_output_left_out_is_said_and_kept_in_the_metadata(tmp_path, capsys):
+    """ortex's tinymodel with x pinned: output2 = Gemm(x) is a constant, so the kmodel has two
+    outputs, output1 and output3, and the second is not the source's second: the receipt said
+    nothing of it (hunt 17). It names what was left out and the kmodel's order; the metadata
+    keeps the values, so the application need not read the source model."""
+    import json
+
+    import onnx
+    from tl2k210.cli import main
+    nodes = [helper.make_node("Identity", ["k"], ["anchors"]), helper.make_node("Conv", ["x", "w"], ["boxes"])]
+    anchors = rand(1, 4, 2)
+    m = make_model(nodes, [("x", [1, 4, 8, 8])], [("anchors", None), ("boxes", None)],
+                   {"k": anchors, "w": rand(4, 4, 1, 1)})
+    src = tmp_path / "ssd.onnx"
+    onnx.save(m, src)
+    np.save(tmp_path / "cal.npy", np.random.default_rng(0).uniform(0, 1, (8, 4, 8, 8)).astype(np.float32))
+    out = tmp_path / "ssd.kmodel"
+    assert main(["convert", str(src), str(out), "--dataset", str(tmp_path / "cal.npy"), "--min-sqnr", "0"]) == 0
+    said = capsys.readouterr().out
+    assert ("constant outputs left out of the kmodel (it computes maps): anchors (1, 4, 2) (their values are in "
+            "the metadata's constants); the kmodel's outputs, in order: boxes") in said
+    meta = json.loads((tmp_path / "ssd.kmodel.json").read_text())
+    assert [o["name"] for o in meta["outputs"]] == ["boxes"] and meta["constants"]["anchors"]["shape"] == [1, 4, 2]
+    np.testing.assert_allclose(meta["constants"]["anchors"]["values"], anchors.ravel(), rtol=1e-6)
+
+
 @pytest.mark.parametrize("conv_after", [True, False])
 def test_pixel_unshuffle_is_space_to_depth_and_a_folded_shuffle(conv_after):
     """torch's nn.PixelUnshuffle(2) as the TorchScript exporter writes it: Reshape (1, C, H/2, 2, W/2,
