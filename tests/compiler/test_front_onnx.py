@@ -90,6 +90,28 @@ def test_nhwc_input_through_pad_and_rescaling_becomes_nchw():
     np.testing.assert_allclose(run(g, xi)[g.outputs[0]], ort_run(m, x)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_a_batch_norm_on_the_image_is_input_preprocessing():
+    """OpenCV's res10 face detector (and Caffe models) start with a BatchNormalization on the image
+    ('data_bn'): a per-channel affine of the pixels, folded into the pixel mapping like --mean/--std
+    (it had been a depthwise 1x1 KPU layer over the whole image, rounding it once more; hunt 17)."""
+    rng = np.random.default_rng(2)
+    bn = {"s": rng.uniform(0.5, 2, 3), "b": rng.normal(0, 1, 3), "mu": rng.uniform(90, 130, 3),
+          "var": rng.uniform(900, 4000, 3)}
+    m = make_model([helper.make_node("BatchNormalization", ["x", "s", "b", "mu", "var"], ["n"], name="data_bn"),
+                    helper.make_node("Conv", ["n", "w"], ["y"], pads=[1, 1, 1, 1])],
+                   [("x", [1, 3, 8, 8])], [("y", None)], {**{k: v.astype(np.float32) for k, v in bn.items()},
+                                                          "w": _conv_w(4, 3)})
+    g, log = run_pipeline(from_onnx(m))
+    assert g.op_counts() == {"Conv": 1}
+    a, b = (np.asarray(v) for v in g.meta["input_affine"])
+    k = bn["s"] / np.sqrt(bn["var"] + 1e-5)
+    np.testing.assert_allclose(a, k, rtol=1e-6)
+    np.testing.assert_allclose(b, bn["b"] - bn["mu"] * k, rtol=1e-5)
+    x = rng.uniform(0, 255, (1, 3, 8, 8)).astype(np.float32)
+    xi = (x * a[None, :, None, None] + b[None, :, None, None]).astype(np.float32)
+    np.testing.assert_allclose(run(g, xi)[g.outputs[0]], ort_run(m, x)[0], rtol=1e-4, atol=1e-4)
+
+
 def test_one_channel_nhwc_input_padded_before_its_reshape():
     """A ZeroPadding2D before tf2onnx's one-channel Reshape (1,H+2,W+2,1) -> (1,1,H+2,W+2): the
     Pad moves below the layout change and the Reshape goes (it is decided on the padded shape

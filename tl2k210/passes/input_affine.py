@@ -1,10 +1,13 @@
 """In-graph preprocessing on the image input (a Keras `Rescaling`/`Normalization` layer, a TFLite
-model's `x * (1/127.5) - 1`): per-channel Mul/Div/Add/Sub by constants right after the input are
+model's `x * (1/127.5) - 1`, a Caffe model's BatchNorm on the image, OpenCV's res10 face
+detector's `data_bn`): per-channel Mul/Div/Add/Sub by constants and batch norms right after the input are
 taken out of the graph into graph.meta["input_affine"] = (scale[C], offset[C]) -- the graph input
 becomes their result, and the compiler folds the affine map into the pixel mapping the KPU's
 first conv applies (exact: the same function of the pixels, and the KPU pads with the pixel value
 whose preprocessed value is 0, as the graph's zero padding after the preprocessing does)."""
 import numpy as np
+
+from .fold_affine import affine_of
 
 
 def _per_channel(g, name, c):
@@ -35,8 +38,16 @@ def input_affine(g, log):
         if len(users) != 1 or x in g.outputs:
             break
         n = users[0]
-        if n.op not in ("Mul", "Div", "Add", "Sub") or n.outputs[0] in g.outputs:
+        if n.op not in ("Mul", "Div", "Add", "Sub", "BatchNormalization") or n.outputs[0] in g.outputs:
             break
+        if n.op == "BatchNormalization":
+            bn = affine_of(g, n)
+            if bn is None or len(bn[1]) not in (1, c):
+                break
+            scale, offset = scale * bn[1], offset * bn[1] + bn[2]
+            _drop(g, n, x, log)
+            changed = True
+            continue
         k, other = (1, n.inputs[1]) if n.inputs[0] == x else (0, n.inputs[0])
         v = _per_channel(g, other, c)
         if v is None or (n.op == "Div" and k == 0):
@@ -51,10 +62,14 @@ def input_affine(g, log):
             offset = offset - v
         else:                  # v - x
             scale, offset = -scale, v - offset
-        g.nodes.remove(n)
-        g.replace_uses(n.outputs[0], x)
-        log(n.name, f"{n.op} by a constant on input {x} folded into the input preprocessing")
+        _drop(g, n, x, log)
         changed = True
     if not np.array_equal(scale, np.ones(c)) or not np.array_equal(offset, np.zeros(c)):
         g.meta["input_affine"] = (scale.tolist(), offset.tolist())
     return g
+
+
+def _drop(g, n, x, log):
+    g.nodes.remove(n)
+    g.replace_uses(n.outputs[0], x)
+    log(n.name, f"{n.op} by constants on input {x} folded into the input preprocessing")
