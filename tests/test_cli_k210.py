@@ -330,6 +330,11 @@ def test_run_batch_iris_equals_item_by_item(tmp_path, capsys):
             assert np.array_equal(np.load(tmp_path / "one_out.npy").reshape(-1), batch[i].reshape(-1))
         accuracy = float((batch.reshape(150, -1).argmax(1) == iris.target).mean())
         assert accuracy >= 0.95, accuracy           # measured 0.987 (148/150) for both
+        # a vector model's samples in another shape of their values, as convert --dataset takes
+        # them (a Keras Conv1D's (N, 216, 1); hunt 17): the same batch
+        np.save(tmp_path / "iris41.npy", x[:, :, None])
+        assert _run_cli(capsys, km, "-i", tmp_path / "iris41.npy", "-o", tmp_path / "b41.npy")[0] == 0
+        assert np.array_equal(np.load(tmp_path / "b41.npy"), batch)
 
 
 def test_run_batch_image_model_chw_and_channels_last(tmp_path, capsys):

@@ -90,6 +90,9 @@ def _input_plan(where, got, shape, dtype):
         return forms[got[1:]], (None if got[0] == 1 else got[0])
     if math.prod(got) == want:
         return "chw", None
+    squeezed = [d for d in shape if d != 1]
+    if len(squeezed) <= 1 and len(got) >= 2 and got[0] > 0 and [d for d in got[1:] if d != 1] == squeezed:
+        return "chw", got[0]           # a vector model's samples in any shape of their values: (N, 216, 1)
     batch = " or ".join(_fmt(("N",) + f) for f in forms)
     raise InputFileError(f"{where} declares shape {_fmt(got)} ({math.prod(got)} values); the model "
                          f"takes {_fmt(shape)} {_dtype_name(dtype)} ({want} values): give one input "
