@@ -339,6 +339,13 @@ def test_frozen_tf1_graph_pb(tmp_path):
     g = load_graph(tmp_path / "s.pb", nchw_input_shape=(1, 3, 8, 8))
     got = run(g, {g.inputs[0]: x})[g.outputs[0]]
     np.testing.assert_allclose(got, frozen(tfm.constant(x))[0].numpy(), rtol=1e-4, atol=1e-4)
+    # a dense model's shapeless input: the hint has its width (TF's 2016 MNIST softmax regression)
+    with tfm.Graph().as_default() as dg:
+        v = tfm.compat.v1.placeholder(tfm.float32, None, name="input")
+        tfm.nn.softmax(tfm.matmul(v, tfm.constant(rng.standard_normal((784, 10)).astype(np.float32))), name="y")
+    (tmp_path / "d.pb").write_bytes(dg.as_graph_def().SerializeToString())
+    with pytest.raises(ModelLoadError, match=r"give it with --input-shape 1,784 \(a dense model's input\)"):
+        load_model(tmp_path / "d.pb")
     # compare reads the .pb as convert did: the shape from its flag or the kmodel's metadata (hunt
     # 17: OpenCV's face detector was refused "give it with --input-shape" with the flag given)
     from PIL import Image

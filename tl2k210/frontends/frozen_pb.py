@@ -105,19 +105,28 @@ def _shapeless(n) -> bool:
     return not shape.is_fully_defined() or shape.rank == 0
 
 
-def _channels_read(gd, placeholder: str) -> str:
-    """The channels the first conv reading `placeholder` takes (its frozen filter's third dim,
-    through Identity nodes), as text for the --input-shape hint; "C" where no conv tells."""
+MATMULS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
+
+
+def _shape_hint(gd, placeholder: str) -> str:
+    """The --input-shape hint for `placeholder`: the channels the first conv reading it takes (its
+    frozen filter's third dim, through Identity nodes), or the inputs of a first MatMul (a dense
+    model: '1,784'); "C" where neither tells."""
     nodes = {n.name: n for n in gd.node}
     for n in gd.node:
-        if n.op in ("Conv2D", "DepthwiseConv2dNative") and n.input and n.input[0].split(":")[0] == placeholder:
+        if n.op in ("Conv2D", "DepthwiseConv2dNative") + MATMULS and n.input and \
+                n.input[0].split(":")[0] == placeholder:
             f = nodes.get(n.input[1].split(":")[0])
             while f is not None and f.op == "Identity" and f.input:
                 f = nodes.get(f.input[0].split(":")[0])
             dims = [d.size for d in f.attr["value"].tensor.tensor_shape.dim] if f is not None and f.op == "Const" else []
+            ta, tb = (n.attr[k].b for k in (("transpose_a", "transpose_b") if n.op == "MatMul" else ("adj_x", "adj_y")))
+            if n.op in MATMULS and len(dims) == 2 and not ta:
+                return f"1,{dims[1] if tb else dims[0]} (a dense model's input)"
             if len(dims) == 4:
-                return str(dims[2])
-    return "C"
+                return (f"1,{dims[2]},H,W (N,C,H,W whatever the graph's layout; e.g. 1,{dims[2]},240,320 for a "
+                        "320x240 input)")
+    return "1,C,H,W (N,C,H,W whatever the graph's layout; e.g. 1,C,240,320 for a 320x240 input)"
 
 
 # ops of a whole detection pipeline around the networks: what each is, for the refusal
@@ -243,11 +252,10 @@ def from_frozen_pb(path, opset=None, batch=1, input_shape=None, input_values=Non
                      and n.name + ":0" not in pins]
         if not shapeless:
             raise
-        c = _channels_read(gd, shapeless[0])
         why = str(e).split(": tf2onnx could not convert it: ", 1)[-1].split(" for '", 1)[0]
         raise ModelLoadError(f"{path}: the input Placeholder {shapeless[0]!r} has no shape in the graph, so "
-                             f"tf2onnx cannot convert it ({why}): give it with --input-shape 1,{c},H,W (N,C,H,W "
-                             f"whatever the graph's layout; e.g. 1,{c},240,320 for a 320x240 input)") from e
+                             f"tf2onnx cannot convert it ({why}): give it with --input-shape "
+                             f"{_shape_hint(gd, shapeless[0])}") from e
     check_against_source(str(path), model, lambda feed: _run_graph(gd, feed, [o + ":0" for o in outputs]),
                          "TensorFlow", "convert the model to .tflite or ONNX", pins)
     if cut:
