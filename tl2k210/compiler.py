@@ -142,9 +142,9 @@ class Receipt:
             part = t.get("calib_samples", 0) > t["sqnr_samples"]     # the first N of them
             said = ["the lowest"] if len(outs) > 1 else [ideal_words(o) for o in outs.values() if ideal_words(o)]
             said += ["--sqnr-samples N measures more"] if part else []
-            lines.append(f"output SQNR vs float {t['output_sqnr_db']:.1f} dB on "
-                         + (f"the first {t['sqnr_samples']} of {t['calib_samples']}" if part else f"{t['sqnr_samples']}")
-                         + " calibration samples" + (f" ({'; '.join(said)})" if said else ""))
+            n = f"the first {t['sqnr_samples']} of {t['calib_samples']}" if part else f"{t['sqnr_samples']}"
+            lines.append(f"output SQNR vs float {t['output_sqnr_db']:.1f} dB on {n} calibration samples"
+                         + (f" ({'; '.join(said)})" if said else ""))
         if t.get("input_ignored"):
             lines.append(f"warning: the float model gives the same outputs for all {t['sqnr_samples']} calibration "
                          "samples: its outputs do not depend on its input (a graph cut off from its input, weights "
@@ -440,9 +440,11 @@ def model_input_range(graph, opts: ConvertOptions):
             if image and opts.mean == (0.0,) and opts.std == (1.0,) else None)
     scale, zp, dtype = q
     rng = _integer_input_range(q)
-    return replace(opts, input_range=rng), (
-        f"input range {rng[0]:.6g},{rng[1]:.6g} taken from the model's {dtype} input quantization "
-        f"(scale {scale:.6g}, zero point {zp}); override with --input-range")
+    how = (f"quantization (scale {scale:.6g}, zero point {zp})" if dtype in ("uint8", "int8") else
+           "values as the model casts them to float" if (scale, zp) == (1, 0) else
+           f"scale {scale:.6g}, zero point {zp}")
+    return replace(opts, input_range=rng), (f"input range {rng[0]:.6g},{rng[1]:.6g} taken from the model's "
+                                            f"{dtype} input {how}; override with --input-range")
 
 
 class ModelRanges:
