@@ -715,7 +715,9 @@ class Lowering:
         first_layer = self.layers[0].name if self.layers else None
         if first_layer not in ("K210_CONV", "FULLY_CONNECTED"):
             raise UnsupportedOpError(f"the first kmodel layer would be {first_layer}; the SDK/MaixPy "
-                                     "need K210_CONV or FULLY_CONNECTED first")
+                                     "need K210_CONV or FULLY_CONNECTED first in a kmodel v3: convert with "
+                                     "--format v4 (or auto) for a runtime that loads it, or give the model an "
+                                     "image input its first conv reads")
         return v3.KModelV3(self.layers, outs, self.main.high, flags=1 if self.opts.weight_bits == 8 else 0,
                            max_start_address=self.kpu.lowest, packed=True, compact=self.opts.compact)
 
