@@ -16,23 +16,25 @@ from tl2k210.graph import from_onnx, run
 from tl2k210.k210.flow import run_pipeline
 
 
-def _model(size, c=128, o=16, dilation=2):
+def _model(size, c=128, o=16, dilation=2, group=1):
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["a"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["a"], ["r"]),
              helper.make_node("Conv", ["r", "w1", "b1"], ["c"], name="atrous", pads=[dilation] * 4,
-                              dilations=[dilation, dilation]),
+                              dilations=[dilation, dilation], group=group),
              helper.make_node("Relu", ["c"], ["y"])]
     return make_model(nodes, [("x", [1, 3, size, size])], [("y", None)],
                       {"w0": rng.normal(0, 0.3, (c, 3, 3, 3)).astype(np.float32),
                        "b0": rng.normal(0, 0.1, c).astype(np.float32),
-                       "w1": rng.normal(0, 0.03, (o, c, 3, 3)).astype(np.float32),
+                       "w1": rng.normal(0, 0.03, (o, c // group, 3, 3)).astype(np.float32),
                        "b1": rng.normal(0, 0.1, o).astype(np.float32)})
 
 
-@pytest.mark.parametrize("size, dilation", [(19, 2), (16, 2), (17, 3)])
-def test_the_mosaic_is_the_dilated_conv(size, dilation):
-    m = _model(size, dilation=dilation)
+@pytest.mark.parametrize("size, dilation, group", [(19, 2, 1), (16, 2, 1), (17, 3, 1), (17, 4, 192)])
+def test_the_mosaic_is_the_dilated_conv(size, dilation, group):
+    """... and DeepLab's atrous depthwise convs (960 channels, dilation 2 and 4, whose channel
+    windows store every shifted copy's one-hot weights)."""
+    m = _model(size, c=max(128, group), o=max(16, group), dilation=dilation, group=group)
     g, log = run_pipeline(from_onnx(m))
     done = next(r["changes"] for r in log if r["pass"] == "dilated_mosaic")
     assert [name for name, _ in done] == ["atrous"]

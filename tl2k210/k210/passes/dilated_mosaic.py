@@ -11,7 +11,7 @@ below and right by one zero row and column, are laid side by side (Slice with st
 Concat), one 3x3 KPU conv with pads 1 runs over the mosaic (a zero gutter between tiles is the
 padding each one needs), and the tiles of its output are interleaved back (Slice, Concat in
 DepthToSpace's DCR order, DepthToSpace) and cropped. Exact: every output sums the same
-products; the moves copy bytes. kmodel v4 only (v3 has no Slice); the weights once.
+products; the moves copy bytes. kmodel v4 only (v3 has no Slice); the weights once. DeepLab's atrous depthwise convs (960 channels, dilation 2 and 4) likewise.
 """
 import numpy as np
 
@@ -20,13 +20,14 @@ from tl2k210.k210.lower.kxk import forms
 
 
 def _mosaic_conv(g, n):
-    """The dilation b of a stride-1 dense 3x3 conv with pads b on every side that no kxk form
-    runs, else None."""
+    """The dilation b of a stride-1 3x3 conv (dense, depthwise or grouped) with pads b on every
+    side that no kxk form runs whole (a grouped one's channel windows store every shifted copy's
+    one-hot weights: DeepLab's 99 KiB a layer against 2.5 KB), else None."""
     a = n.attrs
     shape = g.shape(n.inputs[0])
     d = tuple(a.get("dilations", (1, 1)))
     if n.op != "Conv" or tuple(a.get("kernel", ())) != (3, 3) or d[0] != d[1] or d[0] < 2 \
-            or tuple(a.get("strides", (1, 1))) != (1, 1) or a.get("group", 1) != 1 or a.get("pool") \
+            or tuple(a.get("strides", (1, 1))) != (1, 1) or a.get("pool") \
             or list(a.get("pads", ())) != [d[0]] * 4 or shape is None or len(shape) != 4 \
             or g.const(n.inputs[1]) is None or forms(g, n, "v4"):
         return None
