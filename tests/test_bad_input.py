@@ -1703,3 +1703,17 @@ def test_input_shape_the_strides_do_not_divide(tmp_path, capsys):
     refused(rc, err, "'skip'", "1x3x10x10", "1x3x9x9", "at the input size the file itself fixes, so the graph "
             "read from it (made by", "is inconsistent there")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name, verb", [("model.tflite", "convert"), ("model.onnx", "convert"),
+                                        ("model.kmodel", "inspect"), ("model.kmodel", "run")])
+def test_a_git_lfs_pointer_is_named_as_one(name, verb, tmp_path, capsys):
+    """A clone without git-lfs holds ~130-byte pointer files where the models are: each verb says
+    so and how to fetch them (hunt 17: TFLite's reader had called one damaged)."""
+    p = tmp_path / name
+    p.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 1234567\n")
+    argv = {"convert": ["convert", p, tmp_path / "o.kmodel", "--dataset", tmp_path],
+            "inspect": ["inspect", p], "run": ["run", p, "-i", p]}[verb]
+    rc, out, err = cli(capsys, *argv)
+    refused(rc, err, "Git LFS pointer", "git lfs pull")
+    assert not (tmp_path / "o.kmodel").exists()

@@ -9,6 +9,8 @@
   renaming a file over ``/dev/null`` would replace the device.
 * ``read_bytes`` reads at most ``limit`` bytes (``/dev/zero`` ends), with messages for folders and
   missing files.
+* ``lfs_pointer`` says what a Git LFS pointer is (a clone without `git lfs` holds these ~130-byte
+  text files where the models should be).
 """
 from __future__ import annotations
 
@@ -258,6 +260,15 @@ def atomic_write(path, data: bytes, label: str = "output", follow: bool = True):
             raise OutputPathError(f"cannot write {label} {path}: {_why(exc)}") from None
         raise
     return path
+
+
+def lfs_pointer(head: bytes) -> str | None:
+    """What to say of a file that starts with `head`, where it is a Git LFS pointer, else None."""
+    if not head.startswith(b"version https://git-lfs.github.com/spec/"):
+        return None
+    return ("a Git LFS pointer (a small text file naming the real file's hash), not the file itself: "
+            "the repository keeps its models in Git LFS; fetch them with `git lfs install && git lfs pull` "
+            "in the clone, or download the file from the repository's web page")
 
 
 def read_bytes(path, limit: int, what: str = "file") -> bytes:

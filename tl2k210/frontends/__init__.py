@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tl2k210 import quiet
 from tl2k210.errors import ModelLoadError, Tl2k210Error
+from tl2k210.fileio import lfs_pointer
 
 OPSET = 18
 
@@ -127,6 +128,10 @@ def _as_kind(path, suffix, *args, **opts):
 def _load_path(path, outputs=None, shape=None, pins=None, start=None, **opts):
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or directory; check the path")
+    if path.is_file():
+        with open(path, "rb") as f:
+            if (lfs := lfs_pointer(f.read(64))) is not None:
+                raise ModelLoadError(f"{path}: {lfs}")
     suffix = model_kind(path)
     if suffix != path.suffix.lower():
         return _as_kind(path, suffix, outputs, shape, pins, start, **opts)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 
 from tl2k210.errors import KmodelFormatError
-from tl2k210.fileio import atomic_write  # noqa: F401  (re-exported: kmodel.atomic_write)
+from tl2k210.fileio import atomic_write, lfs_pointer  # noqa: F401  (re-exported: kmodel.atomic_write)
 from tl2k210.k210.kmodel import v3, v4
 
 _SUPPORTED = "tl2k210 reads v3/v4 and writes v3"
@@ -52,6 +52,8 @@ def detect_version(data: bytes) -> int:
     if first in (0x78563412,) or second == 0x03000000 or first == 0x03000000:
         raise KmodelFormatError("this looks like a byte-swapped kmodel v3 (made for "
                                 "kpu.load_flash); swap it back per 32-bit word first", 0, "version")
+    if lfs_pointer(data) is not None:
+        raise KmodelFormatError(lfs_pointer(data), 0, "version")
     raise KmodelFormatError(f"not a kmodel: first word 0x{first:08x} is neither version 3 nor "
                             "'KMDL'; " + _SUPPORTED, 0, "version")
 
