@@ -895,7 +895,7 @@ def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False, prelus: 
         _fold_channel_swap(graph)
     fmt, forced = graph.meta["plan"]
     ide = network_ideal(loaded.graph, graph, plog, passes, target, opts.weight_bits)
-    fit.check_format(fmt, forced, opts.runtime, ide.floor)
+    fit.check_format(fmt, forced, opts.runtime, ide.floor, graph, loaded.graph)
     fit.check_ideal(ide, opts.runtime, loaded.where, fmt, loaded.graph)
     return Optimised(graph, loaded.graph, plog, ide, (fmt, forced))
 
@@ -980,7 +980,7 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
                 channel_means=dict(cal.means) if cal.correct_bias else {}, float_fc=opts.float_fc, int8_rounding=opts.int8_rounding,
                 format=fmt, small=small, v3_only=v3_only, compact=compact),
                 planned=None if small or fmt != opts.format else opt.plan)  # a smaller form may need another format
-            fit.check_format(lw.format, lw.forced_by, opts.runtime, opt.ideal.floor)
+            fit.check_format(lw.format, lw.forced_by, opts.runtime, opt.ideal.floor, graph, opt.exact_graph)
             metadata.check_decode(model, opts.metadata)
             return fit.Built(model, dumps(model), rows, trace_map, lw)
         return build

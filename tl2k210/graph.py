@@ -999,7 +999,7 @@ def _check_broadcast(g, n):
         why = ("with this input size the model's maps do not line up: " + (
             f"{const!r} ({'x'.join(map(str, g.shape(const)))}) is computed from constants alone (an SSD's "
             "anchors, baked in at the size the model was exported with), so no other input size meets it: "
-            f"end the model before this node (--outputs {','.join(maps + _outputs_not_after(g, n))}) and do "
+            f"end the model before this node (--outputs {','.join(maps + outputs_not_after(g, n))}) and do "
             "what follows in the application" if const else
             f"{', '.join(map(repr, fixed[:3]))} output a size the file fixes (a Resize to constant sizes, a "
             "ConvTranspose's output_shape), which other maps meet only at the size it was exported with: "
@@ -1013,7 +1013,7 @@ def _check_broadcast(g, n):
                              f"match; {why}") from None
 
 
-def _outputs_not_after(g, node) -> list:
+def outputs_not_after(g, node) -> list:
     """The graph outputs that do not depend on `node`."""
     after, todo = set(), list(node.outputs)
     while todo:

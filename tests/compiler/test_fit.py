@@ -504,6 +504,27 @@ def test_an_upsampled_output_over_budget_names_the_tensor_to_end_at(tmp_path, pn
     assert fit._upsampled_from(from_onnx(onnx.load(src)), "logits") is None        # no Resize writes it
 
 
+def test_a_format_refusal_for_post_processing_names_the_cut_before_it(tmp_path, png_dir):
+    """UltraFace for the v3-only maixpy-minimum: its 2-class Softmax over 4,420 rows of scores needs
+    kmodel v4 and the refusal said "change that layer" (hunt 17). A layer with no weight op after
+    it is post-processing: the refusal names the --outputs that end the model before it (with its
+    other outputs), and those convert."""
+    from tl2k210.k210.fit import FormatError
+    rng = np.random.default_rng(0)
+    n = helper.make_node
+    nodes = [conv_node("conf", "x", "wc", pads=[1, 1, 1, 1]), n("Reshape", ["conf", "shape"], ["rows"]),
+             n("Softmax", ["rows"], ["scores"], axis=-1), conv_node("boxes", "x", "wb", pads=[1, 1, 1, 1])]
+    src = tmp_path / "det.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 3, 16, 16])], [("scores", None), ("boxes", None)],
+                         {"wc": rng.normal(0, 0.3, (2, 3, 3, 3)).astype(np.float32), "shape": np.array([1, -1, 2]),
+                          "wb": rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32)}), src)
+    with pytest.raises(FormatError) as e:
+        _convert(src, tmp_path / "d.kmodel", png_dir, runtime="maixpy-minimum")
+    assert "end the model before it (--outputs rows,boxes) and do that step in the application" in str(e.value)
+    r = _convert(src, tmp_path / "d.kmodel", png_dir, runtime="maixpy-minimum", outputs=("rows", "boxes"))
+    assert r.totals["format"] == "v3"
+
+
 @pytest.mark.parametrize("floor, names", [(0, "maixpy or maixpy-minimum-v4 or sdk"),
                                           (3_000_000, "maixpy-minimum-v4 or sdk"), (6_000_000, None)])
 def test_a_format_refusal_names_only_runtimes_that_hold_the_ideal(floor, names):

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tl2k210.errors import KpuLimitError, Tl2k210Error
-from tl2k210.graph import RELABELS, fixed_sizes
+from tl2k210.graph import RELABELS, fixed_sizes, outputs_not_after
 from tl2k210.k210 import cost, firmware, hardware as hw
-from tl2k210.k210.ideal import mb
+from tl2k210.k210.ideal import WEIGHT_OPS, mb
 from tl2k210.k210.lower.conv import WINDOWS
 from tl2k210.k210.lower.memory import PARK, SLICES
 
@@ -42,10 +42,11 @@ def forced_text(forced) -> str:
     return f"node {node!r}: {why}" if node else why
 
 
-def check_format(fmt: str, forced, runtime: str, floor: int = 0):
+def check_format(fmt: str, forced, runtime: str, floor: int = 0, graph=None, source=None):
     """FormatError when `runtime` cannot load kmodel `fmt`; the runtimes it names load it and
     leave at least `floor` bytes (the 8-bit ideal's: a COCO SSD's 4.09 MB of weights were told
-    to try full MaixPy's 2 MiB)."""
+    to try full MaixPy's 2 MiB). `graph` (the lowered one) and `source` (the model as read): where
+    the layer that needs `fmt` is post-processing, the --outputs that end the model before it."""
     if loads_format(runtime, fmt):
         return
     rt = firmware.get(runtime)
@@ -56,8 +57,29 @@ def check_format(fmt: str, forced, runtime: str, floor: int = 0):
     raise FormatError(f"kmodel {fmt}{need} does not load on '{runtime}' ({rt.release}: it loads kmodel "
                       f"{'/'.join(f'v{v}' for v in rt.kmodel_versions)} only; MaixPy says "
                       f"'{rt.version_text()}'). {use}, or "
-                      + ("change that layer to one kmodel v3 has" if forced else "--format auto (v3 when every "
-                         "layer has a v3 form)") + ". Nothing was written.")
+                      + ((_cut_before(graph, source, forced[0]) or "change that layer to one kmodel v3 has")
+                         if forced else "--format auto (v3 when every layer has a v3 form)") + ". Nothing was written.")
+
+
+def _cut_before(graph, source, name):
+    """'end the model before it (--outputs ...)' where node `name` of `graph` is post-processing (no
+    weight op after it) and the tensors to end at are the source model's too; else None."""
+    n = next((x for x in graph.nodes if x.name == name), None) if graph is not None and source is not None else None
+    if n is None:
+        return None
+    after, todo = set(), list(n.outputs)
+    while todo:
+        for c in graph.consumers(todo.pop()):
+            if c.op in WEIGHT_OPS:
+                return None
+            if c.name not in after:
+                after.add(c.name)
+                todo += c.outputs
+    ends = [i for i in n.inputs if i and not graph.tensors[i].is_const] + outputs_not_after(graph, n)
+    if not ends or any(t not in source.tensors for t in ends):
+        return None
+    return (f"end the model before it (--outputs {','.join(dict.fromkeys(ends))}) and do that step in the "
+            "application")
 
 
 def _kb(n):
