@@ -711,8 +711,8 @@ def _check_unbatched_vector(graph):
         at = f"node {n.name!r} ({describe(n)}) reads " if n is not None else ""
         raise UnsupportedOpError(
             f"{at}input {x!r} of shape {tuple(shape)}: a vector without a batch axis, so its first "
-            f"axis cannot be told from the samples; export the model with a (1, {shape[0]}) input "
-            "(a batch of one)")
+            f"axis cannot be told from the samples; give it one with --input-shape 1,{shape[0]}, or export "
+            f"the model with a (1, {shape[0]}) input (a batch of one)")
 
 
 # ---- convert, stage by stage: load -> optimise -> calibrate -> plan/lower -> verify -> write ----

@@ -1,6 +1,7 @@
 """--inputs: a model that starts with what the K210 cannot run (an FFT spectrogram, a custom
 front end) converts from the tensor named; the front end stays in the application, and compare
-starts the float model there too (the kmodel's metadata says where)."""
+starts the float model there too (the kmodel's metadata says where). And an input without a batch
+axis, given one by --input-shape."""
 import json
 
 import numpy as np
@@ -128,3 +129,21 @@ def test_inputs_cuts_a_tflite_before_its_fft(tmp_path, capsys):
     assert main(["compare", str(src), str(out), "--dataset", str(held), "--json", str(tmp_path / "c.json")]) == 0
     rows = json.loads((tmp_path / "c.json").read_text())["outputs"]
     assert min(r["sqnr_db"] for r in rows.values()) > 25, rows
+
+
+def test_a_vector_input_without_a_batch_axis_is_given_one_by_input_shape(tmp_path, capsys):
+    """A (5360,) waveform input (tflite-support's audio classifier) cannot tell its samples from its
+    values: the refusal now offers --input-shape 1,5360, which a TFLite user can give (it had said
+    only to export the model again; hunt 17)."""
+    rng = np.random.default_rng(0)
+    m = make_model([helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["y"])],
+                   [("x", [6])], [("y", None)], {"s": np.array([1, 6], np.int64),
+                                                 "w": rng.normal(0, 0.5, (6, 3)).astype(np.float32)})
+    src = tmp_path / "wave.onnx"
+    onnx.save(m, src)
+    np.save(tmp_path / "cal.npy", rng.uniform(-1, 1, (16, 6)).astype(np.float32))
+    out = tmp_path / "w.kmodel"
+    flags = ["--dataset", str(tmp_path / "cal.npy"), "--input-range=-1,1", "-q"]
+    assert main(["convert", str(src), str(out)] + flags) == 2
+    assert "give it one with --input-shape 1,6" in capsys.readouterr().err and not out.exists()
+    assert main(["convert", str(src), str(out), "--input-shape", "1,6"] + flags) == 0
