@@ -114,8 +114,8 @@ class Receipt:
                             "them at 8 bits)" if (fo := t.get("float_outputs", 0)) >= self.main_memory / 10 else "")
                          + f", total {ours / max(1, i['total']):.2f}x")
         if self.trades and t.get("fastest_need"):     # what the trades bought, in the budget's terms
-            lines.append(f"traded in all: model + main memory {t['fastest_need']:,} B in the fastest forms, "
-                         f"{self.file_size + self.main_memory:,} B in these; est. {t['fastest_ms']:.2f} -> "
+            lines.append(f"traded in all: model + main memory {t['fastest_need']:,} B in each layer's fastest "
+                         f"forms, {self.file_size + self.main_memory:,} B in these; est. {t['fastest_ms']:.2f} -> "
                          f"{self.latency_ms:.2f} ms")
         lines += [f"traded: {line}" for line in self.trades]
         if t.get("format_why"):

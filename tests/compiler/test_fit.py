@@ -221,8 +221,8 @@ def test_optimize_size_against_latency(tmp_path, png_dir):
     assert lat.file_size + lat.main_memory < 0.6 * lat.totals["fastest_need"]
     # the receipt says what the trades bought in the budget's terms (a per-layer line counts kmodel
     # bytes only: an SSD's five summed to 4.4 KB more while they saved 336 KB of main memory)
-    assert (f"traded in all: model + main memory {lat.totals['fastest_need']:,} B in the fastest forms, "
-            f"{lat.file_size + lat.main_memory:,} B in these; est. {lat.totals['fastest_ms']:.2f} -> "
+    assert (f"traded in all: model + main memory {lat.totals['fastest_need']:,} B in each layer's fastest "
+            f"forms, {lat.file_size + lat.main_memory:,} B in these; est. {lat.totals['fastest_ms']:.2f} -> "
             f"{lat.latency_ms:.2f} ms") in lat.table()
     # size mode also searches kmodel v4's forms: here its fastest, with main-memory buffers parked
     # in free KPU RAM (v4 only), are smaller than the v3 model with both trades
