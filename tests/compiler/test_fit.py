@@ -560,6 +560,17 @@ def test_maps_a_file_fixes_the_size_of_are_named_at_any_input_shape(tmp_path, pn
     assert "'deconv' output a size the file fixes" in text and "converts at a smaller input" not in text
 
 
+def test_maps_advice_for_a_dense_layer_on_a_flattened_map_is_to_export_smaller():
+    """A classifier whose dense layer reads its last map flattened takes no other input size: the
+    maps advice does not offer --input-shape there, it names the dense layer."""
+    n = helper.make_node
+    m = make_model([conv_node("c", "x", "w", pads=[1, 1, 1, 1]), n("Flatten", ["c"], ["f"]),
+                    n("Gemm", ["f", "fw"], ["y"], name="classifier")], [("x", [1, 3, 4, 4])], [("y", None)],
+                   {"w": W(8, 3, 3, 3), "fw": W(128, 5)})
+    text = fit._maps_advice(from_onnx(m), None, 0)
+    assert "'classifier', a dense layer, reads them flattened" in text and "--input-shape" not in text
+
+
 @pytest.mark.parametrize("ideal_fits", [True, False])
 def test_where_no_default_form_fits_the_smallest_forms_are_taken(tmp_path, png_dir, monkeypatch, ideal_fits):
     """zye1996's int8 MobileFaceNet 112x96: the default's forms fit full MaixPy in no combination

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tl2k210.errors import KpuLimitError, Tl2k210Error
-from tl2k210.graph import RELABELS, fixed_sizes, outputs_not_after
+from tl2k210.graph import RELABELS, fixed_sizes, outputs_not_after, through_relabels
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.ideal import WEIGHT_OPS, mb
 from tl2k210.k210.lower.conv import WINDOWS
@@ -141,10 +141,27 @@ def _maps_advice(graph, ide, budget) -> str:
                                                else "") + f": {', '.join(map(repr, fixed[:3]))} "
                 "output a size the file fixes (a ConvTranspose's output_shape, a Resize to constant sizes); "
                 "export the model at the size it is to run at")
+    dense = _dense_on_a_map(graph)
+    if dense is not None:      # its weights take the map's size: no other input size feeds it
+        return (f". Its maps need the most, and {dense!r}, a dense layer, reads them flattened, so the "
+                "input's size is fixed by its weights: export the model for a smaller input (or with a "
+                "global pool before the dense layer)")
     size = _smaller_input(graph, ide, budget)
     return (". Its maps need the most: a fully convolutional model converts at a smaller input, "
             + (f"e.g. --input-shape {size} (its maps shrink with the input's area)" if size else
                "--input-shape 1,C,H,W (MTCNN's P-Net, exported at 600x800, fits at 48x64)"))
+
+
+def _dense_on_a_map(graph):
+    """The name of a dense layer (Gemm, MatMul) that reads a map of more than one pixel flattened,
+    or None."""
+    for n in graph.nodes if graph is not None else ():
+        if n.op in ("Gemm", "MatMul") and n.inputs:
+            shape = graph.shape(through_relabels(graph, n.inputs[0])[1])
+            if shape is not None and len(shape) == 4 and min(shape[1:]) > 0 and \
+                    sorted(shape[1:])[1] > 1:      # two dims over 1: rows and columns, or a channel's
+                return n.name
+    return None
 
 
 def _smaller_input(graph, ide, budget):
