@@ -5,8 +5,8 @@ YOLOv2 region outputs (decoded by tl2k210.k210.yolo, MaixPy's region layer). `co
 import numpy as np
 
 from tl2k210 import frontends, metadata
-from tl2k210.compiler import (ConvertOptions, cut_outputs, input_affine, load_options, model_input_range, model_inputs,
-                              source_graph)
+from tl2k210.compiler import (ConvertOptions, cut_outputs, input_affine, load_options, model_input_range,
+                              model_inputs, source_graph)
 from tl2k210.errors import Tl2k210Error, UnknownOutputError
 from tl2k210.k210 import yolo
 from tl2k210.k210.emulator import Emulator

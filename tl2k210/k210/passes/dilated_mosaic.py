@@ -11,7 +11,8 @@ below and right by one zero row and column, are laid side by side (Slice with st
 Concat), one 3x3 KPU conv with pads 1 runs over the mosaic (a zero gutter between tiles is the
 padding each one needs), and the tiles of its output are interleaved back (Slice, Concat in
 DepthToSpace's DCR order, DepthToSpace) and cropped. Exact: every output sums the same
-products; the moves copy bytes. kmodel v4 only (v3 has no Slice); the weights once. DeepLab's atrous depthwise convs (960 channels, dilation 2 and 4) likewise.
+products; the moves copy bytes. kmodel v4 only (v3 has no Slice); the weights once. DeepLab's
+atrous depthwise convs (960 channels, dilation 2 and 4) likewise.
 """
 import numpy as np
 
@@ -67,8 +68,9 @@ def dilated_mosaic(g, log, v4=True):
         out = op("Conv", [m] + n.inputs[1:], (b * (h + 1), b * (w + 1)),
                  {**n.attrs, "dilations": (1, 1), "pads": [1, 1, 1, 1]}, "conv", co)
         new[-1].fused = list(n.fused)
-        parts = [op("Slice", [out, const([i * (h + 1), j * (w + 1)], "s"), const([i * (h + 1) + h, j * (w + 1) + w], "e"),
-                              const([2, 3], "a")], (h, w), tag=f"out{i}{j}", channels=co)
+        parts = [op("Slice", [out, const([i * (h + 1), j * (w + 1)], "s"),
+                              const([i * (h + 1) + h, j * (w + 1) + w], "e"), const([2, 3], "a")],
+                    (h, w), tag=f"out{i}{j}", channels=co)
                  for i in range(b) for j in range(b)]
         phases = op("Concat", parts, (h, w), {"axis": 1}, "phases", b * b * co)
         full = op("DepthToSpace", [phases], (b * h, b * w), {"blocksize": b, "mode": "DCR"}, "interleaved", co)
