@@ -60,8 +60,8 @@ def test_written_manifest_is_read_by_kflash_rules(tmp_path):
      {"a.bin": b"x" * 10, "b.bin": b"y"}, "same address|overlaps"),
     ([{"address": 0x300000, "bin": "a.bin"}, {"address": 0x300004, "bin": "b.bin"}],
      {"a.bin": b"x" * 10, "b.bin": b"y"}, "overlaps"),
-    ([{"address": 0x300000, "bin": "a.bin"}, {"address": 0x400000, "bin": "a.bin"}],
-     {"a.bin": b"x"}, "listed twice"),
+    ([{"address": 0x300000, "bin": "a.bin"}, {"address": 0x300000, "bin": "a.bin"}],
+     {"a.bin": b"x"}, "same address"),
     ([{"address": 0xFFFFF0, "bin": "a.bin"}], {"a.bin": b"x" * 64}, "beyond"),
     ([{"address": 0x300000, "bin": "gone.bin"}], {}, "not in the package"),
     ([{"address": "banana", "bin": "a.bin"}], {"a.bin": b"x"}, "not a number"),
@@ -71,6 +71,16 @@ def test_unsafe_or_broken_packages_are_rejected(tmp_path, files, members, match)
     p = make_pkg(tmp_path / "bad.kfpkg", {"version": "0.1.0", "files": files}, members)
     with pytest.raises(KfpkgError, match=match):
         read_kfpkg(p)
+
+
+def test_a_member_listed_at_two_addresses_is_flashed_at_both(tmp_path):
+    """LoBo MicroPython's OTA package writes config.bin at 0x4000 and its backup at 0x5000; kflash
+    flashes each entry, tl2k210 had refused the package ("listed twice"; round 66's second hunt)."""
+    cfg = payload(64, 3)
+    p = make_pkg(tmp_path / "ota.kfpkg", {"files": [{"address": 0x4000, "bin": "config.bin"},
+                                                    {"address": 0x5000, "bin": "config.bin"}]}, {"config.bin": cfg})
+    assert [(i.address, i.data, i.name) for i in read_kfpkg(p)] == [(0x4000, cfg, "config.bin"),
+                                                                    (0x5000, cfg, "config.bin")]
 
 
 def test_absurd_member_size_rejected(tmp_path):

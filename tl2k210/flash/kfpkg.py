@@ -177,14 +177,11 @@ def read_kfpkg(path, flash_size=FLASH_SIZE_16M):
             entries = parse_manifest(raw.decode("utf-8-sig", "replace"))   # a BOM, as kflash reads it
         except KfpkgError as exc:
             raise KfpkgError(f"{path}: {exc}") from None
-        seen = set()
+        read = {}           # a member listed at two addresses (a boot config and its backup): read once
         images = []
         total = 0
         for e in entries:
             member = _safe_member(e["bin"])
-            if member in seen:
-                raise KfpkgError(f"{path}: {printable(member)} is listed twice in {MANIFEST}")
-            seen.add(member)
             info = infos.get(member)
             if info is None:
                 raise KfpkgError(f"{path}: {MANIFEST} lists {printable(member)}, which is not in the package")
@@ -193,7 +190,8 @@ def read_kfpkg(path, flash_size=FLASH_SIZE_16M):
                 raise KfpkgError(f"{path}: {printable(member)} claims {info.file_size} bytes; the images add "
                                  f"up to more than the whole flash ({flash_size}): the package is "
                                  "corrupt: download or rebuild it")
-            data = _read_member(zf, info, flash_size, path)
+            data = read[member] if member in read else _read_member(zf, info, flash_size, path)
+            read[member] = data
             if len(data) > flash_size:
                 raise KfpkgError(f"{path}: {printable(member)} is larger than the flash")
             if len(data) != info.file_size:
