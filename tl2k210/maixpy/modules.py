@@ -522,11 +522,14 @@ def _ujson(s):
                   dump=dump, loads=loads, load=load)
 
 
-def _s_items(fmt, values):
+def _packed_items(fmt, values):
     """modstruct.c (MicroPython 1.11) packs an 's' item from anything with the buffer protocol,
-    str included (its UTF-8 bytes); CPython's struct takes only bytes/bytearray there."""
+    str included (its UTF-8 bytes); CPython's struct takes only bytes/bytearray there. And an
+    integer item is stored as its low bytes, without CPython's range check (mp_binary_set_int: a
+    MAVLink script packs 0xFE as 'b' and a 16-bit CRC as 'h')."""
     fmt = fmt.decode() if isinstance(fmt, (bytes, bytearray)) else str(fmt)
     out, i, num = list(values), 0, ""
+    order = fmt[0] if fmt[:1] in ("<", ">", "!", "=", "@") else "@"
     for ch in fmt.lstrip("<>!=@"):
         if ch.isdigit():
             num += ch
@@ -543,6 +546,13 @@ def _s_items(fmt, values):
                     except TypeError:
                         pass
             i += 1
+        elif ch in "bBhHiIlLqQ":
+            bits = 8 * _struct.calcsize(order + ch)
+            for k in range(i, min(i + cnt, len(out))):
+                if isinstance(out[k], int) and not isinstance(out[k], bool):
+                    v = out[k] & ((1 << bits) - 1)
+                    out[k] = v - (1 << bits) if ch.islower() and v >> (bits - 1) else v
+            i += cnt
         elif ch != "x" and not ch.isspace():
             i += cnt
     return out
@@ -551,10 +561,10 @@ def _s_items(fmt, values):
 @builtin("ustruct", "struct")
 def _ustruct(s):
     def pack(fmt, *values):
-        return _struct.pack(fmt, *_s_items(fmt, values))
+        return _struct.pack(fmt, *_packed_items(fmt, values))
 
     def pack_into(fmt, buffer, offset, *values):
-        return _struct.pack_into(fmt, buffer, offset, *_s_items(fmt, values))
+        return _struct.pack_into(fmt, buffer, offset, *_packed_items(fmt, values))
 
     return module("ustruct", "", pack=pack, pack_into=pack_into,
                   **_pick(_struct, ("unpack", "calcsize", "unpack_from")))

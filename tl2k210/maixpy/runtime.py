@@ -42,6 +42,16 @@ class BoardSyntaxError(SyntaxError):
     pass
 
 
+class BoardIndentationError(BoardSyntaxError, IndentationError):
+    pass
+
+
+#: py/parse.c (MicroPython 1.11): the two indentation errors it names; any other is "invalid syntax"
+INDENTATION = {"unexpected indent": "unexpected indent",
+               "unindent does not match any outer indentation level":
+               "unindent doesn't match any outer indentation level"}
+
+
 # ---------------------------------------------------------------------------------------------
 # MicroPython text forms
 def mp_float(x: float) -> str:
@@ -131,6 +141,8 @@ def exc_name(exc: BaseException) -> str:
         return "ImportError"
     if isinstance(exc, RecursionError):
         return "RuntimeError"
+    if isinstance(exc, BoardIndentationError):
+        return "IndentationError"
     if isinstance(exc, BoardSyntaxError):
         return "SyntaxError"
     t = type(exc)
@@ -419,7 +431,8 @@ class Session:
             except TabError:
                 code = _mp_compile(expand_leading_tabs(src), filename, mode)
         except SyntaxError as exc:
-            err = BoardSyntaxError(exc.msg if exc.msg == "constant must be an integer" else "invalid syntax")
+            err = (BoardIndentationError(INDENTATION[exc.msg]) if exc.msg in INDENTATION else
+                   BoardSyntaxError(exc.msg if exc.msg == "constant must be an integer" else "invalid syntax"))
             err.filename, err.lineno, err.offset, err.text = filename, exc.lineno, exc.offset, exc.text
             err.host_note = f"{filename}, line {exc.lineno}: {exc.msg}"
             raise err from None
@@ -591,17 +604,27 @@ class Session:
         raise ImportError(f"no module named '{name}'")
 
     def _import_file(self, name):
+        """A module from sys.path, as py/builtinimport.c (MicroPython 1.11) finds it: a folder of
+        that name first (a package: its __init__.py where there is one, else a namespace package,
+        which Sipeed's MaixUI imports as `driver.camera`), then NAME.py."""
         vfs = self.board.vfs
         rel = name.replace(".", "/")
+
+        def kind(path):
+            try:
+                return "dir" if vfs.stat(path)[0] & 0x4000 else "file"
+            except OSError:
+                return None
         for entry in list(self.sys.path):
             base = vfs.getcwd() if entry in ("", ".") else entry
-            for cand in (f"{base}/{rel}.py", f"{base}/{rel}/__init__.py"):
-                cand = cand.replace("//", "/")
-                try:
-                    st = vfs.stat(cand)
-                except OSError:
-                    continue
-                if st[0] & 0x4000:
+            folder = f"{base}/{rel}".replace("//", "/")
+            if kind(folder) == "dir" and kind(f"{folder}/__init__.py") != "file":
+                mod = types.ModuleType(name)
+                mod.__path__ = [folder]
+                self.modules[name] = mod
+                return mod
+            for cand in (f"{folder}/__init__.py", f"{folder}.py"):
+                if kind(cand) != "file":
                     continue
                 src = vfs.read_bytes(cand).decode("utf-8", "replace")
                 mod = types.ModuleType(name)

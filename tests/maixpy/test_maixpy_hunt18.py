@@ -1,0 +1,45 @@
+"""Departures from MicroPython 1.11 / MaixPy v0.6.2 found by running real K210 repositories'
+scripts on the host (round 66's second hunt), each reproduced by a small board script."""
+from test_maixpy_runtime import run  # noqa: F401  (the board-script runner)
+from tl2k210.maixpy import run_folder
+
+
+def test_ustruct_packs_an_integer_as_its_low_bytes(tmp_path):
+    """modstruct.c -> mp_binary_set_int stores the low bytes with no range check: a drone script
+    (LZBUAV/K210_Python) packs a MAVLink start byte 0xFE as 'b' and a 16-bit CRC as 'h'; CPython's
+    struct raised "byte format requires -128 <= number <= 127" on frame 1."""
+    res = run(tmp_path, """
+import ustruct
+print(ustruct.pack('<b38sh', 0xFE, b'x', 0xFFF0)[:2], ustruct.pack('<bBhH', 255, -1, 40000, -2))
+print(ustruct.pack('<2b', 200, 300), ustruct.unpack('<h', ustruct.pack('<H', 0xFFFF)))
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["b'\\xfex' b'\\xff\\xff@\\x9c\\xfe\\xff'", "b'\\xc8,' (-1,)"]
+
+
+def test_a_folder_without_init_is_a_namespace_package(tmp_path):
+    """builtinimport.c: a folder on sys.path is a package, its __init__.py loaded only where there
+    is one; Sipeed's MaixUI imports `driver.camera` from a driver/ folder without one (it had been
+    ImportError: no module named 'driver')."""
+    sd = tmp_path / "sd"
+    (sd / "driver").mkdir(parents=True)
+    (sd / "driver" / "camera.py").write_text("NAME = 'cam'\n")
+    (sd / "ui").mkdir()
+    (sd / "ui" / "__init__.py").write_text("INIT = 1\n")
+    (sd / "ui" / "canvas.py").write_text("W = 240\n")
+    (sd / "main.py").write_text("import driver.camera as camera\nfrom ui.canvas import W\nimport ui\n"
+                                "print(camera.NAME, W, ui.INIT)\n")
+    res = run_folder(sd, raise_errors=False)
+    assert res.error is None, res.traceback
+    assert res.lines[-1] == "cam 240 1"
+
+
+def test_an_unexpected_indent_is_an_indentation_error(tmp_path):
+    """parse.c: MP_TOKEN_INDENT is "IndentationError: unexpected indent" (the MaixPy docs' own KPU
+    feature-map routine ends with one); only other errors are "SyntaxError: invalid syntax"."""
+    res = run(tmp_path, "x = 1\n   print(x)\n")
+    assert res.error is not None and "IndentationError: unexpected indent" in res.traceback
+    res = run(tmp_path, "if 1:\n        x = 1\n    y = 2\n")
+    assert "IndentationError: unindent doesn't match any outer indentation level" in res.traceback
+    res = run(tmp_path, "x = (1,\n")
+    assert "SyntaxError: invalid syntax" in res.traceback
