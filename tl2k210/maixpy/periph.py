@@ -610,7 +610,9 @@ def make_machine(s):
     b = s.board
 
     def reset():
-        b.stop("machine.reset() called: the board would reboot", "reset")
+        b.stop("machine.reset() called: the board would reboot and run boot.py and main.py again (with a "
+               "heap size utils.gc_heap_size set); the host ends the run here: run the demo again with the "
+               "script as it is after that reboot", "reset")
 
     return module("machine", "MaixPy machine (no Pin, RTC or freq: those are Maix.*)",
                   UART=UART, Timer=Timer, PWM=PWM, I2C=I2C, SPI=SPI, WDT=WDT,
