@@ -14,11 +14,10 @@ from dataclasses import asdict
 from tl2k210.errors import KmodelFormatError
 from tl2k210.flash import image as fw_image
 from tl2k210.flash.kfpkg import MANIFEST, _swap32, read_kfpkg
-from tl2k210.flash.layout import address_warnings
+from tl2k210.flash.layout import FIRMWARE_MARK, address_warnings
 from tl2k210.tables import printable, text_table
 
 ZIP_MAGIC = b"PK\x03\x04"
-FIRMWARE_MARK = b"MaixPy"       # in the banner and the module names of every MaixPy build
 
 
 def is_package(path) -> bool:

@@ -123,3 +123,17 @@ def test_package_cli_writes_a_kflash_readable_package(tmp_path):
     rc, text = run_tl2k210(["package", f"{tmp_path}/m.kmodel@0x300000",
                             f"{tmp_path}/fw.bin@0x300100", "-o", str(tmp_path / "x.kfpkg")])
     assert rc == 2 and "overlaps" in text and not (tmp_path / "x.kfpkg").exists()
+
+
+def test_a_package_of_another_firmware_gets_no_maixpy_layout_warnings():
+    """LoBo MicroPython's bootloader and config at 0x1000-0x5000, a standalone-SDK program's model
+    at 0xE00000: their packages lay the flash out their own way, so the MaixPy firmware-region and
+    SPIFFS warnings were false alarms (round 66's second hunt). Alignment still counts."""
+    from tl2k210.flash.layout import address_warnings
+    model = FlashImage(0xE00000, b"\x01" * 64, False, "aug.kmodel")
+    other = FlashImage(0, b"\x13" * 64 + b"Kendryte standalone demo", True, "app.bin")
+    maixpy = FlashImage(0, b"\x13" * 64 + b"MicroPython v0.6.2 MaixPy", True, "maixpy.bin")
+    assert address_warnings([other, model]) == []
+    assert any("SPIFFS" in w for w in address_warnings([maixpy, model]))
+    odd = FlashImage(0x1001, b"x", False, "odd.bin")
+    assert [w for w in address_warnings([other, odd]) if "4 KiB aligned" in w]

@@ -4,6 +4,8 @@ package reader apply, written once. The addresses themselves are board facts
 from tl2k210.errors import Tl2k210Error
 from tl2k210.k210.board_facts import FIRMWARE_REGION_END, FLASH_SECTOR, MAIXPY_MODEL_AREA, SPIFFS_SIZE, SPIFFS_START
 
+FIRMWARE_MARK = b"MaixPy"       # in the banner and the module names of every MaixPy build
+
 
 def in_firmware_region(address) -> bool:
     return address < FIRMWARE_REGION_END
@@ -16,12 +18,17 @@ def overlaps_spiffs(address, end) -> bool:
 def address_warnings(images):
     """Warnings for raw images where MaixPy users lose data: inside the firmware region, in the
     SPIFFS /flash filesystem, or not 4 KiB aligned (the erase unit; kflash's erase and Sipeed's
-    kflash fork require it, docs/flash-protocol.md#flash-write-chunking)."""
+    kflash fork require it, docs/flash-protocol.md#flash-write-chunking). A package whose image at
+    0 is another firmware (LoBo MicroPython, a standalone-SDK program: no "MaixPy" in it) lays out
+    the flash its own way: only the alignment is checked."""
     out = []
+    other = any(i.address == 0 and FIRMWARE_MARK not in bytes(i.data) for i in images)
     for i in images:
         if i.envelope and i.address == 0:
             continue                        # the firmware itself
-        if in_firmware_region(i.address):
+        if other:
+            pass
+        elif in_firmware_region(i.address):
             out.append(f"{i.name} at 0x{i.address:x} is inside the MaixPy firmware region "
                        f"(0..0x{FIRMWARE_REGION_END:x}) and will overwrite the firmware; models "
                        f"usually go at 0x{MAIXPY_MODEL_AREA:x}")
