@@ -43,3 +43,26 @@ def test_an_unexpected_indent_is_an_indentation_error(tmp_path):
     assert "IndentationError: unindent doesn't match any outer indentation level" in res.traceback
     res = run(tmp_path, "x = (1,\n")
     assert "SyntaxError: invalid syntax" in res.traceback
+
+
+def test_machine_reset_reboots_and_the_heap_size_set_takes_effect(tmp_path):
+    """The MaixPy docs' recipe for a big model: utils.gc_heap_size(256 KiB) writes freq.conf and
+    machine.reset() reboots with it, the system heap then 256 KiB larger (the run had ended at
+    the reset). A script that resets on every boot stops after MAX_REBOOTS."""
+    from tl2k210.maixpy.board import MAX_REBOOTS
+    sd = tmp_path / "sd"
+    sd.mkdir()
+    (sd / "main.py").write_text("""import gc, machine
+from Maix import utils
+print("heap", utils.gc_heap_size(), gc.mem_free() + gc.mem_alloc(), utils.heap_free())
+if utils.gc_heap_size() != 256 * 1024:
+    utils.gc_heap_size(256 * 1024)
+    machine.reset()
+print("after", utils.gc_heap_size(), gc.mem_free() + gc.mem_alloc(), utils.heap_free())
+""")
+    res = run_folder(sd, raise_errors=False)
+    assert res.error is None and res.stop == "end", res.traceback
+    assert res.lines == ["heap 524288 518144 2097152", "heap 262144 259072 2359296", "after 262144 259072 2359296"]
+    (sd / "main.py").write_text("import machine\nprint('boot')\nmachine.reset()\n")
+    res = run_folder(sd, raise_errors=False)
+    assert res.stop == "reset" and res.lines.count("boot") == MAX_REBOOTS + 1

@@ -38,6 +38,12 @@ MAIX_BOARD_INFO = dict({f"PIN{i}": i for i in range(48)}, BOOT_KEY=16, LED_R=14,
                        ESP32_SCLK=27)
 
 
+#: machine.reset() reboots a board booted from a folder (boot.py, main.py) this many times in a run
+#: (the MaixPy docs' heap recipe: set utils.gc_heap_size, reset once); a script that resets on
+#: every boot ends there
+MAX_REBOOTS = 3
+
+
 class BoardStop(BaseException):
     """Ends a run from the board side: the camera has no more photos, the watchdog fired, or
     the host was asked to stop. A BaseException so a script's `except Exception:` does not
@@ -97,6 +103,45 @@ class Board:
         self.lcd = None           # lcd state (lcd.py)
         self.gc = None            # GC heap model (heap.py), set by the session
         self.stop_reason = None
+        self.reboots = 0          # machine.reset()s the runner rebooted
+        self._heap_from_conf()
+
+    def reboot(self):
+        """machine.reset(): the board starts again -- its flash, SD card, camera, LCD and clock
+        go on; what the firmware kept in RAM is gone, and a GC heap size utils.gc_heap_size wrote
+        to /flash/freq.conf takes effect."""
+        self.kpu_tasks, self.sys_used, self.sensor, self.lcd, self.gc = [], 0, None, None, None
+        self.stop_reason = None
+        self._heap_from_conf()
+
+    def conf_heap(self) -> int:
+        """The GC heap size /flash/freq.conf says (cpu, pll1, heap: three u32)."""
+        import struct
+        try:
+            raw = self.vfs.read_bytes("/flash/freq.conf")
+        except OSError:
+            return self.runtime.gc_heap
+        return struct.unpack_from("<I", raw, 8)[0] if len(raw) >= 12 else self.runtime.gc_heap
+
+    def set_conf_heap(self, size: int):
+        """utils.gc_heap_size(size): freq.conf's heap, for the next boot."""
+        import struct
+        try:
+            raw = bytearray(self.vfs.read_bytes("/flash/freq.conf"))
+        except OSError:
+            raw = bytearray(_freq_conf(self.runtime.gc_heap))
+        raw[8:12] = struct.pack("<I", size)
+        with self.vfs.open("/flash/freq.conf", "wb") as f:
+            f.write(bytes(raw))
+
+    def _heap_from_conf(self):
+        """The GC heap the board boots with: freq.conf's; what the GC heap does not take, the
+        system heap (models, frame buffers) has."""
+        import dataclasses
+        heap = self.conf_heap()
+        if heap and heap != self.runtime.gc_heap:
+            self.runtime = dataclasses.replace(self.runtime, gc_heap=heap,
+                                               model_budget=self.runtime.model_budget + self.runtime.gc_heap - heap)
 
     # -- notes -------------------------------------------------------------------------------
     def note(self, text: str, key=None):

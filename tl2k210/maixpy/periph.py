@@ -17,6 +17,7 @@ import json
 
 from tl2k210.k210.board_facts import REPL_BAUD, UART_DEFAULT_BAUD
 from tl2k210.maixpy.args import REQUIRED, get_float, get_int, parse_all
+from tl2k210.maixpy.board import MAX_REBOOTS
 from tl2k210.maixpy.modules import module
 from tl2k210.maixpy.vfs import oserror
 
@@ -388,7 +389,14 @@ def make_Maix(s):
                "not reset the board", "freq")
         state.update(cpu=get_int(a["cpu"]) * 1_000_000)
 
-    utils = module("Maix.utils", "", gc_heap_size=lambda *n: b.runtime.gc_heap,
+    def gc_heap_size(*size):
+        """The heap freq.conf sets for the next boot; with a size, write it (MaixPy: reboot to apply)."""
+        if not size:
+            return b.conf_heap()
+        b.set_conf_heap(get_int(size[0]))
+        return None
+
+    utils = module("Maix.utils", "", gc_heap_size=gc_heap_size,
                    heap_free=lambda: b.sys_free,
                    flash_read=lambda addr, n: b.read_flash(get_int(addr), get_int(n)))
     m = module("machine", "MaixPy Maix (its __name__ is 'machine' on a board)", GPIO=GPIO,
@@ -610,9 +618,8 @@ def make_machine(s):
     b = s.board
 
     def reset():
-        b.stop("machine.reset() called: the board would reboot and run boot.py and main.py again (with a "
-               "heap size utils.gc_heap_size set); the host ends the run here: run the demo again with the "
-               "script as it is after that reboot", "reset")
+        b.stop("machine.reset(): the board reboots and runs boot.py and main.py again (the host does so "
+               f"for a folder it boots, up to {MAX_REBOOTS} times a run; a script run ends here)", "reset")
 
     return module("machine", "MaixPy machine (no Pin, RTC or freq: those are Maix.*)",
                   UART=UART, Timer=Timer, PWM=PWM, I2C=I2C, SPI=SPI, WDT=WDT,

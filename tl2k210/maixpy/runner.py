@@ -18,6 +18,7 @@ from pathlib import Path
 from tl2k210.errors import Tl2k210Error
 from tl2k210.maixpy import board as _board
 from tl2k210.maixpy.runtime import Session
+from tl2k210.maixpy.board import MAX_REBOOTS
 
 
 @dataclass
@@ -85,9 +86,22 @@ def _run(main, images, flash, out, max_frames, sd, fs, echo, raise_errors, butto
                      camera=camera)
     s = Session(b, echo=echo, on_output=on_output)
     result = RunResult(stdout="", board=b)
+    before, boots = "", ""        # what the sessions a machine.reset() ended printed
     try:
         try:
-            err = s.boot(run_main=boot_main)
+            while True:
+                try:
+                    err = s.boot(run_main=boot_main)
+                    break
+                except _board.BoardStop as stop:
+                    if stop.kind != "reset" or not boot_main or b.reboots >= MAX_REBOOTS:
+                        raise
+                    before, boots = before + s.output(), boots + s.boot_out.getvalue()
+                    if s.baton is not None:
+                        s.baton.close()         # its threads end with the board's RAM
+                    b.reboot()
+                    b.reboots += 1
+                    s = Session(b, echo=echo, on_output=on_output)
             if main is not None:
                 main(s)
             elif err is not None:
@@ -112,8 +126,8 @@ def _run(main, images, flash, out, max_frames, sd, fs, echo, raise_errors, butto
             lcd.flush(b)
         finally:
             _board.install(prev)
-        result.stdout = s.output()
-        result.boot = s.boot_out.getvalue()
+        result.stdout = before + s.output()
+        result.boot = boots + s.boot_out.getvalue()
         result.frames, result.pngs, result.texts = b.lcd_frames, b.lcd_pngs, b.lcd_texts
         result.snapshots, result.notes = b.frames_taken, b.notes
         result.board_ms = b.clock.now_us() / 1000
