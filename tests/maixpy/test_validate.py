@@ -218,3 +218,21 @@ def test_kpu_load_errors_name_cause_and_fix():
     tb2 = tb.replace(b"2006, ERR_NO_MEM: memory not enough",
                      b"2002, ERR_KMODEL_VERSION: only support kmodel V3/V4 now")
     assert "erased flash reads 0xFF" in str(board_error(tb2, "kpu.load"))
+
+
+def test_two_camera_size_photos_fit_the_board_heap_in_turn(r, tmp_path):
+    """A 320x240 input and its pix_to_ai copy hold 384,000 B of the board's 512 KiB GC heap: the
+    second input of a run had failed with the board's MemoryError while the first was still
+    referenced (round 66's second hunt); each input is freed before the next, and no upload is
+    left on the card."""
+    pytest.importorskip("skimage.data")
+    from skimage import data
+    photos = []
+    for name in ("astronaut", "chelsea"):
+        p = tmp_path / f"{name}.png"
+        Image.fromarray(getattr(data, name)()).resize((320, 240)).save(p)
+        photos.append(str(p))
+    k = data_path("kmodels", "facedetect_320x240_v3.kmodel")
+    rep = V.validate(r, str(k), photos, per_layer=False, log=lambda m: None)
+    assert len(rep["samples"]) == 2 and rep["first_differing_layer"] is None, rep
+    assert not [name for name, _, _ in r.ls() if name.startswith("_tl_in")]

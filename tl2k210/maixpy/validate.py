@@ -300,6 +300,9 @@ class BoardModel:
                                "--address)")
 
     def load_input(self, k, sample: Sample):
+        # the previous input and feature map first: a 320x240 image and its pix_to_ai copy hold
+        # 384,000 B of the 512 KiB GC heap, and the next image did not fit beside them
+        self.r.exec_ok("_tli = None\n_fm = None\n__import__('gc').collect()", "freeing the previous input")
         if sample.kind == "vector":
             import base64
             b64 = base64.b64encode(np.asarray(sample.exact, "<f4").tobytes()).decode()
@@ -308,9 +311,11 @@ class BoardModel:
         path = f"{self.dir.rstrip('/')}/_tl_in{k}.bmp"
         self.r.put(bmp_bytes(sample.exact), path)
         gray = ".to_grayscale()" if sample.exact.shape[0] == 1 else ""
-        self.r.exec_ok(f"_tli = image.Image({path!r})\n_tli{gray}\n_tli.pix_to_ai()",
-                       f"loading {path}")
-        self.r.exec_ok(f"__import__('uos').remove({path!r})", f"removing {path}")
+        try:
+            self.r.exec_ok(f"_tli = image.Image({path!r})\n_tli{gray}\n_tli.pix_to_ai()",
+                           f"loading {path}")
+        finally:           # the card keeps no upload, whatever the load did
+            self.r.exec_ok(f"__import__('uos').remove({path!r})", f"removing {path}")
 
     def fmap(self, key, expect: np.ndarray):
         """The board's fmap for an output or layer: (bytes or None when equal to `expect`,
