@@ -66,3 +66,17 @@ print("after", utils.gc_heap_size(), gc.mem_free() + gc.mem_alloc(), utils.heap_
     (sd / "main.py").write_text("import machine\nprint('boot')\nmachine.reset()\n")
     res = run_folder(sd, raise_errors=False)
     assert res.stop == "reset" and res.lines.count("boot") == MAX_REBOOTS + 1
+
+
+def test_spi_has_its_chip_select_constants(tmp_path):
+    """machine_spi.c: SPI.CS0..CS3 select the chip read/write(cs=) drives (the MaixPy docs' SPI
+    example writes with cs=SPI.CS0; the host had no such attribute)."""
+    res = run(tmp_path, """
+from machine import SPI
+spi = SPI(SPI.SPI1, mode=SPI.MODE_MASTER, baudrate=10000000, polarity=0, phase=0, bits=8,
+          firstbit=SPI.MSB, sck=28, mosi=29, miso=30, cs0=27)
+spi.write(b'12345678', cs=SPI.CS0)
+print(SPI.CS0, SPI.CS1, SPI.CS2, SPI.CS3, len(spi.read(5, write=0x00, cs=SPI.CS0)))
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["0 1 2 3 5"]

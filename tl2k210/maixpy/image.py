@@ -18,6 +18,7 @@ is `Image` (`type(x).__name__ == 'Image'`). The host helpers here (`Image._from_
 """
 from __future__ import annotations
 
+import errno as _errno
 import math
 
 import numpy as np
@@ -1027,10 +1028,17 @@ class Image:
         return self
 
     def __getattr__(self, name):
-        if name in _OPENMV_NOT_EMULATED:
+        """A method of the firmware the host does not emulate is there (a script may test for
+        it) and raises OSError EOPNOTSUPP with a note, as docs/maixpy-host.md says of all such;
+        any other name is the firmware's AttributeError."""
+        if name not in _OPENMV_NOT_EMULATED:
+            raise AttributeError(f"'Image' object has no attribute '{name}'")
+
+        def not_emulated(*args, **kwargs):
             _board.current().note(f"Image.{name}: an OpenMV/MaixPy method the host does not "
                                   "emulate", ("img", name))
-        raise AttributeError(f"'Image' object has no attribute '{name}'")
+            raise oserror(_errno.EOPNOTSUPP)
+        return not_emulated
 
     def find_qrcodes(self, *args, **kwargs):
         return self._not_emulated("find_qrcodes")
@@ -1244,7 +1252,7 @@ _OPENMV_NOT_EMULATED = {
     "logpolar", "chrominvar", "illuminvar", "remove_shadows", "mask_circle", "mask_ellipse",
     "mask_rectangle", "flood_fill", "top_hat", "black_hat", "b_and", "b_or", "b_xor", "b_nand",
     "b_nor", "b_xnor", "add", "sub", "mul", "div", "min", "max", "difference", "blend",
-    "replace_color", "morph", "gamma_corr", "find_cirles",
+    "replace_color", "gamma_corr", "find_cirles",
 }
 
 

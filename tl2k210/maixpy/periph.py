@@ -579,6 +579,7 @@ class SPI:
     SPI0, SPI1, SPI2, SPI_SOFT = 0, 1, 2, 3
     MODE_MASTER, MODE_MASTER_2, MODE_MASTER_4, MODE_MASTER_8, MODE_SLAVE = 0, 1, 2, 3, 4
     MSB, LSB = 0, 1
+    CS0, CS1, CS2, CS3 = 0, 1, 2, 3     # machine_spi.c: the chip select read/write(cs=) drives
 
     def __init__(self, *args, **kwargs):
         self.args = args
