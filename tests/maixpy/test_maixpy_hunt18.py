@@ -80,3 +80,19 @@ print(SPI.CS0, SPI.CS1, SPI.CS2, SPI.CS3, len(spi.read(5, write=0x00, cs=SPI.CS0
 """)
     assert res.error is None, res.traceback
     assert res.lines == ["0 1 2 3 5"]
+
+
+def test_uctypes_imports_and_memory_access_says_it_is_not_emulated(tmp_path):
+    """uctypes is a core module of the build (the MaixPy docs list it); its constants are
+    moductypes.c's, and what touches memory by address raises OSError EOPNOTSUPP with a note."""
+    res = run(tmp_path, """
+import uctypes
+print(uctypes.UINT8, uctypes.INT32, uctypes.FLOAT64, uctypes.PTR, uctypes.ARRAY, uctypes.LITTLE_ENDIAN)
+try:
+    uctypes.bytearray_at(0x50440000, 4)
+except OSError as e:
+    print(e)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["0 671088640 -134217728 536870912 -1073741824 0", "[Errno 95] EOPNOTSUPP"]
+    assert any("uctypes.bytearray_at" in n for n in res.notes)

@@ -701,6 +701,28 @@ def _ucryptolib(s):
     return module("ucryptolib", "", aes=aes)
 
 
+@builtin("uctypes")
+def _uctypes(s):
+    """moductypes.c (MicroPython 1.11, in the MaixPy build): its type constants, so that a script's
+    layouts import; what reads or writes memory by address (struct, bytes_at, bytearray_at,
+    addressof, sizeof of a layout) is not emulated on the host: OSError EOPNOTSUPP with a note."""
+    def _not(name):
+        def f(*a, **k):
+            s.board.note(f"uctypes.{name}: memory by address is not emulated on the host", "uctypes")
+            raise oserror(_errno.EOPNOTSUPP)
+        return f
+    def small(x, bits):     # TYPE2SMALLINT: ((int32)(x << (32 - bits))) >> 1, arithmetic
+        v = (x << (32 - bits)) & 0xFFFFFFFF
+        return (v - (1 << 32) if v >> 31 else v) >> 1
+    types_ = ("UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "UINT64", "INT64", "BFUINT8",
+              "BFINT8", "BFUINT16", "BFINT16", "BFUINT32", "BFINT32", "FLOAT32", "FLOAT64")
+    consts = {name: small(k, 4) for k, name in enumerate(types_)}       # VAL_TYPE_BITS 4
+    consts.update(VOID=0, PTR=small(1, 2), ARRAY=small(2, 2), NATIVE=2, LITTLE_ENDIAN=0, BIG_ENDIAN=1,
+                  BF_POS=17, BF_LEN=22)         # AGG_TYPE_BITS 2; OFFSET_BITS, + BITF_OFF_BITS
+    return module("uctypes", "MicroPython uctypes (memory access not emulated)", **consts,
+                  **{n: _not(n) for n in ("struct", "bytes_at", "bytearray_at", "addressof", "sizeof")})
+
+
 @builtin("nes")
 def _nes(s):
     """nes/py_nes.c (CONFIG_MAIXPY_NES_ENABLE=y in v0.6.2's default build): the module imports
