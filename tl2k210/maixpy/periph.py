@@ -997,13 +997,22 @@ def make_ulab(s):
     def _i(f):
         return lambda a, *x, **k: int(f(np.asarray(a), *x, **k))
 
+    def _scalar(f):
+        """A reduction to one value is a MicroPython float (mp_obj_new_float), not a numpy scalar
+        (a script that json-dumps it, or tests isinstance(x, float), failed on the host only)."""
+        def g(*a, **k):
+            r = f(*a, **k)
+            return float(r) if np.ndim(r) == 0 else r
+        return g
+
     funcs = dict(array=array, zeros=lambda n, dtype=None: np.zeros(n, dtype or np.float32),
                  ones=lambda n, dtype=None: np.ones(n, dtype or np.float32),
                  eye=lambda n, dtype=None: np.eye(n, dtype=dtype or np.float32),
                  linspace=lambda a, b, n=50, **k: np.linspace(a, b, n, dtype=np.float32),
                  arange=lambda *a, **k: np.arange(*a).astype(np.float32),
-                 argmax=_i(np.argmax), argmin=_i(np.argmin), max=np.max, min=np.min, sum=np.sum,
-                 mean=np.mean, std=np.std, sort=np.sort, argsort=np.argsort, dot=np.dot,
+                 argmax=_i(np.argmax), argmin=_i(np.argmin), max=_scalar(np.max), min=_scalar(np.min),
+                 sum=_scalar(np.sum), mean=_scalar(np.mean), std=_scalar(np.std), sort=np.sort,
+                 argsort=np.argsort, dot=_scalar(np.dot),
                  float=np.float32, uint8=np.uint8, int8=np.int8, uint16=np.uint16,
                  int16=np.int16, sqrt=np.sqrt, exp=np.exp, log=np.log, sin=np.sin, cos=np.cos)
     sub = module("ulab.numerical", "", **funcs)
