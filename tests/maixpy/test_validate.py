@@ -236,3 +236,15 @@ def test_two_camera_size_photos_fit_the_board_heap_in_turn(r, tmp_path):
     rep = V.validate(r, str(k), photos, per_layer=False, log=lambda m: None)
     assert len(rep["samples"]) == 2 and rep["first_differing_layer"] is None, rep
     assert not [name for name, _, _ in r.ls() if name.startswith("_tl_in")]
+
+
+def test_a_flatten_layer_is_paired_with_its_tensor_in_tf_order():
+    """A v3 TENSORFLOW_FLATTEN writes its (C, H, W) map in H, W, C order (TF's flatten): validate
+    had paired it with the float tensor in C, H, W order and reported -2.4 dB, "quantization", for
+    a layer that only reorders (an nncase v0.1 MNIST; round 66's second hunt)."""
+    from tl2k210.quantize.metrics import sqnr_db
+    t = np.random.default_rng(0).normal(size=(1, 8, 3, 2))
+    hwc = t[0].transpose(1, 2, 0).ravel()
+    u8 = np.clip(np.round(hwc * 40 + 128), 0, 255).astype(np.uint8)
+    name, fit, ref = V.match_tensor(u8, {"pool": t, "other": np.random.default_rng(1).normal(size=(1, 48))})
+    assert name == "pool" and np.array_equal(ref, hwc) and sqnr_db(ref, fit) > 30

@@ -241,25 +241,28 @@ class FloatModel:
 
 def match_tensor(emu_map, tensors):
     """The float tensor a kmodel layer's map stands for: same shape (C, H, W) or, for flat maps,
-    the same size; uint8 maps are dequantized by the least-squares affine fit (the kmodel does
-    not store the scale of inner layers), float maps compared as they are. Returns
-    (name, fitted emulator values) or (None, None)."""
+    the same size, in C, H, W order or in H, W, C order (a v3 TENSORFLOW_FLATTEN writes TF's);
+    uint8 maps are dequantized by the least-squares affine fit (the kmodel does not store the
+    scale of inner layers), float maps compared as they are. Returns (name, fitted emulator
+    values, the float values in their order) or (None, None, None)."""
+    from tl2k210.quantize.metrics import sqnr_db
     e = np.asarray(emu_map, np.float64)
-    best = (None, None, -np.inf)
+    best = (None, None, None, -np.inf)
     for name, t in tensors.items():
         t = np.squeeze(t, 0) if t.ndim == 4 and t.shape[0] == 1 else t
         if t.size != e.size or (e.ndim == 3 and t.shape != e.shape):
             continue
-        r, q = t.ravel(), e.ravel()
-        if emu_map.dtype == np.uint8:
-            a = np.vstack([q, np.ones_like(q)]).T
-            coef = np.linalg.lstsq(a, r, rcond=None)[0]
-            q = a @ coef
-        from tl2k210.quantize.metrics import sqnr_db
-        sq = sqnr_db(r, q)
-        if sq > best[2]:
-            best = (name, q, sq)
-    return best[0], best[1]
+        orders = [t.ravel()] + ([t.transpose(1, 2, 0).ravel()] if e.ndim == 1 and t.ndim == 3 else [])
+        for r in orders:
+            q = e.ravel()
+            if emu_map.dtype == np.uint8:
+                a = np.vstack([q, np.ones_like(q)]).T
+                coef = np.linalg.lstsq(a, r, rcond=None)[0]
+                q = a @ coef
+            sq = sqnr_db(r, q)
+            if sq > best[3]:
+                best = (name, q, r, sq)
+    return best[:3]
 
 
 # ---- the board ---------------------------------------------------------------------------------
@@ -387,11 +390,11 @@ def validate(repl: Repl, kmodel_path, inputs=(), per_layer=False, float_src=None
                 a["board"].append(np.asarray(b, np.float64).ravel())
                 a["emu"].append(np.asarray(e, np.float64).ravel())
                 if key[0] == "layer" and f_all is not None:
-                    name, fit = match_tensor(e, f_all if a["tensor"] is None else
-                                             {a["tensor"]: f_all[a["tensor"]]})
+                    name, fit, wanted = match_tensor(e, f_all if a["tensor"] is None else
+                                                     {a["tensor"]: f_all[a["tensor"]]})
                     if name is not None:
                         a["tensor"] = name
-                        a["layer_float"].append(f_all[name].ravel())
+                        a["layer_float"].append(wanted)
                         a["layer_fit"].append(fit)
                 if key[0] == "output":
                     i = key[1]
