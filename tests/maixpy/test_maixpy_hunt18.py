@@ -110,3 +110,19 @@ print(np.mean(a), np.dot(a, a))
 """)
     assert res.error is None, res.traceback
     assert res.lines == ['True {"d": 15.25, "m": 3.0}', "2.166667 15.25"]
+
+
+def test_gc_collect_takes_board_time_and_audio_takes_its_buffer_positionally(tmp_path):
+    """gc.collect() advances the board clock (a mark-sweep of the heap: Sipeed's MaixUI launcher
+    divided by its loop's 0 ms); py_audio.c takes the sample buffer as Audio's first positional
+    argument (the MaixPy docs' I2S loop-back)."""
+    res = run(tmp_path, """
+import gc, time, audio
+t = time.ticks_us()
+gc.collect()
+print(time.ticks_diff(time.ticks_us(), t) >= 1000)
+a = audio.Audio(bytearray(1024))
+print(type(a).__name__)
+""")
+    assert res.error is None, res.traceback
+    assert res.lines == ["True", "Audio"]

@@ -35,6 +35,7 @@ import threading as _threading
 import types
 import zlib as _zlib
 
+from tl2k210.maixpy import timing
 from tl2k210.maixpy.args import get_int
 from tl2k210.maixpy.runtime import _Err, mp_float, mp_repr, mp_str
 from tl2k210.maixpy.vfs import EPOCH_2000, oserror
@@ -449,6 +450,7 @@ def _gc(s):
 
     def collect():
         pygc.collect()
+        s.board.clock.advance(int(timing.GC_COLLECT_US_PER_KIB * s.board.runtime.gc_heap / 1024))
         return None
 
     def threshold(n=None):

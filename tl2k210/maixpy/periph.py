@@ -726,8 +726,10 @@ def make_audio(s):
         (board time advances by its duration), 0 at the end."""
 
         def __init__(self, *args, **kwargs):
-            a = parse_all(args, kwargs, [("*path", None), ("*is_create", False), ("*samplerate", 44100),
-                                         ("*points", 1024), ("*array", None)])
+            # py_audio.c Maix_audio_init_helper: array and path positional or keyword, the rest
+            # keyword-only (the MaixPy docs' I2S loop-back: Audio(rx.record(256).to_bytes()))
+            a = parse_all(args, kwargs, [("array", None), ("path", None), ("*is_create", False),
+                                         ("*samplerate", 44100), ("*points", 1024)])
             self.path, self._wav, self._pos, self._vol = a["path"], None, 0, 100
             self._fp, self._data = None, b""
             if a["array"] is not None:

@@ -42,6 +42,9 @@ CALL_US = 8
 PIXEL_NS = 10
 LINE_US = 1.5
 KPU_CALL_US = 150
+GC_COLLECT_US_PER_KIB = 2    # gc.collect(): a mark-sweep of the GC heap's blocks, ~1 ms for the
+                             # default 512 KiB (an order of magnitude, not measured on a board; a
+                             # free collect had made a launcher's fps counter divide by zero)
 SNAPSHOT_TIMEOUT_US = 300_000
 FLASH_READ_US_PER_BYTE = 0.1
 SD_READ_US_PER_BYTE = 0.5
