@@ -18,7 +18,6 @@ from pathlib import Path
 from tl2k210.errors import Tl2k210Error
 from tl2k210.maixpy import board as _board
 from tl2k210.maixpy.runtime import Session
-from tl2k210.maixpy.board import MAX_REBOOTS
 
 
 @dataclass
@@ -94,7 +93,7 @@ def _run(main, images, flash, out, max_frames, sd, fs, echo, raise_errors, butto
                     err = s.boot(run_main=boot_main)
                     break
                 except _board.BoardStop as stop:
-                    if stop.kind != "reset" or not boot_main or b.reboots >= MAX_REBOOTS:
+                    if stop.kind != "reset" or not boot_main or b.reboots >= _board.MAX_REBOOTS:
                         raise
                     before, boots = before + s.output(), boots + s.boot_out.getvalue()
                     if s.baton is not None:
