@@ -1013,14 +1013,21 @@ def _check_broadcast(g, n):
                              f"match; {why}") from None
 
 
+def nodes_after(g, node) -> list:
+    """The nodes that depend on `node`'s outputs, each once."""
+    seen, out, todo = set(), [], list(node.outputs)
+    while todo:
+        for c in g.consumers(todo.pop()):
+            if id(c) not in seen:
+                seen.add(id(c))
+                out.append(c)
+                todo += c.outputs
+    return out
+
+
 def outputs_not_after(g, node) -> list:
     """The graph outputs that do not depend on `node`."""
-    after, todo = set(), list(node.outputs)
-    while todo:
-        t = todo.pop()
-        if t not in after:
-            after.add(t)
-            todo += [o for c in g.consumers(t) for o in c.outputs]
+    after = {t for n in [node] + nodes_after(g, node) for t in n.outputs}
     return [o for o in g.outputs if o not in after]
 
 

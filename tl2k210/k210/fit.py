@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tl2k210.errors import KpuLimitError, Tl2k210Error
-from tl2k210.graph import RELABELS, fixed_sizes, outputs_not_after, through_relabels
+from tl2k210.graph import RELABELS, fixed_sizes, nodes_after, outputs_not_after, through_relabels
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.ideal import WEIGHT_OPS, mb
 from tl2k210.k210.lower.conv import WINDOWS
@@ -67,14 +67,8 @@ def _cut_before(graph, source, name):
     n = next((x for x in graph.nodes if x.name == name), None) if graph is not None and source is not None else None
     if n is None:
         return None
-    after, todo = set(), list(n.outputs)
-    while todo:
-        for c in graph.consumers(todo.pop()):
-            if c.op in WEIGHT_OPS:
-                return None
-            if c.name not in after:
-                after.add(c.name)
-                todo += c.outputs
+    if any(c.op in WEIGHT_OPS for c in nodes_after(graph, n)):
+        return None
     ends = [i for i in n.inputs if i and not graph.tensors[i].is_const] + outputs_not_after(graph, n)
     if not ends or any(t not in source.tensors for t in ends):
         return None
