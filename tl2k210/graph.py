@@ -905,9 +905,11 @@ def _blocks(a, b):
         i, j = i + 1, j + 1
         while pa != pb:
             if pa < pb and i < len(src):
-                ia.append(i); pa *= src[i]; i += 1
+                ia.append(i)
+                pa, i = pa * src[i], i + 1
             elif pb < pa and j < len(dst):
-                jb.append(j); pb *= dst[j]; j += 1
+                jb.append(j)
+                pb, j = pb * dst[j], j + 1
             else:
                 return None
         blocks.append((ia, jb))
