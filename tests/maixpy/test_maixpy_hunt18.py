@@ -126,3 +126,34 @@ print(type(a).__name__)
 """)
     assert res.error is None, res.traceback
     assert res.lines == ["True", "Audio"]
+
+
+def test_an_m5stickv_board_has_its_pins_lcd_and_power_chip(tmp_path):
+    """M5StickV / UnitV apps (ksasao/brownie, the M5StickV book's samples) stopped at
+    board_info.SPK_SD and the AXP192 power chip: the m5stickv profile is that build's frozen
+    board.py pin names, the names its _boot.py leaves in __main__ (fm, board_info, GPIO), its
+    240x135 LCD, and the AXP192 at I2C 0x34 (pins 28/29) its frozen pmu.py reads."""
+    sd = tmp_path / "sd"
+    sd.mkdir()
+    (sd / "main.py").write_text("""import lcd, pmu
+from machine import I2C
+print(board_info.SPK_SD, board_info.BUTTON_A, board_info.LED_W, fm.board_info.MPU_SCL, GPIO.GPIOHS0 >= 0)
+lcd.init()
+print(lcd.width(), lcd.height())
+axp = pmu.axp192()
+axp.enableADCs(True)
+axp.setScreenBrightness(9)
+print('%.1f %.1f %.1f' % (axp.getVbatVoltage(), axp.getUSBVoltage(), axp.getTemperature()))
+i2c = I2C(I2C.I2C0, freq=400000, scl=28, sda=29)
+print(i2c.scan(), i2c.readfrom_mem(0x34, 0x91, 1), i2c.readfrom_mem(0x34, 0x82, 1))
+try:
+    i2c.readfrom_mem(0x68, 0x75, 1)
+except OSError as e:
+    print(e)
+""")
+    res = run_folder(sd, raise_errors=False, board="m5stickv")
+    assert res.error is None, res.traceback
+    assert res.lines[-5:] == ["25 36 7 28 True", "240 135", "4099.7 4999.7 40.0", "[52] b'\\x90' b'\\xff'",
+                              "[Errno 5] EIO"]
+    res = run_folder(sd, raise_errors=False)          # a Maix Dock's build: none of that
+    assert res.error is not None and "ImportError: no module named 'pmu'" in res.traceback

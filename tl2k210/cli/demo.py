@@ -68,6 +68,10 @@ def add_demo_parser(sub):
                    help="firmware build: heap, model budget, kmodel versions (default maixpy)")
     p.add_argument("--camera", choices=["ov2640", "ov7740", "gc0328"], default="ov2640",
                    help="sensor (windowing is top-left on OV2640/OV7740, centred on GC0328)")
+    p.add_argument("--board", choices=["maix", "m5stickv"], default="maix",
+                   help="the board's MaixPy build: maix (Dock/Bit/Go/Maixduino: board_info from "
+                   "/flash/config.json) or m5stickv (M5StickV/UnitV: its pin names, 240x135 LCD, "
+                   "the AXP192 power chip and its pmu module)")
     p.add_argument("--wall-clock", action="store_true",
                    help="time.ticks_ms() & co. give host time instead of board time")
     p.add_argument("--timeout", type=cliargs.float_range(0, example=60), default=60.0, metavar="S",
@@ -275,7 +279,7 @@ def cmd_demo(args) -> int:
             common = dict(images=args.image, flash=flash, out=out, max_frames=args.frames,
                           echo=True, raise_errors=False, button=args.press, runtime=args.runtime,
                           wall_clock=args.wall_clock, timeout=args.timeout or None,
-                          camera=args.camera)
+                          camera=args.camera, board=args.board)
             print(f"[host] {target} | flash {flash or 'erased'} | {args.runtime} firmware | "
                   f"{len(args.image)} camera frame(s) | board time "
                   f"{'host' if args.wall_clock else 'virtual'}", flush=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tl2k210.errors import Tl2k210Error
@@ -36,6 +37,38 @@ MAIX_BOARD_INFO = dict({f"PIN{i}": i for i in range(48)}, BOOT_KEY=16, LED_R=14,
                        SPI0_MOSI=28, SPI0_MISO=26, SPI0_SCLK=27, SPI0_CS0=29, SPI0_CS1=25,
                        ESP32_CS=25, ESP32_RST=8, ESP32_RDY=9, ESP32_MOSI=28, ESP32_MISO=26,
                        ESP32_SCLK=27)
+
+
+#: M5StickV / UnitV (sipeed/MaixPy-v1 projects/maixpy_m5stickv): its frozen board.py's pin names
+M5STICKV_BOARD_INFO = dict(pin_num=48, ISP_RX=4, ISP_TX=5, WIFI_TX=39, WIFI_RX=38, CONNEXT_A=35,
+                           CONNEXT_B=34, MPU_SDA=29, MPU_SCL=28, MPU_INT=23, SPK_LRCLK=14, SPK_BCLK=15,
+                           SPK_DIN=17, SPK_SD=25, MIC_LRCLK=10, MIC_DAT=12, MIC_CLK=13, LED_W=7, LED_R=6,
+                           LED_G=9, LED_B=8, BUTTON_A=36, BUTTON_B=37)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A board's MaixPy build as scripts see it: its board_info (from /flash/config.json, or a
+    frozen board.py of its own), the names its _boot.py leaves in __main__, its LCD's default
+    size, the I2C devices on its bus ((scl, sda, address, kind)) and its frozen modules."""
+    config_type: str
+    board_info: dict
+    frozen_board_info: bool = False
+    boot_names: tuple = ()
+    lcd_size: tuple = (320, 240)
+    i2c: tuple = ()
+    modules: tuple = ()
+
+
+PROFILES = {
+    "maix": Profile("dock", MAIX_BOARD_INFO),
+    # its _boot.py: `import gc, uos, sys; import machine; from board import board_info; from
+    # fpioa_manager import fm; from pye_mp import pye; from Maix import FPIOA, GPIO`; the AXP192
+    # power chip at I2C 0x34 on pins 28/29, which its frozen pmu.py drives; CONFIG_LCD_DEFAULT 240x135
+    "m5stickv": Profile("m5stickv", M5STICKV_BOARD_INFO, True,
+                        ("gc", "uos", "sys", "machine", "board_info", "fm", "pye", "FPIOA", "GPIO"),
+                        (240, 135), ((28, 29, 0x34, "axp192"),), ("pmu",)),
+}
 
 
 #: machine.reset() reboots a board booted from a folder (boot.py, main.py) this many times in a run
@@ -69,11 +102,16 @@ class Board:
     ov7740 | gc0328 (windowing)."""
 
     def __init__(self, flash=None, images=(), out=None, max_frames=None, sd=None, fs=None,
-                 button=(), runtime="maixpy", wall_clock=False, timeout=60.0, camera="ov2640"):
+                 button=(), runtime="maixpy", wall_clock=False, timeout=60.0, camera="ov2640",
+                 board="maix"):
         from tl2k210.maixpy import timing, vfs
         self.flash_path = Path(flash) if flash else (Path(os.environ["TL2K210_FLASH"])
                                                      if os.environ.get("TL2K210_FLASH") else None)
         self.runtime = firmware.get(runtime)
+        if board not in PROFILES:
+            raise Tl2k210Error(f"--board {board}: choose from {', '.join(PROFILES)}")
+        self.profile = PROFILES[board]
+        self.i2c_devices = {(scl, sda, addr): I2C_DEVICES[kind]() for scl, sda, addr, kind in self.profile.i2c}
         if not self.runtime.maixpy:
             raise Tl2k210Error(f"--runtime {runtime}: not a MaixPy firmware; choose from "
                                f"{', '.join(firmware.MAIXPY_RUNTIMES)}")
@@ -89,7 +127,8 @@ class Board:
         self.lcd_pngs = []        # paths written
         self.vfs = vfs.VFS(sd=sd, flash=fs, defaults={
             "freq.conf": _freq_conf(self.runtime.gc_heap),
-            "config.json": ('{"type": "dock", "board_info": %s}' % _json(MAIX_BOARD_INFO)).encode()})
+            "config.json": ('{"type": "%s", "board_info": %s}' % (self.profile.config_type,
+                                                                 _json(self.profile.board_info))).encode()})
         self.vfs.note = self.note
         self.kpu_tasks = []       # loaded kpu_net objects (MaixPy allows 5)
         self.sys_used = 0         # system-heap bytes taken (models, dual_buff)
@@ -142,6 +181,10 @@ class Board:
         if heap and heap != self.runtime.gc_heap:
             self.runtime = dataclasses.replace(self.runtime, gc_heap=heap,
                                                model_budget=self.runtime.model_budget + self.runtime.gc_heap - heap)
+
+    def i2c_device(self, scl, sda, addr):
+        """The device at `addr` of the I2C bus on pins scl/sda, or None (no answer: EIO)."""
+        return self.i2c_devices.get((scl, sda, addr))
 
     # -- notes -------------------------------------------------------------------------------
     def note(self, text: str, key=None):
@@ -265,3 +308,34 @@ def write_flash(flash_path, images, fresh: bool = True) -> Path:
 
 def host_seconds() -> float:
     return time.perf_counter()
+
+
+class Axp192:
+    """The M5StickV's AXP192 power chip as its frozen pmu.py reads it: 256 byte registers, a
+    pointer a one-byte write sets; the ADC registers hold a charged battery on USB (AXP192
+    datasheet scales: battery 1.1 mV, USB 1.7 mV / 0.625 mA a step, temperature 0.1 degC from
+    -144.7), the rest read what was written (backlight 0x91, ADC enable 0x82, ...)."""
+
+    def __init__(self):
+        self.regs = bytearray(256)
+        self.ptr = 0
+        for reg, value, scale, shift in ((0x78, 4.10, 1.1e-3, 4), (0x56, 5.00, 1.7e-3, 4), (0x58, 0.10, 0.625e-3, 4),
+                                         (0x5E, 40.0 + 144.7, 0.1, 4), (0x7A, 0.0, 0.5e-3, 5)):
+            code = int(round(value / scale))
+            self.regs[reg], self.regs[reg + 1] = (code >> shift) & 0xFF, code & ((1 << shift) - 1)
+        self.regs[0x91] = 0xC0           # backlight (LDO2/GPIO0 voltage) as the firmware leaves it
+
+    def write(self, data: bytes):
+        if data:
+            self.ptr = data[0]
+            for i, v in enumerate(data[1:]):
+                self.regs[(self.ptr + i) & 0xFF] = v
+
+    def read(self, n: int) -> bytes:
+        out = bytes(self.regs[(self.ptr + i) & 0xFF] for i in range(n))
+        self.ptr = (self.ptr + n) & 0xFF
+        return out
+
+
+I2C_DEVICES = {"axp192": Axp192}
+

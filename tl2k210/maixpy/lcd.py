@@ -54,8 +54,9 @@ def _rgb(color):
 
 
 def init(*args, **kwargs):
+    w0, h0 = _board.current().profile.lcd_size      # the build's CONFIG_LCD_DEFAULT_WIDTH/HEIGHT
     a = A.parse_all(args, kwargs, [
-        ("type", 1), ("freq", 15_000_000), ("color", BLACK), ("width", 320), ("height", 240),
+        ("type", 1), ("freq", 15_000_000), ("color", BLACK), ("width", w0), ("height", h0),
         ("invert", 0), ("offset_w0", 0), ("offset_h0", 0), ("offset_w1", 0), ("offset_h1", 0),
         ("rst", 37), ("dcx", 38), ("ss", 36), ("clk", 39)])
     t = A.get_int(a["type"])

@@ -764,5 +764,5 @@ for _name, _mod in (("image", "tl2k210.maixpy.image"), ("sensor", "tl2k210.maixp
                     ("maix", "tl2k210.maixpy.canmv")):
     BUILTIN[_name] = _lazy(_mod)
 for _name in ("machine", "Maix", "board", "fpioa_manager", "audio", "network", "usocket",
-              "socket", "ulab", "modules", "video", "touchscreen", "ide_debug"):
+              "socket", "ulab", "modules", "video", "touchscreen", "ide_debug", "pmu"):
     BUILTIN[_name] = _lazy("tl2k210.maixpy.periph", "make_" + _name)

@@ -17,7 +17,7 @@ import json
 
 from tl2k210.k210.board_facts import REPL_BAUD, UART_DEFAULT_BAUD
 from tl2k210.maixpy.args import REQUIRED, get_float, get_int, parse_all
-from tl2k210.maixpy.board import MAX_REBOOTS
+from tl2k210.maixpy import board as _board
 from tl2k210.maixpy.modules import module
 from tl2k210.maixpy.vfs import oserror
 
@@ -562,14 +562,41 @@ class I2C:
         self.id = get_int(a["id"])
         if not 0 <= self.id <= 5:
             raise ValueError(f"[MAIXPY]I2C: I2C({self.id}) doesn't exist")
+        self.pins = (a["scl"], a["sda"])
+
+    # the board profile's devices on these pins answer (the M5StickV's AXP192 at 0x34 on 28/29);
+    # any other address is no device: EIO
+    def _dev(self, addr):
+        d = _board.current().i2c_device(*self.pins, get_int(addr))
+        if d is None:
+            raise OSError(5, "EIO")
+        return d
 
     def scan(self):
-        return []
+        b = _board.current()
+        return sorted(a for (scl, sda, a) in b.i2c_devices if (scl, sda) == self.pins)
 
-    def _nodev(self, *a, **k):
-        raise OSError(5, "EIO")       # no device answers on the emulated bus
+    def writeto(self, addr, buf, stop=True):
+        self._dev(addr).write(bytes(buf))
+        return len(buf)
 
-    readfrom = readfrom_into = writeto = readfrom_mem = readfrom_mem_into = writeto_mem = _nodev
+    def readfrom(self, addr, nbytes, stop=True):
+        return self._dev(addr).read(get_int(nbytes))
+
+    def readfrom_into(self, addr, buf, stop=True):
+        buf[:] = self._dev(addr).read(len(buf))
+
+    def writeto_mem(self, addr, memaddr, buf, mem_size=8):
+        data = bytes([get_int(buf) & 0xFF]) if isinstance(buf, int) else bytes(buf)
+        self._dev(addr).write(bytes([get_int(memaddr) & 0xFF]) + data)
+
+    def readfrom_mem(self, addr, memaddr, nbytes, mem_size=8):
+        d = self._dev(addr)
+        d.write(bytes([get_int(memaddr) & 0xFF]))
+        return d.read(get_int(nbytes))
+
+    def readfrom_mem_into(self, addr, memaddr, buf, mem_size=8):
+        buf[:] = self.readfrom_mem(addr, memaddr, len(buf), mem_size)
 
     def deinit(self):
         pass
@@ -620,7 +647,7 @@ def make_machine(s):
 
     def reset():
         b.stop("machine.reset(): the board reboots and runs boot.py and main.py again (the host does so "
-               f"for a folder it boots, up to {MAX_REBOOTS} times a run; a script run ends here)", "reset")
+               f"for a folder it boots, up to {_board.MAX_REBOOTS} times a run; a script run ends here)", "reset")
 
     return module("machine", "MaixPy machine (no Pin, RTC or freq: those are Maix.*)",
                   UART=UART, Timer=Timer, PWM=PWM, I2C=I2C, SPI=SPI, WDT=WDT,
@@ -640,6 +667,10 @@ def make_board(s):
     except (OSError, ValueError):
         info = None
 
+    profile = s.board.profile
+    if profile.frozen_board_info:        # its frozen board.py: the pin names, not config.json
+        info = profile.board_info
+
     class board_info:
         BOOT_KEY = 16
 
@@ -658,6 +689,8 @@ def make_board(s):
 
     if isinstance(info, dict):
         board_info.load(info)
+        if profile.frozen_board_info:
+            del board_info.BOOT_KEY      # not one of the M5StickV's names
     else:
         s.out.write("[Warning] Not loaded from /flash/config.json to board_info.\n")
     return module("board", "MaixPy frozen board.py", board_info=board_info)
@@ -1020,3 +1053,103 @@ def make_ulab(s):
     sub = module("ulab.numerical", "", **funcs)
     return module("ulab", "ulab on the host (numpy float32 arrays)", numerical=sub, linalg=sub,
                   vector=sub, numpy=sub, **funcs)
+
+
+def make_pmu(s):
+    """The M5StickV build's frozen pmu.py: axp192() on I2C0 (pins 28/29), the registers and
+    scales that file reads; a board without the chip has no such module (ImportError)."""
+    if "pmu" not in s.board.profile.modules:
+        raise ImportError("no module named 'pmu'")
+
+    class PMUError(Exception):
+        pass
+
+    class NotFoundError(PMUError):
+        pass
+
+    class OutOfRange(PMUError):
+        pass
+
+    class axp192:
+        ADDR = 52
+
+        def __init__(self, i2cDev=None):
+            self.i2cDev = i2cDev if i2cDev is not None else I2C(I2C.I2C0, freq=400000, scl=28, sda=29)
+            if self.ADDR not in self.i2cDev.scan():
+                raise NotFoundError()
+
+        def _w(self, reg, value):
+            self.i2cDev.writeto_mem(self.ADDR, reg, value, mem_size=8)
+
+        def _r(self, reg):
+            self.i2cDev.writeto(self.ADDR, bytes([reg]))
+            return self.i2cDev.readfrom(self.ADDR, 1)[0]
+
+        def _adc(self, reg, shift, step):
+            return ((self._r(reg) << shift) + self._r(reg + 1)) * step
+
+        def enableADCs(self, enable):
+            self._w(0x82, 0xFF if enable else 0x00)
+
+        def enableCoulombCounter(self, enable):
+            self._w(0xB8, 0x80 if enable else 0x00)
+
+        def stopCoulombCounter(self):
+            self._w(0xB8, 0xC0)
+
+        def clearCoulombCounter(self):
+            self._w(0xB8, 0xA0)
+
+        def getVbatVoltage(self):
+            return self._adc(0x78, 4, 1.1)
+
+        def getUSBVoltage(self):
+            return self._adc(0x56, 4, 1.7)
+
+        def getUSBInputCurrent(self):
+            return self._adc(0x58, 4, 0.625)
+
+        def getConnextVoltage(self):
+            return self._adc(0x5A, 4, 1.7)
+
+        def getConnextInputCurrent(self):
+            return self._adc(0x5C, 4, 0.625)
+
+        def getBatteryChargeCurrent(self):
+            return self._adc(0x7A, 5, 0.5)
+
+        def getBatteryDischargeCurrent(self):
+            return self._adc(0x7C, 5, 0.5)
+
+        def getBatteryInstantWatts(self):
+            return ((self._r(0x70) << 16) + (self._r(0x71) << 8) + self._r(0x72)) * 1.1 * 0.5 / 1000
+
+        def getTemperature(self):
+            return self._adc(0x5E, 4, 0.1) - 144.7
+
+        def setK210Vcore(self, vol):
+            if vol > 1.05 or vol < 0.8:
+                raise OutOfRange("Voltage is invaild for K210")
+            self._w(0x23, int((vol - 0.7) * 1000 / 25))
+
+        def setScreenBrightness(self, brightness):
+            if brightness > 15 or brightness < 0:
+                raise OutOfRange("Range for brightness is from 0 to 15")
+            self._w(0x91, (int(brightness) & 0x0F) << 4)
+
+        def getKeyStatus(self):          # -1: no press, 1: short, 2: long
+            k = self._r(0x46)
+            return 1 if k & 0x02 else 2 if k & 0x01 else -1
+
+        def setEnterSleepMode(self):
+            for reg, value in ((0x31, 0x0F), (0x91, 0x00), (0x12, 0x00)):
+                self._w(reg, value)
+
+        def enablePMICSleepMode(self, enable):
+            s.board.note("pmu.axp192.enablePMICSleepMode: the power key's sleep timer is not emulated",
+                         "pmu-sleep")
+            self._w(0x36, 0x27 if enable else 0x6C)
+
+    return module("pmu", "M5StickV frozen pmu.py (AXP192)", axp192=axp192, PMUError=PMUError,
+                  NotFoundError=NotFoundError, OutOfRange=OutOfRange)
+

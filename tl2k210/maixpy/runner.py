@@ -48,7 +48,7 @@ class ScriptError(Tl2k210Error):
 
 def run_script(path, images=(), flash=None, out=None, max_frames=None, sd=None, fs=None,
                echo=False, raise_errors=True, button=(), runtime="maixpy", wall_clock=False,
-               timeout=60.0, camera="ov2640", on_output=None) -> RunResult:
+               timeout=60.0, camera="ov2640", on_output=None, board="maix") -> RunResult:
     """Execute the MaixPy script at `path` (a host file) as the board's main.py: the camera
     yields `images` (paths or PIL images) in order, `kpu.load(ADDR)` reads the flash image file
     `flash`, `lcd.display` frames go to `out` (folder or .png), `/sd` and `/flash` are the host
@@ -61,12 +61,12 @@ def run_script(path, images=(), flash=None, out=None, max_frames=None, sd=None, 
         raise ScriptError(f"cannot read MaixPy script {path}: {exc.strerror}") from None
     return _run(lambda s: s.exec(source, path.name), images, flash, out, max_frames, sd, fs, echo,
                 raise_errors, button, runtime, wall_clock, timeout, camera, on_output,
-                boot_main=False)
+                boot_main=False, board=board)
 
 
 def run_folder(folder, images=(), flash=None, out=None, max_frames=None, fs=None, echo=False,
                raise_errors=True, button=(), runtime="maixpy", wall_clock=False, timeout=60.0,
-               camera="ov2640", on_output=None, on="sd") -> RunResult:
+               camera="ov2640", on_output=None, on="sd", board="maix") -> RunResult:
     """Boot a board whose SD card (or, with on="flash", /flash) is the host `folder`: the
     firmware's _boot.py, then the folder's boot.py and main.py."""
     folder = Path(folder)
@@ -74,15 +74,15 @@ def run_folder(folder, images=(), flash=None, out=None, max_frames=None, fs=None
         raise ScriptError(f"no folder {folder}")
     sd, fs = (folder, fs) if on == "sd" else (None, folder)
     return _run(None, images, flash, out, max_frames, sd, fs, echo, raise_errors, button, runtime,
-                wall_clock, timeout, camera, on_output, boot_main=True)
+                wall_clock, timeout, camera, on_output, boot_main=True, board=board)
 
 
 def _run(main, images, flash, out, max_frames, sd, fs, echo, raise_errors, button, runtime,
-         wall_clock, timeout, camera, on_output, boot_main):
+         wall_clock, timeout, camera, on_output, boot_main, board="maix"):
     from tl2k210.maixpy import lcd
     b = _board.Board(flash=flash, images=images, out=out, max_frames=max_frames, sd=sd, fs=fs,
                      button=button, runtime=runtime, wall_clock=wall_clock, timeout=timeout,
-                     camera=camera)
+                     camera=camera, board=board)
     s = Session(b, echo=echo, on_output=on_output)
     result = RunResult(stdout="", board=b)
     before, boots = "", ""        # what the sessions a machine.reset() ended printed

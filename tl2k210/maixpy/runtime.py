@@ -542,6 +542,8 @@ class Session:
         # _boot.py runs in __main__ (pyexec_frozen_module): its `import os, sys, time` stay there
         for name in ("os", "sys", "time"):
             self.globals[name] = self.import_module(name)
+        for name in self.board.profile.boot_names:      # the names a board's own _boot.py imports
+            self.globals[name] = self._boot_name(name)
         from tl2k210.maixpy import mpdir
         self.dir_history = self.globals.history = mpdir.boot_history(vfs.exists("main.py"))
         self.boot_out.write(BANNER)
@@ -554,6 +556,11 @@ class Session:
             if wanted and vfs.exists(name):
                 result = self.run_main_file(name)
         return result
+
+    def _boot_name(self, name):
+        """A name an M5StickV-style _boot.py leaves in __main__: a module, or from its module."""
+        where = {"board_info": "board", "fm": "fpioa_manager", "pye": "pye_mp", "FPIOA": "Maix", "GPIO": "Maix"}
+        return getattr(self.import_module(where[name]), name) if name in where else self.import_module(name)
 
     def run_main_file(self, name):
         """Run boot.py/main.py like pyexec_file: an exception is printed, not raised."""
