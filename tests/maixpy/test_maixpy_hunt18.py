@@ -157,3 +157,18 @@ except OSError as e:
                               "[Errno 5] EIO"]
     res = run_folder(sd, raise_errors=False)          # a Maix Dock's build: none of that
     assert res.error is not None and "ImportError: no module named 'pmu'" in res.traceback
+
+
+def test_the_repl_board_takes_the_m5stickv_profile_too(tmp_path):
+    """`tl2k210 board --maixpy --board m5stickv`: mpremote / ampy / `tl2k210 repl` talk to an
+    M5StickV build (its pin names, its pmu)."""
+    from repl_helpers import board
+    from tl2k210.maixpy.repl import Repl
+    b = board(tmp_path, board="m5stickv")
+    try:
+        assert b.wait_idle()
+        with Repl.open(b.port) as r:
+            out = r.exec_ok("import pmu\nprint(board_info.BUTTON_A, pmu.axp192().getKeyStatus())").decode()
+        assert out.split() == ["36", "-1"]
+    finally:
+        b.close()

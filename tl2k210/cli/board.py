@@ -11,6 +11,7 @@ from tl2k210.fileio import check_writable
 from tl2k210.flash.boards import FLASH_SIZE_16M
 from tl2k210.flash.emulated_board import EmulatedBoard, FaultConfig, new_flash_file
 from tl2k210.flash.transport import LINES_ENV, SHIM_DIR
+from tl2k210.maixpy.board import PROFILES
 from tl2k210.maixpy.repl_board import ReplBoard
 
 
@@ -98,6 +99,8 @@ def add_board_maixpy_args(p):
     g.add_argument("--image", action="append", default=[], metavar="PHOTO",
                    help="camera photos, shown in a loop (repeatable)")
     g.add_argument("--runtime", default="maixpy", help="MaixPy build (tl2k210/k210/firmware.py)")
+    g.add_argument("--board", choices=list(PROFILES), default="maix",
+                   help="the board's MaixPy build (as `tl2k210 demo --board`): maix or m5stickv")
     g.add_argument("--raw-paste", action="store_true",
                    help="offer raw-paste mode (MicroPython >= 1.14; MaixPy's 1.11 has none)")
 
@@ -112,7 +115,7 @@ def serve_board(args):
     log = lambda n: print(f"[host note] {n}", file=sys.stderr, flush=True)   # noqa: E731
     board = ReplBoard(sd=args.sd, fs=args.fs, flash=args.flash, images=args.image,
                       runtime=args.runtime, faults=faults, throttle=args.throttle,
-                      raw_paste=args.raw_paste, log=log)
+                      raw_paste=args.raw_paste, log=log, board=args.board)
     with board:
         print(f"emulated MaixPy board on {board.port} (REPL 115200 8N1; /flash "
               f"{board.board.vfs.host_path('/flash')}, /sd {args.sd or 'none'})")

@@ -24,6 +24,7 @@ from pathlib import Path
 from tl2k210 import cliargs, paths
 from tl2k210.errors import Tl2k210Error
 from tl2k210.k210.board_facts import FLASH_BYTES, MAIXPY_MODEL_AREA
+from tl2k210.maixpy.board import PROFILES
 from tl2k210.tables import printable
 
 TRUST = ("It runs the script as Python on this computer (host emulation, not a sandbox: the "
@@ -68,7 +69,7 @@ def add_demo_parser(sub):
                    help="firmware build: heap, model budget, kmodel versions (default maixpy)")
     p.add_argument("--camera", choices=["ov2640", "ov7740", "gc0328"], default="ov2640",
                    help="sensor (windowing is top-left on OV2640/OV7740, centred on GC0328)")
-    p.add_argument("--board", choices=["maix", "m5stickv"], default="maix",
+    p.add_argument("--board", choices=list(PROFILES), default="maix",
                    help="the board's MaixPy build: maix (Dock/Bit/Go/Maixduino: board_info from "
                    "/flash/config.json) or m5stickv (M5StickV/UnitV: its pin names, 240x135 LCD, "
                    "the AXP192 power chip and its pmu module)")

@@ -192,15 +192,16 @@ class _CostFile:
 class ReplBoard:
     """A MaixPy board behind a pty (see the module docstring). Board options as for
     `maixpy.board.Board`: sd/fs host folders for /sd and /flash, flash the 16 MiB flash image
-    file, images the camera's photos (shown in a loop), runtime the firmware build."""
+    file, images the camera's photos (shown in a loop), runtime the firmware build, board its
+    profile (maix, m5stickv)."""
 
     def __init__(self, sd=None, fs=None, flash=None, images=(), runtime="maixpy",
                  faults: FaultConfig = None, throttle=False, raw_paste=False, check_baud=True,
-                 baud=REPL_BAUD, log=None):
+                 baud=REPL_BAUD, log=None, board="maix"):
         from tl2k210.maixpy.board import Board
         from tl2k210.maixpy.runtime import Session
 
-        b = Board(flash=flash, images=images, sd=sd, fs=fs, runtime=runtime, timeout=None)
+        b = Board(flash=flash, images=images, sd=sd, fs=fs, runtime=runtime, timeout=None, board=board)
         if images:
             b.images, b.max_frames = _Photos(images), sys.maxsize
         b.on_repl_baud, b.repl_baud = self._uart_init, baud
