@@ -34,7 +34,7 @@ def start_at(model, name: str, where: str):
         raise UnknownOutputError(f"{where}: --inputs {name!r}: the model has no such tensor"
                                  f"{nearest(name, list(made) + inputs)} (its inputs: {', '.join(map(repr, inputs))}); "
                                  "give a tensor name as the model file has it (netron shows them)")
-    keep, reads = _needed(g, made, [o.name for o in g.output], name)
+    keep, reads = needed(made, lambda k: [i for i in g.node[k].input if i], [o.name for o in g.output], name)
     if name not in reads:
         raise ModelLoadError(f"{where}: --inputs {name!r}: no output of the model depends on it; name a tensor "
                              f"on the way from the input to the outputs ({', '.join(o.name for o in g.output)})")
@@ -63,15 +63,17 @@ def end_at(model, names):
     model.CopyFrom(source)
     g = model.graph
     vis = _value_infos(model, names)
-    _keep_nodes(g, _needed(g, {o: k for k, n in enumerate(g.node) for o in n.output if o}, names)[0])
+    made = {o: k for k, n in enumerate(g.node) for o in n.output if o}
+    _keep_nodes(g, needed(made, lambda k: [i for i in g.node[k].input if i], names)[0])
     del g.output[:]
     g.output.extend(vis)
     return model
 
 
-def _needed(g, made, outputs, stop=None):
+def needed(made, reads_of, outputs, stop=None):
     """(the indices of the nodes `outputs` need, stopping at tensor `stop`; the tensors they
-    read). `made`: {tensor: the index of the node that writes it}."""
+    read), for an ONNX graph and a TFLite subgraph alike. `made`: {tensor: the index of the node
+    that writes it}; `reads_of(k)`: the tensors node k reads."""
     keep, reads, stack = set(), set(), list(outputs)
     while stack:
         t = stack.pop()
@@ -79,7 +81,7 @@ def _needed(g, made, outputs, stop=None):
         k = made.get(t) if t != stop else None
         if k is not None and k not in keep:
             keep.add(k)
-            stack.extend(i for i in g.node[k].input if i)
+            stack.extend(reads_of(k))
     return keep, reads
 
 

@@ -43,6 +43,7 @@ from tl2k210 import quiet
 from tl2k210.errors import UnknownOutputError, nearest
 
 from . import FLOAT_AGREE_DB, OPSET, ModelLoadError, mediapipe_ops, source_agreement, tf_convert, tflite_ops
+from .cut import needed
 
 
 def _check_header(path):
@@ -387,14 +388,7 @@ def cut_ops(model, names, path, start=None) -> int:
         raise ModelLoadError(f"{path}: --inputs {start!r} is a constant of the file (weights); name a tensor "
                              "its layers compute, the one the network that is to run reads")
     producer = {o: k for k, op in enumerate(sg.operators) for o in op.outputs}
-    keep, reads, stack = set(), set(), list(wanted)
-    while stack:
-        t = stack.pop()
-        reads.add(t)
-        k = producer.get(t) if t != stop else None
-        if k is not None and k not in keep:
-            keep.add(k)
-            stack.extend(i for i in sg.operators[k].inputs if i >= 0)
+    keep, reads = needed(producer, lambda k: [i for i in sg.operators[k].inputs if i >= 0], wanted, stop)
     dropped = len(sg.operators) - len(keep)
     sg.operators = [op for k, op in enumerate(sg.operators) if k in keep]
     sg.outputs = wanted
