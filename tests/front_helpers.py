@@ -46,3 +46,12 @@ def rand(*shape, scale=1.0):
 def tf():
     import tensorflow
     return tensorflow
+
+
+def noise_photos(folder, h, w, rng, n=8):
+    """`folder` (made) holding n PNG photos of uniform RGB noise h x w drawn from `rng`."""
+    from PIL import Image
+    folder.mkdir()
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return folder

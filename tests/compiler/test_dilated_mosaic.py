@@ -8,9 +8,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-from PIL import Image
 
-from front_helpers import make_model, ort_run
+from front_helpers import make_model, noise_photos, ort_run
 from tl2k210.cli import main
 from tl2k210.graph import from_onnx, run
 from tl2k210.k210.flow import run_pipeline
@@ -51,11 +50,8 @@ def test_the_mosaic_is_the_dilated_conv(size, dilation, group):
 def test_a_wide_dilated_conv_runs_on_the_kpu_at_its_ideal(tmp_path):
     src = tmp_path / "atrous.onnx"
     onnx.save(_model(19), src)
-    photos = tmp_path / "photos"
-    photos.mkdir()
     rng = np.random.default_rng(0)
-    for i in range(8):
-        Image.fromarray(rng.integers(0, 256, (19, 19, 3), dtype=np.uint8)).save(photos / f"{i}.png")
+    photos = noise_photos(tmp_path / "photos", 19, 19, rng)
     reports = {}
     for mode in ("latency", "size"):
         out, rep = tmp_path / f"{mode}.kmodel", tmp_path / f"{mode}.json"

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 
-from front_helpers import make_model, need_testdata, rand, tf
+from front_helpers import make_model, need_testdata, noise_photos, rand, tf
 from tl2k210.frontends import ModelLoadError, load_graph, load_model
 from tl2k210.graph import from_onnx, run
 from tl2k210.k210.flow import run_pipeline
@@ -348,12 +348,8 @@ def test_frozen_tf1_graph_pb(tmp_path):
         load_model(tmp_path / "d.pb")
     # compare reads the .pb as convert did: the shape from its flag or the kmodel's metadata (hunt
     # 17: OpenCV's face detector was refused "give it with --input-shape" with the flag given)
-    from PIL import Image
     from tl2k210.cli import main
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    for i in range(8):
-        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(photos / f"{i}.png")
+    photos = noise_photos(tmp_path / "photos", 8, 8, rng)
     out = tmp_path / "s.kmodel"
     assert main(["convert", str(tmp_path / "s.pb"), str(out), "--dataset", str(photos), "--input-shape", "1,3,8,8",
                  "-q"]) == 0

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import onnx
 from onnx import helper
-from PIL import Image
 
+from front_helpers import noise_photos
 from lower_helpers import conv_node, make_model
 from tl2k210.cli import main
 
@@ -24,10 +24,7 @@ def _segmenter(tmp_path):
     onnx.checker.check_model(m)
     src = tmp_path / "seg.onnx"
     onnx.save(m, src)
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    for i in range(8):
-        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(photos / f"{i}.png")
+    photos = noise_photos(tmp_path / "photos", 16, 16, rng)
     return src, photos
 
 
@@ -103,10 +100,7 @@ def test_outputs_takes_a_layer_name_of_a_model_tf_keras_reads(tmp_path, capsys):
     from front_helpers import need_testdata
     src = need_testdata("corpus/fit/st_mobilenet_v1_0.25_96_grayscale.h5")
     rng = np.random.default_rng(1)
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    for i in range(8):
-        Image.fromarray(rng.integers(0, 256, (96, 96, 3), dtype=np.uint8)).save(photos / f"{i}.png")
+    photos = noise_photos(tmp_path / "photos", 96, 96, rng)
     out = tmp_path / "m.kmodel"
     assert main(["convert", str(src), str(out), "--dataset", str(photos), "--outputs", "global_average_pooling2d",
                  "-q"]) == 0
@@ -133,10 +127,7 @@ def test_anchors_baked_in_at_another_input_size_name_the_outputs_that_work(tmp_p
                     "anchors": rng.uniform(0.5, 1, (1, 16, 2)).astype(np.float32)})
     src = tmp_path / "ssd.onnx"
     onnx.save(m, src)
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    for i in range(8):
-        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(photos / f"{i}.png")
+    photos = noise_photos(tmp_path / "photos", 32, 32, rng)
     out = tmp_path / "ssd.kmodel"
     flags = ["--dataset", str(photos), "--input-shape", "1,3,32,32", "-q"]
     assert main(["convert", str(src), str(out)] + flags) == 2

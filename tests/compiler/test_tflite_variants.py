@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from front_helpers import tf
+from front_helpers import noise_photos, tf
 from tl2k210.frontends import load_graph
 from tl2k210.graph import run
 from tl2k210.k210.flow import run_pipeline
@@ -229,10 +229,7 @@ def test_full_int8_input_scale_sets_the_input_range(variants, tmp_path):
     from tl2k210.compiler import ConvertOptions, convert
     from tl2k210.k210.emulator import Emulator
     rng = np.random.default_rng(3)
-    imgs = tmp_path / "imgs"
-    imgs.mkdir()
-    for i in range(12):
-        Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8)).save(imgs / f"{i}.png")
+    imgs = noise_photos(tmp_path / "imgs", H, W, rng, n=12)
     out = tmp_path / "int8.kmodel"
     r = convert(variants["full_int8"], out, ConvertOptions(dataset=str(imgs), progress=False))
     assert r.totals["input_range"] == pytest.approx([0.0, 1.0], abs=0.01)
@@ -542,7 +539,6 @@ def test_outputs_cuts_a_tflite_file_before_its_custom_op(variants, tmp_path, cap
     Lite's reader meets the op (refused without the flag), and compare cuts the float side too."""
     import json
 
-    from PIL import Image
     from tensorflow.lite.python import schema_py_generated as schema
     from tensorflow.lite.tools import flatbuffer_utils as fu
 
@@ -556,11 +552,8 @@ def test_outputs_cuts_a_tflite_file_before_its_custom_op(variants, tmp_path, cap
     before = sg.tensors[op.inputs[0]].name.decode()
     src = tmp_path / "custom.tflite"
     fu.write_model(m, str(src))
-    photos = tmp_path / "photos"
-    photos.mkdir()
     rng = np.random.default_rng(2)
-    for i in range(8):
-        Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8)).save(photos / f"{i}.png")
+    photos = noise_photos(tmp_path / "photos", H, W, rng)
     out = tmp_path / "out.kmodel"
     assert main(["convert", str(src), str(out), "--dataset", str(photos), "-q"]) == 2
     assert "custom op 'AcmeDecode'" in capsys.readouterr().err and not out.exists()
