@@ -694,6 +694,15 @@ def _thread(s):
                   stack_size=stack_size, exit=_exit, LockType=threads.lock)
 
 
+def not_emulated(s, note, key):
+    """A board function the host does not emulate: it records `note` (once per `key`) and raises
+    OSError EOPNOTSUPP, as docs/maixpy-host.md says of all such."""
+    def f(*a, **k):
+        s.board.note(note, key)
+        raise oserror(_errno.EOPNOTSUPP)
+    return f
+
+
 @builtin("ucryptolib")
 def _ucryptolib(s):
     class aes:
@@ -708,11 +717,6 @@ def _uctypes(s):
     """moductypes.c (MicroPython 1.11, in the MaixPy build): its type constants, so that a script's
     layouts import; what reads or writes memory by address (struct, bytes_at, bytearray_at,
     addressof, sizeof of a layout) is not emulated on the host: OSError EOPNOTSUPP with a note."""
-    def _not(name):
-        def f(*a, **k):
-            s.board.note(f"uctypes.{name}: memory by address is not emulated on the host", "uctypes")
-            raise oserror(_errno.EOPNOTSUPP)
-        return f
     def small(x, bits):     # TYPE2SMALLINT: ((int32)(x << (32 - bits))) >> 1, arithmetic
         v = (x << (32 - bits)) & 0xFFFFFFFF
         return (v - (1 << 32) if v >> 31 else v) >> 1
@@ -722,7 +726,8 @@ def _uctypes(s):
     consts.update(VOID=0, PTR=small(1, 2), ARRAY=small(2, 2), NATIVE=2, LITTLE_ENDIAN=0, BIG_ENDIAN=1,
                   BF_POS=17, BF_LEN=22)         # AGG_TYPE_BITS 2; OFFSET_BITS, + BITF_OFF_BITS
     return module("uctypes", "MicroPython uctypes (memory access not emulated)", **consts,
-                  **{n: _not(n) for n in ("struct", "bytes_at", "bytearray_at", "addressof", "sizeof")})
+                  **{n: not_emulated(s, f"uctypes.{n}: memory by address is not emulated on the host", "uctypes")
+                     for n in ("struct", "bytes_at", "bytearray_at", "addressof", "sizeof")})
 
 
 @builtin("nes")
@@ -730,14 +735,9 @@ def _nes(s):
     """nes/py_nes.c (CONFIG_MAIXPY_NES_ENABLE=y in v0.6.2's default build): the module imports
     with its constants; the NES emulator itself (InfoNES on the LCD) is not emulated on the
     host, so init/load/loop/input/free raise OSError EOPNOTSUPP with a note."""
-    def _not(name):
-        def f(*a, **k):
-            s.board.note("nes.%s: the NES emulator of the firmware is not emulated on the host"
-                         % name, "nes")
-            raise oserror(_errno.EOPNOTSUPP)
-        return f
     return module("nes", "MaixPy nes (not emulated)", INPUT=0, KEYBOARD=1, JOYSTICK=2,
-                  **{n: _not(n) for n in ("init", "load", "loop", "free", "input")})
+                  **{n: not_emulated(s, f"nes.{n}: the NES emulator of the firmware is not emulated on the host",
+                                     "nes") for n in ("init", "load", "loop", "free", "input")})
 
 
 @builtin("pye_mp")
