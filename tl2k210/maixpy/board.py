@@ -310,19 +310,29 @@ def host_seconds() -> float:
     return time.perf_counter()
 
 
+#: the AXP192's ADC readings as the M5StickV's frozen pmu.py reads them: {its getter: (the register
+#: of the high 8 bits, the low bits' count in the next one, the step, the offset)}, the AXP192
+#: datasheet's scales (mV, mA, degC)
+AXP192_ADC = {"getVbatVoltage": (0x78, 4, 1.1, 0.0), "getUSBVoltage": (0x56, 4, 1.7, 0.0),
+              "getUSBInputCurrent": (0x58, 4, 0.625, 0.0), "getConnextVoltage": (0x5A, 4, 1.7, 0.0),
+              "getConnextInputCurrent": (0x5C, 4, 0.625, 0.0), "getBatteryChargeCurrent": (0x7A, 5, 0.5, 0.0),
+              "getBatteryDischargeCurrent": (0x7C, 5, 0.5, 0.0), "getTemperature": (0x5E, 4, 0.1, -144.7)}
+#: what the emulated chip reads: a charged battery on USB
+AXP192_READINGS = {"getVbatVoltage": 4100, "getUSBVoltage": 5000, "getUSBInputCurrent": 100, "getTemperature": 40.0}
+
+
 class Axp192:
     """The M5StickV's AXP192 power chip as its frozen pmu.py reads it: 256 byte registers, a
-    pointer a one-byte write sets; the ADC registers hold a charged battery on USB (AXP192
-    datasheet scales: battery 1.1 mV, USB 1.7 mV / 0.625 mA a step, temperature 0.1 degC from
-    -144.7), the rest read what was written (backlight 0x91, ADC enable 0x82, ...)."""
+    pointer a one-byte write sets; the ADC registers hold AXP192_READINGS, the rest read what
+    was written (backlight 0x91, ADC enable 0x82, ...)."""
 
     def __init__(self):
         self.regs = bytearray(256)
         self.ptr = 0
-        for reg, value, scale, shift in ((0x78, 4.10, 1.1e-3, 4), (0x56, 5.00, 1.7e-3, 4), (0x58, 0.10, 0.625e-3, 4),
-                                         (0x5E, 40.0 + 144.7, 0.1, 4), (0x7A, 0.0, 0.5e-3, 5)):
-            code = int(round(value / scale))
-            self.regs[reg], self.regs[reg + 1] = (code >> shift) & 0xFF, code & ((1 << shift) - 1)
+        for name, value in AXP192_READINGS.items():
+            reg, bits, step, offset = AXP192_ADC[name]
+            code = int(round((value - offset) / step))
+            self.regs[reg], self.regs[reg + 1] = (code >> bits) & 0xFF, code & ((1 << bits) - 1)
         self.regs[0x91] = 0xC0           # backlight (LDO2/GPIO0 voltage) as the firmware leaves it
 
     def write(self, data: bytes):

@@ -1085,8 +1085,8 @@ def make_pmu(s):
             self.i2cDev.writeto(self.ADDR, bytes([reg]))
             return self.i2cDev.readfrom(self.ADDR, 1)[0]
 
-        def _adc(self, reg, shift, step):
-            return ((self._r(reg) << shift) + self._r(reg + 1)) * step
+        def _adc(self, reg, bits, step, offset):
+            return ((self._r(reg) << bits) + self._r(reg + 1)) * step + offset
 
         def enableADCs(self, enable):
             self._w(0x82, 0xFF if enable else 0x00)
@@ -1100,32 +1100,8 @@ def make_pmu(s):
         def clearCoulombCounter(self):
             self._w(0xB8, 0xA0)
 
-        def getVbatVoltage(self):
-            return self._adc(0x78, 4, 1.1)
-
-        def getUSBVoltage(self):
-            return self._adc(0x56, 4, 1.7)
-
-        def getUSBInputCurrent(self):
-            return self._adc(0x58, 4, 0.625)
-
-        def getConnextVoltage(self):
-            return self._adc(0x5A, 4, 1.7)
-
-        def getConnextInputCurrent(self):
-            return self._adc(0x5C, 4, 0.625)
-
-        def getBatteryChargeCurrent(self):
-            return self._adc(0x7A, 5, 0.5)
-
-        def getBatteryDischargeCurrent(self):
-            return self._adc(0x7C, 5, 0.5)
-
         def getBatteryInstantWatts(self):
             return ((self._r(0x70) << 16) + (self._r(0x71) << 8) + self._r(0x72)) * 1.1 * 0.5 / 1000
-
-        def getTemperature(self):
-            return self._adc(0x5E, 4, 0.1) - 144.7
 
         def setK210Vcore(self, vol):
             if vol > 1.05 or vol < 0.8:
@@ -1150,6 +1126,8 @@ def make_pmu(s):
                          "pmu-sleep")
             self._w(0x36, 0x27 if enable else 0x6C)
 
+    for name, adc in _board.AXP192_ADC.items():     # getVbatVoltage, getUSBVoltage, ...
+        setattr(axp192, name, lambda self, adc=adc: self._adc(*adc))
     return module("pmu", "M5StickV frozen pmu.py (AXP192)", axp192=axp192, PMUError=PMUError,
                   NotFoundError=NotFoundError, OutOfRange=OutOfRange)
 
