@@ -199,7 +199,9 @@ def pre_opts(args, meta=None):
         return PRE_DEFAULTS[flag]
     bgr = args.bgr if args.bgr is not None else bool(m.get("bgr", False))
     return dict(input_range=pick("input_range", "range"), mean=pick("mean", "mean"), std=pick("std", "std"),
-                channel_order="BGR" if bgr else "RGB", input_shape=args.input_shape, outputs=args.outputs,
+                channel_order="BGR" if bgr else "RGB", outputs=args.outputs,
+                # the size the kmodel runs at (a .pb's shapeless input) where the metadata says it
+                input_shape=args.input_shape or (tuple(m["shape"]) if m.get("layout") == "NCHW" else None),
                 inputs=args.inputs or m.get("start"),
                 input_values=tuple(args.input_value or ()) or tuple(
                     (x, tuple(v)) for x, v in (m.get("pinned") or {}).items()))

@@ -72,8 +72,6 @@ def compare(float_model, kmodel_path, dataset, limit=200, decode=None, anchors=N
     opts = ConvertOptions(**pre)
     meta = metadata.load_for(kmodel_path)
     ends = opts.outputs or ([o.get("name") for o in meta.outputs] if meta is not None else None)
-    if opts.input_shape is None and meta is not None and meta.input.get("layout") == "NCHW":
-        opts.input_shape = tuple(meta.input["shape"])      # the size the kmodel runs at (a .pb's shapeless input)
     kw = {k: v for k, v in load_options(opts).items() if k != "outputs"}     # as convert read it
     model = None
     if ends:
