@@ -64,10 +64,11 @@ PROFILES = {
     "maix": Profile("dock", MAIX_BOARD_INFO),
     # its _boot.py: `import gc, uos, sys; import machine; from board import board_info; from
     # fpioa_manager import fm; from pye_mp import pye; from Maix import FPIOA, GPIO`; the AXP192
-    # power chip at I2C 0x34 on pins 28/29, which its frozen pmu.py drives; CONFIG_LCD_DEFAULT 240x135
+    # power chip at I2C 0x34 on pins 28/29, which its frozen pmu.py drives, and the MPU6886 IMU at
+    # 0x68 beside it (early units had an SH200Q at 0x6C instead); CONFIG_LCD_DEFAULT 240x135
     "m5stickv": Profile("m5stickv", M5STICKV_BOARD_INFO, True,
                         ("gc", "uos", "sys", "machine", "board_info", "fm", "pye", "FPIOA", "GPIO"),
-                        (240, 135), ((28, 29, 0x34, "axp192"),), ("pmu",)),
+                        (240, 135), ((28, 29, 0x34, "axp192"), (28, 29, 0x68, "mpu6886")), ("pmu",)),
 }
 
 
@@ -321,19 +322,17 @@ AXP192_ADC = {"getVbatVoltage": (0x78, 4, 1.1, 0.0), "getUSBVoltage": (0x56, 4, 
 AXP192_READINGS = {"getVbatVoltage": 4100, "getUSBVoltage": 5000, "getUSBInputCurrent": 100, "getTemperature": 40.0}
 
 
-class Axp192:
-    """The M5StickV's AXP192 power chip as its frozen pmu.py reads it: 256 byte registers, a
-    pointer a one-byte write sets; the ADC registers hold AXP192_READINGS, the rest read what
-    was written (backlight 0x91, ADC enable 0x82, ...)."""
+class Registers:
+    """An I2C chip of 256 byte registers: a one-byte write sets the pointer, the bytes after it
+    write from there; a read returns from the pointer on (`refresh` first brings the chip's
+    readings up to date)."""
 
     def __init__(self):
         self.regs = bytearray(256)
         self.ptr = 0
-        for name, value in AXP192_READINGS.items():
-            reg, bits, step, offset = AXP192_ADC[name]
-            code = int(round((value - offset) / step))
-            self.regs[reg], self.regs[reg + 1] = (code >> bits) & 0xFF, code & ((1 << bits) - 1)
-        self.regs[0x91] = 0xC0           # backlight (LDO2/GPIO0 voltage) as the firmware leaves it
+
+    def refresh(self):
+        pass
 
     def write(self, data: bytes):
         if data:
@@ -342,10 +341,64 @@ class Axp192:
                 self.regs[(self.ptr + i) & 0xFF] = v
 
     def read(self, n: int) -> bytes:
+        self.refresh()
         out = bytes(self.regs[(self.ptr + i) & 0xFF] for i in range(n))
         self.ptr = (self.ptr + n) & 0xFF
         return out
 
 
-I2C_DEVICES = {"axp192": Axp192}
+class Axp192(Registers):
+    """The M5StickV's AXP192 power chip as its frozen pmu.py reads it: the ADC registers hold
+    AXP192_READINGS, the rest read what was written (backlight 0x91, ADC enable 0x82, ...)."""
+
+    def __init__(self):
+        super().__init__()
+        for name, value in AXP192_READINGS.items():
+            reg, bits, step, offset = AXP192_ADC[name]
+            code = int(round((value - offset) / step))
+            self.regs[reg], self.regs[reg + 1] = (code >> bits) & 0xFF, code & ((1 << bits) - 1)
+        self.regs[0x91] = 0xC0           # backlight (LDO2/GPIO0 voltage) as the firmware leaves it
+
+
+#: the MPU6886 (the M5StickV's IMU, I2C 0x68) at rest on a table: its WHO_AM_I, the accelerometer
+#: (g) and gyroscope (deg/s) on x, y, z, the die temperature (degC), and the datasheet's scales:
+#: accelerometer LSB/g at ACCEL_CONFIG's full-scale codes 0-3 (+-2/4/8/16 g), gyroscope LSB/(deg/s)
+#: at GYRO_CONFIG's (+-250/500/1000/2000), temperature raw/326.8 + 25
+MPU6886 = dict(who_am_i=0x19, accel=(0.0, 0.0, 1.0), gyro=(0.0, 0.0, 0.0), temperature=35.0,
+               accel_lsb=(16384, 8192, 4096, 2048), gyro_lsb=(131.0, 65.5, 32.8, 16.4))
+
+
+class Mpu6886(Registers):
+    """The M5StickV's 6-axis IMU as MicroPython MPU6886 drivers read it: WHO_AM_I (0x75), the
+    big-endian readings from ACCEL_XOUT_H (0x3B: accelerometer, temperature, gyroscope), scaled
+    by the full-scale ranges written to GYRO_CONFIG (0x1B) and ACCEL_CONFIG (0x1C); asleep (reset,
+    or PWR_MGMT_1's bit 6) it reads zeros, as the chip does until a driver wakes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.reset()
+
+    def reset(self):
+        self.regs[:] = bytes(256)
+        self.regs[0x75] = MPU6886["who_am_i"]
+        self.regs[0x6B] = 0x40           # PWR_MGMT_1 after reset: asleep, the readings 0, until woken
+
+    def write(self, data: bytes):
+        super().write(data)
+        if self.regs[0x6B] & 0x80:       # DEVICE_RESET
+            self.reset()
+
+    def refresh(self):
+        m = MPU6886
+        if self.regs[0x6B] & 0x40:
+            return
+        accel = [v * m["accel_lsb"][(self.regs[0x1C] >> 3) & 3] for v in m["accel"]]
+        gyro = [v * m["gyro_lsb"][(self.regs[0x1B] >> 3) & 3] for v in m["gyro"]]
+        values = accel + [(m["temperature"] - 25) * 326.8] + gyro
+        for i, v in enumerate(values):
+            code = max(-32768, min(32767, int(round(v)))) & 0xFFFF
+            self.regs[0x3B + 2 * i], self.regs[0x3C + 2 * i] = code >> 8, code & 0xFF
+
+
+I2C_DEVICES = {"axp192": Axp192, "mpu6886": Mpu6886}
 
