@@ -30,6 +30,8 @@ import tokenize
 import traceback
 import types
 
+import numpy as np
+
 from tl2k210.maixpy import board as _board
 from tl2k210.maixpy import heap as _heap
 from tl2k210.maixpy import timing
@@ -54,19 +56,125 @@ INDENTATION = {"unexpected indent": "unexpected indent",
 
 # ---------------------------------------------------------------------------------------------
 # MicroPython text forms
+_F32 = np.float32
+_POS_POW = [_F32(10.0 ** k) for k in (32, 16, 8, 4, 2, 1)]
+_NEG_POW = [_F32(10.0 ** -k) for k in (32, 16, 8, 4, 2, 1)]
+
+
+def mp_format_float(x: float, prec: int = 7, buf_size: int = 16) -> str:
+    """py/formatfloat.c's mp_format_float(f, buf, buf_size, 'g', prec, 0) at single precision
+    (MICROPY_FLOAT_IMPL_FLOAT, MicroPython 1.11 as MaixPy v1 builds it): the decimal exponent and
+    the digits come from float32 multiplications, so the last digit can differ from C's %.7g
+    (42.016705 prints 42.01671)."""
+    f = _F32(x)
+    s = []
+    if np.signbit(f) and not np.isnan(f):
+        s.append("-")
+        f = -f
+    if np.isinf(f) or np.isnan(f):
+        return "".join(s) + ("inf" if np.isinf(f) else "nan")
+    remaining = buf_size - 1 - len(s)
+    fmt, e, dec, e_sign, num_digits = "g", 0, 0, "", 0
+    if f == 0:
+        prec = min(prec, remaining - 6)
+    elif f < 1:
+        first = "1" if f >= _F32(0.9999995) else "0"
+        for e1, pos, neg in zip((32, 16, 8, 4, 2, 1), _POS_POW, _NEG_POW):
+            if neg > f:
+                e += e1
+                f = _F32(f * pos)
+        e_sign_char = "-"
+        if _F32(0.9999995) <= f < 1:
+            f = _F32(1.0)
+            e_sign_char = "+" if e == 0 else e_sign_char
+        elif f < 1:
+            e += 1
+            f = _F32(f * _F32(10.0))
+        if e <= 4:
+            fmt, dec = "f", -1
+            s.append(first)
+            prec = min(prec + e - 1, remaining - 2)
+            num_digits = prec
+            if num_digits:
+                s.append(".")
+                e -= 1
+                while e and num_digits:
+                    s.append("0")
+                    num_digits -= 1
+                    e -= 1
+        else:
+            e_sign = e_sign_char
+            if prec > remaining - 6:
+                prec = remaining - 6 + 1
+    else:
+        for e1, pos, neg in zip((32, 16, 8, 4, 2, 1), _POS_POW, _NEG_POW):
+            if pos <= f:
+                e += e1
+                f = _F32(f * neg)
+        if int(f) >= 10:
+            e += 1
+            f = _F32(f * _F32(0.1))
+        prec = min(prec, remaining - 5)
+        if e < prec:
+            fmt = "f"
+            prec -= e + 1
+            dec, num_digits = e, prec + e + 1
+        else:
+            e_sign = "+"
+    prec = max(prec, 0)
+    if fmt == "g":
+        prec = prec or 1
+        num_digits = prec
+    for _ in range(num_digits):
+        d = int(f)
+        s.append("0" if d < 0 else chr(48 + d))
+        if dec == 0 and prec > 0:
+            s.append(".")
+        f = _F32(_F32(f - _F32(d)) * _F32(10.0))
+        dec -= 1
+    if f >= 5:                                   # round up the digits printed
+        rs = len(s) - 1
+        while True:
+            if s[rs] == ".":
+                rs -= 1
+                continue
+            if not s[rs].isdigit():
+                rs += 1
+                break
+            if s[rs] < "9":
+                s[rs] = chr(ord(s[rs]) + 1)
+                break
+            s[rs] = "0"
+            if rs == 0:
+                break
+            rs -= 1
+        if s[rs] == "0":                         # 9.99 -> 10.0: a leading 1
+            if rs + 1 < len(s) and s[rs + 1] == "." and fmt != "f":
+                s[rs], s[rs + 1] = ".", "0"
+                if e_sign == "-":
+                    e -= 1
+                    e_sign = "+" if e == 0 else e_sign
+                else:
+                    e += 1
+                s.insert(rs, "1")
+                s.pop()
+            else:
+                s.insert(rs, "1")
+    if prec > 0:
+        while s[-1] == "0":
+            s.pop()
+        if s[-1] == ".":
+            s.pop()
+    if e_sign:
+        s += ["e", e_sign, str(e // 10 % 10), str(e % 10)]
+    return "".join(s)
+
+
 def mp_float(x: float) -> str:
-    """MicroPython's float repr at single precision (mp_format_float 'g', 7 digits)."""
-    if x != x:
-        return "nan"
-    if x in (float("inf"), float("-inf")):
-        return "inf" if x > 0 else "-inf"
-    s = "%.7g" % x
-    if "e" in s:
-        mant, _, exp = s.partition("e")
-        s = f"{mant}e{exp[0]}{exp[1:].lstrip('0').zfill(2)}"
-    elif "." not in s:
-        s += ".0"
-    return s
+    """MicroPython's float repr at single precision (py/objfloat.c float_print: 'g', 7 digits, and
+    '.0' where neither a point nor an exponent was printed)."""
+    s = mp_format_float(x)
+    return s if any(c in s for c in ".en") else s + ".0"
 
 
 def mp_repr(v) -> str:
@@ -130,7 +238,8 @@ _MSG_RULES = [
     (re.compile(r"^'(.+)' object has no attribute '(.+)'$"), r"'\1' object has no attribute '\2'"),
 ]
 _OP_NAMES = {"+": "__add__", "-": "__sub__", "*": "__mul__", "/": "__truediv__",
-             "//": "__floordiv__", "%": "__mod__", "**": "__pow__", "<": "__lt__", ">": "__gt__",
+             "//": "__floordiv__", "%": "__mod__", "**": "__pow__", "** or pow()": "__pow__",
+             "<": "__lt__", ">": "__gt__",
              "<=": "__le__", ">=": "__ge__", "&": "__and__", "|": "__or__"}
 
 
