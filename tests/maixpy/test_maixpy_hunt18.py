@@ -98,20 +98,6 @@ except OSError as e:
     assert any("uctypes.bytearray_at" in n for n in res.notes)
 
 
-def test_ulab_reductions_are_floats(tmp_path):
-    """ulab's sum/max/mean/std/dot of a whole array return a MicroPython float: a script sending
-    them as JSON (brownie's self-learning classifier) failed with "can't convert float32 to json"
-    on the host only."""
-    res = run(tmp_path, """
-import ulab as np, ujson
-a = np.array([1.5, 2, 3])
-print(isinstance(np.sum(a * a), float), ujson.dumps({"d": np.sum(a * a), "m": np.max(a)}))
-print(np.mean(a), np.dot(a, a))
-""")
-    assert res.error is None, res.traceback
-    assert res.lines == ['True {"d": 15.25, "m": 3.0}', "2.166667 15.25"]
-
-
 def test_gc_collect_takes_board_time_and_audio_takes_its_buffer_positionally(tmp_path):
     """gc.collect() advances the board clock (a mark-sweep of the heap: Sipeed's MaixUI launcher
     divided by its loop's 0 ms); py_audio.c takes the sample buffer as Audio's first positional

@@ -14,7 +14,7 @@ model budget).
         print(s.eval("t.model_size()"), s.output())
 
 Modules: runtime.py (Session: namespace, imports, tracebacks), modules.py (sys, time, os, gc,
-u-modules), periph.py (machine, Maix, board, fpioa_manager, audio, ulab), image.py, sensor.py,
+u-modules), periph.py (machine, Maix, board, fpioa_manager, audio), ulab.py, image.py, sensor.py,
 lcd.py, KPU.py, canmv.py (CanMV `maix`), vfs.py (/flash, /sd), timing.py (board clock and
 costs), heap.py (GC heap), args.py (the firmware's argument rules), board.py (the board).
 """

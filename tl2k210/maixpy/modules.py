@@ -761,8 +761,8 @@ def _lazy(modname, attr="make_module"):
 
 for _name, _mod in (("image", "tl2k210.maixpy.image"), ("sensor", "tl2k210.maixpy.sensor"),
                     ("lcd", "tl2k210.maixpy.lcd"), ("KPU", "tl2k210.maixpy.KPU"),
-                    ("maix", "tl2k210.maixpy.canmv")):
+                    ("maix", "tl2k210.maixpy.canmv"), ("ulab", "tl2k210.maixpy.ulab")):
     BUILTIN[_name] = _lazy(_mod)
 for _name in ("machine", "Maix", "board", "fpioa_manager", "audio", "network", "usocket",
-              "socket", "ulab", "modules", "video", "touchscreen", "ide_debug", "pmu"):
+              "socket", "modules", "video", "touchscreen", "ide_debug", "pmu"):
     BUILTIN[_name] = _lazy("tl2k210.maixpy.periph", "make_" + _name)

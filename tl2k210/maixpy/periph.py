@@ -1,5 +1,5 @@
 """Board peripherals and the frozen MaixPy modules: `machine`, `Maix`, `board`, `fpioa_manager`,
-`audio`, `network`/`usocket`, `ulab` (docs/maixpy-firmware.md#machine-maix-and-board).
+`audio`, `network`/`usocket` (docs/maixpy-firmware.md#machine-maix-and-board).
 
 What a script writes to the hardware is recorded on the board, so tests can assert on it:
 GPIO output writes (`board.gpio_log`: (ms, gpio, value)), UART bytes (`board.uart_log`), PWM
@@ -1019,40 +1019,6 @@ def make_video(s):
 def make_touchscreen(s):
     return module("touchscreen", "", init=lambda *a, **k: None, read=lambda: (0, 0, 0),
                   STATUS_IDLE=0, STATUS_RELEASE=1, STATUS_PRESS=2, STATUS_MOVE=3)
-
-
-# ---------------------------------------------------------------------------------------------
-def make_ulab(s):
-    """ulab (the MaixPy build's small numpy): arrays are numpy float32 arrays on the host."""
-    import numpy as np
-
-    def array(v, dtype=None):
-        return np.array(v, dtype=dtype or np.float32)
-
-    def _i(f):
-        return lambda a, *x, **k: int(f(np.asarray(a), *x, **k))
-
-    def _scalar(f):
-        """A reduction to one value is a MicroPython float (mp_obj_new_float), not a numpy scalar
-        (a script that json-dumps it, or tests isinstance(x, float), failed on the host only)."""
-        def g(*a, **k):
-            r = f(*a, **k)
-            return float(r) if np.ndim(r) == 0 else r
-        return g
-
-    funcs = dict(array=array, zeros=lambda n, dtype=None: np.zeros(n, dtype or np.float32),
-                 ones=lambda n, dtype=None: np.ones(n, dtype or np.float32),
-                 eye=lambda n, dtype=None: np.eye(n, dtype=dtype or np.float32),
-                 linspace=lambda a, b, n=50, **k: np.linspace(a, b, n, dtype=np.float32),
-                 arange=lambda *a, **k: np.arange(*a).astype(np.float32),
-                 argmax=_i(np.argmax), argmin=_i(np.argmin), max=_scalar(np.max), min=_scalar(np.min),
-                 sum=_scalar(np.sum), mean=_scalar(np.mean), std=_scalar(np.std), sort=np.sort,
-                 argsort=np.argsort, dot=_scalar(np.dot),
-                 float=np.float32, uint8=np.uint8, int8=np.int8, uint16=np.uint16,
-                 int16=np.int16, sqrt=np.sqrt, exp=np.exp, log=np.log, sin=np.sin, cos=np.cos)
-    sub = module("ulab.numerical", "", **funcs)
-    return module("ulab", "ulab on the host (numpy float32 arrays)", numerical=sub, linalg=sub,
-                  vector=sub, numpy=sub, **funcs)
 
 
 def make_pmu(s):
