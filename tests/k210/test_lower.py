@@ -961,6 +961,19 @@ def test_big_dense_kxk_is_refused_with_the_limit():
         select(g, g.nodes[0], Options())
 
 
+def test_a_small_kernel_the_border_cannot_pad_is_refused_for_its_pads():
+    """A 2x2 conv padded after only (as Keras 'same' writes it; the square_kernels pass moves its
+    taps, here it has not run) has no KPU stage form: the refusal names its pads, not a channel
+    limit it is far within (the Speech-to-Intent model's refusal said "at most 1024 channels" of
+    16)."""
+    from tl2k210.k210.lower.kxk import kxk_refuses
+    w = np.full((8, 16, 2, 2), 0.1, np.float32)
+    m = make_model([conv_node("y", "x", "w", pads=[0, 0, 1, 1])], [("x", [1, 16, 12, 12])], [("y", None)], {"w": w})
+    g = from_onnx(m)
+    why = kxk_refuses(g, g.nodes[0], Options())
+    assert why.startswith("pads [0, 0, 1, 1] of a 2x2 kernel") and "1-pixel border" in why, why
+
+
 @pytest.mark.parametrize("dilation,c", [(1, 576), (2, 288)])
 def test_wide_depthwise_kxk_refusal_says_why(dilation, c):
     """Kazuhito00's PAN segmentation export: 5x5 depthwise convs (dilation 1 and 2) on 288-576
@@ -1354,21 +1367,25 @@ def test_quantized_add_rounds_to_nearest(op):
 
 
 def test_factorised_1x3_3x1_convs_run_on_the_kpu():
-    """PyTorch/Inception-style 1x3 then 3x1 convs (and a 2x2 stride-2 downsample) as KPU 3x3
-    layers with zero taps (pass square_kernels): kmodel v3, every conv on the KPU."""
+    """PyTorch/Inception-style 1x3 then 3x1 convs, a Keras 2x2 'same' conv (pads 0 before, 1
+    after) and a 2x2 stride-2 downsample as KPU 3x3 layers with zero taps (pass square_kernels):
+    kmodel v3, every conv on the KPU."""
     r = np.random.default_rng(3)
     nodes = [conv_node("a", "x", "wa", "ba", kernel_shape=[1, 3], pads=[0, 1, 0, 1]),
              helper.make_node("Relu", ["a"], ["ar"]),
              conv_node("b", "ar", "wb", "bb", kernel_shape=[3, 1], pads=[1, 0, 1, 0]),
              helper.make_node("Relu", ["b"], ["br"]),
-             conv_node("y", "br", "wc", "bc", kernel_shape=[2, 2], strides=[2, 2])]
+             conv_node("s", "br", "ws", "bs", kernel_shape=[2, 2], pads=[0, 0, 1, 1]),
+             helper.make_node("Relu", ["s"], ["sr"]),
+             conv_node("y", "sr", "wc", "bc", kernel_shape=[2, 2], strides=[2, 2])]
     inits = {"wa": r.normal(0, 0.3, (8, 3, 1, 3)), "ba": r.normal(0, 0.1, 8),
              "wb": r.normal(0, 0.3, (8, 8, 3, 1)), "bb": r.normal(0, 0.1, 8),
+             "ws": r.normal(0, 0.3, (8, 8, 2, 2)), "bs": r.normal(0, 0.1, 8),
              "wc": r.normal(0, 0.3, (8, 8, 2, 2)), "bc": r.normal(0, 0.1, 8)}
     m = make_model(nodes, [("x", [1, 3, 16, 16])], [("y", None)], {k: v.astype(np.float32) for k, v in inits.items()})
     px = pixels(6, 3, 16, 16)
     model, rows, _, g = compile_model(m, px, format="v3")
-    assert {r.node for r in rows if r.unit == "KPU"} >= {"a", "b", "y"} and model.version == 3
+    assert {r.node for r in rows if r.unit == "KPU"} >= {"a", "b", "s", "y"} and model.version == 3
     assert sqnr(m, model, px) > 30
 
 

@@ -379,6 +379,9 @@ def kxk_refuses(g, node, opts, windows=False):
             need = _needs(K1, d1, R1, 0, False)
             sets = (_axis_stride1(need, R, True) or _axis_stride1(need, R, False)).sets
             per *= len(sets[-1]) if sets else 1
+        if ci * per <= cmax:                 # not the channels: a small kernel whose padding the border cannot take
+            return (f"pads {a['pads']} of a {Ky}x{Kx} kernel: as a 3x3 KPU kernel with zero taps it would need "
+                    f"more padding on a side than the KPU's 1-pixel border (pad the map first, or pad it less)")
         grouped = a.get("group", 1) > 1     # (a depthwise conv's edgetpu MobileNet had read "or a depthwise conv")
         return (f"a {Ky}x{Kx} kernel on {ci} channels reads {ci * per} shifted channels; the KPU reads "
                 f"{cmax}: " + ("no split of its groups into channel windows keeps every layer within it" if windows
