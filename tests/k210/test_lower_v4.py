@@ -102,6 +102,19 @@ def test_quantized_conv2d(name, cpu_kxl):
     assert row["macs"] == int(np.prod(y_shape)) * int(np.prod(wshape[1:]))
 
 
+def test_a_squared_kernel_on_the_cpu_keeps_its_own_taps():
+    """A Keras 2x2 'same' conv that square_kernels made 3x3 for the KPU, run in its smaller CPU
+    form: quantized_conv2d takes the 2x2 kernel and its pads back (4 taps, not 9: the
+    Speech-to-Intent model's 32->128 conv on a 3-wide map cost 16.6 M cycles as 3x3, half as
+    2x2), bit for bit as the reference loops and close to onnxruntime."""
+    m = build([conv_node("y", "r", "w1", "b1", kernel_shape=[2, 2], pads=[0, 0, 1, 1])],
+              {"w1": W(6, 8, 2, 2), "b1": W(6)})
+    model, q, rows = check_v4(m, opcodes=("kpu_conv2d", "quantized_conv2d"), small=("y",))
+    (node,) = [nd for nd in model.nodes if nd.name == "quantized_conv2d"]
+    f = dict(node.fields)
+    assert (f["filter_h"], f["filter_w"], f["padding_h"], f["padding_w"]) == (2, 2, (0, 1), (0, 1))
+
+
 def test_quantized_conv2d_first_layer_reads_the_pixels_and_leaky_relu_is_a_table(cpu_kxl):
     """A 4x4 stride-2 conv on the image (an even kernel, on the CPU): the
     model input is the uint8 image in main memory, the preprocessing folded into the weights."""

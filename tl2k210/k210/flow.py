@@ -167,8 +167,10 @@ def run_pipeline(graph, options=None, target=None):
 #: the passes that give layers the KPU's forms at a cost in maps or weights: the PReLU pair doubles
 #: the maps it writes and its readers' weights (MobileFaceNet's 8-bit weights 0.25 MB, 0.48 MB
 #: after it), the residual form adds depthwise convs and adds, a dilated conv's mosaic copies its
-#: input twice. What the network needs at 8 bits is its graph without them.
-FORM_PASSES = ("prelu_residual_every", "prelu_residual_grouped", "prelu_residual", "prelu_split", "dilated_mosaic")
+#: input twice, a 2x2 conv made 3x3 stores 9 taps of which 5 are zeros. What the network needs at 8
+#: bits is its graph without them.
+FORM_PASSES = ("prelu_residual_every", "prelu_residual_grouped", "prelu_residual", "prelu_split", "dilated_mosaic",
+               "square_kernels")
 
 
 def network_ideal(graph, flowed, log, options=None, target=None, weight_bits=8):

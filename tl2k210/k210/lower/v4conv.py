@@ -349,10 +349,27 @@ def _relu_like(act):
     return act["op"] == "Relu" or (act["op"] == "Clip" and float(act.get("min", -np.inf)) == 0.0)
 
 
-def _conv_fields(node, shape_in, co):
+def trim_taps(W, pads, dilations=(1, 1)):
+    """(W, pads) without the kernel's all-zero outer rows and columns where the padding on that
+    side covers them (square_kernels' zero taps, for a conv the KPU did not take): a 2x2 conv
+    made 3x3 for the KPU costs the CPU 4 taps, not 9. Exact: every output reads the same inputs."""
+    t, l, b, r = pads
+    dh, dw = dilations
+    while W.shape[2] > 1 and t >= dh and not W[:, :, 0].any():
+        W, t = W[:, :, 1:], t - dh
+    while W.shape[2] > 1 and b >= dh and not W[:, :, -1].any():
+        W, b = W[:, :, :-1], b - dh
+    while W.shape[3] > 1 and l >= dw and not W[:, :, :, 0].any():
+        W, l = W[:, :, :, 1:], l - dw
+    while W.shape[3] > 1 and r >= dw and not W[:, :, :, -1].any():
+        W, r = W[:, :, :, :-1], r - dw
+    return W, [t, l, b, r]
+
+
+def _conv_fields(node, shape_in, co, kernel, pads):
     a = node.attrs
-    kh, kw = a["kernel"]
-    t, l, b, r = a["pads"]
+    kh, kw = kernel
+    t, l, b, r = pads
     sh, sw = a["strides"]
     dh, dw = a.get("dilations", (1, 1))
     return dict(in_shape=shape_in, groups=int(a.get("group", 1)), out_channels=co, padding_h=(t, b),
@@ -387,13 +404,14 @@ def quantized_conv(lw, node):
     B = np.asarray(lw.g.tensors[b_name].value, np.float64)
     co = W.shape[0]
     groups = int(a.get("group", 1))
+    W, pads = trim_taps(W, a["pads"], a.get("dilations", (1, 1)))
     how = "the KPU cannot run"
     if cpu_trade(lw.g, node, lw.opts):
         how = f"of {groups} groups on a 1x1 map, not a block-diagonal dense layer" if grouped_dense(lw.g, node) \
             else "in its smaller form"
     row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} {how}: quantized_conv2d on uint8", in_shape=(ci, h, w),
                  out_shape=lw.shape(out))
-    fold = _pixel_fold(lw, x, W, B, groups, a["pads"])
+    fold = _pixel_fold(lw, x, W, B, groups, pads)
     if fold is not None:
         W, B, z_x, src, mean = fold
         s_x = 1.0
@@ -424,7 +442,7 @@ def quantized_conv(lw, node):
     idx = []
     for o0, o1, s_w, z_w, wq in q:       # one node per channel range: its input channels, its outputs
         c0, c1 = (0, ci) if groups == 1 else (ch[o0, 0], ch[o1 - 1, -1] + 1)
-        f = _conv_fields(node, (1, c1 - c0, h, w), o1 - o0)
+        f = _conv_fields(node, (1, c1 - c0, h, w), o1 - o0, W.shape[2:], pads)
         f.update(groups=1 if groups == 1 else (o1 - o0) // (co // groups),
                  input=main(U8, src + c0 * h * w, (c1 - c0) * h * w),
                  output=main(U8, loc.u8 + o0 * hw_out, (o1 - o0) * hw_out), input_offset=-z_x, filter_offset=-z_w,
@@ -491,6 +509,7 @@ def float_conv(lw, node):
     W = np.asarray(lw.g.tensors[w_name].value, np.float32)
     B = np.asarray(lw.g.tensors[b_name].value, np.float32)
     co = W.shape[0]
+    W, pads = trim_taps(W, a["pads"], a.get("dilations", (1, 1)))
     why = "a Sigmoid output's head" if float_head(lw.g, node) else "the KPU cannot run"
     row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} {why}: float conv2d",
                  in_shape=(ci, h, w), out_shape=lw.shape(out))
@@ -501,7 +520,7 @@ def float_conv(lw, node):
     n = co * hw_[0] * hw_[1]
     pre = lw.alloc(name, "pre", 4 * n) if clamp is None else None   # the activation reads it
     loc = lw.f32_out(name, (co,) + hw_)
-    f = _conv_fields(node, (1, ci, h, w), co)
+    f = _conv_fields(node, (1, ci, h, w), co, W.shape[2:], pads)
     f.update(input=main(F32, src, ci * h * w), output=main(F32, loc.f32 if pre is None else pre, n),
              fused_activation=clamp if clamp is not None else NO_CLAMP)
     lw.emit_v4("conv2d", f, row, data={"weights": W.reshape(-1), "bias": B})
