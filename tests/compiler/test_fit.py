@@ -525,6 +525,36 @@ def test_a_format_refusal_for_post_processing_names_the_cut_before_it(tmp_path, 
     assert r.totals["format"] == "v3"
 
 
+def test_a_format_refusal_names_one_cut_before_every_layer_v3_lacks_and_none_before_a_conv(tmp_path, png_dir):
+    """ST's SSD for maixpy-minimum (hunt 19) was told to end the model before its box head's conv
+    (a 3x3 conv on a 2x2 map), "and do that step in the application", and that cut met the same
+    conv in the class head. A weight layer is no post-processing step: no cut is offered; where
+    every layer v3 lacks is post-processing (two heads' softmaxes), one cut ends before them all."""
+    from tl2k210.k210.fit import FormatError
+    rng = np.random.default_rng(0)
+    n = helper.make_node
+    w = lambda co, ci: rng.normal(0, 0.3, (co, ci, 3, 3)).astype(np.float32)     # noqa: E731
+    heads = []
+    for h in ("a", "b"):
+        heads += [conv_node(h, "x", "w" + h, pads=[1, 1, 1, 1]), n("Reshape", [h, "shape"], [h + "_rows"]),
+                  n("Softmax", [h + "_rows"], [h + "_p"], axis=-1)]
+    src = tmp_path / "two.onnx"
+    onnx.save(make_model(heads, [("x", [1, 3, 16, 16])], [("a_p", None), ("b_p", None)],
+                         {"wa": w(2, 3), "wb": w(2, 3), "shape": np.array([1, -1, 2])}), src)
+    with pytest.raises(FormatError) as e:
+        _convert(src, tmp_path / "d.kmodel", png_dir, runtime="maixpy-minimum")
+    assert "(--outputs a_rows,b_rows)" in str(e.value)
+    r = _convert(src, tmp_path / "d.kmodel", png_dir, runtime="maixpy-minimum", outputs=("a_rows", "b_rows"))
+    assert r.totals["format"] == "v3"
+    small = [conv_node("c", "x", "w1", pads=[1, 1, 1, 1]), n("MaxPool", ["c"], ["m"], kernel_shape=[8, 8], strides=[8, 8]),
+             conv_node("y", "m", "w2", pads=[1, 1, 1, 1])]
+    src = tmp_path / "small.onnx"
+    onnx.save(make_model(small, [("x", [1, 3, 16, 16])], [("y", None)], {"w1": w(8, 3), "w2": w(4, 8)}), src)
+    with pytest.raises(FormatError) as e:
+        _convert(src, tmp_path / "s.kmodel", png_dir, runtime="maixpy-minimum")
+    assert "node 'y'" in str(e.value) and "or change that layer to one kmodel v3 has" in str(e.value), str(e.value)
+
+
 @pytest.mark.parametrize("floor, names", [(0, "maixpy or maixpy-minimum-v4 or sdk"),
                                           (3_000_000, "maixpy-minimum-v4 or sdk"), (6_000_000, None)])
 def test_a_format_refusal_names_only_runtimes_that_hold_the_ideal(floor, names):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tl2k210.errors import KpuLimitError, Tl2k210Error
-from tl2k210.graph import RELABELS, fixed_sizes, nodes_after, outputs_not_after, through_relabels
+from tl2k210.graph import RELABELS, fixed_sizes, nodes_after, through_relabels
 from tl2k210.k210 import cost, firmware, hardware as hw
 from tl2k210.k210.ideal import WEIGHT_OPS, mb
 from tl2k210.k210.lower.conv import WINDOWS
@@ -62,14 +62,19 @@ def check_format(fmt: str, forced, runtime: str, floor: int = 0, graph=None, sou
 
 
 def _cut_before(graph, source, name):
-    """'end the model before it (--outputs ...)' where node `name` of `graph` is post-processing (no
-    weight op after it) and the tensors to end at are the source model's too; else None."""
-    n = next((x for x in graph.nodes if x.name == name), None) if graph is not None and source is not None else None
-    if n is None:
+    """'end the model before it (--outputs ...)' where node `name` of `graph`, and every other node
+    a v3-only build refuses (graph.meta["v3_refused"]), is post-processing (neither a weight op
+    nor one after it) and the tensors to end at are the source model's too; else None."""
+    if graph is None or source is None:
         return None
-    if any(c.op in WEIGHT_OPS for c in nodes_after(graph, n)):
+    names = set(graph.meta.get("v3_refused", ())) | {name}
+    cut = [n for n in graph.nodes if n.name in names]
+    after = {n.name: n for r in cut for n in [r] + nodes_after(graph, r)}
+    if name not in after or any(n.op in WEIGHT_OPS for n in after.values()):
         return None
-    ends = [i for i in n.inputs if i and not graph.tensors[i].is_const] + outputs_not_after(graph, n)
+    made = {t for n in after.values() for t in n.outputs}
+    ends = [i for n in after.values() for i in n.inputs if i and not graph.tensors[i].is_const and i not in made]
+    ends += [o for o in graph.outputs if o not in made]
     if not ends or any(t not in source.tensors for t in ends):
         return None
     return (f"end the model before it (--outputs {','.join(dict.fromkeys(ends))}) and do that step in the "

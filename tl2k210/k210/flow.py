@@ -8,6 +8,7 @@ the back-end can answer: does every node left have a K210 lowering?
 import functools
 
 from tl2k210 import passes as generic
+from tl2k210.errors import UnsupportedOpError
 from tl2k210.passes import Pass
 from tl2k210.passes.channel_shuffle import channel_shuffle
 from tl2k210.passes.channel_softmax import channel_softmax
@@ -61,6 +62,15 @@ from .passes.wide_channels import wide_channels
 from .passes.wide_dense import wide_dense
 
 
+def lowers(g, node, opts, fmt) -> bool:
+    """Has `node` a lowering in kmodel `fmt`?"""
+    try:
+        select(g, node, opts, fmt)
+        return True
+    except UnsupportedOpError:
+        return False
+
+
 def check_supported(g, log, opts=None):
     """The back-end's question, asked once with the user's lowering options (`run_pipeline`'s
     `target`, default Options()): which kmodel format does every node left lower to? The
@@ -74,6 +84,8 @@ def check_supported(g, log, opts=None):
     for n in g.nodes:       # plan_format stops at the node that forces v4: every node must lower in it
         chosen[n.name] = select(g, n, opts, fmt)[0]
     g.meta["plan"] = (fmt, forced)
+    if forced and forced[0] and opts.v3_only:   # every node a v3-only build refuses, for the advice (fit.check_format)
+        g.meta["v3_refused"] = [n.name for n in g.nodes if not lowers(g, n, opts, "v3")]
     # the dense layers on the model's float input that stay float (the 8-bit ideal keeps them too)
     g.meta["float_dense"] = {name for name in float_dense_convs(g) if chosen[name].unit == CPU_F32}
     return g
