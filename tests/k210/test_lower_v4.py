@@ -125,14 +125,18 @@ def test_quantized_conv2d_first_layer_reads_the_pixels_and_leaky_relu_is_a_table
     assert model.nodes[0].name == "quantized_conv2d"
 
 
-def test_float_conv2d_when_uint8_weights_lose_too_much(monkeypatch, cpu_kxl):
+@pytest.mark.parametrize("small", [(), ("c5",)])
+def test_float_conv2d_when_uint8_weights_lose_too_much(monkeypatch, cpu_kxl, small):
+    """Asked for its smaller form too (--optimize size: ST's SSD head conv fell to 7.6 dB, its
+    scores 10 dB under the 8-bit ideal, for 8.6 KB of 680 KB; hunt 19), the uint8 conv that
+    flattens the weights is not taken."""
     from tl2k210.k210.lower import v4conv
     monkeypatch.setattr(v4conv, "WEIGHT_PARTS_MAX", 1)     # one weight scale for the layer
     w = W(4, 8, 4, 4)
     w[0, 0, 2, 2] = 60.0          # one huge tap: per-layer uint8 weights would flatten the rest
     m = build([conv_node("c5", "r", "w1", "b1", pads=[1, 1, 2, 2]), N("Sigmoid", ["c5"], ["y"])],
               {"w1": w, "b1": W(4)})
-    model, q, rows = check_v4(m, opcodes=("conv2d", "nnil_unary_method"))
+    model, q, rows = check_v4(m, opcodes=("conv2d", "nnil_unary_method"), small=small)
     r = next(r for r in rows if r.node == "c5")
     assert r.lowering == "conv2d" and "dB of the weights of the output channel they serve worst" in " ".join(r.notes)
 

@@ -227,10 +227,16 @@ def qconv_refuses(g, node, opts):
     if taps > ACC_TAPS_MAX:
         return f"{taps} taps per output overflow the int32 accumulator (at most {ACC_TAPS_MAX:,})"
     q = weight_sqnr(W, int(node.attrs.get("group", 1)))
-    if q < WEIGHT_SQNR_MIN and not wants_small(opts, node):
+    if q < WEIGHT_SQNR_MIN and not (wants_small(opts, node) and _banded(g, node)):
         return (f"per-layer uint8 weights keep only {q:.1f} dB of the weights of the output channel they serve "
                 f"worst (spread {float(np.max(np.abs(W))):.3g} / {float(np.std(W)):.3g}): the float conv2d keeps them")
     return None
+
+
+def _banded(g, node) -> bool:
+    """Is the conv's input taller than the KPU's rows (its KPU form: row bands and an assembled
+    map in main memory, which the CPU conv does not take)?"""
+    return g.shape(node.inputs[0])[2] > hw.LIMITS["in_h"][1]
 
 
 def cpu_trade(g, node, opts) -> bool:
@@ -256,15 +262,13 @@ def cpu_trade(g, node, opts) -> bool:
         return qconv_refuses(g, node, opts) is None
     if not wants_small(opts, node):
         return False
-    (_, ci, h, _), co = g.shape(node.inputs[0]), g.shape(node.outputs[0])[1]
+    (_, ci, _, _), co = g.shape(node.inputs[0]), g.shape(node.outputs[0])[1]
     groups = int(node.attrs.get("group", 1))
     if phase_forms(g, node, "v4") and (groups == 1 or groups == ci == co):
         return False
     if float_head_why(g, node, opts):      # kept float for the output's accuracy: a few weights
         return False
-    banded = h > hw.LIMITS["in_h"][1]
-    return qconv_refuses(g, node, opts) is None and \
-        (banded or weight_sqnr(g.const(node.inputs[1]), groups) >= WEIGHT_SQNR_MIN)
+    return qconv_refuses(g, node, opts) is None
 
 
 def _grouped_dense_faster(g, node, opts) -> bool:
