@@ -301,7 +301,7 @@ def pixel_mapping(opts: ConvertOptions, channels: int, graph=None):
     return scale, offset
 
 
-def load_pixels(path: str, chw, limit: int, opts: ConvertOptions) -> np.ndarray:
+def load_pixels(path: str, chw, limit: int, opts: ConvertOptions, flat: str = "NCHW") -> np.ndarray:
     """(N, C, H, W) uint8 pixels from a folder of images (resized like the runtime), or arrays
     from .npy/.npz (NCHW or NHWC): uint8 arrays are pixels (in the model's channel order), others
     float32 model input (already preprocessed)."""
@@ -325,7 +325,7 @@ def load_pixels(path: str, chw, limit: int, opts: ConvertOptions) -> np.ndarray:
                 a = a[::-1]
             out.append(a)
         return np.stack(out).astype(np.uint8)
-    arrays = load_arrays(p, (1, c, h, w), keep_dtype=True)[:limit]
+    arrays = load_arrays(p, (1, c, h, w), keep_dtype=True, flat=flat)[:limit]
     if all(a.dtype == np.uint8 for a in arrays):
         return np.concatenate(arrays)
     return np.concatenate(arrays).astype(np.float32)
@@ -589,7 +589,8 @@ def model_inputs(graph, dataset, limit, opts: ConvertOptions):
                            "also converts without --dataset: its own scales give the ranges)")
     if layout is None:
         return np.concatenate(load_arrays(p, shape))[:limit].astype(np.float32), None
-    data = load_pixels(dataset, chw, limit, opts)
+    nhwc = graph.meta.get("input_layout", {}).get(graph.inputs[0]) == "NHWC->NCHW"
+    data = load_pixels(dataset, chw, limit, opts, "NHWC" if nhwc else "NCHW")
     scale, offset = pixel_mapping(opts, chw[0], graph)
     s4, o4 = scale[None, :, None, None], offset[None, :, None, None]
     if data.dtype == np.uint8:

@@ -485,7 +485,7 @@ def from_onnx(model, batch=1, input_shapes=None, input_values=None):
             continue
         name = n.name or f"{n.op_type}_{i}"
         nodes.append(Node(n.op_type, list(n.input), list(n.output), attrs, name, [name]))
-    inputs, rebatched = [], {}
+    inputs, rebatched, unbatched = [], {}, {}
     for vi in gp.input:
         if vi.name in tensors:
             continue
@@ -510,6 +510,9 @@ def from_onnx(model, batch=1, input_shapes=None, input_values=None):
         if batch == 1 and not (input_shapes or {}).get(vi.name) and len(shape) >= 2 and shape[0] > 1:
             rebatched[vi.name] = shape[0]        # a K210 runs one sample at a time
             shape = (1,) + shape[1:]
+        elif batch == 1 and (input_shapes or {}).get(vi.name) and shape[0] > 1:
+            unbatched[vi.name] = shape           # sized whole by --input-shape: no batch axis
+            shape = (1,) + shape
         tensors[vi.name] = Tensor(vi.name, shape, np.dtype(_DT.get(tt.elem_type, np.float32)))
         inputs.append(vi.name)
     for n in nodes:
@@ -520,6 +523,8 @@ def from_onnx(model, batch=1, input_shapes=None, input_values=None):
     g.prune()
     if rebatched:
         _single_sample(g, rebatched)
+    for x, shape in unbatched.items():
+        _add_batch_axis(g, x, shape)
     # the size each input was exported at: fixed dims, a symbolic batch taken as `batch` (a Keras
     # TFLite's [-1, 96, 96, 3]: its SAME pads at another --input-shape had been kept)
     exported = {vi.name: [d.dim_value if d.dim_value > 0 else None for d in vi.type.tensor_type.shape.dim]
@@ -655,6 +660,24 @@ def same_pads(hw, strides, kernel, dilations, auto) -> list:
     tot = [max((-(-x // s) - 1) * s + (k - 1) * d + 1 - x, 0) for x, s, k, d in zip(hw, strides, kernel, dilations)]
     lo = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in tot]
     return [lo[0], lo[1], tot[0] - lo[0], tot[1] - lo[1]]
+
+
+def _add_batch_axis(g, x, shape):
+    """Input `x`, sized by the user as `shape` whose first dim is not a batch (a TF1 keyword
+    spotter's [T, 40] filterbank frames, sized --input-shape 80,40), gets a batch axis of one: the
+    graph reads (1, *shape) and reshapes it to what its nodes read (a K210 runs one sample)."""
+    from tl2k210.errors import ModelLoadError
+    if len(shape) >= 4:
+        raise ModelLoadError(f"--input-shape {','.join(map(str, shape))} for input {x!r}: a kmodel runs one sample "
+                             f"at a time; give a batch of one: --input-shape 1,{','.join(map(str, shape[1:]))}")
+    inner = x + "/unbatched"
+    for n in g.nodes:
+        n.inputs = [inner if i == x else i for i in n.inputs]
+    g.outputs = [inner if o == x else o for o in g.outputs]
+    g.tensors[inner] = Tensor(inner)
+    g.nodes.insert(0, Node("Reshape", [x, g.add_const(np.array(shape, np.int64), x + "/unbatched_shape")], [inner],
+                           {}, inner, [inner]))
+    g.meta.setdefault("unbatched", {})[x] = tuple(shape)
 
 
 def _single_sample(g, rebatched):

@@ -1109,7 +1109,8 @@ def test_budget_refusal_where_the_ideal_fits_blames_the_forms_not_the_network():
     from types import SimpleNamespace as NS
 
     from tl2k210.compiler import BudgetError
-    ide = NS(total=1_500_000, text=lambda: "ideal at 8 bits 1.50 MB", layer=lambda node: None)
+    ide = NS(total=1_500_000, weight_bytes=500_000, live_bytes=1_000_000, text=lambda: "ideal at 8 bits 1.50 MB",
+             layer=lambda node: None)
     model = NS(version=4, main_memory=1_800_000, outputs=[(0, 0, 4000)])
     with pytest.raises(BudgetError) as e:
         fit.check_budget(model, 900_000, "maixpy", ide=ide)

@@ -147,3 +147,39 @@ def test_a_vector_input_without_a_batch_axis_is_given_one_by_input_shape(tmp_pat
     assert main(["convert", str(src), str(out)] + flags) == 2
     assert "give it one with --input-shape 1,6" in capsys.readouterr().err and not out.exists()
     assert main(["convert", str(src), str(out), "--input-shape", "1,6"] + flags) == 0
+
+
+def test_frames_without_a_batch_axis_sized_by_input_shape_convert(tmp_path, capsys):
+    """Snips' TF1 keyword spotter reads (T, 40) filterbank frames with no batch axis, unsqueezed
+    to NHWC (1, T, 1, 40) for its 1-D convs (hunt 19): `--input-shape 80,40` had made T the batch,
+    and samples of (80, 40) were refused. The input gets a batch axis of one, the relabels before
+    the first conv go (its input is the (1, 40, 80, 1) map the conv reads), and the (N, 80, 40)
+    samples are read in the source's order; the kmodel agrees with onnxruntime on the source
+    model fed (80, 40). A 4-D --input-shape with a batch above one is refused."""
+    from tl2k210.k210.emulator import Emulator
+    rng = np.random.default_rng(0)
+    n = helper.make_node
+    nodes = [n("Unsqueeze", ["x", "ax"], ["x4"]), n("Transpose", ["x4"], ["xc"], perm=[0, 3, 1, 2]),
+             conv_node("c", "xc", "w", "b", pads=[2, 0, 2, 0]), n("Relu", ["c"], ["y"])]
+    m = make_model(nodes, [("x", ["T", 40])], [("y", None)],
+                   {"ax": np.array([0, 2], np.int64), "w": rng.normal(0, 0.2, (8, 40, 5, 1)).astype(np.float32),
+                    "b": rng.normal(0, 0.1, 8).astype(np.float32)})
+    m.producer_name = "tf2onnx"
+    src = tmp_path / "kws.onnx"
+    onnx.save(m, src)
+    frames = rng.normal(0, 1, (24, 80, 40)).astype(np.float32)
+    np.save(tmp_path / "cal.npy", frames[:16])
+    out = tmp_path / "kws.kmodel"
+    flags = ["--dataset", str(tmp_path / "cal.npy"), "--input-range=-4,4", "-q"]
+    assert main(["convert", str(src), str(out), "--input-shape", "80,40"] + flags) == 0
+    assert "samples (80, 40) read as the model input (40, 80, 1)" in capsys.readouterr().err
+    import onnxruntime as ort
+    sess = ort.InferenceSession(src.read_bytes(), providers=["CPUExecutionProvider"])
+    emu = Emulator.load(out)
+    for f in frames[16:]:
+        want = sess.run(None, {"x": f})[0].reshape(-1)
+        px = np.clip(np.rint((f.T[:, :, None] + 4) / 8 * 255), 0, 255).astype(np.uint8)   # the kmodel's (40, 80, 1)
+        got = np.asarray(emu.run(px)[0]).reshape(-1)
+        assert 10 * np.log10(np.sum(want ** 2) / np.sum((want - got) ** 2)) > 30
+    assert main(["convert", str(src), str(out), "--input-shape", "2,80,1,40"] + flags) == 2
+    assert "a kmodel runs one sample at a time; give a batch of one: --input-shape 1,80,1,40" in capsys.readouterr().err

@@ -14,6 +14,8 @@ Weights stored 8-bit by TF's graph_transforms `quantize_weights` (a quint8 Const
 and a Dequantize: OpenCV's res10 SSD face detector, opencv_face_detector_uint8.pb), which
 tf2onnx cannot type, are folded into the float constants TensorFlow's own Dequantize computes
 (`_dequantized_weights`)."""
+import re
+
 from . import INPUT_NOTE, INPUT_RANGE, ModelLoadError, check_against_source, tf_convert
 from .tf_guard import refuse_side_effects
 
@@ -78,8 +80,16 @@ def _shape_placeholders(gd, nchw, pinned=()):
     import tensorflow as tf
     want = (nchw[0], *nchw[2:], nchw[1]) if len(nchw) == 4 else tuple(nchw)
     for n in gd.node:
-        if n.op == "Placeholder" and n.name not in pinned and \
-                (_shapeless(n) or tf.TensorShape(n.attr["shape"].shape).rank != len(want)):
+        if n.op != "Placeholder" or n.name in pinned:
+            continue
+        shape = tf.TensorShape(n.attr["shape"].shape)
+        if shape.rank and shape.rank != len(want):       # (hey_snips' [?, 40] frames given 1,80,40)
+            dims = ",".join("?" if d is None else str(d) for d in shape.as_list())
+            raise ModelLoadError(
+                f"--input-shape {','.join(map(str, nchw))} has {len(nchw)} dims; the Placeholder {n.name!r} has "
+                f"{shape.rank} ([{dims}]): give {shape.rank}, e.g. --input-shape "
+                f"{','.join(map(str, nchw[-shape.rank:]))} (a first dim above 1 is no batch: the kmodel gets one)")
+        if _shapeless(n) or shape.rank != len(want):
             n.attr["shape"].shape.CopyFrom(tf.TensorShape(want).as_proto())
 
 
@@ -248,6 +258,13 @@ def from_frozen_pb(path, opset=None, batch=1, input_shape=None, input_values=Non
         model = tf_convert(str(path), tf2onnx.convert.from_graph_def, gd, input_names=inputs,
                            output_names=[o + ":0" for o in outputs], **kw)
     except ModelLoadError as e:
+        ranks = re.search(r"Shape must be rank (\d+) but is rank (\d+)", str(e))
+        extra = int(ranks.group(2)) - int(ranks.group(1)) if ranks else 0
+        if input_shape and 0 < extra < len(input_shape):     # the graph adds the axes itself (ExpandDims)
+            raise ModelLoadError(f"{e}: the graph reads the input with {extra} dim(s) fewer than --input-shape "
+                                 f"{','.join(map(str, input_shape))} gives; try --input-shape "
+                                 f"{','.join(map(str, input_shape[extra:]))} (a first dim above 1 is no batch: "
+                                 "the kmodel gets one)") from None
         shapeless = [n.name for n in gd.node if n.op == "Placeholder" and not input_shape and _shapeless(n)
                      and n.name + ":0" not in pins]
         if not shapeless:

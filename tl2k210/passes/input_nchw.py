@@ -4,13 +4,18 @@ layout-agnostic ops (a ZeroPadding2D `Pad`, a Rescaling `Mul`/`Add`, an activati
 graph input NCHW. Those ops are moved below the layout change (their pads / constants permuted),
 so the input is recorded in graph.meta["input_layout"] = {name: "NHWC->NCHW"}.
 
+An input --input-shape sized without a batch axis (graph.meta["unbatched"]: a keyword spotter's
+(T, F) frames, given one) that reaches the graph through one chain of relabels ending at a 4-D
+(1, C, H, W) map its first convs read (unsqueezed to (1, 1, T, F)) becomes that map: its bytes
+are the same, and the first layer reads the input.
+
 A TF model's NHWC input that no layout change reads (a Flatten + Dense first layer) still becomes
 the planar (1, C, H, W) image the camera gives, followed by a Transpose back to NHWC that later
 passes fold (into the Dense weights) or lower as a relabel (one channel).
 """
 import numpy as np
 
-from tl2k210.graph import Node
+from tl2k210.graph import RELABELS, Node
 
 from .layout import relaid_const
 
@@ -104,8 +109,33 @@ def _pull_region(g, x, log, nhwc=False):
     return False
 
 
+def _relabelled_to_4d(g, x, log):
+    """Input `x` of rank < 4 read only through one chain of relabels ending at a 4-D map with a
+    batch of one that convs read (or a layout change to NCHW): make `x` that map, drop the chain."""
+    chain, cur = [], x
+    while len(g.shape(cur) or ()) != 4:
+        cs = g.consumers(cur)
+        if cur in g.outputs or len(cs) != 1 or cs[0].op not in RELABELS or cs[0].inputs[0] != cur:
+            return
+        chain.append(cs[0])
+        cur = cs[0].outputs[0]
+    shape = g.shape(cur)
+    readers = g.consumers(cur)
+    if not chain or cur in g.outputs or shape[0] != 1 or not readers or not all(
+            (r.op == "Conv" and r.inputs[0] == cur) or to_nchw(g, r, shape) for r in readers):
+        return          # a map no conv reads as an image (a transformer's heads): the input stays
+    was = g.shape(x)
+    for n in chain:
+        g.nodes.remove(n)
+    g.replace_uses(cur, x)
+    g.tensors[x].shape = tuple(shape)
+    log(x, f"input {x} {tuple(was)} is now {tuple(shape)} (removed {'/'.join(n.op for n in chain)}: the same bytes)")
+
+
 def input_nchw(g, log):
     for x in g.inputs:
+        if x in g.meta.get("unbatched", ()) and 0 < len(g.shape(x) or ()) < 4:
+            _relabelled_to_4d(g, x, log)
         t = g.tensors[x]
         if len(t.shape or ()) != 4 or x in g.outputs:
             continue

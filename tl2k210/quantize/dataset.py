@@ -82,10 +82,12 @@ def load_image(path, shape, pre=Preprocess()):
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
 
 
-def _samples(a, shape, where, keep_dtype=False):
+def _samples(a, shape, where, keep_dtype=False, flat="NCHW"):
     """(N, *shape[1:]) float32 (or the stored dtype) from one stored array: NCHW (or channels-last
     NHWC, transposed and said; a one-channel input's maps without their channel axis), with or
-    without the batch dimension."""
+    without the batch dimension; or samples of a lower rank with as many values, in the order the
+    source model reads them (`flat`: "NHWC" where passes.input_nchw made its NHWC input NCHW; a
+    keyword spotter's (T, F) frames whose graph reshapes them to (1, T, 1, F))."""
     from tl2k210.arrays import check_finite
     want = tuple(shape[1:])
     with np.errstate(over="ignore"):
@@ -94,6 +96,14 @@ def _samples(a, shape, where, keep_dtype=False):
     a = np.asarray(a) if keep_dtype else as32
     if len(want) == 3 and want[0] == 1 and a.ndim in (2, 3) and tuple(a.shape[-2:]) == want[1:]:
         return a.reshape((-1,) + want)      # one-channel maps (MNIST's arrays): (N,) H, W
+    if tuple(a.shape[1:]) == want:
+        return a
+    if 2 <= a.ndim <= len(want) and int(np.prod(a.shape[1:])) == int(np.prod(want)):
+        print(f"note: {where}: samples {a.shape[1:]} read as the model input {want}: their values in the "
+              "order the source model reads them", file=sys.stderr)
+        if flat == "NHWC" and len(want) == 3:
+            return np.ascontiguousarray(a.reshape((-1, want[1], want[2], want[0])).transpose(0, 3, 1, 2))
+        return a.reshape((-1,) + want)
     if a.ndim == len(shape) - 1:
         a = a[None]
     if tuple(a.shape[1:]) == want:
@@ -108,7 +118,7 @@ def _samples(a, shape, where, keep_dtype=False):
                          "reshape the arrays")
 
 
-def load_arrays(path, shape, layout=None, keep_dtype=False):
+def load_arrays(path, shape, layout=None, keep_dtype=False, flat="NCHW"):
     """.npy/.npz (or a folder of them) -> list of (1, C, H, W) float32 (the stored dtype with
     `keep_dtype`). Stored data may be NCHW or NHWC (`layout` forces one), with or without the
     batch dimension; numbers only, finite."""
@@ -123,7 +133,7 @@ def load_arrays(path, shape, layout=None, keep_dtype=False):
         for name, a in load_any(f):
             if layout == "NHWC" and a.ndim == 4:
                 a = a.transpose(0, 3, 1, 2)
-            out += [s[None] for s in _samples(a, shape, name, keep_dtype)]
+            out += [s[None] for s in _samples(a, shape, name, keep_dtype, flat)]
     if not out:
         raise InputFileError(f"dataset {path}: no samples (the arrays are empty)")
     return out
