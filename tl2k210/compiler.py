@@ -915,6 +915,7 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
     """Samples (--dataset, or what a quantized model's own ranges stand for), activation ranges,
     per-channel means, and the measured effect of the opt-in kpu_padding rewrite."""
     from tl2k210.k210.flow import run_pipeline
+    from tl2k210.k210.passes.entry_conv import pixel_entry
     from tl2k210.passes.input_nchw import input_chw
     from tl2k210.quantize import calibrate as calib
     from tl2k210.quantize.fake_quant import ideal_choice
@@ -933,6 +934,9 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
     scale, offset = pixel_mapping(opts, input_chw(graph)[0], graph) if image else ((1.0,), (0.0,))
     if image and graph.meta.get("bgr_folded"):
         scale, offset = scale[::-1], offset[::-1]
+    entry_note = pixel_entry(graph, scale, offset) if image else None
+    if entry_note:
+        _say(opts, "      " + entry_note)
     batches = [f[None] for f in floats]
     ranges = calibrated_ranges(graph, batches, opts.method, (scale, offset) if image else None)
     mismatch = own.input_mismatch(graph, ranges) if opts.dataset is not None else None

@@ -1121,3 +1121,24 @@ def test_budget_refusal_where_the_ideal_fits_blames_the_forms_not_the_network():
     with pytest.raises(BudgetError, match=r"\. Use a smaller network, --runtime maixpy-minimum-v4 or sdk\.") as e:
         fit.check_budget(model, 900_000, "maixpy", ide=ide)
     assert not e.value.ideal_fits
+
+
+@pytest.mark.parametrize("mean, std, entry", [((0.45,), (0.225,), False),
+                                               ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), True),
+                                               ((0.6, 0.45, 0.3), (0.2, 0.2, 0.2), True)])
+def test_a_padded_first_conv_under_per_channel_preprocessing_pads_with_zero(tmp_path, png_dir, mean, std, entry):
+    """A padded first conv reading the pixels folds the preprocessing into its weights and pads
+    with one pixel value; where the channels' means differ, its border taps read a channel's
+    residual, not the normalised image's 0 (ImageNet mean/std on a 5x5 'same' conv: 25.8 dB against
+    an 8-bit ideal of 35.5; hunt 19). An identity entry conv now writes the normalised image, whose
+    zero point pads exactly: the output within 0.5 dB of the 8-bit ideal."""
+    rng = np.random.default_rng(0)
+    src = tmp_path / "c5.onnx"
+    onnx.save(make_model([conv_node("y", "x", "w", "b", kernel_shape=[5, 5], pads=[2, 2, 2, 2])],
+                         [("x", [1, 3, 16, 16])], [("y", None)],
+                         {"w": rng.normal(0, 0.2, (8, 3, 5, 5)).astype(np.float32),
+                          "b": rng.normal(0, 0.1, 8).astype(np.float32)}), src)
+    r = _convert(src, tmp_path / "c5.kmodel", png_dir, mean=mean, std=std, sqnr_samples=4)
+    out = r.totals["outputs"]["y"]
+    assert out["sqnr_db"] > out["ideal_db"] - 0.5, out
+    assert any(row["node"].startswith("entry_conv") for row in r.layers) is entry
