@@ -1439,3 +1439,35 @@ def test_a_detector_head_concatenated_into_the_output_keeps_its_own_scale():
     ref, got = run_both(m, model, px)
     obj = lambda a: a.reshape(len(px), 128, 5)[..., 4].astype(np.float64)      # noqa: E731
     assert sqnr_db(obj(ref), obj(got)) > 25
+
+
+def test_a_softmax_of_very_negative_logits_is_no_nan():
+    """The SDK's SOFTMAX starts its max at FLT_MIN (~0, nncase v0.1; the emulator does the same):
+    a sample whose logits are all under about -87 underflowed to 0/0 = NaN (jomjol's digit
+    classifiers, logits -85 .. -139: refused "a tl2k210 bug"; hunt 19). The logits' DEQUANTIZE (or
+    here their float dense layer's bias) now shifts them up by their calibrated minimum; the
+    probabilities are onnxruntime's."""
+    from front_helpers import ort_run
+    from tl2k210.k210.emulator import Emulator
+    from tl2k210.k210.lower import lower
+    from tl2k210.quantize import calibrate
+    from tl2k210.quantize.metrics import sqnr_db
+    rng = np.random.default_rng(0)
+    n = helper.make_node
+    m = make_model([conv_node("c", "x", "w", "b", pads=[1, 1, 1, 1]), n("Relu", ["c"], ["r"]),
+                    n("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]), n("Flatten", ["p"], ["f"]),
+                    n("Gemm", ["f", "wm", "bm"], ["g"]), n("Softmax", ["g"], ["y"], axis=-1)], [("x", [1, 3, 8, 8])],
+                   [("y", None)], {"w": rng.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32),
+                                   "b": rng.normal(0, 0.1, 8).astype(np.float32),
+                                   "wm": (rng.normal(size=(128, 5)) * 0.3).astype(np.float32),
+                                   "bm": np.full(5, -120.0, np.float32)})
+    g, _ = run_pipeline(from_onnx(m), KEEP)
+    px = pixels(8, 3, 8, 8)
+    xs = [(p[None] / 255.0).astype(np.float32) for p in px]
+    rngs = calibrate.ranges(calibrate.collect(g, xs, histograms=False), "minmax")
+    model, rows, _, lw = lower(g, rngs, Options(format="v3"))
+    assert any("none negative" in note for r in rows for note in r.notes)
+    emu = Emulator(model)
+    got = np.concatenate([emu.run(p)[0].reshape(-1) for p in px]).astype(np.float64)
+    ref = np.concatenate([ort_run(m, x)[0].reshape(-1) for x in xs]).astype(np.float64)
+    assert np.isfinite(got).all() and sqnr_db(ref, got) > 25

@@ -10,7 +10,7 @@ from tl2k210.graph import pads_of
 from tl2k210.k210 import fixed_point as fx
 from tl2k210.passes.fuse_activation import activation_of
 
-from .fc import CONCAT_MOVES, feeds_output, logistic, source_unit
+from .fc import CONCAT_MOVES, SOFTMAX_LOW, feeds_output, logistic, source_unit
 from .memory import SLICES, float_slices
 from .registry import CPU_F32, CPU_U8, NA, lowering
 
@@ -598,7 +598,31 @@ def softmax_refuses(g, node, opts):
 
 @lowering("Softmax", unit=CPU_F32, check=softmax_refuses)
 def softmax(lw, node):
-    _vector_op(lw, node, "SOFTMAX", "float SOFTMAX")
+    """The SDK's SOFTMAX (nncase v0.1) starts its max at FLT_MIN, the least positive float: where
+    every logit of a sample is below about -87, exp underflows and the output is 0/0 = NaN
+    (jomjol's digit classifiers, logits -85 .. -139; hunt 19). Softmax ignores a constant shift:
+    where the calibrated logits reach below SOFTMAX_LOW, their own DEQUANTIZE shifts them by minus
+    the calibrated minimum, so none is negative and the max the SOFTMAX finds is the logits' own
+    (float logits: their float dense layer's bias, fc._softmax_shift)."""
+    x, out = node.inputs[0], node.outputs[0]
+    loc = lw.locs[x]
+    lo = lw.rng(x)[0]
+    if loc.f32 is not None or loc.pixels is not None or lo >= SOFTMAX_LOW:
+        _vector_op(lw, node, "SOFTMAX", "float SOFTMAX")
+        return
+    n = int(np.prod(lw.shape(x)))
+    row = lw.row(node, "float SOFTMAX", in_shape=lw.shape(x), out_shape=lw.shape(out))
+    src = lw.need_u8(x, row)
+    s, z = loc.quant
+    shifted = lw.alloc(x, "f32shift", 4 * n)
+    lw.emit("DEQUANTIZE", dict(flags=1, main_mem_in_address=src, mem_out_address=shifted, count=n, scale=s,
+                               bias=-z * s - lo), row)
+    row.notes.append(f"logits dequantized {-lo:+.4g}, none negative (softmax ignores a shift; the SDK's SOFTMAX "
+                     "starts its max at FLT_MIN, and logits all under -87 would give NaN)")
+    dst = lw.f32_out(out)
+    lw.emit("SOFTMAX", dict(flags=1, main_mem_in_address=shifted, main_mem_out_address=dst.f32, channels=n), row)
+    lw.main.free(f"{x}:f32shift")
+    lw.traced(out, "f32")
 
 
 def l2_refuses(g, node, opts):

@@ -203,18 +203,43 @@ def _float_fc(lw, node, W=None, B=None):
                                   fused_activation=float_clamp(act)), row, data={"bias": np.asarray(B, np.float32)})
         lw.traced(out, "f32")
         return
+    shift = _softmax_shift(lw, out) if code == 0 else 0.0
+    if shift:
+        B = np.asarray(B, np.float32) + np.float32(shift)
+        row.notes.append(f"logits {shift:+.4g}, none negative, for the SDK's SOFTMAX (its max starts at FLT_MIN; "
+                         "softmax ignores a shift)")
     # v3's LOGISTIC may run in place; a v4 op never writes over its input (docs/kmodel-format.md#v4-interpreter)
     pre = lw.alloc(out, "pre", 4 * co) if code is None and lw.format == "v4" else None
     loc = lw.f32_out(out, lw.shape(out) if len(lw.shape(out)) else (co,))
     lw.emit("FULLY_CONNECTED", dict(flags=0, main_mem_in_address=src, main_mem_out_address=loc.f32 if pre is None
                                     else pre, in_channels=W.shape[1], out_channels=co, act=code or 0),
             row, data={"weights": W, "bias": B})
-    lw.traced(out, "f32")
+    if not shift:      # (shifted logits are no trace of the float model's)
+        lw.traced(out, "f32")
     if code is None:   # Sigmoid (float_fc_refuses let nothing else through)
         lw.emit("LOGISTIC", dict(flags=0, main_mem_in_address=loc.f32 if pre is None else pre,
                                  main_mem_out_address=loc.f32, channels=co), row)
         lw.traced(out, "f32")
         lw.main.free(f"{out}:pre")
+
+
+#: logits below which the SDK's SOFTMAX may meet a sample whose every value is under -87 (exp
+#: underflows to 0 in float32 once the max subtracted is FLT_MIN's ~0, not the logits' own); uint8
+#: logits never fall below their calibrated minimum
+SOFTMAX_LOW = -64.0
+
+
+def _softmax_shift(lw, out) -> float:
+    """What float logits `out` take on, minus their calibrated minimum, where their one reader
+    (through relabels) is kmodel v3's SOFTMAX and they reach below SOFTMAX_LOW (cpu.softmax); else 0."""
+    t, readers = out, lw.consumers(out)
+    while len(readers) == 1 and readers[0].op in RELABELS and t not in lw.g.outputs:
+        t = readers[0].outputs[0]
+        readers = lw.consumers(t)
+    if lw.format != "v3" or len(readers) != 1 or readers[0].op != "Softmax" or t in lw.g.outputs:
+        return 0.0
+    lo = lw.rng(out)[0]
+    return -float(lo) if lo < SOFTMAX_LOW else 0.0
 
 
 def logistic(lw, src, dst, row, node=None):
