@@ -80,3 +80,23 @@ def test_a_frozen_detection_pipeline_is_refused_by_what_makes_it_one(tmp_path):
                                              r"'pnet/while/Enter'\); non-maximum suppression .*'pnet/nms'.*crop-and-"
                                              r"resize.*2 inputs \('image', 'min_size'\).*export each network"):
         load_model(tmp_path / "mtcnn.pb")
+
+
+def test_a_frozen_recurrent_layer_tf2onnx_fails_on_is_named(tmp_path, monkeypatch):
+    """Mycroft Precise's wake-word .pb (a Keras GRU: a TF1 while loop) made tf2onnx write a graph
+    the ONNX checker refuses, and the message said the input had no shape, then ended mid-sentence
+    (hunt 19). A tf2onnx failure on a graph with a while loop names the loop as a recurrent layer."""
+    from tl2k210.frontends import frozen_pb
+    t = tf()
+    with t.Graph().as_default() as g:
+        x = t.compat.v1.placeholder(t.float32, (1, 4), name="net_input")
+        _, y = t.compat.v1.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, t.tanh(v)), [t.constant(0), x])
+        t.identity(y, name="out")
+    (tmp_path / "gru.pb").write_bytes(g.as_graph_def().SerializeToString())
+
+    def broken(*a, **k):
+        raise ModelLoadError("gru.pb: not a valid ONNX model: Nodes in a graph must be topologically sorted")
+    monkeypatch.setattr(frozen_pb, "tf_convert", broken)
+    with pytest.raises(ModelLoadError, match=r"node '[^']*while[^']*' is part of a TensorFlow while loop, a recurrent layer's "
+                                             r".*no loops: use a model whose recurrent layers are convolutions"):
+        load_model(tmp_path / "gru.pb")

@@ -140,6 +140,8 @@ def _shape_hint(gd, placeholder: str) -> str:
 
 
 # ops of a whole detection pipeline around the networks: what each is, for the refusal
+#: a while loop's ops: TF1 control flow's, and the functional While of TF2's graphs
+LOOP_OPS = ("Enter", "LoopCond", "NextIteration", "While", "StatelessWhile")
 PIPELINE_OPS = {
     ("Enter", "Exit", "LoopCond", "NextIteration"): "a TF1 while loop",
     ("NonMaxSuppression", "NonMaxSuppressionV2", "NonMaxSuppressionV3", "NonMaxSuppressionV4",
@@ -258,6 +260,13 @@ def from_frozen_pb(path, opset=None, batch=1, input_shape=None, input_values=Non
         model = tf_convert(str(path), tf2onnx.convert.from_graph_def, gd, input_names=inputs,
                            output_names=[o + ":0" for o in outputs], **kw)
     except ModelLoadError as e:
+        loop = next((n for n in gd.node if n.op in LOOP_OPS), None)
+        if loop is not None:      # Mycroft Precise's Keras GRU: tf2onnx wrote an invalid graph (hunt 19)
+            raise ModelLoadError(
+                f"{path}: node {loop.name!r} is part of a TensorFlow while loop, a recurrent layer's (a Keras GRU "
+                "or LSTM, dynamic_rnn), which tf2onnx could not convert; the K210 runs a fixed sequence of layers, "
+                "no loops: use a model whose recurrent layers are convolutions over time (a TCN, a 1-D CNN) "
+                "and export it again") from None
         ranks = re.search(r"Shape must be rank (\d+) but is rank (\d+)", str(e))
         extra = int(ranks.group(2)) - int(ranks.group(1)) if ranks else 0
         if input_shape and 0 < extra < len(input_shape):     # the graph adds the axes itself (ExpandDims)
