@@ -1142,3 +1142,22 @@ def test_a_padded_first_conv_under_per_channel_preprocessing_pads_with_zero(tmp_
     out = r.totals["outputs"]["y"]
     assert out["sqnr_db"] > out["ideal_db"] - 0.5, out
     assert any(row["node"].startswith("entry_conv") for row in r.layers) is entry
+
+
+def test_a_format_refusal_for_input_side_preprocessing_names_where_to_start(tmp_path, png_dir):
+    """ST's YAMNet starts with Keras' Permute (a Transpose of its spectrogram), which kmodel v3 has
+    no layer for: maixpy-minimum was told "change that layer" (hunt 19). A layer v3 lacks with no
+    weight op before it is the application's: the refusal names --inputs after it, which converts."""
+    from tl2k210.k210.fit import FormatError
+    rng = np.random.default_rng(0)
+    n = helper.make_node
+    nodes = [n("Transpose", ["x"], ["t"], perm=[0, 1, 3, 2]), conv_node("c", "t", "w", pads=[1, 1, 1, 1]),
+             n("Relu", ["c"], ["y"])]
+    src = tmp_path / "perm.onnx"
+    onnx.save(make_model(nodes, [("x", [1, 3, 16, 20])], [("y", None)],
+                         {"w": rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32)}), src)
+    with pytest.raises(FormatError) as e:
+        _convert(src, tmp_path / "p.kmodel", png_dir, runtime="maixpy-minimum")
+    assert "start the model after it (--inputs t)" in str(e.value), str(e.value)
+    r = _convert(src, tmp_path / "p.kmodel", png_dir, runtime="maixpy-minimum", inputs="t")
+    assert r.totals["format"] == "v3"

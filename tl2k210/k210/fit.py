@@ -57,7 +57,8 @@ def check_format(fmt: str, forced, runtime: str, floor: int = 0, graph=None, sou
     raise FormatError(f"kmodel {fmt}{need} does not load on '{runtime}' ({rt.release}: it loads kmodel "
                       f"{'/'.join(f'v{v}' for v in rt.kmodel_versions)} only; MaixPy says "
                       f"'{rt.version_text()}'). {use}, or "
-                      + ((_cut_before(graph, source, forced[0]) or "change that layer to one kmodel v3 has")
+                      + ((_cut_before(graph, source, forced[0]) or _start_after(graph, source, forced[0])
+                          or "change that layer to one kmodel v3 has")
                          if forced else "--format auto (v3 when every layer has a v3 form)") + ". Nothing was written.")
 
 
@@ -79,6 +80,28 @@ def _cut_before(graph, source, name):
         return None
     return (f"end the model before it (--outputs {','.join(dict.fromkeys(ends))}) and do that step in the "
             "application")
+
+
+def _start_after(graph, source, name):
+    """'start the model after it (--inputs ...)' where node `name` is the only one a v3-only build
+    refuses, no weight op comes before it (input-side preprocessing: YAMNet's Permute of its
+    spectrogram), and its output is a tensor of the source model; else None."""
+    if graph is None or source is None or set(graph.meta.get("v3_refused", ())) - {name}:
+        return None
+    n = next((x for x in graph.nodes if x.name == name), None)
+    if n is None or len(n.outputs) != 1 or n.outputs[0] not in source.tensors:
+        return None
+    todo, seen = [i for i in n.inputs if i], set()
+    while todo:
+        p = graph.producer(todo.pop())
+        if p is None or id(p) in seen:
+            continue
+        if p.op in WEIGHT_OPS and p.outputs[0] != graph.meta.get("entry_conv"):    # (not tl2k210's own)
+            return None
+        seen.add(id(p))
+        todo += [i for i in p.inputs if i]
+    return (f"start the model after it (--inputs {n.outputs[0]}) and do that step in the application "
+            "(the kmodel is fed what it writes)")
 
 
 def _kb(n):
