@@ -370,6 +370,12 @@ def trim_taps(W, pads, dilations=(1, 1)):
     return W, [t, l, b, r]
 
 
+def _trimmed_note(row, k0, W, pads):
+    if tuple(W.shape[2:]) != tuple(k0):
+        row.notes.append(f"kernel {k0[0]}x{k0[1]} -> {W.shape[2]}x{W.shape[3]}, pads {pads}: its all-zero outer taps "
+                         "dropped (the same outputs)")
+
+
 def _conv_fields(node, shape_in, co, kernel, pads):
     a = node.attrs
     kh, kw = kernel
@@ -408,6 +414,7 @@ def quantized_conv(lw, node):
     B = np.asarray(lw.g.tensors[b_name].value, np.float64)
     co = W.shape[0]
     groups = int(a.get("group", 1))
+    k0 = W.shape[2:]
     W, pads = trim_taps(W, a["pads"], a.get("dilations", (1, 1)))
     how = "the KPU cannot run"
     if cpu_trade(lw.g, node, lw.opts):
@@ -415,6 +422,7 @@ def quantized_conv(lw, node):
             else "in its smaller form"
     row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} {how}: quantized_conv2d on uint8", in_shape=(ci, h, w),
                  out_shape=lw.shape(out))
+    _trimmed_note(row, k0, W, pads)
     fold = _pixel_fold(lw, x, W, B, groups, pads)
     if fold is not None:
         W, B, z_x, src, mean = fold
@@ -513,10 +521,12 @@ def float_conv(lw, node):
     W = np.asarray(lw.g.tensors[w_name].value, np.float32)
     B = np.asarray(lw.g.tensors[b_name].value, np.float32)
     co = W.shape[0]
+    k0 = W.shape[2:]
     W, pads = trim_taps(W, a["pads"], a.get("dilations", (1, 1)))
     why = "a Sigmoid output's head" if float_head(lw.g, node) else "the KPU cannot run"
     row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} {why}: float conv2d",
                  in_shape=(ci, h, w), out_shape=lw.shape(out))
+    _trimmed_note(row, k0, W, pads)
     src = lw.need_f32(x, row)
     clamp = float_clamp(act)
     hw_ = _out_hw(lw, node, st, pool)
