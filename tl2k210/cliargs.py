@@ -172,7 +172,8 @@ def add_preprocess(p, from_metadata=False):
                    "--mean/--std with them)")
     if from_metadata:
         g.add_argument("--rgb", dest="bgr", action="store_false", help="RGB order, whatever the metadata says")
-    g.add_argument("--input-shape", type=shape, help="N,C,H,W for models with symbolic input dims")
+    g.add_argument("--input-shape", type=shape, help="N,C,H,W for models with symbolic input dims (an input "
+                   "without a batch axis, such as (T, F) frames: its own dims, e.g. 80,40)")
     g.add_argument("--input-value", type=pinned_input, action="append", metavar="NAME=V[,V...]",
                    help="pin a model input other than the one the kmodel is fed to constant values "
                    "(repeatable): a threshold, a flag, a fixed state; 1 value fills the input")
