@@ -323,7 +323,7 @@ def argsort(a, *, axis=-1):
 
 def _vector(f):
     def g(x):
-        if isinstance(x, bool) or isinstance(x, (int, float)):
+        if isinstance(x, (int, float)):         # bools too
             return float(f(np.float32(x)))
         if isinstance(x, ndarray):
             return ndarray._of(f(x._a.astype(np.float32)), float_)
@@ -387,9 +387,11 @@ def size(a, *, axis=None):
     m, n = a._a.shape
     if axis is None:
         return m * n
-    if axis not in (0, 1):
-        raise ValueError("tuple index out of range")
-    return (n if m == 1 else m) if axis == 0 else n
+    if axis == 0:
+        return n if m == 1 else m
+    if axis == 1 and m > 1:
+        return n
+    raise ValueError("tuple index out of range")
 
 
 def linspace(start, stop, num=50, *, endpoint=True, retstep=False):
