@@ -301,7 +301,7 @@ def pixel_mapping(opts: ConvertOptions, channels: int, graph=None):
     return scale, offset
 
 
-def load_pixels(path: str, chw, limit: int, opts: ConvertOptions, flat: str = "NCHW") -> np.ndarray:
+def load_pixels(path: str, chw, limit: int, opts: ConvertOptions, flat: str | None = None) -> np.ndarray:
     """(N, C, H, W) uint8 pixels from a folder of images (resized like the runtime), or arrays
     from .npy/.npz (NCHW or NHWC): uint8 arrays are pixels (in the model's channel order), others
     float32 model input (already preprocessed)."""
@@ -589,8 +589,10 @@ def model_inputs(graph, dataset, limit, opts: ConvertOptions):
                            "also converts without --dataset: its own scales give the ranges)")
     if layout is None:
         return np.concatenate(load_arrays(p, shape))[:limit].astype(np.float32), None
-    nhwc = graph.meta.get("input_layout", {}).get(graph.inputs[0]) == "NHWC->NCHW"
-    data = load_pixels(dataset, chw, limit, opts, "NHWC" if nhwc else "NCHW")
+    x = graph.inputs[0]      # an input sized without a batch axis: its samples in the source's own shape too
+    flat = None if x not in graph.meta.get("unbatched", ()) else \
+        "NHWC" if graph.meta.get("input_layout", {}).get(x) == "NHWC->NCHW" else "NCHW"
+    data = load_pixels(dataset, chw, limit, opts, flat)
     scale, offset = pixel_mapping(opts, chw[0], graph)
     s4, o4 = scale[None, :, None, None], offset[None, :, None, None]
     if data.dtype == np.uint8:

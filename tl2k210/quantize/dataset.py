@@ -82,12 +82,13 @@ def load_image(path, shape, pre=Preprocess()):
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
 
 
-def _samples(a, shape, where, keep_dtype=False, flat="NCHW"):
+def _samples(a, shape, where, keep_dtype=False, flat=None):
     """(N, *shape[1:]) float32 (or the stored dtype) from one stored array: NCHW (or channels-last
     NHWC, transposed and said; a one-channel input's maps without their channel axis), with or
-    without the batch dimension; or samples of a lower rank with as many values, in the order the
-    source model reads them (`flat`: "NHWC" where passes.input_nchw made its NHWC input NCHW; a
-    keyword spotter's (T, F) frames whose graph reshapes them to (1, T, 1, F))."""
+    without the batch dimension; with `flat` ("NCHW", or "NHWC" where passes.input_nchw made the
+    source's NHWC input NCHW), samples of a lower rank with as many values too, in the order the
+    source model reads them (a keyword spotter's (T, F) frames given a batch axis, whose graph
+    reshapes them to (1, T, 1, F))."""
     from tl2k210.arrays import check_finite
     want = tuple(shape[1:])
     with np.errstate(over="ignore"):
@@ -98,7 +99,7 @@ def _samples(a, shape, where, keep_dtype=False, flat="NCHW"):
         return a.reshape((-1,) + want)      # one-channel maps (MNIST's arrays): (N,) H, W
     if tuple(a.shape[1:]) == want:
         return a
-    if 2 <= a.ndim <= len(want) and int(np.prod(a.shape[1:])) == int(np.prod(want)):
+    if flat and 2 <= a.ndim <= len(want) and int(np.prod(a.shape[1:])) == int(np.prod(want)):
         print(f"note: {where}: samples {a.shape[1:]} read as the model input {want}: their values in the "
               "order the source model reads them", file=sys.stderr)
         if flat == "NHWC" and len(want) == 3:
@@ -118,7 +119,7 @@ def _samples(a, shape, where, keep_dtype=False, flat="NCHW"):
                          "reshape the arrays")
 
 
-def load_arrays(path, shape, layout=None, keep_dtype=False, flat="NCHW"):
+def load_arrays(path, shape, layout=None, keep_dtype=False, flat=None):
     """.npy/.npz (or a folder of them) -> list of (1, C, H, W) float32 (the stored dtype with
     `keep_dtype`). Stored data may be NCHW or NHWC (`layout` forces one), with or without the
     batch dimension; numbers only, finite."""
