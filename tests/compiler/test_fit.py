@@ -559,7 +559,8 @@ def test_a_format_refusal_names_one_cut_before_every_layer_v3_lacks_and_none_bef
     assert "(--outputs a_rows,b_rows)" in str(e.value)
     r = _convert(src, tmp_path / "d.kmodel", png_dir, runtime="maixpy-minimum", outputs=("a_rows", "b_rows"))
     assert r.totals["format"] == "v3"
-    small = [conv_node("c", "x", "w1", pads=[1, 1, 1, 1]), n("MaxPool", ["c"], ["m"], kernel_shape=[8, 8], strides=[8, 8]),
+    small = [conv_node("c", "x", "w1", pads=[1, 1, 1, 1]), n("MaxPool", ["c"], ["m"], kernel_shape=[8, 8],
+                                                           strides=[8, 8]),
              conv_node("y", "m", "w2", pads=[1, 1, 1, 1])]
     src = tmp_path / "small.onnx"
     onnx.save(make_model(small, [("x", [1, 3, 16, 16])], [("y", None)], {"w1": w(8, 3), "w2": w(4, 8)}), src)

@@ -4,7 +4,8 @@ same inputs: a 1-tap axis gets its tap in the middle and one more pixel of paddi
 a 2-tap axis its taps first and one more pixel at the end, or, where that end already has one (a
 TF/Keras 'same' 2-tap axis pads 0 before and 1 after), its taps last and one more pixel at the
 start. Exact in float (the zero taps read the padding); the KPU runs 3x3 kernels only. Where the
-padding would then exceed the KPU's 1-pixel border the conv is left as it is (a CPU conv in kmodel v4). A 1x1 kernel's dilation, which moves
+padding would then exceed the KPU's 1-pixel border the conv is left as it is (a CPU conv in kmodel
+v4). A 1x1 kernel's dilation, which moves
 no tap (PyTorch exports of dilated backbones keep it), becomes 1."""
 import numpy as np
 
