@@ -1099,3 +1099,25 @@ def test_float_fc_keeps_a_wide_dense_layer_float(tmp_path):
         r = convert(m, str(tmp_path / f"{fc}.kmodel"), ConvertOptions(dataset=str(calib), progress=False, float_fc=fc))
         rows[fc] = next(x["why"] for x in r.layers if x["node"] == "dense")
     assert "FULLY_CONNECTED" not in rows[False] and "float FULLY_CONNECTED" in rows[True], rows
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+def test_a_dense_on_the_rows_of_a_map_is_a_1x1_conv(op):
+    """A Keras Dense on a 4-D map (Tensordot: NHWC Transpose, Reshape to (H*W, C), MatMul; or a
+    TFLite FULLY_CONNECTED, a Gemm with its bias) ran as a CPU dense layer over 9 rows and forced
+    kmodel v4 (Edge Impulse's classifiers; hunt 19): a 1x1 conv on the NCHW map, equal in float;
+    the whole pipeline makes the model kmodel v3."""
+    from tl2k210.k210.lower import plan_format
+    n = helper.make_node
+    dense = n("MatMul", ["rows", "wd"], ["d"]) if op == "MatMul" else n("Gemm", ["rows", "wd", "bd"], ["d"])
+    nodes = [conv("c", "x", "w", "b", strides=[2, 2], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["r"]),
+             n("Transpose", ["r"], ["t"], perm=[0, 2, 3, 1]), n("Reshape", ["t", "s"], ["rows"]), dense,
+             n("Reshape", ["d", "s4"], ["d4"]), n("Relu", ["d4"], ["e"]), n("Reshape", ["e", "flat"], ["f"]),
+             n("MatMul", ["f", "wo"], ["y"])]
+    m = make_model(nodes, [X], [("y", None)], {"w": rand(6, 4, 3, 3), "b": rand(6), "s": np.array([16, 6], np.int64),
+                                                "wd": rand(6, 5), "bd": rand(5), "s4": np.array([1, 4, 4, 5], np.int64),
+                                                "flat": np.array([1, 80], np.int64), "wo": rand(80, 3)})
+    g, changes = check(m, "tensordot")
+    assert len(changes) == 1 and [x.op for x in g.nodes].count("Conv") == 2 and "Transpose" in [x.op for x in g.nodes]
+    g, _ = check(m, None)
+    assert plan_format(g)[0] == "v3"

@@ -44,6 +44,7 @@ from tl2k210.passes.push_transposes import push_transposes
 from tl2k210.passes.space_to_batch import space_to_batch
 from tl2k210.passes.spatial_1d import spatial_1d
 from tl2k210.passes.square_kernels import square_kernels
+from tl2k210.passes.tensordot import tensordot
 from tl2k210.quantize.fake_quant import float_dense_convs
 
 from . import hardware as hw
@@ -114,6 +115,7 @@ PIPELINE = [
     Pass("batchnorm_of_activations", batchnorm_of_activations),
     Pass("centered_norm", centered_norm),   # Keras LayerNormalization's batch-norm formula
     Pass("einsum_dense", einsum_dense),
+    Pass("tensordot", tensordot),           # a Keras Dense on a 4-D map: a 1x1 conv
     Pass("nary_ops", nary_ops),
     Pass("static_where", static_where),
     Pass("merge_5d", merge_5d),             # Keras' GroupNormalization: (1, H, W, G, C/G) as (1, H*W, G, C/G)
