@@ -341,8 +341,8 @@ def max_pool(lw, node):
     a = node.attrs
     c, h, w = lw.shape(x)
     oc, oh, ow = lw.shape(out)
-    row = lw.row(node, "max pool not fusable into a KPU conv: QUANTIZED_MAX_POOL2D",
-                 in_shape=(c, h, w), out_shape=(oc, oh, ow))
+    how = "QUANTIZED_MAX_POOL2D" if lw.format != "v4" else "float reduce_window2d (v4 has no uint8 max pool)"
+    row = lw.row(node, f"max pool not fusable into a KPU conv: {how}", in_shape=(c, h, w), out_shape=(oc, oh, ow))
     src = lw.need_u8(x, row)
     k, s = a["kernel_shape"], a.get("strides", [1, 1])
     pads = list(a.get("pads", [0, 0, 0, 0]))
