@@ -1074,6 +1074,24 @@ def _resized_fix(g, other: str) -> str:
             if g.meta.get("sized_by_user") else other)
 
 
+def dense_weights(g, n):
+    """(N, K) weights and (N,) bias of MatMul/Gemm `n` by float32 constants (Gemm's transB, alpha
+    and beta applied), or None (transA, a weight computed at run time, a bias of another size)."""
+    w = g.const(n.inputs[1])
+    if w is None or w.ndim != 2 or w.dtype != np.float32:
+        return None
+    if n.op == "MatMul":
+        return w.T, np.zeros(w.shape[1], np.float32)
+    a = n.attrs
+    if a.get("transA"):
+        return None
+    w = (w if a.get("transB") else w.T) * a.get("alpha", 1.0)
+    b = g.const(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else np.zeros(w.shape[0], np.float32)
+    if b is None or b.size not in (1, w.shape[0]):
+        return None
+    return w, np.broadcast_to(b.reshape(-1) * a.get("beta", 1.0), (w.shape[0],)).astype(np.float32)
+
+
 def _check_dense(g, n):
     """A dense layer whose constant weights take another number of inputs than it is given (MTCNN
     R-Net at --input-shape 1,3,48,48: its Flatten gives 5,184 values to a 576-input Dense; a pass

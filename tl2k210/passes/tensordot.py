@@ -6,14 +6,14 @@ ran over the rows, and kmodel v3 has a form for it (Edge Impulse's image classif
 on a 3x3 map of 1280 channels; hunt 19)."""
 import numpy as np
 
-from tl2k210.graph import Node
+from tl2k210.graph import Node, dense_weights
 
 TO_NHWC = (0, 2, 3, 1)
 
 
 def _rows(g, n):
-    """(the NCHW map, its (1, C, H, W)) where MatMul `n` reads the (H*W, C) rows of its NHWC
-    transpose through a Reshape, each read by that alone; else None."""
+    """(the Reshape, the Transpose) through which MatMul/Gemm `n` reads the (H*W, C) rows of the
+    NHWC transpose of a (1, C, H, W) map, each read by the next alone; else None."""
     r = g.producer(n.inputs[0])
     if r is None or r.op != "Reshape" or g.single_consumer(r.outputs[0]) is not n:
         return None
@@ -24,35 +24,17 @@ def _rows(g, n):
     shape = g.shape(t.inputs[0])
     if len(shape or ()) != 4 or shape[0] != 1 or g.shape(r.outputs[0]) != (shape[2] * shape[3], shape[1]):
         return None
-    return t.inputs[0], shape
-
-
-def _weights(g, n):
-    """(K, C) weights and (K,) bias of MatMul/Gemm `n` by a constant, or None."""
-    w = g.const(n.inputs[1])
-    if w is None or w.ndim != 2:
-        return None
-    if n.op == "MatMul":
-        return np.asarray(w, np.float32).T, np.zeros(w.shape[1], np.float32)
-    a = n.attrs
-    if a.get("transA"):
-        return None
-    w = np.asarray(w if a.get("transB") else w.T, np.float32) * a.get("alpha", 1.0)
-    b = g.const(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else np.zeros(w.shape[0], np.float32)
-    if b is None or np.asarray(b).size not in (1, w.shape[0]):
-        return None
-    return w, np.broadcast_to(np.asarray(b, np.float32).reshape(-1) * a.get("beta", 1.0), (w.shape[0],))
+    return r, t
 
 
 def tensordot(g, log):
     for n in [n for n in g.nodes if n.op in ("MatMul", "Gemm")]:
-        wb, rows = _weights(g, n), _rows(g, n)
+        wb, rows = dense_weights(g, n), _rows(g, n)
         if wb is None or rows is None:
             continue
-        (w, b), (x, (_, c, h, wd)) = wb, rows
-        k = w.shape[0]
-        r = g.producer(n.inputs[0])
-        t = g.producer(r.inputs[0])
+        (w, b), (r, t) = wb, rows
+        x = t.inputs[0]
+        (_, c, h, wd), k = g.shape(x), w.shape[0]
         y = g.add_tensor(n.name + "/nchw", (1, k, h, wd))
         nhwc = g.add_tensor(n.name + "/nhwc", (1, h, wd, k))
         new = [Node("Conv", [x, g.add_const(np.ascontiguousarray(w).reshape(k, c, 1, 1), n.name + "/W"),

@@ -14,10 +14,9 @@ byte a weight), the parts' sums rounded to uint8 at their calibrated ranges befo
 """
 import numpy as np
 
-from tl2k210.graph import Node
+from tl2k210.graph import Node, dense_weights
 from tl2k210.k210.lower.v4conv import ACC_TAPS_MAX
 
-from .matmul_to_conv import _weights
 from .wide_channels import _chunks
 from .wide_dense import _float_source
 
@@ -28,7 +27,7 @@ def long_dense(g, log, v4=True):
     if not v4:
         return g
     for n in [n for n in g.nodes if n.op in ("MatMul", "Gemm")]:
-        xs, wb = g.shape(n.inputs[0]), _weights(g, n)
+        xs, wb = g.shape(n.inputs[0]), dense_weights(g, n)
         if wb is None or xs is None or len(xs) != 2 or xs[0] != 1 or wb[0].shape[1] <= ACC_TAPS_MAX \
                 or _float_source(g, n.inputs[0]):        # a float input: the float layer reads it whole
             continue

@@ -3,7 +3,7 @@
 Only where the KPU limits allow it (K, N <= 1024); larger ones stay Gemm/MatMul for the CPU."""
 import numpy as np
 
-from tl2k210.graph import Node
+from tl2k210.graph import Node, dense_weights
 from tl2k210.k210 import hardware as hw
 
 from tl2k210.passes.fuse_activation import activation_of
@@ -11,27 +11,10 @@ from tl2k210.passes.fuse_activation import activation_of
 MAX_CHANNELS = hw.LIMITS["channels"][1]
 
 
-def _weights(g, n):
-    """(N, K) weight and (N,) bias of a MatMul/Gemm node, or None."""
-    w = g.const(n.inputs[1])
-    if w is None or w.ndim != 2 or w.dtype != np.float32:
-        return None
-    if n.op == "MatMul":
-        return w.T, np.zeros(w.shape[1], np.float32)
-    a = n.attrs
-    if a.get("transA"):
-        return None
-    w = (w if a.get("transB") else w.T) * a.get("alpha", 1.0)
-    b = g.const(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else np.zeros(w.shape[0], np.float32)
-    if b is None or b.size not in (1, w.shape[0]):
-        return None
-    return w, np.broadcast_to(b.reshape(-1) * a.get("beta", 1.0), (w.shape[0],)).astype(np.float32)
-
-
 def matmul_to_conv(g, log):
     for n in [n for n in g.nodes if n.op in ("MatMul", "Gemm")]:
         x = g.tensors[n.inputs[0]]
-        wb = _weights(g, n)
+        wb = dense_weights(g, n)
         if wb is None or x.shape is None or len(x.shape) != 2 or x.shape[0] != 1:
             continue
         w, b = wb

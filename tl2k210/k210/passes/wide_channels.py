@@ -8,10 +8,9 @@ classifier 1280 inputs), split so every part fits -- exact in float:
 """
 import numpy as np
 
-from tl2k210.graph import Node
+from tl2k210.graph import Node, dense_weights
 from tl2k210.k210 import hardware as hw
 
-from .matmul_to_conv import _weights
 
 MAX = hw.LIMITS["channels"][1]
 
@@ -72,7 +71,7 @@ def _dense_weights(g, n):
                 shape is None or tuple(shape[2:]) != (1, 1) or n.attrs.get("activation") or n.attrs.get("pool"):
             return None
         return w[:, :, 0, 0], g.const(n.inputs[2])
-    return _weights(g, n)
+    return dense_weights(g, n)
 
 
 def _dense_through(g, n, log):

@@ -20,11 +20,11 @@ quantized_matmul and a 256-entry table of it.
 """
 import numpy as np
 
-from tl2k210.graph import Node, through_relabels
+from tl2k210.graph import Node, dense_weights, through_relabels
 from tl2k210.k210 import hardware as hw
 from tl2k210.passes.fuse_activation import activation_of
 
-from .matmul_to_conv import _weights, covers_map
+from .matmul_to_conv import covers_map
 
 MAX = hw.LIMITS["channels"][1]
 TAPS = 9        # a 3x3 kernel
@@ -59,7 +59,7 @@ def _dense(g, n):
     """(W (N, K), bias (N,)) of a dense node over K > MAX inputs that this pass takes, else None."""
     if n.op in ("Gemm", "MatMul"):
         xs = g.shape(n.inputs[0])
-        wb = _weights(g, n) if xs is not None and len(xs) == 2 and xs[0] == 1 else None
+        wb = dense_weights(g, n) if xs is not None and len(xs) == 2 and xs[0] == 1 else None
     elif n.op == "Conv":
         wb = _covering(g, n)
     else:
