@@ -36,7 +36,7 @@ from tl2k210.passes.group_conv import block_diagonal
 from . import kpu
 from .registry import KPU, NA, lowering
 from .state import Loc, wants_small
-from .v4emit import U8, main, pad_scalar, pixel_fold
+from .v4emit import U8, main, pad_scalar, pixel_fold, pixel_zero
 
 
 # ---------------------------------------------------------------------------------------------
@@ -644,8 +644,7 @@ def input_terms(lw, x, ci, fold=None):
         n_img = lw.shape(lw.pixel_input)[0]
         sc = np.resize(np.asarray(lw.opts.input_scale, np.float64), n_img)
         of = np.resize(np.asarray(lw.opts.input_offset, np.float64), n_img)
-        z_x = int(np.clip(round(float(np.mean(-of / sc))), 0, kpu.U8_MAX))
-        resid = of + sc * z_x                       # x = sc·(q − z_x) + resid
+        z_x, resid = pixel_zero(sc, of)             # x = sc·(q − z_x) + resid
         mean = lw.opts.channel_means.get(lw.pixel_input)
         e = None if mean is None else ((mean - resid) / sc)[src]
         return sc[src], resid[src], z_x, e

@@ -128,6 +128,18 @@ def pixel_affine(opts, c):
     return sc, of
 
 
+def pixel_zero(sc, of):
+    """(z, residual) per channel of the preprocessing x = pixel * sc + of read as x = sc (q - z) +
+    residual: z the one pixel code nearest every channel's zero (a KPU conv's pad value)."""
+    z = int(np.clip(round(float(np.mean(-of / sc))), 0, 255))
+    return z, of + sc * z
+
+
+def pads_exactly(sc, resid) -> bool:
+    """Does padding with z read every channel within half a pixel step of its 0?"""
+    return not np.any(np.abs(resid) > sc / 2 * (1 + 1e-9))
+
+
 def pixel_quant(opts, c):
     """(scale, zero point) when the preprocessing x = pixel * s + o is one affine map for every
     channel with an integer zero point -o/s: the pixels are then the tensor's uint8 form."""
@@ -151,9 +163,8 @@ def pixel_fold(lw, x, pads):
     if x != lw.pixel_main or loc.pixels is None:
         return None
     sc, of = pixel_affine(lw.opts, loc.shape[0])
-    z = int(np.clip(round(float(np.mean(-of / sc))), 0, 255))
-    resid = of + sc * z
-    if np.any(np.abs(resid) > sc / 2 * (1 + 1e-9)) and any(pads):
+    z, resid = pixel_zero(sc, of)
+    if not pads_exactly(sc, resid) and any(pads):
         return None
     mean = lw.opts.channel_means.get(x)
     return sc, resid, z, None if mean is None else (np.asarray(mean, np.float64) - resid) / sc

@@ -7,6 +7,7 @@ where a first conv that pads cannot fold the pixels' per-channel preprocessing e
 import numpy as np
 
 from tl2k210.graph import Node
+from tl2k210.k210.lower.v4emit import pads_exactly, pixel_zero
 
 
 def entry_conv(g, log):
@@ -37,9 +38,8 @@ def pixel_entry(g, scale, offset) -> str | None:
     users = g.consumers(x)
     if g.meta.get("entry_conv") or len(users) != 1 or users[0].op != "Conv" or not any(users[0].attrs["pads"]):
         return None
-    sc, of = np.asarray(scale, np.float64), np.asarray(offset, np.float64)
-    z = np.clip(np.rint(np.mean(-of / sc)), 0, 255)
-    if not np.any(np.abs(of + sc * z) > sc / 2 * (1 + 1e-9)):
+    sc = np.asarray(scale, np.float64)
+    if pads_exactly(sc, pixel_zero(sc, np.asarray(offset, np.float64))[1]):
         return None
     _add(g, x, users)
     return (f"identity 1x1 depthwise conv in front of {users[0].name!r}: the channels' preprocessing differs, "
