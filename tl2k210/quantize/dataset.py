@@ -97,8 +97,6 @@ def _samples(a, shape, where, keep_dtype=False, flat=None):
     a = np.asarray(a) if keep_dtype else as32
     if len(want) == 3 and want[0] == 1 and a.ndim in (2, 3) and tuple(a.shape[-2:]) == want[1:]:
         return a.reshape((-1,) + want)      # one-channel maps (MNIST's arrays): (N,) H, W
-    if tuple(a.shape[1:]) == want:
-        return a
     if flat and 2 <= a.ndim <= len(want) and int(np.prod(a.shape[1:])) == int(np.prod(want)):
         print(f"note: {where}: samples {a.shape[1:]} read as the model input {want}: their values in the "
               "order the source model reads them", file=sys.stderr)
