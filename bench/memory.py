@@ -42,7 +42,7 @@ from tl2k210 import paths  # noqa: E402
 sys.path.insert(0, str(paths.checkout() / "bench"))
 import corpus  # noqa: E402  (bench/corpus.py: REAL, photo_folder, run_cli)
 import fit  # noqa: E402  (bench/fit.py: FILES, the arguments a user gives each corpus/fit file)
-from tl2k210.k210.fit import LATENCY_SLACK  # noqa: E402
+from tl2k210.k210.fit import LATENCY_SLACK, MAIN_TARGET, WEIGHTS_TARGET  # noqa: E402
 
 from tl2k210.k210 import firmware  # noqa: E402
 # the SQNR gate's words where every output it refused is within 1 dB of its 8-bit ideal: the loss
@@ -51,7 +51,6 @@ from tl2k210.quality import AT_IDEAL  # noqa: E402
 
 FIT = corpus.CORPUS / "fit"
 TIERS = ("maixpy", "maixpy-minimum-v4", "sdk")      # the v4-loading runtimes, smallest budget first
-WEIGHTS_TARGET, MAIN_TARGET = 1.15, 1.25
 
 
 def ideal_of(src, extra):

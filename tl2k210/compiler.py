@@ -991,12 +991,12 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
             metadata.check_decode(model, opts.metadata)
             return fit.Built(model, dumps(model), rows, trace_map, lw)
         return build
-    v4 = opts.optimize == "size" and opts.format == "auto" and not v3_only
+    v4 = opts.format == "auto" and not v3_only
     budget = RUNTIME_BUDGET[opts.runtime]
 
     def search(compact):
         return fit.choose_forms(builder(opts.format, compact), budget, opts.optimize,
-                                v4=builder("v4", compact) if v4 else None)
+                                v4=builder("v4", compact) if v4 else None, weights=opt.ideal.weight_bytes)
     choice = search(opts.optimize == "size")
     if opts.optimize == "latency" and choice.fastest_need > budget and choice.fastest_format == "v3":
         # the fastest forms did not fit: kmodel v3's least block alignment costs no time, so the

@@ -331,7 +331,7 @@ def test_l2_normalised_embedding(tmp_path, calib_dir, heldout_dir):
     src = tmp_path / "embed.keras"
     keras.Model(x, y).save(src)
     out = tmp_path / "embed.kmodel"
-    receipt = convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False))
+    receipt = convert(src, out, ConvertOptions(dataset=str(calib_dir), progress=False, format="v3"))
     assert receipt.layers[-1]["kmodel_layers"][-1] == "L2_NORMALIZATION"
     emb = Emulator.load(out).run(np.zeros((3, 32, 32), np.uint8) + 100)[0]
     assert emb.shape == (16,) and abs(float(np.linalg.norm(emb)) - 1) < 1e-5

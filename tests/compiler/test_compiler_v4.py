@@ -147,3 +147,32 @@ def test_a_whole_model_reason_for_v4_reads_as_a_sentence(tmp_path):
     why = r.totals["format_why"]
     assert r.totals["format"] == "v4" and why.startswith("kmodel v4 (--format auto): not v3, as the first kmodel "
                                                          "layer would be QUANTIZE"), why
+
+
+def test_auto_takes_v4_where_v3_is_far_over_the_ideal(tmp_path):
+    """`--format auto` writes kmodel v3 where every layer has a v3 form, unless v3's bytes are
+    over fit.WEIGHTS_TARGET times the ideal weights and kmodel v4's fastest forms make a smaller
+    model at most LATENCY_SLACK slower: a 7x7 depthwise conv over its 7x7 map is v3's KPU shift
+    stages (the kernel stored several times), v4's uint8 CPU conv (once, and faster). The
+    receipt says what v3 would take; a v3-only runtime still gets v3."""
+    import onnx
+    from lower_helpers import conv_node, make_model
+    from tl2k210.k210.fit import WEIGHTS_TARGET
+    rng = np.random.default_rng(1)
+    w = {"w0": rng.normal(0, .3, (64, 3, 1, 1)), "b0": rng.normal(0, .1, 64),
+         "wg": rng.normal(0, .1, (64, 1, 7, 7)), "bg": rng.normal(0, .1, 64)}
+    m = make_model([conv_node("c", "x", "w0", "b0"), onnx.helper.make_node("Relu", ["c"], ["r"]),
+                    conv_node("y", "r", "wg", "bg", group=64, pads=[0, 0, 0, 0])],
+                   [("x", [1, 3, 7, 7])], [("y", None)], {k: v.astype(np.float32) for k, v in w.items()})
+    src = tmp_path / "gdc.onnx"
+    onnx.save(m, src)
+    np.save(tmp_path / "x.npy", rng.random((8, 3, 7, 7), np.float32))
+    opts = dict(dataset=str(tmp_path / "x.npy"), progress=False)
+    auto = convert(src, tmp_path / "a.kmodel", ConvertOptions(**opts))
+    v3 = convert(src, tmp_path / "b.kmodel", ConvertOptions(runtime="maixpy-minimum", **opts))
+    ideal = auto.ideal["weight_bytes"]
+    assert kmodel.load(tmp_path / "b.kmodel").version == 3 and v3.file_size > WEIGHTS_TARGET * ideal
+    assert kmodel.load(tmp_path / "a.kmodel").version == 4 and auto.file_size < v3.file_size
+    why = auto.totals["format_why"]
+    assert f"kmodel v3's forms take {v3.file_size:,} B" in why and "--format v3" in why, why
+    assert auto.latency_ms <= v3.latency_ms * 1.1

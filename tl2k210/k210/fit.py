@@ -304,18 +304,25 @@ LATENCY_SLACK = 0.10
 # --optimize size gives up at most this share of its smallest model's bytes for the fast forms of
 # the layers whose smaller forms save the fewest bytes per cycle
 SIZE_SLACK = 0.005
+# issue 22's targets: kmodel bytes at most this times the ideal weights, main memory this times
+# the live set of uint8 maps (bench/memory.py measures both)
+WEIGHTS_TARGET, MAIN_TARGET = 1.15, 1.25
 
 
-def choose_forms(build, budget: int, optimize: str = "latency", v4=None) -> Choice:
+def choose_forms(build, budget: int, optimize: str = "latency", v4=None, weights: int = 0) -> Choice:
     """The forms of `_choose_forms`; with --optimize size and `v4` (a build of --format auto's
     model as kmodel v4), also v4's smallest, kept when the whole model is smaller, or as small and
     faster: auto's search starts from v3's fastest forms, where one v4-only smaller form moves
     every layer to v4's forms and so never pays alone (ULFD RFB-320: v3 385,488 B, v4 324,064 B),
     and where one does, it is charged with what v4 saves elsewhere (Maix-EMC's CIFAR net: a 3x3
-    conv's CPU form, 165x slower and 256 B smaller, took v4's uint8 dense layer with it)."""
+    conv's CPU form, 165x slower and 256 B smaller, took v4's uint8 dense layer with it).
+    With --optimize latency, a kmodel v3 over WEIGHTS_TARGET times the ideal `weights` is also
+    built as v4, kept where that is smaller and at most LATENCY_SLACK slower (`_v4_latency`)."""
     choice = _choose_forms(build, budget, optimize)
-    if optimize != "size" or v4 is None or choice.fastest_format != "v3":   # else the same search
+    if v4 is None or choice.fastest_format != "v3":     # else the same search
         return choice
+    if optimize != "size":
+        return _v4_latency(choice, v4, budget, weights)
     try:
         other = _choose_forms(v4, budget, "size")
     except Tl2k210Error:
@@ -328,6 +335,30 @@ def choose_forms(build, budget: int, optimize: str = "latency", v4=None) -> Choi
     other.format_note = ("kmodel v4 (--format auto --optimize size): " + (
         f"{saves:,} B smaller than the smallest kmodel v3" if choice.built.lw.format == "v3" and saves > 0
         else "the smallest model found needs v4's forms"))
+    other.v3_error = other.v3_error or choice.v3_error
+    return other
+
+
+def _v4_latency(choice, v4, budget, weights):
+    """--format auto --optimize latency: kmodel v3 unless its bytes are over WEIGHTS_TARGET times
+    the ideal `weights` and v4's fastest forms that fit make a smaller model at most LATENCY_SLACK
+    slower (an int8 model's last dense layer: v3's float FULLY_CONNECTED stores 4 bytes a weight,
+    v4's quantized_matmul 1 at the same time; MLPerf's int8 ResNet-8, 1.94x -> 1.10x, 2.65 -> 2.88 ms)."""
+    b = choice.built
+    if b.lw.format != "v3" or not weights or len(b.data) <= WEIGHTS_TARGET * weights:
+        return choice
+    try:
+        other = _choose_forms(v4, budget, "latency")
+    except Tl2k210Error:
+        return choice
+    o = other.built
+    if o.need > budget or o.need >= b.need or o.est.cycles > (1 + LATENCY_SLACK) * b.est.cycles:
+        return choice
+    other.format_note = (
+        f"kmodel v4 (--format auto): kmodel v3's forms take {len(b.data):,} B ({len(b.data) / weights:.2f}x the "
+        f"ideal weights) + {b.model.main_memory:,} B main memory, v4's {len(o.data):,} B + {o.model.main_memory:,} B, "
+        f"est. {cost.ms(b.est.cycles):.2f} -> {cost.ms(o.est.cycles):.2f} ms (within {LATENCY_SLACK:.0%}); "
+        "--format v3 for a build without kmodel V4 support")
     other.v3_error = other.v3_error or choice.v3_error
     return other
 
