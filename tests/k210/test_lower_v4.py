@@ -1412,6 +1412,29 @@ def test_prelu_of_a_vector_stores_its_slopes_not_a_matrix(c):
     assert len(kmodel.dumps(model)) < len(kmodel.dumps(v3)) - c * c
 
 
+@pytest.mark.parametrize("c,group", [(64, 64), (96, 24)])
+def test_a_grouped_kernel_over_the_whole_map_runs_on_the_cpu(c, group):
+    """A depthwise/group conv whose 7x7 kernel covers its 7x7 map (the 'GDC' head of MobileFaceNet-
+    style face nets) has one output pixel a channel. The KPU's shift stages compute all 49 to keep
+    one, storing the kernel several times (a face-quality net's group-50 conv: 760 KB and 1.43 M
+    cycles for 10 KB of weights); kmodel v4 takes the uint8 quantized_conv2d as the faster form
+    (its weights once, a byte each), bit for bit the reference runner's. Kmodel v3 keeps the KPU
+    form (it has no CPU conv)."""
+    px = pixels(3, 3, 7, 7, seed=2)
+    m = make_model([conv_node("c", "x", "w0", "b0"), N("Relu", ["c"], ["r"]),
+                    conv_node("y", "r", "wg", "bg", group=group, pads=[0, 0, 0, 0])],
+                   [("x", [1, 3, 7, 7])], [("y", None)],
+                   {"w0": W(c, 3, 1, 1), "b0": W(c), "wg": W(c, c // group, 7, 7, scale=0.1), "bg": W(c)})
+    model, q, rows = check_v4(m, px=px, opcodes=("quantized_conv2d",))
+    y = next(r for r in rows if r.node == "y")
+    assert y.lowering == "quantized_conv2d" and "one output pixel a channel" in y.why, y.why
+    assert y.weight_bytes <= c * (c // group) * 49 + 4 * c          # a byte a weight + int32 bias
+    assert any("not kpu_conv_kxk" in nt and "the KPU's shift stages every pixel" in nt for nt in y.notes), y.notes
+    v3, rows3, _, _ = compile_model(m, px, format="v3")
+    y3 = next(r for r in rows3 if r.node == "y")
+    assert y3.lowering.startswith("kpu_conv_kxk") and y3.weight_bytes > 2 * y.weight_bytes
+
+
 @pytest.mark.parametrize("source", ["u8", "f32"])
 def test_a_whole_map_normalization_in_slices(source):
     """OpenVINO's re-identification nets normalize a map by the mean and deviation of all its

@@ -34,7 +34,7 @@ from tl2k210.quantize.uniform import uint8_grid
 from .cpu import clamp_after, table
 from .conv import dense_matrix, grouped_dense, is_dense
 from .fc import dense_cycles, dense_rows, feeds_output, float_fc_refuses, source_unit
-from .kxk import phase_forms
+from .kxk import forms, phase_forms
 from .registry import CPU_F32, CPU_U8, NA, lowering
 from .state import wants_small
 from .v4elementwise import g4, nnil_ops
@@ -254,11 +254,11 @@ def cpu_trade(g, node, opts) -> bool:
     slower); a grouped one's stride-1 map runs as block-diagonal tiles, each a KPU layer with its
     own 256-aligned BN, activation and weight blocks (conv.py), so its smaller form is this one.
     Nor a float head (float_head_why): float for its output's accuracy, a few weights.
-    A grouped dense layer (conv.grouped_dense) takes it also where it is the faster form
-    (_grouped_dense_faster)."""
+    A grouped conv with one output pixel a channel takes it also where it is the faster form
+    (_cpu_faster_why)."""
     if getattr(opts, "format", "v3") != "v4" or node.op != "Conv":
         return False
-    if _grouped_dense_faster(g, node, opts):
+    if _cpu_faster_why(g, node, opts):
         return qconv_refuses(g, node, opts) is None
     if not wants_small(opts, node):
         return False
@@ -271,24 +271,38 @@ def cpu_trade(g, node, opts) -> bool:
     return qconv_refuses(g, node, opts) is None
 
 
-def _grouped_dense_faster(g, node, opts) -> bool:
-    """Is this a grouped dense layer (conv.grouped_dense) whose uint8 CPU conv is faster than the
-    KPU's dense layer, which multiplies the whole block-diagonal matrix (fc.dense_cycles)?"""
-    if not grouped_dense(g, node):
-        return False
-    ci, co, groups = g.shape(node.inputs[0])[1], g.shape(node.outputs[0])[1], int(node.attrs["group"])
-    return cost.CPU_CYCLES["qmac"] * co * (ci // groups) < dense_cycles(ci, co, opts.weight_bits)[0]
+def _cpu_faster_why(g, node, opts):
+    """Why the uint8 CPU conv of a grouped conv with one output pixel a channel is faster than its
+    KPU forms, or None: a grouped dense layer (conv.grouped_dense), where the KPU's dense layer
+    multiplies the whole block-diagonal matrix (fc.dense_cycles), or a kernel over the whole map
+    (MobileFaceNet-style 'GDC' heads: a 7x7 depthwise conv on the 7x7 map), where the KPU's shift
+    stages (kxk.py) compute every pixel of the map to keep one: a face-quality net's group-50 7x7
+    conv took 760 KB and 1.43 M cycles for 10 KB of weights."""
+    if node.op != "Conv" or int(node.attrs.get("group", 1)) == 1:
+        return None
+    (_, ci, h, w), (_, co, oh, ow) = g.shape(node.inputs[0]), g.shape(node.outputs[0])
+    groups, (kh, kw) = int(node.attrs["group"]), node.attrs["kernel"]
+    cpu = cost.CPU_CYCLES["qmac"] * co * (ci // groups) * kh * kw
+    if grouped_dense(g, node):
+        if cpu < dense_cycles(ci, co, opts.weight_bits)[0]:
+            return (f"group {groups} on a 1x1 map: quantized_conv2d multiplies and stores its {ci // groups} "
+                    "weight(s) an output, the KPU dense layer the whole block-diagonal matrix")
+        return None
+    if (oh, ow) != (1, 1):
+        return None
+    alts = forms(g, node, "v4") or forms(g, node, "v4", windows=True)
+    if alts and cpu < alts[0].cycles:
+        return (f"group {groups}, one output pixel a channel: quantized_conv2d computes that pixel (est. "
+                f"{cpu:,} cycles), the KPU's shift stages every pixel of the {h}x{w} map ({alts[0].cycles:,})")
+    return None
 
 
 def cpu_trade_why(g, node, opts):
     """registry `takes`: why quantized_conv2d goes before the KPU forms (cpu_trade), or None."""
     if not cpu_trade(g, node, opts):
         return None
-    if _grouped_dense_faster(g, node, opts):
-        ci, groups = g.shape(node.inputs[0])[1], int(node.attrs["group"])
-        return (f"group {groups} on a 1x1 map: quantized_conv2d multiplies and stores its {ci // groups} "
-                "weight(s) an output, the KPU dense layer the whole block-diagonal matrix")
-    return "the smaller form was asked for: quantized_conv2d stores each weight once, a byte each"
+    return _cpu_faster_why(g, node, opts) or \
+        "the smaller form was asked for: quantized_conv2d stores each weight once, a byte each"
 
 
 def float_trade_why(g, node, opts):
@@ -418,8 +432,9 @@ def quantized_conv(lw, node):
     W, pads = trim_taps(W, a["pads"], a.get("dilations", (1, 1)))
     how = "the KPU cannot run"
     if cpu_trade(lw.g, node, lw.opts):
-        how = f"of {groups} groups on a 1x1 map, not a block-diagonal dense layer" if grouped_dense(lw.g, node) \
-            else "in its smaller form"
+        how = (f"of {groups} groups on a 1x1 map, not a block-diagonal dense layer" if grouped_dense(lw.g, node)
+               else f"of {groups} groups, one output pixel a channel, not shift stages over the map"
+               if _cpu_faster_why(lw.g, node, lw.opts) else "in its smaller form")
     row = lw.row(node, f"conv{W.shape[2]}x{W.shape[3]} {how}: quantized_conv2d on uint8", in_shape=(ci, h, w),
                  out_shape=lw.shape(out))
     _trimmed_note(row, k0, W, pads)
