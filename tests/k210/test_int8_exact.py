@@ -172,6 +172,26 @@ def test_per_tensor_weights_keep_their_grid():
     assert any(n.startswith("int8 exact") for n in row.notes)
 
 
+@pytest.mark.parametrize("per", ["channel", "tensor"])
+def test_weights_reaching_minus_128_keep_their_grid(per):
+    """A quantizer with the range [-128, 127] (PPQ's QDQ exports of the MLPerf Tiny nets): a
+    channel whose extreme weight is -128 steps (and none +127) lies on max|W| / 128, not / 127.
+    Its integers are kept, not re-rounded (the ResNet-8's first block was up to 4 LSB off
+    onnxruntime, 13.7 % of its bytes)."""
+    r = np.random.default_rng(5)
+    q = r.integers(-100, 101, (8, 4, 3, 3))
+    q[::2, 0, 0, 0] = -128                  # half the channels reach -128, the others 127
+    q[1::2, 0, 0, 0] = 127
+    s = r.uniform(0.001, 0.01, 8) if per == "channel" else np.full(8, 0.004)
+    if per == "tensor":
+        q[1::2, 0, 0, 0] = 90               # one scale: the tensor's extreme is -128
+    row = Row()
+    lq = kpu.quantize_layer(q * s[:, None, None, None], np.zeros(8), None, 0, 1, (-4.0, 4.0), (-4.0, 4.0), None, 8,
+                            row, exact_rounding="reference")
+    assert np.array_equal(lq.Wq.astype(np.int64) - lq.zw, q)
+    assert any(n.startswith("int8 exact") for n in row.notes), row.notes
+
+
 def test_toco_uint8_weights_keep_their_grid():
     """TOCO's uint8 weights (one scale, zero point 161: no symmetric 8-bit grid holds them) keep
     their own integers q − zw, not a re-rounded symmetric grid."""

@@ -203,18 +203,34 @@ def _on_grid(W, Wq, zw, sw) -> bool:
         <= 1e-5 * float(np.abs(W).max() or 1.0)
 
 
+def _symmetric_steps(W, amax, zw):
+    """Each channel's step where W lies on a symmetric grid whose extreme weight is `amax` at
+    +-(zw - 1) steps, or at -zw steps (a quantizer with the range [-128, 127], as PPQ's QDQ
+    models: 143 of an MLPerf ResNet-8's 346 channels reach -128 but not 127), or None."""
+    tol = 1e-5 * float(np.abs(W).max() or 1.0)
+    flat = W.reshape(W.shape[0], -1)
+    steps = np.full(len(amax), np.nan)
+    for n in (zw - 1, zw):
+        s = np.where(amax > 0, amax / n, 1.0)
+        q = np.rint(flat / s[:, None])
+        ok = (np.abs(q * s[:, None] - flat).max(axis=1) <= tol) & (q.min(axis=1) >= -zw) & (q.max(axis=1) < zw)
+        steps = np.where(np.isnan(steps) & ok, s, steps)
+    return None if np.isnan(steps).any() else steps
+
+
 def _own_integers(W, Wq, zw, sw):
     """(Wq, zw, sw, on_grid): the model's own 8-bit weights where W is on a grid: per channel
-    (TFLite's per-axis scales: every channel reaches ±127), per tensor (one scale, max |W| / 127)
-    or per tensor with a zero point (TOCO's uint8 weights: q − zw for q in 0..255, any zw; the
-    KPU's arg_x takes it)."""
+    (TFLite's per-axis scales: every channel reaches ±127, or -128: _symmetric_steps), per tensor
+    (one scale, max |W| / 127 or / 128) or per tensor with a zero point (TOCO's uint8 weights:
+    q − zw for q in 0..255, any zw; the KPU's arg_x takes it)."""
     if _on_grid(W, Wq, zw, sw):
         return Wq, zw, sw, True
-    s = np.full(W.shape[0], float(np.abs(W).max()) / (zw - 1) or 1.0)
-    q = np.clip(np.rint(W / s[:, None, None, None]), 1 - zw, zw - 1) + zw
-    q = q.astype(Wq.dtype)
-    if _on_grid(W, q, zw, s):
-        return q, zw, s, True
+    amax = np.abs(W.reshape(W.shape[0], -1)).max(axis=1)
+    for a in (amax, np.full(len(amax), amax.max())):        # per channel, per tensor
+        s = _symmetric_steps(W, a, zw)
+        if s is not None:
+            q = (np.clip(np.rint(W / s[:, None, None, None]), -zw, zw - 1) + zw).astype(Wq.dtype)
+            return q, zw, s, True
     if Wq.dtype == np.uint8 and (grid := uint8_grid(W)) is not None:
         s, lo = np.full(W.shape[0], grid[0]), grid[1]
         q = (np.rint(W / s[:, None, None, None]) - lo).astype(Wq.dtype)
