@@ -201,8 +201,10 @@ def pre_opts(args, meta=None):
     bgr = args.bgr if args.bgr is not None else bool(m.get("bgr", False))
     return dict(input_range=pick("input_range", "range"), mean=pick("mean", "mean"), std=pick("std", "std"),
                 channel_order="BGR" if bgr else "RGB", outputs=args.outputs,
-                # the size the kmodel runs at (a .pb's shapeless input) where the metadata says it
-                input_shape=args.input_shape or (tuple(m["shape"]) if m.get("layout") == "NCHW" else None),
+                # the size the kmodel runs at (a .pb's shapeless input) where the metadata says it, in
+                # the source's own shape where the kmodel's input is a relabelled one
+                input_shape=args.input_shape or (tuple(m["source_shape"]) if m.get("source_shape") else
+                                                 tuple(m["shape"]) if m.get("layout") == "NCHW" else None),
                 inputs=args.inputs or m.get("start"),
                 input_values=tuple(args.input_value or ()) or tuple(
                     (x, tuple(v)) for x, v in (m.get("pinned") or {}).items()))

@@ -590,7 +590,7 @@ def model_inputs(graph, dataset, limit, opts: ConvertOptions):
     if layout is None:
         return np.concatenate(load_arrays(p, shape))[:limit].astype(np.float32), None
     x = graph.inputs[0]      # an input sized without a batch axis: its samples in the source's own shape too
-    flat = None if x not in graph.meta.get("unbatched", ()) else \
+    flat = None if x not in graph.meta.get("unbatched", ()) and x not in graph.meta.get("relabelled", ()) else \
         "NHWC" if graph.meta.get("input_layout", {}).get(x) == "NHWC->NCHW" else "NCHW"
     data = load_pixels(dataset, chw, limit, opts, flat)
     scale, offset = pixel_mapping(opts, chw[0], graph)

@@ -190,6 +190,8 @@ def _check_kmodel(d):
 def _check_input(d):
     i = _dict(d, "input")
     _ints(i.get("shape"), "input.shape", lo=1)
+    if i.get("source_shape") is not None:
+        _ints(i["source_shape"], "input.source_shape", lo=1)
     _text(i, "layout", "input")
     _text(i, "start", "input")
     _need(i.get("dtype") in (None, "uint8", "float32"), "input.dtype", "must be uint8 or float32")
@@ -478,6 +480,9 @@ def for_conversion(data: bytes, output, graph, opts, image: bool, budget: int, n
                    std=[float(v) for v in opts.std], bgr=opts.channel_order.upper() == "BGR")
     if image and graph.meta.get("bgr_folded"):   # --bgr folded into the first layer: it reads R, G, B
         inp["planes"] = "rgb"
+    was = graph.meta.get("relabelled", {}).get(graph.inputs[0])
+    if was is not None:       # the source's input, which passes.input_nchw relabelled (compare feeds it so)
+        inp["source_shape"] = [int(d) for d in was]
     if opts.inputs:           # --inputs: the source model's tensor the kmodel is fed (compare starts there)
         inp["start"] = graph.inputs[0]
     if opts.input_values:     # the other inputs, pinned by --input-value

@@ -183,3 +183,44 @@ def test_frames_without_a_batch_axis_sized_by_input_shape_convert(tmp_path, caps
         assert 10 * np.log10(np.sum(want ** 2) / np.sum((want - got) ** 2)) > 30
     assert main(["convert", str(src), str(out), "--input-shape", "2,80,1,40"] + flags) == 2
     assert "a kmodel runs one sample at a time; give a batch of one: --input-shape 1,80,1,40" in capsys.readouterr().err
+
+
+def test_a_flat_input_reshaped_for_its_first_conv_is_that_map(tmp_path, capsys):
+    """MLPerf Tiny's keyword spotter (PPQ's ONNX export) reads (1, 490) MFCCs and reshapes them
+    to the (1, 1, 49, 10) map its first conv reads (hunt 20): the first kmodel layer was a
+    QUANTIZE of the flat input, which kmodel v3 cannot start with, so a v3-only MaixPy could not
+    load it. The input is now that map (the same bytes): kmodel v3, its first layer the conv; the
+    (N, 490) samples are read in the source's order, the metadata keeps the source's shape, and
+    `compare` feeds the source model (1, 490) rows."""
+    from tl2k210.k210 import kmodel
+    from tl2k210.k210.emulator import Emulator
+    rng = np.random.default_rng(2)
+    n = helper.make_node
+    nodes = [n("Reshape", ["x", "shape"], ["x4"]), conv_node("c", "x4", "w", "b", pads=[1, 1, 1, 1]),
+             n("Relu", ["c"], ["y"])]
+    m = make_model(nodes, [("x", [1, 490])], [("y", None)],
+                   {"shape": np.array([-1, 1, 49, 10], np.int64), "w": rng.normal(0, 0.3, (8, 1, 3, 3)).astype(np.float32),
+                    "b": rng.normal(0, 0.1, 8).astype(np.float32)})
+    src = tmp_path / "kws.onnx"
+    onnx.save(m, src)
+    rows = rng.normal(0, 1, (24, 490)).astype(np.float32)
+    np.save(tmp_path / "cal.npy", rows[:16])
+    np.save(tmp_path / "held.npy", rows[16:])
+    out = tmp_path / "kws.kmodel"
+    assert main(["convert", str(src), str(out), "--dataset", str(tmp_path / "cal.npy"), "--input-range=-4,4",
+                 "-q"]) == 0
+    assert "samples (490,) read as the model input (1, 49, 10)" in capsys.readouterr().err
+    k = kmodel.load(out)
+    assert k.version == 3 and k.layers[0].name == "K210_CONV"
+    meta = json.loads((tmp_path / "kws.kmodel.json").read_text())
+    assert meta["input"]["shape"] == [1, 1, 49, 10] and meta["input"]["source_shape"] == [1, 490]
+    import onnxruntime as ort
+    sess = ort.InferenceSession(src.read_bytes(), providers=["CPUExecutionProvider"])
+    emu = Emulator.load(out)
+    for r in rows[16:]:
+        px = np.clip(np.rint((r + 4) / 8 * 255), 0, 255).astype(np.uint8)     # --input-range -4,4
+        want = sess.run(None, {"x": (px / 255 * 8 - 4).astype(np.float32)[None]})[0].reshape(-1)
+        got = np.asarray(emu.run(px.reshape(1, 49, 10))[0]).reshape(-1)
+        assert 10 * np.log10(np.sum(want ** 2) / np.sum((want - got) ** 2)) > 30
+    assert main(["compare", str(src), str(out), "--dataset", str(tmp_path / "held.npy")]) == 0
+    assert "8 samples" in capsys.readouterr().out

@@ -4,10 +4,12 @@ layout-agnostic ops (a ZeroPadding2D `Pad`, a Rescaling `Mul`/`Add`, an activati
 graph input NCHW. Those ops are moved below the layout change (their pads / constants permuted),
 so the input is recorded in graph.meta["input_layout"] = {name: "NHWC->NCHW"}.
 
-An input --input-shape sized without a batch axis (graph.meta["unbatched"]: a keyword spotter's
-(T, F) frames, given one) that reaches the graph through one chain of relabels ending at a 4-D
-(1, C, H, W) map its first convs read (unsqueezed to (1, 1, T, F)) becomes that map: its bytes
-are the same, and the first layer reads the input.
+An input of rank < 4 -- a batch of one (an MLPerf keyword spotter's (1, 490) MFCCs, reshaped to
+(1, 1, 49, 10)), or --input-shape sized without a batch axis (graph.meta["unbatched"]: (T, F)
+frames, given one) -- that reaches the graph through one chain of relabels ending at a 4-D
+(1, C, H, W) map its first convs read becomes that map: its bytes are the same, and the first
+layer reads the input (kmodel v3 can start with it). graph.meta["relabelled"] keeps the shape it
+had, in which calibration arrays may come.
 
 A TF model's NHWC input that no layout change reads (a Flatten + Dense first layer) still becomes
 the planar (1, C, H, W) image the camera gives, followed by a Transpose back to NHWC that later
@@ -129,12 +131,14 @@ def _relabelled_to_4d(g, x, log):
         g.nodes.remove(n)
     g.replace_uses(cur, x)
     g.tensors[x].shape = tuple(shape)
+    g.meta.setdefault("relabelled", {})[x] = tuple(was)
     log(x, f"input {x} {tuple(was)} is now {tuple(shape)} (removed {'/'.join(n.op for n in chain)}: the same bytes)")
 
 
 def input_nchw(g, log):
     for x in g.inputs:
-        if x in g.meta.get("unbatched", ()) and 0 < len(g.shape(x) or ()) < 4:
+        shape = g.shape(x) or ()
+        if 0 < len(shape) < 4 and (x in g.meta.get("unbatched", ()) or len(shape) > 1 and shape[0] == 1):
             _relabelled_to_4d(g, x, log)
         t = g.tensors[x]
         if len(t.shape or ()) != 4 or x in g.outputs:
