@@ -205,7 +205,7 @@ def test_l2_normalised_embedding(tmp_path, images):
     e = n.dense(y, 32, 16)
     ss = n.op("ReduceSum", n.op("Mul", e, e), n.const(np.array([1], np.int64)), keepdims=1)
     inv = n.op("Reciprocal", n.op("Sqrt", n.op("Max", ss, n.const(np.float32(1e-12)))))
-    src, out, receipt = _convert(n, n.op("Mul", e, inv), tmp_path, calib)
+    src, out, receipt = _convert(n, n.op("Mul", e, inv), tmp_path, calib, format="v3")  # auto: v4, smaller
     assert receipt.layers[-1]["kmodel_layers"][-1] == "L2_NORMALIZATION"
     emb = Emulator.load(out).run(np.zeros((3, 32, 32), np.uint8) + 100)[0]
     assert emb.shape == (16,) and abs(float(np.linalg.norm(emb)) - 1) < 1e-5
