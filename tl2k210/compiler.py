@@ -892,7 +892,13 @@ def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False, prelus: 
               **{name: small and kind == prelus for kind, name in residual.items()}}
     target = Options(format=opts.format, weight_bits=opts.weight_bits, float_fc=opts.float_fc,
                      v3_only=not fit.loads_format(opts.runtime, "v4"))
-    graph, plog = run_pipeline(loaded.graph, passes, target=target)
+    try:
+        graph, plog = run_pipeline(loaded.graph, passes, target=target)
+    except UnsupportedOpError as e:
+        tip = None if "--outputs" in str(e) else fit.end_before(loaded.graph, getattr(e, "node", None))
+        if tip is None:
+            raise
+        raise UnsupportedOpError(f"{e}\n  {tip}") from None
     _check_float_input(graph)
     if opts.channel_order.upper() == "BGR":
         _fold_channel_swap(graph)

@@ -224,3 +224,26 @@ def test_a_flat_input_reshaped_for_its_first_conv_is_that_map(tmp_path, capsys):
         assert 10 * np.log10(np.sum(want ** 2) / np.sum((want - got) ** 2)) > 30
     assert main(["compare", str(src), str(out), "--dataset", str(tmp_path / "held.npy")]) == 0
     assert "8 samples" in capsys.readouterr().out
+
+
+def test_a_refused_node_names_the_outputs_that_end_the_model_before_it(tmp_path, capsys):
+    """FSA-Net's capsule layer, a MatMul of its capsules by a 4-D constant (hunt 20), has no K210
+    layer; its refusal offered nothing. It now names the tensors a model ending before it outputs
+    and what the application would compute after them; following it converts."""
+    rng = np.random.default_rng(3)
+    n = helper.make_node
+    nodes = [conv_node("c", "x", "w", "b", pads=[1, 1, 1, 1]), n("Relu", ["c"], ["r"]),
+             n("Reshape", ["r", "s"], ["caps"]), n("MatMul", ["caps", "wc"], ["u"]), n("Relu", ["u"], ["y"])]
+    m = make_model(nodes, [("x", [1, 3, 8, 8])], [("y", None)],
+                   {"w": rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "b": np.zeros(8, np.float32),
+                    "s": np.array([1, 1, 8, 64], np.int64), "wc": rng.normal(0, 0.3, (3, 8, 64, 4)).astype(np.float32)})
+    src = tmp_path / "caps.onnx"
+    onnx.save(m, src)
+    np.save(tmp_path / "cal.npy", rng.random((8, 3, 8, 8), np.float32))
+    out = tmp_path / "caps.kmodel"
+    flags = ["--dataset", str(tmp_path / "cal.npy"), "-q"]
+    assert main(["convert", str(src), str(out)] + flags) == 2
+    err = capsys.readouterr().err
+    assert "MatMul cannot be lowered" in err and not out.exists()
+    assert "or end the model before it (--outputs caps)" in err and "(2 node(s), 6,144 weights)" in err, err
+    assert main(["convert", str(src), str(out), "--outputs", "caps"] + flags) == 0

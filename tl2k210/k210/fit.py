@@ -68,18 +68,40 @@ def _cut_before(graph, source, name):
     nor one after it) and the tensors to end at are the source model's too; else None."""
     if graph is None or source is None:
         return None
-    names = set(graph.meta.get("v3_refused", ())) | {name}
-    cut = [n for n in graph.nodes if n.name in names]
-    after = {n.name: n for r in cut for n in [r] + nodes_after(graph, r)}
+    after, ends = _ends_before(graph, set(graph.meta.get("v3_refused", ())) | {name})
     if name not in after or any(n.op in WEIGHT_OPS for n in after.values()):
         return None
+    if not ends or any(t not in source.tensors for t in ends):
+        return None
+    return f"end the model before it (--outputs {','.join(ends)}) and do that step in the application"
+
+
+def _ends_before(graph, names):
+    """({name: node} of the nodes `names` and every node after them, the tensors a model that ends
+    before them outputs: what they read from the rest, and the outputs none of them makes)."""
+    cut = [n for n in graph.nodes if n.name in names]
+    after = {n.name: n for r in cut for n in [r] + nodes_after(graph, r)}
     made = {t for n in after.values() for t in n.outputs}
     ends = [i for n in after.values() for i in n.inputs if i and not graph.tensors[i].is_const and i not in made]
     ends += [o for o in graph.outputs if o not in made]
-    if not ends or any(t not in source.tensors for t in ends):
+    return after, list(dict.fromkeys(ends))
+
+
+def end_before(source, name) -> str | None:
+    """'or end the model before it (--outputs ...) ...' for node `name` of the model as read
+    (`source`), which no kmodel layer computes: the tensors to end at and what the application
+    would compute after them (FSA-Net's capsule MatMul; its refusal had offered nothing), or None
+    where `name` is not the source's or nothing of it would be left."""
+    if source is None or name is None:
         return None
-    return (f"end the model before it (--outputs {','.join(dict.fromkeys(ends))}) and do that step in the "
-            "application")
+    after, ends = _ends_before(source, {name})
+    if name not in after or not ends or set(ends) & set(source.inputs):
+        return None
+    weights = sum(int(source.tensors[i].value.size) for n in after.values() if n.op in WEIGHT_OPS
+                  for i in n.inputs[1:] if i and source.tensors[i].is_const)
+    what = f"{len(after)} node(s)" + (f", {weights:,} weights" if weights else "")
+    return (f"or end the model before it (--outputs {','.join(ends)}) and compute the rest in the application "
+            f"({what})")
 
 
 def _start_after(graph, source, name):
