@@ -479,6 +479,15 @@ class ModelRanges:
             names = [m for m in [n.name] + list(n.fused) if m in by_node]
             if names and n.outputs and n.outputs[0] not in self.own:
                 self.own[n.outputs[0]] = by_node[names[-1]]
+            if n.attrs.get("pool") and n.outputs[0] in self.own:
+                # a pool fused into its conv: the layer requantizes onto the grid of what the pool
+                # reads (stage "act"), the model's range of the node before the pool; a max pool
+                # keeps its input's range (TinyML Cookbook's int8 CIFAR-10: that stage took the 16
+                # synthetic images' range, 12 % of the pooled bytes 1 LSB off TFLite, a few 57)
+                before = [m for m in names if m != chain[-1]]
+                if before or n.attrs["pool"]["kind"] == "max":
+                    self.own.setdefault(stage_names(n)["act"],
+                                        by_node[before[-1]] if before else self.own[n.outputs[0]])
         for n in graph.nodes:
             # a Clip that stands for an int8 output's saturation (passes.dequantize) and did not
             # fuse into its op: the op writes that grid too, through the moves between them (a
