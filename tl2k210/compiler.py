@@ -589,9 +589,11 @@ def model_inputs(graph, dataset, limit, opts: ConvertOptions):
     if not p.exists():
         raise Tl2k210Error(f"dataset {dataset}: no such file or folder; check the path")
     layout, chw = input_layout(graph), input_chw(graph)
-    if (chw is None or chw[0] not in (1, 3)) and p.is_dir() and not array_files(p):
-        as_image = "" if chw is None else " ({}x{}x{} CxHxW)".format(*chw)
-        last = "" if chw is None else " or channels-last (N, {1}, {2}, {0})".format(*chw)
+    was = graph.meta.get("relabelled", {}).get(graph.inputs[0])     # a vector the model reshapes: no image
+    if (chw is None or chw[0] not in (1, 3) or was) and p.is_dir() and not array_files(p):
+        shape = was or shape
+        as_image = "" if chw is None or was else " ({}x{}x{} CxHxW)".format(*chw)
+        last = "" if chw is None or was else " or channels-last (N, {1}, {2}, {0})".format(*chw)
         raise Tl2k210Error(f"dataset {dataset} has no .npy/.npz arrays, and images give 1 (gray) or 3 (RGB) "
                            f"channels, but the model's input {shape}{as_image} is no image: give .npy/.npz arrays "
                            f"of shape (N, {', '.join(str(d) for d in shape[1:])}){last} (a fully quantized model "

@@ -37,11 +37,13 @@ def speech(tmp_path_factory):
 def test_converts_from_its_own_scales_and_agrees_with_tflite(speech, tmp_path):
     """Without --dataset the calibration samples span the input's own int8 range (an image's
     synthetic pixels cannot feed a vector: this was an IndexError), and the kmodel's scores are
-    the interpreter's."""
+    the interpreter's. The (1, 490) input reshaped for the first conv is that (1, 49, 10) map
+    (passes.input_nchw): kmodel v3, fed the int8 codes + 128."""
     from tl2k210.compiler import ConvertOptions, convert
     from tl2k210.k210.emulator import Emulator
     out = tmp_path / "speech.kmodel"
     r = convert(speech, out, ConvertOptions(progress=False))
+    assert r.totals["format"] == "v3" and r.layers[0]["unit"] == "KPU"
     (o,) = r.totals["outputs"].values()
     print(f"receipt: ours {o['sqnr_db']:.1f} dB, 8-bit ideal {o['ideal_db']:.1f} dB")
     assert np.isfinite(o["sqnr_db"]) and o["sqnr_db"] >= o["ideal_db"] - 1   # the ideal's logits are int8 too
@@ -56,8 +58,8 @@ def test_converts_from_its_own_scales_and_agrees_with_tflite(speech, tmp_path):
         it.set_tensor(i["index"], x)
         it.invoke()
         refs.append((it.get_tensor(o["index"]).astype(np.float64) - zo) * so)
-        gots.append(np.asarray(emu.run(((x.astype(np.float32) - zi) * si).reshape(emu.input_spec()[0]))[0],
-                               np.float64).reshape(refs[-1].shape))
+        codes = (x.astype(np.int16) + 128).astype(np.uint8)
+        gots.append(np.asarray(emu.run(codes.reshape(emu.input_spec()[0]))[0], np.float64).reshape(refs[-1].shape))
     db = sqnr_db(np.stack(refs), np.stack(gots))
     print(f"kmodel vs TFLite interpreter: {db:.1f} dB")
     assert db >= 25

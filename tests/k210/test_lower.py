@@ -116,9 +116,12 @@ def test_refusal_lists_every_alternative():
         select(g, g.nodes[0], Options())
 
 
-def test_dense_first_layer_is_float_fully_connected():
-    """A dense layer on the model's float input must be FULLY_CONNECTED (MaixPy and the SDK start
-    a kmodel with K210_CONV or FULLY_CONNECTED): chosen without --float-fc, and the receipt says why."""
+@pytest.mark.parametrize("fmt", ["v3", "v4"])
+def test_dense_first_layer_is_float_fully_connected(fmt):
+    """A dense layer on the model's float input must be FULLY_CONNECTED in kmodel v3 (MaixPy and
+    the SDK start a v3 kmodel with K210_CONV or FULLY_CONNECTED): chosen without --float-fc, and
+    the receipt says why. Kmodel v4 starts with any node: a quantize and the KPU dense layer, a
+    byte a weight (MLPerf's int8 anomaly detector: its first 640 -> 128 layer 328 KB -> 83 KB)."""
     from tl2k210.k210.emulator import Emulator
     from tl2k210.quantize import calibrate
     from tl2k210.k210.lower import lower
@@ -130,12 +133,19 @@ def test_dense_first_layer_is_float_fully_connected():
                     "w2": rng.normal(size=(3, 12)).astype(np.float32), "b2": rng.normal(size=3).astype(np.float32)})
     g, _ = run_pipeline(from_onnx(m))
     xs = [rng.normal(size=(1, 6)).astype(np.float32) for _ in range(16)]
-    model, rows, _, _ = lower(g, calibrate.ranges(calibrate.collect(g, xs, histograms=False)))
+    model, rows, _, _ = lower(g, calibrate.ranges(calibrate.collect(g, xs, histograms=False)), Options(format=fmt))
+    from front_helpers import ort_run
+    emu = Emulator(model)
+    if fmt == "v4":
+        assert rows[0].lowering == "kpu_dense" and rows[0].unit == "KPU"
+        assert [n.name for n in model.nodes][:2] == ["quantize", "pad"]
+        for x in xs:
+            want = ort_run(m, x)[0].reshape(-1)
+            assert sqnr_db(want, emu.run(x.reshape(-1))[0].reshape(-1)) > 30
+        return
     assert [L.name for L in model.layers] == ["FULLY_CONNECTED", "FULLY_CONNECTED"]
     assert "reads the model's float input" in rows[0].notes[0]
     assert "float layer is cheaper" in rows[1].notes[0]
-    from front_helpers import ort_run
-    emu = Emulator(model)
     for x in xs:
         np.testing.assert_allclose(emu.run(x.reshape(-1))[0], ort_run(m, x)[0].reshape(-1), rtol=1e-5, atol=1e-5)
 

@@ -379,7 +379,8 @@ def _v4_latency(choice, v4, budget, weights):
     other.format_note = (
         f"kmodel v4 (--format auto): kmodel v3's forms take {len(b.data):,} B ({len(b.data) / weights:.2f}x the "
         f"ideal weights) + {b.model.main_memory:,} B main memory, v4's {len(o.data):,} B + {o.model.main_memory:,} B, "
-        f"est. {cost.ms(b.est.cycles):.2f} -> {cost.ms(o.est.cycles):.2f} ms (within {LATENCY_SLACK:.0%}); "
+        f"est. {cost.ms(b.est.cycles):.2f} -> {cost.ms(o.est.cycles):.2f} ms"
+        f"{f' (within {LATENCY_SLACK:.0%})' if o.est.cycles > b.est.cycles else ''}; "
         "--format v3 for a build without kmodel V4 support")
     other.v3_error = other.v3_error or choice.v3_error
     return other

@@ -72,9 +72,9 @@ def kpu_fc_refuses(g, node, opts):
     if opts.float_fc:
         return "--float-fc asks for float dense layers"
     src = source_unit(g, node.inputs[0], opts)
-    if src == "input":
+    if src == "input" and getattr(opts, "format", "v3") != "v4":     # (kmodel v4 starts with any node)
         return ("it reads the model's float input: a KPU dense layer would start the kmodel with "
-                "QUANTIZE, and MaixPy and the SDK need K210_CONV or FULLY_CONNECTED first")
+                "QUANTIZE, and MaixPy and the SDK need K210_CONV or FULLY_CONNECTED first in kmodel v3")
     # a quantized model's dense layer on the KPU gives TFLite's bytes (kpu.exact_requantize)
     if src == CPU_F32 and not g.meta.get("quant_ranges") and float_fc_refuses(g, node, opts) is None:
         k, f = dense_cycles(ci, co, opts.weight_bits)
