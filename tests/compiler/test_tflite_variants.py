@@ -155,6 +155,35 @@ def test_fully_connected_on_a_map_keeps_its_bias(tmp_path, monkeypatch):
     with pytest.raises(ModelLoadError, match=r"disagrees with the TFLite interpreter .* float file's two readings"):
         tflite.from_tflite(raw)
 
+def test_shapes_a_file_leaves_out_come_from_the_interpreter(tmp_path):
+    """An older converter wrote no shapes for the maps after a resize whose size SHAPE ops compute
+    (Magenta's dynamic-range style transfer at a fixed 384x384, hunt 20); tf2onnx read them as
+    unknown and failed on the first conv after it ("export it at a fixed input size": it was).
+    tflite.fill_shapes takes them from the interpreter, which resolves them as it runs. Made
+    here by taking the shapes out of a file's maps: each comes back as the interpreter's."""
+    import keras
+    from keras import layers as L
+    from tensorflow.lite.tools import flatbuffer_utils as fu
+    from tl2k210.frontends import tflite
+    t = tf()
+    keras.utils.set_random_seed(5)
+    i = keras.Input((8, 8, 3), batch_size=1)
+    a = L.UpSampling2D(2)(L.Conv2D(4, 3, padding="same", activation="relu")(i))
+    m = keras.Model(i, L.Conv2D(2, 3, padding="same")(a))
+    src = tmp_path / "resize.tflite"
+    src.write_bytes(t.lite.TFLiteConverter.from_keras_model(m).convert())
+    fb = fu.read_model(str(src))
+    sg = fb.subgraphs[0]
+    maps = {k: list(sg.tensors[k].shape) for op in sg.operators for k in op.outputs}
+    for k in maps:
+        sg.tensors[k].shape = sg.tensors[k].shapeSignature = None
+    raw = tmp_path / "no_shapes.tflite"
+    fu.write_model(fb, str(raw))
+    assert tflite.fill_shapes(fb, raw) == len(maps) >= 3
+    assert {k: list(sg.tensors[k].shape) for k in maps} == maps
+    assert tflite.fill_shapes(fb, raw) == 0                 # nothing left to fill
+
+
 def test_transpose_conv_whose_same_output_is_longer_than_its_taps(tmp_path):
     """A stride-4 3x3 TRANSPOSE_CONV (SAME: output 4 x the input, one more row and column than the
     taps reach; ESRGAN's upsampler): tf2onnx writes ConvTranspose pads [0, 0, -1, -1], which ONNX

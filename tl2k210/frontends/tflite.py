@@ -334,6 +334,37 @@ def drop_empty_quantization(model) -> int:
     return n
 
 
+def fill_shapes(model, path) -> int:
+    """The shapes an older converter left out of the file (an empty shape on an activation: the
+    maps after a resize whose size SHAPE ops compute, as Magenta's dynamic-range style transfer
+    at a fixed 384x384 has) from the interpreter, which resolves them as it runs (on zeros):
+    tf2onnx reads the file's and had failed on the first conv after the resize. Only the main
+    graph's tensors without data; returns how many were filled."""
+    import tensorflow as tf
+    sg = model.subgraphs[0]
+    empty = [i for i, t in enumerate(sg.tensors)
+             if (t.shape is None or len(t.shape) == 0) and not (model.buffers[t.buffer].data is not None
+                                                                and len(model.buffers[t.buffer].data))]
+    if not empty:
+        return 0
+    try:                        # dynamic tensors get their shapes as the interpreter runs
+        import numpy as np
+        it = tf.lite.Interpreter(model_path=str(path))
+        it.allocate_tensors()
+        for d in it.get_input_details():
+            it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
+        it.invoke()
+    except Exception:           # (the conversion says what is wrong with the file)
+        return 0
+    shapes = {d["index"]: [int(v) for v in d["shape"]] for d in it.get_tensor_details()}
+    n = 0
+    for i in empty:
+        if shapes.get(i):
+            sg.tensors[i].shape = shapes[i]
+            n += 1
+    return n
+
+
 def retype_legacy_hybrid(model, path) -> int:
     """Weights of TOCO's old post_training_quantize files (float ops with "hybrid" kernels: CONV_2D,
     DEPTHWISE_CONV_2D, FULLY_CONNECTED on float activations) stored as UINT8 tensors holding int8
@@ -406,7 +437,7 @@ def densify(path, out_path, outputs=None, start=None):
     from tensorflow.lite.tools import flatbuffer_utils as fu
     model = fu.read_model(str(path))
     mapped = (cut_ops(model, outputs, path, start) + map_transpose_conv_bias(model) + map_pool_params(model, path)
-              + flatten_fc_inputs(model)
+              + flatten_fc_inputs(model) + fill_shapes(model, path)
               + drop_empty_quantization(model) + retype_legacy_hybrid(model, path))
     check_custom_ops(model, path)
     check_builtin_ops(model, path)

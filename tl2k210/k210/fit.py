@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tl2k210.errors import KpuLimitError, Tl2k210Error
 from tl2k210.graph import RELABELS, fixed_sizes, nodes_after, through_relabels
 from tl2k210.k210 import cost, firmware, hardware as hw
@@ -81,10 +83,19 @@ def _ends_before(graph, names):
     before them outputs: what they read from the rest, and the outputs none of them makes)."""
     cut = [n for n in graph.nodes if n.name in names]
     after = {n.name: n for r in cut for n in [r] + nodes_after(graph, r)}
-    made = {t for n in after.values() for t in n.outputs}
-    ends = [i for n in after.values() for i in n.inputs if i and not graph.tensors[i].is_const and i not in made]
+    made, fixed = {t for n in after.values() for t in n.outputs}, {}
+    ends = [i for n in after.values() for i in n.inputs if i and i not in made and not _constant(graph, i, fixed)]
     ends += [o for o in graph.outputs if o not in made]
     return after, list(dict.fromkeys(ends))
+
+
+def _constant(graph, t, memo) -> bool:
+    """Is `t` a constant, or computed from constants only (a dynamic-range model's dequantized
+    weights)? `memo` keeps the answers."""
+    if t not in memo:
+        p = graph.producer(t)
+        memo[t] = graph.tensors[t].is_const or (p is not None and all(_constant(graph, i, memo) for i in p.inputs if i))
+    return memo[t]
 
 
 def end_before(source, name) -> str | None:
@@ -97,8 +108,9 @@ def end_before(source, name) -> str | None:
     after, ends = _ends_before(source, {name})
     if name not in after or not ends or set(ends) & set(source.inputs):
         return None
-    weights = sum(int(source.tensors[i].value.size) for n in after.values() if n.op in WEIGHT_OPS
-                  for i in n.inputs[1:] if i and source.tensors[i].is_const)
+    memo = {}
+    weights = sum(int(np.prod(source.shape(i))) for n in after.values() if n.op in WEIGHT_OPS
+                  for i in n.inputs[1:] if i and _constant(source, i, memo) and source.shape(i) is not None)
     what = f"{len(after)} node(s)" + (f", {weights:,} weights" if weights else "")
     return (f"or end the model before it (--outputs {','.join(ends)}) and compute the rest in the application "
             f"({what})")
