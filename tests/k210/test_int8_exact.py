@@ -192,6 +192,21 @@ def test_weights_reaching_minus_128_keep_their_grid(per):
     assert any(n.startswith("int8 exact") for n in row.notes), row.notes
 
 
+def test_a_channel_of_tiny_weights_is_still_exact():
+    """A channel whose weights are tiny (its 24-bit multiplier held poorly) reaches little of the
+    layer's output range: the tie margin is bounded by what each channel's weights reach, not by
+    the layer's range (MobileNetV2's first conv read "not exact: multipliers 650 LSB off" where its
+    bytes were TFLite's)."""
+    r = np.random.default_rng(6)
+    q = r.integers(-127, 128, (6, 3, 3, 3))
+    q[:, 0, 0, 0] = 127
+    s = np.array([0.01, 0.02, 0.015, 1e-9, 0.01, 0.03])
+    row = Row()
+    kpu.quantize_layer(q * s[:, None, None, None], np.zeros(6), None, 0, 1, (-30.0, 30.0), (-6.0, 6.0), None, 8,
+                       row, exact_rounding="single")
+    assert any(n.startswith("int8 exact") for n in row.notes), row.notes
+
+
 def test_toco_uint8_weights_keep_their_grid():
     """TOCO's uint8 weights (one scale, zero point 161: no symmetric 8-bit grid holds them) keep
     their own integers q − zw, not a re-rounded symmetric grid."""

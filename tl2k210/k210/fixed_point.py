@@ -119,11 +119,11 @@ def clamp_table(lo: float, hi: float, a: int, s_z: float, z_z: int, shifts=(0,),
     return act_table(starts, muls, sh, biases)
 
 
-def tie_margin(sw: np.ndarray, bn: dict, s_v: float, a: int, y_amax: float, bias: np.ndarray) -> float:
-    """Bound (output LSB) on |V / 2^A - TFLite's real requantized value| over |y| <= y_amax: the
-    24-bit BN multipliers' relative error times the output, the floor of the BN shift and the
-    rounding of norm_add. Outputs differ from TFLite's only where its value lies this close to a
-    rounding tie."""
+def tie_margin(sw: np.ndarray, bn: dict, s_v: float, a: int, y_amax, bias: np.ndarray) -> float:
+    """Bound (output LSB) on |V / 2^A - TFLite's real requantized value| over |y| <= y_amax (one
+    bound, or one a channel): the 24-bit BN multipliers' relative error times the output, the
+    floor of the BN shift and the rounding of norm_add. Outputs differ from TFLite's only where
+    its value lies this close to a rounding tie."""
     want = sw.astype(np.float64) * s_v
     got = bn["norm_mul"].astype(np.float64) / 2.0 ** bn["norm_shift"]
     rel = np.abs(got - want) / np.maximum(want, 1e-300)

@@ -287,7 +287,11 @@ def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, 
     act = fx.clamp_table(lo, hi, a, s_z, z_z, [int(2 * np.rint(o * big)) for o in offsets], spacing)
     lq = LayerQuant(Wq, zw, z_x, bn, act, (s_z, z_z), groups, 8)
     lq.fit_lsb = fit_error(act_attr, act, y_lo, y_hi, s_v, s_z, z_z)
-    margin = fx.tie_margin(sw, bn, s_v, a, y_amax, B) + (0.5 / big if rounding == "reference" else 0)
+    # each channel's |y| within what its weights reach from any input bytes (a channel of tiny
+    # weights, whose multiplier the 24 bits hold poorly, reaches little: the layer's range had
+    # made MobileNetV2's first conv "650 LSB off" where its bytes were TFLite's)
+    reach = np.abs(Wq.astype(np.int64) - zw).reshape(len(sw), -1).sum(axis=1) * max(z_x, 255 - z_x) * sw
+    margin = fx.tie_margin(sw, bn, s_v, a, np.minimum(y_amax, reach), B) + (0.5 / big if rounding == "reference" else 0)
     if signed and why:
         unmatched = int(np.sum(e != offsets[group]))
         why[-1] += f" ({unmatched} of {len(e)} channels round their negative outputs off by up to " \
