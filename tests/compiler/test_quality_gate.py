@@ -178,6 +178,25 @@ def test_refusal_does_not_suggest_what_the_conversion_did(method, bits, fmt):
     assert ("--weight-bits 16" in tries) is (bits == 8 and fmt == "v3")
 
 
+@pytest.mark.parametrize("own", [True, False])
+def test_refusal_of_a_model_with_its_own_ranges_suggests_no_calibration_method(own):
+    """MLPerf's keyword spotter as PPQ exports it (hunt 20) was refused at 13.7 dB and told to try
+    --calibrate-method, which changes no range its own int8 quantization fixes: its MFCCs used 30 %
+    of its input's int8 range. The refusal asks for samples over that range instead."""
+    from types import SimpleNamespace
+
+    from tl2k210.errors import QualityError
+    from tl2k210.quality import quality_gate
+    rec = SimpleNamespace(source="m.onnx", layers=[], ideal={"weight_bits": 8},
+                          totals={"outputs": {"y": {"sqnr_db": 13.7}}, "sqnr_samples": 8, "method": "minmax",
+                                  "format": "v4", "own_quantization": own})
+    with pytest.raises(QualityError) as e:
+        quality_gate(rec, {"y": 0}, 15)
+    tries = str(e.value).split("Try: ")[1]
+    assert ("--calibrate-method" in tries) is not own
+    assert ("samples over the range the model's own input quantization stands for" in tries) is own
+
+
 @pytest.mark.parametrize("optimize, says", [("size", True), ("latency", False)])
 def test_refusal_names_the_weights_size_mode_rounded_again(optimize, says):
     """A size-mode receipt with uint8 CPU forms that round a file's per-channel int8 weights again
