@@ -447,6 +447,32 @@ def model_input_range(graph, opts: ConvertOptions):
                                             f"{dtype} input {how}; override with --input-range")
 
 
+def _feature_range(graph, opts: ConvertOptions):
+    """(opts, note) with the --dataset arrays' min and max as the input range, for a float vector
+    input the model reshapes into the map its first conv reads (passes.input_nchw: the kmodel reads
+    that map as codes 0..255, as it would an image) where no --input-range, --mean/--std or own
+    quantization says what its values stand for: features, not pixels (a keyword spotter's
+    MFCCs, -61..14, had been refused as "96 % outside 0..1"). Else None."""
+    from tl2k210.quantize.dataset import array_files, load_arrays
+    x = graph.inputs[0]
+    was = graph.meta.get("relabelled", {}).get(x)
+    if (was is None or opts.input_range is not None or opts.dataset is None or opts.mean != (0.0,)
+            or opts.std != (1.0,) or x in graph.meta.get("input_quant", {}) or x in graph.meta.get("quant_ranges", {})):
+        return None
+    p = Path(opts.dataset)
+    if not (p.is_file() and p.suffix in (".npy", ".npz") or p.is_dir() and array_files(p)):
+        return None
+    data = np.concatenate(load_arrays(p, tuple(graph.shape(x)), flat="NCHW"))[:opts.calib_limit]
+    if data.dtype == np.uint8 or not data.size:
+        return None
+    rng = (float(data.min()), float(data.max()))
+    if not rng[0] < rng[1]:
+        return None
+    return replace(opts, input_range=rng), (
+        f"input range {rng[0]:.6g},{rng[1]:.6g}: the --dataset arrays' min and max (the model's {was} input is "
+        f"features, not pixels; the kmodel reads them as codes 0..255 over that range); override with --input-range")
+
+
 class ModelRanges:
     """The activation ranges a quantized model states itself (passes.dequantize kept them in
     graph.meta["quant_ranges"]: what each int8/uint8 tensor stood for). Without --dataset they
@@ -940,7 +966,7 @@ def calibrate(opt: Optimised, opts: ConvertOptions, where: str) -> Calibration:
     from tl2k210.quantize.fake_quant import ideal_choice
     graph = opt.graph
     _say(opts, f"[3/6] calibration ({opts.method}) ...")
-    opts, range_note = model_input_range(graph, opts)
+    opts, range_note = _feature_range(graph, opts) or model_input_range(graph, opts)
     if range_note:
         _say(opts, "      " + range_note)
     own = model_ranges(graph, opts, where)

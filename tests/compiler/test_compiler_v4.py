@@ -130,19 +130,21 @@ def test_corpus_model_needing_v4_converts_with_format_auto(name, tmp_path, calib
 
 
 def test_a_whole_model_reason_for_v4_reads_as_a_sentence(tmp_path):
-    """A vector input reshaped for a conv starts the kmodel with QUANTIZE, which v3 runtimes do not
-    take: no node is to blame, and the receipt read 'v3 cannot express the first kmodel layer would
-    be QUANTIZE' (a Pico loud-talking detector, round 65's second hunt)."""
+    """A vector input reshaped for a pool (a map no conv reads first: it stays a vector, see
+    passes.input_nchw) starts the kmodel with QUANTIZE, which v3 runtimes do not take: no node is
+    to blame, and the receipt read 'v3 cannot express the first kmodel layer would be QUANTIZE'
+    (a Pico loud-talking detector, round 65's second hunt)."""
     import numpy as np
     from onnx import helper
 
     from front_helpers import make_model, rand
     from tl2k210.compiler import ConvertOptions, convert
     n = helper.make_node
-    m = make_model([n("Reshape", ["x", "s"], ["r"]), n("Conv", ["r", "w"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["y"])],
-                   [("x", [1, 64])], [("y", None)], {"s": np.array([1, 4, 4, 4], np.int64), "w": rand(8, 4, 3, 3)})
+    m = make_model([n("Reshape", ["x", "s"], ["r"]), n("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[1, 1]),
+                    n("Conv", ["p", "w"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["y"])],
+                   [("x", [1, 256])], [("y", None)], {"s": np.array([1, 4, 8, 8], np.int64), "w": rand(8, 4, 3, 3)})
     calib = tmp_path / "c.npy"
-    np.save(calib, np.random.default_rng(0).uniform(0, 1, (8, 64)).astype(np.float32))
+    np.save(calib, np.random.default_rng(0).uniform(0, 1, (8, 256)).astype(np.float32))
     r = convert(m, str(tmp_path / "o.kmodel"), ConvertOptions(dataset=str(calib), progress=False))
     why = r.totals["format_why"]
     assert r.totals["format"] == "v4" and why.startswith("kmodel v4 (--format auto): not v3, as the first kmodel "

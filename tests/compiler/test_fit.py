@@ -865,8 +865,7 @@ def test_a_dense_layer_fits_only_as_kmodel_v4_quantized_matmul(tmp_path, png_dir
     fast = _convert(src, tmp_path / "fast.kmodel", png_dir, runtime="sdk")       # 5 MiB: the fastest forms fit
     assert fast.totals["format"] == "v3" and not fast.trades
     assert fast.file_size > 4_096_000
-    # (kmodel v3 asked for: --format auto takes v4's forms, 0.94 MB, which need no trade)
-    r = _convert(src, tmp_path / "fit.kmodel", png_dir, runtime="maixpy", format="v3")
+    r = _convert(src, tmp_path / "fit.kmodel", png_dir, runtime="maixpy")
     assert r.file_size + r.main_memory <= 2 * 1024 * 1024 < r.totals["fastest_need"]
     assert r.totals["format"] == "v4" and "in its smaller form, quantized_matmul (CPU uint8)" in r.totals["format_why"]
     assert len(r.trades) == 1 and r.trades[0].startswith("y: quantized_matmul, 1,000 KiB")

@@ -603,7 +603,8 @@ def test_frozen_graph_with_an_audio_front_end_starts_at_its_mfccs(tmp_path):
     """ARM ML-KWS-for-MCU's frozen keyword spotters read a wav file's bytes: wav_data ->
     DecodeWav -> AudioSpectrogram -> Mfcc -> the network. The K210 runs the network; the kmodel's
     input is the MFCC tensor (the board's CPU computes it, as the MCU deployments do), and the
-    receipt says so. Same numbers as TensorFlow from the MFCCs on."""
+    receipt says so. Same numbers as TensorFlow from the MFCCs on, read as the (1, 49, 10) map the
+    network reshapes them to: codes 0..255 over the --dataset arrays' range (compiler._feature_range)."""
     from tl2k210.compiler import ConvertOptions, convert
     from tl2k210.k210.emulator import Emulator
     tfm = tf()
@@ -629,9 +630,12 @@ def test_frozen_graph_with_an_audio_front_end_starts_at_its_mfccs(tmp_path):
     assert "(DecodeWav -> AudioSpectrogram -> Mfcc) is not converted: the kmodel's input is 'Mfcc:0'" \
         in r.totals["input_note"]
     assert r.totals["input_note"] in r.table()
+    lo, hi = r.totals["input_range"]
+    assert (lo, hi) == (float(feats.min()), float(feats.max())) and "arrays' min and max" in r.table()
     emu = Emulator.load(tmp_path / "kws.kmodel")
     for f, ref in zip(feats, want):
-        got = np.asarray(emu.run(f.reshape(-1))[0], np.float64).reshape(ref.shape)
+        codes = np.clip(np.rint((f - lo) / (hi - lo) * 255), 0, 255).astype(np.uint8)
+        got = np.asarray(emu.run(codes.reshape(emu.input_spec()[0]))[0], np.float64).reshape(ref.shape)
         assert sqnr_db(ref, got) > 25
 
 

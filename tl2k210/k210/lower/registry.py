@@ -148,7 +148,10 @@ def select(g, node, opts, fmt="v3"):
             "{input}", g.source_name(node.inputs[0]) if node.inputs else "")
         hint = inside or (f"nearest supported form: {hint}" if hint else
                           f"replace it in the model with supported ops: {', '.join(supported_ops(fmt))}")
-        raise _refusal(node, f"node {node.name!r}: op {describe(node)} has no K210 lowering; {hint}")
+        err = UnsupportedOpError(f"node {node.name!r}: op {describe(node)} has no K210 lowering; {hint}")
+        if node.op not in NEAREST:      # (NEAREST's advice is the op's own)
+            err.node = node.name
+        raise err
     named = getattr(opts, "format", fmt) == fmt   # the user's format, not one `auto` tries
     workarounds = named or fmt == "v3" and getattr(opts, "v3_only", False)   # explicit alternatives
     if not named:      # checks may ask which format is being planned
@@ -179,15 +182,10 @@ def select(g, node, opts, fmt="v3"):
         else:
             lines.append(f"{other[0].name.split(': ', 1)[-1]}: needs kmodel {fmts[0]}, which this release "
                          f"does not write (it writes {', '.join(FORMATS)})")
-    raise _refusal(node, f"node {node.name!r}: {describe(node)} cannot be lowered to kmodel {fmt}:\n  - "
-                   + "\n  - ".join(lines))
-
-
-def _refusal(node, message) -> UnsupportedOpError:
-    """The error naming `node`, which it keeps (`.node`) for the advice the caller may add."""
-    err = UnsupportedOpError(message)
-    err.node = node.name
-    return err
+    err = UnsupportedOpError(f"node {node.name!r}: {describe(node)} cannot be lowered to kmodel {fmt}:\n  - "
+                             + "\n  - ".join(lines))
+    err.node = node.name        # for the advice the caller may add (fit.end_before)
+    raise err
 
 
 def smaller_alternative(g, node, opts, chosen):
