@@ -650,6 +650,30 @@ def normalize_convs(g):
                 continue
             a["pads"] = same_pads(shape[2:], a.get("strides", (1, 1)), k, a.get("dilations", (1, 1)),
                                   a.pop("auto_pad"))
+        if n.op in ("MaxPool", "AveragePool") and n.attrs.get("ceil_mode") and "auto_pad" not in n.attrs:
+            _ceil_as_pads(g, n)
+
+
+def _ceil_as_pads(g, n):
+    """A 2-D pool's ceil_mode as the end pads that give floor mode its outputs (PyTorch's MaxPool2d
+    ceil_mode=True, yolov8-lite's: on an even map the same windows, and the KPU and uint8 pools
+    take no ceil_mode, so it ran in float on the CPU and forced kmodel v4). A max pool ignores
+    padding, as an average pool that counts no pads does (ceil mode's last windows divide by
+    the taps inside the map); one that counts them keeps ceil_mode."""
+    a, shape = n.attrs, g.tensors[n.inputs[0]].shape
+    k = tuple(a.get("kernel_shape", ()))
+    if len(k) != 2 or shape is None or len(shape) != 4 or n.op == "AveragePool" and a.get("count_include_pad", 0):
+        return
+    s, d = tuple(a.get("strides", (1, 1))), tuple(a.get("dilations", (1, 1)))
+    pads = list(a.get("pads", (0, 0, 0, 0)))
+    for i, x in enumerate(shape[2:]):
+        span = (k[i] - 1) * d[i] + 1
+        padded = x + pads[i] + pads[i + 2]
+        out = -(-(padded - span) // s[i]) + 1
+        if (out - 1) * s[i] >= x + pads[i]:     # no window starts in the end padding (ONNX, PyTorch)
+            out -= 1
+        pads[i + 2] += max(0, (out - 1) * s[i] + span - padded)
+    a["pads"], a["ceil_mode"] = pads, 0
 
 
 def same_pads(hw, strides, kernel, dilations, auto) -> list:

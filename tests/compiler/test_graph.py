@@ -51,6 +51,36 @@ def test_a_pools_auto_pad_becomes_explicit_pads_and_lowers_to_v3(auto, size, pad
     assert kmodel.version == 3 and sqnr(m, kmodel, px) > 30
 
 
+@pytest.mark.parametrize("op,cip,k,s,size,pads", [
+    ("MaxPool", 0, 2, 2, 64, [0, 0, 0, 0]),       # yolov8-lite's: an even map, the same windows
+    ("MaxPool", 0, 2, 2, 63, [0, 0, 1, 1]),       # odd: one more window, half in the end padding
+    ("MaxPool", 0, 3, 2, 32, [0, 0, 1, 1]),
+    ("AveragePool", 0, 2, 2, 63, [0, 0, 1, 1]),   # a mean of the taps inside: as ceil mode's
+    ("AveragePool", 1, 2, 2, 63, None),           # counts pads: ceil mode stays
+])
+def test_a_pools_ceil_mode_becomes_end_pads(op, cip, k, s, size, pads):
+    """PyTorch's MaxPool2d(ceil_mode=True) (hpc203's yolov8-lite face detector, hunt 20): the KPU
+    and uint8 pools take no ceil_mode, so it ran in float on the CPU and forced kmodel v4, though
+    on an even map it pools the same windows. At import it is the end pads that give floor mode
+    its outputs: the same values as onnxruntime, kmodel v3 where the pool has a v3 form."""
+    from lower_helpers import compile_model, pixels, sqnr
+    n = helper.make_node
+    kw = {"count_include_pad": cip} if op == "AveragePool" else {}
+    m = make_model([n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["r"]),
+                    n(op, ["r"], ["y"], kernel_shape=[k, k], strides=[s, s], ceil_mode=1, **kw)],
+                   [("x", [1, 3, size, size])], [("y", None)], {"w": rand(8, 3, 3, 3), "b": rand(8)})
+    g = from_onnx(m)
+    pool = next(x for x in g.nodes if x.op == op)
+    assert pool.attrs.get("ceil_mode") == (1 if pads is None else 0)
+    assert pads is None or pool.attrs["pads"] == pads
+    x = rand(1, 3, size, size)
+    np.testing.assert_allclose(run(g, x)["y"], ort_run(m, x)[0], rtol=1e-5, atol=1e-5)
+    if op == "MaxPool":
+        px = pixels(3, 3, size, size)
+        kmodel = compile_model(m, px, format="v3")[0]
+        assert kmodel.version == 3 and sqnr(m, kmodel, px) > 30
+
+
 def test_roundtrip_matches_onnxruntime():
     m = small_model()
     x = rand(1, 3, 16, 16)
