@@ -273,6 +273,12 @@ def test_zero_pad_absorbed_into_conv():
                                                 "v": np.float32(1), "w": rand(4, 4, 3, 3)})
     g, changes = check(m, "pad_into_conv")
     assert g.op_counts() == {"Add": 1, "Conv": 1} and "value 1" in changes[0][1]
+    # opset 18's Pad with an `axes` input (PyTorch 2's exports, hunt 20): pads on H and W only
+    nodes = [n("Pad", ["x", "p", "", "ax"], ["xp"]), conv("y", "xp", "w")]
+    m = make_model(nodes, [X], [("y", None)], {"p": np.array([1, 2, 1, 0], np.int64), "ax": np.array([2, 3], np.int64),
+                                                "w": rand(4, 4, 3, 3)}, opset=18)
+    g, _ = check(m, "pad_into_conv")
+    assert g.op_counts() == {"Conv": 1} and g.nodes[0].attrs["pads"] == [1, 2, 1, 0]
 
 
 @pytest.mark.parametrize("pool,fused", [

@@ -7,25 +7,23 @@ MaxPool: pads add to the pool's (its padding never wins a max) when the value is
   input that cannot be negative (after ReLU, ReLU6, Sigmoid, HardSigmoid)."""
 import numpy as np
 
-from tl2k210.graph import Node
+from tl2k210.graph import Node, pads_of
 
 NONNEG = {"Relu", "Sigmoid", "HardSigmoid", "Softplus"}
 
 
 def constant_pads(g, pad):
-    """([top, left, bottom, right], value) of a constant NCHW Pad on H and W only, or None."""
-    if pad.attrs.get("mode", "constant") != "constant":
+    """([top, left, bottom, right], value) of a constant NCHW Pad on H and W only (opset 18's
+    `axes` input included: PyTorch 2's exports), or None."""
+    if len(g.shape(pad.inputs[0]) or ()) != 4:
         return None
-    p = pad.attrs.get("pads") if len(pad.inputs) < 2 else g.const(pad.inputs[1])
-    if p is None or len(p) != 8 or len(pad.inputs) > 3 and pad.inputs[3]:
+    r = pads_of(g, pad)
+    if isinstance(r, str) or r[2] != "constant":
         return None
-    value = g.const(pad.inputs[2]) if len(pad.inputs) > 2 and pad.inputs[2] else pad.attrs.get("value", 0.0)
-    if value is None or np.asarray(value).size != 1:
+    (n, c, h, w), value, _ = r
+    if any(n) or any(c) or min(h + w) < 0:
         return None
-    p = [int(v) for v in p]
-    if p[0] or p[1] or p[4] or p[5] or min(p) < 0:
-        return None
-    return [p[2], p[3], p[6], p[7]], float(np.asarray(value).reshape(()))
+    return [h[0], w[0], h[1], w[1]], value
 
 
 def spatial_zero_pads(g, pad):
