@@ -77,6 +77,11 @@ def _pairs_into_conv(g, conv, log, name):
     conv.inputs[2] = g.add_const((d @ b).astype(np.float32), conv.inputs[2] + "/softmax2")
     conv.attrs["activation"] = {"op": "Sigmoid"}
     conv.fused.append(name)
+    # a quantized model's range of the conv's logits is not that of their differences, which the
+    # sigmoid now reads (a QDQ visual wake word's p(person) never went below 0.07: its table
+    # spanned the logits' -2.6..2.6, the differences reach -11)
+    g.meta.get("quant_ranges_by_node", {}).pop(conv.name, None)
+    g.meta.get("quant_ranges", {}).pop(conv.outputs[0], None)
     log(conv.name, f"2-class {'channel ' if w.shape[0] == 2 else 'channel-pair '}softmax {name} -> sigmoid "
                    "of the class differences, in the conv")
 
