@@ -1156,3 +1156,26 @@ def test_a_quantized_models_two_class_softmax_reads_the_differences_range(tmp_pa
     note = next(nt for row in r.layers for nt in row["notes"] if "activation Sigmoid" in nt)
     lo, hi = (float(v) for v in note.split("input [")[1].rstrip("]").split(", "))
     assert hi - lo > 2 * 2.6 * 1.2, note
+
+
+@pytest.mark.parametrize("pads,cip,stride,made", [([1, 1, 1, 1], 1, 1, True), ([1, 1, 1, 1], 1, 2, True),
+                                                  ([0, 0, 0, 0], 0, 1, True), ([1, 1, 1, 1], 0, 1, False)])
+def test_a_3x3_mean_pool_dividing_by_9_is_a_depthwise_conv(pads, cip, stride, made):
+    """PyTorch's AvgPool2d(3, 1, 1) (count_include_pad by default; hunt 20) ran as a uint8 CPU conv,
+    kmodel v4 only. Where every window divides by 9 it is a depthwise 3x3 conv of weights 1/9 over
+    the zero-padded map (exact in float): the KPU runs it, in kmodel v3; the 8-bit ideal stays the
+    pool's (no weights: a FORM_PASSES member). A padded pool that divides by the taps inside stays."""
+    from lower_helpers import compile_model, pixels, sqnr
+    n = helper.make_node
+    m = make_model([conv("c", "x", "w", "b", pads=[1, 1, 1, 1]), n("Relu", ["c"], ["r"]),
+                    n("AveragePool", ["r"], ["y"], kernel_shape=[3, 3], strides=[stride, stride], pads=pads,
+                      count_include_pad=cip)],
+                   [("x", [1, 3, 16, 16])], [("y", None)], {"w": rand(8, 3, 3, 3), "b": rand(8)})
+    g, _ = check(m, "avg_pool_conv")
+    assert ("AveragePool" in g.op_counts()) is not made
+    if made:
+        from tl2k210.k210.flow import FORM_PASSES
+        assert "avg_pool_conv" in FORM_PASSES
+        px = pixels(3, 3, 16, 16)
+        kmodel = compile_model(m, px, format="v3")[0]
+        assert kmodel.version == 3 and sum(L.conv is not None for L in kmodel.layers) == 2 and sqnr(m, kmodel, px) > 30

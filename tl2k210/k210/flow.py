@@ -17,6 +17,7 @@ from tl2k210.passes.constant_outputs import constant_outputs
 from tl2k210.passes.conv_transpose import conv_transpose, conv_transpose_3x3
 from tl2k210.passes.decompose import (batchnorm_of_activations, centered_norm, group_norm, instance_norm,
                                       log_softmax, lrn, reduce_sum_square, static_where, tile)
+from tl2k210.passes.avg_pool_conv import avg_pool_conv
 from tl2k210.passes.dequantize import dequantize
 from tl2k210.passes.einsum import einsum_dense
 from tl2k210.passes.equal_mask import equal_mask
@@ -154,6 +155,7 @@ PIPELINE = [
     Pass("unequal_strides", unequal_strides),   # (2, 1): the KPU conv at (1, 1) + a strided slice
     Pass("kpu_padding", kpu_padding, default=False, exact=False),
     Pass("fuse_pool", functools.partial(fuse_pool, min_out=hw.LIMITS["out_min"])),
+    Pass("avg_pool_conv", avg_pool_conv),   # a 3x3 mean no conv took: a depthwise KPU conv
     Pass("cleanup_layout", upsample_to_resize),
     Pass("output_nchw", output_nchw),
     Pass("tile", tile),            # what upsample_to_resize left (Keras UpSampling2D is a Tile too)
@@ -181,10 +183,10 @@ def run_pipeline(graph, options=None, target=None):
 #: the passes that give layers the KPU's forms at a cost in maps or weights: the PReLU pair doubles
 #: the maps it writes and its readers' weights (MobileFaceNet's 8-bit weights 0.25 MB, 0.48 MB
 #: after it), the residual form adds depthwise convs and adds, a dilated conv's mosaic copies its
-#: input twice, a 2x2 conv made 3x3 stores 9 taps of which 5 are zeros. What the network needs at 8
-#: bits is its graph without them.
+#: input twice, a 2x2 conv made 3x3 stores 9 taps of which 5 are zeros, a mean pool made a depthwise
+#: conv stores weights the pool has not. What the network needs at 8 bits is its graph without them.
 FORM_PASSES = ("prelu_residual_every", "prelu_residual_grouped", "prelu_residual", "prelu_split", "dilated_mosaic",
-               "square_kernels")
+               "square_kernels", "avg_pool_conv")
 
 
 def network_ideal(graph, flowed, log, options=None, target=None, weight_bits=8):
