@@ -437,7 +437,8 @@ def test_quantized_conv2d_channel_ranges_bit_exact(monkeypatch):
 
 MEANS = {     # mean pools on uint8 (no float map): quantized_conv2d over C batches of one channel
     "avg_3x3_s3": ("AveragePool", dict(kernel_shape=[3, 3], strides=[3, 3]), 9),   # (2x2 s2: the KPU's pool)
-    "avg_3x3_pads_counted": ("AveragePool", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1), 9),
+    # (a 3x3 one is a depthwise KPU conv: passes.avg_pool_conv)
+    "avg_5x5_pads_counted": ("AveragePool", dict(kernel_shape=[5, 5], pads=[2, 2, 2, 2], count_include_pad=1), 25),
     "avg_2x3_s2_asymmetric": ("AveragePool", dict(kernel_shape=[2, 3], strides=[2, 1], pads=[0, 1, 1, 1],
                                                    count_include_pad=1), 6),
     "global": ("GlobalAveragePool", {}, 144),
@@ -921,7 +922,7 @@ def test_resize_refusals_name_the_mode():
 @pytest.mark.parametrize("pool", [
     N("MaxPool", ["r"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
     N("AveragePool", ["r"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
-    N("AveragePool", ["r"], ["y"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=1),
+    N("AveragePool", ["r"], ["y"], kernel_shape=[5, 5], strides=[1, 1], pads=[2, 2, 2, 2], count_include_pad=1),
     N("MaxPool", ["r"], ["y"], kernel_shape=[2, 2], strides=[1, 1], dilations=[2, 2])])
 def test_reduce_window2d(pool):
     model, q, rows = check_v4(build([pool], {}), opcodes=("reduce_window2d",))
