@@ -498,6 +498,29 @@ def test_a_keras_file_tf_keras_wrote_loads_through_tf_keras(tmp_path):
     np.testing.assert_allclose(run(g, x)[g.outputs[0]], m(x).numpy(), atol=TOL)
 
 
+@pytest.mark.parametrize("suffix", [".keras", ".h5"])
+def test_a_keras_file_with_its_authors_layer_classes_says_to_export_it(tmp_path, suffix):
+    """A custom layer's Python code is not in a .keras/.h5 file: Keras 3 refused with a dump of
+    the model's config (9.7 KB), Keras 2 with "use custom_object_scope" (hunt 20), neither saying
+    what a user of tl2k210 can do. The refusal names the layer and says to export the model where
+    its code is; nothing of the file runs."""
+    import keras
+    from tl2k210.errors import ModelLoadError
+
+    @keras.saving.register_keras_serializable(package="t")
+    class Scale(keras.layers.Layer):
+        def call(self, x):
+            return x * 2.0
+    i = keras.Input((8, 8, 3))
+    m = keras.Model(i, keras.layers.Dense(2)(Scale(name="twice")(keras.layers.Conv2D(4, 3)(i))))
+    path = tmp_path / f"custom{suffix}"
+    m.save(path)
+    keras.saving.get_custom_objects().pop("t>Scale")       # a user's process has not its code
+    with pytest.raises(ModelLoadError, match=r"layer\(s\) 'twice' \((t>)?Scale\) are the author's own classes.*"
+                                             r"export the model as a SavedModel"):
+        load_graph(path)
+
+
 def test_structural_order_ignores_the_node_order_of_the_file():
     """Two files with the same graph, nodes listed in different orders, give one order."""
     from onnx import TensorProto, helper

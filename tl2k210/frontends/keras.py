@@ -185,7 +185,6 @@ def _h5_kind(path):
 
 def load_keras(path, weights=None):
     """A Keras model from a .keras/.h5 file, or from an architecture .json (+ weights .h5)."""
-    import keras
     path = Path(path)
     cfg = _file_config(path)
     if cfg is not None:
@@ -193,6 +192,35 @@ def load_keras(path, weights=None):
         refuse_qkeras(cfg, path)
     if path.suffix.lower() == ".json":
         return _load_json(path, weights)
+    try:
+        return _load_file(path, cfg)
+    except ModelLoadError as e:
+        custom = _custom_layers(cfg) if cfg is not None else []
+        if not custom:
+            raise
+        raise ModelLoadError(
+            f"{path}: layer(s) {', '.join(custom[:5])}{' ...' if len(custom) > 5 else ''} are the author's own "
+            "classes, whose Python code a model file does not hold (and tl2k210 runs no code from a file): "
+            "where that code is, export the model as a SavedModel (Keras 3: model.export(DIR); Keras 2: "
+            "model.save(DIR)), ONNX or TFLite, and convert that") from e
+
+
+def _custom_layers(cfg) -> list:
+    """'name' (class) of each layer of Keras config `cfg` that no Keras package defines."""
+    import keras
+    known = set(dir(keras.layers)) | {"Functional", "Sequential", "Model"}
+    try:
+        import tf_keras
+        known |= set(dir(tf_keras.layers))
+    except ImportError:
+        pass
+    return [f"{(c.get('config') or {}).get('name', '?')!r} ({c.get('registered_name') or c['class_name']})"
+            for d in _dicts(cfg) if isinstance(d.get("layers"), list)
+            for c in d["layers"] if isinstance(c, dict) and c.get("class_name") not in known]
+
+
+def _load_file(path, cfg):
+    import keras
     try:
         model = keras.models.load_model(str(path), compile=False)
     except Exception as e:
