@@ -1039,7 +1039,7 @@ def plan_and_lower(opt: Optimised, cal: Calibration):
 
     def search(compact):
         return fit.choose_forms(builder(opts.format, compact), budget, opts.optimize,
-                                v4=builder("v4", compact) if v4 else None, weights=opt.ideal.weight_bytes)
+                                v4=builder("v4", compact) if v4 else None, ideal=opt.ideal)
     choice = search(opts.optimize == "size")
     if opts.optimize == "latency" and choice.fastest_need > budget and choice.fastest_format == "v3":
         # the fastest forms did not fit: kmodel v3's least block alignment costs no time, so the

@@ -343,20 +343,20 @@ SIZE_SLACK = 0.005
 WEIGHTS_TARGET, MAIN_TARGET = 1.15, 1.25
 
 
-def choose_forms(build, budget: int, optimize: str = "latency", v4=None, weights: int = 0) -> Choice:
+def choose_forms(build, budget: int, optimize: str = "latency", v4=None, ideal=None) -> Choice:
     """The forms of `_choose_forms`; with --optimize size and `v4` (a build of --format auto's
     model as kmodel v4), also v4's smallest, kept when the whole model is smaller, or as small and
     faster: auto's search starts from v3's fastest forms, where one v4-only smaller form moves
     every layer to v4's forms and so never pays alone (ULFD RFB-320: v3 385,488 B, v4 324,064 B),
     and where one does, it is charged with what v4 saves elsewhere (Maix-EMC's CIFAR net: a 3x3
     conv's CPU form, 165x slower and 256 B smaller, took v4's uint8 dense layer with it).
-    With --optimize latency, a kmodel v3 over WEIGHTS_TARGET times the ideal `weights` is also
+    With --optimize latency, a kmodel v3 over WEIGHTS_TARGET times the `ideal` weights is also
     built as v4, kept where that is smaller and at most LATENCY_SLACK slower (`_v4_latency`)."""
     choice = _choose_forms(build, budget, optimize)
     if v4 is None or choice.fastest_format != "v3":     # else the same search
         return choice
     if optimize != "size":
-        return _v4_latency(choice, v4, budget, weights)
+        return _v4_latency(choice, v4, budget, ideal)
     try:
         other = _choose_forms(v4, budget, "size")
     except Tl2k210Error:
@@ -373,12 +373,15 @@ def choose_forms(build, budget: int, optimize: str = "latency", v4=None, weights
     return other
 
 
-def _v4_latency(choice, v4, budget, weights):
+def _v4_latency(choice, v4, budget, ideal):
     """--format auto --optimize latency: kmodel v3 unless its bytes are over WEIGHTS_TARGET times
-    the ideal `weights` and v4's fastest forms that fit make a smaller model at most LATENCY_SLACK
-    slower (an int8 model's last dense layer: v3's float FULLY_CONNECTED stores 4 bytes a weight,
-    v4's quantized_matmul 1 at the same time; MLPerf's int8 ResNet-8, 1.94x -> 1.10x, 2.65 -> 2.88 ms)."""
+    the `ideal` weights and v4's fastest forms that fit store fewer, in a model no bigger with its
+    main memory, at most LATENCY_SLACK slower, and within MAIN_TARGET of the live set where v3 is
+    (an int8 model's dense layers: v3's float FULLY_CONNECTED stores 4 bytes a weight, v4's KPU or
+    quantized_matmul 1 at about the same time; MLPerf's int8 anomaly detector 1.93x -> 1.05x,
+    1.21 -> 0.77 ms. Its ResNet-8, 1.94x -> 1.10x at 1.34x the live set, stays v3)."""
     b = choice.built
+    weights, live = (ideal.weight_bytes, ideal.live_bytes) if ideal is not None else (0, 0)
     if b.lw.format != "v3" or not weights or len(b.data) <= WEIGHTS_TARGET * weights:
         return choice
     try:
@@ -386,7 +389,9 @@ def _v4_latency(choice, v4, budget, weights):
     except Tl2k210Error:
         return choice
     o = other.built
-    if o.need > budget or o.need >= b.need or o.est.cycles > (1 + LATENCY_SLACK) * b.est.cycles:
+    main_kept = not live or o.model.main_memory <= MAIN_TARGET * live or b.model.main_memory > MAIN_TARGET * live
+    if o.need > budget or len(o.data) >= len(b.data) or o.need > b.need or not main_kept \
+            or o.est.cycles > (1 + LATENCY_SLACK) * b.est.cycles:
         return choice
     other.format_note = (
         f"kmodel v4 (--format auto): kmodel v3's forms take {len(b.data):,} B ({len(b.data) / weights:.2f}x the "
