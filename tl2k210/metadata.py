@@ -480,8 +480,9 @@ def for_conversion(data: bytes, output, graph, opts, image: bool, budget: int, n
                    std=[float(v) for v in opts.std], bgr=opts.channel_order.upper() == "BGR")
     if image and graph.meta.get("bgr_folded"):   # --bgr folded into the first layer: it reads R, G, B
         inp["planes"] = "rgb"
-    was = graph.meta.get("relabelled", {}).get(graph.inputs[0])
-    if was is not None:       # the source's input, which passes.input_nchw relabelled (compare feeds it so)
+    x = graph.inputs[0]       # the source's input (as --input-shape gave it, without a batch axis)
+    was = graph.meta.get("unbatched", {}).get(x) or graph.meta.get("relabelled", {}).get(x)
+    if was is not None:       # ... which passes.input_nchw relabelled (compare feeds it so)
         inp["source_shape"] = [int(d) for d in was]
     if opts.inputs:           # --inputs: the source model's tensor the kmodel is fed (compare starts there)
         inp["start"] = graph.inputs[0]

@@ -181,6 +181,10 @@ def test_frames_without_a_batch_axis_sized_by_input_shape_convert(tmp_path, caps
         px = np.clip(np.rint((f.T[:, :, None] + 4) / 8 * 255), 0, 255).astype(np.uint8)   # the kmodel's (40, 80, 1)
         got = np.asarray(emu.run(px)[0]).reshape(-1)
         assert 10 * np.log10(np.sum(want ** 2) / np.sum((want - got) ** 2)) > 30
+    # the metadata keeps the shape --input-shape gave: compare feeds the source (80, 40) frames
+    assert json.loads((tmp_path / "kws.kmodel.json").read_text())["input"]["source_shape"] == [80, 40]
+    np.save(tmp_path / "held.npy", frames[16:])
+    assert main(["compare", str(src), str(out), "--dataset", str(tmp_path / "held.npy")]) == 0
     assert main(["convert", str(src), str(out), "--input-shape", "2,80,1,40"] + flags) == 2
     assert "a kmodel runs one sample at a time; give a batch of one: --input-shape 1,80,1,40" in capsys.readouterr().err
 
