@@ -386,7 +386,7 @@ def kxk_refuses(g, node, opts, windows=False):
         return (f"a {Ky}x{Kx} kernel on {ci} channels reads {ci * per} shifted channels; the KPU reads "
                 f"{cmax}: " + ("no split of its groups into channel windows keeps every layer within it" if windows
                                else f"at most {cmax // per} input channels in one layer; a depthwise/group conv "
-                               "runs in channel windows in kmodel v4" if grouped
+                               "runs in channel windows in kmodel v4 (in v3 too with --format v3)" if grouped
                                else f"at most {cmax // per} input channels (or a depthwise/group conv)"))
     if node.inputs[0] in g.inputs and _fmt(opts) == "v3" and \
             not image_resident(g, node, "v3", getattr(opts, "kpu_ram_lines", hw.KPU_RAM_LINES)):
