@@ -841,6 +841,12 @@ def load(source, opts: ConvertOptions) -> Loaded:
               for x, v in opts.input_values]
     notes += [f"input {x!r} was exported with a fixed batch of {n}: the kmodel takes one sample (the K210 "
               "runs one at a time)" for x, n in graph.meta.get("rebatched", {}).items()]
+    resized = graph.meta.get("resized_reshapes", {})
+    if resized:     # (a ShuffleNet's channel shuffles written for the exported size: yolov8-lite's)
+        (name, (was, now)), more = next(iter(resized.items())), len(resized) - 1
+        notes += [f"--input-shape: {len(resized)} Reshape target(s) the file fixes at its exported size take the "
+                  f"new size, their dims grouped as there ({name!r}: {was} -> {now}"
+                  f"{f', and {more} more' if more else ''})"]
     for note in notes:
         _say(opts, "      " + note)
     return Loaded(graph, where, "; ".join(notes), time.perf_counter() - t0)

@@ -1016,6 +1016,7 @@ def _follow_relabels(g, relabels) -> bool:
         if new == target:
             continue
         n.inputs[1] = g.add_const(np.array(new, np.int64), n.name + "/shape")
+        g.meta.setdefault("resized_reshapes", {})[n.name] = (target, new)
         return True
     return False
 
