@@ -1,7 +1,7 @@
 """Evaluate nodes whose inputs are all constants (and Shape/Size of known shapes, so the shape
 arithmetic TF graphs do at run time -- Shape, Gather, Concat, Slice... -- becomes constants); drop
 Identity, inference-mode Dropout, Cast/CastLike to the type the tensor already has, a Pad of
-nothing, a Resize to the size it has, x + 0 / x * 1 and the tiny eps of d * (d + eps)."""
+nothing, a Resize or Reshape to the shape it has, x + 0 / x * 1 and the tiny eps of d * (d + eps)."""
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -101,6 +101,16 @@ def _no_pad(g, n) -> bool:
     return p is not None and not np.any(np.asarray(p)) and (len(n.inputs) < 4 or not n.inputs[3])
 
 
+def _same_shape_reshape(g, n) -> bool:
+    """A Reshape to the shape its input has, a target a TF graph computes from Shape ops (Magenta's
+    instance norms, once folded): between the layout changes push_transposes would cancel, it had
+    kept a region of the map NHWC, and a reflect pad there had no form."""
+    if n.op != "Reshape" or len(n.inputs) < 2 or g.const(n.inputs[1]) is None:
+        return False
+    shape = g.tensors[n.inputs[0]].shape
+    return shape is not None and None not in shape and g.tensors[n.outputs[0]].shape == tuple(shape)
+
+
 def _same_size_resize(g, n) -> bool:
     """A Resize whose output has its input's shape (Keras' Resizing(256, 256) on a 256x256 input,
     the TF tutorials' resize_and_rescale): every coordinate mode but tf_crop_and_resize maps each
@@ -173,7 +183,8 @@ def _fold_round(g, log):
             src = n.inputs[0] if n.inputs else ""
             keeps_name = n.outputs[0] in g.outputs and (src in g.inputs or src in g.outputs or g.const(src) is not None)
             passthrough = n.op in ("Identity", "Dropout") or _same_type_cast(g, n) or _no_pad(g, n) or \
-                _same_size_resize(g, n) or _no_arithmetic(g, n) or _guarded_square(g, n)
+                _same_size_resize(g, n) or _same_shape_reshape(g, n) or _no_arithmetic(g, n) or \
+                _guarded_square(g, n)
             if passthrough and not keeps_name and \
                     not any(g.consumers(o) for o in n.outputs[1:]):
                 g.nodes.remove(n)
