@@ -203,8 +203,8 @@ def test_a_flat_input_reshaped_for_its_first_conv_is_that_map(tmp_path, capsys):
     nodes = [n("Reshape", ["x", "shape"], ["x4"]), conv_node("c", "x4", "w", "b", pads=[1, 1, 1, 1]),
              n("Relu", ["c"], ["y"])]
     m = make_model(nodes, [("x", [1, 490])], [("y", None)],
-                   {"shape": np.array([-1, 1, 49, 10], np.int64), "w": rng.normal(0, 0.3, (8, 1, 3, 3)).astype(np.float32),
-                    "b": rng.normal(0, 0.1, 8).astype(np.float32)})
+                   {"shape": np.array([-1, 1, 49, 10], np.int64),
+                    "w": rng.normal(0, 0.3, (8, 1, 3, 3)).astype(np.float32), "b": rng.normal(0, 0.1, 8).astype(np.float32)})
     src = tmp_path / "kws.onnx"
     onnx.save(m, src)
     rows = rng.normal(0, 1, (24, 490)).astype(np.float32)
