@@ -447,6 +447,16 @@ def model_input_range(graph, opts: ConvertOptions):
                                             f"{dtype} input {how}; override with --input-range")
 
 
+def _flat_order(graph):
+    """The order samples of an input sized without a batch axis, or reshaped for its first conv
+    (passes.input_nchw), come in when in the source's own shape: "NHWC" where input_nchw made
+    the source's NHWC input NCHW, else "NCHW"; None for any other input (no such samples)."""
+    x = graph.inputs[0]
+    if x not in graph.meta.get("unbatched", ()) and x not in graph.meta.get("relabelled", ()):
+        return None
+    return "NHWC" if graph.meta.get("input_layout", {}).get(x) == "NHWC->NCHW" else "NCHW"
+
+
 def _feature_range(graph, opts: ConvertOptions):
     """(opts, note) with the --dataset arrays' min and max as the input range, for a float vector
     input the model reshapes into the map its first conv reads (passes.input_nchw: the kmodel reads
@@ -462,7 +472,7 @@ def _feature_range(graph, opts: ConvertOptions):
     p = Path(opts.dataset)
     if not (p.is_file() and p.suffix in (".npy", ".npz") or p.is_dir() and array_files(p)):
         return None
-    data = np.concatenate(load_arrays(p, tuple(graph.shape(x)), flat="NCHW"))[:opts.calib_limit]
+    data = np.concatenate(load_arrays(p, tuple(graph.shape(x)), flat=_flat_order(graph)))[:opts.calib_limit]
     if data.dtype == np.uint8 or not data.size:
         return None
     rng = (float(data.min()), float(data.max()))
@@ -626,10 +636,7 @@ def model_inputs(graph, dataset, limit, opts: ConvertOptions):
                            "also converts without --dataset: its own scales give the ranges)")
     if layout is None:
         return np.concatenate(load_arrays(p, shape))[:limit].astype(np.float32), None
-    x = graph.inputs[0]      # an input sized without a batch axis: its samples in the source's own shape too
-    flat = None if x not in graph.meta.get("unbatched", ()) and x not in graph.meta.get("relabelled", ()) else \
-        "NHWC" if graph.meta.get("input_layout", {}).get(x) == "NHWC->NCHW" else "NCHW"
-    data = load_pixels(dataset, chw, limit, opts, flat)
+    data = load_pixels(dataset, chw, limit, opts, _flat_order(graph))
     scale, offset = pixel_mapping(opts, chw[0], graph)
     s4, o4 = scale[None, :, None, None], offset[None, :, None, None]
     if data.dtype == np.uint8:

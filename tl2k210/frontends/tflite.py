@@ -340,6 +340,7 @@ def fill_shapes(model, path) -> int:
     at a fixed 384x384 has) from the interpreter, which resolves them as it runs (on zeros):
     tf2onnx reads the file's and had failed on the first conv after the resize. Only the main
     graph's tensors without data; returns how many were filled."""
+    import numpy as np
     import tensorflow as tf
     sg = model.subgraphs[0]
     empty = [i for i, t in enumerate(sg.tensors)
@@ -348,7 +349,6 @@ def fill_shapes(model, path) -> int:
     if not empty:
         return 0
     try:                        # dynamic tensors get their shapes as the interpreter runs
-        import numpy as np
         it = tf.lite.Interpreter(model_path=str(path))
         it.allocate_tensors()
         for d in it.get_input_details():

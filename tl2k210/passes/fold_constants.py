@@ -105,18 +105,19 @@ def _same_shape_reshape(g, n) -> bool:
     """A Reshape to the shape its input has, a target a TF graph computes from Shape ops (Magenta's
     instance norms, once folded): between the layout changes push_transposes would cancel, it had
     kept a region of the map NHWC, and a reflect pad there had no form."""
-    if n.op != "Reshape" or len(n.inputs) < 2 or g.const(n.inputs[1]) is None:
-        return False
-    shape = g.tensors[n.inputs[0]].shape
-    return shape is not None and None not in shape and g.tensors[n.outputs[0]].shape == tuple(shape)
+    return n.op == "Reshape" and len(n.inputs) > 1 and g.const(n.inputs[1]) is not None and _keeps_shape(g, n)
 
 
 def _same_size_resize(g, n) -> bool:
     """A Resize whose output has its input's shape (Keras' Resizing(256, 256) on a 256x256 input,
     the TF tutorials' resize_and_rescale): every coordinate mode but tf_crop_and_resize maps each
     output pixel onto its own input pixel, so it is the tensor itself."""
-    if n.op != "Resize" or n.attrs.get("coordinate_transformation_mode") == "tf_crop_and_resize":
-        return False
+    return n.op == "Resize" and n.attrs.get("coordinate_transformation_mode") != "tf_crop_and_resize" and \
+        _keeps_shape(g, n)
+
+
+def _keeps_shape(g, n) -> bool:
+    """Has `n`'s output the known shape of its input?"""
     shape_in, shape_out = g.tensors[n.inputs[0]].shape, g.tensors[n.outputs[0]].shape
     return shape_in is not None and None not in shape_in and tuple(shape_in) == tuple(shape_out or ())
 

@@ -256,6 +256,8 @@ def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, 
     s_z, z_z = fx.qparams(*z_range)
     y_amax = max(abs(y_lo), abs(y_hi), (255 - z_z) * s_z, z_z * s_z)
     Wq, zw, sw, on_grid = _own_integers(W, Wq, zw, sw)
+    # each channel's |y - bias| within what its weights reach from any input bytes
+    reach = np.abs(Wq.astype(np.int64) - zw).reshape(len(sw), -1).sum(axis=1) * max(z_x, 255 - z_x) * sw
     lo, hi = fx.clamp_of(act_attr)
     e = np.array([fx.double_rounding_offset(m) for m in sw / s_z]) if rounding == "reference" else np.zeros(len(sw))
     signed = lo < -0.5 * s_z and z_z > 0    # outputs below the zero point: their rounding mirrors
@@ -269,8 +271,7 @@ def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, 
     s_v_max = fx.choose_v_scale(1.0, sw, B, y_amax * 2)
     spacing_real = 0.0
     if len(offsets) > 1:    # every group's |V| below half the spacing for any input bytes
-        acc = np.abs(Wq.astype(np.int64) - zw).reshape(len(sw), -1).sum(axis=1) * max(z_x, 255 - z_x)
-        spacing_real = 2 * float(np.max(acc * sw + np.abs(B))) + 4 * s_z
+        spacing_real = 2 * float(np.max(reach + np.abs(B))) + 4 * s_z
         if fx.exact_v_scale(0.99 * 2.0 ** 31 / (spacing_real * len(offsets)), s_z)[1] < 8:
             why.append(f"{len(offsets)} double-rounding offsets below zero, their table stretches too wide")
             offsets, spacing_real = offsets[-1:], 0.0
@@ -287,10 +288,9 @@ def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, 
     act = fx.clamp_table(lo, hi, a, s_z, z_z, [int(2 * np.rint(o * big)) for o in offsets], spacing)
     lq = LayerQuant(Wq, zw, z_x, bn, act, (s_z, z_z), groups, 8)
     lq.fit_lsb = fit_error(act_attr, act, y_lo, y_hi, s_v, s_z, z_z)
-    # each channel's |y| within what its weights reach from any input bytes (a channel of tiny
-    # weights, whose multiplier the 24 bits hold poorly, reaches little: the layer's range had
-    # made MobileNetV2's first conv "650 LSB off" where its bytes were TFLite's)
-    reach = np.abs(Wq.astype(np.int64) - zw).reshape(len(sw), -1).sum(axis=1) * max(z_x, 255 - z_x) * sw
+    # each channel within its reach (a channel of tiny weights, whose multiplier the 24 bits hold
+    # poorly, reaches little: the layer's range had made MobileNetV2's first conv "650 LSB off"
+    # where its bytes were TFLite's)
     margin = fx.tie_margin(sw, bn, s_v, a, np.minimum(y_amax, reach), B) + (0.5 / big if rounding == "reference" else 0)
     if signed and why:
         unmatched = int(np.sum(e != offsets[group]))
