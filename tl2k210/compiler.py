@@ -1225,7 +1225,8 @@ def _constants_note(graph) -> str | None:
     return (f"constant outputs left out of the kmodel (it computes maps): "
             + ", ".join(f"{o} {tuple(np.shape(v))}" for o, v in cs.items())
             + (" (their values are in the metadata's constants)" if len(kept) == len(cs) else
-               f" ({', '.join(kept)}: values in the metadata's constants)" if kept else "")
+               f" ({', '.join(kept) or 'none'} in the metadata's constants; the rest, over "
+               f"{MAX_CONSTANT_VALUES:,} values, take from the source model)")
             + f"; the kmodel's outputs, in order: {', '.join(graph.outputs)}")
 
 

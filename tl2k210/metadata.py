@@ -37,7 +37,7 @@ VERSION = 1
 SUFFIX = SIDECAR_SUFFIX
 TASKS = ("yolo2", "classify", "embed", "image")
 MAX_BYTES = 1 << 20         # a sidecar is a few KiB: read no more (a .kfpkg member neither)
-MAX_CONSTANT_VALUES = 16384  # a constant output's values kept (an SSD's 1,917 anchors: 7,668)
+MAX_CONSTANT_VALUES = 32768  # a constant output's values kept (ST's 256 px SSD: 6,825 anchors, 27,300)
 MAX_DEPTH = 16              # the schema nests 3 deep
 # an indented JSON array of numbers (raw newlines never occur inside JSON strings)
 _NUMBERS = re.compile(r"\[\n\s*((?:-?[0-9][0-9.eE+-]*,?\n\s*)+)\]")
@@ -489,7 +489,9 @@ def for_conversion(data: bytes, output, graph, opts, image: bool, budget: int, n
     if opts.input_values:     # the other inputs, pinned by --input-value
         inp["pinned"] = {x: [float(v) for v in vals] for x, vals in opts.input_values}
     outs = [{"name": o, "shape": dims(o)} for o in graph.outputs]
-    consts = {o: {"shape": list(np.shape(v)) or [1], "values": [float(x) for x in np.ravel(v)]
+    # float32's shortest decimals: 27,300 anchors in about 330 KB, well within MAX_BYTES
+    consts = {o: {"shape": list(np.shape(v)) or [1],
+                  "values": [float(str(x)) for x in np.ravel(v).astype(np.float32)]
                   if np.size(v) <= MAX_CONSTANT_VALUES else None}
               for o, v in graph.meta.get("constant_outputs", {}).items()}
     fw = {"runtime": opts.runtime, "budget_bytes": budget, "needs_bytes": need}

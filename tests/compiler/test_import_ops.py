@@ -649,17 +649,18 @@ def test_constant_output_is_dropped_and_named():
     assert changes and "is a constant" in changes[0][1]
 
 
-def test_a_constant_output_left_out_is_said_and_kept_in_the_metadata(tmp_path, capsys):
+@pytest.mark.parametrize("n", [4, 6825])
+def test_a_constant_output_left_out_is_said_and_kept_in_the_metadata(tmp_path, capsys, n):
     """ortex's tinymodel with x pinned: output2 = Gemm(x) is a constant, so the kmodel has two
     outputs, output1 and output3, and the second is not the source's second: the receipt said
     nothing of it (hunt 17). It names what was left out and the kmodel's order; the metadata
-    keeps the values, so the application need not read the source model."""
-    import json
-
+    keeps the values, so the application need not read the source model - ST's 256 px SSD's
+    6,825 anchors too (hunt 19: over the 16,384 values then kept, they were dropped), read back."""
     import onnx
+    from tl2k210 import metadata
     from tl2k210.cli import main
     nodes = [helper.make_node("Identity", ["k"], ["anchors"]), helper.make_node("Conv", ["x", "w"], ["boxes"])]
-    anchors = rand(1, 4, 2)
+    anchors = rand(1, n, 4 if n > 4 else 2)
     m = make_model(nodes, [("x", [1, 4, 8, 8])], [("anchors", None), ("boxes", None)],
                    {"k": anchors, "w": rand(4, 4, 1, 1)})
     src = tmp_path / "ssd.onnx"
@@ -668,11 +669,11 @@ def test_a_constant_output_left_out_is_said_and_kept_in_the_metadata(tmp_path, c
     out = tmp_path / "ssd.kmodel"
     assert main(["convert", str(src), str(out), "--dataset", str(tmp_path / "cal.npy"), "--min-sqnr", "0"]) == 0
     said = capsys.readouterr().out
-    assert ("constant outputs left out of the kmodel (it computes maps): anchors (1, 4, 2) (their values are in "
-            "the metadata's constants); the kmodel's outputs, in order: boxes") in said
-    meta = json.loads((tmp_path / "ssd.kmodel.json").read_text())
-    assert [o["name"] for o in meta["outputs"]] == ["boxes"] and meta["constants"]["anchors"]["shape"] == [1, 4, 2]
-    np.testing.assert_allclose(meta["constants"]["anchors"]["values"], anchors.ravel(), rtol=1e-6)
+    assert (f"constant outputs left out of the kmodel (it computes maps): anchors {anchors.shape} (their values "
+            "are in the metadata's constants); the kmodel's outputs, in order: boxes") in said
+    meta = metadata.load_for(out)
+    assert [o["name"] for o in meta.outputs] == ["boxes"] and meta.constants["anchors"]["shape"] == list(anchors.shape)
+    assert np.array_equal(np.float32(meta.constants["anchors"]["values"]), anchors.ravel().astype(np.float32))
 
 
 @pytest.mark.parametrize("conv_after", [True, False])
