@@ -147,19 +147,26 @@ def _array_input(path, shape, dtype, pre=None):
 def _to_pixels(path, x, item, pre):
     """Float model input `x` as the uint8 pixels the kmodel reads: the inverse of the
     preprocessing its metadata records (compiler.pixel_mapping, as `convert --dataset` maps float
-    arrays), rounded; a value more than half a pixel outside 0..255 is refused naming the range."""
+    arrays), rounded. Values more than half a pixel outside 0..255 are clipped with a warning, as
+    `convert --dataset` and the board clip them, where at most CLIPPED_REFUSED of them are; more
+    are refused naming the range (the model was converted for other data)."""
     import numpy as np
 
-    from tl2k210.compiler import ConvertOptions, pixel_mapping
+    from tl2k210.compiler import CLIPPED_REFUSED, ConvertOptions, pixel_mapping
     (a, b), c = pre["range"], item[-3] if len(item) >= 3 else 1
     opts = ConvertOptions(input_range=(a, b), channel_order="BGR" if pre.get("bgr") else "RGB",
                           **{k: tuple(pre[k]) for k in ("mean", "std") if pre.get(k)})
     scale, offset = (v.reshape((c, 1, 1) if len(item) >= 3 else (1,)) for v in pixel_mapping(opts, c))
     raw = (x.astype(np.float64) - offset) / scale
-    if raw.size and (raw.min() < -0.5 or raw.max() > 255.5):
-        raise InputFileError(f"{path} holds {x.dtype} values {x.min():.6g}..{x.max():.6g}, outside the model's "
-                             f"input range {a:g}..{b:g} (its metadata: what pixels 0..255 become); pass values "
-                             "in that range, uint8 pixels, or reconvert with --input-range covering the data")
+    outside = float(np.mean((raw < -0.5) | (raw > 255.5))) if raw.size else 0.0
+    what = (f"{path} holds {x.dtype} values {x.min():.6g}..{x.max():.6g}, {outside:.1%} of them outside the "
+            f"model's input range {a:g}..{b:g} (its metadata: what pixels 0..255 become)") if outside else ""
+    if outside > CLIPPED_REFUSED:
+        raise InputFileError(f"{what}; pass values in that range, uint8 pixels, or reconvert with --input-range "
+                             "covering the data")
+    if outside:
+        print(f"warning: {what}: they are clipped to it, as convert --dataset and the board clip them",
+              file=sys.stderr)
     print(f"input: {x.dtype} values mapped to uint8 pixels by the model's input range {a:g}..{b:g}")
     return np.rint(np.clip(raw, 0, 255)).astype(np.uint8)
 
