@@ -461,6 +461,40 @@ def test_run_maps_float_features_by_the_models_input_range(tmp_path, capsys):
     assert "reconvert with --input-range" in err
 
 
+def test_a_float_first_layer_on_a_1x1_map_is_measured_and_described_with_floats(tmp_path, capsys):
+    """Hunt 21: a keyword spotter's (1, 1, 13) MFCC input read by a 1x1 conv (42io's streaming
+    DS-CNN) becomes a v3 kmodel starting with a float FULLY_CONNECTED, which takes float32 values;
+    convert measured it on uint8 pixel codes (-48 dB), refused a correct kmodel with calibration
+    advice, and the metadata said uint8. It is measured on the floats it reads, the metadata says
+    float32, and `run` on a float array gives the float model's output."""
+    import onnx
+
+    from front_helpers import make_model, ort_run
+    from lower_helpers import conv_node
+    from tl2k210 import metadata
+    rng = np.random.default_rng(5)
+    n = onnx.helper.make_node
+    m = make_model([conv_node("h", "x", "w", "b"), n("Relu", ["h"], ["r"]), n("Flatten", ["r"], ["f"]),
+                    n("Gemm", ["f", "w2", "b2"], ["y"], transB=1)], [("x", [1, 13, 1, 1])], [("y", None)],
+                   {"w": rng.normal(size=(16, 13, 1, 1)).astype(np.float32), "b": rng.normal(size=16).astype(np.float32),
+                    "w2": rng.normal(size=(4, 16)).astype(np.float32), "b2": rng.normal(size=4).astype(np.float32)})
+    onnx.save(m, tmp_path / "kws.onnx")
+    x = rng.uniform(0, 1, (20, 13, 1, 1)).astype(np.float32)
+    np.save(tmp_path / "cal.npy", x)
+    km = tmp_path / "kws.kmodel"
+    rc = main(["convert", str(tmp_path / "kws.onnx"), str(km), "--dataset", str(tmp_path / "cal.npy")])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert metadata.load_for(km).input["dtype"] == "float32"
+    sqnr = float(out.split("output SQNR vs float ")[1].split(" dB")[0])
+    assert sqnr > 60, out
+    np.save(tmp_path / "one.npy", x[0])
+    rc, out, err = _run_cli(capsys, km, "-i", tmp_path / "one.npy", "-o", tmp_path / "y.npy")
+    assert rc == 0, err
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy").reshape(-1), ort_run(m, x[:1])[0].reshape(-1),
+                               rtol=1e-3, atol=1e-3)
+
+
 def test_run_takes_the_input_positionally_and_shapes_outputs_by_the_metadata(tmp_path, capsys):
     """Hunt 12: `tl2k210 run MODEL IMAGE` was refused for want of -i, and a (605, 95) output came
     back flat (57475,). The input may be given either way (not both); outputs take the shapes the

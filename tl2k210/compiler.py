@@ -1168,16 +1168,17 @@ def traced(trace, idx, kind, loc) -> np.ndarray:
     return val
 
 
-def _measure(graph, built, cal: Calibration):
-    """Float model (onnxruntime) against the kmodel (the emulator) on the first calibration
-    samples: ({tensor or "__out__"+output: SQNR dB}, {output: non-finite values}, samples)."""
-    from tl2k210.k210.emulator import Emulator
+def _measure(graph, built, cal: Calibration, emu):
+    """Float model (onnxruntime) against the kmodel (the emulator `emu`) on the first calibration
+    samples: ({tensor or "__out__"+output: SQNR dB}, {output: non-finite values}, samples). The
+    kmodel is fed what it reads: pixels, or the model's float values where it starts with a float
+    layer (a v3 FULLY_CONNECTED reading a 1x1 map of features, fc.py)."""
     from tl2k210.quantize import calibrate as calib
     from tl2k210.quantize.metrics import sqnr_db
-    opts, floats, pixels, image = cal.opts, cal.floats, cal.pixels, cal.image
+    opts, floats, pixels = cal.opts, cal.floats, cal.pixels
+    image = cal.image and emu.input_spec()[1] == np.uint8
     trace_map, lw = built.trace_map, built.lw
     _say(opts, f"[5/6] measuring per-layer SQNR on the emulator ({opts.sqnr_samples} samples) ...")
-    emu = Emulator(built.model)
     runner = calib.FloatRunner(graph)
     refs, tests, nonfinite = {}, {}, {o: 0 for o in graph.outputs}
     n = min(opts.sqnr_samples, len(floats))
@@ -1251,7 +1252,9 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
                                         choice.built.lw, choice.built.est)
     items = model.items
     main_mem = model.main_memory
-    sq, nonfinite, n, ignored = _measure(graph, choice.built, cal)
+    from tl2k210.k210.emulator import Emulator
+    emu = Emulator(model)
+    sq, nonfinite, n, ignored = _measure(graph, choice.built, cal, emu)
     layer_rows = []
     for r in rows:
         cyc = sum(est.rows[i][3] for i in r.layers)
@@ -1284,7 +1287,7 @@ def verify(loaded: Loaded, opt: Optimised, cal: Calibration, choice, output, t0)
                 "macs": sum(r["macs"] for r in layer_rows), "runtime": opts.runtime,
                 "budget": RUNTIME_BUDGET[opts.runtime],
                 "weights": f"{opts.weight_bits}-bit", "output_sqnr_db": out_sqnr, "sqnr_samples": n,
-                "calib_samples": len(cal.floats),
+                "calib_samples": len(cal.floats), "input_dtype": np.dtype(emu.input_spec()[1]).name,
                 "outputs": outputs, "min_sqnr": opts.min_sqnr, "input_ignored": ignored,
                 "own_quantization": bool(graph.meta.get("quant_ranges")),
                 "input_mismatch": cal.input_mismatch,
@@ -1310,7 +1313,8 @@ def write(output, data: bytes, graph, cal: Calibration, receipt: Receipt):
     from tl2k210 import metadata
     opts = cal.opts
     need = len(data) + receipt.main_memory
-    meta = metadata.for_conversion(data, output, graph, opts, cal.image, RUNTIME_BUDGET[opts.runtime], need,
+    pixels = cal.image and receipt.totals["input_dtype"] == "uint8"     # (not a float first layer's input)
+    meta = metadata.for_conversion(data, output, graph, opts, pixels, RUNTIME_BUDGET[opts.runtime], need,
                                    receipt.source)
     _say(opts, f"[6/6] writing {output} and {metadata.path_for(output).name}")
     atomic_write(output, data)
