@@ -168,6 +168,23 @@ def test_npy_npz_arrays(tmp_path):
         load_dataset(tmp_path / "a.npy", (1, 3, 4, 4))
 
 
+def test_samples_each_with_their_own_batch_axis(tmp_path, capsys):
+    """Hunt 21: DTLN's calibration frames saved as N x TFLite's input shape (1, 1, 257) for the
+    model's (1, 257) were refused ("with or without a leading batch dimension"); each sample's
+    batch axis of 1 is dropped, with a note, and NHWC ones are still transposed."""
+    a = rand(6, 1, 1, 257)
+    np.save(tmp_path / "f.npy", a)
+    xs = load_dataset(tmp_path / "f.npy", (1, 1, 257))
+    assert len(xs) == 6 and all(x.shape == (1, 1, 257) and np.array_equal(x[0], m[0]) for x, m in zip(xs, a))
+    assert "each with a batch axis of 1" in capsys.readouterr().err
+    b = rand(3, 1, 8, 6, 3)
+    np.save(tmp_path / "b.npy", b)
+    xs = load_dataset(tmp_path / "b.npy", (1, 3, 8, 6))
+    assert len(xs) == 3 and np.array_equal(xs[1][0], b[1, 0].transpose(2, 0, 1))
+    with pytest.raises(ValueError, match=r"samples of shape"):
+        load_dataset(tmp_path / "f.npy", (1, 1, 256))
+
+
 def test_gray_maps_without_a_channel_axis(tmp_path):
     """MNIST-like arrays (N, H, W) -- or one (H, W) map -- for a one-channel image input: each
     map one sample (they were taken as one sample of N channels, and refused)."""

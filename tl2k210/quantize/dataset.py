@@ -85,7 +85,7 @@ def load_image(path, shape, pre=Preprocess()):
 def _samples(a, shape, where, keep_dtype=False, flat=None):
     """(N, *shape[1:]) float32 (or the stored dtype) from one stored array: NCHW (or channels-last
     NHWC, transposed and said; a one-channel input's maps without their channel axis), with or
-    without the batch dimension; with `flat` ("NCHW", or "NHWC" where passes.input_nchw made the
+    without the batch dimension (or with one per sample: N x TFLite's (1, 1, 257)); with `flat` ("NCHW", or "NHWC" where passes.input_nchw made the
     source's NHWC input NCHW), samples of a lower rank with as many values too, in the order the
     source model reads them (a keyword spotter's (T, F) frames given a batch axis, whose graph
     reshapes them to (1, T, 1, F))."""
@@ -105,6 +105,10 @@ def _samples(a, shape, where, keep_dtype=False, flat=None):
         return a.reshape((-1,) + want)
     if a.ndim == len(shape) - 1:
         a = a[None]
+    if a.ndim == len(want) + 2 and a.shape[1] == 1:     # each sample with its own batch axis of 1
+        print(f"note: {where}: samples {a.shape[1:]} each with a batch axis of 1, read as {a.shape[2:]}",
+              file=sys.stderr)
+        a = a[:, 0]
     if tuple(a.shape[1:]) == want:
         return a
     if a.ndim == 4 and len(want) == 3 and tuple(a.shape[1:]) == (want[1], want[2], want[0]):
