@@ -584,6 +584,33 @@ def test_a_model_with_two_inputs_is_refused_naming_them(tmp_path, capsys):
     nothing_at(tmp_path / "o.kmodel")
 
 
+def test_a_streaming_step_and_a_recurrent_model_are_refused_for_what_they_are(tmp_path, capsys):
+    """Hunt 21: 42io's streaming keyword spotter and DTLN feed back ring buffers and LSTM states
+    as inputs the model also returns; TEN VAD's LSTM h/c are inputs too. The multi-input refusal
+    advised pinning them (every call would be the first; the streaming spotter's class output
+    even became a constant), and asked of the LSTM's states before naming the LSTM. A state input
+    is named beside the output of its shape, and a recurrent op is refused first."""
+    from onnx import helper, save
+
+    from front_helpers import make_model, rand
+    m = tmp_path / "step.onnx"
+    save(make_model([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Add", ["c", "s"], ["y"]),
+                     helper.make_node("Identity", ["c"], ["s_out"])],
+                    [("x", [1, 13, 4, 4]), ("s", [1, 8, 4, 4])], [("y", [1, 8, 4, 4]), ("s_out", [1, 8, 4, 4])],
+                    {"w": rand(8, 13, 1, 1)}), str(m))
+    np.save(tmp_path / "cal.npy", rand(4, 13, 4, 4))
+    rc, _, err = cli(capsys, "convert", m, tmp_path / "o.kmodel", "--dataset", tmp_path / "cal.npy", "-q")
+    refused(rc, err, "2 inputs", "'s' has the shape of output 'y' or 's_out'", "state", "export the model's whole-window form")
+    nothing_at(tmp_path / "o.kmodel")
+    r = tmp_path / "lstm.onnx"
+    lstm = helper.make_node("LSTM", ["x", "W", "R", "", "", "h0", "c0"], ["Y", "h", "c"], hidden_size=4)
+    save(make_model([lstm], [("x", [5, 1, 3]), ("h0", [1, 1, 4]), ("c0", [1, 1, 4])],
+                    [("Y", None), ("h", None), ("c", None)], {"W": rand(1, 16, 3), "R": rand(1, 16, 4)}), str(r))
+    rc, _, err = cli(capsys, "convert", r, tmp_path / "o.kmodel", "--dataset", tmp_path / "cal.npy", "-q")
+    refused(rc, err, "op LSTM has no K210 lowering", "no recurrent ops on the K210", "states are the model's other")
+    nothing_at(tmp_path / "o.kmodel")
+
+
 def test_a_second_input_pinned_with_input_value_converts_as_the_model_computes(tmp_path, capsys):
     """An LSTM classifier's scalar threshold, a flag: --input-value NAME=V pins the input the
     kmodel is not fed to constants; the kmodel then computes what the model does with that value

@@ -28,14 +28,36 @@ from .memory import MAIN_TARGET, PARK, PARK_BASE, Block, KpuAllocator, MainAlloc
 T = v3.TYPE_BY_NAME
 
 
+RECURRENT = ("LSTM", "GRU", "RNN", "Loop", "Scan")
+
+
 def check_one_input(g):
-    """A kmodel has one input: refuse a graph with more, naming them."""
-    if len(g.inputs) != 1:
-        names = ", ".join(f"{x!r} {tuple(g.shape(x) or ())}" for x in g.inputs)
-        raise UnsupportedOpError(f"the model has {len(g.inputs)} inputs: {names}; a kmodel has one (K210 "
-                                 "runtimes feed it one image or array): pin the others to constants with "
-                                 "--input-value NAME=VALUE (a threshold, a flag), or export the model with "
-                                 "one input, the others left to a separate model")
+    """A kmodel has one input: refuse a graph with more, naming them. A recurrent op is refused
+    first (the inputs past the first are then its states, which no pin makes right); an input
+    with the shape of an output is named as the state a streaming or recurrent step returns
+    for its next call (42io's streaming keyword spotter, DTLN, TEN VAD: hunt 21), which a kmodel
+    cannot keep: pinning it makes every call the first."""
+    if len(g.inputs) == 1:
+        return
+    rnn = next((n for n in g.nodes if n.op in RECURRENT), None)
+    if rnn is not None:
+        raise UnsupportedOpError(f"node {rnn.name!r}: op {rnn.op} has no K210 lowering (its states are the model's "
+                                 f"other inputs); nearest supported form: {registry.NEAREST[rnn.op]}: export a "
+                                 "model without it")
+    names = ", ".join(f"{x!r} {tuple(g.shape(x) or ())}" for x in g.inputs)
+    shapes = {}
+    for o in g.outputs:
+        shapes.setdefault(tuple(g.shape(o) or ()), []).append(repr(o))
+    states = [(x, " or ".join(shapes[tuple(g.shape(x) or ())])) for x in g.inputs[1:]
+              if tuple(g.shape(x) or ()) in shapes]
+    said = ("; " + ", ".join(f"{x!r} has the shape of output {o}" for x, o in states)
+            + ": a streaming or recurrent step's state, returned for the next call, which a kmodel cannot "
+            "keep (pinned, every call would be the first): export the model's whole-window form, not its "
+            "streaming step" if states else "")
+    raise UnsupportedOpError(f"the model has {len(g.inputs)} inputs: {names}; a kmodel has one (K210 "
+                             "runtimes feed it one image or array): pin the others to constants with "
+                             "--input-value NAME=VALUE (a threshold, a flag), or export the model with "
+                             f"one input, the others left to a separate model{said}")
 
 
 @dataclass
