@@ -600,7 +600,8 @@ def test_a_streaming_step_and_a_recurrent_model_are_refused_for_what_they_are(tm
                     {"w": rand(8, 13, 1, 1)}), str(m))
     np.save(tmp_path / "cal.npy", rand(4, 13, 4, 4))
     rc, _, err = cli(capsys, "convert", m, tmp_path / "o.kmodel", "--dataset", tmp_path / "cal.npy", "-q")
-    refused(rc, err, "2 inputs", "'s' has the shape of output 'y' or 's_out'", "state", "export the model's whole-window form")
+    refused(rc, err, "2 inputs", "'s' has the shape of output 'y' or 's_out'", "state",
+            "export the model's whole-window form")
     nothing_at(tmp_path / "o.kmodel")
     r = tmp_path / "lstm.onnx"
     lstm = helper.make_node("LSTM", ["x", "W", "R", "", "", "h0", "c0"], ["Y", "h", "c"], hidden_size=4)

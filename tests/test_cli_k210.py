@@ -476,7 +476,8 @@ def test_a_float_first_layer_on_a_1x1_map_is_measured_and_described_with_floats(
     n = onnx.helper.make_node
     m = make_model([conv_node("h", "x", "w", "b"), n("Relu", ["h"], ["r"]), n("Flatten", ["r"], ["f"]),
                     n("Gemm", ["f", "w2", "b2"], ["y"], transB=1)], [("x", [1, 13, 1, 1])], [("y", None)],
-                   {"w": rng.normal(size=(16, 13, 1, 1)).astype(np.float32), "b": rng.normal(size=16).astype(np.float32),
+                   {"w": rng.normal(size=(16, 13, 1, 1)).astype(np.float32),
+                    "b": rng.normal(size=16).astype(np.float32),
                     "w2": rng.normal(size=(4, 16)).astype(np.float32), "b2": rng.normal(size=4).astype(np.float32)})
     onnx.save(m, tmp_path / "kws.onnx")
     x = rng.uniform(0, 1, (20, 13, 1, 1)).astype(np.float32)

@@ -86,9 +86,9 @@ def _samples(a, shape, where, keep_dtype=False, flat=None):
     """(N, *shape[1:]) float32 (or the stored dtype) from one stored array: NCHW (or channels-last
     NHWC, transposed and said; a one-channel input's maps without their channel axis), with or
     without the batch dimension (or with one a sample: N x TFLite's (1, 1, 257)); with `flat`
-    ("NCHW", or "NHWC" where passes.input_nchw made the source's NHWC input NCHW), samples of a lower rank with as many values too, in the order the
-    source model reads them (a keyword spotter's (T, F) frames given a batch axis, whose graph
-    reshapes them to (1, T, 1, F))."""
+    ("NCHW", or "NHWC" where passes.input_nchw made the source's NHWC input NCHW), samples of a
+    lower rank with as many values too, in the order the source model reads them (a keyword
+    spotter's (T, F) frames given a batch axis, whose graph reshapes them to (1, T, 1, F))."""
     from tl2k210.arrays import check_finite
     want = tuple(shape[1:])
     with np.errstate(over="ignore"):
