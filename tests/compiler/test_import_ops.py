@@ -433,6 +433,38 @@ def test_dequantize_output_concatenated_from_quantized_tensors():
     assert "QuantizeLinear" in g2.op_counts()
 
 
+@pytest.mark.parametrize("through", [False, True])
+def test_dequantize_an_int8_output_also_read_inside_the_model(through):
+    """--outputs naming a tensor and one computed from it, on an int8 TFLite (hunt 21: Himax's
+    YOLOv8n, 42io's keyword spotter): the first tensor's integers are an output (through tf2onnx's
+    NHWC Transpose) and read by a DequantizeLinear for the rest; its QuantizeLinear was left over
+    ("op QuantizeLinear has no K210 lowering"). Both outputs become float, with their scales, and
+    the values are onnxruntime's (the pool's within an LSB: it now averages the float map)."""
+    inits = [numpy_helper.from_array(np.array(v), k) for k, v in
+             {"s": np.float32(0.05), "z": np.uint8(3), "w": rand(4, 3, 1, 1)}.items()]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s", "z"], ["a" if not through else "aq"]),
+             helper.make_node("DequantizeLinear", ["a" if not through else "aq", "s", "z"], ["ad"]),
+             helper.make_node("AveragePool", ["ad"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["b"])]
+    nodes += [helper.make_node("Transpose", ["aq"], ["a"], perm=[0, 2, 3, 1])] if through else []
+    shape_a = [1, 4, 4, 4]
+    g = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                          [helper.make_tensor_value_info("a", TensorProto.UINT8, shape_a),
+                           helper.make_tensor_value_info("b", TensorProto.UINT8, [1, 4, 2, 2])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    x = rand(1, 3, 4, 4)
+    ref = ort_run(m, x)
+    g, changes = run_pass("dequantize", from_onnx(m))
+    assert not {"QuantizeLinear", "DequantizeLinear"} & set(g.op_counts()) and g.outputs == ["a", "b"]
+    assert any("also read inside the model" in msg for _, msg in changes)
+    got = run(g, x)
+    for o, want, lsb in zip(("a", "b"), ref, (0, 1)):
+        assert g.meta["output_quant"][o] == pytest.approx((0.05, 3, "uint8"))
+        assert np.abs(np.clip(np.rint(got[o] / 0.05) + 3, 0, 255) - want).max() <= lsb
+
+
 def _int8_output_model(nodes, x_shape, inits, through):
     """`nodes` reading the float input x (`x_shape`), the last writing the int8 output "q": the
     model's output, or through a Transpose to NHWC ("y") where `through`."""

@@ -214,6 +214,50 @@ def _sink_to_output(g, q):
     return True
 
 
+def _quantized_by(g, t):
+    """The per-tensor (scale, zero point) of the QuantizeLinear whose integers `t` moves or picks."""
+    while (p := g.producer(t)) is not None and p.op in SINGLE_MOVES:
+        t = p.inputs[0]
+    return _params(g, p) if p is not None and p.op == "QuantizeLinear" else None
+
+
+def _shared_outputs(g, log):
+    """A graph output whose integers (or those it moves) are also read by the rest of the model
+    (--outputs naming a tensor and one computed from it, on an int8 TFLite: Himax's YOLOv8n,
+    42io's keyword spotter; hunt 21) reads a DequantizeLinear of them instead, so that the island
+    is the model's own (removed as a whole) and the output is float; its (scale, zero point) kept
+    in graph.meta["output_quant"]. Their QuantizeLinear was left over ("no K210 lowering")."""
+    for o in list(g.outputs):
+        chain, t = [], o
+        while (p := g.producer(t)) is not None and p.op in SINGLE_MOVES and len(g.consumers(p.inputs[0])) == 1:
+            chain.append(p)
+            t = p.inputs[0]
+        p = g.producer(t)
+        if p is not None and p.op in SINGLE_MOVES:
+            chain.append(p)
+            t = p.inputs[0]
+        others = [u for u in g.consumers(t) if not chain or u is not chain[-1]]
+        params = _quantized_by(g, t) if g.tensors[t].dtype.kind in "iu" and others else None
+        if params is None:
+            continue
+        dtype = g.tensors[o].dtype
+        if chain:               # t -> moves -> o: the moves read the float value
+            f = g.add_tensor(f"{t}_dequant", g.shape(t))
+            chain[-1].inputs[0] = f
+            for n in chain:
+                g.tensors[n.outputs[0]].dtype = np.dtype(np.float32)
+        else:                   # t is the output: its integers take another name
+            f, t = o, g.add_tensor(f"{o}_int", g.shape(o), dtype)
+            g.tensors[o].dtype = np.dtype(np.float32)
+            for n in g.nodes:
+                n.outputs = [t if v == o else v for v in n.outputs]
+                n.inputs = [t if v == o else v for v in n.inputs]
+        sc, zp = g.add_const(np.float32(params[0]), f"{t}_scale"), g.add_const(np.array(params[1], dtype), f"{t}_zp")
+        g.nodes.insert(g.nodes.index(g.producer(t)) + 1, Node("DequantizeLinear", [t, sc, zp], [f], {}, f"{t}_output"))
+        g.meta.setdefault("output_quant", {})[o] = (*params, str(dtype))
+        log(o, f"output {o} is also read inside the model: it reads a DequantizeLinear of its integers")
+
+
 def _output_island(g, o):
     """([QuantizeLinear], [moves]) when graph output `o` is written from float tensors by
     QuantizeLinear nodes through data movement and Concat only (PoseNet's uint8 mid offsets: two
@@ -274,6 +318,7 @@ def _dynamic_pairs(g, log):
 
 def dequantize(g, log):
     _dynamic_pairs(g, log)
+    _shared_outputs(g, log)
     for d in [n for n in g.nodes if n.op == "DequantizeLinear"]:
         if _hoist_to_input(g, d):
             log(d.name, f"moved DequantizeLinear of input {d.inputs[0]} above its data movement")
