@@ -840,6 +840,8 @@ def load(source, opts: ConvertOptions) -> Loaded:
         graph.meta["input_range"] = tuple(float(v) for v in props[frontends.INPUT_RANGE].split(","))
     elif (scaling := pixel_rescaling(graph)) is not None:
         graph.meta["input_range"], graph.meta["input_range_why"] = (0.0, 255.0), scaling
+    if frontends.FILE_TENSORS in props:     # what --outputs takes (fit.end_before's advice names them)
+        graph.meta["file_tensors"] = frozenset(json.loads(props[frontends.FILE_TENSORS]))
     notes = [props[frontends.INPUT_NOTE]] if frontends.INPUT_NOTE in props else []
     notes += [cut] if cut else []
     notes += [f"the model starts at {graph.inputs[0]!r} (--inputs): what computes it is the application's, "

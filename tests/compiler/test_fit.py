@@ -1163,3 +1163,25 @@ def test_a_format_refusal_for_input_side_preprocessing_names_where_to_start(tmp_
     assert "start the model after it (--inputs t)" in str(e.value), str(e.value)
     r = _convert(src, tmp_path / "p.kmodel", png_dir, runtime="maixpy-minimum", inputs="t")
     assert r.totals["format"] == "v3"
+
+
+def test_advice_names_tensors_as_a_tflite_file_has_them():
+    """Hunt 21: a refusal's `--outputs` advice on an int8 .tflite named tf2onnx's tensors
+    (`StridedSlice3_prequant`, `Relu__14:0`), which --outputs refuses ("the file has no such
+    tensor"). Where the front end lists the file's names, each end is the file's tensor tf2onnx
+    wrote as `<name>_prequant`, or the nearest one its value is quantized and moved into; no
+    advice where none is; other sources' names as they are."""
+    s, z = onnx.numpy_helper.from_array(np.float32(0.1), "s"), onnx.numpy_helper.from_array(np.uint8(0), "z")
+    nodes = [helper.make_node("Relu", ["x"], ["A_prequant"]),
+             helper.make_node("QuantizeLinear", ["A_prequant", "s", "z"], ["A"]),
+             helper.make_node("Relu", ["x"], ["Relu__14:0"]),
+             helper.make_node("QuantizeLinear", ["Relu__14:0", "s", "z"], ["raw:0"]),
+             helper.make_node("Transpose", ["raw:0"], ["B"], perm=[0, 2, 3, 1]),
+             helper.make_node("Relu", ["x"], ["C:0"])]
+    m = make_model(nodes, [("x", [1, 2, 4, 4])], [("A", None), ("B", None), ("C:0", None)], {})
+    m.graph.initializer.extend([s, z])
+    g = from_onnx(m)
+    assert fit._file_names(g, ["A_prequant", "Relu__14:0", "C:0"]) == ["A_prequant", "Relu__14:0", "C:0"]
+    g.meta["file_tensors"] = frozenset({"x", "A", "B"})
+    assert fit._file_names(g, ["A_prequant", "Relu__14:0"]) == ["A", "B"]
+    assert fit._file_names(g, ["A_prequant", "C:0"]) is None

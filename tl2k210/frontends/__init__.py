@@ -271,6 +271,9 @@ def _refuse_tf_calls(model, where):
 INPUT_NOTE = "tl2k210.input_note"
 #: ... and the values the input takes when they are pixels the front end decoded ("0,255")
 INPUT_RANGE = "tl2k210.input_range"
+#: ... and the names of the source file's tensors (JSON), where --outputs takes only those (a
+#: .tflite: tf2onnx's own tensors, `X_prequant`, `Relu__14:0`, are not the file's)
+FILE_TENSORS = "tl2k210.file_tensors"
 
 
 #: dB below which a float model's converted graph disagrees with its own framework on a seeded input

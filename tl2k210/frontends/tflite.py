@@ -42,7 +42,8 @@ from pathlib import Path
 from tl2k210 import quiet
 from tl2k210.errors import UnknownOutputError, nearest
 
-from . import FLOAT_AGREE_DB, OPSET, ModelLoadError, mediapipe_ops, source_agreement, tf_convert, tflite_ops
+from . import (FILE_TENSORS, FLOAT_AGREE_DB, OPSET, ModelLoadError, mediapipe_ops, source_agreement, tf_convert,
+               tflite_ops)
 from .cut import needed
 
 
@@ -431,11 +432,13 @@ def cut_ops(model, names, path, start=None) -> int:
 def densify(path, out_path, outputs=None, start=None):
     """Write a copy of `path` with every DENSIFY op replaced by the dense constant it computes and
     the custom ops that have a builtin form mapped (check_custom_ops refuses the others), cut at
-    `outputs` and `start` (cut_ops). Returns the number of ops changed (0: nothing written)."""
+    `outputs` and `start` (cut_ops). Returns the number of ops changed (0: nothing written) and the
+    names of subgraph 0's tensors (what --outputs and --inputs take)."""
     import numpy as np
     import tensorflow as tf
     from tensorflow.lite.tools import flatbuffer_utils as fu
     model = fu.read_model(str(path))
+    names = [t.name.decode(errors="replace") for t in model.subgraphs[0].tensors] if model.subgraphs else []
     mapped = (cut_ops(model, outputs, path, start) + map_transpose_conv_bias(model) + map_pool_params(model, path)
               + flatten_fc_inputs(model) + fill_shapes(model, path)
               + drop_empty_quantization(model) + retype_legacy_hybrid(model, path))
@@ -446,7 +449,7 @@ def densify(path, out_path, outputs=None, start=None):
     if not ops:
         if mapped:
             fu.write_model(model, str(out_path))
-        return mapped
+        return mapped, names
     if len(model.subgraphs) > 1:
         raise ModelLoadError(f"{path}: sparse weights in a model with {len(model.subgraphs)} subgraphs; "
                              "only single-graph models are densified")
@@ -467,7 +470,7 @@ def densify(path, out_path, outputs=None, start=None):
             t.buffer, t.sparsity = len(model.buffers) - 1, None
         sg.operators.remove(op)
     fu.write_model(model, str(out_path))
-    return len(ops) + mapped
+    return len(ops) + mapped, names
 
 
 def _tf2onnx(src, where, **kw):
@@ -553,7 +556,7 @@ def from_tflite(path, opset=None, outputs=None, start=None):
     os.close(fd)
     try:
         try:
-            n = densify(path, dense, outputs, start)
+            n, names = densify(path, dense, outputs, start)
         except ModelLoadError:
             raise
         except Exception as e:
@@ -565,6 +568,7 @@ def from_tflite(path, opset=None, outputs=None, start=None):
         src = dense if n else str(path)
         model = tf_convert(str(path), _tf2onnx, src, str(path), **kw)
         check_against_interpreter(path, src, model)
+        model.metadata_props.add(key=FILE_TENSORS, value=json.dumps(names))
         return model
     finally:
         Path(dense).unlink(missing_ok=True)
