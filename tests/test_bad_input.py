@@ -933,7 +933,7 @@ RUN_INPUTS = {
     "inf": (lambda d: _npy(d / "x.npy", np.full((1, 28, 28), np.inf, np.float32)), ("inf",)),
     "fractions": (lambda d: _npy(d / "x.npy", np.full((1, 28, 28), 0.5, np.float32)), ("0..255", "uint8")),
     "huge-claim": (lambda d: _huge_npy(d / "x.npy"), ("declares",)),
-    "wrong-size": (lambda d: _npy(d / "x.npy", np.zeros((3, 28, 28), np.uint8)), ("(1, 28, 28)",)),
+    "wrong-size": (lambda d: _npy(d / "x.npy", np.zeros((3, 28, 27), np.uint8)), ("(1, 28, 28)",)),
     "bomb-png": (lambda d: bomb_png(d / "x.png"), ("30000x30000", "downscale")),
     "truncated-png": (lambda d: _truncated(d / "x.png"), ("x.png",)),
     "float-tiff": (lambda d: (Image.fromarray(np.full((8, 8), 0.5, np.float32)).save(d / "x.tiff"),

@@ -76,20 +76,26 @@ def _fmt(shape) -> str:
 
 def _input_plan(where, got, shape, dtype):
     """(layout, N) for an array of shape `got`: N is None for one input, else the batch size.
-    An array of exactly the model's size is one input (as before batches existed); anything
-    else that is no batch form is refused, naming both accepted forms."""
+    A form of input_forms, or one without its axes of 1 (a keyword spotter's (47, 13) MFCCs for
+    its (13, 47, 1) map: the source's (47, 1, 13) order, hunt 21; they were read channel-major,
+    a wrong answer without a word), is one input; behind a leading N, a batch. Anything else is
+    refused, naming both accepted forms."""
     forms = input_forms(shape)
     want = math.prod(shape)
     got = tuple(int(d) for d in got)
-    if got in forms:
-        return forms[got], None
-    if len(got) >= 2 and got[1:] in forms:
+
+    def form(g):
+        if g in forms:
+            return forms[g]
+        big = tuple(d for d in g if d != 1)
+        return next((f for k, f in forms.items() if tuple(d for d in k if d != 1) == big), None)
+    if (one := form(got)) is not None:
+        return one, None
+    if len(got) >= 2 and (each := form(got[1:])) is not None:
         if got[0] == 0:
             raise InputFileError(f"{where} holds an empty batch (shape {_fmt(got)}); give at least "
                                  "one input")
-        return forms[got[1:]], (None if got[0] == 1 else got[0])
-    if math.prod(got) == want:
-        return "chw", None
+        return each, (None if got[0] == 1 else got[0])
     squeezed = [d for d in shape if d != 1]
     if len(squeezed) <= 1 and len(got) >= 2 and got[0] > 0 and [d for d in got[1:] if d != 1] == squeezed:
         return "chw", got[0]           # a vector model's samples in any shape of their values: (N, 216, 1)
