@@ -496,6 +496,40 @@ def test_a_float_first_layer_on_a_1x1_map_is_measured_and_described_with_floats(
                                rtol=1e-3, atol=1e-3)
 
 
+def test_run_reads_a_feature_matrix_without_its_axis_of_1_in_its_own_order(tmp_path, capsys):
+    """Hunt 21: 42io's keyword spotter reads (47, 1, 13) frames x coefficients; `run` took the
+    same values as a (47, 13) matrix channel-major, because the count matched, and printed a
+    wrong class. A form without its axes of 1 is read in its own order: channels-last (T, F) as
+    (T, 1, F), channel-major (F, T) as (F, T, 1), one or a batch; other shapes are refused."""
+    import onnx
+
+    from front_helpers import make_model
+    from lower_helpers import conv_node
+    from tl2k210.compiler import ConvertOptions, convert
+    rng = np.random.default_rng(6)
+    m = make_model([conv_node("y", "x", "w", "b")], [("x", [1, 3, 8, 1])], [("y", None)],
+                   {"w": rng.normal(size=(4, 3, 1, 1)).astype(np.float32), "b": np.zeros(4, np.float32)})
+    onnx.save(m, tmp_path / "kws.onnx")
+    x = rng.integers(0, 256, (5, 3, 8, 1)).astype(np.uint8)
+    np.save(tmp_path / "cal.npy", x)
+    km = tmp_path / "kws.kmodel"
+    convert(tmp_path / "kws.onnx", km, ConvertOptions(dataset=str(tmp_path / "cal.npy"), progress=False, min_sqnr=0))
+    hwc = x.transpose(0, 2, 3, 1)                   # (5, 8, 1, 3): frames, 1, coefficients
+    outs = {}
+    for name, a in {"chw": x[0], "hwc": hwc[0], "tf": hwc[0, :, 0], "ft": x[0, :, :, 0],
+                    "batch": hwc[:, :, 0]}.items():
+        np.save(tmp_path / f"{name}.npy", a)
+        rc, out, err = _run_cli(capsys, km, "-i", tmp_path / f"{name}.npy", "-o", tmp_path / f"{name}_y.npy")
+        assert rc == 0, err
+        outs[name] = np.load(tmp_path / f"{name}_y.npy")
+    for name in ("hwc", "tf", "ft"):
+        assert np.array_equal(outs[name], outs["chw"]), name
+    assert np.array_equal(outs["batch"][0], outs["chw"])
+    np.save(tmp_path / "odd.npy", x[0].reshape(2, 12))
+    rc, _, err = _run_cli(capsys, km, "-i", tmp_path / "odd.npy")
+    assert rc == 2 and "(2, 12)" in err
+
+
 def test_run_takes_the_input_positionally_and_shapes_outputs_by_the_metadata(tmp_path, capsys):
     """Hunt 12: `tl2k210 run MODEL IMAGE` was refused for want of -i, and a (605, 95) output came
     back flat (57475,). The input may be given either way (not both); outputs take the shapes the
