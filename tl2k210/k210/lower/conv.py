@@ -128,8 +128,8 @@ def small_map_refuses(g, node, opts):
     k = tuple(a["kernel"])
     if is_dense(g, node) or k not in ((1, 1), (3, 3)) or (w >= wlo and h >= hlo) or w > whi or h > hhi:
         return NA
-    if node.inputs[0] in g.inputs:
-        return NA       # the first layer reads the image as the runtime puts it in KPU RAM
+    if node.inputs[0] in g.inputs and getattr(opts, "format", "v3") != "v4":
+        return NA       # v3's first layer reads the image as the runtime puts it in KPU RAM (v4's: main memory)
     valid = list(a["pads"]) == [0] * 4     # the kept outputs read the map's own pixels only
     if tuple(a["strides"]) != (1, 1) or tuple(a.get("dilations", (1, 1))) != (1, 1) or a.get("pool") \
             or not valid and list(a["pads"]) != [k[0] // 2] * 4:
@@ -229,8 +229,9 @@ def geometry(lw, node) -> Geometry:
             pick_next = True
         elif s == 1:     # the KPU pads every side by k // 2: fewer pads on a side crop the map
             post.append((1, 1, -dy, -dx))
-            notes.append(f"input {small_map[1]}x{small_map[0]} grown to {w}x{h} in main memory (kernel-1 "
-                         f"QUANTIZED_MAX_POOL2D, code 0 in the added pixels), the output cropped back"
+            grow = "pad" if lw.format == "v4" else "kernel-1 QUANTIZED_MAX_POOL2D"
+            notes.append(f"input {small_map[1]}x{small_map[0]} grown to {w}x{h} in main memory ({grow}, "
+                         f"code 0 in the added pixels), the output cropped back"
                          if small_map else
                          f"pads {a['pads']}: the KPU pads every side; CPU crops the map to rows from {dy}, "
                          f"columns from {dx}" if "pick" not in a else

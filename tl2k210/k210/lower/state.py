@@ -574,9 +574,12 @@ class Lowering:
                                "this model; a smaller or differently shaped layer may convert") from exc
 
     def _image_fits(self, node):
-        """Does the first KPU conv read the whole image from KPU RAM (one band)?"""
-        from .conv import plan_for
+        """Does the first KPU conv read the whole image from KPU RAM (one band)? Not one on an image
+        under the KPU's minimum size, grown to it in main memory (conv.small_map_refuses)."""
+        from .conv import SMALL_MAP, plan_for
         from .kxk import image_resident
+        if self.lowered_by(node) == SMALL_MAP:
+            return False
         if self.lowered_by(node) == "kpu_conv_kxk":
             return image_resident(self.g, node, self.format, self.opts.kpu_ram_lines)
         return self.lowered_by(node) != "kpu_conv" or plan_for(self, node).in_resident
