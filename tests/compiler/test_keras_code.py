@@ -6,7 +6,7 @@ import pytest
 
 from front_helpers import rand, tf
 from tl2k210.frontends import ModelLoadError, load_graph, load_model
-from tl2k210.frontends.keras import _code_layers, refuse_code, refuse_qkeras
+from tl2k210.frontends.keras import _code_layers, refuse_code, refuse_keras1, refuse_qkeras
 from tl2k210.graph import run
 
 
@@ -59,6 +59,28 @@ def test_qkeras_layers_are_named_with_what_to_do():
                                              r"QKeras's.*plain Keras layers"):
         refuse_qkeras(cfg, "rn08.h5")
     refuse_qkeras({"class_name": "Functional", "config": {"layers": cfg["config"]["layers"][3:]}}, "ok.h5")
+
+
+def test_a_keras1_file_is_named_as_such(tmp_path):
+    """TF-free: a Keras 1.2.1 .h5 (hunt 21: 2016-17 PilotNet steering nets) failed with a raw
+    TypeError on its Convolution2D config (nb_filter, subsample), after the Lambda refusal; it is
+    named as a Keras 1 file with what to do, its leading Lambda too. A Keras 2 file passes."""
+    import json
+
+    import h5py
+    cfg = {"class_name": "Sequential", "config": [
+        {"class_name": "Lambda", "config": {"name": "lambda_1", "function": ["4wEAAA==", None, None],
+                                            "function_type": "lambda"}},
+        {"class_name": "Convolution2D", "config": {"name": "convolution2d_1", "nb_filter": 24, "nb_row": 5,
+                                                   "nb_col": 5, "subsample": [2, 2], "border_mode": "valid"}}]}
+    for version in ("1.2.1", "2.2.4"):
+        with h5py.File(tmp_path / f"{version}.h5", "w") as f:
+            f.attrs["keras_version"] = version.encode()
+            f.attrs["model_config"] = json.dumps(cfg).encode()
+    with pytest.raises(ModelLoadError, match=r"saved by Keras 1\.2\.1, whose layer configs .* load it in Keras "
+                                             r"2\.0-2\.3 .*its Lambda layer 'lambda_1' stores Python bytecode"):
+        refuse_keras1(tmp_path / "1.2.1.h5", cfg)
+    refuse_keras1(tmp_path / "2.2.4.h5", cfg)
 
 
 @pytest.mark.parametrize("kind", ["h5", "json", "savedmodel"])

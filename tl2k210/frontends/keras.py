@@ -183,10 +183,38 @@ def _h5_kind(path):
     return None
 
 
+def _keras_version(path) -> str:
+    """The `keras_version` a .h5/.hdf5 file was saved by ("" when it says none)."""
+    if path.suffix.lower() not in (".h5", ".hdf5"):
+        return ""
+    try:
+        import h5py
+        with h5py.File(path, "r") as f:
+            v = f.attrs.get("keras_version", b"")
+        return v.decode() if isinstance(v, bytes) else str(v)
+    except Exception:
+        return ""
+
+
+def refuse_keras1(path, cfg):
+    """A Keras 1 file (hunt 21: 2016-17 PilotNet steering nets): its layer configs (nb_filter,
+    border_mode, subsample, output_dim) are no form Keras 2 or 3 builds; said as such, not as the
+    TypeError a loader raises on them."""
+    v = _keras_version(path)
+    if v.startswith("1."):
+        code = _code_layers(cfg) if cfg is not None else []
+        raise ModelLoadError(
+            f"{path}: saved by Keras {v}, whose layer configs (nb_filter, border_mode, subsample, output_dim) "
+            "no Keras since 2.0 reads: load it in Keras 2.0-2.3 (they convert Keras 1 files), save it again "
+            "and convert that" + (f" (its Lambda layer {code[0][0]!r} stores Python bytecode: replace it with "
+                                  "built-in layers, e.g. Rescaling, first)" if code else ""))
+
+
 def load_keras(path, weights=None):
     """A Keras model from a .keras/.h5 file, or from an architecture .json (+ weights .h5)."""
     path = Path(path)
     cfg = _file_config(path)
+    refuse_keras1(path, cfg)
     if cfg is not None:
         refuse_code(cfg, path)
         refuse_qkeras(cfg, path)
