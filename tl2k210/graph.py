@@ -1093,10 +1093,19 @@ def _input_free(g, t, seen=None) -> bool:
 
 def _resized_fix(g, other: str) -> str:
     """What to do about shapes that cannot be: at a user's --input-shape, the size the model was
-    exported with; else `other`."""
-    return ("at this --input-shape the maps before it are not the size the model was built for: give "
-            "the size it was exported with, or one its layers reduce to the same map here"
-            if g.meta.get("sized_by_user") else other)
+    exported with; with an input whose first dim was read as a fixed batch (_single_sample), the
+    whole shape as one sample's (hunt 21: KWT's (98, 40) features, --inputs' tensor inside the
+    model, no batch axis); else `other`."""
+    if g.meta.get("sized_by_user"):
+        return ("at this --input-shape the maps before it are not the size the model was built for: give "
+                "the size it was exported with, or one its layers reduce to the same map here")
+    x, n = next(iter(g.meta.get("rebatched", {}).items()), (None, 0))
+    if x is not None:
+        whole = (n,) + tuple(g.shape(x)[1:])
+        return (f"the input {x!r} {whole} was read as a batch of {n} (a K210 runs one sample); if it is one "
+                f"sample with no batch axis (a tensor inside the model, as --inputs names), give --input-shape "
+                f"{','.join(map(str, whole))}; else {other}")
+    return other
 
 
 def dense_weights(g, n):

@@ -189,6 +189,19 @@ def test_symbolic_spatial_dims_need_a_shape():
         from_onnx(m)
 
 
+def test_a_batchless_input_read_as_a_batch_says_to_give_its_shape():
+    """Hunt 21: KWT's (98, 40) features, a tensor inside the model that --inputs starts at, have
+    no batch axis; read as a batch of 98, its Tensordot gave 1x64 where a Reshape wants [1, 98, 64],
+    and the refusal said to fix the model (which TFLite runs). It says that the input was read as
+    a batch and to give --input-shape 98,40, which works."""
+    import numpy as np
+    m = make_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Reshape", ["h", "s"], ["y"])],
+                   [("x", [6, 4])], [("y", None)], {"w": rand(4, 8), "s": np.array([1, 6, 8], np.int64)})
+    with pytest.raises(ValueError, match=r"input 'x' \(6, 4\) was read as a batch of 6 .* give --input-shape 6,4"):
+        from_onnx(m)
+    assert from_onnx(m, input_shapes={"x": (6, 4)}).shape("y") == (1, 6, 8)
+
+
 def test_a_fixed_size_input_given_another_size_moves_its_relabelling_reshapes():
     """MTCNN's P-Net ships at 1280x960 (NHWC) and runs at any size: --input-shape 1,3,240,320 is
     read channels-last (only that fits its 3 channels), and tf2onnx's Reshape of a one-channel
