@@ -54,8 +54,9 @@ NEAREST = {
            "({inputs}) and compare them in the application"
        for op in ("Greater", "GreaterOrEqual", "Less", "LessOrEqual")},
     "Gather": "none on the K210: a table looked up by the model's integer input (a text model's embedding) "
-              "or elements picked by index; do the lookup in the application and convert the network that "
-              "reads its result (export it from there), or export the model without the pick",
+              "or elements picked by index (an audio front end's framing); do the lookup in the application "
+              "and convert the network that reads its result (--inputs NAME starts the model at that tensor), "
+              "or export the model without the pick",
     "Cast": "the network before its decoder: a Cast is index arithmetic (MoveNet's keypoint decoding, "
             "a detector's box decoding); convert with --outputs naming its heatmaps or scores (or export "
             "the model up to them) and decode them in the application",
