@@ -717,7 +717,19 @@ def test_a_node_tf2onnx_fails_to_convert_is_refused_not_left_broken(monkeypatch)
         if "Conv2D" in by_op:
             monkeypatch.setitem(by_op, "Conv2D", (broken, by_op["Conv2D"][1]))
     with pytest.raises(ModelLoadError, match=r"^t: tf2onnx could not convert node '[^']*Conv2D[^']*': TypeError: "
-                                             r"'NoneType' object is not subscriptable; it goes on without it"):
+                                             r"'NoneType' object is not subscriptable; it goes on without it.*"
+                                             r"a \.tflite or ONNX export of it"):
+        tf_convert("t", tf2onnx.convert.from_function, fn, input_signature=spec)
+    # an FFT it cannot write (hunt 21: DTLN's rfft, read by Angle too) is a front end to leave out
+    msg = "Current implementation of RFFT or FFT only allows ComplexAbs as consumer"
+
+    def fft(ctx, node, **kw):
+        raise ValueError(msg)
+    for by_op in tf_op.get_opsets()[""]:
+        if "Conv2D" in by_op:
+            monkeypatch.setitem(by_op, "Conv2D", (fft, by_op["Conv2D"][1]))
+    with pytest.raises(ModelLoadError, match=r"signal processing \(an FFT\) no kmodel holds: start the model "
+                                             r"after it \(--inputs naming the spectrogram"):
         tf_convert("t", tf2onnx.convert.from_function, fn, input_signature=spec)
 
 

@@ -359,11 +359,17 @@ def tf_convert(where, fn, *args, **kwargs):
     if failed:
         node, err = failed[0]
         more = f" (and {len(failed) - 1} more: {', '.join(repr(n) for n, _ in failed[1:4])})" if len(failed) > 1 else ""
+        if any(w in f"{n} {e}".lower() for n, e in failed for w in ("fft", "complex", "angle")):
+            fix = ("that is signal processing (an FFT) no kmodel holds: start the model after it (--inputs naming "
+                   "the spectrogram or magnitude it computes) and end it before any inverse FFT (--outputs), "
+                   "those steps left to the application")     # (hunt 21: DTLN's rfft/angle/irfft)
+        else:
+            other = ("its SavedModel or Keras model rather than a .tflite" if str(where).lower().endswith(".tflite")
+                     else "a .tflite or ONNX export of it")
+            fix = (f"convert another of the model's files ({other}), or export it at a fixed input size (a size "
+                   "computed at run time, e.g. a resize to an input's shape, leaves the convs after it without one)")
         raise ModelLoadError(f"{where}: tf2onnx could not convert node {node!r}{more}: {err}; it goes on without "
-                             "it, so the graph it writes is wrong there. Convert another of the model's files "
-                             "(its SavedModel or Keras model rather than a .tflite), or export it at a fixed "
-                             "input size (a size computed at run time, e.g. a resize to an input's shape, "
-                             "leaves the convs after it without one)")
+                             f"it, so the graph it writes is wrong there: {fix}")
     return check_onnx(structural_order(model), where)
 
 
