@@ -183,6 +183,14 @@ def test_samples_each_with_their_own_batch_axis(tmp_path, capsys):
     assert len(xs) == 3 and np.array_equal(xs[1][0], b[1, 0].transpose(2, 0, 1))
     with pytest.raises(ValueError, match=r"samples of shape"):
         load_dataset(tmp_path / "f.npy", (1, 1, 256))
+    # a keyword spotter's (N, 47, 13) MFCCs for its (47, 1, 13) TFLite input (NCHW (13, 47, 1))
+    m = rand(4, 47, 13)
+    np.save(tmp_path / "m.npy", m)
+    xs = load_dataset(tmp_path / "m.npy", (1, 13, 47, 1))
+    assert len(xs) == 4 and np.array_equal(xs[2][0, :, :, 0], m[2].T)
+    assert "read as channels-last (47, 1, 13)" in capsys.readouterr().err
+    np.save(tmp_path / "t.npy", m.transpose(0, 2, 1))         # (N, 13, 47): channel-major already
+    assert np.array_equal(load_dataset(tmp_path / "t.npy", (1, 13, 47, 1))[2][0, :, :, 0], m[2].T)
 
 
 def test_gray_maps_without_a_channel_axis(tmp_path):

@@ -103,6 +103,16 @@ def _samples(a, shape, where, keep_dtype=False, flat=None):
         if flat == "NHWC" and len(want) == 3:
             return np.ascontiguousarray(a.reshape((-1, want[1], want[2], want[0])).transpose(0, 3, 1, 2))
         return a.reshape((-1,) + want)
+    if len(want) == 3 and 2 <= a.ndim <= len(want) and int(np.prod(a.shape[1:])) == int(np.prod(want)):
+        # N samples without the input's axes of 1: a keyword spotter's (N, 47, 13) MFCCs for its
+        # (47, 1, 13) TFLite input (hunt 21), in the order of the NCHW or the channels-last shape
+        c, h, w = want
+        big = [d for d in a.shape[1:] if d != 1]
+        for order, dims in (("NCHW", want), ("channels-last", (h, w, c))):
+            if big == [d for d in dims if d != 1]:
+                print(f"note: {where}: samples {a.shape[1:]} read as {order} {dims}", file=sys.stderr)
+                x = a.reshape((-1,) + dims)
+                return x if order == "NCHW" else np.ascontiguousarray(x.transpose(0, 3, 1, 2))
     if a.ndim == len(shape) - 1:
         a = a[None]
     if a.ndim == len(want) + 2 and a.shape[1] == 1:     # each sample with its own batch axis of 1
