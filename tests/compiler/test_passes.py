@@ -696,6 +696,23 @@ def test_prelu_pattern_from_keras(form):
     assert any(e["pass"] == "prelu_pattern" and e["changes"] for e in log)
 
 
+@pytest.mark.parametrize("reader", ["conv", "add"])
+def test_prelu_pattern_as_max_of_y_and_its_slope(reader):
+    """PINTO's int8 FaceMesh writes PReLU as max(y, a·y) (MUL, MAXIMUM; hunt 22): a Max no kmodel v3
+    layer has, run on the CPU. With slopes a <= 1 it is PRelu(y, a); a slope over 1 (its learned
+    slopes reach 1.41) is a·PReLU(y, 1/a): the conv writing y scaled where the pattern alone
+    reads it, else a Mul after the PRelu. Float-exact; no Max left."""
+    n = helper.make_node
+    k = np.array([0.25, -0.6, 1.0, 1.4], np.float32).reshape(1, 4, 1, 1)
+    nodes = [conv("c", "x", "w", "b", pads=[1, 1, 1, 1]), n("Mul", ["c", "k"], ["ac"]), n("Max", ["ac", "c"], ["p"])]
+    nodes += [conv("y", "p", "w2", "b2")] if reader == "conv" else [n("Add", ["p", "c"], ["y"])]
+    m = make_model(nodes, [X], [("y", None)], {"w": rand(4, 4, 3, 3), "b": rand(4), "k": k,
+                                               "w2": rand(6, 4, 1, 1), "b2": rand(6)})
+    g, log = check(m, None, x=rand(1, 4, 8, 8, scale=2), tol=1e-4)
+    assert "Max" not in g.op_counts() and "Mul" not in g.op_counts()
+    assert any(e["pass"] == "prelu_pattern" and e["changes"] for e in log)
+
+
 def test_stride2_even_maps():
     """A VALID stride-2 conv whose only consumer (a stride-2 conv or pool, no padding on that
     side) never reads one more row pads that side by one: the float outputs are the same and

@@ -58,7 +58,7 @@ def _const_conv(g, c):
 
 def prelu_pattern(g, log):
     """relu(y) + c·relu(-y) (Keras 3 PReLU through tf2onnx: Relu, Neg, Relu, Mul, Add; or with Sub
-    and c = a) -> PRelu(y, -c)."""
+    and c = a) -> PRelu(y, -c); max(y, a·y) with slopes a <= 1 -> PRelu(y, a)."""
     for top in [n for n in g.nodes if n.op in ("Add", "Sub") and len(n.inputs) == 2]:
         for pos_t, neg_t in ((0, 1), (1, 0)) if top.op == "Add" else ((0, 1),):
             pos, mul = g.producer(top.inputs[pos_t]), g.producer(top.inputs[neg_t])
@@ -83,7 +83,54 @@ def prelu_pattern(g, log):
             g.nodes.append(node)
             log(node.name, f"relu(y) {'+' if top.op == 'Add' else '-'} c*relu(-y) -> PRelu")
             break
+    for top in [n for n in g.nodes if n.op == "Max" and len(n.inputs) == 2]:
+        # max(y, a·y) with a <= 1: y where y >= 0, a·y below (PINTO's int8 FaceMesh: PReLU as MUL
+        # and MAXIMUM, hunt 22; its learned slopes are also negative)
+        for y, m in (top.inputs, top.inputs[::-1]):
+            mul = g.producer(m)
+            a = next((g.const(i) for i in mul.inputs if g.const(i) is not None), None) if mul and mul.op == "Mul" \
+                else None
+            if a is None or y not in mul.inputs or len(g.consumers(m)) != 1 or m in g.outputs:
+                continue
+            a = np.asarray(a, np.float32)
+            if a.size == 0:
+                continue
+            # a slope a_c > 1: a_c·y where y >= 0, y below = a_c·PReLU(y, 1/a_c): the conv writing y
+            # scaled by a_c where the pattern alone reads it, else a Mul by a_c after (folded onward)
+            after = a.max() > 1 and not _scale_producer(g, y, {id(mul), id(top)}, a)
+            out = g.add_tensor(top.outputs[0] + "/prelu", g.shape(top.outputs[0])) if after else top.outputs[0]
+            slope = np.where(a > 1, 1 / a, a).astype(np.float32)
+            node = Node("PRelu", [y, g.add_const(slope, top.name + "/slope")], [out], {}, top.name,
+                        [mul.name, top.name])
+            g.nodes.remove(mul)
+            g.nodes[g.nodes.index(top)] = node
+            if after:
+                scale = g.add_const(np.maximum(a, 1).astype(np.float32), top.name + "/scale")
+                g.nodes.insert(g.nodes.index(node) + 1, Node("Mul", [out, scale], [top.outputs[0]], {},
+                                                             top.name + "/scale"))
+            log(node.name, "max(y, a*y), a <= 1 -> PRelu")
+            break
     return g
+
+
+def _scale_producer(g, y, readers, a) -> bool:
+    """Scale channel c of the conv writing y by a_c where a_c > 1 (max(y, a·y) = PReLU(a_c·y, 1/a_c)
+    there), where it has constant weights, no activation, and the pattern (`readers`, node ids)
+    alone reads y. True if scaled."""
+    p = g.producer(y)
+    if p is None or p.op != "Conv" or p.attrs.get("activation") or p.attrs.get("pool") or y in g.outputs \
+            or {id(n) for n in g.consumers(y)} != readers or g.const(p.inputs[1]) is None \
+            or (len(p.inputs) > 2 and p.inputs[2] and g.const(p.inputs[2]) is None):
+        return False
+    w = np.asarray(g.const(p.inputs[1]), np.float32)
+    m = np.where(a > 1, a, 1).reshape(-1).astype(np.float32)
+    if m.size not in (1, w.shape[0]):
+        return False
+    m = np.broadcast_to(m, (w.shape[0],))
+    p.inputs[1] = g.add_const(w * m.reshape((-1,) + (1,) * (w.ndim - 1)), p.name + "/prelu_scaled_w")
+    if len(p.inputs) > 2 and p.inputs[2]:
+        p.inputs[2] = g.add_const(np.asarray(g.const(p.inputs[2]), np.float32) * m, p.name + "/prelu_scaled_b")
+    return True
 
 
 def _onto_map(g, n) -> bool:
