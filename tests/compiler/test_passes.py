@@ -588,12 +588,15 @@ def test_standalone_affines_chain_into_one_conv():
     assert g.op_counts() == {"Relu": 1, "Conv": 1} and g.nodes[1].attrs["group"] == 4
 
 
-def test_standalone_affine_on_a_vector_is_a_dense_layer():
+def test_standalone_affine_on_a_vector_is_a_depthwise_conv_on_its_map():
+    """A per-channel affine on a (1, C) vector: a depthwise 1x1 conv on the (1, C, 1, 1) map, C
+    weights (hunt 22: MTCNN O-Net's 256 PReLU slopes had become a 256x256 diagonal dense layer,
+    67 KB, and the 8-bit ideal counted it so); the lowering picks its form (tests/k210)."""
     n = helper.make_node
     nodes = [n("Relu", ["x"], ["r"]), n("BatchNormalization", ["r", "g", "be", "m", "v"], ["y"])]
     g, _ = check(make_model(nodes, [("x", [1, 4])], [("y", None)], AFF_INITS), None)
     c = next(c for c in g.nodes if c.op == "Conv")
-    assert g.shape(c.inputs[0]) == (1, 4, 1, 1) and c.attrs["group"] == 1
+    assert g.shape(c.inputs[0]) == (1, 4, 1, 1) and c.attrs["group"] == 4 and g.const(c.inputs[1]).size == 4
 
 
 @pytest.mark.parametrize("value", [0.0, 0.7])
@@ -680,20 +683,37 @@ def test_prelu_residual_grouped_takes_the_prelus_grouped_convs_read(consumer):
     residual = next(p["changes"] for p in log if p["pass"] == "prelu_residual_grouped")
     assert bool(residual) == (consumer != "dense")
 
-@pytest.mark.parametrize("form", ["add", "sub"])
+@pytest.mark.parametrize("form", ["add", "sub", "mtcnn"])
 def test_prelu_pattern_from_keras(form):
     """Keras 3 PReLU through tf2onnx: relu(y) + (-a)·relu(-y) (Relu, Neg, Relu, Mul, Add) -> PRelu,
-    then prelu_split: no Neg/Mul left, float-exact."""
+    then prelu_split: no Neg/Mul left, float-exact. TF MTCNN's relu(y) + a·(-relu(-y)) (one more
+    Neg; hunt 22: each of O-Net's 5 PReLUs had been 6 layers, CPU tables and adds) too."""
     n = helper.make_node
     c = -rand(1, 4, 1, 1) if form == "add" else rand(1, 4, 1, 1)
+    rn = [n("Relu", ["nc"], ["rn0"]), n("Neg", ["rn0"], ["rn"])] if form == "mtcnn" else [n("Relu", ["nc"], ["rn"])]
     nodes = [conv("c", "x", "w", "b", pads=[1, 1, 1, 1]), n("Relu", ["c"], ["pos"]), n("Neg", ["c"], ["nc"]),
-             n("Relu", ["nc"], ["rn"]), n("Mul", ["rn", "k"], ["neg"]),
-             n("Add" if form == "add" else "Sub", ["pos", "neg"], ["p"]), conv("y", "p", "w2", "b2")]
+             *rn, n("Mul", ["rn", "k"], ["neg"]),
+             n("Sub" if form == "sub" else "Add", ["pos", "neg"], ["p"]), conv("y", "p", "w2", "b2")]
     m = make_model(nodes, [X], [("y", None)], {"w": rand(4, 4, 3, 3), "b": rand(4), "k": c,
                                                "w2": rand(6, 4, 1, 1), "b2": rand(6)})
     g, log = check(m, None, x=rand(1, 4, 8, 8, scale=2), tol=1e-4)
     assert g.op_counts() == {"Conv": 2}
     assert any(e["pass"] == "prelu_pattern" and e["changes"] for e in log)
+
+
+def test_a_written_out_softmax_of_a_vector_is_a_softmax_node():
+    """TF MTCNN's class scores: exp(x - max(x)) / sum(exp(x - max(x))) over a dense layer's (1, 2)
+    vector (ReduceMax, Sub, Exp, ReduceSum, Div: no kmodel v3 layer, so O-Net went v4; hunt 22)
+    becomes one Softmax node (v3's SOFTMAX). Float-exact."""
+    n = helper.make_node
+    ax = {"axes": [1], "keepdims": 1}
+    nodes = [n("Gemm", ["x", "w", "b"], ["l"], transB=1), n("ReduceMax", ["l"], ["m"], **ax),
+             n("Sub", ["l", "m"], ["d"]), n("Exp", ["d"], ["e"]), n("ReduceSum", ["e", "a"], ["s"], keepdims=1),
+             n("Div", ["e", "s"], ["y"])]
+    m = make_model(nodes, [("x", [1, 8])], [("y", None)], {"w": rand(2, 8), "b": rand(2),
+                                                          "a": np.array([1], np.int64)})
+    g, log = check(m, None, x=rand(1, 8, scale=3), tol=1e-5)
+    assert "Softmax" in g.op_counts() and not {"ReduceMax", "Exp", "Div"} & set(g.op_counts())
 
 
 @pytest.mark.parametrize("reader", ["conv", "add"])

@@ -1492,3 +1492,23 @@ def test_a_softmax_of_very_negative_logits_is_no_nan():
     got = np.concatenate([emu.run(p)[0].reshape(-1) for p in px]).astype(np.float64)
     ref = np.concatenate([ort_run(m, x)[0].reshape(-1) for x in xs]).astype(np.float64)
     assert np.isfinite(got).all() and sqnr_db(ref, got) > 25
+
+
+@pytest.mark.parametrize("fmt", ["v3", "v4"])
+def test_a_per_channel_scale_of_a_pooled_vector_lowers_in_both_formats(fmt):
+    """A Mul by a constant per channel on a pooled (1, C) vector is a depthwise 1x1 conv on its
+    (1, C, 1, 1) map (passes.affine_to_conv): v4 multiplies on the CPU (C weights), v3 takes a
+    dense form; both close to the float model."""
+    rng = np.random.default_rng(3)
+    n = helper.make_node
+    m = make_model([conv_node("c", "x", "w", "b"), n("Relu", ["c"], ["r"]), n("GlobalAveragePool", ["r"], ["p"]),
+                    n("Flatten", ["p"], ["f"]), n("Mul", ["f", "k"], ["fk"]),
+                    n("Gemm", ["fk", "w2", "b2"], ["y"], transB=1)], [("x", [1, 3, 8, 8])], [("y", None)],
+                   {"w": rng.normal(size=(16, 3, 1, 1)).astype(np.float32), "b": rng.normal(size=16).astype(np.float32),
+                    "k": rng.uniform(0.5, 2, size=(1, 16)).astype(np.float32),
+                    "w2": rng.normal(size=(5, 16)).astype(np.float32), "b2": rng.normal(size=5).astype(np.float32)})
+    px = pixels(4, 3, 8, 8)
+    model, rows, lw, g = compile_model(m, px, format=fmt)
+    row = next(r for r in rows if r.node.startswith("Mul"))
+    assert row.weight_bytes <= (80 if fmt == "v4" else 16 * 16 * 4 + 64)
+    assert sqnr(m, model, px) > 35

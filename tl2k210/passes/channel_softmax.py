@@ -8,7 +8,7 @@ SSD-style detectors (ULFD), Softmax(Concat(Reshape(Transpose(conv)))) over each 
 classes, channels 2j and 2j + 1 of its head's conv: each conv gets the pairs' differences."""
 import numpy as np
 
-from tl2k210.graph import axes_of
+from tl2k210.graph import Node, axes_of
 
 from .layout import MOVES, _apply
 
@@ -133,6 +133,25 @@ def _concat_heads(g, sm):
     return heads
 
 
+def _as_softmax(g, div, x, axis, log):
+    """The written-out softmax no conv takes (TF MTCNN's class scores, (1, 2) after a dense layer:
+    ReduceMax, Sub, Exp, ReduceSum, Div, which kmodel v3 has not, so the model went v4; hunt 22)
+    as one Softmax node over `axis` (v3 SOFTMAX), where nothing else reads its steps."""
+    e, s = g.producer(div.inputs[0]), g.producer(div.inputs[1])
+    steps = [e, s]
+    sub = g.producer(e.inputs[0])
+    if sub is not None and sub.op == "Sub" and sub.inputs[0] == x:
+        steps += [sub, g.producer(sub.inputs[1])]
+    inside = {id(m) for m in steps} | {id(div)}
+    if any(t in g.outputs or any(id(c) not in inside for c in g.consumers(t)) for m in steps for t in m.outputs):
+        return
+    for m in steps:
+        g.nodes.remove(m)
+    g.nodes[g.nodes.index(div)] = Node("Softmax", [x], list(div.outputs), {"axis": axis}, div.name,
+                                        [m.name for m in steps] + [div.name])
+    log(div.name, f"exp(x - max(x)) / sum(exp(...)) over axis {axis} -> Softmax")
+
+
 def channel_softmax(g, log):
     for n in list(g.nodes):
         if n not in g.nodes:
@@ -152,6 +171,8 @@ def channel_softmax(g, log):
             continue
         x, axis, pattern, t_chain = m
         if not _fold_into_conv(g, x, axis, pattern, log, n.name):
+            if not t_chain:
+                _as_softmax(g, n, x, axis, log)
             continue
         out = n.outputs[0]
         g.nodes.remove(n)

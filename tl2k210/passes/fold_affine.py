@@ -122,9 +122,9 @@ def affine_to_conv(g, log):
             w, attrs["group"] = s.reshape(c, 1, 1, 1), c
             new = [Node("Conv", [x, g.add_const(w.astype(np.float32), n.name + "/W"),
                                  g.add_const(t.astype(np.float32), n.name + "/B")], [out], attrs, n.name, [n.name])]
-        else:   # a vector: a dense layer with diagonal weights on a (1, C, 1, 1) map
-            attrs["group"] = 1
-            w = np.diag(s).reshape(c, c, 1, 1)
+        else:   # a vector: a depthwise 1x1 conv on a (1, C, 1, 1) map (c weights, not a c x c diagonal)
+            attrs["group"] = c
+            w = s.reshape(c, 1, 1, 1)
             r4 = g.add_tensor(n.name + "/nchw", (1, c, 1, 1))
             co = g.add_tensor(n.name + "/conv", (1, c, 1, 1))
             new = [Node("Reshape", [x, g.add_const(np.array([1, c, 1, 1], np.int64), n.name + "/shape4")], [r4],

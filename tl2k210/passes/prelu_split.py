@@ -58,7 +58,8 @@ def _const_conv(g, c):
 
 def prelu_pattern(g, log):
     """relu(y) + c·relu(-y) (Keras 3 PReLU through tf2onnx: Relu, Neg, Relu, Mul, Add; or with Sub
-    and c = a) -> PRelu(y, -c); max(y, a·y) with slopes a <= 1 -> PRelu(y, a)."""
+    and c = a; or TF MTCNN's relu(y) + a·(-relu(-y)), one more Neg) -> PRelu(y, -c); max(y, a·y)
+    with slopes a <= 1 -> PRelu(y, a)."""
     for top in [n for n in g.nodes if n.op in ("Add", "Sub") and len(n.inputs) == 2]:
         for pos_t, neg_t in ((0, 1), (1, 0)) if top.op == "Add" else ((0, 1),):
             pos, mul = g.producer(top.inputs[pos_t]), g.producer(top.inputs[neg_t])
@@ -68,20 +69,23 @@ def prelu_pattern(g, log):
             c_name = next((i for i in mul.inputs if g.const(i) is not None), None)
             r_name = next((i for i in mul.inputs if g.const(i) is None), None)
             r = g.producer(r_name) if r_name else None
+            # TF MTCNN's prelu (facenet's detect_face, in every MTCNN port): alpha * -relu(-y)
+            flip = r if r is not None and r.op == "Neg" else None
+            r = g.producer(flip.inputs[0]) if flip is not None else r
             neg = g.producer(r.inputs[0]) if r is not None and r.op == "Relu" else None
             if c_name is None or neg is None or neg.op != "Neg" or neg.inputs[0] != y:
                 continue
-            chain = [pos, neg, r, mul]
+            chain = [pos, neg, r] + ([flip] if flip is not None else []) + [mul]
             if any(len(g.consumers(n.outputs[0])) != 1 or n.outputs[0] in g.outputs for n in chain):
                 continue
             c = np.asarray(g.const(c_name), np.float32)
-            slope = -c if top.op == "Add" else c
+            slope = (-c if top.op == "Add" else c) * (-1 if flip is not None else 1)
             node = Node("PRelu", [y, g.add_const(slope, top.name + "/slope")], [top.outputs[0]], {}, top.name,
                         [n.name for n in chain + [top]])
             for n in chain + [top]:
                 g.nodes.remove(n)
             g.nodes.append(node)
-            log(node.name, f"relu(y) {'+' if top.op == 'Add' else '-'} c*relu(-y) -> PRelu")
+            log(node.name, f"relu(y) {'+' if top.op == 'Add' else '-'} c*{'-' if flip else ''}relu(-y) -> PRelu")
             break
     for top in [n for n in g.nodes if n.op == "Max" and len(n.inputs) == 2]:
         # max(y, a·y) with a <= 1: y where y >= 0, a·y below (PINTO's int8 FaceMesh: PReLU as MUL
