@@ -257,6 +257,8 @@ def test_no_excuse_when_the_samples_lie_outside_the_models_own_input_range():
     own = ModelRanges(g)
     assert own.input_mismatch(g, {"x": (-1.0, 0.98)}) is None                   # -1,1 as it should
     assert own.input_mismatch(g, {"x": (-0.5, 0.5)}) is None                    # within it: dark photos
+    narrow = own.input_mismatch(g, {"x": (0.0, 0.1)})      # a sliver of it (hunt 22: PoseNet at -1,1 of 0..255)
+    assert "the samples use 5.0% of it" in narrow and "--input-range -0.9922,1" in narrow
     says = own.input_mismatch(g, {"x": (0.0, 255.0)})
     assert "stands for -0.9922..1" in says and "--input-range -0.9922,1" in says
     totals = {"outputs": {"emb": {"sqnr_db": 0.0, "ideal_db": 0.0}}, "sqnr_samples": 8, "own_quantization": True,
