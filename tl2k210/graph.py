@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +54,10 @@ OPSET = 18   # the IR's opset: what tf2onnx 1.17 writes at most (onnxruntime 1.3
 MIN_OPSET = 13   # older ONNX files are upgraded to OPSET first (onnx.version_converter)
 #: ops that relabel a tensor (same values, another shape): no new map, no rounding
 RELABELS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+#: what carries a tensor's value unchanged to one a source file names (Graph.file_names): a
+#: .tflite's int8 tensor is tf2onnx's float `X_prequant` (or a fused activation's `Relu__14:0`)
+#: quantized, then transposed
+FILE_CARRIERS = ("QuantizeLinear", "Transpose") + RELABELS
 #: ops whose output holds their input's values, moved: a relabel or a transpose
 MOVES = RELABELS + ("Transpose",)
 
@@ -174,6 +179,28 @@ class Graph:
         """The source model's name of the values tensor `t` holds (a fused conv's tensor holds
         what its activation wrote): what --outputs takes."""
         return self.meta.get("source_names", {}).get(t, t)
+
+    def file_names(self, ts) -> list | None:
+        """Tensors `ts` as the source file names them, where only its own names are --outputs'
+        (a .tflite: meta["file_tensors"]): each the file's tensor tf2onnx wrote as `<name>_prequant`
+        (or `<name>_Gemm__134:0`), or the nearest of the file's tensors that carries its value (FILE_CARRIERS: hunt 21's advice
+        named tf2onnx's `StridedSlice3_prequant`, which --outputs refused); None where one has none."""
+        names = self.meta.get("file_tensors")
+        if names is None:
+            return [self.source_name(t) for t in ts]
+        out = []
+        for t in ts:
+            bare = t          # tf2onnx's names of a file's tensor: X:0, X_prequant, X_Gemm__134:0
+            for suffix in (r":\d+$", r"_prequant$", r"(_[A-Za-z]+)?__\d+$"):
+                bare = bare if bare in names else re.sub(suffix, "", bare)
+            seen, todo = {t}, [bare if bare in names else t]
+            while todo and todo[0] not in names:
+                todo += [o for n in self.consumers(todo.pop(0)) if n.op in FILE_CARRIERS for o in n.outputs[:1]
+                         if o not in seen and not seen.add(o)]
+            if not todo:
+                return None
+            out.append(todo[0])
+        return list(dict.fromkeys(out))
 
     def prune(self):
         """Drop nodes whose outputs are unused and tensors nobody references; topo-sort."""

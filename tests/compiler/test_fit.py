@@ -1181,7 +1181,7 @@ def test_advice_names_tensors_as_a_tflite_file_has_them():
     m = make_model(nodes, [("x", [1, 2, 4, 4])], [("A", None), ("B", None), ("C:0", None)], {})
     m.graph.initializer.extend([s, z])
     g = from_onnx(m)
-    assert fit._file_names(g, ["A_prequant", "Relu__14:0", "C:0"]) == ["A_prequant", "Relu__14:0", "C:0"]
+    assert g.file_names(["A_prequant", "Relu__14:0", "C:0"]) == ["A_prequant", "Relu__14:0", "C:0"]
     g.meta["file_tensors"] = frozenset({"x", "A", "B"})
-    assert fit._file_names(g, ["A_prequant", "Relu__14:0"]) == ["A", "B"]
-    assert fit._file_names(g, ["A_prequant", "C:0"]) is None
+    assert g.file_names(["A_prequant", "Relu__14:0"]) == ["A", "B"]
+    assert g.file_names(["A_prequant", "C:0"]) is None

@@ -73,7 +73,7 @@ def _cut_before(graph, source, name):
     after, ends = _ends_before(graph, set(graph.meta.get("v3_refused", ())) | {name})
     if name not in after or any(n.op in WEIGHT_OPS for n in after.values()):
         return None
-    ends = _file_names(source, ends)
+    ends = source.file_names(ends)
     if not ends or any(t not in source.tensors for t in ends):
         return None
     return f"end the model before it (--outputs {','.join(ends)}) and do that step in the application"
@@ -88,31 +88,6 @@ def _ends_before(graph, names):
     ends = [i for n in after.values() for i in n.inputs if i and i not in made and not _constant(graph, i, fixed)]
     ends += [o for o in graph.outputs if o not in made]
     return after, list(dict.fromkeys(ends))
-
-
-#: what carries a tensor's value to one of the file's own unchanged: a .tflite's int8 tensor is
-#: tf2onnx's float `X_prequant` (or a fused activation's `Relu__14:0`) quantized, then transposed
-CARRIERS = ("QuantizeLinear", "Transpose", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten")
-
-
-def _file_names(graph, ends) -> list | None:
-    """`ends` as the source file names them, where only its own names are --outputs' (a .tflite:
-    graph.meta["file_tensors"]): each the file's tensor tf2onnx wrote as `<name>_prequant`, or the
-    nearest of the file's tensors that carries its value (hunt 21: the advice named tf2onnx's
-    `StridedSlice3_prequant`, which --outputs refused); None where one has none."""
-    names = graph.meta.get("file_tensors")
-    if names is None:
-        return ends
-    out = []
-    for t in ends:
-        seen, todo = {t}, [t.removesuffix("_prequant") if t.removesuffix("_prequant") in names else t]
-        while todo and todo[0] not in names:
-            todo += [o for n in graph.consumers(todo.pop(0)) if n.op in CARRIERS for o in n.outputs[:1]
-                     if o not in seen and not seen.add(o)]
-        if not todo:
-            return None
-        out.append(todo[0])
-    return list(dict.fromkeys(out))
 
 
 def _constant(graph, t, memo) -> bool:
@@ -134,7 +109,7 @@ def end_before(source, name) -> str | None:
     after, ends = _ends_before(source, {name})
     if name not in after or not ends or set(ends) & set(source.inputs):
         return None
-    ends = _file_names(source, ends)
+    ends = source.file_names(ends)
     if not ends:
         return None
     memo = {}

@@ -145,8 +145,12 @@ def select(g, node, opts, fmt="v3"):
     alts = REGISTRY.get(node.op)
     if not alts:
         inside = INSIDE.get(node.op) if _feeds_a_layer(g, node) else None
-        hint = NEAREST.get(node.op, "").replace("{inputs}", ", ".join(map(repr, node.inputs))).replace(
-            "{input}", g.source_name(node.inputs[0]) if node.inputs else "")
+        # the tensors it reads as --outputs takes them (the file's names; no constant: hunt 22's
+        # Deep Tree anti-spoofing advice named tf2onnx's Gemm output and the threshold)
+        named = g.file_names([i for i in node.inputs if i and g.const(i) is None])
+        hint = NEAREST.get(node.op, "").replace(
+            "{inputs}", ", ".join(map(repr, named)) if named else "the tensors it reads (netron shows their names)"
+        ).replace("{input}", g.source_name(node.inputs[0]) if node.inputs else "")
         hint = inside or (f"nearest supported form: {hint}" if hint else
                           f"replace it in the model with supported ops: {', '.join(supported_ops(fmt))}")
         err = UnsupportedOpError(f"node {node.name!r}: op {describe(node)} has no K210 lowering; {hint}")
