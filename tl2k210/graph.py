@@ -183,8 +183,9 @@ class Graph:
     def file_names(self, ts) -> list | None:
         """Tensors `ts` as the source file names them, where only its own names are --outputs'
         (a .tflite: meta["file_tensors"]): each the file's tensor tf2onnx wrote as `<name>_prequant`
-        (or `<name>_Gemm__134:0`), or the nearest of the file's tensors that carries its value (FILE_CARRIERS: hunt 21's advice
-        named tf2onnx's `StridedSlice3_prequant`, which --outputs refused); None where one has none."""
+        (or `<name>_Gemm__134:0`), or the nearest of the file's tensors that carries its value
+        (FILE_CARRIERS; hunt 21's advice named tf2onnx's `StridedSlice3_prequant`, which --outputs
+        refused); None where one has none."""
         names = self.meta.get("file_tensors")
         if names is None:
             return [self.source_name(t) for t in ts]
