@@ -235,7 +235,8 @@ def check_map_budget(graph, where):
             raise BudgetError(
                 f"{where}: tensor {name!r} of shape {'x'.join(map(str, shape))} is {size:,} B even "
                 f"at 8 bits, more than a K210's {budget >> 20} MiB of memory; use a smaller input "
-                "size (e.g. export the model at 224x224 or 320x240). Nothing was written.")
+                "size: --input-shape (e.g. 1,3,240,320, where the model runs at any size: MTCNN's P-Net "
+                "exported at 1280x960, hunt 22), or export the model at 224x224 or 320x240. Nothing was written.")
 
 
 def source_name(source):
