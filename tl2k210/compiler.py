@@ -104,6 +104,9 @@ class Receipt:
                   f"{self.main_memory:,} B; runtime '{t['runtime']}' budget {t['budget']:,} B "
                   f"(model + main memory {self.file_size + self.main_memory:,} B)",
                   f"estimated latency {self.latency_ms:.2f} ms at 400 MHz (model in tl2k210/k210/cost.py)"]
+        short = firmware.RUNTIMES[t["runtime"]].short_of(self.file_size + self.main_memory) \
+            if t.get("runtime") in firmware.RUNTIMES else None
+        lines += [f"warning: {short}"] if short else []
         if self.ideal:
             i, ours = self.ideal, self.file_size + self.main_memory
             lines.append(f"ideal at {i['weight_bits']} bits: weights {i['weight_bytes']:,} B + maps "

@@ -1185,3 +1185,16 @@ def test_advice_names_tensors_as_a_tflite_file_has_them():
     g.meta["file_tensors"] = frozenset({"x", "A", "B"})
     assert g.file_names(["A_prequant", "Relu__14:0"]) == ["A", "B"]
     assert g.file_names(["A_prequant", "C:0"]) is None
+
+
+def test_a_model_over_what_some_boards_have_free_says_so():
+    """Hunt 22: MediaPipe's iris landmarks took 2,085,496 B of full MaixPy's nominal 2 MiB (11 KB
+    left); boards report 1.3-2 MB of system heap free, and where it is less kpu.load fails with
+    2006. The receipt warns above the least reported figure, with what to do; not below it, nor for
+    builds with no lower report."""
+    from tl2k210.k210 import firmware
+    full = firmware.RUNTIMES["maixpy"]
+    said = full.short_of(2_085_496)
+    assert "needs 2,085,496 B of the system heap" in said and "1.3-2.1 MB free" in said
+    assert "--optimize size" in said and "2006" in said
+    assert full.short_of(1_200_000) is None and firmware.RUNTIMES["sdk"].short_of(5_000_000) is None

@@ -26,6 +26,17 @@ class Runtime:
     gc_heap: int = 0x80000     # MicroPython GC heap (freq.conf default), 0 = not MicroPython
     release: str = ""          # what a user flashes
     maixpy: bool = True
+    reported_low: int = 0      # the least system heap boards report free (0: model_budget's figure)
+
+    def short_of(self, need: int) -> str | None:
+        """The receipt's note where `need` (model file + main memory) is over what some boards of
+        this build report free (hunt 22: a kmodel leaving 11 KB of full MaixPy's 2 MiB, which
+        boards reporting 1.3 MB free refuse with 2006); None where it is under."""
+        if not self.reported_low or need <= self.reported_low:
+            return None
+        return (f"needs {need:,} B of the system heap: {self.name} boards report {self.reported_low / 1e6:.1f}-"
+                f"{self.model_budget / 1e6:.1f} MB free (Maix.utils.heap_free() after boot); where kpu.load fails "
+                "with 2006 (ERR_NO_MEM), convert with --optimize size (the smallest forms) or for a minimum build")
 
     @property
     def gc_pool(self) -> int:
@@ -42,7 +53,8 @@ class Runtime:
 
 
 RUNTIMES = {r.name: r for r in (
-    Runtime("maixpy", 2 * MiB, (3, 4), release="maixpy_v0.6.2_*.bin (full build, kmodel V3 + V4)"),
+    Runtime("maixpy", 2 * MiB, (3, 4), release="maixpy_v0.6.2_*.bin (full build, kmodel V3 + V4)",
+            reported_low=1_300_000),
     Runtime("maixpy-minimum", 4 * MiB, (3,), release="maixpy_v0.6.2_*_minimum.bin (no V4 support)"),
     Runtime("maixpy-minimum-v4", 4 * MiB, (3, 4),
             release="maixpy_v0.6.2_*_minimum_with_kmodel_v4_support.bin"),
