@@ -522,6 +522,50 @@ def test_session_interrupt_and_input(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # the KPU API in detail (#kpu)
+@pytest.mark.parametrize("fmt", ["v3", "v4"])
+def test_get_output_reads_any_output_of_the_last_forward(tmp_path, fmt):
+    """Maix_kpu.c's get_output wraps output idx's buffer, which every run fills, whichever index
+    forward returned: a BlazeFace script reads scores with forward and boxes with get_output(task,
+    1); the host gave None (hunt 22). Both outputs are the emulator's, in the formats' shapes."""
+    import onnx
+    from onnx import helper
+
+    from front_helpers import make_model, rand
+    from tl2k210.compiler import ConvertOptions, convert
+    from tl2k210.k210.emulator import Emulator
+    n = helper.make_node
+    m = make_model([n("Conv", ["x", "w1"], ["a"]), n("Conv", ["x", "w2"], ["b"])], [("x", [1, 3, 8, 8])],
+                   [("a", None), ("b", None)], {"w1": rand(2, 3, 1, 1), "w2": rand(5, 3, 1, 1)})
+    onnx.save(m, tmp_path / "two.onnx")
+    sd = tmp_path / "sd"
+    sd.mkdir()
+    np.save(tmp_path / "cal.npy", np.random.default_rng(0).uniform(0, 1, (8, 3, 8, 8)).astype(np.float32))
+    convert(tmp_path / "two.onnx", sd / "two.kmodel", ConvertOptions(dataset=str(tmp_path / "cal.npy"),
+                                                                      format=fmt, progress=False, min_sqnr=0))
+    shapes = "kpu.set_outputs(task, 0, 8, 8, 2)\nkpu.set_outputs(task, 1, 8, 8, 5)\n" if fmt == "v4" else ""
+    res = run(tmp_path, f"""
+import KPU as kpu
+import image
+task = kpu.load("/sd/two.kmodel")
+{shapes}img = image.Image(size=(8, 8))
+img.pix_to_ai()
+a = kpu.forward(task, img)
+b = kpu.get_output(task, 1)
+print(a.size(), b.size(), b[0], b[-1])
+try:
+    kpu.get_output(task, 2)
+except OSError as e:
+    print("OSError", e)
+""", sd=sd)
+    assert res.error is None, res.traceback
+    outs = Emulator.load(sd / "two.kmodel").run(np.zeros((3, 8, 8), np.uint8))
+    size, bsize, first, last = res.lines[0].split()
+    assert (int(size), int(bsize)) == (np.asarray(outs[0]).nbytes, np.asarray(outs[1]).nbytes)
+    assert float(first) == pytest.approx(float(np.ravel(outs[1])[0]), rel=1e-6)
+    assert float(last) == pytest.approx(float(np.ravel(outs[1])[-1]), rel=1e-6)
+    assert res.lines[1].startswith("OSError")
+
+
 def test_kpu_layers_fmaps_netinfo_and_yolo_objects(tmp_path, photo, face_flash):
     from tl2k210.k210.emulator import Emulator
     res = run(tmp_path, CAM + """

@@ -144,6 +144,7 @@ class kpu_net:
         self._alive = True
         self._mem = mem         # system heap taken
         self._fmaps = {}        # idx -> the output buffer fmaps point into
+        self._last = None       # every output of the last forward (get_output reads any of them)
         self._flash = None      # load_flash: (dual, batch, speed)
         from tl2k210.k210 import cost
         self._est = cost.estimate(model)
@@ -535,6 +536,7 @@ def forward(*args, **kwargs):
     outs, partial = _run(task, x)
     m = task.model
     n_out = len(m.outputs)
+    task._last = outs
     if partial is not None:
         tc, arr, w, h, ch = _v3_result(task, partial, 0, task._layers - 1) if m.version == 3 else \
             ("f", np.asarray(partial, np.float32).reshape(-1), np.asarray(partial).size, 1, 1)
@@ -555,11 +557,29 @@ def forward(*args, **kwargs):
 
 
 def get_output(*args, **kwargs):
+    """Output `idx` of the last forward as an fmap, whichever index forward returned: the firmware
+    (Maix_kpu.c py_kpu_get_output) wraps output idx's buffer, which every run fills -- how scripts
+    read a multi-output model (BlazeFace's scores and boxes, MTCNN's three heads); the host had
+    returned None for any index forward had not (hunt 22). kmodel v3 takes the typecode and
+    w, h, ch from the model's LAST layer whatever idx is (as forward does); v4 from set_outputs."""
     A.check_arity(args, 2, 2)
+    if not isinstance(args[0], kpu_net) or not isinstance(args[1], int):
+        raise ValueError(f"{_KPU_MSG}get_output arg format error: get_output(task, int idx)")
     task = _task(args[0])
-    if not isinstance(args[1], int):
-        raise ValueError(f"{_KPU_MSG}index must be int")
-    return task._fmaps.get(args[1])
+    idx, m = args[1], task.model
+    if not 0 <= idx < len(m.outputs):       # (the library's error code here is not known: UNCERTAIN)
+        _note_error(2011, f"get_output index {idx}: the model has {len(m.outputs)} output(s)")
+        raise OSError("get_output err" if m.version == 4 else "2011")
+    out = task._last[idx] if task._last is not None else np.zeros(_output_count(m, idx), np.float32)
+    last = len(m.items) - 1
+    if m.version == 4:
+        if idx not in task._outputs:
+            _note_error(2013, f"output {idx} holds {np.asarray(out).size} values")
+            raise OSError("get_outputs_shape err")
+        w, h, ch = task._outputs[idx]
+        return _store(task, idx, "f", np.asarray(out, np.float32).reshape(-1), w, h, ch, last)
+    tc, arr, w, h, ch = _v3_result(task, out, idx)
+    return _store(task, idx, tc, arr, w, h, ch, last)
 
 
 def _output_count(m, idx):
