@@ -238,8 +238,21 @@ def check_map_budget(graph, where):
             raise BudgetError(
                 f"{where}: tensor {name!r} of shape {'x'.join(map(str, shape))} is {size:,} B even "
                 f"at 8 bits, more than a K210's {budget >> 20} MiB of memory; use a smaller input "
-                "size: --input-shape (e.g. 1,3,240,320, where the model runs at any size: MTCNN's P-Net "
-                "exported at 1280x960, hunt 22), or export the model at 224x224 or 320x240. Nothing was written.")
+                f"size: --input-shape{_smaller_input(graph, size)} where the model runs at any size (MTCNN's "
+                "P-Net exported at 1280x960, AnimeGAN: hunt 22), else export it smaller. Nothing was written.")
+
+
+def _smaller_input(graph, size, fits=2 * 1024 * 1024) -> str:
+    """' N,C,H,W' (in the input's own order): its spatial dims scaled so that a map of `size`
+    bytes, which grows with them, keeps to `fits` (full MaixPy's budget), in steps of 16; '' where
+    the input is no 4-D image."""
+    shape = graph.shape(graph.inputs[0]) if graph.inputs else None
+    if not shape or len(shape) != 4 or any(not isinstance(d, (int, np.integer)) for d in shape):
+        return ""
+    f = math.sqrt(fits / size)
+    hw = (2, 3) if shape[1] <= 4 else (1, 2)        # NCHW: channels first (3, 1 or 4); else NHWC
+    dims = [max(16, int(shape[i] * f) // 16 * 16) if i in hw else int(shape[i]) for i in range(4)]
+    return " " + ",".join(map(str, dims)) + " (this tensor then about 2 MiB)"
 
 
 def source_name(source):
