@@ -514,22 +514,23 @@ def from_onnx(model, batch=1, input_shapes=None, input_values=None):
         name = n.name or f"{n.op_type}_{i}"
         nodes.append(Node(n.op_type, list(n.input), list(n.output), attrs, name, [name]))
     inputs, rebatched, unbatched = [], {}, {}
+    feeds = [v.name for v in gp.input if v.name not in tensors]     # (not the weights nor pinned ones)
     for vi in gp.input:
         if vi.name in tensors:
             continue
         tt = vi.type.tensor_type
+        rank = len(tt.shape.dim)        # a 1-D input's only dim is no batch (hunt 22: a box vector [?])
         shape = tuple((input_shapes or {}).get(vi.name) or
-                      (d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else batch if i == 0 else None
-                       for i, d in enumerate(tt.shape.dim)))
+                      (d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else
+                       batch if i == 0 and rank > 1 else None for i, d in enumerate(tt.shape.dim)))
         if None in shape:
             from tl2k210.errors import ModelLoadError
             dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else "?" for d in tt.shape.dim]
-            example = ",".join("1" if i == 0 and d == "?" else str(d) for i, d in enumerate(dims))
+            example = ",".join("1" if i == 0 and d == "?" and rank > 1 else str(d) for i, d in enumerate(dims))
             how = ("--input-shape N,C,H,W, e.g. --input-shape 1,3,224,224 (in Python: input_shapes={name: "
                    "(1, C, H, W)})" if len(dims) == 4 else
                    f"--input-shape {example}, each ? replaced by the size it runs at (in Python: "
                    f"input_shapes={{name: ({', '.join(map(str, dims))})}} likewise)")
-            feeds = [v.name for v in gp.input if v.name not in tensors]
             more = (f". But first: the model has {len(feeds)} inputs ({', '.join(map(repr, feeds))}) and a "
                     "kmodel has one (K210 runtimes feed it one image or array): pin the others with "
                     "--input-value NAME=VALUE, or export the model with one input" if len(feeds) > 1 else "")

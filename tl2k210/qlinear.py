@@ -75,6 +75,9 @@ def custom_domain_hint(domain):
         return (f"; of onnxruntime's {MS} ops the quantized {', '.join(op for d, op in OPS if d == MS)} "
                 "are read, and FusedConv and FusedGemm with a Relu, LeakyRelu, Tanh, Sigmoid, Clip or "
                 "HardSigmoid activation; export the model again without onnxruntime's graph optimizations")
+    if domain.startswith(("onnx.brevitas", "qonnx")):      # (hunt 22: QONNX's ESPCN)
+        return ("; Brevitas / QONNX quantizers: export with QuantizeLinear/DequantizeLinear (QCDQ: "
+                "qonnx's QuantToQCDQ, Brevitas' export_onnx_qcdq) or the float model, and convert that")
     return ""
 
 

@@ -187,6 +187,12 @@ def test_symbolic_spatial_dims_need_a_shape():
                    [("y", None)])
     with pytest.raises(ValueError, match=r"But first: the model has 2 inputs \('x', 's'\) and a kmodel has one"):
         from_onnx(m)
+    # a YOLOv8-seg post-processing graph (hunt 22): a box vector [?] first, then [1, ?]: a 1-D input's
+    # only dim is no batch, and every input is counted
+    m = make_model([helper.make_node("Add", ["d", "c"], ["y"])], [("d", ["K"]), ("c", [1, "T"])], [("y", None)])
+    with pytest.raises(ValueError, match=r"input 'd' has dims of no fixed size: \['\?'\].*--input-shape \?, "
+                                         r"each.*But first: the model has 2 inputs \('d', 'c'\)"):
+        from_onnx(m)
 
 
 def test_a_batchless_input_read_as_a_batch_says_to_give_its_shape():

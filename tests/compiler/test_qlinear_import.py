@@ -95,6 +95,7 @@ def test_channels_last_quantized_pool_is_refused_by_name():
     ("com.microsoft.extensions", "DecodeImage", "pre/post-processing .* runs on the host; convert the network as "
                                                 "exported before"),
     (MS, "FusedConv", "of onnxruntime's com.microsoft ops the quantized QLinearAdd, QLinearMul"),
+    ("onnx.brevitas", "Quant", "Brevitas / QONNX quantizers: export with QuantizeLinear/DequantizeLinear"),
     ("acme", "Frob", "only standard ONNX ops can be converted$")])
 def test_custom_domain_refusal_says_what_to_do(domain, op, says):
     g = helper.make_graph([helper.make_node(op, ["x"], ["y"], domain=domain, name="n")], "c",
