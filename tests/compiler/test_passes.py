@@ -449,6 +449,21 @@ def test_push_transposes_passes_a_computed_scalar():
     assert g.shape(div.outputs[0]) == g.shape("x")        # the map divided in its own NCHW layout
 
 
+def test_push_transposes_passes_a_computed_per_channel_operand():
+    """AnimeGANv2 (hunt 22): a layer norm's scale and shift per channel, computed (1, 1, 1, C)
+    tensors, multiply and add the NHWC map after tf2onnx's Transpose; they stopped the Transpose,
+    and the reflect pad after them reached the lowering NHWC, refused as a pad of "N or C". The
+    operand goes through a Transpose of its few values; the map and its pad stay NCHW. Float-exact."""
+    n = helper.make_node
+    nodes = [n("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]), n("ReduceMean", ["x"], ["m"], keepdims=1),
+             n("Mul", ["m", "gamma"], ["s"]), n("Mul", ["t", "s"], ["ms"]), n("Relu", ["ms"], ["r"]),
+             n("Pad", ["r", "p"], ["pd"], mode="reflect"), n("Transpose", ["pd"], ["y"], perm=[0, 3, 1, 2])]
+    inits = {"gamma": rand(4) + 2, "p": np.array([0, 0, 0, 0, 0, 1, 1, 0], np.int64)}
+    g, _ = check(make_model(nodes, [X], [("y", None)], inits), None, options={"check_supported": False})
+    pad = next(x for x in g.nodes if x.op == "Pad")
+    assert g.shape(pad.inputs[0])[1] == 4            # channels first: the pad pads H and W of the NCHW map
+
+
 @pytest.mark.parametrize("group,bias,pads,ops", [
     (1, True, [0, 0, 1, 1], {"Conv": 1, "DepthToSpace": 1}),
     (2, False, [0, 0, 1, 1], {"Conv": 1, "DepthToSpace": 1}),

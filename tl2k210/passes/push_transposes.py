@@ -45,6 +45,19 @@ def _unmoved(g, name, perm):
     return name if shape is not None and len(shape) == len(perm) and all(d == 1 for d in shape) else None
 
 
+def _small(g, name, perm):
+    """A computed per-channel operand (1, 1, 1, C) of a binary op (a layer norm's scale and shift
+    over an NHWC map: AnimeGANv2, hunt 22): what it is in the untransposed order, through a
+    Transpose of its few values (a relabel where one axis is over 1); None for a map."""
+    shape = g.shape(name)
+    if shape is None or len(shape) != len(perm) or sum(d != 1 for d in shape) > 1:
+        return None
+    inv = [int(a) for a in np.argsort(perm)]
+    out = g.add_tensor(name + "/untransposed", tuple(shape[a] for a in inv))
+    g.nodes.append(Node("Transpose", [name], [out], {"perm": inv}, g.unique(name + "/untranspose")))
+    return out
+
+
 def _const_for(g, c, inv, rank):
     v = g.const(c)
     if v.ndim > rank:
@@ -74,8 +87,13 @@ def push_transposes(g, log):
             p = next(iter(perms))
             src = {i: g.producer(i).inputs[0] if _perm(g, i) == p else _reshaped_as(g, i, p) or _unmoved(g, i, p)
                    for i in data}
-            if None in src.values():
-                continue
+            small = [i for i, v in src.items() if v is None]
+            if n.op not in BINARY or len(small) != 1 or len(data) != 2 or any(
+                    g.shape(i) is None or sum(d != 1 for d in g.shape(i)) > 1 for i in small):
+                if None in src.values():
+                    continue
+            else:
+                src[small[0]] = _small(g, small[0], p)
             inv = tuple(np.argsort(p))
             if n.op in REDUCE:
                 changed |= _reduce(g, n, p, log)
