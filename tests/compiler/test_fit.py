@@ -1198,3 +1198,15 @@ def test_a_model_over_what_some_boards_have_free_says_so():
     assert "needs 2,085,496 B of the system heap" in said and "1.3-2.1 MB free" in said
     assert "--optimize size" in said and "2006" in said
     assert full.short_of(1_200_000) is None and firmware.RUNTIMES["sdk"].short_of(5_000_000) is None
+
+
+def test_the_receipt_says_what_the_rows_weights_leave_out_of_the_file():
+    """Hunt 22: 31 % of a hand-landmark kmodel for the sdk was kmodel layers' arguments, tables
+    and headers (2,797 layers behind 247 rows), which no row's weights showed. Over a tenth of
+    the file, the receipt says how much and for how many layers; under it, nothing."""
+    from tl2k210.compiler import _overhead
+    totals = {"kpu_layers": 2000, "cpu_layers": 797}
+    said = _overhead(4_099_072, [{"weight_bytes": 2_814_461}], totals)
+    assert said == ("; of the file, 1,284,611 B (31%) are its 2,797 layers' arguments, batch-norm and activation "
+                    "tables and headers, not in the rows' weights")
+    assert _overhead(1_888_888, [{"weight_bytes": 1_797_844}], totals) == ""
