@@ -97,8 +97,12 @@ def prelu_pattern(g, log):
             if a is None or y not in mul.inputs or len(g.consumers(m)) != 1 or m in g.outputs:
                 continue
             a = np.asarray(a, np.float32)
-            if a.size == 0:
-                continue
+            shape = g.shape(y) or ()
+            full = a.reshape((1,) * (len(shape) - a.ndim) + a.shape) if a.ndim <= len(shape) else a
+            if len(shape) < 2 or full.ndim != len(shape) or any(d != 1 for i, d in enumerate(full.shape) if i != 1) \
+                    or full.shape[1] not in (1, shape[1]):
+                continue        # one slope per channel (or one for all), as PRelu's, as it broadcasts
+            a = full
             # a slope a_c > 1: a_c·y where y >= 0, y below = a_c·PReLU(y, 1/a_c): the conv writing y
             # scaled by a_c where the pattern alone reads it, else a Mul by a_c after (folded onward)
             after = a.max() > 1 and not _scale_producer(g, y, {id(mul), id(top)}, a)

@@ -51,7 +51,7 @@ def _small(g, name, perm):
     Transpose of its few values (a relabel where one axis is over 1); None for a map."""
     shape = g.shape(name)
     if shape is None or len(shape) != len(perm) or sum(d != 1 for d in shape) > 1:
-        return None
+        return None     # (checked before a node is added)
     inv = [int(a) for a in np.argsort(perm)]
     out = g.add_tensor(name + "/untransposed", tuple(shape[a] for a in inv))
     g.nodes.append(Node("Transpose", [name], [out], {"perm": inv}, g.unique(name + "/untranspose")))
@@ -87,13 +87,11 @@ def push_transposes(g, log):
             p = next(iter(perms))
             src = {i: g.producer(i).inputs[0] if _perm(g, i) == p else _reshaped_as(g, i, p) or _unmoved(g, i, p)
                    for i in data}
-            small = [i for i, v in src.items() if v is None]
-            if n.op not in BINARY or len(small) != 1 or len(data) != 2 or any(
-                    g.shape(i) is None or sum(d != 1 for d in g.shape(i)) > 1 for i in small):
-                if None in src.values():
-                    continue
-            else:
-                src[small[0]] = _small(g, small[0], p)
+            if n.op in BINARY and len(data) == 2 and None in src.values():     # (the other one is Transpose(p)'s)
+                i = next(i for i, v in src.items() if v is None)
+                src[i] = _small(g, i, p)
+            if None in src.values():
+                continue
             inv = tuple(np.argsort(p))
             if n.op in REDUCE:
                 changed |= _reduce(g, n, p, log)
