@@ -243,14 +243,14 @@ def check_map_budget(graph, where):
                 "P-Net exported at 1280x960, AnimeGAN: hunt 22), else export it smaller. Nothing was written.")
 
 
-def _smaller_input(graph, size, fits=2 * 1024 * 1024) -> str:
+def _smaller_input(graph, size) -> str:
     """' N,C,H,W' (in the input's own order): its spatial dims scaled so that a map of `size`
-    bytes, which grows with them, keeps to `fits` (full MaixPy's budget), in steps of 16; '' where
-    the input is no 4-D image."""
+    bytes, which grows with them, keeps to full MaixPy's budget, in steps of 16; '' where the
+    input is no 4-D image."""
     shape = graph.shape(graph.inputs[0]) if graph.inputs else None
     if not shape or len(shape) != 4 or any(not isinstance(d, (int, np.integer)) for d in shape):
         return ""
-    f = math.sqrt(fits / size)
+    f = math.sqrt(firmware.RUNTIMES["maixpy"].model_budget / size)
     hw = (2, 3) if shape[1] <= 4 else (1, 2)        # NCHW: channels first (3, 1 or 4); else NHWC
     dims = [max(16, int(shape[i] * f) // 16 * 16) if i in hw else int(shape[i]) for i in range(4)]
     return " " + ",".join(map(str, dims)) + " (this tensor then about 2 MiB)"
@@ -429,10 +429,10 @@ def _integer_input_mismatch(q, opts: ConvertOptions) -> str | None:
         return None
     scale, zp, dtype = q
     (lo, hi), (a, b) = own, opts.input_range
-    what = "reaches past" if _reaches_past(own, opts.input_range) else "spans a sliver of"
-    return (f"warning: --input-range {a:g},{b:g} {what} what the model's {dtype} input stands for "
-            f"({lo:.4g}..{hi:.4g}: scale {scale:.6g}, zero point {zp}){', which saturates the rest' * (what[0] == 'r')}"
-            "; without --input-range the kmodel takes that range")
+    past = _reaches_past(own, opts.input_range)
+    return (f"warning: --input-range {a:g},{b:g} {'reaches past' if past else 'spans a sliver of'} what the "
+            f"model's {dtype} input stands for ({lo:.4g}..{hi:.4g}: scale {scale:.6g}, zero point {zp})"
+            f"{', which saturates the rest' if past else ''}; without --input-range the kmodel takes that range")
 
 
 def model_input_range(graph, opts: ConvertOptions):
