@@ -544,12 +544,18 @@ def forward(*args, **kwargs):
     if not 0 <= idx < n_out:
         _note_error(2011, f"out_index {idx}: the model has {n_out} output(s)")
         raise KpuRunError(f"{_KPU_MSG}forward error:2011, {ERRORS[2011]}")
-    out = outs[idx]
-    last = (len(m.items)) - 1
+    return _output_fmap(task, idx, outs[idx], KpuRunError(f"{_KPU_MSG}forward error:2013, {ERRORS[2013]}"))
+
+
+def _output_fmap(task, idx, out, unshaped):
+    """Output `idx`'s buffer (values `out`) as the fmap forward and get_output return: v3 typed
+    and shaped by the model's last layer, v4 floats shaped by set_outputs (else `unshaped`)."""
+    m = task.model
+    last = len(m.items) - 1
     if m.version == 4:
         if idx not in task._outputs:
             _note_error(2013, f"output {idx} holds {np.asarray(out).size} values")
-            raise KpuRunError(f"{_KPU_MSG}forward error:2013, {ERRORS[2013]}")
+            raise unshaped
         w, h, ch = task._outputs[idx]
         return _store(task, idx, "f", np.asarray(out, np.float32).reshape(-1), w, h, ch, last)
     tc, arr, w, h, ch = _v3_result(task, out, idx)
@@ -571,15 +577,7 @@ def get_output(*args, **kwargs):
         _note_error(2011, f"get_output index {idx}: the model has {len(m.outputs)} output(s)")
         raise OSError("get_output err" if m.version == 4 else "2011")
     out = task._last[idx] if task._last is not None else np.zeros(_output_count(m, idx), np.float32)
-    last = len(m.items) - 1
-    if m.version == 4:
-        if idx not in task._outputs:
-            _note_error(2013, f"output {idx} holds {np.asarray(out).size} values")
-            raise OSError("get_outputs_shape err")
-        w, h, ch = task._outputs[idx]
-        return _store(task, idx, "f", np.asarray(out, np.float32).reshape(-1), w, h, ch, last)
-    tc, arr, w, h, ch = _v3_result(task, out, idx)
-    return _store(task, idx, tc, arr, w, h, ch, last)
+    return _output_fmap(task, idx, out, OSError("get_outputs_shape err"))
 
 
 def _output_count(m, idx):
