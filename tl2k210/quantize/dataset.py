@@ -106,9 +106,10 @@ def _samples(a, shape, where, keep_dtype=False, flat=None):
     if len(want) == 3 and 2 <= a.ndim <= len(want) and int(np.prod(a.shape[1:])) == int(np.prod(want)):
         # N samples without the input's axes of 1: a keyword spotter's (N, 47, 13) MFCCs for its
         # (47, 1, 13) TFLite input (hunt 21), in the order of the NCHW or the channels-last shape
+        # (a vector's rows, one axis over 1, as below: validate's flat float rows)
         c, h, w = want
         big = [d for d in a.shape[1:] if d != 1]
-        for order, dims in (("NCHW", want), ("channels-last", (h, w, c))):
+        for order, dims in (("NCHW", want), ("channels-last", (h, w, c))) if len(big) > 1 else ():
             if big == [d for d in dims if d != 1]:
                 print(f"note: {where}: samples {a.shape[1:]} read as {order} {dims}", file=sys.stderr)
                 x = a.reshape((-1,) + dims)
