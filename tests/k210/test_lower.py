@@ -73,6 +73,16 @@ def test_argmax_and_loop_refusals_say_what_to_do():
     assert str(e.value) == ("node 'seg': op ArgMax axis=1 has no K210 lowering; nearest supported form: the scores "
                             "before it: convert with --outputs c (or export the model without its ArgMax) "
                             "and take the argmax in the application (K210 runtimes have none)")
+    # a segmenter's ArgMax over its upsampled probabilities (hunt 22: BiSeNetV2, 19.9 MB of float maps
+    # at full size): the logits before the upsampling are named too
+    m = make_model([conv_node("c", "x", "w"), helper.make_node("Resize", ["c", "", "sc"], ["u"], mode="nearest"),
+                    helper.make_node("Softmax", ["u"], ["p"], axis=1),
+                    helper.make_node("ArgMax", ["p"], ["y"], name="seg", axis=1)],
+                   [("x", [1, 4, 8, 8])], [("y", None)], {"w": np.ones((3, 4, 1, 1), np.float32),
+                                                          "sc": np.array([1, 1, 4, 4], np.float32)})
+    with pytest.raises(UnsupportedOpError, match=r"--outputs p, or, smaller, the scores before their upsampling, "
+                                                 r"--outputs c, upsampled in the application"):
+        run_pipeline(from_onnx(m))
     m = make_model([conv_node("c", "x", "w"), helper.make_node("Cast", ["c"], ["y"], name="dec", to=7)],
                    [("x", [1, 4, 8, 8])], [("y", None)], {"w": np.ones((3, 4, 1, 1), np.float32)})
     with pytest.raises(UnsupportedOpError, match=r"node 'dec': op Cast to=7 has no K210 lowering; nearest supported "

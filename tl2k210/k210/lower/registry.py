@@ -47,7 +47,7 @@ NEAREST = {
             "fixed sequence of layers): export a convolutional model",
     "Scan": "a model without loops (a scan over time steps, as tf2onnx writes a TF1 dynamic_rnn's LSTM/GRU "
             "cell; the K210 runs a fixed sequence of layers): export a convolutional model",
-    "ArgMax": "the scores before it: convert with --outputs {input} (or export the model without "
+    "ArgMax": "the scores before it: convert with --outputs {input}{upsampled} (or export the model without "
               "its ArgMax) and take the argmax in the application (K210 runtimes have none)",
     **{op: "the values it compares: a comparison's 0/1 map (a threshold, a decision tree's routing, as in "
            "Deep Tree Learning's anti-spoofing nets) has no K210 layer; convert with --outputs naming them "
@@ -134,6 +134,20 @@ def supported_ops(fmt="v3"):
     return sorted(op for op, alts in REGISTRY.items() if any(f in a.formats and a.fn for a in alts for f in fmts))
 
 
+def _before_upsampling(g, t) -> str:
+    """', or before their upsampling, ...' where scores `t` are a segmenter's upsampled logits (a
+    Resize, then a softmax or data movement): the full-size map is what would not fit (hunt 22:
+    BiSeNetV2's 19x256x256 float probabilities, 19.9 MB of main memory, where its 32x32 logits
+    convert at 98 % of pixels agreeing); else ''."""
+    while (p := g.producer(t)) is not None and p.op in ("Softmax", "Sigmoid", "Transpose", "Reshape", "Identity"):
+        t = p.inputs[0]
+    p = g.producer(t)
+    if p is None or p.op not in ("Resize", "Upsample"):
+        return ""
+    name = (g.file_names([p.inputs[0]]) or [g.source_name(p.inputs[0])])[0]
+    return f", or, smaller, the scores before their upsampling, --outputs {name}, upsampled in the application"
+
+
 def select(g, node, opts, fmt="v3"):
     """(chosen Alternative, [(passed-over Alternative, reason)]) or UnsupportedOpError. `fmt`
     "auto": the v3 choice when there is one (widest firmware support), else the v4 one."""
@@ -150,7 +164,8 @@ def select(g, node, opts, fmt="v3"):
         named = g.file_names([i for i in node.inputs if i and g.const(i) is None])
         hint = NEAREST.get(node.op, "").replace(
             "{inputs}", ", ".join(map(repr, named)) if named else "the tensors it reads (netron shows their names)"
-        ).replace("{input}", g.source_name(node.inputs[0]) if node.inputs else "")
+        ).replace("{input}", g.source_name(node.inputs[0]) if node.inputs else "").replace(
+            "{upsampled}", _before_upsampling(g, node.inputs[0]) if node.inputs else "")
         hint = inside or (f"nearest supported form: {hint}" if hint else
                           f"replace it in the model with supported ops: {', '.join(supported_ops(fmt))}")
         err = UnsupportedOpError(f"node {node.name!r}: op {describe(node)} has no K210 lowering; {hint}")
