@@ -250,10 +250,11 @@ def _smaller_input(graph, size) -> str:
     shape = graph.shape(graph.inputs[0]) if graph.inputs else None
     if not shape or len(shape) != 4 or any(not isinstance(d, (int, np.integer)) for d in shape):
         return ""
-    f = math.sqrt(firmware.RUNTIMES["maixpy"].model_budget / size)
+    budget = firmware.RUNTIMES["maixpy"].model_budget
+    f = math.sqrt(budget / size)
     hw = (2, 3) if shape[1] <= 4 else (1, 2)        # NCHW: channels first (3, 1 or 4); else NHWC
     dims = [max(16, int(shape[i] * f) // 16 * 16) if i in hw else int(shape[i]) for i in range(4)]
-    return " " + ",".join(map(str, dims)) + " (this tensor then about 2 MiB)"
+    return " " + ",".join(map(str, dims)) + f" (this tensor then about {budget / firmware.MiB:g} MiB)"
 
 
 def source_name(source):
@@ -425,11 +426,11 @@ def _integer_input_mismatch(q, opts: ConvertOptions) -> str | None:
     if q is None or opts.input_range is None:
         return None
     own = _integer_input_range(q)
-    if not _reaches_past(own, opts.input_range) and not _narrow(own, opts.input_range):
+    past = _reaches_past(own, opts.input_range)
+    if not past and not _narrow(own, opts.input_range):
         return None
     scale, zp, dtype = q
     (lo, hi), (a, b) = own, opts.input_range
-    past = _reaches_past(own, opts.input_range)
     return (f"warning: --input-range {a:g},{b:g} {'reaches past' if past else 'spans a sliver of'} what the "
             f"model's {dtype} input stands for ({lo:.4g}..{hi:.4g}: scale {scale:.6g}, zero point {zp})"
             f"{', which saturates the rest' if past else ''}; without --input-range the kmodel takes that range")
