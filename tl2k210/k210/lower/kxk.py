@@ -481,6 +481,8 @@ def _lower(lw, node, alts, windows=""):
         lw.virtual_next[prev_node.outputs[0]] = nxt
     for stage, lq in stages:
         emit_layer(lw, stage, geometry(lw, stage), plan_for(lw, stage), lq, row)
+        if stage.inputs[0] == x:    # the stages after the first read its copies: x leaves KPU RAM now,
+            lw.release_read(x, kpu=True)    # not beside the output (ESPCN's 1 MiB maps: no hole under it)
         _drop(lw, stage.inputs[0])
     geo = geometry(lw, final)
     lq = quantize_conv(lw, final, geo, W2, B, row)

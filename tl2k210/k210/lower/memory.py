@@ -49,6 +49,32 @@ class KpuAllocator:
         self.clock = clock
         self.history: list[Block] = []  # every block in lines, with its lifetime in layer indices
         self._open = {}
+        self.touched: set[int] = set()      # history indices of the blocks the node being lowered uses
+        self.last_use: dict[int, int] = {}  # history index -> the layer index after the last node using it
+
+    def touch(self, name: str):
+        """The node being lowered reads (or writes) block `name` (end_node dates it)."""
+        if name in self._open:
+            self.touched.add(self._open[name])
+
+    def end_node(self):
+        """The node being lowered is done: the blocks it touched were last used up to here."""
+        for i in self.touched:
+            self.last_use[i] = self.clock()
+        self.touched.clear()
+
+    def used_history(self, margin: int = 1) -> list:
+        """`history` with each block's lifetime ending after the node that last read or wrote it
+        (`end_node`), or `margin` layers after its free where that is sooner (a block freed inside
+        its node, while the node's later layers go on): a map left resident while nobody reads it
+        there (its readers take the main-memory copy) holds no lines a buffer parked in KPU RAM
+        could use (ESPCN: a 64x128x128 conv's 1 MiB output, read on the CPU, kept the lines its
+        resize's 2 MiB output needed)."""
+        out = []
+        for i, b in enumerate(self.history):
+            ends = [t for t in (self.last_use.get(i), None if b.t1 is None else b.t1 + margin) if t is not None]
+            out.append(Block(b.name, b.start, b.size, b.t0, max(min(ends), b.t0 + 1) if ends else None))
+        return out
 
     def used(self) -> int:
         return sum(e - s for s, e in self.blocks.values())
@@ -88,6 +114,7 @@ class KpuAllocator:
         self.peak = max(self.peak, self.used())
         self.lowest = min(self.lowest, start)
         self._open[name] = len(self.history)
+        self.touched.add(len(self.history))
         self.history.append(Block(name, start, n, self.clock()))
         return start
 
@@ -325,11 +352,10 @@ def check(blocks: list, at: dict, end: int, views: dict | None = None):
 def park(blocks: list, end: int, views: dict, kpu: list, lines: int, movable: set) -> tuple[dict, dict, int]:
     """Main-memory buffers moved into KPU RAM, which kmodel v4's runtime addresses for any op
     (memory type k210_kpu, docs/kmodel-format.md#v4-interpreter): each into lines that no KPU
-    block (`kpu`, in lines) and no buffer parked before holds while it is live. Of the `movable`
-    buffers live with the one on top of the main-memory plan, the largest that has room goes
-    first, kept while the plan's peak does not grow; the parked set that gave the lowest peak
-    is returned. Returns ({block index: its first KPU line}, the plan of the rest, its peak)."""
-    kpu = [Block(k.name, k.start, k.size, k.t0, None if k.t1 is None else k.t1 + 1) for k in kpu]  # a layer's margin
+    block (`kpu`, in lines: KpuAllocator.used_history) and no buffer parked before holds while it
+    is live. Of the `movable` buffers live with the one on top of the main-memory plan, the
+    largest that has room goes first, kept while the plan's peak does not grow; the parked set
+    that gave the lowest peak is returned. Returns ({block index: its first KPU line}, the plan of the rest, its peak)."""
     cur = list(blocks)
     at, peak = plan(cur, end, views)
     parked, best = {}, ({}, at, peak)

@@ -411,13 +411,19 @@ class Lowering:
                     if loc is not None and loc.block:
                         self.kpu_free(loc)
 
-    def release_read(self, t):
-        """Free `t`'s main-memory buffers now, where the node being lowered is its last reader and
-        has read it (a band gather): release at the node's end then finds them gone."""
-        names = list(self._named(t))
-        if all(self.uses.get(a, 0) == 1 for a in names):
-            for a in names:
+    def _last_reader(self, t) -> bool:
+        return all(self.uses.get(a, 0) == 1 for a in self._named(t))
+
+    def release_read(self, t, kpu: bool = False):
+        """Free `t`'s main-memory buffers now (and with `kpu` its KPU RAM block), where the node
+        being lowered is its last reader and has read it (a band gather, a K x K conv's first
+        shift stage): release at the node's end then finds them gone."""
+        if self._last_reader(t):
+            for a in self._named(t):
                 self._free_main(a)
+                loc = self.locs.get(a)
+                if kpu and loc is not None and loc.block:
+                    self.kpu_free(loc)
 
     def _free_main(self, t):
         for kind in ("u8", "f32", "pixels"):
@@ -505,6 +511,7 @@ class Lowering:
         """Line range of t's map in KPU RAM, uploading it from main memory if needed (from `src`
         where given: the image's pixels, conv.folds_pixels)."""
         if self.kpu_resident(t):
+            self.kpu.touch(self.locs[t].block)
             return self.locs[t].kpu
         loc = self.locs[t]
         c, h, w = loc.shape
@@ -514,6 +521,9 @@ class Lowering:
         self.emit("K210_UPLOAD", dict(flags=0, main_mem_in_address=src, kpu_mem_out_address=start,
                                       width=w, height=h, channels=c), row)
         row.notes.append("upload to KPU RAM")
+        if src == loc.u8 and loc.pixels is None and self._last_reader(t):
+            self.release_read(t)        # read from KPU RAM from here: its main copy need not wait for the
+            loc.u8 = None               # node's end (ESPCN: 1 MiB beside the 64x128x128 conv's output)
         return loc.kpu
 
     def u8_out(self, t, quant=None, shape=None):
@@ -640,7 +650,7 @@ class Lowering:
         fixed = set(views) | {j for j, _ in views.values()}
         movable = {i for i, b in enumerate(blocks) if i not in fixed and b.t1 is not None
                    and not b.name.startswith(f"{x}:")}
-        parked, rest, low = park(blocks, end, views, self.kpu.history, self.kpu.lines, movable)
+        parked, rest, low = park(blocks, end, views, self.kpu.used_history(), self.kpu.lines, movable)
         if low >= peak:
             return at, peak
         for i, line in parked.items():
@@ -648,7 +658,7 @@ class Lowering:
         self.parked = [(blocks[i].name, blocks[i].size) for i in parked]
         lines = [Block(blocks[i].name, line, -(-blocks[i].size // hw.LINE_BYTES), blocks[i].t0, blocks[i].t1)
                  for i, line in parked.items()]
-        self.kpu.peak = max(self.kpu.peak, kpu_peak(self.kpu.history + lines, end))
+        self.kpu.peak = max(self.kpu.peak, kpu_peak(self.kpu.used_history(0) + lines, end))
         return rest, low
 
     def _scratch_blocks(self, blocks):
@@ -718,6 +728,7 @@ class Lowering:
                     e.node = getattr(e, "node", None) or node.name     # fit.choose_forms: its smaller form
                     raise
             self.release(node)
+            self.kpu.end_node()
             for t in dict.fromkeys(node.inputs):    # a copy no reader to come needs (float for a resize)
                 self.drop_copy(t, "f32", self.at + 1)
                 self.drop_copy(t, "u8", self.at + 1)
