@@ -79,14 +79,36 @@ class Axis:
     taps: dict         # needed tap -> (copy offset in S_n, final step)
 
 
+COVER_TRIES = 20_000    # subsets _cover tries before it takes the greedy cover
+
+
 def _cover(need, cands, reach):
-    """The smallest subset S of `cands` (then the most central) with reach(v, S) for every v in need."""
+    """The smallest subset S of `cands` (then the most central) with reach(v, S) for every v in need;
+    past COVER_TRIES subsets, the greedy cover (a dilated temporal conv, kernel 8 at dilation 8,
+    needs 8 of 113 offsets: the exact search ran for hours)."""
     cands = sorted(cands, key=lambda v: (abs(v), v))
+    tries = 0
     for n in range(1, len(cands) + 1):
         for s in combinations(cands, n):
             if all(reach(v, s) is not None for v in need):
                 return tuple(sorted(s))
+            tries += 1
+            if tries > COVER_TRIES:
+                return _greedy_cover(need, cands, reach)
     return None
+
+
+def _greedy_cover(need, cands, reach):
+    """A subset of `cands` reaching every v in need: each time the offset that reaches the most of
+    those left (the most central of equals), None where none reaches any."""
+    chosen, left = [], list(need)
+    while left:
+        best = max(cands, key=lambda c: sum(reach(v, chosen + [c]) is not None for v in left))
+        if best in chosen or not any(reach(v, chosen + [best]) is not None for v in left):
+            return None
+        chosen.append(best)
+        left = [v for v in left if reach(v, chosen) is None]
+    return tuple(sorted(chosen))
 
 
 def _back(final, n):
