@@ -34,6 +34,11 @@ def activation_of(g, n):
     return None
 
 
+def activation_node(act, x, y, name, fused=()):
+    """The standalone node of an IR activation dict (the inverse of activation_of)."""
+    return Node(act["op"], [x], [y], {k: v for k, v in act.items() if k != "op"}, name, list(fused))
+
+
 def _swish(g, conv):
     """Conv -> Sigmoid(y), Mul(y, sigmoid): returns (sigmoid node, mul node) or None."""
     y = conv.outputs[0]

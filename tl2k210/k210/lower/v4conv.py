@@ -21,9 +21,10 @@ import hashlib
 
 import numpy as np
 
-from tl2k210.graph import Node, stage_names
+from tl2k210.graph import stage_names
 from tl2k210.memo import memoised
 from tl2k210.passes.conv_transpose import convt_pads
+from tl2k210.passes.fuse_activation import activation_node
 from tl2k210.k210 import cost, fixed_point as fx
 from tl2k210.k210 import hardware as hw
 from tl2k210.quantize.bias_correction import mean_shift
@@ -351,8 +352,7 @@ def fconv_refuses(g, node, opts):
 
 
 def _act_node(act):
-    params = {k: v for k, v in act.items() if k != "op"}
-    return Node(act["op"], ["x"], ["y"], params, "act")
+    return activation_node(act, "x", "y", "act")
 
 
 def _act_nnil(g, act):
