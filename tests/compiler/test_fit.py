@@ -81,6 +81,15 @@ def test_ideal_counts_constants_tables_not_shapes():
     assert {r.node: r.live_bytes for r in ide.layers} == {"m": 128, "s": 128, "r": 64 + 256, "y": 512}
 
 
+def test_ideal_stores_a_constant_read_by_several_ops_once():
+    """A guided filter's box-count map (hunt 23's cartoonizer: one 512x512 constant dividing seven
+    maps) is 256 KiB once, not 256 KiB a Div."""
+    m = make_model([N("Div", ["x", "k"], ["a"]), N("Div", ["a", "k"], ["b"]), N("Mul", ["b", "k"], ["y"])],
+                   [("x", [1, 4, 4, 4])], [("y", [1, 4, 4, 4])], {"k": W(1, 4, 4, 4)})
+    ide = ideal(from_onnx(m))
+    assert {r.node: r.weight_bytes for r in ide.layers} == {"a": 64, "b": 0, "y": 0}
+
+
 def test_ideal_keeps_prelus_whole():
     """A conv's PReLU is its activation at 8 bits: one slope a channel, no map of its own. The
     KPU's pair form (pass prelu_split) doubles the map the conv writes and the weights of the conv

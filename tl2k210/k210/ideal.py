@@ -100,14 +100,17 @@ def _elements(shape) -> int:
     return int(np.prod([int(d) for d in shape])) if shape else 1
 
 
-def node_weight_bytes(g, node, weight_bits: int = 8, fixed: bool = True) -> int:
+def node_weight_bytes(g, node, weight_bits: int = 8, fixed: bool = True, seen: set | None = None) -> int:
     """`fixed`: with the op's layer bytes and activation table (False for the second and later
-    parts of one op that a pass split: g.meta["parts_of"])."""
+    parts of one op that a pass split: g.meta["parts_of"]). `seen`: the constants counted at
+    earlier nodes, stored once (a guided filter's 512x512 box-count map divides seven maps)."""
     total = 0
     for k, name in enumerate(node.inputs):
         v = g.const(name) if name else None
-        if v is None or not np.issubdtype(np.asarray(v).dtype, np.floating):
+        if v is None or not np.issubdtype(np.asarray(v).dtype, np.floating) or seen is not None and name in seen:
             continue
+        if seen is not None:
+            seen.add(name)
         if node.op in WEIGHT_OPS and k == 1:
             total += -(-v.size * weight_bits // 8) + (LAYER_BYTES[node.op] if fixed else 0)
         elif node.op in WEIGHT_OPS and k == 2:
@@ -162,13 +165,13 @@ def ideal(g, weight_bits: int = 8) -> Ideal:
         shape = g.tensors[views.get(t, t)].shape
         size[t] = _elements(shape) if shape else 0
     layers, peak, peak_at = [], 0, order[0].name if order else ""
-    parts_of, counted = g.meta.get("parts_of", {}), set()   # a split op's parts: its fixed bytes once
+    parts_of, counted, seen = g.meta.get("parts_of", {}), set(), set()   # a split op's parts: its fixed bytes once
     for i, n in enumerate(order):
         maps = [s for t, s in size.items() if birth[t] <= i <= death[t]]
         live = sum(maps)
         kpu = min(hw.KPU_RAM_BYTES, sum(s for s in maps if s <= hw.KPU_RAM_BYTES))
         origin = parts_of.get(n.name, n.name)
-        layers.append(LayerIdeal(n.name, n.op, node_weight_bytes(g, n, weight_bits, origin not in counted),
+        layers.append(LayerIdeal(n.name, n.op, node_weight_bytes(g, n, weight_bits, origin not in counted, seen),
                                  live, live - kpu))
         counted.add(origin)
         if live > peak:
