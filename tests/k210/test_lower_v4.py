@@ -808,6 +808,31 @@ def test_a_model_that_fits_by_parking_keeps_its_big_convs_on_the_kpu():
     assert sqnr_db(refs.reshape(-1).astype(np.float64), got.reshape(-1).astype(np.float64)) > 30
 
 
+def test_shift_stages_pack_beside_their_input_so_a_map_filling_kpu_ram_finds_room():
+    """BiSeNetV2's detail branch (PINTO's int8 face parser, 256x256, here at 64x64 with a 2,048-line
+    KPU RAM): a stride-2 3x3 conv's phase stage read the entry conv's map at the top of KPU RAM, went
+    to the bottom, and put the conv's output under the map, which a later branch still reads; the
+    next conv's 1 MiB input and output then had a hole between them, and it ran on the CPU (97 % of
+    9.35 s). A shift stage now goes beside its input, the output to the far end: every conv on the
+    KPU (BiSeNetV2: est. 309 ms), bit for bit the reference."""
+    r = np.random.default_rng(5)
+
+    def wt(*sh, scale=0.2):
+        return (r.normal(size=sh) * scale).astype(np.float32)
+    nodes = [conv_node("a", "x", "wa", "ba"), N("Relu", ["a"], ["ra"]),
+             conv_node("b", "ra", "wb", "bb", pads=[0, 0, 1, 1], strides=[2, 2]), N("Relu", ["b"], ["rb"]),
+             conv_node("c", "rb", "wc", "bc", pads=[1, 1, 1, 1]), N("Relu", ["c"], ["rc"]),
+             conv_node("e", "rc", "we", "be", pads=[1, 1, 1, 1], strides=[2, 2]),
+             conv_node("d", "ra", "wd", "bd", pads=[1, 1, 1, 1], strides=[4, 4]), N("Add", ["e", "d"], ["y"])]
+    inits = {"wa": wt(3, 3, 1, 1), "ba": wt(3), "wb": wt(64, 3, 3, 3), "bb": wt(64), "wc": wt(64, 64, 3, 3, scale=0.05),
+             "bc": wt(64), "we": wt(8, 64, 3, 3, scale=0.05), "be": wt(8), "wd": wt(8, 3, 3, 3), "bd": wt(8)}
+    m = make_model(nodes, [("x", [1, 3, 64, 64])], [("y", None)], inits)
+    px = pixels(3, 3, 64, 64, seed=1)
+    model, _, rows = check_v4(m, px, kpu_ram_lines=hw.KPU_RAM_LINES // 16)
+    assert {r.node: (r.lowering, r.form) for r in rows if r.node in ("b", "c")} == \
+        {"b": ("kpu_conv_kxk", "stride-2 phases"), "c": ("kpu_conv", "")}
+
+
 def _d2s(x, r, mode):
     """numpy DepthToSpace / SpaceToDepth of a (C, H, W) array (the ONNX definitions)."""
     c, h, w = x.shape

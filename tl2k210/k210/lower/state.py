@@ -434,16 +434,18 @@ class Lowering:
         loc = self.locs.get(t)
         return loc is not None and loc.kpu is not None and self.kpu.blocks.get(loc.block) == loc.kpu
 
-    def kpu_alloc(self, loc, name, lines, where, keep=(), away=None):
+    def kpu_alloc(self, loc, name, lines, where, keep=(), away=None, near=False):
         """Put `loc` in a new KPU block, evicting maps that are no longer needed there (they have a
         main-memory copy or no consumers left); `keep` names blocks that must stay. `away`: a
-        (start, end) block to keep clear of (the block goes to the far end of KPU RAM)."""
+        (start, end) block to keep clear of (the block goes to the far end of KPU RAM; with `near`,
+        to its end: a K x K conv's shift stages, read once, packed beside its input, so that its
+        output at the far end leaves no hole when they go: BiSeNetV2's 1 MiB maps)."""
         while not self.kpu.fits(lines):
             victim = self._evictable(keep)
             if victim is None:
                 break
             self.kpu_free(victim)
-        high = away is not None and away[0] < self.kpu.lines - away[1]
+        high = away is not None and (away[0] < self.kpu.lines - away[1]) != near
         start = self.kpu.alloc(name, lines, where, high)
         loc.kpu, loc.block = (start, start + lines), name
         return start
