@@ -1233,3 +1233,21 @@ def test_a_3x3_mean_pool_dividing_by_9_is_a_depthwise_conv(pads, cip, stride, ma
         px = pixels(3, 3, 16, 16)
         kmodel = compile_model(m, px, format="v3")[0]
         assert kmodel.version == 3 and sum(L.conv is not None for L in kmodel.layers) == 2 and sqnr(m, kmodel, px) > 30
+
+
+@pytest.mark.parametrize("mode", ["asymmetric", "half_pixel"])
+def test_upsample_conv_is_the_phase_conv_and_a_pixel_shuffle(monkeypatch, mode):
+    """Nearest 2x + 3x3 conv (pad 1) + ReLU, where the upsampled map and the conv's output overflow
+    the KPU RAM (here a 1,024-line one: ESPCN's 2 MiB map at 128x128): one 3x3 conv to the 4 x 5
+    phases on the small map + DepthToSpace, the same floats. Where they fit, the graph stays."""
+    from tl2k210.k210 import hardware as hw
+    monkeypatch.setattr(hw, "KPU_RAM_LINES", 1024)
+    nodes = [helper.make_node("Resize", ["x", "", "sc"], ["u"], mode="nearest", coordinate_transformation_mode=mode),
+             conv("c", "u", "w", "b", kernel_shape=[3, 3], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    inits = {"sc": np.array([1, 1, 2, 2], np.float32), "w": rand(5, 24, 3, 3), "b": rand(5)}
+    m = make_model(nodes, [("x", [1, 24, 20, 24])], [("y", None)], inits)
+    g, log = check(m, None)
+    assert g.op_counts() == {"Conv": 1, "DepthToSpace": 1}
+    assert g.const(g.nodes[0].inputs[1]).shape == (20, 24, 3, 3)
+    monkeypatch.setattr(hw, "KPU_RAM_LINES", 32768)
+    assert check(m, None)[0].op_counts() == {"Resize": 1, "Conv": 1}

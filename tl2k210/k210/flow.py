@@ -60,6 +60,7 @@ from .passes.long_dense import long_dense
 from .passes.matmul_to_conv import conv_as_dense, matmul_to_conv
 from .passes.stride2_even_maps import stride2_even_maps
 from .passes.unequal_strides import unequal_strides
+from .passes.upsample_conv import upsample_conv
 from .passes.wide_channels import wide_channels
 from .passes.wide_dense import wide_dense
 
@@ -147,6 +148,7 @@ PIPELINE = [
     Pass("fuse_activation", fuse_activation),
     Pass("channel_softmax", channel_softmax),
     Pass("channel_shuffle", channel_shuffle),
+    Pass("upsample_conv", upsample_conv),   # a form (FORM_PASSES): 4x one conv's weights, no 4x map
     Pass("entry_conv", entry_conv),
     Pass("wide_channels", wide_channels),
     Pass("kxk_windows", kxk_windows),
@@ -175,6 +177,7 @@ def run_pipeline(graph, options=None, target=None):
              kxk_windows: functools.partial(kxk_windows, v4=not v3),
              dilated_mosaic: functools.partial(dilated_mosaic, v4=not v3),
              long_dense: functools.partial(long_dense, v4=not v3),
+             upsample_conv: functools.partial(upsample_conv, v4=not v3),
              wide_dense: functools.partial(wide_dense, float_fc=target.float_fc)}
     pipeline = [Pass(p.name, bound.get(p.fn, p.fn), p.default, p.exact) for p in PIPELINE]
     return generic.run_pipeline(pipeline, graph, options)
@@ -186,7 +189,7 @@ def run_pipeline(graph, options=None, target=None):
 #: input twice, a 2x2 conv made 3x3 stores 9 taps of which 5 are zeros, a mean pool made a depthwise
 #: conv stores weights the pool has not. What the network needs at 8 bits is its graph without them.
 FORM_PASSES = ("prelu_residual_every", "prelu_residual_grouped", "prelu_residual", "prelu_split", "dilated_mosaic",
-               "square_kernels", "avg_pool_conv")
+               "square_kernels", "avg_pool_conv", "upsample_conv")
 
 
 def network_ideal(graph, flowed, log, options=None, target=None, weight_bits=8):
