@@ -156,7 +156,8 @@ def compare_graph(graph, kmodel_path, dataset, limit=200, decode=None, anchors=N
                            f"{[tuple(graph.shape(o)) for o in graph.outputs]}")
     ref = {k: np.stack(v) for k, v in refs.items()}
     test = {k: np.stack(v) for k, v in tests.items()}
-    report = {"samples": len(floats), "outputs": output_agreement(ref, test)}
+    report = {"samples": len(floats), "outputs": output_agreement(ref, test),
+              "quantized_source": bool(graph.meta.get("quant_ranges"))}    # the float graph of its integers
     for k, layout in layouts.items():
         report["outputs"][k]["kmodel_layout"] = layout
         if sum(d > 1 for d in graph.shape(k) or ()) > 1:   # top-k agreement for class vectors, not maps

@@ -270,6 +270,9 @@ def test_full_int8_input_scale_sets_the_input_range(variants, tmp_path):
     db = sqnr_db(ref, got)
     print(f"full int8 TFLite vs kmodel (emulated): SQNR {db:.1f} dB")
     assert db >= 15
+    # compare's reference is the float graph of its integers, and it says so (hunt 23)
+    from tl2k210.compare import compare
+    assert compare(variants["full_int8"], out, str(imgs))["quantized_source"] is True
 
 
 

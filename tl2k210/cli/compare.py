@@ -51,6 +51,9 @@ def cmd_compare(args):
                      args.decode if args.decode != "none" else None, args.anchors,
                      args.threshold, args.nms, weights=args.weights, **cliargs.pre_opts(args, meta))
     print(f"{report['samples']} samples: float ({args.float_model}) vs kmodel ({args.kmodel}, emulated)")
+    if report.get("quantized_source"):
+        print("(a quantized model: the reference is the float graph its integers stand for, at its own scales "
+              "and zero points, not its runtime's integer kernels, which round otherwise)")
     print(f"{'output':32} {'SQNR dB':>8} {'cosine':>8} {'top-1':>7} {'top-5':>7}")
     for name, r in report["outputs"].items():
         t1 = f"{r['top1']:.3f}" if "top1" in r else "-"
