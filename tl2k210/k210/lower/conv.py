@@ -730,7 +730,7 @@ def emit_layer(lw, node, geo, plan, lq, row):
     if plan.out_resident:
         lw.kpu_alloc(out_loc, f"{out}:kpu", hw.map_lines(co, ph, pw),
                      f"node {name!r}: output map {co}x{ph}x{pw} (input {ci}x{h}x{w} resident)", keep,
-                     away=xloc.kpu if plan.in_resident else None, near=out in lw.virtual_next)
+                     away=xloc.kpu if plan.in_resident else None, near=out in lw.near_stages)
         keep.append(out_loc.block)
     whole = None            # one streamed buffer of the whole KPU output
     in_place = lw.format == "v3" and _post_in_place(geo)     # the CPU crop/pick over the streamed map

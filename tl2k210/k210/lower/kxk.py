@@ -501,6 +501,8 @@ def _lower(lw, node, alts, windows=""):
                  {**a, **base, "group": grp, "pick": pick}, node.name, list(node.fused))
     for (prev_node, _), (nxt, _) in zip(stages, stages[1:] + [(final, None)]):
         lw.virtual_next[prev_node.outputs[0]] = nxt
+    if not lw.last_reader(x):     # x stays in KPU RAM for a later reader: the stages beside it
+        lw.near_stages.update(stage.outputs[0] for stage, _ in stages)
     for stage, lq in stages:
         emit_layer(lw, stage, geometry(lw, stage), plan_for(lw, stage), lq, row)
         if stage.inputs[0] == x:    # the stages after the first read its copies: x leaves KPU RAM now,

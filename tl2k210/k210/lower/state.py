@@ -148,6 +148,7 @@ class Lowering:
         # stages of a conv lowered as several KPU layers (kxk.py): their tensors' shapes, the
         # stage reading each, and which pixel channel each channel of a copied image holds
         self.virtual_shapes, self.virtual_next, self.pixel_copy = {}, {}, {}
+        self.near_stages = set()    # K x K shift stages to place beside their input (kxk._lower)
         # a stage's input made a row band at a time, never whole: tensor -> fn(a, b, dst, last)
         # writing rows [a, b) of every channel to dst (v3resize.py)
         self.band_sources = {}
@@ -411,14 +412,15 @@ class Lowering:
                     if loc is not None and loc.block:
                         self.kpu_free(loc)
 
-    def _last_reader(self, t) -> bool:
+    def last_reader(self, t) -> bool:
+        """Is the node being lowered the last to read `t` (or the bytes it names)?"""
         return all(self.uses.get(a, 0) == 1 for a in self._named(t))
 
     def release_read(self, t, kpu: bool = False):
         """Free `t`'s main-memory buffers now (and with `kpu` its KPU RAM block), where the node
         being lowered is its last reader and has read it (a band gather, a K x K conv's first
         shift stage): release at the node's end then finds them gone."""
-        if self._last_reader(t):
+        if self.last_reader(t):
             for a in self._named(t):
                 self._free_main(a)
                 loc = self.locs.get(a)
@@ -438,8 +440,9 @@ class Lowering:
         """Put `loc` in a new KPU block, evicting maps that are no longer needed there (they have a
         main-memory copy or no consumers left); `keep` names blocks that must stay. `away`: a
         (start, end) block to keep clear of (the block goes to the far end of KPU RAM; with `near`,
-        to its end: a K x K conv's shift stages, read once, packed beside its input, so that its
-        output at the far end leaves no hole when they go: BiSeNetV2's 1 MiB maps)."""
+        to its end: the shift stages of a K x K conv whose input stays resident for a later
+        reader, packed beside it, so that its output at the far end leaves no hole when they go:
+        BiSeNetV2's 1 MiB maps)."""
         while not self.kpu.fits(lines):
             victim = self._evictable(keep)
             if victim is None:
@@ -523,7 +526,7 @@ class Lowering:
         self.emit("K210_UPLOAD", dict(flags=0, main_mem_in_address=src, kpu_mem_out_address=start,
                                       width=w, height=h, channels=c), row)
         row.notes.append("upload to KPU RAM")
-        if src == loc.u8 and loc.pixels is None and self._last_reader(t):
+        if src == loc.u8 and loc.pixels is None and self.last_reader(t):
             self.release_read(t)        # read from KPU RAM from here: its main copy need not wait for the
             loc.u8 = None               # node's end (ESPCN: 1 MiB beside the 64x128x128 conv's output)
         return loc.kpu
