@@ -165,7 +165,8 @@ def ideal(g, weight_bits: int = 8) -> Ideal:
         shape = g.tensors[views.get(t, t)].shape
         size[t] = _elements(shape) if shape else 0
     layers, peak, peak_at = [], 0, order[0].name if order else ""
-    parts_of, counted, seen = g.meta.get("parts_of", {}), set(), set()   # a split op's parts: its fixed bytes once
+    # a split op's parts: its fixed bytes once; a constant read by several ops: once
+    parts_of, counted, seen = g.meta.get("parts_of", {}), set(), set()
     for i, n in enumerate(order):
         maps = [s for t, s in size.items() if birth[t] <= i <= death[t]]
         live = sum(maps)

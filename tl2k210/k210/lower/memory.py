@@ -355,7 +355,8 @@ def park(blocks: list, end: int, views: dict, kpu: list, lines: int, movable: se
     block (`kpu`, in lines: KpuAllocator.used_history) and no buffer parked before holds while it
     is live. Of the `movable` buffers live with the one on top of the main-memory plan, the
     largest that has room goes first, kept while the plan's peak does not grow; the parked set
-    that gave the lowest peak is returned. Returns ({block index: its first KPU line}, the plan of the rest, its peak)."""
+    that gave the lowest peak is returned. Returns ({block index: its first KPU line}, the plan of
+    the rest, its peak)."""
     cur = list(blocks)
     at, peak = plan(cur, end, views)
     parked, best = {}, ({}, at, peak)
