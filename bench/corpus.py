@@ -57,6 +57,15 @@ REAL = {
 }
 
 
+def scratch(prefix):
+    """A temporary folder that every mkdtemp of the run goes under, removed when the bench exits
+    (hold the returned object): the developer corpus's saved models alone are 1.5 GB a run, and
+    each conversion's folder was left behind."""
+    d = tempfile.TemporaryDirectory(prefix=prefix)
+    tempfile.tempdir = d.name
+    return d
+
+
 def photo_folder():
     import devcorpus
     return devcorpus.photo_folder(Path(tempfile.mkdtemp(prefix="tl2k210-calib-")))
@@ -228,6 +237,7 @@ def main():
     ap.add_argument("--over-budget", action="store_true",
                     help="measure models refused only by the memory budget with that check lifted")
     args = ap.parse_args()
+    work = scratch("tl2k210-corpus-")  # noqa: F841 (removed at exit)
     calib, photos = photo_folder(), TESTDATA / "imagenet"
     rows = []
     if args.corpus in ("real", "all"):

@@ -248,6 +248,7 @@ def main():
                     help="convert the quantized .tflite files with this --int8-rounding (default: convert's)")
     args = ap.parse_args()
     import corpus
+    work = corpus.scratch("tl2k210-fit-")  # noqa: F841 (removed at exit)
     photos, faces = corpus.photo_folder(), face_folder(skip=EVAL_LIMIT)   # faces held out from the 28
     rows = []
     for name, (extra, classifier) in FILES.items():

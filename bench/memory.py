@@ -265,6 +265,7 @@ def main():
     ap.add_argument("--optimize", choices=["latency", "size"], default="latency",
                     help="convert's --optimize (size: every smaller form that shrinks the model)")
     args = ap.parse_args()
+    work = corpus.scratch("tl2k210-memory-")  # noqa: F841 (removed at exit)
     if args.render:
         rows = [r for f in args.render for r in json.loads(Path(f).read_text())]
         print(summary(rows))
