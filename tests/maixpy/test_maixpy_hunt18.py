@@ -145,6 +145,24 @@ except OSError as e:
     assert res.error is not None and "ImportError: no module named 'pmu'" in res.traceback
 
 
+def test_an_m5stickv_boot_objects_belong_to_the_running_board(tmp_path, monkeypatch):
+    """The m5stickv profile's `fm` (its _boot.py's fpioa_manager) was made before the board was
+    current, so it bound a second, default board: a pin it registered was not the script's FPIOA's,
+    and that board's temporary flash folder was left in the temp dir (one per run of the suite)."""
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    sd = tmp_path / "sd"
+    sd.mkdir()
+    (sd / "main.py").write_text("""from Maix import FPIOA
+fm.register(12, fm.fpioa.GPIO0)
+print(FPIOA().get_Pin_num(FPIOA.GPIO0))
+""")
+    res = run_folder(sd, raise_errors=False, board="m5stickv")
+    assert res.error is None, res.traceback
+    assert res.lines[-1:] == ["12"]
+    assert not list(tmp_path.glob("tl2k210-flashfs-*"))
+
+
 def test_an_m5stickv_imu_reads_gravity_at_the_range_its_driver_sets(tmp_path):
     """M5StickV IMU scripts (an MPU6886 driver as M5Stack's samples write it) stopped at EIO: the
     m5stickv profile has the MPU6886 at 0x68, asleep and reading zeros until woken, then at rest

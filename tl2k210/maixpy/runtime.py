@@ -648,11 +648,17 @@ class Session:
         self.sys.path.append("/flash")
         self.boot_out.write("[MaixPy] init end\n")
         self.board.clock.advance(timing.BOOT_SLEEP_US)      # waiting 200 x 1 ms for Ctrl-C
-        # _boot.py runs in __main__ (pyexec_frozen_module): its `import os, sys, time` stay there
-        for name in ("os", "sys", "time"):
-            self.globals[name] = self.import_module(name)
-        for name in self.board.profile.boot_names:      # the names a board's own _boot.py imports
-            self.globals[name] = self._boot_name(name)
+        # _boot.py runs in __main__ (pyexec_frozen_module): its `import os, sys, time` stay there;
+        # what it makes belongs to this board (an M5StickV's `fm` had bound a second, default
+        # board: its pins were not the script's, and that board's flash folder was never removed)
+        prev = _board.install(self.board)
+        try:
+            for name in ("os", "sys", "time"):
+                self.globals[name] = self.import_module(name)
+            for name in self.board.profile.boot_names:      # the names a board's own _boot.py imports
+                self.globals[name] = self._boot_name(name)
+        finally:
+            _board.install(prev)
         from tl2k210.maixpy import mpdir
         self.dir_history = self.globals.history = mpdir.boot_history(vfs.exists("main.py"))
         self.boot_out.write(BANNER)
