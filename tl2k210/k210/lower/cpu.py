@@ -148,8 +148,8 @@ def quantized_add(lw, node):
     if lw.quantized_model:
         off_a, ma, off_b, mb, off_o, sh, margin = exact_add_params(sa / so, sb / so, za, zb, zo, sign)
         mul = 1
-        row.notes.append(f"int8 exact: TFLite's output bytes except where its value lies within {margin:.1g} "
-                         "output LSB of a rounding tie (21-bit input multipliers)")
+        row.notes.append(f"int8 exact: TFLite's output bytes from the same input bytes, except where its value "
+                         f"lies within {margin:.1g} output LSB of a rounding tie (21-bit input multipliers)")
     else:
         smax = max(sa, sb)
         ma, mb = int(round(sa / smax * ADD_ONE)), int(round(sb / smax * ADD_ONE))

@@ -298,8 +298,9 @@ def exact_requantize(Wq, zw, sw, W, B, z_x, groups, y_range, z_range, act_attr, 
                    f"{2 * float(np.max(np.abs(e - offsets[group]))):.2g} LSB)"
     kernels = "reference kernels" if rounding == "reference" else "XNNPACK kernels"
     if on_grid and margin < 0.01 and not why:
-        row.notes.append(f"int8 exact: TFLite's output bytes ({kernels}) except where its value lies within "
-                         f"{margin:.1g} output LSB of a rounding tie (24-bit BN multipliers, TFLite's 31-bit)")
+        row.notes.append(f"int8 exact: TFLite's output bytes ({kernels}) from the same input bytes, except where "
+                         f"its value lies within {margin:.1g} output LSB of a rounding tie (24-bit BN multipliers, "
+                         "TFLite's 31-bit; a byte off at a tie goes on into the layers after)")
     else:
         why += [] if on_grid else ["weights re-rounded (not on one 8-bit grid per channel)"]
         why += [] if margin < 0.01 else [f"multipliers {margin:.2g} LSB off"]
