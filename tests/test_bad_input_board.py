@@ -159,6 +159,21 @@ def test_demo_without_flash_fs_is_confined(tmp_path, capsys, monkeypatch):
     assert not list(tmp_path.glob("tl2k210-flashfs-*"))
 
 
+def test_a_board_made_outside_a_session_leaves_no_flash_folder(tmp_path, monkeypatch):
+    """A MaixPy call outside a session (an image's pix_to_ai in a test) makes a default board,
+    whose temporary /flash nobody closes: it goes with the board (and at exit)."""
+    import gc
+    import tempfile
+
+    from tl2k210.maixpy import board
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    b = board.Board()
+    assert b.vfs.read_bytes("/flash/freq.conf") and list(tmp_path.glob("tl2k210-flashfs-*"))
+    del b
+    gc.collect()
+    assert not list(tmp_path.glob("tl2k210-flashfs-*"))
+
+
 def test_repl_exec_is_confined(tmp_path):
     from tl2k210.maixpy.repl import Repl
     from tl2k210.maixpy.repl_board import ReplBoard

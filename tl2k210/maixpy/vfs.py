@@ -24,6 +24,7 @@ import posixpath
 import shutil
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 
 from tl2k210.k210.board_facts import FLASH_SECTOR, SPIFFS_SIZE
@@ -134,6 +135,9 @@ class VFS:
         if self._closed:            # nothing made after close() is ever removed
             raise oserror(errno.EIO)
         self._tmp = tempfile.mkdtemp(prefix="tl2k210-flashfs-")
+        # removed with the VFS, or at exit, where nobody closes it (the default board a library
+        # call makes outside a session: the zoo tests' pix_to_ai left one a suite run)
+        weakref.finalize(self, shutil.rmtree, self._tmp, True)
         return self._tmp
 
     def close(self):
