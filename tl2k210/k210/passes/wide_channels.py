@@ -26,8 +26,7 @@ def _chunks(n, most=MAX):
     return list(zip(edges[:-1], edges[1:]))
 
 
-def _split_conv(g, n, log):
-    w, b = g.const(n.inputs[1]), g.const(n.inputs[2])
+def _split_conv(g, n, w, b, log):
     co = w.shape[0]
     out = n.outputs[0]
     shape = g.shape(out)
@@ -172,10 +171,9 @@ def _dense_through(g, n, log):
 
 def wide_channels(g, log):
     for n in [n for n in g.nodes if n.op == "Conv"]:
-        w = g.const(n.inputs[1])
-        if w is not None and w.shape[0] > MAX and n.attrs.get("group", 1) == 1 and len(n.inputs) > 2 and \
-                g.const(n.inputs[2]) is not None:
-            _split_conv(g, n, log)
+        wb = _conv_weights(g, n)        # (fuse_pool, later in the flow, has fused no pool yet)
+        if wb is not None and wb[0].shape[0] > MAX and n.attrs.get("group", 1) == 1:
+            _split_conv(g, n, *wb, log)
     changed = True
     while changed:
         changed = False
