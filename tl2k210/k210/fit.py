@@ -630,7 +630,7 @@ def _give_back(build, current, chosen, lost, budget, tried):
     `tried`. A PyTorch MobileNetV2 (TFLite Micro's int8 export) for the sdk: no one smaller form at
     a time fitted, all 45 together did, at 3.9 s est.; giving back what the fit did not need
     leaves 15, at 158 ms."""
-    tried.add(_without_each(build, current, chosen, sorted(chosen, key=lambda n: -lost.get(n, 0)),
+    tried.add(_without_each(build, current, chosen, sorted(chosen, key=lambda n: (-lost.get(n, 0), n)),
                             lambda t, c: t.need <= budget and (t.est.cycles, t.need) < (c.est.cycles, c.need)))
 
 
