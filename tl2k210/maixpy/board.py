@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -269,6 +270,16 @@ def install(board):
     global _current
     prev, _current = _current, board
     return prev
+
+
+@contextmanager
+def installed(board):
+    """`board` current within the block, the previous one again after it."""
+    prev = install(board)
+    try:
+        yield board
+    finally:
+        install(prev)
 
 
 def use_flash(path):

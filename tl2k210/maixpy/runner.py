@@ -120,11 +120,8 @@ def _run(main, images, flash, out, max_frames, sd, fs, echo, raise_errors, butto
         if isinstance(result.error, _board.BoardStop):
             result.error = None
     finally:
-        prev = _board.install(b)
-        try:
+        with _board.installed(b):
             lcd.flush(b)
-        finally:
-            _board.install(prev)
         result.stdout = before + s.output()
         result.boot = boots + s.boot_out.getvalue()
         result.frames, result.pngs, result.texts = b.lcd_frames, b.lcd_pngs, b.lcd_texts

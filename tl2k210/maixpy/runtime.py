@@ -564,21 +564,19 @@ class Session:
         return self.exec(data.decode("utf-8", "replace"), name or path.rsplit("/", 1)[-1])
 
     def _run(self, fn):
-        prev = _board.install(self.board)
-        tracer = self._tracer
-        old = sys.gettrace()
-        sys.settrace(tracer)
-        self._depth += 1
-        if self._depth == 1 and self.baton is not None and self.idle_threads:
-            self.baton.enter()
-        try:
-            return fn()
-        finally:
-            self._depth -= 1
-            if self._depth == 0 and self.baton is not None and self.idle_threads:
-                self.baton.leave()
-            sys.settrace(old)
-            _board.install(prev)
+        with _board.installed(self.board):
+            old = sys.gettrace()
+            sys.settrace(self._tracer)
+            self._depth += 1
+            if self._depth == 1 and self.baton is not None and self.idle_threads:
+                self.baton.enter()
+            try:
+                return fn()
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self.baton is not None and self.idle_threads:
+                    self.baton.leave()
+                sys.settrace(old)
 
     def in_board_thread(self) -> bool:
         """Is the caller a _thread thread (not the main one, which gets Ctrl-C)?"""
@@ -651,14 +649,11 @@ class Session:
         # _boot.py runs in __main__ (pyexec_frozen_module): its `import os, sys, time` stay there;
         # what it makes belongs to this board (an M5StickV's `fm` had bound a second, default
         # board: its pins were not the script's, and that board's flash folder was never removed)
-        prev = _board.install(self.board)
-        try:
+        with _board.installed(self.board):
             for name in ("os", "sys", "time"):
                 self.globals[name] = self.import_module(name)
             for name in self.board.profile.boot_names:      # the names a board's own _boot.py imports
                 self.globals[name] = self._boot_name(name)
-        finally:
-            _board.install(prev)
         from tl2k210.maixpy import mpdir
         self.dir_history = self.globals.history = mpdir.boot_history(vfs.exists("main.py"))
         self.boot_out.write(BANNER)
