@@ -740,6 +740,28 @@ def test_choose_forms_gives_back_what_parking_did_not_need():
     assert sorted(t.split(":")[0] for t in ch.trades) == ["a", "b"]
 
 
+def test_choose_forms_parks_as_soon_as_that_fits():
+    """A CartoonGAN for the sdk: its last 7x7 conv's CPU form (a) frees KPU RAM, and parking
+    (PARK) then fits. Parking was tried only after every form at a time had been taken, its
+    128-channel convs' too (b, c: 656 B each for 6.9 s), and with them the park plan packed worse,
+    so none went back: 70.1 s est. where a alone, parked, is 4.5 s."""
+    from tl2k210.k210.lower.memory import PARK
+
+    def build(small):
+        s = {"a", "b", "c"} if "*" in small else set(small) - {PARK}
+        per = {n: (1000, 10, "fast") for n in "abc"}
+        per.update({n: {"a": (900, 300, "small"), "b": (990, 6900, "small"), "c": (990, 6900, "small")}[n]
+                    for n in s})
+        opts = type("O", (), {"small": frozenset(small)})()
+        b = _made_up(per, {"smaller": {"a": False, "b": False, "c": False, **({PARK: False} if s else {})},
+                           "opts": opts})
+        if PARK in small and s:        # the park plan fits with a alone, or with all three
+            b.data -= 2000 if s == {"a"} or s == {"a", "b", "c"} else 1000
+        return b
+    ch = fit.choose_forms(build, 1000)
+    assert ch.built.lw.opts.small == {"a", PARK} and ch.built.est.cycles == 320
+
+
 def test_choose_forms_parks_where_only_the_smaller_forms_free_kpu_ram():
     """A potato-disease CNN (Keras, 256x256) for full MaixPy: in its fastest forms every layer is on
     the KPU and no KPU RAM is free, so that lowering offers no parking (PARK); the first conv's CPU
