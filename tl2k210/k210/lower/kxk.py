@@ -28,6 +28,7 @@ model, and keeps the intermediate maps in KPU RAM when they fit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import combinations
 
 import numpy as np
@@ -85,29 +86,42 @@ COVER_TRIES = 20_000    # subsets _cover tries before it takes the greedy cover
 def _cover(need, cands, reach):
     """The smallest subset S of `cands` (then the most central) with reach(v, S) for every v in need;
     past COVER_TRIES subsets, the greedy cover (a dilated temporal conv, kernel 8 at dilation 8,
-    needs 8 of 113 offsets: the exact search ran for hours)."""
+    needs 8 of 113 offsets: the exact search ran for hours). An offset is reached through one
+    member of S (`reach` tries each), so each candidate's reach is a bit mask of `need`, and a
+    subset covers where their union is all of it."""
     cands = sorted(cands, key=lambda v: (abs(v), v))
+    masks = _reach_masks(need, cands, reach)
+    full = (1 << len(need)) - 1
     tries = 0
     for n in range(1, len(cands) + 1):
         for s in combinations(cands, n):
-            if all(reach(v, s) is not None for v in need):
+            m = 0
+            for c in s:
+                m |= masks[c]
+            if m == full:
                 return tuple(sorted(s))
             tries += 1
             if tries > COVER_TRIES:
-                return _greedy_cover(need, cands, reach)
+                return _greedy_cover(full, cands, masks)
     return None
 
 
-def _greedy_cover(need, cands, reach):
-    """A subset of `cands` reaching every v in need: each time the offset that reaches the most of
-    those left (the most central of equals), None where none reaches any."""
-    chosen, left = [], list(need)
+def _reach_masks(need, cands, reach):
+    """{candidate c: bit i set where reach(need[i], (c,))}."""
+    return {c: sum(1 << i for i, v in enumerate(need) if reach(v, (c,)) is not None) for c in cands}
+
+
+def _greedy_cover(full, cands, masks):
+    """A subset of `cands` whose `masks` together cover `full`: each time the candidate that
+    reaches the most of those left (the most central of equals), None where none reaches any
+    (a 1x256 filterbank conv: 127 stages, each a greedy cover)."""
+    chosen, left = [], full
     while left:
-        best = max(cands, key=lambda c: sum(reach(v, chosen + [c]) is not None for v in left))
-        if best in chosen or not any(reach(v, chosen + [best]) is not None for v in left):
+        best = max(cands, key=lambda c: (masks[c] & left).bit_count())
+        if best in chosen or not masks[best] & left:
             return None
         chosen.append(best)
-        left = [v for v in left if reach(v, chosen) is None]
+        left &= ~masks[best]
     return tuple(sorted(chosen))
 
 
@@ -131,6 +145,7 @@ def _parent(v, s):
     return None
 
 
+@lru_cache(maxsize=1024)     # forms() asks again for every pass and lowering that weighs the conv
 def _axis_stride1(need, R, sparse):
     n = R - 1
     if sparse:
@@ -169,6 +184,7 @@ def _phase_reach(size, out):
     return reach
 
 
+@lru_cache(maxsize=1024)
 def _axis_phase(need, size, out):
     reach = _phase_reach(size, out)
     for n in (1, 2):
@@ -206,8 +222,8 @@ class Form:
 def _needs(K, d, R, dy0, phase):
     """The input offsets an axis's taps read (R: its centre tap; phase: from the stride-2 pick's
     origin dy0)."""
-    taps = [u * d - R for u in range((K - 1) // d + 1)]
-    return [dy0 + u for u in taps] if phase else taps
+    taps = tuple(u * d - R for u in range((K - 1) // d + 1))
+    return tuple(dy0 + u for u in taps) if phase else taps
 
 
 def forms(g, node, fmt="v3", windows=False):
