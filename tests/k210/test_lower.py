@@ -12,6 +12,7 @@ from tl2k210 import paths
 from tl2k210.errors import KpuLimitError, UnsupportedOpError
 from tl2k210.graph import Node, describe, from_onnx
 from tl2k210.k210.lower import REGISTRY, Options, registry, select, supported_ops
+from tl2k210.k210.lower.state import SMALLER_TAKEN
 from tl2k210.k210.flow import run_pipeline
 
 pytest.importorskip("onnxruntime")
@@ -783,7 +784,7 @@ def test_smaller_stride1_pick_streams_by_chunks_and_stores_weights_once(monkeypa
     assert "'stride-2 phases'" in row.why and "s" in lw_f.smaller
     row = next(r for r in rows_s if r.node == "s")
     chunks = lw_s.plans["s"].units
-    assert "the smaller form was asked for" in " ".join(row.notes)
+    assert SMALLER_TAKEN in " ".join(row.notes)
     assert len(chunks) > 1 and not lw_s.plans["s"].out_resident
     assert row.weight_bytes == c * c * 9 + 8 * c    # weights and BN once; the ReLU table is layer a's
     assert len(lw_w.plans["s"].units) == 1 and lw_w.plans["s"].out_resident

@@ -20,7 +20,7 @@ from tl2k210.passes.fuse_pool import pool_of
 from . import kpu
 from .conv import emit_layer, geometry, input_terms, kpu_conv_refuses, plan_for
 from .registry import KPU, NA, lowering
-from .state import wants_small
+from .state import SMALLER_TAKEN, wants_small
 
 
 def _copy_conv(node, pool):
@@ -37,7 +37,7 @@ def kpu_pool_refuses(g, node, opts):
     if getattr(opts, "format", "v3") != "v4" or node.inputs[0] in g.inputs:
         return NA       # v3 pools uint8 on the CPU, and so does v4 a pool of the image itself
     if wants_small(opts, node):
-        return "the smaller form was asked for: the CPU pool stores no weights"
+        return f"{SMALLER_TAKEN}: the CPU pool stores no weights"
     h, w = g.shape(node.outputs[0])[2:]
     if min(h, w) < hw.LIMITS["out_min"]:
         return NA

@@ -40,7 +40,7 @@ from . import kpu
 from .conv import (conv_cycles, describe, emit_layer, geometry, input_terms, is_dense, kpu_conv_refuses,
                    plan_for, quantize_conv)
 from .registry import KPU, NA, lowering
-from .state import wants_small
+from .state import SMALLER_TAKEN, wants_small
 
 
 def _effective_kernel(a):
@@ -376,7 +376,7 @@ def phases_passed_over(g, node, opts):
     f, s1 = alts[0], stride1_cycles(g, node, fmt)
     lines, cap = phase_lines(g, node, f), getattr(opts, "kpu_ram_lines", hw.KPU_RAM_LINES)
     why = (f"its copies need {lines * hw.LINE_BYTES:,} B of KPU RAM (> {cap * hw.LINE_BYTES:,} B)" if lines > cap
-           else "the smaller form was asked for (see the receipt's trades)" if wants_small(opts, node)
+           else f"{SMALLER_TAKEN} (see the receipt's trades)" if wants_small(opts, node)
            else "not cheaper")
     return f"stride 1 + CPU pick: est. {s1:,} cycles; 'stride-2 phases' {f.cycles:,}, not chosen: {why}"
 

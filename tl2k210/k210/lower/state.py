@@ -108,6 +108,10 @@ class Options:
     compact: bool = False       # KPU conv weights and BN at the least alignment, v3 and v4 (--optimize size)
 
 
+#: why a layer runs in its smaller form (wants_small): the plan's choice, never the user's by name
+SMALLER_TAKEN = "the plan took the smaller form (to fit the budget, or --optimize size)"
+
+
 def wants_small(opts, node) -> bool:
     """Does the plan ask for `node`'s smaller form (fit.choose_forms: to fit the budget, or
     --optimize size)? Read by every choice between exact forms that trades bytes for speed; a

@@ -37,7 +37,7 @@ from .conv import dense_matrix, grouped_dense, is_dense
 from .fc import dense_cycles, dense_rows, feeds_output, float_fc_refuses, source_unit
 from .kxk import forms, phase_forms
 from .registry import CPU_F32, CPU_U8, NA, lowering
-from .state import wants_small
+from .state import SMALLER_TAKEN, wants_small
 from .v4elementwise import g4, nnil_ops
 from .v4emit import BYTES, F32, NO_CLAMP, U8, Const, float_clamp, main, nnil_code, pixel_fold
 from .v4ops import _pool_pads, window_pool
@@ -303,7 +303,7 @@ def cpu_trade_why(g, node, opts):
     if not cpu_trade(g, node, opts):
         return None
     return _cpu_faster_why(g, node, opts) or \
-        "the smaller form was asked for: quantized_conv2d stores each weight once, a byte each"
+        f"{SMALLER_TAKEN}: quantized_conv2d stores each weight once, a byte each"
 
 
 def float_trade_why(g, node, opts):
@@ -321,7 +321,7 @@ def float_trade_why(g, node, opts):
     if cpu_trade(g, node, opts) or fconv_refuses(g, node, opts) is not None:
         return None
     q = weight_sqnr(g.const(node.inputs[1]), int(a.get("group", 1)))
-    return (f"the smaller form was asked for: uint8 weights would keep {q:.1f} dB, the float conv2d "
+    return (f"{SMALLER_TAKEN}: uint8 weights would keep {q:.1f} dB, the float conv2d "
             "stores each weight once (4 bytes) where the KPU's shift stages store it several times")
 
 
