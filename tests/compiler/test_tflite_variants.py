@@ -621,6 +621,25 @@ def test_empty_quantization_vectors_read_as_absent(variants, tmp_path):
     np.testing.assert_array_equal(run(a, x)[a.outputs[0]], run(b, x)[b.outputs[0]])
 
 
+@pytest.mark.parametrize("name", ["float16", "full_int8"])
+def test_an_op_code_in_the_new_field_alone_reads_as_that_op(variants, tmp_path, name):
+    """Google's LiteRT quantizer (ai-edge-quantizer, round 71's hunt) writes each operator code in
+    `builtin_code` only, leaving `deprecated_builtin_code` 0 (ADD) for DEQUANTIZE and QUANTIZE:
+    tf2onnx read the old field, so its weight-only and partly quantized models became Adds ("Graph
+    has cycles"). Such a file (here every code below 127 so written) reads as the same graph."""
+    from tensorflow.lite.tools import flatbuffer_utils as fu
+    m = fu.read_model(str(variants[name]))
+    for c in m.operatorCodes:
+        c.builtinCode, c.deprecatedBuiltinCode = max(c.builtinCode, c.deprecatedBuiltinCode), 0
+    odd = tmp_path / "new_field_only.tflite"
+    fu.write_model(m, str(odd))
+    assert {fu.opcode_to_name(m, i) for i in range(len(m.operatorCodes))} >= {"DEQUANTIZE" if name == "float16"
+                                                                              else "QUANTIZE", "CONV_2D"}
+    x = np.random.default_rng(7).uniform(0, 1, (1, 3, H, W)).astype(np.float32)
+    a, b = (run_pipeline(load_graph(p))[0] for p in (variants[name], odd))
+    np.testing.assert_array_equal(run(a, x)[a.outputs[0]], run(b, x)[b.outputs[0]])
+
+
 def test_a_streaming_model_with_state_is_refused_saying_so(tmp_path, capsys):
     """microWakeWord's streaming models keep a ring buffer in TFLite resource variables (CALL_ONCE
     initialises them, operator 0: "cut the model before it" cannot be done): refused as a

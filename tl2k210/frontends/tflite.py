@@ -335,6 +335,26 @@ def drop_empty_quantization(model) -> int:
     return n
 
 
+#: schema.fbs: an operator code over this keeps it in `builtin_code` alone
+PLACEHOLDER_FOR_GREATER_OP_CODES = 127
+
+
+def normalize_opcodes(model) -> int:
+    """Each operator code's op in both of its fields, in place: the schema gives it as the larger
+    of `builtin_code` and `deprecated_builtin_code` (up to 127), and Google's LiteRT quantizer
+    (ai-edge-quantizer) writes DEQUANTIZE and QUANTIZE in `builtin_code` only (the old field 0,
+    ADD), which tf2onnx reads: its weight-only and partly quantized models became Adds and a
+    graph with cycles. Returns how many codes changed."""
+    n = 0
+    for c in model.operatorCodes:
+        op = max(c.builtinCode, c.deprecatedBuiltinCode)
+        old = min(op, PLACEHOLDER_FOR_GREATER_OP_CODES)
+        if (c.builtinCode, c.deprecatedBuiltinCode) != (op, old):
+            c.builtinCode, c.deprecatedBuiltinCode = op, old
+            n += 1
+    return n
+
+
 def fill_shapes(model, path) -> int:
     """The shapes an older converter left out of the file (an empty shape on an activation: the
     maps after a resize whose size SHAPE ops compute, as Magenta's dynamic-range style transfer
@@ -439,7 +459,8 @@ def densify(path, out_path, outputs=None, start=None):
     from tensorflow.lite.tools import flatbuffer_utils as fu
     model = fu.read_model(str(path))
     names = [t.name.decode(errors="replace") for t in model.subgraphs[0].tensors] if model.subgraphs else []
-    mapped = (cut_ops(model, outputs, path, start) + map_transpose_conv_bias(model) + map_pool_params(model, path)
+    mapped = (normalize_opcodes(model) + cut_ops(model, outputs, path, start) + map_transpose_conv_bias(model)
+              + map_pool_params(model, path)
               + flatten_fc_inputs(model) + fill_shapes(model, path)
               + drop_empty_quantization(model) + retype_legacy_hybrid(model, path))
     check_custom_ops(model, path)
