@@ -963,14 +963,15 @@ def cut_outputs(graph, names, where: str) -> str:
 #: takes: a per-channel PReLU's residual form (pass prelu_residual on) for prelu_split's pair; a
 #: transposed conv's exact phases (pass conv_transpose) for conv_transpose_3x3's (off); a CPU conv
 #: with unequal strides for unequal_strides' KPU conv + strided slice (off: no map of twice the rows);
-#: a CPU conv for a wide dilated conv's KPU conv over a mosaic of its sub-grids (dilated_mosaic)
-FAST_FORMS = ("prelu_split", "conv_transpose_3x3", "unequal_strides", "dilated_mosaic")
+#: a CPU conv for a wide dilated conv's KPU conv over a mosaic of its sub-grids (dilated_mosaic); a
+#: K x K conv on the whole map for its row bands (kxk_bands: each band stores the weights again)
+FAST_FORMS = ("prelu_split", "conv_transpose_3x3", "unequal_strides", "dilated_mosaic", "kxk_bands")
 
 
 def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False, prelus: str = "residual") -> Optimised:
     """The K210 flow's passes; the kmodel format the runtime must load and the 8-bit ideal, both
     refused here, before calibration, when the runtime cannot take them. `small`: the graph's
-    smaller forms (FAST_FORMS' alternatives: conv_transpose_3x3, unequal_strides and dilated_mosaic off, and the
+    smaller forms (FAST_FORMS' alternatives: conv_transpose_3x3, unequal_strides, dilated_mosaic and kxk_bands off, and the
     PReLUs' residual form: `prelus` "residual" where the pair needs a layer of its own (pass
     prelu_residual), "grouped" where a grouped conv reads it too (prelu_residual_grouped),
     "every" for every PReLU (prelu_residual_every))."""
@@ -980,7 +981,7 @@ def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False, prelus: 
     _say(opts, f"[2/6] passes ({len(loaded.graph.nodes)} nodes) ...")
     residual = {"residual": "prelu_residual", "grouped": "prelu_residual_grouped", "every": "prelu_residual_every"}
     passes = {"kpu_padding": opts.kpu_padding, "conv_transpose_3x3": not small, "unequal_strides": not small,
-              "dilated_mosaic": not small,
+              "dilated_mosaic": not small, "kxk_bands": not small,
               **{name: small and kind == prelus for kind, name in residual.items()}}
     target = Options(format=opts.format, weight_bits=opts.weight_bits, float_fc=opts.float_fc,
                      v3_only=not fit.loads_format(opts.runtime, "v4"))
@@ -1186,7 +1187,9 @@ def _fastest_that_fits(loaded: Loaded, opts: ConvertOptions):
         ([f"{len(fast['unequal_strides'])} conv(s) with unequal strides: CPU convs, not the KPU conv at equal "
           "strides and a strided slice"] if fast.get("unequal_strides") else []) + \
         ([f"{len(fast['dilated_mosaic'])} dilated conv(s): CPU convs, not a 3x3 KPU conv over a mosaic of their "
-          "sub-grids"] if fast.get("dilated_mosaic") else [])
+          "sub-grids"] if fast.get("dilated_mosaic") else []) + \
+        ([f"{len(fast['kxk_bands'])} K x K conv(s) on the whole map, not in row bands (each band stores the "
+          "weights again)"] if fast.get("kxk_bands") else [])
     form = "; ".join(forms)
     if pair is None:
         res[2].trades.append(f"{form}; the fast form did not fit: {str(refused).split('; ')[0]}")

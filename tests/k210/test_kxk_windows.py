@@ -26,7 +26,7 @@ def _palm_like():
 
 
 def _build(model, px, windows):
-    g, rng = calibrated(model, px, {"kxk_windows": windows})
+    g, rng = calibrated(model, px, {"kxk_windows": windows, "kxk_bands": False})
     share_concat_ranges(g, rng)
     kmodel, rows, _, lw = lower(g, rng, Options(format="v4"))
     return kmodel, g

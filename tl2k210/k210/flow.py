@@ -55,6 +55,7 @@ from .lower.registry import CPU_F32
 from .passes.dilated_mosaic import dilated_mosaic
 from .passes.entry_conv import entry_conv
 from .passes.kpu_padding import kpu_padding
+from .passes.kxk_bands import kxk_bands
 from .passes.kxk_windows import kxk_windows
 from .passes.long_dense import long_dense
 from .passes.matmul_to_conv import conv_as_dense, matmul_to_conv
@@ -152,6 +153,7 @@ PIPELINE = [
     Pass("entry_conv", entry_conv),
     Pass("wide_channels", wide_channels),
     Pass("kxk_windows", kxk_windows),
+    Pass("kxk_bands", kxk_bands),           # after the windows: a grouped conv's need no halo
     Pass("dilated_mosaic", dilated_mosaic),
     Pass("stride2_even_maps", stride2_even_maps),
     Pass("unequal_strides", unequal_strides),   # (2, 1): the KPU conv at (1, 1) + a strided slice
@@ -175,6 +177,7 @@ def run_pipeline(graph, options=None, target=None):
     bound = {check_supported: functools.partial(check_supported, opts=target),
              pad_into_conv: functools.partial(pad_into_conv, repeat=v3),
              kxk_windows: functools.partial(kxk_windows, v4=not v3),
+             kxk_bands: functools.partial(kxk_bands, v4=not v3),
              dilated_mosaic: functools.partial(dilated_mosaic, v4=not v3),
              long_dense: functools.partial(long_dense, v4=not v3),
              upsample_conv: functools.partial(upsample_conv, v4=not v3),

@@ -44,11 +44,15 @@ def _path(g, t):
 
 def share_concat_ranges(g, ranges: dict) -> int:
     """Give each channel concat's inputs its output range where they may take it (module doc);
-    returns how many maps moved to a concat's grid."""
-    moved = 0
+    returns how many maps moved to a concat's grid. The row bands of one conv (passes/kxk_bands:
+    g.meta["row_bands"], their Concats) always take it, on any axis, clipped as the whole conv's
+    output would be: each band then writes the whole conv's bytes."""
+    moved, bands = 0, g.meta.get("row_bands", ())
     for node in reversed(toposort(g)):           # a concat feeding a concat: the outer one first
         out = node.outputs[0] if node.op == "Concat" else None
-        if out is None or out not in ranges or concat_refuses(g, node, None) or feeds_output(g, out, CONCAT_MOVES):
+        band = node.name in bands
+        if out is None or out not in ranges or not band and (
+                concat_refuses(g, node, None) or feeds_output(g, out, CONCAT_MOVES)):
             continue
         lo, hi = ranges[out]
         for t in set(node.inputs):
@@ -57,7 +61,7 @@ def share_concat_ranges(g, ranges: dict) -> int:
             path = _path(g, t)
             if not path or any(m not in ranges for m in path):
                 continue
-            if any(ranges[m][0] < lo or ranges[m][1] > hi for m in path) or \
+            if not band and any(ranges[m][0] < lo or ranges[m][1] > hi for m in path) or \
                     all(tuple(ranges[m]) == (lo, hi) for m in path):
                 continue
             for m in path:
