@@ -20,12 +20,7 @@ from tl2k210.graph import Node
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.lower.kxk import forms
 
-from .kxk_windows import WINDOW_SHARE
-
-
-def _lines(ci, co, per, rows_in, rows_out, w, ow):
-    """KPU RAM lines of a band's input (`rows_in` rows), its copies (`per` a channel) and output."""
-    return hw.map_lines(ci, rows_in, w) + hw.map_lines(ci * per, rows_in, w) + hw.map_lines(co, rows_out, ow)
+from .kxk_windows import WINDOW_SHARE, chain_lines
 
 
 def _bands(g, n):
@@ -36,24 +31,24 @@ def _bands(g, n):
     if len(n.inputs) < 3 or g.const(n.inputs[1]) is None or g.const(n.inputs[2]) is None or shape is None \
             or out is None or len(shape) != 4 or tuple(a["strides"]) != (1, 1) or a.get("pool") or "pick" in a:
         return None
-    span = (a["kernel"][0] - 1) * a.get("dilations", (1, 1))[0] + 1
-    if max(span, (a["kernel"][1] - 1) * a.get("dilations", (1, 1))[1] + 1) <= 3:
+    spans = [(k - 1) * d + 1 for k, d in zip(a["kernel"], a.get("dilations", (1, 1)))]
+    if max(spans) <= 3:
         return None
     fs = forms(g, n, "v4")
     if not fs:
         return None
     (_, ci, h, w), (_, co, oh, ow) = shape, out
     per, cap = fs[0].channels // ci, int(WINDOW_SHARE * hw.KPU_RAM_LINES)
-    if per <= 1 or _lines(ci, co, per, h, oh, w, ow) <= hw.KPU_RAM_LINES:
+    if per <= 1 or chain_lines(1, ci, co, per, (h, w), (oh, ow)) <= hw.KPU_RAM_LINES:
         return None
     top = a["pads"][0]
     for k in range(2, oh // hw.LIMITS["out_min"] + 1):
         edges = np.linspace(0, oh, k + 1).round().astype(int)
         bands = []
         for o0, o1 in zip(edges[:-1], edges[1:]):
-            i0, i1 = o0 - top, o1 - 1 - top + span      # the input rows the band's kernels read
+            i0, i1 = o0 - top, o1 - 1 - top + spans[0]      # the input rows the band's kernels read
             bands.append((int(o0), int(o1), max(i0, 0), min(i1, h), max(-i0, 0), max(i1 - h, 0)))
-        if max(_lines(ci, co, per, i1 - i0, o1 - o0, w, ow) for o0, o1, i0, i1, _, _ in bands) <= cap:
+        if max(chain_lines(1, ci, co, per, (i1 - i0, w), (o1 - o0, ow)) for o0, o1, i0, i1, _, _ in bands) <= cap:
             return bands
     return None
 
@@ -79,7 +74,8 @@ def kxk_bands(g, log, v4=True):
             new.append(Node("Conv", [xs, *n.inputs[1:]], [y], {**n.attrs, "pads": pads}, f"{n.name}/band{k}",
                             list(n.fused)))
             parts.append(y)
-            g.meta["parts_of"] = {**g.meta.get("parts_of", {}), new[-1].name: n.name}      # ideal.py: one op's fixed bytes
+            # ideal.py: one op's fixed bytes
+            g.meta["parts_of"] = {**g.meta.get("parts_of", {}), new[-1].name: n.name}
         i = g.nodes.index(n)
         g.nodes[i:i + 1] = new + [Node("Concat", parts, [out], {"axis": 2}, n.name + "/concat", [n.name])]
         g.meta["row_bands"] = [*g.meta.get("row_bands", ()), n.name + "/concat"]    # one grid: share_concat_ranges

@@ -22,7 +22,7 @@ from tl2k210.k210.lower.kxk import forms
 WINDOW_SHARE = 0.5
 
 
-def _lines(groups, m, n, per, shape_in, shape_out):
+def chain_lines(groups, m, n, per, shape_in, shape_out):
     """KPU RAM lines of `groups` groups' input (m channels each), their `per` copies each and
     their output (n channels each)."""
     (h, w), (oh, ow) = shape_in, shape_out
@@ -47,11 +47,11 @@ def _windows(g, n):
         return None
     m, k_out = shape[1] // groups, out[1] // groups
     per, cap = fs[0].channels // shape[1], int(WINDOW_SHARE * hw.KPU_RAM_LINES)
-    whole = _lines(groups, m, k_out, per, shape[2:], out[2:])
+    whole = chain_lines(groups, m, k_out, per, shape[2:], out[2:])
     if per <= 1 or whole <= hw.KPU_RAM_LINES:       # the whole chain fits: no window needed
         return None
-    k = next((k for k in range(2, groups + 1) if _lines(-(-groups // k), m, k_out, per, shape[2:], out[2:]) <= cap),
-             None)
+    k = next((k for k in range(2, groups + 1)
+              if chain_lines(-(-groups // k), m, k_out, per, shape[2:], out[2:]) <= cap), None)
     if k is None:
         return None
     edges = np.linspace(0, groups, k + 1).round().astype(int)
