@@ -16,11 +16,10 @@ whole model is faster without any (compiler.FAST_FORMS) it keeps the conv whole.
 """
 import numpy as np
 
-from tl2k210.graph import Node
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.lower.kxk import forms
 
-from .kxk_windows import WINDOW_SHARE, chain_lines
+from .kxk_windows import WINDOW_SHARE, chain_lines, split_conv
 
 
 def _bands(g, n):
@@ -61,24 +60,10 @@ def kxk_bands(g, log, v4=True):
         bands = _bands(g, n)
         if bands is None:
             continue
-        x, out = n.inputs[0], n.outputs[0]
-        shape, oshape = g.shape(x), g.shape(out)
-        new, parts = [], []
-        for k, (o0, o1, i0, i1, pt, pb) in enumerate(bands):
-            xs = g.add_tensor(f"{x}/band{k}", (*shape[:2], i1 - i0, shape[3]))
-            consts = [g.add_const(np.array(v, np.int64), f"{n.name}/band{k}_{what}")
-                      for what, v in (("starts", [i0]), ("ends", [i1]), ("axes", [2]))]
-            new.append(Node("Slice", [x, *consts], [xs], {}, f"{n.name}/rows{k}", [n.name]))
-            y = g.add_tensor(f"{out}/band{k}", (*oshape[:2], o1 - o0, oshape[3]))
-            pads = [pt, n.attrs["pads"][1], pb, n.attrs["pads"][3]]
-            new.append(Node("Conv", [xs, *n.inputs[1:]], [y], {**n.attrs, "pads": pads}, f"{n.name}/band{k}",
-                            list(n.fused)))
-            parts.append(y)
-            # ideal.py: one op's fixed bytes
-            g.meta["parts_of"] = {**g.meta.get("parts_of", {}), new[-1].name: n.name}
-        i = g.nodes.index(n)
-        g.nodes[i:i + 1] = new + [Node("Concat", parts, [out], {"axis": 2}, n.name + "/concat", [n.name])]
-        g.meta["row_bands"] = [*g.meta.get("row_bands", ()), n.name + "/concat"]    # one grid: share_concat_ranges
+        left, right = n.attrs["pads"][1], n.attrs["pads"][3]
+        cat = split_conv(g, n, 2, [(i0, i1, o1 - o0, n.inputs[1:], {**n.attrs, "pads": [pt, left, pb, right]})
+                                   for o0, o1, i0, i1, pt, pb in bands], ("rows", "band"))
+        g.meta["row_bands"] = [*g.meta.get("row_bands", ()), cat.name]    # one grid: share_concat_ranges
         log(n.name, f"{n.attrs['kernel'][0]}x{n.attrs['kernel'][1]} conv in {len(bands)} row bands of <= "
                     f"{max(o1 - o0 for o0, o1, *_ in bands)} output rows (Slice + conv + Concat): its shift "
                     f"stages over the whole map would overflow the KPU RAM")

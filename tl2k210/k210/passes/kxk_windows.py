@@ -58,6 +58,29 @@ def _windows(g, n):
     return list(zip(edges[:-1], edges[1:])), m, k_out, whole
 
 
+def split_conv(g, n, axis, parts, names):
+    """Conv `n` as one conv per part on a Slice of its input along `axis`, the outputs concatenated
+    on `axis` (one op's parts for ideal.py: g.meta["parts_of"]); parts = [(first input index, end,
+    output extent, [weights, bias], attrs)], names = (the slices' tag, the parts' tag). Returns the
+    Concat."""
+    x, out = n.inputs[0], n.outputs[0]
+    shape, oshape = g.shape(x), g.shape(out)
+    new, outs = [], []
+    for k, (a, b, size, consts, attrs) in enumerate(parts):
+        xs = g.add_tensor(f"{x}/{names[1]}{k}", tuple(b - a if i == axis else d for i, d in enumerate(shape)))
+        at = [g.add_const(np.array(v, np.int64), f"{n.name}/{names[1]}{k}_{what}")
+              for what, v in (("starts", [a]), ("ends", [b]), ("axes", [axis]))]
+        new.append(Node("Slice", [x, *at], [xs], {}, f"{n.name}/{names[0]}{k}", [n.name]))
+        y = g.add_tensor(f"{out}/{names[1]}{k}", tuple(size if i == axis else d for i, d in enumerate(oshape)))
+        new.append(Node("Conv", [xs, *consts], [y], attrs, f"{n.name}/{names[1]}{k}", list(n.fused)))
+        outs.append(y)
+        g.meta["parts_of"] = {**g.meta.get("parts_of", {}), new[-1].name: n.name}
+    cat = Node("Concat", outs, [out], {"axis": axis}, n.name + "/concat", [n.name])
+    i = g.nodes.index(n)
+    g.nodes[i:i + 1] = new + [cat]
+    return cat
+
+
 def kxk_windows(g, log, v4=True):
     """`v4`: the plan may use kmodel v4 (k210/flow.py binds False for a v3 target or runtime)."""
     if not v4:
@@ -67,23 +90,11 @@ def kxk_windows(g, log, v4=True):
         if found is None:
             continue
         wins, m, k_out, whole = found
-        x, out = n.inputs[0], n.outputs[0]
         W, B = g.const(n.inputs[1]), g.const(n.inputs[2])
-        shape, oshape = g.shape(x), g.shape(out)
-        new, parts = [], []
-        for k, (lo, hi) in enumerate(wins):
-            xs = g.add_tensor(f"{x}/win{k}", (shape[0], (hi - lo) * m, *shape[2:]))
-            consts = [g.add_const(np.array(v, np.int64), f"{n.name}/win{k}_{what}")
-                      for what, v in (("starts", [lo * m]), ("ends", [hi * m]), ("axes", [1]))]
-            new.append(Node("Slice", [x, *consts], [xs], {}, f"{n.name}/slice{k}", [n.name]))
-            y = g.add_tensor(f"{out}/win{k}", (oshape[0], (hi - lo) * k_out, *oshape[2:]))
-            new.append(Node("Conv", [xs, g.add_const(W[lo * k_out:hi * k_out], f"{n.inputs[1]}/win{k}"),
-                                     g.add_const(B[lo * k_out:hi * k_out], f"{n.inputs[2]}/win{k}")], [y],
-                            {**n.attrs, "group": hi - lo}, f"{n.name}/win{k}", list(n.fused)))
-            parts.append(y)
-            g.meta["parts_of"] = {**g.meta.get("parts_of", {}), new[-1].name: n.name}      # ideal.py: one op's fixed bytes
-        i = g.nodes.index(n)
-        g.nodes[i:i + 1] = new + [Node("Concat", parts, [out], {"axis": 1}, n.name + "/concat", [n.name])]
+        split_conv(g, n, 1, [(lo * m, hi * m, (hi - lo) * k_out,
+                              [g.add_const(W[lo * k_out:hi * k_out], f"{n.inputs[1]}/win{k}"),
+                               g.add_const(B[lo * k_out:hi * k_out], f"{n.inputs[2]}/win{k}")],
+                              {**n.attrs, "group": hi - lo}) for k, (lo, hi) in enumerate(wins)], ("slice", "win"))
         log(n.name, f"grouped {W.shape[2]}x{W.shape[3]} conv in {len(wins)} windows of <= "
                     f"{max(b - a for a, b in wins)} of its {n.attrs['group']} groups (Slice + conv + Concat): "
                     f"its shift stages whole would take {whole * hw.LINE_BYTES:,} B of KPU RAM")
