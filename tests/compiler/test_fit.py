@@ -209,7 +209,7 @@ def test_fits_only_in_the_smaller_form_and_the_receipt_names_the_trade(tmp_path,
     # branches are dequantized straight into the output's buffer: no float copy beside it)
     small = [x["node"] for x in r.layers if x["form"] == "stride 1 + CPU pick"]
     assert len(small) == 1 and len(r.trades) == 1
-    assert all("kpu_conv (stride 1 + CPU pick)" in t and "kpu_conv_kxk (stride-2 phases) would take" in t
+    assert all("kpu_conv (stride 1 + CPU pick)" in t and "kpu_conv_kxk (stride-2 phases) would store" in t
                and "and the model in its fastest forms would not fit" in t for t in r.trades)
     text = r.table()
     assert f"traded: {r.trades[0]}" in text and "ideal at 8 bits" in text
@@ -792,7 +792,7 @@ def test_choose_forms_keeps_the_fastest_that_fits():
     # 2 cycles; c: 10 B for 1, b: 40 B for 20) and is enough
     ch = fit.choose_forms(build, 250)
     assert ch.built.need == 220 and ch.fastest_need == 300 and len(ch.trades) == 1
-    assert ch.trades[0].startswith("a: small, 20 B") and "fast would take 100 B" in ch.trades[0]
+    assert ch.trades[0].startswith("a: small, 20 B") and "fast would store 100 B" in ch.trades[0]
     assert fit.choose_forms(build, 210).built.need == 210                      # a, then c
     # fits as it is: the smaller forms that cost at most 10 % of its 30 cycles, a (+2) and c (+1)
     ch = fit.choose_forms(build, 300)
@@ -933,7 +933,7 @@ def test_a_dense_layer_fits_only_as_kmodel_v4_quantized_matmul(tmp_path, png_dir
     assert r.file_size + r.main_memory <= 2 * 1024 * 1024 < r.totals["fastest_need"]
     assert r.totals["format"] == "v4" and "in its smaller form, quantized_matmul (CPU uint8)" in r.totals["format_why"]
     assert len(r.trades) == 1 and r.trades[0].startswith("y: quantized_matmul, 1,000 KiB")
-    assert "float_dense would take 4,000 KiB" in r.trades[0] and "would not fit" in r.trades[0]
+    assert "float_dense would store 4,000 KiB" in r.trades[0] and "would not fit" in r.trades[0]
     assert kmodel.load(tmp_path / "fit.kmodel").version == 4
     # uint8 weights and output: a little SQNR for the fit
     assert r.totals["output_sqnr_db"] > 25 and fast.totals["output_sqnr_db"] - r.totals["output_sqnr_db"] < 15
@@ -1024,7 +1024,7 @@ def test_optimize_size_stores_a_5x5_depthwise_conv_at_its_8_bit_size(tmp_path, p
     assert len(traded) + sum(int(t.split()[0]) for t in size.trades if "kept their fast forms" in t) == 3
     assert all(small[n]["lowering"] == "quantized_conv2d" for n in traded)
     assert traded["dw"].startswith(f"dw: quantized_conv2d ({dw['form']}), 928 B, est. ")
-    assert "kpu_conv_kxk (shift grid) would take" in traded["dw"] and "(--optimize size)" in traded["dw"]
+    assert "kpu_conv_kxk (shift grid) would store" in traded["dw"] and "(--optimize size)" in traded["dw"]
     assert dw["form"].startswith("uint8 weights ") and dw["form"].endswith(" dB")
     nodes = [n for n in kmodel.load(tmp_path / "size.kmodel").nodes if n.name == "quantized_conv2d"]
     assert sum(n.data["weights"].size for n in nodes) == sum({"a": 32 * 3, "dw": 32 * 25, "b": 32 * 32}[n]

@@ -702,11 +702,11 @@ def parked_trade(lw, why: str) -> list:
 
 def trades(fastest: dict, chosen: dict, why: str) -> list:
     """'conv2d_21: kpu_conv (stride 1 + CPU pick), 40 KiB, 1.20 ms; kpu_conv_kxk (stride-2
-    phases) would take 160 KiB, 1.10 ms, and the model in its fastest forms would not fit (2,310,000 B > 2,097,152 B)'"""
+    phases) would store 160 KiB, 1.10 ms, and the model in its fastest forms would not fit (2,310,000 B > 2,097,152 B)'"""
     out = []
     for n, (w, c, form) in chosen.items():
         fw, fc, fform = fastest.get(n, (w, c, form))
         if fform != form:          # the same form may store a few bytes more or less beside others
-            out.append(f"{n}: {form}, {_kb(w)}, est. {cost.ms(c):.2f} ms; {fform} would take "
+            out.append(f"{n}: {form}, {_kb(w)}, est. {cost.ms(c):.2f} ms; {fform} would store "
                        f"{_kb(fw)}, {cost.ms(fc):.2f} ms, {why}")
     return out
