@@ -145,7 +145,7 @@ def _parent(v, s):
     return None
 
 
-@lru_cache(maxsize=1024)     # forms() asks again for every pass and lowering that weighs the conv
+@lru_cache(maxsize=None)     # forms() asks again for every pass and lowering that weighs the conv
 def _axis_stride1(need, R, sparse):
     n = R - 1
     if sparse:
@@ -184,7 +184,7 @@ def _phase_reach(size, out):
     return reach
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=None)
 def _axis_phase(need, size, out):
     reach = _phase_reach(size, out)
     for n in (1, 2):
