@@ -3,6 +3,7 @@ Fritz's style-transfer net at 320x240 ran its 9x9 convs on the CPU, 2.2 s each, 
 copies over the whole map (15 MB) fitted no runtime; in row bands each band's copies stay in KPU
 RAM."""
 import numpy as np
+import pytest
 from onnx import helper
 
 from lower_helpers import calibrated, conv_node, make_model, pixels
@@ -11,15 +12,16 @@ from tl2k210.k210.lower import Options, lower
 from tl2k210.k210.lower.concat_ranges import share_concat_ranges
 
 
-def _style_like(size=192):
+def _style_like(size=192, ci=8, kernel=9, dilation=1):
     r = np.random.default_rng(9)
+    pad = (kernel - 1) * dilation // 2
     return make_model([conv_node("a", "x", "wa", "ba", pads=[1, 1, 1, 1]),
                        helper.make_node("Relu", ["a"], ["r"]),
-                       conv_node("y", "r", "wk", "bk", pads=[4, 4, 4, 4])],
+                       conv_node("y", "r", "wk", "bk", pads=[pad] * 4, dilations=[dilation] * 2)],
                       [("x", [1, 3, size, size])], [("y", [1, 3, size, size])],
-                      {"wa": r.normal(0, 0.4, (8, 3, 3, 3)).astype(np.float32),
-                       "ba": r.normal(0, 0.2, 8).astype(np.float32),
-                       "wk": r.normal(0, 0.05, (3, 8, 9, 9)).astype(np.float32),
+                      {"wa": r.normal(0, 0.4, (ci, 3, 3, 3)).astype(np.float32),
+                       "ba": r.normal(0, 0.2, ci).astype(np.float32),
+                       "wk": r.normal(0, 0.05, (3, ci, kernel, kernel)).astype(np.float32),
                        "bk": r.normal(0, 0.2, 3).astype(np.float32)})
 
 
@@ -30,9 +32,12 @@ def _build(model, px, bands):
     return kmodel, g, rows
 
 
-def test_a_9x9_conv_in_row_bands_is_the_same_conv_in_kpu_ram():
+@pytest.mark.parametrize("ci,kernel,dilation", [(8, 9, 1), (16, 3, 3)])
+def test_a_kxk_conv_in_row_bands_is_the_same_conv_in_kpu_ram(ci, kernel, dilation):
+    """A 9x9 conv, and a 3x3 dilated by 3 whose two copy stages of 9 copies each are resident
+    together (bands sized by the input and last stage alone found no room in KPU RAM)."""
     px = pixels(2, 3, 192, 192)
-    m = _style_like()
+    m = _style_like(ci=ci, kernel=kernel, dilation=dilation)
     whole, g_whole, _ = _build(m, px, False)
     banded, g_banded, rows = _build(m, px, True)
     ops = [n.op for n in g_banded.nodes]

@@ -7,8 +7,9 @@ wait in main memory: a style-transfer net's 9x9 convs at 320x240 (Fritz's starry
 channels, 15 MB of copies) could then not fit any runtime, and the plan ran both on the CPU (2.2 s
 each). A conv's output rows read only the input rows its kernel spans, so the conv is split into
 row bands -- a Slice of the rows a band reads (its halo), the conv on them, a Concat of the bands'
-rows -- each band's input, largest stage map and output within WINDOW_SHARE of the KPU RAM. Exact:
-the same arithmetic per output pixel, the map's own zero padding at its top and bottom only.
+rows -- each band's two largest maps in a row (input, stage maps, output), the second in one piece
+of what the first leaves, within BAND_SHARE of the KPU RAM. Exact: the same arithmetic per output
+pixel, the map's own zero padding at its top and bottom only.
 A grouped conv goes in channel windows first (kxk_windows: no halo); this pass takes the dense ones
 and any window still too big. kmodel v4 only (v3 has no Slice); each band stores its own weights
 (a v4 layer cannot share another's): the plan may trade bands back one by one, and where the
@@ -19,7 +20,20 @@ import numpy as np
 from tl2k210.k210 import hardware as hw
 from tl2k210.k210.lower.kxk import forms
 
-from .kxk_windows import WINDOW_SHARE, chain_lines, split_conv
+from .kxk_windows import chain_lines, split_conv
+
+#: the share of the KPU RAM lines a band's peak (_peak_lines) may take (the rest for what stays
+#: resident around it)
+BAND_SHARE = 0.9
+
+
+def _peak_lines(f, ci, co, rows_in, rows_out, w, ow):
+    """KPU RAM lines a band's chain (kxk form `f`) needs at its fullest: two of its maps in a row
+    (the input, each copy stage's map, the output) resident together, the second in one piece of
+    what the first leaves wherever that lies (a + 2b: a dilated 3x3's two stages of 9 copies each,
+    the first placed mid-RAM, left the second no piece where a + b fitted)."""
+    maps = [hw.map_lines(ci * len(f.copies(i)), rows_in, w) for i in range(f.n + 1)] + [hw.map_lines(co, rows_out, ow)]
+    return max(a + 2 * b for a, b in zip(maps, maps[1:]))
 
 
 def _bands(g, n):
@@ -37,7 +51,7 @@ def _bands(g, n):
     if not fs:
         return None
     (_, ci, h, w), (_, co, oh, ow) = shape, out
-    per, cap = fs[0].channels // ci, int(WINDOW_SHARE * hw.KPU_RAM_LINES)
+    per, cap = fs[0].channels // ci, int(BAND_SHARE * hw.KPU_RAM_LINES)
     if per <= 1 or chain_lines(1, ci, co, per, (h, w), (oh, ow)) <= hw.KPU_RAM_LINES:
         return None
     top = a["pads"][0]
@@ -47,7 +61,7 @@ def _bands(g, n):
         for o0, o1 in zip(edges[:-1], edges[1:]):
             i0, i1 = o0 - top, o1 - 1 - top + spans[0]      # the input rows the band's kernels read
             bands.append((int(o0), int(o1), max(i0, 0), min(i1, h), max(-i0, 0), max(i1 - h, 0)))
-        if max(chain_lines(1, ci, co, per, (i1 - i0, w), (o1 - o0, ow)) for o0, o1, i0, i1, _, _ in bands) <= cap:
+        if max(_peak_lines(fs[0], ci, co, i1 - i0, o1 - o0, w, ow) for o0, o1, i0, i1, _, _ in bands) <= cap:
             return bands
     return None
 
