@@ -344,12 +344,13 @@ def normalize_opcodes(model) -> int:
     of `builtin_code` and `deprecated_builtin_code` (up to 127), and Google's LiteRT quantizer
     (ai-edge-quantizer) writes DEQUANTIZE and QUANTIZE in `builtin_code` only (the old field 0,
     ADD), which tf2onnx reads: its weight-only and partly quantized models became Adds and a
-    graph with cycles. Returns how many codes changed."""
+    graph with cycles. Returns how many codes changed: only where the old field is wrong (a file
+    older than the new field has it right and 0 in the new one, which no reader here needs)."""
     n = 0
     for c in model.operatorCodes:
         op = max(c.builtinCode, c.deprecatedBuiltinCode)
         old = min(op, PLACEHOLDER_FOR_GREATER_OP_CODES)
-        if (c.builtinCode, c.deprecatedBuiltinCode) != (op, old):
+        if c.deprecatedBuiltinCode != old:
             c.builtinCode, c.deprecatedBuiltinCode = op, old
             n += 1
     return n
