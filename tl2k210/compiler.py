@@ -971,10 +971,10 @@ FAST_FORMS = ("prelu_split", "conv_transpose_3x3", "unequal_strides", "dilated_m
 def optimise(loaded: Loaded, opts: ConvertOptions, small: bool = False, prelus: str = "residual") -> Optimised:
     """The K210 flow's passes; the kmodel format the runtime must load and the 8-bit ideal, both
     refused here, before calibration, when the runtime cannot take them. `small`: the graph's
-    smaller forms (FAST_FORMS' alternatives: conv_transpose_3x3, unequal_strides, dilated_mosaic and kxk_bands off, and the
-    PReLUs' residual form: `prelus` "residual" where the pair needs a layer of its own (pass
-    prelu_residual), "grouped" where a grouped conv reads it too (prelu_residual_grouped),
-    "every" for every PReLU (prelu_residual_every))."""
+    smaller forms (FAST_FORMS' alternatives: conv_transpose_3x3, unequal_strides, dilated_mosaic and
+    kxk_bands off, and the PReLUs' residual form: `prelus` "residual" where the pair needs a layer
+    of its own (pass prelu_residual), "grouped" where a grouped conv reads it too
+    (prelu_residual_grouped), "every" for every PReLU (prelu_residual_every))."""
     from tl2k210.k210 import fit
     from tl2k210.k210.flow import network_ideal, run_pipeline
     from tl2k210.k210.lower import Options

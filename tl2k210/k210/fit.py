@@ -702,7 +702,8 @@ def parked_trade(lw, why: str) -> list:
 
 def trades(fastest: dict, chosen: dict, why: str) -> list:
     """'conv2d_21: kpu_conv (stride 1 + CPU pick), 40 KiB, 1.20 ms; kpu_conv_kxk (stride-2
-    phases) would store 160 KiB, 1.10 ms, and the model in its fastest forms would not fit (2,310,000 B > 2,097,152 B)'"""
+    phases) would store 160 KiB, 1.10 ms, and the model in its fastest forms would not fit
+    (2,310,000 B > 2,097,152 B)'"""
     out = []
     for n, (w, c, form) in chosen.items():
         fw, fc, fform = fastest.get(n, (w, c, form))
